@@ -1,0 +1,154 @@
+#include "common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Thread_local char g_err[2048];
+static moerl_abort_hook_fn g_abort_hook;
+
+int moerl_errorf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    return MOERL_ERR;
+}
+
+int moerl_error_prefix(const char *fmt, ...) {
+    char old[sizeof g_err], pre[1024];
+    memcpy(old, g_err, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    snprintf(g_err, sizeof g_err, "%s%s", pre, old);
+    return MOERL_ERR;
+}
+
+const char *moerl_last_error(void) { return g_err; }
+
+void moerl_set_abort_hook(moerl_abort_hook_fn fn) { g_abort_hook = fn; }
+
+void moerl_fatal_at(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "moerl: fatal: %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    if (g_abort_hook) g_abort_hook(1);
+    exit(1);
+}
+
+void *moerl_malloc_at(size_t n, const char *file, int line) {
+    void *p = malloc(n ? n : 1);
+    if (!p) moerl_fatal_at(file, line, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *moerl_calloc_at(size_t n, size_t sz, const char *file, int line) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) moerl_fatal_at(file, line, "out of memory allocating %zu x %zu bytes", n, sz);
+    return p;
+}
+
+void *moerl_realloc_at(void *p, size_t n, const char *file, int line) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) moerl_fatal_at(file, line, "out of memory reallocating %zu bytes", n);
+    return q;
+}
+
+void *moerl_aligned_alloc_at(size_t n, const char *file, int line) {
+    size_t sz = (n + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, sz ? sz : 64);
+    if (!p) moerl_fatal_at(file, line, "out of memory allocating %zu aligned bytes", n);
+    memset(p, 0, sz ? sz : 64);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+double moerl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int moerl_read_file(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return moerl_errorf("cannot open '%s': %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return moerl_errorf("cannot seek '%s'", path); }
+    long n = ftell(f);
+    if (n < 0) { fclose(f); return moerl_errorf("cannot size '%s'", path); }
+    rewind(f);
+    char *buf = xmalloc((size_t)n + 1);
+    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return moerl_errorf("short read on '%s'", path);
+    }
+    fclose(f);
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = (size_t)n;
+    return MOERL_OK;
+}
+
+int moerl_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return moerl_errorf("cannot create '%s': %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return moerl_errorf("cannot write '%s': %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return moerl_errorf("cannot flush '%s': %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return moerl_errorf("cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
+    }
+    return MOERL_OK;
+}
+
+int moerl_mkdirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return moerl_errorf("bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return moerl_errorf("cannot create directory '%s': %s", buf, strerror(errno));
+            buf[i] = c;
+        }
+    }
+    return MOERL_OK;
+}

@@ -1,0 +1,159 @@
+/* moerl kernels — the math of Qwen3-MoE, each op with forward and backward (fp32, CPU).
+ *
+ * Conventions (llm.c style):
+ *  - Row-major, contiguous. Letters: N tokens (packed, all sequences of a batch), H hidden,
+ *    nh query heads, nkv key/value heads, hd head_dim, E experts, K top-k, I expert
+ *    intermediate size, V vocab, B sequences, M = N*K routed rows.
+ *  - Linear weights are [out, in] as in PyTorch/HF: y = x · Wᵀ.
+ *  - Backward functions ACCUMULATE (+=) into parameter gradients (dW, dw) so micro-batches
+ *    sum; input gradients (dx) are OVERWRITTEN (=) unless the docstring says "accumulates".
+ *  - Every kernel has a naive reference in the tests; fast paths are checked against it.
+ * Threading: kernels use OpenMP over rows/heads/experts and OpenBLAS for GEMMs.
+ */
+#ifndef MOERL_KERNELS_H
+#define MOERL_KERNELS_H
+
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- linear (OpenBLAS) */
+
+/* out[N,O] = x[N,I] · W[O,I]ᵀ   (accumulate: out += ... when accumulate != 0). */
+void linear_forward(float *out, const float *x, const float *W, int N, int I, int O, int accumulate);
+/* dx[N,I] (= or += per accumulate_dx) = dout[N,O] · W[O,I];  dW[O,I] += doutᵀ · x.
+ * dx or dW may be NULL to skip that product. */
+void linear_backward(float *dx, float *dW, const float *dout, const float *x, const float *W,
+                     int N, int I, int O, int accumulate_dx);
+
+/* ---------------------------------------------------------------- RMSNorm (HF Qwen3RMSNorm) */
+
+/* out[N,C] = w[C] * x / sqrt(mean(x²) + eps); rstd[N] = 1/sqrt(mean(x²)+eps) saved for backward.
+ * out may alias x. Source: HF Qwen3MoeRMSNorm (no bias, no +1, fp32 statistics). */
+void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+/* dx[N,C] = (w∘dout)·rstd − x·rstd³·mean(w∘dout∘x)   (dx OVERWRITTEN unless accumulate_dx);
+ * dw[C] += Σ_n dout∘x·rstd. dx may alias dout. */
+void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                      const float *rstd, int N, int C, int accumulate_dx);
+
+/* ---------------------------------------------------------------- RoPE (NEOX / rotate_half) */
+
+/* Precompute cos/sin tables [max_pos][hd/2]: inv_freq[i] = theta^(-2i/hd), angle = pos·inv_freq[i].
+ * Source: HF Qwen3MoeRotaryEmbedding (default rope type). */
+void rope_tables(float *cos_t, float *sin_t, int max_pos, int hd, float theta);
+/* In place on x[N, nheads, hd]: for i < hd/2, (x_i, x_{i+hd/2}) rotated by the angle of
+ * (pos[n], i): x_i' = x_i c − x_{i+d/2} s;  x_{i+d/2}' = x_{i+d/2} c + x_i s. */
+void rope_forward(float *x, const int *pos, const float *cos_t, const float *sin_t, int N, int nheads, int hd);
+/* In place on dx[N, nheads, hd]: the transpose (inverse) rotation. */
+void rope_backward(float *dx, const int *pos, const float *cos_t, const float *sin_t, int N, int nheads, int hd);
+
+/* ---------------------------------------------------------------- causal GQA attention, packed */
+
+/* Packed variable-length causal attention (no padding).
+ * q[N, nh, hd], k[N, nkv, hd], v[N, nkv, hd]; sequences are token ranges
+ * [cu_seqlens[b], cu_seqlens[b+1]) for b < B; a token attends to tokens of its own sequence
+ * at positions ≤ its own. Query head h reads kv head h / (nh/nkv).
+ * out[N, nh, hd] = softmax(q·kᵀ·scale + causal) · v, computed in fp32;
+ * lse[nh, N] (log-sum-exp of the scaled scores per query row) saved for backward.
+ * scale is 1/sqrt(hd) for Qwen3. Source: HF eager_attention_forward / flash-attn varlen. */
+void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                       const int *cu_seqlens, int B, int N, int nh, int nkv, int hd, float scale);
+/* Gradients dq[N,nh,hd], dk[N,nkv,hd], dv[N,nkv,hd] (all OVERWRITTEN) from dout[N,nh,hd],
+ * recomputing probabilities from lse (FlashAttention-2 backward, Dao 2023). */
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                        const float *k, const float *v, const float *out, const float *lse,
+                        const int *cu_seqlens, int B, int N, int nh, int nkv, int hd, float scale);
+
+/* ---------------------------------------------------------------- SwiGLU */
+
+/* gate_up[N, 2I] holds gate in columns [0,I) and up in [I,2I) (the stacked expert layout);
+ * out[N, I] = silu(gate) * up, silu(g) = g·sigmoid(g).  Source: HF Qwen3MoeMLP. */
+void swiglu_forward(float *out, const float *gate_up, int N, int I);
+/* dgate_up[N, 2I] (OVERWRITTEN) from dout[N, I]. */
+void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int I);
+
+/* ---------------------------------------------------------------- LM-head log-probabilities */
+
+/* For each row n: z = logits[n,:] / temperature; logp[n] = z[target[n]] − logsumexp(z);
+ * optional entropy[n] = logsumexp(z) − Σ softmax(z)·z (NULL to skip); lse_out[n] = logsumexp(z)
+ * (NULL to skip). Rows with target < 0 get logp = 0, entropy = 0.
+ * Errors: a target ≥ V is a bug (asserted). Source: verl logprobs_from_logits / entropy_from_logits. */
+void logprob_forward(float *logp, float *entropy, float *lse_out, const float *logits, const int *target,
+                     int N, int V, float temperature);
+/* dlogits[N,V] (OVERWRITTEN) = dlogp[n]·(onehot(target) − softmax(z))/T
+ *                             + dentropy[n]·(−p∘(log p + H))/T   (dentropy may be NULL).
+ * Rows with target < 0 get zero gradient from dlogp (entropy term still applies if given). */
+void logprob_backward(float *dlogits, const float *dlogp, const float *dentropy, const float *logits,
+                      const int *target, int N, int V, float temperature);
+
+/* ---------------------------------------------------------------- MoE: router and top-k */
+
+/* probs[N,E] = softmax(logits[N,E]) in fp32.
+ * topk_ids[N,K]: the K largest probabilities per row, descending; ties go to the lower expert id.
+ * topk_w[N,K]: their probabilities, divided by their sum when norm_topk_prob != 0.
+ * row_idx[N,K]: row_idx[t*K + j] = j*N + t (k-major expanded row; made once, handed to permute).
+ * Source: HF Qwen3MoeSparseMoeBlock; Ascend npu_moe_gating_top_k_softmax (row_idx). */
+void router_topk_forward(float *probs, int *topk_ids, float *topk_w, int *row_idx, const float *logits,
+                         int N, int E, int K, int norm_topk_prob);
+/* dlogits[N,E] (OVERWRITTEN) from dtopk_w[N,K] (through renormalisation when norm_topk_prob)
+ * plus dprobs_extra[N,E] (the aux-loss gradient on the full softmax; NULL if none),
+ * through the softmax Jacobian. */
+void router_topk_backward(float *dlogits, const float *dtopk_w, const float *dprobs_extra,
+                          const float *probs, const int *topk_ids, int N, int E, int K, int norm_topk_prob);
+
+/* HF load_balancing_loss_func for ONE layer's contribution, accumulated across layers:
+ * counts[E] += number of top-k selections of e among N tokens; psum[E] += Σ_t probs[t,e].
+ * After all L MoE layers: aux = E · Σ_e (counts[e]/(L·N)) · (psum[e]/(L·N)). */
+void moe_aux_accumulate(float *counts, float *psum, const float *probs, const int *topk_ids, int N, int E, int K);
+float moe_aux_loss(const float *counts, const float *psum, int E, int64_t total_rows /* L·N */);
+/* d aux / d probs[t,e] = E · counts[e] / (L·N)² — the gradient flows through P only (counts
+ * are not differentiable). Writes dprobs[N,E] = coef · that (OVERWRITTEN). */
+void moe_aux_backward(float *dprobs, const float *counts, int N, int E, int64_t total_rows, float coef);
+
+/* ---------------------------------------------------------------- MoE: permute / unpermute */
+
+/* Stable counting sort of the N*K routed rows by expert id (no per-expert scans of all tokens).
+ * Inputs: topk_ids[N,K], row_idx[N,K] (from router_topk_forward).
+ * Outputs: sorted_row[M]    the k-major expanded row (j*N + t) at each permuted position,
+ *                            grouped by expert ascending, stable in expanded-row order;
+ *          expanded_pos[M]  inverse map, indexed by t*K + j: the permuted position of (t, j);
+ *          tokens_per_expert[E], expert_offsets[E+1] (prefix sums; the group list).
+ * Source: Megatron moe_utils.permute / Ascend npu_moe_init_routing. */
+void moe_permute_index(int *sorted_row, int *expanded_pos, int *tokens_per_expert, int *expert_offsets,
+                       const int *topk_ids, const int *row_idx, int N, int E, int K);
+/* permuted[i, :] = x[sorted_row[i] % N, :] for i < M.  x[N,H] → permuted[M,H]. */
+void moe_permute_forward(float *permuted, const float *x, const int *sorted_row, int N, int M, int H);
+/* dx[N,H] (ACCUMULATES) += Σ over rows i of token t: dpermuted[i,:]. */
+void moe_permute_backward(float *dx, const float *dpermuted, const int *sorted_row, int N, int M, int H);
+/* out[t,:] = Σ_j topk_w[t,j] · y[expanded_pos[t*K+j], :]   (out OVERWRITTEN), y[M,H]. */
+void moe_unpermute_forward(float *out, const float *y, const float *topk_w, const int *expanded_pos,
+                           int N, int K, int H);
+/* dy[M,H] (OVERWRITTEN): dy[pos(t,j)] = topk_w[t,j]·dout[t];  dtopk_w[N,K] (OVERWRITTEN):
+ * dtopk_w[t,j] = <dout[t], y[pos(t,j)]>. */
+void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const float *y, const float *topk_w,
+                            const int *expanded_pos, int N, int K, int H);
+
+/* ---------------------------------------------------------------- MoE: grouped GEMM */
+
+/* For each expert g with rows [offsets[g], offsets[g+1]) of a[M,I]:
+ *   out[rows,:] = a[rows,:] · W[g]ᵀ, W[E,O,I] stacked (expert g's matrix at W + g·O·I).
+ * Experts with no rows are skipped. Source: Megatron GroupedMLP / grouped_gemm. */
+void grouped_gemm_forward(float *out, const float *a, const float *W, const int *offsets, int E, int I, int O);
+/* da[M,I] (OVERWRITTEN, may be NULL) = dout_g · W_g;  dW[E,O,I] (ACCUMULATES, may be NULL)
+ * += dout_gᵀ · a_g (zero contribution for an expert with no rows). */
+void grouped_gemm_backward(float *da, float *dW, const float *dout, const float *a, const float *W,
+                           const int *offsets, int E, int I, int O);
+
+/* ---------------------------------------------------------------- MoE layer, naive oracle */
+
+/* The HF reference path: loop over experts, select the tokens routed to each (a scan of all
+ * N·K selections per expert, as HF's one_hot/where does), gather, gate_up GEMM, SwiGLU,
+ * down GEMM, scatter-add weighted by topk_w. x[N,H], gate_up_w[E,2I,H], down_w[E,H,I] → out[N,H].
+ * Used by tests as the oracle and by bench/ as the ablation. */
+void moe_naive_forward(float *out, const float *x, const float *gate_up_w, const float *down_w,
+                       const int *topk_ids, const float *topk_w, int N, int H, int E, int K, int I);
+/* Backward of the naive path: dx[N,H] (OVERWRITTEN), dgate_up_w/ddown_w (ACCUMULATE),
+ * dtopk_w[N,K] (OVERWRITTEN). Recomputes what it needs from x. */
+void moe_naive_backward(float *dx, float *dgate_up_w, float *ddown_w, float *dtopk_w, const float *dout,
+                        const float *x, const float *gate_up_w, const float *down_w, const int *topk_ids,
+                        const float *topk_w, int N, int H, int E, int K, int I);
+
+#endif

@@ -1,0 +1,143 @@
+/* Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM, model_type "qwen3_moe") in C.
+ *
+ * Parameters, gradients and AdamW moments each live in ONE contiguous fp32 buffer with the
+ * same layout, described by a tensor table (name, shape, offset, flags). Expert weights are
+ * stacked: "model.layers.{l}.mlp.experts.gate_up" [E][2I][H] (gate rows first, then up rows)
+ * and "model.layers.{l}.mlp.experts.down" [E][H][I]. Dense MLP layers store
+ * "model.layers.{l}.mlp.gate_up_proj" [2Id][H] and "...mlp.down_proj" [H][Id].
+ * All other names are the HF names. Per-expert HF tensors exist only at the checkpoint
+ * boundary (checkpoint.c splits on save and stacks on load).
+ * Source: transformers/models/qwen3_moe/modeling_qwen3_moe.py.
+ */
+#ifndef MOERL_MODEL_H
+#define MOERL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOERL_MAX_LAYERS 256
+
+typedef struct {
+    int vocab_size;
+    int hidden_size;               /* H */
+    int intermediate_size;         /* dense MLP width Id */
+    int moe_intermediate_size;     /* expert width I */
+    int num_hidden_layers;         /* L */
+    int num_attention_heads;       /* nh */
+    int num_key_value_heads;       /* nkv */
+    int head_dim;                  /* hd (read from config.json; default H/nh) */
+    int num_experts;               /* E (0 = no MoE layers) */
+    int num_experts_per_tok;       /* K */
+    int decoder_sparse_step;
+    int norm_topk_prob;
+    int tie_word_embeddings;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    float router_aux_loss_coef;
+    float initializer_range;
+    int bos_token_id, eos_token_id; /* -1 when absent */
+    int n_mlp_only_layers;
+    int mlp_only_layers[MOERL_MAX_LAYERS];
+} moe_config;
+
+/* Layer l is MoE iff l ∉ mlp_only_layers, num_experts > 0 and (l+1) % decoder_sparse_step == 0. */
+int moe_config_layer_is_moe(const moe_config *c, int l);
+/* Parse a HF config.json (model_type must be "qwen3_moe"). Missing optional fields take HF
+ * defaults; a field of the wrong type, a missing required field, or an inconsistent value
+ * (nh % nkv != 0, K > E, ...) → MOERL_ERR naming the file, the field and what was expected. */
+int moe_config_load(moe_config *c, const char *config_json_path);
+/* Validate invariants (same checks as load). */
+int moe_config_validate(const moe_config *c);
+/* Write config.json (HF field names, model_type qwen3_moe, architectures) atomically. */
+int moe_config_save(const moe_config *c, const char *path);
+
+/* Tensor flags. */
+enum {
+    TF_DECAY = 1,      /* AdamW weight decay applies (matrices; not norms) */
+    TF_EXPERT = 2,     /* stacked expert weight [E][...] */
+    TF_ROUTER = 4,     /* router (mlp.gate) weight */
+    TF_NORM = 8,       /* RMSNorm weight */
+    TF_EMBED = 16,     /* embedding (and tied head) */
+};
+
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[4];
+    int64_t numel;
+    size_t offset;     /* in floats, into params / grads / moments */
+    int flags;
+    int layer;         /* -1 for non-layer tensors */
+} tensor_info;
+
+/* Per-layer views (pointers into a parameter-layout buffer: params, grads, m or v). */
+typedef struct {
+    float *input_layernorm;          /* [H] */
+    float *q_proj, *k_proj, *v_proj; /* [nh·hd, H], [nkv·hd, H], [nkv·hd, H] */
+    float *o_proj;                   /* [H, nh·hd] */
+    float *q_norm, *k_norm;          /* [hd] */
+    float *post_attention_layernorm; /* [H] */
+    float *router;                   /* [E, H]       (MoE layers) */
+    float *experts_gate_up;          /* [E, 2I, H]   (MoE layers) */
+    float *experts_down;             /* [E, H, I]    (MoE layers) */
+    float *mlp_gate_up;              /* [2Id, H]     (dense layers) */
+    float *mlp_down;                 /* [H, Id]      (dense layers) */
+} layer_views;
+
+typedef struct {
+    float *embed_tokens;  /* [V, H] */
+    float *norm;          /* [H] */
+    float *lm_head;       /* [V, H] (== embed_tokens when tied) */
+    layer_views layers[MOERL_MAX_LAYERS];
+} model_views;
+
+typedef struct {
+    moe_config cfg;
+    int n_tensors;
+    tensor_info *tensors;
+    size_t n_params;      /* floats in each buffer */
+    float *params;        /* [n_params] */
+    float *grads;         /* [n_params], zeroed by model_zero_grad */
+    model_views p, g;     /* views into params and grads */
+} moe_model;
+
+/* Build the tensor table and allocate params+grads (zeroed). */
+int model_init(moe_model *m, const moe_config *cfg);
+void model_free(moe_model *m);
+/* Random init as HF _init_weights: normal(0, initializer_range) for linear and embedding
+ * weights, norms = 1. Deterministic from seed. */
+void model_init_random(moe_model *m, uint64_t seed);
+/* Look up a tensor by moerl name; NULL if absent. */
+const tensor_info *model_find_tensor(const moe_model *m, const char *name);
+/* Fill views for any buffer of the parameter layout (params, grads, moments). */
+void model_views_for(const moe_model *m, float *base, model_views *out);
+void model_zero_grad(moe_model *m);
+/* Number of parameters as HF counts them (tied head counted once). */
+int64_t model_num_params(const moe_model *m);
+
+/* ---- Hugging Face names ----
+ * Every HF tensor maps to ONE contiguous region of a parameter-layout buffer: expert e's
+ * gate_proj is rows [0,I) of gate_up[e], up_proj rows [I,2I), down_proj is down[e]; a dense
+ * layer's gate_proj/up_proj are rows [0,Id)/[Id,2Id) of mlp.gate_up_proj.
+ * model_hf_count: number of HF tensors (lm_head omitted when tied).
+ * model_hf_name: the i-th HF name (0 ≤ i < count) in HF order, written into buf.
+ * model_hf_tensor: pointer into base for an HF name, its shape (ndim ≤ 2) and numel;
+ * NULL if the name is not a tensor of this model. */
+int model_hf_count(const moe_model *m);
+void model_hf_name(const moe_model *m, int i, char *buf, size_t bufsize);
+float *model_hf_tensor(const moe_model *m, float *base, const char *hf_name, int *ndim, int64_t shape[2],
+                       int64_t *numel);
+
+/* ---- checkpoints (checkpoint.c) ---- */
+/* Load DIR/config.json and DIR/model.safetensors or DIR/model.safetensors.index.json (sharded).
+ * HF names; per-expert tensors stacked. Unknown or missing tensors and shape mismatches are
+ * errors naming the tensor and both shapes. Calls model_init. */
+int model_load_hf(moe_model *m, const char *dir);
+/* Load weights only into an initialised model (config must match). */
+int model_load_weights(moe_model *m, const char *dir);
+/* Save HF layout (experts split back), dtype ST_F32 or ST_BF16, config.json, sharded with an
+ * index when the data exceeds shard_bytes (0 = never shard). Every file written atomically. */
+int model_save_hf(const moe_model *m, const char *dir, int store_bf16, uint64_t shard_bytes);
+
+#endif

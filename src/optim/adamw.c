@@ -1,0 +1,68 @@
+#include "optim/adamw.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/common.h"
+
+adamw_config adamw_default_config(void) {
+    adamw_config c = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
+                      .max_grad_norm = 1.0f};
+    return c;
+}
+
+void adamw_init(adamw_state *s, const moe_model *m, adamw_config cfg) {
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    s->n = m->n_params;
+    s->m = xalloc_aligned(s->n * sizeof(float));
+    s->v = xalloc_aligned(s->n * sizeof(float));
+}
+
+void adamw_free(adamw_state *s) {
+    free(s->m);
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+double grad_global_norm(const moe_model *m) {
+    double ss = 0.0;
+    const float *g = m->grads;
+    const size_t n = m->n_params;
+#pragma omp parallel for reduction(+ : ss) schedule(static)
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * (double)g[i];
+    return sqrt(ss);
+}
+
+int adamw_step(adamw_state *s, moe_model *m, float lr, float loss, double *grad_norm) {
+    double norm = grad_global_norm(m);
+    if (grad_norm) *grad_norm = norm;
+    if (!isfinite(norm) || !isfinite(loss)) {
+        s->skipped++;
+        return 0;
+    }
+    float clip = 1.0f;
+    if (s->cfg.max_grad_norm > 0) {
+        double coef = s->cfg.max_grad_norm / (norm + 1e-6);
+        if (coef < 1.0) clip = (float)coef;
+    }
+    s->step++;
+    const float b1 = s->cfg.beta1, b2 = s->cfg.beta2, eps = s->cfg.eps;
+    const double bc1 = 1.0 - pow(b1, (double)s->step), bc2 = 1.0 - pow(b2, (double)s->step);
+    const float step_size = (float)(lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    for (int ti = 0; ti < m->n_tensors; ti++) {
+        const tensor_info *t = &m->tensors[ti];
+        const float decay = (t->flags & TF_DECAY) ? 1.0f - lr * s->cfg.weight_decay : 1.0f;
+        float *p = m->params + t->offset, *g = m->grads + t->offset, *mm = s->m + t->offset, *vv = s->v + t->offset;
+        const int64_t n = t->numel;
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float gi = g[i] * clip;
+            p[i] *= decay;
+            mm[i] = b1 * mm[i] + (1.0f - b1) * gi;
+            vv[i] = b2 * vv[i] + (1.0f - b2) * gi * gi;
+            p[i] -= step_size * mm[i] / (sqrtf(vv[i]) * inv_sqrt_bc2 + eps);
+        }
+    }
+    return 1;
+}
