@@ -10,7 +10,7 @@ BUILD ?= build-san
 OPT ?= -O1 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE)
 endif
 CFLAGS ?=
-CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare $(OPT) -Isrc -MMD -MP
+CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare -Wno-format-truncation $(OPT) -Isrc -MMD -MP
 LDLIBS += -lm -lpthread
 
 # --- dependency detection (prints what it found) ---

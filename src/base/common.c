@@ -133,6 +133,16 @@ int moerl_write_file_atomic(const char *path, const void *data, size_t len) {
         unlink(tmp);
         return moerl_errorf("cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
     }
+    /* make the rename itself durable: fsync the containing directory */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
     return MOERL_OK;
 }
 
@@ -145,8 +155,12 @@ int moerl_mkdirs(const char *path) {
         if (buf[i] == '/' || buf[i] == 0) {
             char c = buf[i];
             buf[i] = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return moerl_errorf("cannot create directory '%s': %s", buf, strerror(errno));
+            if (mkdir(buf, 0755) != 0) {
+                struct stat st;
+                if (errno != EEXIST) return moerl_errorf("cannot create directory '%s': %s", buf, strerror(errno));
+                if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+                    return moerl_errorf("cannot create directory '%s': a file of that name exists", buf);
+            }
             buf[i] = c;
         }
     }

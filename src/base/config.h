@@ -18,7 +18,8 @@
  *
  * Typing is strict: a key is never created by a file or an override; an unknown key is an
  * error naming the file/line (or the override) and suggesting the closest declared key
- * (Levenshtein distance, as git does for mistyped commands); a value of the wrong type is an
+ * (Levenshtein distance, as git does for mistyped commands, with a key of the same last
+ * component counted as distance 1, so "actor.lr" suggests "actor.optim.lr"); a value of the wrong type is an
  * error naming the key, the value and the expected type. A file or override is applied
  * all-or-nothing: on error the registry is unchanged.
  *

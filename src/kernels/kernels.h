@@ -62,6 +62,16 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
                         const float *k, const float *v, const float *out, const float *lse,
                         const int *cu_seqlens, int B, int N, int nh, int nkv, int hd, float scale);
 
+/* Attention of N new tokens against a paged-by-slot KV cache (the rollout engine's decode and
+ * prefill). Cache layout for one layer: k_cache/v_cache [slots][max_len][nkv·hd]. Token n
+ * (query q[n, nh, hd]) belongs to sequence slot[n] at position pos[n]; its own K/V must already
+ * be written at pos[n]; it attends to positions 0..pos[n] of its slot (causal).
+ * out[N, nh, hd] = softmax(q·kᵀ·scale) · v in fp32. Source: vLLM paged attention semantics
+ * with one page per slot; equals attention_forward on the same sequence. */
+void attention_kvcache_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
+                               const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
+                               float scale);
+
 /* ---------------------------------------------------------------- SwiGLU */
 
 /* gate_up[N, 2I] holds gate in columns [0,I) and up in [I,2I) (the stacked expert layout);

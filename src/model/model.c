@@ -29,7 +29,7 @@ static void add_tensor(moe_model *m, int *cap, const char *name, int ndim, const
     t->layer = layer;
 }
 
-int model_init(moe_model *m, const moe_config *cfg) {
+static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads) {
     if (moe_config_validate(cfg) != MOERL_OK) return MOERL_ERR;
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -64,11 +64,14 @@ int model_init(moe_model *m, const moe_config *cfg) {
     add_tensor(m, &cap, "model.norm.weight", 1, (int64_t[]){H}, TF_NORM, -1);
     if (!c->tie_word_embeddings) add_tensor(m, &cap, "lm_head.weight", 2, (int64_t[]){V, H}, TF_DECAY, -1);
     m->params = xalloc_aligned(m->n_params * sizeof(float));
-    m->grads = xalloc_aligned(m->n_params * sizeof(float));
+    if (with_grads) m->grads = xalloc_aligned(m->n_params * sizeof(float));
     model_views_for(m, m->params, &m->p);
-    model_views_for(m, m->grads, &m->g);
+    if (with_grads) model_views_for(m, m->grads, &m->g);
     return MOERL_OK;
 }
+
+int model_init(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 1); }
+int model_init_inference(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 0); }
 
 void model_free(moe_model *m) {
     free(m->tensors);
@@ -114,7 +117,7 @@ void model_views_for(const moe_model *m, float *base, model_views *v) {
     if (m->cfg.tie_word_embeddings) v->lm_head = v->embed_tokens;
 }
 
-void model_zero_grad(moe_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+void model_zero_grad(moe_model *m) { MOERL_ASSERT(m->grads); memset(m->grads, 0, m->n_params * sizeof(float)); }
 
 int64_t model_num_params(const moe_model *m) {
     int64_t n = 0;
@@ -184,7 +187,7 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *name, int *n
     const int64_t H = c->hidden_size, I = c->moe_intermediate_size, Id = c->intermediate_size;
     int l, e, nc = 0;
     char part[32];
-    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%31[a-z_].weight%n", &l, &e, part, &nc) == 3 &&
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%31[a-z_].weight%n", &l, &e, part, &nc) == 3 && nc > 0 &&
         name[nc] == 0) {
         if (l < 0 || l >= c->num_hidden_layers || !moe_config_layer_is_moe(c, l) || e < 0 || e >= c->num_experts)
             return NULL;
@@ -203,7 +206,7 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *name, int *n
         return base + t->offset + (size_t)e * 2 * I * H + (!strcmp(part, "up_proj") ? (size_t)I * H : 0);
     }
     nc = 0;
-    if (sscanf(name, "model.layers.%d.mlp.%31[a-z_].weight%n", &l, part, &nc) == 2 && name[nc] == 0 &&
+    if (sscanf(name, "model.layers.%d.mlp.%31[a-z_].weight%n", &l, part, &nc) == 2 && nc > 0 && name[nc] == 0 &&
         (!strcmp(part, "gate_proj") || !strcmp(part, "up_proj"))) {
         if (l < 0 || l >= c->num_hidden_layers || moe_config_layer_is_moe(c, l)) return NULL;
         char nm[96];
@@ -213,7 +216,8 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *name, int *n
         *ndim = 2; shape[0] = Id; shape[1] = H; *numel = Id * H;
         return base + t->offset + (!strcmp(part, "up_proj") ? (size_t)Id * H : 0);
     }
-    if (sscanf(name, "model.layers.%d.mlp.down_proj.weight%n", &l, &nc) == 1 && name[nc] == 0) {
+    nc = 0;
+    if (sscanf(name, "model.layers.%d.mlp.down_proj.weight%n", &l, &nc) == 1 && nc > 0 && name[nc] == 0) {
         char nm[96];
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.down_proj", l);
         const tensor_info *t = model_find_tensor(m, nm);

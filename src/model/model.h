@@ -104,6 +104,8 @@ typedef struct {
 
 /* Build the tensor table and allocate params+grads (zeroed). */
 int model_init(moe_model *m, const moe_config *cfg);
+/* Same layout without a gradient buffer (rollout engines: grads == NULL). */
+int model_init_inference(moe_model *m, const moe_config *cfg);
 void model_free(moe_model *m);
 /* Random init as HF _init_weights: normal(0, initializer_range) for linear and embedding
  * weights, norms = 1. Deterministic from seed. */

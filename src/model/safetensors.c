@@ -161,9 +161,12 @@ static int parse_entry(st_tensor *t, const char *path, const char *name, json_t 
     if (overflow && !has_zero)
         return moerl_errorf("safetensors '%s': tensor '%s': shape is too large (element count overflows)", path, name);
     t->numel = (int64_t)numel;
-    if (!jo || !json_is_array(jo) || json_array_size(jo) != 2)
+    if (!jo || !json_is_array(jo))
         return moerl_errorf("safetensors '%s': tensor '%s': field 'data_offsets' must be an array [begin, end], "
                             "found %s", path, name, jo ? json_type_name(jo) : "nothing (missing)");
+    if (json_array_size(jo) != 2)
+        return moerl_errorf("safetensors '%s': tensor '%s': field 'data_offsets' must be an array [begin, end], "
+                            "found %zu elements", path, name, json_array_size(jo));
     for (int i = 0; i < 2; i++) {
         json_t *o = json_array_get(jo, (size_t)i);
         if (!json_is_integer(o) || json_integer_value(o) < 0)
@@ -266,6 +269,10 @@ static int st_parse_header(st_file *f, const char *path, const char *hdr, size_t
                 rc = moerl_errorf("safetensors '%s': tensor '%s' data_offsets [%llu, %llu] overlap the previous "
                                   "tensor '%s' which ends at %llu", path, t->name, (unsigned long long)t->begin,
                                   (unsigned long long)t->end, prev, (unsigned long long)pos);
+            else if (t->begin > pos && !prev)
+                rc = moerl_errorf("safetensors '%s': gap in the data buffer: the first tensor '%s' begins at %llu "
+                                  "(expected 0: offsets must tile the buffer from its start)", path, t->name,
+                                  (unsigned long long)t->begin);
             else if (t->begin > pos)
                 rc = moerl_errorf("safetensors '%s': gap in the data buffer: tensor '%s' begins at %llu but the "
                                   "previous data ends at %llu (expected offsets to be contiguous)", path, t->name,
@@ -275,9 +282,9 @@ static int st_parse_header(st_file *f, const char *path, const char *hdr, size_t
         }
         free(order);
         if (rc == MOERL_OK && pos != data_len)
-            rc = moerl_errorf("safetensors '%s': the tensors' data ends at byte %llu of the data buffer but the file "
-                              "holds %llu data bytes (expected 8 + header + last end == file size: %s)", path,
-                              (unsigned long long)pos, (unsigned long long)data_len,
+            rc = moerl_errorf("safetensors '%s': the last tensor '%s' ends at byte %llu of the data buffer but the "
+                              "file holds %llu data bytes (expected 8 + header + last end == file size: %s)", path,
+                              prev ? prev : "(none)", (unsigned long long)pos, (unsigned long long)data_len,
                               pos < data_len ? "trailing bytes after the last tensor" : "file is truncated");
     }
 done:

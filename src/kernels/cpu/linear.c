@@ -13,6 +13,12 @@
 #include <cblas.h>
 #include <string.h>
 
+/* OpenBLAS's cblas.h pulls in <complex.h>, whose macro I (the imaginary unit) would replace the
+ * parameter named I (input features) below. */
+#ifdef I
+#undef I
+#endif
+
 /* Zero n floats (or leave them when accumulating): the result of a product with an empty
  * inner dimension, which BLAS must not be asked for (lda would be 0). */
 static void linear_empty_product(float *c, size_t n, int accumulate) {

@@ -118,8 +118,8 @@ static int check_unsupported(json_t *root, const char *path) {
 }
 
 /* Parse a HF config.json (model_type must be "qwen3_moe"). Missing fields take the
- * Qwen3MoeConfig defaults (head_dim = hidden_size / num_attention_heads and
- * num_key_value_heads = num_attention_heads when absent or null); unknown fields are ignored;
+ * Qwen3MoeConfig defaults (head_dim = hidden_size / num_attention_heads when absent or null;
+ * num_key_value_heads = 4 when absent, num_attention_heads when null, as HF); unknown fields are ignored;
  * a field of the wrong JSON type or an inconsistent value → MOERL_ERR naming the file and field.
  * Source: transformers configuration_qwen3_moe.py. */
 int moe_config_load(moe_config *c, const char *path) {
@@ -153,10 +153,10 @@ int moe_config_load(moe_config *c, const char *path) {
         goto done;
     }
     if (check_unsupported(root, path) != MOERL_OK) goto done;
-    int nkv_set = 0, hd_set = 0;
+    int nkv_null = 0, hd_set = 0;
     {
         json_t *v = json_object_get(root, "num_key_value_heads");
-        nkv_set = v && !json_is_null(v);
+        nkv_null = v && json_is_null(v);
         v = json_object_get(root, "head_dim");
         hd_set = v && !json_is_null(v);
     }
@@ -178,7 +178,7 @@ int moe_config_load(moe_config *c, const char *path) {
         get_float(root, path, "router_aux_loss_coef", &t.router_aux_loss_coef) ||
         get_float(root, path, "initializer_range", &t.initializer_range))
         goto done;
-    if (!nkv_set) t.num_key_value_heads = t.num_attention_heads; /* HF: None → num_attention_heads */
+    if (nkv_null) t.num_key_value_heads = t.num_attention_heads; /* HF: None → num_attention_heads; absent → 4 */
     if (!hd_set) {
         if (t.num_attention_heads <= 0) {
             moerl_errorf("config '%s': field 'num_attention_heads' must be positive, found %d", path,

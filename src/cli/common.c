@@ -1,0 +1,183 @@
+#include "cli/common.h"
+
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/common.h"
+#include "base/log.h"
+#include "data/tasks.h"
+#include "data/tokenizer.h"
+
+void openblas_set_num_threads(int n);
+
+void cli_def_model_keys(cfg *c) {
+    cfg_def_str(c, "model.path", "", "HF checkpoint dir to start from; empty = new model from model.* below");
+    cfg_def_int(c, "model.vocab_size", TOK_VOCAB_SIZE, "vocabulary (≥ 259 for the byte tokenizer)");
+    cfg_def_int(c, "model.hidden_size", 128, "hidden size H");
+    cfg_def_int(c, "model.intermediate_size", 256, "dense MLP width (layers in mlp_only_layers)");
+    cfg_def_int(c, "model.moe_intermediate_size", 128, "expert width I");
+    cfg_def_int(c, "model.num_hidden_layers", 2, "decoder layers");
+    cfg_def_int(c, "model.num_attention_heads", 4, "query heads");
+    cfg_def_int(c, "model.num_key_value_heads", 2, "key/value heads (GQA)");
+    cfg_def_int(c, "model.head_dim", 32, "head dimension (may differ from H/heads, as in Qwen3)");
+    cfg_def_int(c, "model.num_experts", 8, "experts per MoE layer");
+    cfg_def_int(c, "model.num_experts_per_tok", 2, "top-k");
+    cfg_def_int(c, "model.decoder_sparse_step", 1, "every n-th layer is MoE");
+    cfg_def_int_list(c, "model.mlp_only_layers", NULL, 0, "layers with a dense MLP");
+    cfg_def_bool(c, "model.norm_topk_prob", true, "renormalise the top-k router weights");
+    cfg_def_bool(c, "model.tie_word_embeddings", false, "share embedding and LM head");
+    cfg_def_float(c, "model.rope_theta", 10000.0, "RoPE base");
+    cfg_def_float(c, "model.rms_norm_eps", 1e-6, "RMSNorm epsilon");
+    cfg_def_int(c, "model.max_position_embeddings", 512, "context length");
+    cfg_def_float(c, "model.router_aux_loss_coef", 0.001, "weight of the HF load-balancing loss");
+    cfg_def_float(c, "model.initializer_range", 0.02, "std of the random init");
+    cfg_def_int(c, "model.seed", 1, "seed of the random init");
+}
+
+void cli_def_data_keys(cfg *c) {
+    cfg_def_str(c, "data.task", "arith", "built-in task to generate (arith, gsm8k-style, countdown); empty = use files");
+    cfg_def_str(c, "data.train_files", "", "train JSONL (verl schema) when data.task is empty");
+    cfg_def_str(c, "data.val_files", "", "held-out JSONL when data.task is empty");
+    cfg_def_int(c, "data.n_train", 2000, "rows generated for training");
+    cfg_def_int(c, "data.n_test", 200, "rows generated for held-out evaluation");
+    cfg_def_int(c, "data.seed", 1, "task generator seed");
+    cfg_def_int(c, "data.arith_digits", 2, "arith: digits per operand");
+    cfg_def_int(c, "data.countdown_numbers", 3, "countdown: numbers per problem");
+    cfg_def_int(c, "data.max_response_length", 16, "new tokens at most per response (eval and rollout)");
+}
+
+int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *exit_code) {
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: moerl %s --config FILE [key=value ...]\nkeys:\n", cmd);
+            cfg_print_help(c, stdout);
+            *exit_code = 0;
+            return 2;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "moerl %s: --config needs a file\n", cmd);
+                *exit_code = 2;
+                return 2;
+            }
+            path = argv[++i];
+            continue;
+        }
+    }
+    if (path && cfg_load_yaml(c, path) != MOERL_OK) {
+        fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+        *exit_code = 1;
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) { i++; continue; }
+        if (!strchr(argv[i], '=')) {
+            fprintf(stderr, "moerl %s: unexpected argument '%s' (expected --config FILE or key=value)\n", cmd, argv[i]);
+            *exit_code = 2;
+            return 2;
+        }
+        if (cfg_apply_override(c, argv[i]) != MOERL_OK) {
+            fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+            *exit_code = 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int cli_build_model(const cfg *c, moe_model *m) {
+    const char *path = cfg_str(c, "model.path");
+    if (path[0]) {
+        if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
+        log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));
+        return MOERL_OK;
+    }
+    moe_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.vocab_size = (int)cfg_int(c, "model.vocab_size");
+    mc.hidden_size = (int)cfg_int(c, "model.hidden_size");
+    mc.intermediate_size = (int)cfg_int(c, "model.intermediate_size");
+    mc.moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
+    mc.num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
+    mc.num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
+    mc.num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
+    mc.head_dim = (int)cfg_int(c, "model.head_dim");
+    mc.num_experts = (int)cfg_int(c, "model.num_experts");
+    mc.num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
+    mc.decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
+    int nl;
+    const int64_t *ml = cfg_int_list(c, "model.mlp_only_layers", &nl);
+    if (nl > MOERL_MAX_LAYERS) return moerl_errorf("model.mlp_only_layers: more than %d entries", MOERL_MAX_LAYERS);
+    mc.n_mlp_only_layers = nl;
+    for (int i = 0; i < nl; i++) mc.mlp_only_layers[i] = (int)ml[i];
+    mc.norm_topk_prob = cfg_bool(c, "model.norm_topk_prob");
+    mc.tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
+    mc.rope_theta = (float)cfg_float(c, "model.rope_theta");
+    mc.rms_norm_eps = (float)cfg_float(c, "model.rms_norm_eps");
+    mc.max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
+    mc.router_aux_loss_coef = (float)cfg_float(c, "model.router_aux_loss_coef");
+    mc.initializer_range = (float)cfg_float(c, "model.initializer_range");
+    mc.bos_token_id = TOK_BOS;
+    mc.eos_token_id = TOK_EOS;
+    if (mc.vocab_size < TOK_VOCAB_SIZE)
+        return moerl_errorf("model.vocab_size %d is smaller than the byte tokenizer's %d", mc.vocab_size,
+                            TOK_VOCAB_SIZE);
+    if (moe_config_validate(&mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
+    if (model_init(m, &mc) != MOERL_OK) return MOERL_ERR;
+    model_init_random(m, (uint64_t)cfg_int(c, "model.seed"));
+    log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
+             mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
+    return MOERL_OK;
+}
+
+int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test) {
+    const char *task = cfg_str(c, "data.task");
+    char tr[4096], te[4096];
+    if (task[0]) {
+        task_opts o;
+        task_opts_default(&o);
+        o.n_train = cfg_int(c, "data.n_train");
+        o.n_test = cfg_int(c, "data.n_test");
+        o.seed = (uint64_t)cfg_int(c, "data.seed");
+        o.arith_digits = (int)cfg_int(c, "data.arith_digits");
+        o.countdown_numbers = (int)cfg_int(c, "data.countdown_numbers");
+        snprintf(tr, sizeof tr, "%s/data/%s-d%d-s%llu-n%lld-train.jsonl", out_dir, task, o.arith_digits,
+                 (unsigned long long)o.seed, (long long)o.n_train);
+        snprintf(te, sizeof te, "%s/data/%s-d%d-s%llu-n%lld-test.jsonl", out_dir, task, o.arith_digits,
+                 (unsigned long long)o.seed, (long long)o.n_test);
+        if (task_generate(task, &o, tr, te) != MOERL_OK) return moerl_error_prefix("data.task: ");
+    } else {
+        snprintf(tr, sizeof tr, "%s", cfg_str(c, "data.train_files"));
+        snprintf(te, sizeof te, "%s", cfg_str(c, "data.val_files"));
+        if (!tr[0] || !te[0])
+            return moerl_errorf("data.task is empty, so data.train_files and data.val_files must name JSONL files");
+    }
+    if (dataset_load(train, tr) != MOERL_OK) return MOERL_ERR;
+    if (dataset_load(test, te) != MOERL_OK) {
+        dataset_free(train);
+        return MOERL_ERR;
+    }
+    if (dataset_count(train) == 0) return moerl_errorf("training data '%s' has no rows", tr);
+    return MOERL_OK;
+}
+
+void cli_set_threads(int n) {
+    if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    openblas_set_num_threads(n);
+}
+
+int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16) {
+    if (model_save_hf(m, dir, bf16, 0) != MOERL_OK) return MOERL_ERR;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/tokenizer_moerl.json", dir);
+    const char *txt = "{\"type\": \"moerl-byte\", \"vocab_size\": 259, \"bos_token_id\": 256, \"eos_token_id\": 258}\n";
+    return moerl_write_file_atomic(p, txt, strlen(txt));
+}

@@ -1,0 +1,28 @@
+/* Glue shared by the training commands: declaring and reading the model.* and data.* keys,
+ * building or loading the model, preparing task files, thread settings. */
+#ifndef MOERL_CLI_COMMON_H
+#define MOERL_CLI_COMMON_H
+
+#include "base/config.h"
+#include "data/dataset.h"
+#include "model/model.h"
+
+/* Declare model.* keys (model.path or an architecture for random init). */
+void cli_def_model_keys(cfg *c);
+/* Declare data.* keys for built-in tasks / JSONL files. */
+void cli_def_data_keys(cfg *c);
+/* Parse "--config FILE [key=value ...]" (also "--help"): loads the YAML, applies overrides.
+ * Returns 0 ok, 1 error (printed), 2 usage printed / --help (exit 0 when help). */
+int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *exit_code);
+/* Load model.path, or create a new model from the model.* architecture keys (random init
+ * with model.seed). Prints what it did. */
+int cli_build_model(const cfg *c, moe_model *m);
+/* Resolve train/test files: with data.task set, generate them under <out_dir>/data (unless they
+ * exist with the same options); else data.train_files / data.val_files. Loads both. */
+int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test);
+/* Set OpenMP/OpenBLAS threads for this process (0 = all cores). */
+void cli_set_threads(int n);
+/* Write the byte-tokenizer marker next to a checkpoint (so generate can decode text). */
+int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16);
+
+#endif

@@ -1,0 +1,189 @@
+/* moerl rl --config FILE [key=value ...] — the main job: (optional SFT warm start, then)
+ * fully-asynchronous GRPO. Config keys follow verl's names (actor.*, rollout.*, async_training.*,
+ * algorithm.*, trainer.*, data.*); see `moerl rl --help`. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "rl/rl.h"
+
+int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *test, const char *out_dir,
+                   double *acc_before, double *acc_after);
+void sft_def_warm_start_keys(cfg *c);
+
+static void rl_def_keys(cfg *c) {
+    cli_def_model_keys(c);
+    cli_def_data_keys(c);
+    sft_def_warm_start_keys(c);
+    cfg_def_int(c, "rollout.n", 8, "responses per prompt (the GRPO group)");
+    cfg_def_float(c, "rollout.temperature", 1.0, "sampling temperature (behaviour logprobs use the same)");
+    cfg_def_float(c, "rollout.top_p", 1.0, "nucleus sampling");
+    cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
+    cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
+    cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
+    cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
+    cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
+    cfg_def_float(c, "actor.clip_ratio_high", 0.28, "PPO clip ε above 1 (clip-higher)");
+    cfg_def_float(c, "actor.clip_ratio_c", 3.0, "dual-clip constant for negative advantages");
+    cfg_def_str(c, "actor.loss_agg_mode", "token-mean", "loss aggregation (token-mean)");
+    cfg_def_bool(c, "actor.use_decoupled_loss", false, "AReaL decoupled PPO (proximal = trainer weights before the step)");
+    cfg_def_float(c, "actor.behav_imp_weight_cap", 2.0, "cap of the behaviour importance weight (decoupled)");
+    cfg_def_float(c, "actor.entropy_coeff", 0.0, "entropy bonus");
+    cfg_def_bool(c, "actor.use_kl_loss", false, "k3 KL to the frozen starting policy");
+    cfg_def_float(c, "actor.kl_loss_coef", 0.001, "KL loss weight");
+    cfg_def_int(c, "actor.ppo_max_token_len_per_gpu", 4096, "tokens per packed micro-batch");
+    cfg_def_float(c, "actor.optim.lr", 1e-4, "learning rate");
+    cfg_def_float(c, "actor.optim.weight_decay", 0.0, "AdamW weight decay");
+    cfg_def_float(c, "actor.optim.beta1", 0.9, "AdamW beta1");
+    cfg_def_float(c, "actor.optim.beta2", 0.99, "AdamW beta2");
+    cfg_def_float(c, "actor.optim.clip_grad", 1.0, "global gradient-norm clip");
+    cfg_def_str(c, "algorithm.adv_estimator", "grpo", "advantage estimator (grpo)");
+    cfg_def_bool(c, "algorithm.norm_adv_by_std_in_grpo", true, "divide by the group std");
+    cfg_def_float(c, "async_training.staleness_threshold", 0.3, "extra prompts allowed per version, as a share of W");
+    cfg_def_int(c, "async_training.trigger_parameter_sync_step", 1, "trainer steps per weight sync");
+    cfg_def_int(c, "async_training.require_batches", 1, "mini-batches per trainer step");
+    cfg_def_bool(c, "async_training.partial_rollout", true, "interrupt and resume in-flight responses at a sync");
+    cfg_def_str(c, "async_training.mode", "async", "async (threads) | lockstep (one thread, reproducible) | sync (baseline)");
+    cfg_def_int(c, "async_training.rollout_threads", 1, "compute threads of the rollouter (async mode)");
+    cfg_def_int(c, "async_training.trainer_threads", 1, "compute threads of the trainer (async mode)");
+    cfg_def_int(c, "trainer.total_training_steps", 0, "trainer steps (0 = from total_epochs)");
+    cfg_def_int(c, "trainer.total_epochs", 1, "passes over the prompts");
+    cfg_def_str(c, "trainer.default_local_dir", "runs/rl", "output folder");
+    cfg_def_int(c, "trainer.test_freq", 5, "held-out eval every n versions (0 = start and end only)");
+    cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n versions (0 = end only, -1 = never)");
+    cfg_def_int(c, "trainer.val_n", 200, "held-out rows evaluated (0 = no eval)");
+    cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable");
+    cfg_def_int(c, "trainer.seed", 1, "seed of prompt order and sampling");
+    cfg_def_float(c, "trainer.watchdog_s", 600, "abort if no trainer step completes for this long (0 = off)");
+    cfg_def_bool(c, "trainer.save_bf16", false, "store checkpoints in bf16");
+    cfg_def_int(c, "trainer.n_threads", 0, "threads for lockstep/sync modes and the warm start (0 = all)");
+}
+
+static int rl_read_config(const cfg *c, rl_config *r) {
+    memset(r, 0, sizeof *r);
+    r->n = (int)cfg_int(c, "rollout.n");
+    r->temperature = (float)cfg_float(c, "rollout.temperature");
+    r->top_p = (float)cfg_float(c, "rollout.top_p");
+    r->top_k = (int)cfg_int(c, "rollout.top_k");
+    r->max_response_length = (int)cfg_int(c, "data.max_response_length");
+    r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
+    r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    r->ppo_mini_batch_size = (int)cfg_int(c, "actor.ppo_mini_batch_size");
+    r->ppo_epochs = (int)cfg_int(c, "actor.ppo_epochs");
+    r->ppo.clip_ratio_low = (float)cfg_float(c, "actor.clip_ratio_low");
+    r->ppo.clip_ratio_high = (float)cfg_float(c, "actor.clip_ratio_high");
+    r->ppo.clip_ratio_c = (float)cfg_float(c, "actor.clip_ratio_c");
+    r->ppo.decoupled = cfg_bool(c, "actor.use_decoupled_loss");
+    r->ppo.behav_imp_weight_cap = (float)cfg_float(c, "actor.behav_imp_weight_cap");
+    r->entropy_coeff = (float)cfg_float(c, "actor.entropy_coeff");
+    r->use_kl_loss = cfg_bool(c, "actor.use_kl_loss");
+    r->kl_loss_coef = (float)cfg_float(c, "actor.kl_loss_coef");
+    r->ppo_max_token_len = (int)cfg_int(c, "actor.ppo_max_token_len_per_gpu");
+    r->optim.lr = (float)cfg_float(c, "actor.optim.lr");
+    r->optim.weight_decay = (float)cfg_float(c, "actor.optim.weight_decay");
+    r->optim.beta1 = (float)cfg_float(c, "actor.optim.beta1");
+    r->optim.beta2 = (float)cfg_float(c, "actor.optim.beta2");
+    r->optim.eps = 1e-8f;
+    r->optim.max_grad_norm = (float)cfg_float(c, "actor.optim.clip_grad");
+    r->norm_adv_by_std = cfg_bool(c, "algorithm.norm_adv_by_std_in_grpo");
+    r->staleness_threshold = cfg_float(c, "async_training.staleness_threshold");
+    r->trigger_parameter_sync_step = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
+    r->require_batches = (int)cfg_int(c, "async_training.require_batches");
+    r->partial_rollout = cfg_bool(c, "async_training.partial_rollout");
+    r->rollout_threads = (int)cfg_int(c, "async_training.rollout_threads");
+    r->trainer_threads = (int)cfg_int(c, "async_training.trainer_threads");
+    r->total_training_steps = cfg_int(c, "trainer.total_training_steps");
+    r->total_epochs = (int)cfg_int(c, "trainer.total_epochs");
+    snprintf(r->out_dir, sizeof r->out_dir, "%s", cfg_str(c, "trainer.default_local_dir"));
+    r->test_freq = (int)cfg_int(c, "trainer.test_freq");
+    r->save_freq = (int)cfg_int(c, "trainer.save_freq");
+    r->val_n = (int)cfg_int(c, "trainer.val_n");
+    r->seed = (uint64_t)cfg_int(c, "trainer.seed");
+    r->watchdog_s = cfg_float(c, "trainer.watchdog_s");
+    r->save_bf16 = cfg_bool(c, "trainer.save_bf16");
+    const char *mode = cfg_str(c, "async_training.mode");
+    if (!strcmp(mode, "async")) r->mode = RL_MODE_ASYNC;
+    else if (!strcmp(mode, "lockstep")) r->mode = RL_MODE_LOCKSTEP;
+    else if (!strcmp(mode, "sync")) r->mode = RL_MODE_SYNC;
+    else return moerl_errorf("async_training.mode: '%s' is not one of async, lockstep, sync", mode);
+    if (r->mode == RL_MODE_SYNC) { /* the synchronous baseline: generate a batch, then train on it */
+        r->staleness_threshold = 0;
+        r->trigger_parameter_sync_step = 1;
+        r->partial_rollout = 0;
+    }
+    const char *rm = cfg_str(c, "trainer.resume_mode");
+    if (!strcmp(rm, "auto")) r->resume_auto = 1;
+    else if (strcmp(rm, "disable")) return moerl_errorf("trainer.resume_mode: '%s' is not auto or disable", rm);
+    if (strcmp(cfg_str(c, "algorithm.adv_estimator"), "grpo"))
+        return moerl_errorf("algorithm.adv_estimator: '%s' is not supported (grpo)", cfg_str(c, "algorithm.adv_estimator"));
+    if (strcmp(cfg_str(c, "actor.loss_agg_mode"), "token-mean"))
+        return moerl_errorf("actor.loss_agg_mode: '%s' is not supported (token-mean)", cfg_str(c, "actor.loss_agg_mode"));
+    if (r->n <= 0) return moerl_errorf("rollout.n must be positive, got %d", r->n);
+    if (!(r->temperature > 0)) return moerl_errorf("rollout.temperature must be > 0 for RL, got %g", r->temperature);
+    if (!(r->top_p > 0 && r->top_p <= 1)) return moerl_errorf("rollout.top_p must be in (0, 1], got %g", r->top_p);
+    if (r->max_response_length <= 0) return moerl_errorf("data.max_response_length must be positive");
+    if (r->max_num_seqs < r->n)
+        return moerl_errorf("rollout.max_num_seqs (%d) must hold at least one group of rollout.n (%d)", r->max_num_seqs, r->n);
+    if (r->ppo_epochs <= 0) return moerl_errorf("actor.ppo_epochs must be positive");
+    if (r->ppo_max_token_len <= 0) return moerl_errorf("actor.ppo_max_token_len_per_gpu must be positive");
+    if (r->rollout_threads <= 0 || r->trainer_threads <= 0)
+        return moerl_errorf("async_training.rollout_threads and trainer_threads must be positive");
+    return MOERL_OK;
+}
+
+int cmd_rl(int argc, char **argv) {
+    cfg *c = cfg_new();
+    rl_def_keys(c);
+    int code = 1;
+    if (cli_parse_config_args(c, argc, argv, "rl", &code)) {
+        cfg_free(c);
+        return code;
+    }
+    rl_config rc;
+    moe_model m = {0};
+    dataset train = {0}, test = {0};
+    char path[4200];
+    if (rl_read_config(c, &rc) != MOERL_OK) goto fail;
+    cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
+    if (moerl_mkdirs(rc.out_dir) != MOERL_OK) goto fail;
+    snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
+    if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
+    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
+    if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    double sft0 = -1, sft1 = -1;
+    snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
+    int resuming = rc.resume_auto && access(path, R_OK) == 0;
+    if (!resuming && sft_warm_start(c, &m, &train, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+    rl_result res;
+    if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
+    log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s, trainer idle %.2f, "
+             "rollouter idle %.2f, max staleness %d",
+             (long long)res.steps, res.final_version, res.wall_s, res.prompts_per_s, res.tokens_per_s,
+             res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
+    if (sft0 >= 0)
+        log_info("held-out accuracy: start %.1f%% → SFT %.1f%% → RL %.1f%% (RL adds %+.1f points)", 100 * sft0,
+                 100 * sft1, 100 * res.val_acc_end, 100 * (res.val_acc_end - sft1));
+    else if (rc.val_n != 0)
+        log_info("held-out accuracy: %.1f%% → %.1f%% (%+.1f points)", 100 * res.val_acc_start, 100 * res.val_acc_end,
+                 100 * (res.val_acc_end - res.val_acc_start));
+    printf("{\"accuracy_sft\": %.4f, \"accuracy_rl_start\": %.4f, \"accuracy_rl_end\": %.4f, \"steps\": %lld, "
+           "\"wall_s\": %.2f, \"prompts_per_s\": %.4f, \"tokens_per_s\": %.1f, \"max_staleness\": %d, "
+           "\"trainer_idle_ratio\": %.3f, \"rollouter_idle_ratio\": %.3f}\n",
+           sft1, res.val_acc_start, res.val_acc_end, (long long)res.steps, res.wall_s, res.prompts_per_s,
+           res.tokens_per_s, res.max_lag_seen, res.trainer_idle_ratio, res.rollouter_idle_ratio);
+    model_free(&m);
+    dataset_free(&train);
+    dataset_free(&test);
+    cfg_free(c);
+    return 0;
+fail:
+    fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
+    cfg_free(c);
+    return 1;
+}

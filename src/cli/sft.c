@@ -1,0 +1,132 @@
+/* moerl sft --config FILE [key=value ...]
+ * Supervised fine-tuning on prompt/response pairs (train/sft.h), then an HF checkpoint under
+ * trainer.default_local_dir/checkpoint. Also the SFT warm start of `moerl rl` (sft.* keys). */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "train/sft.h"
+
+static void sft_def_keys(cfg *c) {
+    cli_def_model_keys(c);
+    cli_def_data_keys(c);
+    cfg_def_int(c, "data.train_batch_size", 32, "sequences per optimizer step");
+    cfg_def_int(c, "data.max_token_len_per_micro_batch", 2048, "tokens per packed micro-batch");
+    cfg_def_float(c, "optim.lr", 3e-3, "peak learning rate");
+    cfg_def_float(c, "optim.weight_decay", 0.01, "AdamW decoupled weight decay");
+    cfg_def_float(c, "optim.beta1", 0.9, "AdamW beta1");
+    cfg_def_float(c, "optim.beta2", 0.95, "AdamW beta2");
+    cfg_def_float(c, "optim.clip_grad", 1.0, "global gradient-norm clip");
+    cfg_def_str(c, "optim.lr_scheduler", "cosine", "constant or cosine");
+    cfg_def_float(c, "optim.lr_warmup_steps_ratio", 0.05, "warmup share of the steps");
+    cfg_def_float(c, "optim.min_lr_ratio", 0.1, "cosine floor as a share of lr");
+    cfg_def_int(c, "trainer.total_epochs", 1, "passes over the training data");
+    cfg_def_int(c, "trainer.total_training_steps", 0, "stop after this many steps (0 = epochs decide)");
+    cfg_def_str(c, "trainer.default_local_dir", "runs/sft", "output folder (config, metrics, checkpoint)");
+    cfg_def_int(c, "trainer.test_freq", 0, "held-out eval every n steps (0 = only before and after)");
+    cfg_def_int(c, "trainer.val_n", 200, "held-out rows evaluated");
+    cfg_def_int(c, "trainer.seed", 1, "data shuffling seed");
+    cfg_def_int(c, "trainer.n_threads", 0, "compute threads (0 = all cores)");
+    cfg_def_bool(c, "trainer.save_bf16", false, "store the checkpoint in bf16");
+}
+
+static int check_sched(const char *key, const char *s) {
+    if (strcmp(s, "constant") && strcmp(s, "cosine"))
+        return moerl_errorf("%s: '%s' is not constant or cosine", key, s);
+    return MOERL_OK;
+}
+
+int cmd_sft(int argc, char **argv) {
+    cfg *c = cfg_new();
+    sft_def_keys(c);
+    int code = 1;
+    if (cli_parse_config_args(c, argc, argv, "sft", &code)) {
+        cfg_free(c);
+        return code;
+    }
+    cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
+    const char *out = cfg_str(c, "trainer.default_local_dir");
+    char path[4200], mpath[4200];
+    moe_model m = {0};
+    dataset train = {0}, test = {0};
+    if (check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler")) != MOERL_OK) goto fail;
+    if (moerl_mkdirs(out) != MOERL_OK) goto fail;
+    snprintf(path, sizeof path, "%s/config.yaml", out);
+    if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
+    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
+    if (cli_prepare_data(c, out, &train, &test) != MOERL_OK) goto fail;
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", out);
+    sft_opts o = {.batch_size = (int)cfg_int(c, "data.train_batch_size"),
+                  .max_tokens = (int)cfg_int(c, "data.max_token_len_per_micro_batch"),
+                  .total_epochs = cfg_int(c, "trainer.total_epochs"),
+                  .total_steps = cfg_int(c, "trainer.total_training_steps"),
+                  .optim = {.lr = (float)cfg_float(c, "optim.lr"), .beta1 = (float)cfg_float(c, "optim.beta1"),
+                            .beta2 = (float)cfg_float(c, "optim.beta2"), .eps = 1e-8f,
+                            .weight_decay = (float)cfg_float(c, "optim.weight_decay"),
+                            .max_grad_norm = (float)cfg_float(c, "optim.clip_grad")},
+                  .lr_scheduler = cfg_str(c, "optim.lr_scheduler"),
+                  .warmup_ratio = (float)cfg_float(c, "optim.lr_warmup_steps_ratio"),
+                  .min_lr_ratio = (float)cfg_float(c, "optim.min_lr_ratio"),
+                  .test_freq = (int)cfg_int(c, "trainer.test_freq"),
+                  .val_n = (int)cfg_int(c, "trainer.val_n"),
+                  .max_response_length = (int)cfg_int(c, "data.max_response_length"),
+                  .seed = (uint64_t)cfg_int(c, "trainer.seed"),
+                  .metrics_path = mpath,
+                  .label = "sft"};
+    double a0, a1;
+    if (sft_train(&m, &train, &test, &o, &a0, &a1) != MOERL_OK) goto fail;
+    snprintf(path, sizeof path, "%s/checkpoint", out);
+    if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
+    log_info("checkpoint written to %s", path);
+    printf("{\"accuracy_before\": %.4f, \"accuracy_after\": %.4f, \"checkpoint\": \"%s\"}\n", a0, a1, path);
+    model_free(&m);
+    dataset_free(&train);
+    dataset_free(&test);
+    cfg_free(c);
+    return 0;
+fail:
+    fprintf(stderr, "moerl sft: %s\n", moerl_last_error());
+    cfg_free(c);
+    return 1;
+}
+
+void sft_def_warm_start_keys(cfg *c) {
+    cfg_def_int(c, "sft.total_training_steps", 0, "SFT warm-start steps before RL (0 = none)");
+    cfg_def_int(c, "sft.train_batch_size", 32, "warm start: sequences per step");
+    cfg_def_float(c, "sft.lr", 3e-3, "warm start: peak learning rate");
+    cfg_def_str(c, "sft.lr_scheduler", "cosine", "warm start: constant or cosine");
+    cfg_def_float(c, "sft.lr_warmup_steps_ratio", 0.05, "warm start: warmup share");
+    cfg_def_float(c, "sft.weight_decay", 0.01, "warm start: AdamW weight decay");
+}
+
+int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *test, const char *out_dir,
+                   double *acc_before, double *acc_after) {
+    int64_t steps = cfg_int(c, "sft.total_training_steps");
+    if (steps <= 0) return MOERL_OK;
+    if (check_sched("sft.lr_scheduler", cfg_str(c, "sft.lr_scheduler")) != MOERL_OK) return MOERL_ERR;
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/sft_metrics.jsonl", out_dir);
+    sft_opts o = {.batch_size = (int)cfg_int(c, "sft.train_batch_size"),
+                  .max_tokens = (int)cfg_int(c, "actor.ppo_max_token_len_per_gpu"),
+                  .total_epochs = 1000000,
+                  .total_steps = steps,
+                  .optim = {.lr = (float)cfg_float(c, "sft.lr"), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                            .weight_decay = (float)cfg_float(c, "sft.weight_decay"), .max_grad_norm = 1.0f},
+                  .lr_scheduler = cfg_str(c, "sft.lr_scheduler"),
+                  .warmup_ratio = (float)cfg_float(c, "sft.lr_warmup_steps_ratio"),
+                  .min_lr_ratio = 0.1f,
+                  .test_freq = 0,
+                  .val_n = (int)cfg_int(c, "trainer.val_n"),
+                  .max_response_length = (int)cfg_int(c, "data.max_response_length"),
+                  .seed = (uint64_t)cfg_int(c, "trainer.seed"),
+                  .metrics_path = mpath,
+                  .label = "sft warm start"};
+    if (sft_train(m, train, test, &o, acc_before, acc_after) != MOERL_OK) return moerl_error_prefix("sft warm start: ");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/sft_checkpoint", out_dir);
+    return cli_save_checkpoint(m, path, 0);
+}

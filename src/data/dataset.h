@@ -1,0 +1,56 @@
+/* moerl — JSONL datasets in verl's schema.
+ *
+ * One JSON object per line, with the fields verl's RLHFDataset reads from its parquet files
+ * (verl/utils/dataset/rl_dataset.py; examples/data_preprocess/gsm8k.py writes them):
+ *     "data_source":  string, selects the reward function (tasks.h: reward_fn_for)
+ *     "prompt":       non-empty list of {"role": string, "content": string}
+ *     "reward_model": {"style": "rule", "ground_truth": string | object | list}
+ *     "extra_info":   object (optional, kept as compact JSON text)
+ *     "response":     string (optional; the SFT target)
+ * Other fields (verl's "ability", ...) are ignored. A ground truth given as a JSON object or list
+ * (TinyZero/verl countdown: {"target": 24, "numbers": [...]}) is kept as its compact JSON text.
+ * Empty (all-whitespace) lines are skipped. Any other departure is an error
+ * "<path>:<line>: field '<name>': expected ..., got ..." and nothing is loaded.
+ */
+#ifndef MOERL_DATASET_H
+#define MOERL_DATASET_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data/tokenizer.h"
+
+typedef struct {
+    char *data_source;
+    chat_msg *prompt; /* [n_prompt] */
+    int n_prompt;
+    char *ground_truth;    /* a string, or the compact JSON text of an object/list */
+    int ground_truth_json; /* 1: ground_truth is JSON text (an object or list in the file) */
+    char *extra_info_json; /* compact JSON object text, or NULL when absent */
+    char *response;        /* NULL when absent */
+    int64_t line;          /* 1-based line in the source file */
+} ds_row;
+
+typedef struct {
+    char *path;
+    ds_row *rows;
+    int64_t n;
+} dataset;
+
+/* Read every row of the JSONL file at `path` into memory. On error *ds is left empty (n = 0)
+ * and moerl_last_error() names the file, line, field and what was expected. */
+int dataset_load(dataset *ds, const char *path);
+/* Parse JSONL text held in memory; `name` stands for the path in messages. */
+int dataset_load_string(dataset *ds, const char *text, size_t len, const char *name);
+int64_t dataset_count(const dataset *ds);
+/* Row i, 0 ≤ i < count (out of range aborts: a bug in the caller). */
+const ds_row *dataset_row(const dataset *ds, int64_t i);
+void dataset_free(dataset *ds);
+
+/* Append one row as a single JSON line (in the schema above) to `f`: ground_truth is written as
+ * the JSON value it holds when ground_truth_json is set, else as a string; extra_info_json and
+ * response only when not NULL. Used by the task generators and by tests. Errors: a string that
+ * is not valid UTF-8, ground_truth_json/extra_info_json that are not valid JSON, a write error. */
+int dataset_write_row(FILE *f, const ds_row *row);
+
+#endif

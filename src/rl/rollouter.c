@@ -1,0 +1,184 @@
+/* Rollouter: feeds prompts, keeps GRPO groups together, respects the staleness budget, applies
+ * weight syncs at step boundaries (partial rollout: interrupt and resume). Scores nothing. */
+#include <string.h>
+
+#include "base/common.h"
+#include "rl/rl.h"
+
+void rl_group_free(rl_group *g) {
+    if (!g) return;
+    for (int j = 0; j < g->n; j++) gen_request_free_outputs(&g->reqs[j]);
+    free(g->reqs);
+    tok_seq_free(&g->prompt);
+    free(g);
+}
+
+static void feed_shuffle(prompt_feed *f) {
+    rng_state r;
+    rng_seed(&r, f->seed * 1000003ULL + (uint64_t)f->epoch);
+    for (int64_t i = 0; i < f->n_rows; i++) f->order[i] = (int)i;
+    rng_shuffle_int(&r, f->order, (int)f->n_rows);
+}
+
+/* Next prompt uid (redo list first). */
+static int64_t feed_next(prompt_feed *f) {
+    if (f->redo_pos < f->n_redo) return f->redo[f->redo_pos++];
+    if (f->pos >= f->n_rows) {
+        f->epoch++;
+        f->pos = 0;
+        feed_shuffle(f);
+    }
+    return (int64_t)f->epoch * f->n_rows + f->order[f->pos++];
+}
+
+int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
+                   int64_t total_prompts) {
+    memset(R, 0, sizeof *R);
+    R->cfg = cfg;
+    R->train = train;
+    R->queue = q;
+    if (staleness_init(&R->budget, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
+                       cfg->staleness_threshold) != MOERL_OK)
+        return MOERL_ERR;
+    int max_plen = 0;
+    for (int64_t i = 0; i < dataset_count(train); i++) {
+        tok_seq s = {0};
+        const ds_row *r = dataset_row(train, i);
+        tok_chat_encode(r->prompt, r->n_prompt, true, &s);
+        max_plen = MOERL_MAX(max_plen, (int)s.n);
+        tok_seq_free(&s);
+    }
+    engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
+                        .max_num_batched_tokens = cfg->max_num_batched_tokens};
+    R->eng = engine_create(&m->cfg, ec);
+    if (!R->eng) return MOERL_ERR;
+    if (engine_load_weights(R->eng, m->params, m->n_params, 0) != MOERL_OK) return MOERL_ERR;
+    R->feed.n_rows = dataset_count(train);
+    R->feed.order = xmalloc(R->feed.n_rows * sizeof(int));
+    R->feed.seed = cfg->seed;
+    feed_shuffle(&R->feed);
+    R->prompts_left = total_prompts;
+    R->cap_inflight = 64;
+    R->inflight = xmalloc(R->cap_inflight * sizeof(rl_group *));
+    R->done_buf = xmalloc((cfg->max_num_seqs * 2 + 64) * sizeof(gen_request *));
+    pthread_mutex_init(&R->mu, NULL);
+    pthread_cond_init(&R->cv, NULL);
+    R->stage = "idle";
+    R->last_progress = moerl_now();
+    return MOERL_OK;
+}
+
+void rollouter_free(rollouter *R) {
+    for (int i = 0; i < R->n_inflight; i++) rl_group_free(R->inflight[i]);
+    free(R->inflight);
+    free(R->done_buf);
+    free(R->feed.order);
+    free(R->feed.redo);
+    engine_free(R->eng);
+    pthread_mutex_destroy(&R->mu);
+    pthread_cond_destroy(&R->cv);
+}
+
+int rollouter_in_flight(const rollouter *R) { return R->n_inflight; }
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+static int start_group(rollouter *R) {
+    const rl_config *c = R->cfg;
+    int64_t uid = feed_next(&R->feed);
+    rl_group *g = xcalloc(1, sizeof *g);
+    g->uid = uid;
+    g->row = (int)(uid % R->feed.n_rows);
+    g->epoch = (int)(uid / R->feed.n_rows);
+    g->start_version = engine_version(R->eng);
+    g->n = c->n;
+    const ds_row *row = dataset_row(R->train, g->row);
+    tok_chat_encode(row->prompt, row->n_prompt, true, &g->prompt);
+    g->reqs = xcalloc(g->n, sizeof(gen_request));
+    for (int j = 0; j < g->n; j++) {
+        gen_request *r = &g->reqs[j];
+        r->id = uid * 1024 + j;
+        r->prompt = g->prompt.ids;
+        r->prompt_len = (int)g->prompt.n;
+        r->sp.temperature = c->temperature;
+        r->sp.top_p = c->top_p;
+        r->sp.top_k = c->top_k;
+        r->sp.max_tokens = c->max_response_length;
+        /* each response has its own seed from (run seed, uid, j): reproducible, batch-invariant */
+        r->sp.seed = mix64(c->seed ^ mix64((uint64_t)uid * 131 + (uint64_t)j));
+        r->user = g;
+        if (engine_add(R->eng, r) != MOERL_OK) {
+            /* the request was not queued: drop the group's earlier requests too */
+            for (int k = 0; k < j; k++) g->reqs[k].finish = FINISH_ABORT;
+            return moerl_error_prefix("prompt row %d: ", g->row);
+        }
+    }
+    if (R->n_inflight == R->cap_inflight) {
+        R->cap_inflight *= 2;
+        R->inflight = xrealloc(R->inflight, R->cap_inflight * sizeof(rl_group *));
+    }
+    R->inflight[R->n_inflight++] = g;
+    staleness_on_start(&R->budget);
+    R->prompts_left--;
+    return MOERL_OK;
+}
+
+static int finish_requests(rollouter *R, int k) {
+    for (int d = 0; d < k; d++) {
+        rl_group *g = R->done_buf[d]->user;
+        R->gen_tokens += R->done_buf[d]->n_out;
+        if (++g->n_done < g->n) continue;
+        for (int i = 0; i < R->n_inflight; i++)
+            if (R->inflight[i] == g) {
+                R->inflight[i] = R->inflight[--R->n_inflight];
+                break;
+            }
+        if (rl_queue_put(R->queue, g) != MOERL_OK) return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+int rollouter_tick(rollouter *R) {
+    const rl_config *c = R->cfg;
+    const int cap = c->max_num_seqs;
+    R->stage = "admit";
+    while (!R->draining && R->prompts_left > 0 && staleness_can_start(&R->budget, rl_queue_size(R->queue))) {
+        int busy = engine_num_unfinished(R->eng);
+        if (busy > 0 && busy + c->n > cap) break; /* no room: keep groups out of the engine's queue */
+        if (start_group(R) != MOERL_OK) return MOERL_ERR;
+    }
+    if (engine_num_unfinished(R->eng) == 0) {
+        R->stage = "idle";
+        return 0;
+    }
+    R->stage = "generate";
+    double t0 = moerl_now();
+    int k = engine_step(R->eng, R->done_buf, c->max_num_seqs * 2 + 64);
+    if (k < 0) return MOERL_ERR;
+    R->stage = "queue";
+    if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
+    R->busy_s += moerl_now() - t0;
+    R->last_progress = moerl_now();
+    return 1;
+}
+
+int rollouter_apply_sync(rollouter *R, const float *params, size_t n_params, int version) {
+    R->stage = "param_sync";
+    if (R->cfg->partial_rollout) engine_pause(R->eng, NULL, 0);
+    else MOERL_ASSERT(engine_num_running(R->eng) == 0);
+    if (R->on_paused) R->on_paused(R->on_paused_ctx);
+    if (engine_load_weights(R->eng, params, n_params, version) != MOERL_OK) return MOERL_ERR;
+    /* carried-over work: in-flight groups (interrupted ones included) + queued groups */
+    staleness_on_version(&R->budget, R->n_inflight, 0, rl_queue_size(R->queue));
+    int k = engine_resume(R->eng, R->done_buf, R->cfg->max_num_seqs * 2 + 64);
+    if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
+    R->draining = 0;
+    R->last_progress = moerl_now();
+    return MOERL_OK;
+}

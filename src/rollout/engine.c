@@ -1,0 +1,360 @@
+/* Rollout engine: continuous batching over a slot-per-sequence KV cache. See engine.h. */
+#include "rollout/engine.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "kernels/kernels.h"
+#include "model/forward.h"
+
+struct engine {
+    moe_model m;        /* inference model: the engine's own weight buffer */
+    engine_config ec;
+    int version;
+    int L, H, V, nh, nkv, hd, E, K;
+    float *k_cache, *v_cache; /* [L][slots][max_len][nkv·hd] */
+    gen_request **slots;
+    gen_request *wait_head, *wait_tail, *paused_head, *paused_tail;
+    int n_waiting, n_paused;
+    /* step scratch for up to T = max_num_batched_tokens tokens */
+    int *tok, *slot_of, *pos;
+    float *x, *ln, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *mid, *mlp_out;
+    mlp_acts mlp;
+    float *rope_cos, *rope_sin;
+    /* sampling rows */
+    int *sample_row;             /* [slots] batch row whose logits a slot samples from */
+    gen_request **sample_req;    /* [slots] */
+    float *hid, *hid_rstd, *logits, *sample_scratch;
+    engine_stats st;
+};
+
+const char *finish_reason_name(finish_reason r) {
+    switch (r) {
+    case FINISH_STOP: return "stop";
+    case FINISH_LENGTH: return "length";
+    case FINISH_ABORT: return "abort";
+    default: return "none";
+    }
+}
+
+engine *engine_create(const moe_config *cfg, engine_config ec) {
+    if (ec.max_num_seqs <= 0 || ec.max_model_len <= 1 || ec.max_num_batched_tokens <= 0) {
+        moerl_errorf("engine: max_num_seqs (%d), max_model_len (%d) and max_num_batched_tokens (%d) must be "
+                     "positive (max_model_len ≥ 2)",
+                     ec.max_num_seqs, ec.max_model_len, ec.max_num_batched_tokens);
+        return NULL;
+    }
+    if (ec.max_num_batched_tokens < ec.max_num_seqs) ec.max_num_batched_tokens = ec.max_num_seqs;
+    engine *e = xcalloc(1, sizeof *e);
+    if (model_init_inference(&e->m, cfg) != MOERL_OK) {
+        free(e);
+        return NULL;
+    }
+    e->ec = ec;
+    const moe_config *c = &e->m.cfg;
+    e->L = c->num_hidden_layers; e->H = c->hidden_size; e->V = c->vocab_size;
+    e->nh = c->num_attention_heads; e->nkv = c->num_key_value_heads; e->hd = c->head_dim;
+    e->E = c->num_experts; e->K = c->num_experts_per_tok;
+    const size_t S = ec.max_num_seqs, Lm = ec.max_model_len, T = ec.max_num_batched_tokens;
+    const size_t kvrow = (size_t)e->nkv * e->hd, H = e->H, qrow = (size_t)e->nh * e->hd;
+    e->k_cache = xalloc_aligned((size_t)e->L * S * Lm * kvrow * sizeof(float));
+    e->v_cache = xalloc_aligned((size_t)e->L * S * Lm * kvrow * sizeof(float));
+    e->slots = xcalloc(S, sizeof(gen_request *));
+    e->tok = xmalloc(T * sizeof(int));
+    e->slot_of = xmalloc(T * sizeof(int));
+    e->pos = xmalloc(T * sizeof(int));
+#define FA(n) ((float *)xalloc_aligned((size_t)(n) * sizeof(float)))
+    e->x = FA(T * H); e->ln = FA(T * H); e->mid = FA(T * H); e->mlp_out = FA(T * H);
+    e->q_raw = FA(T * qrow); e->q = FA(T * qrow); e->att = FA(T * qrow); e->q_rstd = FA(T * e->nh);
+    e->k_raw = FA(T * kvrow); e->k = FA(T * kvrow); e->v = FA(T * kvrow); e->k_rstd = FA(T * e->nkv);
+    const size_t E = e->E, K = e->K, M = T * (E ? K : 0), I = c->moe_intermediate_size, Id = c->intermediate_size;
+    mlp_acts *s = &e->mlp;
+    s->router_logits = FA(T * E + 1); s->probs = FA(T * E + 1); s->topk_w = FA(T * K + 1);
+    s->topk_ids = xmalloc((T * K + 1) * sizeof(int)); s->row_idx = xmalloc((T * K + 1) * sizeof(int));
+    s->sorted_row = xmalloc((M + 1) * sizeof(int)); s->expanded_pos = xmalloc((M + 1) * sizeof(int));
+    s->tokens_per_expert = xmalloc((E + 1) * sizeof(int)); s->offsets = xmalloc((E + 2) * sizeof(int));
+    s->permuted = FA(M * H + 1); s->y = FA(M * H + 1);
+    s->gate_up = FA(MOERL_MAX(M * 2 * I, T * 2 * Id) + 1);
+    s->act = FA(MOERL_MAX(M * I, T * Id) + 1);
+    e->rope_cos = FA(Lm * e->hd / 2); e->rope_sin = FA(Lm * e->hd / 2);
+    rope_tables(e->rope_cos, e->rope_sin, (int)Lm, e->hd, c->rope_theta);
+    e->sample_row = xmalloc(S * sizeof(int));
+    e->sample_req = xmalloc(S * sizeof(gen_request *));
+    e->hid = FA(S * H); e->hid_rstd = FA(S); e->logits = FA(S * e->V); e->sample_scratch = FA(2 * (size_t)e->V);
+#undef FA
+    return e;
+}
+
+void engine_free(engine *e) {
+    if (!e) return;
+    model_free(&e->m);
+    void *bufs[] = {e->k_cache, e->v_cache, e->slots, e->tok, e->slot_of, e->pos, e->x, e->ln, e->mid, e->mlp_out,
+                    e->q_raw, e->q, e->att, e->q_rstd, e->k_raw, e->k, e->v, e->k_rstd, e->mlp.router_logits,
+                    e->mlp.probs, e->mlp.topk_w, e->mlp.topk_ids, e->mlp.row_idx, e->mlp.sorted_row,
+                    e->mlp.expanded_pos, e->mlp.tokens_per_expert, e->mlp.offsets, e->mlp.permuted, e->mlp.y,
+                    e->mlp.gate_up, e->mlp.act, e->rope_cos, e->rope_sin, e->sample_row, e->sample_req, e->hid,
+                    e->hid_rstd, e->logits, e->sample_scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(e);
+}
+
+int engine_load_weights(engine *e, const float *params, size_t n_params, int version) {
+    if (n_params != e->m.n_params)
+        return moerl_errorf("engine_load_weights: %zu floats given, the model layout has %zu", n_params,
+                            e->m.n_params);
+    memcpy(e->m.params, params, n_params * sizeof(float));
+    e->version = version;
+    return MOERL_OK;
+}
+
+int engine_version(const engine *e) { return e->version; }
+const moe_model *engine_model(const engine *e) { return &e->m; }
+engine_stats engine_get_stats(const engine *e) { return e->st; }
+
+static void list_push_back(gen_request **head, gen_request **tail, gen_request *r) {
+    r->next = NULL;
+    if (*tail) (*tail)->next = r;
+    else *head = r;
+    *tail = r;
+}
+
+int engine_add(engine *e, gen_request *r) {
+    const sampling_params *sp = &r->sp;
+    if (r->prompt_len <= 0) return moerl_errorf("request %lld: empty prompt", (long long)r->id);
+    if (r->prompt_len >= e->ec.max_model_len)
+        return moerl_errorf("request %lld: prompt of %d tokens does not fit max_model_len %d (needs room for at "
+                            "least one new token)",
+                            (long long)r->id, r->prompt_len, e->ec.max_model_len);
+    for (int i = 0; i < r->prompt_len; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->V)
+            return moerl_errorf("request %lld: prompt token %d at index %d outside the vocabulary [0,%d)",
+                                (long long)r->id, r->prompt[i], i, e->V);
+    if (!(sp->temperature >= 0) || !isfinite(sp->temperature))
+        return moerl_errorf("request %lld: temperature must be a finite number ≥ 0, got %g", (long long)r->id,
+                            (double)sp->temperature);
+    if (!(sp->top_p > 0 && sp->top_p <= 1))
+        return moerl_errorf("request %lld: top_p must be in (0, 1], got %g", (long long)r->id, (double)sp->top_p);
+    if (sp->top_k < 0) return moerl_errorf("request %lld: top_k must be ≥ 0, got %d", (long long)r->id, sp->top_k);
+    if (sp->max_tokens <= 0)
+        return moerl_errorf("request %lld: max_tokens must be positive, got %d", (long long)r->id, sp->max_tokens);
+    if (sp->n_stop < 0 || sp->n_stop > 8)
+        return moerl_errorf("request %lld: at most 8 stop tokens, got %d", (long long)r->id, sp->n_stop);
+    if (!r->out_tokens) {
+        r->out_tokens = xmalloc(sp->max_tokens * sizeof(int));
+        r->out_logprobs = xmalloc(sp->max_tokens * sizeof(float));
+        r->out_versions = xmalloc(sp->max_tokens * sizeof(int));
+        r->n_out = 0;
+        r->n_interruptions = 0;
+        rng_seed(&r->rng, sp->seed);
+    }
+    r->finish = FINISH_NONE;
+    r->slot = -1;
+    r->n_cached = 0;
+    list_push_back(&e->wait_head, &e->wait_tail, r);
+    e->n_waiting++;
+    return MOERL_OK;
+}
+
+void gen_request_free_outputs(gen_request *r) {
+    free(r->out_tokens);
+    free(r->out_logprobs);
+    free(r->out_versions);
+    r->out_tokens = NULL;
+    r->out_logprobs = NULL;
+    r->out_versions = NULL;
+}
+
+int engine_num_running(const engine *e) {
+    int n = 0;
+    for (int s = 0; s < e->ec.max_num_seqs; s++) n += e->slots[s] != NULL;
+    return n;
+}
+
+int engine_num_unfinished(const engine *e) { return engine_num_running(e) + e->n_waiting + e->n_paused; }
+
+static int seq_token(const gen_request *r, int i) { return i < r->prompt_len ? r->prompt[i] : r->out_tokens[i - r->prompt_len]; }
+static int seq_len(const gen_request *r) { return r->prompt_len + r->n_out; }
+static int at_length_limit(const engine *e, const gen_request *r) {
+    return r->n_out >= r->sp.max_tokens || seq_len(r) >= e->ec.max_model_len;
+}
+
+/* Forward T tokens (tok, slot_of, pos) through all layers, writing K/V into the cache; then
+ * the final norm + LM head for the n_rows rows in sample_row → e->logits. */
+static void forward_tokens(engine *e, int T, int n_rows) {
+    const moe_model *m = &e->m;
+    const moe_config *c = &m->cfg;
+    const int H = e->H, nh = e->nh, nkv = e->nkv, hd = e->hd, Lm = e->ec.max_model_len, S = e->ec.max_num_seqs;
+    const size_t kvrow = (size_t)nkv * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int n = 0; n < T; n++) memcpy(e->x + (size_t)n * H, m->p.embed_tokens + (size_t)e->tok[n] * H, H * sizeof(float));
+    for (int l = 0; l < e->L; l++) {
+        const layer_views *w = &m->p.layers[l];
+        float *kc = e->k_cache + (size_t)l * S * Lm * kvrow, *vc = e->v_cache + (size_t)l * S * Lm * kvrow;
+        rmsnorm_forward(e->ln, e->mid /* rstd scratch */, e->x, w->input_layernorm, T, H, c->rms_norm_eps);
+        qkv_forward(m, l, e->ln, e->q_raw, e->k_raw, e->q_rstd, e->k_rstd, e->q, e->k, e->v, e->pos, e->rope_cos,
+                    e->rope_sin, T);
+        for (int n = 0; n < T; n++) {
+            size_t off = ((size_t)e->slot_of[n] * Lm + e->pos[n]) * kvrow;
+            memcpy(kc + off, e->k + (size_t)n * kvrow, kvrow * sizeof(float));
+            memcpy(vc + off, e->v + (size_t)n * kvrow, kvrow * sizeof(float));
+        }
+        attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
+        rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
+        mlp_forward(m, l, e->ln, e->mlp_out, &e->mlp, T, NULL, NULL);
+        const size_t TH = (size_t)T * H;
+        for (size_t i = 0; i < TH; i++) e->x[i] += e->mlp_out[i];
+    }
+    for (int r = 0; r < n_rows; r++)
+        memcpy(e->hid + (size_t)r * H, e->x + (size_t)e->sample_row[r] * H, H * sizeof(float));
+    rmsnorm_forward(e->hid, e->hid_rstd, e->hid, m->p.norm, n_rows, H, c->rms_norm_eps);
+    linear_forward(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
+}
+
+static int is_stop(const engine *e, const gen_request *r, int tok) {
+    if (!r->sp.ignore_eos && e->m.cfg.eos_token_id >= 0 && tok == e->m.cfg.eos_token_id) return 1;
+    for (int i = 0; i < r->sp.n_stop; i++)
+        if (tok == r->sp.stop_tokens[i]) return 1;
+    return 0;
+}
+
+int engine_step(engine *e, gen_request **done, int done_cap) {
+    const int S = e->ec.max_num_seqs;
+    int n_done = 0;
+    /* 1. admission, FIFO */
+    for (int s = 0; s < S && e->wait_head; s++) {
+        if (e->slots[s]) continue;
+        gen_request *r = e->wait_head;
+        e->wait_head = r->next;
+        if (!e->wait_head) e->wait_tail = NULL;
+        e->n_waiting--;
+        r->next = NULL;
+        r->slot = s;
+        r->n_cached = 0;
+        e->slots[s] = r;
+    }
+    /* 2. build the batch: decode tokens first, then prefill chunks within the token budget */
+    int T = 0, n_rows = 0, budget = e->ec.max_num_batched_tokens;
+    int fed[S > 0 ? S : 1];
+    memset(fed, 0, sizeof fed);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int s = 0; s < S; s++) {
+            gen_request *r = e->slots[s];
+            if (!r || fed[s]) continue;
+            int need = seq_len(r) - r->n_cached;
+            if ((pass == 0) != (need == 1)) continue;
+            int take = MOERL_MIN(need, budget - T);
+            if (take <= 0) continue;
+            for (int i = 0; i < take; i++) {
+                e->tok[T] = seq_token(r, r->n_cached + i);
+                e->slot_of[T] = s;
+                e->pos[T] = r->n_cached + i;
+                T++;
+            }
+            fed[s] = take;
+            if (take == need) {
+                e->sample_row[n_rows] = T - 1;
+                e->sample_req[n_rows] = r;
+                n_rows++;
+            }
+            if (pass == 0) e->st.decode_tokens += take;
+            else e->st.prefill_tokens += take;
+        }
+    }
+    if (T == 0) return 0;
+    double t0 = moerl_now();
+    forward_tokens(e, T, n_rows);
+    double t1 = moerl_now();
+    for (int s = 0; s < S; s++)
+        if (e->slots[s]) e->slots[s]->n_cached += fed[s];
+    /* 4. sample */
+    for (int i = 0; i < n_rows; i++) {
+        gen_request *r = e->sample_req[i];
+        float lp;
+        int tok = sample_token(e->logits + (size_t)i * e->V, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
+        if (r->out_logits)
+            memcpy(r->out_logits + (size_t)r->n_out * e->V, e->logits + (size_t)i * e->V, e->V * sizeof(float));
+        r->out_tokens[r->n_out] = tok;
+        r->out_logprobs[r->n_out] = lp;
+        r->out_versions[r->n_out] = e->version;
+        r->n_out++;
+        e->st.generated_tokens++;
+        if (is_stop(e, r, tok)) r->finish = FINISH_STOP;
+        else if (at_length_limit(e, r)) r->finish = FINISH_LENGTH;
+        if (r->finish != FINISH_NONE) {
+            e->slots[r->slot] = NULL;
+            r->slot = -1;
+            MOERL_ASSERT(n_done < done_cap);
+            done[n_done++] = r;
+        }
+    }
+    e->st.steps++;
+    e->st.forward_s += t1 - t0;
+    e->st.sample_s += moerl_now() - t1;
+    return n_done;
+}
+
+int engine_pause(engine *e, gen_request **out, int out_cap) {
+    int n = 0;
+    for (int s = 0; s < e->ec.max_num_seqs; s++) {
+        gen_request *r = e->slots[s];
+        if (!r) continue;
+        e->slots[s] = NULL;
+        r->slot = -1;
+        r->n_cached = 0; /* the KV cache is stale after a weight swap: re-prefill on resume */
+        r->n_interruptions++;
+        list_push_back(&e->paused_head, &e->paused_tail, r);
+        e->n_paused++;
+        if (out) {
+            MOERL_ASSERT(n < out_cap);
+            out[n] = r;
+        }
+        n++;
+    }
+    return n;
+}
+
+int engine_resume(engine *e, gen_request **done, int done_cap) {
+    int n_done = 0;
+    gen_request *front = NULL, *front_tail = NULL;
+    for (gen_request *r = e->paused_head, *nx; r; r = nx) {
+        nx = r->next;
+        if (at_length_limit(e, r)) {
+            r->finish = FINISH_LENGTH;
+            MOERL_ASSERT(n_done < done_cap);
+            done[n_done++] = r;
+            continue;
+        }
+        list_push_back(&front, &front_tail, r);
+        e->n_waiting++;
+    }
+    e->paused_head = e->paused_tail = NULL;
+    e->n_paused = 0;
+    if (front) {
+        front_tail->next = e->wait_head;
+        e->wait_head = front;
+        if (!e->wait_tail) e->wait_tail = front_tail;
+    }
+    return n_done;
+}
+
+int engine_abort(engine *e, gen_request **out, int out_cap) {
+    int n = 0;
+    engine_pause(e, NULL, 0);
+    gen_request *lists[2] = {e->paused_head, e->wait_head};
+    for (int i = 0; i < 2; i++)
+        for (gen_request *r = lists[i], *nx; r; r = nx) {
+            nx = r->next;
+            r->next = NULL;
+            r->finish = FINISH_ABORT;
+            if (out) {
+                MOERL_ASSERT(n < out_cap);
+                out[n] = r;
+            }
+            n++;
+        }
+    e->paused_head = e->paused_tail = e->wait_head = e->wait_tail = NULL;
+    e->n_paused = e->n_waiting = 0;
+    return n;
+}

@@ -1,0 +1,123 @@
+/* The rollout engine: KV-cache generation with continuous batching, behaviour logprobs and
+ * policy versions per token, and interruption/resume for partial rollout.
+ * (In verl's fully-async system this is vLLM's place.)
+ *
+ * Model code is shared with training: each step runs, per layer, the same qkv_forward and
+ * mlp_forward (router top-k → permute → grouped GEMM → SwiGLU → grouped GEMM → unpermute) as
+ * model_forward, over all tokens of the step as one batch; only attention differs (it reads the
+ * KV cache: attention_kvcache_forward).
+ *
+ * Scheduling (continuous batching): up to max_num_seqs sequences hold a KV slot each. Every
+ * engine_step: (1) waiting requests are admitted into free slots, FIFO (interrupted requests are
+ * put at the front of the queue by engine_resume); (2) the step's batch is one decode token for
+ * every running sequence plus prefill chunks of newly admitted sequences, within
+ * max_num_batched_tokens; (3) one forward over the batch; (4) every sequence whose input is
+ * complete samples one token with its own RNG; (5) finished sequences free their slot at once.
+ * KV memory is allocated once at engine_create for max_num_seqs × max_model_len.
+ *
+ * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
+ * log_softmax(logits)[token] for greedy (T = 0), computed before top-k/top-p filtering — the
+ * quantity verl's trainer recomputes (logprobs_from_logits(logits / temperature)) and the one a
+ * decoupled/behaviour-anchored PPO loss needs.
+ */
+#ifndef MOERL_ENGINE_H
+#define MOERL_ENGINE_H
+
+#include <stdint.h>
+
+#include "base/rng.h"
+#include "model/model.h"
+
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT } finish_reason;
+const char *finish_reason_name(finish_reason r);
+
+typedef struct {
+    float temperature; /* 0 = greedy; must be ≥ 0 */
+    int top_k;         /* 0 = off; else keep the k most likely tokens */
+    float top_p;       /* 1 = off; else nucleus (0, 1] */
+    uint64_t seed;     /* the request's own RNG seed */
+    int max_tokens;    /* new tokens at most (> 0) */
+    int n_stop;
+    int stop_tokens[8];/* besides the model's eos_token_id (if ≥ 0) */
+    int ignore_eos;
+} sampling_params;
+
+/* One generation request. The caller owns it; the engine fills the outputs.
+ * Invariant: n_out tokens, logprobs and versions always have equal length. */
+typedef struct gen_request {
+    int64_t id;          /* caller's id */
+    int *prompt;         /* [prompt_len] token ids (owned by the caller) */
+    int prompt_len;
+    sampling_params sp;
+    /* outputs (allocated by the engine with capacity sp.max_tokens) */
+    int *out_tokens;
+    float *out_logprobs;
+    int *out_versions;
+    int n_out;
+    int n_interruptions; /* times this request was interrupted and resumed */
+    float *out_logits;   /* optional, caller-allocated [sp.max_tokens][V]: the raw logits each
+                            token was sampled from (debugging and tests); NULL to skip */
+    finish_reason finish;
+    /* engine-private */
+    rng_state rng;
+    int slot;            /* -1 when not holding a KV slot */
+    int n_cached;        /* tokens of prompt ⊕ out already in the KV cache */
+    struct gen_request *next;
+    void *user;          /* free for the caller */
+} gen_request;
+
+typedef struct {
+    int max_num_seqs;           /* KV slots */
+    int max_model_len;          /* prompt + response tokens per sequence */
+    int max_num_batched_tokens; /* tokens per step (decode tokens + prefill chunks) */
+} engine_config;
+
+typedef struct engine engine;
+
+/* Create an engine for a model configuration; the engine owns its own weight buffer (filled by
+ * engine_load_weights) and its KV cache. Errors: invalid sizes (named). */
+engine *engine_create(const moe_config *cfg, engine_config ec);
+void engine_free(engine *e);
+/* Copy weights (a parameter-layout buffer of m) into the engine and set the policy version.
+ * Only at a step boundary (the engine is single-threaded; callers serialise). */
+int engine_load_weights(engine *e, const float *params, size_t n_params, int version);
+int engine_version(const engine *e);
+/* The engine's inference model (weights in the engine's buffer). */
+const moe_model *engine_model(const engine *e);
+/* Validate and enqueue. Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
+ * a token outside the vocabulary, temperature < 0 or not finite, top_p ∉ (0,1], top_k < 0,
+ * max_tokens ≤ 0. */
+int engine_add(engine *e, gen_request *r);
+/* One scheduler step. Finished requests (finish != NONE) are appended to done[] (capacity
+ * max_num_seqs + queued); returns their count, or MOERL_ERR. */
+int engine_step(engine *e, gen_request **done, int done_cap);
+/* Requests running or waiting. */
+int engine_num_unfinished(const engine *e);
+int engine_num_running(const engine *e);
+/* Pause at a step boundary: every running request gives up its KV slot and keeps its tokens,
+ * logprobs and versions; it is counted as interrupted and moved to the paused list. Returns
+ * the number of interrupted requests (their pointers go to out[] if non-NULL). Waiting
+ * requests stay queued. */
+int engine_pause(engine *e, gen_request **out, int out_cap);
+/* Resume: paused requests go to the FRONT of the waiting queue (interrupted first); at their
+ * admission prompt ⊕ partial response is re-prefilled under the current weights. A paused
+ * request that already reached its length limit is returned finished (FINISH_LENGTH) via done[]. */
+int engine_resume(engine *e, gen_request **done, int done_cap);
+/* Abort everything (running, waiting, paused): each gets FINISH_ABORT and is returned in out[]. */
+int engine_abort(engine *e, gen_request **out, int out_cap);
+/* Release a finished request's output buffers. */
+void gen_request_free_outputs(gen_request *r);
+
+/* Counters for benchmarks/metrics. */
+typedef struct {
+    int64_t steps, prefill_tokens, decode_tokens, generated_tokens;
+    double forward_s, sample_s;
+} engine_stats;
+engine_stats engine_get_stats(const engine *e);
+
+/* Sample one token from logits[V] with the request's parameters and RNG; returns the token and
+ * writes its behaviour logprob (definition above). Exposed for tests. scratch: [2V] floats. */
+int sample_token(const float *logits, int V, const sampling_params *sp, rng_state *rng, float *logprob,
+                 float *scratch);
+
+#endif

@@ -1,0 +1,35 @@
+/* Supervised fine-tuning on prompt/response rows: loss on response tokens only (token-mean over
+ * the global batch), packed micro-batches, AdamW with clipping and an LR schedule, held-out greedy
+ * accuracy before and after, one log line per step and metrics JSONL. Used by `moerl sft` and by
+ * the warm start of `moerl rl`. */
+#ifndef MOERL_SFT_H
+#define MOERL_SFT_H
+
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+
+typedef struct {
+    int batch_size;            /* sequences per optimizer step */
+    int max_tokens;            /* tokens per micro-batch */
+    int64_t total_epochs;
+    int64_t total_steps;       /* > 0: stop after this many steps */
+    adamw_config optim;
+    const char *lr_scheduler;  /* "constant" | "cosine" */
+    float warmup_ratio, min_lr_ratio;
+    int test_freq;             /* held-out eval every n steps (0 = before/after only) */
+    int val_n;                 /* held-out rows evaluated (≤ 0: all) */
+    int max_response_length;   /* eval generation budget */
+    uint64_t seed;             /* shuffling */
+    const char *metrics_path;  /* NULL: no metrics file */
+    const char *label;         /* progress label */
+} sft_opts;
+
+/* Train m in place. acc_before/acc_after (may be NULL) receive held-out greedy accuracy.
+ * Errors: rows without 'response', tokens beyond the vocabulary, no steps, I/O. */
+int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
+              double *acc_after);
+
+#endif

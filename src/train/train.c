@@ -1,0 +1,203 @@
+#include "train/train.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "data/tasks.h"
+#include "data/tokenizer.h"
+#include "rollout/engine.h"
+
+int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start) {
+    int n_mb = 0, cur = 0;
+    mb_start[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (seqs[i].len > max_tokens)
+            return moerl_errorf("sequence %d has %d tokens, more than a micro-batch holds (%d); raise the "
+                                "micro-batch token limit",
+                                i, seqs[i].len, max_tokens);
+        if (cur + seqs[i].len > max_tokens) {
+            mb_start[++n_mb] = i;
+            cur = 0;
+        }
+        cur += seqs[i].len;
+    }
+    if (n > 0) mb_start[++n_mb] = n;
+    return n_mb;
+}
+
+/* Pack seqs[b0..b1) into the flat arrays; returns N. */
+static int pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *tgt, int *seq_of, int *resp_index) {
+    int N = 0;
+    cu[0] = 0;
+    for (int i = b0; i < b1; i++) {
+        const train_seq *s = &seqs[i];
+        for (int t = 0; t < s->len; t++) {
+            tok[N] = s->tokens[t];
+            tgt[N] = t + 1 < s->len ? s->tokens[t + 1] : -1;
+            seq_of[N] = i;
+            resp_index[N] = (t + 1 < s->len && t + 1 >= s->resp_start) ? t + 1 - s->resp_start : -1;
+            N++;
+        }
+        cu[i - b0 + 1] = N;
+    }
+    return N;
+}
+
+typedef struct {
+    int *tok, *cu, *tgt, *seq_of, *resp_index;
+    float *dlogp, *dent;
+} pack_buf;
+
+static void pack_buf_init(pack_buf *p, int max_tokens) {
+    p->tok = xmalloc(max_tokens * sizeof(int));
+    p->cu = xmalloc((max_tokens + 1) * sizeof(int));
+    p->tgt = xmalloc(max_tokens * sizeof(int));
+    p->seq_of = xmalloc(max_tokens * sizeof(int));
+    p->resp_index = xmalloc(max_tokens * sizeof(int));
+    p->dlogp = xmalloc(max_tokens * sizeof(float));
+    p->dent = xmalloc(max_tokens * sizeof(float));
+}
+
+static void pack_buf_free(pack_buf *p) {
+    free(p->tok); free(p->cu); free(p->tgt); free(p->seq_of); free(p->resp_index); free(p->dlogp); free(p->dent);
+}
+
+int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *o,
+                     token_grad_fn fn, void *ctx, train_step_out *out) {
+    memset(out, 0, sizeof *out);
+    int *mb = xmalloc((n + 1) * sizeof(int));
+    int n_mb = pack_microbatches(seqs, n, o->max_tokens, mb);
+    if (n_mb < 0) {
+        free(mb);
+        return MOERL_ERR;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += seqs[i].len;
+    pack_buf p;
+    pack_buf_init(&p, o->max_tokens);
+    model_zero_grad(m);
+    int rc = MOERL_OK;
+    for (int j = 0; j < n_mb; j++) {
+        int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
+        if (model_forward(m, a, p.tok, p.cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK) {
+            rc = MOERL_ERR;
+            break;
+        }
+        model_logprobs(m, a, p.tgt, o->temperature, o->want_entropy);
+        memset(p.dlogp, 0, N * sizeof(float));
+        memset(p.dent, 0, N * sizeof(float));
+        out->loss += fn(ctx, a, p.seq_of, p.resp_index, p.dlogp, p.dent);
+        const double share = (double)N / (double)total;
+        out->aux_loss += share * a->aux_loss;
+        model_backward(m, a, p.dlogp, o->want_entropy ? p.dent : NULL, (float)(o->aux_coef * share));
+        out->n_tokens += N;
+    }
+    out->loss += o->aux_coef * out->aux_loss;
+    out->n_microbatches = n_mb;
+    pack_buf_free(&p);
+    free(mb);
+    return rc;
+}
+
+int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
+                     float temperature, float **out_logp) {
+    int *mb = xmalloc((n + 1) * sizeof(int));
+    int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
+    if (n_mb < 0) {
+        free(mb);
+        return MOERL_ERR;
+    }
+    pack_buf p;
+    pack_buf_init(&p, max_tokens);
+    int rc = MOERL_OK;
+    for (int j = 0; j < n_mb && rc == MOERL_OK; j++) {
+        int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
+        if (model_forward(m, a, p.tok, p.cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK) {
+            rc = MOERL_ERR;
+            break;
+        }
+        model_logprobs(m, a, p.tgt, temperature, 0);
+        for (int t = 0; t < N; t++)
+            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = a->logp[t];
+    }
+    pack_buf_free(&p);
+    free(mb);
+    return rc;
+}
+
+float lr_schedule(const char *style, int64_t step, int64_t total, float lr, float warmup_ratio, float min_lr_ratio) {
+    int64_t warm = (int64_t)(warmup_ratio * (double)total);
+    if (step < warm) return lr * (float)(step + 1) / (float)warm;
+    if (style && !strcmp(style, "cosine") && total > warm) {
+        double prog = (double)(step - warm) / (double)(total - warm);
+        if (prog > 1) prog = 1;
+        double c = 0.5 * (1.0 + cos(M_PI * prog));
+        return (float)(lr * (min_lr_ratio + (1.0 - min_lr_ratio) * c));
+    }
+    return lr;
+}
+
+int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int max_new_tokens, int max_num_seqs,
+                  double *accuracy, double *mean_len) {
+    int64_t n = dataset_count(ds);
+    if (n_limit > 0 && n_limit < n) n = n_limit;
+    if (n == 0) return moerl_errorf("eval: dataset '%s' is empty", ds->path ? ds->path : "?");
+    tok_seq *prompts = xcalloc(n, sizeof(tok_seq));
+    int max_plen = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const ds_row *r = dataset_row(ds, i);
+        tok_chat_encode(r->prompt, r->n_prompt, true, &prompts[i]);
+        max_plen = MOERL_MAX(max_plen, (int)prompts[i].n);
+    }
+    engine_config ec = {.max_num_seqs = max_num_seqs, .max_model_len = max_plen + max_new_tokens,
+                        .max_num_batched_tokens = MOERL_MAX(512, max_num_seqs)};
+    engine *e = engine_create(&m->cfg, ec);
+    int rc = MOERL_ERR;
+    gen_request *reqs = xcalloc(n, sizeof(gen_request));
+    gen_request **done = xmalloc((n + 1) * sizeof(gen_request *));
+    if (!e || engine_load_weights(e, m->params, m->n_params, 0) != MOERL_OK) goto out;
+    for (int64_t i = 0; i < n; i++) {
+        gen_request *r = &reqs[i];
+        r->id = i;
+        r->prompt = prompts[i].ids;
+        r->prompt_len = (int)prompts[i].n;
+        r->sp.temperature = 0;
+        r->sp.top_p = 1;
+        r->sp.max_tokens = max_new_tokens;
+        if (engine_add(e, r) != MOERL_OK) goto out;
+    }
+    double correct = 0, len_sum = 0;
+    int64_t finished = 0;
+    while (finished < n) {
+        int k = engine_step(e, done, (int)n + 1);
+        if (k < 0) goto out;
+        for (int d = 0; d < k; d++) {
+            gen_request *r = done[d];
+            size_t tl;
+            char *txt = tok_decode(r->out_tokens, r->n_out, true, &tl);
+            double score = 0;
+            if (reward_row(dataset_row(ds, r->id), txt ? txt : "", &score) != MOERL_OK) {
+                free(txt);
+                goto out;
+            }
+            free(txt);
+            correct += score >= 1.0;
+            len_sum += r->n_out;
+            finished++;
+        }
+    }
+    *accuracy = correct / (double)n;
+    if (mean_len) *mean_len = len_sum / (double)n;
+    rc = MOERL_OK;
+out:
+    for (int64_t i = 0; i < n; i++) {
+        gen_request_free_outputs(&reqs[i]);
+        tok_seq_free(&prompts[i]);
+    }
+    free(reqs);
+    free(done);
+    free(prompts);
+    engine_free(e);
+    return rc;
+}

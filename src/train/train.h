@@ -1,0 +1,71 @@
+/* Training pieces shared by SFT and the RL trainer: packing sequences into micro-batches,
+ * one gradient-accumulated optimizer step over a list of sequences with per-token gradients,
+ * learning-rate schedules, greedy evaluation with the rollout engine, and model setup. */
+#ifndef MOERL_TRAIN_H
+#define MOERL_TRAIN_H
+
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+/* A sequence to train on: tokens[len]; the loss reads logp[t] = log p(tokens[t+1] | ≤ t) for
+ * t < len−1. Only tokens t with t+1 ≥ resp_start are response targets. */
+typedef struct {
+    const int *tokens;
+    int len;
+    int resp_start;   /* index of the first response token in tokens */
+} train_seq;
+
+/* Greedy in-order packing: mb_start[0..n_mb] such that micro-batch j holds sequences
+ * [mb_start[j], mb_start[j+1]) with at most max_tokens tokens. Returns n_mb, or MOERL_ERR if a
+ * sequence alone exceeds max_tokens (message names it). mb_start needs n+1 entries. */
+int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start);
+
+/* Per-micro-batch callback: after the forward and model_logprobs of the packed micro-batch, the
+ * callback reads logp (and entropy if asked) for the response targets and writes
+ * dlogp/dentropy [N] (zero outside responses). resp_index[n] = position of token n's target in
+ * the response of its sequence, −1 where token n is not a response target; seq_of[n] = the
+ * sequence's index in the caller's array. Returns the micro-batch's loss contribution. */
+typedef double (*token_grad_fn)(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index,
+                                float *dlogp, float *dentropy);
+
+typedef struct {
+    int max_tokens;      /* micro-batch capacity in tokens */
+    float temperature;   /* logits / T before log-softmax (RL: rollout temperature) */
+    int want_entropy;
+    float aux_coef;      /* router_aux_loss_coef (0 = no aux loss) */
+} train_step_opts;
+
+typedef struct {
+    double loss;         /* Σ of callback losses + aux_coef·(token-weighted mean aux) */
+    double aux_loss;     /* token-weighted mean aux over micro-batches */
+    int n_microbatches;
+    int64_t n_tokens;
+} train_step_out;
+
+/* Zero grads, run forward+backward over all sequences in micro-batches (acts sized for
+ * opts->max_tokens), accumulating gradients; the aux loss of each micro-batch is weighted by its
+ * share of the tokens. Does not step the optimizer. */
+int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *opts,
+                     token_grad_fn fn, void *ctx, train_step_out *out);
+/* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates
+ * len−resp_start floats per sequence). Used for proximal/reference logprobs and the trainer's
+ * recomputation. */
+int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
+                     float temperature, float **out_logp);
+
+/* Learning rate at step (0-based) of total: linear warmup over warmup_ratio·total steps, then
+ * "constant" or "cosine" (to min_lr_ratio·lr). Source: verl's get_cosine_schedule_with_warmup /
+ * get_constant_schedule_with_warmup. */
+float lr_schedule(const char *style, int64_t step, int64_t total, float lr, float warmup_ratio, float min_lr_ratio);
+
+/* Greedy accuracy on the first n_limit rows (≤ 0: all) of a dataset: prompts through the chat
+ * template, responses generated with the rollout engine (temperature 0, max_new_tokens), scored
+ * by the row's reward function (score ≥ 1 counts as correct). Returns MOERL_ERR on an unknown
+ * data_source or an engine error. */
+int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int max_new_tokens, int max_num_seqs,
+                  double *accuracy, double *mean_response_len);
+
+#endif
