@@ -22,8 +22,16 @@ $(info moerl: OpenMP found)
 else
 $(info moerl: OpenMP NOT found, building single-threaded kernels)
 endif
+# Prefer Debian's OpenMP build of OpenBLAS: it shares libgomp's thread pool with moerl's own
+# OpenMP kernels (the pthread build's threads fight them for the cores).
+OPENBLAS_OMP_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
+ifneq ($(wildcard $(OPENBLAS_OMP_DIR)/libopenblas.so),)
+OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS := -L$(OPENBLAS_OMP_DIR) -Wl,-rpath,$(OPENBLAS_OMP_DIR) -lopenblas
+else
 OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 OPENBLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
+endif
 ifeq ($(OPENBLAS_LIBS),)
 $(error moerl: OpenBLAS not found (run scripts/setup.sh, which installs libopenblas-dev))
 endif

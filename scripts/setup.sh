@@ -2,7 +2,7 @@
 # Installs every Debian package moerl's build, tests, benchmarks and demo need.
 # Idempotent and quick when everything is present. Runs without a terminal.
 set -euo pipefail
-PKGS=(build-essential pkg-config libopenblas-dev libyaml-dev libjansson-dev
+PKGS=(build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libjansson-dev
       python3 python3-numpy python3-torch gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${PKGS[@]}"; do

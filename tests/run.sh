@@ -8,6 +8,11 @@ PY=/usr/bin/python3
 export MOERL_TESTDATA=$BUILD/testdata
 mkdir -p "$MOERL_TESTDATA"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# OpenBLAS 0.3.21 falls back to slow generic kernels on CPUs it does not know; the moerl binary
+# picks Haswell kernels itself (moerl_blas_coretype_init), test binaries get it here when unset.
+if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+    export OPENBLAS_CORETYPE=Haswell
+fi
 passed=0; failed=0
 run_one() {  # name, command...
     local name=$1; shift

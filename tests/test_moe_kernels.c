@@ -48,7 +48,8 @@ static double dot_d(const float *a, const float *b, long n) {
     return s;
 }
 
-/* Smallest gap between the K-th and (K+1)-th largest value of each row (top-k stability margin). */
+/* Smallest gap between consecutive values among the K+1 largest of each row: the margin by which
+ * neither the top-k set nor its order can change. */
 static float min_topk_gap(const float *v, int N, int E, int K) {
     float gmin = INFINITY;
     float *s = fnew(E);
@@ -57,7 +58,7 @@ static float min_topk_gap(const float *v, int N, int E, int K) {
         for (int a = 0; a < E; a++) /* selection sort, descending (tiny E) */
             for (int b = a + 1; b < E; b++)
                 if (s[b] > s[a]) { float x = s[a]; s[a] = s[b]; s[b] = x; }
-        if (K < E) gmin = fminf(gmin, s[K - 1] - s[K]);
+        for (int j = 0; j < K && j + 1 < E; j++) gmin = fminf(gmin, s[j] - s[j + 1]);
     }
     free(s);
     return gmin;
@@ -142,8 +143,8 @@ static void test_router_fd(int norm, int with_extra) {
     rng_seed(&r, 100 + norm * 2 + with_extra);
     float logits[N * E], c[N * K], d[N * E], probs[N * E], w[N * K], dl[N * E];
     int ids[N * K], ids2[N * K];
-    /* Redraw until every row's K-th/(K+1)-th logit gap exceeds 0.05: a 1e-2 step then cannot
-     * change the selection, so the loss is smooth where it is differenced. */
+    /* Redraw until consecutive logits among each row's K+1 largest differ by ≥ 0.05: a 1e-2 step
+     * then changes neither the top-k set nor its order, so the loss is smooth where differenced. */
     do fill_normal(&r, logits, N * E, 1.5f);
     while (min_topk_gap(logits, N, E, K) < 0.05f);
     fill_normal(&r, c, N * K, 1.0f);
@@ -205,7 +206,7 @@ static void test_aux_fd(void) {
     int ids[L][N * K];
     for (int l = 0; l < L; l++) {
         do fill_normal(&r, logits[l], N * E, 1.5f);
-        while (min_topk_gap(logits[l], N, E, K) < 0.05f); /* top-k fixed under the 1e-2 steps */
+        while (min_topk_gap(logits[l], N, E, K) < 0.15f); /* top-k fixed under the 5e-2 steps */
         router_topk_forward(probs[l], ids[l], w[l], NULL, logits[l], N, E, K, 1);
     }
     float counts[E] = {0}, psum[E] = {0};
@@ -235,7 +236,9 @@ static void test_aux_fd(void) {
         moe_aux_backward(dprobs, counts, N, E, (int64_t)L * N, coef);
         router_topk_backward(dl[l], NULL, dprobs, probs[l], ids[l], N, E, K, 1);
     }
-    const float eps = 1e-2f;
+    /* a larger step than elsewhere: aux is returned in fp32, so its rounding (~2e-7) must stay
+     * small next to the step times gradients of ~1e-2 */
+    const float eps = 5e-2f;
     int stable = 1;
     for (int l = 0; l < L; l++)
         for (int i = 0; i < N * E; i++) {
@@ -256,10 +259,10 @@ static void test_aux_fd(void) {
             num[l][i] = (float)((lv[0] - lv[1]) / (2 * eps));
         }
     CHECK(stable, "aux FD: top-k changed under a step");
-    /* gradients are ~1e-2; aux is rounded to fp32 (~2e-7 absolute) → FD noise ≈ 2e-7/2e-2 = 1e-5;
-     * truncation ≈ eps²/6 · |f'''| ≈ 2e-6 */
-    t_close("aux backward vs finite differences (layer 0)", dl[0], num[0], N * E, 5e-5f, 1e-2f);
-    t_close("aux backward vs finite differences (layer 1)", dl[1], num[1], N * E, 5e-5f, 1e-2f);
+    /* gradients are ~1e-2; aux is rounded to fp32 (~2e-7 absolute) → FD noise ≈ 2e-7/0.1 = 2e-6;
+     * truncation ≈ eps²/6 · |f'''| ≈ 4e-4 · 1e-2 = 4e-6 → atol 2e-5, rtol 2e-3 */
+    t_close("aux backward vs finite differences (layer 0)", dl[0], num[0], N * E, 2e-5f, 2e-3f);
+    t_close("aux backward vs finite differences (layer 1)", dl[1], num[1], N * E, 2e-5f, 2e-3f);
 }
 
 /* ---------------------------------------------------------------- 3. permute / unpermute */
@@ -701,15 +704,16 @@ static void test_layer_fd(int norm) {
     fused_layer f;
     fused_alloc(&f, N, H, E, K, I, norm);
     f.x = x; f.Wr = Wr; f.Wgu = Wgu; f.Wd = Wd;
-    /* Redraw until every top-k gap in the router logits is ≥ 0.3: a 1e-2 step of one input moves
-     * a logit by at most 1e-2·max(|x|, |Wr|) ≲ 0.05, so the selection is fixed. */
+    /* Redraw until the top-k margin (min_topk_gap) of the router logits is ≥ 0.1: a 1e-2 step of
+     * one input moves each logit by at most 1e-2·max(|x|, |Wr|) ≲ 0.04, so the selection and its
+     * order are fixed. */
     for (;;) {
         fill_normal(&r, x, N * H, 1.0f);
         fill_normal(&r, Wr, E * H, 0.5f);
         for (int t = 0; t < N; t++) x[t * H] = fabsf(x[t * H]) + 1.0f;
         Wr[IDLE * H] = -6.0f; /* expert IDLE receives no token */
         linear_forward(f.logits, x, Wr, N, H, E, 0);
-        if (min_topk_gap(f.logits, N, E, K) >= 0.3f) break;
+        if (min_topk_gap(f.logits, N, E, K) >= 0.1f) break;
     }
     fill_normal(&r, Wgu, E * 2 * I * H, 0.4f);
     fill_normal(&r, Wd, E * H * I, 0.4f);

@@ -166,3 +166,16 @@ int moerl_mkdirs(const char *path) {
     }
     return MOERL_OK;
 }
+
+void moerl_blas_coretype_init(char **argv) {
+#if defined(__x86_64__)
+    if (getenv("OPENBLAS_CORETYPE") || getenv("MOERL_KEEP_BLAS_CORETYPE")) return;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with whatever OpenBLAS picked */
+#else
+    (void)argv;
+#endif
+}

@@ -64,3 +64,10 @@ int moerl_mkdirs(const char *path);
 #define MOERL_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 #endif
+
+/* OpenBLAS 0.3.21 (Debian 12) does not recognise some current x86 CPUs and falls back to its
+ * generic SSE3 "Prescott" kernels, 3-20x slower here. The choice is made when the library
+ * loads, from OPENBLAS_CORETYPE. If that variable is unset and the CPU has AVX2+FMA, this sets
+ * it to Haswell (AVX2 kernels) and re-executes the program once; a value set by the user (or
+ * MOERL_KEEP_BLAS_CORETYPE=1) is left alone. Call first thing in main(). */
+void moerl_blas_coretype_init(char **argv);

@@ -29,6 +29,7 @@ static const command commands[] = {
 };
 
 int main(int argc, char **argv) {
+    moerl_blas_coretype_init(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

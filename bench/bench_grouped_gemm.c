@@ -1,0 +1,157 @@
+/* Grouped GEMM throughput (src/kernels/cpu/grouped_gemm.c) against ONE cblas_sgemm of the same
+ * total FLOPs, measured interleaved in the same run (each repetition times the peer and the
+ * grouped GEMM back to back, so load from other processes hits both alike).
+ *
+ * Shapes (rows grouped by a real router: random logits → router_topk_forward → moe_permute_index):
+ *   bench   the benchmark model: H=256, E=16, top-4, expert I=128, 1024 tokens → M=4096 rows;
+ *           gate_up [M,256]·[256→256] and down [M,128]·[128→256]
+ *   qwen3   a Qwen3-30B-A3B layer scaled to fit: H=2048 and expert I=768 as the real model, but
+ *           E=32 experts, top-2 (the real 128/top-8 ratio), 1024 tokens → M=2048 rows, ~64 per expert;
+ *           gate_up [M,2048]·[2048→1536] and down [M,768]·[768→2048]
+ * Forward: out = a·W_gᵀ per group vs one sgemm [M,I]·[I,O]. Backward: da = dout·W_g and
+ * dW_g += dout_gᵀ·a_g vs the same two products as single sgemms over all M rows.
+ * Output: median seconds, GFLOP/s, and the median over repetitions of (peer time / grouped
+ * time) — the fraction of the single-sgemm FLOP rate the grouped GEMM reaches (target ≥ 70%).
+ *
+ * Usage: build/bench/bench_grouped_gemm [repetitions (default 7, minimum 5)] [bench|qwen3|all]
+ * Note: the OpenBLAS kernel OpenBLAS picked (its "core") is printed; DYNAMIC_ARCH builds that do
+ * not know the CPU fall back to a slow generic core — set OPENBLAS_CORETYPE to override.
+ */
+#include "base/common.h"
+#include "base/rng.h"
+#include "kernels/kernels.h"
+
+#include <cblas.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#undef I /* <complex.h> via cblas.h */
+
+char *openblas_get_corename(void); /* OpenBLAS extension, not declared in every cblas.h */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Expert row groups from a real router over random logits: offsets[E+1]. */
+static void route(int *offsets, int N, int E, int K, uint64_t seed) {
+    rng_state r;
+    rng_seed(&r, seed);
+    float *logits = xmalloc((size_t)N * E * sizeof(float)), *probs = xmalloc((size_t)N * E * sizeof(float));
+    float *w = xmalloc((size_t)N * K * sizeof(float));
+    int *ids = xmalloc((size_t)N * K * sizeof(int)), *row_idx = xmalloc((size_t)N * K * sizeof(int));
+    int *sorted = xmalloc((size_t)N * K * sizeof(int)), *pos = xmalloc((size_t)N * K * sizeof(int));
+    int *tpe = xmalloc((size_t)E * sizeof(int));
+    for (long i = 0; i < (long)N * E; i++) logits[i] = rng_normal(&r);
+    router_topk_forward(probs, ids, w, row_idx, logits, N, E, K, 1);
+    moe_permute_index(sorted, pos, tpe, offsets, ids, row_idx, N, E, K);
+    free(logits); free(probs); free(w); free(ids); free(row_idx); free(sorted); free(pos); free(tpe);
+}
+
+typedef struct {
+    const char *name;
+    int M, E, I, O; /* rows, experts, in, out */
+    const int *off;
+} gg_case;
+
+static void run_case(const gg_case *c, int reps) {
+    const int M = c->M, E = c->E, I = c->I, O = c->O;
+    rng_state r;
+    rng_seed(&r, 42);
+    float *a = xalloc_aligned((size_t)M * I * sizeof(float)), *W = xalloc_aligned((size_t)E * O * I * sizeof(float));
+    float *out = xalloc_aligned((size_t)M * O * sizeof(float)), *dout = xalloc_aligned((size_t)M * O * sizeof(float));
+    float *da = xalloc_aligned((size_t)M * I * sizeof(float)), *dW = xalloc_aligned((size_t)E * O * I * sizeof(float));
+    for (long i = 0; i < (long)M * I; i++) a[i] = rng_normal(&r);
+    for (long i = 0; i < (long)E * O * I; i++) W[i] = 0.02f * rng_normal(&r);
+    for (long i = 0; i < (long)M * O; i++) dout[i] = rng_normal(&r);
+    int mn = M, mx = 0, idle = 0;
+    for (int g = 0; g < E; g++) {
+        int m = c->off[g + 1] - c->off[g];
+        mn = MOERL_MIN(mn, m); mx = MOERL_MAX(mx, m); idle += m == 0;
+    }
+    const double flop_f = 2.0 * M * O * I, flop_b = 2 * flop_f;
+    double *tpf = xmalloc(reps * sizeof(double)), *tgf = xmalloc(reps * sizeof(double));
+    double *tpb = xmalloc(reps * sizeof(double)), *tgb = xmalloc(reps * sizeof(double));
+    double *rf = xmalloc(reps * sizeof(double)), *rb = xmalloc(reps * sizeof(double));
+    /* The peer for the weights: one [O, I] matrix of the same size (expert 0's slice of W). */
+    for (int rep = -1; rep < reps; rep++) { /* rep −1 warms caches and thread pools */
+        double t0 = moerl_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, O, I, 1.0f, a, I, W, I, 0.0f, out, O);
+        double t1 = moerl_now();
+        grouped_gemm_forward(out, a, W, c->off, E, I, O);
+        double t2 = moerl_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, I, O, 1.0f, dout, O, W, I, 0.0f, da, I);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, M, 1.0f, dout, O, a, I, 1.0f, dW, I);
+        double t3 = moerl_now();
+        grouped_gemm_backward(da, dW, dout, a, W, c->off, E, I, O);
+        double t4 = moerl_now();
+        if (rep < 0) continue;
+        tpf[rep] = t1 - t0; tgf[rep] = t2 - t1; tpb[rep] = t3 - t2; tgb[rep] = t4 - t3;
+        rf[rep] = tpf[rep] / tgf[rep];
+        rb[rep] = tpb[rep] / tgb[rep];
+    }
+    double rf_lo = rf[0], rf_hi = rf[0], rb_lo = rb[0], rb_hi = rb[0];
+    for (int i = 1; i < reps; i++) {
+        rf_lo = MOERL_MIN(rf_lo, rf[i]); rf_hi = MOERL_MAX(rf_hi, rf[i]);
+        rb_lo = MOERL_MIN(rb_lo, rb[i]); rb_hi = MOERL_MAX(rb_hi, rb[i]);
+    }
+    const double mpf = median(tpf, reps), mgf = median(tgf, reps), mpb = median(tpb, reps), mgb = median(tgb, reps);
+    const double mrf = median(rf, reps), mrb = median(rb, reps);
+    printf("%-14s M=%d E=%d in=%d out=%d rows/expert min %d max %d idle %d\n", c->name, M, E, I, O, mn, mx, idle);
+    printf("  forward : one sgemm %8.3f ms %7.1f GFLOP/s | grouped %8.3f ms %7.1f GFLOP/s | ratio %.2f "
+           "(min %.2f max %.2f)\n",
+           1e3 * mpf, flop_f / mpf * 1e-9, 1e3 * mgf, flop_f / mgf * 1e-9, mrf, rf_lo, rf_hi);
+    printf("  backward: one sgemm %8.3f ms %7.1f GFLOP/s | grouped %8.3f ms %7.1f GFLOP/s | ratio %.2f "
+           "(min %.2f max %.2f)\n",
+           1e3 * mpb, flop_b / mpb * 1e-9, 1e3 * mgb, flop_b / mgb * 1e-9, mrb, rb_lo, rb_hi);
+    free(a); free(W); free(out); free(dout); free(da); free(dW);
+    free(tpf); free(tgf); free(tpb); free(tgb); free(rf); free(rb);
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 7;
+    const char *which = argc > 2 ? argv[2] : "all";
+    if (reps < 5) {
+        fprintf(stderr, "bench_grouped_gemm: repetitions must be ≥ 5 (got %s)\n", argv[1]);
+        return 2;
+    }
+    if (strcmp(which, "all") && strcmp(which, "bench") && strcmp(which, "qwen3")) {
+        fprintf(stderr, "bench_grouped_gemm: shape must be bench, qwen3 or all (got %s)\n", which);
+        return 2;
+    }
+    int omp = 1;
+#ifdef _OPENMP
+    omp = omp_get_max_threads();
+#endif
+    printf("bench_grouped_gemm: OpenBLAS core %s, %d OpenBLAS threads, %d OpenMP threads, %d repetitions "
+           "(medians; ratio = one-sgemm time / grouped time, per repetition)\n",
+           openblas_get_corename(), openblas_get_num_threads(), omp, reps);
+    if (!strcmp(openblas_get_corename(), "Prescott") || !strcmp(openblas_get_corename(), "Core2"))
+        printf("  note: OpenBLAS did not recognise this CPU and uses a generic SSE3 core; "
+               "OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) is several times faster\n");
+    if (!strcmp(which, "all") || !strcmp(which, "bench")) {
+        enum { N = 1024, H = 256, E = 16, K = 4, I = 128 };
+        int off[E + 1];
+        route(off, N, E, K, 1);
+        gg_case up = {"bench gate_up", N * K, E, H, 2 * I, off};
+        gg_case down = {"bench down", N * K, E, I, H, off};
+        run_case(&up, reps);
+        run_case(&down, reps);
+    }
+    if (!strcmp(which, "all") || !strcmp(which, "qwen3")) {
+        enum { N = 1024, H = 2048, E = 32, K = 2, I = 768 };
+        int off[E + 1];
+        route(off, N, E, K, 2);
+        gg_case up = {"qwen3 gate_up", N * K, E, H, 2 * I, off};
+        gg_case down = {"qwen3 down", N * K, E, I, H, off};
+        run_case(&up, reps);
+        run_case(&down, reps);
+    }
+    return 0;
+}
