@@ -1,0 +1,409 @@
+/* bench_decode — rollout engine (src/rollout/engine.c) throughput: decode tokens/s at several
+ * batch sizes, prefill tokens/s, and batch-1 decode against the memory-bandwidth bound measured
+ * in the same run.
+ *
+ * Models (model_init_inference + model_init_random, untied LM head, every layer MoE):
+ *   A  the benchmark model: H=256, 4 layers, 8 heads / 2 KV heads, head_dim 32, 16 experts top-4,
+ *      expert I=128, vocab 512 (weights ≈ 27 MB)
+ *   B  a larger one whose weights exceed the L2 cache (and, at ≈ 410 MB, a 300 MB L3): H=512,
+ *      8 layers, 8 heads / 2 KV heads, head_dim 64, 32 experts top-4, expert I=256, vocab 2048
+ *
+ * Decode at batch b: b concurrent requests (prompt of --prompt-len tokens, temperature 1, no
+ * top-k/top-p, ignore_eos, max_tokens = --max-tokens) in an engine with max_num_seqs = b and a
+ * token budget that admits every prompt in the first step. The first engine_step prefills all
+ * prompts (and samples each request's first token); the clock runs from then until every request
+ * has finished, so it covers only decode steps (b tokens each, forward + sampling). tokens/s =
+ * b·(max_tokens − 1) / time; reported as the median (min–max) over --reps repetitions after one
+ * warm-up repetition. The share of decode time spent sampling (engine_stats.sample_s) is printed.
+ * Prefill: --prefill-seqs prompts of --prefill-len tokens (max_tokens 1) in one engine_step with
+ * a token budget that holds them all; tokens/s = seqs·len / time of that step.
+ *
+ * Memory-bandwidth bound for batch-1 decode. Bytes of weights read per decoded token, counted
+ * from the model's tensor table at 4 bytes/float: every non-expert tensor in full (attention,
+ * norms, router, LM head) except the embedding, of which one row (H floats) is read, plus
+ * K/E of each stacked expert tensor (the K active experts' gate_up and down per MoE layer). The
+ * KV cache read (2·L·pos·nkv·hd floats, < 1% here) is left out. Bandwidth comes from STREAM-style
+ * kernels over arrays of 2× the L3 size each (≫ L3; at least 256 MB), measured in this run on one
+ * thread and on all OpenMP threads: copy (c = a, 2 arrays of traffic), triad (a = b + s·c, 3) and
+ * read (s += a, 1; a read-only reduction), bytes counted as STREAM does (no write-allocate).
+ * The bound uses the ALL-THREAD READ bandwidth: batch-1 decode streams weights that it only
+ * reads, using every thread, so a read-only stream on all threads is the same access pattern and
+ * the fastest rate the machine showed for it (copy/triad add write traffic the decode does not
+ * have). bound tokens/s = read bandwidth / bytes per token; ratio = measured / bound (target
+ * ≥ 50%). Weights that stay cached (model A fits in a large L3) can beat a DRAM bound: the ratio
+ * is then above 100% and says little, so model B is the meaningful case.
+ * Also printed: batch-32 aggregate tokens/s / batch-1 tokens/s (target ≥ 8×).
+ *
+ * Usage: bench_decode [--model A|B|all] [--reps N (≥ 3, default 5)] [--batches 1,8,32,64]
+ *                     [--prompt-len 16] [--max-tokens 32] [--prefill-seqs 8] [--prefill-len 256]
+ *                     [--stream-mb MB per array] [--json]
+ * Threads: OMP_NUM_THREADS (OpenBLAS is the OpenMP build and shares the pool).
+ */
+#include "base/common.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "rollout/engine.h"
+
+#include <cblas.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#undef I /* <complex.h> via cblas.h */
+
+char *openblas_get_corename(void); /* OpenBLAS extension, not declared in every cblas.h */
+
+#define MAX_BATCHES 8
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median, min and max of v[n] (v is sorted in place). */
+typedef struct { double med, lo, hi; } stat3;
+static stat3 stats_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
+    return s;
+}
+
+static int max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* ------------------------------------------------------------------ memory bandwidth */
+
+typedef struct { stat3 copy, triad, read; } bw_result; /* GB/s (1e9 bytes/s) */
+
+/* STREAM-style kernels on nt threads over n floats per array, reps timed passes after one
+ * warm-up pass; bytes counted as STREAM does (no write-allocate traffic). */
+static bw_result stream_bandwidth(float *a, float *b, float *c, size_t n, int nt, int reps) {
+    double *tc = xmalloc(reps * sizeof(double)), *tt = xmalloc(reps * sizeof(double)),
+           *tr = xmalloc(reps * sizeof(double));
+    volatile float sink = 0;
+    for (int rep = -1; rep < reps; rep++) {
+        double t0 = moerl_now();
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+        for (size_t i = 0; i < n; i++) c[i] = a[i];
+        double t1 = moerl_now();
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+        for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i];
+        double t2 = moerl_now();
+        float s = 0;
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : s)
+        for (size_t i = 0; i < n; i++) s += a[i];
+        double t3 = moerl_now();
+        sink += s;
+        if (rep < 0) continue;
+        const double B = (double)n * sizeof(float) * 1e-9;
+        tc[rep] = 2 * B / (t1 - t0);
+        tt[rep] = 3 * B / (t2 - t1);
+        tr[rep] = 1 * B / (t3 - t2);
+    }
+    (void)sink;
+    bw_result r = {stats_of(tc, reps), stats_of(tt, reps), stats_of(tr, reps)};
+    free(tc); free(tt); free(tr);
+    return r;
+}
+
+/* ------------------------------------------------------------------ models */
+
+static moe_config config_for(char which) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    const int big = which == 'B';
+    c.vocab_size = big ? 2048 : 512;
+    c.hidden_size = big ? 512 : 256;
+    c.moe_intermediate_size = big ? 256 : 128;
+    c.intermediate_size = 4 * c.moe_intermediate_size; /* unused: every layer is MoE */
+    c.num_hidden_layers = big ? 8 : 4;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = big ? 64 : 32;
+    c.num_experts = big ? 32 : 16;
+    c.num_experts_per_tok = 4;
+    c.decoder_sparse_step = 1;
+    c.norm_topk_prob = 1;
+    c.tie_word_embeddings = 0;
+    c.max_position_embeddings = 4096;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 1e6f;
+    c.router_aux_loss_coef = 0.001f;
+    c.initializer_range = 0.02f;
+    c.bos_token_id = -1;
+    c.eos_token_id = -1;
+    return c;
+}
+
+/* Bytes of weights batch-1 decode reads per token (see the header comment); also the total. */
+static double decode_bytes_per_token(const moe_model *m, double *total_bytes) {
+    const moe_config *c = &m->cfg;
+    double fl = 0, tot = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        tot += (double)t->numel;
+        if (t->flags & TF_EXPERT) fl += (double)t->numel * c->num_experts_per_tok / c->num_experts;
+        else if (t->flags & TF_EMBED) fl += c->hidden_size + (c->tie_word_embeddings ? (double)t->numel : 0);
+        else fl += (double)t->numel;
+    }
+    *total_bytes = tot * sizeof(float);
+    return fl * sizeof(float);
+}
+
+/* ------------------------------------------------------------------ engine runs */
+
+typedef struct {
+    int batch;
+    stat3 tok_s;       /* decode tokens/s */
+    double sample_frac; /* median share of decode time in sampling */
+    double step_ms;    /* median ms per decode step */
+} decode_result;
+
+static engine *engine_for(const moe_model *m, int seqs, int max_len, int budget) {
+    engine_config ec = {.max_num_seqs = seqs, .max_model_len = max_len, .max_num_batched_tokens = budget};
+    engine *e = engine_create(&m->cfg, ec);
+    if (!e || engine_load_weights(e, m->params, m->n_params, 0) != MOERL_OK)
+        moerl_fatal("bench_decode: engine: %s", moerl_last_error());
+    return e;
+}
+
+/* Fill n requests with prompts of plen tokens (distinct per request) and add them. */
+static void add_requests(engine *e, gen_request *r, int *prompts, int n, int plen, int V, int max_tokens,
+                         uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        int *p = prompts + (size_t)i * plen;
+        for (int j = 0; j < plen; j++) p[j] = (int)((seed * 7919 + (uint64_t)i * 131 + (uint64_t)j * 17) % V);
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].id = i;
+        r[i].prompt = p;
+        r[i].prompt_len = plen;
+        r[i].sp.temperature = 1.0f;
+        r[i].sp.top_p = 1.0f;
+        r[i].sp.seed = seed * 1000 + i;
+        r[i].sp.max_tokens = max_tokens;
+        r[i].sp.ignore_eos = 1;
+        if (engine_add(e, &r[i]) != MOERL_OK) moerl_fatal("bench_decode: engine_add: %s", moerl_last_error());
+    }
+}
+
+static decode_result bench_decode_batch(const moe_model *m, int b, int plen, int max_tokens, int reps) {
+    const int V = m->cfg.vocab_size;
+    engine *e = engine_for(m, b, plen + max_tokens + 1, MOERL_MAX(b * plen, 64));
+    gen_request *r = xcalloc(b, sizeof *r), **done = xmalloc(b * sizeof *done);
+    int *prompts = xmalloc((size_t)b * plen * sizeof(int));
+    double *ts = xmalloc(reps * sizeof(double)), *sf = xmalloc(reps * sizeof(double)),
+           *sm = xmalloc(reps * sizeof(double));
+    for (int rep = -1; rep < reps; rep++) {
+        add_requests(e, r, prompts, b, plen, V, max_tokens, 17 + rep);
+        int n_done = 0, steps = 0;
+        /* prefill: until every request holds its first sampled token */
+        for (;;) {
+            int all = 1;
+            for (int i = 0; i < b; i++) all &= r[i].n_out >= 1;
+            if (all) break;
+            int k = engine_step(e, done, b);
+            if (k < 0) moerl_fatal("bench_decode: engine_step: %s", moerl_last_error());
+            n_done += k;
+        }
+        engine_stats s0 = engine_get_stats(e);
+        double t0 = moerl_now();
+        while (engine_num_unfinished(e) > 0) {
+            int k = engine_step(e, done, b);
+            if (k < 0) moerl_fatal("bench_decode: engine_step: %s", moerl_last_error());
+            n_done += k;
+            steps++;
+        }
+        double t = moerl_now() - t0;
+        engine_stats s1 = engine_get_stats(e);
+        long decoded = 0;
+        for (int i = 0; i < b; i++) {
+            MOERL_ASSERT(r[i].n_out == max_tokens && r[i].finish == FINISH_LENGTH);
+            decoded += r[i].n_out - 1;
+            gen_request_free_outputs(&r[i]);
+        }
+        /* every timed token was a decode token (no prefill inside the window) */
+        MOERL_ASSERT(n_done == b && s1.decode_tokens - s0.decode_tokens == decoded &&
+                     s1.prefill_tokens == s0.prefill_tokens);
+        if (rep < 0) continue;
+        ts[rep] = decoded / t;
+        sf[rep] = (s1.sample_s - s0.sample_s) / t;
+        sm[rep] = 1e3 * t / steps;
+    }
+    decode_result res = {b, stats_of(ts, reps), stats_of(sf, reps).med, stats_of(sm, reps).med};
+    free(ts); free(sf); free(sm); free(prompts); free(done); free(r);
+    engine_free(e);
+    return res;
+}
+
+static stat3 bench_prefill(const moe_model *m, int seqs, int len, int reps) {
+    const int V = m->cfg.vocab_size;
+    engine *e = engine_for(m, seqs, len + 2, seqs * len);
+    gen_request *r = xcalloc(seqs, sizeof *r), **done = xmalloc(seqs * sizeof *done);
+    int *prompts = xmalloc((size_t)seqs * len * sizeof(int));
+    double *ts = xmalloc(reps * sizeof(double));
+    for (int rep = -1; rep < reps; rep++) {
+        add_requests(e, r, prompts, seqs, len, V, 1, 99 + rep);
+        double t0 = moerl_now();
+        int k = engine_step(e, done, seqs);
+        double t = moerl_now() - t0;
+        /* one step prefilled every prompt and finished every request (max_tokens 1) */
+        MOERL_ASSERT(k == seqs && engine_num_unfinished(e) == 0);
+        for (int i = 0; i < seqs; i++) gen_request_free_outputs(&r[i]);
+        if (rep >= 0) ts[rep] = (double)seqs * len / t;
+    }
+    stat3 s = stats_of(ts, reps);
+    free(ts); free(prompts); free(done); free(r);
+    engine_free(e);
+    return s;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void usage(void) {
+    fprintf(stderr, "usage: bench_decode [--model A|B|all] [--reps N (>= 3)] [--batches 1,8,32,64] [--prompt-len 16]\n"
+                    "                    [--max-tokens 32] [--prefill-seqs 8] [--prefill-len 256] [--stream-mb MB]"
+                    " [--json]\n");
+    exit(2);
+}
+
+typedef struct {
+    char name;
+    double bytes_tok, total_bytes;
+    int n_batches;
+    decode_result dec[MAX_BATCHES];
+    stat3 prefill;
+    double bound_tok_s, ratio, b32_over_b1;
+} model_result;
+
+int main(int argc, char **argv) {
+    moerl_blas_coretype_init(argv);
+    const char *which = "all";
+    int reps = 5, plen = 16, max_tokens = 32, pf_seqs = 8, pf_len = 256, json = 0, stream_mb = 0;
+    int batches[MAX_BATCHES] = {1, 8, 32, 64}, nb = 4;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--json")) { json = 1; continue; }
+        if (a + 1 >= argc) usage();
+        const char *k = argv[a], *v = argv[++a];
+        if (!strcmp(k, "--model")) which = v;
+        else if (!strcmp(k, "--reps")) reps = atoi(v);
+        else if (!strcmp(k, "--prompt-len")) plen = atoi(v);
+        else if (!strcmp(k, "--max-tokens")) max_tokens = atoi(v);
+        else if (!strcmp(k, "--prefill-seqs")) pf_seqs = atoi(v);
+        else if (!strcmp(k, "--prefill-len")) pf_len = atoi(v);
+        else if (!strcmp(k, "--stream-mb")) stream_mb = atoi(v);
+        else if (!strcmp(k, "--batches")) {
+            nb = 0;
+            for (const char *s = v; *s;) {
+                char *end;
+                long x = strtol(s, &end, 10);
+                if (end == s || x < 1 || x > 4096 || nb == MAX_BATCHES) usage();
+                batches[nb++] = (int)x;
+                s = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',') usage();
+            }
+        } else usage();
+    }
+    if (reps < 3 || plen < 1 || max_tokens < 2 || pf_seqs < 1 || pf_len < 1 || nb < 1 || stream_mb < 0) usage();
+    if (strcmp(which, "A") && strcmp(which, "B") && strcmp(which, "all")) usage();
+    const int nt = max_threads();
+    FILE *o = json ? stderr : stdout; /* human lines go to stderr under --json */
+
+    /* 1. memory bandwidth, before the models take memory */
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t arr_bytes = stream_mb > 0 ? (size_t)stream_mb << 20
+                                     : MOERL_MAX((size_t)256 << 20, l3 > 0 ? 2 * (size_t)l3 : 0);
+    const size_t n = arr_bytes / sizeof(float);
+    float *a = xalloc_aligned(n * sizeof(float)), *b = xalloc_aligned(n * sizeof(float)),
+          *c = xalloc_aligned(n * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { a[i] = 1.0f; b[i] = 2.0f; c[i] = 0.0f; } /* first touch, all threads */
+    bw_result bw1 = stream_bandwidth(a, b, c, n, 1, reps), bwn = stream_bandwidth(a, b, c, n, nt, reps);
+    free(a); free(b); free(c);
+    const double bw_bound = bwn.read.med; /* GB/s; see the header comment for why */
+
+    fprintf(o, "bench_decode: OpenBLAS core %s, %d OpenMP threads, %d repetitions (median, min-max)\n",
+            openblas_get_corename(), nt, reps);
+    fprintf(o, "memory bandwidth, GB/s, arrays of %.0f MB (L3 %.0f MB):\n", arr_bytes / 1048576.0,
+            l3 > 0 ? l3 / 1048576.0 : 0.0);
+    fprintf(o, "  1 thread : copy %6.1f  triad %6.1f  read %6.1f\n", bw1.copy.med, bw1.triad.med, bw1.read.med);
+    fprintf(o, "  %d threads: copy %6.1f  triad %6.1f  read %6.1f   <- bound uses all-thread read %.1f GB/s\n", nt,
+            bwn.copy.med, bwn.triad.med, bwn.read.med, bw_bound);
+
+    model_result res[2];
+    int nres = 0;
+    for (int mi = 0; mi < 2; mi++) {
+        char name = mi ? 'B' : 'A';
+        if (strcmp(which, "all") && which[0] != name) continue;
+        moe_config cfg = config_for(name);
+        moe_model m;
+        /* model_init's layout without the gradient buffer (the benchmark never trains) */
+        if (model_init_inference(&m, &cfg) != MOERL_OK)
+            moerl_fatal("bench_decode: model %c: %s", name, moerl_last_error());
+        model_init_random(&m, 1234 + mi);
+        model_result *R = &res[nres++];
+        memset(R, 0, sizeof *R);
+        R->name = name;
+        R->bytes_tok = decode_bytes_per_token(&m, &R->total_bytes);
+        R->bound_tok_s = bw_bound * 1e9 / R->bytes_tok;
+        fprintf(o, "model %c: H=%d L=%d nh=%d nkv=%d hd=%d E=%d top-%d I=%d V=%d; weights %.1f MB, read per decoded "
+                   "token %.2f MB\n",
+                name, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+                cfg.head_dim, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size,
+                R->total_bytes / 1e6, R->bytes_tok / 1e6);
+        R->n_batches = nb;
+        double b1 = 0, b32 = 0;
+        for (int i = 0; i < nb; i++) {
+            decode_result d = bench_decode_batch(&m, batches[i], plen, max_tokens, reps);
+            R->dec[i] = d;
+            if (d.batch == 1) b1 = d.tok_s.med;
+            if (d.batch == 32) b32 = d.tok_s.med;
+            fprintf(o, "  decode batch %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%\n", d.batch,
+                    d.tok_s.med, d.tok_s.lo, d.tok_s.hi, d.step_ms, 100 * d.sample_frac);
+        }
+        R->prefill = bench_prefill(&m, pf_seqs, pf_len, reps);
+        fprintf(o, "  prefill %d x %d: %9.1f tokens/s (%.1f-%.1f)\n", pf_seqs, pf_len, R->prefill.med, R->prefill.lo,
+                R->prefill.hi);
+        R->ratio = b1 > 0 ? b1 / R->bound_tok_s : 0;
+        R->b32_over_b1 = b1 > 0 && b32 > 0 ? b32 / b1 : 0;
+        if (b1 > 0)
+            fprintf(o, "  batch-1: %.1f tokens/s, bandwidth bound %.1f tokens/s, ratio %.1f%% (target >= 50%%)%s\n", b1,
+                    R->bound_tok_s, 100 * R->ratio,
+                    R->total_bytes < (l3 > 0 ? (double)l3 : 0) ? "  [weights fit in L3: DRAM bound not binding]" : "");
+        if (R->b32_over_b1 > 0)
+            fprintf(o, "  batch-32 aggregate / batch-1: %.2fx (target >= 8x)\n", R->b32_over_b1);
+        model_free(&m);
+    }
+
+    if (json) {
+        printf("{\"bench\":\"decode\",\"openblas_core\":\"%s\",\"threads\":%d,\"reps\":%d,\"prompt_len\":%d,"
+               "\"max_tokens\":%d,\"l3_bytes\":%ld,\"stream_array_bytes\":%zu,\n",
+               openblas_get_corename(), nt, reps, plen, max_tokens, l3, arr_bytes);
+        printf(" \"bandwidth_gbs\":{\"1\":{\"copy\":%.3f,\"triad\":%.3f,\"read\":%.3f},\"%d\":{\"copy\":%.3f,\"triad\":%.3f,"
+               "\"read\":%.3f},\"bound_uses\":\"all_threads_read\"},\n",
+               bw1.copy.med, bw1.triad.med, bw1.read.med, nt, bwn.copy.med, bwn.triad.med, bwn.read.med);
+        printf(" \"models\":[");
+        for (int r = 0; r < nres; r++) {
+            const model_result *R = &res[r];
+            printf("%s\n  {\"model\":\"%c\",\"weight_bytes\":%.0f,\"bytes_per_token\":%.0f,\"decode\":[", r ? "," : "",
+                   R->name, R->total_bytes, R->bytes_tok);
+            for (int i = 0; i < R->n_batches; i++) {
+                const decode_result *d = &R->dec[i];
+                printf("%s{\"batch\":%d,\"tokens_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f,\"ms_per_step\":%.4f,"
+                       "\"sample_frac\":%.4f}",
+                       i ? "," : "", d->batch, d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, d->sample_frac);
+            }
+            printf("],\n   \"prefill\":{\"seqs\":%d,\"len\":%d,\"tokens_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f},\n", pf_seqs,
+                   pf_len, R->prefill.med, R->prefill.lo, R->prefill.hi);
+            printf("   \"bound_tokens_per_s\":%.3f,\"batch1_over_bound\":%.4f,\"batch32_over_batch1\":%.4f}",
+                   R->bound_tok_s, R->ratio, R->b32_over_b1);
+        }
+        printf("]}\n");
+    }
+    return 0;
+}
