@@ -19,8 +19,8 @@
  *
  * Usage: build/bench/bench_grouped_gemm [repetitions (default 7, 5..64)] [bench|qwen3|all]
  *        [qwen3 tokens (default 2048)]
- * Note: the OpenBLAS kernel OpenBLAS picked (its "core") is printed; DYNAMIC_ARCH builds that do
- * not know the CPU fall back to a slow generic core — set OPENBLAS_CORETYPE to override.
+ * The OpenBLAS core in use is printed; main() first calls moerl_blas_coretype_init, so it is
+ * the one the moerl CLI gets (OPENBLAS_CORETYPE, if set, wins).
  */
 #include "base/common.h"
 #include "base/rng.h"
@@ -158,6 +158,7 @@ static void run_case(const gg_case *c, int reps) {
 }
 
 int main(int argc, char **argv) {
+    moerl_blas_coretype_init(argv); /* OpenBLAS kernels as the moerl CLI gets them (common.h) */
     int reps = argc > 1 ? atoi(argv[1]) : 7;
     const char *which = argc > 2 ? argv[2] : "all";
     const int qwen_tokens = argc > 3 ? atoi(argv[3]) : 2048;
@@ -177,9 +178,11 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     omp = omp_get_max_threads();
 #endif
-    printf("bench_grouped_gemm: OpenBLAS core %s, %d OpenBLAS threads, %d OpenMP threads, %d repetitions "
+    printf("bench_grouped_gemm: OpenBLAS core %s (%s build), %d OpenBLAS threads, %d OpenMP threads, %d repetitions "
            "(medians; ratio = one-sgemm time / grouped time, per repetition)\n",
-           openblas_get_corename(), openblas_get_num_threads(), omp, reps);
+           openblas_get_corename(),
+           openblas_get_parallel() == 2 ? "OpenMP" : openblas_get_parallel() == 1 ? "pthread" : "serial",
+           openblas_get_num_threads(), omp, reps);
     if (!strcmp(openblas_get_corename(), "Prescott") || !strcmp(openblas_get_corename(), "Core2"))
         printf("  note: OpenBLAS did not recognise this CPU and uses a generic SSE3 core; "
                "OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) is several times faster\n");

@@ -197,6 +197,7 @@ static void run_shape(const char *name, int N, int H, int E, int K, int I, int r
 }
 
 int main(int argc, char **argv) {
+    moerl_blas_coretype_init(argv); /* OpenBLAS kernels as the moerl CLI gets them (common.h) */
     int reps = argc > 1 ? atoi(argv[1]) : 7;
     const char *which = argc > 2 ? argv[2] : "bench";
     if (reps < 5 || reps > 64) {
@@ -211,8 +212,10 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     omp = omp_get_max_threads();
 #endif
-    printf("bench_moe_layer: OpenBLAS core %s, %d OpenBLAS threads, %d OpenMP threads, %d repetitions\n",
-           openblas_get_corename(), openblas_get_num_threads(), omp, reps);
+    printf("bench_moe_layer: OpenBLAS core %s (%s build), %d OpenBLAS threads, %d OpenMP threads, %d repetitions\n",
+           openblas_get_corename(),
+           openblas_get_parallel() == 2 ? "OpenMP" : openblas_get_parallel() == 1 ? "pthread" : "serial",
+           openblas_get_num_threads(), omp, reps);
     if (!strcmp(which, "all") || !strcmp(which, "bench")) run_shape("bench", 1024, 256, 16, 4, 128, reps);
     if (!strcmp(which, "all") || !strcmp(which, "qwen3")) run_shape("qwen3", 1024, 2048, 32, 2, 768, reps);
     return 0;

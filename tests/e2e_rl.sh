@@ -154,24 +154,46 @@ else
     bad "async staleness 0" "exit $?"; tail_log onpolicy
 fi
 
-# Lockstep (deterministic), a sync every 2 steps: observed lag within the printed bound, equal to it
-# in at least one run; one metrics record per version, +1 per 2 steps.
+# Lockstep (deterministic), a sync every 2 steps: observed lag (trainer_version − min_version over
+# samples) within the printed bound, equal to it in at least one run; one metrics record per
+# version, +1 per 2 steps.
 reached=0
-for s in 0.5 1.0; do
-    name=lockstep_s$s
+lockstep_lag() {  # NAME THRESHOLD BOUNDED(1|0) [key=value ...]
+    local name=$1 s=$2 bounded=$3
+    shift 3
     if run_rl "$name" async_training.mode=lockstep async_training.staleness_threshold=$s \
-        async_training.trigger_parameter_sync_step=2 trainer.total_training_steps=12 data.n_train=48; then
+        async_training.trigger_parameter_sync_step=2 trainer.total_training_steps=12 data.n_train=48 "$@"; then
+        local bound lag msg
         bound=$(lag_bound_of "$name")
         lag=$(check maxlag "$WORK/$name")
-        if [[ -n $bound && -n $lag && $lag -le $bound ]]; then ok "lockstep staleness $s: max lag $lag <= bound $bound"
-        else bad "lockstep staleness $s" "max lag '$lag' vs printed bound '$bound'"; fi
-        [[ -n $bound && "$lag" == "$bound" ]] && reached=1
-        if msg=$(check versions "$WORK/$name" 2 12); then ok "lockstep staleness $s: version +1 per 2 steps"
-        else bad "lockstep staleness $s versions" "$msg"; fi
+        if [[ $bounded -eq 1 ]]; then
+            if [[ -n $bound && -n $lag && $lag -le $bound ]]; then ok "$name: max lag $lag <= bound $bound"
+            else bad "$name" "max lag '$lag' > printed lag bound '$bound'"; fi
+            [[ -n $bound && "$lag" == "$bound" ]] && reached=1
+        else
+            # verl semantics: groups reach the trainer in completion order, so the per-sample lag
+            # bound holds only when groups finish in start order; the budget itself (prompts in
+            # flight + queued ≤ max_required_samples) is checked in tests/test_rl.c. Here the lag
+            # must at least be reported consistently: metrics' fully_async/max_staleness = samples' max.
+            local mlag
+            mlag=$(/usr/bin/python3 -c "
+import json,sys
+print(max(int(json.loads(l).get('fully_async/max_staleness', 0)) for l in open('$WORK/$name/metrics.jsonl') if 'fully_async/max_staleness' in l))")
+            if [[ "$mlag" == "$lag" ]]; then ok "$name: reported max staleness $mlag = samples' max lag"
+            else bad "$name" "metrics max staleness '$mlag' != samples' max lag '$lag'"; fi
+        fi
+        if msg=$(check versions "$WORK/$name" 2 12); then ok "$name: version +1 per 2 steps"
+        else bad "$name versions" "$msg"; fi
     else
-        bad "lockstep staleness $s" "exit $?"; tail_log "$name"
+        bad "$name" "exit $?"; tail_log "$name"
     fi
-done
+}
+lockstep_lag lockstep_s0.5 0.5 1
+lockstep_lag lockstep_s1.0 1.0 1
+# Responses of different lengths (a short SFT warm start teaches the answer format, so some
+# responses stop early at <|im_end|> while others run to max length): completion order then
+# differs from start order (verl delivers in completion order; see the note in lockstep_lag).
+lockstep_lag lockstep_s1.0_varlen 1.0 0 sft.total_training_steps=20 data.max_response_length=32 rollout.max_num_seqs=16
 if [[ $reached -eq 1 ]]; then ok "lag bound reached in at least one lockstep run"
 else bad "lag bound reached" "no run reached its bound: the bound is loose or staleness is not exercised"; fi
 
@@ -208,8 +230,9 @@ if [[ $rc1 -ne 137 ]]; then
 else
     cp "$WORK/resume.log" "$WORK/resume_killed.log"
     if run_rl resume "${KR[@]}"; then
-        if ! grep -q "resumed from" "$WORK/resume.log"; then bad "kill and resume" "second run did not resume"
-        elif msg=$(check once "$WORK/resume" 6 32); then ok "kill -9 at step >= $step and resume: every prompt of 6 epochs once"
+        at=$(grep -o 'resumed from .*: version [0-9]*, step [0-9]*' "$WORK/resume.log" | grep -o '[0-9]*$')
+        if [[ -z $at || $at -lt 1 || $at -ge 48 ]]; then bad "kill and resume" "second run did not resume mid-run (step '$at')"
+        elif msg=$(check once "$WORK/resume" 6 32); then ok "kill -9, resume at step $at of 48: every prompt of 6 epochs once"
         else bad "kill and resume" "$msg"; fi
     else
         bad "kill and resume" "resumed run exit $?"; tail_log resume

@@ -26,6 +26,8 @@ static void rl_def_keys(cfg *c) {
     cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
     cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
     cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
+    cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
     cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
@@ -74,6 +76,10 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     r->max_response_length = (int)cfg_int(c, "data.max_response_length");
     r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    r->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
+    r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
+    if (r->synth_alpha < 0 || r->synth_min <= 0)
+        return moerl_errorf("rollout.synthetic_length: alpha must be ≥ 0 and min positive (got %g, %d)", r->synth_alpha, r->synth_min);
     r->ppo_mini_batch_size = (int)cfg_int(c, "actor.ppo_mini_batch_size");
     r->ppo_epochs = (int)cfg_int(c, "actor.ppo_epochs");
     r->ppo.clip_ratio_low = (float)cfg_float(c, "actor.clip_ratio_low");
@@ -159,6 +165,8 @@ int cmd_rl(int argc, char **argv) {
     double sft0 = -1, sft1 = -1;
     snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
+    snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
+    resuming |= rc.resume_auto && access(path, R_OK) == 0;
     if (!resuming && sft_warm_start(c, &m, &train, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
     rl_result res;
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;

@@ -1,5 +1,6 @@
 /* The main job's driver: threads (async) or one thread (lockstep / sync), the parameter
  * synchroniser, metrics, validation, checkpoints with resume, watchdog, plot. See rl.h. */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -60,11 +61,44 @@ static int save_optimizer(const job *J, const char *path) {
     return rc;
 }
 
-/* Called with the rollouter paused (inside a sync): a consistent snapshot of both roles. */
+/* Remove a flat directory (files only). */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4200];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int write_checkpoint_files(job *J, const char *dir);
+
+/* Called with the rollouter paused (inside a sync): a consistent snapshot of both roles.
+ * Written into checkpoint.tmp/, then swapped in by renames (checkpoint → checkpoint.old,
+ * checkpoint.tmp → checkpoint), so a kill at any moment leaves one complete checkpoint. */
 static int save_checkpoint(job *J) {
+    char tmp[4200], cur[4200], old[4200];
+    snprintf(tmp, sizeof tmp, "%s/checkpoint.tmp", J->cfg->out_dir);
+    snprintf(cur, sizeof cur, "%s/checkpoint", J->cfg->out_dir);
+    snprintf(old, sizeof old, "%s/checkpoint.old", J->cfg->out_dir);
+    remove_flat_dir(tmp);
+    if (write_checkpoint_files(J, tmp) != MOERL_OK) return MOERL_ERR;
+    remove_flat_dir(old);
+    if (rename(cur, old) != 0 && errno != ENOENT) return moerl_errorf("cannot rename %s: %s", cur, strerror(errno));
+    if (rename(tmp, cur) != 0) return moerl_errorf("cannot rename %s to %s: %s", tmp, cur, strerror(errno));
+    remove_flat_dir(old);
+    log_info("checkpoint at version %d (step %lld) written to %s", J->T.version, (long long)J->T.step, cur);
+    return MOERL_OK;
+}
+
+static int write_checkpoint_files(job *J, const char *dir) {
     const rl_config *c = J->cfg;
-    char dir[4096], p[4200];
-    snprintf(dir, sizeof dir, "%s/checkpoint", c->out_dir);
+    char p[4200];
     if (moerl_mkdirs(dir) != MOERL_OK) return MOERL_ERR;
     if (model_save_hf(J->m, dir, c->save_bf16, 0) != MOERL_OK) return MOERL_ERR;
     snprintf(p, sizeof p, "%s/tokenizer_moerl.json", dir);
@@ -98,7 +132,6 @@ static int save_checkpoint(job *J) {
     int rc = moerl_write_file_atomic(p, txt, strlen(txt));
     free(txt);
     json_decref(s);
-    if (rc == MOERL_OK) log_info("checkpoint at version %d (step %lld) written to %s", J->T.version, (long long)J->T.step, dir);
     return rc;
 }
 
@@ -108,7 +141,11 @@ static int load_checkpoint(job *J, int *resumed) {
     *resumed = 0;
     snprintf(dir, sizeof dir, "%s/checkpoint", c->out_dir);
     snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    if (access(p, R_OK) != 0) return MOERL_OK; /* nothing to resume from */
+    if (access(p, R_OK) != 0) { /* a kill between the two renames of save_checkpoint leaves .old */
+        snprintf(dir, sizeof dir, "%s/checkpoint.old", c->out_dir);
+        snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+        if (access(p, R_OK) != 0) return MOERL_OK; /* nothing to resume from */
+    }
     json_error_t err;
     json_t *s = json_load_file(p, 0, &err);
     if (!s) return moerl_errorf("%s:%d: %s", p, err.line, err.text);
@@ -292,7 +329,7 @@ static void on_paused_checkpoint(void *ctx) {
 static int after_sync(job *J, double sync_s, double rb, double ri) {
     J->win_sync += sync_s;
     emit_version(J, rb, ri);
-    if (J->cfg->test_freq > 0 && J->T.version % J->cfg->test_freq == 0) {
+    if (J->cfg->val_n != 0 && J->cfg->test_freq > 0 && J->T.version % J->cfg->test_freq == 0) {
         double acc;
         if (run_validation(J, &acc) != MOERL_OK) return MOERL_ERR;
         J->last_val = acc;
@@ -416,7 +453,7 @@ static void *watchdog_main(void *arg) {
         double now = moerl_now(), t_age = now - J->T.last_progress;
         if (limit > 0 && t_age > limit && !J->watchdog_stop) {
             fprintf(stderr,
-                    "moerl rl: watchdog: no trainer progress for %.0f s (trainer.watchdog_s=%g): trainer in stage "
+                    "moerl rl: watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage "
                     "'%s', rollouter in stage '%s' (last progress %.0f s ago), queue %d groups, %d in flight\n",
                     t_age, limit, J->T.stage, J->R.stage, now - J->R.last_progress, rl_queue_size(&J->queue),
                     J->R.n_inflight);
@@ -546,6 +583,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     if (cfg->resume_auto && load_checkpoint(J, &resumed) != MOERL_OK) goto out0;
     char p[4200];
     snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->out_dir);
+    if (!resumed) unlink(p); /* a new run starts a new record; a resumed one appends */
     J->mw = metrics_open(p);
     snprintf(p, sizeof p, "%s/samples.jsonl", cfg->out_dir);
     J->samples = fopen(p, resumed ? "a" : "w");
@@ -556,7 +594,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
         goto out0;
     }
     log_info("fully-async GRPO: %lld steps × %d prompts × %d responses; staleness_threshold %g → queue %d, "
-             "lag bound %d; trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
+             "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
              (long long)J->total_steps, b.required_samples, cfg->n, cfg->staleness_threshold, b.max_required_samples,
              b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              cfg->mode == RL_MODE_ASYNC ? "async" : cfg->mode == RL_MODE_SYNC ? "sync" : "lockstep");

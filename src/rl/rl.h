@@ -36,6 +36,11 @@ typedef struct {
     int top_k;
     int max_response_length;
     int max_num_seqs, max_num_batched_tokens;
+    /* rollout.synthetic_length.*: a benchmark workload — each response's length is drawn from a
+     * Pareto(alpha) tail above `min` tokens (capped at max_response_length) and EOS is ignored,
+     * to reproduce the heavy-tailed response lengths of reasoning RL. alpha = 0: off. */
+    double synth_alpha;
+    int synth_min;
     /* actor.* */
     int ppo_mini_batch_size;   /* prompts per optimizer step */
     int ppo_epochs;

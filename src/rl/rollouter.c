@@ -1,5 +1,6 @@
 /* Rollouter: feeds prompts, keeps GRPO groups together, respects the staleness budget, applies
  * weight syncs at step boundaries (partial rollout: interrupt and resume). Scores nothing. */
+#include <math.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -113,6 +114,14 @@ static int start_group(rollouter *R) {
         /* each response has its own seed from (run seed, uid, j): reproducible, batch-invariant */
         r->sp.seed = mix64(c->seed ^ mix64((uint64_t)uid * 131 + (uint64_t)j));
         r->user = g;
+        if (c->synth_alpha > 0) {
+            rng_state lr;
+            rng_seed(&lr, r->sp.seed ^ 0x5eedULL);
+            double u = 1.0 - rng_uniform_double(&lr); /* (0, 1] */
+            double len = c->synth_min * pow(u, -1.0 / c->synth_alpha);
+            r->sp.max_tokens = len >= c->max_response_length ? c->max_response_length : (int)ceil(len);
+            r->sp.ignore_eos = 1;
+        }
         if (engine_add(R->eng, r) != MOERL_OK) {
             /* the request was not queued: drop the group's earlier requests too */
             for (int k = 0; k < j; k++) g->reqs[k].finish = FINISH_ABORT;

@@ -6,9 +6,11 @@
  * count). At every version change it is reset to in-flight + interrupted + queued prompts (the
  * carried-over work). The rollouter may start a new prompt only while counter < max_required_samples
  * and the queue holds fewer than max_required_samples groups.
- * Consequence (tested): prompts not yet consumed by the trainer never exceed max_required_samples,
- * so with FIFO consumption a prompt started under version v is trained at version ≤ v + lag_bound,
- * lag_bound = ceil(max_required_samples / W) − 1.
+ * Consequence (tested): prompts started but not yet consumed by the trainer never exceed
+ * max_required_samples. Groups reach the trainer in completion order (as in verl), so a per-sample
+ * version lag is bounded by lag_bound = ceil(max_required_samples / W) − 1 only when groups finish
+ * in the order they started (equal lengths); a long response that is overtaken by shorter ones can
+ * be older, and the trainer reports every sample's lag (fully_async/max_staleness, samples.jsonl).
  * Source: verl recipe/fully_async_policy (README and rollouter), reference.md. */
 #ifndef MOERL_STALENESS_H
 #define MOERL_STALENESS_H

@@ -1,80 +1,156 @@
 /* Attention of new tokens against the KV cache (contract: kernels.h).
  *
- * One work item = one (token, KV head): the `group` = nh/nkv query heads that share a KV head
- * are processed together, so each cached K/V row is read once per group rather than once per
- * query head (GQA). Keys are visited in blocks of ATTN_KV_BLOCK with an online softmax
- * (running max m, running sum l, output rescaled by e^{m_old − m_new} when the max grows;
- * Milakov & Gimelshein 2018, as FlashAttention/flash-decoding use it), so the scores need only
- * a block-sized stack buffer: no allocation per call, any context length.
- * The output rows of one item's heads are contiguous in out[n, nh, hd] and serve as the
- * accumulator. Small calls (batch-1 decode) run on the calling thread: a parallel region
- * costs more than the work, and far more when other processes hold the cores.
+ * One work item = one (token, KV head): the G = nh/nkv query heads that share a KV head are
+ * processed together as the G rows of small dense products, so each cached K/V row is read once
+ * per group rather than once per query head (GQA). Keys are visited in blocks of KV_BK with the
+ * online softmax (running max m, running sum l, output rescaled by e^{m_old − m_new} when the
+ * max grows; Milakov & Gimelshein 2018, as FlashAttention / flash-decoding use it), so the
+ * scratch is a few block-sized stack buffers: no allocation per call, any context length.
+ * Per key block: Kᵀ is packed once ([hd][KV_BK]), S[G, nb] = Q·Kᵀ and O[G, hd] += P·V are
+ * register-tiled products (vertical FMAs only, no per-score horizontal sums), and e^x is a
+ * vectorisable polynomial. The output rows of one item's heads are contiguous in
+ * out[n, nh, hd] and serve as the accumulator.
+ * Small calls (batch-1 decode) run on the calling thread: a parallel region costs more than
+ * the work, and far more when other processes hold the cores.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/common.h"
 #include "kernels/kernels.h"
 
-/* Keys per block of the online softmax (scores kept on the stack: group × block floats). */
-#define ATTN_KV_BLOCK 64
+/* Keys per block of the online softmax (a multiple of 16, the AVX-512 float width). */
+#define KV_BK 64
 /* Below this many multiply-adds (Σ_n (pos[n]+1)·nh·hd, for q·k and p·v each) the call stays
  * on one thread. */
-#define ATTN_KV_PAR_MIN_MACS 65536
+#define KV_PAR_MIN_MACS 65536
 
-/* One item: token n's query heads h0 .. h0+G−1 (all of KV head kvh) against positions 0..P−1
- * of its slot. kb/vb point at position 0 of KV head kvh; rows are `row` floats apart. */
-static void attend_group(float *o, const float *qh, const float *kb, const float *vb, size_t row, int P, int G,
-                         int hd, float scale) {
-    float sc[G][ATTN_KV_BLOCK];
+#ifdef __FMA__
+#define KV_MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define KV_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* e^x for x ≤ 0 (and −inf → 0), written so that loops over it vectorise. Range reduction
+ * x = k·ln2 + r with k = round(x/ln2), |r| ≤ ln2/2; ln2 = C1 + C2 with C1 = 0.693359375 (few
+ * mantissa bits, so k·C1 is exact for |k| < 2^15); e^r by its degree-7 Taylor polynomial in
+ * Horner form (truncation |r|^8/8! < 6e-9 relative); 2^k assembled in the exponent field.
+ * Measured against double exp on (−87.3, 0]: within 2 ulp. For x ≤ −87.3 (results near 2^−126,
+ * the smallest normal float) it returns 0.
+ * Source: the Cody–Waite reduction (Cody & Waite 1980) used by vector math libraries. */
+static inline float kv_exp(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    const float kf = rintf(x * 1.44269504f);
+    const float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = KV_MADD(p, r, 1.0f / 720.0f);
+    p = KV_MADD(p, r, 1.0f / 120.0f);
+    p = KV_MADD(p, r, 1.0f / 24.0f);
+    p = KV_MADD(p, r, 1.0f / 6.0f);
+    p = KV_MADD(p, r, 0.5f);
+    p = KV_MADD(p, r, 1.0f);
+    p = KV_MADD(p, r, 1.0f);
+    const int32_t k = (int32_t)kf;
+    const uint32_t bits = (uint32_t)(k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return x <= -87.3f ? 0.0f : p * two_k;
+}
+
+/* One register tile: C[MR, NC] (= or +=) A[MR, Kd]·B[Kd, NC], all row-major (lda, ldb, ldc).
+ * MR ≤ 8 and NC ≤ 32 are constants at every (inlined) call site, so the accumulators stay in
+ * vector registers. */
+static inline __attribute__((always_inline)) void kv_tile(const int MR, const int NC, int Kd,
+                                                          const float *restrict A, long lda,
+                                                          const float *restrict B, long ldb,
+                                                          float *restrict C, long ldc, int accumulate) {
+    float c[8][32];
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NC; j++) c[r][j] = accumulate ? C[r * ldc + j] : 0.0f;
+    for (int k = 0; k < Kd; k++) {
+        const float *b = B + k * ldb;
+        for (int r = 0; r < MR; r++) {
+            const float a = A[r * lda + k];
+            for (int j = 0; j < NC; j++) c[r][j] = KV_MADD(a, b[j], c[r][j]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NC; j++) C[r * ldc + j] = c[r][j];
+}
+
+/* MR rows of C[., Nc] (= or +=) A·B: 32- and 16-column tiles, then single columns. */
+static inline __attribute__((always_inline)) void kv_rows(const int MR, int Nc, int Kd, const float *A, long lda,
+                                                          const float *B, long ldb, float *C, long ldc,
+                                                          int accumulate) {
+    int j = 0;
+    for (; j + 32 <= Nc; j += 32) kv_tile(MR, 32, Kd, A, lda, B + j, ldb, C + j, ldc, accumulate);
+    for (; j + 16 <= Nc; j += 16) kv_tile(MR, 16, Kd, A, lda, B + j, ldb, C + j, ldc, accumulate);
+    for (; j < Nc; j++)
+        for (int r = 0; r < MR; r++) {
+            float s = accumulate ? C[r * ldc + j] : 0.0f;
+            for (int k = 0; k < Kd; k++) s = KV_MADD(A[r * lda + k], B[k * ldb + j], s);
+            C[r * ldc + j] = s;
+        }
+}
+
+/* C[M, Nc] (= or +=) A[M, Kd]·B[Kd, Nc], row-major: rows in groups of 8, 4, 2, 1. */
+static void kv_matmul(int M, int Nc, int Kd, const float *A, long lda, const float *B, long ldb, float *C, long ldc,
+                      int accumulate) {
+    int i = 0;
+    for (; i + 8 <= M; i += 8) kv_rows(8, Nc, Kd, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
+    if (M - i >= 4) { kv_rows(4, Nc, Kd, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); i += 4; }
+    if (M - i >= 2) { kv_rows(2, Nc, Kd, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); i += 2; }
+    if (M - i >= 1) kv_rows(1, Nc, Kd, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
+}
+
+/* One item: G query rows qg[G, hd] (the heads of one KV head, one token) against positions
+ * 0..P−1 of its slot; kb/vb point at position 0 of that KV head, rows `row` floats apart.
+ * o[G, hd] is OVERWRITTEN. */
+static void attend_group(float *o, const float *qg, const float *kb, const float *vb, long row, int P, int G, int hd,
+                         float scale) {
+    float kt[hd * KV_BK]; /* Kᵀ of the block: [hd][KV_BK] */
+    float s[G * KV_BK];   /* scores, then probabilities: [G][KV_BK] */
     float m[G], l[G];
     for (int g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.0f; }
     memset(o, 0, (size_t)G * hd * sizeof(float));
-    for (int j0 = 0; j0 < P; j0 += ATTN_KV_BLOCK) {
-        const int nb = MOERL_MIN(ATTN_KV_BLOCK, P - j0);
-        for (int g = 0; g < G; g++) {
-            const float *qg = qh + (size_t)g * hd;
-            float bmax = -INFINITY;
-            for (int j = 0; j < nb; j++) {
-                const float *kj = kb + (size_t)(j0 + j) * row;
-                float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                for (int d = 0; d < hd; d++) s += qg[d] * kj[d];
-                s *= scale;
-                sc[g][j] = s;
-                bmax = s > bmax ? s : bmax;
-            }
-            /* rescale what was accumulated so far when the running max grows */
-            if (bmax > m[g]) {
-                const float corr = expf(m[g] - bmax); /* 0 on the first block (m = −inf) */
-                l[g] *= corr;
-                float *og = o + (size_t)g * hd;
-                if (corr != 1.0f)
-#pragma omp simd
-                    for (int d = 0; d < hd; d++) og[d] *= corr;
-                m[g] = bmax;
-            }
-            float bs = 0.0f;
-            for (int j = 0; j < nb; j++) {
-                sc[g][j] = expf(sc[g][j] - m[g]);
-                bs += sc[g][j];
-            }
-            l[g] += bs;
-        }
-        /* o_g += Σ_j p[g][j] · v_j: each V row read once for all G heads */
+    for (int j0 = 0; j0 < P; j0 += KV_BK) {
+        const int nb = MOERL_MIN(KV_BK, P - j0), nbp = (nb + 15) & ~15;
         for (int j = 0; j < nb; j++) {
-            const float *vj = vb + (size_t)(j0 + j) * row;
-            for (int g = 0; g < G; g++) {
-                const float p = sc[g][j];
-                float *og = o + (size_t)g * hd;
-#pragma omp simd
-                for (int d = 0; d < hd; d++) og[d] += p * vj[d];
-            }
+            const float *kj = kb + (long)(j0 + j) * row;
+            for (int d = 0; d < hd; d++) kt[d * KV_BK + j] = kj[d];
         }
+        for (int d = 0; d < hd; d++)
+            for (int j = nb; j < nbp; j++) kt[d * KV_BK + j] = 0.0f;
+        kv_matmul(G, nbp, hd, qg, hd, kt, KV_BK, s, KV_BK, 0);
+        for (int g = 0; g < G; g++) {
+            float *sg = s + g * KV_BK;
+            float mx = m[g];
+#pragma omp simd reduction(max : mx)
+            for (int j = 0; j < nb; j++) {
+                sg[j] *= scale;
+                mx = sg[j] > mx ? sg[j] : mx;
+            }
+            const float alpha = kv_exp(m[g] - mx); /* 0 on the first block (m = −inf) */
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int j = 0; j < nb; j++) {
+                sg[j] = kv_exp(sg[j] - mx);
+                sum += sg[j];
+            }
+            l[g] = l[g] * alpha + sum;
+            if (alpha != 1.0f) {
+                float *og = o + (long)g * hd;
+#pragma omp simd
+                for (int d = 0; d < hd; d++) og[d] *= alpha;
+            }
+            m[g] = mx;
+        }
+        kv_matmul(G, hd, nb, s, KV_BK, vb + (long)j0 * row, row, o, hd, 1);
     }
     for (int g = 0; g < G; g++) {
         const float inv = 1.0f / l[g];
-        float *og = o + (size_t)g * hd;
+        float *og = o + (long)g * hd;
 #pragma omp simd
         for (int d = 0; d < hd; d++) og[d] *= inv;
     }
@@ -85,18 +161,18 @@ void attention_kvcache_forward(float *out, const float *q, const float *k_cache,
                                float scale) {
     MOERL_ASSERT(N >= 0 && nkv > 0 && nh % nkv == 0 && hd > 0);
     const int G = nh / nkv;
-    const size_t row = (size_t)nkv * hd;
+    const long row = (long)nkv * hd;
     long macs = 0;
     for (int n = 0; n < N; n++) {
         MOERL_ASSERT(pos[n] >= 0 && pos[n] < max_len);
         macs += (long)(pos[n] + 1) * nh * hd;
     }
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (macs >= ATTN_KV_PAR_MIN_MACS)
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (macs >= KV_PAR_MIN_MACS)
     for (int n = 0; n < N; n++) {
         for (int kvh = 0; kvh < nkv; kvh++) {
-            const size_t base = (size_t)slot[n] * max_len * row + (size_t)kvh * hd;
-            attend_group(out + ((size_t)n * nh + (size_t)kvh * G) * hd, q + ((size_t)n * nh + (size_t)kvh * G) * hd,
-                         k_cache + base, v_cache + base, row, pos[n] + 1, G, hd, scale);
+            const long base = (long)slot[n] * max_len * row + (long)kvh * hd;
+            const long qo = ((long)n * nh + (long)kvh * G) * hd;
+            attend_group(out + qo, q + qo, k_cache + base, v_cache + base, row, pos[n] + 1, G, hd, scale);
         }
     }
 }

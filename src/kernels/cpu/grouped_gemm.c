@@ -4,13 +4,17 @@
  * Work split: a group is one expert's rows; a large group is further split into column
  * blocks of its output, so that there are about GG_ITEMS_PER_THREAD work items per OpenMP
  * thread. Items run in an OpenMP loop (dynamic schedule), each one calling a single-threaded
- * cblas_sgemm. OpenBLAS's own thread pool is set to one thread for the duration of the loop
- * and restored after: letting two OpenMP threads each call a multi-threaded OpenBLAS
- * oversubscribes the cores (measured 2–4× slower on the 2-core machine), and a serial loop of
- * per-expert multi-threaded sgemms loses 10–50% to per-call thread synchronisation on small
- * groups (bench/bench_grouped_gemm.c measures the result against one sgemm of equal FLOPs).
- * Side effect: while a grouped GEMM runs, BLAS calls made by OTHER threads of the process see
- * openblas_get_num_threads() == 1 (results are unaffected, only their speed).
+ * cblas_sgemm; bench/bench_grouped_gemm.c measures this against one sgemm of equal FLOPs and
+ * against the plain serial loop of per-expert OpenBLAS-threaded sgemms.
+ * OpenBLAS must run single-threaded inside the loop (two OpenMP threads each driving a
+ * multi-threaded OpenBLAS oversubscribe the cores; measured several times slower):
+ *  - OpenMP builds of OpenBLAS (openblas_get_parallel() == 2, what the Makefile links) do so
+ *    by themselves inside a parallel region, and nothing is changed;
+ *  - pthread builds get openblas_set_num_threads(1) for the duration of the loop, restored
+ *    after. Side effect there: BLAS calls made meanwhile by OTHER threads of the process run
+ *    single-threaded (results unaffected, only their speed).
+ * (In OpenMP builds openblas_set_num_threads calls omp_set_num_threads, which would shrink
+ * this very loop to one thread — hence the distinction.)
  * Source: Megatron-LM GroupedMLP / the grouped_gemm package (semantics); the layout is
  * W[E,O,I], expert g's [O,I] matrix at W + g·O·I (PyTorch [out, in]).
  */
@@ -30,8 +34,10 @@
 /* Narrowest column block a group is split into (a multiple of the 16-float AVX-512 width). */
 #define GG_MIN_COLS 64
 
-/* OpenBLAS thread-count controls (present in every OpenBLAS build, declared in its cblas.h). */
+/* Make OpenBLAS single-threaded for an OpenMP loop of sgemm calls; returns what to restore.
+ * OpenBLAS thread controls are declared in its cblas.h (every build). */
 static int gg_begin_parallel(void) {
+    if (openblas_get_parallel() == 2) return 1; /* OpenMP build: single-threaded in parallel regions */
     int nb = openblas_get_num_threads();
     if (nb != 1) openblas_set_num_threads(1);
     return nb;

@@ -1,0 +1,222 @@
+/* moerl distributed layer: process groups, weight broadcast, point-to-point messages and the
+ * bucketed data-parallel gradient reducer.
+ *
+ * This is the ONLY interface through which moerl talks to other processes. It has two
+ * implementations with the same semantics:
+ *   src/dist/mpi_dist.c   Open MPI (the only file that includes mpi.h); linked into build/moerl-mpi
+ *                         and the MPI test/bench binaries, run under `mpirun`.
+ *   src/dist/dist_local.c one process, no MPI: world size 1, every collective is an identity or a
+ *                         copy, point-to-point messages go through an in-process mailbox.
+ * dist_backend_name() tells which one a binary was linked with. src/dist/dist_common.c holds the
+ * backend-independent parts (bucket plan, weight-broadcast header).
+ *
+ * Roles (dist_split_roles): the LAST n_trainers world ranks are trainers (the data-parallel group,
+ * trainer_comm); the others are rollout ranks. sync_comm = {trainer rank 0 (as root 0)} ∪ all rollout
+ * ranks carries the weight broadcast. A world of size 1 is "embedded": one process plays both roles.
+ *
+ * Errors: functions returning int give MOERL_OK or MOERL_ERR with a message (moerl_errorf) for bad
+ * arguments and protocol mismatches. A failing MPI call is not returned: the MPI backend prints
+ * "moerl[rank R]: MPI error at file:line: <MPI_Error_string>" and calls MPI_Abort, so no rank is left
+ * hanging. moerl_fatal on any rank also reaches MPI_Abort (dist_init installs the abort hook).
+ *
+ * Threads: the MPI backend requires MPI_THREAD_MULTIPLE; every function may be called from any
+ * thread, but collectives on one group must be called in the same order on all its members and not
+ * concurrently from two threads of one rank (the reducer uses its own private communicator).
+ *
+ * Sources: MPI 3.1 standard (communicators, MPI_Comm_split, nonblocking collectives, matched probe);
+ * PyTorch DistributedDataParallel (gradient buckets in reverse order, first bucket 1 MiB, then 25 MiB,
+ * reduced as soon as complete); verl fully_async_policy (weight sync by a plain broadcast).
+ */
+#ifndef MOERL_DIST_H
+#define MOERL_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef enum {
+    DIST_ROLE_UNSET = 0, /* dist_split_roles not called yet */
+    DIST_ROLE_EMBEDDED,  /* world size 1: rollout and trainer in one process */
+    DIST_ROLE_ROLLOUT,
+    DIST_ROLE_TRAINER,
+} dist_role;
+
+/* Process groups for the small collectives (dist_barrier, dist_allreduce_sum). */
+typedef enum {
+    DIST_WORLD = 0,   /* all ranks */
+    DIST_TRAINERS,    /* trainer_comm: the data-parallel trainer ranks */
+    DIST_SYNC,        /* sync_comm: trainer rank 0 (root 0) + all rollout ranks */
+} dist_group;
+
+struct dist_impl; /* backend handles (MPI communicators); private to the implementation */
+
+/* All distributed state of one process. Fields are read-only for callers. */
+typedef struct dist_ctx {
+    int world_rank, world_size;
+    dist_role role;                   /* after dist_split_roles */
+    int n_trainers, n_rollout;        /* group sizes (n_trainers + n_rollout == world_size, except
+                                         embedded mode where both are 1) */
+    int first_trainer;                /* world rank of trainer rank 0 (= world_size − n_trainers) */
+    int trainer_rank, trainer_size;   /* rank/size in trainer_comm; trainer_rank −1 outside it */
+    int sync_rank, sync_size;         /* rank/size in sync_comm (trainer rank 0 is 0); −1 outside */
+    struct dist_impl *impl;
+} dist_ctx;
+
+/* "mpi" or "local": which implementation this binary was linked with. */
+const char *dist_backend_name(void);
+
+/* Start the distributed runtime. MPI: MPI_Init_thread(MPI_THREAD_MULTIPLE) (error if the library
+ * provides less), errors on MPI_COMM_WORLD return to moerl's checked wrapper, and
+ * moerl_set_abort_hook makes moerl_fatal print "moerl[rank R]: ..." and call MPI_Abort(world, code).
+ * Local: world rank 0 of 1. argc/argv may be NULL. Returns NULL with a message on failure.
+ * Call once per process; free with dist_finalize. */
+dist_ctx *dist_init(int *argc, char ***argv);
+/* Free the groups and shut the runtime down (MPI_Finalize). Collective over the world. Reducers must
+ * be freed first. NULL is a no-op. */
+void dist_finalize(dist_ctx *ctx);
+
+/* Split the world into rollout and trainer ranks: the LAST n_trainers world ranks train, the others
+ * roll out. Collective over the world; every rank must pass the same n_trainers.
+ * Valid: world size 1 → n_trainers must be 1 (embedded: one process in both roles, trainer group and
+ * sync group of size 1); world size P > 1 → 1 ≤ n_trainers ≤ P−1 (RL job with P−n_trainers rollout
+ * ranks), or n_trainers == P (training-only job, e.g. data-parallel SFT: no rollout ranks, the sync
+ * group is trainer rank 0 alone). Errors (on every rank): n_trainers outside these ranges, ranks
+ * disagreeing on n_trainers. May be called again to re-split (collective); reducers made under the
+ * previous split must be freed first. */
+int dist_split_roles(dist_ctx *ctx, int n_trainers);
+
+/* Barrier over a group. Error: this rank is not in the group (or roles not split for
+ * DIST_TRAINERS/DIST_SYNC). */
+int dist_barrier(dist_ctx *ctx, dist_group g);
+/* In-place elementwise sum of buf[n] over a group (small buffers: metrics, losses). The result is the
+ * same on every member. Errors: as dist_barrier; n < 0 or buf NULL with n > 0. */
+int dist_allreduce_sum(dist_ctx *ctx, dist_group g, double *buf, int n);
+/* Print "moerl[rank R]: abort: <msg>" and end the whole job with exit code 1 (MPI_Abort). */
+void dist_abort(dist_ctx *ctx, const char *msg) __attribute__((noreturn));
+
+/* ---- weight broadcast (trainer rank 0 → every rollout rank) ---- */
+
+#define DIST_WB_MAGIC "MOERLWB1" /* 8 bytes, no terminator on the wire */
+#define DIST_WB_FORMAT 1
+
+/* Header sent before the weights (32 bytes, host byte order: all ranks run on one architecture). */
+typedef struct {
+    char magic[8];          /* DIST_WB_MAGIC */
+    uint32_t format;        /* DIST_WB_FORMAT */
+    int32_t version;        /* policy version of these weights */
+    uint64_t n_floats;      /* fp32 values that follow */
+    uint64_t bucket_floats; /* floats per MPI_Bcast (last bucket shorter); 0 = the root refused to
+                               send (bad arguments on the root), nothing follows */
+} dist_weight_header;
+
+/* Fill a header for `version`, n floats, bucket_floats per bucket. */
+void dist_weight_header_make(dist_weight_header *h, int version, size_t n, size_t bucket_floats);
+/* Validate a received header against this rank's buffer of n_expected floats. Errors (message names
+ * the field, the value received and the value expected): magic differs (not a moerl weight
+ * broadcast), format differs, bucket_floats == 0 (the root refused), n_floats != n_expected. */
+int dist_weight_header_check(const dist_weight_header *h, size_t n_expected);
+
+typedef struct {
+    size_t bytes;    /* payload bytes sent (root) or received (rollout rank), header excluded */
+    double seconds;  /* wall time of the whole call on this rank */
+    int n_buckets;   /* MPI_Bcast calls for the payload */
+} dist_xfer_stats;
+
+/* Broadcast params[n] from trainer rank 0 to every rollout rank over sync_comm, in buckets of
+ * bucket_bytes (rounded down to whole floats) with one MPI_Bcast each, after the header
+ * {MOERLWB1, format 1, *version, n, bucket floats}. Collective over sync_comm. On the root, *version
+ * is the version to send; on a rollout rank it receives the root's version. Rollout ranks use the
+ * root's bucket size (their bucket_bytes is ignored). Ranks outside sync_comm (trainer ranks ≠ 0)
+ * return MOERL_OK at once with zero stats. After the header every member learns whether all accepted
+ * it (one small allreduce), so a mismatch fails on EVERY member instead of hanging:
+ * Errors: on a rollout rank, the header check fails (message from dist_weight_header_check; its
+ * params and *version are left untouched); on the root, a rollout rank rejected the header (message
+ * names the highest rejecting world rank) or its own arguments are bad (params NULL with n > 0,
+ * bucket_bytes < 4) — then the rollout ranks fail too, naming the root. st may be NULL.
+ * Embedded / training-only jobs (sync group of size 1) return at once after validating arguments.
+ * Source: verl fully_async_policy (weight reshard by a plain broadcast). */
+int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, size_t bucket_bytes,
+                       dist_xfer_stats *st);
+
+/* ---- point-to-point messages (the RL sample/command protocol is built on these) ---- */
+
+/* Send len bytes to world rank dst with tag (0 ≤ tag ≤ 32767, the MPI-guaranteed tag range).
+ * Blocks until buf may be reused: small messages return at once, large ones (≳ the MPI eager limit,
+ * tens of KiB) wait until the receiver matches them, so two ranks must not both block sending large
+ * messages to each other. The local backend's only rank is 0 (a send to itself is queued, copied).
+ * Errors: dst outside [0, world_size), tag out of range, len > INT_MAX, buf NULL with len > 0. */
+int dist_send_msg(dist_ctx *ctx, int dst, int tag, const void *buf, size_t len);
+/* Receive the next message with `tag` from any rank (blocks until one arrives; matched probe, so safe
+ * with several receiving threads). *buf gets a heap buffer (free() it; never NULL, even for len 0),
+ * *len its size, *src the sender's world rank (src may be NULL). Errors: tag out of range. */
+int dist_recv_msg_any(dist_ctx *ctx, int tag, int *src, void **buf, size_t *len);
+/* 1 if a message with `tag` is waiting (from any rank), else 0; never blocks. −1 on a bad tag. */
+int dist_iprobe(dist_ctx *ctx, int tag);
+
+/* ---- data-parallel gradient reducer ---- */
+
+/* Backward groups: the order in which gradients become final in model_backward.
+ * group L (= num_hidden_layers): tensors with layer −1 AFTER the decoder layers in the table (final
+ * norm, untied lm_head) — final first; group l: decoder layer l's tensors; group −1: tensors with
+ * layer −1 BEFORE the decoder layers (the embedding, which receives the tied head's gradient too) —
+ * final last. */
+int dist_tensor_group(const moe_model *m, int tensor_index);
+
+/* One bucket: whole tensors [lo_tensor, hi_tensor] of the table, filled in REVERSE table order
+ * (hi_tensor first), which is a contiguous range of any parameter-layout buffer. */
+typedef struct {
+    size_t offset;   /* first float (= offset of lo_tensor) */
+    size_t n;        /* floats, including the alignment padding after each tensor */
+    size_t bytes;    /* Σ numel·4 of its tensors (what the size cap counts) */
+    int lo_tensor, hi_tensor;
+    int group;       /* lowest backward group among its tensors: complete once that group is done */
+} dist_bucket;
+
+/* DDP-style bucket plan: walk the tensors in reverse table order (= reverse backward-completion
+ * order: head, layer L−1, ..., layer 0, embedding), adding whole tensors to the current bucket while
+ * its bytes stay ≤ cap, where cap is first_cap_bytes for the first bucket and cap_bytes after; a
+ * tensor larger than the cap gets a bucket of its own. Buckets tile [0, n_params) in reverse order
+ * without gaps. Returns a heap array (free()) and its length in *n_buckets.
+ * Errors: cap_bytes or first_cap_bytes == 0. Source: torch DDP _compute_bucket_assignment_by_size. */
+dist_bucket *dist_plan_buckets(const moe_model *m, size_t first_cap_bytes, size_t cap_bytes, int *n_buckets);
+
+#define DIST_FIRST_BUCKET_BYTES ((size_t)1 << 20) /* DDP's first bucket: 1 MiB */
+
+typedef enum {
+    DIST_OVERLAP_OFF = 0,   /* one blocking allreduce per bucket in dist_reducer_finish */
+    DIST_OVERLAP_THREAD,    /* a communication thread issues each bucket's MPI_Iallreduce when it is
+                               complete and polls MPI_Test while backward continues */
+    DIST_OVERLAP_POLL,      /* no thread: dist_reducer_layer_done issues ready buckets and polls
+                               MPI_Test, so progress happens only between layers */
+} dist_overlap;
+
+typedef struct dist_grad_reducer dist_grad_reducer;
+
+/* A reducer summing m->grads over trainer_comm in buckets of the plan
+ * dist_plan_buckets(m, min(1 MiB, cap), cap) with cap = bucket_mb MiB (DDP default 25). Every trainer
+ * must create it with the same model layout, bucket_mb and (for determinism) overlap mode; the
+ * summation is MPI_SUM over the same buckets in the same order, so for a fixed rank count the result
+ * is deterministic, bit-identical on every rank and between overlap modes. The model (and its grads
+ * buffer) must outlive the reducer. Uses a private duplicate of trainer_comm.
+ * Errors: this rank is not a trainer (or roles not split), m->grads NULL, bucket_mb ≤ 0 or not finite,
+ * a bucket over INT_MAX floats, unknown overlap mode. */
+dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bucket_mb, dist_overlap overlap);
+/* Multiply every gradient by s after the sum (e.g. 1/trainer_size for a mean). Default 1 (no pass).
+ * Applied per bucket right after it completes. */
+void dist_reducer_set_scale(dist_grad_reducer *r, float s);
+/* Tell the reducer that backward group `group` (see dist_tensor_group; −1 ≤ group ≤ L) and every
+ * later one (higher index) are final. Buckets that became complete are reduced (overlap THREAD/POLL)
+ * or queued (OFF). A group already covered is a no-op. After this call the caller must not write the
+ * gradients of groups ≥ `group` until dist_reducer_finish returns. Error: group out of range. */
+int dist_reducer_layer_done(dist_grad_reducer *r, int group);
+/* End of backward: marks every group final, reduces what is left, waits for all buckets (scaled) and
+ * resets for the next step. Returns the EXPOSED communication time in seconds: the time this call
+ * blocked. */
+double dist_reducer_finish(dist_grad_reducer *r);
+void dist_reducer_free(dist_grad_reducer *r);
+/* The plan in use (read-only; issue order = index order). */
+int dist_reducer_n_buckets(const dist_grad_reducer *r);
+const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r);
+
+#endif

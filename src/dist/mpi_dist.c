@@ -1,0 +1,550 @@
+/* Open MPI implementation of dist.h — the only moerl file that includes mpi.h.
+ *
+ * Communicators (all made at dist_init / dist_split_roles, errors returned to MPI_CHECK):
+ *   world    dup of MPI_COMM_WORLD: barrier / allreduce over DIST_WORLD, role splitting
+ *   p2p      dup of MPI_COMM_WORLD: point-to-point messages only (ranks = world ranks)
+ *   trainer  the last n_trainers world ranks (data-parallel group)
+ *   sync     trainer rank 0 (key 0 → rank 0) + every rollout rank: weight broadcast
+ *   each gradient reducer dups trainer once, so its nonblocking collectives never interleave with
+ *   collectives the trainer loop issues on trainer meanwhile.
+ * This Open MPI has no asynchronous progress thread: a nonblocking collective only advances while
+ * some thread of the rank is inside MPI, hence the reducer's communication thread (or the POLL mode's
+ * tests between layers).
+ */
+#ifdef MOERL_MPI
+#include <mpi.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+
+#define DIST_TAG_MAX 32767 /* the MPI standard guarantees MPI_TAG_UB >= 32767 */
+
+struct dist_impl {
+    MPI_Comm world, p2p, trainer, sync;
+};
+
+/* The abort hook has no argument for a context; these two identify the rank in its message. */
+static int g_rank = -1, g_size = 0;
+
+/* Checked wrapper target: print the call site and MPI's error string, then end the whole job. */
+static void mpi_fail(int rc, const char *call, const char *file, int line) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error code %d", rc);
+    fprintf(stderr, "moerl[rank %d]: MPI error at %s:%d: %s (in %s)\n", g_rank, file, line, s, call);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+#define MPI_CHECK(call)                                                     \
+    do {                                                                    \
+        const int rc_ = (call);                                             \
+        if (rc_ != MPI_SUCCESS) mpi_fail(rc_, #call, __FILE__, __LINE__);   \
+    } while (0)
+
+static void abort_hook(int code) {
+    fprintf(stderr, "moerl[rank %d]: fatal error on this rank (message above); MPI_Abort ends all %d ranks\n", g_rank,
+            g_size);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
+}
+
+const char *dist_backend_name(void) { return "mpi"; }
+
+dist_ctx *dist_init(int *argc, char ***argv) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (inited) {
+        moerl_errorf("dist_init: MPI is already initialised (call dist_init once per process)");
+        return NULL;
+    }
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        moerl_errorf("dist_init: MPI_Init_thread failed");
+        return NULL;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
+    if (provided < MPI_THREAD_MULTIPLE) {
+        moerl_errorf("dist_init: the MPI library provides thread level %d, moerl needs MPI_THREAD_MULTIPLE (%d) for "
+                     "its communication thread (use an MPI built with thread-multiple support)",
+                     provided, MPI_THREAD_MULTIPLE);
+        MPI_Finalize();
+        return NULL;
+    }
+    moerl_set_abort_hook(abort_hook);
+    dist_ctx *c = xcalloc(1, sizeof *c);
+    c->world_rank = g_rank;
+    c->world_size = g_size;
+    c->role = DIST_ROLE_UNSET;
+    c->trainer_rank = c->sync_rank = -1;
+    c->impl = xcalloc(1, sizeof *c->impl);
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->impl->world));
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->impl->p2p));
+    c->impl->trainer = c->impl->sync = MPI_COMM_NULL;
+    return c;
+}
+
+static void free_role_comms(dist_ctx *ctx) {
+    if (ctx->impl->trainer != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&ctx->impl->trainer));
+    if (ctx->impl->sync != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&ctx->impl->sync));
+}
+
+void dist_finalize(dist_ctx *ctx) {
+    if (!ctx) return;
+    free_role_comms(ctx);
+    MPI_CHECK(MPI_Comm_free(&ctx->impl->world));
+    MPI_CHECK(MPI_Comm_free(&ctx->impl->p2p));
+    free(ctx->impl);
+    free(ctx);
+    moerl_set_abort_hook(NULL);
+    MPI_Finalize();
+}
+
+int dist_split_roles(dist_ctx *ctx, int n_trainers) {
+    const int P = ctx->world_size, me = ctx->world_rank;
+    /* every rank must pass the same value: compare the max of n and of −n over the world */
+    int v[2] = {n_trainers, -n_trainers};
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MAX, ctx->impl->world));
+    if (v[0] != -v[1])
+        return moerl_errorf("dist_split_roles: ranks disagree on n_trainers (values from %d to %d; this rank %d "
+                            "passed %d)",
+                            -v[1], v[0], me, n_trainers);
+    if (P == 1 && n_trainers != 1)
+        return moerl_errorf("dist_split_roles: world size 1 (embedded) needs n_trainers = 1, got %d", n_trainers);
+    if (n_trainers < 1 || n_trainers > P)
+        return moerl_errorf("dist_split_roles: n_trainers = %d outside [1, %d] for a world of %d ranks (1..%d for an "
+                            "RL job with rollout ranks, %d for training only)",
+                            n_trainers, P, P, P - 1, P);
+    free_role_comms(ctx);
+    const int first = P - n_trainers, is_trainer = me >= first, in_sync = !is_trainer || me == first;
+    MPI_CHECK(MPI_Comm_split(ctx->impl->world, is_trainer ? 0 : MPI_UNDEFINED, me, &ctx->impl->trainer));
+    /* key 0 for trainer rank 0 puts it at sync rank 0 (the root); rollout ranks follow in world order */
+    MPI_CHECK(MPI_Comm_split(ctx->impl->world, in_sync ? 0 : MPI_UNDEFINED, me == first ? 0 : me + 1,
+                             &ctx->impl->sync));
+    ctx->n_trainers = n_trainers;
+    ctx->n_rollout = P == 1 ? 1 : P - n_trainers;
+    ctx->first_trainer = first;
+    ctx->role = P == 1 ? DIST_ROLE_EMBEDDED : is_trainer ? DIST_ROLE_TRAINER : DIST_ROLE_ROLLOUT;
+    ctx->trainer_rank = ctx->sync_rank = -1;
+    ctx->trainer_size = ctx->sync_size = 0;
+    if (is_trainer) {
+        MPI_CHECK(MPI_Comm_rank(ctx->impl->trainer, &ctx->trainer_rank));
+        MPI_CHECK(MPI_Comm_size(ctx->impl->trainer, &ctx->trainer_size));
+    }
+    if (in_sync) {
+        MPI_CHECK(MPI_Comm_rank(ctx->impl->sync, &ctx->sync_rank));
+        MPI_CHECK(MPI_Comm_size(ctx->impl->sync, &ctx->sync_size));
+    }
+    return MOERL_OK;
+}
+
+/* The communicator of group g for this rank, or MPI_COMM_NULL with an error message. */
+static MPI_Comm group_comm(dist_ctx *ctx, dist_group g, const char *fn) {
+    if (g == DIST_WORLD) return ctx->impl->world;
+    if (g != DIST_TRAINERS && g != DIST_SYNC) {
+        moerl_errorf("%s: unknown group %d", fn, (int)g);
+        return MPI_COMM_NULL;
+    }
+    if (ctx->role == DIST_ROLE_UNSET) {
+        moerl_errorf("%s: call dist_split_roles first", fn);
+        return MPI_COMM_NULL;
+    }
+    MPI_Comm c = g == DIST_TRAINERS ? ctx->impl->trainer : ctx->impl->sync;
+    if (c == MPI_COMM_NULL)
+        moerl_errorf("%s: world rank %d is not in the %s group", fn, ctx->world_rank,
+                     g == DIST_TRAINERS ? "trainer" : "weight-sync");
+    return c;
+}
+
+int dist_barrier(dist_ctx *ctx, dist_group g) {
+    MPI_Comm c = group_comm(ctx, g, "dist_barrier");
+    if (c == MPI_COMM_NULL) return MOERL_ERR;
+    MPI_CHECK(MPI_Barrier(c));
+    return MOERL_OK;
+}
+
+int dist_allreduce_sum(dist_ctx *ctx, dist_group g, double *buf, int n) {
+    MPI_Comm c = group_comm(ctx, g, "dist_allreduce_sum");
+    if (c == MPI_COMM_NULL) return MOERL_ERR;
+    if (n < 0 || (n > 0 && !buf)) return moerl_errorf("dist_allreduce_sum: bad buffer (n = %d)", n);
+    if (n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, c));
+    return MOERL_OK;
+}
+
+void dist_abort(dist_ctx *ctx, const char *msg) {
+    fprintf(stderr, "moerl[rank %d]: abort: %s\n", ctx ? ctx->world_rank : g_rank, msg ? msg : "");
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
+/* ---- weight broadcast ---- */
+
+int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, size_t bucket_bytes,
+                       dist_xfer_stats *st) {
+    if (st) memset(st, 0, sizeof *st);
+    if (ctx->role == DIST_ROLE_UNSET) return moerl_errorf("dist_bcast_weights: call dist_split_roles first");
+    if (ctx->sync_rank < 0) return MOERL_OK; /* trainer ranks other than 0 take no part */
+    const double t0 = moerl_now();
+    const int root = ctx->sync_rank == 0;
+    const int bad_args = (n > 0 && !params) || !version;
+    if (root && (bad_args || bucket_bytes < sizeof(float)))
+        moerl_errorf("dist_bcast_weights (root): need params (n = %zu), version and bucket_bytes >= 4 (got %zu)", n,
+                     bucket_bytes);
+    const int root_bad = root && (bad_args || bucket_bytes < sizeof(float));
+    if (ctx->sync_size == 1) return root_bad ? MOERL_ERR : MOERL_OK; /* nobody to send to */
+
+    dist_weight_header h;
+    if (root) {
+        const size_t bf = MOERL_MIN(bucket_bytes / sizeof(float), (size_t)1 << 30); /* MPI counts are int */
+        dist_weight_header_make(&h, version ? *version : 0, n, root_bad ? 0 : bf);
+    }
+    MPI_Comm c = ctx->impl->sync;
+    MPI_CHECK(MPI_Bcast(&h, (int)sizeof h, MPI_BYTE, 0, c));
+    /* flag[0]: somebody refused; flag[1]: highest refusing rollout world rank */
+    int flag[2] = {root_bad, -1};
+    int my_err = 0;
+    if (!root) {
+        if (bad_args) {
+            moerl_errorf("dist_bcast_weights (rollout rank %d): need params (n = %zu) and version", ctx->world_rank,
+                         n);
+            my_err = 1;
+        } else if (dist_weight_header_check(&h, n) != MOERL_OK) {
+            my_err = 1;
+        }
+        if (my_err) flag[0] = 1, flag[1] = ctx->world_rank;
+    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flag, 2, MPI_INT, MPI_MAX, c));
+    if (flag[0]) {
+        if (root && !root_bad)
+            moerl_errorf("weight broadcast of policy version %d aborted: rollout rank(s) rejected the header (highest "
+                         "rejecting world rank %d; see its error message)",
+                         *version, flag[1]);
+        else if (!root && !my_err)
+            moerl_errorf("weight broadcast aborted: world rank %d rejected the header", flag[1]);
+        return MOERL_ERR;
+    }
+    const size_t bf = (size_t)h.bucket_floats;
+    int nb = 0;
+    for (size_t off = 0; off < n; off += bf, nb++)
+        MPI_CHECK(MPI_Bcast(params + off, (int)MOERL_MIN(bf, n - off), MPI_FLOAT, 0, c));
+    if (!root) *version = h.version;
+    if (st) {
+        st->bytes = n * sizeof(float);
+        st->seconds = moerl_now() - t0;
+        st->n_buckets = nb;
+    }
+    return MOERL_OK;
+}
+
+/* ---- point-to-point ---- */
+
+static int check_tag(int tag, const char *fn) {
+    if (tag < 0 || tag > DIST_TAG_MAX) return moerl_errorf("%s: tag %d outside [0, %d]", fn, tag, DIST_TAG_MAX);
+    return MOERL_OK;
+}
+
+int dist_send_msg(dist_ctx *ctx, int dst, int tag, const void *buf, size_t len) {
+    if (dst < 0 || dst >= ctx->world_size)
+        return moerl_errorf("dist_send_msg: destination rank %d outside [0, %d)", dst, ctx->world_size);
+    if (check_tag(tag, "dist_send_msg") != MOERL_OK) return MOERL_ERR;
+    if (len > (size_t)INT_MAX) return moerl_errorf("dist_send_msg: %zu bytes exceed INT_MAX", len);
+    if (len > 0 && !buf) return moerl_errorf("dist_send_msg: NULL buffer for %zu bytes", len);
+    MPI_CHECK(MPI_Send(buf, (int)len, MPI_BYTE, dst, tag, ctx->impl->p2p));
+    return MOERL_OK;
+}
+
+/* Sleep `us` microseconds (short waits between polls). */
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+int dist_recv_msg_any(dist_ctx *ctx, int tag, int *src, void **buf, size_t *len) {
+    if (check_tag(tag, "dist_recv_msg_any") != MOERL_OK) return MOERL_ERR;
+    MPI_Message msg;
+    MPI_Status status;
+    /* Matched probe (safe with several receiving threads). Poll with a growing sleep (≤ 200 µs)
+     * instead of a blocking MPI_Mprobe, which spins a core for as long as nothing arrives; a waiting
+     * trainer would otherwise steal a core from the rollout ranks on the same machine. */
+    long wait_us = 0;
+    for (;;) {
+        int found = 0;
+        MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, tag, ctx->impl->p2p, &found, &msg, &status));
+        if (found) break;
+        if (wait_us) sleep_us(wait_us);
+        else sched_yield();
+        wait_us = MOERL_MIN(200, wait_us + 10);
+    }
+    int count = 0;
+    MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+    void *p = xmalloc(count ? (size_t)count : 1);
+    MPI_CHECK(MPI_Mrecv(p, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
+    if (src) *src = status.MPI_SOURCE;
+    *buf = p;
+    *len = (size_t)count;
+    return MOERL_OK;
+}
+
+int dist_iprobe(dist_ctx *ctx, int tag) {
+    if (check_tag(tag, "dist_iprobe") != MOERL_OK) return -1;
+    int found = 0;
+    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, tag, ctx->impl->p2p, &found, MPI_STATUS_IGNORE));
+    return found;
+}
+
+/* ---- gradient reducer ---- */
+
+/* While buckets are in flight and backward still runs, the communication thread tests them every
+ * POLL_US microseconds (sleeping in between leaves the cores to backward); while dist_reducer_finish
+ * waits it polls continuously (the main thread is idle then). */
+#define POLL_US 50
+
+struct dist_grad_reducer {
+    const moe_model *m;
+    MPI_Comm comm; /* private dup of trainer_comm (MPI_COMM_NULL when the group has one rank) */
+    float *grads;
+    int n_buckets;
+    dist_bucket *b;
+    dist_overlap overlap;
+    float scale;
+    int done_group;      /* lowest backward group marked final this step (L+1: none) */
+    MPI_Request *req;    /* [n_buckets] */
+    /* step state; in THREAD mode read and written under mu */
+    int n_ready;         /* buckets complete (a prefix of b[]) */
+    int n_issued;        /* buckets whose allreduce was started */
+    int n_completed;     /* buckets reduced and scaled */
+    int finishing, stop;
+    int has_thread;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+};
+
+static void scale_bucket(dist_grad_reducer *r, int i) {
+    if (r->scale == 1.0f) return;
+    float *g = r->grads + r->b[i].offset;
+    const float s = r->scale;
+    for (size_t j = 0; j < r->b[i].n; j++) g[j] *= s;
+}
+
+static void issue_bucket(dist_grad_reducer *r, int i) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->grads + r->b[i].offset, (int)r->b[i].n, MPI_FLOAT, MPI_SUM, r->comm,
+                             &r->req[i]));
+}
+
+/* Test buckets in issue order from `completed` on; scale and count those done. Each MPI_Test runs
+ * Open MPI's progress engine, which advances every outstanding collective. Returns the new count. */
+static int test_buckets(dist_grad_reducer *r, int completed, int issued) {
+    while (completed < issued) {
+        int done = 0;
+        MPI_CHECK(MPI_Test(&r->req[completed], &done, MPI_STATUS_IGNORE));
+        if (!done) break;
+        scale_bucket(r, completed);
+        completed++;
+    }
+    return completed;
+}
+
+/* Advance n_ready to cover every bucket whose lowest group is already final. */
+static void update_ready(dist_grad_reducer *r) {
+    while (r->n_ready < r->n_buckets && r->b[r->n_ready].group >= r->done_group) r->n_ready++;
+}
+
+static void *comm_thread_main(void *arg) {
+    dist_grad_reducer *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->n_issued == r->n_ready && r->n_completed == r->n_issued)
+            pthread_cond_wait(&r->cv_work, &r->mu);
+        if (r->stop) break;
+        const int ready = r->n_ready;
+        int issued = r->n_issued, completed = r->n_completed;
+        pthread_mutex_unlock(&r->mu);
+        for (; issued < ready; issued++) issue_bucket(r, issued);
+        const int before = completed;
+        completed = test_buckets(r, completed, issued);
+        pthread_mutex_lock(&r->mu);
+        r->n_issued = issued;
+        r->n_completed = completed;
+        if (completed == r->n_buckets) pthread_cond_broadcast(&r->cv_done);
+        if (completed == before && completed < issued && r->n_ready == issued) {
+            if (r->finishing) {
+                pthread_mutex_unlock(&r->mu);
+                sched_yield();
+                pthread_mutex_lock(&r->mu);
+            } else {
+                /* nothing advanced and nothing new: sleep POLL_US or until new buckets are ready */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += POLL_US * 1000L;
+                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+                pthread_cond_timedwait(&r->cv_work, &r->mu, &ts);
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bucket_mb, dist_overlap overlap) {
+    if (ctx->role == DIST_ROLE_UNSET) {
+        moerl_errorf("dist_reducer_new: call dist_split_roles first");
+        return NULL;
+    }
+    if (ctx->trainer_rank < 0) {
+        moerl_errorf("dist_reducer_new: world rank %d is a rollout rank, not a trainer", ctx->world_rank);
+        return NULL;
+    }
+    if (!m->grads) {
+        moerl_errorf("dist_reducer_new: the model has no gradient buffer (model_init_inference?)");
+        return NULL;
+    }
+    if (!(bucket_mb > 0) || !isfinite(bucket_mb)) {
+        moerl_errorf("dist_reducer_new: bucket_mb must be a positive number of MiB, got %g", bucket_mb);
+        return NULL;
+    }
+    if (overlap != DIST_OVERLAP_OFF && overlap != DIST_OVERLAP_THREAD && overlap != DIST_OVERLAP_POLL) {
+        moerl_errorf("dist_reducer_new: unknown overlap mode %d", (int)overlap);
+        return NULL;
+    }
+    const size_t cap = (size_t)MOERL_MAX(1.0, bucket_mb * 1048576.0);
+    int nb = 0;
+    dist_bucket *b = dist_plan_buckets(m, MOERL_MIN(DIST_FIRST_BUCKET_BYTES, cap), cap, &nb);
+    if (!b) return NULL;
+    for (int i = 0; i < nb; i++)
+        if (b[i].n > (size_t)INT_MAX) {
+            moerl_errorf("dist_reducer_new: bucket %d (tensors %s..%s) holds %zu floats, over MPI's int count", i,
+                         m->tensors[b[i].hi_tensor].name, m->tensors[b[i].lo_tensor].name, b[i].n);
+            free(b);
+            return NULL;
+        }
+    dist_grad_reducer *r = xcalloc(1, sizeof *r);
+    r->m = m;
+    r->grads = m->grads;
+    r->n_buckets = nb;
+    r->b = b;
+    r->overlap = overlap;
+    r->scale = 1.0f;
+    r->done_group = m->cfg.num_hidden_layers + 1;
+    r->req = xcalloc((size_t)(nb ? nb : 1), sizeof *r->req);
+    for (int i = 0; i < nb; i++) r->req[i] = MPI_REQUEST_NULL;
+    r->comm = MPI_COMM_NULL;
+    if (ctx->trainer_size > 1) {
+        MPI_CHECK(MPI_Comm_dup(ctx->impl->trainer, &r->comm));
+        if (overlap == DIST_OVERLAP_THREAD) {
+            pthread_mutex_init(&r->mu, NULL);
+            pthread_cond_init(&r->cv_work, NULL);
+            pthread_cond_init(&r->cv_done, NULL);
+            if (pthread_create(&r->thread, NULL, comm_thread_main, r) != 0) {
+                moerl_errorf("dist_reducer_new: cannot start the communication thread");
+                MPI_CHECK(MPI_Comm_free(&r->comm));
+                free(r->req);
+                free(r->b);
+                free(r);
+                return NULL;
+            }
+            r->has_thread = 1;
+        }
+    }
+    return r;
+}
+
+void dist_reducer_set_scale(dist_grad_reducer *r, float s) { r->scale = s; }
+
+int dist_reducer_layer_done(dist_grad_reducer *r, int group) {
+    const int L = r->m->cfg.num_hidden_layers;
+    if (group < -1 || group > L)
+        return moerl_errorf("dist_reducer_layer_done: group %d outside [-1, %d]", group, L);
+    if (group >= r->done_group) return MOERL_OK;
+    if (r->has_thread) {
+        pthread_mutex_lock(&r->mu);
+        r->done_group = group;
+        const int before = r->n_ready;
+        update_ready(r);
+        if (r->n_ready != before) pthread_cond_signal(&r->cv_work);
+        pthread_mutex_unlock(&r->mu);
+        return MOERL_OK;
+    }
+    r->done_group = group;
+    update_ready(r);
+    if (r->comm != MPI_COMM_NULL && r->overlap == DIST_OVERLAP_POLL) {
+        for (; r->n_issued < r->n_ready; r->n_issued++) issue_bucket(r, r->n_issued);
+        r->n_completed = test_buckets(r, r->n_completed, r->n_issued);
+    }
+    return MOERL_OK;
+}
+
+double dist_reducer_finish(dist_grad_reducer *r) {
+    const double t0 = moerl_now();
+    const int nb = r->n_buckets;
+    if (r->has_thread) {
+        pthread_mutex_lock(&r->mu);
+        r->done_group = -1;
+        update_ready(r);
+        r->finishing = 1;
+        pthread_cond_signal(&r->cv_work);
+        while (r->n_completed < nb) pthread_cond_wait(&r->cv_done, &r->mu);
+        r->finishing = 0;
+        r->n_ready = r->n_issued = r->n_completed = 0;
+        r->done_group = r->m->cfg.num_hidden_layers + 1;
+        pthread_mutex_unlock(&r->mu);
+        return moerl_now() - t0;
+    }
+    r->done_group = -1;
+    update_ready(r);
+    if (r->comm == MPI_COMM_NULL) { /* one trainer: the sum is the gradient itself */
+        for (int i = 0; i < nb; i++) scale_bucket(r, i);
+    } else if (r->overlap == DIST_OVERLAP_OFF) {
+        /* blocking, bucket by bucket; the same MPI_Iallreduce algorithm as the overlapped modes, so the
+         * sums are bit-identical between modes (a blocking MPI_Allreduce may pick another algorithm
+         * and summation order) */
+        for (int i = 0; i < nb; i++) {
+            issue_bucket(r, i);
+            MPI_CHECK(MPI_Wait(&r->req[i], MPI_STATUS_IGNORE));
+            scale_bucket(r, i);
+        }
+    } else {
+        for (; r->n_issued < nb; r->n_issued++) issue_bucket(r, r->n_issued);
+        for (; r->n_completed < nb; r->n_completed++) {
+            MPI_CHECK(MPI_Wait(&r->req[r->n_completed], MPI_STATUS_IGNORE));
+            scale_bucket(r, r->n_completed);
+        }
+    }
+    r->n_ready = r->n_issued = r->n_completed = 0;
+    r->done_group = r->m->cfg.num_hidden_layers + 1;
+    return moerl_now() - t0;
+}
+
+void dist_reducer_free(dist_grad_reducer *r) {
+    if (!r) return;
+    if (r->has_thread) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = 1;
+        pthread_cond_signal(&r->cv_work);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv_work);
+        pthread_cond_destroy(&r->cv_done);
+    }
+    if (r->comm != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&r->comm));
+    free(r->req);
+    free(r->b);
+    free(r);
+}
+
+int dist_reducer_n_buckets(const dist_grad_reducer *r) { return r->n_buckets; }
+const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r) { return r->b; }
+#endif /* MOERL_MPI */
