@@ -9,14 +9,16 @@
  *      8 layers, 8 heads / 2 KV heads, head_dim 64, 32 experts top-4, expert I=256, vocab 2048
  *
  * Decode at batch b: b concurrent requests (prompt of --prompt-len tokens, temperature 1, no
- * top-k/top-p, ignore_eos, max_tokens = --max-tokens) in an engine with max_num_seqs = b and a
- * token budget that admits every prompt in the first step. The first engine_step prefills all
- * prompts (and samples each request's first token); the clock runs from then until every request
- * has finished, so it covers only decode steps (b tokens each, forward + sampling). tokens/s =
- * b·(max_tokens − 1) / time; reported as the median (min–max) over --reps repetitions after one
- * warm-up repetition. The share of decode time spent sampling (engine_stats.sample_s) is printed.
- * Prefill: --prefill-seqs prompts of --prefill-len tokens (max_tokens 1) in one engine_step with
- * a token budget that holds them all; tokens/s = seqs·len / time of that step.
+ * top-k/top-p, ignore_eos, max_tokens = --max-tokens) in one engine per model whose
+ * max_num_seqs is the largest batch and whose token budget admits every prompt in the first
+ * step. That step prefills all prompts (and samples each request's first token); the clock runs
+ * from then until every request has finished, so it covers only decode steps (b tokens each,
+ * forward + sampling). tokens/s = b·(max_tokens − 1) / time. Each repetition runs every batch
+ * size once, interleaved, after one warm-up repetition; reported: median (min–max) over --reps
+ * repetitions, and ratios computed per repetition, so load from other processes hits the
+ * numbers of a ratio alike. The share of decode time spent sampling (engine_stats.sample_s) is
+ * printed. Prefill: --prefill-seqs prompts of --prefill-len tokens (max_tokens 1) in one
+ * engine_step with a token budget that holds them all; tokens/s = seqs·len / time of that step.
  *
  * Memory-bandwidth bound for batch-1 decode. Bytes of weights read per decoded token, counted
  * from the model's tensor table at 4 bytes/float: every non-expert tensor in full (attention,
@@ -27,10 +29,10 @@
  * thread and on all OpenMP threads: copy (c = a, 2 arrays of traffic), triad (a = b + s·c, 3) and
  * read (s += a, 1; a read-only reduction), bytes counted as STREAM does (no write-allocate).
  * The bound uses the ALL-THREAD READ bandwidth: batch-1 decode streams weights that it only
- * reads, using every thread, so a read-only stream on all threads is the same access pattern and
- * the fastest rate the machine showed for it (copy/triad add write traffic the decode does not
- * have). bound tokens/s = read bandwidth / bytes per token; ratio = measured / bound (target
- * ≥ 50%). Weights that stay cached (model A fits in a large L3) can beat a DRAM bound: the ratio
+ * reads, using every thread, so a read-only stream on all threads is the same access pattern
+ * (copy/triad add write traffic the decode does not have). One read pass is re-measured just
+ * before the batch-1 run of every repetition; bound tokens/s = that bandwidth / bytes per token;
+ * ratio = measured / bound per repetition (target ≥ 50%). Weights that stay cached (model A fits in a large L3) can beat a DRAM bound: the ratio
  * is then above 100% and says little, so model B is the meaningful case.
  * Also printed: batch-32 aggregate tokens/s / batch-1 tokens/s (target ≥ 8×).
  *
@@ -45,6 +47,7 @@
 #include "rollout/engine.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -141,29 +144,26 @@ static moe_config config_for(char which) {
     return c;
 }
 
-/* Bytes of weights batch-1 decode reads per token (see the header comment); also the total. */
-static double decode_bytes_per_token(const moe_model *m, double *total_bytes) {
+/* Bytes of weights one decode step of b tokens reads (see the header comment; b = 1 is the
+ * batch-1 bound's bytes per token): non-expert tensors once, b embedding rows, and of each
+ * stacked expert tensor the expected share of experts that at least one of the b tokens routes
+ * to, 1 − (1 − K/E)^b under uniform routing (b = 1: K/E). *total_bytes = all weights. */
+static double decode_bytes_per_step(const moe_model *m, int b, double *total_bytes) {
     const moe_config *c = &m->cfg;
+    const double active = c->num_experts ? 1.0 - pow(1.0 - (double)c->num_experts_per_tok / c->num_experts, b) : 0;
     double fl = 0, tot = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const tensor_info *t = &m->tensors[i];
         tot += (double)t->numel;
-        if (t->flags & TF_EXPERT) fl += (double)t->numel * c->num_experts_per_tok / c->num_experts;
-        else if (t->flags & TF_EMBED) fl += c->hidden_size + (c->tie_word_embeddings ? (double)t->numel : 0);
+        if (t->flags & TF_EXPERT) fl += (double)t->numel * active;
+        else if (t->flags & TF_EMBED) fl += (double)b * c->hidden_size + (c->tie_word_embeddings ? (double)t->numel : 0);
         else fl += (double)t->numel;
     }
-    *total_bytes = tot * sizeof(float);
+    if (total_bytes) *total_bytes = tot * sizeof(float);
     return fl * sizeof(float);
 }
 
 /* ------------------------------------------------------------------ engine runs */
-
-typedef struct {
-    int batch;
-    stat3 tok_s;       /* decode tokens/s */
-    double sample_frac; /* median share of decode time in sampling */
-    double step_ms;    /* median ms per decode step */
-} decode_result;
 
 static engine *engine_for(const moe_model *m, int seqs, int max_len, int budget) {
     engine_config ec = {.max_num_seqs = seqs, .max_model_len = max_len, .max_num_batched_tokens = budget};
@@ -192,53 +192,56 @@ static void add_requests(engine *e, gen_request *r, int *prompts, int n, int ple
     }
 }
 
-static decode_result bench_decode_batch(const moe_model *m, int b, int plen, int max_tokens, int reps) {
-    const int V = m->cfg.vocab_size;
-    engine *e = engine_for(m, b, plen + max_tokens + 1, MOERL_MAX(b * plen, 64));
-    gen_request *r = xcalloc(b, sizeof *r), **done = xmalloc(b * sizeof *done);
-    int *prompts = xmalloc((size_t)b * plen * sizeof(int));
-    double *ts = xmalloc(reps * sizeof(double)), *sf = xmalloc(reps * sizeof(double)),
-           *sm = xmalloc(reps * sizeof(double));
-    for (int rep = -1; rep < reps; rep++) {
-        add_requests(e, r, prompts, b, plen, V, max_tokens, 17 + rep);
-        int n_done = 0, steps = 0;
-        /* prefill: until every request holds its first sampled token */
-        for (;;) {
-            int all = 1;
-            for (int i = 0; i < b; i++) all &= r[i].n_out >= 1;
-            if (all) break;
-            int k = engine_step(e, done, b);
-            if (k < 0) moerl_fatal("bench_decode: engine_step: %s", moerl_last_error());
-            n_done += k;
-        }
-        engine_stats s0 = engine_get_stats(e);
-        double t0 = moerl_now();
-        while (engine_num_unfinished(e) > 0) {
-            int k = engine_step(e, done, b);
-            if (k < 0) moerl_fatal("bench_decode: engine_step: %s", moerl_last_error());
-            n_done += k;
-            steps++;
-        }
-        double t = moerl_now() - t0;
-        engine_stats s1 = engine_get_stats(e);
-        long decoded = 0;
-        for (int i = 0; i < b; i++) {
-            MOERL_ASSERT(r[i].n_out == max_tokens && r[i].finish == FINISH_LENGTH);
-            decoded += r[i].n_out - 1;
-            gen_request_free_outputs(&r[i]);
-        }
-        /* every timed token was a decode token (no prefill inside the window) */
-        MOERL_ASSERT(n_done == b && s1.decode_tokens - s0.decode_tokens == decoded &&
-                     s1.prefill_tokens == s0.prefill_tokens);
-        if (rep < 0) continue;
-        ts[rep] = decoded / t;
-        sf[rep] = (s1.sample_s - s0.sample_s) / t;
-        sm[rep] = 1e3 * t / steps;
+/* One decode repetition at batch b on engine e (max_num_seqs ≥ b, budget ≥ b·plen): prefill,
+ * then the timed decode steps. Returns decode tokens/s; *sample_frac = share of the timed
+ * time spent sampling, *step_ms = ms per decode step. r, done, prompts: capacity ≥ b. */
+static double decode_once(engine *e, int V, int b, int plen, int max_tokens, uint64_t seed, gen_request *r,
+                          gen_request **done, int *prompts, double *sample_frac, double *step_ms) {
+    add_requests(e, r, prompts, b, plen, V, max_tokens, seed);
+    int n_done = 0, steps = 0;
+    /* prefill: until every request holds its first sampled token */
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < b; i++) all &= r[i].n_out >= 1;
+        if (all) break;
+        int k = engine_step(e, done, b);
+        if (k < 0) moerl_fatal("bench_decode: engine_step: %s", moerl_last_error());
+        n_done += k;
     }
-    decode_result res = {b, stats_of(ts, reps), stats_of(sf, reps).med, stats_of(sm, reps).med};
-    free(ts); free(sf); free(sm); free(prompts); free(done); free(r);
-    engine_free(e);
-    return res;
+    engine_stats s0 = engine_get_stats(e);
+    double t0 = moerl_now();
+    while (engine_num_unfinished(e) > 0) {
+        int k = engine_step(e, done, b);
+        if (k < 0) moerl_fatal("bench_decode: engine_step: %s", moerl_last_error());
+        n_done += k;
+        steps++;
+    }
+    double t = moerl_now() - t0;
+    engine_stats s1 = engine_get_stats(e);
+    long decoded = 0;
+    for (int i = 0; i < b; i++) {
+        MOERL_ASSERT(r[i].n_out == max_tokens && r[i].finish == FINISH_LENGTH);
+        decoded += r[i].n_out - 1;
+        gen_request_free_outputs(&r[i]);
+    }
+    /* every timed token was a decode token (no prefill inside the window) */
+    MOERL_ASSERT(n_done == b && s1.decode_tokens - s0.decode_tokens == decoded &&
+                 s1.prefill_tokens == s0.prefill_tokens);
+    *sample_frac = (s1.sample_s - s0.sample_s) / t;
+    *step_ms = 1e3 * t / steps;
+    return decoded / t;
+}
+
+/* All-thread read-only bandwidth of one pass over a[n] (GB/s). */
+static double read_bandwidth_once(const float *a, size_t n) {
+    float s = 0;
+    double t0 = moerl_now();
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += a[i];
+    double t = moerl_now() - t0;
+    volatile float sink = s;
+    (void)sink;
+    return (double)n * sizeof(float) * 1e-9 / t;
 }
 
 static stat3 bench_prefill(const moe_model *m, int seqs, int len, int reps) {
@@ -273,12 +276,19 @@ static void usage(void) {
 }
 
 typedef struct {
+    int batch;
+    stat3 tok_s;        /* decode tokens/s */
+    double sample_frac; /* median share of decode time in sampling */
+    double step_ms;     /* median ms per decode step */
+} decode_result;
+
+typedef struct {
     char name;
     double bytes_tok, total_bytes;
     int n_batches;
     decode_result dec[MAX_BATCHES];
     stat3 prefill;
-    double bound_tok_s, ratio, b32_over_b1;
+    stat3 bound_tok_s, ratio, b32_over_b1; /* medians of per-repetition values (zero if not measured) */
 } model_result;
 
 int main(int argc, char **argv) {
@@ -314,7 +324,8 @@ int main(int argc, char **argv) {
     const int nt = max_threads();
     FILE *o = json ? stderr : stdout; /* human lines go to stderr under --json */
 
-    /* 1. memory bandwidth, before the models take memory */
+    /* 1. memory bandwidth, before the models take memory; array a stays for the per-repetition
+     *    read bandwidth of the bound */
     long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
     size_t arr_bytes = stream_mb > 0 ? (size_t)stream_mb << 20
                                      : MOERL_MAX((size_t)256 << 20, l3 > 0 ? 2 * (size_t)l3 : 0);
@@ -324,17 +335,26 @@ int main(int argc, char **argv) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) { a[i] = 1.0f; b[i] = 2.0f; c[i] = 0.0f; } /* first touch, all threads */
     bw_result bw1 = stream_bandwidth(a, b, c, n, 1, reps), bwn = stream_bandwidth(a, b, c, n, nt, reps);
-    free(a); free(b); free(c);
-    const double bw_bound = bwn.read.med; /* GB/s; see the header comment for why */
+    free(b); free(c);
+    double load0[3] = {0, 0, 0};
+    if (getloadavg(load0, 3) < 1) load0[0] = -1;
 
-    fprintf(o, "bench_decode: OpenBLAS core %s, %d OpenMP threads, %d repetitions (median, min-max)\n",
-            openblas_get_corename(), nt, reps);
+    fprintf(o, "bench_decode: OpenBLAS core %s, %d OpenMP threads, %d repetitions (median, min-max), load average "
+               "%.2f at start\n",
+            openblas_get_corename(), nt, reps, load0[0]);
     fprintf(o, "memory bandwidth, GB/s, arrays of %.0f MB (L3 %.0f MB):\n", arr_bytes / 1048576.0,
             l3 > 0 ? l3 / 1048576.0 : 0.0);
     fprintf(o, "  1 thread : copy %6.1f  triad %6.1f  read %6.1f\n", bw1.copy.med, bw1.triad.med, bw1.read.med);
-    fprintf(o, "  %d threads: copy %6.1f  triad %6.1f  read %6.1f   <- bound uses all-thread read %.1f GB/s\n", nt,
-            bwn.copy.med, bwn.triad.med, bwn.read.med, bw_bound);
+    fprintf(o, "  %d threads: copy %6.1f  triad %6.1f  read %6.1f   <- the bound uses the all-thread read, re-measured "
+               "before every batch-1 repetition\n",
+            nt, bwn.copy.med, bwn.triad.med, bwn.read.med);
 
+    int i1 = -1, i32 = -1, maxb = 0;
+    for (int i = 0; i < nb; i++) {
+        if (batches[i] == 1) i1 = i;
+        if (batches[i] == 32) i32 = i;
+        maxb = MOERL_MAX(maxb, batches[i]);
+    }
     model_result res[2];
     int nres = 0;
     for (int mi = 0; mi < 2; mi++) {
@@ -349,41 +369,83 @@ int main(int argc, char **argv) {
         model_result *R = &res[nres++];
         memset(R, 0, sizeof *R);
         R->name = name;
-        R->bytes_tok = decode_bytes_per_token(&m, &R->total_bytes);
-        R->bound_tok_s = bw_bound * 1e9 / R->bytes_tok;
+        R->bytes_tok = decode_bytes_per_step(&m, 1, &R->total_bytes);
         fprintf(o, "model %c: H=%d L=%d nh=%d nkv=%d hd=%d E=%d top-%d I=%d V=%d; weights %.1f MB, read per decoded "
                    "token %.2f MB\n",
                 name, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
                 cfg.head_dim, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size,
                 R->total_bytes / 1e6, R->bytes_tok / 1e6);
-        R->n_batches = nb;
-        double b1 = 0, b32 = 0;
-        for (int i = 0; i < nb; i++) {
-            decode_result d = bench_decode_batch(&m, batches[i], plen, max_tokens, reps);
-            R->dec[i] = d;
-            if (d.batch == 1) b1 = d.tok_s.med;
-            if (d.batch == 32) b32 = d.tok_s.med;
-            fprintf(o, "  decode batch %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%\n", d.batch,
-                    d.tok_s.med, d.tok_s.lo, d.tok_s.hi, d.step_ms, 100 * d.sample_frac);
+        /* Decode: one engine with max_num_seqs = the largest batch serves every batch size; the
+         * batch sizes are interleaved within each repetition so that load from other processes
+         * hits them alike, and the ratios are taken per repetition. */
+        engine *e = engine_for(&m, maxb, plen + max_tokens + 1, maxb * plen);
+        gen_request *rq = xcalloc(maxb, sizeof *rq), **done = xmalloc(maxb * sizeof *done);
+        int *prompts = xmalloc((size_t)maxb * plen * sizeof(int));
+        double *ts = xmalloc((size_t)nb * reps * sizeof(double)), *sf = xmalloc((size_t)nb * reps * sizeof(double)),
+               *sm = xmalloc((size_t)nb * reps * sizeof(double)), *bound = xmalloc(reps * sizeof(double)),
+               *ratio = xmalloc(reps * sizeof(double)), *r32 = xmalloc(reps * sizeof(double));
+        for (int rep = -1; rep < reps; rep++) { /* rep −1 warms caches and thread pools */
+            double bw = i1 >= 0 ? read_bandwidth_once(a, n) : 0;
+            for (int i = 0; i < nb; i++) {
+                double f, st;
+                const double tok = decode_once(e, cfg.vocab_size, batches[i], plen, max_tokens, 17 + rep, rq, done,
+                                               prompts, &f, &st);
+                if (rep < 0) continue;
+                ts[(size_t)i * reps + rep] = tok;
+                sf[(size_t)i * reps + rep] = f;
+                sm[(size_t)i * reps + rep] = st;
+            }
+            if (rep < 0) continue;
+            if (i1 >= 0) {
+                bound[rep] = bw * 1e9 / R->bytes_tok;
+                ratio[rep] = ts[(size_t)i1 * reps + rep] / bound[rep];
+            }
+            if (i1 >= 0 && i32 >= 0) r32[rep] = ts[(size_t)i32 * reps + rep] / ts[(size_t)i1 * reps + rep];
         }
+        R->n_batches = nb;
+        for (int i = 0; i < nb; i++) {
+            decode_result *d = &R->dec[i];
+            d->batch = batches[i];
+            d->tok_s = stats_of(ts + (size_t)i * reps, reps);
+            d->sample_frac = stats_of(sf + (size_t)i * reps, reps).med;
+            d->step_ms = stats_of(sm + (size_t)i * reps, reps).med;
+            fprintf(o, "  decode batch %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%\n", d->batch,
+                    d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, 100 * d->sample_frac);
+        }
+        if (i1 >= 0) {
+            R->bound_tok_s = stats_of(bound, reps);
+            R->ratio = stats_of(ratio, reps);
+        }
+        if (i1 >= 0 && i32 >= 0) R->b32_over_b1 = stats_of(r32, reps);
+        free(ts); free(sf); free(sm); free(bound); free(ratio); free(r32); free(prompts); free(done); free(rq);
+        engine_free(e);
+
         R->prefill = bench_prefill(&m, pf_seqs, pf_len, reps);
         fprintf(o, "  prefill %d x %d: %9.1f tokens/s (%.1f-%.1f)\n", pf_seqs, pf_len, R->prefill.med, R->prefill.lo,
                 R->prefill.hi);
-        R->ratio = b1 > 0 ? b1 / R->bound_tok_s : 0;
-        R->b32_over_b1 = b1 > 0 && b32 > 0 ? b32 / b1 : 0;
-        if (b1 > 0)
-            fprintf(o, "  batch-1: %.1f tokens/s, bandwidth bound %.1f tokens/s, ratio %.1f%% (target >= 50%%)%s\n", b1,
-                    R->bound_tok_s, 100 * R->ratio,
-                    R->total_bytes < (l3 > 0 ? (double)l3 : 0) ? "  [weights fit in L3: DRAM bound not binding]" : "");
-        if (R->b32_over_b1 > 0)
-            fprintf(o, "  batch-32 aggregate / batch-1: %.2fx (target >= 8x)\n", R->b32_over_b1);
+        if (i1 >= 0)
+            fprintf(o, "  batch-1: %.1f tokens/s, bandwidth bound %.1f tokens/s (%.1f-%.1f), ratio %.1f%% (%.1f-%.1f; "
+                       "target >= 50%%)%s\n",
+                    R->dec[i1].tok_s.med, R->bound_tok_s.med, R->bound_tok_s.lo, R->bound_tok_s.hi, 100 * R->ratio.med,
+                    100 * R->ratio.lo, 100 * R->ratio.hi,
+                    l3 > 0 && R->total_bytes < (double)l3 ? "\n    note: the weights fit in L3, so the DRAM bound does "
+                                                            "not bind and the ratio can exceed 100%"
+                                                          : "");
+        if (i1 >= 0 && i32 >= 0)
+            fprintf(o, "  batch-32 aggregate / batch-1: %.2fx (%.2f-%.2f; target >= 8x)\n", R->b32_over_b1.med,
+                    R->b32_over_b1.lo, R->b32_over_b1.hi);
         model_free(&m);
     }
+    free(a);
+    double load1[3] = {0, 0, 0};
+    if (getloadavg(load1, 3) < 1) load1[0] = -1;
+    fprintf(o, "load average %.2f at the end (other processes on the cores slow every number above)\n", load1[0]);
 
     if (json) {
         printf("{\"bench\":\"decode\",\"openblas_core\":\"%s\",\"threads\":%d,\"reps\":%d,\"prompt_len\":%d,"
-               "\"max_tokens\":%d,\"l3_bytes\":%ld,\"stream_array_bytes\":%zu,\n",
-               openblas_get_corename(), nt, reps, plen, max_tokens, l3, arr_bytes);
+               "\"max_tokens\":%d,\"l3_bytes\":%ld,\"stream_array_bytes\":%zu,\"loadavg_start\":%.2f,"
+               "\"loadavg_end\":%.2f,\n",
+               openblas_get_corename(), nt, reps, plen, max_tokens, l3, arr_bytes, load0[0], load1[0]);
         printf(" \"bandwidth_gbs\":{\"1\":{\"copy\":%.3f,\"triad\":%.3f,\"read\":%.3f},\"%d\":{\"copy\":%.3f,\"triad\":%.3f,"
                "\"read\":%.3f},\"bound_uses\":\"all_threads_read\"},\n",
                bw1.copy.med, bw1.triad.med, bw1.read.med, nt, bwn.copy.med, bwn.triad.med, bwn.read.med);
@@ -401,7 +463,7 @@ int main(int argc, char **argv) {
             printf("],\n   \"prefill\":{\"seqs\":%d,\"len\":%d,\"tokens_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f},\n", pf_seqs,
                    pf_len, R->prefill.med, R->prefill.lo, R->prefill.hi);
             printf("   \"bound_tokens_per_s\":%.3f,\"batch1_over_bound\":%.4f,\"batch32_over_batch1\":%.4f}",
-                   R->bound_tok_s, R->ratio, R->b32_over_b1);
+                   R->bound_tok_s.med, R->ratio.med, R->b32_over_b1.med);
         }
         printf("]}\n");
     }

@@ -53,7 +53,7 @@ ARGS = parse_args()
 # Before torch loads OpenBLAS: same kernels as moerl (Debian 12's OpenBLAS misdetects this CPU) and
 # the same thread count.
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
-os.environ["OPENBLAS_NUM_THREADS"] = str(ARGS.threads)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(ARGS.threads))
 os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 
 import torch  # noqa: E402

@@ -23,6 +23,15 @@
  * thread, but collectives on one group must be called in the same order on all its members and not
  * concurrently from two threads of one rank (the reducer uses its own private communicator).
  *
+ * Trainer step with the reducer (data parallel; dlogp already divided by the GLOBAL token count, so
+ * the sum over ranks is the full gradient):
+ *   dist_grad_reducer *r = dist_reducer_new(ctx, &model, 25.0, DIST_OVERLAP_THREAD);   // once
+ *   model_zero_grad(&model); model_forward(...); model_logprobs(...);
+ *   model_backward(...);            // with a per-layer hook: dist_reducer_layer_done(r, L) after the
+ *                                   // head, (r, l) after layer l, (r, -1) after the embedding
+ *   double exposed_s = dist_reducer_finish(r);   // grads now hold the sum over all trainers
+ *   dist_allreduce_sum(ctx, DIST_TRAINERS, &loss, 1); adamw_step(...);
+ *
  * Sources: MPI 3.1 standard (communicators, MPI_Comm_split, nonblocking collectives, matched probe);
  * PyTorch DistributedDataParallel (gradient buckets in reverse order, first bucket 1 MiB, then 25 MiB,
  * reduced as soon as complete); verl fully_async_policy (weight sync by a plain broadcast).
@@ -106,7 +115,7 @@ typedef struct {
     uint32_t format;        /* DIST_WB_FORMAT */
     int32_t version;        /* policy version of these weights */
     uint64_t n_floats;      /* fp32 values that follow */
-    uint64_t bucket_floats; /* floats per MPI_Bcast (last bucket shorter); 0 = the root refused to
+    uint64_t bucket_floats; /* floats per bucket (last bucket shorter); 0 = the root refused to
                                send (bad arguments on the root), nothing follows */
 } dist_weight_header;
 
@@ -120,11 +129,12 @@ int dist_weight_header_check(const dist_weight_header *h, size_t n_expected);
 typedef struct {
     size_t bytes;    /* payload bytes sent (root) or received (rollout rank), header excluded */
     double seconds;  /* wall time of the whole call on this rank */
-    int n_buckets;   /* MPI_Bcast calls for the payload */
+    int n_buckets;   /* buckets (one MPI_Ibcast each) of the payload */
 } dist_xfer_stats;
 
 /* Broadcast params[n] from trainer rank 0 to every rollout rank over sync_comm, in buckets of
- * bucket_bytes (rounded down to whole floats) with one MPI_Bcast each, after the header
+ * bucket_bytes (rounded down to whole floats), one MPI_Ibcast per bucket with up to 16 in flight
+ * (pipelined; the root's buffer must stay untouched until the call returns), after the header
  * {MOERLWB1, format 1, *version, n, bucket floats}. Collective over sync_comm. On the root, *version
  * is the version to send; on a rollout rank it receives the root's version. Rollout ranks use the
  * root's bucket size (their bucket_bytes is ignored). Ranks outside sync_comm (trainer ranks ≠ 0)
@@ -184,7 +194,10 @@ dist_bucket *dist_plan_buckets(const moe_model *m, size_t first_cap_bytes, size_
 #define DIST_FIRST_BUCKET_BYTES ((size_t)1 << 20) /* DDP's first bucket: 1 MiB */
 
 typedef enum {
-    DIST_OVERLAP_OFF = 0,   /* one blocking allreduce per bucket in dist_reducer_finish */
+    DIST_OVERLAP_OFF = 0,   /* one blocking allreduce per bucket in dist_reducer_finish (MPI_Iallreduce
+                               + MPI_Wait: the same algorithm as the overlapped modes, so the sums are
+                               bit-identical; Open MPI's blocking MPI_Allreduce picks another summation
+                               order at 3 ranks) */
     DIST_OVERLAP_THREAD,    /* a communication thread issues each bucket's MPI_Iallreduce when it is
                                complete and polls MPI_Test while backward continues */
     DIST_OVERLAP_POLL,      /* no thread: dist_reducer_layer_done issues ready buckets and polls
@@ -198,7 +211,8 @@ typedef struct dist_grad_reducer dist_grad_reducer;
  * must create it with the same model layout, bucket_mb and (for determinism) overlap mode; the
  * summation is MPI_SUM over the same buckets in the same order, so for a fixed rank count the result
  * is deterministic, bit-identical on every rank and between overlap modes. The model (and its grads
- * buffer) must outlive the reducer. Uses a private duplicate of trainer_comm.
+ * buffer) must outlive the reducer. Collective over the trainer group (it duplicates trainer_comm
+ * for its own traffic), so all trainers create (and free) their reducers in the same order.
  * Errors: this rank is not a trainer (or roles not split), m->grads NULL, bucket_mb ≤ 0 or not finite,
  * a bucket over INT_MAX floats, unknown overlap mode. */
 dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bucket_mb, dist_overlap overlap);
@@ -214,6 +228,8 @@ int dist_reducer_layer_done(dist_grad_reducer *r, int group);
  * resets for the next step. Returns the EXPOSED communication time in seconds: the time this call
  * blocked. */
 double dist_reducer_finish(dist_grad_reducer *r);
+/* Stop the communication thread and free the reducer (collective over the trainer group, like
+ * dist_reducer_new). Not during a step (between layer_done and finish). NULL is a no-op. */
 void dist_reducer_free(dist_grad_reducer *r);
 /* The plan in use (read-only; issue order = index order). */
 int dist_reducer_n_buckets(const dist_grad_reducer *r);

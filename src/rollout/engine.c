@@ -8,6 +8,10 @@
 #include "kernels/kernels.h"
 #include "model/forward.h"
 
+/* Element-wise loops below this size stay on one thread (decode steps: a parallel region would
+ * cost more than the loop). */
+#define ENGINE_PAR_MIN_ELEMS 65536
+
 struct engine {
     moe_model m;        /* inference model: the engine's own weight buffer */
     engine_config ec;
@@ -204,7 +208,10 @@ static void forward_tokens(engine *e, int T, int n_rows) {
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward(m, l, e->ln, e->mlp_out, &e->mlp, T, NULL, NULL);
         const size_t TH = (size_t)T * H;
-        for (size_t i = 0; i < TH; i++) e->x[i] += e->mlp_out[i];
+        float *x = e->x;
+        const float *mo = e->mlp_out;
+#pragma omp parallel for simd schedule(static) if (TH >= ENGINE_PAR_MIN_ELEMS)
+        for (size_t i = 0; i < TH; i++) x[i] += mo[i];
     }
     for (int r = 0; r < n_rows; r++)
         memcpy(e->hid + (size_t)r * H, e->x + (size_t)e->sample_row[r] * H, H * sizeof(float));

@@ -1,17 +1,20 @@
 /* Attention of new tokens against the KV cache (contract: kernels.h).
  *
- * One work item = one (token, KV head): the G = nh/nkv query heads that share a KV head are
- * processed together as the G rows of small dense products, so each cached K/V row is read once
- * per group rather than once per query head (GQA). Keys are visited in blocks of KV_BK with the
- * online softmax (running max m, running sum l, output rescaled by e^{m_old − m_new} when the
- * max grows; Milakov & Gimelshein 2018, as FlashAttention / flash-decoding use it), so the
- * scratch is a few block-sized stack buffers: no allocation per call, any context length.
- * Per key block: Kᵀ is packed once ([hd][KV_BK]), S[G, nb] = Q·Kᵀ and O[G, hd] += P·V are
- * register-tiled products (vertical FMAs only, no per-score horizontal sums), and e^x is a
- * vectorisable polynomial. The output rows of one item's heads are contiguous in
- * out[n, nh, hd] and serve as the accumulator.
+ * Work item = (chunk, KV head). A chunk is a run of up to qb consecutive tokens of one sequence
+ * at consecutive positions (a prefill chunk; a decode token is a chunk of one). Its T tokens ×
+ * the G = nh/nkv query heads that share the KV head form the R = T·G rows of small dense
+ * products, so each cached K/V row is read once per item rather than once per query row (GQA,
+ * and query blocking in prefill). Keys are visited in blocks of KV_BK with the online softmax
+ * (running max m, running sum l, output rescaled by e^{m_old − m_new} when the max grows;
+ * Milakov & Gimelshein 2018, as FlashAttention / flash-decoding use it), so the scratch is a
+ * few block-sized stack buffers: no allocation per call, any context length. Per key block:
+ * Kᵀ is packed once ([hd][KV_BK]), S[R, nb] = Q·Kᵀ and O[R, hd] += P·V are register-tiled
+ * products (vertical FMAs only, no per-score horizontal sums), causal masking touches only the
+ * chunk's last block(s), and e^x is a vectorisable polynomial.
  * Small calls (batch-1 decode) run on the calling thread: a parallel region costs more than
  * the work, and far more when other processes hold the cores.
+ * Source: vLLM paged attention semantics (one page per slot), FlashAttention-2's blocked
+ * forward (Dao 2023) for the block structure.
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +25,10 @@
 
 /* Keys per block of the online softmax (a multiple of 16, the AVX-512 float width). */
 #define KV_BK 64
+/* Query rows (tokens × heads of one KV head) per work item, and the cap on rows × head_dim
+ * (the packed queries and outputs live on the stack: 2 × 32 KB at most). */
+#define KV_MAX_ROWS 64
+#define KV_MAX_ROW_FLOATS 8192
 /* Below this many multiply-adds (Σ_n (pos[n]+1)·nh·hd, for q·k and p·v each) the call stays
  * on one thread. */
 #define KV_PAR_MIN_MACS 65536
@@ -36,7 +43,7 @@
  * x = k·ln2 + r with k = round(x/ln2), |r| ≤ ln2/2; ln2 = C1 + C2 with C1 = 0.693359375 (few
  * mantissa bits, so k·C1 is exact for |k| < 2^15); e^r by its degree-7 Taylor polynomial in
  * Horner form (truncation |r|^8/8! < 6e-9 relative); 2^k assembled in the exponent field.
- * Measured against double exp on (−87.3, 0]: within 2 ulp. For x ≤ −87.3 (results near 2^−126,
+ * Measured against double exp at every float in (−87.3, 0]: within 1 ulp. For x ≤ −87.3 (results near 2^−126,
  * the smallest normal float) it returns 0.
  * Source: the Cody–Waite reduction (Cody & Waite 1980) used by vector math libraries. */
 static inline float kv_exp(float x) {
@@ -104,16 +111,28 @@ static void kv_matmul(int M, int Nc, int Kd, const float *A, long lda, const flo
     if (M - i >= 1) kv_rows(1, Nc, Kd, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
 }
 
-/* One item: G query rows qg[G, hd] (the heads of one KV head, one token) against positions
- * 0..P−1 of its slot; kb/vb point at position 0 of that KV head, rows `row` floats apart.
- * o[G, hd] is OVERWRITTEN. */
-static void attend_group(float *o, const float *qg, const float *kb, const float *vb, long row, int P, int G, int hd,
-                         float scale) {
+/* One work item: a chunk of T consecutive tokens of one sequence (positions p0 .. p0+T−1) and
+ * one KV head, i.e. R = T·G query rows. Row r = t·G + g is token t's query head g; q/out point
+ * at token 0's first head of this KV head, tokens tq floats apart. kb/vb point at position 0 of
+ * the KV head, rows `row` floats apart. Token t sees keys 0 .. p0+t (causal), so only the
+ * chunk's last key block(s) need masking. With T = 1 (decode) q and out are used in place;
+ * otherwise the rows are packed into qp/op first. */
+static void attend_chunk(float *out, const float *q, long tq, const float *kb, const float *vb, long row, int p0,
+                         int T, int G, int hd, float scale) {
+    const int R = T * G, P = p0 + T;
     float kt[hd * KV_BK]; /* Kᵀ of the block: [hd][KV_BK] */
-    float s[G * KV_BK];   /* scores, then probabilities: [G][KV_BK] */
-    float m[G], l[G];
-    for (int g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.0f; }
-    memset(o, 0, (size_t)G * hd * sizeof(float));
+    float s[R * KV_BK];   /* scores, then probabilities: [R][KV_BK] */
+    float m[R], l[R];
+    float qp[T > 1 ? R * hd : 1], op[T > 1 ? R * hd : 1];
+    const float *Q = q;
+    float *O = out;
+    if (T > 1) {
+        for (int t = 0; t < T; t++) memcpy(qp + (long)t * G * hd, q + t * tq, (size_t)G * hd * sizeof(float));
+        Q = qp;
+        O = op;
+    }
+    for (int r = 0; r < R; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+    memset(O, 0, (size_t)R * hd * sizeof(float));
     for (int j0 = 0; j0 < P; j0 += KV_BK) {
         const int nb = MOERL_MIN(KV_BK, P - j0), nbp = (nb + 15) & ~15;
         for (int j = 0; j < nb; j++) {
@@ -122,57 +141,74 @@ static void attend_group(float *o, const float *qg, const float *kb, const float
         }
         for (int d = 0; d < hd; d++)
             for (int j = nb; j < nbp; j++) kt[d * KV_BK + j] = 0.0f;
-        kv_matmul(G, nbp, hd, qg, hd, kt, KV_BK, s, KV_BK, 0);
-        for (int g = 0; g < G; g++) {
-            float *sg = s + g * KV_BK;
-            float mx = m[g];
+        kv_matmul(R, nbp, hd, Q, hd, kt, KV_BK, s, KV_BK, 0);
+        for (int r = 0; r < R; r++) {
+            float *sr = s + r * KV_BK;
+            const int vis = MOERL_MIN(nb, p0 + r / G + 1 - j0); /* keys of this block row r sees */
+            for (int j = MOERL_MAX(vis, 0); j < nb; j++) sr[j] = 0.0f;
+            if (vis <= 0) continue;
+            float mx = m[r];
 #pragma omp simd reduction(max : mx)
-            for (int j = 0; j < nb; j++) {
-                sg[j] *= scale;
-                mx = sg[j] > mx ? sg[j] : mx;
+            for (int j = 0; j < vis; j++) {
+                sr[j] *= scale;
+                mx = sr[j] > mx ? sr[j] : mx;
             }
-            const float alpha = kv_exp(m[g] - mx); /* 0 on the first block (m = −inf) */
+            const float alpha = kv_exp(m[r] - mx); /* 0 on the first block (m = −inf) */
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < nb; j++) {
-                sg[j] = kv_exp(sg[j] - mx);
-                sum += sg[j];
+            for (int j = 0; j < vis; j++) {
+                sr[j] = kv_exp(sr[j] - mx);
+                sum += sr[j];
             }
-            l[g] = l[g] * alpha + sum;
+            l[r] = l[r] * alpha + sum;
             if (alpha != 1.0f) {
-                float *og = o + (long)g * hd;
+                float *orow = O + (long)r * hd;
 #pragma omp simd
-                for (int d = 0; d < hd; d++) og[d] *= alpha;
+                for (int d = 0; d < hd; d++) orow[d] *= alpha;
             }
-            m[g] = mx;
+            m[r] = mx;
         }
-        kv_matmul(G, hd, nb, s, KV_BK, vb + (long)j0 * row, row, o, hd, 1);
+        kv_matmul(R, hd, nb, s, KV_BK, vb + (long)j0 * row, row, O, hd, 1);
     }
-    for (int g = 0; g < G; g++) {
-        const float inv = 1.0f / l[g];
-        float *og = o + (long)g * hd;
+    for (int r = 0; r < R; r++) {
+        const float inv = 1.0f / l[r];
+        float *orow = O + (long)r * hd;
 #pragma omp simd
-        for (int d = 0; d < hd; d++) og[d] *= inv;
+        for (int d = 0; d < hd; d++) orow[d] *= inv;
     }
+    if (T > 1)
+        for (int t = 0; t < T; t++) memcpy(out + t * tq, op + (long)t * G * hd, (size_t)G * hd * sizeof(float));
 }
 
 void attention_kvcache_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
                                const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
                                float scale) {
     MOERL_ASSERT(N >= 0 && nkv > 0 && nh % nkv == 0 && hd > 0);
+    if (N == 0) return;
     const int G = nh / nkv;
     const long row = (long)nkv * hd;
+    /* tokens per chunk: at most KV_MAX_ROWS query rows, and R·hd ≤ KV_MAX_ROW_FLOATS */
+    const int qb = MOERL_MAX(1, MOERL_MIN(KV_MAX_ROWS, KV_MAX_ROW_FLOATS / hd) / G);
+    /* Chunks: maximal runs of tokens of one slot at consecutive positions, cut every qb tokens;
+     * chunk c covers tokens start[c] .. start[c+1]−1 (N + 1 ints on the stack: N is one engine
+     * step's token budget). */
+    int start[N + 1], nc = 0;
     long macs = 0;
     for (int n = 0; n < N; n++) {
         MOERL_ASSERT(pos[n] >= 0 && pos[n] < max_len);
         macs += (long)(pos[n] + 1) * nh * hd;
+        const int cont = n > 0 && slot[n] == slot[n - 1] && pos[n] == pos[n - 1] + 1 && n - start[nc - 1] < qb;
+        if (!cont) start[nc++] = n;
     }
+    start[nc] = N;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2) if (macs >= KV_PAR_MIN_MACS)
-    for (int n = 0; n < N; n++) {
+    for (int c = 0; c < nc; c++) {
         for (int kvh = 0; kvh < nkv; kvh++) {
-            const long base = (long)slot[n] * max_len * row + (long)kvh * hd;
-            const long qo = ((long)n * nh + (long)kvh * G) * hd;
-            attend_group(out + qo, q + qo, k_cache + base, v_cache + base, row, pos[n] + 1, G, hd, scale);
+            const int n0 = start[c];
+            const long base = (long)slot[n0] * max_len * row + (long)kvh * hd;
+            const long qo = ((long)n0 * nh + (long)kvh * G) * hd;
+            attend_chunk(out + qo, q + qo, (long)nh * hd, k_cache + base, v_cache + base, row, pos[n0],
+                         start[c + 1] - n0, G, hd, scale);
         }
     }
 }

@@ -1,0 +1,145 @@
+/* bench_weight_sync — weight broadcast (dist_bcast_weights) from trainer rank 0 to the rollout ranks:
+ * time and achieved bandwidth vs model size and bucket size, against a plain memcpy of the same bytes
+ * measured on the root in the same run (the one-machine ceiling: a broadcast over shared memory moves
+ * every byte at least once more than memcpy does).
+ *
+ * Run under mpirun with ≥ 2 ranks (the last rank is the trainer, the others roll out), e.g.
+ *   mpirun --oversubscribe -np 2 build/mpi/bench/bench_weight_sync
+ * (bench/run_dist.sh sets the Open MPI container variables and prints the command). The time of one
+ * broadcast is the slowest sync-group member's wall time of the call (header, check, payload), after a
+ * barrier; reported are the median and min–max over --reps repetitions after one warm-up.
+ * Bandwidth = payload bytes / time (what every rollout rank receives). The peer: right before each
+ * broadcast the root memcpys the same bytes between two distinct pre-touched buffers; memcpy_ms is the
+ * median copy time and vs_memcpy the median over repetitions of memcpy_time / broadcast_time (the
+ * broadcast's share of memcpy bandwidth; pairing each broadcast with its own copy keeps the ratio
+ * meaningful on a machine whose load changes during the run).
+ *
+ * Usage: bench_weight_sync [--reps R] [--sizes-mb a,b,c] [--buckets-kb x,y,...] (bucket 0 = whole
+ * buffer in one MPI_Bcast). Defaults: sizes 4,32,128 MiB; buckets 64 KiB, 1 MiB, 16 MiB, whole. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int parse_list(const char *s, double *out, int cap) {
+    int n = 0;
+    char *end;
+    while (*s && n < cap) {
+        out[n++] = strtod(s, &end);
+        if (end == s || out[n - 1] < 0) return -1;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    dist_ctx *ctx = dist_init(&argc, &argv);
+    if (!ctx) {
+        fprintf(stderr, "bench_weight_sync: %s\n", moerl_last_error());
+        return 1;
+    }
+    int reps = 9;
+    double sizes[16] = {4, 32, 128}, buckets[16] = {64, 1024, 16384, 0};
+    int n_sizes = 3, n_buckets = 4;
+    for (int a = 1; a < argc; a++) {
+        if (a + 1 >= argc) goto usage;
+        if (!strcmp(argv[a], "--reps")) reps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--sizes-mb")) n_sizes = parse_list(argv[++a], sizes, 16);
+        else if (!strcmp(argv[a], "--buckets-kb")) n_buckets = parse_list(argv[++a], buckets, 16);
+        else goto usage;
+    }
+    if (reps < 1 || n_sizes < 1 || n_buckets < 1) goto usage;
+    if (ctx->world_size < 2) {
+        printf("bench_weight_sync: backend %s with %d rank: needs >= 2 ranks (one trainer, rollout ranks); run it "
+               "under mpirun (bench/run_dist.sh)\n",
+               dist_backend_name(), ctx->world_size);
+        dist_finalize(ctx);
+        return 0;
+    }
+    if (dist_split_roles(ctx, 1) != MOERL_OK) {
+        fprintf(stderr, "bench_weight_sync: %s\n", moerl_last_error());
+        return 1;
+    }
+    const int root = ctx->sync_rank == 0, S = ctx->sync_size;
+    if (root)
+        printf("bench_weight_sync: backend %s, 1 trainer -> %d rollout rank(s), %d reps (median [min max]); "
+               "time = slowest member\n",
+               dist_backend_name(), S - 1, reps);
+    if (root)
+        printf("%9s %9s %8s %10s %10s %10s %8s %10s %9s\n", "size_MiB", "bucket", "buckets", "bcast_ms", "min_ms",
+               "max_ms", "GB/s", "memcpy_ms", "vs_memcpy");
+    for (int si = 0; si < n_sizes; si++) {
+        const size_t bytes = (size_t)(sizes[si] * 1048576.0);
+        const size_t n = bytes / sizeof(float);
+        float *w = xalloc_aligned(n * sizeof(float)), *dst = root ? xalloc_aligned(n * sizeof(float)) : NULL;
+        for (size_t i = 0; i < n; i++) w[i] = (float)(i % 1000) * 0.001f;
+        if (root) memcpy(dst, w, n * sizeof(float)); /* fault the pages in */
+        for (int bi = 0; bi < n_buckets; bi++) {
+            const size_t bucket_bytes = buckets[bi] > 0 ? (size_t)(buckets[bi] * 1024.0) : n * sizeof(float);
+            double *t = xmalloc(reps * sizeof(double)), *mc = xmalloc(reps * sizeof(double)),
+                   *ratio = xmalloc(reps * sizeof(double));
+            double *slot = xmalloc((size_t)S * sizeof(double));
+            int nb = 0;
+            for (int r = -1; r < reps; r++) {
+                /* the memcpy peer right before each broadcast, so both see the same machine load */
+                double tm = 0;
+                if (root) {
+                    const double t0 = moerl_now();
+                    memcpy(dst, w, n * sizeof(float));
+                    tm = moerl_now() - t0;
+                }
+                dist_barrier(ctx, DIST_SYNC);
+                int version = root ? r + 10 : 0;
+                dist_xfer_stats st;
+                if (dist_bcast_weights(ctx, w, n, &version, bucket_bytes, &st) != MOERL_OK) {
+                    fprintf(stderr, "bench_weight_sync: %s\n", moerl_last_error());
+                    dist_abort(ctx, "broadcast failed");
+                }
+                memset(slot, 0, (size_t)S * sizeof(double));
+                slot[ctx->sync_rank] = st.seconds;
+                dist_allreduce_sum(ctx, DIST_SYNC, slot, S);
+                double worst = 0;
+                for (int k = 0; k < S; k++) worst = fmax(worst, slot[k]);
+                if (r >= 0) {
+                    t[r] = worst;
+                    mc[r] = tm;
+                    ratio[r] = tm / worst;
+                }
+                nb = st.n_buckets;
+            }
+            qsort(t, reps, sizeof *t, cmp_double);
+            qsort(mc, reps, sizeof *mc, cmp_double);
+            qsort(ratio, reps, sizeof *ratio, cmp_double);
+            const double med = t[reps / 2];
+            if (root) {
+                char bl[32];
+                if (buckets[bi] > 0) snprintf(bl, sizeof bl, "%.0fKiB", buckets[bi]);
+                else snprintf(bl, sizeof bl, "whole");
+                printf("%9.1f %9s %8d %10.3f %10.3f %10.3f %8.2f %10.3f %9.2f\n", sizes[si], bl, nb, 1e3 * med,
+                       1e3 * t[0], 1e3 * t[reps - 1], n * 4.0 / med / 1e9, 1e3 * mc[reps / 2], ratio[reps / 2]);
+            }
+            free(t);
+            free(mc);
+            free(ratio);
+            free(slot);
+        }
+        free(w);
+        free(dst);
+    }
+    dist_finalize(ctx);
+    return 0;
+usage:
+    if (ctx->world_rank == 0)
+        fprintf(stderr, "usage: bench_weight_sync [--reps R>=1] [--sizes-mb a,b,...] [--buckets-kb x,y,... (0 = "
+                        "whole)]\n");
+    dist_finalize(ctx);
+    return 2;
+}
