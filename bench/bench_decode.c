@@ -34,7 +34,13 @@
  * before the batch-1 run of every repetition; bound tokens/s = that bandwidth / bytes per token;
  * ratio = measured / bound per repetition (target ≥ 50%). Weights that stay cached (model A fits in a large L3) can beat a DRAM bound: the ratio
  * is then above 100% and says little, so model B is the meaningful case.
- * Also printed: batch-32 aggregate tokens/s / batch-1 tokens/s (target ≥ 8×).
+ * Every batch size also gets the same kind of bound for its step: weight bytes read per step =
+ * non-expert weights once + the experts that at least one of the b tokens routes to (expected
+ * share 1 − (1 − K/E)^b under uniform routing), and "% of their bandwidth bound" = measured /
+ * (bandwidth · b / bytes per step); a large batch may instead be compute-bound.
+ * Also printed: batch-32 aggregate tokens/s / batch-1 tokens/s (target ≥ 8×), next to the ratio
+ * the two traffic bounds allow, 32·bytes(1)/bytes(32): with E = 32, top-4 a batch of 32 reads
+ * nearly every expert, so that ratio is below 8 for model B.
  *
  * Usage: bench_decode [--model A|B|all] [--reps N (≥ 3, default 5)] [--batches 1,8,32,64]
  *                     [--prompt-len 16] [--max-tokens 32] [--prefill-seqs 8] [--prefill-len 256]
@@ -280,6 +286,8 @@ typedef struct {
     stat3 tok_s;        /* decode tokens/s */
     double sample_frac; /* median share of decode time in sampling */
     double step_ms;     /* median ms per decode step */
+    double bytes_step;  /* weight bytes one step reads (uniform-routing expectation) */
+    double of_traffic;  /* median of tokens/s ÷ (bandwidth · b / bytes_step), per repetition */
 } decode_result;
 
 typedef struct {
@@ -383,9 +391,12 @@ int main(int argc, char **argv) {
         int *prompts = xmalloc((size_t)maxb * plen * sizeof(int));
         double *ts = xmalloc((size_t)nb * reps * sizeof(double)), *sf = xmalloc((size_t)nb * reps * sizeof(double)),
                *sm = xmalloc((size_t)nb * reps * sizeof(double)), *bound = xmalloc(reps * sizeof(double)),
-               *ratio = xmalloc(reps * sizeof(double)), *r32 = xmalloc(reps * sizeof(double));
+               *ratio = xmalloc(reps * sizeof(double)), *r32 = xmalloc(reps * sizeof(double)),
+               *oft = xmalloc((size_t)nb * reps * sizeof(double));
+        double bytes_step[MAX_BATCHES];
+        for (int i = 0; i < nb; i++) bytes_step[i] = decode_bytes_per_step(&m, batches[i], NULL);
         for (int rep = -1; rep < reps; rep++) { /* rep −1 warms caches and thread pools */
-            double bw = i1 >= 0 ? read_bandwidth_once(a, n) : 0;
+            const double bw = read_bandwidth_once(a, n); /* GB/s */
             for (int i = 0; i < nb; i++) {
                 double f, st;
                 const double tok = decode_once(e, cfg.vocab_size, batches[i], plen, max_tokens, 17 + rep, rq, done,
@@ -394,6 +405,7 @@ int main(int argc, char **argv) {
                 ts[(size_t)i * reps + rep] = tok;
                 sf[(size_t)i * reps + rep] = f;
                 sm[(size_t)i * reps + rep] = st;
+                oft[(size_t)i * reps + rep] = tok / (bw * 1e9 * batches[i] / bytes_step[i]);
             }
             if (rep < 0) continue;
             if (i1 >= 0) {
@@ -409,15 +421,19 @@ int main(int argc, char **argv) {
             d->tok_s = stats_of(ts + (size_t)i * reps, reps);
             d->sample_frac = stats_of(sf + (size_t)i * reps, reps).med;
             d->step_ms = stats_of(sm + (size_t)i * reps, reps).med;
-            fprintf(o, "  decode batch %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%\n", d->batch,
-                    d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, 100 * d->sample_frac);
+            d->bytes_step = bytes_step[i];
+            d->of_traffic = stats_of(oft + (size_t)i * reps, reps).med;
+            fprintf(o, "  decode batch %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%, weights/step "
+                       "%.1f MB, %5.1f%% of their bandwidth bound\n",
+                    d->batch, d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, 100 * d->sample_frac,
+                    d->bytes_step / 1e6, 100 * d->of_traffic);
         }
         if (i1 >= 0) {
             R->bound_tok_s = stats_of(bound, reps);
             R->ratio = stats_of(ratio, reps);
         }
         if (i1 >= 0 && i32 >= 0) R->b32_over_b1 = stats_of(r32, reps);
-        free(ts); free(sf); free(sm); free(bound); free(ratio); free(r32); free(prompts); free(done); free(rq);
+        free(ts); free(sf); free(sm); free(bound); free(ratio); free(r32); free(oft); free(prompts); free(done); free(rq);
         engine_free(e);
 
         R->prefill = bench_prefill(&m, pf_seqs, pf_len, reps);
@@ -432,8 +448,10 @@ int main(int argc, char **argv) {
                                                             "not bind and the ratio can exceed 100%"
                                                           : "");
         if (i1 >= 0 && i32 >= 0)
-            fprintf(o, "  batch-32 aggregate / batch-1: %.2fx (%.2f-%.2f; target >= 8x)\n", R->b32_over_b1.med,
-                    R->b32_over_b1.lo, R->b32_over_b1.hi);
+            fprintf(o, "  batch-32 aggregate / batch-1: %.2fx (%.2f-%.2f; target >= 8x); if both were at their "
+                       "bandwidth bound: %.2fx\n",
+                    R->b32_over_b1.med, R->b32_over_b1.lo, R->b32_over_b1.hi,
+                    32 * R->dec[i1].bytes_step / R->dec[i32].bytes_step);
         model_free(&m);
     }
     free(a);
@@ -457,8 +475,9 @@ int main(int argc, char **argv) {
             for (int i = 0; i < R->n_batches; i++) {
                 const decode_result *d = &R->dec[i];
                 printf("%s{\"batch\":%d,\"tokens_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f,\"ms_per_step\":%.4f,"
-                       "\"sample_frac\":%.4f}",
-                       i ? "," : "", d->batch, d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, d->sample_frac);
+                       "\"sample_frac\":%.4f,\"weight_bytes_per_step\":%.0f,\"of_bandwidth_bound\":%.4f}",
+                       i ? "," : "", d->batch, d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, d->sample_frac,
+                       d->bytes_step, d->of_traffic);
             }
             printf("],\n   \"prefill\":{\"seqs\":%d,\"len\":%d,\"tokens_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f},\n", pf_seqs,
                    pf_len, R->prefill.med, R->prefill.lo, R->prefill.hi);

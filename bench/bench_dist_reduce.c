@@ -20,6 +20,10 @@
  * over the baseline without reduction ("none", same backward kind: vs_none_ms), the exposed share = exposed / step, and the plain allreduce time of the
  * whole gradient in one bucket (overlap off, no compute) as the communication peer.
  *
+ * Reading it: exposed_ms alone flatters overlap when all cores already run backward — the
+ * communication thread's shared-memory copies then slow backward down instead (compare step_ms and
+ * vs_none_ms). On a machine shared with other jobs the compute time itself moves by up to 2× between
+ * rounds; run it on a quiet machine and look at the medians.
  * Run: mpirun --oversubscribe -np 2 build/mpi/bench/bench_dist_reduce (bench/run_dist.sh).
  * Usage: bench_dist_reduce [--reps R] [--batch B] [--seqlen T] [--bucket-mb a,b,...]
  *                          [--backward real|layered|both] */

@@ -7,7 +7,8 @@
  * scaling, several steps and a tied embedding written in two phases; weight broadcast bit-identical with
  * the right policy version for bucket sizes from 1 float to larger than the buffer, a header mismatch
  * and bad root arguments failing clearly on every member; header validation; point-to-point messages
- * (ring of sizes 0 B..300 KB, probe, tag matching); allreduce/barrier; role-split errors.
+ * (ring of sizes 0 B..300 KB, a 64 KiB round trip, probe, tag matching); allreduce/barrier; role
+ * splits and their errors.
  * `test_dist --fatal R` instead makes rank R call moerl_fatal while the others wait in a barrier
  * (e2e_mpi.sh checks that the job ends quickly with a message naming the rank).
  * Only rank 0 prints the final "N passed, M failed" line (counts summed over ranks). */
@@ -473,6 +474,24 @@ static void test_p2p(void) {
         fill_msg(want, lens[k], from, k);
         CHECK_R(in && src == from && len == lens[k] && memcmp(in, want, len) == 0,
                 "ring message of %zu bytes from %d (got %zu bytes from %d)", RANK, lens[k], from, len, src);
+        free(in);
+    }
+    /* round trip: rank 0 sends 64 KiB to the last rank, which echoes it back under another tag */
+    if (P > 1 && (me == 0 || me == P - 1)) {
+        fill_msg(out, 65536, 0, 9);
+        void *in = NULL;
+        size_t len = 0;
+        int src = -1;
+        if (me == 0) {
+            CHECK_R(dist_send_msg(ctx, P - 1, 20, out, 65536) == MOERL_OK &&
+                        dist_recv_msg_any(ctx, 21, &src, &in, &len) == MOERL_OK,
+                    "round trip: %s", RANK, moerl_last_error());
+            CHECK_R(src == P - 1 && len == 65536 && memcmp(in, out, len) == 0, "echo comes back intact", RANK);
+        } else {
+            CHECK_R(dist_recv_msg_any(ctx, 20, &src, &in, &len) == MOERL_OK && src == 0 &&
+                        dist_send_msg(ctx, 0, 21, in, len) == MOERL_OK,
+                    "echo: %s", RANK, moerl_last_error());
+        }
         free(in);
     }
     /* probe: rank 0 sends tag 7 to the last rank, which sees it waiting and not under tag 8 */

@@ -318,7 +318,10 @@ int dist_iprobe(dist_ctx *ctx, int tag) {
 
 /* While buckets are in flight and backward still runs, the communication thread tests them every
  * POLL_US microseconds (sleeping in between leaves the cores to backward); while dist_reducer_finish
- * waits it polls continuously (the main thread is idle then). */
+ * waits it polls continuously (the main thread is idle then). bench_dist_reduce (2 ranks, 4 MiB
+ * buckets, layered backward, a loaded 2-core machine with ~2× noise) swept 0 (spin) / 20 / 50 / 200 /
+ * 1000 µs: exposed 10 / 31 / 6 / 22 / 68 ms. 1000 µs is clearly too slow; 50 µs was kept as the best
+ * of the rest that does not spin a core. */
 #ifndef POLL_US
 #define POLL_US 50
 #endif

@@ -1,12 +1,41 @@
-/* Qwen3-MoE forward/backward over a packed batch. See forward.h. */
+/* Qwen3-MoE forward/backward over a packed batch. See forward.h.
+ *
+ * Threading. The driver runs each stretch of work between two attention calls as ONE OpenMP
+ * parallel region (a "team") instead of one region per kernel call: every thread owns a fixed,
+ * contiguous share of the N tokens (team_share) and runs the row-local ops of the stretch on
+ * its own rows back to back (RMSNorm, q/k/v/o and router projections, q/k norm, RoPE, top-k,
+ * unpermute, residual adds, the LM head), so consecutive ops on the same rows need no barrier.
+ * Barriers remain only where data crosses tokens: after routing (the permutation is global),
+ * after the expert loop (a token gathers rows computed by other threads) and before each weight
+ * gradient (a sum over all tokens). Experts run as an OpenMP loop over (expert, row part) items
+ * with dynamic scheduling; each item chains gather → gate_up GEMM → SwiGLU → down GEMM on rows
+ * that stay in cache. Weight gradients dW += doutᵀ·x are split by rows of dW (no reduction, so
+ * the result does not depend on the thread count); RMSNorm weight gradients are summed per
+ * thread and then reduced in thread order. The kernels called inside a team see an active
+ * parallel region and run on the calling thread (their own OpenMP loops become one-thread
+ * regions; OpenMP builds of OpenBLAS run single-threaded there; pthread builds are switched to
+ * one thread for the duration). Attention stays a kernel call between teams (its own OpenMP
+ * loop over sequence × head × query-block tasks).
+ * Why: a step of the benchmark model makes a few hundred kernel calls; as separate parallel
+ * regions each costs a fork/join, OpenBLAS threads small GEMMs poorly, and on a loaded machine
+ * each join can wait a scheduler slice for a descheduled thread (bench/bench_train_step.c).
+ */
 #include "model/forward.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* OpenBLAS's cblas.h pulls in <complex.h>, whose macro I would rename the parameters and
+ * variables named I (kernels.h and below). */
+#ifdef I
+#undef I
+#endif
 
 #include "base/common.h"
 #include "kernels/kernels.h"
-
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -133,50 +162,290 @@ void model_acts_free(model_acts *a) {
     memset(a, 0, sizeof *a);
 }
 
-/* ------------------------------------------------------------------ layer pieces */
+
+/* ------------------------------------------------------------------ teams */
+
+/* Threads for a driver team over N tokens: all OpenMP threads (1 inside an enclosing parallel
+ * region), at most one per token, and few enough that the per-thread RMSNorm weight-gradient
+ * partials (H + 2·hd floats each, see norm_partials) fit in the [N,H] scratch d_tmp2. */
+static int team_size(const moe_model *m, int N) {
+#ifdef _OPENMP
+    if (omp_in_parallel()) return 1;
+    const long H = m->cfg.hidden_size, hd = m->cfg.head_dim;
+    const long cap = (long)N * H / (H + 2 * hd);
+    return (int)MOERL_MAX(1L, MOERL_MIN((long)omp_get_max_threads(), cap));
+#else
+    (void)m;
+    (void)N;
+    return 1;
+#endif
+}
+
+static int team_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static int team_threads(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+/* The calling thread's contiguous share [i0, i1) of n items (the whole range outside a team).
+ * Every phase of a team uses this same split of the tokens, so a thread's rows written by one
+ * op are read by the next op of the same thread without a barrier. */
+static void team_share(int n, int *i0, int *i1) {
+    const long t = team_thread(), nt = team_threads();
+    *i0 = (int)(n * t / nt);
+    *i1 = (int)(n * (t + 1) / nt);
+}
+
+/* OpenBLAS must be single-threaded inside a team. OpenMP builds (openblas_get_parallel() == 2)
+ * are so by themselves inside a parallel region (and there openblas_set_num_threads would
+ * shrink the OpenMP team itself); pthread builds are set to one thread and restored after. */
+static int blas_team_begin(int nthr) {
+    if (nthr <= 1 || openblas_get_parallel() == 2) return 0;
+    const int nb = openblas_get_num_threads();
+    if (nb != 1) openblas_set_num_threads(1);
+    return nb;
+}
+
+static void blas_team_end(int nb) {
+    if (nb > 1) openblas_set_num_threads(nb);
+}
+
+/* dW[o0:o1, :] += dout[0:m, o0:o1]ᵀ · x[0:m, :] — rows [o0, o1) of the weight gradient of a
+ * linear layer y = x·Wᵀ (dout [m, O] with leading dimension O, x [m, In], dW [O, In]). Each
+ * thread of a team takes a block of rows of dW, so no two threads write the same memory.
+ * Source: the grad_weight formula of torch.nn.functional.linear (as linear_backward). */
+static void wgrad_rows(float *dW, const float *dout, const float *x, int m, int In, int O, int o0, int o1) {
+    if (m <= 0 || o1 <= o0 || In <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, In, m, 1.0f, dout + o0, O, x, In, 1.0f,
+                dW + (size_t)o0 * In, In);
+}
+
+/* wgrad_rows over all N rows, this thread's share of the O output rows. */
+static void wgrad_team(float *dW, const float *dout, const float *x, int N, int In, int O) {
+    int o0, o1;
+    team_share(O, &o0, &o1);
+    wgrad_rows(dW, dout, x, N, In, O, o0, o1);
+}
+
+/* Per-thread RMSNorm weight-gradient partials in the d_tmp2 scratch: slot 0 [nt][H] for the
+ * hidden-size norms (input/post-attention/final; never two live at once), then [nt][hd] for
+ * q_norm and [nt][hd] for k_norm. With one thread the gradient is accumulated in place. */
+typedef struct {
+    float *hidden, *q, *k;
+    int nt;
+} norm_partials;
+
+static norm_partials norm_partials_for(const moe_model *m, model_acts *a) {
+    const int nt = team_threads(), H = m->cfg.hidden_size, hd = m->cfg.head_dim;
+    norm_partials p = {a->d_tmp2, a->d_tmp2 + (size_t)nt * H, a->d_tmp2 + (size_t)nt * (H + hd), nt};
+    return p;
+}
+
+/* Where this thread accumulates a norm weight gradient dw[C]: its zeroed partial slot, or dw
+ * itself in a one-thread team. */
+static float *norm_dw_slot(float *slots, float *dw, int C, int nt) {
+    if (nt == 1) return dw;
+    float *mine = slots + (size_t)team_thread() * C;
+    memset(mine, 0, (size_t)C * sizeof(float));
+    return mine;
+}
+
+/* dw[C] += Σ_t slots[t][C], columns split over the team, threads summed in order (the result
+ * depends on the team size but not on timing). Call after a barrier. */
+static void norm_dw_reduce(float *dw, const float *slots, int C, int nt) {
+    if (nt == 1) return;
+    int c0, c1;
+    team_share(C, &c0, &c1);
+    for (int c = c0; c < c1; c++) {
+        float s = 0.0f;
+        for (int t = 0; t < nt; t++) s += slots[(size_t)t * C + c];
+        dw[c] += s;
+    }
+}
+
+/* Expert work items: each expert's rows are cut into R parts so that the (expert, part) items
+ * number about 4 per thread (dynamic scheduling then balances unequal experts). */
+static int expert_parts(int E) {
+    const int nt = team_threads();
+    return MOERL_MAX(1, MOERL_MIN(16, (4 * nt + E - 1) / E));
+}
+
+/* Rows [r0, r1) of part p of R of expert g's permuted rows. */
+static void expert_part_rows(const int *offsets, int g, int p, int R, int *r0, int *r1) {
+    const long b = offsets[g], m = offsets[g + 1] - offsets[g];
+    *r0 = (int)(b + m * p / R);
+    *r1 = (int)(b + m * (p + 1) / R);
+}
+
+/* ------------------------------------------------------------------ layer pieces (team) */
+
+/* Tokens [r0, r1) of x[N,H]: q_raw/k_raw/v = projections, q/k = RMSNorm per head (rstd saved)
+ * then RoPE at pos. Source: HF Qwen3MoeAttention.forward up to the attention itself. */
+static void qkv_rows(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
+                     float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
+                     const float *rope_sin, int r0, int r1) {
+    const moe_config *c = &m->cfg;
+    const layer_views *w = &m->p.layers[l];
+    const int H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+    const int n = r1 - r0;
+    if (n <= 0) return;
+    const size_t oq = (size_t)r0 * nh * hd, ok = (size_t)r0 * nkv * hd;
+    linear_forward(q_raw + oq, x + (size_t)r0 * H, w->q_proj, n, H, nh * hd, 0);
+    linear_forward(k_raw + ok, x + (size_t)r0 * H, w->k_proj, n, H, nkv * hd, 0);
+    linear_forward(v + ok, x + (size_t)r0 * H, w->v_proj, n, H, nkv * hd, 0);
+    rmsnorm_forward(q + oq, q_rstd + (size_t)r0 * nh, q_raw + oq, w->q_norm, n * nh, hd, c->rms_norm_eps);
+    rmsnorm_forward(k + ok, k_rstd + (size_t)r0 * nkv, k_raw + ok, w->k_norm, n * nkv, hd, c->rms_norm_eps);
+    rope_forward(q + oq, pos + r0, rope_cos, rope_sin, n, nh, hd);
+    rope_forward(k + ok, pos + r0, rope_cos, rope_sin, n, nkv, hd);
+}
+
+/* MoE block on x[N,H] → out[N,H] (this thread's token rows [r0, r1) of out written), called by
+ * every thread of a team. Router logits and top-k per token rows; then (one thread) the aux
+ * statistics and the permutation index; then the experts as (expert, row part) items, each
+ * chaining gather, gate_up GEMM, SwiGLU and down GEMM; then the weighted unpermute per token.
+ * Source: HF Qwen3MoeSparseMoeBlock; the permute → grouped GEMM → unpermute pipeline of
+ * Megatron/Ascend (forward.h). */
+static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
+                             float *counts, float *psum, int r0, int r1) {
+    const moe_config *c = &m->cfg;
+    const layer_views *w = &m->p.layers[l];
+    const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    const int n = r1 - r0;
+    if (n > 0) {
+        linear_forward(s->router_logits + (size_t)r0 * E, x + (size_t)r0 * H, w->router, n, H, E, 0);
+        router_topk_forward(s->probs + (size_t)r0 * E, s->topk_ids + (size_t)r0 * K, s->topk_w + (size_t)r0 * K,
+                            NULL, s->router_logits + (size_t)r0 * E, n, E, K, c->norm_topk_prob);
+        /* row_idx as router_topk_forward defines it, with the global token count N */
+        for (int t = r0; t < r1; t++)
+            for (int j = 0; j < K; j++) s->row_idx[(size_t)t * K + j] = j * N + t;
+    }
+#pragma omp barrier
+#pragma omp single
+    {
+        if (counts) moe_aux_accumulate(counts, psum, s->probs, s->topk_ids, N, E, K);
+        moe_permute_index(s->sorted_row, s->expanded_pos, s->tokens_per_expert, s->offsets, s->topk_ids,
+                          s->row_idx, N, E, K);
+    }
+    const int R = expert_parts(E);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int g = 0; g < E; g++) {
+        for (int p = 0; p < R; p++) {
+            int a, b;
+            expert_part_rows(s->offsets, g, p, R, &a, &b);
+            if (b <= a) continue;
+            const int mrows = b - a;
+            moe_permute_forward(s->permuted + (size_t)a * H, x, s->sorted_row + a, N, mrows, H);
+            linear_forward(s->gate_up + (size_t)a * 2 * I, s->permuted + (size_t)a * H,
+                           w->experts_gate_up + (size_t)g * 2 * I * H, mrows, H, 2 * I, 0);
+            swiglu_forward(s->act + (size_t)a * I, s->gate_up + (size_t)a * 2 * I, mrows, I);
+            linear_forward(s->y + (size_t)a * H, s->act + (size_t)a * I, w->experts_down + (size_t)g * H * I, mrows,
+                           I, H, 0);
+        }
+    }
+    if (n > 0)
+        moe_unpermute_forward(out + (size_t)r0 * H, s->y, s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K,
+                              n, K, H);
+}
+
+/* Dense SwiGLU MLP (HF Qwen3MoeMLP) on token rows [r0, r1): out = down(silu(gate(x))·up(x)). */
+static void dense_forward_rows(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int r0, int r1) {
+    const layer_views *w = &m->p.layers[l];
+    const int H = m->cfg.hidden_size, Id = m->cfg.intermediate_size, n = r1 - r0;
+    if (n <= 0) return;
+    linear_forward(s->gate_up + (size_t)r0 * 2 * Id, x + (size_t)r0 * H, w->mlp_gate_up, n, H, 2 * Id, 0);
+    swiglu_forward(s->act + (size_t)r0 * Id, s->gate_up + (size_t)r0 * 2 * Id, n, Id);
+    linear_forward(out + (size_t)r0 * H, s->act + (size_t)r0 * Id, w->mlp_down, n, Id, H, 0);
+}
+
+/* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
+static void mlp_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
+                             float *counts, float *psum, int r0, int r1) {
+    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+    else dense_forward_rows(m, l, x, out, s, r0, r1);
+}
+
+/* ------------------------------------------------------------------ layer pieces (public) */
 
 void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
                  float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
                  const float *rope_sin, int N) {
-    const moe_config *c = &m->cfg;
-    const layer_views *w = &m->p.layers[l];
-    const int H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
-    linear_forward(q_raw, x, w->q_proj, N, H, nh * hd, 0);
-    linear_forward(k_raw, x, w->k_proj, N, H, nkv * hd, 0);
-    linear_forward(v, x, w->v_proj, N, H, nkv * hd, 0);
-    rmsnorm_forward(q, q_rstd, q_raw, w->q_norm, N * nh, hd, c->rms_norm_eps);
-    rmsnorm_forward(k, k_rstd, k_raw, w->k_norm, N * nkv, hd, c->rms_norm_eps);
-    rope_forward(q, pos, rope_cos, rope_sin, N, nh, hd);
-    rope_forward(k, pos, rope_cos, rope_sin, N, nkv, hd);
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        qkv_rows(m, l, x, q_raw, k_raw, q_rstd, k_rstd, q, k, v, pos, rope_cos, rope_sin, r0, r1);
+    }
+    blas_team_end(nb);
 }
 
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
-    const moe_config *c = &m->cfg;
-    const layer_views *w = &m->p.layers[l];
-    const int H = c->hidden_size;
-    if (w->router) {
-        const int E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size, M = N * K;
-        linear_forward(s->router_logits, x, w->router, N, H, E, 0);
-        router_topk_forward(s->probs, s->topk_ids, s->topk_w, s->row_idx, s->router_logits, N, E, K,
-                            c->norm_topk_prob);
-        if (counts) moe_aux_accumulate(counts, psum, s->probs, s->topk_ids, N, E, K);
-        moe_permute_index(s->sorted_row, s->expanded_pos, s->tokens_per_expert, s->offsets, s->topk_ids,
-                          s->row_idx, N, E, K);
-        moe_permute_forward(s->permuted, x, s->sorted_row, N, M, H);
-        grouped_gemm_forward(s->gate_up, s->permuted, w->experts_gate_up, s->offsets, E, H, 2 * I);
-        swiglu_forward(s->act, s->gate_up, M, I);
-        grouped_gemm_forward(s->y, s->act, w->experts_down, s->offsets, E, I, H);
-        moe_unpermute_forward(out, s->y, s->topk_w, s->expanded_pos, N, K, H);
-    } else {
-        const int Id = c->intermediate_size;
-        linear_forward(s->gate_up, x, w->mlp_gate_up, N, H, 2 * Id, 0);
-        swiglu_forward(s->act, s->gate_up, N, Id);
-        linear_forward(out, s->act, w->mlp_down, N, Id, H, 0);
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
     }
+    blas_team_end(nb);
 }
 
 /* ------------------------------------------------------------------ forward */
+
+/* Layer l's attention input on token rows [r0, r1): ln1 = RMSNorm(resid_in), then q, k, v. */
+static void attn_in_rows(const moe_model *m, model_acts *a, int l, int r0, int r1) {
+    layer_acts *L = &a->layers[l];
+    const int H = m->cfg.hidden_size;
+    if (r1 <= r0) return;
+    rmsnorm_forward(L->ln1 + (size_t)r0 * H, L->ln1_rstd + r0, L->resid_in + (size_t)r0 * H,
+                    m->p.layers[l].input_layernorm, r1 - r0, H, m->cfg.rms_norm_eps);
+    qkv_rows(m, l, L->ln1, L->q_raw, L->k_raw, L->q_rstd, L->k_rstd, L->q, L->k, L->v, a->pos, a->rope_cos,
+             a->rope_sin, r0, r1);
+}
+
+/* Layer l after attention, on token rows [r0, r1) (team): resid_mid = resid_in + o_proj(att),
+ * ln2 = RMSNorm(resid_mid), the MLP into the next residual stream plus resid_mid, then the
+ * next layer's attention input — or, after the last layer, the final norm and the LM head. */
+static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, int r1) {
+    const moe_config *c = &m->cfg;
+    layer_acts *L = &a->layers[l];
+    const layer_views *w = &m->p.layers[l];
+    const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
+    const int last = l + 1 == c->num_hidden_layers;
+    float *out = last ? a->resid_out : a->layers[l + 1].resid_in;
+    const size_t o = (size_t)r0 * H;
+    if (n > 0) {
+        memcpy(L->resid_mid + o, L->resid_in + o, (size_t)n * H * sizeof(float));
+        linear_forward(L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, n, nhd, H, 1);
+        rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
+                        c->rms_norm_eps);
+    }
+    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1);
+    if (n > 0) {
+        const float *rm = L->resid_mid + o;
+        float *ob = out + o;
+        const size_t nH = (size_t)n * H;
+#pragma omp simd
+        for (size_t i = 0; i < nH; i++) ob[i] += rm[i];
+    }
+    if (!last) {
+        attn_in_rows(m, a, l + 1, r0, r1);
+    } else if (n > 0) {
+        rmsnorm_forward(a->lnf + o, a->lnf_rstd + r0, a->resid_out + o, m->p.norm, n, H, c->rms_norm_eps);
+        linear_forward(a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
+    }
+}
 
 int model_forward(const moe_model *m, model_acts *a, const int *tokens, const int *cu_seqlens,
                   const int *positions, int B, int N) {
@@ -208,34 +477,35 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         for (int b = 0; b < B; b++)
             for (int n = cu_seqlens[b]; n < cu_seqlens[b + 1]; n++) a->pos[n] = n - cu_seqlens[b];
     }
-    float *x = a->layers[0].resid_in;
-    for (int n = 0; n < N; n++) memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)tokens[n] * H, H * sizeof(float));
     if (E > 0) {
         memset(a->aux_counts, 0, E * sizeof(float));
         memset(a->aux_psum, 0, E * sizeof(float));
     }
     a->n_moe_layers = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) a->n_moe_layers += m->p.layers[l].router != NULL;
     const float scale = 1.0f / sqrtf((float)hd);
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    /* embedding rows and layer 0's attention input */
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        float *x = a->layers[0].resid_in;
+        for (int n = r0; n < r1; n++)
+            memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)tokens[n] * H, H * sizeof(float));
+        attn_in_rows(m, a, 0, r0, r1);
+    }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->layers[l];
-        const layer_views *w = &m->p.layers[l];
-        float *out = (l + 1 < c->num_hidden_layers) ? a->layers[l + 1].resid_in : a->resid_out;
-        rmsnorm_forward(L->ln1, L->ln1_rstd, L->resid_in, w->input_layernorm, N, H, c->rms_norm_eps);
-        qkv_forward(m, l, L->ln1, L->q_raw, L->k_raw, L->q_rstd, L->k_rstd, L->q, L->k, L->v, a->pos, a->rope_cos,
-                    a->rope_sin, N);
         attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
-        memcpy(L->resid_mid, L->resid_in, (size_t)N * H * sizeof(float));
-        linear_forward(L->resid_mid, L->att, w->o_proj, N, nh * hd, H, 1);
-        rmsnorm_forward(L->ln2, L->ln2_rstd, L->resid_mid, w->post_attention_layernorm, N, H, c->rms_norm_eps);
-        mlp_forward(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum);
-        if (w->router) a->n_moe_layers++;
-        const size_t NH = (size_t)N * H;
-        const float *rm = L->resid_mid;
-#pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < NH; i++) out[i] += rm[i];
+#pragma omp parallel num_threads(nthr)
+        {
+            int r0, r1;
+            team_share(N, &r0, &r1);
+            layer_rest_team(m, a, l, r0, r1);
+        }
     }
-    rmsnorm_forward(a->lnf, a->lnf_rstd, a->resid_out, m->p.norm, N, H, c->rms_norm_eps);
-    linear_forward(a->logits, a->lnf, m->p.lm_head, N, H, V, 0);
+    blas_team_end(nb);
     a->aux_loss = a->n_moe_layers ? moe_aux_loss(a->aux_counts, a->aux_psum, E, (int64_t)a->n_moe_layers * N) : 0.0f;
     return MOERL_OK;
 }
@@ -249,76 +519,226 @@ void model_logprobs(const moe_model *m, model_acts *a, const int *targets, float
 
 /* ------------------------------------------------------------------ backward */
 
-/* dout[N,H] = ∂loss/∂(mlp output); writes dx[N,H] = ∂loss/∂(mlp input) (OVERWRITTEN). */
-static void mlp_backward(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx,
-                         float aux_weight) {
+/* MoE block backward (team). dout[N,H] = ∂loss/∂(block output); writes this thread's token rows
+ * of dx[N,H] = ∂loss/∂(block input) (OVERWRITTEN) and accumulates the expert and router weight
+ * gradients. dout is only read by the first phase (per-token rows), so the caller may update
+ * its own rows of dout after this returns. Order: unpermute backward and router backward per
+ * token → barrier → expert input-gradient items (down, SwiGLU, gate_up) → barrier → expert
+ * weight-gradient items and the router weight gradient (no barrier after: nothing later reads
+ * what they write) while each thread gathers its tokens' rows of dx (moe_permute_backward as a
+ * per-token gather: dx[t] = Σ_j dpermuted[pos(t, j)]) and adds the router's input gradient.
+ * Source: reference.md / the chain rule through HF Qwen3MoeSparseMoeBlock. */
+static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx,
+                              float aux_weight, int r0, int r1) {
     const moe_config *c = &m->cfg;
     const layer_views *w = &m->p.layers[l];
     layer_views *gw = &m->g.layers[l];
     mlp_acts *s = &a->layers[l].mlp;
-    const int N = a->N, H = c->hidden_size;
-    if (w->router) {
-        const int E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size, M = N * K;
-        moe_unpermute_backward(a->d_y, a->d_topk_w, dout, s->y, s->topk_w, s->expanded_pos, N, K, H);
-        grouped_gemm_backward(a->d_act, gw->experts_down, a->d_y, s->act, w->experts_down, s->offsets, E, I, H);
-        swiglu_backward(a->d_gate_up, a->d_act, s->gate_up, M, I);
-        grouped_gemm_backward(a->d_permuted, gw->experts_gate_up, a->d_gate_up, s->permuted, w->experts_gate_up,
-                              s->offsets, E, H, 2 * I);
-        memset(dx, 0, (size_t)N * H * sizeof(float));
-        moe_permute_backward(dx, a->d_permuted, s->sorted_row, N, M, H);
+    const int N = a->N, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
+              I = c->moe_intermediate_size, n = r1 - r0;
+    if (n > 0) {
+        moe_unpermute_backward(a->d_y, a->d_topk_w + (size_t)r0 * K, dout + (size_t)r0 * H, s->y,
+                               s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K, n, K, H);
         const float *dprobs = NULL;
         if (aux_weight != 0.0f) {
-            moe_aux_backward(a->d_probs, a->aux_counts, N, E, (int64_t)a->n_moe_layers * N, aux_weight);
-            dprobs = a->d_probs;
+            moe_aux_backward(a->d_probs + (size_t)r0 * E, a->aux_counts, n, E, (int64_t)a->n_moe_layers * N,
+                             aux_weight);
+            dprobs = a->d_probs + (size_t)r0 * E;
         }
-        router_topk_backward(a->d_router_logits, a->d_topk_w, dprobs, s->probs, s->topk_ids, N, E, K,
-                             c->norm_topk_prob);
-        linear_backward(dx, gw->router, a->d_router_logits, x, w->router, N, H, E, 1);
-    } else {
-        const int Id = c->intermediate_size;
-        linear_backward(a->d_act, gw->mlp_down, dout, s->act, w->mlp_down, N, Id, H, 0);
-        swiglu_backward(a->d_gate_up, a->d_act, s->gate_up, N, Id);
-        linear_backward(dx, gw->mlp_gate_up, a->d_gate_up, x, w->mlp_gate_up, N, H, 2 * Id, 0);
+        router_topk_backward(a->d_router_logits + (size_t)r0 * E, a->d_topk_w + (size_t)r0 * K, dprobs,
+                             s->probs + (size_t)r0 * E, s->topk_ids + (size_t)r0 * K, n, E, K, c->norm_topk_prob);
     }
+#pragma omp barrier
+    const int R = expert_parts(E);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int g = 0; g < E; g++) {
+        for (int p = 0; p < R; p++) {
+            int ra, rb;
+            expert_part_rows(s->offsets, g, p, R, &ra, &rb);
+            if (rb <= ra) continue;
+            const int mrows = rb - ra;
+            linear_backward(a->d_act + (size_t)ra * I, NULL, a->d_y + (size_t)ra * H, NULL,
+                            w->experts_down + (size_t)g * H * I, mrows, I, H, 0);
+            swiglu_backward(a->d_gate_up + (size_t)ra * 2 * I, a->d_act + (size_t)ra * I,
+                            s->gate_up + (size_t)ra * 2 * I, mrows, I);
+            linear_backward(a->d_permuted + (size_t)ra * H, NULL, a->d_gate_up + (size_t)ra * 2 * I, NULL,
+                            w->experts_gate_up + (size_t)g * 2 * I * H, mrows, H, 2 * I, 0);
+        }
+    }
+#pragma omp for collapse(2) schedule(dynamic, 1) nowait
+    for (int g = 0; g < E; g++) {
+        for (int p = 0; p < R; p++) {
+            const int g0 = s->offsets[g], mrows = s->offsets[g + 1] - g0;
+            if (mrows == 0) continue;
+            int c0, c1;
+            /* dW_down[g][c0:c1, :] += d_y_gᵀ[c0:c1] · act_g ;  dW_gate_up[g][c0:c1, :] += d_gate_up_gᵀ[c0:c1] · x_g */
+            c0 = (int)((long)H * p / R), c1 = (int)((long)H * (p + 1) / R);
+            wgrad_rows(gw->experts_down + (size_t)g * H * I, a->d_y + (size_t)g0 * H, s->act + (size_t)g0 * I, mrows, I,
+                       H, c0, c1);
+            c0 = (int)(2L * I * p / R), c1 = (int)(2L * I * (p + 1) / R);
+            wgrad_rows(gw->experts_gate_up + (size_t)g * 2 * I * H, a->d_gate_up + (size_t)g0 * 2 * I,
+                       s->permuted + (size_t)g0 * H, mrows, H, 2 * I, c0, c1);
+        }
+    }
+    wgrad_team(gw->router, a->d_router_logits, x, N, H, E);
+    for (int t = r0; t < r1; t++) {
+        float *d = dx + (size_t)t * H;
+        const int *pos = s->expanded_pos + (size_t)t * K;
+        memcpy(d, a->d_permuted + (size_t)pos[0] * H, (size_t)H * sizeof(float));
+        for (int j = 1; j < K; j++) {
+            const float *src = a->d_permuted + (size_t)pos[j] * H;
+#pragma omp simd
+            for (int h = 0; h < H; h++) d[h] += src[h];
+        }
+    }
+    if (n > 0)
+        linear_backward(dx + (size_t)r0 * H, NULL, a->d_router_logits + (size_t)r0 * E, NULL, w->router, n, H, E, 1);
+}
+
+/* Dense MLP backward (team): this thread's rows of dx (OVERWRITTEN), then — after a barrier —
+ * the weight gradients split by rows of dW, and a closing barrier because the caller next
+ * updates its rows of dout, which the weight gradient of the down projection reads in full. */
+static void dense_backward_team(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx,
+                                int r0, int r1) {
+    const layer_views *w = &m->p.layers[l];
+    layer_views *gw = &m->g.layers[l];
+    mlp_acts *s = &a->layers[l].mlp;
+    const int N = a->N, H = m->cfg.hidden_size, Id = m->cfg.intermediate_size, n = r1 - r0;
+    if (n > 0) {
+        linear_backward(a->d_act + (size_t)r0 * Id, NULL, dout + (size_t)r0 * H, NULL, w->mlp_down, n, Id, H, 0);
+        swiglu_backward(a->d_gate_up + (size_t)r0 * 2 * Id, a->d_act + (size_t)r0 * Id,
+                        s->gate_up + (size_t)r0 * 2 * Id, n, Id);
+        linear_backward(dx + (size_t)r0 * H, NULL, a->d_gate_up + (size_t)r0 * 2 * Id, NULL, w->mlp_gate_up, n, H,
+                        2 * Id, 0);
+    }
+#pragma omp barrier
+    wgrad_team(gw->mlp_down, dout, s->act, N, Id, H);
+    wgrad_team(gw->mlp_gate_up, a->d_gate_up, x, N, H, 2 * Id);
+#pragma omp barrier
+}
+
+/* Layer l from its output back to resid_mid and through o_proj (team): on entry d_resid holds
+ * ∂loss/∂(layer output); on exit ∂loss/∂resid_mid, and d_att = ∂loss/∂att (all rows, after the
+ * region ends). MLP backward into d_tmp, post-attention RMSNorm backward added to d_resid (the
+ * residual path), o_proj input gradient per token; then after a barrier the o_proj weight
+ * gradient and the norm weight gradient. */
+static void layer_mlp_backward_team(moe_model *m, model_acts *a, int l, float aux_weight, int r0, int r1) {
+    const moe_config *c = &m->cfg;
+    layer_acts *L = &a->layers[l];
+    const layer_views *w = &m->p.layers[l];
+    layer_views *gw = &m->g.layers[l];
+    const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
+    if (w->router) moe_backward_team(m, a, l, L->ln2, a->d_resid, a->d_tmp, aux_weight, r0, r1);
+    else dense_backward_team(m, a, l, L->ln2, a->d_resid, a->d_tmp, r0, r1);
+    norm_partials np = norm_partials_for(m, a);
+    float *dw = norm_dw_slot(np.hidden, gw->post_attention_layernorm, H, np.nt);
+    if (n > 0) {
+        const size_t o = (size_t)r0 * H;
+        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, L->resid_mid + o, w->post_attention_layernorm,
+                         L->ln2_rstd + r0, n, H, 1);
+        linear_backward(a->d_att + (size_t)r0 * nhd, NULL, a->d_resid + o, NULL, w->o_proj, n, nhd, H, 0);
+    }
+#pragma omp barrier
+    wgrad_team(gw->o_proj, a->d_resid, L->att, N, nhd, H);
+    norm_dw_reduce(gw->post_attention_layernorm, np.hidden, H, np.nt);
+}
+
+/* Layer l from the attention's q/k/v gradients (d_q, d_k, d_v, all rows) back to the layer input
+ * (team): RoPE and q/k-norm backward per token, the q/k/v input gradients into d_tmp, the input
+ * RMSNorm backward added to d_resid (now ∂loss/∂resid_in); then after a barrier the q/k/v
+ * weight gradients and the three norm weight gradients. */
+static void layer_attn_backward_team(moe_model *m, model_acts *a, int l, int r0, int r1) {
+    const moe_config *c = &m->cfg;
+    layer_acts *L = &a->layers[l];
+    const layer_views *w = &m->p.layers[l];
+    layer_views *gw = &m->g.layers[l];
+    const int N = a->N, H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads,
+              hd = c->head_dim, n = r1 - r0;
+    norm_partials np = norm_partials_for(m, a);
+    float *dwq = norm_dw_slot(np.q, gw->q_norm, hd, np.nt), *dwk = norm_dw_slot(np.k, gw->k_norm, hd, np.nt);
+    float *dw1 = norm_dw_slot(np.hidden, gw->input_layernorm, H, np.nt);
+    if (n > 0) {
+        const size_t oq = (size_t)r0 * nh * hd, ok = (size_t)r0 * nkv * hd, o = (size_t)r0 * H;
+        rope_backward(a->d_q + oq, a->pos + r0, a->rope_cos, a->rope_sin, n, nh, hd);
+        rope_backward(a->d_k + ok, a->pos + r0, a->rope_cos, a->rope_sin, n, nkv, hd);
+        rmsnorm_backward(a->d_q + oq, dwq, a->d_q + oq, L->q_raw + oq, w->q_norm, L->q_rstd + (size_t)r0 * nh,
+                         n * nh, hd, 0);
+        rmsnorm_backward(a->d_k + ok, dwk, a->d_k + ok, L->k_raw + ok, w->k_norm, L->k_rstd + (size_t)r0 * nkv,
+                         n * nkv, hd, 0);
+        linear_backward(a->d_tmp + o, NULL, a->d_q + oq, NULL, w->q_proj, n, H, nh * hd, 0);
+        linear_backward(a->d_tmp + o, NULL, a->d_k + ok, NULL, w->k_proj, n, H, nkv * hd, 1);
+        linear_backward(a->d_tmp + o, NULL, a->d_v + ok, NULL, w->v_proj, n, H, nkv * hd, 1);
+        rmsnorm_backward(a->d_resid + o, dw1, a->d_tmp + o, L->resid_in + o, w->input_layernorm, L->ln1_rstd + r0, n,
+                         H, 1);
+    }
+#pragma omp barrier
+    wgrad_team(gw->q_proj, a->d_q, L->ln1, N, H, nh * hd);
+    wgrad_team(gw->k_proj, a->d_k, L->ln1, N, H, nkv * hd);
+    wgrad_team(gw->v_proj, a->d_v, L->ln1, N, H, nkv * hd);
+    norm_dw_reduce(gw->q_norm, np.q, hd, np.nt);
+    norm_dw_reduce(gw->k_norm, np.k, hd, np.nt);
+    norm_dw_reduce(gw->input_layernorm, np.hidden, H, np.nt);
+}
+
+/* LM head and final norm backward (team): d_logits per token, d_tmp = d_logits·W_head, d_resid =
+ * final RMSNorm backward (∂loss/∂resid_out); after a barrier the head and norm weight
+ * gradients. */
+static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, const float *dentropy, int r0,
+                               int r1) {
+    const moe_config *c = &m->cfg;
+    const int N = a->N, H = c->hidden_size, V = c->vocab_size, n = r1 - r0;
+    norm_partials np = norm_partials_for(m, a);
+    float *dw = norm_dw_slot(np.hidden, m->g.norm, H, np.nt);
+    if (n > 0) {
+        const size_t o = (size_t)r0 * H, ov = (size_t)r0 * V;
+        logprob_backward(a->d_logits + ov, dlogp + r0, dentropy ? dentropy + r0 : NULL, a->logits + ov,
+                         a->targets + r0, n, V, a->temperature);
+        linear_backward(a->d_tmp + o, NULL, a->d_logits + ov, NULL, m->p.lm_head, n, H, V, 0);
+        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, a->resid_out + o, m->p.norm, a->lnf_rstd + r0, n, H, 0);
+    }
+#pragma omp barrier
+    wgrad_team(m->g.lm_head, a->d_logits, a->lnf, N, H, V);
+    norm_dw_reduce(m->g.norm, np.hidden, H, np.nt);
 }
 
 void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float *dentropy, float aux_weight) {
     const moe_config *c = &m->cfg;
-    const int N = a->N, B = a->B, H = c->hidden_size, V = c->vocab_size, hd = c->head_dim,
-              nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int N = a->N, B = a->B, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads,
+              nkv = c->num_key_value_heads, L = c->num_hidden_layers;
     const float scale = 1.0f / sqrtf((float)hd);
-    logprob_backward(a->d_logits, dlogp, dentropy, a->logits, a->targets, N, V, a->temperature);
-    linear_backward(a->d_tmp, m->g.lm_head, a->d_logits, a->lnf, m->p.lm_head, N, H, V, 0);
-    rmsnorm_backward(a->d_resid, m->g.norm, a->d_tmp, a->resid_out, m->p.norm, a->lnf_rstd, N, H, 0);
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
-        layer_acts *L = &a->layers[l];
-        const layer_views *w = &m->p.layers[l];
-        layer_views *gw = &m->g.layers[l];
-        /* MLP branch: out = resid_mid + mlp(rmsnorm(resid_mid)) */
-        mlp_backward(m, a, l, L->ln2, a->d_resid, a->d_tmp, aux_weight);
-        rmsnorm_backward(a->d_resid, gw->post_attention_layernorm, a->d_tmp, L->resid_mid,
-                         w->post_attention_layernorm, L->ln2_rstd, N, H, 1);
-        /* attention branch: resid_mid = resid_in + o_proj(att) */
-        linear_backward(a->d_att, gw->o_proj, a->d_resid, L->att, w->o_proj, N, nh * hd, H, 0);
-        attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, L->q, L->k, L->v, L->att, L->lse, a->cu_seqlens, B, N,
-                           nh, nkv, hd, scale);
-        rope_backward(a->d_q, a->pos, a->rope_cos, a->rope_sin, N, nh, hd);
-        rope_backward(a->d_k, a->pos, a->rope_cos, a->rope_sin, N, nkv, hd);
-        rmsnorm_backward(a->d_q, gw->q_norm, a->d_q, L->q_raw, w->q_norm, L->q_rstd, N * nh, hd, 0);
-        rmsnorm_backward(a->d_k, gw->k_norm, a->d_k, L->k_raw, w->k_norm, L->k_rstd, N * nkv, hd, 0);
-        linear_backward(a->d_tmp, gw->q_proj, a->d_q, L->ln1, w->q_proj, N, H, nh * hd, 0);
-        linear_backward(a->d_tmp, gw->k_proj, a->d_k, L->ln1, w->k_proj, N, H, nkv * hd, 1);
-        linear_backward(a->d_tmp, gw->v_proj, a->d_v, L->ln1, w->v_proj, N, H, nkv * hd, 1);
-        rmsnorm_backward(a->d_resid, gw->input_layernorm, a->d_tmp, L->resid_in, w->input_layernorm, L->ln1_rstd, N,
-                         H, 1);
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        head_backward_team(m, a, dlogp, dentropy, r0, r1);
+        layer_mlp_backward_team(m, a, L - 1, aux_weight, r0, r1);
     }
-    /* embedding: scatter-add rows (serial over tokens: two tokens may share an id) */
-    float *gE = m->g.embed_tokens;
-    const float *dr = a->d_resid;
-    const int *tokens = a->tokens_in;
-    for (int n = 0; n < N; n++) {
-        float *row = gE + (size_t)tokens[n] * H;
-        const float *d = dr + (size_t)n * H;
-        for (int h = 0; h < H; h++) row[h] += d[h];
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts *La = &a->layers[l];
+        attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
+                           N, nh, nkv, hd, scale);
+#pragma omp parallel num_threads(nthr)
+        {
+            int r0, r1;
+            team_share(N, &r0, &r1);
+            layer_attn_backward_team(m, a, l, r0, r1);
+            if (l > 0) {
+                layer_mlp_backward_team(m, a, l - 1, aux_weight, r0, r1);
+            } else {
+                /* embedding: scatter-add rows; each thread owns a block of columns (two tokens
+                 * may share an id), tokens in order */
+#pragma omp barrier
+                int h0, h1;
+                team_share(H, &h0, &h1);
+                float *gE = m->g.embed_tokens;
+                for (int n = 0; n < N; n++) {
+                    float *row = gE + (size_t)a->tokens_in[n] * H;
+                    const float *d = a->d_resid + (size_t)n * H;
+                    for (int h = h0; h < h1; h++) row[h] += d[h];
+                }
+            }
+        }
     }
+    blas_team_end(nb);
 }
