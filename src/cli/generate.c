@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "cli/cli.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -148,6 +149,8 @@ int cmd_generate(int argc, char **argv) {
     gen_request **done = xmalloc((total + 1) * sizeof(gen_request *));
     double t0 = moerl_now();
     int finished = 0;
+    progress pb;
+    progress_begin(&pb, "generate", total);
     while (finished < total) {
         int k = engine_step(e, done, total + 1);
         for (int d = 0; d < k; d++) {
@@ -177,7 +180,15 @@ int cmd_generate(int argc, char **argv) {
             finished++;
         }
         if (k < 0) break;
+        if (k > 0) {
+            char extra[96];
+            engine_stats cur = engine_get_stats(e);
+            double el = moerl_now() - t0;
+            snprintf(extra, sizeof extra, "%.0f tokens/s", cur.generated_tokens / (el > 0 ? el : 1e-9));
+            progress_update(&pb, finished, extra);
+        }
     }
+    progress_end(&pb, NULL);
     double dt = moerl_now() - t0;
     engine_stats st = engine_get_stats(e);
     fprintf(stderr, "moerl generate: %d responses, %lld tokens in %.2f s (%.1f tokens/s; prefill %lld tokens, %lld steps)\n",

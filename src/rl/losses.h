@@ -17,7 +17,7 @@
 
 /* GRPO outcome advantages for n_groups groups of sizes group_size[g] (rewards laid out group
  * after group): A_i = (r_i − mean_G r) / (std_G r + eps), std unbiased (N−1); a group of one has
- * mean 0 and std 1 (verl: A = r for a singleton). eps = 1e-6. adv[Σ sizes]. */
+ * mean 0 and std 1 as in verl, so A = r/(1 + eps). eps = 1e-6. adv[Σ sizes]. */
 void grpo_advantages(float *adv, const float *rewards, const int *group_size, int n_groups, float eps);
 
 typedef struct {
