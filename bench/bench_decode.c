@@ -4,8 +4,8 @@
  *
  * Models (model_init_inference + model_init_random, untied LM head, every layer MoE):
  *   A  the benchmark model: H=256, 4 layers, 8 heads / 2 KV heads, head_dim 32, 16 experts top-4,
- *      expert I=128, vocab 512 (weights ≈ 27 MB)
- *   B  a larger one whose weights exceed the L2 cache (and, at ≈ 410 MB, a 300 MB L3): H=512,
+ *      expert I=128, vocab 512 (weights 28.9 MB)
+ *   B  a larger one whose weights exceed the L2 cache (and, at 433 MB, a 300 MB L3): H=512,
  *      8 layers, 8 heads / 2 KV heads, head_dim 64, 32 experts top-4, expert I=256, vocab 2048
  *
  * Decode at batch b: b concurrent requests (prompt of --prompt-len tokens, temperature 1, no
@@ -32,8 +32,10 @@
  * reads, using every thread, so a read-only stream on all threads is the same access pattern
  * (copy/triad add write traffic the decode does not have). One read pass is re-measured just
  * before the batch-1 run of every repetition; bound tokens/s = that bandwidth / bytes per token;
- * ratio = measured / bound per repetition (target ≥ 50%). Weights that stay cached (model A fits in a large L3) can beat a DRAM bound: the ratio
- * is then above 100% and says little, so model B is the meaningful case.
+ * ratio = measured / bound per repetition (target ≥ 50%). Weights that stay cached can beat a
+ * DRAM bound: model A fits in a large L3 entirely (its ratio then says little), and with a
+ * 300 MB L3 the non-expert weights and part of model B's experts stay cached between tokens,
+ * so model B's bound is loose there too (ratios above 100% were seen with GEMV kernels).
  * Every batch size also gets the same kind of bound for its step: weight bytes read per step =
  * non-expert weights once + the experts that at least one of the b tokens routes to (expected
  * share 1 − (1 − K/E)^b under uniform routing), and "% of their bandwidth bound" = measured /
@@ -45,6 +47,7 @@
  * Usage: bench_decode [--model A|B|all] [--reps N (≥ 3, default 5)] [--batches 1,8,32,64]
  *                     [--prompt-len 16] [--max-tokens 32] [--prefill-seqs 8] [--prefill-len 256]
  *                     [--stream-mb MB per array] [--json]
+ * --json prints one JSON object on stdout (the human-readable lines then go to stderr).
  * Threads: OMP_NUM_THREADS (OpenBLAS is the OpenMP build and shares the pool).
  */
 #include "base/common.h"

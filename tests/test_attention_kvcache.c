@@ -78,7 +78,8 @@ static void run_case(int nh, int nkv, int hd, float qscale) {
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t no = (size_t)N * nh * hd;
     float *o_all = xmalloc(no * sizeof(float)), *o_one = xmalloc(no * sizeof(float)),
-          *o_ref = xmalloc(no * sizeof(float)), *o_fa = xmalloc(no * sizeof(float)), *lse = xmalloc((size_t)N * nh * sizeof(float));
+          *o_ref = xmalloc(no * sizeof(float)), *o_fa = xmalloc(no * sizeof(float)),
+          *lse = xmalloc((size_t)N * nh * sizeof(float));
     attention_kvcache_forward(o_all, q, kc, vc, slot, pos, N, nh, nkv, hd, max_len, scale);
     for (int n = 0; n < N; n++)
         attention_kvcache_forward(o_one + (size_t)n * nh * hd, q + (size_t)n * nh * hd, kc, vc, slot + n, pos + n, 1, nh,
@@ -97,7 +98,8 @@ static void run_case(int nh, int nkv, int hd, float qscale) {
             for (int j = 0; j <= pos[n]; j++) {
                 double d = 0;
                 for (int c = 0; c < hd; c++)
-                    d += (double)q[((size_t)n * nh + h) * hd + c] * k[((size_t)(n - pos[n] + j) * nkv + h / (nh / nkv)) * hd + c];
+                    d += (double)q[((size_t)n * nh + h) * hd + c] *
+                         k[((size_t)(n - pos[n] + j) * nkv + h / (nh / nkv)) * hd + c];
                 smax = fmax(smax, fabs(d * scale));
             }
     const float atol = (float)(3 * 1.19e-7 * (1.0 + smax)); /* FLT_EPSILON = 1.19e-7 */

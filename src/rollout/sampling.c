@@ -15,9 +15,10 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-static const float *g_sort_key;
-static int cmp_desc(const void *a, const void *b) {
-    float x = g_sort_key[*(const int *)a], y = g_sort_key[*(const int *)b];
+/* qsort_r comparator: descending by key, ties by lower id (reentrant: the key comes as argument). */
+static int cmp_desc(const void *a, const void *b, void *key) {
+    const float *k = key;
+    float x = k[*(const int *)a], y = k[*(const int *)b];
     if (x > y) return -1;
     if (x < y) return 1;
     return *(const int *)a - *(const int *)b;
@@ -48,8 +49,7 @@ int sample_token(const float *logits, int V, const sampling_params *sp, rng_stat
     } else {
         int *idx = (int *)(scratch + V); /* [V] */
         for (int i = 0; i < V; i++) idx[i] = i;
-        g_sort_key = z; /* the engine samples from one thread */
-        qsort(idx, V, sizeof(int), cmp_desc);
+        qsort_r(idx, V, sizeof(int), cmp_desc, z);
         int keep = V;
         if (sp->top_k > 0 && sp->top_k < keep) keep = sp->top_k;
         double tot = 0;
