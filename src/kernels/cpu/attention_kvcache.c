@@ -33,41 +33,7 @@
  * on one thread. */
 #define KV_PAR_MIN_MACS 65536
 
-#ifdef __FMA__
-#define KV_MADD(a, b, c) fmaf((a), (b), (c))
-#else
-#define KV_MADD(a, b, c) ((a) * (b) + (c))
-#endif
-
-/* e^x for x ≤ 0 (and −inf → 0), written so that loops over it vectorise. Range reduction
- * x = k·ln2 + r with k = round(x/ln2), |r| ≤ ln2/2; ln2 = C1 + C2 with C1 = 0.693359375 (few
- * mantissa bits, so k·C1 is exact for |k| < 2^15); e^r by its degree-7 Taylor polynomial in
- * Horner form (truncation |r|^8/8! < 6e-9 relative). k is rounded by adding 1.5·2^23, after
- * which the float's low mantissa bits hold k; 2^k is assembled in the exponent field with
- * unsigned bit arithmetic (no float→int conversion, so NaN propagates without undefined
- * behaviour). Measured against double exp at every float in (−87.3, 0]: within 1 ulp. For
- * x ≤ −87.3 (results near 2^−126, the smallest normal float) it returns 0.
- * Source: the Cody–Waite reduction (Cody & Waite 1980) used by vector math libraries. */
-static inline float kv_exp(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    const float y = x * 1.44269504f + 12582912.0f;
-    const float kf = y - 12582912.0f;
-    const float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = KV_MADD(p, r, 1.0f / 720.0f);
-    p = KV_MADD(p, r, 1.0f / 120.0f);
-    p = KV_MADD(p, r, 1.0f / 24.0f);
-    p = KV_MADD(p, r, 1.0f / 6.0f);
-    p = KV_MADD(p, r, 0.5f);
-    p = KV_MADD(p, r, 1.0f);
-    p = KV_MADD(p, r, 1.0f);
-    uint32_t yi;
-    memcpy(&yi, &y, sizeof yi);
-    const uint32_t bits = (yi - 0x4B400000u + 127u) << 23; /* (k + 127) in the exponent field */
-    float two_k;
-    memcpy(&two_k, &bits, sizeof two_k);
-    return x <= -87.3f ? 0.0f : p * two_k;
-}
+#include "kernels/cpu/vexp.h"
 
 /* One register tile: C[MR, NC] (= or +=) A[MR, Kd]·B[Kd, NC], all row-major (lda, ldb, ldc).
  * MR ≤ 8 and NC ≤ 32 are constants at every (inlined) call site, so the accumulators stay in
@@ -157,11 +123,11 @@ static void attend_chunk(float *out, const float *q, long tq, const float *kb, c
                 sr[j] *= scale;
                 mx = sr[j] > mx ? sr[j] : mx;
             }
-            const float alpha = kv_exp(m[r] - mx); /* 0 on the first block (m = −inf) */
+            const float alpha = vexp_nonpos(m[r] - mx); /* 0 on the first block (m = −inf) */
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int j = 0; j < vis; j++) {
-                sr[j] = kv_exp(sr[j] - mx);
+                sr[j] = vexp_nonpos(sr[j] - mx);
                 sum += sr[j];
             }
             l[r] = l[r] * alpha + sum;
