@@ -23,8 +23,9 @@ line with the same fields as bench_train_step --json.
 
 Usage: OPENBLAS_CORETYPE=Haswell /usr/bin/python3 bench/torch_train_step.py [--threads N] [--reps R]
        [--warmup W] [--batch B] [--seqlen T] [--json]
-Threads: torch.set_num_threads(N) for ATen's OpenMP pool; OpenBLAS (Debian's torch calls it for
-matmuls) reads OPENBLAS_NUM_THREADS, which this script sets to N before torch is imported.
+Threads: torch.set_num_threads(N) for ATen's OpenMP pool; OpenBLAS (Debian's torch calls its
+pthread build for matmuls) reads OPENBLAS_NUM_THREADS, which this script sets to N before torch is
+imported unless it is already set (OpenBLAS's own default is all cores).
 """
 import argparse
 import json

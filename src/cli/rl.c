@@ -1,6 +1,12 @@
 /* moerl rl --config FILE [key=value ...] — the main job: (optional SFT warm start, then)
  * fully-asynchronous GRPO. Config keys follow verl's names (actor.*, rollout.*, async_training.*,
- * algorithm.*, trainer.*, data.*); see `moerl rl --help`. */
+ * algorithm.*, trainer.*, data.*); see `moerl rl --help`.
+ * One process (build/moerl, or build/moerl-mpi without mpirun): the embedded job (rl_run).
+ * `mpirun -np N build/moerl-mpi rl ... trainer.n_ranks=T`: the last T ranks are data-parallel
+ * trainers, the other N−T rollout ranks (rl_run_dist); every rank builds the same model (random init
+ * from model.seed, or model.path) and dataset, the SFT warm start runs on trainer rank 0 only, and
+ * only trainer rank 0 writes the outputs and prints the result. An error on any rank after the
+ * configuration is read ends every rank (dist_abort → MPI_Abort), naming the failing rank. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,11 +16,24 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "dist/dist.h"
 #include "rl/rl.h"
 
 int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *test, const char *out_dir,
                    double *acc_before, double *acc_after);
 void sft_def_warm_start_keys(cfg *c);
+
+
+/* On a resume the warm start is not rerun, but the frozen KL reference must still be the policy
+ * RL started from: reload the warm start's checkpoint (when there was one) before the trainer
+ * copies its reference; the RL checkpoint then replaces the live weights. */
+static int restore_start_policy(const cfg *c, moe_model *m, const char *out_dir) {
+    char dir[4200], f[4300];
+    snprintf(dir, sizeof dir, "%s/sft_checkpoint", out_dir);
+    snprintf(f, sizeof f, "%s/model.safetensors", dir);
+    if (!cfg_bool(c, "actor.use_kl_loss") || access(f, R_OK) != 0) return MOERL_OK;
+    return model_load_weights(m, dir);
+}
 
 static void rl_def_keys(cfg *c) {
     cli_def_model_keys(c);
@@ -52,8 +71,11 @@ static void rl_def_keys(cfg *c) {
     cfg_def_int(c, "async_training.require_batches", 1, "mini-batches per trainer step");
     cfg_def_bool(c, "async_training.partial_rollout", true, "interrupt and resume in-flight responses at a sync");
     cfg_def_str(c, "async_training.mode", "async", "async (threads) | lockstep (one thread, reproducible) | sync (baseline)");
-    cfg_def_int(c, "async_training.rollout_threads", 1, "compute threads of the rollouter (async mode)");
-    cfg_def_int(c, "async_training.trainer_threads", 1, "compute threads of the trainer (async mode)");
+    cfg_def_int(c, "async_training.rollout_threads", 1, "compute threads of the rollouter (async mode; every rollout rank under mpirun)");
+    cfg_def_int(c, "async_training.trainer_threads", 1, "compute threads of the trainer (async mode; every trainer rank under mpirun)");
+    cfg_def_float(c, "async_training.sync_bucket_mb", 64.0, "weight-broadcast bucket in MiB (under mpirun)");
+    cfg_def_float(c, "actor.grad_bucket_mb", 25.0, "data-parallel gradient all-reduce bucket in MiB (DDP's 25; under mpirun)");
+    cfg_def_int(c, "trainer.n_ranks", 1, "data-parallel trainer ranks: under mpirun -np N the last n_ranks ranks train, the other N-n_ranks roll out; 1 in one process");
     cfg_def_int(c, "trainer.total_training_steps", 0, "trainer steps (0 = from total_epochs)");
     cfg_def_int(c, "trainer.total_epochs", 1, "passes over the prompts");
     cfg_def_str(c, "trainer.default_local_dir", "runs/rl", "output folder");
@@ -113,6 +135,14 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     r->seed = (uint64_t)cfg_int(c, "trainer.seed");
     r->watchdog_s = cfg_float(c, "trainer.watchdog_s");
     r->save_bf16 = cfg_bool(c, "trainer.save_bf16");
+    r->n_trainer_ranks = (int)cfg_int(c, "trainer.n_ranks");
+    r->sync_bucket_mb = cfg_float(c, "async_training.sync_bucket_mb");
+    r->grad_bucket_mb = cfg_float(c, "actor.grad_bucket_mb");
+    if (r->n_trainer_ranks < 1) return moerl_errorf("trainer.n_ranks must be ≥ 1, got %d", r->n_trainer_ranks);
+    if (!(r->sync_bucket_mb > 0) || r->sync_bucket_mb > 1024)
+        return moerl_errorf("async_training.sync_bucket_mb must be in (0, 1024] MiB, got %g", r->sync_bucket_mb);
+    if (!(r->grad_bucket_mb > 0) || r->grad_bucket_mb > 1024)
+        return moerl_errorf("actor.grad_bucket_mb must be in (0, 1024] MiB, got %g", r->grad_bucket_mb);
     const char *mode = cfg_str(c, "async_training.mode");
     if (!strcmp(mode, "async")) r->mode = RL_MODE_ASYNC;
     else if (!strcmp(mode, "lockstep")) r->mode = RL_MODE_LOCKSTEP;
@@ -143,6 +173,82 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     return MOERL_OK;
 }
 
+/* The job across processes (world size > 1). Errors after the role split end every rank. */
+static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
+    const int P = ctx->world_size;
+    if (rc->n_trainer_ranks > P - 1) { /* identical on every rank: rank 0 reports, all return */
+        if (ctx->world_rank == 0)
+            fprintf(stderr,
+                    "moerl rl: trainer.n_ranks=%d leaves no rollout rank in a world of %d processes (mpirun -np %d): "
+                    "use 1 ≤ trainer.n_ranks ≤ %d\n",
+                    rc->n_trainer_ranks, P, P, P - 1);
+        return 1;
+    }
+    if (rc->mode == RL_MODE_LOCKSTEP) {
+        if (ctx->world_rank == 0)
+            fprintf(stderr, "moerl rl: async_training.mode=lockstep runs in one process only; under mpirun use async "
+                            "or sync\n");
+        return 1;
+    }
+    char who[96], err[1400];
+    if (dist_split_roles(ctx, rc->n_trainer_ranks) != MOERL_OK) {
+        if (ctx->world_rank == 0) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
+        return 1;
+    }
+    const int leader = ctx->trainer_rank == 0;
+    if (ctx->role == DIST_ROLE_ROLLOUT) snprintf(who, sizeof who, "rollout %d", ctx->world_rank);
+    else snprintf(who, sizeof who, "trainer %d", ctx->trainer_rank);
+    log_set_prefix(who);
+    moe_model m = {0};
+    dataset train = {0}, test = {0};
+    char path[4200];
+    if (leader) {
+        if (moerl_mkdirs(rc->out_dir) != MOERL_OK) goto fail;
+        snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
+        if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
+    }
+    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
+    if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
+    double sft0 = -1, sft1 = -1;
+    if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
+        snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc->out_dir);
+        int resuming = rc->resume_auto && access(path, R_OK) == 0;
+        snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
+        resuming |= rc->resume_auto && access(path, R_OK) == 0;
+        if (!resuming && sft_warm_start(c, &m, &train, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+        if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
+    }
+    rl_result res;
+    if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
+    if (leader) {
+        log_info("RL done on %d processes (%d rollout, %d trainer): %lld steps, version %d, %.1f s, %.2f prompts/s, "
+                 "%.0f generated tokens/s, param sync %.4f s (broadcast %.4f s, %.3f GB/s), exposed gradient "
+                 "reduction %.3f s, trainer idle %.2f, rollouter idle %.2f, max staleness %d",
+                 P, res.rollout_ranks, res.trainer_ranks, (long long)res.steps, res.final_version, res.wall_s,
+                 res.prompts_per_s, res.tokens_per_s, res.param_sync_s, res.weight_bcast_s, res.weight_bcast_gbps,
+                 res.grad_reduce_exposed_s, res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
+        printf("{\"accuracy_sft\": %.4f, \"accuracy_rl_start\": %.4f, \"accuracy_rl_end\": %.4f, \"steps\": %lld, "
+               "\"wall_s\": %.2f, \"prompts_per_s\": %.4f, \"tokens_per_s\": %.1f, \"max_staleness\": %d, "
+               "\"trainer_idle_ratio\": %.3f, \"rollouter_idle_ratio\": %.3f, \"world_size\": %d, "
+               "\"rollout_ranks\": %d, \"trainer_ranks\": %d, \"tokens_generated\": %lld, \"syncs\": %d, "
+               "\"param_sync_s\": %.5f, \"weight_bcast_s\": %.5f, \"weight_bcast_bytes\": %lld, "
+               "\"weight_bcast_GBps\": %.4f, \"grad_reduce_exposed_s\": %.4f}\n",
+               sft1, res.val_acc_start, res.val_acc_end, (long long)res.steps, res.wall_s, res.prompts_per_s,
+               res.tokens_per_s, res.max_lag_seen, res.trainer_idle_ratio, res.rollouter_idle_ratio, P,
+               res.rollout_ranks, res.trainer_ranks, (long long)res.tokens_generated, res.syncs, res.param_sync_s,
+               res.weight_bcast_s, (long long)res.weight_bcast_bytes, res.weight_bcast_gbps,
+               res.grad_reduce_exposed_s);
+        fflush(stdout);
+    }
+    model_free(&m);
+    dataset_free(&train);
+    dataset_free(&test);
+    return 0;
+fail:
+    snprintf(err, sizeof err, "moerl rl (%s): %s", who, moerl_last_error());
+    dist_abort(ctx, err);
+}
+
 int cmd_rl(int argc, char **argv) {
     cfg *c = cfg_new();
     rl_def_keys(c);
@@ -152,11 +258,29 @@ int cmd_rl(int argc, char **argv) {
         return code;
     }
     rl_config rc;
+    dist_ctx *ctx = NULL;
     moe_model m = {0};
     dataset train = {0}, test = {0};
     char path[4200];
     if (rl_read_config(c, &rc) != MOERL_OK) goto fail;
     cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
+    /* after the configuration (identical on every rank, so a config error fails every rank alike) */
+    ctx = dist_init(NULL, NULL);
+    if (!ctx) goto fail;
+    if (ctx->world_size > 1) {
+        int code = run_distributed(c, &rc, ctx);
+        dist_finalize(ctx);
+        cfg_free(c);
+        return code;
+    }
+    if (rc.n_trainer_ranks != 1) {
+        moerl_errorf("trainer.n_ranks=%d needs %d trainer processes plus rollout processes, but this is a single "
+                     "process (%s backend): run under mpirun with build/moerl-mpi, e.g. `mpirun -np %d build/moerl-mpi "
+                     "rl ... trainer.n_ranks=%d` for one rollout rank",
+                     rc.n_trainer_ranks, rc.n_trainer_ranks, dist_backend_name(), rc.n_trainer_ranks + 1,
+                     rc.n_trainer_ranks);
+        goto fail;
+    }
     if (moerl_mkdirs(rc.out_dir) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
@@ -168,6 +292,7 @@ int cmd_rl(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
     resuming |= rc.resume_auto && access(path, R_OK) == 0;
     if (!resuming && sft_warm_start(c, &m, &train, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+    if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
     log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s, trainer idle %.2f, "
@@ -189,9 +314,11 @@ int cmd_rl(int argc, char **argv) {
     dataset_free(&train);
     dataset_free(&test);
     cfg_free(c);
+    dist_finalize(ctx);
     return 0;
 fail:
     fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
     cfg_free(c);
+    dist_finalize(ctx); /* NULL: no-op */
     return 1;
 }

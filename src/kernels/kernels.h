@@ -19,6 +19,15 @@
 
 /* out[N,O] = x[N,I] · W[O,I]ᵀ   (accumulate: out += ... when accumulate != 0). */
 void linear_forward(float *out, const float *x, const float *W, int N, int I, int O, int accumulate);
+/* Skinny product for decode-sized row counts: out[r, o] (= or +=) Σ_i a[r, i]·W[o, i] for r < m,
+ * o < O, with out's row stride ldo. Reads W once (one pass over its rows, each dotted with the m
+ * rows of a, which stay in cache), so small batches run at memory bandwidth instead of paying
+ * BLAS's packing of W per call. Each output element is the same fixed-order dot product whatever
+ * m is (batch-invariant). Single-threaded; callers parallelise over experts/rows. */
+void gemm_skinny_nt(float *out, int ldo, const float *a, const float *W, int m, int I, int O, int accumulate);
+/* Row count up to which linear_forward and grouped_gemm_forward use gemm_skinny_nt. */
+#define SKINNY_MAX_ROWS 16
+
 /* dx[N,I] (= or += per accumulate_dx) = dout[N,O] · W[O,I];  dW[O,I] += doutᵀ · x.
  * dx or dW may be NULL to skip that product. */
 void linear_backward(float *dx, float *dW, const float *dout, const float *x, const float *W,

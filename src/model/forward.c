@@ -7,18 +7,24 @@
  * unpermute, residual adds, the LM head), so consecutive ops on the same rows need no barrier.
  * Barriers remain only where data crosses tokens: after routing (the permutation is global),
  * after the expert loop (a token gathers rows computed by other threads) and before each weight
- * gradient (a sum over all tokens). Experts run as an OpenMP loop over (expert, row part) items
- * with dynamic scheduling; each item chains gather → gate_up GEMM → SwiGLU → down GEMM on rows
- * that stay in cache. Weight gradients dW += doutᵀ·x are split by rows of dW (no reduction, so
- * the result does not depend on the thread count); RMSNorm weight gradients are summed per
- * thread and then reduced in thread order. The kernels called inside a team see an active
- * parallel region and run on the calling thread (their own OpenMP loops become one-thread
- * regions; OpenMP builds of OpenBLAS run single-threaded there; pthread builds are switched to
- * one thread for the duration). Attention stays a kernel call between teams (its own OpenMP
- * loop over sequence × head × query-block tasks).
- * Why: a step of the benchmark model makes a few hundred kernel calls; as separate parallel
- * regions each costs a fork/join, OpenBLAS threads small GEMMs poorly, and on a loaded machine
- * each join can wait a scheduler slice for a descheduled thread (bench/bench_train_step.c).
+ * gradient (a sum over all tokens). The grouped GEMMs of the experts are done by the driver as
+ * an OpenMP loop over (expert, row part) items with dynamic scheduling, so that each item chains
+ * gather → gate_up GEMM → SwiGLU → down GEMM on rows that stay in cache (same products as
+ * grouped_gemm_forward/backward, which are not called here). Weight gradients dW += doutᵀ·x are
+ * split by rows of dW (no reduction, so they do not depend on the thread count); RMSNorm weight
+ * gradients are summed per thread and then reduced in thread order (deterministic for a given
+ * thread count). The kernels called inside a team see an active parallel region and run on the
+ * calling thread (their own OpenMP loops become one-thread regions; OpenMP builds of OpenBLAS
+ * run single-threaded there; pthread builds are switched to one thread for the duration).
+ * Attention stays a kernel call between teams (its own OpenMP loop over sequence × head ×
+ * query-block tasks).
+ * Why: a training step of the benchmark model (bench/bench_train_step.c) made ~50 kernel calls
+ * per layer, each its own parallel region (plus OpenBLAS's own per GEMM); now a layer is four
+ * regions (two teams, two attention calls) with ~8 barriers. Measured on the 2-core dev machine
+ * (bench_train_step, 2 threads, old and new driver interleaved, two sessions of 4–5 runs each):
+ * fastest run 166–170 → 160–166 ms/step (3%), median run 185–257 → 171–199 ms/step (8–23%: other
+ * processes came and went, and the old driver lost more to them since each join can wait a
+ * scheduler slice); 1 thread unchanged (~307 ms/step).
  */
 #include "model/forward.h"
 
@@ -161,7 +167,6 @@ void model_acts_free(model_acts *a) {
     free(a->arena);
     memset(a, 0, sizeof *a);
 }
-
 
 /* ------------------------------------------------------------------ teams */
 
@@ -714,6 +719,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         head_backward_team(m, a, dlogp, dentropy, r0, r1);
         layer_mlp_backward_team(m, a, L - 1, aux_weight, r0, r1);
     }
+    if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *La = &a->layers[l];
         attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
@@ -739,6 +745,8 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
                 }
             }
         }
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
     }
+    if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
     blas_team_end(nb);
 }

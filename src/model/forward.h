@@ -75,6 +75,13 @@ typedef struct {
     float *d_topk_w;                  /* [N,K] */
     float *d_router_logits, *d_probs; /* [N,E] */
     void *arena;
+    /* Optional per-layer hook for data-parallel gradient reduction (NULL = none; model_acts_init
+     * sets NULL). model_backward calls layer_hook(layer_hook_ctx, group) as soon as the gradients
+     * of a backward group are final, in the order and numbering of dist_tensor_group (dist/dist.h):
+     * group L = num_hidden_layers (final norm and untied LM head) after the head, group l after
+     * decoder layer l, group −1 (embedding, incl. a tied head) after the embedding scatter. */
+    void (*layer_hook)(void *ctx, int group);
+    void *layer_hook_ctx;
 } model_acts;
 
 /* Allocate activations for up to max_tokens tokens per batch (one allocation). */
@@ -90,7 +97,8 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
  * targets must stay valid until model_backward. */
 void model_logprobs(const moe_model *m, model_acts *a, const int *targets, float temperature, int want_entropy);
 /* Backward of loss = Σ_n (dlogp[n]·logp[n] + dentropy[n]·entropy[n]) + aux_weight·aux_loss
- * (linearised): accumulates into m->grads. dentropy may be NULL. */
+ * (linearised): accumulates into m->grads. dentropy may be NULL. Calls a->layer_hook (if set) after
+ * each backward group's gradients are final (see model_acts). */
 void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float *dentropy, float aux_weight);
 
 /* --- layer pieces shared with the rollout engine (same code for training and decoding) --- */

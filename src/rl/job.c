@@ -15,39 +15,12 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "model/safetensors.h"
+#include "rl/job_internal.h"
 #include "rl/rl.h"
 #include "train/train.h"
 
 void openblas_set_num_threads(int n);
 
-typedef struct {
-    const rl_config *cfg;
-    const dataset *train, *test;
-    moe_model *m;
-    rollouter R;
-    trainer T;
-    rl_queue queue;
-    metrics_writer *mw;
-    FILE *samples;
-    int64_t total_steps, total_prompts, consumed;
-    /* window statistics (since the last version change) */
-    double win_t0, win_gen_wait, win_update, win_sync;
-    train_stats win;
-    int win_steps;
-    int64_t win_tokens;
-    double rollouter_busy_snap, rollouter_idle_snap;
-    /* run totals */
-    double run_t0;
-    int max_lag;
-    int64_t tokens_generated;
-    double sum_gen_wait, sum_update;
-    double rollouter_busy_total, rollouter_idle_total;
-    /* validation history for the plot */
-    FILE *plotdata;
-    double last_val;
-    int failed;
-    int watchdog_stop;
-} job;
 
 /* ------------------------------------------------------------------ checkpoints */
 
@@ -76,18 +49,18 @@ static void remove_flat_dir(const char *dir) {
     rmdir(dir);
 }
 
-static int write_checkpoint_files(job *J, const char *dir);
+static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflight, int n_inflight);
 
 /* Called with the rollouter paused (inside a sync): a consistent snapshot of both roles.
  * Written into checkpoint.tmp/, then swapped in by renames (checkpoint → checkpoint.old,
  * checkpoint.tmp → checkpoint), so a kill at any moment leaves one complete checkpoint. */
-static int save_checkpoint(job *J) {
+int job_save_checkpoint(job *J, const int64_t *inflight, int n_inflight) {
     char tmp[4200], cur[4200], old[4200];
     snprintf(tmp, sizeof tmp, "%s/checkpoint.tmp", J->cfg->out_dir);
     snprintf(cur, sizeof cur, "%s/checkpoint", J->cfg->out_dir);
     snprintf(old, sizeof old, "%s/checkpoint.old", J->cfg->out_dir);
     remove_flat_dir(tmp);
-    if (write_checkpoint_files(J, tmp) != MOERL_OK) return MOERL_ERR;
+    if (write_checkpoint_files(J, tmp, inflight, n_inflight) != MOERL_OK) return MOERL_ERR;
     remove_flat_dir(old);
     if (rename(cur, old) != 0 && errno != ENOENT) return moerl_errorf("cannot rename %s: %s", cur, strerror(errno));
     if (rename(tmp, cur) != 0) return moerl_errorf("cannot rename %s to %s: %s", tmp, cur, strerror(errno));
@@ -96,7 +69,7 @@ static int save_checkpoint(job *J) {
     return MOERL_OK;
 }
 
-static int write_checkpoint_files(job *J, const char *dir) {
+static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflight, int n_inflight) {
     const rl_config *c = J->cfg;
     char p[4200];
     if (moerl_mkdirs(dir) != MOERL_OK) return MOERL_ERR;
@@ -114,16 +87,19 @@ static int write_checkpoint_files(job *J, const char *dir) {
     json_object_set_new(s, "optimizer_step", json_integer(J->T.opt.step));
     json_object_set_new(s, "optimizer_skipped", json_integer(J->T.opt.skipped));
     json_object_set_new(s, "consumed_prompts", json_integer(J->consumed));
-    json_object_set_new(s, "feed_epoch", json_integer(J->R.feed.epoch));
-    json_object_set_new(s, "feed_pos", json_integer(J->R.feed.pos));
+    const prompt_feed *f = J->feed;
+    json_object_set_new(s, "feed_epoch", json_integer(f->epoch));
+    json_object_set_new(s, "feed_pos", json_integer(f->pos));
     json_object_set_new(s, "seed", json_integer((json_int_t)c->seed));
-    json_object_set_new(s, "n_rows", json_integer(J->R.feed.n_rows));
+    json_object_set_new(s, "n_rows", json_integer(f->n_rows));
     /* unconsumed started prompts: redo list left over from an earlier resume, then in-flight, then queued */
-    for (int i = J->R.feed.redo_pos; i < J->R.feed.n_redo; i++) json_array_append_new(redo, json_integer(J->R.feed.redo[i]));
-    for (int i = 0; i < J->R.n_inflight; i++) json_array_append_new(redo, json_integer(J->R.inflight[i]->uid));
-    void *q[4096];
-    int nq = rl_queue_peek_all(&J->queue, q, 4096);
+    for (int i = f->redo_pos; i < f->n_redo; i++) json_array_append_new(redo, json_integer(f->redo[i]));
+    for (int i = 0; i < n_inflight; i++) json_array_append_new(redo, json_integer(inflight[i]));
+    const int qcap = J->queue.cap > 0 ? J->queue.cap : 1;
+    void **q = xmalloc((size_t)qcap * sizeof(void *));
+    int nq = rl_queue_peek_all(&J->queue, q, qcap);
     for (int i = 0; i < nq; i++) json_array_append_new(redo, json_integer(((rl_group *)q[i])->uid));
+    free(q);
     json_object_set_new(s, "unconsumed_started", redo);
     fflush(J->samples);
     json_object_set_new(s, "samples_log_bytes", json_integer(ftell(J->samples)));
@@ -135,7 +111,7 @@ static int write_checkpoint_files(job *J, const char *dir) {
     return rc;
 }
 
-static int load_checkpoint(job *J, int *resumed) {
+int job_load_checkpoint(job *J, int *resumed) {
     const rl_config *c = J->cfg;
     char dir[4096], p[4200];
     *resumed = 0;
@@ -154,7 +130,8 @@ static int load_checkpoint(job *J, int *resumed) {
         json_decref(s);
         return moerl_errorf("%s: not a moerl RL state file of format_version 1", p);
     }
-    if (json_integer_value(json_object_get(s, "n_rows")) != J->R.feed.n_rows ||
+    prompt_feed *fd = J->feed;
+    if (json_integer_value(json_object_get(s, "n_rows")) != fd->n_rows ||
         (uint64_t)json_integer_value(json_object_get(s, "seed")) != c->seed) {
         json_decref(s);
         return moerl_errorf("%s: the checkpoint was made with another dataset size or trainer.seed; use a new "
@@ -184,42 +161,52 @@ static int load_checkpoint(job *J, int *resumed) {
     J->T.opt.step = json_integer_value(json_object_get(s, "optimizer_step"));
     J->T.opt.skipped = json_integer_value(json_object_get(s, "optimizer_skipped"));
     J->consumed = json_integer_value(json_object_get(s, "consumed_prompts"));
-    J->R.feed.epoch = (int)json_integer_value(json_object_get(s, "feed_epoch"));
-    J->R.feed.pos = json_integer_value(json_object_get(s, "feed_pos"));
-    rng_state r;
-    (void)r;
-    /* the order of the checkpoint's epoch */
-    {
-        int ep = J->R.feed.epoch;
-        int64_t pos = J->R.feed.pos;
-        J->R.feed.epoch = ep;
-        rng_state rr;
-        rng_seed(&rr, J->R.feed.seed * 1000003ULL + (uint64_t)ep);
-        for (int64_t i = 0; i < J->R.feed.n_rows; i++) J->R.feed.order[i] = (int)i;
-        rng_shuffle_int(&rr, J->R.feed.order, (int)J->R.feed.n_rows);
-        J->R.feed.pos = pos;
-    }
+    /* the order of the checkpoint's epoch, at its position */
+    prompt_feed_seek(fd, (int)json_integer_value(json_object_get(s, "feed_epoch")),
+                     json_integer_value(json_object_get(s, "feed_pos")));
     json_t *redo = json_object_get(s, "unconsumed_started");
-    J->R.feed.n_redo = (int)json_array_size(redo);
-    J->R.feed.redo = xmalloc((J->R.feed.n_redo + 1) * sizeof(int64_t));
-    for (int i = 0; i < J->R.feed.n_redo; i++) J->R.feed.redo[i] = json_integer_value(json_array_get(redo, i));
-    J->R.feed.redo_pos = 0;
+    free(fd->redo);
+    fd->n_redo = (int)json_array_size(redo);
+    fd->redo = xmalloc((fd->n_redo + 1) * sizeof(int64_t));
+    for (int i = 0; i < fd->n_redo; i++) fd->redo[i] = json_integer_value(json_array_get(redo, i));
+    fd->redo_pos = 0;
     long bytes = (long)json_integer_value(json_object_get(s, "samples_log_bytes"));
     json_decref(s);
     /* samples logged after the checkpoint belong to steps that are redone now */
     snprintf(p, sizeof p, "%s/samples.jsonl", c->out_dir);
     if (truncate(p, bytes) != 0 && errno != ENOENT) return moerl_errorf("cannot truncate %s: %s", p, strerror(errno));
-    J->R.prompts_left = J->total_prompts - J->consumed;
-    if (engine_load_weights(J->R.eng, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) return MOERL_ERR;
     *resumed = 1;
     log_info("resumed from %s: version %d, step %lld, %lld prompts consumed, %d started prompts to redo", dir,
-             J->T.version, (long long)J->T.step, (long long)J->consumed, J->R.feed.n_redo);
+             J->T.version, (long long)J->T.step, (long long)J->consumed, fd->n_redo);
     return MOERL_OK;
 }
 
 /* ------------------------------------------------------------------ metrics */
 
-static void log_samples(job *J, rl_group **g, int n) {
+int job_open_outputs(job *J, int resumed) {
+    const rl_config *cfg = J->cfg;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->out_dir);
+    if (!resumed) unlink(p); /* a new run starts a new record; a resumed one appends */
+    J->mw = metrics_open(p);
+    snprintf(p, sizeof p, "%s/samples.jsonl", cfg->out_dir);
+    J->samples = fopen(p, resumed ? "a" : "w");
+    snprintf(p, sizeof p, "%s/plot.dat", cfg->out_dir);
+    J->plotdata = fopen(p, resumed ? "a" : "w");
+    if (!J->mw || !J->samples || !J->plotdata)
+        return moerl_errorf("cannot open the run's output files under %s", cfg->out_dir);
+    return MOERL_OK;
+}
+
+void job_close_outputs(job *J) {
+    if (J->mw) metrics_close(J->mw);
+    if (J->samples) fclose(J->samples);
+    if (J->plotdata) fclose(J->plotdata);
+    J->mw = NULL;
+    J->samples = J->plotdata = NULL;
+}
+
+void job_log_samples(job *J, rl_group **g, int n) {
     for (int i = 0; i < n; i++) {
         int vmin = 1 << 30, vmax = -1, intr = 0;
         for (int j = 0; j < g[i]->n; j++) {
@@ -238,7 +225,7 @@ static void log_samples(job *J, rl_group **g, int n) {
     }
 }
 
-static void add_stats(train_stats *a, const train_stats *b, int first) {
+void job_add_stats(train_stats *a, const train_stats *b, int first) {
     if (first) {
         *a = *b;
         return;
@@ -253,9 +240,10 @@ static void add_stats(train_stats *a, const train_stats *b, int first) {
     a->max_partial_span = MOERL_MAX(a->max_partial_span, b->max_partial_span);
     a->expert_load_max_over_mean += b->expert_load_max_over_mean;
     a->update_s += b->update_s;
+    a->reduce_exposed_s += b->reduce_exposed_s;
 }
 
-static int run_validation(job *J, double *acc) {
+int job_run_validation(job *J, double *acc) {
     double mlen;
     if (eval_accuracy(J->m, J->test, J->cfg->val_n, J->cfg->max_response_length, J->cfg->max_num_seqs, acc, &mlen) !=
         MOERL_OK)
@@ -264,7 +252,7 @@ static int run_validation(job *J, double *acc) {
 }
 
 /* One console line and one JSONL record per version. */
-static void emit_version(job *J, double rollouter_busy, double rollouter_idle) {
+void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     const int k = J->win_steps ? J->win_steps : 1;
     train_stats *w = &J->win;
     double wall = moerl_now() - J->win_t0;
@@ -277,15 +265,21 @@ static void emit_version(job *J, double rollouter_busy, double rollouter_idle) {
                           "critic/rewards/std", "response_length/mean", "response_length/max", "actor/pg_loss",
                           "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "moe/aux_loss",
                           "moe/expert_load_max_over_mean", "fully_async/max_staleness", "training/global_step",
-                          "actor/entropy", "actor/kl_loss", "perf/prompts_per_s"};
+                          "actor/entropy", "actor/kl_loss", "perf/prompts_per_s",
+                          /* rl_run_dist only (written when J->is_dist) */
+                          "timing_s/grad_reduce_exposed", "timing_s/weight_bcast", "perf/weight_bcast_bytes",
+                          "perf/weight_bcast_GBps"};
     double vals[] = {J->win_gen_wait, J->win_update, J->win_sync, t_idle, r_idle, (double)w->stale_samples,
                      (double)J->T.version, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
                      (double)w->max_partial_span, wall > 0 ? w->trained_tokens / wall : 0, w->reward_mean / k,
                      w->reward_std / k, w->response_length_mean / k, w->response_length_max, w->pg_loss / k,
                      w->pg_clipfrac / k, w->ppo_kl / k, w->grad_norm / k, w->aux_loss / k,
                      w->expert_load_max_over_mean / k, (double)w->max_lag, (double)J->T.step, w->entropy / k,
-                     w->kl_loss / k, wall > 0 ? (w->n_samples / (double)J->cfg->n) / wall : 0};
-    metrics_write(J->mw, J->T.step, (int)(sizeof vals / sizeof vals[0]), keys, vals);
+                     w->kl_loss / k, wall > 0 ? (w->n_samples / (double)J->cfg->n) / wall : 0,
+                     w->reduce_exposed_s, J->win_bcast_s, (double)J->bcast_bytes,
+                     J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0};
+    const int n_keys = (int)(sizeof vals / sizeof vals[0]) - (J->is_dist ? 0 : 4);
+    metrics_write(J->mw, J->T.step, n_keys, keys, vals);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f gnorm %.3f | gen %.2fs upd %.2fs "
              "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f tok/s",
              J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k, w->pg_clipfrac / k,
@@ -294,7 +288,7 @@ static void emit_version(job *J, double rollouter_busy, double rollouter_idle) {
              wall > 0 ? w->trained_tokens / wall : 0);
     if (J->plotdata) fprintf(J->plotdata, "%d %g %s\n", J->T.version, w->reward_mean / k, "nan");
     J->win_t0 = moerl_now();
-    J->win_gen_wait = J->win_update = J->win_sync = 0;
+    J->win_gen_wait = J->win_update = J->win_sync = J->win_bcast_s = 0;
     J->win_steps = 0;
 }
 
@@ -305,16 +299,32 @@ static int do_train_step(job *J, rl_group **groups, double gen_wait) {
     train_stats st;
     if (trainer_step(&J->T, groups, req, &st) != MOERL_OK) return MOERL_ERR;
     J->consumed += req;
-    log_samples(J, groups, req);
+    job_log_samples(J, groups, req);
     for (int i = 0; i < req; i++) rl_group_free(groups[i]);
     J->max_lag = MOERL_MAX(J->max_lag, st.max_lag);
-    add_stats(&J->win, &st, J->win_steps == 0);
+    job_add_stats(&J->win, &st, J->win_steps == 0);
     J->win_steps++;
     J->win_gen_wait += gen_wait;
     J->win_update += st.update_s;
     J->sum_gen_wait += gen_wait;
     J->sum_update += st.update_s;
     return MOERL_OK;
+}
+
+/* uids of the rollouter's in-flight groups (heap array; *n its length) */
+static int64_t *inflight_uids(const rollouter *R, int *n) {
+    int64_t *u = xmalloc((size_t)(R->n_inflight ? R->n_inflight : 1) * sizeof(int64_t));
+    for (int i = 0; i < R->n_inflight; i++) u[i] = R->inflight[i]->uid;
+    *n = R->n_inflight;
+    return u;
+}
+
+static int save_checkpoint(job *J) {
+    int n;
+    int64_t *u = inflight_uids(&J->R, &n);
+    int rc = job_save_checkpoint(J, u, n);
+    free(u);
+    return rc;
 }
 
 static void on_paused_checkpoint(void *ctx) {
@@ -326,12 +336,12 @@ static void on_paused_checkpoint(void *ctx) {
 }
 
 /* After a sync: version bookkeeping, validation, metrics. */
-static int after_sync(job *J, double sync_s, double rb, double ri) {
+int job_after_sync(job *J, double sync_s, double rb, double ri) {
     J->win_sync += sync_s;
-    emit_version(J, rb, ri);
+    job_emit_version(J, rb, ri);
     if (J->cfg->val_n != 0 && J->cfg->test_freq > 0 && J->T.version % J->cfg->test_freq == 0) {
         double acc;
-        if (run_validation(J, &acc) != MOERL_OK) return MOERL_ERR;
+        if (job_run_validation(J, &acc) != MOERL_OK) return MOERL_ERR;
         J->last_val = acc;
         const char *k[] = {"val/accuracy"};
         double v[] = {acc};
@@ -342,7 +352,7 @@ static int after_sync(job *J, double sync_s, double rb, double ri) {
     return MOERL_OK;
 }
 
-static int want_checkpoint(const job *J, int new_version) {
+int job_want_checkpoint(const job *J, int new_version) {
     return J->cfg->save_freq > 0 && new_version % J->cfg->save_freq == 0;
 }
 
@@ -372,7 +382,7 @@ static int run_lockstep(job *J) {
                 while (engine_num_unfinished(J->R.eng) > 0)
                     if (rollouter_tick(&J->R) < 0) return MOERL_ERR;
             }
-            J->R.on_paused = want_checkpoint(J, J->T.version + 1) ? on_paused_checkpoint : NULL;
+            J->R.on_paused = job_want_checkpoint(J, J->T.version + 1) ? on_paused_checkpoint : NULL;
             J->R.on_paused_ctx = J;
             J->T.version++;
             if (rollouter_apply_sync(&J->R, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) return MOERL_ERR;
@@ -381,7 +391,7 @@ static int run_lockstep(job *J) {
             J->rollouter_busy_total += rb;
             J->rollouter_idle_total += ri;
             J->R.busy_s = J->R.idle_s = 0;
-            if (after_sync(J, moerl_now() - ts, rb, ri) != MOERL_OK) return MOERL_ERR;
+            if (job_after_sync(J, moerl_now() - ts, rb, ri) != MOERL_OK) return MOERL_ERR;
         }
     }
     free(groups);
@@ -493,7 +503,7 @@ static int run_async(job *J) {
             J->T.stage = "param_sync";
             double ts = moerl_now();
             pthread_mutex_lock(&R->mu);
-            R->on_paused = want_checkpoint(J, J->T.version + 1) ? on_paused_checkpoint : NULL;
+            R->on_paused = job_want_checkpoint(J, J->T.version + 1) ? on_paused_checkpoint : NULL;
             R->on_paused_ctx = J;
             J->T.version++;
             R->sync_params = J->m->params;
@@ -512,7 +522,7 @@ static int run_async(job *J) {
             }
             J->rollouter_busy_total += rb;
             J->rollouter_idle_total += ri;
-            if (after_sync(J, moerl_now() - ts, rb, ri) != MOERL_OK) {
+            if (job_after_sync(J, moerl_now() - ts, rb, ri) != MOERL_OK) {
                 rc = MOERL_ERR;
                 break;
             }
@@ -530,7 +540,7 @@ static int run_async(job *J) {
 
 /* ------------------------------------------------------------------ plot */
 
-static void write_plot(const job *J) {
+void job_write_plot(const job *J) {
     char gp[4200], png[4200], dat[4200];
     snprintf(dat, sizeof dat, "%s/plot.dat", J->cfg->out_dir);
     snprintf(png, sizeof png, "%s/reward_accuracy.png", J->cfg->out_dir);
@@ -578,28 +588,22 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     J->total_prompts = J->total_steps * b.required_samples;
     rl_queue_init(&J->queue, b.max_required_samples);
     if (rollouter_init(&J->R, cfg, train, m, &J->queue, J->total_prompts) != MOERL_OK) goto out0;
+    J->feed = &J->R.feed;
     if (trainer_init(&J->T, cfg, train, m) != MOERL_OK) goto out0;
     int resumed = 0;
-    if (cfg->resume_auto && load_checkpoint(J, &resumed) != MOERL_OK) goto out0;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->out_dir);
-    if (!resumed) unlink(p); /* a new run starts a new record; a resumed one appends */
-    J->mw = metrics_open(p);
-    snprintf(p, sizeof p, "%s/samples.jsonl", cfg->out_dir);
-    J->samples = fopen(p, resumed ? "a" : "w");
-    snprintf(p, sizeof p, "%s/plot.dat", cfg->out_dir);
-    J->plotdata = fopen(p, resumed ? "a" : "w");
-    if (!J->mw || !J->samples || !J->plotdata) {
-        moerl_errorf("cannot open the run's output files under %s", cfg->out_dir);
-        goto out0;
+    if (cfg->resume_auto && job_load_checkpoint(J, &resumed) != MOERL_OK) goto out0;
+    if (resumed) {
+        J->R.prompts_left = J->total_prompts - J->consumed;
+        if (engine_load_weights(J->R.eng, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) goto out0;
     }
+    if (job_open_outputs(J, resumed) != MOERL_OK) goto out0;
     log_info("fully-async GRPO: %lld steps × %d prompts × %d responses; staleness_threshold %g → queue %d, "
              "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
              (long long)J->total_steps, b.required_samples, cfg->n, cfg->staleness_threshold, b.max_required_samples,
              b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              cfg->mode == RL_MODE_ASYNC ? "async" : cfg->mode == RL_MODE_SYNC ? "sync" : "lockstep");
     if (!resumed && cfg->val_n != 0) {
-        if (run_validation(J, &res->val_acc_start) != MOERL_OK) goto out0;
+        if (job_run_validation(J, &res->val_acc_start) != MOERL_OK) goto out0;
         log_info("held-out accuracy at start: %.1f%%", 100 * res->val_acc_start);
         const char *k[] = {"val/accuracy"};
         double v[] = {res->val_acc_start};
@@ -616,7 +620,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     J->watchdog_stop = 1;
     pthread_join(wd, NULL);
     if (r != MOERL_OK) goto out0;
-    if (J->win_steps > 0) emit_version(J, J->R.busy_s, J->R.idle_s);
+    if (J->win_steps > 0) job_emit_version(J, J->R.busy_s, J->R.idle_s);
     engine_stats es = engine_get_stats(J->R.eng);
     res->steps = J->T.step;
     res->prompts_trained = (J->T.step - step0) * b.required_samples;
@@ -630,7 +634,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     double rt = J->rollouter_busy_total + J->rollouter_idle_total;
     res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
     if (cfg->val_n != 0) {
-        if (run_validation(J, &res->val_acc_end) != MOERL_OK) goto out0;
+        if (job_run_validation(J, &res->val_acc_end) != MOERL_OK) goto out0;
         const char *k[] = {"val/accuracy"};
         double v[] = {res->val_acc_end};
         metrics_write(J->mw, J->T.step, 1, k, v);
@@ -642,12 +646,10 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
         if (save_checkpoint(J) != MOERL_OK) goto out0;
     }
     fflush(J->plotdata);
-    write_plot(J);
+    job_write_plot(J);
     rc = MOERL_OK;
 out0:
-    if (J->mw) metrics_close(J->mw);
-    if (J->samples) fclose(J->samples);
-    if (J->plotdata) fclose(J->plotdata);
+    job_close_outputs(J);
     if (J->R.eng) rollouter_free(&J->R);
     if (J->T.m) trainer_free(&J->T);
     if (J->queue.items) {

@@ -8,8 +8,14 @@
  * either by two threads (mode "async", the default; thread split configurable) or by one thread
  * in a fixed interleaving (mode "lockstep": bit-reproducible from the seed; mode "sync": the
  * synchronous baseline — generate a batch, then train on it — with the same code paths).
- * The roles talk only through the MessageQueue and the synchroniser's handshake, the interface a
- * later MPI transport implements.
+ * The roles talk only through the MessageQueue and the synchroniser's handshake.
+ *
+ * Across processes (rl_run_dist, src/rl/job_dist.c, under mpirun with build/moerl-mpi): the LAST
+ * trainer.n_ranks world ranks are data-parallel trainers, the others rollout ranks (dist_split_roles).
+ * Trainer rank 0 owns the MessageQueue, the global staleness budget and the prompt feed (a server
+ * thread grants prompt uids to rollout ranks and receives their finished groups, src/rl/wire.h),
+ * runs the parameter sync (pause/drain → weight broadcast → resume) and splits every mini-batch
+ * over the trainer ranks, which reduce gradients layer by layer while backward runs.
  */
 #ifndef MOERL_RL_H
 #define MOERL_RL_H
@@ -20,6 +26,7 @@
 #include "base/rng.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "dist/dist.h"
 #include "model/forward.h"
 #include "optim/adamw.h"
 #include "rl/losses.h"
@@ -66,6 +73,10 @@ typedef struct {
     uint64_t seed;
     double watchdog_s;
     int save_bf16;
+    /* across processes (rl_run_dist) */
+    int n_trainer_ranks;       /* trainer.n_ranks: data-parallel trainer ranks (the last world ranks) */
+    double sync_bucket_mb;     /* async_training.sync_bucket_mb: weight-broadcast bucket (MiB) */
+    double grad_bucket_mb;     /* actor.grad_bucket_mb: gradient-reduction bucket (MiB, DDP's 25) */
 } rl_config;
 
 /* One prompt with its n responses: the unit that moves through the queue (never split). */
@@ -91,6 +102,16 @@ typedef struct {
     int n_redo, redo_pos;
 } prompt_feed;
 
+/* A feed over n_rows prompts: epoch 0's order shuffled from seed (rng seeded with
+ * seed·1000003 + epoch, Fisher–Yates), no redo list. */
+void prompt_feed_init(prompt_feed *f, int64_t n_rows, uint64_t seed);
+void prompt_feed_free(prompt_feed *f);
+/* Next uid = epoch·n_rows + row: the redo list first, then the current epoch's order (a new epoch
+ * reshuffles). */
+int64_t prompt_feed_next(prompt_feed *f);
+/* Position the feed at (epoch, pos) with that epoch's order (checkpoint restore). */
+void prompt_feed_seek(prompt_feed *f, int epoch, int64_t pos);
+
 typedef struct {
     const rl_config *cfg;
     const dataset *train;
@@ -114,6 +135,10 @@ typedef struct {
     int sync_version;
     void (*on_paused)(void *ctx); /* called while paused, before the new weights load */
     void *on_paused_ctx;
+    /* completed groups go here instead of the queue when set (a rollout rank sends them to trainer
+     * rank 0); the callback owns the group. Returns MOERL_OK or MOERL_ERR. */
+    int (*on_group_done)(void *ctx, rl_group *g);
+    void *on_group_done_ctx;
     const char *stage;        /* for the watchdog */
     double last_progress;
     char error[512];
@@ -127,7 +152,15 @@ typedef struct {
     int max_lag, max_partial_span, min_version;
     double expert_load_max_over_mean; /* mean over MoE layers of max/mean tokens per expert */
     double update_s;
+    double reduce_exposed_s;  /* data parallel: time blocked in dist_reducer_finish (exposed comm.) */
 } train_stats;
+
+/* One mini-batch of a trainer step as one (data-parallel) trainer rank sees it. */
+typedef struct {
+    int n_groups;          /* this rank's groups of the mini-batch */
+    int64_t resp_tokens;   /* response tokens of the WHOLE mini-batch (all ranks): token-mean weight */
+    int64_t tokens;        /* prompt + response tokens of the whole mini-batch: aux-loss share */
+} rl_minibatch;
 
 typedef struct {
     const rl_config *cfg;
@@ -140,6 +173,9 @@ typedef struct {
     int64_t step;             /* trainer steps done */
     const char *stage;
     double last_progress;
+    /* data parallel (rl_run_dist); NULL in the embedded job */
+    dist_ctx *dist;
+    dist_grad_reducer *reducer;
 } trainer;
 
 int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
@@ -148,6 +184,19 @@ void rollouter_free(rollouter *R);
 /* One unit of rollout work: admit new prompts within the staleness budget, then one engine
  * step; completed groups go to the queue. Returns 1 if it did work, 0 if idle, MOERL_ERR. */
 int rollouter_tick(rollouter *R);
+/* Start the group of prompt `uid` (= epoch·n_rows + row) now, under the engine's current version:
+ * its n requests enter the engine; counts as a new prompt for the local budget. Errors: uid outside
+ * the dataset, engine_add refusing a request. (Rollout ranks: uids granted by trainer rank 0.) */
+int rollouter_start_uid(rollouter *R, int64_t uid);
+/* One engine step without admitting anything; completed groups go to on_group_done (or the queue).
+ * Returns 1 if it did work, 0 if the engine is empty, MOERL_ERR. */
+int rollouter_step(rollouter *R);
+/* Whole groups that may start now without queueing behind the engine's slots (rollouter_tick's
+ * admission rule: an empty engine takes one group even when n > free slots). */
+int rollouter_room(const rollouter *R);
+/* Resume after new weights were loaded into the engine (partial rollout: interrupted requests go
+ * first; ones already at their length limit finish). Completed groups are delivered. */
+int rollouter_resume(rollouter *R);
 /* Apply a weight sync at a step boundary: interrupt (partial rollout) or expect a drained engine,
  * load the weights as `version`, re-base the staleness counter, resume interrupted first. */
 int rollouter_apply_sync(rollouter *R, const float *params, size_t n_params, int version);
@@ -157,8 +206,31 @@ int rollouter_in_flight(const rollouter *R);
 int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_model *m);
 void trainer_free(trainer *T);
 /* One trainer step over `n` groups (= required_samples): rewards, GRPO advantages, PPO
- * update(s) over require_batches mini-batches × ppo_epochs. */
+ * update(s) over require_batches mini-batches × ppo_epochs. = trainer_sample_stats + trainer_update
+ * with each mini-batch (ppo_mini_batch_size consecutive groups) whole on this rank. */
 int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st);
+/* Sample-level statistics of a step's groups (all of them, before any data-parallel split): rewards
+ * (mean, std, accuracy), response lengths, staleness (lag = T->version − oldest token version),
+ * partial-rollout counts, n_samples, resp_tokens. Errors: an unknown data_source (reward). */
+int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats *st);
+/* The PPO update on this rank's share of a step: groups[] holds mbs[0].n_groups groups of
+ * mini-batch 0, then mini-batch 1's, ...; every response token is weighted 1/mbs[b].resp_tokens (the
+ * GLOBAL count: token-mean over the whole mini-batch), the aux loss by tokens/mbs[b].tokens. With
+ * T->reducer set (data parallel), every update reduces the gradients over the trainer ranks (the
+ * last micro-batch's backward signals each finished layer to the reducer), sums the loss over the
+ * ranks for AdamW's finiteness check and steps AdamW identically on every rank; loss statistics
+ * (pg_loss, clipfrac, ppo_kl, entropy, kl_loss, aux_loss, trained_tokens) are summed over the ranks.
+ * A rank with no groups in a mini-batch still takes part with zero gradients. Every trainer rank
+ * must call it with the same n_mb (collective over the trainer group). Fills the loss fields of st
+ * (sample fields untouched), st->reduce_exposed_s; T->step++. */
+int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st);
+/* Prompt + response tokens of a group (its training cost) and its response tokens. */
+int64_t rl_group_tokens(const rl_group *g);
+int64_t rl_group_resp_tokens(const rl_group *g);
+/* Data-parallel split of one mini-batch: groups (whole) largest first (by rl_group_tokens, ties by
+ * index) onto the rank with the fewest tokens so far (ties to the lower rank). owner[i] ∈ [0, n_ranks).
+ * Source: greedy longest-processing-time scheduling, as verl's seqlen-balanced partitioning. */
+void rl_split_minibatch(rl_group *const *groups, int n, int n_ranks, int *owner);
 
 /* Run the whole job (config already resolved; model initialised). Writes under cfg->out_dir:
  * metrics.jsonl, samples.jsonl, checkpoints, plot. Returns MOERL_OK or MOERL_ERR. */
@@ -169,7 +241,27 @@ typedef struct {
     int final_version;
     double trainer_idle_ratio, rollouter_idle_ratio;
     int max_lag_seen;
+    /* rl_run_dist only (0 in the embedded job) */
+    int rollout_ranks, trainer_ranks;
+    int syncs;                    /* weight syncs done in this run */
+    double param_sync_s;          /* mean wall time of a sync on trainer rank 0 (pause → resume) */
+    double weight_bcast_s;        /* mean time of the weight broadcast itself */
+    double weight_bcast_gbps;     /* payload GB/s of the broadcast (bytes / its mean time) */
+    int64_t weight_bcast_bytes;   /* payload bytes per broadcast */
+    double grad_reduce_exposed_s; /* Σ over steps of exposed gradient-reduction time (rank 0) */
 } rl_result;
 int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const dataset *test, rl_result *res);
+
+/* The job across processes (world size > 1, roles already split with cfg->n_trainer_ranks
+ * trainers; every rank calls it with the same config, an identically built model and dataset; the
+ * SFT warm start, if any, already ran on trainer rank 0 only). Trainer rank 0 resumes from
+ * cfg->out_dir's checkpoint (resume_mode auto), sends its weights and optimizer state to the other
+ * trainer ranks and broadcasts the weights to the rollout ranks, then runs the job as described in
+ * the header; it alone writes the outputs (metrics.jsonl, samples.jsonl, checkpoints, plot) and
+ * fills res (other ranks' res is zero). An error on any rank ends the whole job via dist_abort
+ * (the message names the rank); so this returns only MOERL_OK, or MOERL_ERR for a bad configuration
+ * detected identically on every rank before any communication. */
+int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset *train, const dataset *test,
+                rl_result *res);
 
 #endif

@@ -21,8 +21,22 @@ static void feed_shuffle(prompt_feed *f) {
     rng_shuffle_int(&r, f->order, (int)f->n_rows);
 }
 
-/* Next prompt uid (redo list first). */
-static int64_t feed_next(prompt_feed *f) {
+void prompt_feed_init(prompt_feed *f, int64_t n_rows, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    f->n_rows = n_rows;
+    f->order = xmalloc((n_rows > 0 ? n_rows : 1) * sizeof(int));
+    f->seed = seed;
+    feed_shuffle(f);
+}
+
+void prompt_feed_free(prompt_feed *f) {
+    free(f->order);
+    free(f->redo);
+    f->order = NULL;
+    f->redo = NULL;
+}
+
+int64_t prompt_feed_next(prompt_feed *f) {
     if (f->redo_pos < f->n_redo) return f->redo[f->redo_pos++];
     if (f->pos >= f->n_rows) {
         f->epoch++;
@@ -30,6 +44,12 @@ static int64_t feed_next(prompt_feed *f) {
         feed_shuffle(f);
     }
     return (int64_t)f->epoch * f->n_rows + f->order[f->pos++];
+}
+
+void prompt_feed_seek(prompt_feed *f, int epoch, int64_t pos) {
+    f->epoch = epoch;
+    feed_shuffle(f);
+    f->pos = pos;
 }
 
 int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
@@ -54,10 +74,7 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
     R->eng = engine_create(&m->cfg, ec);
     if (!R->eng) return MOERL_ERR;
     if (engine_load_weights(R->eng, m->params, m->n_params, 0) != MOERL_OK) return MOERL_ERR;
-    R->feed.n_rows = dataset_count(train);
-    R->feed.order = xmalloc(R->feed.n_rows * sizeof(int));
-    R->feed.seed = cfg->seed;
-    feed_shuffle(&R->feed);
+    prompt_feed_init(&R->feed, dataset_count(train), cfg->seed);
     R->prompts_left = total_prompts;
     R->cap_inflight = 64;
     R->inflight = xmalloc(R->cap_inflight * sizeof(rl_group *));
@@ -73,8 +90,7 @@ void rollouter_free(rollouter *R) {
     for (int i = 0; i < R->n_inflight; i++) rl_group_free(R->inflight[i]);
     free(R->inflight);
     free(R->done_buf);
-    free(R->feed.order);
-    free(R->feed.redo);
+    prompt_feed_free(&R->feed);
     engine_free(R->eng);
     pthread_mutex_destroy(&R->mu);
     pthread_cond_destroy(&R->cv);
@@ -90,9 +106,11 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 33);
 }
 
-static int start_group(rollouter *R) {
+int rollouter_start_uid(rollouter *R, int64_t uid) {
     const rl_config *c = R->cfg;
-    int64_t uid = feed_next(&R->feed);
+    if (uid < 0 || R->feed.n_rows <= 0)
+        return moerl_errorf("prompt uid %lld is not valid for a dataset of %lld rows", (long long)uid,
+                            (long long)R->feed.n_rows);
     rl_group *g = xcalloc(1, sizeof *g);
     g->uid = uid;
     g->row = (int)(uid % R->feed.n_rows);
@@ -138,6 +156,8 @@ static int start_group(rollouter *R) {
     return MOERL_OK;
 }
 
+static int start_group(rollouter *R) { return rollouter_start_uid(R, prompt_feed_next(&R->feed)); }
+
 static int finish_requests(rollouter *R, int k) {
     for (int d = 0; d < k; d++) {
         rl_group *g = R->done_buf[d]->user;
@@ -148,9 +168,19 @@ static int finish_requests(rollouter *R, int k) {
                 R->inflight[i] = R->inflight[--R->n_inflight];
                 break;
             }
-        if (rl_queue_put(R->queue, g) != MOERL_OK) return MOERL_ERR;
+        if (R->on_group_done) {
+            if (R->on_group_done(R->on_group_done_ctx, g) != MOERL_OK) return MOERL_ERR;
+        } else if (rl_queue_put(R->queue, g) != MOERL_OK) {
+            return MOERL_ERR;
+        }
     }
     return MOERL_OK;
+}
+
+int rollouter_room(const rollouter *R) {
+    const int busy = engine_num_unfinished(R->eng), cap = R->cfg->max_num_seqs, n = R->cfg->n;
+    if (busy == 0) return MOERL_MAX(1, cap / n);
+    return busy + n > cap ? 0 : (cap - busy) / n;
 }
 
 int rollouter_tick(rollouter *R) {
@@ -162,6 +192,11 @@ int rollouter_tick(rollouter *R) {
         if (busy > 0 && busy + c->n > cap) break; /* no room: keep groups out of the engine's queue */
         if (start_group(R) != MOERL_OK) return MOERL_ERR;
     }
+    return rollouter_step(R);
+}
+
+int rollouter_step(rollouter *R) {
+    const rl_config *c = R->cfg;
     if (engine_num_unfinished(R->eng) == 0) {
         R->stage = "idle";
         return 0;
@@ -185,6 +220,10 @@ int rollouter_apply_sync(rollouter *R, const float *params, size_t n_params, int
     if (engine_load_weights(R->eng, params, n_params, version) != MOERL_OK) return MOERL_ERR;
     /* carried-over work: in-flight groups (interrupted ones included) + queued groups */
     staleness_on_version(&R->budget, R->n_inflight, 0, rl_queue_size(R->queue));
+    return rollouter_resume(R);
+}
+
+int rollouter_resume(rollouter *R) {
     int k = engine_resume(R->eng, R->done_buf, R->cfg->max_num_seqs * 2 + 64);
     if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
     R->draining = 0;

@@ -80,46 +80,80 @@ static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const
     return loss;
 }
 
-int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
-    const rl_config *cfg = T->cfg;
-    memset(st, 0, sizeof *st);
-    double t0 = moerl_now();
-    T->stage = "reward";
-    const int G = cfg->n, R = n * G;
-    float *rewards = xmalloc(R * sizeof(float)), *adv = xmalloc(R * sizeof(float));
-    int *sizes = xmalloc(n * sizeof(int));
-    train_seq *seqs = xmalloc(R * sizeof(train_seq));
-    int **toks = xmalloc(R * sizeof(int *));
-    float **behav = xmalloc(R * sizeof(float *)), **prox = NULL, **ref = NULL;
+int64_t rl_group_tokens(const rl_group *g) {
+    int64_t t = 0;
+    for (int j = 0; j < g->n; j++) t += g->reqs[j].prompt_len + g->reqs[j].n_out;
+    return t;
+}
+
+int64_t rl_group_resp_tokens(const rl_group *g) {
+    int64_t t = 0;
+    for (int j = 0; j < g->n; j++) t += g->reqs[j].n_out;
+    return t;
+}
+
+void rl_split_minibatch(rl_group *const *groups, int n, int n_ranks, int *owner) {
+    int *order = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    int64_t *cost = xmalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    int64_t *load = xcalloc((size_t)n_ranks, sizeof(int64_t));
+    for (int i = 0; i < n; i++) {
+        order[i] = i;
+        cost[i] = rl_group_tokens(groups[i]);
+    }
+    for (int i = 1; i < n; i++) /* insertion sort, stable: by cost descending, ties by index */
+        for (int j = i; j > 0 && cost[order[j]] > cost[order[j - 1]]; j--) {
+            const int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int r = 1; r < n_ranks; r++)
+            if (load[r] < load[best]) best = r;
+        owner[order[i]] = best;
+        load[best] += cost[order[i]];
+    }
+    free(order);
+    free(cost);
+    free(load);
+}
+
+/* Rewards of a group's n responses (reward function of the prompt's data_source). */
+static int group_rewards(const trainer *T, const rl_group *g, float *rewards) {
+    if (g->row < 0 || g->row >= dataset_count(T->train))
+        return moerl_errorf("group uid %lld: row %d outside the training set's %lld rows", (long long)g->uid, g->row,
+                            (long long)dataset_count(T->train));
+    const ds_row *row = dataset_row(T->train, g->row);
+    for (int j = 0; j < g->n; j++) {
+        const gen_request *r = &g->reqs[j];
+        size_t len;
+        char *txt = tok_decode(r->out_tokens, r->n_out, true, &len);
+        double score = 0;
+        int rc = reward_row(row, txt ? txt : "", &score);
+        free(txt);
+        if (rc != MOERL_OK) return MOERL_ERR;
+        rewards[j] = (float)score;
+    }
+    return MOERL_OK;
+}
+
+int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats *st) {
+    const int G = T->cfg->n, R = n * G;
+    float *rewards = xmalloc((size_t)(G ? G : 1) * sizeof(float));
     st->min_version = 1 << 30;
     double rsum = 0, rsq = 0;
-    int rc = MOERL_ERR;
     for (int g = 0; g < n; g++) {
-        sizes[g] = G;
         MOERL_ASSERT(groups[g]->n == G);
-        const ds_row *row = dataset_row(T->train, groups[g]->row);
+        if (group_rewards(T, groups[g], rewards) != MOERL_OK) {
+            free(rewards);
+            return MOERL_ERR;
+        }
         for (int j = 0; j < G; j++) {
-            gen_request *r = &groups[g]->reqs[j];
-            int s = g * G + j;
-            size_t len;
-            char *txt = tok_decode(r->out_tokens, r->n_out, true, &len);
-            double score = 0;
-            if (reward_row(row, txt ? txt : "", &score) != MOERL_OK) {
-                free(txt);
-                goto out;
-            }
-            free(txt);
-            rewards[s] = (float)score;
+            const gen_request *r = &groups[g]->reqs[j];
+            const double score = rewards[j];
             rsum += score;
             rsq += score * score;
             st->acc_mean += score >= 1.0;
-            /* sequence = prompt ⊕ response */
-            int L = r->prompt_len + r->n_out;
-            toks[s] = xmalloc(L * sizeof(int));
-            memcpy(toks[s], r->prompt, r->prompt_len * sizeof(int));
-            memcpy(toks[s] + r->prompt_len, r->out_tokens, r->n_out * sizeof(int));
-            seqs[s] = (train_seq){.tokens = toks[s], .len = L, .resp_start = r->prompt_len};
-            behav[s] = r->out_logprobs;
             /* staleness and partial-rollout accounting */
             int vmin = 1 << 30, vmax = -1;
             for (int t = 0; t < r->n_out; t++) {
@@ -138,11 +172,50 @@ int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
             st->resp_tokens += r->n_out;
         }
     }
+    free(rewards);
     st->n_samples = R;
-    st->reward_mean = rsum / R;
-    st->reward_std = sqrt(fmax(0.0, rsq / R - st->reward_mean * st->reward_mean));
-    st->acc_mean /= R;
-    st->response_length_mean /= R;
+    if (R > 0) {
+        st->reward_mean = rsum / R;
+        st->reward_std = sqrt(fmax(0.0, rsq / R - st->reward_mean * st->reward_mean));
+        st->acc_mean /= R;
+        st->response_length_mean /= R;
+    }
+    return MOERL_OK;
+}
+
+/* model_backward's per-layer hook in data-parallel mode: the group's gradients are final. */
+static void reducer_hook(void *ctx, int group) { MOERL_ASSERT(dist_reducer_layer_done(ctx, group) == MOERL_OK); }
+
+int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st) {
+    const rl_config *cfg = T->cfg;
+    double t0 = moerl_now();
+    T->stage = "reward";
+    int n = 0;
+    for (int b = 0; b < n_mb; b++) n += mbs[b].n_groups;
+    const int G = cfg->n, R = n * G;
+    float *rewards = xmalloc(R * sizeof(float)), *adv = xmalloc(R * sizeof(float));
+    int *sizes = xmalloc(n * sizeof(int));
+    train_seq *seqs = xmalloc(R * sizeof(train_seq));
+    int **toks = xcalloc(R, sizeof(int *));
+    float **behav = xmalloc(R * sizeof(float *)), **prox = NULL, **ref = NULL;
+    int rc = MOERL_ERR;
+    ppo_ctx c = {.cfg = cfg};
+    for (int g = 0; g < n; g++) {
+        sizes[g] = G;
+        MOERL_ASSERT(groups[g]->n == G);
+        if (group_rewards(T, groups[g], rewards + g * G) != MOERL_OK) goto out;
+        for (int j = 0; j < G; j++) {
+            gen_request *r = &groups[g]->reqs[j];
+            int s = g * G + j;
+            /* sequence = prompt ⊕ response */
+            int L = r->prompt_len + r->n_out;
+            toks[s] = xmalloc(L * sizeof(int));
+            memcpy(toks[s], r->prompt, r->prompt_len * sizeof(int));
+            memcpy(toks[s] + r->prompt_len, r->out_tokens, r->n_out * sizeof(int));
+            seqs[s] = (train_seq){.tokens = toks[s], .len = L, .resp_start = r->prompt_len};
+            behav[s] = r->out_logprobs;
+        }
+    }
     grpo_advantages(adv, rewards, sizes, n, 1e-6f);
     if (!cfg->norm_adv_by_std) { /* Dr. GRPO style: A = r − mean, no std division */
         for (int g = 0; g < n; g++) {
@@ -170,51 +243,68 @@ int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
     }
     T->stage = "update";
     const int mt = cfg->ppo_max_token_len;
-    ppo_ctx c = {.cfg = cfg, .adv = NULL, .anchor = NULL, .behav = NULL, .ref = NULL};
     c.lp = xmalloc(mt * sizeof(float)); c.old = xmalloc(mt * sizeof(float)); c.bh = xmalloc(mt * sizeof(float));
     c.ad = xmalloc(mt * sizeof(float)); c.ww = xmalloc(mt * sizeof(float)); c.g = xmalloc(mt * sizeof(float));
     c.ent = xmalloc(mt * sizeof(float)); c.dent = xmalloc(mt * sizeof(float)); c.rf = xmalloc(mt * sizeof(float));
     c.idx = xmalloc(mt * sizeof(int));
-    const int mb = cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
     train_step_opts to = {.max_tokens = mt, .temperature = cfg->temperature > 0 ? cfg->temperature : 1.0f,
                           .want_entropy = cfg->entropy_coeff != 0, .aux_coef = T->m->cfg.router_aux_loss_coef};
+    if (T->reducer) {
+        to.layer_hook = reducer_hook;
+        to.layer_hook_ctx = T->reducer;
+    }
     int n_updates = 0;
+    double aux_sum = 0, tokens_sum = 0;
     for (int ep = 0; ep < cfg->ppo_epochs; ep++) {
-        for (int b = 0; b < nmb; b++) {
-            int s0 = b * mb * G, s1 = MOERL_MIN(n, (b + 1) * mb) * G;
-            int64_t rt = 0;
-            for (int s = s0; s < s1; s++) rt += seqs[s].len - seqs[s].resp_start;
-            c.w = rt > 0 ? 1.0 / (double)rt : 0.0;
+        int s0 = 0;
+        for (int b = 0; b < n_mb; b++) {
+            const int s1 = s0 + mbs[b].n_groups * G;
+            c.w = mbs[b].resp_tokens > 0 ? 1.0 / (double)mbs[b].resp_tokens : 0.0;
             c.adv = adv + s0;
             c.anchor = (prox ? prox : behav) + s0;
             c.behav = behav + s0;
             c.ref = ref ? ref + s0 : NULL;
+            to.total_tokens = mbs[b].tokens;
             /* seq_of indexes the mini-batch's own array (seqs + s0) */
             train_step_out so;
-            if (train_accumulate(T->m, &T->acts, seqs + s0, s1 - s0, &to, ppo_grad, &c, &so) != MOERL_OK) goto out_c;
+            if (train_accumulate(T->m, &T->acts, seqs + s0, s1 - s0, &to, ppo_grad, &c, &so) != MOERL_OK) goto out;
+            double loss = so.loss;
+            if (T->reducer) { /* gradients and loss summed over the trainer ranks */
+                T->stage = "grad_reduce";
+                st->reduce_exposed_s += dist_reducer_finish(T->reducer);
+                if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) goto out;
+                T->stage = "update";
+            }
             double gn;
-            adamw_step(&T->opt, T->m, cfg->optim.lr, (float)so.loss, &gn);
+            adamw_step(&T->opt, T->m, cfg->optim.lr, (float)loss, &gn);
             st->grad_norm += gn;
-            st->aux_loss += so.aux_loss;
-            st->trained_tokens += so.n_tokens;
+            aux_sum += so.aux_loss;
+            tokens_sum += (double)so.n_tokens;
             n_updates++;
+            s0 = s1;
         }
     }
-    if (c.ps.n_tokens > 0) {
-        st->pg_loss = c.ps.loss_sum / c.ps.n_tokens;
-        st->pg_clipfrac = c.ps.clipfrac_sum / c.ps.n_tokens;
-        st->ppo_kl = c.ps.kl_sum / c.ps.n_tokens;
+    /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
+    double sums[8] = {c.ps.loss_sum, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
+                      aux_sum, tokens_sum};
+    if (T->reducer && dist_allreduce_sum(T->dist, DIST_TRAINERS, sums, 8) != MOERL_OK) goto out;
+    if (sums[3] > 0) {
+        st->pg_loss = sums[0] / sums[3];
+        st->pg_clipfrac = sums[1] / sums[3];
+        st->ppo_kl = sums[2] / sums[3];
     }
-    st->entropy = c.ent_sum / (n_updates ? n_updates : 1);
-    st->kl_loss = c.kl_sum / (n_updates ? n_updates : 1);
-    st->grad_norm /= n_updates ? n_updates : 1;
-    st->aux_loss /= n_updates ? n_updates : 1;
-    /* expert load of the last micro-batch: max/mean tokens per expert, averaged over MoE layers */
+    const int nu = n_updates ? n_updates : 1;
+    st->entropy = sums[4] / nu;
+    st->kl_loss = sums[5] / nu;
+    st->grad_norm /= nu; /* the reduced gradient's norm: the same on every rank */
+    st->aux_loss = sums[6] / nu;
+    st->trained_tokens = (int64_t)sums[7];
+    /* expert load of this rank's last micro-batch: max/mean tokens per expert, averaged over MoE layers */
     {
         const moe_config *mc = &T->m->cfg;
         double ratio = 0;
         int nl = 0;
-        for (int l = 0; l < mc->num_hidden_layers; l++) {
+        for (int l = 0; l < mc->num_hidden_layers && n > 0; l++) {
             if (!moe_config_layer_is_moe(mc, l)) continue;
             const int *tpe = T->acts.layers[l].mlp.tokens_per_expert;
             double sum = 0, mx = 0;
@@ -231,12 +321,11 @@ int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
     }
     T->step++;
     rc = MOERL_OK;
-out_c:
+out:
     free(c.lp); free(c.old); free(c.bh); free(c.ad); free(c.ww); free(c.g); free(c.ent); free(c.dent); free(c.rf);
     free(c.idx);
-out:
     for (int s = 0; s < R; s++) {
-        if (rc == MOERL_OK || toks[s]) free(toks[s]);
+        free(toks[s]);
         if (prox) free(prox[s]);
         if (ref) free(ref[s]);
     }
@@ -251,5 +340,30 @@ out:
     st->update_s = moerl_now() - t0;
     T->stage = "idle";
     T->last_progress = moerl_now();
+    return rc;
+}
+
+int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
+    memset(st, 0, sizeof *st);
+    const double t0 = moerl_now();
+    T->stage = "reward";
+    if (trainer_sample_stats(T, groups, n, st) != MOERL_OK) {
+        T->stage = "idle";
+        return MOERL_ERR;
+    }
+    /* each mini-batch (ppo_mini_batch_size consecutive groups) whole on this rank */
+    const int mb = T->cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
+    rl_minibatch *mbs = xcalloc(nmb, sizeof *mbs);
+    for (int b = 0; b < nmb; b++) {
+        const int g0 = b * mb, g1 = MOERL_MIN(n, (b + 1) * mb);
+        mbs[b].n_groups = g1 - g0;
+        for (int g = g0; g < g1; g++) {
+            mbs[b].resp_tokens += rl_group_resp_tokens(groups[g]);
+            mbs[b].tokens += rl_group_tokens(groups[g]);
+        }
+    }
+    int rc = trainer_update(T, groups, mbs, nmb, st);
+    free(mbs);
+    st->update_s = moerl_now() - t0;
     return rc;
 }

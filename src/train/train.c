@@ -74,6 +74,7 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     }
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
+    if (o->total_tokens > 0) total = o->total_tokens;
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
     model_zero_grad(m);
@@ -90,7 +91,13 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
         out->loss += fn(ctx, a, p.seq_of, p.resp_index, p.dlogp, p.dent);
         const double share = (double)N / (double)total;
         out->aux_loss += share * a->aux_loss;
+        if (j == n_mb - 1 && o->layer_hook) { /* last micro-batch: gradients become final layer by layer */
+            a->layer_hook = o->layer_hook;
+            a->layer_hook_ctx = o->layer_hook_ctx;
+        }
         model_backward(m, a, p.dlogp, o->want_entropy ? p.dent : NULL, (float)(o->aux_coef * share));
+        a->layer_hook = NULL;
+        a->layer_hook_ctx = NULL;
         out->n_tokens += N;
     }
     out->loss += o->aux_coef * out->aux_loss;

@@ -36,6 +36,17 @@ typedef struct {
     float temperature;   /* logits / T before log-softmax (RL: rollout temperature) */
     int want_entropy;
     float aux_coef;      /* router_aux_loss_coef (0 = no aux loss) */
+    /* Data parallel (0 / NULL in a single process):
+     * total_tokens: tokens of the WHOLE global batch over all data-parallel ranks; each micro-batch's
+     *   aux loss is weighted by N / total_tokens, so the ranks' weighted aux losses (and their
+     *   gradients) add up to the token-weighted mean over the global batch. 0 = this call's tokens.
+     * layer_hook / layer_hook_ctx: installed on the activations for the LAST micro-batch's backward
+     *   only (model_acts.layer_hook; e.g. dist_reducer_layer_done), so gradient buckets are reduced
+     *   while backward still runs, once no later micro-batch can add to them. With n = 0 sequences
+     *   the hook is never called (the caller's reduction still takes part with zero gradients). */
+    int64_t total_tokens;
+    void (*layer_hook)(void *ctx, int group);
+    void *layer_hook_ctx;
 } train_step_opts;
 
 typedef struct {
@@ -47,7 +58,8 @@ typedef struct {
 
 /* Zero grads, run forward+backward over all sequences in micro-batches (acts sized for
  * opts->max_tokens), accumulating gradients; the aux loss of each micro-batch is weighted by its
- * share of the tokens. Does not step the optimizer. */
+ * share of the tokens (of opts->total_tokens when set). Does not step the optimizer. n = 0 only
+ * zeroes the gradients (a data-parallel rank without sequences in this mini-batch). */
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *opts,
                      token_grad_fn fn, void *ctx, train_step_out *out);
 /* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates

@@ -85,9 +85,6 @@ static void gg_block(int part, int s, int n, int *c0, int *c1) {
  * [offsets[0], offsets[E]) are not touched). a[M,I], W[E,O,I], out[M,O], offsets[E+1]
  * non-decreasing (expert_offsets from moe_permute_index). Errors: decreasing offsets are a
  * caller bug (asserted). Source: Megatron GroupedMLP forward (grouped_gemm.ops.gmm). */
-/* Group row count up to which the forward uses sgemv per row. */
-#define GG_GEMV_MAX_ROWS 2
-
 void grouped_gemm_forward(float *out, const float *a, const float *W, const int *offsets, int E, int I, int O) {
     MOERL_ASSERT(E > 0 && I > 0 && O > 0);
     for (int g = 0; g < E; g++) MOERL_ASSERT(offsets[g + 1] >= offsets[g]);
@@ -106,12 +103,11 @@ void grouped_gemm_forward(float *out, const float *a, const float *W, const int 
             gg_block(part, s, O, &c0, &c1);
             if (c1 <= c0) continue;
             /* out[r0.., c0:c1] = a_g · W_g[c0:c1, :]ᵀ */
-            if (m <= GG_GEMV_MAX_ROWS) {
-                /* decode-sized groups: sgemm would pack W_g for one or two rows (measured 3-8x
-                 * slower than sgemv at one row); one matrix-vector product per row instead */
-                for (int r = 0; r < m; r++)
-                    cblas_sgemv(CblasRowMajor, CblasNoTrans, c1 - c0, I, 1.0f, W + (size_t)g * O * I + (size_t)c0 * I,
-                                I, a + (size_t)(r0 + r) * I, 1, 0.0f, out + (size_t)(r0 + r) * O + c0, 1);
+            if (m <= SKINNY_MAX_ROWS) {
+                /* decode-sized groups: sgemm would pack W_g for a few rows (measured 3-8x slower
+                 * than a matrix-vector product at one row); the skinny kernel reads W_g once */
+                gemm_skinny_nt(out + (size_t)r0 * O + c0, O, a + (size_t)r0 * I, W + (size_t)g * O * I + (size_t)c0 * I,
+                               m, I, c1 - c0, 0);
                 continue;
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, c1 - c0, I, 1.0f, a + (size_t)r0 * I, I,

@@ -11,6 +11,7 @@
 #include "kernels/kernels.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <string.h>
 
 /* OpenBLAS's cblas.h pulls in <complex.h>, whose macro I (the imaginary unit) would replace the
@@ -18,9 +19,6 @@
 #ifdef I
 #undef I
 #endif
-
-/* Row count up to which the forward uses one sgemv per row instead of sgemm. */
-#define LINEAR_GEMV_MAX_ROWS 4
 
 /* Zero n floats (or leave them when accumulating): the result of a product with an empty
  * inner dimension, which BLAS must not be asked for (lda would be 0). */
@@ -32,12 +30,17 @@ void linear_forward(float *out, const float *x, const float *W, int N, int I, in
     MOERL_ASSERT(N >= 0 && I >= 0 && O >= 0);
     if (N == 0 || O == 0) return;
     if (I == 0) { linear_empty_product(out, (size_t)N * O, accumulate); return; }
-    if (N <= LINEAR_GEMV_MAX_ROWS) {
+    if (N <= SKINNY_MAX_ROWS) {
         /* decode-sized batches: OpenBLAS's sgemm packs all of W for each call (measured 8x slower
-         * than sgemv at one row, 256x256); one matrix-vector product per row reads W once each. */
-        for (int n = 0; n < N; n++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, O, I, 1.0f, W, I, x + (size_t)n * I, 1,
-                        accumulate ? 1.0f : 0.0f, out + (size_t)n * O, 1);
+         * than a matrix-vector product at one row, 256x256); the skinny kernel reads W once. Split
+         * over output columns when called outside a parallel region. */
+        const int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
+        const int chunks = (O >= 256 && nth > 1) ? nth : 1;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+        for (int ch = 0; ch < chunks; ch++) {
+            int o0 = (int)((long)O * ch / chunks), o1 = (int)((long)O * (ch + 1) / chunks);
+            gemm_skinny_nt(out + o0, O, x, W + (size_t)o0 * I, N, I, o1 - o0, accumulate);
+        }
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, O, I, 1.0f, x, I, W, I,
@@ -56,4 +59,38 @@ void linear_backward(float *dx, float *dW, const float *dout, const float *x, co
     /* dW += doutᵀ·x; with N == 0 the contribution is zero and dW is left as it is. */
     if (dW && N > 0 && I > 0 && O > 0)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dout, O, x, I, 1.0f, dW, I);
+}
+
+void gemm_skinny_nt(float *out, int ldo, const float *a, const float *W, int m, int I, int O, int accumulate) {
+    MOERL_ASSERT(m >= 0 && I >= 0 && O >= 0);
+    int o = 0;
+    /* four rows of W at a time: each a-row is loaded once per four dot products */
+    for (; o + 4 <= O; o += 4) {
+        const float *w0 = W + (size_t)o * I, *w1 = w0 + I, *w2 = w1 + I, *w3 = w2 + I;
+        for (int r = 0; r < m; r++) {
+            const float *x = a + (size_t)r * I;
+            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            for (int i = 0; i < I; i++) {
+                s0 += x[i] * w0[i];
+                s1 += x[i] * w1[i];
+                s2 += x[i] * w2[i];
+                s3 += x[i] * w3[i];
+            }
+            float *y = out + (size_t)r * ldo + o;
+            if (accumulate) { y[0] += s0; y[1] += s1; y[2] += s2; y[3] += s3; }
+            else { y[0] = s0; y[1] = s1; y[2] = s2; y[3] = s3; }
+        }
+    }
+    for (; o < O; o++) {
+        const float *w0 = W + (size_t)o * I;
+        for (int r = 0; r < m; r++) {
+            const float *x = a + (size_t)r * I;
+            float s0 = 0;
+#pragma omp simd reduction(+ : s0)
+            for (int i = 0; i < I; i++) s0 += x[i] * w0[i];
+            float *y = out + (size_t)r * ldo + o;
+            *y = accumulate ? *y + s0 : s0;
+        }
+    }
 }

@@ -1,0 +1,994 @@
+/* The main job across processes (rl_run_dist; see rl.h): rollout ranks, data-parallel trainer
+ * ranks, and trainer rank 0 ("the leader") in the middle.
+ *
+ * Messages (dist_send_msg / dist_recv_msg_any on world ranks; tags below):
+ *   rollout → leader   ADMIT_REQ {k}: room for k more whole groups
+ *   leader → rollout   ADMIT_GRANT {count, uids[count]}: start these prompts now (count may be 0:
+ *                      the answer to a request while a sync or the stop is pending). Every request
+ *                      gets exactly one answer; a rank has at most one request outstanding.
+ *   rollout → leader   GROUP (wire.h "MOERLGR1"): a finished prompt group
+ *   leader → rollout   CMD {START|SYNC|BCAST|STOP|BYE, version, partial}
+ *   rollout → leader   ACK {kind, groups in flight, groups sent so far, cumulative statistics}
+ *   leader → trainer t TRAIN (wire.h "MOERLTB1"): its share of a step, or stop; STATE: weights and
+ *                      optimizer state at startup; CMD BYE at the end
+ * The leader's server thread receives everything addressed to it (GROUP, ADMIT_REQ, ACK) and is the
+ * GLOBAL staleness budget and prompt feed of the embedded job: it grants a new uid only while
+ * staleness_can_start(counter, queued) holds, prompts are left and no sync is pending, and it tracks
+ * the granted-not-yet-received uids per rank ("outstanding"; with the queue, the unconsumed started
+ * prompts a checkpoint lists).
+ *
+ * Sync (after every trigger_parameter_sync_step steps; verl's order: pause admission → interrupt or
+ * drain → broadcast → load → version+1 → recompute the carried-over count → resume):
+ *   leader: block grants (pending requests are answered with 0) → SYNC to every rollout rank
+ *   rollout: take the answer to its outstanding request (start those groups) → partial rollout:
+ *     engine_pause; else drain (step until the engine is empty, sending groups) → ACK {in flight,
+ *     sent} → wait for BCAST
+ *   leader: wait for every ACK and for every group each rank says it sent → version+1 → counter =
+ *     Σ in flight (checked = outstanding) + queued → checkpoint if due → BCAST → dist_bcast_weights
+ *     → unblock grants
+ *   rollout: receive the weights, engine_load_weights(version), resume (interrupted first).
+ * Data-parallel step: the leader takes required_samples groups from the queue, computes the sample
+ * statistics over all of them, splits each mini-batch's groups over the trainer ranks (largest
+ * first onto the least-loaded rank, by prompt+response tokens), sends each rank its share with the
+ * mini-batch's global token counts, and every trainer rank runs trainer_update (gradients reduced
+ * layer by layer by a dist_grad_reducer during the last micro-batch's backward; identical AdamW steps).
+ *
+ * Waiting never spins a core: the leader's main thread waits on condition variables, receivers
+ * poll with short sleeps (ranks share the cores under --oversubscribe), and nobody enters a
+ * collective long before its peers (a BCAST or START command precedes each weight broadcast).
+ * Errors on any rank end the job with dist_abort, naming the rank and its role.
+ * Sources: verl recipe/fully_async_policy (rollouter / trainer / parameter synchroniser roles,
+ * staleness budget, partial rollout), PyTorch DDP (bucketed overlapped gradient all-reduce). */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/common.h"
+#include "base/log.h"
+#include "rl/job_internal.h"
+#include "rl/rl.h"
+#include "rl/wire.h"
+#include "train/train.h"
+
+void openblas_set_num_threads(int n);
+
+enum { TAG_ADMIT_REQ = 101, TAG_ADMIT_GRANT, TAG_GROUP, TAG_CMD, TAG_ACK, TAG_TRAIN, TAG_STATE };
+enum { CMD_START = 1, CMD_SYNC, CMD_BCAST, CMD_STOP, CMD_BYE };
+
+typedef struct {
+    int32_t cmd, version, partial, pad;
+} cmd_msg;
+
+typedef struct {
+    int32_t kind;         /* CMD_SYNC or CMD_STOP: what this acknowledges */
+    int32_t in_flight;    /* groups started and not finished on the rank */
+    int64_t groups_sent;  /* GROUP messages sent since the start */
+    int64_t gen_tokens;   /* generated tokens since the start (engine statistics) */
+    double busy_s, idle_s;/* cumulative rollout busy / idle seconds */
+} ack_msg;
+
+#define STATE_MAGIC "MOERLTS1"
+typedef struct {
+    char magic[8];
+    uint32_t format;
+    int32_t version;
+    int64_t step, opt_step, opt_skipped;
+    uint64_t n_params, chunk_floats;
+    int32_t has_ref, pad;
+} state_header;
+
+/* ------------------------------------------------------------------ small helpers */
+
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static void set_role_threads(int n) {
+    if (n <= 0) n = 1;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    openblas_set_num_threads(n);
+}
+
+static char g_role[64] = "?";
+
+/* End the whole job: "moerl[rank R]: abort: <role>: <message>". */
+static void die(dist_ctx *ctx, const char *what) __attribute__((noreturn));
+static void die(dist_ctx *ctx, const char *what) {
+    char msg[1600];
+    snprintf(msg, sizeof msg, "%s: %s%s%s", g_role, what ? what : "", what && what[0] ? ": " : "", moerl_last_error());
+    dist_abort(ctx, msg);
+}
+#define CHECK_OK(call, what)                          \
+    do {                                              \
+        if ((call) != MOERL_OK) die(ctx, what);       \
+    } while (0)
+
+/* MOERL_TEST_FAIL_RANK=r [MOERL_TEST_FAIL_VERSION=v]: a deliberate error on world rank r at startup
+ * (or once it reaches policy version v), for the test of failure propagation. */
+static int injected_failure(const dist_ctx *ctx, int version) {
+    const char *r = getenv("MOERL_TEST_FAIL_RANK"), *v = getenv("MOERL_TEST_FAIL_VERSION");
+    if (!r || !r[0] || atoi(r) != ctx->world_rank) return MOERL_OK;
+    const int at = v && v[0] ? atoi(v) : -1;
+    if (at != version) return MOERL_OK;
+    return moerl_errorf("injected failure (MOERL_TEST_FAIL_RANK=%s%s%s)", r, at >= 0 ? ", MOERL_TEST_FAIL_VERSION=" : "",
+                        at >= 0 ? v : "");
+}
+
+static void send_cmd(dist_ctx *ctx, int dst, int cmd, int version, int partial) {
+    cmd_msg c = {cmd, version, partial, 0};
+    CHECK_OK(dist_send_msg(ctx, dst, TAG_CMD, &c, sizeof c), "sending a command");
+}
+
+static cmd_msg recv_cmd(dist_ctx *ctx) {
+    void *buf;
+    size_t len;
+    int src;
+    CHECK_OK(dist_recv_msg_any(ctx, TAG_CMD, &src, &buf, &len), "receiving a command");
+    if (len != sizeof(cmd_msg) || src != ctx->first_trainer) {
+        free(buf);
+        moerl_errorf("command message of %zu bytes from rank %d (expected %zu from trainer rank 0 = world rank %d)",
+                     len, src, sizeof(cmd_msg), ctx->first_trainer);
+        die(ctx, "protocol");
+    }
+    cmd_msg c;
+    memcpy(&c, buf, sizeof c);
+    free(buf);
+    return c;
+}
+
+/* Send/receive a float array in chunks (dist_send_msg takes at most INT_MAX bytes). */
+static void send_floats(dist_ctx *ctx, int dst, const float *x, size_t n, size_t chunk) {
+    for (size_t off = 0; off < n; off += chunk)
+        CHECK_OK(dist_send_msg(ctx, dst, TAG_STATE, x + off, MOERL_MIN(chunk, n - off) * sizeof(float)),
+                 "sending the trainer state");
+}
+static void recv_floats(dist_ctx *ctx, float *x, size_t n, size_t chunk) {
+    for (size_t off = 0; off < n; off += chunk) {
+        void *buf;
+        size_t len;
+        CHECK_OK(dist_recv_msg_any(ctx, TAG_STATE, NULL, &buf, &len), "receiving the trainer state");
+        const size_t want = MOERL_MIN(chunk, n - off) * sizeof(float);
+        if (len != want) {
+            free(buf);
+            moerl_errorf("trainer state chunk at float %zu has %zu bytes, expected %zu", off, len, want);
+            die(ctx, "protocol");
+        }
+        memcpy(x + off, buf, len);
+        free(buf);
+    }
+}
+
+/* ================================================================== rollout ranks */
+
+typedef struct {
+    dist_ctx *ctx;
+    const rl_config *cfg;
+    moe_model *m;
+    rollouter R;
+    int leader;
+    int req_out;          /* an ADMIT_REQ awaits its answer */
+    int64_t sent;         /* GROUP messages sent */
+} rollout_rank;
+
+static int send_group(void *vctx, rl_group *g) {
+    rollout_rank *W = vctx;
+    void *buf;
+    size_t len;
+    int rc = rl_group_encode(g, &buf, &len);
+    rl_group_free(g);
+    if (rc != MOERL_OK) return MOERL_ERR;
+    rc = dist_send_msg(W->ctx, W->leader, TAG_GROUP, buf, len);
+    free(buf);
+    if (rc == MOERL_OK) W->sent++;
+    return rc;
+}
+
+/* Receive the answer to the outstanding request and start the granted prompts. */
+static void take_grant(rollout_rank *W) {
+    dist_ctx *ctx = W->ctx;
+    void *buf;
+    size_t len;
+    CHECK_OK(dist_recv_msg_any(ctx, TAG_ADMIT_GRANT, NULL, &buf, &len), "receiving an admission grant");
+    int32_t count = -1;
+    if (len >= 8) memcpy(&count, buf, 4);
+    if (len < 8 || count < 0 || len != 8 + (size_t)count * 8) {
+        free(buf);
+        moerl_errorf("admission grant of %zu bytes announcing %d uids", len, count);
+        die(ctx, "protocol");
+    }
+    for (int i = 0; i < count; i++) {
+        int64_t uid;
+        memcpy(&uid, (char *)buf + 8 + 8 * i, 8);
+        CHECK_OK(rollouter_start_uid(&W->R, uid), "starting a granted prompt");
+    }
+    free(buf);
+    W->req_out = 0;
+}
+
+static void send_ack(rollout_rank *W, int kind) {
+    engine_stats es = engine_get_stats(W->R.eng);
+    ack_msg a = {.kind = kind, .in_flight = W->R.n_inflight, .groups_sent = W->sent,
+                 .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s};
+    dist_ctx *ctx = W->ctx;
+    CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ACK, &a, sizeof a), "sending an acknowledgement");
+}
+
+/* Receive the weights broadcast for a (re)start or a sync and load them into the engine. */
+static void receive_weights(rollout_rank *W, int version) {
+    dist_ctx *ctx = W->ctx;
+    int v = -1;
+    CHECK_OK(dist_bcast_weights(ctx, W->m->params, W->m->n_params, &v, 1, NULL), "receiving the weights");
+    if (v != version) {
+        moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
+        die(ctx, "protocol");
+    }
+    CHECK_OK(engine_load_weights(W->R.eng, W->m->params, W->m->n_params, v), "loading the weights");
+}
+
+static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
+    dist_ctx *ctx = W->ctx;
+    W->R.stage = "param_sync";
+    if (W->req_out) take_grant(W); /* the leader answers pending requests once grants are blocked */
+    if (c->partial) {
+        engine_pause(W->R.eng, NULL, 0);
+    } else { /* let in-flight responses finish under the old weights */
+        W->R.draining = 1;
+        while (engine_num_unfinished(W->R.eng) > 0)
+            if (rollouter_step(&W->R) < 0) die(ctx, "draining the engine");
+    }
+    send_ack(W, CMD_SYNC);
+    cmd_msg b = recv_cmd(ctx);
+    if (b.cmd != CMD_BCAST || b.version != c->version) {
+        moerl_errorf("expected BCAST of version %d after a SYNC, got command %d (version %d)", c->version, b.cmd,
+                     b.version);
+        die(ctx, "protocol");
+    }
+    receive_weights(W, b.version);
+    CHECK_OK(rollouter_resume(&W->R), "resuming after the sync");
+    CHECK_OK(injected_failure(ctx, b.version), "test");
+}
+
+static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const dataset *train) {
+    set_role_threads(cfg->rollout_threads);
+    rollout_rank *W = xcalloc(1, sizeof *W);
+    W->ctx = ctx;
+    W->cfg = cfg;
+    W->m = m;
+    W->leader = ctx->first_trainer;
+    rl_queue unused;
+    rl_queue_init(&unused, 1);
+    CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
+    W->R.on_group_done = send_group;
+    W->R.on_group_done_ctx = W;
+    cmd_msg c = recv_cmd(ctx);
+    if (c.cmd != CMD_START) {
+        moerl_errorf("expected START, got command %d", c.cmd);
+        die(ctx, "protocol");
+    }
+    receive_weights(W, c.version);
+    long wait_us = 0;
+    for (;;) {
+        if (dist_iprobe(ctx, TAG_CMD) > 0) {
+            c = recv_cmd(ctx);
+            if (c.cmd == CMD_SYNC) {
+                rollout_sync(W, &c);
+                wait_us = 0;
+                continue;
+            }
+            if (c.cmd != CMD_STOP) {
+                moerl_errorf("unexpected command %d while generating", c.cmd);
+                die(ctx, "protocol");
+            }
+            if (W->req_out) take_grant(W);
+            break;
+        }
+        if (W->req_out && dist_iprobe(ctx, TAG_ADMIT_GRANT) > 0) take_grant(W);
+        if (!W->req_out) {
+            const int32_t k = rollouter_room(&W->R);
+            if (k > 0) {
+                CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ADMIT_REQ, &k, sizeof k), "requesting admissions");
+                W->req_out = 1;
+            }
+        }
+        const int did = rollouter_step(&W->R);
+        if (did < 0) die(ctx, "generation");
+        if (did) {
+            wait_us = 0;
+        } else { /* nothing to generate: wait for grants or commands without spinning */
+            const double t0 = moerl_now();
+            sleep_us(wait_us ? wait_us : 20);
+            W->R.idle_s += moerl_now() - t0;
+            wait_us = MOERL_MIN(1000, wait_us * 2 + 20);
+        }
+    }
+    /* stop: abandon the in-flight work (the leader lists it as unconsumed for a resume) */
+    engine_abort(W->R.eng, NULL, 0);
+    send_ack(W, CMD_STOP);
+    c = recv_cmd(ctx);
+    if (c.cmd != CMD_BYE) {
+        moerl_errorf("expected BYE after STOP, got command %d", c.cmd);
+        die(ctx, "protocol");
+    }
+    rollouter_free(&W->R);
+    rl_queue_destroy(&unused);
+    free(W);
+}
+
+/* ================================================================== trainer ranks > 0 */
+
+static void check_trainers_identical(dist_ctx *ctx, const moe_model *m, int is_leader);
+
+static void recv_state(dist_ctx *ctx, trainer *T) {
+    void *buf;
+    size_t len;
+    CHECK_OK(dist_recv_msg_any(ctx, TAG_STATE, NULL, &buf, &len), "receiving the trainer state");
+    state_header h;
+    if (len != sizeof h) {
+        free(buf);
+        moerl_errorf("trainer state header of %zu bytes, expected %zu", len, sizeof h);
+        die(ctx, "protocol");
+    }
+    memcpy(&h, buf, sizeof h);
+    free(buf);
+    if (memcmp(h.magic, STATE_MAGIC, 8) || h.format != 1 || h.n_params != T->m->n_params ||
+        h.has_ref != (T->ref != NULL) || h.chunk_floats == 0) {
+        moerl_errorf("trainer state header: format %u, %llu parameters, ref %d (this rank: format 1, %zu "
+                     "parameters, ref %d)",
+                     h.format, (unsigned long long)h.n_params, h.has_ref, T->m->n_params, T->ref != NULL);
+        die(ctx, "protocol");
+    }
+    recv_floats(ctx, T->m->params, T->m->n_params, h.chunk_floats);
+    recv_floats(ctx, T->opt.m, T->m->n_params, h.chunk_floats);
+    recv_floats(ctx, T->opt.v, T->m->n_params, h.chunk_floats);
+    if (T->ref) recv_floats(ctx, T->ref->params, T->ref->n_params, h.chunk_floats);
+    T->version = h.version;
+    T->step = h.step;
+    T->opt.step = h.opt_step;
+    T->opt.skipped = h.opt_skipped;
+}
+
+static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
+    const size_t chunk = (size_t)16 << 20; /* 64 MiB of floats per message */
+    state_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, STATE_MAGIC, 8);
+    h.format = 1;
+    h.version = T->version;
+    h.step = T->step;
+    h.opt_step = T->opt.step;
+    h.opt_skipped = T->opt.skipped;
+    h.n_params = T->m->n_params;
+    h.chunk_floats = chunk;
+    h.has_ref = T->ref != NULL;
+    CHECK_OK(dist_send_msg(ctx, dst, TAG_STATE, &h, sizeof h), "sending the trainer state");
+    send_floats(ctx, dst, T->m->params, T->m->n_params, chunk);
+    send_floats(ctx, dst, T->opt.m, T->m->n_params, chunk);
+    send_floats(ctx, dst, T->opt.v, T->m->n_params, chunk);
+    if (T->ref) send_floats(ctx, dst, T->ref->params, T->ref->n_params, chunk);
+}
+
+static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const dataset *train) {
+    set_role_threads(cfg->trainer_threads);
+    trainer *T = xcalloc(1, sizeof *T);
+    CHECK_OK(trainer_init(T, cfg, train, m), "trainer setup");
+    recv_state(ctx, T);
+    T->dist = ctx;
+    T->reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
+    if (!T->reducer) die(ctx, "gradient reducer");
+    for (;;) {
+        void *buf;
+        size_t len;
+        int src;
+        CHECK_OK(dist_recv_msg_any(ctx, TAG_TRAIN, &src, &buf, &len), "receiving a train message");
+        rl_train_msg msg;
+        int rc = rl_train_msg_decode(buf, len, &msg);
+        free(buf);
+        if (rc != MOERL_OK) die(ctx, "train message from trainer rank 0");
+        if (msg.cmd == RL_TRAIN_CMD_STOP) {
+            rl_train_msg_free(&msg);
+            break;
+        }
+        T->version = msg.version;
+        if (T->step != msg.step) {
+            moerl_errorf("train message for step %lld, this rank is at step %lld", (long long)msg.step,
+                         (long long)T->step);
+            die(ctx, "protocol");
+        }
+        train_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK_OK(trainer_update(T, msg.groups, msg.mbs, msg.n_mb, &st), "trainer step");
+        rl_train_msg_free(&msg);
+        CHECK_OK(injected_failure(ctx, T->version), "test");
+    }
+    dist_reducer_free(T->reducer);
+    T->reducer = NULL;
+    check_trainers_identical(ctx, m, 0);
+    cmd_msg c = recv_cmd(ctx);
+    if (c.cmd != CMD_BYE) {
+        moerl_errorf("expected BYE after the last step, got command %d", c.cmd);
+        die(ctx, "protocol");
+    }
+    trainer_free(T);
+    free(T);
+}
+
+/* ================================================================== trainer rank 0 */
+
+typedef struct {
+    job J;
+    dist_ctx *ctx;
+    int P, n_rollout, n_trainers;
+    int n_rows;
+    /* admission server: everything below under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    staleness_budget budget;
+    prompt_feed feed;
+    int64_t prompts_left;
+    int blocked;            /* a sync or the stop is pending: requests are answered with 0 */
+    int stopping;
+    int server_done;
+    int *pending;           /* [P] admissions a rank asked for and did not get yet (0: none) */
+    int64_t *out_uid;       /* outstanding: granted, not yet received */
+    int *out_rank;
+    int n_out, cap_out;
+    int64_t *received;      /* [P] groups received from each rank */
+    int *ack_got;           /* [P] this round's acknowledgement arrived */
+    ack_msg *ack;           /* [P] latest acknowledgement */
+    int acks;               /* acknowledgements in this round */
+    double win_busy, win_idle; /* rollout busy/idle seconds reported since the last window */
+    int rr;                 /* round-robin start for serving requests */
+    double watchdog_s;
+    int watchdog_stop;
+    double reduce_exposed_total; /* Σ over steps of exposed gradient-reduction seconds */
+} leader;
+
+/* Grant what the budget allows to pending requests (called with mu held). */
+static void serve_pending(leader *L) {
+    dist_ctx *ctx = L->ctx;
+    for (int i = 0; i < L->n_rollout; i++) {
+        const int r = (L->rr + i) % L->n_rollout;
+        if (L->pending[r] <= 0) continue;
+        if (!L->blocked && !(L->prompts_left > 0 && staleness_can_start(&L->budget, rl_queue_size(&L->J.queue))))
+            break; /* nothing to grant to anyone now; the request stays pending */
+        const int k = L->pending[r];
+        int64_t *buf = xmalloc((size_t)(k + 1) * sizeof(int64_t));
+        int32_t count = 0;
+        while (!L->blocked && count < k && L->prompts_left > 0 &&
+               staleness_can_start(&L->budget, rl_queue_size(&L->J.queue))) {
+            const int64_t uid = prompt_feed_next(&L->feed);
+            staleness_on_start(&L->budget);
+            L->prompts_left--;
+            if (L->n_out == L->cap_out) {
+                L->cap_out = L->cap_out ? 2 * L->cap_out : 64;
+                L->out_uid = xrealloc(L->out_uid, (size_t)L->cap_out * sizeof(int64_t));
+                L->out_rank = xrealloc(L->out_rank, (size_t)L->cap_out * sizeof(int));
+            }
+            L->out_uid[L->n_out] = uid;
+            L->out_rank[L->n_out] = r;
+            L->n_out++;
+            buf[1 + count++] = uid;
+        }
+        if (count > 0 || L->blocked) {
+            memcpy(buf, &count, 4);
+            memset((char *)buf + 4, 0, 4);
+            CHECK_OK(dist_send_msg(ctx, r, TAG_ADMIT_GRANT, buf, 8 + (size_t)count * 8), "sending a grant");
+            L->pending[r] = 0;
+            if (count > 0) L->rr = (r + 1) % L->n_rollout;
+        }
+        free(buf);
+    }
+}
+
+static void server_group(leader *L, int src, void *buf, size_t len) {
+    dist_ctx *ctx = L->ctx;
+    rl_group *g;
+    if (rl_group_decode(buf, len, &g) != MOERL_OK) {
+        moerl_error_prefix("from rollout rank %d: ", src);
+        die(ctx, "server");
+    }
+    if (g->n != L->J.cfg->n || g->uid % L->n_rows != g->row || g->uid / L->n_rows != g->epoch) {
+        moerl_errorf("group from rank %d: uid %lld, row %d, epoch %d, %d responses (dataset of %d rows, rollout.n %d)",
+                     src, (long long)g->uid, g->row, g->epoch, g->n, L->n_rows, L->J.cfg->n);
+        die(ctx, "server");
+    }
+    pthread_mutex_lock(&L->mu);
+    int found = -1;
+    for (int i = 0; i < L->n_out; i++)
+        if (L->out_uid[i] == g->uid && L->out_rank[i] == src) {
+            found = i;
+            break;
+        }
+    if (found < 0) {
+        moerl_errorf("rank %d sent uid %lld, which was not granted to it (or arrived twice)", src, (long long)g->uid);
+        die(ctx, "server");
+    }
+    L->out_uid[found] = L->out_uid[L->n_out - 1];
+    L->out_rank[found] = L->out_rank[L->n_out - 1];
+    L->n_out--;
+    L->received[src]++;
+    if (rl_queue_put(&L->J.queue, g) != MOERL_OK) die(ctx, "server");
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+static void server_request(leader *L, int src, void *buf, size_t len) {
+    dist_ctx *ctx = L->ctx;
+    int32_t k = 0;
+    if (len != 4 || (memcpy(&k, buf, 4), k <= 0) || src >= L->n_rollout) {
+        moerl_errorf("admission request of %zu bytes (k = %d) from rank %d", len, k, src);
+        die(ctx, "server");
+    }
+    pthread_mutex_lock(&L->mu);
+    if (L->pending[src] > 0) {
+        moerl_errorf("rank %d sent a second admission request before the first was answered", src);
+        die(ctx, "server");
+    }
+    L->pending[src] = k;
+    pthread_mutex_unlock(&L->mu);
+}
+
+static void server_ack(leader *L, int src, void *buf, size_t len) {
+    dist_ctx *ctx = L->ctx;
+    if (len != sizeof(ack_msg) || src >= L->n_rollout) {
+        moerl_errorf("acknowledgement of %zu bytes from rank %d", len, src);
+        die(ctx, "server");
+    }
+    ack_msg a;
+    memcpy(&a, buf, sizeof a);
+    pthread_mutex_lock(&L->mu);
+    if (L->ack_got[src]) {
+        moerl_errorf("rank %d acknowledged twice", src);
+        die(ctx, "server");
+    }
+    L->win_busy += a.busy_s - L->ack[src].busy_s;
+    L->win_idle += a.idle_s - L->ack[src].idle_s;
+    L->ack[src] = a;
+    L->ack_got[src] = 1;
+    L->acks++;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+/* All acknowledgements of this round in, and every group they announce received (mu held). */
+static int round_complete(const leader *L) {
+    if (L->acks < L->n_rollout) return 0;
+    for (int r = 0; r < L->n_rollout; r++)
+        if (L->received[r] < L->ack[r].groups_sent) return 0;
+    return 1;
+}
+
+static void *server_main(void *arg) {
+    leader *L = arg;
+    dist_ctx *ctx = L->ctx;
+    static const int tags[3] = {TAG_GROUP, TAG_ADMIT_REQ, TAG_ACK};
+    long wait_us = 0;
+    for (;;) {
+        int did = 0;
+        for (int t = 0; t < 3; t++) {
+            if (dist_iprobe(ctx, tags[t]) <= 0) continue;
+            void *buf;
+            size_t len;
+            int src;
+            CHECK_OK(dist_recv_msg_any(ctx, tags[t], &src, &buf, &len), "server receive");
+            if (tags[t] == TAG_GROUP) server_group(L, src, buf, len);
+            else if (tags[t] == TAG_ADMIT_REQ) server_request(L, src, buf, len);
+            else server_ack(L, src, buf, len);
+            free(buf);
+            did = 1;
+        }
+        pthread_mutex_lock(&L->mu);
+        serve_pending(L);
+        const int done = L->stopping && round_complete(L);
+        if (done) {
+            L->server_done = 1;
+            pthread_cond_broadcast(&L->cv);
+        }
+        pthread_mutex_unlock(&L->mu);
+        if (done) break;
+        if (did) {
+            wait_us = 0;
+        } else {
+            sleep_us(wait_us ? wait_us : 10);
+            wait_us = MOERL_MIN(200, wait_us * 2 + 10);
+        }
+    }
+    return NULL;
+}
+
+static void *leader_watchdog(void *arg) {
+    leader *L = arg;
+    while (!L->watchdog_stop) {
+        usleep(200000);
+        const double age = moerl_now() - L->J.T.last_progress;
+        if (L->watchdog_s > 0 && age > L->watchdog_s && !L->watchdog_stop) {
+            pthread_mutex_lock(&L->mu);
+            moerl_errorf("watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage '%s', "
+                         "queue %d groups, %d granted prompts outstanding, %d of %d rollout acknowledgements",
+                         age, L->watchdog_s, L->J.T.stage, rl_queue_size(&L->J.queue), L->n_out, L->acks,
+                         L->n_rollout);
+            pthread_mutex_unlock(&L->mu);
+            die(L->ctx, "");
+        }
+    }
+    return NULL;
+}
+
+/* Block grants and start an acknowledgement round (SYNC or STOP sent afterwards). */
+static void begin_round(leader *L, int stopping) {
+    pthread_mutex_lock(&L->mu);
+    L->blocked = 1;
+    L->stopping = stopping;
+    L->acks = 0;
+    memset(L->ack_got, 0, (size_t)L->P * sizeof(int));
+    pthread_mutex_unlock(&L->mu);
+}
+
+static int64_t *outstanding_copy(leader *L, int *n) {
+    int64_t *u = xmalloc((size_t)(L->n_out + 1) * sizeof(int64_t));
+    memcpy(u, L->out_uid, (size_t)L->n_out * sizeof(int64_t));
+    *n = L->n_out;
+    return u;
+}
+
+typedef struct {
+    int syncs;
+    double sync_s, bcast_s;
+    int64_t bcast_bytes;
+} sync_totals;
+
+/* The parameter sync of trainer rank 0 (order in the file header). */
+static void leader_sync(leader *L, sync_totals *tot) {
+    dist_ctx *ctx = L->ctx;
+    job *J = &L->J;
+    const rl_config *cfg = J->cfg;
+    const double t0 = moerl_now();
+    J->T.stage = "param_sync";
+    const int version = J->T.version + 1;
+    begin_round(L, 0);
+    for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_SYNC, version, cfg->partial_rollout);
+    pthread_mutex_lock(&L->mu);
+    while (!round_complete(L)) pthread_cond_wait(&L->cv, &L->mu);
+    int64_t in_flight = 0;
+    for (int r = 0; r < L->n_rollout; r++) in_flight += L->ack[r].in_flight;
+    if (in_flight != L->n_out) {
+        moerl_errorf("sync to version %d: rollout ranks report %lld groups in flight, %d granted prompts are "
+                     "outstanding",
+                     version, (long long)in_flight, L->n_out);
+        die(ctx, "protocol");
+    }
+    J->T.version = version;
+    /* carried-over work: in-flight groups (interrupted ones included) + queued groups */
+    staleness_on_version(&L->budget, in_flight, 0, rl_queue_size(&J->queue));
+    const double rb = L->win_busy, ri = L->win_idle;
+    L->win_busy = L->win_idle = 0;
+    int n_inflight = 0;
+    int64_t *inflight = job_want_checkpoint(J, version) ? outstanding_copy(L, &n_inflight) : NULL;
+    pthread_mutex_unlock(&L->mu);
+    if (inflight) { /* consistent: rollout ranks are paused, nothing arrives, grants are blocked */
+        CHECK_OK(job_save_checkpoint(J, inflight, n_inflight), "checkpoint");
+        free(inflight);
+    }
+    for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_BCAST, version, cfg->partial_rollout);
+    dist_xfer_stats xs;
+    int v = version;
+    const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
+    CHECK_OK(dist_bcast_weights(ctx, J->m->params, J->m->n_params, &v, bucket, &xs), "weight broadcast");
+    pthread_mutex_lock(&L->mu);
+    L->blocked = 0;
+    pthread_mutex_unlock(&L->mu);
+    const double sync_s = moerl_now() - t0;
+    J->win_bcast_s += xs.seconds;
+    J->bcast_bytes = (int64_t)xs.bytes;
+    tot->syncs++;
+    tot->sync_s += sync_s;
+    tot->bcast_s += xs.seconds;
+    tot->bcast_bytes = (int64_t)xs.bytes;
+    J->rollouter_busy_total += rb;
+    J->rollouter_idle_total += ri;
+    CHECK_OK(job_after_sync(J, sync_s, rb, ri), "after the sync");
+    CHECK_OK(injected_failure(ctx, version), "test");
+}
+
+/* One data-parallel trainer step on required_samples groups (taken from the queue). */
+static void leader_step(leader *L, rl_group **groups, int n, double waited) {
+    dist_ctx *ctx = L->ctx;
+    job *J = &L->J;
+    const rl_config *cfg = J->cfg;
+    trainer *T = &J->T;
+    const double t0 = moerl_now();
+    train_stats st;
+    memset(&st, 0, sizeof st);
+    T->stage = "reward";
+    CHECK_OK(trainer_sample_stats(T, groups, n, &st), "sample statistics");
+    /* split every mini-batch over the trainer ranks */
+    const int D = L->n_trainers, mb = cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
+    int *owner = xmalloc((size_t)n * sizeof(int));
+    rl_minibatch *mbs = xcalloc((size_t)D * nmb, sizeof(rl_minibatch)); /* [rank][mini-batch] */
+    rl_group ***part = xmalloc((size_t)D * sizeof(rl_group **));
+    int *n_part = xcalloc((size_t)D, sizeof(int));
+    for (int d = 0; d < D; d++) part[d] = xmalloc((size_t)(n ? n : 1) * sizeof(rl_group *));
+    for (int b = 0; b < nmb; b++) {
+        const int g0 = b * mb, g1 = MOERL_MIN(n, (b + 1) * mb);
+        rl_split_minibatch(groups + g0, g1 - g0, D, owner + g0);
+        int64_t rt = 0, tt = 0;
+        for (int g = g0; g < g1; g++) {
+            rt += rl_group_resp_tokens(groups[g]);
+            tt += rl_group_tokens(groups[g]);
+        }
+        for (int d = 0; d < D; d++) {
+            mbs[d * nmb + b].resp_tokens = rt;
+            mbs[d * nmb + b].tokens = tt;
+        }
+        for (int g = g0; g < g1; g++) { /* each rank's groups in mini-batch order */
+            const int d = owner[g];
+            part[d][n_part[d]++] = groups[g];
+            mbs[d * nmb + b].n_groups++;
+        }
+    }
+    T->stage = "send_parts";
+    for (int d = 1; d < D; d++) {
+        void *buf;
+        size_t len;
+        CHECK_OK(rl_train_msg_encode(RL_TRAIN_CMD_STEP, T->version, T->step, mbs + d * nmb, nmb, part[d], &buf, &len),
+                 "encoding a train message");
+        CHECK_OK(dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len), "sending a train message");
+        free(buf);
+    }
+    CHECK_OK(trainer_update(T, part[0], mbs, nmb, &st), "trainer step");
+    st.update_s = moerl_now() - t0;
+    J->consumed += n;
+    job_log_samples(J, groups, n);
+    for (int i = 0; i < n; i++) rl_group_free(groups[i]);
+    J->max_lag = MOERL_MAX(J->max_lag, st.max_lag);
+    L->reduce_exposed_total += st.reduce_exposed_s;
+    job_add_stats(&J->win, &st, J->win_steps == 0);
+    J->win_steps++;
+    J->win_gen_wait += waited;
+    J->win_update += st.update_s;
+    J->sum_gen_wait += waited;
+    J->sum_update += st.update_s;
+    for (int d = 0; d < D; d++) free(part[d]);
+    free(part);
+    free(n_part);
+    free(mbs);
+    free(owner);
+}
+
+/* FNV-1a hash of the weights: equal on every trainer rank iff they stayed identical. */
+static uint64_t hash_params(const moe_model *m) {
+    const unsigned char *b = (const unsigned char *)m->params;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < m->n_params * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Collective over the trainer ranks: the same weights everywhere (dies naming the first that
+ * differs otherwise). */
+static void check_trainers_identical(dist_ctx *ctx, const moe_model *m, int is_leader) {
+    const int D = ctx->trainer_size;
+    double *t = xcalloc((size_t)2 * D, sizeof(double));
+    const uint64_t h = hash_params(m);
+    t[2 * ctx->trainer_rank] = (double)(h >> 32);
+    t[2 * ctx->trainer_rank + 1] = (double)(h & 0xffffffffu);
+    CHECK_OK(dist_allreduce_sum(ctx, DIST_TRAINERS, t, 2 * D), "weight check");
+    for (int d = 1; d < D; d++)
+        if (t[2 * d] != t[0] || t[2 * d + 1] != t[1]) {
+            moerl_errorf("the weights of trainer rank %d differ from trainer rank 0's after training (data-parallel "
+                         "replicas diverged)",
+                         d);
+            die(ctx, "consistency check");
+        }
+    if (is_leader)
+        log_info("weights identical on all %d trainer rank(s) (hash %016llx)", D, (unsigned long long)h);
+    free(t);
+}
+
+static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const dataset *train, const dataset *test,
+                       rl_result *res) {
+    set_role_threads(cfg->trainer_threads);
+    leader *L = xcalloc(1, sizeof *L);
+    job *J = &L->J;
+    L->ctx = ctx;
+    L->P = ctx->world_size;
+    L->n_rollout = ctx->n_rollout;
+    L->n_trainers = ctx->n_trainers;
+    L->n_rows = (int)dataset_count(train);
+    L->watchdog_s = cfg->watchdog_s;
+    J->cfg = cfg;
+    J->train = train;
+    J->test = test;
+    J->m = m;
+    J->is_dist = 1;
+    pthread_mutex_init(&L->mu, NULL);
+    pthread_cond_init(&L->cv, NULL);
+    CHECK_OK(staleness_init(&L->budget, cfg->ppo_mini_batch_size, cfg->require_batches,
+                            cfg->trigger_parameter_sync_step, cfg->staleness_threshold),
+             "configuration");
+    const int req = L->budget.required_samples;
+    J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
+                                                   : (int64_t)cfg->total_epochs * dataset_count(train) / req;
+    J->total_prompts = J->total_steps * req;
+    rl_queue_init(&J->queue, L->budget.max_required_samples);
+    prompt_feed_init(&L->feed, dataset_count(train), cfg->seed);
+    J->feed = &L->feed;
+    L->pending = xcalloc((size_t)L->P, sizeof(int));
+    L->received = xcalloc((size_t)L->P, sizeof(int64_t));
+    L->ack_got = xcalloc((size_t)L->P, sizeof(int));
+    L->ack = xcalloc((size_t)L->P, sizeof(ack_msg));
+    CHECK_OK(trainer_init(&J->T, cfg, train, m), "trainer setup");
+    int resumed = 0;
+    if (cfg->resume_auto) CHECK_OK(job_load_checkpoint(J, &resumed), "resume");
+    L->prompts_left = J->total_prompts - J->consumed;
+    /* the starting state to the other trainer ranks, the weights to the rollout ranks */
+    for (int d = 1; d < L->n_trainers; d++) send_state(ctx, &J->T, ctx->first_trainer + d);
+    for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_START, J->T.version, cfg->partial_rollout);
+    dist_xfer_stats xs;
+    int v = J->T.version;
+    const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
+    CHECK_OK(dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs), "initial weight broadcast");
+    J->T.dist = ctx;
+    J->T.reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
+    if (!J->T.reducer) die(ctx, "gradient reducer");
+    CHECK_OK(job_open_outputs(J, resumed), "outputs");
+    log_info("fully-async GRPO on %d processes: %d rollout rank(s) + %d data-parallel trainer rank(s); %lld steps × "
+             "%d prompts × %d responses; staleness_threshold %g → queue %d, lag bound %d (for in-order completion); "
+             "trigger_parameter_sync_step %d; partial_rollout %s; weights %.1f MB, broadcast in %.1f MiB buckets "
+             "(%.3f s at start); gradient buckets %.1f MiB",
+             L->P, L->n_rollout, L->n_trainers, (long long)J->total_steps, req, cfg->n, cfg->staleness_threshold,
+             L->budget.max_required_samples, L->budget.lag_bound, cfg->trigger_parameter_sync_step,
+             cfg->partial_rollout ? "on" : "off", m->n_params * 4 / 1e6, cfg->sync_bucket_mb, xs.seconds,
+             cfg->grad_bucket_mb);
+    if (!resumed && cfg->val_n != 0) {
+        CHECK_OK(job_run_validation(J, &res->val_acc_start), "validation");
+        log_info("held-out accuracy at start: %.1f%%", 100 * res->val_acc_start);
+        const char *k[] = {"val/accuracy"};
+        double vv[] = {res->val_acc_start};
+        metrics_write(J->mw, J->T.step, 1, k, vv);
+        fprintf(J->plotdata, "%d nan %g\n", J->T.version, res->val_acc_start);
+    }
+    CHECK_OK(injected_failure(ctx, -1), "test");
+    pthread_t server, wd;
+    if (pthread_create(&server, NULL, server_main, L) != 0) {
+        moerl_errorf("cannot start the server thread");
+        die(ctx, "");
+    }
+    J->T.last_progress = moerl_now();
+    if (pthread_create(&wd, NULL, leader_watchdog, L) != 0) {
+        moerl_errorf("cannot start the watchdog thread");
+        die(ctx, "");
+    }
+    J->run_t0 = J->win_t0 = moerl_now();
+    const int64_t step0 = J->T.step;
+    rl_group **groups = xmalloc((size_t)req * sizeof(rl_group *));
+    sync_totals tot = {0};
+    while (J->T.step < J->total_steps) {
+        J->T.stage = "wait_samples";
+        double waited;
+        const int got = rl_queue_get_n(&J->queue, (void **)groups, req, 0, &waited);
+        if (got != req) {
+            moerl_errorf("the sample queue closed with %d of %d groups", rl_queue_size(&J->queue), req);
+            die(ctx, "");
+        }
+        leader_step(L, groups, req, waited);
+        if (J->T.step % cfg->trigger_parameter_sync_step == 0) leader_sync(L, &tot);
+        J->T.last_progress = moerl_now();
+    }
+    free(groups);
+    /* stop: rollout ranks abandon their work and acknowledge; trainer ranks leave their loop */
+    J->T.stage = "stop";
+    begin_round(L, 1);
+    for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_STOP, J->T.version, 0);
+    for (int d = 1; d < L->n_trainers; d++) {
+        void *buf;
+        size_t len;
+        CHECK_OK(rl_train_msg_encode(RL_TRAIN_CMD_STOP, J->T.version, J->T.step, NULL, 0, NULL, &buf, &len), "stop");
+        CHECK_OK(dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len), "sending stop");
+        free(buf);
+    }
+    pthread_join(server, NULL); /* returns once every STOP acknowledgement and group is in */
+    const double wall = moerl_now() - J->run_t0;
+    L->watchdog_stop = 1;
+    pthread_join(wd, NULL);
+    dist_reducer_free(J->T.reducer);
+    J->T.reducer = NULL;
+    check_trainers_identical(ctx, m, 1);
+    J->rollouter_busy_total += L->win_busy;
+    J->rollouter_idle_total += L->win_idle;
+    if (J->win_steps > 0) job_emit_version(J, L->win_busy, L->win_idle);
+    int64_t gen = 0;
+    for (int r = 0; r < L->n_rollout; r++) gen += L->ack[r].gen_tokens;
+    res->steps = J->T.step;
+    res->prompts_trained = (J->T.step - step0) * req;
+    res->tokens_generated = gen;
+    res->wall_s = wall;
+    res->prompts_per_s = res->prompts_trained / wall;
+    res->tokens_per_s = gen / wall;
+    res->final_version = J->T.version;
+    res->max_lag_seen = J->max_lag;
+    res->trainer_idle_ratio = wall > 0 ? J->sum_gen_wait / wall : 0;
+    const double rt = J->rollouter_busy_total + J->rollouter_idle_total;
+    res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
+    res->rollout_ranks = L->n_rollout;
+    res->trainer_ranks = L->n_trainers;
+    res->syncs = tot.syncs;
+    res->param_sync_s = tot.syncs ? tot.sync_s / tot.syncs : 0;
+    res->weight_bcast_s = tot.syncs ? tot.bcast_s / tot.syncs : 0;
+    res->weight_bcast_bytes = tot.bcast_bytes;
+    res->weight_bcast_gbps = tot.bcast_s > 0 ? (double)tot.bcast_bytes * tot.syncs / tot.bcast_s / 1e9 : 0;
+    if (cfg->val_n != 0) {
+        CHECK_OK(job_run_validation(J, &res->val_acc_end), "validation");
+        const char *k[] = {"val/accuracy"};
+        double vv[] = {res->val_acc_end};
+        metrics_write(J->mw, J->T.step, 1, k, vv);
+        fprintf(J->plotdata, "%d nan %g\n", J->T.version, res->val_acc_end);
+    }
+    if (cfg->save_freq >= 0) { /* outstanding (aborted in flight) and queued groups are unconsumed */
+        int n_inflight;
+        int64_t *inflight = outstanding_copy(L, &n_inflight);
+        CHECK_OK(job_save_checkpoint(J, inflight, n_inflight), "final checkpoint");
+        free(inflight);
+    }
+    fflush(J->plotdata);
+    job_write_plot(J);
+    job_close_outputs(J);
+    for (int r = 0; r < L->P; r++)
+        if (r != ctx->world_rank) send_cmd(ctx, r, CMD_BYE, J->T.version, 0);
+    res->grad_reduce_exposed_s = L->reduce_exposed_total;
+    trainer_free(&J->T);
+    void *g;
+    while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);
+    rl_queue_destroy(&J->queue);
+    prompt_feed_free(&L->feed);
+    free(L->pending);
+    free(L->received);
+    free(L->ack_got);
+    free(L->ack);
+    free(L->out_uid);
+    free(L->out_rank);
+    pthread_mutex_destroy(&L->mu);
+    pthread_cond_destroy(&L->cv);
+    free(L);
+}
+
+int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset *train, const dataset *test,
+                rl_result *res) {
+    memset(res, 0, sizeof *res);
+    if (ctx->role == DIST_ROLE_UNSET || ctx->world_size < 2 || ctx->n_rollout < 1)
+        return moerl_errorf("rl_run_dist: needs a world of ≥ 2 ranks split into rollout and trainer ranks (world %d, "
+                            "%d rollout)",
+                            ctx->world_size, ctx->n_rollout);
+    if (cfg->mode == RL_MODE_LOCKSTEP)
+        return moerl_errorf("async_training.mode=lockstep runs in one process only (use async or sync with mpirun)");
+    staleness_budget b;
+    if (staleness_init(&b, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
+                       cfg->staleness_threshold) != MOERL_OK)
+        return MOERL_ERR;
+    const int64_t steps = cfg->total_training_steps > 0
+                              ? cfg->total_training_steps
+                              : (int64_t)cfg->total_epochs * dataset_count(train) / b.required_samples;
+    if (steps <= 0)
+        return moerl_errorf("no trainer steps: %lld training rows, %d prompts per step (actor.ppo_mini_batch_size × "
+                            "async_training.require_batches), trainer.total_epochs %d",
+                            (long long)dataset_count(train), b.required_samples, cfg->total_epochs);
+    if (ctx->role == DIST_ROLE_ROLLOUT) {
+        snprintf(g_role, sizeof g_role, "rollout rank %d of %d", ctx->world_rank, ctx->n_rollout);
+    } else {
+        snprintf(g_role, sizeof g_role, "trainer rank %d of %d", ctx->trainer_rank, ctx->trainer_size);
+    }
+    if (injected_failure(ctx, -1) != MOERL_OK && ctx->trainer_rank != 0) die(ctx, "test");
+    if (ctx->role == DIST_ROLE_ROLLOUT) run_rollout_rank(ctx, cfg, m, train);
+    else if (ctx->trainer_rank > 0) run_trainer_follower(ctx, cfg, m, train);
+    else run_leader(ctx, cfg, m, train, test, res);
+    return MOERL_OK;
+}

@@ -1,0 +1,348 @@
+/* Wire formats of the distributed RL job; see wire.h for the byte layouts. */
+#include "rl/wire.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/common.h"
+
+/* ------------------------------------------------------------------ growable writer */
+
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+} wbuf;
+
+static void w_put(wbuf *w, const void *src, size_t len) {
+    if (w->n + len > w->cap) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap < w->n + len) cap *= 2;
+        w->p = xrealloc(w->p, cap);
+        w->cap = cap;
+    }
+    if (len) memcpy(w->p + w->n, src, len);
+    w->n += len;
+}
+static void w_i32(wbuf *w, int32_t v) { w_put(w, &v, 4); }
+static void w_u32(wbuf *w, uint32_t v) { w_put(w, &v, 4); }
+static void w_i64(wbuf *w, int64_t v) { w_put(w, &v, 8); }
+static void w_u64(wbuf *w, uint64_t v) { w_put(w, &v, 8); }
+
+/* ------------------------------------------------------------------ bounds-checked reader */
+
+typedef struct {
+    const unsigned char *p;
+    size_t n, off;
+    const char *what; /* "group message" / "train message" */
+    int err;
+} rbuf;
+
+static int r_get(rbuf *r, void *dst, size_t len, const char *field) {
+    if (r->err) return MOERL_ERR;
+    if (len > r->n - r->off) {
+        r->err = 1;
+        return moerl_errorf("%s: truncated: %s needs %zu bytes at offset %zu, only %zu left of %zu", r->what, field,
+                            len, r->off, r->n - r->off, r->n);
+    }
+    if (dst && len) memcpy(dst, r->p + r->off, len);
+    r->off += len;
+    return MOERL_OK;
+}
+static int r_i32(rbuf *r, int32_t *v, const char *f) { return r_get(r, v, 4, f); }
+static int r_u32(rbuf *r, uint32_t *v, const char *f) { return r_get(r, v, 4, f); }
+static int r_i64(rbuf *r, int64_t *v, const char *f) { return r_get(r, v, 8, f); }
+static int r_u64(rbuf *r, uint64_t *v, const char *f) { return r_get(r, v, 8, f); }
+
+static int r_magic(rbuf *r, const char *magic) {
+    char m[8] = {0};
+    if (r_get(r, m, 8, "magic") != MOERL_OK) return MOERL_ERR;
+    if (memcmp(m, magic, 8) != 0) {
+        char shown[9];
+        for (int i = 0; i < 8; i++) shown[i] = (m[i] >= 32 && m[i] < 127) ? m[i] : '?';
+        shown[8] = 0;
+        r->err = 1;
+        return moerl_errorf("%s: magic '%s', expected '%s' (not a moerl %s)", r->what, shown, magic, r->what);
+    }
+    uint32_t fmt = 0;
+    if (r_u32(r, &fmt, "format") != MOERL_OK) return MOERL_ERR;
+    if (fmt != RL_WIRE_FORMAT) {
+        r->err = 1;
+        return moerl_errorf("%s: format %u, this build reads format %d (ranks built from different moerl versions?)",
+                            r->what, fmt, RL_WIRE_FORMAT);
+    }
+    return MOERL_OK;
+}
+
+static int r_count(rbuf *r, int32_t v, int32_t lo, int32_t hi, const char *field) {
+    if (r->err) return MOERL_ERR;
+    if (v < lo || v > hi) {
+        r->err = 1;
+        return moerl_errorf("%s: %s = %d outside [%d, %d]", r->what, field, v, lo, hi);
+    }
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ group */
+
+static int group_write(wbuf *w, const rl_group *g) {
+    if (g->n <= 0 || g->n > RL_WIRE_MAX_N)
+        return moerl_errorf("group encode: uid %lld has n = %d responses", (long long)g->uid, g->n);
+    if (g->prompt.n <= 0 || g->prompt.n > RL_WIRE_MAX_LEN)
+        return moerl_errorf("group encode: uid %lld has a prompt of %lld tokens", (long long)g->uid,
+                            (long long)g->prompt.n);
+    for (int j = 0; j < g->n; j++) {
+        const gen_request *r = &g->reqs[j];
+        if (r->n_out < 0 || r->n_out > RL_WIRE_MAX_LEN ||
+            (r->n_out > 0 && (!r->out_tokens || !r->out_logprobs || !r->out_versions)))
+            return moerl_errorf("group encode: uid %lld response %d has n_out = %d without outputs", (long long)g->uid,
+                                j, r->n_out);
+    }
+    w_put(w, RL_WIRE_GROUP_MAGIC, 8);
+    w_u32(w, RL_WIRE_FORMAT);
+    w_i32(w, g->start_version);
+    w_i64(w, g->uid);
+    w_i32(w, g->row);
+    w_i32(w, g->epoch);
+    w_i32(w, g->n);
+    w_i32(w, (int32_t)g->prompt.n);
+    w_put(w, g->prompt.ids, (size_t)g->prompt.n * 4);
+    for (int j = 0; j < g->n; j++) {
+        const gen_request *r = &g->reqs[j];
+        w_i32(w, r->n_out);
+        w_i32(w, (int32_t)r->finish);
+        w_i32(w, r->n_interruptions);
+        w_put(w, r->out_tokens, (size_t)r->n_out * 4);
+        w_put(w, r->out_logprobs, (size_t)r->n_out * 4);
+        w_put(w, r->out_versions, (size_t)r->n_out * 4);
+    }
+    return MOERL_OK;
+}
+
+int rl_group_encode(const rl_group *g, void **buf, size_t *len) {
+    wbuf w = {0};
+    if (group_write(&w, g) != MOERL_OK) {
+        free(w.p);
+        return MOERL_ERR;
+    }
+    *buf = w.p;
+    *len = w.n;
+    return MOERL_OK;
+}
+
+static int check_nonneg(rbuf *r, const int32_t *v, int n, const char *field, int64_t uid, int j) {
+    for (int i = 0; i < n; i++)
+        if (v[i] < 0) {
+            r->err = 1;
+            return moerl_errorf("%s: uid %lld response %d: %s[%d] = %d is negative", r->what, (long long)uid, j, field,
+                                i, v[i]);
+        }
+    return MOERL_OK;
+}
+
+/* Parse one group from r (the reader's `what` names the enclosing message). */
+static int group_read(rbuf *r, rl_group **out) {
+    *out = NULL;
+    if (r_magic(r, RL_WIRE_GROUP_MAGIC) != MOERL_OK) return MOERL_ERR;
+    int32_t sv = 0, row = 0, epoch = 0, n = 0, plen = 0;
+    int64_t uid = 0;
+    if (r_i32(r, &sv, "start_version") || r_i64(r, &uid, "uid") || r_i32(r, &row, "row") ||
+        r_i32(r, &epoch, "epoch") || r_i32(r, &n, "n") || r_i32(r, &plen, "prompt_len"))
+        return MOERL_ERR;
+    if (r_count(r, n, 1, RL_WIRE_MAX_N, "n (responses)") || r_count(r, plen, 1, RL_WIRE_MAX_LEN, "prompt_len") ||
+        r_count(r, sv, 0, INT32_MAX, "start_version") || r_count(r, row, 0, INT32_MAX, "row") ||
+        r_count(r, epoch, 0, INT32_MAX, "epoch"))
+        return MOERL_ERR;
+    if (uid < 0) {
+        r->err = 1;
+        return moerl_errorf("%s: uid %lld is negative", r->what, (long long)uid);
+    }
+    if ((size_t)plen * 4 > r->n - r->off) /* check before allocating what a bad length asks for */
+        return r_get(r, NULL, (size_t)plen * 4, "prompt tokens");
+    rl_group *g = xcalloc(1, sizeof *g);
+    g->uid = uid;
+    g->row = row;
+    g->epoch = epoch;
+    g->start_version = sv;
+    g->n = n;
+    g->reqs = xcalloc((size_t)n, sizeof(gen_request));
+    g->prompt.ids = xmalloc((size_t)plen * 4);
+    g->prompt.n = g->prompt.cap = plen;
+    int rc = r_get(r, g->prompt.ids, (size_t)plen * 4, "prompt tokens");
+    if (rc == MOERL_OK) rc = check_nonneg(r, g->prompt.ids, plen, "prompt", uid, -1);
+    for (int j = 0; j < n && rc == MOERL_OK; j++) {
+        gen_request *q = &g->reqs[j];
+        int32_t n_out = 0, fin = 0, nint = 0;
+        if (r_i32(r, &n_out, "n_out") || r_i32(r, &fin, "finish") || r_i32(r, &nint, "n_interruptions") ||
+            r_count(r, n_out, 0, RL_WIRE_MAX_LEN, "n_out") ||
+            r_count(r, fin, FINISH_NONE, FINISH_ABORT, "finish") ||
+            r_count(r, nint, 0, INT32_MAX, "n_interruptions")) {
+            rc = MOERL_ERR;
+            break;
+        }
+        if ((size_t)n_out * 12 > r->n - r->off) {
+            rc = r_get(r, NULL, (size_t)n_out * 12, "response tokens/logprobs/versions");
+            break;
+        }
+        q->id = uid * 1024 + j;
+        q->prompt = g->prompt.ids;
+        q->prompt_len = plen;
+        q->n_out = n_out;
+        q->finish = (finish_reason)fin;
+        q->n_interruptions = nint;
+        q->slot = -1;
+        q->user = g;
+        q->sp.max_tokens = n_out;
+        size_t cap = n_out > 0 ? (size_t)n_out : 1;
+        q->out_tokens = xmalloc(cap * 4);
+        q->out_logprobs = xmalloc(cap * 4);
+        q->out_versions = xmalloc(cap * 4);
+        if (r_get(r, q->out_tokens, (size_t)n_out * 4, "response tokens") ||
+            r_get(r, q->out_logprobs, (size_t)n_out * 4, "response logprobs") ||
+            r_get(r, q->out_versions, (size_t)n_out * 4, "response versions") ||
+            check_nonneg(r, q->out_tokens, n_out, "tokens", uid, j) ||
+            check_nonneg(r, q->out_versions, n_out, "versions", uid, j)) {
+            rc = MOERL_ERR;
+            break;
+        }
+        for (int t = 0; t < n_out; t++)
+            if (isnan(q->out_logprobs[t])) {
+                r->err = 1;
+                rc = moerl_errorf("%s: uid %lld response %d: logprob %d is NaN", r->what, (long long)uid, j, t);
+                break;
+            }
+    }
+    if (rc != MOERL_OK) {
+        rl_group_free(g);
+        return MOERL_ERR;
+    }
+    g->n_done = n;
+    *out = g;
+    return MOERL_OK;
+}
+
+int rl_group_decode(const void *buf, size_t len, rl_group **out) {
+    rbuf r = {.p = buf, .n = len, .off = 0, .what = "group message"};
+    if (group_read(&r, out) != MOERL_OK) return MOERL_ERR;
+    if (r.off != len) {
+        rl_group_free(*out);
+        *out = NULL;
+        return moerl_errorf("group message: %zu bytes left over after the group's %zu (corrupt length fields?)",
+                            len - r.off, r.off);
+    }
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ train message */
+
+int rl_train_msg_encode(int cmd, int version, int64_t step, const rl_minibatch *mbs, int n_mb, rl_group *const *groups,
+                        void **buf, size_t *len) {
+    if (n_mb < 0) return moerl_errorf("train message encode: n_mb = %d", n_mb);
+    wbuf w = {0};
+    w_put(&w, RL_WIRE_TRAIN_MAGIC, 8);
+    w_u32(&w, RL_WIRE_FORMAT);
+    w_i32(&w, cmd);
+    w_i32(&w, version);
+    w_i64(&w, step);
+    w_i32(&w, n_mb);
+    int total = 0;
+    for (int b = 0; b < n_mb; b++) {
+        w_i32(&w, mbs[b].n_groups);
+        w_i64(&w, mbs[b].resp_tokens);
+        w_i64(&w, mbs[b].tokens);
+        total += mbs[b].n_groups;
+    }
+    for (int i = 0; i < total; i++) {
+        const size_t at = w.n;
+        w_u64(&w, 0); /* length, patched below */
+        if (group_write(&w, groups[i]) != MOERL_OK) {
+            free(w.p);
+            return MOERL_ERR;
+        }
+        const uint64_t glen = w.n - at - 8;
+        memcpy(w.p + at, &glen, 8);
+    }
+    *buf = w.p;
+    *len = w.n;
+    return MOERL_OK;
+}
+
+void rl_train_msg_free(rl_train_msg *m) {
+    for (int i = 0; i < m->n_groups; i++) rl_group_free(m->groups[i]);
+    free(m->groups);
+    free(m->mbs);
+    memset(m, 0, sizeof *m);
+}
+
+int rl_train_msg_decode(const void *buf, size_t len, rl_train_msg *out) {
+    memset(out, 0, sizeof *out);
+    rbuf r = {.p = buf, .n = len, .off = 0, .what = "train message"};
+    int32_t cmd = 0, version = 0, n_mb = 0;
+    int64_t step = 0;
+    if (r_magic(&r, RL_WIRE_TRAIN_MAGIC) || r_i32(&r, &cmd, "cmd") || r_i32(&r, &version, "version") ||
+        r_i64(&r, &step, "step") || r_i32(&r, &n_mb, "n_mb"))
+        return MOERL_ERR;
+    if (cmd != RL_TRAIN_CMD_STEP && cmd != RL_TRAIN_CMD_STOP)
+        return moerl_errorf("train message: unknown cmd %d (expected %d step or %d stop)", cmd, RL_TRAIN_CMD_STEP,
+                            RL_TRAIN_CMD_STOP);
+    if (r_count(&r, n_mb, 0, 1 << 20, "n_mb") || r_count(&r, version, 0, INT32_MAX, "version")) return MOERL_ERR;
+    if ((size_t)n_mb * 20 > len - r.off) return r_get(&r, NULL, (size_t)n_mb * 20, "mini-batch table");
+    out->cmd = cmd;
+    out->version = version;
+    out->step = step;
+    out->n_mb = n_mb;
+    out->mbs = xcalloc((size_t)(n_mb ? n_mb : 1), sizeof(rl_minibatch));
+    int64_t total = 0;
+    for (int b = 0; b < n_mb; b++) {
+        int32_t ng = 0;
+        int64_t rt = 0, tt = 0;
+        if (r_i32(&r, &ng, "n_groups") || r_i64(&r, &rt, "resp_tokens") || r_i64(&r, &tt, "tokens") ||
+            r_count(&r, ng, 0, 1 << 24, "n_groups")) {
+            rl_train_msg_free(out);
+            return MOERL_ERR;
+        }
+        if (rt < 0 || tt < rt) {
+            rl_train_msg_free(out);
+            return moerl_errorf("train message: mini-batch %d: resp_tokens %lld, tokens %lld (need 0 ≤ resp ≤ tokens)",
+                                b, (long long)rt, (long long)tt);
+        }
+        out->mbs[b] = (rl_minibatch){.n_groups = ng, .resp_tokens = rt, .tokens = tt};
+        total += ng;
+    }
+    /* every group takes at least 8 (length) + 32 (header) bytes: bound the allocation by the buffer */
+    if (total > (int64_t)((len - r.off) / 40) + 1) {
+        rl_train_msg_free(out);
+        return moerl_errorf("train message: %lld groups announced, but only %zu bytes follow", (long long)total,
+                            len - r.off);
+    }
+    out->groups = xcalloc((size_t)(total ? total : 1), sizeof(rl_group *));
+    for (int64_t i = 0; i < total; i++) {
+        uint64_t glen = 0;
+        if (r_u64(&r, &glen, "group length")) {
+            rl_train_msg_free(out);
+            return MOERL_ERR;
+        }
+        if (glen > len - r.off) {
+            rl_train_msg_free(out);
+            return moerl_errorf("train message: group %lld claims %llu bytes, only %zu left", (long long)i,
+                                (unsigned long long)glen, len - r.off);
+        }
+        rbuf g = {.p = r.p + r.off, .n = (size_t)glen, .off = 0, .what = "train message"};
+        if (group_read(&g, &out->groups[i]) != MOERL_OK) {
+            rl_train_msg_free(out);
+            return moerl_error_prefix("group %lld: ", (long long)i);
+        }
+        out->n_groups++;
+        if (g.off != glen) {
+            rl_train_msg_free(out);
+            return moerl_errorf("train message: group %lld: %zu of its %llu bytes left over", (long long)i,
+                                (size_t)glen - g.off, (unsigned long long)glen);
+        }
+        r.off += (size_t)glen;
+    }
+    if (r.off != len) {
+        size_t left = len - r.off;
+        rl_train_msg_free(out);
+        return moerl_errorf("train message: %zu bytes left over after %lld groups", left, (long long)total);
+    }
+    return MOERL_OK;
+}

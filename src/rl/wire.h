@@ -1,0 +1,69 @@
+/* Wire formats of the distributed RL job (src/rl/job_dist.c): how a finished GRPO group travels from
+ * a rollout rank to trainer rank 0, and how trainer rank 0 hands each data-parallel trainer rank its
+ * share of a trainer step. Byte layouts are fixed (host byte order, like the weight-broadcast header
+ * of dist.h: every rank of a job runs on one architecture); integers are little-endian on x86-64.
+ *
+ * Group ("MOERLGR1", format 1):
+ *   char magic[8] "MOERLGR1" | u32 format = 1 | i32 start_version | i64 uid | i32 row | i32 epoch |
+ *   i32 n (responses) | i32 prompt_len | i32 prompt[prompt_len] |
+ *   n × { i32 n_out | i32 finish | i32 n_interruptions | i32 tokens[n_out] | f32 logprobs[n_out] |
+ *         i32 versions[n_out] }
+ * Train message ("MOERLTB1", format 1), trainer rank 0 → trainer rank t:
+ *   char magic[8] "MOERLTB1" | u32 format = 1 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
+ *   i32 n_mb | n_mb × { i32 n_groups | i64 resp_tokens | i64 tokens } |
+ *   Σ n_groups × { u64 length | group bytes (as above) }
+ *   resp_tokens / tokens are the mini-batch's GLOBAL counts over all trainer ranks (token-mean loss
+ *   weight and aux-loss share); n_groups this rank's groups of the mini-batch, in mini-batch order.
+ * Decoders validate the magic, the format, every count and length against the bytes received, and
+ * fail with a message naming the field and the values (a truncated, foreign or newer message never
+ * crashes the receiver). Source: moerl's own protocol (no public format to follow); the unit that
+ * travels is verl fully_async_policy's: a prompt with all its n responses, never split. */
+#ifndef MOERL_RL_WIRE_H
+#define MOERL_RL_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rl/rl.h"
+
+#define RL_WIRE_GROUP_MAGIC "MOERLGR1"
+#define RL_WIRE_TRAIN_MAGIC "MOERLTB1"
+#define RL_WIRE_FORMAT 1
+#define RL_WIRE_MAX_N 65536            /* responses per group a decoder accepts */
+#define RL_WIRE_MAX_LEN (1 << 26)      /* tokens per prompt or response a decoder accepts */
+
+enum { RL_TRAIN_CMD_STEP = 1, RL_TRAIN_CMD_STOP = 2 };
+
+/* Serialise a finished group (every response's outputs) into a new heap buffer *buf (free()) of
+ * *len bytes. Errors: n ≤ 0, a response with n_out < 0 or NULL outputs while n_out > 0. */
+int rl_group_encode(const rl_group *g, void **buf, size_t *len);
+/* Parse a group written by rl_group_encode into a new rl_group (free with rl_group_free); every
+ * response is finished (n_done = n), reqs[j].prompt points at the group's own prompt copy and
+ * reqs[j].user at the group. Errors (message "group message: ..."): fewer bytes than the header,
+ * wrong magic, another format, n outside [1, RL_WIRE_MAX_N], a length outside [0, RL_WIRE_MAX_LEN]
+ * (prompt: ≥ 1), a negative token id, version or interruption count, an unknown finish reason, a NaN
+ * logprob, bytes missing or left over. */
+int rl_group_decode(const void *buf, size_t len, rl_group **out);
+
+/* A decoded train message (rl_minibatch: rl.h). groups[] concatenates the mini-batches' groups. */
+typedef struct {
+    int cmd;
+    int version;
+    int64_t step;
+    int n_mb;
+    rl_minibatch *mbs;     /* [n_mb] */
+    int n_groups;
+    rl_group **groups;     /* [n_groups] */
+} rl_train_msg;
+
+/* Serialise a train message (groups: Σ mbs[i].n_groups entries). cmd STOP carries no mini-batches
+ * (n_mb 0). Errors: as rl_group_encode; n_mb < 0. */
+int rl_train_msg_encode(int cmd, int version, int64_t step, const rl_minibatch *mbs, int n_mb, rl_group *const *groups,
+                        void **buf, size_t *len);
+/* Parse a train message. Errors (message "train message: ..."): as rl_group_decode for the header and
+ * each group, an unknown cmd, negative counts, n_mb over 1<<20, group lengths beyond the buffer. */
+int rl_train_msg_decode(const void *buf, size_t len, rl_train_msg *out);
+/* Free the groups and arrays of a decoded message (the struct itself is the caller's). */
+void rl_train_msg_free(rl_train_msg *m);
+
+#endif

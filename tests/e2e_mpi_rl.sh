@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# End-to-end tests of the main job across processes: `mpirun -np N build/moerl-mpi rl ...
+# trainer.n_ranks=T` (the last T ranks data-parallel trainers, the others rollout ranks; see
+# src/rl/job_dist.c). Toy scale (examples/smoke.yaml, no warm start, no held-out eval).
+#   splits     1:1 (-np 2), 2:1 (-np 3) and 1:2 (-np 3, two trainer ranks) rollout:trainer ranks: exit 0,
+#              one metrics record per version with version +1 per trigger_parameter_sync_step steps
+#   staleness  staleness 0 + trigger 1: every sample generated entirely by the version that trains it
+#   epochs     every prompt of each epoch trained exactly once over exactly 2 epochs (2 rollout ranks)
+#   DP         DP=2 vs DP=1 on the same job. End to end the samples of a learning run may differ:
+#              DP=2 sums gradients in another fp32 order, the weights then differ by rounding and a
+#              sampled token can flip. So: (a) with lr = 0 (weights fixed, staleness 0, partial off,
+#              one rollout rank) the samples must be IDENTICAL and the per-step gradient norm and
+#              entropy (computed from the reduced gradient / summed over ranks) equal within fp32
+#              rounding; (b) with lr > 0, DP=1 under mpirun must reproduce the single-process job
+#              (build/moerl, mode sync = the same schedule) bit for bit: metrics and checkpoint
+#              weights. The DP=2 update itself is checked against DP=1 at the trainer level by
+#              tests/test_dist_dp.c; here the job also asserts identical weights on all trainer ranks.
+#   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
+#              every prompt of 4 epochs is trained exactly once over the two runs
+#   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
+#              bad dataset: the job ends within the timeout, exit non-zero, the message names the rank;
+#              trainer.n_ranks > 1 without mpirun, or leaving no rollout rank, fails clearly
+# Skips (with its reason and "0 passed, 0 failed") only when mpirun is not installed.
+# Usage: tests/e2e_mpi_rl.sh [BUILD_DIR]; ends with "N passed, N failed", non-zero on failure.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "e2e_mpi_rl: skipped: mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+MOERL_MPI=$BUILD/moerl-mpi
+MOERL=$BUILD/moerl
+PY=/usr/bin/python3
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1: $2"; }
+finish() {
+    echo "$passed passed, $failed failed"
+    [[ $failed -eq 0 ]]
+    exit $?
+}
+if [[ ! -x $MOERL_MPI || ! -x $MOERL ]]; then
+    bad "setup" "$MOERL_MPI or $MOERL not built (mpirun is installed: make builds moerl-mpi with mpicc)"
+    finish
+fi
+# Open MPI in containers: allow root, more ranks than cores (idle ranks then yield), no CMA/ptrace
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 # ranks share the cores: one compute thread each
+if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+    export OPENBLAS_CORETYPE=Haswell
+fi
+unset MOERL_TEST_FAIL_RANK MOERL_TEST_FAIL_VERSION
+base=${MOERL_TESTDATA:-/tmp}
+mkdir -p "$base"
+WORK=$(mktemp -d "$base/e2e_mpi_rl.XXXXXX")
+COMMON=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
+        trainer.resume_mode=disable trainer.save_freq=-1)
+# mpi_rl NAME NP T [key=value ...]: output folder $WORK/NAME, log $WORK/NAME.log, JSON $WORK/NAME.json;
+# returns the exit code (timeout 120 s is a hang guard, not a speed requirement).
+mpi_rl() {
+    local name=$1 np=$2 t=$3
+    shift 3
+    timeout 120 mpirun --oversubscribe -np "$np" "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+        trainer.default_local_dir="$WORK/$name" trainer.n_ranks="$t" "$@" >"$WORK/$name.json" 2>"$WORK/$name.log"
+}
+tail_log() { tail -8 "$WORK/$1.log" | sed 's/^/    | /'; }
+
+CHECK=$WORK/check.py
+cat >"$CHECK" <<'EOF'
+import collections, json, math, sys
+
+def rows(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+def fail(msg):
+    print(msg)
+    sys.exit(1)
+
+def version_rows(d):
+    return [r for r in rows(d + "/metrics.jsonl") if "fully_async/count/current_param_version" in r]
+
+def timed(k):
+    return k.startswith("timing_s/") or k.startswith("perf/") or k.endswith("idle_ratio")
+
+cmd, d, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+if cmd == "onpolicy":  # every sample generated entirely by the version that trains it
+    s = rows(d + "/samples.jsonl")
+    if len(s) != int(args[0]):
+        fail("%d samples, want %s" % (len(s), args[0]))
+    off = [x for x in s if not (x["min_version"] == x["max_version"] == x["trainer_version"])]
+    if off:
+        fail("%d samples not on-policy, e.g. %s" % (len(off), off[0]))
+elif cmd == "versions":  # one record per version; +1 per trig steps; the distributed metrics present
+    trig, steps = int(args[0]), int(args[1])
+    v = version_rows(d)
+    if len(v) != steps // trig:
+        fail("%d version records, want %d" % (len(v), steps // trig))
+    for i, r in enumerate(v):
+        ver, step = r["fully_async/count/current_param_version"], r["training/global_step"]
+        if ver != i + 1 or step != (i + 1) * trig:
+            fail("record %d: version %s at step %s, want version %d at step %d" % (i, ver, step, i + 1, (i + 1) * trig))
+        for k in ("timing_s/param_sync", "timing_s/weight_bcast", "perf/weight_bcast_bytes",
+                  "timing_s/grad_reduce_exposed"):
+            if k not in r or not r[k] >= 0:
+                fail("record %d: %s missing or negative: %s" % (i, k, r.get(k)))
+        if r["perf/weight_bcast_bytes"] <= 0:
+            fail("record %d: no weight broadcast bytes" % i)
+elif cmd == "once":  # every (epoch, row) of epochs 0..E-1 trained exactly once
+    epochs, n_rows = int(args[0]), int(args[1])
+    s = rows(d + "/samples.jsonl")
+    c = collections.Counter((x["epoch"], x["row"]) for x in s)
+    bad_uid = [x for x in s if x["uid"] != x["epoch"] * n_rows + x["row"]]
+    want = {(e, r) for e in range(epochs) for r in range(n_rows)}
+    dup = sorted(k for k, n in c.items() if n > 1)
+    missing = sorted(want - set(c))
+    extra = sorted(set(c) - want)
+    if dup or missing or extra or bad_uid or len(s) != epochs * n_rows:
+        fail("%d samples; duplicated %s; missing %s; unexpected %s; bad uid %s"
+             % (len(s), dup[:8], missing[:8], extra[:8], bad_uid[:2]))
+elif cmd == "same_metrics":  # non-timing keys both runs have: bit-identical values
+    a, b = rows(d + "/metrics.jsonl"), rows(args[0] + "/metrics.jsonl")
+    if len(a) != len(b) or len(a) < 2:
+        fail("%d vs %d metric records" % (len(a), len(b)))
+    n = 0
+    for i, (x, y) in enumerate(zip(a, b)):
+        for k in set(x) & set(y):
+            if not timed(k):
+                n += 1
+                if x[k] != y[k]:
+                    fail("record %d: %s = %r vs %r" % (i, k, x[k], y[k]))
+    print("%d values identical" % n)
+elif cmd == "dp_close":  # DP=2 vs DP=1 with lr 0: gradient norm and entropy per version
+    a, b = version_rows(d), version_rows(args[0])
+    if len(a) != len(b) or len(a) < 4:
+        fail("%d vs %d version records" % (len(a), len(b)))
+    worst_g = worst_e = 0.0
+    for i, (x, y) in enumerate(zip(a, b)):
+        # the reduced gradient is a sum of the ranks' fp32 partial gradients (another summation order
+        # than DP=1): observed relative differences of the norm ~1e-7; 1e-5 leaves 100x margin, while
+        # a missing, doubled or wrongly weighted reduction changes the norm by O(1)
+        g1, g2 = x["actor/grad_norm"], y["actor/grad_norm"]
+        rg = abs(g1 - g2) / abs(g2)
+        # entropy: token sums weighted by 1/(global token count), summed over ranks in double; observed
+        # ~1e-9 relative; 1e-6 leaves margin
+        e1, e2 = x["actor/entropy"], y["actor/entropy"]
+        re = abs(e1 - e2) / abs(e2)
+        worst_g, worst_e = max(worst_g, rg), max(worst_e, re)
+        if not (g2 > 0 and rg <= 1e-5 and re <= 1e-6):
+            fail("version %d: grad_norm %r vs %r (rel %.2g), entropy %r vs %r (rel %.2g)" % (i + 1, g1, g2, rg, e1, e2, re))
+    print("max relative difference: grad_norm %.2g, entropy %.2g over %d versions" % (worst_g, worst_e, len(a)))
+else:
+    fail("unknown check " + cmd)
+EOF
+check() { "$PY" "$CHECK" "$@"; }
+
+# ---------------------------------------------------------------- role splits
+# 1:1, staleness 0 with a sync every step: on-policy streaming
+if mpi_rl s11 2 1 async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1 \
+    trainer.total_training_steps=8; then
+    if msg=$(check onpolicy "$WORK/s11" 32); then ok "1:1 staleness 0: every sample min=max=trainer_version"
+    else bad "1:1 staleness 0" "$msg"; fi
+    if msg=$(check versions "$WORK/s11" 1 8); then ok "1:1: version +1 per step, sync/broadcast metrics"
+    else bad "1:1 versions" "$msg"; fi
+else
+    bad "1:1" "exit $?"; tail_log s11
+fi
+# 2:1, two epochs of 32 prompts, partial rollout and staleness, a sync every 2 steps
+if mpi_rl s21 3 1 data.n_train=32 trainer.total_training_steps=0 trainer.total_epochs=2 \
+    async_training.staleness_threshold=0.5 async_training.trigger_parameter_sync_step=2; then
+    if msg=$(check once "$WORK/s21" 2 32); then ok "2:1: every prompt of 2 epochs trained exactly once"
+    else bad "2:1 epochs" "$msg"; fi
+    if msg=$(check versions "$WORK/s21" 2 16); then ok "2:1: version +1 per 2 steps"
+    else bad "2:1 versions" "$msg"; fi
+else
+    bad "2:1" "exit $?"; tail_log s21
+fi
+# 1:2, two data-parallel trainer ranks, mini-batches split over them, on-policy
+if mpi_rl s12 3 2 async_training.staleness_threshold=0 trainer.total_training_steps=6 actor.ppo_mini_batch_size=3 \
+    async_training.require_batches=2 actor.ppo_epochs=2; then
+    if msg=$(check onpolicy "$WORK/s12" 36); then ok "1:2 staleness 0: every sample on-policy"
+    else bad "1:2 staleness 0" "$msg"; fi
+    if msg=$(check versions "$WORK/s12" 1 6); then ok "1:2: version +1 per step"
+    else bad "1:2 versions" "$msg"; fi
+    if grep -q "weights identical on all 2 trainer rank(s)" "$WORK/s12.log"; then ok "1:2: trainer replicas identical"
+    else bad "1:2 replicas" "no 'weights identical on all 2 trainer rank(s)' line"; tail_log s12; fi
+else
+    bad "1:2" "exit $?"; tail_log s12
+fi
+
+# ---------------------------------------------------------------- DP=2 vs DP=1
+# (a) lr 0, staleness 0, partial off, one rollout rank: samples identical, gradients equal to rounding.
+# Aux loss off: HF's load-balancing loss uses per-forward batch statistics, so it is not additive over
+# a split batch (DP=1 and DP=2 would optimise different losses; see tests/test_dist_dp.c); the entropy
+# bonus gives every step a gradient even when all rewards are 0. 0.02 MiB gradient buckets: ~50 of
+# them, each reduced as soon as model_backward's layer hook says its layers are final.
+DET=(actor.optim.lr=0 async_training.staleness_threshold=0 async_training.partial_rollout=false
+     actor.ppo_mini_batch_size=3 async_training.require_batches=2 trainer.total_training_steps=6
+     model.router_aux_loss_coef=0 actor.entropy_coeff=0.01 actor.grad_bucket_mb=0.02)
+if mpi_rl dp1 2 1 "${DET[@]}" && mpi_rl dp2 3 2 "${DET[@]}"; then
+    if cmp -s "$WORK/dp1/samples.jsonl" "$WORK/dp2/samples.jsonl"; then ok "DP=2 vs DP=1 (lr 0): identical samples.jsonl"
+    else bad "DP samples" "samples.jsonl differ"; fi
+    if msg=$(check dp_close "$WORK/dp2" "$WORK/dp1"); then ok "DP=2 vs DP=1 (lr 0): $msg"
+    else bad "DP=2 vs DP=1" "$msg"; fi
+else
+    bad "DP=2 vs DP=1" "a run failed"; tail_log dp1; tail_log dp2
+fi
+# (b) lr > 0: DP=1 under mpirun reproduces the single-process job bit for bit (sync schedule)
+SYN=(async_training.staleness_threshold=0 async_training.partial_rollout=false async_training.trigger_parameter_sync_step=1
+     trainer.total_training_steps=6 trainer.save_freq=0 actor.optim.lr=1e-3 actor.entropy_coeff=0.01)
+if mpi_rl syn_mpi 2 1 "${SYN[@]}" && "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${SYN[@]}" \
+    async_training.mode=sync trainer.default_local_dir="$WORK/syn_one" >"$WORK/syn_one.json" 2>"$WORK/syn_one.log"; then
+    if msg=$(check same_metrics "$WORK/syn_mpi" "$WORK/syn_one"); then ok "DP=1 under mpirun = one process: $msg"
+    else bad "mpirun vs one process metrics" "$msg"; fi
+    if cmp -s "$WORK/syn_mpi/checkpoint/model.safetensors" "$WORK/syn_one/checkpoint/model.safetensors"; then
+        ok "DP=1 under mpirun = one process: identical trained weights"
+    else bad "mpirun vs one process weights" "checkpoint/model.safetensors differ (or missing)"; fi
+else
+    bad "mpirun vs one process" "a run failed"; tail_log syn_mpi; tail_log syn_one
+fi
+
+# ---------------------------------------------------------------- crash and resume
+# 2 rollout ranks + 1 trainer; trainer rank 0 (world rank 2) fails right after the checkpoint of
+# version 13; the same command (resume_mode auto) continues: 4 epochs of 32 prompts, each once.
+KR=(data.n_train=32 trainer.total_training_steps=0 trainer.total_epochs=4 trainer.save_freq=1
+    trainer.resume_mode=auto async_training.staleness_threshold=1.0 async_training.trigger_parameter_sync_step=1)
+MOERL_TEST_FAIL_RANK=2 MOERL_TEST_FAIL_VERSION=13 mpi_rl resume 3 1 "${KR[@]}"
+rc1=$?
+cp "$WORK/resume.log" "$WORK/resume_first.log"
+if [[ $rc1 -eq 0 || $rc1 -eq 124 ]]; then
+    bad "crash and resume" "first run: exit $rc1 (expected the injected failure)"; tail_log resume
+elif mpi_rl resume 3 1 "${KR[@]}"; then
+    at=$(grep -o 'resumed from .*: version [0-9]*, step [0-9]*' "$WORK/resume.log" | grep -o '[0-9]*$')
+    if [[ "$at" != 13 ]]; then bad "crash and resume" "second run did not resume at step 13 (got '$at')"
+    elif msg=$(check once "$WORK/resume" 4 32); then ok "crash at step 13, resume: every prompt of 4 epochs once"
+    else bad "crash and resume" "$msg"; fi
+else
+    bad "crash and resume" "resumed run exit $?"; tail_log resume
+fi
+
+# ---------------------------------------------------------------- failures end the whole job
+# expect_abort NAME RANK PATTERN NP T [key=value ...] (env set by the caller): exit non-zero without
+# hitting the timeout, stderr names the rank ("moerl[rank R]"; RANK is a regex) and contains PATTERN.
+expect_abort() {
+    local name=$1 rank=$2 pat=$3 np=$4 t=$5
+    shift 5
+    local t0 rc dt
+    t0=$(date +%s.%N)
+    timeout 60 mpirun --oversubscribe -np "$np" "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+        trainer.default_local_dir="$WORK/$name" trainer.n_ranks="$t" trainer.total_training_steps=200 "$@" \
+        >"$WORK/$name.json" 2>"$WORK/$name.log"
+    rc=$?
+    dt=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{printf "%.1f", a-b}')
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then bad "$name" "the job hung (timeout 60 s)"; tail_log "$name"
+    elif [[ $rc -eq 0 ]]; then bad "$name" "exit 0 after a failure"
+    elif grep -qE "moerl\[rank $rank\]" "$WORK/$name.log" && grep -qF -- "$pat" "$WORK/$name.log"; then
+        ok "$name: exit $rc after ${dt}s, message names the rank ($(grep -oE 'moerl\[rank [0-9]+\]' "$WORK/$name.log" | head -1))"
+    else bad "$name" "exit $rc, stderr lacks 'moerl[rank $rank]' or '$pat'"; tail_log "$name"; fi
+}
+MOERL_TEST_FAIL_RANK=0 expect_abort fail_rollout_start 0 "rollout rank 0 of 1: test: injected failure" 3 2
+MOERL_TEST_FAIL_RANK=2 MOERL_TEST_FAIL_VERSION=2 expect_abort fail_trainer1_v2 2 \
+    "trainer rank 1 of 2: test: injected failure" 3 2
+good='{"data_source": "arith", "prompt": [{"role": "user", "content": "Compute 1+2."}], "reward_model": {"style": "rule", "ground_truth": "3"}}'
+printf '%s\n%s\n%s\n' "$good" "$good" '{"data_source": "arith", "prompt": 5}' >"$WORK/bad_rows.jsonl"
+printf '%s\n' "$good" >"$WORK/good_rows.jsonl"
+# (every rank reads the file and fails; whichever aborts first names itself)
+expect_abort bad_dataset "[0-9]+" "bad_rows.jsonl:3" 2 1 data.task= data.train_files="$WORK/bad_rows.jsonl" \
+    data.val_files="$WORK/good_rows.jsonl"
+# configuration errors
+"$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/nompi" trainer.n_ranks=2 \
+    >"$WORK/nompi.log" 2>&1
+rc=$?
+if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF "run under mpirun with build/moerl-mpi" "$WORK/nompi.log"; then
+    ok "trainer.n_ranks=2 in one process: exit $rc, tells to use mpirun"
+else bad "n_ranks without mpirun" "exit $rc"; tail_log nompi; fi
+timeout 60 mpirun --oversubscribe -np 2 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    trainer.default_local_dir="$WORK/norollout" trainer.n_ranks=2 >"$WORK/norollout.log" 2>&1
+rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -qF "leaves no rollout rank" "$WORK/norollout.log"; then
+    ok "trainer.n_ranks = world size: exit $rc, no rollout rank left"
+else bad "n_ranks = world size" "exit $rc"; tail_log norollout; fi
+
+if [[ $failed -eq 0 ]]; then rm -rf "$WORK"; else echo "outputs kept in $WORK"; fi
+finish

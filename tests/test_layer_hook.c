@@ -1,0 +1,177 @@
+/* model_backward's per-layer hook (model_acts.layer_hook), which the data-parallel trainer uses to
+ * start reducing gradient buckets while backward still runs (dist_reducer_layer_done):
+ *   - it is called exactly once per backward group, in the order L (final norm + LM head), L−1, ...,
+ *     0, −1 (embedding) — the numbering of dist_tensor_group;
+ *   - at each call, every tensor of that group (and of every group called before) already holds its
+ *     FINAL gradient: a snapshot taken inside the hook equals the gradient after backward bit for bit
+ *     (a hook fired early would let the reducer sum a half-written bucket);
+ *   - installing the hook changes nothing: gradients equal a run without it;
+ *   - train_accumulate installs the hook for the last micro-batch only (three micro-batches: the
+ *     hook sees each group once, after the last backward).
+ * Untied and tied embeddings (tied: the LM head's gradient lands in the embedding, group −1), a
+ * MoE and a dense layer, dentropy and the aux loss on, random model and tokens. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/rng.h"
+#include "dist/dist.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "test.h"
+#include "train/train.h"
+
+typedef struct {
+    moe_model *m;
+    float *snap;      /* [n_params]: each group's gradients as seen inside its hook call */
+    int calls[64];    /* group order of the calls */
+    int n_calls;
+} hook_rec;
+
+static void record(void *ctx, int group) {
+    hook_rec *h = ctx;
+    if (h->n_calls < 64) h->calls[h->n_calls] = group;
+    h->n_calls++;
+    for (int i = 0; i < h->m->n_tensors; i++)
+        if (dist_tensor_group(h->m, i) == group) {
+            const tensor_info *t = &h->m->tensors[i];
+            memcpy(h->snap + t->offset, h->m->grads + t->offset, (size_t)t->numel * sizeof(float));
+        }
+}
+
+static moe_config hook_config(int tied) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 48;
+    c.hidden_size = 32;
+    c.intermediate_size = 40;
+    c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.decoder_sparse_step = 1;
+    c.n_mlp_only_layers = 1;
+    c.mlp_only_layers[0] = 1;
+    c.norm_topk_prob = 1;
+    c.tie_word_embeddings = tied;
+    c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 10000.0f;
+    c.router_aux_loss_coef = 0.01f;
+    c.initializer_range = 0.05f;
+    c.bos_token_id = c.eos_token_id = -1;
+    return c;
+}
+
+static void test_backward_hook(int tied) {
+    const moe_config c = hook_config(tied);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 4242 + tied);
+    const int B = 3, N = 29, cu[4] = {0, 11, 18, 29};
+    int tok[29], tgt[29];
+    float dlogp[29], dent[29];
+    rng_state r;
+    rng_seed(&r, 7 + tied);
+    for (int n = 0; n < N; n++) tok[n] = (int)rng_below(&r, (uint64_t)c.vocab_size);
+    for (int n = 0; n < N; n++) {
+        const int last = n + 1 == cu[1] || n + 1 == cu[2] || n + 1 == cu[3];
+        tgt[n] = last ? -1 : tok[n + 1];
+        dlogp[n] = last ? 0.0f : -(float)(1 + n % 3) / N;
+        dent[n] = last ? 0.0f : 0.01f / N;
+    }
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, N) == MOERL_OK);
+    CHECK(a.layer_hook == NULL && a.layer_hook_ctx == NULL, "model_acts_init must leave the hook unset");
+    /* reference: no hook */
+    model_zero_grad(&m);
+    MOERL_ASSERT(model_forward(&m, &a, tok, cu, NULL, B, N) == MOERL_OK);
+    model_logprobs(&m, &a, tgt, 1.0f, 1);
+    model_backward(&m, &a, dlogp, dent, 0.5f);
+    float *ref = xmalloc(m.n_params * sizeof(float));
+    memcpy(ref, m.grads, m.n_params * sizeof(float));
+    /* with the hook */
+    hook_rec h = {.m = &m, .snap = xcalloc(m.n_params, sizeof(float))};
+    a.layer_hook = record;
+    a.layer_hook_ctx = &h;
+    model_zero_grad(&m);
+    MOERL_ASSERT(model_forward(&m, &a, tok, cu, NULL, B, N) == MOERL_OK);
+    model_logprobs(&m, &a, tgt, 1.0f, 1);
+    model_backward(&m, &a, dlogp, dent, 0.5f);
+    const int L = c.num_hidden_layers;
+    int order_ok = h.n_calls == L + 2;
+    for (int i = 0; order_ok && i < h.n_calls; i++) order_ok = h.calls[i] == L - i;
+    CHECK(order_ok, "tied %d: %d hook calls, want %d in the order L..-1 (first %d, last %d)", tied, h.n_calls, L + 2,
+          h.calls[0], h.n_calls > 0 ? h.calls[MOERL_MIN(h.n_calls, 64) - 1] : 99);
+    CHECK(memcmp(m.grads, ref, m.n_params * sizeof(float)) == 0, "tied %d: the hook changed the gradients", tied);
+    /* every group's snapshot (taken in its hook call) equals its final gradient; padding between
+     * tensors is never written, so compare tensor by tensor */
+    int early = -1;
+    for (int i = 0; i < m.n_tensors && early < 0; i++) {
+        const tensor_info *t = &m.tensors[i];
+        if (memcmp(h.snap + t->offset, m.grads + t->offset, (size_t)t->numel * sizeof(float)) != 0) early = i;
+    }
+    CHECK(early < 0, "tied %d: tensor %s (group %d) changed after its hook call", tied,
+          early >= 0 ? m.tensors[early].name : "", early >= 0 ? dist_tensor_group(&m, early) : 0);
+    /* the snapshot is not trivially zero: the check compares real gradients */
+    double norm = 0;
+    for (size_t i = 0; i < m.n_params; i++) norm += (double)h.snap[i] * h.snap[i];
+    CHECK(norm > 0, "tied %d: zero gradients", tied);
+    free(h.snap);
+    free(ref);
+    model_acts_free(&a);
+    model_free(&m);
+}
+
+typedef struct {
+    int calls;
+} count_rec;
+static void count_hook(void *ctx, int group) { ((count_rec *)ctx)->calls++; }
+static double zero_grad_fn(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index, float *dlogp,
+                           float *dentropy) {
+    for (int n = 0; n < a->N; n++)
+        if (resp_index[n] >= 0) dlogp[n] = -0.01f;
+    return 0.0;
+}
+
+static void test_train_accumulate_hook(void) {
+    const moe_config c = hook_config(0);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 99);
+    int toks[3][10];
+    train_seq seqs[3];
+    for (int s = 0; s < 3; s++) {
+        for (int t = 0; t < 10; t++) toks[s][t] = (s * 7 + t * 3) % c.vocab_size;
+        seqs[s] = (train_seq){.tokens = toks[s], .len = 10, .resp_start = 4};
+    }
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, 12) == MOERL_OK); /* 12 tokens: one sequence per micro-batch */
+    count_rec cr = {0};
+    train_step_opts o = {.max_tokens = 12, .temperature = 1.0f, .aux_coef = 0.01f, .layer_hook = count_hook,
+                         .layer_hook_ctx = &cr};
+    train_step_out so;
+    MOERL_ASSERT(train_accumulate(&m, &a, seqs, 3, &o, zero_grad_fn, NULL, &so) == MOERL_OK);
+    CHECK(so.n_microbatches == 3, "%d micro-batches", so.n_microbatches);
+    CHECK(cr.calls == c.num_hidden_layers + 2, "hook calls over 3 micro-batches: %d, want %d (last one only)",
+          cr.calls, c.num_hidden_layers + 2);
+    CHECK(a.layer_hook == NULL, "train_accumulate must remove the hook afterwards");
+    /* no sequences: zero gradients, no hook call */
+    cr.calls = 0;
+    MOERL_ASSERT(train_accumulate(&m, &a, seqs, 0, &o, zero_grad_fn, NULL, &so) == MOERL_OK);
+    int zero = 1;
+    for (size_t i = 0; i < m.n_params; i++) zero &= m.grads[i] == 0.0f;
+    CHECK(zero && cr.calls == 0, "empty share: grads zero %d, hook calls %d", zero, cr.calls);
+    model_acts_free(&a);
+    model_free(&m);
+}
+
+int main(void) {
+    test_backward_hook(0);
+    test_backward_hook(1);
+    test_train_accumulate_hook();
+    TEST_MAIN_END();
+}

@@ -1,0 +1,299 @@
+/* Wire formats of the distributed RL job (src/rl/wire.h) and the data-parallel split of a
+ * mini-batch (rl_split_minibatch):
+ *   - a finished group round-trips through rl_group_encode / rl_group_decode field by field (empty,
+ *     short and long responses, every finish reason, interruptions, per-token versions, logprobs
+ *     bit-exact including −inf), and the decoded group is self-contained (prompt pointers, n_done);
+ *   - the decoder refuses, with a message naming the problem, every truncation of a valid message, a
+ *     trailing byte, a foreign magic, another format, out-of-range counts, an unknown finish reason,
+ *     negative tokens or versions and a NaN logprob (no crash, nothing leaked to the caller);
+ *   - a train message (two mini-batches, global token counts, three groups) round-trips, STOP carries
+ *     no mini-batches, and corrupt group lengths / announced counts are refused;
+ *   - the split: a hand-checked longest-first assignment, and on random batches every group owned by
+ *     one rank with max − min rank load ≤ the largest group (the greedy guarantee). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/rng.h"
+#include "rl/rl.h"
+#include "rl/wire.h"
+#include "test.h"
+
+/* A group with n responses of the given lengths; values derived from (uid, j, t) so a mix-up shows. */
+static rl_group *make_group(int64_t uid, int n_rows, int plen, int n, const int *lens) {
+    rl_group *g = xcalloc(1, sizeof *g);
+    g->uid = uid;
+    g->row = (int)(uid % n_rows);
+    g->epoch = (int)(uid / n_rows);
+    g->start_version = 3 + (int)(uid % 5);
+    g->n = g->n_done = n;
+    for (int i = 0; i < plen; i++) tok_seq_push(&g->prompt, (int32_t)(7 * i + uid) % 259);
+    g->reqs = xcalloc(n, sizeof(gen_request));
+    for (int j = 0; j < n; j++) {
+        gen_request *r = &g->reqs[j];
+        r->prompt = g->prompt.ids;
+        r->prompt_len = plen;
+        r->n_out = lens[j];
+        r->finish = (finish_reason)(1 + j % 3);
+        r->n_interruptions = j % 4;
+        r->out_tokens = xmalloc((lens[j] + 1) * sizeof(int));
+        r->out_logprobs = xmalloc((lens[j] + 1) * sizeof(float));
+        r->out_versions = xmalloc((lens[j] + 1) * sizeof(int));
+        for (int t = 0; t < lens[j]; t++) {
+            r->out_tokens[t] = (int)((uid * 31 + j * 17 + t * 5) % 259);
+            r->out_logprobs[t] = t == 1 && j == 2 ? -INFINITY : -0.013f * (float)(t + 1) - 0.5f * j;
+            r->out_versions[t] = g->start_version + t / 3;
+        }
+        r->user = g;
+    }
+    return g;
+}
+
+/* 1 if a and b hold the same group (outputs bit-exact). */
+static int same_group(const rl_group *a, const rl_group *b) {
+    if (a->uid != b->uid || a->row != b->row || a->epoch != b->epoch || a->start_version != b->start_version ||
+        a->n != b->n || a->prompt.n != b->prompt.n ||
+        memcmp(a->prompt.ids, b->prompt.ids, a->prompt.n * sizeof(int32_t)))
+        return 0;
+    for (int j = 0; j < a->n; j++) {
+        const gen_request *x = &a->reqs[j], *y = &b->reqs[j];
+        if (x->n_out != y->n_out || x->finish != y->finish || x->n_interruptions != y->n_interruptions ||
+            x->prompt_len != y->prompt_len || memcmp(x->prompt, y->prompt, x->prompt_len * sizeof(int)) ||
+            memcmp(x->out_tokens, y->out_tokens, x->n_out * sizeof(int)) ||
+            memcmp(x->out_logprobs, y->out_logprobs, x->n_out * sizeof(float)) ||
+            memcmp(x->out_versions, y->out_versions, x->n_out * sizeof(int)))
+            return 0;
+    }
+    return 1;
+}
+
+static void test_group_roundtrip(void) {
+    const int lens[4] = {0, 1, 9, 40};
+    rl_group *g = make_group(1234, 100, 6, 4, lens);
+    void *buf;
+    size_t len;
+    CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
+    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, per response 12 + 12·n_out */
+    const size_t want = 40 + 6 * 4 + 4 * 12 + 12 * (0 + 1 + 9 + 40);
+    CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
+    CHECK(memcmp(buf, "MOERLGR1", 8) == 0, "magic on the wire");
+    rl_group *d = NULL;
+    CHECK(rl_group_decode(buf, len, &d) == MOERL_OK, "decode: %s", moerl_last_error());
+    if (d) {
+        CHECK(same_group(g, d), "decoded group differs from the original");
+        CHECK(d->n_done == d->n, "n_done %d of %d", d->n_done, d->n);
+        int self = 1;
+        for (int j = 0; j < d->n; j++) self &= d->reqs[j].prompt == d->prompt.ids && d->reqs[j].user == d;
+        CHECK(self, "decoded requests must point at the decoded group's own prompt and group");
+        CHECK(isinf(d->reqs[2].out_logprobs[1]) && d->reqs[2].out_logprobs[1] < 0, "-inf logprob kept");
+        rl_group_free(d);
+    }
+    /* every truncation fails cleanly */
+    int trunc_ok = 1;
+    for (size_t cut = 0; cut < len; cut++) {
+        rl_group *x = NULL;
+        if (rl_group_decode(buf, cut, &x) != MOERL_ERR || x != NULL) {
+            trunc_ok = 0;
+            rl_group_free(x);
+            fprintf(stderr, "  truncated to %zu bytes: accepted\n", cut);
+            break;
+        }
+    }
+    CHECK(trunc_ok, "every truncated message must be refused");
+    rl_group_decode(buf, 50, &d);
+    CHECK(strstr(moerl_last_error(), "truncated") != NULL, "truncation message: %s", moerl_last_error());
+    /* a trailing byte */
+    unsigned char *big = xmalloc(len + 1);
+    memcpy(big, buf, len);
+    big[len] = 0;
+    CHECK(rl_group_decode(big, len + 1, &d) == MOERL_ERR && strstr(moerl_last_error(), "left over"),
+          "trailing byte: %s", moerl_last_error());
+    free(big);
+    free(buf);
+    rl_group_free(g);
+}
+
+/* Encode a valid group, patch 4 bytes at `off` with v, decode; return the error message (or "OK"). */
+static const char *patched(size_t off, int32_t v) {
+    const int lens[2] = {3, 2};
+    rl_group *g = make_group(77, 50, 4, 2, lens);
+    void *buf;
+    size_t len;
+    MOERL_ASSERT(rl_group_encode(g, &buf, &len) == MOERL_OK);
+    memcpy((char *)buf + off, &v, 4);
+    rl_group *d = NULL;
+    const int rc = rl_group_decode(buf, len, &d);
+    rl_group_free(d);
+    free(buf);
+    rl_group_free(g);
+    return rc == MOERL_OK ? "OK" : moerl_last_error();
+}
+
+static void test_group_errors(void) {
+    /* offsets: magic 0, format 8, start_version 12, uid 16, row 24, epoch 28, n 32, prompt_len 36,
+     * prompt 40..56, response 0: n_out 56, finish 60, n_interruptions 64, tokens 68.., logprobs 80..,
+     * versions 92.. */
+    struct {
+        size_t off;
+        int32_t v;
+        const char *want;
+    } cs[] = {
+        {0, 0x4c52454d, "magic"},          /* "MERL" instead of "MOER" */
+        {8, 2, "format 2"},
+        {32, 0, "n (responses)"},
+        {32, -3, "n (responses)"},
+        {32, 1 << 20, "n (responses)"},
+        {36, 0, "prompt_len"},
+        {36, 1 << 27, "prompt_len"},
+        {36, 1000, "truncated"},           /* plausible length, bytes missing */
+        {56, -1, "n_out"},
+        {56, 1000, "truncated"},
+        {60, 9, "finish"},
+        {64, -2, "n_interruptions"},
+        {68, -5, "negative"},              /* a token id */
+        {92, -1, "negative"},              /* a version */
+        {80, 0x7fc00000, "NaN"},           /* a logprob */
+        {12, -1, "start_version"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const char *msg = patched(cs[i].off, cs[i].v);
+        CHECK(strcmp(msg, "OK") != 0 && strstr(msg, cs[i].want) != NULL,
+              "patch %zu (offset %zu = %d): message '%s' lacks '%s'", i, cs[i].off, cs[i].v, msg, cs[i].want);
+    }
+    CHECK(strcmp(patched(12, 0), "OK") == 0, "an unmodified field value must still decode: %s", patched(12, 0));
+    rl_group bad = {.n = 0};
+    void *buf = NULL;
+    size_t len = 0;
+    CHECK(rl_group_encode(&bad, &buf, &len) == MOERL_ERR && strstr(moerl_last_error(), "n = 0"),
+          "encode of an empty group: %s", moerl_last_error());
+}
+
+static void test_train_msg(void) {
+    const int l1[2] = {5, 0}, l2[2] = {2, 8}, l3[2] = {1, 1};
+    rl_group *gs[3] = {make_group(10, 20, 3, 2, l1), make_group(31, 20, 5, 2, l2), make_group(45, 20, 2, 2, l3)};
+    rl_minibatch mbs[2] = {{.n_groups = 2, .resp_tokens = 101, .tokens = 250}, {.n_groups = 1, .resp_tokens = 7,
+                                                                                .tokens = 30}};
+    void *buf;
+    size_t len;
+    CHECK(rl_train_msg_encode(RL_TRAIN_CMD_STEP, 4, 17, mbs, 2, gs, &buf, &len) == MOERL_OK, "encode: %s",
+          moerl_last_error());
+    rl_train_msg m;
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_OK, "decode: %s", moerl_last_error());
+    CHECK(m.cmd == RL_TRAIN_CMD_STEP && m.version == 4 && m.step == 17 && m.n_mb == 2 && m.n_groups == 3,
+          "header: cmd %d version %d step %lld n_mb %d groups %d", m.cmd, m.version, (long long)m.step, m.n_mb,
+          m.n_groups);
+    if (m.n_mb == 2 && m.n_groups == 3) {
+        CHECK(m.mbs[0].n_groups == 2 && m.mbs[0].resp_tokens == 101 && m.mbs[0].tokens == 250 &&
+                  m.mbs[1].n_groups == 1 && m.mbs[1].resp_tokens == 7 && m.mbs[1].tokens == 30,
+              "mini-batch table");
+        CHECK(same_group(gs[0], m.groups[0]) && same_group(gs[1], m.groups[1]) && same_group(gs[2], m.groups[2]),
+              "groups round-trip in order");
+    }
+    rl_train_msg_free(&m);
+    /* truncations, then a group length pointing past the end */
+    int trunc_ok = 1;
+    for (size_t cut = 0; cut < len; cut += 3)
+        if (rl_train_msg_decode(buf, cut, &m) != MOERL_ERR) {
+            trunc_ok = 0;
+            rl_train_msg_free(&m);
+            break;
+        }
+    CHECK(trunc_ok, "truncated train messages must be refused");
+    const size_t first_len_at = 8 + 4 + 4 + 4 + 8 + 4 + 2 * 20;
+    uint64_t huge = (uint64_t)len;
+    memcpy((char *)buf + first_len_at, &huge, 8);
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_ERR && strstr(moerl_last_error(), "claims"),
+          "group length beyond the buffer: %s", moerl_last_error());
+    free(buf);
+    /* hand-built: header + a table announcing 1000 groups, nothing after (the decoder must not
+     * allocate or read for groups that cannot be there) */
+    {
+        unsigned char h[64];
+        size_t o = 0;
+        memcpy(h, "MOERLTB1", 8), o = 8;
+        uint32_t f = 1;
+        int32_t cmd = 1, ver = 0, nmb = 1, ng = 1000;
+        int64_t step = 0, rt = 1, tt = 1;
+        memcpy(h + o, &f, 4), o += 4;
+        memcpy(h + o, &cmd, 4), o += 4;
+        memcpy(h + o, &ver, 4), o += 4;
+        memcpy(h + o, &step, 8), o += 8;
+        memcpy(h + o, &nmb, 4), o += 4;
+        memcpy(h + o, &ng, 4), o += 4;
+        memcpy(h + o, &rt, 8), o += 8;
+        memcpy(h + o, &tt, 8), o += 8;
+        CHECK(rl_train_msg_decode(h, o, &m) == MOERL_ERR && strstr(moerl_last_error(), "1000 groups"),
+              "announced groups without bytes: %s", moerl_last_error());
+    }
+    CHECK(rl_train_msg_encode(RL_TRAIN_CMD_STOP, 9, 40, NULL, 0, NULL, &buf, &len) == MOERL_OK, "stop encode");
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_OK && m.cmd == RL_TRAIN_CMD_STOP && m.n_mb == 0 &&
+              m.n_groups == 0 && m.step == 40,
+          "stop round-trip: %s", moerl_last_error());
+    rl_train_msg_free(&m);
+    int32_t bad_cmd = 7;
+    memcpy((char *)buf + 12, &bad_cmd, 4);
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_ERR && strstr(moerl_last_error(), "cmd 7"),
+          "unknown cmd: %s", moerl_last_error());
+    memcpy(buf, "MOERLGR1", 8);
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_ERR && strstr(moerl_last_error(), "magic"),
+          "a group where a train message is expected: %s", moerl_last_error());
+    free(buf);
+    for (int i = 0; i < 3; i++) rl_group_free(gs[i]);
+}
+
+static void test_split(void) {
+    /* groups of 1 response with prompt 1 token: cost = 1 + n_out */
+    const int costs[4] = {10, 30, 20, 20};
+    rl_group *gs[64];
+    for (int i = 0; i < 4; i++) {
+        int l = costs[i] - 1;
+        gs[i] = make_group(i, 10, 1, 1, &l);
+    }
+    CHECK(rl_group_tokens(gs[1]) == 30 && rl_group_resp_tokens(gs[1]) == 29, "tokens %lld resp %lld",
+          (long long)rl_group_tokens(gs[1]), (long long)rl_group_resp_tokens(gs[1]));
+    int owner[64];
+    rl_split_minibatch(gs, 4, 2, owner);
+    /* 30 → r0; 20 (index 2) → r1; 20 (index 3) → r1 (20 < 30); 10 → r0 (30 < 40) */
+    CHECK(owner[0] == 0 && owner[1] == 0 && owner[2] == 1 && owner[3] == 1, "owners %d %d %d %d", owner[0], owner[1],
+          owner[2], owner[3]);
+    rl_split_minibatch(gs, 4, 1, owner);
+    CHECK(owner[0] == 0 && owner[1] == 0 && owner[2] == 0 && owner[3] == 0, "one rank owns everything");
+    rl_split_minibatch(gs, 2, 3, owner); /* fewer groups than ranks: rank 2 gets nothing */
+    CHECK(owner[0] == 1 && owner[1] == 0, "2 groups on 3 ranks: %d %d", owner[0], owner[1]);
+    for (int i = 0; i < 4; i++) rl_group_free(gs[i]);
+    /* random batches: the greedy bound max − min ≤ largest item */
+    rng_state r;
+    rng_seed(&r, 99);
+    int bad = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        const int n = 1 + (int)rng_below(&r, 40), P = 1 + (int)rng_below(&r, 5);
+        int64_t biggest = 0, load[8] = {0};
+        for (int i = 0; i < n; i++) {
+            int l = (int)rng_below(&r, 200);
+            gs[i] = make_group(i, 100, 1 + (int)rng_below(&r, 9), 1, &l);
+            biggest = MOERL_MAX(biggest, rl_group_tokens(gs[i]));
+        }
+        rl_split_minibatch(gs, n, P, owner);
+        for (int i = 0; i < n; i++) {
+            if (owner[i] < 0 || owner[i] >= P) bad++;
+            else load[owner[i]] += rl_group_tokens(gs[i]);
+            rl_group_free(gs[i]);
+        }
+        int64_t mx = 0, mn = INT64_MAX;
+        for (int p = 0; p < P; p++) {
+            mx = MOERL_MAX(mx, load[p]);
+            mn = MOERL_MIN(mn, load[p]);
+        }
+        bad += mx - mn > biggest;
+    }
+    CHECK(bad == 0, "%d random splits broke the greedy balance bound", bad);
+}
+
+int main(void) {
+    test_group_roundtrip();
+    test_group_errors();
+    test_train_msg();
+    test_split();
+    TEST_MAIN_END();
+}
