@@ -175,7 +175,7 @@ void model_acts_free(model_acts *a) {
  * partials (H + 2·hd floats each, see norm_partials) fit in the [N,H] scratch d_tmp2. */
 static int team_size(const moe_model *m, int N) {
 #ifdef _OPENMP
-    if (omp_in_parallel()) return 1;
+    if (omp_get_level() > 0) return 1; /* inside any region, active or not: never nest */
     const long H = m->cfg.hidden_size, hd = m->cfg.head_dim;
     const long cap = (long)N * H / (H + 2 * hd);
     return (int)MOERL_MAX(1L, MOERL_MIN((long)omp_get_max_threads(), cap));

@@ -50,7 +50,7 @@ static void gg_end_parallel(int nb) {
  * calling thread and OpenBLAS's thread count is left alone). */
 static int gg_threads(void) {
 #ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
+    return omp_get_level() > 0 ? 1 : omp_get_max_threads(); /* never nest, even inside an inactive region */
 #else
     return 1;
 #endif

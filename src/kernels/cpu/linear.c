@@ -34,7 +34,7 @@ void linear_forward(float *out, const float *x, const float *W, int N, int I, in
         /* decode-sized batches: OpenBLAS's sgemm packs all of W for each call (measured 8x slower
          * than a matrix-vector product at one row, 256x256); the skinny kernel reads W once. Split
          * over output columns when called outside a parallel region. */
-        const int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
+        const int nth = omp_get_level() > 0 ? 1 : omp_get_max_threads(); /* never nest: an inner team would add threads to the cores */
         const int chunks = (O >= 256 && nth > 1) ? nth : 1;
 #pragma omp parallel for schedule(static) if (chunks > 1)
         for (int ch = 0; ch < chunks; ch++) {
