@@ -3,7 +3,7 @@
 # trainer.n_ranks=T` with R = 1, 2, 3 rollout ranks and T = 1 trainer (plus R = 1, T = 2 data-parallel
 # trainers), against the single-process async job (build/moerl, rollout and trainer threads) measured
 # in the same run. Workload: examples/bench_async.yaml (heavy-tailed response lengths, random model).
-#   A  as configured (max_num_seqs 64): the trainer turns out to be the slower role on this machine
+#   A  as configured in the YAML: the trainer turns out to be the slower role on this machine
 #   B  rollout-heavy: 8 responses per prompt with a heavier length tail (Pareto alpha 0.9, up to 384
 #      tokens), decode batches of ≤ 8 sequences, staleness_threshold 1.0: at 1:1 the rollout rank is
 #      the slower role (idle ~7%, the trainer ~30%)
