@@ -101,6 +101,8 @@ void sft_def_warm_start_keys(cfg *c) {
     cfg_def_str(c, "sft.lr_scheduler", "cosine", "warm start: constant or cosine");
     cfg_def_float(c, "sft.lr_warmup_steps_ratio", 0.05, "warm start: warmup share");
     cfg_def_float(c, "sft.weight_decay", 0.01, "warm start: AdamW weight decay");
+    cfg_def_int(c, "sft.test_freq", 0, "warm start: held-out eval every n steps (0 = before/after only)");
+    cfg_def_float(c, "sft.stop_at_accuracy", 0.0, "warm start: stop once a periodic eval reaches this accuracy (0 = off)");
 }
 
 int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *test, const char *out_dir,
@@ -119,7 +121,8 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
                   .lr_scheduler = cfg_str(c, "sft.lr_scheduler"),
                   .warmup_ratio = (float)cfg_float(c, "sft.lr_warmup_steps_ratio"),
                   .min_lr_ratio = 0.1f,
-                  .test_freq = 0,
+                  .test_freq = (int)cfg_int(c, "sft.test_freq"),
+                  .stop_accuracy = cfg_float(c, "sft.stop_at_accuracy"),
                   .val_n = (int)cfg_int(c, "trainer.val_n"),
                   .max_response_length = (int)cfg_int(c, "data.max_response_length"),
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),

@@ -112,6 +112,11 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                     double v2[] = {acc};
                     metrics_write(mw, step + 1, 1, k2, v2);
                 }
+                if (o->stop_accuracy > 0 && acc >= o->stop_accuracy) {
+                    log_info("%s: accuracy %.1f%% reached the stop level %.1f%% at step %lld", o->label, 100 * acc,
+                             100 * o->stop_accuracy, (long long)step + 1);
+                    total = step + 1; /* ends both loops after this step */
+                }
             }
             char extra[160];
             snprintf(extra, sizeof extra, "loss %.4f ce %.4f aux %.3f gnorm %.3f lr %.2e %.0f tok/s%s", so.loss,

@@ -20,6 +20,7 @@ typedef struct {
     const char *lr_scheduler;  /* "constant" | "cosine" */
     float warmup_ratio, min_lr_ratio;
     int test_freq;             /* held-out eval every n steps (0 = before/after only) */
+    double stop_accuracy;      /* > 0: stop at the first periodic eval reaching this accuracy */
     int val_n;                 /* held-out rows evaluated (≤ 0: all) */
     int max_response_length;   /* eval generation budget */
     uint64_t seed;             /* shuffling */
