@@ -92,5 +92,18 @@ printf '{"data_source": "arith", "prompt": "not a list"}\n' >"$W/bad.jsonl"
 expect_err "sft: malformed dataset line" "bad.jsonl:1" $M sft --config "$W/sft.yaml" data.train_files="$W/bad.jsonl"
 expect_err "unknown command" "unknown command" $M frobnicate
 
+# --- input checks found by a new user's review
+RS=(--config examples/smoke.yaml sft.total_training_steps=0 trainer.val_n=4)
+expect_err "rl: int beyond 32 bits" "32-bit" $M rl "${RS[@]}" trainer.default_local_dir="$W/r1" rollout.n=4294967300
+expect_err "rl: non-finite lr" "actor.optim.lr" $M rl "${RS[@]}" trainer.default_local_dir="$W/r2" actor.optim.lr=inf
+expect_err "rl: response longer than the context" "max_position_embeddings" $M rl "${RS[@]}" trainer.default_local_dir="$W/r3" data.max_response_length=500
+expect_err "rl: batch larger than the data" "training data has only" $M rl "${RS[@]}" trainer.default_local_dir="$W/r4" actor.ppo_mini_batch_size=1000
+expect_err "rl: --config required" "required" $M rl
+expect_err "eval: a directory as data file" "not a regular file" $M eval --model "$TD/model_b" --data "$W"
+expect_err "score: more tokens than the context" "context" $M score --model "$TD/model_b" --tokens "$(seq -s, 1 40000 | sed 's/[0-9]*/3/g')"
+mkdir -p "$W/busy"
+( flock -x "$W/busy/.moerl.lock" -c 'sleep 5' & ) ; sleep 0.3
+expect_err "rl: output folder in use" "in use" $M rl "${RS[@]}" trainer.default_local_dir="$W/busy"
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

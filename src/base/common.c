@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,6 +87,9 @@ double moerl_now(void) {
 }
 
 int moerl_read_file(const char *path, char **out, size_t *len) {
+    struct stat st;
+    if (stat(path, &st) != 0) return moerl_errorf("cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return moerl_errorf("'%s' is not a regular file (a directory?)", path);
     FILE *f = fopen(path, "rb");
     if (!f) return moerl_errorf("cannot open '%s': %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return moerl_errorf("cannot seek '%s'", path); }
@@ -144,6 +148,19 @@ int moerl_write_file_atomic(const char *path, const void *data, size_t len) {
         close(dfd);
     }
     return MOERL_OK;
+}
+
+int moerl_lock_dir(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/.moerl.lock", dir);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return moerl_errorf("cannot create the lock file '%s': %s", p, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return moerl_errorf("output folder '%s' is in use by another moerl run (lock '%s'); use another "
+                            "trainer.default_local_dir or wait for that run to end", dir, p);
+    }
+    return fd; /* held until the process exits */
 }
 
 int moerl_mkdirs(const char *path) {

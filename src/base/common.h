@@ -57,6 +57,10 @@ double moerl_now(void);
 int moerl_read_file(const char *path, char **out, size_t *len);
 /* Write a file atomically: write to "<path>.tmp.<pid>", fsync, rename over path. */
 int moerl_write_file_atomic(const char *path, const void *data, size_t len);
+/* Take an exclusive, non-blocking lock on DIR/.moerl.lock for the rest of the process, so two
+ * runs cannot write the same output folder. Returns the lock's fd (≥ 0) or MOERL_ERR naming
+ * the folder when another process holds it. */
+int moerl_lock_dir(const char *dir);
 /* mkdir -p */
 int moerl_mkdirs(const char *path);
 

@@ -862,3 +862,20 @@ void cfg_print_help(const cfg *c, FILE *out) {
     }
     free(ord);
 }
+
+int cfg_check_int32(const cfg *c, const char *exempt_suffix) {
+    for (int i = 0; i < c->n; i++) {
+        const cfg_entry *e = &c->e[i];
+        size_t kl = strlen(e->key), sl = exempt_suffix ? strlen(exempt_suffix) : 0;
+        if (sl && kl >= sl && !strcmp(e->key + kl - sl, exempt_suffix)) continue;
+        if (e->type == CFG_INT && (e->val.i < INT32_MIN || e->val.i > INT32_MAX))
+            return moerl_errorf("key '%s' (from %s): value %lld does not fit a 32-bit integer", e->key, e->origin,
+                                (long long)e->val.i);
+        if (e->type == CFG_INT_LIST)
+            for (int k = 0; k < e->val.nlist; k++)
+                if (e->val.list[k] < INT32_MIN || e->val.list[k] > INT32_MAX)
+                    return moerl_errorf("key '%s' (from %s): item %lld does not fit a 32-bit integer", e->key,
+                                        e->origin, (long long)e->val.list[k]);
+    }
+    return MOERL_OK;
+}

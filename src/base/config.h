@@ -86,6 +86,10 @@ const char *cfg_str(const cfg *c, const char *key);
 /* Returns the values (NULL when empty) and stores their count in *n. Owned by the registry. */
 const int64_t *cfg_int_list(const cfg *c, const char *key, int *n);
 
+/* Every int (and int-list item) must fit 32 bits, except keys ending in exempt_suffix (e.g.
+ * "seed"); the error names the key, where its value came from, and the value. */
+int cfg_check_int32(const cfg *c, const char *exempt_suffix);
+
 /* Whether `key` is declared. */
 bool cfg_has(const cfg *c, const char *key);
 /* Where the current value of `key` came from: "default", "<path>:<line>" or "override".

@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,6 +70,11 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
             continue;
         }
     }
+    if (!path) {
+        fprintf(stderr, "moerl %s: --config FILE is required (see --help; examples/ has configs)\n", cmd);
+        *exit_code = 2;
+        return 2;
+    }
     if (path && cfg_load_yaml(c, path) != MOERL_OK) {
         fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
         *exit_code = 1;
@@ -86,6 +92,11 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
             *exit_code = 1;
             return 1;
         }
+    }
+    if (cfg_check_int32(c, "seed") != MOERL_OK) {
+        fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+        *exit_code = 1;
+        return 1;
     }
     return 0;
 }
@@ -180,4 +191,37 @@ int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16) {
     snprintf(p, sizeof p, "%s/tokenizer_moerl.json", dir);
     const char *txt = "{\"type\": \"moerl-byte\", \"vocab_size\": 259, \"bos_token_id\": 256, \"eos_token_id\": 258}\n";
     return moerl_write_file_atomic(p, txt, strlen(txt));
+}
+
+json_t *cli_json_real(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+json_t *cli_json_text(const char *s, size_t len) {
+    json_t *j = json_stringn(s, len);
+    if (j) return j;
+    /* not valid UTF-8: keep valid sequences, replace every other byte with U+FFFD */
+    char *out = xmalloc(len * 3 + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)s[i];
+        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = n > 0 && i + n <= len && c != 0;
+        for (int k = 1; ok && k < n; k++) ok = ((unsigned char)s[i + k] >> 6) == 2;
+        if (ok && n > 1) {
+            json_t *t = json_stringn(s + i, n); /* rejects overlongs and surrogates */
+            ok = t != NULL;
+            json_decref(t);
+        }
+        if (ok) {
+            memcpy(out + o, s + i, n);
+            o += n;
+            i += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    j = json_stringn(out, o);
+    free(out);
+    return j ? j : json_string("");
 }

@@ -25,4 +25,11 @@ void cli_set_threads(int n);
 /* Write the byte-tokenizer marker next to a checkpoint (so generate can decode text). */
 int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16);
 
+/* JSON values for command output (jansson): a non-finite number becomes null (JSON has no NaN,
+ * and jansson would drop the value); text that is not valid UTF-8 has each invalid byte
+ * replaced by U+FFFD, so the field is never silently missing. */
+#include <jansson.h>
+json_t *cli_json_real(double x);
+json_t *cli_json_text(const char *s, size_t len);
+
 #endif

@@ -11,6 +11,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
@@ -55,7 +56,10 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--max-new-tokens") && has) { if (parse_num(a, argv[++i], 1, 1e7, &max_new)) return 2; }
         else if (!strcmp(a, "--temperature") && has) { if (parse_num(a, argv[++i], 0, 1e6, &temp)) return 2; }
         else if (!strcmp(a, "--top-p") && has) { if (parse_num(a, argv[++i], 1e-9, 1, &top_p)) return 2; }
-        else if (!strcmp(a, "--top-k") && has) { if (parse_num(a, argv[++i], 0, 1e9, &top_k)) return 2; }
+        else if (!strcmp(a, "--top-k") && has) { /* -1 = off, as in vLLM */
+            if (parse_num(a, argv[++i], -1, 1e9, &top_k)) return 2;
+            if (top_k < 0) top_k = 0;
+        }
         else if (!strcmp(a, "--seed") && has) { if (parse_num(a, argv[++i], 0, 9e15, &seed)) return 2; }
         else if (!strcmp(a, "-n") && has) { if (parse_num(a, argv[++i], 1, 1e6, &nsamp)) return 2; }
         else if (!strcmp(a, "--max-num-seqs") && has) { if (parse_num(a, argv[++i], 1, 1e5, &max_seqs)) return 2; }
@@ -158,7 +162,7 @@ int cmd_generate(int argc, char **argv) {
             json_t *o = json_object(), *tk = json_array(), *lp = json_array(), *vv = json_array();
             for (int t = 0; t < r->n_out; t++) {
                 json_array_append_new(tk, json_integer(r->out_tokens[t]));
-                json_array_append_new(lp, json_real(r->out_logprobs[t]));
+                json_array_append_new(lp, cli_json_real(r->out_logprobs[t]));
                 json_array_append_new(vv, json_integer(r->out_versions[t]));
             }
             json_object_set_new(o, "prompt_index", json_integer(r->id / ns));
@@ -169,7 +173,7 @@ int cmd_generate(int argc, char **argv) {
             if (has_tok) {
                 size_t len;
                 char *txt = tok_decode(r->out_tokens, r->n_out, true, &len);
-                json_object_set_new(o, "text", json_stringn(txt ? txt : "", txt ? len : 0));
+                json_object_set_new(o, "text", cli_json_text(txt ? txt : "", txt ? len : 0));
                 free(txt);
             }
             json_object_set_new(o, "finish_reason", json_string(finish_reason_name(r->finish)));

@@ -7,6 +7,7 @@
  * from model.seed, or model.path) and dataset, the SFT warm start runs on trainer rank 0 only, and
  * only trainer rank 0 writes the outputs and prints the result. An error on any rank after the
  * configuration is read ends every rank (dist_abort → MPI_Abort), naming the failing rank. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -161,6 +162,28 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     if (strcmp(cfg_str(c, "actor.loss_agg_mode"), "token-mean"))
         return moerl_errorf("actor.loss_agg_mode: '%s' is not supported (token-mean)", cfg_str(c, "actor.loss_agg_mode"));
     if (r->n <= 0) return moerl_errorf("rollout.n must be positive, got %d", r->n);
+    if (r->top_k == -1) r->top_k = 0; /* verl/vLLM spell "off" as -1 */
+    if (r->top_k < 0) return moerl_errorf("rollout.top_k must be ≥ 0 (or -1 for off), got %d", r->top_k);
+    if (!(r->optim.lr >= 0) || !isfinite(r->optim.lr))
+        return moerl_errorf("actor.optim.lr must be a finite number ≥ 0, got %g", (double)r->optim.lr);
+    if (!(r->optim.weight_decay >= 0) || !isfinite(r->optim.weight_decay))
+        return moerl_errorf("actor.optim.weight_decay must be a finite number ≥ 0, got %g", (double)r->optim.weight_decay);
+    if (!(r->optim.beta1 >= 0 && r->optim.beta1 < 1) || !(r->optim.beta2 >= 0 && r->optim.beta2 < 1))
+        return moerl_errorf("actor.optim.beta1/beta2 must be in [0, 1), got %g, %g", (double)r->optim.beta1, (double)r->optim.beta2);
+    if (!(r->ppo.clip_ratio_low >= 0 && r->ppo.clip_ratio_low < 1))
+        return moerl_errorf("actor.clip_ratio_low must be in [0, 1), got %g", (double)r->ppo.clip_ratio_low);
+    if (!(r->ppo.clip_ratio_high >= 0) || !isfinite(r->ppo.clip_ratio_high))
+        return moerl_errorf("actor.clip_ratio_high must be a finite number ≥ 0, got %g", (double)r->ppo.clip_ratio_high);
+    if (!isfinite(r->ppo.clip_ratio_c)) return moerl_errorf("actor.clip_ratio_c must be finite");
+    if (!(r->ppo.behav_imp_weight_cap > 0)) return moerl_errorf("actor.behav_imp_weight_cap must be > 0");
+    if (!isfinite(r->entropy_coeff) || !(r->kl_loss_coef >= 0) || !isfinite(r->kl_loss_coef))
+        return moerl_errorf("actor.entropy_coeff must be finite and actor.kl_loss_coef finite and ≥ 0");
+    if (r->total_training_steps < 0) return moerl_errorf("trainer.total_training_steps must be ≥ 0 (0 = from total_epochs)");
+    if (r->total_epochs < 1) return moerl_errorf("trainer.total_epochs must be ≥ 1, got %d", r->total_epochs);
+    if (r->val_n < 0) return moerl_errorf("trainer.val_n must be ≥ 0 (0 = no eval), got %d", r->val_n);
+    if (r->test_freq < 0) return moerl_errorf("trainer.test_freq must be ≥ 0, got %d", r->test_freq);
+    if (r->save_freq < -1) return moerl_errorf("trainer.save_freq must be ≥ -1 (-1 = never), got %d", r->save_freq);
+    if (!(r->watchdog_s >= 0)) return moerl_errorf("trainer.watchdog_s must be ≥ 0 (0 = off), got %g", r->watchdog_s);
     if (!(r->temperature > 0)) return moerl_errorf("rollout.temperature must be > 0 for RL, got %g", r->temperature);
     if (!(r->top_p > 0 && r->top_p <= 1)) return moerl_errorf("rollout.top_p must be in (0, 1], got %g", r->top_p);
     if (r->max_response_length <= 0) return moerl_errorf("data.max_response_length must be positive");
@@ -203,7 +226,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     dataset train = {0}, test = {0};
     char path[4200];
     if (leader) {
-        if (moerl_mkdirs(rc->out_dir) != MOERL_OK) goto fail;
+        if (moerl_mkdirs(rc->out_dir) != MOERL_OK || moerl_lock_dir(rc->out_dir) < 0) goto fail;
         snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
         if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     }
@@ -281,7 +304,7 @@ int cmd_rl(int argc, char **argv) {
                      rc.n_trainer_ranks);
         goto fail;
     }
-    if (moerl_mkdirs(rc.out_dir) != MOERL_OK) goto fail;
+    if (moerl_mkdirs(rc.out_dir) != MOERL_OK || moerl_lock_dir(rc.out_dir) < 0) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     if (cli_build_model(c, &m) != MOERL_OK) goto fail;

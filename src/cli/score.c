@@ -8,6 +8,7 @@
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "model/forward.h"
 #include "model/model.h"
 
@@ -45,6 +46,13 @@ int cmd_score(int argc, char **argv) {
         free(tokens);
         return 1;
     }
+    if (m.cfg.max_position_embeddings > 0 && T > m.cfg.max_position_embeddings) {
+        fprintf(stderr, "moerl score: %d tokens exceed the model's context max_position_embeddings %d\n", T,
+                m.cfg.max_position_embeddings);
+        free(tokens);
+        model_free(&m);
+        return 2;
+    }
     model_acts a;
     int cu[2] = {0, T};
     int rc = 1;
@@ -58,12 +66,12 @@ int cmd_score(int argc, char **argv) {
     json_t *o = json_object(), *lp = json_array();
     double sum = 0;
     for (int t = 0; t + 1 < T; t++) {
-        json_array_append_new(lp, json_real(a.logp[t]));
+        json_array_append_new(lp, cli_json_real(a.logp[t]));
         sum += a.logp[t];
     }
     json_object_set_new(o, "token_logprobs", lp);
-    json_object_set_new(o, "ce_loss", json_real(-sum / (T - 1)));
-    json_object_set_new(o, "aux_loss", json_real(a.aux_loss));
+    json_object_set_new(o, "ce_loss", cli_json_real(-sum / (T - 1)));
+    json_object_set_new(o, "aux_loss", cli_json_real(a.aux_loss));
     char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
     printf("%s\n", js);
     free(js);

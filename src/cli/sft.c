@@ -54,7 +54,7 @@ int cmd_sft(int argc, char **argv) {
     moe_model m = {0};
     dataset train = {0}, test = {0};
     if (check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler")) != MOERL_OK) goto fail;
-    if (moerl_mkdirs(out) != MOERL_OK) goto fail;
+    if (moerl_mkdirs(out) != MOERL_OK || moerl_lock_dir(out) < 0) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", out);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     if (cli_build_model(c, &m) != MOERL_OK) goto fail;

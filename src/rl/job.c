@@ -111,6 +111,32 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     return rc;
 }
 
+/* Rewrite a metrics JSONL file keeping the records whose "step" is ≤ step (atomically). */
+static int drop_metrics_after(const char *path, int64_t step) {
+    char *txt;
+    size_t len;
+    if (access(path, F_OK) != 0) return MOERL_OK;
+    if (moerl_read_file(path, &txt, &len) != MOERL_OK) return MOERL_ERR;
+    char *out = xmalloc(len + 1);
+    size_t o = 0;
+    for (char *line = txt; line < txt + len;) {
+        char *nl = memchr(line, '\n', (size_t)(txt + len - line));
+        size_t ll = nl ? (size_t)(nl - line) + 1 : (size_t)(txt + len - line);
+        json_t *j = json_loadb(line, ll, 0, NULL);
+        json_t *st = j ? json_object_get(j, "step") : NULL;
+        if (!st || json_integer_value(st) <= step) {
+            memcpy(out + o, line, ll);
+            o += ll;
+        }
+        json_decref(j);
+        line += ll;
+    }
+    int rc = moerl_write_file_atomic(path, out, o);
+    free(out);
+    free(txt);
+    return rc;
+}
+
 int job_load_checkpoint(job *J, int *resumed) {
     const rl_config *c = J->cfg;
     char dir[4096], p[4200];
@@ -175,6 +201,9 @@ int job_load_checkpoint(job *J, int *resumed) {
     /* samples logged after the checkpoint belong to steps that are redone now */
     snprintf(p, sizeof p, "%s/samples.jsonl", c->out_dir);
     if (truncate(p, bytes) != 0 && errno != ENOENT) return moerl_errorf("cannot truncate %s: %s", p, strerror(errno));
+    /* metrics of steps after the checkpoint are redone too: keep only records up to its step */
+    snprintf(p, sizeof p, "%s/metrics.jsonl", c->out_dir);
+    if (drop_metrics_after(p, (int64_t)J->T.step) != MOERL_OK) return MOERL_ERR;
     *resumed = 1;
     log_info("resumed from %s: version %d, step %lld, %lld prompts consumed, %d started prompts to redo", dir,
              J->T.version, (long long)J->T.step, (long long)J->consumed, fd->n_redo);
@@ -583,6 +612,11 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
         moerl_errorf("no trainer steps: %lld training rows, %d prompts per step (actor.ppo_mini_batch_size × "
                      "async_training.require_batches), trainer.total_epochs %d",
                      (long long)dataset_count(train), b.required_samples, cfg->total_epochs);
+        goto out0;
+    }
+    if (b.required_samples > dataset_count(train)) {
+        moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × async_training.require_batches) "
+                     "but the training data has only %lld rows", b.required_samples, (long long)dataset_count(train));
         goto out0;
     }
     J->total_prompts = J->total_steps * b.required_samples;

@@ -818,6 +818,11 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     const int req = L->budget.required_samples;
     J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
                                                    : (int64_t)cfg->total_epochs * dataset_count(train) / req;
+    if (req > dataset_count(train))
+        CHECK_OK(moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × "
+                              "async_training.require_batches) but the training data has only %lld rows",
+                              req, (long long)dataset_count(train)),
+                 "configuration");
     J->total_prompts = J->total_steps * req;
     rl_queue_init(&J->queue, L->budget.max_required_samples);
     prompt_feed_init(&L->feed, dataset_count(train), cfg->seed);

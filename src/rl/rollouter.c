@@ -69,6 +69,11 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
         max_plen = MOERL_MAX(max_plen, (int)s.n);
         tok_seq_free(&s);
     }
+    if (m->cfg.max_position_embeddings > 0 && max_plen + cfg->max_response_length > m->cfg.max_position_embeddings)
+        return moerl_errorf("the longest prompt of %s (%d tokens) + data.max_response_length %d exceeds the model's "
+                            "context max_position_embeddings %d: shorten the prompts or the responses",
+                            train->path ? train->path : "the training data", max_plen, cfg->max_response_length,
+                            m->cfg.max_position_embeddings);
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens};
     R->eng = engine_create(&m->cfg, ec);

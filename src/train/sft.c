@@ -35,6 +35,9 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     const int bs = o->batch_size;
     if (bs <= 0 || bs > n_rows)
         return moerl_errorf("SFT batch size %d must be in 1..%lld (training rows)", bs, (long long)n_rows);
+    if (!(o->optim.lr >= 0) || !isfinite(o->optim.lr) || !(o->optim.weight_decay >= 0) || !isfinite(o->optim.weight_decay))
+        return moerl_errorf("SFT learning rate and weight decay must be finite numbers ≥ 0 (got %g, %g)",
+                            (double)o->optim.lr, (double)o->optim.weight_decay);
     int rc = MOERL_ERR;
     tok_seq *seqs = xcalloc(n_rows, sizeof(tok_seq));
     int *resp_start = xmalloc(n_rows * sizeof(int)), *order = xmalloc(n_rows * sizeof(int));

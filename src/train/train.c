@@ -157,6 +157,13 @@ int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int ma
         tok_chat_encode(r->prompt, r->n_prompt, true, &prompts[i]);
         max_plen = MOERL_MAX(max_plen, (int)prompts[i].n);
     }
+    if (m->cfg.max_position_embeddings > 0 && max_plen + max_new_tokens > m->cfg.max_position_embeddings) {
+        for (int64_t i = 0; i < n; i++) tok_seq_free(&prompts[i]);
+        free(prompts);
+        return moerl_errorf("eval: the longest prompt of %s (%d tokens) + %d new tokens exceeds the model's context "
+                            "max_position_embeddings %d", ds->path ? ds->path : "the data", max_plen, max_new_tokens,
+                            m->cfg.max_position_embeddings);
+    }
     engine_config ec = {.max_num_seqs = max_num_seqs, .max_model_len = max_plen + max_new_tokens,
                         .max_num_batched_tokens = MOERL_MAX(512, max_num_seqs)};
     engine *e = engine_create(&m->cfg, ec);
