@@ -36,6 +36,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/vexp.h"
 
 #include <math.h>
 #include <string.h>
@@ -108,31 +109,6 @@ static void att_matmul(int M, int Nc, int Kd, const float *A, long ars, long acs
     }
 }
 
-/* e^x for x ≤ 0, vectorisable: x = k·ln2 + r, k = round(x·log2 e), |r| ≤ ln2/2 (ln2 split into
- * an exact 9-bit head and a tail so that k·ln2_hi is exact), e^r by its degree-7 Taylor
- * polynomial (truncation < 3e-9 relative), 2^k built in the exponent bits. Measured against
- * double exp: ≤ 2 ulp on [−87.3, 0]. Below −87.3 (results under 2^−126) it returns 0, so
- * e^−inf = 0; NaN stays NaN. */
-static inline float att_exp(float x) {
-    const float t = x * 1.44269504088896341f;
-    const float y = t + 12582912.0f; /* 1.5·2^23: y's low mantissa bits now hold round(t) */
-    const float kf = y - 12582912.0f;
-    uint32_t yi; /* unsigned: the bit arithmetic below wraps instead of overflowing */
-    memcpy(&yi, &y, sizeof yi);
-    const uint32_t ebits = (yi - 0x4B400000u + 127u) << 23;
-    float two_k;
-    memcpy(&two_k, &ebits, sizeof two_k);
-    const float r = (x - kf * 0.693359375f) - kf * -2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    return x < -87.3f ? 0.0f : p * two_k;
-}
 
 /* Copy rows [0, nk) of a strided [., hd] block (row stride ld) into dst[hd][ldd], transposed:
  * dst[d·ldd + j] = src[j·ld + d]. */
@@ -217,11 +193,11 @@ static void att_forward_block(att_fwd_scratch *ws, float *out, float *lse, const
             #pragma omp simd reduction(max : mx)
             for (int jj = 0; jj < lim; jj++) mx = row[jj] > mx ? row[jj] : mx;
             const float mnew = fmaxf(m[r], mx * scale); /* scale > 0: max(s·scale) = max(s)·scale */
-            const float alpha = att_exp(m[r] - mnew);    /* 0 on the first block (m = −inf) */
+            const float alpha = vexp_nonpos(m[r] - mnew);    /* 0 on the first block (m = −inf) */
             float sum = 0.0f;
             #pragma omp simd reduction(+ : sum)
             for (int jj = 0; jj < lim; jj++) {
-                const float p = att_exp(row[jj] * scale - mnew);
+                const float p = vexp_nonpos(row[jj] * scale - mnew);
                 row[jj] = p;
                 sum += p;
             }
@@ -337,7 +313,7 @@ static void att_backward_head(att_bwd_scratch *ws, float *dq, float *dk_dst, flo
                 const float lse_i = lse_h[i0 + r], D_i = D[i0 + r];
                 #pragma omp simd
                 for (int jj = 0; jj < lim; jj++) {
-                    const float p = att_exp(prow[jj] * scale - lse_i);
+                    const float p = vexp_nonpos(prow[jj] * scale - lse_i);
                     prow[jj] = p;
                     srow[jj] = p * (srow[jj] - D_i) * scale;
                 }
