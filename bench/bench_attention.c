@@ -25,6 +25,7 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#include "bench_util.h"
 #endif
 
 #define MAX_SEQS 64
@@ -100,15 +101,7 @@ static void eager_backward(float *dq, float *dk, float *dv, const float *dout, c
 
 /* ------------------------------------------------------------------ harness */
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-static double median(double *t, int n) {
-    qsort(t, n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static float max_abs_diff(const float *a, const float *b, long n) {
     float m = 0.0f;
@@ -200,10 +193,10 @@ int main(int argc, char **argv) {
             const double t2 = moerl_now();
             if (r >= 0) { tf[r] = t1 - t0; tb[r] = t2 - t1; }
         }
-        tm[m].fwd_med = median(tf, reps);
+        tm[m].fwd_med = bench_median_sorted(tf, reps);
         tm[m].fwd_min = tf[0];
         tm[m].fwd_max = tf[reps - 1];
-        tm[m].bwd_med = median(tb, reps);
+        tm[m].bwd_med = bench_median_sorted(tb, reps);
         tm[m].bwd_min = tb[0];
         tm[m].bwd_max = tb[reps - 1];
     }

@@ -61,6 +61,7 @@
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
+#include "bench_util.h"
 #endif
 #undef I /* <complex.h> via cblas.h */
 
@@ -68,15 +69,11 @@ char *openblas_get_corename(void); /* OpenBLAS extension, not declared in every 
 
 #define MAX_BATCHES 8
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Median, min and max of v[n] (v is sorted in place). */
 typedef struct { double med, lo, hi; } stat3;
 static stat3 stats_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    bench_sort(v, n);
     stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
     return s;
 }

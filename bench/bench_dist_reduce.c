@@ -40,16 +40,9 @@
 #include "dist/dist.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "bench_util.h"
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-static double median(double *t, int n) {
-    qsort(t, n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 /* Largest value over the trainer group (exact: each rank fills its slot, a sum assembles them). */
 static double max_over_trainers(dist_ctx *ctx, double v) {
@@ -113,26 +106,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int me = ctx->trainer_rank;
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 512;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.moe_intermediate_size = 128;
-    c.num_hidden_layers = 4;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 2;
-    c.head_dim = 32;
-    c.num_experts = 16;
-    c.num_experts_per_tok = 4;
-    c.decoder_sparse_step = 1;
-    c.norm_topk_prob = 1;
-    c.max_position_embeddings = MOERL_MAX(T, 2048);
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1e6f;
-    c.router_aux_loss_coef = 0.001f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = c.eos_token_id = -1;
+    moe_config c = bench_model_config(T);
     const int L = c.num_hidden_layers;
     moe_model m;
     if (model_init(&m, &c) != MOERL_OK) {
@@ -167,7 +141,7 @@ int main(int argc, char **argv) {
         model_backward(&m, &a, dlogp, NULL, c.router_aux_loss_coef);
         tb[r] = moerl_now() - t0;
     }
-    const double t_bwd = max_over_trainers(ctx, median(tb, 5));
+    const double t_bwd = max_over_trainers(ctx, bench_median_sorted(tb, 5));
     ga = xalloc_aligned(GE * GE * sizeof(float));
     gb = xalloc_aligned(GE * GE * sizeof(float));
     gc = xalloc_aligned(GE * GE * sizeof(float));
@@ -190,7 +164,7 @@ int main(int argc, char **argv) {
             const double e = dist_reducer_finish(r);
             if (k >= 0) t[k] = max_over_trainers(ctx, e);
         }
-        peer = median(t, reps);
+        peer = bench_median_sorted(t, reps);
         free(t);
         dist_reducer_free(r);
     }
@@ -259,8 +233,8 @@ int main(int argc, char **argv) {
         }
     double base_step = 0;
     for (int ci = 0; ci < n_cfg; ci++) {
-        const double me_e = median(te + ci * reps, reps), me_s = median(ts + ci * reps, reps),
-                     me_b = median(tbk + ci * reps, reps);
+        const double me_e = bench_median_sorted(te + ci * reps, reps), me_s = bench_median_sorted(ts + ci * reps, reps),
+                     me_b = bench_median_sorted(tbk + ci * reps, reps);
         if (cfg[ci].mode < 0) base_step = me_s;
         char bucket[32] = "-", nbk[16] = "-";
         if (cfg[ci].r) {

@@ -32,23 +32,12 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#include "bench_util.h"
 #endif
 #undef I /* <complex.h> via cblas.h */
 
 char *openblas_get_corename(void); /* OpenBLAS extension, not declared in every cblas.h */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(const double *v, int n) {
-    double *c = xmalloc((size_t)n * sizeof(double));
-    memcpy(c, v, (size_t)n * sizeof(double));
-    qsort(c, (size_t)n, sizeof(double), cmp_double);
-    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return m;
-}
 
 /* Expert row groups from a real router over random logits: offsets[E+1]. */
 static void route(int *offsets, int N, int E, int K, uint64_t seed) {
@@ -107,7 +96,7 @@ static void report(const char *label, double flop, double *t_what, double *t_pee
     double *ratio = xmalloc((size_t)reps * sizeof(double));
     for (int i = 0; i < reps; i++) ratio[i] = t_peer[i] / t_what[i];
     const double best = vmin(t_what, reps), best_peer = vmin(t_peer, reps);
-    const double med = median(t_what, reps), mr = median(ratio, reps);
+    const double med = bench_median(t_what, reps), mr = bench_median(ratio, reps);
     printf("    %-22s median %9.3f ms %7.1f GFLOP/s | best %9.3f ms %7.1f GFLOP/s | vs one sgemm: median ratio %.2f, "
            "best/best %.2f\n",
            label, 1e3 * med, flop / med * 1e-9, 1e3 * best, flop / best * 1e-9, mr, best_peer / best);

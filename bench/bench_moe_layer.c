@@ -26,23 +26,12 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#include "bench_util.h"
 #endif
 #undef I /* <complex.h> via cblas.h */
 
 char *openblas_get_corename(void); /* OpenBLAS extension, not declared in every cblas.h */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(const double *v, int n) {
-    double *c = xmalloc((size_t)n * sizeof(double));
-    memcpy(c, v, (size_t)n * sizeof(double));
-    qsort(c, (size_t)n, sizeof(double), cmp_double);
-    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return m;
-}
 
 static double vmin(const double *v, int n) {
     double m = v[0];
@@ -186,7 +175,7 @@ static void run_shape(const char *name, int N, int H, int E, int K, int I, int r
         tn[rep] = naive_step(&L);
         sp[rep] = tn[rep] / tf[rep];
     }
-    const double mf = median(tf, reps), mn = median(tn, reps), msp = median(sp, reps);
+    const double mf = bench_median(tf, reps), mn = bench_median(tn, reps), msp = bench_median(sp, reps);
     const double bf = vmin(tf, reps), bn = vmin(tn, reps);
     printf("%s: N=%d H=%d E=%d K=%d I=%d (max |fused − naive| of out and dx: %.2e, scale %.2e)\n", name, N, H, E, K, I,
            dmax, ref);
@@ -198,7 +187,7 @@ static void run_shape(const char *name, int N, int H, int E, int K, int I, int r
     double col[64], fsum = 0, bsum = 0;
     for (int s = 0; s < ST_COUNT; s++) {
         for (int r = 0; r < reps; r++) col[r] = st[(size_t)r * ST_COUNT + s];
-        double m = median(col, reps);
+        double m = bench_median(col, reps);
         if (s < ST_B_UNPERMUTE) fsum += m;
         else bsum += m;
         printf("    %-18s %8.3f %8.3f %5.1f%%\n", stage_name[s], 1e3 * m, 1e3 * vmin(col, reps), 100 * m / mf);

@@ -32,21 +32,13 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#include "bench_util.h"
 #endif
 
 enum { PH_FWD, PH_LOGP, PH_BWD, PH_OPT, PH_STEP, N_PH };
 static const char *phase_names[N_PH] = {"forward", "logprobs", "backward", "optimizer", "step"};
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-/* Sorts t[n] in place; returns the median. */
-static double median_sorted(double *t, int n) {
-    qsort(t, n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_train_step [--threads N] [--reps R (>= 1)] [--warmup W] [--batch B] "
@@ -85,27 +77,7 @@ int main(int argc, char **argv) {
 #endif
     openblas_set_num_threads(threads);
 
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 512;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.moe_intermediate_size = 128;
-    c.num_hidden_layers = 4;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 2;
-    c.head_dim = 32;
-    c.num_experts = 16;
-    c.num_experts_per_tok = 4;
-    c.decoder_sparse_step = 1;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0;
-    c.max_position_embeddings = MOERL_MAX(T, 2048);
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1e6f;
-    c.router_aux_loss_coef = 0.001f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = c.eos_token_id = -1;
+    moe_config c = bench_model_config(T);
 
     moe_model m;
     if (model_init(&m, &c) != MOERL_OK) {
@@ -172,7 +144,7 @@ int main(int argc, char **argv) {
     }
     double med[N_PH], lo[N_PH], hi[N_PH];
     for (int p = 0; p < N_PH; p++) {
-        med[p] = median_sorted(t[p], reps);
+        med[p] = bench_median_sorted(t[p], reps);
         lo[p] = t[p][0];
         hi[p] = t[p][reps - 1];
     }

@@ -22,11 +22,8 @@
 
 #include "base/common.h"
 #include "dist/dist.h"
+#include "bench_util.h"
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static int parse_list(const char *s, double *out, int cap) {
     int n = 0;
@@ -115,9 +112,9 @@ int main(int argc, char **argv) {
                 }
                 nb = st.n_buckets;
             }
-            qsort(t, reps, sizeof *t, cmp_double);
-            qsort(mc, reps, sizeof *mc, cmp_double);
-            qsort(ratio, reps, sizeof *ratio, cmp_double);
+            bench_sort(t, reps);
+            bench_sort(mc, reps);
+            bench_sort(ratio, reps);
             const double med = t[reps / 2];
             if (root) {
                 char bl[32];
