@@ -105,5 +105,18 @@ mkdir -p "$W/busy"
 ( flock -x "$W/busy/.moerl.lock" -c 'sleep 5' & ) ; sleep 0.3
 expect_err "rl: output folder in use" "in use" $M rl "${RS[@]}" trainer.default_local_dir="$W/busy"
 
+# --- second review: data fingerprint on resume, model.* with model.path, non-finite weights, data_source
+$M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=2 >/dev/null 2>&1
+expect_err "rl: resume on other data refused" "other training data" $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=4 data.seed=5
+expect_err "sft: model.* with model.path" "together with model.path" $M sft --config "$W/sft.yaml" model.path="$W/sft/checkpoint" trainer.default_local_dir="$W/sft2"
+cp -r "$W/sft/checkpoint" "$W/nanckpt"
+$PY - "$W/nanckpt/model.safetensors" <<'PYEOF'
+import sys; sys.path.insert(0, "tests/ref"); import st_io, torch
+t = st_io.load(sys.argv[1]); t["model.embed_tokens.weight"][3, 5] = float("nan"); st_io.save(t, sys.argv[1])
+PYEOF
+expect_err "score: NaN weights refused" "non-finite" $M score --model "$W/nanckpt" --tokens 1,2,3
+sed 's/"data_source": *"arith"/"data_source": "nosuch"/' "$W/arith/test.jsonl" >"$W/badsrc.jsonl"
+expect_err "sft: unknown data_source at load" "badsrc.jsonl:1" $M sft --config "$W/sft.yaml" data.val_files="$W/badsrc.jsonl" trainer.default_local_dir="$W/sft3"
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -47,7 +47,7 @@ void cli_def_data_keys(cfg *c) {
     cfg_def_int(c, "data.n_test", 200, "rows generated for held-out evaluation");
     cfg_def_int(c, "data.seed", 1, "task generator seed");
     cfg_def_int(c, "data.arith_digits", 2, "arith: digits per operand");
-    cfg_def_int(c, "data.countdown_numbers", 3, "countdown: numbers per problem");
+    cfg_def_int(c, "data.countdown_numbers", 4, "countdown: numbers per problem");
     cfg_def_int(c, "data.max_response_length", 16, "new tokens at most per response (eval and rollout)");
 }
 
@@ -104,6 +104,19 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
 int cli_build_model(const cfg *c, moe_model *m) {
     const char *path = cfg_str(c, "model.path");
     if (path[0]) {
+        /* the architecture comes from the checkpoint's config.json: a model.* value given as well
+         * would be silently ignored (and recorded as if it had been used) */
+        static const char *arch[] = {"model.vocab_size", "model.hidden_size", "model.intermediate_size",
+            "model.moe_intermediate_size", "model.num_hidden_layers", "model.num_attention_heads",
+            "model.num_key_value_heads", "model.head_dim", "model.num_experts", "model.num_experts_per_tok",
+            "model.decoder_sparse_step", "model.mlp_only_layers", "model.norm_topk_prob",
+            "model.tie_word_embeddings", "model.rope_theta", "model.rms_norm_eps", "model.max_position_embeddings",
+            "model.router_aux_loss_coef", "model.initializer_range", "model.seed"};
+        for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++)
+            if (strcmp(cfg_origin(c, arch[i]), "default"))
+                return moerl_errorf("%s is set (%s) together with model.path: the architecture comes from "
+                                    "%s/config.json; drop %s or model.path", arch[i], cfg_origin(c, arch[i]), path,
+                                    arch[i]);
         if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
         log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));
         return MOERL_OK;
@@ -174,6 +187,13 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
         return MOERL_ERR;
     }
     if (dataset_count(train) == 0) return moerl_errorf("training data '%s' has no rows", tr);
+    const dataset *both[2] = {train, test};
+    for (int d = 0; d < 2; d++)
+        for (int64_t i = 0; i < dataset_count(both[d]); i++) {
+            const ds_row *r = dataset_row(both[d], i);
+            if (!reward_fn_for(r->data_source))
+                return moerl_errorf("%s:%lld: data_source: %s", both[d]->path, (long long)r->line, moerl_last_error());
+        }
     return MOERL_OK;
 }
 

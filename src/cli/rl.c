@@ -162,6 +162,12 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     if (strcmp(cfg_str(c, "actor.loss_agg_mode"), "token-mean"))
         return moerl_errorf("actor.loss_agg_mode: '%s' is not supported (token-mean)", cfg_str(c, "actor.loss_agg_mode"));
     if (r->n <= 0) return moerl_errorf("rollout.n must be positive, got %d", r->n);
+    {
+        staleness_budget b; /* the budget's own checks, before any work (e.g. a warm start) */
+        if (staleness_init(&b, r->ppo_mini_batch_size, r->require_batches, r->trigger_parameter_sync_step,
+                           r->staleness_threshold) != MOERL_OK)
+            return MOERL_ERR;
+    }
     if (r->top_k == -1) r->top_k = 0; /* verl/vLLM spell "off" as -1 */
     if (r->top_k < 0) return moerl_errorf("rollout.top_k must be ≥ 0 (or -1 for off), got %d", r->top_k);
     if (!(r->optim.lr >= 0) || !isfinite(r->optim.lr))

@@ -235,3 +235,23 @@ done:
     json_decref(o);
     return rc;
 }
+
+static uint64_t fnv1a(uint64_t h, const char *s) {
+    if (!s) s = "";
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return (h ^ 0xff) * 0x100000001b3ULL; /* field separator */
+}
+
+uint64_t dataset_fingerprint(const dataset *ds) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int64_t i = 0; i < ds->n; i++) {
+        const ds_row *r = &ds->rows[i];
+        h = fnv1a(h, r->data_source);
+        for (int k = 0; k < r->n_prompt; k++) {
+            h = fnv1a(h, r->prompt[k].role);
+            h = fnv1a(h, r->prompt[k].content);
+        }
+        h = fnv1a(h, r->ground_truth);
+    }
+    return h;
+}

@@ -46,6 +46,10 @@ int64_t dataset_count(const dataset *ds);
 /* Row i, 0 ≤ i < count (out of range aborts: a bug in the caller). */
 const ds_row *dataset_row(const dataset *ds, int64_t i);
 void dataset_free(dataset *ds);
+/* 64-bit FNV-1a fingerprint of every row's data_source, prompt messages and ground truth, in
+ * order: two datasets with the same rows give the same value (used to refuse resuming a run on
+ * different data). */
+uint64_t dataset_fingerprint(const dataset *ds);
 
 /* Append one row as a single JSON line (in the schema above) to `f`: ground_truth is written as
  * the JSON value it holds when ground_truth_json is set, else as a string; extra_info_json and

@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -312,6 +313,19 @@ static int config_matches(const moe_config *a, const moe_config *file, const cha
  * is an error (except lm_head.weight of a tied model, accepted when equal to the embedding).
  * DIR/config.json, when present, must agree with m->cfg. On error the parameters are unchanged
  * (all checks run before any data is converted). Source: transformers save_pretrained layout. */
+int model_check_finite(const moe_model *m, const char *where, const char *verb) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        const float *p = m->params + t->offset;
+        for (int64_t j = 0; j < t->numel; j++)
+            if (!isfinite(p[j]))
+                return moerl_errorf("tensor %s %s %s has a non-finite value (%g at element %lld): the weights "
+                                    "diverged or the checkpoint is corrupt", t->name, verb, where, (double)p[j],
+                                    (long long)j);
+    }
+    return MOERL_OK;
+}
+
 int model_load_weights(moe_model *m, const char *dir) {
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
@@ -407,6 +421,7 @@ int model_load_weights(moe_model *m, const char *dir) {
     free(src);
     ckpt_files_free(&cf);
     free(plan);
+    if (rc == MOERL_OK) rc = model_check_finite(m, dir, "loaded from");
     return rc;
 }
 
@@ -466,6 +481,7 @@ static int remove_stale(const char *dir, int n_shards) {
  * current one, as transformers' shard_checkpoint does) plus model.safetensors.index.json; then
  * config.json. Every file is written atomically; stale files of an earlier save are removed. */
 int model_save_hf(const moe_model *m, const char *dir, int store_bf16, uint64_t shard_bytes) {
+    if (model_check_finite(m, dir, "to be saved in") != MOERL_OK) return MOERL_ERR;
     if (moerl_mkdirs(dir) != MOERL_OK) return moerl_error_prefix("saving checkpoint: ");
     hf_tensor *plan = NULL;
     int n = 0;

@@ -132,6 +132,9 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *hf_name, int
                        int64_t *numel);
 
 /* ---- checkpoints (checkpoint.c) ---- */
+/* MOERL_ERR naming the first tensor with a NaN or infinite parameter (message: "tensor T <verb>
+ * <where> has a non-finite value"). Loading and saving both refuse non-finite weights. */
+int model_check_finite(const moe_model *m, const char *where, const char *verb);
 /* Load DIR/config.json and DIR/model.safetensors or DIR/model.safetensors.index.json (sharded).
  * HF names; per-expert tensors stacked. Unknown or missing tensors and shape mismatches are
  * errors naming the tensor and both shapes. Calls model_init. */

@@ -92,6 +92,9 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     json_object_set_new(s, "feed_pos", json_integer(f->pos));
     json_object_set_new(s, "seed", json_integer((json_int_t)c->seed));
     json_object_set_new(s, "n_rows", json_integer(f->n_rows));
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dataset_fingerprint(J->train));
+    json_object_set_new(s, "data_fingerprint", json_string(fp));
     /* unconsumed started prompts: redo list left over from an earlier resume, then in-flight, then queued */
     for (int i = f->redo_pos; i < f->n_redo; i++) json_array_append_new(redo, json_integer(f->redo[i]));
     for (int i = 0; i < n_inflight; i++) json_array_append_new(redo, json_integer(inflight[i]));
@@ -157,11 +160,32 @@ int job_load_checkpoint(job *J, int *resumed) {
         return moerl_errorf("%s: not a moerl RL state file of format_version 1", p);
     }
     prompt_feed *fd = J->feed;
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dataset_fingerprint(J->train));
+    const char *sfp = json_string_value(json_object_get(s, "data_fingerprint"));
     if (json_integer_value(json_object_get(s, "n_rows")) != fd->n_rows ||
-        (uint64_t)json_integer_value(json_object_get(s, "seed")) != c->seed) {
+        (uint64_t)json_integer_value(json_object_get(s, "seed")) != c->seed || !sfp || strcmp(sfp, fp)) {
         json_decref(s);
-        return moerl_errorf("%s: the checkpoint was made with another dataset size or trainer.seed; use a new "
-                            "trainer.default_local_dir or trainer.resume_mode=disable", p);
+        return moerl_errorf("%s: the checkpoint was made with other training data (size or content) or another "
+                            "trainer.seed; use a new trainer.default_local_dir or trainer.resume_mode=disable", p);
+    }
+    {
+        const json_int_t v = json_integer_value(json_object_get(s, "version")),
+                         st = json_integer_value(json_object_get(s, "trainer_step")),
+                         ep = json_integer_value(json_object_get(s, "feed_epoch")),
+                         pos = json_integer_value(json_object_get(s, "feed_pos")),
+                         cons = json_integer_value(json_object_get(s, "consumed_prompts"));
+        json_t *rd = json_object_get(s, "unconsumed_started");
+        int bad = v < 0 || st < 0 || ep < 0 || pos < 0 || pos > fd->n_rows || cons < 0 || !json_is_array(rd);
+        for (size_t i = 0; !bad && i < json_array_size(rd); i++) {
+            json_int_t u = json_integer_value(json_array_get(rd, i));
+            bad = !json_is_integer(json_array_get(rd, i)) || u < 0 || u / fd->n_rows > ep + 1;
+        }
+        if (bad) {
+            json_decref(s);
+            return moerl_errorf("%s: version, trainer_step, feed_epoch, feed_pos (0..%lld), consumed_prompts or "
+                                "unconsumed_started out of range: the file is damaged", p, (long long)fd->n_rows);
+        }
     }
     if (model_load_weights(J->m, dir) != MOERL_OK) {
         json_decref(s);
