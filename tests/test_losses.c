@@ -61,7 +61,7 @@ static double one_token(float lp, float old, float behav, float a, const ppo_con
     const float w1 = 1.0f;
     float gg;
     ppo_stats s = {0};
-    double L = ppo_token_loss(&gg, &lp, &old, &behav, &a, &w1, 1, cfg, &s);
+    double L = ppo_token_loss(&gg, &lp, &old, &behav, &a, NULL, &w1, 1, cfg, &s);
     if (g) *g = gg;
     if (st) *st = s;
     return L;
@@ -94,7 +94,7 @@ static void test_ppo_parity(const st_file *f) {
             for (int64_t i = 0; i < N; i++) dlogp[i] = NAN;
             /* Statistics accumulate: start from a non-zero state and subtract it afterwards. */
             ppo_stats st = {.loss_sum = 1.0, .clipfrac_sum = 2.0, .kl_sum = 3.0, .dual_clip_sum = 4.0, .n_tokens = 5};
-            double loss = ppo_token_loss(dlogp, logp, old, behav, adv, w, (int)N, &cfg, &st);
+            double loss = ppo_token_loss(dlogp, logp, old, behav, adv, NULL, w, (int)N, &cfg, &st);
             double wabs = 0, labs = 0, xabs = 0;
             for (int64_t i = 0; i < N; i++) {
                 if (!(w[i] > 0)) continue;
@@ -337,7 +337,8 @@ static void test_ppo_hand(void) {
     check_near("clip-higher: L", L, -RATIO(lp), 1e-6);
     CHECK(s.clipfrac_sum == 0 && g != 0.0f, "clip-higher: clip %g g %g", s.clipfrac_sum, g);
 
-    /* Decoupled: anchor = prox; weight min(exp(prox − μ), C) scales value and gradient. */
+    /* Decoupled: anchor = prox; weight exp(prox − μ) scales value and gradient; above the cap C
+     * the token is filtered out (AReaL: weight 0), counted in behav_dropped_sum. */
     ppo_config dec = base;
     dec.decoupled = 1;
     lp = LP(1.1);
@@ -345,17 +346,21 @@ static void test_ppo_hand(void) {
     const double w15 = exp((double)old - (double)(float)(old - log(1.5)));
     check_near("decoupled weight 1.5: L", L, -RATIO(lp) * w15, 1e-6);
     check_near("decoupled weight 1.5: g", g, -RATIO(lp) * w15, 1e-6);
-    L = one_token(lp, old, (float)(old - log(3.0)), 1.0f, &dec, &g, &s);
-    check_near("decoupled weight capped at 2: L", L, -RATIO(lp) * 2.0, 1e-6);
-    check_near("decoupled weight capped at 2: g", g, -RATIO(lp) * 2.0, 1e-6);
+    {
+        ppo_stats sd = {0};
+        L = one_token(lp, old, (float)(old - log(3.0)), 1.0f, &dec, &g, &sd);
+        CHECK(L == 0.0 && g == 0.0f, "decoupled weight 3 > cap 2 is filtered out: L %g g %g", L, (double)g);
+        CHECK(sd.behav_dropped_sum == 1 && sd.n_tokens == 1, "filtered token counted as dropped (%g of %lld)",
+              sd.behav_dropped_sum, (long long)sd.n_tokens);
+    }
     /* Clipped token stays gradient-free under the weight. */
-    L = one_token(LP(1.5), old, (float)(old - log(3.0)), 1.0f, &dec, &g, &s);
-    check_near("decoupled clipped: L", L, -1.2 * 2.0, 1e-6);
+    L = one_token(LP(1.5), old, (float)(old - log(1.5)), 1.0f, &dec, &g, &s);
+    check_near("decoupled clipped: L", L, -1.2 * w15, 1e-6);
     CHECK(g == 0.0f, "decoupled clipped: g %g", g);
     /* Non-decoupled mode ignores behav_logp (NULL allowed). */
     {
         float l1 = LP(1.1), a1 = 1.0f, w1 = 1.0f, g1;
-        L = ppo_token_loss(&g1, &l1, &old, NULL, &a1, &w1, 1, &base, NULL);
+        L = ppo_token_loss(&g1, &l1, &old, NULL, &a1, NULL, &w1, 1, &base, NULL);
         check_near("behav NULL, not decoupled: L", L, -RATIO(l1), 1e-6);
     }
 
@@ -364,7 +369,7 @@ static void test_ppo_hand(void) {
         float l[3] = {LP(1.1), NAN, LP(0.9)}, o[3] = {old, old, old}, a[3] = {1.0f, NAN, -1.0f};
         float w[3] = {0.25f, 0.0f, 0.5f}, gg[3] = {NAN, NAN, NAN};
         ppo_stats st = {0};
-        L = ppo_token_loss(gg, l, o, NULL, a, w, 3, &base, &st);
+        L = ppo_token_loss(gg, l, o, NULL, a, NULL, w, 3, &base, &st);
         const double r0 = RATIO(l[0]), r2 = RATIO(l[2]);
         check_near("weighted sum", L, 0.25 * -r0 + 0.5 * r2, 1e-6);
         check_near("weighted g0", gg[0], 0.25 * -r0, 1e-6);

@@ -53,7 +53,6 @@ static void rl_def_keys(cfg *c) {
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
     cfg_def_float(c, "actor.clip_ratio_high", 0.28, "PPO clip ε above 1 (clip-higher)");
     cfg_def_float(c, "actor.clip_ratio_c", 3.0, "dual-clip constant for negative advantages");
-    cfg_def_str(c, "actor.loss_agg_mode", "token-mean", "loss aggregation (token-mean)");
     cfg_def_bool(c, "actor.use_decoupled_loss", false, "AReaL decoupled PPO (proximal = trainer weights before the step)");
     cfg_def_float(c, "actor.behav_imp_weight_cap", 2.0, "cap of the behaviour importance weight (decoupled)");
     cfg_def_float(c, "actor.entropy_coeff", 0.0, "entropy bonus");
@@ -65,8 +64,7 @@ static void rl_def_keys(cfg *c) {
     cfg_def_float(c, "actor.optim.beta1", 0.9, "AdamW beta1");
     cfg_def_float(c, "actor.optim.beta2", 0.99, "AdamW beta2");
     cfg_def_float(c, "actor.optim.clip_grad", 1.0, "global gradient-norm clip");
-    cfg_def_str(c, "algorithm.adv_estimator", "grpo", "advantage estimator (grpo)");
-    cfg_def_bool(c, "algorithm.norm_adv_by_std_in_grpo", true, "divide by the group std");
+    rl_def_algorithm_keys(c);
     cfg_def_float(c, "async_training.staleness_threshold", 0.3, "extra prompts allowed per version, as a share of W");
     cfg_def_int(c, "async_training.trigger_parameter_sync_step", 1, "trainer steps per weight sync");
     cfg_def_int(c, "async_training.require_batches", 1, "mini-batches per trainer step");
@@ -120,7 +118,6 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     r->optim.beta2 = (float)cfg_float(c, "actor.optim.beta2");
     r->optim.eps = 1e-8f;
     r->optim.max_grad_norm = (float)cfg_float(c, "actor.optim.clip_grad");
-    r->norm_adv_by_std = cfg_bool(c, "algorithm.norm_adv_by_std_in_grpo");
     r->staleness_threshold = cfg_float(c, "async_training.staleness_threshold");
     r->trigger_parameter_sync_step = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
     r->require_batches = (int)cfg_int(c, "async_training.require_batches");
@@ -157,10 +154,6 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     const char *rm = cfg_str(c, "trainer.resume_mode");
     if (!strcmp(rm, "auto")) r->resume_auto = 1;
     else if (strcmp(rm, "disable")) return moerl_errorf("trainer.resume_mode: '%s' is not auto or disable", rm);
-    if (strcmp(cfg_str(c, "algorithm.adv_estimator"), "grpo"))
-        return moerl_errorf("algorithm.adv_estimator: '%s' is not supported (grpo)", cfg_str(c, "algorithm.adv_estimator"));
-    if (strcmp(cfg_str(c, "actor.loss_agg_mode"), "token-mean"))
-        return moerl_errorf("actor.loss_agg_mode: '%s' is not supported (token-mean)", cfg_str(c, "actor.loss_agg_mode"));
     if (r->n <= 0) return moerl_errorf("rollout.n must be positive, got %d", r->n);
     {
         staleness_budget b; /* the budget's own checks, before any work (e.g. a warm start) */
@@ -199,7 +192,7 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     if (r->ppo_max_token_len <= 0) return moerl_errorf("actor.ppo_max_token_len_per_gpu must be positive");
     if (r->rollout_threads <= 0 || r->trainer_threads <= 0)
         return moerl_errorf("async_training.rollout_threads and trainer_threads must be positive");
-    return MOERL_OK;
+    return rl_read_algorithm_keys(c, r);
 }
 
 /* The job across processes (world size > 1). Errors after the role split end every rank. */

@@ -13,6 +13,7 @@
 #include "rl/losses.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "base/common.h"
 
@@ -52,7 +53,8 @@ void grpo_advantages(float *adv, const float *rewards, const int *group_size, in
 }
 
 double ppo_token_loss(float *dlogp, const float *logp, const float *old_logp, const float *behav_logp,
-                      const float *adv, const float *w, int n, const ppo_config *cfg, ppo_stats *st) {
+                      const float *adv, const float *is_w, const float *w, int n, const ppo_config *cfg,
+                      ppo_stats *st) {
     MOERL_ASSERT(cfg != NULL);
     MOERL_ASSERT(!cfg->decoupled || behav_logp != NULL);
     const double lo = 1.0 - (double)cfg->clip_ratio_low;
@@ -61,7 +63,7 @@ double ppo_token_loss(float *dlogp, const float *logp, const float *old_logp, co
     const int dual = c > 1.0;
     const double cap = cfg->behav_imp_weight_cap;
 
-    double total = 0, loss_sum = 0, clip_sum = 0, kl_sum = 0, dual_sum = 0;
+    double total = 0, loss_sum = 0, clip_sum = 0, kl_sum = 0, dual_sum = 0, dropped_sum = 0;
     int64_t count = 0;
     for (int i = 0; i < n; i++) {
         const double wi = w[i];
@@ -102,13 +104,21 @@ double ppo_token_loss(float *dlogp, const float *logp, const float *old_logp, co
                 dual_hit = 1;
             }
         }
-        /* Decoupled PPO (AReaL): the anchor is π_prox; the loss is scaled by the detached,
-         * truncated behaviour importance weight min(π_prox/μ, C). */
+        /* Decoupled PPO (AReaL): the anchor is π_prox; the loss is scaled by the detached
+         * behaviour importance weight π_prox/μ, and a token whose weight exceeds the cap C is
+         * filtered out (weight 0; it still counts in the aggregation's denominator). */
         if (cfg->decoupled) {
             double bw = exp((double)old_logp[i] - (double)behav_logp[i]);
-            if (bw > cap) bw = cap;
+            if (!(bw <= cap)) {
+                bw = 0.0;
+                dropped_sum += 1;
+            }
             L *= bw;
             dLdl *= bw;
+        }
+        if (is_w) { /* rollout importance-sampling correction: a detached per-token weight */
+            L *= (double)is_w[i];
+            dLdl *= (double)is_w[i];
         }
         dlogp[i] = (float)(wi * dLdl);
         total += wi * L;
@@ -123,6 +133,7 @@ double ppo_token_loss(float *dlogp, const float *logp, const float *old_logp, co
         st->clipfrac_sum += clip_sum;
         st->kl_sum += kl_sum;
         st->dual_clip_sum += dual_sum;
+        st->behav_dropped_sum += dropped_sum;
         st->n_tokens += count;
     }
     return total;
@@ -166,4 +177,135 @@ double entropy_bonus(float *dentropy, const float *entropy, const float *w, int 
         total += (double)w[i] * (double)entropy[i];
     }
     return total;
+}
+
+/* ------------------------------------------------------------------ aggregation */
+
+static const char *const AGG_NAMES[] = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                        "seq-mean-token-sum-norm"};
+
+int loss_agg_mode_parse(const char *name, loss_agg_mode *out) {
+    for (int i = 0; i < 4; i++)
+        if (name && !strcmp(name, AGG_NAMES[i])) {
+            *out = (loss_agg_mode)i;
+            return MOERL_OK;
+        }
+    return moerl_errorf("actor.loss_agg_mode: '%s' is not one of token-mean, seq-mean-token-sum, "
+                        "seq-mean-token-mean, seq-mean-token-sum-norm", name ? name : "(null)");
+}
+
+const char *loss_agg_mode_name(loss_agg_mode m) { return (unsigned)m < 4 ? AGG_NAMES[m] : "?"; }
+
+double loss_agg_weight(loss_agg_mode mode, int64_t seq_tokens, int64_t batch_tokens, int64_t batch_seqs,
+                       double scale) {
+    if (seq_tokens <= 0) return 0.0;
+    switch (mode) {
+    case LOSS_AGG_TOKEN_MEAN: return batch_tokens > 0 ? 1.0 / (double)batch_tokens : 0.0;
+    case LOSS_AGG_SEQ_MEAN_TOKEN_SUM: return batch_seqs > 0 ? 1.0 / (double)batch_seqs : 0.0;
+    case LOSS_AGG_SEQ_MEAN_TOKEN_MEAN:
+        return batch_seqs > 0 ? 1.0 / ((double)batch_seqs * (double)seq_tokens) : 0.0;
+    case LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM:
+        return batch_seqs > 0 && scale > 0 ? 1.0 / ((double)batch_seqs * scale) : 0.0;
+    }
+    return 0.0;
+}
+
+/* ------------------------------------------------------------------ rollout importance sampling */
+
+void rollout_is_weights(float *w, const float *old_logp, const float *behav_logp, int n, rollout_is_level level,
+                        float threshold, rollout_is_stats *st) {
+    const double thr = threshold;
+    double seq = 0;
+    if (level == ROLLOUT_IS_SEQUENCE) {
+        for (int i = 0; i < n; i++) seq += (double)old_logp[i] - (double)behav_logp[i];
+        seq = seq < -PPO_LOG_RATIO_CLAMP ? -PPO_LOG_RATIO_CLAMP : (seq > PPO_LOG_RATIO_CLAMP ? PPO_LOG_RATIO_CLAMP : seq);
+    }
+    for (int i = 0; i < n; i++) {
+        double x;
+        if (level == ROLLOUT_IS_NONE) {
+            w[i] = 1.0f;
+            continue;
+        } else if (level == ROLLOUT_IS_TOKEN) {
+            x = (double)old_logp[i] - (double)behav_logp[i];
+            x = x < -PPO_LOG_RATIO_CLAMP ? -PPO_LOG_RATIO_CLAMP : (x > PPO_LOG_RATIO_CLAMP ? PPO_LOG_RATIO_CLAMP : x);
+        } else {
+            x = seq;
+        }
+        double v = exp(x);
+        int trunc = v > thr;
+        if (trunc) v = thr;
+        w[i] = (float)v;
+        if (st) {
+            st->w_sum += (double)w[i];
+            st->w_sq_sum += (double)w[i] * (double)w[i];
+            st->truncated += trunc;
+            st->n_tokens++;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ other advantage estimators */
+
+static double group_mean(const float *r, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += r[i];
+    return n > 0 ? s / n : 0.0;
+}
+
+void rloo_advantages(float *adv, const float *rewards, const int *group_size, int n_groups) {
+    int64_t off = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const int n = group_size[g];
+        const float *r = rewards + off;
+        float *a = adv + off;
+        off += n;
+        if (n == 1) {
+            a[0] = r[0];
+            continue;
+        }
+        const double m = group_mean(r, n), f = (double)n / (double)(n - 1);
+        for (int i = 0; i < n; i++) a[i] = (float)(((double)r[i] - m) * f);
+    }
+}
+
+void grpo_advantages_no_std(float *adv, const float *rewards, const int *group_size, int n_groups) {
+    int64_t off = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const int n = group_size[g];
+        const double m = n > 1 ? group_mean(rewards + off, n) : 0.0; /* verl: a group of one has mean 0 */
+        for (int i = 0; i < n; i++) adv[off + i] = (float)((double)rewards[off + i] - m);
+        off += n;
+    }
+}
+
+void reinforce_pp_baseline(float *adv, const float *rewards, const int *group_size, int n_groups) {
+    grpo_advantages_no_std(adv, rewards, group_size, n_groups); /* s = r − group mean (singleton: 0) */
+}
+
+void reinforce_pp_moments(const float *s, const int *resp_len, int n, double mom[3]) {
+    for (int i = 0; i < n; i++) {
+        const double l = resp_len[i];
+        mom[0] += l * s[i];
+        mom[1] += l * (double)s[i] * (double)s[i];
+        mom[2] += l;
+    }
+}
+
+void reinforce_pp_whiten(float *adv, int n, const double mom[3]) {
+    const double N = mom[2];
+    if (!(N > 1)) return; /* fewer than two tokens: no variance (verl would divide by zero) */
+    const double mean = mom[0] / N;
+    double var = (mom[1] - N * mean * mean) / N; /* masked_var: mean of squared deviations ... */
+    if (var < 0) var = 0;
+    var *= N / (N - 1); /* ... with Bessel's correction over the token count */
+    const double inv = 1.0 / sqrt(var + 1e-8);
+    for (int i = 0; i < n; i++) adv[i] = (float)(((double)adv[i] - mean) * inv);
+}
+
+double overlong_penalty(int resp_len, int max_response_length, int buffer_len, double penalty_factor) {
+    if (buffer_len <= 0) return 0.0;
+    const double expected = (double)max_response_length - buffer_len;
+    const double exceed = (double)resp_len - expected;
+    const double p = -exceed / buffer_len * penalty_factor;
+    return p < 0 ? p : 0.0;
 }

@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "base/config.h"
 #include "base/rng.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -35,6 +36,8 @@
 #include "rollout/engine.h"
 
 typedef enum { RL_MODE_ASYNC = 0, RL_MODE_LOCKSTEP, RL_MODE_SYNC } rl_mode;
+/* algorithm.adv_estimator (verl names): grpo, rloo, reinforce_plus_plus_baseline */
+typedef enum { RL_ADV_GRPO = 0, RL_ADV_RLOO, RL_ADV_REINFORCE_PP_BASELINE } rl_adv_estimator;
 
 typedef struct {
     /* rollout.* */
@@ -57,8 +60,25 @@ typedef struct {
     int use_kl_loss;
     float kl_loss_coef;
     int ppo_max_token_len;     /* tokens per micro-batch */
+    loss_agg_mode loss_agg;    /* actor.loss_agg_mode */
+    double loss_scale_factor;  /* actor.loss_scale_factor: H of seq-mean-token-sum-norm (0 = max_response_length) */
+    int max_consecutive_skipped; /* trainer.max_consecutive_skipped_steps: stop after this many non-finite steps (0 = never) */
     /* algorithm.* */
     int norm_adv_by_std;
+    rl_adv_estimator adv_estimator;
+    /* algorithm.rollout_correction.*: bypass_mode = 1 anchors PPO on the behaviour logprobs (no
+     * recompute); 0 recomputes π_old with the trainer's weights before the step, and rollout_is
+     * (token | sequence) multiplies the loss by min(π_old/μ, rollout_is_threshold). */
+    int bypass_mode;
+    rollout_is_level rollout_is;
+    float rollout_is_threshold;
+    /* reward_model.overlong_buffer.* (DAPO shaping) and actor.overlong_filter (truncated responses masked out) */
+    int overlong_enable, overlong_len;
+    double overlong_penalty_factor;
+    int overlong_filter;
+    /* algorithm.filter_groups.* (DAPO dynamic sampling) */
+    int filter_groups;
+    int filter_max_num_gen_batches; /* 0 = unlimited: dropped groups per step before the step fails */
     /* async_training.* */
     double staleness_threshold;
     int trigger_parameter_sync_step, require_batches, partial_rollout;
@@ -153,6 +173,10 @@ typedef struct {
     double expert_load_max_over_mean; /* mean over MoE layers of max/mean tokens per expert */
     double update_s;
     double reduce_exposed_s;  /* data parallel: time blocked in dist_reducer_finish (exposed comm.) */
+    double behav_dropped_frac;/* decoupled: share of loss tokens filtered out by behav_imp_weight_cap */
+    double rollout_is_mean, rollout_is_std, rollout_is_truncated_frac, rollout_is_ess; /* rollout IS weights */
+    double response_clip_ratio; /* responses stopped at max_response_length (finish_reason length) */
+    int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
 } train_stats;
 
 /* One mini-batch of a trainer step as one (data-parallel) trainer rank sees it. */
@@ -177,6 +201,13 @@ typedef struct {
     dist_ctx *dist;
     dist_grad_reducer *reducer;
 } trainer;
+
+/* The RL algorithm's keys (src/rl/config.c): definitions with defaults and help, and their reading
+ * into r (after the rollout.* and data.* fields are read: the checks use max_response_length,
+ * top_k, top_p and ppo.decoupled). Errors name the key, the value and what is accepted; top-k /
+ * top-p sampling is refused (the behaviour policy would not be the sampling distribution). */
+void rl_def_algorithm_keys(cfg *c);
+int rl_read_algorithm_keys(const cfg *c, rl_config *r);
 
 int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
                    int64_t total_prompts);
@@ -224,6 +255,13 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
  * must call it with the same n_mb (collective over the trainer group). Fills the loss fields of st
  * (sample fields untouched), st->reduce_exposed_s; T->step++. */
 int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st);
+/* Rewards of a group's n responses: the reward function of the prompt's data_source, plus DAPO's
+ * overlong penalty when reward_model.overlong_buffer.enable. raw_scores[n] (may be NULL) gets the
+ * scores before shaping (accuracy counts score ≥ 1). Errors: an unknown data_source, a row outside
+ * the training set. */
+int trainer_group_rewards(const trainer *T, const rl_group *g, float *rewards, float *raw_scores);
+/* DAPO dynamic sampling: 1 when every response of the group got the same reward (no gradient). */
+int rl_group_uniform_reward(const float *rewards, int n);
 /* Prompt + response tokens of a group (its training cost) and its response tokens. */
 int64_t rl_group_tokens(const rl_group *g);
 int64_t rl_group_resp_tokens(const rl_group *g);

@@ -37,16 +37,18 @@ void trainer_free(trainer *T) {
 
 typedef struct {
     const rl_config *cfg;
-    float *adv;             /* [n_seqs] */
-    float **anchor, **behav, **ref; /* per sequence, [response length] */
-    double w;               /* 1 / response tokens of the mini-batch (token-mean) */
+    float *adv;             /* [n_seqs] of the mini-batch */
+    float **anchor, **behav, **ref, **isw; /* per sequence, [response length]; ref/isw may be NULL */
+    const double *w;        /* per sequence: aggregation weight of each of its loss tokens (0: masked out) */
     /* scratch [max_tokens] */
-    float *lp, *old, *bh, *ad, *ww, *g, *ent, *dent, *rf;
+    float *lp, *old, *bh, *ad, *ww, *g, *ent, *dent, *rf, *iw;
     int *idx;
     ppo_stats ps;
-    double ent_sum, kl_sum;
+    double ent_sum, ent_count, kl_sum;
 } ppo_ctx;
 
+/* train_accumulate's callback: the micro-batch's response tokens gathered into flat arrays, the
+ * PPO loss (+ k3 KL, entropy bonus) with each token weighted by its sequence's aggregation weight. */
 static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const int *resp_index, float *dlogp,
                        float *dentropy) {
     ppo_ctx *c = vctx;
@@ -59,12 +61,18 @@ static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const
         c->old[k] = c->anchor[s][i];
         c->bh[k] = c->behav[s][i];
         c->ad[k] = c->adv[s];
-        c->ww[k] = (float)c->w;
+        c->ww[k] = (float)c->w[s];
         if (c->ref) c->rf[k] = c->ref[s][i];
-        if (c->cfg->entropy_coeff != 0) c->ent[k] = a->entropy[n];
+        if (c->isw) c->iw[k] = c->isw[s][i];
+        c->ent[k] = a->entropy[n];
+        if (c->w[s] > 0) { /* actor/entropy: token mean over the loss tokens, whatever the bonus */
+            c->ent_sum += a->entropy[n];
+            c->ent_count += 1;
+        }
         k++;
     }
-    double loss = ppo_token_loss(c->g, c->lp, c->old, c->bh, c->ad, c->ww, k, &c->cfg->ppo, &c->ps);
+    double loss = ppo_token_loss(c->g, c->lp, c->old, c->bh, c->ad, c->isw ? c->iw : NULL, c->ww, k, &c->cfg->ppo,
+                                 &c->ps);
     if (c->ref) {
         double kl = kl_k3_token_loss(c->g, c->lp, c->rf, c->ww, k, c->cfg->kl_loss_coef);
         c->kl_sum += kl;
@@ -72,7 +80,6 @@ static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const
     }
     if (c->cfg->entropy_coeff != 0) {
         double h = entropy_bonus(c->dent, c->ent, c->ww, k, c->cfg->entropy_coeff);
-        c->ent_sum += h;
         loss -= c->cfg->entropy_coeff * h;
         for (int j = 0; j < k; j++) dentropy[c->idx[j]] = c->dent[j];
     }
@@ -118,8 +125,8 @@ void rl_split_minibatch(rl_group *const *groups, int n, int n_ranks, int *owner)
     free(load);
 }
 
-/* Rewards of a group's n responses (reward function of the prompt's data_source). */
-static int group_rewards(const trainer *T, const rl_group *g, float *rewards) {
+int trainer_group_rewards(const trainer *T, const rl_group *g, float *rewards, float *raw_scores) {
+    const rl_config *cfg = T->cfg;
     if (g->row < 0 || g->row >= dataset_count(T->train))
         return moerl_errorf("group uid %lld: row %d outside the training set's %lld rows", (long long)g->uid, g->row,
                             (long long)dataset_count(T->train));
@@ -132,20 +139,32 @@ static int group_rewards(const trainer *T, const rl_group *g, float *rewards) {
         int rc = reward_row(row, txt ? txt : "", &score);
         free(txt);
         if (rc != MOERL_OK) return MOERL_ERR;
+        if (raw_scores) raw_scores[j] = (float)score;
+        if (cfg->overlong_enable)
+            score += overlong_penalty(r->n_out, cfg->max_response_length, cfg->overlong_len,
+                                      cfg->overlong_penalty_factor);
         rewards[j] = (float)score;
     }
     return MOERL_OK;
 }
 
+int rl_group_uniform_reward(const float *rewards, int n) {
+    for (int j = 1; j < n; j++)
+        if (rewards[j] != rewards[0]) return 0;
+    return 1;
+}
+
 int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats *st) {
     const int G = T->cfg->n, R = n * G;
-    float *rewards = xmalloc((size_t)(G ? G : 1) * sizeof(float));
+    float *rewards = xmalloc((size_t)(G ? G : 1) * sizeof(float)), *raw = xmalloc((size_t)(G ? G : 1) * sizeof(float));
     st->min_version = 1 << 30;
     double rsum = 0, rsq = 0;
+    int64_t clipped = 0;
     for (int g = 0; g < n; g++) {
         MOERL_ASSERT(groups[g]->n == G);
-        if (group_rewards(T, groups[g], rewards) != MOERL_OK) {
+        if (trainer_group_rewards(T, groups[g], rewards, raw) != MOERL_OK) {
             free(rewards);
+            free(raw);
             return MOERL_ERR;
         }
         for (int j = 0; j < G; j++) {
@@ -153,7 +172,8 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
             const double score = rewards[j];
             rsum += score;
             rsq += score * score;
-            st->acc_mean += score >= 1.0;
+            st->acc_mean += raw[j] >= 1.0;
+            clipped += r->finish == FINISH_LENGTH;
             /* staleness and partial-rollout accounting */
             int vmin = 1 << 30, vmax = -1;
             for (int t = 0; t < r->n_out; t++) {
@@ -173,12 +193,14 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
         }
     }
     free(rewards);
+    free(raw);
     st->n_samples = R;
     if (R > 0) {
         st->reward_mean = rsum / R;
         st->reward_std = sqrt(fmax(0.0, rsq / R - st->reward_mean * st->reward_mean));
         st->acc_mean /= R;
         st->response_length_mean /= R;
+        st->response_clip_ratio = (double)clipped / R;
     }
     return MOERL_OK;
 }
@@ -186,94 +208,258 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
 /* model_backward's per-layer hook in data-parallel mode: the group's gradients are final. */
 static void reducer_hook(void *ctx, int group) { MOERL_ASSERT(dist_reducer_layer_done(ctx, group) == MOERL_OK); }
 
+/* Sum x[n] over the trainer ranks (data parallel); nothing in one process. */
+static int trainers_sum(trainer *T, double *x, int n) {
+    return T->reducer ? dist_allreduce_sum(T->dist, DIST_TRAINERS, x, n) : MOERL_OK;
+}
+
+/* The step's sequences (prompt ⊕ response of every response of every group on this rank) with
+ * their rewards, advantages (algorithm.adv_estimator over the whole step: group-local estimators
+ * need nothing else, REINFORCE++'s whitening sums its moments over the trainer ranks) and loss
+ * mask (actor.overlong_filter masks responses cut at max_response_length). */
+typedef struct {
+    int n_groups, R;
+    train_seq *seqs;
+    int **toks;
+    float **behav, **prox, **ref, **isw;
+    float *rewards, *adv;
+    int *resp_len, *loss_mask;
+    double *w;
+} step_data;
+
+static void step_data_free(step_data *d) {
+    for (int s = 0; s < d->R; s++) {
+        free(d->toks[s]);
+        if (d->prox) free(d->prox[s]);
+        if (d->ref) free(d->ref[s]);
+        if (d->isw) free(d->isw[s]);
+    }
+    free(d->prox); free(d->ref); free(d->isw); free(d->toks); free(d->behav); free(d->seqs);
+    free(d->rewards); free(d->adv); free(d->resp_len); free(d->loss_mask); free(d->w);
+}
+
+static float **alloc_resp_arrays(const step_data *d) {
+    float **x = xcalloc((size_t)(d->R ? d->R : 1), sizeof(float *));
+    for (int s = 0; s < d->R; s++) x[s] = xmalloc((size_t)(d->seqs[s].len - d->seqs[s].resp_start + 1) * sizeof(float));
+    return x;
+}
+
+static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
+    const rl_config *cfg = T->cfg;
+    const int G = cfg->n, R = n * G;
+    memset(d, 0, sizeof *d);
+    d->n_groups = n;
+    d->R = R;
+    const size_t nr = (size_t)(R ? R : 1);
+    d->seqs = xmalloc(nr * sizeof(train_seq));
+    d->toks = xcalloc(nr, sizeof(int *));
+    d->behav = xmalloc(nr * sizeof(float *));
+    d->rewards = xmalloc(nr * sizeof(float));
+    d->adv = xmalloc(nr * sizeof(float));
+    d->resp_len = xmalloc(nr * sizeof(int));
+    d->loss_mask = xmalloc(nr * sizeof(int));
+    d->w = xcalloc(nr, sizeof(double));
+    int *sizes = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    for (int g = 0; g < n; g++) {
+        sizes[g] = G;
+        MOERL_ASSERT(groups[g]->n == G);
+        if (trainer_group_rewards(T, groups[g], d->rewards + g * G, NULL) != MOERL_OK) {
+            free(sizes);
+            return MOERL_ERR;
+        }
+        for (int j = 0; j < G; j++) {
+            const gen_request *r = &groups[g]->reqs[j];
+            const int s = g * G + j, L = r->prompt_len + r->n_out;
+            d->toks[s] = xmalloc((size_t)L * sizeof(int));
+            memcpy(d->toks[s], r->prompt, (size_t)r->prompt_len * sizeof(int));
+            memcpy(d->toks[s] + r->prompt_len, r->out_tokens, (size_t)r->n_out * sizeof(int));
+            d->seqs[s] = (train_seq){.tokens = d->toks[s], .len = L, .resp_start = r->prompt_len};
+            d->behav[s] = r->out_logprobs;
+            d->resp_len[s] = r->n_out;
+            d->loss_mask[s] = r->n_out > 0 && !(cfg->overlong_filter && r->finish == FINISH_LENGTH);
+        }
+    }
+    switch (cfg->adv_estimator) {
+    case RL_ADV_GRPO:
+        if (cfg->norm_adv_by_std) grpo_advantages(d->adv, d->rewards, sizes, n, 1e-6f);
+        else grpo_advantages_no_std(d->adv, d->rewards, sizes, n);
+        break;
+    case RL_ADV_RLOO: rloo_advantages(d->adv, d->rewards, sizes, n); break;
+    case RL_ADV_REINFORCE_PP_BASELINE: {
+        reinforce_pp_baseline(d->adv, d->rewards, sizes, n);
+        double mom[3] = {0, 0, 0};
+        reinforce_pp_moments(d->adv, d->resp_len, R, mom);
+        if (trainers_sum(T, mom, 3) != MOERL_OK) {
+            free(sizes);
+            return MOERL_ERR;
+        }
+        reinforce_pp_whiten(d->adv, R, mom);
+        break;
+    }
+    }
+    free(sizes);
+    return MOERL_OK;
+}
+
+/* Old (proximal) logprobs with the weights before the step, when decoupled or when the rollout
+ * correction does not bypass; rollout IS weights from them; reference logprobs for the KL loss. */
+static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
+    const rl_config *cfg = T->cfg;
+    if (cfg->ppo.decoupled || !cfg->bypass_mode) {
+        d->prox = alloc_resp_arrays(d);
+        if (compute_logprobs(T->m, &T->acts, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->prox) !=
+            MOERL_OK)
+            return MOERL_ERR;
+        if (!cfg->bypass_mode && cfg->rollout_is != ROLLOUT_IS_NONE) {
+            d->isw = alloc_resp_arrays(d);
+            for (int s = 0; s < d->R; s++)
+                rollout_is_weights(d->isw[s], d->prox[s], d->behav[s], d->resp_len[s], cfg->rollout_is,
+                                   cfg->rollout_is_threshold, d->loss_mask[s] ? is : NULL);
+        }
+    }
+    if (T->ref) {
+        d->ref = alloc_resp_arrays(d);
+        model_acts ra;
+        if (model_acts_init(&ra, T->ref, cfg->ppo_max_token_len) != MOERL_OK) return MOERL_ERR;
+        int e = compute_logprobs(T->ref, &ra, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->ref);
+        model_acts_free(&ra);
+        if (e != MOERL_OK) return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+/* Aggregation weights of every sequence: the loss tokens and loss sequences of each mini-batch are
+ * summed over the trainer ranks first, so every mode equals its value over the whole mini-batch. */
+static int step_data_weights(trainer *T, step_data *d, const rl_minibatch *mbs, int n_mb) {
+    const rl_config *cfg = T->cfg;
+    const int G = cfg->n;
+    double *cnt = xcalloc((size_t)(2 * n_mb + 1), sizeof(double));
+    int s0 = 0;
+    for (int b = 0; b < n_mb; b++) {
+        const int s1 = s0 + mbs[b].n_groups * G;
+        for (int s = s0; s < s1; s++)
+            if (d->loss_mask[s]) {
+                cnt[2 * b] += d->resp_len[s];
+                cnt[2 * b + 1] += 1;
+            }
+        s0 = s1;
+    }
+    if (trainers_sum(T, cnt, 2 * n_mb) != MOERL_OK) {
+        free(cnt);
+        return MOERL_ERR;
+    }
+    const double H = cfg->loss_scale_factor > 0 ? cfg->loss_scale_factor : cfg->max_response_length;
+    s0 = 0;
+    for (int b = 0; b < n_mb; b++) {
+        const int s1 = s0 + mbs[b].n_groups * G;
+        for (int s = s0; s < s1; s++)
+            d->w[s] = d->loss_mask[s] ? loss_agg_weight(cfg->loss_agg, d->resp_len[s], (int64_t)cnt[2 * b],
+                                                        (int64_t)cnt[2 * b + 1], H)
+                                      : 0.0;
+        s0 = s1;
+    }
+    free(cnt);
+    return MOERL_OK;
+}
+
+/* Max/mean tokens per expert of this rank's last micro-batch, averaged over the MoE layers. */
+static double expert_load_ratio(const trainer *T) {
+    const moe_config *mc = &T->m->cfg;
+    double ratio = 0;
+    int nl = 0;
+    for (int l = 0; l < mc->num_hidden_layers; l++) {
+        if (!moe_config_layer_is_moe(mc, l)) continue;
+        const int *tpe = T->acts.layers[l].mlp.tokens_per_expert;
+        double sum = 0, mx = 0;
+        for (int e = 0; e < mc->num_experts; e++) {
+            sum += tpe[e];
+            mx = fmax(mx, tpe[e]);
+        }
+        if (sum > 0) {
+            ratio += mx / (sum / mc->num_experts);
+            nl++;
+        }
+    }
+    return nl ? ratio / nl : 0;
+}
+
+/* Does this mini-batch need the global aux pre-pass? Identical on every trainer rank. */
+static int want_global_aux(trainer *T, const train_seq *seqs, int n) {
+    if (!(T->m->cfg.router_aux_loss_coef > 0) || T->m->cfg.num_experts <= 0 || T->acts.n_moe_layers <= 0) return 0;
+    if (T->reducer) return 1;
+    return count_microbatches(seqs, n, T->cfg->ppo_max_token_len) > 1;
+}
+
 int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st) {
     const rl_config *cfg = T->cfg;
     double t0 = moerl_now();
     T->stage = "reward";
     int n = 0;
     for (int b = 0; b < n_mb; b++) n += mbs[b].n_groups;
-    const int G = cfg->n, R = n * G;
-    float *rewards = xmalloc(R * sizeof(float)), *adv = xmalloc(R * sizeof(float));
-    int *sizes = xmalloc(n * sizeof(int));
-    train_seq *seqs = xmalloc(R * sizeof(train_seq));
-    int **toks = xcalloc(R, sizeof(int *));
-    float **behav = xmalloc(R * sizeof(float *)), **prox = NULL, **ref = NULL;
+    const int G = cfg->n, E = T->m->cfg.num_experts;
     int rc = MOERL_ERR;
     ppo_ctx c = {.cfg = cfg};
-    for (int g = 0; g < n; g++) {
-        sizes[g] = G;
-        MOERL_ASSERT(groups[g]->n == G);
-        if (group_rewards(T, groups[g], rewards + g * G) != MOERL_OK) goto out;
-        for (int j = 0; j < G; j++) {
-            gen_request *r = &groups[g]->reqs[j];
-            int s = g * G + j;
-            /* sequence = prompt ⊕ response */
-            int L = r->prompt_len + r->n_out;
-            toks[s] = xmalloc(L * sizeof(int));
-            memcpy(toks[s], r->prompt, r->prompt_len * sizeof(int));
-            memcpy(toks[s] + r->prompt_len, r->out_tokens, r->n_out * sizeof(int));
-            seqs[s] = (train_seq){.tokens = toks[s], .len = L, .resp_start = r->prompt_len};
-            behav[s] = r->out_logprobs;
-        }
-    }
-    grpo_advantages(adv, rewards, sizes, n, 1e-6f);
-    if (!cfg->norm_adv_by_std) { /* Dr. GRPO style: A = r − mean, no std division */
-        for (int g = 0; g < n; g++) {
-            double m = 0;
-            for (int j = 0; j < G; j++) m += rewards[g * G + j];
-            m /= G;
-            for (int j = 0; j < G; j++) adv[g * G + j] = (float)(rewards[g * G + j] - m);
-        }
-    }
+    step_data d;
+    rollout_is_stats is = {0};
+    double *aux_counts = xcalloc((size_t)(2 * E + 1), sizeof(double)), *aux_psum = aux_counts + E;
+    if (step_data_init(T, groups, n, &d) != MOERL_OK) goto out;
     T->stage = "logprobs";
-    if (cfg->ppo.decoupled) { /* proximal policy = the trainer's weights before this step */
-        prox = xcalloc(R, sizeof(float *));
-        for (int s = 0; s < R; s++) prox[s] = xmalloc((seqs[s].len - seqs[s].resp_start + 1) * sizeof(float));
-        if (compute_logprobs(T->m, &T->acts, seqs, R, cfg->ppo_max_token_len, cfg->temperature, prox) != MOERL_OK)
-            goto out;
-    }
-    if (T->ref) {
-        ref = xcalloc(R, sizeof(float *));
-        for (int s = 0; s < R; s++) ref[s] = xmalloc((seqs[s].len - seqs[s].resp_start + 1) * sizeof(float));
-        model_acts ra;
-        if (model_acts_init(&ra, T->ref, cfg->ppo_max_token_len) != MOERL_OK) goto out;
-        int e = compute_logprobs(T->ref, &ra, seqs, R, cfg->ppo_max_token_len, cfg->temperature, ref);
-        model_acts_free(&ra);
-        if (e != MOERL_OK) goto out;
-    }
+    if (step_data_logprobs(T, &d, &is) != MOERL_OK) goto out;
+    if (step_data_weights(T, &d, mbs, n_mb) != MOERL_OK) goto out;
     T->stage = "update";
     const int mt = cfg->ppo_max_token_len;
     c.lp = xmalloc(mt * sizeof(float)); c.old = xmalloc(mt * sizeof(float)); c.bh = xmalloc(mt * sizeof(float));
     c.ad = xmalloc(mt * sizeof(float)); c.ww = xmalloc(mt * sizeof(float)); c.g = xmalloc(mt * sizeof(float));
     c.ent = xmalloc(mt * sizeof(float)); c.dent = xmalloc(mt * sizeof(float)); c.rf = xmalloc(mt * sizeof(float));
-    c.idx = xmalloc(mt * sizeof(int));
+    c.iw = xmalloc(mt * sizeof(float)); c.idx = xmalloc(mt * sizeof(int));
     train_step_opts to = {.max_tokens = mt, .temperature = cfg->temperature > 0 ? cfg->temperature : 1.0f,
-                          .want_entropy = cfg->entropy_coeff != 0, .aux_coef = T->m->cfg.router_aux_loss_coef};
+                          .want_entropy = 1, .aux_coef = T->m->cfg.router_aux_loss_coef};
     if (T->reducer) {
         to.layer_hook = reducer_hook;
         to.layer_hook_ctx = T->reducer;
     }
+    const int D = T->reducer ? T->dist->trainer_size : 1;
     int n_updates = 0;
     double aux_sum = 0, tokens_sum = 0;
     for (int ep = 0; ep < cfg->ppo_epochs; ep++) {
         int s0 = 0;
         for (int b = 0; b < n_mb; b++) {
             const int s1 = s0 + mbs[b].n_groups * G;
-            c.w = mbs[b].resp_tokens > 0 ? 1.0 / (double)mbs[b].resp_tokens : 0.0;
-            c.adv = adv + s0;
-            c.anchor = (prox ? prox : behav) + s0;
-            c.behav = behav + s0;
-            c.ref = ref ? ref + s0 : NULL;
+            c.w = d.w + s0;
+            c.adv = d.adv + s0;
+            c.anchor = (d.prox ? d.prox : d.behav) + s0;
+            c.behav = d.behav + s0;
+            c.ref = d.ref ? d.ref + s0 : NULL;
+            c.isw = d.isw ? d.isw + s0 : NULL;
             to.total_tokens = mbs[b].tokens;
-            /* seq_of indexes the mini-batch's own array (seqs + s0) */
+            const int global_aux = want_global_aux(T, d.seqs + s0, s1 - s0);
+            to.aux_counts = NULL;
+            to.aux_psum_out = NULL;
+            if (global_aux) { /* HF's aux over the whole mini-batch: its routing counts first */
+                T->stage = "router_counts";
+                memset(aux_counts, 0, (size_t)(2 * E) * sizeof(double));
+                if (compute_router_counts(T->m, &T->acts, d.seqs + s0, s1 - s0, mt, aux_counts) != MOERL_OK ||
+                    trainers_sum(T, aux_counts, E) != MOERL_OK)
+                    goto out;
+                to.aux_counts = aux_counts;
+                to.aux_psum_out = aux_psum;
+                T->stage = "update";
+            }
             train_step_out so;
-            if (train_accumulate(T->m, &T->acts, seqs + s0, s1 - s0, &to, ppo_grad, &c, &so) != MOERL_OK) goto out;
+            if (train_accumulate(T->m, &T->acts, d.seqs + s0, s1 - s0, &to, ppo_grad, &c, &so) != MOERL_OK) goto out;
             double loss = so.loss;
             if (T->reducer) { /* gradients and loss summed over the trainer ranks */
                 T->stage = "grad_reduce";
                 st->reduce_exposed_s += dist_reducer_finish(T->reducer);
                 if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) goto out;
                 T->stage = "update";
+            }
+            if (global_aux) { /* the value: E·Σ_e counts_e·psum_e / (L·N)², the same on every rank */
+                if (trainers_sum(T, aux_psum, E) != MOERL_OK) goto out;
+                const double rows = (double)T->acts.n_moe_layers * (double)mbs[b].tokens;
+                double v = 0;
+                for (int e = 0; e < E; e++) v += aux_counts[e] * aux_psum[e];
+                so.aux_loss = rows > 0 ? E * v / (rows * rows) / D : 0; /* /D: summed over ranks below */
             }
             double gn;
             adamw_step(&T->opt, T->m, cfg->optim.lr, (float)loss, &gn);
@@ -285,58 +471,37 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
         }
     }
     /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
-    double sums[8] = {c.ps.loss_sum, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
-                      aux_sum, tokens_sum};
-    if (T->reducer && dist_allreduce_sum(T->dist, DIST_TRAINERS, sums, 8) != MOERL_OK) goto out;
+    double sums[14] = {c.ps.loss_sum, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
+                       aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
+                       (double)is.n_tokens};
+    if (trainers_sum(T, sums, 14) != MOERL_OK) goto out;
     if (sums[3] > 0) {
         st->pg_loss = sums[0] / sums[3];
         st->pg_clipfrac = sums[1] / sums[3];
         st->ppo_kl = sums[2] / sums[3];
+        st->behav_dropped_frac = sums[9] / sums[3];
     }
     const int nu = n_updates ? n_updates : 1;
-    st->entropy = sums[4] / nu;
+    st->entropy = sums[8] > 0 ? sums[4] / sums[8] : 0;
     st->kl_loss = sums[5] / nu;
     st->grad_norm /= nu; /* the reduced gradient's norm: the same on every rank */
     st->aux_loss = sums[6] / nu;
     st->trained_tokens = (int64_t)sums[7];
-    /* expert load of this rank's last micro-batch: max/mean tokens per expert, averaged over MoE layers */
-    {
-        const moe_config *mc = &T->m->cfg;
-        double ratio = 0;
-        int nl = 0;
-        for (int l = 0; l < mc->num_hidden_layers && n > 0; l++) {
-            if (!moe_config_layer_is_moe(mc, l)) continue;
-            const int *tpe = T->acts.layers[l].mlp.tokens_per_expert;
-            double sum = 0, mx = 0;
-            for (int e = 0; e < mc->num_experts; e++) {
-                sum += tpe[e];
-                mx = fmax(mx, tpe[e]);
-            }
-            if (sum > 0) {
-                ratio += mx / (sum / mc->num_experts);
-                nl++;
-            }
-        }
-        st->expert_load_max_over_mean = nl ? ratio / nl : 0;
+    if (sums[13] > 0) {
+        const double m = sums[10] / sums[13], m2 = sums[11] / sums[13];
+        st->rollout_is_mean = m;
+        st->rollout_is_std = sqrt(fmax(0.0, m2 - m * m));
+        st->rollout_is_truncated_frac = sums[12] / sums[13];
+        st->rollout_is_ess = m2 > 0 ? m * m / m2 : 0; /* (Σw)²/(n·Σw²) */
     }
+    st->expert_load_max_over_mean = n > 0 ? expert_load_ratio(T) : 0;
     T->step++;
     rc = MOERL_OK;
 out:
     free(c.lp); free(c.old); free(c.bh); free(c.ad); free(c.ww); free(c.g); free(c.ent); free(c.dent); free(c.rf);
-    free(c.idx);
-    for (int s = 0; s < R; s++) {
-        free(toks[s]);
-        if (prox) free(prox[s]);
-        if (ref) free(ref[s]);
-    }
-    free(prox);
-    free(ref);
-    free(toks);
-    free(behav);
-    free(seqs);
-    free(sizes);
-    free(rewards);
-    free(adv);
+    free(c.iw); free(c.idx);
+    free(aux_counts);
+    if (d.seqs) step_data_free(&d);
     st->update_s = moerl_now() - t0;
     T->stage = "idle";
     T->last_progress = moerl_now();

@@ -91,11 +91,22 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
         out->loss += fn(ctx, a, p.seq_of, p.resp_index, p.dlogp, p.dent);
         const double share = (double)N / (double)total;
         out->aux_loss += share * a->aux_loss;
+        double aux_w = o->aux_coef * share;
+        if (o->aux_counts && a->n_moe_layers > 0) {
+            /* Global load-balancing loss: the backward's d aux/d p[t,e] = w·E·counts[e]/(L·N)² must see
+             * the mini-batch's counts and row total (L·N_total), so substitute the global counts and
+             * rescale: w = coef·(N/N_total)² turns (L·N)² into (L·N_total)². */
+            const int E = m->cfg.num_experts;
+            if (o->aux_psum_out)
+                for (int e = 0; e < E; e++) o->aux_psum_out[e] += a->aux_psum[e];
+            for (int e = 0; e < E; e++) a->aux_counts[e] = (float)o->aux_counts[e];
+            aux_w = o->aux_coef * share * share;
+        }
         if (j == n_mb - 1 && o->layer_hook) { /* last micro-batch: gradients become final layer by layer */
             a->layer_hook = o->layer_hook;
             a->layer_hook_ctx = o->layer_hook_ctx;
         }
-        model_backward(m, a, p.dlogp, o->want_entropy ? p.dent : NULL, (float)(o->aux_coef * share));
+        model_backward(m, a, p.dlogp, o->want_entropy ? p.dent : NULL, (float)aux_w);
         a->layer_hook = NULL;
         a->layer_hook_ctx = NULL;
         out->n_tokens += N;
@@ -131,6 +142,38 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
     pack_buf_free(&p);
     free(mb);
     return rc;
+}
+
+int compute_router_counts(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
+                          double *counts) {
+    int *mb = xmalloc((n + 1) * sizeof(int));
+    int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
+    if (n_mb < 0) {
+        free(mb);
+        return MOERL_ERR;
+    }
+    pack_buf p;
+    pack_buf_init(&p, max_tokens);
+    int rc = MOERL_OK;
+    for (int j = 0; j < n_mb; j++) {
+        int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
+        if (model_forward(m, a, p.tok, p.cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK) {
+            rc = MOERL_ERR;
+            break;
+        }
+        if (a->n_moe_layers > 0)
+            for (int e = 0; e < m->cfg.num_experts; e++) counts[e] += a->aux_counts[e];
+    }
+    pack_buf_free(&p);
+    free(mb);
+    return rc;
+}
+
+int count_microbatches(const train_seq *seqs, int n, int max_tokens) {
+    int *mb = xmalloc((n + 1) * sizeof(int));
+    int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
+    free(mb);
+    return n_mb;
 }
 
 float lr_schedule(const char *style, int64_t step, int64_t total, float lr, float warmup_ratio, float min_lr_ratio) {

@@ -47,6 +47,16 @@ typedef struct {
     int64_t total_tokens;
     void (*layer_hook)(void *ctx, int group);
     void *layer_hook_ctx;
+    /* Global load-balancing loss (HF load_balancing_loss_func over the WHOLE mini-batch):
+     * aux_counts[E] = top-k selections per expert summed over every MoE layer, micro-batch and
+     *   data-parallel rank of the mini-batch (compute_router_counts, then a sum over ranks), with
+     *   total_tokens its token count; then the aux gradient is exactly that of the mini-batch's aux
+     *   whatever the micro-batch and rank split. NULL: each micro-batch forms its own aux.
+     * aux_psum_out[E]: when aux_counts is set, Σ of the router probabilities per expert over this
+     *   call's micro-batches is ADDED here (the caller sums over ranks and forms the value
+     *   E·Σ_e counts_e·psum_e/(L·N_total)²). */
+    const double *aux_counts;
+    double *aux_psum_out;
 } train_step_opts;
 
 typedef struct {
@@ -67,6 +77,13 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
  * recomputation. */
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp);
+
+/* Forward only over all sequences (micro-batched as train_accumulate packs them): ADDS each MoE
+ * layer's top-k selections per expert into counts[E] (the aux loss's f numerator). */
+int compute_router_counts(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
+                          double *counts);
+/* Micro-batches pack_microbatches makes of the sequences (MOERL_ERR if one does not fit). */
+int count_microbatches(const train_seq *seqs, int n, int max_tokens);
 
 /* Learning rate at step (0-based) of total: linear warmup over warmup_ratio·total steps, then
  * "constant" or "cosine" (to min_lr_ratio·lr). Source: verl's get_cosine_schedule_with_warmup /

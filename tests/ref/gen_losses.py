@@ -9,7 +9,7 @@ The formulas are written here from their public definitions (not copied):
                   L = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)); for A < 0, L = min(L, −A·c);
                   clipped = (clipped surrogate > unclipped), dual = (L_clip > −A·c) ∧ (A < 0),
                   ppo_kl summand = −clamp(logp − old, ±20).
-  decoupled PPO   AReaL: old = π_prox, L ← L · sg[min(exp(old − μ), C)].
+  decoupled PPO   AReaL: old = π_prox, b = exp(old − μ), L ← L · sg[b] where b ≤ C, 0 where b > C (filtered).
   k3 KL           verl kl_penalty("low_var_kl"): δ = clamp(ref − logp, ±20), kl = clamp(e^δ − δ − 1, ±10).
   entropy bonus   loss = −coef · Σ w·H.
 Gradients are autograd's, with respect to logp (or the entropy). Everything is computed in float64
@@ -66,7 +66,8 @@ def ppo_ref(logp, old, behav, adv, w, elo, ehi, c, decoupled, cap):
         L = lc
         dual = torch.zeros_like(clipped)
     if decoupled:
-        bw = torch.clamp(torch.exp(old - behav), max=cap).detach()
+        b = torch.exp(old - behav)
+        bw = torch.where(b <= cap, b, torch.zeros_like(b)).detach()
         L = L * bw
     total = (L * w).sum()
     total.backward()
