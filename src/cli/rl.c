@@ -241,7 +241,13 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
     }
     rl_result res;
+    rl_install_signal_handlers();
     if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
+    if (leader && res.stop_signal) {
+        fprintf(stderr, "moerl rl: stopped by signal %d after a checkpoint; resume with the same command (output "
+                        "folder %s, trainer.resume_mode=auto)\n", res.stop_signal, rc->out_dir);
+        return 128 + res.stop_signal;
+    }
     if (leader) {
         log_info("RL done on %d processes (%d rollout, %d trainer): %lld steps, version %d, %.1f s, %.2f prompts/s, "
                  "%.0f generated tokens/s, param sync %.4f s (broadcast %.4f s, %.3f GB/s), exposed gradient "
@@ -316,7 +322,14 @@ int cmd_rl(int argc, char **argv) {
     if (!resuming && sft_warm_start(c, &m, &train, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
     if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
+    rl_install_signal_handlers();
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
+    if (res.stop_signal) {
+        fprintf(stderr, "moerl rl: stopped by signal %d after a checkpoint; resume with the same command (output "
+                        "folder %s, trainer.resume_mode=auto)\n", res.stop_signal, rc.out_dir);
+        cfg_free(c);
+        return 128 + res.stop_signal;
+    }
     log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s, trainer idle %.2f, "
              "rollouter idle %.2f, max staleness %d",
              (long long)res.steps, res.final_version, res.wall_s, res.prompts_per_s, res.tokens_per_s,

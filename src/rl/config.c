@@ -45,7 +45,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     else
         return moerl_errorf("algorithm.adv_estimator: '%s' is not one of grpo, rloo, reinforce_plus_plus_baseline", est);
     r->norm_adv_by_std = cfg_bool(c, "algorithm.norm_adv_by_std_in_grpo");
-    r->bypass_mode = cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
+    r->recompute_old = !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
     const char *is = cfg_str(c, "algorithm.rollout_correction.rollout_is");
     if (!strcmp(is, "null") || !strcmp(is, "none") || !is[0]) r->rollout_is = ROLLOUT_IS_NONE;
     else if (!strcmp(is, "token")) r->rollout_is = ROLLOUT_IS_TOKEN;
@@ -55,7 +55,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     if (!(r->rollout_is_threshold > 0) || !isfinite(r->rollout_is_threshold))
         return moerl_errorf("algorithm.rollout_correction.rollout_is_threshold must be > 0, got %g",
                             (double)r->rollout_is_threshold);
-    if (r->rollout_is != ROLLOUT_IS_NONE && r->bypass_mode)
+    if (r->rollout_is != ROLLOUT_IS_NONE && !r->recompute_old)
         return moerl_errorf("algorithm.rollout_correction.rollout_is=%s needs recomputed old logprobs: set "
                             "algorithm.rollout_correction.bypass_mode=false (with bypass the ratio is already "
                             "taken against the behaviour policy)", is);

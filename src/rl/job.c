@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,6 +88,8 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     json_object_set_new(s, "optimizer_step", json_integer(J->T.opt.step));
     json_object_set_new(s, "optimizer_skipped", json_integer(J->T.opt.skipped));
     json_object_set_new(s, "consumed_prompts", json_integer(J->consumed));
+    json_object_set_new(s, "dropped_prompts", json_integer(J->dropped));
+    json_object_set_new(s, "last_val_accuracy", isfinite(J->last_val) ? json_real(J->last_val) : json_null());
     const prompt_feed *f = J->feed;
     json_object_set_new(s, "feed_epoch", json_integer(f->epoch));
     json_object_set_new(s, "feed_pos", json_integer(f->pos));
@@ -211,6 +214,12 @@ int job_load_checkpoint(job *J, int *resumed) {
     J->T.opt.step = json_integer_value(json_object_get(s, "optimizer_step"));
     J->T.opt.skipped = json_integer_value(json_object_get(s, "optimizer_skipped"));
     J->consumed = json_integer_value(json_object_get(s, "consumed_prompts"));
+    J->dropped = json_integer_value(json_object_get(s, "dropped_prompts")); /* absent (older files): 0 */
+    {
+        json_t *lv = json_object_get(s, "last_val_accuracy");
+        J->resumed_val = json_is_number(lv) ? json_number_value(lv) : NAN;
+    }
+    J->last_ckpt_step = J->T.step;
     /* the order of the checkpoint's epoch, at its position */
     prompt_feed_seek(fd, (int)json_integer_value(json_object_get(s, "feed_epoch")),
                      json_integer_value(json_object_get(s, "feed_pos")));
@@ -244,9 +253,7 @@ int job_open_outputs(job *J, int resumed) {
     J->mw = metrics_open(p);
     snprintf(p, sizeof p, "%s/samples.jsonl", cfg->out_dir);
     J->samples = fopen(p, resumed ? "a" : "w");
-    snprintf(p, sizeof p, "%s/plot.dat", cfg->out_dir);
-    J->plotdata = fopen(p, resumed ? "a" : "w");
-    if (!J->mw || !J->samples || !J->plotdata)
+    if (!J->mw || !J->samples)
         return moerl_errorf("cannot open the run's output files under %s", cfg->out_dir);
     return MOERL_OK;
 }
@@ -254,9 +261,8 @@ int job_open_outputs(job *J, int resumed) {
 void job_close_outputs(job *J) {
     if (J->mw) metrics_close(J->mw);
     if (J->samples) fclose(J->samples);
-    if (J->plotdata) fclose(J->plotdata);
     J->mw = NULL;
-    J->samples = J->plotdata = NULL;
+    J->samples = NULL;
 }
 
 void job_log_samples(job *J, rl_group **g, int n) {
@@ -294,6 +300,11 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->expert_load_max_over_mean += b->expert_load_max_over_mean;
     a->update_s += b->update_s;
     a->reduce_exposed_s += b->reduce_exposed_s;
+    a->behav_dropped_frac += b->behav_dropped_frac;
+    a->rollout_is_mean += b->rollout_is_mean; a->rollout_is_std += b->rollout_is_std;
+    a->rollout_is_truncated_frac += b->rollout_is_truncated_frac; a->rollout_is_ess += b->rollout_is_ess;
+    a->response_clip_ratio += b->response_clip_ratio;
+    a->dropped_groups += b->dropped_groups;
 }
 
 int job_run_validation(job *J, double *acc) {
@@ -306,63 +317,74 @@ int job_run_validation(job *J, double *acc) {
 
 /* One console line and one JSONL record per version. */
 void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
+    const rl_config *cfg = J->cfg;
     const int k = J->win_steps ? J->win_steps : 1;
     train_stats *w = &J->win;
     double wall = moerl_now() - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char *keys[] = {"timing_s/gen", "timing_s/update", "timing_s/param_sync", "trainer/idle_ratio",
-                          "rollouter/idle_ratio", "fully_async/count/stale_samples_processed",
-                          "fully_async/count/current_param_version", "fully_async/partial/partial_ratio",
-                          "fully_async/partial/max_partial_span", "perf/throughput", "critic/rewards/mean",
-                          "critic/rewards/std", "response_length/mean", "response_length/max", "actor/pg_loss",
-                          "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "moe/aux_loss",
-                          "moe/expert_load_max_over_mean", "fully_async/max_staleness", "training/global_step",
-                          "actor/entropy", "actor/kl_loss", "perf/prompts_per_s",
-                          /* rl_run_dist only (written when J->is_dist) */
-                          "timing_s/grad_reduce_exposed", "timing_s/weight_bcast", "perf/weight_bcast_bytes",
-                          "perf/weight_bcast_GBps"};
-    double vals[] = {J->win_gen_wait, J->win_update, J->win_sync, t_idle, r_idle, (double)w->stale_samples,
-                     (double)J->T.version, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
-                     (double)w->max_partial_span, wall > 0 ? w->trained_tokens / wall : 0, w->reward_mean / k,
-                     w->reward_std / k, w->response_length_mean / k, w->response_length_max, w->pg_loss / k,
-                     w->pg_clipfrac / k, w->ppo_kl / k, w->grad_norm / k, w->aux_loss / k,
-                     w->expert_load_max_over_mean / k, (double)w->max_lag, (double)J->T.step, w->entropy / k,
-                     w->kl_loss / k, wall > 0 ? (w->n_samples / (double)J->cfg->n) / wall : 0,
-                     w->reduce_exposed_s, J->win_bcast_s, (double)J->bcast_bytes,
-                     J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0};
-    const int n_keys = (int)(sizeof vals / sizeof vals[0]) - (J->is_dist ? 0 : 4);
-    metrics_write(J->mw, J->T.step, n_keys, keys, vals);
-    log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f gnorm %.3f | gen %.2fs upd %.2fs "
-             "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f tok/s",
+    const char *keys[48];
+    double vals[48];
+    int n = 0;
+#define PUT(key, v) (keys[n] = (key), vals[n] = (v), n++)
+    PUT("timing_s/gen", J->win_gen_wait);
+    PUT("timing_s/update", J->win_update);
+    PUT("timing_s/param_sync", J->win_sync);
+    PUT("trainer/idle_ratio", t_idle);
+    PUT("rollouter/idle_ratio", r_idle);
+    PUT("fully_async/count/stale_samples_processed", (double)w->stale_samples);
+    PUT("fully_async/count/current_param_version", (double)J->T.version);
+    PUT("fully_async/partial/partial_ratio", w->n_samples ? (double)w->partial_samples / w->n_samples : 0);
+    PUT("fully_async/partial/max_partial_span", (double)w->max_partial_span);
+    PUT("perf/throughput", wall > 0 ? w->trained_tokens / wall : 0); /* trained tokens / s of this window */
+    PUT("critic/rewards/mean", w->reward_mean / k);
+    PUT("critic/rewards/std", w->reward_std / k);
+    PUT("response_length/mean", w->response_length_mean / k);
+    PUT("response_length/max", w->response_length_max);
+    PUT("response_length/clip_ratio", w->response_clip_ratio / k);
+    PUT("actor/pg_loss", w->pg_loss / k);
+    PUT("actor/pg_clipfrac", w->pg_clipfrac / k);
+    PUT("actor/ppo_kl", w->ppo_kl / k);
+    PUT("actor/grad_norm", w->grad_norm / k);
+    PUT("actor/entropy", w->entropy / k);
+    PUT("actor/kl_loss", w->kl_loss / k);
+    PUT("moe/aux_loss", w->aux_loss / k);
+    PUT("moe/expert_load_max_over_mean", w->expert_load_max_over_mean / k);
+    PUT("fully_async/max_staleness", (double)w->max_lag);
+    PUT("training/global_step", (double)J->T.step);
+    PUT("perf/prompts_per_s", wall > 0 ? (w->n_samples / (double)cfg->n) / wall : 0);
+    if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k);
+    if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
+        PUT("rollout_corr/rollout_is_mean", w->rollout_is_mean / k);
+        PUT("rollout_corr/rollout_is_std", w->rollout_is_std / k);
+        PUT("rollout_corr/rollout_is_truncated_frac", w->rollout_is_truncated_frac / k);
+        PUT("rollout_corr/rollout_is_eff_sample_size", w->rollout_is_ess / k);
+    }
+    if (cfg->filter_groups) {
+        const double kept = (double)w->n_samples / cfg->n;
+        PUT("filter_groups/dropped_groups", (double)w->dropped_groups);
+        PUT("filter_groups/dropped_ratio", kept + w->dropped_groups > 0 ? w->dropped_groups / (kept + w->dropped_groups) : 0);
+    }
+    if (J->is_dist) {
+        PUT("timing_s/grad_reduce_exposed", w->reduce_exposed_s);
+        PUT("timing_s/weight_bcast", J->win_bcast_s);
+        PUT("perf/weight_bcast_bytes", (double)J->bcast_bytes);
+        PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);
+    }
+#undef PUT
+    metrics_write(J->mw, J->T.step, n, keys, vals);
+    log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
+             "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
              J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k, w->pg_clipfrac / k,
-             w->ppo_kl / k, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync, t_idle, r_idle,
-             (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0, w->max_lag,
-             wall > 0 ? w->trained_tokens / wall : 0);
-    if (J->plotdata) fprintf(J->plotdata, "%d %g %s\n", J->T.version, w->reward_mean / k, "nan");
+             w->ppo_kl / k, w->entropy / k, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync, t_idle,
+             r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
+             w->max_lag, wall > 0 ? w->trained_tokens / wall : 0);
     J->win_t0 = moerl_now();
     J->win_gen_wait = J->win_update = J->win_sync = J->win_bcast_s = 0;
     J->win_steps = 0;
 }
 
-/* ------------------------------------------------------------------ one trainer step */
-
-static int do_train_step(job *J, rl_group **groups, double gen_wait) {
-    const int req = J->R.budget.required_samples;
-    train_stats st;
-    if (trainer_step(&J->T, groups, req, &st) != MOERL_OK) return MOERL_ERR;
-    J->consumed += req;
-    job_log_samples(J, groups, req);
-    for (int i = 0; i < req; i++) rl_group_free(groups[i]);
-    J->max_lag = MOERL_MAX(J->max_lag, st.max_lag);
-    job_add_stats(&J->win, &st, J->win_steps == 0);
-    J->win_steps++;
-    J->win_gen_wait += gen_wait;
-    J->win_update += st.update_s;
-    J->sum_gen_wait += gen_wait;
-    J->sum_update += st.update_s;
-    return MOERL_OK;
-}
+/* ------------------------------------------------------------------ embedded transport */
 
 /* uids of the rollouter's in-flight groups (heap array; *n its length) */
 static int64_t *inflight_uids(const rollouter *R, int *n) {
@@ -396,11 +418,10 @@ int job_after_sync(job *J, double sync_s, double rb, double ri) {
         double acc;
         if (job_run_validation(J, &acc) != MOERL_OK) return MOERL_ERR;
         J->last_val = acc;
-        const char *k[] = {"val/accuracy"};
-        double v[] = {acc};
-        metrics_write(J->mw, J->T.step, 1, k, v);
+        const char *k[] = {"val/accuracy", "fully_async/count/current_param_version"};
+        double v[] = {acc, (double)J->T.version};
+        metrics_write(J->mw, J->T.step, 2, k, v);
         log_info("v%-3d held-out accuracy %.1f%%", J->T.version, 100 * acc);
-        if (J->plotdata) fprintf(J->plotdata, "%d nan %g\n", J->T.version, acc);
     }
     return MOERL_OK;
 }
@@ -409,55 +430,75 @@ int job_want_checkpoint(const job *J, int new_version) {
     return J->cfg->save_freq > 0 && new_version % J->cfg->save_freq == 0;
 }
 
-/* ------------------------------------------------------------------ lockstep / sync driver */
-
-static int run_lockstep(job *J) {
-    const rl_config *c = J->cfg;
-    const int req = J->R.budget.required_samples;
-    rl_group **groups = xmalloc(req * sizeof(rl_group *));
-    while (J->T.step < J->total_steps) {
-        /* generate until the trainer has a batch (or the rollouter cannot go on) */
-        double t0 = moerl_now();
-        while (rl_queue_size(&J->queue) < req) {
-            int did = rollouter_tick(&J->R);
-            if (did < 0) return MOERL_ERR;
-            if (did == 0) return moerl_errorf("rollouter idle with %d of %d groups queued: staleness budget or data "
-                                              "exhausted (a bug)", rl_queue_size(&J->queue), req);
-        }
-        double gen = moerl_now() - t0;
-        J->R.busy_s += gen;
-        MOERL_ASSERT(rl_queue_try_get_n(&J->queue, (void **)groups, req) == req);
-        if (do_train_step(J, groups, gen) != MOERL_OK) return MOERL_ERR;
-        if (J->T.step % c->trigger_parameter_sync_step == 0) {
-            double ts = moerl_now();
-            if (!c->partial_rollout) { /* let in-flight responses finish under the old weights */
-                J->R.draining = 1;
-                while (engine_num_unfinished(J->R.eng) > 0)
-                    if (rollouter_tick(&J->R) < 0) return MOERL_ERR;
-            }
-            J->R.on_paused = job_want_checkpoint(J, J->T.version + 1) ? on_paused_checkpoint : NULL;
-            J->R.on_paused_ctx = J;
-            J->T.version++;
-            if (rollouter_apply_sync(&J->R, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) return MOERL_ERR;
-            if (J->failed) return MOERL_ERR;
-            double rb = J->R.busy_s, ri = J->R.idle_s;
-            J->rollouter_busy_total += rb;
-            J->rollouter_idle_total += ri;
-            J->R.busy_s = J->R.idle_s = 0;
-            if (job_after_sync(J, moerl_now() - ts, rb, ri) != MOERL_OK) return MOERL_ERR;
-        }
-    }
-    free(groups);
-    return MOERL_OK;
-}
-
-/* ------------------------------------------------------------------ async driver */
-
 static void set_role_threads(int n) {
 #ifdef _OPENMP
     omp_set_num_threads(n > 0 ? n : 1);
 #endif
 }
+
+static int64_t *emb_inflight_uids(job *J, int *n) { return inflight_uids(&J->R, n); }
+
+static void emb_describe(job *J, char *buf, size_t len) {
+    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d groups in flight",
+             (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight);
+}
+
+static void emb_abort(job *J, const char *msg) {
+    fprintf(stderr, "moerl rl: %s\n", msg);
+    fflush(stderr);
+    _exit(3);
+}
+
+static int emb_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_group **part, int n_part) {
+    return moerl_errorf("internal: the embedded job has one trainer rank (asked to send to rank %d)", d);
+}
+
+/* --- lockstep / sync: one thread, a fixed interleaving */
+
+static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
+    const double t0 = moerl_now();
+    while (rl_queue_size(&J->queue) < n) { /* generate until the trainer has its groups */
+        if (job_stop_requested()) {
+            *waited = moerl_now() - t0;
+            return 0;
+        }
+        const int did = rollouter_tick(&J->R);
+        if (did < 0) return MOERL_ERR;
+        if (did == 0)
+            return moerl_errorf("rollouter idle with %d of %d groups queued: staleness budget or data exhausted (a bug)",
+                                rl_queue_size(&J->queue), n);
+    }
+    *waited = moerl_now() - t0;
+    J->R.busy_s += *waited;
+    MOERL_ASSERT(rl_queue_try_get_n(&J->queue, (void **)out, n) == n);
+    return n;
+}
+
+static int ls_sync(job *J, int version, double *rb, double *ri) {
+    if (!J->cfg->partial_rollout) { /* let in-flight responses finish under the old weights */
+        J->R.draining = 1;
+        while (engine_num_unfinished(J->R.eng) > 0)
+            if (rollouter_tick(&J->R) < 0) return MOERL_ERR;
+    }
+    J->R.on_paused = job_want_checkpoint(J, version) ? on_paused_checkpoint : NULL;
+    J->R.on_paused_ctx = J;
+    if (rollouter_apply_sync(&J->R, J->m->params, J->m->n_params, version) != MOERL_OK) return MOERL_ERR;
+    if (J->failed) return moerl_errorf("param sync: checkpoint failed");
+    *rb = J->R.busy_s;
+    *ri = J->R.idle_s;
+    J->R.busy_s = J->R.idle_s = 0;
+    return MOERL_OK;
+}
+
+static void ls_add_prompts(job *J, int64_t k) { atomic_fetch_add(&J->R.dropped_pending, k); }
+
+static int ls_stop(job *J, double *rb, double *ri) {
+    *rb = J->R.busy_s;
+    *ri = J->R.idle_s;
+    return MOERL_OK;
+}
+
+/* --- async: the rollouter in its own thread */
 
 static void *rollouter_main(void *arg) {
     job *J = arg;
@@ -508,94 +549,75 @@ static void *rollouter_main(void *arg) {
     return NULL;
 }
 
-static void *watchdog_main(void *arg) {
-    job *J = arg;
-    const double limit = J->cfg->watchdog_s;
-    while (!J->watchdog_stop) {
-        usleep(200000);
-        double now = moerl_now(), t_age = now - J->T.last_progress;
-        if (limit > 0 && t_age > limit && !J->watchdog_stop) {
-            fprintf(stderr,
-                    "moerl rl: watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage "
-                    "'%s', rollouter in stage '%s' (last progress %.0f s ago), queue %d groups, %d in flight\n",
-                    t_age, limit, J->T.stage, J->R.stage, now - J->R.last_progress, rl_queue_size(&J->queue),
-                    J->R.n_inflight);
-            fflush(stderr);
-            _exit(3);
-        }
-    }
-    return NULL;
+static void wake_rollouter(rollouter *R) {
+    pthread_mutex_lock(&R->mu);
+    pthread_cond_broadcast(&R->cv);
+    pthread_mutex_unlock(&R->mu);
 }
 
-static int run_async(job *J) {
-    const rl_config *c = J->cfg;
+static int as_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
     rollouter *R = &J->R;
-    const int req = R->budget.required_samples;
-    rl_group **groups = xmalloc(req * sizeof(rl_group *));
-    openblas_set_num_threads(1); /* each role runs its own OpenMP team; BLAS stays single-threaded */
-    pthread_t th;
-    if (pthread_create(&th, NULL, rollouter_main, J) != 0) return moerl_errorf("cannot start the rollouter thread");
-    set_role_threads(c->trainer_threads);
-    int rc = MOERL_OK;
-    while (J->T.step < J->total_steps) {
-        J->T.stage = "wait_samples";
-        double waited;
-        int got = rl_queue_get_n(&J->queue, (void **)groups, req, 0, &waited);
-        pthread_mutex_lock(&R->mu);
-        pthread_cond_broadcast(&R->cv); /* queue space: the rollouter may admit again */
-        pthread_mutex_unlock(&R->mu);
-        if (got != req) {
-            rc = moerl_errorf("rollouter stopped: %s", R->error[0] ? R->error : "queue closed");
-            break;
-        }
-        if (do_train_step(J, groups, waited) != MOERL_OK) {
-            rc = MOERL_ERR;
-            break;
-        }
-        if (J->T.step % c->trigger_parameter_sync_step == 0) {
-            J->T.stage = "param_sync";
-            double ts = moerl_now();
-            pthread_mutex_lock(&R->mu);
-            R->on_paused = job_want_checkpoint(J, J->T.version + 1) ? on_paused_checkpoint : NULL;
-            R->on_paused_ctx = J;
-            J->T.version++;
-            R->sync_params = J->m->params;
-            R->sync_version = J->T.version;
-            R->sync_done = 0;
-            R->sync_requested = 1;
-            pthread_cond_broadcast(&R->cv);
-            while (!R->sync_done && !R->stop) pthread_cond_wait(&R->cv, &R->mu);
-            double rb = R->busy_s, ri = R->idle_s;
-            R->busy_s = R->idle_s = 0;
-            int stopped = R->stop;
-            pthread_mutex_unlock(&R->mu);
-            if (stopped || J->failed) {
-                rc = moerl_errorf("param sync failed: %s", R->error[0] ? R->error : moerl_last_error());
-                break;
-            }
-            J->rollouter_busy_total += rb;
-            J->rollouter_idle_total += ri;
-            if (job_after_sync(J, moerl_now() - ts, rb, ri) != MOERL_OK) {
-                rc = MOERL_ERR;
-                break;
-            }
-        }
-        J->T.last_progress = moerl_now();
-    }
+    const int got = rl_queue_get_n(&J->queue, (void **)out, n, timeout_s, waited);
+    wake_rollouter(R); /* queue space: the rollouter may admit again */
+    if (got == n) return n;
+    if (got < 0) return 0; /* timeout */
+    pthread_mutex_lock(&R->mu);
+    moerl_errorf("rollouter stopped: %s", R->error[0] ? R->error : "queue closed");
+    pthread_mutex_unlock(&R->mu);
+    return MOERL_ERR;
+}
+
+static int as_sync(job *J, int version, double *rb, double *ri) {
+    rollouter *R = &J->R;
+    pthread_mutex_lock(&R->mu);
+    R->on_paused = job_want_checkpoint(J, version) ? on_paused_checkpoint : NULL;
+    R->on_paused_ctx = J;
+    R->sync_params = J->m->params;
+    R->sync_version = version;
+    R->sync_done = 0;
+    R->sync_requested = 1;
+    pthread_cond_broadcast(&R->cv);
+    while (!R->sync_done && !R->stop) pthread_cond_wait(&R->cv, &R->mu);
+    *rb = R->busy_s;
+    *ri = R->idle_s;
+    R->busy_s = R->idle_s = 0;
+    const int stopped = R->stop;
+    char err[512];
+    snprintf(err, sizeof err, "%s", R->error);
+    pthread_mutex_unlock(&R->mu);
+    if (stopped || J->failed) return moerl_errorf("param sync failed: %s", err[0] ? err : "checkpoint failed");
+    return MOERL_OK;
+}
+
+static void as_add_prompts(job *J, int64_t k) {
+    atomic_fetch_add(&J->R.dropped_pending, k);
+    wake_rollouter(&J->R);
+}
+
+static pthread_t g_rollouter_thread; /* the embedded job runs once per process */
+
+static int as_stop(job *J, double *rb, double *ri) {
+    rollouter *R = &J->R;
     pthread_mutex_lock(&R->mu);
     R->stop = 1;
     pthread_cond_broadcast(&R->cv);
     pthread_mutex_unlock(&R->mu);
-    pthread_join(th, NULL);
-    free(groups);
-    return rc;
+    pthread_join(g_rollouter_thread, NULL);
+    *rb = R->busy_s;
+    *ri = R->idle_s;
+    return MOERL_OK;
 }
+
+static const job_ops LOCKSTEP_OPS = {ls_get_groups, emb_send_part, ls_sync, ls_add_prompts, emb_inflight_uids,
+                                     ls_stop, emb_describe, emb_abort, NULL};
+static const job_ops ASYNC_OPS = {as_get_groups, emb_send_part, as_sync, as_add_prompts, emb_inflight_uids,
+                                  as_stop, emb_describe, emb_abort, NULL};
 
 /* ------------------------------------------------------------------ plot */
 
-void job_write_plot(const job *J) {
-    char gp[4200], png[4200], dat[4200];
-    snprintf(dat, sizeof dat, "%s/plot.dat", J->cfg->out_dir);
+/* Draw plot.dat with gnuplot (skipped with a warning without gnuplot). */
+static void draw_plot(const job *J, const char *dat) {
+    char gp[4200], png[4200];
     snprintf(png, sizeof png, "%s/reward_accuracy.png", J->cfg->out_dir);
     snprintf(gp, sizeof gp, "%s/plot.gp", J->cfg->out_dir);
     FILE *f = fopen(gp, "w");
@@ -614,6 +636,43 @@ void job_write_plot(const job *J) {
     else log_warn("gnuplot not available or failed: no plot (data in %s)", dat);
 }
 
+void job_plot_from_metrics(const job *J) {
+    char mp[4200], dat[4200];
+    snprintf(mp, sizeof mp, "%s/metrics.jsonl", J->cfg->out_dir);
+    snprintf(dat, sizeof dat, "%s/plot.dat", J->cfg->out_dir);
+    char *txt;
+    size_t len;
+    if (moerl_read_file(mp, &txt, &len) != MOERL_OK) {
+        log_warn("no plot: %s", moerl_last_error());
+        return;
+    }
+    size_t cap = 4096, o = 0;
+    char *out = xmalloc(cap);
+    for (char *line = txt; line < txt + len;) {
+        char *nl = memchr(line, '\n', (size_t)(txt + len - line));
+        const size_t ll = nl ? (size_t)(nl - line) + 1 : (size_t)(txt + len - line);
+        json_t *j = json_loadb(line, ll, 0, NULL);
+        json_t *ver = j ? json_object_get(j, "fully_async/count/current_param_version") : NULL;
+        json_t *rw = j ? json_object_get(j, "critic/rewards/mean") : NULL;
+        json_t *acc = j ? json_object_get(j, "val/accuracy") : NULL;
+        if (ver && (rw || acc)) {
+            if (cap - o < 128) out = xrealloc(out, cap *= 2);
+            o += (size_t)snprintf(out + o, cap - o, "%lld %.9g %.9g\n", (long long)json_number_value(ver),
+                                  rw ? json_number_value(rw) : NAN, acc ? json_number_value(acc) : NAN);
+        }
+        json_decref(j);
+        line += ll;
+    }
+    free(txt);
+    const int rc = moerl_write_file_atomic(dat, out, o);
+    free(out);
+    if (rc != MOERL_OK) {
+        log_warn("no plot: %s", moerl_last_error());
+        return;
+    }
+    draw_plot(J, dat);
+}
+
 /* ------------------------------------------------------------------ entry */
 
 int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const dataset *test, rl_result *res) {
@@ -622,91 +681,47 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     J->train = train;
     J->test = test;
     J->m = m;
-    int rc = MOERL_ERR;
+    J->n_trainers = 1;
+    J->ops = cfg->mode == RL_MODE_ASYNC ? &ASYNC_OPS : &LOCKSTEP_OPS;
+    int rc = MOERL_ERR, thread_started = 0;
     memset(res, 0, sizeof *res);
-    if (moerl_mkdirs(cfg->out_dir) != MOERL_OK) goto out0;
     staleness_budget b;
-    if (staleness_init(&b, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
-                       cfg->staleness_threshold) != MOERL_OK)
-        goto out0;
-    J->total_steps = cfg->total_training_steps > 0
-                         ? cfg->total_training_steps
-                         : (int64_t)cfg->total_epochs * dataset_count(train) / b.required_samples;
-    if (J->total_steps <= 0) {
-        moerl_errorf("no trainer steps: %lld training rows, %d prompts per step (actor.ppo_mini_batch_size × "
-                     "async_training.require_batches), trainer.total_epochs %d",
-                     (long long)dataset_count(train), b.required_samples, cfg->total_epochs);
-        goto out0;
-    }
-    if (b.required_samples > dataset_count(train)) {
-        moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × async_training.require_batches) "
-                     "but the training data has only %lld rows", b.required_samples, (long long)dataset_count(train));
-        goto out0;
-    }
-    J->total_prompts = J->total_steps * b.required_samples;
+    if (job_plan(J, &b) != MOERL_OK) goto out0;
+    if (moerl_mkdirs(cfg->out_dir) != MOERL_OK) goto out0;
     rl_queue_init(&J->queue, b.max_required_samples);
     if (rollouter_init(&J->R, cfg, train, m, &J->queue, J->total_prompts) != MOERL_OK) goto out0;
     J->feed = &J->R.feed;
     if (trainer_init(&J->T, cfg, train, m) != MOERL_OK) goto out0;
-    int resumed = 0;
-    if (cfg->resume_auto && job_load_checkpoint(J, &resumed) != MOERL_OK) goto out0;
-    if (resumed) {
-        J->R.prompts_left = J->total_prompts - J->consumed;
+    if (cfg->resume_auto && job_load_checkpoint(J, &J->resumed) != MOERL_OK) goto out0;
+    if (J->resumed) {
+        J->R.prompts_left = J->total_prompts + J->dropped - J->consumed;
         if (engine_load_weights(J->R.eng, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) goto out0;
     }
-    if (job_open_outputs(J, resumed) != MOERL_OK) goto out0;
+    if (job_open_outputs(J, J->resumed) != MOERL_OK) goto out0;
     log_info("fully-async GRPO: %lld steps × %d prompts × %d responses; staleness_threshold %g → queue %d, "
              "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
              (long long)J->total_steps, b.required_samples, cfg->n, cfg->staleness_threshold, b.max_required_samples,
              b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              cfg->mode == RL_MODE_ASYNC ? "async" : cfg->mode == RL_MODE_SYNC ? "sync" : "lockstep");
-    if (!resumed && cfg->val_n != 0) {
-        if (job_run_validation(J, &res->val_acc_start) != MOERL_OK) goto out0;
-        log_info("held-out accuracy at start: %.1f%%", 100 * res->val_acc_start);
-        const char *k[] = {"val/accuracy"};
-        double v[] = {res->val_acc_start};
-        metrics_write(J->mw, J->T.step, 1, k, v);
-        fprintf(J->plotdata, "%d nan %g\n", J->T.version, res->val_acc_start);
+    if (cfg->mode == RL_MODE_ASYNC) {
+        openblas_set_num_threads(1); /* each role runs its own OpenMP team; BLAS stays single-threaded */
+        if (pthread_create(&g_rollouter_thread, NULL, rollouter_main, J) != 0) {
+            moerl_errorf("cannot start the rollouter thread");
+            goto out0;
+        }
+        thread_started = 1;
+        set_role_threads(cfg->trainer_threads);
     }
-    pthread_t wd;
-    J->T.last_progress = moerl_now();
-    pthread_create(&wd, NULL, watchdog_main, J);
-    J->run_t0 = J->win_t0 = moerl_now();
-    int64_t step0 = J->T.step;
-    int r = cfg->mode == RL_MODE_ASYNC ? run_async(J) : run_lockstep(J);
-    double wall = moerl_now() - J->run_t0;
-    J->watchdog_stop = 1;
-    pthread_join(wd, NULL);
-    if (r != MOERL_OK) goto out0;
-    if (J->win_steps > 0) job_emit_version(J, J->R.busy_s, J->R.idle_s);
-    engine_stats es = engine_get_stats(J->R.eng);
-    res->steps = J->T.step;
-    res->prompts_trained = (J->T.step - step0) * b.required_samples;
-    res->tokens_generated = es.generated_tokens;
-    res->wall_s = wall;
-    res->prompts_per_s = res->prompts_trained / wall;
-    res->tokens_per_s = es.generated_tokens / wall;
-    res->final_version = J->T.version;
-    res->max_lag_seen = J->max_lag;
-    res->trainer_idle_ratio = wall > 0 ? J->sum_gen_wait / wall : 0;
-    double rt = J->rollouter_busy_total + J->rollouter_idle_total;
-    res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
-    if (cfg->val_n != 0) {
-        if (job_run_validation(J, &res->val_acc_end) != MOERL_OK) goto out0;
-        const char *k[] = {"val/accuracy"};
-        double v[] = {res->val_acc_end};
-        metrics_write(J->mw, J->T.step, 1, k, v);
-        fprintf(J->plotdata, "%d nan %g\n", J->T.version, res->val_acc_end);
-    }
-    /* final checkpoint: a consistent state with nothing in flight that matters */
-    if (cfg->save_freq >= 0) {
-        /* in-flight and queued groups are listed as unconsumed, so a resume redoes them */
-        if (save_checkpoint(J) != MOERL_OK) goto out0;
-    }
-    fflush(J->plotdata);
-    job_write_plot(J);
-    rc = MOERL_OK;
+    thread_started = 0; /* from here the transport's stop joins it */
+    rc = job_schedule_run(J, res);
+    res->tokens_generated = engine_get_stats(J->R.eng).generated_tokens;
+    res->tokens_per_s = res->wall_s > 0 ? res->tokens_generated / res->wall_s : 0;
+    res->stop_signal = J->stop_signal;
 out0:
+    if (thread_started) {
+        double rb, ri;
+        as_stop(J, &rb, &ri);
+    }
     job_close_outputs(J);
     if (J->R.eng) rollouter_free(&J->R);
     if (J->T.m) trainer_free(&J->T);

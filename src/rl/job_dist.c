@@ -425,7 +425,13 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
 /* ================================================================== trainer rank 0 */
 
 typedef struct {
-    job J;
+    int syncs;
+    double sync_s, bcast_s;
+    int64_t bcast_bytes;
+} sync_totals;
+
+typedef struct {
+    job J;                  /* first: the shared loop's job_ops get &J and cast back */
     dist_ctx *ctx;
     int P, n_rollout, n_trainers;
     int n_rows;
@@ -448,9 +454,8 @@ typedef struct {
     int acks;               /* acknowledgements in this round */
     double win_busy, win_idle; /* rollout busy/idle seconds reported since the last window */
     int rr;                 /* round-robin start for serving requests */
-    double watchdog_s;
-    int watchdog_stop;
-    double reduce_exposed_total; /* Σ over steps of exposed gradient-reduction seconds */
+    sync_totals tot;
+    pthread_t server;
 } leader;
 
 /* Grant what the budget allows to pending requests (called with mu held). */
@@ -606,24 +611,6 @@ static void *server_main(void *arg) {
     return NULL;
 }
 
-static void *leader_watchdog(void *arg) {
-    leader *L = arg;
-    while (!L->watchdog_stop) {
-        usleep(200000);
-        const double age = moerl_now() - L->J.T.last_progress;
-        if (L->watchdog_s > 0 && age > L->watchdog_s && !L->watchdog_stop) {
-            pthread_mutex_lock(&L->mu);
-            moerl_errorf("watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage '%s', "
-                         "queue %d groups, %d granted prompts outstanding, %d of %d rollout acknowledgements",
-                         age, L->watchdog_s, L->J.T.stage, rl_queue_size(&L->J.queue), L->n_out, L->acks,
-                         L->n_rollout);
-            pthread_mutex_unlock(&L->mu);
-            die(L->ctx, "");
-        }
-    }
-    return NULL;
-}
-
 /* Block grants and start an acknowledgement round (SYNC or STOP sent afterwards). */
 static void begin_round(leader *L, int stopping) {
     pthread_mutex_lock(&L->mu);
@@ -641,20 +628,63 @@ static int64_t *outstanding_copy(leader *L, int *n) {
     return u;
 }
 
-typedef struct {
-    int syncs;
-    double sync_s, bcast_s;
-    int64_t bcast_bytes;
-} sync_totals;
+/* ---- the transport of the shared step loop (job_ops) on trainer rank 0; J is L's first member */
+
+static void dist_describe(job *J, char *buf, size_t len) {
+    leader *L = (leader *)J;
+    pthread_mutex_lock(&L->mu);
+    snprintf(buf, len, "%d granted prompts outstanding, %d of %d rollout acknowledgements", L->n_out, L->acks,
+             L->n_rollout);
+    pthread_mutex_unlock(&L->mu);
+}
+
+static void leader_abort(job *J, const char *msg) {
+    leader *L = (leader *)J;
+    moerl_errorf("%s", msg);
+    die(L->ctx, "");
+}
+
+static int dist_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
+    const int got = rl_queue_get_n(&J->queue, (void **)out, n, timeout_s, waited);
+    if (got == n) return n;
+    if (got < 0) return 0; /* timeout */
+    return moerl_errorf("the sample queue closed with %d of %d groups", rl_queue_size(&J->queue), n);
+}
+
+static int dist_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_group **part, int n_part) {
+    leader *L = (leader *)J;
+    dist_ctx *ctx = L->ctx;
+    void *buf;
+    size_t len;
+    if (rl_train_msg_encode(RL_TRAIN_CMD_STEP, J->T.version, J->T.step, mbs, n_mb, part, &buf, &len) != MOERL_OK)
+        return MOERL_ERR;
+    const int rc = dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len);
+    free(buf);
+    return rc;
+}
+
+static void dist_add_prompts(job *J, int64_t k) {
+    leader *L = (leader *)J;
+    pthread_mutex_lock(&L->mu);
+    L->prompts_left += k;
+    staleness_on_drop(&L->budget, k);
+    pthread_mutex_unlock(&L->mu);
+}
+
+static int64_t *dist_inflight_uids(job *J, int *n) {
+    leader *L = (leader *)J;
+    pthread_mutex_lock(&L->mu);
+    int64_t *u = outstanding_copy(L, n);
+    pthread_mutex_unlock(&L->mu);
+    return u;
+}
 
 /* The parameter sync of trainer rank 0 (order in the file header). */
-static void leader_sync(leader *L, sync_totals *tot) {
+static int dist_sync(job *J, int version, double *rb, double *ri) {
+    leader *L = (leader *)J;
     dist_ctx *ctx = L->ctx;
-    job *J = &L->J;
     const rl_config *cfg = J->cfg;
     const double t0 = moerl_now();
-    J->T.stage = "param_sync";
-    const int version = J->T.version + 1;
     begin_round(L, 0);
     for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_SYNC, version, cfg->partial_rollout);
     pthread_mutex_lock(&L->mu);
@@ -667,17 +697,18 @@ static void leader_sync(leader *L, sync_totals *tot) {
                      version, (long long)in_flight, L->n_out);
         die(ctx, "protocol");
     }
-    J->T.version = version;
     /* carried-over work: in-flight groups (interrupted ones included) + queued groups */
     staleness_on_version(&L->budget, in_flight, 0, rl_queue_size(&J->queue));
-    const double rb = L->win_busy, ri = L->win_idle;
+    *rb = L->win_busy;
+    *ri = L->win_idle;
     L->win_busy = L->win_idle = 0;
     int n_inflight = 0;
     int64_t *inflight = job_want_checkpoint(J, version) ? outstanding_copy(L, &n_inflight) : NULL;
     pthread_mutex_unlock(&L->mu);
     if (inflight) { /* consistent: rollout ranks are paused, nothing arrives, grants are blocked */
-        CHECK_OK(job_save_checkpoint(J, inflight, n_inflight), "checkpoint");
+        const int c = job_save_checkpoint(J, inflight, n_inflight);
         free(inflight);
+        if (c != MOERL_OK) return MOERL_ERR;
     }
     for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_BCAST, version, cfg->partial_rollout);
     dist_xfer_stats xs;
@@ -687,83 +718,43 @@ static void leader_sync(leader *L, sync_totals *tot) {
     pthread_mutex_lock(&L->mu);
     L->blocked = 0;
     pthread_mutex_unlock(&L->mu);
-    const double sync_s = moerl_now() - t0;
     J->win_bcast_s += xs.seconds;
     J->bcast_bytes = (int64_t)xs.bytes;
-    tot->syncs++;
-    tot->sync_s += sync_s;
-    tot->bcast_s += xs.seconds;
-    tot->bcast_bytes = (int64_t)xs.bytes;
-    J->rollouter_busy_total += rb;
-    J->rollouter_idle_total += ri;
-    CHECK_OK(job_after_sync(J, sync_s, rb, ri), "after the sync");
+    L->tot.syncs++;
+    L->tot.sync_s += moerl_now() - t0;
+    L->tot.bcast_s += xs.seconds;
+    L->tot.bcast_bytes = (int64_t)xs.bytes;
     CHECK_OK(injected_failure(ctx, version), "test");
+    return MOERL_OK;
 }
 
-/* One data-parallel trainer step on required_samples groups (taken from the queue). */
-static void leader_step(leader *L, rl_group **groups, int n, double waited) {
+static uint64_t hash_params(const moe_model *m);
+
+/* Stop: rollout ranks abandon their work and acknowledge; trainer ranks leave their loop; the
+ * replicas are checked identical. */
+static int dist_stop(job *J, double *rb, double *ri) {
+    leader *L = (leader *)J;
     dist_ctx *ctx = L->ctx;
-    job *J = &L->J;
-    const rl_config *cfg = J->cfg;
-    trainer *T = &J->T;
-    const double t0 = moerl_now();
-    train_stats st;
-    memset(&st, 0, sizeof st);
-    T->stage = "reward";
-    CHECK_OK(trainer_sample_stats(T, groups, n, &st), "sample statistics");
-    /* split every mini-batch over the trainer ranks */
-    const int D = L->n_trainers, mb = cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
-    int *owner = xmalloc((size_t)n * sizeof(int));
-    rl_minibatch *mbs = xcalloc((size_t)D * nmb, sizeof(rl_minibatch)); /* [rank][mini-batch] */
-    rl_group ***part = xmalloc((size_t)D * sizeof(rl_group **));
-    int *n_part = xcalloc((size_t)D, sizeof(int));
-    for (int d = 0; d < D; d++) part[d] = xmalloc((size_t)(n ? n : 1) * sizeof(rl_group *));
-    for (int b = 0; b < nmb; b++) {
-        const int g0 = b * mb, g1 = MOERL_MIN(n, (b + 1) * mb);
-        rl_split_minibatch(groups + g0, g1 - g0, D, owner + g0);
-        int64_t rt = 0, tt = 0;
-        for (int g = g0; g < g1; g++) {
-            rt += rl_group_resp_tokens(groups[g]);
-            tt += rl_group_tokens(groups[g]);
-        }
-        for (int d = 0; d < D; d++) {
-            mbs[d * nmb + b].resp_tokens = rt;
-            mbs[d * nmb + b].tokens = tt;
-        }
-        for (int g = g0; g < g1; g++) { /* each rank's groups in mini-batch order */
-            const int d = owner[g];
-            part[d][n_part[d]++] = groups[g];
-            mbs[d * nmb + b].n_groups++;
-        }
-    }
-    T->stage = "send_parts";
-    for (int d = 1; d < D; d++) {
+    begin_round(L, 1);
+    for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_STOP, J->T.version, 0);
+    for (int d = 1; d < L->n_trainers; d++) {
         void *buf;
         size_t len;
-        CHECK_OK(rl_train_msg_encode(RL_TRAIN_CMD_STEP, T->version, T->step, mbs + d * nmb, nmb, part[d], &buf, &len),
-                 "encoding a train message");
-        CHECK_OK(dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len), "sending a train message");
+        CHECK_OK(rl_train_msg_encode(RL_TRAIN_CMD_STOP, J->T.version, J->T.step, NULL, 0, NULL, &buf, &len), "stop");
+        CHECK_OK(dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len), "sending stop");
         free(buf);
     }
-    CHECK_OK(trainer_update(T, part[0], mbs, nmb, &st), "trainer step");
-    st.update_s = moerl_now() - t0;
-    J->consumed += n;
-    job_log_samples(J, groups, n);
-    for (int i = 0; i < n; i++) rl_group_free(groups[i]);
-    J->max_lag = MOERL_MAX(J->max_lag, st.max_lag);
-    L->reduce_exposed_total += st.reduce_exposed_s;
-    job_add_stats(&J->win, &st, J->win_steps == 0);
-    J->win_steps++;
-    J->win_gen_wait += waited;
-    J->win_update += st.update_s;
-    J->sum_gen_wait += waited;
-    J->sum_update += st.update_s;
-    for (int d = 0; d < D; d++) free(part[d]);
-    free(part);
-    free(n_part);
-    free(mbs);
-    free(owner);
+    pthread_join(L->server, NULL); /* returns once every STOP acknowledgement and group is in */
+    dist_reducer_free(J->T.reducer);
+    J->T.reducer = NULL;
+    check_trainers_identical(ctx, J->m, 1);
+    *rb = L->win_busy;
+    *ri = L->win_idle;
+    return MOERL_OK;
 }
+
+static const job_ops DIST_OPS = {dist_get_groups, dist_send_part, dist_sync, dist_add_prompts, dist_inflight_uids,
+                                 dist_stop, dist_describe, leader_abort, NULL};
 
 /* FNV-1a hash of the weights: equal on every trainer rank iff they stayed identical. */
 static uint64_t hash_params(const moe_model *m) {
@@ -804,26 +795,16 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     L->n_rollout = ctx->n_rollout;
     L->n_trainers = ctx->n_trainers;
     L->n_rows = (int)dataset_count(train);
-    L->watchdog_s = cfg->watchdog_s;
     J->cfg = cfg;
     J->train = train;
     J->test = test;
     J->m = m;
     J->is_dist = 1;
+    J->n_trainers = ctx->n_trainers;
+    J->ops = &DIST_OPS;
     pthread_mutex_init(&L->mu, NULL);
     pthread_cond_init(&L->cv, NULL);
-    CHECK_OK(staleness_init(&L->budget, cfg->ppo_mini_batch_size, cfg->require_batches,
-                            cfg->trigger_parameter_sync_step, cfg->staleness_threshold),
-             "configuration");
-    const int req = L->budget.required_samples;
-    J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
-                                                   : (int64_t)cfg->total_epochs * dataset_count(train) / req;
-    if (req > dataset_count(train))
-        CHECK_OK(moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × "
-                              "async_training.require_batches) but the training data has only %lld rows",
-                              req, (long long)dataset_count(train)),
-                 "configuration");
-    J->total_prompts = J->total_steps * req;
+    CHECK_OK(job_plan(J, &L->budget), "configuration");
     rl_queue_init(&J->queue, L->budget.max_required_samples);
     prompt_feed_init(&L->feed, dataset_count(train), cfg->seed);
     J->feed = &L->feed;
@@ -832,9 +813,8 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     L->ack_got = xcalloc((size_t)L->P, sizeof(int));
     L->ack = xcalloc((size_t)L->P, sizeof(ack_msg));
     CHECK_OK(trainer_init(&J->T, cfg, train, m), "trainer setup");
-    int resumed = 0;
-    if (cfg->resume_auto) CHECK_OK(job_load_checkpoint(J, &resumed), "resume");
-    L->prompts_left = J->total_prompts - J->consumed;
+    if (cfg->resume_auto) CHECK_OK(job_load_checkpoint(J, &J->resumed), "resume");
+    L->prompts_left = J->total_prompts + J->dropped - J->consumed;
     /* the starting state to the other trainer ranks, the weights to the rollout ranks */
     for (int d = 1; d < L->n_trainers; d++) send_state(ctx, &J->T, ctx->first_trainer + d);
     for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_START, J->T.version, cfg->partial_rollout);
@@ -845,111 +825,38 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     J->T.dist = ctx;
     J->T.reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
     if (!J->T.reducer) die(ctx, "gradient reducer");
-    CHECK_OK(job_open_outputs(J, resumed), "outputs");
+    CHECK_OK(job_open_outputs(J, J->resumed), "outputs");
     log_info("fully-async GRPO on %d processes: %d rollout rank(s) + %d data-parallel trainer rank(s); %lld steps × "
              "%d prompts × %d responses; staleness_threshold %g → queue %d, lag bound %d (for in-order completion); "
              "trigger_parameter_sync_step %d; partial_rollout %s; weights %.1f MB, broadcast in %.1f MiB buckets "
              "(%.3f s at start); gradient buckets %.1f MiB",
-             L->P, L->n_rollout, L->n_trainers, (long long)J->total_steps, req, cfg->n, cfg->staleness_threshold,
-             L->budget.max_required_samples, L->budget.lag_bound, cfg->trigger_parameter_sync_step,
-             cfg->partial_rollout ? "on" : "off", m->n_params * 4 / 1e6, cfg->sync_bucket_mb, xs.seconds,
-             cfg->grad_bucket_mb);
-    if (!resumed && cfg->val_n != 0) {
-        CHECK_OK(job_run_validation(J, &res->val_acc_start), "validation");
-        log_info("held-out accuracy at start: %.1f%%", 100 * res->val_acc_start);
-        const char *k[] = {"val/accuracy"};
-        double vv[] = {res->val_acc_start};
-        metrics_write(J->mw, J->T.step, 1, k, vv);
-        fprintf(J->plotdata, "%d nan %g\n", J->T.version, res->val_acc_start);
-    }
+             L->P, L->n_rollout, L->n_trainers, (long long)J->total_steps, L->budget.required_samples, cfg->n,
+             cfg->staleness_threshold, L->budget.max_required_samples, L->budget.lag_bound,
+             cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off", m->n_params * 4 / 1e6,
+             cfg->sync_bucket_mb, xs.seconds, cfg->grad_bucket_mb);
     CHECK_OK(injected_failure(ctx, -1), "test");
-    pthread_t server, wd;
-    if (pthread_create(&server, NULL, server_main, L) != 0) {
+    if (pthread_create(&L->server, NULL, server_main, L) != 0) {
         moerl_errorf("cannot start the server thread");
         die(ctx, "");
     }
-    J->T.last_progress = moerl_now();
-    if (pthread_create(&wd, NULL, leader_watchdog, L) != 0) {
-        moerl_errorf("cannot start the watchdog thread");
-        die(ctx, "");
-    }
-    J->run_t0 = J->win_t0 = moerl_now();
-    const int64_t step0 = J->T.step;
-    rl_group **groups = xmalloc((size_t)req * sizeof(rl_group *));
-    sync_totals tot = {0};
-    while (J->T.step < J->total_steps) {
-        J->T.stage = "wait_samples";
-        double waited;
-        const int got = rl_queue_get_n(&J->queue, (void **)groups, req, 0, &waited);
-        if (got != req) {
-            moerl_errorf("the sample queue closed with %d of %d groups", rl_queue_size(&J->queue), req);
-            die(ctx, "");
-        }
-        leader_step(L, groups, req, waited);
-        if (J->T.step % cfg->trigger_parameter_sync_step == 0) leader_sync(L, &tot);
-        J->T.last_progress = moerl_now();
-    }
-    free(groups);
-    /* stop: rollout ranks abandon their work and acknowledge; trainer ranks leave their loop */
-    J->T.stage = "stop";
-    begin_round(L, 1);
-    for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_STOP, J->T.version, 0);
-    for (int d = 1; d < L->n_trainers; d++) {
-        void *buf;
-        size_t len;
-        CHECK_OK(rl_train_msg_encode(RL_TRAIN_CMD_STOP, J->T.version, J->T.step, NULL, 0, NULL, &buf, &len), "stop");
-        CHECK_OK(dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len), "sending stop");
-        free(buf);
-    }
-    pthread_join(server, NULL); /* returns once every STOP acknowledgement and group is in */
-    const double wall = moerl_now() - J->run_t0;
-    L->watchdog_stop = 1;
-    pthread_join(wd, NULL);
-    dist_reducer_free(J->T.reducer);
-    J->T.reducer = NULL;
-    check_trainers_identical(ctx, m, 1);
-    J->rollouter_busy_total += L->win_busy;
-    J->rollouter_idle_total += L->win_idle;
-    if (J->win_steps > 0) job_emit_version(J, L->win_busy, L->win_idle);
+    CHECK_OK(job_schedule_run(J, res), "");
     int64_t gen = 0;
     for (int r = 0; r < L->n_rollout; r++) gen += L->ack[r].gen_tokens;
-    res->steps = J->T.step;
-    res->prompts_trained = (J->T.step - step0) * req;
     res->tokens_generated = gen;
-    res->wall_s = wall;
-    res->prompts_per_s = res->prompts_trained / wall;
-    res->tokens_per_s = gen / wall;
-    res->final_version = J->T.version;
-    res->max_lag_seen = J->max_lag;
-    res->trainer_idle_ratio = wall > 0 ? J->sum_gen_wait / wall : 0;
-    const double rt = J->rollouter_busy_total + J->rollouter_idle_total;
-    res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
+    res->tokens_per_s = res->wall_s > 0 ? gen / res->wall_s : 0;
+    res->stop_signal = J->stop_signal;
     res->rollout_ranks = L->n_rollout;
     res->trainer_ranks = L->n_trainers;
-    res->syncs = tot.syncs;
-    res->param_sync_s = tot.syncs ? tot.sync_s / tot.syncs : 0;
-    res->weight_bcast_s = tot.syncs ? tot.bcast_s / tot.syncs : 0;
-    res->weight_bcast_bytes = tot.bcast_bytes;
-    res->weight_bcast_gbps = tot.bcast_s > 0 ? (double)tot.bcast_bytes * tot.syncs / tot.bcast_s / 1e9 : 0;
-    if (cfg->val_n != 0) {
-        CHECK_OK(job_run_validation(J, &res->val_acc_end), "validation");
-        const char *k[] = {"val/accuracy"};
-        double vv[] = {res->val_acc_end};
-        metrics_write(J->mw, J->T.step, 1, k, vv);
-        fprintf(J->plotdata, "%d nan %g\n", J->T.version, res->val_acc_end);
-    }
-    if (cfg->save_freq >= 0) { /* outstanding (aborted in flight) and queued groups are unconsumed */
-        int n_inflight;
-        int64_t *inflight = outstanding_copy(L, &n_inflight);
-        CHECK_OK(job_save_checkpoint(J, inflight, n_inflight), "final checkpoint");
-        free(inflight);
-    }
-    fflush(J->plotdata);
-    job_write_plot(J);
+    res->syncs = L->tot.syncs;
+    res->param_sync_s = L->tot.syncs ? L->tot.sync_s / L->tot.syncs : 0;
+    res->weight_bcast_s = L->tot.syncs ? L->tot.bcast_s / L->tot.syncs : 0;
+    res->weight_bcast_bytes = L->tot.bcast_bytes;
+    res->weight_bcast_gbps =
+        L->tot.bcast_s > 0 ? (double)L->tot.bcast_bytes * L->tot.syncs / L->tot.bcast_s / 1e9 : 0;
+    res->grad_reduce_exposed_s = J->reduce_exposed_total;
     job_close_outputs(J);
     for (int r = 0; r < L->P; r++)
         if (r != ctx->world_rank) send_cmd(ctx, r, CMD_BYE, J->T.version, 0);
-    res->grad_reduce_exposed_s = L->reduce_exposed_total;
     trainer_free(&J->T);
     void *g;
     while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);

@@ -9,7 +9,38 @@
 #include "base/log.h"
 #include "rl/rl.h"
 
+typedef struct job job;
+
+/* The transport of the one step loop (src/rl/schedule.c): how finished groups reach the trainer,
+ * how a step's share reaches the other data-parallel trainer ranks and how new weights reach the
+ * rollout side. Embedded (job.c: a rollouter thread or the same thread) and MPI (job_dist.c:
+ * rollout ranks behind trainer rank 0's admission server) implement it; the loop is shared. */
 typedef struct {
+    /* Take exactly n finished groups from the queue (waiting at most timeout_s; 0 = forever):
+     * returns n, 0 on timeout (nothing taken), MOERL_ERR when the rollout side failed. *waited_s
+     * gets the seconds spent waiting. Lockstep: generates until n are there. */
+    int (*get_groups)(job *J, rl_group **out, int n, double timeout_s, double *waited_s);
+    /* Send trainer rank d ≥ 1 its share of the step (n_part groups, n_mb mini-batch descriptors). */
+    int (*send_part)(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_group **part, int n_part);
+    /* Weight sync to `version` (the trainer's version is already set to it): pause admission,
+     * interrupt or drain, checkpoint if job_want_checkpoint (with everything consistent), load the
+     * weights on the rollout side, resume. *rb / *ri: rollout busy / idle seconds since the last sync. */
+    int (*sync)(job *J, int version, double *rb, double *ri);
+    /* k more new prompts for the rollout side (groups dropped by filter_groups are replaced). */
+    void (*add_prompts)(job *J, int64_t k);
+    /* uids of started prompts outside the queue (in flight), heap array; *n its length. */
+    int64_t *(*inflight_uids)(job *J, int *n);
+    /* Stop the rollout side (it abandons in-flight work, listed as unconsumed by the checkpoint)
+     * and the other trainer ranks. Rollout busy/idle of the last window into *rb / *ri. */
+    int (*stop)(job *J, double *rb, double *ri);
+    /* The rollout side's state in a few words, for the watchdog. */
+    void (*describe)(job *J, char *buf, size_t len);
+    /* End the job at once with this message (watchdog): never returns. */
+    void (*abort)(job *J, const char *msg);
+    void *ctx;
+} job_ops;
+
+struct job {
     const rl_config *cfg;
     const dataset *train, *test;
     moe_model *m;
@@ -34,15 +65,40 @@ typedef struct {
     double sum_gen_wait, sum_update;
     double rollouter_busy_total, rollouter_idle_total;
     /* validation history for the plot */
-    FILE *plotdata;
     double last_val;
     int failed;
-    int watchdog_stop;
+    _Atomic int watchdog_stop;
+    int resumed;              /* resumed from a checkpoint */
     /* rl_run_dist: extra metrics per version (emitted only when is_dist) */
     int is_dist;
     double win_bcast_s;       /* weight broadcast seconds in this window */
     int64_t bcast_bytes;      /* payload bytes of the last broadcast */
-} job;
+    /* the shared step loop (schedule.c) */
+    const job_ops *ops;
+    int n_trainers;           /* data-parallel trainer ranks (1 embedded) */
+    int64_t dropped;          /* groups dropped by filter_groups (consumed, replaced by new prompts) */
+    int consecutive_skipped;  /* optimizer steps skipped in a row (non-finite) */
+    int64_t last_ckpt_step;   /* trainer step of the last checkpoint written (−1: none) */
+    double resumed_val;       /* held-out accuracy recorded in the checkpoint resumed from (NaN: none) */
+    int stop_signal;          /* the signal that stopped the run (0: none) */
+    double reduce_exposed_total; /* Σ over steps of exposed gradient-reduction seconds */
+};
+
+/* The step loop shared by the embedded and the MPI job (src/rl/schedule.c), run on the process
+ * that owns the queue (the embedded job, trainer rank 0): start validation (a new run) or the
+ * resumed accuracy, trainer steps (take groups — dropping uniform-reward groups under
+ * filter_groups —, split every mini-batch over the trainer ranks, update, log) with a weight sync
+ * every trigger_parameter_sync_step steps, a stop on SIGINT/SIGTERM or on divergence, then the
+ * final metrics, validation, checkpoint and plot. Fills res's common fields. The watchdog runs
+ * beside it. Returns MOERL_OK (also for a signal stop: J->stop_signal says which) or MOERL_ERR. */
+int job_schedule_run(job *J, rl_result *res);
+/* Checks and derived sizes shared by both jobs: required_samples, total steps and prompts (errors
+ * name the keys). */
+int job_plan(job *J, staleness_budget *b);
+/* The pending stop signal (0: none). */
+int job_stop_requested(void);
+/* Rewrite plot.dat from metrics.jsonl (train reward and held-out accuracy per version) and draw it. */
+void job_plot_from_metrics(const job *J);
 
 /* Write <out_dir>/checkpoint atomically (checkpoint.tmp, then renames): model, optimizer, and
  * trainer_state.json with the feed position and the unconsumed started prompts = the feed's pending
@@ -68,7 +124,5 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle);
 int job_after_sync(job *J, double sync_s, double rb, double ri);
 /* Is a checkpoint due at new_version (trainer.save_freq)? */
 int job_want_checkpoint(const job *J, int new_version);
-/* gnuplot of reward and accuracy per version (skipped with a warning without gnuplot). */
-void job_write_plot(const job *J);
 
 #endif

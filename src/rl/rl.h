@@ -66,10 +66,10 @@ typedef struct {
     /* algorithm.* */
     int norm_adv_by_std;
     rl_adv_estimator adv_estimator;
-    /* algorithm.rollout_correction.*: bypass_mode = 1 anchors PPO on the behaviour logprobs (no
-     * recompute); 0 recomputes π_old with the trainer's weights before the step, and rollout_is
-     * (token | sequence) multiplies the loss by min(π_old/μ, rollout_is_threshold). */
-    int bypass_mode;
+    /* algorithm.rollout_correction.*: recompute_old = !bypass_mode. 0 (bypass, the default) anchors
+     * PPO on the behaviour logprobs; 1 recomputes π_old with the trainer's weights before the step,
+     * and rollout_is (token | sequence) multiplies the loss by min(π_old/μ, rollout_is_threshold). */
+    int recompute_old;
     rollout_is_level rollout_is;
     float rollout_is_threshold;
     /* reward_model.overlong_buffer.* (DAPO shaping) and actor.overlong_filter (truncated responses masked out) */
@@ -140,8 +140,10 @@ typedef struct {
     rl_queue *queue;
     prompt_feed feed;
     int64_t prompts_left;     /* new prompts still to start (run length) */
+    _Atomic int64_t dropped_pending; /* groups the trainer dropped (filter_groups), applied at the next tick */
     rl_group **inflight;      /* started, not complete */
-    int n_inflight, cap_inflight;
+    _Atomic int n_inflight;   /* (read by the watchdog) */
+    int cap_inflight;
     gen_request **done_buf;
     int draining;             /* partial rollout off: a sync waits for in-flight work */
     /* statistics (since the last version) */
@@ -159,8 +161,9 @@ typedef struct {
      * rank 0); the callback owns the group. Returns MOERL_OK or MOERL_ERR. */
     int (*on_group_done)(void *ctx, rl_group *g);
     void *on_group_done_ctx;
-    const char *stage;        /* for the watchdog */
-    double last_progress;
+    /* read by the watchdog thread while the role runs: atomic (C11 loads/stores) */
+    _Atomic(const char *) stage;
+    _Atomic double last_progress;
     char error[512];
 } rollouter;
 
@@ -195,8 +198,8 @@ typedef struct {
     model_acts acts;
     int version;              /* current parameter version (syncs so far) */
     int64_t step;             /* trainer steps done */
-    const char *stage;
-    double last_progress;
+    _Atomic(const char *) stage; /* read by the watchdog thread: atomic */
+    _Atomic double last_progress;
     /* data parallel (rl_run_dist); NULL in the embedded job */
     dist_ctx *dist;
     dist_grad_reducer *reducer;
@@ -287,7 +290,12 @@ typedef struct {
     double weight_bcast_gbps;     /* payload GB/s of the broadcast (bytes / its mean time) */
     int64_t weight_bcast_bytes;   /* payload bytes per broadcast */
     double grad_reduce_exposed_s; /* Σ over steps of exposed gradient-reduction time (rank 0) */
+    int stop_signal;              /* SIGINT/SIGTERM stopped the run after a checkpoint (0: ran to the end) */
 } rl_result;
+/* SIGINT/SIGTERM for the main job: the first asks rl_run / rl_run_dist to stop at the next step
+ * boundary, write a checkpoint and return with res->stop_signal set (the command then exits
+ * 128 + signal); a second signal exits at once. */
+void rl_install_signal_handlers(void);
 int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const dataset *test, rl_result *res);
 
 /* The job across processes (world size > 1, roles already split with cfg->n_trainer_ranks

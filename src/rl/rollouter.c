@@ -1,6 +1,7 @@
 /* Rollouter: feeds prompts, keeps GRPO groups together, respects the staleness budget, applies
  * weight syncs at step boundaries (partial rollout: interrupt and resume). Scores nothing. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -192,6 +193,11 @@ int rollouter_tick(rollouter *R) {
     const rl_config *c = R->cfg;
     const int cap = c->max_num_seqs;
     R->stage = "admit";
+    const int64_t dropped = atomic_exchange(&R->dropped_pending, 0);
+    if (dropped > 0) { /* replacements for groups the trainer dropped, with their budget slots */
+        R->prompts_left += dropped;
+        staleness_on_drop(&R->budget, dropped);
+    }
     while (!R->draining && R->prompts_left > 0 && staleness_can_start(&R->budget, rl_queue_size(R->queue))) {
         int busy = engine_num_unfinished(R->eng);
         if (busy > 0 && busy + c->n > cap) break; /* no room: keep groups out of the engine's queue */

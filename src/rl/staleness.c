@@ -28,3 +28,8 @@ void staleness_on_start(staleness_budget *b) { b->counter++; }
 void staleness_on_version(staleness_budget *b, int64_t in_flight, int64_t interrupted, int64_t queued) {
     b->counter = in_flight + interrupted + queued;
 }
+
+void staleness_on_drop(staleness_budget *b, int64_t k) {
+    b->counter -= k;
+    if (b->counter < 0) b->counter = 0;
+}

@@ -32,6 +32,11 @@ int staleness_init(staleness_budget *b, int ppo_mini_batch_size, int require_bat
 int staleness_can_start(const staleness_budget *b, int64_t queued);
 /* A new prompt started. */
 void staleness_on_start(staleness_budget *b);
+/* k finished groups were dropped by DAPO's dynamic sampling (algorithm.filter_groups; moerl's
+ * rule, verl's fully-async trainer has none): they are consumed without training, so they give
+ * their slots back at once (counter −= k, not below 0) and as many new prompts replace them —
+ * otherwise a trainer waiting for replacements under a full budget would wait forever. */
+void staleness_on_drop(staleness_budget *b, int64_t k);
 /* Version changed: re-base on the carried-over prompts. */
 void staleness_on_version(staleness_budget *b, int64_t in_flight, int64_t interrupted, int64_t queued);
 

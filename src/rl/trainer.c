@@ -305,12 +305,12 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
  * correction does not bypass; rollout IS weights from them; reference logprobs for the KL loss. */
 static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
     const rl_config *cfg = T->cfg;
-    if (cfg->ppo.decoupled || !cfg->bypass_mode) {
+    if (cfg->ppo.decoupled || cfg->recompute_old) {
         d->prox = alloc_resp_arrays(d);
         if (compute_logprobs(T->m, &T->acts, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->prox) !=
             MOERL_OK)
             return MOERL_ERR;
-        if (!cfg->bypass_mode && cfg->rollout_is != ROLLOUT_IS_NONE) {
+        if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
             d->isw = alloc_resp_arrays(d);
             for (int s = 0; s < d->R; s++)
                 rollout_is_weights(d->isw[s], d->prox[s], d->behav[s], d->resp_len[s], cfg->rollout_is,
@@ -433,16 +433,17 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
             c.isw = d.isw ? d.isw + s0 : NULL;
             to.total_tokens = mbs[b].tokens;
             const int global_aux = want_global_aux(T, d.seqs + s0, s1 - s0);
+            memset(aux_counts, 0, (size_t)(2 * E) * sizeof(double));
             to.aux_counts = NULL;
-            to.aux_psum_out = NULL;
+            to.aux_counts_out = aux_counts; /* one micro-batch on one rank: its own counts are the global ones */
+            to.aux_psum_out = aux_psum;
             if (global_aux) { /* HF's aux over the whole mini-batch: its routing counts first */
                 T->stage = "router_counts";
-                memset(aux_counts, 0, (size_t)(2 * E) * sizeof(double));
                 if (compute_router_counts(T->m, &T->acts, d.seqs + s0, s1 - s0, mt, aux_counts) != MOERL_OK ||
                     trainers_sum(T, aux_counts, E) != MOERL_OK)
                     goto out;
                 to.aux_counts = aux_counts;
-                to.aux_psum_out = aux_psum;
+                to.aux_counts_out = NULL;
                 T->stage = "update";
             }
             train_step_out so;
@@ -454,12 +455,14 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
                 if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) goto out;
                 T->stage = "update";
             }
-            if (global_aux) { /* the value: E·Σ_e counts_e·psum_e / (L·N)², the same on every rank */
-                if (trainers_sum(T, aux_psum, E) != MOERL_OK) goto out;
+            if (T->acts.n_moe_layers > 0 && E > 0) { /* E·Σ_e counts_e·psum_e / (L·N)², the same on every rank */
+                if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) goto out;
                 const double rows = (double)T->acts.n_moe_layers * (double)mbs[b].tokens;
                 double v = 0;
                 for (int e = 0; e < E; e++) v += aux_counts[e] * aux_psum[e];
-                so.aux_loss = rows > 0 ? E * v / (rows * rows) / D : 0; /* /D: summed over ranks below */
+                so.aux_loss = rows > 0 ? E * v / (rows * rows) : 0;
+                if (!global_aux && T->reducer) so.aux_loss = 0; /* unreachable: DP always takes the global path */
+                so.aux_loss /= D; /* summed over the ranks below */
             }
             double gn;
             adamw_step(&T->opt, T->m, cfg->optim.lr, (float)loss, &gn);

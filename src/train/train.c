@@ -92,15 +92,19 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
         const double share = (double)N / (double)total;
         out->aux_loss += share * a->aux_loss;
         double aux_w = o->aux_coef * share;
-        if (o->aux_counts && a->n_moe_layers > 0) {
-            /* Global load-balancing loss: the backward's d aux/d p[t,e] = w·E·counts[e]/(L·N)² must see
-             * the mini-batch's counts and row total (L·N_total), so substitute the global counts and
-             * rescale: w = coef·(N/N_total)² turns (L·N)² into (L·N_total)². */
+        if (a->n_moe_layers > 0) {
             const int E = m->cfg.num_experts;
             if (o->aux_psum_out)
                 for (int e = 0; e < E; e++) o->aux_psum_out[e] += a->aux_psum[e];
-            for (int e = 0; e < E; e++) a->aux_counts[e] = (float)o->aux_counts[e];
-            aux_w = o->aux_coef * share * share;
+            if (o->aux_counts_out)
+                for (int e = 0; e < E; e++) o->aux_counts_out[e] += a->aux_counts[e];
+            if (o->aux_counts) {
+                /* Global load-balancing loss: the backward's d aux/d p[t,e] = w·E·counts[e]/(L·N)² must see
+                 * the mini-batch's counts and row total (L·N_total): substitute the global counts and
+                 * rescale, w = coef·(N/N_total)² turns (L·N)² into (L·N_total)². */
+                for (int e = 0; e < E; e++) a->aux_counts[e] = (float)o->aux_counts[e];
+                aux_w = o->aux_coef * share * share;
+            }
         }
         if (j == n_mb - 1 && o->layer_hook) { /* last micro-batch: gradients become final layer by layer */
             a->layer_hook = o->layer_hook;

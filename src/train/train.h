@@ -52,11 +52,11 @@ typedef struct {
      *   data-parallel rank of the mini-batch (compute_router_counts, then a sum over ranks), with
      *   total_tokens its token count; then the aux gradient is exactly that of the mini-batch's aux
      *   whatever the micro-batch and rank split. NULL: each micro-batch forms its own aux.
-     * aux_psum_out[E]: when aux_counts is set, Σ of the router probabilities per expert over this
-     *   call's micro-batches is ADDED here (the caller sums over ranks and forms the value
-     *   E·Σ_e counts_e·psum_e/(L·N_total)²). */
+     * aux_psum_out[E] / aux_counts_out[E] (each may be NULL): Σ of the router probabilities and of the
+     *   forward's top-k counts per expert over this call's micro-batches are ADDED here, so the caller
+     *   can form the value E·Σ_e counts_e·psum_e/(L·N_total)² (after summing over ranks). */
     const double *aux_counts;
-    double *aux_psum_out;
+    double *aux_psum_out, *aux_counts_out;
 } train_step_opts;
 
 typedef struct {

@@ -1,0 +1,371 @@
+/* The one step loop of the main job, shared by the embedded job (job.c) and trainer rank 0 of the
+ * MPI job (job_dist.c); the transport (job_ops) is what differs. See job_internal.h.
+ *
+ *   start: validation (new run) or the accuracy the checkpoint recorded (resume)
+ *   per step: take required_samples groups (filter_groups drops uniform-reward groups; replacements
+ *             are admitted at once) → sample statistics → split each mini-batch over the trainer
+ *             ranks (rl_split_minibatch; one rank embedded) → trainer_update → log
+ *   every trigger_parameter_sync_step steps: version+1 → transport sync (checkpoint inside when due)
+ *             → window metrics, validation every test_freq versions
+ *   stop: after total steps, on SIGINT/SIGTERM (checkpoint, then the caller exits 128+signal), or
+ *         on divergence (N consecutive non-finite optimizer steps: error, the last checkpoint kept)
+ *   end: transport stop → last window → validation → checkpoint → plot.
+ * Sources: verl recipe/fully_async_policy (trainer loop, parameter synchroniser), DAPO (dynamic
+ * sampling), reference.md. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/log.h"
+#include "rl/job_internal.h"
+#include "rl/rl.h"
+
+/* ------------------------------------------------------------------ signals */
+
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) _exit(128 + sig); /* the second signal: at once */
+    g_stop_signal = sig;
+    static const char m[] = "\nmoerl: stopping at the next step boundary (checkpoint, then exit); signal again to exit "
+                            "at once\n";
+    ssize_t w = write(2, m, sizeof m - 1);
+    (void)w;
+}
+
+void rl_install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+int job_stop_requested(void) { return g_stop_signal; }
+
+/* ------------------------------------------------------------------ plan */
+
+int job_plan(job *J, staleness_budget *b) {
+    const rl_config *cfg = J->cfg;
+    if (staleness_init(b, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
+                       cfg->staleness_threshold) != MOERL_OK)
+        return MOERL_ERR;
+    const int64_t rows = dataset_count(J->train);
+    J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
+                                                   : (int64_t)cfg->total_epochs * rows / b->required_samples;
+    if (J->total_steps <= 0)
+        return moerl_errorf("no trainer steps: %lld training rows, %d prompts per step (actor.ppo_mini_batch_size × "
+                            "async_training.require_batches), trainer.total_epochs %d",
+                            (long long)rows, b->required_samples, cfg->total_epochs);
+    if (b->required_samples > rows)
+        return moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × async_training.require_batches) "
+                            "but the training data has only %lld rows",
+                            b->required_samples, (long long)rows);
+    J->total_prompts = J->total_steps * b->required_samples;
+    J->last_ckpt_step = -1;
+    J->resumed_val = NAN;
+    J->last_val = NAN;
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ one step */
+
+/* Groups taken from the queue but not trained yet (a stop while a filtered batch was being
+ * filled): listed as unconsumed by the final checkpoint. */
+typedef struct {
+    rl_group **g;
+    int n;
+} held_groups;
+
+static void log_dropped(job *J, const rl_group *g) {
+    json_t *o = json_object();
+    json_object_set_new(o, "step", json_integer(J->T.step));
+    json_object_set_new(o, "trainer_version", json_integer(J->T.version));
+    json_object_set_new(o, "uid", json_integer(g->uid));
+    json_object_set_new(o, "epoch", json_integer(g->epoch));
+    json_object_set_new(o, "row", json_integer(g->row));
+    json_object_set_new(o, "start_version", json_integer(g->start_version));
+    json_object_set_new(o, "dropped", json_string("filter_groups: every response got the same reward"));
+    char *s = json_dumps(o, JSON_COMPACT);
+    fprintf(J->samples, "%s\n", s);
+    free(s);
+    json_decref(o);
+}
+
+/* Take req groups for one step into held (DAPO dynamic sampling drops the uniform ones). Returns
+ * 1 with held->n == req, 0 when a stop signal came first (held keeps what was taken), MOERL_ERR. */
+static int take_batch(job *J, held_groups *held, int req, double *waited, int64_t *dropped_now) {
+    const rl_config *cfg = J->cfg;
+    float *rw = xmalloc((size_t)cfg->n * sizeof(float));
+    int rc = 1;
+    *waited = 0;
+    *dropped_now = 0;
+    while (held->n < req) {
+        if (job_stop_requested()) {
+            rc = 0;
+            break;
+        }
+        double w = 0;
+        const int k = req - held->n;
+        const int got = J->ops->get_groups(J, held->g + held->n, k, 0.25, &w);
+        *waited += w;
+        if (got < 0) {
+            rc = MOERL_ERR;
+            break;
+        }
+        for (int i = 0; i < got; i++) {
+            rl_group *g = held->g[held->n];
+            if (cfg->filter_groups) {
+                if (trainer_group_rewards(&J->T, g, rw, NULL) != MOERL_OK) {
+                    rc = MOERL_ERR;
+                    break;
+                }
+                if (rl_group_uniform_reward(rw, g->n)) {
+                    log_dropped(J, g);
+                    rl_group_free(g);
+                    J->consumed++;
+                    J->dropped++;
+                    (*dropped_now)++;
+                    J->ops->add_prompts(J, 1);
+                    /* close the gap: the later groups of this batch move down */
+                    memmove(held->g + held->n, held->g + held->n + 1, (size_t)(got - i - 1) * sizeof(rl_group *));
+                    continue;
+                }
+            }
+            held->n++;
+        }
+        if (rc != 1) break;
+        if (cfg->filter_groups && cfg->filter_max_num_gen_batches > 0 &&
+            *dropped_now > (int64_t)cfg->filter_max_num_gen_batches * req) {
+            rc = moerl_errorf("algorithm.filter_groups dropped %lld groups (every response with the same reward) "
+                              "while filling step %lld, more than max_num_gen_batches=%d steps' worth: the task gives "
+                              "no learning signal to this policy (all right or all wrong); raise "
+                              "algorithm.filter_groups.max_num_gen_batches, rollout.n or the task's difficulty range",
+                              (long long)*dropped_now, (long long)J->T.step + 1, cfg->filter_max_num_gen_batches);
+            break;
+        }
+    }
+    free(rw);
+    return rc;
+}
+
+/* One trainer step over n groups: statistics, the data-parallel split, the update, the log. */
+static int train_step(job *J, rl_group **groups, int n, double waited, int64_t dropped_now) {
+    const rl_config *cfg = J->cfg;
+    trainer *T = &J->T;
+    const double t0 = moerl_now();
+    train_stats st;
+    memset(&st, 0, sizeof st);
+    T->stage = "reward";
+    if (trainer_sample_stats(T, groups, n, &st) != MOERL_OK) return MOERL_ERR;
+    const int D = J->n_trainers, mb = cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
+    int *owner = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    rl_minibatch *mbs = xcalloc((size_t)D * nmb, sizeof(rl_minibatch)); /* [rank][mini-batch] */
+    rl_group ***part = xmalloc((size_t)D * sizeof(rl_group **));
+    int *n_part = xcalloc((size_t)D, sizeof(int));
+    for (int d = 0; d < D; d++) part[d] = xmalloc((size_t)(n ? n : 1) * sizeof(rl_group *));
+    for (int b = 0; b < nmb; b++) {
+        const int g0 = b * mb, g1 = MOERL_MIN(n, (b + 1) * mb);
+        rl_split_minibatch(groups + g0, g1 - g0, D, owner + g0);
+        int64_t rt = 0, tt = 0;
+        for (int g = g0; g < g1; g++) {
+            rt += rl_group_resp_tokens(groups[g]);
+            tt += rl_group_tokens(groups[g]);
+        }
+        for (int d = 0; d < D; d++) {
+            mbs[d * nmb + b].resp_tokens = rt;
+            mbs[d * nmb + b].tokens = tt;
+        }
+        for (int g = g0; g < g1; g++) { /* each rank's groups in mini-batch order */
+            const int d = owner[g];
+            part[d][n_part[d]++] = groups[g];
+            mbs[d * nmb + b].n_groups++;
+        }
+    }
+    int rc = MOERL_OK;
+    T->stage = "send_parts";
+    for (int d = 1; d < D && rc == MOERL_OK; d++) rc = J->ops->send_part(J, d, mbs + d * nmb, nmb, part[d], n_part[d]);
+    const int64_t skipped0 = T->opt.skipped;
+    if (rc == MOERL_OK) rc = trainer_update(T, part[0], mbs, nmb, &st);
+    for (int d = 0; d < D; d++) free(part[d]);
+    free(part);
+    free(n_part);
+    free(mbs);
+    free(owner);
+    if (rc != MOERL_OK) return MOERL_ERR;
+    J->consecutive_skipped = T->opt.skipped > skipped0 ? J->consecutive_skipped + 1 : 0;
+    st.update_s = moerl_now() - t0;
+    st.dropped_groups = dropped_now;
+    J->consumed += n;
+    job_log_samples(J, groups, n);
+    for (int i = 0; i < n; i++) rl_group_free(groups[i]);
+    J->max_lag = MOERL_MAX(J->max_lag, st.max_lag);
+    J->reduce_exposed_total += st.reduce_exposed_s;
+    job_add_stats(&J->win, &st, J->win_steps == 0);
+    J->win_steps++;
+    J->win_gen_wait += waited;
+    J->win_update += st.update_s;
+    J->sum_gen_wait += waited;
+    J->sum_update += st.update_s;
+    if (cfg->max_consecutive_skipped > 0 && J->consecutive_skipped >= cfg->max_consecutive_skipped)
+        return moerl_errorf("the run diverged: %d consecutive optimizer steps up to trainer step %lld were skipped "
+                            "because the loss or the gradient norm was not finite "
+                            "(trainer.max_consecutive_skipped_steps=%d); the last good checkpoint in %s/checkpoint is "
+                            "kept — lower actor.optim.lr or raise the clipping, then resume",
+                            J->consecutive_skipped, (long long)T->step, cfg->max_consecutive_skipped, cfg->out_dir);
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ watchdog */
+
+static void *watchdog_main(void *arg) {
+    job *J = arg;
+    const double limit = J->cfg->watchdog_s;
+    while (!atomic_load(&J->watchdog_stop)) {
+        usleep(200000);
+        const double age = moerl_now() - J->T.last_progress;
+        if (limit > 0 && age > limit && !atomic_load(&J->watchdog_stop)) {
+            char side[512] = "";
+            J->ops->describe(J, side, sizeof side);
+            char msg[1024];
+            snprintf(msg, sizeof msg,
+                     "watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage '%s'; %s; "
+                     "queue %d groups",
+                     age, limit, (const char *)J->T.stage, side, rl_queue_size(&J->queue));
+            J->ops->abort(J, msg);
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+static int do_sync(job *J) {
+    J->T.stage = "param_sync";
+    const double ts = moerl_now();
+    const int version = J->T.version + 1;
+    J->T.version = version;
+    double rb = 0, ri = 0;
+    if (J->ops->sync(J, version, &rb, &ri) != MOERL_OK) return MOERL_ERR;
+    if (job_want_checkpoint(J, version)) J->last_ckpt_step = J->T.step;
+    J->rollouter_busy_total += rb;
+    J->rollouter_idle_total += ri;
+    return job_after_sync(J, moerl_now() - ts, rb, ri);
+}
+
+static void record_validation(job *J, double acc) {
+    const char *k[] = {"val/accuracy", "fully_async/count/current_param_version"};
+    double v[] = {acc, (double)J->T.version};
+    metrics_write(J->mw, J->T.step, 2, k, v);
+    J->last_val = acc;
+}
+
+int job_schedule_run(job *J, rl_result *res) {
+    const rl_config *cfg = J->cfg;
+    const int req = J->cfg->ppo_mini_batch_size * J->cfg->require_batches;
+    if (!J->resumed && cfg->val_n != 0) {
+        if (job_run_validation(J, &res->val_acc_start) != MOERL_OK) {
+            double rb, ri;
+            J->ops->stop(J, &rb, &ri);
+            return MOERL_ERR;
+        }
+        log_info("held-out accuracy at start: %.1f%%", 100 * res->val_acc_start);
+        record_validation(J, res->val_acc_start);
+    } else if (J->resumed) {
+        res->val_acc_start = J->resumed_val;
+        J->last_val = J->resumed_val;
+        if (J->T.step >= J->total_steps)
+            log_info("nothing left to do: the run in %s finished at step %lld (version %d) of %lld; raise "
+                     "trainer.total_training_steps (or trainer.total_epochs) to continue it",
+                     cfg->out_dir, (long long)J->T.step, J->T.version, (long long)J->total_steps);
+    }
+    held_groups held = {xmalloc((size_t)req * sizeof(rl_group *)), 0};
+    pthread_t wd;
+    J->T.last_progress = moerl_now();
+    atomic_store(&J->watchdog_stop, 0);
+    if (pthread_create(&wd, NULL, watchdog_main, J) != 0) {
+        double rb, ri;
+        J->ops->stop(J, &rb, &ri);
+        free(held.g);
+        return moerl_errorf("cannot start the watchdog thread");
+    }
+    J->run_t0 = J->win_t0 = moerl_now();
+    const int64_t step0 = J->T.step;
+    int rc = MOERL_OK;
+    while (J->T.step < J->total_steps) {
+        J->T.stage = "wait_samples";
+        double waited;
+        int64_t dropped_now;
+        const int t = take_batch(J, &held, req, &waited, &dropped_now);
+        if (t < 0) {
+            rc = MOERL_ERR;
+            break;
+        }
+        if (t == 0) break; /* a stop signal */
+        held.n = 0;
+        if (train_step(J, held.g, req, waited, dropped_now) != MOERL_OK) {
+            rc = MOERL_ERR;
+            break;
+        }
+        if (J->T.step % cfg->trigger_parameter_sync_step == 0 && do_sync(J) != MOERL_OK) {
+            rc = MOERL_ERR;
+            break;
+        }
+        J->T.last_progress = moerl_now();
+        if (job_stop_requested()) break;
+    }
+    J->stop_signal = job_stop_requested();
+    double rb = 0, ri = 0;
+    J->T.stage = "stop";
+    const int stop_rc = J->ops->stop(J, &rb, &ri);
+    const double wall = moerl_now() - J->run_t0;
+    atomic_store(&J->watchdog_stop, 1);
+    pthread_join(wd, NULL);
+    if (rc != MOERL_OK || stop_rc != MOERL_OK) {
+        for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
+        free(held.g);
+        return MOERL_ERR;
+    }
+    J->rollouter_busy_total += rb;
+    J->rollouter_idle_total += ri;
+    if (J->win_steps > 0) job_emit_version(J, rb, ri);
+    res->steps = J->T.step;
+    res->prompts_trained = (J->T.step - step0) * req;
+    res->wall_s = wall;
+    res->prompts_per_s = wall > 0 ? res->prompts_trained / wall : 0;
+    res->final_version = J->T.version;
+    res->max_lag_seen = J->max_lag;
+    res->trainer_idle_ratio = wall > 0 ? J->sum_gen_wait / wall : 0;
+    const double rt = J->rollouter_busy_total + J->rollouter_idle_total;
+    res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
+    res->val_acc_end = J->last_val;
+    if (cfg->val_n != 0 && J->T.step > step0 && !J->stop_signal) {
+        if (job_run_validation(J, &res->val_acc_end) != MOERL_OK) return MOERL_ERR;
+        record_validation(J, res->val_acc_end);
+    }
+    /* final checkpoint: in-flight, held and queued groups are listed as unconsumed (a resume redoes
+     * them); not rewritten when the last sync already wrote this step's checkpoint */
+    if (cfg->save_freq >= 0 && (J->last_ckpt_step != J->T.step || held.n > 0)) {
+        int n_in;
+        int64_t *in = J->ops->inflight_uids(J, &n_in);
+        in = xrealloc(in, (size_t)(n_in + held.n + 1) * sizeof(int64_t));
+        for (int i = 0; i < held.n; i++) in[n_in++] = held.g[i]->uid;
+        const int c = job_save_checkpoint(J, in, n_in);
+        free(in);
+        if (c != MOERL_OK) rc = MOERL_ERR;
+        else J->last_ckpt_step = J->T.step;
+    }
+    for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
+    free(held.g);
+    job_plot_from_metrics(J);
+    if (J->stop_signal && rc == MOERL_OK)
+        log_info("stopped by signal %d at step %lld (version %d): checkpoint in %s/checkpoint; rerun the same command "
+                 "(trainer.resume_mode=auto) to continue",
+                 J->stop_signal, (long long)J->T.step, J->T.version, cfg->out_dir);
+    return rc;
+}
