@@ -3,6 +3,8 @@
 #   test_dist     N = 2, 3, 4 ranks: bucket plan, reducer (all overlap modes) vs the exact sum, weight
 #                 broadcast, header mismatch, point-to-point, small collectives, role errors
 #   test_dist_dp  DP = 2 and 3 against DP = 1 (and DP = 3 + one rollout rank receiving the weights)
+#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss)
+#                 at DP = 2 and 3 against one rank and one micro-batch
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 # Skips (with its reason and "0 passed, 0 failed") only when mpirun is not installed. Prints
 # "N passed, N failed" (each mpirun's summed checks plus the fatal-rank checks); non-zero on failure.
@@ -53,6 +55,8 @@ for np in 2 3 4; do run_mpi "test_dist -np $np" "$np" "$T/test_dist"; done
 run_mpi "test_dist_dp -np 2 (DP=2)" 2 "$T/test_dist_dp"
 run_mpi "test_dist_dp -np 3 (DP=3)" 3 "$T/test_dist_dp"
 run_mpi "test_dist_dp -np 4 (DP=3 + rollout)" 4 "$T/test_dist_dp" --trainers 3
+run_mpi "test_dist_trainer -np 2 (DP=2)" 2 "$T/test_dist_trainer"
+run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then

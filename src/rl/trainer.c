@@ -384,8 +384,14 @@ static double expert_load_ratio(const trainer *T) {
 }
 
 /* Does this mini-batch need the global aux pre-pass? Identical on every trainer rank. */
+static int n_moe_layers(const moe_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n += moe_config_layer_is_moe(c, l);
+    return n;
+}
+
 static int want_global_aux(trainer *T, const train_seq *seqs, int n) {
-    if (!(T->m->cfg.router_aux_loss_coef > 0) || T->m->cfg.num_experts <= 0 || T->acts.n_moe_layers <= 0) return 0;
+    if (!(T->m->cfg.router_aux_loss_coef > 0) || T->m->cfg.num_experts <= 0 || n_moe_layers(&T->m->cfg) <= 0) return 0;
     if (T->reducer) return 1;
     return count_microbatches(seqs, n, T->cfg->ppo_max_token_len) > 1;
 }
@@ -455,9 +461,9 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
                 if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) goto out;
                 T->stage = "update";
             }
-            if (T->acts.n_moe_layers > 0 && E > 0) { /* E·Σ_e counts_e·psum_e / (L·N)², the same on every rank */
+            if (n_moe_layers(&T->m->cfg) > 0 && E > 0) { /* E·Σ_e counts_e·psum_e / (L·N)², the same on every rank */
                 if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) goto out;
-                const double rows = (double)T->acts.n_moe_layers * (double)mbs[b].tokens;
+                const double rows = (double)n_moe_layers(&T->m->cfg) * (double)mbs[b].tokens;
                 double v = 0;
                 for (int e = 0; e < E; e++) v += aux_counts[e] * aux_psum[e];
                 so.aux_loss = rows > 0 ? E * v / (rows * rows) : 0;

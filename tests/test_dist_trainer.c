@@ -1,0 +1,227 @@
+/* The RL trainer's aggregation is split-invariant: trainer_update over a fixed step of GRPO groups
+ * gives the same weights after K AdamW steps whether the mini-batch runs as one micro-batch on one
+ * rank (the reference), as many small micro-batches, or split over the data-parallel trainer ranks
+ * (under mpirun; in one process only the micro-batch split runs). Checked for every
+ * actor.loss_agg_mode, for REINFORCE++'s batch whitening, with DAPO's overlong filter, and with a
+ * large router_aux_loss_coef: HF's load-balancing loss is defined over all tokens of the batch, so
+ * the trainer sums routing counts over micro-batches and ranks before forming it (a loss formed per
+ * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
+ * when this test was written).
+ * Groups: generated once by a rollouter from a tiny random model (same seeds on every rank, so
+ * every rank holds the same groups). Usage: test_dist_trainer (every rank is a trainer). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "data/dataset.h"
+#include "data/tasks.h"
+#include "dist/dist.h"
+#include "model/model.h"
+#include "rl/queue.h"
+#include "rl/rl.h"
+#include "test.h"
+
+#define K_STEPS 3
+#define N_GROUPS 6
+
+static dist_ctx *g_ctx;
+static char g_dir[4096];
+static dataset g_train;
+
+static void tiny_model(moe_model *m, float aux) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = TOK_VOCAB_SIZE; c.hidden_size = 32; c.intermediate_size = 48; c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 2; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
+    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
+    c.max_position_embeddings = 256; c.rms_norm_eps = 1e-6f; c.rope_theta = 1e4f;
+    c.router_aux_loss_coef = aux; c.initializer_range = 0.02f;
+    c.bos_token_id = TOK_BOS; c.eos_token_id = TOK_EOS;
+    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
+    model_init_random(m, 23);
+}
+
+static rl_config base_config(void) {
+    rl_config c;
+    memset(&c, 0, sizeof c);
+    c.n = 4;
+    c.temperature = 1.0f;
+    c.top_p = 1.0f;
+    c.max_response_length = 12;
+    c.max_num_seqs = 32;
+    c.max_num_batched_tokens = 512;
+    c.ppo_mini_batch_size = 3; /* two mini-batches of three groups per step */
+    c.require_batches = 2;
+    c.ppo_epochs = 1;
+    c.ppo.clip_ratio_low = 0.2f;
+    c.ppo.clip_ratio_high = 0.28f;
+    c.ppo.clip_ratio_c = 3.0f;
+    c.ppo.behav_imp_weight_cap = 2.0f;
+    c.optim.lr = 3e-3f;
+    c.optim.beta1 = 0.9f;
+    c.optim.beta2 = 0.95f;
+    c.optim.eps = 1e-8f;
+    c.optim.max_grad_norm = 1.0f;
+    c.ppo_max_token_len = 4096;
+    c.norm_adv_by_std = 1;
+    c.staleness_threshold = 1.0;
+    c.trigger_parameter_sync_step = 1;
+    c.partial_rollout = 1;
+    c.mode = RL_MODE_LOCKSTEP;
+    c.rollout_threads = c.trainer_threads = 1;
+    c.total_epochs = 1;
+    c.seed = 9;
+    c.rollout_is_threshold = 2.0f;
+    return c;
+}
+
+/* N_GROUPS groups sampled from the model (identical on every rank: same weights and seeds). */
+static void make_groups(const moe_model *m, const rl_config *c, rl_group **gs) {
+    rl_queue q;
+    rl_queue_init(&q, 64);
+    rollouter R;
+    MOERL_ASSERT(rollouter_init(&R, c, &g_train, m, &q, N_GROUPS) == MOERL_OK);
+    R.budget.max_required_samples = 64;
+    while (rl_queue_size(&q) < N_GROUPS) MOERL_ASSERT(rollouter_tick(&R) >= 0);
+    MOERL_ASSERT(rl_queue_try_get_n(&q, (void **)gs, N_GROUPS) == N_GROUPS);
+    rollouter_free(&R);
+    rl_queue_destroy(&q);
+}
+
+/* K steps of trainer_update on the groups; with ranks > 1 each mini-batch is split as the job
+ * splits it and only this rank's share is passed. */
+static void train(moe_model *m, const rl_config *c, rl_group **gs, int data_parallel, double *loss) {
+    trainer T;
+    MOERL_ASSERT(trainer_init(&T, c, &g_train, m) == MOERL_OK);
+    const int D = data_parallel ? g_ctx->trainer_size : 1, me = data_parallel ? g_ctx->trainer_rank : 0;
+    if (data_parallel) {
+        T.dist = g_ctx;
+        T.reducer = dist_reducer_new(g_ctx, m, 0.01, DIST_OVERLAP_THREAD);
+        MOERL_ASSERT(T.reducer != NULL);
+    }
+    const int mb = c->ppo_mini_batch_size, nmb = N_GROUPS / mb;
+    for (int k = 0; k < K_STEPS; k++) {
+        rl_minibatch mbs[N_GROUPS];
+        rl_group *mine[N_GROUPS];
+        int n_mine = 0;
+        for (int b = 0; b < nmb; b++) {
+            int owner[N_GROUPS];
+            rl_split_minibatch(gs + b * mb, mb, D, owner);
+            mbs[b] = (rl_minibatch){0};
+            for (int g = b * mb; g < (b + 1) * mb; g++) {
+                mbs[b].resp_tokens += rl_group_resp_tokens(gs[g]);
+                mbs[b].tokens += rl_group_tokens(gs[g]);
+                if (owner[g - b * mb] == me) {
+                    mine[n_mine++] = gs[g];
+                    mbs[b].n_groups++;
+                }
+            }
+        }
+        train_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK(trainer_update(&T, mine, mbs, nmb, &st) == MOERL_OK, "trainer_update: %s", moerl_last_error());
+        loss[k] = st.pg_loss + st.aux_loss;
+    }
+    if (T.reducer) dist_reducer_free(T.reducer);
+    T.reducer = NULL;
+    trainer_free(&T);
+}
+
+typedef struct {
+    const char *name;
+    loss_agg_mode agg;
+    rl_adv_estimator est;
+    int overlong_filter;
+} variant;
+
+int main(int argc, char **argv) {
+    g_ctx = dist_init(&argc, &argv);
+    if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "test_dist_trainer: %s\n", moerl_last_error());
+        return 1;
+    }
+    const char *base = getenv("MOERL_TESTDATA");
+    if (!base || !base[0]) base = "/tmp";
+    MOERL_ASSERT(moerl_mkdirs(base) == MOERL_OK);
+    snprintf(g_dir, sizeof g_dir, "%s/test_dist_trainer_XXXXXX", base);
+    MOERL_ASSERT(mkdtemp(g_dir) != NULL);
+    char tr[4200], te[4200];
+    snprintf(tr, sizeof tr, "%s/train.jsonl", g_dir);
+    snprintf(te, sizeof te, "%s/test.jsonl", g_dir);
+    task_opts o;
+    task_opts_default(&o);
+    o.n_train = 16;
+    o.n_test = 2;
+    o.seed = 3;
+    MOERL_ASSERT(task_generate("arith", &o, tr, te) == MOERL_OK);
+    MOERL_ASSERT(dataset_load(&g_train, tr) == MOERL_OK);
+    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0},
+                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0},
+                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0},
+                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0},
+                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0},
+                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1}};
+    const int D = g_ctx->trainer_size;
+    for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
+        /* a large aux coefficient, so that a per-micro-batch or per-rank aux would show */
+        moe_model m0;
+        tiny_model(&m0, 0.5f);
+        rl_config c = base_config();
+        c.loss_agg = vs[v].agg;
+        c.adv_estimator = vs[v].est;
+        c.overlong_filter = vs[v].overlong_filter;
+        rl_group *gs[N_GROUPS];
+        make_groups(&m0, &c, gs);
+        moe_model ref, mic, dp;
+        double l_ref[K_STEPS], l_mic[K_STEPS], l_dp[K_STEPS];
+        MOERL_ASSERT(model_init(&ref, &m0.cfg) == MOERL_OK && model_init(&mic, &m0.cfg) == MOERL_OK &&
+                     model_init(&dp, &m0.cfg) == MOERL_OK);
+        memcpy(ref.params, m0.params, m0.n_params * sizeof(float));
+        memcpy(mic.params, m0.params, m0.n_params * sizeof(float));
+        memcpy(dp.params, m0.params, m0.n_params * sizeof(float));
+        train(&ref, &c, gs, 0, l_ref);
+        rl_config cm = c;
+        cm.ppo_max_token_len = 64; /* one or two sequences per micro-batch */
+        train(&mic, &cm, gs, 0, l_mic);
+        /* fp32 sums in another order (micro-batches, ranks) change gradients by ~1e-7 relative; AdamW
+         * turns that into weight differences far below lr (observed ≤ 3e-6 after 3 steps at lr 3e-3).
+         * atol 5e-5 (≈ lr/60) + rtol 1e-4 on weights of scale 0.02 leaves a margin; an aux loss formed
+         * per micro-batch moves router weights by ~lr, well beyond it. */
+        char what[160];
+        snprintf(what, sizeof what, "%s: micro-batched weights vs one micro-batch", vs[v].name);
+        t_close(what, mic.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f);
+        float lr32[K_STEPS], lm32[K_STEPS], ld32[K_STEPS];
+        for (int k = 0; k < K_STEPS; k++) {
+            lr32[k] = (float)l_ref[k];
+            lm32[k] = (float)l_mic[k];
+        }
+        snprintf(what, sizeof what, "%s: micro-batched pg_loss + aux vs one micro-batch", vs[v].name);
+        t_close(what, lm32, lr32, K_STEPS, 1e-6f, 1e-5f); /* summation order only */
+        if (D > 1) {
+            train(&dp, &c, gs, 1, l_dp);
+            for (int k = 0; k < K_STEPS; k++) ld32[k] = (float)l_dp[k];
+            snprintf(what, sizeof what, "%s: DP=%d weights vs DP=1", vs[v].name, D);
+            t_close(what, dp.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f); /* as above */
+            snprintf(what, sizeof what, "%s: DP=%d pg_loss + aux vs DP=1", vs[v].name, D);
+            t_close(what, ld32, lr32, K_STEPS, 1e-6f, 1e-5f);
+        }
+        for (int g = 0; g < N_GROUPS; g++) rl_group_free(gs[g]);
+        model_free(&ref);
+        model_free(&mic);
+        model_free(&dp);
+        model_free(&m0);
+    }
+    dataset_free(&g_train);
+    unlink(tr);
+    unlink(te);
+    rmdir(g_dir);
+    /* one count for the job: failures summed over the ranks, checks counted on rank 0 */
+    double f = t_failed;
+    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, &f, 1) == MOERL_OK);
+    if (g_ctx->trainer_rank == 0) printf("%d passed, %d failed\n", t_passed, (int)f);
+    const int rc = f > 0;
+    dist_finalize(g_ctx);
+    return rc;
+}
