@@ -118,15 +118,16 @@ int cli_build_model(const cfg *c, moe_model *m) {
             "model.decoder_sparse_step", "model.mlp_only_layers", "model.norm_topk_prob",
             "model.tie_word_embeddings", "model.rope_theta", "model.rms_norm_eps", "model.max_position_embeddings",
             "model.router_aux_loss_coef", "model.initializer_range", "model.seed"};
-        const char *path_origin = cfg_origin(c, "model.path");
-        const int path_cli = !strcmp(path_origin, "override");
+#define ORIGIN(o) (strcmp((o), "override") ? (o) : "command line")
+        const char *path_origin = ORIGIN(cfg_origin(c, "model.path"));
+        const int path_cli = !strcmp(path_origin, "command line");
         char ignored[2048] = "", conflict[2048] = "";
         for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++) {
             const char *o = cfg_origin(c, arch[i]);
             if (!strcmp(o, "default")) continue;
             char *dst = path_cli && strcmp(o, "override") ? ignored : conflict;
             size_t n = strlen(dst);
-            snprintf(dst + n, sizeof ignored - n, "%s%s (%s)", n ? ", " : "", arch[i], o);
+            snprintf(dst + n, sizeof ignored - n, "%s%s (%s)", n ? ", " : "", arch[i], ORIGIN(o));
         }
         if (conflict[0])
             return moerl_errorf("model.path (%s) loads the architecture from %s/config.json, but model.* keys are "
@@ -135,6 +136,7 @@ int cli_build_model(const cfg *c, moe_model *m) {
         if (ignored[0])
             log_warn("model.path given on the command line: the architecture comes from %s/config.json; ignored "
                      "from the config file: %s", path, ignored);
+#undef ORIGIN
         if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
         log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));
         return MOERL_OK;
