@@ -141,6 +141,8 @@ expect_err "tasks: unknown flag" "unknown or incomplete option '--bogus'" $M tas
 expect_err "tasks: --numbers for arith" "countdown task only" $M tasks --task arith --numbers 3 --out "$W/cd"
 $M tasks --task countdown --numbers 3 --out "$W/cd3" --n-train 8 --n-test 4 >/dev/null 2>&1
 check "tasks: --numbers 3 gives 3 numbers" grep -q '"numbers": *\[[0-9]*, *[0-9]*, *[0-9]*\]' "$W/cd3/test.jsonl"
+expect_err "rl: an unknown flag" "unknown option '--total-steps'" $M rl --config examples/smoke.yaml --total-steps 3
+expect_err "rl: --config=FILE is read" "unknown key 'rollout.nn'" $M rl --config=examples/smoke.yaml rollout.nn=3
 $M help >"$W/out" 2>&1
 check "moerl help" bash -c "[[ \$? -eq 0 ]] && grep -q 'commands:' '$W/out'"
 $M help rl >"$W/out" 2>&1

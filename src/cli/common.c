@@ -72,6 +72,16 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
             path = argv[++i];
             continue;
         }
+        if (!strncmp(argv[i], "--config=", 9)) {
+            path = argv[i] + 9;
+            continue;
+        }
+        if (argv[i][0] == '-') { /* e.g. --n-train 8: a flag of another command, or a typo */
+            fprintf(stderr, "moerl %s: unknown option '%s' (this command takes --config FILE and key=value "
+                            "overrides; see --help)\n", cmd, argv[i]);
+            *exit_code = 2;
+            return 2;
+        }
     }
     if (!path) {
         fprintf(stderr, "moerl %s: --config FILE is required (see --help; examples/ has configs)\n", cmd);
@@ -85,6 +95,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
     }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) { i++; continue; }
+        if (!strncmp(argv[i], "--config=", 9)) continue;
         if (!strchr(argv[i], '=')) {
             fprintf(stderr, "moerl %s: unexpected argument '%s' (expected --config FILE or key=value)\n", cmd, argv[i]);
             *exit_code = 2;
