@@ -108,7 +108,14 @@ expect_err "rl: output folder in use" "in use" $M rl "${RS[@]}" trainer.default_
 # --- second review: data fingerprint on resume, model.* with model.path, non-finite weights, data_source
 $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=2 >/dev/null 2>&1
 expect_err "rl: resume on other data refused" "other training data" $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=4 data.seed=5
-expect_err "sft: model.* with model.path" "together with model.path" $M sft --config "$W/sft.yaml" model.path="$W/sft/checkpoint" trainer.default_local_dir="$W/sft2"
+# model.path on the command line wins over the file's model.* keys (named in a warning); model.*
+# keys given beside it on the command line, or beside a model.path in the file, are all named at once
+$M sft --config "$W/sft.yaml" model.path="$W/sft/checkpoint" trainer.default_local_dir="$W/sft2" >/dev/null 2>"$W/err"
+check "sft: model.path on the command line wins over the file's model.*" test $? -eq 0
+check "sft: the ignored model.* keys are named" grep -q "ignored from the config file: model.hidden_size (.*sft.yaml:1)" "$W/err"
+expect_err "sft: model.* beside model.path on the command line" "model.num_experts (command line)" $M sft --config "$W/sft.yaml" model.path="$W/sft/checkpoint" model.num_experts=4 trainer.default_local_dir="$W/sft2b"
+printf 'model: {path: %s, hidden_size: 32, num_experts: 4}\n' "$W/sft/checkpoint" >"$W/mp.yaml"
+expect_err "rl: model.* beside model.path in a file: every key in one message" "model.hidden_size (.*model.num_experts (" $M rl --config "$W/mp.yaml" trainer.default_local_dir="$W/mp"
 cp -r "$W/sft/checkpoint" "$W/nanckpt"
 $PY - "$W/nanckpt/model.safetensors" <<'PYEOF'
 import sys; sys.path.insert(0, "tests/ref"); import st_io, torch
@@ -117,6 +124,98 @@ PYEOF
 expect_err "score: NaN weights refused" "non-finite" $M score --model "$W/nanckpt" --tokens 1,2,3
 sed 's/"data_source": *"arith"/"data_source": "nosuch"/' "$W/arith/test.jsonl" >"$W/badsrc.jsonl"
 expect_err "sft: unknown data_source at load" "badsrc.jsonl:1" $M sft --config "$W/sft.yaml" data.val_files="$W/badsrc.jsonl" trainer.default_local_dir="$W/sft3"
+
+
+# --- issue 9: new-user findings in the command line
+# an error built from the previous error keeps the file:line once and the bad name
+expect_err "rl: unknown data_source named once with the file" "badsrc.jsonl:1: no reward function for data_source 'nosuch'" $M rl "${RS[@]}" data.task= data.train_files="$W/arith/train.jsonl" data.val_files="$W/badsrc.jsonl" trainer.default_local_dir="$W/ds"
+check "rl: the file:line prefix is not doubled" test "$(grep -o 'badsrc.jsonl:1' "$W/err" | wc -l)" -eq 1
+expect_err "eval: unknown data_source names the file" "badsrc.jsonl:1: no reward function" $M eval --model "$W/sft/checkpoint" --data "$W/badsrc.jsonl"
+: >"$W/empty.jsonl"
+expect_err "eval: empty data names the file" "empty.jsonl" $M eval --model "$W/sft/checkpoint" --data "$W/empty.jsonl"
+check "eval: no doubled 'eval: eval:'" bash -c "! grep -q 'eval: eval:' '$W/err'"
+# flags: unknown / another task's options are errors; help and version
+expect_err "tasks: --digits for countdown" "arith task only" $M tasks --task countdown --digits 3 --out "$W/cd"
+check "tasks: nothing written after a refused flag" test ! -e "$W/cd"
+expect_err "tasks: unknown flag" "unknown or incomplete option '--bogus'" $M tasks --task arith --out "$W/cd" --bogus 1
+expect_err "tasks: --numbers for arith" "countdown task only" $M tasks --task arith --numbers 3 --out "$W/cd"
+$M tasks --task countdown --numbers 3 --out "$W/cd3" --n-train 8 --n-test 4 >/dev/null 2>&1
+check "tasks: --numbers 3 gives 3 numbers" grep -q '"numbers": *\[[0-9]*, *[0-9]*, *[0-9]*\]' "$W/cd3/test.jsonl"
+expect_err "rl: an unknown flag" "unknown option '--total-steps'" $M rl --config examples/smoke.yaml --total-steps 3
+expect_err "rl: --config=FILE is read" "unknown key 'rollout.nn'" $M rl --config=examples/smoke.yaml rollout.nn=3
+$M help >"$W/out" 2>&1
+check "moerl help" bash -c "[[ \$? -eq 0 ]] && grep -q 'commands:' '$W/out'"
+$M help rl >"$W/out" 2>&1
+check "moerl help rl lists the rl keys" grep -q "trainer.overwrite_output_dir" "$W/out"
+$M --version >"$W/out" 2>&1
+check "moerl --version" grep -q "^moerl [0-9]" "$W/out"
+# every JSON line is valid JSON, whatever the paths hold (quotes, spaces, backslashes)
+Q="$W/q \"dq\" back\\slash"
+$M tasks --task arith --out "$Q/t" --n-train 16 --n-test 8 >"$W/tasks.json" 2>/dev/null
+$M sft --config "$W/sft.yaml" trainer.default_local_dir="$Q/s" >"$W/sft.json" 2>/dev/null
+$M eval --model "$Q/s/checkpoint" --data "$Q/t/test.jsonl" >"$W/eval.json" 2>/dev/null
+$M rl "${RS[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$Q/r" >"$W/rl.json" 2>"$W/err"
+$PY - "$W" "$Q" <<'PYEOF'
+import json, sys
+w, q = sys.argv[1], sys.argv[2]
+t = json.load(open(w + "/tasks.json")); assert t["train"] == q + "/t/train.jsonl", t
+s = json.load(open(w + "/sft.json")); assert s["checkpoint"] == q + "/s/checkpoint", s
+e = json.load(open(w + "/eval.json")); assert e["data"] == q + "/t/test.jsonl" and 0 <= e["accuracy"] <= 1, e
+r = json.loads(open(w + "/rl.json").read().strip().splitlines()[-1])
+assert r["output_dir"] == q + "/r", r
+assert r["accuracy_sft"] is None, "no warm start: accuracy_sft must be null, got %r" % r["accuracy_sft"]
+assert r["steps"] == 2 and r["tokens_generated"] > 0, r
+PYEOF
+check "tasks/sft/eval/rl print valid JSON for paths with quotes and backslashes" test $? -eq 0
+check "rl: the plot is drawn in a folder with quotes (or gnuplot is absent)" bash -c "[[ -s '$Q/r/reward_accuracy.png' ]] || ! command -v gnuplot >/dev/null"
+check "rl: final tokens/s says what it counts" grep -q "generated tokens/s (rollout output" "$W/err"
+# A folder name that a shell would run: the plot must not run it. Active once the RL job draws
+# with base/plot.c (moerl_plot_reward_accuracy) instead of system().
+if grep -q 'system(' src/rl/job.c; then
+    echo "note: src/rl/job.c still draws the plot with system(): the \$(...) folder check waits for it"
+else
+    P="$W/it's a '\$(touch pwned)' \`touch pwned2\` 'x" # balanced quotes: a spliced path would run both
+    (cd "$W" && "$OLDPWD/$M" rl "${RS[@]/#examples/$OLDPWD/examples}" trainer.total_training_steps=2 trainer.default_local_dir="$P" >/dev/null 2>&1)
+    check "rl: a folder named with \$(...) runs nothing" bash -c "[[ ! -e '$W/pwned' && ! -e '$W/pwned2' && ! -e pwned ]]"
+    check "rl: and gets its plot" bash -c "[[ -s \"\$1/reward_accuracy.png\" ]] || ! command -v gnuplot >/dev/null" _ "$P"
+fi
+# generate: rows with only "prompt" (a string or messages), input order, the checkpoint's version
+printf '{"prompt": "What is 2+3?"}\n\n{"prompt": [{"role": "user", "content": "12+30="}]}\n{"prompt": "7+1"}\n' >"$W/p.jsonl"
+$M generate --model "$Q/r/checkpoint" --prompts "$W/p.jsonl" --max-new-tokens 5 -n 3 --seed 2 >"$W/gen.jsonl" 2>"$W/err"
+check "generate: prompt-only rows" test $? -eq 0
+$PY - "$W/gen.jsonl" "$Q/r/checkpoint/trainer_state.json" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+v = json.load(open(sys.argv[2]))["version"]
+assert v == 2, v
+assert [(r["prompt_index"], r["sample"]) for r in rows] == [(i, j) for i in range(3) for j in range(3)], "order"
+assert all(x == v for r in rows for x in r["versions"]), "versions must be the checkpoint's %d" % v
+PYEOF
+check "generate: input order and the checkpoint's policy version" test $? -eq 0
+printf '{"prompt": 5}\n' >"$W/p2.jsonl"
+expect_err "generate: a bad prompt names file:line" "p2.jsonl:1: field 'prompt'" $M generate --model "$Q/r/checkpoint" --prompts "$W/p2.jsonl"
+# resume_mode=disable into a folder holding a run is refused; trainer.overwrite_output_dir starts anew
+cp "$Q/r/metrics.jsonl" "$W/m.before"
+expect_err "rl: resume_mode=disable over a run is refused" "trainer.overwrite_output_dir=true" $M rl "${RS[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$Q/r" trainer.resume_mode=disable
+check "rl: the refused run changed nothing" cmp -s "$W/m.before" "$Q/r/metrics.jsonl"
+expect_err "rl: overwrite with resume_mode=auto is contradictory" "resume_mode=disable" $M rl "${RS[@]}" trainer.default_local_dir="$Q/r" trainer.overwrite_output_dir=true
+$M rl "${RS[@]}" trainer.total_training_steps=1 trainer.default_local_dir="$Q/r" trainer.resume_mode=disable trainer.overwrite_output_dir=true >/dev/null 2>&1
+check "rl: overwrite_output_dir starts anew" bash -c "[[ \$? -eq 0 ]] && grep -q '\"version\": 1,' \"\$1/r/checkpoint/trainer_state.json\" && [[ \$(grep -c '\"actor/pg_loss\"' \"\$1/r/metrics.jsonl\") -eq 1 ]]" _ "$Q"
+# a stray FILE named checkpoint: a clear error on the first run
+mkdir -p "$W/stray" && : >"$W/stray/checkpoint"
+expect_err "rl: a file named checkpoint" "stray/checkpoint' is a file" $M rl "${RS[@]}" trainer.default_local_dir="$W/stray"
+check "rl: nothing written beside the stray file" test ! -e "$W/stray/config.yaml"
+# a run that fails validation leaves no folder behind (a new one; parents it made are removed too)
+expect_err "rl: batch larger than the data (new folder)" "training data has only" $M rl "${RS[@]}" trainer.default_local_dir="$W/nf/deep/run" actor.ppo_mini_batch_size=1000
+check "rl: a failed start leaves no folder" test ! -e "$W/nf"
+expect_err "rl: bad model config (new folder)" "hidden_size" $M rl "${RS[@]}" trainer.default_local_dir="$W/nf2" model.hidden_size=0
+check "rl: a bad model config leaves no folder" test ! -e "$W/nf2"
+expect_err "sft: bad data (new folder)" "bad.jsonl:1" $M sft --config "$W/sft.yaml" data.train_files="$W/bad.jsonl" trainer.default_local_dir="$W/nf3"
+check "sft: a failed start leaves no folder" test ! -e "$W/nf3"
+# the gsm8k-style generator agrees in number ("1 hour", not "1 hours")
+$M tasks --task gsm8k-style --out "$W/gsm" --n-train 3000 --n-test 100 >/dev/null 2>&1
+check "gsm8k-style: no '1 <plural>'" bash -c "! grep -qE '(^|[^0-9.])1 (hours|dollars|pages|boys|girls|apples|marbles|stickers|pencils|cards|shells|coins|beads)' '$W/gsm/train.jsonl'"
+check "gsm8k-style: '1 hour' does occur (the case is exercised)" grep -q "for 1 hour[,.]" "$W/gsm/train.jsonl"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

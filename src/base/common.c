@@ -12,11 +12,16 @@
 static _Thread_local char g_err[2048];
 static moerl_abort_hook_fn g_abort_hook;
 
+/* The message is formatted into a scratch buffer first and then copied, so an argument that
+ * points into the thread's own message (moerl_errorf("ctx: %s", moerl_last_error())) reads the
+ * old text intact: vsnprintf straight into g_err would overwrite its own source as it runs. */
 int moerl_errorf(const char *fmt, ...) {
+    char tmp[sizeof g_err];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(g_err, tmp, sizeof g_err);
     return MOERL_ERR;
 }
 

@@ -18,7 +18,9 @@
 #define MOERL_ERR (-1)
 
 /* Record an error message for the calling thread (printf format). Returns MOERL_ERR so a
- * caller can write `return moerl_errorf("...")`. A later call replaces the message. */
+ * caller can write `return moerl_errorf("...")`. A later call replaces the message. An argument
+ * may be moerl_last_error() itself (the old text is read before it is replaced), though
+ * moerl_error_prefix says the same more directly. */
 int moerl_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prefix the current thread's message with more context ("loading X: " + old message). */
 int moerl_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,5 +1,8 @@
 #include "cli/common.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -69,6 +72,16 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
             path = argv[++i];
             continue;
         }
+        if (!strncmp(argv[i], "--config=", 9)) {
+            path = argv[i] + 9;
+            continue;
+        }
+        if (argv[i][0] == '-') { /* e.g. --n-train 8: a flag of another command, or a typo */
+            fprintf(stderr, "moerl %s: unknown option '%s' (this command takes --config FILE and key=value "
+                            "overrides; see --help)\n", cmd, argv[i]);
+            *exit_code = 2;
+            return 2;
+        }
     }
     if (!path) {
         fprintf(stderr, "moerl %s: --config FILE is required (see --help; examples/ has configs)\n", cmd);
@@ -82,6 +95,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
     }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) { i++; continue; }
+        if (!strncmp(argv[i], "--config=", 9)) continue;
         if (!strchr(argv[i], '=')) {
             fprintf(stderr, "moerl %s: unexpected argument '%s' (expected --config FILE or key=value)\n", cmd, argv[i]);
             *exit_code = 2;
@@ -104,19 +118,36 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
 int cli_build_model(const cfg *c, moe_model *m) {
     const char *path = cfg_str(c, "model.path");
     if (path[0]) {
-        /* the architecture comes from the checkpoint's config.json: a model.* value given as well
-         * would be silently ignored (and recorded as if it had been used) */
+        /* The architecture comes from the checkpoint's config.json, so a model.* value given as well
+         * would be silently ignored (and recorded as if it had been used). A model.path given on the
+         * command line wins over the config file's model.* keys (they are named in a note), so
+         * `--config examples/demo.yaml model.path=DIR` continues from DIR; every other combination
+         * is an error naming every conflicting key at once. */
         static const char *arch[] = {"model.vocab_size", "model.hidden_size", "model.intermediate_size",
             "model.moe_intermediate_size", "model.num_hidden_layers", "model.num_attention_heads",
             "model.num_key_value_heads", "model.head_dim", "model.num_experts", "model.num_experts_per_tok",
             "model.decoder_sparse_step", "model.mlp_only_layers", "model.norm_topk_prob",
             "model.tie_word_embeddings", "model.rope_theta", "model.rms_norm_eps", "model.max_position_embeddings",
             "model.router_aux_loss_coef", "model.initializer_range", "model.seed"};
-        for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++)
-            if (strcmp(cfg_origin(c, arch[i]), "default"))
-                return moerl_errorf("%s is set (%s) together with model.path: the architecture comes from "
-                                    "%s/config.json; drop %s or model.path", arch[i], cfg_origin(c, arch[i]), path,
-                                    arch[i]);
+#define ORIGIN(o) (strcmp((o), "override") ? (o) : "command line")
+        const char *path_origin = ORIGIN(cfg_origin(c, "model.path"));
+        const int path_cli = !strcmp(path_origin, "command line");
+        char ignored[2048] = "", conflict[2048] = "";
+        for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++) {
+            const char *o = cfg_origin(c, arch[i]);
+            if (!strcmp(o, "default")) continue;
+            char *dst = path_cli && strcmp(o, "override") ? ignored : conflict;
+            size_t n = strlen(dst);
+            snprintf(dst + n, sizeof ignored - n, "%s%s (%s)", n ? ", " : "", arch[i], ORIGIN(o));
+        }
+        if (conflict[0])
+            return moerl_errorf("model.path (%s) loads the architecture from %s/config.json, but model.* keys are "
+                                "set as well: %s; drop them, or drop model.path to build a new model",
+                                path_origin, path, conflict);
+        if (ignored[0])
+            log_warn("model.path given on the command line: the architecture comes from %s/config.json; ignored "
+                     "from the config file: %s", path, ignored);
+#undef ORIGIN
         if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
         log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));
         return MOERL_OK;
@@ -187,14 +218,94 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
         return MOERL_ERR;
     }
     if (dataset_count(train) == 0) return moerl_errorf("training data '%s' has no rows", tr);
-    const dataset *both[2] = {train, test};
-    for (int d = 0; d < 2; d++)
-        for (int64_t i = 0; i < dataset_count(both[d]); i++) {
-            const ds_row *r = dataset_row(both[d], i);
-            if (!reward_fn_for(r->data_source))
-                return moerl_errorf("%s:%lld: data_source: %s", both[d]->path, (long long)r->line, moerl_last_error());
-        }
+    if (cli_check_data_sources(train) != MOERL_OK || cli_check_data_sources(test) != MOERL_OK) return MOERL_ERR;
     return MOERL_OK;
+}
+
+int cli_check_data_sources(const dataset *ds) {
+    for (int64_t i = 0; i < dataset_count(ds); i++) {
+        const ds_row *r = dataset_row(ds, i);
+        if (!reward_fn_for(r->data_source)) return moerl_error_prefix("%s:%lld: ", ds->path, (long long)r->line);
+    }
+    return MOERL_OK;
+}
+
+int cli_outdir_check_subdirs(const char *dir, const char *const *names, int n) {
+    for (int i = 0; i < n; i++) {
+        char p[4200];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        if (lstat(p, &st) == 0 && !S_ISDIR(st.st_mode))
+            return moerl_errorf("'%s' is a file, but moerl keeps a folder of that name in the output folder: move or "
+                                "delete it, or choose another trainer.default_local_dir", p);
+    }
+    return MOERL_OK;
+}
+
+int cli_outdir_open(cli_outdir *o, const char *dir) {
+    memset(o, 0, sizeof *o);
+    if (snprintf(o->dir, sizeof o->dir, "%s", dir) >= (int)sizeof o->dir)
+        return moerl_errorf("output folder path too long: '%.100s...'", dir);
+    /* the highest missing folder on the path: what this call will create */
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    struct stat st;
+    while (p[0] && stat(p, &st) != 0) {
+        snprintf(o->top, sizeof o->top, "%s", p);
+        char *slash = strrchr(p, '/');
+        if (!slash) break;
+        while (slash > p && slash[-1] == '/') slash--; /* "a//b" */
+        *slash = 0;
+    }
+    if (moerl_mkdirs(dir) != MOERL_OK || moerl_lock_dir(dir) < 0) return MOERL_ERR;
+    return MOERL_OK;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+void cli_outdir_abandon(const cli_outdir *o) {
+    if (!o->top[0]) return;
+    static const char *setup_only[] = {".moerl.lock", "config.yaml", "data"};
+    DIR *d = opendir(o->dir);
+    if (!d) return;
+    struct dirent *e;
+    int only_setup = 1;
+    while (only_setup && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        int known = 0;
+        for (size_t i = 0; i < sizeof setup_only / sizeof setup_only[0]; i++) known |= !strcmp(e->d_name, setup_only[i]);
+        only_setup = known;
+    }
+    closedir(d);
+    if (!only_setup) return;
+    nftw(o->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    /* then the empty parents this run created, up to o->top */
+    char p[4096];
+    snprintf(p, sizeof p, "%s", o->dir);
+    while (strlen(p) > strlen(o->top)) {
+        char *slash = strrchr(p, '/');
+        if (!slash) break;
+        *slash = 0;
+        if (rmdir(p) != 0) break;
+    }
+}
+
+void cli_print_json(json_t *j, int real_precision) {
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER |
+                                JSON_REAL_PRECISION(real_precision > 0 ? real_precision : 6));
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(j);
+}
+
+void cli_print_error(const char *cmd, const char *msg) {
+    size_t n = strlen(cmd);
+    if (!strncmp(msg, cmd, n) && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
+    fprintf(stderr, "moerl %s: %s\n", cmd, msg);
 }
 
 void cli_set_threads(int n) {

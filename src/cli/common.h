@@ -3,6 +3,8 @@
 #ifndef MOERL_CLI_COMMON_H
 #define MOERL_CLI_COMMON_H
 
+#include <jansson.h>
+
 #include "base/config.h"
 #include "data/dataset.h"
 #include "model/model.h"
@@ -25,10 +27,36 @@ void cli_set_threads(int n);
 /* Write the byte-tokenizer marker next to a checkpoint (so generate can decode text). */
 int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16);
 
+/* ---- the output folder of a run (rl, sft) ---- */
+
+typedef struct {
+    char dir[4096];
+    char top[4096]; /* the highest folder this run created ("" when dir existed already) */
+} cli_outdir;
+
+/* Each `names[i]` (n of them) inside dir must be a folder when it exists: a file there (e.g. a
+ * stray file named `checkpoint`) is an error naming it and what to do, found before any work. */
+int cli_outdir_check_subdirs(const char *dir, const char *const *names, int n);
+/* Create dir (with parents) and lock it for this process (moerl_lock_dir), remembering which
+ * folders this call created. Errors: as moerl_mkdirs / moerl_lock_dir. */
+int cli_outdir_open(cli_outdir *o, const char *dir);
+/* After a failure before the run produced anything: when cli_outdir_open created the folder and
+ * it holds nothing but what setting up wrote (.moerl.lock, config.yaml, generated data/), remove it
+ * and the parents it created, so a failed start leaves nothing behind. Otherwise leave it alone. */
+void cli_outdir_abandon(const cli_outdir *o);
+
+/* Print one JSON value as a line on stdout (compact, ASCII-escaped, reals with 6 significant
+ * digits unless real_precision > 0) and free it. */
+void cli_print_json(json_t *j, int real_precision);
+/* "moerl <cmd>: <message>" on stderr, where a message that already starts with "<cmd>: " (an
+ * error made by the library for that command) does not repeat it. */
+void cli_print_error(const char *cmd, const char *msg);
+/* Check every row's data_source names a reward function; the error names file:line and the value. */
+int cli_check_data_sources(const dataset *ds);
+
 /* JSON values for command output (jansson): a non-finite number becomes null (JSON has no NaN,
  * and jansson would drop the value); text that is not valid UTF-8 has each invalid byte
  * replaced by U+FFFD, so the field is never silently missing. */
-#include <jansson.h>
 json_t *cli_json_real(double x);
 json_t *cli_json_text(const char *s, size_t len);
 

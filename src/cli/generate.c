@@ -1,18 +1,24 @@
 /* moerl generate --model DIR (--prompt-tokens 1,5,9 | --prompts FILE.jsonl) [options]
- * Runs the rollout engine and prints one JSON object per response on stdout:
+ * Runs the rollout engine and prints one JSON object per response on stdout, in input order
+ * (prompt 0's samples 0..n-1, then prompt 1's, ...; responses finish in another order and wait
+ * for their turn):
  *   {"prompt_index": i, "sample": j, "tokens": [...], "logprobs": [...], "versions": [...],
  *    "text": "..." (models with moerl's byte tokenizer), "finish_reason": "stop"|"length"}
- * Progress and throughput go to stderr. */
+ * "versions" holds the policy version of each token's weights: the checkpoint's own version, read
+ * from the trainer_state.json an RL checkpoint carries ("version"), else 0. --prompts reads JSONL
+ * rows of which only "prompt" is used (chat messages, or a plain string = one user message), so
+ * verl-style task rows and bare {"prompt": ...} rows both work. Progress and throughput go to
+ * stderr. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "rollout/engine.h"
@@ -27,8 +33,11 @@ static void gen_usage(FILE *f) {
             "  --seed S             base seed; response j of prompt i uses seed S + 1000003·i + j (default 0)\n"
             "  -n N                 samples per prompt (default 1)\n"
             "  --max-num-seqs N     sequences in flight (default 32)\n"
-            "--prompts reads verl-style JSONL (field 'prompt': chat messages) and needs a model trained with\n"
-            "moerl's byte tokenizer (vocab_size >= %d).\n",
+            "--prompts reads JSONL rows with a 'prompt' field: a list of chat messages {\"role\", \"content\"}\n"
+            "(verl's schema; other fields are ignored) or a plain string (one user message). It needs a model\n"
+            "trained with moerl's byte tokenizer (vocab_size >= %d).\n"
+            "Output: one JSON line per response, in input order (prompt, then sample). The policy version of an\n"
+            "RL checkpoint (its trainer_state.json) is reported in 'versions'.\n",
             TOK_VOCAB_SIZE);
 }
 
@@ -41,6 +50,104 @@ static int parse_num(const char *opt, const char *s, double lo, double hi, doubl
     }
     *out = v;
     return 0;
+}
+
+
+/* The prompts of a JSONL file: every non-blank line an object with "prompt", either a list of
+ * {"role", "content"} messages or a string (one user message). Other fields are ignored. Errors name
+ * file:line and what was expected. On success *out holds one token sequence per row. */
+static int read_prompts(const char *path, tok_seq **out, int *n_out) {
+    char *text;
+    size_t len;
+    if (moerl_read_file(path, &text, &len) != MOERL_OK) return MOERL_ERR;
+    tok_seq *seqs = NULL;
+    int n = 0, cap = 0, rc = MOERL_ERR;
+    long long line = 0;
+    for (size_t pos = 0; pos < len;) {
+        line++;
+        const char *s = text + pos;
+        const char *nl = memchr(s, '\n', len - pos);
+        size_t ll = nl ? (size_t)(nl - s) : len - pos;
+        pos += ll + (nl ? 1 : 0);
+        size_t k = 0;
+        while (k < ll && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r')) k++;
+        if (k == ll) continue;
+        json_error_t je;
+        json_t *o = json_loadb(s, ll, 0, &je);
+        if (!o) {
+            moerl_errorf("%s:%lld: invalid JSON at column %d: %s", path, line, je.column, je.text);
+            goto out;
+        }
+        json_t *p = json_is_object(o) ? json_object_get(o, "prompt") : NULL;
+        chat_msg one, *msgs = NULL;
+        int nm = 0;
+        const char *bad = NULL;
+        if (!p) bad = json_is_object(o) ? "the field is missing" : "the line is not a JSON object";
+        else if (json_is_string(p)) {
+            one.role = "user";
+            one.content = (char *)json_string_value(p);
+            msgs = &one;
+            nm = 1;
+        } else if (json_is_array(p) && json_array_size(p) > 0) {
+            nm = (int)json_array_size(p);
+            msgs = xcalloc(nm, sizeof *msgs);
+            for (int i = 0; i < nm && !bad; i++) {
+                json_t *m = json_array_get(p, i), *r = json_object_get(m, "role"), *c = json_object_get(m, "content");
+                if (!json_is_string(r) || !json_is_string(c)) bad = "a message without string role and content";
+                else {
+                    msgs[i].role = (char *)json_string_value(r);
+                    msgs[i].content = (char *)json_string_value(c);
+                }
+            }
+        } else bad = "neither a string nor a non-empty list of messages";
+        if (bad) {
+            moerl_errorf("%s:%lld: field 'prompt': expected a list of {\"role\", \"content\"} messages or a string, "
+                         "got %s", path, line, bad);
+            if (msgs != &one) free(msgs);
+            json_decref(o);
+            goto out;
+        }
+        if (n == cap) seqs = xrealloc(seqs, (cap = cap ? 2 * cap : 64) * sizeof *seqs);
+        memset(&seqs[n], 0, sizeof seqs[n]);
+        tok_chat_encode(msgs, nm, true, &seqs[n]);
+        n++;
+        if (msgs != &one) free(msgs);
+        json_decref(o);
+    }
+    if (n == 0) {
+        moerl_errorf("%s: no prompts (every line is blank)", path);
+        goto out;
+    }
+    rc = MOERL_OK;
+out:
+    free(text);
+    if (rc != MOERL_OK) {
+        for (int i = 0; i < n; i++) tok_seq_free(&seqs[i]);
+        free(seqs);
+        return rc;
+    }
+    *out = seqs;
+    *n_out = n;
+    return MOERL_OK;
+}
+
+/* The policy version of the checkpoint in dir: trainer_state.json's "version" (written with every
+ * RL checkpoint), or 0 when the file is absent (an SFT or HF checkpoint). A file that is present
+ * but damaged is an error naming it. */
+static int checkpoint_version(const char *dir, int *version) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    *version = 0;
+    if (access(p, F_OK) != 0) return MOERL_OK;
+    json_error_t je;
+    json_t *s = json_load_file(p, 0, &je);
+    if (!s) return moerl_errorf("%s:%d: invalid JSON: %s", p, je.line, je.text);
+    json_t *v = json_object_get(s, "version");
+    int ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 2147483647;
+    if (ok) *version = (int)json_integer_value(v);
+    json_decref(s);
+    if (!ok) return moerl_errorf("%s: field 'version': expected an integer ≥ 0 (the policy version)", p);
+    return MOERL_OK;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -79,9 +186,13 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     const int has_tok = m.cfg.vocab_size >= TOK_VOCAB_SIZE;
-    int n_prompts = 0, rc = 1;
+    int n_prompts = 0, rc = 1, version = 0;
     int **prompts = NULL, *plens = NULL;
-    dataset ds = {0};
+    if (checkpoint_version(model_dir, &version) != MOERL_OK) {
+        cli_print_error("generate", moerl_last_error());
+        model_free(&m);
+        return 1;
+    }
     if (ptoks) {
         n_prompts = 1;
         prompts = xmalloc(sizeof(int *));
@@ -99,21 +210,19 @@ int cmd_generate(int argc, char **argv) {
             model_free(&m);
             return 2;
         }
-        if (dataset_load(&ds, pfile) != MOERL_OK) {
-            fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
+        tok_seq *seqs;
+        if (read_prompts(pfile, &seqs, &n_prompts) != MOERL_OK) {
+            cli_print_error("generate", moerl_last_error());
             model_free(&m);
             return 1;
         }
-        n_prompts = (int)dataset_count(&ds);
         prompts = xmalloc(n_prompts * sizeof(int *));
         plens = xmalloc(n_prompts * sizeof(int));
         for (int i = 0; i < n_prompts; i++) {
-            const ds_row *row = dataset_row(&ds, i);
-            tok_seq s = {0};
-            tok_chat_encode(row->prompt, row->n_prompt, true, &s);
-            prompts[i] = s.ids;
-            plens[i] = (int)s.n;
+            prompts[i] = seqs[i].ids; /* owned by prompts[] from here */
+            plens[i] = (int)seqs[i].n;
         }
+        free(seqs);
     }
     int max_plen = 0;
     for (int i = 0; i < n_prompts; i++) max_plen = MOERL_MAX(max_plen, plens[i]);
@@ -125,7 +234,7 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     engine *e = engine_create(&m.cfg, ec);
-    if (!e || engine_load_weights(e, m.params, m.n_params, 0) != MOERL_OK) {
+    if (!e || engine_load_weights(e, m.params, m.n_params, version) != MOERL_OK) {
         fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
         goto out;
     }
@@ -151,6 +260,9 @@ int cmd_generate(int argc, char **argv) {
             }
         }
     gen_request **done = xmalloc((total + 1) * sizeof(gen_request *));
+    char **lines = xcalloc(total, sizeof(char *)); /* finished responses waiting for their turn */
+    int next_out = 0;
+    if (version > 0) log_info("model %s is at policy version %d (its trainer_state.json)", model_dir, version);
     double t0 = moerl_now();
     int finished = 0;
     progress pb;
@@ -177,13 +289,20 @@ int cmd_generate(int argc, char **argv) {
                 free(txt);
             }
             json_object_set_new(o, "finish_reason", json_string(finish_reason_name(r->finish)));
-            char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(7) | JSON_ENSURE_ASCII);
-            printf("%s\n", js);
-            free(js);
+            lines[r->id] = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(7) | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER);
             json_decref(o);
             finished++;
         }
-        if (k < 0) break;
+        for (; next_out < total && lines[next_out]; next_out++) { /* in input order */
+            printf("%s\n", lines[next_out]);
+            free(lines[next_out]);
+            lines[next_out] = NULL;
+        }
+        fflush(stdout);
+        if (k < 0) {
+            cli_print_error("generate", moerl_last_error());
+            break;
+        }
         if (k > 0) {
             char extra[96];
             engine_stats cur = engine_get_stats(e);
@@ -198,16 +317,19 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "moerl generate: %d responses, %lld tokens in %.2f s (%.1f tokens/s; prefill %lld tokens, %lld steps)\n",
             total, (long long)st.generated_tokens, dt, st.generated_tokens / (dt > 0 ? dt : 1e-9),
             (long long)st.prefill_tokens, (long long)st.steps);
-    for (int k = 0; k < total; k++) gen_request_free_outputs(&reqs[k]);
+    for (int k = 0; k < total; k++) {
+        gen_request_free_outputs(&reqs[k]);
+        free(lines[k]);
+    }
+    free(lines);
     free(reqs);
     free(done);
     engine_free(e);
-    rc = 0;
+    rc = next_out == total ? 0 : 1;
 out:
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
     free(plens);
-    if (pfile) dataset_free(&ds);
     model_free(&m);
     return rc;
 }

@@ -1,9 +1,13 @@
 /* moerl — entry point: dispatches subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "dist/dist.h"
+
+#define MOERL_VERSION "0.1.0"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -15,7 +19,9 @@ static void usage(FILE *f) {
             "  score     per-token logprobs, CE and aux loss     (moerl score --model DIR --tokens 1,5,9)\n"
             "  eval      accuracy of a model on a task file      (moerl eval --model DIR --data FILE.jsonl)\n"
             "  tasks     write a built-in task's train/test JSONL (moerl tasks --task arith --out DIR)\n"
-            "run 'moerl <command> --help' for a command's options.\n");
+            "  help      this text, or a command's options        (moerl help rl)\n"
+            "run 'moerl <command> --help' for a command's options; 'moerl --version' for the version.\n"
+            "Under mpirun use build/moerl-mpi (rl: rollout and trainer ranks; sft: runs on rank 0).\n");
 }
 
 typedef struct {
@@ -28,11 +34,58 @@ static const command commands[] = {
     {"rl", cmd_rl},       {"eval", cmd_eval}, {"tasks", cmd_tasks},
 };
 
+/* The size and rank an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH),
+ * or size 1 when not launched by one. */
+static int launcher_world(int *rank) {
+    static const char *sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+    static const char *ranks[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"};
+    for (int i = 0; i < 3; i++) {
+        const char *s = getenv(sizes[i]);
+        if (!s) continue;
+        const char *r = getenv(ranks[i]);
+        *rank = r ? atoi(r) : 0;
+        return atoi(s);
+    }
+    *rank = 0;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        if (argc >= 3 && !strcmp(argv[1], "help")) { /* moerl help CMD = moerl CMD --help */
+            for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+                if (!strcmp(argv[2], commands[i].name)) {
+                    char *hv[] = {argv[2], "--help", NULL};
+                    return commands[i].fn(2, hv);
+                }
+            fprintf(stderr, "moerl help: unknown command '%s'\n", argv[2]);
+            usage(stderr);
+            return 2;
+        }
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("moerl %s (%s backend%s)\n", MOERL_VERSION, dist_backend_name(),
+               strcmp(dist_backend_name(), "mpi") ? "; build/moerl-mpi is the MPI build" : ": run under mpirun");
+        return 0;
+    }
+    /* Several processes of a binary without MPI would each run the whole command alone, racing
+     * for one output folder: stop before any work, naming the binary that would work. */
+    int lrank, lsize = launcher_world(&lrank);
+    if (lsize > 1 && strcmp(dist_backend_name(), "mpi")) {
+        if (lrank == 0)
+            fprintf(stderr, "moerl: launched by mpirun as %d processes, but %s is built without MPI (each process "
+                            "would run the whole command alone): use build/moerl-mpi under mpirun (make builds it "
+                            "when mpicc is installed), or run %s without mpirun\n", lsize, argv[0], argv[0]);
+        return 2;
+    }
+    if (lsize > 1 && strcmp(argv[1], "rl") && strcmp(argv[1], "sft")) { /* the MPI build, a one-process command */
+        if (lrank == 0)
+            fprintf(stderr, "moerl %s: runs in one process, but mpirun started %d: run it without mpirun (only rl "
+                            "and sft use several processes)\n", argv[1], lsize);
+        return 2;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);

@@ -7,6 +7,9 @@
  * from model.seed, or model.path) and dataset, the SFT warm start runs on trainer rank 0 only, and
  * only trainer rank 0 writes the outputs and prints the result. An error on any rank after the
  * configuration is read ends every rank (dist_abort → MPI_Abort), naming the failing rank. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +37,90 @@ static int restore_start_policy(const cfg *c, moe_model *m, const char *out_dir)
     snprintf(f, sizeof f, "%s/model.safetensors", dir);
     if (!cfg_bool(c, "actor.use_kl_loss") || access(f, R_OK) != 0) return MOERL_OK;
     return model_load_weights(m, dir);
+}
+
+
+/* What a run leaves in its output folder: folders, then files. */
+static const char *k_run_dirs[] = {"checkpoint", "checkpoint.old", "checkpoint.tmp", "sft_checkpoint"};
+static const char *k_run_files[] = {"metrics.jsonl", "samples.jsonl", "sft_metrics.jsonl", "plot.dat", "plot.gp",
+                                    "reward_accuracy.png"};
+
+/* Before any work (nothing is written): the output folder must not hold a file where moerl keeps
+ * a folder, and resume_mode=disable must not silently replace a run that is there. */
+static int rl_check_out_dir(const cfg *c, const rl_config *rc) {
+    const int overwrite = cfg_bool(c, "trainer.overwrite_output_dir");
+    if (overwrite && rc->resume_auto)
+        return moerl_errorf("trainer.overwrite_output_dir=true starts anew, but trainer.resume_mode=auto continues "
+                            "the folder's run: set trainer.resume_mode=disable to start anew, or drop "
+                            "trainer.overwrite_output_dir to continue");
+    if (cli_outdir_check_subdirs(rc->out_dir, k_run_dirs, 4) != MOERL_OK) return MOERL_ERR;
+    if (rc->resume_auto || overwrite) return MOERL_OK;
+    char found[600] = "";
+    for (int i = 0; i < 4 + 6; i++) {
+        const char *name = i < 4 ? k_run_dirs[i] : k_run_files[i - 4];
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", rc->out_dir, name);
+        if (access(p, F_OK) == 0 && strlen(found) + strlen(name) + 3 < sizeof found)
+            snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", found[0] ? ", " : "", name);
+    }
+    if (found[0])
+        return moerl_errorf("output folder '%s' holds a run (%s) and trainer.resume_mode=disable would replace it: "
+                            "continue it with trainer.resume_mode=auto, start anew there (deleting it) with "
+                            "trainer.overwrite_output_dir=true, or choose another trainer.default_local_dir",
+                            rc->out_dir, found);
+    return MOERL_OK;
+}
+
+/* trainer.overwrite_output_dir=true (with the folder locked): delete the previous run's outputs, so
+ * nothing of it (a checkpoint a later resume would pick up, its metrics) mixes with the new run.
+ * The generated task data (data/) is kept: it depends only on the data.* options. */
+static int rl_clear_previous_run(const char *dir) {
+    char p[4200];
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, k_run_dirs[i]);
+        DIR *d = opendir(p);
+        if (!d) continue;
+        struct dirent *e;
+        char f[4500];
+        while ((e = readdir(d))) { /* checkpoints are flat folders */
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(f, sizeof f, "%s/%s", p, e->d_name);
+            if (unlink(f) != 0) {
+                closedir(d);
+                return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", f, strerror(errno));
+            }
+        }
+        closedir(d);
+        if (rmdir(p) != 0) return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+    }
+    for (int i = 0; i < 6; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, k_run_files[i]);
+        if (unlink(p) != 0 && errno != ENOENT)
+            return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+    }
+    log_info("trainer.overwrite_output_dir: deleted the previous run's checkpoints and logs in %s", dir);
+    return MOERL_OK;
+}
+
+/* The last line of `moerl rl` on stdout: one JSON object. "accuracy_sft" is null without a warm
+ * start in this invocation; the held-out accuracies are null when trainer.val_n = 0 (not measured).
+ * "tokens_per_s" = generated (rollout) tokens per second of wall time over the whole run. */
+static json_t *rl_summary_json(const rl_config *rc, const rl_result *res, double sft_acc) {
+    json_t *o = json_object();
+    json_object_set_new(o, "accuracy_sft", cli_json_real(sft_acc));
+    json_object_set_new(o, "accuracy_rl_start", rc->val_n != 0 ? cli_json_real(res->val_acc_start) : json_null());
+    json_object_set_new(o, "accuracy_rl_end", rc->val_n != 0 ? cli_json_real(res->val_acc_end) : json_null());
+    json_object_set_new(o, "steps", json_integer(res->steps));
+    json_object_set_new(o, "final_version", json_integer(res->final_version));
+    json_object_set_new(o, "wall_s", cli_json_real(res->wall_s));
+    json_object_set_new(o, "prompts_per_s", cli_json_real(res->prompts_per_s));
+    json_object_set_new(o, "tokens_per_s", cli_json_real(res->tokens_per_s));
+    json_object_set_new(o, "tokens_generated", json_integer(res->tokens_generated));
+    json_object_set_new(o, "max_staleness", json_integer(res->max_lag_seen));
+    json_object_set_new(o, "trainer_idle_ratio", cli_json_real(res->trainer_idle_ratio));
+    json_object_set_new(o, "rollouter_idle_ratio", cli_json_real(res->rollouter_idle_ratio));
+    json_object_set_new(o, "output_dir", cli_json_text(rc->out_dir, strlen(rc->out_dir)));
+    return o;
 }
 
 static void rl_def_keys(cfg *c) {
@@ -81,7 +168,8 @@ static void rl_def_keys(cfg *c) {
     cfg_def_int(c, "trainer.test_freq", 5, "held-out eval every n versions (0 = start and end only)");
     cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n versions (0 = end only, -1 = never)");
     cfg_def_int(c, "trainer.val_n", 200, "held-out rows evaluated (0 = no eval)");
-    cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable");
+    cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable (start anew)");
+    cfg_def_bool(c, "trainer.overwrite_output_dir", false, "with resume_mode=disable: start anew in a folder that holds a run, deleting its checkpoints and logs (else refused)");
     cfg_def_int(c, "trainer.seed", 1, "seed of prompt order and sampling");
     cfg_def_float(c, "trainer.watchdog_s", 600, "abort if no trainer step completes for this long (0 = off)");
     cfg_def_bool(c, "trainer.save_bf16", false, "store checkpoints in bf16");
@@ -224,15 +312,20 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     moe_model m = {0};
     dataset train = {0}, test = {0};
     char path[4200];
+    cli_outdir od = {0};
+    int opened = 0;
+    if (leader && rl_check_out_dir(c, rc) != MOERL_OK) goto fail;
+    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
     if (leader) {
-        if (moerl_mkdirs(rc->out_dir) != MOERL_OK || moerl_lock_dir(rc->out_dir) < 0) goto fail;
+        if (cli_outdir_open(&od, rc->out_dir) != MOERL_OK) goto fail;
+        opened = 1;
+        if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc->out_dir) != MOERL_OK) goto fail;
+    }
+    if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
+    double sft0 = NAN, sft1 = NAN;
+    if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
         snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
         if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
-    }
-    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
-    if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
-    double sft0 = -1, sft1 = -1;
-    if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
         snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc->out_dir);
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
@@ -250,23 +343,23 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     }
     if (leader) {
         log_info("RL done on %d processes (%d rollout, %d trainer): %lld steps, version %d, %.1f s, %.2f prompts/s, "
-                 "%.0f generated tokens/s, param sync %.4f s (broadcast %.4f s, %.3f GB/s), exposed gradient "
-                 "reduction %.3f s, trainer idle %.2f, rollouter idle %.2f, max staleness %d",
+                 "%.0f generated tokens/s (rollout output over the run), param sync %.4f s (broadcast %.4f s, "
+                 "%.3f GB/s), exposed gradient reduction %.3f s, trainer idle %.2f, rollouter idle %.2f, max "
+                 "staleness %d",
                  P, res.rollout_ranks, res.trainer_ranks, (long long)res.steps, res.final_version, res.wall_s,
                  res.prompts_per_s, res.tokens_per_s, res.param_sync_s, res.weight_bcast_s, res.weight_bcast_gbps,
                  res.grad_reduce_exposed_s, res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
-        printf("{\"accuracy_sft\": %.4f, \"accuracy_rl_start\": %.4f, \"accuracy_rl_end\": %.4f, \"steps\": %lld, "
-               "\"wall_s\": %.2f, \"prompts_per_s\": %.4f, \"tokens_per_s\": %.1f, \"max_staleness\": %d, "
-               "\"trainer_idle_ratio\": %.3f, \"rollouter_idle_ratio\": %.3f, \"world_size\": %d, "
-               "\"rollout_ranks\": %d, \"trainer_ranks\": %d, \"tokens_generated\": %lld, \"syncs\": %d, "
-               "\"param_sync_s\": %.5f, \"weight_bcast_s\": %.5f, \"weight_bcast_bytes\": %lld, "
-               "\"weight_bcast_GBps\": %.4f, \"grad_reduce_exposed_s\": %.4f}\n",
-               sft1, res.val_acc_start, res.val_acc_end, (long long)res.steps, res.wall_s, res.prompts_per_s,
-               res.tokens_per_s, res.max_lag_seen, res.trainer_idle_ratio, res.rollouter_idle_ratio, P,
-               res.rollout_ranks, res.trainer_ranks, (long long)res.tokens_generated, res.syncs, res.param_sync_s,
-               res.weight_bcast_s, (long long)res.weight_bcast_bytes, res.weight_bcast_gbps,
-               res.grad_reduce_exposed_s);
-        fflush(stdout);
+        json_t *o = rl_summary_json(rc, &res, sft1);
+        json_object_set_new(o, "world_size", json_integer(P));
+        json_object_set_new(o, "rollout_ranks", json_integer(res.rollout_ranks));
+        json_object_set_new(o, "trainer_ranks", json_integer(res.trainer_ranks));
+        json_object_set_new(o, "syncs", json_integer(res.syncs));
+        json_object_set_new(o, "param_sync_s", cli_json_real(res.param_sync_s));
+        json_object_set_new(o, "weight_bcast_s", cli_json_real(res.weight_bcast_s));
+        json_object_set_new(o, "weight_bcast_bytes", json_integer(res.weight_bcast_bytes));
+        json_object_set_new(o, "weight_bcast_GBps", cli_json_real(res.weight_bcast_gbps));
+        json_object_set_new(o, "grad_reduce_exposed_s", cli_json_real(res.grad_reduce_exposed_s));
+        cli_print_json(o, 6);
     }
     model_free(&m);
     dataset_free(&train);
@@ -274,6 +367,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     return 0;
 fail:
     snprintf(err, sizeof err, "moerl rl (%s): %s", who, moerl_last_error());
+    if (opened) cli_outdir_abandon(&od);
     dist_abort(ctx, err);
 }
 
@@ -290,6 +384,8 @@ int cmd_rl(int argc, char **argv) {
     moe_model m = {0};
     dataset train = {0}, test = {0};
     char path[4200];
+    cli_outdir od = {0};
+    int opened = 0;
     if (rl_read_config(c, &rc) != MOERL_OK) goto fail;
     cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
     /* after the configuration (identical on every rank, so a config error fails every rank alike) */
@@ -309,12 +405,17 @@ int cmd_rl(int argc, char **argv) {
                      rc.n_trainer_ranks);
         goto fail;
     }
-    if (moerl_mkdirs(rc.out_dir) != MOERL_OK || moerl_lock_dir(rc.out_dir) < 0) goto fail;
+    /* everything that can be checked without writing comes first: a bad configuration, model or
+     * output folder leaves no folder behind (and a failure while setting up removes what it made) */
+    if (rl_check_out_dir(c, &rc) != MOERL_OK) goto fail;
+    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
+    if (cli_outdir_open(&od, rc.out_dir) != MOERL_OK) goto fail;
+    opened = 1;
+    if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc.out_dir) != MOERL_OK) goto fail;
+    if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
-    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
-    if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
-    double sft0 = -1, sft1 = -1;
+    double sft0 = NAN, sft1 = NAN;
     snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
@@ -327,24 +428,27 @@ int cmd_rl(int argc, char **argv) {
     if (res.stop_signal) {
         fprintf(stderr, "moerl rl: stopped by signal %d after a checkpoint; resume with the same command (output "
                         "folder %s, trainer.resume_mode=auto)\n", res.stop_signal, rc.out_dir);
+        model_free(&m);
+        dataset_free(&train);
+        dataset_free(&test);
         cfg_free(c);
         return 128 + res.stop_signal;
     }
-    log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s, trainer idle %.2f, "
-             "rollouter idle %.2f, max staleness %d",
+    log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s (rollout output over "
+             "the run), trainer idle %.2f, rollouter idle %.2f, max staleness %d",
              (long long)res.steps, res.final_version, res.wall_s, res.prompts_per_s, res.tokens_per_s,
              res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
-    if (sft0 >= 0)
+    if (isfinite(sft0) && rc.val_n != 0)
         log_info("held-out accuracy: start %.1f%% → SFT %.1f%% → RL %.1f%% (RL adds %+.1f points)", 100 * sft0,
                  100 * sft1, 100 * res.val_acc_end, 100 * (res.val_acc_end - sft1));
-    else if (rc.val_n != 0)
+    else if (rc.val_n != 0 && !resuming)
         log_info("held-out accuracy: %.1f%% → %.1f%% (%+.1f points)", 100 * res.val_acc_start, 100 * res.val_acc_end,
                  100 * (res.val_acc_end - res.val_acc_start));
-    printf("{\"accuracy_sft\": %.4f, \"accuracy_rl_start\": %.4f, \"accuracy_rl_end\": %.4f, \"steps\": %lld, "
-           "\"wall_s\": %.2f, \"prompts_per_s\": %.4f, \"tokens_per_s\": %.1f, \"max_staleness\": %d, "
-           "\"trainer_idle_ratio\": %.3f, \"rollouter_idle_ratio\": %.3f}\n",
-           sft1, res.val_acc_start, res.val_acc_end, (long long)res.steps, res.wall_s, res.prompts_per_s,
-           res.tokens_per_s, res.max_lag_seen, res.trainer_idle_ratio, res.rollouter_idle_ratio);
+    else if (rc.val_n != 0 && isfinite(res.val_acc_start))
+        log_info("held-out accuracy: %.1f%% when resumed → %.1f%%", 100 * res.val_acc_start, 100 * res.val_acc_end);
+    else if (rc.val_n != 0)
+        log_info("held-out accuracy at the end: %.1f%%", 100 * res.val_acc_end);
+    cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
@@ -352,7 +456,11 @@ int cmd_rl(int argc, char **argv) {
     dist_finalize(ctx);
     return 0;
 fail:
-    fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
+    cli_print_error("rl", moerl_last_error());
+    if (opened) cli_outdir_abandon(&od);
+    model_free(&m);
+    dataset_free(&train);
+    dataset_free(&test);
     cfg_free(c);
     dist_finalize(ctx); /* NULL: no-op */
     return 1;

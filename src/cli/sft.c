@@ -1,14 +1,19 @@
 /* moerl sft --config FILE [key=value ...]
  * Supervised fine-tuning on prompt/response pairs (train/sft.h), then an HF checkpoint under
- * trainer.default_local_dir/checkpoint. Also the SFT warm start of `moerl rl` (sft.* keys). */
+ * trainer.default_local_dir/checkpoint; prints one JSON line {"accuracy_before", "accuracy_after",
+ * "checkpoint"}. Also the SFT warm start of `moerl rl` (sft.* keys). Under mpirun (build/moerl-mpi)
+ * it runs on rank 0 only; the other ranks wait and exit with its code. */
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/common.h"
 #include "base/config.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "dist/dist.h"
 #include "train/sft.h"
 
 static void sft_def_keys(cfg *c) {
@@ -40,25 +45,25 @@ static int check_sched(const char *key, const char *s) {
     return MOERL_OK;
 }
 
-int cmd_sft(int argc, char **argv) {
-    cfg *c = cfg_new();
-    sft_def_keys(c);
-    int code = 1;
-    if (cli_parse_config_args(c, argc, argv, "sft", &code)) {
-        cfg_free(c);
-        return code;
-    }
+/* One SFT run in this process. Returns the exit code (0 ok, 1 error, printed). */
+static int sft_main(cfg *c) {
     cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
     const char *out = cfg_str(c, "trainer.default_local_dir");
     char path[4200], mpath[4200];
     moe_model m = {0};
     dataset train = {0}, test = {0};
+    cli_outdir od = {0};
+    int opened = 0;
+    static const char *subdirs[] = {"checkpoint"};
+    /* checks that write nothing first: a bad configuration or model leaves no folder behind */
     if (check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler")) != MOERL_OK) goto fail;
-    if (moerl_mkdirs(out) != MOERL_OK || moerl_lock_dir(out) < 0) goto fail;
+    if (cli_outdir_check_subdirs(out, subdirs, 1) != MOERL_OK) goto fail;
+    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
+    if (cli_outdir_open(&od, out) != MOERL_OK) goto fail;
+    opened = 1;
+    if (cli_prepare_data(c, out, &train, &test) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", out);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
-    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
-    if (cli_prepare_data(c, out, &train, &test) != MOERL_OK) goto fail;
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", out);
     sft_opts o = {.batch_size = (int)cfg_int(c, "data.train_batch_size"),
                   .max_tokens = (int)cfg_int(c, "data.max_token_len_per_micro_batch"),
@@ -82,16 +87,70 @@ int cmd_sft(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/checkpoint", out);
     if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
     log_info("checkpoint written to %s", path);
-    printf("{\"accuracy_before\": %.4f, \"accuracy_after\": %.4f, \"checkpoint\": \"%s\"}\n", a0, a1, path);
+    json_t *j = json_object();
+    json_object_set_new(j, "accuracy_before", cli_json_real(a0));
+    json_object_set_new(j, "accuracy_after", cli_json_real(a1));
+    json_object_set_new(j, "checkpoint", cli_json_text(path, strlen(path)));
+    cli_print_json(j, 6);
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
-    cfg_free(c);
     return 0;
 fail:
-    fprintf(stderr, "moerl sft: %s\n", moerl_last_error());
-    cfg_free(c);
+    cli_print_error("sft", moerl_last_error());
+    if (opened) cli_outdir_abandon(&od);
+    model_free(&m);
+    dataset_free(&train);
+    dataset_free(&test);
     return 1;
+}
+
+/* Tag of the "SFT finished with exit code X" message rank 0 sends to the waiting ranks (sft uses
+ * no other message). */
+#define SFT_DONE_TAG 32001
+
+int cmd_sft(int argc, char **argv) {
+    cfg *c = cfg_new();
+    sft_def_keys(c);
+    int code = 1;
+    if (cli_parse_config_args(c, argc, argv, "sft", &code)) {
+        cfg_free(c);
+        return code;
+    }
+    /* Under mpirun (build/moerl-mpi) SFT is not data-parallel: rank 0 runs it, the other ranks
+     * wait for its exit code (polling, so they do not spin on a core rank 0 needs) and exit with
+     * it, so N processes never race for one output folder. */
+    dist_ctx *ctx = dist_init(NULL, NULL);
+    if (!ctx) {
+        cli_print_error("sft", moerl_last_error());
+        cfg_free(c);
+        return 1;
+    }
+    if (ctx->world_rank == 0) {
+        if (ctx->world_size > 1)
+            log_warn("moerl sft under mpirun with %d processes: SFT runs on rank 0 only (it is not data-parallel); "
+                     "the other %d wait for it. Use plain build/moerl (or mpirun -np 1) for SFT.",
+                     ctx->world_size, ctx->world_size - 1);
+        code = sft_main(c);
+        for (int r = 1; r < ctx->world_size; r++) {
+            int32_t msg = code;
+            if (dist_send_msg(ctx, r, SFT_DONE_TAG, &msg, sizeof msg) != MOERL_OK)
+                cli_print_error("sft", moerl_last_error());
+        }
+    } else {
+        while (dist_iprobe(ctx, SFT_DONE_TAG) == 0) {
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        void *buf = NULL;
+        size_t len = 0;
+        if (dist_recv_msg_any(ctx, SFT_DONE_TAG, NULL, &buf, &len) == MOERL_OK && len == sizeof(int32_t))
+            code = *(int32_t *)buf;
+        free(buf);
+    }
+    dist_finalize(ctx);
+    cfg_free(c);
+    return code;
 }
 
 void sft_def_warm_start_keys(cfg *c) {

@@ -1,12 +1,17 @@
-/* moerl tasks --task NAME --out DIR [--n-train N] [--n-test N] [--seed S] [--digits D]
- *   writes DIR/train.jsonl and DIR/test.jsonl (verl schema) for a built-in task.
+/* moerl tasks --task NAME --out DIR [--n-train N] [--n-test N] [--seed S] [--digits D] [--numbers K]
+ *   writes DIR/train.jsonl and DIR/test.jsonl (verl schema) for a built-in task; prints one JSON
+ *   object {"train", "test", "n_train", "n_test"}. An option of another task (--digits is arith's,
+ *   --numbers countdown's) is an error, not silently ignored.
  * moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]
- *   greedy held-out accuracy with the row's reward function; prints one JSON object. */
+ *   greedy held-out accuracy with the row's reward function; prints one JSON object
+ *   {"accuracy", "n", "mean_response_length", "data"}. */
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "data/dataset.h"
 #include "data/tasks.h"
 #include "model/model.h"
@@ -29,13 +34,20 @@ int cmd_tasks(int argc, char **argv) {
     task_opts o;
     task_opts_default(&o);
     int64_t v;
+    int digits_set = 0, numbers_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             int n;
             const char *const *f = task_families(&n);
-            printf("usage: moerl tasks --task NAME --out DIR [--n-train N] [--n-test N] [--seed S] [--digits D]\n"
+            printf("usage: moerl tasks --task NAME --out DIR [--n-train N] [--n-test N] [--seed S] [--digits D] "
+                   "[--numbers K]\n"
+                   "  --n-train N   training rows (default 1000)\n"
+                   "  --n-test N    held-out rows (default 100)\n"
+                   "  --seed S      generator seed (default 1)\n"
+                   "  --digits D    arith only: digits per operand, 1..18 (default 2)\n"
+                   "  --numbers K   countdown only: numbers per problem, 2..6 (default 4)\n"
                    "tasks:");
             for (int k = 0; k < n; k++) printf(" %s", f[k]);
             printf("\n");
@@ -45,7 +57,8 @@ int cmd_tasks(int argc, char **argv) {
         else if (!strcmp(a, "--n-train") && has) { if (parse_i64("tasks", a, argv[++i], 1, 100000000, &v)) return 2; o.n_train = v; }
         else if (!strcmp(a, "--n-test") && has) { if (parse_i64("tasks", a, argv[++i], 1, 100000000, &v)) return 2; o.n_test = v; }
         else if (!strcmp(a, "--seed") && has) { if (parse_i64("tasks", a, argv[++i], 0, INT64_MAX, &v)) return 2; o.seed = (uint64_t)v; }
-        else if (!strcmp(a, "--digits") && has) { if (parse_i64("tasks", a, argv[++i], 1, 18, &v)) return 2; o.arith_digits = (int)v; }
+        else if (!strcmp(a, "--digits") && has) { if (parse_i64("tasks", a, argv[++i], 1, 18, &v)) return 2; o.arith_digits = (int)v; digits_set = 1; }
+        else if (!strcmp(a, "--numbers") && has) { if (parse_i64("tasks", a, argv[++i], 2, 6, &v)) return 2; o.countdown_numbers = (int)v; numbers_set = 1; }
         else {
             fprintf(stderr, "moerl tasks: unknown or incomplete option '%s' (see --help)\n", a);
             return 2;
@@ -55,15 +68,28 @@ int cmd_tasks(int argc, char **argv) {
         fprintf(stderr, "moerl tasks: --task and --out are required\n");
         return 2;
     }
+    if (digits_set && strcmp(task, "arith")) {
+        fprintf(stderr, "moerl tasks: --digits applies to the arith task only, not '%s'%s\n", task,
+                strcmp(task, "countdown") ? "" : " (countdown takes --numbers)");
+        return 2;
+    }
+    if (numbers_set && strcmp(task, "countdown")) {
+        fprintf(stderr, "moerl tasks: --numbers applies to the countdown task only, not '%s'\n", task);
+        return 2;
+    }
     char tr[4096], te[4096];
     snprintf(tr, sizeof tr, "%s/train.jsonl", out);
     snprintf(te, sizeof te, "%s/test.jsonl", out);
     if (task_generate(task, &o, tr, te) != MOERL_OK) {
-        fprintf(stderr, "moerl tasks: %s\n", moerl_last_error());
+        cli_print_error("tasks", moerl_last_error());
         return 1;
     }
-    printf("{\"train\": \"%s\", \"test\": \"%s\", \"n_train\": %lld, \"n_test\": %lld}\n", tr, te,
-           (long long)o.n_train, (long long)o.n_test);
+    json_t *j = json_object();
+    json_object_set_new(j, "train", cli_json_text(tr, strlen(tr)));
+    json_object_set_new(j, "test", cli_json_text(te, strlen(te)));
+    json_object_set_new(j, "n_train", json_integer(o.n_train));
+    json_object_set_new(j, "n_test", json_integer(o.n_test));
+    cli_print_json(j, 0);
     return 0;
 }
 
@@ -89,20 +115,30 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "moerl eval: --model and --data are required\n");
         return 2;
     }
-    moe_model m;
+    moe_model m = {0};
     dataset ds = {0};
-    if (model_load_hf(&m, model_dir) != MOERL_OK || dataset_load(&ds, data) != MOERL_OK) {
-        fprintf(stderr, "moerl eval: %s\n", moerl_last_error());
-        return 1;
-    }
+    int rc = 1;
     double acc, mlen;
+    /* the data first (cheap, and its errors name file:line), then the model */
+    if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
+    if (model_load_hf(&m, model_dir) != MOERL_OK) goto fail;
     if (eval_accuracy(&m, &ds, n, (int)max_new, 64, &acc, &mlen) != MOERL_OK) {
-        fprintf(stderr, "moerl eval: %s\n", moerl_last_error());
-        return 1;
+        /* a reward error names the row's line: say which file it is in */
+        if (!strstr(moerl_last_error(), data)) moerl_error_prefix("%s: ", data);
+        goto fail;
     }
-    printf("{\"accuracy\": %.4f, \"n\": %lld, \"mean_response_length\": %.2f}\n", acc,
-           (long long)(n > 0 && n < dataset_count(&ds) ? n : dataset_count(&ds)), mlen);
+    json_t *j = json_object();
+    json_object_set_new(j, "accuracy", cli_json_real(acc));
+    json_object_set_new(j, "n", json_integer(n > 0 && n < dataset_count(&ds) ? n : dataset_count(&ds)));
+    json_object_set_new(j, "mean_response_length", cli_json_real(mlen));
+    json_object_set_new(j, "data", cli_json_text(data, strlen(data)));
+    cli_print_json(j, 6);
+    rc = 0;
+    goto out;
+fail:
+    cli_print_error("eval", moerl_last_error());
+out:
     dataset_free(&ds);
     model_free(&m);
-    return 0;
+    return rc;
 }

@@ -538,6 +538,14 @@ static const char *const k_items[] = {"apples", "marbles", "stickers", "pencils"
 #define NAMES_N (int)(sizeof k_names / sizeof k_names[0])
 #define ITEMS_N (int)(sizeof k_items / sizeof k_items[0])
 
+/* "1 apple" / "3 apples": k_items are plurals in 's', so the singular drops that letter. */
+static const char *noun_n(char *buf, size_t cap, long long n, const char *plural) {
+    size_t len = strlen(plural);
+    if (n == 1 && len > 1 && plural[len - 1] == 's') snprintf(buf, cap, "%.*s", (int)(len - 1), plural);
+    else snprintf(buf, cap, "%s", plural);
+    return buf;
+}
+
 static const char *k_gsm_instruction = " Think step by step and write the final answer after \"####\".";
 
 static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
@@ -545,7 +553,7 @@ static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
     int ni = (int)rng_range(r, 0, NAMES_N - 1);
     const char *N = k_names[ni], *p = k_he[ni] ? "he" : "she", *P = k_he[ni] ? "He" : "She";
     const char *item = k_items[rng_range(r, 0, ITEMS_N - 1)];
-    char q[700], s[900];
+    char q[700], s[900], w1[32], w2[32];
     long long ans = 0;
     switch (rng_range(r, 0, 7)) {
     case 0: { /* buy then give away */
@@ -554,16 +562,16 @@ static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
         snprintf(q, sizeof q, "%s has %lld %s. %s buys %lld more and then gives %lld to a friend. How many %s does %s have now?",
                  N, a, item, P, b, c, item, N);
         snprintf(s, sizeof s, "%s starts with %lld %s. After buying %lld more, %s has %lld + %lld = %lld %s. After giving away %lld, %s has %lld - %lld = %lld %s.",
-                 N, a, item, b, p, a, b, sum, item, c, p, sum, c, ans, item);
+                 N, a, item, b, p, a, b, sum, item, c, p, sum, c, ans, noun_n(w1, sizeof w1, ans, item));
         break;
     }
     case 1: { /* full boxes plus loose items */
         long long a = rng_range(r, 3, 48), b = rng_range(r, 2, 25), c = rng_range(r, 1, a - 1), m = a * b;
         ans = m + c;
         snprintf(q, sizeof q, "A box holds %lld %s. %s has %lld full boxes and %lld loose %s. How many %s does %s have in total?",
-                 a, item, N, b, c, item, item, N);
-        snprintf(s, sizeof s, "The %lld boxes hold %lld * %lld = %lld %s. Adding the %lld loose ones gives %lld + %lld = %lld %s.",
-                 b, b, a, m, item, c, m, c, ans, item);
+                 a, item, N, b, c, noun_n(w1, sizeof w1, c, item), item, N);
+        snprintf(s, sizeof s, "The %lld boxes hold %lld * %lld = %lld %s. Adding the %lld loose %s gives %lld + %lld = %lld %s.",
+                 b, b, a, m, item, c, c == 1 ? "one" : "ones", m, c, ans, item);
         break;
     }
     case 2: { /* wages */
@@ -588,8 +596,8 @@ static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
         long long a = rng_range(r, 20, 90), b = rng_range(r, 1, 6), c = rng_range(r, 20, 90), d = rng_range(r, 1, 6);
         long long x = a * b, y = c * d;
         ans = x + y;
-        snprintf(q, sizeof q, "A train travels at %lld miles per hour for %lld hours, then at %lld miles per hour for %lld hours. How many miles does it travel in total?",
-                 a, b, c, d);
+        snprintf(q, sizeof q, "A train travels at %lld miles per hour for %lld %s, then at %lld miles per hour for %lld %s. How many miles does it travel in total?",
+                 a, b, noun_n(w1, sizeof w1, b, "hours"), c, d, noun_n(w2, sizeof w2, d, "hours"));
         snprintf(s, sizeof s, "The first part is %lld * %lld = %lld miles. The second part is %lld * %lld = %lld miles. In total it travels %lld + %lld = %lld miles.",
                  a, b, x, c, d, y, x, y, ans);
         break;
@@ -603,8 +611,8 @@ static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
         ans = c - t;
         snprintf(q, sizeof q, "%s buys %lld notebooks at $%lld each and pays with a $%lld bill. How much change, in dollars, does %s get?",
                  N, a, b, c, N);
-        snprintf(s, sizeof s, "The notebooks cost %lld * %lld = %lld dollars. The change is %lld - %lld = %lld dollars.",
-                 a, b, t, c, t, ans);
+        snprintf(s, sizeof s, "The notebooks cost %lld * %lld = %lld dollars. The change is %lld - %lld = %lld %s.",
+                 a, b, t, c, t, ans, noun_n(w1, sizeof w1, ans, "dollars"));
         break;
     }
     case 6: { /* percentages */
@@ -612,8 +620,8 @@ static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
         ans = a - g;
         snprintf(q, sizeof q, "There are %lld students in a class and %lld%% of them are girls. How many boys are in the class?",
                  a, pc);
-        snprintf(s, sizeof s, "There are %lld * %lld / 100 = %lld girls, so there are %lld - %lld = %lld boys.",
-                 a, pc, g, a, g, ans);
+        snprintf(s, sizeof s, "There are %lld * %lld / 100 = %lld %s, so there are %lld - %lld = %lld %s.",
+                 a, pc, g, noun_n(w1, sizeof w1, g, "girls"), a, g, ans, noun_n(w2, sizeof w2, ans, "boys"));
         break;
     }
     default: { /* pages left */
@@ -621,8 +629,8 @@ static void gen_gsm(rng_state *r, const task_opts *o, task_item *it) {
         ans = c - sum;
         snprintf(q, sizeof q, "%s reads %lld pages of a %lld-page book on Monday and twice as many pages on Tuesday. How many pages are left to read?",
                  N, a, c);
-        snprintf(s, sizeof s, "On Tuesday %s reads 2 * %lld = %lld pages. So far %s has read %lld + %lld = %lld pages, so %lld - %lld = %lld pages are left.",
-                 p, a, t, p, a, t, sum, c, sum, ans);
+        snprintf(s, sizeof s, "On Tuesday %s reads 2 * %lld = %lld pages. So far %s has read %lld + %lld = %lld pages, so %lld - %lld = %lld %s left.",
+                 p, a, t, p, a, t, sum, c, sum, ans, ans == 1 ? "page is" : "pages are");
         break;
     }
     }

@@ -15,6 +15,7 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "base/plot.h"
 #include "model/safetensors.h"
 #include "rl/job_internal.h"
 #include "rl/rl.h"
@@ -615,25 +616,11 @@ static const job_ops ASYNC_OPS = {as_get_groups, emb_send_part, as_sync, as_add_
 
 /* ------------------------------------------------------------------ plot */
 
-/* Draw plot.dat with gnuplot (skipped with a warning without gnuplot). */
+/* Draw plot.dat with gnuplot, without a shell (base/plot.h; a warning without gnuplot). */
 static void draw_plot(const job *J, const char *dat) {
-    char gp[4200], png[4200];
+    char png[4200];
     snprintf(png, sizeof png, "%s/reward_accuracy.png", J->cfg->out_dir);
-    snprintf(gp, sizeof gp, "%s/plot.gp", J->cfg->out_dir);
-    FILE *f = fopen(gp, "w");
-    if (!f) return;
-    fprintf(f,
-            "set terminal pngcairo size 900,500 noenhanced\nset output '%s'\nset xlabel 'parameter version'\n"
-            "set ylabel 'reward / accuracy'\nset yrange [0:1.05]\nset key bottom right\nset grid\n"
-            "set datafile missing 'nan'\n"
-            "plot '%s' using 1:2 with linespoints title 'train reward (mean)', "
-            "'' using 1:3 with linespoints pt 7 title 'held-out accuracy (greedy)'\n",
-            png, dat);
-    fclose(f);
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "command -v gnuplot >/dev/null 2>&1 && gnuplot '%s' 2>/dev/null", gp);
-    if (system(cmd) == 0) log_info("plot written to %s", png);
-    else log_warn("gnuplot not available or failed: no plot (data in %s)", dat);
+    moerl_plot_reward_accuracy(J->cfg->out_dir, dat, png);
 }
 
 void job_plot_from_metrics(const job *J) {
