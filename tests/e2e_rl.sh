@@ -49,6 +49,15 @@ run_rl() {
 # The lag bound the job prints at start ("... lag bound N; ...").
 lag_bound_of() { grep -o 'lag bound [0-9]*' "$WORK/$1.log" | head -1 | awk '{print $3}'; }
 tail_log() { tail -5 "$WORK/$1.log" | sed 's/^/    | /'; }
+# expect_error NAME PATTERN [key=value ...]: the run fails (not by a signal) and its output names PATTERN
+expect_error() {
+    local name=$1 pat=$2
+    shift 2
+    run_rl "$name" "$@"
+    local rc=$?
+    if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF -- "$pat" "$WORK/$name.log"; then ok "bad input $name: exit $rc"
+    else bad "bad input $name" "exit $rc, output lacks '$pat'"; tail_log "$name"; fi
+}
 
 # JSONL checks in Python (json module only). Each prints why it failed and exits 1.
 CHECK=$WORK/check.py
@@ -103,6 +112,27 @@ elif cmd == "once":  # every (epoch, row) of epochs 0..E-1 trained exactly once
     if dup or missing or extra or bad_uid or len(s) != epochs * n_rows:
         fail("%d samples; duplicated %s; missing %s; unexpected %s; bad uid %s"
              % (len(s), dup[:8], missing[:8], extra[:8], bad_uid[:2]))
+elif cmd == "filter":  # DAPO dynamic sampling: kept + dropped groups, each prompt consumed once
+    steps, req = int(args[0]), int(args[1])
+    s = samples(d)
+    kept = [x for x in s if "dropped" not in x]
+    dropped = [x for x in s if "dropped" in x]
+    c = collections.Counter((x["epoch"], x["row"]) for x in s)
+    dup = sorted(k for k, n in c.items() if n > 1)
+    reported = sum(r.get("filter_groups/dropped_groups", 0) for r in version_rows(d))
+    if dup or len(kept) != steps * req or not dropped or reported != len(dropped):
+        fail("%d kept (want %d), %d dropped (metrics say %d), duplicated %s"
+             % (len(kept), steps * req, len(dropped), reported, dup[:8]))
+    st = json.load(open(d + "/checkpoint/trainer_state.json"))
+    if st["consumed_prompts"] != len(s) or st["dropped_prompts"] != len(dropped):
+        fail("checkpoint: consumed %d dropped %d, samples.jsonl has %d lines, %d dropped"
+             % (st["consumed_prompts"], st["dropped_prompts"], len(s), len(dropped)))
+    n_rows = int(args[2])
+    seen = set(c) | {(u // n_rows, u % n_rows) for u in st["unconsumed_started"]}
+    last = max(e for e, _ in seen)
+    holes = [(e, r) for e in range(last) for r in range(n_rows) if (e, r) not in seen]
+    if holes:
+        fail("prompts of finished epochs neither trained, dropped nor pending: %s" % holes[:8])
 elif cmd == "same_metrics":  # identical values except wall-clock-dependent keys
     a, b = rows(d + "/metrics.jsonl"), rows(args[0] + "/metrics.jsonl")
     def timed(k):
@@ -239,6 +269,62 @@ else
     fi
 fi
 
+
+# ---------------------------------------------------------------- SIGTERM / SIGINT: checkpoint, exit 128+s, resume
+for sig in TERM INT; do
+    name=sig_$sig
+    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/$name" "${KR[@]}" \
+        >"$WORK/$name.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 3000); do  # hang guard only
+        step=$(check ckpt_step "$WORK/$name")
+        [[ $step -ge 3 ]] && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.01
+    done
+    kill -s $sig $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    rc1=$?
+    want=$((128 + $(kill -l $sig)))
+    if [[ $rc1 -ne $want ]] || ! grep -q "resume with the same command" "$WORK/$name.log"; then
+        bad "SIG$sig" "exit $rc1 (want $want) or no resume hint"; tail_log $name
+    else
+        stopped=$(check ckpt_step "$WORK/$name")
+        if run_rl $name "${KR[@]}" && msg=$(check once "$WORK/$name" 6 32); then
+            ok "SIG$sig: exit $rc1 with a checkpoint at step $stopped, resume: every prompt of 6 epochs once"
+        else bad "SIG$sig resume" "${msg:-exit $?}"; tail_log $name; fi
+    fi
+done
+# a finished run resumed: nothing left to do, nothing changed
+fin_state=$(md5sum "$WORK/sig_TERM/checkpoint/trainer_state.json" "$WORK/sig_TERM/metrics.jsonl" "$WORK/sig_TERM/samples.jsonl")
+if run_rl sig_TERM "${KR[@]}" && grep -q "nothing left to do" "$WORK/sig_TERM.log" &&
+    [[ "$(md5sum "$WORK/sig_TERM/checkpoint/trainer_state.json" "$WORK/sig_TERM/metrics.jsonl" "$WORK/sig_TERM/samples.jsonl")" == "$fin_state" ]]; then
+    ok "resuming a finished run: 'nothing left to do', checkpoint, metrics and samples unchanged"
+else bad "finished-run resume" "exit $?, or files changed"; tail_log sig_TERM; fi
+
+# ---------------------------------------------------------------- DAPO dynamic sampling
+# Random weights: rewards are all 0 unless the overlong shaping (the last 64 tokens are penalised by
+# length) separates the responses of a group; groups whose responses all ran to the limit are
+# uniform and dropped (about a third of them).
+FG=(data.max_response_length=64 reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=64
+    algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=0 trainer.total_training_steps=12
+    trainer.save_freq=0)
+if run_rl filter "${FG[@]}"; then
+    if msg=$(check filter "$WORK/filter" 12 4 96); then ok "filter_groups: $(grep -c dropped "$WORK/filter/samples.jsonl") groups dropped and replaced, every prompt consumed once"
+    else bad "filter_groups" "$msg"; fi
+else bad "filter_groups" "exit $?"; tail_log filter; fi
+expect_error filter_none "max_num_gen_batches" algorithm.filter_groups.enable=true \
+    algorithm.filter_groups.max_num_gen_batches=1
+# divergence: an absurd learning rate makes the weights overflow; the run stops after 3 skipped steps
+if run_rl diverge actor.optim.lr=1e30 trainer.max_consecutive_skipped_steps=3 trainer.total_training_steps=20; then
+    bad "divergence" "the run finished"
+elif grep -q "the run diverged: 3 consecutive optimizer steps" "$WORK/diverge.log"; then ok "divergence: stops after 3 non-finite steps, names the step"
+else bad "divergence" "no message"; tail_log diverge; fi
+expect_error topk "rollout.top_k" rollout.top_k=5
+expect_error agg_mode "seq-mean-token-sum-norm" actor.loss_agg_mode=seq-mean
+expect_error estimator "reinforce_plus_plus_baseline" algorithm.adv_estimator=gae
+expect_error rollout_is "bypass_mode=false" algorithm.rollout_correction.rollout_is=token
+
 # ---------------------------------------------------------------- reproducibility, sync mode
 REP=(async_training.mode=lockstep trainer.total_training_steps=8 trainer.save_freq=0 async_training.staleness_threshold=1.0)
 if run_rl rep_a "${REP[@]}" && run_rl rep_b "${REP[@]}"; then
@@ -307,14 +393,6 @@ fi
 
 # ---------------------------------------------------------------- bad input
 # expect_error NAME PATTERN [key=value ...]: non-zero exit below 128 (no crash) and PATTERN in the output.
-expect_error() {
-    local name=$1 pat=$2
-    shift 2
-    run_rl "$name" "$@"
-    local rc=$?
-    if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF -- "$pat" "$WORK/$name.log"; then ok "bad input $name: exit $rc"
-    else bad "bad input $name" "exit $rc, output lacks '$pat'"; tail_log "$name"; fi
-}
 expect_error unknown_key "foo.bar" foo.bar=1
 expect_error wrong_type "rollout.n" rollout.n=abc
 expect_error n_zero "rollout.n" rollout.n=0
