@@ -23,7 +23,10 @@
 #include "dist/dist.h"
 #include "rl/rl.h"
 
-int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *test, const char *out_dir,
+/* src/cli/sft.c: the warm start (val: its validation split, may be empty) and the split itself. */
+int sft_split_validation(const cfg *c, dataset *train, dataset *val);
+int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *val, const dataset *test,
+                   const char *out_dir,
                    double *acc_before, double *acc_after);
 void sft_def_warm_start_keys(cfg *c);
 
@@ -310,7 +313,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     else snprintf(who, sizeof who, "trainer %d", ctx->trainer_rank);
     log_set_prefix(who);
     moe_model m = {0};
-    dataset train = {0}, test = {0};
+    dataset train = {0}, test = {0}, val = {0};
     char path[4200];
     cli_outdir od = {0};
     int opened = 0;
@@ -322,6 +325,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc->out_dir) != MOERL_OK) goto fail;
     }
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
         snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
@@ -330,7 +334,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
         resuming |= rc->resume_auto && access(path, R_OK) == 0;
-        if (!resuming && sft_warm_start(c, &m, &train, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+        if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
     }
     rl_result res;
@@ -364,6 +368,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
+    dataset_free(&val);
     return 0;
 fail:
     snprintf(err, sizeof err, "moerl rl (%s): %s", who, moerl_last_error());
@@ -382,7 +387,7 @@ int cmd_rl(int argc, char **argv) {
     rl_config rc;
     dist_ctx *ctx = NULL;
     moe_model m = {0};
-    dataset train = {0}, test = {0};
+    dataset train = {0}, test = {0}, val = {0};
     char path[4200];
     cli_outdir od = {0};
     int opened = 0;
@@ -413,6 +418,7 @@ int cmd_rl(int argc, char **argv) {
     opened = 1;
     if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc.out_dir) != MOERL_OK) goto fail;
     if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
@@ -420,7 +426,7 @@ int cmd_rl(int argc, char **argv) {
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
     resuming |= rc.resume_auto && access(path, R_OK) == 0;
-    if (!resuming && sft_warm_start(c, &m, &train, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+    if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
     if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
     rl_install_signal_handlers();
@@ -431,6 +437,7 @@ int cmd_rl(int argc, char **argv) {
         model_free(&m);
         dataset_free(&train);
         dataset_free(&test);
+    dataset_free(&val);
         cfg_free(c);
         return 128 + res.stop_signal;
     }
@@ -452,6 +459,7 @@ int cmd_rl(int argc, char **argv) {
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
+    dataset_free(&val);
     cfg_free(c);
     dist_finalize(ctx);
     return 0;
@@ -461,6 +469,7 @@ fail:
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
+    dataset_free(&val);
     cfg_free(c);
     dist_finalize(ctx); /* NULL: no-op */
     return 1;

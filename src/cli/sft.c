@@ -161,11 +161,36 @@ void sft_def_warm_start_keys(cfg *c) {
     cfg_def_float(c, "sft.lr_warmup_steps_ratio", 0.05, "warm start: warmup share");
     cfg_def_float(c, "sft.weight_decay", 0.01, "warm start: AdamW weight decay");
     cfg_def_int(c, "sft.test_freq", 0, "warm start: held-out eval every n steps (0 = before/after only)");
-    cfg_def_float(c, "sft.stop_at_accuracy", 0.0, "warm start: stop once a periodic eval reaches this accuracy (0 = off)");
+    cfg_def_float(c, "sft.stop_at_accuracy", 0.0,
+                  "warm start: stop once a periodic eval on the validation split reaches this accuracy (0 = off)");
+    cfg_def_int(c, "sft.validation_rows", 0,
+                "warm start: the last n training rows form a validation split for the periodic evals and the stop "
+                "(trained on by neither SFT nor RL); required by stop_at_accuracy");
 }
 
-int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *test, const char *out_dir,
-                   double *acc_before, double *acc_after) {
+int sft_split_validation(const cfg *c, dataset *train, dataset *val) {
+    memset(val, 0, sizeof *val);
+    const int64_t n = cfg_int(c, "sft.validation_rows");
+    if (cfg_float(c, "sft.stop_at_accuracy") > 0 && cfg_int(c, "sft.total_training_steps") > 0 && n <= 0)
+        return moerl_errorf("sft.stop_at_accuracy needs a validation split (sft.validation_rows > 0): stopping on the "
+                            "held-out split would select on the accuracy the run reports");
+    if (n <= 0) return MOERL_OK;
+    if (n >= dataset_count(train))
+        return moerl_errorf("sft.validation_rows=%lld leaves no training rows (the training data has %lld)",
+                            (long long)n, (long long)dataset_count(train));
+    /* move the last n rows (their contents now owned by val) */
+    val->rows = xmalloc((size_t)n * sizeof(ds_row));
+    memcpy(val->rows, train->rows + (train->n - n), (size_t)n * sizeof(ds_row));
+    val->n = n;
+    char p[4200];
+    snprintf(p, sizeof p, "%s (last %lld rows: validation)", train->path, (long long)n);
+    val->path = xstrdup(p);
+    train->n -= n;
+    return MOERL_OK;
+}
+
+int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *val, const dataset *test,
+                   const char *out_dir, double *acc_before, double *acc_after) {
     int64_t steps = cfg_int(c, "sft.total_training_steps");
     if (steps <= 0) return MOERL_OK;
     if (check_sched("sft.lr_scheduler", cfg_str(c, "sft.lr_scheduler")) != MOERL_OK) return MOERL_ERR;
@@ -182,6 +207,7 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
                   .min_lr_ratio = 0.1f,
                   .test_freq = (int)cfg_int(c, "sft.test_freq"),
                   .stop_accuracy = cfg_float(c, "sft.stop_at_accuracy"),
+                  .validation = val && dataset_count(val) > 0 ? val : NULL,
                   .val_n = (int)cfg_int(c, "trainer.val_n"),
                   .max_response_length = (int)cfg_int(c, "data.max_response_length"),
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),

@@ -108,10 +108,12 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                 metrics_write(mw, step + 1, 9, keys, vals);
             }
             if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total) {
-                if (eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc, &mlen) != MOERL_OK) goto out;
-                log_info("%s step %lld: held-out accuracy %.1f%%", o->label, (long long)step + 1, 100 * acc);
+                const dataset *vs = o->validation ? o->validation : test;
+                if (eval_accuracy(m, vs, o->val_n, o->max_response_length, 64, &acc, &mlen) != MOERL_OK) goto out;
+                log_info("%s step %lld: %s accuracy %.1f%%", o->label, (long long)step + 1,
+                         o->validation ? "validation" : "held-out", 100 * acc);
                 if (mw) {
-                    const char *k2[] = {"val/accuracy"};
+                    const char *k2[] = {o->validation ? "val/validation_accuracy" : "val/accuracy"};
                     double v2[] = {acc};
                     metrics_write(mw, step + 1, 1, k2, v2);
                 }

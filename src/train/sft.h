@@ -19,8 +19,11 @@ typedef struct {
     adamw_config optim;
     const char *lr_scheduler;  /* "constant" | "cosine" */
     float warmup_ratio, min_lr_ratio;
-    int test_freq;             /* held-out eval every n steps (0 = before/after only) */
+    int test_freq;             /* periodic eval every n steps (0 = before/after only) */
     double stop_accuracy;      /* > 0: stop at the first periodic eval reaching this accuracy */
+    const dataset *validation; /* the periodic evals' split (NULL: the held-out test split); keep it
+                                  apart from the held-out split whose accuracy is reported, so the
+                                  stop decision does not select on it */
     int val_n;                 /* held-out rows evaluated (≤ 0: all) */
     int max_response_length;   /* eval generation budget */
     uint64_t seed;             /* shuffling */
