@@ -302,6 +302,31 @@ if run_rl sig_TERM "${KR[@]}" && grep -q "nothing left to do" "$WORK/sig_TERM.lo
     ok "resuming a finished run: 'nothing left to do', checkpoint, metrics and samples unchanged"
 else bad "finished-run resume" "exit $?, or files changed"; tail_log sig_TERM; fi
 
+
+# ---------------------------------------------------------------- moerl sft: SIGTERM + resume = uninterrupted
+SFT=(model.hidden_size=32 model.intermediate_size=64 model.moe_intermediate_size=32 model.head_dim=8
+     data.n_train=256 data.n_test=8 data.train_batch_size=8 trainer.total_training_steps=60 trainer.val_n=8
+     trainer.test_freq=0 trainer.n_threads=1 optim.lr_scheduler=cosine)
+"$MOERL" sft --config examples/sft.yaml "${SFT[@]}" trainer.default_local_dir="$WORK/sft_full" >"$WORK/sft_full.log" 2>&1
+rc0=$?
+"$MOERL" sft --config examples/sft.yaml "${SFT[@]}" trainer.default_local_dir="$WORK/sft_cut" >"$WORK/sft_cut.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 3000); do  # wait for the first steps (hang guard only)
+    grep -q "sft 1[0-9]*/60" "$WORK/sft_cut.log" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+done
+kill -TERM $pid 2>/dev/null
+wait $pid
+rc1=$?
+cut=$(grep -o '"step": [0-9]*' "$WORK/sft_cut/checkpoint/sft_state.json" 2>/dev/null | grep -o '[0-9]*$')
+"$MOERL" sft --config examples/sft.yaml "${SFT[@]}" trainer.default_local_dir="$WORK/sft_cut" >>"$WORK/sft_cut.log" 2>&1
+rc2=$?
+if [[ $rc0 -eq 0 && $rc1 -eq 143 && $rc2 -eq 0 && -n $cut && $cut -lt 60 ]] &&
+    cmp -s "$WORK/sft_full/checkpoint/model.safetensors" "$WORK/sft_cut/checkpoint/model.safetensors"; then
+    ok "sft: SIGTERM at step $cut (exit 143), resume: weights identical to an uninterrupted run"
+else bad "sft stop + resume" "exits $rc0/$rc1/$rc2, stopped at step '$cut', or the weights differ"; tail_log sft_cut; fi
+
 # ---------------------------------------------------------------- DAPO dynamic sampling
 # Random weights: rewards are all 0 unless the overlong shaping (the last 64 tokens are penalised by
 # length) separates the responses of a group; groups whose responses all ran to the limit are

@@ -18,6 +18,7 @@
 #include "base/common.h"
 #include "base/config.h"
 #include "base/log.h"
+#include "base/signals.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "dist/dist.h"
@@ -334,7 +335,13 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
         resuming |= rc->resume_auto && access(path, R_OK) == 0;
+        rl_install_signal_handlers(); /* Ctrl-C in the warm start: its checkpoint, then exit */
         if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+        if (moerl_stop_requested()) {
+            fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
+                            "rerun the same command to continue\n", moerl_stop_requested(), rc->out_dir);
+            return 128 + moerl_stop_requested();
+        }
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
     }
     rl_result res;
@@ -426,7 +433,13 @@ int cmd_rl(int argc, char **argv) {
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
     resuming |= rc.resume_auto && access(path, R_OK) == 0;
+    rl_install_signal_handlers(); /* Ctrl-C in the warm start: its checkpoint, then exit */
     if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+    if (moerl_stop_requested()) {
+        fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
+                        "rerun the same command to continue\n", moerl_stop_requested(), rc.out_dir);
+        return 128 + moerl_stop_requested();
+    }
     if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
     rl_install_signal_handlers();

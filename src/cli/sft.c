@@ -4,12 +4,14 @@
  * "checkpoint"}. Also the SFT warm start of `moerl rl` (sft.* keys). Under mpirun (build/moerl-mpi)
  * it runs on rank 0 only; the other ranks wait and exit with its code. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/signals.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
@@ -37,6 +39,8 @@ static void sft_def_keys(cfg *c) {
     cfg_def_int(c, "trainer.seed", 1, "data shuffling seed");
     cfg_def_int(c, "trainer.n_threads", 0, "compute threads (0 = all cores)");
     cfg_def_bool(c, "trainer.save_bf16", false, "store the checkpoint in bf16");
+    cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable (start anew)");
+    cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n steps (0 = at the end and on Ctrl-C only)");
 }
 
 static int check_sched(const char *key, const char *s) {
@@ -82,11 +86,39 @@ static int sft_main(cfg *c) {
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),
                   .metrics_path = mpath,
                   .label = "sft"};
+    const char *rm = cfg_str(c, "trainer.resume_mode");
+    if (strcmp(rm, "auto") && strcmp(rm, "disable")) {
+        moerl_errorf("trainer.resume_mode: '%s' is not auto or disable", rm);
+        goto fail;
+    }
+    if (cfg_int(c, "trainer.save_freq") < 0) {
+        moerl_errorf("trainer.save_freq must be ≥ 0 (0 = at the end only), got %lld",
+                     (long long)cfg_int(c, "trainer.save_freq"));
+        goto fail;
+    }
+    char state[4200];
+    snprintf(state, sizeof state, "%s/checkpoint", out);
+    int stop_signal = 0;
+    o.state_dir = state;
+    o.save_freq = (int)cfg_int(c, "trainer.save_freq");
+    o.resume = !strcmp(rm, "auto");
+    o.stop_signal_out = &stop_signal;
+    moerl_install_stop_signals();
     double a0, a1;
     if (sft_train(&m, &train, &test, &o, &a0, &a1) != MOERL_OK) goto fail;
+    if (stop_signal) {
+        fprintf(stderr, "moerl sft: stopped by signal %d after a checkpoint in %s; resume with the same command "
+                        "(trainer.resume_mode=auto)\n", stop_signal, state);
+        model_free(&m);
+        dataset_free(&train);
+        dataset_free(&test);
+        return 128 + stop_signal;
+    }
     snprintf(path, sizeof path, "%s/checkpoint", out);
-    if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
-    log_info("checkpoint written to %s", path);
+    if (isfinite(a1)) { /* NaN: nothing was left to do, the checkpoint stays as it is */
+        if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
+        log_info("checkpoint written to %s", path);
+    }
     json_t *j = json_object();
     json_object_set_new(j, "accuracy_before", cli_json_real(a0));
     json_object_set_new(j, "accuracy_after", cli_json_real(a1));
@@ -212,8 +244,16 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
                   .max_response_length = (int)cfg_int(c, "data.max_response_length"),
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),
                   .metrics_path = mpath,
-                  .label = "sft warm start"};
+                  .label = "sft warm start",
+                  .state_dir = NULL};
+    char state[4200];
+    snprintf(state, sizeof state, "%s/sft_checkpoint", out_dir);
+    o.state_dir = state; /* a warm start stopped by a signal (or killed) resumes from here */
+    o.resume = !strcmp(cfg_str(c, "trainer.resume_mode"), "auto");
+    int stop_signal = 0;
+    o.stop_signal_out = &stop_signal;
     if (sft_train(m, train, test, &o, acc_before, acc_after) != MOERL_OK) return moerl_error_prefix("sft warm start: ");
+    if (stop_signal) return MOERL_OK; /* the caller sees moerl_stop_requested() and exits */
     char path[4200];
     snprintf(path, sizeof path, "%s/sft_checkpoint", out_dir);
     return cli_save_checkpoint(m, path, 0);

@@ -19,37 +19,13 @@
 #include "model/safetensors.h"
 #include "rl/job_internal.h"
 #include "rl/rl.h"
+#include "train/ckpt.h"
 #include "train/train.h"
 
 void openblas_set_num_threads(int n);
 
 
 /* ------------------------------------------------------------------ checkpoints */
-
-static int save_optimizer(const job *J, const char *path) {
-    st_writer *w = st_writer_new();
-    int64_t shape[1] = {(int64_t)J->m->n_params};
-    st_writer_add(w, "adam.m", J->T.opt.m, 1, shape, ST_F32);
-    st_writer_add(w, "adam.v", J->T.opt.v, 1, shape, ST_F32);
-    int rc = st_writer_finish(w, path);
-    st_writer_free(w);
-    return rc;
-}
-
-/* Remove a flat directory (files only). */
-static void remove_flat_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4200];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflight, int n_inflight);
 
@@ -61,12 +37,9 @@ int job_save_checkpoint(job *J, const int64_t *inflight, int n_inflight) {
     snprintf(tmp, sizeof tmp, "%s/checkpoint.tmp", J->cfg->out_dir);
     snprintf(cur, sizeof cur, "%s/checkpoint", J->cfg->out_dir);
     snprintf(old, sizeof old, "%s/checkpoint.old", J->cfg->out_dir);
-    remove_flat_dir(tmp);
+    ckpt_remove_flat_dir(tmp);
     if (write_checkpoint_files(J, tmp, inflight, n_inflight) != MOERL_OK) return MOERL_ERR;
-    remove_flat_dir(old);
-    if (rename(cur, old) != 0 && errno != ENOENT) return moerl_errorf("cannot rename %s: %s", cur, strerror(errno));
-    if (rename(tmp, cur) != 0) return moerl_errorf("cannot rename %s to %s: %s", tmp, cur, strerror(errno));
-    remove_flat_dir(old);
+    if (ckpt_swap_dir(tmp, cur) != MOERL_OK) return MOERL_ERR;
     log_info("checkpoint at version %d (step %lld) written to %s", J->T.version, (long long)J->T.step, cur);
     return MOERL_OK;
 }
@@ -80,7 +53,7 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     const char *tk = "{\"type\": \"moerl-byte\", \"vocab_size\": 259, \"bos_token_id\": 256, \"eos_token_id\": 258}\n";
     if (moerl_write_file_atomic(p, tk, strlen(tk)) != MOERL_OK) return MOERL_ERR;
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    if (save_optimizer(J, p) != MOERL_OK) return MOERL_ERR;
+    if (ckpt_save_optimizer(&J->T.opt, p) != MOERL_OK) return MOERL_ERR;
     json_t *s = json_object(), *redo = json_array();
     json_object_set_new(s, "format", json_string("moerl-rl-state"));
     json_object_set_new(s, "format_version", json_integer(1));
@@ -115,32 +88,6 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     int rc = moerl_write_file_atomic(p, txt, strlen(txt));
     free(txt);
     json_decref(s);
-    return rc;
-}
-
-/* Rewrite a metrics JSONL file keeping the records whose "step" is ≤ step (atomically). */
-static int drop_metrics_after(const char *path, int64_t step) {
-    char *txt;
-    size_t len;
-    if (access(path, F_OK) != 0) return MOERL_OK;
-    if (moerl_read_file(path, &txt, &len) != MOERL_OK) return MOERL_ERR;
-    char *out = xmalloc(len + 1);
-    size_t o = 0;
-    for (char *line = txt; line < txt + len;) {
-        char *nl = memchr(line, '\n', (size_t)(txt + len - line));
-        size_t ll = nl ? (size_t)(nl - line) + 1 : (size_t)(txt + len - line);
-        json_t *j = json_loadb(line, ll, 0, NULL);
-        json_t *st = j ? json_object_get(j, "step") : NULL;
-        if (!st || json_integer_value(st) <= step) {
-            memcpy(out + o, line, ll);
-            o += ll;
-        }
-        json_decref(j);
-        line += ll;
-    }
-    int rc = moerl_write_file_atomic(path, out, o);
-    free(out);
-    free(txt);
     return rc;
 }
 
@@ -195,21 +142,11 @@ int job_load_checkpoint(job *J, int *resumed) {
         json_decref(s);
         return MOERL_ERR;
     }
-    st_file f;
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    if (st_open(&f, p) != MOERL_OK) {
+    if (ckpt_load_optimizer(&J->T.opt, p) != MOERL_OK) {
         json_decref(s);
         return MOERL_ERR;
     }
-    const st_tensor *tm = st_find(&f, "adam.m"), *tv = st_find(&f, "adam.v");
-    if (!tm || !tv || tm->numel != (int64_t)J->m->n_params || tv->numel != (int64_t)J->m->n_params) {
-        st_close(&f);
-        json_decref(s);
-        return moerl_errorf("%s: adam.m/adam.v missing or not %zu floats", p, J->m->n_params);
-    }
-    st_to_f32(tm, J->T.opt.m);
-    st_to_f32(tv, J->T.opt.v);
-    st_close(&f);
     J->T.version = (int)json_integer_value(json_object_get(s, "version"));
     J->T.step = json_integer_value(json_object_get(s, "trainer_step"));
     J->T.opt.step = json_integer_value(json_object_get(s, "optimizer_step"));
@@ -237,7 +174,7 @@ int job_load_checkpoint(job *J, int *resumed) {
     if (truncate(p, bytes) != 0 && errno != ENOENT) return moerl_errorf("cannot truncate %s: %s", p, strerror(errno));
     /* metrics of steps after the checkpoint are redone too: keep only records up to its step */
     snprintf(p, sizeof p, "%s/metrics.jsonl", c->out_dir);
-    if (drop_metrics_after(p, (int64_t)J->T.step) != MOERL_OK) return MOERL_ERR;
+    if (ckpt_truncate_metrics(p, (int64_t)J->T.step) != MOERL_OK) return MOERL_ERR;
     *resumed = 1;
     log_info("resumed from %s: version %d, step %lld, %lld prompts consumed, %d started prompts to redo", dir,
              J->T.version, (long long)J->T.step, (long long)J->consumed, fd->n_redo);

@@ -1,13 +1,17 @@
 /* SFT loop (see sft.h). */
 #include "train/sft.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/log.h"
 #include "base/rng.h"
+#include "base/signals.h"
+#include "train/ckpt.h"
 #include "data/tokenizer.h"
 #include "train/train.h"
 
@@ -27,6 +31,91 @@ static double sft_grad(void *vctx, const model_acts *a, const int *seq_of, const
     }
     ctx->ce_sum += loss;
     return loss;
+}
+
+/* Write the resumable state (see sft_opts.state_dir). */
+static int sft_save_state(const moe_model *m, const adamw_state *os, const dataset *train, const sft_opts *o,
+                          int64_t step, double acc0, int finished) {
+    char tmp[4200], p[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", o->state_dir);
+    ckpt_remove_flat_dir(tmp);
+    if (moerl_mkdirs(tmp) != MOERL_OK || model_save_hf(m, tmp, 0, 0) != MOERL_OK) return MOERL_ERR;
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+    if (ckpt_save_optimizer(os, p) != MOERL_OK) return MOERL_ERR;
+    json_t *s = json_object();
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dataset_fingerprint(train));
+    json_object_set_new(s, "format", json_string("moerl-sft-state"));
+    json_object_set_new(s, "format_version", json_integer(1));
+    json_object_set_new(s, "step", json_integer(step));
+    json_object_set_new(s, "optimizer_step", json_integer(os->step));
+    json_object_set_new(s, "optimizer_skipped", json_integer(os->skipped));
+    json_object_set_new(s, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(s, "batch_size", json_integer(o->batch_size));
+    json_object_set_new(s, "n_rows", json_integer(dataset_count(train)));
+    json_object_set_new(s, "data_fingerprint", json_string(fp));
+    json_object_set_new(s, "accuracy_before", isfinite(acc0) ? json_real(acc0) : json_null());
+    json_object_set_new(s, "stopped_at_accuracy", json_boolean(finished)); /* sft.stop_at_accuracy ended it */
+    char *txt = json_dumps(s, JSON_INDENT(1));
+    json_decref(s);
+    snprintf(p, sizeof p, "%s/sft_state.json", tmp);
+    const int rc = moerl_write_file_atomic(p, txt, strlen(txt));
+    free(txt);
+    if (rc != MOERL_OK || ckpt_swap_dir(tmp, o->state_dir) != MOERL_OK) return MOERL_ERR;
+    return MOERL_OK;
+}
+
+/* Load the resumable state if present: 1 resumed (weights, optimizer, *step, *acc0), 0 none. */
+static int sft_load_state(moe_model *m, adamw_state *os, const dataset *train, const sft_opts *o, int64_t *step,
+                          double *acc0, int *finished) {
+    char dir[4200], p[4300];
+    snprintf(dir, sizeof dir, "%s", o->state_dir);
+    snprintf(p, sizeof p, "%s/sft_state.json", dir);
+    if (access(p, R_OK) != 0) { /* a kill between the two renames of the swap leaves .old */
+        snprintf(dir, sizeof dir, "%s.old", o->state_dir);
+        snprintf(p, sizeof p, "%s/sft_state.json", dir);
+        if (access(p, R_OK) != 0) return 0;
+    }
+    json_error_t err;
+    json_t *s = json_load_file(p, 0, &err);
+    if (!s)
+        return moerl_errorf("%s:%d: %s (the file is damaged: move the checkpoint folder away or set "
+                            "trainer.resume_mode=disable)", p, err.line, err.text);
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dataset_fingerprint(train));
+    const char *fmt = json_string_value(json_object_get(s, "format")), *sfp = json_string_value(json_object_get(s, "data_fingerprint"));
+    json_t *jst = json_object_get(s, "step");
+    int bad = !fmt || strcmp(fmt, "moerl-sft-state") || json_integer_value(json_object_get(s, "format_version")) != 1 ||
+              !json_is_integer(jst) || json_integer_value(jst) < 0;
+    if (bad) {
+        json_decref(s);
+        return moerl_errorf("%s: not a moerl SFT state of format_version 1 with a step ≥ 0 (the file is damaged: move "
+                            "the checkpoint folder away or set trainer.resume_mode=disable)", p);
+    }
+    if (!sfp || strcmp(sfp, fp) || json_integer_value(json_object_get(s, "n_rows")) != dataset_count(train) ||
+        (uint64_t)json_integer_value(json_object_get(s, "seed")) != o->seed ||
+        json_integer_value(json_object_get(s, "batch_size")) != o->batch_size) {
+        json_decref(s);
+        return moerl_errorf("%s: the checkpoint was made with other training data, seed or batch size; use a new "
+                            "output folder or trainer.resume_mode=disable", p);
+    }
+    if (model_load_weights(m, dir) != MOERL_OK) {
+        json_decref(s);
+        return MOERL_ERR;
+    }
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    if (ckpt_load_optimizer(os, p) != MOERL_OK) {
+        json_decref(s);
+        return MOERL_ERR;
+    }
+    *step = json_integer_value(jst);
+    os->step = json_integer_value(json_object_get(s, "optimizer_step"));
+    os->skipped = json_integer_value(json_object_get(s, "optimizer_skipped"));
+    json_t *a = json_object_get(s, "accuracy_before");
+    *acc0 = json_is_number(a) ? json_number_value(a) : NAN;
+    *finished = json_is_true(json_object_get(s, "stopped_at_accuracy"));
+    json_decref(s);
+    return 1;
 }
 
 int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
@@ -69,10 +158,33 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     }
     adamw_init(&os, m, o->optim);
     if (model_acts_init(&acts, m, o->max_tokens) != MOERL_OK) goto out;
-    if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
+    if (o->stop_signal_out) *o->stop_signal_out = 0;
+    int64_t step0 = 0;
     double acc0 = 0, acc = 0, mlen;
-    if (eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc0, &mlen) != MOERL_OK) goto out;
-    log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
+    int resumed = 0, finished = 0;
+    if (o->state_dir && o->resume) {
+        resumed = sft_load_state(m, &os, train, o, &step0, &acc0, &finished);
+        if (resumed < 0) goto out;
+        if (resumed) {
+            log_info("%s: resumed from %s at step %lld of %lld", o->label, o->state_dir, (long long)step0,
+                     (long long)total);
+            if (o->metrics_path && ckpt_truncate_metrics(o->metrics_path, step0) != MOERL_OK) goto out;
+        }
+    }
+    if (!resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
+    if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
+    if (!resumed) {
+        if (eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc0, &mlen) != MOERL_OK) goto out;
+        log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
+    }
+    if (step0 >= total || finished) {
+        log_info("%s: nothing left to do: the run in %s finished at step %lld; raise the step count to continue",
+                 o->label, o->state_dir, (long long)step0);
+        if (acc_before) *acc_before = acc0;
+        if (acc_after) *acc_after = NAN;
+        rc = MOERL_OK;
+        goto out;
+    }
     rng_state rng;
     rng_seed(&rng, o->seed);
     train_step_opts to = {.max_tokens = o->max_tokens, .temperature = 1.0f, .want_entropy = 0,
@@ -80,11 +192,22 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     progress pb;
     progress_begin(&pb, o->label, total);
     double t_start = moerl_now();
-    int64_t step = 0, tokens_seen = 0;
-    for (int64_t ep = 0; step < total; ep++) {
+    int64_t step = step0, tokens_seen = 0;
+    const int64_t per_epoch = n_rows / bs;
+    int stopped = 0;
+    for (int64_t ep = 0; step < total && !stopped; ep++) {
         for (int64_t i = 0; i < n_rows; i++) order[i] = (int)i;
-        rng_shuffle_int(&rng, order, (int)n_rows);
-        for (int64_t b = 0; b + bs <= n_rows && step < total; b += bs, step++) {
+        rng_shuffle_int(&rng, order, (int)n_rows); /* replayed for the epochs before a resume point */
+        if ((ep + 1) * per_epoch <= step0) continue;
+        const int64_t b0 = ep * per_epoch < step0 ? (step0 - ep * per_epoch) * bs : 0;
+        for (int64_t b = b0; b + bs <= n_rows && step < total; b += bs, step++) {
+            if (moerl_stop_requested()) {
+                stopped = moerl_stop_requested();
+                break;
+            }
+            if (o->state_dir && o->save_freq > 0 && step > step0 && step % o->save_freq == 0 &&
+                sft_save_state(m, &os, train, o, step, acc0, 0) != MOERL_OK)
+                goto out;
             double t0 = moerl_now();
             int64_t resp_tokens = 0;
             for (int j = 0; j < bs; j++) {
@@ -131,6 +254,17 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     }
     progress_end(&pb, NULL);
     double train_s = moerl_now() - t_start;
+    const int at_accuracy = !stopped && step < (o->total_steps > 0 ? o->total_steps : o->total_epochs * per_epoch);
+    if (o->state_dir && sft_save_state(m, &os, train, o, step, acc0, at_accuracy) != MOERL_OK) goto out;
+    if (stopped) {
+        log_info("%s: stopped by signal %d at step %lld: checkpoint in %s", o->label, stopped, (long long)step,
+                 o->state_dir ? o->state_dir : "(none: no state folder)");
+        if (o->stop_signal_out) *o->stop_signal_out = stopped;
+        if (acc_before) *acc_before = acc0;
+        if (acc_after) *acc_after = NAN;
+        rc = MOERL_OK;
+        goto out;
+    }
     if (eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc, &mlen) != MOERL_OK) goto out;
     log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
              o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s, 100 * acc0, 100 * acc);

@@ -29,6 +29,18 @@ typedef struct {
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
     const char *label;         /* progress label */
+    /* Resumable runs: state_dir (NULL: none) receives a checkpoint — HF weights,
+     * optimizer.safetensors, sft_state.json (step, optimizer counters, data fingerprint, seed, batch
+     * size, accuracy before) — every save_freq steps (0: only at the end and on a stop signal),
+     * written into state_dir.tmp and swapped in. With resume set and a state file present, training
+     * continues from it (the shuffled order of every epoch is replayed from the seed, so the same
+     * rows follow); a state made from other data, seed or batch size is refused. On SIGINT/SIGTERM
+     * (base/signals.h) the loop stops after the current step, writes the checkpoint and returns
+     * MOERL_OK with *stop_signal_out set to the signal. */
+    const char *state_dir;
+    int save_freq;
+    int resume;
+    int *stop_signal_out;
 } sft_opts;
 
 /* Train m in place. acc_before/acc_after (may be NULL) receive held-out greedy accuracy.
