@@ -237,6 +237,29 @@ else
     bad "mpirun vs one process" "a run failed"; tail_log syn_mpi; tail_log syn_one
 fi
 
+# ---------------------------------------------------------------- SIGTERM to mpirun: checkpoint, resume
+# mpirun forwards SIGTERM to every rank; trainer rank 0 stops at the next step boundary, stops the
+# other ranks, writes a checkpoint and exits 143 (the others leave with it); the same command resumes.
+KS=(data.n_train=32 trainer.total_training_steps=0 trainer.total_epochs=6 trainer.save_freq=2
+    trainer.resume_mode=auto)
+timeout 120 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    trainer.default_local_dir="$WORK/sigterm" trainer.n_ranks=1 "${KS[@]}" >"$WORK/sigterm.json" 2>"$WORK/sigterm.log" &
+pid=$!
+for _ in $(seq 1 6000); do  # hang guard only
+    [[ -f $WORK/sigterm/checkpoint/trainer_state.json ]] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+done
+sleep 0.3
+kill -TERM $pid 2>/dev/null
+wait $pid
+rc1=$?
+if [[ $rc1 -eq 0 ]] || ! grep -q "stopped by signal 15" "$WORK/sigterm.log"; then
+    bad "SIGTERM under mpirun" "exit $rc1, no 'stopped by signal' line"; tail_log sigterm
+elif mpi_rl sigterm 3 1 "${KS[@]}" && msg=$(check once "$WORK/sigterm" 6 32); then
+    ok "SIGTERM to mpirun (exit $rc1): checkpoint, resume: every prompt of 6 epochs once"
+else bad "SIGTERM under mpirun resume" "${msg:-exit $?}"; tail_log sigterm; fi
+
 # ---------------------------------------------------------------- crash and resume
 # 2 rollout ranks + 1 trainer; trainer rank 0 (world rank 2) fails right after the checkpoint of
 # version 13; the same command (resume_mode auto) continues: 4 epochs of 32 prompts, each once.

@@ -227,12 +227,14 @@ static void send_ack(rollout_rank *W, int kind) {
 static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
-    CHECK_OK(dist_bcast_weights(ctx, W->m->params, W->m->n_params, &v, 1, NULL), "receiving the weights");
+    /* straight into the engine's weights: a rollout rank holds one copy, no training model */
+    CHECK_OK(dist_bcast_weights(ctx, engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1, NULL),
+             "receiving the weights");
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
-    CHECK_OK(engine_load_weights(W->R.eng, W->m->params, W->m->n_params, v), "loading the weights");
+    engine_set_version(W->R.eng, v);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
@@ -268,6 +270,11 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     rl_queue unused;
     rl_queue_init(&unused, 1);
     CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
+    /* the engine has its own copy of the weights: drop the training model's buffers (parameters and
+     * gradients); the layout (m->n_params, tensor table) stays for the size checks */
+    free(m->params);
+    free(m->grads);
+    m->params = m->grads = NULL;
     W->R.on_group_done = send_group;
     W->R.on_group_done_ctx = W;
     cmd_msg c = recv_cmd(ctx);

@@ -113,6 +113,8 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
 }
 
 int engine_version(const engine *e) { return e->version; }
+float *engine_weight_buffer(engine *e) { return e->m.params; }
+void engine_set_version(engine *e, int version) { e->version = version; }
 const moe_model *engine_model(const engine *e) { return &e->m; }
 engine_stats engine_get_stats(const engine *e) { return e->st; }
 

@@ -82,6 +82,11 @@ void engine_free(engine *e);
  * Only at a step boundary (the engine is single-threaded; callers serialise). */
 int engine_load_weights(engine *e, const float *params, size_t n_params, int version);
 int engine_version(const engine *e);
+/* The engine's own weight buffer (n_params floats of its model layout) for a caller that fills it
+ * in place — a rollout rank receiving a broadcast, without a second copy of the weights — followed
+ * by engine_set_version. Only at a step boundary, like engine_load_weights. */
+float *engine_weight_buffer(engine *e);
+void engine_set_version(engine *e, int version);
 /* The engine's inference model (weights in the engine's buffer). */
 const moe_model *engine_model(const engine *e);
 /* Validate and enqueue. Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
