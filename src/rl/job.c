@@ -214,11 +214,20 @@ void job_log_samples(job *J, rl_group **g, int n) {
             }
             intr += r->n_interruptions > 0;
         }
-        fprintf(J->samples,
-                "{\"step\": %lld, \"trainer_version\": %d, \"uid\": %lld, \"epoch\": %d, \"row\": %d, "
-                "\"start_version\": %d, \"min_version\": %d, \"max_version\": %d, \"interrupted_responses\": %d}\n",
-                (long long)J->T.step, J->T.version, (long long)g[i]->uid, g[i]->epoch, g[i]->row, g[i]->start_version,
-                vmin, vmax, intr);
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(J->T.step));
+        json_object_set_new(o, "trainer_version", json_integer(J->T.version));
+        json_object_set_new(o, "uid", json_integer(g[i]->uid));
+        json_object_set_new(o, "epoch", json_integer(g[i]->epoch));
+        json_object_set_new(o, "row", json_integer(g[i]->row));
+        json_object_set_new(o, "start_version", json_integer(g[i]->start_version));
+        json_object_set_new(o, "min_version", json_integer(vmin));
+        json_object_set_new(o, "max_version", json_integer(vmax));
+        json_object_set_new(o, "interrupted_responses", json_integer(intr));
+        char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        fprintf(J->samples, "%s\n", txt);
+        free(txt);
+        json_decref(o);
     }
 }
 

@@ -73,7 +73,7 @@ static void log_dropped(job *J, const rl_group *g) {
     json_object_set_new(o, "row", json_integer(g->row));
     json_object_set_new(o, "start_version", json_integer(g->start_version));
     json_object_set_new(o, "dropped", json_string("filter_groups: every response got the same reward"));
-    char *s = json_dumps(o, JSON_COMPACT);
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     fprintf(J->samples, "%s\n", s);
     free(s);
     json_decref(o);
