@@ -236,6 +236,16 @@ double dist_reducer_finish(dist_grad_reducer *r);
  * dist_reducer_new). Not during a step (between layer_done and finish). NULL is a no-op. */
 void dist_reducer_free(dist_grad_reducer *r);
 /* The plan in use (read-only; issue order = index order). */
+/* Compressed reduction (src/parallel/compress.h): from the reducer's (warmup_steps+1)-th step on,
+ * each bucket is compressed with error feedback (the residual buffer is the reducer's, n_params
+ * floats), every rank's payload goes to every rank (all-gather of sizes, then of payloads) and
+ * each rank sums the decompressed payloads; before that, and with GRAD_COMPRESSION_NONE, the exact
+ * all-reduce runs unchanged. chunk: onebit's elements per scale. In one process (or one trainer)
+ * nothing is sent and nothing is compressed. Set before the first step. */
+void dist_reducer_set_compression(dist_grad_reducer *r, int mode, int warmup_steps, int chunk);
+/* Bytes this rank sent for the last reduced step, and what the exact all-reduce's payload would
+ * have been (4 · n_params): the compression ratio is raw / sent. */
+void dist_reducer_last_bytes(const dist_grad_reducer *r, double *sent, double *raw);
 int dist_reducer_n_buckets(const dist_grad_reducer *r);
 const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r);
 

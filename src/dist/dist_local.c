@@ -223,6 +223,13 @@ void dist_reducer_free(dist_grad_reducer *r) {
     free(r);
 }
 
+void dist_reducer_set_compression(dist_grad_reducer *r, int mode, int warmup_steps, int chunk) {
+    (void)r; (void)mode; (void)warmup_steps; (void)chunk; /* one process: nothing is sent */
+}
+void dist_reducer_last_bytes(const dist_grad_reducer *r, double *sent, double *raw) {
+    (void)r;
+    *sent = *raw = 0;
+}
 int dist_reducer_n_buckets(const dist_grad_reducer *r) { return r->n_buckets; }
 const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r) { return r->b; }
 #endif /* MOERL_MPI */

@@ -24,6 +24,7 @@
 
 #include "base/common.h"
 #include "dist/dist.h"
+#include "parallel/compress.h"
 
 #define DIST_TAG_MAX 32767 /* the MPI standard guarantees MPI_TAG_UB >= 32767 */
 
@@ -345,6 +346,14 @@ struct dist_grad_reducer {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
+    /* compression (dist_reducer_set_compression) */
+    int comp, comp_warmup, comp_chunk;
+    int64_t steps;       /* finished steps */
+    float *resid;        /* [n_params] error-feedback residual */
+    unsigned char *sendbuf, *recvbuf;
+    int *lens, *displs;  /* [trainer_size] */
+    int world;           /* ranks in comm */
+    double bytes_sent, bytes_raw, last_sent, last_raw;
 };
 
 static void scale_bucket(dist_grad_reducer *r, int i) {
@@ -354,7 +363,40 @@ static void scale_bucket(dist_grad_reducer *r, int i) {
     for (size_t j = 0; j < r->b[i].n; j++) g[j] *= s;
 }
 
+/* The compressed exchange of bucket i (blocking; in THREAD mode it runs on the communication thread,
+ * overlapped with backward): compress with error feedback, all-gather the sizes and the payloads,
+ * sum every rank's decompressed payload into the bucket. The request stays MPI_REQUEST_NULL. */
+static void exchange_compressed(dist_grad_reducer *r, int i) {
+    float *g = r->grads + r->b[i].offset;
+    const size_t n = r->b[i].n;
+    const size_t len = compress_bucket((grad_compression)r->comp, g, r->resid + r->b[i].offset, n, r->comp_chunk,
+                                       r->sendbuf);
+    const int ilen = (int)len;
+    MPI_CHECK(MPI_Allgather(&ilen, 1, MPI_INT, r->lens, 1, MPI_INT, r->comm));
+    size_t total = 0;
+    for (int d = 0; d < r->world; d++) {
+        r->displs[d] = (int)total;
+        total += (size_t)r->lens[d];
+    }
+    MPI_CHECK(MPI_Allgatherv(r->sendbuf, ilen, MPI_BYTE, r->recvbuf, r->lens, r->displs, MPI_BYTE, r->comm));
+    memset(g, 0, n * sizeof(float));
+    for (int d = 0; d < r->world; d++)
+        if (decompress_add((grad_compression)r->comp, r->recvbuf + r->displs[d], (size_t)r->lens[d], g, n) != MOERL_OK) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "compressed gradient from trainer rank %d: %s", d, moerl_last_error());
+            moerl_fatal("%s", msg);
+        }
+    r->bytes_sent += (double)len;
+    r->bytes_raw += (double)n * 4.0;
+}
+
 static void issue_bucket(dist_grad_reducer *r, int i) {
+    if (r->comp && r->steps >= r->comp_warmup) {
+        exchange_compressed(r, i);
+        return;
+    }
+    r->bytes_sent += (double)r->b[i].n * 4.0;
+    r->bytes_raw += (double)r->b[i].n * 4.0;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->grads + r->b[i].offset, (int)r->b[i].n, MPI_FLOAT, MPI_SUM, r->comm,
                              &r->req[i]));
 }
@@ -514,6 +556,10 @@ double dist_reducer_finish(dist_grad_reducer *r) {
         r->finishing = 0;
         r->n_ready = r->n_issued = r->n_completed = 0;
         r->done_group = r->m->cfg.num_hidden_layers + 1;
+        r->steps++;
+        r->last_sent = r->bytes_sent;
+        r->last_raw = r->bytes_raw;
+        r->bytes_sent = r->bytes_raw = 0;
         pthread_mutex_unlock(&r->mu);
         return moerl_now() - t0;
     }
@@ -539,6 +585,10 @@ double dist_reducer_finish(dist_grad_reducer *r) {
     }
     r->n_ready = r->n_issued = r->n_completed = 0;
     r->done_group = r->m->cfg.num_hidden_layers + 1;
+    r->steps++;
+    r->last_sent = r->bytes_sent;
+    r->last_raw = r->bytes_raw;
+    r->bytes_sent = r->bytes_raw = 0;
     return moerl_now() - t0;
 }
 
@@ -555,9 +605,39 @@ void dist_reducer_free(dist_grad_reducer *r) {
         pthread_cond_destroy(&r->cv_done);
     }
     if (r->comm != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&r->comm));
+    free(r->resid);
+    free(r->sendbuf);
+    free(r->recvbuf);
+    free(r->lens);
+    free(r->displs);
     free(r->req);
     free(r->b);
     free(r);
+}
+
+void dist_reducer_set_compression(dist_grad_reducer *r, int mode, int warmup_steps, int chunk) {
+    if (mode == GRAD_COMPRESSION_NONE || r->comm == MPI_COMM_NULL) return; /* exact, or nothing to send */
+    MOERL_ASSERT(chunk > 0 && warmup_steps >= 0 && r->resid == NULL);
+    r->comp = mode;
+    r->comp_warmup = warmup_steps;
+    r->comp_chunk = chunk;
+    MPI_CHECK(MPI_Comm_size(r->comm, &r->world));
+    size_t maxn = 0;
+    for (int i = 0; i < r->n_buckets; i++) maxn = MOERL_MAX(maxn, r->b[i].n);
+    const size_t cap = compress_max_bytes((grad_compression)mode, maxn, chunk);
+    if (cap * (size_t)r->world > (size_t)INT_MAX)
+        moerl_fatal("compressed bucket payloads of %zu bytes × %d ranks exceed MPI's int count: lower actor.grad_bucket_mb",
+                    cap, r->world);
+    r->resid = xcalloc(r->m->n_params, sizeof(float));
+    r->sendbuf = xmalloc(cap);
+    r->recvbuf = xmalloc(cap * (size_t)r->world);
+    r->lens = xcalloc((size_t)r->world, sizeof(int));
+    r->displs = xcalloc((size_t)r->world, sizeof(int));
+}
+
+void dist_reducer_last_bytes(const dist_grad_reducer *r, double *sent, double *raw) {
+    *sent = r->last_sent;
+    *raw = r->last_raw;
 }
 
 int dist_reducer_n_buckets(const dist_grad_reducer *r) { return r->n_buckets; }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "parallel/compress.h"
 #include "rl/rl.h"
 
 void rl_def_algorithm_keys(cfg *c) {
@@ -28,6 +29,11 @@ void rl_def_algorithm_keys(cfg *c) {
     cfg_def_bool(c, "algorithm.filter_groups.enable", false, "DAPO dynamic sampling: drop groups whose rewards are all equal");
     cfg_def_int(c, "algorithm.filter_groups.max_num_gen_batches", 10,
                 "stop when a step drops more than this many steps' worth of groups (0 = never)");
+    cfg_def_str(c, "actor.grad_compression", "none",
+                "data-parallel gradient all-reduce: none (exact) | onebit (sign + scale per chunk) | threshold (values above "
+                "2·median|g|), both with error feedback");
+    cfg_def_int(c, "actor.grad_compression_warmup_steps", 10, "exact all-reduce for the first n optimizer steps");
+    cfg_def_int(c, "actor.grad_compression_chunk", 256, "onebit: elements per scale");
     cfg_def_int(c, "trainer.max_consecutive_skipped_steps", 10,
                 "stop a diverged run after this many consecutive non-finite optimizer steps (0 = never)");
 }
@@ -77,6 +83,14 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     if (r->filter_max_num_gen_batches < 0)
         return moerl_errorf("algorithm.filter_groups.max_num_gen_batches must be ≥ 0 (0 = never stop), got %d",
                             r->filter_max_num_gen_batches);
+    grad_compression gc;
+    if (grad_compression_parse(cfg_str(c, "actor.grad_compression"), &gc) != MOERL_OK) return MOERL_ERR;
+    r->grad_compression = (int)gc;
+    r->grad_compression_warmup_steps = (int)cfg_int(c, "actor.grad_compression_warmup_steps");
+    r->grad_compression_chunk = (int)cfg_int(c, "actor.grad_compression_chunk");
+    if (r->grad_compression_warmup_steps < 0 || r->grad_compression_chunk < 1)
+        return moerl_errorf("actor.grad_compression_warmup_steps must be ≥ 0 and actor.grad_compression_chunk ≥ 1 "
+                            "(got %d, %d)", r->grad_compression_warmup_steps, r->grad_compression_chunk);
     r->max_consecutive_skipped = (int)cfg_int(c, "trainer.max_consecutive_skipped_steps");
     if (r->max_consecutive_skipped < 0)
         return moerl_errorf("trainer.max_consecutive_skipped_steps must be ≥ 0 (0 = never stop), got %d",

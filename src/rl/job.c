@@ -252,6 +252,8 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->rollout_is_truncated_frac += b->rollout_is_truncated_frac; a->rollout_is_ess += b->rollout_is_ess;
     a->response_clip_ratio += b->response_clip_ratio;
     a->dropped_groups += b->dropped_groups;
+    a->grad_bytes_sent += b->grad_bytes_sent;
+    a->grad_bytes_raw += b->grad_bytes_raw;
 }
 
 int job_run_validation(job *J, double *acc) {
@@ -314,6 +316,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     }
     if (J->is_dist) {
         PUT("timing_s/grad_reduce_exposed", w->reduce_exposed_s);
+        PUT("perf/grad_bytes_sent", w->grad_bytes_sent);
+        PUT("perf/grad_compression_ratio", w->grad_bytes_sent > 0 ? w->grad_bytes_raw / w->grad_bytes_sent : 1.0);
         PUT("timing_s/weight_bcast", J->win_bcast_s);
         PUT("perf/weight_bcast_bytes", (double)J->bcast_bytes);
         PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);

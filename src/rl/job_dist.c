@@ -392,6 +392,8 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
     T->dist = ctx;
     T->reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
     if (!T->reducer) die(ctx, "gradient reducer");
+    dist_reducer_set_compression(T->reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
+                                 cfg->grad_compression_chunk);
     for (;;) {
         void *buf;
         size_t len;
@@ -832,6 +834,8 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     J->T.dist = ctx;
     J->T.reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
     if (!J->T.reducer) die(ctx, "gradient reducer");
+    dist_reducer_set_compression(J->T.reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
+                                 cfg->grad_compression_chunk);
     CHECK_OK(job_open_outputs(J, J->resumed), "outputs");
     log_info("fully-async GRPO on %d processes: %d rollout rank(s) + %d data-parallel trainer rank(s); %lld steps × "
              "%d prompts × %d responses; staleness_threshold %g → queue %d, lag bound %d (for in-order completion); "

@@ -97,6 +97,8 @@ typedef struct {
     int n_trainer_ranks;       /* trainer.n_ranks: data-parallel trainer ranks (the last world ranks) */
     double sync_bucket_mb;     /* async_training.sync_bucket_mb: weight-broadcast bucket (MiB) */
     double grad_bucket_mb;     /* actor.grad_bucket_mb: gradient-reduction bucket (MiB, DDP's 25) */
+    int grad_compression;      /* actor.grad_compression: grad_compression (parallel/compress.h) */
+    int grad_compression_warmup_steps, grad_compression_chunk;
 } rl_config;
 
 /* One prompt with its n responses: the unit that moves through the queue (never split). */
@@ -180,6 +182,7 @@ typedef struct {
     double rollout_is_mean, rollout_is_std, rollout_is_truncated_frac, rollout_is_ess; /* rollout IS weights */
     double response_clip_ratio; /* responses stopped at max_response_length (finish_reason length) */
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
+    double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */
 } train_stats;
 
 /* One mini-batch of a trainer step as one (data-parallel) trainer rank sees it. */

@@ -458,6 +458,10 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
             if (T->reducer) { /* gradients and loss summed over the trainer ranks */
                 T->stage = "grad_reduce";
                 st->reduce_exposed_s += dist_reducer_finish(T->reducer);
+                double sent, raw;
+                dist_reducer_last_bytes(T->reducer, &sent, &raw);
+                st->grad_bytes_sent += sent;
+                st->grad_bytes_raw += raw;
                 if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) goto out;
                 T->stage = "update";
             }
