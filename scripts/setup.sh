@@ -3,6 +3,7 @@
 # Idempotent and quick when everything is present. Runs without a terminal.
 set -euo pipefail
 PKGS=(build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libjansson-dev
+      libpcre2-dev libutf8proc-dev
       python3 python3-numpy python3-torch gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${PKGS[@]}"; do
