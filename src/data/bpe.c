@@ -17,8 +17,8 @@
 static const char k_gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 #define CACHE_MAX_PIECE 64       /* pieces up to this many bytes go through the word cache */
-#define CACHE_SLOTS (1u << 16)   /* per thread; cleared when half full */
-#define CACHE_BYTES (1u << 20)   /* key + id storage per thread before a clear */
+#define CACHE_SLOTS (1u << 17)   /* per thread; cleared when half full */
+#define CACHE_BYTES (1u << 22)   /* key + id storage per thread before a clear */
 
 typedef struct {
     uint64_t key;  /* (left id << 32) | right id; 0 = empty slot (id pair (0,0) is stored as key ^ 1<<63) */
@@ -400,6 +400,95 @@ static void bpe_piece(const hf_bpe *b, thread_state *t, const char *p, size_t n,
     }
 }
 
+/* ---- NFC, only where it can change something ----
+ * A code point is "stable" when NFC leaves it alone in any context: canonical combining class 0,
+ * not the second part of any canonical composition (nor a Hangul vowel/trailing jamo), and
+ * either without a canonical decomposition or its own NFC (precomposed letters such as é). Text
+ * splits for NFC before any stable code point, so only each run of unstable code points, with
+ * the one code point before it (which it may compose with), goes through utf8proc. */
+#define NFC_CP_END 0x30000 /* no canonical decomposition or combining mark at or above this */
+static uint8_t *g_nfc_unstable; /* bitmap over [0, NFC_CP_END) */
+static pthread_once_t g_nfc_once = PTHREAD_ONCE_INIT;
+
+static void nfc_init(void) {
+    uint8_t *u = xcalloc(NFC_CP_END / 8, 1);
+#define MARK(cp) (u[(cp) >> 3] |= (uint8_t)(1u << ((cp) & 7)))
+    for (int32_t cp = 0; cp < NFC_CP_END; cp++) {
+        const utf8proc_property_t *p = utf8proc_get_property(cp);
+        if (p->combining_class) MARK(cp);
+        if (p->decomp_type == 0 && p->decomp_seqindex != UINT16_MAX) {
+            utf8proc_int32_t d[8];
+            int lb = 0;
+            utf8proc_ssize_t k = utf8proc_decompose_char(cp, d, 8, UTF8PROC_DECOMPOSE, &lb);
+            for (utf8proc_ssize_t i = 1; i < k && i < 8; i++)
+                if (d[i] >= 0 && d[i] < NFC_CP_END) MARK(d[i]); /* a possible composition second */
+            utf8proc_uint8_t one[4], *nf = NULL;
+            utf8proc_ssize_t l1 = utf8proc_encode_char(cp, one);
+            utf8proc_ssize_t l2 = utf8proc_map(one, l1, &nf, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            if (l2 != l1 || memcmp(one, nf, (size_t)l1)) MARK(cp); /* singleton or excluded */
+            free(nf);
+        }
+    }
+    for (int32_t cp = 0x1161; cp <= 0x1175; cp++) MARK(cp); /* Hangul V and T jamo compose algorithmically */
+    for (int32_t cp = 0x11A8; cp <= 0x11C2; cp++) MARK(cp);
+#undef MARK
+    g_nfc_unstable = u;
+}
+
+static inline int nfc_unstable(uint32_t cp) {
+    return cp < NFC_CP_END && (g_nfc_unstable[cp >> 3] >> (cp & 7) & 1);
+}
+
+/* NFC of valid UTF-8 s[0..n): NULL when it is already NFC, else a heap string (*out_n its length). */
+static char *nfc_apply(const char *s, size_t n, size_t *out_n, int *err) {
+    char *out = NULL;
+    size_t o = 0, copied = 0, prev = 0, i = 0; /* prev: start of the last code point before i */
+    *err = 0;
+    while (i < n) {
+        if ((unsigned char)s[i] < 0xCC) { /* below U+0300 (or a continuation byte of a longer one) */
+            size_t cl;
+            if ((unsigned char)s[i] < 0x80) { prev = i++; continue; }
+            (void)utf8_cp((const unsigned char *)s + i, &cl);
+            prev = i;
+            i += cl;
+            continue;
+        }
+        size_t cl;
+        uint32_t cp = utf8_cp((const unsigned char *)s + i, &cl);
+        if (!nfc_unstable(cp)) { prev = i; i += cl; continue; }
+        /* an unstable run: from the code point before it to the next stable one */
+        size_t rs = i > 0 ? prev : 0, re = i + cl;
+        while (re < n) {
+            size_t c2;
+            uint32_t q = utf8_cp((const unsigned char *)s + re, &c2);
+            if (!nfc_unstable(q)) break;
+            re += c2;
+        }
+        utf8proc_uint8_t *nf = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s + rs, (utf8proc_ssize_t)(re - rs), &nf,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r < 0) {
+            free(out);
+            *err = (int)r;
+            return NULL;
+        }
+        if (!out) out = xmalloc(n * 3 + 16); /* NFC grows UTF-8 by at most 3x */
+        memcpy(out + o, s + copied, rs - copied);
+        o += rs - copied;
+        memcpy(out + o, nf, (size_t)r);
+        o += (size_t)r;
+        free(nf);
+        copied = re;
+        prev = re; /* not used before the next code point sets it */
+        i = re;
+    }
+    if (!out) return NULL;
+    memcpy(out + o, s + copied, n - copied);
+    o += n - copied;
+    *out_n = o;
+    return out;
+}
+
 /* ---- one text span between added tokens: UTF-8 repair, NFC, split, BPE ---- */
 static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n, tok_seq *out) {
     if (n == 0) return MOERL_OK;
@@ -435,16 +524,19 @@ static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n
     const char *txt = fixed ? fixed : s;
     size_t tn = fixed ? fn : n;
     /* 2. NFC */
-    utf8proc_uint8_t *nfc = NULL;
+    char *nfc = NULL;
     if (b->nfc && maybe_not_nfc) {
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)txt, (utf8proc_ssize_t)tn, &nfc,
-                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (r < 0) {
+        size_t nn;
+        int err;
+        nfc = nfc_apply(txt, tn, &nn, &err);
+        if (err) {
             free(fixed);
-            return moerl_errorf("NFC normalization failed: %s", utf8proc_errmsg(r));
+            return moerl_errorf("NFC normalization failed: %s", utf8proc_errmsg(err));
         }
-        txt = (const char *)nfc;
-        tn = (size_t)r;
+        if (nfc) {
+            txt = nfc;
+            tn = nn;
+        }
     }
     /* 3. split: every match and every gap is a piece */
     int rc = MOERL_OK;
@@ -583,6 +675,62 @@ static size_t bytelevel_decode(const char *s, size_t n, char *out) {
     return o;
 }
 
+/* Hugging Face's `tokenizers` runs the split regex with Oniguruma, whose Unicode \s is the
+ * White_Space property (tab..CR, space, U+0085, and the Z categories); PCRE2's UCP \s adds U+180E
+ * (MONGOLIAN VOWEL SEPARATOR, a format character since Unicode 6.3). So \s is spelt out as that
+ * set: inside a class as its members, outside as a class, and \S outside a class as the negated
+ * class. Returns a heap pattern, or NULL (error set) for what this rewrite does not handle. */
+#define WS_SET "\\t-\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+static char *oniguruma_ws(const char *pat, const char *name) {
+    size_t n = strlen(pat), o = 0;
+    char *out = xmalloc(n * 64 + 1);
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = pat[i];
+        if (c == '\\' && i + 1 < n) {
+            char d = pat[++i];
+            if (d == 'Q') {
+                free(out);
+                moerl_errorf("%s: pre_tokenizer regex: \\Q...\\E quoting is not supported", name);
+                return NULL;
+            }
+            if (d == 's' || (d == 'S' && !in_class)) {
+                const char *rep = in_class ? WS_SET : d == 's' ? "[" WS_SET "]" : "[^" WS_SET "]";
+                memcpy(out + o, rep, strlen(rep));
+                o += strlen(rep);
+                continue;
+            }
+            if (d == 'S') {
+                free(out);
+                moerl_errorf("%s: pre_tokenizer regex: \\S inside a character class is not supported", name);
+                return NULL;
+            }
+            out[o++] = c;
+            out[o++] = d;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = 1;
+            out[o++] = c;
+            if (i + 1 < n && pat[i + 1] == '^') out[o++] = pat[++i];
+            if (i + 1 < n && pat[i + 1] == ']') out[o++] = pat[++i]; /* a leading ] is a member */
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < n && pat[i + 1] == ':') { /* [:alpha:] */
+            const char *e = strstr(pat + i + 2, ":]");
+            size_t k = e ? (size_t)(e - (pat + i)) + 2 : 1;
+            memcpy(out + o, pat + i, k);
+            o += k;
+            i += k - 1;
+            continue;
+        }
+        if (in_class && c == ']') in_class = 0;
+        out[o++] = c;
+    }
+    out[o] = 0;
+    return out;
+}
+
 #define LOAD_ERR(...) do { moerl_errorf(__VA_ARGS__); goto fail; } while (0)
 
 static int check_pretok(hf_bpe *b, const json_t *pt, const char *name, const char **pattern) {
@@ -646,7 +794,11 @@ static int check_pretok(hf_bpe *b, const json_t *pt, const char *name, const cha
 static int check_normalizer(hf_bpe *b, const json_t *nz, const char *name) {
     if (!nz || json_is_null(nz)) return MOERL_OK;
     const char *ty = ctype(nz);
-    if (ty && !strcmp(ty, "NFC")) { b->nfc = 1; return MOERL_OK; }
+    if (ty && !strcmp(ty, "NFC")) {
+        b->nfc = 1;
+        pthread_once(&g_nfc_once, nfc_init);
+        return MOERL_OK;
+    }
     if (ty && !strcmp(ty, "Sequence")) {
         const json_t *list = json_object_get(nz, "normalizers");
         if (!json_is_array(list)) return moerl_errorf("%s: normalizer.normalizers: expected a list", name);
@@ -656,6 +808,7 @@ static int check_normalizer(hf_bpe *b, const json_t *nz, const char *name) {
                 return moerl_errorf("%s: normalizer.normalizers[%zu]: type %s is not supported (moerl supports NFC)",
                                     name, i, t2 ? t2 : "(none)");
             b->nfc = 1;
+            pthread_once(&g_nfc_once, nfc_init);
         }
         return MOERL_OK;
     }
@@ -860,7 +1013,10 @@ hf_bpe *hf_bpe_load(const char *text, size_t tlen, const char *name) {
     {
         int err;
         PCRE2_SIZE eoff;
-        b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &eoff, NULL);
+        char *pat = oniguruma_ws(pattern, name);
+        if (!pat) goto fail;
+        b->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &eoff, NULL);
+        free(pat);
         if (!b->re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof msg);
