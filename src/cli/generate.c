@@ -1,7 +1,7 @@
-/* moerl generate --model DIR (--prompt-tokens 1,5,9 | --prompts FILE.jsonl) [options]
+/* moerl generate --model DIR (--prompt TEXT | --prompts FILE.jsonl | --prompt-tokens 1,5,9) [options]
  * Runs the rollout engine and prints one JSON object per response on stdout:
  *   {"prompt_index": i, "sample": j, "tokens": [...], "logprobs": [...], "versions": [...],
- *    "text": "..." (models with moerl's byte tokenizer), "finish_reason": "stop"|"length"}
+ *    "text": "..." (when the model folder has a tokenizer), "finish_reason": "stop"|"length"}
  * Progress and throughput go to stderr. */
 #include <jansson.h>
 #include <math.h>
@@ -19,7 +19,8 @@
 
 static void gen_usage(FILE *f) {
     fprintf(f,
-            "usage: moerl generate --model DIR (--prompt-tokens 1,5,9 | --prompts FILE.jsonl) [options]\n"
+            "usage: moerl generate --model DIR (--prompt TEXT | --prompts FILE.jsonl | --prompt-tokens 1,5,9) [options]\n"
+            "  --prompt TEXT        one user message, through the model's chat template\n"
             "  --max-new-tokens N   new tokens per response (default 64)\n"
             "  --temperature T      0 = greedy (default 1.0)\n"
             "  --top-p P            nucleus sampling, (0,1] (default 1.0 = off)\n"
@@ -27,8 +28,11 @@ static void gen_usage(FILE *f) {
             "  --seed S             base seed; response j of prompt i uses seed S + 1000003·i + j (default 0)\n"
             "  -n N                 samples per prompt (default 1)\n"
             "  --max-num-seqs N     sequences in flight (default 32)\n"
-            "--prompts reads verl-style JSONL (field 'prompt': chat messages) and needs a model trained with\n"
-            "moerl's byte tokenizer (vocab_size >= %d).\n",
+            "  --chat-template NAME auto (the checkpoint's own, default) | qwen3 | chatml\n"
+            "  --no-thinking        Qwen3's enable_thinking=false\n"
+            "--prompt and --prompts (verl-style JSONL, field 'prompt': chat messages) need the model folder's\n"
+            "tokenizer: tokenizer.json (Hugging Face), or moerl's byte tokenizer (tokenizer_moerl.json or\n"
+            "vocab_size %d). Generation stops at every eos id of generation_config.json.\n",
             TOK_VOCAB_SIZE);
 }
 
@@ -44,7 +48,8 @@ static int parse_num(const char *opt, const char *s, double lo, double hi, doubl
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *ptoks = NULL, *pfile = NULL;
+    const char *model_dir = NULL, *ptoks = NULL, *pfile = NULL, *ptext = NULL, *tpl = "auto";
+    int thinking = 1;
     double max_new = 64, temp = 1.0, top_p = 1.0, top_k = 0, seed = 0, nsamp = 1, max_seqs = 32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -53,6 +58,9 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--prompt-tokens") && has) ptoks = argv[++i];
         else if (!strcmp(a, "--prompts") && has) pfile = argv[++i];
+        else if (!strcmp(a, "--prompt") && has) ptext = argv[++i];
+        else if (!strcmp(a, "--chat-template") && has) tpl = argv[++i];
+        else if (!strcmp(a, "--no-thinking")) thinking = 0;
         else if (!strcmp(a, "--max-new-tokens") && has) { if (parse_num(a, argv[++i], 1, 1e7, &max_new)) return 2; }
         else if (!strcmp(a, "--temperature") && has) { if (parse_num(a, argv[++i], 0, 1e6, &temp)) return 2; }
         else if (!strcmp(a, "--top-p") && has) { if (parse_num(a, argv[++i], 1e-9, 1, &top_p)) return 2; }
@@ -69,8 +77,8 @@ int cmd_generate(int argc, char **argv) {
             return 2;
         }
     }
-    if (!model_dir || (!ptoks == !pfile)) {
-        fprintf(stderr, "moerl generate: --model and exactly one of --prompt-tokens / --prompts are required\n");
+    if (!model_dir || (!!ptoks + !!pfile + !!ptext) != 1) {
+        fprintf(stderr, "moerl generate: --model and exactly one of --prompt / --prompts / --prompt-tokens are required\n");
         return 2;
     }
     moe_model m;
@@ -78,7 +86,14 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
         return 1;
     }
-    const int has_tok = m.cfg.vocab_size >= TOK_VOCAB_SIZE;
+    /* the folder's tokenizer: needed for text prompts; with --prompt-tokens it adds "text" when present */
+    const int has_tok = cli_use_tokenizer(model_dir, m.cfg.vocab_size, ptoks ? NULL : tpl, thinking,
+                                          "--chat-template") == MOERL_OK;
+    if (!has_tok && !ptoks) {
+        fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
+        model_free(&m);
+        return 2;
+    }
     int n_prompts = 0, rc = 1;
     int **prompts = NULL, *plens = NULL;
     dataset ds = {0};
@@ -92,13 +107,16 @@ int cmd_generate(int argc, char **argv) {
             model_free(&m);
             return 2;
         }
+    } else if (ptext) {
+        n_prompts = 1;
+        prompts = xmalloc(sizeof(int *));
+        plens = xmalloc(sizeof(int));
+        chat_msg msg = {"user", (char *)ptext};
+        tok_seq s = {0};
+        tok_chat_encode(&msg, 1, true, &s);
+        prompts[0] = s.ids;
+        plens[0] = (int)s.n;
     } else {
-        if (!has_tok) {
-            fprintf(stderr, "moerl generate: --prompts needs a tokenizer, but model '%s' has vocab_size %d < %d "
-                            "(moerl's byte tokenizer); use --prompt-tokens\n", model_dir, m.cfg.vocab_size, TOK_VOCAB_SIZE);
-            model_free(&m);
-            return 2;
-        }
         if (dataset_load(&ds, pfile) != MOERL_OK) {
             fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
             model_free(&m);
@@ -107,6 +125,14 @@ int cmd_generate(int argc, char **argv) {
         n_prompts = (int)dataset_count(&ds);
         prompts = xmalloc(n_prompts * sizeof(int *));
         plens = xmalloc(n_prompts * sizeof(int));
+        for (int i = 0; i < n_prompts; i++)
+            if (tokenizer_chat_check(tok_current(), dataset_row(&ds, i)->prompt, dataset_row(&ds, i)->n_prompt)) {
+                fprintf(stderr, "moerl generate: %s:%lld: prompt: %s\n", pfile, (long long)dataset_row(&ds, i)->line,
+                        moerl_last_error());
+                dataset_free(&ds);
+                model_free(&m);
+                return 1;
+            }
         for (int i = 0; i < n_prompts; i++) {
             const ds_row *row = dataset_row(&ds, i);
             tok_seq s = {0};

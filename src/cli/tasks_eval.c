@@ -7,6 +7,7 @@
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "data/dataset.h"
 #include "data/tasks.h"
 #include "model/model.h"
@@ -70,14 +71,19 @@ int cmd_tasks(int argc, char **argv) {
 int cmd_eval(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL;
     int64_t n = 0, max_new = 16;
+    const char *tpl = "auto";
+    int thinking = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]\n");
+            printf("usage: moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]\n"
+                   "                  [--chat-template auto|qwen3|chatml] [--no-thinking]\n");
             return 0;
         } else if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--data") && has) data = argv[++i];
+        else if (!strcmp(a, "--chat-template") && has) tpl = argv[++i];
+        else if (!strcmp(a, "--no-thinking")) thinking = 0;
         else if (!strcmp(a, "--n") && has) { if (parse_i64("eval", a, argv[++i], 0, 100000000, &n)) return 2; }
         else if (!strcmp(a, "--max-new-tokens") && has) { if (parse_i64("eval", a, argv[++i], 1, 1000000, &max_new)) return 2; }
         else {
@@ -91,10 +97,17 @@ int cmd_eval(int argc, char **argv) {
     }
     moe_model m;
     dataset ds = {0};
-    if (model_load_hf(&m, model_dir) != MOERL_OK || dataset_load(&ds, data) != MOERL_OK) {
+    if (model_load_hf(&m, model_dir) != MOERL_OK || dataset_load(&ds, data) != MOERL_OK ||
+        cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) {
         fprintf(stderr, "moerl eval: %s\n", moerl_last_error());
         return 1;
     }
+    for (int64_t i = 0; i < dataset_count(&ds); i++)
+        if (tokenizer_chat_check(tok_current(), dataset_row(&ds, i)->prompt, dataset_row(&ds, i)->n_prompt)) {
+            fprintf(stderr, "moerl eval: %s:%lld: prompt: %s\n", data, (long long)dataset_row(&ds, i)->line,
+                    moerl_last_error());
+            return 1;
+        }
     double acc, mlen;
     if (eval_accuracy(&m, &ds, n, (int)max_new, 64, &acc, &mlen) != MOERL_OK) {
         fprintf(stderr, "moerl eval: %s\n", moerl_last_error());
