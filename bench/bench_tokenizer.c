@@ -1,5 +1,6 @@
 /* bench_tokenizer — encode throughput of moerl's tokenizer on a file.
- * usage: bench_tokenizer --model DIR --file F [--reps N]
+ * usage: bench_tokenizer --model DIR --file F [--reps N] [--linear-max N]
+ * (--linear-max: pieces of up to N bytes use the quadratic merge loop, longer ones the heap; 0 = heap only)
  * Encodes the whole file once (warm-up: the word cache fills, as it does in a long run), then N
  * timed times; prints one JSON line: {"bytes", "tokens", "median_s", "MBps", "first_s", "load_s"}
  * (MB = 10^6 bytes; first_s = the warm-up pass, a cold cache). */
@@ -9,17 +10,20 @@
 
 #include "base/common.h"
 #include "bench_util.h"
+#include "data/bpe.h"
 #include "data/tokenizer.h"
 
 int main(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"file", required_argument, 0, 'f'},
-                                         {"reps", required_argument, 0, 'r'}, {0, 0, 0, 0}};
+                                         {"reps", required_argument, 0, 'r'},
+                                         {"linear-max", required_argument, 0, 'l'}, {0, 0, 0, 0}};
     const char *model = NULL, *file = NULL;
     int reps = 5, o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o == 'm') model = optarg;
         else if (o == 'f') file = optarg;
         else if (o == 'r') reps = atoi(optarg);
+        else if (o == 'l') hf_bpe_set_linear_max(atoi(optarg));
         else return 2;
     }
     if (!model || !file || reps < 1) {
