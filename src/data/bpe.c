@@ -1020,8 +1020,8 @@ hf_bpe *hf_bpe_load(const char *text, size_t tlen, const char *name) {
         if (!b->re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof msg);
-            LOAD_ERR("%s: pre_tokenizer regex does not compile with PCRE2 at offset %zu: %s", name, (size_t)eoff,
-                     (char *)msg);
+            LOAD_ERR("%s: pre_tokenizer regex does not compile with PCRE2 (offset %zu after spelling out \\s): %s",
+                     name, (size_t)eoff, (char *)msg);
         }
         b->jit = pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE) == 0;
     }
