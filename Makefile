@@ -38,6 +38,13 @@ endif
 $(info moerl: OpenBLAS found ($(OPENBLAS_LIBS)))
 CFLAGS += $(OPENBLAS_CFLAGS)
 LDLIBS += $(OPENBLAS_LIBS) -lyaml -ljansson
+# Tokenizer: PCRE2 (the pre-tokenizer's Unicode regex) and utf8proc (NFC), both from Debian.
+TOK_LIBS := $(shell pkg-config --libs libpcre2-8 libutf8proc 2>/dev/null)
+ifeq ($(TOK_LIBS),)
+$(error moerl: PCRE2 or utf8proc not found (run scripts/setup.sh, which installs libpcre2-dev and libutf8proc-dev))
+endif
+CFLAGS += $(shell pkg-config --cflags libpcre2-8 libutf8proc 2>/dev/null)
+LDLIBS += $(TOK_LIBS)
 ifneq ($(SANITIZE),)
 LDFLAGS += -fsanitize=$(SANITIZE)
 $(info moerl: sanitizers $(SANITIZE))

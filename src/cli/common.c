@@ -52,6 +52,8 @@ void cli_def_data_keys(cfg *c) {
     cfg_def_int(c, "data.arith_digits", 2, "arith: digits per operand");
     cfg_def_int(c, "data.countdown_numbers", 4, "countdown: numbers per problem");
     cfg_def_int(c, "data.max_response_length", 16, "new tokens at most per response (eval and rollout)");
+    cfg_def_str(c, "data.chat_template", "auto", "auto (the checkpoint's own: Qwen3's, or chatml for moerl's byte tokenizer) | qwen3 | chatml");
+    cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking (false: empty think block in the prompt)");
 }
 
 int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *exit_code) {
@@ -150,7 +152,8 @@ int cli_build_model(const cfg *c, moe_model *m) {
 #undef ORIGIN
         if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
         log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));
-        return MOERL_OK;
+        return cli_use_tokenizer(path, m->cfg.vocab_size, cfg_str(c, "data.chat_template"),
+                                 cfg_bool(c, "data.enable_thinking"), "data.chat_template");
     }
     moe_config mc;
     memset(&mc, 0, sizeof mc);
@@ -187,6 +190,25 @@ int cli_build_model(const cfg *c, moe_model *m) {
     model_init_random(m, (uint64_t)cfg_int(c, "model.seed"));
     log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
              mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
+    return cli_use_tokenizer(NULL, mc.vocab_size, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
+                             "data.chat_template");
+}
+
+int cli_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_template, bool enable_thinking,
+                      const char *key) {
+    static tokenizer *cur; /* the process's tokenizer (tokenizer.h: the current one) */
+    tokenizer *t = model_dir ? tokenizer_load(model_dir, vocab_size) : tokenizer_new_bytes();
+    if (!t) return MOERL_ERR;
+    if (chat_template && tokenizer_set_chat_template(t, chat_template, enable_thinking, key) != MOERL_OK) {
+        tokenizer_free(t);
+        return MOERL_ERR;
+    }
+    tok_set_current(t);
+    tokenizer_free(cur);
+    cur = t;
+    if (model_dir)
+        log_info("tokenizer: %s (%s, %d ids), chat template %s", model_dir, tokenizer_kind(t), tokenizer_vocab_size(t),
+                 tokenizer_chat_template_name(t));
     return MOERL_OK;
 }
 
@@ -219,6 +241,13 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
     }
     if (dataset_count(train) == 0) return moerl_errorf("training data '%s' has no rows", tr);
     if (cli_check_data_sources(train) != MOERL_OK || cli_check_data_sources(test) != MOERL_OK) return MOERL_ERR;
+    const dataset *both[2] = {train, test};
+    for (int d = 0; d < 2; d++)
+        for (int64_t i = 0; i < dataset_count(both[d]); i++) {
+            const ds_row *r = dataset_row(both[d], i);
+            if (tokenizer_chat_check(tok_current(), r->prompt, r->n_prompt) != MOERL_OK)
+                return moerl_error_prefix("%s:%lld: prompt: ", both[d]->path, (long long)r->line);
+        }
     return MOERL_OK;
 }
 
@@ -318,10 +347,7 @@ void cli_set_threads(int n) {
 
 int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16) {
     if (model_save_hf(m, dir, bf16, 0) != MOERL_OK) return MOERL_ERR;
-    char p[4096];
-    snprintf(p, sizeof p, "%s/tokenizer_moerl.json", dir);
-    const char *txt = "{\"type\": \"moerl-byte\", \"vocab_size\": 259, \"bos_token_id\": 256, \"eos_token_id\": 258}\n";
-    return moerl_write_file_atomic(p, txt, strlen(txt));
+    return tokenizer_save(tok_current(), dir);
 }
 
 json_t *cli_json_real(double x) { return isfinite(x) ? json_real(x) : json_null(); }

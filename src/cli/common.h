@@ -4,6 +4,7 @@
 #define MOERL_CLI_COMMON_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
 #include "base/config.h"
 #include "data/dataset.h"
@@ -24,8 +25,15 @@ int cli_build_model(const cfg *c, moe_model *m);
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test);
 /* Set OpenMP/OpenBLAS threads for this process (0 = all cores). */
 void cli_set_threads(int n);
-/* Write the byte-tokenizer marker next to a checkpoint (so generate can decode text). */
+/* Write a checkpoint and, beside it, the files of the current tokenizer (tokenizer_save: the
+ * checkpoint's own tokenizer files, or moerl's byte-tokenizer marker). */
 int cli_save_checkpoint(const moe_model *m, const char *dir, int bf16);
+/* Load the tokenizer of model_dir (NULL: moerl's byte tokenizer, for a new model), choose its chat
+ * template (chat_template: auto | qwen3 | chatml, NULL: none, for token-only use; errors name
+ * `key`) and make it the process's
+ * current tokenizer (tok_set_current), replacing the one set before. */
+int cli_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_template, bool enable_thinking,
+                      const char *key);
 
 /* ---- the output folder of a run (rl, sft) ---- */
 

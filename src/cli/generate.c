@@ -1,14 +1,14 @@
-/* moerl generate --model DIR (--prompt-tokens 1,5,9 | --prompts FILE.jsonl) [options]
+/* moerl generate --model DIR (--prompt TEXT | --prompts FILE.jsonl | --prompt-tokens 1,5,9) [options]
  * Runs the rollout engine and prints one JSON object per response on stdout, in input order
  * (prompt 0's samples 0..n-1, then prompt 1's, ...; responses finish in another order and wait
  * for their turn):
  *   {"prompt_index": i, "sample": j, "tokens": [...], "logprobs": [...], "versions": [...],
- *    "text": "..." (models with moerl's byte tokenizer), "finish_reason": "stop"|"length"}
+ *    "text": "..." (when the model folder has a tokenizer), "finish_reason": "stop"|"length"}
  * "versions" holds the policy version of each token's weights: the checkpoint's own version, read
  * from the trainer_state.json an RL checkpoint carries ("version"), else 0. --prompts reads JSONL
  * rows of which only "prompt" is used (chat messages, or a plain string = one user message), so
- * verl-style task rows and bare {"prompt": ...} rows both work. Progress and throughput go to
- * stderr. */
+ * verl-style task rows and bare {"prompt": ...} rows both work; prompts go through the checkpoint's
+ * tokenizer and chat template. Progress and throughput go to stderr. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,7 +25,8 @@
 
 static void gen_usage(FILE *f) {
     fprintf(f,
-            "usage: moerl generate --model DIR (--prompt-tokens 1,5,9 | --prompts FILE.jsonl) [options]\n"
+            "usage: moerl generate --model DIR (--prompt TEXT | --prompts FILE.jsonl | --prompt-tokens 1,5,9) [options]\n"
+            "  --prompt TEXT        one user message, through the model's chat template\n"
             "  --max-new-tokens N   new tokens per response (default 64)\n"
             "  --temperature T      0 = greedy (default 1.0)\n"
             "  --top-p P            nucleus sampling, (0,1] (default 1.0 = off)\n"
@@ -33,9 +34,13 @@ static void gen_usage(FILE *f) {
             "  --seed S             base seed; response j of prompt i uses seed S + 1000003·i + j (default 0)\n"
             "  -n N                 samples per prompt (default 1)\n"
             "  --max-num-seqs N     sequences in flight (default 32)\n"
+            "  --chat-template NAME auto (the checkpoint's own, default) | qwen3 | chatml\n"
+            "  --no-thinking        Qwen3's enable_thinking=false\n"
             "--prompts reads JSONL rows with a 'prompt' field: a list of chat messages {\"role\", \"content\"}\n"
-            "(verl's schema; other fields are ignored) or a plain string (one user message). It needs a model\n"
-            "trained with moerl's byte tokenizer (vocab_size >= %d).\n"
+            "(verl's schema; other fields are ignored) or a plain string (one user message).\n"
+            "--prompt and --prompts need the model folder's tokenizer: tokenizer.json (Hugging Face), or\n"
+            "moerl's byte tokenizer (tokenizer_moerl.json or vocab_size %d). Generation stops at every eos id\n"
+            "of generation_config.json.\n"
             "Output: one JSON line per response, in input order (prompt, then sample). The policy version of an\n"
             "RL checkpoint (its trainer_state.json) is reported in 'versions'.\n",
             TOK_VOCAB_SIZE);
@@ -107,6 +112,12 @@ static int read_prompts(const char *path, tok_seq **out, int *n_out) {
             json_decref(o);
             goto out;
         }
+        if (tokenizer_chat_check(tok_current(), msgs, nm) != MOERL_OK) {
+            moerl_error_prefix("%s:%lld: prompt: ", path, line);
+            if (msgs != &one) free(msgs);
+            json_decref(o);
+            goto out;
+        }
         if (n == cap) seqs = xrealloc(seqs, (cap = cap ? 2 * cap : 64) * sizeof *seqs);
         memset(&seqs[n], 0, sizeof seqs[n]);
         tok_chat_encode(msgs, nm, true, &seqs[n]);
@@ -151,7 +162,8 @@ static int checkpoint_version(const char *dir, int *version) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *ptoks = NULL, *pfile = NULL;
+    const char *model_dir = NULL, *ptoks = NULL, *pfile = NULL, *ptext = NULL, *tpl = "auto";
+    int thinking = 1;
     double max_new = 64, temp = 1.0, top_p = 1.0, top_k = 0, seed = 0, nsamp = 1, max_seqs = 32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -160,6 +172,9 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--prompt-tokens") && has) ptoks = argv[++i];
         else if (!strcmp(a, "--prompts") && has) pfile = argv[++i];
+        else if (!strcmp(a, "--prompt") && has) ptext = argv[++i];
+        else if (!strcmp(a, "--chat-template") && has) tpl = argv[++i];
+        else if (!strcmp(a, "--no-thinking")) thinking = 0;
         else if (!strcmp(a, "--max-new-tokens") && has) { if (parse_num(a, argv[++i], 1, 1e7, &max_new)) return 2; }
         else if (!strcmp(a, "--temperature") && has) { if (parse_num(a, argv[++i], 0, 1e6, &temp)) return 2; }
         else if (!strcmp(a, "--top-p") && has) { if (parse_num(a, argv[++i], 1e-9, 1, &top_p)) return 2; }
@@ -176,8 +191,8 @@ int cmd_generate(int argc, char **argv) {
             return 2;
         }
     }
-    if (!model_dir || (!ptoks == !pfile)) {
-        fprintf(stderr, "moerl generate: --model and exactly one of --prompt-tokens / --prompts are required\n");
+    if (!model_dir || (!!ptoks + !!pfile + !!ptext) != 1) {
+        fprintf(stderr, "moerl generate: --model and exactly one of --prompt / --prompts / --prompt-tokens are required\n");
         return 2;
     }
     moe_model m;
@@ -185,7 +200,14 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
         return 1;
     }
-    const int has_tok = m.cfg.vocab_size >= TOK_VOCAB_SIZE;
+    /* the folder's tokenizer: needed for text prompts; with --prompt-tokens it adds "text" when present */
+    const int has_tok = cli_use_tokenizer(model_dir, m.cfg.vocab_size, ptoks ? NULL : tpl, thinking,
+                                          "--chat-template") == MOERL_OK;
+    if (!has_tok && !ptoks) {
+        fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
+        model_free(&m);
+        return 2;
+    }
     int n_prompts = 0, rc = 1, version = 0;
     int **prompts = NULL, *plens = NULL;
     if (checkpoint_version(model_dir, &version) != MOERL_OK) {
@@ -203,13 +225,16 @@ int cmd_generate(int argc, char **argv) {
             model_free(&m);
             return 2;
         }
+    } else if (ptext) {
+        n_prompts = 1;
+        prompts = xmalloc(sizeof(int *));
+        plens = xmalloc(sizeof(int));
+        chat_msg msg = {"user", (char *)ptext};
+        tok_seq s = {0};
+        tok_chat_encode(&msg, 1, true, &s);
+        prompts[0] = s.ids;
+        plens[0] = (int)s.n;
     } else {
-        if (!has_tok) {
-            fprintf(stderr, "moerl generate: --prompts needs a tokenizer, but model '%s' has vocab_size %d < %d "
-                            "(moerl's byte tokenizer); use --prompt-tokens\n", model_dir, m.cfg.vocab_size, TOK_VOCAB_SIZE);
-            model_free(&m);
-            return 2;
-        }
         tok_seq *seqs;
         if (read_prompts(pfile, &seqs, &n_prompts) != MOERL_OK) {
             cli_print_error("generate", moerl_last_error());

@@ -96,14 +96,19 @@ int cmd_tasks(int argc, char **argv) {
 int cmd_eval(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL;
     int64_t n = 0, max_new = 16;
+    const char *tpl = "auto";
+    int thinking = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]\n");
+            printf("usage: moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]\n"
+                   "                  [--chat-template auto|qwen3|chatml] [--no-thinking]\n");
             return 0;
         } else if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--data") && has) data = argv[++i];
+        else if (!strcmp(a, "--chat-template") && has) tpl = argv[++i];
+        else if (!strcmp(a, "--no-thinking")) thinking = 0;
         else if (!strcmp(a, "--n") && has) { if (parse_i64("eval", a, argv[++i], 0, 100000000, &n)) return 2; }
         else if (!strcmp(a, "--max-new-tokens") && has) { if (parse_i64("eval", a, argv[++i], 1, 1000000, &max_new)) return 2; }
         else {
@@ -122,6 +127,12 @@ int cmd_eval(int argc, char **argv) {
     /* the data first (cheap, and its errors name file:line), then the model */
     if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
     if (model_load_hf(&m, model_dir) != MOERL_OK) goto fail;
+    if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
+    for (int64_t i = 0; i < dataset_count(&ds); i++)
+        if (tokenizer_chat_check(tok_current(), dataset_row(&ds, i)->prompt, dataset_row(&ds, i)->n_prompt)) {
+            moerl_error_prefix("%s:%lld: prompt: ", data, (long long)dataset_row(&ds, i)->line);
+            goto fail;
+        }
     if (eval_accuracy(&m, &ds, n, (int)max_new, 64, &acc, &mlen) != MOERL_OK) {
         /* a reward error names the row's line: say which file it is in */
         if (!strstr(moerl_last_error(), data)) moerl_error_prefix("%s: ", data);

@@ -1,17 +1,25 @@
-/* moerl — byte-level tokenizer with Qwen-style special tokens and chat template.
+/* moerl — tokenizers: one handle type for moerl's byte tokenizer and Hugging Face byte-level BPE.
  *
- * Ids 0..255 are the bytes of the text (any bytes, so invalid UTF-8 round-trips exactly);
- * special tokens follow, with Qwen2/Qwen3's names and roles:
- *     256 <|endoftext|>   bos and pad (Qwen's pad token; Qwen3's bos_token_id 151643 is the same token)
- *     257 <|im_start|>
- *     258 <|im_end|>      eos (Qwen3 chat models' eos_token_id 151645 is the same token)
- * TOK_VOCAB_SIZE = 259. A model may have a larger embedding table; ids ≥ 259 decode to nothing.
+ * A `tokenizer` is loaded from a model folder (tokenizer_load) and is one of:
+ *   bytes   moerl's byte tokenizer. Ids 0..255 are the bytes of the text (any bytes, so invalid
+ *           UTF-8 round-trips exactly); special tokens follow, with Qwen2/Qwen3's names and roles:
+ *               256 <|endoftext|>   bos and pad
+ *               257 <|im_start|>
+ *               258 <|im_end|>      eos
+ *           TOK_VOCAB_SIZE = 259; a model may have a larger embedding table (ids ≥ 259 decode to
+ *           nothing). Chat template: chatml (chat_template.h).
+ *   hf-bpe  the checkpoint's own tokenizer.json (bpe.h: Qwen2/Qwen3, GPT-2, Llama 3 style
+ *           byte-level BPE), its tokenizer_config.json (chat template, eos token) and
+ *           generation_config.json (eos_token_id: one id or a list, all of them stop generation).
  *
- * Chat template: the ChatML layout of Qwen's tokenizer_config.json chat_template (without tools
- * and without a default system message):
- *     for each message  "<|im_start|>{role}\n{content}<|im_end|>\n"
- *     for generation    "<|im_start|>assistant\n"
- * The Qwen BPE tokenizer comes later (design.md); it will keep these functions' contracts.
+ * Which one (tokenizer_load): tokenizer.json present → hf-bpe; else tokenizer_moerl.json
+ * (written by moerl next to its checkpoints) or a model vocabulary of at most 259 → bytes; else
+ * an error (a 151k-vocabulary model without its tokenizer files must not silently get bytes).
+ *
+ * The process-wide current tokenizer: the training and generation code (SFT, RL rollouts and
+ * rewards, eval) calls the tok_* functions at the bottom, which use the tokenizer set once by
+ * tok_set_current when the model is loaded (the CLI does it; until then, the byte tokenizer).
+ * It is read-only afterwards, so threads share it freely.
  */
 #ifndef MOERL_TOKENIZER_H
 #define MOERL_TOKENIZER_H
@@ -44,31 +52,91 @@ typedef struct {
     char *content;
 } chat_msg;
 
-/* The text of special token `id` ("<|im_end|>"), or NULL if id is not a special token. */
+typedef struct tokenizer tokenizer;
+
+/* ---- the handle ---- */
+
+/* moerl's byte tokenizer (never fails). */
+tokenizer *tokenizer_new_bytes(void);
+/* The tokenizer of a model folder (rule at the top). vocab_size: the model's embedding rows
+ * (config.json), or 0 if unknown; ids of the tokenizer must fit in it. Returns NULL with
+ * moerl_last_error() naming the folder, the file and the problem. */
+tokenizer *tokenizer_load(const char *dir, int vocab_size);
+void tokenizer_free(tokenizer *t);
+
+/* "bytes" or "hf-bpe". */
+const char *tokenizer_kind(const tokenizer *t);
+/* One past the largest id the tokenizer produces or decodes. */
+int32_t tokenizer_vocab_size(const tokenizer *t);
+/* The id of a token given by its text ("<|im_end|>"), or -1. */
+int32_t tokenizer_token_id(const tokenizer *t, const char *text);
+
+/* Append the ids of text[0..len) (any bytes) to out. allow_special: control tokens
+ * (<|im_start|>, <|im_end|>, <|endoftext|>, ...) written in the text become their ids; without
+ * it they stay text (use this for untrusted content). hf-bpe: added tokens that are not special
+ * (<think>, <tool_call>, ...) are always matched, as Hugging Face does; invalid UTF-8 is
+ * encoded as the U+FFFD text a replacing decoder makes of it (bpe.h). Errors: bpe.h. */
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool allow_special, tok_seq *out);
+
+/* Text of ids[0..n): each id's bytes (special ids their string, or nothing with skip_special;
+ * ids the tokenizer does not define nothing). Returns a NUL-terminated heap string (it may
+ * contain NUL bytes and invalid UTF-8 such as a cut character: *len, if not NULL, gets the true
+ * length), or NULL with moerl_last_error() naming the position of a negative id. */
+char *tokenizer_decode(const tokenizer *t, const int32_t *ids, int64_t n, bool skip_special, size_t *len);
+
+/* Choose the chat template: name "auto" (the template of tokenizer_config.json, which must be
+ * one moerl implements — else an error saying to set a built-in one; chatml for the byte
+ * tokenizer), "qwen3" or "chatml". enable_thinking: Qwen3's switch (true is the template's
+ * default). Errors name the key `config_key` (e.g. "data.chat_template") in what to do. */
+int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thinking, const char *config_key);
+/* The chosen template's name ("qwen3", "chatml"); "none" before a successful choice for hf-bpe. */
+const char *tokenizer_chat_template_name(const tokenizer *t);
+
+/* Check that the chat template renders these messages (roles). */
+int tokenizer_chat_check(const tokenizer *t, const chat_msg *msgs, int n);
+/* The chat template's text for msgs (add_generation_prompt: end with the assistant's opening).
+ * Heap string, or NULL on error. */
+char *tokenizer_chat_text(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt);
+/* The chat template as ids, appended to out: the text of tokenizer_chat_text encoded in one go,
+ * except that control tokens are matched only where the template wrote them, so content that
+ * spells "<|im_end|>" stays text. */
+int tokenizer_chat_encode(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out);
+/* A response as the model must produce it after the generation prompt, appended to out: the
+ * template's rendering of a final assistant turn (chat_render_response: the text itself for
+ * chatml; qwen3 adds its think block) followed by the end-of-turn token <|im_end|>. SFT targets. */
+int tokenizer_encode_response(const tokenizer *t, const char *text, tok_seq *out);
+
+/* Ids that end a generation (hf-bpe: generation_config.json eos_token_id, all of them, else
+ * config.json's, plus tokenizer_config.json's eos_token; bytes: <|im_end|>). *n gets the count. */
+const int32_t *tokenizer_stop_ids(const tokenizer *t, int *n);
+
+/* Write the tokenizer files into dir (atomically each), so a checkpoint written there loads
+ * with the same tokenizer: bytes → tokenizer_moerl.json; hf-bpe → the files it was loaded from
+ * (tokenizer.json, tokenizer_config.json, generation_config.json, chat_template.jinja,
+ * special_tokens_map.json, vocab.json, merges.txt, those present), byte for byte. */
+int tokenizer_save(const tokenizer *t, const char *dir);
+
+/* ---- the process-wide current tokenizer (see the top) ---- */
+
+/* Make t current (the caller keeps ownership and must not free it while it is current; NULL
+ * restores the byte tokenizer). Call before starting threads that tokenize. */
+void tok_set_current(tokenizer *t);
+/* The current tokenizer (the byte tokenizer until tok_set_current). */
+tokenizer *tok_current(void);
+/* 1 if tok ends a generation under the current tokenizer (tokenizer_stop_ids); always 0 before a
+ * tok_set_current, so code that never loads a tokenizer stops only where its model says. */
+int tok_is_stop(int32_t tok);
+
+/* The text of byte-tokenizer special id (256..258: "<|im_end|>", ...), or NULL. */
 const char *tok_special_text(int32_t id);
 
-/* Append the ids of text[0..len) to out. With allow_special, the exact strings "<|endoftext|>",
- * "<|im_start|>", "<|im_end|>" become their special ids; without it every byte is a byte id
- * (use this for untrusted content, so a user cannot inject control tokens). */
+/* The functions below are those of the handle on the current tokenizer; errors that can only
+ * come from data checked beforehand (tokenizer_chat_check: a role the template cannot render)
+ * or from a pathological regex input end the program with the message (moerl_fatal). */
 void tok_encode(const char *text, size_t len, bool allow_special, tok_seq *out);
-
-/* Text of ids[0..n): byte ids give their byte, special ids their string (or nothing with
- * skip_special), ids ≥ TOK_VOCAB_SIZE nothing. Returns a NUL-terminated heap string (the text
- * may itself contain NUL bytes: *len, if not NULL, gets the true length), or NULL with
- * moerl_last_error() naming the position for a negative id. */
 char *tok_decode(const int32_t *ids, int64_t n, bool skip_special, size_t *len);
-
-/* The chat template as text (see the top of this file); add_generation_prompt appends
- * "<|im_start|>assistant\n". Heap string. */
 char *tok_chat_text(const chat_msg *msgs, int n, bool add_generation_prompt);
-
-/* The chat template as ids, appended to out: the structural tokens are special ids; role and
- * content are encoded byte by byte (allow_special = false), so content that spells
- * "<|im_end|>" stays plain text. */
 void tok_chat_encode(const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out);
-
-/* A response as the model must produce it after the generation prompt: the bytes of `text`
- * followed by <|im_end|> (eos), appended to out. Used for SFT targets. */
 void tok_encode_response(const char *text, tok_seq *out);
 
 #endif

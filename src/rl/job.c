@@ -16,6 +16,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "base/plot.h"
+#include "data/tokenizer.h"
 #include "model/safetensors.h"
 #include "rl/job_internal.h"
 #include "rl/rl.h"
@@ -49,9 +50,7 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     char p[4200];
     if (moerl_mkdirs(dir) != MOERL_OK) return MOERL_ERR;
     if (model_save_hf(J->m, dir, c->save_bf16, 0) != MOERL_OK) return MOERL_ERR;
-    snprintf(p, sizeof p, "%s/tokenizer_moerl.json", dir);
-    const char *tk = "{\"type\": \"moerl-byte\", \"vocab_size\": 259, \"bos_token_id\": 256, \"eos_token_id\": 258}\n";
-    if (moerl_write_file_atomic(p, tk, strlen(tk)) != MOERL_OK) return MOERL_ERR;
+    if (tokenizer_save(tok_current(), dir) != MOERL_OK) return MOERL_ERR; /* the files the run started from */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     if (ckpt_save_optimizer(&J->T.opt, p) != MOERL_OK) return MOERL_ERR;
     json_t *s = json_object(), *redo = json_array();

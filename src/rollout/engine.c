@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 
@@ -223,6 +224,7 @@ static void forward_tokens(engine *e, int T, int n_rows) {
 
 static int is_stop(const engine *e, const gen_request *r, int tok) {
     if (!r->sp.ignore_eos && e->m.cfg.eos_token_id >= 0 && tok == e->m.cfg.eos_token_id) return 1;
+    if (!r->sp.ignore_eos && tok_is_stop(tok)) return 1; /* every eos id of the checkpoint's tokenizer */
     for (int i = 0; i < r->sp.n_stop; i++)
         if (tok == r->sp.stop_tokens[i]) return 1;
     return 0;
