@@ -5,6 +5,8 @@
 #   test_dist_dp  DP = 2 and 3 against DP = 1 (and DP = 3 + one rollout rank receiving the weights)
 #   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss)
 #                 at DP = 2 and 3 against one rank and one micro-batch
+#   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
+#                 the exchange, bit for bit, at DP = 2 and 3
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft
 #                 under -np 3 is ONE run (rank 0; one checkpoint, one result line, metrics once), a bad
@@ -74,6 +76,8 @@ run_mpi "test_dist_dp -np 3 (DP=3)" 3 "$T/test_dist_dp"
 run_mpi "test_dist_dp -np 4 (DP=3 + rollout)" 4 "$T/test_dist_dp" --trainers 3
 run_mpi "test_dist_trainer -np 2 (DP=2)" 2 "$T/test_dist_trainer"
 run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
+run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
+run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then
