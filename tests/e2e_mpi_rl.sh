@@ -237,6 +237,19 @@ else
     bad "mpirun vs one process" "a run failed"; tail_log syn_mpi; tail_log syn_one
 fi
 
+# ---------------------------------------------------------------- compressed gradient all-reduce
+# DP=2 trainers + 1 rollout rank with actor.grad_compression: the job completes, the replicas stay
+# identical (checked by the job itself at the end), and the metrics report the payload ratio.
+for comp in threshold onebit; do
+    if mpi_rl comp_$comp 3 2 actor.grad_compression=$comp actor.grad_compression_warmup_steps=2 \
+        trainer.total_training_steps=6 actor.optim.lr=1e-3; then
+        r=$($PY -c "import json,sys; rs=[json.loads(l) for l in open(sys.argv[1]) if 'perf/grad_compression_ratio' in l]; print(rs[-1]['perf/grad_compression_ratio'] if rs else 0)" "$WORK/comp_$comp/metrics.jsonl")
+        if grep -q "weights identical on all 2 trainer rank" "$WORK/comp_$comp.log" && $PY -c "import sys; sys.exit(0 if float(sys.argv[1]) > 1.5 else 1)" "$r"; then
+            ok "grad_compression=$comp at DP=2: replicas identical, payload ratio $r after warm-up"
+        else bad "grad_compression=$comp" "ratio '$r' or replicas not identical"; tail_log comp_$comp; fi
+    else bad "grad_compression=$comp" "exit $?"; tail_log comp_$comp; fi
+done
+
 # ---------------------------------------------------------------- SIGTERM to mpirun: checkpoint, resume
 # mpirun forwards SIGTERM to every rank; trainer rank 0 stops at the next step boundary, stops the
 # other ranks, writes a checkpoint and exits 143 (the others leave with it); the same command resumes.
