@@ -51,10 +51,11 @@ static float select_kth(float *a, size_t n, size_t k) {
 }
 
 float compress_threshold_tau(const float *x, size_t n) {
-    if (n == 0) return 0.0f;
-    float *a = xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) a[i] = fabsf(x[i]);
-    const float med = select_kth(a, n, (n - 1) / 2);
+    float *a = xmalloc((n ? n : 1) * sizeof(float));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 0.0f) a[k++] = fabsf(x[i]);
+    const float med = k ? select_kth(a, k, (k - 1) / 2) : 0.0f;
     free(a);
     return 2.0f * med;
 }

@@ -6,8 +6,10 @@
  *     x = g + e;  payload = C(x);  e ← x − D(payload)
  * (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "Error feedback fixes SignSGD").
  *
- * threshold: τ = 2·median(|x|) over the bucket (the practice's dynamic τ); the elements with
- *   |x| > τ travel as (index u32, value f32) pairs; D puts them back, zeros elsewhere.
+ * threshold: τ = 2·median(|x|) over the bucket's nonzero elements (the practice's dynamic τ; exact
+ *   zeros — unused embedding rows, experts without tokens — never need to travel, and counting them
+ *   would pull τ to 0 and send everything); the elements with |x| > τ travel as (index u32,
+ *   value f32) pairs; D puts them back, zeros elsewhere.
  * onebit: per chunk of `chunk` elements one scale s = mean |x| over the chunk and one sign bit per
  *   element; D gives ±s (1-bit SGD with a per-chunk scale; the 1-bit Adam paper compresses the
  *   momentum the same way after an uncompressed warm-up).
@@ -38,7 +40,8 @@ size_t compress_bucket(grad_compression c, const float *g, float *e, size_t n, i
  * its own length (a malformed message from another rank: named, never read past len). */
 int decompress_add(grad_compression c, const void *payload, size_t len, float *acc, size_t n);
 
-/* The threshold codec's τ for x[n]: 2·median(|x|) (the lower median for even n). */
+/* The threshold codec's τ for x[n]: 2·median(|x|) over the nonzero x (the lower median for an even
+ * count; 0 when every x is 0). */
 float compress_threshold_tau(const float *x, size_t n);
 
 #endif
