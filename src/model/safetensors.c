@@ -195,16 +195,41 @@ static int parse_entry(st_tensor *t, const char *path, const char *name, json_t 
 }
 
 /* jansson reports a duplicate key as "duplicate object key near '"NAME"'"; pull NAME out. */
-static void duplicate_name(const json_error_t *e, char *out, size_t cap) {
-    const char *p = strstr(e->text, "near '\"");
+/* The name of the duplicated key after jansson's json_error_duplicate_key: jansson quotes the token
+ * in its message only when it is at most 20 bytes long, so read the key from the header text
+ * instead. jerr.position is the byte just past the key's closing quote; walk back to the opening
+ * quote (one not escaped by an odd run of backslashes) and decode the literal with jansson, which
+ * undoes its escapes. Falls back to "?" when the text there is not a string literal. */
+static void duplicate_name(const json_error_t *e, const char *hdr, size_t N, char *out, size_t cap) {
     snprintf(out, cap, "?");
-    if (!p) return;
-    p += 7;
-    const char *q = strstr(p, "\"'");
-    size_t n = q ? (size_t)(q - p) : strlen(p);
-    if (n >= cap) n = cap - 1;
-    memcpy(out, p, n);
-    out[n] = 0;
+    size_t end = e->position > 0 ? (size_t)e->position : 0; /* one past the closing quote */
+    if (end < 2 || end > N || hdr[end - 1] != '"') return;
+    size_t q = end - 1;
+    for (;;) {
+        if (q == 0) return;
+        q--;
+        if (hdr[q] != '"') continue;
+        size_t bs = 0;
+        while (bs < q && hdr[q - 1 - bs] == '\\') bs++;
+        if (bs % 2 == 0) break;
+    }
+    json_t *lit = json_loadb(hdr + q, end - q, JSON_DECODE_ANY, NULL);
+    if (json_is_string(lit)) {
+        /* shown inside quotes in a one-line message: keep printable ASCII, '?' for the rest */
+        const char *v = json_string_value(lit);
+        size_t n = json_string_length(lit), k = 0;
+        size_t i = 0;
+        for (; i < n && k + 4 < cap; i++)
+            out[k++] = (v[i] >= 32 && v[i] < 127) || (unsigned char)v[i] >= 0x80 ? v[i] : '?';
+        if (i < n) { /* cut: not inside a UTF-8 sequence, and say so */
+            while (k > 0 && ((unsigned char)out[k - 1] & 0xC0) == 0x80) k--;
+            if (k > 0 && (unsigned char)out[k - 1] >= 0xC0) k--;
+            memcpy(out + k, "...", 3);
+            k += 3;
+        }
+        out[k] = 0;
+    }
+    json_decref(lit);
 }
 
 static int st_parse_header(st_file *f, const char *path, const char *hdr, size_t N, size_t data_len) {
@@ -212,8 +237,8 @@ static int st_parse_header(st_file *f, const char *path, const char *hdr, size_t
     json_t *root = json_loadb(hdr, N, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         if (json_error_code(&jerr) == json_error_duplicate_key) {
-            char nm[200];
-            duplicate_name(&jerr, nm, sizeof nm);
+            char nm[512];
+            duplicate_name(&jerr, hdr, N, nm, sizeof nm);
             return moerl_errorf("safetensors '%s': duplicate tensor name \"%s\" in the header (at header byte %d); "
                                 "every name must appear once", path, nm, jerr.position);
         }
