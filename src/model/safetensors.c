@@ -317,6 +317,24 @@ done:
     return rc;
 }
 
+/* Validate the whole file image buf[size] (size ≥ 8) and fill f (path copied, data pointers into buf). */
+static int st_parse_buffer(st_file *f, const void *buf, size_t size, const char *path) {
+    f->path = xstrdup(path);
+    uint64_t N;
+    memcpy(&N, buf, 8);
+    if (N > ST_MAX_HEADER_BYTES)
+        return moerl_errorf("safetensors '%s': header length %llu exceeds the 100 MB limit (%llu bytes); the file is "
+                            "corrupt or not safetensors", path, (unsigned long long)N, ST_MAX_HEADER_BYTES);
+    if (N > size - 8)
+        return moerl_errorf("safetensors '%s': header length %llu is beyond the file (file has %zu bytes after the "
+                            "8-byte length); the file is truncated", path, (unsigned long long)N, size - 8);
+    if (st_parse_header(f, path, (const char *)buf + 8, (size_t)N, size - 8 - (size_t)N) != MOERL_OK)
+        return MOERL_ERR;
+    const char *data = (const char *)buf + 8 + N;
+    for (int i = 0; i < f->n_tensors; i++) f->tensors[i].data = data + f->tensors[i].begin;
+    return MOERL_OK;
+}
+
 int st_open(st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
@@ -343,26 +361,23 @@ int st_open(st_file *f, const char *path) {
     if (map == MAP_FAILED) return moerl_errorf("safetensors: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(e));
     f->map = map;
     f->map_len = size;
-    f->path = xstrdup(path);
-    uint64_t N;
-    memcpy(&N, map, 8);
-    if (N > ST_MAX_HEADER_BYTES) {
-        moerl_errorf("safetensors '%s': header length %llu exceeds the 100 MB limit (%llu bytes); the file is "
-                     "corrupt or not safetensors", path, (unsigned long long)N, ST_MAX_HEADER_BYTES);
-        goto fail;
+    if (st_parse_buffer(f, map, size, path) != MOERL_OK) {
+        st_close(f);
+        return MOERL_ERR;
     }
-    if (N > size - 8) {
-        moerl_errorf("safetensors '%s': header length %llu is beyond the file (file has %zu bytes after the 8-byte "
-                     "length); the file is truncated", path, (unsigned long long)N, size - 8);
-        goto fail;
-    }
-    if (st_parse_header(f, path, (const char *)map + 8, (size_t)N, size - 8 - (size_t)N) != MOERL_OK) goto fail;
-    const char *data = (const char *)map + 8 + N;
-    for (int i = 0; i < f->n_tensors; i++) f->tensors[i].data = data + f->tensors[i].begin;
     return MOERL_OK;
-fail:
-    st_close(f);
-    return MOERL_ERR;
+}
+
+int st_open_memory(st_file *f, const void *buf, size_t len, const char *name) {
+    memset(f, 0, sizeof *f);
+    if (len < 8)
+        return moerl_errorf("safetensors '%s': file is truncated: %zu bytes, need at least 8 for the header length",
+                            name, len);
+    if (st_parse_buffer(f, buf, len, name) != MOERL_OK) {
+        st_close(f);
+        return MOERL_ERR;
+    }
+    return MOERL_OK;
 }
 
 int st_to_f32(const st_tensor *t, float *dst) {
