@@ -3,7 +3,8 @@
 # Idempotent and quick when everything is present. Runs without a terminal.
 set -euo pipefail
 PKGS=(build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libjansson-dev
-      python3 python3-numpy python3-torch gnuplot-nox openmpi-bin libopenmpi-dev)
+      python3 python3-numpy python3-torch gnuplot-nox openmpi-bin libopenmpi-dev
+      clang libclang-rt-dev)  # clang + compiler-rt (libFuzzer, sanitizer runtimes): tests/e2e_fuzz.sh
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
