@@ -161,8 +161,8 @@ static int group_read(rbuf *r, rl_group **out) {
     /* every response takes at least its 12-byte header: bound the request array by the bytes left */
     if ((size_t)n > (r->n - r->off) / 12) {
         r->err = 1;
-        return moerl_errorf("%s: uid %lld announces %d responses, but only %zu bytes follow (at least 12 each)",
-                            r->what, (long long)uid, n, r->n - r->off);
+        return moerl_errorf("%s: truncated: uid %lld announces %d responses, but only %zu bytes follow (at least 12 "
+                            "each)", r->what, (long long)uid, n, r->n - r->off);
     }
     if ((size_t)plen * 4 > r->n - r->off) /* check before allocating what a bad length asks for */
         return r_get(r, NULL, (size_t)plen * 4, "prompt tokens");
