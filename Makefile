@@ -1,26 +1,41 @@
 # moerl — plain Makefile. `make` builds build/moerl; `make test` runs the suite;
-# `make SANITIZE=address,undefined` builds a sanitizer variant under build-san/.
+# `make SANITIZE=address,undefined` builds a sanitizer variant under build-san/;
+# `make SANITIZE=thread` a ThreadSanitizer variant under build-tsan/ (OpenMP off: NO_OPENMP=1);
+# `make fuzz` builds the libFuzzer targets of fuzz/ with clang under build-fuzz/ and runs each
+# for FUZZ_SECONDS (fuzz/README.md). NO_OPENMP=1 builds single-threaded kernels.
 CC ?= cc
 SANITIZE ?=
+comma := ,
 ifeq ($(SANITIZE),)
 BUILD ?= build
 OPT ?= -O3 -march=native
 else
+ifneq ($(filter thread,$(subst $(comma), ,$(SANITIZE))),)
+# ThreadSanitizer does not see libgomp's synchronisation (every OpenMP region reports false races):
+# build without OpenMP so that a report is a real race between moerl's own threads.
+BUILD ?= build-tsan
+NO_OPENMP ?= 1
+else
 BUILD ?= build-san
-OPT ?= -O1 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE)
+endif
+# -fno-sanitize-recover: a UBSan report aborts (non-zero exit) instead of printing and going on.
+OPT ?= -O1 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
 endif
 CFLAGS ?=
 CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare -Wno-format-truncation $(OPT) -Isrc -MMD -MP
 LDLIBS += -lm -lpthread
 
 # --- dependency detection (prints what it found) ---
+ifneq ($(NO_OPENMP),1)
 HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo 1)
+endif
 ifeq ($(HAVE_OPENMP),1)
 CFLAGS += -fopenmp
 LDFLAGS += -fopenmp
 $(info moerl: OpenMP found)
 else
-$(info moerl: OpenMP NOT found, building single-threaded kernels)
+CFLAGS += -Wno-unknown-pragmas
+$(info moerl: OpenMP off (NO_OPENMP=1 or not found), building single-threaded kernels)
 endif
 # Prefer Debian's OpenMP build of OpenBLAS: it shares libgomp's thread pool with moerl's own
 # OpenMP kernels (the pthread build's threads fight them for the cores).
@@ -85,7 +100,31 @@ test: all
 	BUILD=$(BUILD) bash tests/run.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan build-fuzz
+
+# --- fuzzing (libFuzzer from Debian's clang, with ASan + UBSan; fuzz/README.md) ---
+# `make fuzz` builds every fuzz/fuzz_<name>.c into build-fuzz/fuzz/fuzz_<name> (the library compiled
+# by clang with -fsanitize=fuzzer-no-link,address,undefined, OpenMP and MPI off), replays the
+# committed regression inputs, then fuzzes each target for FUZZ_SECONDS (default 60) from its seed
+# corpus fuzz/corpus/<name>/ (new inputs go to build-fuzz/corpus/<name>/, crashes to
+# build-fuzz/artifacts/<name>/). `make fuzz-build` only builds.
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
+.PHONY: fuzz fuzz-build fuzz-bins
+fuzz-build:
+	$(MAKE) --no-print-directory CC=$(FUZZ_CC) BUILD=build-fuzz SANITIZE=address,undefined NO_OPENMP=1 NO_MPI=1 \
+	    FUZZ_LIB=1 fuzz-bins
+fuzz: fuzz-build
+	bash fuzz/run.sh $(FUZZ_SECONDS)
+ifeq ($(FUZZ_LIB),1)
+# clang warns about GCC-only warning flags; coverage instrumentation for libFuzzer everywhere
+CFLAGS += -Wno-unknown-warning-option -fsanitize=fuzzer-no-link
+fuzz-bins: $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+$(BUILD)/fuzz/%: fuzz/%.c fuzz/fuzz_common.h $(BUILD)/libmoerl.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Ifuzz -fsanitize=fuzzer $(LDFLAGS) -o $@ $< $(BUILD)/libmoerl.a $(LDLIBS)
+endif
 
 # --- MPI build (optional; NO_MPI=1 skips it) ---
 # With mpicc: build/moerl-mpi = the same CLI and library objects, but src/dist/mpi_dist.c (compiled by

@@ -381,6 +381,22 @@ static void test_malformed(void) {
     snprintf(h, sizeof h, "{%s,\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", A);
     write_st(p, h, 16);
     expect_reject("duplicate name", p, "duplicate tensor name", "\"a\"");
+    /* jansson names the key in its own message only up to 20 bytes: a real tensor name is longer */
+    path_in(p, sizeof p, "dup_long.safetensors");
+    snprintf(h, sizeof h,
+             "{\"model.layers.0.mlp.experts.7.down_proj.weight\":{\"dtype\":\"F32\",\"shape\":[2],"
+             "\"data_offsets\":[0,8]},\"model.layers.0.mlp.experts.7.down_proj.weight\":{\"dtype\":\"F32\","
+             "\"shape\":[2],\"data_offsets\":[8,16]}}");
+    write_st(p, h, 16);
+    expect_reject("duplicate long name", p, "duplicate tensor name",
+                  "\"model.layers.0.mlp.experts.7.down_proj.weight\"");
+    /* the same key spelled with escapes (\u0062 = b, an escaped quote) is still named decoded */
+    path_in(p, sizeof p, "dup_escaped.safetensors");
+    snprintf(h, sizeof h,
+             "{\"a\\\"bcdefghijklmnopqrstuvwxyz\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"a\\\"\\u0062cdefghijklmnopqrstuvwxyz\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}");
+    write_st(p, h, 16);
+    expect_reject("duplicate escaped name", p, "duplicate tensor name", "\"a\"bcdefghijklmnopqrstuvwxyz\"");
 
     path_in(p, sizeof p, "trailing.safetensors");
     snprintf(h, sizeof h, "{%s}", A);

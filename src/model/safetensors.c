@@ -195,16 +195,41 @@ static int parse_entry(st_tensor *t, const char *path, const char *name, json_t 
 }
 
 /* jansson reports a duplicate key as "duplicate object key near '"NAME"'"; pull NAME out. */
-static void duplicate_name(const json_error_t *e, char *out, size_t cap) {
-    const char *p = strstr(e->text, "near '\"");
+/* The name of the duplicated key after jansson's json_error_duplicate_key: jansson quotes the token
+ * in its message only when it is at most 20 bytes long, so read the key from the header text
+ * instead. jerr.position is the byte just past the key's closing quote; walk back to the opening
+ * quote (one not escaped by an odd run of backslashes) and decode the literal with jansson, which
+ * undoes its escapes. Falls back to "?" when the text there is not a string literal. */
+static void duplicate_name(const json_error_t *e, const char *hdr, size_t N, char *out, size_t cap) {
     snprintf(out, cap, "?");
-    if (!p) return;
-    p += 7;
-    const char *q = strstr(p, "\"'");
-    size_t n = q ? (size_t)(q - p) : strlen(p);
-    if (n >= cap) n = cap - 1;
-    memcpy(out, p, n);
-    out[n] = 0;
+    size_t end = e->position > 0 ? (size_t)e->position : 0; /* one past the closing quote */
+    if (end < 2 || end > N || hdr[end - 1] != '"') return;
+    size_t q = end - 1;
+    for (;;) {
+        if (q == 0) return;
+        q--;
+        if (hdr[q] != '"') continue;
+        size_t bs = 0;
+        while (bs < q && hdr[q - 1 - bs] == '\\') bs++;
+        if (bs % 2 == 0) break;
+    }
+    json_t *lit = json_loadb(hdr + q, end - q, JSON_DECODE_ANY, NULL);
+    if (json_is_string(lit)) {
+        /* shown inside quotes in a one-line message: keep printable ASCII, '?' for the rest */
+        const char *v = json_string_value(lit);
+        size_t n = json_string_length(lit), k = 0;
+        size_t i = 0;
+        for (; i < n && k + 4 < cap; i++)
+            out[k++] = (v[i] >= 32 && v[i] < 127) || (unsigned char)v[i] >= 0x80 ? v[i] : '?';
+        if (i < n) { /* cut: not inside a UTF-8 sequence, and say so */
+            while (k > 0 && ((unsigned char)out[k - 1] & 0xC0) == 0x80) k--;
+            if (k > 0 && (unsigned char)out[k - 1] >= 0xC0) k--;
+            memcpy(out + k, "...", 3);
+            k += 3;
+        }
+        out[k] = 0;
+    }
+    json_decref(lit);
 }
 
 static int st_parse_header(st_file *f, const char *path, const char *hdr, size_t N, size_t data_len) {
@@ -212,8 +237,8 @@ static int st_parse_header(st_file *f, const char *path, const char *hdr, size_t
     json_t *root = json_loadb(hdr, N, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         if (json_error_code(&jerr) == json_error_duplicate_key) {
-            char nm[200];
-            duplicate_name(&jerr, nm, sizeof nm);
+            char nm[512];
+            duplicate_name(&jerr, hdr, N, nm, sizeof nm);
             return moerl_errorf("safetensors '%s': duplicate tensor name \"%s\" in the header (at header byte %d); "
                                 "every name must appear once", path, nm, jerr.position);
         }
@@ -292,6 +317,24 @@ done:
     return rc;
 }
 
+/* Validate the whole file image buf[size] (size ≥ 8) and fill f (path copied, data pointers into buf). */
+static int st_parse_buffer(st_file *f, const void *buf, size_t size, const char *path) {
+    f->path = xstrdup(path);
+    uint64_t N;
+    memcpy(&N, buf, 8);
+    if (N > ST_MAX_HEADER_BYTES)
+        return moerl_errorf("safetensors '%s': header length %llu exceeds the 100 MB limit (%llu bytes); the file is "
+                            "corrupt or not safetensors", path, (unsigned long long)N, ST_MAX_HEADER_BYTES);
+    if (N > size - 8)
+        return moerl_errorf("safetensors '%s': header length %llu is beyond the file (file has %zu bytes after the "
+                            "8-byte length); the file is truncated", path, (unsigned long long)N, size - 8);
+    if (st_parse_header(f, path, (const char *)buf + 8, (size_t)N, size - 8 - (size_t)N) != MOERL_OK)
+        return MOERL_ERR;
+    const char *data = (const char *)buf + 8 + N;
+    for (int i = 0; i < f->n_tensors; i++) f->tensors[i].data = data + f->tensors[i].begin;
+    return MOERL_OK;
+}
+
 int st_open(st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
@@ -318,26 +361,23 @@ int st_open(st_file *f, const char *path) {
     if (map == MAP_FAILED) return moerl_errorf("safetensors: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(e));
     f->map = map;
     f->map_len = size;
-    f->path = xstrdup(path);
-    uint64_t N;
-    memcpy(&N, map, 8);
-    if (N > ST_MAX_HEADER_BYTES) {
-        moerl_errorf("safetensors '%s': header length %llu exceeds the 100 MB limit (%llu bytes); the file is "
-                     "corrupt or not safetensors", path, (unsigned long long)N, ST_MAX_HEADER_BYTES);
-        goto fail;
+    if (st_parse_buffer(f, map, size, path) != MOERL_OK) {
+        st_close(f);
+        return MOERL_ERR;
     }
-    if (N > size - 8) {
-        moerl_errorf("safetensors '%s': header length %llu is beyond the file (file has %zu bytes after the 8-byte "
-                     "length); the file is truncated", path, (unsigned long long)N, size - 8);
-        goto fail;
-    }
-    if (st_parse_header(f, path, (const char *)map + 8, (size_t)N, size - 8 - (size_t)N) != MOERL_OK) goto fail;
-    const char *data = (const char *)map + 8 + N;
-    for (int i = 0; i < f->n_tensors; i++) f->tensors[i].data = data + f->tensors[i].begin;
     return MOERL_OK;
-fail:
-    st_close(f);
-    return MOERL_ERR;
+}
+
+int st_open_memory(st_file *f, const void *buf, size_t len, const char *name) {
+    memset(f, 0, sizeof *f);
+    if (len < 8)
+        return moerl_errorf("safetensors '%s': file is truncated: %zu bytes, need at least 8 for the header length",
+                            name, len);
+    if (st_parse_buffer(f, buf, len, name) != MOERL_OK) {
+        st_close(f);
+        return MOERL_ERR;
+    }
+    return MOERL_OK;
 }
 
 int st_to_f32(const st_tensor *t, float *dst) {

@@ -36,7 +36,7 @@ typedef struct {
 
 typedef struct {
     char *path;
-    void *map;             /* mmap of the whole file */
+    void *map;             /* mmap of the whole file (NULL for st_open_memory) */
     size_t map_len;
     int n_tensors;
     st_tensor *tensors;    /* in header order */
@@ -45,6 +45,11 @@ typedef struct {
 /* Open, mmap and validate a safetensors file. On error returns MOERL_ERR with a message that
  * names the file and the offending tensor/field and what was expected. */
 int st_open(st_file *f, const char *path);
+/* The same validation on a file image held in memory (buf[len], kept alive by the caller while f
+ * is open: tensor data pointers point into it; nothing is mapped or copied). `name` stands for the
+ * path in messages. Used by the fuzz target and by anything that receives a file as bytes. */
+int st_open_memory(st_file *f, const void *buf, size_t len, const char *name);
+/* Unmap (st_open only) and free; f is zeroed. */
 void st_close(st_file *f);
 /* Find a tensor by name; NULL if absent. */
 const st_tensor *st_find(const st_file *f, const char *name);

@@ -87,6 +87,8 @@ static int r_count(rbuf *r, int32_t v, int32_t lo, int32_t hi, const char *field
 static int group_write(wbuf *w, const rl_group *g) {
     if (g->n <= 0 || g->n > RL_WIRE_MAX_N)
         return moerl_errorf("group encode: uid %lld has n = %d responses", (long long)g->uid, g->n);
+    if (g->uid < 0 || g->uid > RL_WIRE_MAX_UID)
+        return moerl_errorf("group encode: uid %lld outside [0, %lld]", (long long)g->uid, (long long)RL_WIRE_MAX_UID);
     if (g->prompt.n <= 0 || g->prompt.n > RL_WIRE_MAX_LEN)
         return moerl_errorf("group encode: uid %lld has a prompt of %lld tokens", (long long)g->uid,
                             (long long)g->prompt.n);
@@ -152,9 +154,15 @@ static int group_read(rbuf *r, rl_group **out) {
         r_count(r, sv, 0, INT32_MAX, "start_version") || r_count(r, row, 0, INT32_MAX, "row") ||
         r_count(r, epoch, 0, INT32_MAX, "epoch"))
         return MOERL_ERR;
-    if (uid < 0) {
+    if (uid < 0 || uid > RL_WIRE_MAX_UID) {
         r->err = 1;
-        return moerl_errorf("%s: uid %lld is negative", r->what, (long long)uid);
+        return moerl_errorf("%s: uid %lld outside [0, %lld]", r->what, (long long)uid, (long long)RL_WIRE_MAX_UID);
+    }
+    /* every response takes at least its 12-byte header: bound the request array by the bytes left */
+    if ((size_t)n > (r->n - r->off) / 12) {
+        r->err = 1;
+        return moerl_errorf("%s: truncated: uid %lld announces %d responses, but only %zu bytes follow (at least 12 "
+                            "each)", r->what, (long long)uid, n, r->n - r->off);
     }
     if ((size_t)plen * 4 > r->n - r->off) /* check before allocating what a bad length asks for */
         return r_get(r, NULL, (size_t)plen * 4, "prompt tokens");

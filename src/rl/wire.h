@@ -31,6 +31,9 @@
 #define RL_WIRE_FORMAT 1
 #define RL_WIRE_MAX_N 65536            /* responses per group a decoder accepts */
 #define RL_WIRE_MAX_LEN (1 << 26)      /* tokens per prompt or response a decoder accepts */
+/* largest uid a decoder accepts: request ids are uid·1024 + response index (rollouter.c), which
+ * must not overflow int64 */
+#define RL_WIRE_MAX_UID ((INT64_MAX - RL_WIRE_MAX_N) / 1024)
 
 enum { RL_TRAIN_CMD_STEP = 1, RL_TRAIN_CMD_STOP = 2 };
 
@@ -41,8 +44,9 @@ int rl_group_encode(const rl_group *g, void **buf, size_t *len);
  * response is finished (n_done = n), reqs[j].prompt points at the group's own prompt copy and
  * reqs[j].user at the group. Errors (message "group message: ..."): fewer bytes than the header,
  * wrong magic, another format, n outside [1, RL_WIRE_MAX_N], a length outside [0, RL_WIRE_MAX_LEN]
- * (prompt: ≥ 1), a negative token id, version or interruption count, an unknown finish reason, a NaN
- * logprob, bytes missing or left over. */
+ * (prompt: ≥ 1), a uid outside [0, RL_WIRE_MAX_UID], more responses than the bytes left could hold,
+ * a negative token id, version or interruption count, an unknown finish reason, a NaN logprob,
+ * bytes missing or left over. */
 int rl_group_decode(const void *buf, size_t len, rl_group **out);
 
 /* A decoded train message (rl_minibatch: rl.h). groups[] concatenates the mini-batches' groups. */

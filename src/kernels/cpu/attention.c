@@ -352,6 +352,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
     }
     qsort(tasks, ntask, sizeof *tasks, att_task_cmp);
     const int par = scores * nh >= ATT_PAR_MIN_SCORES;
+    (void)par; /* read only by the OpenMP pragmas (unused in NO_OPENMP builds) */
 
     #pragma omp parallel if (par)
     {

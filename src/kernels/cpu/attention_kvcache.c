@@ -171,6 +171,7 @@ void attention_kvcache_forward(float *out, const float *q, const float *k_cache,
         if (!cont) start[nc++] = n;
     }
     start[nc] = N;
+    (void)macs; /* read only by the OpenMP pragma (unused in NO_OPENMP builds) */
 #pragma omp parallel for schedule(dynamic, 1) collapse(2) if (macs >= KV_PAR_MIN_MACS)
     for (int c = 0; c < nc; c++) {
         for (int kvh = 0; kvh < nkv; kvh++) {

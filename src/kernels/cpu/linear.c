@@ -11,8 +11,10 @@
 #include "kernels/kernels.h"
 
 #include <cblas.h>
-#include <omp.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* OpenBLAS's cblas.h pulls in <complex.h>, whose macro I (the imaginary unit) would replace the
  * parameter named I (input features) below. */
@@ -34,7 +36,11 @@ void linear_forward(float *out, const float *x, const float *W, int N, int I, in
         /* decode-sized batches: OpenBLAS's sgemm packs all of W for each call (measured 8x slower
          * than a matrix-vector product at one row, 256x256); the skinny kernel reads W once. Split
          * over output columns when called outside a parallel region. */
+#ifdef _OPENMP
         const int nth = omp_get_level() > 0 ? 1 : omp_get_max_threads(); /* never nest: an inner team would add threads to the cores */
+#else
+        const int nth = 1;
+#endif
         const int chunks = (O >= 256 && nth > 1) ? nth : 1;
 #pragma omp parallel for schedule(static) if (chunks > 1)
         for (int ch = 0; ch < chunks; ch++) {

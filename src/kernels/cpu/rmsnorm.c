@@ -38,6 +38,7 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, c
                       const float *rstd, int N, int C, int accumulate_dx) {
     MOERL_ASSERT(N >= 0 && C > 0);
     const int par = (long)N * C >= RMSNORM_PAR_MIN_ELEMS;
+    (void)par; /* read only by the OpenMP pragmas (unused in NO_OPENMP builds) */
     /* 1. dw first, because dx may alias dout. Each task owns a block of columns, so the sum
      *    over rows has a fixed order (deterministic) and needs no reduction between threads. */
     if (dw) {
