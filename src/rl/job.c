@@ -20,6 +20,7 @@
 #include "model/safetensors.h"
 #include "rl/job_internal.h"
 #include "rl/rl.h"
+#include "rl/state.h"
 #include "train/ckpt.h"
 #include "train/train.h"
 
@@ -53,40 +54,26 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     if (tokenizer_save(tok_current(), dir) != MOERL_OK) return MOERL_ERR; /* the files the run started from */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     if (ckpt_save_optimizer(&J->T.opt, p) != MOERL_OK) return MOERL_ERR;
-    json_t *s = json_object(), *redo = json_array();
-    json_object_set_new(s, "format", json_string("moerl-rl-state"));
-    json_object_set_new(s, "format_version", json_integer(1));
-    json_object_set_new(s, "version", json_integer(J->T.version));
-    json_object_set_new(s, "trainer_step", json_integer(J->T.step));
-    json_object_set_new(s, "optimizer_step", json_integer(J->T.opt.step));
-    json_object_set_new(s, "optimizer_skipped", json_integer(J->T.opt.skipped));
-    json_object_set_new(s, "consumed_prompts", json_integer(J->consumed));
-    json_object_set_new(s, "dropped_prompts", json_integer(J->dropped));
-    json_object_set_new(s, "last_val_accuracy", isfinite(J->last_val) ? json_real(J->last_val) : json_null());
     const prompt_feed *f = J->feed;
-    json_object_set_new(s, "feed_epoch", json_integer(f->epoch));
-    json_object_set_new(s, "feed_pos", json_integer(f->pos));
-    json_object_set_new(s, "seed", json_integer((json_int_t)c->seed));
-    json_object_set_new(s, "n_rows", json_integer(f->n_rows));
-    char fp[32];
-    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dataset_fingerprint(J->train));
-    json_object_set_new(s, "data_fingerprint", json_string(fp));
+    rl_state st = {.version = J->T.version, .trainer_step = J->T.step, .optimizer_step = J->T.opt.step,
+                   .optimizer_skipped = J->T.opt.skipped, .consumed_prompts = J->consumed, .feed_epoch = f->epoch,
+                   .feed_pos = f->pos, .seed = c->seed, .n_rows = f->n_rows,
+                   .data_fingerprint = dataset_fingerprint(J->train), .dropped_prompts = J->dropped,
+                   .last_val_accuracy = isfinite(J->last_val) ? J->last_val : NAN};
     /* unconsumed started prompts: redo list left over from an earlier resume, then in-flight, then queued */
-    for (int i = f->redo_pos; i < f->n_redo; i++) json_array_append_new(redo, json_integer(f->redo[i]));
-    for (int i = 0; i < n_inflight; i++) json_array_append_new(redo, json_integer(inflight[i]));
     const int qcap = J->queue.cap > 0 ? J->queue.cap : 1;
     void **q = xmalloc((size_t)qcap * sizeof(void *));
-    int nq = rl_queue_peek_all(&J->queue, q, qcap);
-    for (int i = 0; i < nq; i++) json_array_append_new(redo, json_integer(((rl_group *)q[i])->uid));
+    const int nq = rl_queue_peek_all(&J->queue, q, qcap);
+    st.unconsumed_started = xmalloc((size_t)(f->n_redo - f->redo_pos + n_inflight + nq + 1) * sizeof(int64_t));
+    for (int i = f->redo_pos; i < f->n_redo; i++) st.unconsumed_started[st.n_unconsumed++] = f->redo[i];
+    for (int i = 0; i < n_inflight; i++) st.unconsumed_started[st.n_unconsumed++] = inflight[i];
+    for (int i = 0; i < nq; i++) st.unconsumed_started[st.n_unconsumed++] = ((rl_group *)q[i])->uid;
     free(q);
-    json_object_set_new(s, "unconsumed_started", redo);
     fflush(J->samples);
-    json_object_set_new(s, "samples_log_bytes", json_integer(ftell(J->samples)));
-    char *txt = json_dumps(s, JSON_INDENT(1));
+    st.samples_log_bytes = ftell(J->samples);
     snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    int rc = moerl_write_file_atomic(p, txt, strlen(txt));
-    free(txt);
-    json_decref(s);
+    const int rc = rl_state_write(p, &st); /* refuses (naming the field) a state its reader would refuse */
+    rl_state_free(&st);
     return rc;
 }
 
@@ -101,73 +88,39 @@ int job_load_checkpoint(job *J, int *resumed) {
         snprintf(p, sizeof p, "%s/trainer_state.json", dir);
         if (access(p, R_OK) != 0) return MOERL_OK; /* nothing to resume from */
     }
-    json_error_t err;
-    json_t *s = json_load_file(p, 0, &err);
-    if (!s) return moerl_errorf("%s:%d: %s", p, err.line, err.text);
-    const char *fmt = json_string_value(json_object_get(s, "format"));
-    if (!fmt || strcmp(fmt, "moerl-rl-state") || json_integer_value(json_object_get(s, "format_version")) != 1) {
-        json_decref(s);
-        return moerl_errorf("%s: not a moerl RL state file of format_version 1", p);
-    }
     prompt_feed *fd = J->feed;
-    char fp[32];
-    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dataset_fingerprint(J->train));
-    const char *sfp = json_string_value(json_object_get(s, "data_fingerprint"));
-    if (json_integer_value(json_object_get(s, "n_rows")) != fd->n_rows ||
-        (uint64_t)json_integer_value(json_object_get(s, "seed")) != c->seed || !sfp || strcmp(sfp, fp)) {
-        json_decref(s);
-        return moerl_errorf("%s: the checkpoint was made with other training data (size or content) or another "
-                            "trainer.seed; use a new trainer.default_local_dir or trainer.resume_mode=disable", p);
-    }
-    {
-        const json_int_t v = json_integer_value(json_object_get(s, "version")),
-                         st = json_integer_value(json_object_get(s, "trainer_step")),
-                         ep = json_integer_value(json_object_get(s, "feed_epoch")),
-                         pos = json_integer_value(json_object_get(s, "feed_pos")),
-                         cons = json_integer_value(json_object_get(s, "consumed_prompts"));
-        json_t *rd = json_object_get(s, "unconsumed_started");
-        int bad = v < 0 || st < 0 || ep < 0 || pos < 0 || pos > fd->n_rows || cons < 0 || !json_is_array(rd);
-        for (size_t i = 0; !bad && i < json_array_size(rd); i++) {
-            json_int_t u = json_integer_value(json_array_get(rd, i));
-            bad = !json_is_integer(json_array_get(rd, i)) || u < 0 || u / fd->n_rows > ep + 1;
-        }
-        if (bad) {
-            json_decref(s);
-            return moerl_errorf("%s: version, trainer_step, feed_epoch, feed_pos (0..%lld), consumed_prompts or "
-                                "unconsumed_started out of range: the file is damaged", p, (long long)fd->n_rows);
-        }
+    rl_state st;
+    const rl_state_expect want = {.n_rows = fd->n_rows, .seed = c->seed, .data_fingerprint = dataset_fingerprint(J->train)};
+    if (rl_state_load(&st, p, &want) != MOERL_OK) {
+        rl_state_free(&st);
+        return MOERL_ERR;
     }
     if (model_load_weights(J->m, dir) != MOERL_OK) {
-        json_decref(s);
+        rl_state_free(&st);
         return MOERL_ERR;
     }
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     if (ckpt_load_optimizer(&J->T.opt, p) != MOERL_OK) {
-        json_decref(s);
+        rl_state_free(&st);
         return MOERL_ERR;
     }
-    J->T.version = (int)json_integer_value(json_object_get(s, "version"));
-    J->T.step = json_integer_value(json_object_get(s, "trainer_step"));
-    J->T.opt.step = json_integer_value(json_object_get(s, "optimizer_step"));
-    J->T.opt.skipped = json_integer_value(json_object_get(s, "optimizer_skipped"));
-    J->consumed = json_integer_value(json_object_get(s, "consumed_prompts"));
-    J->dropped = json_integer_value(json_object_get(s, "dropped_prompts")); /* absent (older files): 0 */
-    {
-        json_t *lv = json_object_get(s, "last_val_accuracy");
-        J->resumed_val = json_is_number(lv) ? json_number_value(lv) : NAN;
-    }
+    J->T.version = st.version;
+    J->T.step = st.trainer_step;
+    J->T.opt.step = st.optimizer_step;
+    J->T.opt.skipped = st.optimizer_skipped;
+    J->consumed = st.consumed_prompts;
+    J->dropped = st.dropped_prompts;
+    J->resumed_val = st.last_val_accuracy;
     J->last_ckpt_step = J->T.step;
     /* the order of the checkpoint's epoch, at its position */
-    prompt_feed_seek(fd, (int)json_integer_value(json_object_get(s, "feed_epoch")),
-                     json_integer_value(json_object_get(s, "feed_pos")));
-    json_t *redo = json_object_get(s, "unconsumed_started");
+    prompt_feed_seek(fd, st.feed_epoch, st.feed_pos);
     free(fd->redo);
-    fd->n_redo = (int)json_array_size(redo);
-    fd->redo = xmalloc((fd->n_redo + 1) * sizeof(int64_t));
-    for (int i = 0; i < fd->n_redo; i++) fd->redo[i] = json_integer_value(json_array_get(redo, i));
+    fd->n_redo = st.n_unconsumed;
+    fd->redo = xmalloc((size_t)(fd->n_redo + 1) * sizeof(int64_t));
+    for (int i = 0; i < fd->n_redo; i++) fd->redo[i] = st.unconsumed_started[i];
     fd->redo_pos = 0;
-    long bytes = (long)json_integer_value(json_object_get(s, "samples_log_bytes"));
-    json_decref(s);
+    const long bytes = (long)st.samples_log_bytes;
+    rl_state_free(&st);
     /* samples logged after the checkpoint belong to steps that are redone now */
     snprintf(p, sizeof p, "%s/samples.jsonl", c->out_dir);
     if (truncate(p, bytes) != 0 && errno != ENOENT) return moerl_errorf("cannot truncate %s: %s", p, strerror(errno));
@@ -419,7 +372,7 @@ static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double
                                 rl_queue_size(&J->queue), n);
     }
     *waited = moerl_now() - t0;
-    J->R.busy_s += *waited;
+    rl_atomic_add(&J->R.busy_s, *waited);
     MOERL_ASSERT(rl_queue_try_get_n(&J->queue, (void **)out, n) == n);
     return n;
 }
@@ -434,9 +387,8 @@ static int ls_sync(job *J, int version, double *rb, double *ri) {
     J->R.on_paused_ctx = J;
     if (rollouter_apply_sync(&J->R, J->m->params, J->m->n_params, version) != MOERL_OK) return MOERL_ERR;
     if (J->failed) return moerl_errorf("param sync: checkpoint failed");
-    *rb = J->R.busy_s;
-    *ri = J->R.idle_s;
-    J->R.busy_s = J->R.idle_s = 0;
+    *rb = atomic_exchange(&J->R.busy_s, 0.0);
+    *ri = atomic_exchange(&J->R.idle_s, 0.0);
     return MOERL_OK;
 }
 
@@ -491,7 +443,7 @@ static void *rollouter_main(void *arg) {
             dl.tv_nsec += 5 * 1000000;
             if (dl.tv_nsec >= 1000000000) { dl.tv_sec++; dl.tv_nsec -= 1000000000; }
             pthread_cond_timedwait(&R->cv, &R->mu, &dl);
-            R->idle_s += moerl_now() - t0;
+            rl_atomic_add(&R->idle_s, moerl_now() - t0);
             R->last_progress = moerl_now();
         }
     }
@@ -528,9 +480,8 @@ static int as_sync(job *J, int version, double *rb, double *ri) {
     R->sync_requested = 1;
     pthread_cond_broadcast(&R->cv);
     while (!R->sync_done && !R->stop) pthread_cond_wait(&R->cv, &R->mu);
-    *rb = R->busy_s;
-    *ri = R->idle_s;
-    R->busy_s = R->idle_s = 0;
+    *rb = atomic_exchange(&R->busy_s, 0.0);
+    *ri = atomic_exchange(&R->idle_s, 0.0);
     const int stopped = R->stop;
     char err[512];
     snprintf(err, sizeof err, "%s", R->error);

@@ -314,7 +314,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
         } else { /* nothing to generate: wait for grants or commands without spinning */
             const double t0 = moerl_now();
             sleep_us(wait_us ? wait_us : 20);
-            W->R.idle_s += moerl_now() - t0;
+            rl_atomic_add(&W->R.idle_s, moerl_now() - t0);
             wait_us = MOERL_MIN(1000, wait_us * 2 + 20);
         }
     }

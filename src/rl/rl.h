@@ -21,6 +21,7 @@
 #define MOERL_RL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "base/config.h"
@@ -36,6 +37,13 @@
 #include "rollout/engine.h"
 
 typedef enum { RL_MODE_ASYNC = 0, RL_MODE_LOCKSTEP, RL_MODE_SYNC } rl_mode;
+
+/* *p += v on an atomic double (a compare-exchange loop: a plain `+=` on _Atomic double needs
+ * libatomic's floating-point environment helpers). */
+static inline void rl_atomic_add(_Atomic double *p, double v) {
+    double old = atomic_load(p);
+    while (!atomic_compare_exchange_weak(p, &old, old + v)) {}
+}
 /* algorithm.adv_estimator (verl names): grpo, rloo, reinforce_plus_plus_baseline */
 typedef enum { RL_ADV_GRPO = 0, RL_ADV_RLOO, RL_ADV_REINFORCE_PP_BASELINE } rl_adv_estimator;
 
@@ -149,7 +157,8 @@ typedef struct {
     gen_request **done_buf;
     int draining;             /* partial rollout off: a sync waits for in-flight work */
     /* statistics (since the last version) */
-    double busy_s, idle_s;
+    /* busy: added by the rollouter thread outside mu; both read and reset by the trainer: atomic */
+    _Atomic double busy_s, idle_s;
     int64_t gen_tokens;
     /* handshake with the trainer (async mode) */
     pthread_mutex_t mu;

@@ -218,7 +218,7 @@ int rollouter_step(rollouter *R) {
     if (k < 0) return MOERL_ERR;
     R->stage = "queue";
     if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
-    R->busy_s += moerl_now() - t0;
+    rl_atomic_add(&R->busy_s, moerl_now() - t0);
     R->last_progress = moerl_now();
     return 1;
 }

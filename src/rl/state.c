@@ -2,6 +2,7 @@
 #include "rl/state.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -77,6 +78,11 @@ static int check_values(const rl_state *s, const char *path, int (*err)(const ch
         return err(path, "field 'feed_pos' is %" PRId64 ", expected 0..n_rows = %" PRId64, s->feed_pos, s->n_rows);
     if (s->samples_log_bytes < 0)
         return err(path, "field 'samples_log_bytes' is %" PRId64 ", expected ≥ 0", s->samples_log_bytes);
+    if (s->dropped_prompts < 0 || s->dropped_prompts > s->consumed_prompts)
+        return err(path, "field 'dropped_prompts' is %" PRId64 ", expected 0..consumed_prompts = %" PRId64,
+                   s->dropped_prompts, s->consumed_prompts);
+    if (!isnan(s->last_val_accuracy) && !(s->last_val_accuracy >= 0 && s->last_val_accuracy <= 1))
+        return err(path, "field 'last_val_accuracy' is %g, expected an accuracy in [0, 1] or null", s->last_val_accuracy);
     if (s->n_unconsumed < 0 || (s->n_unconsumed > 0 && !s->unconsumed_started))
         return err(path, "field 'unconsumed_started' has %d entries and no values", s->n_unconsumed);
     for (int i = 0; i < s->n_unconsumed; i++) {
@@ -142,6 +148,20 @@ int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path
         goto done;
     out->seed = (uint64_t)x;
     if (get_int(path, o, "samples_log_bytes", 0, INT64_MAX, &out->samples_log_bytes)) goto done;
+    out->last_val_accuracy = NAN;
+    if (json_object_get(o, "dropped_prompts") &&
+        get_int(path, o, "dropped_prompts", 0, out->consumed_prompts, &out->dropped_prompts))
+        goto done;
+    {
+        json_t *lv = json_object_get(o, "last_val_accuracy");
+        if (lv && !json_is_null(lv)) {
+            if (!json_is_number(lv) || !(json_number_value(lv) >= 0 && json_number_value(lv) <= 1)) {
+                damaged(path, "field 'last_val_accuracy' must be an accuracy in [0, 1] or null, found %s", kind(lv));
+                goto done;
+            }
+            out->last_val_accuracy = json_number_value(lv);
+        }
+    }
     json_t *fp = json_object_get(o, "data_fingerprint");
     const char *fps = json_string_value(fp);
     size_t fpn = fps ? strlen(fps) : 0;
@@ -236,6 +256,8 @@ static char *state_to_json(const rl_state *s, const char *path) {
     for (int i = 0; i < s->n_unconsumed; i++) json_array_append_new(us, json_integer(s->unconsumed_started[i]));
     json_object_set_new(o, "unconsumed_started", us);
     json_object_set_new(o, "samples_log_bytes", json_integer(s->samples_log_bytes));
+    json_object_set_new(o, "dropped_prompts", json_integer(s->dropped_prompts));
+    json_object_set_new(o, "last_val_accuracy", isnan(s->last_val_accuracy) ? json_null() : json_real(s->last_val_accuracy));
     char *txt = json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!txt) {

@@ -12,6 +12,8 @@
  *   "n_rows": training rows (≥ 1)     "data_fingerprint": dataset_fingerprint, "%016llx" hex
  *   "unconsumed_started": [uid...], uid = epoch·n_rows + row, 0 ≤ uid, uid / n_rows ≤ feed_epoch + 1
  *   "samples_log_bytes": length of samples.jsonl at the checkpoint (≥ 0)
+ *   optional: "dropped_prompts": groups dropped by filter_groups among the consumed (0..consumed,
+ *   default 0); "last_val_accuracy": the last held-out accuracy (0..1, or null = none; default null)
  * Every field is required and must have its type and range; a file that breaks a rule is
  * "damaged" and the message names the file and the field, the value and what was expected, and
  * says what to do. Source: moerl's own format. */
@@ -37,6 +39,8 @@ typedef struct {
     int64_t *unconsumed_started; /* [n_unconsumed], heap (NULL when empty); rl_state_free frees it */
     int n_unconsumed;
     int64_t samples_log_bytes;
+    int64_t dropped_prompts;     /* optional, default 0 */
+    double last_val_accuracy;    /* optional, NaN = none */
 } rl_state;
 
 /* What the resuming run has: a state file made for other data or another seed is refused. */
