@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "rl/queue.h"
 #include "rl/rl.h"
+#include "rl_fixture.h"
 #include "test.h"
 
 #define K_STEPS 3
@@ -30,18 +31,6 @@ static dist_ctx *g_ctx;
 static char g_dir[4096];
 static dataset g_train;
 
-static void tiny_model(moe_model *m, float aux) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = TOK_VOCAB_SIZE; c.hidden_size = 32; c.intermediate_size = 48; c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
-    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
-    c.max_position_embeddings = 256; c.rms_norm_eps = 1e-6f; c.rope_theta = 1e4f;
-    c.router_aux_loss_coef = aux; c.initializer_range = 0.02f;
-    c.bos_token_id = TOK_BOS; c.eos_token_id = TOK_EOS;
-    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
-    model_init_random(m, 23);
-}
 
 static rl_config base_config(void) {
     rl_config c;
@@ -167,7 +156,7 @@ int main(int argc, char **argv) {
     for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
         /* a large aux coefficient, so that a per-micro-batch or per-rank aux would show */
         moe_model m0;
-        tiny_model(&m0, 0.5f);
+        rl_tiny_model(&m0, 23, 0.5f);
         rl_config c = base_config();
         c.loss_agg = vs[v].agg;
         c.adv_estimator = vs[v].est;

@@ -20,6 +20,7 @@
 #include "rl/rl.h"
 #include "rl/staleness.h"
 #include "rollout/engine.h"
+#include "rl_fixture.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -54,19 +55,6 @@ static void teardown_data(void) {
     rmdir(g_dir);
 }
 
-/* A tiny random Qwen3-MoE over the byte tokenizer's vocabulary (eos = <|im_end|>). */
-static void tiny_model(moe_model *m, uint64_t seed) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = TOK_VOCAB_SIZE; c.hidden_size = 32; c.intermediate_size = 48; c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
-    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0; c.max_position_embeddings = 256; c.rms_norm_eps = 1e-6f; c.rope_theta = 1e4f;
-    c.router_aux_loss_coef = 0.001f; c.initializer_range = 0.02f;
-    c.bos_token_id = TOK_BOS; c.eos_token_id = TOK_EOS;
-    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
-    model_init_random(m, seed);
-}
 
 static rl_config base_config(void) {
     rl_config c;
@@ -241,7 +229,7 @@ static void test_staleness_counter(void) {
  * started − consumed ≤ max_required_samples (the staleness invariant). */
 static void test_rollouter_admission(void) {
     moe_model m;
-    tiny_model(&m, 11);
+    rl_tiny_model(&m, 11, 0.001f);
     rl_config c = base_config();
     c.max_num_seqs = 16; /* ≥ max_required_samples · n: the engine is never what stops admission */
     const int64_t total = 30;
@@ -433,7 +421,7 @@ static void check_group(const rl_group *g, const observer *o, int cur_version, i
  * sync with new weights). Each version's weights differ (perturbed), as after a real update. */
 static void test_partial_rollout_on(void) {
     moe_model m;
-    tiny_model(&m, 21);
+    rl_tiny_model(&m, 21, 0.001f);
     rl_config c = base_config();
     c.max_response_length = 12;
     c.max_num_seqs = 8;
@@ -514,7 +502,7 @@ static void test_partial_rollout_on(void) {
  * interrupted; no new group starts while draining. */
 static void test_partial_rollout_off(void) {
     moe_model m;
-    tiny_model(&m, 31);
+    rl_tiny_model(&m, 31, 0.001f);
     rl_config c = base_config();
     c.partial_rollout = 0;
     c.max_response_length = 12;
@@ -631,7 +619,7 @@ static double max_logprob_mismatch(const moe_model *m, rl_group **gs, int n, flo
  * the weights (so the bit-identity check can fail). */
 static void test_trainer_lr0(void) {
     moe_model m;
-    tiny_model(&m, 41);
+    rl_tiny_model(&m, 41, 0.001f);
     rl_config c = base_config();
     c.optim.lr = 0.0f;
     c.temperature = 0.8f; /* ≠ 1: engine and trainer must both divide the logits by it */

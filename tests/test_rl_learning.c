@@ -17,6 +17,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "rl/rl.h"
+#include "rl_fixture.h"
 #include "test.h"
 #include "train/sft.h"
 #include "train/train.h"
@@ -56,18 +57,6 @@ static void setup_data(void) {
     free(text);
 }
 
-static void tiny_model(moe_model *m) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = TOK_VOCAB_SIZE; c.hidden_size = 32; c.intermediate_size = 48; c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
-    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
-    c.max_position_embeddings = 128; c.rms_norm_eps = 1e-6f; c.rope_theta = 1e4f;
-    c.router_aux_loss_coef = 0.001f; c.initializer_range = 0.02f;
-    c.bos_token_id = TOK_BOS; c.eos_token_id = TOK_EOS;
-    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
-    model_init_random(m, 11);
-}
 
 /* log P(first response token = '7' | the prompt), temperature 1. */
 static double p_seven(const moe_model *m) {
@@ -165,7 +154,7 @@ static void v_sync(rl_config *c) {
 int main(void) {
     setup_data();
     moe_model m0;
-    tiny_model(&m0);
+    rl_tiny_model(&m0, 11, 0.001f);
     const double p_init = p_seven(&m0);
     /* warm start: SFT until '7' is neither rare nor certain */
     sft_opts so = {.batch_size = 16, .max_tokens = 512, .total_epochs = 1, .total_steps = 40,
