@@ -542,7 +542,9 @@ static void alloc_init(void) {
     } else if (G.kind == MOERL_ALLOC_JEMALLOC) {
 #ifdef MOERL_HAVE_JEMALLOC
         void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
-        if (!h) moerl_fatal("MOERL_ALLOC=jemalloc: cannot load libjemalloc.so.2 (%s): run scripts/setup.sh", dlerror());
+        if (!h) moerl_fatal("MOERL_ALLOC=jemalloc: cannot load libjemalloc.so.2 (%s): install libjemalloc2 (scripts/setup.sh); "
+                        "a static TLS error means GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 is missing",
+                        dlerror());
         G.je_mallocx_p = (mallocx_fn)dlsym(h, "mallocx");
         G.je_dallocx_p = (dallocx_fn)dlsym(h, "dallocx");
         if (!G.je_mallocx_p || !G.je_dallocx_p) moerl_fatal("MOERL_ALLOC=jemalloc: libjemalloc.so.2 lacks mallocx/dallocx");
@@ -563,6 +565,25 @@ static void alloc_init(void) {
     }
     if (G.trace_path || G.kind == MOERL_ALLOC_POOL) atexit(at_exit);
 }
+
+#ifdef MOERL_HAVE_JEMALLOC
+/* Debian's libjemalloc uses initial-exec TLS; dlopen can only place it in the static TLS surplus, which
+ * glibc sizes at exec time (glibc.rtld.optional_static_tls, 512 bytes by default: "cannot allocate memory
+ * in static TLS block"). So with MOERL_ALLOC=jemalloc the process re-executes itself once, before main,
+ * with a larger surplus appended to GLIBC_TUNABLES. glibc passes (argc, argv, envp) to constructors. */
+__attribute__((constructor)) static void jemalloc_tls_reexec(int argc, char **argv, char **envp) {
+    (void)envp;
+    const char *a = getenv("MOERL_ALLOC");
+    if (argc < 1 || !argv || !a || strcmp(a, "jemalloc") != 0 || getenv("MOERL_JEMALLOC_REEXEC")) return;
+    const char *old = getenv("GLIBC_TUNABLES");
+    if (old && strstr(old, "glibc.rtld.optional_static_tls")) return; /* the user chose a value */
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s%sglibc.rtld.optional_static_tls=65536", old ? old : "", old && *old ? ":" : "");
+    setenv("GLIBC_TUNABLES", buf, 1);
+    setenv("MOERL_JEMALLOC_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv); /* only returns on failure: then dlopen reports the problem */
+}
+#endif
 
 moerl_alloc_kind moerl_alloc_current(void) {
     pthread_once(&G.once, alloc_init);
