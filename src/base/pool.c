@@ -422,8 +422,6 @@ typedef struct {
     char op; /* 'a' or 'f' */
 } trace_rec;
 
-typedef void *(*mallocx_fn)(size_t, int);
-typedef void (*dallocx_fn)(void *, int);
 
 static struct {
     pthread_once_t once;
@@ -431,8 +429,7 @@ static struct {
     moerl_pool *pool;
     int warned_fallback;
     uint64_t fallbacks;
-    mallocx_fn je_mallocx_p;
-    dallocx_fn je_dallocx_p;
+    moerl_jemalloc_api je;
     /* trace */
     pthread_mutex_t tmu;
     char *trace_path;
@@ -540,18 +537,7 @@ static void alloc_init(void) {
         G.pool = moerl_pool_create(&c);
         if (!G.pool) moerl_fatal("MOERL_ALLOC=pool: %s", moerl_last_error());
     } else if (G.kind == MOERL_ALLOC_JEMALLOC) {
-#ifdef MOERL_HAVE_JEMALLOC
-        void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
-        if (!h) moerl_fatal("MOERL_ALLOC=jemalloc: cannot load libjemalloc.so.2 (%s): install libjemalloc2 (scripts/setup.sh); "
-                        "a static TLS error means GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 is missing",
-                        dlerror());
-        G.je_mallocx_p = (mallocx_fn)dlsym(h, "mallocx");
-        G.je_dallocx_p = (dallocx_fn)dlsym(h, "dallocx");
-        if (!G.je_mallocx_p || !G.je_dallocx_p) moerl_fatal("MOERL_ALLOC=jemalloc: libjemalloc.so.2 lacks mallocx/dallocx");
-#else
-        moerl_fatal("MOERL_ALLOC=jemalloc: this build has no jemalloc (install libjemalloc-dev with scripts/setup.sh "
-                    "and rebuild)");
-#endif
+        if (moerl_jemalloc_load(&G.je) != MOERL_OK) moerl_fatal("MOERL_ALLOC=jemalloc: %s", moerl_last_error());
     }
     const char *t = getenv("MOERL_ALLOC_TRACE");
     if (t && *t) {
@@ -566,15 +552,13 @@ static void alloc_init(void) {
     if (G.trace_path || G.kind == MOERL_ALLOC_POOL) atexit(at_exit);
 }
 
-#ifdef MOERL_HAVE_JEMALLOC
 /* Debian's libjemalloc uses initial-exec TLS; dlopen can only place it in the static TLS surplus, which
  * glibc sizes at exec time (glibc.rtld.optional_static_tls, 512 bytes by default: "cannot allocate memory
- * in static TLS block"). So with MOERL_ALLOC=jemalloc the process re-executes itself once, before main,
- * with a larger surplus appended to GLIBC_TUNABLES. glibc passes (argc, argv, envp) to constructors. */
-__attribute__((constructor)) static void jemalloc_tls_reexec(int argc, char **argv, char **envp) {
-    (void)envp;
-    const char *a = getenv("MOERL_ALLOC");
-    if (argc < 1 || !argv || !a || strcmp(a, "jemalloc") != 0 || getenv("MOERL_JEMALLOC_REEXEC")) return;
+ * in static TLS block"). So the process re-executes itself once with a larger surplus appended to
+ * GLIBC_TUNABLES (MOERL_JEMALLOC_REEXEC marks the second start). */
+void moerl_jemalloc_tls_reexec(char **argv) {
+#ifdef MOERL_HAVE_JEMALLOC
+    if (!argv || !argv[0] || getenv("MOERL_JEMALLOC_REEXEC")) return;
     const char *old = getenv("GLIBC_TUNABLES");
     if (old && strstr(old, "glibc.rtld.optional_static_tls")) return; /* the user chose a value */
     char buf[4096];
@@ -582,8 +566,55 @@ __attribute__((constructor)) static void jemalloc_tls_reexec(int argc, char **ar
     setenv("GLIBC_TUNABLES", buf, 1);
     setenv("MOERL_JEMALLOC_REEXEC", "1", 1);
     execv("/proc/self/exe", argv); /* only returns on failure: then dlopen reports the problem */
+#else
+    (void)argv;
+#endif
+}
+
+#ifdef MOERL_HAVE_JEMALLOC
+/* With MOERL_ALLOC=jemalloc, before main (glibc passes argc, argv, envp to constructors). */
+__attribute__((constructor)) static void jemalloc_tls_ctor(int argc, char **argv, char **envp) {
+    (void)envp;
+    const char *a = getenv("MOERL_ALLOC");
+    if (argc >= 1 && a && !strcmp(a, "jemalloc")) moerl_jemalloc_tls_reexec(argv);
 }
 #endif
+
+static pthread_once_t je_once = PTHREAD_ONCE_INIT;
+static moerl_jemalloc_api je_api;
+static char je_err[600];
+
+static void je_load_once(void) {
+#ifdef MOERL_HAVE_JEMALLOC
+    void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(je_err, sizeof je_err,
+                 "cannot load libjemalloc.so.2 (%s): install libjemalloc2 (scripts/setup.sh); a static TLS error "
+                 "means GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 is missing",
+                 dlerror());
+        return;
+    }
+    je_api.mallocx = (void *(*)(size_t, int))dlsym(h, "mallocx");
+    je_api.dallocx = (void (*)(void *, int))dlsym(h, "dallocx");
+    je_api.mallctl = (int (*)(const char *, void *, size_t *, void *, size_t))dlsym(h, "mallctl");
+    je_api.flags_align64 = MALLOCX_ALIGN(64);
+    je_api.flag_zero = MALLOCX_ZERO;
+    if (!je_api.mallocx || !je_api.dallocx || !je_api.mallctl) {
+        snprintf(je_err, sizeof je_err, "libjemalloc.so.2 lacks mallocx/dallocx/mallctl");
+        je_api.mallocx = NULL;
+    }
+#else
+    snprintf(je_err, sizeof je_err,
+             "this build has no jemalloc (install libjemalloc-dev with scripts/setup.sh and rebuild)");
+#endif
+}
+
+int moerl_jemalloc_load(moerl_jemalloc_api *api) {
+    pthread_once(&je_once, je_load_once);
+    if (!je_api.mallocx) return moerl_errorf("jemalloc: %s", je_err);
+    *api = je_api;
+    return MOERL_OK;
+}
 
 moerl_alloc_kind moerl_alloc_current(void) {
     pthread_once(&G.once, alloc_init);
@@ -636,10 +667,8 @@ void *moerl_buf_alloc_at(size_t n, const char *tag, const char *file, int line) 
             p = moerl_aligned_alloc_at(sz, file, line);
         }
     } else if (k == MOERL_ALLOC_JEMALLOC) {
-#ifdef MOERL_HAVE_JEMALLOC
-        p = G.je_mallocx_p(sz, MALLOCX_ALIGN(64) | MALLOCX_ZERO);
+        p = G.je.mallocx(sz, G.je.flags_align64 | G.je.flag_zero);
         if (!p) moerl_fatal_at(file, line, "out of memory allocating %zu bytes with jemalloc", sz);
-#endif
     } else {
         p = moerl_aligned_alloc_at(sz, file, line);
     }
@@ -654,9 +683,7 @@ void moerl_buf_free(void *ptr) {
     if (k == MOERL_ALLOC_POOL && moerl_pool_owns(G.pool, ptr)) {
         if (moerl_pool_free(G.pool, ptr) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
     } else if (k == MOERL_ALLOC_JEMALLOC) {
-#ifdef MOERL_HAVE_JEMALLOC
-        G.je_dallocx_p(ptr, 0);
-#endif
+        G.je.dallocx(ptr, 0);
     } else {
         free(ptr);
     }

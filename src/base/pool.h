@@ -123,6 +123,23 @@ void *moerl_buf_alloc_at(size_t n, const char *tag, const char *file, int line);
 /* Free a buffer of moerl_buf_alloc. NULL is a no-op. */
 void moerl_buf_free(void *ptr);
 
+/* jemalloc's API, loaded with dlopen(RTLD_LOCAL) (see above). */
+typedef struct {
+    void *(*mallocx)(size_t size, int flags);
+    void (*dallocx)(void *ptr, int flags);
+    int (*mallctl)(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen);
+    int flags_align64; /* MALLOCX_ALIGN(64) */
+    int flag_zero;     /* MALLOCX_ZERO */
+} moerl_jemalloc_api;
+/* Load libjemalloc.so.2 once. MOERL_ERR with a message when the build has no jemalloc or it cannot be
+ * loaded. Thread-safe. */
+int moerl_jemalloc_load(moerl_jemalloc_api *api);
+/* Debian's libjemalloc needs more static TLS than glibc leaves for dlopen: re-execute the program
+ * (argv of main) once with GLIBC_TUNABLES=...:glibc.rtld.optional_static_tls=65536. Returns at once when
+ * already done, when the user set that tunable, or when the build has no jemalloc; returns after a
+ * failed exec. Done automatically before main when MOERL_ALLOC=jemalloc; bench/bench_alloc calls it. */
+void moerl_jemalloc_tls_reexec(char **argv);
+
 /* The process pool's statistics: MOERL_OK when MOERL_ALLOC=pool and the pool exists, else MOERL_ERR
  * (st untouched). */
 int moerl_alloc_pool_stats(moerl_pool_stats *st);
