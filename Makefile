@@ -60,6 +60,18 @@ $(error moerl: PCRE2 or utf8proc not found (run scripts/setup.sh, which installs
 endif
 CFLAGS += $(shell pkg-config --cflags libpcre2-8 libutf8proc 2>/dev/null)
 LDLIBS += $(TOK_LIBS)
+# jemalloc (optional, for MOERL_ALLOC=jemalloc): the header gives mallocx's flags; the library is
+# loaded at run time with dlopen(RTLD_LOCAL) by src/base/pool.c, never linked, because Debian's
+# libjemalloc exports unprefixed malloc/free and linking it would replace glibc's malloc for the
+# whole process (then MOERL_ALLOC=malloc would measure jemalloc too).
+HAVE_JEMALLOC := $(shell test -f /usr/include/jemalloc/jemalloc.h && echo 1)
+ifeq ($(HAVE_JEMALLOC),1)
+CFLAGS += -DMOERL_HAVE_JEMALLOC
+LDLIBS += -ldl
+$(info moerl: jemalloc found (MOERL_ALLOC=jemalloc loads libjemalloc.so.2 at run time))
+else
+$(info moerl: jemalloc NOT found (libjemalloc-dev): MOERL_ALLOC=jemalloc unavailable)
+endif
 ifneq ($(SANITIZE),)
 LDFLAGS += -fsanitize=$(SANITIZE)
 $(info moerl: sanitizers $(SANITIZE))

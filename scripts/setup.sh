@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libjansson-dev
-      libpcre2-dev libutf8proc-dev
+      libpcre2-dev libutf8proc-dev libjemalloc-dev
       python3 python3-numpy python3-torch gnuplot-nox openmpi-bin libopenmpi-dev
       clang libclang-rt-dev)  # clang + compiler-rt (libFuzzer, sanitizer runtimes): tests/e2e_fuzz.sh
 # node and npm: Debian's, unless a node with npm is already installed (another build of nodejs

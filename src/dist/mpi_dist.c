@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "base/common.h"
+#include "base/pool.h"
 #include "dist/dist.h"
 #include "parallel/compress.h"
 
@@ -605,9 +606,9 @@ void dist_reducer_free(dist_grad_reducer *r) {
         pthread_cond_destroy(&r->cv_done);
     }
     if (r->comm != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&r->comm));
-    free(r->resid);
-    free(r->sendbuf);
-    free(r->recvbuf);
+    moerl_buf_free(r->resid);
+    moerl_buf_free(r->sendbuf);
+    moerl_buf_free(r->recvbuf);
     free(r->lens);
     free(r->displs);
     free(r->req);
@@ -628,9 +629,9 @@ void dist_reducer_set_compression(dist_grad_reducer *r, int mode, int warmup_ste
     if (cap * (size_t)r->world > (size_t)INT_MAX)
         moerl_fatal("compressed bucket payloads of %zu bytes × %d ranks exceed MPI's int count: lower actor.grad_bucket_mb",
                     cap, r->world);
-    r->resid = xcalloc(r->m->n_params, sizeof(float));
-    r->sendbuf = xmalloc(cap);
-    r->recvbuf = xmalloc(cap * (size_t)r->world);
+    r->resid = moerl_buf_alloc(r->m->n_params * sizeof(float), "grad_residual");
+    r->sendbuf = moerl_buf_alloc(cap, "grad_comp_send");
+    r->recvbuf = moerl_buf_alloc(cap * (size_t)r->world, "grad_comp_recv");
     r->lens = xcalloc((size_t)r->world, sizeof(int));
     r->displs = xcalloc((size_t)r->world, sizeof(int));
 }

@@ -41,6 +41,7 @@
 #endif
 
 #include "base/common.h"
+#include "base/pool.h"
 #include "kernels/kernels.h"
 /* ------------------------------------------------------------------ activation arena */
 
@@ -155,7 +156,7 @@ int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
     a->rope_max_pos = MOERL_MAX(max_tokens, mp);
     arena_t ar = {NULL, 0};
     layout(m, a, &ar, max_tokens);
-    ar.base = xalloc_aligned(ar.used);
+    ar.base = moerl_buf_alloc(ar.used, "model_acts"); /* MOERL_ALLOC: malloc | pool | jemalloc */
     a->arena = ar.base;
     ar.used = 0;
     layout(m, a, &ar, max_tokens);
@@ -164,7 +165,7 @@ int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
 }
 
 void model_acts_free(model_acts *a) {
-    free(a->arena);
+    moerl_buf_free(a->arena);
     memset(a, 0, sizeof *a);
 }
 

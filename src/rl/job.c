@@ -16,6 +16,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "base/plot.h"
+#include "base/pool.h"
 #include "data/tokenizer.h"
 #include "model/safetensors.h"
 #include "rl/job_internal.h"
@@ -273,6 +274,14 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("timing_s/weight_bcast", J->win_bcast_s);
         PUT("perf/weight_bcast_bytes", (double)J->bcast_bytes);
         PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);
+    }
+    moerl_pool_stats ps; /* MOERL_ALLOC=pool only (src/base/pool.h) */
+    if (moerl_alloc_pool_stats(&ps) == MOERL_OK) {
+        PUT("memory/pool_reserved_bytes", (double)ps.reserved);
+        PUT("memory/pool_committed_bytes", (double)ps.committed);
+        PUT("memory/pool_in_use_bytes", (double)ps.in_use);
+        PUT("memory/pool_peak_bytes", (double)ps.peak_in_use);
+        PUT("memory/pool_fragmentation", ps.fragmentation);
     }
 #undef PUT
     metrics_write(J->mw, J->T.step, n, keys, vals);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/pool.h"
 #include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
@@ -63,8 +64,8 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     e->E = c->num_experts; e->K = c->num_experts_per_tok;
     const size_t S = ec.max_num_seqs, Lm = ec.max_model_len, T = ec.max_num_batched_tokens;
     const size_t kvrow = (size_t)e->nkv * e->hd, H = e->H, qrow = (size_t)e->nh * e->hd;
-    e->k_cache = xalloc_aligned((size_t)e->L * S * Lm * kvrow * sizeof(float));
-    e->v_cache = xalloc_aligned((size_t)e->L * S * Lm * kvrow * sizeof(float));
+    e->k_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
+    e->v_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
     e->slots = xcalloc(S, sizeof(gen_request *));
     e->tok = xmalloc(T * sizeof(int));
     e->slot_of = xmalloc(T * sizeof(int));
@@ -94,6 +95,9 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
 void engine_free(engine *e) {
     if (!e) return;
     model_free(&e->m);
+    moerl_buf_free(e->k_cache);
+    moerl_buf_free(e->v_cache);
+    e->k_cache = e->v_cache = NULL;
     void *bufs[] = {e->k_cache, e->v_cache, e->slots, e->tok, e->slot_of, e->pos, e->x, e->ln, e->mid, e->mlp_out,
                     e->q_raw, e->q, e->att, e->q_rstd, e->k_raw, e->k, e->v, e->k_rstd, e->mlp.router_logits,
                     e->mlp.probs, e->mlp.topk_w, e->mlp.topk_ids, e->mlp.row_idx, e->mlp.sorted_row,

@@ -1,0 +1,346 @@
+/* Allocation-trace replay: the buddy pool (src/base/pool.c) against glibc malloc and jemalloc.
+ *
+ *   bench_alloc [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT]
+ *
+ * A trace is the JSONL that MOERL_ALLOC_TRACE=FILE writes (src/base/pool.h): a header line, then
+ * {"op":"alloc"|"free","id":n,"size":bytes,...}. --synthetic STEPS generates one modelled on a
+ * training job with dynamic micro-batches (the 8×A100 practice of reference.md §B: 4–16 micro-batches a
+ * step): long-lived buffers (KV cache, parameters' gradients' residual) plus, every step, activation
+ * buffers whose size follows the micro-batch's token count, freed in mixed order, and now and then a
+ * long-lived buffer reallocated larger. Deterministic (fixed seed).
+ *
+ * For each allocator: time of one replay (median over --reps, each on a fresh allocator; allocation
+ * calls only, no stores to the memory, no statistics calls), and from one extra, untimed replay:
+ *   peak requested — the most bytes live at once;
+ *   peak footprint — the most memory the allocator held at once: pool = committed bytes; glibc =
+ *     mallinfo2 arena + hblkhd; jemalloc = stats.active (pages of live extents; mapped-but-free
+ *     retained memory is not counted, which favours jemalloc);
+ *   overhead = 1 − peak requested / peak footprint;
+ *   fragmentation (pool only) = 1 − largest free block / free committed bytes, the issue's
+ *     definition, as the mean and the maximum over the replay's steps.
+ * The replay does not touch the memory, so footprint is what each allocator reserved, not resident.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/common.h"
+#include "base/pool.h"
+#include "bench_util.h"
+
+typedef struct {
+    int alloc; /* 1 alloc, 0 free */
+    int64_t id;
+    size_t size;
+} op_t;
+
+typedef struct {
+    op_t *ops;
+    size_t n, cap;
+    int64_t max_id;
+    char name[256];
+} trace_t;
+
+static void push(trace_t *t, int alloc, int64_t id, size_t size) {
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 1024;
+        t->ops = xrealloc(t->ops, t->cap * sizeof *t->ops);
+    }
+    t->ops[t->n++] = (op_t){alloc, id, size};
+    if (id > t->max_id) t->max_id = id;
+}
+
+static int load_trace(const char *path, trace_t *t) {
+    char *buf;
+    size_t len;
+    if (moerl_read_file(path, &buf, &len) != MOERL_OK) return MOERL_ERR;
+    snprintf(t->name, sizeof t->name, "%s", path);
+    int line = 0;
+    for (char *s = buf, *nl; s && *s; s = nl ? nl + 1 : NULL) {
+        nl = strchr(s, '\n');
+        if (nl) *nl = 0;
+        line++;
+        if (!*s) continue;
+        json_error_t err;
+        json_t *o = json_loads(s, 0, &err);
+        if (!o) {
+            free(buf);
+            return moerl_errorf("%s:%d: not JSON: %s", path, line, err.text);
+        }
+        if (line == 1) {
+            if (!json_object_get(o, "moerl_alloc_trace")) {
+                json_decref(o);
+                free(buf);
+                return moerl_errorf("%s: the first line is not a moerl_alloc_trace header", path);
+            }
+            json_decref(o);
+            continue;
+        }
+        const char *op = json_string_value(json_object_get(o, "op"));
+        json_t *id = json_object_get(o, "id"), *size = json_object_get(o, "size");
+        if (!op || !json_is_integer(id) || !json_is_integer(size) || json_integer_value(size) < 0 ||
+            (strcmp(op, "alloc") && strcmp(op, "free"))) {
+            json_decref(o);
+            free(buf);
+            return moerl_errorf("%s:%d: expected {\"op\":\"alloc\"|\"free\",\"id\":int,\"size\":int}", path, line);
+        }
+        if (json_integer_value(id) > 0) /* id 0: a free of a pointer the trace never saw allocated */
+            push(t, !strcmp(op, "alloc"), json_integer_value(id), (size_t)json_integer_value(size));
+        json_decref(o);
+    }
+    free(buf);
+    return MOERL_OK;
+}
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Synthetic training trace (sizes in bytes; the scale is a ~1B-parameter job's host buffers /64). */
+static void synth_trace(trace_t *t, int steps) {
+    snprintf(t->name, sizeof t->name, "synthetic (%d steps)", steps);
+    const size_t MiB = 1 << 20;
+    int64_t id = 0;
+    push(t, 1, ++id, 300 * MiB); /* KV cache k */
+    push(t, 1, ++id, 300 * MiB); /* KV cache v */
+    int64_t resid = ++id;
+    size_t resid_sz = 64 * MiB;
+    push(t, 1, resid, resid_sz); /* gradient residual */
+    for (int s = 0; s < steps; s++) {
+        const int mb = 4 + (int)(rnd() % 13); /* dynamic micro-batches: 4–16 */
+        int64_t live[64];
+        int n = 0;
+        for (int m = 0; m < mb; m++) {
+            const size_t tokens = 256 + rnd() % 3840;      /* tokens of this micro-batch */
+            const size_t acts = tokens * 24 * 1024;          /* activation arena: ~24 KiB per token */
+            const size_t logits = tokens * (4 * 1024 + rnd() % 4096); /* logits / scratch */
+            live[n++] = ++id;
+            push(t, 1, id, acts);
+            live[n++] = ++id;
+            push(t, 1, id, logits);
+            if (rnd() % 2) { /* free the scratch early, keep the activations for backward */
+                push(t, 0, live[n - 1], 0);
+                n--;
+            }
+        }
+        while (n > 0) { /* backward releases in mixed order */
+            const int i = (int)(rnd() % (uint64_t)n);
+            push(t, 0, live[i], 0);
+            live[i] = live[--n];
+        }
+        if (s % 25 == 24) { /* a long-lived buffer reallocated larger (e.g. a grown bucket) */
+            push(t, 0, resid, 0);
+            resid_sz += 4 * MiB;
+            resid = ++id;
+            push(t, 1, resid, resid_sz);
+        }
+    }
+    push(t, 0, 1, 0);
+    push(t, 0, 2, 0);
+    push(t, 0, resid, 0);
+}
+
+enum { A_POOL, A_GLIBC, A_JEMALLOC, N_ALLOC };
+static const char *ANAME[N_ALLOC] = {"pool", "glibc", "jemalloc"};
+static moerl_jemalloc_api JE;
+static int have_je;
+
+typedef struct {
+    double time_med, time_min, peak_req, peak_fp, overhead, frag_mean, frag_max;
+    int failures, ran;
+} result_t;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static size_t footprint(int a, moerl_pool *p) {
+    if (a == A_POOL) {
+        moerl_pool_stats st;
+        moerl_pool_get_stats(p, &st);
+        return st.committed;
+    }
+    if (a == A_GLIBC) {
+        struct mallinfo2 mi = mallinfo2();
+        return mi.arena + mi.hblkhd;
+    }
+    uint64_t epoch = 1;
+    size_t sz = sizeof epoch, active = 0, asz = sizeof active;
+    JE.mallctl("epoch", &epoch, &sz, &epoch, sz);
+    JE.mallctl("stats.active", &active, &asz, NULL, 0);
+    return active;
+}
+
+/* One replay; with measure=1 samples statistics after every op. Returns the seconds it took. */
+static double replay(int a, const trace_t *t, int measure, result_t *r) {
+    void **ptr = xcalloc((size_t)t->max_id + 1, sizeof(void *));
+    size_t *szs = xcalloc((size_t)t->max_id + 1, sizeof(size_t));
+    moerl_pool *p = NULL;
+    if (a == A_POOL) {
+        p = moerl_pool_create(NULL);
+        if (!p) moerl_fatal("%s", moerl_last_error());
+    }
+    size_t live = 0, peak_req = 0, peak_fp = 0;
+    double frag_sum = 0, frag_max = 0;
+    long frag_n = 0;
+    int fails = 0;
+    const double t0 = now_s();
+    for (size_t i = 0; i < t->n; i++) {
+        const op_t *o = &t->ops[i];
+        if (o->alloc) {
+            const size_t sz = o->size ? (o->size + 63) & ~(size_t)63 : 64;
+            void *q = a == A_POOL ? moerl_pool_alloc(p, sz)
+                      : a == A_GLIBC ? aligned_alloc(64, sz)
+                                     : JE.mallocx(sz, JE.flags_align64);
+            if (!q) fails++;
+            ptr[o->id] = q;
+            szs[o->id] = sz;
+            if (measure) live += sz;
+        } else {
+            void *q = ptr[o->id];
+            if (!q) continue;
+            if (a == A_POOL) moerl_pool_free(p, q);
+            else if (a == A_GLIBC) free(q);
+            else JE.dallocx(q, 0);
+            ptr[o->id] = NULL;
+            if (measure) live -= szs[o->id];
+        }
+        if (measure) {
+            if (live > peak_req) peak_req = live;
+            const size_t fp = footprint(a, p);
+            if (fp > peak_fp) peak_fp = fp;
+            if (a == A_POOL) {
+                moerl_pool_stats st;
+                moerl_pool_get_stats(p, &st);
+                frag_sum += st.fragmentation;
+                frag_n++;
+                if (st.fragmentation > frag_max) frag_max = st.fragmentation;
+            }
+        }
+    }
+    const double dt = now_s() - t0;
+    for (int64_t id = 0; id <= t->max_id; id++) /* anything the trace left live */
+        if (ptr[id]) {
+            if (a == A_POOL) moerl_pool_free(p, ptr[id]);
+            else if (a == A_GLIBC) free(ptr[id]);
+            else JE.dallocx(ptr[id], 0);
+        }
+    free(ptr);
+    free(szs);
+    moerl_pool_destroy(p);
+    if (measure) {
+        r->peak_req = (double)peak_req;
+        r->peak_fp = (double)peak_fp;
+        r->overhead = peak_fp ? 1.0 - (double)peak_req / (double)peak_fp : 0;
+        r->frag_mean = frag_n ? frag_sum / frag_n : 0;
+        r->frag_max = frag_max;
+        r->failures = fails;
+    }
+    return dt;
+}
+
+int main(int argc, char **argv) {
+    moerl_jemalloc_tls_reexec(argv); /* before anything: dlopen of libjemalloc needs static TLS room */
+    const char *traces[16];
+    int n_traces = 0, synth = 0, reps = 21;
+    const char *json_out = NULL;
+    static const struct option opts[] = {{"trace", required_argument, 0, 't'},
+                                         {"synthetic", required_argument, 0, 's'},
+                                         {"reps", required_argument, 0, 'r'},
+                                         {"json", required_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "t:s:r:j:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't':
+            if (n_traces < 16) traces[n_traces++] = optarg;
+            break;
+        case 's': synth = atoi(optarg); break;
+        case 'r': reps = atoi(optarg); break;
+        case 'j': json_out = optarg; break;
+        default:
+            fprintf(stderr, "usage: %s [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT]\n", argv[0]);
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (reps < 1 || synth < 0 || (!n_traces && !synth)) {
+        fprintf(stderr, "bench_alloc: give --trace FILE and/or --synthetic STEPS (> 0), and --reps ≥ 1\n");
+        return 2;
+    }
+    have_je = moerl_jemalloc_load(&JE) == MOERL_OK;
+    if (!have_je) fprintf(stderr, "bench_alloc: jemalloc skipped: %s\n", moerl_last_error());
+    const int n_sets = n_traces + (synth > 0);
+    json_t *jout = json_array();
+    for (int ti = 0; ti < n_sets; ti++) {
+        trace_t t = {0};
+        if (ti < n_traces) {
+            if (load_trace(traces[ti], &t) != MOERL_OK) {
+                fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
+                return 1;
+            }
+        } else
+            synth_trace(&t, synth);
+        size_t n_alloc = 0;
+        for (size_t i = 0; i < t.n; i++) n_alloc += t.ops[i].alloc;
+        printf("trace %s: %zu ops (%zu allocations), %d reps\n", t.name, t.n, n_alloc, reps);
+        printf("  %-9s %12s %12s %14s %14s %9s %10s %10s\n", "allocator", "time_ms_med", "us_per_op", "peak_req_MiB",
+               "peak_fp_MiB", "overhead", "frag_mean", "frag_max");
+        json_t *jt = json_object();
+        json_object_set_new(jt, "trace", json_string(t.name));
+        json_object_set_new(jt, "ops", json_integer((json_int_t)t.n));
+        json_object_set_new(jt, "reps", json_integer(reps));
+        for (int a = 0; a < N_ALLOC; a++) {
+            if (a == A_JEMALLOC && !have_je) continue;
+            result_t r = {0};
+            replay(a, &t, 1, &r);
+            double *ts = xmalloc((size_t)reps * sizeof(double));
+            /* interleaving with the other allocators would be fairer to machine noise; a warm-up replay
+             * first, then reps back to back */
+            replay(a, &t, 0, &r);
+            for (int k = 0; k < reps; k++) ts[k] = replay(a, &t, 0, &r);
+            r.time_med = bench_median(ts, reps);
+            free(ts);
+            const double MiB = 1048576.0;
+            char fm[16] = "-", fx[16] = "-";
+            if (a == A_POOL) {
+                snprintf(fm, sizeof fm, "%.4f", r.frag_mean);
+                snprintf(fx, sizeof fx, "%.4f", r.frag_max);
+            }
+            printf("  %-9s %12.3f %12.3f %14.1f %14.1f %9.4f %10s %10s%s\n", ANAME[a], 1e3 * r.time_med,
+                   1e6 * r.time_med / (double)t.n, r.peak_req / MiB, r.peak_fp / MiB, r.overhead, fm, fx,
+                   r.failures ? "  (failures!)" : "");
+            json_t *ja = json_pack("{s:f,s:f,s:f,s:f,s:i}", "time_s_median", r.time_med, "peak_requested_bytes",
+                                   r.peak_req, "peak_footprint_bytes", r.peak_fp, "overhead", r.overhead,
+                                   "failures", r.failures);
+            if (a == A_POOL) {
+                json_object_set_new(ja, "fragmentation_mean", json_real(r.frag_mean));
+                json_object_set_new(ja, "fragmentation_max", json_real(r.frag_max));
+            }
+            json_object_set_new(jt, ANAME[a], ja);
+        }
+        json_array_append_new(jout, jt);
+        free(t.ops);
+    }
+    if (json_out) {
+        char *s = json_dumps(jout, JSON_INDENT(1));
+        const int rc = moerl_write_file_atomic(json_out, s, strlen(s));
+        free(s);
+        if (rc != MOERL_OK) {
+            fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
+            return 1;
+        }
+    }
+    json_decref(jout);
+    return 0;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# run_alloc.sh — the memory pool against glibc malloc and jemalloc (issue 13, "Memory").
+#
+# 1. Records an allocation trace of a real run: `moerl rl --config examples/smoke.yaml` (SFT warm start,
+#    fully-async GRPO, validation) with MOERL_ALLOC=pool MOERL_ALLOC_TRACE=bench/traces/smoke_rl.jsonl.
+# 2. Replays it, and a synthetic dynamic-micro-batch trace (--synthetic 200), with build/bench/bench_alloc
+#    against the pool, glibc and jemalloc: median replay time over 21 reps, peak footprint, overhead,
+#    the pool's fragmentation (definitions in bench/bench_alloc.c).
+# 3. Step time of the smoke training (lockstep, STEPS trainer steps) under MOERL_ALLOC=malloc|pool|jemalloc,
+#    ROUNDS rounds with the allocators interleaved; prints medians over rounds of the median trainer
+#    update time per step (metrics timing_s/update) and of the run's wall time per step, with the ratio
+#    against malloc measured in the same rounds. No thresholds: a benchmark, not a test.
+# Usage: bash bench/run_alloc.sh [BUILD_DIR]   (env: ROUNDS=5 STEPS=40 OMP_NUM_THREADS=1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+ROUNDS=${ROUNDS:-5}
+STEPS=${STEPS:-40}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+W=$(mktemp -d /tmp/run_alloc.XXXXXX)
+unset MOERL_ALLOC MOERL_ALLOC_TRACE
+echo "== 1. trace of a real run (examples/smoke.yaml, MOERL_ALLOC=pool)"
+MOERL_ALLOC=pool MOERL_ALLOC_TRACE=bench/traces/smoke_rl.jsonl "$BUILD/moerl" rl --config examples/smoke.yaml \
+    trainer.default_local_dir="$W/rec" trainer.resume_mode=disable >"$W/rec.log" 2>&1
+grep "memory pool:" "$W/rec.log"
+echo "== 2. replay (bench_alloc)"
+"$BUILD/bench/bench_alloc" --trace bench/traces/smoke_rl.jsonl --synthetic 200 --reps 21 --json "$W/replay.json"
+echo "== 3. step time, $ROUNDS rounds x {malloc, pool, jemalloc}, $STEPS lockstep steps each"
+LOCK=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
+      trainer.resume_mode=disable trainer.save_freq=0 async_training.mode=lockstep
+      trainer.total_training_steps=$STEPS async_training.staleness_threshold=1.0)
+for r in $(seq 1 "$ROUNDS"); do
+    for a in malloc pool jemalloc; do
+        MOERL_ALLOC=$a "$BUILD/moerl" rl --config examples/smoke.yaml "${LOCK[@]}" \
+            trainer.default_local_dir="$W/r${r}_$a" >"$W/r${r}_$a.log" 2>&1 || { echo "run $a failed"; tail -3 "$W/r${r}_$a.log"; exit 1; }
+    done
+done
+/usr/bin/python3 - "$W" "$ROUNDS" <<'PYEOF'
+import json, statistics as st, sys
+w, rounds = sys.argv[1], int(sys.argv[2])
+res = {}
+for a in ["malloc", "pool", "jemalloc"]:
+    upd, wall = [], []
+    for r in range(1, rounds + 1):
+        d = w + "/r%d_%s" % (r, a)
+        rows = [json.loads(l) for l in open(d + "/metrics.jsonl") if l.strip()]
+        u = [x["timing_s/update"] for x in rows if "timing_s/update" in x]
+        upd.append(st.median(u))
+        summ = json.loads(open(d + ".log").read().strip().splitlines()[-1] if False else
+                          [l for l in open(d + ".log") if l.startswith('{"accuracy_sft"')][-1])
+        wall.append(summ["wall_s"] / summ["steps"])
+    res[a] = (st.median(upd), st.median(wall))
+print("%-9s %16s %10s %16s %10s" % ("allocator", "update_ms/step", "vs malloc", "wall_ms/step", "vs malloc"))
+for a, (u, wl) in res.items():
+    print("%-9s %16.2f %+9.1f%% %16.2f %+9.1f%%" % (a, 1e3 * u, 100 * (u / res["malloc"][0] - 1), 1e3 * wl,
+                                                  100 * (wl / res["malloc"][1] - 1)))
+PYEOF
+rm -rf "$W"

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# End-to-end tests of the allocator switch (src/base/pool.h) on the main job: `moerl rl` on the smoke
+# config with MOERL_ALLOC=pool (the pool's statistics at exit and in metrics.jsonl, an allocation trace
+# whose allocations are all freed, the trace replays in bench_alloc), with jemalloc when the build has it,
+# and the same lockstep run giving byte-identical checkpoints under malloc, pool and jemalloc; bad values
+# of MOERL_ALLOC and MOERL_POOL_* are refused with a message naming the variable.
+# Usage: tests/e2e_pool.sh [BUILD_DIR]. Ends with "N passed, N failed"; non-zero on any failure.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+MOERL=$BUILD/moerl
+PY=/usr/bin/python3
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1: $2"; }
+finish() {
+    echo "$passed passed, $failed failed"
+    [[ $failed -eq 0 ]]
+    exit $?
+}
+[[ -x $MOERL ]] || { bad setup "$MOERL not built"; finish; }
+base=${MOERL_TESTDATA:-/tmp}
+mkdir -p "$base"
+WORK=$(mktemp -d "$base/e2e_pool.XXXXXX")
+export OMP_NUM_THREADS=1
+unset MOERL_ALLOC MOERL_ALLOC_TRACE MOERL_POOL_MIN_BLOCK MOERL_POOL_MAX_BLOCK MOERL_POOL_CAPACITY MOERL_POOL_RESERVE
+LOCK=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
+      trainer.resume_mode=disable trainer.save_freq=0 async_training.mode=lockstep trainer.total_training_steps=8
+      async_training.staleness_threshold=1.0)
+run() {  # NAME ALLOC [key=value ...]
+    local name=$1 alloc=$2
+    shift 2
+    MOERL_ALLOC=$alloc MOERL_ALLOC_TRACE=$WORK/$name.trace.jsonl "$MOERL" rl --config examples/smoke.yaml \
+        trainer.default_local_dir="$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
+}
+allocs=(malloc pool)
+if [[ -f /usr/include/jemalloc/jemalloc.h ]]; then  # the Makefile's detection
+    allocs+=(jemalloc)
+else
+    echo "note: this build has no jemalloc: skipping MOERL_ALLOC=jemalloc"
+fi
+for a in "${allocs[@]}"; do
+    if run "lock_$a" "$a" "${LOCK[@]}"; then ok "MOERL_ALLOC=$a: lockstep smoke run"
+    else bad "MOERL_ALLOC=$a run" "exit $?"; tail -5 "$WORK/lock_$a.log"; fi
+done
+for a in "${allocs[@]:1}"; do
+    if cmp -s "$WORK/lock_malloc/checkpoint/model.safetensors" "$WORK/lock_$a/checkpoint/model.safetensors"; then
+        ok "MOERL_ALLOC=$a: checkpoint identical to malloc's"
+    else bad "MOERL_ALLOC=$a checkpoint" "differs from malloc's (or missing)"; fi
+done
+# the pool's statistics: printed at exit, and in every metrics record
+if grep -qE "moerl: memory pool: reserved [0-9]+ MiB, .*fragmentation [0-9.]+, [1-9][0-9]* allocations, [0-9]+ frees, 0 failures" "$WORK/lock_pool.log"; then
+    ok "pool statistics printed at exit"
+else bad "pool statistics at exit" "line missing"; tail -3 "$WORK/lock_pool.log"; fi
+if msg=$($PY - "$WORK" <<'PYEOF'
+import json, sys
+w = sys.argv[1]
+rows = [json.loads(l) for l in open(w + "/lock_pool/metrics.jsonl") if l.strip()]
+keys = ["memory/pool_reserved_bytes", "memory/pool_committed_bytes", "memory/pool_in_use_bytes",
+        "memory/pool_peak_bytes", "memory/pool_fragmentation"]
+def val(r, k):
+    return r.get(k, r.get("metrics", {}).get(k) if isinstance(r.get("metrics"), dict) else None)
+steps = [r for r in rows if val(r, "actor/pg_loss") is not None]
+if not steps: print("no step records"); sys.exit(1)
+for r in steps:
+    v = [val(r, k) for k in keys]
+    if any(x is None for x in v): print("record lacks", [k for k, x in zip(keys, v) if x is None]); sys.exit(1)
+    res, com, use, peak, frag = v
+    if not (res > 0 and 0 < use <= peak and use <= com <= res and 0 <= frag <= 1):
+        print("inconsistent", v); sys.exit(1)
+for r in [json.loads(l) for l in open(w + "/lock_malloc/metrics.jsonl") if l.strip()]:
+    if val(r, "memory/pool_reserved_bytes") is not None: print("malloc run reports pool metrics"); sys.exit(1)
+# the trace: header, every allocation freed by exit, ids unique
+lines = [json.loads(l) for l in open(w + "/lock_pool.trace.jsonl")]
+if lines[0].get("moerl_alloc_trace") != 1 or lines[0].get("allocator") != "pool": print("bad header", lines[0]); sys.exit(1)
+a = {r["id"]: r for r in lines[1:] if r["op"] == "alloc"}
+f = [r["id"] for r in lines[1:] if r["op"] == "free"]
+tags = {r["tag"] for r in a.values()}
+if len(a) < 3 or sorted(f) != sorted(a) or not {"model_acts", "kv_cache"} <= tags:
+    print("trace: %d allocs, %d frees, tags %s" % (len(a), len(f), tags)); sys.exit(1)
+PYEOF
+); then ok "pool metrics in metrics.jsonl (malloc run has none); trace complete"
+else bad "pool metrics / trace" "$msg"; fi
+if [[ -x $BUILD/bench/bench_alloc ]]; then
+    if "$BUILD/bench/bench_alloc" --trace "$WORK/lock_pool.trace.jsonl" --reps 3 >"$WORK/replay.log" 2>&1 &&
+        grep -q "^  pool " "$WORK/replay.log" && grep -q "^  glibc " "$WORK/replay.log"; then
+        ok "bench_alloc replays the recorded trace"
+    else bad "bench_alloc replay" "$(tail -3 "$WORK/replay.log")"; fi
+fi
+# bad values: refused, named
+expect_bad() {  # NAME PATTERN VAR=VALUE...
+    local name=$1 pat=$2
+    shift 2
+    env "$@" "$MOERL" rl --config examples/smoke.yaml "${LOCK[@]}" trainer.default_local_dir="$WORK/$name" \
+        >"$WORK/$name.log" 2>&1
+    local rc=$?
+    if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF -- "$pat" "$WORK/$name.log"; then ok "bad $name refused: exit $rc"
+    else bad "bad $name" "exit $rc, output lacks '$pat'"; tail -3 "$WORK/$name.log"; fi
+}
+expect_bad alloc "MOERL_ALLOC='bogus'" MOERL_ALLOC=bogus
+expect_bad min_block "MOERL_POOL_MIN_BLOCK" MOERL_ALLOC=pool MOERL_POOL_MIN_BLOCK=4X
+expect_bad max_block "max_block must be a power of two" MOERL_ALLOC=pool MOERL_POOL_MAX_BLOCK=3M
+expect_bad reserve "MOERL_POOL_RESERVE" MOERL_ALLOC=pool MOERL_POOL_RESERVE=2
+# a pool too small for the run: refusals fall back to malloc, the run completes and counts them
+if MOERL_ALLOC=pool MOERL_POOL_MIN_BLOCK=64K MOERL_POOL_MAX_BLOCK=1M MOERL_POOL_CAPACITY=2M "$MOERL" rl \
+    --config examples/smoke.yaml "${LOCK[@]}" trainer.default_local_dir="$WORK/tiny" >"$WORK/tiny.log" 2>&1 &&
+    grep -q "serving it (and any later refusal) with malloc" "$WORK/tiny.log" &&
+    grep -qE "[1-9][0-9]* fallbacks" "$WORK/tiny.log" &&
+    cmp -s "$WORK/lock_malloc/checkpoint/model.safetensors" "$WORK/tiny/checkpoint/model.safetensors"; then
+    ok "exhausted / oversize pool: malloc fallback, counted, same checkpoint"
+else bad "pool fallback" "$(tail -3 "$WORK/tiny.log")"; fi
+rm -rf "$WORK"
+finish

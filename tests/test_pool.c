@@ -1,0 +1,366 @@
+/* Buddy pool (src/base/pool.c): invariants under random alloc/free sequences (no overlap,
+ * alignment, contents kept, statistics consistent, everything returned and merged back), the
+ * reserve, the expandable segment's growth in place, exhaustion and oversize errors, bad input,
+ * threads, and the job-wide buffer layer (MOERL_ALLOC=pool with its malloc fallback). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/pool.h"
+#include "base/rng.h"
+#include "test.h"
+
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1 << 20)
+
+typedef struct {
+    unsigned char *p;
+    size_t req, block;
+    unsigned char tag;
+} live_t;
+
+static uint64_t xs(uint64_t *s) { /* xorshift64: the test's own stream, independent of moerl's rng */
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Fill the first and last 64 bytes (or all) of a live block with its tag; verify them. */
+static void stamp(live_t *l) {
+    const size_t n = l->req < 64 ? l->req : 64;
+    memset(l->p, l->tag, n);
+    memset(l->p + l->req - n, l->tag, n);
+}
+static int stamp_ok(const live_t *l) {
+    const size_t n = l->req < 64 ? l->req : 64;
+    for (size_t i = 0; i < n; i++)
+        if (l->p[i] != l->tag || l->p[l->req - n + i] != l->tag) return 0;
+    return 1;
+}
+
+static void test_random_sequences(void) {
+    const size_t minb = 64 * KiB, maxb = 4 * MiB, cap = 32 * MiB;
+    for (int seed = 1; seed <= 3; seed++) {
+        moerl_pool *p = moerl_pool_create(&(moerl_pool_config){minb, maxb, cap, seed == 2 ? 0.0 : 0.3});
+        CHECK(p != NULL, "create: %s", moerl_last_error());
+        if (!p) return;
+        live_t live[512];
+        int n = 0, overlap = 0, misaligned = 0, corrupt = 0, exhausted = 0, bad_msg = 0, check_fail = 0,
+            stat_fail = 0;
+        uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)seed;
+        for (int op = 0; op < 4000; op++) {
+            if (n < 512 && (n == 0 || xs(&s) % 100 < 55)) {
+                /* log-uniform sizes from 1 byte to the max block */
+                const int lg = (int)(xs(&s) % 23);
+                size_t req = ((size_t)1 << lg) + xs(&s) % ((size_t)1 << lg);
+                if (req > maxb) req = maxb;
+                unsigned char *q = moerl_pool_alloc(p, req);
+                if (!q) {
+                    exhausted++;
+                    if (!strstr(moerl_last_error(), "exhausted")) bad_msg++;
+                    continue;
+                }
+                const size_t blk = moerl_pool_block_size(p, req);
+                if (((uintptr_t)q % 4096) || blk < req || (blk & (blk - 1))) misaligned++;
+                for (int i = 0; i < n; i++)
+                    if (q < live[i].p + live[i].block && live[i].p < q + blk) overlap++;
+                live[n] = (live_t){q, req, blk, (unsigned char)(op * 7 + 1)};
+                stamp(&live[n]);
+                n++;
+            } else {
+                const int i = (int)(xs(&s) % (uint64_t)n);
+                if (!stamp_ok(&live[i])) corrupt++;
+                CHECK(moerl_pool_free(p, live[i].p) == MOERL_OK, "free: %s", moerl_last_error());
+                live[i] = live[--n];
+            }
+            if (op % 97 == 0) {
+                if (moerl_pool_check(p) != MOERL_OK) {
+                    check_fail++;
+                    fprintf(stderr, "  %s\n", moerl_last_error());
+                }
+                moerl_pool_stats st;
+                moerl_pool_get_stats(p, &st);
+                size_t in_use = 0, req = 0;
+                for (int i = 0; i < n; i++) in_use += live[i].block, req += live[i].req;
+                if (st.in_use != in_use || st.requested != req || st.committed < st.in_use ||
+                    st.peak_in_use < st.in_use || st.largest_free > st.free_committed ||
+                    !(st.fragmentation >= 0 && st.fragmentation <= 1) || st.reserved != cap)
+                    stat_fail++;
+            }
+        }
+        CHECK(overlap == 0, "seed %d: %d overlapping blocks", seed, overlap);
+        CHECK(misaligned == 0, "seed %d: %d misaligned or undersized blocks", seed, misaligned);
+        CHECK(corrupt == 0, "seed %d: %d blocks lost their contents", seed, corrupt);
+        CHECK(bad_msg == 0, "seed %d: %d refusals without 'exhausted' in the message", seed, bad_msg);
+        CHECK(check_fail == 0, "seed %d: %d invariant checks failed", seed, check_fail);
+        CHECK(stat_fail == 0, "seed %d: %d statistics snapshots inconsistent with the live blocks", seed, stat_fail);
+        CHECK(exhausted > 0, "seed %d: the sequence never filled the 32 MiB pool (test too weak)", seed);
+        moerl_pool_stats st;
+        moerl_pool_get_stats(p, &st);
+        CHECK(st.failures == (uint64_t)exhausted, "seed %d: failures %llu, refusals seen %d", seed,
+              (unsigned long long)st.failures, exhausted);
+        while (n > 0) {
+            if (!stamp_ok(&live[n - 1])) corrupt++;
+            moerl_pool_free(p, live[--n].p);
+        }
+        CHECK(corrupt == 0, "seed %d: contents lost before the final frees", seed);
+        moerl_pool_get_stats(p, &st);
+        CHECK(st.in_use == 0 && st.requested == 0 && st.allocs == st.frees, "seed %d: in_use %zu requested %zu "
+              "allocs %llu frees %llu after freeing all", seed, st.in_use, st.requested,
+              (unsigned long long)st.allocs, (unsigned long long)st.frees);
+        CHECK(moerl_pool_check(p) == MOERL_OK, "seed %d: %s", seed, moerl_last_error());
+        /* all buddies merged back: every max block is available again, and then nothing is */
+        int got = 0;
+        void *tops[8];
+        for (int i = 0; i < 8; i++)
+            if ((tops[i] = moerl_pool_alloc(p, maxb))) got++;
+        CHECK(got == 8, "seed %d: %d of 8 max blocks after freeing all (buddies not merged)", seed, got);
+        CHECK(moerl_pool_alloc(p, minb) == NULL, "seed %d: a full pool served another block", seed);
+        moerl_pool_destroy(p);
+    }
+}
+
+static void test_errors(void) {
+    CHECK(moerl_pool_create(&(moerl_pool_config){3 * MiB, 8 * MiB, 0, 0.3}) == NULL &&
+              strstr(moerl_last_error(), "min_block"),
+          "min_block not a power of two: %s", moerl_last_error());
+    CHECK(moerl_pool_create(&(moerl_pool_config){1024, 8 * MiB, 0, 0.3}) == NULL, "min_block below the page size");
+    CHECK(moerl_pool_create(&(moerl_pool_config){4 * MiB, 2 * MiB, 0, 0.3}) == NULL &&
+              strstr(moerl_last_error(), "max_block"),
+          "max_block below min_block: %s", moerl_last_error());
+    CHECK(moerl_pool_create(&(moerl_pool_config){4 * MiB, 8 * MiB, 0, 1.5}) == NULL &&
+              strstr(moerl_last_error(), "reserve_frac"),
+          "reserve 1.5: %s", moerl_last_error());
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){64 * KiB, 1 * MiB, 2 * MiB, 0.3});
+    CHECK(p != NULL, "create: %s", moerl_last_error());
+    if (!p) return;
+    CHECK(moerl_pool_alloc(p, MiB + 1) == NULL && strstr(moerl_last_error(), "maximum block"),
+          "oversize request: %s", moerl_last_error());
+    CHECK(moerl_pool_block_size(p, MiB + 1) == 0 && moerl_pool_block_size(p, 0) == 64 * KiB &&
+              moerl_pool_block_size(p, 64 * KiB + 1) == 128 * KiB,
+          "block sizes");
+    char *a = moerl_pool_alloc(p, 100);
+    char *b = moerl_pool_alloc(p, MiB - 64 * KiB - 1); /* rounds up to a max block: the second one */
+    CHECK(a && b, "two allocations");
+    CHECK(moerl_pool_alloc(p, 64 * KiB) != NULL, "the rest of the first max block serves a min block");
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    const uint64_t fails = st.failures;
+    CHECK(fails == 1, "one failure counted (the oversize one), got %llu", (unsigned long long)fails);
+    CHECK(moerl_pool_free(p, a + 64) == MOERL_ERR && strstr(moerl_last_error(), "not the start"),
+          "interior pointer refused: %s", moerl_last_error());
+    int local;
+    CHECK(moerl_pool_free(p, &local) == MOERL_ERR && strstr(moerl_last_error(), "outside"), "foreign pointer");
+    CHECK(moerl_pool_free(p, a) == MOERL_OK, "free");
+    CHECK(moerl_pool_free(p, a) == MOERL_ERR && strstr(moerl_last_error(), "double free"), "double free refused");
+    CHECK(moerl_pool_check(p) == MOERL_OK, "state intact after refused frees: %s", moerl_last_error());
+    CHECK(moerl_pool_free(p, NULL) == MOERL_OK, "free(NULL)");
+    moerl_pool_destroy(p);
+    moerl_pool_destroy(NULL);
+    size_t v = 0;
+    CHECK(moerl_parse_bytes("4M", "X", &v) == MOERL_OK && v == 4 * MiB, "4M");
+    CHECK(moerl_parse_bytes("2GiB", "X", &v) == MOERL_OK && v == ((size_t)2 << 30), "2GiB");
+    CHECK(moerl_parse_bytes("65536", "X", &v) == MOERL_OK && v == 65536, "65536");
+    CHECK(moerl_parse_bytes("4Q", "MOERL_POOL_MIN_BLOCK", &v) == MOERL_ERR &&
+              strstr(moerl_last_error(), "MOERL_POOL_MIN_BLOCK"),
+          "bad suffix names the variable: %s", moerl_last_error());
+    CHECK(moerl_parse_bytes("-1", "X", &v) == MOERL_ERR, "negative");
+}
+
+/* reserve_frac: after freeing everything, the pool keeps ⌊reserve · peak⌋ rounded to whole units
+ * committed (it decommits whole units only while the excess is at least one unit). */
+static void test_reserve(void) {
+    const size_t u = 64 * KiB;
+    const double reserves[3] = {0.0, 0.3, 1.0};
+    const size_t expect_units[3] = {0, 3, 10}; /* peak 10 units: 0, 3, 10 units kept */
+    for (int r = 0; r < 3; r++) {
+        moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 16 * u, 64 * u, reserves[r]});
+        void *b[10];
+        for (int i = 0; i < 10; i++) b[i] = moerl_pool_alloc(p, u);
+        moerl_pool_stats st;
+        moerl_pool_get_stats(p, &st);
+        CHECK(st.committed == 10 * u && st.in_use == 10 * u, "reserve %.1f: committed %zu in use %zu", reserves[r],
+              st.committed, st.in_use);
+        for (int i = 0; i < 10; i++) moerl_pool_free(p, b[i]);
+        moerl_pool_get_stats(p, &st);
+        CHECK(st.committed == expect_units[r] * u, "reserve %.1f: %zu bytes kept committed, want %zu", reserves[r],
+              st.committed, expect_units[r] * u);
+        CHECK(st.peak_committed == 10 * u && st.peak_in_use == 10 * u, "peaks");
+        /* the kept memory serves the next burst without committing again */
+        const uint64_t commits = st.commits;
+        void *c = moerl_pool_alloc(p, u);
+        moerl_pool_get_stats(p, &st);
+        if (expect_units[r] > 0)
+            CHECK(st.commits == commits, "reserve %.1f: a 1-unit request after the burst committed again",
+                  reserves[r]);
+        else
+            CHECK(st.commits == commits + 1, "reserve 0: the request must commit");
+        moerl_pool_free(p, c);
+        CHECK(moerl_pool_check(p) == MOERL_OK, "%s", moerl_last_error());
+        moerl_pool_destroy(p);
+    }
+}
+
+/* Expandable segment: one reservation, commit grows in place, no copy, released memory comes back zeroed. */
+static void test_expandable(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 8 * u, 256 * u, 0.0});
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.reserved == 256 * u && st.committed == 0, "fresh pool: reserved %zu committed %zu", st.reserved,
+          st.committed);
+    unsigned char *first = moerl_pool_alloc(p, u);
+    memset(first, 0xAB, u);
+    size_t last_committed = u;
+    int grew = 1, outside = 0;
+    void *more[64];
+    for (int i = 0; i < 64; i++) {
+        more[i] = moerl_pool_alloc(p, 2 * u);
+        if (!moerl_pool_owns(p, more[i])) outside++;
+        moerl_pool_get_stats(p, &st);
+        if (st.committed <= last_committed || st.reserved != 256 * u) grew = 0;
+        last_committed = st.committed;
+    }
+    CHECK(grew, "committed grows with each allocation, reserved stays");
+    CHECK(outside == 0, "%d blocks outside the one reservation", outside);
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.committed == st.in_use, "reserve 0: committed %zu == in use %zu", st.committed, st.in_use);
+    int intact = 1;
+    for (size_t i = 0; i < u; i++) intact &= first[i] == 0xAB;
+    CHECK(intact, "the first block kept its address and contents while the pool grew");
+    for (int i = 0; i < 64; i++) moerl_pool_free(p, more[i]);
+    moerl_pool_free(p, first);
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.committed == 0 && st.decommits > 0, "all released: committed %zu", st.committed);
+    unsigned char *again = moerl_pool_alloc(p, u);
+    CHECK(again == first, "lowest address reused");
+    int zero = 1;
+    for (size_t i = 0; i < u; i++) zero &= again[i] == 0;
+    CHECK(zero, "decommitted memory comes back zeroed");
+    moerl_pool_free(p, again);
+    moerl_pool_destroy(p);
+}
+
+/* Fragmentation = 1 − largest free / free, on an exactly known layout. */
+static void test_fragmentation(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 4 * u, 4 * u, 1.0});
+    void *b[4];
+    for (int i = 0; i < 4; i++) b[i] = moerl_pool_alloc(p, u);
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.fragmentation == 0 && st.free_committed == 0, "full pool: nothing free");
+    moerl_pool_free(p, b[0]);
+    moerl_pool_free(p, b[2]);
+    moerl_pool_get_stats(p, &st);
+    /* exact: two free 1-unit blocks that are not buddies → largest u of 2u free */
+    CHECK(st.free_committed == 2 * u && st.largest_free == u && st.fragmentation == 0.5,
+          "free %zu largest %zu fragmentation %g (want 0.5)", st.free_committed, st.largest_free, st.fragmentation);
+    CHECK(moerl_pool_alloc(p, 2 * u) == NULL, "2 units free but not contiguous: refused");
+    moerl_pool_free(p, b[1]); /* merges 0,1 and then not with 2..3 (3 used) */
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.largest_free == 2 * u && st.free_committed == 3 * u, "after merging: largest %zu", st.largest_free);
+    moerl_pool_free(p, b[3]);
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.fragmentation == 0 && st.largest_free == 4 * u, "all merged: fragmentation %g", st.fragmentation);
+    moerl_pool_destroy(p);
+}
+
+typedef struct {
+    moerl_pool *p;
+    int seed, bad;
+} thr_arg;
+
+static void *thr_main(void *arg) {
+    thr_arg *a = arg;
+    live_t live[64];
+    int n = 0;
+    uint64_t s = 0xABCDEF12345ull + (uint64_t)a->seed;
+    for (int op = 0; op < 3000; op++) {
+        if (n < 64 && (n == 0 || xs(&s) % 2)) {
+            const size_t req = 1 + xs(&s) % (256 * KiB);
+            unsigned char *q = moerl_pool_alloc(a->p, req);
+            if (!q) continue;
+            live[n] = (live_t){q, req, 0, (unsigned char)(a->seed * 64 + n)};
+            stamp(&live[n++]);
+        } else {
+            const int i = (int)(xs(&s) % (uint64_t)n);
+            if (!stamp_ok(&live[i])) a->bad++;
+            if (moerl_pool_free(a->p, live[i].p) != MOERL_OK) a->bad++;
+            live[i] = live[--n];
+        }
+    }
+    while (n > 0) {
+        if (!stamp_ok(&live[n - 1])) a->bad++;
+        moerl_pool_free(a->p, live[--n].p);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){64 * KiB, 1 * MiB, 64 * MiB, 0.3});
+    pthread_t t[3];
+    thr_arg a[3];
+    for (int i = 0; i < 3; i++) {
+        a[i] = (thr_arg){p, i + 1, 0};
+        pthread_create(&t[i], NULL, thr_main, &a[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        bad += a[i].bad;
+    }
+    CHECK(bad == 0, "%d corrupted blocks or failed frees across threads", bad);
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.in_use == 0 && st.allocs == st.frees && moerl_pool_check(p) == MOERL_OK, "threads: all returned (%s)",
+          moerl_last_error());
+    moerl_pool_destroy(p);
+}
+
+/* The buffer layer with MOERL_ALLOC=pool (set here, before its first use): zero-filled 64-byte aligned
+ * buffers from the pool, a refused request served by malloc and counted. */
+static void test_buffer_layer(void) {
+    setenv("MOERL_ALLOC", "pool", 1);
+    setenv("MOERL_POOL_MIN_BLOCK", "64K", 1);
+    setenv("MOERL_POOL_MAX_BLOCK", "1M", 1);
+    setenv("MOERL_POOL_CAPACITY", "4M", 1);
+    CHECK(moerl_alloc_current() == MOERL_ALLOC_POOL, "MOERL_ALLOC=pool selected");
+    unsigned char *a = moerl_buf_alloc(1000, "test");
+    int zero = 1;
+    for (int i = 0; i < 1000; i++) zero &= a[i] == 0;
+    CHECK(zero && (uintptr_t)a % 64 == 0, "zero-filled, aligned");
+    memset(a, 1, 1000);
+    moerl_buf_free(a);
+    unsigned char *b = moerl_buf_alloc(1000, "test"); /* same block again: zeroed by the layer */
+    zero = 1;
+    for (int i = 0; i < 1000; i++) zero &= b[i] == 0;
+    CHECK(zero, "reused block zero-filled");
+    moerl_pool_stats st;
+    CHECK(moerl_alloc_pool_stats(&st) == MOERL_OK && st.in_use == 64 * KiB && st.reserved == 4 * MiB,
+          "pool stats through the layer: in use %zu", st.in_use);
+    unsigned char *big = moerl_buf_alloc(2 * MiB, "too_big"); /* above the 1 MiB max block: malloc fallback */
+    CHECK(big != NULL && big[2 * MiB - 1] == 0, "fallback served and zeroed");
+    moerl_alloc_pool_stats(&st);
+    CHECK(st.fallbacks == 1 && st.failures == 1, "fallback counted: %llu", (unsigned long long)st.fallbacks);
+    moerl_buf_free(big);
+    moerl_buf_free(b);
+    moerl_buf_free(NULL);
+    moerl_alloc_pool_stats(&st);
+    CHECK(st.in_use == 0, "all returned through the layer");
+}
+
+int main(void) {
+    test_errors();
+    test_random_sequences();
+    test_reserve();
+    test_expandable();
+    test_fragmentation();
+    test_threads();
+    test_buffer_layer();
+    TEST_MAIN_END();
+}
