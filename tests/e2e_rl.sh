@@ -286,7 +286,7 @@ for sig in TERM INT; do
     wait $pid 2>/dev/null
     rc1=$?
     want=$((128 + $(kill -l $sig)))
-    if [[ $rc1 -ne $want ]] || ! grep -q "resume with the same command" "$WORK/$name.log"; then
+    if [[ $rc1 -ne $want ]] || ! grep -q "rerun the same command" "$WORK/$name.log"; then
         bad "SIG$sig" "exit $rc1 (want $want) or no resume hint"; tail_log $name
     else
         stopped=$(check ckpt_step "$WORK/$name")

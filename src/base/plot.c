@@ -26,7 +26,7 @@ static const char k_script[] =
     "set output out\n"
     "set xlabel 'parameter version'\n"
     "set ylabel 'reward / accuracy'\n"
-    "set yrange [0:1.05]\n"
+    "set yrange [*<0:1.05<*]\n"
     "set grid\n"
     "# the legend goes below the plot area, so it never covers a curve\n"
     "set key outside below center horizontal\n"

@@ -8,7 +8,12 @@
 static volatile sig_atomic_t g_stop_signal;
 
 static void on_stop_signal(int sig) {
-    if (g_stop_signal) _exit(128 + sig); /* the second signal: at once */
+    if (g_stop_signal) { /* the second signal: at once */
+        static const char m2[] = "\nmoerl: second signal: exiting now, without a checkpoint\n";
+        ssize_t w2 = write(2, m2, sizeof m2 - 1);
+        (void)w2;
+        _exit(128 + sig);
+    }
     g_stop_signal = sig;
     static const char m[] = "\nmoerl: stopping at the next step boundary (checkpoint, then exit); signal again to exit "
                             "at once\n";

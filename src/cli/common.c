@@ -71,10 +71,22 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
                 *exit_code = 2;
                 return 2;
             }
+            if (path) {
+                fprintf(stderr, "moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
+                                "single keys with key=value)\n", cmd, path, argv[i + 1]);
+                *exit_code = 2;
+                return 2;
+            }
             path = argv[++i];
             continue;
         }
         if (!strncmp(argv[i], "--config=", 9)) {
+            if (path) {
+                fprintf(stderr, "moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
+                                "single keys with key=value)\n", cmd, path, argv[i] + 9);
+                *exit_code = 2;
+                return 2;
+            }
             path = argv[i] + 9;
             continue;
         }

@@ -287,6 +287,17 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     return rl_read_algorithm_keys(c, r);
 }
 
+/* The line a run stopped by a signal leaves: how to resume, or that it cannot. */
+static void rl_report_stop(const rl_result *res, const char *out_dir) {
+    if (res->checkpoint_step >= 0)
+        fprintf(stderr, "moerl rl: stopped by signal %d at step %lld; the checkpoint of step %lld is in %s/checkpoint: "
+                        "rerun the same command (trainer.resume_mode=auto) to continue\n",
+                res->stop_signal, (long long)res->steps, (long long)res->checkpoint_step, out_dir);
+    else
+        fprintf(stderr, "moerl rl: stopped by signal %d at step %lld; no checkpoint was written (trainer.save_freq=-1), "
+                        "so this run cannot be resumed\n", res->stop_signal, (long long)res->steps);
+}
+
 /* The job across processes (world size > 1). Errors after the role split end every rank. */
 static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     const int P = ctx->world_size;
@@ -348,8 +359,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     rl_install_signal_handlers();
     if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (leader && res.stop_signal) {
-        fprintf(stderr, "moerl rl: stopped by signal %d after a checkpoint; resume with the same command (output "
-                        "folder %s, trainer.resume_mode=auto)\n", res.stop_signal, rc->out_dir);
+        rl_report_stop(&res, rc->out_dir);
         return 128 + res.stop_signal;
     }
     if (leader) {
@@ -445,8 +455,7 @@ int cmd_rl(int argc, char **argv) {
     rl_install_signal_handlers();
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (res.stop_signal) {
-        fprintf(stderr, "moerl rl: stopped by signal %d after a checkpoint; resume with the same command (output "
-                        "folder %s, trainer.resume_mode=auto)\n", res.stop_signal, rc.out_dir);
+        rl_report_stop(&res, rc.out_dir);
         model_free(&m);
         dataset_free(&train);
         dataset_free(&test);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/config.h"
@@ -41,6 +42,8 @@ static void sft_def_keys(cfg *c) {
     cfg_def_bool(c, "trainer.save_bf16", false, "store the checkpoint in bf16");
     cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable (start anew)");
     cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n steps (0 = at the end and on Ctrl-C only)");
+    cfg_def_bool(c, "trainer.overwrite_output_dir", false,
+                 "with trainer.resume_mode=disable: replace the checkpoint a folder already holds");
 }
 
 static int check_sched(const char *key, const char *s) {
@@ -98,6 +101,21 @@ static int sft_main(cfg *c) {
     }
     char state[4200];
     snprintf(state, sizeof state, "%s/checkpoint", out);
+    {
+        char mp2[4300];
+        snprintf(mp2, sizeof mp2, "%s/model.safetensors", state);
+        const int holds = access(mp2, F_OK) == 0;
+        if (!strcmp(rm, "disable") && holds && !cfg_bool(c, "trainer.overwrite_output_dir")) {
+            moerl_errorf("%s already holds a checkpoint and trainer.resume_mode=disable would replace it: set "
+                         "trainer.overwrite_output_dir=true to do that, resume it (trainer.resume_mode=auto), or use "
+                         "another trainer.default_local_dir", state);
+            goto fail;
+        }
+        if (cfg_bool(c, "trainer.overwrite_output_dir") && strcmp(rm, "disable")) {
+            moerl_errorf("trainer.overwrite_output_dir=true needs trainer.resume_mode=disable (with auto the run resumes)");
+            goto fail;
+        }
+    }
     int stop_signal = 0;
     o.state_dir = state;
     o.save_freq = (int)cfg_int(c, "trainer.save_freq");
@@ -206,7 +224,13 @@ int sft_split_validation(const cfg *c, dataset *train, dataset *val) {
     if (cfg_float(c, "sft.stop_at_accuracy") > 0 && cfg_int(c, "sft.total_training_steps") > 0 && n <= 0)
         return moerl_errorf("sft.stop_at_accuracy needs a validation split (sft.validation_rows > 0): stopping on the "
                             "held-out split would select on the accuracy the run reports");
-    if (n <= 0) return MOERL_OK;
+    const double stop = cfg_float(c, "sft.stop_at_accuracy");
+    if (!(stop >= 0 && stop <= 1))
+        return moerl_errorf("sft.stop_at_accuracy must be an accuracy in [0, 1] (0 = off), got %g", stop);
+    if (stop > 0 && cfg_int(c, "sft.total_training_steps") > 0 && cfg_int(c, "sft.test_freq") <= 0)
+        return moerl_errorf("sft.stop_at_accuracy=%g needs periodic evaluations: set sft.test_freq > 0", stop);
+    if (n < 0) return moerl_errorf("sft.validation_rows must be ≥ 0 (0 = no validation split), got %lld", (long long)n);
+    if (n == 0) return MOERL_OK;
     if (n >= dataset_count(train))
         return moerl_errorf("sft.validation_rows=%lld leaves no training rows (the training data has %lld)",
                             (long long)n, (long long)dataset_count(train));

@@ -59,7 +59,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     else return moerl_errorf("algorithm.rollout_correction.rollout_is: '%s' is not one of null, token, sequence", is);
     r->rollout_is_threshold = (float)cfg_float(c, "algorithm.rollout_correction.rollout_is_threshold");
     if (!(r->rollout_is_threshold > 0) || !isfinite(r->rollout_is_threshold))
-        return moerl_errorf("algorithm.rollout_correction.rollout_is_threshold must be > 0, got %g",
+        return moerl_errorf("algorithm.rollout_correction.rollout_is_threshold must be a finite number > 0, got %g",
                             (double)r->rollout_is_threshold);
     if (r->rollout_is != ROLLOUT_IS_NONE && !r->recompute_old)
         return moerl_errorf("algorithm.rollout_correction.rollout_is=%s needs recomputed old logprobs: set "
@@ -71,7 +71,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     r->overlong_enable = cfg_bool(c, "reward_model.overlong_buffer.enable");
     r->overlong_len = (int)cfg_int(c, "reward_model.overlong_buffer.len");
     r->overlong_penalty_factor = cfg_float(c, "reward_model.overlong_buffer.penalty_factor");
-    if (r->overlong_enable && (r->overlong_len <= 0 || r->overlong_len > r->max_response_length))
+    if (r->overlong_len < 0 || (r->overlong_enable && (r->overlong_len <= 0 || r->overlong_len > r->max_response_length)))
         return moerl_errorf("reward_model.overlong_buffer.len must be in [1, data.max_response_length = %d] when "
                             "enabled, got %d", r->max_response_length, r->overlong_len);
     if (!(r->overlong_penalty_factor >= 0) || !isfinite(r->overlong_penalty_factor))
@@ -80,6 +80,9 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     r->overlong_filter = cfg_bool(c, "actor.overlong_filter");
     r->filter_groups = cfg_bool(c, "algorithm.filter_groups.enable");
     r->filter_max_num_gen_batches = (int)cfg_int(c, "algorithm.filter_groups.max_num_gen_batches");
+    if (r->filter_groups && r->n < 2)
+        return moerl_errorf("algorithm.filter_groups.enable=true with rollout.n=%d: a group of one response always has "
+                            "equal rewards, so every group would be dropped; use rollout.n ≥ 2", r->n);
     if (r->filter_max_num_gen_batches < 0)
         return moerl_errorf("algorithm.filter_groups.max_num_gen_batches must be ≥ 0 (0 = never stop), got %d",
                             r->filter_max_num_gen_batches);
@@ -102,7 +105,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
         return moerl_errorf("rollout.top_k=%d / rollout.top_p=%g: truncated sampling is refused in moerl rl: the "
                             "behaviour logprobs and the trainer's recomputation use the full tempered distribution, so "
                             "the PPO ratio would be biased against the truncated distribution the tokens were drawn "
-                            "from; use rollout.top_k=-1 and rollout.top_p=1 (temperature is fine)",
+                            "from; use rollout.top_k=0 (off) and rollout.top_p=1 (temperature is fine)",
                             r->top_k, (double)r->top_p);
     return MOERL_OK;
 }

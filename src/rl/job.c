@@ -87,7 +87,17 @@ int job_load_checkpoint(job *J, int *resumed) {
     if (access(p, R_OK) != 0) { /* a kill between the two renames of save_checkpoint leaves .old */
         snprintf(dir, sizeof dir, "%s/checkpoint.old", c->out_dir);
         snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-        if (access(p, R_OK) != 0) return MOERL_OK; /* nothing to resume from */
+        if (access(p, R_OK) != 0) { /* nothing to resume from — unless the folder holds another kind of checkpoint */
+            snprintf(dir, sizeof dir, "%s/checkpoint/model.safetensors", c->out_dir);
+            char idx[4200];
+            snprintf(idx, sizeof idx, "%s/checkpoint/model.safetensors.index.json", c->out_dir);
+            if (access(dir, F_OK) == 0 || access(idx, F_OK) == 0)
+                return moerl_errorf("%s/checkpoint holds a checkpoint without trainer_state.json (a moerl sft run, or "
+                                    "a copied model?), not an RL run to resume: use another trainer.default_local_dir "
+                                    "(model.path can point at that checkpoint), or set trainer.resume_mode=disable "
+                                    "trainer.overwrite_output_dir=true to replace it", c->out_dir);
+            return MOERL_OK;
+        }
     }
     prompt_feed *fd = J->feed;
     rl_state st;
@@ -333,6 +343,7 @@ int job_after_sync(job *J, double sync_s, double rb, double ri) {
         const char *k[] = {"val/accuracy", "fully_async/count/current_param_version"};
         double v[] = {acc, (double)J->T.version};
         metrics_write(J->mw, J->T.step, 2, k, v);
+        J->last_val_step = J->T.step;
         log_info("v%-3d held-out accuracy %.1f%%", J->T.version, 100 * acc);
     }
     return MOERL_OK;
@@ -590,10 +601,17 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     if (trainer_init(&J->T, cfg, train, m) != MOERL_OK) goto out0;
     if (cfg->resume_auto && job_load_checkpoint(J, &J->resumed) != MOERL_OK) goto out0;
     if (J->resumed) {
-        J->R.prompts_left = J->total_prompts + J->dropped - J->consumed;
+        /* new prompts still to start: what the remaining steps consume (the redo list first); dropped
+         * groups add their replacements as they happen. Not total − consumed: a resume may change
+         * the steps or the prompts per step. */
+        J->R.prompts_left = (J->total_steps - J->T.step) * (int64_t)J->cfg->ppo_mini_batch_size * J->cfg->require_batches;
+        if (J->R.prompts_left < 0) J->R.prompts_left = 0;
         if (engine_load_weights(J->R.eng, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) goto out0;
     }
     if (job_open_outputs(J, J->resumed) != MOERL_OK) goto out0;
+    if (cfg->grad_compression)
+        log_warn("actor.grad_compression has no effect in one process (there is no gradient all-reduce): it applies to "
+                 "data-parallel trainer ranks under mpirun (trainer.n_ranks ≥ 2)");
     log_info("fully-async GRPO: %lld steps × %d prompts × %d responses; staleness_threshold %g → queue %d, "
              "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
              (long long)J->total_steps, b.required_samples, cfg->n, cfg->staleness_threshold, b.max_required_samples,

@@ -823,7 +823,7 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     L->ack = xcalloc((size_t)L->P, sizeof(ack_msg));
     CHECK_OK(trainer_init(&J->T, cfg, train, m), "trainer setup");
     if (cfg->resume_auto) CHECK_OK(job_load_checkpoint(J, &J->resumed), "resume");
-    L->prompts_left = J->total_prompts + J->dropped - J->consumed;
+    L->prompts_left = MOERL_MAX(0, (J->total_steps - J->T.step) * (int64_t)L->budget.required_samples); /* as job.c */
     /* the starting state to the other trainer ranks, the weights to the rollout ranks */
     for (int d = 1; d < L->n_trainers; d++) send_state(ctx, &J->T, ctx->first_trainer + d);
     for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_START, J->T.version, cfg->partial_rollout);

@@ -69,6 +69,7 @@ struct job {
     int failed;
     _Atomic int watchdog_stop;
     int resumed;              /* resumed from a checkpoint */
+    int64_t last_val_step;    /* trainer step of the last held-out validation (−1: none) */
     /* rl_run_dist: extra metrics per version (emitted only when is_dist) */
     int is_dist;
     double win_bcast_s;       /* weight broadcast seconds in this window */

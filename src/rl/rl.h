@@ -302,7 +302,8 @@ typedef struct {
     double weight_bcast_gbps;     /* payload GB/s of the broadcast (bytes / its mean time) */
     int64_t weight_bcast_bytes;   /* payload bytes per broadcast */
     double grad_reduce_exposed_s; /* Σ over steps of exposed gradient-reduction time (rank 0) */
-    int stop_signal;              /* SIGINT/SIGTERM stopped the run after a checkpoint (0: ran to the end) */
+    int stop_signal;              /* SIGINT/SIGTERM stopped the run (0: ran to the end) */
+    int64_t checkpoint_step;      /* trainer step of the last checkpoint on disk (−1: none, trainer.save_freq=-1) */
 } rl_result;
 /* SIGINT/SIGTERM for the main job: the first asks rl_run / rl_run_dist to stop at the next step
  * boundary, write a checkpoint and return with res->stop_signal set (the command then exits

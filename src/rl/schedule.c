@@ -50,6 +50,7 @@ int job_plan(job *J, staleness_budget *b) {
                             b->required_samples, (long long)rows);
     J->total_prompts = J->total_steps * b->required_samples;
     J->last_ckpt_step = -1;
+    J->last_val_step = -1;
     J->resumed_val = NAN;
     J->last_val = NAN;
     return MOERL_OK;
@@ -66,7 +67,7 @@ typedef struct {
 
 static void log_dropped(job *J, const rl_group *g) {
     json_t *o = json_object();
-    json_object_set_new(o, "step", json_integer(J->T.step));
+    json_object_set_new(o, "step", json_integer(J->T.step + 1)); /* the step it was taken for */
     json_object_set_new(o, "trainer_version", json_integer(J->T.version));
     json_object_set_new(o, "uid", json_integer(g->uid));
     json_object_set_new(o, "epoch", json_integer(g->epoch));
@@ -197,9 +198,12 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     if (cfg->max_consecutive_skipped > 0 && J->consecutive_skipped >= cfg->max_consecutive_skipped)
         return moerl_errorf("the run diverged: %d consecutive optimizer steps up to trainer step %lld were skipped "
                             "because the loss or the gradient norm was not finite "
-                            "(trainer.max_consecutive_skipped_steps=%d); the last good checkpoint in %s/checkpoint is "
-                            "kept — lower actor.optim.lr or raise the clipping, then resume",
-                            J->consecutive_skipped, (long long)T->step, cfg->max_consecutive_skipped, cfg->out_dir);
+                            "(trainer.max_consecutive_skipped_steps=%d); %s — lower actor.optim.lr or raise the "
+                            "clipping%s",
+                            J->consecutive_skipped, (long long)T->step, cfg->max_consecutive_skipped,
+                            J->last_ckpt_step >= 0 ? "the last good checkpoint (before the skipped steps) is kept"
+                                                   : "no checkpoint was written before it (trainer.save_freq)",
+                            J->last_ckpt_step >= 0 ? ", then resume" : "");
     return MOERL_OK;
 }
 
@@ -245,6 +249,7 @@ static void record_validation(job *J, double acc) {
     double v[] = {acc, (double)J->T.version};
     metrics_write(J->mw, J->T.step, 2, k, v);
     J->last_val = acc;
+    J->last_val_step = J->T.step;
 }
 
 int job_schedule_run(job *J, rl_result *res) {
@@ -326,7 +331,7 @@ int job_schedule_run(job *J, rl_result *res) {
     const double rt = J->rollouter_busy_total + J->rollouter_idle_total;
     res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
     res->val_acc_end = J->last_val;
-    if (cfg->val_n != 0 && J->T.step > step0 && !J->stop_signal) {
+    if (cfg->val_n != 0 && J->T.step > step0 && !J->stop_signal && J->last_val_step != J->T.step) {
         if (job_run_validation(J, &res->val_acc_end) != MOERL_OK) return MOERL_ERR;
         record_validation(J, res->val_acc_end);
     }
@@ -345,9 +350,9 @@ int job_schedule_run(job *J, rl_result *res) {
     for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
     free(held.g);
     job_plot_from_metrics(J);
-    if (J->stop_signal && rc == MOERL_OK)
-        log_info("stopped by signal %d at step %lld (version %d): checkpoint in %s/checkpoint; rerun the same command "
-                 "(trainer.resume_mode=auto) to continue",
-                 J->stop_signal, (long long)J->T.step, J->T.version, cfg->out_dir);
+    res->checkpoint_step = J->last_ckpt_step;
+    if (J->stop_signal && rc == MOERL_OK && J->last_ckpt_step >= 0)
+        log_info("stopped by signal %d at step %lld (version %d): checkpoint at step %lld in %s/checkpoint",
+                 J->stop_signal, (long long)J->T.step, J->T.version, (long long)J->last_ckpt_step, cfg->out_dir);
     return rc;
 }

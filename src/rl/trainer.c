@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "data/tasks.h"
 #include "rl/rl.h"
 #include "train/train.h"
@@ -45,6 +46,7 @@ typedef struct {
     int *idx;
     ppo_stats ps;
     double ent_sum, ent_count, kl_sum;
+    double pg_agg;          /* Σ over updates of the aggregated policy loss (Σ w·L) */
 } ppo_ctx;
 
 /* train_accumulate's callback: the micro-batch's response tokens gathered into flat arrays, the
@@ -73,6 +75,7 @@ static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const
     }
     double loss = ppo_token_loss(c->g, c->lp, c->old, c->bh, c->ad, c->isw ? c->iw : NULL, c->ww, k, &c->cfg->ppo,
                                  &c->ps);
+    c->pg_agg += loss;
     if (c->ref) {
         double kl = kl_k3_token_loss(c->g, c->lp, c->rf, c->ww, k, c->cfg->kl_loss_coef);
         c->kl_sum += kl;
@@ -484,18 +487,24 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
         }
     }
     /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
-    double sums[14] = {c.ps.loss_sum, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
+    double sums[15] = {c.pg_agg, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
                        aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
-                       (double)is.n_tokens};
-    if (trainers_sum(T, sums, 14) != MOERL_OK) goto out;
+                       (double)is.n_tokens, 0};
+    if (trainers_sum(T, sums, 15) != MOERL_OK) goto out;
+    const int nu = n_updates ? n_updates : 1;
+    /* actor/pg_loss: the loss as actor.loss_agg_mode aggregates it (verl), mean over the updates;
+     * pg_clipfrac and ppo_kl: token means (verl's masked_mean). No loss token at all: not a number. */
     if (sums[3] > 0) {
-        st->pg_loss = sums[0] / sums[3];
+        st->pg_loss = sums[0] / nu;
         st->pg_clipfrac = sums[1] / sums[3];
         st->ppo_kl = sums[2] / sums[3];
         st->behav_dropped_frac = sums[9] / sums[3];
+    } else {
+        st->pg_loss = st->pg_clipfrac = st->ppo_kl = st->behav_dropped_frac = NAN;
+        log_warn("trainer step %lld: no response token carries loss (actor.overlong_filter masked every response, or "
+                 "every response is empty): nothing was learned from this step", (long long)T->step + 1);
     }
-    const int nu = n_updates ? n_updates : 1;
-    st->entropy = sums[8] > 0 ? sums[4] / sums[8] : 0;
+    st->entropy = sums[8] > 0 ? sums[4] / sums[8] : NAN;
     st->kl_loss = sums[5] / nu;
     st->grad_norm /= nu; /* the reduced gradient's norm: the same on every rank */
     st->aux_loss = sums[6] / nu;

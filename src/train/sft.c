@@ -40,6 +40,7 @@ static int sft_save_state(const moe_model *m, const adamw_state *os, const datas
     snprintf(tmp, sizeof tmp, "%s.tmp", o->state_dir);
     ckpt_remove_flat_dir(tmp);
     if (moerl_mkdirs(tmp) != MOERL_OK || model_save_hf(m, tmp, 0, 0) != MOERL_OK) return MOERL_ERR;
+    if (tokenizer_save(tok_current(), tmp) != MOERL_OK) return MOERL_ERR; /* a checkpoint carries its tokenizer */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
     if (ckpt_save_optimizer(os, p) != MOERL_OK) return MOERL_ERR;
     json_t *s = json_object();
@@ -74,7 +75,20 @@ static int sft_load_state(moe_model *m, adamw_state *os, const dataset *train, c
     if (access(p, R_OK) != 0) { /* a kill between the two renames of the swap leaves .old */
         snprintf(dir, sizeof dir, "%s.old", o->state_dir);
         snprintf(p, sizeof p, "%s/sft_state.json", dir);
-        if (access(p, R_OK) != 0) return 0;
+        if (access(p, R_OK) != 0) {
+            snprintf(p, sizeof p, "%s/model.safetensors", o->state_dir);
+            char q[4300];
+            snprintf(q, sizeof q, "%s/trainer_state.json", o->state_dir);
+            if (access(q, F_OK) == 0)
+                return moerl_errorf("%s holds a moerl rl checkpoint (trainer_state.json), not an SFT run to resume: use "
+                                    "another trainer.default_local_dir (model.path can point at it)", o->state_dir);
+            if (access(p, F_OK) == 0)
+                return moerl_errorf("%s holds a checkpoint without sft_state.json (a finished SFT run of an older moerl, "
+                                    "or a copied model?), not an SFT run to resume: use another trainer.default_local_dir, "
+                                    "or trainer.resume_mode=disable trainer.overwrite_output_dir=true to replace it",
+                                    o->state_dir);
+            return 0;
+        }
     }
     json_error_t err;
     json_t *s = json_load_file(p, 0, &err);
@@ -123,9 +137,11 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     const int64_t n_rows = dataset_count(train);
     const int bs = o->batch_size;
     if (bs <= 0 || bs > n_rows)
-        return moerl_errorf("SFT batch size %d must be in 1..%lld (training rows)", bs, (long long)n_rows);
+        return moerl_errorf("SFT batch size %d (data.train_batch_size, or sft.train_batch_size for the warm start) must be "
+                            "in 1..%lld, the training rows (after sft.validation_rows)", bs, (long long)n_rows);
     if (!(o->optim.lr >= 0) || !isfinite(o->optim.lr) || !(o->optim.weight_decay >= 0) || !isfinite(o->optim.weight_decay))
-        return moerl_errorf("SFT learning rate and weight decay must be finite numbers ≥ 0 (got %g, %g)",
+        return moerl_errorf("SFT learning rate and weight decay (optim.lr / optim.weight_decay, sft.lr / sft.weight_decay "
+                            "for the warm start) must be finite numbers ≥ 0 (got %g, %g)",
                             (double)o->optim.lr, (double)o->optim.weight_decay);
     int rc = MOERL_ERR;
     tok_seq *seqs = xcalloc(n_rows, sizeof(tok_seq));
