@@ -10,6 +10,7 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "base/trace.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "data/dataset.h"
@@ -27,6 +28,7 @@ static void gen_usage(FILE *f) {
             "  --seed S             base seed; response j of prompt i uses seed S + 1000003·i + j (default 0)\n"
             "  -n N                 samples per prompt (default 1)\n"
             "  --max-num-seqs N     sequences in flight (default 32)\n"
+            "  --profile FILE       write a Chrome trace (Perfetto) of the engine's steps and kernels\n"
             "--prompts reads verl-style JSONL (field 'prompt': chat messages) and needs a model trained with\n"
             "moerl's byte tokenizer (vocab_size >= %d).\n",
             TOK_VOCAB_SIZE);
@@ -63,6 +65,12 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && has) { if (parse_num(a, argv[++i], 0, 9e15, &seed)) return 2; }
         else if (!strcmp(a, "-n") && has) { if (parse_num(a, argv[++i], 1, 1e6, &nsamp)) return 2; }
         else if (!strcmp(a, "--max-num-seqs") && has) { if (parse_num(a, argv[++i], 1, 1e5, &max_seqs)) return 2; }
+        else if (!strcmp(a, "--profile") && has) { /* Chrome trace of the engine steps, written at exit */
+            if (trace_open(argv[++i]) != MOERL_OK) {
+                fprintf(stderr, "moerl generate: --profile: %s\n", moerl_last_error());
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "moerl generate: unknown or incomplete option '%s'\n", a);
             gen_usage(stderr);

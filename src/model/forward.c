@@ -688,13 +688,17 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->layers[l];
+        const double ta = trace_begin();
         attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
+        trace_end("attention", "model", ta);
+        const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
             team_share(N, &r0, &r1);
             layer_rest_team(m, a, l, r0, r1);
         }
+        trace_end("layer rest (o_proj, norm, MoE, next qkv)", "model", tl);
     }
     blas_team_end(nb);
     a->aux_loss = a->n_moe_layers ? moe_aux_loss(a->aux_counts, a->aux_psum, E, (int64_t)a->n_moe_layers * N) : 0.0f;
@@ -1003,8 +1007,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *La = &a->layers[l];
+        const double ta = trace_begin();
         attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
                            N, nh, nkv, hd, scale);
+        trace_end("bwd attention", "model", ta);
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;

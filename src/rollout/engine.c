@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 
@@ -194,7 +195,9 @@ static void forward_tokens(engine *e, int T, int n_rows) {
             memcpy(kc + off, e->k + (size_t)n * kvrow, kvrow * sizeof(float));
             memcpy(vc + off, e->v + (size_t)n * kvrow, kvrow * sizeof(float));
         }
+        const double ta = trace_begin();
         attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        trace_end("attention (KV cache)", "engine", ta);
         linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward(m, l, e->ln, e->mlp_out, &e->mlp, T, NULL, NULL);
@@ -262,8 +265,11 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     }
     if (T == 0) return 0;
     double t0 = moerl_now();
+    const double tr = trace_begin();
     forward_tokens(e, T, n_rows);
+    trace_end(n_rows == T ? "engine decode forward" : "engine prefill forward", "engine", tr);
     double t1 = moerl_now();
+    const double ts = trace_begin();
     for (int s = 0; s < S; s++)
         if (e->slots[s]) e->slots[s]->n_cached += fed[s];
     /* 4. sample */
@@ -287,6 +293,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             done[n_done++] = r;
         }
     }
+    trace_end("engine sample", "engine", ts);
     e->st.steps++;
     e->st.forward_s += t1 - t0;
     e->st.sample_s += moerl_now() - t1;
