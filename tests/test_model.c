@@ -260,22 +260,18 @@ static void check_switches(const char *tag) {
 }
 
 /* The production MoE layer (mlp_forward/mlp_backward, every schedule) against the naive HF loop
- * oracle (moe_naive.c) plus the router kernels, on the first MoE layer of config B with random
- * inputs: layer output, dx, and the router, gate_up and down weight gradients. fp32 on both
- * sides with different sum orders (GEMM blocking, scatter order): limits 1e-5 relative +
- * 1e-6 absolute on outputs of size ~0.1, gradients 1e-5 of the tensor's largest entry. */
-static void check_vs_oracle(void) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/model_b", testdata());
-    moe_model m;
-    if (model_load_hf(&m, dir) != MOERL_OK) {
-        CHECK(0, "oracle: cannot load %s: %s", dir, moerl_last_error());
-        return;
-    }
+ * oracle (moe_naive.c) plus the router kernels, on the first MoE layer of model m with N tokens of
+ * fixed pseudo-random inputs: layer output, dx, and the router, gate_up and down weight
+ * gradients. fp32 on both sides with different sum orders (GEMM blocking, scatter order):
+ * limits 1e-5 relative + 1e-6 absolute on outputs of size ~0.1, gradients 1e-5 of the tensor's
+ * largest entry. Token counts are chosen so that expert groups fall on both sides of
+ * SKINNY_MAX_ROWS (skinny column-split items and sgemm row-split items). */
+static void check_vs_oracle(moe_model *mp, const char *tag, int N) {
+    moe_model m = *mp; /* shallow: same buffers; cfg.exec and nz change below and are restored */
     int l = 0;
     while (l < m.cfg.num_hidden_layers && !m.p.layers[l].router) l++;
-    CHECK(l < m.cfg.num_hidden_layers, "oracle: config b has no MoE layer");
-    const int N = 37, H = m.cfg.hidden_size, E = m.cfg.num_experts, K = m.cfg.num_experts_per_tok,
+    CHECK(l < m.cfg.num_hidden_layers, "oracle %s: no MoE layer", tag);
+    const int H = m.cfg.hidden_size, E = m.cfg.num_experts, K = m.cfg.num_experts_per_tok,
               I = m.cfg.moe_intermediate_size;
     const layer_views *w = &m.p.layers[l];
     float *x = xmalloc((size_t)N * H * sizeof(float)), *dout = xmalloc((size_t)N * H * sizeof(float));
@@ -313,22 +309,22 @@ static void check_vs_oracle(void) {
         mlp_forward(&m, l, x, out, &a.layers[l].mlp, N, NULL, NULL);
         mlp_backward(&m, &a, l, x, dout, dx, N);
         char what[160];
-        snprintf(what, sizeof what, "oracle combo %d: MoE output vs naive loop", combo);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: MoE output vs naive loop", tag, N, combo);
         t_close(what, out, out_n, (long)N * H, 1e-6f, 1e-5f);
-        snprintf(what, sizeof what, "oracle combo %d: dx vs naive loop", combo);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: dx vs naive loop", tag, N, combo);
         t_close(what, dx, dx_n, (long)N * H, 1e-6f, 1e-5f);
         const layer_views *gw = &m.g.layers[l];
-        snprintf(what, sizeof what, "oracle combo %d: d gate_up vs naive loop", combo);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: d gate_up vs naive loop", tag, N, combo);
         t_close(what, gw->experts_gate_up, dWgu_n, (long)ngu, 1e-5f * gmax_gu, 0);
-        snprintf(what, sizeof what, "oracle combo %d: d down vs naive loop", combo);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: d down vs naive loop", tag, N, combo);
         t_close(what, gw->experts_down, dWd_n, (long)nd, 1e-5f * gmax_d, 0);
-        snprintf(what, sizeof what, "oracle combo %d: d router vs naive loop", combo);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: d router vs naive loop", tag, N, combo);
         t_close(what, gw->router, dWr_n, (long)E * H, 1e-5f * gmax_r, 0);
         model_acts_free(&a);
     }
     /* the NZ switch: packed expert weights in the decode-sized forward (groups ≤ SKINNY_MAX_ROWS
      * rows); sums over H or I in another order than the unpacked skinny kernel, so 1e-5 relative */
-    for (int n = 1; n <= 8; n *= 2) {
+    for (int n = 1; n <= 8 && n <= N; n *= 2) {
         m.cfg.exec = (moe_exec_opts){0};
         mlp_acts s;
         mlp_acts_alloc(&s, &m, n);
@@ -341,7 +337,7 @@ static void check_vs_oracle(void) {
         CHECK(m.nz == NULL, "no_pack: packed weights still set");
         mlp_forward(&m, l, x, o2, &s, n, NULL, NULL);
         char what[96];
-        snprintf(what, sizeof what, "NZ packed vs unpacked decode forward, %d tokens", n);
+        snprintf(what, sizeof what, "oracle %s: NZ packed vs unpacked decode forward, %d tokens", tag, n);
         t_close(what, o1, o2, (long)n * H, 1e-6f, 1e-5f);
         /* the packed kernel sums in another order, so some output differs in its last bits: proof
          * that the packed weights were used at all */
@@ -349,13 +345,41 @@ static void check_vs_oracle(void) {
               "(%d tokens): the packed kernel did not run", n);
         for (int r = 0; r < n; r++) /* against the oracle too */
             for (int h = 0; h < H; h++) o2[(size_t)r * H + h] = out_n[(size_t)r * H + h];
-        snprintf(what, sizeof what, "NZ packed decode forward vs naive loop, %d tokens", n);
+        snprintf(what, sizeof what, "oracle %s: NZ packed decode forward vs naive loop, %d tokens", tag, n);
         t_close(what, o1, o2, (long)n * H, 1e-6f, 1e-5f);
         free(o1); free(o2);
         mlp_acts_free(&s);
     }
     free(x); free(dout); free(out_n); free(dx_n); free(logits); free(probs); free(tw); free(dtw); free(dlog); free(ids);
     free(dWgu_n); free(dWd_n); free(dWr_n); free(out); free(dx);
+    model_pack_experts(&m); /* no_pack is set: frees the packed copy */
+    mp->cfg.exec = (moe_exec_opts){0};
+}
+
+/* check_vs_oracle on config B and on a tiny model whose expert width is one 16-column unit
+ * (I = 16: a decode-sized group then has fewer column blocks than work items). */
+static void check_oracles(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/model_b", testdata());
+    moe_model m;
+    if (model_load_hf(&m, dir) != MOERL_OK) {
+        CHECK(0, "oracle: cannot load %s: %s", dir, moerl_last_error());
+    } else {
+        const int ns[] = {3, 12, 37};
+        for (int i = 0; i < 3; i++) check_vs_oracle(&m, "b", ns[i]);
+        model_free(&m);
+    }
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 64; c.hidden_size = 32; c.intermediate_size = 32; c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 1; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
+    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
+    c.max_position_embeddings = 64; c.rms_norm_eps = 1e-6f; c.rope_theta = 10000; c.initializer_range = 0.02f;
+    c.bos_token_id = c.eos_token_id = -1;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 31337);
+    const int ns[] = {5, 26, 65};
+    for (int i = 0; i < 3; i++) check_vs_oracle(&m, "tiny", ns[i]);
     model_free(&m);
 }
 
@@ -430,7 +454,7 @@ int main(void) {
     }
     check_switches("a");
     check_switches("b");
-    check_vs_oracle();
+    check_oracles();
     check_score();
     check_errors();
     TEST_MAIN_END();

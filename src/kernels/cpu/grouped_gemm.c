@@ -135,18 +135,19 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
              * half and the same columns of the up half, so the item can finish act[:, c0:c1]. */
             int c0, c1;
             gg_block(p, s, f->swiglu_act ? half : O, &c0, &c1);
-            if (c1 <= c0) continue;
             const float *rows[SKINNY_MAX_ROWS];
             for (int r = 0; r < m; r++) {
                 const int i = r0 + r;
                 if (f->gather_x) {
                     rows[r] = f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I;
-                    /* the permuted copy backward needs; one part per group writes it */
+                    /* the permuted copy backward needs: part 0 of every group writes it, even
+                     * when its column block is empty (fewer 16-column units than parts) */
                     if (p == 0) memcpy(a + (size_t)i * I, rows[r], (size_t)I * sizeof(float));
                 } else {
                     rows[r] = a + (size_t)i * I;
                 }
             }
+            if (c1 <= c0) continue;
             const int nblk = f->swiglu_act ? 2 : 1;
             for (int h = 0; h < nblk; h++) {
                 const int o0 = c0 + h * half, o1 = c1 + h * half;
