@@ -6,11 +6,12 @@
  * its own rows back to back (RMSNorm, q/k/v/o and router projections, q/k norm, RoPE, top-k,
  * unpermute, residual adds, the LM head), so consecutive ops on the same rows need no barrier.
  * Barriers remain only where data crosses tokens: after routing (the permutation is global),
- * after the expert loop (a token gathers rows computed by other threads) and before each weight
- * gradient (a sum over all tokens). The grouped GEMMs of the experts are done by the driver as
- * an OpenMP loop over (expert, row part) items with dynamic scheduling, so that each item chains
- * gather → gate_up GEMM → SwiGLU → down GEMM on rows that stay in cache (same products as
- * grouped_gemm_forward/backward, which are not called here). Weight gradients dW += doutᵀ·x are
+ * after each grouped GEMM (a token gathers rows computed by other threads) and before each weight
+ * gradient (a sum over all tokens). The experts run through the grouped GEMM kernels' team forms
+ * (grouped_gemm_forward_team/backward_team, src/kernels/cpu/grouped_gemm.c — the kernels
+ * bench/ measures), whose work items are dynamically scheduled over the team, with the permute
+ * gather fused into the gate_up items and SwiGLU (and its backward) as their epilogue; see
+ * "MoE layer (team)" below for the pipeline and its ablation switches. Weight gradients dW += doutᵀ·x are
  * split by rows of dW (no reduction, so they do not depend on the thread count); RMSNorm weight
  * gradients are summed per thread and then reduced in thread order (deterministic for a given
  * thread count). The kernels called inside a team see an active parallel region and run on the
@@ -570,19 +571,12 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
     blas_team_end(nb);
 }
 
-/* Threads for a forward-only team (mlp_forward, the engine's decode): all OpenMP threads even
- * for one token — the expert GEMMs split their columns over the team — or 1 inside a region. */
-static int team_size_fwd(void) {
-#ifdef _OPENMP
-    return omp_get_level() > 0 ? 1 : omp_get_max_threads(); /* never nest */
-#else
-    return 1;
-#endif
-}
-
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
-    const int nthr = m->p.layers[l].router ? team_size_fwd() : team_size(m, N), nb = blas_team_begin(nthr);
+    /* team_size as in training (one thread for a token or two), as before the MoE layer moved
+     * onto the grouped GEMM kernels: their items could split a single token's experts over more
+     * threads, which has not been measured on a quiet machine yet */
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
