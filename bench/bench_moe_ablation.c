@@ -23,7 +23,8 @@
  * (full) / time (switched off) − 1 for the training measurements (negative = the optimisation
  * saves time, as the practice reports) and tokens/s (full) / tokens/s (off) − 1 for decode
  * (positive = the optimisation speeds rollout up), each as the median of the per-repetition
- * ratios; the practice's figure beside it. Target: the MoE layer at least 2× faster fused than
+ * ratios, and as best / best (the least disturbed repetition of each); the practice's figure
+ * beside it. Target: the MoE layer at least 2× faster fused than
  * with the per-expert loop (layer: loop / full ≥ 2).
  *
  * Usage: bench_moe_ablation [--reps R (≥ 3, default 5)] [--model A|B] [--no-decode] [--no-step]
@@ -211,9 +212,16 @@ static void report(const char *what, double v[N_CONF][64], int reps, int is_rate
         const double eff = bench_median(col, reps);
         double lo = col[0], hi = col[0];
         for (int r = 1; r < reps; r++) { lo = fmin(lo, col[r]); hi = fmax(hi, col[r]); }
-        printf("  %-22s %10.2f %s   %-46s %+6.1f%% (range %+.1f..%+.1f)  practice %s\n", conf_name[k], med * scale, unit,
-               opt_name[k], 100 * eff, 100 * lo, 100 * hi, practice[k]);
-        (void)is_rate;
+        /* best/best: interference from other processes only ever slows a run down, so on a shared
+         * machine the best repetition of each configuration is the least disturbed figure */
+        double bf = v[C_FULL][0], bk = v[k][0];
+        for (int r = 1; r < reps; r++) {
+            bf = is_rate ? fmax(bf, v[C_FULL][r]) : fmin(bf, v[C_FULL][r]);
+            bk = is_rate ? fmax(bk, v[k][r]) : fmin(bk, v[k][r]);
+        }
+        printf("  %-22s %10.2f %s   %-46s median %+6.1f%% (range %+.1f..%+.1f), best/best %+6.1f%%  practice %s\n",
+               conf_name[k], med * scale, unit, opt_name[k], 100 * eff, 100 * lo, 100 * hi, 100 * (bf / bk - 1.0),
+               practice[k]);
     }
 }
 
@@ -258,7 +266,10 @@ int main(int argc, char **argv) {
     {
         double col[64];
         for (int r = 0; r < reps; r++) col[r] = lay[C_LOOP][r] / lay[C_FULL][r];
-        printf("  loop / full on the MoE layer: %.2fx (target >= 2x)\n", bench_median(col, reps));
+        double bf = lay[C_FULL][0], bl = lay[C_LOOP][0];
+        for (int r = 1; r < reps; r++) { bf = fmin(bf, lay[C_FULL][r]); bl = fmin(bl, lay[C_LOOP][r]); }
+        printf("  loop / full on the MoE layer: median %.2fx, best/best %.2fx (target >= 2x)\n", bench_median(col, reps),
+               bl / bf);
     }
     if (do_step) {
         report("training step (benchmark model, 4 x 256 tokens: forward, backward, AdamW)", stp, reps, 0, "ms", 1e3);

@@ -18,8 +18,9 @@
 #define MOERL_MAX_LAYERS 256
 
 /* How the MoE layers execute: one switch per optimisation of the Ascend MoE practice, so each
- * can be ablated (config keys model.moe.*, src/cli/common.c; README "MoE ablation"). Not part
- * of config.json. Every field 0 = moerl's default, the optimised path; 1 turns one off:
+ * can be ablated (config keys model.moe.*, src/cli/common.c; README, "Ablation of the Ascend
+ * practice's MoE optimisations"). Not part of config.json. Every field 0 = moerl's default,
+ * the optimised path; 1 turns one off:
  *  per_expert_loop     the HF-style loop over experts (a scan of all selections per expert,
  *                      gather, the expert's GEMMs split over the threads, weighted scatter-add,
  *                      one expert after another) instead of the sorted permute + grouped GEMM;
