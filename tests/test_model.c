@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/kernels.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -57,7 +58,7 @@ static float run_loss(moe_model *m, model_acts *a, const int *tok, const int *cu
     return (float)(ce + coef * a->aux_loss);
 }
 
-static void check_config(const char *tag, int adam) {
+static void check_config(const char *tag, int adam, moe_exec_opts ex) {
     char dir[1024], ref[1024];
     snprintf(dir, sizeof dir, "%s/model_%s", testdata(), tag);
     snprintf(ref, sizeof ref, "%s/model_%s_ref.safetensors", testdata(), tag);
@@ -66,13 +67,16 @@ static void check_config(const char *tag, int adam) {
         CHECK(0, "config %s: cannot load %s: %s", tag, dir, moerl_last_error());
         return;
     }
+    printf("config %s, MoE switches loop=%d separate_permute=%d per_expert_weights=%d rebuild_row_idx=%d\n", tag,
+           ex.per_expert_loop, ex.separate_permute, ex.per_expert_weights, ex.rebuild_row_idx);
     st_file f;
     if (st_open(&f, ref) != MOERL_OK) {
         CHECK(0, "config %s: cannot open reference %s: %s", tag, ref, moerl_last_error());
         model_free(&m);
         return;
     }
-    int64_t N64, B1;
+    m.cfg.exec = ex; /* the schedule under test (model.h moe_exec_opts); the math must not change */
+    int64_t N64 = 0, B1 = 0;
     int *tok = get_i32(&f, "tokens", &N64), *cu = get_i32(&f, "cu_seqlens", &B1), *tgt = get_i32(&f, "targets", NULL);
     float *mask = get_f32(&f, "loss_mask", NULL);
     CHECK(tok && cu && tgt && mask, "config %s: reference lacks tokens/cu_seqlens/targets/loss_mask", tag);
@@ -190,6 +194,195 @@ static void check_config(const char *tag, int adam) {
     model_free(&m);
 }
 
+
+/* Every combination of the MoE execution switches (model.h moe_exec_opts) against the default
+ * schedule on the same model and batch: logits, logp, aux loss and every gradient. The switches
+ * reorder fp32 sums (the per-expert loop adds a token's K expert outputs in expert order, the
+ * separate permute backward adds a token's K row gradients in permuted order) and nothing else,
+ * so the differences are a few ulps per sum carried through ≤ 3 layers: limits 1e-5 relative
+ * (logits, logp; 2e-6 absolute for values near 0) and 2e-5 of each gradient tensor's largest
+ * entry. Bit-identical results are not required (and not expected from the loop). */
+static void check_switches(const char *tag) {
+    char dir[1024], ref[1024];
+    snprintf(dir, sizeof dir, "%s/model_%s", testdata(), tag);
+    snprintf(ref, sizeof ref, "%s/model_%s_ref.safetensors", testdata(), tag);
+    moe_model m;
+    st_file f;
+    if (model_load_hf(&m, dir) != MOERL_OK || st_open(&f, ref) != MOERL_OK) {
+        CHECK(0, "switches %s: cannot load %s / %s: %s", tag, dir, ref, moerl_last_error());
+        return;
+    }
+    int64_t N64 = 0, B1 = 0;
+    int *tok = get_i32(&f, "tokens", &N64), *cu = get_i32(&f, "cu_seqlens", &B1), *tgt = get_i32(&f, "targets", NULL);
+    float *mask = get_f32(&f, "loss_mask", NULL);
+    CHECK(tok && cu && tgt && mask, "switches %s: reference lacks tokens/cu_seqlens/targets/loss_mask", tag);
+    if (!(tok && cu && tgt && mask)) return;
+    const int N = (int)N64, B = (int)B1 - 1, V = m.cfg.vocab_size;
+    float *dlogp = xmalloc(N * sizeof(float));
+    float *logits0 = xmalloc((size_t)N * V * sizeof(float)), *logp0 = xmalloc(N * sizeof(float));
+    float *grads0 = xmalloc(m.n_params * sizeof(float)), aux0 = 0;
+    for (int combo = 0; combo < 16; combo++) {
+        moe_exec_opts ex = {.per_expert_loop = combo & 1, .separate_permute = (combo >> 1) & 1,
+                            .per_expert_weights = (combo >> 2) & 1, .rebuild_row_idx = (combo >> 3) & 1};
+        m.cfg.exec = ex;
+        model_acts a;
+        MOERL_ASSERT(model_acts_init(&a, &m, N) == MOERL_OK);
+        model_zero_grad(&m);
+        run_loss(&m, &a, tok, cu, B, N, tgt, mask, dlogp, 1);
+        if (combo == 0) {
+            memcpy(logits0, a.logits, (size_t)N * V * sizeof(float));
+            memcpy(logp0, a.logp, N * sizeof(float));
+            memcpy(grads0, m.grads, m.n_params * sizeof(float));
+            aux0 = a.aux_loss;
+        } else {
+            char what[200];
+            snprintf(what, sizeof what, "switches %s combo %d (loop %d sep %d pew %d rebuild %d): logits", tag, combo,
+                     ex.per_expert_loop, ex.separate_permute, ex.per_expert_weights, ex.rebuild_row_idx);
+            t_close(what, a.logits, logits0, (long)N * V, 2e-6f, 1e-5f);
+            snprintf(what, sizeof what, "switches %s combo %d: logp", tag, combo);
+            t_close(what, a.logp, logp0, N, 2e-6f, 1e-5f);
+            snprintf(what, sizeof what, "switches %s combo %d: aux", tag, combo);
+            t_close(what, &a.aux_loss, &aux0, 1, 1e-7f, 1e-6f); /* routing identical: same statistics */
+            for (int i = 0; i < m.n_tensors; i++) {
+                const tensor_info *ti = &m.tensors[i];
+                const float *g = m.grads + ti->offset, *g0 = grads0 + ti->offset;
+                float gmax = 0;
+                for (int64_t j = 0; j < ti->numel; j++) gmax = fmaxf(gmax, fabsf(g0[j]));
+                snprintf(what, sizeof what, "switches %s combo %d: grad %s", tag, combo, ti->name);
+                t_close(what, g, g0, (long)ti->numel, 2e-5f * gmax + 1e-12f, 0.0f);
+            }
+        }
+        model_acts_free(&a);
+    }
+    free(logits0); free(logp0); free(grads0); free(dlogp); free(tok); free(cu); free(tgt); free(mask);
+    st_close(&f);
+    model_free(&m);
+}
+
+/* The production MoE layer (mlp_forward/mlp_backward, every schedule) against the naive HF loop
+ * oracle (moe_naive.c) plus the router kernels, on the first MoE layer of model m with N tokens of
+ * fixed pseudo-random inputs: layer output, dx, and the router, gate_up and down weight
+ * gradients. fp32 on both sides with different sum orders (GEMM blocking, scatter order):
+ * limits 1e-5 relative + 1e-6 absolute on outputs of size ~0.1, gradients 1e-5 of the tensor's
+ * largest entry. Token counts are chosen so that expert groups fall on both sides of
+ * SKINNY_MAX_ROWS (skinny column-split items and sgemm row-split items). */
+static void check_vs_oracle(moe_model *mp, const char *tag, int N) {
+    moe_model m = *mp; /* shallow: same buffers; cfg.exec and nz change below and are restored */
+    int l = 0;
+    while (l < m.cfg.num_hidden_layers && !m.p.layers[l].router) l++;
+    CHECK(l < m.cfg.num_hidden_layers, "oracle %s: no MoE layer", tag);
+    const int H = m.cfg.hidden_size, E = m.cfg.num_experts, K = m.cfg.num_experts_per_tok,
+              I = m.cfg.moe_intermediate_size;
+    const layer_views *w = &m.p.layers[l];
+    float *x = xmalloc((size_t)N * H * sizeof(float)), *dout = xmalloc((size_t)N * H * sizeof(float));
+    for (long i = 0; i < (long)N * H; i++) {
+        x[i] = (float)sin(0.37 * i + 0.1);
+        dout[i] = (float)cos(0.53 * i);
+    }
+    /* oracle */
+    float *out_n = xcalloc((size_t)N * H, sizeof(float)), *dx_n = xcalloc((size_t)N * H, sizeof(float));
+    float *logits = xmalloc((size_t)N * E * sizeof(float)), *probs = xmalloc((size_t)N * E * sizeof(float));
+    float *tw = xmalloc((size_t)N * K * sizeof(float)), *dtw = xmalloc((size_t)N * K * sizeof(float));
+    float *dlog = xmalloc((size_t)N * E * sizeof(float));
+    int *ids = xmalloc((size_t)N * K * sizeof(int));
+    const size_t ngu = (size_t)E * 2 * I * H, nd = (size_t)E * H * I;
+    float *dWgu_n = xcalloc(ngu, sizeof(float)), *dWd_n = xcalloc(nd, sizeof(float)),
+          *dWr_n = xcalloc((size_t)E * H, sizeof(float));
+    linear_forward(logits, x, w->router, N, H, E, 0);
+    router_topk_forward(probs, ids, tw, NULL, logits, N, E, K, m.cfg.norm_topk_prob);
+    moe_naive_forward(out_n, x, w->experts_gate_up, w->experts_down, ids, tw, N, H, E, K, I);
+    moe_naive_backward(dx_n, dWgu_n, dWd_n, dtw, dout, x, w->experts_gate_up, w->experts_down, ids, tw, N, H, E, K,
+                       I);
+    router_topk_backward(dlog, dtw, NULL, probs, ids, N, E, K, m.cfg.norm_topk_prob);
+    linear_backward(dx_n, dWr_n, dlog, x, w->router, N, H, E, 1);
+    float gmax_gu = 0, gmax_d = 0, gmax_r = 0;
+    for (size_t i = 0; i < ngu; i++) gmax_gu = fmaxf(gmax_gu, fabsf(dWgu_n[i]));
+    for (size_t i = 0; i < nd; i++) gmax_d = fmaxf(gmax_d, fabsf(dWd_n[i]));
+    for (long i = 0; i < (long)E * H; i++) gmax_r = fmaxf(gmax_r, fabsf(dWr_n[i]));
+    float *out = xmalloc((size_t)N * H * sizeof(float)), *dx = xmalloc((size_t)N * H * sizeof(float));
+    for (int combo = 0; combo < 16; combo++) {
+        m.cfg.exec = (moe_exec_opts){.per_expert_loop = combo & 1, .separate_permute = (combo >> 1) & 1,
+                                     .per_expert_weights = (combo >> 2) & 1, .rebuild_row_idx = (combo >> 3) & 1};
+        model_acts a;
+        MOERL_ASSERT(model_acts_init(&a, &m, N) == MOERL_OK);
+        model_zero_grad(&m);
+        mlp_forward(&m, l, x, out, &a.layers[l].mlp, N, NULL, NULL);
+        mlp_backward(&m, &a, l, x, dout, dx, N);
+        char what[160];
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: MoE output vs naive loop", tag, N, combo);
+        t_close(what, out, out_n, (long)N * H, 1e-6f, 1e-5f);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: dx vs naive loop", tag, N, combo);
+        t_close(what, dx, dx_n, (long)N * H, 1e-6f, 1e-5f);
+        const layer_views *gw = &m.g.layers[l];
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: d gate_up vs naive loop", tag, N, combo);
+        t_close(what, gw->experts_gate_up, dWgu_n, (long)ngu, 1e-5f * gmax_gu, 0);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: d down vs naive loop", tag, N, combo);
+        t_close(what, gw->experts_down, dWd_n, (long)nd, 1e-5f * gmax_d, 0);
+        snprintf(what, sizeof what, "oracle %s N=%d combo %d: d router vs naive loop", tag, N, combo);
+        t_close(what, gw->router, dWr_n, (long)E * H, 1e-5f * gmax_r, 0);
+        model_acts_free(&a);
+    }
+    /* the NZ switch: packed expert weights in the decode-sized forward (groups ≤ SKINNY_MAX_ROWS
+     * rows); sums over H or I in another order than the unpacked skinny kernel, so 1e-5 relative */
+    for (int n = 1; n <= 8 && n <= N; n *= 2) {
+        m.cfg.exec = (moe_exec_opts){0};
+        mlp_acts s;
+        mlp_acts_alloc(&s, &m, n);
+        float *o1 = xmalloc((size_t)n * H * sizeof(float)), *o2 = xmalloc((size_t)n * H * sizeof(float));
+        model_pack_experts(&m);
+        CHECK(m.nz != NULL, "model_pack_experts left no packed weights");
+        mlp_forward(&m, l, x, o1, &s, n, NULL, NULL);
+        m.cfg.exec.no_pack = 1;
+        model_pack_experts(&m);
+        CHECK(m.nz == NULL, "no_pack: packed weights still set");
+        mlp_forward(&m, l, x, o2, &s, n, NULL, NULL);
+        char what[96];
+        snprintf(what, sizeof what, "oracle %s: NZ packed vs unpacked decode forward, %d tokens", tag, n);
+        t_close(what, o1, o2, (long)n * H, 1e-6f, 1e-5f);
+        /* the packed kernel sums in another order, so some output differs in its last bits: proof
+         * that the packed weights were used at all */
+        CHECK(memcmp(o1, o2, (size_t)n * H * sizeof(float)) != 0, "NZ: packed and unpacked outputs are bit-identical "
+              "(%d tokens): the packed kernel did not run", n);
+        for (int r = 0; r < n; r++) /* against the oracle too */
+            for (int h = 0; h < H; h++) o2[(size_t)r * H + h] = out_n[(size_t)r * H + h];
+        snprintf(what, sizeof what, "oracle %s: NZ packed decode forward vs naive loop, %d tokens", tag, n);
+        t_close(what, o1, o2, (long)n * H, 1e-6f, 1e-5f);
+        free(o1); free(o2);
+        mlp_acts_free(&s);
+    }
+    free(x); free(dout); free(out_n); free(dx_n); free(logits); free(probs); free(tw); free(dtw); free(dlog); free(ids);
+    free(dWgu_n); free(dWd_n); free(dWr_n); free(out); free(dx);
+    model_pack_experts(&m); /* no_pack is set: frees the packed copy */
+    mp->cfg.exec = (moe_exec_opts){0};
+}
+
+/* check_vs_oracle on config B and on a tiny model whose expert width is one 16-column unit
+ * (I = 16: a decode-sized group then has fewer column blocks than work items). */
+static void check_oracles(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/model_b", testdata());
+    moe_model m;
+    if (model_load_hf(&m, dir) != MOERL_OK) {
+        CHECK(0, "oracle: cannot load %s: %s", dir, moerl_last_error());
+    } else {
+        const int ns[] = {3, 12, 37};
+        for (int i = 0; i < 3; i++) check_vs_oracle(&m, "b", ns[i]);
+        model_free(&m);
+    }
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 64; c.hidden_size = 32; c.intermediate_size = 32; c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 1; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
+    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
+    c.max_position_embeddings = 64; c.rms_norm_eps = 1e-6f; c.rope_theta = 10000; c.initializer_range = 0.02f;
+    c.bos_token_id = c.eos_token_id = -1;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 31337);
+    const int ns[] = {5, 26, 65};
+    for (int i = 0; i < 3; i++) check_vs_oracle(&m, "tiny", ns[i]);
+    model_free(&m);
+}
+
 /* moerl score's numbers against the reference for one sequence of config B. */
 static void check_score(void) {
     char dir[1024], ref[1024];
@@ -249,8 +442,19 @@ static void check_errors(void) {
 }
 
 int main(void) {
-    check_config("a", 0);
-    check_config("b", 1);
+    const moe_exec_opts def = {0};
+    check_config("a", 0, def);
+    check_config("b", 1, def);
+    /* each Ascend-practice optimisation switched off on its own, against PyTorch as above */
+    const moe_exec_opts off[] = {{.per_expert_loop = 1}, {.separate_permute = 1}, {.per_expert_weights = 1},
+                                 {.rebuild_row_idx = 1}};
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
+        check_config("a", 0, off[i]);
+        check_config("b", 0, off[i]);
+    }
+    check_switches("a");
+    check_switches("b");
+    check_oracles();
     check_score();
     check_errors();
     TEST_MAIN_END();

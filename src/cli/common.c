@@ -13,6 +13,7 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "base/trace.h"
 #include "data/tasks.h"
 #include "data/tokenizer.h"
 
@@ -40,6 +41,21 @@ void cli_def_model_keys(cfg *c) {
     cfg_def_float(c, "model.router_aux_loss_coef", 0.001, "weight of the HF load-balancing loss");
     cfg_def_float(c, "model.initializer_range", 0.02, "std of the random init");
     cfg_def_int(c, "model.seed", 1, "seed of the random init");
+    /* MoE execution switches (model.h moe_exec_opts; README "MoE ablation"): the math is the same */
+    cfg_def_bool(c, "model.moe.grouped_gemm", true, "MoE: sorted permute + grouped GEMM (false: HF-style loop over experts)");
+    cfg_def_bool(c, "model.moe.fused_permute", true, "MoE: gather fused into the grouped GEMM, weighted unpermute in one pass");
+    cfg_def_bool(c, "model.moe.stacked_weights", true, "MoE: pre-stacked expert weights (false: per-expert buffers stacked per call)");
+    cfg_def_bool(c, "model.moe.hand_on_row_idx", true, "MoE: the router's row_idx handed to the permute (false: rebuilt)");
+    cfg_def_bool(c, "model.moe.pack_weights", true, "MoE: rollout engine packs expert weights in the decode kernel's panel layout (NZ)");
+}
+
+/* model.moe.* → the model's execution switches (any model, loaded or new). */
+static void cli_apply_moe_switches(const cfg *c, moe_model *m) {
+    m->cfg.exec.per_expert_loop = !cfg_bool(c, "model.moe.grouped_gemm");
+    m->cfg.exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
+    m->cfg.exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
+    m->cfg.exec.rebuild_row_idx = !cfg_bool(c, "model.moe.hand_on_row_idx");
+    m->cfg.exec.no_pack = !cfg_bool(c, "model.moe.pack_weights");
 }
 
 void cli_def_data_keys(cfg *c) {
@@ -57,19 +73,23 @@ void cli_def_data_keys(cfg *c) {
 }
 
 int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *exit_code) {
-    const char *path = NULL;
+    const char *path = NULL, *profile = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: moerl %s --config FILE [key=value ...]\nkeys:\n", cmd);
+            printf("usage: moerl %s --config FILE [--profile TRACE.json] [key=value ...]\nkeys:\n", cmd);
             cfg_print_help(c, stdout);
             *exit_code = 0;
             return 2;
         }
-        if (!strcmp(argv[i], "--config")) {
+        if (!strcmp(argv[i], "--config") || !strcmp(argv[i], "--profile")) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "moerl %s: --config needs a file\n", cmd);
+                fprintf(stderr, "moerl %s: %s needs a file\n", cmd, argv[i]);
                 *exit_code = 2;
                 return 2;
+            }
+            if (!strcmp(argv[i], "--profile")) {
+                profile = argv[++i];
+                continue;
             }
             if (path) {
                 fprintf(stderr, "moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
@@ -108,7 +128,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
         return 1;
     }
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config")) { i++; continue; }
+        if (!strcmp(argv[i], "--config") || !strcmp(argv[i], "--profile")) { i++; continue; }
         if (!strncmp(argv[i], "--config=", 9)) continue;
         if (!strchr(argv[i], '=')) {
             fprintf(stderr, "moerl %s: unexpected argument '%s' (expected --config FILE or key=value)\n", cmd, argv[i]);
@@ -123,6 +143,11 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
     }
     if (cfg_check_int32(c, "seed") != MOERL_OK) {
         fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+        *exit_code = 1;
+        return 1;
+    }
+    if (profile && trace_open(profile) != MOERL_OK) { /* Chrome trace, written at exit (base/trace.h) */
+        fprintf(stderr, "moerl %s: --profile: %s\n", cmd, moerl_last_error());
         *exit_code = 1;
         return 1;
     }
@@ -163,6 +188,7 @@ int cli_build_model(const cfg *c, moe_model *m) {
                      "from the config file: %s", path, ignored);
 #undef ORIGIN
         if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
+        cli_apply_moe_switches(c, m);
         log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));
         return cli_use_tokenizer(path, m->cfg.vocab_size, cfg_str(c, "data.chat_template"),
                                  cfg_bool(c, "data.enable_thinking"), "data.chat_template");
@@ -200,6 +226,7 @@ int cli_build_model(const cfg *c, moe_model *m) {
     if (moe_config_validate(&mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
     if (model_init(m, &mc) != MOERL_OK) return MOERL_ERR;
     model_init_random(m, (uint64_t)cfg_int(c, "model.seed"));
+    cli_apply_moe_switches(c, m);
     log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
              mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
     return cli_use_tokenizer(NULL, mc.vocab_size, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),

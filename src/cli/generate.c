@@ -17,6 +17,7 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "base/trace.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "data/tokenizer.h"
@@ -36,6 +37,7 @@ static void gen_usage(FILE *f) {
             "  --max-num-seqs N     sequences in flight (default 32)\n"
             "  --chat-template NAME auto (the checkpoint's own, default) | qwen3 | chatml\n"
             "  --no-thinking        Qwen3's enable_thinking=false\n"
+            "  --profile FILE       write a Chrome trace (Perfetto) of the engine's steps and kernels\n"
             "--prompts reads JSONL rows with a 'prompt' field: a list of chat messages {\"role\", \"content\"}\n"
             "(verl's schema; other fields are ignored) or a plain string (one user message).\n"
             "--prompt and --prompts need the model folder's tokenizer: tokenizer.json (Hugging Face), or\n"
@@ -185,6 +187,12 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && has) { if (parse_num(a, argv[++i], 0, 9e15, &seed)) return 2; }
         else if (!strcmp(a, "-n") && has) { if (parse_num(a, argv[++i], 1, 1e6, &nsamp)) return 2; }
         else if (!strcmp(a, "--max-num-seqs") && has) { if (parse_num(a, argv[++i], 1, 1e5, &max_seqs)) return 2; }
+        else if (!strcmp(a, "--profile") && has) { /* Chrome trace of the engine steps, written at exit */
+            if (trace_open(argv[++i]) != MOERL_OK) {
+                fprintf(stderr, "moerl generate: --profile: %s\n", moerl_last_error());
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "moerl generate: unknown or incomplete option '%s'\n", a);
             gen_usage(stderr);

@@ -112,6 +112,11 @@ void logprob_backward(float *dlogits, const float *dlogp, const float *dentropy,
  * Source: HF Qwen3MoeSparseMoeBlock; Ascend npu_moe_gating_top_k_softmax (row_idx). */
 void router_topk_forward(float *probs, int *topk_ids, float *topk_w, int *row_idx, const float *logits,
                          int N, int E, int K, int norm_topk_prob);
+/* router_topk_forward on rows [t0, t1) of an N-token batch (pointers are to the whole [N,·]
+ * arrays; row_idx[t·K + j] = j·N + t with the batch's N; NULL skips it). Single-threaded: for
+ * callers that split the tokens over an enclosing team. */
+void router_topk_rows(float *probs, int *topk_ids, float *topk_w, int *row_idx, const float *logits, int t0,
+                      int t1, int N, int E, int K, int norm_topk_prob);
 /* dlogits[N,E] (OVERWRITTEN) from dtopk_w[N,K] (through renormalisation when norm_topk_prob)
  * plus dprobs_extra[N,E] (the aux-loss gradient on the full softmax; NULL if none),
  * through the softmax Jacobian. */
@@ -150,16 +155,77 @@ void moe_unpermute_forward(float *out, const float *y, const float *topk_w, cons
 void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const float *y, const float *topk_w,
                             const int *expanded_pos, int N, int K, int H);
 
+/* One row of moe_unpermute_backward for schedules that walk permuted rows: dy[H] = w·g[H]
+ * (OVERWRITTEN), *dtopk_w = <g, y> (skipped when NULL); bit-identical to the fused kernel. */
+void moe_unpermute_backward_row(float *dy, float *dtopk_w, const float *g, const float *y, float w, int H);
+
 /* ---------------------------------------------------------------- MoE: grouped GEMM */
 
 /* For each expert g with rows [offsets[g], offsets[g+1]) of a[M,I]:
  *   out[rows,:] = a[rows,:] · W[g]ᵀ, W[E,O,I] stacked (expert g's matrix at W + g·O·I).
- * Experts with no rows are skipped. Source: Megatron GroupedMLP / grouped_gemm. */
+ * Experts with no rows are skipped. Opens its own OpenMP team (none inside a parallel region:
+ * it then runs on the calling thread) around grouped_gemm_forward_team (same work split).
+ * Source: Megatron GroupedMLP / grouped_gemm. */
 void grouped_gemm_forward(float *out, const float *a, const float *W, const int *offsets, int E, int I, int O);
 /* da[M,I] (OVERWRITTEN, may be NULL) = dout_g · W_g;  dW[E,O,I] (ACCUMULATES, may be NULL)
  * += dout_gᵀ · a_g (zero contribution for an expert with no rows). */
 void grouped_gemm_backward(float *da, float *dW, const float *dout, const float *a, const float *W,
                            const int *offsets, int E, int I, int O);
+
+/* What the team forms fuse into the grouped GEMM (NULL / zero fields = nothing fused). */
+typedef struct {
+    /* Fused permute (forward): each work item first gathers its rows of a from gather_x,
+     * a[i,:] = gather_x[sorted_row[i] mod n_tokens, :] (a is written), so no separate permute
+     * pass over all M rows is needed. */
+    const float *gather_x;
+    const int *sorted_row;
+    int n_tokens;
+    /* Fused SwiGLU epilogue (forward, O even): act[i, c] = silu(out[i, c]) · out[i, O/2 + c]
+     * for c < O/2, computed by the item that produced those columns of those rows. */
+    float *swiglu_act;
+    /* Fused SwiGLU backward epilogue (backward): da is ∂/∂act [M, I]; each item turns its rows
+     * of da into swiglu_dgate_up[M, 2I] (OVERWRITTEN) using swiglu_gate_up[M, 2I]. */
+    float *swiglu_dgate_up;
+    const float *swiglu_gate_up;
+    /* Pre-packed weights (forward only): W in the panel layout of gemm_packed_pack (expert g's
+     * panels at nz + g·nz_stride floats), used for groups of at most SKINNY_MAX_ROWS rows;
+     * NULL = read W. */
+    const float *nz;
+    size_t nz_stride;
+} grouped_fuse;
+
+/* Team forms: called by EVERY thread of an enclosing OpenMP parallel region (orphaned
+ * `omp for` over work items, dynamic scheduling, ending in the loop's implicit barrier);
+ * outside a parallel region they run every item on the calling thread. They never open a
+ * parallel region. OpenBLAS must be single-threaded meanwhile (OpenMP builds are, inside a
+ * region; grouped_gemm.c).
+ * Work items: group g with m_g rows is cut into R_g = clamp(⌈4·threads·m_g/M⌉, 1, 16) parts.
+ * Forward: a part is a block of rows (m_g > SKINNY_MAX_ROWS: one cblas_sgemm) or, for
+ * decode-sized groups, a block of 16-multiple output columns (skinny or packed kernel, W read
+ * once). Backward: part p computes row block p of da and column block p of dW_g (rows of
+ * dW), so no two items write the same memory. a is non-const in the forward because the fused
+ * gather writes it. fuse may be NULL. Source: as grouped_gemm_forward/backward. */
+void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *offsets, int E, int I, int O,
+                               const grouped_fuse *fuse);
+void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const float *a, const float *W,
+                                const int *offsets, int E, int I, int O, const grouped_fuse *fuse);
+
+/* Skinny product over row pointers: out[r, o] (= or +=) Σ_i rows[r][i]·W[o, i], r < m, o < O
+ * (out's row stride ldo). Same arithmetic and order as gemm_skinny_nt. Single-threaded. */
+void gemm_skinny_nt_rows(float *out, int ldo, const float *const *rows, const float *W, int m, int I, int O,
+                         int accumulate);
+
+/* Panel ("NZ") layout for the skinny product: W[O, I] → P[⌈O/16⌉][I][16] with
+ * P[b][i][l] = W[16b + l, i] (zero past O); gemm_packed_size(O, I) floats. The analogue of
+ * Ascend's NZ (fractal) weight format: one contiguous stream per 16 outputs, accumulated
+ * vertically (no horizontal sums). */
+size_t gemm_packed_size(int O, int I);
+void gemm_packed_pack(float *P, const float *W, int O, int I);
+/* out[r, o - o0] = Σ_i rows[r][i]·W[o, i] for r < m and o in [o0, o1) (o0 a multiple of 16),
+ * reading the packed P of the whole W. Each output is the sum over i ascending in one lane,
+ * whatever m is (batch-invariant). Single-threaded. */
+void gemm_packed_nt_rows(float *out, int ldo, const float *const *rows, const float *P, int m, int I, int o0,
+                         int o1);
 
 /* ---------------------------------------------------------------- MoE layer, naive oracle */
 

@@ -6,11 +6,12 @@
  * its own rows back to back (RMSNorm, q/k/v/o and router projections, q/k norm, RoPE, top-k,
  * unpermute, residual adds, the LM head), so consecutive ops on the same rows need no barrier.
  * Barriers remain only where data crosses tokens: after routing (the permutation is global),
- * after the expert loop (a token gathers rows computed by other threads) and before each weight
- * gradient (a sum over all tokens). The grouped GEMMs of the experts are done by the driver as
- * an OpenMP loop over (expert, row part) items with dynamic scheduling, so that each item chains
- * gather → gate_up GEMM → SwiGLU → down GEMM on rows that stay in cache (same products as
- * grouped_gemm_forward/backward, which are not called here). Weight gradients dW += doutᵀ·x are
+ * after each grouped GEMM (a token gathers rows computed by other threads) and before each weight
+ * gradient (a sum over all tokens). The experts run through the grouped GEMM kernels' team forms
+ * (grouped_gemm_forward_team/backward_team, src/kernels/cpu/grouped_gemm.c — the kernels
+ * bench/ measures), whose work items are dynamically scheduled over the team, with the permute
+ * gather fused into the gate_up items and SwiGLU (and its backward) as their epilogue; see
+ * "MoE layer (team)" below for the pipeline and its ablation switches. Weight gradients dW += doutᵀ·x are
  * split by rows of dW (no reduction, so they do not depend on the thread count); RMSNorm weight
  * gradients are summed per thread and then reduced in thread order (deterministic for a given
  * thread count). The kernels called inside a team see an active parallel region and run on the
@@ -42,6 +43,7 @@
 
 #include "base/common.h"
 #include "base/pool.h"
+#include "base/trace.h"
 #include "kernels/kernels.h"
 /* ------------------------------------------------------------------ activation arena */
 
@@ -70,6 +72,9 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->rope_cos = CF((size_t)a->rope_max_pos * hd / 2);
     a->rope_sin = CF((size_t)a->rope_max_pos * hd / 2);
     size_t gu_max = 0, act_max = 0;
+    /* separate_permute's weighted expert outputs (forward) and scattered gradients (backward):
+     * never live across layers, so one buffer serves them all */
+    float *yw = c->exec.separate_permute ? CF(M * H) : NULL;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->layers[l];
         L->resid_in = CF(N * H);
@@ -103,6 +108,11 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
             s->gate_up = CF(M * 2 * I);
             s->act = CF(M * I);
             s->y = CF(M * H);
+            s->yw = yw;
+            if (c->exec.per_expert_weights) {
+                s->w_gu = CF(E * 2 * I * H);
+                s->w_d = CF(E * H * I);
+            }
             gu_max = MOERL_MAX(gu_max, M * 2 * I);
             act_max = MOERL_MAX(act_max, M * I);
         } else {
@@ -136,6 +146,10 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->d_topk_w = CF(N * K + 1);
     a->d_router_logits = CF(N * E + 1);
     a->d_probs = CF(N * E + 1);
+    if (c->exec.per_expert_weights && E > 0) {
+        a->dw_gu = CF(E * 2 * I * H);
+        a->dw_d = CF(E * H * I);
+    }
 }
 
 size_t model_acts_bytes(const moe_model *m, int max_tokens) {
@@ -167,6 +181,36 @@ int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
 void model_acts_free(model_acts *a) {
     moerl_buf_free(a->arena);
     memset(a, 0, sizeof *a);
+}
+
+void mlp_acts_alloc(mlp_acts *s, const moe_model *m, int T) {
+    const moe_config *c = &m->cfg;
+    const size_t E = c->num_experts, K = c->num_experts_per_tok, M = (size_t)T * (E ? K : 0), H = c->hidden_size,
+                 I = c->moe_intermediate_size, Id = c->intermediate_size;
+#define FA(n) ((float *)xalloc_aligned(((size_t)(n) + 1) * sizeof(float)))
+#define IA(n) ((int *)xalloc_aligned(((size_t)(n) + 1) * sizeof(int)))
+    memset(s, 0, sizeof *s);
+    s->router_logits = FA(T * E); s->probs = FA(T * E); s->topk_w = FA(T * K);
+    s->topk_ids = IA(T * K); s->row_idx = IA(T * K);
+    s->sorted_row = IA(M); s->expanded_pos = IA(M);
+    s->tokens_per_expert = IA(E); s->offsets = IA(E + 1);
+    s->permuted = FA(M * H); s->y = FA(M * H);
+    s->gate_up = FA(MOERL_MAX(M * 2 * I, (size_t)T * 2 * Id));
+    s->act = FA(MOERL_MAX(M * I, (size_t)T * Id));
+    if (c->exec.separate_permute) s->yw = FA(M * H);
+    if (c->exec.per_expert_weights && E) {
+        s->w_gu = FA(E * 2 * I * H);
+        s->w_d = FA(E * H * I);
+    }
+#undef FA
+#undef IA
+}
+
+void mlp_acts_free(mlp_acts *s) {
+    void *b[] = {s->router_logits, s->probs, s->topk_w, s->topk_ids, s->row_idx, s->sorted_row, s->expanded_pos,
+                 s->tokens_per_expert, s->offsets, s->permuted, s->y, s->gate_up, s->act, s->yw, s->w_gu, s->w_d};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
+    memset(s, 0, sizeof *s);
 }
 
 /* ------------------------------------------------------------------ teams */
@@ -279,20 +323,6 @@ static void norm_dw_reduce(float *dw, const float *slots, int C, int nt) {
     }
 }
 
-/* Expert work items: each expert's rows are cut into R parts so that the (expert, part) items
- * number about 4 per thread (dynamic scheduling then balances unequal experts). */
-static int expert_parts(int E) {
-    const int nt = team_threads();
-    return MOERL_MAX(1, MOERL_MIN(16, (4 * nt + E - 1) / E));
-}
-
-/* Rows [r0, r1) of part p of R of expert g's permuted rows. */
-static void expert_part_rows(const int *offsets, int g, int p, int R, int *r0, int *r1) {
-    const long b = offsets[g], m = offsets[g + 1] - offsets[g];
-    *r0 = (int)(b + m * p / R);
-    *r1 = (int)(b + m * (p + 1) / R);
-}
-
 /* ------------------------------------------------------------------ layer pieces (team) */
 
 /* Tokens [r0, r1) of x[N,H]: q_raw/k_raw/v = projections, q/k = RMSNorm per head (rstd saved)
@@ -315,52 +345,199 @@ static void qkv_rows(const moe_model *m, int l, const float *x, float *q_raw, fl
     rope_forward(k + ok, pos + r0, rope_cos, rope_sin, n, nkv, hd);
 }
 
-/* MoE block on x[N,H] → out[N,H] (this thread's token rows [r0, r1) of out written), called by
- * every thread of a team. Router logits and top-k per token rows; then (one thread) the aux
- * statistics and the permutation index; then the experts as (expert, row part) items, each
- * chaining gather, gate_up GEMM, SwiGLU and down GEMM; then the weighted unpermute per token.
- * Source: HF Qwen3MoeSparseMoeBlock; the permute → grouped GEMM → unpermute pipeline of
- * Megatron/Ascend (forward.h). */
+/* ------------------------------------------------------------------ MoE layer (team)
+ *
+ * The production MoE path, forward and backward, run by every thread of a driver team:
+ *   router logits + top-k per token (router_topk_rows emits row_idx) → counting-sort permute
+ *   index (moe_permute_index, given that row_idx) → grouped GEMM gate_up with the gather fused
+ *   in and SwiGLU as its epilogue (grouped_gemm_forward_team) → grouped GEMM down →
+ *   unpermute weighted by the routing weights (per token).
+ * Backward: unpermute backward + router backward per token → grouped GEMM backward of down
+ * with the SwiGLU backward fused as its epilogue → grouped GEMM backward of gate_up → the
+ * permute backward as a per-token gather, router weight and input gradients.
+ * Each Ascend-practice optimisation can be switched off (moe_exec_opts in model.h); the
+ * switches change the schedule, not the math. The naive HF loop (moe_naive.c) stays the oracle
+ * in tests. */
+
+/* Spans of the driver's stages (thread 0 of a team records them: its span of a stage that
+ * ends in a barrier is the stage's wall time). */
+#define SPAN_BEGIN() (team_thread() == 0 ? trace_begin() : -1.0)
+#define SPAN_END(name, t) trace_end(name, "moe", t)
+
+/* Token t and slot j of a k-major expanded row r = j·N + t. */
+static inline void row_tj(int r, int N, int *t, int *j) {
+    *t = r % N;
+    *j = r / N;
+}
+
+/* Expert weights the GEMMs read: the stacked parameters, or (per_expert_weights) the layer's
+ * stacked copy made by moe_stack_weights. */
+static const float *moe_w_gate_up(const moe_model *m, int l, const mlp_acts *s) {
+    return m->cfg.exec.per_expert_weights ? s->w_gu : m->p.layers[l].experts_gate_up;
+}
+static const float *moe_w_down(const moe_model *m, int l, const mlp_acts *s) {
+    return m->cfg.exec.per_expert_weights ? s->w_d : m->p.layers[l].experts_down;
+}
+
+/* per_expert_weights: stack the E expert matrices into the layer's scratch, one copy per expert
+ * matrix (what torch.stack of per-expert weights costs each forward). Team; ends in a barrier. */
+static void moe_stack_weights(const moe_model *m, int l, mlp_acts *s) {
+    const int E = m->cfg.num_experts, H = m->cfg.hidden_size, I = m->cfg.moe_intermediate_size;
+    const layer_views *w = &m->p.layers[l];
+    const size_t ngu = (size_t)2 * I * H, nd = (size_t)H * I;
+#pragma omp for schedule(static)
+    for (int e = 0; e < E; e++) {
+        memcpy(s->w_gu + e * ngu, w->experts_gate_up + e * ngu, ngu * sizeof(float));
+        memcpy(s->w_d + e * nd, w->experts_down + e * nd, nd * sizeof(float));
+    }
+}
+
+/* HF's selection, one expert at a time: for each e, a scan of all N·K (slot, token) choices
+ * (torch.where(expert_mask[e])), slot-major, into the same arrays moe_permute_index fills. */
+static void moe_scan_index(mlp_acts *s, int N, int E, int K) {
+    int pos = 0;
+    for (int e = 0; e < E; e++) {
+        s->offsets[e] = pos;
+        for (int j = 0; j < K; j++)
+            for (int t = 0; t < N; t++)
+                if (s->topk_ids[(size_t)t * K + j] == e) {
+                    s->sorted_row[pos] = j * N + t;
+                    s->expanded_pos[(size_t)t * K + j] = pos++;
+                }
+        s->tokens_per_expert[e] = pos - s->offsets[e];
+    }
+    s->offsets[E] = pos;
+}
+
+/* per_expert_loop forward: experts one after another, each stage split over the team (rows of
+ * the gather and scatter, items of the one-expert grouped GEMM), as a framework runs a Python
+ * loop of per-op parallel kernels. out must be zeroed (this thread's rows) before the barrier
+ * that precedes this. */
+static void moe_loop_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N) {
+    const moe_config *c = &m->cfg;
+    const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    for (int e = 0; e < E; e++) {
+        const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
+        if (r1 == r0) continue;
+#pragma omp for schedule(static)
+        for (int i = r0; i < r1; i++) /* index_select */
+            memcpy(s->permuted + (size_t)i * H, x + (size_t)(s->sorted_row[i] % N) * H, (size_t)H * sizeof(float));
+        grouped_gemm_forward_team(s->gate_up, s->permuted, Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I,
+                                  NULL);
+#pragma omp for schedule(static)
+        for (int i = r0; i < r1; i++) swiglu_forward(s->act + (size_t)i * I, s->gate_up + (size_t)i * 2 * I, 1, I);
+        grouped_gemm_forward_team(s->y, s->act, Wd + (size_t)e * H * I, s->offsets + e, 1, I, H, NULL);
+#pragma omp for schedule(static)
+        for (int i = r0; i < r1; i++) { /* index_add_ weighted; one row per token within an expert */
+            int t, j;
+            row_tj(s->sorted_row[i], N, &t, &j);
+            const float w = s->topk_w[(size_t)t * K + j];
+            float *o = out + (size_t)t * H;
+            const float *y = s->y + (size_t)i * H;
+#pragma omp simd
+            for (int h = 0; h < H; h++) o[h] += w * y[h];
+        }
+    }
+}
+
+/* MoE block on x[N,H] → out[N,H] (OVERWRITTEN), called by every thread of a team; this thread's
+ * token rows are [r0, r1). counts/psum (NULL: skip) receive the aux-loss statistics.
+ * Source: HF Qwen3MoeSparseMoeBlock; the pipeline of Megatron/Ascend (forward.h). */
 static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
                              float *counts, float *psum, int r0, int r1) {
     const moe_config *c = &m->cfg;
+    const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
     const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
-    const int n = r1 - r0;
+    const int n = r1 - r0, M = N * K;
+    double t = SPAN_BEGIN();
     if (n > 0) {
         linear_forward(s->router_logits + (size_t)r0 * E, x + (size_t)r0 * H, w->router, n, H, E, 0);
-        router_topk_forward(s->probs + (size_t)r0 * E, s->topk_ids + (size_t)r0 * K, s->topk_w + (size_t)r0 * K,
-                            NULL, s->router_logits + (size_t)r0 * E, n, E, K, c->norm_topk_prob);
-        /* row_idx as router_topk_forward defines it, with the global token count N */
-        for (int t = r0; t < r1; t++)
-            for (int j = 0; j < K; j++) s->row_idx[(size_t)t * K + j] = j * N + t;
+        const int hand_on = !ex->rebuild_row_idx && !ex->per_expert_loop;
+        router_topk_rows(s->probs, s->topk_ids, s->topk_w, hand_on ? s->row_idx : NULL, s->router_logits, r0, r1, N,
+                         E, K, c->norm_topk_prob);
+        if (ex->per_expert_loop) memset(out + (size_t)r0 * H, 0, (size_t)n * H * sizeof(float));
     }
+    if (ex->per_expert_weights) moe_stack_weights(m, l, s); /* its loop's barrier also ends the router stage */
 #pragma omp barrier
+    SPAN_END("router", t);
+    t = SPAN_BEGIN();
 #pragma omp single
     {
         if (counts) moe_aux_accumulate(counts, psum, s->probs, s->topk_ids, N, E, K);
-        moe_permute_index(s->sorted_row, s->expanded_pos, s->tokens_per_expert, s->offsets, s->topk_ids,
-                          s->row_idx, N, E, K);
-    }
-    const int R = expert_parts(E);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int g = 0; g < E; g++) {
-        for (int p = 0; p < R; p++) {
-            int a, b;
-            expert_part_rows(s->offsets, g, p, R, &a, &b);
-            if (b <= a) continue;
-            const int mrows = b - a;
-            moe_permute_forward(s->permuted + (size_t)a * H, x, s->sorted_row + a, N, mrows, H);
-            linear_forward(s->gate_up + (size_t)a * 2 * I, s->permuted + (size_t)a * H,
-                           w->experts_gate_up + (size_t)g * 2 * I * H, mrows, H, 2 * I, 0);
-            swiglu_forward(s->act + (size_t)a * I, s->gate_up + (size_t)a * 2 * I, mrows, I);
-            linear_forward(s->y + (size_t)a * H, s->act + (size_t)a * I, w->experts_down + (size_t)g * H * I, mrows,
-                           I, H, 0);
+        if (ex->per_expert_loop) {
+            moe_scan_index(s, N, E, K);
+        } else {
+            if (ex->rebuild_row_idx) /* the pass handing row_idx on saves */
+                for (int j = 0; j < K; j++)
+                    for (int tt = 0; tt < N; tt++) s->row_idx[(size_t)tt * K + j] = j * N + tt;
+            moe_permute_index(s->sorted_row, s->expanded_pos, s->tokens_per_expert, s->offsets, s->topk_ids,
+                              s->row_idx, N, E, K);
         }
     }
-    if (n > 0)
+    if (ex->per_expert_loop) {
+        SPAN_END("route index (scan)", t);
+        t = SPAN_BEGIN();
+        moe_loop_forward_team(m, l, x, out, s, N);
+        SPAN_END("experts (loop)", t);
+        return;
+    }
+    grouped_fuse fz = {0};
+    if (ex->separate_permute) {
+#pragma omp for schedule(static)
+        for (int i = 0; i < M; i++)
+            memcpy(s->permuted + (size_t)i * H, x + (size_t)(s->sorted_row[i] % N) * H, (size_t)H * sizeof(float));
+    } else {
+        fz.gather_x = x;
+        fz.sorted_row = s->sorted_row;
+        fz.n_tokens = N;
+    }
+    SPAN_END("permute", t);
+    t = SPAN_BEGIN();
+    fz.swiglu_act = s->act;
+    if (m->nz && !ex->per_expert_weights) {
+        fz.nz = m->nz_gate_up[l];
+        fz.nz_stride = gemm_packed_size(2 * I, H);
+    }
+    grouped_gemm_forward_team(s->gate_up, s->permuted, moe_w_gate_up(m, l, s), s->offsets, E, H, 2 * I, &fz);
+    SPAN_END("gate_up GEMM + SwiGLU", t);
+    t = SPAN_BEGIN();
+    grouped_fuse fd = {0};
+    if (m->nz && !ex->per_expert_weights) {
+        fd.nz = m->nz_down[l];
+        fd.nz_stride = gemm_packed_size(H, I);
+    }
+    grouped_gemm_forward_team(s->y, s->act, moe_w_down(m, l, s), s->offsets, E, I, H, &fd);
+    SPAN_END("down GEMM", t);
+    t = SPAN_BEGIN();
+    if (ex->separate_permute) {
+        /* weight every expert output row, then (after the barrier) sum each token's rows */
+#pragma omp for schedule(static)
+        for (int i = 0; i < M; i++) {
+            int tt, j;
+            row_tj(s->sorted_row[i], N, &tt, &j);
+            const float wt = s->topk_w[(size_t)tt * K + j];
+            float *d = s->yw + (size_t)i * H;
+            const float *y = s->y + (size_t)i * H;
+#pragma omp simd
+            for (int h = 0; h < H; h++) d[h] = wt * y[h];
+        }
+        for (int tt = r0; tt < r1; tt++) {
+            float *o = out + (size_t)tt * H;
+            const int *pos = s->expanded_pos + (size_t)tt * K;
+            memcpy(o, s->yw + (size_t)pos[0] * H, (size_t)H * sizeof(float));
+            for (int j = 1; j < K; j++) {
+                const float *yj = s->yw + (size_t)pos[j] * H;
+#pragma omp simd
+                for (int h = 0; h < H; h++) o[h] += yj[h];
+            }
+        }
+    } else if (n > 0) {
         moe_unpermute_forward(out + (size_t)r0 * H, s->y, s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K,
                               n, K, H);
+    }
+    SPAN_END("unpermute", t);
 }
 
 /* Dense SwiGLU MLP (HF Qwen3MoeMLP) on token rows [r0, r1): out = down(silu(gate(x))·up(x)). */
@@ -397,6 +574,9 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
 
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
+    /* team_size as in training (one thread for a token or two), as before the MoE layer moved
+     * onto the grouped GEMM kernels: their items could split a single token's experts over more
+     * threads, which has not been measured on a quiet machine yet */
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
 #pragma omp parallel num_threads(nthr)
     {
@@ -503,13 +683,17 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->layers[l];
+        const double ta = trace_begin();
         attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
+        trace_end("attention", "model", ta);
+        const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
             team_share(N, &r0, &r1);
             layer_rest_team(m, a, l, r0, r1);
         }
+        trace_end("layer rest (o_proj, norm, MoE, next qkv)", "model", tl);
     }
     blas_team_end(nb);
     a->aux_loss = a->n_moe_layers ? moe_aux_loss(a->aux_counts, a->aux_psum, E, (int64_t)a->n_moe_layers * N) : 0.0f;
@@ -525,26 +709,119 @@ void model_logprobs(const moe_model *m, model_acts *a, const int *targets, float
 
 /* ------------------------------------------------------------------ backward */
 
+/* per_expert_weights backward: zero the layer's stacked weight-gradient scratch (team; ends in
+ * a barrier) — and after the GEMMs, add it to each expert's gradient (the per-expert .grad
+ * accumulation of the practice's baseline). */
+static void moe_wgrad_scratch_zero(const moe_model *m, model_acts *a) {
+    const int E = m->cfg.num_experts, H = m->cfg.hidden_size, I = m->cfg.moe_intermediate_size;
+    const size_t ngu = (size_t)2 * I * H, nd = (size_t)H * I;
+#pragma omp for schedule(static)
+    for (int e = 0; e < E; e++) {
+        memset(a->dw_gu + e * ngu, 0, ngu * sizeof(float));
+        memset(a->dw_d + e * nd, 0, nd * sizeof(float));
+    }
+}
+static void moe_wgrad_scratch_add(moe_model *m, model_acts *a, int l) {
+    const int E = m->cfg.num_experts, H = m->cfg.hidden_size, I = m->cfg.moe_intermediate_size;
+    const size_t ngu = (size_t)2 * I * H, nd = (size_t)H * I;
+    layer_views *gw = &m->g.layers[l];
+#pragma omp for schedule(static) nowait
+    for (int e = 0; e < E; e++) {
+        float *g1 = gw->experts_gate_up + e * ngu, *g2 = gw->experts_down + e * nd;
+        const float *s1 = a->dw_gu + e * ngu, *s2 = a->dw_d + e * nd;
+#pragma omp simd
+        for (size_t i = 0; i < ngu; i++) g1[i] += s1[i];
+#pragma omp simd
+        for (size_t i = 0; i < nd; i++) g2[i] += s2[i];
+    }
+}
+
+/* per_expert_loop backward of the experts: one expert after another, every stage split over the
+ * team; writes d_topk_w (all rows) and dx = Σ over each token's rows (dx zeroed, this thread's
+ * rows, before the barrier that precedes this). */
+static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const float *dout, float *dx, float *dWgu,
+                                   float *dWd) {
+    const moe_config *c = &m->cfg;
+    mlp_acts *s = &a->layers[l].mlp;
+    const int N = a->N, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
+              I = c->moe_intermediate_size;
+    const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    for (int e = 0; e < E; e++) {
+        const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
+        if (r1 == r0) continue;
+#pragma omp for schedule(static)
+        for (int i = r0; i < r1; i++) {
+            int t, j;
+            row_tj(s->sorted_row[i], N, &t, &j);
+            moe_unpermute_backward_row(a->d_y + (size_t)i * H, a->d_topk_w + (size_t)t * K + j, dout + (size_t)t * H,
+                                       s->y + (size_t)i * H, s->topk_w[(size_t)t * K + j], H);
+        }
+        grouped_gemm_backward_team(a->d_act, dWd + (size_t)e * H * I, a->d_y, s->act, Wd + (size_t)e * H * I,
+                                   s->offsets + e, 1, I, H, NULL);
+#pragma omp for schedule(static)
+        for (int i = r0; i < r1; i++)
+            swiglu_backward(a->d_gate_up + (size_t)i * 2 * I, a->d_act + (size_t)i * I, s->gate_up + (size_t)i * 2 * I,
+                            1, I);
+        grouped_gemm_backward_team(a->d_permuted, dWgu + (size_t)e * 2 * I * H, a->d_gate_up, s->permuted,
+                                   Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I, NULL);
+#pragma omp for schedule(static)
+        for (int i = r0; i < r1; i++) {
+            float *d = dx + (size_t)(s->sorted_row[i] % N) * H;
+            const float *src = a->d_permuted + (size_t)i * H;
+#pragma omp simd
+            for (int h = 0; h < H; h++) d[h] += src[h];
+        }
+    }
+}
+
 /* MoE block backward (team). dout[N,H] = ∂loss/∂(block output); writes this thread's token rows
  * of dx[N,H] = ∂loss/∂(block input) (OVERWRITTEN) and accumulates the expert and router weight
- * gradients. dout is only read by the first phase (per-token rows), so the caller may update
- * its own rows of dout after this returns. Order: unpermute backward and router backward per
- * token → barrier → expert input-gradient items (down, SwiGLU, gate_up) → barrier → expert
- * weight-gradient items and the router weight gradient (no barrier after: nothing later reads
- * what they write) while each thread gathers its tokens' rows of dx (moe_permute_backward as a
- * per-token gather: dx[t] = Σ_j dpermuted[pos(t, j)]) and adds the router's input gradient.
- * Source: reference.md / the chain rule through HF Qwen3MoeSparseMoeBlock. */
+ * gradients. Every read of dout happens before one of this function's barriers, so the caller
+ * may update its own rows of dout after this returns. Order (default schedule):
+ * unpermute backward and router backward per token → barrier → grouped GEMM backward of down
+ * with the SwiGLU backward fused → grouped GEMM backward of gate_up → router weight gradient,
+ * per-token gather of dx (moe_permute_backward as a gather: dx[t] = Σ_j dpermuted[pos(t, j)])
+ * plus the router's input gradient. Source: reference.md / the chain rule through HF
+ * Qwen3MoeSparseMoeBlock. */
 static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx,
                               float aux_weight, int r0, int r1) {
     const moe_config *c = &m->cfg;
+    const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
     layer_views *gw = &m->g.layers[l];
     mlp_acts *s = &a->layers[l].mlp;
     const int N = a->N, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
-              I = c->moe_intermediate_size, n = r1 - r0;
-    if (n > 0) {
+              I = c->moe_intermediate_size, n = r1 - r0, M = N * K;
+    float *dWgu = ex->per_expert_weights ? a->dw_gu : gw->experts_gate_up;
+    float *dWd = ex->per_expert_weights ? a->dw_d : gw->experts_down;
+    const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    double t = SPAN_BEGIN();
+    if (ex->per_expert_weights) moe_wgrad_scratch_zero(m, a);
+    if (ex->per_expert_loop) {
+        if (n > 0) memset(dx + (size_t)r0 * H, 0, (size_t)n * H * sizeof(float));
+#pragma omp barrier
+        moe_loop_backward_team(m, a, l, dout, dx, dWgu, dWd);
+        SPAN_END("bwd experts (loop)", t);
+        t = SPAN_BEGIN();
+    } else if (ex->separate_permute) {
+        /* scatter each token's gradient to its rows (into the yw scratch), then weight them */
+        for (int tt = r0; tt < r1; tt++)
+            for (int j = 0; j < K; j++)
+                memcpy(s->yw + (size_t)s->expanded_pos[(size_t)tt * K + j] * H, dout + (size_t)tt * H,
+                       (size_t)H * sizeof(float));
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int i = 0; i < M; i++) {
+            int tt, j;
+            row_tj(s->sorted_row[i], N, &tt, &j);
+            moe_unpermute_backward_row(a->d_y + (size_t)i * H, a->d_topk_w + (size_t)tt * K + j, s->yw + (size_t)i * H,
+                                       s->y + (size_t)i * H, s->topk_w[(size_t)tt * K + j], H);
+        }
+    } else if (n > 0) {
         moe_unpermute_backward(a->d_y, a->d_topk_w + (size_t)r0 * K, dout + (size_t)r0 * H, s->y,
                                s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K, n, K, H);
+    }
+    if (n > 0) {
         const float *dprobs = NULL;
         if (aux_weight != 0.0f) {
             moe_aux_backward(a->d_probs + (size_t)r0 * E, a->aux_counts, n, E, (int64_t)a->n_moe_layers * N,
@@ -555,50 +832,52 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
                              s->probs + (size_t)r0 * E, s->topk_ids + (size_t)r0 * K, n, E, K, c->norm_topk_prob);
     }
 #pragma omp barrier
-    const int R = expert_parts(E);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int g = 0; g < E; g++) {
-        for (int p = 0; p < R; p++) {
-            int ra, rb;
-            expert_part_rows(s->offsets, g, p, R, &ra, &rb);
-            if (rb <= ra) continue;
-            const int mrows = rb - ra;
-            linear_backward(a->d_act + (size_t)ra * I, NULL, a->d_y + (size_t)ra * H, NULL,
-                            w->experts_down + (size_t)g * H * I, mrows, I, H, 0);
-            swiglu_backward(a->d_gate_up + (size_t)ra * 2 * I, a->d_act + (size_t)ra * I,
-                            s->gate_up + (size_t)ra * 2 * I, mrows, I);
-            linear_backward(a->d_permuted + (size_t)ra * H, NULL, a->d_gate_up + (size_t)ra * 2 * I, NULL,
-                            w->experts_gate_up + (size_t)g * 2 * I * H, mrows, H, 2 * I, 0);
-        }
+    SPAN_END(ex->per_expert_loop ? "bwd router" : "bwd unpermute + router", t);
+    if (!ex->per_expert_loop) {
+        t = SPAN_BEGIN();
+        grouped_fuse fz = {0};
+        fz.swiglu_dgate_up = a->d_gate_up;
+        fz.swiglu_gate_up = s->gate_up;
+        grouped_gemm_backward_team(a->d_act, dWd, a->d_y, s->act, Wd, s->offsets, E, I, H, &fz);
+        SPAN_END("bwd down GEMM + SwiGLU", t);
+        t = SPAN_BEGIN();
+        grouped_gemm_backward_team(a->d_permuted, dWgu, a->d_gate_up, s->permuted, Wgu, s->offsets, E, H, 2 * I, NULL);
+        SPAN_END("bwd gate_up GEMM", t);
     }
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (int g = 0; g < E; g++) {
-        for (int p = 0; p < R; p++) {
-            const int g0 = s->offsets[g], mrows = s->offsets[g + 1] - g0;
-            if (mrows == 0) continue;
-            int c0, c1;
-            /* dW_down[g][c0:c1, :] += d_y_gᵀ[c0:c1] · act_g ;  dW_gate_up[g][c0:c1, :] += d_gate_up_gᵀ[c0:c1] · x_g */
-            c0 = (int)((long)H * p / R), c1 = (int)((long)H * (p + 1) / R);
-            wgrad_rows(gw->experts_down + (size_t)g * H * I, a->d_y + (size_t)g0 * H, s->act + (size_t)g0 * I, mrows, I,
-                       H, c0, c1);
-            c0 = (int)(2L * I * p / R), c1 = (int)(2L * I * (p + 1) / R);
-            wgrad_rows(gw->experts_gate_up + (size_t)g * 2 * I * H, a->d_gate_up + (size_t)g0 * 2 * I,
-                       s->permuted + (size_t)g0 * H, mrows, H, 2 * I, c0, c1);
-        }
-    }
+    t = SPAN_BEGIN();
+    if (ex->per_expert_weights) moe_wgrad_scratch_add(m, a, l);
     wgrad_team(gw->router, a->d_router_logits, x, N, H, E);
-    for (int t = r0; t < r1; t++) {
-        float *d = dx + (size_t)t * H;
-        const int *pos = s->expanded_pos + (size_t)t * K;
-        memcpy(d, a->d_permuted + (size_t)pos[0] * H, (size_t)H * sizeof(float));
-        for (int j = 1; j < K; j++) {
-            const float *src = a->d_permuted + (size_t)pos[j] * H;
+    if (ex->per_expert_loop) {
+        /* dx already holds the experts' part */
+    } else if (ex->separate_permute) {
+        /* moe_permute_backward's schedule: dx zeroed, then every permuted row added to its
+         * token, each thread owning a slice of the columns */
+        int h0, h1;
+        team_share((H + 15) / 16, &h0, &h1);
+        h0 = MOERL_MIN(H, h0 * 16);
+        h1 = MOERL_MIN(H, h1 * 16);
+        for (int tt = 0; tt < N; tt++) memset(dx + (size_t)tt * H + h0, 0, (size_t)(h1 - h0) * sizeof(float));
+        for (int i = 0; i < M; i++) {
+            float *d = dx + (size_t)(s->sorted_row[i] % N) * H;
+            const float *src = a->d_permuted + (size_t)i * H;
+            for (int h = h0; h < h1; h++) d[h] += src[h];
+        }
+#pragma omp barrier
+    } else {
+        for (int tt = r0; tt < r1; tt++) {
+            float *d = dx + (size_t)tt * H;
+            const int *pos = s->expanded_pos + (size_t)tt * K;
+            memcpy(d, a->d_permuted + (size_t)pos[0] * H, (size_t)H * sizeof(float));
+            for (int j = 1; j < K; j++) {
+                const float *src = a->d_permuted + (size_t)pos[j] * H;
 #pragma omp simd
-            for (int h = 0; h < H; h++) d[h] += src[h];
+                for (int h = 0; h < H; h++) d[h] += src[h];
+            }
         }
     }
     if (n > 0)
         linear_backward(dx + (size_t)r0 * H, NULL, a->d_router_logits + (size_t)r0 * E, NULL, w->router, n, H, E, 1);
+    SPAN_END("bwd permute + router wgrad", t);
 }
 
 /* Dense MLP backward (team): this thread's rows of dx (OVERWRITTEN), then — after a barrier —
@@ -723,8 +1002,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *La = &a->layers[l];
+        const double ta = trace_begin();
         attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
                            N, nh, nkv, hd, scale);
+        trace_end("bwd attention", "model", ta);
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
@@ -749,5 +1030,19 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
     }
     if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+    blas_team_end(nb);
+}
+
+void mlp_backward(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx, int N) {
+    MOERL_ASSERT(N > 0 && N <= a->max_tokens && l >= 0 && l < m->cfg.num_hidden_layers);
+    a->N = N;
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        if (m->p.layers[l].router) moe_backward_team(m, a, l, x, dout, dx, 0.0f, r0, r1);
+        else dense_backward_team(m, a, l, x, dout, dx, r0, r1);
+    }
     blas_team_end(nb);
 }

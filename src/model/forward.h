@@ -33,6 +33,8 @@ typedef struct {
     float *gate_up;                /* [M,2I] (dense: [N,2Id]) */
     float *act;                    /* [M,I]  (dense: [N,Id]) */
     float *y;                      /* [M,H]  expert outputs before unpermute */
+    float *yw;                     /* [M,H]  scratch of the separate_permute schedule (else NULL) */
+    float *w_gu, *w_d;             /* per_expert_weights: the stacked copy [E,2I,H], [E,H,I] (else NULL) */
 } mlp_acts;
 
 typedef struct {
@@ -74,6 +76,7 @@ typedef struct {
     float *d_gate_up, *d_act;         /* [max(M·2I, N·2Id)], [max(M·I, N·Id)] */
     float *d_topk_w;                  /* [N,K] */
     float *d_router_logits, *d_probs; /* [N,E] */
+    float *dw_gu, *dw_d;              /* per_expert_weights: stacked weight-gradient scratch (else NULL) */
     void *arena;
     /* Optional per-layer hook for data-parallel gradient reduction (NULL = none; model_acts_init
      * sets NULL). model_backward calls layer_hook(layer_hook_ctx, group) as soon as the gradients
@@ -111,6 +114,16 @@ void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts
 void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
                  float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
                  const float *rope_sin, int N);
+/* Buffers of one mlp_acts for up to T tokens (the rollout engine's: one set reused by every
+ * layer), sized for m's MoE or dense layers and its execution switches (cfg.exec); freed with
+ * mlp_acts_free. */
+void mlp_acts_alloc(mlp_acts *s, const moe_model *m, int T);
+void mlp_acts_free(mlp_acts *s);
+/* The MLP sub-layer l alone, backward (benchmarks and tests of the production MoE path): after
+ * mlp_forward(m, l, x, out, &a->layers[l].mlp, N, NULL, NULL) with a->layers[l].mlp from
+ * model_acts_init, dx[N,H] (OVERWRITTEN) = ∂/∂x of Σ dout·out, weight gradients accumulated
+ * into m->grads (no aux loss). N ≤ a->max_tokens. */
+void mlp_backward(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx, int N);
 /* Bytes model_acts_init would allocate for max_tokens. */
 size_t model_acts_bytes(const moe_model *m, int max_tokens);
 

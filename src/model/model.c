@@ -6,6 +6,8 @@
 
 #include "base/common.h"
 #include "base/rng.h"
+#include "kernels/cpu/kpar.h"
+#include "kernels/kernels.h"
 
 static void add_tensor(moe_model *m, int *cap, const char *name, int ndim, const int64_t *shape, int flags,
                        int layer) {
@@ -73,7 +75,45 @@ static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads) 
 int model_init(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 1); }
 int model_init_inference(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 0); }
 
+void model_pack_experts(moe_model *m) {
+    const moe_config *c = &m->cfg;
+    if (c->exec.no_pack || c->num_experts == 0) {
+        free(m->nz);
+        m->nz = NULL;
+        memset(m->nz_gate_up, 0, sizeof m->nz_gate_up);
+        memset(m->nz_down, 0, sizeof m->nz_down);
+        return;
+    }
+    const int E = c->num_experts, H = c->hidden_size, I = c->moe_intermediate_size, L = c->num_hidden_layers;
+    const size_t sgu = gemm_packed_size(2 * I, H), sd = gemm_packed_size(H, I);
+    if (!m->nz) {
+        int n_moe = 0;
+        for (int l = 0; l < L; l++) n_moe += m->p.layers[l].router != NULL;
+        m->nz = xalloc_aligned((size_t)n_moe * E * (sgu + sd) * sizeof(float));
+        float *q = m->nz;
+        for (int l = 0; l < L; l++) {
+            if (!m->p.layers[l].router) continue;
+            m->nz_gate_up[l] = q;
+            q += (size_t)E * sgu;
+            m->nz_down[l] = q;
+            q += (size_t)E * sd;
+        }
+    }
+    /* one (layer, expert) per iteration; a weight load is outside any parallel region */
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (kpar((long)L * E, 2))
+    for (int l = 0; l < L; l++) {
+        for (int e = 0; e < E; e++) {
+            const layer_views *w = &m->p.layers[l];
+            if (!w->router) continue;
+            gemm_packed_pack((float *)m->nz_gate_up[l] + (size_t)e * sgu, w->experts_gate_up + (size_t)e * 2 * I * H,
+                             2 * I, H);
+            gemm_packed_pack((float *)m->nz_down[l] + (size_t)e * sd, w->experts_down + (size_t)e * H * I, H, I);
+        }
+    }
+}
+
 void model_free(moe_model *m) {
+    free(m->nz);
     free(m->tensors);
     free(m->params);
     free(m->grads);

@@ -17,6 +17,36 @@
 
 #define MOERL_MAX_LAYERS 256
 
+/* How the MoE layers execute: one switch per optimisation of the Ascend MoE practice, so each
+ * can be ablated (config keys model.moe.*, src/cli/common.c; README, "Ablation of the Ascend
+ * practice's MoE optimisations"). Not part of config.json. Every field 0 = moerl's default,
+ * the optimised path; 1 turns one off:
+ *  per_expert_loop     the HF-style loop over experts (a scan of all selections per expert,
+ *                      gather, the expert's GEMMs split over the threads, weighted scatter-add,
+ *                      one expert after another) instead of the sorted permute + grouped GEMM;
+ *  separate_permute    permute and unpermute as passes of their own (gather all rows, then the
+ *                      GEMM; weight the expert outputs, then sum per token; backward likewise)
+ *                      instead of the gather fused into the grouped GEMM's items and the
+ *                      unpermute fused with the routing weights;
+ *  per_expert_weights  expert weights handled as one buffer per expert: every forward stacks
+ *                      them with one copy per expert matrix (torch.stack of per-expert
+ *                      nn.Linear weights) and backward adds the stacked weight gradient back
+ *                      per expert, instead of using the pre-stacked [E][2I][H]/[E][H][I] buffers;
+ *  rebuild_row_idx     the permute's row_idx is rebuilt by a pass of its own instead of being
+ *                      emitted by the router's top-k and handed on;
+ *  no_pack             the rollout engine does not pre-pack expert weights into the skinny
+ *                      kernel's 16-wide panel layout at weight load (the "NZ" switch,
+ *                      src/kernels/cpu/gemm_packed.c). Training never packs (weights change
+ *                      every step, and OpenBLAS offers no pre-packed sgemm).
+ * per_expert_loop makes separate_permute and rebuild_row_idx moot (the loop has neither). */
+typedef struct {
+    int per_expert_loop;
+    int separate_permute;
+    int per_expert_weights;
+    int rebuild_row_idx;
+    int no_pack;
+} moe_exec_opts;
+
 typedef struct {
     int vocab_size;
     int hidden_size;               /* H */
@@ -39,6 +69,7 @@ typedef struct {
     int bos_token_id, eos_token_id; /* -1 when absent */
     int n_mlp_only_layers;
     int mlp_only_layers[MOERL_MAX_LAYERS];
+    moe_exec_opts exec;            /* execution switches (not in config.json); zero = default */
 } moe_config;
 
 /* Layer l is MoE iff l ∉ mlp_only_layers, num_experts > 0 and (l+1) % decoder_sparse_step == 0. */
@@ -100,6 +131,11 @@ typedef struct {
     float *params;        /* [n_params] */
     float *grads;         /* [n_params], zeroed by model_zero_grad */
     model_views p, g;     /* views into params and grads */
+    /* Expert weights pre-packed for the skinny kernel (model_pack_experts), NULL when not
+     * packed; per MoE layer l: nz_gate_up[l] [E][gemm_packed_size(2I, H)],
+     * nz_down[l] [E][gemm_packed_size(H, I)]. Valid only until params change. */
+    float *nz;
+    const float *nz_gate_up[MOERL_MAX_LAYERS], *nz_down[MOERL_MAX_LAYERS];
 } moe_model;
 
 /* Build the tensor table and allocate params+grads (zeroed). */
@@ -115,6 +151,11 @@ const tensor_info *model_find_tensor(const moe_model *m, const char *name);
 /* Fill views for any buffer of the parameter layout (params, grads, moments). */
 void model_views_for(const moe_model *m, float *base, model_views *out);
 void model_zero_grad(moe_model *m);
+/* Pack every MoE layer's expert weights from params into m->nz (allocated on first use), for
+ * the decode-sized product of the forward (src/kernels/cpu/gemm_packed.c); with
+ * cfg.exec.no_pack it frees m->nz instead. Call again after every change of params (the rollout
+ * engine does at each weight load); model_forward/mlp_forward use m->nz whenever it is set. */
+void model_pack_experts(moe_model *m);
 /* Number of parameters as HF counts them (tied head counted once). */
 int64_t model_num_params(const moe_model *m);
 

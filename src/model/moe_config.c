@@ -290,6 +290,11 @@ int moe_config_validate(const moe_config *c) {
     if (c->eos_token_id < -1 || c->eos_token_id >= c->vocab_size)
         return moerl_errorf("field 'eos_token_id' = %d is out of range [0, %d) (or absent)", c->eos_token_id,
                             c->vocab_size);
+    const int sw[] = {c->exec.per_expert_loop, c->exec.separate_permute, c->exec.per_expert_weights,
+                      c->exec.rebuild_row_idx, c->exec.no_pack};
+    for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
+        if (sw[i] != 0 && sw[i] != 1)
+            return moerl_errorf("MoE execution switch %zu = %d, expected 0 or 1 (model.moe.* keys)", i, sw[i]);
     return MOERL_OK;
 }
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 
 adamw_config adamw_default_config(void) {
     adamw_config c = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
@@ -35,10 +36,12 @@ double grad_global_norm(const moe_model *m) {
 }
 
 int adamw_step(adamw_state *s, moe_model *m, float lr, float loss, double *grad_norm) {
+    const double tr = trace_begin();
     double norm = grad_global_norm(m);
     if (grad_norm) *grad_norm = norm;
     if (!isfinite(norm) || !isfinite(loss)) {
         s->skipped++;
+        trace_end("optimizer (skipped)", "optim", tr);
         return 0;
     }
     float clip = 1.0f;
@@ -64,5 +67,6 @@ int adamw_step(adamw_state *s, moe_model *m, float lr, float loss, double *grad_
             p[i] -= step_size * mm[i] / (sqrtf(vv[i]) * inv_sqrt_bc2 + eps);
         }
     }
+    trace_end("optimizer", "optim", tr);
     return 1;
 }

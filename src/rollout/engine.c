@@ -6,6 +6,7 @@
 
 #include "base/common.h"
 #include "base/pool.h"
+#include "base/trace.h"
 #include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
@@ -74,15 +75,7 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     e->x = FA(T * H); e->ln = FA(T * H); e->mid = FA(T * H); e->mlp_out = FA(T * H);
     e->q_raw = FA(T * qrow); e->q = FA(T * qrow); e->att = FA(T * qrow); e->q_rstd = FA(T * e->nh);
     e->k_raw = FA(T * kvrow); e->k = FA(T * kvrow); e->v = FA(T * kvrow); e->k_rstd = FA(T * e->nkv);
-    const size_t E = e->E, K = e->K, M = T * (E ? K : 0), I = c->moe_intermediate_size, Id = c->intermediate_size;
-    mlp_acts *s = &e->mlp;
-    s->router_logits = FA(T * E + 1); s->probs = FA(T * E + 1); s->topk_w = FA(T * K + 1);
-    s->topk_ids = xmalloc((T * K + 1) * sizeof(int)); s->row_idx = xmalloc((T * K + 1) * sizeof(int));
-    s->sorted_row = xmalloc((M + 1) * sizeof(int)); s->expanded_pos = xmalloc((M + 1) * sizeof(int));
-    s->tokens_per_expert = xmalloc((E + 1) * sizeof(int)); s->offsets = xmalloc((E + 2) * sizeof(int));
-    s->permuted = FA(M * H + 1); s->y = FA(M * H + 1);
-    s->gate_up = FA(MOERL_MAX(M * 2 * I, T * 2 * Id) + 1);
-    s->act = FA(MOERL_MAX(M * I, T * Id) + 1);
+    mlp_acts_alloc(&e->mlp, &e->m, (int)T);
     e->rope_cos = FA(Lm * e->hd / 2); e->rope_sin = FA(Lm * e->hd / 2);
     rope_tables(e->rope_cos, e->rope_sin, (int)Lm, e->hd, c->rope_theta);
     e->sample_row = xmalloc(S * sizeof(int));
@@ -99,12 +92,10 @@ void engine_free(engine *e) {
     moerl_buf_free(e->v_cache);
     e->k_cache = e->v_cache = NULL;
     void *bufs[] = {e->k_cache, e->v_cache, e->slots, e->tok, e->slot_of, e->pos, e->x, e->ln, e->mid, e->mlp_out,
-                    e->q_raw, e->q, e->att, e->q_rstd, e->k_raw, e->k, e->v, e->k_rstd, e->mlp.router_logits,
-                    e->mlp.probs, e->mlp.topk_w, e->mlp.topk_ids, e->mlp.row_idx, e->mlp.sorted_row,
-                    e->mlp.expanded_pos, e->mlp.tokens_per_expert, e->mlp.offsets, e->mlp.permuted, e->mlp.y,
-                    e->mlp.gate_up, e->mlp.act, e->rope_cos, e->rope_sin, e->sample_row, e->sample_req, e->hid,
-                    e->hid_rstd, e->logits, e->sample_scratch};
+                    e->q_raw, e->q, e->att, e->q_rstd, e->k_raw, e->k, e->v, e->k_rstd, e->rope_cos, e->rope_sin,
+                    e->sample_row, e->sample_req, e->hid, e->hid_rstd, e->logits, e->sample_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    mlp_acts_free(&e->mlp);
     free(e);
 }
 
@@ -113,6 +104,7 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
         return moerl_errorf("engine_load_weights: %zu floats given, the model layout has %zu", n_params,
                             e->m.n_params);
     memcpy(e->m.params, params, n_params * sizeof(float));
+    model_pack_experts(&e->m); /* the NZ switch: expert weights in the decode kernel's panel layout (or none) */
     e->version = version;
     return MOERL_OK;
 }
@@ -210,7 +202,9 @@ static void forward_tokens(engine *e, int T, int n_rows) {
             memcpy(kc + off, e->k + (size_t)n * kvrow, kvrow * sizeof(float));
             memcpy(vc + off, e->v + (size_t)n * kvrow, kvrow * sizeof(float));
         }
+        const double ta = trace_begin();
         attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        trace_end("attention (KV cache)", "engine", ta);
         linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward(m, l, e->ln, e->mlp_out, &e->mlp, T, NULL, NULL);
@@ -279,8 +273,11 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     }
     if (T == 0) return 0;
     double t0 = moerl_now();
+    const double tr = trace_begin();
     forward_tokens(e, T, n_rows);
+    trace_end(n_rows == T ? "engine decode forward" : "engine prefill forward", "engine", tr);
     double t1 = moerl_now();
+    const double ts = trace_begin();
     for (int s = 0; s < S; s++)
         if (e->slots[s]) e->slots[s]->n_cached += fed[s];
     /* 4. sample */
@@ -304,6 +301,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             done[n_done++] = r;
         }
     }
+    trace_end("engine sample", "engine", ts);
     e->st.steps++;
     e->st.forward_s += t1 - t0;
     e->st.sample_s += moerl_now() - t1;

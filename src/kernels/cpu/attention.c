@@ -36,6 +36,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 #include "kernels/cpu/vexp.h"
 
 #include <math.h>
@@ -243,7 +244,7 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
     float *kt = xalloc_aligned((size_t)nkv * hd * ldkt * sizeof(float));
     const int ntb = (N + ATT_BK - 1) / ATT_BK;
 
-    #pragma omp parallel if (scores * nh >= ATT_PAR_MIN_SCORES)
+    #pragma omp parallel if (kpar(scores * nh, ATT_PAR_MIN_SCORES))
     {
         #pragma omp for schedule(static)
         for (int tb = 0; tb < ntb * nkv; tb++) {
@@ -351,7 +352,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
         for (int h = 0; h < nh; h++) tasks[ntask++] = (att_task){b, h, 0, L * L};
     }
     qsort(tasks, ntask, sizeof *tasks, att_task_cmp);
-    const int par = scores * nh >= ATT_PAR_MIN_SCORES;
+    const int par = kpar(scores * nh, ATT_PAR_MIN_SCORES);
     (void)par; /* read only by the OpenMP pragmas (unused in NO_OPENMP builds) */
 
     #pragma omp parallel if (par)

@@ -22,6 +22,7 @@
 
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 
 /* Keys per block of the online softmax (a multiple of 16, the AVX-512 float width). */
 #define KV_BK 64
@@ -172,7 +173,7 @@ void attention_kvcache_forward(float *out, const float *q, const float *k_cache,
     }
     start[nc] = N;
     (void)macs; /* read only by the OpenMP pragma (unused in NO_OPENMP builds) */
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (macs >= KV_PAR_MIN_MACS)
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (kpar(macs, KV_PAR_MIN_MACS))
     for (int c = 0; c < nc; c++) {
         for (int kvh = 0; kvh < nkv; kvh++) {
             const int n0 = start[c];

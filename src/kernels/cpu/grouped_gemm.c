@@ -1,11 +1,14 @@
 /* Grouped GEMM over stacked expert weights: each expert's contiguous row group of the
  * permuted activations times that expert's matrix, forward and backward.
  *
- * Work split: a group is one expert's rows; a large group is further split into column
- * blocks of its output, so that there are about GG_ITEMS_PER_THREAD work items per OpenMP
- * thread. Items run in an OpenMP loop (dynamic schedule), each one calling a single-threaded
- * cblas_sgemm; bench/bench_grouped_gemm.c measures this against one sgemm of equal FLOPs and
- * against the plain serial loop of per-expert OpenBLAS-threaded sgemms.
+ * Work split: a group is one expert's rows, cut into parts so that there are about
+ * GG_ITEMS_PER_THREAD work items per OpenMP thread (kernels.h, grouped_gemm_forward_team).
+ * Items run in an OpenMP loop (dynamic schedule), each one calling a single-threaded
+ * cblas_sgemm, or the skinny/packed kernel for decode-sized groups. The team forms run inside
+ * the caller's parallel region (the model driver, src/model/forward.c, calls them from its
+ * layer teams, with the permute gather and SwiGLU fused in); grouped_gemm_forward/backward
+ * open a team around them. bench/bench_grouped_gemm.c measures this against one sgemm of
+ * equal FLOPs and against the plain serial loop of per-expert OpenBLAS-threaded sgemms.
  * OpenBLAS must run single-threaded inside the loop (two OpenMP threads each driving a
  * multi-threaded OpenBLAS oversubscribe the cores; measured several times slower):
  *  - OpenMP builds of OpenBLAS (openblas_get_parallel() == 2, what the Makefile links) do so
@@ -23,6 +26,9 @@
 
 #include <cblas.h>
 #include <string.h>
+
+#include "kernels/cpu/kpar.h"
+#include "kernels/cpu/vexp.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -31,8 +37,8 @@
 
 /* Work items aimed at per thread (dynamic scheduling balances unequal groups). */
 #define GG_ITEMS_PER_THREAD 4
-/* Narrowest column block a group is split into (a multiple of the 16-float AVX-512 width). */
-#define GG_MIN_COLS 64
+/* Most parts one group is cut into. */
+#define GG_MAX_PARTS 16
 
 /* Make OpenBLAS single-threaded for an OpenMP loop of sgemm calls; returns what to restore.
  * OpenBLAS thread controls are declared in its cblas.h (every build). */
@@ -46,32 +52,31 @@ static void gg_end_parallel(int nb) {
     if (nb != 1) openblas_set_num_threads(nb);
 }
 
-/* OpenMP threads to use; 1 when already inside a parallel region (then the loop runs on the
- * calling thread and OpenBLAS's thread count is left alone). */
-static int gg_threads(void) {
+/* Threads of the enclosing team (1 outside a region). */
+static int gg_team_threads(void) {
 #ifdef _OPENMP
-    return omp_get_level() > 0 ? 1 : omp_get_max_threads(); /* never nest, even inside an inactive region */
+    return omp_get_num_threads();
 #else
     return 1;
 #endif
 }
 
-/* How many column blocks each group is cut into (uniform cap; per group it is
- * min(cap, ceil(rows / target_rows))), chosen so the items number ≈ GG_ITEMS_PER_THREAD·threads. */
-static int gg_max_splits(const int *offsets, int E, int ncols, int nth, int *target_rows) {
+/* Parts of a group of m rows out of M, for a team of nt threads: about GG_ITEMS_PER_THREAD·nt
+ * items over all groups, in proportion to the rows. */
+static int gg_parts(long m, long M, int nt) {
+    if (m <= 0) return 0;
+    const long target = (long)GG_ITEMS_PER_THREAD * nt;
+    long r = (target * m + M - 1) / M;
+    return (int)MOERL_MAX(1L, MOERL_MIN((long)GG_MAX_PARTS, r));
+}
+
+/* Largest part count over the groups (the bound of the collapsed item loop; the same value on
+ * every thread, as an orphaned `omp for` requires). */
+static int gg_max_parts(const int *offsets, int E, int nt) {
     const long M = offsets[E] - offsets[0];
-    long tr = (M + (long)GG_ITEMS_PER_THREAD * nth - 1) / ((long)GG_ITEMS_PER_THREAD * nth);
-    if (tr < 1) tr = 1;
-    *target_rows = (int)tr;
-    int cap = ncols / GG_MIN_COLS;
-    if (cap < 1) cap = 1;
-    int smax = 1;
-    for (int g = 0; g < E; g++) {
-        long m = offsets[g + 1] - offsets[g];
-        int s = (int)MOERL_MIN((long)cap, (m + tr - 1) / tr);
-        smax = MOERL_MAX(smax, s);
-    }
-    return smax;
+    int mx = 1;
+    for (int g = 0; g < E; g++) mx = MOERL_MAX(mx, gg_parts(offsets[g + 1] - offsets[g], M, nt));
+    return mx;
 }
 
 /* Column range [c0, c1) of block `part` of `s` over n columns, in multiples of 16. */
@@ -79,6 +84,132 @@ static void gg_block(int part, int s, int n, int *c0, int *c1) {
     const int units = (n + 15) / 16;
     *c0 = MOERL_MIN(n, (int)((long)units * part / s) * 16);
     *c1 = MOERL_MIN(n, (int)((long)units * (part + 1) / s) * 16);
+}
+
+/* act[r, c] = silu(gu[r, c])·gu[r, half + c] for rows r < m, columns [c0, c1); strides lda/ldg.
+ * Same formula and rounding as swiglu_forward. */
+static void gg_swiglu_cols(float *act, int lda, const float *gu, int ldg, int half, int m, int c0, int c1) {
+    for (int r = 0; r < m; r++) {
+        const float *g = gu + (size_t)r * ldg, *u = g + half;
+        float *o = act + (size_t)r * lda;
+#pragma omp simd
+        for (int c = c0; c < c1; c++) o[c] = g[c] * vsigmoid(g[c]) * u[c];
+    }
+}
+
+void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *offsets, int E, int I, int O,
+                               const grouped_fuse *fuse) {
+    MOERL_ASSERT(E > 0 && I > 0 && O > 0);
+    const grouped_fuse none = {0};
+    const grouped_fuse *f = fuse ? fuse : &none;
+    MOERL_ASSERT(!f->swiglu_act || O % 2 == 0);
+    const int nt = gg_team_threads();
+    const long M = offsets[E] - offsets[0];
+    const int R = gg_max_parts(offsets, E, nt);
+    const int half = O / 2;
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int g = 0; g < E; g++) {
+        for (int p = 0; p < R; p++) {
+            const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
+            const int s = gg_parts(m, M, nt);
+            if (p >= s) continue;
+            const float *Wg = W + (size_t)g * O * I;
+            if (m > SKINNY_MAX_ROWS) {
+                /* rows [ra, rb) of the group: (gather,) one sgemm over all O columns, (SwiGLU) */
+                const int ra = r0 + (int)((long)m * p / s), rb = r0 + (int)((long)m * (p + 1) / s);
+                if (rb <= ra) continue;
+                if (f->gather_x)
+                    for (int i = ra; i < rb; i++)
+                        memcpy(a + (size_t)i * I, f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I,
+                               (size_t)I * sizeof(float));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb - ra, O, I, 1.0f, a + (size_t)ra * I, I, Wg, I,
+                            0.0f, out + (size_t)ra * O, O);
+                if (f->swiglu_act)
+                    gg_swiglu_cols(f->swiglu_act + (size_t)ra * half, half, out + (size_t)ra * O, O, half, rb - ra, 0,
+                                   half);
+                continue;
+            }
+            /* decode-sized group: a block of output columns for all its rows, W_g read once
+             * (sgemm would pack W_g for a few rows: measured 3-8x slower than a matrix-vector
+             * product at one row). With the SwiGLU epilogue the block is [c0, c1) of the gate
+             * half and the same columns of the up half, so the item can finish act[:, c0:c1]. */
+            int c0, c1;
+            gg_block(p, s, f->swiglu_act ? half : O, &c0, &c1);
+            const float *rows[SKINNY_MAX_ROWS];
+            for (int r = 0; r < m; r++) {
+                const int i = r0 + r;
+                if (f->gather_x) {
+                    rows[r] = f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I;
+                    /* the permuted copy backward needs: part 0 of every group writes it, even
+                     * when its column block is empty (fewer 16-column units than parts) */
+                    if (p == 0) memcpy(a + (size_t)i * I, rows[r], (size_t)I * sizeof(float));
+                } else {
+                    rows[r] = a + (size_t)i * I;
+                }
+            }
+            if (c1 <= c0) continue;
+            const int nblk = f->swiglu_act ? 2 : 1;
+            for (int h = 0; h < nblk; h++) {
+                const int o0 = c0 + h * half, o1 = c1 + h * half;
+                if (f->nz && o0 % 16 == 0)
+                    gemm_packed_nt_rows(out + (size_t)r0 * O + o0, O, rows, f->nz + (size_t)g * f->nz_stride, m, I, o0,
+                                        o1);
+                else
+                    gemm_skinny_nt_rows(out + (size_t)r0 * O + o0, O, rows, Wg + (size_t)o0 * I, m, I, o1 - o0, 0);
+            }
+            if (f->swiglu_act)
+                gg_swiglu_cols(f->swiglu_act + (size_t)r0 * half, half, out + (size_t)r0 * O, O, half, m, c0, c1);
+        }
+    }
+}
+
+void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const float *a, const float *W,
+                                const int *offsets, int E, int I, int O, const grouped_fuse *fuse) {
+    MOERL_ASSERT(E > 0 && I > 0 && O > 0);
+    const float *sgu = fuse ? fuse->swiglu_gate_up : NULL;
+    float *sdgu = fuse ? fuse->swiglu_dgate_up : NULL;
+    MOERL_ASSERT(!sdgu || (da && sgu));
+    if (!da && !dW) return;
+    const int nt = gg_team_threads();
+    const long M = offsets[E] - offsets[0];
+    const int R = gg_max_parts(offsets, E, nt);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int g = 0; g < E; g++) {
+        for (int p = 0; p < R; p++) {
+            const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
+            const int s = gg_parts(m, M, nt);
+            if (p >= s) continue;
+            const float *Wg = W + (size_t)g * O * I;
+            if (da) {
+                /* rows [ra, rb): da = dout · W_g, then (fused) the SwiGLU backward of those rows */
+                const int ra = r0 + (int)((long)m * p / s), rb = r0 + (int)((long)m * (p + 1) / s);
+                if (rb > ra) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb - ra, I, O, 1.0f, dout + (size_t)ra * O, O,
+                                Wg, I, 0.0f, da + (size_t)ra * I, I);
+                    if (sdgu)
+                        swiglu_backward(sdgu + (size_t)ra * 2 * I, da + (size_t)ra * I, sgu + (size_t)ra * 2 * I, rb - ra,
+                                        I);
+                }
+            }
+            if (dW) {
+                /* dW_g[c0:c1, :] += dout_g[:, c0:c1]ᵀ · a_g */
+                int c0, c1;
+                gg_block(p, s, O, &c0, &c1);
+                if (c1 > c0)
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, I, m, 1.0f, dout + (size_t)r0 * O + c0,
+                                O, a + (size_t)r0 * I, I, 1.0f, dW + (size_t)g * O * I + (size_t)c0 * I, I);
+            }
+        }
+    }
+}
+
+/* OpenMP threads for the standalone forms: all of them, or 1 inside any parallel region. */
+static int gg_threads(void) {
+#ifdef _OPENMP
+    return kpar(1, 1) ? omp_get_max_threads() : 1; /* never nest, even inside an inactive region */
+#else
+    return 1;
+#endif
 }
 
 /* out[rows of g, :] = a[rows of g, :] · W[g]ᵀ for every expert g (OVERWRITTEN; rows outside
@@ -89,38 +220,16 @@ void grouped_gemm_forward(float *out, const float *a, const float *W, const int 
     MOERL_ASSERT(E > 0 && I > 0 && O > 0);
     for (int g = 0; g < E; g++) MOERL_ASSERT(offsets[g + 1] >= offsets[g]);
     const int nth = gg_threads();
-    int tr;
-    const int smax = gg_max_splits(offsets, E, O, nth, &tr);
-    const int cap = MOERL_MAX(1, O / GG_MIN_COLS);
     const int nb = nth > 1 ? gg_begin_parallel() : 1;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (nth > 1)
-    for (int g = 0; g < E; g++) {
-        for (int part = 0; part < smax; part++) {
-            const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
-            const int s = (int)MOERL_MIN((long)cap, ((long)m + tr - 1) / tr);
-            if (m == 0 || part >= s) continue;
-            int c0, c1;
-            gg_block(part, s, O, &c0, &c1);
-            if (c1 <= c0) continue;
-            /* out[r0.., c0:c1] = a_g · W_g[c0:c1, :]ᵀ */
-            if (m <= SKINNY_MAX_ROWS) {
-                /* decode-sized groups: sgemm would pack W_g for a few rows (measured 3-8x slower
-                 * than a matrix-vector product at one row); the skinny kernel reads W_g once */
-                gemm_skinny_nt(out + (size_t)r0 * O + c0, O, a + (size_t)r0 * I, W + (size_t)g * O * I + (size_t)c0 * I,
-                               m, I, c1 - c0, 0);
-                continue;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, c1 - c0, I, 1.0f, a + (size_t)r0 * I, I,
-                        W + (size_t)g * O * I + (size_t)c0 * I, I, 0.0f, out + (size_t)r0 * O + c0, O);
-        }
-    }
+    /* a is only read: no gather is fused here */
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    grouped_gemm_forward_team(out, (float *)a, W, offsets, E, I, O, NULL);
     if (nth > 1) gg_end_parallel(nb);
 }
 
 /* da[rows of g] = dout_g · W_g (OVERWRITTEN; NULL skips) and dW[g] += dout_gᵀ · a_g
  * (ACCUMULATES; NULL skips; an expert with no rows gets nothing added). Shapes as in the
- * forward: dout[M,O], a[M,I], W and dW [E,O,I]. Each work item owns a column block of da_g
- * and a row block of dW_g, so items never write the same memory.
+ * forward: dout[M,O], a[M,I], W and dW [E,O,I].
  * Source: Megatron GroupedMLP backward (dA_g = dY_g·W_g, dW_g = dY_gᵀ·A_g, reference.md). */
 void grouped_gemm_backward(float *da, float *dW, const float *dout, const float *a, const float *W,
                            const int *offsets, int E, int I, int O) {
@@ -128,36 +237,8 @@ void grouped_gemm_backward(float *da, float *dW, const float *dout, const float 
     for (int g = 0; g < E; g++) MOERL_ASSERT(offsets[g + 1] >= offsets[g]);
     if (!da && !dW) return;
     const int nth = gg_threads();
-    int tr;
-    const int ncols = MOERL_MIN(I, O); /* both da (over I) and dW (over O) are split s ways */
-    const int smax = gg_max_splits(offsets, E, ncols, nth, &tr);
-    const int cap = MOERL_MAX(1, ncols / GG_MIN_COLS);
     const int nb = nth > 1 ? gg_begin_parallel() : 1;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (nth > 1)
-    for (int g = 0; g < E; g++) {
-        for (int part = 0; part < smax; part++) {
-            const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
-            const int s = (int)MOERL_MIN((long)cap, ((long)m + tr - 1) / tr);
-            if (m == 0 || part >= s) continue;
-            const float *Wg = W + (size_t)g * O * I;
-            const float *dy = dout + (size_t)r0 * O;
-            const float *ag = a + (size_t)r0 * I;
-            int c0, c1;
-            if (da) {
-                /* da_g[:, c0:c1] = dout_g · W_g[:, c0:c1] */
-                gg_block(part, s, I, &c0, &c1);
-                if (c1 > c0)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, c1 - c0, O, 1.0f, dy, O, Wg + c0, I,
-                                0.0f, da + (size_t)r0 * I + c0, I);
-            }
-            if (dW) {
-                /* dW_g[c0:c1, :] += dout_g[:, c0:c1]ᵀ · a_g */
-                gg_block(part, s, O, &c0, &c1);
-                if (c1 > c0)
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, I, m, 1.0f, dy + c0, O, ag, I,
-                                1.0f, dW + (size_t)g * O * I + (size_t)c0 * I, I);
-            }
-        }
-    }
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    grouped_gemm_backward_team(da, dW, dout, a, W, offsets, E, I, O, NULL);
     if (nth > 1) gg_end_parallel(nb);
 }

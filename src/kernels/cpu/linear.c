@@ -9,6 +9,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 
 #include <cblas.h>
 #include <string.h>
@@ -37,7 +38,7 @@ void linear_forward(float *out, const float *x, const float *W, int N, int I, in
          * than a matrix-vector product at one row, 256x256); the skinny kernel reads W once. Split
          * over output columns when called outside a parallel region. */
 #ifdef _OPENMP
-        const int nth = omp_get_level() > 0 ? 1 : omp_get_max_threads(); /* never nest: an inner team would add threads to the cores */
+        const int nth = kpar(1, 1) ? omp_get_max_threads() : 1; /* never nest: an inner team would add threads to the cores */
 #else
         const int nth = 1;
 #endif
@@ -67,14 +68,16 @@ void linear_backward(float *dx, float *dW, const float *dout, const float *x, co
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dout, O, x, I, 1.0f, dW, I);
 }
 
-void gemm_skinny_nt(float *out, int ldo, const float *a, const float *W, int m, int I, int O, int accumulate) {
+/* The skinny kernel over row pointers (gemm_skinny_nt builds them from a row-major a). Four rows
+ * of W at a time: each a-row is loaded once per four dot products, which stay in registers. */
+void gemm_skinny_nt_rows(float *out, int ldo, const float *const *rows, const float *W, int m, int I, int O,
+                         int accumulate) {
     MOERL_ASSERT(m >= 0 && I >= 0 && O >= 0);
     int o = 0;
-    /* four rows of W at a time: each a-row is loaded once per four dot products */
     for (; o + 4 <= O; o += 4) {
         const float *w0 = W + (size_t)o * I, *w1 = w0 + I, *w2 = w1 + I, *w3 = w2 + I;
         for (int r = 0; r < m; r++) {
-            const float *x = a + (size_t)r * I;
+            const float *x = rows[r];
             float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
             for (int i = 0; i < I; i++) {
@@ -91,12 +94,23 @@ void gemm_skinny_nt(float *out, int ldo, const float *a, const float *W, int m, 
     for (; o < O; o++) {
         const float *w0 = W + (size_t)o * I;
         for (int r = 0; r < m; r++) {
-            const float *x = a + (size_t)r * I;
+            const float *x = rows[r];
             float s0 = 0;
 #pragma omp simd reduction(+ : s0)
             for (int i = 0; i < I; i++) s0 += x[i] * w0[i];
             float *y = out + (size_t)r * ldo + o;
             *y = accumulate ? *y + s0 : s0;
         }
+    }
+}
+
+void gemm_skinny_nt(float *out, int ldo, const float *a, const float *W, int m, int I, int O, int accumulate) {
+    MOERL_ASSERT(m >= 0 && I >= 0 && O >= 0);
+    enum { CH = 16 };
+    const float *rows[CH];
+    for (int r0 = 0; r0 < m; r0 += CH) {
+        const int n = MOERL_MIN(CH, m - r0);
+        for (int r = 0; r < n; r++) rows[r] = a + (size_t)(r0 + r) * I;
+        gemm_skinny_nt_rows(out + (size_t)r0 * ldo, ldo, rows, W, n, I, O, accumulate);
     }
 }

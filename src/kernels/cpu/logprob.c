@@ -12,6 +12,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 #include "kernels/cpu/vexp.h"
 
 #include <math.h>
@@ -49,7 +50,7 @@ void logprob_forward(float *logp, float *entropy, float *lse_out, const float *l
                      int N, int V, float temperature) {
     MOERL_ASSERT(N >= 0 && V > 0);
     MOERL_ASSERT(temperature > 0.0f);
-    #pragma omp parallel for schedule(static) if ((long)N * V >= LOGPROB_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)N * V, LOGPROB_PAR_MIN_ELEMS))
     for (int n = 0; n < N; n++) {
         const int t = target[n];
         MOERL_ASSERT(t < V);
@@ -75,7 +76,7 @@ void logprob_backward(float *dlogits, const float *dlogp, const float *dentropy,
     MOERL_ASSERT(N >= 0 && V > 0);
     MOERL_ASSERT(temperature > 0.0f);
     const float T = temperature;
-    #pragma omp parallel for schedule(static) if ((long)N * V >= LOGPROB_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)N * V, LOGPROB_PAR_MIN_ELEMS))
     for (int n = 0; n < N; n++) {
         const int t = target[n];
         MOERL_ASSERT(t < V);

@@ -10,6 +10,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 
 #include <string.h>
 #ifdef _OPENMP
@@ -55,7 +56,7 @@ void moe_permute_index(int *sorted_row, int *expanded_pos, int *tokens_per_exper
 /* permuted[i,:] = x[sorted_row[i] mod N, :], i < M. Source: Megatron permute (index_select). */
 void moe_permute_forward(float *permuted, const float *x, const int *sorted_row, int N, int M, int H) {
     MOERL_ASSERT(N > 0 || M == 0);
-#pragma omp parallel for schedule(static) if ((long)M * H >= PERMUTE_PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(static) if (kpar((long)M * H, PERMUTE_PAR_MIN_ELEMS))
     for (int i = 0; i < M; i++) {
         const int t = sorted_row[i] % N;
         memcpy(permuted + (size_t)i * H, x + (size_t)t * H, (size_t)H * sizeof(float));
@@ -67,7 +68,7 @@ void moe_permute_forward(float *permuted, const float *x, const int *sorted_row,
  * row: race-free without an inverse map). Source: the transpose of the gather above. */
 void moe_permute_backward(float *dx, const float *dpermuted, const int *sorted_row, int N, int M, int H) {
     MOERL_ASSERT(N > 0 || M == 0);
-#pragma omp parallel if ((long)M * H >= PERMUTE_PAR_MIN_ELEMS)
+#pragma omp parallel if (kpar((long)M * H, PERMUTE_PAR_MIN_ELEMS))
     {
         int nth = 1, tid = 0;
 #ifdef _OPENMP
@@ -103,7 +104,7 @@ static float dot_f32(const float *a, const float *b, int n) {
  * order j = 0..K−1. Source: Megatron unpermute with probs / Ascend npu_moe_token_unpermute. */
 void moe_unpermute_forward(float *out, const float *y, const float *topk_w, const int *expanded_pos,
                            int N, int K, int H) {
-#pragma omp parallel for schedule(static) if ((long)N * K * H >= PERMUTE_PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(static) if (kpar((long)N * K * H, PERMUTE_PAR_MIN_ELEMS))
     for (int t = 0; t < N; t++) {
         float *o = out + (size_t)t * H;
         const float w0 = topk_w[(size_t)t * K];
@@ -122,7 +123,7 @@ void moe_unpermute_forward(float *out, const float *y, const float *topk_w, cons
  * dtopk_w may be NULL. Source: the chain rule of the fused unpermute above (reference.md). */
 void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const float *y, const float *topk_w,
                             const int *expanded_pos, int N, int K, int H) {
-#pragma omp parallel for schedule(static) if ((long)N * K * H >= PERMUTE_PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(static) if (kpar((long)N * K * H, PERMUTE_PAR_MIN_ELEMS))
     for (int t = 0; t < N; t++) {
         const float *g = dout + (size_t)t * H;
         for (int j = 0; j < K; j++) {
@@ -136,4 +137,11 @@ void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const 
             }
         }
     }
+}
+
+/* One permuted row of moe_unpermute_backward: dy[h] = w·g[h] (OVERWRITTEN) and *dtopk_w = <g, y>
+ * with the same arithmetic (and so the same bits) as the fused kernel above. */
+void moe_unpermute_backward_row(float *dy, float *dtopk_w, const float *g, const float *y, float w, int H) {
+    for (int h = 0; h < H; h++) dy[h] = w * g[h];
+    if (dtopk_w) *dtopk_w = dot_f32(g, y, H);
 }

@@ -16,6 +16,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/kpar.h"
+
 /* Rows below this many probabilities are done on one thread (a parallel region costs more). */
 #define ROUTER_PAR_MIN_ELEMS 16384
 
@@ -65,8 +67,16 @@ static void router_row(float *p, int *ids, float *w, const float *l, int E, int 
 void router_topk_forward(float *probs, int *topk_ids, float *topk_w, int *row_idx, const float *logits,
                          int N, int E, int K, int norm_topk_prob) {
     MOERL_ASSERT(N >= 0 && E > 0 && K >= 1 && K <= E);
-#pragma omp parallel for schedule(static) if ((long)N * E >= ROUTER_PAR_MIN_ELEMS)
-    for (int t = 0; t < N; t++) {
+#pragma omp parallel for schedule(static) if (kpar((long)N * E, ROUTER_PAR_MIN_ELEMS))
+    for (int t = 0; t < N; t++) router_topk_rows(probs, topk_ids, topk_w, row_idx, logits, t, t + 1, N, E, K, norm_topk_prob);
+}
+
+/* Rows [t0, t1) of router_topk_forward; row_idx is emitted in the same pass over the rows
+ * (the gating op hands it to the permute, as Ascend's npu_moe_gating_top_k_softmax does). */
+void router_topk_rows(float *probs, int *topk_ids, float *topk_w, int *row_idx, const float *logits, int t0,
+                      int t1, int N, int E, int K, int norm_topk_prob) {
+    MOERL_ASSERT(t0 >= 0 && t1 <= N && E > 0 && K >= 1 && K <= E);
+    for (int t = t0; t < t1; t++) {
         router_row(probs + (size_t)t * E, topk_ids + (size_t)t * K, topk_w + (size_t)t * K,
                    logits + (size_t)t * E, E, K, norm_topk_prob);
         if (row_idx)
@@ -82,7 +92,7 @@ void router_topk_forward(float *probs, int *topk_ids, float *topk_w, int *row_id
 void router_topk_backward(float *dlogits, const float *dtopk_w, const float *dprobs_extra,
                           const float *probs, const int *topk_ids, int N, int E, int K, int norm_topk_prob) {
     MOERL_ASSERT(N >= 0 && E > 0 && K >= 1 && K <= E);
-#pragma omp parallel for schedule(static) if ((long)N * E >= ROUTER_PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(static) if (kpar((long)N * E, ROUTER_PAR_MIN_ELEMS))
     for (int t = 0; t < N; t++) {
         const float *p = probs + (size_t)t * E;
         const int *ids = topk_ids + (size_t)t * K;

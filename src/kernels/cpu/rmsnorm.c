@@ -8,6 +8,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 
 #include <math.h>
 #include <string.h>
@@ -19,7 +20,7 @@
 
 void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
     MOERL_ASSERT(N >= 0 && C > 0);
-    #pragma omp parallel for schedule(static) if ((long)N * C >= RMSNORM_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)N * C, RMSNORM_PAR_MIN_ELEMS))
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
         float *yr = out + (size_t)n * C;
@@ -37,7 +38,7 @@ void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, in
 void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                       const float *rstd, int N, int C, int accumulate_dx) {
     MOERL_ASSERT(N >= 0 && C > 0);
-    const int par = (long)N * C >= RMSNORM_PAR_MIN_ELEMS;
+    const int par = kpar((long)N * C, RMSNORM_PAR_MIN_ELEMS);
     (void)par; /* read only by the OpenMP pragmas (unused in NO_OPENMP builds) */
     /* 1. dw first, because dx may alias dout. Each task owns a block of columns, so the sum
      *    over rows has a fixed order (deterministic) and needs no reduction between threads. */

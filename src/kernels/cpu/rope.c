@@ -11,6 +11,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 
 #include <math.h>
 
@@ -22,7 +23,7 @@ void rope_tables(float *cos_t, float *sin_t, int max_pos, int hd, float theta) {
     const int half = hd / 2;
     float inv_freq[half];
     for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-    #pragma omp parallel for schedule(static) if ((long)max_pos * half >= ROPE_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)max_pos * half, ROPE_PAR_MIN_ELEMS))
     for (int p = 0; p < max_pos; p++) {
         for (int i = 0; i < half; i++) {
             const float ang = (float)p * inv_freq[i];
@@ -39,7 +40,7 @@ static void rope_apply(float *x, const int *pos, const float *cos_t, const float
                        int hd, float sign) {
     MOERL_ASSERT(N >= 0 && nheads >= 0 && hd > 0 && hd % 2 == 0);
     const int half = hd / 2;
-    #pragma omp parallel for schedule(static) if ((long)N * nheads * hd >= ROPE_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)N * nheads * hd, ROPE_PAR_MIN_ELEMS))
     for (int n = 0; n < N; n++) {
         MOERL_ASSERT(pos[n] >= 0);
         const float *c = cos_t + (size_t)pos[n] * half;

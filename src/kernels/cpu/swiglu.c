@@ -7,6 +7,7 @@
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/kpar.h"
 
 #include <math.h>
 
@@ -17,7 +18,7 @@
 
 void swiglu_forward(float *out, const float *gate_up, int N, int I) {
     MOERL_ASSERT(N >= 0 && I >= 0);
-    #pragma omp parallel for schedule(static) if ((long)N * I >= SWIGLU_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)N * I, SWIGLU_PAR_MIN_ELEMS))
     for (int n = 0; n < N; n++) {
         const float *g = gate_up + (size_t)n * 2 * I, *u = g + I;
         float *o = out + (size_t)n * I;
@@ -28,7 +29,7 @@ void swiglu_forward(float *out, const float *gate_up, int N, int I) {
 
 void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int I) {
     MOERL_ASSERT(N >= 0 && I >= 0);
-    #pragma omp parallel for schedule(static) if ((long)N * I >= SWIGLU_PAR_MIN_ELEMS)
+    #pragma omp parallel for schedule(static) if (kpar((long)N * I, SWIGLU_PAR_MIN_ELEMS))
     for (int n = 0; n < N; n++) {
         const float *g = gate_up + (size_t)n * 2 * I, *u = g + I;
         const float *d = dout + (size_t)n * I;

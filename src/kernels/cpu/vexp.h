@@ -22,8 +22,25 @@
  * behaviour). Measured against double exp at every float in (−87.3, 0]: within 1 ulp. For
  * x ≤ −87.3 (results near 2^−126, the smallest normal float) it returns 0.
  * Source: the Cody–Waite reduction (Cody & Waite 1980) used by vector math libraries. */
+/* Bitwise select: a where mask is all ones, b where it is zero (mask from vmask). Written with
+ * integer operations because GCC 12 does not if-convert a float `c ? a : b` feeding further
+ * arithmetic under -ftrapping-math (the default), which left these loops scalar on AVX2-only
+ * CPUs (AVX-512 builds vectorised them through masked instructions). */
+static inline float vsel(uint32_t mask, float a, float b) {
+    uint32_t ua, ub;
+    memcpy(&ua, &a, sizeof ua);
+    memcpy(&ub, &b, sizeof ub);
+    const uint32_t r = (ua & mask) | (ub & ~mask);
+    float f;
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
+/* All ones when c is true, else zero. */
+static inline uint32_t vmask(int c) { return -(uint32_t)(c != 0); }
+
 static inline float vexp_nonpos(float x) {
-    x = x < -87.3f ? -87.3f : x;
+    const uint32_t under = vmask(x <= -87.3f); /* also true for −inf; false for NaN */
+    x = vsel(under, -87.3f, x);
     const float y = x * 1.44269504f + 12582912.0f;
     const float kf = y - 12582912.0f;
     const float r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;
@@ -40,17 +57,15 @@ static inline float vexp_nonpos(float x) {
     const uint32_t bits = (yi - 0x4B400000u + 127u) << 23; /* (k + 127) in the exponent field */
     float two_k;
     memcpy(&two_k, &bits, sizeof two_k);
-    return x <= -87.3f ? 0.0f : p * two_k;
+    return vsel(under, 0.0f, p * two_k);
 }
-
-
 
 /* Logistic sigmoid σ(g) = 1/(1 + e^{−g}) through vexp_nonpos(−|g|): t = e^{−|g|} ∈ (0, 1],
  * σ = 1/(1+t) for g ≥ 0 and t/(1+t) for g < 0 (no overflow for any g; NaN stays NaN). */
 static inline float vsigmoid(float g) {
     const float t = vexp_nonpos(-fabsf(g));
     const float inv = 1.0f / (1.0f + t);
-    return g >= 0.0f ? inv : t * inv;
+    return vsel(vmask(g >= 0.0f), inv, t * inv);
 }
 
 #endif
