@@ -339,10 +339,24 @@ static void check_vs_oracle(moe_model *mp, const char *tag, int N) {
         char what[96];
         snprintf(what, sizeof what, "oracle %s: NZ packed vs unpacked decode forward, %d tokens", tag, n);
         t_close(what, o1, o2, (long)n * H, 1e-6f, 1e-5f);
-        /* the packed kernel sums in another order, so some output differs in its last bits: proof
-         * that the packed weights were used at all */
-        CHECK(memcmp(o1, o2, (size_t)n * H * sizeof(float)) != 0, "NZ: packed and unpacked outputs are bit-identical "
-              "(%d tokens): the packed kernel did not run", n);
+        /* proof that the packed weights are what the forward reads: double them (the packed copy
+         * only) and the output must move far beyond rounding */
+        m.cfg.exec.no_pack = 0;
+        model_pack_experts(&m);
+        const size_t nzf = (size_t)E * (gemm_packed_size(2 * I, H) + gemm_packed_size(H, I));
+        for (size_t i = 0; i < nzf; i++) m.nz[i] *= 2.0f; /* layer l is the first MoE layer: its panels lead nz */
+        float *o3 = xmalloc((size_t)n * H * sizeof(float));
+        mlp_forward(&m, l, x, o3, &s, n, NULL, NULL);
+        double dmax = 0, omax = 0;
+        for (long i = 0; i < (long)n * H; i++) {
+            dmax = fmax(dmax, fabs((double)o3[i] - o1[i]));
+            omax = fmax(omax, fabs((double)o1[i]));
+        }
+        CHECK(dmax > 0.1 * omax, "NZ (%d tokens): doubling the packed weights moved the output by %.3g (scale %.3g): "
+              "the packed kernel did not run", n, dmax, omax);
+        free(o3);
+        m.cfg.exec.no_pack = 1;
+        model_pack_experts(&m);
         for (int r = 0; r < n; r++) /* against the oracle too */
             for (int h = 0; h < H; h++) o2[(size_t)r * H + h] = out_n[(size_t)r * H + h];
         snprintf(what, sizeof what, "oracle %s: NZ packed decode forward vs naive loop, %d tokens", tag, n);
