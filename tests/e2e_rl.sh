@@ -327,6 +327,20 @@ if [[ $rc0 -eq 0 && $rc1 -eq 143 && $rc2 -eq 0 && -n $cut && $cut -lt 60 ]] &&
     ok "sft: SIGTERM at step $cut (exit 143), resume: weights identical to an uninterrupted run"
 else bad "sft stop + resume" "exits $rc0/$rc1/$rc2, stopped at step '$cut', or the weights differ"; tail_log sft_cut; fi
 
+# ---------------------------------------------------------------- profile trace and MFU
+if "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/prof" \
+    trainer.total_training_steps=4 --profile "$WORK/prof.trace.json" >"$WORK/prof.log" 2>&1 &&
+    $PY -c "
+import json, sys
+t = json.load(open(sys.argv[1]))
+names = {e.get('name') for e in t['traceEvents']}
+need = {'param_sync', 'optimizer', 'router', 'gate_up GEMM + SwiGLU', 'engine decode forward'}
+mfu = [json.loads(l).get('perf/mfu') for l in open(sys.argv[2]) if 'perf/mfu' in l]
+sys.exit(0 if need <= names and mfu and all(m is not None and 0 < m < 1 for m in mfu) else 1)
+" "$WORK/prof.trace.json" "$WORK/prof/metrics.jsonl"; then
+    ok "rl --profile: a Chrome trace with sync, optimizer, MoE and engine spans; perf/mfu in (0, 1)"
+else bad "rl --profile" "no trace, missing spans, or perf/mfu out of range"; tail_log prof; fi
+
 # ---------------------------------------------------------------- DAPO dynamic sampling
 # Random weights: rewards are all 0 unless the overlong shaping (the last 64 tokens are penalised by
 # length) separates the responses of a group; groups whose responses all ran to the limit are

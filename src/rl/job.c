@@ -216,6 +216,7 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->response_clip_ratio += b->response_clip_ratio;
     a->dropped_groups += b->dropped_groups;
     a->grad_bytes_sent += b->grad_bytes_sent;
+    a->train_flops += b->train_flops;
     a->grad_bytes_raw += b->grad_bytes_raw;
 }
 
@@ -265,6 +266,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("fully_async/max_staleness", (double)w->max_lag);
     PUT("training/global_step", (double)J->T.step);
     PUT("perf/prompts_per_s", wall > 0 ? (w->n_samples / (double)cfg->n) / wall : 0);
+    /* MFU of the trainer's updates: model FLOPs (base/perf.h) / (update seconds · measured sgemm peak) */
+    PUT("perf/mfu", J->sgemm_peak > 0 && J->win_update > 0 ? w->train_flops / (J->win_update * J->sgemm_peak) : NAN);
     if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k);
     if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
         PUT("rollout_corr/rollout_is_mean", w->rollout_is_mean / k);

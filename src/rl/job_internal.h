@@ -83,6 +83,7 @@ struct job {
     double resumed_val;       /* held-out accuracy recorded in the checkpoint resumed from (NaN: none) */
     int stop_signal;          /* the signal that stopped the run (0: none) */
     double reduce_exposed_total; /* Σ over steps of exposed gradient-reduction seconds */
+    double sgemm_peak;        /* measured matrix-multiply peak (FLOP/s) at start: the MFU denominator */
 };
 
 /* The step loop shared by the embedded and the MPI job (src/rl/schedule.c), run on the process

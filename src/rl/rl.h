@@ -192,6 +192,7 @@ typedef struct {
     double response_clip_ratio; /* responses stopped at max_response_length (finish_reason length) */
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
     double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */
+    double train_flops;       /* model FLOPs of the step's updates, all trainer ranks (base/perf.h) */
 } train_stats;
 
 /* One mini-batch of a trainer step as one (data-parallel) trainer rank sees it. */

@@ -20,6 +20,8 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "model/perf.h"
+#include "base/trace.h"
 #include "base/signals.h"
 #include "rl/job_internal.h"
 #include "rl/rl.h"
@@ -237,7 +239,10 @@ static int do_sync(job *J) {
     const int version = J->T.version + 1;
     J->T.version = version;
     double rb = 0, ri = 0;
-    if (J->ops->sync(J, version, &rb, &ri) != MOERL_OK) return MOERL_ERR;
+    const double tr = trace_begin();
+    const int rc = J->ops->sync(J, version, &rb, &ri);
+    trace_end("param_sync", "rl", tr);
+    if (rc != MOERL_OK) return MOERL_ERR;
     if (job_want_checkpoint(J, version)) J->last_ckpt_step = J->T.step;
     J->rollouter_busy_total += rb;
     J->rollouter_idle_total += ri;
@@ -281,6 +286,7 @@ int job_schedule_run(job *J, rl_result *res) {
         free(held.g);
         return moerl_errorf("cannot start the watchdog thread");
     }
+    J->sgemm_peak = perf_sgemm_peak(0.3); /* before the roles load the cores */
     J->run_t0 = J->win_t0 = moerl_now();
     const int64_t step0 = J->T.step;
     int rc = MOERL_OK;

@@ -6,6 +6,8 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "model/perf.h"
+#include "base/trace.h"
 #include "data/tasks.h"
 #include "rl/rl.h"
 #include "train/train.h"
@@ -412,6 +414,11 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
     rollout_is_stats is = {0};
     double *aux_counts = xcalloc((size_t)(2 * E + 1), sizeof(double)), *aux_psum = aux_counts + E;
     if (step_data_init(T, groups, n, &d) != MOERL_OK) goto out;
+    int64_t flop_tokens = 0, flop_pairs = 0; /* this rank's share, for perf/mfu */
+    for (int s = 0; s < d.R; s++) {
+        flop_tokens += d.seqs[s].len;
+        flop_pairs += (int64_t)d.seqs[s].len * (d.seqs[s].len + 1) / 2;
+    }
     T->stage = "logprobs";
     if (step_data_logprobs(T, &d, &is) != MOERL_OK) goto out;
     if (step_data_weights(T, &d, mbs, n_mb) != MOERL_OK) goto out;
@@ -460,7 +467,9 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
             double loss = so.loss;
             if (T->reducer) { /* gradients and loss summed over the trainer ranks */
                 T->stage = "grad_reduce";
+                const double tr = trace_begin();
                 st->reduce_exposed_s += dist_reducer_finish(T->reducer);
+                trace_end("grad_reduce_wait", "dist", tr);
                 double sent, raw;
                 dist_reducer_last_bytes(T->reducer, &sent, &raw);
                 st->grad_bytes_sent += sent;
@@ -489,7 +498,8 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
     /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
     double sums[15] = {c.pg_agg, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
                        aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
-                       (double)is.n_tokens, 0};
+                       (double)is.n_tokens,
+                       model_train_flops(&T->m->cfg, flop_tokens, flop_pairs) * cfg->ppo_epochs};
     if (trainers_sum(T, sums, 15) != MOERL_OK) goto out;
     const int nu = n_updates ? n_updates : 1;
     /* actor/pg_loss: the loss as actor.loss_agg_mode aggregates it (verl), mean over the updates;
@@ -509,6 +519,7 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
     st->grad_norm /= nu; /* the reduced gradient's norm: the same on every rank */
     st->aux_loss = sums[6] / nu;
     st->trained_tokens = (int64_t)sums[7];
+    st->train_flops = sums[14];
     if (sums[13] > 0) {
         const double m = sums[10] / sums[13], m2 = sums[11] / sums[13];
         st->rollout_is_mean = m;
