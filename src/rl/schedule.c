@@ -257,15 +257,11 @@ static void record_validation(job *J, double acc) {
     J->last_val_step = J->T.step;
 }
 
-int job_schedule_run(job *J, rl_result *res) {
+/* Start of a run: the held-out accuracy (measured for a new run, the checkpoint's for a resume). */
+static int schedule_start(job *J, rl_result *res) {
     const rl_config *cfg = J->cfg;
-    const int req = J->cfg->ppo_mini_batch_size * J->cfg->require_batches;
     if (!J->resumed && cfg->val_n != 0) {
-        if (job_run_validation(J, &res->val_acc_start) != MOERL_OK) {
-            double rb, ri;
-            J->ops->stop(J, &rb, &ri);
-            return MOERL_ERR;
-        }
+        if (job_run_validation(J, &res->val_acc_start) != MOERL_OK) return MOERL_ERR;
         log_info("held-out accuracy at start: %.1f%%", 100 * res->val_acc_start);
         record_validation(J, res->val_acc_start);
     } else if (J->resumed) {
@@ -276,54 +272,34 @@ int job_schedule_run(job *J, rl_result *res) {
                      "trainer.total_training_steps (or trainer.total_epochs) to continue it",
                      cfg->out_dir, (long long)J->T.step, J->T.version, (long long)J->total_steps);
     }
-    held_groups held = {xmalloc((size_t)req * sizeof(rl_group *)), 0};
-    pthread_t wd;
-    J->T.last_progress = moerl_now();
-    atomic_store(&J->watchdog_stop, 0);
-    if (pthread_create(&wd, NULL, watchdog_main, J) != 0) {
-        double rb, ri;
-        J->ops->stop(J, &rb, &ri);
-        free(held.g);
-        return moerl_errorf("cannot start the watchdog thread");
-    }
-    J->sgemm_peak = perf_sgemm_peak(0.3); /* before the roles load the cores */
-    J->run_t0 = J->win_t0 = moerl_now();
-    const int64_t step0 = J->T.step;
-    int rc = MOERL_OK;
+    return MOERL_OK;
+}
+
+/* The steps: take a batch, train, sync every trigger_parameter_sync_step steps; stops early on a
+ * signal (held keeps groups taken but not trained). */
+static int schedule_steps(job *J, held_groups *held, int req) {
     while (J->T.step < J->total_steps) {
         J->T.stage = "wait_samples";
         double waited;
         int64_t dropped_now;
-        const int t = take_batch(J, &held, req, &waited, &dropped_now);
-        if (t < 0) {
-            rc = MOERL_ERR;
-            break;
-        }
+        const int t = take_batch(J, held, req, &waited, &dropped_now);
+        if (t < 0) return MOERL_ERR;
         if (t == 0) break; /* a stop signal */
-        held.n = 0;
-        if (train_step(J, held.g, req, waited, dropped_now) != MOERL_OK) {
-            rc = MOERL_ERR;
-            break;
-        }
-        if (J->T.step % cfg->trigger_parameter_sync_step == 0 && do_sync(J) != MOERL_OK) {
-            rc = MOERL_ERR;
-            break;
-        }
+        held->n = 0;
+        if (train_step(J, held->g, req, waited, dropped_now) != MOERL_OK) return MOERL_ERR;
+        if (J->T.step % J->cfg->trigger_parameter_sync_step == 0 && do_sync(J) != MOERL_OK) return MOERL_ERR;
         J->T.last_progress = moerl_now();
         if (job_stop_requested()) break;
     }
-    J->stop_signal = job_stop_requested();
-    double rb = 0, ri = 0;
-    J->T.stage = "stop";
-    const int stop_rc = J->ops->stop(J, &rb, &ri);
-    const double wall = moerl_now() - J->run_t0;
-    atomic_store(&J->watchdog_stop, 1);
-    pthread_join(wd, NULL);
-    if (rc != MOERL_OK || stop_rc != MOERL_OK) {
-        for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
-        free(held.g);
-        return MOERL_ERR;
-    }
+    return MOERL_OK;
+}
+
+/* End of a run (the rollout side already stopped): the last window, the result, the final
+ * validation and checkpoint (not repeated when the last sync wrote this step's), the plot. */
+static int schedule_finish(job *J, rl_result *res, held_groups *held, int64_t step0, int req, double wall, double rb,
+                           double ri) {
+    const rl_config *cfg = J->cfg;
+    int rc = MOERL_OK;
     J->rollouter_busy_total += rb;
     J->rollouter_idle_total += ri;
     if (J->win_steps > 0) job_emit_version(J, rb, ri);
@@ -341,24 +317,54 @@ int job_schedule_run(job *J, rl_result *res) {
         if (job_run_validation(J, &res->val_acc_end) != MOERL_OK) return MOERL_ERR;
         record_validation(J, res->val_acc_end);
     }
-    /* final checkpoint: in-flight, held and queued groups are listed as unconsumed (a resume redoes
-     * them); not rewritten when the last sync already wrote this step's checkpoint */
-    if (cfg->save_freq >= 0 && (J->last_ckpt_step != J->T.step || held.n > 0)) {
+    /* in-flight, held and queued groups are listed as unconsumed (a resume redoes them) */
+    if (cfg->save_freq >= 0 && (J->last_ckpt_step != J->T.step || held->n > 0)) {
         int n_in;
         int64_t *in = J->ops->inflight_uids(J, &n_in);
-        in = xrealloc(in, (size_t)(n_in + held.n + 1) * sizeof(int64_t));
-        for (int i = 0; i < held.n; i++) in[n_in++] = held.g[i]->uid;
+        in = xrealloc(in, (size_t)(n_in + held->n + 1) * sizeof(int64_t));
+        for (int i = 0; i < held->n; i++) in[n_in++] = held->g[i]->uid;
         const int c = job_save_checkpoint(J, in, n_in);
         free(in);
         if (c != MOERL_OK) rc = MOERL_ERR;
         else J->last_ckpt_step = J->T.step;
     }
-    for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
-    free(held.g);
     job_plot_from_metrics(J);
     res->checkpoint_step = J->last_ckpt_step;
     if (J->stop_signal && rc == MOERL_OK && J->last_ckpt_step >= 0)
         log_info("stopped by signal %d at step %lld (version %d): checkpoint at step %lld in %s/checkpoint",
                  J->stop_signal, (long long)J->T.step, J->T.version, (long long)J->last_ckpt_step, cfg->out_dir);
+    return rc;
+}
+
+int job_schedule_run(job *J, rl_result *res) {
+    const int req = J->cfg->ppo_mini_batch_size * J->cfg->require_batches;
+    double rb = 0, ri = 0;
+    if (schedule_start(J, res) != MOERL_OK) {
+        J->ops->stop(J, &rb, &ri);
+        return MOERL_ERR;
+    }
+    held_groups held = {xmalloc((size_t)req * sizeof(rl_group *)), 0};
+    pthread_t wd;
+    J->T.last_progress = moerl_now();
+    atomic_store(&J->watchdog_stop, 0);
+    if (pthread_create(&wd, NULL, watchdog_main, J) != 0) {
+        J->ops->stop(J, &rb, &ri);
+        free(held.g);
+        return moerl_errorf("cannot start the watchdog thread");
+    }
+    J->sgemm_peak = perf_sgemm_peak(0.3); /* before the roles load the cores */
+    J->run_t0 = J->win_t0 = moerl_now();
+    const int64_t step0 = J->T.step;
+    int rc = schedule_steps(J, &held, req);
+    J->stop_signal = job_stop_requested();
+    J->T.stage = "stop";
+    const int stop_rc = J->ops->stop(J, &rb, &ri);
+    const double wall = moerl_now() - J->run_t0;
+    atomic_store(&J->watchdog_stop, 1);
+    pthread_join(wd, NULL);
+    if (rc == MOERL_OK && stop_rc == MOERL_OK) rc = schedule_finish(J, res, &held, step0, req, wall, rb, ri);
+    else rc = MOERL_ERR;
+    for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
+    free(held.g);
     return rc;
 }

@@ -401,109 +401,77 @@ static int want_global_aux(trainer *T, const train_seq *seqs, int n) {
     return count_microbatches(seqs, n, T->cfg->ppo_max_token_len) > 1;
 }
 
-int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st) {
-    const rl_config *cfg = T->cfg;
-    double t0 = moerl_now();
-    T->stage = "reward";
-    int n = 0;
-    for (int b = 0; b < n_mb; b++) n += mbs[b].n_groups;
-    const int G = cfg->n, E = T->m->cfg.num_experts;
-    int rc = MOERL_ERR;
-    ppo_ctx c = {.cfg = cfg};
-    step_data d;
-    rollout_is_stats is = {0};
-    double *aux_counts = xcalloc((size_t)(2 * E + 1), sizeof(double)), *aux_psum = aux_counts + E;
-    if (step_data_init(T, groups, n, &d) != MOERL_OK) goto out;
-    int64_t flop_tokens = 0, flop_pairs = 0; /* this rank's share, for perf/mfu */
-    for (int s = 0; s < d.R; s++) {
-        flop_tokens += d.seqs[s].len;
-        flop_pairs += (int64_t)d.seqs[s].len * (d.seqs[s].len + 1) / 2;
+/* The aggregated aux loss value of one update, E·Σ_e counts_e·psum_e / (L·N)², the same on every
+ * rank (divided by the rank count, as the statistics are summed over the ranks afterwards). */
+static double aux_value(const trainer *T, const double *counts, const double *psum, int64_t tokens) {
+    const int E = T->m->cfg.num_experts, L = n_moe_layers(&T->m->cfg);
+    const double rows = (double)L * (double)tokens;
+    if (L <= 0 || E <= 0 || !(rows > 0)) return 0.0;
+    double v = 0;
+    for (int e = 0; e < E; e++) v += counts[e] * psum[e];
+    return E * v / (rows * rows) / (T->reducer ? T->dist->trainer_size : 1);
+}
+
+/* One optimizer update on mini-batch sequences [s0, s1) of d: (the global aux counts first,) the
+ * accumulated gradient, its reduction over the trainer ranks, AdamW. aux_buf holds 2E doubles.
+ * Adds to st (grad_norm, reduction time and bytes), *aux_sum and *tokens_sum. */
+static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opts *to, const rl_minibatch *mb,
+                            int s0, int s1, double *aux_buf, train_stats *st, double *aux_sum, double *tokens_sum) {
+    const int E = T->m->cfg.num_experts;
+    double *aux_counts = aux_buf, *aux_psum = aux_buf + E;
+    c->w = d->w + s0;
+    c->adv = d->adv + s0;
+    c->anchor = (d->prox ? d->prox : d->behav) + s0;
+    c->behav = d->behav + s0;
+    c->ref = d->ref ? d->ref + s0 : NULL;
+    c->isw = d->isw ? d->isw + s0 : NULL;
+    to->total_tokens = mb->tokens;
+    const int global_aux = want_global_aux(T, d->seqs + s0, s1 - s0);
+    memset(aux_buf, 0, (size_t)(2 * E) * sizeof(double));
+    to->aux_counts = NULL;
+    to->aux_counts_out = aux_counts; /* one micro-batch on one rank: its own counts are the global ones */
+    to->aux_psum_out = aux_psum;
+    if (global_aux) { /* HF's aux over the whole mini-batch: its routing counts first */
+        T->stage = "router_counts";
+        if (compute_router_counts(T->m, &T->acts, d->seqs + s0, s1 - s0, T->cfg->ppo_max_token_len, aux_counts) !=
+                MOERL_OK ||
+            trainers_sum(T, aux_counts, E) != MOERL_OK)
+            return MOERL_ERR;
+        to->aux_counts = aux_counts;
+        to->aux_counts_out = NULL;
+        T->stage = "update";
     }
-    T->stage = "logprobs";
-    if (step_data_logprobs(T, &d, &is) != MOERL_OK) goto out;
-    if (step_data_weights(T, &d, mbs, n_mb) != MOERL_OK) goto out;
-    T->stage = "update";
-    const int mt = cfg->ppo_max_token_len;
-    c.lp = xmalloc(mt * sizeof(float)); c.old = xmalloc(mt * sizeof(float)); c.bh = xmalloc(mt * sizeof(float));
-    c.ad = xmalloc(mt * sizeof(float)); c.ww = xmalloc(mt * sizeof(float)); c.g = xmalloc(mt * sizeof(float));
-    c.ent = xmalloc(mt * sizeof(float)); c.dent = xmalloc(mt * sizeof(float)); c.rf = xmalloc(mt * sizeof(float));
-    c.iw = xmalloc(mt * sizeof(float)); c.idx = xmalloc(mt * sizeof(int));
-    train_step_opts to = {.max_tokens = mt, .temperature = cfg->temperature > 0 ? cfg->temperature : 1.0f,
-                          .want_entropy = 1, .aux_coef = T->m->cfg.router_aux_loss_coef};
-    if (T->reducer) {
-        to.layer_hook = reducer_hook;
-        to.layer_hook_ctx = T->reducer;
+    train_step_out so;
+    if (train_accumulate(T->m, &T->acts, d->seqs + s0, s1 - s0, to, ppo_grad, c, &so) != MOERL_OK) return MOERL_ERR;
+    double loss = so.loss;
+    if (T->reducer) { /* gradients and loss summed over the trainer ranks */
+        T->stage = "grad_reduce";
+        const double tr = trace_begin();
+        st->reduce_exposed_s += dist_reducer_finish(T->reducer);
+        trace_end("grad_reduce_wait", "dist", tr);
+        double sent, raw;
+        dist_reducer_last_bytes(T->reducer, &sent, &raw);
+        st->grad_bytes_sent += sent;
+        st->grad_bytes_raw += raw;
+        if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) return MOERL_ERR;
+        T->stage = "update";
     }
-    const int D = T->reducer ? T->dist->trainer_size : 1;
-    int n_updates = 0;
-    double aux_sum = 0, tokens_sum = 0;
-    for (int ep = 0; ep < cfg->ppo_epochs; ep++) {
-        int s0 = 0;
-        for (int b = 0; b < n_mb; b++) {
-            const int s1 = s0 + mbs[b].n_groups * G;
-            c.w = d.w + s0;
-            c.adv = d.adv + s0;
-            c.anchor = (d.prox ? d.prox : d.behav) + s0;
-            c.behav = d.behav + s0;
-            c.ref = d.ref ? d.ref + s0 : NULL;
-            c.isw = d.isw ? d.isw + s0 : NULL;
-            to.total_tokens = mbs[b].tokens;
-            const int global_aux = want_global_aux(T, d.seqs + s0, s1 - s0);
-            memset(aux_counts, 0, (size_t)(2 * E) * sizeof(double));
-            to.aux_counts = NULL;
-            to.aux_counts_out = aux_counts; /* one micro-batch on one rank: its own counts are the global ones */
-            to.aux_psum_out = aux_psum;
-            if (global_aux) { /* HF's aux over the whole mini-batch: its routing counts first */
-                T->stage = "router_counts";
-                if (compute_router_counts(T->m, &T->acts, d.seqs + s0, s1 - s0, mt, aux_counts) != MOERL_OK ||
-                    trainers_sum(T, aux_counts, E) != MOERL_OK)
-                    goto out;
-                to.aux_counts = aux_counts;
-                to.aux_counts_out = NULL;
-                T->stage = "update";
-            }
-            train_step_out so;
-            if (train_accumulate(T->m, &T->acts, d.seqs + s0, s1 - s0, &to, ppo_grad, &c, &so) != MOERL_OK) goto out;
-            double loss = so.loss;
-            if (T->reducer) { /* gradients and loss summed over the trainer ranks */
-                T->stage = "grad_reduce";
-                const double tr = trace_begin();
-                st->reduce_exposed_s += dist_reducer_finish(T->reducer);
-                trace_end("grad_reduce_wait", "dist", tr);
-                double sent, raw;
-                dist_reducer_last_bytes(T->reducer, &sent, &raw);
-                st->grad_bytes_sent += sent;
-                st->grad_bytes_raw += raw;
-                if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) goto out;
-                T->stage = "update";
-            }
-            if (n_moe_layers(&T->m->cfg) > 0 && E > 0) { /* E·Σ_e counts_e·psum_e / (L·N)², the same on every rank */
-                if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) goto out;
-                const double rows = (double)n_moe_layers(&T->m->cfg) * (double)mbs[b].tokens;
-                double v = 0;
-                for (int e = 0; e < E; e++) v += aux_counts[e] * aux_psum[e];
-                so.aux_loss = rows > 0 ? E * v / (rows * rows) : 0;
-                if (!global_aux && T->reducer) so.aux_loss = 0; /* unreachable: DP always takes the global path */
-                so.aux_loss /= D; /* summed over the ranks below */
-            }
-            double gn;
-            adamw_step(&T->opt, T->m, cfg->optim.lr, (float)loss, &gn);
-            st->grad_norm += gn;
-            aux_sum += so.aux_loss;
-            tokens_sum += (double)so.n_tokens;
-            n_updates++;
-            s0 = s1;
-        }
-    }
-    /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
-    double sums[15] = {c.pg_agg, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
-                       aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
-                       (double)is.n_tokens,
-                       model_train_flops(&T->m->cfg, flop_tokens, flop_pairs) * cfg->ppo_epochs};
-    if (trainers_sum(T, sums, 15) != MOERL_OK) goto out;
+    if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) return MOERL_ERR;
+    double gn;
+    adamw_step(&T->opt, T->m, T->cfg->optim.lr, (float)loss, &gn);
+    st->grad_norm += gn;
+    *aux_sum += aux_value(T, aux_counts, aux_psum, mb->tokens);
+    *tokens_sum += (double)so.n_tokens;
+    return MOERL_OK;
+}
+
+/* The step's loss statistics: this rank's sums (sums[15], layout below), summed over the trainer
+ * ranks, into st. actor/pg_loss is the loss as actor.loss_agg_mode aggregates it (verl), mean over
+ * the updates; pg_clipfrac and ppo_kl are token means (verl's masked_mean); no loss token at all
+ * gives NaN (null in the metrics) and a warning. */
+static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st) {
+    if (trainers_sum(T, sums, 15) != MOERL_OK) return MOERL_ERR;
     const int nu = n_updates ? n_updates : 1;
-    /* actor/pg_loss: the loss as actor.loss_agg_mode aggregates it (verl), mean over the updates;
-     * pg_clipfrac and ppo_kl: token means (verl's masked_mean). No loss token at all: not a number. */
     if (sums[3] > 0) {
         st->pg_loss = sums[0] / nu;
         st->pg_clipfrac = sums[1] / sums[3];
@@ -527,13 +495,64 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
         st->rollout_is_truncated_frac = sums[12] / sums[13];
         st->rollout_is_ess = m2 > 0 ? m * m / m2 : 0; /* (Σw)²/(n·Σw²) */
     }
+    return MOERL_OK;
+}
+
+static void ppo_ctx_alloc(ppo_ctx *c, int mt) {
+    c->lp = xmalloc(mt * sizeof(float)); c->old = xmalloc(mt * sizeof(float)); c->bh = xmalloc(mt * sizeof(float));
+    c->ad = xmalloc(mt * sizeof(float)); c->ww = xmalloc(mt * sizeof(float)); c->g = xmalloc(mt * sizeof(float));
+    c->ent = xmalloc(mt * sizeof(float)); c->dent = xmalloc(mt * sizeof(float)); c->rf = xmalloc(mt * sizeof(float));
+    c->iw = xmalloc(mt * sizeof(float)); c->idx = xmalloc(mt * sizeof(int));
+}
+
+static void ppo_ctx_free(ppo_ctx *c) {
+    free(c->lp); free(c->old); free(c->bh); free(c->ad); free(c->ww); free(c->g); free(c->ent); free(c->dent);
+    free(c->rf); free(c->iw); free(c->idx);
+}
+
+int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st) {
+    const rl_config *cfg = T->cfg;
+    const double t0 = moerl_now();
+    T->stage = "reward";
+    int n = 0;
+    for (int b = 0; b < n_mb; b++) n += mbs[b].n_groups;
+    int rc = MOERL_ERR, n_updates = 0;
+    ppo_ctx c = {.cfg = cfg};
+    step_data d;
+    rollout_is_stats is = {0};
+    double *aux_buf = xcalloc((size_t)(2 * T->m->cfg.num_experts + 1), sizeof(double));
+    double aux_sum = 0, tokens_sum = 0;
+    if (step_data_init(T, groups, n, &d) != MOERL_OK) goto out;
+    int64_t flop_tokens = 0, flop_pairs = 0; /* this rank's share, for perf/mfu */
+    for (int s = 0; s < d.R; s++) {
+        flop_tokens += d.seqs[s].len;
+        flop_pairs += (int64_t)d.seqs[s].len * (d.seqs[s].len + 1) / 2;
+    }
+    T->stage = "logprobs";
+    if (step_data_logprobs(T, &d, &is) != MOERL_OK || step_data_weights(T, &d, mbs, n_mb) != MOERL_OK) goto out;
+    T->stage = "update";
+    ppo_ctx_alloc(&c, cfg->ppo_max_token_len);
+    train_step_opts to = {.max_tokens = cfg->ppo_max_token_len, .want_entropy = 1,
+                          .temperature = cfg->temperature > 0 ? cfg->temperature : 1.0f,
+                          .aux_coef = T->m->cfg.router_aux_loss_coef,
+                          .layer_hook = T->reducer ? reducer_hook : NULL, .layer_hook_ctx = T->reducer};
+    for (int ep = 0; ep < cfg->ppo_epochs; ep++)
+        for (int b = 0, s0 = 0; b < n_mb; s0 += mbs[b].n_groups * cfg->n, b++, n_updates++)
+            if (update_minibatch(T, &d, &c, &to, &mbs[b], s0, s0 + mbs[b].n_groups * cfg->n, aux_buf, st, &aux_sum,
+                                 &tokens_sum) != MOERL_OK)
+                goto out;
+    /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
+    double sums[15] = {c.pg_agg, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
+                       aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
+                       (double)is.n_tokens,
+                       model_train_flops(&T->m->cfg, flop_tokens, flop_pairs) * cfg->ppo_epochs};
+    if (finish_stats(T, sums, n_updates, st) != MOERL_OK) goto out;
     st->expert_load_max_over_mean = n > 0 ? expert_load_ratio(T) : 0;
     T->step++;
     rc = MOERL_OK;
 out:
-    free(c.lp); free(c.old); free(c.bh); free(c.ad); free(c.ww); free(c.g); free(c.ent); free(c.dent); free(c.rf);
-    free(c.iw); free(c.idx);
-    free(aux_counts);
+    ppo_ctx_free(&c);
+    free(aux_buf);
     if (d.seqs) step_data_free(&d);
     st->update_s = moerl_now() - t0;
     T->stage = "idle";
