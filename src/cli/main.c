@@ -55,6 +55,10 @@ static int launcher_world(int *rank) {
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        if (argc >= 3 && !strcmp(argv[1], "help") && (!strcmp(argv[2], "help") || argv[2][0] == '-')) {
+            usage(stdout); /* moerl help help, moerl help --help */
+            return 0;
+        }
         if (argc >= 3 && !strcmp(argv[1], "help")) { /* moerl help CMD = moerl CMD --help */
             for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
                 if (!strcmp(argv[2], commands[i].name)) {

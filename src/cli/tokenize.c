@@ -134,6 +134,13 @@ int cmd_tokenize(int argc, char **argv) {
             fprintf(stderr, "moerl tokenize --decode: %s\n", moerl_last_error());
             goto out;
         }
+        for (int i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(t)) {
+                fprintf(stderr, "moerl tokenize --decode: id %d (position %d) is outside the tokenizer's vocabulary "
+                                "0..%d\n", ids[i], i, tokenizer_vocab_size(t) - 1);
+                free(ids);
+                goto out;
+            }
         for (int i = 0; i < n; i++) tok_seq_push(&s, ids[i]);
         free(ids);
         size_t tl;
