@@ -111,7 +111,10 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
 
 int engine_version(const engine *e) { return e->version; }
 float *engine_weight_buffer(engine *e) { return e->m.params; }
-void engine_set_version(engine *e, int version) { e->version = version; }
+void engine_set_version(engine *e, int version) {
+    model_pack_experts(&e->m); /* the buffer was filled in place: derived layouts follow, as in engine_load_weights */
+    e->version = version;
+}
 const moe_model *engine_model(const engine *e) { return &e->m; }
 engine_stats engine_get_stats(const engine *e) { return e->st; }
 

@@ -84,7 +84,8 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
 int engine_version(const engine *e);
 /* The engine's own weight buffer (n_params floats of its model layout) for a caller that fills it
  * in place — a rollout rank receiving a broadcast, without a second copy of the weights — followed
- * by engine_set_version. Only at a step boundary, like engine_load_weights. */
+ * by engine_set_version, which also rebuilds what engine_load_weights derives from the weights (the
+ * packed expert panels of model.moe.pack_weights). Only at a step boundary, like engine_load_weights. */
 float *engine_weight_buffer(engine *e);
 void engine_set_version(engine *e, int version);
 /* The engine's inference model (weights in the engine's buffer). */
