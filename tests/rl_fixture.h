@@ -9,6 +9,7 @@
 #include "base/common.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "rl/rl.h"
 
 static inline void rl_tiny_model(moe_model *m, uint64_t seed, float aux_coef) {
     moe_config c;
@@ -21,6 +22,42 @@ static inline void rl_tiny_model(moe_model *m, uint64_t seed, float aux_coef) {
     c.bos_token_id = TOK_BOS; c.eos_token_id = TOK_EOS;
     MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
     model_init_random(m, seed);
+}
+
+/* The RL tests' base configuration (each test overrides what it is about): groups of 4, responses
+ * up to 10 tokens, mini-batches of 2 prompts, PPO clip 0.2/0.28 with dual clip 3, AdamW at lr 0,
+ * token-mean GRPO anchored on the behaviour policy, lockstep, staleness 0.5, partial rollout. */
+static inline rl_config rl_test_config(void) {
+    rl_config c;
+    memset(&c, 0, sizeof c);
+    c.n = 4;
+    c.temperature = 1.0f;
+    c.top_p = 1.0f;
+    c.max_response_length = 10;
+    c.max_num_seqs = 16;
+    c.max_num_batched_tokens = 256;
+    c.ppo_mini_batch_size = 2;
+    c.ppo_epochs = 1;
+    c.ppo.clip_ratio_low = 0.2f;
+    c.ppo.clip_ratio_high = 0.28f;
+    c.ppo.clip_ratio_c = 3.0f;
+    c.ppo.behav_imp_weight_cap = 2.0f;
+    c.optim.beta1 = 0.9f;
+    c.optim.beta2 = 0.99f;
+    c.optim.eps = 1e-8f;
+    c.optim.max_grad_norm = 1.0f;
+    c.ppo_max_token_len = 4096;
+    c.norm_adv_by_std = 1;
+    c.rollout_is_threshold = 2.0f;
+    c.staleness_threshold = 0.5;
+    c.trigger_parameter_sync_step = 1;
+    c.require_batches = 1;
+    c.partial_rollout = 1;
+    c.mode = RL_MODE_LOCKSTEP;
+    c.rollout_threads = c.trainer_threads = 1;
+    c.total_epochs = 1;
+    c.seed = 3;
+    return c;
 }
 
 #endif

@@ -33,36 +33,16 @@ static dataset g_train;
 
 
 static rl_config base_config(void) {
-    rl_config c;
-    memset(&c, 0, sizeof c);
-    c.n = 4;
-    c.temperature = 1.0f;
-    c.top_p = 1.0f;
+    rl_config c = rl_test_config();
     c.max_response_length = 12;
     c.max_num_seqs = 32;
     c.max_num_batched_tokens = 512;
     c.ppo_mini_batch_size = 3; /* two mini-batches of three groups per step */
     c.require_batches = 2;
-    c.ppo_epochs = 1;
-    c.ppo.clip_ratio_low = 0.2f;
-    c.ppo.clip_ratio_high = 0.28f;
-    c.ppo.clip_ratio_c = 3.0f;
-    c.ppo.behav_imp_weight_cap = 2.0f;
     c.optim.lr = 3e-3f;
-    c.optim.beta1 = 0.9f;
     c.optim.beta2 = 0.95f;
-    c.optim.eps = 1e-8f;
-    c.optim.max_grad_norm = 1.0f;
-    c.ppo_max_token_len = 4096;
-    c.norm_adv_by_std = 1;
     c.staleness_threshold = 1.0;
-    c.trigger_parameter_sync_step = 1;
-    c.partial_rollout = 1;
-    c.mode = RL_MODE_LOCKSTEP;
-    c.rollout_threads = c.trainer_threads = 1;
-    c.total_epochs = 1;
     c.seed = 9;
-    c.rollout_is_threshold = 2.0f;
     return c;
 }
 

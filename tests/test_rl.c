@@ -56,39 +56,7 @@ static void teardown_data(void) {
 }
 
 
-static rl_config base_config(void) {
-    rl_config c;
-    memset(&c, 0, sizeof c);
-    c.n = 4;
-    c.temperature = 1.0f;
-    c.top_p = 1.0f;
-    c.top_k = 0;
-    c.max_response_length = 10;
-    c.max_num_seqs = 16;
-    c.max_num_batched_tokens = 256;
-    c.ppo_mini_batch_size = 2;
-    c.ppo_epochs = 1;
-    c.ppo.clip_ratio_low = 0.2f;
-    c.ppo.clip_ratio_high = 0.28f;
-    c.ppo.clip_ratio_c = 3.0f;
-    c.ppo.behav_imp_weight_cap = 2.0f;
-    c.optim.lr = 0.0f;
-    c.optim.beta1 = 0.9f;
-    c.optim.beta2 = 0.99f;
-    c.optim.eps = 1e-8f;
-    c.optim.max_grad_norm = 1.0f;
-    c.ppo_max_token_len = 4096;
-    c.norm_adv_by_std = 1;
-    c.staleness_threshold = 0.5;
-    c.trigger_parameter_sync_step = 1;
-    c.require_batches = 1;
-    c.partial_rollout = 1;
-    c.mode = RL_MODE_LOCKSTEP;
-    c.rollout_threads = c.trainer_threads = 1;
-    c.total_epochs = 1;
-    c.seed = 3;
-    return c;
-}
+static rl_config base_config(void) { return rl_test_config(); }
 
 static int64_t started(const rollouter *R, int64_t total) { return total - R->prompts_left; }
 

@@ -77,39 +77,18 @@ static double p_seven(const moe_model *m) {
 }
 
 static rl_config base_config(const char *dir) {
-    rl_config c;
-    memset(&c, 0, sizeof c);
+    rl_config c = rl_test_config();
     c.n = 8;
-    c.temperature = 1.0f;
-    c.top_p = 1.0f;
     c.max_response_length = 3;
     c.max_num_seqs = 64;
     c.max_num_batched_tokens = 512;
     c.ppo_mini_batch_size = 4;
-    c.ppo_epochs = 1;
-    c.ppo.clip_ratio_low = 0.2f;
-    c.ppo.clip_ratio_high = 0.28f;
-    c.ppo.clip_ratio_c = 3.0f;
-    c.ppo.behav_imp_weight_cap = 2.0f;
     c.optim.lr = 3e-3f;
-    c.optim.beta1 = 0.9f;
-    c.optim.beta2 = 0.99f;
-    c.optim.eps = 1e-8f;
-    c.optim.max_grad_norm = 1.0f;
     c.ppo_max_token_len = 64; /* several micro-batches per mini-batch */
-    c.norm_adv_by_std = 1;
-    c.staleness_threshold = 0.5;
-    c.trigger_parameter_sync_step = 1;
-    c.require_batches = 1;
-    c.partial_rollout = 1;
-    c.mode = RL_MODE_LOCKSTEP;
-    c.rollout_threads = c.trainer_threads = 1;
     c.total_training_steps = 6;
-    c.total_epochs = 1;
     c.seed = 5;
     c.save_freq = -1;
     c.val_n = 0;
-    c.rollout_is_threshold = 2.0f;
     snprintf(c.out_dir, sizeof c.out_dir, "%s", dir);
     return c;
 }

@@ -339,6 +339,8 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
+    /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
+    moerl_install_stop_signals();
     if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
         snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
         if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
@@ -346,7 +348,6 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
         resuming |= rc->resume_auto && access(path, R_OK) == 0;
-        rl_install_signal_handlers(); /* Ctrl-C in the warm start: its checkpoint, then exit */
         if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
         if (moerl_stop_requested()) {
             fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
@@ -356,7 +357,6 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
     }
     rl_result res;
-    rl_install_signal_handlers();
     if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (leader && res.stop_signal) {
         rl_report_stop(&res, rc->out_dir);
@@ -443,7 +443,7 @@ int cmd_rl(int argc, char **argv) {
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
     resuming |= rc.resume_auto && access(path, R_OK) == 0;
-    rl_install_signal_handlers(); /* Ctrl-C in the warm start: its checkpoint, then exit */
+    moerl_install_stop_signals(); /* Ctrl-C from here on: a checkpoint (warm start or RL), then exit */
     if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
     if (moerl_stop_requested()) {
         fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
@@ -452,7 +452,6 @@ int cmd_rl(int argc, char **argv) {
     }
     if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
-    rl_install_signal_handlers();
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (res.stop_signal) {
         rl_report_stop(&res, rc.out_dir);

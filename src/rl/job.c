@@ -16,6 +16,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "base/plot.h"
+#include "base/signals.h"
 #include "base/pool.h"
 #include "data/tokenizer.h"
 #include "model/safetensors.h"
@@ -384,7 +385,7 @@ static int emb_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_gr
 static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
     const double t0 = moerl_now();
     while (rl_queue_size(&J->queue) < n) { /* generate until the trainer has its groups */
-        if (job_stop_requested()) {
+        if (moerl_stop_requested()) {
             *waited = moerl_now() - t0;
             return 0;
         }

@@ -893,17 +893,11 @@ int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset
                             ctx->world_size, ctx->n_rollout);
     if (cfg->mode == RL_MODE_LOCKSTEP)
         return moerl_errorf("async_training.mode=lockstep runs in one process only (use async or sync with mpirun)");
-    staleness_budget b;
-    if (staleness_init(&b, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
-                       cfg->staleness_threshold) != MOERL_OK)
-        return MOERL_ERR;
-    const int64_t steps = cfg->total_training_steps > 0
-                              ? cfg->total_training_steps
-                              : (int64_t)cfg->total_epochs * dataset_count(train) / b.required_samples;
-    if (steps <= 0)
-        return moerl_errorf("no trainer steps: %lld training rows, %d prompts per step (actor.ppo_mini_batch_size × "
-                            "async_training.require_batches), trainer.total_epochs %d",
-                            (long long)dataset_count(train), b.required_samples, cfg->total_epochs);
+    { /* the plan's checks (job_plan), identically on every rank before any communication */
+        job plan = {.cfg = cfg, .train = train};
+        staleness_budget b;
+        if (job_plan(&plan, &b) != MOERL_OK) return MOERL_ERR;
+    }
     if (ctx->role == DIST_ROLE_ROLLOUT) {
         snprintf(g_role, sizeof g_role, "rollout rank %d of %d", ctx->world_rank, ctx->n_rollout);
     } else {

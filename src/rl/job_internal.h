@@ -97,8 +97,6 @@ int job_schedule_run(job *J, rl_result *res);
 /* Checks and derived sizes shared by both jobs: required_samples, total steps and prompts (errors
  * name the keys). */
 int job_plan(job *J, staleness_budget *b);
-/* The pending stop signal (0: none). */
-int job_stop_requested(void);
 /* Rewrite plot.dat from metrics.jsonl (train reward and held-out accuracy per version) and draw it. */
 void job_plot_from_metrics(const job *J);
 

@@ -306,10 +306,9 @@ typedef struct {
     int stop_signal;              /* SIGINT/SIGTERM stopped the run (0: ran to the end) */
     int64_t checkpoint_step;      /* trainer step of the last checkpoint on disk (−1: none, trainer.save_freq=-1) */
 } rl_result;
-/* SIGINT/SIGTERM for the main job: the first asks rl_run / rl_run_dist to stop at the next step
- * boundary, write a checkpoint and return with res->stop_signal set (the command then exits
- * 128 + signal); a second signal exits at once. */
-void rl_install_signal_handlers(void);
+/* Stopping: with base/signals.h's handlers installed, the first SIGINT/SIGTERM makes rl_run /
+ * rl_run_dist stop at the next step boundary, write a checkpoint (unless trainer.save_freq=-1) and
+ * return with res->stop_signal set (the command then exits 128 + signal). */
 int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const dataset *test, rl_result *res);
 
 /* The job across processes (world size > 1, roles already split with cfg->n_trainer_ranks

@@ -26,12 +26,6 @@
 #include "rl/job_internal.h"
 #include "rl/rl.h"
 
-/* ------------------------------------------------------------------ signals */
-
-void rl_install_signal_handlers(void) { moerl_install_stop_signals(); }
-
-int job_stop_requested(void) { return moerl_stop_requested(); }
-
 /* ------------------------------------------------------------------ plan */
 
 int job_plan(job *J, staleness_budget *b) {
@@ -91,7 +85,7 @@ static int take_batch(job *J, held_groups *held, int req, double *waited, int64_
     *waited = 0;
     *dropped_now = 0;
     while (held->n < req) {
-        if (job_stop_requested()) {
+        if (moerl_stop_requested()) {
             rc = 0;
             break;
         }
@@ -289,7 +283,7 @@ static int schedule_steps(job *J, held_groups *held, int req) {
         if (train_step(J, held->g, req, waited, dropped_now) != MOERL_OK) return MOERL_ERR;
         if (J->T.step % J->cfg->trigger_parameter_sync_step == 0 && do_sync(J) != MOERL_OK) return MOERL_ERR;
         J->T.last_progress = moerl_now();
-        if (job_stop_requested()) break;
+        if (moerl_stop_requested()) break;
     }
     return MOERL_OK;
 }
@@ -356,7 +350,7 @@ int job_schedule_run(job *J, rl_result *res) {
     J->run_t0 = J->win_t0 = moerl_now();
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);
-    J->stop_signal = job_stop_requested();
+    J->stop_signal = moerl_stop_requested();
     J->T.stage = "stop";
     const int stop_rc = J->ops->stop(J, &rb, &ri);
     const double wall = moerl_now() - J->run_t0;
