@@ -285,6 +285,12 @@ int64_t rl_group_resp_tokens(const rl_group *g);
  * index) onto the rank with the fewest tokens so far (ties to the lower rank). owner[i] ∈ [0, n_ranks).
  * Source: greedy longest-processing-time scheduling, as verl's seqlen-balanced partitioning. */
 void rl_split_minibatch(rl_group *const *groups, int n, int n_ranks, int *owner);
+/* A step's plan over n_ranks trainer ranks: every mini-batch (mini_batch consecutive groups) split
+ * with rl_split_minibatch; rank d's groups go to part[d][0..n_part[d]) in mini-batch order and its
+ * descriptors to mbs[d·n_mb + b] (n_groups of that rank, the whole mini-batch's token counts).
+ * part[d] holds n pointers, mbs n_ranks·n_mb. Returns n_mb = ceil(n / mini_batch). */
+int rl_plan_step(rl_group *const *groups, int n, int mini_batch, int n_ranks, rl_minibatch *mbs, rl_group ***part,
+                 int *n_part);
 
 /* Run the whole job (config already resolved; model initialised). Writes under cfg->out_dir:
  * metrics.jsonl, samples.jsonl, checkpoints, plot. Returns MOERL_OK or MOERL_ERR. */

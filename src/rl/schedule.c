@@ -143,29 +143,11 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     T->stage = "reward";
     if (trainer_sample_stats(T, groups, n, &st) != MOERL_OK) return MOERL_ERR;
     const int D = J->n_trainers, mb = cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
-    int *owner = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     rl_minibatch *mbs = xcalloc((size_t)D * nmb, sizeof(rl_minibatch)); /* [rank][mini-batch] */
     rl_group ***part = xmalloc((size_t)D * sizeof(rl_group **));
     int *n_part = xcalloc((size_t)D, sizeof(int));
     for (int d = 0; d < D; d++) part[d] = xmalloc((size_t)(n ? n : 1) * sizeof(rl_group *));
-    for (int b = 0; b < nmb; b++) {
-        const int g0 = b * mb, g1 = MOERL_MIN(n, (b + 1) * mb);
-        rl_split_minibatch(groups + g0, g1 - g0, D, owner + g0);
-        int64_t rt = 0, tt = 0;
-        for (int g = g0; g < g1; g++) {
-            rt += rl_group_resp_tokens(groups[g]);
-            tt += rl_group_tokens(groups[g]);
-        }
-        for (int d = 0; d < D; d++) {
-            mbs[d * nmb + b].resp_tokens = rt;
-            mbs[d * nmb + b].tokens = tt;
-        }
-        for (int g = g0; g < g1; g++) { /* each rank's groups in mini-batch order */
-            const int d = owner[g];
-            part[d][n_part[d]++] = groups[g];
-            mbs[d * nmb + b].n_groups++;
-        }
-    }
+    rl_plan_step(groups, n, mb, D, mbs, part, n_part);
     int rc = MOERL_OK;
     T->stage = "send_parts";
     for (int d = 1; d < D && rc == MOERL_OK; d++) rc = J->ops->send_part(J, d, mbs + d * nmb, nmb, part[d], n_part[d]);
@@ -175,7 +157,6 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     free(part);
     free(n_part);
     free(mbs);
-    free(owner);
     if (rc != MOERL_OK) return MOERL_ERR;
     J->consecutive_skipped = T->opt.skipped > skipped0 ? J->consecutive_skipped + 1 : 0;
     st.update_s = moerl_now() - t0;

@@ -560,6 +560,34 @@ out:
     return rc;
 }
 
+int rl_plan_step(rl_group *const *groups, int n, int mini_batch, int n_ranks, rl_minibatch *mbs, rl_group ***part,
+                 int *n_part) {
+    const int nmb = (n + mini_batch - 1) / mini_batch;
+    int *owner = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    memset(mbs, 0, (size_t)n_ranks * nmb * sizeof *mbs);
+    memset(n_part, 0, (size_t)n_ranks * sizeof *n_part);
+    for (int b = 0; b < nmb; b++) {
+        const int g0 = b * mini_batch, g1 = MOERL_MIN(n, (b + 1) * mini_batch);
+        rl_split_minibatch(groups + g0, g1 - g0, n_ranks, owner + g0);
+        int64_t rt = 0, tt = 0;
+        for (int g = g0; g < g1; g++) {
+            rt += rl_group_resp_tokens(groups[g]);
+            tt += rl_group_tokens(groups[g]);
+        }
+        for (int d = 0; d < n_ranks; d++) {
+            mbs[d * nmb + b].resp_tokens = rt;
+            mbs[d * nmb + b].tokens = tt;
+        }
+        for (int g = g0; g < g1; g++) { /* each rank's groups in mini-batch order */
+            const int d = owner[g];
+            part[d][n_part[d]++] = groups[g];
+            mbs[d * nmb + b].n_groups++;
+        }
+    }
+    free(owner);
+    return nmb;
+}
+
 int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
     memset(st, 0, sizeof *st);
     const double t0 = moerl_now();
@@ -568,18 +596,13 @@ int trainer_step(trainer *T, rl_group **groups, int n, train_stats *st) {
         T->stage = "idle";
         return MOERL_ERR;
     }
-    /* each mini-batch (ppo_mini_batch_size consecutive groups) whole on this rank */
-    const int mb = T->cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
-    rl_minibatch *mbs = xcalloc(nmb, sizeof *mbs);
-    for (int b = 0; b < nmb; b++) {
-        const int g0 = b * mb, g1 = MOERL_MIN(n, (b + 1) * mb);
-        mbs[b].n_groups = g1 - g0;
-        for (int g = g0; g < g1; g++) {
-            mbs[b].resp_tokens += rl_group_resp_tokens(groups[g]);
-            mbs[b].tokens += rl_group_tokens(groups[g]);
-        }
-    }
-    int rc = trainer_update(T, groups, mbs, nmb, st);
+    const int mb = T->cfg->ppo_mini_batch_size;
+    rl_minibatch *mbs = xcalloc((size_t)(n + mb - 1) / mb + 1, sizeof *mbs);
+    rl_group **mine = xmalloc((size_t)(n ? n : 1) * sizeof *mine);
+    int n_mine;
+    const int nmb = rl_plan_step(groups, n, mb, 1, mbs, &mine, &n_mine); /* one rank: every group */
+    int rc = trainer_update(T, mine, mbs, nmb, st);
+    free(mine);
     free(mbs);
     st->update_s = moerl_now() - t0;
     return rc;
