@@ -266,7 +266,9 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     if (!(r->ppo.clip_ratio_high >= 0) || !isfinite(r->ppo.clip_ratio_high))
         return moerl_errorf("actor.clip_ratio_high must be a finite number ≥ 0, got %g", (double)r->ppo.clip_ratio_high);
     if (!isfinite(r->ppo.clip_ratio_c)) return moerl_errorf("actor.clip_ratio_c must be finite");
-    if (!(r->ppo.behav_imp_weight_cap > 0)) return moerl_errorf("actor.behav_imp_weight_cap must be > 0");
+    if (!(r->ppo.behav_imp_weight_cap > 0) || !isfinite(r->ppo.behav_imp_weight_cap))
+        return moerl_errorf("actor.behav_imp_weight_cap must be a finite number > 0, got %g",
+                            (double)r->ppo.behav_imp_weight_cap);
     if (!isfinite(r->entropy_coeff) || !(r->kl_loss_coef >= 0) || !isfinite(r->kl_loss_coef))
         return moerl_errorf("actor.entropy_coeff must be finite and actor.kl_loss_coef finite and ≥ 0");
     if (r->total_training_steps < 0) return moerl_errorf("trainer.total_training_steps must be ≥ 0 (0 = from total_epochs)");

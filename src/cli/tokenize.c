@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/common.h"
 #include "cli/cli.h"
@@ -114,7 +115,14 @@ int cmd_tokenize(int argc, char **argv) {
     }
     int rc = 1;
     tok_seq s = {0};
-    tokenizer *t = tokenizer_load(model, read_vocab_size(model));
+    tokenizer *t = NULL;
+    struct stat mst;
+    if (stat(model, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
+        fprintf(stderr, "moerl tokenize: --model '%s' is not a folder (a checkpoint folder with config.json and the "
+                        "tokenizer files)\n", model);
+        goto out;
+    }
+    t = tokenizer_load(model, read_vocab_size(model));
     if (!t) {
         fprintf(stderr, "moerl tokenize: %s\n", moerl_last_error());
         free(buf);
@@ -150,6 +158,7 @@ int cmd_tokenize(int argc, char **argv) {
             goto out;
         }
         fwrite(txt, 1, tl, stdout);
+        fputc('\n', stdout); /* one line, like every other mode */
         free(txt);
         rc = 0;
         goto out;

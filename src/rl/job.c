@@ -109,7 +109,9 @@ int job_load_checkpoint(job *J, int *resumed) {
     }
     if (model_load_weights(J->m, dir) != MOERL_OK) {
         rl_state_free(&st);
-        return MOERL_ERR;
+        return moerl_errorf("%s; resuming needs the checkpoint's model: keep its model.* values (or set model.path), or "
+                            "use a new trainer.default_local_dir, or trainer.resume_mode=disable "
+                            "trainer.overwrite_output_dir=true", moerl_last_error());
     }
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     if (ckpt_load_optimizer(&J->T.opt, p) != MOERL_OK) {

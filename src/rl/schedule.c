@@ -303,7 +303,7 @@ static int schedule_finish(job *J, rl_result *res, held_groups *held, int64_t st
         if (c != MOERL_OK) rc = MOERL_ERR;
         else J->last_ckpt_step = J->T.step;
     }
-    job_plot_from_metrics(J);
+    if (J->T.step > step0) job_plot_from_metrics(J); /* a resume with nothing left to do changes nothing */
     res->checkpoint_step = J->last_ckpt_step;
     if (J->stop_signal && rc == MOERL_OK && J->last_ckpt_step >= 0)
         log_info("stopped by signal %d at step %lld (version %d): checkpoint at step %lld in %s/checkpoint",

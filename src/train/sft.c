@@ -106,12 +106,22 @@ static int sft_load_state(moe_model *m, adamw_state *os, const dataset *train, c
         return moerl_errorf("%s: not a moerl SFT state of format_version 1 with a step ≥ 0 (the file is damaged: move "
                             "the checkpoint folder away or set trainer.resume_mode=disable)", p);
     }
-    if (!sfp || strcmp(sfp, fp) || json_integer_value(json_object_get(s, "n_rows")) != dataset_count(train) ||
-        (uint64_t)json_integer_value(json_object_get(s, "seed")) != o->seed ||
-        json_integer_value(json_object_get(s, "batch_size")) != o->batch_size) {
-        json_decref(s);
-        return moerl_errorf("%s: the checkpoint was made with other training data, seed or batch size; use a new "
-                            "output folder or trainer.resume_mode=disable", p);
+    {
+        char what[200] = "";
+        const long long sbs = json_integer_value(json_object_get(s, "batch_size"));
+        const unsigned long long sseed = (unsigned long long)json_integer_value(json_object_get(s, "seed"));
+        if (!sfp || strcmp(sfp, fp) || json_integer_value(json_object_get(s, "n_rows")) != dataset_count(train))
+            snprintf(what, sizeof what, "other training data (its rows are fingerprinted)");
+        else if (sseed != o->seed)
+            snprintf(what, sizeof what, "trainer.seed %llu (now %llu)", sseed, (unsigned long long)o->seed);
+        else if (sbs != o->batch_size) /* the data order is replayed per batch: a resume keeps the batch size */
+            snprintf(what, sizeof what, "batch size %lld (now %d; data.train_batch_size / sft.train_batch_size)", sbs,
+                     o->batch_size);
+        if (what[0]) {
+            json_decref(s);
+            return moerl_errorf("%s: the checkpoint was made with %s; resume with the same setting, or use a new "
+                                "trainer.default_local_dir, or trainer.resume_mode=disable", p, what);
+        }
     }
     if (model_load_weights(m, dir) != MOERL_OK) {
         json_decref(s);
