@@ -2,6 +2,7 @@
 # MPI tests of the distributed layer (src/dist), run by tests/run.sh as `bash tests/e2e_mpi.sh BUILD`.
 #   test_dist     N = 2, 3, 4 ranks: bucket plan, reducer (all overlap modes) vs the exact sum, weight
 #                 broadcast, header mismatch, point-to-point, small collectives, role errors
+#   test_dist_comm  trainer sub-groups (allgather, reduce-scatter, all-to-all(v), p2p, byte counters) and the grid
 #   test_dist_dp  DP = 2 and 3 against DP = 1 (and DP = 3 + one rollout rank receiving the weights)
 #   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss)
 #                 at DP = 2 and 3 against one rank and one micro-batch
@@ -71,6 +72,8 @@ run_mpi() {  # label, np, binary, args...
 
 T=$BUILD/mpi/tests
 for np in 2 3 4; do run_mpi "test_dist -np $np" "$np" "$T/test_dist"; done
+run_mpi "test_dist_comm -np 4 (sub-groups, grid pp2 x sp2)" 4 "$T/test_dist_comm"
+run_mpi "test_dist_comm -np 3" 3 "$T/test_dist_comm"
 run_mpi "test_dist_dp -np 2 (DP=2)" 2 "$T/test_dist_dp"
 run_mpi "test_dist_dp -np 3 (DP=3)" 3 "$T/test_dist_dp"
 run_mpi "test_dist_dp -np 4 (DP=3 + rollout)" 4 "$T/test_dist_dp" --trainers 3

@@ -249,4 +249,66 @@ void dist_reducer_last_bytes(const dist_grad_reducer *r, double *sent, double *r
 int dist_reducer_n_buckets(const dist_grad_reducer *r);
 const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r);
 
+/* ---- sub-groups of the trainer ranks (the model-parallel grid of src/parallel/grid.h) ----
+ *
+ * A dist_comm is a communicator over a subset of the trainer ranks (FSDP shard group, expert-parallel
+ * group, Ulysses group, pipeline, data-parallel replicas), made by splitting trainer_comm. All its
+ * collectives are blocking unless named i*, move fp32 (or int32) payloads, and are called in the same
+ * order by every member. The local backend's groups have size 1: collectives are copies, p2p is an
+ * error. Every call adds the bytes this rank SENT to the group's counters (dist_comm_bytes) using the
+ * algorithmic volume of a ring / pairwise algorithm (the convention of NCCL's "bus bytes"):
+ *   allgather of n floats per rank: (P−1)·n·4; reduce-scatter to n per rank: (P−1)·n·4;
+ *   allreduce of n: 2·(P−1)/P·n·4; all-to-all(v): the floats sent to the OTHER ranks ·4;
+ *   point-to-point: n·4. A group of one moves nothing.
+ * Errors: counts over INT_MAX elements, NULL buffers with a count > 0, a rank outside the group.
+ * MPI failures abort the job as everywhere in dist.h. Source: MPI 3.1 §5 (collectives), §6.4
+ * (MPI_Comm_split); PyTorch FSDP / Megatron process groups for how they are used. */
+typedef struct dist_comm dist_comm;
+typedef struct dist_req dist_req;
+
+typedef enum {
+    DIST_OP_ALLGATHER = 0,
+    DIST_OP_REDUCE_SCATTER,
+    DIST_OP_ALLREDUCE,
+    DIST_OP_ALLTOALL,
+    DIST_OP_P2P,
+    DIST_OP_COUNT
+} dist_op;
+
+/* Split the trainer group: trainers passing the same color (≥ 0) form one group, ordered by key
+ * (ties: trainer rank). Collective over trainer_comm. Returns NULL with a message when this rank is not
+ * a trainer or color < 0. Free with dist_comm_free (collective over the group, in creation order). */
+dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key);
+void dist_comm_free(dist_comm *c);
+int dist_comm_rank(const dist_comm *c);
+int dist_comm_size(const dist_comm *c);
+/* Bytes this rank sent through c per operation kind since creation (or the last reset). */
+double dist_comm_bytes(const dist_comm *c, dist_op op);
+void dist_comm_reset_bytes(dist_comm *c);
+int dist_comm_barrier(dist_comm *c);
+/* In-place elementwise sum of buf[n] over the group (same result on every member). */
+int dist_comm_allreduce_f32(dist_comm *c, float *buf, size_t n);
+int dist_comm_allreduce_f64(dist_comm *c, double *buf, size_t n);
+/* recv[P·n] = the members' send[n] in rank order (send may not alias recv). */
+int dist_comm_allgather_f32(dist_comm *c, const float *send, size_t n, float *recv);
+/* recv[n] = Σ over members of their send[r·n .. r·n+n) where r is this rank (send [P·n]). */
+int dist_comm_reduce_scatter_f32(dist_comm *c, const float *send, float *recv, size_t n);
+/* Member r's send[q·n .. q·n+n) lands in member q's recv[r·n .. r·n+n). */
+int dist_comm_alltoall_f32(dist_comm *c, const float *send, size_t n, float *recv);
+int dist_comm_alltoall_i32(dist_comm *c, const int *send, size_t n, int *recv);
+/* Variable all-to-all: scounts[q] floats from send+sdispls[q] go to member q, which receives them at
+ * recv+rdispls[r] with rcounts[r] = this rank's scounts[q] (the caller exchanges the counts first,
+ * e.g. with dist_comm_alltoall_i32). Arrays of P entries. */
+int dist_comm_alltoallv_f32(dist_comm *c, const float *send, const size_t *scounts, const size_t *sdispls,
+                            float *recv, const size_t *rcounts, const size_t *rdispls);
+/* Nonblocking versions: the buffers must stay untouched until dist_wait returns. */
+dist_req *dist_comm_iallgather_f32(dist_comm *c, const float *send, size_t n, float *recv);
+dist_req *dist_comm_ireduce_scatter_f32(dist_comm *c, const float *send, float *recv, size_t n);
+/* Point-to-point to / from group rank peer with tag (0..32767); nonblocking. */
+dist_req *dist_comm_isend_f32(dist_comm *c, int peer, int tag, const float *buf, size_t n);
+dist_req *dist_comm_irecv_f32(dist_comm *c, int peer, int tag, float *buf, size_t n);
+/* Wait for and free a request (NULL: MOERL_OK). dist_test: 1 when complete (then freed), else 0. */
+int dist_wait(dist_req *r);
+int dist_test(dist_req *r);
+
 #endif

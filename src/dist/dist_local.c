@@ -232,4 +232,89 @@ void dist_reducer_last_bytes(const dist_grad_reducer *r, double *sent, double *r
 }
 int dist_reducer_n_buckets(const dist_grad_reducer *r) { return r->n_buckets; }
 const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r) { return r->b; }
+/* ------------------------------------------------------------------ trainer sub-groups (size 1) */
+
+struct dist_comm {
+    double bytes[DIST_OP_COUNT]; /* always 0: a group of one moves nothing */
+};
+
+struct dist_req {
+    int unused;
+};
+
+dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key) {
+    if (ctx->role != DIST_ROLE_EMBEDDED && ctx->role != DIST_ROLE_TRAINER) {
+        moerl_errorf("dist_comm_split: roles are not split on this rank");
+        return NULL;
+    }
+    if (color < 0) {
+        moerl_errorf("dist_comm_split: color %d, expected ≥ 0", color);
+        return NULL;
+    }
+    return xcalloc(1, sizeof(dist_comm));
+}
+
+void dist_comm_free(dist_comm *c) { free(c); }
+int dist_comm_rank(const dist_comm *c) { return 0; }
+int dist_comm_size(const dist_comm *c) { return 1; }
+double dist_comm_bytes(const dist_comm *c, dist_op op) { return 0.0; }
+void dist_comm_reset_bytes(dist_comm *c) {}
+int dist_comm_barrier(dist_comm *c) { return MOERL_OK; }
+
+static int local_copy(const char *fn, const void *send, void *recv, size_t bytes) {
+    if (bytes > 0 && (!send || !recv)) return moerl_errorf("%s: NULL buffer with %zu bytes", fn, bytes);
+    if (bytes > 0 && send != recv) memmove(recv, send, bytes);
+    return MOERL_OK;
+}
+
+int dist_comm_allreduce_f32(dist_comm *c, float *buf, size_t n) {
+    return local_copy("dist_comm_allreduce_f32", buf, buf, n * sizeof(float));
+}
+int dist_comm_allreduce_f64(dist_comm *c, double *buf, size_t n) {
+    return local_copy("dist_comm_allreduce_f64", buf, buf, n * sizeof(double));
+}
+int dist_comm_allgather_f32(dist_comm *c, const float *send, size_t n, float *recv) {
+    return local_copy("dist_comm_allgather_f32", send, recv, n * sizeof(float));
+}
+int dist_comm_reduce_scatter_f32(dist_comm *c, const float *send, float *recv, size_t n) {
+    return local_copy("dist_comm_reduce_scatter_f32", send, recv, n * sizeof(float));
+}
+int dist_comm_alltoall_f32(dist_comm *c, const float *send, size_t n, float *recv) {
+    return local_copy("dist_comm_alltoall_f32", send, recv, n * sizeof(float));
+}
+int dist_comm_alltoall_i32(dist_comm *c, const int *send, size_t n, int *recv) {
+    return local_copy("dist_comm_alltoall_i32", send, recv, n * sizeof(int));
+}
+int dist_comm_alltoallv_f32(dist_comm *c, const float *send, const size_t *scounts, const size_t *sdispls,
+                            float *recv, const size_t *rcounts, const size_t *rdispls) {
+    if (scounts[0] != rcounts[0])
+        return moerl_errorf("dist_comm_alltoallv_f32: sends %zu floats to itself but expects %zu", scounts[0],
+                            rcounts[0]);
+    return local_copy("dist_comm_alltoallv_f32", send ? send + sdispls[0] : NULL, recv ? recv + rdispls[0] : NULL,
+                      scounts[0] * sizeof(float));
+}
+dist_req *dist_comm_iallgather_f32(dist_comm *c, const float *send, size_t n, float *recv) {
+    if (dist_comm_allgather_f32(c, send, n, recv) != MOERL_OK) return NULL;
+    return xcalloc(1, sizeof(dist_req));
+}
+dist_req *dist_comm_ireduce_scatter_f32(dist_comm *c, const float *send, float *recv, size_t n) {
+    if (dist_comm_reduce_scatter_f32(c, send, recv, n) != MOERL_OK) return NULL;
+    return xcalloc(1, sizeof(dist_req));
+}
+dist_req *dist_comm_isend_f32(dist_comm *c, int peer, int tag, const float *buf, size_t n) {
+    moerl_errorf("dist_comm_isend_f32: peer %d, but a group of one process has no other rank", peer);
+    return NULL;
+}
+dist_req *dist_comm_irecv_f32(dist_comm *c, int peer, int tag, float *buf, size_t n) {
+    moerl_errorf("dist_comm_irecv_f32: peer %d, but a group of one process has no other rank", peer);
+    return NULL;
+}
+int dist_wait(dist_req *r) {
+    free(r);
+    return MOERL_OK;
+}
+int dist_test(dist_req *r) {
+    free(r);
+    return 1;
+}
 #endif /* MOERL_MPI */

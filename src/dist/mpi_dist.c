@@ -643,4 +643,176 @@ void dist_reducer_last_bytes(const dist_grad_reducer *r, double *sent, double *r
 
 int dist_reducer_n_buckets(const dist_grad_reducer *r) { return r->n_buckets; }
 const dist_bucket *dist_reducer_buckets(const dist_grad_reducer *r) { return r->b; }
+/* ------------------------------------------------------------------ trainer sub-groups */
+
+struct dist_comm {
+    MPI_Comm comm;
+    int rank, size;
+    double bytes[DIST_OP_COUNT];
+};
+
+struct dist_req {
+    MPI_Request req;
+};
+
+dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key) {
+    if (ctx->impl->trainer == MPI_COMM_NULL) {
+        moerl_errorf("dist_comm_split: this rank (world %d) is not a trainer (or roles are not split)", ctx->world_rank);
+        return NULL;
+    }
+    if (color < 0) {
+        moerl_errorf("dist_comm_split: color %d, expected ≥ 0", color);
+        return NULL;
+    }
+    dist_comm *c = xcalloc(1, sizeof *c);
+    MPI_CHECK(MPI_Comm_split(ctx->impl->trainer, color, key, &c->comm));
+    MPI_CHECK(MPI_Comm_rank(c->comm, &c->rank));
+    MPI_CHECK(MPI_Comm_size(c->comm, &c->size));
+    return c;
+}
+
+void dist_comm_free(dist_comm *c) {
+    if (!c) return;
+    MPI_CHECK(MPI_Comm_free(&c->comm));
+    free(c);
+}
+
+int dist_comm_rank(const dist_comm *c) { return c->rank; }
+int dist_comm_size(const dist_comm *c) { return c->size; }
+double dist_comm_bytes(const dist_comm *c, dist_op op) { return op >= 0 && op < DIST_OP_COUNT ? c->bytes[op] : 0.0; }
+void dist_comm_reset_bytes(dist_comm *c) { memset(c->bytes, 0, sizeof c->bytes); }
+
+/* Count n elements (or P·n for the gathered side) against MPI's int counts. */
+static int comm_count_ok(const char *fn, size_t n, int P, const void *a, const void *b) {
+    if ((double)n * (double)P > (double)INT_MAX)
+        return moerl_errorf("%s: %zu elements × %d ranks exceed MPI's int count (%d)", fn, n, P, INT_MAX);
+    if (n > 0 && (!a || !b)) return moerl_errorf("%s: NULL buffer with %zu elements", fn, n);
+    return MOERL_OK;
+}
+
+int dist_comm_barrier(dist_comm *c) {
+    MPI_CHECK(MPI_Barrier(c->comm));
+    return MOERL_OK;
+}
+
+int dist_comm_allreduce_f32(dist_comm *c, float *buf, size_t n) {
+    if (comm_count_ok("dist_comm_allreduce_f32", n, 1, buf, buf) != MOERL_OK) return MOERL_ERR;
+    if (c->size == 1 || n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->comm));
+    c->bytes[DIST_OP_ALLREDUCE] += 2.0 * (c->size - 1) / c->size * (double)n * 4;
+    return MOERL_OK;
+}
+
+int dist_comm_allreduce_f64(dist_comm *c, double *buf, size_t n) {
+    if (comm_count_ok("dist_comm_allreduce_f64", n, 1, buf, buf) != MOERL_OK) return MOERL_ERR;
+    if (c->size == 1 || n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, c->comm));
+    c->bytes[DIST_OP_ALLREDUCE] += 2.0 * (c->size - 1) / c->size * (double)n * 8;
+    return MOERL_OK;
+}
+
+int dist_comm_allgather_f32(dist_comm *c, const float *send, size_t n, float *recv) {
+    if (comm_count_ok("dist_comm_allgather_f32", n, c->size, send, recv) != MOERL_OK) return MOERL_ERR;
+    if (n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, c->comm));
+    c->bytes[DIST_OP_ALLGATHER] += (double)(c->size - 1) * n * 4;
+    return MOERL_OK;
+}
+
+int dist_comm_reduce_scatter_f32(dist_comm *c, const float *send, float *recv, size_t n) {
+    if (comm_count_ok("dist_comm_reduce_scatter_f32", n, c->size, send, recv) != MOERL_OK) return MOERL_ERR;
+    if (n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, c->comm));
+    c->bytes[DIST_OP_REDUCE_SCATTER] += (double)(c->size - 1) * n * 4;
+    return MOERL_OK;
+}
+
+int dist_comm_alltoall_f32(dist_comm *c, const float *send, size_t n, float *recv) {
+    if (comm_count_ok("dist_comm_alltoall_f32", n, c->size, send, recv) != MOERL_OK) return MOERL_ERR;
+    if (n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Alltoall(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, c->comm));
+    c->bytes[DIST_OP_ALLTOALL] += (double)(c->size - 1) * n * 4;
+    return MOERL_OK;
+}
+
+int dist_comm_alltoall_i32(dist_comm *c, const int *send, size_t n, int *recv) {
+    if (comm_count_ok("dist_comm_alltoall_i32", n, c->size, send, recv) != MOERL_OK) return MOERL_ERR;
+    if (n == 0) return MOERL_OK;
+    MPI_CHECK(MPI_Alltoall(send, (int)n, MPI_INT, recv, (int)n, MPI_INT, c->comm));
+    c->bytes[DIST_OP_ALLTOALL] += (double)(c->size - 1) * n * 4;
+    return MOERL_OK;
+}
+
+int dist_comm_alltoallv_f32(dist_comm *c, const float *send, const size_t *scounts, const size_t *sdispls,
+                            float *recv, const size_t *rcounts, const size_t *rdispls) {
+    const int P = c->size;
+    int *sc = xmalloc(4 * (size_t)P * sizeof(int)), *sd = sc + P, *rc = sc + 2 * P, *rd = sc + 3 * P;
+    double sent = 0;
+    for (int q = 0; q < P; q++) {
+        if (scounts[q] > INT_MAX || sdispls[q] > INT_MAX || rcounts[q] > INT_MAX || rdispls[q] > INT_MAX) {
+            free(sc);
+            return moerl_errorf("dist_comm_alltoallv_f32: a count or displacement for rank %d exceeds MPI's int", q);
+        }
+        sc[q] = (int)scounts[q], sd[q] = (int)sdispls[q], rc[q] = (int)rcounts[q], rd[q] = (int)rdispls[q];
+        if (q != c->rank) sent += (double)scounts[q] * 4;
+    }
+    MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->comm));
+    c->bytes[DIST_OP_ALLTOALL] += sent;
+    free(sc);
+    return MOERL_OK;
+}
+
+dist_req *dist_comm_iallgather_f32(dist_comm *c, const float *send, size_t n, float *recv) {
+    if (comm_count_ok("dist_comm_iallgather_f32", n, c->size, send, recv) != MOERL_OK) return NULL;
+    dist_req *r = xcalloc(1, sizeof *r);
+    MPI_CHECK(MPI_Iallgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, c->comm, &r->req));
+    c->bytes[DIST_OP_ALLGATHER] += (double)(c->size - 1) * n * 4;
+    return r;
+}
+
+dist_req *dist_comm_ireduce_scatter_f32(dist_comm *c, const float *send, float *recv, size_t n) {
+    if (comm_count_ok("dist_comm_ireduce_scatter_f32", n, c->size, send, recv) != MOERL_OK) return NULL;
+    dist_req *r = xcalloc(1, sizeof *r);
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, c->comm, &r->req));
+    c->bytes[DIST_OP_REDUCE_SCATTER] += (double)(c->size - 1) * n * 4;
+    return r;
+}
+
+static int p2p_ok(const char *fn, dist_comm *c, int peer, int tag, const void *buf, size_t n) {
+    if (peer < 0 || peer >= c->size || peer == c->rank)
+        return moerl_errorf("%s: peer %d, expected another rank of the group [0,%d) (this rank is %d)", fn, peer,
+                            c->size, c->rank);
+    if (tag < 0 || tag > DIST_TAG_MAX) return moerl_errorf("%s: tag %d outside [0,%d]", fn, tag, DIST_TAG_MAX);
+    return comm_count_ok(fn, n, 1, buf, buf);
+}
+
+dist_req *dist_comm_isend_f32(dist_comm *c, int peer, int tag, const float *buf, size_t n) {
+    if (p2p_ok("dist_comm_isend_f32", c, peer, tag, buf, n) != MOERL_OK) return NULL;
+    dist_req *r = xcalloc(1, sizeof *r);
+    MPI_CHECK(MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, c->comm, &r->req));
+    c->bytes[DIST_OP_P2P] += (double)n * 4;
+    return r;
+}
+
+dist_req *dist_comm_irecv_f32(dist_comm *c, int peer, int tag, float *buf, size_t n) {
+    if (p2p_ok("dist_comm_irecv_f32", c, peer, tag, buf, n) != MOERL_OK) return NULL;
+    dist_req *r = xcalloc(1, sizeof *r);
+    MPI_CHECK(MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, c->comm, &r->req));
+    return r;
+}
+
+int dist_wait(dist_req *r) {
+    if (!r) return MOERL_OK;
+    MPI_CHECK(MPI_Wait(&r->req, MPI_STATUS_IGNORE));
+    free(r);
+    return MOERL_OK;
+}
+
+int dist_test(dist_req *r) {
+    if (!r) return 1;
+    int done = 0;
+    MPI_CHECK(MPI_Test(&r->req, &done, MPI_STATUS_IGNORE));
+    if (done) free(r);
+    return done;
+}
 #endif /* MOERL_MPI */

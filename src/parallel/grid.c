@@ -1,0 +1,135 @@
+/* Trainer grid construction (see grid.h for the layout and its sources). */
+#include <math.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "parallel/grid.h"
+
+void par_def_keys(cfg *c) {
+    cfg_def_int(c, "actor.fsdp_config.fsdp_size", 1,
+                "FSDP (ZeRO-3) shard group size within a pipeline stage: 1 = off, -1 = all ranks of the stage");
+    cfg_def_int(c, "actor.expert_parallel_size", 1, "experts of each MoE layer split over this many trainer ranks");
+    cfg_def_int(c, "actor.ulysses_sequence_parallel_size", 1,
+                "Ulysses sequence parallelism: tokens split over this many ranks, attention head-sharded");
+    cfg_def_int(c, "actor.pipeline_parallel_size", 1, "pipeline stages (1F1B schedule over micro-batches)");
+    cfg_def_str(c, "actor.moe.dispatcher", "auto",
+                "expert-parallel token exchange: alltoall (fixed capacity) | alltoallv (exact counts) | auto");
+    cfg_def_int(c, "actor.moe.alltoall_max_ep", 16, "dispatcher=auto: all-to-all up to this EP size, all-to-all-v above");
+    cfg_def_float(c, "actor.moe.capacity_factor", 1.25,
+                  "all-to-all capacity per expert and source rank: ceil(factor · tokens · top_k / experts)");
+}
+
+const char *moe_dispatcher_name(moe_dispatcher d) {
+    return d == MOE_DISPATCH_ALLTOALL ? "alltoall" : d == MOE_DISPATCH_ALLTOALLV ? "alltoallv" : "auto";
+}
+
+int par_read_keys(const cfg *c, par_config *pc) {
+    memset(pc, 0, sizeof *pc);
+    pc->fsdp_size = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
+    pc->expert_parallel_size = (int)cfg_int(c, "actor.expert_parallel_size");
+    pc->ulysses_sequence_parallel_size = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
+    pc->pipeline_parallel_size = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    if (pc->fsdp_size == 0 || pc->fsdp_size < -1)
+        return moerl_errorf("actor.fsdp_config.fsdp_size must be -1 (all ranks of a stage) or ≥ 1, got %d", pc->fsdp_size);
+    if (pc->expert_parallel_size < 1)
+        return moerl_errorf("actor.expert_parallel_size must be ≥ 1, got %d", pc->expert_parallel_size);
+    if (pc->ulysses_sequence_parallel_size < 1)
+        return moerl_errorf("actor.ulysses_sequence_parallel_size must be ≥ 1, got %d",
+                            pc->ulysses_sequence_parallel_size);
+    if (pc->pipeline_parallel_size < 1)
+        return moerl_errorf("actor.pipeline_parallel_size must be ≥ 1, got %d", pc->pipeline_parallel_size);
+    const char *d = cfg_str(c, "actor.moe.dispatcher");
+    if (!strcmp(d, "auto")) pc->dispatcher = MOE_DISPATCH_AUTO;
+    else if (!strcmp(d, "alltoall")) pc->dispatcher = MOE_DISPATCH_ALLTOALL;
+    else if (!strcmp(d, "alltoallv")) pc->dispatcher = MOE_DISPATCH_ALLTOALLV;
+    else return moerl_errorf("actor.moe.dispatcher: '%s' is not one of alltoall, alltoallv, auto", d);
+    pc->alltoall_max_ep = (int)cfg_int(c, "actor.moe.alltoall_max_ep");
+    if (pc->alltoall_max_ep < 1)
+        return moerl_errorf("actor.moe.alltoall_max_ep must be ≥ 1, got %d", pc->alltoall_max_ep);
+    pc->capacity_factor = cfg_float(c, "actor.moe.capacity_factor");
+    if (!(pc->capacity_factor > 0) || !isfinite(pc->capacity_factor))
+        return moerl_errorf("actor.moe.capacity_factor must be a finite number > 0, got %g", pc->capacity_factor);
+    return MOERL_OK;
+}
+
+int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L) {
+    const int pp = pc->pipeline_parallel_size;
+    if (T % pp)
+        return moerl_errorf("actor.pipeline_parallel_size=%d does not divide the %d trainer ranks", pp, T);
+    if (pp > L)
+        return moerl_errorf("actor.pipeline_parallel_size=%d exceeds the model's %d layers (a stage needs ≥ 1 layer)",
+                            pp, L);
+    const int D = T / pp, sp = pc->ulysses_sequence_parallel_size, ep = pc->expert_parallel_size;
+    const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
+    if (D % sp)
+        return moerl_errorf("actor.ulysses_sequence_parallel_size=%d does not divide the %d ranks of a pipeline stage "
+                            "(%d trainers / pp %d)", sp, D, T, pp);
+    if (D % fsdp)
+        return moerl_errorf("actor.fsdp_config.fsdp_size=%d does not divide the %d ranks of a pipeline stage", fsdp, D);
+    if (D % ep)
+        return moerl_errorf("actor.expert_parallel_size=%d does not divide the %d ranks of a pipeline stage", ep, D);
+    if (ep > 1 && (E <= 0 || E % ep))
+        return moerl_errorf("actor.expert_parallel_size=%d does not divide the model's %d experts", ep, E);
+    if (sp > 1 && (nh % sp || (nkv % sp && sp % nkv)))
+        return moerl_errorf("actor.ulysses_sequence_parallel_size=%d: Ulysses needs it to divide the %d attention heads "
+                            "and to divide or be a multiple of the %d key/value heads", sp, nh, nkv);
+    return MOERL_OK;
+}
+
+moe_dispatcher par_dispatcher(const par_grid *g) {
+    if (g->cfg.dispatcher != MOE_DISPATCH_AUTO) return g->cfg.dispatcher;
+    return g->ep <= g->cfg.alltoall_max_ep ? MOE_DISPATCH_ALLTOALL : MOE_DISPATCH_ALLTOALLV;
+}
+
+void par_grid_free(par_grid *g) {
+    dist_comm **all[] = {&g->ep_dp_comm, &g->ep_comm, &g->replica_comm, &g->fsdp_comm,
+                         &g->sp_comm,    &g->dp_comm, &g->pp_comm,      &g->stage_comm};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        dist_comm_free(*all[i]);
+        *all[i] = NULL;
+    }
+}
+
+int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L) {
+    memset(g, 0, sizeof *g);
+    g->cfg = *pc;
+    const int T = ctx->trainer_size > 0 ? ctx->trainer_size : 1, t = ctx->trainer_rank > 0 ? ctx->trainer_rank : 0;
+    if (par_check(pc, T, E, nh, nkv, L) != MOERL_OK) return MOERL_ERR;
+    g->T = T;
+    g->pp = pc->pipeline_parallel_size;
+    g->D = T / g->pp;
+    g->sp = pc->ulysses_sequence_parallel_size;
+    g->dp = g->D / g->sp;
+    g->fsdp = pc->fsdp_size == -1 ? g->D : pc->fsdp_size;
+    g->replicas = g->D / g->fsdp;
+    g->ep = pc->expert_parallel_size;
+    g->stage = t / g->D;
+    g->d = t % g->D;
+    g->dp_rank = g->d / g->sp;
+    g->sp_rank = g->d % g->sp;
+    g->fsdp_rank = g->d % g->fsdp;
+    g->replica_rank = g->d / g->fsdp;
+    g->ep_rank = g->d % g->ep;
+    /* Colors are offset per group kind so that they never collide inside one split. */
+    struct {
+        dist_comm **out;
+        int color, key;
+    } splits[] = {
+        {&g->stage_comm, g->stage, g->d},
+        {&g->pp_comm, g->d, g->stage},
+        {&g->dp_comm, g->stage * g->sp + g->sp_rank, g->dp_rank},
+        {&g->sp_comm, g->stage * g->dp + g->dp_rank, g->sp_rank},
+        {&g->fsdp_comm, g->stage * g->replicas + g->replica_rank, g->fsdp_rank},
+        {&g->replica_comm, g->stage * g->fsdp + g->fsdp_rank, g->replica_rank},
+        {&g->ep_comm, g->stage * (g->D / g->ep) + g->d / g->ep, g->ep_rank},
+        {&g->ep_dp_comm, g->stage * g->ep + g->ep_rank, g->d / g->ep},
+    };
+    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) {
+        *splits[i].out = dist_comm_split(ctx, splits[i].color, splits[i].key);
+        if (!*splits[i].out) {
+            par_grid_free(g);
+            return MOERL_ERR;
+        }
+    }
+    return MOERL_OK;
+}

@@ -1,0 +1,69 @@
+/* The trainer ranks' model-parallel grid: pipeline (PP) × [data parallel (DP) × Ulysses sequence
+ * parallel (SP)], with FSDP shard groups and expert-parallel (EP) groups carved from each stage's
+ * ranks, as Megatron-LM and verl lay them out.
+ *
+ * T trainer ranks, pp stages, D = T / pp ranks per stage. Trainer rank t = stage · D + d, and inside
+ * a stage d = dp_rank · sp + sp_rank: the sp ranks of one Ulysses group are consecutive and hold the
+ * same sequences split along tokens; dp = D / sp batch shards. FSDP shard groups are the
+ * consecutive blocks of fsdp ranks (d / fsdp) — sharding spans SP ranks as verl's FSDP does —
+ * and replica groups (HSDP) join the ranks with the same position in their shard group. EP groups
+ * are consecutive blocks of ep ranks (d / ep); ep divides E. Every size 1 gives a group of one.
+ *
+ * Config keys (verl names): actor.fsdp_config.fsdp_size (−1 = all D ranks of a stage, verl's
+ * default; 1 = off), actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
+ * actor.pipeline_parallel_size, actor.moe.dispatcher (alltoall | alltoallv | auto),
+ * actor.moe.alltoall_max_ep (auto picks all-to-all up to this EP size, all-to-all-v above: the
+ * Ascend practice's switch at 16), actor.moe.capacity_factor (fixed-capacity all-to-all).
+ * Sources: Megatron-LM parallel_state.initialize_model_parallel (rank order), verl
+ * fsdp_workers (fsdp_size, ulysses_sequence_parallel_size), DeepSpeed-Ulysses. */
+#ifndef MOERL_PARALLEL_GRID_H
+#define MOERL_PARALLEL_GRID_H
+
+#include "base/config.h"
+#include "dist/dist.h"
+
+typedef enum { MOE_DISPATCH_AUTO = 0, MOE_DISPATCH_ALLTOALL, MOE_DISPATCH_ALLTOALLV } moe_dispatcher;
+
+typedef struct {
+    int fsdp_size;            /* −1 = every rank of a stage */
+    int expert_parallel_size;
+    int ulysses_sequence_parallel_size;
+    int pipeline_parallel_size;
+    moe_dispatcher dispatcher;
+    int alltoall_max_ep;      /* auto: all-to-all while ep ≤ this, all-to-all-v above */
+    double capacity_factor;   /* all-to-all capacity per expert = ceil(factor · tokens · K / E) */
+} par_config;
+
+typedef struct {
+    par_config cfg;
+    int T, D;                 /* trainer ranks; ranks per pipeline stage */
+    int pp, dp, sp, fsdp, ep, replicas; /* sizes; replicas = D / fsdp */
+    int stage, dp_rank, sp_rank, fsdp_rank, ep_rank, replica_rank, d;
+    /* Groups (NULL when the grid has not been built, i.e. one process without roles). */
+    dist_comm *stage_comm;    /* the D ranks of this stage (gradient sum of replicated params) */
+    dist_comm *pp_comm;       /* the pp ranks with the same d (one pipeline), ranked by stage */
+    dist_comm *dp_comm;       /* the dp ranks of this stage with the same sp_rank */
+    dist_comm *sp_comm;       /* this rank's Ulysses group */
+    dist_comm *fsdp_comm;     /* this rank's FSDP shard group */
+    dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
+    dist_comm *ep_comm;       /* this rank's expert-parallel group */
+    dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
+} par_grid;
+
+/* Define / read the keys above on a config (defaults: every size 1, dispatcher auto, max ep 16,
+ * capacity factor 1.25). Errors name the key and the expected range. */
+void par_def_keys(cfg *c);
+int par_read_keys(const cfg *c, par_config *pc);
+/* Check the sizes against T trainer ranks and the model (E experts, nh/nkv heads, L layers):
+ * pp·D = T, sp | D, fsdp | D, ep | D, ep | E, sp | nkv or nkv | sp with sp | nh (Ulysses with
+ * GQA), pp ≤ L. The message names the key, its value and what would fit. */
+int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
+/* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
+ * dist_comm_split in one fixed order). On error nothing is left allocated. */
+int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);
+void par_grid_free(par_grid *g);
+/* The dispatcher the grid's EP size selects (auto resolved). */
+moe_dispatcher par_dispatcher(const par_grid *g);
+const char *moe_dispatcher_name(moe_dispatcher d);
+
+#endif
