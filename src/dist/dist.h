@@ -220,6 +220,12 @@ typedef struct dist_grad_reducer dist_grad_reducer;
  * Errors: this rank is not a trainer (or roles not split), m->grads NULL, bucket_mb ≤ 0 or not finite,
  * a bucket over INT_MAX floats, unknown overlap mode. */
 dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bucket_mb, dist_overlap overlap);
+/* The same reducer over a trainer sub-group (dist_comm, below) instead of trainer_comm: e.g. the ranks
+ * of one pipeline stage or the data-parallel replicas of an FSDP shard. Collective over the group.
+ * Errors: as dist_reducer_new, group NULL. */
+struct dist_comm;
+dist_grad_reducer *dist_reducer_new_on(dist_ctx *ctx, const struct dist_comm *group, const moe_model *m,
+                                       double bucket_mb, dist_overlap overlap);
 /* Multiply every gradient by s after the sum (e.g. 1/trainer_size for a mean). Default 1 (no pass).
  * Applied per bucket right after it completes. */
 void dist_reducer_set_scale(dist_grad_reducer *r, float s);

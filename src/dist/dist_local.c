@@ -169,6 +169,15 @@ struct dist_grad_reducer {
     float scale;
 };
 
+dist_grad_reducer *dist_reducer_new_on(dist_ctx *ctx, const struct dist_comm *group, const moe_model *m,
+                                       double bucket_mb, dist_overlap overlap) {
+    if (!group) {
+        moerl_errorf("dist_reducer_new_on: no group given");
+        return NULL;
+    }
+    return dist_reducer_new(ctx, m, bucket_mb, overlap);
+}
+
 dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bucket_mb, dist_overlap overlap) {
     if (ctx->role == DIST_ROLE_UNSET) {
         moerl_errorf("dist_reducer_new: call dist_split_roles first");

@@ -456,7 +456,28 @@ static void *comm_thread_main(void *arg) {
     return NULL;
 }
 
+struct dist_comm; /* defined with the sub-group functions below */
+static MPI_Comm comm_of(const struct dist_comm *c);
+static int comm_size_of(const struct dist_comm *c);
+
+static dist_grad_reducer *reducer_new(dist_ctx *ctx, const struct dist_comm *group, const moe_model *m,
+                                      double bucket_mb, dist_overlap overlap);
+
 dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bucket_mb, dist_overlap overlap) {
+    return reducer_new(ctx, NULL, m, bucket_mb, overlap);
+}
+
+dist_grad_reducer *dist_reducer_new_on(dist_ctx *ctx, const struct dist_comm *group, const moe_model *m,
+                                       double bucket_mb, dist_overlap overlap) {
+    if (!group) {
+        moerl_errorf("dist_reducer_new_on: no group given");
+        return NULL;
+    }
+    return reducer_new(ctx, group, m, bucket_mb, overlap);
+}
+
+static dist_grad_reducer *reducer_new(dist_ctx *ctx, const struct dist_comm *group, const moe_model *m,
+                                      double bucket_mb, dist_overlap overlap) {
     if (ctx->role == DIST_ROLE_UNSET) {
         moerl_errorf("dist_reducer_new: call dist_split_roles first");
         return NULL;
@@ -499,8 +520,8 @@ dist_grad_reducer *dist_reducer_new(dist_ctx *ctx, const moe_model *m, double bu
     r->req = xcalloc((size_t)(nb ? nb : 1), sizeof *r->req);
     for (int i = 0; i < nb; i++) r->req[i] = MPI_REQUEST_NULL;
     r->comm = MPI_COMM_NULL;
-    if (ctx->trainer_size > 1) {
-        MPI_CHECK(MPI_Comm_dup(ctx->impl->trainer, &r->comm));
+    if (group ? comm_size_of(group) > 1 : ctx->trainer_size > 1) {
+        MPI_CHECK(MPI_Comm_dup(group ? comm_of(group) : ctx->impl->trainer, &r->comm));
         if (overlap == DIST_OVERLAP_THREAD) {
             pthread_mutex_init(&r->mu, NULL);
             pthread_cond_init(&r->cv_work, NULL);
@@ -678,6 +699,8 @@ void dist_comm_free(dist_comm *c) {
 }
 
 int dist_comm_rank(const dist_comm *c) { return c->rank; }
+static MPI_Comm comm_of(const struct dist_comm *c) { return c->comm; }
+static int comm_size_of(const struct dist_comm *c) { return c->size; }
 int dist_comm_size(const dist_comm *c) { return c->size; }
 double dist_comm_bytes(const dist_comm *c, dist_op op) { return op >= 0 && op < DIST_OP_COUNT ? c->bytes[op] : 0.0; }
 void dist_comm_reset_bytes(dist_comm *c) { memset(c->bytes, 0, sizeof c->bytes); }

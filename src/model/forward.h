@@ -85,6 +85,9 @@ typedef struct {
      * decoder layer l, group −1 (embedding, incl. a tied head) after the embedding scatter. */
     void (*layer_hook)(void *ctx, int group);
     void *layer_hook_ctx;
+    /* Model-parallel runtime (src/parallel/parallel.h); NULL = this rank computes the whole model on
+     * its own tokens (model_acts_init sets NULL). */
+    struct par_state *par;
 } model_acts;
 
 /* Allocate activations for up to max_tokens tokens per batch (one allocation). */

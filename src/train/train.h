@@ -57,6 +57,9 @@ typedef struct {
      *   can form the value E·Σ_e counts_e·psum_e/(L·N_total)² (after summing over ranks). */
     const double *aux_counts;
     double *aux_psum_out, *aux_counts_out;
+    /* Model-parallel runtime (src/parallel/parallel.h), NULL = off: installed on the activations
+     * (model_acts.par) for every micro-batch. */
+    struct par_state *par;
 } train_step_opts;
 
 typedef struct {
