@@ -45,6 +45,12 @@
 #include "base/pool.h"
 #include "base/trace.h"
 #include "kernels/kernels.h"
+#include "parallel/parallel.h"
+/* Model-parallel layer events (parallel.h: FSDP gathers parameters / reduces gradients here). */
+#define PAR_EVENT(a, phase, l) \
+    do { \
+        if ((a)->par) par_layer_hook((a)->par, (phase), (l)); \
+    } while (0)
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -671,6 +677,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int l = 0; l < c->num_hidden_layers; l++) a->n_moe_layers += m->p.layers[l].router != NULL;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    PAR_EVENT(a, PAR_FWD_LAYER, -1);
     /* embedding rows and layer 0's attention input */
 #pragma omp parallel num_threads(nthr)
     {
@@ -686,6 +693,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         const double ta = trace_begin();
         attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
+        PAR_EVENT(a, PAR_FWD_LAYER, l);
         const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
         {
@@ -992,6 +1000,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
               nkv = c->num_key_value_heads, L = c->num_hidden_layers;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    PAR_EVENT(a, PAR_BWD_LAYER, L);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
@@ -1000,12 +1009,14 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         layer_mlp_backward_team(m, a, L - 1, aux_weight, r0, r1);
     }
     if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
+    PAR_EVENT(a, PAR_GRAD_READY, L);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
         attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
                            N, nh, nkv, hd, scale);
         trace_end("bwd attention", "model", ta);
+        PAR_EVENT(a, PAR_BWD_LAYER, l);
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
@@ -1028,8 +1039,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
             }
         }
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
+        PAR_EVENT(a, PAR_GRAD_READY, l);
     }
     if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+    PAR_EVENT(a, PAR_GRAD_READY, -1);
     blas_team_end(nb);
 }
 

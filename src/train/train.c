@@ -6,6 +6,7 @@
 #include "base/common.h"
 #include "data/tasks.h"
 #include "data/tokenizer.h"
+#include "parallel/parallel.h"
 #include "rollout/engine.h"
 
 int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start) {
@@ -77,7 +78,8 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     if (o->total_tokens > 0) total = o->total_tokens;
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
-    model_zero_grad(m);
+    if (o->par) a->par = o->par; /* model-parallel layer events (parallel.h) */
+    par_zero_grad(o->par, m);
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
