@@ -35,7 +35,14 @@ struct fsdp_state {
     adamw_range *ranges;  /* the owned pieces of every tensor, in shard order */
     int n_ranges;
     double cur_bytes, peak_bytes;
+    int rs_order[MOERL_MAX_LAYERS + 2], n_rs; /* units with a reduce-scatter in flight, oldest first */
 };
+
+/* Reduce-scatters allowed in flight: Open MPI progresses a nonblocking collective only inside MPI
+ * calls, so without a bound every layer's gradient would stay live until the step's end (the whole
+ * gradient resident); with it, at most this many finished units wait besides the one being written
+ * (PyTorch FSDP's limit_all_gathers plays the same role for the gathers). */
+#define FSDP_RS_IN_FLIGHT 2
 
 /* ------------------------------------------------------------------ memory */
 
@@ -80,9 +87,10 @@ static void gather_start(fsdp_state *fs, int k) {
     if ((size_t)fs->P * u->s != u->n) {
         u->p_bounce = xalloc_aligned((size_t)fs->P * u->s * sizeof(float));
         dst = u->p_bounce;
-        account(fs, (double)fs->P * u->s * 4);
+        account(fs, (double)fs->P * u->s * 4); /* the layout region is touched only at the copy */
+    } else {
+        account(fs, (double)u->n * 4);
     }
-    account(fs, (double)u->n * 4);
     u->p_req = dist_comm_iallgather_f32(fs->comm, fs->p_shard + u->sh, u->s, dst);
     u->p_state = U_FLIGHT;
 }
@@ -93,6 +101,7 @@ static void gather_wait(fsdp_state *fs, int k) {
     MOERL_ASSERT(dist_wait(u->p_req) == MOERL_OK);
     u->p_req = NULL;
     if (u->p_bounce) {
+        account(fs, (double)u->n * 4);
         memcpy(fs->m->params + u->off, u->p_bounce, u->n * sizeof(float));
         free(u->p_bounce);
         u->p_bounce = NULL;
@@ -118,13 +127,21 @@ static void grad_complete(fsdp_state *fs, int k) {
     free(u->g_recv);
     u->g_recv = NULL;
     account(fs, -(double)u->s * 4);
-    if (u->g_bounce) {
+    if (u->g_bounce) { /* the layout region was given back when the bounce copy was made */
         free(u->g_bounce);
         u->g_bounce = NULL;
         account(fs, -(double)fs->P * u->s * 4);
+    } else {
+        drop_pages(fs->m->grads, u->off, u->n);
+        account(fs, -(double)u->n * 4);
     }
-    drop_pages(fs->m->grads, u->off, u->n);
-    account(fs, -(double)u->n * 4);
+}
+
+static void rs_forget(fsdp_state *fs, int k) {
+    int j = 0;
+    for (int i = 0; i < fs->n_rs; i++)
+        if (fs->rs_order[i] != k) fs->rs_order[j++] = fs->rs_order[i];
+    fs->n_rs = j;
 }
 
 static void grad_wait(fsdp_state *fs, int k) {
@@ -132,6 +149,7 @@ static void grad_wait(fsdp_state *fs, int k) {
     if (!u->g_req) return;
     MOERL_ASSERT(dist_wait(u->g_req) == MOERL_OK);
     u->g_req = NULL;
+    rs_forget(fs, k);
     grad_complete(fs, k);
 }
 
@@ -141,6 +159,7 @@ static void grad_poll(fsdp_state *fs) {
         fsdp_unit *u = &fs->u[k];
         if (u->g_req && dist_test(u->g_req)) {
             u->g_req = NULL;
+            rs_forget(fs, k);
             grad_complete(fs, k);
         }
     }
@@ -165,10 +184,14 @@ static void grad_ready(fsdp_state *fs, int k) {
         memcpy(u->g_bounce, send, u->n * sizeof(float));
         send = u->g_bounce;
         account(fs, (double)fs->P * u->s * 4);
+        drop_pages(fs->m->grads, u->off, u->n);
+        account(fs, -(double)u->n * 4);
     }
     u->g_recv = xalloc_aligned(u->s * sizeof(float));
     account(fs, (double)u->s * 4);
     u->g_req = dist_comm_ireduce_scatter_f32(fs->comm, send, u->g_recv, u->s);
+    fs->rs_order[fs->n_rs++] = k;
+    while (fs->n_rs > FSDP_RS_IN_FLIGHT) grad_wait(fs, fs->rs_order[0]);
 }
 
 /* ------------------------------------------------------------------ schedule */

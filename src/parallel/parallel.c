@@ -103,10 +103,9 @@ int par_max_passes(par_state *ps, int passes) {
     return rc == MOERL_OK ? mx : -1;
 }
 
-int par_pad_passes(par_state *ps, int passes, int backward) {
+int par_pad_passes(par_state *ps, int passes, int max, int backward) {
     if (!ps || !ps->fsdp) return MOERL_OK;
-    const int mx = par_max_passes(ps, passes);
-    if (mx < 0) return MOERL_ERR;
-    for (int i = passes; i < mx; i++) fsdp_idle_pass(ps->fsdp, backward);
+    if (max < passes) return moerl_errorf("par_pad_passes: %d passes, more than the group's most %d", passes, max);
+    for (int i = passes; i < max; i++) fsdp_idle_pass(ps->fsdp, backward);
     return MOERL_OK;
 }

@@ -62,13 +62,14 @@ void par_layer_hook(par_state *ps, par_phase phase, int l);
 
 /* train_accumulate's start: zero the gradients (the owned shard under FSDP, m->grads otherwise). */
 void par_zero_grad(par_state *ps, moe_model *m);
-/* After this rank's micro-batches of a step: every FSDP rank must run the same number of forward
- * (and backward) passes, so a rank with fewer runs the missing ones as idle passes (the collectives
- * only, with zero gradients). passes = this rank's micro-batches; backward 0 for forward-only
- * passes (compute_router_counts). Collective over the FSDP group; no-op without FSDP. */
-int par_pad_passes(par_state *ps, int passes, int backward);
-/* The most passes any member of this rank's FSDP group runs (collective over the group; without
- * FSDP: passes). */
+/* Every FSDP rank must run the same number of forward (and backward) passes, so a rank with fewer
+ * micro-batches than the most in its group runs the missing ones as idle passes (the collectives
+ * only, with zero gradients). par_max_passes: the most passes any member of this rank's FSDP group
+ * runs — collective over the group, so call it BEFORE the passes (a member still inside a pass
+ * would see another collective); without FSDP: passes. par_pad_passes: after this rank's `passes`
+ * passes, run max − passes idle ones (backward 0: forward-only passes, as compute_router_counts);
+ * not collective by itself; no-op without FSDP. */
 int par_max_passes(par_state *ps, int passes);
+int par_pad_passes(par_state *ps, int passes, int max, int backward);
 
 #endif

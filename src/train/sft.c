@@ -260,18 +260,18 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
         to.layer_hook_ctx = red;
     }
     int rc = MOERL_ERR;
-    const int n_mb = count_microbatches(mine, n, o->max_tokens);
-    if (n_mb < 0) goto out;
+    const int n_mb = count_microbatches(mine, n, o->max_tokens), max_mb = par_max_passes(R->ps, n_mb);
+    if (n_mb < 0 || max_mb < 0) goto out;
     if (global_aux) {
         if (compute_router_counts(m, acts, mine, n, o->max_tokens, counts) != MOERL_OK) goto out;
-        if (par_pad_passes(R->ps, n_mb, 0) != MOERL_OK || ranks_sum(R, counts, E) != MOERL_OK) goto out;
+        if (par_pad_passes(R->ps, n_mb, max_mb, 0) != MOERL_OK || ranks_sum(R, counts, E) != MOERL_OK) goto out;
         to.aux_counts = counts;
         to.aux_psum_out = psum;
     }
     sft_ctx sc = {.inv_tokens = 1.0 / (double)g_resp};
     train_step_out so;
     if (train_accumulate(m, acts, mine, n, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
-    if (R->fs && (par_pad_passes(R->ps, n_mb, 1) != MOERL_OK || fsdp_finish_grads(R->fs) != MOERL_OK)) goto out;
+    if (R->fs && (par_pad_passes(R->ps, n_mb, max_mb, 1) != MOERL_OK || fsdp_finish_grads(R->fs) != MOERL_OK)) goto out;
     if (red) dist_reducer_finish(red);
     sums[0] = sc.ce_sum;
     sums[1] = (double)so.n_tokens;
