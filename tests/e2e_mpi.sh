@@ -174,12 +174,12 @@ PYEOF
 SFTX=(model.num_hidden_layers=3 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
 "$M" sft --config "$W/sft.yaml" "${SFTX[@]}" trainer.default_local_dir="$W/r1" >/dev/null 2>"$W/err1"
 for v in "2 1" "3 1" "2 2" "4 2"; do
-    set -- $v
-    timeout 180 "${MPIRUN[@]}" -np "$1" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.fsdp_config.fsdp_size="$2" \
-        trainer.default_local_dir="$W/r$1f$2" >"$W/out" 2>"$W/err"
+    read -r NP FS <<<"$v"
+    timeout 180 "${MPIRUN[@]}" -np "$NP" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.fsdp_config.fsdp_size="$FS" \
+        trainer.default_local_dir="$W/r${NP}f$FS" >"$W/out" 2>"$W/err"
     rc=$?
-    EDGE_WHAT="moerl-mpi sft -np $1 fsdp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r$1f$2"'
+    EDGE_WHAT="moerl-mpi sft -np $NP fsdp $FS against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${NP}f$FS"'
 done
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)

@@ -131,6 +131,7 @@ static void rl_def_keys(cfg *c) {
     cli_def_model_keys(c);
     cli_def_data_keys(c);
     sft_def_warm_start_keys(c);
+    par_def_keys(c); /* actor.fsdp_config.fsdp_size, ... (src/parallel/grid.h) */
     cfg_def_int(c, "rollout.n", 8, "responses per prompt (the GRPO group)");
     cfg_def_float(c, "rollout.temperature", 1.0, "sampling temperature (behaviour logprobs use the same)");
     cfg_def_float(c, "rollout.top_p", 1.0, "nucleus sampling");
@@ -286,6 +287,7 @@ static int rl_read_config(const cfg *c, rl_config *r) {
     if (r->ppo_max_token_len <= 0) return moerl_errorf("actor.ppo_max_token_len_per_gpu must be positive");
     if (r->rollout_threads <= 0 || r->trainer_threads <= 0)
         return moerl_errorf("async_training.rollout_threads and trainer_threads must be positive");
+    if (par_read_keys(c, &r->par) != MOERL_OK) return MOERL_ERR;
     return rl_read_algorithm_keys(c, r);
 }
 

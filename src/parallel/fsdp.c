@@ -64,6 +64,17 @@ static void drop_pages(float *base, size_t off, size_t n) {
     if (b1 > a1) madvise((void *)a1, b1 - a1, MADV_DONTNEED);
 }
 
+/* Transient buffers (bounces, receive buffers) straight from the kernel and back: the heap would
+ * keep freed multi-MB blocks resident (glibc raises its mmap threshold after the first free). */
+static float *tmp_alloc(size_t n) {
+    float *p = map_sparse(n * sizeof(float));
+    if (!p) moerl_fatal("fsdp: out of memory mapping %zu bytes", n * sizeof(float));
+    return p; /* zero pages */
+}
+static void tmp_free(float *p, size_t n) {
+    if (p) munmap(p, n ? n * sizeof(float) : 1);
+}
+
 static void account(fsdp_state *fs, double bytes) {
     fs->cur_bytes += bytes;
     if (fs->cur_bytes > fs->peak_bytes) fs->peak_bytes = fs->cur_bytes;
@@ -85,7 +96,7 @@ static void gather_start(fsdp_state *fs, int k) {
     }
     float *dst = fs->m->params + u->off;
     if ((size_t)fs->P * u->s != u->n) {
-        u->p_bounce = xalloc_aligned((size_t)fs->P * u->s * sizeof(float));
+        u->p_bounce = tmp_alloc((size_t)fs->P * u->s);
         dst = u->p_bounce;
         account(fs, (double)fs->P * u->s * 4); /* the layout region is touched only at the copy */
     } else {
@@ -103,7 +114,7 @@ static void gather_wait(fsdp_state *fs, int k) {
     if (u->p_bounce) {
         account(fs, (double)u->n * 4);
         memcpy(fs->m->params + u->off, u->p_bounce, u->n * sizeof(float));
-        free(u->p_bounce);
+        tmp_free(u->p_bounce, (size_t)fs->P * u->s);
         u->p_bounce = NULL;
         account(fs, -(double)fs->P * u->s * 4);
     }
@@ -124,11 +135,11 @@ static void grad_complete(fsdp_state *fs, int k) {
     fsdp_unit *u = &fs->u[k];
     float *g = fs->g_shard + u->sh;
     for (size_t i = 0; i < u->s; i++) g[i] += u->g_recv[i];
-    free(u->g_recv);
+    tmp_free(u->g_recv, u->s);
     u->g_recv = NULL;
     account(fs, -(double)u->s * 4);
     if (u->g_bounce) { /* the layout region was given back when the bounce copy was made */
-        free(u->g_bounce);
+        tmp_free(u->g_bounce, (size_t)fs->P * u->s);
         u->g_bounce = NULL;
         account(fs, -(double)fs->P * u->s * 4);
     } else {
@@ -180,14 +191,14 @@ static void grad_ready(fsdp_state *fs, int k) {
     u->g_live = 0;
     const float *send = fs->m->grads + u->off;
     if ((size_t)fs->P * u->s != u->n) {
-        u->g_bounce = xalloc_aligned((size_t)fs->P * u->s * sizeof(float)); /* zeroed: the padding adds 0 */
+        u->g_bounce = tmp_alloc((size_t)fs->P * u->s); /* zeroed: the padding adds 0 */
         memcpy(u->g_bounce, send, u->n * sizeof(float));
         send = u->g_bounce;
         account(fs, (double)fs->P * u->s * 4);
         drop_pages(fs->m->grads, u->off, u->n);
         account(fs, -(double)u->n * 4);
     }
-    u->g_recv = xalloc_aligned(u->s * sizeof(float));
+    u->g_recv = tmp_alloc(u->s);
     account(fs, (double)u->s * 4);
     u->g_req = dist_comm_ireduce_scatter_f32(fs->comm, send, u->g_recv, u->s);
     fs->rs_order[fs->n_rs++] = k;
@@ -363,10 +374,10 @@ int fsdp_gather_vec(fsdp_state *fs, const float *shard_vec, float *full) {
     for (int k = 0; k < fs->n_units; k++) {
         const fsdp_unit *u = &fs->u[k];
         if (u->n == 0) continue;
-        float *tmp = xalloc_aligned((size_t)fs->P * u->s * sizeof(float));
+        float *tmp = tmp_alloc((size_t)fs->P * u->s);
         const int rc = dist_comm_allgather_f32(fs->comm, shard_vec + u->sh, u->s, tmp);
         if (rc == MOERL_OK && full) memcpy(full + u->off, tmp, u->n * sizeof(float));
-        free(tmp);
+        tmp_free(tmp, (size_t)fs->P * u->s);
         if (rc != MOERL_OK) return rc;
     }
     return MOERL_OK;

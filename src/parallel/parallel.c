@@ -10,9 +10,16 @@
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
 
 int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m) {
+    par_config pc;
+    memset(ps, 0, sizeof *ps);
+    if (par_read_keys(c, &pc) != MOERL_OK) return MOERL_ERR;
+    return par_state_init_cfg(ps, ctx, &pc, m);
+}
+
+int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe_model *m) {
     memset(ps, 0, sizeof *ps);
     ps->ctx = ctx;
-    if (par_read_keys(c, &ps->cfg) != MOERL_OK) return MOERL_ERR;
+    ps->cfg = *pcfg;
     const par_config *pc = &ps->cfg;
     const int T = ctx && ctx->trainer_size > 0 ? ctx->trainer_size : 1;
     const int fsdp = pc->fsdp_size == -1 ? T / pc->pipeline_parallel_size : pc->fsdp_size;

@@ -42,6 +42,8 @@ typedef struct par_state {
  * rank a trainer, or embedded). A size > 1 whose strategy this build lacks is an error naming the
  * key. On error ps is left freed (zeroed) and m unchanged. */
 int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m);
+/* The same from keys already read (par_read_keys), e.g. rl_config.par. */
+int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pc, moe_model *m);
 /* Free the strategies (FSDP first gathers the whole model back into ordinary buffers of m on EVERY
  * trainer rank, so m is a plain model afterwards) and the grid. Collective like par_state_init.
  * A zeroed par_state is a no-op. */

@@ -53,6 +53,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "rl/job_internal.h"
+#include "parallel/parallel.h"
 #include "rl/rl.h"
 #include "rl/wire.h"
 #include "train/train.h"
@@ -384,12 +385,41 @@ static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
     if (T->ref) send_floats(ctx, dst, T->ref->params, T->ref->n_params, chunk);
 }
 
+/* The trainer rank's model-parallel runtime through par_state_init (src/parallel/parallel.c), as
+ * `moerl sft` builds it. The RL trainer ranks are data parallel only for now: FSDP (and the other
+ * strategies) would also need the weight broadcast to rollout ranks, the trainer-state transfer and
+ * the checkpoint of job.c to work from shards, so a size > 1 is refused here, naming the keys. */
+static par_state *trainer_par_init(dist_ctx *ctx, const rl_config *cfg, moe_model *m) {
+    const par_config *pc = &cfg->par;
+    const int D = ctx->trainer_size / (pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1);
+    const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
+    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
+        pc->pipeline_parallel_size > 1) {
+        moerl_errorf("moerl rl: model parallelism on the trainer ranks (actor.fsdp_config.fsdp_size=%d, "
+                     "actor.expert_parallel_size=%d, actor.ulysses_sequence_parallel_size=%d, "
+                     "actor.pipeline_parallel_size=%d) is not available yet: the trainer ranks are data parallel "
+                     "(every size 1); `moerl sft` under mpirun takes these keys", pc->fsdp_size,
+                     pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pc->pipeline_parallel_size);
+        die(ctx, "configuration");
+    }
+    par_state *ps = xcalloc(1, sizeof *ps);
+    CHECK_OK(par_state_init_cfg(ps, ctx, pc, m), "model parallelism");
+    return ps;
+}
+
+static void trainer_par_free(trainer *T) {
+    par_state_free(T->par);
+    free(T->par);
+    T->par = NULL;
+}
+
 static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const dataset *train) {
     set_role_threads(cfg->trainer_threads);
     trainer *T = xcalloc(1, sizeof *T);
     CHECK_OK(trainer_init(T, cfg, train, m), "trainer setup");
     recv_state(ctx, T);
     T->dist = ctx;
+    T->par = trainer_par_init(ctx, cfg, m);
     T->reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
     if (!T->reducer) die(ctx, "gradient reducer");
     dist_reducer_set_compression(T->reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
@@ -421,6 +451,7 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
     }
     dist_reducer_free(T->reducer);
     T->reducer = NULL;
+    trainer_par_free(T);
     check_trainers_identical(ctx, m, 0);
     cmd_msg c = recv_cmd(ctx);
     if (c.cmd != CMD_BYE) {
@@ -756,6 +787,7 @@ static int dist_stop(job *J, double *rb, double *ri) {
     pthread_join(L->server, NULL); /* returns once every STOP acknowledgement and group is in */
     dist_reducer_free(J->T.reducer);
     J->T.reducer = NULL;
+    trainer_par_free(&J->T);
     check_trainers_identical(ctx, J->m, 1);
     *rb = L->win_busy;
     *ri = L->win_idle;
@@ -832,6 +864,7 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
     CHECK_OK(dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs), "initial weight broadcast");
     J->T.dist = ctx;
+    J->T.par = trainer_par_init(ctx, cfg, m);
     J->T.reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
     if (!J->T.reducer) die(ctx, "gradient reducer");
     dist_reducer_set_compression(J->T.reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,

@@ -31,6 +31,7 @@
 #include "dist/dist.h"
 #include "model/forward.h"
 #include "optim/adamw.h"
+#include "parallel/grid.h"
 #include "rl/losses.h"
 #include "rl/queue.h"
 #include "rl/staleness.h"
@@ -107,6 +108,7 @@ typedef struct {
     double grad_bucket_mb;     /* actor.grad_bucket_mb: gradient-reduction bucket (MiB, DDP's 25) */
     int grad_compression;      /* actor.grad_compression: grad_compression (parallel/compress.h) */
     int grad_compression_warmup_steps, grad_compression_chunk;
+    par_config par;            /* actor.fsdp_config.fsdp_size, actor.expert_parallel_size, ... (parallel/grid.h) */
 } rl_config;
 
 /* One prompt with its n responses: the unit that moves through the queue (never split). */
@@ -216,6 +218,7 @@ typedef struct {
     /* data parallel (rl_run_dist); NULL in the embedded job */
     dist_ctx *dist;
     dist_grad_reducer *reducer;
+    struct par_state *par;    /* the trainer rank's model-parallel runtime (parallel/parallel.h); NULL: none */
 } trainer;
 
 /* The RL algorithm's keys (src/rl/config.c): definitions with defaults and help, and their reading

@@ -535,7 +535,8 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
     train_step_opts to = {.max_tokens = cfg->ppo_max_token_len, .want_entropy = 1,
                           .temperature = cfg->temperature > 0 ? cfg->temperature : 1.0f,
                           .aux_coef = T->m->cfg.router_aux_loss_coef,
-                          .layer_hook = T->reducer ? reducer_hook : NULL, .layer_hook_ctx = T->reducer};
+                          .layer_hook = T->reducer ? reducer_hook : NULL, .layer_hook_ctx = T->reducer,
+                          .par = T->par};
     for (int ep = 0; ep < cfg->ppo_epochs; ep++)
         for (int b = 0, s0 = 0; b < n_mb; s0 += mbs[b].n_groups * cfg->n, b++, n_updates++)
             if (update_minibatch(T, &d, &c, &to, &mbs[b], s0, s0 + mbs[b].n_groups * cfg->n, aux_buf, st, &aux_sum,
