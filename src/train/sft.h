@@ -1,7 +1,8 @@
 /* Supervised fine-tuning on prompt/response rows: loss on response tokens only (token-mean over
  * the global batch), packed micro-batches, AdamW with clipping and an LR schedule, held-out greedy
  * accuracy before and after, one log line per step and metrics JSONL. Used by `moerl sft` and by
- * the warm start of `moerl rl`. */
+ * the warm start of `moerl rl`. With the aux loss on and the batch in several micro-batches (or
+ * ranks), the aux loss is the whole batch's (its routing counts are taken first, forward only). */
 #ifndef MOERL_SFT_H
 #define MOERL_SFT_H
 
