@@ -45,6 +45,8 @@
 #include "base/pool.h"
 #include "base/trace.h"
 #include "kernels/kernels.h"
+#include "parallel/ep.h"
+#include "parallel/parallel.h"
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -445,7 +447,7 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
  * token rows are [r0, r1). counts/psum (NULL: skip) receive the aux-loss statistics.
  * Source: HF Qwen3MoeSparseMoeBlock; the pipeline of Megatron/Ascend (forward.h). */
 static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1) {
+                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
     const moe_config *c = &m->cfg;
     const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
@@ -483,6 +485,10 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         SPAN_END("experts (loop)", t);
         return;
     }
+    if (ep) { /* expert parallelism: permute, dispatch, local experts, combine into s->y (ep.c) */
+        ep_moe_forward_team(ep, m, l, x, s, N);
+        SPAN_END("experts (expert parallel)", t);
+    } else {
     grouped_fuse fz = {0};
     if (ex->separate_permute) {
 #pragma omp for schedule(static)
@@ -510,6 +516,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
     }
     grouped_gemm_forward_team(s->y, s->act, moe_w_down(m, l, s), s->offsets, E, I, H, &fd);
     SPAN_END("down GEMM", t);
+    } /* ep */
     t = SPAN_BEGIN();
     if (ex->separate_permute) {
         /* weight every expert output row, then (after the barrier) sum each token's rows */
@@ -552,8 +559,8 @@ static void dense_forward_rows(const moe_model *m, int l, const float *x, float 
 
 /* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
 static void mlp_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1) {
-    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
+    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
     else dense_forward_rows(m, l, x, out, s, r0, r1);
 }
 
@@ -574,6 +581,7 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
 
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
+    MOERL_ASSERT(m->cfg.exec.ep_size <= 1 || !m->p.layers[l].router); /* an expert slice needs model_forward + ep */
     /* team_size as in training (one thread for a token or two), as before the MoE layer moved
      * onto the grouped GEMM kernels: their items could split a single token's experts over more
      * threads, which has not been measured on a quiet machine yet */
@@ -582,7 +590,7 @@ void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, NULL);
     }
     blas_team_end(nb);
 }
@@ -617,7 +625,8 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
                         c->rms_norm_eps);
     }
-    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1);
+    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
+                     a->par ? a->par->ep : NULL);
     if (n > 0) {
         const float *rm = L->resid_mid + o;
         float *ob = out + o;
@@ -649,6 +658,10 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         if (tokens[n] < 0 || tokens[n] >= V)
             return moerl_errorf("model_forward: token %d at position %d outside the vocabulary [0,%d)", tokens[n],
                                 n, V);
+    if (c->exec.ep_size > 1 && !(a->par && a->par->ep))
+        return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
+                            "activations carry no ep_state (model_acts.par->ep, src/parallel/ep.h)", c->exec.ep_rank,
+                            c->exec.ep_size);
     a->N = N;
     a->B = B;
     memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int));
@@ -833,7 +846,11 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
     }
 #pragma omp barrier
     SPAN_END(ex->per_expert_loop ? "bwd router" : "bwd unpermute + router", t);
-    if (!ex->per_expert_loop) {
+    if (a->par && a->par->ep) { /* expert parallelism: dispatch d_y, local experts, combine (ep.c) */
+        t = SPAN_BEGIN();
+        ep_moe_backward_team(a->par->ep, m, l, s, a->d_y, a->d_permuted, dWgu, dWd);
+        SPAN_END("bwd experts (expert parallel)", t);
+    } else if (!ex->per_expert_loop) {
         t = SPAN_BEGIN();
         grouped_fuse fz = {0};
         fz.swiglu_dgate_up = a->d_gate_up;

@@ -78,6 +78,7 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
     model_zero_grad(m);
+    if (o->par) a->par = o->par; /* model-parallel hooks for every micro-batch (train.h) */
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
