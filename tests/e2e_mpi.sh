@@ -8,6 +8,8 @@
 #                 at DP = 2 and 3 against one rank and one micro-batch
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
+#   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
+#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft
 #                 under -np 3 is ONE run (rank 0; one checkpoint, one result line, metrics once), a bad
@@ -81,6 +83,10 @@ run_mpi "test_dist_trainer -np 2 (DP=2)" 2 "$T/test_dist_trainer"
 run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
+run_mpi "test_dist_ep -np 2 (EP=2)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=4)" 4 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=2 x DP=2)" 4 "$T/test_dist_ep" --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_ep -np 2 (EP=2, 2 threads)" 2 "$T/test_dist_ep"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then

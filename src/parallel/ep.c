@@ -299,6 +299,7 @@ static void dispatch_forward(ep_state *ep, int l, const float *send, const int *
     ep_layer *y = &ep->lay[l];
     note_sent(ep, scnt);
     if (ep->disp == MOE_DISPATCH_ALLTOALLV) {
+        ep->st.size_exchanges++;
         if (dist_comm_alltoall_i32(ep->comm, scnt, (size_t)ep->El, y->rcnt) != MOERL_OK)
             moerl_fatal("expert-parallel count exchange: %s", moerl_last_error());
         place_expert_major(ep, y);
@@ -439,6 +440,20 @@ int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full) {
         } else {
             memcpy(full->params + f->offset, local->params + t->offset, (size_t)t->numel * sizeof(float));
         }
+    }
+    return MOERL_OK;
+}
+
+int ep_slice_model(const moe_model *full, moe_model *local) {
+    int lo;
+    const int El = moe_config_local_experts(&local->cfg, &lo);
+    if (full->n_tensors != local->n_tensors || full->cfg.num_experts != local->cfg.num_experts ||
+        moe_config_local_experts(&full->cfg, &(int){0}) != full->cfg.num_experts)
+        return moerl_errorf("ep_slice_model: the source is not the whole model of the slice's config");
+    for (int i = 0; i < local->n_tensors; i++) {
+        const tensor_info *t = &local->tensors[i], *f = &full->tensors[i];
+        const size_t per = (t->flags & TF_EXPERT) ? (size_t)(t->numel / El) : 0;
+        memcpy(local->params + t->offset, full->params + f->offset + per * lo, (size_t)t->numel * sizeof(float));
     }
     return MOERL_OK;
 }

@@ -57,6 +57,7 @@ typedef struct ep_state ep_state;
 
 typedef struct {
     long exchanges;     /* row exchanges (dispatch and combine, forward and backward) */
+    long size_exchanges; /* alltoallv: count exchanges (one per forward dispatch) */
     long rows_sent;     /* rows this rank sent to OTHER ranks (payload rows, H floats each) */
     long spill_rounds;  /* alltoall exchanges that needed the spill round (any rank overflowed) */
     long spill_rows;    /* rows this rank sent in spill rounds */
@@ -118,5 +119,9 @@ int ep_adamw_step(ep_state *ep, adamw_state *s, moe_model *m, float lr, float lo
  * to compare against one rank. Collective over ep_comm. Errors: full's layout is not local's model
  * unsliced. */
 int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full);
+/* Copy this rank's slice of a whole model (same config without exec.ep_size) into local's params:
+ * replicated tensors whole, expert tensors the rows of local's experts. Not collective. Errors:
+ * full is not the unsliced model of local's config. */
+int ep_slice_model(const moe_model *full, moe_model *local);
 
 #endif
