@@ -10,6 +10,8 @@
 #                 the exchange, bit for bit, at DP = 2 and 3
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
+#   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
+#                 one rank, bytes vs formula
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft
 #                 under -np 3 is ONE run (rank 0; one checkpoint, one result line, metrics once), a bad
@@ -87,6 +89,12 @@ run_mpi "test_dist_ep -np 2 (EP=2)" 2 "$T/test_dist_ep"
 run_mpi "test_dist_ep -np 4 (EP=4)" 4 "$T/test_dist_ep"
 run_mpi "test_dist_ep -np 4 (EP=2 x DP=2)" 4 "$T/test_dist_ep" --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_ep -np 2 (EP=2, 2 threads)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_sp -np 2 (SP=2, GQA nkv 2)" 2 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_sp -np 2 (SP=2, nkv 1 replicated)" 2 "$T/test_dist_sp" --sp 2 --nkv 1
+run_mpi "test_dist_sp -np 4 (SP=2 x DP=2)" 4 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_sp -np 4 (SP=4, nkv 2 replicated)" 4 "$T/test_dist_sp" --sp 4
+run_mpi "test_dist_sp -np 4 (SP=2 x DP=2, EP=2)" 4 "$T/test_dist_sp" --sp 2 --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist_sp" --sp 2
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then

@@ -47,6 +47,7 @@
 #include "kernels/kernels.h"
 #include "parallel/ep.h"
 #include "parallel/parallel.h"
+#include "parallel/ulysses.h"
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -647,8 +648,11 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, nh = c->num_attention_heads,
               nkv = c->num_key_value_heads, E = c->num_experts;
-    if (N <= 0 || N > a->max_tokens)
-        return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", N, a->max_tokens);
+    struct sp_state *sp = a->par ? a->par->sp : NULL;
+    int t0 = 0, n_loc = N; /* Ulysses: this rank computes tokens [t0, t0 + n_loc) (ulysses.h) */
+    if (sp) sp_token_range(sp, N, &t0, &n_loc);
+    if (N <= 0 || n_loc > a->max_tokens)
+        return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", n_loc, a->max_tokens);
     if (B <= 0 || cu_seqlens[0] != 0 || cu_seqlens[B] != N)
         return moerl_errorf("model_forward: cu_seqlens must start at 0 and end at N=%d (B=%d)", N, B);
     for (int b = 0; b < B; b++)
@@ -662,20 +666,24 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
                             "activations carry no ep_state (model_acts.par->ep, src/parallel/ep.h)", c->exec.ep_rank,
                             c->exec.ep_size);
-    a->N = N;
+    if (sp && sp_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
+    a->N = n_loc;
     a->B = B;
-    memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int));
-    memcpy(a->tokens_in, tokens, (size_t)N * sizeof(int));
+    a->tok0 = t0;
+    if (!sp) memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int)); /* SP: sp_begin keeps them */
+    memcpy(a->tokens_in, tokens + t0, (size_t)n_loc * sizeof(int));
     if (positions) {
-        for (int n = 0; n < N; n++) {
-            if (positions[n] < 0 || positions[n] >= a->rope_max_pos)
-                return moerl_errorf("model_forward: position %d outside [0,%d)", positions[n], a->rope_max_pos);
-            a->pos[n] = positions[n];
+        for (int n = 0; n < n_loc; n++) {
+            if (positions[t0 + n] < 0 || positions[t0 + n] >= a->rope_max_pos)
+                return moerl_errorf("model_forward: position %d outside [0,%d)", positions[t0 + n], a->rope_max_pos);
+            a->pos[n] = positions[t0 + n];
         }
     } else {
         for (int b = 0; b < B; b++)
-            for (int n = cu_seqlens[b]; n < cu_seqlens[b + 1]; n++) a->pos[n] = n - cu_seqlens[b];
+            for (int n = MOERL_MAX(cu_seqlens[b], t0); n < MOERL_MIN(cu_seqlens[b + 1], t0 + n_loc); n++)
+                a->pos[n - t0] = n - cu_seqlens[b];
     }
+    N = n_loc;
     if (E > 0) {
         memset(a->aux_counts, 0, E * sizeof(float));
         memset(a->aux_psum, 0, E * sizeof(float));
@@ -691,13 +699,14 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         team_share(N, &r0, &r1);
         float *x = a->layers[0].resid_in;
         for (int n = r0; n < r1; n++)
-            memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)tokens[n] * H, H * sizeof(float));
+            memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
         attn_in_rows(m, a, 0, r0, r1);
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->layers[l];
         const double ta = trace_begin();
-        attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
+        if (sp) sp_attention_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
+        else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
         const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
@@ -1020,8 +1029,9 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
-        attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
-                           N, nh, nkv, hd, scale);
+        if (a->par && a->par->sp) sp_attention_backward(a->par->sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
+        else attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse,
+                                a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("bwd attention", "model", ta);
 #pragma omp parallel num_threads(nthr)
         {
