@@ -457,3 +457,18 @@ int ep_slice_model(const moe_model *full, moe_model *local) {
     }
     return MOERL_OK;
 }
+
+int ep_slice_in_place(const par_grid *g, moe_model *m) {
+    if (g->ep <= 1) return MOERL_OK;
+    moe_config lc = m->cfg;
+    ep_config_apply(g, &lc);
+    moe_model loc;
+    if ((m->grads ? model_init(&loc, &lc) : model_init_inference(&loc, &lc)) != MOERL_OK) return MOERL_ERR;
+    if (ep_slice_model(m, &loc) != MOERL_OK) {
+        model_free(&loc);
+        return MOERL_ERR;
+    }
+    model_free(m);
+    *m = loc; /* the views point into the heap buffers, so the struct moves as a whole */
+    return MOERL_OK;
+}

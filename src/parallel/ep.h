@@ -124,4 +124,9 @@ int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full);
  * full is not the unsliced model of local's config. */
 int ep_slice_model(const moe_model *full, moe_model *local);
 
+/* Replace the whole model m (exec.ep_size unset) by this rank's slice of it (g->ep > 1; a no-op at
+ * ep 1): the model par_state_init receives becomes the one ep_state_new expects, and the full
+ * expert weights are freed. Gradients are allocated when m had them. Not collective. */
+int ep_slice_in_place(const par_grid *g, moe_model *m);
+
 #endif
