@@ -5,7 +5,9 @@
  * Runs, each K = 4 AdamW steps from the reference's initial weights (sliced):
  *   alltoallv              exact counts;
  *   alltoall (factor 4)    padded blocks, capacity large enough that nothing overflows;
- *   alltoall (factor 0.05) capacity 2 rows per (expert, source): overflow → the spill round.
+ *   alltoall (factor 0.05) capacity 2 rows per (expert, source): overflow → the spill round;
+ *   alltoall, small micro-batches: the shards pack into different numbers of micro-batches and the
+ *                          ranks with fewer run idle passes (ep_idle_pass).
  * Checks: CE and global aux losses and the assembled weights (ep_gather_model) match the one-rank
  * reference within written fp32 tolerances; the three runs give the same bits (losses and weights);
  * the small capacity did spill and the large one did not; weights bit-identical on every rank; the
@@ -41,7 +43,7 @@ typedef struct {
     double a2a_bytes;      /* ep_comm all-to-all bytes this rank sent */
     double formula_bytes;  /* the same from ep_stats and the dispatcher's message sizes */
     size_t local_params, full_params;
-    int cap;
+    int cap, idle_passes;
 } ep_run;
 
 static int same_on_all_ranks(uint64_t v) {
@@ -56,7 +58,10 @@ static int same_on_all_ranks(uint64_t v) {
     return same;
 }
 
-static void run_ep(const fx_batch *b, const moe_model *init, moe_dispatcher disp, double factor, ep_run *out) {
+/* mb_tokens: train_accumulate's micro-batch limit; below FX_MAX_TOKENS the ranks' shares pack into
+ * different numbers of micro-batches and the ranks with fewer run idle passes (ep_idle_pass). */
+static void run_ep(const fx_batch *b, const moe_model *init, moe_dispatcher disp, double factor, int mb_tokens,
+                   ep_run *out) {
     memset(out, 0, sizeof *out);
     par_config pc = {.fsdp_size = 1, .expert_parallel_size = g_ep, .ulysses_sequence_parallel_size = 1,
                      .pipeline_parallel_size = 1, .dispatcher = disp, .alltoall_max_ep = 16,
@@ -83,13 +88,17 @@ static void run_ep(const fx_batch *b, const moe_model *init, moe_dispatcher disp
     const int E = c.num_experts;
     for (int k = 0; k < FX_K_STEPS; k++) {
         double counts[64] = {0}, sums[1 + 64] = {0};
-        MOERL_ASSERT(compute_router_counts(&m, &a, mine, n, FX_MAX_TOKENS, counts) == MOERL_OK);
+        const int passes = count_microbatches(mine, n, mb_tokens), most = ep_max_passes(ep, passes);
+        MOERL_ASSERT(compute_router_counts(&m, &a, mine, n, mb_tokens, counts) == MOERL_OK);
+        for (int i = passes; i < most; i++) ep_idle_pass(ep, &m, 0);
         MOERL_ASSERT(dist_comm_allreduce_f64(g.stage_comm, counts, E) == MOERL_OK);
         fx_ce_ctx cc = {1.0f / (float)b->n_response, 0};
-        train_step_opts o = {.max_tokens = FX_MAX_TOKENS, .temperature = 1.0f, .aux_coef = FX_AUX_COEF,
+        train_step_opts o = {.max_tokens = mb_tokens, .temperature = 1.0f, .aux_coef = FX_AUX_COEF,
                              .total_tokens = b->n_tokens, .aux_counts = counts, .aux_psum_out = sums + 1, .par = &ps};
         train_step_out so;
         MOERL_ASSERT(train_accumulate(&m, &a, mine, n, &o, fx_ce, &cc, &so) == MOERL_OK);
+        for (int i = passes; i < most; i++) ep_idle_pass(ep, &m, 1);
+        out->idle_passes += most - passes;
         MOERL_ASSERT(ep_reduce_grads(ep, &m) == MOERL_OK);
         sums[0] = cc.ce;
         MOERL_ASSERT(dist_comm_allreduce_f64(g.stage_comm, sums, 1 + E) == MOERL_OK);
@@ -113,7 +122,7 @@ static void run_ep(const fx_batch *b, const moe_model *init, moe_dispatcher disp
     MOERL_ASSERT(ep_gather_model(ep, &m, &out->full) == MOERL_OK);
     out->full_params = out->full.n_params;
 
-    if (disp == MOE_DISPATCH_ALLTOALLV) {
+    if (disp == MOE_DISPATCH_ALLTOALLV && mb_tokens == FX_MAX_TOKENS) {
         /* checkpoint: the assembled model saved, loaded back into this rank's slice */
         char dir[256];
         snprintf(dir, sizeof dir, "/tmp/moerl_test_ep_%d_%d", (int)getpid(), RANK);
@@ -150,11 +159,75 @@ static void run_ep(const fx_batch *b, const moe_model *init, moe_dispatcher disp
     par_grid_free(&g);
 }
 
+/* One process (the local backend, run by tests/run.sh): what needs no exchange — slices of a
+ * hand-made expert split: tensor shapes, slicing, the checkpoint round trip of every slice, the
+ * refusals; ep_state_new refuses a grid without expert parallelism. */
+static void local_checks(void) {
+    const moe_config c = fx_config(E_EXPERTS, TOP_K, 2);
+    moe_model full;
+    MOERL_ASSERT(model_init(&full, &c) == MOERL_OK);
+    model_init_random(&full, 4242);
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/moerl_test_ep_local_%d", (int)getpid());
+    CHECK(model_save_hf(&full, dir, 0, 4096) == MOERL_OK, "save: %s", moerl_last_error());
+    for (int ep = 2; ep <= 4; ep *= 2)
+        for (int r = 0; r < ep; r++) {
+            moe_config lc = c;
+            lc.exec.ep_size = ep;
+            lc.exec.ep_rank = r;
+            moe_model s, back;
+            MOERL_ASSERT(model_init(&s, &lc) == MOERL_OK && model_init(&back, &lc) == MOERL_OK);
+            const tensor_info *t = model_find_tensor(&s, "model.layers.0.mlp.experts.gate_up");
+            CHECK(t && t->shape[0] == E_EXPERTS / ep, "ep %d: expert tensor holds %lld experts", ep,
+                  t ? (long long)t->shape[0] : -1LL);
+            CHECK(ep_slice_model(&full, &s) == MOERL_OK, "slice: %s", moerl_last_error());
+            const tensor_info *tf = model_find_tensor(&full, "model.layers.0.mlp.experts.gate_up");
+            CHECK(memcmp(s.params + t->offset, full.params + tf->offset + (size_t)t->numel * r,
+                         (size_t)t->numel * sizeof(float)) == 0, "ep %d rank %d: slice rows", ep, r);
+            CHECK(model_load_weights(&back, dir) == MOERL_OK, "load slice ep %d rank %d: %s", ep, r,
+                  moerl_last_error());
+            CHECK(memcmp(back.params, s.params, s.n_params * sizeof(float)) == 0,
+                  "ep %d rank %d: the slice loaded from the whole checkpoint differs", ep, r);
+            CHECK(model_save_hf(&s, dir, 0, 0) == MOERL_ERR && strstr(moerl_last_error(), "ep_gather_model"),
+                  "saving a slice: %s", moerl_last_error());
+            model_acts a;
+            MOERL_ASSERT(model_acts_init(&a, &s, 8) == MOERL_OK);
+            const int cu[2] = {0, 3}, tk[3] = {1, 2, 3};
+            CHECK(model_forward(&s, &a, tk, cu, NULL, 1, 3) == MOERL_ERR && strstr(moerl_last_error(), "ep_state"),
+                  "forward of a slice without ep_state: %s", moerl_last_error());
+            model_acts_free(&a);
+            model_free(&s);
+            model_free(&back);
+        }
+    moe_config bad = c;
+    bad.exec.ep_size = 3; /* does not divide 8 experts */
+    CHECK(moe_config_validate(&bad) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size"),
+          "ep 3 of 8 experts: %s", moerl_last_error());
+    par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                     .pipeline_parallel_size = 1, .alltoall_max_ep = 16, .capacity_factor = 1.25};
+    par_grid g;
+    MOERL_ASSERT(par_grid_init(&g, g_ctx, &pc, c.num_experts, 4, 2, c.num_hidden_layers) == MOERL_OK);
+    CHECK(ep_state_new(&g, &c, 64) == NULL && strstr(moerl_last_error(), "expert_parallel_size"),
+          "ep_state_new at ep 1: %s", moerl_last_error());
+    par_grid_free(&g);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    MOERL_ASSERT(system(cmd) == 0);
+    model_free(&full);
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
         fprintf(stderr, "test_dist_ep: %s\n", moerl_last_error());
         return 1;
+    }
+    if (g_ctx->world_size == 1) {
+        printf("test_dist_ep: one process (%s backend): slices and checkpoints only; the exchanges run under "
+               "mpirun (tests/e2e_mpi.sh)\n", dist_backend_name());
+        local_checks();
+        dist_finalize(g_ctx);
+        TEST_MAIN_END();
     }
     g_ep = g_ctx->world_size;
     if (argc == 3 && !strcmp(argv[1], "--ep")) g_ep = atoi(argv[2]);
@@ -175,10 +248,14 @@ int main(int argc, char **argv) {
         printf("test_dist_ep: backend %s, %d ranks, ep %d (data-parallel groups of %d), %d tokens\n",
                dist_backend_name(), g_ctx->world_size, g_ep, g_ctx->world_size / g_ep, b.n_tokens);
 
-    ep_run v, a4, a0;
-    run_ep(&b, &init, MOE_DISPATCH_ALLTOALLV, 1.0, &v);
-    run_ep(&b, &init, MOE_DISPATCH_ALLTOALL, 4.0, &a4);
-    run_ep(&b, &init, MOE_DISPATCH_ALLTOALL, 0.05, &a0);
+    ep_run v, a4, a0, u;
+    run_ep(&b, &init, MOE_DISPATCH_ALLTOALLV, 1.0, FX_MAX_TOKENS, &v);
+    run_ep(&b, &init, MOE_DISPATCH_ALLTOALL, 4.0, FX_MAX_TOKENS, &a4);
+    run_ep(&b, &init, MOE_DISPATCH_ALLTOALL, 0.05, FX_MAX_TOKENS, &a0);
+    /* micro-batch limits under which the shards of tests/par_fixture.h pack into different numbers of
+     * micro-batches (2 shards: 4 and 3; 4 shards: 2, 1, 2, 2), so that idle passes run */
+    const int mb_uneven = g_ctx->world_size == 2 ? 16 : 18;
+    run_ep(&b, &init, MOE_DISPATCH_ALLTOALL, 1.25, mb_uneven, &u);
     const size_t n = ref.n_params;
     MOERL_ASSERT(v.full_params == n);
     /* losses: the ranks' partial sums in another fp32 order, at weights that drift by the rounding of
@@ -193,6 +270,14 @@ int main(int argc, char **argv) {
     t_close("EP weights vs one rank", v.full.params, ref.params, (long)n, 5e-5f, 1e-4f);
     double worst = 0;
     for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)v.full.params[i] - ref.params[i]));
+    /* small micro-batches: the global aux makes the split exact, so the same tolerances */
+    t_close("EP (small micro-batches, idle passes) CE vs one rank", u.ce, ref_ce, FX_K_STEPS, 1e-6f, 1e-5f);
+    t_close("EP (small micro-batches, idle passes) weights vs one rank", u.full.params, ref.params, (long)n, 5e-5f,
+            1e-4f);
+    double idle = u.idle_passes;
+    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, &idle, 1) == MOERL_OK);
+    CHECK_R(idle > 0, "the small micro-batches gave every rank the same count: the idle passes went untested",
+            RANK);
     CHECK_R(memcmp(v.ce, a4.ce, sizeof v.ce) == 0 && memcmp(v.aux, a4.aux, sizeof v.aux) == 0 &&
                 memcmp(v.full.params, a4.full.params, n * sizeof(float)) == 0,
             "alltoall (no overflow) and alltoallv must give the same bits", RANK);
@@ -227,6 +312,7 @@ int main(int argc, char **argv) {
     model_free(&v.full);
     model_free(&a4.full);
     model_free(&a0.full);
+    model_free(&u.full);
     model_free(&init);
     model_free(&ref);
     double counts[2] = {t_passed, t_failed};

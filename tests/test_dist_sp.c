@@ -58,6 +58,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_dist_sp: %s\n", moerl_last_error());
         return 1;
     }
+    if (g_ctx->world_size == 1) { /* one process (tests/run.sh): the refusals only */
+        const moe_config c1 = fx_config(E_EXPERTS, TOP_K, 2);
+        par_config p1 = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                         .pipeline_parallel_size = 1, .alltoall_max_ep = 16, .capacity_factor = 1.25};
+        par_grid g1;
+        MOERL_ASSERT(par_grid_init(&g1, g_ctx, &p1, 8, 4, 2, 3) == MOERL_OK);
+        CHECK(sp_state_new(&g1, &c1, 64) == NULL && strstr(moerl_last_error(), "ulysses_sequence_parallel_size"),
+              "sp_state_new at sp 1: %s", moerl_last_error());
+        par_grid_free(&g1);
+        p1.ulysses_sequence_parallel_size = 3; /* does not divide 4 heads; checked before any rank count */
+        CHECK(par_check(&p1, 3, 8, 4, 2, 3) == MOERL_ERR && strstr(moerl_last_error(), "heads"),
+              "sp 3 with 4 heads: %s", moerl_last_error());
+        printf("test_dist_sp: one process: refusals only; the exchanges run under mpirun (tests/e2e_mpi.sh)\n");
+        dist_finalize(g_ctx);
+        TEST_MAIN_END();
+    }
     int sp_size = 2, ep_size = 1, nkv = 2;
     static const struct option lo[] = {{"sp", 1, 0, 's'}, {"ep", 1, 0, 'e'}, {"nkv", 1, 0, 'k'}, {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", lo, NULL)) != -1;) {

@@ -472,3 +472,44 @@ int ep_slice_in_place(const par_grid *g, moe_model *m) {
     *m = loc; /* the views point into the heap buffers, so the struct moves as a whole */
     return MOERL_OK;
 }
+
+int ep_max_passes(ep_state *ep, int passes) {
+    float mine = (float)passes, *all = xmalloc((size_t)ep->P * sizeof(float));
+    int mx = passes;
+    if (dist_comm_allgather_f32(ep->comm, &mine, 1, all) != MOERL_OK) mx = -1;
+    for (int i = 0; mx >= 0 && i < ep->P; i++) mx = MOERL_MAX(mx, (int)all[i]);
+    free(all);
+    return mx;
+}
+
+void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
+    const int H = ep->H, I = ep->I, El = ep->El;
+    int *zero = xcalloc((size_t)ep->E + 1, sizeof(int));
+    float dummy[1] = {0};
+    for (int l = 0; l < ep->L; l++) { /* forward: the MoE layers in order, no rows of our own */
+        ep_layer *y = &ep->lay[l];
+        if (!y->rcnt) continue;
+        const layer_views *w = &m->p.layers[l];
+        dispatch_forward(ep, l, dummy, zero, zero);
+        grouped_fuse fz = {0};
+        fz.swiglu_act = y->act;
+        grouped_gemm_forward_team(y->gu, y->x, w->experts_gate_up, y->eoff, El, H, 2 * I, &fz);
+        grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, El, I, H, NULL);
+        exchange_known(ep, ep->y, y->boff, y->rcnt, dummy, zero, zero);
+    }
+    for (int l = ep->L - 1; backward && l >= 0; l--) { /* backward: in reverse, weight gradients accumulate */
+        ep_layer *y = &ep->lay[l];
+        if (!y->rcnt) continue;
+        const layer_views *w = &m->p.layers[l];
+        layer_views *gw = &m->g.layers[l];
+        exchange_known(ep, dummy, zero, zero, ep->dy, y->boff, y->rcnt);
+        grouped_fuse fz = {0};
+        fz.swiglu_dgate_up = ep->dgu;
+        fz.swiglu_gate_up = y->gu;
+        grouped_gemm_backward_team(ep->dact, gw->experts_down, ep->dy, y->act, w->experts_down, y->eoff, El, I, H, &fz);
+        grouped_gemm_backward_team(ep->dx, gw->experts_gate_up, ep->dgu, y->x, w->experts_gate_up, y->eoff, El, H,
+                                   2 * I, NULL);
+        exchange_known(ep, ep->dx, y->boff, y->rcnt, dummy, zero, zero);
+    }
+    free(zero);
+}

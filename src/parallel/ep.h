@@ -129,4 +129,14 @@ int ep_slice_model(const moe_model *full, moe_model *local);
  * expert weights are freed. Gradients are allocated when m had them. Not collective. */
 int ep_slice_in_place(const par_grid *g, moe_model *m);
 
+/* Every rank of an EP group must run the same passes: a rank with fewer micro-batches than its
+ * group (uneven data shards) runs the missing ones as idle passes — no tokens of its own, but its
+ * experts still compute the rows the others send and accumulate their weight gradients.
+ * ep_max_passes: the largest `passes` over the EP group (collective over ep_comm; −1 on error).
+ * ep_idle_pass: one idle forward (every MoE layer in order) and, with backward, the idle backward
+ * (in reverse) — matching one micro-batch's model_forward (+ model_backward) on the other ranks.
+ * Call outside OpenMP regions. Collective over ep_comm. */
+int ep_max_passes(ep_state *ep, int passes);
+void ep_idle_pass(ep_state *ep, moe_model *m, int backward);
+
 #endif
