@@ -8,6 +8,8 @@
 #                 at DP = 2 and 3 against one rank and one micro-batch
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
+#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
+#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft
 #                 under -np 3 is ONE run (rank 0; one checkpoint, one result line, metrics once), a bad
@@ -81,6 +83,8 @@ run_mpi "test_dist_trainer -np 2 (DP=2)" 2 "$T/test_dist_trainer"
 run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
+run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
+run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then
