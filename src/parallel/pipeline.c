@@ -3,8 +3,12 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/common.h"
 #include "base/log.h"
@@ -12,7 +16,10 @@
 #include "model/perf.h"
 
 pp_options pp_options_default(void) {
-    return (pp_options){.dynamic = 1, .mb_min = 4, .mb_max = 16, .min_mb_tokens = 64, .prefetch = 1};
+    pp_options o = {.dynamic = 1, .mb_min = 4, .mb_max = 16, .min_mb_tokens = 64, .prefetch = 1, .progress_us = 50};
+    const char *e = getenv("MOERL_PP_PROGRESS_US");
+    if (e && *e) o.progress_us = atoi(e);
+    return o;
 }
 
 /* ------------------------------------------------------------------ partition */
@@ -342,6 +349,23 @@ static void backward_step(pp_state *s, pp_run *r, int j) {
     }
 }
 
+/* The progress thread: MPI_Iprobe on the pipeline's group every `us` µs until told to stop. */
+typedef struct {
+    dist_comm *comm;
+    int us;
+    atomic_int stop;
+} progress_arg;
+
+static void *progress_main(void *p) {
+    progress_arg *a = p;
+    const struct timespec ts = {a->us / 1000000, (long)(a->us % 1000000) * 1000L};
+    while (!atomic_load(&a->stop)) {
+        dist_comm_progress(a->comm);
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
 /* All stages agree on the batch (sum and sum of squares of each value over pp_comm), and all planned
  * it without error: one small all-reduce, so that a refusal happens on every stage and none waits. */
 static int check_agreement(pp_state *s, int ok, int n, int64_t tokens, int m) {
@@ -409,6 +433,10 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
                 .out = out, .psum_out = acc + 2, .counts_out = acc + 2 + E};
     s->wait_s = s->busy_s = 0;
     const double bytes0 = dist_comm_bytes(s->comm, DIST_OP_P2P);
+    progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
+    atomic_init(&pa.stop, 0);
+    pthread_t pt;
+    const int have_pt = pa.us > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
     if (s->opt.prefetch)
         for (int j = 0; j < MOERL_MIN(s->n_slots, nm); j++) post_input(s, &r, j);
     /* 1F1B: warm-up forwards, steady forward/backward pairs, cool-down backwards */
@@ -427,6 +455,10 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
         wait_idle(s, &sl->sq_ba);
     }
     const double sched = moerl_now() - t_start;
+    if (have_pt) {
+        atomic_store(&pa.stop, 1);
+        pthread_join(pt, NULL);
+    }
     /* the pipeline's full gradient on every stage (zeros outside a stage's own parameters) */
     if (dist_comm_allreduce_f32(s->comm, m->grads, m->n_params) != MOERL_OK)
         moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());

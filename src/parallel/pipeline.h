@@ -19,7 +19,9 @@
  *            of every layer needs them).
  * Look-ahead prefetch (pp_options.prefetch): the receive of micro-batch j's input is posted as soon
  * as its activation slot is free (after the backward of j − slots), the receive of its gradient right
- * after its forward, so a stage rarely waits for a message that was already sent.
+ * after its forward, so a stage rarely waits for a message that was already sent. A message larger
+ * than the transport's eager size still needs both ends inside MPI to move (Open MPI's shared-memory
+ * transport); a progress thread (pp_options.progress_us) polls the engine while the stage computes.
  *
  * Micro-batches. The sequences are packed in order as train_accumulate packs them (max_tokens per
  * micro-batch). With pp_options.dynamic the count m is then raised towards the bubble's need: when
@@ -53,11 +55,14 @@ typedef struct {
     int mb_min, mb_max; /* dynamic range of the target count (default 4, 16: the practice's) */
     int min_mb_tokens;  /* dynamic: a micro-batch keeps at least this many tokens (default 64) */
     int prefetch;       /* 1: post receives as early as their buffers are free (default 1) */
+    int progress_us;    /* > 0: a thread drives MPI progress every this many µs during the schedule, so
+                           large messages move while both ends compute (default 50); 0 = off */
     int balance_seq_len;/* sequence length assumed by the FLOP balance (attention pairs); 0 = max_tokens */
     int quiet;          /* 1: do not log the partition */
 } pp_options;
 
-/* Defaults as documented on the fields. */
+/* Defaults as documented on the fields. The environment variable MOERL_PP_PROGRESS_US, when set,
+ * overrides progress_us (benchmarks). */
 pp_options pp_options_default(void);
 
 typedef struct {
