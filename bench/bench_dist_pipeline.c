@@ -127,9 +127,10 @@ int main(int argc, char **argv) {
         po.dynamic = cf[k].dynamic;
         po.prefetch = cf[k].prefetch;
         po.min_mb_tokens = min_mb;
+        po.balance_seq_len = seq_len;
         po.quiet = k > 0 || rank != 0;
         const int cap = cf[k].fixed_m ? MOERL_MAX(seq_len, (T / cf[k].fixed_m / seq_len) * seq_len) : cap_max;
-        pp_state *ps = pp_state_new(&g, &m, cap_max, &po);
+        pp_state *ps = pp_state_new(&g, &m, &po);
         if (!ps) {
             fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
             return 1;

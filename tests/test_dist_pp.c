@@ -166,7 +166,8 @@ static void run_pipeline(int pp, float *losses, moe_model *m, pp_stats *last) {
     pp_options po = pp_options_default();
     po.dynamic = 0;
     po.quiet = RANK != 0;
-    pp_state *ps = pp_state_new(&g, m, MAX_TOK, &po);
+    po.balance_seq_len = MAX_TOK;
+    pp_state *ps = pp_state_new(&g, m, &po);
     CHECK_R(ps != NULL, "pp_state_new: %s", RANK, moerl_last_error());
     if (!ps) return;
     par_state par = {.grid = &g, .pp = ps};
@@ -284,7 +285,7 @@ static void test_guard(int pp) {
         pp_options po = pp_options_default();
         po.dynamic = dyn;
         po.quiet = 1;
-        pp_state *ps = pp_state_new(&g, &m, 64, &po);
+        pp_state *ps = pp_state_new(&g, &m, &po);
         MOERL_ASSERT(ps != NULL);
         par_state par = {.grid = &g, .pp = ps};
         /* dynamic: pp − 1 sequences can make at most pp − 1 micro-batches; fixed packing: 3 sequences

@@ -132,14 +132,49 @@ struct pp_state {
     double wait_s, busy_s;
 };
 
-pp_state *pp_state_new(const par_grid *g, const moe_model *m, int max_tokens, const pp_options *opt) {
+static void slots_free(pp_state *s) {
+    for (int k = 0; k < s->n_slots && s->slots; k++) {
+        pp_slot *sl = &s->slots[k];
+        if (sl->a.arena) model_acts_free(&sl->a);
+        free(sl->tok); free(sl->cu); free(sl->tgt); free(sl->seq_of); free(sl->resp_index);
+        free(sl->dlogp); free(sl->dent); free(sl->fa); free(sl->ba);
+    }
+    free(s->slots);
+    s->slots = NULL;
+    s->max_tokens = 0;
+}
+
+/* (Re)allocate the activation slots for micro-batches of up to max_tokens tokens. */
+static int slots_alloc(pp_state *s, const moe_model *m, int max_tokens) {
+    if (s->slots && max_tokens <= s->max_tokens) return MOERL_OK;
+    slots_free(s);
+    s->max_tokens = max_tokens;
+    s->slots = xcalloc(s->n_slots, sizeof(pp_slot));
+    const size_t N = (size_t)max_tokens, E = s->E > 0 ? s->E : 1;
+    for (int k = 0; k < s->n_slots; k++) {
+        pp_slot *sl = &s->slots[k];
+        if (model_acts_init_range(&sl->a, m, max_tokens, s->lo, s->hi) != MOERL_OK) {
+            slots_free(s);
+            return MOERL_ERR;
+        }
+        sl->tok = xmalloc(N * sizeof(int));
+        sl->cu = xmalloc((N + 1) * sizeof(int));
+        sl->tgt = xmalloc(N * sizeof(int));
+        sl->seq_of = xmalloc(N * sizeof(int));
+        sl->resp_index = xmalloc(N * sizeof(int));
+        sl->dlogp = xmalloc(N * sizeof(float));
+        sl->dent = xmalloc(N * sizeof(float));
+        sl->fa = xcalloc(2 * E, sizeof(float));
+        sl->ba = xcalloc(E, sizeof(float));
+        sl->fwd_posted = sl->grad_posted = -1;
+    }
+    return MOERL_OK;
+}
+
+pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *opt) {
     const moe_config *c = &m->cfg;
     if (!g || !g->pp_comm) {
         moerl_errorf("pipeline: no trainer grid (pp_comm) to run the stages on");
-        return NULL;
-    }
-    if (max_tokens <= 0) {
-        moerl_errorf("pipeline: micro-batch capacity %d tokens, expected > 0", max_tokens);
         return NULL;
     }
     pp_state *s = xcalloc(1, sizeof *s);
@@ -151,10 +186,10 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, int max_tokens, co
     s->E = c->num_experts;
     s->H = c->hidden_size;
     for (int l = 0; l < s->L; l++) s->aux |= moe_config_layer_is_moe(c, l);
-    s->max_tokens = max_tokens;
     s->bounds = xmalloc((s->pp + 1) * sizeof(int));
     double *cost = xmalloc(s->pp * sizeof(double));
-    const int bal = s->opt.balance_seq_len > 0 ? s->opt.balance_seq_len : max_tokens;
+    const int bal = s->opt.balance_seq_len > 0 ? s->opt.balance_seq_len
+                                                : MOERL_MAX(1, MOERL_MIN(c->max_position_embeddings, 4096));
     if (pp_partition(c, s->pp, bal, s->bounds, cost) != MOERL_OK) {
         free(cost);
         pp_state_free(s);
@@ -175,37 +210,12 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, int max_tokens, co
     }
     free(cost);
     s->n_slots = s->pp - s->stage; /* 1F1B: at most pp − stage micro-batches in flight */
-    s->slots = xcalloc(s->n_slots, sizeof(pp_slot));
-    const size_t N = (size_t)max_tokens, E = s->E > 0 ? s->E : 1;
-    for (int k = 0; k < s->n_slots; k++) {
-        pp_slot *sl = &s->slots[k];
-        if (model_acts_init_range(&sl->a, m, max_tokens, s->lo, s->hi) != MOERL_OK) {
-            pp_state_free(s);
-            return NULL;
-        }
-        sl->tok = xmalloc(N * sizeof(int));
-        sl->cu = xmalloc((N + 1) * sizeof(int));
-        sl->tgt = xmalloc(N * sizeof(int));
-        sl->seq_of = xmalloc(N * sizeof(int));
-        sl->resp_index = xmalloc(N * sizeof(int));
-        sl->dlogp = xmalloc(N * sizeof(float));
-        sl->dent = xmalloc(N * sizeof(float));
-        sl->fa = xcalloc(2 * E, sizeof(float));
-        sl->ba = xcalloc(E, sizeof(float));
-        sl->fwd_posted = sl->grad_posted = -1;
-    }
     return s;
 }
 
 void pp_state_free(pp_state *s) {
     if (!s) return;
-    for (int k = 0; k < s->n_slots && s->slots; k++) {
-        pp_slot *sl = &s->slots[k];
-        if (sl->a.arena) model_acts_free(&sl->a);
-        free(sl->tok); free(sl->cu); free(sl->tgt); free(sl->seq_of); free(sl->resp_index);
-        free(sl->dlogp); free(sl->dent); free(sl->fa); free(sl->ba);
-    }
-    free(s->slots);
+    slots_free(s);
     free(s->bounds);
     free(s);
 }
@@ -394,9 +404,10 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
     int ok = 1, nm = 0;
-    if (o->max_tokens > s->max_tokens) {
-        moerl_errorf("pipeline: micro-batches of %d tokens but the stages were built for %d", o->max_tokens,
-                     s->max_tokens);
+    if (o->max_tokens <= 0) {
+        moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", o->max_tokens);
+        ok = 0;
+    } else if (slots_alloc(s, m, o->max_tokens) != MOERL_OK) {
         ok = 0;
     }
     for (int i = 0; i < n && ok; i++)

@@ -57,7 +57,8 @@ typedef struct {
     int prefetch;       /* 1: post receives as early as their buffers are free (default 1) */
     int progress_us;    /* > 0: a thread drives MPI progress every this many µs during the schedule, so
                            large messages move while both ends compute (default 50); 0 = off */
-    int balance_seq_len;/* sequence length assumed by the FLOP balance (attention pairs); 0 = max_tokens */
+    int balance_seq_len;/* sequence length assumed by the FLOP balance (attention pairs); 0 = the model's
+                           max_position_embeddings, at most 4096 */
     int quiet;          /* 1: do not log the partition */
 } pp_options;
 
@@ -90,11 +91,12 @@ int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *
  * MOERL_ERR (a sequence longer than max_tokens; m < pp, naming the count needed). */
 int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb_start);
 
-/* A pipeline runtime on this trainer rank: the stage g->stage of g->pp over g->pp_comm, activation
- * slots for up to max_tokens tokens per micro-batch. Logs the partition (layers and FLOP share of
+/* A pipeline runtime on this trainer rank: the stage g->stage of g->pp over g->pp_comm. The
+ * activation slots (model_acts over the stage's layers) are allocated by the first step, sized for
+ * its max_tokens (again when a later step needs more). Logs the partition (layers and FLOP share of
  * each stage) unless opt->quiet. opt NULL = defaults. Not collective (no messages).
- * Errors: g or g->pp_comm NULL, pp outside 1..L, max_tokens ≤ 0. */
-pp_state *pp_state_new(const par_grid *g, const moe_model *m, int max_tokens, const pp_options *opt);
+ * Errors: g or g->pp_comm NULL, pp outside 1..L. */
+pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *opt);
 void pp_state_free(pp_state *s);
 /* This stage's layer range [*lo, *hi). */
 void pp_stage_layers(const pp_state *s, int *lo, int *hi);
@@ -108,7 +110,7 @@ const pp_stats *pp_last_stats(const pp_state *s);
  * and fill out as train_accumulate does (identical on every stage). The loss callback runs on the
  * last stage only, in micro-batch order; opts->layer_hook is called for every backward group after
  * the gradient exchange. Errors (on every stage alike, before any message): the guard (m < pp),
- * a sequence over max_tokens or over the slots' capacity, stages disagreeing on the batch. */
+ * a sequence over max_tokens, a token outside the vocabulary, stages disagreeing on the batch. */
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out);
 
