@@ -6,8 +6,9 @@
  *   same micro-batches and the per-micro-batch aux loss is the same function).
  *   Runs (each K = 4 AdamW steps from the same initial weights):
  *     pp = world size (2 or 4 ranks): one pipeline, train_accumulate through par_state.pp;
- *     dp 2 × pp 2 (4 ranks): two pipelines each on every other sequence, the gradient summed over
- *       grid.stage_comm by dist_reducer_new_on, the loss summed over stage_comm;
+ *     dp 2 × pp 2 (4 ranks): two pipelines each on every other sequence;
+ *     in both, the stages' gradients (each its own parameters) and losses (last stage) are summed over
+ *     every trainer rank as data-parallel ranks' are (dist_reducer_new, dist_allreduce_sum);
  *     reference (every rank, alone): train_accumulate without par on the same shards (dp 2: shard by
  *       shard, gradients added in shard order, as the two-rank sum), same total_tokens.
  *   Checks: losses and final weights match the reference (tolerances below); weights bit-identical on
@@ -171,11 +172,9 @@ static void run_pipeline(int pp, float *losses, moe_model *m, pp_stats *last) {
     CHECK_R(ps != NULL, "pp_state_new: %s", RANK, moerl_last_error());
     if (!ps) return;
     par_state par = {.grid = &g, .pp = ps};
-    dist_grad_reducer *r = NULL;
-    if (g.dp > 1) {
-        r = dist_reducer_new_on(g_ctx, g.stage_comm, m, 0.002, DIST_OVERLAP_THREAD); /* small buckets: many */
-        CHECK_R(r != NULL, "reducer: %s", RANK, moerl_last_error());
-    }
+    /* stages are summed like data-parallel ranks: one reducer over every trainer (pp stages × dp) */
+    dist_grad_reducer *r = dist_reducer_new(g_ctx, m, 0.002, DIST_OVERLAP_THREAD); /* small buckets: many */
+    CHECK_R(r != NULL, "reducer: %s", RANK, moerl_last_error());
     train_seq seqs[N_SEQ];
     const int n = shard(g.dp_rank, g.dp, seqs);
     adamw_state os;
@@ -191,11 +190,11 @@ static void run_pipeline(int pp, float *losses, moe_model *m, pp_stats *last) {
         int rc = train_accumulate(m, NULL, seqs, n, &to, sft_cb, NULL, &so);
         CHECK_R(rc == MOERL_OK, "pipeline step %d: %s", RANK, k, moerl_last_error());
         if (rc != MOERL_OK) break;
-        double loss = so.loss;
-        if (r) {
-            dist_reducer_finish(r);
-            dist_comm_allreduce_f64(g.stage_comm, &loss, 1);
-        }
+        double loss = so.loss; /* the last stage's; 0 on the others */
+        CHECK_R(g.stage == pp - 1 || (so.loss == 0 && so.n_tokens == 0), "stage %d reports loss %g", RANK, g.stage,
+                so.loss);
+        if (r) dist_reducer_finish(r);
+        dist_allreduce_sum(g_ctx, DIST_TRAINERS, &loss, 1);
         losses[k] = (float)loss;
         const pp_stats *st = pp_last_stats(ps);
         CHECK_R(st->microbatches == so.n_microbatches && st->stages == pp &&
@@ -246,9 +245,9 @@ static void test_equivalence(int pp) {
      * add exactly), a few fp32 ulps of the aux term; 1e-6 absolute + 1e-5 relative */
     snprintf(what, sizeof what, "dp %d x pp %d losses vs one rank", dp, pp);
     t_close(what, pp_loss, ref_loss, K_STEPS, 1e-6f, 1e-5f);
-    /* weights: a stage runs the same kernels on the same micro-batches as one rank, the gradient
-     * exchange over the pipeline adds zeros (exact) and the data-parallel sum adds the two shards as the
-     * reference does (fp32 addition commutes), so the weights come out bit-identical in practice; the
+    /* weights: a stage runs the same kernels on the same micro-batches as one rank, the sum over the
+     * ranks adds zeros for the other stages' parameters (exact) and the two shards as the reference
+     * does (fp32 addition commutes), so the weights come out bit-identical in practice; the
      * written tolerance (1e-6 absolute on weights of scale 0.02, ≈ lr/3000) leaves room for an MPI
      * library that reduces in another order, while a wrong stage cut, a lost aux term or a missing
      * gradient moves weights by ~lr = 3e-3 per step and fails it */

@@ -438,7 +438,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
         for (int i = mb[j]; i < mb[j + 1]; i++) Nmb[j] += seqs[i].len;
     }
     if (o->total_tokens > 0) total = o->total_tokens;
-    const int red = 2 + 2 * E + 3 * P; /* loss, aux, psum[E], counts[E], per stage: schedule, busy, wait */
+    const int red = 2 + 2 * E + 3 * P; /* (unused 2), psum[E], counts[E], per stage: schedule, busy, wait */
     double *acc = xcalloc(red, sizeof(double));
     pp_run r = {.seqs = seqs, .mb = mb, .N = Nmb, .m = nm, .total = total, .o = o, .fn = fn, .ctx = ctx, .model = m,
                 .out = out, .psum_out = acc + 2, .counts_out = acc + 2 + E};
@@ -470,27 +470,23 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
         atomic_store(&pa.stop, 1);
         pthread_join(pt, NULL);
     }
-    /* the pipeline's full gradient on every stage (zeros outside a stage's own parameters) */
-    if (dist_comm_allreduce_f32(s->comm, m->grads, m->n_params) != MOERL_OK)
-        moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
-    if (s->stage == P - 1) {
-        acc[0] = out->loss;
-        acc[1] = out->aux_loss;
+    /* additive convention: the last stage reports the pipeline's loss, aux and statistics, the others 0 */
+    const int last = s->stage == P - 1;
+    if (last) {
+        out->loss += o->aux_coef * out->aux_loss;
+        for (int e = 0; e < E && s->aux; e++) {
+            if (o->aux_psum_out) o->aux_psum_out[e] += acc[2 + e];
+            if (o->aux_counts_out) o->aux_counts_out[e] += acc[2 + E + e];
+        }
     }
     acc[2 + 2 * E + s->stage] = sched;
     acc[2 + 2 * E + P + s->stage] = s->busy_s;
     acc[2 + 2 * E + 2 * P + s->stage] = s->wait_s;
-    if (dist_comm_allreduce_f64(s->comm, acc, red) != MOERL_OK)
+    if (dist_comm_allreduce_f64(s->comm, acc + 2 + 2 * E, 3 * (size_t)P) != MOERL_OK)
         moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
-    out->loss = acc[0] + o->aux_coef * acc[1];
-    out->aux_loss = acc[1];
-    for (int e = 0; e < E && s->aux; e++) {
-        if (o->aux_psum_out) o->aux_psum_out[e] += acc[2 + e];
-        if (o->aux_counts_out) o->aux_counts_out[e] += acc[2 + E + e];
-    }
     out->n_microbatches = nm;
     out->n_tokens = 0;
-    for (int j = 0; j < nm; j++) out->n_tokens += Nmb[j];
+    for (int j = 0; j < nm && last; j++) out->n_tokens += Nmb[j];
     /* statistics: the schedule time T is the slowest stage's; idle share = 1 − busy/T */
     pp_stats *st = &s->st;
     memset(st, 0, sizeof *st);
@@ -508,7 +504,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     st->bubble = st->step_s > 0 ? 1.0 - s->busy_s / st->step_s : 0;
     st->theory = (double)(P - 1) / (double)(nm + P - 1);
     st->bytes_sent = dist_comm_bytes(s->comm, DIST_OP_P2P) - bytes0;
-    if (o->layer_hook) /* every group's gradient is final now: the caller's reduction may start */
+    if (o->layer_hook) /* every group's gradient (this stage's share) is final: the caller's sum may start */
         for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
     free(acc);
     free(mb);

@@ -30,15 +30,18 @@
  * ceil(T / target)). The guard: m < pp is refused (1F1B would leave a stage without work and the
  * practice deadlocked there) with an error naming the count needed.
  *
- * Gradients. After the schedule each stage holds the gradients of its own parameters; one
- * all-reduce over pp_comm (zeros elsewhere; a tied embedding gets the first and last stage's parts
- * summed) leaves the pipeline's full gradient on every stage, so the caller continues exactly as
- * after a one-rank train_accumulate: its data-parallel reduction runs over grid.stage_comm (the
- * same stage of every pipeline: dist_reducer_new_on), and every rank steps the whole optimizer.
- * Parameters and optimizer state are therefore replicated; a stage keeps only its layers'
- * activations. Losses, aux and the router statistics are summed over pp_comm (only the last stage
- * contributes), so every stage reports them.
- *
+ * Gradients and outputs: additive over the trainer ranks. After the schedule each stage holds the
+ * gradients of its own parameters (zeros elsewhere; with tied embeddings the first and last stage
+ * each hold their part of the shared tensor), and only the last stage reports the loss, aux, tokens
+ * and router statistics (0 on the others) — as the loss callback's own sums live there. So a stage is
+ * to its caller what a data-parallel rank is: the caller's sum over ALL trainer ranks (the reducer
+ * over trainer_comm, dist_reducer_new, and its small dist_allreduce_sum(DIST_TRAINERS) calls) gives
+ * the full gradient and the global loss, over pp stages and dp pipelines at once, and every rank then
+ * steps the whole optimizer on identical gradients. Parameters and optimizer state are therefore
+ * replicated (the grid's stage_comm sum would cover one stage only: it needs a stage-sharded
+ * optimizer, not built); a stage keeps only its layers' activations. Forward-only passes
+ * (compute_logprobs, compute_router_counts) run the whole replicated model on each rank: a caller
+ * summing router counts over all trainers must count each pipeline once (sum over stage_comm).
  * Bubble. Every step measures per stage busy time (forward + backward compute), time blocked on
  * receives, and the schedule time T (slowest stage, from a common start): idle share
  * = 1 − busy / T (perf/pipeline_bubble: the mean over stages), receive-wait share = wait / T, next
@@ -106,9 +109,9 @@ const pp_stats *pp_last_stats(const pp_state *s);
 
 /* train_accumulate through the pipeline (called by train_accumulate when opts->par->pp is set;
  * collective over pp_comm, every stage passing the same sequences and options): zero the
- * gradients, run the 1F1B schedule, leave the pipeline's full gradient on every stage (see above)
- * and fill out as train_accumulate does (identical on every stage). The loss callback runs on the
- * last stage only, in micro-batch order; opts->layer_hook is called for every backward group after
+ * gradients, run the 1F1B schedule, leave this stage's gradients and (last stage) outputs as
+ * described above, to be summed over all trainer ranks; out->n_microbatches on every stage. The loss
+ * callback runs on the last stage only, in micro-batch order; opts->layer_hook is called for every backward group after
  * the gradient exchange. Errors (on every stage alike, before any message): the guard (m < pp),
  * a sequence over max_tokens, a token outside the vocabulary, stages disagreeing on the batch. */
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,

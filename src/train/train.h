@@ -80,7 +80,8 @@ typedef struct {
  * zeroes the gradients (a data-parallel rank without sequences in this mini-batch).
  * With opts->par->pp (pipeline parallelism) the micro-batch loop is the 1F1B schedule of
  * pp_train_accumulate (src/parallel/pipeline.h; a is not used): every stage of the pipeline passes
- * the same sequences and gets the pipeline's full gradient and the same out. */
+ * the same sequences; the gradients and out are this stage's share, complete after the caller's sum
+ * over all trainer ranks (as for data-parallel ranks). */
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *opts,
                      token_grad_fn fn, void *ctx, train_step_out *out);
 /* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates
