@@ -228,6 +228,21 @@ void pp_stage_layers(const pp_state *s, int *lo, int *hi) {
 const int *pp_bounds(const pp_state *s) { return s->bounds; }
 const pp_stats *pp_last_stats(const pp_state *s) { return &s->st; }
 
+int pp_metrics(const pp_state *s, const char **keys, double *vals) {
+    if (!s) return 0;
+    const pp_stats *st = &s->st;
+    static const char *k[PP_N_METRICS] = {"perf/pipeline_bubble", "perf/pipeline_bubble_max",
+                                          "perf/pipeline_bubble_theory", "perf/pipeline_recv_wait",
+                                          "perf/pipeline_microbatches"};
+    const double v[PP_N_METRICS] = {st->bubble_mean, st->bubble_max, st->theory, st->wait_share_mean,
+                                    st->microbatches};
+    for (int i = 0; i < PP_N_METRICS; i++) {
+        keys[i] = k[i];
+        vals[i] = v[i];
+    }
+    return PP_N_METRICS;
+}
+
 /* ------------------------------------------------------------------ schedule */
 
 /* Four messages per micro-batch and direction pair; tags stay below 32768. */

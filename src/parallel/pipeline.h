@@ -107,6 +107,13 @@ const int *pp_bounds(const pp_state *s); /* [pp+1] */
 /* Statistics of the last pp_train_accumulate (identical on every stage except the per-stage fields). */
 const pp_stats *pp_last_stats(const pp_state *s);
 
+/* The last step's metrics for a metrics line: perf/pipeline_bubble (idle share, mean over stages),
+ * perf/pipeline_bubble_max, perf/pipeline_bubble_theory ((p−1)/(m+p−1)), perf/pipeline_recv_wait
+ * (receive-wait share, mean over stages), perf/pipeline_microbatches. Writes up to PP_N_METRICS
+ * keys and values; returns their count (0 for a NULL state). */
+#define PP_N_METRICS 5
+int pp_metrics(const pp_state *s, const char **keys, double *vals);
+
 /* train_accumulate through the pipeline (called by train_accumulate when opts->par->pp is set;
  * collective over pp_comm, every stage passing the same sequences and options): zero the
  * gradients, run the 1F1B schedule, leave this stage's gradients and (last stage) outputs as
