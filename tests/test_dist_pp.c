@@ -11,6 +11,8 @@
  *     every trainer rank as data-parallel ranks' are (dist_reducer_new, dist_allreduce_sum);
  *     reference (every rank, alone): train_accumulate without par on the same shards (dp 2: shard by
  *       shard, gradients added in shard order, as the two-rank sum), same total_tokens.
+ *     pp = world size again with the global load-balancing loss (opts.aux_counts: the whole batch's
+ *       top-k counts, from compute_router_counts on the replicated model, given to every stage).
  *   Checks: losses and final weights match the reference (tolerances below); weights bit-identical on
  *   every rank; the per-step statistics (theory (p−1)/(m+p−1), idle shares in [0, 1]); the guard
  *   (fewer micro-batches than stages) refused on every stage with the count needed, both with the
@@ -112,7 +114,7 @@ static int64_t total_tokens(void) {
 }
 
 /* One rank alone: D shards, each through train_accumulate, gradients added in shard order. */
-static void run_reference(int D, float *losses, moe_model *m) {
+static void run_reference(int D, int global_aux, float *losses, moe_model *m) {
     const moe_config c = pp_config();
     MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
     model_init_random(m, 4242);
@@ -124,8 +126,15 @@ static void run_reference(int D, float *losses, moe_model *m) {
     adamw_init(&os, m, opt_config());
     train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
                           .total_tokens = total_tokens()};
+    double counts[8];
     for (int k = 0; k < K_STEPS; k++) {
         double loss = 0;
+        if (global_aux) { /* the whole batch's top-k counts (one rank: no sum needed) */
+            memset(counts, 0, sizeof counts);
+            train_seq all[N_SEQ];
+            MOERL_ASSERT(compute_router_counts(m, &a, all, shard(0, 1, all), MAX_TOK, counts) == MOERL_OK);
+            to.aux_counts = counts;
+        }
         for (int d = 0; d < D; d++) {
             const int n = shard(d, D, seqs);
             train_step_out so;
@@ -158,7 +167,7 @@ static int grid_for(par_grid *g, int pp) {
 static void reducer_hook(void *r, int group) { dist_reducer_layer_done(r, group); }
 
 /* The pipeline run: pp stages, dp = T/pp pipelines. */
-static void run_pipeline(int pp, float *losses, moe_model *m, pp_stats *last) {
+static void run_pipeline(int pp, int global_aux, float *losses, moe_model *m, pp_stats *last) {
     const moe_config c = pp_config();
     MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
     model_init_random(m, 4242);
@@ -185,7 +194,16 @@ static void run_pipeline(int pp, float *losses, moe_model *m, pp_stats *last) {
         to.layer_hook = reducer_hook;
         to.layer_hook_ctx = r;
     }
+    model_acts fa;
+    MOERL_ASSERT(model_acts_init(&fa, m, MAX_TOK) == MOERL_OK);
+    double counts[8];
     for (int k = 0; k < K_STEPS; k++) {
+        if (global_aux) { /* forward-only passes run the whole (replicated) model on each rank */
+            memset(counts, 0, sizeof counts);
+            train_seq all[N_SEQ];
+            MOERL_ASSERT(compute_router_counts(m, &fa, all, shard(0, 1, all), MAX_TOK, counts) == MOERL_OK);
+            to.aux_counts = counts;
+        }
         train_step_out so;
         int rc = train_accumulate(m, NULL, seqs, n, &to, sft_cb, NULL, &so);
         CHECK_R(rc == MOERL_OK, "pipeline step %d: %s", RANK, k, moerl_last_error());
@@ -208,6 +226,7 @@ static void run_pipeline(int pp, float *losses, moe_model *m, pp_stats *last) {
         CHECK_R(adamw_step(&os, m, os.cfg.lr, losses[k], &gn) == 1, "step %d skipped", RANK, k);
     }
     adamw_free(&os);
+    model_acts_free(&fa);
     dist_reducer_free(r);
     pp_state_free(ps);
     par_grid_free(&g);
@@ -232,18 +251,18 @@ static uint64_t hash_floats(const float *x, size_t n) {
     return h;
 }
 
-static void test_equivalence(int pp) {
+static void test_equivalence(int pp, int global_aux) {
     const int dp = g_ctx->world_size / pp;
     float ref_loss[K_STEPS], pp_loss[K_STEPS] = {0};
     moe_model ref, mp;
-    run_reference(dp, ref_loss, &ref);
+    run_reference(dp, global_aux, ref_loss, &ref);
     pp_stats st = {0};
-    run_pipeline(pp, pp_loss, &mp, &st);
+    run_pipeline(pp, global_aux, pp_loss, &mp, &st);
     char what[96];
     /* losses: the stages' partial sums of the router probabilities are added in another order than one
      * rank's layer-by-layer sum (the aux VALUE only: its gradient uses the integer top-k counts, which
      * add exactly), a few fp32 ulps of the aux term; 1e-6 absolute + 1e-5 relative */
-    snprintf(what, sizeof what, "dp %d x pp %d losses vs one rank", dp, pp);
+    snprintf(what, sizeof what, "dp %d x pp %d%s losses vs one rank", dp, pp, global_aux ? " global aux" : "");
     t_close(what, pp_loss, ref_loss, K_STEPS, 1e-6f, 1e-5f);
     /* weights: a stage runs the same kernels on the same micro-batches as one rank, the sum over the
      * ranks adds zeros for the other stages' parameters (exact) and the two shards as the reference
@@ -251,7 +270,7 @@ static void test_equivalence(int pp) {
      * written tolerance (1e-6 absolute on weights of scale 0.02, ≈ lr/3000) leaves room for an MPI
      * library that reduces in another order, while a wrong stage cut, a lost aux term or a missing
      * gradient moves weights by ~lr = 3e-3 per step and fails it */
-    snprintf(what, sizeof what, "dp %d x pp %d weights vs one rank", dp, pp);
+    snprintf(what, sizeof what, "dp %d x pp %d%s weights vs one rank", dp, pp, global_aux ? " global aux" : "");
     t_close(what, mp.params, ref.params, (long)ref.n_params, 1e-6f, 0.0f);
     double worst = 0;
     for (size_t i = 0; i < ref.n_params; i++) worst = fmax(worst, fabs((double)mp.params[i] - ref.params[i]));
@@ -372,8 +391,9 @@ int main(int argc, char **argv) {
     if (RANK == 0) printf("test_dist_pp: backend %s, %d ranks\n", dist_backend_name(), P);
     test_plan();
     if (P >= 2) {
-        test_equivalence(P); /* pp = world size */
-        if (P == 4) test_equivalence(2); /* dp 2 × pp 2 */
+        test_equivalence(P, 0); /* pp = world size */
+        test_equivalence(P, 1); /* the same with the global load-balancing loss (counts given) */
+        if (P == 4) test_equivalence(2, 0); /* dp 2 × pp 2 */
         test_guard(P);
     }
     double counts[2] = {t_passed, t_failed};
