@@ -316,6 +316,11 @@ static void test_guard(int pp) {
         CHECK_R(rc == MOERL_ERR && strstr(moerl_last_error(), need), "guard (dynamic %d, %d sequences, pp %d): rc %d, "
                 "message '%s'", RANK, dyn, n, pp, rc, moerl_last_error());
         if (RANK == 0 && dyn == 0) printf("  guard: %s\n", moerl_last_error());
+        /* no sequences at all (a data-parallel pipeline without work this step): zero gradients, no error */
+        m.grads[0] = 1.0f;
+        CHECK_R(train_accumulate(&m, NULL, seqs, 0, &to, sft_cb, NULL, &so) == MOERL_OK && m.grads[0] == 0.0f &&
+                    so.n_microbatches == 0,
+                "empty batch: %s", RANK, moerl_last_error());
         pp_state_free(ps);
     }
     par_grid_free(&g);

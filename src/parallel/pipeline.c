@@ -432,20 +432,20 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
                              seqs[i].tokens[t], t, V);
                 ok = 0;
             }
-    if (ok && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
+    if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
     model_zero_grad(m);
-    if (n == 0 && ok) { /* a data-parallel pipeline without sequences: zero gradients, as train_accumulate */
+    if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
+        free(mb);
+        free(Nmb);
+        return MOERL_ERR;
+    }
+    if (n == 0) { /* a data-parallel pipeline without sequences: zero gradients, as train_accumulate */
         free(mb);
         free(Nmb);
         memset(&s->st, 0, sizeof s->st);
         if (o->layer_hook)
             for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
         return MOERL_OK;
-    }
-    if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
-        free(mb);
-        free(Nmb);
-        return MOERL_ERR;
     }
     const double t_start = moerl_now(); /* the stages leave the agreement all-reduce together */
     for (int j = 0; j < nm; j++) {
