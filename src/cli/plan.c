@@ -188,7 +188,7 @@ int cmd_plan(int argc, char **argv) {
     cfg *c = cfg_new();
     plan_def_keys(c);
     optind = 1;
-    while ((o = getopt_long(argc, argv, "+m:c:jh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:c:jh", opts, NULL)) != -1) {
         switch (o) {
         case 'm': model = optarg; break;
         case 'c': config = optarg; break;

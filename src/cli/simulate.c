@@ -235,7 +235,7 @@ int cmd_simulate(int argc, char **argv) {
     cfg *c = cfg_new();
     sim_def_keys(c);
     optind = 1;
-    while ((o = getopt_long(argc, argv, "+c:m:ksjh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "c:m:ksjh", opts, NULL)) != -1) {
         switch (o) {
         case 'c': config = optarg; break;
         case 'm': model = optarg; break;
