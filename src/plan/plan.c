@@ -209,13 +209,15 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                   kv_split;
     o->rollout_total = o->rollout_weights + o->kv_cache;
 
-    /* traffic per optimizer update, payload bytes this rank puts into each collective */
+    /* traffic per optimizer update: the all-reduce as its payload (what dist counts), the others as
+     * the bytes a rank sends in a ring / pairwise exchange */
     const double dense_local = st_dense / fsdp, expert_local = st_expert / exp_div;
     if (S / fsdp > 1) o->allreduce += dense_local * db;
     if (S / exp_div > 1) o->allreduce += expert_local * db;
     if (fsdp > 1) {
-        o->allgather = 2 * (dense_local + (st_expert / ep) / MOERL_MAX(1, fsdp / in->ep)) * db;
-        o->reduce_scatter = (st_dense + st_expert / ep) * db;
+        const double f = (double)(fsdp - 1) / fsdp; /* ring: a rank sends n−1 of n chunks */
+        o->allgather = 2 * f * (st_dense + st_expert / ep) * db;
+        o->reduce_scatter = f * (st_dense + st_expert / ep) * db;
     }
     int n_moe = 0;
     for (int l = best_l0; l < best_l1; l++) n_moe += moe_config_layer_is_moe(c, l);

@@ -76,8 +76,8 @@ typedef struct {
     double rollout_weights;      /* all parameters × dtype / rollout_tp */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
     double rollout_total;
-    /* traffic, bytes SENT per rank per optimizer update (logical payload; ring algorithms move
-     * 2(n−1)/n of an all-reduce's payload and (n−1)/n of an all-gather's per rank) */
+    /* traffic per rank per optimizer update: the all-reduce as its payload (the bytes moerl's reducer
+     * counts; a ring sends 2(n−1)/n of it), every other collective as the bytes a rank sends */
     double allreduce;            /* gradient all-reduce across replicas: local gradient bytes (fsdp=1: 4·n_params in fp32) */
     double allgather;            /* FSDP: params gathered twice (forward, backward): 2 · (fsdp−1)/fsdp · stage params · dtype */
     double reduce_scatter;       /* FSDP: (fsdp−1)/fsdp · stage gradient bytes */

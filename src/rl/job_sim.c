@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "base/common.h"
