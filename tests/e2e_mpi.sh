@@ -13,6 +13,12 @@
 #   sft           moerl-mpi sft data parallel (-np 2, 3) and FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
+#   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
+#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
+#   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
+#                 one rank, bytes vs formula
+#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
+#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -90,6 +96,18 @@ run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
 run_mpi "test_dist_fsdp -np 3 (fsdp 3)" 3 "$T/test_dist_fsdp" --fsdp 3
 run_mpi "test_dist_fsdp -np 4 (fsdp 4)" 4 "$T/test_dist_fsdp" --fsdp 4
 run_mpi "test_dist_fsdp -np 4 (fsdp 2 x 2)" 4 "$T/test_dist_fsdp" --fsdp 2
+run_mpi "test_dist_ep -np 2 (EP=2)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=4)" 4 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=2 x DP=2)" 4 "$T/test_dist_ep" --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_ep -np 2 (EP=2, 2 threads)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_sp -np 2 (SP=2, GQA nkv 2)" 2 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_sp -np 2 (SP=2, nkv 1 replicated)" 2 "$T/test_dist_sp" --sp 2 --nkv 1
+run_mpi "test_dist_sp -np 4 (SP=2 x DP=2)" 4 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_sp -np 4 (SP=4, nkv 2 replicated)" 4 "$T/test_dist_sp" --sp 4
+run_mpi "test_dist_sp -np 4 (SP=2 x DP=2, EP=2)" 4 "$T/test_dist_sp" --sp 2 --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
+run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then

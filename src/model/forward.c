@@ -51,6 +51,8 @@
     do { \
         if ((a)->par) par_layer_hook((a)->par, (phase), (l)); \
     } while (0)
+#include "parallel/ep.h"
+#include "parallel/ulysses.h"
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -72,6 +74,8 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
                  hd = c->head_dim, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
                  Id = c->intermediate_size, V = c->vocab_size;
     const size_t M = N * (E > 0 ? K : 0);
+    const int lo = a->layer_lo, hi = a->layer_hi ? a->layer_hi : c->num_hidden_layers; /* pipeline stage */
+    const int head = hi == c->num_hidden_layers;
     a->cu_seqlens = CI(N + 1);
     a->pos = CI(N);
     a->tokens_in = CI(N);
@@ -81,7 +85,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     /* separate_permute's weighted expert outputs (forward) and scattered gradients (backward):
      * never live across layers, so one buffer serves them all */
     float *yw = c->exec.separate_permute ? CF(M * H) : NULL;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = lo; l < hi; l++) {
         layer_acts *L = &a->layers[l];
         L->resid_in = CF(N * H);
         L->ln1 = CF(N * H);
@@ -131,7 +135,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->resid_out = CF(N * H);
     a->lnf = CF(N * H);
     a->lnf_rstd = CF(N);
-    a->logits = CF(N * V);
+    a->logits = head ? CF(N * V) : NULL;
     a->logp = CF(N);
     a->entropy = CF(N);
     a->lse_head = CF(N);
@@ -144,7 +148,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->d_k = CF(N * nkv * hd);
     a->d_v = CF(N * nkv * hd);
     a->d_att = CF(N * nh * hd);
-    a->d_logits = CF(N * V);
+    a->d_logits = head ? CF(N * V) : NULL;
     a->d_permuted = CF(M * H);
     a->d_y = CF(M * H);
     a->d_gate_up = CF(gu_max);
@@ -169,8 +173,17 @@ size_t model_acts_bytes(const moe_model *m, int max_tokens) {
 }
 
 int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
+    return model_acts_init_range(a, m, max_tokens, 0, m->cfg.num_hidden_layers);
+}
+
+int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int lo, int hi) {
     if (max_tokens <= 0) return moerl_errorf("model_acts_init: max_tokens must be positive, got %d", max_tokens);
+    if (lo < 0 || hi <= lo || hi > m->cfg.num_hidden_layers)
+        return moerl_errorf("model_acts_init_range: layers [%d, %d) is not a range of 1..%d layers", lo, hi,
+                            m->cfg.num_hidden_layers);
     memset(a, 0, sizeof *a);
+    a->layer_lo = lo;
+    a->layer_hi = hi;
     a->max_tokens = max_tokens;
     int mp = m->cfg.max_position_embeddings > 32768 ? 32768 : m->cfg.max_position_embeddings;
     a->rope_max_pos = MOERL_MAX(max_tokens, mp);
@@ -451,7 +464,7 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
  * token rows are [r0, r1). counts/psum (NULL: skip) receive the aux-loss statistics.
  * Source: HF Qwen3MoeSparseMoeBlock; the pipeline of Megatron/Ascend (forward.h). */
 static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1) {
+                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
     const moe_config *c = &m->cfg;
     const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
@@ -489,6 +502,10 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         SPAN_END("experts (loop)", t);
         return;
     }
+    if (ep) { /* expert parallelism: permute, dispatch, local experts, combine into s->y (ep.c) */
+        ep_moe_forward_team(ep, m, l, x, s, N);
+        SPAN_END("experts (expert parallel)", t);
+    } else {
     grouped_fuse fz = {0};
     if (ex->separate_permute) {
 #pragma omp for schedule(static)
@@ -516,6 +533,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
     }
     grouped_gemm_forward_team(s->y, s->act, moe_w_down(m, l, s), s->offsets, E, I, H, &fd);
     SPAN_END("down GEMM", t);
+    } /* ep */
     t = SPAN_BEGIN();
     if (ex->separate_permute) {
         /* weight every expert output row, then (after the barrier) sum each token's rows */
@@ -558,8 +576,8 @@ static void dense_forward_rows(const moe_model *m, int l, const float *x, float 
 
 /* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
 static void mlp_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1) {
-    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
+    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
     else dense_forward_rows(m, l, x, out, s, r0, r1);
 }
 
@@ -580,6 +598,7 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
 
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
+    MOERL_ASSERT(m->cfg.exec.ep_size <= 1 || !m->p.layers[l].router); /* an expert slice needs model_forward + ep */
     /* team_size as in training (one thread for a token or two), as before the MoE layer moved
      * onto the grouped GEMM kernels: their items could split a single token's experts over more
      * threads, which has not been measured on a quiet machine yet */
@@ -588,7 +607,7 @@ void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, NULL);
     }
     blas_team_end(nb);
 }
@@ -614,7 +633,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     layer_acts *L = &a->layers[l];
     const layer_views *w = &m->p.layers[l];
     const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
-    const int last = l + 1 == c->num_hidden_layers;
+    const int last = l + 1 == a->layer_hi; /* the last layer of this stage (of the model without pipeline) */
     float *out = last ? a->resid_out : a->layers[l + 1].resid_in;
     const size_t o = (size_t)r0 * H;
     if (n > 0) {
@@ -623,7 +642,8 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
                         c->rms_norm_eps);
     }
-    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1);
+    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
+                     a->par ? a->par->ep : NULL);
     if (n > 0) {
         const float *rm = L->resid_mid + o;
         float *ob = out + o;
@@ -633,7 +653,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     }
     if (!last) {
         attn_in_rows(m, a, l + 1, r0, r1);
-    } else if (n > 0) {
+    } else if (n > 0 && a->logits) { /* a pipeline stage before the last has no head */
         rmsnorm_forward(a->lnf + o, a->lnf_rstd + r0, a->resid_out + o, m->p.norm, n, H, c->rms_norm_eps);
         linear_forward(a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
     }
@@ -644,8 +664,11 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, nh = c->num_attention_heads,
               nkv = c->num_key_value_heads, E = c->num_experts;
-    if (N <= 0 || N > a->max_tokens)
-        return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", N, a->max_tokens);
+    struct sp_state *sp = a->par ? a->par->sp : NULL;
+    int t0 = 0, n_loc = N; /* Ulysses: this rank computes tokens [t0, t0 + n_loc) (ulysses.h) */
+    if (sp) sp_token_range(sp, N, &t0, &n_loc);
+    if (N <= 0 || n_loc > a->max_tokens)
+        return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", n_loc, a->max_tokens);
     if (B <= 0 || cu_seqlens[0] != 0 || cu_seqlens[B] != N)
         return moerl_errorf("model_forward: cu_seqlens must start at 0 and end at N=%d (B=%d)", N, B);
     for (int b = 0; b < B; b++)
@@ -655,20 +678,28 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         if (tokens[n] < 0 || tokens[n] >= V)
             return moerl_errorf("model_forward: token %d at position %d outside the vocabulary [0,%d)", tokens[n],
                                 n, V);
-    a->N = N;
+    if (c->exec.ep_size > 1 && !(a->par && a->par->ep))
+        return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
+                            "activations carry no ep_state (model_acts.par->ep, src/parallel/ep.h)", c->exec.ep_rank,
+                            c->exec.ep_size);
+    if (sp && sp_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
+    a->N = n_loc;
     a->B = B;
-    memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int));
-    memcpy(a->tokens_in, tokens, (size_t)N * sizeof(int));
+    a->tok0 = t0;
+    if (!sp) memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int)); /* SP: sp_begin keeps them */
+    memcpy(a->tokens_in, tokens + t0, (size_t)n_loc * sizeof(int));
     if (positions) {
-        for (int n = 0; n < N; n++) {
-            if (positions[n] < 0 || positions[n] >= a->rope_max_pos)
-                return moerl_errorf("model_forward: position %d outside [0,%d)", positions[n], a->rope_max_pos);
-            a->pos[n] = positions[n];
+        for (int n = 0; n < n_loc; n++) {
+            if (positions[t0 + n] < 0 || positions[t0 + n] >= a->rope_max_pos)
+                return moerl_errorf("model_forward: position %d outside [0,%d)", positions[t0 + n], a->rope_max_pos);
+            a->pos[n] = positions[t0 + n];
         }
     } else {
         for (int b = 0; b < B; b++)
-            for (int n = cu_seqlens[b]; n < cu_seqlens[b + 1]; n++) a->pos[n] = n - cu_seqlens[b];
+            for (int n = MOERL_MAX(cu_seqlens[b], t0); n < MOERL_MIN(cu_seqlens[b + 1], t0 + n_loc); n++)
+                a->pos[n - t0] = n - cu_seqlens[b];
     }
+    N = n_loc;
     if (E > 0) {
         memset(a->aux_counts, 0, E * sizeof(float));
         memset(a->aux_psum, 0, E * sizeof(float));
@@ -684,14 +715,16 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         int r0, r1;
         team_share(N, &r0, &r1);
         float *x = a->layers[0].resid_in;
-        for (int n = r0; n < r1; n++)
-            memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)tokens[n] * H, H * sizeof(float));
-        attn_in_rows(m, a, 0, r0, r1);
+        if (a->layer_lo == 0) /* a later pipeline stage's input was filled by the caller */
+            for (int n = r0; n < r1; n++)
+                memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
+        attn_in_rows(m, a, a->layer_lo, r0, r1);
     }
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = a->layer_lo; l < a->layer_hi; l++) {
         layer_acts *L = &a->layers[l];
         const double ta = trace_begin();
-        attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
+        if (sp) sp_attention_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
+        else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
         PAR_EVENT(a, PAR_FWD_LAYER, l);
         const double tl = trace_begin();
@@ -841,7 +874,11 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
     }
 #pragma omp barrier
     SPAN_END(ex->per_expert_loop ? "bwd router" : "bwd unpermute + router", t);
-    if (!ex->per_expert_loop) {
+    if (a->par && a->par->ep) { /* expert parallelism: dispatch d_y, local experts, combine (ep.c) */
+        t = SPAN_BEGIN();
+        ep_moe_backward_team(a->par->ep, m, l, s, a->d_y, a->d_permuted, dWgu, dWd);
+        SPAN_END("bwd experts (expert parallel)", t);
+    } else if (!ex->per_expert_loop) {
         t = SPAN_BEGIN();
         grouped_fuse fz = {0};
         fz.swiglu_dgate_up = a->d_gate_up;
@@ -1000,21 +1037,25 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
               nkv = c->num_key_value_heads, L = c->num_hidden_layers;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
-    PAR_EVENT(a, PAR_BWD_LAYER, L);
+    const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
+    if (head) PAR_EVENT(a, PAR_BWD_LAYER, L);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        head_backward_team(m, a, dlogp, dentropy, r0, r1);
-        layer_mlp_backward_team(m, a, L - 1, aux_weight, r0, r1);
+        if (head) head_backward_team(m, a, dlogp, dentropy, r0, r1); /* else d_resid is the caller's */
+        layer_mlp_backward_team(m, a, hi - 1, aux_weight, r0, r1);
     }
-    if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
-    PAR_EVENT(a, PAR_GRAD_READY, L);
-    for (int l = L - 1; l >= 0; l--) {
+    if (head) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
+        PAR_EVENT(a, PAR_GRAD_READY, L);
+    }
+    for (int l = hi - 1; l >= lo; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
-        attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
-                           N, nh, nkv, hd, scale);
+        if (a->par && a->par->sp) sp_attention_backward(a->par->sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
+        else attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse,
+                                a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("bwd attention", "model", ta);
         PAR_EVENT(a, PAR_BWD_LAYER, l);
 #pragma omp parallel num_threads(nthr)
@@ -1022,9 +1063,9 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
             int r0, r1;
             team_share(N, &r0, &r1);
             layer_attn_backward_team(m, a, l, r0, r1);
-            if (l > 0) {
+            if (l > lo) {
                 layer_mlp_backward_team(m, a, l - 1, aux_weight, r0, r1);
-            } else {
+            } else if (lo == 0) { /* a later pipeline stage leaves ∂loss/∂resid_in in d_resid */
                 /* embedding: scatter-add rows; each thread owns a block of columns (two tokens
                  * may share an id), tokens in order */
 #pragma omp barrier
@@ -1041,8 +1082,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
         PAR_EVENT(a, PAR_GRAD_READY, l);
     }
-    if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
-    PAR_EVENT(a, PAR_GRAD_READY, -1);
+    if (lo == 0) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+        PAR_EVENT(a, PAR_GRAD_READY, -1);
+    }
     blas_team_end(nb);
 }
 

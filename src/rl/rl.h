@@ -109,6 +109,7 @@ typedef struct {
     int grad_compression;      /* actor.grad_compression: grad_compression (parallel/compress.h) */
     int grad_compression_warmup_steps, grad_compression_chunk;
     par_config par;            /* actor.fsdp_config.fsdp_size, actor.expert_parallel_size, ... (parallel/grid.h) */
+    int simulated;             /* moerl simulate: the rollouter's engine runs no model (engine_config.simulated) */
 } rl_config;
 
 /* One prompt with its n responses: the unit that moves through the queue (never split). */

@@ -7,6 +7,7 @@
 #include "data/tasks.h"
 #include "data/tokenizer.h"
 #include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "rollout/engine.h"
 
 int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start) {
@@ -45,6 +46,10 @@ static int pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *t
     return N;
 }
 
+int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *tgt, int *seq_of, int *resp_index) {
+    return pack(seqs, b0, b1, tok, cu, tgt, seq_of, resp_index);
+}
+
 typedef struct {
     int *tok, *cu, *tgt, *seq_of, *resp_index;
     float *dlogp, *dent;
@@ -66,6 +71,7 @@ static void pack_buf_free(pack_buf *p) {
 
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *o,
                      token_grad_fn fn, void *ctx, train_step_out *out) {
+    if (o->par && o->par->pp) return pp_train_accumulate(o->par->pp, m, seqs, n, o, fn, ctx, out); /* 1F1B */
     memset(out, 0, sizeof *out);
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, o->max_tokens, mb);
@@ -87,11 +93,13 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
             rc = MOERL_ERR;
             break;
         }
-        model_logprobs(m, a, p.tgt, o->temperature, o->want_entropy);
+        /* Ulysses SP: this rank holds tokens [t0, t0 + a->N) of the micro-batch (a->N == N without SP) */
+        const int t0 = a->tok0;
+        model_logprobs(m, a, p.tgt + t0, o->temperature, o->want_entropy);
         memset(p.dlogp, 0, N * sizeof(float));
         memset(p.dent, 0, N * sizeof(float));
-        out->loss += fn(ctx, a, p.seq_of, p.resp_index, p.dlogp, p.dent);
-        const double share = (double)N / (double)total;
+        out->loss += fn(ctx, a, p.seq_of + t0, p.resp_index + t0, p.dlogp + t0, p.dent + t0);
+        const double share = (double)a->N / (double)total;
         out->aux_loss += share * a->aux_loss;
         double aux_w = o->aux_coef * share;
         if (a->n_moe_layers > 0) {
@@ -112,10 +120,10 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
             a->layer_hook = o->layer_hook;
             a->layer_hook_ctx = o->layer_hook_ctx;
         }
-        model_backward(m, a, p.dlogp, o->want_entropy ? p.dent : NULL, (float)aux_w);
+        model_backward(m, a, p.dlogp + t0, o->want_entropy ? p.dent + t0 : NULL, (float)aux_w);
         a->layer_hook = NULL;
         a->layer_hook_ctx = NULL;
-        out->n_tokens += N;
+        out->n_tokens += a->N;
     }
     out->loss += o->aux_coef * out->aux_loss;
     out->n_microbatches = n_mb;
@@ -141,9 +149,9 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
             rc = MOERL_ERR;
             break;
         }
-        model_logprobs(m, a, p.tgt, temperature, 0);
-        for (int t = 0; t < N; t++)
-            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = a->logp[t];
+        model_logprobs(m, a, p.tgt + a->tok0, temperature, 0);
+        for (int t = a->tok0; t < a->tok0 + a->N; t++) /* Ulysses SP: this rank's tokens only */
+            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = a->logp[t - a->tok0];
     }
     pack_buf_free(&p);
     free(mb);
