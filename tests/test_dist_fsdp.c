@@ -1,5 +1,8 @@
 /* FSDP (ZeRO-3, src/parallel/fsdp.c) against one process, under mpirun:
- *   test_dist_fsdp --fsdp F   every rank trains; FSDP groups of F ranks (world / F replicas: HSDP)
+ *   test_dist_fsdp --fsdp F   every rank trains; FSDP groups of F ranks (world / F replicas: HSDP);
+ *                             one process (tests/run.sh): FSDP over a group of one — the sparse
+ *                             buffers, the layer schedule and the shard optimizer against the
+ *                             plain path
  * A small random Qwen3-MoE (10 layers: MoE and dense, aux loss on; untied, then tied embeddings) is
  * trained K AdamW steps on a fixed global batch of 9 sequences, micro-batched (so the ranks run
  * different numbers of micro-batches and the idle passes of par_pad_passes are exercised), with the
@@ -147,14 +150,27 @@ static void run(int fsdp, int tied) {
     model_init_random(&ref, 5);
     model_init_random(&m, 5);
     const size_t n_params = m.n_params;
-    cfg *c = cfg_new();
-    par_def_keys(c);
-    char kv[64];
-    snprintf(kv, sizeof kv, "actor.fsdp_config.fsdp_size=%d", fsdp);
-    MOERL_ASSERT(cfg_apply_override(c, kv) == MOERL_OK);
     par_state ps;
-    CHECK_R(par_state_init(&ps, g_ctx, c, &m) == MOERL_OK, "par_state_init: %s", RANK, moerl_last_error());
-    cfg_free(c);
+    par_grid solo;
+    const int one = g_ctx->world_size == 1;
+    if (one) { /* one process: FSDP over a group of one (the sparse buffers, schedule and shard step) */
+        memset(&ps, 0, sizeof ps);
+        memset(&solo, 0, sizeof solo);
+        solo.fsdp_comm = dist_comm_split(g_ctx, 0, 0);
+        MOERL_ASSERT(solo.fsdp_comm);
+        solo.T = solo.D = solo.dp = solo.sp = solo.pp = solo.ep = solo.fsdp = solo.replicas = 1;
+        ps.ctx = g_ctx;
+        ps.grid = &solo;
+        ps.fsdp = fsdp_state_new(&m, solo.fsdp_comm, NULL);
+    } else {
+        cfg *c = cfg_new();
+        par_def_keys(c);
+        char kv[64];
+        snprintf(kv, sizeof kv, "actor.fsdp_config.fsdp_size=%d", fsdp);
+        MOERL_ASSERT(cfg_apply_override(c, kv) == MOERL_OK);
+        CHECK_R(par_state_init(&ps, g_ctx, c, &m) == MOERL_OK, "par_state_init: %s", RANK, moerl_last_error());
+        cfg_free(c);
+    }
     CHECK_R(ps.fsdp != NULL, "fsdp %d: FSDP is on", RANK, fsdp);
     if (!ps.fsdp) return;
     fsdp_stats st;
@@ -234,7 +250,12 @@ static void run(int fsdp, int tied) {
                n_params * 4 / 1024.0, st.shard_floats, n_params);
     model_acts_free(&fa);
     adamw_free(&fo);
-    par_state_free(&ps); /* m whole again on every rank */
+    if (one) { /* m whole again */
+        fsdp_state_free(ps.fsdp);
+        dist_comm_free(solo.fsdp_comm);
+    } else {
+        par_state_free(&ps); /* m whole again on every rank */
+    }
     double md = 0;
     for (size_t i = 0; i < n_params; i++) md = fmax(md, fabs((double)m.params[i] - ref.params[i]));
     /* Adam normalises each update to ~lr = 1e-3: a gradient differing by fp32 rounding (above)
