@@ -313,6 +313,10 @@ dist_req *dist_comm_ireduce_scatter_f32(dist_comm *c, const float *send, float *
 /* Point-to-point to / from group rank peer with tag (0..32767); nonblocking. */
 dist_req *dist_comm_isend_f32(dist_comm *c, int peer, int tag, const float *buf, size_t n);
 dist_req *dist_comm_irecv_f32(dist_comm *c, int peer, int tag, float *buf, size_t n);
+/* Drive the MPI progress engine once for c (MPI_Iprobe on c; nothing is received): a thread that
+ * calls it now and then moves the fragments of large nonblocking messages while the owning thread
+ * computes (Open MPI's shared-memory transport progresses only inside MPI calls). Local: no-op. */
+void dist_comm_progress(dist_comm *c);
 /* Wait for and free a request (NULL: MOERL_OK). dist_test: 1 when complete (then freed), else 0. */
 int dist_wait(dist_req *r);
 int dist_test(dist_req *r);

@@ -831,6 +831,11 @@ int dist_wait(dist_req *r) {
     return MOERL_OK;
 }
 
+void dist_comm_progress(dist_comm *c) {
+    int flag = 0;
+    if (c) MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c->comm, &flag, MPI_STATUS_IGNORE));
+}
+
 int dist_test(dist_req *r) {
     if (!r) return 1;
     int done = 0;

@@ -45,8 +45,13 @@
 #include "base/pool.h"
 #include "base/trace.h"
 #include "kernels/kernels.h"
-#include "parallel/ep.h"
 #include "parallel/parallel.h"
+/* Model-parallel layer events (parallel.h: FSDP gathers parameters / reduces gradients here). */
+#define PAR_EVENT(a, phase, l) \
+    do { \
+        if ((a)->par) par_layer_hook((a)->par, (phase), (l)); \
+    } while (0)
+#include "parallel/ep.h"
 #include "parallel/ulysses.h"
 /* ------------------------------------------------------------------ activation arena */
 
@@ -69,6 +74,8 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
                  hd = c->head_dim, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
                  Id = c->intermediate_size, V = c->vocab_size;
     const size_t M = N * (E > 0 ? K : 0);
+    const int lo = a->layer_lo, hi = a->layer_hi ? a->layer_hi : c->num_hidden_layers; /* pipeline stage */
+    const int head = hi == c->num_hidden_layers;
     a->cu_seqlens = CI(N + 1);
     a->pos = CI(N);
     a->tokens_in = CI(N);
@@ -78,7 +85,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     /* separate_permute's weighted expert outputs (forward) and scattered gradients (backward):
      * never live across layers, so one buffer serves them all */
     float *yw = c->exec.separate_permute ? CF(M * H) : NULL;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = lo; l < hi; l++) {
         layer_acts *L = &a->layers[l];
         L->resid_in = CF(N * H);
         L->ln1 = CF(N * H);
@@ -128,7 +135,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->resid_out = CF(N * H);
     a->lnf = CF(N * H);
     a->lnf_rstd = CF(N);
-    a->logits = CF(N * V);
+    a->logits = head ? CF(N * V) : NULL;
     a->logp = CF(N);
     a->entropy = CF(N);
     a->lse_head = CF(N);
@@ -141,7 +148,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->d_k = CF(N * nkv * hd);
     a->d_v = CF(N * nkv * hd);
     a->d_att = CF(N * nh * hd);
-    a->d_logits = CF(N * V);
+    a->d_logits = head ? CF(N * V) : NULL;
     a->d_permuted = CF(M * H);
     a->d_y = CF(M * H);
     a->d_gate_up = CF(gu_max);
@@ -166,8 +173,17 @@ size_t model_acts_bytes(const moe_model *m, int max_tokens) {
 }
 
 int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
+    return model_acts_init_range(a, m, max_tokens, 0, m->cfg.num_hidden_layers);
+}
+
+int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int lo, int hi) {
     if (max_tokens <= 0) return moerl_errorf("model_acts_init: max_tokens must be positive, got %d", max_tokens);
+    if (lo < 0 || hi <= lo || hi > m->cfg.num_hidden_layers)
+        return moerl_errorf("model_acts_init_range: layers [%d, %d) is not a range of 1..%d layers", lo, hi,
+                            m->cfg.num_hidden_layers);
     memset(a, 0, sizeof *a);
+    a->layer_lo = lo;
+    a->layer_hi = hi;
     a->max_tokens = max_tokens;
     int mp = m->cfg.max_position_embeddings > 32768 ? 32768 : m->cfg.max_position_embeddings;
     a->rope_max_pos = MOERL_MAX(max_tokens, mp);
@@ -617,7 +633,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     layer_acts *L = &a->layers[l];
     const layer_views *w = &m->p.layers[l];
     const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
-    const int last = l + 1 == c->num_hidden_layers;
+    const int last = l + 1 == a->layer_hi; /* the last layer of this stage (of the model without pipeline) */
     float *out = last ? a->resid_out : a->layers[l + 1].resid_in;
     const size_t o = (size_t)r0 * H;
     if (n > 0) {
@@ -637,7 +653,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     }
     if (!last) {
         attn_in_rows(m, a, l + 1, r0, r1);
-    } else if (n > 0) {
+    } else if (n > 0 && a->logits) { /* a pipeline stage before the last has no head */
         rmsnorm_forward(a->lnf + o, a->lnf_rstd + r0, a->resid_out + o, m->p.norm, n, H, c->rms_norm_eps);
         linear_forward(a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
     }
@@ -692,22 +708,25 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int l = 0; l < c->num_hidden_layers; l++) a->n_moe_layers += m->p.layers[l].router != NULL;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    PAR_EVENT(a, PAR_FWD_LAYER, -1);
     /* embedding rows and layer 0's attention input */
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
         team_share(N, &r0, &r1);
         float *x = a->layers[0].resid_in;
-        for (int n = r0; n < r1; n++)
-            memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
-        attn_in_rows(m, a, 0, r0, r1);
+        if (a->layer_lo == 0) /* a later pipeline stage's input was filled by the caller */
+            for (int n = r0; n < r1; n++)
+                memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
+        attn_in_rows(m, a, a->layer_lo, r0, r1);
     }
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = a->layer_lo; l < a->layer_hi; l++) {
         layer_acts *L = &a->layers[l];
         const double ta = trace_begin();
         if (sp) sp_attention_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
         else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
+        PAR_EVENT(a, PAR_FWD_LAYER, l);
         const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
         {
@@ -1018,29 +1037,35 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
               nkv = c->num_key_value_heads, L = c->num_hidden_layers;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
+    if (head) PAR_EVENT(a, PAR_BWD_LAYER, L);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        head_backward_team(m, a, dlogp, dentropy, r0, r1);
-        layer_mlp_backward_team(m, a, L - 1, aux_weight, r0, r1);
+        if (head) head_backward_team(m, a, dlogp, dentropy, r0, r1); /* else d_resid is the caller's */
+        layer_mlp_backward_team(m, a, hi - 1, aux_weight, r0, r1);
     }
-    if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
-    for (int l = L - 1; l >= 0; l--) {
+    if (head) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
+        PAR_EVENT(a, PAR_GRAD_READY, L);
+    }
+    for (int l = hi - 1; l >= lo; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
         if (a->par && a->par->sp) sp_attention_backward(a->par->sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
         else attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse,
                                 a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("bwd attention", "model", ta);
+        PAR_EVENT(a, PAR_BWD_LAYER, l);
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
             team_share(N, &r0, &r1);
             layer_attn_backward_team(m, a, l, r0, r1);
-            if (l > 0) {
+            if (l > lo) {
                 layer_mlp_backward_team(m, a, l - 1, aux_weight, r0, r1);
-            } else {
+            } else if (lo == 0) { /* a later pipeline stage leaves ∂loss/∂resid_in in d_resid */
                 /* embedding: scatter-add rows; each thread owns a block of columns (two tokens
                  * may share an id), tokens in order */
 #pragma omp barrier
@@ -1055,8 +1080,12 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
             }
         }
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
+        PAR_EVENT(a, PAR_GRAD_READY, l);
     }
-    if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+    if (lo == 0) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+        PAR_EVENT(a, PAR_GRAD_READY, -1);
+    }
     blas_team_end(nb);
 }
 

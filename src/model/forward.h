@@ -90,10 +90,22 @@ typedef struct {
     /* Model-parallel runtime (src/parallel/parallel.h); NULL = this rank computes the whole model on
      * its own tokens (model_acts_init sets NULL). */
     struct par_state *par;
+    /* Pipeline stage (model_acts_init_range): decoder layers [layer_lo, layer_hi) only; model_acts_init
+     * gives 0 and num_hidden_layers (the whole model). With layer_lo > 0 model_forward embeds nothing:
+     * the caller fills layers[layer_lo].resid_in [N,H] (the previous stage's output) before the call.
+     * With layer_hi < L there is no final norm or LM head (logits NULL): the forward's output is
+     * resid_out [N,H], and model_backward starts from d_resid [N,H] = ∂loss/∂resid_out, which the
+     * caller fills. With layer_lo > 0 model_backward ends with d_resid = ∂loss/∂layers[layer_lo].resid_in
+     * (sent to the previous stage) instead of the embedding scatter. aux_counts / aux_psum then sum
+     * this stage's MoE layers only (aux_loss is not the model's; n_moe_layers stays the model's). */
+    int layer_lo, layer_hi;
 } model_acts;
 
 /* Allocate activations for up to max_tokens tokens per batch (one allocation). */
 int model_acts_init(model_acts *a, const moe_model *m, int max_tokens);
+/* The same for a pipeline stage: decoder layers [lo, hi) only (0 ≤ lo < hi ≤ L), the LM head's
+ * buffers only when hi = L (see model_acts.layer_lo). Errors: max_tokens ≤ 0, a bad range. */
+int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int lo, int hi);
 void model_acts_free(model_acts *a);
 
 /* Forward: tokens[N], cu_seqlens[B+1] (cu_seqlens[0]=0, cu_seqlens[B]=N, non-decreasing),

@@ -33,6 +33,16 @@ double model_train_flops(const moe_config *c, int64_t tokens, int64_t pairs) {
            12.0 * c->num_hidden_layers * (double)c->num_attention_heads * c->head_dim * (double)pairs;
 }
 
+double model_layer_train_flops(const moe_config *c, int l, int64_t tokens, int64_t pairs) {
+    const int64_t H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim,
+                  E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
+                  Id = c->intermediate_size, V = c->vocab_size;
+    if (l >= c->num_hidden_layers) return 6.0 * (double)(V * H) * (double)tokens;
+    int64_t p = H * nh * hd + 2 * H * nkv * hd + nh * hd * H;
+    p += moe_config_layer_is_moe(c, l) ? E * H + K * 3 * H * I : 3 * H * Id;
+    return 6.0 * (double)p * (double)tokens + 12.0 * (double)nh * hd * (double)pairs;
+}
+
 double perf_sgemm_peak(double seconds) {
     const int n = 1024;
     if (seconds < 0.05) seconds = 0.05;

@@ -31,6 +31,12 @@ int64_t model_attention_pairs(const int *cu_seqlens, int B);
  * FLOPs, not model FLOPs). Forward-only (rollout/logprob) work is a third of each term. */
 double model_train_flops(const moe_config *c, int64_t tokens, int64_t pairs);
 
+/* One piece of model_train_flops: decoder layer l (0 ≤ l < L) — its projections, router and
+ * K active experts (or dense MLP) and its attention pairs — or, for l = L, the LM head
+ * (6·V·H·tokens). Σ over l = 0..L equals model_train_flops. The pipeline's stage balance
+ * (src/parallel/pipeline.c) cuts the layers by these costs. */
+double model_layer_train_flops(const moe_config *c, int l, int64_t tokens, int64_t pairs);
+
 /* Measured single-precision matrix-multiply peak of this machine in FLOP/s: the best of
  * repeated cblas_sgemm calls on n×n matrices (n = 1024; 2n³ FLOPs each) over about `seconds`
  * (≥ 0.05; 0.3 is plenty), with the threads OpenBLAS currently uses. Call it at start, before

@@ -6,6 +6,8 @@
 #include "base/common.h"
 #include "data/tasks.h"
 #include "data/tokenizer.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "rollout/engine.h"
 
 int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start) {
@@ -44,6 +46,10 @@ static int pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *t
     return N;
 }
 
+int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *tgt, int *seq_of, int *resp_index) {
+    return pack(seqs, b0, b1, tok, cu, tgt, seq_of, resp_index);
+}
+
 typedef struct {
     int *tok, *cu, *tgt, *seq_of, *resp_index;
     float *dlogp, *dent;
@@ -65,6 +71,7 @@ static void pack_buf_free(pack_buf *p) {
 
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *o,
                      token_grad_fn fn, void *ctx, train_step_out *out) {
+    if (o->par && o->par->pp) return pp_train_accumulate(o->par->pp, m, seqs, n, o, fn, ctx, out); /* 1F1B */
     memset(out, 0, sizeof *out);
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, o->max_tokens, mb);
@@ -77,8 +84,8 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     if (o->total_tokens > 0) total = o->total_tokens;
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
-    model_zero_grad(m);
-    if (o->par) a->par = o->par; /* model-parallel hooks for every micro-batch (train.h) */
+    if (o->par) a->par = o->par; /* model-parallel layer events (parallel.h) */
+    par_zero_grad(o->par, m);
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);

@@ -22,6 +22,11 @@ typedef struct {
  * [mb_start[j], mb_start[j+1]) with at most max_tokens tokens. Returns n_mb, or MOERL_ERR if a
  * sequence alone exceeds max_tokens (message names it). mb_start needs n+1 entries. */
 int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start);
+/* Pack sequences [b0, b1) into the flat arrays of one micro-batch (each ≥ their tokens long;
+ * cu_seqlens b1−b0+1): tokens, next-token targets (−1 at a sequence's end), seq_of (the sequence
+ * index), resp_index (target's position in the response, −1 outside it). Returns N, the tokens. */
+int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu_seqlens, int *tgt, int *seq_of,
+               int *resp_index);
 
 /* Per-micro-batch callback: after the forward and model_logprobs of the packed micro-batch, the
  * callback reads logp (and entropy if asked) for the response targets and writes
@@ -72,7 +77,11 @@ typedef struct {
 /* Zero grads, run forward+backward over all sequences in micro-batches (acts sized for
  * opts->max_tokens), accumulating gradients; the aux loss of each micro-batch is weighted by its
  * share of the tokens (of opts->total_tokens when set). Does not step the optimizer. n = 0 only
- * zeroes the gradients (a data-parallel rank without sequences in this mini-batch). */
+ * zeroes the gradients (a data-parallel rank without sequences in this mini-batch).
+ * With opts->par->pp (pipeline parallelism) the micro-batch loop is the 1F1B schedule of
+ * pp_train_accumulate (src/parallel/pipeline.h; a is not used): every stage of the pipeline passes
+ * the same sequences; the gradients and out are this stage's share, complete after the caller's sum
+ * over all trainer ranks (as for data-parallel ranks). */
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *opts,
                      token_grad_fn fn, void *ctx, train_step_out *out);
 /* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates

@@ -1,0 +1,200 @@
+/* Pipeline bubble: the 1F1B schedule (src/parallel/pipeline.c) measured against its theory.
+ * Run under mpirun -np P: one pipeline of P stages over the benchmark model (bench_util.h) with
+ * --layers decoder layers, a batch of --seqs sequences of --seq-len tokens, SFT loss, aux loss on.
+ * Configurations, each --reps timed steps after one warm-up step:
+ *   fixed m       micro-batches of T/m tokens (m from --fixed, e.g. 2,4), look-ahead receives off
+ *                 and on;
+ *   dynamic       the count chosen from the token budget (pp_options: 4..16 micro-batches of at least
+ *                 --min-mb-tokens tokens), look-ahead receives on.
+ * Per configuration (medians over the reps): m, step time (train_accumulate: schedule + gradient
+ * exchange), the idle share of the stages (perf/pipeline_bubble: mean over stages of 1 − busy / T,
+ * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), and
+ * the speed-up over ONE rank running the same micro-batches with train_accumulate (measured in the
+ * same run on rank 0 while the other ranks wait; ideal P·(1 − bubble)). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/rng.h"
+#include "bench_util.h"
+#include "dist/dist.h"
+#include "model/forward.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
+#include "train/train.h"
+
+static double g_inv;
+
+static double sft_cb(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index, float *dlogp,
+                     float *dent) {
+    (void)ctx, (void)seq_of, (void)dent;
+    double loss = 0;
+    for (int t = 0; t < a->N; t++)
+        if (resp_index[t] >= 0) {
+            dlogp[t] = (float)-g_inv;
+            loss -= a->logp[t] * g_inv;
+        }
+    return loss;
+}
+
+static int parse_list(const char *s, int *v, int max) {
+    int n = 0;
+    char *dup = strdup(s), *save = NULL;
+    for (char *t = strtok_r(dup, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save)) v[n++] = atoi(t);
+    free(dup);
+    return n;
+}
+
+int main(int argc, char **argv) {
+    dist_ctx *ctx = dist_init(&argc, &argv);
+    if (!ctx || dist_split_roles(ctx, ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+        return 1;
+    }
+    int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb = 64, fixed[8] = {0}, nfixed = 0;
+    static const struct option lo[] = {{"layers", 1, 0, 'l'}, {"seqs", 1, 0, 's'}, {"seq-len", 1, 0, 'n'},
+                                       {"reps", 1, 0, 'r'},   {"fixed", 1, 0, 'f'}, {"min-mb-tokens", 1, 0, 'm'},
+                                       {0, 0, 0, 0}};
+    for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
+        if (ch == 'l') layers = atoi(optarg);
+        else if (ch == 's') nseq = atoi(optarg);
+        else if (ch == 'n') seq_len = atoi(optarg);
+        else if (ch == 'r') reps = atoi(optarg);
+        else if (ch == 'f') nfixed = parse_list(optarg, fixed, 8);
+        else if (ch == 'm') min_mb = atoi(optarg);
+        else {
+            fprintf(stderr, "usage: bench_dist_pipeline [--layers L] [--seqs N] [--seq-len T] [--reps R] "
+                            "[--fixed m1,m2] [--min-mb-tokens K]\n");
+            return 2;
+        }
+    }
+    const int P = ctx->world_size, rank = ctx->world_rank;
+    if (nfixed == 0) fixed[nfixed++] = P;
+    moe_config c = bench_model_config(seq_len);
+    c.num_hidden_layers = layers;
+    moe_model m;
+    if (model_init(&m, &c) != MOERL_OK) {
+        fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+        return 1;
+    }
+    model_init_random(&m, 7);
+    par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                     .pipeline_parallel_size = P, .alltoall_max_ep = 16, .capacity_factor = 1.25};
+    par_grid g;
+    if (par_grid_init(&g, ctx, &pc, c.num_experts, c.num_attention_heads, c.num_key_value_heads, layers) != MOERL_OK) {
+        fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+        return 1;
+    }
+    /* the batch: nseq sequences of seq_len tokens, the second half of each the response */
+    int *tok = xmalloc((size_t)nseq * seq_len * sizeof(int));
+    rng_state r;
+    rng_seed(&r, 11);
+    for (int i = 0; i < nseq * seq_len; i++) tok[i] = (int)rng_below(&r, c.vocab_size);
+    train_seq *seqs = xmalloc(nseq * sizeof(train_seq));
+    for (int i = 0; i < nseq; i++) seqs[i] = (train_seq){.tokens = tok + (size_t)i * seq_len, .len = seq_len,
+                                                          .resp_start = seq_len / 2};
+    g_inv = 1.0 / ((double)nseq * (seq_len - seq_len / 2));
+    const int T = nseq * seq_len;
+    int cap_max = seq_len;
+    for (int k = 0; k < nfixed; k++) cap_max = MOERL_MAX(cap_max, (T / fixed[k] / seq_len) * seq_len);
+    if (rank == 0)
+        printf("# bench_dist_pipeline: %d stages, %d layers (hidden %d, %d experts top-%d), %d sequences x %d tokens "
+               "= %d tokens per step, %d reps, OMP threads per rank %s\n",
+               P, layers, c.hidden_size, c.num_experts, c.num_experts_per_tok, nseq, seq_len, T, reps,
+               getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "(unset)");
+    model_acts a1;
+    if (model_acts_init(&a1, &m, cap_max) != MOERL_OK) return 1;
+    if (rank == 0)
+        printf("%-26s %4s %10s %10s %10s %10s %10s %9s %9s\n", "configuration", "m", "step_ms", "one_rank_ms",
+               "speedup", "idle", "theory", "recv_wait", "MB_sent");
+    typedef struct {
+        const char *name;
+        int fixed_m, dynamic, prefetch;
+    } config;
+    config cf[24];
+    int ncf = 0;
+    for (int k = 0; k < nfixed; k++) {
+        cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0};
+        cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1};
+    }
+    cf[ncf++] = (config){"dynamic 4-16, look-ahead", 0, 1, 1};
+    double *t_pp = xmalloc(reps * sizeof(double)), *t_one = xmalloc(reps * sizeof(double)),
+           *idle = xmalloc(reps * sizeof(double)), *wait = xmalloc(reps * sizeof(double));
+    for (int k = 0; k < ncf; k++) {
+        pp_options po = pp_options_default();
+        po.dynamic = cf[k].dynamic;
+        po.prefetch = cf[k].prefetch;
+        po.min_mb_tokens = min_mb;
+        po.balance_seq_len = seq_len;
+        po.quiet = k > 0 || rank != 0;
+        const int cap = cf[k].fixed_m ? MOERL_MAX(seq_len, (T / cf[k].fixed_m / seq_len) * seq_len) : cap_max;
+        pp_state *ps = pp_state_new(&g, &m, &po);
+        if (!ps) {
+            fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+            return 1;
+        }
+        par_state par = {.grid = &g, .pp = ps};
+        train_step_opts to = {.max_tokens = cap, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef, .par = &par};
+        train_step_opts t1 = to;
+        t1.par = NULL;
+        int mbs = 0;
+        double bytes = 0;
+        for (int rep = -1; rep < reps; rep++) {
+            train_step_out so;
+            dist_barrier(ctx, DIST_WORLD);
+            double t0 = moerl_now();
+            if (train_accumulate(&m, NULL, seqs, nseq, &to, sft_cb, NULL, &so) != MOERL_OK) {
+                fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+                return 1;
+            }
+            const double dt = moerl_now() - t0;
+            const pp_stats *st = pp_last_stats(ps);
+            mbs = st->microbatches;
+            bytes = st->bytes_sent;
+            /* the same micro-batches on one rank (rank 0; the others wait in the barrier) */
+            int mb[4096];
+            pp_plan_microbatches(seqs, nseq, cap, P, &po, mb);
+            t1.max_tokens = cap;
+            if (po.dynamic) { /* the token cap the dynamic plan chose: its largest micro-batch */
+                int big = 0;
+                for (int j = 0; j < mbs; j++) big = MOERL_MAX(big, (mb[j + 1] - mb[j]) * seq_len);
+                t1.max_tokens = big;
+            }
+            double d1 = 0;
+            dist_barrier(ctx, DIST_WORLD);
+            if (rank == 0) {
+                const double t2 = moerl_now();
+                train_accumulate(&m, &a1, seqs, nseq, &t1, sft_cb, NULL, &so);
+                d1 = moerl_now() - t2;
+            }
+            dist_barrier(ctx, DIST_WORLD);
+            if (rep >= 0) {
+                t_pp[rep] = dt;
+                t_one[rep] = d1;
+                idle[rep] = st->bubble_mean;
+                wait[rep] = st->wait_share_mean;
+            }
+        }
+        const double mpp = bench_median(t_pp, reps), m1 = bench_median(t_one, reps);
+        if (rank == 0) {
+            char name[64];
+            if (cf[k].fixed_m) snprintf(name, sizeof name, "m=%d %s", cf[k].fixed_m, cf[k].name + 7);
+            else snprintf(name, sizeof name, "%s", cf[k].name);
+            printf("%-26s %4d %10.1f %10.1f %10.2f %9.1f%% %9.1f%% %8.1f%% %9.2f\n", name, mbs, 1e3 * mpp, 1e3 * m1,
+                   m1 / mpp, 100 * bench_median(idle, reps), 100.0 * (P - 1) / (mbs + P - 1),
+                   100 * bench_median(wait, reps), bytes / 1e6);
+            fflush(stdout);
+        }
+        pp_state_free(ps);
+    }
+    free(t_pp); free(t_one); free(idle); free(wait);
+    model_acts_free(&a1);
+    free(seqs);
+    free(tok);
+    par_grid_free(&g);
+    model_free(&m);
+    dist_finalize(ctx);
+    return 0;
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Pipeline bubble (issue 13): bench_dist_pipeline under mpirun -np 2 (2 stages, one compute thread
+# each): measured idle share of the stages next to the 1F1B theory (p−1)/(m+p−1), for fixed
+# micro-batch counts with and without look-ahead receives, and the dynamic count (4..16 from the token
+# budget); then the same with the progress thread off (MOERL_PP_PROGRESS_US=0).
+# Usage: bench/run_pipeline.sh [BUILD] [extra bench flags]   (default build; builds the binary if missing)
+# The figures need free cores: 2 ranks on 2 cores with other work around inflate every idle share.
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${1:-${BUILD:-build}}
+shift || true
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "run_pipeline: mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
+    exit 1
+fi
+[[ -x $BUILD/mpi/bench/bench_dist_pipeline ]] || make -j2 "$BUILD/mpi/bench/bench_dist_pipeline"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+    export OPENBLAS_CORETYPE=Haswell
+fi
+echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS"
+run() { echo "\$ $*"; "$@"; echo; }
+run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4 "$@"
+echo "# without the progress thread"
+MOERL_PP_PROGRESS_US=0 run mpirun --oversubscribe -np 2 -x MOERL_PP_PROGRESS_US "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2 "$@"

@@ -1,0 +1,528 @@
+/* Pipeline parallelism: stage partition, micro-batch plan and the 1F1B schedule. See pipeline.h. */
+#include "parallel/pipeline.h"
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/common.h"
+#include "base/log.h"
+#include "kernels/kernels.h"
+#include "model/perf.h"
+
+pp_options pp_options_default(void) {
+    pp_options o = {.dynamic = 1, .mb_min = 4, .mb_max = 16, .min_mb_tokens = 64, .prefetch = 1, .progress_us = 50};
+    const char *e = getenv("MOERL_PP_PROGRESS_US");
+    if (e && *e) o.progress_us = atoi(e);
+    return o;
+}
+
+/* ------------------------------------------------------------------ partition */
+
+int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *stage_cost) {
+    const int L = c->num_hidden_layers;
+    if (pp < 1 || pp > L)
+        return moerl_errorf("pipeline: %d stages for a model of %d layers (expected 1..%d: a stage needs a layer)", pp,
+                            L, L);
+    if (seq_len < 1) return moerl_errorf("pipeline: balance sequence length %d, expected ≥ 1", seq_len);
+    const int64_t pairs = (int64_t)seq_len * (seq_len + 1) / 2;
+    double *pre = xmalloc((L + 1) * sizeof(double)); /* prefix sums of the layer costs */
+    pre[0] = 0;
+    for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + model_layer_train_flops(c, l, seq_len, pairs);
+    const double head = model_layer_train_flops(c, L, seq_len, pairs);
+    /* best[s][j]: the smallest largest-stage cost of layers [0, j) in s+1 stages; cut[s][j] its last cut */
+    double *best = xmalloc((size_t)pp * (L + 1) * sizeof(double));
+    int *cut = xmalloc((size_t)pp * (L + 1) * sizeof(int));
+#define BEST(s, j) best[(size_t)(s) * (L + 1) + (j)]
+#define CUT(s, j) cut[(size_t)(s) * (L + 1) + (j)]
+    for (int j = 0; j <= L; j++) {
+        BEST(0, j) = pre[j] + (j == L && pp == 1 ? head : 0);
+        CUT(0, j) = 0;
+    }
+    for (int s = 1; s < pp; s++)
+        for (int j = 0; j <= L; j++) {
+            BEST(s, j) = DBL_MAX;
+            CUT(s, j) = -1;
+            for (int i = s; i < j; i++) { /* stages 0..s−1 hold [0, i) (≥ 1 layer each), stage s holds [i, j) */
+                if (BEST(s - 1, i) == DBL_MAX) continue;
+                const double own = pre[j] - pre[i] + (j == L && s == pp - 1 ? head : 0);
+                const double v = MOERL_MAX(BEST(s - 1, i), own);
+                if (v < BEST(s, j)) {
+                    BEST(s, j) = v;
+                    CUT(s, j) = i;
+                }
+            }
+        }
+    bounds[pp] = L;
+    for (int s = pp - 1, j = L; s >= 0; s--) {
+        bounds[s] = CUT(s, j);
+        j = bounds[s];
+    }
+    if (stage_cost)
+        for (int s = 0; s < pp; s++)
+            stage_cost[s] = pre[bounds[s + 1]] - pre[bounds[s]] + (s == pp - 1 ? head : 0);
+#undef BEST
+#undef CUT
+    free(best);
+    free(cut);
+    free(pre);
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ micro-batch plan */
+
+int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb) {
+    const pp_options d = pp_options_default();
+    if (!opt) opt = &d;
+    int m = pack_microbatches(seqs, n, max_tokens, mb);
+    if (m < 0) return MOERL_ERR;
+    int64_t T = 0;
+    int longest = 0;
+    for (int i = 0; i < n; i++) {
+        T += seqs[i].len;
+        longest = MOERL_MAX(longest, seqs[i].len);
+    }
+    if (opt->dynamic && n > 0) {
+        int64_t by_tokens = opt->min_mb_tokens > 0 ? T / opt->min_mb_tokens : opt->mb_max;
+        int target = (int)MOERL_MIN(by_tokens, (int64_t)opt->mb_max);
+        target = MOERL_MAX(target, MOERL_MAX(opt->mb_min, pp));
+        if (m < target) {
+            int cap = (int)MOERL_MAX((int64_t)longest, (T + target - 1) / target);
+            cap = MOERL_MIN(cap, max_tokens);
+            int m2 = pack_microbatches(seqs, n, cap, mb);
+            if (m2 < 0) return MOERL_ERR;
+            m = m2;
+        }
+    }
+    if (m < pp)
+        return moerl_errorf("pipeline: this batch makes %d micro-batch%s (%d sequences, %lld tokens, at most %d tokens per "
+                            "micro-batch) but %d pipeline stages need at least %d: give each pipeline at least %d "
+                            "sequences%s, or lower actor.pipeline_parallel_size",
+                            m, m == 1 ? "" : "es", n, (long long)T, max_tokens, pp, pp, pp,
+                            opt->dynamic ? "" : " or lower the micro-batch token limit");
+    return m;
+}
+
+/* ------------------------------------------------------------------ state */
+
+typedef struct {
+    model_acts a;
+    int *tok, *cu, *tgt, *seq_of, *resp_index;
+    float *dlogp, *dent;
+    float *fa, *ba;        /* [2E] counts and probability sums of stages 0..s; [E] the micro-batch's counts */
+    int fwd_posted;        /* micro-batch whose input receive is posted into this slot, −1 none */
+    int grad_posted;       /* micro-batch whose gradient receive is posted, −1 none */
+    dist_req *rq_h, *rq_fa, *rq_g, *rq_ba; /* receives: hidden, forward aux, d hidden, backward aux */
+    dist_req *sq_h, *sq_fa, *sq_g, *sq_ba; /* sends of the same */
+} pp_slot;
+
+struct pp_state {
+    dist_comm *comm;
+    int pp, stage, lo, hi, L, E, H, aux; /* aux: the model has MoE layers (aux messages travel) */
+    int *bounds;
+    int max_tokens, n_slots;
+    pp_slot *slots;
+    pp_options opt;
+    pp_stats st;
+    double wait_s, busy_s;
+};
+
+static void slots_free(pp_state *s) {
+    for (int k = 0; k < s->n_slots && s->slots; k++) {
+        pp_slot *sl = &s->slots[k];
+        if (sl->a.arena) model_acts_free(&sl->a);
+        free(sl->tok); free(sl->cu); free(sl->tgt); free(sl->seq_of); free(sl->resp_index);
+        free(sl->dlogp); free(sl->dent); free(sl->fa); free(sl->ba);
+    }
+    free(s->slots);
+    s->slots = NULL;
+    s->max_tokens = 0;
+}
+
+/* (Re)allocate the activation slots for micro-batches of up to max_tokens tokens. */
+static int slots_alloc(pp_state *s, const moe_model *m, int max_tokens) {
+    if (s->slots && max_tokens <= s->max_tokens) return MOERL_OK;
+    slots_free(s);
+    s->max_tokens = max_tokens;
+    s->slots = xcalloc(s->n_slots, sizeof(pp_slot));
+    const size_t N = (size_t)max_tokens, E = s->E > 0 ? s->E : 1;
+    for (int k = 0; k < s->n_slots; k++) {
+        pp_slot *sl = &s->slots[k];
+        if (model_acts_init_range(&sl->a, m, max_tokens, s->lo, s->hi) != MOERL_OK) {
+            slots_free(s);
+            return MOERL_ERR;
+        }
+        sl->tok = xmalloc(N * sizeof(int));
+        sl->cu = xmalloc((N + 1) * sizeof(int));
+        sl->tgt = xmalloc(N * sizeof(int));
+        sl->seq_of = xmalloc(N * sizeof(int));
+        sl->resp_index = xmalloc(N * sizeof(int));
+        sl->dlogp = xmalloc(N * sizeof(float));
+        sl->dent = xmalloc(N * sizeof(float));
+        sl->fa = xcalloc(2 * E, sizeof(float));
+        sl->ba = xcalloc(E, sizeof(float));
+        sl->fwd_posted = sl->grad_posted = -1;
+    }
+    return MOERL_OK;
+}
+
+pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *opt) {
+    const moe_config *c = &m->cfg;
+    if (!g || !g->pp_comm) {
+        moerl_errorf("pipeline: no trainer grid (pp_comm) to run the stages on");
+        return NULL;
+    }
+    pp_state *s = xcalloc(1, sizeof *s);
+    s->opt = opt ? *opt : pp_options_default();
+    s->comm = g->pp_comm;
+    s->pp = g->pp;
+    s->stage = g->stage;
+    s->L = c->num_hidden_layers;
+    s->E = c->num_experts;
+    s->H = c->hidden_size;
+    for (int l = 0; l < s->L; l++) s->aux |= moe_config_layer_is_moe(c, l);
+    s->bounds = xmalloc((s->pp + 1) * sizeof(int));
+    double *cost = xmalloc(s->pp * sizeof(double));
+    const int bal = s->opt.balance_seq_len > 0 ? s->opt.balance_seq_len
+                                                : MOERL_MAX(1, MOERL_MIN(c->max_position_embeddings, 4096));
+    if (pp_partition(c, s->pp, bal, s->bounds, cost) != MOERL_OK) {
+        free(cost);
+        pp_state_free(s);
+        return NULL;
+    }
+    s->lo = s->bounds[s->stage];
+    s->hi = s->bounds[s->stage + 1];
+    if (!s->opt.quiet && s->stage == 0) {
+        double tot = 0;
+        for (int k = 0; k < s->pp; k++) tot += cost[k];
+        char line[1024];
+        int o = 0;
+        for (int k = 0; k < s->pp && o < (int)sizeof line - 80; k++)
+            o += snprintf(line + o, sizeof line - o, "%sstage %d: layers %d-%d%s%s (%.1f%% of FLOPs)", k ? "; " : "", k,
+                          s->bounds[k], s->bounds[k + 1] - 1, k == 0 ? " + embedding" : "",
+                          k == s->pp - 1 ? " + norm, LM head" : "", 100.0 * cost[k] / tot);
+        log_info("pipeline partition (%d stages, balanced for %d-token sequences): %s", s->pp, bal, line);
+    }
+    free(cost);
+    s->n_slots = s->pp - s->stage; /* 1F1B: at most pp − stage micro-batches in flight */
+    return s;
+}
+
+void pp_state_free(pp_state *s) {
+    if (!s) return;
+    slots_free(s);
+    free(s->bounds);
+    free(s);
+}
+
+void pp_stage_layers(const pp_state *s, int *lo, int *hi) {
+    *lo = s->lo;
+    *hi = s->hi;
+}
+
+const int *pp_bounds(const pp_state *s) { return s->bounds; }
+const pp_stats *pp_last_stats(const pp_state *s) { return &s->st; }
+
+int pp_metrics(const pp_state *s, const char **keys, double *vals) {
+    if (!s) return 0;
+    const pp_stats *st = &s->st;
+    static const char *k[PP_N_METRICS] = {"perf/pipeline_bubble", "perf/pipeline_bubble_max",
+                                          "perf/pipeline_bubble_theory", "perf/pipeline_recv_wait",
+                                          "perf/pipeline_microbatches"};
+    const double v[PP_N_METRICS] = {st->bubble_mean, st->bubble_max, st->theory, st->wait_share_mean,
+                                    st->microbatches};
+    for (int i = 0; i < PP_N_METRICS; i++) {
+        keys[i] = k[i];
+        vals[i] = v[i];
+    }
+    return PP_N_METRICS;
+}
+
+/* ------------------------------------------------------------------ schedule */
+
+/* Four messages per micro-batch and direction pair; tags stay below 32768. */
+static int tag_of(int j, int k) { return (j % 8000) * 4 + k; }
+
+/* Wait for a request, counting the time as idle (blocked on the pipeline). */
+static void wait_idle(pp_state *s, dist_req **r) {
+    if (!*r) return;
+    const double t0 = moerl_now();
+    if (dist_wait(*r) != MOERL_OK) moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
+    *r = NULL;
+    s->wait_s += moerl_now() - t0;
+}
+
+typedef struct {
+    const train_seq *seqs;
+    const int *mb, *N;     /* micro-batch starts [m+1], tokens [m] */
+    int m;
+    int64_t total;
+    const train_step_opts *o;
+    token_grad_fn fn;
+    void *ctx;
+    moe_model *model;
+    train_step_out *out;
+    double *psum_out, *counts_out; /* last stage: [E] each */
+} pp_run;
+
+static pp_slot *slot_of(pp_state *s, int j) { return &s->slots[j % s->n_slots]; }
+
+/* Post the receive of micro-batch j's input (stages after the first) into its slot. */
+static void post_input(pp_state *s, const pp_run *r, int j) {
+    pp_slot *sl = slot_of(s, j);
+    if (s->stage == 0 || sl->fwd_posted == j) return;
+    wait_idle(s, &sl->sq_fa); /* fa was sent on by the slot's previous micro-batch */
+    sl->rq_h = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j, 0), sl->a.layers[s->lo].resid_in,
+                                   (size_t)r->N[j] * s->H);
+    if (s->aux) sl->rq_fa = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j, 1), sl->fa, 2 * (size_t)s->E);
+    sl->fwd_posted = j;
+}
+
+/* Post the receive of micro-batch j's output gradient (stages before the last). */
+static void post_grad(pp_state *s, const pp_run *r, int j) {
+    pp_slot *sl = slot_of(s, j);
+    if (s->stage == s->pp - 1 || sl->grad_posted == j) return;
+    wait_idle(s, &sl->sq_g); /* d_resid and ba were sent back by the slot's previous micro-batch */
+    wait_idle(s, &sl->sq_ba);
+    sl->rq_g = dist_comm_irecv_f32(s->comm, s->stage + 1, tag_of(j, 2), sl->a.d_resid, (size_t)r->N[j] * s->H);
+    if (s->aux) sl->rq_ba = dist_comm_irecv_f32(s->comm, s->stage + 1, tag_of(j, 3), sl->ba, (size_t)s->E);
+    sl->grad_posted = j;
+}
+
+static void forward_step(pp_state *s, pp_run *r, int j) {
+    pp_slot *sl = slot_of(s, j);
+    const int last = s->stage == s->pp - 1, E = s->E;
+    model_acts *a = &sl->a;
+    if (s->stage > 0) {
+        post_input(s, r, j); /* no-op when prefetched */
+        wait_idle(s, &sl->rq_h);
+        wait_idle(s, &sl->rq_fa);
+        sl->fwd_posted = -1;
+    }
+    wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
+    const double t0 = moerl_now();
+    const int b0 = r->mb[j], b1 = r->mb[j + 1];
+    const int N = train_pack(r->seqs, b0, b1, sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
+    a->par = r->o->par;
+    if (model_forward(r->model, a, sl->tok, sl->cu, NULL, b1 - b0, N) != MOERL_OK)
+        moerl_fatal("pipeline stage %d, micro-batch %d: %s", s->stage, j, moerl_last_error());
+    if (s->aux) { /* running sums of the router statistics over stages 0..s */
+        for (int e = 0; e < E; e++) {
+            sl->fa[e] = (s->stage ? sl->fa[e] : 0.0f) + a->aux_counts[e];
+            sl->fa[E + e] = (s->stage ? sl->fa[E + e] : 0.0f) + a->aux_psum[e];
+        }
+    }
+    if (!last) {
+        s->busy_s += moerl_now() - t0;
+        sl->sq_h = dist_comm_isend_f32(s->comm, s->stage + 1, tag_of(j, 0), a->resid_out, (size_t)N * s->H);
+        if (s->aux) sl->sq_fa = dist_comm_isend_f32(s->comm, s->stage + 1, tag_of(j, 1), sl->fa, 2 * (size_t)E);
+        if (s->opt.prefetch) post_grad(s, r, j);
+        return;
+    }
+    /* last stage: the model's router statistics, the loss and the token gradients */
+    const train_step_opts *o = r->o;
+    if (s->aux) {
+        memcpy(a->aux_counts, sl->fa, E * sizeof(float));
+        memcpy(a->aux_psum, sl->fa + E, E * sizeof(float));
+        memcpy(sl->ba, sl->fa, E * sizeof(float));
+        a->aux_loss = moe_aux_loss(a->aux_counts, a->aux_psum, E, (int64_t)a->n_moe_layers * N);
+        for (int e = 0; e < E; e++) {
+            r->psum_out[e] += a->aux_psum[e];
+            r->counts_out[e] += a->aux_counts[e];
+        }
+    } else {
+        a->aux_loss = 0.0f;
+    }
+    model_logprobs(r->model, a, sl->tgt, o->temperature, o->want_entropy);
+    memset(sl->dlogp, 0, N * sizeof(float));
+    memset(sl->dent, 0, N * sizeof(float));
+    r->out->loss += r->fn(r->ctx, a, sl->seq_of, sl->resp_index, sl->dlogp, sl->dent);
+    r->out->aux_loss += (double)N / (double)r->total * a->aux_loss;
+    s->busy_s += moerl_now() - t0;
+}
+
+static void backward_step(pp_state *s, pp_run *r, int j) {
+    pp_slot *sl = slot_of(s, j);
+    const int last = s->stage == s->pp - 1, E = s->E;
+    model_acts *a = &sl->a;
+    if (!last) {
+        post_grad(s, r, j); /* no-op when prefetched */
+        wait_idle(s, &sl->rq_g);
+        wait_idle(s, &sl->rq_ba);
+        sl->grad_posted = -1;
+        if (s->aux) memcpy(a->aux_counts, sl->ba, E * sizeof(float)); /* the micro-batch's counts, all layers */
+    }
+    const double t0 = moerl_now();
+    const train_step_opts *o = r->o;
+    const double share = (double)r->N[j] / (double)r->total;
+    double aux_w = o->aux_coef * share;
+    if (s->aux && o->aux_counts) { /* global load-balancing loss: as train_accumulate */
+        for (int e = 0; e < E; e++) a->aux_counts[e] = (float)o->aux_counts[e];
+        aux_w = o->aux_coef * share * share;
+    }
+    model_backward(r->model, a, last ? sl->dlogp : NULL, last && o->want_entropy ? sl->dent : NULL, (float)aux_w);
+    s->busy_s += moerl_now() - t0;
+    if (s->stage > 0) {
+        sl->sq_g = dist_comm_isend_f32(s->comm, s->stage - 1, tag_of(j, 2), a->d_resid, (size_t)r->N[j] * s->H);
+        if (s->aux) sl->sq_ba = dist_comm_isend_f32(s->comm, s->stage - 1, tag_of(j, 3), sl->ba, (size_t)E);
+        if (s->opt.prefetch && j + s->n_slots < r->m) post_input(s, r, j + s->n_slots); /* the slot is free */
+    }
+}
+
+/* The progress thread: MPI_Iprobe on the pipeline's group every `us` µs until told to stop. */
+typedef struct {
+    dist_comm *comm;
+    int us;
+    atomic_int stop;
+} progress_arg;
+
+static void *progress_main(void *p) {
+    progress_arg *a = p;
+    const struct timespec ts = {a->us / 1000000, (long)(a->us % 1000000) * 1000L};
+    while (!atomic_load(&a->stop)) {
+        dist_comm_progress(a->comm);
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* All stages agree on the batch (sum and sum of squares of each value over pp_comm), and all planned
+ * it without error: one small all-reduce, so that a refusal happens on every stage and none waits. */
+static int check_agreement(pp_state *s, int ok, int n, int64_t tokens, int m) {
+    const double v[4] = {ok, n, (double)tokens, m};
+    double b[8];
+    for (int k = 0; k < 4; k++) {
+        b[k] = v[k];
+        b[4 + k] = v[k] * v[k];
+    }
+    if (dist_comm_allreduce_f64(s->comm, b, 8) != MOERL_OK) return MOERL_ERR;
+    if (!ok) return MOERL_ERR; /* this stage's own message stands */
+    if (b[0] != s->pp) return moerl_errorf("pipeline: another stage refused this batch (see its message)");
+    for (int k = 1; k < 4; k++)
+        if (b[k] != s->pp * v[k] || b[4 + k] != s->pp * v[k] * v[k])
+            return moerl_errorf("pipeline stage %d: the stages were given different batches (sequences, tokens or "
+                                "micro-batch counts differ): every stage of a pipeline must get the same sequences",
+                                s->stage);
+    return MOERL_OK;
+}
+
+int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
+                        token_grad_fn fn, void *ctx, train_step_out *out) {
+    memset(out, 0, sizeof *out);
+    const int E = s->E, P = s->pp, V = m->cfg.vocab_size;
+    int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += seqs[i].len;
+    int ok = 1, nm = 0;
+    if (o->max_tokens <= 0) {
+        moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", o->max_tokens);
+        ok = 0;
+    } else if (slots_alloc(s, m, o->max_tokens) != MOERL_OK) {
+        ok = 0;
+    }
+    for (int i = 0; i < n && ok; i++)
+        for (int t = 0; t < seqs[i].len && ok; t++)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= V) {
+                moerl_errorf("pipeline: sequence %d has token %d at %d, outside the vocabulary [0,%d)", i,
+                             seqs[i].tokens[t], t, V);
+                ok = 0;
+            }
+    if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
+    model_zero_grad(m);
+    if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
+        free(mb);
+        free(Nmb);
+        return MOERL_ERR;
+    }
+    if (n == 0) { /* a data-parallel pipeline without sequences: zero gradients, as train_accumulate */
+        free(mb);
+        free(Nmb);
+        memset(&s->st, 0, sizeof s->st);
+        if (o->layer_hook)
+            for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
+        return MOERL_OK;
+    }
+    const double t_start = moerl_now(); /* the stages leave the agreement all-reduce together */
+    for (int j = 0; j < nm; j++) {
+        Nmb[j] = 0;
+        for (int i = mb[j]; i < mb[j + 1]; i++) Nmb[j] += seqs[i].len;
+    }
+    if (o->total_tokens > 0) total = o->total_tokens;
+    const int red = 2 + 2 * E + 3 * P; /* (unused 2), psum[E], counts[E], per stage: schedule, busy, wait */
+    double *acc = xcalloc(red, sizeof(double));
+    pp_run r = {.seqs = seqs, .mb = mb, .N = Nmb, .m = nm, .total = total, .o = o, .fn = fn, .ctx = ctx, .model = m,
+                .out = out, .psum_out = acc + 2, .counts_out = acc + 2 + E};
+    s->wait_s = s->busy_s = 0;
+    const double bytes0 = dist_comm_bytes(s->comm, DIST_OP_P2P);
+    progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
+    atomic_init(&pa.stop, 0);
+    pthread_t pt;
+    const int have_pt = pa.us > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
+    if (s->opt.prefetch)
+        for (int j = 0; j < MOERL_MIN(s->n_slots, nm); j++) post_input(s, &r, j);
+    /* 1F1B: warm-up forwards, steady forward/backward pairs, cool-down backwards */
+    const int W = MOERL_MIN(P - s->stage - 1, nm);
+    for (int j = 0; j < W; j++) forward_step(s, &r, j);
+    for (int i = 0; i < nm - W; i++) {
+        forward_step(s, &r, W + i);
+        backward_step(s, &r, i);
+    }
+    for (int i = nm - W; i < nm; i++) backward_step(s, &r, i);
+    for (int k = 0; k < s->n_slots; k++) {
+        pp_slot *sl = &s->slots[k];
+        wait_idle(s, &sl->sq_h);
+        wait_idle(s, &sl->sq_fa);
+        wait_idle(s, &sl->sq_g);
+        wait_idle(s, &sl->sq_ba);
+    }
+    const double sched = moerl_now() - t_start;
+    if (have_pt) {
+        atomic_store(&pa.stop, 1);
+        pthread_join(pt, NULL);
+    }
+    /* additive convention: the last stage reports the pipeline's loss, aux and statistics, the others 0 */
+    const int last = s->stage == P - 1;
+    if (last) {
+        out->loss += o->aux_coef * out->aux_loss;
+        for (int e = 0; e < E && s->aux; e++) {
+            if (o->aux_psum_out) o->aux_psum_out[e] += acc[2 + e];
+            if (o->aux_counts_out) o->aux_counts_out[e] += acc[2 + E + e];
+        }
+    }
+    acc[2 + 2 * E + s->stage] = sched;
+    acc[2 + 2 * E + P + s->stage] = s->busy_s;
+    acc[2 + 2 * E + 2 * P + s->stage] = s->wait_s;
+    if (dist_comm_allreduce_f64(s->comm, acc + 2 + 2 * E, 3 * (size_t)P) != MOERL_OK)
+        moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
+    out->n_microbatches = nm;
+    out->n_tokens = 0;
+    for (int j = 0; j < nm && last; j++) out->n_tokens += Nmb[j];
+    /* statistics: the schedule time T is the slowest stage's; idle share = 1 − busy/T */
+    pp_stats *st = &s->st;
+    memset(st, 0, sizeof *st);
+    st->stages = P;
+    st->microbatches = nm;
+    for (int k = 0; k < P; k++) st->step_s = MOERL_MAX(st->step_s, acc[2 + 2 * E + k]);
+    for (int k = 0; k < P && st->step_s > 0; k++) {
+        const double idle = 1.0 - acc[2 + 2 * E + P + k] / st->step_s;
+        st->bubble_mean += idle / P;
+        st->bubble_max = MOERL_MAX(st->bubble_max, idle);
+        st->wait_share_mean += acc[2 + 2 * E + 2 * P + k] / st->step_s / P;
+    }
+    st->busy_s = s->busy_s;
+    st->wait_s = s->wait_s;
+    st->bubble = st->step_s > 0 ? 1.0 - s->busy_s / st->step_s : 0;
+    st->theory = (double)(P - 1) / (double)(nm + P - 1);
+    st->bytes_sent = dist_comm_bytes(s->comm, DIST_OP_P2P) - bytes0;
+    if (o->layer_hook) /* every group's gradient (this stage's share) is final: the caller's sum may start */
+        for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
+    free(acc);
+    free(mb);
+    free(Nmb);
+    return MOERL_OK;
+}

@@ -1,0 +1,409 @@
+/* Pipeline parallelism (src/parallel/pipeline.c) against one rank.
+ *   Model: a small random Qwen3-MoE of 4 layers (three MoE, one dense), untied head, load-balancing
+ *   aux loss ON (coefficient 0.02), so the aux statistics travel along the pipeline.
+ *   Batch: 12 sequences (5..16 tokens), SFT loss (−logp of the response tokens / their global count),
+ *   micro-batches of at most 24 tokens (fixed packing: pp_options.dynamic = 0, so one rank packs the
+ *   same micro-batches and the per-micro-batch aux loss is the same function).
+ *   Runs (each K = 4 AdamW steps from the same initial weights):
+ *     pp = world size (2 or 4 ranks): one pipeline, train_accumulate through par_state.pp;
+ *     dp 2 × pp 2 (4 ranks): two pipelines each on every other sequence;
+ *     in both, the stages' gradients (each its own parameters) and losses (last stage) are summed over
+ *     every trainer rank as data-parallel ranks' are (dist_reducer_new, dist_allreduce_sum);
+ *     reference (every rank, alone): train_accumulate without par on the same shards (dp 2: shard by
+ *       shard, gradients added in shard order, as the two-rank sum), same total_tokens.
+ *     pp = world size again with the global load-balancing loss (opts.aux_counts: the whole batch's
+ *       top-k counts, from compute_router_counts on the replicated model, given to every stage).
+ *   Checks: losses and final weights match the reference (tolerances below); weights bit-identical on
+ *   every rank; the per-step statistics (theory (p−1)/(m+p−1), idle shares in [0, 1]); the guard
+ *   (fewer micro-batches than stages) refused on every stage with the count needed, both with the
+ *   dynamic count and with fixed packing; the FLOP partition against brute force; the dynamic count
+ *   reaching its target. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/rng.h"
+#include "dist/dist.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "model/perf.h"
+#include "optim/adamw.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
+#include "test.h"
+#include "train/train.h"
+
+#define K_STEPS 4
+#define N_SEQ 12
+#define MAX_TOK 24
+static const int seq_len[N_SEQ] = {11, 6, 9, 14, 5, 8, 12, 16, 7, 10, 13, 6};
+static const int prompt_len[N_SEQ] = {3, 2, 4, 5, 1, 3, 4, 6, 2, 3, 5, 2};
+
+static dist_ctx *g_ctx;
+#define RANK g_ctx->world_rank
+#define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
+
+static moe_config pp_config(void) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 32;
+    c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.decoder_sparse_step = 1;
+    c.n_mlp_only_layers = 1;
+    c.mlp_only_layers[0] = 2;
+    c.norm_topk_prob = 1;
+    c.tie_word_embeddings = 0;
+    c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 10000.0f;
+    c.router_aux_loss_coef = 0.02f;
+    c.initializer_range = 0.02f;
+    c.bos_token_id = c.eos_token_id = -1;
+    return c;
+}
+
+static int g_tokens[N_SEQ][16];
+
+static void make_tokens(void) {
+    rng_state r;
+    rng_seed(&r, 77);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int t = 0; t < seq_len[s]; t++) g_tokens[s][t] = (int)rng_below(&r, 64);
+}
+
+/* Sequences of shard `d` of `D` (every D-th, in order). Returns the count. */
+static int shard(int d, int D, train_seq *out) {
+    int k = 0;
+    for (int s = d; s < N_SEQ; s += D)
+        out[k++] = (train_seq){.tokens = g_tokens[s], .len = seq_len[s], .resp_start = prompt_len[s]};
+    return k;
+}
+
+static double g_inv_resp; /* 1 / response tokens of the whole batch */
+
+static double sft_cb(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index, float *dlogp,
+                     float *dent) {
+    (void)ctx, (void)seq_of, (void)dent;
+    double loss = 0;
+    for (int t = 0; t < a->N; t++)
+        if (resp_index[t] >= 0) {
+            dlogp[t] = (float)-g_inv_resp;
+            loss -= a->logp[t] * g_inv_resp;
+        }
+    return loss;
+}
+
+static adamw_config opt_config(void) {
+    return (adamw_config){.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                          .max_grad_norm = 1.0f};
+}
+
+static int64_t total_tokens(void) {
+    int64_t t = 0;
+    for (int s = 0; s < N_SEQ; s++) t += seq_len[s];
+    return t;
+}
+
+/* One rank alone: D shards, each through train_accumulate, gradients added in shard order. */
+static void run_reference(int D, int global_aux, float *losses, moe_model *m) {
+    const moe_config c = pp_config();
+    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
+    model_init_random(m, 4242);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, m, MAX_TOK) == MOERL_OK);
+    float *sum = xcalloc(m->n_params, sizeof(float));
+    train_seq seqs[N_SEQ];
+    adamw_state os;
+    adamw_init(&os, m, opt_config());
+    train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                          .total_tokens = total_tokens()};
+    double counts[8];
+    for (int k = 0; k < K_STEPS; k++) {
+        double loss = 0;
+        if (global_aux) { /* the whole batch's top-k counts (one rank: no sum needed) */
+            memset(counts, 0, sizeof counts);
+            train_seq all[N_SEQ];
+            MOERL_ASSERT(compute_router_counts(m, &a, all, shard(0, 1, all), MAX_TOK, counts) == MOERL_OK);
+            to.aux_counts = counts;
+        }
+        for (int d = 0; d < D; d++) {
+            const int n = shard(d, D, seqs);
+            train_step_out so;
+            MOERL_ASSERT(train_accumulate(m, &a, seqs, n, &to, sft_cb, NULL, &so) == MOERL_OK);
+            loss += so.loss;
+            for (size_t i = 0; i < m->n_params; i++) sum[i] = d ? sum[i] + m->grads[i] : m->grads[i];
+        }
+        memcpy(m->grads, sum, m->n_params * sizeof(float));
+        losses[k] = (float)loss;
+        double gn;
+        MOERL_ASSERT(adamw_step(&os, m, os.cfg.lr, losses[k], &gn) == 1);
+    }
+    adamw_free(&os);
+    model_acts_free(&a);
+    free(sum);
+}
+
+static int grid_for(par_grid *g, int pp) {
+    par_config pc;
+    memset(&pc, 0, sizeof pc);
+    pc.fsdp_size = pc.expert_parallel_size = pc.ulysses_sequence_parallel_size = 1;
+    pc.pipeline_parallel_size = pp;
+    pc.alltoall_max_ep = 16;
+    pc.capacity_factor = 1.25;
+    const moe_config c = pp_config();
+    return par_grid_init(g, g_ctx, &pc, c.num_experts, c.num_attention_heads, c.num_key_value_heads,
+                         c.num_hidden_layers);
+}
+
+static void reducer_hook(void *r, int group) { dist_reducer_layer_done(r, group); }
+
+/* The pipeline run: pp stages, dp = T/pp pipelines. */
+static void run_pipeline(int pp, int global_aux, float *losses, moe_model *m, pp_stats *last) {
+    const moe_config c = pp_config();
+    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
+    model_init_random(m, 4242);
+    par_grid g;
+    CHECK_R(grid_for(&g, pp) == MOERL_OK, "grid pp %d: %s", RANK, pp, moerl_last_error());
+    pp_options po = pp_options_default();
+    po.dynamic = 0;
+    po.quiet = RANK != 0;
+    po.balance_seq_len = MAX_TOK;
+    pp_state *ps = pp_state_new(&g, m, &po);
+    CHECK_R(ps != NULL, "pp_state_new: %s", RANK, moerl_last_error());
+    if (!ps) return;
+    par_state par = {.grid = &g, .pp = ps};
+    /* stages are summed like data-parallel ranks: one reducer over every trainer (pp stages × dp) */
+    dist_grad_reducer *r = dist_reducer_new(g_ctx, m, 0.002, DIST_OVERLAP_THREAD); /* small buckets: many */
+    CHECK_R(r != NULL, "reducer: %s", RANK, moerl_last_error());
+    train_seq seqs[N_SEQ];
+    const int n = shard(g.dp_rank, g.dp, seqs);
+    adamw_state os;
+    adamw_init(&os, m, opt_config());
+    train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                          .total_tokens = total_tokens(), .par = &par};
+    if (r) {
+        to.layer_hook = reducer_hook;
+        to.layer_hook_ctx = r;
+    }
+    model_acts fa;
+    MOERL_ASSERT(model_acts_init(&fa, m, MAX_TOK) == MOERL_OK);
+    double counts[8];
+    for (int k = 0; k < K_STEPS; k++) {
+        if (global_aux) { /* forward-only passes run the whole (replicated) model on each rank */
+            memset(counts, 0, sizeof counts);
+            train_seq all[N_SEQ];
+            MOERL_ASSERT(compute_router_counts(m, &fa, all, shard(0, 1, all), MAX_TOK, counts) == MOERL_OK);
+            to.aux_counts = counts;
+        }
+        train_step_out so;
+        int rc = train_accumulate(m, NULL, seqs, n, &to, sft_cb, NULL, &so);
+        CHECK_R(rc == MOERL_OK, "pipeline step %d: %s", RANK, k, moerl_last_error());
+        if (rc != MOERL_OK) break;
+        double loss = so.loss; /* the last stage's; 0 on the others */
+        CHECK_R(g.stage == pp - 1 || (so.loss == 0 && so.n_tokens == 0), "stage %d reports loss %g", RANK, g.stage,
+                so.loss);
+        if (r) dist_reducer_finish(r);
+        dist_allreduce_sum(g_ctx, DIST_TRAINERS, &loss, 1);
+        losses[k] = (float)loss;
+        const pp_stats *st = pp_last_stats(ps);
+        CHECK_R(st->microbatches == so.n_microbatches && st->stages == pp &&
+                    fabs(st->theory - (double)(pp - 1) / (so.n_microbatches + pp - 1)) < 1e-12 && st->bubble >= 0 &&
+                    st->bubble <= 1 && st->bubble_max <= 1 && st->bubble_mean <= st->bubble_max + 1e-12 &&
+                    st->bytes_sent > 0,
+                "stats: m %d p %d theory %g bubble %g mean %g max %g bytes %g", RANK, st->microbatches, st->stages,
+                st->theory, st->bubble, st->bubble_mean, st->bubble_max, st->bytes_sent);
+        *last = *st;
+        double gn;
+        CHECK_R(adamw_step(&os, m, os.cfg.lr, losses[k], &gn) == 1, "step %d skipped", RANK, k);
+    }
+    adamw_free(&os);
+    model_acts_free(&fa);
+    dist_reducer_free(r);
+    pp_state_free(ps);
+    par_grid_free(&g);
+}
+
+static int same_on_all_ranks(uint64_t v) {
+    const int P = g_ctx->world_size;
+    double *t = xcalloc((size_t)2 * P, sizeof(double));
+    t[2 * RANK] = (double)(v >> 32);
+    t[2 * RANK + 1] = (double)(v & 0xffffffffu);
+    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, t, 2 * P) == MOERL_OK);
+    int same = 1;
+    for (int r = 1; r < P; r++) same &= t[2 * r] == t[0] && t[2 * r + 1] == t[1];
+    free(t);
+    return same;
+}
+
+static uint64_t hash_floats(const float *x, size_t n) {
+    const unsigned char *b = (const unsigned char *)x;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+static void test_equivalence(int pp, int global_aux) {
+    const int dp = g_ctx->world_size / pp;
+    float ref_loss[K_STEPS], pp_loss[K_STEPS] = {0};
+    moe_model ref, mp;
+    run_reference(dp, global_aux, ref_loss, &ref);
+    pp_stats st = {0};
+    run_pipeline(pp, global_aux, pp_loss, &mp, &st);
+    char what[96];
+    /* losses: the stages' partial sums of the router probabilities are added in another order than one
+     * rank's layer-by-layer sum (the aux VALUE only: its gradient uses the integer top-k counts, which
+     * add exactly), a few fp32 ulps of the aux term; 1e-6 absolute + 1e-5 relative */
+    snprintf(what, sizeof what, "dp %d x pp %d%s losses vs one rank", dp, pp, global_aux ? " global aux" : "");
+    t_close(what, pp_loss, ref_loss, K_STEPS, 1e-6f, 1e-5f);
+    /* weights: a stage runs the same kernels on the same micro-batches as one rank, the sum over the
+     * ranks adds zeros for the other stages' parameters (exact) and the two shards as the reference
+     * does (fp32 addition commutes), so the weights come out bit-identical in practice; the
+     * written tolerance (1e-6 absolute on weights of scale 0.02, ≈ lr/3000) leaves room for an MPI
+     * library that reduces in another order, while a wrong stage cut, a lost aux term or a missing
+     * gradient moves weights by ~lr = 3e-3 per step and fails it */
+    snprintf(what, sizeof what, "dp %d x pp %d%s weights vs one rank", dp, pp, global_aux ? " global aux" : "");
+    t_close(what, mp.params, ref.params, (long)ref.n_params, 1e-6f, 0.0f);
+    double worst = 0;
+    for (size_t i = 0; i < ref.n_params; i++) worst = fmax(worst, fabs((double)mp.params[i] - ref.params[i]));
+    if (RANK == 0) {
+        for (int k = 0; k < K_STEPS; k++)
+            printf("  dp %d x pp %d step %d loss %.8f  one rank %.8f\n", dp, pp, k, pp_loss[k], ref_loss[k]);
+        printf("  dp %d x pp %d: max |w − w_one_rank| = %.3g; last step m = %d, idle share mean %.3f (theory %.3f), "
+               "receive-wait share %.3f\n",
+               dp, pp, worst, st.microbatches, st.bubble_mean, st.theory, st.wait_share_mean);
+    }
+    CHECK_R(same_on_all_ranks(hash_floats(mp.params, mp.n_params)), "dp %d x pp %d: weights must be bit-identical "
+            "on every rank", RANK, dp, pp);
+    model_free(&ref);
+    model_free(&mp);
+}
+
+/* Fewer micro-batches than stages: refused on every stage (none hangs) with the count needed. */
+static void test_guard(int pp) {
+    const moe_config c = pp_config();
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 1);
+    par_grid g;
+    MOERL_ASSERT(grid_for(&g, pp) == MOERL_OK);
+    train_seq seqs[N_SEQ];
+    shard(0, 1, seqs);
+    char need[64];
+    snprintf(need, sizeof need, "need at least %d", pp);
+    for (int dyn = 0; dyn <= 1; dyn++) {
+        pp_options po = pp_options_default();
+        po.dynamic = dyn;
+        po.quiet = 1;
+        pp_state *ps = pp_state_new(&g, &m, &po);
+        MOERL_ASSERT(ps != NULL);
+        par_state par = {.grid = &g, .pp = ps};
+        /* dynamic: pp − 1 sequences can make at most pp − 1 micro-batches; fixed packing: 3 sequences
+         * (30 tokens) fit one micro-batch of 64 tokens */
+        const int n = dyn ? pp - 1 : 3;
+        train_step_opts to = {.max_tokens = 64, .temperature = 1.0f, .aux_coef = 0.02f, .par = &par};
+        train_step_out so;
+        g_inv_resp = 0.01;
+        const int rc = train_accumulate(&m, NULL, seqs, n, &to, sft_cb, NULL, &so);
+        CHECK_R(rc == MOERL_ERR && strstr(moerl_last_error(), need), "guard (dynamic %d, %d sequences, pp %d): rc %d, "
+                "message '%s'", RANK, dyn, n, pp, rc, moerl_last_error());
+        if (RANK == 0 && dyn == 0) printf("  guard: %s\n", moerl_last_error());
+        /* no sequences at all (a data-parallel pipeline without work this step): zero gradients, no error */
+        m.grads[0] = 1.0f;
+        CHECK_R(train_accumulate(&m, NULL, seqs, 0, &to, sft_cb, NULL, &so) == MOERL_OK && m.grads[0] == 0.0f &&
+                    so.n_microbatches == 0,
+                "empty batch: %s", RANK, moerl_last_error());
+        pp_state_free(ps);
+    }
+    par_grid_free(&g);
+    model_free(&m);
+}
+
+/* Pure functions, checked on every rank: the FLOP partition against every cut, the dynamic count. */
+static void test_plan(void) {
+    moe_config c = pp_config();
+    c.num_hidden_layers = 6;
+    c.n_mlp_only_layers = 2;
+    c.mlp_only_layers[0] = 1, c.mlp_only_layers[1] = 4;
+    double tot = 0;
+    for (int l = 0; l <= c.num_hidden_layers; l++) tot += model_layer_train_flops(&c, l, 100, 5050);
+    CHECK(fabs(tot - model_train_flops(&c, 100, 5050)) <= 1e-9 * tot, "per-layer FLOPs add up to the model's");
+    const int L = c.num_hidden_layers;
+    for (int pp = 1; pp <= 3; pp++) {
+        int b[4];
+        double cost[3];
+        CHECK(pp_partition(&c, pp, 40, b, cost) == MOERL_OK, "partition pp %d", pp);
+        double mx = 0;
+        for (int s = 0; s < pp; s++) mx = fmax(mx, cost[s]);
+        CHECK(b[0] == 0 && b[pp] == L, "partition covers the layers");
+        for (int s = 0; s < pp; s++) CHECK(b[s + 1] > b[s], "stage %d has a layer", s);
+        /* brute force over every cut (pp ≤ 3) */
+        double best = 1e300;
+        const int64_t pr = 40 * 41 / 2;
+        for (int i = 1; i < (pp >= 2 ? L : 2); i++)
+            for (int j = i + 1; j < (pp == 3 ? L : i + 2); j++) {
+                int cut[4] = {0, pp >= 2 ? i : L, pp == 3 ? j : L, L};
+                double w = 0;
+                for (int s = 0; s < pp; s++) {
+                    double cs = s == pp - 1 ? model_layer_train_flops(&c, L, 40, pr) : 0;
+                    for (int l = cut[s]; l < cut[s + 1]; l++) cs += model_layer_train_flops(&c, l, 40, pr);
+                    w = fmax(w, cs);
+                }
+                best = fmin(best, w);
+            }
+        if (pp == 1) best = mx;
+        CHECK(fabs(mx - best) <= 1e-9 * best, "pp %d: largest stage %g, brute force %g", pp, mx, best);
+    }
+    CHECK(pp_partition(&c, 7, 40, (int[8]){0}, NULL) == MOERL_ERR, "7 stages for 6 layers refused");
+    /* dynamic count: 12 sequences (123 tokens) packed by 64 tokens make 2; the target with pp 2 is
+     * clamp(123 / 16, 4, 16) = 7 micro-batches → re-packed with cap ceil(123/7) = 18 ≥ longest (16) */
+    train_seq seqs[N_SEQ];
+    shard(0, 1, seqs);
+    int mb[N_SEQ + 1];
+    pp_options po = pp_options_default();
+    po.min_mb_tokens = 16;
+    po.dynamic = 0;
+    CHECK(pp_plan_microbatches(seqs, N_SEQ, 64, 2, &po, mb) == 2, "fixed packing: 2 micro-batches");
+    po.dynamic = 1;
+    const int m = pp_plan_microbatches(seqs, N_SEQ, 64, 2, &po, mb);
+    CHECK(m >= 7 && m <= N_SEQ && mb[0] == 0 && mb[m] == N_SEQ, "dynamic: %d micro-batches, want ≥ 7", m);
+    for (int j = 0; j < m; j++) {
+        int tok = 0;
+        for (int i = mb[j]; i < mb[j + 1]; i++) tok += seq_len[i];
+        CHECK(tok <= 18, "dynamic micro-batch %d: %d tokens ≤ cap 18", j, tok);
+    }
+}
+
+int main(int argc, char **argv) {
+    g_ctx = dist_init(&argc, &argv);
+    if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "test_dist_pp: %s\n", moerl_last_error());
+        return 1;
+    }
+    make_tokens();
+    int resp = 0;
+    for (int s = 0; s < N_SEQ; s++) resp += seq_len[s] - prompt_len[s];
+    g_inv_resp = 1.0 / resp;
+    const int P = g_ctx->world_size;
+    if (RANK == 0) printf("test_dist_pp: backend %s, %d ranks\n", dist_backend_name(), P);
+    test_plan();
+    if (P >= 2) {
+        test_equivalence(P, 0); /* pp = world size */
+        test_equivalence(P, 1); /* the same with the global load-balancing loss (counts given) */
+        if (P == 4) test_equivalence(2, 0); /* dp 2 × pp 2 */
+        test_guard(P);
+    }
+    double counts[2] = {t_passed, t_failed};
+    dist_allreduce_sum(g_ctx, DIST_WORLD, counts, 2);
+    if (RANK == 0) printf("%d passed, %d failed\n", (int)counts[0], (int)counts[1]);
+    dist_finalize(g_ctx);
+    return counts[1] > 0;
+}
