@@ -166,8 +166,8 @@ edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "one process" "$W/err" && [
 # process does (fp32 rounding, ~1e-7 relative); Adam normalises each update to about lr = 3e-3, so
 # a weight moves by ~1e-7·lr per step from that, and by up to ~lr only where a gradient is tiny
 # against its own rounding (measured ≤ 3e-6 after 3 steps).
-same_run() {  # dirA dirB -> 0 when the losses and the weights agree
-    /usr/bin/python3 - "$1" "$2" <<'PYEOF'
+same_run() {  # dirA dirB [weight tolerance, default 2e-5] -> 0 when the losses and the weights agree
+    /usr/bin/python3 - "$1" "$2" "${3:-2e-5}" <<'PYEOF'
 import array, json, struct, sys
 def losses(d):
     return {j["step"]: j["train/loss"] for j in map(json.loads, open(d + "/metrics.jsonl")) if "train/loss" in j}
@@ -187,7 +187,7 @@ ok = la.keys() == lb.keys() and all(abs(la[k] - lb[k]) <= 1e-5 * abs(la[k]) for 
 wa, wb = weights(a), weights(b)
 md = max(max(abs(x - y) for x, y in zip(wa[k], wb[k])) for k in wa) if wa.keys() == wb.keys() else float("inf")
 print(f"{a} vs {b}: {len(la)} losses {'agree' if ok else 'DIFFER'}, max |weight diff| {md:.3g}")
-sys.exit(0 if ok and md <= 2e-5 else 1)
+sys.exit(0 if ok and md <= float(sys.argv[3]) else 1)
 PYEOF
 }
 SFTX=(model.num_hidden_layers=3 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
@@ -198,16 +198,20 @@ for v in "2 1" "3 1" "2 2" "4 2"; do
         trainer.default_local_dir="$W/r$1f$2" >"$W/out" 2>"$W/err"
     rc=$?
     EDGE_WHAT="moerl-mpi sft -np $1 fsdp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r$1f$2"'
+    run_dir="$W/r$1f$2" # named: inside edge's eval, $1 and $2 are edge's own arguments
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$run_dir"'
 done
 # Ulysses SP in moerl sft (2 query heads over 1 kv head: the kv head replicated) against one process:
-# -np 2 sp 2, and -np 4 sp 2 x dp 2; same tolerances and reasons as above
+# -np 2 sp 2, and -np 4 sp 2 x dp 2. Losses as above; weights within 5e-5 (the bound of
+# tests/test_dist_dp.c, ≈ lr/60): the replicas' dk/dv partial sums add one more reordering, and a
+# single element whose gradient is rounding noise moved 1.9e-5 (measured); a wrong exchange moves
+# whole tensors by ~lr = 3e-3
 for np in 2 4; do
     timeout 180 "${MPIRUN[@]}" -np "$np" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" \
         actor.ulysses_sequence_parallel_size=2 trainer.default_local_dir="$W/rs$np" >"$W/out" 2>"$W/err"
     rc=$?
     EDGE_WHAT="moerl-mpi sft -np $np sp 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/rs$np"'
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/rs$np" 5e-5'
 done
 # expert parallelism is not wired into moerl sft yet: refused on every rank, naming the key
 timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size=2 \
