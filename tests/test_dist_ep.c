@@ -248,6 +248,23 @@ int main(int argc, char **argv) {
         printf("test_dist_ep: backend %s, %d ranks, ep %d (data-parallel groups of %d), %d tokens\n",
                dist_backend_name(), g_ctx->world_size, g_ep, g_ctx->world_size / g_ep, b.n_tokens);
 
+    { /* par_state_init's form: attach slices the whole model in place, detach assembles it back */
+        par_config pc = {.fsdp_size = 1, .expert_parallel_size = g_ep, .ulysses_sequence_parallel_size = 1,
+                         .pipeline_parallel_size = 1, .alltoall_max_ep = 16, .capacity_factor = 1.25};
+        par_grid g;
+        MOERL_ASSERT(par_grid_init(&g, g_ctx, &pc, c.num_experts, 4, 2, c.num_hidden_layers) == MOERL_OK);
+        moe_model rt;
+        MOERL_ASSERT(model_init(&rt, &c) == MOERL_OK);
+        memcpy(rt.params, init.params, init.n_params * sizeof(float));
+        ep_state *e = ep_state_attach(&g, &rt, FX_MAX_TOKENS);
+        CHECK_R(e && rt.cfg.exec.ep_size == g_ep && rt.n_params < init.n_params, "ep_state_attach: %s", RANK,
+                e ? "not sliced" : moerl_last_error());
+        CHECK_R(ep_state_detach(e) == MOERL_OK && rt.n_params == init.n_params && rt.grads &&
+                    memcmp(rt.params, init.params, init.n_params * sizeof(float)) == 0,
+                "ep_state_detach must give back the whole model bit for bit", RANK);
+        model_free(&rt);
+        par_grid_free(&g);
+    }
     ep_run v, a4, a0, u;
     run_ep(&b, &init, MOE_DISPATCH_ALLTOALLV, 1.0, FX_MAX_TOKENS, &v);
     run_ep(&b, &init, MOE_DISPATCH_ALLTOALL, 4.0, FX_MAX_TOKENS, &a4);

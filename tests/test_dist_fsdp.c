@@ -283,6 +283,22 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--fsdp")) fsdp = atoi(argv[i + 1]);
     MOERL_ASSERT(dist_split_roles(g_ctx, g_ctx->world_size) == MOERL_OK);
+    if (g_ctx->world_size == 1) { /* one process (tests/run.sh): sharding needs ranks; the refusal names the key */
+        const moe_config mc = small_config(0);
+        moe_model m;
+        MOERL_ASSERT(model_init(&m, &mc) == MOERL_OK);
+        cfg *c = cfg_new();
+        par_def_keys(c);
+        MOERL_ASSERT(cfg_apply_override(c, "actor.fsdp_config.fsdp_size=2") == MOERL_OK);
+        par_state ps;
+        CHECK(par_state_init(&ps, g_ctx, c, &m) == MOERL_ERR && strstr(moerl_last_error(), "fsdp_size=2"),
+              "fsdp 2 in one process must be refused naming the key: %s", moerl_last_error());
+        cfg_free(c);
+        model_free(&m);
+        printf("test_dist_fsdp: one process: the refusal only; the sharding runs under mpirun (tests/e2e_mpi.sh)\n");
+        dist_finalize(g_ctx);
+        TEST_MAIN_END();
+    }
     make_batch();
     run(fsdp, 0);
     run(fsdp, 1);

@@ -32,6 +32,7 @@ struct ep_state {
     size_t buf_a_n, buf_b_n;
     float *red;       /* gradient packing */
     size_t red_n;
+    moe_model *model; /* ep_state_attach's model (NULL with ep_state_new) */
     ep_stats st;
 };
 
@@ -483,6 +484,8 @@ int ep_max_passes(ep_state *ep, int passes) {
 }
 
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
+    if (!m) m = ep->model;
+    MOERL_ASSERT(m);
     const int H = ep->H, I = ep->I, El = ep->El;
     int *zero = xcalloc((size_t)ep->E + 1, sizeof(int));
     float dummy[1] = {0};
@@ -512,4 +515,33 @@ void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
         exchange_known(ep, ep->dx, y->boff, y->rcnt, dummy, zero, zero);
     }
     free(zero);
+}
+
+ep_state *ep_state_attach(const par_grid *g, moe_model *m, int max_tokens) {
+    if (ep_slice_in_place(g, m) != MOERL_OK) return NULL;
+    ep_state *ep = ep_state_new(g, &m->cfg, max_tokens);
+    if (ep) ep->model = m;
+    return ep;
+}
+
+int ep_state_detach(ep_state *ep) {
+    if (!ep) return MOERL_OK;
+    int rc = MOERL_OK;
+    moe_model *m = ep->model;
+    if (m) {
+        moe_config fc = m->cfg;
+        fc.exec.ep_size = 0;
+        fc.exec.ep_rank = 0;
+        moe_model full;
+        rc = m->grads ? model_init(&full, &fc) : model_init_inference(&full, &fc);
+        if (rc == MOERL_OK) rc = ep_gather_model(ep, m, &full);
+        if (rc == MOERL_OK) {
+            model_free(m);
+            *m = full;
+        } else if (full.params) {
+            model_free(&full);
+        }
+    }
+    ep_state_free(ep);
+    return rc;
 }

@@ -134,9 +134,18 @@ int ep_slice_in_place(const par_grid *g, moe_model *m);
  * experts still compute the rows the others send and accumulate their weight gradients.
  * ep_max_passes: the largest `passes` over the EP group (collective over ep_comm; −1 on error).
  * ep_idle_pass: one idle forward (every MoE layer in order) and, with backward, the idle backward
- * (in reverse) — matching one micro-batch's model_forward (+ model_backward) on the other ranks.
+ * (in reverse) — matching one micro-batch's model_forward (+ model_backward) on the other ranks;
+ * m NULL: the model of ep_state_attach.
  * Call outside OpenMP regions. Collective over ep_comm. */
 int ep_max_passes(ep_state *ep, int passes);
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward);
+
+/* par_state_init's form: ep_slice_in_place(g, m) then ep_state_new(g, &m->cfg, max_tokens), the
+ * state remembering m (ep_idle_pass may then take m = NULL). ep_state_detach: the inverse, for
+ * par_state_free — the whole model assembled back into m on every rank of the EP group (collective
+ * over ep_comm; the gradients are zero, the expert weights are the owners'), then the state freed.
+ * NULL is a no-op. */
+ep_state *ep_state_attach(const par_grid *g, moe_model *m, int max_tokens);
+int ep_state_detach(ep_state *ep);
 
 #endif

@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "parallel/ep.h"
 #include "parallel/fsdp.h"
+#include "parallel/ulysses.h"
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
 
@@ -43,8 +45,21 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
         ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
         if (!ps->fsdp) goto fail;
     }
-    /* ---- expert parallel (src/parallel/ep.c): ps->ep = ep_state_new(ps, m) when g->ep > 1 ---- */
-    /* ---- Ulysses sequence parallel (src/parallel/ulysses.c): ps->sp = sp_state_new(ps, m) when g->sp > 1 ---- */
+    /* ---- expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c): both size their
+     * buffers (and the all-to-all capacity) by the micro-batch token limit of the command ---- */
+    const int max_tokens = cfg_has(c, "data.max_token_len_per_micro_batch")
+                               ? (int)cfg_int(c, "data.max_token_len_per_micro_batch")
+                           : cfg_has(c, "actor.ppo_max_token_len_per_gpu") ? (int)cfg_int(c, "actor.ppo_max_token_len_per_gpu")
+                                                                          : 0;
+    if (g->ep > 1) {
+        if (ps->fsdp) {
+            moerl_errorf("actor.expert_parallel_size=%d with actor.fsdp_config.fsdp_size=%d: expert parallelism "
+                         "together with FSDP is not implemented; use one of them", g->ep, g->fsdp);
+            goto fail;
+        }
+        if (!(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
+    }
+    if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c): ps->pp = pp_state_new(ps, m) when g->pp > 1 ---- */
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
@@ -68,6 +83,11 @@ fail:
 void par_state_free(par_state *ps) {
     if (!ps) return;
     /* the other strategies' destructors go here, in reverse order of construction */
+    sp_state_free(ps->sp);
+    ps->sp = NULL;
+    if (ps->ep && ep_state_detach(ps->ep) != MOERL_OK) /* the whole model back in m */
+        moerl_fatal("par_state_free: assembling the expert-parallel model: %s", moerl_last_error());
+    ps->ep = NULL;
     fsdp_state_free(ps->fsdp);
     ps->fsdp = NULL;
     if (ps->grid) {
@@ -100,6 +120,7 @@ void par_zero_grad(par_state *ps, moe_model *m) {
 }
 
 int par_max_passes(par_state *ps, int passes) {
+    if (ps && ps->ep) return ep_max_passes(ps->ep, passes); /* (EP with FSDP is refused) */
     if (!ps || !ps->fsdp) return passes;
     dist_comm *c = ps->grid->fsdp_comm;
     const int P = dist_comm_size(c);
@@ -111,8 +132,12 @@ int par_max_passes(par_state *ps, int passes) {
 }
 
 int par_pad_passes(par_state *ps, int passes, int max, int backward) {
-    if (!ps || !ps->fsdp) return MOERL_OK;
+    if (!ps || (!ps->fsdp && !ps->ep)) return MOERL_OK;
     if (max < passes) return moerl_errorf("par_pad_passes: %d passes, more than the group's most %d", passes, max);
+    if (ps->ep) {
+        for (int i = passes; i < max; i++) ep_idle_pass(ps->ep, NULL, backward);
+        return MOERL_OK;
+    }
     for (int i = passes; i < max; i++) fsdp_idle_pass(ps->fsdp, backward);
     return MOERL_OK;
 }

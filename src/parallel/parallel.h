@@ -70,7 +70,8 @@ void par_zero_grad(par_state *ps, moe_model *m);
  * runs — collective over the group, so call it BEFORE the passes (a member still inside a pass
  * would see another collective); without FSDP: passes. par_pad_passes: after this rank's `passes`
  * passes, run max − passes idle ones (backward 0: forward-only passes, as compute_router_counts);
- * not collective by itself; no-op without FSDP. */
+ * not collective by itself; no-op without FSDP. With expert parallelism the same over the EP group
+ * (ep_max_passes / ep_idle_pass: an idle rank's experts still serve the others' rows). */
 int par_max_passes(par_state *ps, int passes);
 int par_pad_passes(par_state *ps, int passes, int max, int backward);
 

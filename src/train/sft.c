@@ -309,6 +309,10 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     sft_ranks R = {.dc = o->dist, .ps = o->par, .fs = o->par ? o->par->fsdp : NULL, .root = 1, .n_shards = 1};
     R.multi = R.dc && R.dc->trainer_size > 1;
     if (R.dc && R.dc->trainer_rank > 0) R.root = 0;
+    if (R.ps && R.ps->ep)
+        return moerl_errorf("actor.expert_parallel_size=%d is not wired into SFT yet (its evaluation and "
+                            "checkpoints need the assembled model); use data parallelism, FSDP or Ulysses",
+                            R.ps->grid->ep);
     par_data_shard(R.ps, &R.shard, &R.n_shards);
     if (!R.ps && R.multi) {
         R.shard = R.dc->trainer_rank;
@@ -430,7 +434,8 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                 g_tokens += seqs[i].n;
                 if (j % R.n_shards == R.shard) mine[n_mine++] = batch[j]; /* round-robin over the data shards */
             }
-            const int global_aux = aux_on && (R.n_shards > 1 || count_microbatches(batch, bs, o->max_tokens) > 1);
+            const int global_aux = aux_on && (R.n_shards > 1 || (R.ps && R.ps->sp) || /* SP: tokens split */
+                                              count_microbatches(batch, bs, o->max_tokens) > 1);
             float lr = lr_schedule(o->lr_scheduler, step, total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
             sft_step_out so = {0};
             if (sft_step(&R, red, m, &acts, &os, mine, n_mine, g_tokens, resp_tokens, global_aux, lr, o, &so) !=
