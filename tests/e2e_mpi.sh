@@ -10,9 +10,18 @@
 #                 the exchange, bit for bit, at DP = 2 and 3
 #   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
+#   test_dist_fsdp  FSDP (ZeRO-3) fsdp 2, 3, 4 and fsdp 2 × 2 replicas (HSDP) against one process: losses,
+#                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula
+#   sft           moerl-mpi sft data parallel (-np 2, 3) and FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) against
+#                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
+#                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
+#   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
+#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
+#   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
+#                 one rank, bytes vs formula
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
-#   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft
-#                 under -np 3 is ONE run (rank 0; one checkpoint, one result line, metrics once), a bad
+#   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
+#                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
 #                 sft config under -np 2 ends every rank without a folder; one-process commands refuse -np 2
 # MPI is part of the setup (scripts/setup.sh installs openmpi-bin and libopenmpi-dev), so a missing
 # mpirun or build/moerl-mpi FAILS. The only way to skip (printing the reason and "0 passed, 0 failed")
@@ -85,6 +94,20 @@ run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
+run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
+run_mpi "test_dist_fsdp -np 3 (fsdp 3)" 3 "$T/test_dist_fsdp" --fsdp 3
+run_mpi "test_dist_fsdp -np 4 (fsdp 4)" 4 "$T/test_dist_fsdp" --fsdp 4
+run_mpi "test_dist_fsdp -np 4 (fsdp 2 x 2)" 4 "$T/test_dist_fsdp" --fsdp 2
+run_mpi "test_dist_ep -np 2 (EP=2)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=4)" 4 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=2 x DP=2)" 4 "$T/test_dist_ep" --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_ep -np 2 (EP=2, 2 threads)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_sp -np 2 (SP=2, GQA nkv 2)" 2 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_sp -np 2 (SP=2, nkv 1 replicated)" 2 "$T/test_dist_sp" --sp 2 --nkv 1
+run_mpi "test_dist_sp -np 4 (SP=2 x DP=2)" 4 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_sp -np 4 (SP=4, nkv 2 replicated)" 4 "$T/test_dist_sp" --sp 4
+run_mpi "test_dist_sp -np 4 (SP=2 x DP=2, EP=2)" 4 "$T/test_dist_sp" --sp 2 --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist_sp" --sp 2
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then
@@ -122,7 +145,7 @@ trainer: {total_training_steps: 3, default_local_dir: $W/sft, val_n: 8}
 YEOF
 timeout 120 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" >"$W/out" 2>"$W/err"
 rc=$?
-EDGE_WHAT="moerl-mpi sft -np 3: one run on rank 0 (rc $rc, $(grep -c accuracy_after "$W/out") result lines, $(cat "$W/sft/metrics.jsonl" 2>/dev/null | wc -l) metrics lines): $(tail -c 400 "$W/err")"
+EDGE_WHAT="moerl-mpi sft -np 3: rank 0 alone writes (rc $rc, $(grep -c accuracy_after "$W/out") result lines, $(cat "$W/sft/metrics.jsonl" 2>/dev/null | wc -l) metrics lines): $(tail -c 400 "$W/err")"
 edge eval '[[ $rc -eq 0 && $(grep -c accuracy_after "$W/out") -eq 1 && -s $W/sft/checkpoint/model.safetensors ]] && ! grep -q "in use" "$W/err"'
 # 3 steps + the before/after evals: the same count as one process writes
 "$M" sft --config "$W/sft.yaml" trainer.default_local_dir="$W/sft1" >/dev/null 2>&1
@@ -136,6 +159,63 @@ timeout 60 "${MPIRUN[@]}" -np 2 "$MM" tasks --task arith --out "$W/y" >"$W/out" 
 rc=$?
 EDGE_WHAT="moerl-mpi tasks -np 2: one-process command refused (rc $rc): $(head -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "one process" "$W/err" && [[ ! -e $W/y ]]'
+# --- moerl sft across ranks: data parallel and FSDP against one process, and N -> M resume
+# Compare two runs: train/loss of every step (relative 1e-5) and the final checkpoint's weights
+# (absolute 2e-5). Why these: the ranks add their partial gradients in another order than one
+# process does (fp32 rounding, ~1e-7 relative); Adam normalises each update to about lr = 3e-3, so
+# a weight moves by ~1e-7·lr per step from that, and by up to ~lr only where a gradient is tiny
+# against its own rounding (measured ≤ 3e-6 after 3 steps).
+same_run() {  # dirA dirB -> 0 when the losses and the weights agree
+    /usr/bin/python3 - "$1" "$2" <<'PYEOF'
+import array, json, struct, sys
+def losses(d):
+    return {j["step"]: j["train/loss"] for j in map(json.loads, open(d + "/metrics.jsonl")) if "train/loss" in j}
+def weights(d):
+    b = open(d + "/checkpoint/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]
+        out[k] = array.array("f", b[8 + n + s:8 + n + e])
+    return out
+a, b = sys.argv[1], sys.argv[2]
+la, lb = losses(a), losses(b)
+ok = la.keys() == lb.keys() and all(abs(la[k] - lb[k]) <= 1e-5 * abs(la[k]) for k in la)
+wa, wb = weights(a), weights(b)
+md = max(max(abs(x - y) for x, y in zip(wa[k], wb[k])) for k in wa) if wa.keys() == wb.keys() else float("inf")
+print(f"{a} vs {b}: {len(la)} losses {'agree' if ok else 'DIFFER'}, max |weight diff| {md:.3g}")
+sys.exit(0 if ok and md <= 2e-5 else 1)
+PYEOF
+}
+SFTX=(model.num_hidden_layers=3 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
+"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" trainer.default_local_dir="$W/r1" >/dev/null 2>"$W/err1"
+for v in "2 1" "3 1" "2 2" "4 2"; do
+    set -- $v
+    timeout 180 "${MPIRUN[@]}" -np "$1" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.fsdp_config.fsdp_size="$2" \
+        trainer.default_local_dir="$W/r$1f$2" >"$W/out" 2>"$W/err"
+    rc=$?
+    EDGE_WHAT="moerl-mpi sft -np $1 fsdp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r$1f$2"'
+done
+# N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
+RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
+"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/c1" >/dev/null 2>&1
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.fsdp_config.fsdp_size=4 trainer.default_local_dir="$W/c4" >/dev/null 2>"$W/err"
+cp -r "$W/c4" "$W/c4b"
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/c4" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 fsdp 4 resumed on -np 2 fsdp 2 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/c4"'
+"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/c4b" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 fsdp 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/c4b"'
 rm -rf "$W"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

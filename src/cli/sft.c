@@ -2,7 +2,9 @@
  * Supervised fine-tuning on prompt/response pairs (train/sft.h), then an HF checkpoint under
  * trainer.default_local_dir/checkpoint; prints one JSON line {"accuracy_before", "accuracy_after",
  * "checkpoint"}. Also the SFT warm start of `moerl rl` (sft.* keys). Under mpirun (build/moerl-mpi)
- * it runs on rank 0 only; the other ranks wait and exit with its code. */
+ * every rank trains: each step's batch is split over the ranks (data parallel, or FSDP with
+ * actor.fsdp_config.fsdp_size, src/parallel/), and rank 0 alone writes the folder, the metrics and
+ * the checkpoints and prints the result. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "dist/dist.h"
+#include "parallel/parallel.h"
 #include "train/sft.h"
 
 static void sft_def_keys(cfg *c) {
@@ -44,6 +47,7 @@ static void sft_def_keys(cfg *c) {
     cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n steps (0 = at the end and on Ctrl-C only)");
     cfg_def_bool(c, "trainer.overwrite_output_dir", false,
                  "with trainer.resume_mode=disable: replace the checkpoint a folder already holds");
+    par_def_keys(c);
 }
 
 static int check_sched(const char *key, const char *s) {
@@ -52,8 +56,20 @@ static int check_sched(const char *key, const char *s) {
     return MOERL_OK;
 }
 
-/* One SFT run in this process. Returns the exit code (0 ok, 1 error, printed). */
-static int sft_main(cfg *c) {
+/* Every trainer rank learns whether all of them got here with rc == MOERL_OK (one process: rc). */
+static int agree(dist_ctx *ctx, int rc) {
+    if (ctx->trainer_size <= 1) return rc;
+    double bad = rc != MOERL_OK;
+    if (dist_allreduce_sum(ctx, DIST_TRAINERS, &bad, 1) != MOERL_OK) return MOERL_ERR;
+    if (bad > 0 && rc == MOERL_OK) return moerl_errorf("another rank failed (its message is above)");
+    return rc;
+}
+
+/* One SFT run: every rank of ctx (roles split, all trainers) calls it. Returns the exit code (0 ok,
+ * 1 error, printed by the rank that failed; rank 0 prints a failure it learns of too). */
+static int sft_main(cfg *c, dist_ctx *ctx) {
+    const int root = ctx->trainer_rank <= 0;
+    par_state ps = {0};
     cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
     const char *out = cfg_str(c, "trainer.default_local_dir");
     char path[4200], mpath[4200];
@@ -62,15 +78,26 @@ static int sft_main(cfg *c) {
     cli_outdir od = {0};
     int opened = 0;
     static const char *subdirs[] = {"checkpoint"};
-    /* checks that write nothing first: a bad configuration or model leaves no folder behind */
-    if (check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler")) != MOERL_OK) goto fail;
-    if (cli_outdir_check_subdirs(out, subdirs, 1) != MOERL_OK) goto fail;
-    if (cli_build_model(c, &m) != MOERL_OK) goto fail;
-    if (cli_outdir_open(&od, out) != MOERL_OK) goto fail;
-    opened = 1;
-    if (cli_prepare_data(c, out, &train, &test) != MOERL_OK) goto fail;
-    snprintf(path, sizeof path, "%s/config.yaml", out);
-    if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
+    /* checks that write nothing first: a bad configuration or model leaves no folder behind (every
+     * rank checks; only rank 0 creates and fills the folder, the others then read its data) */
+    int rc = check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler"));
+    if (rc == MOERL_OK) rc = cli_outdir_check_subdirs(out, subdirs, 1);
+    if (rc == MOERL_OK) {
+        par_config pc;
+        rc = par_read_keys(c, &pc);
+    }
+    if (rc == MOERL_OK) rc = cli_build_model(c, &m);
+    if (agree(ctx, rc) != MOERL_OK) goto fail;
+    if (root) {
+        rc = cli_outdir_open(&od, out);
+        opened = rc == MOERL_OK;
+        if (rc == MOERL_OK) rc = cli_prepare_data(c, out, &train, &test);
+        snprintf(path, sizeof path, "%s/config.yaml", out);
+        if (rc == MOERL_OK) rc = cfg_dump_yaml(c, path);
+    }
+    if (agree(ctx, rc) != MOERL_OK) goto fail;
+    if (!root && cli_prepare_data(c, out, &train, &test) != MOERL_OK) rc = MOERL_ERR;
+    if (agree(ctx, rc) != MOERL_OK) goto fail;
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", out);
     sft_opts o = {.batch_size = (int)cfg_int(c, "data.train_batch_size"),
                   .max_tokens = (int)cfg_int(c, "data.max_token_len_per_micro_batch"),
@@ -116,6 +143,9 @@ static int sft_main(cfg *c) {
             goto fail;
         }
     }
+    if (agree(ctx, par_state_init(&ps, ctx, c, &m)) != MOERL_OK) goto fail;
+    o.dist = ctx;
+    o.par = &ps;
     int stop_signal = 0;
     o.state_dir = state;
     o.save_freq = (int)cfg_int(c, "trainer.save_freq");
@@ -123,14 +153,22 @@ static int sft_main(cfg *c) {
     o.stop_signal_out = &stop_signal;
     moerl_install_stop_signals();
     double a0, a1;
-    if (sft_train(&m, &train, &test, &o, &a0, &a1) != MOERL_OK) goto fail;
+    if (agree(ctx, sft_train(&m, &train, &test, &o, &a0, &a1)) != MOERL_OK) goto fail;
+    par_state_free(&ps); /* the whole model back in m on every rank (FSDP gathers it) */
     if (stop_signal) {
-        fprintf(stderr, "moerl sft: stopped by signal %d after a checkpoint in %s; resume with the same command "
+        if (root)
+            fprintf(stderr, "moerl sft: stopped by signal %d after a checkpoint in %s; resume with the same command "
                         "(trainer.resume_mode=auto)\n", stop_signal, state);
         model_free(&m);
         dataset_free(&train);
         dataset_free(&test);
         return 128 + stop_signal;
+    }
+    if (!root) {
+        model_free(&m);
+        dataset_free(&train);
+        dataset_free(&test);
+        return 0;
     }
     snprintf(path, sizeof path, "%s/checkpoint", out);
     if (isfinite(a1)) { /* NaN: nothing was left to do, the checkpoint stays as it is */
@@ -148,16 +186,13 @@ static int sft_main(cfg *c) {
     return 0;
 fail:
     cli_print_error("sft", moerl_last_error());
+    par_state_free(&ps);
     if (opened) cli_outdir_abandon(&od);
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
     return 1;
 }
-
-/* Tag of the "SFT finished with exit code X" message rank 0 sends to the waiting ranks (sft uses
- * no other message). */
-#define SFT_DONE_TAG 32001
 
 int cmd_sft(int argc, char **argv) {
     cfg *c = cfg_new();
@@ -167,36 +202,18 @@ int cmd_sft(int argc, char **argv) {
         cfg_free(c);
         return code;
     }
-    /* Under mpirun (build/moerl-mpi) SFT is not data-parallel: rank 0 runs it, the other ranks
-     * wait for its exit code (polling, so they do not spin on a core rank 0 needs) and exit with
-     * it, so N processes never race for one output folder. */
+    /* Under mpirun (build/moerl-mpi) every rank trains (a training-only job: no rollout ranks). */
     dist_ctx *ctx = dist_init(NULL, NULL);
     if (!ctx) {
         cli_print_error("sft", moerl_last_error());
         cfg_free(c);
         return 1;
     }
-    if (ctx->world_rank == 0) {
-        if (ctx->world_size > 1)
-            log_warn("moerl sft under mpirun with %d processes: SFT runs on rank 0 only (it is not data-parallel); "
-                     "the other %d wait for it. Use plain build/moerl (or mpirun -np 1) for SFT.",
-                     ctx->world_size, ctx->world_size - 1);
-        code = sft_main(c);
-        for (int r = 1; r < ctx->world_size; r++) {
-            int32_t msg = code;
-            if (dist_send_msg(ctx, r, SFT_DONE_TAG, &msg, sizeof msg) != MOERL_OK)
-                cli_print_error("sft", moerl_last_error());
-        }
+    if (dist_split_roles(ctx, ctx->world_size) != MOERL_OK) {
+        cli_print_error("sft", moerl_last_error());
+        code = 1;
     } else {
-        while (dist_iprobe(ctx, SFT_DONE_TAG) == 0) {
-            struct timespec ts = {0, 20 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
-        void *buf = NULL;
-        size_t len = 0;
-        if (dist_recv_msg_any(ctx, SFT_DONE_TAG, NULL, &buf, &len) == MOERL_OK && len == sizeof(int32_t))
-            code = *(int32_t *)buf;
-        free(buf);
+        code = sft_main(c, ctx);
     }
     dist_finalize(ctx);
     cfg_free(c);

@@ -62,7 +62,7 @@ static int shape_is(const tensor_info *t, int ndim, int64_t a, int64_t b, int64_
  * have the layout model.h promises (a moerl bug, reported rather than asserted). */
 static int hf_plan(const moe_model *m, hf_tensor **out, int *n_out) {
     const moe_config *c = &m->cfg;
-    const int64_t H = c->hidden_size, E = c->num_experts, I = c->moe_intermediate_size, Id = c->intermediate_size;
+    const int64_t H = c->hidden_size, I = c->moe_intermediate_size, Id = c->intermediate_size;
     hf_tensor *v = NULL;
     int n = 0, cap = 0;
     int64_t covered = 0, total = 0;
@@ -80,13 +80,15 @@ static int hf_plan(const moe_model *m, hf_tensor **out, int *n_out) {
             char dn[96];
             snprintf(dn, sizeof dn, "model.layers.%d.mlp.experts.down", t->layer);
             const tensor_info *d = model_find_tensor(m, dn);
-            if (!shape_is(t, 3, E, 2 * I, H) || !d || !shape_is(d, 3, E, H, I)) {
+            int e_lo; /* expert parallelism: this model's experts are [e_lo, e_lo + El), HF names global */
+            const int64_t El = moe_config_local_experts(c, &e_lo);
+            if (!shape_is(t, 3, El, 2 * I, H) || !d || !shape_is(d, 3, El, H, I)) {
                 free(v);
                 return moerl_errorf("checkpoint: internal: layer %d expert tensors do not have the shapes "
                                     "[E,2I,H] / [E,H,I] of model.h", t->layer);
             }
-            for (int64_t e = 0; e < E; e++) {
-                size_t gu = t->offset + (size_t)(e * 2 * I * H), dd = d->offset + (size_t)(e * H * I);
+            for (int64_t e = e_lo; e < e_lo + El; e++) {
+                size_t gu = t->offset + (size_t)((e - e_lo) * 2 * I * H), dd = d->offset + (size_t)((e - e_lo) * H * I);
                 snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%lld.gate_proj.weight", t->layer, (long long)e);
                 hf_push(&v, &n, &cap, nm, 2, I, H, gu);
                 snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%lld.up_proj.weight", t->layer, (long long)e);
@@ -326,6 +328,21 @@ int model_check_finite(const moe_model *m, const char *where, const char *verb) 
     return MOERL_OK;
 }
 
+/* 1 if name is "model.layers.L.mlp.experts.E.<proj>.weight" of a MoE layer with an expert E that this
+ * expert-parallel slice of the model does not hold (exec.ep_size > 1): loading skips it. */
+static int is_other_ranks_expert(const moe_config *c, const char *name) {
+    int l, e, nc = 0, lo;
+    char part[32];
+    const int El = moe_config_local_experts(c, &lo);
+    if (El == c->num_experts) return 0;
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%31[a-z_].weight%n", &l, &e, part, &nc) != 3 || nc <= 0 ||
+        name[nc] != 0)
+        return 0;
+    return l >= 0 && l < c->num_hidden_layers && moe_config_layer_is_moe(c, l) && e >= 0 && e < c->num_experts &&
+           (e < lo || e >= lo + El) &&
+           (!strcmp(part, "gate_proj") || !strcmp(part, "up_proj") || !strcmp(part, "down_proj"));
+}
+
 int model_load_weights(moe_model *m, const char *dir) {
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
@@ -386,6 +403,10 @@ int model_load_weights(moe_model *m, const char *dir) {
                     break;
                 }
                 tied_head = t;
+                n_unknown--;
+                continue;
+            }
+            if (is_other_ranks_expert(&m->cfg, name)) { /* expert parallelism: another rank's slice */
                 n_unknown--;
                 continue;
             }
@@ -481,6 +502,11 @@ static int remove_stale(const char *dir, int n_shards) {
  * current one, as transformers' shard_checkpoint does) plus model.safetensors.index.json; then
  * config.json. Every file is written atomically; stale files of an earlier save are removed. */
 int model_save_hf(const moe_model *m, const char *dir, int store_bf16, uint64_t shard_bytes) {
+    int e_lo;
+    if (moe_config_local_experts(&m->cfg, &e_lo) != m->cfg.num_experts)
+        return moerl_errorf("saving checkpoint '%s': this model holds experts %d..%d of %d only (expert parallel); "
+                            "assemble the whole model first (ep_gather_model, src/parallel/ep.h)", dir, e_lo,
+                            e_lo + moe_config_local_experts(&m->cfg, &e_lo) - 1, m->cfg.num_experts);
     if (model_check_finite(m, dir, "to be saved in") != MOERL_OK) return MOERL_ERR;
     if (moerl_mkdirs(dir) != MOERL_OK) return moerl_error_prefix("saving checkpoint: ");
     hf_tensor *plan = NULL;

@@ -45,6 +45,14 @@
 #include "base/pool.h"
 #include "base/trace.h"
 #include "kernels/kernels.h"
+#include "parallel/parallel.h"
+/* Model-parallel layer events (parallel.h: FSDP gathers parameters / reduces gradients here). */
+#define PAR_EVENT(a, phase, l) \
+    do { \
+        if ((a)->par) par_layer_hook((a)->par, (phase), (l)); \
+    } while (0)
+#include "parallel/ep.h"
+#include "parallel/ulysses.h"
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -456,7 +464,7 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
  * token rows are [r0, r1). counts/psum (NULL: skip) receive the aux-loss statistics.
  * Source: HF Qwen3MoeSparseMoeBlock; the pipeline of Megatron/Ascend (forward.h). */
 static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1) {
+                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
     const moe_config *c = &m->cfg;
     const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
@@ -494,6 +502,10 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         SPAN_END("experts (loop)", t);
         return;
     }
+    if (ep) { /* expert parallelism: permute, dispatch, local experts, combine into s->y (ep.c) */
+        ep_moe_forward_team(ep, m, l, x, s, N);
+        SPAN_END("experts (expert parallel)", t);
+    } else {
     grouped_fuse fz = {0};
     if (ex->separate_permute) {
 #pragma omp for schedule(static)
@@ -521,6 +533,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
     }
     grouped_gemm_forward_team(s->y, s->act, moe_w_down(m, l, s), s->offsets, E, I, H, &fd);
     SPAN_END("down GEMM", t);
+    } /* ep */
     t = SPAN_BEGIN();
     if (ex->separate_permute) {
         /* weight every expert output row, then (after the barrier) sum each token's rows */
@@ -563,8 +576,8 @@ static void dense_forward_rows(const moe_model *m, int l, const float *x, float 
 
 /* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
 static void mlp_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1) {
-    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
+    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
     else dense_forward_rows(m, l, x, out, s, r0, r1);
 }
 
@@ -585,6 +598,7 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
 
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
+    MOERL_ASSERT(m->cfg.exec.ep_size <= 1 || !m->p.layers[l].router); /* an expert slice needs model_forward + ep */
     /* team_size as in training (one thread for a token or two), as before the MoE layer moved
      * onto the grouped GEMM kernels: their items could split a single token's experts over more
      * threads, which has not been measured on a quiet machine yet */
@@ -593,7 +607,7 @@ void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1);
+        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, NULL);
     }
     blas_team_end(nb);
 }
@@ -628,7 +642,8 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
                         c->rms_norm_eps);
     }
-    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1);
+    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
+                     a->par ? a->par->ep : NULL);
     if (n > 0) {
         const float *rm = L->resid_mid + o;
         float *ob = out + o;
@@ -649,8 +664,11 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, nh = c->num_attention_heads,
               nkv = c->num_key_value_heads, E = c->num_experts;
-    if (N <= 0 || N > a->max_tokens)
-        return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", N, a->max_tokens);
+    struct sp_state *sp = a->par ? a->par->sp : NULL;
+    int t0 = 0, n_loc = N; /* Ulysses: this rank computes tokens [t0, t0 + n_loc) (ulysses.h) */
+    if (sp) sp_token_range(sp, N, &t0, &n_loc);
+    if (N <= 0 || n_loc > a->max_tokens)
+        return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", n_loc, a->max_tokens);
     if (B <= 0 || cu_seqlens[0] != 0 || cu_seqlens[B] != N)
         return moerl_errorf("model_forward: cu_seqlens must start at 0 and end at N=%d (B=%d)", N, B);
     for (int b = 0; b < B; b++)
@@ -660,20 +678,28 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         if (tokens[n] < 0 || tokens[n] >= V)
             return moerl_errorf("model_forward: token %d at position %d outside the vocabulary [0,%d)", tokens[n],
                                 n, V);
-    a->N = N;
+    if (c->exec.ep_size > 1 && !(a->par && a->par->ep))
+        return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
+                            "activations carry no ep_state (model_acts.par->ep, src/parallel/ep.h)", c->exec.ep_rank,
+                            c->exec.ep_size);
+    if (sp && sp_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
+    a->N = n_loc;
     a->B = B;
-    memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int));
-    memcpy(a->tokens_in, tokens, (size_t)N * sizeof(int));
+    a->tok0 = t0;
+    if (!sp) memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int)); /* SP: sp_begin keeps them */
+    memcpy(a->tokens_in, tokens + t0, (size_t)n_loc * sizeof(int));
     if (positions) {
-        for (int n = 0; n < N; n++) {
-            if (positions[n] < 0 || positions[n] >= a->rope_max_pos)
-                return moerl_errorf("model_forward: position %d outside [0,%d)", positions[n], a->rope_max_pos);
-            a->pos[n] = positions[n];
+        for (int n = 0; n < n_loc; n++) {
+            if (positions[t0 + n] < 0 || positions[t0 + n] >= a->rope_max_pos)
+                return moerl_errorf("model_forward: position %d outside [0,%d)", positions[t0 + n], a->rope_max_pos);
+            a->pos[n] = positions[t0 + n];
         }
     } else {
         for (int b = 0; b < B; b++)
-            for (int n = cu_seqlens[b]; n < cu_seqlens[b + 1]; n++) a->pos[n] = n - cu_seqlens[b];
+            for (int n = MOERL_MAX(cu_seqlens[b], t0); n < MOERL_MIN(cu_seqlens[b + 1], t0 + n_loc); n++)
+                a->pos[n - t0] = n - cu_seqlens[b];
     }
+    N = n_loc;
     if (E > 0) {
         memset(a->aux_counts, 0, E * sizeof(float));
         memset(a->aux_psum, 0, E * sizeof(float));
@@ -682,6 +708,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int l = 0; l < c->num_hidden_layers; l++) a->n_moe_layers += m->p.layers[l].router != NULL;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    PAR_EVENT(a, PAR_FWD_LAYER, -1);
     /* embedding rows and layer 0's attention input */
 #pragma omp parallel num_threads(nthr)
     {
@@ -690,14 +717,16 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         float *x = a->layers[0].resid_in;
         if (a->layer_lo == 0) /* a later pipeline stage's input was filled by the caller */
             for (int n = r0; n < r1; n++)
-                memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)tokens[n] * H, H * sizeof(float));
+                memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
         attn_in_rows(m, a, a->layer_lo, r0, r1);
     }
     for (int l = a->layer_lo; l < a->layer_hi; l++) {
         layer_acts *L = &a->layers[l];
         const double ta = trace_begin();
-        attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
+        if (sp) sp_attention_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
+        else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
+        PAR_EVENT(a, PAR_FWD_LAYER, l);
         const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
         {
@@ -845,7 +874,11 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
     }
 #pragma omp barrier
     SPAN_END(ex->per_expert_loop ? "bwd router" : "bwd unpermute + router", t);
-    if (!ex->per_expert_loop) {
+    if (a->par && a->par->ep) { /* expert parallelism: dispatch d_y, local experts, combine (ep.c) */
+        t = SPAN_BEGIN();
+        ep_moe_backward_team(a->par->ep, m, l, s, a->d_y, a->d_permuted, dWgu, dWd);
+        SPAN_END("bwd experts (expert parallel)", t);
+    } else if (!ex->per_expert_loop) {
         t = SPAN_BEGIN();
         grouped_fuse fz = {0};
         fz.swiglu_dgate_up = a->d_gate_up;
@@ -1005,6 +1038,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
+    if (head) PAR_EVENT(a, PAR_BWD_LAYER, L);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
@@ -1013,12 +1047,15 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         layer_mlp_backward_team(m, a, hi - 1, aux_weight, r0, r1);
     }
     if (a->layer_hook && head) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
+    if (head) PAR_EVENT(a, PAR_GRAD_READY, L);
     for (int l = hi - 1; l >= lo; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
-        attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens, B,
-                           N, nh, nkv, hd, scale);
+        if (a->par && a->par->sp) sp_attention_backward(a->par->sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
+        else attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse,
+                                a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("bwd attention", "model", ta);
+        PAR_EVENT(a, PAR_BWD_LAYER, l);
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
@@ -1041,8 +1078,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
             }
         }
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
+        PAR_EVENT(a, PAR_GRAD_READY, l);
     }
     if (a->layer_hook && lo == 0) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+    if (lo == 0) PAR_EVENT(a, PAR_GRAD_READY, -1);
     blas_team_end(nb);
 }
 

@@ -51,7 +51,9 @@ typedef struct {
 
 typedef struct {
     int max_tokens;      /* capacity N */
-    int N, B;            /* current batch */
+    int N, B;            /* current batch (N: this rank's tokens) */
+    int tok0;            /* Ulysses SP: this rank's tokens are [tok0, tok0 + N) of the packed micro-batch
+                            given to model_forward (0 without SP; src/parallel/ulysses.h) */
     int *cu_seqlens;     /* [max_tokens+1] copy */
     int *pos;            /* [N] positions */
     int *tokens_in;      /* [N] copy of the input tokens (embedding backward) */

@@ -40,6 +40,8 @@ static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads) 
     const int64_t H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, nh = c->num_attention_heads,
                   nkv = c->num_key_value_heads, E = c->num_experts, I = c->moe_intermediate_size,
                   Id = c->intermediate_size;
+    int e_lo;
+    const int64_t El = moe_config_local_experts(c, &e_lo);
     char nm[96];
     add_tensor(m, &cap, "model.embed_tokens.weight", 2, (int64_t[]){V, H}, TF_DECAY | TF_EMBED, -1);
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -55,8 +57,8 @@ static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads) 
         T("post_attention_layernorm.weight", 1, TF_NORM, H);
         if (moe_config_layer_is_moe(c, l)) {
             T("mlp.gate.weight", 2, TF_DECAY | TF_ROUTER, E, H);
-            T("mlp.experts.gate_up", 3, TF_DECAY | TF_EXPERT, E, 2 * I, H);
-            T("mlp.experts.down", 3, TF_DECAY | TF_EXPERT, E, H, I);
+            T("mlp.experts.gate_up", 3, TF_DECAY | TF_EXPERT, El, 2 * I, H); /* El: this rank's experts (EP) */
+            T("mlp.experts.down", 3, TF_DECAY | TF_EXPERT, El, H, I);
         } else {
             T("mlp.gate_up_proj", 2, TF_DECAY, 2 * Id, H);
             T("mlp.down_proj", 2, TF_DECAY, H, Id);
@@ -229,8 +231,11 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *name, int *n
     char part[32];
     if (sscanf(name, "model.layers.%d.mlp.experts.%d.%31[a-z_].weight%n", &l, &e, part, &nc) == 3 && nc > 0 &&
         name[nc] == 0) {
-        if (l < 0 || l >= c->num_hidden_layers || !moe_config_layer_is_moe(c, l) || e < 0 || e >= c->num_experts)
-            return NULL;
+        int e_lo;
+        const int El = moe_config_local_experts(c, &e_lo);
+        if (l < 0 || l >= c->num_hidden_layers || !moe_config_layer_is_moe(c, l) || e < e_lo || e >= e_lo + El)
+            return NULL; /* not an expert, or one another expert-parallel rank holds */
+        e -= e_lo;
         char nm[96];
         int is_down = !strcmp(part, "down_proj");
         if (!is_down && strcmp(part, "gate_proj") && strcmp(part, "up_proj")) return NULL;

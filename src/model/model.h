@@ -38,13 +38,18 @@
  *                      kernel's 16-wide panel layout at weight load (the "NZ" switch,
  *                      src/kernels/cpu/gemm_packed.c). Training never packs (weights change
  *                      every step, and OpenBLAS offers no pre-packed sgemm).
- * per_expert_loop makes separate_permute and rebuild_row_idx moot (the loop has neither). */
+ * per_expert_loop makes separate_permute and rebuild_row_idx moot (the loop has neither).
+ *  ep_size, ep_rank    expert parallelism (src/parallel/ep.h), not a switch: the model holds only
+ *                      experts [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size) of each MoE layer (its
+ *                      stacked expert tensors are [E/ep_size, ...]; the router stays [E, H]) and the
+ *                      forward needs model_acts.par->ep. ep_size 0 or 1 = every expert. */
 typedef struct {
     int per_expert_loop;
     int separate_permute;
     int per_expert_weights;
     int rebuild_row_idx;
     int no_pack;
+    int ep_size, ep_rank;
 } moe_exec_opts;
 
 typedef struct {
@@ -72,6 +77,9 @@ typedef struct {
     moe_exec_opts exec;            /* execution switches (not in config.json); zero = default */
 } moe_config;
 
+/* Experts this model holds (exec.ep_size / ep_rank): returns their count and sets *lo to the first
+ * one's global index (E and 0 without expert parallelism). */
+int moe_config_local_experts(const moe_config *c, int *lo);
 /* Layer l is MoE iff l ∉ mlp_only_layers, num_experts > 0 and (l+1) % decoder_sparse_step == 0. */
 int moe_config_layer_is_moe(const moe_config *c, int l);
 /* Parse a HF config.json (model_type must be "qwen3_moe"). Missing optional fields take HF

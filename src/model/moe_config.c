@@ -295,7 +295,17 @@ int moe_config_validate(const moe_config *c) {
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         if (sw[i] != 0 && sw[i] != 1)
             return moerl_errorf("MoE execution switch %zu = %d, expected 0 or 1 (model.moe.* keys)", i, sw[i]);
+    const int ep = c->exec.ep_size;
+    if (ep > 1 && (c->num_experts % ep || c->exec.ep_rank < 0 || c->exec.ep_rank >= ep))
+        return moerl_errorf("expert parallel size %d (rank %d) must divide num_experts = %d (actor.expert_parallel_size)",
+                            ep, c->exec.ep_rank, c->num_experts);
     return MOERL_OK;
+}
+
+int moe_config_local_experts(const moe_config *c, int *lo) {
+    const int ep = c->exec.ep_size > 1 ? c->exec.ep_size : 1, n = c->num_experts / ep;
+    *lo = ep > 1 ? c->exec.ep_rank * n : 0;
+    return n;
 }
 
 /* A float as the shortest decimal that reads back to the same float (1e-06, not 9.99999997e-07). */

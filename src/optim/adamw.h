@@ -40,4 +40,21 @@ double grad_global_norm(const moe_model *m);
  * and returns 1. Gradients are not zeroed. */
 int adamw_step(adamw_state *s, moe_model *m, float lr, float loss, double *grad_norm);
 
+/* ---- sharded form (FSDP / ZeRO-3: src/parallel/fsdp.c) ----
+ * The moments cover only this rank's shard of the parameter layout: n floats, laid out like the
+ * caller's shard buffers p and g. */
+void adamw_init_shard(adamw_state *s, size_t n, adamw_config cfg);
+/* A contiguous piece of a shard buffer that belongs to one tensor: floats [offset, offset+n) of p,
+ * g, m and v; decay: the tensor is TF_DECAY. Pieces not listed (alignment padding) are left alone. */
+typedef struct {
+    size_t offset, n;
+    int decay;
+} adamw_range;
+/* The step of adamw_step on a shard: the same update, clipping and skip rule, but with the GLOBAL
+ * gradient norm given by the caller (the L2 norm over all shards, summed over the shard group) and
+ * the update applied to p/g/s->m/s->v on the listed ranges only. Returns 1 applied, 0 skipped (norm
+ * or loss not finite; counted in s->skipped). */
+int adamw_step_ranges(adamw_state *s, float *p, const float *g, const adamw_range *r, int n_ranges, float lr,
+                      float loss, double grad_norm);
+
 #endif

@@ -5,8 +5,8 @@
  * Where each strategy hooks in (so that `moerl sft` and the trainer ranks of `moerl rl` run the
  * same code, through train_accumulate in src/train/train.c):
  *   fsdp  src/parallel/fsdp.c     parameter shards; all-gather before a layer's forward / backward
- *                                 (model_acts.par → the layer hooks in forward.c), reduce-scatter of
- *                                 gradients, optimizer on the owned shard;
+ *                                 (model_acts.par → par_layer_hook, called by forward.c), reduce-
+ *                                 scatter of gradients, optimizer on the owned shard;
  *   ep    src/parallel/ep.c       the MoE layer's token exchange between permute and grouped GEMM
  *                                 (forward.c's MoE block), all-to-all or all-to-all-v;
  *   sp    src/parallel/ulysses.c  attention: sequence-sharded → head-sharded and back (forward.c);
@@ -15,6 +15,8 @@
 #ifndef MOERL_PARALLEL_H
 #define MOERL_PARALLEL_H
 
+#include "base/config.h"
+#include "model/model.h"
 #include "parallel/grid.h"
 
 struct fsdp_state;
@@ -23,11 +25,51 @@ struct sp_state;
 struct pp_state;
 
 typedef struct par_state {
+    dist_ctx *ctx;            /* the process's runtime (roles split); NULL only for a zeroed par_state */
+    par_config cfg;           /* the keys as read (par_read_keys) */
     par_grid *grid;           /* NULL: one rank (or plain data parallel through the reducer) */
     struct fsdp_state *fsdp;  /* NULL: parameters replicated */
     struct ep_state *ep;      /* NULL: every rank holds every expert */
     struct sp_state *sp;      /* NULL: whole sequences per rank */
     struct pp_state *pp;      /* NULL: one stage */
 } par_state;
+
+/* Build the model-parallel runtime of a trainer rank (collective over the trainer ranks, in the same
+ * order everywhere): read the keys of par_def_keys from c, build the grid (par_grid_init) when any
+ * size is > 1, then each strategy's state: FSDP (fsdp_state_new: m->params / m->grads become
+ * sparse gather buffers, m keeps its tensor table) when the grid's fsdp > 1; expert parallel,
+ * Ulysses and pipeline at their marked spots in parallel.c. ctx must have its roles split (this
+ * rank a trainer, or embedded). A size > 1 whose strategy this build lacks is an error naming the
+ * key. On error ps is left freed (zeroed) and m unchanged. */
+int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m);
+/* Free the strategies (FSDP first gathers the whole model back into ordinary buffers of m on EVERY
+ * trainer rank, so m is a plain model afterwards) and the grid. Collective like par_state_init.
+ * A zeroed par_state is a no-op. */
+void par_state_free(par_state *ps);
+/* Which share of a global batch this rank trains: shard *index of *count data-parallel shards
+ * (grid: dp_rank of dp; otherwise trainer_rank of trainer_size; no ctx: 0 of 1). */
+void par_data_shard(const par_state *ps, int *index, int *count);
+/* 1 when any strategy is on (the model is not plainly replicated). */
+int par_active(const par_state *ps);
+
+/* Layer events of model_forward / model_backward (forward.c calls this when model_acts.par is
+ * set): PAR_FWD_LAYER l before the forward work of layer l (l = −1: the embedding and layer 0's
+ * attention input), PAR_BWD_LAYER l before the backward work of layer l (l = L: the LM head and
+ * layer L−1's MLP), PAR_GRAD_READY g when backward group g's gradients are final (numbering of
+ * dist_tensor_group: L, L−1, ..., 0, −1). Every micro-batch, not only the last. */
+typedef enum { PAR_FWD_LAYER = 0, PAR_BWD_LAYER, PAR_GRAD_READY } par_phase;
+void par_layer_hook(par_state *ps, par_phase phase, int l);
+
+/* train_accumulate's start: zero the gradients (the owned shard under FSDP, m->grads otherwise). */
+void par_zero_grad(par_state *ps, moe_model *m);
+/* Every FSDP rank must run the same number of forward (and backward) passes, so a rank with fewer
+ * micro-batches than the most in its group runs the missing ones as idle passes (the collectives
+ * only, with zero gradients). par_max_passes: the most passes any member of this rank's FSDP group
+ * runs — collective over the group, so call it BEFORE the passes (a member still inside a pass
+ * would see another collective); without FSDP: passes. par_pad_passes: after this rank's `passes`
+ * passes, run max − passes idle ones (backward 0: forward-only passes, as compute_router_counts);
+ * not collective by itself; no-op without FSDP. */
+int par_max_passes(par_state *ps, int passes);
+int par_pad_passes(par_state *ps, int passes, int max, int backward);
 
 #endif

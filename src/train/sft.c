@@ -13,7 +13,50 @@
 #include "base/signals.h"
 #include "train/ckpt.h"
 #include "data/tokenizer.h"
+#include "dist/dist.h"
+#include "model/safetensors.h"
+#include "parallel/fsdp.h"
+#include "parallel/parallel.h"
 #include "train/train.h"
+
+/* The run's ranks (sft_opts.dist / .par): one process, data parallel, or FSDP. */
+typedef struct {
+    dist_ctx *dc;       /* NULL or one trainer: one process */
+    par_state *ps;
+    fsdp_state *fs;     /* NULL: parameters replicated */
+    int multi, root;    /* several trainer ranks; this rank writes (trainer rank 0) */
+    int shard, n_shards;/* this rank's share of each batch */
+} sft_ranks;
+
+/* Sum x[n] over the trainer ranks (nothing in one process). */
+static int ranks_sum(const sft_ranks *R, double *x, int n) {
+    return R->multi ? dist_allreduce_sum(R->dc, DIST_TRAINERS, x, n) : MOERL_OK;
+}
+
+/* Every rank learns whether all succeeded (rc on each); a rank that did not fail but sees a
+ * failure elsewhere fails too, with a message naming it. */
+static int ranks_agree(const sft_ranks *R, int rc) {
+    if (!R->multi) return rc;
+    double bad = rc != MOERL_OK;
+    if (ranks_sum(R, &bad, 1) != MOERL_OK) return MOERL_ERR;
+    if (bad > 0 && rc == MOERL_OK) return moerl_errorf("SFT stopped: another trainer rank failed (its message is above)");
+    return rc;
+}
+
+/* The root's value of x on every rank. */
+static int ranks_from_root(const sft_ranks *R, double *x) {
+    if (!R->multi) return MOERL_OK;
+    if (!R->root) *x = 0;
+    return ranks_sum(R, x, 1);
+}
+
+/* FSDP: the whole model into the root's m->params (the other ranks take part in the gathers). */
+static void full_on_root(const sft_ranks *R) {
+    if (R->fs) fsdp_gather_full(R->fs, R->root);
+}
+static void full_done(const sft_ranks *R) {
+    if (R->fs) fsdp_release_all(R->fs);
+}
 
 typedef struct {
     double inv_tokens; /* 1 / response tokens of the global batch */
@@ -33,9 +76,33 @@ static double sft_grad(void *vctx, const model_acts *a, const int *seq_of, const
     return loss;
 }
 
-/* Write the resumable state (see sft_opts.state_dir). */
-static int sft_save_state(const moe_model *m, const adamw_state *os, const dataset *train, const sft_opts *o,
-                          int64_t step, double acc0, int finished) {
+/* Write the resumable state (see sft_opts.state_dir); the root writes, every rank takes part
+ * (FSDP gathers the weights and the moments onto the root). */
+static int sft_save_state_root(const moe_model *m, const adamw_state *os, const dataset *train, const sft_opts *o,
+                               int64_t step, double acc0, int finished);
+static int sft_save_state(const sft_ranks *R, const moe_model *m, const adamw_state *os, const dataset *train,
+                          const sft_opts *o, int64_t step, double acc0, int finished) {
+    int rc = MOERL_OK;
+    if (!R->fs) {
+        if (R->root) rc = sft_save_state_root(m, os, train, o, step, acc0, finished);
+        return ranks_agree(R, rc);
+    }
+    adamw_state full = *os;
+    full.n = m->n_params;
+    full.m = R->root ? xalloc_aligned(m->n_params * sizeof(float)) : NULL;
+    full.v = R->root ? xalloc_aligned(m->n_params * sizeof(float)) : NULL;
+    full_on_root(R);
+    rc = fsdp_gather_vec(R->fs, os->m, full.m);
+    if (rc == MOERL_OK) rc = fsdp_gather_vec(R->fs, os->v, full.v);
+    if (rc == MOERL_OK && R->root) rc = sft_save_state_root(m, &full, train, o, step, acc0, finished);
+    full_done(R);
+    free(full.m);
+    free(full.v);
+    return ranks_agree(R, rc);
+}
+
+static int sft_save_state_root(const moe_model *m, const adamw_state *os, const dataset *train, const sft_opts *o,
+                               int64_t step, double acc0, int finished) {
     char tmp[4200], p[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp", o->state_dir);
     ckpt_remove_flat_dir(tmp);
@@ -66,9 +133,27 @@ static int sft_save_state(const moe_model *m, const adamw_state *os, const datas
     return MOERL_OK;
 }
 
+/* The optimizer moments from optimizer.safetensors: the whole vectors, or under FSDP this rank's
+ * shard of them (read straight from the mapped file, whatever rank count wrote it). */
+static int load_optimizer(const sft_ranks *R, adamw_state *os, size_t n_params, const char *path) {
+    if (!R->fs) return ckpt_load_optimizer(os, path);
+    st_file f;
+    if (st_open(&f, path) != MOERL_OK) return MOERL_ERR;
+    const st_tensor *tm = st_find(&f, "adam.m"), *tv = st_find(&f, "adam.v");
+    if (!tm || !tv || tm->numel != (int64_t)n_params || tv->numel != (int64_t)n_params || tm->dtype != ST_F32 ||
+        tv->dtype != ST_F32) {
+        st_close(&f);
+        return moerl_errorf("%s: adam.m/adam.v missing, not F32 or not %zu floats", path, n_params);
+    }
+    fsdp_slice_vec(R->fs, tm->data, os->m);
+    fsdp_slice_vec(R->fs, tv->data, os->v);
+    st_close(&f);
+    return MOERL_OK;
+}
+
 /* Load the resumable state if present: 1 resumed (weights, optimizer, *step, *acc0), 0 none. */
-static int sft_load_state(moe_model *m, adamw_state *os, const dataset *train, const sft_opts *o, int64_t *step,
-                          double *acc0, int *finished) {
+static int sft_load_state(const sft_ranks *R, moe_model *m, adamw_state *os, const dataset *train, const sft_opts *o,
+                          int64_t *step, double *acc0, int *finished) {
     char dir[4200], p[4300];
     snprintf(dir, sizeof dir, "%s", o->state_dir);
     snprintf(p, sizeof p, "%s/sft_state.json", dir);
@@ -127,8 +212,9 @@ static int sft_load_state(moe_model *m, adamw_state *os, const dataset *train, c
         json_decref(s);
         return MOERL_ERR;
     }
+    if (R->fs) fsdp_take_shard(R->fs); /* FSDP: keep this rank's shard only */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    if (ckpt_load_optimizer(os, p) != MOERL_OK) {
+    if (load_optimizer(R, os, m->n_params, p) != MOERL_OK) {
         json_decref(s);
         return MOERL_ERR;
     }
@@ -142,6 +228,73 @@ static int sft_load_state(moe_model *m, adamw_state *os, const dataset *train, c
     return 1;
 }
 
+/* The aux loss over the whole global batch (as one forward of it would form it), when the batch
+ * is split over ranks or micro-batches: every MoE layer's top-k counts first (forward only),
+ * summed over the ranks. */
+static int n_moe_layers(const moe_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n += moe_config_layer_is_moe(c, l);
+    return n;
+}
+
+/* One optimizer step's gradient on this rank's share `mine[n]` of the global batch (tokens of the
+ * global batch: g_tokens, its response tokens: g_resp; global_aux: the aux over the whole batch),
+ * reduced over the ranks (DP reducer or FSDP), then AdamW. Outputs the global loss, ce, aux,
+ * tokens (summed over the ranks) and the gradient norm. */
+typedef struct {
+    double loss, ce, aux, tokens, grad_norm;
+    int applied;
+} sft_step_out;
+
+static void reducer_hook(void *ctx, int group) { MOERL_ASSERT(dist_reducer_layer_done(ctx, group) == MOERL_OK); }
+
+static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, model_acts *acts, adamw_state *os,
+                    const train_seq *mine, int n, int64_t g_tokens, int64_t g_resp, int global_aux, float lr,
+                    const sft_opts *o, sft_step_out *out) {
+    const int E = m->cfg.num_experts;
+    double *aux = xcalloc((size_t)(2 * E + 4), sizeof(double)), *counts = aux, *psum = aux + E, *sums = aux + 2 * E;
+    train_step_opts to = {.max_tokens = o->max_tokens, .temperature = 1.0f, .want_entropy = 0,
+                          .aux_coef = m->cfg.router_aux_loss_coef, .total_tokens = g_tokens, .par = R->ps};
+    if (red) {
+        to.layer_hook = reducer_hook;
+        to.layer_hook_ctx = red;
+    }
+    int rc = MOERL_ERR;
+    const int n_mb = count_microbatches(mine, n, o->max_tokens), max_mb = par_max_passes(R->ps, n_mb);
+    if (n_mb < 0 || max_mb < 0) goto out;
+    if (global_aux) {
+        if (compute_router_counts(m, acts, mine, n, o->max_tokens, counts) != MOERL_OK) goto out;
+        if (par_pad_passes(R->ps, n_mb, max_mb, 0) != MOERL_OK || ranks_sum(R, counts, E) != MOERL_OK) goto out;
+        to.aux_counts = counts;
+        to.aux_psum_out = psum;
+    }
+    sft_ctx sc = {.inv_tokens = 1.0 / (double)g_resp};
+    train_step_out so;
+    if (train_accumulate(m, acts, mine, n, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
+    if (R->fs && (par_pad_passes(R->ps, n_mb, max_mb, 1) != MOERL_OK || fsdp_finish_grads(R->fs) != MOERL_OK)) goto out;
+    if (red) dist_reducer_finish(red);
+    sums[0] = sc.ce_sum;
+    sums[1] = (double)so.n_tokens;
+    sums[2] = so.aux_loss;
+    if (ranks_sum(R, sums, 3) != MOERL_OK || (global_aux && ranks_sum(R, psum, E) != MOERL_OK)) goto out;
+    out->ce = sums[0];
+    out->tokens = sums[1];
+    out->aux = sums[2]; /* token-weighted mean of the micro-batches' own aux losses */
+    if (global_aux) {   /* HF's aux of the whole batch: E·Σ_e f_e·P_e with f, P over its L·N rows */
+        const double rows = (double)n_moe_layers(&m->cfg) * (double)g_tokens;
+        double v = 0;
+        for (int e = 0; e < E; e++) v += counts[e] * psum[e];
+        out->aux = E * v / (rows * rows);
+    }
+    out->loss = out->ce + m->cfg.router_aux_loss_coef * out->aux;
+    out->applied = R->fs ? fsdp_adamw_step(R->fs, os, lr, (float)out->loss, &out->grad_norm)
+                         : adamw_step(os, m, lr, (float)out->loss, &out->grad_norm);
+    rc = MOERL_OK;
+out:
+    free(aux);
+    return rc;
+}
+
 int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
               double *acc_after) {
     const int64_t n_rows = dataset_count(train);
@@ -153,13 +306,22 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         return moerl_errorf("SFT learning rate and weight decay (optim.lr / optim.weight_decay, sft.lr / sft.weight_decay "
                             "for the warm start) must be finite numbers ≥ 0 (got %g, %g)",
                             (double)o->optim.lr, (double)o->optim.weight_decay);
+    sft_ranks R = {.dc = o->dist, .ps = o->par, .fs = o->par ? o->par->fsdp : NULL, .root = 1, .n_shards = 1};
+    R.multi = R.dc && R.dc->trainer_size > 1;
+    if (R.dc && R.dc->trainer_rank > 0) R.root = 0;
+    par_data_shard(R.ps, &R.shard, &R.n_shards);
+    if (!R.ps && R.multi) {
+        R.shard = R.dc->trainer_rank;
+        R.n_shards = R.dc->trainer_size;
+    }
     int rc = MOERL_ERR;
     tok_seq *seqs = xcalloc(n_rows, sizeof(tok_seq));
     int *resp_start = xmalloc(n_rows * sizeof(int)), *order = xmalloc(n_rows * sizeof(int));
-    train_seq *batch = xmalloc(bs * sizeof(train_seq));
+    train_seq *batch = xmalloc(bs * sizeof(train_seq)), *mine = xmalloc(bs * sizeof(train_seq));
     metrics_writer *mw = NULL;
     model_acts acts = {0};
     adamw_state os = {0};
+    dist_grad_reducer *red = NULL;
     for (int64_t i = 0; i < n_rows; i++) {
         const ds_row *r = dataset_row(train, i);
         if (!r->response) {
@@ -175,6 +337,13 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                              seqs[i].ids[t], m->cfg.vocab_size);
                 goto out;
             }
+        /* checked here for every row on every rank, so no rank fails alone inside a step */
+        if (seqs[i].n > o->max_tokens) {
+            moerl_errorf("%s:%lld: the row has %lld tokens, more than a micro-batch holds (%d): raise "
+                         "data.max_token_len_per_micro_batch (actor.ppo_max_token_len_per_gpu for the warm start)",
+                         train->path, (long long)r->line, (long long)seqs[i].n, o->max_tokens);
+            goto out;
+        }
     }
     int64_t total = o->total_epochs * (n_rows / bs);
     if (o->total_steps > 0) total = o->total_steps;
@@ -182,30 +351,46 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         moerl_errorf("no SFT steps: %lld rows, batch %d, %lld epochs", (long long)n_rows, bs, (long long)o->total_epochs);
         goto out;
     }
-    adamw_init(&os, m, o->optim);
+    if (R.fs) fsdp_adamw_init(R.fs, &os, o->optim);
+    else adamw_init(&os, m, o->optim);
     if (model_acts_init(&acts, m, o->max_tokens) != MOERL_OK) goto out;
+    acts.par = R.ps;
+    if (R.multi && !R.fs) { /* data parallel: gradients summed by the bucketed reducer while backward runs */
+        red = R.ps && R.ps->grid ? dist_reducer_new_on(R.dc, R.ps->grid->stage_comm, m, 25.0, DIST_OVERLAP_THREAD)
+                                 : dist_reducer_new(R.dc, m, 25.0, DIST_OVERLAP_THREAD);
+        if (!red) goto out;
+    }
     if (o->stop_signal_out) *o->stop_signal_out = 0;
     int64_t step0 = 0;
     double acc0 = 0, acc = 0, mlen;
     int resumed = 0, finished = 0;
     if (o->state_dir && o->resume) {
-        resumed = sft_load_state(m, &os, train, o, &step0, &acc0, &finished);
-        if (resumed < 0) goto out;
-        if (resumed) {
+        resumed = sft_load_state(&R, m, &os, train, o, &step0, &acc0, &finished);
+        if (ranks_agree(&R, resumed < 0 ? MOERL_ERR : MOERL_OK) != MOERL_OK) goto out;
+        if (resumed && R.root) {
             log_info("%s: resumed from %s at step %lld of %lld", o->label, o->state_dir, (long long)step0,
                      (long long)total);
             if (o->metrics_path && ckpt_truncate_metrics(o->metrics_path, step0) != MOERL_OK) goto out;
         }
     }
-    if (!resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
-    if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
+    if (R.root) {
+        if (!resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
+        if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
+    }
     if (!resumed) {
-        if (eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc0, &mlen) != MOERL_OK) goto out;
-        log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
+        int erc = MOERL_OK;
+        full_on_root(&R);
+        if (R.root) {
+            erc = eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc0, &mlen);
+            if (erc == MOERL_OK) log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
+        }
+        full_done(&R);
+        if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc0) != MOERL_OK) goto out;
     }
     if (step0 >= total || finished) {
-        log_info("%s: nothing left to do: the run in %s finished at step %lld; raise the step count to continue",
-                 o->label, o->state_dir, (long long)step0);
+        if (R.root)
+            log_info("%s: nothing left to do: the run in %s finished at step %lld; raise the step count to continue",
+                     o->label, o->state_dir, (long long)step0);
         if (acc_before) *acc_before = acc0;
         if (acc_after) *acc_after = NAN;
         rc = MOERL_OK;
@@ -213,10 +398,9 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     }
     rng_state rng;
     rng_seed(&rng, o->seed);
-    train_step_opts to = {.max_tokens = o->max_tokens, .temperature = 1.0f, .want_entropy = 0,
-                          .aux_coef = m->cfg.router_aux_loss_coef};
+    const int aux_on = m->cfg.router_aux_loss_coef > 0 && m->cfg.num_experts > 0 && n_moe_layers(&m->cfg) > 0;
     progress pb;
-    progress_begin(&pb, o->label, total);
+    if (R.root) progress_begin(&pb, o->label, total);
     double t_start = moerl_now();
     int64_t step = step0, tokens_seen = 0;
     const int64_t per_epoch = n_rows / bs;
@@ -227,73 +411,94 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         if ((ep + 1) * per_epoch <= step0) continue;
         const int64_t b0 = ep * per_epoch < step0 ? (step0 - ep * per_epoch) * bs : 0;
         for (int64_t b = b0; b + bs <= n_rows && step < total; b += bs, step++) {
-            if (moerl_stop_requested()) {
-                stopped = moerl_stop_requested();
+            double sig = moerl_stop_requested(); /* every rank stops at the same step */
+            if (ranks_sum(&R, &sig, 1) != MOERL_OK) goto out;
+            if (sig > 0) {
+                stopped = moerl_stop_requested() ? moerl_stop_requested() : 15;
                 break;
             }
             if (o->state_dir && o->save_freq > 0 && step > step0 && step % o->save_freq == 0 &&
-                sft_save_state(m, &os, train, o, step, acc0, 0) != MOERL_OK)
+                sft_save_state(&R, m, &os, train, o, step, acc0, 0) != MOERL_OK)
                 goto out;
             double t0 = moerl_now();
-            int64_t resp_tokens = 0;
+            int64_t resp_tokens = 0, g_tokens = 0;
+            int n_mine = 0;
             for (int j = 0; j < bs; j++) {
                 int i = order[b + j];
                 batch[j] = (train_seq){.tokens = seqs[i].ids, .len = (int)seqs[i].n, .resp_start = resp_start[i]};
                 resp_tokens += seqs[i].n - resp_start[i];
+                g_tokens += seqs[i].n;
+                if (j % R.n_shards == R.shard) mine[n_mine++] = batch[j]; /* round-robin over the data shards */
             }
-            sft_ctx sc = {.inv_tokens = 1.0 / (double)resp_tokens};
-            train_step_out so;
-            if (train_accumulate(m, &acts, batch, bs, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
+            const int global_aux = aux_on && (R.n_shards > 1 || count_microbatches(batch, bs, o->max_tokens) > 1);
             float lr = lr_schedule(o->lr_scheduler, step, total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
-            double gn;
-            int applied = adamw_step(&os, m, lr, (float)so.loss, &gn);
+            sft_step_out so = {0};
+            if (sft_step(&R, red, m, &acts, &os, mine, n_mine, g_tokens, resp_tokens, global_aux, lr, o, &so) !=
+                MOERL_OK)
+                goto out;
+            double gn = so.grad_norm;
+            int applied = so.applied;
             double dt = moerl_now() - t0;
-            tokens_seen += so.n_tokens;
+            tokens_seen += (int64_t)so.tokens;
             if (mw) {
                 const char *keys[] = {"train/loss", "train/ce_loss", "moe/aux_loss", "actor/grad_norm", "train/lr",
                                       "perf/throughput", "timing_s/step", "train/skipped_steps", "train/epoch"};
-                double vals[] = {so.loss, sc.ce_sum, so.aux_loss, gn, lr, so.n_tokens / dt, dt, (double)os.skipped,
-                                 (double)ep};
+                double vals[] = {so.loss, so.ce, so.aux, gn, lr, so.tokens / dt, dt, (double)os.skipped, (double)ep};
                 metrics_write(mw, step + 1, 9, keys, vals);
             }
             if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total) {
                 const dataset *vs = o->validation ? o->validation : test;
-                if (eval_accuracy(m, vs, o->val_n, o->max_response_length, 64, &acc, &mlen) != MOERL_OK) goto out;
-                log_info("%s step %lld: %s accuracy %.1f%%", o->label, (long long)step + 1,
-                         o->validation ? "validation" : "held-out", 100 * acc);
+                int erc = MOERL_OK;
+                full_on_root(&R);
+                if (R.root) erc = eval_accuracy(m, vs, o->val_n, o->max_response_length, 64, &acc, &mlen);
+                full_done(&R);
+                if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
+                if (R.root)
+                    log_info("%s step %lld: %s accuracy %.1f%%", o->label, (long long)step + 1,
+                             o->validation ? "validation" : "held-out", 100 * acc);
                 if (mw) {
                     const char *k2[] = {o->validation ? "val/validation_accuracy" : "val/accuracy"};
                     double v2[] = {acc};
                     metrics_write(mw, step + 1, 1, k2, v2);
                 }
                 if (o->stop_accuracy > 0 && acc >= o->stop_accuracy) {
-                    log_info("%s: accuracy %.1f%% reached the stop level %.1f%% at step %lld", o->label, 100 * acc,
-                             100 * o->stop_accuracy, (long long)step + 1);
+                    if (R.root)
+                        log_info("%s: accuracy %.1f%% reached the stop level %.1f%% at step %lld", o->label, 100 * acc,
+                                 100 * o->stop_accuracy, (long long)step + 1);
                     total = step + 1; /* ends both loops after this step */
                 }
             }
             char extra[160];
             snprintf(extra, sizeof extra, "loss %.4f ce %.4f aux %.3f gnorm %.3f lr %.2e %.0f tok/s%s", so.loss,
-                     sc.ce_sum, so.aux_loss, gn, lr, so.n_tokens / dt, applied ? "" : " (skipped: non-finite)");
-            progress_update(&pb, step + 1, extra);
+                     so.ce, so.aux, gn, lr, so.tokens / dt, applied ? "" : " (skipped: non-finite)");
+            if (R.root) progress_update(&pb, step + 1, extra);
         }
     }
-    progress_end(&pb, NULL);
+    if (R.root) progress_end(&pb, NULL);
     double train_s = moerl_now() - t_start;
     const int at_accuracy = !stopped && step < (o->total_steps > 0 ? o->total_steps : o->total_epochs * per_epoch);
-    if (o->state_dir && sft_save_state(m, &os, train, o, step, acc0, at_accuracy) != MOERL_OK) goto out;
+    if (o->state_dir && sft_save_state(&R, m, &os, train, o, step, acc0, at_accuracy) != MOERL_OK) goto out;
     if (stopped) {
-        log_info("%s: stopped by signal %d at step %lld: checkpoint in %s", o->label, stopped, (long long)step,
-                 o->state_dir ? o->state_dir : "(none: no state folder)");
+        if (R.root)
+            log_info("%s: stopped by signal %d at step %lld: checkpoint in %s", o->label, stopped, (long long)step,
+                     o->state_dir ? o->state_dir : "(none: no state folder)");
         if (o->stop_signal_out) *o->stop_signal_out = stopped;
         if (acc_before) *acc_before = acc0;
         if (acc_after) *acc_after = NAN;
         rc = MOERL_OK;
         goto out;
     }
-    if (eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc, &mlen) != MOERL_OK) goto out;
-    log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
-             o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s, 100 * acc0, 100 * acc);
+    {
+        int erc = MOERL_OK;
+        full_on_root(&R);
+        if (R.root) erc = eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc, &mlen);
+        full_done(&R);
+        if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
+    }
+    if (R.root)
+        log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
+                 o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s, 100 * acc0,
+                 100 * acc);
     if (mw) {
         const char *k3[] = {"val/accuracy", "val/accuracy_before"};
         double v3[] = {acc, acc0};
@@ -309,6 +514,8 @@ out:
     free(resp_start);
     free(order);
     free(batch);
+    free(mine);
+    dist_reducer_free(red);
     if (acts.arena) model_acts_free(&acts);
     if (os.m) adamw_free(&os);
     return rc;

@@ -41,6 +41,18 @@ typedef struct {
     int save_freq;
     int resume;
     int *stop_signal_out;
+    /* Several processes (moerl sft under mpirun; NULL / 0 trainers: one process). dist: the runtime
+     * with roles split so that every rank trains (dist_split_roles(ctx, world_size)); par: its
+     * model-parallel state (par_state_init; NULL = replicated). Each step's global batch (the same
+     * shuffled rows on every rank) is split round-robin over the data shards (par_data_shard);
+     * each rank's gradient uses the global response-token count, so the sum over ranks (the
+     * bucketed reducer, or FSDP's reduce-scatter) is the single-process gradient; with the aux
+     * loss on, the global batch's routing counts are summed first (as for several micro-batches in
+     * one process). Trainer rank 0 alone writes the metrics, the checkpoints and runs the evals
+     * (under FSDP the other ranks take part in gathering the model onto it). All ranks call
+     * sft_train together. */
+    struct dist_ctx *dist;
+    struct par_state *par;
 } sft_opts;
 
 /* Train m in place. acc_before/acc_after (may be NULL) receive held-out greedy accuracy.

@@ -84,7 +84,8 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     if (o->total_tokens > 0) total = o->total_tokens;
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
-    model_zero_grad(m);
+    if (o->par) a->par = o->par; /* model-parallel layer events (parallel.h) */
+    par_zero_grad(o->par, m);
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
@@ -92,11 +93,13 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
             rc = MOERL_ERR;
             break;
         }
-        model_logprobs(m, a, p.tgt, o->temperature, o->want_entropy);
+        /* Ulysses SP: this rank holds tokens [t0, t0 + a->N) of the micro-batch (a->N == N without SP) */
+        const int t0 = a->tok0;
+        model_logprobs(m, a, p.tgt + t0, o->temperature, o->want_entropy);
         memset(p.dlogp, 0, N * sizeof(float));
         memset(p.dent, 0, N * sizeof(float));
-        out->loss += fn(ctx, a, p.seq_of, p.resp_index, p.dlogp, p.dent);
-        const double share = (double)N / (double)total;
+        out->loss += fn(ctx, a, p.seq_of + t0, p.resp_index + t0, p.dlogp + t0, p.dent + t0);
+        const double share = (double)a->N / (double)total;
         out->aux_loss += share * a->aux_loss;
         double aux_w = o->aux_coef * share;
         if (a->n_moe_layers > 0) {
@@ -117,10 +120,10 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
             a->layer_hook = o->layer_hook;
             a->layer_hook_ctx = o->layer_hook_ctx;
         }
-        model_backward(m, a, p.dlogp, o->want_entropy ? p.dent : NULL, (float)aux_w);
+        model_backward(m, a, p.dlogp + t0, o->want_entropy ? p.dent + t0 : NULL, (float)aux_w);
         a->layer_hook = NULL;
         a->layer_hook_ctx = NULL;
-        out->n_tokens += N;
+        out->n_tokens += a->N;
     }
     out->loss += o->aux_coef * out->aux_loss;
     out->n_microbatches = n_mb;
@@ -146,9 +149,9 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
             rc = MOERL_ERR;
             break;
         }
-        model_logprobs(m, a, p.tgt, temperature, 0);
-        for (int t = 0; t < N; t++)
-            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = a->logp[t];
+        model_logprobs(m, a, p.tgt + a->tok0, temperature, 0);
+        for (int t = a->tok0; t < a->tok0 + a->N; t++) /* Ulysses SP: this rank's tokens only */
+            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = a->logp[t - a->tok0];
     }
     pack_buf_free(&p);
     free(mb);

@@ -1,0 +1,490 @@
+/* FSDP / ZeRO-3 parameter, gradient and optimizer sharding (see fsdp.h for the design). */
+#include "parallel/fsdp.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/trace.h"
+
+enum { U_ABSENT = 0, U_FLIGHT, U_PRESENT };
+
+typedef struct {
+    size_t off, n;       /* layout range */
+    size_t s;            /* owned floats per rank */
+    size_t sh;           /* offset of the owned piece in the shard buffers */
+    int p_state;         /* parameters: U_ABSENT / U_FLIGHT / U_PRESENT */
+    dist_req *p_req;
+    float *p_bounce;     /* all-gather target when P·s ≠ n */
+    int g_live;          /* gradient region zeroed and written by the running backward */
+    dist_req *g_req;     /* reduce-scatter in flight */
+    float *g_bounce, *g_recv;
+} fsdp_unit;
+
+struct fsdp_state {
+    moe_model *m;
+    dist_comm *comm, *rep;
+    int P, r, L, tied;
+    int n_units;
+    fsdp_unit *u;
+    size_t S;
+    float *p_shard, *g_shard;
+    size_t map_bytes;
+    adamw_range *ranges;  /* the owned pieces of every tensor, in shard order */
+    int n_ranges;
+    double cur_bytes, peak_bytes;
+    int rs_order[MOERL_MAX_LAYERS + 2], n_rs; /* units with a reduce-scatter in flight, oldest first */
+};
+
+/* Reduce-scatters allowed in flight: Open MPI progresses a nonblocking collective only inside MPI
+ * calls, so without a bound every layer's gradient would stay live until the step's end (the whole
+ * gradient resident); with it, at most this many finished units wait besides the one being written
+ * (PyTorch FSDP's limit_all_gathers plays the same role for the gathers). */
+#define FSDP_RS_IN_FLIGHT 2
+
+/* ------------------------------------------------------------------ memory */
+
+static size_t page_size(void) {
+    static size_t ps;
+    if (!ps) ps = (size_t)sysconf(_SC_PAGESIZE);
+    return ps;
+}
+
+static float *map_sparse(size_t bytes) {
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Give back the whole pages inside base[off, off+n) (the straddling pages at the ends stay). */
+static void drop_pages(float *base, size_t off, size_t n) {
+    const uintptr_t ps = page_size(), a = (uintptr_t)(base + off), b = (uintptr_t)(base + off + n);
+    const uintptr_t a1 = (a + ps - 1) & ~(ps - 1), b1 = b & ~(ps - 1);
+    if (b1 > a1) madvise((void *)a1, b1 - a1, MADV_DONTNEED);
+}
+
+static void account(fsdp_state *fs, double bytes) {
+    fs->cur_bytes += bytes;
+    if (fs->cur_bytes > fs->peak_bytes) fs->peak_bytes = fs->cur_bytes;
+}
+
+/* ------------------------------------------------------------------ units */
+
+static int unit_of_tensor(const moe_model *m, int ti, int first_layer_tensor) {
+    const tensor_info *t = &m->tensors[ti];
+    if (t->layer >= 0) return t->layer + 1;
+    return ti < first_layer_tensor ? 0 : m->cfg.num_hidden_layers + 1;
+}
+
+static void gather_start(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    if (u->p_state != U_ABSENT || u->n == 0) {
+        if (u->n == 0) u->p_state = U_PRESENT;
+        return;
+    }
+    float *dst = fs->m->params + u->off;
+    if ((size_t)fs->P * u->s != u->n) {
+        u->p_bounce = xalloc_aligned((size_t)fs->P * u->s * sizeof(float));
+        dst = u->p_bounce;
+        account(fs, (double)fs->P * u->s * 4); /* the layout region is touched only at the copy */
+    } else {
+        account(fs, (double)u->n * 4);
+    }
+    u->p_req = dist_comm_iallgather_f32(fs->comm, fs->p_shard + u->sh, u->s, dst);
+    u->p_state = U_FLIGHT;
+}
+
+static void gather_wait(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    if (u->p_state != U_FLIGHT) return;
+    MOERL_ASSERT(dist_wait(u->p_req) == MOERL_OK);
+    u->p_req = NULL;
+    if (u->p_bounce) {
+        account(fs, (double)u->n * 4);
+        memcpy(fs->m->params + u->off, u->p_bounce, u->n * sizeof(float));
+        free(u->p_bounce);
+        u->p_bounce = NULL;
+        account(fs, -(double)fs->P * u->s * 4);
+    }
+    u->p_state = U_PRESENT;
+}
+
+static void release(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    if (u->p_state == U_ABSENT || u->n == 0) return;
+    gather_wait(fs, k);
+    drop_pages(fs->m->params, u->off, u->n);
+    account(fs, -(double)u->n * 4);
+    u->p_state = U_ABSENT;
+}
+
+/* Reduce-scatter of unit k complete: add into the owned gradient, give the pages back. */
+static void grad_complete(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    float *g = fs->g_shard + u->sh;
+    for (size_t i = 0; i < u->s; i++) g[i] += u->g_recv[i];
+    free(u->g_recv);
+    u->g_recv = NULL;
+    account(fs, -(double)u->s * 4);
+    if (u->g_bounce) { /* the layout region was given back when the bounce copy was made */
+        free(u->g_bounce);
+        u->g_bounce = NULL;
+        account(fs, -(double)fs->P * u->s * 4);
+    } else {
+        drop_pages(fs->m->grads, u->off, u->n);
+        account(fs, -(double)u->n * 4);
+    }
+}
+
+static void rs_forget(fsdp_state *fs, int k) {
+    int j = 0;
+    for (int i = 0; i < fs->n_rs; i++)
+        if (fs->rs_order[i] != k) fs->rs_order[j++] = fs->rs_order[i];
+    fs->n_rs = j;
+}
+
+static void grad_wait(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    if (!u->g_req) return;
+    MOERL_ASSERT(dist_wait(u->g_req) == MOERL_OK);
+    u->g_req = NULL;
+    rs_forget(fs, k);
+    grad_complete(fs, k);
+}
+
+/* Complete the reduce-scatters that have finished (drives MPI's progress between layers). */
+static void grad_poll(fsdp_state *fs) {
+    for (int k = 0; k < fs->n_units; k++) {
+        fsdp_unit *u = &fs->u[k];
+        if (u->g_req && dist_test(u->g_req)) {
+            u->g_req = NULL;
+            rs_forget(fs, k);
+            grad_complete(fs, k);
+        }
+    }
+}
+
+static void grad_touch(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    if (u->g_live || u->n == 0) return;
+    grad_wait(fs, k); /* the previous micro-batch's reduce-scatter still reads this region */
+    memset(fs->m->grads + u->off, 0, u->n * sizeof(float));
+    account(fs, (double)u->n * 4);
+    u->g_live = 1;
+}
+
+static void grad_ready(fsdp_state *fs, int k) {
+    fsdp_unit *u = &fs->u[k];
+    if (!u->g_live) return;
+    u->g_live = 0;
+    const float *send = fs->m->grads + u->off;
+    if ((size_t)fs->P * u->s != u->n) {
+        u->g_bounce = xalloc_aligned((size_t)fs->P * u->s * sizeof(float)); /* zeroed: the padding adds 0 */
+        memcpy(u->g_bounce, send, u->n * sizeof(float));
+        send = u->g_bounce;
+        account(fs, (double)fs->P * u->s * 4);
+        drop_pages(fs->m->grads, u->off, u->n);
+        account(fs, -(double)u->n * 4);
+    }
+    u->g_recv = xalloc_aligned(u->s * sizeof(float));
+    account(fs, (double)u->s * 4);
+    u->g_req = dist_comm_ireduce_scatter_f32(fs->comm, send, u->g_recv, u->s);
+    fs->rs_order[fs->n_rs++] = k;
+    while (fs->n_rs > FSDP_RS_IN_FLIGHT) grad_wait(fs, fs->rs_order[0]);
+}
+
+/* ------------------------------------------------------------------ schedule */
+
+#define MAX_NEED 3
+
+/* Units whose parameters the region (phase, l) reads; returns their count. Regions follow
+ * forward.c: forward l = layer l's o_proj/MLP + layer l+1's attention input (or the final norm
+ * and head after the last layer), l = −1 the embedding + layer 0's attention input; backward L =
+ * the head + layer L−1's MLP, backward l = layer l's attention part + layer l−1's MLP (l = 0:
+ * the embedding scatter, which needs no parameters). */
+static int region_params(const fsdp_state *fs, par_phase ph, int l, int *out) {
+    const int L = fs->L, PRE = 0, POST = L + 1;
+    int n = 0;
+    if (ph == PAR_FWD_LAYER) {
+        if (l < 0) {
+            out[n++] = PRE;
+            out[n++] = 1;
+        } else if (l < L - 1) {
+            out[n++] = l + 1;
+            out[n++] = l + 2;
+        } else {
+            out[n++] = L;
+            out[n++] = POST;
+            if (fs->tied) out[n++] = PRE;
+        }
+    } else if (ph == PAR_BWD_LAYER) {
+        if (l >= L) {
+            out[n++] = POST;
+            out[n++] = L;
+            if (fs->tied) out[n++] = PRE;
+        } else {
+            out[n++] = l + 1;
+            if (l >= 1) out[n++] = l;
+        }
+    }
+    return n;
+}
+
+/* Units whose gradients the backward region (l) writes. */
+static int region_grads(const fsdp_state *fs, int l, int *out) {
+    const int L = fs->L, PRE = 0, POST = L + 1;
+    int n = 0;
+    if (l >= L) {
+        out[n++] = POST;
+        out[n++] = L;
+        if (fs->tied) out[n++] = PRE;
+    } else {
+        out[n++] = l + 1;
+        out[n++] = l >= 1 ? l : PRE;
+    }
+    return n;
+}
+
+static int in_set(const int *s, int n, int k) {
+    for (int i = 0; i < n; i++)
+        if (s[i] == k) return 1;
+    return 0;
+}
+
+void fsdp_layer_event(fsdp_state *fs, par_phase ph, int l) {
+    if (ph == PAR_GRAD_READY) {
+        grad_ready(fs, l < 0 ? 0 : l >= fs->L ? fs->L + 1 : l + 1);
+        grad_poll(fs);
+        return;
+    }
+    int need[MAX_NEED], next[MAX_NEED], nn = region_params(fs, ph, l, need), nx = 0;
+    /* the region after this one: forward l+1, backward l−1 (none after the last of each) */
+    if (ph == PAR_FWD_LAYER && l + 1 <= fs->L - 1) nx = region_params(fs, ph, l + 1, next);
+    if (ph == PAR_BWD_LAYER && l - 1 >= 0) nx = region_params(fs, ph, l >= fs->L ? fs->L - 1 : l - 1, next);
+    for (int i = 0; i < nn; i++) gather_start(fs, need[i]);
+    for (int i = 0; i < nx; i++) gather_start(fs, next[i]); /* prefetch */
+    for (int k = 0; k < fs->n_units; k++)
+        if (!in_set(need, nn, k) && !in_set(next, nx, k)) release(fs, k);
+    if (ph == PAR_BWD_LAYER) {
+        int g[MAX_NEED], ng = region_grads(fs, l, g);
+        for (int i = 0; i < ng; i++) grad_touch(fs, g[i]);
+    }
+    grad_poll(fs);
+    const double t = trace_begin();
+    for (int i = 0; i < nn; i++) gather_wait(fs, need[i]);
+    trace_end("fsdp all-gather wait", "dist", t);
+}
+
+void fsdp_idle_pass(fsdp_state *fs, int backward) {
+    const int L = fs->L;
+    for (int l = -1; l < L; l++) fsdp_layer_event(fs, PAR_FWD_LAYER, l);
+    if (!backward) return;
+    fsdp_layer_event(fs, PAR_BWD_LAYER, L);
+    fsdp_layer_event(fs, PAR_GRAD_READY, L);
+    for (int l = L - 1; l >= 0; l--) {
+        fsdp_layer_event(fs, PAR_BWD_LAYER, l);
+        fsdp_layer_event(fs, PAR_GRAD_READY, l);
+    }
+    fsdp_layer_event(fs, PAR_GRAD_READY, -1);
+}
+
+void fsdp_zero_grad(fsdp_state *fs) { memset(fs->g_shard, 0, fs->S * sizeof(float)); }
+
+int fsdp_finish_grads(fsdp_state *fs) {
+    const double t = trace_begin();
+    for (int k = 0; k < fs->n_units; k++) {
+        if (fs->u[k].g_live) grad_ready(fs, k); /* a pass ended without its hook (not expected) */
+        grad_wait(fs, k);
+    }
+    int rc = MOERL_OK;
+    if (fs->rep && dist_comm_size(fs->rep) > 1) rc = dist_comm_allreduce_f32(fs->rep, fs->g_shard, fs->S);
+    trace_end("fsdp reduce-scatter wait", "dist", t);
+    return rc;
+}
+
+double fsdp_grad_norm(fsdp_state *fs) {
+    double ss = 0;
+    const float *g = fs->g_shard;
+    const size_t n = fs->S;
+#pragma omp parallel for reduction(+ : ss) schedule(static)
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * (double)g[i];
+    MOERL_ASSERT(dist_comm_allreduce_f64(fs->comm, &ss, 1) == MOERL_OK);
+    return sqrt(ss);
+}
+
+void fsdp_adamw_init(fsdp_state *fs, adamw_state *os, adamw_config cfg) { adamw_init_shard(os, fs->S, cfg); }
+
+int fsdp_adamw_step(fsdp_state *fs, adamw_state *os, float lr, float loss, double *grad_norm) {
+    const double norm = fsdp_grad_norm(fs);
+    if (grad_norm) *grad_norm = norm;
+    const int applied = adamw_step_ranges(os, fs->p_shard, fs->g_shard, fs->ranges, fs->n_ranges, lr, loss, norm);
+    fsdp_release_all(fs); /* every gathered copy is stale now */
+    return applied;
+}
+
+void fsdp_release_all(fsdp_state *fs) {
+    for (int k = 0; k < fs->n_units; k++) release(fs, k);
+}
+
+int fsdp_gather_full(fsdp_state *fs, int keep) {
+    for (int k = 0; k < fs->n_units; k++) {
+        gather_start(fs, k);
+        gather_wait(fs, k);
+        if (!keep) release(fs, k);
+    }
+    return MOERL_OK;
+}
+
+void fsdp_slice_vec(const fsdp_state *fs, const float *full, float *shard_vec) {
+    for (int k = 0; k < fs->n_units; k++) {
+        const fsdp_unit *u = &fs->u[k];
+        const size_t lo = (size_t)fs->r * u->s, hi = MOERL_MIN(u->n, lo + u->s);
+        float *d = shard_vec + u->sh;
+        memset(d, 0, u->s * sizeof(float));
+        if (hi > lo) memcpy(d, full + u->off + lo, (hi - lo) * sizeof(float));
+    }
+}
+
+void fsdp_take_shard(fsdp_state *fs) {
+    fsdp_slice_vec(fs, fs->m->params, fs->p_shard);
+    for (int k = 0; k < fs->n_units; k++) {
+        fsdp_unit *u = &fs->u[k];
+        if (u->p_state != U_ABSENT) {
+            gather_wait(fs, k);
+            account(fs, -(double)u->n * 4);
+            u->p_state = U_ABSENT;
+        }
+    }
+    drop_pages(fs->m->params, 0, fs->m->n_params);
+}
+
+int fsdp_gather_vec(fsdp_state *fs, const float *shard_vec, float *full) {
+    for (int k = 0; k < fs->n_units; k++) {
+        const fsdp_unit *u = &fs->u[k];
+        if (u->n == 0) continue;
+        float *tmp = xalloc_aligned((size_t)fs->P * u->s * sizeof(float));
+        const int rc = dist_comm_allgather_f32(fs->comm, shard_vec + u->sh, u->s, tmp);
+        if (rc == MOERL_OK && full) memcpy(full + u->off, tmp, u->n * sizeof(float));
+        free(tmp);
+        if (rc != MOERL_OK) return rc;
+    }
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) {
+    if (!m->grads) return moerl_errorf("fsdp: the model has no gradient buffer (an inference model)"), NULL;
+    fsdp_state *fs = xcalloc(1, sizeof *fs);
+    fs->m = m;
+    fs->comm = shard;
+    fs->rep = replicas;
+    fs->P = dist_comm_size(shard);
+    fs->r = dist_comm_rank(shard);
+    fs->L = m->cfg.num_hidden_layers;
+    fs->tied = m->cfg.tie_word_embeddings;
+    fs->n_units = fs->L + 2;
+    fs->u = xcalloc((size_t)fs->n_units, sizeof(fsdp_unit));
+    int first_layer = m->n_tensors;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].layer >= 0) {
+            first_layer = i;
+            break;
+        }
+    for (int k = 0; k < fs->n_units; k++) fs->u[k].off = SIZE_MAX;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        fsdp_unit *u = &fs->u[unit_of_tensor(m, i, first_layer)];
+        const size_t end = t->offset + (((size_t)t->numel + 15) & ~(size_t)15);
+        if (u->off == SIZE_MAX) u->off = t->offset;
+        MOERL_ASSERT(t->offset == u->off + u->n); /* units are contiguous in table order */
+        u->n = end - u->off;
+    }
+    size_t sh = 0;
+    for (int k = 0; k < fs->n_units; k++) {
+        fsdp_unit *u = &fs->u[k];
+        if (u->off == SIZE_MAX) u->off = 0, u->n = 0;
+        u->s = ((u->n + (size_t)fs->P - 1) / (size_t)fs->P + 15) & ~(size_t)15;
+        u->sh = sh;
+        sh += u->s;
+    }
+    fs->S = sh;
+    /* the owned piece of every tensor, for the optimizer */
+    fs->ranges = xcalloc((size_t)m->n_tensors + 1, sizeof(adamw_range));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        const fsdp_unit *u = &fs->u[unit_of_tensor(m, i, first_layer)];
+        const size_t own0 = u->off + (size_t)fs->r * u->s, own1 = own0 + u->s;
+        const size_t a = MOERL_MAX(own0, t->offset), b = MOERL_MIN(own1, t->offset + (size_t)t->numel);
+        if (b <= a) continue;
+        fs->ranges[fs->n_ranges++] = (adamw_range){.offset = u->sh + (a - own0), .n = b - a,
+                                                   .decay = (t->flags & TF_DECAY) != 0};
+    }
+    fs->p_shard = xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float));
+    fs->g_shard = xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float));
+    fs->map_bytes = m->n_params * sizeof(float);
+    float *mp = map_sparse(fs->map_bytes), *mg = map_sparse(fs->map_bytes);
+    if (!mp || !mg) {
+        if (mp) munmap(mp, fs->map_bytes);
+        if (mg) munmap(mg, fs->map_bytes);
+        free(fs->p_shard);
+        free(fs->g_shard);
+        free(fs->ranges);
+        free(fs->u);
+        free(fs);
+        return moerl_errorf("fsdp: cannot map %zu bytes of address space for the gather buffers", 2 * m->n_params * 4),
+               NULL;
+    }
+    fsdp_slice_vec(fs, m->params, fs->p_shard);
+    free(m->params);
+    free(m->grads);
+    m->params = mp;
+    m->grads = mg;
+    model_views_for(m, m->params, &m->p);
+    model_views_for(m, m->grads, &m->g);
+    return fs;
+}
+
+void fsdp_state_free(fsdp_state *fs) {
+    if (!fs) return;
+    moe_model *m = fs->m;
+    for (int k = 0; k < fs->n_units; k++) grad_wait(fs, k);
+    fsdp_release_all(fs);
+    float *p = xalloc_aligned(m->n_params * sizeof(float));
+    MOERL_ASSERT(fsdp_gather_vec(fs, fs->p_shard, p) == MOERL_OK);
+    munmap(m->params, fs->map_bytes);
+    munmap(m->grads, fs->map_bytes);
+    m->params = p;
+    m->grads = xalloc_aligned(m->n_params * sizeof(float));
+    model_views_for(m, m->params, &m->p);
+    model_views_for(m, m->grads, &m->g);
+    free(fs->p_shard);
+    free(fs->g_shard);
+    free(fs->ranges);
+    free(fs->u);
+    free(fs);
+}
+
+void fsdp_get_stats(const fsdp_state *fs, fsdp_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->P = fs->P;
+    st->rank = fs->r;
+    st->replicas = fs->rep ? dist_comm_size(fs->rep) : 1;
+    st->shard_floats = fs->S;
+    st->n_params = fs->m->n_params;
+    st->peak_gathered_bytes = fs->peak_bytes;
+    st->gathered_bytes = fs->cur_bytes;
+    st->allgather_bytes = dist_comm_bytes(fs->comm, DIST_OP_ALLGATHER);
+    st->reduce_scatter_bytes = dist_comm_bytes(fs->comm, DIST_OP_REDUCE_SCATTER);
+    st->replica_bytes = fs->rep ? dist_comm_bytes(fs->rep, DIST_OP_ALLREDUCE) : 0;
+    st->n_units = fs->n_units;
+    for (int k = 0; k < fs->n_units; k++) st->unit_floats_max = MOERL_MAX(st->unit_floats_max, fs->u[k].n);
+}
+
+void fsdp_reset_peak(fsdp_state *fs) { fs->peak_bytes = fs->cur_bytes; }
+
+size_t fsdp_unit_shard(const fsdp_state *fs, int k, size_t *unit_floats) {
+    if (unit_floats) *unit_floats = fs->u[k].n;
+    return fs->u[k].s;
+}

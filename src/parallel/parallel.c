@@ -1,0 +1,111 @@
+/* The model-parallel runtime of a trainer rank: one entry point that reads the keys, builds the
+ * grid and each strategy's state (see parallel.h). */
+#include "parallel/parallel.h"
+
+#include <string.h>
+
+#include "base/common.h"
+#include "parallel/fsdp.h"
+
+int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
+
+int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m) {
+    memset(ps, 0, sizeof *ps);
+    ps->ctx = ctx;
+    if (par_read_keys(c, &ps->cfg) != MOERL_OK) return MOERL_ERR;
+    const par_config *pc = &ps->cfg;
+    const int T = ctx && ctx->trainer_size > 0 ? ctx->trainer_size : 1;
+    const int fsdp = pc->fsdp_size == -1 ? T / pc->pipeline_parallel_size : pc->fsdp_size;
+    const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
+                    pc->pipeline_parallel_size > 1;
+    if (!any) return MOERL_OK; /* replicated model: plain data parallel (or one rank) */
+    if (!ctx || ctx->trainer_rank < 0)
+        return moerl_errorf("model parallelism (actor.fsdp_config.fsdp_size, actor.expert_parallel_size, "
+                            "actor.ulysses_sequence_parallel_size, actor.pipeline_parallel_size) needs trainer ranks");
+    const moe_config *mc = &m->cfg;
+    ps->grid = xcalloc(1, sizeof *ps->grid);
+    if (par_grid_init(ps->grid, ctx, pc, mc->num_experts, mc->num_attention_heads, mc->num_key_value_heads,
+                      mc->num_hidden_layers) != MOERL_OK) {
+        free(ps->grid);
+        memset(ps, 0, sizeof *ps);
+        return MOERL_ERR;
+    }
+    const par_grid *g = ps->grid;
+    /* ---- FSDP (src/parallel/fsdp.c) ---- */
+    if (g->fsdp > 1) {
+        ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
+        if (!ps->fsdp) goto fail;
+    }
+    /* ---- expert parallel (src/parallel/ep.c): ps->ep = ep_state_new(ps, m) when g->ep > 1 ---- */
+    /* ---- Ulysses sequence parallel (src/parallel/ulysses.c): ps->sp = sp_state_new(ps, m) when g->sp > 1 ---- */
+    /* ---- pipeline parallel (src/parallel/pipeline.c): ps->pp = pp_state_new(ps, m) when g->pp > 1 ---- */
+    if (g->ep > 1 && !ps->ep) {
+        moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
+        goto fail;
+    }
+    if (g->sp > 1 && !ps->sp) {
+        moerl_errorf("actor.ulysses_sequence_parallel_size=%d: Ulysses sequence parallelism is not part of this build",
+                     g->sp);
+        goto fail;
+    }
+    if (g->pp > 1 && !ps->pp) {
+        moerl_errorf("actor.pipeline_parallel_size=%d: pipeline parallelism is not part of this build", g->pp);
+        goto fail;
+    }
+    return MOERL_OK;
+fail:
+    par_state_free(ps);
+    return MOERL_ERR;
+}
+
+void par_state_free(par_state *ps) {
+    if (!ps) return;
+    /* the other strategies' destructors go here, in reverse order of construction */
+    fsdp_state_free(ps->fsdp);
+    ps->fsdp = NULL;
+    if (ps->grid) {
+        par_grid_free(ps->grid);
+        free(ps->grid);
+    }
+    memset(ps, 0, sizeof *ps);
+}
+
+void par_data_shard(const par_state *ps, int *index, int *count) {
+    *index = 0;
+    *count = 1;
+    if (!ps) return;
+    if (ps->grid) {
+        *index = ps->grid->dp_rank;
+        *count = ps->grid->dp;
+    } else if (ps->ctx && ps->ctx->trainer_rank >= 0) {
+        *index = ps->ctx->trainer_rank;
+        *count = ps->ctx->trainer_size;
+    }
+}
+
+void par_layer_hook(par_state *ps, par_phase phase, int l) {
+    if (ps->fsdp) fsdp_layer_event(ps->fsdp, phase, l);
+}
+
+void par_zero_grad(par_state *ps, moe_model *m) {
+    if (ps && ps->fsdp) fsdp_zero_grad(ps->fsdp);
+    else model_zero_grad(m);
+}
+
+int par_max_passes(par_state *ps, int passes) {
+    if (!ps || !ps->fsdp) return passes;
+    dist_comm *c = ps->grid->fsdp_comm;
+    const int P = dist_comm_size(c);
+    float mine = (float)passes, *all = xmalloc((size_t)P * sizeof(float));
+    int rc = dist_comm_allgather_f32(c, &mine, 1, all), mx = passes;
+    for (int i = 0; rc == MOERL_OK && i < P; i++) mx = MOERL_MAX(mx, (int)all[i]);
+    free(all);
+    return rc == MOERL_OK ? mx : -1;
+}
+
+int par_pad_passes(par_state *ps, int passes, int max, int backward) {
+    if (!ps || !ps->fsdp) return MOERL_OK;
+    if (max < passes) return moerl_errorf("par_pad_passes: %d passes, more than the group's most %d", passes, max);
+    for (int i = passes; i < max; i++) fsdp_idle_pass(ps->fsdp, backward);
+    return MOERL_OK;
+}
