@@ -6,6 +6,7 @@
 
 #include "base/common.h"
 #include "parallel/fsdp.h"
+#include "parallel/pipeline.h"
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
 
@@ -38,7 +39,17 @@ int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m) {
     }
     /* ---- expert parallel (src/parallel/ep.c): ps->ep = ep_state_new(ps, m) when g->ep > 1 ---- */
     /* ---- Ulysses sequence parallel (src/parallel/ulysses.c): ps->sp = sp_state_new(ps, m) when g->sp > 1 ---- */
-    /* ---- pipeline parallel (src/parallel/pipeline.c): ps->pp = pp_state_new(ps, m) when g->pp > 1 ---- */
+    /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
+    if (g->pp > 1) {
+        if (g->fsdp > 1 || g->ep > 1 || g->sp > 1) {
+            moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism in this build: "
+                         "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
+                         "actor.ulysses_sequence_parallel_size (%d) must be 1 with it", g->pp, g->fsdp, g->ep, g->sp);
+            goto fail;
+        }
+        ps->pp = pp_state_new(g, m, NULL);
+        if (!ps->pp) goto fail;
+    }
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
         goto fail;
@@ -61,6 +72,8 @@ fail:
 void par_state_free(par_state *ps) {
     if (!ps) return;
     /* the other strategies' destructors go here, in reverse order of construction */
+    pp_state_free(ps->pp);
+    ps->pp = NULL;
     fsdp_state_free(ps->fsdp);
     ps->fsdp = NULL;
     if (ps->grid) {

@@ -197,7 +197,7 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
     }
     s->lo = s->bounds[s->stage];
     s->hi = s->bounds[s->stage + 1];
-    if (!s->opt.quiet && s->stage == 0) {
+    if (!s->opt.quiet && s->stage == 0 && g->d == 0) {
         double tot = 0;
         for (int k = 0; k < s->pp; k++) tot += cost[k];
         char line[1024];
