@@ -8,8 +8,6 @@
 #                 at DP = 2 and 3 against one rank and one micro-batch
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
-#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
-#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
 #   test_dist_fsdp  FSDP (ZeRO-3) fsdp 2, 3, 4 and fsdp 2 × 2 replicas (HSDP) against one process: losses,
 #                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
@@ -20,6 +18,8 @@
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
+#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
+#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -93,8 +93,6 @@ run_mpi "test_dist_trainer -np 2 (DP=2)" 2 "$T/test_dist_trainer"
 run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
-run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
-run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
 run_mpi "test_dist_fsdp -np 3 (fsdp 3)" 3 "$T/test_dist_fsdp" --fsdp 3
 run_mpi "test_dist_fsdp -np 4 (fsdp 4)" 4 "$T/test_dist_fsdp" --fsdp 4
@@ -109,6 +107,8 @@ run_mpi "test_dist_sp -np 4 (SP=2 x DP=2)" 4 "$T/test_dist_sp" --sp 2
 run_mpi "test_dist_sp -np 4 (SP=4, nkv 2 replicated)" 4 "$T/test_dist_sp" --sp 4
 run_mpi "test_dist_sp -np 4 (SP=2 x DP=2, EP=2)" 4 "$T/test_dist_sp" --sp 2 --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist_sp" --sp 2
+run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
+run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then
@@ -198,7 +198,8 @@ for v in "2 1" "3 1" "2 2" "4 2"; do
         trainer.default_local_dir="$W/r$1f$2" >"$W/out" 2>"$W/err"
     rc=$?
     EDGE_WHAT="moerl-mpi sft -np $1 fsdp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r$1f$2"'
+    np=$1 sz=$2 # edge's own arguments would shadow $1 and $2 inside the eval
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${np}f${sz}"'
 done
 # pipeline parallelism: pp 2, pp 3 and dp 2 x pp 2 against the same one-process run (the global aux
 # loss makes the pipeline's own micro-batch split irrelevant); the bubble lands in the metrics
@@ -208,8 +209,9 @@ for v in "2 2" "3 3" "4 2"; do
         trainer.default_local_dir="$W/r$1p$2" >"$W/out" 2>"$W/err"
     rc=$?
     EDGE_WHAT="moerl-mpi sft -np $1 pp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r$1p$2" && grep -q "pipeline partition ($2 stages" "$W/err" &&
-               grep -q "perf/pipeline_bubble" "$W/r$1p$2/metrics.jsonl"'
+    np=$1 sz=$2 # edge's own arguments would shadow $1 and $2 inside the eval
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${np}p${sz}" && grep -q "pipeline partition (${sz} stages" "$W/err" &&
+               grep -q "perf/pipeline_bubble" "$W/r${np}p${sz}/metrics.jsonl"'
 done
 # the guard: 2 rows per batch cannot fill 3 stages
 timeout 120 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size=3 \

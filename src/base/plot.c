@@ -94,9 +94,14 @@ static void one_line(char *s) {
 }
 
 static int plot_impl(const char *out_dir, const char *data_path, const char *png_path) {
-    char gp[4200], gp_arg[4300], dat_arg[4300], tmp[4200], tmp_arg[4300];
+    char gp[4200];
     if (snprintf(gp, sizeof gp, "%s/plot.gp", out_dir) >= (int)sizeof gp)
         return moerl_errorf("plot: output folder path too long");
+    return moerl_plot_script(gp, k_script, data_path, png_path);
+}
+
+int moerl_plot_script(const char *gp, const char *script, const char *data_path, const char *png_path) {
+    char gp_arg[4300], dat_arg[4300], tmp[4200], tmp_arg[4300];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d.png", png_path, (int)getpid()) >= (int)sizeof tmp)
         return moerl_errorf("plot: PNG path too long");
     if (argv_path(gp_arg, sizeof gp_arg, gp) || argv_path(dat_arg, sizeof dat_arg, data_path) ||
@@ -104,7 +109,7 @@ static int plot_impl(const char *out_dir, const char *data_path, const char *png
         return MOERL_ERR;
     struct stat st;
     if (stat(data_path, &st) != 0) return moerl_errorf("no data file '%s': %s", data_path, strerror(errno));
-    if (moerl_write_file_atomic(gp, k_script, strlen(k_script)) != MOERL_OK) return moerl_error_prefix("plot: ");
+    if (moerl_write_file_atomic(gp, script, strlen(script)) != MOERL_OK) return moerl_error_prefix("plot: ");
     char *const argv[] = {"gnuplot", "-c", gp_arg, dat_arg, tmp_arg, NULL};
     char err[1024];
     int rc = run_capture(argv, err, sizeof err);

@@ -23,4 +23,10 @@
  * A missing plot is never fatal to a run: callers log and continue. Paths ≤ 4000 bytes. */
 int moerl_plot_reward_accuracy(const char *out_dir, const char *data_path, const char *png_path);
 
+/* Any plot the same way: write `script` (gnuplot text reading ARG1 = data, ARG2 = output PNG) to
+ * script_path, run `gnuplot -c script_path DATA PNG` without a shell, PNG written atomically.
+ * MOERL_OK, or MOERL_ERR with the message (gnuplot missing, its error text); logs nothing.
+ * (moerl simulate's sweep plot.) */
+int moerl_plot_script(const char *script_path, const char *script, const char *data_path, const char *png_path);
+
 #endif

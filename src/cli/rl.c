@@ -127,7 +127,8 @@ static json_t *rl_summary_json(const rl_config *rc, const rl_result *res, double
     return o;
 }
 
-static void rl_def_keys(cfg *c) {
+void rl_def_keys(cfg *c); /* also src/cli/plan.c, src/cli/simulate.c */
+void rl_def_keys(cfg *c) {
     cli_def_model_keys(c);
     cli_def_data_keys(c);
     sft_def_warm_start_keys(c);
@@ -180,7 +181,8 @@ static void rl_def_keys(cfg *c) {
     cfg_def_int(c, "trainer.n_threads", 0, "threads for lockstep/sync modes and the warm start (0 = all)");
 }
 
-static int rl_read_config(const cfg *c, rl_config *r) {
+int rl_read_config(const cfg *c, rl_config *r); /* also src/cli/simulate.c */
+int rl_read_config(const cfg *c, rl_config *r) {
     memset(r, 0, sizeof *r);
     r->n = (int)cfg_int(c, "rollout.n");
     r->temperature = (float)cfg_float(c, "rollout.temperature");

@@ -1046,8 +1046,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         if (head) head_backward_team(m, a, dlogp, dentropy, r0, r1); /* else d_resid is the caller's */
         layer_mlp_backward_team(m, a, hi - 1, aux_weight, r0, r1);
     }
-    if (a->layer_hook && head) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
-    if (head) PAR_EVENT(a, PAR_GRAD_READY, L);
+    if (head) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
+        PAR_EVENT(a, PAR_GRAD_READY, L);
+    }
     for (int l = hi - 1; l >= lo; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
@@ -1080,8 +1082,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
         PAR_EVENT(a, PAR_GRAD_READY, l);
     }
-    if (a->layer_hook && lo == 0) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
-    if (lo == 0) PAR_EVENT(a, PAR_GRAD_READY, -1);
+    if (lo == 0) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
+        PAR_EVENT(a, PAR_GRAD_READY, -1);
+    }
     blas_team_end(nb);
 }
 

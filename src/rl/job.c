@@ -536,9 +536,9 @@ static int as_stop(job *J, double *rb, double *ri) {
 }
 
 static const job_ops LOCKSTEP_OPS = {ls_get_groups, emb_send_part, ls_sync, ls_add_prompts, emb_inflight_uids,
-                                     ls_stop, emb_describe, emb_abort, NULL};
+                                     ls_stop, emb_describe, emb_abort, NULL, NULL};
 static const job_ops ASYNC_OPS = {as_get_groups, emb_send_part, as_sync, as_add_prompts, emb_inflight_uids,
-                                  as_stop, emb_describe, emb_abort, NULL};
+                                  as_stop, emb_describe, emb_abort, NULL, NULL};
 
 /* ------------------------------------------------------------------ plot */
 

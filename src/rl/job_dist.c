@@ -763,7 +763,7 @@ static int dist_stop(job *J, double *rb, double *ri) {
 }
 
 static const job_ops DIST_OPS = {dist_get_groups, dist_send_part, dist_sync, dist_add_prompts, dist_inflight_uids,
-                                 dist_stop, dist_describe, leader_abort, NULL};
+                                 dist_stop, dist_describe, leader_abort, NULL, NULL};
 
 /* FNV-1a hash of the weights: equal on every trainer rank iff they stayed identical. */
 static uint64_t hash_params(const moe_model *m) {

@@ -38,6 +38,9 @@ typedef struct {
     /* End the job at once with this message (watchdog): never returns. */
     void (*abort)(job *J, const char *msg);
     void *ctx;
+    /* The PPO update of trainer rank 0's share (trainer_update's contract, T->step++ included);
+     * NULL = trainer_update. moerl simulate (src/sim) times it on its virtual clock instead. */
+    int (*update)(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb, train_stats *st);
 } job_ops;
 
 struct job {

@@ -107,6 +107,7 @@ typedef struct {
     double grad_bucket_mb;     /* actor.grad_bucket_mb: gradient-reduction bucket (MiB, DDP's 25) */
     int grad_compression;      /* actor.grad_compression: grad_compression (parallel/compress.h) */
     int grad_compression_warmup_steps, grad_compression_chunk;
+    int simulated;             /* moerl simulate: the rollouter's engine runs no model (engine_config.simulated) */
 } rl_config;
 
 /* One prompt with its n responses: the unit that moves through the queue (never split). */

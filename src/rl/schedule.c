@@ -152,7 +152,8 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     T->stage = "send_parts";
     for (int d = 1; d < D && rc == MOERL_OK; d++) rc = J->ops->send_part(J, d, mbs + d * nmb, nmb, part[d], n_part[d]);
     const int64_t skipped0 = T->opt.skipped;
-    if (rc == MOERL_OK) rc = trainer_update(T, part[0], mbs, nmb, &st);
+    if (rc == MOERL_OK)
+        rc = J->ops->update ? J->ops->update(J, part[0], mbs, nmb, &st) : trainer_update(T, part[0], mbs, nmb, &st);
     for (int d = 0; d < D; d++) free(part[d]);
     free(part);
     free(n_part);

@@ -65,8 +65,10 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     e->E = c->num_experts; e->K = c->num_experts_per_tok;
     const size_t S = ec.max_num_seqs, Lm = ec.max_model_len, T = ec.max_num_batched_tokens;
     const size_t kvrow = (size_t)e->nkv * e->hd, H = e->H, qrow = (size_t)e->nh * e->hd;
-    e->k_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
-    e->v_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
+    if (!ec.simulated) {
+        e->k_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
+        e->v_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
+    }
     e->slots = xcalloc(S, sizeof(gen_request *));
     e->tok = xmalloc(T * sizeof(int));
     e->slot_of = xmalloc(T * sizeof(int));
@@ -262,6 +264,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
                 e->tok[T] = seq_token(r, r->n_cached + i);
                 e->slot_of[T] = s;
                 e->pos[T] = r->n_cached + i;
+                e->st.kv_reads += r->n_cached + i + 1;
                 T++;
             }
             fed[s] = take;
@@ -277,7 +280,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     if (T == 0) return 0;
     double t0 = moerl_now();
     const double tr = trace_begin();
-    forward_tokens(e, T, n_rows);
+    if (!e->ec.simulated) forward_tokens(e, T, n_rows);
     trace_end(n_rows == T ? "engine decode forward" : "engine prefill forward", "engine", tr);
     double t1 = moerl_now();
     const double ts = trace_begin();
@@ -286,9 +289,9 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     /* 4. sample */
     for (int i = 0; i < n_rows; i++) {
         gen_request *r = e->sample_req[i];
-        float lp;
-        int tok = sample_token(e->logits + (size_t)i * e->V, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
-        if (r->out_logits)
+        float lp = 0;
+        int tok = e->ec.simulated ? 0 : sample_token(e->logits + (size_t)i * e->V, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
+        if (r->out_logits && !e->ec.simulated)
             memcpy(r->out_logits + (size_t)r->n_out * e->V, e->logits + (size_t)i * e->V, e->V * sizeof(float));
         r->out_tokens[r->n_out] = tok;
         r->out_logprobs[r->n_out] = lp;

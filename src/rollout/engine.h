@@ -70,6 +70,10 @@ typedef struct {
     int max_num_seqs;           /* KV slots */
     int max_model_len;          /* prompt + response tokens per sequence */
     int max_num_batched_tokens; /* tokens per step (decode tokens + prefill chunks) */
+    /* moerl simulate (src/sim): the scheduling above runs unchanged but no model does — no KV cache
+     * is allocated, the forward is skipped and every sampled token is 0 with behaviour logprob 0
+     * (responses then end at their length limit, or at rollout.synthetic_length's). */
+    int simulated;
 } engine_config;
 
 typedef struct engine engine;
@@ -117,6 +121,7 @@ void gen_request_free_outputs(gen_request *r);
 /* Counters for benchmarks/metrics. */
 typedef struct {
     int64_t steps, prefill_tokens, decode_tokens, generated_tokens;
+    int64_t kv_reads;   /* Σ over forwarded tokens of the positions each attends (pos + 1): KV rows read */
     double forward_s, sample_s;
 } engine_stats;
 engine_stats engine_get_stats(const engine *e);

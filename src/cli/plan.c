@@ -1,0 +1,237 @@
+/* moerl plan (--model DIR|config.json | --config FILE) [--json] [key=value ...] — memory per rank and
+ * communication per step of an RL job for a parallel layout, from src/plan/plan.h's formulas.
+ * The keys are `moerl rl`'s (so an rl YAML plans as it runs: trainer.n_ranks, actor.ppo_mini_batch_size,
+ * actor.ppo_max_token_len_per_gpu, rollout.n, rollout.max_num_seqs, data.max_response_length,
+ * async_training.require_batches, ...) plus the layout keys, verl's names:
+ *   actor.fsdp_config.fsdp_size, actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
+ *   actor.pipeline_parallel_size, model.enable_gradient_checkpointing, data.max_prompt_length,
+ *   rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype, rollout.dtype. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/common.h"
+#include "base/config.h"
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "plan/plan.h"
+
+void rl_def_keys(cfg *c); /* src/cli/rl.c: every key of `moerl rl` */
+
+static void def_int(cfg *c, const char *k, int64_t v, const char *h) {
+    if (!cfg_has(c, k)) cfg_def_int(c, k, v, h);
+}
+static void def_str(cfg *c, const char *k, const char *v, const char *h) {
+    if (!cfg_has(c, k)) cfg_def_str(c, k, v, h);
+}
+static void def_bool(cfg *c, const char *k, bool v, const char *h) {
+    if (!cfg_has(c, k)) cfg_def_bool(c, k, v, h);
+}
+
+void plan_def_keys(cfg *c) {
+    rl_def_keys(c);
+    def_int(c, "actor.fsdp_config.fsdp_size", 1, "FSDP shard group (1 = DDP replication, moerl today; -1 = all ranks of a stage)");
+    def_int(c, "actor.expert_parallel_size", 1, "expert-parallel ranks");
+    def_int(c, "actor.ulysses_sequence_parallel_size", 1, "Ulysses sequence-parallel ranks");
+    def_int(c, "actor.pipeline_parallel_size", 1, "pipeline stages");
+    def_bool(c, "model.enable_gradient_checkpointing", false, "activation recompute (full, per layer)");
+    def_int(c, "data.max_prompt_length", 512, "prompt tokens at most (sizes the KV cache and the tokens per step)");
+    def_int(c, "rollout.n_ranks", 1, "rollout devices");
+    def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
+    def_str(c, "actor.dtype", "fp32", "trainer weights/grads/activations: fp32 (moerl today) | bf16 (fp32 master + moments)");
+    def_str(c, "rollout.dtype", "fp32", "rollout weights and KV cache: fp32 (moerl's engine) | bf16");
+}
+
+static int dtype_bytes(const cfg *c, const char *key, int *out) {
+    const char *s = cfg_str(c, key);
+    if (!strcmp(s, "fp32") || !strcmp(s, "float32")) *out = 4;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = 2;
+    else return moerl_errorf("%s: '%s' is not fp32 or bf16", key, s);
+    return MOERL_OK;
+}
+
+/* The architecture: --model (a folder with config.json, or the file), else model.path, else model.*. */
+static int plan_model_config(const cfg *c, const char *model, moe_config *mc) {
+    const char *path = model ? model : cfg_str(c, "model.path");
+    if (path[0]) {
+        char p[4200];
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(p, sizeof p, "%s/config.json", path);
+        else snprintf(p, sizeof p, "%s", path);
+        return moe_config_load(mc, p);
+    }
+    memset(mc, 0, sizeof *mc);
+    mc->vocab_size = (int)cfg_int(c, "model.vocab_size");
+    mc->hidden_size = (int)cfg_int(c, "model.hidden_size");
+    mc->intermediate_size = (int)cfg_int(c, "model.intermediate_size");
+    mc->moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
+    mc->num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
+    mc->num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
+    mc->num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
+    mc->head_dim = (int)cfg_int(c, "model.head_dim");
+    mc->num_experts = (int)cfg_int(c, "model.num_experts");
+    mc->num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
+    mc->decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
+    int nl;
+    const int64_t *ml = cfg_int_list(c, "model.mlp_only_layers", &nl);
+    if (nl > MOERL_MAX_LAYERS) return moerl_errorf("model.mlp_only_layers: more than %d entries", MOERL_MAX_LAYERS);
+    mc->n_mlp_only_layers = nl;
+    for (int i = 0; i < nl; i++) mc->mlp_only_layers[i] = (int)ml[i];
+    mc->tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
+    mc->max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
+    mc->rope_theta = 1e4f;
+    mc->rms_norm_eps = 1e-6f;
+    mc->bos_token_id = mc->eos_token_id = -1;
+    if (moe_config_validate(mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
+    return MOERL_OK;
+}
+
+int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input *in) {
+    if (plan_model_config(c, model, mc) != MOERL_OK) return MOERL_ERR;
+    mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
+    mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
+    memset(in, 0, sizeof *in);
+    in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
+    in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
+    in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
+    in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
+    in->pp = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
+    if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
+    in->micro_tokens = cfg_int(c, "actor.ppo_max_token_len_per_gpu");
+    in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
+    const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
+    in->updates_per_step = (int)(rb * ep);
+    const int64_t plen = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
+    if (plen <= 0 || rlen <= 0)
+        return moerl_errorf("data.max_prompt_length (%lld) and data.max_response_length (%lld) must be positive",
+                            (long long)plen, (long long)rlen);
+    /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
+    in->step_tokens = cfg_int(c, "actor.ppo_mini_batch_size") * rb * cfg_int(c, "rollout.n") * (plen + rlen) * ep;
+    in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");
+    in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
+    in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
+    in->max_model_len = (int)(plen + rlen);
+    in->sync_every = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
+    return MOERL_OK;
+}
+
+static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_result *r) {
+    json_t *o = json_object();
+#define I(k, v) json_object_set_new(o, k, json_integer(v))
+#define R(k, v) json_object_set_new(o, k, json_real(v))
+    I("n_params", r->n_params); I("n_params_hf", r->n_params_hf); I("n_params_expert", r->n_params_expert);
+    I("n_active", r->n_active);
+    I("trainer_ranks", in->n_trainer); I("dp", r->dp); I("fsdp", r->fsdp); I("ep", in->ep); I("sp", in->sp);
+    I("pp", in->pp); I("stage_layers", r->stage_layers); I("dtype_bytes", in->dtype_bytes);
+    I("micro_tokens", in->micro_tokens);
+    R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
+    R("moments_bytes", r->moments); R("gathered_bytes", r->gathered); R("acts_bytes", r->acts);
+    R("acts_recompute_bytes", r->acts_recompute); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
+    R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
+    I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
+    I("max_model_len", in->max_model_len);
+    R("rollout_weights_bytes", r->rollout_weights); R("kv_cache_bytes", r->kv_cache);
+    R("rollout_total_bytes", r->rollout_total);
+    R("allreduce_bytes_per_update", r->allreduce); R("allgather_bytes_per_update", r->allgather);
+    R("reduce_scatter_bytes_per_update", r->reduce_scatter); R("alltoall_ep_bytes_per_update", r->alltoall_ep);
+    R("alltoall_sp_bytes_per_update", r->alltoall_sp); R("p2p_pp_bytes_per_update", r->p2p_pp);
+    I("updates_per_step", in->updates_per_step);
+    R("comm_bytes_per_step", r->per_step); R("weight_bcast_bytes_per_sync", r->weight_bcast);
+    I("sync_every_steps", in->sync_every);
+#undef I
+#undef R
+    (void)mc;
+    return o;
+}
+
+static void plan_print_table(const moe_config *mc, const plan_input *in, const plan_result *r) {
+    printf("model: %d layers, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
+           mc->num_hidden_layers, mc->hidden_size, mc->num_experts, mc->num_experts_per_tok, mc->moe_intermediate_size,
+           mc->num_attention_heads, mc->num_key_value_heads, mc->head_dim, mc->vocab_size);
+    printf("parameters: %.3f B (HF count), %.3f B expert, %.3f B active matmul per token\n", r->n_params_hf / 1e9,
+           r->n_params_expert / 1e9, r->n_active / 1e9);
+    printf("trainer: %d ranks = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
+           "after sp); fullest stage %d layers\n",
+           in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
+           (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->stage_layers);
+    printf("| per trainer rank | GiB |\n|---|---|\n");
+    printf("| weights | %.3f |\n| gradients | %.3f |\n", gib(r->weights), gib(r->grads));
+    if (r->master > 0) printf("| fp32 master weights | %.3f |\n", gib(r->master));
+    printf("| AdamW moments | %.3f |\n| all-gathered parameters (FSDP) | %.3f |\n", gib(r->moments), gib(r->gathered));
+    printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
+           gib(r->acts_recompute));
+    printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
+    printf("rollout: %d devices, %d per replica; %d sequences × %d tokens per replica; %s\n", in->n_rollout,
+           in->rollout_tp, in->max_num_seqs, in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
+    printf("| per rollout device | GiB |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n| **total** | **%.3f** |\n",
+           gib(r->rollout_weights), gib(r->kv_cache), gib(r->rollout_total));
+    printf("| communication per trainer rank | GiB per update | GiB per step (%d updates) |\n|---|---|---|\n",
+           in->updates_per_step);
+    const char *names[] = {"gradient all-reduce", "FSDP all-gather", "FSDP reduce-scatter", "EP all-to-all",
+                           "SP all-to-all", "PP p2p"};
+    const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};
+    for (int i = 0; i < 6; i++) printf("| %s | %.3f | %.3f |\n", names[i], gib(v[i]), gib(v[i] * in->updates_per_step));
+    printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
+}
+
+int cmd_plan(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"config", required_argument, 0, 'c'},
+                                         {"json", no_argument, 0, 'j'},         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *model = NULL, *config = NULL;
+    int as_json = 0, o;
+    cfg *c = cfg_new();
+    plan_def_keys(c);
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "m:c:jh", opts, NULL)) != -1) {
+        switch (o) {
+        case 'm': model = optarg; break;
+        case 'c': config = optarg; break;
+        case 'j': as_json = 1; break;
+        case 'h':
+            printf("usage: moerl plan (--model DIR|config.json | --config FILE) [--json] [key=value ...]\n"
+                   "Memory per rank (weights, gradients, AdamW moments, activations with and without recompute,\n"
+                   "all-gathered parameters, KV cache) and communication per step for a parallel layout\n"
+                   "(formulas: src/plan/plan.h). keys:\n");
+            cfg_print_help(c, stdout);
+            cfg_free(c);
+            return 0;
+        default:
+            fprintf(stderr, "moerl plan: see --help\n");
+            cfg_free(c);
+            return 2;
+        }
+    }
+    if (!model && !config) {
+        fprintf(stderr, "moerl plan: give --model DIR|config.json or --config FILE (see --help)\n");
+        cfg_free(c);
+        return 2;
+    }
+    int rc = 1;
+    if (config && cfg_load_yaml(c, config) != MOERL_OK) goto fail;
+    for (int i = optind; i < argc; i++) {
+        if (!strchr(argv[i], '=')) {
+            fprintf(stderr, "moerl plan: unexpected argument '%s' (expected key=value)\n", argv[i]);
+            cfg_free(c);
+            return 2;
+        }
+        if (cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
+    }
+    moe_config mc;
+    plan_input in;
+    plan_result r;
+    if (plan_read_input(c, model, &mc, &in) != MOERL_OK || plan_compute(&mc, &in, &r) != MOERL_OK) goto fail;
+    if (as_json) cli_print_json(plan_json(&mc, &in, &r), 17);
+    else plan_print_table(&mc, &in, &r);
+    cfg_free(c);
+    return 0;
+fail:
+    cli_print_error("plan", moerl_last_error());
+    cfg_free(c);
+    return rc;
+}

@@ -1,0 +1,339 @@
+/* moerl simulate --config FILE [--model DIR|config.json] [--calibrate] [--sweep] [--json] [key=value ...]
+ * The production RL job on a virtual clock (src/sim/sim.h): `moerl rl`'s keys and data, plus
+ *   sim.device             h200 | a100 | ascend910b | cpu (cost keys of a named device; --calibrate
+ *                          measures this machine instead)
+ *   sim.rollout_devices    rollout devices; replicas = rollout_devices / rollout.tensor_model_parallel_size
+ *   trainer.n_ranks        trainer devices
+ *   sim.mem_bandwidth, sim.flops, sim.train_flops, sim.link_bandwidth (bytes/s, FLOP/s; 0 = the device's),
+ *   sim.step_overhead_s, sim.update_overhead_s, sim.sync_overhead_s (< 0 = the device's)
+ * --model gives the simulated model (its costs); otherwise model.path / model.* as in `moerl rl`.
+ * --sweep runs the report grid (staleness 0/0.1/0.3/0.5 × partial rollout on/off in async mode, the
+ * synchronous baseline, rollout:trainer 1:1/2:1/3:1 at the same total devices) and writes
+ * sweep.md, sweep.dat and sweep.png under trainer.default_local_dir. */
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/common.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "base/plot.h"
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "data/tokenizer.h"
+#include "sim/sim.h"
+
+void rl_def_keys(cfg *c);
+int rl_read_config(const cfg *c, rl_config *r);
+
+static void sim_def_keys(cfg *c) {
+    rl_def_keys(c);
+    cfg_def_str(c, "sim.device", "cpu", "cost keys of a named device: h200 | a100 | ascend910b | cpu (or --calibrate)");
+    cfg_def_int(c, "sim.rollout_devices", 1, "rollout devices (replicas = this / rollout.tensor_model_parallel_size)");
+    if (!cfg_has(c, "rollout.tensor_model_parallel_size"))
+        cfg_def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
+    cfg_def_float(c, "sim.mem_bandwidth", 0, "effective memory bandwidth of an engine step, bytes/s (0 = device's)");
+    cfg_def_float(c, "sim.flops", 0, "effective FLOP/s of an engine step (0 = device's)");
+    cfg_def_float(c, "sim.train_flops", 0, "effective training FLOP/s per trainer device (0 = device's)");
+    cfg_def_float(c, "sim.link_bandwidth", 0, "weight-sync / gradient link, bytes/s (0 = device's)");
+    cfg_def_float(c, "sim.step_overhead_s", -1, "fixed seconds per engine step (< 0 = device's)");
+    cfg_def_float(c, "sim.update_overhead_s", -1, "fixed seconds per optimizer update (< 0 = device's)");
+    cfg_def_float(c, "sim.sync_overhead_s", -1, "fixed seconds per weight sync besides the transfer (< 0 = device's)");
+}
+
+static int target_config(const cfg *c, const char *model, moe_config *mc) {
+    const char *path = model ? model : cfg_str(c, "model.path");
+    if (path[0]) {
+        char p[4200];
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(p, sizeof p, "%s/config.json", path);
+        else snprintf(p, sizeof p, "%s", path);
+        return moe_config_load(mc, p);
+    }
+    memset(mc, 0, sizeof *mc);
+    mc->vocab_size = (int)cfg_int(c, "model.vocab_size");
+    mc->hidden_size = (int)cfg_int(c, "model.hidden_size");
+    mc->intermediate_size = (int)cfg_int(c, "model.intermediate_size");
+    mc->moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
+    mc->num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
+    mc->num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
+    mc->num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
+    mc->head_dim = (int)cfg_int(c, "model.head_dim");
+    mc->num_experts = (int)cfg_int(c, "model.num_experts");
+    mc->num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
+    mc->decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
+    mc->norm_topk_prob = 1;
+    mc->tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
+    mc->max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
+    mc->rope_theta = (float)cfg_float(c, "model.rope_theta");
+    mc->rms_norm_eps = 1e-6f;
+    mc->initializer_range = 0.02f;
+    mc->bos_token_id = TOK_BOS;
+    mc->eos_token_id = TOK_EOS;
+    if (moe_config_validate(mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
+    return MOERL_OK;
+}
+
+/* The stand-in model of the engine and trainer: one dense layer of width 8 over the byte vocabulary. */
+static int tiny_model(moe_model *m, int max_len) {
+    moe_config t;
+    memset(&t, 0, sizeof t);
+    t.vocab_size = TOK_VOCAB_SIZE; t.hidden_size = 8; t.intermediate_size = 8; t.moe_intermediate_size = 8;
+    t.num_hidden_layers = 1; t.num_attention_heads = 1; t.num_key_value_heads = 1; t.head_dim = 8;
+    t.num_experts = 0; t.num_experts_per_tok = 0; t.decoder_sparse_step = 1; t.max_position_embeddings = max_len;
+    t.rms_norm_eps = 1e-6f; t.rope_theta = 1e4f; t.initializer_range = 0.02f;
+    t.bos_token_id = TOK_BOS; t.eos_token_id = TOK_EOS;
+    if (model_init(m, &t) != MOERL_OK) return MOERL_ERR;
+    model_init_random(m, 1);
+    return MOERL_OK;
+}
+
+static json_t *result_json(const sim_result *r, const sim_setup *su) {
+    json_t *o = json_object();
+    json_object_set_new(o, "wall_s", json_real(r->wall_s));
+    json_object_set_new(o, "steps", json_integer(r->steps));
+    json_object_set_new(o, "versions", json_integer(r->versions));
+    json_object_set_new(o, "prompts_trained", json_integer(r->prompts_trained));
+    json_object_set_new(o, "tokens_generated", json_integer(r->tokens_generated));
+    json_object_set_new(o, "prompts_per_s", json_real(r->prompts_per_s));
+    json_object_set_new(o, "tokens_per_s", json_real(r->tokens_per_s));
+    json_object_set_new(o, "trainer_idle_ratio", json_real(r->trainer_idle_ratio));
+    json_object_set_new(o, "rollouter_idle_ratio", json_real(r->rollout_idle_ratio));
+    json_object_set_new(o, "rollout_busy_s", json_real(r->rollout_busy_s));
+    json_object_set_new(o, "train_busy_s", json_real(r->train_busy_s));
+    json_object_set_new(o, "sync_s", json_real(r->sync_s));
+    json_object_set_new(o, "max_staleness", json_integer(r->max_staleness));
+    json_object_set_new(o, "interrupted_responses", json_integer(r->interrupted_responses));
+    json_t *h = json_array();
+    for (int i = 0; i < 8; i++) json_array_append_new(h, json_integer(r->stale_hist[i]));
+    json_object_set_new(o, "staleness_histogram", h);
+    json_object_set_new(o, "engine_steps", json_integer(r->engine_steps));
+    json_object_set_new(o, "rollout_replicas", json_integer(su->n_rollout_replicas));
+    json_object_set_new(o, "rollout_tp", json_integer(su->rollout_tp));
+    json_object_set_new(o, "trainer_devices", json_integer(su->n_trainer));
+    json_object_set_new(o, "device", json_string(su->dev.name));
+    return o;
+}
+
+typedef struct {
+    rl_config rc;
+    sim_setup su;
+    moe_model *tiny;
+    dataset *train;
+} sim_ctx;
+
+static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
+                   sim_result *r) {
+    rl_config rc = x->rc;
+    sim_setup su = x->su;
+    rc.mode = mode;
+    rc.staleness_threshold = s;
+    rc.partial_rollout = partial;
+    if (mode == RL_MODE_SYNC) {
+        rc.staleness_threshold = 0;
+        rc.trigger_parameter_sync_step = 1;
+        rc.partial_rollout = 0;
+    }
+    su.n_rollout_replicas = n_roll_dev / su.rollout_tp;
+    su.n_trainer = n_train;
+    snprintf(rc.out_dir, sizeof rc.out_dir, "%s/%s", x->rc.out_dir, label);
+    log_info("simulate %s: %d rollout devices (%d replicas), %d trainer devices", label, n_roll_dev,
+             su.n_rollout_replicas, n_train);
+    return sim_run(&rc, &su, x->tiny, x->train, r);
+}
+
+static const char k_sweep_gp[] =
+    "if (ARGC >= 2) { data = ARG1; out = ARG2 } else { data = 'sweep.dat'; out = 'sweep.png' }\n"
+    "set terminal pngcairo size 1100,480 noenhanced\n"
+    "set output out\n"
+    "set multiplot layout 1,2 title 'moerl simulate: throughput relative to the synchronous baseline'\n"
+    "set grid\nset key outside below center horizontal\n"
+    "set xlabel 'staleness_threshold'\nset ylabel 'prompts/s vs sync'\nset yrange [0:*]\n"
+    "plot data index 0 using 1:2 with linespoints lw 2 pt 7 title 'partial rollout on', \\\n"
+    "     data index 0 using 1:3 with linespoints lw 2 pt 5 title 'partial rollout off'\n"
+    "set xlabel 'rollout : trainer devices'\nset ylabel 'prompts/s vs 1:1'\nset xtics 1\n"
+    "plot data index 1 using 1:2 with linespoints lw 2 pt 7 title 'throughput vs 1:1', \\\n"
+    "     data index 1 using 1:3 with linespoints lw 2 pt 4 title 'rollout idle', \\\n"
+    "     data index 1 using 1:4 with linespoints lw 2 pt 6 title 'trainer idle'\n"
+    "unset multiplot\n";
+
+static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
+    const double ss[4] = {0, 0.1, 0.3, 0.5};
+    sim_result base, r[2][4], sp[3];
+    char md[16384];
+    size_t o = 0;
+    if (run_one(x, "sync", RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base) != MOERL_OK) return MOERL_ERR;
+    o += snprintf(md + o, sizeof md - o,
+                  "| setting | prompts/s | vs sync | gen tokens/s | trainer idle | rollout idle | max staleness | "
+                  "interrupted responses |\n|---|---|---|---|---|---|---|---|\n"
+                  "| sync | %.4g | 1.00x | %.4g | %.2f | %.2f | %d | %lld |\n",
+                  base.prompts_per_s, base.tokens_per_s, base.trainer_idle_ratio, base.rollout_idle_ratio,
+                  base.max_staleness, (long long)base.interrupted_responses);
+    for (int p = 1; p >= 0; p--)
+        for (int i = 0; i < 4; i++) {
+            char label[64];
+            snprintf(label, sizeof label, "async_s%.1f_partial_%s", ss[i], p ? "on" : "off");
+            sim_result *q = &r[p][i];
+            if (run_one(x, label, RL_MODE_ASYNC, ss[i], p, n_roll_dev, n_train, q) != MOERL_OK) return MOERL_ERR;
+            o += snprintf(md + o, sizeof md - o, "| async s=%.1f partial %s | %.4g | %.2fx | %.4g | %.2f | %.2f | %d | %lld |\n",
+                          ss[i], p ? "on" : "off", q->prompts_per_s, q->prompts_per_s / base.prompts_per_s,
+                          q->tokens_per_s, q->trainer_idle_ratio, q->rollout_idle_ratio, q->max_staleness,
+                          (long long)q->interrupted_responses);
+        }
+    /* rollout:trainer at the same total, the configured staleness and partial rollout */
+    const int total = n_roll_dev + n_train, tp = x->su.rollout_tp;
+    o += snprintf(md + o, sizeof md - o,
+                  "\n| rollout : trainer (%d devices, staleness %.2g, partial %s) | rollout devices | trainer devices | "
+                  "prompts/s | vs 1:1 | trainer idle | rollout idle |\n|---|---|---|---|---|---|---|\n",
+                  total, x->rc.staleness_threshold, x->rc.partial_rollout ? "on" : "off");
+    for (int k = 1; k <= 3; k++) {
+        int rd = (int)((double)total * k / (k + 1) / tp) * tp;
+        if (rd < tp) rd = tp;
+        const int td = total - rd;
+        char label[64];
+        snprintf(label, sizeof label, "split_%d_to_1", k);
+        if (td < 1 || run_one(x, label, RL_MODE_ASYNC, x->rc.staleness_threshold, x->rc.partial_rollout, rd, td,
+                              &sp[k - 1]) != MOERL_OK)
+            return td < 1 ? moerl_errorf("simulate --sweep: %d devices leave no trainer at %d:1", total, k) : MOERL_ERR;
+        o += snprintf(md + o, sizeof md - o, "| %d:1 | %d | %d | %.4g | %.2fx | %.2f | %.2f |\n", k, rd, td,
+                      sp[k - 1].prompts_per_s, sp[k - 1].prompts_per_s / sp[0].prompts_per_s,
+                      sp[k - 1].trainer_idle_ratio, sp[k - 1].rollout_idle_ratio);
+    }
+    char p[4300], dat[4300], png[4300], gp[4300];
+    snprintf(p, sizeof p, "%s/sweep.md", x->rc.out_dir);
+    if (moerl_write_file_atomic(p, md, o) != MOERL_OK) return MOERL_ERR;
+    char d[4096];
+    size_t n = 0;
+    n += snprintf(d + n, sizeof d - n, "# staleness  partial_on/sync  partial_off/sync\n");
+    for (int i = 0; i < 4; i++)
+        n += snprintf(d + n, sizeof d - n, "%.2f %.6f %.6f\n", ss[i], r[1][i].prompts_per_s / base.prompts_per_s,
+                      r[0][i].prompts_per_s / base.prompts_per_s);
+    n += snprintf(d + n, sizeof d - n, "\n\n# rollout:trainer  vs_1:1  rollout_idle  trainer_idle\n");
+    for (int k = 0; k < 3; k++)
+        n += snprintf(d + n, sizeof d - n, "%d %.6f %.6f %.6f\n", k + 1, sp[k].prompts_per_s / sp[0].prompts_per_s,
+                      sp[k].rollout_idle_ratio, sp[k].trainer_idle_ratio);
+    snprintf(dat, sizeof dat, "%s/sweep.dat", x->rc.out_dir);
+    snprintf(png, sizeof png, "%s/sweep.png", x->rc.out_dir);
+    snprintf(gp, sizeof gp, "%s/sweep.gp", x->rc.out_dir);
+    if (moerl_write_file_atomic(dat, d, n) != MOERL_OK) return MOERL_ERR;
+    if (moerl_plot_script(gp, k_sweep_gp, dat, png) != MOERL_OK) log_warn("no plot: %s", moerl_last_error());
+    else log_info("plot written to %s", png);
+    fwrite(md, 1, o, stdout);
+    return MOERL_OK;
+}
+
+int cmd_simulate(int argc, char **argv) {
+    static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"model", required_argument, 0, 'm'},
+                                         {"calibrate", no_argument, 0, 'k'},     {"sweep", no_argument, 0, 's'},
+                                         {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *config = NULL, *model = NULL;
+    int calibrate = 0, do_sweep = 0, as_json = 0, o;
+    cfg *c = cfg_new();
+    sim_def_keys(c);
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "c:m:ksjh", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': config = optarg; break;
+        case 'm': model = optarg; break;
+        case 'k': calibrate = 1; break;
+        case 's': do_sweep = 1; break;
+        case 'j': as_json = 1; break;
+        case 'h':
+            printf("usage: moerl simulate --config FILE [--model DIR|config.json] [--calibrate] [--sweep] [--json] "
+                   "[key=value ...]\nThe production RL scheduler on a virtual clock (src/sim/sim.h). keys:\n");
+            cfg_print_help(c, stdout);
+            cfg_free(c);
+            return 0;
+        default:
+            fprintf(stderr, "moerl simulate: see --help\n");
+            cfg_free(c);
+            return 2;
+        }
+    }
+    if (!config) {
+        fprintf(stderr, "moerl simulate: --config FILE is required (see --help)\n");
+        cfg_free(c);
+        return 2;
+    }
+    int rc = 1;
+    moe_model tiny;
+    memset(&tiny, 0, sizeof tiny);
+    dataset train, test;
+    memset(&train, 0, sizeof train);
+    memset(&test, 0, sizeof test);
+    sim_ctx x;
+    memset(&x, 0, sizeof x);
+    moe_config target;
+    if (cfg_load_yaml(c, config) != MOERL_OK) goto fail;
+    for (int i = optind; i < argc; i++) {
+        if (!strchr(argv[i], '=')) {
+            fprintf(stderr, "moerl simulate: unexpected argument '%s' (expected key=value)\n", argv[i]);
+            cfg_free(c);
+            return 2;
+        }
+        if (cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
+    }
+    if (rl_read_config(c, &x.rc) != MOERL_OK || target_config(c, model, &target) != MOERL_OK) goto fail;
+    x.su.target = &target;
+    x.su.rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
+    const int n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");
+    if (x.su.rollout_tp < 1 || n_roll_dev < x.su.rollout_tp || n_roll_dev % x.su.rollout_tp) {
+        moerl_errorf("sim.rollout_devices %d must be a positive multiple of rollout.tensor_model_parallel_size %d",
+                     n_roll_dev, x.su.rollout_tp);
+        goto fail;
+    }
+    x.su.n_rollout_replicas = n_roll_dev / x.su.rollout_tp;
+    x.su.n_trainer = x.rc.n_trainer_ranks;
+    if (calibrate) {
+        if (sim_calibrate(&target, MOERL_MIN(x.rc.max_num_seqs, 128), MOERL_MIN(x.rc.ppo_max_token_len, 4096),
+                          &x.su.dev) != MOERL_OK)
+            goto fail;
+    } else if (sim_device_named(cfg_str(c, "sim.device"), &x.su.dev) != MOERL_OK) {
+        goto fail;
+    }
+    {
+        sim_device *d = &x.su.dev;
+        const double bw = cfg_float(c, "sim.mem_bandwidth"), fl = cfg_float(c, "sim.flops"),
+                     tf = cfg_float(c, "sim.train_flops"), lk = cfg_float(c, "sim.link_bandwidth");
+        if (bw > 0) d->a_bytes = 1 / bw;
+        if (fl > 0) d->a_flops = 1 / fl;
+        if (tf > 0) d->s_flop = 1 / tf;
+        if (lk > 0) d->link_bw = lk;
+        if (cfg_float(c, "sim.step_overhead_s") >= 0) d->c_step = cfg_float(c, "sim.step_overhead_s");
+        if (cfg_float(c, "sim.update_overhead_s") >= 0) d->c_update = cfg_float(c, "sim.update_overhead_s");
+        if (cfg_float(c, "sim.sync_overhead_s") >= 0) d->c_sync = cfg_float(c, "sim.sync_overhead_s");
+    }
+    if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
+                          "data.chat_template") != MOERL_OK)
+        goto fail;
+    if (moerl_mkdirs(x.rc.out_dir) != MOERL_OK) goto fail;
+    if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
+    x.tiny = &tiny;
+    x.train = &train;
+    if (do_sweep) {
+        if (sweep(&x, n_roll_dev, x.su.n_trainer) != MOERL_OK) goto fail;
+    } else {
+        sim_result r;
+        if (sim_run(&x.rc, &x.su, &tiny, &train, &r) != MOERL_OK) goto fail;
+        if (as_json) cli_print_json(result_json(&r, &x.su), 17);
+        else {
+            json_t *j = result_json(&r, &x.su);
+            cli_print_json(j, 6);
+        }
+    }
+    rc = 0;
+    goto done;
+fail:
+    cli_print_error("simulate", moerl_last_error());
+done:
+    if (tiny.params) model_free(&tiny);
+    dataset_free(&train);
+    dataset_free(&test);
+    cfg_free(c);
+    return rc;
+}

@@ -1,0 +1,318 @@
+/* moerl simulate's transport: the production step loop (schedule.c's job_schedule_run) with a
+ * discrete-event rollout side on a virtual clock. See src/sim/sim.h.
+ *
+ * Two clocks, both virtual: t_train (the step loop: it advances by the PPO update's cost and by
+ * waits for groups and syncs) and t_roll (when the rollout side finishes its current engine step).
+ * Before the loop observes anything (taking groups, a sync, the stop), the rollout side is advanced
+ * to t_train: every engine step that starts at or before t_train runs (the real rollouter_tick:
+ * staleness budget, admission, the engine's scheduler), and the groups a step completes become
+ * visible in the MessageQueue only at the step's end (held back meanwhile, as a rollout rank's
+ * groups are in flight to trainer rank 0). A rollout side with nothing to do idles until the next
+ * event of the step loop. Async mode (`async_training.mode=async`): the two sides overlap, and a sync
+ * happens at the rollout side's next step boundary (with partial rollout: interrupt; without:
+ * drain first), as in job.c's rollouter thread. Lockstep and sync modes: the rollout side runs
+ * only while the step loop waits for groups, as job.c's one-thread driver does, so a lockstep
+ * simulation admits, interrupts and trains exactly the groups `moerl rl` does in lockstep. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/log.h"
+#include "model/perf.h"
+#include "plan/plan.h"
+#include "rl/job_internal.h"
+#include "rl/rl.h"
+#include "sim/sim.h"
+
+typedef struct {
+    const sim_setup *su;
+    int async;
+    double t_train, t_roll;
+    rl_group **pending; /* completed by the step ending at t_roll, not yet visible */
+    int n_pending, cap_pending;
+    double win_busy, win_idle; /* rollout side, since the last sync */
+    double busy, idle, train_busy, sync_s, wait_s;
+    int64_t steps_engine;
+    sim_result *res;
+} sim_state;
+
+static sim_state *ST(job *J) { return J->ops->ctx; }
+
+static int defer_group(void *ctx, rl_group *g) {
+    sim_state *s = ctx;
+    if (s->n_pending == s->cap_pending) {
+        s->cap_pending = s->cap_pending ? 2 * s->cap_pending : 64;
+        s->pending = xrealloc(s->pending, (size_t)s->cap_pending * sizeof(rl_group *));
+    }
+    s->pending[s->n_pending++] = g;
+    return MOERL_OK;
+}
+
+static int deliver(job *J) {
+    sim_state *s = ST(J);
+    for (int i = 0; i < s->n_pending; i++)
+        if (rl_queue_put(&J->queue, s->pending[i]) != MOERL_OK) return MOERL_ERR;
+    s->n_pending = 0;
+    return MOERL_OK;
+}
+
+/* One rollout tick at t_roll (admission + one engine step); the step's cost advances t_roll.
+ * Returns 1 (worked), 0 (idle), MOERL_ERR. */
+static int roll_step(job *J) {
+    sim_state *s = ST(J);
+    const engine_stats a = engine_get_stats(J->R.eng);
+    const int did = rollouter_tick(&J->R);
+    if (did <= 0) return did;
+    const engine_stats z = engine_get_stats(J->R.eng);
+    const double rep = s->su->n_rollout_replicas;
+    const double toks = (double)(z.decode_tokens + z.prefill_tokens - a.decode_tokens - a.prefill_tokens) / rep;
+    const double dt = sim_engine_step_s(s->su, toks, (double)(z.kv_reads - a.kv_reads) / rep);
+    s->t_roll += dt;
+    s->busy += dt;
+    s->win_busy += dt;
+    s->steps_engine++;
+    if (!s->async) return deliver(J) == MOERL_OK ? 1 : MOERL_ERR;
+    return 1;
+}
+
+/* Async: run every rollout step that starts at or before t. */
+static int roll_advance(job *J, double t) {
+    sim_state *s = ST(J);
+    while (s->t_roll <= t) {
+        if (deliver(J) != MOERL_OK) return MOERL_ERR;
+        const int did = roll_step(J);
+        if (did < 0) return MOERL_ERR;
+        if (did == 0) { /* nothing to do until the step loop acts */
+            s->idle += t - s->t_roll;
+            s->win_idle += t - s->t_roll;
+            s->t_roll = t;
+            break;
+        }
+    }
+    return MOERL_OK;
+}
+
+static int sim_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
+    sim_state *s = ST(J);
+    const double t0 = s->t_train;
+    if (s->async) {
+        if (roll_advance(J, s->t_train) != MOERL_OK) return MOERL_ERR;
+        while (rl_queue_size(&J->queue) < n) { /* wait for the rollout side's next step boundary */
+            if (s->n_pending == 0 && s->t_roll <= s->t_train) {
+                const int did = roll_step(J);
+                if (did < 0) return MOERL_ERR;
+                if (did == 0)
+                    return moerl_errorf("simulate: rollout side idle with %d of %d groups queued (staleness budget "
+                                        "or data exhausted)", rl_queue_size(&J->queue), n);
+                continue;
+            }
+            s->t_train = MOERL_MAX(s->t_train, s->t_roll);
+            if (deliver(J) != MOERL_OK) return MOERL_ERR;
+            if (rl_queue_size(&J->queue) >= n) break;
+            const int did = roll_step(J);
+            if (did < 0) return MOERL_ERR;
+            if (did == 0)
+                return moerl_errorf("simulate: rollout side idle with %d of %d groups queued (staleness budget or "
+                                    "data exhausted)", rl_queue_size(&J->queue), n);
+        }
+    } else { /* lockstep / sync: generate now, the step loop waits */
+        s->t_roll = MOERL_MAX(s->t_roll, s->t_train);
+        while (rl_queue_size(&J->queue) < n) {
+            const int did = roll_step(J);
+            if (did < 0) return MOERL_ERR;
+            if (did == 0)
+                return moerl_errorf("simulate: rollouter idle with %d of %d groups queued (staleness budget or data "
+                                    "exhausted)", rl_queue_size(&J->queue), n);
+        }
+        s->t_train = s->t_roll;
+    }
+    *waited = s->t_train - t0;
+    s->wait_s += *waited;
+    MOERL_ASSERT(rl_queue_try_get_n(&J->queue, (void **)out, n) == n);
+    return n;
+}
+
+static int sim_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_group **part, int n_part) {
+    return moerl_errorf("internal: the simulated job has one trainer rank (asked to send to rank %d)", d);
+}
+
+static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb, train_stats *st) {
+    sim_state *s = ST(J);
+    const rl_config *c = J->cfg;
+    const sim_setup *su = s->su;
+    int64_t tokens = 0, pairs = 0;
+    int n = 0;
+    for (int b = 0; b < n_mb; b++) n += mbs[b].n_groups;
+    for (int i = 0; i < n; i++) {
+        const rl_group *g = part[i];
+        int vmin = 1 << 30;
+        for (int j = 0; j < g->n; j++) {
+            const gen_request *r = &g->reqs[j];
+            const int64_t L = r->prompt_len + r->n_out;
+            tokens += L;
+            pairs += L * (L + 1) / 2;
+            for (int t = 0; t < r->n_out; t++) vmin = MOERL_MIN(vmin, r->out_versions[t]);
+            s->res->interrupted_responses += r->n_interruptions > 0;
+        }
+        const int lag = vmin == (1 << 30) ? 0 : J->T.version - vmin;
+        s->res->stale_hist[MOERL_MIN(7, MOERL_MAX(0, lag))]++;
+    }
+    double flops = model_train_flops(su->target, tokens, pairs) * c->ppo_epochs;
+    if (c->recompute_old) flops *= 1.0 + 1.0 / 3.0; /* one more forward for π_old */
+    const int updates = n_mb * c->ppo_epochs;
+    const double nt = su->n_trainer;
+    double comm = 0;
+    if (su->n_trainer > 1) { /* ring all-reduce of the fp32-or-bf16 gradients per update */
+        int64_t tot, dense, expert, hf;
+        plan_param_counts(su->target, &tot, &dense, &expert, &hf);
+        comm = 2.0 * (nt - 1) / nt * (double)tot * su->dev.dtype_bytes / su->dev.link_bw;
+    }
+    const double dt = flops * su->dev.s_flop / nt + updates * (su->dev.c_update + comm);
+    s->t_train += dt;
+    s->train_busy += dt;
+    st->trained_tokens = tokens * c->ppo_epochs;
+    st->train_flops = flops;
+    J->T.step++;
+    return MOERL_OK;
+}
+
+static int sim_sync(job *J, int version, double *rb, double *ri) {
+    sim_state *s = ST(J);
+    rollouter *R = &J->R;
+    if (s->async) {
+        if (roll_advance(J, s->t_train) != MOERL_OK) return MOERL_ERR;
+        s->t_roll = MOERL_MAX(s->t_roll, s->t_train); /* the rollout side's next step boundary */
+        if (deliver(J) != MOERL_OK) return MOERL_ERR;
+    } else {
+        s->t_roll = MOERL_MAX(s->t_roll, s->t_train);
+    }
+    if (!J->cfg->partial_rollout) { /* drain: in-flight responses finish under the old weights */
+        R->draining = 1;
+        while (engine_num_unfinished(R->eng) > 0) {
+            const int did = roll_step(J);
+            if (did < 0) return MOERL_ERR;
+            if (deliver(J) != MOERL_OK) return MOERL_ERR;
+            if (did == 0) break;
+        }
+    }
+    int64_t tot, dense, expert, hf;
+    plan_param_counts(s->su->target, &tot, &dense, &expert, &hf);
+    const double bytes = s->su->dev.dtype_bytes == 4 ? (double)tot * 4 : (double)hf * s->su->dev.dtype_bytes;
+    const double dt = bytes / s->su->dev.link_bw + s->su->dev.c_sync;
+    if (rollouter_apply_sync(R, J->m->params, J->m->n_params, version) != MOERL_OK) return MOERL_ERR;
+    s->t_roll += dt;
+    s->sync_s += dt;
+    if (deliver(J) != MOERL_OK) return MOERL_ERR;
+    s->t_train = s->t_roll;
+    *rb = s->win_busy;
+    *ri = s->win_idle;
+    s->win_busy = s->win_idle = 0;
+    return MOERL_OK;
+}
+
+static void sim_add_prompts(job *J, int64_t k) { atomic_fetch_add(&J->R.dropped_pending, k); }
+
+static int64_t *sim_inflight_uids(job *J, int *n) {
+    const rollouter *R = &J->R;
+    int64_t *u = xmalloc((size_t)(R->n_inflight ? R->n_inflight : 1) * sizeof(int64_t));
+    for (int i = 0; i < R->n_inflight; i++) u[i] = R->inflight[i]->uid;
+    *n = R->n_inflight;
+    return u;
+}
+
+static int sim_stop(job *J, double *rb, double *ri) {
+    sim_state *s = ST(J);
+    *rb = s->win_busy;
+    *ri = s->win_idle;
+    return MOERL_OK;
+}
+
+static void sim_describe(job *J, char *buf, size_t len) {
+    sim_state *s = ST(J);
+    snprintf(buf, len, "simulated rollout side at t=%.3f s (step loop at %.3f s), %d groups in flight", s->t_roll,
+             s->t_train, (int)J->R.n_inflight);
+}
+
+static void sim_abort(job *J, const char *msg) {
+    fprintf(stderr, "moerl simulate: %s\n", msg);
+    fflush(stderr);
+    _exit(3);
+}
+
+int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const dataset *train, sim_result *res) {
+    rl_config cfg = *cfg_in;
+    cfg.val_n = 0;
+    cfg.save_freq = -1;
+    cfg.watchdog_s = 0;
+    cfg.resume_auto = 0;
+    cfg.simulated = 1;
+    if (su->n_rollout_replicas < 1 || su->rollout_tp < 1 || su->n_trainer < 1)
+        return moerl_errorf("simulate: rollout replicas (%d), devices per replica (%d) and trainer devices (%d) must "
+                            "be positive", su->n_rollout_replicas, su->rollout_tp, su->n_trainer);
+    /* the replicas as one engine: their slots and token budgets add up, a step's batch is split evenly */
+    cfg.max_num_seqs *= su->n_rollout_replicas;
+    cfg.max_num_batched_tokens *= su->n_rollout_replicas;
+    memset(res, 0, sizeof *res);
+    sim_state S;
+    memset(&S, 0, sizeof S);
+    S.su = su;
+    S.async = cfg.mode == RL_MODE_ASYNC;
+    S.res = res;
+    job_ops ops = {sim_get_groups, sim_send_part, sim_sync, sim_add_prompts, sim_inflight_uids, sim_stop,
+                   sim_describe, sim_abort, &S, sim_update};
+    job *J = xcalloc(1, sizeof *J);
+    J->cfg = &cfg;
+    J->train = J->test = train;
+    J->m = tiny;
+    J->n_trainers = 1;
+    J->ops = &ops;
+    int rc = MOERL_ERR;
+    staleness_budget b;
+    if (job_plan(J, &b) != MOERL_OK) goto out;
+    if (moerl_mkdirs(cfg.out_dir) != MOERL_OK) goto out;
+    rl_queue_init(&J->queue, b.max_required_samples);
+    if (rollouter_init(&J->R, &cfg, train, tiny, &J->queue, J->total_prompts) != MOERL_OK) goto out;
+    J->feed = &J->R.feed;
+    if (S.async) {
+        J->R.on_group_done = defer_group;
+        J->R.on_group_done_ctx = &S;
+    }
+    if (trainer_init(&J->T, &cfg, train, tiny) != MOERL_OK) goto out;
+    if (job_open_outputs(J, 0) != MOERL_OK) goto out;
+    rl_result rr;
+    memset(&rr, 0, sizeof rr);
+    rc = job_schedule_run(J, &rr);
+    if (rc == MOERL_OK) {
+        res->wall_s = S.t_train;
+        res->steps = rr.steps;
+        res->prompts_trained = rr.prompts_trained;
+        res->versions = rr.final_version;
+        res->tokens_generated = engine_get_stats(J->R.eng).generated_tokens;
+        res->prompts_per_s = S.t_train > 0 ? rr.prompts_trained / S.t_train : 0;
+        res->tokens_per_s = S.t_train > 0 ? res->tokens_generated / S.t_train : 0;
+        res->trainer_idle_ratio = S.t_train > 0 ? S.wait_s / S.t_train : 0;
+        res->rollout_idle_ratio = S.busy + S.idle > 0 ? S.idle / (S.busy + S.idle) : 0;
+        res->rollout_busy_s = S.busy;
+        res->rollout_idle_s = S.idle;
+        res->train_busy_s = S.train_busy;
+        res->sync_s = S.sync_s;
+        res->max_staleness = rr.max_lag_seen;
+        res->engine_steps = S.steps_engine;
+    }
+out:
+    job_close_outputs(J);
+    for (int i = 0; i < S.n_pending; i++) rl_group_free(S.pending[i]);
+    free(S.pending);
+    if (J->R.eng) rollouter_free(&J->R);
+    if (J->T.m) trainer_free(&J->T);
+    if (J->queue.items) {
+        void *g;
+        while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);
+        rl_queue_destroy(&J->queue);
+    }
+    free(J);
+    return rc;
+}

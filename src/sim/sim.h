@@ -1,0 +1,91 @@
+/* moerl simulate: the production RL job (src/rl/schedule.c's step loop, the real rollouter with its
+ * engine scheduler, MessageQueue, staleness budget, partial-rollout interrupt/resume) on a virtual
+ * clock. Nothing runs a model: the rollouter's engine is created with engine_config.simulated (it
+ * schedules, admits, chunks prefill, pauses and resumes exactly as in `moerl rl`, but emits token 0
+ * without a forward), response lengths come from rollout.synthetic_length (the Pareto tail of
+ * bench/run_async.sh), and every engine step, PPO update and weight sync advances the clock by
+ * the cost model below. Discrete-event, single-threaded, deterministic for a seed.
+ *
+ * Cost model (per device; a "replica" is rollout_tp devices serving one engine):
+ *   engine step   t = a_bytes · bytes + a_flops · flops + c_step, per replica, with the merged
+ *                 engine's batch split evenly over the replicas:
+ *                   bytes = (P_dense + n_moe · E · (1 − (1 − K/E)^b) · P_expert1) · dtype / tp
+ *                           + kv_reads · 2 · nkv · hd · L · dtype / min(tp, nkv)
+ *                   flops = (2 · P_active · b + 4 · L · nh · hd · kv_reads) / tp
+ *                 b = tokens of the step per replica, P_expert1 = one expert's weights, the
+ *                 touched-expert count is the expectation for b tokens routed uniformly
+ *                 (each of E experts missed with probability (1 − K/E)^b);
+ *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · ppo_epochs / n_trainer
+ *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update;
+ *   weight sync   t = bytes_bcast / link_bw + c_sync.
+ * a_bytes = 1/(bandwidth·efficiency), a_flops = 1/(FLOP rate·efficiency) come from a named device
+ * (sim_device_named) or from sim_calibrate's least-squares fit to timed engine steps and training
+ * steps of the real model on this machine.
+ */
+#ifndef MOERL_SIM_H
+#define MOERL_SIM_H
+
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "model/model.h"
+#include "rl/rl.h"
+
+typedef struct {
+    char name[32];
+    double a_bytes;      /* s per byte read by an engine step (1 / effective memory bandwidth) */
+    double a_flops;      /* s per FLOP of an engine step (1 / effective FLOP rate) */
+    double c_step;       /* s per engine step (scheduling, sampling, launch) */
+    double s_flop;       /* s per training FLOP on one trainer device (1 / (peak · MFU)) */
+    double c_update;     /* s per optimizer update (AdamW over the local parameters, launch) */
+    double link_bw;      /* bytes/s of the weight-sync / gradient link */
+    double c_sync;       /* s per weight sync besides the transfer (pause, load, resume) */
+    int dtype_bytes;     /* bytes per weight / KV element in the rollout engine */
+} sim_device;
+
+/* Cost keys of a named device: h200, a100, ascend910b (datasheet bandwidth and FLOP rate with the
+ * efficiencies written in sim.c), or cpu (moerl's fp32 CPU engine, a placeholder to calibrate).
+ * Errors: unknown name (the message lists the known ones). */
+int sim_device_named(const char *name, sim_device *d);
+
+/* Fit the device from timed real work of model cfg on this machine with the current OpenMP
+ * threads: engine decode steps at several batch sizes and a prefill chunk (a_bytes, a_flops,
+ * c_step by non-negative least squares), training forward+backward at several token counts
+ * (s_flop, c_update), a memcpy of the weights (link_bw: one process, the copy a same-host
+ * broadcast does). Takes a few seconds. Errors: model too large to build here. */
+int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim_device *d);
+
+typedef struct {
+    const moe_config *target;    /* the model whose costs are simulated */
+    sim_device dev;
+    int n_rollout_replicas;      /* engine replicas (each rollout_tp devices) */
+    int rollout_tp;
+    int n_trainer;               /* trainer devices */
+} sim_setup;
+
+typedef struct {
+    double wall_s;               /* virtual seconds from the first step to the stop */
+    int64_t steps, prompts_trained, tokens_generated, versions;
+    double prompts_per_s, tokens_per_s;
+    double trainer_idle_ratio;   /* Σ virtual wait for groups / wall */
+    double rollout_idle_ratio;   /* idle / (busy + idle) of the rollout side */
+    double rollout_busy_s, rollout_idle_s, train_busy_s, sync_s;
+    int max_staleness;
+    int64_t interrupted_responses; /* trained responses that were interrupted at least once */
+    int64_t stale_hist[8];       /* trained groups by lag (T.version − oldest token version), last bin ≥ 7 */
+    int64_t engine_steps;
+} sim_result;
+
+/* Run the job of cfg (cfg->mode async | lockstep | sync as in `moerl rl`; val_n, save_freq and the
+ * watchdog are forced off) on the virtual clock; tiny is the stand-in model the engine and trainer
+ * hold (its weights are never used for compute; same vocabulary as the tokenizer). Writes
+ * samples.jsonl and metrics.jsonl under cfg->out_dir like `moerl rl` (their timing fields are host
+ * time; the virtual figures are in *res). Errors: as rl_run's configuration checks, a deadlock of
+ * the rollout side (message says what it waited for). */
+int sim_run(const rl_config *cfg, const sim_setup *su, moe_model *tiny, const dataset *train, sim_result *res);
+
+/* Seconds of one engine step per replica (the cost model above) for a step that forwarded
+ * `tokens` tokens per replica reading kv_reads KV rows per replica. */
+double sim_engine_step_s(const sim_setup *su, double tokens, double kv_reads);
+
+#endif

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# moerl plan's traffic against the bytes moerl's communication layer counted in a real MPI run:
+# `mpirun -np 3 build/moerl-mpi rl ... trainer.n_ranks=2` (one rollout rank, two data-parallel
+# trainers) writes perf/grad_bytes_sent (dist_reducer_last_bytes, summed over a version's updates)
+# and perf/weight_bcast_bytes (dist_xfer_stats.bytes of the weight broadcast) to metrics.jsonl;
+# `moerl plan --config <same> --json` must give exactly those numbers (gradient all-reduce payload
+# per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
+# the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
+# naming the key. Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
+# MPI part (as tests/e2e_mpi.sh).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+M=$BUILD/moerl
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+# --- the published config
+j=$($M plan --model examples/qwen3_30b_a3b --json 2>"$OUT/err") || fail "plan --model examples/qwen3_30b_a3b: $(cat "$OUT/err")"
+n=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["n_params_hf"])' 2>/dev/null)
+[[ $n == 30532122624 ]] && ok || fail "Qwen3-30B-A3B parameters: plan says '$n', the model card 30532122624"
+$M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipeline_parallel_size=3 >/dev/null 2>"$OUT/err"
+[[ $? -eq 1 ]] && grep -q "pipeline_parallel_size" "$OUT/err" && ok || fail "pp=3 over 8 ranks not refused by name: $(cat "$OUT/err")"
+$M plan >/dev/null 2>&1
+[[ $? -eq 2 ]] && ok || fail "plan without --model/--config should be a usage error (exit 2)"
+$M plan --model examples/qwen3_30b_a3b | grep -q "KV cache" && ok || fail "plan table has no KV cache line"
+
+# --- traffic against a real MPI run
+if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
+    echo "e2e_plan: MPI part skipped (MOERL_NO_MPI=1)"
+elif ! command -v mpirun >/dev/null 2>&1 || [[ ! -x $BUILD/moerl-mpi ]]; then
+    fail "mpirun or $BUILD/moerl-mpi missing (scripts/setup.sh; MOERL_NO_MPI=1 to skip)"
+else
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+    export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+    KEYS=(trainer.n_ranks=2 trainer.total_training_steps=4 async_training.trigger_parameter_sync_step=2
+          async_training.require_batches=2 actor.ppo_mini_batch_size=2 rollout.n=2 data.max_response_length=24
+          model.max_position_embeddings=128 rollout.synthetic_length.alpha=0)
+    if timeout 300 mpirun --oversubscribe -np 3 "$BUILD/moerl-mpi" rl --config examples/bench_async.yaml \
+        trainer.default_local_dir="$OUT/run" "${KEYS[@]}" >"$OUT/rl.json" 2>"$OUT/rl.log"; then
+        ok
+        $M plan --config examples/bench_async.yaml "${KEYS[@]}" --json >"$OUT/plan.json" 2>"$OUT/plan.err" || fail "plan: $(cat "$OUT/plan.err")"
+        r=$(/usr/bin/python3 - "$OUT/run/metrics.jsonl" "$OUT/plan.json" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+plan = json.load(open(sys.argv[2]))
+wins = [r for r in recs if "perf/grad_bytes_sent" in r]
+steps_per_version = plan["sync_every_steps"]
+want_grad = plan["allreduce_bytes_per_update"] * plan["updates_per_step"] * steps_per_version
+bad = []
+for r in wins:
+    if r["perf/grad_bytes_sent"] != want_grad:
+        bad.append("grad all-reduce: counted %r, plan %r" % (r["perf/grad_bytes_sent"], want_grad))
+    if r["perf/weight_bcast_bytes"] != plan["weight_bcast_bytes_per_sync"]:
+        bad.append("weight broadcast: counted %r, plan %r" % (r["perf/weight_bcast_bytes"], plan["weight_bcast_bytes_per_sync"]))
+print("OK %d versions: gradient %d bytes per version, broadcast %d bytes" % (len(wins), want_grad, plan["weight_bcast_bytes_per_sync"]) if wins and not bad else "BAD " + ("; ".join(bad) or "no metrics with perf/grad_bytes_sent"))
+PY
+)
+        echo "$r"
+        [[ $r == OK* ]] && ok || fail "traffic: $r"
+    else
+        fail "mpirun -np 3 moerl-mpi rl failed: $(tail -5 "$OUT/rl.log")"
+    fi
+fi
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,196 @@
+/* moerl plan against moerl's own allocations: the parameter layout (model_init's n_params, HF
+ * count), the activation arena (model_acts_bytes) on several architectures and execution switches,
+ * and the measured resident-memory peak of a real training step (params, grads, AdamW moments,
+ * activations) and of a rollout engine (weights + KV cache): within 10% of plan's figures.
+ * The traffic checks need several processes: tests/e2e_plan.sh. */
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/rng.h"
+#include "model/forward.h"
+#include "optim/adamw.h"
+#include "plan/plan.h"
+#include "rollout/engine.h"
+#include "test.h"
+
+/* the condition itself is printed by CHECK */
+#define CK(cond) CHECK(cond, "%s", "")
+
+static moe_config arch(int H, int L, int E, int K, int I, int Id, int nh, int nkv, int hd, int V, int tie) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = V; c.hidden_size = H; c.intermediate_size = Id; c.moe_intermediate_size = I;
+    c.num_hidden_layers = L; c.num_attention_heads = nh; c.num_key_value_heads = nkv; c.head_dim = hd;
+    c.num_experts = E; c.num_experts_per_tok = K; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
+    c.tie_word_embeddings = tie; c.max_position_embeddings = 1024; c.rms_norm_eps = 1e-6f; c.rope_theta = 1e4f;
+    c.initializer_range = 0.02f; c.bos_token_id = -1; c.eos_token_id = -1;
+    return c;
+}
+
+/* Resident set size of this process now, in bytes (/proc/self/statm: pages). Every buffer the
+ * measured work allocates stays alive until the second reading, so the growth between two readings
+ * is what it holds resident (the peak, ru_maxrss, would include earlier tests' freed buffers). */
+static double rss_now(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE);
+}
+
+static void test_layout_exact(void) {
+    moe_config cs[5] = {arch(32, 2, 4, 2, 16, 48, 4, 2, 8, 300, 0), arch(40, 3, 6, 2, 20, 24, 5, 1, 6, 301, 1),
+                        arch(64, 4, 0, 0, 0, 96, 4, 4, 16, 512, 0), arch(48, 4, 8, 3, 24, 40, 6, 2, 8, 259, 0),
+                        arch(256, 4, 16, 4, 128, 512, 8, 2, 32, 512, 0)};
+    cs[3].decoder_sparse_step = 2; /* dense layers 0 and 2 */
+    cs[3].n_mlp_only_layers = 1;
+    cs[3].mlp_only_layers[0] = 3;
+    for (int i = 0; i < 5; i++)
+        for (int sw = 0; sw < 3; sw++) {
+            moe_config c = cs[i];
+            c.exec.separate_permute = sw == 1;
+            c.exec.per_expert_weights = sw == 2;
+            moe_model m;
+            CK(model_init(&m, &c) == MOERL_OK);
+            int64_t tot, dense, expert, hf;
+            plan_param_counts(&c, &tot, &dense, &expert, &hf);
+            CK(tot == (int64_t)m.n_params);
+            CK(hf == model_num_params(&m));
+            const int Ns[3] = {1, 37, 700};
+            for (int k = 0; k < 3; k++) /* exact: the same arena layout */
+                CK(plan_acts_bytes(&c, Ns[k], 0, c.num_hidden_layers, 0) == (double)model_acts_bytes(&m, Ns[k]));
+            CK(plan_acts_bytes(&c, 700, 0, c.num_hidden_layers, 1) < plan_acts_bytes(&c, 700, 0, c.num_hidden_layers, 0) ||
+                  c.num_hidden_layers == 1);
+            model_free(&m);
+        }
+}
+
+/* The training step's memory: params + grads + AdamW moments + activations of one full micro-batch,
+ * measured as the growth of the peak RSS over a baseline taken after the threads and BLAS are up. */
+static void test_trainer_rss(void) {
+    moe_config c = arch(256, 4, 16, 4, 128, 512, 8, 2, 32, 512, 0);
+    const int N = 2048;
+    plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = N,
+                     .updates_per_step = 1, .step_tokens = N, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
+                     .max_model_len = 2, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_result pr;
+    CK(plan_compute(&c, &in, &pr) == MOERL_OK);
+    { /* warm the thread pools and BLAS buffers before the baseline */
+        moe_model w;
+        moe_config s = arch(32, 1, 4, 2, 16, 48, 4, 2, 8, 300, 0);
+        model_init(&w, &s);
+        model_init_random(&w, 1);
+        model_acts a;
+        model_acts_init(&a, &w, 64);
+        int tok[64], cu[2] = {0, 64};
+        float dl[64];
+        for (int i = 0; i < 64; i++) tok[i] = i, dl[i] = -1.0f / 64;
+        model_forward(&w, &a, tok, cu, NULL, 1, 64);
+        model_logprobs(&w, &a, tok, 1.0f, 0);
+        model_backward(&w, &a, dl, NULL, 0.0f);
+        model_acts_free(&a);
+        model_free(&w);
+    }
+    const double base = rss_now();
+    moe_model m;
+    CK(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 3);
+    adamw_state opt;
+    adamw_init(&opt, &m, adamw_default_config());
+    model_acts a;
+    CK(model_acts_init(&a, &m, N) == MOERL_OK);
+    int *tok = xmalloc(N * sizeof(int)), cu[17];
+    float *dl = xmalloc(N * sizeof(float));
+    rng_state r;
+    rng_seed(&r, 5);
+    for (int i = 0; i < N; i++) tok[i] = (int)(rng_uniform_double(&r) * 511), dl[i] = -1.0f / N;
+    for (int b = 0; b <= 16; b++) cu[b] = b * N / 16;
+    CK(model_forward(&m, &a, tok, cu, NULL, 16, N) == MOERL_OK);
+    model_logprobs(&m, &a, tok, 1.0f, 1);
+    model_backward(&m, &a, dl, NULL, 0.0f);
+    double gn;
+    adamw_step(&opt, &m, 1e-4f, 0.0f, &gn);
+    const double grown = rss_now() - base;
+    const double planned = pr.weights + pr.grads + pr.moments + pr.acts;
+    printf("trainer step: plan %.1f MB (weights %.1f, grads %.1f, moments %.1f, activations %.1f), measured peak RSS "
+           "growth %.1f MB\n", planned / 1e6, pr.weights / 1e6, pr.grads / 1e6, pr.moments / 1e6, pr.acts / 1e6,
+           grown / 1e6);
+    /* 10%: the issue's bar; the rest of the growth is the step's small scratch (loss buffers, the
+     * kernels' per-thread partials) and malloc's bookkeeping */
+    CK(grown > 0.9 * planned && grown < 1.1 * planned);
+    free(tok);
+    free(dl);
+    model_acts_free(&a);
+    adamw_free(&opt);
+    model_free(&m);
+}
+
+/* The rollout engine: weights + KV cache (engine_create zero-fills the cache, so it is resident). */
+static void test_engine_rss(void) {
+    moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 2, 32, 300, 0);
+    plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
+                     .updates_per_step = 1, .step_tokens = 16, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 64,
+                     .max_model_len = 1024, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_result pr;
+    CK(plan_compute(&c, &in, &pr) == MOERL_OK);
+    c.exec.no_pack = 1; /* the packed expert copy (model.moe.pack_weights) is a CPU-kernel extra plan leaves out */
+    const double base = rss_now();
+    engine_config ec = {.max_num_seqs = 64, .max_model_len = 1024, .max_num_batched_tokens = 256};
+    engine *e = engine_create(&c, ec);
+    CK(e != NULL);
+    moe_model m;
+    model_init_inference(&m, &c);
+    model_init_random(&m, 2);
+    engine_load_weights(e, m.params, m.n_params, 0);
+    const double grown = rss_now() - base - m.n_params * 4.0; /* minus the source copy */
+    printf("engine: plan %.1f MB (weights %.1f, KV %.1f), measured RSS growth %.1f MB\n", pr.rollout_total / 1e6,
+           pr.rollout_weights / 1e6, pr.kv_cache / 1e6, grown / 1e6);
+    CK(grown > 0.9 * pr.rollout_total && grown < 1.1 * pr.rollout_total); /* 10%: as above (step scratch) */
+    engine_free(e);
+    model_free(&m);
+}
+
+static void test_formulas(void) {
+    /* Qwen3-30B-A3B (HF model card): 30,532,122,624 parameters; every tensor a multiple of 16 */
+    moe_config q = arch(2048, 48, 128, 8, 768, 6144, 32, 4, 128, 151936, 0);
+    int64_t tot, dense, expert, hf;
+    plan_param_counts(&q, &tot, &dense, &expert, &hf);
+    CK(hf == 30532122624LL);
+    CK(tot == hf);
+    /* 8 trainer ranks as dp 2 × pp 4 (practice B): 12 layers per stage, plain replication over 2 */
+    plan_input in = {.n_trainer = 8, .fsdp = 1, .ep = 1, .sp = 1, .pp = 4, .dtype_bytes = 2, .micro_tokens = 4096,
+                     .updates_per_step = 4, .micro_batches = 4, .n_rollout = 8, .rollout_tp = 4,
+                     .max_num_seqs = 64, .max_model_len = 4096, .kv_dtype_bytes = 2, .sync_every = 1};
+    plan_result r;
+    CK(plan_compute(&q, &in, &r) == MOERL_OK);
+    CK(r.dp == 2 && r.stage_layers == 12);
+    /* gradient all-reduce payload = the stage's bf16 gradients */
+    CK(r.allreduce == r.grads);
+    CK(r.p2p_pp == 2.0 * 4096 * 2048 * 2 * 4);
+    /* bad layouts are refused with the key named */
+    in.pp = 3;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR);
+    CK(strstr(moerl_last_error(), "pipeline_parallel_size") != NULL);
+    in.pp = 1;
+    in.ep = 3;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR);
+    CK(strstr(moerl_last_error(), "expert_parallel_size") != NULL);
+    /* FSDP over 8 with EP 8: experts and dense both 1/8 per rank */
+    in.ep = 8;
+    in.fsdp = 8;
+    in.pp = 1;
+    CK(plan_compute(&q, &in, &r) == MOERL_OK);
+    CK(r.weights == ((double)dense / 8 + (double)expert / 8) * 2);
+    CK(r.alltoall_ep > 0 && r.allgather > 0 && r.reduce_scatter > 0 && r.allreduce == 0);
+}
+
+int main(void) {
+    test_layout_exact();
+    test_formulas();
+    test_trainer_rss();
+    test_engine_rss();
+    TEST_MAIN_END();
+}
