@@ -5,12 +5,13 @@
  *   fixed m       micro-batches of T/m tokens (m from --fixed, e.g. 2,4), look-ahead receives off
  *                 and on;
  *   dynamic       the count chosen from the token budget (pp_options: 4..16 micro-batches of at least
- *                 --min-mb-tokens tokens), look-ahead receives on.
+ *                 K tokens, for each K of --min-mb-tokens), look-ahead receives on.
  * Per configuration (medians over the reps): m, step time (train_accumulate: schedule + gradient
  * exchange), the idle share of the stages (perf/pipeline_bubble: mean over stages of 1 − busy / T,
  * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), and
- * the speed-up over ONE rank running the same micro-batches with train_accumulate (measured in the
- * same run on rank 0 while the other ranks wait; ideal P·(1 − bubble)). */
+ * the speed-up over ONE rank running the same micro-batches (a one-stage pipeline: the same code,
+ * threads and progress thread, the whole model; measured in the same run on rank 0 while the other
+ * ranks wait; ideal P·(1 − bubble)). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +54,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
         return 1;
     }
-    int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb = 64, fixed[8] = {0}, nfixed = 0;
+    int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb[8] = {64}, nmin = 1, fixed[8] = {0}, nfixed = 0;
     static const struct option lo[] = {{"layers", 1, 0, 'l'}, {"seqs", 1, 0, 's'}, {"seq-len", 1, 0, 'n'},
                                        {"reps", 1, 0, 'r'},   {"fixed", 1, 0, 'f'}, {"min-mb-tokens", 1, 0, 'm'},
                                        {0, 0, 0, 0}};
@@ -63,10 +64,10 @@ int main(int argc, char **argv) {
         else if (ch == 'n') seq_len = atoi(optarg);
         else if (ch == 'r') reps = atoi(optarg);
         else if (ch == 'f') nfixed = parse_list(optarg, fixed, 8);
-        else if (ch == 'm') min_mb = atoi(optarg);
+        else if (ch == 'm') nmin = parse_list(optarg, min_mb, 8);
         else {
             fprintf(stderr, "usage: bench_dist_pipeline [--layers L] [--seqs N] [--seq-len T] [--reps R] "
-                            "[--fixed m1,m2] [--min-mb-tokens K]\n");
+                            "[--fixed m1,m2] [--min-mb-tokens K1,K2]\n");
             return 2;
         }
     }
@@ -104,29 +105,37 @@ int main(int argc, char **argv) {
                "= %d tokens per step, %d reps, OMP threads per rank %s\n",
                P, layers, c.hidden_size, c.num_experts, c.num_experts_per_tok, nseq, seq_len, T, reps,
                getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "(unset)");
-    model_acts a1;
-    if (model_acts_init(&a1, &m, cap_max) != MOERL_OK) return 1;
+    /* the one-rank peer: a pipeline of ONE stage (the whole model, the same code and threads, no
+     * messages) on a grid where every rank is its own pipeline */
+    par_config pc1 = pc;
+    pc1.pipeline_parallel_size = 1;
+    par_grid g1;
+    if (par_grid_init(&g1, ctx, &pc1, c.num_experts, c.num_attention_heads, c.num_key_value_heads, layers) !=
+        MOERL_OK) {
+        fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+        return 1;
+    }
     if (rank == 0)
         printf("%-26s %4s %10s %10s %10s %10s %10s %9s %9s\n", "configuration", "m", "step_ms", "one_rank_ms",
                "speedup", "idle", "theory", "recv_wait", "MB_sent");
     typedef struct {
         const char *name;
-        int fixed_m, dynamic, prefetch;
+        int fixed_m, dynamic, prefetch, min_mb;
     } config;
     config cf[24];
     int ncf = 0;
     for (int k = 0; k < nfixed; k++) {
-        cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0};
-        cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1};
+        cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0, 0};
+        cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1, 0};
     }
-    cf[ncf++] = (config){"dynamic 4-16, look-ahead", 0, 1, 1};
+    for (int k = 0; k < nmin; k++) cf[ncf++] = (config){"dynamic", 0, 1, 1, min_mb[k]};
     double *t_pp = xmalloc(reps * sizeof(double)), *t_one = xmalloc(reps * sizeof(double)),
            *idle = xmalloc(reps * sizeof(double)), *wait = xmalloc(reps * sizeof(double));
     for (int k = 0; k < ncf; k++) {
         pp_options po = pp_options_default();
         po.dynamic = cf[k].dynamic;
         po.prefetch = cf[k].prefetch;
-        po.min_mb_tokens = min_mb;
+        po.min_mb_tokens = cf[k].dynamic ? cf[k].min_mb : 64;
         po.balance_seq_len = seq_len;
         po.quiet = k > 0 || rank != 0;
         const int cap = cf[k].fixed_m ? MOERL_MAX(seq_len, (T / cf[k].fixed_m / seq_len) * seq_len) : cap_max;
@@ -137,8 +146,11 @@ int main(int argc, char **argv) {
         }
         par_state par = {.grid = &g, .pp = ps};
         train_step_opts to = {.max_tokens = cap, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef, .par = &par};
+        po.quiet = 1;
+        pp_state *ps1 = pp_state_new(&g1, &m, &po);
+        par_state par1 = {.grid = &g1, .pp = ps1};
         train_step_opts t1 = to;
-        t1.par = NULL;
+        t1.par = &par1;
         int mbs = 0;
         double bytes = 0;
         for (int rep = -1; rep < reps; rep++) {
@@ -154,20 +166,13 @@ int main(int argc, char **argv) {
             mbs = st->microbatches;
             bytes = st->bytes_sent;
             /* the same micro-batches on one rank (rank 0; the others wait in the barrier) */
-            int mb[4096];
-            pp_plan_microbatches(seqs, nseq, cap, P, &po, mb);
-            t1.max_tokens = cap;
-            if (po.dynamic) { /* the token cap the dynamic plan chose: its largest micro-batch */
-                int big = 0;
-                for (int j = 0; j < mbs; j++) big = MOERL_MAX(big, (mb[j + 1] - mb[j]) * seq_len);
-                t1.max_tokens = big;
-            }
             double d1 = 0;
             dist_barrier(ctx, DIST_WORLD);
-            if (rank == 0) {
+            if (rank == 0) { /* the same plan: its dynamic count is pp-independent once ≥ 4 */
                 const double t2 = moerl_now();
-                train_accumulate(&m, &a1, seqs, nseq, &t1, sft_cb, NULL, &so);
+                train_accumulate(&m, NULL, seqs, nseq, &t1, sft_cb, NULL, &so);
                 d1 = moerl_now() - t2;
+                if (so.n_microbatches != mbs) fprintf(stderr, "peer: %d micro-batches, not %d\n", so.n_microbatches, mbs);
             }
             dist_barrier(ctx, DIST_WORLD);
             if (rep >= 0) {
@@ -181,16 +186,17 @@ int main(int argc, char **argv) {
         if (rank == 0) {
             char name[64];
             if (cf[k].fixed_m) snprintf(name, sizeof name, "m=%d %s", cf[k].fixed_m, cf[k].name + 7);
-            else snprintf(name, sizeof name, "%s", cf[k].name);
+            else snprintf(name, sizeof name, "dynamic, >= %d tok/mb", cf[k].min_mb);
             printf("%-26s %4d %10.1f %10.1f %10.2f %9.1f%% %9.1f%% %8.1f%% %9.2f\n", name, mbs, 1e3 * mpp, 1e3 * m1,
                    m1 / mpp, 100 * bench_median(idle, reps), 100.0 * (P - 1) / (mbs + P - 1),
                    100 * bench_median(wait, reps), bytes / 1e6);
             fflush(stdout);
         }
         pp_state_free(ps);
+        pp_state_free(ps1);
     }
     free(t_pp); free(t_one); free(idle); free(wait);
-    model_acts_free(&a1);
+    par_grid_free(&g1);
     free(seqs);
     free(tok);
     par_grid_free(&g);

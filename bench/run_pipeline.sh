@@ -2,7 +2,8 @@
 # Pipeline bubble (issue 13): bench_dist_pipeline under mpirun -np 2 (2 stages, one compute thread
 # each): measured idle share of the stages next to the 1F1B theory (p−1)/(m+p−1), for fixed
 # micro-batch counts with and without look-ahead receives, and the dynamic count (4..16 from the token
-# budget); then the same with the progress thread off (MOERL_PP_PROGRESS_US=0).
+# budget, micro-batches of at least 64 or 128 tokens); then m = 2 with the progress thread off
+# (MOERL_PP_PROGRESS_US=0). The one-rank peer is a one-stage pipeline (same code) on rank 0.
 # Usage: bench/run_pipeline.sh [BUILD] [extra bench flags]   (default build; builds the binary if missing)
 # The figures need free cores: 2 ranks on 2 cores with other work around inflate every idle share.
 set -eu
@@ -22,6 +23,6 @@ if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fm
 fi
 echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS"
 run() { echo "\$ $*"; "$@"; echo; }
-run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4 "$@"
+run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4 --min-mb-tokens 64,128 "$@"
 echo "# without the progress thread"
 MOERL_PP_PROGRESS_US=0 run mpirun --oversubscribe -np 2 -x MOERL_PP_PROGRESS_US "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2 "$@"

@@ -12,6 +12,8 @@
 #                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and Ulysses
 #                 (-np 2 sp 2, -np 4 sp 2 × dp 2; expert parallelism refused) against
+#   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
+#                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
@@ -218,6 +220,28 @@ timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" ac
 rc=$?
 EDGE_WHAT="moerl-mpi sft -np 2 ep 2 must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.expert_parallel_size=2 is not wired" "$W/err"'
+    EDGE_WHAT="moerl-mpi sft -np $1 fsdp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+    np=$1 sz=$2 # edge's own arguments would shadow $1 and $2 inside the eval
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${np}f${sz}"'
+done
+# pipeline parallelism: pp 2, pp 3 and dp 2 x pp 2 against the same one-process run (the global aux
+# loss makes the pipeline's own micro-batch split irrelevant); the bubble lands in the metrics
+for v in "2 2" "3 3" "4 2"; do
+    set -- $v
+    timeout 180 "${MPIRUN[@]}" -np "$1" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size="$2" \
+        trainer.default_local_dir="$W/r$1p$2" >"$W/out" 2>"$W/err"
+    rc=$?
+    EDGE_WHAT="moerl-mpi sft -np $1 pp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+    np=$1 sz=$2 # edge's own arguments would shadow $1 and $2 inside the eval
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${np}p${sz}" && grep -q "pipeline partition (${sz} stages" "$W/err" &&
+               grep -q "perf/pipeline_bubble" "$W/r${np}p${sz}/metrics.jsonl"'
+done
+# the guard: 2 rows per batch cannot fill 3 stages
+timeout 120 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size=3 \
+    data.train_batch_size=2 trainer.default_local_dir="$W/rg" >"$W/out" 2>"$W/err"
+rc=$?
+EDGE_WHAT="moerl-mpi sft -np 3 pp 3 with 2 rows per batch: refused naming the count needed (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "need at least 3" "$W/err"'
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
 "$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \

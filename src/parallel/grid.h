@@ -32,6 +32,7 @@ typedef struct {
     moe_dispatcher dispatcher;
     int alltoall_max_ep;      /* auto: all-to-all while ep ≤ this, all-to-all-v above */
     double capacity_factor;   /* all-to-all capacity per expert = ceil(factor · tokens · K / E) */
+    int max_tokens;           /* micro-batch token limit (EP / SP buffers); set by par_state_init, 0 = unknown */
 } par_config;
 
 typedef struct {

@@ -8,6 +8,7 @@
 #include "parallel/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/ulysses.h"
+#include "parallel/pipeline.h"
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
 
@@ -15,6 +16,11 @@ int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m) {
     par_config pc;
     memset(ps, 0, sizeof *ps);
     if (par_read_keys(c, &pc) != MOERL_OK) return MOERL_ERR;
+    /* EP and Ulysses size their buffers (and the all-to-all capacity) by the command's micro-batch limit */
+    pc.max_tokens = cfg_has(c, "data.max_token_len_per_micro_batch")
+                        ? (int)cfg_int(c, "data.max_token_len_per_micro_batch")
+                    : cfg_has(c, "actor.ppo_max_token_len_per_gpu") ? (int)cfg_int(c, "actor.ppo_max_token_len_per_gpu")
+                                                                   : 0;
     return par_state_init_cfg(ps, ctx, &pc, m);
 }
 
@@ -47,10 +53,7 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
     }
     /* ---- expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c): both size their
      * buffers (and the all-to-all capacity) by the micro-batch token limit of the command ---- */
-    const int max_tokens = cfg_has(c, "data.max_token_len_per_micro_batch")
-                               ? (int)cfg_int(c, "data.max_token_len_per_micro_batch")
-                           : cfg_has(c, "actor.ppo_max_token_len_per_gpu") ? (int)cfg_int(c, "actor.ppo_max_token_len_per_gpu")
-                                                                          : 0;
+    const int max_tokens = pc->max_tokens;
     if (g->ep > 1) {
         if (ps->fsdp) {
             moerl_errorf("actor.expert_parallel_size=%d with actor.fsdp_config.fsdp_size=%d: expert parallelism "
@@ -60,7 +63,17 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
         if (!(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
     }
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
-    /* ---- pipeline parallel (src/parallel/pipeline.c): ps->pp = pp_state_new(ps, m) when g->pp > 1 ---- */
+    /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
+    if (g->pp > 1) {
+        if (g->fsdp > 1 || g->ep > 1 || g->sp > 1) {
+            moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism in this build: "
+                         "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
+                         "actor.ulysses_sequence_parallel_size (%d) must be 1 with it", g->pp, g->fsdp, g->ep, g->sp);
+            goto fail;
+        }
+        ps->pp = pp_state_new(g, m, NULL);
+        if (!ps->pp) goto fail;
+    }
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
         goto fail;
@@ -88,6 +101,8 @@ void par_state_free(par_state *ps) {
     if (ps->ep && ep_state_detach(ps->ep) != MOERL_OK) /* the whole model back in m */
         moerl_fatal("par_state_free: assembling the expert-parallel model: %s", moerl_last_error());
     ps->ep = NULL;
+    pp_state_free(ps->pp);
+    ps->pp = NULL;
     fsdp_state_free(ps->fsdp);
     ps->fsdp = NULL;
     if (ps->grid) {

@@ -197,7 +197,7 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
     }
     s->lo = s->bounds[s->stage];
     s->hi = s->bounds[s->stage + 1];
-    if (!s->opt.quiet && s->stage == 0) {
+    if (!s->opt.quiet && s->stage == 0 && g->d == 0) {
         double tot = 0;
         for (int k = 0; k < s->pp; k++) tot += cost[k];
         char line[1024];
@@ -453,10 +453,10 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
         for (int i = mb[j]; i < mb[j + 1]; i++) Nmb[j] += seqs[i].len;
     }
     if (o->total_tokens > 0) total = o->total_tokens;
-    const int red = 2 + 2 * E + 3 * P; /* (unused 2), psum[E], counts[E], per stage: schedule, busy, wait */
-    double *acc = xcalloc(red, sizeof(double));
+    /* psum[E], counts[E] (last stage), then per stage: schedule, busy and wait seconds [3P] */
+    double *acc = xcalloc(2 * (size_t)E + 3 * (size_t)P, sizeof(double)), *tim = acc + 2 * E;
     pp_run r = {.seqs = seqs, .mb = mb, .N = Nmb, .m = nm, .total = total, .o = o, .fn = fn, .ctx = ctx, .model = m,
-                .out = out, .psum_out = acc + 2, .counts_out = acc + 2 + E};
+                .out = out, .psum_out = acc, .counts_out = acc + E};
     s->wait_s = s->busy_s = 0;
     const double bytes0 = dist_comm_bytes(s->comm, DIST_OP_P2P);
     progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
@@ -490,14 +490,14 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     if (last) {
         out->loss += o->aux_coef * out->aux_loss;
         for (int e = 0; e < E && s->aux; e++) {
-            if (o->aux_psum_out) o->aux_psum_out[e] += acc[2 + e];
-            if (o->aux_counts_out) o->aux_counts_out[e] += acc[2 + E + e];
+            if (o->aux_psum_out) o->aux_psum_out[e] += acc[e];
+            if (o->aux_counts_out) o->aux_counts_out[e] += acc[E + e];
         }
     }
-    acc[2 + 2 * E + s->stage] = sched;
-    acc[2 + 2 * E + P + s->stage] = s->busy_s;
-    acc[2 + 2 * E + 2 * P + s->stage] = s->wait_s;
-    if (dist_comm_allreduce_f64(s->comm, acc + 2 + 2 * E, 3 * (size_t)P) != MOERL_OK)
+    tim[s->stage] = sched;
+    tim[P + s->stage] = s->busy_s;
+    tim[2 * P + s->stage] = s->wait_s;
+    if (dist_comm_allreduce_f64(s->comm, tim, 3 * (size_t)P) != MOERL_OK)
         moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
     out->n_microbatches = nm;
     out->n_tokens = 0;
@@ -507,12 +507,12 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     memset(st, 0, sizeof *st);
     st->stages = P;
     st->microbatches = nm;
-    for (int k = 0; k < P; k++) st->step_s = MOERL_MAX(st->step_s, acc[2 + 2 * E + k]);
+    for (int k = 0; k < P; k++) st->step_s = MOERL_MAX(st->step_s, tim[k]);
     for (int k = 0; k < P && st->step_s > 0; k++) {
-        const double idle = 1.0 - acc[2 + 2 * E + P + k] / st->step_s;
+        const double idle = 1.0 - tim[P + k] / st->step_s;
         st->bubble_mean += idle / P;
         st->bubble_max = MOERL_MAX(st->bubble_max, idle);
-        st->wait_share_mean += acc[2 + 2 * E + 2 * P + k] / st->step_s / P;
+        st->wait_share_mean += tim[2 * P + k] / st->step_s / P;
     }
     st->busy_s = s->busy_s;
     st->wait_s = s->wait_s;

@@ -16,6 +16,7 @@
 #include "dist/dist.h"
 #include "model/safetensors.h"
 #include "parallel/fsdp.h"
+#include "parallel/pipeline.h"
 #include "parallel/parallel.h"
 #include "train/train.h"
 
@@ -265,6 +266,8 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
     if (global_aux) {
         if (compute_router_counts(m, acts, mine, n, o->max_tokens, counts) != MOERL_OK) goto out;
         if (par_pad_passes(R->ps, n_mb, max_mb, 0) != MOERL_OK || ranks_sum(R, counts, E) != MOERL_OK) goto out;
+        if (R->ps && R->ps->pp) /* every stage of a pipeline counted its shard: count it once (pipeline.h) */
+            for (int e = 0; e < E; e++) counts[e] /= R->ps->grid->pp;
         to.aux_counts = counts;
         to.aux_psum_out = psum;
     }
@@ -360,7 +363,9 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     if (model_acts_init(&acts, m, o->max_tokens) != MOERL_OK) goto out;
     acts.par = R.ps;
     if (R.multi && !R.fs) { /* data parallel: gradients summed by the bucketed reducer while backward runs */
-        red = R.ps && R.ps->grid ? dist_reducer_new_on(R.dc, R.ps->grid->stage_comm, m, 25.0, DIST_OVERLAP_THREAD)
+        /* pipeline stages are summed like data-parallel ranks, over every trainer (pipeline.h) */
+        red = R.ps && R.ps->grid && !R.ps->pp ? dist_reducer_new_on(R.dc, R.ps->grid->stage_comm, m, 25.0,
+                                                                    DIST_OVERLAP_THREAD)
                                  : dist_reducer_new(R.dc, m, 25.0, DIST_OVERLAP_THREAD);
         if (!red) goto out;
     }
@@ -434,7 +439,7 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                 g_tokens += seqs[i].n;
                 if (j % R.n_shards == R.shard) mine[n_mine++] = batch[j]; /* round-robin over the data shards */
             }
-            const int global_aux = aux_on && (R.n_shards > 1 || (R.ps && R.ps->sp) || /* SP: tokens split */
+            const int global_aux = aux_on && (R.n_shards > 1 || (R.ps && (R.ps->sp || R.ps->pp)) || /* SP / pp */
                                               count_microbatches(batch, bs, o->max_tokens) > 1);
             float lr = lr_schedule(o->lr_scheduler, step, total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
             sft_step_out so = {0};
@@ -450,6 +455,10 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                                       "perf/throughput", "timing_s/step", "train/skipped_steps", "train/epoch"};
                 double vals[] = {so.loss, so.ce, so.aux, gn, lr, so.tokens / dt, dt, (double)os.skipped, (double)ep};
                 metrics_write(mw, step + 1, 9, keys, vals);
+                const char *pk[PP_N_METRICS];
+                double pv[PP_N_METRICS];
+                const int np = R.ps ? pp_metrics(R.ps->pp, pk, pv) : 0; /* perf/pipeline_bubble, ... */
+                if (np) metrics_write(mw, step + 1, np, pk, pv);
             }
             if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total) {
                 const dataset *vs = o->validation ? o->validation : test;
