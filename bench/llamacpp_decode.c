@@ -6,7 +6,7 @@
  *
  * bench mode (default):
  *   llamacpp_decode --lib-dir DIR [--reps N] [--batches 1,8,32] [--prompt-len 16] [--max-tokens 32]
- *                   [--gguf-dtype f32|bf16] [--tmp DIR]
+ *                   [--gguf-dtype f32|bf16] [--moerl-bf16] [--tmp DIR]
  *   The benchmark model B of bench_decode (H 512, 8 layers, 8 heads / 2 KV heads, head_dim 64,
  *   32 experts top-4, expert I 256, vocab 2048, untied; 433 MB fp32; same seed), exported to a
  *   temporary GGUF. Decode at batch b: b sequences with distinct prompts of --prompt-len tokens,
@@ -21,7 +21,9 @@
  *   attention left on llama.cpp's default (auto). Each repetition runs every batch size on both
  *   sides, interleaved, after one warm-up repetition; printed: medians (min–max) over --reps
  *   repetitions and the ratio moerl/llama.cpp taken per repetition (so load from other processes
- *   hits both numbers of a ratio alike).
+ *   hits both numbers of a ratio alike). --moerl-bf16 adds a third engine on the same weights with
+ *   engine_config.bf16_weights (rollout.dtype bf16), interleaved likewise, and prints its
+ *   tokens/s, its ratio to fp32 moerl and to llama.cpp (whose GGUF --gguf-dtype chooses).
  *
  * parity mode:
  *   llamacpp_decode --lib-dir DIR --parity --model CKPT_DIR --gguf FILE --prompt 1,2,3 --steps N
@@ -297,7 +299,7 @@ static int run_parity(const char *model_dir, const char *gguf, const int *prompt
 }
 
 static int run_bench(int reps, const int *batches, int nb, int plen, int max_tokens, gguf_export_dtype gdt,
-                     const char *tmpdir) {
+                     const char *tmpdir, int with_bf16) {
     moe_config cfg = config_B();
     moe_model m;
     if (model_init_inference(&m, &cfg) != MOERL_OK) moerl_fatal("model: %s", moerl_last_error());
@@ -312,13 +314,20 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
     llama_open(&L, gguf, maxb, per_seq, maxb * plen);
     unlink(gguf);
     engine_config ec = {.max_num_seqs = maxb, .max_model_len = plen + max_tokens + 1, .max_num_batched_tokens = maxb * plen};
-    engine *e = engine_create(&cfg, ec);
+    engine *e = engine_create(&cfg, ec), *e16 = NULL;
     if (!e || engine_load_weights(e, m.params, m.n_params, 0) != MOERL_OK) moerl_fatal("engine: %s", moerl_last_error());
+    if (with_bf16) { /* the same fp32 weights, loaded into an engine computing from bf16 */
+        ec.bf16_weights = 1;
+        e16 = engine_create(&cfg, ec);
+        if (!e16 || engine_load_weights(e16, m.params, m.n_params, 0) != MOERL_OK)
+            moerl_fatal("engine: %s", moerl_last_error());
+    }
     gen_request *rq = xcalloc(maxb, sizeof *rq), **done = xmalloc(maxb * sizeof *done);
     int *prompts = xmalloc((size_t)maxb * plen * sizeof(int));
     float *scratch = xmalloc(2 * (size_t)V * sizeof(float));
     double *tm = xmalloc((size_t)nb * reps * sizeof(double)), *tl = xmalloc((size_t)nb * reps * sizeof(double)),
-           *rt = xmalloc((size_t)nb * reps * sizeof(double));
+           *rt = xmalloc((size_t)nb * reps * sizeof(double)), *tb = xmalloc((size_t)nb * reps * sizeof(double)),
+           *rb = xmalloc((size_t)nb * reps * sizeof(double)), *rbl = xmalloc((size_t)nb * reps * sizeof(double));
     double load0[3] = {0};
     if (getloadavg(load0, 3) < 1) load0[0] = -1;
     printf("llamacpp_decode: model B (H 512, 8 layers, 32 experts top-4, V 2048; %.0f MB fp32 in moerl, GGUF %s), "
@@ -331,10 +340,14 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
             make_prompts(prompts, b, plen, V, 17 + rep + 3);
             const double a = moerl_decode_once(e, b, plen, max_tokens, 17 + rep, prompts, rq, done);
             const double c = llama_decode_once(&L, b, plen, max_tokens, 17 + rep, prompts, scratch);
+            const double d = e16 ? moerl_decode_once(e16, b, plen, max_tokens, 17 + rep, prompts, rq, done) : 0;
             if (rep < 0) continue;
             tm[(size_t)i * reps + rep] = a;
             tl[(size_t)i * reps + rep] = c;
             rt[(size_t)i * reps + rep] = a / c;
+            tb[(size_t)i * reps + rep] = d;
+            rb[(size_t)i * reps + rep] = d / a;
+            rbl[(size_t)i * reps + rep] = d / c;
         }
     }
     printf("batch   moerl tokens/s        llama.cpp tokens/s     moerl / llama.cpp\n");
@@ -344,10 +357,21 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
         printf("%5d  %8.1f (%.1f-%.1f)  %8.1f (%.1f-%.1f)  %5.2fx (%.2f-%.2f)\n", batches[i], a.med, a.lo, a.hi, c.med,
                c.lo, c.hi, q.med, q.lo, q.hi);
     }
+    if (e16) {
+        printf("moerl with bf16 weights (engine_config.bf16_weights; same weights rounded to bf16):\n"
+               "batch   moerl bf16 tokens/s   bf16 / fp32 moerl     bf16 moerl / llama.cpp\n");
+        for (int i = 0; i < nb; i++) {
+            stat3 d = stats_of(tb + (size_t)i * reps, reps), q = stats_of(rb + (size_t)i * reps, reps),
+                  ql = stats_of(rbl + (size_t)i * reps, reps);
+            printf("%5d  %8.1f (%.1f-%.1f)  %5.2fx (%.2f-%.2f)     %5.2fx (%.2f-%.2f)\n", batches[i], d.med, d.lo, d.hi,
+                   q.med, q.lo, q.hi, ql.med, ql.lo, ql.hi);
+        }
+    }
     double load1[3] = {0};
     if (getloadavg(load1, 3) < 1) load1[0] = -1;
     printf("load average %.2f at the end (other processes on the cores slow every number above)\n", load1[0]);
-    free(tm); free(tl); free(rt); free(scratch); free(prompts); free(done); free(rq);
+    free(tm); free(tl); free(rt); free(tb); free(rb); free(rbl); free(scratch);
+    engine_free(e16); free(prompts); free(done); free(rq);
     engine_free(e);
     llama_close(&L);
     model_free(&m);
@@ -356,7 +380,7 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
 
 static void usage(void) {
     fprintf(stderr, "usage: llamacpp_decode --lib-dir DIR [--reps N] [--batches 1,8,32] [--prompt-len 16] "
-                    "[--max-tokens 32] [--gguf-dtype f32|bf16] [--tmp DIR]\n"
+                    "[--max-tokens 32] [--gguf-dtype f32|bf16] [--moerl-bf16] [--tmp DIR]\n"
                     "       llamacpp_decode --lib-dir DIR --parity --model DIR --gguf FILE --prompt 1,2,3 --steps N "
                     "[--tol X]\n");
     exit(2);
@@ -365,12 +389,13 @@ static void usage(void) {
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
     const char *lib_dir = NULL, *model_dir = NULL, *gguf = NULL, *tmpdir = "/tmp";
-    int parity = 0, reps = 5, plen = 16, max_tokens = 32, steps = 8, nb = 3, prompt[256], np = 0;
+    int parity = 0, with_bf16 = 0, reps = 5, plen = 16, max_tokens = 32, steps = 8, nb = 3, prompt[256], np = 0;
     int batches[MAX_BATCHES] = {1, 8, 32};
     double tol = 1e-4;
     gguf_export_dtype gdt = GGUF_EXPORT_F32;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--parity")) { parity = 1; continue; }
+        if (!strcmp(argv[a], "--moerl-bf16")) { with_bf16 = 1; continue; }
         if (a + 1 >= argc) usage();
         const char *k = argv[a], *v = argv[++a];
         if (!strcmp(k, "--lib-dir")) lib_dir = v;
@@ -402,7 +427,7 @@ int main(int argc, char **argv) {
         if (!model_dir || !gguf || np < 1) usage();
         rc = run_parity(model_dir, gguf, prompt, np, steps, tol);
     } else {
-        rc = run_bench(reps, batches, nb, plen, max_tokens, gdt, tmpdir);
+        rc = run_bench(reps, batches, nb, plen, max_tokens, gdt, tmpdir, with_bf16);
     }
     llama_backend_free();
     return rc;

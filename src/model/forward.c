@@ -500,12 +500,20 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         fz.nz = m->nz_gate_up[l];
         fz.nz_stride = gemm_packed_size(2 * I, H);
     }
+    if (m->bf16 && m->bf16->gate_up[l] && !ex->per_expert_weights) { /* the engine's bf16 weights */
+        fz.nz16 = m->bf16->gate_up[l];
+        fz.nz_stride = gemm_packed_size(2 * I, H);
+    }
     grouped_gemm_forward_team(s->gate_up, s->permuted, moe_w_gate_up(m, l, s), s->offsets, E, H, 2 * I, &fz);
     SPAN_END("gate_up GEMM + SwiGLU", t);
     t = SPAN_BEGIN();
     grouped_fuse fd = {0};
     if (m->nz && !ex->per_expert_weights) {
         fd.nz = m->nz_down[l];
+        fd.nz_stride = gemm_packed_size(H, I);
+    }
+    if (m->bf16 && m->bf16->down[l] && !ex->per_expert_weights) {
+        fd.nz16 = m->bf16->down[l];
         fd.nz_stride = gemm_packed_size(H, I);
     }
     grouped_gemm_forward_team(s->y, s->act, moe_w_down(m, l, s), s->offsets, E, I, H, &fd);
@@ -588,9 +596,15 @@ static void qkv_decode(const moe_model *m, int l, const float *x, float *q_raw, 
         const int seg0[3] = {0, oq, oq + ok}, segn[3] = {oq, ok, ok};
         float *outs[3] = {q_raw, k_raw, v};
         const float *ws[3] = {w->q_proj, w->k_proj, w->v_proj};
+        const uint16_t *ws16[3] = {NULL, NULL, NULL};
+        if (m->bf16 && oq % 16 == 0 && ok % 16 == 0) { /* the engine's bf16 weights (16-aligned segments) */
+            ws16[0] = m->bf16->q[l]; ws16[1] = m->bf16->k[l]; ws16[2] = m->bf16->v[l];
+        }
         for (int g = 0; g < 3; g++) {
             const int a = MOERL_MAX(c0, seg0[g]) - seg0[g], b = MOERL_MIN(c1, seg0[g] + segn[g]) - seg0[g];
-            if (b > a) gemm_skinny_nt(outs[g] + a, segn[g], x, ws[g] + (size_t)a * H, N, H, b - a, 0);
+            if (b <= a) continue;
+            if (ws16[g]) gemm_packed16_nt(outs[g] + a, segn[g], x, ws16[g], N, H, a, b);
+            else gemm_skinny_nt(outs[g] + a, segn[g], x, ws[g] + (size_t)a * H, N, H, b - a, 0);
         }
 #pragma omp barrier
 #pragma omp single
