@@ -39,8 +39,9 @@ struct engine {
 };
 
 /* Rows up to which a step's o_proj and LM head read the bf16 panels (beyond: the fp32 product
- * on the same bf16-rounded values; prefill-sized). */
-#define ENGINE_BF16_MAX_ROWS 64
+ * on the same bf16-rounded values, as qkv_forward and the experts' larger groups do): the
+ * decode-sized limit of the other kernels. */
+#define ENGINE_BF16_MAX_ROWS SKINNY_MAX_ROWS
 
 /* Allocate e->bf's panels (once) and lay out the pointers. */
 static void bf16_layout(engine *e) {
