@@ -35,6 +35,7 @@ static void gen_usage(FILE *f) {
             "  --seed S             base seed; response j of prompt i uses seed S + 1000003·i + j (default 0)\n"
             "  -n N                 samples per prompt (default 1)\n"
             "  --max-num-seqs N     sequences in flight (default 32)\n"
+            "  --dtype fp32|bf16    weights the engine computes from (default fp32; bf16: rollout.dtype bf16)\n"
             "  --chat-template NAME auto (the checkpoint's own, default) | qwen3 | chatml\n"
             "  --no-thinking        Qwen3's enable_thinking=false\n"
             "  --profile FILE       write a Chrome trace (Perfetto) of the engine's steps and kernels\n"
@@ -165,7 +166,7 @@ static int checkpoint_version(const char *dir, int *version) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *ptoks = NULL, *pfile = NULL, *ptext = NULL, *tpl = "auto";
-    int thinking = 1;
+    int thinking = 1, bf16 = 0;
     double max_new = 64, temp = 1.0, top_p = 1.0, top_k = 0, seed = 0, nsamp = 1, max_seqs = 32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -187,6 +188,14 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && has) { if (parse_num(a, argv[++i], 0, 9e15, &seed)) return 2; }
         else if (!strcmp(a, "-n") && has) { if (parse_num(a, argv[++i], 1, 1e6, &nsamp)) return 2; }
         else if (!strcmp(a, "--max-num-seqs") && has) { if (parse_num(a, argv[++i], 1, 1e5, &max_seqs)) return 2; }
+        else if (!strcmp(a, "--dtype") && has) {
+            const char *d = argv[++i];
+            if (strcmp(d, "fp32") && strcmp(d, "bf16")) {
+                fprintf(stderr, "moerl generate: --dtype '%s': expected fp32 or bf16\n", d);
+                return 2;
+            }
+            bf16 = !strcmp(d, "bf16");
+        }
         else if (!strcmp(a, "--profile") && has) { /* Chrome trace of the engine steps, written at exit */
             if (trace_open(argv[++i]) != MOERL_OK) {
                 fprintf(stderr, "moerl generate: --profile: %s\n", moerl_last_error());
@@ -260,7 +269,7 @@ int cmd_generate(int argc, char **argv) {
     int max_plen = 0;
     for (int i = 0; i < n_prompts; i++) max_plen = MOERL_MAX(max_plen, plens[i]);
     engine_config ec = {.max_num_seqs = (int)max_seqs, .max_model_len = max_plen + (int)max_new,
-                        .max_num_batched_tokens = MOERL_MAX(256, (int)max_seqs)};
+                        .max_num_batched_tokens = MOERL_MAX(256, (int)max_seqs), .bf16_weights = bf16};
     if (m.cfg.max_position_embeddings > 0 && ec.max_model_len > m.cfg.max_position_embeddings) {
         fprintf(stderr, "moerl generate: prompt (%d tokens) + --max-new-tokens %d exceeds the model's context "
                         "max_position_embeddings %d\n", max_plen, (int)max_new, m.cfg.max_position_embeddings);

@@ -22,6 +22,7 @@ static void usage(FILE *f) {
             "  tokenize  a model's tokenizer on a text or chat      (moerl tokenize --model DIR --text S)\n"
             "  plan      memory per rank and traffic per step        (moerl plan --model DIR|config.json [key=value ...])\n"
             "  simulate  the real scheduler on a virtual clock       (moerl simulate --config FILE [key=value ...])\n"
+            "  export-gguf  weights as GGUF for llama.cpp         (moerl export-gguf --model DIR --out F.gguf)\n"
             "  help      this text, or a command's options        (moerl help rl)\n"
             "run 'moerl <command> --help' for a command's options; 'moerl --version' for the version.\n"
             "Under mpirun use build/moerl-mpi (rl: rollout and trainer ranks; sft: runs on rank 0).\n");
@@ -35,7 +36,7 @@ typedef struct {
 static const command commands[] = {
     {"score", cmd_score}, {"sft", cmd_sft},   {"generate", cmd_generate},
     {"rl", cmd_rl},       {"eval", cmd_eval}, {"tasks", cmd_tasks},
-    {"tokenize", cmd_tokenize}, {"plan", cmd_plan}, {"simulate", cmd_simulate},
+    {"tokenize", cmd_tokenize}, {"plan", cmd_plan}, {"simulate", cmd_simulate}, {"export-gguf", cmd_export_gguf},
 };
 
 /* The size and rank an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH),

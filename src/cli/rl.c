@@ -139,6 +139,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
     cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
     cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
@@ -192,6 +193,10 @@ int rl_read_config(const cfg *c, rl_config *r) {
     r->max_response_length = (int)cfg_int(c, "data.max_response_length");
     r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    const char *rdt = cfg_str(c, "rollout.dtype");
+    if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
+        return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
+    r->bf16_weights = !strcmp(rdt, "bf16");
     r->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
     r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
     if (r->synth_alpha < 0 || r->synth_min <= 0)

@@ -192,6 +192,9 @@ typedef struct {
      * NULL = read W. */
     const float *nz;
     size_t nz_stride;
+    /* The same with bf16 panels (gemm_packed16_pack; expert g's at nz16 + g·nz_stride elements);
+     * takes precedence over nz. NULL = not used. */
+    const uint16_t *nz16;
 } grouped_fuse;
 
 /* Team forms: called by EVERY thread of an enclosing OpenMP parallel region (orphaned
@@ -226,6 +229,15 @@ void gemm_packed_pack(float *P, const float *W, int O, int I);
  * whatever m is (batch-invariant). Single-threaded. */
 void gemm_packed_nt_rows(float *out, int ldo, const float *const *rows, const float *P, int m, int I, int o0,
                          int o1);
+/* bf16 panels (the rollout engine's bf16 weights): the same layout with each weight rounded to
+ * bf16 (nearest, ties to even; gemm_packed_size(O, I) uint16 elements), and the same product
+ * with each weight widened to fp32 in the kernel — an output equals gemm_packed_nt_rows on the
+ * bf16-rounded weights. gemm_packed16_nt takes a row-major a[m, I] instead of row pointers.
+ * Single-threaded. */
+void gemm_packed16_pack(uint16_t *P, const float *W, int O, int I);
+void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
+                           int o1);
+void gemm_packed16_nt(float *out, int ldo, const float *a, const uint16_t *P, int m, int I, int o0, int o1);
 
 /* ---------------------------------------------------------------- MoE layer, naive oracle */
 

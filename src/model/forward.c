@@ -523,12 +523,20 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         fz.nz = m->nz_gate_up[l];
         fz.nz_stride = gemm_packed_size(2 * I, H);
     }
+    if (m->bf16 && m->bf16->gate_up[l] && !ex->per_expert_weights) { /* the engine's bf16 weights */
+        fz.nz16 = m->bf16->gate_up[l];
+        fz.nz_stride = gemm_packed_size(2 * I, H);
+    }
     grouped_gemm_forward_team(s->gate_up, s->permuted, moe_w_gate_up(m, l, s), s->offsets, E, H, 2 * I, &fz);
     SPAN_END("gate_up GEMM + SwiGLU", t);
     t = SPAN_BEGIN();
     grouped_fuse fd = {0};
     if (m->nz && !ex->per_expert_weights) {
         fd.nz = m->nz_down[l];
+        fd.nz_stride = gemm_packed_size(H, I);
+    }
+    if (m->bf16 && m->bf16->down[l] && !ex->per_expert_weights) {
+        fd.nz16 = m->bf16->down[l];
         fd.nz_stride = gemm_packed_size(H, I);
     }
     grouped_gemm_forward_team(s->y, s->act, moe_w_down(m, l, s), s->offsets, E, I, H, &fd);
@@ -583,9 +591,64 @@ static void mlp_forward_team(const moe_model *m, int l, const float *x, float *o
 
 /* ------------------------------------------------------------------ layer pieces (public) */
 
+/* Every OpenMP thread for a decode-sized call (N ≤ SKINNY_MAX_ROWS) made outside any parallel
+ * region (the rollout engine's steps), else team_size. Splitting a few tokens by rows would leave
+ * all but one or two threads idle while the weights stream; the decode kernels split output
+ * columns instead, with per-output sums that do not depend on the split. */
+static int decode_team_size(const moe_model *m, int N) {
+#ifdef _OPENMP
+    if (N <= SKINNY_MAX_ROWS && omp_get_level() == 0) return omp_get_max_threads();
+#endif
+    return team_size(m, N);
+}
+
+/* Decode-sized qkv_forward on a team of nthr threads: the q, k and v projections as one
+ * product over their concatenated output rows, split in 16-row blocks over the team (each
+ * weight row read once per step), then q/k norm and RoPE on one thread (a few heads). */
+static void qkv_decode(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
+                       float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
+                       const float *rope_sin, int N, int nthr) {
+    const moe_config *c = &m->cfg;
+    const layer_views *w = &m->p.layers[l];
+    const int H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+    const int oq = nh * hd, ok = nkv * hd, units = (oq + 2 * ok + 15) / 16;
+#pragma omp parallel num_threads(nthr)
+    {
+        const int t = team_thread(), nt = team_threads();
+        const int c0 = (int)((long)units * t / nt) * 16, c1 = MOERL_MIN(oq + 2 * ok, (int)((long)units * (t + 1) / nt) * 16);
+        /* the thread's block [c0, c1) of the concatenation q ‖ k ‖ v */
+        const int seg0[3] = {0, oq, oq + ok}, segn[3] = {oq, ok, ok};
+        float *outs[3] = {q_raw, k_raw, v};
+        const float *ws[3] = {w->q_proj, w->k_proj, w->v_proj};
+        const uint16_t *ws16[3] = {NULL, NULL, NULL};
+        if (m->bf16 && oq % 16 == 0 && ok % 16 == 0) { /* the engine's bf16 weights (16-aligned segments) */
+            ws16[0] = m->bf16->q[l]; ws16[1] = m->bf16->k[l]; ws16[2] = m->bf16->v[l];
+        }
+        for (int g = 0; g < 3; g++) {
+            const int a = MOERL_MAX(c0, seg0[g]) - seg0[g], b = MOERL_MIN(c1, seg0[g] + segn[g]) - seg0[g];
+            if (b <= a) continue;
+            if (ws16[g]) gemm_packed16_nt(outs[g] + a, segn[g], x, ws16[g], N, H, a, b);
+            else gemm_skinny_nt(outs[g] + a, segn[g], x, ws[g] + (size_t)a * H, N, H, b - a, 0);
+        }
+#pragma omp barrier
+#pragma omp single
+        {
+            rmsnorm_forward(q, q_rstd, q_raw, w->q_norm, N * nh, hd, c->rms_norm_eps);
+            rmsnorm_forward(k, k_rstd, k_raw, w->k_norm, N * nkv, hd, c->rms_norm_eps);
+            rope_forward(q, pos, rope_cos, rope_sin, N, nh, hd);
+            rope_forward(k, pos, rope_cos, rope_sin, N, nkv, hd);
+        }
+    }
+}
+
 void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
                  float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
                  const float *rope_sin, int N) {
+    const int nd = decode_team_size(m, N);
+    if (N <= SKINNY_MAX_ROWS && nd > 1) {
+        qkv_decode(m, l, x, q_raw, k_raw, q_rstd, k_rstd, q, k, v, pos, rope_cos, rope_sin, N, nd);
+        return;
+    }
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
 #pragma omp parallel num_threads(nthr)
     {
@@ -599,10 +662,10 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum) {
     MOERL_ASSERT(m->cfg.exec.ep_size <= 1 || !m->p.layers[l].router); /* an expert slice needs model_forward + ep */
-    /* team_size as in training (one thread for a token or two), as before the MoE layer moved
-     * onto the grouped GEMM kernels: their items could split a single token's experts over more
-     * threads, which has not been measured on a quiet machine yet */
-    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    /* decode-sized batches: every thread (the grouped GEMM's skinny items split each expert's
+     * output columns, so one token's experts spread over the team; bench/run_llamacpp.sh); larger
+     * ones: team_size as in training */
+    const int nthr = decode_team_size(m, N), nb = blas_team_begin(nthr);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;

@@ -144,7 +144,20 @@ typedef struct {
      * nz_down[l] [E][gemm_packed_size(H, I)]. Valid only until params change. */
     float *nz;
     const float *nz_gate_up[MOERL_MAX_LAYERS], *nz_down[MOERL_MAX_LAYERS];
+    /* bf16 weights of decode steps (the rollout engine's rollout.dtype bf16, built and owned by
+     * src/rollout/engine.c), NULL = fp32. When set, params hold the same bf16-rounded values. */
+    const struct moe_bf16_weights *bf16;
 } moe_model;
+
+/* bf16 copies, in the panel layout of gemm_packed16_pack, of the weights a decode step reads:
+ * per layer the q, k, v and o projections and (MoE layers) every expert's gate_up
+ * [E][gemm_packed_size(2I, H)] and down [E][gemm_packed_size(H, I)]; the LM head. */
+typedef struct moe_bf16_weights {
+    uint16_t *buf;
+    const uint16_t *q[MOERL_MAX_LAYERS], *k[MOERL_MAX_LAYERS], *v[MOERL_MAX_LAYERS], *o[MOERL_MAX_LAYERS];
+    const uint16_t *gate_up[MOERL_MAX_LAYERS], *down[MOERL_MAX_LAYERS];
+    const uint16_t *lm_head;
+} moe_bf16_weights;
 
 /* Build the tensor table and allocate params+grads (zeroed). */
 int model_init(moe_model *m, const moe_config *cfg);

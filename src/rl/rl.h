@@ -55,6 +55,7 @@ typedef struct {
     int top_k;
     int max_response_length;
     int max_num_seqs, max_num_batched_tokens;
+    int bf16_weights;          /* rollout.dtype bf16: the engine computes from bf16 weights (engine.h) */
     /* rollout.synthetic_length.*: a benchmark workload — each response's length is drawn from a
      * Pareto(alpha) tail above `min` tokens (capped at max_response_length) and EOS is ignored,
      * to reproduce the heavy-tailed response lengths of reasoning RL. alpha = 0: off. */

@@ -76,7 +76,8 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
                             train->path ? train->path : "the training data", max_plen, cfg->max_response_length,
                             m->cfg.max_position_embeddings);
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
-                        .max_num_batched_tokens = cfg->max_num_batched_tokens, .simulated = cfg->simulated};
+                        .max_num_batched_tokens = cfg->max_num_batched_tokens, .simulated = cfg->simulated,
+                        .bf16_weights = cfg->bf16_weights};
     R->eng = engine_create(&m->cfg, ec);
     if (!R->eng) return MOERL_ERR;
     if (engine_load_weights(R->eng, m->params, m->n_params, 0) != MOERL_OK) return MOERL_ERR;

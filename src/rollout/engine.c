@@ -10,6 +10,7 @@
 #include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
+#include "model/safetensors.h"
 
 /* Element-wise loops below this size stay on one thread (decode steps: a parallel region would
  * cost more than the loop). */
@@ -33,8 +34,85 @@ struct engine {
     int *sample_row;             /* [slots] batch row whose logits a slot samples from */
     gen_request **sample_req;    /* [slots] */
     float *hid, *hid_rstd, *logits, *sample_scratch;
+    moe_bf16_weights bf; /* bf16 panels (ec.bf16_weights), else bf.buf == NULL */
     engine_stats st;
 };
+
+/* Rows up to which a step's o_proj and LM head read the bf16 panels (beyond: the fp32 product
+ * on the same bf16-rounded values, as qkv_forward and the experts' larger groups do): the
+ * decode-sized limit of the other kernels. */
+#define ENGINE_BF16_MAX_ROWS SKINNY_MAX_ROWS
+
+/* Allocate e->bf's panels (once) and lay out the pointers. */
+static void bf16_layout(engine *e) {
+    const moe_config *c = &e->m.cfg;
+    const int H = e->H, E = e->E, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
+    const size_t sq = gemm_packed_size(qo, H), sk = gemm_packed_size(ko, H), so = gemm_packed_size(H, qo),
+                 sgu = E ? gemm_packed_size(2 * I, H) : 0, sd = E ? gemm_packed_size(H, I) : 0;
+    size_t total = gemm_packed_size(e->V, H);
+    for (int l = 0; l < e->L; l++)
+        total += sq + 2 * sk + so + (e->m.p.layers[l].router ? (size_t)E * (sgu + sd) : 0);
+    uint16_t *q = e->bf.buf = xalloc_aligned(total * sizeof(uint16_t));
+    for (int l = 0; l < e->L; l++) {
+        e->bf.q[l] = q; q += sq;
+        e->bf.k[l] = q; q += sk;
+        e->bf.v[l] = q; q += sk;
+        e->bf.o[l] = q; q += so;
+        if (e->m.p.layers[l].router) {
+            e->bf.gate_up[l] = q; q += (size_t)E * sgu;
+            e->bf.down[l] = q; q += (size_t)E * sd;
+        }
+    }
+    e->bf.lm_head = q;
+}
+
+/* After a weight load in bf16 mode: round the engine's weights to bf16 in place, then pack the
+ * panels (one matrix per iteration, all threads; a weight load is outside any parallel region). */
+static void bf16_build(engine *e) {
+    if (!e->bf.buf) bf16_layout(e);
+    float *p = e->m.params;
+    const size_t n = e->m.n_params;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+    const moe_config *c = &e->m.cfg;
+    const int H = e->H, E = e->E, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
+    const size_t sgu = E ? gemm_packed_size(2 * I, H) : 0, sd = E ? gemm_packed_size(H, I) : 0;
+    const int per_layer = 4 + 2 * E, items = e->L * per_layer + 1;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int it = 0; it < items; it++) {
+        if (it == items - 1) {
+            gemm_packed16_pack((uint16_t *)e->bf.lm_head, e->m.p.lm_head, e->V, H);
+            continue;
+        }
+        const int l = it / per_layer, j = it % per_layer;
+        const layer_views *w = &e->m.p.layers[l];
+        if (j == 0) gemm_packed16_pack((uint16_t *)e->bf.q[l], w->q_proj, qo, H);
+        else if (j == 1) gemm_packed16_pack((uint16_t *)e->bf.k[l], w->k_proj, ko, H);
+        else if (j == 2) gemm_packed16_pack((uint16_t *)e->bf.v[l], w->v_proj, ko, H);
+        else if (j == 3) gemm_packed16_pack((uint16_t *)e->bf.o[l], w->o_proj, H, qo);
+        else if (w->router) {
+            const int x = j - 4, ex = x / 2;
+            if (x % 2 == 0)
+                gemm_packed16_pack((uint16_t *)e->bf.gate_up[l] + (size_t)ex * sgu,
+                                   w->experts_gate_up + (size_t)ex * 2 * I * H, 2 * I, H);
+            else
+                gemm_packed16_pack((uint16_t *)e->bf.down[l] + (size_t)ex * sd, w->experts_down + (size_t)ex * H * I,
+                                   H, I);
+        }
+    }
+    e->m.bf16 = &e->bf;
+}
+
+/* out[N, O] (= or += per accumulate) = x[N, I] · Wᵀ from W's bf16 panels P, output columns split
+ * in 16-wide blocks over the threads; tmp: [N, O] scratch for accumulate. */
+static void linear16(float *out, float *tmp, const float *x, const uint16_t *P, int N, int I, int O, int accumulate) {
+    float *dst = accumulate ? tmp : out;
+    const int units = (O + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int u = 0; u < units; u++) gemm_packed16_nt(dst + (size_t)u * 16, O, x, P, N, I, u * 16, MOERL_MIN(O, u * 16 + 16));
+    if (accumulate)
+        for (size_t i = 0; i < (size_t)N * O; i++) out[i] += tmp[i];
+}
 
 const char *finish_reason_name(finish_reason r) {
     switch (r) {
@@ -59,6 +137,7 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
         return NULL;
     }
     e->ec = ec;
+    if (ec.bf16_weights) e->m.cfg.exec.no_pack = 1; /* the bf16 panels replace the fp32 expert panels */
     const moe_config *c = &e->m.cfg;
     e->L = c->num_hidden_layers; e->H = c->hidden_size; e->V = c->vocab_size;
     e->nh = c->num_attention_heads; e->nkv = c->num_key_value_heads; e->hd = c->head_dim;
@@ -98,6 +177,7 @@ void engine_free(engine *e) {
                     e->sample_row, e->sample_req, e->hid, e->hid_rstd, e->logits, e->sample_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     mlp_acts_free(&e->mlp);
+    free(e->bf.buf);
     free(e);
 }
 
@@ -107,6 +187,7 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
                             e->m.n_params);
     memcpy(e->m.params, params, n_params * sizeof(float));
     model_pack_experts(&e->m); /* the NZ switch: expert weights in the decode kernel's panel layout (or none) */
+    if (e->ec.bf16_weights) bf16_build(e);
     e->version = version;
     return MOERL_OK;
 }
@@ -115,6 +196,7 @@ int engine_version(const engine *e) { return e->version; }
 float *engine_weight_buffer(engine *e) { return e->m.params; }
 void engine_set_version(engine *e, int version) {
     model_pack_experts(&e->m); /* the buffer was filled in place: derived layouts follow, as in engine_load_weights */
+    if (e->ec.bf16_weights) bf16_build(e);
     e->version = version;
 }
 const moe_model *engine_model(const engine *e) { return &e->m; }
@@ -210,7 +292,8 @@ static void forward_tokens(engine *e, int T, int n_rows) {
         const double ta = trace_begin();
         attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
         trace_end("attention (KV cache)", "engine", ta);
-        linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
+        if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
+        else linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward(m, l, e->ln, e->mlp_out, &e->mlp, T, NULL, NULL);
         const size_t TH = (size_t)T * H;
@@ -222,7 +305,8 @@ static void forward_tokens(engine *e, int T, int n_rows) {
     for (int r = 0; r < n_rows; r++)
         memcpy(e->hid + (size_t)r * H, e->x + (size_t)e->sample_row[r] * H, H * sizeof(float));
     rmsnorm_forward(e->hid, e->hid_rstd, e->hid, m->p.norm, n_rows, H, c->rms_norm_eps);
-    linear_forward(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
+    if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(e->logits, NULL, e->hid, e->bf.lm_head, n_rows, H, e->V, 0);
+    else linear_forward(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
 }
 
 static int is_stop(const engine *e, const gen_request *r, int tok) {

@@ -74,7 +74,16 @@ typedef struct {
      * is allocated, the forward is skipped and every sampled token is 0 with behaviour logprob 0
      * (responses then end at their length limit, or at rollout.synthetic_length's). */
     int simulated;
+    int bf16_weights;           /* 1: compute from bf16 weights (rollout.dtype bf16, see below) */
 } engine_config;
+
+/* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of
+ * the weights to bf16 (nearest, ties to even; kept as fp32 values, so prefill-sized products and
+ * the small tensors compute with exactly these values) and packs every matrix a decode step
+ * reads — q/k/v/o projections, experts, LM head — as bf16 panels (gemm_packed16_pack), which the
+ * decode kernels widen to fp32 in registers: half the weight bytes per decoded token, fp32
+ * arithmetic. The caller's weights (the trainer's fp32 master copy) are not touched. The fp32
+ * expert panels of model.moe.pack_weights are not built in this mode. */
 
 typedef struct engine engine;
 

@@ -14,7 +14,11 @@
 #include "base/common.h"
 #include "kernels/kernels.h"
 
+#include <stdint.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #define NZ_W 16 /* outputs per panel */
 
@@ -81,5 +85,102 @@ void gemm_packed_nt_rows(float *out, int ldo, const float *const *rows, const fl
             }
             for (int r = 0; r < nr; r++) memcpy(out + (size_t)(r0 + r) * ldo + (o - o0), acc[r], (size_t)lanes * sizeof(float));
         }
+    }
+}
+
+/* ------------------------------------------------------------------ bf16 panels
+ * The same panel layout with bf16 elements (half the bytes per weight): the rollout engine's
+ * bf16 weights (rollout.dtype bf16). Each weight is widened to fp32 exactly (bf16 → fp32 is the
+ * 16 bits shifted up) inside the kernel, and the arithmetic is then the fp32 kernel's: an output
+ * equals the fp32 kernel's on the bf16-rounded weights. */
+
+static inline uint16_t bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+
+void gemm_packed16_pack(uint16_t *P, const float *W, int O, int I) {
+    MOERL_ASSERT(O >= 0 && I >= 0);
+    const int nb = (O + NZ_W - 1) / NZ_W;
+    for (int b = 0; b < nb; b++) {
+        uint16_t *pb = P + (size_t)b * I * NZ_W;
+        const int lanes = MOERL_MIN(NZ_W, O - b * NZ_W);
+        for (int i = 0; i < I; i++) {
+            uint16_t *d = pb + (size_t)i * NZ_W;
+            for (int l = 0; l < lanes; l++) d[l] = bf16_round(W[(size_t)(b * NZ_W + l) * I + i]);
+            for (int l = lanes; l < NZ_W; l++) d[l] = 0;
+        }
+    }
+}
+
+/* 16 bf16 weights → two vectors of 8 fp32 (exact). */
+static inline void bf16x16_load(const uint16_t *p, v8f *lo, v8f *hi) {
+#ifdef __AVX2__
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i a = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16);
+    const __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16);
+    __m256 fa = _mm256_castsi256_ps(a), fb = _mm256_castsi256_ps(b);
+    memcpy(lo, &fa, sizeof *lo);
+    memcpy(hi, &fb, sizeof *hi);
+#else
+    float f[16];
+    for (int l = 0; l < 16; l++) {
+        const uint32_t u = (uint32_t)p[l] << 16;
+        memcpy(&f[l], &u, 4);
+    }
+    memcpy(lo, f, sizeof *lo);
+    memcpy(hi, f + 8, sizeof *hi);
+#endif
+}
+
+static inline void panel16_rows(float out[4][NZ_W], const float *const *rows, int nr, const uint16_t *pb, int I) {
+    v8f a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0}, d0 = {0}, d1 = {0};
+    const float *x0 = rows[0], *x1 = nr > 1 ? rows[1] : rows[0], *x2 = nr > 2 ? rows[2] : rows[0],
+                *x3 = nr > 3 ? rows[3] : rows[0];
+    for (int i = 0; i < I; i++) {
+        v8f w0, w1;
+        bf16x16_load(pb + (size_t)i * NZ_W, &w0, &w1);
+        a0 += x0[i] * w0;
+        a1 += x0[i] * w1;
+        if (nr > 1) { b0 += x1[i] * w0; b1 += x1[i] * w1; }
+        if (nr > 2) { c0 += x2[i] * w0; c1 += x2[i] * w1; }
+        if (nr > 3) { d0 += x3[i] * w0; d1 += x3[i] * w1; }
+    }
+    memcpy(out[0], &a0, sizeof a0); memcpy(out[0] + 8, &a1, sizeof a1);
+    memcpy(out[1], &b0, sizeof b0); memcpy(out[1] + 8, &b1, sizeof b1);
+    memcpy(out[2], &c0, sizeof c0); memcpy(out[2] + 8, &c1, sizeof c1);
+    memcpy(out[3], &d0, sizeof d0); memcpy(out[3] + 8, &d1, sizeof d1);
+}
+
+void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
+                           int o1) {
+    MOERL_ASSERT(m >= 0 && I >= 0 && o0 >= 0 && o0 % NZ_W == 0 && o1 >= o0);
+    float acc[4][NZ_W];
+    for (int o = o0; o < o1; o += NZ_W) {
+        const uint16_t *pb = P + (size_t)(o / NZ_W) * I * NZ_W;
+        const int lanes = MOERL_MIN(NZ_W, o1 - o);
+        for (int r0 = 0; r0 < m; r0 += 4) {
+            const int nr = MOERL_MIN(4, m - r0);
+            switch (nr) {
+            case 1: panel16_rows(acc, rows + r0, 1, pb, I); break;
+            case 2: panel16_rows(acc, rows + r0, 2, pb, I); break;
+            case 3: panel16_rows(acc, rows + r0, 3, pb, I); break;
+            default: panel16_rows(acc, rows + r0, 4, pb, I); break;
+            }
+            for (int r = 0; r < nr; r++) memcpy(out + (size_t)(r0 + r) * ldo + (o - o0), acc[r], (size_t)lanes * sizeof(float));
+        }
+    }
+}
+
+void gemm_packed16_nt(float *out, int ldo, const float *a, const uint16_t *P, int m, int I, int o0, int o1) {
+    enum { CH = 64 };
+    const float *rows[CH];
+    for (int r0 = 0; r0 < m; r0 += CH) {
+        const int n = MOERL_MIN(CH, m - r0);
+        for (int r = 0; r < n; r++) rows[r] = a + (size_t)(r0 + r) * I;
+        gemm_packed16_nt_rows(out + (size_t)r0 * ldo, ldo, rows, P, n, I, o0, o1);
     }
 }

@@ -151,7 +151,10 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
             const int nblk = f->swiglu_act ? 2 : 1;
             for (int h = 0; h < nblk; h++) {
                 const int o0 = c0 + h * half, o1 = c1 + h * half;
-                if (f->nz && o0 % 16 == 0)
+                if (f->nz16 && o0 % 16 == 0)
+                    gemm_packed16_nt_rows(out + (size_t)r0 * O + o0, O, rows, f->nz16 + (size_t)g * f->nz_stride, m, I,
+                                          o0, o1);
+                else if (f->nz && o0 % 16 == 0)
                     gemm_packed_nt_rows(out + (size_t)r0 * O + o0, O, rows, f->nz + (size_t)g * f->nz_stride, m, I, o0,
                                         o1);
                 else
