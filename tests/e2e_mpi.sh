@@ -220,10 +220,6 @@ timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" ac
 rc=$?
 EDGE_WHAT="moerl-mpi sft -np 2 ep 2 must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.expert_parallel_size=2 is not wired" "$W/err"'
-    EDGE_WHAT="moerl-mpi sft -np $1 fsdp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
-    np=$1 sz=$2 # edge's own arguments would shadow $1 and $2 inside the eval
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${np}f${sz}"'
-done
 # pipeline parallelism: pp 2, pp 3 and dp 2 x pp 2 against the same one-process run (the global aux
 # loss makes the pipeline's own micro-batch split irrelevant); the bubble lands in the metrics
 for v in "2 2" "3 3" "4 2"; do
