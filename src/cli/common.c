@@ -154,6 +154,48 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
     return 0;
 }
 
+int cli_model_config(const cfg *c, const char *model, moe_config *mc) {
+    const char *path = model ? model : cfg_str(c, "model.path");
+    if (path[0]) {
+        char p[4200];
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(p, sizeof p, "%s/config.json", path);
+        else snprintf(p, sizeof p, "%s", path);
+        return moe_config_load(mc, p);
+    }
+    memset(mc, 0, sizeof *mc);
+    mc->vocab_size = (int)cfg_int(c, "model.vocab_size");
+    mc->hidden_size = (int)cfg_int(c, "model.hidden_size");
+    mc->intermediate_size = (int)cfg_int(c, "model.intermediate_size");
+    mc->moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
+    mc->num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
+    mc->num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
+    mc->num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
+    mc->head_dim = (int)cfg_int(c, "model.head_dim");
+    mc->num_experts = (int)cfg_int(c, "model.num_experts");
+    mc->num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
+    mc->decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
+    int nl;
+    const int64_t *ml = cfg_int_list(c, "model.mlp_only_layers", &nl);
+    if (nl > MOERL_MAX_LAYERS) return moerl_errorf("model.mlp_only_layers: more than %d entries", MOERL_MAX_LAYERS);
+    mc->n_mlp_only_layers = nl;
+    for (int i = 0; i < nl; i++) mc->mlp_only_layers[i] = (int)ml[i];
+    mc->norm_topk_prob = cfg_bool(c, "model.norm_topk_prob");
+    mc->tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
+    mc->rope_theta = (float)cfg_float(c, "model.rope_theta");
+    mc->rms_norm_eps = (float)cfg_float(c, "model.rms_norm_eps");
+    mc->max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
+    mc->router_aux_loss_coef = (float)cfg_float(c, "model.router_aux_loss_coef");
+    mc->initializer_range = (float)cfg_float(c, "model.initializer_range");
+    mc->bos_token_id = TOK_BOS;
+    mc->eos_token_id = TOK_EOS;
+    if (mc->vocab_size < TOK_VOCAB_SIZE)
+        return moerl_errorf("model.vocab_size %d is smaller than the byte tokenizer's %d", mc->vocab_size,
+                            TOK_VOCAB_SIZE);
+    if (moe_config_validate(mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
+    return MOERL_OK;
+}
+
 int cli_build_model(const cfg *c, moe_model *m) {
     const char *path = cfg_str(c, "model.path");
     if (path[0]) {
@@ -194,36 +236,7 @@ int cli_build_model(const cfg *c, moe_model *m) {
                                  cfg_bool(c, "data.enable_thinking"), "data.chat_template");
     }
     moe_config mc;
-    memset(&mc, 0, sizeof mc);
-    mc.vocab_size = (int)cfg_int(c, "model.vocab_size");
-    mc.hidden_size = (int)cfg_int(c, "model.hidden_size");
-    mc.intermediate_size = (int)cfg_int(c, "model.intermediate_size");
-    mc.moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
-    mc.num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
-    mc.num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
-    mc.num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
-    mc.head_dim = (int)cfg_int(c, "model.head_dim");
-    mc.num_experts = (int)cfg_int(c, "model.num_experts");
-    mc.num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
-    mc.decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
-    int nl;
-    const int64_t *ml = cfg_int_list(c, "model.mlp_only_layers", &nl);
-    if (nl > MOERL_MAX_LAYERS) return moerl_errorf("model.mlp_only_layers: more than %d entries", MOERL_MAX_LAYERS);
-    mc.n_mlp_only_layers = nl;
-    for (int i = 0; i < nl; i++) mc.mlp_only_layers[i] = (int)ml[i];
-    mc.norm_topk_prob = cfg_bool(c, "model.norm_topk_prob");
-    mc.tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
-    mc.rope_theta = (float)cfg_float(c, "model.rope_theta");
-    mc.rms_norm_eps = (float)cfg_float(c, "model.rms_norm_eps");
-    mc.max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
-    mc.router_aux_loss_coef = (float)cfg_float(c, "model.router_aux_loss_coef");
-    mc.initializer_range = (float)cfg_float(c, "model.initializer_range");
-    mc.bos_token_id = TOK_BOS;
-    mc.eos_token_id = TOK_EOS;
-    if (mc.vocab_size < TOK_VOCAB_SIZE)
-        return moerl_errorf("model.vocab_size %d is smaller than the byte tokenizer's %d", mc.vocab_size,
-                            TOK_VOCAB_SIZE);
-    if (moe_config_validate(&mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
+    if (cli_model_config(c, "", &mc) != MOERL_OK) return MOERL_ERR;
     if (model_init(m, &mc) != MOERL_OK) return MOERL_ERR;
     model_init_random(m, (uint64_t)cfg_int(c, "model.seed"));
     cli_apply_moe_switches(c, m);

@@ -20,6 +20,10 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
 /* Load model.path, or create a new model from the model.* architecture keys (random init
  * with model.seed). Prints what it did. */
 int cli_build_model(const cfg *c, moe_model *m);
+/* The architecture without weights: from `model` (a folder holding config.json, or the file) when
+ * non-empty, else from model.path when set, else from the model.* keys (validated; errors name the
+ * file or "model.*"). model NULL = use model.path / the keys. */
+int cli_model_config(const cfg *c, const char *model, moe_config *mc);
 /* Resolve train/test files: with data.task set, generate them under <out_dir>/data (unless they
  * exist with the same options); else data.train_files / data.val_files. Loads both. */
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test);

@@ -32,10 +32,6 @@ static void def_bool(cfg *c, const char *k, bool v, const char *h) {
 
 void plan_def_keys(cfg *c) {
     rl_def_keys(c);
-    def_int(c, "actor.fsdp_config.fsdp_size", 1, "FSDP shard group (1 = DDP replication, moerl today; -1 = all ranks of a stage)");
-    def_int(c, "actor.expert_parallel_size", 1, "expert-parallel ranks");
-    def_int(c, "actor.ulysses_sequence_parallel_size", 1, "Ulysses sequence-parallel ranks");
-    def_int(c, "actor.pipeline_parallel_size", 1, "pipeline stages");
     def_bool(c, "model.enable_gradient_checkpointing", false, "activation recompute (full, per layer)");
     def_int(c, "data.max_prompt_length", 512, "prompt tokens at most (sizes the KV cache and the tokens per step)");
     def_int(c, "rollout.n_ranks", 1, "rollout devices");
@@ -52,44 +48,8 @@ static int dtype_bytes(const cfg *c, const char *key, int *out) {
     return MOERL_OK;
 }
 
-/* The architecture: --model (a folder with config.json, or the file), else model.path, else model.*. */
-static int plan_model_config(const cfg *c, const char *model, moe_config *mc) {
-    const char *path = model ? model : cfg_str(c, "model.path");
-    if (path[0]) {
-        char p[4200];
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(p, sizeof p, "%s/config.json", path);
-        else snprintf(p, sizeof p, "%s", path);
-        return moe_config_load(mc, p);
-    }
-    memset(mc, 0, sizeof *mc);
-    mc->vocab_size = (int)cfg_int(c, "model.vocab_size");
-    mc->hidden_size = (int)cfg_int(c, "model.hidden_size");
-    mc->intermediate_size = (int)cfg_int(c, "model.intermediate_size");
-    mc->moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
-    mc->num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
-    mc->num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
-    mc->num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
-    mc->head_dim = (int)cfg_int(c, "model.head_dim");
-    mc->num_experts = (int)cfg_int(c, "model.num_experts");
-    mc->num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
-    mc->decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
-    int nl;
-    const int64_t *ml = cfg_int_list(c, "model.mlp_only_layers", &nl);
-    if (nl > MOERL_MAX_LAYERS) return moerl_errorf("model.mlp_only_layers: more than %d entries", MOERL_MAX_LAYERS);
-    mc->n_mlp_only_layers = nl;
-    for (int i = 0; i < nl; i++) mc->mlp_only_layers[i] = (int)ml[i];
-    mc->tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
-    mc->max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
-    mc->rope_theta = 1e4f;
-    mc->rms_norm_eps = 1e-6f;
-    mc->bos_token_id = mc->eos_token_id = -1;
-    if (moe_config_validate(mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
-    return MOERL_OK;
-}
-
 int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input *in) {
-    if (plan_model_config(c, model, mc) != MOERL_OK) return MOERL_ERR;
+    if (cli_model_config(c, model, mc) != MOERL_OK) return MOERL_ERR;
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);

@@ -44,39 +44,6 @@ static void sim_def_keys(cfg *c) {
     cfg_def_float(c, "sim.sync_overhead_s", -1, "fixed seconds per weight sync besides the transfer (< 0 = device's)");
 }
 
-static int target_config(const cfg *c, const char *model, moe_config *mc) {
-    const char *path = model ? model : cfg_str(c, "model.path");
-    if (path[0]) {
-        char p[4200];
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(p, sizeof p, "%s/config.json", path);
-        else snprintf(p, sizeof p, "%s", path);
-        return moe_config_load(mc, p);
-    }
-    memset(mc, 0, sizeof *mc);
-    mc->vocab_size = (int)cfg_int(c, "model.vocab_size");
-    mc->hidden_size = (int)cfg_int(c, "model.hidden_size");
-    mc->intermediate_size = (int)cfg_int(c, "model.intermediate_size");
-    mc->moe_intermediate_size = (int)cfg_int(c, "model.moe_intermediate_size");
-    mc->num_hidden_layers = (int)cfg_int(c, "model.num_hidden_layers");
-    mc->num_attention_heads = (int)cfg_int(c, "model.num_attention_heads");
-    mc->num_key_value_heads = (int)cfg_int(c, "model.num_key_value_heads");
-    mc->head_dim = (int)cfg_int(c, "model.head_dim");
-    mc->num_experts = (int)cfg_int(c, "model.num_experts");
-    mc->num_experts_per_tok = (int)cfg_int(c, "model.num_experts_per_tok");
-    mc->decoder_sparse_step = (int)cfg_int(c, "model.decoder_sparse_step");
-    mc->norm_topk_prob = 1;
-    mc->tie_word_embeddings = cfg_bool(c, "model.tie_word_embeddings");
-    mc->max_position_embeddings = (int)cfg_int(c, "model.max_position_embeddings");
-    mc->rope_theta = (float)cfg_float(c, "model.rope_theta");
-    mc->rms_norm_eps = 1e-6f;
-    mc->initializer_range = 0.02f;
-    mc->bos_token_id = TOK_BOS;
-    mc->eos_token_id = TOK_EOS;
-    if (moe_config_validate(mc) != MOERL_OK) return moerl_error_prefix("model.*: ");
-    return MOERL_OK;
-}
-
 /* The stand-in model of the engine and trainer: one dense layer of width 8 over the byte vocabulary. */
 static int tiny_model(moe_model *m, int max_len) {
     moe_config t;
@@ -277,7 +244,7 @@ int cmd_simulate(int argc, char **argv) {
         }
         if (cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
     }
-    if (rl_read_config(c, &x.rc) != MOERL_OK || target_config(c, model, &target) != MOERL_OK) goto fail;
+    if (rl_read_config(c, &x.rc) != MOERL_OK || cli_model_config(c, model, &target) != MOERL_OK) goto fail;
     x.su.target = &target;
     x.su.rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     const int n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");

@@ -162,6 +162,20 @@ int job_open_outputs(job *J, int resumed) {
     return MOERL_OK;
 }
 
+/* Close the outputs and free the engine, trainer, queued groups and J itself (every transport's
+ * teardown; parts that were never set up are skipped). */
+void job_free(job *J) {
+    job_close_outputs(J);
+    if (J->R.eng) rollouter_free(&J->R);
+    if (J->T.m) trainer_free(&J->T);
+    if (J->queue.items) {
+        void *g;
+        while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);
+        rl_queue_destroy(&J->queue);
+    }
+    free(J);
+}
+
 void job_close_outputs(job *J) {
     if (J->mw) metrics_close(J->mw);
     if (J->samples) fclose(J->samples);
@@ -642,14 +656,6 @@ out0:
         double rb, ri;
         as_stop(J, &rb, &ri);
     }
-    job_close_outputs(J);
-    if (J->R.eng) rollouter_free(&J->R);
-    if (J->T.m) trainer_free(&J->T);
-    if (J->queue.items) {
-        void *g;
-        while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);
-        rl_queue_destroy(&J->queue);
-    }
-    free(J);
+    job_free(J);
     return rc;
 }

@@ -115,6 +115,9 @@ int job_load_checkpoint(job *J, int *resumed);
 /* Open metrics.jsonl / samples.jsonl / plot.dat under out_dir (appending when resumed). */
 int job_open_outputs(job *J, int resumed);
 void job_close_outputs(job *J);
+/* Close the outputs, free the rollouter, trainer, the groups still queued and J (embedded and
+ * simulated transports' teardown). */
+void job_free(job *J);
 /* One samples.jsonl line per group (trainer_version, uid, epoch, row, versions of its tokens). */
 void job_log_samples(job *J, rl_group **g, int n);
 /* Window accumulation of per-step statistics (first: overwrite). */

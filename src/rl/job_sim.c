@@ -303,16 +303,8 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
         res->engine_steps = S.steps_engine;
     }
 out:
-    job_close_outputs(J);
     for (int i = 0; i < S.n_pending; i++) rl_group_free(S.pending[i]);
     free(S.pending);
-    if (J->R.eng) rollouter_free(&J->R);
-    if (J->T.m) trainer_free(&J->T);
-    if (J->queue.items) {
-        void *g;
-        while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);
-        rl_queue_destroy(&J->queue);
-    }
-    free(J);
+    job_free(J);
     return rc;
 }
