@@ -63,24 +63,17 @@ static float adamw_begin(adamw_state *s, float lr, double norm, float *step_size
 }
 
 int adamw_step(adamw_state *s, moe_model *m, float lr, float loss, double *grad_norm) {
-    const double tr = trace_begin();
     double norm = grad_global_norm(m);
     if (grad_norm) *grad_norm = norm;
-    if (!isfinite(norm) || !isfinite(loss)) {
-        s->skipped++;
-        trace_end("optimizer (skipped)", "optim", tr);
-        return 0;
-    }
-    float step_size, inv_sqrt_bc2;
-    const float clip = adamw_begin(s, lr, norm, &step_size, &inv_sqrt_bc2);
+    /* the whole model is one shard: a range per tensor (the decay flag differs between tensors) */
+    adamw_range *r = xmalloc((size_t)(m->n_tensors ? m->n_tensors : 1) * sizeof *r);
     for (int ti = 0; ti < m->n_tensors; ti++) {
         const tensor_info *t = &m->tensors[ti];
-        const float decay = (t->flags & TF_DECAY) ? 1.0f - lr * s->cfg.weight_decay : 1.0f;
-        adamw_update(m->params + t->offset, m->grads + t->offset, s->m + t->offset, s->v + t->offset, t->numel, decay,
-                     clip, s->cfg.beta1, s->cfg.beta2, s->cfg.eps, step_size, inv_sqrt_bc2);
+        r[ti] = (adamw_range){.offset = t->offset, .n = (size_t)t->numel, .decay = (t->flags & TF_DECAY) != 0};
     }
-    trace_end("optimizer", "optim", tr);
-    return 1;
+    const int applied = adamw_step_ranges(s, m->params, m->grads, r, m->n_tensors, lr, loss, norm);
+    free(r);
+    return applied;
 }
 
 void adamw_init_shard(adamw_state *s, size_t n, adamw_config cfg) {
