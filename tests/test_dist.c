@@ -21,6 +21,7 @@
 #include "base/rng.h"
 #include "dist/dist.h"
 #include "model/model.h"
+#include "dist_test.h"
 #include "test.h"
 
 static dist_ctx *g_ctx;
@@ -80,18 +81,6 @@ static uint64_t hash_bytes(const void *p, size_t n) {
 
 /* 1 if every rank of the world holds the same 64-bit value (exchanged exactly as 2 × 32-bit halves
  * in doubles: each rank fills its own slot, a sum over the world assembles the table). */
-static int same_on_all_ranks(uint64_t v) {
-    const int P = g_ctx->world_size;
-    double *t = xcalloc((size_t)2 * P, sizeof(double));
-    t[2 * RANK] = (double)(v >> 32);
-    t[2 * RANK + 1] = (double)(v & 0xffffffffu);
-    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, t, 2 * P) == MOERL_OK);
-    int same = 1;
-    for (int r = 1; r < P; r++) same &= t[2 * r] == t[0] && t[2 * r + 1] == t[1];
-    free(t);
-    return same;
-}
-
 /* ---------------- bucket plan ---------------- */
 
 static void check_plan(const moe_model *m, size_t first_cap, size_t cap, const char *what) {
@@ -268,7 +257,7 @@ static void test_reducer_model(int tied, double bucket_mb) {
                 CHECK_R(memcmp(ref + s * n, m.grads, n * sizeof(float)) == 0,
                         "reducer %s must equal overlap off bit for bit (%g MiB, step %d)", RANK, mode_name[mode],
                         bucket_mb, s);
-            CHECK_R(same_on_all_ranks(hash_bytes(m.grads, n * sizeof(float))),
+            CHECK_R(dist_same_on_all_ranks(g_ctx, hash_bytes(m.grads, n * sizeof(float))),
                     "reduced gradients must be identical on every rank (%s, step %d)", RANK, mode_name[mode], s);
         }
         CHECK_R(dist_reducer_layer_done(r, L + 1) == MOERL_ERR && strstr(moerl_last_error(), "outside"),
@@ -591,10 +580,5 @@ int main(int argc, char **argv) {
     test_bcast();
     test_p2p();
     test_collectives();
-    double counts[2] = {t_passed, t_failed};
-    dist_allreduce_sum(g_ctx, DIST_WORLD, counts, 2);
-    const int failed = counts[1] > 0;
-    if (g_ctx->world_rank == 0) printf("%d passed, %d failed\n", (int)counts[0], (int)counts[1]);
-    dist_finalize(g_ctx);
-    return failed;
+    return dist_test_finish(g_ctx);
 }

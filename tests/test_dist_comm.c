@@ -3,14 +3,14 @@
  * (tests/e2e_mpi.sh). Every collective is checked against the value computed independently from the
  * rank numbers; the byte counters against their documented formulas; the grid's layout (pp 2 × sp 2,
  * fsdp 2, ep 2 at 4 ranks) against grid.h's rank order; configuration errors name the key.
- * A check counts once: each rank runs it, the failures are summed, rank 0 prints its own pass count
- * and the summed failures. */
+ * A check counts once (tests/dist_test.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
 #include "dist/dist.h"
 #include "parallel/grid.h"
+#include "dist_test.h"
 #include "test.h"
 
 static float val(int rank, size_t i) { return (float)(rank * 1000 + (int)i); }
@@ -145,11 +145,5 @@ int main(int argc, char **argv) {
     }
     test_collectives(ctx);
     test_grid(ctx);
-    double f = t_failed;
-    dist_allreduce_sum(ctx, DIST_WORLD, &f, 1);
-    const int rank = ctx->world_rank;
-    dist_finalize(ctx);
-    if (rank != 0) return f > 0;
-    t_failed = (int)f;
-    TEST_MAIN_END();
+    return dist_test_finish(ctx);
 }

@@ -24,6 +24,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "dist_test.h"
 #include "test.h"
 
 #define K_STEPS 5
@@ -214,18 +215,6 @@ static void run_dp(const global_batch *g, dist_overlap overlap, float *losses, m
 }
 
 /* 1 if every member of the world holds the same 64-bit value. */
-static int same_on_all_ranks(uint64_t v) {
-    const int P = g_ctx->world_size;
-    double *t = xcalloc((size_t)2 * P, sizeof(double));
-    t[2 * RANK] = (double)(v >> 32);
-    t[2 * RANK + 1] = (double)(v & 0xffffffffu);
-    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, t, 2 * P) == MOERL_OK);
-    int same = 1;
-    for (int r = 1; r < P; r++) same &= t[2 * r] == t[0] && t[2 * r + 1] == t[1];
-    free(t);
-    return same;
-}
-
 static uint64_t hash_floats(const float *x, size_t n) {
     const unsigned char *b = (const unsigned char *)x;
     uint64_t h = 1469598103934665603ULL;
@@ -305,11 +294,7 @@ int main(int argc, char **argv) {
         mine = hash_floats(w.params, n);
         model_free(&w);
     }
-    CHECK_R(same_on_all_ranks(mine), "trained weights must be bit-identical on every rank", RANK);
+    CHECK_R(dist_same_on_all_ranks(g_ctx, mine), "trained weights must be bit-identical on every rank", RANK);
     model_free(&ref);
-    double counts[2] = {t_passed, t_failed};
-    dist_allreduce_sum(g_ctx, DIST_WORLD, counts, 2);
-    if (g_ctx->world_rank == 0) printf("%d passed, %d failed\n", (int)counts[0], (int)counts[1]);
-    dist_finalize(g_ctx);
-    return counts[1] > 0;
+    return dist_test_finish(g_ctx);
 }

@@ -26,6 +26,7 @@
 #include "parallel/ep.h"
 #include "parallel/parallel.h"
 #include "par_fixture.h"
+#include "dist_test.h"
 #include "test.h"
 
 #define E_EXPERTS 8
@@ -45,18 +46,6 @@ typedef struct {
     size_t local_params, full_params;
     int cap, idle_passes;
 } ep_run;
-
-static int same_on_all_ranks(uint64_t v) {
-    const int P = g_ctx->world_size;
-    double *t = xcalloc((size_t)2 * P, sizeof(double));
-    t[2 * RANK] = (double)(v >> 32);
-    t[2 * RANK + 1] = (double)(v & 0xffffffffu);
-    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, t, 2 * P) == MOERL_OK);
-    int same = 1;
-    for (int r = 1; r < P; r++) same &= t[2 * r] == t[0] && t[2 * r + 1] == t[1];
-    free(t);
-    return same;
-}
 
 /* mb_tokens: train_accumulate's micro-batch limit; below FX_MAX_TOKENS the ranks' shares pack into
  * different numbers of micro-batches and the ranks with fewer run idle passes (ep_idle_pass). */
@@ -310,7 +299,7 @@ int main(int argc, char **argv) {
         CHECK_R(runs[r]->a2a_bytes == runs[r]->formula_bytes && runs[r]->a2a_bytes > 0,
                 "%s: all-to-all bytes %.0f, formula %.0f", RANK, names[r], runs[r]->a2a_bytes,
                 runs[r]->formula_bytes);
-    CHECK_R(same_on_all_ranks(fx_hash(v.full.params, n)), "assembled weights must be bit-identical on every rank",
+    CHECK_R(dist_same_on_all_ranks(g_ctx, fx_hash(v.full.params, n)), "assembled weights must be bit-identical on every rank",
             RANK);
     CHECK_R(v.local_params < v.full_params, "a slice holds %zu floats, the whole model %zu", RANK, v.local_params,
             v.full_params);
@@ -332,9 +321,5 @@ int main(int argc, char **argv) {
     model_free(&u.full);
     model_free(&init);
     model_free(&ref);
-    double counts[2] = {t_passed, t_failed};
-    dist_allreduce_sum(g_ctx, DIST_WORLD, counts, 2);
-    if (RANK == 0) printf("%d passed, %d failed\n", (int)counts[0], (int)counts[1]);
-    dist_finalize(g_ctx);
-    return counts[1] > 0;
+    return dist_test_finish(g_ctx);
 }

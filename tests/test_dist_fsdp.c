@@ -28,6 +28,7 @@
 #include "optim/adamw.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel.h"
+#include "dist_test.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -302,11 +303,5 @@ int main(int argc, char **argv) {
     make_batch();
     run(fsdp, 0);
     run(fsdp, 1);
-    /* every rank's counts, summed, printed once */
-    double pf[2] = {t_passed, t_failed};
-    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, pf, 2) == MOERL_OK);
-    const int failed = (int)pf[1];
-    if (RANK == 0) printf("%d passed, %d failed\n", (int)pf[0], failed);
-    dist_finalize(g_ctx);
-    return failed ? 1 : 0;
+    return dist_test_finish(g_ctx);
 }

@@ -31,6 +31,7 @@
 #include "optim/adamw.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
+#include "dist_test.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -232,18 +233,6 @@ static void run_pipeline(int pp, int global_aux, float *losses, moe_model *m, pp
     par_grid_free(&g);
 }
 
-static int same_on_all_ranks(uint64_t v) {
-    const int P = g_ctx->world_size;
-    double *t = xcalloc((size_t)2 * P, sizeof(double));
-    t[2 * RANK] = (double)(v >> 32);
-    t[2 * RANK + 1] = (double)(v & 0xffffffffu);
-    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, t, 2 * P) == MOERL_OK);
-    int same = 1;
-    for (int r = 1; r < P; r++) same &= t[2 * r] == t[0] && t[2 * r + 1] == t[1];
-    free(t);
-    return same;
-}
-
 static uint64_t hash_floats(const float *x, size_t n) {
     const unsigned char *b = (const unsigned char *)x;
     uint64_t h = 1469598103934665603ULL;
@@ -281,7 +270,7 @@ static void test_equivalence(int pp, int global_aux) {
                "receive-wait share %.3f\n",
                dp, pp, worst, st.microbatches, st.bubble_mean, st.theory, st.wait_share_mean);
     }
-    CHECK_R(same_on_all_ranks(hash_floats(mp.params, mp.n_params)), "dp %d x pp %d: weights must be bit-identical "
+    CHECK_R(dist_same_on_all_ranks(g_ctx, hash_floats(mp.params, mp.n_params)), "dp %d x pp %d: weights must be bit-identical "
             "on every rank", RANK, dp, pp);
     model_free(&ref);
     model_free(&mp);
@@ -401,9 +390,5 @@ int main(int argc, char **argv) {
         if (P == 4) test_equivalence(2, 0); /* dp 2 × pp 2 */
         test_guard(P);
     }
-    double counts[2] = {t_passed, t_failed};
-    dist_allreduce_sum(g_ctx, DIST_WORLD, counts, 2);
-    if (RANK == 0) printf("%d passed, %d failed\n", (int)counts[0], (int)counts[1]);
-    dist_finalize(g_ctx);
-    return counts[1] > 0;
+    return dist_test_finish(g_ctx);
 }

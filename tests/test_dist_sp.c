@@ -21,6 +21,7 @@
 #include "parallel/parallel.h"
 #include "parallel/ulysses.h"
 #include "par_fixture.h"
+#include "dist_test.h"
 #include "test.h"
 
 #define E_EXPERTS 8
@@ -29,18 +30,6 @@
 static dist_ctx *g_ctx;
 #define RANK g_ctx->world_rank
 #define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
-
-static int same_on_all_ranks(uint64_t v) {
-    const int P = g_ctx->world_size;
-    double *t = xcalloc((size_t)2 * P, sizeof(double));
-    t[2 * RANK] = (double)(v >> 32);
-    t[2 * RANK + 1] = (double)(v & 0xffffffffu);
-    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, t, 2 * P) == MOERL_OK);
-    int same = 1;
-    for (int r = 1; r < P; r++) same &= t[2 * r] == t[0] && t[2 * r + 1] == t[1];
-    free(t);
-    return same;
-}
 
 /* Floats this rank sends to the other sp ranks per layer for a micro-batch of N tokens: forward
  * (q|k|v rows of its tokens to every other rank, then the attention output of the others' tokens
@@ -182,7 +171,7 @@ int main(int argc, char **argv) {
     t_close("SP weights vs one rank", cmp->params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f);
     double worst = 0;
     for (size_t i = 0; i < ref.n_params; i++) worst = fmax(worst, fabs((double)cmp->params[i] - ref.params[i]));
-    CHECK_R(same_on_all_ranks(fx_hash(cmp->params, cmp->n_params)), "weights must be bit-identical on every rank",
+    CHECK_R(dist_same_on_all_ranks(g_ctx, fx_hash(cmp->params, cmp->n_params)), "weights must be bit-identical on every rank",
             RANK);
     if (RANK == 0) {
         for (int k = 0; k < FX_K_STEPS; k++)
@@ -205,9 +194,5 @@ int main(int argc, char **argv) {
     par_grid_free(&g);
     model_free(&init);
     model_free(&ref);
-    double counts[2] = {t_passed, t_failed};
-    dist_allreduce_sum(g_ctx, DIST_WORLD, counts, 2);
-    if (RANK == 0) printf("%d passed, %d failed\n", (int)counts[0], (int)counts[1]);
-    dist_finalize(g_ctx);
-    return counts[1] > 0;
+    return dist_test_finish(g_ctx);
 }
