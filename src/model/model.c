@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/common.h"
 #include "base/rng.h"
@@ -112,10 +113,18 @@ void model_pack_experts(moe_model *m) {
     }
 }
 
+void model_free_params(moe_model *m) {
+    if (m->params_map) munmap(m->params_map, m->params_map_len);
+    else free(m->params);
+    m->params = NULL;
+    m->params_map = NULL;
+    m->params_map_len = 0;
+}
+
 void model_free(moe_model *m) {
     free(m->nz);
     free(m->tensors);
-    free(m->params);
+    model_free_params(m);
     free(m->grads);
     memset(m, 0, sizeof *m);
 }

@@ -129,6 +129,10 @@ typedef struct {
     tensor_info *tensors;
     size_t n_params;      /* floats in each buffer */
     float *params;        /* [n_params] */
+    void *params_map;     /* when params lie in a mapped checkpoint file (checkpoint.c, zero-copy load):
+                           * that mapping (private, copy on write), unmapped by model_free_params;
+                           * NULL when params is a heap buffer */
+    size_t params_map_len;
     float *grads;         /* [n_params], zeroed by model_zero_grad */
     model_views p, g;     /* views into params and grads */
     /* Expert weights pre-packed for the skinny kernel (model_pack_experts), NULL when not
@@ -143,6 +147,8 @@ int model_init(moe_model *m, const moe_config *cfg);
 /* Same layout without a gradient buffer (rollout engines: grads == NULL). */
 int model_init_inference(moe_model *m, const moe_config *cfg);
 void model_free(moe_model *m);
+/* Release the parameter buffer only (heap or mapped file, see params_map); params = NULL. */
+void model_free_params(moe_model *m);
 /* Random init as HF _init_weights: normal(0, initializer_range) for linear and embedding
  * weights, norms = 1. Deterministic from seed. */
 void model_init_random(moe_model *m, uint64_t seed);
