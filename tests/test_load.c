@@ -77,6 +77,13 @@ static void check_modes(const moe_model *want, const char *dir, int adopt_expect
             CHECK(((uintptr_t)m.params & 63) == 0, "%s: adopted buffer is not 64-byte aligned", what);
             CHECK(m.p.embed_tokens == m.params, "%s: views not moved onto the adopted buffer", what);
         }
+        moe_model inf;
+        rc = model_load_hf_inference(&inf, dir);
+        CHECK(rc == MOERL_OK && inf.grads == NULL && same_params(want, &inf) &&
+                  (inf.params_map != NULL) == (adopt_expected && k == 0),
+              "%s, MOERL_LOAD=%s: model_load_hf_inference: %s", what, MODES[k],
+              rc == MOERL_OK ? "grads, parameters or adoption differ" : moerl_last_error());
+        if (rc == MOERL_OK) model_free(&inf);
         moe_model w;
         MOERL_ASSERT(model_init(&w, &want->cfg) == MOERL_OK);
         CHECK(model_load_weights(&w, dir) == MOERL_OK && w.params_map == NULL && same_params(want, &w),

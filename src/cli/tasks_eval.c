@@ -126,7 +126,7 @@ int cmd_eval(int argc, char **argv) {
     double acc, mlen;
     /* the data first (cheap, and its errors name file:line), then the model */
     if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
-    if (model_load_hf(&m, model_dir) != MOERL_OK) goto fail;
+    if (model_load_hf_inference(&m, model_dir) != MOERL_OK) goto fail;
     if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
     for (int64_t i = 0; i < dataset_count(&ds); i++)
         if (tokenizer_chat_check(tok_current(), dataset_row(&ds, i)->prompt, dataset_row(&ds, i)->n_prompt)) {

@@ -530,11 +530,22 @@ static int load_weights(moe_model *m, const char *dir, int adopt) {
             m->params = (float *)((char *)cf.files[0].map + delta);
             cf.files[0].map = NULL; /* ours now: st_close leaves it mapped */
             (void)madvise(m->params_map, m->params_map_len, MADV_NORMAL);
-            model_views_for(m, m->params, &m->p);
-            if (m->grads) model_views_for(m, m->grads, &m->g);
         } else {
+            if (!m->params) { /* model_init_layout: a buffer of our own, not zero-filled first */
+                const size_t bytes = m->n_params * sizeof(float);
+                m->params = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+                if (!m->params) moerl_fatal("out of memory allocating %zu bytes of parameters", bytes);
+                for (int i = 0; i < m->n_tensors; i++) { /* the padding after each tensor */
+                    const tensor_info *ti = &m->tensors[i];
+                    const size_t end = ti->offset + (size_t)ti->numel,
+                                 next = i + 1 < m->n_tensors ? m->tensors[i + 1].offset : m->n_params;
+                    memset(m->params + end, 0, (next - end) * sizeof(float));
+                }
+            }
             convert_all(&cf, plan, src, src_file, n, m->params, mode == LOAD_MMAP);
         }
+        model_views_for(m, m->params, &m->p);
+        if (m->grads) model_views_for(m, m->grads, &m->g);
         if (head) {
             const tensor_info *emb = model_find_tensor(m, "model.embed_tokens.weight");
             const float *e = m->params + emb->offset;
@@ -562,19 +573,22 @@ int model_load_weights(moe_model *m, const char *dir) { return load_weights(m, d
 
 /* Load DIR/config.json, build the model (model_init) and load its weights; the buffer may be the
  * mapped file itself (load_weights, MOERL_LOAD). On error the model is left freed (zeroed). */
-int model_load_hf(moe_model *m, const char *dir) {
+static int load_hf(moe_model *m, const char *dir, int with_grads) {
     moe_config c;
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     memset(m, 0, sizeof *m);
     if (moe_config_load(&c, cpath) != MOERL_OK) return MOERL_ERR;
-    if (model_init(m, &c) != MOERL_OK) return moerl_error_prefix("checkpoint '%s': ", dir);
+    if (model_init_layout(m, &c, with_grads) != MOERL_OK) return moerl_error_prefix("checkpoint '%s': ", dir);
     if (load_weights(m, dir, 1) != MOERL_OK) {
         model_free(m);
         return MOERL_ERR;
     }
     return MOERL_OK;
 }
+
+int model_load_hf(moe_model *m, const char *dir) { return load_hf(m, dir, 1); }
+int model_load_hf_inference(moe_model *m, const char *dir) { return load_hf(m, dir, 0); }
 
 /* ------------------------------------------------------------------------- saving */
 

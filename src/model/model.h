@@ -146,6 +146,10 @@ typedef struct {
 int model_init(moe_model *m, const moe_config *cfg);
 /* Same layout without a gradient buffer (rollout engines: grads == NULL). */
 int model_init_inference(moe_model *m, const moe_config *cfg);
+/* The tensor table (and zeroed grads when with_grads) but no parameter buffer: params and the
+ * views m->p stay NULL until the caller provides them (checkpoint.c: the loader allocates or maps
+ * the buffer itself rather than zero-filling one it then overwrites). */
+int model_init_layout(moe_model *m, const moe_config *cfg, int with_grads);
 void model_free(moe_model *m);
 /* Release the parameter buffer only (heap or mapped file, see params_map); params = NULL. */
 void model_free_params(moe_model *m);
@@ -184,8 +188,11 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *hf_name, int
 int model_check_finite(const moe_model *m, const char *where, const char *verb);
 /* Load DIR/config.json and DIR/model.safetensors or DIR/model.safetensors.index.json (sharded).
  * HF names; per-expert tensors stacked. Unknown or missing tensors and shape mismatches are
- * errors naming the tensor and both shapes. Calls model_init. */
+ * errors naming the tensor and both shapes. Builds the model (model_init_layout: params and
+ * grads) and fills the buffer, or adopts the mapped file as the buffer (checkpoint.c, MOERL_LOAD). */
 int model_load_hf(moe_model *m, const char *dir);
+/* model_load_hf without a gradient buffer (grads NULL): for generate, score and eval. */
+int model_load_hf_inference(moe_model *m, const char *dir);
 /* Load weights only into an initialised model (config must match). */
 int model_load_weights(moe_model *m, const char *dir);
 /* Save HF layout (experts split back), dtype ST_F32 or ST_BF16, config.json, sharded with an
