@@ -8,6 +8,7 @@ int cmd_rl(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_init(int argc, char **argv);
 /* Parse "1,5,9" into a heap array of ints. Errors name the offending item. */
 int cli_parse_int_list(const char *s, int **out, int *n);
 #endif

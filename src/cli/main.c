@@ -20,6 +20,7 @@ static void usage(FILE *f) {
             "  eval      accuracy of a model on a task file      (moerl eval --model DIR --data FILE.jsonl)\n"
             "  tasks     write a built-in task's train/test JSONL (moerl tasks --task arith --out DIR)\n"
             "  tokenize  a model's tokenizer on a text or chat      (moerl tokenize --model DIR --text S)\n"
+            "  init      write a new random checkpoint folder      (moerl init --out DIR [--tokenizer-from DIR])\n"
             "  help      this text, or a command's options        (moerl help rl)\n"
             "run 'moerl <command> --help' for a command's options; 'moerl --version' for the version.\n"
             "Under mpirun use build/moerl-mpi (rl: rollout and trainer ranks; sft: runs on rank 0).\n");
@@ -33,7 +34,7 @@ typedef struct {
 static const command commands[] = {
     {"score", cmd_score}, {"sft", cmd_sft},   {"generate", cmd_generate},
     {"rl", cmd_rl},       {"eval", cmd_eval}, {"tasks", cmd_tasks},
-    {"tokenize", cmd_tokenize},
+    {"tokenize", cmd_tokenize}, {"init", cmd_init},
 };
 
 /* The size and rank an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH),

@@ -2,7 +2,8 @@
  *
  * Format (reference.md): 8-byte little-endian u64 N; N bytes of JSON header
  *   {name: {"dtype": "F32"|"BF16"|"F16"|..., "shape": [...], "data_offsets": [begin, end]},
- *    "__metadata__": {str: str}}  (padded with spaces to a multiple of 8 when written);
+ *    "__metadata__": {str: str}}  (padded with spaces when written so that the data starts at a
+ *    multiple of 64 bytes; readers accept any length);
  * then the data buffer, tensor bytes at 8 + N + begin.
  * A file is valid only if: N ≤ 100 MB; the JSON parses; names are unique; every dtype is
  * known; end − begin == numel · dtype size; the offsets, sorted, tile the data buffer from 0
