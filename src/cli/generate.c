@@ -213,7 +213,7 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     moe_model m;
-    if (model_load_hf(&m, model_dir) != MOERL_OK) {
+    if (model_load_hf_inference(&m, model_dir) != MOERL_OK) {
         fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
         return 1;
     }

@@ -23,9 +23,10 @@ static void usage(FILE *f) {
             "  plan      memory per rank and traffic per step        (moerl plan --model DIR|config.json [key=value ...])\n"
             "  simulate  the real scheduler on a virtual clock       (moerl simulate --config FILE [key=value ...])\n"
             "  export-gguf  weights as GGUF for llama.cpp         (moerl export-gguf --model DIR --out F.gguf)\n"
+            "  init      write a new random checkpoint folder      (moerl init --out DIR [--tokenizer-from DIR])\n"
             "  help      this text, or a command's options        (moerl help rl)\n"
             "run 'moerl <command> --help' for a command's options; 'moerl --version' for the version.\n"
-            "Under mpirun use build/moerl-mpi (rl: rollout and trainer ranks; sft: runs on rank 0).\n");
+            "Under mpirun use build/moerl-mpi (rl: rollout and trainer ranks; sft: data parallel, with the actor.* parallel keys).\n");
 }
 
 typedef struct {
@@ -37,6 +38,7 @@ static const command commands[] = {
     {"score", cmd_score}, {"sft", cmd_sft},   {"generate", cmd_generate},
     {"rl", cmd_rl},       {"eval", cmd_eval}, {"tasks", cmd_tasks},
     {"tokenize", cmd_tokenize}, {"plan", cmd_plan}, {"simulate", cmd_simulate}, {"export-gguf", cmd_export_gguf},
+    {"init", cmd_init},
 };
 
 /* The size and rank an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH),

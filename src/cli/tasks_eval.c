@@ -1,7 +1,11 @@
 /* moerl tasks --task NAME --out DIR [--n-train N] [--n-test N] [--seed S] [--digits D] [--numbers K]
- *   writes DIR/train.jsonl and DIR/test.jsonl (verl schema) for a built-in task; prints one JSON
- *   object {"train", "test", "n_train", "n_test"}. An option of another task (--digits is arith's,
- *   --numbers countdown's) is an error, not silently ignored.
+ *             [--format verl|gsm8k]
+ *   writes DIR/train.jsonl and DIR/test.jsonl (verl schema; --format gsm8k: openai/gsm8k rows, for
+ *   gsm8k-style) for a built-in task; prints one JSON object {"train", "test", "n_train",
+ *   "n_test"}. An option of another task (--digits is arith's, --numbers countdown's) is an error,
+ *   not silently ignored.
+ * moerl tasks --from-gsm8k FILE.jsonl --out DIR
+ *   openai/gsm8k rows → DIR/<name of FILE> in verl schema (tasks.h gsm8k_convert); prints {"out", "n"}.
  * moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]
  *   greedy held-out accuracy with the row's reward function; prints one JSON object
  *   {"accuracy", "n", "mean_response_length", "data"}. */
@@ -30,7 +34,7 @@ static int parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo
 }
 
 int cmd_tasks(int argc, char **argv) {
-    const char *task = NULL, *out = NULL;
+    const char *task = NULL, *out = NULL, *format = "verl", *from = NULL;
     task_opts o;
     task_opts_default(&o);
     int64_t v;
@@ -48,12 +52,19 @@ int cmd_tasks(int argc, char **argv) {
                    "  --seed S      generator seed (default 1)\n"
                    "  --digits D    arith only: digits per operand, 1..18 (default 2)\n"
                    "  --numbers K   countdown only: numbers per problem, 2..6 (default 4)\n"
+                   "  --format F    verl (default: moerl's rows) | gsm8k (gsm8k-style only: openai/gsm8k rows\n"
+                   "                {\"question\", \"answer\"} with the final answer after \"####\")\n"
+                   "usage: moerl tasks --from-gsm8k FILE.jsonl --out DIR\n"
+                   "  convert openai/gsm8k rows to moerl's rows as verl's gsm8k preprocessing does\n"
+                   "  (written to DIR/<name of FILE>; the split in extra_info is that name without .jsonl)\n"
                    "tasks:");
             for (int k = 0; k < n; k++) printf(" %s", f[k]);
             printf("\n");
             return 0;
         } else if (!strcmp(a, "--task") && has) task = argv[++i];
         else if (!strcmp(a, "--out") && has) out = argv[++i];
+        else if (!strcmp(a, "--format") && has) format = argv[++i];
+        else if (!strcmp(a, "--from-gsm8k") && has) from = argv[++i];
         else if (!strcmp(a, "--n-train") && has) { if (parse_i64("tasks", a, argv[++i], 1, 100000000, &v)) return 2; o.n_train = v; }
         else if (!strcmp(a, "--n-test") && has) { if (parse_i64("tasks", a, argv[++i], 1, 100000000, &v)) return 2; o.n_test = v; }
         else if (!strcmp(a, "--seed") && has) { if (parse_i64("tasks", a, argv[++i], 0, INT64_MAX, &v)) return 2; o.seed = (uint64_t)v; }
@@ -64,8 +75,39 @@ int cmd_tasks(int argc, char **argv) {
             return 2;
         }
     }
+    if (from) {
+        if (task || !out) {
+            fprintf(stderr, "moerl tasks: --from-gsm8k takes --out DIR and no --task\n");
+            return 2;
+        }
+        const char *base = strrchr(from, '/') ? strrchr(from, '/') + 1 : from;
+        char dst[4096], split[256];
+        snprintf(dst, sizeof dst, "%s/%s", out, base);
+        snprintf(split, sizeof split, "%s", base);
+        char *dot = strstr(split, ".jsonl");
+        if (dot) *dot = 0;
+        int64_t n = 0;
+        if (moerl_mkdirs(out) != MOERL_OK || gsm8k_convert(from, dst, split, &n) != MOERL_OK) {
+            cli_print_error("tasks", moerl_last_error());
+            return 1;
+        }
+        json_t *j = json_object();
+        json_object_set_new(j, "out", cli_json_text(dst, strlen(dst)));
+        json_object_set_new(j, "n", json_integer(n));
+        cli_print_json(j, 0);
+        return 0;
+    }
     if (!task || !out) {
         fprintf(stderr, "moerl tasks: --task and --out are required\n");
+        return 2;
+    }
+    const int raw = !strcmp(format, "gsm8k");
+    if (!raw && strcmp(format, "verl")) {
+        fprintf(stderr, "moerl tasks: --format '%s': expected verl or gsm8k\n", format);
+        return 2;
+    }
+    if (raw && strcmp(task, "gsm8k-style")) {
+        fprintf(stderr, "moerl tasks: --format gsm8k applies to the gsm8k-style task only, not '%s'\n", task);
         return 2;
     }
     if (digits_set && strcmp(task, "arith")) {
@@ -80,7 +122,7 @@ int cmd_tasks(int argc, char **argv) {
     char tr[4096], te[4096];
     snprintf(tr, sizeof tr, "%s/train.jsonl", out);
     snprintf(te, sizeof te, "%s/test.jsonl", out);
-    if (task_generate(task, &o, tr, te) != MOERL_OK) {
+    if ((raw ? task_generate_gsm8k_raw(&o, tr, te) : task_generate(task, &o, tr, te)) != MOERL_OK) {
         cli_print_error("tasks", moerl_last_error());
         return 1;
     }
@@ -126,7 +168,7 @@ int cmd_eval(int argc, char **argv) {
     double acc, mlen;
     /* the data first (cheap, and its errors name file:line), then the model */
     if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
-    if (model_load_hf(&m, model_dir) != MOERL_OK) goto fail;
+    if (model_load_hf_inference(&m, model_dir) != MOERL_OK) goto fail;
     if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
     for (int64_t i = 0; i < dataset_count(&ds); i++)
         if (tokenizer_chat_check(tok_current(), dataset_row(&ds, i)->prompt, dataset_row(&ds, i)->n_prompt)) {

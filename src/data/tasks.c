@@ -763,7 +763,7 @@ static int check_opts(const char *family, const task_opts *o) {
 
 /* Draw `count` items not yet in `seen` and write them as rows of split `split`. */
 static int gen_split(const char *family, gen_fn fn, rng_state *r, const task_opts *o, strset *seen, int64_t count,
-                     const char *split, const char *path) {
+                     const char *split, const char *path, int raw_gsm8k) {
     char *buf = NULL;
     size_t blen = 0;
     FILE *f = open_memstream(&buf, &blen);
@@ -781,6 +781,19 @@ static int gen_split(const char *family, gen_fn fn, rng_state *r, const task_opt
         memset(&it, 0, sizeof it);
         fn(r, o, &it);
         if (!strset_add(seen, it.key[0] ? it.key : it.prompt)) continue;
+        if (raw_gsm8k) { /* openai/gsm8k's row: the question alone, the worked answer ending "#### N" */
+            size_t pl = strlen(it.prompt), il = strlen(k_gsm_instruction);
+            if (pl >= il && !strcmp(it.prompt + pl - il, k_gsm_instruction)) it.prompt[pl - il] = 0;
+            json_t *j = json_object();
+            json_object_set_new(j, "question", json_string(it.prompt));
+            json_object_set_new(j, "answer", json_string(it.response));
+            char *line = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
+            json_decref(j);
+            fprintf(f, "%s\n", line);
+            free(line);
+            i++;
+            continue;
+        }
         chat_msg msg = {"user", it.prompt};
         char extra[128];
         snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%lld}", split, (long long)i);
@@ -809,7 +822,8 @@ static int gen_split(const char *family, gen_fn fn, rng_state *r, const task_opt
     return rc;
 }
 
-int task_generate(const char *family, const task_opts *o, const char *train_path, const char *test_path) {
+static int task_generate_impl(const char *family, const task_opts *o, const char *train_path, const char *test_path,
+                              int raw_gsm8k) {
     gen_fn fn = NULL;
     for (int i = 0; i < FAMILIES_N; i++)
         if (strcmp(k_families[i].name, family) == 0) fn = k_families[i].fn;
@@ -819,8 +833,115 @@ int task_generate(const char *family, const task_opts *o, const char *train_path
     rng_seed(&r, o->seed);
     strset seen;
     strset_init(&seen, (size_t)(o->n_train + o->n_test));
-    int rc = gen_split(family, fn, &r, o, &seen, o->n_test, "test", test_path);
-    if (rc == MOERL_OK) rc = gen_split(family, fn, &r, o, &seen, o->n_train, "train", train_path);
+    int rc = gen_split(family, fn, &r, o, &seen, o->n_test, "test", test_path, raw_gsm8k);
+    if (rc == MOERL_OK) rc = gen_split(family, fn, &r, o, &seen, o->n_train, "train", train_path, raw_gsm8k);
     strset_free(&seen);
+    return rc;
+}
+
+int task_generate(const char *family, const task_opts *o, const char *train_path, const char *test_path) {
+    return task_generate_impl(family, o, train_path, test_path, 0);
+}
+
+int task_generate_gsm8k_raw(const task_opts *o, const char *train_path, const char *test_path) {
+    return task_generate_impl("gsm8k-style", o, train_path, test_path, 1);
+}
+
+/* ---- openai/gsm8k rows → verl rows (verl examples/data_preprocess/gsm8k.py) */
+
+static const char *k_verl_gsm8k_instruction = "Let's think step by step and output the final answer after \"####\".";
+
+/* verl's extract_solution: the first match of "#### (\-?[0-9\.\,]+)", commas removed. */
+static int gsm8k_solution(const char *answer, char *out, size_t cap) {
+    for (const char *p = strstr(answer, "#### "); p; p = strstr(p + 1, "#### ")) {
+        const char *q = p + 5;
+        size_t k = 0, n = 0;
+        if (*q == '-') out[k++] = *q++, n++;
+        for (; *q && (isdigit((unsigned char)*q) || *q == '.' || *q == ','); q++, n++)
+            if (*q != ',' && k + 1 < cap) out[k++] = *q;
+        if (n > (size_t)(p[5] == '-')) {
+            out[k] = 0;
+            return 1;
+        }
+        k = 0;
+    }
+    return 0;
+}
+
+int gsm8k_convert(const char *in_path, const char *out_path, const char *split, int64_t *n_rows) {
+    char *text = NULL;
+    size_t len = 0;
+    if (moerl_read_file(in_path, &text, &len) != MOERL_OK) return MOERL_ERR;
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) {
+        free(text);
+        return moerl_errorf("gsm8k '%s': cannot allocate the output buffer", in_path);
+    }
+    int rc = MOERL_OK;
+    int64_t line_no = 0, n = 0;
+    for (char *line = text; line && *line && rc == MOERL_OK;) {
+        char *nl = memchr(line, '\n', len - (size_t)(line - text));
+        size_t ll = nl ? (size_t)(nl - line) : len - (size_t)(line - text);
+        line_no++;
+        char *next = nl ? nl + 1 : NULL;
+        size_t blank = 0;
+        while (blank < ll && isspace((unsigned char)line[blank])) blank++;
+        if (blank == ll) {
+            line = next;
+            continue;
+        }
+        json_error_t jerr;
+        json_t *j = json_loadb(line, ll, 0, &jerr);
+        if (!j || !json_is_object(j)) {
+            rc = moerl_errorf("%s:%lld: not a JSON object%s%s", in_path, (long long)line_no, j ? "" : ": ",
+                              j ? "" : jerr.text);
+            json_decref(j);
+            break;
+        }
+        json_t *jq = json_object_get(j, "question"), *ja = json_object_get(j, "answer");
+        char sol[64];
+        if (!json_is_string(jq) || !json_is_string(ja)) {
+            rc = moerl_errorf("%s:%lld: field '%s': expected a string (openai/gsm8k rows are {\"question\": ..., "
+                              "\"answer\": ...})", in_path, (long long)line_no,
+                              json_is_string(jq) ? "answer" : "question");
+        } else if (!gsm8k_solution(json_string_value(ja), sol, sizeof sol)) {
+            rc = moerl_errorf("%s:%lld: field 'answer': no final answer after \"#### \" (expected the solution to end "
+                              "with \"#### <number>\")", in_path, (long long)line_no);
+        } else {
+            const char *question = json_string_value(jq);
+            size_t ql = strlen(question) + strlen(k_verl_gsm8k_instruction) + 2;
+            char *content = xmalloc(ql);
+            snprintf(content, ql, "%s %s", question, k_verl_gsm8k_instruction);
+            chat_msg msg = {"user", content};
+            json_t *ex = json_object();
+            json_object_set_new(ex, "split", json_string(split));
+            json_object_set_new(ex, "index", json_integer(n));
+            json_object_set_new(ex, "answer", json_incref(ja));
+            json_object_set_new(ex, "question", json_incref(jq));
+            char *extra = json_dumps(ex, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            json_decref(ex);
+            ds_row row = {.data_source = "openai/gsm8k",
+                          .prompt = &msg,
+                          .n_prompt = 1,
+                          .ground_truth = sol,
+                          .extra_info_json = extra,
+                          .response = (char *)json_string_value(ja)};
+            rc = dataset_write_row(f, &row);
+            if (rc) moerl_error_prefix("%s:%lld: ", in_path, (long long)line_no);
+            free(extra);
+            free(content);
+            n++;
+        }
+        json_decref(j);
+        line = next;
+    }
+    fclose(f);
+    free(text);
+    if (rc == MOERL_OK && n == 0) rc = moerl_errorf("gsm8k '%s': no rows", in_path);
+    if (rc == MOERL_OK) rc = moerl_write_file_atomic(out_path, buf, blen);
+    free(buf);
+    if (rc == MOERL_OK && n_rows) *n_rows = n;
     return rc;
 }

@@ -49,6 +49,22 @@ const char *const *task_families(int *n);
  * (e.g. arith with 1 digit), I/O. */
 int task_generate(const char *family, const task_opts *o, const char *train_path, const char *test_path);
 
+/* The gsm8k-style problems of task_generate (same options, same draws, same split rule) written
+ * in the openai/gsm8k layout instead: one {"question": ..., "answer": ...} object per line, the
+ * answer a worked solution whose last line is "#### <integer>". Input for gsm8k_convert, and a
+ * stand-in for the real dataset where it cannot be downloaded. */
+int task_generate_gsm8k_raw(const task_opts *o, const char *train_path, const char *test_path);
+
+/* Convert openai/gsm8k JSONL (rows {"question", "answer"}, other fields ignored, blank lines
+ * skipped) to moerl's rows the way verl's examples/data_preprocess/gsm8k.py does: data_source
+ * "openai/gsm8k"; one user message = question + " Let's think step by step and output the final
+ * answer after \"####\"."; ground truth = the first "#### <number>" of the answer (digits, '.', ',',
+ * an optional '-'; commas removed); extra_info {split, index, answer, question}; plus "response" =
+ * the whole answer (the SFT target). Written atomically to out_path; *n_rows (if not NULL) gets
+ * the row count. Errors name in_path:line and the field: not JSON, question/answer missing or not
+ * strings, an answer without "#### <number>", an empty file. */
+int gsm8k_convert(const char *in_path, const char *out_path, const char *split, int64_t *n_rows);
+
 /* ------------------------------------------------------------------ rewards */
 
 typedef int (*reward_fn)(const char *response, const char *ground_truth, double *score);

@@ -20,7 +20,10 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,7 +60,8 @@ static int shape_is(const tensor_info *t, int ndim, int64_t a, int64_t b, int64_
     return t->ndim == ndim && t->shape[0] == a && (ndim < 2 || t->shape[1] == b) && (ndim < 3 || t->shape[2] == c);
 }
 
-/* The HF tensor list of model m, in HF state-dict order (per expert: gate, up, down). With
+/* The HF tensor list of model m, in the order of moerl's parameter buffer (offsets increasing:
+ * per MoE layer every expert's gate_proj and up_proj, then every expert's down_proj). With
  * tie_word_embeddings there is no lm_head (the table has none). MOERL_ERR if the table does not
  * have the layout model.h promises (a moerl bug, reported rather than asserted). */
 static int hf_plan(const moe_model *m, hf_tensor **out, int *n_out) {
@@ -87,14 +91,18 @@ static int hf_plan(const moe_model *m, hf_tensor **out, int *n_out) {
                 return moerl_errorf("checkpoint: internal: layer %d expert tensors do not have the shapes "
                                     "[E,2I,H] / [E,H,I] of model.h", t->layer);
             }
+            /* moerl's buffer order (all local experts' gate/up rows, then all their down), so a file
+             * written from this plan holds the parameters in the buffer's own order */
             for (int64_t e = e_lo; e < e_lo + El; e++) {
-                size_t gu = t->offset + (size_t)((e - e_lo) * 2 * I * H), dd = d->offset + (size_t)((e - e_lo) * H * I);
+                size_t gu = t->offset + (size_t)((e - e_lo) * 2 * I * H);
                 snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%lld.gate_proj.weight", t->layer, (long long)e);
                 hf_push(&v, &n, &cap, nm, 2, I, H, gu);
                 snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%lld.up_proj.weight", t->layer, (long long)e);
                 hf_push(&v, &n, &cap, nm, 2, I, H, gu + (size_t)(I * H));
+            }
+            for (int64_t e = e_lo; e < e_lo + El; e++) {
                 snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%lld.down_proj.weight", t->layer, (long long)e);
-                hf_push(&v, &n, &cap, nm, 2, H, I, dd);
+                hf_push(&v, &n, &cap, nm, 2, H, I, d->offset + (size_t)((e - e_lo) * H * I));
             }
             covered += t->numel + d->numel;
         } else if (suffix && strcmp(suffix, "mlp.experts.down") == 0) {
@@ -170,13 +178,13 @@ static void ckpt_files_free(ckpt_files *cf) {
     memset(cf, 0, sizeof *cf);
 }
 
-static int ckpt_add_file(ckpt_files *cf, const char *dir, const char *fname) {
+static int ckpt_add_file(ckpt_files *cf, const char *dir, const char *fname, st_load_how how) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, fname);
     cf->files = xrealloc(cf->files, (size_t)(cf->n_files + 1) * sizeof *cf->files);
     cf->file_names = xrealloc(cf->file_names, (size_t)(cf->n_files + 1) * sizeof *cf->file_names);
     st_file *f = &cf->files[cf->n_files];
-    if (st_open(f, path) != MOERL_OK) return MOERL_ERR;
+    if (st_open_with(f, path, how) != MOERL_OK) return MOERL_ERR;
     cf->file_names[cf->n_files] = xstrdup(fname);
     int fi = cf->n_files++;
     for (int t = 0; t < f->n_tensors; t++) {
@@ -193,13 +201,13 @@ static int ckpt_add_file(ckpt_files *cf, const char *dir, const char *fname) {
 }
 
 /* Open the single file or every shard named by the index and check the index agrees with them. */
-static int ckpt_open(ckpt_files *cf, const char *dir) {
+static int ckpt_open(ckpt_files *cf, const char *dir, st_load_how how) {
     memset(cf, 0, sizeof *cf);
     cf->where = json_object();
     char single[4096], index[4096];
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
-    if (file_exists(single)) return ckpt_add_file(cf, dir, "model.safetensors"); /* transformers' preference */
+    if (file_exists(single)) return ckpt_add_file(cf, dir, "model.safetensors", how); /* transformers' preference */
     if (!file_exists(index))
         return moerl_errorf("checkpoint '%s': found neither model.safetensors nor model.safetensors.index.json", dir);
     json_error_t jerr;
@@ -236,7 +244,7 @@ static int ckpt_open(ckpt_files *cf, const char *dir) {
         }
         if (json_object_get(seen, fn)) continue;
         json_object_set_new(seen, fn, json_true());
-        if ((rc = ckpt_add_file(cf, dir, fn)) != MOERL_OK) break;
+        if ((rc = ckpt_add_file(cf, dir, fn, how)) != MOERL_OK) break;
     }
     json_decref(seen);
     if (rc != MOERL_OK) return rc;
@@ -343,7 +351,117 @@ static int is_other_ranks_expert(const moe_config *c, const char *name) {
            (!strcmp(part, "gate_proj") || !strcmp(part, "up_proj") || !strcmp(part, "down_proj"));
 }
 
-int model_load_weights(moe_model *m, const char *dir) {
+/* How checkpoints are read: the environment variable MOERL_LOAD (bench/bench_load compares them).
+ *   mmap (default)  the files are mapped; an F32 file that holds the parameters in the buffer's own
+ *                   layout (one file, moerl's tensor order and 64-byte alignment: what moerl's own
+ *                   F32 save writes when no tensor needs padding) becomes the parameter buffer
+ *                   itself when the caller allows it (model_load_hf: a new model), with no copy;
+ *                   anything else (BF16/F16, stacking of other orders, shards) is converted
+ *                   straight from the mapping into place, in file order, in 64 MB windows whose
+ *                   pages are dropped once converted, so the peak resident set stays near the
+ *                   parameter buffer's size;
+ *   copy            mapped, every tensor copied/converted into the buffer, nothing dropped (moerl's
+ *                   loader before mmap adoption, kept for comparison);
+ *   read            each file read() whole into a heap buffer, then converted (the classic loader). */
+typedef enum { LOAD_MMAP, LOAD_COPY, LOAD_READ } load_mode;
+
+static int load_mode_env(load_mode *mode) {
+    const char *v = getenv("MOERL_LOAD");
+    if (!v || !*v || !strcmp(v, "mmap")) *mode = LOAD_MMAP;
+    else if (!strcmp(v, "copy")) *mode = LOAD_COPY;
+    else if (!strcmp(v, "read")) *mode = LOAD_READ;
+    else return moerl_errorf("environment variable MOERL_LOAD='%s': expected mmap (default), copy or read", v);
+    return MOERL_OK;
+}
+
+/* One slice of a source tensor, converted by one thread: elements [a, a+n) of src into dst. */
+typedef struct {
+    int file;
+    const st_tensor *src;
+    int64_t a, n;
+    float *dst;
+} load_piece;
+
+static int cmp_piece(const void *x, const void *y) {
+    const load_piece *p = x, *q = y;
+    if (p->file != q->file) return p->file < q->file ? -1 : 1;
+    const char *a = (const char *)p->src->data + p->a * (int64_t)st_dtype_size(p->src->dtype),
+               *b = (const char *)q->src->data + q->a * (int64_t)st_dtype_size(q->src->dtype);
+    return a < b ? -1 : a > b;
+}
+
+/* Convert every planned tensor into the buffer: slices of ≤ 1 Mi elements in file order, run in
+ * windows of ≤ 64 MB of file bytes (threads share a window); with release, each window's pages
+ * are dropped from the resident set once converted (st_release). */
+static void convert_all(const ckpt_files *cf, const hf_tensor *plan, const st_tensor *const *src,
+                        const int *src_file, int n, float *params, int release) {
+    /* MOERL_LOAD_WINDOW (bytes) shrinks the window, and the slices with it, so that tests exercise
+     * many windows and slices on a small model; unset, 64 MB windows of 4 MB (1 Mi-element) slices */
+    size_t WINDOW = (size_t)64 << 20;
+    const char *wenv = getenv("MOERL_LOAD_WINDOW");
+    if (wenv && atoll(wenv) > 0) WINDOW = (size_t)atoll(wenv);
+    const int64_t SLICE = MOERL_MAX((int64_t)1, MOERL_MIN((int64_t)1 << 20, (int64_t)(WINDOW / 4)));
+    int np = 0, cap = 0;
+    load_piece *pc = NULL;
+    for (int i = 0; i < n; i++) {
+        for (int64_t a = 0; a < src[i]->numel; a += SLICE) {
+            if (np == cap) {
+                cap = cap ? 2 * cap : 1024;
+                pc = xrealloc(pc, (size_t)cap * sizeof *pc);
+            }
+            pc[np++] = (load_piece){src_file[i], src[i], a, MOERL_MIN(SLICE, src[i]->numel - a),
+                                    params + plan[i].offset + a};
+        }
+    }
+    qsort(pc, (size_t)np, sizeof *pc, cmp_piece);
+    for (int w0 = 0; w0 < np;) {
+        size_t bytes = 0;
+        int w1 = w0;
+        while (w1 < np && pc[w1].file == pc[w0].file && (w1 == w0 || bytes < WINDOW)) {
+            bytes += (size_t)pc[w1].n * st_dtype_size(pc[w1].src->dtype);
+            w1++;
+        }
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int k = w0; k < w1; k++) {
+            st_tensor t = *pc[k].src;
+            const size_t es = st_dtype_size(t.dtype);
+            t.data = (const char *)t.data + pc[k].a * (int64_t)es;
+            t.numel = pc[k].n;
+            st_to_f32(&t, pc[k].dst);
+        }
+        if (release) {
+            const load_piece *first = &pc[w0], *last = &pc[w1 - 1];
+            const size_t es = st_dtype_size(last->src->dtype);
+            st_release(&cf->files[first->file],
+                       (const char *)first->src->data + first->a * (int64_t)st_dtype_size(first->src->dtype),
+                       (const char *)last->src->data + (last->a + last->n) * (int64_t)es);
+        }
+        w0 = w1;
+    }
+    free(pc);
+}
+
+/* Whether the one mapped file holds the whole parameter buffer in place: F32 tensors at a constant
+ * byte distance from their buffer offsets (so no padding between them), that distance a multiple
+ * of 64 (the buffer's alignment), and the buffer's last byte inside the file. *delta gets it. */
+static int adoptable(const ckpt_files *cf, const hf_tensor *plan, const st_tensor *const *src, int n,
+                     size_t n_params, size_t *delta) {
+    if (cf->n_files != 1 || !cf->files[0].map || n == 0) return 0;
+    const char *base = cf->files[0].map;
+    const ptrdiff_t d = (const char *)src[0]->data - base - (ptrdiff_t)(plan[0].offset * sizeof(float));
+    if (d < 0 || d % 64) return 0;
+    for (int i = 0; i < n; i++)
+        if (src[i]->dtype != ST_F32 ||
+            (const char *)src[i]->data - base - (ptrdiff_t)(plan[i].offset * sizeof(float)) != d)
+            return 0;
+    if ((size_t)d + n_params * sizeof(float) > cf->files[0].map_len) return 0;
+    *delta = (size_t)d;
+    return 1;
+}
+
+static int load_weights(moe_model *m, const char *dir, int adopt) {
+    load_mode mode = LOAD_MMAP;
+    if (load_mode_env(&mode) != MOERL_OK) return MOERL_ERR;
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     if (file_exists(cpath)) {
@@ -355,8 +473,9 @@ int model_load_weights(moe_model *m, const char *dir) {
     int n = 0;
     if (hf_plan(m, &plan, &n) != MOERL_OK) return MOERL_ERR;
     ckpt_files cf;
-    int rc = ckpt_open(&cf, dir);
+    int rc = ckpt_open(&cf, dir, mode == LOAD_READ ? ST_LOAD_READ : ST_LOAD_MMAP);
     const st_tensor **src = xcalloc((size_t)(n ? n : 1), sizeof *src);
+    int *src_file = xcalloc((size_t)(n ? n : 1), sizeof *src_file);
     json_t *used = json_object();
     const st_tensor *tied_head = NULL;
     for (int i = 0; i < n && rc == MOERL_OK; i++) {
@@ -381,6 +500,7 @@ int model_load_weights(moe_model *m, const char *dir) {
             break;
         }
         src[i] = t;
+        src_file[i] = fi;
         json_object_set_new(used, h->name, json_true());
     }
     if (rc == MOERL_OK && json_object_size(used) != json_object_size(cf.where)) {
@@ -421,9 +541,32 @@ int model_load_weights(moe_model *m, const char *dir) {
         st_to_f32(tied_head, head);
     }
     if (rc == MOERL_OK) {
-        /* all checks passed: convert each tensor straight into its block of the parameter buffer */
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int i = 0; i < n; i++) st_to_f32(src[i], m->params + plan[i].offset);
+        /* all checks passed: take the mapping over as the buffer, or convert each tensor straight
+         * into its block of the buffer */
+        size_t delta = 0;
+        if (adopt && mode == LOAD_MMAP && !tied_head && adoptable(&cf, plan, src, n, m->n_params, &delta)) {
+            model_free_params(m);
+            m->params_map = cf.files[0].map;
+            m->params_map_len = cf.files[0].map_len;
+            m->params = (float *)((char *)cf.files[0].map + delta);
+            cf.files[0].map = NULL; /* ours now: st_close leaves it mapped */
+            (void)madvise(m->params_map, m->params_map_len, MADV_NORMAL);
+        } else {
+            if (!m->params) { /* model_init_layout: a buffer of our own, not zero-filled first */
+                const size_t bytes = m->n_params * sizeof(float);
+                m->params = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+                if (!m->params) moerl_fatal("out of memory allocating %zu bytes of parameters", bytes);
+                for (int i = 0; i < m->n_tensors; i++) { /* the padding after each tensor */
+                    const tensor_info *ti = &m->tensors[i];
+                    const size_t end = ti->offset + (size_t)ti->numel,
+                                 next = i + 1 < m->n_tensors ? m->tensors[i + 1].offset : m->n_params;
+                    memset(m->params + end, 0, (next - end) * sizeof(float));
+                }
+            }
+            convert_all(&cf, plan, src, src_file, n, m->params, mode == LOAD_MMAP);
+        }
+        model_views_for(m, m->params, &m->p);
+        if (m->grads) model_views_for(m, m->grads, &m->g);
         if (head) {
             const tensor_info *emb = model_find_tensor(m, "model.embed_tokens.weight");
             const float *e = m->params + emb->offset;
@@ -440,27 +583,33 @@ int model_load_weights(moe_model *m, const char *dir) {
     free(head);
     json_decref(used);
     free(src);
+    free(src_file);
     ckpt_files_free(&cf);
     free(plan);
     if (rc == MOERL_OK) rc = model_check_finite(m, dir, "loaded from");
     return rc;
 }
 
-/* Load DIR/config.json, build the model (model_init) and load its weights. On error the model is
- * left freed (zeroed). */
-int model_load_hf(moe_model *m, const char *dir) {
+int model_load_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0); }
+
+/* Load DIR/config.json, build the model (model_init) and load its weights; the buffer may be the
+ * mapped file itself (load_weights, MOERL_LOAD). On error the model is left freed (zeroed). */
+static int load_hf(moe_model *m, const char *dir, int with_grads) {
     moe_config c;
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     memset(m, 0, sizeof *m);
     if (moe_config_load(&c, cpath) != MOERL_OK) return MOERL_ERR;
-    if (model_init(m, &c) != MOERL_OK) return moerl_error_prefix("checkpoint '%s': ", dir);
-    if (model_load_weights(m, dir) != MOERL_OK) {
+    if (model_init_layout(m, &c, with_grads) != MOERL_OK) return moerl_error_prefix("checkpoint '%s': ", dir);
+    if (load_weights(m, dir, 1) != MOERL_OK) {
         model_free(m);
         return MOERL_ERR;
     }
     return MOERL_OK;
 }
+
+int model_load_hf(moe_model *m, const char *dir) { return load_hf(m, dir, 1); }
+int model_load_hf_inference(moe_model *m, const char *dir) { return load_hf(m, dir, 0); }
 
 /* ------------------------------------------------------------------------- saving */
 

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/common.h"
 #include "base/rng.h"
@@ -31,7 +32,7 @@ static void add_tensor(moe_model *m, int *cap, const char *name, int ndim, const
     t->layer = layer;
 }
 
-static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads) {
+static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads, int with_params) {
     if (moe_config_validate(cfg) != MOERL_OK) return MOERL_ERR;
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -67,15 +68,20 @@ static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads) 
     }
     add_tensor(m, &cap, "model.norm.weight", 1, (int64_t[]){H}, TF_NORM, -1);
     if (!c->tie_word_embeddings) add_tensor(m, &cap, "lm_head.weight", 2, (int64_t[]){V, H}, TF_DECAY, -1);
-    m->params = xalloc_aligned(m->n_params * sizeof(float));
+    if (with_params) {
+        m->params = xalloc_aligned(m->n_params * sizeof(float));
+        model_views_for(m, m->params, &m->p);
+    }
     if (with_grads) m->grads = xalloc_aligned(m->n_params * sizeof(float));
-    model_views_for(m, m->params, &m->p);
     if (with_grads) model_views_for(m, m->grads, &m->g);
     return MOERL_OK;
 }
 
-int model_init(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 1); }
-int model_init_inference(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 0); }
+int model_init(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 1, 1); }
+int model_init_inference(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 0, 1); }
+int model_init_layout(moe_model *m, const moe_config *cfg, int with_grads) {
+    return model_init_impl(m, cfg, with_grads, 0);
+}
 
 void model_pack_experts(moe_model *m) {
     const moe_config *c = &m->cfg;
@@ -114,10 +120,18 @@ void model_pack_experts(moe_model *m) {
     }
 }
 
+void model_free_params(moe_model *m) {
+    if (m->params_map) munmap(m->params_map, m->params_map_len);
+    else free(m->params);
+    m->params = NULL;
+    m->params_map = NULL;
+    m->params_map_len = 0;
+}
+
 void model_free(moe_model *m) {
     free(m->nz);
     free(m->tensors);
-    free(m->params);
+    model_free_params(m);
     free(m->grads);
     memset(m, 0, sizeof *m);
 }

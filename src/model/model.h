@@ -137,6 +137,10 @@ typedef struct {
     tensor_info *tensors;
     size_t n_params;      /* floats in each buffer */
     float *params;        /* [n_params] */
+    void *params_map;     /* when params lie in a mapped checkpoint file (checkpoint.c, zero-copy load):
+                           * that mapping (private, copy on write), unmapped by model_free_params;
+                           * NULL when params is a heap buffer */
+    size_t params_map_len;
     float *grads;         /* [n_params], zeroed by model_zero_grad */
     model_views p, g;     /* views into params and grads */
     /* Expert weights pre-packed for the skinny kernel (model_pack_experts), NULL when not
@@ -163,7 +167,13 @@ typedef struct moe_bf16_weights {
 int model_init(moe_model *m, const moe_config *cfg);
 /* Same layout without a gradient buffer (rollout engines: grads == NULL). */
 int model_init_inference(moe_model *m, const moe_config *cfg);
+/* The tensor table (and zeroed grads when with_grads) but no parameter buffer: params and the
+ * views m->p stay NULL until the caller provides them (checkpoint.c: the loader allocates or maps
+ * the buffer itself rather than zero-filling one it then overwrites). */
+int model_init_layout(moe_model *m, const moe_config *cfg, int with_grads);
 void model_free(moe_model *m);
+/* Release the parameter buffer only (heap or mapped file, see params_map); params = NULL. */
+void model_free_params(moe_model *m);
 /* Random init as HF _init_weights: normal(0, initializer_range) for linear and embedding
  * weights, norms = 1. Deterministic from seed. */
 void model_init_random(moe_model *m, uint64_t seed);
@@ -199,8 +209,11 @@ float *model_hf_tensor(const moe_model *m, float *base, const char *hf_name, int
 int model_check_finite(const moe_model *m, const char *where, const char *verb);
 /* Load DIR/config.json and DIR/model.safetensors or DIR/model.safetensors.index.json (sharded).
  * HF names; per-expert tensors stacked. Unknown or missing tensors and shape mismatches are
- * errors naming the tensor and both shapes. Calls model_init. */
+ * errors naming the tensor and both shapes. Builds the model (model_init_layout: params and
+ * grads) and fills the buffer, or adopts the mapped file as the buffer (checkpoint.c, MOERL_LOAD). */
 int model_load_hf(moe_model *m, const char *dir);
+/* model_load_hf without a gradient buffer (grads NULL): for generate, score and eval. */
+int model_load_hf_inference(moe_model *m, const char *dir);
 /* Load weights only into an initialised model (config must match). */
 int model_load_weights(moe_model *m, const char *dir);
 /* Save HF layout (experts split back), dtype ST_F32 or ST_BF16, config.json, sharded with an

@@ -88,6 +88,7 @@ float f16_to_f32(uint16_t h) {
 void st_close(st_file *f) {
     if (!f) return;
     if (f->map && f->map != MAP_FAILED) munmap(f->map, f->map_len);
+    free(f->heap);
     for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
     free(f->path);
@@ -335,7 +336,28 @@ static int st_parse_buffer(st_file *f, const void *buf, size_t size, const char 
     return MOERL_OK;
 }
 
-int st_open(st_file *f, const char *path) {
+/* read() the whole file (size bytes) from fd into a heap buffer; MOERL_ERR naming the file. */
+static int read_whole(int fd, size_t size, const char *path, void **out) {
+    char *buf = xmalloc(size ? size : 1);
+    size_t got = 0;
+    while (got < size) {
+        ssize_t k = read(fd, buf + got, MOERL_MIN(size - got, (size_t)1 << 30));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = errno;
+            free(buf);
+            if (k == 0)
+                return moerl_errorf("safetensors '%s': file shrank while being read: got %zu of %zu bytes", path,
+                                    got, size);
+            return moerl_errorf("safetensors: cannot read '%s': %s", path, strerror(e));
+        }
+        got += (size_t)k;
+    }
+    *out = buf;
+    return MOERL_OK;
+}
+
+int st_open_with(st_file *f, const char *path, st_load_how how) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
     if (fd < 0) return moerl_errorf("safetensors: cannot open '%s': %s", path, strerror(errno));
@@ -355,17 +377,43 @@ int st_open(st_file *f, const char *path) {
         return moerl_errorf("safetensors '%s': file is truncated: %zu bytes, need at least 8 for the header length",
                             path, size);
     }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (map == MAP_FAILED) return moerl_errorf("safetensors: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(e));
-    f->map = map;
-    f->map_len = size;
-    if (st_parse_buffer(f, map, size, path) != MOERL_OK) {
+    const void *bytes;
+    if (how == ST_LOAD_READ) {
+        int rc = read_whole(fd, size, path, &f->heap);
+        close(fd);
+        if (rc != MOERL_OK) return rc;
+        bytes = f->heap;
+    } else {
+        /* private + writable: copy on write, so a caller that adopts the mapping as its buffer may
+         * modify it without the file ever changing (the fd is read-only) */
+        void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+        int e = errno;
+        close(fd);
+        if (map == MAP_FAILED)
+            return moerl_errorf("safetensors: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(e));
+        (void)madvise(map, size, MADV_SEQUENTIAL); /* a hint: read ahead, drop behind */
+        f->map = map;
+        f->map_len = size;
+        bytes = map;
+    }
+    if (st_parse_buffer(f, bytes, size, path) != MOERL_OK) {
         st_close(f);
         return MOERL_ERR;
     }
     return MOERL_OK;
+}
+
+int st_open(st_file *f, const char *path) { return st_open_with(f, path, ST_LOAD_MMAP); }
+
+void st_release(const st_file *f, const void *begin, const void *end) {
+    if (!f->map || (const char *)end <= (const char *)begin) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)f->map, hi = lo + f->map_len;
+    uintptr_t b = (uintptr_t)begin, e = (uintptr_t)end;
+    if (b < lo) b = lo;
+    if (e > hi) e = hi;
+    b = (b + page - 1) & ~(page - 1); /* only pages wholly inside the range */
+    e &= ~(page - 1);
+    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED); /* private, unwritten: rereads from the file */
 }
 
 int st_open_memory(st_file *f, const void *buf, size_t len, const char *name) {
@@ -520,13 +568,18 @@ fail:
     return NULL;
 }
 
+/* 8 + padded header length for an unpadded header of n bytes: the header is padded with spaces so
+ * that the data buffer starts at a multiple of 64 bytes (the format asks for a multiple of 8;
+ * 64 lets a reader use an F32 file in place as a 64-byte-aligned parameter buffer, checkpoint.c). */
+static uint64_t header_padded(uint64_t n) { return (8 + n + 63) & ~(uint64_t)63; }
+
 uint64_t st_writer_size(const st_writer *w) {
     uint64_t data = 0;
     char *h = writer_header(w, "(size)", &data);
     if (!h) return 0;
     uint64_t n = strlen(h);
     free(h);
-    return 8 + ((n + 7) & ~(uint64_t)7) + data;
+    return header_padded(n) + data;
 }
 
 static int write_all(int fd, const void *buf, size_t len, const char *tmp) {
@@ -547,7 +600,7 @@ int st_writer_finish(st_writer *w, const char *path) {
     uint64_t data_bytes = 0;
     char *h = writer_header(w, path, &data_bytes);
     if (!h) return MOERL_ERR;
-    size_t hn = strlen(h), padded = (hn + 7) & ~(size_t)7;
+    size_t hn = strlen(h), padded = (size_t)header_padded(hn) - 8;
     char *hdr = xmalloc(8 + padded);
     uint64_t N = padded;
     memcpy(hdr, &N, 8);

@@ -2,7 +2,8 @@
  *
  * Format (reference.md): 8-byte little-endian u64 N; N bytes of JSON header
  *   {name: {"dtype": "F32"|"BF16"|"F16"|..., "shape": [...], "data_offsets": [begin, end]},
- *    "__metadata__": {str: str}}  (padded with spaces to a multiple of 8 when written);
+ *    "__metadata__": {str: str}}  (padded with spaces when written so that the data starts at a
+ *    multiple of 64 bytes; readers accept any length);
  * then the data buffer, tensor bytes at 8 + N + begin.
  * A file is valid only if: N ≤ 100 MB; the JSON parses; names are unique; every dtype is
  * known; end − begin == numel · dtype size; the offsets, sorted, tile the data buffer from 0
@@ -36,15 +37,33 @@ typedef struct {
 
 typedef struct {
     char *path;
-    void *map;             /* mmap of the whole file (NULL for st_open_memory) */
+    void *map;             /* mmap of the whole file (st_open / ST_LOAD_MMAP; else NULL). Private and
+                            * writable (copy on write: a write never reaches the file), so a caller
+                            * may take it over as its own buffer (checkpoint.c does; then set it NULL) */
     size_t map_len;
+    void *heap;            /* the file read into memory (ST_LOAD_READ; else NULL) */
     int n_tensors;
     st_tensor *tensors;    /* in header order */
 } st_file;
 
+/* How st_open_with gets the file's bytes:
+ *   ST_LOAD_MMAP  mmap(MAP_PRIVATE) of the whole file with madvise(MADV_SEQUENTIAL): no copy,
+ *                 pages come from the page cache as they are touched; st_release drops them again;
+ *   ST_LOAD_READ  read() of the whole file into one heap buffer (the classic loader: the file's
+ *                 bytes are copied once into that buffer; kept as the peer for bench/bench_load). */
+typedef enum { ST_LOAD_MMAP = 0, ST_LOAD_READ } st_load_how;
+
 /* Open, mmap and validate a safetensors file. On error returns MOERL_ERR with a message that
  * names the file and the offending tensor/field and what was expected. */
 int st_open(st_file *f, const char *path);
+/* st_open with the way of reading chosen (above); the same validation and messages. */
+int st_open_with(st_file *f, const char *path, st_load_how how);
+/* Tell the kernel that bytes [begin, end) of an mmapped file (pointers into f->map) are no longer
+ * needed by this process: the whole pages inside the range are dropped from its resident set
+ * (madvise MADV_DONTNEED; the data stays in the page cache and reads back from the file if
+ * touched again). A no-op for files not mapped. Used to keep peak RSS near the size of the
+ * destination buffer while converting a large checkpoint. */
+void st_release(const st_file *f, const void *begin, const void *end);
 /* The same validation on a file image held in memory (buf[len], kept alive by the caller while f
  * is open: tensor data pointers point into it; nothing is mapped or copied). `name` stands for the
  * path in messages. Used by the fuzz target and by anything that receives a file as bytes. */

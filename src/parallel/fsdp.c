@@ -448,7 +448,7 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
                NULL;
     }
     fsdp_slice_vec(fs, m->params, fs->p_shard);
-    free(m->params);
+    model_free_params(m); /* a heap buffer or a checkpoint mapping adopted at load */
     free(m->grads);
     m->params = mp;
     m->grads = mg;

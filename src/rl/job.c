@@ -204,6 +204,28 @@ void job_log_samples(job *J, rl_group **g, int n) {
         json_object_set_new(o, "min_version", json_integer(vmin));
         json_object_set_new(o, "max_version", json_integer(vmax));
         json_object_set_new(o, "interrupted_responses", json_integer(intr));
+        /* the exact ids rollout produced and training consumed, with the text and reward the
+         * reward function saw (tests/e2e_text_task.sh checks them against `moerl tokenize`) */
+        json_t *pids = json_array(), *resp = json_array();
+        for (int64_t t = 0; t < g[i]->prompt.n; t++) json_array_append_new(pids, json_integer(g[i]->prompt.ids[t]));
+        float *rw = xmalloc((size_t)(g[i]->n ? g[i]->n : 1) * sizeof(float));
+        const int have_rw = trainer_group_rewards(&J->T, g[i], rw, NULL) == MOERL_OK;
+        for (int j = 0; j < g[i]->n; j++) {
+            const gen_request *r = &g[i]->reqs[j];
+            json_t *ro = json_object(), *ids = json_array();
+            for (int t = 0; t < r->n_out; t++) json_array_append_new(ids, json_integer(r->out_tokens[t]));
+            json_object_set_new(ro, "ids", ids);
+            size_t len = 0;
+            char *txt = tok_decode(r->out_tokens, r->n_out, true, &len);
+            json_t *js = txt ? json_stringn(txt, len) : NULL; /* NULL: not valid UTF-8 (a cut character) */
+            json_object_set_new(ro, "text", js ? js : json_null());
+            free(txt);
+            json_object_set_new(ro, "reward", have_rw ? json_real(rw[j]) : json_null());
+            json_array_append_new(resp, ro);
+        }
+        free(rw);
+        json_object_set_new(o, "prompt_ids", pids);
+        json_object_set_new(o, "responses", resp);
         char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
         fprintf(J->samples, "%s\n", txt);
         free(txt);

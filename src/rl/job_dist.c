@@ -273,9 +273,9 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
     /* the engine has its own copy of the weights: drop the training model's buffers (parameters and
      * gradients); the layout (m->n_params, tensor table) stays for the size checks */
-    free(m->params);
+    model_free_params(m);
     free(m->grads);
-    m->params = m->grads = NULL;
+    m->grads = NULL;
     W->R.on_group_done = send_group;
     W->R.on_group_done_ctx = W;
     cmd_msg c = recv_cmd(ctx);

@@ -1,0 +1,232 @@
+/* Checkpoint loading modes (MOERL_LOAD, src/model/checkpoint.c): mmap (default; a moerl F32 file in
+ * the buffer's layout is adopted as the parameter buffer with no copy, anything else converted
+ * from the mapping in windows that are dropped behind), copy (mapped, converted, nothing dropped)
+ * and read (read() into a heap buffer). Every mode must give bit-identical parameters for F32
+ * single-file, F32 sharded and BF16 checkpoints, adoption must happen exactly when the layout
+ * allows it, writes to an adopted buffer must never reach the file, and broken files must fail
+ * with the same clear messages in every mode. All comparisons are exact (bits): loading only
+ * copies F32 and widens BF16. */
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "test.h"
+
+static char g_tmp[1024];
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
+static void rm_rf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static int msg_has(const char *a) { return strstr(moerl_last_error(), a) != NULL; }
+
+static moe_config small_config(int head_dim) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 272;
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.moe_intermediate_size = 32;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = head_dim;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.decoder_sparse_step = 1;
+    c.n_mlp_only_layers = 1;
+    c.mlp_only_layers[0] = 1; /* one dense layer: its gate_up/down take the other naming path */
+    c.norm_topk_prob = 1;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 10000.0f;
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.02f;
+    c.bos_token_id = -1;
+    c.eos_token_id = -1;
+    return c;
+}
+
+/* Bits of every tensor equal (padding between tensors is not compared). */
+static int same_params(const moe_model *a, const moe_model *b) {
+    for (int i = 0; i < a->n_tensors; i++) {
+        const tensor_info *t = &a->tensors[i];
+        if (memcmp(a->params + t->offset, b->params + t->offset, (size_t)t->numel * sizeof(float)) != 0) return 0;
+    }
+    return 1;
+}
+
+static const char *MODES[] = {"mmap", "copy", "read"};
+
+/* Load dir in each mode (and through model_load_weights, which never adopts); each result must
+ * equal want bit for bit; adoption expected only in mmap mode when adopt_expected. */
+static void check_modes(const moe_model *want, const char *dir, int adopt_expected, const char *what) {
+    for (int k = 0; k < 3; k++) {
+        setenv("MOERL_LOAD", MODES[k], 1);
+        moe_model m;
+        int rc = model_load_hf(&m, dir);
+        CHECK(rc == MOERL_OK, "%s, MOERL_LOAD=%s: %s", what, MODES[k], moerl_last_error());
+        if (rc != MOERL_OK) continue;
+        CHECK(same_params(want, &m), "%s, MOERL_LOAD=%s: parameters differ", what, MODES[k]);
+        const int adopted = m.params_map != NULL;
+        CHECK(adopted == (adopt_expected && k == 0), "%s, MOERL_LOAD=%s: adopted the mapping = %d, expected %d",
+              what, MODES[k], adopted, adopt_expected && k == 0);
+        if (adopted) {
+            CHECK(((uintptr_t)m.params & 63) == 0, "%s: adopted buffer is not 64-byte aligned", what);
+            CHECK(m.p.embed_tokens == m.params, "%s: views not moved onto the adopted buffer", what);
+        }
+        moe_model inf;
+        rc = model_load_hf_inference(&inf, dir);
+        CHECK(rc == MOERL_OK && inf.grads == NULL && same_params(want, &inf) &&
+                  (inf.params_map != NULL) == (adopt_expected && k == 0),
+              "%s, MOERL_LOAD=%s: model_load_hf_inference: %s", what, MODES[k],
+              rc == MOERL_OK ? "grads, parameters or adoption differ" : moerl_last_error());
+        if (rc == MOERL_OK) model_free(&inf);
+        moe_model w;
+        MOERL_ASSERT(model_init(&w, &want->cfg) == MOERL_OK);
+        CHECK(model_load_weights(&w, dir) == MOERL_OK && w.params_map == NULL && same_params(want, &w),
+              "%s, MOERL_LOAD=%s: model_load_weights: %s", what, MODES[k], moerl_last_error());
+        model_free(&w);
+        model_free(&m);
+    }
+    unsetenv("MOERL_LOAD");
+}
+
+/* A copy of src's tensors in a heap model (to compare BF16 loads against one reference). */
+static void load_reference(moe_model *ref, const char *dir) {
+    setenv("MOERL_LOAD", "read", 1);
+    MOERL_ASSERT(model_load_hf(ref, dir) == MOERL_OK);
+    unsetenv("MOERL_LOAD");
+}
+
+static void test_round_trips(void) {
+    /* head_dim 16: every tensor a multiple of 16 floats, so an F32 file is the buffer's layout;
+     * head_dim 8: q_norm/k_norm are padded in the buffer, so the file cannot be adopted */
+    const int hds[2] = {16, 8};
+    for (int h = 0; h < 2; h++) {
+        moe_config c = small_config(hds[h]);
+        moe_model m;
+        MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+        model_init_random(&m, 7 + h);
+        char dir[1200], what[128];
+        for (int variant = 0; variant < 3; variant++) { /* F32 single, F32 sharded, BF16 single */
+            snprintf(dir, sizeof dir, "%s/hd%d_v%d", g_tmp, hds[h], variant);
+            const int bf16 = variant == 2;
+            MOERL_ASSERT(model_save_hf(&m, dir, bf16, variant == 1 ? 20000 : 0) == MOERL_OK);
+            snprintf(what, sizeof what, "head_dim %d, %s", hds[h],
+                     variant == 0 ? "F32 single file" : variant == 1 ? "F32 sharded" : "BF16");
+            if (!bf16) {
+                check_modes(&m, dir, hds[h] == 16 && variant == 0, what);
+            } else {
+                moe_model ref;
+                load_reference(&ref, dir);
+                check_modes(&ref, dir, 0, what);
+                model_free(&ref);
+            }
+            /* tiny windows: many slices and dropped windows, same bits */
+            setenv("MOERL_LOAD_WINDOW", "4096", 1);
+            snprintf(what + strlen(what), sizeof what - strlen(what), ", 4 KB windows");
+            if (!bf16) {
+                check_modes(&m, dir, hds[h] == 16 && variant == 0, what);
+            } else {
+                moe_model ref;
+                load_reference(&ref, dir);
+                check_modes(&ref, dir, 0, what);
+                model_free(&ref);
+            }
+            unsetenv("MOERL_LOAD_WINDOW");
+        }
+        model_free(&m);
+    }
+}
+
+/* Writes to an adopted buffer stay in the process (copy on write), and training-style use works. */
+static void test_adopted_is_private(void) {
+    moe_config c = small_config(16);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 3);
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/private", g_tmp);
+    MOERL_ASSERT(model_save_hf(&m, dir, 0, 0) == MOERL_OK);
+    moe_model a;
+    MOERL_ASSERT(model_load_hf(&a, dir) == MOERL_OK);
+    CHECK(a.params_map != NULL, "the F32 file was not adopted");
+    for (size_t i = 0; i < a.n_params; i++) a.params[i] += 1.0f; /* every page written */
+    moe_model b;
+    MOERL_ASSERT(model_load_hf(&b, dir) == MOERL_OK);
+    CHECK(same_params(&m, &b), "a write to the adopted buffer reached the file");
+    /* saving the adopted model over its own file: the mapping survives the atomic rename */
+    MOERL_ASSERT(model_save_hf(&a, dir, 0, 0) == MOERL_OK);
+    moe_model c2;
+    MOERL_ASSERT(model_load_hf(&c2, dir) == MOERL_OK);
+    CHECK(same_params(&a, &c2), "re-saving an adopted model over its own file");
+    CHECK(same_params(&m, &b), "the older mapping changed when its file was replaced");
+    model_free(&c2);
+    model_free(&b);
+    model_free(&a);
+    model_free(&m);
+}
+
+static void corrupt_and_check(const char *dir, const char *expect, const char *what) {
+    for (int k = 0; k < 3; k++) {
+        setenv("MOERL_LOAD", MODES[k], 1);
+        moe_model m;
+        int rc = model_load_hf(&m, dir);
+        CHECK(rc == MOERL_ERR && msg_has(expect), "%s, MOERL_LOAD=%s: expected an error with '%s', got rc %d: %s",
+              what, MODES[k], expect, rc, rc == MOERL_ERR ? moerl_last_error() : "(loaded)");
+        if (rc == MOERL_OK) model_free(&m);
+    }
+    unsetenv("MOERL_LOAD");
+}
+
+static void test_broken_files(void) {
+    moe_config c = small_config(16);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 5);
+    char dir[1200], st[1300];
+    snprintf(dir, sizeof dir, "%s/broken", g_tmp);
+    snprintf(st, sizeof st, "%s/model.safetensors", dir);
+    /* truncated by 4 bytes */
+    MOERL_ASSERT(model_save_hf(&m, dir, 0, 0) == MOERL_OK);
+    struct stat sb;
+    MOERL_ASSERT(stat(st, &sb) == 0);
+    MOERL_ASSERT(truncate(st, sb.st_size - 4) == 0);
+    corrupt_and_check(dir, "file is truncated", "truncated by 4 bytes");
+    /* cut inside the header */
+    MOERL_ASSERT(truncate(st, 100) == 0);
+    corrupt_and_check(dir, "is beyond the file", "cut inside the header");
+    /* shorter than the length field */
+    MOERL_ASSERT(truncate(st, 5) == 0);
+    corrupt_and_check(dir, "need at least 8", "5-byte file");
+    /* header bytes overwritten */
+    MOERL_ASSERT(model_save_hf(&m, dir, 0, 0) == MOERL_OK);
+    FILE *f = fopen(st, "r+b");
+    MOERL_ASSERT(f && fseek(f, 8, SEEK_SET) == 0 && fwrite("#!", 1, 2, f) == 2);
+    fclose(f);
+    corrupt_and_check(dir, "header is not valid JSON", "corrupt header");
+    /* a bad MOERL_LOAD names the variable */
+    MOERL_ASSERT(model_save_hf(&m, dir, 0, 0) == MOERL_OK);
+    setenv("MOERL_LOAD", "fast", 1);
+    moe_model x;
+    CHECK(model_load_hf(&x, dir) == MOERL_ERR && msg_has("MOERL_LOAD='fast'") && msg_has("mmap"),
+          "bad MOERL_LOAD: %s", moerl_last_error());
+    unsetenv("MOERL_LOAD");
+    model_free(&m);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "%s/moerl_test_load_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    MOERL_ASSERT(moerl_mkdirs(g_tmp) == MOERL_OK);
+    unsetenv("MOERL_LOAD");
+    unsetenv("MOERL_LOAD_WINDOW");
+    test_round_trips();
+    test_adopted_is_private();
+    test_broken_files();
+    rm_rf(g_tmp);
+    TEST_MAIN_END();
+}
