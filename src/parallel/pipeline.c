@@ -304,7 +304,12 @@ static void forward_step(pp_state *s, pp_run *r, int j) {
         wait_idle(s, &sl->rq_fa);
         sl->fwd_posted = -1;
     }
-    wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
+    /* the slot's previous micro-batch must have left before its buffers are written again: resid_out
+     * and fa (written below on every stage; stage 0 posts no receive that would have waited for fa),
+     * ba (the last stage copies into it) */
+    wait_idle(s, &sl->sq_h);
+    wait_idle(s, &sl->sq_fa);
+    wait_idle(s, &sl->sq_ba);
     const double t0 = moerl_now();
     const int b0 = r->mb[j], b1 = r->mb[j + 1];
     const int N = train_pack(r->seqs, b0, b1, sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
@@ -357,6 +362,9 @@ static void backward_step(pp_state *s, pp_run *r, int j) {
         sl->grad_posted = -1;
         if (s->aux) memcpy(a->aux_counts, sl->ba, E * sizeof(float)); /* the micro-batch's counts, all layers */
     }
+    /* model_backward writes d_resid, which the slot's previous micro-batch may still be sending
+     * (the last stage posts no gradient receive that would have waited for it) */
+    wait_idle(s, &sl->sq_g);
     const double t0 = moerl_now();
     const train_step_opts *o = r->o;
     const double share = (double)r->N[j] / (double)r->total;
