@@ -42,8 +42,10 @@ for prompt in 3,17,42,99,5,64 7,1,130,2,2,2,9,100,55,31,0,12; do
     check "parity ran 12 steps" test "$(grep -c '^step' "$W/parity")" -eq 12
 done
 # the comparison can fail: a GGUF whose gate and up experts are swapped must not pass
-$M export-gguf --model "$TD/model_b" --out "$W/b.gguf" --dtype bf16 2>"$W/err"
-check "export-gguf --dtype bf16" test $? -eq 0
+expect_err "an existing --out is kept without --force" "pass --force" \
+    $M export-gguf --model "$TD/model_b" --out "$W/b.gguf" --dtype bf16
+$M export-gguf --model "$TD/model_b" --out "$W/b.gguf" --dtype bf16 --force 2>"$W/err"
+check "export-gguf --dtype bf16 --force" test $? -eq 0
 MOERL_LLAMA_FLASH_ATTN=off "$LLAMACPP_BIN" --lib-dir "$LLAMA_LIB_DIR" --parity --model "$TD/model_b" \
     --gguf "$W/b.gguf" --prompt 3,17,42,99,5,64 --steps 4 --tol 1e-5 >"$W/parity" 2>&1
 check "bf16-rounded weights are detected at 1e-5 (the check is sensitive)" test $? -eq 1
@@ -52,5 +54,9 @@ expect_err "a dense MLP layer is refused" "dense MLP layer" $M export-gguf --mod
 check "nothing written for a refused export" test ! -e "$W/a.gguf"
 expect_err "unknown dtype" "expected f32 or bf16" $M export-gguf --model "$TD/model_b" --out "$W/x.gguf" --dtype f16
 expect_err "missing --out" "required" $M export-gguf --model "$TD/model_b"
+cp -r "$TD/model_b" "$W/ck"
+expect_err "never into the checkpoint being read" "inside the checkpoint folder" \
+    $M export-gguf --model "$W/ck" --out "$W/ck/model.safetensors" --force
+check "the checkpoint is untouched" cmp -s "$TD/model_b/model.safetensors" "$W/ck/model.safetensors"
 expect_err "missing model" "config.json" $M export-gguf --model "$W/nope" --out "$W/x.gguf"
 finish

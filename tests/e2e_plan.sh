@@ -25,6 +25,15 @@ n=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)
 [[ $n == 30532122624 ]] && ok || fail "Qwen3-30B-A3B parameters: plan says '$n', the model card 30532122624"
 $M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipeline_parallel_size=3 >/dev/null 2>"$OUT/err"
 [[ $? -eq 1 ]] && grep -q "pipeline_parallel_size" "$OUT/err" && ok || fail "pp=3 over 8 ranks not refused by name: $(cat "$OUT/err")"
+# values moerl would refuse are refused by plan too, naming the key (no negative or overflowed figures)
+for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_seqs=-5:rollout.max_num_seqs" \
+    "trainer.n_ranks=6 actor.ulysses_sequence_parallel_size=3:ulysses_sequence_parallel_size" \
+    "data.max_response_length=2147483000 data.max_prompt_length=1000:32-bit"; do
+    IFS=: read -r kv want <<<"$bad"
+    # shellcheck disable=SC2086
+    $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
+    [[ $? -eq 1 ]] && grep -q -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
+done
 $M plan >/dev/null 2>&1
 [[ $? -eq 2 ]] && ok || fail "plan without --model/--config should be a usage error (exit 2)"
 $M plan --model examples/qwen3_30b_a3b | grep -q "KV cache" && ok || fail "plan table has no KV cache line"

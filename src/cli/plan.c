@@ -9,6 +9,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -16,6 +17,7 @@
 #include "base/config.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "parallel/grid.h"
 #include "plan/plan.h"
 
 void rl_def_keys(cfg *c); /* src/cli/rl.c: every key of `moerl rl` */
@@ -53,6 +55,21 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
+    if (cfg_check_int32(c, "seed") != MOERL_OK) return MOERL_ERR;
+    const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
+                         "rollout.n", "actor.ppo_mini_batch_size", "actor.ppo_epochs", "async_training.require_batches",
+                         "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
+        if (cfg_int(c, pos[i]) < 1) return moerl_errorf("%s must be ≥ 1, got %lld", pos[i], (long long)cfg_int(c, pos[i]));
+    /* the layout keys as moerl reads them (dispatcher, capacity factor), and whether they fit the model */
+    par_config pc;
+    if (par_read_keys(c, &pc) != MOERL_OK ||
+        par_check(&pc, (int)cfg_int(c, "trainer.n_ranks"), mc->num_experts, mc->num_attention_heads,
+                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK)
+        return MOERL_ERR;
+    if (mc->num_attention_heads % cfg_int(c, "rollout.tensor_model_parallel_size"))
+        return moerl_errorf("rollout.tensor_model_parallel_size=%lld does not divide the %d attention heads",
+                            (long long)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads);
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
@@ -68,6 +85,9 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (plen <= 0 || rlen <= 0)
         return moerl_errorf("data.max_prompt_length (%lld) and data.max_response_length (%lld) must be positive",
                             (long long)plen, (long long)rlen);
+    if (plen + rlen > INT32_MAX)
+        return moerl_errorf("data.max_prompt_length + data.max_response_length = %lld does not fit a 32-bit sequence "
+                            "length", (long long)(plen + rlen));
     /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
     in->step_tokens = cfg_int(c, "actor.ppo_mini_batch_size") * rb * cfg_int(c, "rollout.n") * (plen + rlen) * ep;
     in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");

@@ -295,6 +295,17 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (r->rollout_threads <= 0 || r->trainer_threads <= 0)
         return moerl_errorf("async_training.rollout_threads and trainer_threads must be positive");
     if (par_read_keys(c, &r->par) != MOERL_OK) return MOERL_ERR;
+    /* refused here, before any folder or model exists, in one process as under mpirun */
+    const par_config *pc = &r->par;
+    const int fsdp = pc->fsdp_size == -1 ? r->n_trainer_ranks : pc->fsdp_size;
+    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
+        pc->pipeline_parallel_size > 1)
+        return moerl_errorf("model parallelism on the trainer ranks (actor.fsdp_config.fsdp_size=%d, "
+                            "actor.expert_parallel_size=%d, actor.ulysses_sequence_parallel_size=%d, "
+                            "actor.pipeline_parallel_size=%d) is not available in moerl rl yet: its trainer ranks are "
+                            "data parallel (every size 1); `moerl sft` under mpirun takes these keys",
+                            pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size,
+                            pc->pipeline_parallel_size);
     return rl_read_algorithm_keys(c, r);
 }
 

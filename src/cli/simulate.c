@@ -273,6 +273,15 @@ int cmd_simulate(int argc, char **argv) {
         if (cfg_float(c, "sim.step_overhead_s") >= 0) d->c_step = cfg_float(c, "sim.step_overhead_s");
         if (cfg_float(c, "sim.update_overhead_s") >= 0) d->c_update = cfg_float(c, "sim.update_overhead_s");
         if (cfg_float(c, "sim.sync_overhead_s") >= 0) d->c_sync = cfg_float(c, "sim.sync_overhead_s");
+        /* rollout.dtype given: the engine's weight/KV bytes per element follow it (else the device's:
+         * bf16 on the named GPUs, fp32 for cpu and a calibration, as moerl's engine by default) */
+        if (strcmp(cfg_origin(c, "rollout.dtype"), "default")) d->dtype_bytes = x.rc.bf16_weights ? 2 : 4;
+        const char *nonneg[] = {"sim.mem_bandwidth", "sim.flops", "sim.train_flops", "sim.link_bandwidth"};
+        for (size_t i = 0; i < sizeof nonneg / sizeof *nonneg; i++)
+            if (!(cfg_float(c, nonneg[i]) >= 0)) {
+                moerl_errorf("%s must be ≥ 0 (0 = the device's), got %g", nonneg[i], cfg_float(c, nonneg[i]));
+                goto fail;
+            }
     }
     if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                           "data.chat_template") != MOERL_OK)
