@@ -156,3 +156,75 @@ int par_pad_passes(par_state *ps, int passes, int max, int backward) {
     for (int i = passes; i < max; i++) fsdp_idle_pass(ps->fsdp, backward);
     return MOERL_OK;
 }
+
+/* ------------------------------------------------------------------ optimizer and whole model */
+
+void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_config cfg) {
+    if (ps && ps->fsdp) fsdp_adamw_init(ps->fsdp, os, cfg);
+    else adamw_init(os, m, cfg);
+}
+
+void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
+    if (!ps || !ps->fsdp) return;
+    MOERL_ASSERT(os->n == m->n_params);
+    adamw_state sh = *os;
+    fsdp_adamw_init(ps->fsdp, &sh, os->cfg);
+    sh.step = os->step;
+    sh.skipped = os->skipped;
+    fsdp_slice_vec(ps->fsdp, os->m, sh.m);
+    fsdp_slice_vec(ps->fsdp, os->v, sh.v);
+    adamw_free(os);
+    *os = sh;
+}
+
+int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
+    if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
+    return adamw_step(os, m, lr, loss, grad_norm);
+}
+
+int par_finish_grads(par_state *ps, int passes, int max_passes) {
+    if (par_pad_passes(ps, passes, max_passes, 1) != MOERL_OK) return MOERL_ERR;
+    if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
+    return MOERL_OK;
+}
+
+const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                 adamw_state *moments) {
+    if (!ps || !ps->fsdp) { /* replicated: m and os are whole already */
+        if (moments && keep) *moments = *os;
+        return keep ? m : NULL;
+    }
+    if (moments) {
+        memset(moments, 0, sizeof *moments);
+        if (keep) {
+            *moments = *os;
+            moments->n = m->n_params;
+            moments->m = xalloc_aligned(m->n_params * sizeof(float));
+            moments->v = xalloc_aligned(m->n_params * sizeof(float));
+        }
+        if (fsdp_gather_vec(ps->fsdp, os->m, keep ? moments->m : NULL) != MOERL_OK ||
+            fsdp_gather_vec(ps->fsdp, os->v, keep ? moments->v : NULL) != MOERL_OK) {
+            if (keep) {
+                free(moments->m);
+                free(moments->v);
+            }
+            memset(moments, 0, sizeof *moments);
+            return NULL;
+        }
+    }
+    if (fsdp_gather_full(ps->fsdp, keep) != MOERL_OK) return NULL;
+    return keep ? m : NULL;
+}
+
+void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
+                      adamw_state *moments) {
+    (void)m;
+    (void)full;
+    if (!ps || !ps->fsdp) return;
+    fsdp_release_all(ps->fsdp);
+    if (moments && moments->m != os->m) {
+        free(moments->m);
+        free(moments->v);
+        memset(moments, 0, sizeof *moments);
+    }
+}

@@ -75,4 +75,37 @@ void par_zero_grad(par_state *ps, moe_model *m);
 int par_max_passes(par_state *ps, int passes);
 int par_pad_passes(par_state *ps, int passes, int max, int backward);
 
+/* ---- Strategy-agnostic entry points of a trainer: the optimizer over what this rank owns and the
+ * whole model on one rank (weight sync, checkpoints, evaluation). `moerl sft` and the trainer ranks
+ * of `moerl rl` call only these, so each strategy plugs in here (FSDP today; the others add theirs).
+ * A NULL or inactive ps is the replicated model: plain adamw_* on m. */
+
+#include "optim/adamw.h"
+
+/* AdamW state over this rank's parameters (FSDP: the owned shard; otherwise all of m). */
+void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_config cfg);
+/* os holds moments in the whole model's layout (os->n == m->n_params), e.g. a checkpoint's, read
+ * before par_state_init sharded m: replace them by this rank's part (not collective). */
+void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os);
+/* One AdamW step (global gradient-norm clipping at os's max_grad_norm) over the owned parameters;
+ * returns as adamw_step (1 applied, 0 skipped for a non-finite loss or norm). Collective under FSDP
+ * (the norm is summed over the shard group). */
+int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm);
+/* The end of a step's backward passes: `passes` micro-batches ran here, `max_passes` (from
+ * par_max_passes before them) on the busiest member: run the idle backward passes, then finish the
+ * gradient reduction (FSDP: wait for the reduce-scatters, sum over HSDP replicas). */
+int par_finish_grads(par_state *ps, int passes, int max_passes);
+
+/* The whole model on one rank. Collective over the trainer ranks (every one calls it, in the same
+ * order as its other collectives). Returns, on the rank with keep = 1, a model holding every
+ * parameter in m's layout — m itself (FSDP gathers into it) or an assembled copy — and NULL on the
+ * others. With moments != NULL the AdamW moments of os come too: moments is set on the keeping
+ * rank to a state whose m / v cover the whole layout (os itself when nothing is sharded). Errors:
+ * NULL everywhere with moerl_errorf. Pair with par_release_full on every rank. */
+const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                 adamw_state *moments);
+/* Undo par_gather_full (frees the assembled copies; FSDP drops the gathered units). Not collective. */
+void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
+                      adamw_state *moments);
+
 #endif

@@ -140,8 +140,17 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
         free(mb);
         return MOERL_ERR;
     }
+    par_state *ps = a->par;
+    /* FSDP / EP: every member of the group runs the same number of passes (parallel.h) */
+    const int max_mb = par_max_passes(ps, n_mb);
+    if (max_mb < 0) {
+        free(mb);
+        return MOERL_ERR;
+    }
+    dist_comm *sp_comm = ps && ps->sp && ps->grid ? ps->grid->sp_comm : NULL;
     pack_buf p;
     pack_buf_init(&p, max_tokens);
+    float *full = sp_comm ? xmalloc((size_t)max_tokens * sizeof(float)) : NULL;
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb && rc == MOERL_OK; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
@@ -150,9 +159,25 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
             break;
         }
         model_logprobs(m, a, p.tgt + a->tok0, temperature, 0);
-        for (int t = a->tok0; t < a->tok0 + a->N; t++) /* Ulysses SP: this rank's tokens only */
-            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = a->logp[t - a->tok0];
+        const float *lp = a->logp - a->tok0; /* lp[t]: token t of the micro-batch */
+        int t0 = a->tok0, t1 = a->tok0 + a->N;
+        if (sp_comm) { /* Ulysses SP: this rank holds tokens [tok0, tok0 + N); the others come from the
+                        * group (a sum with zeros elsewhere is exact), so every rank returns all of them */
+            memset(full, 0, (size_t)N * sizeof(float));
+            memcpy(full + a->tok0, a->logp, (size_t)a->N * sizeof(float));
+            if (dist_comm_allreduce_f32(sp_comm, full, (size_t)N) != MOERL_OK) {
+                rc = MOERL_ERR;
+                break;
+            }
+            lp = full;
+            t0 = 0;
+            t1 = N;
+        }
+        for (int t = t0; t < t1; t++)
+            if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = lp[t];
     }
+    if (rc == MOERL_OK) rc = par_pad_passes(ps, n_mb, max_mb, 0);
+    free(full);
     pack_buf_free(&p);
     free(mb);
     return rc;

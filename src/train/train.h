@@ -86,7 +86,9 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
                      token_grad_fn fn, void *ctx, train_step_out *out);
 /* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates
  * len−resp_start floats per sequence). Used for proximal/reference logprobs and the trainer's
- * recomputation. */
+ * recomputation. With a->par (model parallel): FSDP / EP members run the group's number of passes
+ * (idle ones padded, so call it on every member of the group); Ulysses SP ranks each compute their
+ * tokens and every rank of the SP group returns all of them. */
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp);
 
