@@ -221,6 +221,8 @@ typedef struct {
     dist_ctx *dist;
     dist_grad_reducer *reducer;
     struct par_state *par;    /* the trainer rank's model-parallel runtime (parallel/parallel.h); NULL: none */
+    int replication;          /* trainer ranks holding the same sequences (Ulysses SP: sp; else 1): what is
+                                 computed from whole sequences is divided by it after the sum over ranks */
 } trainer;
 
 /* The RL algorithm's keys (src/rl/config.c): definitions with defaults and help, and their reading
