@@ -167,6 +167,15 @@ elif cmd == "dp_close":  # DP=2 vs DP=1 with lr 0: gradient norm and entropy per
         if not (g2 > 0 and rg <= 1e-5 and re <= 1e-6):
             fail("version %d: grad_norm %r vs %r (rel %.2g), entropy %r vs %r (rel %.2g)" % (i + 1, g1, g2, rg, e1, e2, re))
     print("max relative difference: grad_norm %.2g, entropy %.2g over %d versions" % (worst_g, worst_e, len(a)))
+elif cmd == "same_responses":  # every uid of both runs has the same response tokens (order of lines aside)
+    a = {x["uid"]: [r["ids"] for r in x["responses"]] for x in rows(d + "/samples.jsonl")}
+    b = {x["uid"]: [r["ids"] for r in x["responses"]] for x in rows(args[0] + "/samples.jsonl")}
+    if a.keys() != b.keys() or len(a) < 4:
+        fail("uids differ: %d vs %d groups" % (len(a), len(b)))
+    diff = [u for u in a if a[u] != b[u]]
+    if diff:
+        fail("%d of %d groups have other response tokens, e.g. uid %s" % (len(diff), len(a), diff[0]))
+    print("%d groups, identical response tokens" % len(a))
 elif cmd == "weights_close":  # checkpoint/{model,optimizer}.safetensors of two runs: max |a - b| ≤ tol
     import array, struct
     def load(p):
@@ -301,6 +310,31 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
         actor.fsdp_config.fsdp_size=2
     mp_case "Ulysses SP 2 (moerl rl)" mp_sp2 3 2 mp_dp1 actor.ulysses_sequence_parallel_size=2
 else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi
+# rollout EP: 2 rollout ranks sharing one engine's experts (each holds 4 of 8) against 2 plain
+# rollout ranks, both dispatchers, lr 0 (the policy is fixed, so every group's responses depend only
+# on its uid's sampling seed and the logits): the same response tokens for every group. The expert
+# outputs are the same fp32 rows, only computed on the owning rank (observed: identical).
+EPR=(actor.optim.lr=0 async_training.staleness_threshold=0 async_training.partial_rollout=false
+     trainer.total_training_steps=6 actor.ppo_mini_batch_size=3 async_training.require_batches=2)
+if mpi_rl rep_ref 3 1 "${EPR[@]}"; then
+    for disp in alltoall alltoallv; do
+        if mpi_rl rep_$disp 3 1 "${EPR[@]}" rollout.expert_parallel_size=2 actor.moe.dispatcher=$disp &&
+            grep -q "rollout EP: ranks 0..1 hold 4 experts each ($disp)" "$WORK/rep_$disp.log"; then
+            if msg=$(check same_responses "$WORK/rep_$disp" "$WORK/rep_ref"); then ok "rollout EP 2 ($disp) = 2 rollout ranks: $msg"
+            else bad "rollout EP 2 ($disp)" "$msg"; fi
+        else bad "rollout EP 2 ($disp)" "exit or no EP line"; tail_log rep_$disp; fi
+    done
+else bad "rollout EP reference" "exit $?"; tail_log rep_ref; fi
+# and the asynchronous schedule with partial rollout: syncs interrupt the group mid-generation
+# (every rank of it at the same step), bf16 rollout weights, a checkpoint every 4 versions
+if mpi_rl rep_async 3 1 rollout.expert_parallel_size=2 async_training.staleness_threshold=1 \
+    async_training.partial_rollout=true trainer.total_training_steps=16 trainer.save_freq=4 rollout.dtype=bf16 \
+    data.max_response_length=48 rollout.synthetic_length.alpha=1 &&
+    n=$($PY -c "import json,sys; print(sum(json.loads(l)['interrupted_responses'] for l in open(sys.argv[1])))" \
+        "$WORK/rep_async/samples.jsonl") && [[ $n -gt 0 ]]; then
+    ok "rollout EP 2, async with partial rollout and bf16: 16 steps, $n interrupted-and-resumed responses"
+else bad "rollout EP 2 async" "exit or no interrupted response"; tail_log rep_async; fi
+
 # the FSDP run's checkpoint resumes on another number of trainer ranks (2 → 1) and trains on
 if [[ -d $WORK/mp_fsdp2/checkpoint ]] && mpi_rl mp_fsdp2 2 1 "${MP[@]}" trainer.total_training_steps=8 \
     trainer.resume_mode=auto && grep -q "resumed" "$WORK/mp_fsdp2.log" &&

@@ -152,6 +152,10 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
     cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
     cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    cfg_def_int(c, "rollout.expert_parallel_size", 1,
+                "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
+                "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
+                "rank holds every expert");
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
@@ -206,6 +210,9 @@ int rl_read_config(const cfg *c, rl_config *r) {
     r->max_response_length = (int)cfg_int(c, "data.max_response_length");
     r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    r->rollout_ep = (int)cfg_int(c, "rollout.expert_parallel_size");
+    if (r->rollout_ep < 1)
+        return moerl_errorf("rollout.expert_parallel_size must be ≥ 1, got %d", r->rollout_ep);
     const char *rdt = cfg_str(c, "rollout.dtype");
     if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
         return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
@@ -380,6 +387,12 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (par_check(&rc->par, rc->n_trainer_ranks, m.cfg.num_experts, m.cfg.num_attention_heads,
                   m.cfg.num_key_value_heads, m.cfg.num_hidden_layers) != MOERL_OK)
         goto fail; /* before any folder exists */
+    if (rc->rollout_ep > 1 && (ctx->n_rollout % rc->rollout_ep || m.cfg.num_experts % rc->rollout_ep)) {
+        moerl_errorf("rollout.expert_parallel_size=%d must divide the %d rollout ranks (mpirun -np minus "
+                     "trainer.n_ranks) and the model's %d experts",
+                     rc->rollout_ep, ctx->n_rollout, m.cfg.num_experts);
+        goto fail;
+    }
     if (leader) {
         if (cli_outdir_open(&od, rc->out_dir) != MOERL_OK) goto fail;
         opened = 1;
@@ -475,6 +488,12 @@ int cmd_rl(int argc, char **argv) {
                      "rl ... trainer.n_ranks=%d` for one rollout rank",
                      rc.n_trainer_ranks, rc.n_trainer_ranks, dist_backend_name(), rc.n_trainer_ranks + 1,
                      rc.n_trainer_ranks);
+        goto fail;
+    }
+    if (rc.rollout_ep > 1) {
+        moerl_errorf("rollout.expert_parallel_size=%d splits the engine's experts over rollout ranks, and one "
+                     "process has none: run under mpirun with build/moerl-mpi and at least %d rollout ranks",
+                     rc.rollout_ep, rc.rollout_ep);
         goto fail;
     }
     /* everything that can be checked without writing comes first: a bad configuration, model or

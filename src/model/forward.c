@@ -675,6 +675,22 @@ void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts
     blas_team_end(nb);
 }
 
+void mlp_forward_ep(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
+                    struct ep_state *ep) {
+    if (!ep || !m->p.layers[l].router) {
+        mlp_forward(m, l, x, out, s, N, NULL, NULL);
+        return;
+    }
+    const int nthr = decode_team_size(m, N), nb = blas_team_begin(nthr);
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        mlp_forward_team(m, l, x, out, s, N, NULL, NULL, r0, r1, ep);
+    }
+    blas_team_end(nb);
+}
+
 /* ------------------------------------------------------------------ forward */
 
 /* Layer l's attention input on token rows [r0, r1): ln1 = RMSNorm(resid_in), then q, k, v. */

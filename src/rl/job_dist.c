@@ -53,6 +53,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "rl/job_internal.h"
+#include "parallel/ep.h"
 #include "parallel/parallel.h"
 #include "rl/rl.h"
 #include "rl/wire.h"
@@ -179,7 +180,72 @@ typedef struct {
     int leader;
     int req_out;          /* an ADMIT_REQ awaits its answer */
     int64_t sent;         /* GROUP messages sent */
+    /* rollout.expert_parallel_size > 1: this rank's EP group, the grid ep_state reads, the state */
+    dist_comm *ep_comm;
+    par_grid ep_grid;
+    ep_state *ep;
 } rollout_rank;
+
+/* Expert parallelism of the rollout engine (rollout.expert_parallel_size = P): consecutive rollout
+ * ranks form groups of P; each engine holds its rank's E/P experts (the engine is rebuilt from the
+ * sliced config) and every step's routed rows go through the EP dispatcher (src/parallel/ep.c, the
+ * trainer's code: actor.moe.dispatcher and capacity_factor apply). The training model m stays whole
+ * on this rank as the buffer the weight broadcast lands in; each rank then keeps its slice. */
+static void rollout_ep_setup(rollout_rank *W) {
+    dist_ctx *ctx = W->ctx;
+    const int P = W->cfg->rollout_ep, r = ctx->world_rank; /* rollout ranks are world ranks 0 .. n_rollout−1 */
+    W->ep_comm = dist_comm_split_rollout(ctx, r / P, r);
+    if (!W->ep_comm) die(ctx, "rollout expert parallelism");
+    par_grid *g = &W->ep_grid;
+    memset(g, 0, sizeof *g);
+    g->cfg = W->cfg->par;
+    g->ep = P;
+    g->ep_rank = dist_comm_rank(W->ep_comm);
+    g->ep_comm = W->ep_comm;
+    g->T = g->D = g->dp = g->sp = g->pp = g->fsdp = g->replicas = 1;
+    moe_config c = W->m->cfg;
+    ep_config_apply(g, &c);
+    const engine_config ec = engine_get_config(W->R.eng);
+    engine_free(W->R.eng);
+    W->R.eng = engine_create(&c, ec);
+    if (!W->R.eng) die(ctx, "creating the expert-parallel rollout engine");
+    W->ep = ep_state_new(g, &c, ec.max_num_batched_tokens);
+    if (!W->ep) die(ctx, "rollout expert parallelism");
+    engine_set_ep(W->R.eng, W->ep);
+    if (g->ep_rank == 0)
+        log_info("rollout EP: ranks %d..%d hold %d experts each (%s)", r, r + P - 1, c.num_experts / P,
+                 moe_dispatcher_name(ep_dispatcher(W->ep)));
+}
+
+/* 1 on every rank of the EP group when x is nonzero on all of them (without EP: x != 0). */
+static int ep_all(rollout_rank *W, int x) {
+    dist_ctx *ctx = W->ctx;
+    if (!W->ep) return x != 0;
+    float f = x != 0;
+    CHECK_OK(dist_comm_allreduce_f32(W->ep_comm, &f, 1), "rollout EP agreement");
+    return f == (float)W->cfg->rollout_ep;
+}
+
+/* One generation step. Under rollout EP the group steps together: the ranks with work step, the
+ * others run the step's exchanges without rows (engine_idle_step). Returns 1 when this rank
+ * generated; *any: some rank of the group (this one without EP) had work. Errors end the job. */
+static int rollout_step(rollout_rank *W, int *any) {
+    dist_ctx *ctx = W->ctx;
+    const int mine = engine_num_unfinished(W->R.eng) > 0;
+    if (W->ep) {
+        float f = (float)mine;
+        CHECK_OK(dist_comm_allreduce_f32(W->ep_comm, &f, 1), "rollout EP step");
+        *any = f > 0;
+        if (*any && !mine) {
+            CHECK_OK(engine_idle_step(W->R.eng), "rollout EP idle step");
+            return 0;
+        }
+    }
+    const int did = rollouter_step(&W->R);
+    if (did < 0) die(ctx, "generation");
+    if (!W->ep) *any = did > 0;
+    return did;
+}
 
 static int send_group(void *vctx, rl_group *g) {
     rollout_rank *W = vctx;
@@ -228,14 +294,17 @@ static void send_ack(rollout_rank *W, int kind) {
 static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
-    /* straight into the engine's weights: a rollout rank holds one copy, no training model */
-    CHECK_OK(dist_bcast_weights(ctx, engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1, NULL),
+    /* straight into the engine's weights: a rollout rank holds one copy, no training model (under
+     * rollout EP into the whole model m, of which the engine keeps this rank's slice) */
+    CHECK_OK(dist_bcast_weights(ctx, W->ep ? W->m->params : engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1,
+                                NULL),
              "receiving the weights");
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
-    engine_set_version(W->R.eng, v);
+    if (W->ep) CHECK_OK(engine_load_slice(W->R.eng, W->m, v), "slicing the experts of the broadcast weights");
+    else engine_set_version(W->R.eng, v);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
@@ -246,8 +315,7 @@ static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
         engine_pause(W->R.eng, NULL, 0);
     } else { /* let in-flight responses finish under the old weights */
         W->R.draining = 1;
-        while (engine_num_unfinished(W->R.eng) > 0)
-            if (rollouter_step(&W->R) < 0) die(ctx, "draining the engine");
+        for (int any = 1; any;) rollout_step(W, &any); /* under rollout EP until every rank is drained */
     }
     send_ack(W, CMD_SYNC);
     cmd_msg b = recv_cmd(ctx);
@@ -272,8 +340,10 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     rl_queue_init(&unused, 1);
     CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
     /* the engine has its own copy of the weights: drop the training model's buffers (parameters and
-     * gradients); the layout (m->n_params, tensor table) stays for the size checks */
-    model_free_params(m);
+     * gradients); the layout (m->n_params, tensor table) stays for the size checks. Rollout EP keeps
+     * the parameters: the whole-model buffer a broadcast lands in before the slice is taken. */
+    if (cfg->rollout_ep > 1) rollout_ep_setup(W);
+    else model_free_params(m);
     free(m->grads);
     m->grads = NULL;
     W->R.on_group_done = send_group;
@@ -286,7 +356,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     receive_weights(W, c.version);
     long wait_us = 0;
     for (;;) {
-        if (dist_iprobe(ctx, TAG_CMD) > 0) {
+        if (ep_all(W, dist_iprobe(ctx, TAG_CMD) > 0)) { /* under rollout EP: once the whole group has it */
             c = recv_cmd(ctx);
             if (c.cmd == CMD_SYNC) {
                 rollout_sync(W, &c);
@@ -308,9 +378,9 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
                 W->req_out = 1;
             }
         }
-        const int did = rollouter_step(&W->R);
-        if (did < 0) die(ctx, "generation");
-        if (did) {
+        int any;
+        rollout_step(W, &any);
+        if (any) {
             wait_us = 0;
         } else { /* nothing to generate: wait for grants or commands without spinning */
             const double t0 = moerl_now();
@@ -327,7 +397,14 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
         moerl_errorf("expected BYE after STOP, got command %d", c.cmd);
         die(ctx, "protocol");
     }
+    if (W->ep) {
+        const ep_stats es = ep_get_stats(W->ep);
+        log_info("rollout EP: %ld rows sent to the other ranks of the group, %.3f s in the exchanges", es.rows_sent,
+                 es.seconds);
+    }
     rollouter_free(&W->R);
+    ep_state_free(W->ep);
+    dist_comm_free(W->ep_comm);
     rl_queue_destroy(&unused);
     free(W);
 }
