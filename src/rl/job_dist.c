@@ -189,8 +189,8 @@ typedef struct {
 /* Expert parallelism of the rollout engine (rollout.expert_parallel_size = P): consecutive rollout
  * ranks form groups of P; each engine holds its rank's E/P experts (the engine is rebuilt from the
  * sliced config) and every step's routed rows go through the EP dispatcher (src/parallel/ep.c, the
- * trainer's code: actor.moe.dispatcher and capacity_factor apply). The training model m stays whole
- * on this rank as the buffer the weight broadcast lands in; each rank then keeps its slice. */
+ * trainer's code: actor.moe.dispatcher and capacity_factor apply). A weight broadcast lands in a
+ * transient whole-model buffer, of which each rank keeps its slice (receive_weights). */
 static void rollout_ep_setup(rollout_rank *W) {
     dist_ctx *ctx = W->ctx;
     const int P = W->cfg->rollout_ep, r = ctx->world_rank; /* rollout ranks are world ranks 0 .. n_rollout−1 */
@@ -295,16 +295,19 @@ static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
     /* straight into the engine's weights: a rollout rank holds one copy, no training model (under
-     * rollout EP into the whole model m, of which the engine keeps this rank's slice) */
-    CHECK_OK(dist_bcast_weights(ctx, W->ep ? W->m->params : engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1,
+     * rollout EP into a transient whole-model buffer, of which the engine keeps this rank's slice) */
+    moe_model full = *W->m; /* the layout (tensor table) of the whole model */
+    full.params = W->ep ? xalloc_aligned(W->m->n_params * sizeof(float)) : NULL;
+    CHECK_OK(dist_bcast_weights(ctx, W->ep ? full.params : engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1,
                                 NULL),
              "receiving the weights");
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
-    if (W->ep) CHECK_OK(engine_load_slice(W->R.eng, W->m, v), "slicing the experts of the broadcast weights");
+    if (W->ep) CHECK_OK(engine_load_slice(W->R.eng, &full, v), "slicing the experts of the broadcast weights");
     else engine_set_version(W->R.eng, v);
+    free(full.params);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
@@ -340,10 +343,10 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     rl_queue_init(&unused, 1);
     CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
     /* the engine has its own copy of the weights: drop the training model's buffers (parameters and
-     * gradients); the layout (m->n_params, tensor table) stays for the size checks. Rollout EP keeps
-     * the parameters: the whole-model buffer a broadcast lands in before the slice is taken. */
+     * gradients); the layout (m->n_params, tensor table) stays for the size checks and, under
+     * rollout EP, for taking this rank's slice of each broadcast */
     if (cfg->rollout_ep > 1) rollout_ep_setup(W);
-    else model_free_params(m);
+    model_free_params(m);
     free(m->grads);
     m->grads = NULL;
     W->R.on_group_done = send_group;
