@@ -137,6 +137,10 @@ static json_t *rl_summary_json(const rl_config *rc, const rl_result *res, double
     json_object_set_new(o, "trainer_idle_ratio", cli_json_real(res->trainer_idle_ratio));
     json_object_set_new(o, "rollouter_idle_ratio", cli_json_real(res->rollouter_idle_ratio));
     json_object_set_new(o, "output_dir", cli_json_text(rc->out_dir, strlen(rc->out_dir)));
+    /* a run stopped by SIGINT/SIGTERM still prints its line: the signal and the step its checkpoint holds */
+    json_object_set_new(o, "stopped_by_signal", res->stop_signal ? json_integer(res->stop_signal) : json_null());
+    json_object_set_new(o, "checkpoint_step",
+                        res->checkpoint_step >= 0 ? json_integer(res->checkpoint_step) : json_null());
     return o;
 }
 
@@ -423,6 +427,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (leader && res.stop_signal) {
         rl_report_stop(&res, rc->out_dir);
+        cli_print_json(rl_summary_json(rc, &res, sft1), 6);
         return 128 + res.stop_signal;
     }
     if (leader) {
@@ -525,6 +530,7 @@ int cmd_rl(int argc, char **argv) {
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (res.stop_signal) {
         rl_report_stop(&res, rc.out_dir);
+        cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
         model_free(&m);
         dataset_free(&train);
         dataset_free(&test);
