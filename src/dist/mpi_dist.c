@@ -678,37 +678,29 @@ struct dist_req {
     MPI_Request req;
 };
 
-dist_comm *dist_comm_split_rollout(dist_ctx *ctx, int color, int key) {
-    if (ctx->impl->rollout == MPI_COMM_NULL) {
-        moerl_errorf("dist_comm_split_rollout: this rank (world %d) is not a rollout rank (or roles are not split)",
-                     ctx->world_rank);
+/* A sub-group of `parent` (MPI_COMM_NULL: this rank is not in it; `who` names the parent). */
+static dist_comm *comm_split_of(dist_ctx *ctx, MPI_Comm parent, const char *fn, const char *who, int color, int key) {
+    if (parent == MPI_COMM_NULL) {
+        moerl_errorf("%s: this rank (world %d) is not a %s (or roles are not split)", fn, ctx->world_rank, who);
         return NULL;
     }
     if (color < 0) {
-        moerl_errorf("dist_comm_split_rollout: color %d, expected ≥ 0", color);
+        moerl_errorf("%s: color %d, expected ≥ 0", fn, color);
         return NULL;
     }
     dist_comm *c = xcalloc(1, sizeof *c);
-    MPI_CHECK(MPI_Comm_split(ctx->impl->rollout, color, key, &c->comm));
+    MPI_CHECK(MPI_Comm_split(parent, color, key, &c->comm));
     MPI_CHECK(MPI_Comm_rank(c->comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(c->comm, &c->size));
     return c;
 }
 
+dist_comm *dist_comm_split_rollout(dist_ctx *ctx, int color, int key) {
+    return comm_split_of(ctx, ctx->impl->rollout, "dist_comm_split_rollout", "rollout rank", color, key);
+}
+
 dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key) {
-    if (ctx->impl->trainer == MPI_COMM_NULL) {
-        moerl_errorf("dist_comm_split: this rank (world %d) is not a trainer (or roles are not split)", ctx->world_rank);
-        return NULL;
-    }
-    if (color < 0) {
-        moerl_errorf("dist_comm_split: color %d, expected ≥ 0", color);
-        return NULL;
-    }
-    dist_comm *c = xcalloc(1, sizeof *c);
-    MPI_CHECK(MPI_Comm_split(ctx->impl->trainer, color, key, &c->comm));
-    MPI_CHECK(MPI_Comm_rank(c->comm, &c->rank));
-    MPI_CHECK(MPI_Comm_size(c->comm, &c->size));
-    return c;
+    return comm_split_of(ctx, ctx->impl->trainer, "dist_comm_split", "trainer", color, key);
 }
 
 void dist_comm_free(dist_comm *c) {
