@@ -462,11 +462,13 @@ static void test_owned(int pp, int tied) {
         snprintf(what, sizeof what, "owned%s dp %d x pp %d gathered weights vs one rank", tied ? " tied" : "", dp, pp);
         t_close(what, full->params, ref.params, (long)ref.n_params, 1e-6f, 0.0f);
         /* moments: m ≈ 0.1·g and v ≈ 0.05·g² of gradients of ~1e-2: the same last-bit differences,
-         * relative 1e-4 plus a floor far below their scale */
+         * relative 1e-4; with tied embeddings the two parts of an embedding gradient can cancel to a
+         * small sum whose rounding (~1e-9 absolute) is a large share of it, hence absolute floors of
+         * 1e-8 on m (1e-5 of its scale ~1e-3) and 1e-11 on v (scale ~1e-6) */
         snprintf(what, sizeof what, "owned%s dp %d x pp %d gathered moments m", tied ? " tied" : "", dp, pp);
-        t_close(what, mom.m, ref_os.m, (long)ref.n_params, 1e-9f, 1e-4f);
+        t_close(what, mom.m, ref_os.m, (long)ref.n_params, 1e-8f, 1e-4f);
         snprintf(what, sizeof what, "owned%s dp %d x pp %d gathered moments v", tied ? " tied" : "", dp, pp);
-        t_close(what, mom.v, ref_os.v, (long)ref.n_params, 1e-12f, 1e-4f);
+        t_close(what, mom.v, ref_os.v, (long)ref.n_params, 1e-11f, 1e-4f);
         CHECK(mom.n == ref.n_params && mom.step == K_STEPS, "gathered moments: n %zu step %lld", mom.n,
               (long long)mom.step);
     }
