@@ -13,7 +13,8 @@
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and Ulysses
 #                 (-np 2 sp 2, -np 4 sp 2 × dp 2; expert parallelism refused) against
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
-#                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard) against
+#                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard; N -> M resume dp 2 x pp 2 -> pp 3 and one
+#                 process) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
@@ -255,6 +256,22 @@ edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1
 rc=$?
 EDGE_WHAT="checkpoint of -np 4 fsdp 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/c4b"'
+# N -> M with a stage-owned pipeline: 2 steps on 4 ranks (dp 2 x pp 2; each stage saved its own
+# parameters and moments through par_gather_full), resumed to 4 steps on 3 ranks (pp 3) and on one
+# process (moments and weights agree with the uninterrupted run c1, as above)
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.pipeline_parallel_size=2 trainer.default_local_dir="$W/p4" >/dev/null 2>"$W/err"
+cp -r "$W/p4" "$W/p4b"
+timeout 180 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.pipeline_parallel_size=3 trainer.default_local_dir="$W/p4" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on -np 3 pp 3 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4"'
+"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/p4b" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4b"'
 rm -rf "$W"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
