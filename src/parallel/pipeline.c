@@ -784,12 +784,9 @@ static int exchange_ranges(pp_state *s, const float *mine, float *dst, int to) {
     return MOERL_OK;
 }
 
-int pp_own_stage(pp_state *s, moe_model *m) {
-    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
-    if (!m->params || !m->grads)
-        return moerl_errorf("pipeline: a stage-owned model needs parameters and a gradient buffer (an inference model "
-                            "was given)");
-    const int L = s->L, U = L + 2;
+void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, size_t *hi, size_t *emb_lo,
+                     size_t *emb_hi) {
+    const int L = m->cfg.num_hidden_layers, U = L + 2;
     size_t *off = xmalloc((size_t)U * sizeof(size_t)), *end = xcalloc((size_t)U, sizeof(size_t));
     for (int k = 0; k < U; k++) off[k] = SIZE_MAX;
     int before_layers = 1;
@@ -805,19 +802,27 @@ int pp_own_stage(pp_state *s, moe_model *m) {
         MOERL_ASSERT(k == 0 ? off[0] == 0 : off[k] == end[k - 1]); /* contiguous in unit order */
     }
     MOERL_ASSERT(end[U - 1] == m->n_params);
-    s->st_lo = xmalloc((size_t)s->pp * sizeof(size_t));
-    s->st_hi = xmalloc((size_t)s->pp * sizeof(size_t));
-    for (int k = 0; k < s->pp; k++) {
-        s->st_lo[k] = k == 0 ? 0 : off[s->bounds[k] + 1];
-        s->st_hi[k] = k == s->pp - 1 ? m->n_params : end[s->bounds[k + 1]];
+    for (int k = 0; k < pp; k++) {
+        lo[k] = k == 0 ? 0 : off[bounds[k] + 1];
+        hi[k] = k == pp - 1 ? m->n_params : end[bounds[k + 1]];
     }
-    s->own_lo = s->st_lo[s->stage];
-    s->own_hi = s->st_hi[s->stage];
-    s->emb_lo = off[0];
-    s->emb_hi = end[0];
-    s->tied = m->cfg.tie_word_embeddings && s->pp > 1;
+    if (emb_lo) *emb_lo = off[0];
+    if (emb_hi) *emb_hi = end[0];
     free(off);
     free(end);
+}
+
+int pp_own_stage(pp_state *s, moe_model *m) {
+    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
+    if (!m->params || !m->grads)
+        return moerl_errorf("pipeline: a stage-owned model needs parameters and a gradient buffer (an inference model "
+                            "was given)");
+    s->st_lo = xmalloc((size_t)s->pp * sizeof(size_t));
+    s->st_hi = xmalloc((size_t)s->pp * sizeof(size_t));
+    pp_stage_ranges(m, s->bounds, s->pp, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
+    s->own_lo = s->st_lo[s->stage];
+    s->own_hi = s->st_hi[s->stage];
+    s->tied = m->cfg.tie_word_embeddings && s->pp > 1;
     s->ranges = xcalloc((size_t)m->n_tensors + 1, sizeof(adamw_range));
     s->n_ranges = 0;
     for (int i = 0; i < m->n_tensors; i++) {

@@ -158,6 +158,12 @@ int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *s
                              double *counts);
 
 /* ---- stage-local ownership (see "Gradients and outputs" above) ---- */
+/* The layout ranges the stages of the cut bounds[pp+1] own (pure; m needs only its tensor table, e.g.
+ * model_init_layout without buffers): stage k holds floats [lo[k], hi[k]) — its decoder layers, plus
+ * the embedding on stage 0 and the final norm and LM head on the last —, contiguous and tiling
+ * [0, n_params). emb_lo / emb_hi (may be NULL): the embedding's range (a tied last stage's copy). */
+void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, size_t *hi, size_t *emb_lo,
+                     size_t *emb_hi);
 /* Make m stage-owned: keep this stage's range of m->params (which must hold the whole model, the same
  * on every stage), free m's full buffers and put sparse mappings of the whole layout in their place
  * (views refreshed). Not collective. Until pp_release_stage (pp_state_free calls it) the model must
