@@ -21,8 +21,9 @@
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
-#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
-#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
+#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 3, pp 4 and dp 2 x pp 2 against one rank after K AdamW
+#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
+#                 stage-owned: forward-only logprobs on every stage, training through parallel.h, gather
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -111,6 +112,7 @@ run_mpi "test_dist_sp -np 4 (SP=4, nkv 2 replicated)" 4 "$T/test_dist_sp" --sp 4
 run_mpi "test_dist_sp -np 4 (SP=2 x DP=2, EP=2)" 4 "$T/test_dist_sp" --sp 2 --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist_sp" --sp 2
 run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
+run_mpi "test_dist_pp -np 3 (pp 3)" 3 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
