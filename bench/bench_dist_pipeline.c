@@ -11,9 +11,19 @@
  * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), and
  * the speed-up over ONE rank running the same micro-batches (a one-stage pipeline: the same code,
  * threads and progress thread, the whole model; measured in the same run on rank 0 while the other
- * ranks wait; ideal P·(1 − bubble)). */
+ * ranks wait; ideal P·(1 − bubble)).
+ * Memory (--memory): the model state per rank, replicated (every rank: fp32 parameters, gradients and
+ * the two AdamW moments of the whole model, 16 B per parameter) against stage-owned (par_state_init:
+ * each stage its own range, pipeline.h): after one training step through parallel.h's entry points,
+ * the resident bytes of the sparse parameter and gradient maps (mincore) and the moments' bytes, per
+ * stage. With --config-json F (a Hugging Face config.json) --pp a,b,...: the same arithmetic for
+ * that model without allocating it (the FLOP-balanced cut for min(max_position_embeddings, 4096)
+ * tokens, pp_stage_ranges): GiB per stage and the largest stage against replicated. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +32,7 @@
 #include "bench_util.h"
 #include "dist/dist.h"
 #include "model/forward.h"
+#include "optim/adamw.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "train/train.h"
@@ -40,6 +51,121 @@ static double sft_cb(void *ctx, const model_acts *a, const int *seq_of, const in
     return loss;
 }
 
+/* Resident bytes of a mapping (mincore; 0 where it fails). */
+static size_t resident_bytes(const void *p, size_t len) {
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = (len + ps - 1) / ps;
+    unsigned char *v = xmalloc(np ? np : 1);
+    size_t r = 0;
+    if (mincore((void *)p, len, v) == 0)
+        for (size_t i = 0; i < np; i++) r += (v[i] & 1) ? ps : 0;
+    free(v);
+    return r;
+}
+
+/* --config-json: per-stage model state of a real model, from its layout alone. */
+static int memory_arithmetic(const char *path, const int *pps, int npp) {
+    moe_config c;
+    moe_model m;
+    if (moe_config_load(&c, path) != MOERL_OK || model_init_layout(&m, &c, 0) != MOERL_OK) return MOERL_ERR;
+    const int bal = MOERL_MAX(1, MOERL_MIN(c.max_position_embeddings, 4096));
+    const double GiB = 1024.0 * 1024 * 1024, full = 16.0 * (double)m.n_params / GiB;
+    printf("# %s: %d layers, %.2f G parameters (layout floats); model state fp32 (params, grads, AdamW m, v) = 16 "
+           "B/param; cut balanced for %d-token sequences\n", path, c.num_hidden_layers, m.n_params / 1e9, bal);
+    printf("%4s %14s %18s %10s  %s\n", "pp", "replicated_GiB", "largest_stage_GiB", "ratio", "per stage GiB");
+    for (int k = 0; k < npp; k++) {
+        const int pp = pps[k];
+        int *b = xmalloc((pp + 1) * sizeof(int));
+        size_t *lo = xmalloc(pp * sizeof(size_t)), *hi = xmalloc(pp * sizeof(size_t)), elo, ehi;
+        if (pp_partition(&c, pp, bal, b, NULL) != MOERL_OK) return MOERL_ERR;
+        pp_stage_ranges(&m, b, pp, lo, hi, &elo, &ehi);
+        double mx = 0;
+        char line[2048];
+        int o = 0;
+        for (int s = 0; s < pp; s++) {
+            /* a tied last stage also holds the embedding's parameters and gradient (not its moments) */
+            const double fl = 16.0 * (double)(hi[s] - lo[s]) +
+                              (c.tie_word_embeddings && pp > 1 && s == pp - 1 ? 8.0 * (double)(ehi - elo) : 0);
+            mx = fmax(mx, fl / GiB);
+            if (o < (int)sizeof line - 40)
+                o += snprintf(line + o, sizeof line - o, "%s%d:L%d-%d %.2f", s ? ", " : "", s, b[s], b[s + 1] - 1,
+                              fl / GiB);
+        }
+        printf("%4d %14.2f %18.2f %9.2fx  %s\n", pp, full, mx, full / mx, line);
+        free(b);
+        free(lo);
+        free(hi);
+    }
+    model_free(&m);
+    return MOERL_OK;
+}
+
+/* --memory under mpirun: replicated against stage-owned, measured on the benchmark model. */
+static int memory_measured(dist_ctx *ctx, int layers, int seq_len, int nseq) {
+    const int P = ctx->world_size, rank = ctx->world_rank;
+    moe_config c = bench_model_config(seq_len);
+    c.num_hidden_layers = layers;
+    moe_model m;
+    if (model_init(&m, &c) != MOERL_OK) return MOERL_ERR;
+    model_init_random(&m, 7);
+    const size_t n = m.n_params;
+    par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                     .pipeline_parallel_size = P, .alltoall_max_ep = 16, .capacity_factor = 1.25,
+                     .max_tokens = seq_len * 2};
+    par_state ps;
+    if (par_state_init_cfg(&ps, ctx, &pc, &m) != MOERL_OK) return MOERL_ERR;
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, adamw_default_config());
+    int *tok = xmalloc((size_t)nseq * seq_len * sizeof(int));
+    rng_state r;
+    rng_seed(&r, 11);
+    for (int i = 0; i < nseq * seq_len; i++) tok[i] = (int)rng_below(&r, c.vocab_size);
+    train_seq *seqs = xmalloc(nseq * sizeof(train_seq));
+    for (int i = 0; i < nseq; i++)
+        seqs[i] = (train_seq){.tokens = tok + (size_t)i * seq_len, .len = seq_len, .resp_start = seq_len / 2};
+    g_inv = 1.0 / ((double)nseq * (seq_len - seq_len / 2));
+    train_step_opts to = {.max_tokens = seq_len * 2, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                          .par = &ps};
+    train_step_out so;
+    double gn;
+    if (train_accumulate(&m, NULL, seqs, nseq, &to, sft_cb, NULL, &so) != MOERL_OK ||
+        par_finish_grads(&ps, so.n_microbatches, so.n_microbatches) != MOERL_OK)
+        return MOERL_ERR;
+    double loss = so.loss;
+    dist_allreduce_sum(ctx, DIST_TRAINERS, &loss, 1);
+    par_adamw_step(&ps, &m, &os, 1e-4f, (float)loss, &gn);
+    /* per stage: held floats, resident params, resident grads, moment bytes */
+    double *v = xcalloc(4 * (size_t)P, sizeof(double));
+    v[rank] = (double)pp_held_floats(ps.pp);
+    v[P + rank] = (double)resident_bytes(m.params, n * sizeof(float));
+    v[2 * P + rank] = (double)resident_bytes(m.grads, n * sizeof(float));
+    v[3 * P + rank] = 8.0 * (double)os.n;
+    dist_allreduce_sum(ctx, DIST_TRAINERS, v, 4 * P);
+    if (rank == 0) {
+        const double MB = 1e6, repl = 16.0 * (double)n / MB;
+        const int *b = pp_bounds(ps.pp);
+        printf("# model state per rank: %d layers of the benchmark model (%.2f M layout floats), %d stages; "
+               "replicated = fp32 params + grads + AdamW m, v of the whole model (%.2f MB on every rank)\n",
+               layers, n / 1e6, P, repl);
+        printf("%5s %8s %12s %12s %12s %12s %12s %8s\n", "stage", "layers", "held_floats", "params_MB", "grads_MB",
+               "moments_MB", "total_MB", "vs_repl");
+        double mx = 0;
+        for (int s = 0; s < P; s++) {
+            const double tot = (v[P + s] + v[2 * P + s] + v[3 * P + s]) / MB;
+            mx = fmax(mx, tot);
+            printf("%5d %4d-%-3d %12.0f %12.2f %12.2f %12.2f %12.2f %7.1f%%\n", s, b[s], b[s + 1] - 1, v[s],
+                   v[P + s] / MB, v[2 * P + s] / MB, v[3 * P + s] / MB, tot, 100 * tot / repl);
+        }
+        printf("largest stage %.2f MB against %.2f MB replicated: %.2fx less (ideal %dx)\n", mx, repl, repl / mx, P);
+    }
+    free(v);
+    free(seqs);
+    free(tok);
+    adamw_free(&os);
+    par_state_free(&ps);
+    model_free(&m);
+    return MOERL_OK;
+}
+
 static int parse_list(const char *s, int *v, int max) {
     int n = 0;
     char *dup = strdup(s), *save = NULL;
@@ -55,8 +181,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb[8] = {64}, nmin = 1, fixed[8] = {0}, nfixed = 0;
+    int memory = 0, pps[8] = {2, 4, 8}, npp = 3;
+    const char *config_json = NULL;
     static const struct option lo[] = {{"layers", 1, 0, 'l'}, {"seqs", 1, 0, 's'}, {"seq-len", 1, 0, 'n'},
                                        {"reps", 1, 0, 'r'},   {"fixed", 1, 0, 'f'}, {"min-mb-tokens", 1, 0, 'm'},
+                                       {"memory", 0, 0, 'M'}, {"config-json", 1, 0, 'c'}, {"pp", 1, 0, 'p'},
                                        {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (ch == 'l') layers = atoi(optarg);
@@ -65,11 +194,22 @@ int main(int argc, char **argv) {
         else if (ch == 'r') reps = atoi(optarg);
         else if (ch == 'f') nfixed = parse_list(optarg, fixed, 8);
         else if (ch == 'm') nmin = parse_list(optarg, min_mb, 8);
+        else if (ch == 'M') memory = 1;
+        else if (ch == 'c') config_json = optarg;
+        else if (ch == 'p') npp = parse_list(optarg, pps, 8);
         else {
             fprintf(stderr, "usage: bench_dist_pipeline [--layers L] [--seqs N] [--seq-len T] [--reps R] "
-                            "[--fixed m1,m2] [--min-mb-tokens K1,K2]\n");
+                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] | --memory | --config-json F [--pp a,b]\n");
             return 2;
         }
+    }
+    if (config_json || memory) {
+        int rc = MOERL_OK;
+        if (config_json && ctx->world_rank == 0) rc = memory_arithmetic(config_json, pps, npp);
+        if (rc == MOERL_OK && memory) rc = memory_measured(ctx, layers, seq_len, nseq);
+        if (rc != MOERL_OK) fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+        dist_finalize(ctx);
+        return rc == MOERL_OK ? 0 : 1;
     }
     const int P = ctx->world_size, rank = ctx->world_rank;
     if (nfixed == 0) fixed[nfixed++] = P;

@@ -4,6 +4,8 @@
 # micro-batch counts with and without look-ahead receives, and the dynamic count (4..16 from the token
 # budget, micro-batches of at least 64 or 128 tokens); then m = 2 with the progress thread off
 # (MOERL_PP_PROGRESS_US=0). The one-rank peer is a one-stage pipeline (same code) on rank 0.
+# Then the model state per rank (stage-owned against replicated): measured with 2 and 4 stages on the
+# benchmark model (--memory), and the arithmetic for Qwen3-30B-A3B's layout (--config-json).
 # Usage: bench/run_pipeline.sh [BUILD] [extra bench flags]   (default build; builds the binary if missing)
 # The figures need free cores: 2 ranks on 2 cores with other work around inflate every idle share.
 set -eu
@@ -26,3 +28,7 @@ run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4 --min-mb-tokens 64,128 "$@"
 echo "# without the progress thread"
 MOERL_PP_PROGRESS_US=0 run mpirun --oversubscribe -np 2 -x MOERL_PP_PROGRESS_US "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2 "$@"
+echo "# model state per rank: stage-owned against replicated"
+run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --memory --layers 8
+run mpirun --oversubscribe -np 4 "$BUILD/mpi/bench/bench_dist_pipeline" --memory --layers 8
+run "$BUILD/mpi/bench/bench_dist_pipeline" --config-json examples/qwen3_30b_a3b/config.json --pp 1,2,4,8

@@ -13,15 +13,17 @@
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and Ulysses
 #                 (-np 2 sp 2, -np 4 sp 2 × dp 2; expert parallelism refused) against
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
-#                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard) against
+#                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard; N -> M resume dp 2 x pp 2 -> pp 3 and one
+#                 process) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
-#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
-#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition
+#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 3, pp 4 and dp 2 x pp 2 against one rank after K AdamW
+#                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
+#                 stage-owned: forward-only logprobs on every stage, training through parallel.h, gather
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -110,6 +112,7 @@ run_mpi "test_dist_sp -np 4 (SP=4, nkv 2 replicated)" 4 "$T/test_dist_sp" --sp 4
 run_mpi "test_dist_sp -np 4 (SP=2 x DP=2, EP=2)" 4 "$T/test_dist_sp" --sp 2 --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist_sp" --sp 2
 run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
+run_mpi "test_dist_pp -np 3 (pp 3)" 3 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
@@ -255,6 +258,22 @@ edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1
 rc=$?
 EDGE_WHAT="checkpoint of -np 4 fsdp 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/c4b"'
+# N -> M with a stage-owned pipeline: 2 steps on 4 ranks (dp 2 x pp 2; each stage saved its own
+# parameters and moments through par_gather_full), resumed to 4 steps on 3 ranks (pp 3) and on one
+# process (moments and weights agree with the uninterrupted run c1, as above)
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.pipeline_parallel_size=2 trainer.default_local_dir="$W/p4" >/dev/null 2>"$W/err"
+cp -r "$W/p4" "$W/p4b"
+timeout 180 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.pipeline_parallel_size=3 trainer.default_local_dir="$W/p4" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on -np 3 pp 3 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4"'
+"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/p4b" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4b"'
 rm -rf "$W"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -17,8 +17,19 @@
  *   every rank; the per-step statistics (theory (p−1)/(m+p−1), idle shares in [0, 1]); the guard
  *   (fewer micro-batches than stages) refused on every stage with the count needed, both with the
  *   dynamic count and with fixed packing; the FLOP partition against brute force; the dynamic count
- *   reaching its target. */
+ *   reaching its target.
+ *   Stage-owned (par_state_init_cfg, as `moerl sft` / `moerl rl` build it; fixed packing):
+ *     forward-only passes (compute_logprobs, compute_router_counts through the stages) against one
+ *       rank: logprobs bit-identical on EVERY stage, counts exact, a too-long sequence refused;
+ *     K AdamW steps through parallel.h's entry points only (par_adamw_init, train_accumulate,
+ *       par_finish_grads — no reducer —, par_adamw_step), global aux from the pipeline's counts,
+ *       untied and tied embeddings, pp = world size and dp 2 x pp 2: losses, the weights and AdamW
+ *       moments par_gather_full assembles on rank 0, and the weights par_state_free leaves on every
+ *       rank, against one rank (tolerances below); resident pages of the sparse parameter and
+ *       gradient maps (mincore) within the stage's range; par_adamw_shard. */
 #include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +53,7 @@ static const int seq_len[N_SEQ] = {11, 6, 9, 14, 5, 8, 12, 16, 7, 10, 13, 6};
 static const int prompt_len[N_SEQ] = {3, 2, 4, 5, 1, 3, 4, 6, 2, 3, 5, 2};
 
 static dist_ctx *g_ctx;
+static int g_tied; /* pp_config: tie_word_embeddings */
 #define RANK g_ctx->world_rank
 #define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
 
@@ -62,7 +74,7 @@ static moe_config pp_config(void) {
     c.n_mlp_only_layers = 1;
     c.mlp_only_layers[0] = 2;
     c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0;
+    c.tie_word_embeddings = g_tied;
     c.max_position_embeddings = 64;
     c.rms_norm_eps = 1e-6f;
     c.rope_theta = 10000.0f;
@@ -115,7 +127,11 @@ static int64_t total_tokens(void) {
 }
 
 /* One rank alone: D shards, each through train_accumulate, gradients added in shard order. */
+static void run_reference_os(int D, int global_aux, float *losses, moe_model *m, adamw_state *os_out);
 static void run_reference(int D, int global_aux, float *losses, moe_model *m) {
+    run_reference_os(D, global_aux, losses, m, NULL);
+}
+static void run_reference_os(int D, int global_aux, float *losses, moe_model *m, adamw_state *os_out) {
     const moe_config c = pp_config();
     MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
     model_init_random(m, 4242);
@@ -148,7 +164,8 @@ static void run_reference(int D, int global_aux, float *losses, moe_model *m) {
         double gn;
         MOERL_ASSERT(adamw_step(&os, m, os.cfg.lr, losses[k], &gn) == 1);
     }
-    adamw_free(&os);
+    if (os_out) *os_out = os;
+    else adamw_free(&os);
     model_acts_free(&a);
     free(sum);
 }
@@ -276,6 +293,217 @@ static void test_equivalence(int pp, int global_aux) {
     model_free(&mp);
 }
 
+
+/* ---------------------------------------------------------------- stage-owned pipeline (parallel.h) */
+
+static par_config pp_par_config(int pp) {
+    par_config pc;
+    memset(&pc, 0, sizeof pc);
+    pc.fsdp_size = pc.expert_parallel_size = pc.ulysses_sequence_parallel_size = 1;
+    pc.pipeline_parallel_size = pp;
+    pc.alltoall_max_ep = 16;
+    pc.capacity_factor = 1.25;
+    pc.max_tokens = MAX_TOK;
+    return pc;
+}
+
+/* The model-parallel runtime as `moerl sft` / `moerl rl` build it (par_state_init_cfg: stage-owned),
+ * with the test's fixed packing so one rank runs the same micro-batches. */
+static int owned_init(par_state *ps, moe_model *m, int pp) {
+    const moe_config c = pp_config();
+    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
+    model_init_random(m, 4242);
+    const par_config pc = pp_par_config(pp);
+    if (par_state_init_cfg(ps, g_ctx, &pc, m) != MOERL_OK) return MOERL_ERR;
+    pp_options po = pp_options_default();
+    po.dynamic = 0;
+    po.balance_seq_len = MAX_TOK;
+    pp_set_options(ps->pp, &po);
+    return MOERL_OK;
+}
+
+/* Resident bytes of a mapping (mincore). */
+static size_t resident_bytes(const void *p, size_t len) {
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = (len + ps - 1) / ps;
+    unsigned char *v = xmalloc(np ? np : 1);
+    size_t r = 0;
+    if (mincore((void *)p, len, v) == 0)
+        for (size_t i = 0; i < np; i++) r += (v[i] & 1) ? ps : 0;
+    free(v);
+    return r;
+}
+
+/* Forward-only passes through the stages against one rank: compute_logprobs (every stage must hold
+ * the last stage's values) and compute_router_counts (the pipeline's counts on every stage). */
+static void test_forward_only(int pp) {
+    const int dp = g_ctx->world_size / pp;
+    moe_model ref, m;
+    const moe_config c = pp_config();
+    MOERL_ASSERT(model_init(&ref, &c) == MOERL_OK);
+    model_init_random(&ref, 4242);
+    par_state ps;
+    CHECK_R(owned_init(&ps, &m, pp) == MOERL_OK, "par_state_init_cfg pp %d: %s", RANK, pp, moerl_last_error());
+    if (!ps.pp) return;
+    train_seq seqs[N_SEQ];
+    const int n = shard(ps.grid->dp_rank, dp, seqs);
+    float *lp_ref[N_SEQ], *lp[N_SEQ];
+    for (int i = 0; i < n; i++) {
+        lp_ref[i] = xcalloc(16, sizeof(float));
+        lp[i] = xcalloc(16, sizeof(float));
+        for (int k = 0; k < 16; k++) lp_ref[i][k] = lp[i][k] = -7.0f - k; /* entries not written stay */
+    }
+    model_acts ra, a;
+    MOERL_ASSERT(model_acts_init(&ra, &ref, MAX_TOK) == MOERL_OK);
+    MOERL_ASSERT(model_acts_init(&a, &m, MAX_TOK) == MOERL_OK);
+    a.par = &ps;
+    MOERL_ASSERT(compute_logprobs(&ref, &ra, seqs, n, MAX_TOK, 0.7f, lp_ref) == MOERL_OK);
+    int rc = compute_logprobs(&m, &a, seqs, n, MAX_TOK, 0.7f, lp);
+    CHECK_R(rc == MOERL_OK, "pipeline compute_logprobs: %s", RANK, moerl_last_error());
+    /* bit-identical: the last stage runs the same kernels on the same micro-batches as one rank, and
+     * the sum that hands its values to the other stages adds exact zeros */
+    int same = 1;
+    for (int i = 0; i < n; i++) same &= !memcmp(lp[i], lp_ref[i], 16 * sizeof(float));
+    CHECK_R(same, "dp %d x pp %d stage %d: logprobs differ from one rank's", RANK, dp, pp, ps.grid->stage);
+    double cr[8] = {0}, cp[8] = {0};
+    MOERL_ASSERT(compute_router_counts(&ref, &ra, seqs, n, MAX_TOK, cr) == MOERL_OK);
+    rc = compute_router_counts(&m, &a, seqs, n, MAX_TOK, cp);
+    CHECK_R(rc == MOERL_OK && !memcmp(cr, cp, sizeof cr), "dp %d x pp %d stage %d: router counts %g %g %g %g, one "
+            "rank %g %g %g %g (integers: exact)", RANK, dp, pp, ps.grid->stage, cp[0], cp[1], cp[2], cp[3], cr[0], cr[1],
+            cr[2], cr[3]);
+    /* a sequence longer than the micro-batch limit: refused on every stage, none hangs */
+    rc = compute_logprobs(&m, &a, seqs, n, 8, 1.0f, lp);
+    CHECK_R(rc == MOERL_ERR && strstr(moerl_last_error(), "micro-batch"), "too long a sequence: rc %d, '%s'", RANK, rc,
+            moerl_last_error());
+    if (RANK == 0) printf("  forward-only dp %d x pp %d: logprobs bit-identical to one rank on every stage\n", dp, pp);
+    for (int i = 0; i < n; i++) {
+        free(lp[i]);
+        free(lp_ref[i]);
+    }
+    model_acts_free(&ra);
+    model_acts_free(&a);
+    par_state_free(&ps);
+    model_free(&ref);
+    model_free(&m);
+}
+
+/* Training through parallel.h's entry points only (par_adamw_init / train_accumulate /
+ * par_finish_grads / par_adamw_step / par_gather_full / par_state_free), stage-owned, no reducer:
+ * what `moerl rl`'s trainer and `moerl sft` do with pp. */
+static void test_owned(int pp, int tied) {
+    g_tied = tied;
+    const int dp = g_ctx->world_size / pp;
+    float ref_loss[K_STEPS], pp_loss[K_STEPS] = {0};
+    moe_model ref, m;
+    adamw_state ref_os;
+    run_reference_os(dp, 1, ref_loss, &ref, &ref_os);
+    par_state ps;
+    CHECK_R(owned_init(&ps, &m, pp) == MOERL_OK, "par_state_init_cfg pp %d: %s", RANK, pp, moerl_last_error());
+    if (!ps.pp) {
+        g_tied = 0;
+        return;
+    }
+    const moe_config c = pp_config();
+    const int E = c.num_experts;
+    size_t lo, hi;
+    pp_own_range(ps.pp, &lo, &hi);
+    const size_t held = pp_held_floats(ps.pp), ps_bytes = (size_t)sysconf(_SC_PAGESIZE);
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, opt_config());
+    CHECK_R(os.n == hi - lo && hi - lo < m.n_params, "stage moments: %zu floats of %zu", RANK, os.n, m.n_params);
+    train_seq seqs[N_SEQ];
+    const int n = shard(ps.grid->dp_rank, dp, seqs);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, MAX_TOK) == MOERL_OK);
+    a.par = &ps;
+    train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                          .total_tokens = total_tokens(), .par = &ps};
+    double counts[8];
+    for (int k = 0; k < K_STEPS; k++) {
+        memset(counts, 0, sizeof counts); /* the global aux: every pipeline's counts, each counted once */
+        CHECK_R(compute_router_counts(&m, &a, seqs, n, MAX_TOK, counts) == MOERL_OK, "router counts: %s", RANK,
+                moerl_last_error());
+        dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E);
+        for (int e = 0; e < E; e++) counts[e] /= pp;
+        to.aux_counts = counts;
+        train_step_out so;
+        int rc = train_accumulate(&m, NULL, seqs, n, &to, sft_cb, NULL, &so);
+        CHECK_R(rc == MOERL_OK, "owned step %d: %s", RANK, k, moerl_last_error());
+        if (rc != MOERL_OK) break;
+        CHECK_R(par_finish_grads(&ps, so.n_microbatches, so.n_microbatches) == MOERL_OK, "finish: %s", RANK,
+                moerl_last_error());
+        double loss = so.loss;
+        dist_allreduce_sum(g_ctx, DIST_TRAINERS, &loss, 1);
+        pp_loss[k] = (float)loss;
+        double gn;
+        CHECK_R(par_adamw_step(&ps, &m, &os, os.cfg.lr, pp_loss[k], &gn) == 1, "step %d skipped", RANK, k);
+    }
+    /* memory: the stage's pages only (a page at each end of its range may straddle a neighbour's) */
+    const size_t rp = resident_bytes(m.params, m.n_params * 4), rg = resident_bytes(m.grads, m.n_params * 4);
+    CHECK_R(rp <= held * 4 + 4 * ps_bytes && rg <= held * 4 + 4 * ps_bytes,
+            "stage %d holds %zu floats but %zu / %zu bytes of parameters / gradients are resident", RANK,
+            ps.grid->stage, held, rp, rg);
+    if (RANK == 0)
+        printf("  owned%s dp %d x pp %d: stage 0 holds %zu of %zu floats (%.0f%%); resident params %zu B, grads %zu B\n",
+               tied ? " tied" : "", dp, pp, held, m.n_params, 100.0 * held / m.n_params, rp, rg);
+    char what[96];
+    /* losses: as test_equivalence */
+    snprintf(what, sizeof what, "owned%s dp %d x pp %d losses vs one rank", tied ? " tied" : "", dp, pp);
+    t_close(what, pp_loss, ref_loss, K_STEPS, 1e-6f, 1e-5f);
+    /* the whole model and moments on rank 0 */
+    adamw_state mom;
+    const moe_model *full = par_gather_full(&ps, &m, RANK == 0, &os, &mom);
+    CHECK_R((RANK == 0) == (full != NULL), "gather: %s", RANK, moerl_last_error());
+    if (full) {
+        /* weights: the clipping norm is summed per stage, then over the stages (one rank sums the
+         * layout in one pass), so the clip factor may differ in its last bit: ≈ 1e-7 relative on an
+         * update of ≈ lr = 3e-3 per step; with tied embeddings the embedding gradient's two parts
+         * are added in another order. 1e-6 absolute (weights of scale 0.02) keeps a lost gradient or
+         * a wrong stage range (moves ~lr per step) out */
+        snprintf(what, sizeof what, "owned%s dp %d x pp %d gathered weights vs one rank", tied ? " tied" : "", dp, pp);
+        t_close(what, full->params, ref.params, (long)ref.n_params, 1e-6f, 0.0f);
+        /* moments: m ≈ 0.1·g and v ≈ 0.05·g² of gradients of ~1e-2: the same last-bit differences,
+         * relative 1e-4; with tied embeddings the two parts of an embedding gradient can cancel to a
+         * small sum whose rounding (~1e-9 absolute) is a large share of it, hence absolute floors of
+         * 1e-8 on m (1e-5 of its scale ~1e-3) and 1e-11 on v (scale ~1e-6) */
+        snprintf(what, sizeof what, "owned%s dp %d x pp %d gathered moments m", tied ? " tied" : "", dp, pp);
+        t_close(what, mom.m, ref_os.m, (long)ref.n_params, 1e-8f, 1e-4f);
+        snprintf(what, sizeof what, "owned%s dp %d x pp %d gathered moments v", tied ? " tied" : "", dp, pp);
+        t_close(what, mom.v, ref_os.v, (long)ref.n_params, 1e-11f, 1e-4f);
+        CHECK(mom.n == ref.n_params && mom.step == K_STEPS, "gathered moments: n %zu step %lld", mom.n,
+              (long long)mom.step);
+    }
+    par_release_full(&ps, &m, full, &os, &mom);
+    if (full) {
+        const size_t r2 = resident_bytes(m.params, m.n_params * 4);
+        CHECK(r2 <= held * 4 + 4 * ps_bytes, "after par_release_full the keeper still holds %zu bytes (stage: %zu)",
+              r2, held * 4);
+    }
+    /* par_adamw_shard: a layout-sized state (a checkpoint's) cut to the stage, gathered back */
+    adamw_state big;
+    adamw_init(&big, &m, opt_config());
+    for (size_t i = 0; i < big.n; i++) big.m[i] = (float)i, big.v[i] = (float)(2 * i);
+    big.step = 9;
+    par_adamw_shard(&ps, &m, &big);
+    CHECK_R(big.n == hi - lo && big.m[0] == (float)lo && big.step == 9, "par_adamw_shard: n %zu m[0] %g", RANK, big.n,
+            big.m[0]);
+    adamw_free(&big);
+    adamw_free(&os);
+    model_acts_free(&a);
+    par_state_free(&ps); /* the whole model back in m on every rank */
+    snprintf(what, sizeof what, "owned%s dp %d x pp %d weights after par_state_free", tied ? " tied" : "", dp, pp);
+    t_close(what, m.params, ref.params, (long)ref.n_params, 1e-6f, 0.0f);
+    CHECK_R(dist_same_on_all_ranks(g_ctx, hash_floats(m.params, m.n_params)),
+            "owned dp %d x pp %d: weights must be bit-identical on every rank", RANK, dp, pp);
+    if (RANK == 0)
+        for (int k = 0; k < K_STEPS; k++)
+            printf("  owned%s dp %d x pp %d step %d loss %.8f  one rank %.8f\n", tied ? " tied" : "", dp, pp, k,
+                   pp_loss[k], ref_loss[k]);
+    adamw_free(&ref_os);
+    model_free(&ref);
+    model_free(&m);
+    g_tied = 0;
+}
+
 /* Fewer micro-batches than stages: refused on every stage (none hangs) with the count needed. */
 static void test_guard(int pp) {
     const moe_config c = pp_config();
@@ -288,6 +516,7 @@ static void test_guard(int pp) {
     shard(0, 1, seqs);
     char need[64];
     snprintf(need, sizeof need, "need at least %d", pp);
+    const double inv_resp = g_inv_resp;
     for (int dyn = 0; dyn <= 1; dyn++) {
         pp_options po = pp_options_default();
         po.dynamic = dyn;
@@ -312,6 +541,7 @@ static void test_guard(int pp) {
                 "empty batch: %s", RANK, moerl_last_error());
         pp_state_free(ps);
     }
+    g_inv_resp = inv_resp;
     par_grid_free(&g);
     model_free(&m);
 }
@@ -389,6 +619,13 @@ int main(int argc, char **argv) {
         test_equivalence(P, 1); /* the same with the global load-balancing loss (counts given) */
         if (P == 4) test_equivalence(2, 0); /* dp 2 × pp 2 */
         test_guard(P);
+        test_forward_only(P);
+        test_owned(P, 0);
+        test_owned(P, 1); /* tied embeddings: the first and last stage share the embedding */
+        if (P == 4) {
+            test_forward_only(2);
+            test_owned(2, 0);
+        }
     }
     return dist_test_finish(g_ctx);
 }

@@ -73,6 +73,8 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
         }
         ps->pp = pp_state_new(g, m, NULL);
         if (!ps->pp) goto fail;
+        /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
+        if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
     }
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
@@ -131,6 +133,7 @@ void par_layer_hook(par_state *ps, par_phase phase, int l) {
 
 void par_zero_grad(par_state *ps, moe_model *m) {
     if (ps && ps->fsdp) fsdp_zero_grad(ps->fsdp);
+    else if (ps && ps->pp) pp_zero_grad(ps->pp, m);
     else model_zero_grad(m);
 }
 
@@ -161,10 +164,23 @@ int par_pad_passes(par_state *ps, int passes, int max, int backward) {
 
 void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_config cfg) {
     if (ps && ps->fsdp) fsdp_adamw_init(ps->fsdp, os, cfg);
+    else if (ps && ps->pp && pp_is_owned(ps->pp)) pp_adamw_init(ps->pp, os, cfg);
     else adamw_init(os, m, cfg);
 }
 
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
+    if (ps && ps->pp && pp_is_owned(ps->pp)) { /* the stage's range */
+        MOERL_ASSERT(os->n == m->n_params);
+        adamw_state sh;
+        pp_adamw_init(ps->pp, &sh, os->cfg);
+        sh.step = os->step;
+        sh.skipped = os->skipped;
+        pp_slice_vec(ps->pp, os->m, sh.m);
+        pp_slice_vec(ps->pp, os->v, sh.v);
+        adamw_free(os);
+        *os = sh;
+        return;
+    }
     if (!ps || !ps->fsdp) return;
     MOERL_ASSERT(os->n == m->n_params);
     adamw_state sh = *os;
@@ -195,17 +211,40 @@ int par_adamw_unshard(par_state *ps, const moe_model *m, adamw_state *os) {
 
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
+    if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_adamw_step(ps->pp, os, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
 }
 
 int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (par_pad_passes(ps, passes, max_passes, 1) != MOERL_OK) return MOERL_ERR;
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
+    if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
     return MOERL_OK;
+}
+
+/* Pipeline: which trainer rank keeps (one at most, agreed over the trainers); then the keeper's
+ * pipeline assembles the model on the keeper's stage. */
+static const moe_model *pp_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                  adamw_state *moments) {
+    if (moments) memset(moments, 0, sizeof *moments);
+    double v[2] = {keep ? 1 : 0, keep ? ps->ctx->trainer_rank : 0};
+    if (dist_allreduce_sum(ps->ctx, DIST_TRAINERS, v, 2) != MOERL_OK) return NULL;
+    if (v[0] > 1) return moerl_errorf("par_gather_full: %d trainer ranks asked to keep the model, expected one",
+                                      (int)v[0]), NULL;
+    if (v[0] == 0) return NULL;
+    const par_grid *g = ps->grid;
+    const int keeper = (int)v[1], keep_d = keeper % g->D, keep_stage = keeper / g->D;
+    if (g->d != keep_d) return NULL; /* another pipeline keeps it */
+    if (pp_gather_full(ps->pp, keep_stage, os, moments) != MOERL_OK) return NULL;
+    return keep ? m : NULL;
 }
 
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
+    if (ps && ps->pp && pp_is_owned(ps->pp)) {
+        if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
+        return pp_gather(ps, m, keep, os, moments);
+    }
     if (!ps || !ps->fsdp) { /* replicated: m and os are whole already */
         if (moments && keep) *moments = *os;
         return keep ? m : NULL;
@@ -235,6 +274,10 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
 void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
                       adamw_state *moments) {
     (void)m;
+    if (ps && ps->pp && pp_is_owned(ps->pp)) {
+        pp_release_full(ps->pp, full != NULL, moments);
+        return;
+    }
     (void)full;
     if (!ps || !ps->fsdp) return;
     fsdp_release_all(ps->fsdp);
@@ -243,4 +286,10 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
         free(moments->v);
         memset(moments, 0, sizeof *moments);
     }
+}
+
+void par_take_full(par_state *ps, moe_model *m) {
+    (void)m;
+    if (ps && ps->fsdp) fsdp_take_shard(ps->fsdp);
+    else if (ps && ps->pp) pp_take_full(ps->pp);
 }

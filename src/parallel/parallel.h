@@ -11,7 +11,25 @@
  *                                 (forward.c's MoE block), all-to-all or all-to-all-v;
  *   sp    src/parallel/ulysses.c  attention: sequence-sharded → head-sharded and back (forward.c);
  *   pp    src/parallel/pipeline.c the 1F1B schedule over micro-batches (replaces the micro-batch
- *                                 loop of train_accumulate), activations sent point-to-point. */
+ *                                 loop of train_accumulate), activations sent point-to-point; a
+ *                                 stage holds only its layers' parameters, gradients and moments
+ *                                 (Megatron), summed over grid.stage_comm by par_finish_grads;
+ *                                 compute_logprobs / compute_router_counts run the stages forward
+ *                                 only and return the pipeline's result on every stage.
+ *
+ * The caller's part (what a trainer does with these entry points, per strategy):
+ *   data sharding   par_data_shard: every rank of a pipeline / Ulysses group gets the same sequences;
+ *   gradient sum    none / plain DP: a dist reducer over all trainer ranks (dist_reducer_new);
+ *                   SP (no FSDP): a reducer over grid.stage_comm; FSDP: none (par_finish_grads);
+ *                   pp: NO reducer — par_finish_grads sums each stage over grid.stage_comm;
+ *   losses, counts  summed over all trainer ranks (a pipeline's non-last stages report 0); router
+ *                   counts from compute_router_counts are the pipeline's on every stage: divide the
+ *                   all-trainer sum by grid.pp (or sum over stage_comm);
+ *   every step      par_max_passes before the passes, train_accumulate, par_finish_grads,
+ *                   par_adamw_step (collective under FSDP and pp: every trainer calls it);
+ *   whole model     par_gather_full / par_release_full on every trainer rank (checkpoints, weight
+ *                   sync, evaluation); after loading a whole model into m->params (resume),
+ *                   par_take_full. */
 #ifndef MOERL_PARALLEL_H
 #define MOERL_PARALLEL_H
 
@@ -82,7 +100,8 @@ int par_pad_passes(par_state *ps, int passes, int max, int backward);
 
 #include "optim/adamw.h"
 
-/* AdamW state over this rank's parameters (FSDP: the owned shard; otherwise all of m). */
+/* AdamW state over this rank's parameters (FSDP: the owned shard; pp: the stage's range, pipeline.h;
+ * otherwise all of m). */
 void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_config cfg);
 /* os holds moments in the whole model's layout (os->n == m->n_params), e.g. a checkpoint's, read
  * before par_state_init sharded m: replace them by this rank's part (not collective). */
@@ -92,23 +111,31 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os);
 int par_adamw_unshard(par_state *ps, const moe_model *m, adamw_state *os);
 /* One AdamW step (global gradient-norm clipping at os's max_grad_norm) over the owned parameters;
  * returns as adamw_step (1 applied, 0 skipped for a non-finite loss or norm). Collective under FSDP
- * (the norm is summed over the shard group). */
+ * (the norm is summed over the shard group) and pp (over pp_comm; the tied embedding's copy). */
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm);
 /* The end of a step's backward passes: `passes` micro-batches ran here, `max_passes` (from
  * par_max_passes before them) on the busiest member: run the idle backward passes, then finish the
- * gradient reduction (FSDP: wait for the reduce-scatters, sum over HSDP replicas). */
+ * gradient reduction (FSDP: wait for the reduce-scatters, sum over HSDP replicas; pp: sum the stage's
+ * range over grid.stage_comm, the tied embedding's two parts onto stage 0 — collective over
+ * stage_comm and pp_comm). */
 int par_finish_grads(par_state *ps, int passes, int max_passes);
 
 /* The whole model on one rank. Collective over the trainer ranks (every one calls it, in the same
  * order as its other collectives). Returns, on the rank with keep = 1, a model holding every
- * parameter in m's layout — m itself (FSDP gathers into it) or an assembled copy — and NULL on the
- * others. With moments != NULL the AdamW moments of os come too: moments is set on the keeping
+ * parameter in m's layout — m itself (FSDP and pp gather into it) or an assembled copy — and NULL on
+ * the others (pp: the keeper's pipeline sends its stages' ranges to the keeper; any trainer rank may
+ * keep, at most one per call). With moments != NULL the AdamW moments of os come too: moments is set on the keeping
  * rank to a state whose m / v cover the whole layout (os itself when nothing is sharded). Errors:
  * NULL everywhere with moerl_errorf. Pair with par_release_full on every rank. */
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments);
-/* Undo par_gather_full (frees the assembled copies; FSDP drops the gathered units). Not collective. */
+/* Undo par_gather_full (frees the assembled copies; FSDP drops the gathered units; pp: the keeper
+ * gives back the other stages' pages). Not collective. full: what par_gather_full returned here. */
 void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
                       adamw_state *moments);
+/* m->params has been overwritten with the whole model on this rank (model_load_weights of a
+ * checkpoint, any rank count): keep only what this rank owns (FSDP: its shard; pp: its stage's
+ * range) and give the rest of the memory back. Not collective. No-op when nothing is sharded. */
+void par_take_full(par_state *ps, moe_model *m);
 
 #endif

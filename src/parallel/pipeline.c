@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/log.h"
@@ -130,6 +132,16 @@ struct pp_state {
     pp_options opt;
     pp_stats st;
     double wait_s, busy_s;
+    /* stage-local ownership (pp_own_stage): m holds this stage's units only */
+    moe_model *own_m;       /* NULL: the model is replicated (the caller sums over all trainers) */
+    dist_comm *stage_comm;  /* the stage's data-parallel ranks (gradient sum) */
+    size_t own_lo, own_hi;  /* layout floats of this stage's units */
+    size_t emb_lo, emb_hi;  /* the embedding unit (tied head: the last stage holds a copy) */
+    size_t *st_lo, *st_hi;  /* [pp]: every stage's own range */
+    int tied;               /* tied embeddings and pp > 1: first and last stage share the embedding */
+    size_t map_bytes;
+    adamw_range *ranges;    /* this stage's tensors, offsets relative to own_lo */
+    int n_ranges;
 };
 
 static void slots_free(pp_state *s) {
@@ -180,6 +192,7 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
     pp_state *s = xcalloc(1, sizeof *s);
     s->opt = opt ? *opt : pp_options_default();
     s->comm = g->pp_comm;
+    s->stage_comm = g->stage_comm;
     s->pp = g->pp;
     s->stage = g->stage;
     s->L = c->num_hidden_layers;
@@ -215,10 +228,17 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
 
 void pp_state_free(pp_state *s) {
     if (!s) return;
+    if (s->own_m && pp_release_stage(s) != MOERL_OK)
+        moerl_fatal("pipeline stage %d: assembling the whole model: %s", s->stage, moerl_last_error());
+    free(s->st_lo);
+    free(s->st_hi);
+    free(s->ranges);
     slots_free(s);
     free(s->bounds);
     free(s);
 }
+
+void pp_set_options(pp_state *s, const pp_options *opt) { s->opt = *opt; }
 
 void pp_stage_layers(const pp_state *s, int *lo, int *hi) {
     *lo = s->lo;
@@ -441,7 +461,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
                 ok = 0;
             }
     if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
-    model_zero_grad(m);
+    pp_zero_grad(s, m);
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
         free(mb);
         free(Nmb);
@@ -533,4 +553,453 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     free(mb);
     free(Nmb);
     return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ forward-only passes */
+
+/* A forward-only pass's start, on every stage alike: the checks of pp_train_accumulate, the packing
+ * of train_accumulate (pack_microbatches: the same micro-batches as one rank), the agreement. mb and
+ * Nmb need n + 1 entries. Returns the micro-batch count or MOERL_ERR (on every stage). */
+static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens, int *mb,
+                        int *Nmb) {
+    const int V = m->cfg.vocab_size;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += seqs[i].len;
+    int ok = 1, nm = 0;
+    if (max_tokens <= 0) {
+        moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", max_tokens);
+        ok = 0;
+    } else if (slots_alloc(s, m, max_tokens) != MOERL_OK) {
+        ok = 0;
+    }
+    for (int i = 0; i < n && ok; i++)
+        for (int t = 0; t < seqs[i].len && ok; t++)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= V) {
+                moerl_errorf("pipeline: sequence %d has token %d at %d, outside the vocabulary [0,%d)", i,
+                             seqs[i].tokens[t], t, V);
+                ok = 0;
+            }
+    if (ok && n > 0 && (nm = pack_microbatches(seqs, n, max_tokens, mb)) < 0) ok = 0;
+    if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) return MOERL_ERR;
+    for (int j = 0; j < nm; j++) {
+        Nmb[j] = 0;
+        for (int i = mb[j]; i < mb[j + 1]; i++) Nmb[j] += seqs[i].len;
+    }
+    return nm;
+}
+
+/* Called on every stage after each micro-batch's forward over its layers. */
+typedef void (*fwd_visit)(pp_state *s, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *ctx);
+
+/* The forward-only schedule: stage s receives micro-batch j's hidden state from s − 1 (receives
+ * posted ahead into the free slots), runs its layers, calls visit, sends the output to s + 1. */
+static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs, const int *mb, const int *Nmb,
+                         int nm, fwd_visit visit, void *ctx) {
+    const int last = s->stage == s->pp - 1;
+    const size_t H = (size_t)s->H;
+    progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
+    atomic_init(&pa.stop, 0);
+    pthread_t pt;
+    const int have_pt = pa.us > 0 && nm > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
+    if (s->stage > 0)
+        for (int j = 0; j < MOERL_MIN(s->n_slots, nm); j++) {
+            pp_slot *sl = slot_of(s, j);
+            sl->rq_h = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j, 0), sl->a.layers[s->lo].resid_in,
+                                           (size_t)Nmb[j] * H);
+        }
+    for (int j = 0; j < nm; j++) {
+        pp_slot *sl = slot_of(s, j);
+        model_acts *a = &sl->a;
+        if (s->stage > 0) wait_idle(s, &sl->rq_h);
+        wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
+        const int N = train_pack(seqs, mb[j], mb[j + 1], sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
+        a->par = NULL;
+        if (model_forward(m, a, sl->tok, sl->cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK)
+            moerl_fatal("pipeline stage %d, forward-only micro-batch %d: %s", s->stage, j, moerl_last_error());
+        visit(s, m, a, sl, N, ctx);
+        if (!last) sl->sq_h = dist_comm_isend_f32(s->comm, s->stage + 1, tag_of(j, 0), a->resid_out, (size_t)N * H);
+        if (s->stage > 0 && j + s->n_slots < nm) /* the input buffer is free again */
+            sl->rq_h = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j + s->n_slots, 0), a->layers[s->lo].resid_in,
+                                           (size_t)Nmb[j + s->n_slots] * H);
+    }
+    for (int k = 0; k < s->n_slots; k++) wait_idle(s, &s->slots[k].sq_h);
+    if (have_pt) {
+        atomic_store(&pa.stop, 1);
+        pthread_join(pt, NULL);
+    }
+}
+
+/* Sum x[n] over a group in pieces that fit MPI's int counts. */
+static int allreduce_chunks(dist_comm *c, float *x, size_t n) {
+    const size_t CH = (size_t)1 << 26;
+    for (size_t o = 0; o < n; o += CH)
+        if (dist_comm_allreduce_f32(c, x + o, MOERL_MIN(CH, n - o)) != MOERL_OK) return MOERL_ERR;
+    return MOERL_OK;
+}
+
+typedef struct {
+    float temperature;
+    const size_t *off; /* [n]: each sequence's first entry in flat */
+    float *flat;
+} logp_ctx;
+
+static void logp_visit(pp_state *s, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *vctx) {
+    if (s->stage != s->pp - 1) return;
+    logp_ctx *c = vctx;
+    model_logprobs(m, a, sl->tgt, c->temperature, 0);
+    for (int t = 0; t < N; t++)
+        if (sl->resp_index[t] >= 0) c->flat[c->off[sl->seq_of[t]] + (size_t)sl->resp_index[t]] = a->logp[t];
+}
+
+int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                        float temperature, float **out_logp) {
+    int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
+    const int nm = plan_forward(s, m, seqs, n, max_tokens, mb, Nmb);
+    if (nm < 0) {
+        free(mb);
+        free(Nmb);
+        return MOERL_ERR;
+    }
+    /* sequence i's response entries: index t + 1 − resp_start for targets t + 1 in [max(resp_start, 1), len) */
+    size_t *off = xmalloc(((size_t)n + 1) * sizeof(size_t));
+    off[0] = 0;
+    for (int i = 0; i < n; i++) off[i + 1] = off[i] + (size_t)MOERL_MAX(0, seqs[i].len - seqs[i].resp_start);
+    float *flat = xcalloc(off[n] ? off[n] : 1, sizeof(float));
+    logp_ctx c = {.temperature = temperature, .off = off, .flat = flat};
+    forward_only(s, m, seqs, mb, Nmb, nm, logp_visit, &c);
+    /* the last stage's values on every stage: the others add zeros (exact) */
+    int rc = allreduce_chunks(s->comm, flat, off[n]);
+    for (int i = 0; i < n && rc == MOERL_OK; i++) {
+        const int rs = seqs[i].resp_start, first = MOERL_MAX(rs, 1) - rs;
+        for (int k = first; k < seqs[i].len - rs; k++) out_logp[i][k] = flat[off[i] + (size_t)k];
+    }
+    free(flat);
+    free(off);
+    free(mb);
+    free(Nmb);
+    return rc;
+}
+
+static void counts_visit(pp_state *s, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *vctx) {
+    (void)m, (void)sl, (void)N;
+    double *acc = vctx;
+    for (int e = 0; e < s->E && s->aux; e++) acc[e] += a->aux_counts[e]; /* this stage's MoE layers */
+}
+
+int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                             double *counts) {
+    int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
+    const int nm = plan_forward(s, m, seqs, n, max_tokens, mb, Nmb);
+    int rc = nm < 0 ? MOERL_ERR : MOERL_OK;
+    if (rc == MOERL_OK && s->aux) {
+        double *acc = xcalloc((size_t)s->E, sizeof(double));
+        forward_only(s, m, seqs, mb, Nmb, nm, counts_visit, acc);
+        /* integer counts (exact in float per micro-batch and in double here): the stages' layers add up */
+        rc = dist_comm_allreduce_f64(s->comm, acc, (size_t)s->E);
+        for (int e = 0; e < s->E && rc == MOERL_OK; e++) counts[e] += acc[e];
+        free(acc);
+    }
+    free(mb);
+    free(Nmb);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ stage-local ownership */
+
+#define PP_TAG_XFER 32100 /* parameter / moment ranges between stages (gather, release) */
+#define PP_TAG_EMB_G 32101 /* tied embedding: gradient, last stage → stage 0 */
+#define PP_TAG_EMB_P 32102 /* tied embedding: parameters, stage 0 → last stage */
+#define PP_CHUNK ((size_t)1 << 28) /* floats per point-to-point message (MPI int counts) */
+
+static size_t page_size(void) {
+    static size_t ps;
+    if (!ps) ps = (size_t)sysconf(_SC_PAGESIZE);
+    return ps;
+}
+
+static float *map_sparse(size_t bytes) {
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Give back the whole pages inside base[a, b) (pages straddling the ends stay). */
+static void drop_pages(float *base, size_t a, size_t b) {
+    if (b <= a) return;
+    const uintptr_t ps = page_size(), x = (uintptr_t)(base + a), y = (uintptr_t)(base + b);
+    const uintptr_t x1 = (x + ps - 1) & ~(ps - 1), y1 = y & ~(ps - 1);
+    if (y1 > x1) madvise((void *)x1, y1 - x1, MADV_DONTNEED);
+}
+
+/* Point-to-point requests of one exchange. */
+typedef struct {
+    dist_req **r;
+    int n, cap, bad;
+} req_list;
+
+static void req_push(req_list *l, dist_req *r) {
+    if (!r) {
+        l->bad = 1;
+        return;
+    }
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->r = xrealloc(l->r, (size_t)l->cap * sizeof *l->r);
+    }
+    l->r[l->n++] = r;
+}
+
+static int req_wait_all(req_list *l) {
+    int rc = l->bad ? MOERL_ERR : MOERL_OK;
+    for (int i = 0; i < l->n; i++)
+        if (dist_wait(l->r[i]) != MOERL_OK) rc = MOERL_ERR;
+    free(l->r);
+    memset(l, 0, sizeof *l);
+    return rc;
+}
+
+static void post_range(req_list *l, dist_comm *c, int peer, int tag, float *buf, size_t n, int send) {
+    for (size_t o = 0; o < n; o += PP_CHUNK) {
+        const size_t k = MOERL_MIN(PP_CHUNK, n - o);
+        req_push(l, send ? dist_comm_isend_f32(c, peer, tag, buf + o, k) : dist_comm_irecv_f32(c, peer, tag, buf + o, k));
+    }
+}
+
+/* Every stage's own range to stage `to` (−1: to every stage): mine[0..own_hi − own_lo) is this stage's
+ * range (float own_lo of the layout first); dst (a layout-sized buffer, on the receivers) gets the
+ * other stages' ranges at their layout offsets and, unless mine already lies there, this stage's.
+ * Collective over pp_comm. */
+static int exchange_ranges(pp_state *s, const float *mine, float *dst, int to) {
+    req_list l = {0};
+    const int recv = to < 0 || to == s->stage;
+    if (recv && dst)
+        for (int k = 0; k < s->pp; k++)
+            if (k != s->stage) post_range(&l, s->comm, k, PP_TAG_XFER, dst + s->st_lo[k], s->st_hi[k] - s->st_lo[k], 0);
+    for (int r = 0; r < s->pp; r++)
+        if (r != s->stage && (to < 0 || r == to))
+            post_range(&l, s->comm, r, PP_TAG_XFER, (float *)mine, s->own_hi - s->own_lo, 1);
+    const int rc = req_wait_all(&l);
+    if (rc != MOERL_OK) return moerl_errorf("pipeline stage %d: exchanging the stages' ranges: %s", s->stage,
+                                            moerl_last_error());
+    if (recv && dst && dst + s->own_lo != mine) memcpy(dst + s->own_lo, mine, (s->own_hi - s->own_lo) * sizeof(float));
+    return MOERL_OK;
+}
+
+void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, size_t *hi, size_t *emb_lo,
+                     size_t *emb_hi) {
+    const int L = m->cfg.num_hidden_layers, U = L + 2;
+    size_t *off = xmalloc((size_t)U * sizeof(size_t)), *end = xcalloc((size_t)U, sizeof(size_t));
+    for (int k = 0; k < U; k++) off[k] = SIZE_MAX;
+    int before_layers = 1;
+    for (int i = 0; i < m->n_tensors; i++) { /* units: embedding, layers 0..L−1, final norm and untied head */
+        const tensor_info *t = &m->tensors[i];
+        if (t->layer >= 0) before_layers = 0;
+        const int u = t->layer >= 0 ? t->layer + 1 : before_layers ? 0 : L + 1;
+        off[u] = MOERL_MIN(off[u], t->offset);
+        end[u] = MOERL_MAX(end[u], t->offset + (((size_t)t->numel + 15) & ~(size_t)15));
+    }
+    for (int k = 0; k < U; k++) {
+        MOERL_ASSERT(off[k] != SIZE_MAX); /* every unit has a tensor (the final norm at least) */
+        MOERL_ASSERT(k == 0 ? off[0] == 0 : off[k] == end[k - 1]); /* contiguous in unit order */
+    }
+    MOERL_ASSERT(end[U - 1] == m->n_params);
+    for (int k = 0; k < pp; k++) {
+        lo[k] = k == 0 ? 0 : off[bounds[k] + 1];
+        hi[k] = k == pp - 1 ? m->n_params : end[bounds[k + 1]];
+    }
+    if (emb_lo) *emb_lo = off[0];
+    if (emb_hi) *emb_hi = end[0];
+    free(off);
+    free(end);
+}
+
+int pp_own_stage(pp_state *s, moe_model *m) {
+    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
+    if (!m->params || !m->grads)
+        return moerl_errorf("pipeline: a stage-owned model needs parameters and a gradient buffer (an inference model "
+                            "was given)");
+    s->st_lo = xmalloc((size_t)s->pp * sizeof(size_t));
+    s->st_hi = xmalloc((size_t)s->pp * sizeof(size_t));
+    pp_stage_ranges(m, s->bounds, s->pp, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
+    s->own_lo = s->st_lo[s->stage];
+    s->own_hi = s->st_hi[s->stage];
+    s->tied = m->cfg.tie_word_embeddings && s->pp > 1;
+    s->ranges = xcalloc((size_t)m->n_tensors + 1, sizeof(adamw_range));
+    s->n_ranges = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        if (t->offset < s->own_lo || t->offset >= s->own_hi) continue;
+        s->ranges[s->n_ranges++] = (adamw_range){.offset = t->offset - s->own_lo, .n = (size_t)t->numel,
+                                                 .decay = (t->flags & TF_DECAY) != 0};
+    }
+    s->map_bytes = m->n_params * sizeof(float);
+    float *mp = map_sparse(s->map_bytes), *mg = map_sparse(s->map_bytes);
+    if (!mp || !mg) {
+        if (mp) munmap(mp, s->map_bytes);
+        if (mg) munmap(mg, s->map_bytes);
+        return moerl_errorf("pipeline: cannot map %zu bytes of address space for the stage's parameters",
+                            2 * s->map_bytes);
+    }
+    memcpy(mp + s->own_lo, m->params + s->own_lo, (s->own_hi - s->own_lo) * sizeof(float));
+    if (s->tied && s->stage == s->pp - 1) /* the LM head reads the embedding */
+        memcpy(mp + s->emb_lo, m->params + s->emb_lo, (s->emb_hi - s->emb_lo) * sizeof(float));
+    model_free_params(m); /* a heap buffer or a checkpoint mapping adopted at load */
+    free(m->grads);
+    m->params = mp;
+    m->grads = mg;
+    model_views_for(m, m->params, &m->p);
+    model_views_for(m, m->grads, &m->g);
+    s->own_m = m;
+    return MOERL_OK;
+}
+
+int pp_release_stage(pp_state *s) {
+    moe_model *m = s->own_m;
+    if (!m) return MOERL_OK;
+    float *p = xalloc_aligned(m->n_params * sizeof(float));
+    if (exchange_ranges(s, m->params + s->own_lo, p, -1) != MOERL_OK) {
+        free(p);
+        return MOERL_ERR;
+    }
+    munmap(m->params, s->map_bytes);
+    munmap(m->grads, s->map_bytes);
+    m->params = p;
+    m->grads = xalloc_aligned(m->n_params * sizeof(float));
+    model_views_for(m, m->params, &m->p);
+    model_views_for(m, m->grads, &m->g);
+    s->own_m = NULL;
+    return MOERL_OK;
+}
+
+int pp_is_owned(const pp_state *s) { return s && s->own_m; }
+
+void pp_own_range(const pp_state *s, size_t *lo, size_t *hi) {
+    *lo = s->own_lo;
+    *hi = s->own_hi;
+}
+
+size_t pp_held_floats(const pp_state *s) {
+    if (!s->own_m) return 0;
+    return s->own_hi - s->own_lo + (s->tied && s->stage == s->pp - 1 ? s->emb_hi - s->emb_lo : 0);
+}
+
+void pp_zero_grad(pp_state *s, moe_model *m) {
+    if (!s || !s->own_m) {
+        model_zero_grad(m);
+        return;
+    }
+    memset(m->grads + s->own_lo, 0, (s->own_hi - s->own_lo) * sizeof(float));
+    if (s->tied && s->stage == s->pp - 1) memset(m->grads + s->emb_lo, 0, (s->emb_hi - s->emb_lo) * sizeof(float));
+}
+
+static int need_owned(const pp_state *s, const char *fn) {
+    if (s->own_m) return MOERL_OK;
+    return moerl_errorf("%s: the pipeline's model is replicated (pp_own_stage was not called): sum its gradients over "
+                        "every trainer rank and step plain AdamW instead", fn);
+}
+
+int pp_finish_grads(pp_state *s) {
+    if (need_owned(s, "pp_finish_grads") != MOERL_OK) return MOERL_ERR;
+    float *g = s->own_m->grads;
+    const int last = s->stage == s->pp - 1;
+    /* the stage's data-parallel ranks hold the same parameters: sum their gradients */
+    if (allreduce_chunks(s->stage_comm, g + s->own_lo, s->own_hi - s->own_lo) != MOERL_OK) return MOERL_ERR;
+    if (!s->tied) return MOERL_OK;
+    /* tied head: the last stage's part of the embedding gradient joins stage 0's (which steps it) */
+    const size_t ne = s->emb_hi - s->emb_lo;
+    req_list l = {0};
+    if (last) {
+        if (allreduce_chunks(s->stage_comm, g + s->emb_lo, ne) != MOERL_OK) return MOERL_ERR;
+        post_range(&l, s->comm, 0, PP_TAG_EMB_G, g + s->emb_lo, ne, 1);
+        return req_wait_all(&l);
+    }
+    if (s->stage != 0) return MOERL_OK;
+    float *tmp = map_sparse(ne * sizeof(float));
+    if (!tmp) return moerl_errorf("pipeline: cannot map %zu bytes for the embedding gradient", ne * sizeof(float));
+    post_range(&l, s->comm, s->pp - 1, PP_TAG_EMB_G, tmp, ne, 0);
+    int rc = req_wait_all(&l);
+    if (rc == MOERL_OK)
+        for (size_t i = 0; i < ne; i++) g[s->emb_lo + i] += tmp[i];
+    munmap(tmp, ne * sizeof(float));
+    return rc;
+}
+
+void pp_adamw_init(pp_state *s, adamw_state *os, adamw_config cfg) {
+    if (need_owned(s, "pp_adamw_init") != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+    adamw_init_shard(os, s->own_hi - s->own_lo, cfg);
+}
+
+void pp_slice_vec(const pp_state *s, const float *full, float *own) {
+    memcpy(own, full + s->own_lo, (s->own_hi - s->own_lo) * sizeof(float));
+}
+
+int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *grad_norm) {
+    if (need_owned(s, "pp_adamw_step") != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+    moe_model *m = s->own_m;
+    const float *g = m->grads + s->own_lo;
+    const long n = (long)(s->own_hi - s->own_lo);
+    double ss = 0;
+#pragma omp parallel for reduction(+ : ss) schedule(static)
+    for (long i = 0; i < n; i++) ss += (double)g[i] * (double)g[i];
+    /* the global norm: every stage's own parameters once (the tied embedding on stage 0) */
+    if (dist_comm_allreduce_f64(s->comm, &ss, 1) != MOERL_OK)
+        moerl_fatal("pipeline stage %d: gradient norm: %s", s->stage, moerl_last_error());
+    const double norm = sqrt(ss);
+    if (grad_norm) *grad_norm = norm;
+    const int applied = adamw_step_ranges(os, m->params + s->own_lo, m->grads + s->own_lo, s->ranges, s->n_ranges,
+                                          lr, loss, norm);
+    if (applied && s->tied && (s->stage == 0 || s->stage == s->pp - 1)) { /* the head's copy of the embedding */
+        req_list l = {0};
+        const int last = s->stage == s->pp - 1;
+        post_range(&l, s->comm, last ? 0 : s->pp - 1, PP_TAG_EMB_P, m->params + s->emb_lo, s->emb_hi - s->emb_lo,
+                   !last);
+        if (req_wait_all(&l) != MOERL_OK)
+            moerl_fatal("pipeline stage %d: embedding copy: %s", s->stage, moerl_last_error());
+    }
+    return applied;
+}
+
+/* The pages of the parameter map this stage does not hold. */
+static void drop_foreign(pp_state *s) {
+    moe_model *m = s->own_m;
+    const size_t keep_emb = s->tied && s->stage == s->pp - 1 ? s->emb_hi : 0;
+    drop_pages(m->params, keep_emb, s->own_lo);
+    drop_pages(m->params, s->own_hi, m->n_params);
+}
+
+void pp_take_full(pp_state *s) {
+    if (s && s->own_m) drop_foreign(s);
+}
+
+int pp_gather_full(pp_state *s, int keep_stage, const adamw_state *os, adamw_state *moments) {
+    if (need_owned(s, "pp_gather_full") != MOERL_OK) return MOERL_ERR;
+    moe_model *m = s->own_m;
+    const int keep = s->stage == keep_stage;
+    if (moments) {
+        memset(moments, 0, sizeof *moments);
+        if (keep) {
+            *moments = *os;
+            moments->n = m->n_params;
+            moments->m = xalloc_aligned(m->n_params * sizeof(float));
+            moments->v = xalloc_aligned(m->n_params * sizeof(float));
+        }
+        if (exchange_ranges(s, os->m, keep ? moments->m : NULL, keep_stage) != MOERL_OK ||
+            exchange_ranges(s, os->v, keep ? moments->v : NULL, keep_stage) != MOERL_OK) {
+            if (keep) {
+                free(moments->m);
+                free(moments->v);
+            }
+            memset(moments, 0, sizeof *moments);
+            return MOERL_ERR;
+        }
+    }
+    return exchange_ranges(s, m->params + s->own_lo, keep ? m->params : NULL, keep_stage);
+}
+
+void pp_release_full(pp_state *s, int kept, adamw_state *moments) {
+    if (moments && moments->m) {
+        free(moments->m);
+        free(moments->v);
+        memset(moments, 0, sizeof *moments);
+    }
+    if (kept && s->own_m) drop_foreign(s);
 }

@@ -30,18 +30,32 @@
  * ceil(T / target)). The guard: m < pp is refused (1F1B would leave a stage without work and the
  * practice deadlocked there) with an error naming the count needed.
  *
- * Gradients and outputs: additive over the trainer ranks. After the schedule each stage holds the
- * gradients of its own parameters (zeros elsewhere; with tied embeddings the first and last stage
- * each hold their part of the shared tensor), and only the last stage reports the loss, aux, tokens
- * and router statistics (0 on the others) — as the loss callback's own sums live there. So a stage is
- * to its caller what a data-parallel rank is: the caller's sum over ALL trainer ranks (the reducer
- * over trainer_comm, dist_reducer_new, and its small dist_allreduce_sum(DIST_TRAINERS) calls) gives
- * the full gradient and the global loss, over pp stages and dp pipelines at once, and every rank then
- * steps the whole optimizer on identical gradients. Parameters and optimizer state are therefore
- * replicated (the grid's stage_comm sum would cover one stage only: it needs a stage-sharded
- * optimizer, not built); a stage keeps only its layers' activations. Forward-only passes
- * (compute_logprobs, compute_router_counts) run the whole replicated model on each rank: a caller
- * summing router counts over all trainers must count each pipeline once (sum over stage_comm).
+ * Gradients and outputs. After the schedule each stage holds the gradients of its own parameters
+ * (with tied embeddings the first and last stage each hold their part of the shared tensor), and only
+ * the last stage reports the loss, aux, tokens and router statistics (0 on the others) — as the loss
+ * callback's own sums live there. Two ways to own the model:
+ *   stage-owned (pp_own_stage; par_state_init does it): as Megatron-LM, a stage holds only its
+ *     units' parameters, gradients and AdamW moments — decoder layers [lo, hi), plus the embedding
+ *     on stage 0 and the final norm and LM head on the last; m->params / m->grads stay buffers of
+ *     the whole layout (every view and kernel unchanged) but become sparse anonymous mappings of
+ *     which only the stage's range is ever touched (the pages of the others take no memory). The
+ *     units are contiguous in the layout, so a stage owns ONE float range [own_lo, own_hi); with
+ *     tied embeddings the last stage also holds a copy of the embedding (its LM head), stepped by
+ *     stage 0 alone: pp_finish_grads sends the last stage's part of its gradient to stage 0, and
+ *     pp_adamw_step sends the updated embedding back (Megatron's embedding group does the same with
+ *     an all-reduce). Gradients are summed over the stage's data-parallel ranks only
+ *     (grid.stage_comm, pp_finish_grads), the optimizer steps the stage's range (pp_adamw_step: the
+ *     global norm summed over pp_comm), and pp_gather_full assembles the whole model on one stage
+ *     (checkpoints, weight sync, evaluation). The caller sums losses and statistics over all
+ *     trainer ranks as before (the non-last stages add 0) and creates no gradient reducer.
+ *   replicated (pp_state_new alone; benchmarks and the replicated test): m stays whole on every
+ *     rank; the caller sums the gradients over ALL trainer ranks (the reducer over trainer_comm), so
+ *     pp stages and dp pipelines add up at once, and steps plain AdamW on every rank.
+ * Forward-only passes (compute_logprobs, compute_router_counts in train.c dispatch to
+ * pp_compute_logprobs / pp_compute_router_counts) run the stages forward only and give every stage
+ * of the pipeline the pipeline's result: the logprobs the last stage computed, the router counts of
+ * all layers. A caller summing router counts over all trainers must count each pipeline once (divide
+ * by pp, or sum over stage_comm only).
  * Bubble. Every step measures per stage busy time (forward + backward compute), time blocked on
  * receives, and the schedule time T (slowest stage, from a common start): idle share
  * = 1 − busy / T (perf/pipeline_bubble: the mean over stages), receive-wait share = wait / T, next
@@ -50,6 +64,7 @@
 #define MOERL_PARALLEL_PIPELINE_H
 
 #include "model/forward.h"
+#include "optim/adamw.h"
 #include "parallel/grid.h"
 #include "train/train.h"
 
@@ -101,6 +116,8 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
  * Errors: g or g->pp_comm NULL, pp outside 1..L. */
 pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *opt);
 void pp_state_free(pp_state *s);
+/* Replace the options (e.g. of the state par_state_init built; quiet has no effect after creation). */
+void pp_set_options(pp_state *s, const pp_options *opt);
 /* This stage's layer range [*lo, *hi). */
 void pp_stage_layers(const pp_state *s, int *lo, int *hi);
 const int *pp_bounds(const pp_state *s); /* [pp+1] */
@@ -116,12 +133,77 @@ int pp_metrics(const pp_state *s, const char **keys, double *vals);
 
 /* train_accumulate through the pipeline (called by train_accumulate when opts->par->pp is set;
  * collective over pp_comm, every stage passing the same sequences and options): zero the
- * gradients, run the 1F1B schedule, leave this stage's gradients and (last stage) outputs as
- * described above, to be summed over all trainer ranks; out->n_microbatches on every stage. The loss
- * callback runs on the last stage only, in micro-batch order; opts->layer_hook is called for every backward group after
- * the gradient exchange. Errors (on every stage alike, before any message): the guard (m < pp),
+ * gradients (pp_zero_grad), run the 1F1B schedule, leave this stage's gradients and (last stage)
+ * outputs as described above — stage-owned: to be finished by pp_finish_grads; replicated: to be
+ * summed over all trainer ranks; out->n_microbatches on every stage. The loss callback runs on the
+ * last stage only, in micro-batch order; opts->layer_hook (replicated use: a reducer's) is called
+ * for every backward group after the gradient exchange. Errors (on every stage alike, before any message): the guard (m < pp),
  * a sequence over max_tokens, a token outside the vocabulary, stages disagreeing on the batch. */
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out);
+
+/* ---- forward-only passes (collective over pp_comm; every stage passes the same sequences) ----
+ * pp_compute_logprobs: compute_logprobs through the pipeline: the micro-batches as train_accumulate
+ * packs them (max_tokens each, no dynamic count: forward-only passes have no 1F1B constraint), each
+ * stage's layers in turn, the last stage's model_logprobs at `temperature`; then every stage's
+ * out_logp[i][k] (k = target index − resp_start, as compute_logprobs writes) holds the last stage's
+ * values (a sum over pp_comm in which the other stages add zeros: bit-identical to one rank running
+ * the same micro-batches). Errors (on every stage, before any message): a sequence over max_tokens,
+ * a token outside the vocabulary, stages disagreeing on the batch.
+ * pp_compute_router_counts: compute_router_counts through the pipeline: counts[E] += the pipeline's
+ * top-k counts over every MoE layer, on every stage (integers: exact). Errors as above. */
+int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                        float temperature, float **out_logp);
+int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                             double *counts);
+
+/* ---- stage-local ownership (see "Gradients and outputs" above) ---- */
+/* The layout ranges the stages of the cut bounds[pp+1] own (pure; m needs only its tensor table, e.g.
+ * model_init_layout without buffers): stage k holds floats [lo[k], hi[k]) — its decoder layers, plus
+ * the embedding on stage 0 and the final norm and LM head on the last —, contiguous and tiling
+ * [0, n_params). emb_lo / emb_hi (may be NULL): the embedding's range (a tied last stage's copy). */
+void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, size_t *hi, size_t *emb_lo,
+                     size_t *emb_hi);
+/* Make m stage-owned: keep this stage's range of m->params (which must hold the whole model, the same
+ * on every stage), free m's full buffers and put sparse mappings of the whole layout in their place
+ * (views refreshed). Not collective. Until pp_release_stage (pp_state_free calls it) the model must
+ * be used through the functions below and the pipeline's passes only: a whole-model forward on
+ * this rank would read zeros. Errors: already owned, m without parameters or gradients, mmap failing. */
+int pp_own_stage(pp_state *s, moe_model *m);
+/* The whole model back in ordinary heap buffers of m on EVERY stage (grads zeroed); collective over
+ * pp_comm. A replicated state: no-op. */
+int pp_release_stage(pp_state *s);
+int pp_is_owned(const pp_state *s);
+/* This stage's layout range [*lo, *hi) (stage-owned only). */
+void pp_own_range(const pp_state *s, size_t *lo, size_t *hi);
+/* Parameter floats this stage holds (its range, plus the embedding copy of a tied last stage); 0 for
+ * a replicated state. Gradients hold as many; the AdamW moments 2·(hi − lo). */
+size_t pp_held_floats(const pp_state *s);
+/* Zero this stage's gradients (all of m->grads for a replicated state). Not collective. */
+void pp_zero_grad(pp_state *s, moe_model *m);
+/* After pp_train_accumulate: sum the stage's gradients over grid.stage_comm (its data-parallel
+ * ranks), then (tied embeddings) add the last stage's part of the embedding gradient to stage 0's.
+ * Collective over stage_comm and pp_comm. Errors: a replicated state, MPI failures. */
+int pp_finish_grads(pp_state *s);
+/* AdamW moments over this stage's range (hi − lo floats each; a replicated state is fatal). */
+void pp_adamw_init(pp_state *s, adamw_state *os, adamw_config cfg);
+/* own[hi − lo] = full[lo, hi) of a layout-sized vector (e.g. a checkpoint's moments). Not collective. */
+void pp_slice_vec(const pp_state *s, const float *full, float *own);
+/* adamw_step on the stage's range with the global gradient norm (Σ over the stages of their ranges'
+ * squares, summed over pp_comm: each parameter once); the tied embedding's copy on the last stage is
+ * refreshed from stage 0. Returns as adamw_step. Collective over pp_comm. */
+int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *grad_norm);
+/* m->params was overwritten with the whole model (a checkpoint load): keep this stage's range and
+ * give the other pages back. Not collective. No-op when replicated. */
+void pp_take_full(pp_state *s);
+/* The whole model on stage keep_stage of this pipeline: every stage sends its range of m->params
+ * (and, with moments != NULL, of os's moments) there; the keeping stage receives them into its
+ * m->params (pages backed until pp_release_full) and, with moments, into a layout-sized state
+ * (*moments: n = n_params, step / skipped / cfg of os; NULL buffers on the other stages).
+ * Collective over pp_comm. Errors: a replicated state, MPI failures. */
+int pp_gather_full(pp_state *s, int keep_stage, const adamw_state *os, adamw_state *moments);
+/* Undo pp_gather_full: free the moments' buffers (if any), and on the keeping stage (kept = 1) give
+ * back the pages of the other stages' ranges. Not collective. */
+void pp_release_full(pp_state *s, int kept, adamw_state *moments);
 
 #endif

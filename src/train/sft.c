@@ -25,6 +25,8 @@ typedef struct {
     dist_ctx *dc;       /* NULL or one trainer: one process */
     par_state *ps;
     fsdp_state *fs;     /* NULL: parameters replicated */
+    int pp;             /* pipeline: stage-owned model (pipeline.h), assembled by par_gather_full */
+    moe_model *m;
     int multi, root;    /* several trainer ranks; this rank writes (trainer rank 0) */
     int shard, n_shards;/* this rank's share of each batch */
 } sft_ranks;
@@ -51,12 +53,15 @@ static int ranks_from_root(const sft_ranks *R, double *x) {
     return ranks_sum(R, x, 1);
 }
 
-/* FSDP: the whole model into the root's m->params (the other ranks take part in the gathers). */
+/* FSDP / pipeline: the whole model into the root's m->params (the other ranks take part in the gathers). */
 static void full_on_root(const sft_ranks *R) {
     if (R->fs) fsdp_gather_full(R->fs, R->root);
+    if (R->pp && !par_gather_full(R->ps, R->m, R->root, NULL, NULL) && R->root)
+        moerl_fatal("SFT: assembling the pipeline's model: %s", moerl_last_error());
 }
 static void full_done(const sft_ranks *R) {
     if (R->fs) fsdp_release_all(R->fs);
+    if (R->pp) par_release_full(R->ps, R->m, R->root ? R->m : NULL, NULL, NULL);
 }
 
 typedef struct {
@@ -84,6 +89,13 @@ static int sft_save_state_root(const moe_model *m, const adamw_state *os, const 
 static int sft_save_state(const sft_ranks *R, const moe_model *m, const adamw_state *os, const dataset *train,
                           const sft_opts *o, int64_t step, double acc0, int finished) {
     int rc = MOERL_OK;
+    if (R->pp) { /* the stages' weights and moments onto the root */
+        adamw_state mom;
+        const moe_model *fm = par_gather_full(R->ps, R->m, R->root, os, &mom);
+        if (R->root) rc = fm ? sft_save_state_root(fm, &mom, train, o, step, acc0, finished) : MOERL_ERR;
+        par_release_full(R->ps, R->m, fm, os, &mom);
+        return ranks_agree(R, rc);
+    }
     if (!R->fs) {
         if (R->root) rc = sft_save_state_root(m, os, train, o, step, acc0, finished);
         return ranks_agree(R, rc);
@@ -137,7 +149,7 @@ static int sft_save_state_root(const moe_model *m, const adamw_state *os, const 
 /* The optimizer moments from optimizer.safetensors: the whole vectors, or under FSDP this rank's
  * shard of them (read straight from the mapped file, whatever rank count wrote it). */
 static int load_optimizer(const sft_ranks *R, adamw_state *os, size_t n_params, const char *path) {
-    if (!R->fs) return ckpt_load_optimizer(os, path);
+    if (!R->fs && !R->pp) return ckpt_load_optimizer(os, path);
     st_file f;
     if (st_open(&f, path) != MOERL_OK) return MOERL_ERR;
     const st_tensor *tm = st_find(&f, "adam.m"), *tv = st_find(&f, "adam.v");
@@ -146,8 +158,13 @@ static int load_optimizer(const sft_ranks *R, adamw_state *os, size_t n_params, 
         st_close(&f);
         return moerl_errorf("%s: adam.m/adam.v missing, not F32 or not %zu floats", path, n_params);
     }
-    fsdp_slice_vec(R->fs, tm->data, os->m);
-    fsdp_slice_vec(R->fs, tv->data, os->v);
+    if (R->pp) { /* the stage's range */
+        pp_slice_vec(R->ps->pp, tm->data, os->m);
+        pp_slice_vec(R->ps->pp, tv->data, os->v);
+    } else {
+        fsdp_slice_vec(R->fs, tm->data, os->m);
+        fsdp_slice_vec(R->fs, tv->data, os->v);
+    }
     st_close(&f);
     return MOERL_OK;
 }
@@ -214,6 +231,7 @@ static int sft_load_state(const sft_ranks *R, moe_model *m, adamw_state *os, con
         return MOERL_ERR;
     }
     if (R->fs) fsdp_take_shard(R->fs); /* FSDP: keep this rank's shard only */
+    if (R->pp) par_take_full(R->ps, m); /* pipeline: keep this stage's range only */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     if (load_optimizer(R, os, m->n_params, p) != MOERL_OK) {
         json_decref(s);
@@ -274,6 +292,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
     sft_ctx sc = {.inv_tokens = 1.0 / (double)g_resp};
     train_step_out so;
     if (train_accumulate(m, acts, mine, n, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
+    if (R->pp && par_finish_grads(R->ps, n_mb, n_mb) != MOERL_OK) goto out; /* the sum over grid.stage_comm */
     if (R->fs && (par_pad_passes(R->ps, n_mb, max_mb, 1) != MOERL_OK || fsdp_finish_grads(R->fs) != MOERL_OK)) goto out;
     if (red) dist_reducer_finish(red);
     sums[0] = sc.ce_sum;
@@ -291,7 +310,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
     }
     out->loss = out->ce + m->cfg.router_aux_loss_coef * out->aux;
     out->applied = R->fs ? fsdp_adamw_step(R->fs, os, lr, (float)out->loss, &out->grad_norm)
-                         : adamw_step(os, m, lr, (float)out->loss, &out->grad_norm);
+                         : par_adamw_step(R->ps, m, os, lr, (float)out->loss, &out->grad_norm); /* pp: the stage's */
     rc = MOERL_OK;
 out:
     free(aux);
@@ -309,7 +328,8 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         return moerl_errorf("SFT learning rate and weight decay (optim.lr / optim.weight_decay, sft.lr / sft.weight_decay "
                             "for the warm start) must be finite numbers ≥ 0 (got %g, %g)",
                             (double)o->optim.lr, (double)o->optim.weight_decay);
-    sft_ranks R = {.dc = o->dist, .ps = o->par, .fs = o->par ? o->par->fsdp : NULL, .root = 1, .n_shards = 1};
+    sft_ranks R = {.dc = o->dist, .ps = o->par, .fs = o->par ? o->par->fsdp : NULL, .root = 1, .n_shards = 1, .m = m};
+    R.pp = o->par && o->par->pp && pp_is_owned(o->par->pp);
     R.multi = R.dc && R.dc->trainer_size > 1;
     if (R.dc && R.dc->trainer_rank > 0) R.root = 0;
     if (R.ps && R.ps->ep)
@@ -359,11 +379,12 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         goto out;
     }
     if (R.fs) fsdp_adamw_init(R.fs, &os, o->optim);
-    else adamw_init(&os, m, o->optim);
-    if (model_acts_init(&acts, m, o->max_tokens) != MOERL_OK) goto out;
+    else par_adamw_init(R.ps, m, &os, o->optim); /* pp: the stage's range */
+    /* a pipeline's passes use its own per-stage activations: acts only carries par there */
+    if (model_acts_init(&acts, m, R.pp ? 1 : o->max_tokens) != MOERL_OK) goto out;
     acts.par = R.ps;
-    if (R.multi && !R.fs) { /* data parallel: gradients summed by the bucketed reducer while backward runs */
-        /* pipeline stages are summed like data-parallel ranks, over every trainer (pipeline.h) */
+    if (R.multi && !R.fs && !R.pp) { /* data parallel: gradients summed by the bucketed reducer while backward runs */
+        /* (a stage-owned pipeline sums each stage over grid.stage_comm in par_finish_grads instead) */
         red = R.ps && R.ps->grid && !R.ps->pp ? dist_reducer_new_on(R.dc, R.ps->grid->stage_comm, m, 25.0,
                                                                     DIST_OVERLAP_THREAD)
                                  : dist_reducer_new(R.dc, m, 25.0, DIST_OVERLAP_THREAD);

@@ -134,6 +134,7 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
 
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp) {
+    if (a->par && a->par->pp) return pp_compute_logprobs(a->par->pp, m, seqs, n, max_tokens, temperature, out_logp);
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
     if (n_mb < 0) {
@@ -185,6 +186,7 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
 
 int compute_router_counts(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                           double *counts) {
+    if (a->par && a->par->pp) return pp_compute_router_counts(a->par->pp, m, seqs, n, max_tokens, counts);
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
     if (n_mb < 0) {
