@@ -331,11 +331,10 @@ int rl_read_config(const cfg *c, rl_config *r) {
                             "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
                             r->n_trainer_ranks);
-    if (pc->expert_parallel_size > 1 || pp > 1)
-        return moerl_errorf("actor.expert_parallel_size=%d / actor.pipeline_parallel_size=%d: expert and pipeline "
-                            "parallelism are not available on the trainer ranks of moerl rl yet (FSDP and Ulysses "
-                            "are; `moerl sft` under mpirun takes all of them)",
-                            pc->expert_parallel_size, pp);
+    if (pc->expert_parallel_size > 1)
+        return moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not available on the trainer ranks "
+                            "of moerl rl yet (FSDP, Ulysses and the pipeline are; `moerl sft` under mpirun takes it)",
+                            pc->expert_parallel_size);
     if (fsdp > 1 && r->grad_compression != GRAD_COMPRESSION_NONE)
         return moerl_errorf("actor.grad_compression compresses the data-parallel all-reduce, and FSDP "
                             "(actor.fsdp_config.fsdp_size=%d) reduces gradients by reduce-scatter instead: use "

@@ -494,10 +494,9 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
     }
     free(map);
     const par_grid *g = T->par->grid;
-    if (!T->par->fsdp) {
-        T->reducer = g && !T->par->pp ? dist_reducer_new_on(ctx, g->stage_comm, m, cfg->grad_bucket_mb,
-                                                            DIST_OVERLAP_THREAD)
-                                      : dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
+    if (!T->par->fsdp && !T->par->pp) { /* FSDP and the stage-owned pipeline sum their gradients themselves */
+        T->reducer = g ? dist_reducer_new_on(ctx, g->stage_comm, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD)
+                       : dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
         if (!T->reducer) die(ctx, "gradient reducer");
         dist_reducer_set_compression(T->reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
                                      cfg->grad_compression_chunk);
@@ -507,15 +506,33 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
                  D, g->pp, g->dp, g->sp, g->fsdp, g->replicas, g->replicas == 1 ? "" : "s", g->ep);
 }
 
-/* The end of the trainer's work: the reducer, then the model and moments whole again on every
- * trainer rank (collective), so the last checkpoint and the consistency check see plain buffers. */
+/* The end of the trainer's work (collective): the reducer, the AdamW moments whole on trainer rank
+ * 0 and the model whole on every trainer rank, so the last checkpoint and the consistency check see
+ * plain buffers. */
 static void trainer_par_free(trainer *T) {
     dist_ctx *ctx = T->dist;
     dist_reducer_free(T->reducer);
     T->reducer = NULL;
     if (!T->par) return;
-    CHECK_OK(par_adamw_unshard(T->par, T->m, &T->opt), "gathering the optimizer state");
-    par_state_free(T->par);
+    if (par_active(T->par)) { /* the whole AdamW moments to trainer rank 0 (the final checkpoint's) */
+        const int keep = ctx->trainer_rank == 0;
+        adamw_state mo, whole = {0};
+        const moe_model *w = par_gather_full(T->par, T->m, keep, &T->opt, &mo);
+        if (keep) {
+            if (!w) die(ctx, "gathering the optimizer state");
+            whole = mo;
+            whole.m = xalloc_aligned(mo.n * sizeof(float));
+            whole.v = xalloc_aligned(mo.n * sizeof(float));
+            memcpy(whole.m, mo.m, mo.n * sizeof(float));
+            memcpy(whole.v, mo.v, mo.n * sizeof(float));
+        }
+        par_release_full(T->par, T->m, w, &T->opt, &mo);
+        if (keep) {
+            adamw_free(&T->opt);
+            T->opt = whole;
+        }
+    }
+    par_state_free(T->par); /* the whole model back in m on every trainer rank */
     free(T->par);
     T->par = NULL;
     T->acts.par = NULL;

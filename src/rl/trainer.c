@@ -444,6 +444,8 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
                 MOERL_OK ||
             par_pad_passes(T->par, n_pass, max_pass, 0) != MOERL_OK || trainers_sum(T, aux_counts, E) != MOERL_OK)
             return MOERL_ERR;
+        if (T->par && T->par->pp) /* every stage of a pipeline counted its sequences: count them once */
+            for (int e = 0; e < E; e++) aux_counts[e] /= T->par->grid->pp;
         to->aux_counts = aux_counts;
         to->aux_counts_out = NULL;
         T->stage = "update";
