@@ -7,9 +7,9 @@
 #   setting "T"   one process, OMP_NUM_THREADS = all cores        (the synchronous baseline)
 #   setting "1"   one process, one thread per role                (async: rollout thread + trainer thread)
 #   setting "mpi" mpirun, one process per rank, one thread each   (1 trainer + R rollout ranks)
-# For each: CAL_STEPS steps of `moerl rl async_training.mode=sync` (REPS repetitions; per-step medians of
+# For each: STEPS steps of `moerl rl async_training.mode=sync` (REPS repetitions; per-step medians of
 # timing_s/gen, timing_s/update, timing_s/param_sync, the first step dropped as warm-up) and
-# `moerl simulate --calibrate` of the same short job (the cost model's shape: engine-step time in bytes,
+# `moerl simulate --calibrate` of the same job (the cost model's shape: engine-step time in bytes,
 # FLOPs and a constant; training time per FLOP; fitted on this machine). The scales
 #   sim.gen_scale   = measured generation time per step / simulated  (generation time per token in flight)
 #   sim.train_scale = measured update time per step / simulated      (train time per token)
@@ -20,15 +20,15 @@
 # R = 1) and the error of the predicted ratio. The machine's load average is printed before and after:
 # other work on the machine changes the measured figures, so re-run on a quiet machine to compare.
 # Usage: bash bench/run_simulate_validation.sh [BUILD] [extra key=value ...]
-#        (REPS=n, STEPS=n, CAL_STEPS=n, NO_MPI=1 in the environment)
+#        (REPS=n, STEPS=n, NO_MPI=1 in the environment). The repetitions are interleaved (every
+#        configuration once per round), so that slow drifts of the load hit all alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build
 if [[ $# -gt 0 && $1 != *=* ]]; then BUILD=$1; shift; fi
 EXTRA=("$@")
 REPS=${REPS:-3}
-STEPS=${STEPS:-12}
-CAL_STEPS=${CAL_STEPS:-6}
+STEPS=${STEPS:-8}
 T=$(nproc)
 M=$BUILD/moerl
 MM=$BUILD/moerl-mpi
@@ -41,29 +41,27 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 PY=/usr/bin/python3
 echo "# $T cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg); $CFG; $STEPS-step runs, median of $REPS;" \
-     "calibration from $CAL_STEPS-step sync runs"
+     "repetitions interleaved"
 
-# real LABEL SETTING NP_ROLLOUT STEPS keys... : REPS runs, their final JSON lines into $OUT/LABEL.jsonl and
-# metrics into $OUT/LABEL.N/metrics.jsonl. SETTING T | 1 | mpi; NP_ROLLOUT: rollout ranks (mpi only).
+# real LABEL SETTING NP_ROLLOUT keys... : repetition $REP of a STEPS-step run, its final JSON line appended
+# to $OUT/LABEL.jsonl, its metrics in $OUT/LABEL.REP/metrics.jsonl. SETTING T | 1 | mpi; NP_ROLLOUT:
+# rollout ranks (mpi only).
 real() {
-    local label=$1 setting=$2 nr=$3 steps=$4
-    shift 4
-    : >"$OUT/$label.jsonl"
-    for rep in $(seq 1 "$REPS"); do
-        local dir="$OUT/$label.$rep" cmd
-        case $setting in
-        T) cmd=(env OMP_NUM_THREADS="$T" "$M" rl --config "$CFG" trainer.n_threads="$T") ;;
-        1) cmd=(env OMP_NUM_THREADS=1 "$M" rl --config "$CFG" async_training.rollout_threads=1
-                async_training.trainer_threads=1 trainer.n_threads=1) ;;
-        mpi) cmd=(env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -np $((nr + 1)) "$MM" rl
-                  --config "$CFG" trainer.n_ranks=1) ;;
-        esac
-        cmd+=(trainer.default_local_dir="$dir" trainer.total_training_steps="$steps" "$@" "${EXTRA[@]}")
-        [[ $rep -eq 1 ]] && echo "\$ ${cmd[*]}" >>"$OUT/commands.txt"
-        if ! "${cmd[@]}" 2>"$dir.log" </dev/null | tail -1 >>"$OUT/$label.jsonl"; then
-            echo "run $label failed:"; tail -5 "$dir.log"; exit 1
-        fi
-    done
+    local label=$1 setting=$2 nr=$3
+    shift 3
+    local dir="$OUT/$label.$REP" cmd
+    case $setting in
+    T) cmd=(env OMP_NUM_THREADS="$T" "$M" rl --config "$CFG" trainer.n_threads="$T") ;;
+    1) cmd=(env OMP_NUM_THREADS=1 "$M" rl --config "$CFG" async_training.rollout_threads=1
+            async_training.trainer_threads=1 trainer.n_threads=1) ;;
+    mpi) cmd=(env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -np $((nr + 1)) "$MM" rl
+              --config "$CFG" trainer.n_ranks=1) ;;
+    esac
+    cmd+=(trainer.default_local_dir="$dir" trainer.total_training_steps="$STEPS" "$@" "${EXTRA[@]}")
+    [[ $REP -eq 1 ]] && echo "\$ ${cmd[*]}" >>"$OUT/commands.txt"
+    if ! "${cmd[@]}" 2>"$dir.log" </dev/null | tail -1 >>"$OUT/$label.jsonl"; then
+        echo "run $label failed:"; tail -5 "$dir.log"; exit 1
+    fi
 }
 # sim LABEL SETTING ROLLOUT_DEVICES keys... : one simulation, JSON into $OUT/s_LABEL.json
 sim() {
@@ -76,17 +74,36 @@ sim() {
         { echo "simulate $label failed:"; tail -5 "$OUT/s_$label.log"; exit 1; }
 }
 
-# calibrate SETTING: writes $OUT/cal_SETTING.keys (key=value lines for moerl simulate)
+# The configurations: label | setting | rollout ranks | keys. The "cal_*" runs are synchronous runs of
+# each setting whose per-phase times calibrate the simulator (the sync baseline is its own).
+CONFIGS=("sync|T|1|async_training.mode=sync"
+         "cal_1|1|1|async_training.mode=sync"
+         "async0.3|1|1|async_training.mode=async async_training.staleness_threshold=0.3"
+         "async0.5|1|1|async_training.mode=async async_training.staleness_threshold=0.5")
+[[ $MPI == 1 ]] && CONFIGS+=("cal_mpi|mpi|1|async_training.mode=sync"
+                             "mpi_r1|mpi|1|async_training.mode=async"
+                             "mpi_r2|mpi|2|async_training.mode=async"
+                             "mpi_r3|mpi|3|async_training.mode=async")
+# repetitions outermost: every configuration sees the machine's load of the same minutes
+for REP in $(seq 1 "$REPS"); do
+    for c in "${CONFIGS[@]}"; do
+        IFS='|' read -r label setting nr keys <<<"$c"
+        # shellcheck disable=SC2086
+        real "$label" "$setting" "$nr" $keys
+    done
+    echo "# repetition $REP done, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+
+# calibrate SETTING CAL_LABEL: writes $OUT/cal_SETTING.keys (key=value lines for moerl simulate)
 calibrate() {
-    local s=$1 nr=1 mode_keys=(async_training.mode=sync)
-    real "cal_$s" "$s" "$nr" "$CAL_STEPS" "${mode_keys[@]}"
-    sim "cal_$s" "$s" "$nr" --calibrate trainer.total_training_steps="$CAL_STEPS" "${mode_keys[@]}"
-    $PY - "$OUT" "$s" "$REPS" "$T" <<'PY' >"$OUT/cal_$s.keys"
+    local s=$1 cl=$2
+    sim "cal_$s" "$s" 1 --calibrate trainer.total_training_steps="$STEPS" async_training.mode=sync
+    $PY - "$OUT" "$s" "$cl" "$REPS" "$T" <<'PY' >"$OUT/cal_$s.keys"
 import json, statistics as st, sys
-out, s, reps, cores = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+out, s, cl, reps, cores = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 gen, upd, syn = [], [], []
 for r in range(1, reps + 1):
-    rows = [json.loads(l) for l in open("%s/cal_%s.%d/metrics.jsonl" % (out, s, r)) if l.strip()]
+    rows = [json.loads(l) for l in open("%s/%s.%d/metrics.jsonl" % (out, cl, r)) if l.strip()]
     rows = [x for x in rows if "timing_s/gen" in x][1:]  # drop the warm-up step
     gen.append(st.median(x["timing_s/gen"] for x in rows))
     upd.append(st.median(x["timing_s/update"] for x in rows))
@@ -101,30 +118,22 @@ keys["sim.sync_overhead_s"] = y
 keys["sim.host_cores"] = cores
 for k, v in keys.items():
     print("%s=%s" % (k, v))
-print("# setting %s: measured gen %.4f s/step, update %.4f s/step, sync %.4f s; simulated gen %.4f, update %.4f"
-      " -> gen_scale %.3f, train_scale %.3f" % (s, g, u, y, sg, su, g / sg, u / su), file=sys.stderr)
+print("# calibration %s (from %s): measured gen %.4f s/step, update %.4f s/step, sync %.4f s; simulated before "
+      "scaling gen %.4f, update %.4f -> sim.gen_scale %.3f, sim.train_scale %.3f"
+      % (s, cl, g, u, y, sg, su, g / sg, u / su))
 PY
 }
-
-settings=(T 1)
-[[ $MPI == 1 ]] && settings+=(mpi)
-for s in "${settings[@]}"; do calibrate "$s"; done
-
-# the configurations: label | setting | rollout ranks | keys
-CONFIGS=("sync|T|1|async_training.mode=sync"
-         "async0.3|1|1|async_training.mode=async async_training.staleness_threshold=0.3"
-         "async0.5|1|1|async_training.mode=async async_training.staleness_threshold=0.5")
-[[ $MPI == 1 ]] && CONFIGS+=("mpi_r1|mpi|1|async_training.mode=async"
-                             "mpi_r2|mpi|2|async_training.mode=async"
-                             "mpi_r3|mpi|3|async_training.mode=async")
+calibrate T sync
+calibrate 1 cal_1
+[[ $MPI == 1 ]] && calibrate mpi cal_mpi
 for c in "${CONFIGS[@]}"; do
     IFS='|' read -r label setting nr keys <<<"$c"
-    # shellcheck disable=SC2086
-    real "$label" "$setting" "$nr" "$STEPS" $keys
+    [[ $label == cal_* ]] && continue
     mapfile -t ck < <(grep -v '^#' "$OUT/cal_$setting.keys")
     # shellcheck disable=SC2086
     sim "$label" "$setting" "$nr" trainer.total_training_steps="$STEPS" $keys "${ck[@]}"
 done
+grep -h '^#' "$OUT"/cal_*.keys
 
 $PY - "$OUT" "$REPS" <<'PY'
 import json, statistics as st, sys
@@ -162,4 +171,4 @@ echo
 echo "commands (first repetition of each):"
 sed 's/^/    /' "$OUT/commands.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "command: REPS=$REPS STEPS=$STEPS CAL_STEPS=$CAL_STEPS bash bench/run_simulate_validation.sh ${BUILD} ${EXTRA[*]}"
+echo "command: REPS=$REPS STEPS=$STEPS bash bench/run_simulate_validation.sh ${BUILD} ${EXTRA[*]}"

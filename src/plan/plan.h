@@ -79,12 +79,16 @@ typedef struct {
     int fsdp;                    /* resolved */
     int stage_layers;            /* decoder layers of the fullest pipeline stage */
     /* per trainer rank (the fullest stage: the first when it holds the embedding), bytes */
-    double weights;              /* params on the rank: dense/fsdp + expert/max(ep,fsdp), × dtype_bytes */
+    double weights;              /* params on the rank: FSDP alone: Σ over units of ⌈n_u/fsdp⌉ rounded up to 16
+                                    (fsdp.c's shard); else dense/fsdp + expert/max(ep,fsdp); × dtype_bytes */
     double grads;                /* same count × dtype_bytes */
     double master;               /* fp32 master copy (bf16 only; 0 with fp32) */
     double moments;              /* AdamW m and v, fp32: 8 bytes per local parameter */
-    double gathered;             /* FSDP: two layers' full parameters in flight (current + prefetched), 0 when fsdp = 1 */
-    double acts;                 /* model_acts for micro_tokens/sp tokens over the stage's layers × in-flight micro-batches */
+    double gathered;             /* FSDP: the peak of gathered units + live gradient units + bounce buffers over one
+                                    update (fsdp.c's peak_gathered_bytes, from the schedule replay); with EP as
+                                    well (not run by moerl): two layers' parameters; 0 when fsdp = 1 */
+    double acts;                 /* model_acts for ⌈micro_tokens/sp⌉ tokens over the stage's layers × in-flight
+                                    micro-batches (pp − stage, plan_pp_inflight) */
     double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
     double total, total_recompute;
     /* per rollout device, bytes */
