@@ -7,7 +7,9 @@
 # per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
 # naming the key. Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
-# MPI part (as tests/e2e_mpi.sh).
+# MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
+# layout moerl runs (FSDP, HSDP, Ulysses, pipeline, EP, SP × EP): traffic per group and operation
+# equal to the counters, memory per rank within 10% of moerl's accounting.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -73,6 +75,40 @@ PY
         [[ $r == OK* ]] && ok || fail "traffic: $r"
     else
         fail "mpirun -np 3 moerl-mpi rl failed: $(tail -5 "$OUT/rl.log")"
+    fi
+    # --- every model-parallel layout moerl runs: plan's traffic per group and operation equals the
+    # counters byte for byte, its memory per rank (FSDP shard and peak gathered, EP slice, PP cut)
+    # is within 10% of moerl's own accounting (tests/test_dist_plan.c). EP with the all-to-all
+    # dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
+    T=$BUILD/mpi/tests/test_dist_plan
+    if [[ ! -x $T ]]; then
+        fail "$T not built"
+    else
+        while IFS='|' read -r np keys; do
+            # shellcheck disable=SC2086
+            o=$(timeout 300 mpirun --oversubscribe -np "$np" "$T" $keys 2>&1 </dev/null)
+            rc=$?
+            line=$(echo "$o" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
+            echo "test_dist_plan -np $np $keys: $(echo "$o" | grep -E '^fsdp ' | tail -1) ($line)"
+            [[ $rc -eq 0 && $line == *", 0 failed" ]] && ok || { fail "test_dist_plan -np $np $keys"; echo "$o" | tail -20; }
+        done <<'LAYOUTS'
+2|
+3|
+2|actor.fsdp_config.fsdp_size=2
+3|actor.fsdp_config.fsdp_size=3
+4|actor.fsdp_config.fsdp_size=4
+4|actor.fsdp_config.fsdp_size=2
+2|actor.ulysses_sequence_parallel_size=2
+4|actor.ulysses_sequence_parallel_size=2
+4|actor.ulysses_sequence_parallel_size=4
+2|actor.pipeline_parallel_size=2
+4|actor.pipeline_parallel_size=2
+4|actor.pipeline_parallel_size=4
+2|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+4|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+4|actor.expert_parallel_size=4 actor.moe.capacity_factor=2
+4|actor.ulysses_sequence_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+LAYOUTS
     fi
 fi
 echo "$passed passed, $failed failed"

@@ -40,6 +40,9 @@ void plan_def_keys(cfg *c) {
     def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
     def_str(c, "actor.dtype", "fp32", "trainer weights/grads/activations: fp32 (moerl today) | bf16 (fp32 master + moments)");
     def_str(c, "rollout.dtype", "fp32", "rollout weights and KV cache: fp32 (moerl's engine) | bf16");
+    def_str(c, "plan.pp_params", "stage",
+            "pipeline parameter layout: stage (each stage holds its own layers, Megatron) | replicated (every rank "
+            "holds every stage: moerl's pipeline today)");
 }
 
 static int dtype_bytes(const cfg *c, const char *key, int *out) {
@@ -78,6 +81,15 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
     if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
     in->micro_tokens = cfg_int(c, "actor.ppo_max_token_len_per_gpu");
+    in->dispatcher = (int)pc.dispatcher;
+    in->alltoall_max_ep = pc.alltoall_max_ep;
+    in->capacity_factor = pc.capacity_factor;
+    /* the global aux loss's router-count pre-pass: one forward-only pass per micro-batch */
+    in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
+    const char *ppl = cfg_str(c, "plan.pp_params");
+    if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
+    else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
+    else return moerl_errorf("plan.pp_params: '%s' is not stage or replicated", ppl);
     in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
     const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
     in->updates_per_step = (int)(rb * ep);
@@ -108,7 +120,9 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     I("n_active", r->n_active);
     I("trainer_ranks", in->n_trainer); I("dp", r->dp); I("fsdp", r->fsdp); I("ep", in->ep); I("sp", in->sp);
     I("pp", in->pp); I("stage_layers", r->stage_layers); I("dtype_bytes", in->dtype_bytes);
-    I("micro_tokens", in->micro_tokens);
+    I("micro_tokens", in->micro_tokens); I("micro_batches", r->micro_batches);
+    I("fwd_only_passes", in->fwd_only_passes);
+    json_object_set_new(o, "pp_params", json_string(in->pp_params == PLAN_PP_REPLICATED ? "replicated" : "stage"));
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
     R("moments_bytes", r->moments); R("gathered_bytes", r->gathered); R("acts_bytes", r->acts);
     R("acts_recompute_bytes", r->acts_recompute); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);

@@ -42,6 +42,11 @@ static void sim_def_keys(cfg *c) {
     cfg_def_float(c, "sim.step_overhead_s", -1, "fixed seconds per engine step (< 0 = device's)");
     cfg_def_float(c, "sim.update_overhead_s", -1, "fixed seconds per optimizer update (< 0 = device's)");
     cfg_def_float(c, "sim.sync_overhead_s", -1, "fixed seconds per weight sync besides the transfer (< 0 = device's)");
+    cfg_def_float(c, "sim.gen_scale", 1, "multiplies every engine-step cost (calibration from measured runs)");
+    cfg_def_float(c, "sim.train_scale", 1, "multiplies every PPO-update cost (calibration from measured runs)");
+    cfg_def_float(c, "sim.host_cores", 0,
+                  "> 0: rollout replicas and trainer are processes sharing this many CPU cores (processor sharing, "
+                  "for runs on one host); 0 = independent devices");
 }
 
 /* The stand-in model of the engine and trainer: one dense layer of width 8 over the byte vocabulary. */
@@ -82,6 +87,17 @@ static json_t *result_json(const sim_result *r, const sim_setup *su) {
     json_object_set_new(o, "rollout_tp", json_integer(su->rollout_tp));
     json_object_set_new(o, "trainer_devices", json_integer(su->n_trainer));
     json_object_set_new(o, "device", json_string(su->dev.name));
+    /* the cost keys in force (after calibration and scales), to pass back as key=value */
+    json_t *k = json_object();
+    json_object_set_new(k, "sim.mem_bandwidth", json_real(su->dev.a_bytes > 0 ? 1 / su->dev.a_bytes : 0));
+    json_object_set_new(k, "sim.flops", json_real(su->dev.a_flops > 0 ? 1 / su->dev.a_flops : 0));
+    json_object_set_new(k, "sim.train_flops", json_real(su->dev.s_flop > 0 ? 1 / su->dev.s_flop : 0));
+    json_object_set_new(k, "sim.link_bandwidth", json_real(su->dev.link_bw));
+    json_object_set_new(k, "sim.step_overhead_s", json_real(su->dev.c_step));
+    json_object_set_new(k, "sim.update_overhead_s", json_real(su->dev.c_update));
+    json_object_set_new(k, "sim.sync_overhead_s", json_real(su->dev.c_sync));
+    json_object_set_new(o, "cost_keys", k);
+    json_object_set_new(o, "host_cores", json_real(su->host_cores));
     return o;
 }
 
@@ -273,6 +289,18 @@ int cmd_simulate(int argc, char **argv) {
         if (cfg_float(c, "sim.step_overhead_s") >= 0) d->c_step = cfg_float(c, "sim.step_overhead_s");
         if (cfg_float(c, "sim.update_overhead_s") >= 0) d->c_update = cfg_float(c, "sim.update_overhead_s");
         if (cfg_float(c, "sim.sync_overhead_s") >= 0) d->c_sync = cfg_float(c, "sim.sync_overhead_s");
+        const double gs = cfg_float(c, "sim.gen_scale"), ts = cfg_float(c, "sim.train_scale");
+        if (!(gs > 0) || !(ts > 0) || !isfinite(gs) || !isfinite(ts)) {
+            moerl_errorf("sim.gen_scale (%g) and sim.train_scale (%g) must be finite and > 0", gs, ts);
+            goto fail;
+        }
+        d->a_bytes *= gs, d->a_flops *= gs, d->c_step *= gs;
+        d->s_flop *= ts, d->c_update *= ts;
+        x.su.host_cores = cfg_float(c, "sim.host_cores");
+        if (!(x.su.host_cores >= 0) || !isfinite(x.su.host_cores)) {
+            moerl_errorf("sim.host_cores must be ≥ 0, got %g", x.su.host_cores);
+            goto fail;
+        }
         /* rollout.dtype given: the engine's weight/KV bytes per element follow it (else the device's:
          * bf16 on the named GPUs, fp32 for cpu and a calibration, as moerl's engine by default) */
         if (strcmp(cfg_origin(c, "rollout.dtype"), "default")) d->dtype_bytes = x.rc.bf16_weights ? 2 : 4;

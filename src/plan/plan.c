@@ -1,10 +1,13 @@
 /* moerl plan: memory and traffic formulas. See plan.h. */
 #include "plan/plan.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "base/common.h"
 #include "model/perf.h"
+#include "parallel/grid.h"
+#include "parallel/pipeline.h"
 
 /* ------------------------------------------------------------------ activations */
 
@@ -109,10 +112,215 @@ void plan_param_counts(const moe_config *c, int64_t *total, int64_t *dense, int6
     *hf = h;
 }
 
+/* ------------------------------------------------------------------ pipeline memory model */
+
+int plan_pp_inflight(int pp, int stage) { return pp > 1 ? pp - stage : 1; }
+
+int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int stage, double *dense, double *expert,
+                         int *l0, int *l1) {
+    const int L = c->num_hidden_layers;
+    if (pp < 1 || pp > L || stage < 0 || stage >= pp)
+        return moerl_errorf("plan: pipeline stage %d of actor.pipeline_parallel_size %d for %d layers", stage, pp, L);
+    int bounds[MOERL_MAX_LAYERS + 1];
+    if (pp == 1) {
+        bounds[0] = 0;
+        bounds[1] = L;
+    } else if (pp_partition(c, pp, MOERL_MAX(1, MOERL_MIN(c->max_position_embeddings, 4096)), bounds, NULL) != MOERL_OK) {
+        return MOERL_ERR;
+    }
+    *l0 = bounds[stage];
+    *l1 = bounds[stage + 1];
+    if (layout == PLAN_PP_REPLICATED || pp == 1) {
+        int64_t tot, d, e, hf;
+        plan_param_counts(c, &tot, &d, &e, &hf);
+        *dense = (double)d;
+        *expert = (double)e;
+        return MOERL_OK;
+    }
+    const int64_t V = c->vocab_size, H = c->hidden_size;
+    int64_t d = 0, e = 0, hf = 0;
+    if (stage == 0) d += pad16(V * H);
+    if (stage == pp - 1) d += pad16(H) + (c->tie_word_embeddings ? 0 : pad16(V * H));
+    for (int l = *l0; l < *l1; l++) {
+        int64_t ld, le;
+        layer_params(c, l, &ld, &le, &hf);
+        d += ld;
+        e += le;
+    }
+    *dense = (double)d;
+    *expert = (double)e;
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ FSDP schedule replay */
+
+/* fsdp.c's units: 0 the embedding, l+1 decoder layer l, L+1 the final norm (+ untied head); the
+ * rank's model is EP-sliced (expert floats / ep). Fills n[L+2] (floats). */
+static void fsdp_units(const moe_config *c, int ep, double *n) {
+    const int L = c->num_hidden_layers;
+    const int64_t V = c->vocab_size, H = c->hidden_size;
+    n[0] = (double)pad16(V * H);
+    for (int l = 0; l < L; l++) {
+        int64_t ld, le, hf = 0;
+        layer_params(c, l, &ld, &le, &hf);
+        n[l + 1] = (double)ld + (double)le / ep;
+    }
+    n[L + 1] = (double)(pad16(H) + (c->tie_word_embeddings ? 0 : pad16(V * H)));
+}
+
+static double fsdp_shard(double n, int P) { return (double)(((int64_t)((n + P - 1) / P) + 15) & ~(int64_t)15); }
+
+/* The parameter units a region reads (fsdp.c region_params). */
+static int fsdp_region(int L, int tied, int bwd, int l, int *out) {
+    int k = 0;
+    if (!bwd) {
+        if (l < 0) {
+            out[k++] = 0;
+            out[k++] = 1;
+        } else if (l < L - 1) {
+            out[k++] = l + 1;
+            out[k++] = l + 2;
+        } else {
+            out[k++] = L;
+            out[k++] = L + 1;
+            if (tied) out[k++] = 0;
+        }
+    } else if (l >= L) {
+        out[k++] = L + 1;
+        out[k++] = L;
+        if (tied) out[k++] = 0;
+    } else {
+        out[k++] = l + 1;
+        if (l >= 1) out[k++] = l;
+    }
+    return k;
+}
+
+/* The replay of fsdp.c's schedule over one step: which units are gathered when (the all-gather
+ * volume) and the accounting of peak_gathered_bytes: a gather in flight holds a bounce buffer of P·s_u
+ * floats when P·s_u ≠ n_u (else the n_u layout floats), a gathered unit n_u, waiting copies the
+ * bounce into the layout (both live for a moment); a gradient unit being written n_u; a finished one
+ * is reduce-scattered from a bounce of P·s_u (the layout region given back) or in place, into a
+ * receive buffer of s_u, and FSDP_RS_IN_FLIGHT (2) stay in flight. The replay assumes no reduce-
+ * scatter completes early (fsdp.c polls between layers, so on a quiet machine they mostly do not):
+ * the peak is then the schedule's upper bound. */
+#define PLAN_RS_IN_FLIGHT 2
+typedef struct {
+    const double *n, *s;
+    int L, tied, U, P;
+    char *pst;          /* parameter unit: 0 absent, 1 gather in flight, 2 gathered */
+    char *glive;        /* gradient unit being written */
+    int rs[PLAN_RS_IN_FLIGHT + 2], n_rs; /* reduce-scatters in flight, oldest first */
+    double gathered;    /* Σ s_u over the all-gathers started */
+    double cur, peak;   /* floats as fsdp.c accounts them */
+} fsdp_replay;
+
+static int in_list(const int *a, int n, int k) {
+    for (int i = 0; i < n; i++)
+        if (a[i] == k) return 1;
+    return 0;
+}
+
+static int bounced(const fsdp_replay *r, int u) { return (double)r->P * r->s[u] != r->n[u]; }
+static void acc(fsdp_replay *r, double f) {
+    r->cur += f;
+    r->peak = MOERL_MAX(r->peak, r->cur);
+}
+
+static void g_start(fsdp_replay *r, int u) {
+    if (r->pst[u] || r->n[u] <= 0) return;
+    r->pst[u] = 1;
+    r->gathered += r->s[u];
+    acc(r, bounced(r, u) ? r->P * r->s[u] : r->n[u]);
+}
+
+static void g_wait(fsdp_replay *r, int u) {
+    if (r->pst[u] != 1) return;
+    r->pst[u] = 2;
+    if (bounced(r, u)) {
+        acc(r, r->n[u]);
+        acc(r, -r->P * r->s[u]);
+    }
+}
+
+static void g_release(fsdp_replay *r, int u) {
+    if (!r->pst[u]) return;
+    g_wait(r, u);
+    acc(r, -r->n[u]);
+    r->pst[u] = 0;
+}
+
+static void rs_complete(fsdp_replay *r, int u) {
+    int j = 0, found = 0;
+    for (int i = 0; i < r->n_rs; i++)
+        if (r->rs[i] != u) r->rs[j++] = r->rs[i];
+        else found = 1;
+    r->n_rs = j;
+    if (!found) return;
+    acc(r, -r->s[u]);
+    acc(r, bounced(r, u) ? -r->P * r->s[u] : -r->n[u]);
+}
+
+static void grad_touch_r(fsdp_replay *r, int u) {
+    if (r->glive[u] || r->n[u] <= 0) return;
+    rs_complete(r, u);
+    acc(r, r->n[u]);
+    r->glive[u] = 1;
+}
+
+static void replay_ready(fsdp_replay *r, int u) {
+    if (!r->glive[u]) return;
+    r->glive[u] = 0;
+    if (bounced(r, u)) {
+        acc(r, r->P * r->s[u]);
+        acc(r, -r->n[u]);
+    }
+    acc(r, r->s[u]);
+    r->rs[r->n_rs++] = u;
+    while (r->n_rs > PLAN_RS_IN_FLIGHT) rs_complete(r, r->rs[0]);
+}
+
+static void replay_event(fsdp_replay *r, int bwd, int l) {
+    int need[3], next[3], nn = fsdp_region(r->L, r->tied, bwd, l, need), nx = 0;
+    if (!bwd && l + 1 <= r->L - 1) nx = fsdp_region(r->L, r->tied, 0, l + 1, next);
+    if (bwd && l - 1 >= 0) nx = fsdp_region(r->L, r->tied, 1, l >= r->L ? r->L - 1 : l - 1, next);
+    for (int i = 0; i < nn; i++) g_start(r, need[i]);
+    for (int i = 0; i < nx; i++) g_start(r, next[i]); /* prefetch */
+    for (int u = 0; u < r->U; u++)
+        if (!in_list(need, nn, u) && !in_list(next, nx, u)) g_release(r, u);
+    if (bwd) { /* region_grads: the units whose gradients this region writes */
+        const int g[3] = {l >= r->L ? r->L + 1 : l + 1, l >= r->L ? r->L : (l >= 1 ? l : 0), 0};
+        const int ng = l >= r->L && r->tied ? 3 : 2;
+        for (int i = 0; i < ng; i++) grad_touch_r(r, g[i]);
+    }
+    for (int i = 0; i < nn; i++) g_wait(r, need[i]);
+}
+
+/* One step's passes from a cold start (the optimizer step releases every unit): fwd_only forward
+ * passes, then train forward+backward passes, then fsdp_finish_grads. */
+static void replay_step(fsdp_replay *r, int fwd_only, int train) {
+    for (int p = 0; p < fwd_only + train; p++) {
+        for (int l = -1; l < r->L; l++) replay_event(r, 0, l);
+        if (p < fwd_only) continue;
+        replay_event(r, 1, r->L);
+        replay_ready(r, r->L + 1);
+        for (int l = r->L - 1; l >= 0; l--) {
+            replay_event(r, 1, l);
+            replay_ready(r, l + 1);
+        }
+        replay_ready(r, 0);
+    }
+    while (r->n_rs > 0) rs_complete(r, r->rs[0]);
+}
+
 /* ------------------------------------------------------------------ the plan */
 
-int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
-    memset(o, 0, sizeof *o);
+typedef struct {
+    int S, fsdp, mb, dispatcher, cap;
+    int64_t N;
+} plan_ctx;
+
+static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     const int L = c->num_hidden_layers;
     if (in->n_trainer <= 0 || in->ep <= 0 || in->sp <= 0 || in->pp <= 0)
         return moerl_errorf("plan: trainer.n_ranks (%d), actor.expert_parallel_size (%d), "
@@ -123,14 +331,14 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                             "actor.ulysses_sequence_parallel_size = %d × %d", in->n_trainer, in->pp, in->sp);
     if (in->pp > L)
         return moerl_errorf("plan: actor.pipeline_parallel_size %d exceeds the model's %d layers", in->pp, L);
-    const int S = in->n_trainer / in->pp; /* ranks of one pipeline stage */
-    const int fsdp = in->fsdp <= 0 ? S : in->fsdp;
-    if (S % fsdp)
+    x->S = in->n_trainer / in->pp; /* ranks of one pipeline stage */
+    x->fsdp = in->fsdp <= 0 ? x->S : in->fsdp;
+    if (x->S % x->fsdp)
         return moerl_errorf("plan: actor.fsdp_config.fsdp_size %d does not divide the %d ranks of a pipeline stage "
-                            "(trainer.n_ranks / actor.pipeline_parallel_size)", fsdp, S);
-    if (S % in->ep)
+                            "(trainer.n_ranks / actor.pipeline_parallel_size)", x->fsdp, x->S);
+    if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d ranks of a pipeline stage",
-                            in->ep, S);
+                            in->ep, x->S);
     if (c->num_experts > 0 && c->num_experts % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the model's %d experts", in->ep,
                             c->num_experts);
@@ -141,63 +349,193 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     if (in->micro_tokens <= 0 || in->updates_per_step <= 0)
         return moerl_errorf("plan: actor.ppo_max_token_len_per_gpu (%lld) and the updates per step (%d) must be "
                             "positive", (long long)in->micro_tokens, in->updates_per_step);
+    if (in->micro_tokens < in->sp)
+        return moerl_errorf("plan: actor.ppo_max_token_len_per_gpu %lld is below actor.ulysses_sequence_parallel_size %d",
+                            (long long)in->micro_tokens, in->sp);
+    if (in->fwd_only_passes < 0)
+        return moerl_errorf("plan: forward-only passes per micro-batch %d must be ≥ 0", in->fwd_only_passes);
     if (in->n_rollout < 0 || in->rollout_tp <= 0 || (in->n_rollout > 0 && in->n_rollout % in->rollout_tp))
         return moerl_errorf("plan: rollout.n_ranks %d must be a multiple of rollout.tensor_model_parallel_size %d",
                             in->n_rollout, in->rollout_tp);
+    x->N = in->micro_tokens;
+    const int dp = in->n_trainer / (in->pp * in->sp);
+    x->mb = in->micro_batches;
+    if (x->mb <= 0) { /* micro-batches per update on a rank: the update's tokens over the data shards */
+        const double upd_tokens = (double)in->step_tokens / in->updates_per_step;
+        x->mb = (int)ceil(upd_tokens / dp / (double)in->micro_tokens);
+        if (x->mb < 1) x->mb = 1;
+    }
+    if (in->pp > 1 && x->mb < in->pp) x->mb = in->pp; /* 1F1B needs ≥ pp micro-batches (pipeline.h's guard) */
+    x->dispatcher = in->dispatcher;
+    if (x->dispatcher == MOE_DISPATCH_AUTO)
+        x->dispatcher = in->ep <= (in->alltoall_max_ep > 0 ? in->alltoall_max_ep : 16) ? MOE_DISPATCH_ALLTOALL
+                                                                                          : MOE_DISPATCH_ALLTOALLV;
+    const double cf = in->capacity_factor > 0 ? in->capacity_factor : 1.25;
+    x->cap = 0;
+    if (c->num_experts > 0) {
+        const double want = ceil(cf * (double)x->N * c->num_experts_per_tok / c->num_experts);
+        x->cap = (int)MOERL_MAX(1.0, MOERL_MIN(want, (double)x->N));
+    }
+    return MOERL_OK;
+}
+
+static int n_moe_in(const moe_config *c, int l0, int l1) {
+    int n = 0;
+    for (int l = l0; l < l1; l++) n += moe_config_layer_is_moe(c, l);
+    return n;
+}
+
+static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int sp_rank,
+                   plan_traffic *t) {
+    memset(t, 0, sizeof *t);
+    if (stage < 0 || stage >= in->pp || sp_rank < 0 || sp_rank >= in->sp)
+        return moerl_errorf("plan: stage %d of %d or Ulysses rank %d of %d out of range", stage, in->pp, sp_rank, in->sp);
+    const int L = c->num_hidden_layers, fo = in->fwd_only_passes, mb = x->mb, fsdp = x->fsdp, ep = in->ep;
+    const double db = in->dtype_bytes, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    const double N = (double)x->N;
+    double dense, expert;
+    int l0, l1;
+    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    const int pp_repl = in->pp > 1 && in->pp_params == PLAN_PP_REPLICATED;
+    /* the groups the gradient sum runs over: the stage's D ranks; every trainer with a replicated pipeline */
+    const int sum_group = pp_repl ? in->n_trainer : x->S;
+    if (fsdp > 1 && ep > 1) { /* not run by moerl (refused): ZeRO-3 volumes per pass, experts over max(ep, fsdp) */
+        const double f = (double)(fsdp - 1) / fsdp, exp_div = MOERL_MAX(ep, fsdp);
+        const double local_ep = dense + expert / ep;
+        t->fsdp_allgather = f * local_ep * db * ((double)mb * (fo + 2));
+        t->fsdp_reduce_scatter = f * local_ep * db * mb;
+        if (x->S / fsdp > 1) t->replica_allreduce += dense / fsdp * db;
+        if (x->S / exp_div > 1) t->replica_allreduce += expert / exp_div * db;
+    } else if (fsdp > 1) {
+        const int U = L + 2;
+        double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2], S = 0;
+        char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
+        fsdp_units(c, 1, n);
+        for (int u = 0; u < U; u++) {
+            s[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
+            S += s[u];
+        }
+        fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = U, .P = fsdp, .pst = pst,
+                         .glive = glive};
+        replay_step(&r, fo * mb, mb);
+        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + 4.0); /* + par_max_passes' one-float all-gather */
+        t->fsdp_reduce_scatter = (double)(fsdp - 1) * S * db * mb;
+        const int R = x->S / fsdp;
+        if (R > 1) t->replica_allreduce = 2.0 * (R - 1) / R * S * 4; /* fp32 gradient shard */
+    } else if (ep > 1) {
+        int64_t tot, dn, ex, hf;
+        plan_param_counts(c, &tot, &dn, &ex, &hf);
+        /* the all-reduces move unpadded tensors: the replicated ones (HF count less the experts') over
+         * the stage, the local experts' over the ranks holding the same experts */
+        const double hf_expert = (double)n_moe_in(c, 0, L) * 3.0 * E * c->moe_intermediate_size * H;
+        const double hf_dense = (double)hf - hf_expert;
+        const int D = x->S, Dx = x->S / ep;
+        if (D > 1) t->ep_grad_allreduce += 2.0 * (D - 1) / D * hf_dense * db;
+        if (Dx > 1) t->ep_grad_allreduce += 2.0 * (Dx - 1) / Dx * hf_expert / ep * db;
+    } else if (sum_group > 1) {
+        t->reducer = (pp_repl ? (double)dense + expert : dense + expert) * db;
+    }
+    const int n_moe = n_moe_in(c, l0, l1);
+    if (ep > 1 && n_moe > 0) {
+        const double El = E / ep, exch = (double)n_moe * (2.0 * (fo + 1) + 2.0) * mb; /* fwd: 2, bwd: 2 per layer */
+        if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
+            t->ep_alltoall = exch * (ep - 1) * El * (2.0 + x->cap * H) * db;
+        else
+            t->ep_alltoall = exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * (fo + 1) * mb * (ep - 1) * El * 4.0;
+    }
+    if (in->sp > 1) {
+        const int P = in->sp, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+        const double nr = floor(N * (sp_rank + 1) / P) - floor(N * sp_rank / P);
+        const double nh_l = nh / P, nkv_l = nkv >= P ? nkv / P : 1, W = nh_l + 2 * nkv_l;
+        const double fwd = hd * ((P - 1) * nr * W + (N - nr) * nh_l), bwd = hd * ((P - 1) * nr * nh_l + (N - nr) * W);
+        t->sp_alltoall = (l1 - l0) * ((fo + 1) * fwd + bwd) * mb * db;
+    }
+    if (in->pp > 1) {
+        const int aux = n_moe_in(c, 0, L) > 0;
+        double per = 0;
+        if (stage < in->pp - 1) per += N * H * db + (aux ? 2 * E * 4 : 0);
+        if (stage > 0) per += N * H * db + (aux ? E * 4 : 0);
+        t->pp_p2p = per * mb;
+    }
+    return MOERL_OK;
+}
+
+int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, plan_traffic *t) {
+    plan_ctx x;
+    if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
+    return traffic(c, in, &x, stage, sp_rank, t);
+}
+
+int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
+    memset(o, 0, sizeof *o);
+    plan_ctx x;
+    if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
+    const int L = c->num_hidden_layers, fsdp = x.fsdp;
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
     o->fsdp = fsdp;
     o->dp = in->n_trainer / (in->pp * in->sp);
-    const double db = in->dtype_bytes, ep = in->ep, sp = in->sp;
+    o->micro_batches = x.mb;
+    const double db = in->dtype_bytes, ep = in->ep;
     const double exp_div = MOERL_MAX(in->ep, fsdp);
+    const int64_t N = (x.N + in->sp - 1) / in->sp; /* tokens a Ulysses rank holds (the largest share) */
+    const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
 
-    /* pipeline stages: contiguous blocks of ceil(L/pp) layers; the embedding on the first stage,
-     * final norm and head on the last; the plan is for the stage with the most local bytes */
-    const int per = (L + in->pp - 1) / in->pp;
-    const int64_t V = c->vocab_size, H = c->hidden_size;
-    double best = -1, st_dense = 0, st_expert = 0, max_layer = 0;
-    int best_l0 = 0, best_l1 = 0;
+    /* the stage with the most bytes per rank (parameters, their state and activations) */
+    double best = -1;
+    int best_s = 0;
     for (int s = 0; s < in->pp; s++) {
-        const int l0 = MOERL_MIN(L, s * per), l1 = MOERL_MIN(L, (s + 1) * per);
-        int64_t d = 0, e = 0, hf = 0;
-        if (s == 0) d += pad16(V * H);
-        if (s == in->pp - 1) d += pad16(H) + (c->tie_word_embeddings ? 0 : pad16(V * H));
-        double ml = 0;
-        for (int l = l0; l < l1; l++) {
-            int64_t ld, le;
-            layer_params(c, l, &ld, &le, &hf);
-            d += ld;
-            e += le;
-            ml = MOERL_MAX(ml, (double)ld + (double)le / ep);
+        double d, e;
+        int l0, l1;
+        if (plan_pp_stage_params(c, in->pp, in->pp_params, s, &d, &e, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+        double local;
+        if (fsdp > 1 && in->ep == 1) { /* moerl's unit shards (padding per unit) */
+            double n[MOERL_MAX_LAYERS + 2];
+            fsdp_units(c, 1, n);
+            local = 0;
+            for (int u = 0; u < L + 2; u++) {
+                const int in_stage = in->pp == 1 || in->pp_params == PLAN_PP_REPLICATED ||
+                                     (u == 0 && s == 0) || (u == L + 1 && s == in->pp - 1) ||
+                                     (u >= l0 + 1 && u <= l1);
+                if (in_stage && n[u] > 0) local += fsdp_shard(n[u], fsdp);
+            }
+        } else {
+            local = d / fsdp + e / exp_div;
         }
-        const double local = (double)d / fsdp + (double)e / exp_div;
-        if (local > best) {
-            best = local;
-            st_dense = (double)d;
-            st_expert = (double)e;
-            best_l0 = l0;
-            best_l1 = l1;
-            max_layer = ml;
+        const double acts = plan_acts_bytes(c, N, l0, l1, in->recompute) * act_scale * plan_pp_inflight(in->pp, s);
+        const double bytes = local * (2 * db + 8 + (in->dtype_bytes == 2 ? 4 : 0)) + acts;
+        if (bytes > best) {
+            best = bytes;
+            best_s = s;
+            o->weights = local * db;
+            o->stage_layers = l1 - l0;
+            o->acts = plan_acts_bytes(c, N, l0, l1, 0) * act_scale * plan_pp_inflight(in->pp, s);
+            o->acts_recompute = plan_acts_bytes(c, N, l0, l1, 1) * act_scale * plan_pp_inflight(in->pp, s);
+            double ml = 0; /* the largest layer a rank gathers (FSDP) */
+            for (int l = l0; l < l1; l++) {
+                int64_t ld, le, hf = 0;
+                layer_params(c, l, &ld, &le, &hf);
+                ml = MOERL_MAX(ml, (double)ld + (double)le / ep);
+            }
+            o->gathered = 0;
+            if (fsdp > 1 && in->ep == 1) { /* the schedule's peak of gathered parameters + live gradient units */
+                double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
+                char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
+                fsdp_units(c, 1, n);
+                for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
+                fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
+                                 .pst = pst, .glive = glive};
+                replay_step(&r, in->fwd_only_passes * x.mb, x.mb);
+                o->gathered = r.peak * db;
+            } else if (fsdp > 1) {
+                o->gathered = 2 * ml * db;
+            }
         }
     }
-    o->stage_layers = best_l1 - best_l0;
-    const double local = best;
-    o->weights = local * db;
+    const double local = o->weights / db;
     o->grads = local * db;
     o->master = in->dtype_bytes == 2 ? local * 4 : 0;
     o->moments = local * 8;
-    o->gathered = fsdp > 1 ? 2 * max_layer * db : 0;
-    const int64_t N = (in->micro_tokens + in->sp - 1) / in->sp;
-    int mb = in->micro_batches;
-    if (mb <= 0) { /* micro-batches per update on a rank: the update's tokens over the replicas */
-        const double upd_tokens = (double)in->step_tokens / in->updates_per_step * 1.0;
-        mb = (int)((upd_tokens / o->dp + in->micro_tokens - 1) / in->micro_tokens);
-        if (mb < 1) mb = 1;
-    }
-    const int inflight = in->pp > 1 ? MOERL_MIN(in->pp, mb) : 1; /* 1F1B: stage 0 holds up to pp micro-batches */
-    const double act_scale = db / 4.0;                             /* moerl's arena is fp32 */
-    o->acts = plan_acts_bytes(c, N, best_l0, best_l1, 0) * act_scale * inflight;
-    o->acts_recompute = plan_acts_bytes(c, N, best_l0, best_l1, 1) * act_scale * inflight;
     o->total = o->weights + o->grads + o->master + o->moments + o->gathered + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
@@ -209,24 +547,21 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                   kv_split;
     o->rollout_total = o->rollout_weights + o->kv_cache;
 
-    /* traffic per optimizer update: the all-reduce as its payload (what dist counts), the others as
-     * the bytes a rank sends in a ring / pairwise exchange */
-    const double dense_local = st_dense / fsdp, expert_local = st_expert / exp_div;
-    if (S / fsdp > 1) o->allreduce += dense_local * db;
-    if (S / exp_div > 1) o->allreduce += expert_local * db;
-    if (fsdp > 1) {
-        const double f = (double)(fsdp - 1) / fsdp; /* ring: a rank sends n−1 of n chunks */
-        o->allgather = 2 * f * (st_dense + st_expert / ep) * db;
-        o->reduce_scatter = f * (st_dense + st_expert / ep) * db;
+    /* traffic per optimizer update of the fullest stage's last Ulysses rank (the largest token share) */
+    plan_traffic t;
+    if (traffic(c, in, &x, best_s, in->sp - 1, &t) != MOERL_OK) return MOERL_ERR;
+    o->allreduce = t.reducer + t.replica_allreduce + t.ep_grad_allreduce;
+    o->allgather = t.fsdp_allgather;
+    o->reduce_scatter = t.fsdp_reduce_scatter;
+    o->alltoall_ep = t.ep_alltoall;
+    o->alltoall_sp = t.sp_alltoall;
+    if (in->pp > 1) { /* a middle stage sends both ways; report the busiest */
+        for (int s = 0; s < in->pp; s++) {
+            plan_traffic ts;
+            if (traffic(c, in, &x, s, in->sp - 1, &ts) != MOERL_OK) return MOERL_ERR;
+            o->p2p_pp = MOERL_MAX(o->p2p_pp, ts.pp_p2p);
+        }
     }
-    int n_moe = 0;
-    for (int l = best_l0; l < best_l1; l++) n_moe += moe_config_layer_is_moe(c, l);
-    if (in->ep > 1)
-        o->alltoall_ep = 4.0 * n_moe * (double)N * c->num_experts_per_tok * H * db * (ep - 1) / ep * mb;
-    if (in->sp > 1)
-        o->alltoall_sp = 2.0 * o->stage_layers * (double)N * (2.0 * c->num_attention_heads + 2.0 * c->num_key_value_heads) *
-                         c->head_dim * db * (sp - 1) / sp * mb;
-    if (in->pp > 1) o->p2p_pp = 2.0 * N * H * db * mb;
     o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
                   in->updates_per_step;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;

@@ -12,8 +12,10 @@
  *                     (dist_reducer_last_bytes' raw/sent without compression), the weight
  *                     broadcast 4·n_params per sync (dist_xfer_stats.bytes).
  *
- * Parallel layouts moerl does not run yet (FSDP, EP, SP, PP) are planned from the standard
- * formulas, written beside each field below. The trainer world of n_trainer ranks factors as
+ * The parallel layouts follow moerl's own schedules where moerl runs them (FSDP and HSDP, Ulysses SP,
+ * pipeline, EP, each alone or with data parallelism: plan_traffic_rank gives the bytes the
+ * dist_comm counters count, checked byte for byte by tests/test_dist_plan.c under mpirun); FSDP
+ * combined with EP, which moerl refuses, is planned from the standard formulas. The trainer world of n_trainer ranks factors as
  *     n_trainer = pp · sp · dp          (pipeline stages × Ulysses sequence ranks × data replicas)
  * FSDP shards dense parameters, gradients and optimizer state over fsdp ranks of a stage
  * (fsdp divides n_trainer/pp; 1 = plain DDP replication, moerl's trainer today); EP splits the
@@ -31,6 +33,12 @@
 
 #include "model/model.h"
 
+typedef enum {
+    PLAN_PP_STAGE_LOCAL = 0, /* a stage holds (and reduces, over its dp replicas) only its own layers: Megatron's layout */
+    PLAN_PP_REPLICATED       /* every rank holds every stage's parameters and optimizer state; the gradient sum runs
+                                over all trainer ranks (src/parallel/pipeline.h: moerl's pipeline today) */
+} plan_pp_params;
+
 typedef struct {
     /* trainer side */
     int n_trainer;          /* trainer.n_ranks: trainer devices */
@@ -39,11 +47,18 @@ typedef struct {
     int sp;                 /* actor.ulysses_sequence_parallel_size */
     int pp;                 /* actor.pipeline_parallel_size */
     int dtype_bytes;        /* 4: fp32 everywhere (moerl today); 2: bf16 weights/grads/activations with fp32 master + moments */
-    int64_t micro_tokens;   /* actor.ppo_max_token_len_per_gpu: tokens per micro-batch per rank (before sp) */
+    int64_t micro_tokens;   /* actor.ppo_max_token_len_per_gpu: tokens per packed micro-batch (before sp); the
+                               traffic assumes every micro-batch full */
     int recompute;          /* activation recompute (full, per layer) */
-    int micro_batches;      /* micro-batches per optimizer update on a rank (1F1B in-flight bound with pp) */
+    int micro_batches;      /* micro-batches per optimizer update on a rank (≤ 0: from step_tokens) */
     int updates_per_step;   /* optimizer updates per trainer step: require_batches · ppo_epochs */
     int64_t step_tokens;    /* tokens (prompt + response) trained per trainer step, all ranks, one epoch */
+    int fwd_only_passes;    /* forward-only passes per micro-batch before the training pass (1: the router-count
+                               pre-pass of the global aux loss, train.h compute_router_counts; 0: none) */
+    plan_pp_params pp_params; /* pipeline parameter layout (plan_pp_stage_params) */
+    int dispatcher;         /* EP token exchange: moe_dispatcher of parallel/grid.h (0 = auto) */
+    int alltoall_max_ep;    /* auto: all-to-all up to this EP size (≤ 0: 16) */
+    double capacity_factor; /* all-to-all block capacity factor (≤ 0: 1.25) */
     /* rollout side */
     int n_rollout;          /* rollout devices */
     int rollout_tp;         /* devices per engine replica (tensor parallel) */
@@ -64,29 +79,76 @@ typedef struct {
     int fsdp;                    /* resolved */
     int stage_layers;            /* decoder layers of the fullest pipeline stage */
     /* per trainer rank (the fullest stage: the first when it holds the embedding), bytes */
-    double weights;              /* params on the rank: dense/fsdp + expert/max(ep,fsdp), × dtype_bytes */
+    double weights;              /* params on the rank: FSDP alone: Σ over units of ⌈n_u/fsdp⌉ rounded up to 16
+                                    (fsdp.c's shard); else dense/fsdp + expert/max(ep,fsdp); × dtype_bytes */
     double grads;                /* same count × dtype_bytes */
     double master;               /* fp32 master copy (bf16 only; 0 with fp32) */
     double moments;              /* AdamW m and v, fp32: 8 bytes per local parameter */
-    double gathered;             /* FSDP: two layers' full parameters in flight (current + prefetched), 0 when fsdp = 1 */
-    double acts;                 /* model_acts for micro_tokens/sp tokens over the stage's layers × in-flight micro-batches */
+    double gathered;             /* FSDP: the peak of gathered units + live gradient units + bounce buffers over one
+                                    update (fsdp.c's peak_gathered_bytes, from the schedule replay); with EP as
+                                    well (not run by moerl): two layers' parameters; 0 when fsdp = 1 */
+    double acts;                 /* model_acts for ⌈micro_tokens/sp⌉ tokens over the stage's layers × in-flight
+                                    micro-batches (pp − stage, plan_pp_inflight) */
     double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
     double total, total_recompute;
     /* per rollout device, bytes */
     double rollout_weights;      /* all parameters × dtype / rollout_tp */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
     double rollout_total;
-    /* traffic per rank per optimizer update: the all-reduce as its payload (the bytes moerl's reducer
-     * counts; a ring sends 2(n−1)/n of it), every other collective as the bytes a rank sends */
-    double allreduce;            /* gradient all-reduce across replicas: local gradient bytes (fsdp=1: 4·n_params in fp32) */
-    double allgather;            /* FSDP: params gathered twice (forward, backward): 2 · (fsdp−1)/fsdp · stage params · dtype */
-    double reduce_scatter;       /* FSDP: (fsdp−1)/fsdp · stage gradient bytes */
-    double alltoall_ep;          /* EP: 4 per MoE layer per micro-batch (dispatch+combine, fwd+bwd): tokens·K·H·dtype·(ep−1)/ep */
-    double alltoall_sp;          /* Ulysses: 4 fwd + 4 bwd per layer: (N/sp)·(nh+2nkv+nh)·hd·dtype·(sp−1)/sp */
-    double p2p_pp;               /* PP: per micro-batch an activation forward and its gradient back: 2·N·H·dtype (0 when pp = 1) */
-    double per_step;             /* sum of the above × updates_per_step (micro-batch terms scale with step_tokens) */
+    /* traffic per rank per optimizer update (the fullest rank: plan_traffic_rank of the first stage
+     * holding the most bytes, the last Ulysses rank), in the convention of the counter moerl keeps for
+     * it: the bucketed reducer's payload, every dist_comm collective as the bytes a rank sends */
+    double allreduce;            /* gradient sums: reducer payload + HSDP replica all-reduce + EP gradient all-reduces */
+    double allgather;            /* FSDP parameter all-gathers (every pass, as moerl's schedule gathers) */
+    double reduce_scatter;       /* FSDP gradient reduce-scatters (every backward pass) */
+    double alltoall_ep;          /* EP dispatch/combine, forward and backward */
+    double alltoall_sp;          /* Ulysses q|k|v and output exchanges, forward and backward */
+    double p2p_pp;               /* PP activations forward and their gradients back (+ the aux-loss statistics) */
+    double per_step;             /* sum of the above × updates_per_step */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
+    int micro_batches;           /* resolved micro-batches per update on a rank */
 } plan_result;
+
+/* Traffic of one rank per optimizer update, per group and operation, in the units of the counter
+ * moerl keeps for it (so a test can compare them byte for byte):
+ *   reducer           dist_reducer_last_bytes' raw: the payload 4·n of the bucketed gradient all-reduce
+ *                     (data parallel over trainer_comm, SP over stage_comm, PP over every trainer);
+ *   fsdp_allgather    dist_comm_bytes(fsdp_comm, ALLGATHER): (P−1)·s_u·dtype per gather of unit u, the
+ *                     gathers counted by replaying fsdp.c's schedule (region, prefetch, release) over the
+ *                     passes, + the pass-count all-gather (one float) of par_max_passes;
+ *   fsdp_reduce_scatter (P−1)·Σ_u s_u·dtype per backward pass; s_u = ⌈n_u/P⌉ rounded up to 16 floats;
+ *   replica_allreduce dist_comm_bytes(replica_comm, ALLREDUCE): 2(R−1)/R · Σ s_u · 4 (HSDP);
+ *   ep_alltoall       dist_comm_bytes(ep_comm, ALLTOALL): all-to-all: 4 exchanges per MoE layer and
+ *                     training pass (2 per forward-only pass), each (ep−1)·E/ep blocks of 2 + cap·H floats,
+ *                     cap = max(1, min(⌈factor·micro_tokens·K/E⌉, micro_tokens)), no spill; all-to-all-v:
+ *                     the expectation under uniform routing, N·K·H·(ep−1)/ep rows' floats per exchange + the
+ *                     counts (ep−1)·E/ep ints per forward dispatch;
+ *   ep_grad_allreduce dist_comm_bytes over stage_comm + ep_dp_comm: the replicated (HF count) and local
+ *                     expert gradients all-reduced, 2(n−1)/n · numel · 4 each;
+ *   sp_alltoall       dist_comm_bytes(sp_comm, ALLTOALL) of Ulysses rank sp_rank: per layer and pass
+ *                     forward hd·((sp−1)·n·W + (N−n)·nh_l), backward hd·((sp−1)·n·nh_l + (N−n)·W), with
+ *                     n = the rank's token share ⌊N(r+1)/sp⌋ − ⌊Nr/sp⌋, nh_l = nh/sp,
+ *                     nkv_l = nkv ≥ sp ? nkv/sp : 1, W = nh_l + 2·nkv_l (ulysses.h);
+ *   pp_p2p            pp_stats.bytes_sent of stage `stage`: per micro-batch N·H (+2E aux statistics)
+ *                     forward unless last, N·H (+E) backward unless first (pipeline.h).
+ * Errors: as plan_compute; stage or sp_rank out of range. */
+typedef struct {
+    double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_alltoall, ep_grad_allreduce,
+        sp_alltoall, pp_p2p;
+} plan_traffic;
+int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, plan_traffic *t);
+
+/* The pipeline's memory model, kept apart so that both layouts can be checked: floats of the
+ * parameters stage `stage` holds before any FSDP / EP division (dense, expert), and its layer range
+ * [*l0, *l1). PLAN_PP_STAGE_LOCAL: its own layers (+ the embedding on the first stage, the final
+ * norm and untied head on the last); PLAN_PP_REPLICATED: the whole model on every stage. The stage
+ * bounds are moerl's FLOP-balanced cut (pp_partition at the balance length
+ * min(max_position_embeddings, 4096)). Errors: pp out of 1..L. */
+int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int stage, double *dense, double *expert,
+                         int *l0, int *l1);
+
+/* In-flight activation slots of a pipeline stage: pp − stage (1F1B, pipeline.c), 1 without pp. */
+int plan_pp_inflight(int pp, int stage);
 
 /* Bytes of moerl's model_acts arena for max_tokens tokens (forward.c's layout(), with 64-byte
  * rounding of every buffer), restricted to decoder layers [l0, l1) with the head and backward

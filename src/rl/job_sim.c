@@ -35,6 +35,7 @@ typedef struct {
     int n_pending, cap_pending;
     double win_busy, win_idle; /* rollout side, since the last sync */
     double busy, idle, train_busy, sync_s, wait_s;
+    double tr_start, tr_end;   /* the last PPO update's virtual interval (host sharing) */
     int64_t steps_engine;
     sim_result *res;
 } sim_state;
@@ -69,7 +70,11 @@ static int roll_step(job *J) {
     const engine_stats z = engine_get_stats(J->R.eng);
     const double rep = s->su->n_rollout_replicas;
     const double toks = (double)(z.decode_tokens + z.prefill_tokens - a.decode_tokens - a.prefill_tokens) / rep;
-    const double dt = sim_engine_step_s(s->su, toks, (double)(z.kv_reads - a.kv_reads) / rep);
+    double dt = sim_engine_step_s(s->su, toks, (double)(z.kv_reads - a.kv_reads) / rep);
+    if (s->su->host_cores > 0) { /* the replicas (and a busy trainer) share the host's cores */
+        const int trainer_busy = s->async && s->t_roll < s->tr_end && s->t_roll + dt > s->tr_start;
+        dt *= MOERL_MAX(1.0, (rep + trainer_busy) / s->su->host_cores);
+    }
     s->t_roll += dt;
     s->busy += dt;
     s->win_busy += dt;
@@ -170,7 +175,13 @@ static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb
         plan_param_counts(su->target, &tot, &dense, &expert, &hf);
         comm = 2.0 * (nt - 1) / nt * (double)tot * su->dev.dtype_bytes / su->dev.link_bw;
     }
-    const double dt = flops * su->dev.s_flop / nt + updates * (su->dev.c_update + comm);
+    double dt = flops * su->dev.s_flop / nt + updates * (su->dev.c_update + comm);
+    if (su->host_cores > 0 && s->async) { /* the rollout replicas compete for the cores while it trains */
+        const double w = s->win_busy + s->win_idle, f = w > 0 ? s->win_busy / w : 1.0;
+        dt *= MOERL_MAX(1.0, (nt + su->n_rollout_replicas * f) / su->host_cores);
+    }
+    s->tr_start = s->t_train;
+    s->tr_end = s->t_train + dt;
     s->t_train += dt;
     s->train_busy += dt;
     st->trained_tokens = tokens * c->ppo_epochs;

@@ -18,6 +18,9 @@
  *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · ppo_epochs / n_trainer
  *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update;
  *   weight sync   t = bytes_bcast / link_bw + c_sync.
+ * Host sharing (sim_setup.host_cores > 0, for validating against runs on one CPU host): an engine step
+ *   of R replicas is stretched by max(1, (R + trainer busy)/cores), a PPO update in async mode by
+ *   max(1, (1 + R · rollout busy share of the window)/cores).
  * a_bytes = 1/(bandwidth·efficiency), a_flops = 1/(FLOP rate·efficiency) come from a named device
  * (sim_device_named) or from sim_calibrate's least-squares fit to timed engine steps and training
  * steps of the real model on this machine.
@@ -61,6 +64,9 @@ typedef struct {
     int n_rollout_replicas;      /* engine replicas (each rollout_tp devices) */
     int rollout_tp;
     int n_trainer;               /* trainer devices */
+    double host_cores;           /* > 0: the "devices" are processes sharing this many CPU cores (moerl's CPU
+                                    runs on one host): a busy role runs at min(1, host_cores / busy roles) of its
+                                    calibrated speed (processor sharing); 0 = independent devices */
 } sim_setup;
 
 typedef struct {

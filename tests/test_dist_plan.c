@@ -1,0 +1,272 @@
+/* moerl plan against moerl's own counters, under mpirun (run by tests/e2e_plan.sh):
+ *   test_dist_plan [key=value ...]   the layout keys of `moerl sft` / `moerl rl`
+ *                                    (actor.fsdp_config.fsdp_size, actor.ulysses_sequence_parallel_size,
+ *                                    actor.pipeline_parallel_size, actor.expert_parallel_size,
+ *                                    actor.moe.dispatcher, actor.moe.capacity_factor)
+ * Every trainer rank builds the model-parallel runtime from the keys (par_state_init, as `moerl sft`
+ * does) and runs two optimizer steps the way src/train/sft.c's sft_step runs them: the pass count
+ * (par_max_passes), the global aux loss's router-count pre-pass, train_accumulate (the pipeline's
+ * 1F1B schedule, FSDP's layer schedule, the EP and Ulysses exchanges inside the forward), the
+ * gradient sum (the bucketed reducer over the stage or all trainers, FSDP's reduce-scatters and
+ * replica all-reduce, EP's gradient all-reduces) and the optimizer step. Every micro-batch is full
+ * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
+ * Checks on every rank and step, against plan_traffic_rank for the rank's stage and Ulysses rank:
+ *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
+ *   pp_stats.bytes_sent) equal plan's, exactly; and the memory moerl accounts: FSDP's owned shard
+ *   (fsdp_stats.shard_floats) and peak of gathered parameters + live gradient units
+ *   (peak_gathered_bytes), the EP-sliced parameter layout, the pipeline's stage cut, each within
+ *   10% of plan's figure (the brief's bar; the shard is in fact exact, the peak approximate). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/config.h"
+#include "base/rng.h"
+#include "dist/dist.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "parallel/ep.h"
+#include "parallel/fsdp.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/ulysses.h"
+#include "plan/plan.h"
+#include "dist_test.h"
+#include "test.h"
+#include "train/train.h"
+
+#define MT 16     /* tokens per micro-batch = per sequence */
+#define N_SEQ 16  /* global batch: every data shard gets N_SEQ / dp full micro-batches */
+#define K_STEPS 2
+
+static dist_ctx *g_ctx;
+#define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
+#define RANK g_ctx->world_rank
+
+static moe_config model_config(void) {
+    moe_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.moe_intermediate_size = 16;
+    c.num_hidden_layers = 6;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.decoder_sparse_step = 1;
+    c.n_mlp_only_layers = 1;
+    c.mlp_only_layers[0] = 2; /* a dense layer among MoE ones */
+    c.norm_topk_prob = 1;
+    c.tie_word_embeddings = 0;
+    c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 10000.0f;
+    c.router_aux_loss_coef = 0.05f;
+    c.initializer_range = 0.1f;
+    c.bos_token_id = c.eos_token_id = -1;
+    return c;
+}
+
+static int g_tok[N_SEQ][MT];
+static train_seq g_seqs[N_SEQ];
+static int g_resp;
+
+static double ce_grad(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index, float *dlogp,
+                      float *dent) {
+    (void)ctx;
+    (void)seq_of;
+    (void)dent;
+    double loss = 0;
+    for (int n = 0; n < a->N; n++) {
+        if (resp_index[n] < 0) continue;
+        loss -= a->logp[n] / g_resp;
+        dlogp[n] = -1.0f / (float)g_resp;
+    }
+    return loss;
+}
+
+static void reducer_hook(void *ctx, int group) { MOERL_ASSERT(dist_reducer_layer_done(ctx, group) == MOERL_OK); }
+
+static void reset_group_bytes(par_grid *g) {
+    dist_comm *cs[] = {g->stage_comm, g->pp_comm, g->dp_comm, g->sp_comm, g->fsdp_comm, g->replica_comm, g->ep_comm,
+                       g->ep_dp_comm};
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
+        if (cs[i]) dist_comm_reset_bytes(cs[i]);
+}
+
+/* relative difference, for the 10% memory bar */
+static double rel(double got, double want) { return fabs(got - want) / fmax(fabs(want), 1e-30); }
+
+int main(int argc, char **argv) {
+    g_ctx = dist_init(&argc, &argv);
+    if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "test_dist_plan: %s\n", moerl_last_error());
+        return 1;
+    }
+    cfg *kc = cfg_new();
+    par_def_keys(kc);
+    cfg_def_int(kc, "actor.ppo_max_token_len_per_gpu", MT, "micro-batch token limit");
+    MOERL_ASSERT(cfg_apply_override(kc, "actor.fsdp_config.fsdp_size=1") == MOERL_OK); /* moerl sft's default: off */
+    for (int i = 1; i < argc; i++)
+        if (cfg_apply_override(kc, argv[i]) != MOERL_OK) {
+            fprintf(stderr, "test_dist_plan: %s\n", moerl_last_error());
+            return 2;
+        }
+    rng_state r;
+    rng_seed(&r, 99);
+    g_resp = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        for (int t = 0; t < MT; t++) g_tok[s][t] = (int)rng_below(&r, 64);
+        g_seqs[s] = (train_seq){.tokens = g_tok[s], .len = MT, .resp_start = 1 + s % 5};
+        g_resp += MT - g_seqs[s].resp_start;
+    }
+    const moe_config mc = model_config();
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &mc) == MOERL_OK);
+    model_init_random(&m, 7);
+    par_state ps;
+    const int ok = par_state_init(&ps, g_ctx, kc, &m) == MOERL_OK;
+    CHECK_R(ok, "par_state_init: %s", RANK, ok ? "" : moerl_last_error());
+    if (!ok) return dist_test_finish(g_ctx);
+    par_grid *g = ps.grid;
+    const int T = g_ctx->trainer_size;
+    const int gfsdp = g ? g->fsdp : 1, gep = g ? g->ep : 1, gsp = g ? g->sp : 1, gpp = g ? g->pp : 1;
+    const int stage = g ? g->stage : 0, sp_rank = g ? g->sp_rank : 0;
+
+    /* the plan of this layout, with moerl's pipeline layout of today (replicated parameters) */
+    int me, nd;
+    par_data_shard(&ps, &me, &nd);
+    plan_input in = {.n_trainer = T, .fsdp = gfsdp, .ep = gep, .sp = gsp, .pp = gpp, .dtype_bytes = 4,
+                     .micro_tokens = MT, .micro_batches = (N_SEQ + nd - 1) / nd, /* FSDP/EP pad to the most */ .updates_per_step = 1,
+                     .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .pp_params = PLAN_PP_REPLICATED,
+                     .dispatcher = (int)ps.cfg.dispatcher, .alltoall_max_ep = ps.cfg.alltoall_max_ep,
+                     .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
+                     .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_traffic pt;
+    plan_result pr;
+    CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
+            "plan: %s", RANK, moerl_last_error());
+
+    /* sft_step's pieces */
+    model_acts acts;
+    MOERL_ASSERT(model_acts_init(&acts, &m, MT) == MOERL_OK);
+    acts.par = &ps;
+    adamw_config oc = adamw_default_config();
+    oc.lr = 1e-3f;
+    adamw_state os;
+    if (ps.fsdp) fsdp_adamw_init(ps.fsdp, &os, oc);
+    else adamw_init(&os, &m, oc);
+    dist_grad_reducer *red = NULL;
+    if (T > 1 && !ps.fsdp && !ps.ep)
+        red = g && !ps.pp ? dist_reducer_new_on(g_ctx, g->stage_comm, &m, 25.0, DIST_OVERLAP_THREAD)
+                          : dist_reducer_new(g_ctx, &m, 25.0, DIST_OVERLAP_THREAD);
+    train_seq mine[N_SEQ];
+    int n = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        if (s % nd == me) mine[n++] = g_seqs[s];
+    const int E = mc.num_experts;
+    int traffic_ok = 1;
+    double worst_mem = 0;
+    for (int k = 0; k < K_STEPS; k++) {
+        if (g) reset_group_bytes(g);
+        double counts[16] = {0}, psum[16] = {0};
+        train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
+                              .total_tokens = (int64_t)N_SEQ * MT, .par = &ps, .aux_counts = counts,
+                              .aux_psum_out = psum};
+        if (red) {
+            to.layer_hook = reducer_hook;
+            to.layer_hook_ctx = red;
+        }
+        const int n_mb = count_microbatches(mine, n, MT), max_mb = par_max_passes(&ps, n_mb);
+        MOERL_ASSERT(compute_router_counts(&m, &acts, mine, n, MT, counts) == MOERL_OK);
+        MOERL_ASSERT(par_pad_passes(&ps, n_mb, max_mb, 0) == MOERL_OK);
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
+        if (ps.pp)
+            for (int e = 0; e < E; e++) counts[e] /= gpp;
+        train_step_out so;
+        MOERL_ASSERT(train_accumulate(&m, &acts, mine, n, &to, ce_grad, NULL, &so) == MOERL_OK);
+        MOERL_ASSERT(par_pad_passes(&ps, n_mb, max_mb, 1) == MOERL_OK);
+        if (ps.fsdp) MOERL_ASSERT(fsdp_finish_grads(ps.fsdp) == MOERL_OK);
+        if (ps.ep) MOERL_ASSERT(ep_reduce_grads(ps.ep, &m) == MOERL_OK);
+        if (red) dist_reducer_finish(red);
+        double gn;
+        /* the counters before the optimizer step (its norm all-reduces are scalars plan leaves out) */
+        double got[8] = {0}, want[8] = {0};
+        const char *what[8] = {"reducer payload", "FSDP all-gather", "FSDP reduce-scatter", "HSDP replica all-reduce",
+                               "EP all-to-all", "EP gradient all-reduce", "SP all-to-all", "PP point-to-point"};
+        if (red) {
+            double sent;
+            dist_reducer_last_bytes(red, &sent, &got[0]);
+        }
+        if (g) {
+            got[1] = dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER);
+            got[2] = dist_comm_bytes(g->fsdp_comm, DIST_OP_REDUCE_SCATTER);
+            got[3] = g->replicas > 1 ? dist_comm_bytes(g->replica_comm, DIST_OP_ALLREDUCE) : 0;
+            got[4] = dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL);
+            got[5] = ps.ep ? dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE) +
+                                 (g->ep_dp_comm != g->stage_comm ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) : 0)
+                           : 0;
+            got[6] = dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL);
+            got[7] = ps.pp ? pp_last_stats(ps.pp)->bytes_sent : 0;
+        }
+        const double w[8] = {pt.reducer, pt.fsdp_allgather, pt.fsdp_reduce_scatter, pt.replica_allreduce,
+                             pt.ep_alltoall, pt.ep_grad_allreduce, pt.sp_alltoall, pt.pp_p2p};
+        memcpy(want, w, sizeof want);
+        for (int i = 0; i < 8; i++) {
+            /* exact: both are sums of integers of bytes below 2^53; the all-reduce volumes 2(n−1)/n·x
+             * are formed in the same order of operations (rounding differs at most in the last bit) */
+            const int same = i == 3 || i == 5 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i] : got[i] == want[i];
+            if (!same) {
+                traffic_ok = 0;
+                printf("[rank %d] step %d: %s counted %.0f B, plan %.0f B\n", RANK, k, what[i], got[i], want[i]);
+            }
+            if (k == 0 && RANK == 0 && (got[i] > 0 || want[i] > 0))
+                printf("  rank 0 %-26s counted %10.0f B  plan %10.0f B\n", what[i], got[i], want[i]);
+        }
+        if (ps.fsdp) fsdp_adamw_step(ps.fsdp, &os, oc.lr, (float)so.loss, &gn);
+        else if (ps.ep) ep_adamw_step(ps.ep, &os, &m, oc.lr, (float)so.loss, &gn);
+        else adamw_step(&os, &m, oc.lr, (float)so.loss, &gn);
+    }
+    CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
+            gfsdp, gep, gsp, gpp);
+
+    /* memory: moerl's own accounting against plan's per-rank figures (the 10% bar of the brief) */
+    if (ps.fsdp) {
+        fsdp_stats st;
+        fsdp_get_stats(ps.fsdp, &st);
+        const double e1 = rel((double)st.shard_floats * 4, pr.weights), e2 = rel(st.peak_gathered_bytes, pr.gathered);
+        worst_mem = fmax(e1, e2);
+        CHECK_R(e1 < 0.10 && e2 < 0.10, "FSDP shard %.0f B (plan %.0f), peak gathered %.0f B (plan %.0f)", RANK,
+                (double)st.shard_floats * 4, pr.weights, st.peak_gathered_bytes, pr.gathered);
+        if (RANK == 0)
+            printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f)\n",
+                   (double)st.shard_floats * 4, pr.weights, st.peak_gathered_bytes, pr.gathered);
+    } else {
+        const double e1 = rel((double)m.n_params * 4, pr.weights);
+        worst_mem = e1;
+        CHECK_R(e1 < 0.10, "parameters on the rank %.0f B, plan %.0f B", RANK, (double)m.n_params * 4, pr.weights);
+        if (RANK == 0) printf("  parameters on rank 0: %.0f B (plan %.0f)\n", (double)m.n_params * 4, pr.weights);
+    }
+    if (ps.pp) { /* plan's stage cut is moerl's */
+        double d, e;
+        int l0, l1, lo, hi;
+        MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage, &d, &e, &l0, &l1) == MOERL_OK);
+        pp_stage_layers(ps.pp, &lo, &hi);
+        CHECK_R(l0 == lo && l1 == hi, "stage %d: plan's layers [%d, %d), the pipeline's [%d, %d)", RANK, stage, l0, l1,
+                lo, hi);
+    }
+    if (RANK == 0) printf("fsdp %d ep %d sp %d pp %d over %d ranks: traffic %s, memory within %.1f%%\n", gfsdp, gep, gsp,
+                          gpp, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
+    dist_reducer_free(red);
+    model_acts_free(&acts);
+    adamw_free(&os);
+    par_state_free(&ps);
+    model_free(&m);
+    cfg_free(kc);
+    return dist_test_finish(g_ctx);
+}
