@@ -335,11 +335,17 @@ int rl_read_config(const cfg *c, rl_config *r) {
         return moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not available on the trainer ranks "
                             "of moerl rl yet (FSDP, Ulysses and the pipeline are; `moerl sft` under mpirun takes it)",
                             pc->expert_parallel_size);
-    if (fsdp > 1 && r->grad_compression != GRAD_COMPRESSION_NONE)
-        return moerl_errorf("actor.grad_compression compresses the data-parallel all-reduce, and FSDP "
-                            "(actor.fsdp_config.fsdp_size=%d) reduces gradients by reduce-scatter instead: use "
-                            "actor.grad_compression=none with FSDP",
-                            fsdp);
+    if (pp > 1 && (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1))
+        return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism: "
+                            "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
+                            "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
+                            pp, fsdp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+    if ((fsdp > 1 || pp > 1) && r->grad_compression != GRAD_COMPRESSION_NONE)
+        return moerl_errorf("actor.grad_compression compresses the data-parallel reducer's all-reduce; FSDP "
+                            "(actor.fsdp_config.fsdp_size=%d) reduce-scatters and the pipeline "
+                            "(actor.pipeline_parallel_size=%d) sums each stage's gradients itself: use "
+                            "actor.grad_compression=none with them",
+                            fsdp, pp);
     return MOERL_OK;
 }
 
