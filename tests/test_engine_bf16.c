@@ -2,7 +2,9 @@
  * panel kernel (gemm_packed16_*): the kernel equals the fp32 panel kernel on bf16-rounded
  * weights; the bf16 engine equals the fp32 engine run on bf16-rounded weights; its logprobs stay
  * within a stated distance of the fp32 engine's on the original weights; the caller's weights are
- * untouched and an in-place reload (engine_weight_buffer + engine_set_version) is rounded too.
+ * untouched and an in-place reload (engine_weight_buffer + engine_set_version) is rounded too; bf16
+ * weights loaded directly (engine_weight_buffer_bf16 / engine_load_weights_bf16, what a rollout rank
+ * receiving a bf16 weight broadcast does) give bit-identical weights and logits.
  * Model: the PyTorch-checked test model B (tests/ref/gen_model.py: H 64, 2 layers, 16 experts
  * top-4, head_dim 16, V 131). */
 #include "base/common.h"
@@ -188,6 +190,37 @@ static void test_engine_bf16(void) {
     decode(e16, V, steps, l16b, t16b);
     CHECK(!memcmp(l16b, l16, nl * sizeof(float)), "reload via engine_weight_buffer + engine_set_version == engine_load_weights");
     CHECK(engine_version(e16) == 1, "version");
+
+    /* 4. bf16 weights straight in (a rollout rank receiving a bf16 broadcast): engine_weight_buffer_bf16
+     *    filled with bf16(orig), engine_set_version_bf16 — the same fp32 weights (bit for bit: the
+     *    bf16-rounded values) and the same logits, bit for bit, as rounding fp32 weights on load.
+     *    Loaded over different weights first, so a load that did nothing would show. */
+    uint16_t *w16 = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) w16[i] = f32_to_bf16(orig[i]);
+    float *other = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) other[i] = orig[i] * 0.5f;
+    CHECK(engine_load_weights(e16, other, n, 7) == MOERL_OK, "load other weights");
+    uint16_t *dst = engine_weight_buffer_bf16(e16);
+    CHECK(dst != NULL, "bf16 buffer of a bf16 engine: %s", moerl_last_error());
+    if (dst) {
+        memcpy(dst, w16, n * sizeof(uint16_t));
+        CHECK(engine_set_version_bf16(e16, 2) == MOERL_OK && engine_version(e16) == 2, "engine_set_version_bf16");
+        CHECK(!memcmp(engine_model(e16)->params, rounded, n * sizeof(float)),
+              "bf16 in place: the engine's fp32 weights == the bf16-rounded weights, bit for bit");
+        decode(e16, V, steps, l16b, t16b);
+        CHECK(!memcmp(l16b, l16, nl * sizeof(float)), "bf16 in place: logits == engine_load_weights of fp32, bit for bit");
+    }
+    CHECK(engine_load_weights(e16, other, n, 7) == MOERL_OK, "load other weights");
+    CHECK(engine_load_weights_bf16(e16, w16, n, 3) == MOERL_OK && engine_version(e16) == 3, "engine_load_weights_bf16");
+    decode(e16, V, steps, l16b, t16b);
+    CHECK(!memcmp(l16b, l16, nl * sizeof(float)), "engine_load_weights_bf16: logits == engine_load_weights of fp32");
+    CHECK(engine_load_weights_bf16(e16, w16, n - 1, 3) == MOERL_ERR && strstr(moerl_last_error(), "layout has"),
+          "wrong size refused: %s", moerl_last_error());
+    CHECK(engine_weight_buffer_bf16(e32) == NULL && strstr(moerl_last_error(), "fp32"),
+          "an fp32 engine has no bf16 buffer: %s", moerl_last_error());
+    CHECK(engine_load_weights_bf16(e32, w16, n, 3) == MOERL_ERR && engine_set_version_bf16(e32, 3) == MOERL_ERR,
+          "an fp32 engine refuses bf16 weights");
+    free(w16); free(other);
 
     free(a); free(b); free(l16b); free(t16b);
     engine_free(e16); engine_free(er); engine_free(e32);

@@ -235,6 +235,9 @@ void gemm_packed_nt_rows(float *out, int ldo, const float *const *rows, const fl
  * bf16-rounded weights. gemm_packed16_nt takes a row-major a[m, I] instead of row pointers.
  * Single-threaded. */
 void gemm_packed16_pack(uint16_t *P, const float *W, int O, int I);
+/* The same panels from weights already in bf16 (W[O, I] bf16 bits, e.g. a bf16 weight broadcast): a
+ * copy into the layout, no rounding; equals gemm_packed16_pack of their fp32 widening. */
+void gemm_packed16_pack_bf16(uint16_t *P, const uint16_t *W, int O, int I);
 void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
                            int o1);
 void gemm_packed16_nt(float *out, int ldo, const float *a, const uint16_t *P, int m, int I, int o0, int o1);

@@ -228,14 +228,19 @@ static void send_ack(rollout_rank *W, int kind) {
 static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
-    /* straight into the engine's weights: a rollout rank holds one copy, no training model */
-    CHECK_OK(dist_bcast_weights(ctx, engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1, NULL),
+    /* straight into the engine's weights: a rollout rank holds one copy, no training model; bf16
+     * (rollout.dtype bf16) travels as bf16 into the engine's buffer (engine_weight_buffer_bf16) */
+    const int bf16 = W->cfg->bf16_weights;
+    CHECK_OK(bf16 ? dist_bcast_weights_bf16(ctx, NULL, engine_weight_buffer_bf16(W->R.eng), W->m->n_params, &v, 2,
+                                            NULL)
+                  : dist_bcast_weights(ctx, engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1, NULL),
              "receiving the weights");
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
-    engine_set_version(W->R.eng, v);
+    if (bf16) CHECK_OK(engine_set_version_bf16(W->R.eng, v), "loading the bf16 weights");
+    else engine_set_version(W->R.eng, v);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
@@ -754,7 +759,9 @@ static int dist_sync(job *J, int version, double *rb, double *ri) {
     dist_xfer_stats xs;
     int v = version;
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
-    CHECK_OK(dist_bcast_weights(ctx, J->m->params, J->m->n_params, &v, bucket, &xs), "weight broadcast");
+    CHECK_OK(cfg->bf16_weights ? dist_bcast_weights_bf16(ctx, J->m->params, NULL, J->m->n_params, &v, bucket, &xs)
+                               : dist_bcast_weights(ctx, J->m->params, J->m->n_params, &v, bucket, &xs),
+             "weight broadcast");
     pthread_mutex_lock(&L->mu);
     L->blocked = 0;
     pthread_mutex_unlock(&L->mu);
@@ -862,7 +869,9 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     dist_xfer_stats xs;
     int v = J->T.version;
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
-    CHECK_OK(dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs), "initial weight broadcast");
+    CHECK_OK(cfg->bf16_weights ? dist_bcast_weights_bf16(ctx, m->params, NULL, m->n_params, &v, bucket, &xs)
+                               : dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs),
+             "initial weight broadcast");
     J->T.dist = ctx;
     J->T.par = trainer_par_init(ctx, cfg, m);
     J->T.reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);

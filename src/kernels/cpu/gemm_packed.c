@@ -116,6 +116,20 @@ void gemm_packed16_pack(uint16_t *P, const float *W, int O, int I) {
     }
 }
 
+void gemm_packed16_pack_bf16(uint16_t *P, const uint16_t *W, int O, int I) {
+    MOERL_ASSERT(O >= 0 && I >= 0);
+    const int nb = (O + NZ_W - 1) / NZ_W;
+    for (int b = 0; b < nb; b++) {
+        uint16_t *pb = P + (size_t)b * I * NZ_W;
+        const int lanes = MOERL_MIN(NZ_W, O - b * NZ_W);
+        for (int i = 0; i < I; i++) {
+            uint16_t *d = pb + (size_t)i * NZ_W;
+            for (int l = 0; l < lanes; l++) d[l] = W[(size_t)(b * NZ_W + l) * I + i];
+            for (int l = lanes; l < NZ_W; l++) d[l] = 0;
+        }
+    }
+}
+
 /* 16 bf16 weights → two vectors of 8 fp32 (exact). */
 static inline void bf16x16_load(const uint16_t *p, v8f *lo, v8f *hi) {
 #ifdef __AVX2__
