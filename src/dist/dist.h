@@ -142,7 +142,8 @@ int dist_weight_header_check(const dist_weight_header *h, size_t n_expected, dis
 /* fp32 → bf16, round to nearest, ties to even; NaN keeps its sign and top payload bits and is made
  * quiet (bit 6 of the bf16 set). Bit-identical to f32_to_bf16 (src/model/safetensors.h), which the
  * rollout engine rounds with, and to gemm_packed16_pack's rounding; branch-free, so it vectorises.
- * dst and src must not overlap. */
+ * dst and src must not overlap. Runs on the OpenMP threads from n ≥ 65536 on (memory-bound: one
+ * thread reaches about half the machine's copy bandwidth). */
 void dist_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 
 typedef struct {
@@ -173,8 +174,9 @@ int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, siz
 /* The same broadcast with a bf16 payload (half the bytes): for rollout ranks whose engine computes
  * from bf16 weights (rollout.dtype bf16). The root (trainer rank 0) reads its fp32 master weights
  * src[n] and rounds them bucket by bucket (dist_f32_to_bf16) into a ring of staging buffers — at most
- * max(2 buckets, 256 MiB) and never more than 16 buckets, the broadcasts in flight — each broadcast as
- * soon as it is rounded, so rounding overlaps the transfer and no full bf16 copy is made on the root;
+ * max(2 buckets, 64 MiB) and never more than 16 buckets, the broadcasts in flight; kept by the context
+ * for the next call — each broadcast as soon as it is rounded (the root tests the broadcasts in flight
+ * while it rounds, so they progress meanwhile) and no full bf16 copy is made on the root;
  * bucket_bytes counts wire bytes (rounded down to whole bf16 values, at least 2). Every rollout rank
  * receives the rounded values into dst[n]. The header says bf16: a rollout rank calling the fp32
  * dist_bcast_weights fails naming both types, and vice versa. The values equal rounding the fp32

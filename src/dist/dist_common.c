@@ -104,6 +104,7 @@ int dist_weight_header_check(const dist_weight_header *h, size_t n_expected, dis
 void dist_f32_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n) {
     /* The rounding of f32_to_bf16 without its branch: add 0x7fff plus the lowest kept bit, truncate;
      * a NaN (|bits| above the infinity's) instead keeps its top 16 bits with the quiet bit set. */
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
     for (size_t i = 0; i < n; i++) {
         uint32_t x;
         memcpy(&x, src + i, 4);

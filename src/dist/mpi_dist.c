@@ -31,6 +31,8 @@
 
 struct dist_impl {
     MPI_Comm world, p2p, trainer, sync;
+    uint16_t *bf16_ring; /* the root's bf16 staging slots (dist_bcast_weights_bf16), kept between calls */
+    size_t bf16_ring_cap; /* its capacity in values */
 };
 
 /* The abort hook has no argument for a context; these two identify the rank in its message. */
@@ -106,6 +108,7 @@ void dist_finalize(dist_ctx *ctx) {
     free_role_comms(ctx);
     MPI_CHECK(MPI_Comm_free(&ctx->impl->world));
     MPI_CHECK(MPI_Comm_free(&ctx->impl->p2p));
+    free(ctx->impl->bf16_ring);
     free(ctx->impl);
     free(ctx);
     moerl_set_abort_hook(NULL);
@@ -200,7 +203,9 @@ void dist_abort(dist_ctx *ctx, const char *msg) {
 
 /* bf16 staging on the root: ring slots of one bucket each, at most this many bytes in all (but at
  * least 2 slots, so rounding the next bucket overlaps the broadcast of the last). */
-#define BF16_RING_BYTES ((size_t)256 << 20)
+#define BF16_RING_BYTES ((size_t)64 << 20)
+/* Values rounded between two progress tests of the broadcasts in flight (512 KiB of bf16). */
+#define BF16_ROUND_CHUNK 262144
 
 /* The broadcast of dist_bcast_weights (dtype F32: buf = params, in and out) and
  * dist_bcast_weights_bf16 (dtype BF16: src read on the root, dst written where given). */
@@ -274,16 +279,37 @@ static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float 
         int slots = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX((size_t)2, BF16_RING_BYTES / (bv * esz)));
         slots = (int)MOERL_MIN((size_t)slots, MOERL_MAX(nb_total, (size_t)1));
         window = slots; /* a slot is rewritten only after its previous broadcast completed */
-        uint16_t *ring = dst ? NULL : xmalloc((size_t)slots * bv * esz);
+        uint16_t *ring = NULL;
+        if (!dst) { /* kept between calls: fresh pages every sync would cost a fault per 4 KiB */
+            struct dist_impl *I = ctx->impl;
+            if (I->bf16_ring_cap < (size_t)slots * bv) {
+                free(I->bf16_ring);
+                I->bf16_ring_cap = (size_t)slots * bv;
+                I->bf16_ring = xalloc_aligned(I->bf16_ring_cap * esz);
+            }
+            ring = I->bf16_ring;
+        }
+        int oldest = 0; /* first bucket whose broadcast may still be in flight */
         for (size_t off = 0; off < n; off += bv, nb++) {
             const size_t cnt = MOERL_MIN(bv, n - off);
             if (nb >= slots) MPI_CHECK(MPI_Wait(&win[nb % slots], MPI_STATUS_IGNORE));
+            oldest = MOERL_MAX(oldest, nb - slots + 1);
             uint16_t *b = dst ? dst + off : ring + (size_t)(nb % slots) * bv;
-            dist_f32_to_bf16(b, src + off, cnt);
+            /* Round in chunks and test the oldest broadcast in flight between them: Open MPI moves a
+             * nonblocking broadcast only inside MPI calls, so without the tests the rollout ranks would
+             * wait for the whole rounding of this bucket before receiving the previous one. */
+            for (size_t k = 0; k < cnt; k += BF16_ROUND_CHUNK) {
+                dist_f32_to_bf16(b + k, src + off + k, MOERL_MIN((size_t)BF16_ROUND_CHUNK, cnt - k));
+                while (oldest < nb) {
+                    int done = 0;
+                    MPI_CHECK(MPI_Test(&win[oldest % slots], &done, MPI_STATUS_IGNORE));
+                    if (!done) break;
+                    oldest++;
+                }
+            }
             MPI_CHECK(MPI_Ibcast(b, (int)cnt, MPI_UINT16_T, 0, c, &win[nb % slots]));
         }
         for (int i = MOERL_MAX(0, nb - slots); i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % slots], MPI_STATUS_IGNORE));
-        free(ring);
         window = 0; /* all waited */
     }
     for (int i = MOERL_MAX(0, nb - window); window && i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % window], MPI_STATUS_IGNORE));
