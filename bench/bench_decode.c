@@ -44,15 +44,23 @@
  * the two traffic bounds allow, 32·bytes(1)/bytes(32): with E = 32, top-4 a batch of 32 reads
  * nearly every expert, so that ratio is below 8 for model B.
  *
+ * --bf16: a second engine on the same weights with engine_config.bf16_weights (rollout.dtype bf16)
+ * decodes right after the fp32 one at every batch size of every repetition; printed: its tokens/s
+ * and the median over repetitions of bf16 / fp32 tokens/s (each ratio from one back-to-back pair),
+ * and the bf16 engine's weight load: fp32 weights rounded on load (engine_load_weights) against bf16
+ * weights loaded in place (engine_weight_buffer_bf16 + engine_set_version_bf16, what a rollout rank
+ * does after a bf16 weight broadcast; the copy into the buffer, the broadcast's part, is not timed).
+ *
  * Usage: bench_decode [--model A|B|all] [--reps N (≥ 3, default 5)] [--batches 1,8,32,64]
  *                     [--prompt-len 16] [--max-tokens 32] [--prefill-seqs 8] [--prefill-len 256]
- *                     [--stream-mb MB per array] [--json]
+ *                     [--stream-mb MB per array] [--bf16] [--json]
  * --json prints one JSON object on stdout (the human-readable lines then go to stderr).
  * Threads: OMP_NUM_THREADS (OpenBLAS is the OpenMP build and shares the pool).
  */
 #include "base/common.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "rollout/engine.h"
 
 #include <cblas.h>
@@ -171,8 +179,9 @@ static double decode_bytes_per_step(const moe_model *m, int b, double *total_byt
 
 /* ------------------------------------------------------------------ engine runs */
 
-static engine *engine_for(const moe_model *m, int seqs, int max_len, int budget) {
-    engine_config ec = {.max_num_seqs = seqs, .max_model_len = max_len, .max_num_batched_tokens = budget};
+static engine *engine_for(const moe_model *m, int seqs, int max_len, int budget, int bf16) {
+    engine_config ec = {.max_num_seqs = seqs, .max_model_len = max_len, .max_num_batched_tokens = budget,
+                        .bf16_weights = bf16};
     engine *e = engine_create(&m->cfg, ec);
     if (!e || engine_load_weights(e, m->params, m->n_params, 0) != MOERL_OK)
         moerl_fatal("bench_decode: engine: %s", moerl_last_error());
@@ -252,7 +261,7 @@ static double read_bandwidth_once(const float *a, size_t n) {
 
 static stat3 bench_prefill(const moe_model *m, int seqs, int len, int reps) {
     const int V = m->cfg.vocab_size;
-    engine *e = engine_for(m, seqs, len + 2, seqs * len);
+    engine *e = engine_for(m, seqs, len + 2, seqs * len, 0);
     gen_request *r = xcalloc(seqs, sizeof *r), **done = xmalloc(seqs * sizeof *done);
     int *prompts = xmalloc((size_t)seqs * len * sizeof(int));
     double *ts = xmalloc(reps * sizeof(double));
@@ -277,7 +286,7 @@ static stat3 bench_prefill(const moe_model *m, int seqs, int len, int reps) {
 static void usage(void) {
     fprintf(stderr, "usage: bench_decode [--model A|B|all] [--reps N (>= 3)] [--batches 1,8,32,64] [--prompt-len 16]\n"
                     "                    [--max-tokens 32] [--prefill-seqs 8] [--prefill-len 256] [--stream-mb MB]"
-                    " [--json]\n");
+                    " [--bf16] [--json]\n");
     exit(2);
 }
 
@@ -288,6 +297,9 @@ typedef struct {
     double step_ms;     /* median ms per decode step */
     double bytes_step;  /* weight bytes one step reads (uniform-routing expectation) */
     double of_traffic;  /* median of tokens/s ÷ (bandwidth · b / bytes_step), per repetition */
+    stat3 tok_s16;      /* --bf16: decode tokens/s of the bf16-weight engine */
+    stat3 ratio16;      /* --bf16: bf16 tokens/s ÷ fp32 tokens/s, per repetition */
+    double step_ms16, sample_frac16;
 } decode_result;
 
 typedef struct {
@@ -302,10 +314,11 @@ typedef struct {
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
     const char *which = "all";
-    int reps = 5, plen = 16, max_tokens = 32, pf_seqs = 8, pf_len = 256, json = 0, stream_mb = 0;
+    int reps = 5, plen = 16, max_tokens = 32, pf_seqs = 8, pf_len = 256, json = 0, stream_mb = 0, bf16 = 0;
     int batches[MAX_BATCHES] = {1, 8, 32, 64}, nb = 4;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--json")) { json = 1; continue; }
+        if (!strcmp(argv[a], "--bf16")) { bf16 = 1; continue; }
         if (a + 1 >= argc) usage();
         const char *k = argv[a], *v = argv[++a];
         if (!strcmp(k, "--model")) which = v;
@@ -386,7 +399,12 @@ int main(int argc, char **argv) {
         /* Decode: one engine with max_num_seqs = the largest batch serves every batch size; the
          * batch sizes are interleaved within each repetition so that load from other processes
          * hits them alike, and the ratios are taken per repetition. */
-        engine *e = engine_for(&m, maxb, plen + max_tokens + 1, maxb * plen);
+        engine *e = engine_for(&m, maxb, plen + max_tokens + 1, maxb * plen, 0);
+        /* --bf16: a second engine on the same weights computing from bf16 (rollout.dtype bf16), run
+         * right after the fp32 one at every batch size of every repetition */
+        engine *e16 = bf16 ? engine_for(&m, maxb, plen + max_tokens + 1, maxb * plen, 1) : NULL;
+        double *ts16 = xcalloc((size_t)nb * reps, sizeof(double)), *rt16 = xcalloc((size_t)nb * reps, sizeof(double)),
+               *sm16 = xcalloc((size_t)nb * reps, sizeof(double)), *sf16 = xcalloc((size_t)nb * reps, sizeof(double));
         gen_request *rq = xcalloc(maxb, sizeof *rq), **done = xmalloc(maxb * sizeof *done);
         int *prompts = xmalloc((size_t)maxb * plen * sizeof(int));
         double *ts = xmalloc((size_t)nb * reps * sizeof(double)), *sf = xmalloc((size_t)nb * reps * sizeof(double)),
@@ -406,6 +424,14 @@ int main(int argc, char **argv) {
                 sf[(size_t)i * reps + rep] = f;
                 sm[(size_t)i * reps + rep] = st;
                 oft[(size_t)i * reps + rep] = tok / (bw * 1e9 * batches[i] / bytes_step[i]);
+                if (e16) {
+                    const double tok16 = decode_once(e16, cfg.vocab_size, batches[i], plen, max_tokens, 17 + rep, rq,
+                                                     done, prompts, &f, &st);
+                    ts16[(size_t)i * reps + rep] = tok16;
+                    rt16[(size_t)i * reps + rep] = tok16 / tok;
+                    sm16[(size_t)i * reps + rep] = st;
+                    sf16[(size_t)i * reps + rep] = f;
+                }
             }
             if (rep < 0) continue;
             if (i1 >= 0) {
@@ -427,7 +453,40 @@ int main(int argc, char **argv) {
                        "%.1f MB, %5.1f%% of their bandwidth bound\n",
                     d->batch, d->tok_s.med, d->tok_s.lo, d->tok_s.hi, d->step_ms, 100 * d->sample_frac,
                     d->bytes_step / 1e6, 100 * d->of_traffic);
+            if (e16) {
+                d->tok_s16 = stats_of(ts16 + (size_t)i * reps, reps);
+                d->ratio16 = stats_of(rt16 + (size_t)i * reps, reps);
+                d->step_ms16 = stats_of(sm16 + (size_t)i * reps, reps).med;
+                d->sample_frac16 = stats_of(sf16 + (size_t)i * reps, reps).med;
+                fprintf(o, "     bf16 weights %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%; bf16 / "
+                           "fp32 %.2fx (%.2f-%.2f, per repetition)\n",
+                        d->batch, d->tok_s16.med, d->tok_s16.lo, d->tok_s16.hi, d->step_ms16, 100 * d->sample_frac16,
+                        d->ratio16.med, d->ratio16.lo, d->ratio16.hi);
+            }
         }
+        if (e16) { /* weight load: fp32 weights rounded on load vs bf16 weights loaded directly */
+            double *tl = xmalloc(reps * sizeof(double)), *tl16 = xmalloc(reps * sizeof(double));
+            uint16_t *w16 = xmalloc(m.n_params * sizeof(uint16_t));
+            for (size_t k = 0; k < m.n_params; k++) w16[k] = f32_to_bf16(m.params[k]);
+            for (int rep = -1; rep < reps; rep++) {
+                double t0 = moerl_now();
+                if (engine_load_weights(e16, m.params, m.n_params, 1) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+                double t1 = moerl_now();
+                uint16_t *dst = engine_weight_buffer_bf16(e16);
+                memcpy(dst, w16, m.n_params * sizeof(uint16_t)); /* what a broadcast writes (not timed) */
+                double t2 = moerl_now();
+                if (engine_set_version_bf16(e16, 1) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+                double t3 = moerl_now();
+                if (rep >= 0) tl[rep] = 1e3 * (t1 - t0), tl16[rep] = 1e3 * (t3 - t2);
+            }
+            const stat3 a32 = stats_of(tl, reps), a16 = stats_of(tl16, reps);
+            fprintf(o, "  bf16 engine weight load: fp32 weights (copy, round, pack) %.1f ms (%.1f-%.1f); bf16 weights in "
+                       "place (pack, widen) %.1f ms (%.1f-%.1f)\n",
+                    a32.med, a32.lo, a32.hi, a16.med, a16.lo, a16.hi);
+            free(tl); free(tl16); free(w16);
+        }
+        engine_free(e16);
+        free(ts16); free(rt16); free(sm16); free(sf16);
         if (i1 >= 0) {
             R->bound_tok_s = stats_of(bound, reps);
             R->ratio = stats_of(ratio, reps);

@@ -15,6 +15,8 @@
 #              (build/moerl, mode sync = the same schedule) bit for bit: metrics and checkpoint
 #              weights. The DP=2 update itself is checked against DP=1 at the trainer level by
 #              tests/test_dist_dp.c; here the job also asserts identical weights on all trainer ranks.
+#   bf16 sync  rollout.dtype bf16: the broadcast moves half the bytes of the fp32 one, and DP=1 under
+#              mpirun (bf16 on the wire) equals the one-process job (fp32 rounded on load) bit for bit
 #   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
 #              every prompt of 4 epochs is trained exactly once over the two runs
 #   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
@@ -200,6 +202,16 @@ elif cmd == "weights_close":  # checkpoint/{model,optimizer}.safetensors of two 
             fail("%s: max |difference| %.3g > %g" % (f, worst, tol))
         msg.append("%s max |diff| %.2g" % (f.split(".")[0], worst))
     print(", ".join(msg))
+elif cmd == "half_bytes":  # every version's weight broadcast moved half the bytes of the other run's
+    a, b = version_rows(d), version_rows(args[0])
+    if len(a) != len(b) or not a:
+        fail("%d vs %d version records" % (len(a), len(b)))
+    for i, (x, y) in enumerate(zip(a, b)):
+        if not (x["perf/weight_bcast_bytes"] > 0 and 2 * x["perf/weight_bcast_bytes"] == y["perf/weight_bcast_bytes"]):
+            fail("version %d: %s bytes broadcast, the fp32 run %s (want exactly half)"
+                 % (i + 1, x["perf/weight_bcast_bytes"], y["perf/weight_bcast_bytes"]))
+    print("%d bytes per broadcast (fp32: %d) over %d versions"
+          % (a[0]["perf/weight_bcast_bytes"], b[0]["perf/weight_bcast_bytes"], len(a)))
 else:
     fail("unknown check " + cmd)
 EOF
@@ -268,6 +280,22 @@ if mpi_rl syn_mpi 2 1 "${SYN[@]}" && "$MOERL" rl --config examples/smoke.yaml "$
     else bad "mpirun vs one process weights" "checkpoint/model.safetensors differ (or missing)"; fi
 else
     bad "mpirun vs one process" "a run failed"; tail_log syn_mpi; tail_log syn_one
+fi
+
+# (c) rollout.dtype bf16: the weight broadcast carries bf16 (rounded on the trainer, loaded as bf16 by
+# the rollout rank): half the bytes of (b)'s fp32 broadcast, and the job still reproduces the
+# single-process bf16 job — which hands fp32 weights to its engine and rounds them on load — bit for bit
+if mpi_rl syn_mpi16 2 1 "${SYN[@]}" rollout.dtype=bf16 && "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    "${SYN[@]}" rollout.dtype=bf16 async_training.mode=sync trainer.default_local_dir="$WORK/syn_one16" \
+    >"$WORK/syn_one16.json" 2>"$WORK/syn_one16.log"; then
+    if msg=$(check half_bytes "$WORK/syn_mpi16" "$WORK/syn_mpi"); then ok "bf16 weight sync: $msg"
+    else bad "bf16 weight sync bytes" "$msg"; fi
+    if msg=$(check same_metrics "$WORK/syn_mpi16" "$WORK/syn_one16") &&
+        cmp -s "$WORK/syn_mpi16/samples.jsonl" "$WORK/syn_one16/samples.jsonl"; then
+        ok "bf16 weight sync under mpirun = one process rounding on load: identical samples, $msg"
+    else bad "bf16 mpirun vs one process" "${msg:-samples.jsonl differ}"; fi
+else
+    bad "bf16 weight sync" "a run failed"; tail_log syn_mpi16; tail_log syn_one16
 fi
 
 # ---------------------------------------------------------------- compressed gradient all-reduce

@@ -21,6 +21,7 @@
 #include "base/rng.h"
 #include "dist/dist.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "dist_test.h"
 #include "test.h"
 
@@ -370,7 +371,7 @@ static void test_bcast(void) {
         const char *e = moerl_last_error();
         CHECK_R(rc == MOERL_ERR, "mismatched broadcast must fail on every member", RANK);
         if (RANK == 0)
-            CHECK_R(strstr(e, "1000 floats") && strstr(e, "holds 999") && version == 3,
+            CHECK_R(strstr(e, "1000 fp32 values") && strstr(e, "holds 999") && version == 3,
                     "mismatching rank names both sizes and keeps its version: %s", RANK, e);
         else if (root)
             CHECK_R(strstr(e, "rejected") && strstr(e, "world rank 0"), "root names the rejecting rank: %s", RANK, e);
@@ -420,18 +421,171 @@ static void test_bcast(void) {
     }
     /* header validation on its own */
     dist_weight_header h;
-    dist_weight_header_make(&h, 3, 10, 4);
-    CHECK_R(dist_weight_header_check(&h, 10) == MOERL_OK, "good header", RANK);
+    dist_weight_header_make(&h, 3, 10, 4, DIST_WDTYPE_F32);
+    CHECK_R(dist_weight_header_check(&h, 10, DIST_WDTYPE_F32) == MOERL_OK, "good header", RANK);
     h.magic[0] = 'X';
-    CHECK_R(dist_weight_header_check(&h, 10) == MOERL_ERR && strstr(moerl_last_error(), "magic 'XOERLWB1'"),
+    CHECK_R(dist_weight_header_check(&h, 10, DIST_WDTYPE_F32) == MOERL_ERR &&
+                strstr(moerl_last_error(), "magic 'XOERLWB1'"),
             "bad magic: %s", RANK, moerl_last_error());
-    dist_weight_header_make(&h, 3, 10, 4);
-    h.format = 2;
-    CHECK_R(dist_weight_header_check(&h, 10) == MOERL_ERR && strstr(moerl_last_error(), "format version 2"),
+    dist_weight_header_make(&h, 3, 10, 4, DIST_WDTYPE_F32);
+    h.format = 1;
+    CHECK_R(dist_weight_header_check(&h, 10, DIST_WDTYPE_F32) == MOERL_ERR &&
+                strstr(moerl_last_error(), "format version 1"),
             "bad format: %s", RANK, moerl_last_error());
-    dist_weight_header_make(&h, 3, 10, 4);
-    CHECK_R(dist_weight_header_check(&h, 11) == MOERL_ERR && strstr(moerl_last_error(), "holds 11"),
+    dist_weight_header_make(&h, 3, 10, 4, DIST_WDTYPE_F32);
+    CHECK_R(dist_weight_header_check(&h, 11, DIST_WDTYPE_F32) == MOERL_ERR && strstr(moerl_last_error(), "holds 11"),
             "size mismatch: %s", RANK, moerl_last_error());
+    dist_weight_header_make(&h, 3, 10, 4, DIST_WDTYPE_BF16);
+    CHECK_R(dist_weight_header_check(&h, 10, DIST_WDTYPE_BF16) == MOERL_OK, "good bf16 header", RANK);
+    CHECK_R(dist_weight_header_check(&h, 10, DIST_WDTYPE_F32) == MOERL_ERR &&
+                strstr(moerl_last_error(), "sent as bf16") && strstr(moerl_last_error(), "expects fp32"),
+            "dtype mismatch: %s", RANK, moerl_last_error());
+}
+
+/* ---------------- bf16 weight broadcast ---------------- */
+
+/* dist_f32_to_bf16 == f32_to_bf16 (the engine's rounding) for every sign/exponent/top-mantissa
+ * pattern (all 65536 upper halves: zeros, subnormals, infinities, every NaN class) combined with the
+ * lower halves that decide the rounding: 0, 1, just below / at / just above the tie (0x7fff, 0x8000,
+ * 0x8001), 0xffff (carry into the exponent) and a random one. */
+static void test_bf16_rounding(void) {
+    const uint32_t lows[6] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff};
+    enum { N = 65536 * 7 };
+    float *x = xmalloc(N * sizeof(float));
+    uint16_t *got = xmalloc(N * sizeof(uint16_t));
+    rng_state g;
+    rng_seed(&g, 4242);
+    for (uint32_t hi = 0; hi < 65536; hi++)
+        for (int k = 0; k < 7; k++) {
+            const uint32_t u = hi << 16 | (k < 6 ? lows[k] : (uint32_t)rng_below(&g, 65536));
+            memcpy(&x[hi * 7 + k], &u, 4);
+        }
+    dist_f32_to_bf16(got, x, N);
+    size_t bad = 0, first = N;
+    for (size_t i = 0; i < N; i++)
+        if (got[i] != f32_to_bf16(x[i])) bad++, first = first < N ? first : i;
+    uint32_t fu = 0;
+    if (first < N) memcpy(&fu, &x[first], 4);
+    CHECK_R(bad == 0, "dist_f32_to_bf16 == f32_to_bf16 on %d bit patterns (%zu differ, first 0x%08x)", RANK, N, bad,
+            fu);
+    free(x);
+    free(got);
+}
+
+static void test_bcast_bf16(void) {
+    dist_ctx *ctx = g_ctx;
+    const int P = ctx->world_size;
+    CHECK_R(dist_split_roles(ctx, 1) == MOERL_OK, "split 1 trainer: %s", RANK, moerl_last_error());
+    const int root = ctx->sync_rank == 0;
+    const size_t sizes[2] = {257, 100003};
+    /* wire bytes per bucket: 1 value, 7 values, 3 bytes (→ 1 value), 4000 B (more buckets than the
+     * 16 staging slots: the ring is reused), 256 KiB, larger than the payload */
+    const size_t buckets[6] = {2, 14, 3, 4000, 262144, 1u << 22};
+    int k = 0;
+    for (int si = 0; si < 2; si++) {
+        const size_t n = sizes[si];
+        float *w = xmalloc(n * sizeof(float)), *w32 = xmalloc(n * sizeof(float));
+        uint16_t *got = xmalloc(n * sizeof(uint16_t)), *want = xmalloc(n * sizeof(uint16_t));
+        for (int bi = 0; bi < 6; bi++, k++) {
+            if (si == 1 && buckets[bi] < 8) continue;
+            fill_weights(w, n, 200 + k);
+            for (size_t i = 0; i < n; i++) want[i] = f32_to_bf16(w[i]); /* what the engine rounds to on load */
+            if (!root) memset(w, 0xAB, n * sizeof(float)); /* src is the root's alone */
+            memset(got, 0xCD, n * sizeof(uint16_t));
+            int version = root ? 300 + k : -1;
+            dist_xfer_stats st;
+            /* the root keeps its dst NULL (the ring path) except for one case (rounding into dst) */
+            const int root_dst = bi == 4;
+            const int rc = dist_bcast_weights_bf16(ctx, root ? w : NULL, !root || root_dst || P == 1 ? got : NULL, n,
+                                                   &version, buckets[bi], &st);
+            CHECK_R(rc == MOERL_OK, "bf16 bcast n=%zu bucket %zu B: %s", RANK, n, buckets[bi], moerl_last_error());
+            CHECK_R(version == 300 + k, "version %d, want %d", RANK, version, 300 + k);
+            if (!root || root_dst || P == 1)
+                CHECK_R(!memcmp(got, want, n * sizeof(uint16_t)),
+                        "bf16 values == fp32 sent then rounded on load, bit for bit (n=%zu bucket %zu B)", RANK, n,
+                        buckets[bi]);
+            if (P == 1) {
+                CHECK_R(st.bytes == 0, "a sync group of one sends nothing (%zu bytes)", RANK, st.bytes);
+                continue;
+            }
+            const size_t bv = MOERL_MAX(buckets[bi] / 2, 1);
+            CHECK_R(st.bytes == n * 2 && st.n_buckets == (int)((n + bv - 1) / bv),
+                    "bf16 stats: %zu bytes, %d buckets (want %zu = half the fp32 payload, %zu)", RANK, st.bytes,
+                    st.n_buckets, n * 2, (n + bv - 1) / bv);
+            if (bi == 3) { /* the same weights as fp32: the counted bytes double */
+                fill_weights(w32, n, 200 + k);
+                if (!root) memset(w32, 0, n * sizeof(float));
+                dist_xfer_stats s32;
+                version = root ? 1 : 0;
+                CHECK_R(dist_bcast_weights(ctx, w32, n, &version, 2 * buckets[bi], &s32) == MOERL_OK &&
+                            s32.bytes == 2 * st.bytes && s32.n_buckets == st.n_buckets,
+                        "fp32 broadcast of the same weights: %zu bytes (bf16 %zu), %d buckets (bf16 %d)", RANK,
+                        s32.bytes, st.bytes, s32.n_buckets, st.n_buckets);
+            }
+        }
+        free(w);
+        free(w32);
+        free(got);
+        free(want);
+    }
+    /* empty payload: only the version travels */
+    int version = root ? 6 : 0;
+    CHECK_R(dist_bcast_weights_bf16(ctx, NULL, NULL, 0, &version, 1024, NULL) == MOERL_OK && version == 6,
+            "empty bf16 broadcast delivers the version (%d): %s", RANK, version, moerl_last_error());
+    const size_t n = 1000;
+    float *w = xmalloc(n * sizeof(float));
+    uint16_t *d = xmalloc(n * sizeof(uint16_t));
+    fill_weights(w, n, 500);
+    if (P > 1) {
+        /* dtype mismatch: the root sends bf16, world rank 0 (a rollout rank) receives fp32 — and the
+         * other way round; every member fails, the mismatching rank names both types */
+        for (int dir = 0; dir < 2; dir++) {
+            /* dir 0: root and the other rollout ranks bf16, world rank 0 fp32; dir 1: the reverse */
+            const int use_bf16 = (dir == 0) != (RANK == 0);
+            version = root ? 9 : 3;
+            const int rc = use_bf16 ? dist_bcast_weights_bf16(ctx, w, d, n, &version, 4096, NULL)
+                                    : dist_bcast_weights(ctx, w, n, &version, 4096, NULL);
+            const char *e = moerl_last_error();
+            CHECK_R(rc == MOERL_ERR, "dtype mismatch (direction %d) must fail on every member", RANK, dir);
+            if (RANK == 0)
+                CHECK_R(strstr(e, dir == 0 ? "sent as bf16" : "sent as fp32") &&
+                            strstr(e, dir == 0 ? "expects fp32" : "expects bf16") && strstr(e, "rollout.dtype") &&
+                            version == 3,
+                        "mismatching rank names both dtypes and keeps its version: %s", RANK, e);
+            else if (root)
+                CHECK_R(strstr(e, "rejected") && strstr(e, "world rank 0"), "root names the rejecting rank: %s", RANK,
+                        e);
+        }
+        /* bad arguments on the root (no src): everybody fails, receivers say the root refused */
+        version = 1;
+        const int rc2 = dist_bcast_weights_bf16(ctx, NULL, d, n, &version, 4096, NULL);
+        const char *e = moerl_last_error();
+        CHECK_R(rc2 == MOERL_ERR && (root ? strstr(e, "src") != NULL : strstr(e, "refused") != NULL),
+                "bad root arguments fail everywhere: %s", RANK, e);
+        /* the group still works afterwards */
+        fill_weights(w, n, 501);
+        version = root ? 12 : 0;
+        CHECK_R(dist_bcast_weights_bf16(ctx, w, root ? NULL : d, n, &version, 4096, NULL) == MOERL_OK && version == 12,
+                "bf16 broadcast after a failed one: %s", RANK, moerl_last_error());
+        if (!root) {
+            float *want = xmalloc(n * sizeof(float));
+            fill_weights(want, n, 501);
+            int same = 1;
+            for (size_t i = 0; i < n; i++) same &= d[i] == f32_to_bf16(want[i]);
+            CHECK_R(same, "bf16 weights after a failed broadcast", RANK);
+            free(want);
+        }
+    } else {
+        version = 1;
+        CHECK_R(dist_bcast_weights_bf16(ctx, w, d, 4, &version, 1, NULL) == MOERL_ERR &&
+                    strstr(moerl_last_error(), "bucket_bytes"),
+                "bucket_bytes < 2 rejected: %s", RANK, moerl_last_error());
+        CHECK_R(dist_bcast_weights_bf16(ctx, NULL, d, 4, &version, 16, NULL) == MOERL_ERR &&
+                    strstr(moerl_last_error(), "src"),
+                "src NULL rejected: %s", RANK, moerl_last_error());
+    }
+    free(w);
+    free(d);
 }
 
 /* ---------------- point-to-point, small collectives, role errors ---------------- */
@@ -578,6 +732,8 @@ int main(int argc, char **argv) {
     test_plan();
     test_reducer();
     test_bcast();
+    test_bf16_rounding();
+    test_bcast_bf16();
     test_p2p();
     test_collectives();
     return dist_test_finish(g_ctx);

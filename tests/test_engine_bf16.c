@@ -2,7 +2,9 @@
  * panel kernel (gemm_packed16_*): the kernel equals the fp32 panel kernel on bf16-rounded
  * weights; the bf16 engine equals the fp32 engine run on bf16-rounded weights; its logprobs stay
  * within a stated distance of the fp32 engine's on the original weights; the caller's weights are
- * untouched and an in-place reload (engine_weight_buffer + engine_set_version) is rounded too.
+ * untouched and an in-place reload (engine_weight_buffer + engine_set_version) is rounded too; bf16
+ * weights loaded directly (engine_weight_buffer_bf16 / engine_load_weights_bf16, what a rollout rank
+ * receiving a bf16 weight broadcast does) give bit-identical weights and logits.
  * Model: the PyTorch-checked test model B (tests/ref/gen_model.py: H 64, 2 layers, 16 experts
  * top-4, head_dim 16, V 131). */
 #include "base/common.h"
@@ -28,7 +30,7 @@ static void round_bf16(float *p, size_t n) {
 
 /* gemm_packed16 on W = gemm_packed on bf16(W), for row counts 1..7 and ragged output ranges. */
 static void test_kernel(void) {
-    const int O = 40, I = 37;
+    const int O = 100, I = 37; /* 7 panels: passes of 4, 2 and 1 panels at one row */
     rng_state r;
     rng_seed(&r, 5);
     float *W = xmalloc((size_t)O * I * sizeof(float)), *Wr = xmalloc((size_t)O * I * sizeof(float));
@@ -43,14 +45,27 @@ static void test_kernel(void) {
     gemm_packed16_pack(P16, W, O, I);
     gemm_packed_pack(P, Wr, O, I);
     int same_pack = 1;
-    for (size_t i = 0; i < np; i++) same_pack &= bf16_to_f32(P16[i]) == P[i];
-    CHECK(same_pack, "bf16 panels hold bf16(W) in the fp32 panel layout");
+    for (int o = 0; o < O; o++)
+        for (int i = 0; i < I; i++) same_pack &= bf16_to_f32(gemm_packed16_get(P16, I, o, i)) == Wr[(size_t)o * I + i];
+    CHECK(same_pack, "bf16 panels hold bf16(W)");
+    /* padding lanes past O are zero: the kernel reads them (whole panels) */
+    int zero_pad = 1;
+    for (int o = O; o < (int)(np / I); o++)
+        for (int i = 0; i < I; i++) zero_pad &= gemm_packed16_get(P16, I, o, i) == 0;
+    CHECK(zero_pad, "bf16 panel padding is zero");
+    /* panels from bf16 weights (a bf16 weight broadcast) == panels from the fp32 weights */
+    uint16_t *W16 = xmalloc((size_t)O * I * sizeof(uint16_t)), *Q16 = xmalloc(np * sizeof(uint16_t));
+    for (int i = 0; i < O * I; i++) W16[i] = f32_to_bf16(W[i]);
+    gemm_packed16_pack_bf16(Q16, W16, O, I);
+    CHECK(!memcmp(Q16, P16, np * sizeof(uint16_t)), "gemm_packed16_pack_bf16(bf16(W)) == gemm_packed16_pack(W)");
+    free(W16); free(Q16);
     const float *rows[7];
     for (int i = 0; i < 7; i++) rows[i] = x + (size_t)i * I;
     for (int m = 1; m <= 7; m++) {
-        float a[7 * 40], b[7 * 40];
-        for (int o0 = 0; o0 < O; o0 += 16) {
-            const int o1 = MOERL_MIN(O, o0 + 16 + (o0 == 0 ? 16 : 0)); /* blocks of 32 and ragged ends */
+        float a[7 * 100], b[7 * 100];
+        for (int k = -16; k < O; k += 16) {
+            /* the whole range (k = −16 stands for [0, O)), blocks of 32 and 16 and the ragged end */
+            const int o0 = MOERL_MAX(k, 0), o1 = k < 0 ? O : MOERL_MIN(O, o0 + 16 + (o0 == 0 ? 16 : 0));
             memset(a, 0, sizeof a);
             memset(b, 0, sizeof b);
             gemm_packed16_nt_rows(a, O, rows, P16, m, I, o0, o1);
@@ -61,10 +76,18 @@ static void test_kernel(void) {
             char what[64];
             snprintf(what, sizeof what, "packed16 == packed(bf16 W), m %d, o0 %d", m, o0);
             t_close(what, a, b, (long)m * O, 1e-6f, 1e-6f);
+            /* batch invariance: each row alone gives the same bits as inside the batch of m */
+            int inv = 1;
+            for (int r = 0; r < m; r++) {
+                float one[100];
+                gemm_packed16_nt_rows(one, O, rows + r, P16, 1, I, o0, o1);
+                inv &= !memcmp(one, a + (size_t)r * O, (size_t)(o1 - o0) * sizeof(float));
+            }
+            CHECK(inv, "packed16 rows of a batch of %d == each row alone (o0 %d, o1 %d)", m, o0, o1);
         }
     }
     /* gemm_packed16_nt (row-major a) = the row-pointer form */
-    float a[7 * 40], b[7 * 40];
+    float a[7 * 100], b[7 * 100];
     gemm_packed16_nt(a, O, x, P16, 7, I, 0, O);
     gemm_packed16_nt_rows(b, O, rows, P16, 7, I, 0, O);
     CHECK(!memcmp(a, b, sizeof a), "gemm_packed16_nt == gemm_packed16_nt_rows");
@@ -188,6 +211,37 @@ static void test_engine_bf16(void) {
     decode(e16, V, steps, l16b, t16b);
     CHECK(!memcmp(l16b, l16, nl * sizeof(float)), "reload via engine_weight_buffer + engine_set_version == engine_load_weights");
     CHECK(engine_version(e16) == 1, "version");
+
+    /* 4. bf16 weights straight in (a rollout rank receiving a bf16 broadcast): engine_weight_buffer_bf16
+     *    filled with bf16(orig), engine_set_version_bf16 — the same fp32 weights (bit for bit: the
+     *    bf16-rounded values) and the same logits, bit for bit, as rounding fp32 weights on load.
+     *    Loaded over different weights first, so a load that did nothing would show. */
+    uint16_t *w16 = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) w16[i] = f32_to_bf16(orig[i]);
+    float *other = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) other[i] = orig[i] * 0.5f;
+    CHECK(engine_load_weights(e16, other, n, 7) == MOERL_OK, "load other weights");
+    uint16_t *dst = engine_weight_buffer_bf16(e16);
+    CHECK(dst != NULL, "bf16 buffer of a bf16 engine: %s", moerl_last_error());
+    if (dst) {
+        memcpy(dst, w16, n * sizeof(uint16_t));
+        CHECK(engine_set_version_bf16(e16, 2) == MOERL_OK && engine_version(e16) == 2, "engine_set_version_bf16");
+        CHECK(!memcmp(engine_model(e16)->params, rounded, n * sizeof(float)),
+              "bf16 in place: the engine's fp32 weights == the bf16-rounded weights, bit for bit");
+        decode(e16, V, steps, l16b, t16b);
+        CHECK(!memcmp(l16b, l16, nl * sizeof(float)), "bf16 in place: logits == engine_load_weights of fp32, bit for bit");
+    }
+    CHECK(engine_load_weights(e16, other, n, 7) == MOERL_OK, "load other weights");
+    CHECK(engine_load_weights_bf16(e16, w16, n, 3) == MOERL_OK && engine_version(e16) == 3, "engine_load_weights_bf16");
+    decode(e16, V, steps, l16b, t16b);
+    CHECK(!memcmp(l16b, l16, nl * sizeof(float)), "engine_load_weights_bf16: logits == engine_load_weights of fp32");
+    CHECK(engine_load_weights_bf16(e16, w16, n - 1, 3) == MOERL_ERR && strstr(moerl_last_error(), "layout has"),
+          "wrong size refused: %s", moerl_last_error());
+    CHECK(engine_weight_buffer_bf16(e32) == NULL && strstr(moerl_last_error(), "fp32"),
+          "an fp32 engine has no bf16 buffer: %s", moerl_last_error());
+    CHECK(engine_load_weights_bf16(e32, w16, n, 3) == MOERL_ERR && engine_set_version_bf16(e32, 3) == MOERL_ERR,
+          "an fp32 engine refuses bf16 weights");
+    free(w16); free(other);
 
     free(a); free(b); free(l16b); free(t16b);
     engine_free(e16); engine_free(er); engine_free(e32);

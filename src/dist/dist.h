@@ -107,47 +107,86 @@ void dist_abort(dist_ctx *ctx, const char *msg) __attribute__((noreturn));
 /* ---- weight broadcast (trainer rank 0 → every rollout rank) ---- */
 
 #define DIST_WB_MAGIC "MOERLWB1" /* 8 bytes, no terminator on the wire */
-#define DIST_WB_FORMAT 1
+#define DIST_WB_FORMAT 2          /* 2: the header carries the payload's dtype */
 
-/* Header sent before the weights (32 bytes, host byte order: all ranks run on one architecture). */
+/* Element type of a weight broadcast's payload. */
+typedef enum {
+    DIST_WDTYPE_F32 = 0,  /* the trainer's fp32 values, bit for bit */
+    DIST_WDTYPE_BF16 = 1, /* bf16 (the fp32 values rounded to nearest, ties to even; NaN stays NaN, made
+                             quiet): a rollout engine with rollout.dtype bf16 computes from these */
+} dist_wdtype;
+
+/* "fp32" / "bf16" (and "dtype <k>" for an unknown value). */
+const char *dist_wdtype_name(dist_wdtype t);
+
+/* Header sent before the weights (40 bytes, host byte order: all ranks run on one architecture). */
 typedef struct {
-    char magic[8];          /* DIST_WB_MAGIC */
-    uint32_t format;        /* DIST_WB_FORMAT */
-    int32_t version;        /* policy version of these weights */
-    uint64_t n_floats;      /* fp32 values that follow */
-    uint64_t bucket_floats; /* floats per bucket (last bucket shorter); 0 = the root refused to
-                               send (bad arguments on the root), nothing follows */
+    char magic[8];           /* DIST_WB_MAGIC */
+    uint32_t format;         /* DIST_WB_FORMAT */
+    int32_t version;         /* policy version of these weights */
+    uint64_t n_values;       /* parameter values that follow (of dtype) */
+    uint64_t bucket_values;  /* values per bucket (last bucket shorter); 0 = the root refused to
+                                send (bad arguments on the root), nothing follows */
+    uint32_t dtype;          /* dist_wdtype of the payload */
+    uint32_t reserved;       /* 0 */
 } dist_weight_header;
 
-/* Fill a header for `version`, n floats, bucket_floats per bucket. */
-void dist_weight_header_make(dist_weight_header *h, int version, size_t n, size_t bucket_floats);
-/* Validate a received header against this rank's buffer of n_expected floats. Errors (message names
- * the field, the value received and the value expected): magic differs (not a moerl weight
- * broadcast), format differs, bucket_floats == 0 (the root refused), n_floats != n_expected. */
-int dist_weight_header_check(const dist_weight_header *h, size_t n_expected);
+/* Fill a header for `version`, n values of dtype, bucket_values per bucket. */
+void dist_weight_header_make(dist_weight_header *h, int version, size_t n, size_t bucket_values, dist_wdtype dtype);
+/* Validate a received header against this rank's buffer of n_expected values of dtype_expected.
+ * Errors (message names the field, the value received and the value expected): magic differs (not a
+ * moerl weight broadcast), format differs, bucket_values == 0 (the root refused), dtype differs
+ * (rollout.dtype differs between the trainer and this rank), n_values != n_expected. */
+int dist_weight_header_check(const dist_weight_header *h, size_t n_expected, dist_wdtype dtype_expected);
+
+/* fp32 → bf16, round to nearest, ties to even; NaN keeps its sign and top payload bits and is made
+ * quiet (bit 6 of the bf16 set). Bit-identical to f32_to_bf16 (src/model/safetensors.h), which the
+ * rollout engine rounds with, and to gemm_packed16_pack's rounding; branch-free, so it vectorises.
+ * dst and src must not overlap. Runs on the OpenMP threads from n ≥ 65536 on (memory-bound: one
+ * thread reaches about half the machine's copy bandwidth). */
+void dist_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 
 typedef struct {
-    size_t bytes;    /* payload bytes sent (root) or received (rollout rank), header excluded */
-    double seconds;  /* wall time of the whole call on this rank */
+    size_t bytes;    /* payload bytes sent (root) or received (rollout rank), header excluded:
+                        n · 4 for fp32, n · 2 for bf16; 0 when nothing travelled (a sync group of one) */
+    double seconds;  /* wall time of the whole call on this rank (the root's includes the rounding) */
     int n_buckets;   /* buckets (one MPI_Ibcast each) of the payload */
 } dist_xfer_stats;
 
 /* Broadcast params[n] from trainer rank 0 to every rollout rank over sync_comm, in buckets of
  * bucket_bytes (rounded down to whole floats), one MPI_Ibcast per bucket with up to 16 in flight
  * (pipelined; the root's buffer must stay untouched until the call returns), after the header
- * {MOERLWB1, format 1, *version, n, bucket floats}. Collective over sync_comm. On the root, *version
+ * {MOERLWB1, format 2, *version, n, bucket floats, fp32}. Collective over sync_comm. On the root, *version
  * is the version to send; on a rollout rank it receives the root's version. Rollout ranks use the
  * root's bucket size (their bucket_bytes is ignored). Ranks outside sync_comm (trainer ranks ≠ 0)
  * return MOERL_OK at once with zero stats. After the header every member learns whether all accepted
  * it (one small allreduce), so a mismatch fails on EVERY member instead of hanging:
- * Errors: on a rollout rank, the header check fails (message from dist_weight_header_check; its
- * params and *version are left untouched); on the root, a rollout rank rejected the header (message
- * names the highest rejecting world rank) or its own arguments are bad (params NULL with n > 0,
- * bucket_bytes < 4) — then the rollout ranks fail too, naming the root. st may be NULL.
+ * Errors: on a rollout rank, the header check fails (message from dist_weight_header_check — a root
+ * sending bf16 to a rank calling this fp32 receive is one; its params and *version are left
+ * untouched); on the root, a rollout rank rejected the header (message names the highest rejecting
+ * world rank) or its own arguments are bad (params NULL with n > 0, bucket_bytes < 4) — then the
+ * rollout ranks fail too, naming the root. st may be NULL.
  * Embedded / training-only jobs (sync group of size 1) return at once after validating arguments.
  * Source: verl fully_async_policy (weight reshard by a plain broadcast). */
 int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, size_t bucket_bytes,
                        dist_xfer_stats *st);
+
+/* The same broadcast with a bf16 payload (half the bytes): for rollout ranks whose engine computes
+ * from bf16 weights (rollout.dtype bf16). The root (trainer rank 0) reads its fp32 master weights
+ * src[n] and rounds them bucket by bucket (dist_f32_to_bf16) into a ring of staging buffers — at most
+ * max(2 buckets, 64 MiB) and never more than 16 buckets, the broadcasts in flight; kept by the context
+ * for the next call — each broadcast as soon as it is rounded (the root tests the broadcasts in flight
+ * while it rounds, so they progress meanwhile) and no full bf16 copy is made on the root;
+ * bucket_bytes counts wire bytes (rounded down to whole bf16 values, at least 2). Every rollout rank
+ * receives the rounded values into dst[n]. The header says bf16: a rollout rank calling the fp32
+ * dist_bcast_weights fails naming both types, and vice versa. The values equal rounding the fp32
+ * broadcast on arrival, bit for bit. On the root dst may be NULL; when it is given, the root also
+ * writes the rounded values there (in a sync group of one — embedded, training-only — that is all
+ * the call does: no bytes travel, st->bytes is 0). src is read only on the root, dst written only
+ * where given. Errors: as dist_bcast_weights (root: src NULL with n > 0, bucket_bytes < 2; rollout
+ * rank: dst NULL with n > 0, header mismatch). */
+int dist_bcast_weights_bf16(dist_ctx *ctx, const float *src, uint16_t *dst, size_t n, int *version,
+                            size_t bucket_bytes, dist_xfer_stats *st);
 
 /* ---- point-to-point messages (the RL sample/command protocol is built on these) ---- */
 

@@ -1,5 +1,5 @@
 /* Backend-independent parts of the distributed layer: backward groups, the DDP-style gradient bucket
- * plan and the weight-broadcast header. Linked with both dist_local.c and mpi_dist.c. */
+ * plan, the weight-broadcast header and its bf16 rounding. Linked with both dist_local.c and mpi_dist.c. */
 #include <string.h>
 
 #include "base/common.h"
@@ -50,16 +50,25 @@ dist_bucket *dist_plan_buckets(const moe_model *m, size_t first_cap_bytes, size_
     return b;
 }
 
-void dist_weight_header_make(dist_weight_header *h, int version, size_t n, size_t bucket_floats) {
+const char *dist_wdtype_name(dist_wdtype t) {
+    switch (t) {
+    case DIST_WDTYPE_F32: return "fp32";
+    case DIST_WDTYPE_BF16: return "bf16";
+    default: return "an unknown dtype";
+    }
+}
+
+void dist_weight_header_make(dist_weight_header *h, int version, size_t n, size_t bucket_values, dist_wdtype dtype) {
     memset(h, 0, sizeof *h);
     memcpy(h->magic, DIST_WB_MAGIC, 8);
     h->format = DIST_WB_FORMAT;
     h->version = version;
-    h->n_floats = n;
-    h->bucket_floats = bucket_floats;
+    h->n_values = n;
+    h->bucket_values = bucket_values;
+    h->dtype = (uint32_t)dtype;
 }
 
-int dist_weight_header_check(const dist_weight_header *h, size_t n_expected) {
+int dist_weight_header_check(const dist_weight_header *h, size_t n_expected, dist_wdtype dtype_expected) {
     if (memcmp(h->magic, DIST_WB_MAGIC, 8) != 0) {
         char got[33];
         for (int i = 0; i < 8; i++) {
@@ -76,12 +85,31 @@ int dist_weight_header_check(const dist_weight_header *h, size_t n_expected) {
         return moerl_errorf("weight broadcast header: format version %u, this build reads version %d (ranks run "
                             "different moerl builds)",
                             (unsigned)h->format, DIST_WB_FORMAT);
-    if (h->bucket_floats == 0)
+    if (h->bucket_values == 0)
         return moerl_errorf("weight broadcast header: trainer rank 0 refused to send (bad arguments on the root; "
                             "see its error message)");
-    if (h->n_floats != (uint64_t)n_expected)
-        return moerl_errorf("weight broadcast header: policy version %d carries %llu floats but this rank's "
+    if (h->dtype != (uint32_t)dtype_expected)
+        return moerl_errorf("weight broadcast header: policy version %d is sent as %s (dtype %u) but this rank "
+                            "expects %s (rollout.dtype must be the same on the trainer and every rollout rank)",
+                            (int)h->version, dist_wdtype_name((dist_wdtype)h->dtype), (unsigned)h->dtype,
+                            dist_wdtype_name(dtype_expected));
+    if (h->n_values != (uint64_t)n_expected)
+        return moerl_errorf("weight broadcast header: policy version %d carries %llu %s values but this rank's "
                             "parameter buffer holds %zu (model configs differ between trainer and rollout?)",
-                            (int)h->version, (unsigned long long)h->n_floats, n_expected);
+                            (int)h->version, (unsigned long long)h->n_values, dist_wdtype_name(dtype_expected),
+                            n_expected);
     return MOERL_OK;
+}
+
+void dist_f32_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n) {
+    /* The rounding of f32_to_bf16 without its branch: add 0x7fff plus the lowest kept bit, truncate;
+     * a NaN (|bits| above the infinity's) instead keeps its top 16 bits with the quiet bit set. */
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x;
+        memcpy(&x, src + i, 4);
+        const uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+        const uint32_t q = (x >> 16) | 0x0040u;
+        dst[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
+    }
 }

@@ -99,6 +99,21 @@ int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, siz
     return MOERL_OK; /* sync group of one: nobody to send to */
 }
 
+int dist_bcast_weights_bf16(dist_ctx *ctx, const float *src, uint16_t *dst, size_t n, int *version,
+                            size_t bucket_bytes, dist_xfer_stats *st) {
+    if (st) memset(st, 0, sizeof *st);
+    if (ctx->role == DIST_ROLE_UNSET) return moerl_errorf("dist_bcast_weights_bf16: call dist_split_roles first");
+    if ((n > 0 && !src) || !version)
+        return moerl_errorf("dist_bcast_weights_bf16: src (n = %zu) and version must not be NULL", n);
+    if (bucket_bytes < sizeof(uint16_t))
+        return moerl_errorf("dist_bcast_weights_bf16: bucket_bytes must be >= 2 (one bf16), got %zu", bucket_bytes);
+    const double t0 = moerl_now();
+    /* sync group of one: nothing travels; the root's own dst gets the rounded values */
+    if (dst && n) dist_f32_to_bf16(dst, src, n);
+    if (st) st->seconds = moerl_now() - t0;
+    return MOERL_OK;
+}
+
 static int check_tag(int tag, const char *fn) {
     if (tag < 0 || tag > LOCAL_TAG_MAX) return moerl_errorf("%s: tag %d outside [0, %d]", fn, tag, LOCAL_TAG_MAX);
     return MOERL_OK;

@@ -31,6 +31,8 @@
 
 struct dist_impl {
     MPI_Comm world, p2p, trainer, sync, rollout;
+    uint16_t *bf16_ring; /* the root's bf16 staging slots (dist_bcast_weights_bf16), kept between calls */
+    size_t bf16_ring_cap; /* its capacity in values */
 };
 
 /* The abort hook has no argument for a context; these two identify the rank in its message. */
@@ -107,6 +109,7 @@ void dist_finalize(dist_ctx *ctx) {
     free_role_comms(ctx);
     MPI_CHECK(MPI_Comm_free(&ctx->impl->world));
     MPI_CHECK(MPI_Comm_free(&ctx->impl->p2p));
+    free(ctx->impl->bf16_ring);
     free(ctx->impl);
     free(ctx);
     moerl_set_abort_hook(NULL);
@@ -200,24 +203,40 @@ void dist_abort(dist_ctx *ctx, const char *msg) {
  * from 0.89 ms with one at a time to 0.54 ms with 16). */
 #define BCAST_WINDOW 16
 
-int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, size_t bucket_bytes,
-                       dist_xfer_stats *st) {
+/* bf16 staging on the root: ring slots of one bucket each, at most this many bytes in all (but at
+ * least 2 slots, so rounding the next bucket overlaps the broadcast of the last). */
+#define BF16_RING_BYTES ((size_t)64 << 20)
+/* Values rounded between two progress tests of the broadcasts in flight (512 KiB of bf16). */
+#define BF16_ROUND_CHUNK 262144
+
+/* The broadcast of dist_bcast_weights (dtype F32: buf = params, in and out) and
+ * dist_bcast_weights_bf16 (dtype BF16: src read on the root, dst written where given). */
+static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float *src, uint16_t *dst, size_t n,
+                         int *version, size_t bucket_bytes, dist_xfer_stats *st) {
+    const char *fn = dt == DIST_WDTYPE_BF16 ? "dist_bcast_weights_bf16" : "dist_bcast_weights";
+    const size_t esz = dt == DIST_WDTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
     if (st) memset(st, 0, sizeof *st);
-    if (ctx->role == DIST_ROLE_UNSET) return moerl_errorf("dist_bcast_weights: call dist_split_roles first");
+    if (ctx->role == DIST_ROLE_UNSET) return moerl_errorf("%s: call dist_split_roles first", fn);
     if (ctx->sync_rank < 0) return MOERL_OK; /* trainer ranks other than 0 take no part */
     const double t0 = moerl_now();
     const int root = ctx->sync_rank == 0;
-    const int bad_args = (n > 0 && !params) || !version;
-    if (root && (bad_args || bucket_bytes < sizeof(float)))
-        moerl_errorf("dist_bcast_weights (root): need params (n = %zu), version and bucket_bytes >= 4 (got %zu)", n,
-                     bucket_bytes);
-    const int root_bad = root && (bad_args || bucket_bytes < sizeof(float));
-    if (ctx->sync_size == 1) return root_bad ? MOERL_ERR : MOERL_OK; /* nobody to send to */
+    const int have = n == 0 || (dt == DIST_WDTYPE_F32 ? buf != NULL : root ? src != NULL : dst != NULL);
+    const int bad_args = !have || !version;
+    const int root_bad = root && (bad_args || bucket_bytes < esz);
+    if (root_bad)
+        moerl_errorf("%s (root): need %s (n = %zu), version and bucket_bytes >= %zu (got %zu)", fn,
+                     dt == DIST_WDTYPE_F32 ? "params" : "src", n, esz, bucket_bytes);
+    if (ctx->sync_size == 1) { /* nobody to send to; a bf16 root with dst rounds into it */
+        if (root_bad) return MOERL_ERR;
+        if (dt == DIST_WDTYPE_BF16 && dst && n) dist_f32_to_bf16(dst, src, n);
+        if (st) st->seconds = moerl_now() - t0;
+        return MOERL_OK;
+    }
 
     dist_weight_header h;
     if (root) {
-        const size_t bf = MOERL_MIN(bucket_bytes / sizeof(float), (size_t)1 << 30); /* MPI counts are int */
-        dist_weight_header_make(&h, version ? *version : 0, n, root_bad ? 0 : bf);
+        const size_t bv = MOERL_MIN(bucket_bytes / esz, (size_t)1 << 30); /* MPI counts are int */
+        dist_weight_header_make(&h, version ? *version : 0, n, root_bad ? 0 : bv, dt);
     }
     MPI_Comm c = ctx->impl->sync;
     MPI_CHECK(MPI_Bcast(&h, (int)sizeof h, MPI_BYTE, 0, c));
@@ -226,10 +245,10 @@ int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, siz
     int my_err = 0;
     if (!root) {
         if (bad_args) {
-            moerl_errorf("dist_bcast_weights (rollout rank %d): need params (n = %zu) and version", ctx->world_rank,
-                         n);
+            moerl_errorf("%s (rollout rank %d): need %s (n = %zu) and version", fn, ctx->world_rank,
+                         dt == DIST_WDTYPE_F32 ? "params" : "dst", n);
             my_err = 1;
-        } else if (dist_weight_header_check(&h, n) != MOERL_OK) {
+        } else if (dist_weight_header_check(&h, n, dt) != MOERL_OK) {
             my_err = 1;
         }
         if (my_err) flag[0] = 1, flag[1] = ctx->world_rank;
@@ -244,22 +263,75 @@ int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, siz
             moerl_errorf("weight broadcast aborted: world rank %d rejected the header", flag[1]);
         return MOERL_ERR;
     }
-    const size_t bf = (size_t)h.bucket_floats;
-    int nb = 0;
+    const size_t bv = (size_t)h.bucket_values;
+    const size_t nb_total = n ? (n + bv - 1) / bv : 0;
+    int nb = 0, window = BCAST_WINDOW;
     MPI_Request win[BCAST_WINDOW];
-    for (size_t off = 0; off < n; off += bf, nb++) {
-        if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
-        MPI_CHECK(MPI_Ibcast(params + off, (int)MOERL_MIN(bf, n - off), MPI_FLOAT, 0, c, &win[nb % BCAST_WINDOW]));
+    if (dt == DIST_WDTYPE_F32) {
+        for (size_t off = 0; off < n; off += bv, nb++) {
+            if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
+            MPI_CHECK(MPI_Ibcast(buf + off, (int)MOERL_MIN(bv, n - off), MPI_FLOAT, 0, c, &win[nb % BCAST_WINDOW]));
+        }
+    } else if (!root) { /* straight into dst */
+        for (size_t off = 0; off < n; off += bv, nb++) {
+            if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
+            MPI_CHECK(MPI_Ibcast(dst + off, (int)MOERL_MIN(bv, n - off), MPI_UINT16_T, 0, c, &win[nb % BCAST_WINDOW]));
+        }
+    } else { /* root: round each bucket into dst (when given) or a ring slot, then send it */
+        int slots = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX((size_t)2, BF16_RING_BYTES / (bv * esz)));
+        slots = (int)MOERL_MIN((size_t)slots, MOERL_MAX(nb_total, (size_t)1));
+        window = slots; /* a slot is rewritten only after its previous broadcast completed */
+        uint16_t *ring = NULL;
+        if (!dst) { /* kept between calls: fresh pages every sync would cost a fault per 4 KiB */
+            struct dist_impl *I = ctx->impl;
+            if (I->bf16_ring_cap < (size_t)slots * bv) {
+                free(I->bf16_ring);
+                I->bf16_ring_cap = (size_t)slots * bv;
+                I->bf16_ring = xalloc_aligned(I->bf16_ring_cap * esz);
+            }
+            ring = I->bf16_ring;
+        }
+        int oldest = 0; /* first bucket whose broadcast may still be in flight */
+        for (size_t off = 0; off < n; off += bv, nb++) {
+            const size_t cnt = MOERL_MIN(bv, n - off);
+            if (nb >= slots) MPI_CHECK(MPI_Wait(&win[nb % slots], MPI_STATUS_IGNORE));
+            oldest = MOERL_MAX(oldest, nb - slots + 1);
+            uint16_t *b = dst ? dst + off : ring + (size_t)(nb % slots) * bv;
+            /* Round in chunks and test the oldest broadcast in flight between them: Open MPI moves a
+             * nonblocking broadcast only inside MPI calls, so without the tests the rollout ranks would
+             * wait for the whole rounding of this bucket before receiving the previous one. */
+            for (size_t k = 0; k < cnt; k += BF16_ROUND_CHUNK) {
+                dist_f32_to_bf16(b + k, src + off + k, MOERL_MIN((size_t)BF16_ROUND_CHUNK, cnt - k));
+                while (oldest < nb) {
+                    int done = 0;
+                    MPI_CHECK(MPI_Test(&win[oldest % slots], &done, MPI_STATUS_IGNORE));
+                    if (!done) break;
+                    oldest++;
+                }
+            }
+            MPI_CHECK(MPI_Ibcast(b, (int)cnt, MPI_UINT16_T, 0, c, &win[nb % slots]));
+        }
+        for (int i = MOERL_MAX(0, nb - slots); i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % slots], MPI_STATUS_IGNORE));
+        window = 0; /* all waited */
     }
-    for (int i = MOERL_MAX(0, nb - BCAST_WINDOW); i < nb; i++)
-        MPI_CHECK(MPI_Wait(&win[i % BCAST_WINDOW], MPI_STATUS_IGNORE));
+    for (int i = MOERL_MAX(0, nb - window); window && i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % window], MPI_STATUS_IGNORE));
     if (!root) *version = h.version;
     if (st) {
-        st->bytes = n * sizeof(float);
+        st->bytes = n * esz;
         st->seconds = moerl_now() - t0;
         st->n_buckets = nb;
     }
     return MOERL_OK;
+}
+
+int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, size_t bucket_bytes,
+                       dist_xfer_stats *st) {
+    return bcast_weights(ctx, DIST_WDTYPE_F32, params, NULL, NULL, n, version, bucket_bytes, st);
+}
+
+int dist_bcast_weights_bf16(dist_ctx *ctx, const float *src, uint16_t *dst, size_t n, int *version,
+                            size_t bucket_bytes, dist_xfer_stats *st) {
+    return bcast_weights(ctx, DIST_WDTYPE_BF16, NULL, src, dst, n, version, bucket_bytes, st);
 }
 
 /* ---- point-to-point ---- */

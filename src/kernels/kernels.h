@@ -229,12 +229,19 @@ void gemm_packed_pack(float *P, const float *W, int O, int I);
  * whatever m is (batch-invariant). Single-threaded. */
 void gemm_packed_nt_rows(float *out, int ldo, const float *const *rows, const float *P, int m, int I, int o0,
                          int o1);
-/* bf16 panels (the rollout engine's bf16 weights): the same layout with each weight rounded to
- * bf16 (nearest, ties to even; gemm_packed_size(O, I) uint16 elements), and the same product
- * with each weight widened to fp32 in the kernel — an output equals gemm_packed_nt_rows on the
- * bf16-rounded weights. gemm_packed16_nt takes a row-major a[m, I] instead of row pointers.
- * Single-threaded. */
+/* bf16 panels (the rollout engine's bf16 weights): the same panels with each weight rounded to
+ * bf16 (nearest, ties to even; gemm_packed_size(O, I) uint16 elements; within a panel row the 16
+ * lanes are interleaved, lane j < 8 at element 2j and lane 8 + j at 2j + 1, so two integer
+ * operations widen them — use gemm_packed16_get to read one), and the same product with each
+ * weight widened to fp32 in the kernel — an output equals gemm_packed_nt_rows on the bf16-rounded
+ * weights (same per-lane order, batch-invariant). gemm_packed16_nt takes a row-major a[m, I]
+ * instead of row pointers. Single-threaded. */
 void gemm_packed16_pack(uint16_t *P, const float *W, int O, int I);
+/* The same panels from weights already in bf16 (W[O, I] bf16 bits, e.g. a bf16 weight broadcast): a
+ * copy into the layout, no rounding; equals gemm_packed16_pack of their fp32 widening. */
+void gemm_packed16_pack_bf16(uint16_t *P, const uint16_t *W, int O, int I);
+/* The bf16 bits of W[o, i] in panels P of a W[O, I] (tests, debugging). */
+uint16_t gemm_packed16_get(const uint16_t *P, int I, int o, int i);
 void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
                            int o1);
 void gemm_packed16_nt(float *out, int ldo, const float *a, const uint16_t *P, int m, int I, int o0, int o1);

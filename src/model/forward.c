@@ -645,7 +645,7 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
                  float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
                  const float *rope_sin, int N) {
     const int nd = decode_team_size(m, N);
-    if (N <= SKINNY_MAX_ROWS && nd > 1) {
+    if (N <= SKINNY_MAX_ROWS && (nd > 1 || m->bf16)) { /* bf16 weights: their panels, on one thread too */
         qkv_decode(m, l, x, q_raw, k_raw, q_rstd, k_rstd, q, k, v, pos, rope_cos, rope_sin, N, nd);
         return;
     }

@@ -294,20 +294,32 @@ static void send_ack(rollout_rank *W, int kind) {
 static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
-    /* straight into the engine's weights: a rollout rank holds one copy, no training model (under
-     * rollout EP into a transient whole-model buffer, of which the engine keeps this rank's slice) */
+    /* straight into the engine's weights: a rollout rank holds one copy, no training model; bf16
+     * (rollout.dtype bf16) travels as bf16 into the engine's buffer (engine_weight_buffer_bf16). Under
+     * rollout EP into a transient whole-model buffer, of which the engine keeps this rank's slice. */
+    const int bf16 = W->cfg->bf16_weights;
     moe_model full = *W->m; /* the layout (tensor table) of the whole model */
     full.params = W->ep ? xalloc_aligned(W->m->n_params * sizeof(float)) : NULL;
-    CHECK_OK(dist_bcast_weights(ctx, W->ep ? full.params : engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1,
-                                NULL),
+    uint16_t *full16 = W->ep && bf16 ? xmalloc(W->m->n_params * sizeof(uint16_t)) : NULL;
+    CHECK_OK(bf16 ? dist_bcast_weights_bf16(ctx, NULL, W->ep ? full16 : engine_weight_buffer_bf16(W->R.eng),
+                                            W->m->n_params, &v, 2, NULL)
+                  : dist_bcast_weights(ctx, W->ep ? full.params : engine_weight_buffer(W->R.eng), W->m->n_params, &v,
+                                       1, NULL),
              "receiving the weights");
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
+    if (full16) /* bf16 → fp32 is exact (the engine's rounding on load then changes nothing) */
+        for (size_t i = 0; i < W->m->n_params; i++) {
+            const uint32_t u = (uint32_t)full16[i] << 16;
+            memcpy(&full.params[i], &u, sizeof u);
+        }
     if (W->ep) CHECK_OK(engine_load_slice(W->R.eng, &full, v), "slicing the experts of the broadcast weights");
+    else if (bf16) CHECK_OK(engine_set_version_bf16(W->R.eng, v), "loading the bf16 weights");
     else engine_set_version(W->R.eng, v);
     free(full.params);
+    free(full16);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
@@ -885,7 +897,10 @@ static int dist_sync(job *J, int version, double *rb, double *ri) {
     dist_xfer_stats xs;
     int v = version;
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
-    CHECK_OK(dist_bcast_weights(ctx, J->whole_m->params, J->whole_m->n_params, &v, bucket, &xs), "weight broadcast");
+    CHECK_OK(cfg->bf16_weights
+                 ? dist_bcast_weights_bf16(ctx, J->whole_m->params, NULL, J->whole_m->n_params, &v, bucket, &xs)
+                 : dist_bcast_weights(ctx, J->whole_m->params, J->whole_m->n_params, &v, bucket, &xs),
+             "weight broadcast");
     job_whole_end(J);
     pthread_mutex_lock(&L->mu);
     L->blocked = 0;
@@ -1020,7 +1035,9 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     dist_xfer_stats xs;
     int v = J->T.version;
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
-    CHECK_OK(dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs), "initial weight broadcast");
+    CHECK_OK(cfg->bf16_weights ? dist_bcast_weights_bf16(ctx, m->params, NULL, m->n_params, &v, bucket, &xs)
+                               : dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs),
+             "initial weight broadcast");
     trainer_par_setup(ctx, cfg, &J->T, &J->n_shards, &J->shard_of);
     CHECK_OK(job_open_outputs(J, J->resumed), "outputs");
     log_info("fully-async GRPO on %d processes: %d rollout rank(s) + %d data-parallel trainer rank(s); %lld steps × "

@@ -68,41 +68,75 @@ static void bf16_layout(engine *e) {
     e->bf.lm_head = q;
 }
 
-/* After a weight load in bf16 mode: round the engine's weights to bf16 in place, then pack the
- * panels (one matrix per iteration, all threads; a weight load is outside any parallel region). */
-static void bf16_build(engine *e) {
+/* Pack the bf16 panels of every matrix a decode step reads (one matrix per iteration, all threads;
+ * a weight load is outside any parallel region): from w16 — bf16 values in the parameter layout —
+ * when given, else from the engine's fp32 weights, which must already hold bf16-rounded values. */
+static void bf16_pack_all(engine *e, const uint16_t *w16) {
     if (!e->bf.buf) bf16_layout(e);
-    float *p = e->m.params;
-    const size_t n = e->m.n_params;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
     const moe_config *c = &e->m.cfg;
     const int H = e->H, E = e->E, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
     const size_t sgu = E ? gemm_packed_size(2 * I, H) : 0, sd = E ? gemm_packed_size(H, I) : 0;
     const int per_layer = 4 + 2 * E, items = e->L * per_layer + 1;
+    const float *base = e->m.params;
+#define PACK(dst, w, O, Iw)                                                                              \
+    do {                                                                                                 \
+        if (w16) gemm_packed16_pack_bf16((uint16_t *)(dst), w16 + ((w) - base), (O), (Iw));              \
+        else gemm_packed16_pack((uint16_t *)(dst), (w), (O), (Iw));                                      \
+    } while (0)
 #pragma omp parallel for schedule(dynamic, 1)
     for (int it = 0; it < items; it++) {
         if (it == items - 1) {
-            gemm_packed16_pack((uint16_t *)e->bf.lm_head, e->m.p.lm_head, e->V, H);
+            PACK(e->bf.lm_head, e->m.p.lm_head, e->V, H);
             continue;
         }
         const int l = it / per_layer, j = it % per_layer;
         const layer_views *w = &e->m.p.layers[l];
-        if (j == 0) gemm_packed16_pack((uint16_t *)e->bf.q[l], w->q_proj, qo, H);
-        else if (j == 1) gemm_packed16_pack((uint16_t *)e->bf.k[l], w->k_proj, ko, H);
-        else if (j == 2) gemm_packed16_pack((uint16_t *)e->bf.v[l], w->v_proj, ko, H);
-        else if (j == 3) gemm_packed16_pack((uint16_t *)e->bf.o[l], w->o_proj, H, qo);
+        if (j == 0) PACK(e->bf.q[l], w->q_proj, qo, H);
+        else if (j == 1) PACK(e->bf.k[l], w->k_proj, ko, H);
+        else if (j == 2) PACK(e->bf.v[l], w->v_proj, ko, H);
+        else if (j == 3) PACK(e->bf.o[l], w->o_proj, H, qo);
         else if (w->router) {
             const int x = j - 4, ex = x / 2;
-            if (x % 2 == 0)
-                gemm_packed16_pack((uint16_t *)e->bf.gate_up[l] + (size_t)ex * sgu,
-                                   w->experts_gate_up + (size_t)ex * 2 * I * H, 2 * I, H);
-            else
-                gemm_packed16_pack((uint16_t *)e->bf.down[l] + (size_t)ex * sd, w->experts_down + (size_t)ex * H * I,
-                                   H, I);
+            if (x % 2 == 0) PACK((uint16_t *)e->bf.gate_up[l] + (size_t)ex * sgu, w->experts_gate_up + (size_t)ex * 2 * I * H, 2 * I, H);
+            else PACK((uint16_t *)e->bf.down[l] + (size_t)ex * sd, w->experts_down + (size_t)ex * H * I, H, I);
         }
     }
+#undef PACK
     e->m.bf16 = &e->bf;
+}
+
+/* After a weight load in bf16 mode from fp32 values already in the engine's buffer: round them to
+ * bf16 in place, then pack the panels. */
+static void bf16_build(engine *e) {
+    float *p = e->m.params;
+    const size_t n = e->m.n_params;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+    bf16_pack_all(e, NULL);
+}
+
+/* The bf16 values of engine_weight_buffer_bf16 (the upper half of the fp32 buffer p[n], as bf16
+ * element n onwards) widened in place to p[0..n): value i is read from bytes [2n + 2i, 2n + 2i + 2)
+ * and written to bytes [4i, 4i + 4), which overwrites values j ≤ 2i − n + 1 only. A pass over
+ * [lo, hi) with hi = (lo + n) / 2 therefore overwrites only values < lo, all read by earlier passes,
+ * and reads only its own: each pass runs in parallel, halving what is left (~log2 n passes, the
+ * last few values one at a time). */
+static void bf16_widen_in_place(float *p, size_t n) {
+    const uint16_t *w = (const uint16_t *)(void *)p + n;
+    size_t lo = 0;
+    while (n - lo > 4096) {
+        const size_t hi = (lo + n) / 2;
+#pragma omp parallel for schedule(static)
+        for (size_t i = lo; i < hi; i++) {
+            const uint32_t u = (uint32_t)w[i] << 16;
+            memcpy(p + i, &u, 4);
+        }
+        lo = hi;
+    }
+    for (size_t i = lo; i < n; i++) { /* ascending: value i is read before anything overwrites it */
+        const uint32_t u = (uint32_t)w[i] << 16;
+        memcpy(p + i, &u, 4);
+    }
 }
 
 /* out[N, O] (= or += per accumulate) = x[N, I] · Wᵀ from W's bf16 panels P, output columns split
@@ -187,9 +221,16 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
     if (n_params != e->m.n_params)
         return moerl_errorf("engine_load_weights: %zu floats given, the model layout has %zu", n_params,
                             e->m.n_params);
-    memcpy(e->m.params, params, n_params * sizeof(float));
-    model_pack_experts(&e->m); /* the NZ switch: expert weights in the decode kernel's panel layout (or none) */
-    if (e->ec.bf16_weights) bf16_build(e);
+    if (e->ec.bf16_weights) { /* copy and round in one pass */
+        float *p = e->m.params;
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n_params; i++) p[i] = bf16_to_f32(f32_to_bf16(params[i]));
+        model_pack_experts(&e->m); /* no_pack in this mode: the bf16 panels replace the fp32 ones */
+        bf16_pack_all(e, NULL);
+    } else {
+        memcpy(e->m.params, params, n_params * sizeof(float));
+        model_pack_experts(&e->m); /* the NZ switch: expert weights in the decode kernel's panel layout (or none) */
+    }
     e->version = version;
     return MOERL_OK;
 }
@@ -201,6 +242,38 @@ void engine_set_version(engine *e, int version) {
     if (e->ec.bf16_weights) bf16_build(e);
     e->version = version;
 }
+
+uint16_t *engine_weight_buffer_bf16(engine *e) {
+    if (!e->ec.bf16_weights) {
+        moerl_errorf("engine_weight_buffer_bf16: this engine computes from fp32 weights (engine_config.bf16_weights "
+                     "= 0, rollout.dtype fp32); it takes fp32 weights only");
+        return NULL;
+    }
+    return (uint16_t *)(void *)e->m.params + e->m.n_params;
+}
+
+int engine_set_version_bf16(engine *e, int version) {
+    if (!e->ec.bf16_weights)
+        return moerl_errorf("engine_set_version_bf16: this engine computes from fp32 weights (engine_config."
+                            "bf16_weights = 0, rollout.dtype fp32)");
+    const uint16_t *w = (const uint16_t *)(void *)e->m.params + e->m.n_params;
+    model_pack_experts(&e->m); /* no_pack in this mode (a no-op), as in engine_load_weights */
+    bf16_pack_all(e, w); /* the panels straight from the bf16 values, before widening overwrites them */
+    bf16_widen_in_place(e->m.params, e->m.n_params);
+    e->version = version;
+    return MOERL_OK;
+}
+
+int engine_load_weights_bf16(engine *e, const uint16_t *w, size_t n_params, int version) {
+    if (n_params != e->m.n_params)
+        return moerl_errorf("engine_load_weights_bf16: %zu values given, the model layout has %zu", n_params,
+                            e->m.n_params);
+    uint16_t *dst = engine_weight_buffer_bf16(e);
+    if (!dst) return MOERL_ERR;
+    memmove(dst, w, n_params * sizeof(uint16_t));
+    return engine_set_version_bf16(e, version);
+}
+
 const moe_model *engine_model(const engine *e) { return &e->m; }
 
 void engine_set_ep(engine *e, struct ep_state *ep) { e->ep = ep; }

@@ -101,6 +101,20 @@ int engine_version(const engine *e);
  * packed expert panels of model.moe.pack_weights). Only at a step boundary, like engine_load_weights. */
 float *engine_weight_buffer(engine *e);
 void engine_set_version(engine *e, int version);
+/* bf16 weights straight in (engine_config.bf16_weights; a rollout rank receiving a bf16 weight
+ * broadcast, dist_bcast_weights_bf16): engine_weight_buffer_bf16 is room for n_params bf16 values
+ * inside the engine's own weight buffer (its upper half, so no second copy of the weights); the
+ * caller fills it and calls engine_set_version_bf16, which packs the bf16 panels directly from
+ * those values and then widens them in place to the fp32 values prefill and the small tensors read
+ * (exact: bf16 → fp32 is the bits shifted up). The engine then computes exactly as after
+ * engine_load_weights of any fp32 weights that round (nearest, ties to even) to these values.
+ * Between the two calls the engine's fp32 weights are garbage: only at a step boundary, like
+ * engine_weight_buffer. engine_load_weights_bf16 does both from the caller's w[n_params].
+ * Errors: the engine computes from fp32 weights (bf16_weights = 0; NULL from the buffer call),
+ * n_params differs from the model layout's. */
+uint16_t *engine_weight_buffer_bf16(engine *e);
+int engine_set_version_bf16(engine *e, int version);
+int engine_load_weights_bf16(engine *e, const uint16_t *w, size_t n_params, int version);
 /* The engine's inference model (weights in the engine's buffer). */
 const moe_model *engine_model(const engine *e);
 /* Expert parallelism over rollout ranks (src/parallel/ep.h): the engine was created from a config

@@ -92,7 +92,18 @@ void gemm_packed_nt_rows(float *out, int ldo, const float *const *rows, const fl
  * The same panel layout with bf16 elements (half the bytes per weight): the rollout engine's
  * bf16 weights (rollout.dtype bf16). Each weight is widened to fp32 exactly (bf16 → fp32 is the
  * 16 bits shifted up) inside the kernel, and the arithmetic is then the fp32 kernel's: an output
- * equals the fp32 kernel's on the bf16-rounded weights. */
+ * equals the fp32 kernel's on the bf16-rounded weights (each lane sums i ascending in one
+ * accumulator, a multiply then an add, whatever the row count or the panels in flight).
+ *
+ * Within a panel's 16 weights of one input i the lanes are interleaved: stored element 2j holds
+ * output lane j and element 2j + 1 lane 8 + j (j < 8). Read as eight 32-bit words, the low halves
+ * shifted up 16 bits are lanes 0..7 as fp32 and the high halves with the low bits masked off are
+ * lanes 8..15: two single-cycle integer operations per 16 weights and no cross-lane shuffle (a
+ * zero-extension vpmovzxwd of each half needs a lane extract plus two shuffles, all on the one
+ * shuffle port of many x86 cores). */
+
+/* Stored position of output lane l (0..15) in a panel row. */
+static inline int bf16_slot(int l) { return l < 8 ? 2 * l : 2 * (l - 8) + 1; }
 
 static inline uint16_t bf16_round(float x) {
     uint32_t u;
@@ -110,25 +121,42 @@ void gemm_packed16_pack(uint16_t *P, const float *W, int O, int I) {
         const int lanes = MOERL_MIN(NZ_W, O - b * NZ_W);
         for (int i = 0; i < I; i++) {
             uint16_t *d = pb + (size_t)i * NZ_W;
-            for (int l = 0; l < lanes; l++) d[l] = bf16_round(W[(size_t)(b * NZ_W + l) * I + i]);
-            for (int l = lanes; l < NZ_W; l++) d[l] = 0;
+            for (int l = 0; l < lanes; l++) d[bf16_slot(l)] = bf16_round(W[(size_t)(b * NZ_W + l) * I + i]);
+            for (int l = lanes; l < NZ_W; l++) d[bf16_slot(l)] = 0;
         }
     }
 }
 
-/* 16 bf16 weights → two vectors of 8 fp32 (exact). */
+void gemm_packed16_pack_bf16(uint16_t *P, const uint16_t *W, int O, int I) {
+    MOERL_ASSERT(O >= 0 && I >= 0);
+    const int nb = (O + NZ_W - 1) / NZ_W;
+    for (int b = 0; b < nb; b++) {
+        uint16_t *pb = P + (size_t)b * I * NZ_W;
+        const int lanes = MOERL_MIN(NZ_W, O - b * NZ_W);
+        for (int i = 0; i < I; i++) {
+            uint16_t *d = pb + (size_t)i * NZ_W;
+            for (int l = 0; l < lanes; l++) d[bf16_slot(l)] = W[(size_t)(b * NZ_W + l) * I + i];
+            for (int l = lanes; l < NZ_W; l++) d[bf16_slot(l)] = 0;
+        }
+    }
+}
+
+uint16_t gemm_packed16_get(const uint16_t *P, int I, int o, int i) {
+    return P[((size_t)(o / NZ_W) * I + i) * NZ_W + bf16_slot(o % NZ_W)];
+}
+
+/* 16 bf16 weights of one panel row → lanes 0..7 and 8..15 as fp32 (exact). */
 static inline void bf16x16_load(const uint16_t *p, v8f *lo, v8f *hi) {
 #ifdef __AVX2__
     const __m256i v = _mm256_loadu_si256((const __m256i *)p);
-    const __m256i a = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16);
-    const __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16);
-    __m256 fa = _mm256_castsi256_ps(a), fb = _mm256_castsi256_ps(b);
-    memcpy(lo, &fa, sizeof *lo);
-    memcpy(hi, &fb, sizeof *hi);
+    const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    const __m256 b = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+    memcpy(lo, &a, sizeof *lo);
+    memcpy(hi, &b, sizeof *hi);
 #else
     float f[16];
     for (int l = 0; l < 16; l++) {
-        const uint32_t u = (uint32_t)p[l] << 16;
+        const uint32_t u = (uint32_t)p[bf16_slot(l)] << 16;
         memcpy(&f[l], &u, 4);
     }
     memcpy(lo, f, sizeof *lo);
@@ -136,41 +164,66 @@ static inline void bf16x16_load(const uint16_t *p, v8f *lo, v8f *hi) {
 #endif
 }
 
-static inline void panel16_rows(float out[4][NZ_W], const float *const *rows, int nr, const uint16_t *pb, int I) {
-    v8f a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0}, d0 = {0}, d1 = {0};
-    const float *x0 = rows[0], *x1 = nr > 1 ? rows[1] : rows[0], *x2 = nr > 2 ? rows[2] : rows[0],
-                *x3 = nr > 3 ? rows[3] : rows[0];
+/* NR rows (1..4) against NP consecutive panels (1, 2 or 4; NP·NR ≤ 4) at once, pb[k] = panel k:
+ * out[k][r][0..15] = Σ_i rows[r][i]·panel_k[i][0..15]. Several panels in flight give one row
+ * 2·NP independent accumulators instead of 2 (a single row's two dependency chains of adds
+ * otherwise bound the loop at one 16-weight row per add latency, below what the caches deliver
+ * at half the bytes). NP and NR are compile-time constants at every call (always inlined), so
+ * the accumulator array lives in registers. */
+static inline __attribute__((always_inline)) void panels16_rows(float out[4][4][NZ_W], const float *const *rows,
+                                                                const int NR, const uint16_t *const *pb,
+                                                                const int NP, int I) {
+    v8f acc[4][4][2];
+    for (int k = 0; k < NP; k++)
+        for (int r = 0; r < NR; r++) acc[k][r][0] = acc[k][r][1] = (v8f){0};
     for (int i = 0; i < I; i++) {
-        v8f w0, w1;
-        bf16x16_load(pb + (size_t)i * NZ_W, &w0, &w1);
-        a0 += x0[i] * w0;
-        a1 += x0[i] * w1;
-        if (nr > 1) { b0 += x1[i] * w0; b1 += x1[i] * w1; }
-        if (nr > 2) { c0 += x2[i] * w0; c1 += x2[i] * w1; }
-        if (nr > 3) { d0 += x3[i] * w0; d1 += x3[i] * w1; }
+        v8f w[4][2];
+        for (int k = 0; k < NP; k++) bf16x16_load(pb[k] + (size_t)i * NZ_W, &w[k][0], &w[k][1]);
+        for (int r = 0; r < NR; r++) {
+            const float x = rows[r][i];
+            for (int k = 0; k < NP; k++) {
+                acc[k][r][0] += x * w[k][0];
+                acc[k][r][1] += x * w[k][1];
+            }
+        }
     }
-    memcpy(out[0], &a0, sizeof a0); memcpy(out[0] + 8, &a1, sizeof a1);
-    memcpy(out[1], &b0, sizeof b0); memcpy(out[1] + 8, &b1, sizeof b1);
-    memcpy(out[2], &c0, sizeof c0); memcpy(out[2] + 8, &c1, sizeof c1);
-    memcpy(out[3], &d0, sizeof d0); memcpy(out[3] + 8, &d1, sizeof d1);
+    for (int k = 0; k < NP; k++)
+        for (int r = 0; r < NR; r++) {
+            memcpy(out[k][r], &acc[k][r][0], sizeof acc[k][r][0]);
+            memcpy(out[k][r] + 8, &acc[k][r][1], sizeof acc[k][r][1]);
+        }
 }
 
 void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
                            int o1) {
     MOERL_ASSERT(m >= 0 && I >= 0 && o0 >= 0 && o0 % NZ_W == 0 && o1 >= o0);
-    float acc[4][NZ_W];
-    for (int o = o0; o < o1; o += NZ_W) {
-        const uint16_t *pb = P + (size_t)(o / NZ_W) * I * NZ_W;
-        const int lanes = MOERL_MIN(NZ_W, o1 - o);
-        for (int r0 = 0; r0 < m; r0 += 4) {
-            const int nr = MOERL_MIN(4, m - r0);
-            switch (nr) {
-            case 1: panel16_rows(acc, rows + r0, 1, pb, I); break;
-            case 2: panel16_rows(acc, rows + r0, 2, pb, I); break;
-            case 3: panel16_rows(acc, rows + r0, 3, pb, I); break;
-            default: panel16_rows(acc, rows + r0, 4, pb, I); break;
+    float acc[4][4][NZ_W];
+    const size_t pstride = (size_t)I * NZ_W;
+    for (int r0 = 0; r0 < m; r0 += 4) {
+        const int nr = MOERL_MIN(4, m - r0);
+        /* panels per pass: 4 for one row, 2 for two, else 1 (≤ 8 accumulators, no spills) */
+        const int want = nr == 1 ? 4 : nr == 2 ? 2 : 1;
+        for (int o = o0; o < o1;) {
+            const int left = (o1 - o + NZ_W - 1) / NZ_W;
+            const int np = left >= want ? want : left >= 2 && want >= 2 ? 2 : 1;
+            const uint16_t *pb[4];
+            for (int k = 0; k < np; k++) pb[k] = P + (size_t)(o / NZ_W + k) * pstride;
+            const float *const *rr = rows + r0;
+            switch (np * 8 + nr) { /* one instantiation per shape keeps the accumulators in registers */
+            case 8 + 1: panels16_rows(acc, rr, 1, pb, 1, I); break;
+            case 8 + 2: panels16_rows(acc, rr, 2, pb, 1, I); break;
+            case 8 + 3: panels16_rows(acc, rr, 3, pb, 1, I); break;
+            case 8 + 4: panels16_rows(acc, rr, 4, pb, 1, I); break;
+            case 16 + 1: panels16_rows(acc, rr, 1, pb, 2, I); break;
+            case 16 + 2: panels16_rows(acc, rr, 2, pb, 2, I); break;
+            default: panels16_rows(acc, rr, 1, pb, 4, I); break; /* 32 + 1 */
             }
-            for (int r = 0; r < nr; r++) memcpy(out + (size_t)(r0 + r) * ldo + (o - o0), acc[r], (size_t)lanes * sizeof(float));
+            for (int k = 0; k < np; k++) {
+                const int ok = o + k * NZ_W, lanes = MOERL_MIN(NZ_W, o1 - ok);
+                for (int r = 0; r < nr; r++)
+                    memcpy(out + (size_t)(r0 + r) * ldo + (ok - o0), acc[k][r], (size_t)lanes * sizeof(float));
+            }
+            o += np * NZ_W;
         }
     }
 }
