@@ -102,7 +102,7 @@ void ep_moe_backward_team(ep_state *ep, const moe_model *m, int l, const mlp_act
 /* ---- gradients, optimizer, checkpoints ---- */
 /* Sum m->grads: tensors flagged TF_EXPERT over the grid's ep_dp_comm, every other tensor over
  * stage_comm (the caller's dlogp already divides by the global token count, so sums are the full
- * gradient). Collective over the stage. */
+ * gradient). m NULL: the model of ep_state_attach. Collective over the stage. */
 int ep_reduce_grads(ep_state *ep, moe_model *m);
 /* Global L2 norm of the gradient of the whole (unsliced) model after ep_reduce_grads: the
  * replicated tensors' squares (the same on every rank) plus the expert squares summed over the EP
@@ -123,6 +123,23 @@ int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full);
  * replicated tensors whole, expert tensors the rows of local's experts. Not collective. Errors:
  * full is not the unsliced model of local's config. */
 int ep_slice_model(const moe_model *full, moe_model *local);
+
+/* Floats of the whole (unsliced) model's layout of ep's config. */
+size_t ep_whole_params(const ep_state *ep);
+/* This rank's part of a vector in the whole model's layout (weights, AdamW moments): replicated
+ * tensors whole, expert tensors the rows of local's experts, into local_vec [local->n_params].
+ * Not collective. */
+void ep_slice_vec(const ep_state *ep, const moe_model *local, const float *whole_vec, float *local_vec);
+/* The whole model (and with moments != NULL the whole AdamW moments of os, os being in local's
+ * layout) on the EP ranks with keep = 1: whole := a new inference model (model_init_inference of
+ * the unsliced config; model_free it) holding the replicated tensors of the keeper's own copy and
+ * every expert from its owner; *moments := os's scalars with m / v of the whole layout (free
+ * both). Members with keep = 0 only send (no whole-model buffer anywhere but on the keeper:
+ * point-to-point messages per expert tensor, not an all-gather). Several keepers in one group are
+ * served in turn. Collective over ep_comm. Errors: the allocation or the transport failing
+ * (nothing left allocated). */
+int ep_gather_full(ep_state *ep, const moe_model *local, const adamw_state *os, int keep, moe_model *whole,
+                   adamw_state *moments);
 
 /* Replace the whole model m (exec.ep_size unset) by this rank's slice of it (g->ep > 1; a no-op at
  * ep 1): the model par_state_init receives becomes the one ep_state_new expects, and the full

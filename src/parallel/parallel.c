@@ -164,32 +164,56 @@ void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_co
     else adamw_init(os, m, cfg);
 }
 
+size_t par_whole_params(const par_state *ps, const moe_model *m) {
+    if (ps && ps->ep) return ep_whole_params(ps->ep); /* m holds this rank's experts only */
+    return m->n_params;                               /* FSDP keeps the whole layout in m */
+}
+
+void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float *local) {
+    if (ps && ps->fsdp) fsdp_slice_vec(ps->fsdp, whole, local);
+    else if (ps && ps->ep) ep_slice_vec(ps->ep, m, whole, local);
+    else memcpy(local, whole, m->n_params * sizeof(float));
+}
+
+int par_grads_self_reduced(const par_state *ps) { return ps && (ps->fsdp || ps->ep); }
+
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
-    if (!ps || !ps->fsdp) return;
-    MOERL_ASSERT(os->n == m->n_params);
-    adamw_state sh = *os;
-    fsdp_adamw_init(ps->fsdp, &sh, os->cfg);
+    if (!ps || (!ps->fsdp && !ps->ep)) return;
+    MOERL_ASSERT(os->n == par_whole_params(ps, m));
+    adamw_state sh;
+    par_adamw_init(ps, m, &sh, os->cfg);
     sh.step = os->step;
     sh.skipped = os->skipped;
-    fsdp_slice_vec(ps->fsdp, os->m, sh.m);
-    fsdp_slice_vec(ps->fsdp, os->v, sh.v);
+    par_slice_vec(ps, m, os->m, sh.m);
+    par_slice_vec(ps, m, os->v, sh.v);
     adamw_free(os);
     *os = sh;
 }
 
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
+    if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
 }
 
 int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (par_pad_passes(ps, passes, max_passes, 1) != MOERL_OK) return MOERL_ERR;
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
+    if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
     return MOERL_OK;
 }
 
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
+    if (ps && ps->ep) { /* expert parallel: an assembled copy on the keeper (ep_gather_full) */
+        moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+        if (moments) memset(moments, 0, sizeof *moments);
+        if (ep_gather_full(ps->ep, m, os, keep, whole, moments) != MOERL_OK) {
+            free(whole);
+            return NULL;
+        }
+        return whole;
+    }
     if (!ps || !ps->fsdp) { /* replicated: m and os are whole already */
         if (moments && keep) *moments = *os;
         return keep ? m : NULL;
@@ -218,13 +242,15 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
 
 void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
                       adamw_state *moments) {
-    (void)m;
-    (void)full;
-    if (!ps || !ps->fsdp) return;
-    fsdp_release_all(ps->fsdp);
-    if (moments && moments->m != os->m) {
+    if (!ps || (!ps->fsdp && !ps->ep)) return;
+    if (full && full != m) { /* an assembled copy (expert parallel) */
+        model_free((moe_model *)full);
+        free((moe_model *)full);
+    }
+    if (ps->fsdp) fsdp_release_all(ps->fsdp);
+    if (moments && os && moments->m && moments->m != os->m) {
         free(moments->m);
         free(moments->v);
-        memset(moments, 0, sizeof *moments);
     }
+    if (moments) memset(moments, 0, sizeof *moments);
 }
