@@ -581,6 +581,7 @@ int ep_max_passes(ep_state *ep, int passes) {
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
     if (!m) m = ep->model;
     MOERL_ASSERT(m);
+    ep->st.idle_passes++;
     const int H = ep->H, I = ep->I, El = ep->El;
     int *zero = xcalloc((size_t)ep->E + 1, sizeof(int));
     float dummy[1] = {0};

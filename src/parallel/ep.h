@@ -62,6 +62,7 @@ typedef struct {
     long spill_rounds;  /* alltoall exchanges that needed the spill round (any rank overflowed) */
     long spill_rows;    /* rows this rank sent in spill rounds */
     long max_block;     /* largest row count seen in one (source, expert) block */
+    long idle_passes;   /* ep_idle_pass calls (forward or forward + backward) */
     double seconds;     /* wall time inside the exchanges (communication and the copies around it) */
 } ep_stats;
 
