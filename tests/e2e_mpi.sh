@@ -13,13 +13,14 @@
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2), Ulysses
 #                 (-np 2 sp 2, -np 4 sp 2 × dp 2) and expert parallel (-np 2 ep 2 with each dispatcher, bit-identical;
 #                 -np 4 ep 2 × dp 2; -np 4 ep 4; small micro-batches with idle passes and spills; N -> M resume
-#                 -np 4 ep 4 -> -np 2 ep 2 and -> one process) against
+#                 -np 4 ep 4 -> -np 2 ep 2 and -> one process; EP × FSDP -np 4 ep 2 × fsdp 2, resumed both ways) against
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
 #                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
-#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
+#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
+#                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 4 and dp 2 x pp 2 against one rank after K AdamW
@@ -105,6 +106,8 @@ run_mpi "test_dist_ep -np 2 (EP=2)" 2 "$T/test_dist_ep"
 run_mpi "test_dist_ep -np 4 (EP=4)" 4 "$T/test_dist_ep"
 run_mpi "test_dist_ep -np 4 (EP=2 x DP=2)" 4 "$T/test_dist_ep" --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_ep -np 2 (EP=2, 2 threads)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=2 x FSDP=2)" 4 "$T/test_dist_ep" --ep 2 --fsdp 2
+run_mpi "test_dist_ep -np 8 (EP=2 x FSDP=2 x 2)" 8 "$T/test_dist_ep" --ep 2 --fsdp 2
 run_mpi "test_dist_sp -np 2 (SP=2, GQA nkv 2)" 2 "$T/test_dist_sp" --sp 2
 run_mpi "test_dist_sp -np 2 (SP=2, nkv 1 replicated)" 2 "$T/test_dist_sp" --sp 2 --nkv 1
 run_mpi "test_dist_sp -np 4 (SP=2 x DP=2)" 4 "$T/test_dist_sp" --sp 2
@@ -242,6 +245,25 @@ timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTS[@]}" a
 rc=$?
 EDGE_WHAT="moerl-mpi sft -np 2 ep 2, 72-token micro-batches, capacity factor 0.1, against one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && same_run "$W/rsm1" "$W/rsme" 5e-5 && grep -Eq "[1-9][0-9]* spill rounds, [1-9][0-9]* idle passes" "$W/err"'
+# EP x FSDP (-np 4: ep 2, FSDP 2 over the ranks holding the same experts) against one process, with
+# 160-token and 72-token micro-batches (the latter: idle passes interleaving FSDP gathers and expert
+# exchanges); the tolerance of the EP runs (measured ≤ 1.7e-5 at 72 tokens)
+for mb in 160 72; do
+    timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" data.max_token_len_per_micro_batch=$mb \
+        actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/ref$mb" >"$W/out" 2>"$W/err"
+    rc=$?
+    EDGE_WHAT="moerl-mpi sft -np 4 ep 2 x fsdp 2, micro-batch $mb, against one process (rc $rc): $(tail -c 300 "$W/err")"
+    ref1=$W/r1
+    [[ $mb == 72 ]] && ref1=$W/rsm1
+    edge eval '[[ $rc -eq 0 ]] && same_run "$ref1" "$W/ref$mb" 5e-5'
+done
+EDGE_WHAT="moerl-mpi sft -np 4 ep 2 x fsdp 2 at 72-token micro-batches ran no idle pass: $(grep -o '[0-9]* idle passes' "$W/err")"
+edge eval 'grep -Eq " [1-9][0-9]* idle passes" "$W/err"'
+timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size=2 \
+    actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/ref2" >"$W/out" 2>"$W/err"
+rc=$?
+EDGE_WHAT="moerl-mpi sft -np 2 ep 2 x fsdp 2 must be refused (ep·fsdp does not divide 2) (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "their product must divide the 2 ranks" "$W/err" && [[ ! -e $W/ref2 ]]'
 timeout 60 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size=3 \
     trainer.default_local_dir="$W/re3" >"$W/out" 2>"$W/err"
 rc=$?
@@ -298,6 +320,22 @@ edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1
 rc=$?
 EDGE_WHAT="checkpoint of -np 4 ep 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/e4b" 5e-5'
+# EP x FSDP N -> M: -np 4 ep 2 x fsdp 2 (2 steps) resumed on -np 2 ep 2; -np 2 ep 2 (2 steps) resumed on
+# -np 4 ep 2 x fsdp 2 (each rank's shard of its experts' weights and moments)
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/x4" >/dev/null 2>"$W/err"
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.expert_parallel_size=2 trainer.default_local_dir="$W/x4" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 ep 2 x fsdp 2 resumed on -np 2 ep 2 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/x4" 5e-5'
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.expert_parallel_size=2 trainer.default_local_dir="$W/x2" >/dev/null 2>"$W/err"
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/x2" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 2 ep 2 resumed on -np 4 ep 2 x fsdp 2 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/x2" 5e-5'
 rm -rf "$W"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

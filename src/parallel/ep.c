@@ -578,28 +578,23 @@ int ep_max_passes(ep_state *ep, int passes) {
     return mx;
 }
 
-void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
+void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward) {
     if (!m) m = ep->model;
-    MOERL_ASSERT(m);
-    ep->st.idle_passes++;
+    MOERL_ASSERT(m && l >= 0 && l < ep->L);
+    ep_layer *y = &ep->lay[l];
+    if (!y->rcnt) return; /* a dense layer */
     const int H = ep->H, I = ep->I, El = ep->El;
     int *zero = xcalloc((size_t)ep->E + 1, sizeof(int));
     float dummy[1] = {0};
-    for (int l = 0; l < ep->L; l++) { /* forward: the MoE layers in order, no rows of our own */
-        ep_layer *y = &ep->lay[l];
-        if (!y->rcnt) continue;
-        const layer_views *w = &m->p.layers[l];
+    const layer_views *w = &m->p.layers[l];
+    if (!backward) { /* forward: no rows of our own */
         dispatch_forward(ep, l, dummy, zero, zero);
         grouped_fuse fz = {0};
         fz.swiglu_act = y->act;
         grouped_gemm_forward_team(y->gu, y->x, w->experts_gate_up, y->eoff, El, H, 2 * I, &fz);
         grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, El, I, H, NULL);
         exchange_known(ep, ep->y, y->boff, y->rcnt, dummy, zero, zero);
-    }
-    for (int l = ep->L - 1; backward && l >= 0; l--) { /* backward: in reverse, weight gradients accumulate */
-        ep_layer *y = &ep->lay[l];
-        if (!y->rcnt) continue;
-        const layer_views *w = &m->p.layers[l];
+    } else { /* backward: the local experts' weight gradients accumulate */
         layer_views *gw = &m->g.layers[l];
         exchange_known(ep, dummy, zero, zero, ep->dy, y->boff, y->rcnt);
         grouped_fuse fz = {0};
@@ -612,6 +607,14 @@ void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
     }
     free(zero);
 }
+
+void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
+    ep->st.idle_passes++;
+    for (int l = 0; l < ep->L; l++) ep_idle_layer(ep, m, l, 0);  /* forward: the MoE layers in order */
+    for (int l = ep->L - 1; backward && l >= 0; l--) ep_idle_layer(ep, m, l, 1); /* backward: in reverse */
+}
+
+void ep_count_idle_pass(ep_state *ep) { ep->st.idle_passes++; }
 
 ep_state *ep_state_attach(const par_grid *g, moe_model *m, int max_tokens) {
     if (ep_slice_in_place(g, m) != MOERL_OK) return NULL;

@@ -157,6 +157,12 @@ int ep_slice_in_place(const par_grid *g, moe_model *m);
  * Call outside OpenMP regions. Collective over ep_comm. */
 int ep_max_passes(ep_state *ep, int passes);
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward);
+/* One MoE layer l of an idle pass (forward, or with backward = 1 its backward), for callers that
+ * interleave it with other strategies' layer events (EP × FSDP: parallel.c puts each layer's
+ * exchange where forward.c's pass has it between the FSDP events). No-op for a dense layer.
+ * ep_count_idle_pass: count such a pass in ep_stats.idle_passes. */
+void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward);
+void ep_count_idle_pass(ep_state *ep);
 
 /* par_state_init's form: ep_slice_in_place(g, m) then ep_state_new(g, &m->cfg, max_tokens), the
  * state remembering m (ep_idle_pass may then take m = NULL). ep_state_detach: the inverse, for
