@@ -167,6 +167,39 @@ elif cmd == "dp_close":  # DP=2 vs DP=1 with lr 0: gradient norm and entropy per
         if not (g2 > 0 and rg <= 1e-5 and re <= 1e-6):
             fail("version %d: grad_norm %r vs %r (rel %.2g), entropy %r vs %r (rel %.2g)" % (i + 1, g1, g2, rg, e1, e2, re))
     print("max relative difference: grad_norm %.2g, entropy %.2g over %d versions" % (worst_g, worst_e, len(a)))
+elif cmd == "same_responses":  # every uid of both runs has the same response tokens (order of lines aside)
+    a = {x["uid"]: [r["ids"] for r in x["responses"]] for x in rows(d + "/samples.jsonl")}
+    b = {x["uid"]: [r["ids"] for r in x["responses"]] for x in rows(args[0] + "/samples.jsonl")}
+    if a.keys() != b.keys() or len(a) < 4:
+        fail("uids differ: %d vs %d groups" % (len(a), len(b)))
+    diff = [u for u in a if a[u] != b[u]]
+    if diff:
+        fail("%d of %d groups have other response tokens, e.g. uid %s" % (len(diff), len(a), diff[0]))
+    print("%d groups, identical response tokens" % len(a))
+elif cmd == "weights_close":  # checkpoint/{model,optimizer}.safetensors of two runs: max |a - b| ≤ tol
+    import array, struct
+    def load(p):
+        with open(p, "rb") as f:
+            b = f.read()
+        n = struct.unpack("<Q", b[:8])[0]
+        out = {}
+        for k, v in json.loads(b[8:8 + n]).items():
+            if k != "__metadata__":
+                s0, s1 = v["data_offsets"]
+                a = array.array("f")
+                a.frombytes(b[8 + n + s0:8 + n + s1])
+                out[k] = a
+        return out
+    tol, msg = float(args[1]), []
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load(d + "/checkpoint/" + f), load(args[0] + "/checkpoint/" + f)
+        if a.keys() != b.keys():
+            fail("%s: tensors differ: %s" % (f, sorted(set(a) ^ set(b))[:4]))
+        worst = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
+        if not worst <= tol:
+            fail("%s: max |difference| %.3g > %g" % (f, worst, tol))
+        msg.append("%s max |diff| %.2g" % (f.split(".")[0], worst))
+    print(", ".join(msg))
 else:
     fail("unknown check " + cmd)
 EOF
@@ -250,6 +283,66 @@ for comp in threshold onebit; do
     else bad "grad_compression=$comp" "exit $?"; tail_log comp_$comp; fi
 done
 
+# ---------------------------------------------------------------- model parallelism on the trainer ranks
+# FSDP / HSDP / Ulysses SP against data parallelism on the same global batch (sync schedule, one
+# rollout rank, so the samples are the same while the weights agree): lr > 0, a checkpoint every 2
+# versions (the whole model and the AdamW moments gathered from the shards onto trainer rank 0).
+# Tolerance 1e-4 on weights and moments: the runs differ only in the fp32 summation order of the
+# gradients, and Adam divides each coordinate by its own √v, so a coordinate whose gradient is a
+# cancelling sum can move by a visible share of lr = 1e-3 (observed ≤ 1.1e-5 with SP, 0 with FSDP);
+# a missing, doubled or misrouted reduction moves most coordinates by O(lr) per step.
+MP=(async_training.staleness_threshold=0 async_training.partial_rollout=false async_training.trigger_parameter_sync_step=1
+    trainer.total_training_steps=6 trainer.save_freq=2 actor.optim.lr=1e-3 actor.entropy_coeff=0.01
+    actor.ppo_mini_batch_size=3 async_training.require_batches=2)
+mp_case() { # mp_case LABEL NAME NP T REF [key=value ...]: run NAME and compare it with the DP run REF
+    local label=$1 name=$2 np=$3 t=$4 ref=$5
+    shift 5
+    if mpi_rl "$name" "$np" "$t" "${MP[@]}" "$@"; then
+        if ! cmp -s "$WORK/$name/samples.jsonl" "$WORK/$ref/samples.jsonl"; then bad "$label" "samples.jsonl differ from $ref"
+        elif msg=$(check weights_close "$WORK/$name" "$WORK/$ref" 1e-4); then ok "$label = $ref: same samples, $msg"
+        else bad "$label" "$msg"; fi
+    else bad "$label" "exit $?"; tail_log "$name"; fi
+}
+if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4 5 4 "${MP[@]}"; then
+    mp_case "FSDP 2 (moerl rl)" mp_fsdp2 3 2 mp_dp2 actor.fsdp_config.fsdp_size=2
+    mp_case "HSDP 2x2 (moerl rl)" mp_hsdp 5 4 mp_dp4 actor.fsdp_config.fsdp_size=2
+    mp_case "Ulysses SP 2 x FSDP 2 (moerl rl)" mp_spfsdp 5 4 mp_dp2 actor.ulysses_sequence_parallel_size=2 \
+        actor.fsdp_config.fsdp_size=2
+    mp_case "Ulysses SP 2 (moerl rl)" mp_sp2 3 2 mp_dp1 actor.ulysses_sequence_parallel_size=2
+else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi
+# rollout EP: 2 rollout ranks sharing one engine's experts (each holds 4 of 8) against 2 plain
+# rollout ranks, both dispatchers, lr 0 (the policy is fixed, so every group's responses depend only
+# on its uid's sampling seed and the logits): the same response tokens for every group. The expert
+# outputs are the same fp32 rows, only computed on the owning rank (observed: identical).
+EPR=(actor.optim.lr=0 async_training.staleness_threshold=0 async_training.partial_rollout=false
+     trainer.total_training_steps=6 actor.ppo_mini_batch_size=3 async_training.require_batches=2)
+if mpi_rl rep_ref 3 1 "${EPR[@]}"; then
+    for disp in alltoall alltoallv; do
+        if mpi_rl rep_$disp 3 1 "${EPR[@]}" rollout.expert_parallel_size=2 actor.moe.dispatcher=$disp &&
+            grep -q "rollout EP: ranks 0..1 hold 4 experts each ($disp)" "$WORK/rep_$disp.log"; then
+            if msg=$(check same_responses "$WORK/rep_$disp" "$WORK/rep_ref"); then ok "rollout EP 2 ($disp) = 2 rollout ranks: $msg"
+            else bad "rollout EP 2 ($disp)" "$msg"; fi
+        else bad "rollout EP 2 ($disp)" "exit or no EP line"; tail_log rep_$disp; fi
+    done
+else bad "rollout EP reference" "exit $?"; tail_log rep_ref; fi
+# and the asynchronous schedule with partial rollout: syncs interrupt the group mid-generation
+# (every rank of it at the same step), bf16 rollout weights, a checkpoint every 4 versions
+if mpi_rl rep_async 3 1 rollout.expert_parallel_size=2 async_training.staleness_threshold=1 \
+    async_training.partial_rollout=true trainer.total_training_steps=16 trainer.save_freq=4 rollout.dtype=bf16 \
+    data.max_response_length=48 rollout.synthetic_length.alpha=1 &&
+    n=$($PY -c "import json,sys; print(sum(json.loads(l)['interrupted_responses'] for l in open(sys.argv[1])))" \
+        "$WORK/rep_async/samples.jsonl") && [[ $n -gt 0 ]]; then
+    ok "rollout EP 2, async with partial rollout and bf16: 16 steps, $n interrupted-and-resumed responses"
+else bad "rollout EP 2 async" "exit or no interrupted response"; tail_log rep_async; fi
+
+# the FSDP run's checkpoint resumes on another number of trainer ranks (2 → 1) and trains on
+if [[ -d $WORK/mp_fsdp2/checkpoint ]] && mpi_rl mp_fsdp2 2 1 "${MP[@]}" trainer.total_training_steps=8 \
+    trainer.resume_mode=auto && grep -q "resumed" "$WORK/mp_fsdp2.log" &&
+    $PY -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; sys.exit(0 if r[-1]['training/global_step']==8 else 1)" \
+        "$WORK/mp_fsdp2/metrics.jsonl"; then
+    ok "an FSDP-2 checkpoint of moerl rl resumes on 1 trainer rank and reaches step 8"
+else bad "FSDP checkpoint resume on 1 rank" "exit or log"; tail_log mp_fsdp2; fi
+
 # ---------------------------------------------------------------- SIGTERM to mpirun: checkpoint, resume
 # mpirun forwards SIGTERM to every rank; trainer rank 0 stops at the next step boundary, stops the
 # other ranks, writes a checkpoint and exits 143 (the others leave with it); the same command resumes.
@@ -267,7 +360,9 @@ sleep 0.3
 kill -TERM $pid 2>/dev/null
 wait $pid
 rc1=$?
-if [[ $rc1 -eq 0 ]] || ! grep -q "stopped by signal 15" "$WORK/sigterm.log"; then
+# (the line is read from the run's own log file: mpirun may stop forwarding a rank's stderr once it
+# has forwarded the signal)
+if [[ $rc1 -eq 0 ]] || ! grep -q "stopped by signal 15" "$WORK/sigterm/run.log"; then
     bad "SIGTERM under mpirun" "exit $rc1, no 'stopped by signal' line"; tail_log sigterm
 elif mpi_rl sigterm 3 1 "${KS[@]}" && msg=$(check once "$WORK/sigterm" 6 32); then
     ok "SIGTERM to mpirun (exit $rc1): checkpoint, resume: every prompt of 6 epochs once"
@@ -327,6 +422,18 @@ rc=$?
 if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF "run under mpirun with build/moerl-mpi" "$WORK/nompi.log"; then
     ok "trainer.n_ranks=2 in one process: exit $rc, tells to use mpirun"
 else bad "n_ranks without mpirun" "exit $rc"; tail_log nompi; fi
+"$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/fsdp_one" \
+    actor.fsdp_config.fsdp_size=2 >"$WORK/fsdp_one.log" 2>&1
+rc=$?
+if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF "trainer.n_ranks ≥ 2" "$WORK/fsdp_one.log" && [[ ! -e $WORK/fsdp_one ]]; then
+    ok "actor.fsdp_config.fsdp_size=2 in one process: exit $rc, tells to use trainer ranks, no folder"
+else bad "FSDP in one process" "exit $rc"; tail_log fsdp_one; fi
+timeout 60 mpirun --oversubscribe -np 4 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    trainer.default_local_dir="$WORK/fsdp_bad" trainer.n_ranks=3 actor.fsdp_config.fsdp_size=2 >"$WORK/fsdp_bad.log" 2>&1
+rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -qF "actor.fsdp_config.fsdp_size" "$WORK/fsdp_bad.log" && [[ ! -e $WORK/fsdp_bad ]]; then
+    ok "fsdp_size=2 over 3 trainer ranks: exit $rc, names the key, no folder"
+else bad "FSDP size not dividing the ranks" "exit $rc"; tail_log fsdp_bad; fi
 timeout 60 mpirun --oversubscribe -np 2 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
     trainer.default_local_dir="$WORK/norollout" trainer.n_ranks=2 >"$WORK/norollout.log" 2>&1
 rc=$?

@@ -349,7 +349,7 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 
 void cli_outdir_abandon(const cli_outdir *o) {
     if (!o->top[0]) return;
-    static const char *setup_only[] = {".moerl.lock", "config.yaml", "data"};
+    static const char *setup_only[] = {".moerl.lock", "config.yaml", "data", "run.log"};
     DIR *d = opendir(o->dir);
     if (!d) return;
     struct dirent *e;

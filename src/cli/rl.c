@@ -22,6 +22,8 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "dist/dist.h"
+#include "parallel/compress.h"
+#include "parallel/grid.h"
 #include "rl/rl.h"
 
 /* src/cli/sft.c: the warm start (val: its validation split, may be empty) and the split itself. */
@@ -102,8 +104,19 @@ static int rl_clear_previous_run(const char *dir) {
         if (unlink(p) != 0 && errno != ENOENT)
             return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
     }
+    snprintf(p, sizeof p, "%s/run.log", dir);
+    if (unlink(p) != 0 && errno != ENOENT)
+        return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
     log_info("trainer.overwrite_output_dir: deleted the previous run's checkpoints and logs in %s", dir);
     return MOERL_OK;
+}
+
+/* The run's log lines (of this process: trainer rank 0 under mpirun) are also appended to
+ * out_dir/run.log, so a run's record survives a terminal or an mpirun that stops forwarding. */
+static int rl_open_run_log(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/run.log", dir);
+    return log_set_file(p);
 }
 
 /* The last line of `moerl rl` on stdout: one JSON object. "accuracy_sft" is null without a warm
@@ -124,6 +137,10 @@ static json_t *rl_summary_json(const rl_config *rc, const rl_result *res, double
     json_object_set_new(o, "trainer_idle_ratio", cli_json_real(res->trainer_idle_ratio));
     json_object_set_new(o, "rollouter_idle_ratio", cli_json_real(res->rollouter_idle_ratio));
     json_object_set_new(o, "output_dir", cli_json_text(rc->out_dir, strlen(rc->out_dir)));
+    /* a run stopped by SIGINT/SIGTERM still prints its line: the signal and the step its checkpoint holds */
+    json_object_set_new(o, "stopped_by_signal", res->stop_signal ? json_integer(res->stop_signal) : json_null());
+    json_object_set_new(o, "checkpoint_step",
+                        res->checkpoint_step >= 0 ? json_integer(res->checkpoint_step) : json_null());
     return o;
 }
 
@@ -139,6 +156,10 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
     cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
     cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    cfg_def_int(c, "rollout.expert_parallel_size", 1,
+                "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
+                "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
+                "rank holds every expert");
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
@@ -193,6 +214,9 @@ int rl_read_config(const cfg *c, rl_config *r) {
     r->max_response_length = (int)cfg_int(c, "data.max_response_length");
     r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    r->rollout_ep = (int)cfg_int(c, "rollout.expert_parallel_size");
+    if (r->rollout_ep < 1)
+        return moerl_errorf("rollout.expert_parallel_size must be ≥ 1, got %d", r->rollout_ep);
     const char *rdt = cfg_str(c, "rollout.dtype");
     if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
         return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
@@ -295,18 +319,29 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (r->rollout_threads <= 0 || r->trainer_threads <= 0)
         return moerl_errorf("async_training.rollout_threads and trainer_threads must be positive");
     if (par_read_keys(c, &r->par) != MOERL_OK) return MOERL_ERR;
-    /* refused here, before any folder or model exists, in one process as under mpirun */
+    if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
+    /* refused here, before any folder or model exists, in one process as under mpirun; the sizes
+     * against the ranks and the model are checked by par_check once the model is known */
     const par_config *pc = &r->par;
-    const int fsdp = pc->fsdp_size == -1 ? r->n_trainer_ranks : pc->fsdp_size;
-    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
-        pc->pipeline_parallel_size > 1)
-        return moerl_errorf("model parallelism on the trainer ranks (actor.fsdp_config.fsdp_size=%d, "
-                            "actor.expert_parallel_size=%d, actor.ulysses_sequence_parallel_size=%d, "
-                            "actor.pipeline_parallel_size=%d) is not available in moerl rl yet: its trainer ranks are "
-                            "data parallel (every size 1); `moerl sft` under mpirun takes these keys",
-                            pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size,
-                            pc->pipeline_parallel_size);
-    return rl_read_algorithm_keys(c, r);
+    const int pp = pc->pipeline_parallel_size, fsdp = pc->fsdp_size == -1 ? r->n_trainer_ranks / pp : pc->fsdp_size;
+    const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 || pp > 1;
+    if (any && r->n_trainer_ranks < 2)
+        return moerl_errorf("model parallelism (actor.fsdp_config.fsdp_size=%d, actor.expert_parallel_size=%d, "
+                            "actor.ulysses_sequence_parallel_size=%d, actor.pipeline_parallel_size=%d) splits the "
+                            "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
+                            pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
+                            r->n_trainer_ranks);
+    if (pc->expert_parallel_size > 1 || pp > 1)
+        return moerl_errorf("actor.expert_parallel_size=%d / actor.pipeline_parallel_size=%d: expert and pipeline "
+                            "parallelism are not available on the trainer ranks of moerl rl yet (FSDP and Ulysses "
+                            "are; `moerl sft` under mpirun takes all of them)",
+                            pc->expert_parallel_size, pp);
+    if (fsdp > 1 && r->grad_compression != GRAD_COMPRESSION_NONE)
+        return moerl_errorf("actor.grad_compression compresses the data-parallel all-reduce, and FSDP "
+                            "(actor.fsdp_config.fsdp_size=%d) reduces gradients by reduce-scatter instead: use "
+                            "actor.grad_compression=none with FSDP",
+                            fsdp);
+    return MOERL_OK;
 }
 
 /* The line a run stopped by a signal leaves: how to resume, or that it cannot. */
@@ -353,10 +388,20 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     int opened = 0;
     if (leader && rl_check_out_dir(c, rc) != MOERL_OK) goto fail;
     if (cli_build_model(c, &m) != MOERL_OK) goto fail;
+    if (par_check(&rc->par, rc->n_trainer_ranks, m.cfg.num_experts, m.cfg.num_attention_heads,
+                  m.cfg.num_key_value_heads, m.cfg.num_hidden_layers) != MOERL_OK)
+        goto fail; /* before any folder exists */
+    if (rc->rollout_ep > 1 && (ctx->n_rollout % rc->rollout_ep || m.cfg.num_experts % rc->rollout_ep)) {
+        moerl_errorf("rollout.expert_parallel_size=%d must divide the %d rollout ranks (mpirun -np minus "
+                     "trainer.n_ranks) and the model's %d experts",
+                     rc->rollout_ep, ctx->n_rollout, m.cfg.num_experts);
+        goto fail;
+    }
     if (leader) {
         if (cli_outdir_open(&od, rc->out_dir) != MOERL_OK) goto fail;
         opened = 1;
         if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc->out_dir) != MOERL_OK) goto fail;
+        if (rl_open_run_log(rc->out_dir) != MOERL_OK) goto fail;
     }
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
@@ -382,6 +427,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (leader && res.stop_signal) {
         rl_report_stop(&res, rc->out_dir);
+        cli_print_json(rl_summary_json(rc, &res, sft1), 6);
         return 128 + res.stop_signal;
     }
     if (leader) {
@@ -449,6 +495,12 @@ int cmd_rl(int argc, char **argv) {
                      rc.n_trainer_ranks);
         goto fail;
     }
+    if (rc.rollout_ep > 1) {
+        moerl_errorf("rollout.expert_parallel_size=%d splits the engine's experts over rollout ranks, and one "
+                     "process has none: run under mpirun with build/moerl-mpi and at least %d rollout ranks",
+                     rc.rollout_ep, rc.rollout_ep);
+        goto fail;
+    }
     /* everything that can be checked without writing comes first: a bad configuration, model or
      * output folder leaves no folder behind (and a failure while setting up removes what it made) */
     if (rl_check_out_dir(c, &rc) != MOERL_OK) goto fail;
@@ -456,6 +508,7 @@ int cmd_rl(int argc, char **argv) {
     if (cli_outdir_open(&od, rc.out_dir) != MOERL_OK) goto fail;
     opened = 1;
     if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc.out_dir) != MOERL_OK) goto fail;
+    if (rl_open_run_log(rc.out_dir) != MOERL_OK) goto fail;
     if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
@@ -477,6 +530,7 @@ int cmd_rl(int argc, char **argv) {
     if (rl_run(&rc, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (res.stop_signal) {
         rl_report_stop(&res, rc.out_dir);
+        cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
         model_free(&m);
         dataset_free(&train);
         dataset_free(&test);

@@ -285,6 +285,9 @@ typedef enum {
  * (ties: trainer rank). Collective over trainer_comm. Returns NULL with a message when this rank is not
  * a trainer or color < 0. Free with dist_comm_free (collective over the group, in creation order). */
 dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key);
+/* The same over the rollout ranks (e.g. the engine's expert-parallel groups): collective over the
+ * rollout ranks; NULL with a message on a trainer rank or before the roles are split. */
+dist_comm *dist_comm_split_rollout(dist_ctx *ctx, int color, int key);
 void dist_comm_free(dist_comm *c);
 int dist_comm_rank(const dist_comm *c);
 int dist_comm_size(const dist_comm *c);

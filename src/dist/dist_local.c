@@ -263,6 +263,11 @@ dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key) {
     return xcalloc(1, sizeof(dist_comm));
 }
 
+dist_comm *dist_comm_split_rollout(dist_ctx *ctx, int color, int key) {
+    moerl_errorf("dist_comm_split_rollout: one process has no rollout ranks (run under mpirun)");
+    return NULL;
+}
+
 void dist_comm_free(dist_comm *c) { free(c); }
 int dist_comm_rank(const dist_comm *c) { return 0; }
 int dist_comm_size(const dist_comm *c) { return 1; }

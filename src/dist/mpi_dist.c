@@ -30,7 +30,7 @@
 #define DIST_TAG_MAX 32767 /* the MPI standard guarantees MPI_TAG_UB >= 32767 */
 
 struct dist_impl {
-    MPI_Comm world, p2p, trainer, sync;
+    MPI_Comm world, p2p, trainer, sync, rollout;
 };
 
 /* The abort hook has no argument for a context; these two identify the rank in its message. */
@@ -92,13 +92,14 @@ dist_ctx *dist_init(int *argc, char ***argv) {
     c->impl = xcalloc(1, sizeof *c->impl);
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->impl->world));
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->impl->p2p));
-    c->impl->trainer = c->impl->sync = MPI_COMM_NULL;
+    c->impl->trainer = c->impl->sync = c->impl->rollout = MPI_COMM_NULL;
     return c;
 }
 
 static void free_role_comms(dist_ctx *ctx) {
     if (ctx->impl->trainer != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&ctx->impl->trainer));
     if (ctx->impl->sync != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&ctx->impl->sync));
+    if (ctx->impl->rollout != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&ctx->impl->rollout));
 }
 
 void dist_finalize(dist_ctx *ctx) {
@@ -133,6 +134,7 @@ int dist_split_roles(dist_ctx *ctx, int n_trainers) {
     /* key 0 for trainer rank 0 puts it at sync rank 0 (the root); rollout ranks follow in world order */
     MPI_CHECK(MPI_Comm_split(ctx->impl->world, in_sync ? 0 : MPI_UNDEFINED, me == first ? 0 : me + 1,
                              &ctx->impl->sync));
+    MPI_CHECK(MPI_Comm_split(ctx->impl->world, is_trainer || P == 1 ? MPI_UNDEFINED : 0, me, &ctx->impl->rollout));
     ctx->n_trainers = n_trainers;
     ctx->n_rollout = P == 1 ? 1 : P - n_trainers;
     ctx->first_trainer = first;
@@ -676,20 +678,29 @@ struct dist_req {
     MPI_Request req;
 };
 
-dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key) {
-    if (ctx->impl->trainer == MPI_COMM_NULL) {
-        moerl_errorf("dist_comm_split: this rank (world %d) is not a trainer (or roles are not split)", ctx->world_rank);
+/* A sub-group of `parent` (MPI_COMM_NULL: this rank is not in it; `who` names the parent). */
+static dist_comm *comm_split_of(dist_ctx *ctx, MPI_Comm parent, const char *fn, const char *who, int color, int key) {
+    if (parent == MPI_COMM_NULL) {
+        moerl_errorf("%s: this rank (world %d) is not a %s (or roles are not split)", fn, ctx->world_rank, who);
         return NULL;
     }
     if (color < 0) {
-        moerl_errorf("dist_comm_split: color %d, expected ≥ 0", color);
+        moerl_errorf("%s: color %d, expected ≥ 0", fn, color);
         return NULL;
     }
     dist_comm *c = xcalloc(1, sizeof *c);
-    MPI_CHECK(MPI_Comm_split(ctx->impl->trainer, color, key, &c->comm));
+    MPI_CHECK(MPI_Comm_split(parent, color, key, &c->comm));
     MPI_CHECK(MPI_Comm_rank(c->comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(c->comm, &c->size));
     return c;
+}
+
+dist_comm *dist_comm_split_rollout(dist_ctx *ctx, int color, int key) {
+    return comm_split_of(ctx, ctx->impl->rollout, "dist_comm_split_rollout", "rollout rank", color, key);
+}
+
+dist_comm *dist_comm_split(dist_ctx *ctx, int color, int key) {
+    return comm_split_of(ctx, ctx->impl->trainer, "dist_comm_split", "trainer", color, key);
 }
 
 void dist_comm_free(dist_comm *c) {

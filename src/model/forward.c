@@ -659,20 +659,31 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
     blas_team_end(nb);
 }
 
-void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
-                 float *psum) {
-    MOERL_ASSERT(m->cfg.exec.ep_size <= 1 || !m->p.layers[l].router); /* an expert slice needs model_forward + ep */
-    /* decode-sized batches: every thread (the grouped GEMM's skinny items split each expert's
-     * output columns, so one token's experts spread over the team; bench/run_llamacpp.sh); larger
-     * ones: team_size as in training */
+/* The MLP sub-layer on a driver team: decode-sized batches use every thread (the grouped GEMM's
+ * skinny items split each expert's output columns, so one token's experts spread over the team;
+ * bench/run_llamacpp.sh); larger ones team_size as in training. */
+static void mlp_forward_drive(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
+                              float *counts, float *psum, struct ep_state *ep) {
     const int nthr = decode_team_size(m, N), nb = blas_team_begin(nthr);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, NULL);
+        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
     }
     blas_team_end(nb);
+}
+
+void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
+                 float *psum) {
+    MOERL_ASSERT(m->cfg.exec.ep_size <= 1 || !m->p.layers[l].router); /* an expert slice needs model_forward + ep */
+    mlp_forward_drive(m, l, x, out, s, N, counts, psum, NULL);
+}
+
+void mlp_forward_ep(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
+                    struct ep_state *ep) {
+    if (!ep || !m->p.layers[l].router) mlp_forward(m, l, x, out, s, N, NULL, NULL);
+    else mlp_forward_drive(m, l, x, out, s, N, NULL, NULL, ep);
 }
 
 /* ------------------------------------------------------------------ forward */

@@ -126,6 +126,13 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
  * For MoE layers also accumulates router statistics into counts/psum when non-NULL. */
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum);
+/* mlp_forward with expert parallelism (the rollout engine's EP, src/parallel/ep.h): m holds this
+ * rank's slice of the experts, and layer l's routed rows travel through ep's dispatcher to the
+ * experts' owners and back (every rank of ep's group must call it for the same layers, in order;
+ * one without rows calls ep_idle_pass instead). ep NULL or a dense layer: mlp_forward. */
+struct ep_state;
+void mlp_forward_ep(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
+                    struct ep_state *ep);
 /* Attention input side: x[N,H] → q[N,nh,hd], k[N,nkv,hd], v[N,nkv,hd] (q/k normed and rotated).
  * q_raw/k_raw/q_rstd/k_rstd receive what backward needs (they may be scratch for inference). */
 void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,

@@ -235,6 +235,22 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
     *os = sh;
 }
 
+int par_adamw_unshard(par_state *ps, const moe_model *m, adamw_state *os) {
+    if (!ps || !ps->fsdp) return MOERL_OK;
+    adamw_state full = *os;
+    full.n = m->n_params;
+    full.m = xalloc_aligned(m->n_params * sizeof(float));
+    full.v = xalloc_aligned(m->n_params * sizeof(float));
+    if (fsdp_gather_vec(ps->fsdp, os->m, full.m) != MOERL_OK || fsdp_gather_vec(ps->fsdp, os->v, full.v) != MOERL_OK) {
+        free(full.m);
+        free(full.v);
+        return MOERL_ERR;
+    }
+    adamw_free(os);
+    *os = full;
+    return MOERL_OK;
+}
+
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
     if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);

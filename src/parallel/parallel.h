@@ -104,6 +104,9 @@ void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_co
 /* os holds moments in the whole model's layout (os->n == par_whole_params), e.g. a checkpoint's, read
  * before par_state_init sharded m: replace them by this rank's part (par_slice_vec; not collective). */
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os);
+/* The inverse, on every rank of the group (collective): os back to the whole layout, e.g. before
+ * par_state_free makes m whole again. */
+int par_adamw_unshard(par_state *ps, const moe_model *m, adamw_state *os);
 /* One AdamW step (global gradient-norm clipping at os's max_grad_norm) over the owned parameters;
  * returns as adamw_step (1 applied, 0 skipped for a non-finite loss or norm). Collective under FSDP
  * (the norm is summed over the shard group) and EP (the experts' squares summed over ep_comm). */

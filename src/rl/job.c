@@ -32,11 +32,44 @@ void openblas_set_num_threads(int n);
 /* ------------------------------------------------------------------ checkpoints */
 
 static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflight, int n_inflight);
+static int job_save_checkpoint_whole(job *J, const int64_t *inflight, int n_inflight);
 
 /* Called with the rollouter paused (inside a sync): a consistent snapshot of both roles.
  * Written into checkpoint.tmp/, then swapped in by renames (checkpoint → checkpoint.old,
  * checkpoint.tmp → checkpoint), so a kill at any moment leaves one complete checkpoint. */
+int job_whole_begin(job *J, int moments) {
+    if (J->whole_depth > 0 && (J->whole_moments || !moments)) {
+        J->whole_depth++;
+        return MOERL_OK;
+    }
+    MOERL_ASSERT(J->whole_depth == 0); /* a nested request needs no more than the outer one gathered */
+    if (!J->ops || !J->ops->whole) {
+        J->whole_m = J->m;
+        J->whole_opt = J->T.opt;
+    } else if (J->ops->whole(J, moments) != MOERL_OK) {
+        return MOERL_ERR;
+    }
+    J->whole_depth = 1;
+    J->whole_moments = moments;
+    return MOERL_OK;
+}
+
+void job_whole_end(job *J) {
+    MOERL_ASSERT(J->whole_depth > 0);
+    if (--J->whole_depth > 0) return;
+    if (J->ops && J->ops->whole_done) J->ops->whole_done(J);
+    J->whole_m = NULL;
+    memset(&J->whole_opt, 0, sizeof J->whole_opt);
+}
+
 int job_save_checkpoint(job *J, const int64_t *inflight, int n_inflight) {
+    if (job_whole_begin(J, 1) != MOERL_OK) return MOERL_ERR;
+    const int rc = job_save_checkpoint_whole(J, inflight, n_inflight);
+    job_whole_end(J);
+    return rc;
+}
+
+static int job_save_checkpoint_whole(job *J, const int64_t *inflight, int n_inflight) {
     char tmp[4200], cur[4200], old[4200];
     snprintf(tmp, sizeof tmp, "%s/checkpoint.tmp", J->cfg->out_dir);
     snprintf(cur, sizeof cur, "%s/checkpoint", J->cfg->out_dir);
@@ -52,13 +85,13 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     const rl_config *c = J->cfg;
     char p[4200];
     if (moerl_mkdirs(dir) != MOERL_OK) return MOERL_ERR;
-    if (model_save_hf(J->m, dir, c->save_bf16, 0) != MOERL_OK) return MOERL_ERR;
+    if (model_save_hf(J->whole_m, dir, c->save_bf16, 0) != MOERL_OK) return MOERL_ERR;
     if (tokenizer_save(tok_current(), dir) != MOERL_OK) return MOERL_ERR; /* the files the run started from */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    if (ckpt_save_optimizer(&J->T.opt, p) != MOERL_OK) return MOERL_ERR;
+    if (ckpt_save_optimizer(&J->whole_opt, p) != MOERL_OK) return MOERL_ERR;
     const prompt_feed *f = J->feed;
-    rl_state st = {.version = J->T.version, .trainer_step = J->T.step, .optimizer_step = J->T.opt.step,
-                   .optimizer_skipped = J->T.opt.skipped, .consumed_prompts = J->consumed, .feed_epoch = f->epoch,
+    rl_state st = {.version = J->T.version, .trainer_step = J->T.step, .optimizer_step = J->whole_opt.step,
+                   .optimizer_skipped = J->whole_opt.skipped, .consumed_prompts = J->consumed, .feed_epoch = f->epoch,
                    .feed_pos = f->pos, .seed = c->seed, .n_rows = f->n_rows,
                    .data_fingerprint = dataset_fingerprint(J->train), .dropped_prompts = J->dropped,
                    .last_val_accuracy = isfinite(J->last_val) ? J->last_val : NAN};
@@ -261,10 +294,11 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
 
 int job_run_validation(job *J, double *acc) {
     double mlen;
-    if (eval_accuracy(J->m, J->test, J->cfg->val_n, J->cfg->max_response_length, J->cfg->max_num_seqs, acc, &mlen) !=
-        MOERL_OK)
-        return MOERL_ERR;
-    return MOERL_OK;
+    if (job_whole_begin(J, 0) != MOERL_OK) return MOERL_ERR;
+    const int rc = eval_accuracy(J->whole_m, J->test, J->cfg->val_n, J->cfg->max_response_length,
+                                 J->cfg->max_num_seqs, acc, &mlen);
+    job_whole_end(J);
+    return rc;
 }
 
 /* One console line and one JSONL record per version. */
@@ -572,9 +606,9 @@ static int as_stop(job *J, double *rb, double *ri) {
 }
 
 static const job_ops LOCKSTEP_OPS = {ls_get_groups, emb_send_part, ls_sync, ls_add_prompts, emb_inflight_uids,
-                                     ls_stop, emb_describe, emb_abort, NULL, NULL};
+                                     ls_stop, emb_describe, emb_abort, NULL, NULL, NULL, NULL};
 static const job_ops ASYNC_OPS = {as_get_groups, emb_send_part, as_sync, as_add_prompts, emb_inflight_uids,
-                                  as_stop, emb_describe, emb_abort, NULL, NULL};
+                                  as_stop, emb_describe, emb_abort, NULL, NULL, NULL, NULL};
 
 /* ------------------------------------------------------------------ plot */
 

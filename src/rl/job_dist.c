@@ -53,6 +53,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "rl/job_internal.h"
+#include "parallel/ep.h"
 #include "parallel/parallel.h"
 #include "rl/rl.h"
 #include "rl/wire.h"
@@ -179,7 +180,72 @@ typedef struct {
     int leader;
     int req_out;          /* an ADMIT_REQ awaits its answer */
     int64_t sent;         /* GROUP messages sent */
+    /* rollout.expert_parallel_size > 1: this rank's EP group, the grid ep_state reads, the state */
+    dist_comm *ep_comm;
+    par_grid ep_grid;
+    ep_state *ep;
 } rollout_rank;
+
+/* Expert parallelism of the rollout engine (rollout.expert_parallel_size = P): consecutive rollout
+ * ranks form groups of P; each engine holds its rank's E/P experts (the engine is rebuilt from the
+ * sliced config) and every step's routed rows go through the EP dispatcher (src/parallel/ep.c, the
+ * trainer's code: actor.moe.dispatcher and capacity_factor apply). A weight broadcast lands in a
+ * transient whole-model buffer, of which each rank keeps its slice (receive_weights). */
+static void rollout_ep_setup(rollout_rank *W) {
+    dist_ctx *ctx = W->ctx;
+    const int P = W->cfg->rollout_ep, r = ctx->world_rank; /* rollout ranks are world ranks 0 .. n_rollout−1 */
+    W->ep_comm = dist_comm_split_rollout(ctx, r / P, r);
+    if (!W->ep_comm) die(ctx, "rollout expert parallelism");
+    par_grid *g = &W->ep_grid;
+    memset(g, 0, sizeof *g);
+    g->cfg = W->cfg->par;
+    g->ep = P;
+    g->ep_rank = dist_comm_rank(W->ep_comm);
+    g->ep_comm = W->ep_comm;
+    g->T = g->D = g->dp = g->sp = g->pp = g->fsdp = g->replicas = 1;
+    moe_config c = W->m->cfg;
+    ep_config_apply(g, &c);
+    const engine_config ec = engine_get_config(W->R.eng);
+    engine_free(W->R.eng);
+    W->R.eng = engine_create(&c, ec);
+    if (!W->R.eng) die(ctx, "creating the expert-parallel rollout engine");
+    W->ep = ep_state_new(g, &c, ec.max_num_batched_tokens);
+    if (!W->ep) die(ctx, "rollout expert parallelism");
+    engine_set_ep(W->R.eng, W->ep);
+    if (g->ep_rank == 0)
+        log_info("rollout EP: ranks %d..%d hold %d experts each (%s)", r, r + P - 1, c.num_experts / P,
+                 moe_dispatcher_name(ep_dispatcher(W->ep)));
+}
+
+/* 1 on every rank of the EP group when x is nonzero on all of them (without EP: x != 0). */
+static int ep_all(rollout_rank *W, int x) {
+    dist_ctx *ctx = W->ctx;
+    if (!W->ep) return x != 0;
+    float f = x != 0;
+    CHECK_OK(dist_comm_allreduce_f32(W->ep_comm, &f, 1), "rollout EP agreement");
+    return f == (float)W->cfg->rollout_ep;
+}
+
+/* One generation step. Under rollout EP the group steps together: the ranks with work step, the
+ * others run the step's exchanges without rows (engine_idle_step). Returns 1 when this rank
+ * generated; *any: some rank of the group (this one without EP) had work. Errors end the job. */
+static int rollout_step(rollout_rank *W, int *any) {
+    dist_ctx *ctx = W->ctx;
+    const int mine = engine_num_unfinished(W->R.eng) > 0;
+    if (W->ep) {
+        float f = (float)mine;
+        CHECK_OK(dist_comm_allreduce_f32(W->ep_comm, &f, 1), "rollout EP step");
+        *any = f > 0;
+        if (*any && !mine) {
+            CHECK_OK(engine_idle_step(W->R.eng), "rollout EP idle step");
+            return 0;
+        }
+    }
+    const int did = rollouter_step(&W->R);
+    if (did < 0) die(ctx, "generation");
+    if (!W->ep) *any = did > 0;
+    return did;
+}
 
 static int send_group(void *vctx, rl_group *g) {
     rollout_rank *W = vctx;
@@ -228,14 +294,20 @@ static void send_ack(rollout_rank *W, int kind) {
 static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
-    /* straight into the engine's weights: a rollout rank holds one copy, no training model */
-    CHECK_OK(dist_bcast_weights(ctx, engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1, NULL),
+    /* straight into the engine's weights: a rollout rank holds one copy, no training model (under
+     * rollout EP into a transient whole-model buffer, of which the engine keeps this rank's slice) */
+    moe_model full = *W->m; /* the layout (tensor table) of the whole model */
+    full.params = W->ep ? xalloc_aligned(W->m->n_params * sizeof(float)) : NULL;
+    CHECK_OK(dist_bcast_weights(ctx, W->ep ? full.params : engine_weight_buffer(W->R.eng), W->m->n_params, &v, 1,
+                                NULL),
              "receiving the weights");
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
-    engine_set_version(W->R.eng, v);
+    if (W->ep) CHECK_OK(engine_load_slice(W->R.eng, &full, v), "slicing the experts of the broadcast weights");
+    else engine_set_version(W->R.eng, v);
+    free(full.params);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
@@ -246,8 +318,7 @@ static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
         engine_pause(W->R.eng, NULL, 0);
     } else { /* let in-flight responses finish under the old weights */
         W->R.draining = 1;
-        while (engine_num_unfinished(W->R.eng) > 0)
-            if (rollouter_step(&W->R) < 0) die(ctx, "draining the engine");
+        for (int any = 1; any;) rollout_step(W, &any); /* under rollout EP until every rank is drained */
     }
     send_ack(W, CMD_SYNC);
     cmd_msg b = recv_cmd(ctx);
@@ -272,7 +343,9 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     rl_queue_init(&unused, 1);
     CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
     /* the engine has its own copy of the weights: drop the training model's buffers (parameters and
-     * gradients); the layout (m->n_params, tensor table) stays for the size checks */
+     * gradients); the layout (m->n_params, tensor table) stays for the size checks and, under
+     * rollout EP, for taking this rank's slice of each broadcast */
+    if (cfg->rollout_ep > 1) rollout_ep_setup(W);
     model_free_params(m);
     free(m->grads);
     m->grads = NULL;
@@ -286,7 +359,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     receive_weights(W, c.version);
     long wait_us = 0;
     for (;;) {
-        if (dist_iprobe(ctx, TAG_CMD) > 0) {
+        if (ep_all(W, dist_iprobe(ctx, TAG_CMD) > 0)) { /* under rollout EP: once the whole group has it */
             c = recv_cmd(ctx);
             if (c.cmd == CMD_SYNC) {
                 rollout_sync(W, &c);
@@ -308,9 +381,9 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
                 W->req_out = 1;
             }
         }
-        const int did = rollouter_step(&W->R);
-        if (did < 0) die(ctx, "generation");
-        if (did) {
+        int any;
+        rollout_step(W, &any);
+        if (any) {
             wait_us = 0;
         } else { /* nothing to generate: wait for grants or commands without spinning */
             const double t0 = moerl_now();
@@ -327,7 +400,14 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
         moerl_errorf("expected BYE after STOP, got command %d", c.cmd);
         die(ctx, "protocol");
     }
+    if (W->ep) {
+        const ep_stats es = ep_get_stats(W->ep);
+        log_info("rollout EP: %ld rows sent to the other ranks of the group, %.3f s in the exchanges", es.rows_sent,
+                 es.seconds);
+    }
     rollouter_free(&W->R);
+    ep_state_free(W->ep);
+    dist_comm_free(W->ep_comm);
     rl_queue_destroy(&unused);
     free(W);
 }
@@ -385,32 +465,60 @@ static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
     if (T->ref) send_floats(ctx, dst, T->ref->params, T->ref->n_params, chunk);
 }
 
-/* The trainer rank's model-parallel runtime through par_state_init (src/parallel/parallel.c), as
- * `moerl sft` builds it. The RL trainer ranks are data parallel only for now: FSDP (and the other
- * strategies) would also need the weight broadcast to rollout ranks, the trainer-state transfer and
- * the checkpoint of job.c to work from shards, so a size > 1 is refused here, naming the keys. */
-static par_state *trainer_par_init(dist_ctx *ctx, const rl_config *cfg, moe_model *m) {
-    const par_config *pc = &cfg->par;
-    const int D = ctx->trainer_size / (pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1);
-    const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
-    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
-        pc->pipeline_parallel_size > 1) {
-        moerl_errorf("moerl rl: model parallelism on the trainer ranks (actor.fsdp_config.fsdp_size=%d, "
-                     "actor.expert_parallel_size=%d, actor.ulysses_sequence_parallel_size=%d, "
-                     "actor.pipeline_parallel_size=%d) is not available yet: the trainer ranks are data parallel "
-                     "(every size 1); `moerl sft` under mpirun takes these keys", pc->fsdp_size,
-                     pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pc->pipeline_parallel_size);
-        die(ctx, "configuration");
+/* The trainer rank's model-parallel runtime (src/parallel/parallel.h), as `moerl sft` builds it,
+ * and what goes with it: the AdamW moments cut to this rank's part, the gradient reducer (none
+ * under FSDP, whose reduce-scatter sums the gradients; over the stage's ranks with Ulysses SP, as
+ * sft does) and which data-parallel shard of each step every trainer rank trains (the ranks of a
+ * Ulysses group share one). Collective over the trainer ranks; the sizes were checked when the
+ * config was read (src/cli/rl.c). shard_of (on trainer rank 0: [trainer_size]) gets the map. */
+static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, int *n_shards, int **shard_of) {
+    moe_model *m = T->m;
+    T->dist = ctx;
+    T->par = xcalloc(1, sizeof *T->par);
+    par_config pc = cfg->par;
+    pc.max_tokens = cfg->ppo_max_token_len; /* EP / Ulysses buffers hold one micro-batch */
+    CHECK_OK(par_state_init_cfg(T->par, ctx, &pc, m), "model parallelism");
+    par_adamw_shard(T->par, m, &T->opt);
+    T->acts.par = par_active(T->par) ? T->par : NULL;
+    int idx, cnt;
+    par_data_shard(T->par, &idx, &cnt);
+    const int D = ctx->trainer_size;
+    T->replication = D / cnt;
+    double *map = xcalloc((size_t)D, sizeof(double));
+    map[ctx->trainer_rank] = idx;
+    CHECK_OK(dist_allreduce_sum(ctx, DIST_TRAINERS, map, D), "the data-parallel shard map");
+    if (shard_of) {
+        *n_shards = cnt;
+        *shard_of = xmalloc((size_t)D * sizeof(int));
+        for (int d = 0; d < D; d++) (*shard_of)[d] = (int)map[d];
     }
-    par_state *ps = xcalloc(1, sizeof *ps);
-    CHECK_OK(par_state_init_cfg(ps, ctx, pc, m), "model parallelism");
-    return ps;
+    free(map);
+    const par_grid *g = T->par->grid;
+    if (!T->par->fsdp) {
+        T->reducer = g && !T->par->pp ? dist_reducer_new_on(ctx, g->stage_comm, m, cfg->grad_bucket_mb,
+                                                            DIST_OVERLAP_THREAD)
+                                      : dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
+        if (!T->reducer) die(ctx, "gradient reducer");
+        dist_reducer_set_compression(T->reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
+                                     cfg->grad_compression_chunk);
+    }
+    if (ctx->trainer_rank == 0 && g)
+        log_info("trainer ranks: %d = pp %d × dp %d × sp %d; FSDP shard groups of %d (%d replica%s), EP %d",
+                 D, g->pp, g->dp, g->sp, g->fsdp, g->replicas, g->replicas == 1 ? "" : "s", g->ep);
 }
 
+/* The end of the trainer's work: the reducer, then the model and moments whole again on every
+ * trainer rank (collective), so the last checkpoint and the consistency check see plain buffers. */
 static void trainer_par_free(trainer *T) {
+    dist_ctx *ctx = T->dist;
+    dist_reducer_free(T->reducer);
+    T->reducer = NULL;
+    if (!T->par) return;
+    CHECK_OK(par_adamw_unshard(T->par, T->m, &T->opt), "gathering the optimizer state");
     par_state_free(T->par);
     free(T->par);
     T->par = NULL;
+    T->acts.par = NULL;
 }
 
 static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const dataset *train) {
@@ -418,12 +526,7 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
     trainer *T = xcalloc(1, sizeof *T);
     CHECK_OK(trainer_init(T, cfg, train, m), "trainer setup");
     recv_state(ctx, T);
-    T->dist = ctx;
-    T->par = trainer_par_init(ctx, cfg, m);
-    T->reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
-    if (!T->reducer) die(ctx, "gradient reducer");
-    dist_reducer_set_compression(T->reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
-                                 cfg->grad_compression_chunk);
+    trainer_par_setup(ctx, cfg, T, NULL, NULL);
     for (;;) {
         void *buf;
         size_t len;
@@ -437,6 +540,13 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
             rl_train_msg_free(&msg);
             break;
         }
+        if (msg.cmd == RL_TRAIN_CMD_GATHER) { /* trainer rank 0 assembles the whole model (dist_whole) */
+            adamw_state mo;
+            (void)par_gather_full(T->par, T->m, 0, &T->opt, msg.version ? &mo : NULL); /* NULL here by design */
+            par_release_full(T->par, T->m, NULL, &T->opt, msg.version ? &mo : NULL);
+            rl_train_msg_free(&msg);
+            continue;
+        }
         T->version = msg.version;
         if (T->step != msg.step) {
             moerl_errorf("train message for step %lld, this rank is at step %lld", (long long)msg.step,
@@ -449,8 +559,6 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
         rl_train_msg_free(&msg);
         CHECK_OK(injected_failure(ctx, T->version), "test");
     }
-    dist_reducer_free(T->reducer);
-    T->reducer = NULL;
     trainer_par_free(T);
     check_trainers_identical(ctx, m, 0);
     cmd_msg c = recv_cmd(ctx);
@@ -743,18 +851,25 @@ static int dist_sync(job *J, int version, double *rb, double *ri) {
     *ri = L->win_idle;
     L->win_busy = L->win_idle = 0;
     int n_inflight = 0;
-    int64_t *inflight = job_want_checkpoint(J, version) ? outstanding_copy(L, &n_inflight) : NULL;
+    const int want_ckpt = job_want_checkpoint(J, version);
+    int64_t *inflight = want_ckpt ? outstanding_copy(L, &n_inflight) : NULL;
     pthread_mutex_unlock(&L->mu);
-    if (inflight) { /* consistent: rollout ranks are paused, nothing arrives, grants are blocked */
+    /* the whole model here for the checkpoint and the broadcast (gathered once when it is split) */
+    CHECK_OK(job_whole_begin(J, want_ckpt), "gathering the model for the weight sync");
+    if (want_ckpt) { /* consistent: rollout ranks are paused, nothing arrives, grants are blocked */
         const int c = job_save_checkpoint(J, inflight, n_inflight);
         free(inflight);
-        if (c != MOERL_OK) return MOERL_ERR;
+        if (c != MOERL_OK) {
+            job_whole_end(J);
+            return MOERL_ERR;
+        }
     }
     for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_BCAST, version, cfg->partial_rollout);
     dist_xfer_stats xs;
     int v = version;
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
-    CHECK_OK(dist_bcast_weights(ctx, J->m->params, J->m->n_params, &v, bucket, &xs), "weight broadcast");
+    CHECK_OK(dist_bcast_weights(ctx, J->whole_m->params, J->whole_m->n_params, &v, bucket, &xs), "weight broadcast");
+    job_whole_end(J);
     pthread_mutex_lock(&L->mu);
     L->blocked = 0;
     pthread_mutex_unlock(&L->mu);
@@ -785,8 +900,6 @@ static int dist_stop(job *J, double *rb, double *ri) {
         free(buf);
     }
     pthread_join(L->server, NULL); /* returns once every STOP acknowledgement and group is in */
-    dist_reducer_free(J->T.reducer);
-    J->T.reducer = NULL;
     trainer_par_free(&J->T);
     check_trainers_identical(ctx, J->m, 1);
     *rb = L->win_busy;
@@ -794,8 +907,36 @@ static int dist_stop(job *J, double *rb, double *ri) {
     return MOERL_OK;
 }
 
+/* The whole model on trainer rank 0 when the trainer ranks split it: the others are told to take part. */
+static int dist_whole(job *J, int moments) {
+    leader *L = (leader *)J;
+    dist_ctx *ctx = L->ctx;
+    if (!par_active(J->T.par)) { /* replicated (or after the end: trainer_par_free made it whole) */
+        J->whole_m = J->m;
+        J->whole_opt = J->T.opt;
+        return MOERL_OK;
+    }
+    for (int d = 1; d < L->n_trainers; d++) {
+        void *buf;
+        size_t len;
+        if (rl_train_msg_encode(RL_TRAIN_CMD_GATHER, moments, J->T.step, NULL, 0, NULL, &buf, &len) != MOERL_OK)
+            return MOERL_ERR;
+        const int rc = dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len);
+        free(buf);
+        if (rc != MOERL_OK) return MOERL_ERR;
+    }
+    J->whole_m = par_gather_full(J->T.par, J->m, 1, &J->T.opt, moments ? &J->whole_opt : NULL);
+    if (!moments) J->whole_opt = J->T.opt; /* not used: the checkpoint asks for the moments */
+    return J->whole_m ? MOERL_OK : MOERL_ERR;
+}
+
+static void dist_whole_done(job *J) {
+    if (!par_active(J->T.par)) return;
+    par_release_full(J->T.par, J->m, J->whole_m, &J->T.opt, J->whole_moments ? &J->whole_opt : NULL);
+}
+
 static const job_ops DIST_OPS = {dist_get_groups, dist_send_part, dist_sync, dist_add_prompts, dist_inflight_uids,
-                                 dist_stop, dist_describe, leader_abort, NULL, NULL};
+                                 dist_stop, dist_describe, leader_abort, NULL, NULL, dist_whole, dist_whole_done};
 
 /* FNV-1a hash of the weights: equal on every trainer rank iff they stayed identical. */
 static uint64_t hash_params(const moe_model *m) {
@@ -863,12 +1004,7 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     int v = J->T.version;
     const size_t bucket = (size_t)MOERL_MAX(4.0, cfg->sync_bucket_mb * 1048576.0);
     CHECK_OK(dist_bcast_weights(ctx, m->params, m->n_params, &v, bucket, &xs), "initial weight broadcast");
-    J->T.dist = ctx;
-    J->T.par = trainer_par_init(ctx, cfg, m);
-    J->T.reducer = dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
-    if (!J->T.reducer) die(ctx, "gradient reducer");
-    dist_reducer_set_compression(J->T.reducer, cfg->grad_compression, cfg->grad_compression_warmup_steps,
-                                 cfg->grad_compression_chunk);
+    trainer_par_setup(ctx, cfg, &J->T, &J->n_shards, &J->shard_of);
     CHECK_OK(job_open_outputs(J, J->resumed), "outputs");
     log_info("fully-async GRPO on %d processes: %d rollout rank(s) + %d data-parallel trainer rank(s); %lld steps × "
              "%d prompts × %d responses; staleness_threshold %g → queue %d, lag bound %d (for in-order completion); "
@@ -902,6 +1038,7 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     for (int r = 0; r < L->P; r++)
         if (r != ctx->world_rank) send_cmd(ctx, r, CMD_BYE, J->T.version, 0);
     trainer_free(&J->T);
+    free(J->shard_of);
     void *g;
     while (rl_queue_try_get_n(&J->queue, &g, 1) == 1) rl_group_free(g);
     rl_queue_destroy(&J->queue);

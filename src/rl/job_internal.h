@@ -41,6 +41,12 @@ typedef struct {
     /* The PPO update of trainer rank 0's share (trainer_update's contract, T->step++ included);
      * NULL = trainer_update. moerl simulate (src/sim) times it on its virtual clock instead. */
     int (*update)(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb, train_stats *st);
+    /* The whole model (with moments: and the AdamW moments in the whole layout) on this process, for
+     * a checkpoint, a validation or the weight broadcast, when the trainer ranks split it (model
+     * parallelism): the other trainer ranks take part in the gathers. Sets J->whole_m / whole_opt
+     * until whole_done. NULL: J->m and J->T.opt are whole already. */
+    int (*whole)(job *J, int moments);
+    void (*whole_done)(job *J);
 } job_ops;
 
 struct job {
@@ -87,7 +93,18 @@ struct job {
     int stop_signal;          /* the signal that stopped the run (0: none) */
     double reduce_exposed_total; /* Σ over steps of exposed gradient-reduction seconds */
     double sgemm_peak;        /* measured matrix-multiply peak (FLOP/s) at start: the MFU denominator */
+    /* job_whole_begin / job_whole_end: the whole model and moments (J->m, J->T.opt, or gathered) */
+    const moe_model *whole_m;
+    adamw_state whole_opt;
+    int whole_depth, whole_moments;
+    int n_shards;             /* data-parallel shards of a step over the trainer ranks (0: n_trainers) */
+    int *shard_of;            /* [n_trainers] the shard trainer rank d trains (NULL: d) */
 };
+
+/* The whole model on this process until job_whole_end (nests; moments: the AdamW moments too), then
+ * J->whole_m and J->whole_opt hold it (job_ops.whole). */
+int job_whole_begin(job *J, int moments);
+void job_whole_end(job *J);
 
 /* The step loop shared by the embedded and the MPI job (src/rl/schedule.c), run on the process
  * that owns the queue (the embedded job, trainer rank 0): start validation (a new run) or the

@@ -262,7 +262,7 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
     S.async = cfg.mode == RL_MODE_ASYNC;
     S.res = res;
     job_ops ops = {sim_get_groups, sim_send_part, sim_sync, sim_add_prompts, sim_inflight_uids, sim_stop,
-                   sim_describe, sim_abort, &S, sim_update};
+                   sim_describe, sim_abort, &S, sim_update, NULL, NULL};
     job *J = xcalloc(1, sizeof *J);
     J->cfg = &cfg;
     J->train = J->test = train;

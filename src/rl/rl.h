@@ -56,6 +56,7 @@ typedef struct {
     int max_response_length;
     int max_num_seqs, max_num_batched_tokens;
     int bf16_weights;          /* rollout.dtype bf16: the engine computes from bf16 weights (engine.h) */
+    int rollout_ep;            /* rollout.expert_parallel_size: the engine's experts over this many rollout ranks */
     /* rollout.synthetic_length.*: a benchmark workload — each response's length is drawn from a
      * Pareto(alpha) tail above `min` tokens (capped at max_response_length) and EOS is ignored,
      * to reproduce the heavy-tailed response lengths of reasoning RL. alpha = 0: off. */
@@ -221,6 +222,8 @@ typedef struct {
     dist_ctx *dist;
     dist_grad_reducer *reducer;
     struct par_state *par;    /* the trainer rank's model-parallel runtime (parallel/parallel.h); NULL: none */
+    int replication;          /* trainer ranks holding the same sequences (Ulysses SP: sp; else 1): what is
+                                 computed from whole sequences is divided by it after the sum over ranks */
 } trainer;
 
 /* The RL algorithm's keys (src/rl/config.c): definitions with defaults and help, and their reading

@@ -142,18 +142,26 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     memset(&st, 0, sizeof st);
     T->stage = "reward";
     if (trainer_sample_stats(T, groups, n, &st) != MOERL_OK) return MOERL_ERR;
-    const int D = J->n_trainers, mb = cfg->ppo_mini_batch_size, nmb = (n + mb - 1) / mb;
-    rl_minibatch *mbs = xcalloc((size_t)D * nmb, sizeof(rl_minibatch)); /* [rank][mini-batch] */
+    /* D data-parallel shards; trainer rank d trains shard shard_of[d] (the ranks of a Ulysses group
+     * share one, src/parallel/grid.h) */
+    const int D = J->n_shards > 0 ? J->n_shards : J->n_trainers, mb = cfg->ppo_mini_batch_size,
+              nmb = (n + mb - 1) / mb;
+    rl_minibatch *mbs = xcalloc((size_t)D * nmb, sizeof(rl_minibatch)); /* [shard][mini-batch] */
     rl_group ***part = xmalloc((size_t)D * sizeof(rl_group **));
     int *n_part = xcalloc((size_t)D, sizeof(int));
     for (int d = 0; d < D; d++) part[d] = xmalloc((size_t)(n ? n : 1) * sizeof(rl_group *));
     rl_plan_step(groups, n, mb, D, mbs, part, n_part);
     int rc = MOERL_OK;
     T->stage = "send_parts";
-    for (int d = 1; d < D && rc == MOERL_OK; d++) rc = J->ops->send_part(J, d, mbs + d * nmb, nmb, part[d], n_part[d]);
+    for (int d = 1; d < J->n_trainers && rc == MOERL_OK; d++) {
+        const int s = J->shard_of ? J->shard_of[d] : d;
+        rc = J->ops->send_part(J, d, mbs + s * nmb, nmb, part[s], n_part[s]);
+    }
+    const int s0 = J->shard_of ? J->shard_of[0] : 0;
     const int64_t skipped0 = T->opt.skipped;
     if (rc == MOERL_OK)
-        rc = J->ops->update ? J->ops->update(J, part[0], mbs, nmb, &st) : trainer_update(T, part[0], mbs, nmb, &st);
+        rc = J->ops->update ? J->ops->update(J, part[s0], mbs + s0 * nmb, nmb, &st)
+                            : trainer_update(T, part[s0], mbs + s0 * nmb, nmb, &st);
     for (int d = 0; d < D; d++) free(part[d]);
     free(part);
     free(n_part);

@@ -9,6 +9,7 @@
 #include "model/perf.h"
 #include "base/trace.h"
 #include "data/tasks.h"
+#include "parallel/parallel.h"
 #include "rl/rl.h"
 #include "train/train.h"
 
@@ -17,7 +18,8 @@ int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_mod
     T->cfg = cfg;
     T->train = train;
     T->m = m;
-    adamw_init(&T->opt, m, cfg->optim);
+    T->replication = 1;
+    adamw_init(&T->opt, m, cfg->optim); /* the whole layout; par_adamw_shard cuts it to a rank's part */
     if (model_acts_init(&T->acts, m, cfg->ppo_max_token_len) != MOERL_OK) return MOERL_ERR;
     if (cfg->use_kl_loss) {
         T->ref = xcalloc(1, sizeof(moe_model));
@@ -215,7 +217,7 @@ static void reducer_hook(void *ctx, int group) { MOERL_ASSERT(dist_reducer_layer
 
 /* Sum x[n] over the trainer ranks (data parallel); nothing in one process. */
 static int trainers_sum(trainer *T, double *x, int n) {
-    return T->reducer ? dist_allreduce_sum(T->dist, DIST_TRAINERS, x, n) : MOERL_OK;
+    return T->dist ? dist_allreduce_sum(T->dist, DIST_TRAINERS, x, n) : MOERL_OK;
 }
 
 /* The step's sequences (prompt ⊕ response of every response of every group on this rank) with
@@ -353,6 +355,7 @@ static int step_data_weights(trainer *T, step_data *d, const rl_minibatch *mbs, 
         free(cnt);
         return MOERL_ERR;
     }
+    for (int b = 0; b < 2 * n_mb; b++) cnt[b] /= T->replication; /* each sequence once (Ulysses SP) */
     const double H = cfg->loss_scale_factor > 0 ? cfg->loss_scale_factor : cfg->max_response_length;
     s0 = 0;
     for (int b = 0; b < n_mb; b++) {
@@ -397,7 +400,7 @@ static int n_moe_layers(const moe_config *c) {
 
 static int want_global_aux(trainer *T, const train_seq *seqs, int n) {
     if (!(T->m->cfg.router_aux_loss_coef > 0) || T->m->cfg.num_experts <= 0 || n_moe_layers(&T->m->cfg) <= 0) return 0;
-    if (T->reducer) return 1;
+    if (T->dist) return 1;
     return count_microbatches(seqs, n, T->cfg->ppo_max_token_len) > 1;
 }
 
@@ -409,7 +412,7 @@ static double aux_value(const trainer *T, const double *counts, const double *ps
     if (L <= 0 || E <= 0 || !(rows > 0)) return 0.0;
     double v = 0;
     for (int e = 0; e < E; e++) v += counts[e] * psum[e];
-    return E * v / (rows * rows) / (T->reducer ? T->dist->trainer_size : 1);
+    return E * v / (rows * rows) / (T->dist ? T->dist->trainer_size : 1);
 }
 
 /* One optimizer update on mini-batch sequences [s0, s1) of d: (the global aux counts first,) the
@@ -431,11 +434,15 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     to->aux_counts = NULL;
     to->aux_counts_out = aux_counts; /* one micro-batch on one rank: its own counts are the global ones */
     to->aux_psum_out = aux_psum;
+    /* FSDP / EP: every member of a group runs the group's number of passes (parallel.h) */
+    const int n_pass = count_microbatches(d->seqs + s0, s1 - s0, T->cfg->ppo_max_token_len),
+              max_pass = par_max_passes(T->par, n_pass);
+    if (n_pass < 0 || max_pass < 0) return MOERL_ERR;
     if (global_aux) { /* HF's aux over the whole mini-batch: its routing counts first */
         T->stage = "router_counts";
         if (compute_router_counts(T->m, &T->acts, d->seqs + s0, s1 - s0, T->cfg->ppo_max_token_len, aux_counts) !=
                 MOERL_OK ||
-            trainers_sum(T, aux_counts, E) != MOERL_OK)
+            par_pad_passes(T->par, n_pass, max_pass, 0) != MOERL_OK || trainers_sum(T, aux_counts, E) != MOERL_OK)
             return MOERL_ERR;
         to->aux_counts = aux_counts;
         to->aux_counts_out = NULL;
@@ -444,21 +451,24 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     train_step_out so;
     if (train_accumulate(T->m, &T->acts, d->seqs + s0, s1 - s0, to, ppo_grad, c, &so) != MOERL_OK) return MOERL_ERR;
     double loss = so.loss;
-    if (T->reducer) { /* gradients and loss summed over the trainer ranks */
+    if (T->dist) { /* gradients and loss summed over the trainer ranks (DP reducer, or FSDP's reduce-scatter) */
         T->stage = "grad_reduce";
         const double tr = trace_begin();
-        st->reduce_exposed_s += dist_reducer_finish(T->reducer);
+        if (par_finish_grads(T->par, n_pass, max_pass) != MOERL_OK) return MOERL_ERR;
+        if (T->reducer) {
+            st->reduce_exposed_s += dist_reducer_finish(T->reducer);
+            double sent, raw;
+            dist_reducer_last_bytes(T->reducer, &sent, &raw);
+            st->grad_bytes_sent += sent;
+            st->grad_bytes_raw += raw;
+        }
         trace_end("grad_reduce_wait", "dist", tr);
-        double sent, raw;
-        dist_reducer_last_bytes(T->reducer, &sent, &raw);
-        st->grad_bytes_sent += sent;
-        st->grad_bytes_raw += raw;
         if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) return MOERL_ERR;
         T->stage = "update";
     }
     if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) return MOERL_ERR;
     double gn;
-    adamw_step(&T->opt, T->m, T->cfg->optim.lr, (float)loss, &gn);
+    par_adamw_step(T->par, T->m, &T->opt, T->cfg->optim.lr, (float)loss, &gn);
     st->grad_norm += gn;
     *aux_sum += aux_value(T, aux_counts, aux_psum, mb->tokens);
     *tokens_sum += (double)so.n_tokens;
@@ -471,6 +481,9 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
  * gives NaN (null in the metrics) and a warning. */
 static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st) {
     if (trainers_sum(T, sums, 15) != MOERL_OK) return MOERL_ERR;
+    /* per-token sums (0–9) are split over a Ulysses group's ranks; the importance-weight statistics
+     * and the FLOPs (10–14) come from whole sequences, present on each of its ranks */
+    for (int k = 10; k < 15; k++) sums[k] /= T->replication;
     const int nu = n_updates ? n_updates : 1;
     if (sums[3] > 0) {
         st->pg_loss = sums[0] / nu;

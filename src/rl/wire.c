@@ -289,9 +289,9 @@ int rl_train_msg_decode(const void *buf, size_t len, rl_train_msg *out) {
     if (r_magic(&r, RL_WIRE_TRAIN_MAGIC) || r_i32(&r, &cmd, "cmd") || r_i32(&r, &version, "version") ||
         r_i64(&r, &step, "step") || r_i32(&r, &n_mb, "n_mb"))
         return MOERL_ERR;
-    if (cmd != RL_TRAIN_CMD_STEP && cmd != RL_TRAIN_CMD_STOP)
-        return moerl_errorf("train message: unknown cmd %d (expected %d step or %d stop)", cmd, RL_TRAIN_CMD_STEP,
-                            RL_TRAIN_CMD_STOP);
+    if (cmd != RL_TRAIN_CMD_STEP && cmd != RL_TRAIN_CMD_STOP && cmd != RL_TRAIN_CMD_GATHER)
+        return moerl_errorf("train message: unknown cmd %d (expected %d step, %d stop or %d gather)", cmd,
+                            RL_TRAIN_CMD_STEP, RL_TRAIN_CMD_STOP, RL_TRAIN_CMD_GATHER);
     if (r_count(&r, n_mb, 0, 1 << 20, "n_mb") || r_count(&r, version, 0, INT32_MAX, "version")) return MOERL_ERR;
     if ((size_t)n_mb * 20 > len - r.off) return r_get(&r, NULL, (size_t)n_mb * 20, "mini-batch table");
     out->cmd = cmd;

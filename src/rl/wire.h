@@ -35,7 +35,9 @@
  * must not overflow int64 */
 #define RL_WIRE_MAX_UID ((INT64_MAX - RL_WIRE_MAX_N) / 1024)
 
-enum { RL_TRAIN_CMD_STEP = 1, RL_TRAIN_CMD_STOP = 2 };
+/* STEP: train on the groups; STOP: leave the loop; GATHER: take part in gathering the whole model on
+ * trainer rank 0 (model parallelism; version = 1 when the AdamW moments come too; no groups). */
+enum { RL_TRAIN_CMD_STEP = 1, RL_TRAIN_CMD_STOP = 2, RL_TRAIN_CMD_GATHER = 3 };
 
 /* Serialise a finished group (every response's outputs) into a new heap buffer *buf (free()) of
  * *len bytes. Errors: n ≤ 0, a response with n_out < 0 or NULL outputs while n_out > 0. */

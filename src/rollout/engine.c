@@ -10,6 +10,7 @@
 #include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
+#include "parallel/ep.h"
 #include "model/safetensors.h"
 
 /* Element-wise loops below this size stay on one thread (decode steps: a parallel region would
@@ -36,6 +37,7 @@ struct engine {
     float *hid, *hid_rstd, *logits, *sample_scratch;
     moe_bf16_weights bf; /* bf16 panels (ec.bf16_weights), else bf.buf == NULL */
     engine_stats st;
+    struct ep_state *ep;  /* expert parallelism over rollout ranks (engine_set_ep), else NULL */
 };
 
 /* Rows up to which a step's o_proj and LM head read the bf16 panels (beyond: the fp32 product
@@ -200,6 +202,22 @@ void engine_set_version(engine *e, int version) {
     e->version = version;
 }
 const moe_model *engine_model(const engine *e) { return &e->m; }
+
+void engine_set_ep(engine *e, struct ep_state *ep) { e->ep = ep; }
+
+int engine_idle_step(engine *e) {
+    if (!e->ep) return MOERL_OK;
+    if (!e->ec.simulated) ep_idle_pass(e->ep, &e->m, 0); /* the MoE layers' exchanges, no rows of its own */
+    return MOERL_OK;
+}
+
+int engine_load_slice(engine *e, const moe_model *full, int version) {
+    if (ep_slice_model(full, &e->m) != MOERL_OK) return MOERL_ERR;
+    engine_set_version(e, version);
+    return MOERL_OK;
+}
+
+engine_config engine_get_config(const engine *e) { return e->ec; }
 engine_stats engine_get_stats(const engine *e) { return e->st; }
 
 static void list_push_back(gen_request **head, gen_request **tail, gen_request *r) {
@@ -295,7 +313,7 @@ static void forward_tokens(engine *e, int T, int n_rows) {
         if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
         else linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
-        mlp_forward(m, l, e->ln, e->mlp_out, &e->mlp, T, NULL, NULL);
+        mlp_forward_ep(m, l, e->ln, e->mlp_out, &e->mlp, T, e->ep); /* ep NULL: mlp_forward */
         const size_t TH = (size_t)T * H;
         float *x = e->x;
         const float *mo = e->mlp_out;
@@ -361,7 +379,10 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             else e->st.prefill_tokens += take;
         }
     }
-    if (T == 0) return 0;
+    if (T == 0) { /* nothing to feed; under EP the group still expects this step's exchanges */
+        if (e->ep) engine_idle_step(e);
+        return 0;
+    }
     double t0 = moerl_now();
     const double tr = trace_begin();
     if (!e->ec.simulated) forward_tokens(e, T, n_rows);

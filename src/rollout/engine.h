@@ -103,6 +103,18 @@ float *engine_weight_buffer(engine *e);
 void engine_set_version(engine *e, int version);
 /* The engine's inference model (weights in the engine's buffer). */
 const moe_model *engine_model(const engine *e);
+/* Expert parallelism over rollout ranks (src/parallel/ep.h): the engine was created from a config
+ * whose exec.ep_size / ep_rank select this rank's experts (ep_config_apply), and every step's MoE
+ * layers exchange their routed rows through ep's dispatcher. Then every rank of ep's group must step
+ * together: engine_step on the ranks with work, engine_idle_step (the exchanges with no rows of its
+ * own) on the others. NULL turns it off. engine_load_slice: this rank's slice of a whole model
+ * `full` (config without exec.ep_size) as the weights of `version` (ep_slice_model's errors). */
+struct ep_state;
+void engine_set_ep(engine *e, struct ep_state *ep);
+int engine_idle_step(engine *e);
+int engine_load_slice(engine *e, const moe_model *full, int version);
+/* The configuration the engine was created with. */
+engine_config engine_get_config(const engine *e);
 /* Validate and enqueue. Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
  * a token outside the vocabulary, temperature < 0 or not finite, top_p ∉ (0,1], top_k < 0,
  * max_tokens ≤ 0. */
