@@ -16,10 +16,20 @@
  *   --seq-len tokens split over dp = P/sp shards; per repetition one step (forward + backward +
  *   gradient sum over the stage). Prints the median step time, the SP all-to-all bytes per step
  *   against the formula of ulysses.h, and the activation bytes per rank.
+ * --mode mem: on 4 ranks, the same model (--layers MoE layers, 16 experts) trained with four layouts
+ *   through parallel.h's entry points (par_state_init_cfg, train_accumulate, par_finish_grads,
+ *   par_adamw_step): data parallel 4 (the DDP sum as one all-reduce of the gradient), FSDP 4, EP 4, and
+ *   EP 2 × FSDP 2 (FSDP over the ranks holding the same experts). Per layout: moerl's accounting of
+ *   the model state per rank (parameters, gradients, AdamW m and v of what the rank owns, plus FSDP's
+ *   peak of gathered units), the peak RSS of the timed steps (VmHWM after /proc/self/clear_refs 5;
+ *   the largest over the ranks), the bytes this rank sent per step summed over every group
+ *   (dist_comm_bytes), and the median step time. --layout K runs only layout K (0..3 in the order
+ *   above), so that the peak RSS is that layout's alone (otherwise the later layouts' VmHWM also
+ *   holds what the process kept from the earlier ones).
  * Timing: every step starts after a world barrier; medians over --reps after one warm-up. The
  * ranks share the machine's cores, so on a small machine the times mostly measure the sharing;
  * the byte counts do not depend on it.
- * Usage: mpirun -np P bench_dist_epsp --mode ep|sp [--reps R] [--tokens T] [--layers L] [--factor F]
+ * Usage: mpirun -np P bench_dist_epsp --mode ep|sp|mem [--layout K] [--reps R] [--tokens T] [--layers L] [--factor F]
  *        [--sp 1,2,4] [--seqs S] [--seq-len N] */
 #include <getopt.h>
 #include <math.h>
@@ -34,6 +44,7 @@
 #include "dist/dist.h"
 #include "model/forward.h"
 #include "parallel/ep.h"
+#include "parallel/fsdp.h"
 #include "parallel/parallel.h"
 #include "parallel/ulysses.h"
 #include "train/train.h"
@@ -243,6 +254,124 @@ static void bench_sp(int reps, const int *sps, int nsp, int n_seqs, int seq_len)
     }
 }
 
+static double status_mb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double v = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key))) v = atof(line + strlen(key)) / 1024.0; /* kB */
+    if (f) fclose(f);
+    return v;
+}
+
+/* Bytes this rank sent through every group of g since the last reset. */
+static double grid_bytes(const par_grid *g, int reset) {
+    dist_comm *cs[] = {g->stage_comm, g->fsdp_comm, g->replica_comm, g->ep_comm, g->ep_dp_comm, g->ep_replica_comm};
+    double b = 0;
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        if (!cs[i]) continue;
+        for (int op = 0; op < DIST_OP_COUNT; op++) b += dist_comm_bytes(cs[i], (dist_op)op);
+        if (reset) dist_comm_reset_bytes(cs[i]);
+    }
+    return b;
+}
+
+static void bench_mem(int reps, int tokens, int layers, int only) {
+    const int P = g_ctx->trainer_size, me = g_ctx->trainer_rank;
+    moe_config c = bench_model_config(2048);
+    c.num_hidden_layers = layers;
+    const struct {
+        const char *name;
+        int fsdp, ep;
+    } lay[] = {{"DP 4", 1, 1}, {"FSDP 4", 4, 1}, {"EP 4", 1, 4}, {"EP 2 x FSDP 2", 2, 2}};
+    train_seq seqs[4];
+    int *tok = make_seqs(seqs, 4, tokens / 4, 300 + (uint64_t)me, c.vocab_size);
+    if (me == 0)
+        printf("%d ranks, H=%d, %d layers of %d experts (I=%d, top-%d), %d tokens per rank per step\n"
+               "%-14s %14s %14s %14s %14s %10s\n", P, c.hidden_size, layers, c.num_experts, c.moe_intermediate_size,
+               c.num_experts_per_tok, tokens, "layout", "state MB", "+gathered MB", "peak RSS MB", "bytes/step",
+               "step ms");
+    for (size_t k = 0; k < sizeof lay / sizeof *lay; k++) {
+        if (only >= 0 && (int)k != only) continue;
+        moe_model m;
+        MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+        model_init_random(&m, 7);
+        const size_t whole = m.n_params;
+        par_config pc = {.fsdp_size = lay[k].fsdp, .expert_parallel_size = lay[k].ep,
+                         .ulysses_sequence_parallel_size = 1, .pipeline_parallel_size = 1,
+                         .dispatcher = MOE_DISPATCH_ALLTOALLV, .alltoall_max_ep = 16, .capacity_factor = 1.25,
+                         .max_tokens = tokens};
+        par_state ps;
+        MOERL_ASSERT(par_state_init_cfg(&ps, g_ctx, &pc, &m) == MOERL_OK);
+        par_grid dpg = {0}; /* data parallel: a grid of ones for the gradient all-reduce's byte counter */
+        const par_grid *g = ps.grid;
+        if (!g) {
+            MOERL_ASSERT(par_grid_init(&dpg, g_ctx, &pc, c.num_experts, c.num_attention_heads, c.num_key_value_heads,
+                                       layers) == MOERL_OK);
+            g = &dpg;
+        }
+        adamw_state os;
+        par_adamw_init(&ps, &m, &os, adamw_default_config());
+        model_acts a;
+        MOERL_ASSERT(model_acts_init(&a, &m, tokens) == MOERL_OK);
+        a.par = &ps;
+        double *t = xcalloc((size_t)reps, sizeof(double)), bytes = 0;
+        for (int r = -1; r < reps; r++) {
+            if (r == 0) { /* the timed steps: reset the peak RSS and the counters */
+                FILE *f = fopen("/proc/self/clear_refs", "w");
+                if (f) {
+                    fputs("5", f);
+                    fclose(f);
+                }
+                if (ps.fsdp) fsdp_reset_peak(ps.fsdp);
+                grid_bytes(g, 1);
+            }
+            world_barrier();
+            const double t0 = moerl_now();
+            train_step_opts o = {.max_tokens = tokens, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                                 .par = &ps};
+            const int passes = count_microbatches(seqs, 4, tokens), most = par_max_passes(&ps, passes);
+            train_step_out so;
+            MOERL_ASSERT(train_accumulate(&m, &a, seqs, 4, &o, zero_grad_fn, NULL, &so) == MOERL_OK);
+            MOERL_ASSERT(par_finish_grads(&ps, passes, most) == MOERL_OK);
+            if (!par_grads_self_reduced(&ps))
+                MOERL_ASSERT(dist_comm_allreduce_f32(g->stage_comm, m.grads, m.n_params) == MOERL_OK);
+            double gn;
+            par_adamw_step(&ps, &m, &os, 1e-5f, (float)so.loss, &gn);
+            if (r < 0) continue;
+            t[r] = moerl_now() - t0;
+        }
+        bytes = grid_bytes(g, 0) / reps;
+        double state = 16.0 * (double)(ps.fsdp ? os.n : m.n_params), gathered = 0;
+        if (ps.fsdp) {
+            fsdp_stats st;
+            fsdp_get_stats(ps.fsdp, &st);
+            gathered = st.peak_gathered_bytes;
+        }
+        double v[3] = {state, gathered, status_mb("VmHWM:")}, mx[3];
+        for (int i = 0; i < 3; i++) { /* the largest over the ranks (the sum of one non-zero term per pass) */
+            double all[64] = {0};
+            all[me] = v[i];
+            MOERL_ASSERT(P <= 64 && dist_allreduce_sum(g_ctx, DIST_TRAINERS, all, P) == MOERL_OK);
+            mx[i] = 0;
+            for (int q = 0; q < P; q++) mx[i] = fmax(mx[i], all[q]);
+        }
+        const double mt = bench_median(t, reps);
+        if (me == 0)
+            printf("%-14s %14.2f %14.2f %14.1f %14.0f %10.1f\n", lay[k].name, mx[0] / 1048576, mx[1] / 1048576, mx[2],
+                   bytes, 1e3 * mt);
+        if (me == 0 && (k == 0 || only >= 0))
+            printf("%-14s (one rank holding everything: %.2f MB of state)\n", "", 16.0 * (double)whole / 1048576);
+        free(t);
+        model_acts_free(&a);
+        adamw_free(&os);
+        if (!ps.grid) par_grid_free(&dpg);
+        par_state_free(&ps);
+        model_free(&m);
+    }
+    free(tok);
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -252,9 +381,11 @@ int main(int argc, char **argv) {
     const char *mode = "ep";
     int reps = 5, tokens = 256, layers = 2, sps[8] = {1, 2, 4}, nsp = 3, n_seqs = 4, seq_len = 256;
     double factor = 1.25;
+    int only = -1;
     static const struct option lo[] = {{"mode", 1, 0, 'm'},   {"reps", 1, 0, 'r'}, {"tokens", 1, 0, 't'},
                                        {"layers", 1, 0, 'l'}, {"factor", 1, 0, 'f'}, {"sp", 1, 0, 's'},
-                                       {"seqs", 1, 0, 'q'},   {"seq-len", 1, 0, 'n'}, {0, 0, 0, 0}};
+                                       {"seqs", 1, 0, 'q'},   {"seq-len", 1, 0, 'n'}, {"layout", 1, 0, 'y'},
+                                       {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         switch (o) {
         case 'm': mode = optarg; break;
@@ -264,6 +395,7 @@ int main(int argc, char **argv) {
         case 'f': factor = atof(optarg); break;
         case 'q': n_seqs = atoi(optarg); break;
         case 'n': seq_len = atoi(optarg); break;
+        case 'y': only = atoi(optarg); break;
         case 's': {
             nsp = 0;
             for (char *p = optarg; *p && nsp < 8;) {
@@ -274,10 +406,14 @@ int main(int argc, char **argv) {
             break;
         }
         default:
-            fprintf(stderr, "usage: bench_dist_epsp --mode ep|sp [--reps R] [--tokens T] [--layers L] [--factor F] "
-                            "[--sp 1,2,4] [--seqs S] [--seq-len N]\n");
+            fprintf(stderr, "usage: bench_dist_epsp --mode ep|sp|mem [--reps R] [--tokens T] [--layers L] [--factor F] "
+                            "[--sp 1,2,4] [--seqs S] [--seq-len N] [--layout 0..3]\n");
             return 1;
         }
+    }
+    if (only < -1 || only > 3) {
+        fprintf(stderr, "bench_dist_epsp: --layout must be 0 (DP 4), 1 (FSDP 4), 2 (EP 4) or 3 (EP 2 x FSDP 2)\n");
+        return 1;
     }
     if (reps < 1 || tokens < 8 || layers < 1 || !(factor > 0) || n_seqs < 1 || n_seqs > 64 || seq_len < 8) {
         fprintf(stderr, "bench_dist_epsp: bad option values\n");
@@ -291,8 +427,14 @@ int main(int argc, char **argv) {
         bench_ep(reps, tokens, layers, factor);
     } else if (!strcmp(mode, "sp")) {
         bench_sp(reps, sps, nsp, n_seqs, seq_len);
+    } else if (!strcmp(mode, "mem")) {
+        if (g_ctx->trainer_size != 4) {
+            fprintf(stderr, "bench_dist_epsp --mode mem: run with 4 ranks (its layouts are 4-rank layouts)\n");
+            return 1;
+        }
+        bench_mem(reps, tokens, layers, only);
     } else {
-        fprintf(stderr, "bench_dist_epsp: --mode must be ep or sp, got '%s'\n", mode);
+        fprintf(stderr, "bench_dist_epsp: --mode must be ep, sp or mem, got '%s'\n", mode);
         return 1;
     }
     dist_finalize(g_ctx);

@@ -4,6 +4,8 @@
 #              the formula, model state per rank against one rank holding every expert
 #   --mode sp  -np 4: Ulysses size 1, 2, 4 (rest data parallel): step and exchange time, SP bytes per step
 #              against the formula, activation bytes per rank
+#   --mode mem -np 4, one process group per layout (DP 4, FSDP 4, EP 4, EP 2 x FSDP 2): model state and
+#              gathered peak per rank (moerl's accounting), peak RSS, bytes per step, step time
 # Usage: bench/run_epsp.sh [BUILD]   (default build). On a bigger machine raise --tokens / --reps and -np
 # (the EP sizes must divide the 16 experts), e.g. mpirun -np 8 ... --mode ep --tokens 2048 --reps 9.
 set -eu
@@ -19,3 +21,4 @@ run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$B" --mode ep --reps 5
 run mpirun --oversubscribe -np 4 "$B" --mode ep --reps 5
 run mpirun --oversubscribe -np 4 "$B" --mode sp --reps 5 --sp 1,2,4
+for k in 0 1 2 3; do run mpirun --oversubscribe -np 4 "$B" --mode mem --layers 4 --reps 5 --layout $k; done

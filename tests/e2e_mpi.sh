@@ -10,15 +10,18 @@
 #                 the exchange, bit for bit, at DP = 2 and 3
 #   test_dist_fsdp  FSDP (ZeRO-3) fsdp 2, 3, 4 and fsdp 2 × 2 replicas (HSDP) against one process: losses,
 #                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula
-#   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and Ulysses
-#                 (-np 2 sp 2, -np 4 sp 2 × dp 2; expert parallelism refused) against
+#   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2), Ulysses
+#                 (-np 2 sp 2, -np 4 sp 2 × dp 2) and expert parallel (-np 2 ep 2 with each dispatcher, bit-identical;
+#                 -np 4 ep 2 × dp 2; -np 4 ep 4; small micro-batches with idle passes and spills; N -> M resume
+#                 -np 4 ep 4 -> -np 2 ep 2 and -> one process; EP × FSDP -np 4 ep 2 × fsdp 2, resumed both ways) against
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
 #                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard; N -> M resume dp 2 x pp 2 -> pp 3 and one
 #                 process) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
-#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints
+#                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
+#                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 3, pp 4 and dp 2 x pp 2 against one rank after K AdamW
@@ -105,6 +108,8 @@ run_mpi "test_dist_ep -np 2 (EP=2)" 2 "$T/test_dist_ep"
 run_mpi "test_dist_ep -np 4 (EP=4)" 4 "$T/test_dist_ep"
 run_mpi "test_dist_ep -np 4 (EP=2 x DP=2)" 4 "$T/test_dist_ep" --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_ep -np 2 (EP=2, 2 threads)" 2 "$T/test_dist_ep"
+run_mpi "test_dist_ep -np 4 (EP=2 x FSDP=2)" 4 "$T/test_dist_ep" --ep 2 --fsdp 2
+run_mpi "test_dist_ep -np 8 (EP=2 x FSDP=2 x 2)" 8 "$T/test_dist_ep" --ep 2 --fsdp 2
 run_mpi "test_dist_sp -np 2 (SP=2, GQA nkv 2)" 2 "$T/test_dist_sp" --sp 2
 run_mpi "test_dist_sp -np 2 (SP=2, nkv 1 replicated)" 2 "$T/test_dist_sp" --sp 2 --nkv 1
 run_mpi "test_dist_sp -np 4 (SP=2 x DP=2)" 4 "$T/test_dist_sp" --sp 2
@@ -217,12 +222,56 @@ for np in 2 4; do
     EDGE_WHAT="moerl-mpi sft -np $np sp 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
     edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/rs$np" 5e-5'
 done
-# expert parallelism is not wired into moerl sft yet: refused on every rank, naming the key
-timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size=2 \
-    trainer.default_local_dir="$W/re2" >"$W/out" 2>"$W/err"
+# expert parallelism in moerl sft against one process: -np 2 ep 2 with each dispatcher, -np 4 ep 2 x dp 2,
+# -np 4 ep 4. Weights within 5e-5 (the bound of tests/test_dist_ep.c, ≈ lr/60): besides the ranks'
+# partial sums, each expert's grouped GEMM sees its rows source rank by source rank, another fp32
+# summation order of the weight gradient (measured ≤ 8e-6 after 3 steps); a lost or misrouted row
+# moves whole expert tensors by ~lr = 3e-3. The two dispatchers move the same rows into the same
+# places, so their checkpoints must be the same bytes.
+for v in "2 2 alltoall" "2 2 alltoallv" "4 2 alltoall" "4 4 alltoallv"; do
+    read -r NP EP D <<<"$v"
+    timeout 180 "${MPIRUN[@]}" -np "$NP" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size="$EP" \
+        actor.moe.dispatcher="$D" trainer.default_local_dir="$W/re$NP$EP$D" >"$W/out" 2>"$W/err"
+    rc=$?
+    EDGE_WHAT="moerl-mpi sft -np $NP ep $EP ($D) against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/re$NP$EP$D" 5e-5'
+done
+EDGE_WHAT="moerl-mpi sft -np 2 ep 2: alltoall and alltoallv checkpoints differ"
+edge cmp -s "$W/re22alltoall/checkpoint/model.safetensors" "$W/re22alltoallv/checkpoint/model.safetensors"
+# small micro-batches (72 tokens: the two shards pack into different counts, so the rank with fewer
+# runs idle passes whose experts still serve the other's rows) and an all-to-all capacity of 4 rows per (expert, source)
+# (factor 0.1: most exchanges spill), against one process with the same micro-batches
+SFTS=(model.num_hidden_layers=3 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=72)
+"$M" sft --config "$W/sft.yaml" "${SFTS[@]}" trainer.default_local_dir="$W/rsm1" >/dev/null 2>&1
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTS[@]}" actor.expert_parallel_size=2 \
+    actor.moe.dispatcher=alltoall actor.moe.capacity_factor=0.1 trainer.default_local_dir="$W/rsme" >"$W/out" 2>"$W/err"
 rc=$?
-EDGE_WHAT="moerl-mpi sft -np 2 ep 2 must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.expert_parallel_size=2 is not wired" "$W/err"'
+EDGE_WHAT="moerl-mpi sft -np 2 ep 2, 72-token micro-batches, capacity factor 0.1, against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/rsm1" "$W/rsme" 5e-5 && grep -Eq "[1-9][0-9]* spill rounds, [1-9][0-9]* idle passes" "$W/err"'
+# EP x FSDP (-np 4: ep 2, FSDP 2 over the ranks holding the same experts) against one process, with
+# 160-token and 72-token micro-batches (the latter: idle passes interleaving FSDP gathers and expert
+# exchanges); the tolerance of the EP runs (measured ≤ 1.7e-5 at 72 tokens)
+for mb in 160 72; do
+    timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" data.max_token_len_per_micro_batch=$mb \
+        actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/ref$mb" >"$W/out" 2>"$W/err"
+    rc=$?
+    EDGE_WHAT="moerl-mpi sft -np 4 ep 2 x fsdp 2, micro-batch $mb, against one process (rc $rc): $(tail -c 300 "$W/err")"
+    ref1=$W/r1
+    [[ $mb == 72 ]] && ref1=$W/rsm1
+    edge eval '[[ $rc -eq 0 ]] && same_run "$ref1" "$W/ref$mb" 5e-5'
+done
+EDGE_WHAT="moerl-mpi sft -np 4 ep 2 x fsdp 2 at 72-token micro-batches ran no idle pass: $(grep -o '[0-9]* idle passes' "$W/err")"
+edge eval 'grep -Eq " [1-9][0-9]* idle passes" "$W/err"'
+timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size=2 \
+    actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/ref2" >"$W/out" 2>"$W/err"
+rc=$?
+EDGE_WHAT="moerl-mpi sft -np 2 ep 2 x fsdp 2 must be refused (ep·fsdp does not divide 2) (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "their product must divide the 2 ranks" "$W/err" && [[ ! -e $W/ref2 ]]'
+timeout 60 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.expert_parallel_size=3 \
+    trainer.default_local_dir="$W/re3" >"$W/out" 2>"$W/err"
+rc=$?
+EDGE_WHAT="moerl-mpi sft -np 3 ep 3 (4 experts) must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.expert_parallel_size=3 does not divide" "$W/err" && [[ ! -e $W/re3/checkpoint ]]'
 # pipeline parallelism: pp 2, pp 3 and dp 2 x pp 2 against the same one-process run (the global aux
 # loss makes the pipeline's own micro-batch split irrelevant); the bubble lands in the metrics
 for v in "2 2" "3 3" "4 2"; do
@@ -274,6 +323,38 @@ edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1
 rc=$?
 EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4b"'
+# N -> M with expert parallelism: 2 steps on -np 4 ep 4, resumed to 4 steps on -np 2 ep 2 and on one
+# process (the checkpoint is the whole model: experts and moments assembled on rank 0 by
+# par_gather_full; each rank of the resume slices its experts' weights and moments from it)
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.expert_parallel_size=4 trainer.default_local_dir="$W/e4" >/dev/null 2>"$W/err"
+cp -r "$W/e4" "$W/e4b"
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.expert_parallel_size=2 trainer.default_local_dir="$W/e4" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 ep 4 resumed on -np 2 ep 2 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/e4" 5e-5'
+"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/e4b" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 ep 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/e4b" 5e-5'
+# EP x FSDP N -> M: -np 4 ep 2 x fsdp 2 (2 steps) resumed on -np 2 ep 2; -np 2 ep 2 (2 steps) resumed on
+# -np 4 ep 2 x fsdp 2 (each rank's shard of its experts' weights and moments)
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/x4" >/dev/null 2>"$W/err"
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.expert_parallel_size=2 trainer.default_local_dir="$W/x4" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 4 ep 2 x fsdp 2 resumed on -np 2 ep 2 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/x4" 5e-5'
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.expert_parallel_size=2 trainer.default_local_dir="$W/x2" >/dev/null 2>"$W/err"
+timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/x2" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 2 ep 2 resumed on -np 4 ep 2 x fsdp 2 (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/x2" 5e-5'
 rm -rf "$W"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -331,21 +331,18 @@ int rl_read_config(const cfg *c, rl_config *r) {
                             "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
                             r->n_trainer_ranks);
-    if (pc->expert_parallel_size > 1)
-        return moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not available on the trainer ranks "
-                            "of moerl rl yet (FSDP, Ulysses and the pipeline are; `moerl sft` under mpirun takes it)",
-                            pc->expert_parallel_size);
     if (pp > 1 && (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1))
         return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism: "
                             "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
                             "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
                             pp, fsdp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
-    if ((fsdp > 1 || pp > 1) && r->grad_compression != GRAD_COMPRESSION_NONE)
+    if ((fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1) && r->grad_compression != GRAD_COMPRESSION_NONE)
         return moerl_errorf("actor.grad_compression compresses the data-parallel reducer's all-reduce; FSDP "
-                            "(actor.fsdp_config.fsdp_size=%d) reduce-scatters and the pipeline "
-                            "(actor.pipeline_parallel_size=%d) sums each stage's gradients itself: use "
+                            "(actor.fsdp_config.fsdp_size=%d) reduce-scatters, and the pipeline "
+                            "(actor.pipeline_parallel_size=%d) and expert parallelism "
+                            "(actor.expert_parallel_size=%d) sum their gradients themselves: use "
                             "actor.grad_compression=none with them",
-                            fsdp, pp);
+                            fsdp, pp, pc->expert_parallel_size);
     return MOERL_OK;
 }
 

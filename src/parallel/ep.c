@@ -33,6 +33,7 @@ struct ep_state {
     float *red;       /* gradient packing */
     size_t red_n;
     moe_model *model; /* ep_state_attach's model (NULL with ep_state_new) */
+    moe_model whole;  /* the unsliced model's tensor table (no buffers): ep_slice_vec / ep_gather_full */
     ep_stats st;
 };
 
@@ -90,6 +91,13 @@ ep_state *ep_state_new(const par_grid *g, const moe_config *c, int max_tokens) {
     ep->disp = par_dispatcher(g);
     const double want = ceil(g->cfg.capacity_factor * (double)max_tokens * ep->K / ep->E);
     ep->cap = (int)MOERL_MAX(1.0, MOERL_MIN(want, (double)max_tokens));
+    moe_config wc = *c;
+    wc.exec.ep_size = 0;
+    wc.exec.ep_rank = 0;
+    if (model_init_layout(&ep->whole, &wc, 0) != MOERL_OK) {
+        free(ep);
+        return NULL;
+    }
     for (int l = 0; l < ep->L; l++) {
         if (!moe_config_layer_is_moe(c, l)) continue;
         ep_layer *y = &ep->lay[l];
@@ -108,6 +116,7 @@ void ep_state_free(ep_state *ep) {
     }
     free(ep->y); free(ep->dy); free(ep->dgu); free(ep->dact); free(ep->dx);
     free(ep->buf_a); free(ep->buf_b); free(ep->red);
+    model_free(&ep->whole);
     free(ep);
 }
 
@@ -380,6 +389,8 @@ static int reduce_kind(ep_state *ep, moe_model *m, int want_expert, dist_comm *c
 }
 
 int ep_reduce_grads(ep_state *ep, moe_model *m) {
+    if (!m) m = ep->model;
+    MOERL_ASSERT(m);
     if (reduce_kind(ep, m, 0, ep->g->stage_comm) != MOERL_OK || reduce_kind(ep, m, 1, ep->g->ep_dp_comm) != MOERL_OK)
         return moerl_error_prefix("expert-parallel gradient sum: ");
     return MOERL_OK;
@@ -445,18 +456,102 @@ int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full) {
     return MOERL_OK;
 }
 
-int ep_slice_model(const moe_model *full, moe_model *local) {
+/* The rows of local's experts of a vector in full's layout (both tensor tables in the same order). */
+static void slice_vec(const moe_model *full, const moe_model *local, const float *full_vec, float *local_vec) {
     int lo;
     const int El = moe_config_local_experts(&local->cfg, &lo);
-    if (full->n_tensors != local->n_tensors || full->cfg.num_experts != local->cfg.num_experts ||
-        moe_config_local_experts(&full->cfg, &(int){0}) != full->cfg.num_experts)
-        return moerl_errorf("ep_slice_model: the source is not the whole model of the slice's config");
     for (int i = 0; i < local->n_tensors; i++) {
         const tensor_info *t = &local->tensors[i], *f = &full->tensors[i];
         const size_t per = (t->flags & TF_EXPERT) ? (size_t)(t->numel / El) : 0;
-        memcpy(local->params + t->offset, full->params + f->offset + per * lo, (size_t)t->numel * sizeof(float));
+        memcpy(local_vec + t->offset, full_vec + f->offset + per * lo, (size_t)t->numel * sizeof(float));
     }
+}
+
+int ep_slice_model(const moe_model *full, moe_model *local) {
+    if (full->n_tensors != local->n_tensors || full->cfg.num_experts != local->cfg.num_experts ||
+        moe_config_local_experts(&full->cfg, &(int){0}) != full->cfg.num_experts)
+        return moerl_errorf("ep_slice_model: the source is not the whole model of the slice's config");
+    slice_vec(full, local, full->params, local->params);
     return MOERL_OK;
+}
+
+size_t ep_whole_params(const ep_state *ep) { return ep->whole.n_params; }
+
+void ep_slice_vec(const ep_state *ep, const moe_model *local, const float *whole_vec, float *local_vec) {
+    MOERL_ASSERT(local->n_tensors == ep->whole.n_tensors);
+    slice_vec(&ep->whole, local, whole_vec, local_vec);
+}
+
+/* whole_vec (on EP rank `root` only) = the group's local_vec assembled in the whole layout: the
+ * replicated tensors from root's own copy, every expert tensor's rows from their owner (one
+ * point-to-point message per expert tensor and owner). Collective over ep_comm. */
+static int gather_vec_to(ep_state *ep, const moe_model *local, const float *local_vec, float *whole_vec, int root,
+                         int tag) {
+    const moe_model *w = &ep->whole;
+    int n_exp = 0;
+    for (int i = 0; i < local->n_tensors; i++) n_exp += !!(local->tensors[i].flags & TF_EXPERT);
+    dist_req **rq = xcalloc((size_t)n_exp * ep->P + 1, sizeof *rq);
+    int nr = 0, rc = MOERL_OK;
+    for (int i = 0; i < local->n_tensors; i++) {
+        const tensor_info *t = &local->tensors[i], *f = &w->tensors[i];
+        if (!(t->flags & TF_EXPERT)) {
+            if (ep->rank == root) memcpy(whole_vec + f->offset, local_vec + t->offset, (size_t)t->numel * sizeof(float));
+            continue;
+        }
+        if (ep->rank != root) {
+            rq[nr++] = dist_comm_isend_f32(ep->comm, root, tag, local_vec + t->offset, (size_t)t->numel);
+            continue;
+        }
+        for (int q = 0; q < ep->P; q++) {
+            float *dst = whole_vec + f->offset + (size_t)t->numel * q; /* [El, ...] per rank, in rank order */
+            if (q == root) memcpy(dst, local_vec + t->offset, (size_t)t->numel * sizeof(float));
+            else rq[nr++] = dist_comm_irecv_f32(ep->comm, q, tag, dst, (size_t)t->numel);
+        }
+    }
+    for (int k = 0; k < nr; k++) /* the messages of one pair arrive in posting order (MPI non-overtaking) */
+        if (dist_wait(rq[k]) != MOERL_OK) rc = MOERL_ERR;
+    free(rq);
+    return rc;
+}
+
+int ep_gather_full(ep_state *ep, const moe_model *local, const adamw_state *os, int keep, moe_model *whole,
+                   adamw_state *moments) {
+    float mine = keep ? 1.0f : 0.0f, *all = xmalloc((size_t)ep->P * sizeof(float));
+    if (dist_comm_allgather_f32(ep->comm, &mine, 1, all) != MOERL_OK) {
+        free(all);
+        return MOERL_ERR;
+    }
+    if (keep) {
+        memset(whole, 0, sizeof *whole);
+        if (model_init_inference(whole, &ep->whole.cfg) != MOERL_OK) {
+            free(all);
+            return MOERL_ERR;
+        }
+        if (moments) {
+            *moments = *os;
+            moments->n = whole->n_params;
+            moments->m = xalloc_aligned((whole->n_params + 1) * sizeof(float));
+            moments->v = xalloc_aligned((whole->n_params + 1) * sizeof(float));
+        }
+    }
+    int rc = MOERL_OK;
+    for (int root = 0; root < ep->P && rc == MOERL_OK; root++) { /* every keeper of the group in turn */
+        if (all[root] == 0.0f) continue;
+        const int me = ep->rank == root;
+        rc = gather_vec_to(ep, local, local->params, me ? whole->params : NULL, root, 7301);
+        if (rc == MOERL_OK && moments) rc = gather_vec_to(ep, local, os->m, me ? moments->m : NULL, root, 7302);
+        if (rc == MOERL_OK && moments) rc = gather_vec_to(ep, local, os->v, me ? moments->v : NULL, root, 7303);
+    }
+    free(all);
+    if (rc != MOERL_OK && keep) {
+        model_free(whole);
+        if (moments) {
+            free(moments->m);
+            free(moments->v);
+            memset(moments, 0, sizeof *moments);
+        }
+    }
+    return rc;
 }
 
 int ep_slice_in_place(const par_grid *g, moe_model *m) {
@@ -483,27 +578,23 @@ int ep_max_passes(ep_state *ep, int passes) {
     return mx;
 }
 
-void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
+void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward) {
     if (!m) m = ep->model;
-    MOERL_ASSERT(m);
+    MOERL_ASSERT(m && l >= 0 && l < ep->L);
+    ep_layer *y = &ep->lay[l];
+    if (!y->rcnt) return; /* a dense layer */
     const int H = ep->H, I = ep->I, El = ep->El;
     int *zero = xcalloc((size_t)ep->E + 1, sizeof(int));
     float dummy[1] = {0};
-    for (int l = 0; l < ep->L; l++) { /* forward: the MoE layers in order, no rows of our own */
-        ep_layer *y = &ep->lay[l];
-        if (!y->rcnt) continue;
-        const layer_views *w = &m->p.layers[l];
+    const layer_views *w = &m->p.layers[l];
+    if (!backward) { /* forward: no rows of our own */
         dispatch_forward(ep, l, dummy, zero, zero);
         grouped_fuse fz = {0};
         fz.swiglu_act = y->act;
         grouped_gemm_forward_team(y->gu, y->x, w->experts_gate_up, y->eoff, El, H, 2 * I, &fz);
         grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, El, I, H, NULL);
         exchange_known(ep, ep->y, y->boff, y->rcnt, dummy, zero, zero);
-    }
-    for (int l = ep->L - 1; backward && l >= 0; l--) { /* backward: in reverse, weight gradients accumulate */
-        ep_layer *y = &ep->lay[l];
-        if (!y->rcnt) continue;
-        const layer_views *w = &m->p.layers[l];
+    } else { /* backward: the local experts' weight gradients accumulate */
         layer_views *gw = &m->g.layers[l];
         exchange_known(ep, dummy, zero, zero, ep->dy, y->boff, y->rcnt);
         grouped_fuse fz = {0};
@@ -516,6 +607,14 @@ void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
     }
     free(zero);
 }
+
+void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
+    ep->st.idle_passes++;
+    for (int l = 0; l < ep->L; l++) ep_idle_layer(ep, m, l, 0);  /* forward: the MoE layers in order */
+    for (int l = ep->L - 1; backward && l >= 0; l--) ep_idle_layer(ep, m, l, 1); /* backward: in reverse */
+}
+
+void ep_count_idle_pass(ep_state *ep) { ep->st.idle_passes++; }
 
 ep_state *ep_state_attach(const par_grid *g, moe_model *m, int max_tokens) {
     if (ep_slice_in_place(g, m) != MOERL_OK) return NULL;

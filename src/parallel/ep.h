@@ -62,6 +62,7 @@ typedef struct {
     long spill_rounds;  /* alltoall exchanges that needed the spill round (any rank overflowed) */
     long spill_rows;    /* rows this rank sent in spill rounds */
     long max_block;     /* largest row count seen in one (source, expert) block */
+    long idle_passes;   /* ep_idle_pass calls (forward or forward + backward) */
     double seconds;     /* wall time inside the exchanges (communication and the copies around it) */
 } ep_stats;
 
@@ -102,7 +103,7 @@ void ep_moe_backward_team(ep_state *ep, const moe_model *m, int l, const mlp_act
 /* ---- gradients, optimizer, checkpoints ---- */
 /* Sum m->grads: tensors flagged TF_EXPERT over the grid's ep_dp_comm, every other tensor over
  * stage_comm (the caller's dlogp already divides by the global token count, so sums are the full
- * gradient). Collective over the stage. */
+ * gradient). m NULL: the model of ep_state_attach. Collective over the stage. */
 int ep_reduce_grads(ep_state *ep, moe_model *m);
 /* Global L2 norm of the gradient of the whole (unsliced) model after ep_reduce_grads: the
  * replicated tensors' squares (the same on every rank) plus the expert squares summed over the EP
@@ -124,6 +125,23 @@ int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full);
  * full is not the unsliced model of local's config. */
 int ep_slice_model(const moe_model *full, moe_model *local);
 
+/* Floats of the whole (unsliced) model's layout of ep's config. */
+size_t ep_whole_params(const ep_state *ep);
+/* This rank's part of a vector in the whole model's layout (weights, AdamW moments): replicated
+ * tensors whole, expert tensors the rows of local's experts, into local_vec [local->n_params].
+ * Not collective. */
+void ep_slice_vec(const ep_state *ep, const moe_model *local, const float *whole_vec, float *local_vec);
+/* The whole model (and with moments != NULL the whole AdamW moments of os, os being in local's
+ * layout) on the EP ranks with keep = 1: whole := a new inference model (model_init_inference of
+ * the unsliced config; model_free it) holding the replicated tensors of the keeper's own copy and
+ * every expert from its owner; *moments := os's scalars with m / v of the whole layout (free
+ * both). Members with keep = 0 only send (no whole-model buffer anywhere but on the keeper:
+ * point-to-point messages per expert tensor, not an all-gather). Several keepers in one group are
+ * served in turn. Collective over ep_comm. Errors: the allocation or the transport failing
+ * (nothing left allocated). */
+int ep_gather_full(ep_state *ep, const moe_model *local, const adamw_state *os, int keep, moe_model *whole,
+                   adamw_state *moments);
+
 /* Replace the whole model m (exec.ep_size unset) by this rank's slice of it (g->ep > 1; a no-op at
  * ep 1): the model par_state_init receives becomes the one ep_state_new expects, and the full
  * expert weights are freed. Gradients are allocated when m had them. Not collective. */
@@ -139,6 +157,12 @@ int ep_slice_in_place(const par_grid *g, moe_model *m);
  * Call outside OpenMP regions. Collective over ep_comm. */
 int ep_max_passes(ep_state *ep, int passes);
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward);
+/* One MoE layer l of an idle pass (forward, or with backward = 1 its backward), for callers that
+ * interleave it with other strategies' layer events (EP × FSDP: parallel.c puts each layer's
+ * exchange where forward.c's pass has it between the FSDP events). No-op for a dense layer.
+ * ep_count_idle_pass: count such a pass in ep_stats.idle_passes. */
+void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward);
+void ep_count_idle_pass(ep_state *ep);
 
 /* par_state_init's form: ep_slice_in_place(g, m) then ep_state_new(g, &m->cfg, max_tokens), the
  * state remembering m (ep_idle_pass may then take m = NULL). ep_state_detach: the inverse, for

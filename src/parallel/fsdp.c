@@ -34,6 +34,10 @@ struct fsdp_state {
     size_t map_bytes;
     adamw_range *ranges;  /* the owned pieces of every tensor, in shard order */
     int n_ranges;
+    unsigned char *range_expert; /* [n_ranges]: the piece belongs to an expert tensor (TF_EXPERT) */
+    dist_comm *erep, *ep; /* EP × FSDP (fsdp_set_expert_groups): expert replicas, the EP group */
+    float *pack;          /* EP × FSDP: packing of the replica sums */
+    size_t pack_n;
     double cur_bytes, peak_bytes;
     int rs_order[MOERL_MAX_LAYERS + 2], n_rs; /* units with a reduce-scatter in flight, oldest first */
 };
@@ -302,6 +306,38 @@ void fsdp_idle_pass(fsdp_state *fs, int backward) {
 
 void fsdp_zero_grad(fsdp_state *fs) { memset(fs->g_shard, 0, fs->S * sizeof(float)); }
 
+void fsdp_set_expert_groups(fsdp_state *fs, dist_comm *expert_replicas, dist_comm *ep) {
+    fs->erep = expert_replicas;
+    fs->ep = ep;
+}
+
+/* EP × FSDP: sum the owned gradient pieces of one kind (expert or not) over group c, packed. */
+static int replica_sum_kind(fsdp_state *fs, int expert, dist_comm *c) {
+    if (!c || dist_comm_size(c) <= 1) return MOERL_OK;
+    size_t n = 0;
+    for (int i = 0; i < fs->n_ranges; i++)
+        if (fs->range_expert[i] == expert) n += fs->ranges[i].n;
+    if (n > fs->pack_n) {
+        free(fs->pack);
+        fs->pack_n = n;
+        fs->pack = xalloc_aligned((n + 1) * sizeof(float));
+    }
+    size_t o = 0;
+    for (int i = 0; i < fs->n_ranges; i++)
+        if (fs->range_expert[i] == expert) {
+            memcpy(fs->pack + o, fs->g_shard + fs->ranges[i].offset, fs->ranges[i].n * sizeof(float));
+            o += fs->ranges[i].n;
+        }
+    if (dist_comm_allreduce_f32(c, fs->pack, n) != MOERL_OK) return MOERL_ERR;
+    o = 0;
+    for (int i = 0; i < fs->n_ranges; i++)
+        if (fs->range_expert[i] == expert) {
+            memcpy(fs->g_shard + fs->ranges[i].offset, fs->pack + o, fs->ranges[i].n * sizeof(float));
+            o += fs->ranges[i].n;
+        }
+    return MOERL_OK;
+}
+
 int fsdp_finish_grads(fsdp_state *fs) {
     const double t = trace_begin();
     for (int k = 0; k < fs->n_units; k++) {
@@ -309,12 +345,29 @@ int fsdp_finish_grads(fsdp_state *fs) {
         grad_wait(fs, k);
     }
     int rc = MOERL_OK;
-    if (fs->rep && dist_comm_size(fs->rep) > 1) rc = dist_comm_allreduce_f32(fs->rep, fs->g_shard, fs->S);
+    if (fs->ep) { /* EP × FSDP: replicated tensors over every replica, expert slices over their holders */
+        rc = replica_sum_kind(fs, 0, fs->rep);
+        if (rc == MOERL_OK) rc = replica_sum_kind(fs, 1, fs->erep);
+    } else if (fs->rep && dist_comm_size(fs->rep) > 1) {
+        rc = dist_comm_allreduce_f32(fs->rep, fs->g_shard, fs->S);
+    }
     trace_end("fsdp reduce-scatter wait", "dist", t);
     return rc;
 }
 
 double fsdp_grad_norm(fsdp_state *fs) {
+    if (fs->ep) { /* EP × FSDP: the whole model's norm — replicated squares once, experts over the EP group */
+        double ss[2] = {0, 0};
+        for (int i = 0; i < fs->n_ranges; i++) {
+            const float *g = fs->g_shard + fs->ranges[i].offset;
+            double s = 0;
+            for (size_t j = 0; j < fs->ranges[i].n; j++) s += (double)g[j] * (double)g[j];
+            ss[fs->range_expert[i]] += s;
+        }
+        MOERL_ASSERT(dist_comm_allreduce_f64(fs->comm, ss, 2) == MOERL_OK);
+        MOERL_ASSERT(dist_comm_allreduce_f64(fs->ep, &ss[1], 1) == MOERL_OK);
+        return sqrt(ss[0] + ss[1]);
+    }
     double ss = 0;
     const float *g = fs->g_shard;
     const size_t n = fs->S;
@@ -423,12 +476,14 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
     fs->S = sh;
     /* the owned piece of every tensor, for the optimizer */
     fs->ranges = xcalloc((size_t)m->n_tensors + 1, sizeof(adamw_range));
+    fs->range_expert = xcalloc((size_t)m->n_tensors + 1, 1);
     for (int i = 0; i < m->n_tensors; i++) {
         const tensor_info *t = &m->tensors[i];
         const fsdp_unit *u = &fs->u[unit_of_tensor(m, i, first_layer)];
         const size_t own0 = u->off + (size_t)fs->r * u->s, own1 = own0 + u->s;
         const size_t a = MOERL_MAX(own0, t->offset), b = MOERL_MIN(own1, t->offset + (size_t)t->numel);
         if (b <= a) continue;
+        fs->range_expert[fs->n_ranges] = (t->flags & TF_EXPERT) != 0;
         fs->ranges[fs->n_ranges++] = (adamw_range){.offset = u->sh + (a - own0), .n = b - a,
                                                    .decay = (t->flags & TF_DECAY) != 0};
     }
@@ -442,6 +497,7 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
         free(fs->p_shard);
         free(fs->g_shard);
         free(fs->ranges);
+        free(fs->range_expert);
         free(fs->u);
         free(fs);
         return moerl_errorf("fsdp: cannot map %zu bytes of address space for the gather buffers", 2 * m->n_params * 4),
@@ -473,6 +529,8 @@ void fsdp_state_free(fsdp_state *fs) {
     free(fs->p_shard);
     free(fs->g_shard);
     free(fs->ranges);
+    free(fs->range_expert);
+    free(fs->pack);
     free(fs->u);
     free(fs);
 }

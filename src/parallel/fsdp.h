@@ -44,6 +44,13 @@ typedef struct fsdp_state fsdp_state;
  * the sparse mappings in their place (views refreshed). The model, the groups and the state must
  * outlive each other until fsdp_state_free. Errors: m->grads NULL, mmap failing. */
 fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas);
+/* EP × FSDP (src/parallel/grid.h): m is one rank's expert slice (exec.ep_size), the shard group
+ * holds the same experts. After this call fsdp_finish_grads sums the owned pieces of replicated
+ * tensors over `replicas` (fsdp_state_new's: every rank with this fsdp_rank, across the EP group
+ * and the HSDP blocks) and those of expert tensors (TF_EXPERT) over expert_replicas (the ranks with
+ * the same fsdp_rank and the same experts); fsdp_grad_norm adds the expert squares over ep (the
+ * EP group) so that the norm is the whole model's. Not collective. */
+void fsdp_set_expert_groups(fsdp_state *fs, dist_comm *expert_replicas, dist_comm *ep);
 /* Gather the whole model into ordinary heap buffers of m on every member (m->params full, m->grads
  * zeroed, views refreshed) and free the state. NULL is a no-op. */
 void fsdp_state_free(fsdp_state *fs);

@@ -82,8 +82,8 @@ moe_dispatcher par_dispatcher(const par_grid *g) {
 }
 
 void par_grid_free(par_grid *g) {
-    dist_comm **all[] = {&g->ep_dp_comm, &g->ep_comm, &g->replica_comm, &g->fsdp_comm,
-                         &g->sp_comm,    &g->dp_comm, &g->pp_comm,      &g->stage_comm};
+    dist_comm **all[] = {&g->ep_replica_comm, &g->ep_dp_comm, &g->ep_comm, &g->replica_comm, &g->fsdp_comm,
+                         &g->sp_comm,         &g->dp_comm,    &g->pp_comm, &g->stage_comm};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         dist_comm_free(*all[i]);
         *all[i] = NULL;
@@ -110,6 +110,17 @@ int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int n
     g->fsdp_rank = g->d % g->fsdp;
     g->replica_rank = g->d / g->fsdp;
     g->ep_rank = g->d % g->ep;
+    /* EP × FSDP (both > 1, ep·fsdp | D): blocks of ep·fsdp consecutive ranks; inside a block the EP
+     * groups stay consecutive and each FSDP group joins the fsdp ranks holding the same experts
+     * (stride ep), so FSDP shards identical expert slices (see grid.h) */
+    const int ep_fsdp = g->ep > 1 && g->fsdp > 1 && g->D % (g->ep * g->fsdp) == 0;
+    int fsdp_color = g->stage * g->replicas + g->replica_rank;
+    if (ep_fsdp) {
+        const int blk = g->d / (g->ep * g->fsdp), j = g->d % (g->ep * g->fsdp);
+        g->fsdp_rank = j / g->ep;
+        g->replica_rank = blk * g->ep + g->ep_rank;
+        fsdp_color = g->stage * g->replicas + g->replica_rank;
+    }
     /* Colors are offset per group kind so that they never collide inside one split. */
     struct {
         dist_comm **out;
@@ -119,10 +130,11 @@ int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int n
         {&g->pp_comm, g->d, g->stage},
         {&g->dp_comm, g->stage * g->sp + g->sp_rank, g->dp_rank},
         {&g->sp_comm, g->stage * g->dp + g->dp_rank, g->sp_rank},
-        {&g->fsdp_comm, g->stage * g->replicas + g->replica_rank, g->fsdp_rank},
+        {&g->fsdp_comm, fsdp_color, g->fsdp_rank},
         {&g->replica_comm, g->stage * g->fsdp + g->fsdp_rank, g->replica_rank},
         {&g->ep_comm, g->stage * (g->D / g->ep) + g->d / g->ep, g->ep_rank},
         {&g->ep_dp_comm, g->stage * g->ep + g->ep_rank, g->d / g->ep},
+        {&g->ep_replica_comm, (g->stage * g->fsdp + g->fsdp_rank) * g->ep + g->ep_rank, g->d},
     };
     for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) {
         *splits[i].out = dist_comm_split(ctx, splits[i].color, splits[i].key);

@@ -8,6 +8,14 @@
  * consecutive blocks of fsdp ranks (d / fsdp) — sharding spans SP ranks as verl's FSDP does —
  * and replica groups (HSDP) join the ranks with the same position in their shard group. EP groups
  * are consecutive blocks of ep ranks (d / ep); ep divides E. Every size 1 gives a group of one.
+ * EP × FSDP (ep > 1 and fsdp > 1 with ep·fsdp dividing D): the stage is cut into blocks of ep·fsdp
+ * consecutive ranks; inside a block the EP groups stay consecutive (ep_rank = d mod ep) and an FSDP
+ * group joins the fsdp ranks of the block with the same ep_rank (stride ep, fsdp_rank = (d mod
+ * ep·fsdp) / ep), so FSDP shards identical expert slices, as the expert-data-parallel sharding of
+ * Megatron-LM / torchtitan. replica_comm (same fsdp_rank: the ep ranks of a block and the other
+ * blocks) then sums the replicated tensors' shards, ep_replica_comm (same fsdp_rank and ep_rank:
+ * the other blocks) the expert shards (src/parallel/fsdp.c, fsdp_set_expert_groups). When ep·fsdp
+ * does not divide D the groups are laid out as without EP (parallel.c refuses that combination).
  *
  * Config keys (verl names): actor.fsdp_config.fsdp_size (−1 = all D ranks of a stage, verl's
  * default; 1 = off), actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
@@ -49,6 +57,8 @@ typedef struct {
     dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
     dist_comm *ep_comm;       /* this rank's expert-parallel group */
     dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
+    dist_comm *ep_replica_comm; /* ranks of this stage with the same fsdp_rank and ep_rank (EP × FSDP:
+                                 * the expert shards' sum over HSDP replicas) */
 } par_grid;
 
 /* Define / read the keys above on a config (defaults: every size 1, dispatcher auto, max ep 16,

@@ -46,22 +46,29 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
         return MOERL_ERR;
     }
     const par_grid *g = ps->grid;
-    /* ---- FSDP (src/parallel/fsdp.c) ---- */
-    if (g->fsdp > 1) {
-        ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
-        if (!ps->fsdp) goto fail;
-    }
-    /* ---- expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c): both size their
-     * buffers (and the all-to-all capacity) by the micro-batch token limit of the command ---- */
+    /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
+     * the all-to-all capacity) by the micro-batch token limit of the command */
     const int max_tokens = pc->max_tokens;
-    if (g->ep > 1) {
-        if (ps->fsdp) {
-            moerl_errorf("actor.expert_parallel_size=%d with actor.fsdp_config.fsdp_size=%d: expert parallelism "
-                         "together with FSDP is not implemented; use one of them", g->ep, g->fsdp);
+    /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
+     * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */
+    if (g->ep > 1 && g->fsdp > 1) {
+        if (g->D % (g->ep * g->fsdp)) {
+            moerl_errorf("actor.expert_parallel_size=%d with actor.fsdp_config.fsdp_size=%d: their product must "
+                         "divide the %d ranks of a pipeline stage (FSDP shards each expert slice over ranks that "
+                         "hold the same experts): at most %d with these ranks, or run a multiple of %d ranks per stage",
+                         g->ep, g->fsdp, g->D, g->D / g->ep, g->ep * g->fsdp);
             goto fail;
         }
         if (!(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
     }
+    /* ---- FSDP (src/parallel/fsdp.c) ---- */
+    if (g->fsdp > 1) {
+        ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
+        if (!ps->fsdp) goto fail;
+        if (ps->ep) fsdp_set_expert_groups(ps->fsdp, g->ep_replica_comm, g->ep_comm);
+    }
+    /* ---- expert parallel alone ---- */
+    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
     if (g->pp > 1) {
@@ -100,6 +107,10 @@ void par_state_free(par_state *ps) {
     /* the other strategies' destructors go here, in reverse order of construction */
     sp_state_free(ps->sp);
     ps->sp = NULL;
+    if (ps->ep && ps->fsdp) { /* EP × FSDP: the slice back in plain buffers first, then the whole model */
+        fsdp_state_free(ps->fsdp);
+        ps->fsdp = NULL;
+    }
     if (ps->ep && ep_state_detach(ps->ep) != MOERL_OK) /* the whole model back in m */
         moerl_fatal("par_state_free: assembling the expert-parallel model: %s", moerl_last_error());
     ps->ep = NULL;
@@ -137,10 +148,35 @@ void par_zero_grad(par_state *ps, moe_model *m) {
     else model_zero_grad(m);
 }
 
+/* EP × FSDP idle pass: the FSDP layer events and the MoE layers' exchanges in the order of
+ * model_forward / model_backward (forward.c): forward layer l's MoE runs after PAR_FWD_LAYER l,
+ * backward layer l−1's MoE between PAR_BWD_LAYER l and PAR_GRAD_READY l (l = L: the head's region).
+ * Running all of one strategy's collectives before the other's could deadlock: an FSDP group and an
+ * EP group of different ranks wait on each other. */
+static void ep_fsdp_idle_pass(par_state *ps, int backward) {
+    fsdp_stats st;
+    fsdp_get_stats(ps->fsdp, &st);
+    const int L = st.n_units - 2;
+    ep_count_idle_pass(ps->ep);
+    fsdp_layer_event(ps->fsdp, PAR_FWD_LAYER, -1);
+    for (int l = 0; l < L; l++) {
+        fsdp_layer_event(ps->fsdp, PAR_FWD_LAYER, l);
+        ep_idle_layer(ps->ep, NULL, l, 0);
+    }
+    if (!backward) return;
+    for (int l = L; l >= 0; l--) {
+        fsdp_layer_event(ps->fsdp, PAR_BWD_LAYER, l);
+        if (l >= 1) ep_idle_layer(ps->ep, NULL, l - 1, 1);
+        fsdp_layer_event(ps->fsdp, PAR_GRAD_READY, l);
+    }
+    fsdp_layer_event(ps->fsdp, PAR_GRAD_READY, -1);
+}
+
 int par_max_passes(par_state *ps, int passes) {
-    if (ps && ps->ep) return ep_max_passes(ps->ep, passes); /* (EP with FSDP is refused) */
+    if (ps && ps->ep && !ps->fsdp) return ep_max_passes(ps->ep, passes);
     if (!ps || !ps->fsdp) return passes;
-    dist_comm *c = ps->grid->fsdp_comm;
+    /* EP × FSDP: the EP groups and the (strided) FSDP groups chain every rank of a block: the stage */
+    dist_comm *c = ps->ep ? ps->grid->stage_comm : ps->grid->fsdp_comm;
     const int P = dist_comm_size(c);
     float mine = (float)passes, *all = xmalloc((size_t)P * sizeof(float));
     int rc = dist_comm_allgather_f32(c, &mine, 1, all), mx = passes;
@@ -152,6 +188,10 @@ int par_max_passes(par_state *ps, int passes) {
 int par_pad_passes(par_state *ps, int passes, int max, int backward) {
     if (!ps || (!ps->fsdp && !ps->ep)) return MOERL_OK;
     if (max < passes) return moerl_errorf("par_pad_passes: %d passes, more than the group's most %d", passes, max);
+    if (ps->ep && ps->fsdp) {
+        for (int i = passes; i < max; i++) ep_fsdp_idle_pass(ps, backward);
+        return MOERL_OK;
+    }
     if (ps->ep) {
         for (int i = passes; i < max; i++) ep_idle_pass(ps->ep, NULL, backward);
         return MOERL_OK;
@@ -168,6 +208,25 @@ void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_co
     else adamw_init(os, m, cfg);
 }
 
+size_t par_whole_params(const par_state *ps, const moe_model *m) {
+    if (ps && ps->ep) return ep_whole_params(ps->ep); /* m holds this rank's experts only */
+    return m->n_params;                               /* FSDP keeps the whole layout in m */
+}
+
+void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float *local) {
+    if (ps && ps->ep && ps->fsdp) { /* EP × FSDP: the expert slice, then its FSDP shard */
+        float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
+        ep_slice_vec(ps->ep, m, whole, slice);
+        fsdp_slice_vec(ps->fsdp, slice, local);
+        free(slice);
+    } else if (ps && ps->fsdp) fsdp_slice_vec(ps->fsdp, whole, local);
+    else if (ps && ps->ep) ep_slice_vec(ps->ep, m, whole, local);
+    else if (ps && ps->pp && pp_is_owned(ps->pp)) pp_slice_vec(ps->pp, whole, local);
+    else memcpy(local, whole, m->n_params * sizeof(float));
+}
+
+int par_grads_self_reduced(const par_state *ps) { return ps && (ps->fsdp || ps->ep || (ps->pp && pp_is_owned(ps->pp))); }
+
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
     if (ps && ps->pp && pp_is_owned(ps->pp)) { /* the stage's range */
         MOERL_ASSERT(os->n == m->n_params);
@@ -181,14 +240,14 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
         *os = sh;
         return;
     }
-    if (!ps || !ps->fsdp) return;
-    MOERL_ASSERT(os->n == m->n_params);
-    adamw_state sh = *os;
-    fsdp_adamw_init(ps->fsdp, &sh, os->cfg);
+    if (!ps || (!ps->fsdp && !ps->ep)) return;
+    MOERL_ASSERT(os->n == par_whole_params(ps, m));
+    adamw_state sh;
+    par_adamw_init(ps, m, &sh, os->cfg);
     sh.step = os->step;
     sh.skipped = os->skipped;
-    fsdp_slice_vec(ps->fsdp, os->m, sh.m);
-    fsdp_slice_vec(ps->fsdp, os->v, sh.v);
+    par_slice_vec(ps, m, os->m, sh.m);
+    par_slice_vec(ps, m, os->v, sh.v);
     adamw_free(os);
     *os = sh;
 }
@@ -196,6 +255,7 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_adamw_step(ps->pp, os, lr, loss, grad_norm);
+    if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
 }
 
@@ -203,6 +263,7 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (par_pad_passes(ps, passes, max_passes, 1) != MOERL_OK) return MOERL_ERR;
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
+    if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
     return MOERL_OK;
 }
 
@@ -223,11 +284,69 @@ static const moe_model *pp_gather(par_state *ps, moe_model *m, int keep, const a
     return keep ? m : NULL;
 }
 
+/* EP × FSDP: in the keeper's block, each FSDP group gathers its expert slice (weights and moments)
+ * onto its member with the keeper's fsdp_rank — those members form the keeper's EP group — which
+ * then assemble the whole model on the keeper (ep_gather_full). One keeper per stage. */
+static const moe_model *ep_fsdp_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                            adamw_state *moments) {
+    const par_grid *g = ps->grid;
+    if (moments) memset(moments, 0, sizeof *moments);
+    float mine = keep ? 1.0f : 0.0f, *all = xmalloc((size_t)g->D * sizeof(float));
+    if (dist_comm_allgather_f32(g->stage_comm, &mine, 1, all) != MOERL_OK) {
+        free(all);
+        return NULL;
+    }
+    int dk = -1, nk = 0;
+    for (int d = 0; d < g->D; d++)
+        if (all[d] != 0.0f) dk = d, nk++;
+    free(all);
+    if (nk > 1) {
+        moerl_errorf("par_gather_full: %d keeping ranks in one pipeline stage; expert parallelism with FSDP "
+                     "assembles the model on one", nk);
+        return NULL;
+    }
+    const int B = g->ep * g->fsdp;
+    if (nk == 0 || g->d / B != dk / B) return NULL; /* no keeper in this rank's block */
+    const int helper = g->fsdp_rank == (dk % B) / g->ep;
+    adamw_state lm = {0}; /* the slice's moments, whole on the helpers */
+    if (moments) {
+        lm = *os;
+        lm.n = m->n_params;
+        lm.m = helper ? xalloc_aligned((m->n_params + 1) * sizeof(float)) : NULL;
+        lm.v = helper ? xalloc_aligned((m->n_params + 1) * sizeof(float)) : NULL;
+    }
+    int rc = MOERL_OK;
+    if (moments && (fsdp_gather_vec(ps->fsdp, os->m, lm.m) != MOERL_OK ||
+                    fsdp_gather_vec(ps->fsdp, os->v, lm.v) != MOERL_OK))
+        rc = MOERL_ERR;
+    if (rc == MOERL_OK) rc = fsdp_gather_full(ps->fsdp, helper);
+    moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+    if (rc == MOERL_OK && helper) rc = ep_gather_full(ps->ep, m, moments ? &lm : NULL, keep, whole, moments);
+    fsdp_release_all(ps->fsdp);
+    free(lm.m);
+    free(lm.v);
+    if (rc != MOERL_OK || !keep) {
+        free(whole);
+        return NULL;
+    }
+    return whole;
+}
+
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
     if (ps && ps->pp && pp_is_owned(ps->pp)) {
         if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
         return pp_gather(ps, m, keep, os, moments);
+    }
+    if (ps && ps->ep && ps->fsdp) return ep_fsdp_gather_full(ps, m, keep, os, moments);
+    if (ps && ps->ep) { /* expert parallel: an assembled copy on the keeper (ep_gather_full) */
+        moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+        if (moments) memset(moments, 0, sizeof *moments);
+        if (ep_gather_full(ps->ep, m, os, keep, whole, moments) != MOERL_OK) {
+            free(whole);
+            return NULL;
+        }
+        return whole;
     }
     if (!ps || !ps->fsdp) { /* replicated: m and os are whole already */
         if (moments && keep) *moments = *os;
@@ -262,14 +381,17 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
         pp_release_full(ps->pp, full != NULL, moments);
         return;
     }
-    (void)full;
-    if (!ps || !ps->fsdp) return;
-    fsdp_release_all(ps->fsdp);
-    if (moments && moments->m != os->m) {
+    if (!ps || (!ps->fsdp && !ps->ep)) return;
+    if (full && full != m) { /* an assembled copy (expert parallel) */
+        model_free((moe_model *)full);
+        free((moe_model *)full);
+    }
+    if (ps->fsdp) fsdp_release_all(ps->fsdp);
+    if (moments && os && moments->m && moments->m != os->m) {
         free(moments->m);
         free(moments->v);
-        memset(moments, 0, sizeof *moments);
     }
+    if (moments) memset(moments, 0, sizeof *moments);
 }
 
 void par_take_full(par_state *ps, moe_model *m) {

@@ -100,30 +100,51 @@ int par_pad_passes(par_state *ps, int passes, int max, int backward);
 
 #include "optim/adamw.h"
 
-/* AdamW state over this rank's parameters (FSDP: the owned shard; pp: the stage's range, pipeline.h;
- * otherwise all of m). */
+/* Who sums the gradients over the ranks. With FSDP, expert parallelism or a stage-owned pipeline, par_finish_grads does
+ * (FSDP: reduce-scatter in the shard group + the HSDP replica sum; EP: ep_reduce_grads, the
+ * replicated tensors over the stage's ranks and the expert slices over grid->ep_dp_comm, the ranks
+ * holding the same experts; pp: the stage's range over grid->stage_comm): par_grads_self_reduced returns 1 and the caller must NOT run a DDP
+ * reducer (dist_reducer_*) — one summing the expert slices of different ranks would add different
+ * experts together. Otherwise (0) the caller sums m->grads with its DDP reducer over the trainer
+ * ranks (over grid->stage_comm when a grid exists without pipeline stages, as `moerl sft` does). */
+int par_grads_self_reduced(const par_state *ps);
+/* Floats of the WHOLE model's layout (checkpoints, weight sync): m->n_params except under expert
+ * parallelism, where m holds only this rank's experts. */
+size_t par_whole_params(const par_state *ps, const moe_model *m);
+/* This rank's part of a vector in the whole model's layout (whole [par_whole_params]) into local
+ * (the layout par_adamw_init's moments use: FSDP the owned shard, EP the local experts, otherwise
+ * a copy of all of it). Not collective. */
+void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float *local);
+
+/* AdamW state over this rank's parameters (FSDP: the owned shard; EP: m's local layout, the
+ * replicated tensors and this rank's experts; pp: the stage's range, pipeline.h; otherwise all of m). */
 void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_config cfg);
-/* os holds moments in the whole model's layout (os->n == m->n_params), e.g. a checkpoint's, read
- * before par_state_init sharded m: replace them by this rank's part (not collective). */
+/* os holds moments in the whole model's layout (os->n == par_whole_params), e.g. a checkpoint's, read
+ * before par_state_init sharded m: replace them by this rank's part (par_slice_vec; not collective). */
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os);
 /* One AdamW step (global gradient-norm clipping at os's max_grad_norm) over the owned parameters;
  * returns as adamw_step (1 applied, 0 skipped for a non-finite loss or norm). Collective under FSDP
- * (the norm is summed over the shard group) and pp (over pp_comm; the tied embedding's copy). */
+ * (the norm is summed over the shard group), EP (the experts' squares summed over ep_comm) and pp
+ * (over pp_comm; the tied embedding's copy). */
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm);
 /* The end of a step's backward passes: `passes` micro-batches ran here, `max_passes` (from
  * par_max_passes before them) on the busiest member: run the idle backward passes, then finish the
- * gradient reduction (FSDP: wait for the reduce-scatters, sum over HSDP replicas; pp: sum the stage's
- * range over grid.stage_comm, the tied embedding's two parts onto stage 0 — collective over
- * stage_comm and pp_comm). */
+ * gradient reduction (FSDP: wait for the reduce-scatters, sum over HSDP replicas; EP:
+ * ep_reduce_grads, see par_grads_self_reduced; pp: sum the stage's range over grid.stage_comm, the
+ * tied embedding's two parts onto stage 0 — collective over stage_comm and pp_comm). Without FSDP /
+ * EP / pp: nothing (the caller's reducer). */
 int par_finish_grads(par_state *ps, int passes, int max_passes);
 
 /* The whole model on one rank. Collective over the trainer ranks (every one calls it, in the same
  * order as its other collectives). Returns, on the rank with keep = 1, a model holding every
  * parameter in m's layout — m itself (FSDP and pp gather into it) or an assembled copy — and NULL on
  * the others (pp: the keeper's pipeline sends its stages' ranges to the keeper; any trainer rank may
- * keep, at most one per call). With moments != NULL the AdamW moments of os come too: moments is set on the keeping
- * rank to a state whose m / v cover the whole layout (os itself when nothing is sharded). Errors:
- * NULL everywhere with moerl_errorf. Pair with par_release_full on every rank. */
+ * keep, at most one per call). With moments != NULL the AdamW moments of os come too: moments is set
+ * on the keeping rank to a state whose m / v cover the whole layout (os itself when nothing is
+ * sharded). Under expert parallelism the result is a new assembled inference model (no gradients,
+ * exec.ep_size unset) built by point-to-point messages over the keeper's EP group (ep_gather_full):
+ * only the keeper holds a whole-model buffer. Errors: NULL everywhere with moerl_errorf. Pair with
+ * par_release_full on every rank. */
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments);
 /* Undo par_gather_full (frees the assembled copies; FSDP drops the gathered units; pp: the keeper

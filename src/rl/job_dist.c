@@ -506,7 +506,7 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
     }
     free(map);
     const par_grid *g = T->par->grid;
-    if (!T->par->fsdp && !T->par->pp) { /* FSDP and the stage-owned pipeline sum their gradients themselves */
+    if (!par_grads_self_reduced(T->par)) { /* FSDP, EP and the stage-owned pipeline sum their gradients themselves */
         T->reducer = g ? dist_reducer_new_on(ctx, g->stage_comm, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD)
                        : dist_reducer_new(ctx, m, cfg->grad_bucket_mb, DIST_OVERLAP_THREAD);
         if (!T->reducer) die(ctx, "gradient reducer");

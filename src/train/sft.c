@@ -15,12 +15,14 @@
 #include "data/tokenizer.h"
 #include "dist/dist.h"
 #include "model/safetensors.h"
+#include "parallel/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/pipeline.h"
 #include "parallel/parallel.h"
 #include "train/train.h"
 
-/* The run's ranks (sft_opts.dist / .par): one process, data parallel, or FSDP. */
+/* The run's ranks (sft_opts.dist / .par): one process, data parallel, or model parallel (FSDP,
+ * expert parallel, ... through parallel.h's entry points). */
 typedef struct {
     dist_ctx *dc;       /* NULL or one trainer: one process */
     par_state *ps;
@@ -53,15 +55,15 @@ static int ranks_from_root(const sft_ranks *R, double *x) {
     return ranks_sum(R, x, 1);
 }
 
-/* FSDP / pipeline: the whole model into the root's m->params (the other ranks take part in the gathers). */
-static void full_on_root(const sft_ranks *R) {
-    if (R->fs) fsdp_gather_full(R->fs, R->root);
-    if (R->pp && !par_gather_full(R->ps, R->m, R->root, NULL, NULL) && R->root)
-        moerl_fatal("SFT: assembling the pipeline's model: %s", moerl_last_error());
+/* The whole model on the root (par_gather_full: FSDP gathers into m, expert parallelism assembles a
+ * copy; the other ranks take part and get NULL). *erc: MOERL_ERR when the root got nothing. */
+static const moe_model *full_on_root(const sft_ranks *R, moe_model *m, int *erc) {
+    const moe_model *f = par_gather_full(R->ps, m, R->root, NULL, NULL);
+    *erc = R->root && !f ? MOERL_ERR : MOERL_OK;
+    return f;
 }
-static void full_done(const sft_ranks *R) {
-    if (R->fs) fsdp_release_all(R->fs);
-    if (R->pp) par_release_full(R->ps, R->m, R->root ? R->m : NULL, NULL, NULL);
+static void full_done(const sft_ranks *R, moe_model *m, const moe_model *f) {
+    par_release_full(R->ps, m, f, NULL, NULL);
 }
 
 typedef struct {
@@ -86,31 +88,13 @@ static double sft_grad(void *vctx, const model_acts *a, const int *seq_of, const
  * (FSDP gathers the weights and the moments onto the root). */
 static int sft_save_state_root(const moe_model *m, const adamw_state *os, const dataset *train, const sft_opts *o,
                                int64_t step, double acc0, int finished);
-static int sft_save_state(const sft_ranks *R, const moe_model *m, const adamw_state *os, const dataset *train,
+static int sft_save_state(const sft_ranks *R, moe_model *m, const adamw_state *os, const dataset *train,
                           const sft_opts *o, int64_t step, double acc0, int finished) {
-    int rc = MOERL_OK;
-    if (R->pp) { /* the stages' weights and moments onto the root */
-        adamw_state mom;
-        const moe_model *fm = par_gather_full(R->ps, R->m, R->root, os, &mom);
-        if (R->root) rc = fm ? sft_save_state_root(fm, &mom, train, o, step, acc0, finished) : MOERL_ERR;
-        par_release_full(R->ps, R->m, fm, os, &mom);
-        return ranks_agree(R, rc);
-    }
-    if (!R->fs) {
-        if (R->root) rc = sft_save_state_root(m, os, train, o, step, acc0, finished);
-        return ranks_agree(R, rc);
-    }
-    adamw_state full = *os;
-    full.n = m->n_params;
-    full.m = R->root ? xalloc_aligned(m->n_params * sizeof(float)) : NULL;
-    full.v = R->root ? xalloc_aligned(m->n_params * sizeof(float)) : NULL;
-    full_on_root(R);
-    rc = fsdp_gather_vec(R->fs, os->m, full.m);
-    if (rc == MOERL_OK) rc = fsdp_gather_vec(R->fs, os->v, full.v);
-    if (rc == MOERL_OK && R->root) rc = sft_save_state_root(m, &full, train, o, step, acc0, finished);
-    full_done(R);
-    free(full.m);
-    free(full.v);
+    adamw_state full;
+    const moe_model *f = par_gather_full(R->ps, m, R->root, os, &full);
+    int rc = R->root && !f ? MOERL_ERR : MOERL_OK;
+    if (rc == MOERL_OK && R->root) rc = sft_save_state_root(f, &full, train, o, step, acc0, finished);
+    par_release_full(R->ps, m, f, os, &full);
     return ranks_agree(R, rc);
 }
 
@@ -146,10 +130,12 @@ static int sft_save_state_root(const moe_model *m, const adamw_state *os, const 
     return MOERL_OK;
 }
 
-/* The optimizer moments from optimizer.safetensors: the whole vectors, or under FSDP this rank's
- * shard of them (read straight from the mapped file, whatever rank count wrote it). */
-static int load_optimizer(const sft_ranks *R, adamw_state *os, size_t n_params, const char *path) {
-    if (!R->fs && !R->pp) return ckpt_load_optimizer(os, path);
+/* The optimizer moments from optimizer.safetensors (the whole model's layout, whatever rank count
+ * wrote it): the whole vectors, or this rank's part of them under FSDP / expert parallelism
+ * (par_slice_vec straight from the mapped file). */
+static int load_optimizer(const sft_ranks *R, const moe_model *m, adamw_state *os, const char *path) {
+    if (!par_grads_self_reduced(R->ps)) return ckpt_load_optimizer(os, path);
+    const size_t n_params = par_whole_params(R->ps, m);
     st_file f;
     if (st_open(&f, path) != MOERL_OK) return MOERL_ERR;
     const st_tensor *tm = st_find(&f, "adam.m"), *tv = st_find(&f, "adam.v");
@@ -158,13 +144,8 @@ static int load_optimizer(const sft_ranks *R, adamw_state *os, size_t n_params, 
         st_close(&f);
         return moerl_errorf("%s: adam.m/adam.v missing, not F32 or not %zu floats", path, n_params);
     }
-    if (R->pp) { /* the stage's range */
-        pp_slice_vec(R->ps->pp, tm->data, os->m);
-        pp_slice_vec(R->ps->pp, tv->data, os->v);
-    } else {
-        fsdp_slice_vec(R->fs, tm->data, os->m);
-        fsdp_slice_vec(R->fs, tv->data, os->v);
-    }
+    par_slice_vec(R->ps, m, tm->data, os->m);
+    par_slice_vec(R->ps, m, tv->data, os->v);
     st_close(&f);
     return MOERL_OK;
 }
@@ -226,14 +207,14 @@ static int sft_load_state(const sft_ranks *R, moe_model *m, adamw_state *os, con
                                 "trainer.default_local_dir, or trainer.resume_mode=disable", p, what);
         }
     }
-    if (model_load_weights(m, dir) != MOERL_OK) {
+    if (model_load_weights(m, dir) != MOERL_OK) { /* expert parallel: this rank's experts only */
         json_decref(s);
         return MOERL_ERR;
     }
     if (R->fs) fsdp_take_shard(R->fs); /* FSDP: keep this rank's shard only */
     if (R->pp) par_take_full(R->ps, m); /* pipeline: keep this stage's range only */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    if (load_optimizer(R, os, m->n_params, p) != MOERL_OK) {
+    if (load_optimizer(R, m, os, p) != MOERL_OK) {
         json_decref(s);
         return MOERL_ERR;
     }
@@ -292,8 +273,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
     sft_ctx sc = {.inv_tokens = 1.0 / (double)g_resp};
     train_step_out so;
     if (train_accumulate(m, acts, mine, n, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
-    if (R->pp && par_finish_grads(R->ps, n_mb, n_mb) != MOERL_OK) goto out; /* the sum over grid.stage_comm */
-    if (R->fs && (par_pad_passes(R->ps, n_mb, max_mb, 1) != MOERL_OK || fsdp_finish_grads(R->fs) != MOERL_OK)) goto out;
+    if (par_finish_grads(R->ps, n_mb, max_mb) != MOERL_OK) goto out; /* FSDP / EP sums (par_grads_self_reduced) */
     if (red) dist_reducer_finish(red);
     sums[0] = sc.ce_sum;
     sums[1] = (double)so.n_tokens;
@@ -309,8 +289,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
         out->aux = E * v / (rows * rows);
     }
     out->loss = out->ce + m->cfg.router_aux_loss_coef * out->aux;
-    out->applied = R->fs ? fsdp_adamw_step(R->fs, os, lr, (float)out->loss, &out->grad_norm)
-                         : par_adamw_step(R->ps, m, os, lr, (float)out->loss, &out->grad_norm); /* pp: the stage's */
+    out->applied = par_adamw_step(R->ps, m, os, lr, (float)out->loss, &out->grad_norm);
     rc = MOERL_OK;
 out:
     free(aux);
@@ -332,10 +311,6 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     R.pp = o->par && o->par->pp && pp_is_owned(o->par->pp);
     R.multi = R.dc && R.dc->trainer_size > 1;
     if (R.dc && R.dc->trainer_rank > 0) R.root = 0;
-    if (R.ps && R.ps->ep)
-        return moerl_errorf("actor.expert_parallel_size=%d is not wired into SFT yet (its evaluation and "
-                            "checkpoints need the assembled model); use data parallelism, FSDP or Ulysses",
-                            R.ps->grid->ep);
     par_data_shard(R.ps, &R.shard, &R.n_shards);
     if (!R.ps && R.multi) {
         R.shard = R.dc->trainer_rank;
@@ -378,13 +353,12 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         moerl_errorf("no SFT steps: %lld rows, batch %d, %lld epochs", (long long)n_rows, bs, (long long)o->total_epochs);
         goto out;
     }
-    if (R.fs) fsdp_adamw_init(R.fs, &os, o->optim);
-    else par_adamw_init(R.ps, m, &os, o->optim); /* pp: the stage's range */
+    par_adamw_init(R.ps, m, &os, o->optim);
     /* a pipeline's passes use its own per-stage activations: acts only carries par there */
-    if (model_acts_init(&acts, m, R.pp ? 1 : o->max_tokens) != MOERL_OK) goto out;
+    if (model_acts_init(&acts, m, R.ps && R.ps->pp ? 1 : o->max_tokens) != MOERL_OK) goto out;
     acts.par = R.ps;
-    if (R.multi && !R.fs && !R.pp) { /* data parallel: gradients summed by the bucketed reducer while backward runs */
-        /* (a stage-owned pipeline sums each stage over grid.stage_comm in par_finish_grads instead) */
+    if (R.multi && !par_grads_self_reduced(R.ps)) { /* data parallel: the bucketed reducer sums while backward runs */
+        /* (FSDP, EP and the stage-owned pipeline sum in par_finish_grads instead) */
         red = R.ps && R.ps->grid && !R.ps->pp ? dist_reducer_new_on(R.dc, R.ps->grid->stage_comm, m, 25.0,
                                                                     DIST_OVERLAP_THREAD)
                                  : dist_reducer_new(R.dc, m, 25.0, DIST_OVERLAP_THREAD);
@@ -408,13 +382,13 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
     }
     if (!resumed) {
-        int erc = MOERL_OK;
-        full_on_root(&R);
-        if (R.root) {
-            erc = eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc0, &mlen);
+        int erc;
+        const moe_model *f = full_on_root(&R, m, &erc);
+        if (R.root && erc == MOERL_OK) {
+            erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc0, &mlen);
             if (erc == MOERL_OK) log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
         }
-        full_done(&R);
+        full_done(&R, m, f);
         if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc0) != MOERL_OK) goto out;
     }
     if (step0 >= total || finished) {
@@ -483,10 +457,11 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
             }
             if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total) {
                 const dataset *vs = o->validation ? o->validation : test;
-                int erc = MOERL_OK;
-                full_on_root(&R);
-                if (R.root) erc = eval_accuracy(m, vs, o->val_n, o->max_response_length, 64, &acc, &mlen);
-                full_done(&R);
+                int erc;
+                const moe_model *f = full_on_root(&R, m, &erc);
+                if (R.root && erc == MOERL_OK)
+                    erc = eval_accuracy(f, vs, o->val_n, o->max_response_length, 64, &acc, &mlen);
+                full_done(&R, m, f);
                 if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
                 if (R.root)
                     log_info("%s step %lld: %s accuracy %.1f%%", o->label, (long long)step + 1,
@@ -510,6 +485,17 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         }
     }
     if (R.root) progress_end(&pb, NULL);
+    if (R.ps && R.ps->ep) { /* expert parallelism: the exchanges of the run, summed over the ranks */
+        const ep_stats es = ep_get_stats(R.ps->ep);
+        double v[5] = {(double)es.exchanges, (double)es.rows_sent, (double)es.spill_rounds, (double)es.idle_passes,
+                       es.seconds};
+        if (ranks_sum(&R, v, 5) != MOERL_OK) goto out;
+        if (R.root)
+            log_info("%s: expert parallel (ep %d, %s, capacity %d rows): %.0f exchanges, %.0f rows sent, %.0f spill "
+                     "rounds, %.0f idle passes, %.2f s in exchanges (summed over the ranks)", o->label,
+                     R.ps->grid->ep, moe_dispatcher_name(ep_dispatcher(R.ps->ep)), ep_capacity(R.ps->ep), v[0], v[1],
+                     v[2], v[3], v[4]);
+    }
     double train_s = moerl_now() - t_start;
     const int at_accuracy = !stopped && step < (o->total_steps > 0 ? o->total_steps : o->total_epochs * per_epoch);
     if (o->state_dir && sft_save_state(&R, m, &os, train, o, step, acc0, at_accuracy) != MOERL_OK) goto out;
@@ -524,10 +510,10 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         goto out;
     }
     {
-        int erc = MOERL_OK;
-        full_on_root(&R);
-        if (R.root) erc = eval_accuracy(m, test, o->val_n, o->max_response_length, 64, &acc, &mlen);
-        full_done(&R);
+        int erc;
+        const moe_model *f = full_on_root(&R, m, &erc);
+        if (R.root && erc == MOERL_OK) erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc, &mlen);
+        full_done(&R, m, f);
         if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
     }
     if (R.root)
