@@ -312,7 +312,7 @@ for comp in threshold onebit; do
 done
 
 # ---------------------------------------------------------------- model parallelism on the trainer ranks
-# FSDP / HSDP / Ulysses SP / pipeline against data parallelism on the same global batch (sync schedule, one
+# FSDP / HSDP / Ulysses SP / pipeline / EP against data parallelism on the same global batch (sync schedule, one
 # rollout rank, so the samples are the same while the weights agree): lr > 0, a checkpoint every 2
 # versions (the whole model and the AdamW moments gathered from the shards onto trainer rank 0).
 # Tolerance 1e-4 on weights and moments: the runs differ only in the fp32 summation order of the
@@ -339,6 +339,8 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     mp_case "Ulysses SP 2 (moerl rl)" mp_sp2 3 2 mp_dp1 actor.ulysses_sequence_parallel_size=2
     mp_case "pipeline 2 (moerl rl)" mp_pp2 3 2 mp_dp1 actor.pipeline_parallel_size=2
     mp_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 5 4 mp_dp2 actor.pipeline_parallel_size=2
+    mp_case "EP 2 (moerl rl)" mp_ep2 3 2 mp_dp2 actor.expert_parallel_size=2
+    mp_case "EP 2 x FSDP 2 (moerl rl)" mp_epfsdp 5 4 mp_dp4 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
 else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi
 # rollout EP: 2 rollout ranks sharing one engine's experts (each holds 4 of 8) against 2 plain
 # rollout ranks, both dispatchers, lr 0 (the policy is fixed, so every group's responses depend only
