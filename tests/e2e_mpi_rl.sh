@@ -380,8 +380,10 @@ else bad "FSDP checkpoint resume on 1 rank" "exit or log"; tail_log mp_fsdp2; fi
 # other ranks, writes a checkpoint and exits 143 (the others leave with it); the same command resumes.
 KS=(data.n_train=32 trainer.total_training_steps=0 trainer.total_epochs=6 trainer.save_freq=2
     trainer.resume_mode=auto)
-timeout 120 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
-    trainer.default_local_dir="$WORK/sigterm" trainer.n_ranks=1 "${KS[@]}" >"$WORK/sigterm.json" 2>"$WORK/sigterm.log" &
+# (Open MPI kills the ranks 1 s after forwarding a signal by default; the stop path needs longer under load)
+OMPI_MCA_odls_base_sigkill_timeout=60 timeout 120 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml \
+    "${COMMON[@]}" trainer.default_local_dir="$WORK/sigterm" trainer.n_ranks=1 "${KS[@]}" >"$WORK/sigterm.json" \
+    2>"$WORK/sigterm.log" &
 pid=$!
 for _ in $(seq 1 6000); do  # hang guard only
     [[ -f $WORK/sigterm/checkpoint/trainer_state.json ]] && break
