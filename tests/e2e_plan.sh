@@ -8,7 +8,8 @@
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
 # naming the key. Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
-# layout moerl runs (FSDP, HSDP, Ulysses, pipeline, EP, SP × EP): traffic per group and operation
+# layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings,
+# EP, SP × EP, and the replicated pipeline of pp_state_new alone): traffic per group and operation
 # equal to the counters, memory per rank within 10% of moerl's accounting.
 set -u
 cd "$(dirname "$0")/.."
@@ -77,9 +78,12 @@ PY
         fail "mpirun -np 3 moerl-mpi rl failed: $(tail -5 "$OUT/rl.log")"
     fi
     # --- every model-parallel layout moerl runs: plan's traffic per group and operation equals the
-    # counters byte for byte, its memory per rank (FSDP shard and peak gathered, EP slice, PP cut)
-    # is within 10% of moerl's own accounting (tests/test_dist_plan.c). EP with the all-to-all
-    # dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
+    # counters byte for byte, its memory per rank (FSDP shard and peak gathered, EP slice, the PP
+    # stage's range, held floats and moments) is within 10% of moerl's own accounting
+    # (tests/test_dist_plan.c). The pipeline as par_state_init builds it (stage-owned: the stage
+    # all-reduce over grid.stage_comm, with tied embeddings the exchange between first and last
+    # stage), and once replicated (pp_state_new alone, the bubble benchmark's). EP with the
+    # all-to-all dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -104,6 +108,10 @@ PY
 2|actor.pipeline_parallel_size=2
 4|actor.pipeline_parallel_size=2
 4|actor.pipeline_parallel_size=4
+2|actor.pipeline_parallel_size=2 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=2 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=4 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=2 plan.pp_params=replicated
 2|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=4 actor.moe.capacity_factor=2

@@ -2,20 +2,29 @@
  *   test_dist_plan [key=value ...]   the layout keys of `moerl sft` / `moerl rl`
  *                                    (actor.fsdp_config.fsdp_size, actor.ulysses_sequence_parallel_size,
  *                                    actor.pipeline_parallel_size, actor.expert_parallel_size,
- *                                    actor.moe.dispatcher, actor.moe.capacity_factor)
+ *                                    actor.moe.dispatcher, actor.moe.capacity_factor), plus
+ *                                    model.tie_word_embeddings (the test model's, default false) and
+ *                                    plan.pp_params=stage|replicated (default stage: the pipeline
+ *                                    par_state_init builds; replicated: pp_release_stage after it, the
+ *                                    layout of pp_state_new alone, summed by a reducer over all trainers)
  * Every trainer rank builds the model-parallel runtime from the keys (par_state_init, as `moerl sft`
  * does) and runs two optimizer steps the way src/train/sft.c's sft_step runs them: the pass count
  * (par_max_passes), the global aux loss's router-count pre-pass, train_accumulate (the pipeline's
  * 1F1B schedule, FSDP's layer schedule, the EP and Ulysses exchanges inside the forward), the
- * gradient sum (the bucketed reducer over the stage or all trainers, FSDP's reduce-scatters and
- * replica all-reduce, EP's gradient all-reduces) and the optimizer step. Every micro-batch is full
+ * gradient sum (par_finish_grads: FSDP's reduce-scatters and replica all-reduce, a stage-owned
+ * pipeline's all-reduce over grid.stage_comm and tied-embedding exchange — no reducer —; EP's
+ * gradient all-reduces; the bucketed reducer over the stage or all trainers for DP, SP and a
+ * replicated pipeline) and the optimizer step (par_adamw_step; EP's own). Every micro-batch is full
  * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
  * Checks on every rank and step, against plan_traffic_rank for the rank's stage and Ulysses rank:
  *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
- *   pp_stats.bytes_sent) equal plan's, exactly; and the memory moerl accounts: FSDP's owned shard
- *   (fsdp_stats.shard_floats) and peak of gathered parameters + live gradient units
- *   (peak_gathered_bytes), the EP-sliced parameter layout, the pipeline's stage cut, each within
- *   10% of plan's figure (the brief's bar; the shard is in fact exact, the peak approximate). */
+ *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; and the
+ *   memory moerl accounts: FSDP's owned shard (fsdp_stats.shard_floats) and peak of gathered
+ *   parameters + live gradient units (peak_gathered_bytes), the EP-sliced parameter layout, a
+ *   stage-owned pipeline's range (pp_own_range, pp_stage_ranges of every stage), held floats
+ *   (pp_held_floats, with a tied last stage's embedding copy) and moments, each within 10% of plan's
+ *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact, the FSDP peak
+ *   approximate), and plan's stage cut is the pipeline's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +120,8 @@ int main(int argc, char **argv) {
     cfg *kc = cfg_new();
     par_def_keys(kc);
     cfg_def_int(kc, "actor.ppo_max_token_len_per_gpu", MT, "micro-batch token limit");
+    cfg_def_bool(kc, "model.tie_word_embeddings", false, "the test model ties its LM head to the embedding");
+    cfg_def_str(kc, "plan.pp_params", "stage", "stage (par_state_init's stage-owned pipeline) | replicated");
     MOERL_ASSERT(cfg_apply_override(kc, "actor.fsdp_config.fsdp_size=1") == MOERL_OK); /* moerl sft's default: off */
     for (int i = 1; i < argc; i++)
         if (cfg_apply_override(kc, argv[i]) != MOERL_OK) {
@@ -125,7 +136,14 @@ int main(int argc, char **argv) {
         g_seqs[s] = (train_seq){.tokens = g_tok[s], .len = MT, .resp_start = 1 + s % 5};
         g_resp += MT - g_seqs[s].resp_start;
     }
-    const moe_config mc = model_config();
+    moe_config mc = model_config();
+    mc.tie_word_embeddings = cfg_bool(kc, "model.tie_word_embeddings");
+    const char *ppl = cfg_str(kc, "plan.pp_params");
+    const int pp_repl = !strcmp(ppl, "replicated");
+    if (!pp_repl && strcmp(ppl, "stage")) {
+        fprintf(stderr, "test_dist_plan: plan.pp_params '%s' is not stage or replicated\n", ppl);
+        return 2;
+    }
     moe_model m;
     MOERL_ASSERT(model_init(&m, &mc) == MOERL_OK);
     model_init_random(&m, 7);
@@ -133,17 +151,21 @@ int main(int argc, char **argv) {
     const int ok = par_state_init(&ps, g_ctx, kc, &m) == MOERL_OK;
     CHECK_R(ok, "par_state_init: %s", RANK, ok ? "" : moerl_last_error());
     if (!ok) return dist_test_finish(g_ctx);
+    if (pp_repl && ps.pp) MOERL_ASSERT(pp_release_stage(ps.pp) == MOERL_OK); /* the whole model on every rank */
+    const int pp_owned = ps.pp && pp_is_owned(ps.pp);
+    CHECK_R(!ps.pp || pp_owned == !pp_repl, "par_state_init builds a stage-owned pipeline", RANK);
     par_grid *g = ps.grid;
     const int T = g_ctx->trainer_size;
     const int gfsdp = g ? g->fsdp : 1, gep = g ? g->ep : 1, gsp = g ? g->sp : 1, gpp = g ? g->pp : 1;
     const int stage = g ? g->stage : 0, sp_rank = g ? g->sp_rank : 0;
 
-    /* the plan of this layout, with moerl's pipeline layout of today (replicated parameters) */
+    /* the plan of this layout (the pipeline as par_state_init builds it: stage-local, unless replicated) */
     int me, nd;
     par_data_shard(&ps, &me, &nd);
     plan_input in = {.n_trainer = T, .fsdp = gfsdp, .ep = gep, .sp = gsp, .pp = gpp, .dtype_bytes = 4,
                      .micro_tokens = MT, .micro_batches = (N_SEQ + nd - 1) / nd, /* FSDP/EP pad to the most */ .updates_per_step = 1,
-                     .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .pp_params = PLAN_PP_REPLICATED,
+                     .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1,
+                     .pp_params = pp_repl ? PLAN_PP_REPLICATED : PLAN_PP_STAGE_LOCAL,
                      .dispatcher = (int)ps.cfg.dispatcher, .alltoall_max_ep = ps.cfg.alltoall_max_ep,
                      .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
                      .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
@@ -159,10 +181,9 @@ int main(int argc, char **argv) {
     adamw_config oc = adamw_default_config();
     oc.lr = 1e-3f;
     adamw_state os;
-    if (ps.fsdp) fsdp_adamw_init(ps.fsdp, &os, oc);
-    else adamw_init(&os, &m, oc);
+    par_adamw_init(&ps, &m, &os, oc); /* FSDP: the shard; stage-owned pp: the stage's range; else all of m */
     dist_grad_reducer *red = NULL;
-    if (T > 1 && !ps.fsdp && !ps.ep)
+    if (T > 1 && !ps.fsdp && !ps.ep && !pp_owned) /* sft's rule: a stage-owned pipeline has no reducer */
         red = g && !ps.pp ? dist_reducer_new_on(g_ctx, g->stage_comm, &m, 25.0, DIST_OVERLAP_THREAD)
                           : dist_reducer_new(g_ctx, &m, 25.0, DIST_OVERLAP_THREAD);
     train_seq mine[N_SEQ];
@@ -190,15 +211,17 @@ int main(int argc, char **argv) {
             for (int e = 0; e < E; e++) counts[e] /= gpp;
         train_step_out so;
         MOERL_ASSERT(train_accumulate(&m, &acts, mine, n, &to, ce_grad, NULL, &so) == MOERL_OK);
-        MOERL_ASSERT(par_pad_passes(&ps, n_mb, max_mb, 1) == MOERL_OK);
-        if (ps.fsdp) MOERL_ASSERT(fsdp_finish_grads(ps.fsdp) == MOERL_OK);
+        /* idle passes, then FSDP's reduce-scatters / the stage-owned pipeline's sum over stage_comm */
+        MOERL_ASSERT(par_finish_grads(&ps, n_mb, max_mb) == MOERL_OK);
         if (ps.ep) MOERL_ASSERT(ep_reduce_grads(ps.ep, &m) == MOERL_OK);
         if (red) dist_reducer_finish(red);
         double gn;
-        /* the counters before the optimizer step (its norm all-reduces are scalars plan leaves out) */
-        double got[8] = {0}, want[8] = {0};
-        const char *what[8] = {"reducer payload", "FSDP all-gather", "FSDP reduce-scatter", "HSDP replica all-reduce",
-                               "EP all-to-all", "EP gradient all-reduce", "SP all-to-all", "PP point-to-point"};
+        /* the collectives of the passes and the gradient sums (the optimizer step comes after) */
+#define N_ROW 10
+        double got[N_ROW] = {0}, want[N_ROW] = {0};
+        const char *what[N_ROW] = {"reducer payload", "FSDP all-gather", "FSDP reduce-scatter",
+                                   "HSDP replica all-reduce", "EP all-to-all", "EP gradient all-reduce",
+                                   "SP all-to-all", "PP stage all-reduce", "PP 1F1B schedule p2p", "PP p2p of the step"};
         if (red) {
             double sent;
             dist_reducer_last_bytes(red, &sent, &got[0]);
@@ -212,15 +235,25 @@ int main(int argc, char **argv) {
                                  (g->ep_dp_comm != g->stage_comm ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) : 0)
                            : 0;
             got[6] = dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL);
-            got[7] = ps.pp ? pp_last_stats(ps.pp)->bytes_sent : 0;
+            got[7] = pp_owned ? dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE) : 0;
+            got[8] = ps.pp ? pp_last_stats(ps.pp)->bytes_sent : 0;
         }
-        const double w[8] = {pt.reducer, pt.fsdp_allgather, pt.fsdp_reduce_scatter, pt.replica_allreduce,
-                             pt.ep_alltoall, pt.ep_grad_allreduce, pt.sp_alltoall, pt.pp_p2p};
+        /* the optimizer step: its norm all-reduces are scalars plan leaves out; a tied pipeline's stage 0
+         * sends the stepped embedding to the last stage in it (point-to-point, counted below) */
+        const int applied = ps.ep ? ep_adamw_step(ps.ep, &os, &m, oc.lr, (float)so.loss, &gn)
+                                  : par_adamw_step(&ps, &m, &os, oc.lr, (float)so.loss, &gn);
+        CHECK_R(applied == 1, "step %d applied (loss %g)", RANK, k, so.loss);
+        if (ps.pp) got[9] = dist_comm_bytes(g->pp_comm, DIST_OP_P2P);
+        const double w[N_ROW] = {pt.reducer, pt.fsdp_allgather, pt.fsdp_reduce_scatter, pt.replica_allreduce,
+                                 pt.ep_alltoall, pt.ep_grad_allreduce, pt.sp_alltoall, pt.pp_grad_allreduce,
+                                 pt.pp_p2p, pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb};
         memcpy(want, w, sizeof want);
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < N_ROW; i++) {
             /* exact: both are sums of integers of bytes below 2^53; the all-reduce volumes 2(n−1)/n·x
-             * are formed in the same order of operations (rounding differs at most in the last bit) */
-            const int same = i == 3 || i == 5 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i] : got[i] == want[i];
+             * are formed in the same order of operations (rounding differs at most in the last bit; a
+             * tied last stage's two all-reduces are added in the same order as pp_finish_grads') */
+            const int same = i == 3 || i == 5 || i == 7 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i]
+                                                        : got[i] == want[i];
             if (!same) {
                 traffic_ok = 0;
                 printf("[rank %d] step %d: %s counted %.0f B, plan %.0f B\n", RANK, k, what[i], got[i], want[i]);
@@ -228,9 +261,6 @@ int main(int argc, char **argv) {
             if (k == 0 && RANK == 0 && (got[i] > 0 || want[i] > 0))
                 printf("  rank 0 %-26s counted %10.0f B  plan %10.0f B\n", what[i], got[i], want[i]);
         }
-        if (ps.fsdp) fsdp_adamw_step(ps.fsdp, &os, oc.lr, (float)so.loss, &gn);
-        else if (ps.ep) ep_adamw_step(ps.ep, &os, &m, oc.lr, (float)so.loss, &gn);
-        else adamw_step(&os, &m, oc.lr, (float)so.loss, &gn);
     }
     CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
             gfsdp, gep, gsp, gpp);
@@ -246,6 +276,39 @@ int main(int argc, char **argv) {
         if (RANK == 0)
             printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f)\n",
                    (double)st.shard_floats * 4, pr.weights, st.peak_gathered_bytes, pr.gathered);
+    } else if (pp_owned) { /* the stage's range, held floats and moments against plan's stage-local model */
+        size_t lo, hi, slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];
+        pp_own_range(ps.pp, &lo, &hi);
+        pp_stage_ranges(&m, pp_bounds(ps.pp), gpp, slo, shi, NULL, NULL);
+        int ranges_ok = 1;
+        for (int s = 0; s < gpp; s++) { /* every stage's range (pure), not only this rank's */
+            double d, e;
+            int l0, l1;
+            MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, s, &d, &e, &l0, &l1) == MOERL_OK);
+            if ((double)(shi[s] - slo[s]) != d + e) {
+                ranges_ok = 0;
+                printf("[rank %d] stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, s, shi[s] - slo[s], d + e);
+            }
+        }
+        CHECK_R(ranges_ok && slo[stage] == lo && shi[stage] == hi, "plan's stage ranges are pp_stage_ranges'", RANK);
+        double d, e;
+        int l0, l1;
+        MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage, &d, &e, &l0, &l1) == MOERL_OK);
+        const double held = (double)pp_held_floats(ps.pp), copy = plan_pp_tied_copy(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage);
+        CHECK_R(held == d + e + copy && (double)os.n == d + e,
+                "stage %d holds %.0f floats (plan %.0f + tied copy %.0f), moments over %zu (plan %.0f)", RANK, stage,
+                held, d + e, copy, os.n, d + e);
+        CHECK_R(!mc.tie_word_embeddings || stage != gpp - 1 || copy > 0, "a tied last stage holds the copy", RANK);
+        if (stage == pr.fullest_stage) { /* plan_compute's per-rank figures are this stage's */
+            const double e1 = rel(held * 4, pr.weights), e2 = rel((double)os.n * 8, pr.moments);
+            worst_mem = fmax(e1, e2);
+            CHECK_R(e1 < 0.10 && e2 < 0.10 && pr.grads == pr.weights,
+                    "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f)", RANK, stage, held * 4,
+                    pr.weights, (double)os.n * 8, pr.moments);
+            if (sp_rank == 0 && g->dp_rank == 0)
+                printf("  fullest stage %d: parameters held %.0f B (plan %.0f), moments %.0f B (plan %.0f)\n", stage,
+                       held * 4, pr.weights, (double)os.n * 8, pr.moments);
+        }
     } else {
         const double e1 = rel((double)m.n_params * 4, pr.weights);
         worst_mem = e1;

@@ -41,8 +41,8 @@ void plan_def_keys(cfg *c) {
     def_str(c, "actor.dtype", "fp32", "trainer weights/grads/activations: fp32 (moerl today) | bf16 (fp32 master + moments)");
     def_str(c, "rollout.dtype", "fp32", "rollout weights and KV cache: fp32 (moerl's engine) | bf16");
     def_str(c, "plan.pp_params", "stage",
-            "pipeline parameter layout: stage (each stage holds its own layers, Megatron) | replicated (every rank "
-            "holds every stage: moerl's pipeline today)");
+            "pipeline parameter layout: stage (each stage holds its own layers, Megatron: moerl's pipeline) | "
+            "replicated (every rank holds every stage: pp_state_new alone, the bubble benchmark's)");
 }
 
 static int dtype_bytes(const cfg *c, const char *key, int *out) {

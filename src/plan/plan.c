@@ -152,6 +152,11 @@ int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int
     return MOERL_OK;
 }
 
+double plan_pp_tied_copy(const moe_config *c, int pp, plan_pp_params layout, int stage) {
+    if (pp <= 1 || layout != PLAN_PP_STAGE_LOCAL || !c->tie_word_embeddings || stage != pp - 1) return 0;
+    return (double)pad16((int64_t)c->vocab_size * c->hidden_size);
+}
+
 /* ------------------------------------------------------------------ FSDP schedule replay */
 
 /* fsdp.c's units: 0 the embedding, l+1 decoder layer l, L+1 the final norm (+ untied head); the
@@ -396,8 +401,9 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     double dense, expert;
     int l0, l1;
     if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
-    const int pp_repl = in->pp > 1 && in->pp_params == PLAN_PP_REPLICATED;
-    /* the groups the gradient sum runs over: the stage's D ranks; every trainer with a replicated pipeline */
+    const int pp_repl = in->pp > 1 && in->pp_params == PLAN_PP_REPLICATED,
+              pp_local = in->pp > 1 && in->pp_params == PLAN_PP_STAGE_LOCAL;
+    /* the reducer's group: the stage's D ranks (DP, SP); every trainer with a replicated pipeline */
     const int sum_group = pp_repl ? in->n_trainer : x->S;
     if (fsdp > 1 && ep > 1) { /* not run by moerl (refused): ZeRO-3 volumes per pass, experts over max(ep, fsdp) */
         const double f = (double)(fsdp - 1) / fsdp, exp_div = MOERL_MAX(ep, fsdp);
@@ -432,8 +438,16 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         const int D = x->S, Dx = x->S / ep;
         if (D > 1) t->ep_grad_allreduce += 2.0 * (D - 1) / D * hf_dense * db;
         if (Dx > 1) t->ep_grad_allreduce += 2.0 * (Dx - 1) / Dx * hf_expert / ep * db;
+    } else if (pp_local) { /* no reducer: pp_finish_grads sums the stage's range over its D ranks */
+        const int D = x->S;
+        if (D > 1) {
+            const double f = 2.0 * (D - 1) / D;
+            t->pp_grad_allreduce = f * (dense + expert) * db;
+            const double tied = plan_pp_tied_copy(c, in->pp, in->pp_params, stage);
+            if (tied > 0) t->pp_grad_allreduce += f * tied * db;
+        }
     } else if (sum_group > 1) {
-        t->reducer = (pp_repl ? (double)dense + expert : dense + expert) * db;
+        t->reducer = (dense + expert) * db;
     }
     const int n_moe = n_moe_in(c, l0, l1);
     if (ep > 1 && n_moe > 0) {
@@ -456,6 +470,9 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         if (stage < in->pp - 1) per += N * H * db + (aux ? 2 * E * 4 : 0);
         if (stage > 0) per += N * H * db + (aux ? E * 4 : 0);
         t->pp_p2p = per * mb;
+        if (aux && stage < in->pp - 1) t->pp_p2p_fwd_only = (double)fo * mb * N * H * db;
+        if (pp_local && c->tie_word_embeddings && (stage == 0 || stage == in->pp - 1))
+            t->pp_p2p_emb = (double)pad16((int64_t)c->vocab_size * c->hidden_size) * db; /* one way per stage */
     }
     return MOERL_OK;
 }
@@ -488,7 +505,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         double d, e;
         int l0, l1;
         if (plan_pp_stage_params(c, in->pp, in->pp_params, s, &d, &e, &l0, &l1) != MOERL_OK) return MOERL_ERR;
-        double local;
+        double local, copy = plan_pp_tied_copy(c, in->pp, in->pp_params, s);
         if (fsdp > 1 && in->ep == 1) { /* moerl's unit shards (padding per unit) */
             double n[MOERL_MAX_LAYERS + 2];
             fsdp_units(c, 1, n);
@@ -503,11 +520,15 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             local = d / fsdp + e / exp_div;
         }
         const double acts = plan_acts_bytes(c, N, l0, l1, in->recompute) * act_scale * plan_pp_inflight(in->pp, s);
-        const double bytes = local * (2 * db + 8 + (in->dtype_bytes == 2 ? 4 : 0)) + acts;
+        /* held (owned + a tied last stage's embedding copy): weights and gradients; owned: master and moments */
+        const double bytes = (local + copy) * 2 * db + local * (8 + (in->dtype_bytes == 2 ? 4 : 0)) + acts;
         if (bytes > best) {
             best = bytes;
             best_s = s;
-            o->weights = local * db;
+            o->fullest_stage = s;
+            o->weights = (local + copy) * db;
+            o->moments = local * 8;
+            o->master = in->dtype_bytes == 2 ? local * 4 : 0;
             o->stage_layers = l1 - l0;
             o->acts = plan_acts_bytes(c, N, l0, l1, 0) * act_scale * plan_pp_inflight(in->pp, s);
             o->acts_recompute = plan_acts_bytes(c, N, l0, l1, 1) * act_scale * plan_pp_inflight(in->pp, s);
@@ -532,10 +553,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             }
         }
     }
-    const double local = o->weights / db;
-    o->grads = local * db;
-    o->master = in->dtype_bytes == 2 ? local * 4 : 0;
-    o->moments = local * 8;
+    o->grads = o->weights;
     o->total = o->weights + o->grads + o->master + o->moments + o->gathered + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
@@ -550,7 +568,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     /* traffic per optimizer update of the fullest stage's last Ulysses rank (the largest token share) */
     plan_traffic t;
     if (traffic(c, in, &x, best_s, in->sp - 1, &t) != MOERL_OK) return MOERL_ERR;
-    o->allreduce = t.reducer + t.replica_allreduce + t.ep_grad_allreduce;
+    o->allreduce = t.reducer + t.replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce;
     o->allgather = t.fsdp_allgather;
     o->reduce_scatter = t.fsdp_reduce_scatter;
     o->alltoall_ep = t.ep_alltoall;
@@ -559,7 +577,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         for (int s = 0; s < in->pp; s++) {
             plan_traffic ts;
             if (traffic(c, in, &x, s, in->sp - 1, &ts) != MOERL_OK) return MOERL_ERR;
-            o->p2p_pp = MOERL_MAX(o->p2p_pp, ts.pp_p2p);
+            o->p2p_pp = MOERL_MAX(o->p2p_pp, ts.pp_p2p + ts.pp_p2p_fwd_only + ts.pp_p2p_emb);
         }
     }
     o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *

@@ -34,9 +34,14 @@
 #include "model/model.h"
 
 typedef enum {
-    PLAN_PP_STAGE_LOCAL = 0, /* a stage holds (and reduces, over its dp replicas) only its own layers: Megatron's layout */
+    PLAN_PP_STAGE_LOCAL = 0, /* a stage holds only its own layers' parameters, gradients and AdamW moments, and sums
+                                the gradients over its dp ranks (grid.stage_comm): Megatron's layout, and what
+                                par_state_init builds — the pipeline `moerl sft` and `moerl rl` run */
     PLAN_PP_REPLICATED       /* every rank holds every stage's parameters and optimizer state; the gradient sum runs
-                                over all trainer ranks (src/parallel/pipeline.h: moerl's pipeline today) */
+                                over all trainer ranks (a reducer over trainer_comm). Run only by pp_state_new
+                                without pp_own_stage (bench/bench_dist_pipeline.c's bubble benchmark,
+                                tests/test_dist_pp.c's replicated case); kept for those and checked by
+                                tests/test_dist_plan.c with plan.pp_params=replicated */
 } plan_pp_params;
 
 typedef struct {
@@ -78,12 +83,16 @@ typedef struct {
     int dp;                      /* n_trainer / (pp · sp) */
     int fsdp;                    /* resolved */
     int stage_layers;            /* decoder layers of the fullest pipeline stage */
+    int fullest_stage;           /* the pipeline stage the per-rank figures below are for (0 without pp) */
     /* per trainer rank (the fullest stage: the first when it holds the embedding), bytes */
     double weights;              /* params on the rank: FSDP alone: Σ over units of ⌈n_u/fsdp⌉ rounded up to 16
-                                    (fsdp.c's shard); else dense/fsdp + expert/max(ep,fsdp); × dtype_bytes */
+                                    (fsdp.c's shard); else dense/fsdp + expert/max(ep,fsdp); × dtype_bytes. A
+                                    stage-local pipeline's last stage with tied embeddings also holds the
+                                    embedding's copy (its LM head; pp_held_floats) */
     double grads;                /* same count × dtype_bytes */
-    double master;               /* fp32 master copy (bf16 only; 0 with fp32) */
-    double moments;              /* AdamW m and v, fp32: 8 bytes per local parameter */
+    double master;               /* fp32 master copy of the owned parameters (bf16 only; 0 with fp32) */
+    double moments;              /* AdamW m and v, fp32: 8 bytes per owned parameter (the tied copy has none:
+                                    stage 0 steps the embedding) */
     double gathered;             /* FSDP: the peak of gathered units + live gradient units + bounce buffers over one
                                     update (fsdp.c's peak_gathered_bytes, from the schedule replay); with EP as
                                     well (not run by moerl): two layers' parameters; 0 when fsdp = 1 */
@@ -98,12 +107,15 @@ typedef struct {
     /* traffic per rank per optimizer update (the fullest rank: plan_traffic_rank of the first stage
      * holding the most bytes, the last Ulysses rank), in the convention of the counter moerl keeps for
      * it: the bucketed reducer's payload, every dist_comm collective as the bytes a rank sends */
-    double allreduce;            /* gradient sums: reducer payload + HSDP replica all-reduce + EP gradient all-reduces */
+    double allreduce;            /* gradient sums: reducer payload + HSDP replica all-reduce + EP gradient all-reduces
+                                    + the pipeline stage's all-reduce over its dp ranks */
     double allgather;            /* FSDP parameter all-gathers (every pass, as moerl's schedule gathers) */
     double reduce_scatter;       /* FSDP gradient reduce-scatters (every backward pass) */
     double alltoall_ep;          /* EP dispatch/combine, forward and backward */
     double alltoall_sp;          /* Ulysses q|k|v and output exchanges, forward and backward */
-    double p2p_pp;               /* PP activations forward and their gradients back (+ the aux-loss statistics) */
+    double p2p_pp;               /* PP sends of the busiest stage: activations forward and their gradients back (+ the
+                                    aux-loss statistics), the forward-only passes' activations, the tied embedding's
+                                    exchange (pp_p2p + pp_p2p_fwd_only + pp_p2p_emb of plan_traffic) */
     double per_step;             /* sum of the above × updates_per_step */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
@@ -112,7 +124,8 @@ typedef struct {
 /* Traffic of one rank per optimizer update, per group and operation, in the units of the counter
  * moerl keeps for it (so a test can compare them byte for byte):
  *   reducer           dist_reducer_last_bytes' raw: the payload 4·n of the bucketed gradient all-reduce
- *                     (data parallel over trainer_comm, SP over stage_comm, PP over every trainer);
+ *                     (data parallel over trainer_comm, SP over stage_comm; a replicated pipeline's over
+ *                     every trainer — a stage-local pipeline has no reducer);
  *   fsdp_allgather    dist_comm_bytes(fsdp_comm, ALLGATHER): (P−1)·s_u·dtype per gather of unit u, the
  *                     gathers counted by replaying fsdp.c's schedule (region, prefetch, release) over the
  *                     passes, + the pass-count all-gather (one float) of par_max_passes;
@@ -129,23 +142,38 @@ typedef struct {
  *                     forward hd·((sp−1)·n·W + (N−n)·nh_l), backward hd·((sp−1)·n·nh_l + (N−n)·W), with
  *                     n = the rank's token share ⌊N(r+1)/sp⌋ − ⌊Nr/sp⌋, nh_l = nh/sp,
  *                     nkv_l = nkv ≥ sp ? nkv/sp : 1, W = nh_l + 2·nkv_l (ulysses.h);
- *   pp_p2p            pp_stats.bytes_sent of stage `stage`: per micro-batch N·H (+2E aux statistics)
- *                     forward unless last, N·H (+E) backward unless first (pipeline.h).
+ *   pp_grad_allreduce dist_comm_bytes(stage_comm, ALLREDUCE) of a stage-local pipeline (pp_finish_grads):
+ *                     2(D−1)/D · n_s · dtype, n_s = the stage's layout range (plan_pp_stage_params), D = its
+ *                     dp ranks; a tied last stage adds 2(D−1)/D · e · dtype for its part of the embedding
+ *                     gradient (e = the padded embedding), summed over D before it goes to stage 0;
+ *   pp_p2p            pp_stats.bytes_sent of stage `stage` (the 1F1B schedule): per micro-batch N·H (+2E
+ *                     aux statistics) forward unless last, N·H (+E) backward unless first (pipeline.h);
+ *   pp_p2p_fwd_only   the forward-only passes' sends on pp_comm (pp_compute_router_counts, only for a model
+ *                     with MoE layers): N·H per micro-batch and pass unless last;
+ *   pp_p2p_emb        a stage-local pipeline with tied embeddings: the last stage sends its embedding
+ *                     gradient e·4 to stage 0 (pp_finish_grads), stage 0 the stepped embedding e·4 back
+ *                     (pp_adamw_step, when the step is applied); dist_comm_bytes(pp_comm, P2P) of a step is
+ *                     pp_p2p + pp_p2p_fwd_only + pp_p2p_emb.
  * Errors: as plan_compute; stage or sp_rank out of range. */
 typedef struct {
     double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_alltoall, ep_grad_allreduce,
-        sp_alltoall, pp_p2p;
+        sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
 } plan_traffic;
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, plan_traffic *t);
 
 /* The pipeline's memory model, kept apart so that both layouts can be checked: floats of the
- * parameters stage `stage` holds before any FSDP / EP division (dense, expert), and its layer range
+ * parameters stage `stage` owns before any FSDP / EP division (dense, expert), and its layer range
  * [*l0, *l1). PLAN_PP_STAGE_LOCAL: its own layers (+ the embedding on the first stage, the final
- * norm and untied head on the last); PLAN_PP_REPLICATED: the whole model on every stage. The stage
- * bounds are moerl's FLOP-balanced cut (pp_partition at the balance length
- * min(max_position_embeddings, 4096)). Errors: pp out of 1..L. */
+ * norm and untied head on the last) — dense + expert is pp_stage_ranges' hi − lo; PLAN_PP_REPLICATED:
+ * the whole model on every stage. The stage bounds are moerl's FLOP-balanced cut (pp_partition at the
+ * balance length min(max_position_embeddings, 4096)). Errors: pp out of 1..L. */
 int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int stage, double *dense, double *expert,
                          int *l0, int *l1);
+
+/* Floats of the embedding copy a stage holds besides the ones it owns: the padded embedding on the
+ * last stage of a stage-local pipeline (pp > 1) with tied embeddings, else 0. Owned + this is
+ * pp_held_floats. */
+double plan_pp_tied_copy(const moe_config *c, int pp, plan_pp_params layout, int stage);
 
 /* In-flight activation slots of a pipeline stage: pp − stage (1F1B, pipeline.c), 1 without pp. */
 int plan_pp_inflight(int pp, int stage);
