@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -200,4 +202,17 @@ void moerl_blas_coretype_init(char **argv) {
 #else
     (void)argv;
 #endif
+}
+
+float *moerl_map_sparse(size_t bytes) {
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void moerl_drop_pages(float *base, size_t off, size_t n) {
+    static size_t page;
+    if (!page) page = (size_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t ps = page, a = (uintptr_t)(base + off), b = (uintptr_t)(base + off + n);
+    const uintptr_t a1 = (a + ps - 1) & ~(ps - 1), b1 = b & ~(ps - 1);
+    if (b1 > a1) madvise((void *)a1, b1 - a1, MADV_DONTNEED);
 }

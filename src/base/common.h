@@ -59,6 +59,12 @@ double moerl_now(void);
 int moerl_read_file(const char *path, char **out, size_t *len);
 /* Write a file atomically: write to "<path>.tmp.<pid>", fsync, rename over path. */
 int moerl_write_file_atomic(const char *path, const void *data, size_t len);
+/* Sparse buffers (FSDP's gather targets, a pipeline stage's layout-sized views): moerl_map_sparse
+ * reserves `bytes` of zero-filled address space (MAP_NORESERVE: pages get memory when written; NULL
+ * on failure; free with munmap); moerl_drop_pages gives back the whole pages inside
+ * base[off, off + n) floats (pages straddling the ends stay). */
+float *moerl_map_sparse(size_t bytes);
+void moerl_drop_pages(float *base, size_t off, size_t n);
 /* Take an exclusive, non-blocking lock on DIR/.moerl.lock for the rest of the process, so two
  * runs cannot write the same output folder. Returns the lock's fd (≥ 0) or MOERL_ERR naming
  * the folder when another process holds it. */

@@ -50,28 +50,11 @@ struct fsdp_state {
 
 /* ------------------------------------------------------------------ memory */
 
-static size_t page_size(void) {
-    static size_t ps;
-    if (!ps) ps = (size_t)sysconf(_SC_PAGESIZE);
-    return ps;
-}
-
-static float *map_sparse(size_t bytes) {
-    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-/* Give back the whole pages inside base[off, off+n) (the straddling pages at the ends stay). */
-static void drop_pages(float *base, size_t off, size_t n) {
-    const uintptr_t ps = page_size(), a = (uintptr_t)(base + off), b = (uintptr_t)(base + off + n);
-    const uintptr_t a1 = (a + ps - 1) & ~(ps - 1), b1 = b & ~(ps - 1);
-    if (b1 > a1) madvise((void *)a1, b1 - a1, MADV_DONTNEED);
-}
 
 /* Transient buffers (bounces, receive buffers) straight from the kernel and back: the heap would
  * keep freed multi-MB blocks resident (glibc raises its mmap threshold after the first free). */
 static float *tmp_alloc(size_t n) {
-    float *p = map_sparse(n * sizeof(float));
+    float *p = moerl_map_sparse(n * sizeof(float));
     if (!p) moerl_fatal("fsdp: out of memory mapping %zu bytes", n * sizeof(float));
     return p; /* zero pages */
 }
@@ -129,7 +112,7 @@ static void release(fsdp_state *fs, int k) {
     fsdp_unit *u = &fs->u[k];
     if (u->p_state == U_ABSENT || u->n == 0) return;
     gather_wait(fs, k);
-    drop_pages(fs->m->params, u->off, u->n);
+    moerl_drop_pages(fs->m->params, u->off, u->n);
     account(fs, -(double)u->n * 4);
     u->p_state = U_ABSENT;
 }
@@ -147,7 +130,7 @@ static void grad_complete(fsdp_state *fs, int k) {
         u->g_bounce = NULL;
         account(fs, -(double)fs->P * u->s * 4);
     } else {
-        drop_pages(fs->m->grads, u->off, u->n);
+        moerl_drop_pages(fs->m->grads, u->off, u->n);
         account(fs, -(double)u->n * 4);
     }
 }
@@ -199,7 +182,7 @@ static void grad_ready(fsdp_state *fs, int k) {
         memcpy(u->g_bounce, send, u->n * sizeof(float));
         send = u->g_bounce;
         account(fs, (double)fs->P * u->s * 4);
-        drop_pages(fs->m->grads, u->off, u->n);
+        moerl_drop_pages(fs->m->grads, u->off, u->n);
         account(fs, -(double)u->n * 4);
     }
     u->g_recv = tmp_alloc(u->s);
@@ -420,7 +403,7 @@ void fsdp_take_shard(fsdp_state *fs) {
             u->p_state = U_ABSENT;
         }
     }
-    drop_pages(fs->m->params, 0, fs->m->n_params);
+    moerl_drop_pages(fs->m->params, 0, fs->m->n_params);
 }
 
 int fsdp_gather_vec(fsdp_state *fs, const float *shard_vec, float *full) {
@@ -490,7 +473,7 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
     fs->p_shard = xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float));
     fs->g_shard = xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float));
     fs->map_bytes = m->n_params * sizeof(float);
-    float *mp = map_sparse(fs->map_bytes), *mg = map_sparse(fs->map_bytes);
+    float *mp = moerl_map_sparse(fs->map_bytes), *mg = moerl_map_sparse(fs->map_bytes);
     if (!mp || !mg) {
         if (mp) munmap(mp, fs->map_bytes);
         if (mg) munmap(mg, fs->map_bytes);

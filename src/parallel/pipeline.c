@@ -711,23 +711,9 @@ int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *s
 #define PP_TAG_EMB_P 32102 /* tied embedding: parameters, stage 0 → last stage */
 #define PP_CHUNK ((size_t)1 << 28) /* floats per point-to-point message (MPI int counts) */
 
-static size_t page_size(void) {
-    static size_t ps;
-    if (!ps) ps = (size_t)sysconf(_SC_PAGESIZE);
-    return ps;
-}
-
-static float *map_sparse(size_t bytes) {
-    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
 /* Give back the whole pages inside base[a, b) (pages straddling the ends stay). */
-static void drop_pages(float *base, size_t a, size_t b) {
-    if (b <= a) return;
-    const uintptr_t ps = page_size(), x = (uintptr_t)(base + a), y = (uintptr_t)(base + b);
-    const uintptr_t x1 = (x + ps - 1) & ~(ps - 1), y1 = y & ~(ps - 1);
-    if (y1 > x1) madvise((void *)x1, y1 - x1, MADV_DONTNEED);
+static void drop_range(float *base, size_t a, size_t b) {
+    if (b > a) moerl_drop_pages(base, a, b - a);
 }
 
 /* Point-to-point requests of one exchange. */
@@ -832,7 +818,7 @@ int pp_own_stage(pp_state *s, moe_model *m) {
                                                  .decay = (t->flags & TF_DECAY) != 0};
     }
     s->map_bytes = m->n_params * sizeof(float);
-    float *mp = map_sparse(s->map_bytes), *mg = map_sparse(s->map_bytes);
+    float *mp = moerl_map_sparse(s->map_bytes), *mg = moerl_map_sparse(s->map_bytes);
     if (!mp || !mg) {
         if (mp) munmap(mp, s->map_bytes);
         if (mg) munmap(mg, s->map_bytes);
@@ -913,7 +899,7 @@ int pp_finish_grads(pp_state *s) {
         return req_wait_all(&l);
     }
     if (s->stage != 0) return MOERL_OK;
-    float *tmp = map_sparse(ne * sizeof(float));
+    float *tmp = moerl_map_sparse(ne * sizeof(float));
     if (!tmp) return moerl_errorf("pipeline: cannot map %zu bytes for the embedding gradient", ne * sizeof(float));
     post_range(&l, s->comm, s->pp - 1, PP_TAG_EMB_G, tmp, ne, 0);
     int rc = req_wait_all(&l);
@@ -962,8 +948,8 @@ int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *gr
 static void drop_foreign(pp_state *s) {
     moe_model *m = s->own_m;
     const size_t keep_emb = s->tied && s->stage == s->pp - 1 ? s->emb_hi : 0;
-    drop_pages(m->params, keep_emb, s->own_lo);
-    drop_pages(m->params, s->own_hi, m->n_params);
+    drop_range(m->params, keep_emb, s->own_lo);
+    drop_range(m->params, s->own_hi, m->n_params);
 }
 
 void pp_take_full(pp_state *s) {
