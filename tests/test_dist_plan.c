@@ -14,7 +14,7 @@
  * gradient sum (par_finish_grads: FSDP's reduce-scatters and replica all-reduce, a stage-owned
  * pipeline's all-reduce over grid.stage_comm and tied-embedding exchange — no reducer —; EP's
  * gradient all-reduces; the bucketed reducer over the stage or all trainers for DP, SP and a
- * replicated pipeline) and the optimizer step (par_adamw_step; EP's own). Every micro-batch is full
+ * replicated pipeline) and the optimizer step (par_adamw_step). Every micro-batch is full
  * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
  * Checks on every rank and step, against plan_traffic_rank for the rank's stage and Ulysses rank:
  *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
@@ -212,8 +212,7 @@ int main(int argc, char **argv) {
         train_step_out so;
         MOERL_ASSERT(train_accumulate(&m, &acts, mine, n, &to, ce_grad, NULL, &so) == MOERL_OK);
         /* idle passes, then FSDP's reduce-scatters / the stage-owned pipeline's sum over stage_comm */
-        MOERL_ASSERT(par_finish_grads(&ps, n_mb, max_mb) == MOERL_OK);
-        if (ps.ep) MOERL_ASSERT(ep_reduce_grads(ps.ep, &m) == MOERL_OK);
+        MOERL_ASSERT(par_finish_grads(&ps, n_mb, max_mb) == MOERL_OK); /* EP: ep_reduce_grads inside */
         if (red) dist_reducer_finish(red);
         double gn;
         /* the collectives of the passes and the gradient sums (the optimizer step comes after) */
@@ -240,8 +239,7 @@ int main(int argc, char **argv) {
         }
         /* the optimizer step: its norm all-reduces are scalars plan leaves out; a tied pipeline's stage 0
          * sends the stepped embedding to the last stage in it (point-to-point, counted below) */
-        const int applied = ps.ep ? ep_adamw_step(ps.ep, &os, &m, oc.lr, (float)so.loss, &gn)
-                                  : par_adamw_step(&ps, &m, &os, oc.lr, (float)so.loss, &gn);
+        const int applied = par_adamw_step(&ps, &m, &os, oc.lr, (float)so.loss, &gn);
         CHECK_R(applied == 1, "step %d applied (loss %g)", RANK, k, so.loss);
         if (ps.pp) got[9] = dist_comm_bytes(g->pp_comm, DIST_OP_P2P);
         const double w[N_ROW] = {pt.reducer, pt.fsdp_allgather, pt.fsdp_reduce_scatter, pt.replica_allreduce,

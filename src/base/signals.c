@@ -28,6 +28,7 @@ void moerl_install_stop_signals(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL); /* mpirun forwards SIGUSR1 to every rank without killing the job */
 }
 
 int moerl_stop_requested(void) { return g_stop_signal; }
