@@ -336,13 +336,25 @@ int rl_read_config(const cfg *c, rl_config *r) {
                             "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
                             "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
                             pp, fsdp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
-    if ((fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1) && r->grad_compression != GRAD_COMPRESSION_NONE)
-        return moerl_errorf("actor.grad_compression compresses the data-parallel reducer's all-reduce; FSDP "
-                            "(actor.fsdp_config.fsdp_size=%d) reduce-scatters, and the pipeline "
-                            "(actor.pipeline_parallel_size=%d) and expert parallelism "
-                            "(actor.expert_parallel_size=%d) sum their gradients themselves: use "
-                            "actor.grad_compression=none with them",
-                            fsdp, pp, pc->expert_parallel_size);
+    if ((fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1) && r->grad_compression != GRAD_COMPRESSION_NONE) {
+        char key[96];
+        if (fsdp > 1) snprintf(key, sizeof key, "actor.fsdp_config.fsdp_size=%d (FSDP reduce-scatters)", fsdp);
+        else if (pp > 1) snprintf(key, sizeof key, "actor.pipeline_parallel_size=%d (each stage sums its own)", pp);
+        else snprintf(key, sizeof key, "actor.expert_parallel_size=%d (EP sums its own)", pc->expert_parallel_size);
+        return moerl_errorf("actor.grad_compression compresses the data-parallel reducer's all-reduce, which %s does "
+                            "not use: set actor.grad_compression=none",
+                            key);
+    }
+    if (pp > 1) { /* the 1F1B guard, known from the config: each stage needs ≥ pp micro-batches, and a data
+                   * shard of a mini-batch has at most mini-batch · n / dp sequences */
+        const int dp = r->n_trainer_ranks / pp / pc->ulysses_sequence_parallel_size;
+        const long seqs = (long)r->ppo_mini_batch_size * r->n / (dp > 0 ? dp : 1);
+        if (seqs < pp)
+            return moerl_errorf("actor.pipeline_parallel_size=%d needs at least %d micro-batches per update, but a "
+                                "data shard of a mini-batch holds only %ld sequences (actor.ppo_mini_batch_size=%d × "
+                                "rollout.n=%d over %d data-parallel shards): raise actor.ppo_mini_batch_size",
+                                pp, pp, seqs, r->ppo_mini_batch_size, r->n, dp);
+    }
     return MOERL_OK;
 }
 
@@ -393,10 +405,15 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (par_check(&rc->par, rc->n_trainer_ranks, m.cfg.num_experts, m.cfg.num_attention_heads,
                   m.cfg.num_key_value_heads, m.cfg.num_hidden_layers) != MOERL_OK)
         goto fail; /* before any folder exists */
-    if (rc->rollout_ep > 1 && (ctx->n_rollout % rc->rollout_ep || m.cfg.num_experts % rc->rollout_ep)) {
-        moerl_errorf("rollout.expert_parallel_size=%d must divide the %d rollout ranks (mpirun -np minus "
-                     "trainer.n_ranks) and the model's %d experts",
-                     rc->rollout_ep, ctx->n_rollout, m.cfg.num_experts);
+    if (rc->rollout_ep > 1 && ctx->n_rollout % rc->rollout_ep) {
+        moerl_errorf("rollout.expert_parallel_size=%d does not divide the %d rollout ranks (mpirun -np minus "
+                     "trainer.n_ranks)",
+                     rc->rollout_ep, ctx->n_rollout);
+        goto fail;
+    }
+    if (rc->rollout_ep > 1 && m.cfg.num_experts % rc->rollout_ep) {
+        moerl_errorf("rollout.expert_parallel_size=%d does not divide the model's %d experts", rc->rollout_ep,
+                     m.cfg.num_experts);
         goto fail;
     }
     if (leader) {
