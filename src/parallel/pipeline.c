@@ -439,27 +439,28 @@ static int check_agreement(pp_state *s, int ok, int n, int64_t tokens, int m) {
     return MOERL_OK;
 }
 
+/* This stage's checks before a schedule: the token limit, the slot buffers for it, every token in
+ * the vocabulary. 1 when all hold (0 with a message). */
+static int check_inputs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens) {
+    const int V = m->cfg.vocab_size;
+    if (max_tokens <= 0) return moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", max_tokens), 0;
+    if (slots_alloc(s, m, max_tokens) != MOERL_OK) return 0;
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < seqs[i].len; t++)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= V)
+                return moerl_errorf("pipeline: sequence %d has token %d at %d, outside the vocabulary [0,%d)", i,
+                                    seqs[i].tokens[t], t, V), 0;
+    return 1;
+}
+
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out) {
     memset(out, 0, sizeof *out);
-    const int E = s->E, P = s->pp, V = m->cfg.vocab_size;
+    const int E = s->E, P = s->pp;
     int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
-    int ok = 1, nm = 0;
-    if (o->max_tokens <= 0) {
-        moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", o->max_tokens);
-        ok = 0;
-    } else if (slots_alloc(s, m, o->max_tokens) != MOERL_OK) {
-        ok = 0;
-    }
-    for (int i = 0; i < n && ok; i++)
-        for (int t = 0; t < seqs[i].len && ok; t++)
-            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= V) {
-                moerl_errorf("pipeline: sequence %d has token %d at %d, outside the vocabulary [0,%d)", i,
-                             seqs[i].tokens[t], t, V);
-                ok = 0;
-            }
+    int ok = check_inputs(s, m, seqs, n, o->max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
     pp_zero_grad(s, m);
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
@@ -562,23 +563,9 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
  * Nmb need n + 1 entries. Returns the micro-batch count or MOERL_ERR (on every stage). */
 static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens, int *mb,
                         int *Nmb) {
-    const int V = m->cfg.vocab_size;
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
-    int ok = 1, nm = 0;
-    if (max_tokens <= 0) {
-        moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", max_tokens);
-        ok = 0;
-    } else if (slots_alloc(s, m, max_tokens) != MOERL_OK) {
-        ok = 0;
-    }
-    for (int i = 0; i < n && ok; i++)
-        for (int t = 0; t < seqs[i].len && ok; t++)
-            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= V) {
-                moerl_errorf("pipeline: sequence %d has token %d at %d, outside the vocabulary [0,%d)", i,
-                             seqs[i].tokens[t], t, V);
-                ok = 0;
-            }
+    int ok = check_inputs(s, m, seqs, n, max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pack_microbatches(seqs, n, max_tokens, mb)) < 0) ok = 0;
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) return MOERL_ERR;
     for (int j = 0; j < nm; j++) {
