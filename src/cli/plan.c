@@ -119,12 +119,14 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     I("n_params", r->n_params); I("n_params_hf", r->n_params_hf); I("n_params_expert", r->n_params_expert);
     I("n_active", r->n_active);
     I("trainer_ranks", in->n_trainer); I("dp", r->dp); I("fsdp", r->fsdp); I("ep", in->ep); I("sp", in->sp);
-    I("pp", in->pp); I("stage_layers", r->stage_layers); I("dtype_bytes", in->dtype_bytes);
+    I("pp", in->pp); I("stage_layers", r->stage_layers);
+    I("fullest_stage", r->fullest_stage); I("dtype_bytes", in->dtype_bytes);
     I("micro_tokens", in->micro_tokens); I("micro_batches", r->micro_batches);
     I("fwd_only_passes", in->fwd_only_passes);
     json_object_set_new(o, "pp_params", json_string(in->pp_params == PLAN_PP_REPLICATED ? "replicated" : "stage"));
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
-    R("moments_bytes", r->moments); R("gathered_bytes", r->gathered); R("acts_bytes", r->acts);
+    R("moments_bytes", r->moments); R("gathered_bytes", r->gathered);
+    R("gathered_low_bytes", r->gathered_low); R("acts_bytes", r->acts);
     R("acts_recompute_bytes", r->acts_recompute); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
     R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
     I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
@@ -150,13 +152,19 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     printf("parameters: %.3f B (HF count), %.3f B expert, %.3f B active matmul per token\n", r->n_params_hf / 1e9,
            r->n_params_expert / 1e9, r->n_active / 1e9);
     printf("trainer: %d ranks = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
-           "after sp); fullest stage %d layers\n",
+           "after sp); fullest stage %d (%d layers)\n",
            in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
-           (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->stage_layers);
+           (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
+           r->stage_layers);
     printf("| per trainer rank | GiB |\n|---|---|\n");
     printf("| weights | %.3f |\n| gradients | %.3f |\n", gib(r->weights), gib(r->grads));
     if (r->master > 0) printf("| fp32 master weights | %.3f |\n", gib(r->master));
-    printf("| AdamW moments | %.3f |\n| all-gathered parameters (FSDP) | %.3f |\n", gib(r->moments), gib(r->gathered));
+    printf("| AdamW moments | %.3f |\n", gib(r->moments));
+    if (r->gathered > 0)
+        printf("| all-gathered parameters (FSDP peak; %.3f if every reduce-scatter ends at once) | %.3f |\n",
+               gib(r->gathered_low), gib(r->gathered));
+    else
+        printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
     printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
            gib(r->acts_recompute));
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
