@@ -16,15 +16,18 @@
  * gradient all-reduces; the bucketed reducer over the stage or all trainers for DP, SP and a
  * replicated pipeline) and the optimizer step (par_adamw_step). Every micro-batch is full
  * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
- * Checks on every rank and step, against plan_traffic_rank for the rank's stage and Ulysses rank:
+ * Each step opens with the RL trainer's proximal-logprob pass (compute_logprobs).
+ * Checks on every rank and step, against plan_traffic_rank for the rank's stage, Ulysses and FSDP rank:
  *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
- *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; and the
+ *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; those of
+ *   the logprob pass equal plan_traffic_logprob's, exactly; and the
  *   memory moerl accounts: FSDP's owned shard (fsdp_stats.shard_floats) and peak of gathered
  *   parameters + live gradient units (peak_gathered_bytes), the EP-sliced parameter layout, a
  *   stage-owned pipeline's range (pp_own_range, pp_stage_ranges of every stage), held floats
  *   (pp_held_floats, with a tied last stage's embedding copy) and moments, each within 10% of plan's
- *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact, the FSDP peak
- *   approximate), and plan's stage cut is the pipeline's. */
+ *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact), the FSDP peak
+ *   between plan's two replays (gathered_low..gathered) and the rank's FSDP state within 10%, and
+ *   plan's stage cut is the pipeline's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +196,44 @@ int main(int argc, char **argv) {
     const int E = mc.num_experts;
     int traffic_ok = 1;
     double worst_mem = 0;
+    /* the RL trainer's proximal-logprob pass (compute_logprobs, once per step before the training
+     * passes): its traffic per group against plan_traffic_logprob */
+    int lp_ok = 1;
+    double resp_mine = 0;
+    float *lp_buf[N_SEQ];
+    for (int i = 0; i < n; i++) {
+        resp_mine += mine[i].len - mine[i].resp_start;
+        lp_buf[i] = xcalloc((size_t)(mine[i].len - mine[i].resp_start + 1), sizeof(float));
+    }
     for (int k = 0; k < K_STEPS; k++) {
+        if (g) {
+            reset_group_bytes(g);
+            plan_traffic lt;
+            CHECK_R(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine, &lt) ==
+                        MOERL_OK, "plan_traffic_logprob: %s", RANK, moerl_last_error());
+            MOERL_ASSERT(compute_logprobs(&m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
+            const double lg[6] = {dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER),
+                                  dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL),
+                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL),
+                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLREDUCE),
+                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_P2P) : 0,
+                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0};
+            const double lw[6] = {lt.fsdp_allgather, lt.ep_alltoall, lt.sp_alltoall, lt.sp_logprob_allreduce,
+                                  lt.pp_p2p_fwd_only, lt.pp_logprob_allreduce};
+            const char *ln[6] = {"FSDP all-gather", "EP all-to-all", "SP all-to-all", "SP logprob all-reduce",
+                                 "PP p2p", "PP all-reduce"};
+            for (int i = 0; i < 6; i++) {
+                /* exact, as below; the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
+                const int same = i == 3 || i == 5 ? rel(lg[i], lw[i]) < 1e-12 || lg[i] == lw[i] : lg[i] == lw[i];
+                if (!same) {
+                    lp_ok = 0;
+                    printf("[rank %d] step %d logprob pass: %s counted %.0f B, plan %.0f B\n", RANK, k, ln[i], lg[i],
+                           lw[i]);
+                }
+                if (k == 0 && RANK == 0 && (lg[i] > 0 || lw[i] > 0))
+                    printf("  rank 0 logprob pass %-21s counted %10.0f B  plan %10.0f B\n", ln[i], lg[i], lw[i]);
+            }
+        }
         if (g) reset_group_bytes(g);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
@@ -264,6 +304,8 @@ int main(int argc, char **argv) {
     }
     CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
             gfsdp, gep, gsp, gpp);
+    CHECK_R(lp_ok, "the logprob pass's traffic equals plan's per group and operation", RANK);
+    for (int i = 0; i < n; i++) free(lp_buf[i]);
 
     /* memory: moerl's own accounting against plan's per-rank figures (the 10% bar of the brief) */
     if (ps.fsdp) {

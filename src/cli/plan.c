@@ -86,6 +86,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->capacity_factor = pc.capacity_factor;
     /* the global aux loss's router-count pre-pass: one forward-only pass per micro-batch */
     in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
+    /* the proximal logprobs, once per step: decoupled loss, or old logprobs recomputed (no bypass) */
+    in->logprob_passes = cfg_bool(c, "actor.use_decoupled_loss") || !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
     const char *ppl = cfg_str(c, "plan.pp_params");
     if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
@@ -102,6 +104,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
                             "length", (long long)(plen + rlen));
     /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
     in->step_tokens = cfg_int(c, "actor.ppo_mini_batch_size") * rb * cfg_int(c, "rollout.n") * (plen + rlen) * ep;
+    in->logprob_tokens = in->step_tokens / ep;
+    in->resp_fraction = (double)rlen / (double)(plen + rlen);
     in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");
     in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
@@ -137,6 +141,7 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("reduce_scatter_bytes_per_update", r->reduce_scatter); R("alltoall_ep_bytes_per_update", r->alltoall_ep);
     R("alltoall_sp_bytes_per_update", r->alltoall_sp); R("p2p_pp_bytes_per_update", r->p2p_pp);
     I("updates_per_step", in->updates_per_step);
+    I("logprob_passes", in->logprob_passes); R("logprob_pass_bytes_per_step", r->logprob_pass);
     R("comm_bytes_per_step", r->per_step); R("weight_bcast_bytes_per_sync", r->weight_bcast);
     I("sync_every_steps", in->sync_every);
 #undef I
@@ -178,6 +183,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                            "SP all-to-all", "PP p2p"};
     const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};
     for (int i = 0; i < 6; i++) printf("| %s | %.3f | %.3f |\n", names[i], gib(v[i]), gib(v[i] * in->updates_per_step));
+    if (in->logprob_passes > 0)
+        printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
+               gib(r->logprob_pass));
     printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
 }
 

@@ -529,6 +529,62 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     return MOERL_OK;
 }
 
+/* The RL trainer's forward-only logprob pass over n_mb micro-batches (plan.h plan_traffic_logprob). */
+static int logprob_traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int sp_rank,
+                           int fsdp_rank, int n_mb, double resp_tokens, plan_traffic *t) {
+    memset(t, 0, sizeof *t);
+    if (stage < 0 || stage >= in->pp || sp_rank < 0 || sp_rank >= in->sp || fsdp_rank < 0 || fsdp_rank >= x->fsdp ||
+        n_mb < 0 || !(resp_tokens >= 0))
+        return moerl_errorf("plan: logprob pass of stage %d of %d, Ulysses rank %d of %d, FSDP rank %d of %d, %d "
+                            "micro-batches, %g response tokens out of range", stage, in->pp, sp_rank, in->sp,
+                            fsdp_rank, x->fsdp, n_mb, resp_tokens);
+    const int L = c->num_hidden_layers, fsdp = x->fsdp, ep = in->ep;
+    const double db = in->dtype_bytes, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    const double N = (double)x->N;
+    double dense, expert;
+    int l0, l1;
+    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    if (fsdp > 1) { /* every pass regathers: n_mb forward-only passes from a cold start */
+        double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2];
+        char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
+        fsdp_units(c, ep, n);
+        for (int u = 0; u < L + 2; u++) s[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
+        fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp, .pst = pst,
+                         .glive = glive};
+        replay_step(&r, n_mb, 0);
+        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
+    }
+    const int n_moe = n_moe_in(c, l0, l1);
+    if (ep > 1 && n_moe > 0) { /* dispatch and combine per MoE layer and micro-batch */
+        const double El = E / ep, exch = 2.0 * n_moe * n_mb;
+        if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
+            t->ep_alltoall = exch * (ep - 1) * El * (2.0 + x->cap * H) * db;
+        else
+            t->ep_alltoall = exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * n_mb * (ep - 1) * El * 4.0;
+    }
+    if (in->sp > 1) {
+        const int P = in->sp, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+        const double nr = floor(N * (sp_rank + 1) / P) - floor(N * sp_rank / P);
+        const double nh_l = nh / P, nkv_l = nkv >= P ? nkv / P : 1, W = nh_l + 2 * nkv_l;
+        t->sp_alltoall = (l1 - l0) * hd * ((P - 1) * nr * W + (N - nr) * nh_l) * n_mb * db;
+        t->sp_logprob_allreduce = 2.0 * (P - 1) / P * N * 4 * n_mb; /* every rank gets the micro-batch's logprobs */
+    }
+    if (in->pp > 1) {
+        if (stage < in->pp - 1) t->pp_p2p_fwd_only = (double)n_mb * N * H * db;
+        /* the stages' batch check (8 doubles), then the last stage's logprobs summed onto every stage */
+        const double f = 2.0 * (in->pp - 1) / in->pp;
+        t->pp_logprob_allreduce = f * 8 * 8 + f * resp_tokens * 4;
+    }
+    return MOERL_OK;
+}
+
+int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
+                         double resp_tokens, plan_traffic *t) {
+    plan_ctx x;
+    if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
+    return logprob_traffic(c, in, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t);
+}
+
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
                       plan_traffic *t) {
     plan_ctx x;
@@ -641,6 +697,17 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     }
     o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
                   in->updates_per_step;
+    if (in->logprob_passes > 0) { /* the proximal logprobs: one forward-only pass over the step's data */
+        const int dp = in->n_trainer / (in->pp * in->sp);
+        const double rank_tokens = (double)in->logprob_tokens / dp;
+        const int n_mb = MOERL_MAX(1, (int)ceil(rank_tokens / (double)in->micro_tokens));
+        plan_traffic tl;
+        if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb, rank_tokens * in->resp_fraction, &tl) != MOERL_OK)
+            return MOERL_ERR;
+        o->logprob_pass = in->logprob_passes * (tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall +
+                                                tl.sp_logprob_allreduce + tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce);
+        o->per_step += o->logprob_pass;
+    }
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
     return MOERL_OK;
 }

@@ -60,6 +60,11 @@ typedef struct {
     int64_t step_tokens;    /* tokens (prompt + response) trained per trainer step, all ranks, one epoch */
     int fwd_only_passes;    /* forward-only passes per micro-batch before the training pass (1: the router-count
                                pre-pass of the global aux loss, train.h compute_router_counts; 0: none) */
+    int logprob_passes;     /* forward-only logprob passes per trainer step over the step's data (the RL trainer's
+                               proximal logprobs, compute_logprobs: 1 with actor.use_decoupled_loss or recomputed
+                               old logprobs; 0: none) */
+    int64_t logprob_tokens; /* tokens (prompt + response) of the step's data, all ranks: step_tokens for one epoch */
+    double resp_fraction;   /* response share of those tokens (the logprobs the pipeline sums onto every stage) */
     plan_pp_params pp_params; /* pipeline parameter layout (plan_pp_stage_params) */
     int dispatcher;         /* EP token exchange: moe_dispatcher of parallel/grid.h (0 = auto) */
     int alltoall_max_ep;    /* auto: all-to-all up to this EP size (≤ 0: 16) */
@@ -119,7 +124,9 @@ typedef struct {
     double p2p_pp;               /* PP sends of the busiest stage: activations forward and their gradients back (+ the
                                     aux-loss statistics), the forward-only passes' activations, the tied embedding's
                                     exchange (pp_p2p + pp_p2p_fwd_only + pp_p2p_emb of plan_traffic) */
-    double per_step;             /* sum of the above × updates_per_step */
+    double logprob_pass;         /* the forward-only logprob pass of a trainer step (plan_traffic_logprob over the
+                                    rank's ⌈logprob_tokens/dp/micro_tokens⌉ micro-batches), all groups, × logprob_passes */
+    double per_step;             /* sum of the above × updates_per_step, + logprob_pass */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
 } plan_result;
@@ -166,9 +173,26 @@ typedef struct {
 typedef struct {
     double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_replica_allreduce, ep_alltoall,
         ep_grad_allreduce, sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
+    double sp_logprob_allreduce, pp_logprob_allreduce; /* plan_traffic_logprob only */
 } plan_traffic;
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
                       plan_traffic *t);
+
+/* Traffic of one rank in the RL trainer's forward-only logprob pass (train.h compute_logprobs, once
+ * per trainer step for the proximal policy) over n_mb micro-batches of micro_tokens each (every
+ * micro-batch full) whose sequences hold resp_tokens response tokens, in plan_traffic_rank's units:
+ *   fsdp_allgather        fsdp.c's schedule replayed over n_mb forward-only passes from a cold start,
+ *                         + the pass-count all-gather (not under EP × FSDP: stage_comm);
+ *   ep_alltoall           2 exchanges per MoE layer of the stage and micro-batch (+ the counts, all-to-all-v);
+ *   sp_alltoall           the forward exchanges of every layer of the stage per micro-batch;
+ *   sp_logprob_allreduce  dist_comm_bytes(sp_comm, ALLREDUCE): each micro-batch's N logprobs summed onto
+ *                         every Ulysses rank, 2(sp−1)/sp · N · 4;
+ *   pp_p2p_fwd_only       N·H·dtype per micro-batch unless last stage;
+ *   pp_logprob_allreduce  dist_comm_bytes(pp_comm, ALLREDUCE): the stages' batch check (8 doubles) and the last
+ *                         stage's logprobs on every stage, 2(pp−1)/pp · (64 + 4 · resp_tokens).
+ * Every other field 0. Errors: as plan_traffic_rank; n_mb < 0 or resp_tokens < 0. */
+int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
+                         double resp_tokens, plan_traffic *t);
 
 /* The pipeline's memory model, kept apart so that both layouts can be checked: floats of the
  * parameters stage `stage` owns before any FSDP / EP division (dense, expert), and its layer range
