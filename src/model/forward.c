@@ -176,7 +176,7 @@ int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
     return model_acts_init_range(a, m, max_tokens, 0, m->cfg.num_hidden_layers);
 }
 
-int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int lo, int hi) {
+static int acts_init(model_acts *a, const moe_model *m, int max_tokens, int max_positions, int lo, int hi) {
     if (max_tokens <= 0) return moerl_errorf("model_acts_init: max_tokens must be positive, got %d", max_tokens);
     if (lo < 0 || hi <= lo || hi > m->cfg.num_hidden_layers)
         return moerl_errorf("model_acts_init_range: layers [%d, %d) is not a range of 1..%d layers", lo, hi,
@@ -186,7 +186,7 @@ int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int
     a->layer_hi = hi;
     a->max_tokens = max_tokens;
     int mp = m->cfg.max_position_embeddings > 32768 ? 32768 : m->cfg.max_position_embeddings;
-    a->rope_max_pos = MOERL_MAX(max_tokens, mp);
+    a->rope_max_pos = MOERL_MAX(MOERL_MAX(max_tokens, max_positions), mp);
     arena_t ar = {NULL, 0};
     layout(m, a, &ar, max_tokens);
     ar.base = moerl_buf_alloc(ar.used, "model_acts"); /* MOERL_ALLOC: malloc | pool | jemalloc */
@@ -195,6 +195,14 @@ int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int
     layout(m, a, &ar, max_tokens);
     rope_tables(a->rope_cos, a->rope_sin, a->rope_max_pos, m->cfg.head_dim, m->cfg.rope_theta);
     return MOERL_OK;
+}
+
+int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int lo, int hi) {
+    return acts_init(a, m, max_tokens, max_tokens, lo, hi);
+}
+
+int model_acts_init_rows(model_acts *a, const moe_model *m, int rows, int max_positions) {
+    return acts_init(a, m, rows, max_positions, 0, m->cfg.num_hidden_layers);
 }
 
 void model_acts_free(model_acts *a) {

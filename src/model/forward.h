@@ -106,6 +106,11 @@ int model_acts_init(model_acts *a, const moe_model *m, int max_tokens);
 /* The same for a pipeline stage: decoder layers [lo, hi) only (0 ≤ lo < hi ≤ L), the LM head's
  * buffers only when hi = L (see model_acts.layer_lo). Errors: max_tokens ≤ 0, a bad range. */
 int model_acts_init_range(model_acts *a, const moe_model *m, int max_tokens, int lo, int hi);
+/* The same for all layers with buffers for `rows` tokens per pass and rotary tables for positions up
+ * to max_positions: a Ulysses rank computes only its share of a micro-batch of max_positions tokens
+ * (par_acts_rows; ulysses.c holds the head-sharded attention buffers), so its arena is ~1/sp of the
+ * whole micro-batch's. Errors: rows ≤ 0. */
+int model_acts_init_rows(model_acts *a, const moe_model *m, int rows, int max_positions);
 void model_acts_free(model_acts *a);
 
 /* Forward: tokens[N], cu_seqlens[B+1] (cu_seqlens[0]=0, cu_seqlens[B]=N, non-decreasing),

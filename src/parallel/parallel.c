@@ -125,6 +125,13 @@ void par_state_free(par_state *ps) {
     memset(ps, 0, sizeof *ps);
 }
 
+int par_acts_rows(const par_state *ps, int max_tokens) {
+    if (!ps) return max_tokens;
+    if (ps->pp) return 1;
+    if (ps->sp && ps->grid && ps->grid->sp > 1) return (max_tokens + ps->grid->sp - 1) / ps->grid->sp;
+    return max_tokens;
+}
+
 void par_data_shard(const par_state *ps, int *index, int *count) {
     *index = 0;
     *count = 1;

@@ -156,4 +156,11 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
  * range) and give the rest of the memory back. Not collective. No-op when nothing is sharded. */
 void par_take_full(par_state *ps, moe_model *m);
 
+/* Token rows a rank's model_acts arena needs for micro-batches of max_tokens tokens: its Ulysses
+ * share ⌈max_tokens/sp⌉ under SP (model_forward computes sp_token_range's share; ulysses.c holds
+ * the head-sharded attention buffers), 1 under the pipeline (its passes run on the stage's own slot
+ * activations; model_acts only carries par there), max_tokens otherwise (ps NULL included). Use with
+ * model_acts_init_rows(a, m, par_acts_rows(ps, max_tokens), max_tokens). */
+int par_acts_rows(const par_state *ps, int max_tokens);
+
 #endif

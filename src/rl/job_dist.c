@@ -499,6 +499,11 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
     pc.max_tokens = cfg->ppo_max_token_len; /* EP / Ulysses buffers hold one micro-batch */
     CHECK_OK(par_state_init_cfg(T->par, ctx, &pc, m), "model parallelism");
     par_adamw_shard(T->par, m, &T->opt);
+    if (par_acts_rows(T->par, cfg->ppo_max_token_len) != cfg->ppo_max_token_len) { /* SP share, pipeline slots */
+        model_acts_free(&T->acts);
+        CHECK_OK(model_acts_init_rows(&T->acts, m, par_acts_rows(T->par, cfg->ppo_max_token_len), cfg->ppo_max_token_len),
+                 "the activation arena");
+    }
     T->acts.par = par_active(T->par) ? T->par : NULL;
     int idx, cnt;
     par_data_shard(T->par, &idx, &cnt);
@@ -552,9 +557,15 @@ static void trainer_par_free(trainer *T) {
             T->opt = whole;
         }
     }
+    const int max_tokens = T->cfg->ppo_max_token_len;
+    const int resized = par_acts_rows(T->par, max_tokens) != max_tokens;
     par_state_free(T->par); /* the whole model back in m on every trainer rank */
     free(T->par);
     T->par = NULL;
+    if (resized) { /* whole micro-batches on one rank again */
+        model_acts_free(&T->acts);
+        CHECK_OK(model_acts_init(&T->acts, T->m, max_tokens), "the activation arena");
+    }
     T->acts.par = NULL;
 }
 

@@ -354,8 +354,9 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         goto out;
     }
     par_adamw_init(R.ps, m, &os, o->optim);
-    /* a pipeline's passes use its own per-stage activations: acts only carries par there */
-    if (model_acts_init(&acts, m, R.ps && R.ps->pp ? 1 : o->max_tokens) != MOERL_OK) goto out;
+    /* a pipeline's passes use its own per-stage activations (acts only carries par there); a Ulysses
+     * rank holds its token share */
+    if (model_acts_init_rows(&acts, m, par_acts_rows(R.ps, o->max_tokens), o->max_tokens) != MOERL_OK) goto out;
     acts.par = R.ps;
     if (R.multi && !par_grads_self_reduced(R.ps)) { /* data parallel: the bucketed reducer sums while backward runs */
         /* (FSDP, EP and the stage-owned pipeline sum in par_finish_grads instead) */
