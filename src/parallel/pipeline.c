@@ -808,6 +808,11 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     st->theory = (double)(P - 1) / (double)(nm + P - 1);
     st->theory_interleaved = (double)(P - 1) / (double)((double)V * nm + P - 1);
     st->bytes_sent = dist_comm_bytes(s->comm, DIST_OP_P2P) - bytes0;
+    if (s->gs.running) {
+        pthread_mutex_lock(&s->gs.mu);
+        st->grad_sums_overlapped = s->gs.nq;
+        pthread_mutex_unlock(&s->gs.mu);
+    }
     if (o->layer_hook) /* every group's gradient (this stage's share) is final: the caller's sum may start */
         for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
     free(acc);
@@ -840,8 +845,8 @@ static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, 
 /* Called on every stage after each micro-batch's forward over a chunk's layers. */
 typedef void (*fwd_visit)(pp_state *s, int c, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *ctx);
 
-/* The forward-only schedule: the forwards of the training schedule's order (plain: micro-batch
- * order; interleaved: groups of pp micro-batches through the chunks); virtual stage k receives
+/* The forward-only schedule: micro-batch order (interleaved: groups of pp micro-batches through the
+ * chunks, as the training schedule's forwards, the last group possibly shorter); virtual stage k receives
  * micro-batch j's hidden state from k − 1 (receives posted ahead into the free slots), runs its
  * layers, calls visit, sends the output to k + 1. */
 static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs, const int *mb, const int *Nmb,
@@ -861,11 +866,18 @@ static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs,
                                            sl->a.layers[s->bounds[vs]].resid_in, (size_t)Nmb[j] * H);
         }
     }
-    const int nops = 2 * nm * V;
-    int *kind = xmalloc(3 * (size_t)(nops ? nops : 1) * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
-    pp_schedule(s->pp, s->stage, V, nm, kind, chunk, mbi);
+    /* groups of pp micro-batches (the last may be shorter), each through chunk 0, 1, …: a pass
+     * depends only on passes earlier in this order (the previous stage's, or the last stage's previous
+     * chunk of the same group), so no stage waits on one that waits on it — for any count m */
+    const int nops = nm * V;
+    int *chunk = xmalloc(2 * (size_t)(nops ? nops : 1) * sizeof(int)), *mbi = chunk + nops, no = 0;
+    for (int g0 = 0; g0 < nm; g0 += s->pp)
+        for (int c = 0; c < V; c++)
+            for (int j = g0; j < MOERL_MIN(g0 + s->pp, nm); j++) {
+                chunk[no] = c;
+                mbi[no++] = j;
+            }
     for (int i = 0; i < nops; i++) {
-        if (kind[i]) continue; /* the forwards, in the training schedule's order */
         const int c = chunk[i], j = mbi[i], vs = vstage(s, c), last = vs == s->nv - 1;
         pp_slot *sl = slot_of(s, c, j);
         model_acts *a = &sl->a;
@@ -884,7 +896,7 @@ static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs,
             sl->rq_h = dist_comm_irecv_f32(s->comm, prev_rank(s), tag_of(s, vs, jn, 0), a->layers[s->bounds[vs]].resid_in,
                                            (size_t)Nmb[jn] * H);
     }
-    free(kind);
+    free(chunk);
     for (int c = 0; c < V; c++)
         for (int k = 0; k < s->n_slots[c]; k++) wait_idle(s, &s->slots[c][k].sq_h);
     if (have_pt) {

@@ -108,6 +108,8 @@ typedef struct {
     double theory;           /* the plain 1F1B's (pp − 1)/(m + pp − 1) */
     double theory_interleaved; /* the interleaved schedule's (pp − 1)/(v·m + pp − 1) (= theory at v = 1) */
     double bytes_sent;       /* this stage's point-to-point payload of the step */
+    int grad_sums_overlapped; /* chunks whose gradient sum over the stage's data-parallel ranks was started
+                                 on the thread during the schedule (pp_options.overlap_grads; 0: after it) */
 } pp_stats;
 
 struct pp_state;
