@@ -1,4 +1,5 @@
-/* Pipeline bubble: the 1F1B schedule (src/parallel/pipeline.c) measured against its theory.
+/* Pipeline bubble: the 1F1B schedule, plain and interleaved (src/parallel/pipeline.c), measured against
+ * its theory.
  * Run under mpirun -np P: one pipeline of P stages over the benchmark model (bench_util.h) with
  * --layers decoder layers, a batch of --seqs sequences of --seq-len tokens, SFT loss, aux loss on.
  * Configurations, each --reps timed steps after one warm-up step:
@@ -6,9 +7,12 @@
  *                 and on;
  *   dynamic       the count chosen from the token budget (pp_options: 4..16 micro-batches of at least
  *                 K tokens, for each K of --min-mb-tokens), look-ahead receives on.
- * Per configuration (medians over the reps): m, step time (train_accumulate: schedule + gradient
+ * With --vpp 1,2 the same rows again with the interleaved schedule (v chunks per stage, pp_options.
+ *   virtual_stages; fixed m with look-ahead receives, and dynamic), in the same run.
+ * Per configuration (medians over the reps): v, m, step time (train_accumulate: schedule + gradient
  * exchange), the idle share of the stages (perf/pipeline_bubble: mean over stages of 1 − busy / T,
- * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), and
+ * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), the
+ * interleaved theory (P−1)/(v·m+P−1), and
  * the speed-up over ONE rank running the same micro-batches (a one-stage pipeline: the same code,
  * threads and progress thread, the whole model; measured in the same run on rank 0 while the other
  * ranks wait; ideal P·(1 − bubble)).
@@ -181,12 +185,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb[8] = {64}, nmin = 1, fixed[8] = {0}, nfixed = 0;
-    int memory = 0, pps[8] = {2, 4, 8}, npp = 3;
+    int memory = 0, pps[8] = {2, 4, 8}, npp = 3, vpps[8] = {1}, nvpp = 1;
     const char *config_json = NULL;
     static const struct option lo[] = {{"layers", 1, 0, 'l'}, {"seqs", 1, 0, 's'}, {"seq-len", 1, 0, 'n'},
                                        {"reps", 1, 0, 'r'},   {"fixed", 1, 0, 'f'}, {"min-mb-tokens", 1, 0, 'm'},
                                        {"memory", 0, 0, 'M'}, {"config-json", 1, 0, 'c'}, {"pp", 1, 0, 'p'},
-                                       {0, 0, 0, 0}};
+                                       {"vpp", 1, 0, 'v'},    {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (ch == 'l') layers = atoi(optarg);
         else if (ch == 's') nseq = atoi(optarg);
@@ -197,9 +201,10 @@ int main(int argc, char **argv) {
         else if (ch == 'M') memory = 1;
         else if (ch == 'c') config_json = optarg;
         else if (ch == 'p') npp = parse_list(optarg, pps, 8);
+        else if (ch == 'v') nvpp = parse_list(optarg, vpps, 8);
         else {
             fprintf(stderr, "usage: bench_dist_pipeline [--layers L] [--seqs N] [--seq-len T] [--reps R] "
-                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] | --memory | --config-json F [--pp a,b]\n");
+                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] [--vpp v1,v2] | --memory | --config-json F [--pp a,b]\n");
             return 2;
         }
     }
@@ -256,19 +261,22 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (rank == 0)
-        printf("%-26s %4s %10s %10s %10s %10s %10s %9s %9s\n", "configuration", "m", "step_ms", "one_rank_ms",
-               "speedup", "idle", "theory", "recv_wait", "MB_sent");
+        printf("%-26s %2s %4s %10s %10s %8s %8s %8s %8s %9s %9s\n", "configuration", "v", "m", "step_ms", "one_rank_ms",
+               "speedup", "idle", "1F1B", "interl.", "recv_wait", "MB_sent");
     typedef struct {
         const char *name;
-        int fixed_m, dynamic, prefetch, min_mb;
+        int fixed_m, dynamic, prefetch, min_mb, v;
     } config;
-    config cf[24];
+    config cf[160];
     int ncf = 0;
-    for (int k = 0; k < nfixed; k++) {
-        cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0, 0};
-        cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1, 0};
+    for (int iv = 0; iv < nvpp; iv++) { /* v = 1: with and without look-ahead; interleaved: with */
+        const int v = MOERL_MAX(1, vpps[iv]);
+        for (int k = 0; k < nfixed; k++) {
+            if (v == 1) cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0, 0, v};
+            cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1, 0, v};
+        }
+        for (int k = 0; k < nmin; k++) cf[ncf++] = (config){"dynamic", 0, 1, 1, min_mb[k], v};
     }
-    for (int k = 0; k < nmin; k++) cf[ncf++] = (config){"dynamic", 0, 1, 1, min_mb[k]};
     double *t_pp = xmalloc(reps * sizeof(double)), *t_one = xmalloc(reps * sizeof(double)),
            *idle = xmalloc(reps * sizeof(double)), *wait = xmalloc(reps * sizeof(double));
     for (int k = 0; k < ncf; k++) {
@@ -277,7 +285,8 @@ int main(int argc, char **argv) {
         po.prefetch = cf[k].prefetch;
         po.min_mb_tokens = cf[k].dynamic ? cf[k].min_mb : 64;
         po.balance_seq_len = seq_len;
-        po.quiet = k > 0 || rank != 0;
+        po.quiet = (k > 0 && cf[k].v == cf[k - 1].v) || rank != 0;
+        po.virtual_stages = cf[k].v;
         const int cap = cf[k].fixed_m ? MOERL_MAX(seq_len, (T / cf[k].fixed_m / seq_len) * seq_len) : cap_max;
         pp_state *ps = pp_state_new(&g, &m, &po);
         if (!ps) {
@@ -287,6 +296,7 @@ int main(int argc, char **argv) {
         par_state par = {.grid = &g, .pp = ps};
         train_step_opts to = {.max_tokens = cap, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef, .par = &par};
         po.quiet = 1;
+        po.virtual_stages = 1; /* the one-stage peer */
         pp_state *ps1 = pp_state_new(&g1, &m, &po);
         par_state par1 = {.grid = &g1, .pp = ps1};
         train_step_opts t1 = to;
@@ -327,9 +337,9 @@ int main(int argc, char **argv) {
             char name[64];
             if (cf[k].fixed_m) snprintf(name, sizeof name, "m=%d %s", cf[k].fixed_m, cf[k].name + 7);
             else snprintf(name, sizeof name, "dynamic, >= %d tok/mb", cf[k].min_mb);
-            printf("%-26s %4d %10.1f %10.1f %10.2f %9.1f%% %9.1f%% %8.1f%% %9.2f\n", name, mbs, 1e3 * mpp, 1e3 * m1,
-                   m1 / mpp, 100 * bench_median(idle, reps), 100.0 * (P - 1) / (mbs + P - 1),
-                   100 * bench_median(wait, reps), bytes / 1e6);
+            printf("%-26s %2d %4d %10.1f %10.1f %8.2f %7.1f%% %7.1f%% %7.1f%% %8.1f%% %9.2f\n", name, cf[k].v, mbs,
+                   1e3 * mpp, 1e3 * m1, m1 / mpp, 100 * bench_median(idle, reps), 100.0 * (P - 1) / (mbs + P - 1),
+                   100.0 * (P - 1) / ((double)cf[k].v * mbs + P - 1), 100 * bench_median(wait, reps), bytes / 1e6);
             fflush(stdout);
         }
         pp_state_free(ps);
