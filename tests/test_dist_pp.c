@@ -450,6 +450,12 @@ static void test_owned(int pp, int tied) {
         int rc = train_accumulate(&m, NULL, seqs, n, &to, sft_cb, NULL, &so);
         CHECK_R(rc == MOERL_OK, "owned step %d: %s", RANK, k, moerl_last_error());
         if (rc != MOERL_OK) break;
+        if (g_vpp > 1) { /* a forward-only pass while the overlapped sums may still run: must not disturb them
+                          * (nor make par_finish_grads sum twice) */
+            double scratch[8] = {0};
+            CHECK_R(compute_router_counts(&m, &a, seqs, n, g_max_tok, scratch) == MOERL_OK, "counts: %s", RANK,
+                    moerl_last_error());
+        }
         const int dpr = ps.grid->dp, started = pp_last_stats(ps.pp)->grad_sums_overlapped;
         CHECK_R(started == (dpr > 1 && g_overlap ? g_vpp : 0), "dp %d, overlap %d: %d chunks' gradient sums started "
                 "during the schedule, want %d", RANK, dpr, g_overlap, started, dpr > 1 && g_overlap ? g_vpp : 0);

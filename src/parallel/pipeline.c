@@ -188,7 +188,8 @@ typedef struct {
  * schedule) as soon as the chunk's last backward is done. */
 typedef struct {
     pthread_t th;
-    int running;
+    int running;  /* the thread exists (until grad_sum_join) */
+    int started;  /* this step's sums were handed to the thread: pp_finish_grads waits instead of summing */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int queue[PP_MAX_CHUNKS], nq, head, closed, rc;
@@ -617,7 +618,7 @@ static void grad_sum_start(pp_state *s) {
         pthread_cond_destroy(&q->cv);
         return; /* pp_finish_grads sums after the schedule */
     }
-    q->running = 1;
+    q->running = q->started = 1;
 }
 
 /* Chunk c's gradients are final on this rank. The order of the pushes must be v − 1, …, 0. */
@@ -704,6 +705,7 @@ static int slots_for(pp_state *s, const moe_model *m, int max_tokens, int nm, in
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out) {
     memset(out, 0, sizeof *out);
+    s->gs.started = 0;
     if (grad_sum_join(s) == MOERL_ERR) /* a previous step's sums that nobody finished */
         return MOERL_ERR;
     const int E = s->E, P = s->pp, V = s->v;
@@ -828,7 +830,6 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
  * Nmb need n + 1 entries. Returns the micro-batch count or MOERL_ERR (on every stage). */
 static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens, int *mb,
                         int *Nmb) {
-    if (grad_sum_join(s) == MOERL_ERR) return MOERL_ERR;
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
     int ok = check_inputs(m, seqs, n, max_tokens), nm = 0;
@@ -1186,7 +1187,8 @@ int pp_finish_grads(pp_state *s) {
     const int last = s->stage == s->pp - 1;
     /* the stage's data-parallel ranks hold the same parameters: sum their gradients, chunk by chunk
      * (overlapped: the thread started them during the schedule; wait for it) */
-    if (s->gs.running) {
+    if (s->gs.started) {
+        s->gs.started = 0;
         if (grad_sum_join(s) != MOERL_OK) return MOERL_ERR;
     } else {
         for (int c = s->v - 1; c >= 0; c--)
