@@ -59,6 +59,7 @@ static int g_vpp = 1;    /* chunks per stage (actor.virtual_pipeline_parallel_si
 static int g_max_tok = MAX_TOK; /* micro-batch token limit of the runs and their one-rank references */
 static int g_overlap = 1; /* stage-owned runs: pp_options.overlap_grads */
 static uint64_t g_owned_hash; /* test_owned: hash of the final weights */
+static double g_ref_gn[K_STEPS]; /* the last reference run's gradient norms */
 #define RANK g_ctx->world_rank
 #define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
 
@@ -168,6 +169,7 @@ static void run_reference_os(int D, int global_aux, float *losses, moe_model *m,
         losses[k] = (float)loss;
         double gn;
         MOERL_ASSERT(adamw_step(&os, m, os.cfg.lr, losses[k], &gn) == 1);
+        g_ref_gn[k] = gn;
     }
     if (os_out) *os_out = os;
     else adamw_free(&os);
@@ -466,6 +468,12 @@ static void test_owned(int pp, int tied) {
         pp_loss[k] = (float)loss;
         double gn;
         CHECK_R(par_adamw_step(&ps, &m, &os, os.cfg.lr, pp_loss[k], &gn) == 1, "step %d skipped", RANK, k);
+        /* the global gradient norm before clipping (AdamW with clipping would hide a gradient summed
+         * twice or lost on a data-parallel rank: the norm shows it): the stages' squares are summed in
+         * another order than one rank's pass, and the weights differ by the last bits of earlier
+         * clip factors: 1e-5 relative */
+        CHECK_R(fabs(gn - g_ref_gn[k]) <= 1e-5 * g_ref_gn[k], "owned dp %d x pp %d x v %d step %d: gradient norm %.9g, "
+                "one rank %.9g", RANK, dp, pp, g_vpp, k, gn, g_ref_gn[k]);
     }
     /* memory: the stage's pages only (a page at each end of each chunk's range, and of a tied last
      * stage's embedding copy, may straddle a neighbour's) */
