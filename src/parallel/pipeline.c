@@ -580,10 +580,11 @@ static int allreduce_chunks(dist_comm *c, float *x, size_t n) {
  * Chunk c's range is summed with allreduce_chunks over grid.stage_comm. The chunks' sums run in the
  * order v − 1, …, 0 (the order in which the interleaved schedule finishes them; the same on every
  * data-parallel rank of the stage whatever its micro-batch count), either after the schedule
- * (pp_finish_grads) or, overlapped, on a thread that starts a chunk's sum as soon as its last
- * backward is done. Both make the same calls on the same buffers: the sums are bit-identical. */
+ * (pp_finish_grads) or, overlapped (v > 1 only), on a thread that starts a chunk's sum as soon as its
+ * last backward is done. Both make the same calls on the same buffers: the sums are bit-identical. */
 static int grad_sum_overlapped(const pp_state *s) {
-    return s->own_m && s->opt.overlap_grads && s->stage_comm && dist_comm_size(s->stage_comm) > 1;
+    /* v = 1: the one chunk finishes with the last backward, there is nothing to overlap */
+    return s->own_m && s->opt.overlap_grads && s->v > 1 && s->stage_comm && dist_comm_size(s->stage_comm) > 1;
 }
 
 static void *grad_sum_main(void *p) {
