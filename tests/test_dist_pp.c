@@ -706,6 +706,8 @@ static void test_schedule(void) {
                       "theory %.6f", p, v, m, ok ? "valid" : "INVALID or stuck", idle, theory);
                 checked++;
             }
+    CHECK(pp_schedule(2, 0, 2, 3, kind[0], chunk[0], mbi[0]) == MOERL_ERR && strstr(moerl_last_error(), "multiple"),
+          "interleaved schedule of 3 micro-batches on 2 stages refused: '%s'", moerl_last_error());
     if (RANK == 0) printf("  schedule: %d (pp, v, m) orders valid, simulated bubble = (p-1)/(v*m+p-1)\n", checked);
 }
 

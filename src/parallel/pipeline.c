@@ -154,6 +154,9 @@ int pp_schedule(int pp, int stage, int v, int m, int *kind, int *chunk, int *mbi
      * (k / pv)·p + k mod p — groups of p micro-batches walk through the chunks —, the k-th backward
      * the same micro-batch of chunk v − 1 − (k mod pv)/p; warm-up (p − s − 1)·2 + (v − 1)·p forwards
      * (all of them when m = p), then 1F1B pairs, then the cool-down backwards */
+    if (m % pp)
+        return moerl_errorf("pipeline: the interleaved schedule needs a micro-batch count that is a multiple of "
+                            "actor.pipeline_parallel_size=%d, got %d", pp, m);
     const int tot = m * v, pv = pp * v;
     const int W = m == pp ? tot : MOERL_MIN((pp - stage - 1) * 2 + (v - 1) * pp, tot);
 #define FWD(k) OP(0, ((k) % pv) / pp, ((k) / pv) * pp + (k) % pp)
@@ -691,7 +694,10 @@ static int slots_for(pp_state *s, const moe_model *m, int max_tokens, int nm, in
     if (!fwd_only && nm > 0) {
         const int nops = 2 * nm * s->v;
         int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
-        pp_schedule(s->pp, s->stage, s->v, nm, kind, chunk, mbi);
+        if (pp_schedule(s->pp, s->stage, s->v, nm, kind, chunk, mbi) != nops) {
+            free(kind);
+            return MOERL_ERR;
+        }
         int in[PP_MAX_CHUNKS] = {0};
         for (int i = 0; i < nops; i++) {
             in[chunk[i]] += kind[i] ? -1 : 1;
@@ -756,7 +762,8 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     /* 1F1B (interleaved when V > 1): warm-up forwards, steady forward/backward pairs, cool-down backwards */
     const int nops = 2 * nm * V;
     int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
-    pp_schedule(P, s->stage, V, nm, kind, chunk, mbi);
+    if (pp_schedule(P, s->stage, V, nm, kind, chunk, mbi) != nops) /* the plan checked the count */
+        moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
     for (int i = 0; i < nops; i++) {
         if (kind[i]) backward_step(s, &r, chunk[i], mbi[i]);
         else forward_step(s, &r, chunk[i], mbi[i]);

@@ -49,7 +49,8 @@
  *     on stage 0 and the final norm and LM head on the last; m->params / m->grads stay buffers of
  *     the whole layout (every view and kernel unchanged) but become sparse anonymous mappings of
  *     which only the stage's range is ever touched (the pages of the others take no memory). The
- *     units are contiguous in the layout, so a stage owns ONE float range [own_lo, own_hi); with
+ *     units are contiguous in the layout, so a stage owns ONE float range [own_lo, own_hi) per chunk
+ *     (interleaved: v ranges, not adjacent; its AdamW moments hold them one after the other); with
  *     tied embeddings the last stage also holds a copy of the embedding (its LM head), stepped by
  *     stage 0 alone: pp_finish_grads sends the last stage's part of its gradient to stage 0, and
  *     pp_adamw_step sends the updated embedding back (Megatron's embedding group does the same with
@@ -136,6 +137,7 @@ int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *
  * of the backwards. Every chunk's forwards and backwards run in micro-batch order, and the chunks'
  * last backwards come in the order v − 1, …, 0. Pure. */
 int pp_schedule(int pp, int stage, int v, int m, int *kind, int *chunk, int *mbi);
+/* (Returns MOERL_ERR with a message, writing nothing, for v > 1 with m not a multiple of pp.) */
 
 /* Micro-batch split the pipeline uses for these sequences: mb_start[0..m] as pack_microbatches
  * (mb_start needs n+1 entries), re-packed as described above when opt->dynamic (opt->virtual_stages
