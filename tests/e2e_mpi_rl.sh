@@ -357,6 +357,14 @@ if mpi_rl rep_ref 3 1 "${EPR[@]}"; then
         else bad "rollout EP 2 ($disp)" "exit or no EP line"; tail_log rep_$disp; fi
     done
 else bad "rollout EP reference" "exit $?"; tail_log rep_ref; fi
+# bf16 rollout weights: each broadcast bucket (0.01 MiB here: ~100 buckets, many split inside a
+# tensor) is sliced into the engine's bf16 buffer as it arrives (dist_recv_weights_stream +
+# ep_slice_range); the same response tokens as 2 plain bf16 rollout ranks
+if mpi_rl rep_ref16 3 1 "${EPR[@]}" rollout.dtype=bf16 &&
+    mpi_rl rep_ep16 3 1 "${EPR[@]}" rollout.dtype=bf16 rollout.expert_parallel_size=2 async_training.sync_bucket_mb=0.01 &&
+    msg=$(check same_responses "$WORK/rep_ep16" "$WORK/rep_ref16"); then
+    ok "rollout EP 2, bf16 weights sliced bucket by bucket = 2 bf16 rollout ranks: $msg"
+else bad "rollout EP 2 bf16 streamed slices" "${msg:-exit}"; tail_log rep_ep16; fi
 # and the asynchronous schedule with partial rollout: syncs interrupt the group mid-generation
 # (every rank of it at the same step), bf16 rollout weights, a checkpoint every 4 versions
 if mpi_rl rep_async 3 1 rollout.expert_parallel_size=2 async_training.staleness_threshold=1 \

@@ -116,6 +116,8 @@ PY
 4|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=4 actor.moe.capacity_factor=2
 4|actor.ulysses_sequence_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2
+4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2
 LAYOUTS
     fi
 fi

@@ -16,15 +16,18 @@
  * gradient all-reduces; the bucketed reducer over the stage or all trainers for DP, SP and a
  * replicated pipeline) and the optimizer step (par_adamw_step). Every micro-batch is full
  * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
- * Checks on every rank and step, against plan_traffic_rank for the rank's stage and Ulysses rank:
+ * Each step opens with the RL trainer's proximal-logprob pass (compute_logprobs).
+ * Checks on every rank and step, against plan_traffic_rank for the rank's stage, Ulysses and FSDP rank:
  *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
- *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; and the
+ *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; those of
+ *   the logprob pass equal plan_traffic_logprob's, exactly; and the
  *   memory moerl accounts: FSDP's owned shard (fsdp_stats.shard_floats) and peak of gathered
  *   parameters + live gradient units (peak_gathered_bytes), the EP-sliced parameter layout, a
  *   stage-owned pipeline's range (pp_own_range, pp_stage_ranges of every stage), held floats
  *   (pp_held_floats, with a tied last stage's embedding copy) and moments, each within 10% of plan's
- *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact, the FSDP peak
- *   approximate), and plan's stage cut is the pipeline's. */
+ *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact), the FSDP peak
+ *   between plan's two replays (gathered_low..gathered) and the rank's FSDP state within 10%, and
+ *   plan's stage cut is the pipeline's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +106,7 @@ static void reducer_hook(void *ctx, int group) { MOERL_ASSERT(dist_reducer_layer
 
 static void reset_group_bytes(par_grid *g) {
     dist_comm *cs[] = {g->stage_comm, g->pp_comm, g->dp_comm, g->sp_comm, g->fsdp_comm, g->replica_comm, g->ep_comm,
-                       g->ep_dp_comm};
+                       g->ep_dp_comm, g->ep_replica_comm};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
         if (cs[i]) dist_comm_reset_bytes(cs[i]);
 }
@@ -171,7 +174,7 @@ int main(int argc, char **argv) {
                      .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
     plan_traffic pt;
     plan_result pr;
-    CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
+    CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, g ? g->fsdp_rank : 0, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
             "plan: %s", RANK, moerl_last_error());
 
     /* sft_step's pieces */
@@ -193,7 +196,44 @@ int main(int argc, char **argv) {
     const int E = mc.num_experts;
     int traffic_ok = 1;
     double worst_mem = 0;
+    /* the RL trainer's proximal-logprob pass (compute_logprobs, once per step before the training
+     * passes): its traffic per group against plan_traffic_logprob */
+    int lp_ok = 1;
+    double resp_mine = 0;
+    float *lp_buf[N_SEQ];
+    for (int i = 0; i < n; i++) {
+        resp_mine += mine[i].len - mine[i].resp_start;
+        lp_buf[i] = xcalloc((size_t)(mine[i].len - mine[i].resp_start + 1), sizeof(float));
+    }
     for (int k = 0; k < K_STEPS; k++) {
+        if (g) {
+            reset_group_bytes(g);
+            plan_traffic lt;
+            CHECK_R(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine, &lt) ==
+                        MOERL_OK, "plan_traffic_logprob: %s", RANK, moerl_last_error());
+            MOERL_ASSERT(compute_logprobs(&m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
+            const double lg[6] = {dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER),
+                                  dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL),
+                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL),
+                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLREDUCE),
+                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_P2P) : 0,
+                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0};
+            const double lw[6] = {lt.fsdp_allgather, lt.ep_alltoall, lt.sp_alltoall, lt.sp_logprob_allreduce,
+                                  lt.pp_p2p_fwd_only, lt.pp_logprob_allreduce};
+            const char *ln[6] = {"FSDP all-gather", "EP all-to-all", "SP all-to-all", "SP logprob all-reduce",
+                                 "PP p2p", "PP all-reduce"};
+            for (int i = 0; i < 6; i++) {
+                /* exact, as below; the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
+                const int same = i == 3 || i == 5 ? rel(lg[i], lw[i]) < 1e-12 || lg[i] == lw[i] : lg[i] == lw[i];
+                if (!same) {
+                    lp_ok = 0;
+                    printf("[rank %d] step %d logprob pass: %s counted %.0f B, plan %.0f B\n", RANK, k, ln[i], lg[i],
+                           lw[i]);
+                }
+                if (k == 0 && RANK == 0 && (lg[i] > 0 || lw[i] > 0))
+                    printf("  rank 0 logprob pass %-21s counted %10.0f B  plan %10.0f B\n", ln[i], lg[i], lw[i]);
+            }
+        }
         if (g) reset_group_bytes(g);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
@@ -216,11 +256,12 @@ int main(int argc, char **argv) {
         if (red) dist_reducer_finish(red);
         double gn;
         /* the collectives of the passes and the gradient sums (the optimizer step comes after) */
-#define N_ROW 10
+#define N_ROW 11
         double got[N_ROW] = {0}, want[N_ROW] = {0};
         const char *what[N_ROW] = {"reducer payload", "FSDP all-gather", "FSDP reduce-scatter",
                                    "HSDP replica all-reduce", "EP all-to-all", "EP gradient all-reduce",
-                                   "SP all-to-all", "PP stage all-reduce", "PP 1F1B schedule p2p", "PP p2p of the step"};
+                                   "SP all-to-all", "PP stage all-reduce", "PP 1F1B schedule p2p", "PP p2p of the step",
+                                   "EP x FSDP expert replicas"};
         if (red) {
             double sent;
             dist_reducer_last_bytes(red, &sent, &got[0]);
@@ -230,7 +271,8 @@ int main(int argc, char **argv) {
             got[2] = dist_comm_bytes(g->fsdp_comm, DIST_OP_REDUCE_SCATTER);
             got[3] = g->replicas > 1 ? dist_comm_bytes(g->replica_comm, DIST_OP_ALLREDUCE) : 0;
             got[4] = dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL);
-            got[5] = ps.ep ? dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE) +
+            got[10] = ps.ep && ps.fsdp && g->ep_replica_comm ? dist_comm_bytes(g->ep_replica_comm, DIST_OP_ALLREDUCE) : 0;
+            got[5] = ps.ep && !ps.fsdp ? dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE) +
                                  (g->ep_dp_comm != g->stage_comm ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) : 0)
                            : 0;
             got[6] = dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL);
@@ -244,13 +286,13 @@ int main(int argc, char **argv) {
         if (ps.pp) got[9] = dist_comm_bytes(g->pp_comm, DIST_OP_P2P);
         const double w[N_ROW] = {pt.reducer, pt.fsdp_allgather, pt.fsdp_reduce_scatter, pt.replica_allreduce,
                                  pt.ep_alltoall, pt.ep_grad_allreduce, pt.sp_alltoall, pt.pp_grad_allreduce,
-                                 pt.pp_p2p, pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb};
+                                 pt.pp_p2p, pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb, pt.ep_replica_allreduce};
         memcpy(want, w, sizeof want);
         for (int i = 0; i < N_ROW; i++) {
             /* exact: both are sums of integers of bytes below 2^53; the all-reduce volumes 2(n−1)/n·x
              * are formed in the same order of operations (rounding differs at most in the last bit; a
              * tied last stage's two all-reduces are added in the same order as pp_finish_grads') */
-            const int same = i == 3 || i == 5 || i == 7 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i]
+            const int same = i == 3 || i == 5 || i == 7 || i == 10 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i]
                                                         : got[i] == want[i];
             if (!same) {
                 traffic_ok = 0;
@@ -262,18 +304,25 @@ int main(int argc, char **argv) {
     }
     CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
             gfsdp, gep, gsp, gpp);
+    CHECK_R(lp_ok, "the logprob pass's traffic equals plan's per group and operation", RANK);
+    for (int i = 0; i < n; i++) free(lp_buf[i]);
 
     /* memory: moerl's own accounting against plan's per-rank figures (the 10% bar of the brief) */
     if (ps.fsdp) {
         fsdp_stats st;
         fsdp_get_stats(ps.fsdp, &st);
-        const double e1 = rel((double)st.shard_floats * 4, pr.weights), e2 = rel(st.peak_gathered_bytes, pr.gathered);
-        worst_mem = fmax(e1, e2);
-        CHECK_R(e1 < 0.10 && e2 < 0.10, "FSDP shard %.0f B (plan %.0f), peak gathered %.0f B (plan %.0f)", RANK,
-                (double)st.shard_floats * 4, pr.weights, st.peak_gathered_bytes, pr.gathered);
+        /* the shard exactly; the peak of gathered units between the schedule's bounds (whether a
+         * reduce-scatter has completed when fsdp.c polls is timing: plan_result.gathered_low/gathered);
+         * the rank's FSDP state (parameter and gradient shards, moments, peak gathered) within 10% */
+        const double shard = (double)st.shard_floats * 4, peak = st.peak_gathered_bytes;
+        const double mine = 4 * shard + peak, planned = pr.weights + pr.grads + pr.moments + pr.gathered;
+        worst_mem = rel(mine, planned);
+        CHECK_R(shard == pr.weights && pr.gathered_low <= peak && peak <= pr.gathered && worst_mem < 0.10,
+                "FSDP shard %.0f B (plan %.0f), peak gathered %.0f B (plan %.0f..%.0f), state %.0f B (plan %.0f)",
+                RANK, shard, pr.weights, peak, pr.gathered_low, pr.gathered, mine, planned);
         if (RANK == 0)
-            printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f)\n",
-                   (double)st.shard_floats * 4, pr.weights, st.peak_gathered_bytes, pr.gathered);
+            printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f..%.0f)\n", shard,
+                   pr.weights, peak, pr.gathered_low, pr.gathered);
     } else if (pp_owned) { /* the stage's range, held floats and moments against plan's stage-local model */
         size_t lo, hi, slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];
         pp_own_range(ps.pp, &lo, &hi);

@@ -86,6 +86,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->capacity_factor = pc.capacity_factor;
     /* the global aux loss's router-count pre-pass: one forward-only pass per micro-batch */
     in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
+    /* the proximal logprobs, once per step: decoupled loss, or old logprobs recomputed (no bypass) */
+    in->logprob_passes = cfg_bool(c, "actor.use_decoupled_loss") || !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
     const char *ppl = cfg_str(c, "plan.pp_params");
     if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
@@ -102,6 +104,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
                             "length", (long long)(plen + rlen));
     /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
     in->step_tokens = cfg_int(c, "actor.ppo_mini_batch_size") * rb * cfg_int(c, "rollout.n") * (plen + rlen) * ep;
+    in->logprob_tokens = in->step_tokens / ep;
+    in->resp_fraction = (double)rlen / (double)(plen + rlen);
     in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");
     in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
@@ -119,12 +123,14 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     I("n_params", r->n_params); I("n_params_hf", r->n_params_hf); I("n_params_expert", r->n_params_expert);
     I("n_active", r->n_active);
     I("trainer_ranks", in->n_trainer); I("dp", r->dp); I("fsdp", r->fsdp); I("ep", in->ep); I("sp", in->sp);
-    I("pp", in->pp); I("stage_layers", r->stage_layers); I("dtype_bytes", in->dtype_bytes);
+    I("pp", in->pp); I("stage_layers", r->stage_layers);
+    I("fullest_stage", r->fullest_stage); I("dtype_bytes", in->dtype_bytes);
     I("micro_tokens", in->micro_tokens); I("micro_batches", r->micro_batches);
     I("fwd_only_passes", in->fwd_only_passes);
     json_object_set_new(o, "pp_params", json_string(in->pp_params == PLAN_PP_REPLICATED ? "replicated" : "stage"));
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
-    R("moments_bytes", r->moments); R("gathered_bytes", r->gathered); R("acts_bytes", r->acts);
+    R("moments_bytes", r->moments); R("gathered_bytes", r->gathered);
+    R("gathered_low_bytes", r->gathered_low); R("acts_bytes", r->acts);
     R("acts_recompute_bytes", r->acts_recompute); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
     R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
     I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
@@ -135,6 +141,7 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("reduce_scatter_bytes_per_update", r->reduce_scatter); R("alltoall_ep_bytes_per_update", r->alltoall_ep);
     R("alltoall_sp_bytes_per_update", r->alltoall_sp); R("p2p_pp_bytes_per_update", r->p2p_pp);
     I("updates_per_step", in->updates_per_step);
+    I("logprob_passes", in->logprob_passes); R("logprob_pass_bytes_per_step", r->logprob_pass);
     R("comm_bytes_per_step", r->per_step); R("weight_bcast_bytes_per_sync", r->weight_bcast);
     I("sync_every_steps", in->sync_every);
 #undef I
@@ -150,13 +157,19 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     printf("parameters: %.3f B (HF count), %.3f B expert, %.3f B active matmul per token\n", r->n_params_hf / 1e9,
            r->n_params_expert / 1e9, r->n_active / 1e9);
     printf("trainer: %d ranks = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
-           "after sp); fullest stage %d layers\n",
+           "after sp); fullest stage %d (%d layers)\n",
            in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
-           (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->stage_layers);
+           (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
+           r->stage_layers);
     printf("| per trainer rank | GiB |\n|---|---|\n");
     printf("| weights | %.3f |\n| gradients | %.3f |\n", gib(r->weights), gib(r->grads));
     if (r->master > 0) printf("| fp32 master weights | %.3f |\n", gib(r->master));
-    printf("| AdamW moments | %.3f |\n| all-gathered parameters (FSDP) | %.3f |\n", gib(r->moments), gib(r->gathered));
+    printf("| AdamW moments | %.3f |\n", gib(r->moments));
+    if (r->gathered > 0)
+        printf("| all-gathered parameters (FSDP peak; %.3f if every reduce-scatter ends at once) | %.3f |\n",
+               gib(r->gathered_low), gib(r->gathered));
+    else
+        printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
     printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
            gib(r->acts_recompute));
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
@@ -170,6 +183,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                            "SP all-to-all", "PP p2p"};
     const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};
     for (int i = 0; i < 6; i++) printf("| %s | %.3f | %.3f |\n", names[i], gib(v[i]), gib(v[i] * in->updates_per_step));
+    if (in->logprob_passes > 0)
+        printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
+               gib(r->logprob_pass));
     printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
 }
 

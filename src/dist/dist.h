@@ -188,6 +188,19 @@ int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, siz
 int dist_bcast_weights_bf16(dist_ctx *ctx, const float *src, uint16_t *dst, size_t n, int *version,
                             size_t bucket_bytes, dist_xfer_stats *st);
 
+/* A rollout rank's receive of the weight broadcast without a whole-model buffer: the buckets the
+ * root sends (dist_bcast_weights / dist_bcast_weights_bf16 on trainer rank 0, dtype saying which)
+ * land in a ring of at most 16 buckets (window × the root's bucket size) and each is handed to
+ * sink(arg, off, vals, cnt) in order as it completes — vals holds values [off, off + cnt) of the n
+ * (fp32 floats or bf16 uint16), valid during the call. A sink returning MOERL_ERR stops the handing
+ * over (the broadcast itself still completes, so no rank hangs) and the call returns MOERL_ERR with
+ * the sink's message. For an expert-parallel rollout rank, which keeps only its experts'
+ * slice (ep_slice_range). Errors: as dist_bcast_weights on a rollout rank (header mismatch, dtype
+ * other than fp32/bf16); sink NULL; called on the root (it sends) or in a local run. */
+typedef int (*dist_weight_sink)(void *arg, size_t off, const void *vals, size_t cnt);
+int dist_recv_weights_stream(dist_ctx *ctx, dist_wdtype dtype, size_t n, int *version, dist_weight_sink sink,
+                             void *arg, dist_xfer_stats *st);
+
 /* ---- point-to-point messages (the RL sample/command protocol is built on these) ---- */
 
 /* Send len bytes to world rank dst with tag (0 ≤ tag ≤ 32767, the MPI-guaranteed tag range).

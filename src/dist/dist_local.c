@@ -114,6 +114,14 @@ int dist_bcast_weights_bf16(dist_ctx *ctx, const float *src, uint16_t *dst, size
     return MOERL_OK;
 }
 
+int dist_recv_weights_stream(dist_ctx *ctx, dist_wdtype dtype, size_t n, int *version, dist_weight_sink sink,
+                             void *arg, dist_xfer_stats *st) {
+    (void)dtype, (void)n, (void)version, (void)sink, (void)arg;
+    if (st) memset(st, 0, sizeof *st);
+    return moerl_errorf("dist_recv_weights_stream: the only rank of a local run is the root (trainer rank 0), "
+                        "which sends; only a rollout rank receives");
+}
+
 static int check_tag(int tag, const char *fn) {
     if (tag < 0 || tag > LOCAL_TAG_MAX) return moerl_errorf("%s: tag %d outside [0, %d]", fn, tag, LOCAL_TAG_MAX);
     return MOERL_OK;

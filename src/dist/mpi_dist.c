@@ -212,15 +212,19 @@ void dist_abort(dist_ctx *ctx, const char *msg) {
 /* The broadcast of dist_bcast_weights (dtype F32: buf = params, in and out) and
  * dist_bcast_weights_bf16 (dtype BF16: src read on the root, dst written where given). */
 static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float *src, uint16_t *dst, size_t n,
-                         int *version, size_t bucket_bytes, dist_xfer_stats *st) {
-    const char *fn = dt == DIST_WDTYPE_BF16 ? "dist_bcast_weights_bf16" : "dist_bcast_weights";
+                         int *version, size_t bucket_bytes, dist_xfer_stats *st, dist_weight_sink sink,
+                         void *sink_arg) {
+    const char *fn = sink ? "dist_recv_weights_stream"
+                          : dt == DIST_WDTYPE_BF16 ? "dist_bcast_weights_bf16" : "dist_bcast_weights";
     const size_t esz = dt == DIST_WDTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
     if (st) memset(st, 0, sizeof *st);
     if (ctx->role == DIST_ROLE_UNSET) return moerl_errorf("%s: call dist_split_roles first", fn);
     if (ctx->sync_rank < 0) return MOERL_OK; /* trainer ranks other than 0 take no part */
     const double t0 = moerl_now();
     const int root = ctx->sync_rank == 0;
-    const int have = n == 0 || (dt == DIST_WDTYPE_F32 ? buf != NULL : root ? src != NULL : dst != NULL);
+    if (sink && root)
+        return moerl_errorf("%s: the root (trainer rank 0) sends; only a rollout rank receives into a sink", fn);
+    const int have = n == 0 || sink || (dt == DIST_WDTYPE_F32 ? buf != NULL : root ? src != NULL : dst != NULL);
     const int bad_args = !have || !version;
     const int root_bad = root && (bad_args || bucket_bytes < esz);
     if (root_bad)
@@ -267,7 +271,30 @@ static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float 
     const size_t nb_total = n ? (n + bv - 1) / bv : 0;
     int nb = 0, window = BCAST_WINDOW;
     MPI_Request win[BCAST_WINDOW];
-    if (dt == DIST_WDTYPE_F32) {
+    int sink_rc = MOERL_OK;
+    if (sink) { /* a ring of `window` buckets; each is handed to the sink in order as it completes */
+        const MPI_Datatype ty = dt == DIST_WDTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+        window = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX(nb_total, (size_t)1));
+        char *ring = xalloc_aligned((size_t)window * bv * esz);
+        for (size_t off = 0;; off += bv, nb++) {
+            if (nb >= window) { /* the oldest bucket in flight: wait, hand over, reuse its slot */
+                const int k = nb - window;
+                const size_t o = (size_t)k * bv;
+                MPI_CHECK(MPI_Wait(&win[k % window], MPI_STATUS_IGNORE));
+                if (sink_rc == MOERL_OK)
+                    sink_rc = sink(sink_arg, o, ring + (size_t)(k % window) * bv * esz, MOERL_MIN(bv, n - o));
+            }
+            if (off >= n) { /* drain: the last window - 1 buckets */
+                if (nb - window + 1 >= (int)nb_total) break;
+                continue;
+            }
+            MPI_CHECK(MPI_Ibcast(ring + (size_t)(nb % window) * bv * esz, (int)MOERL_MIN(bv, n - off), ty, 0, c,
+                                 &win[nb % window]));
+        }
+        free(ring);
+        window = 0; /* all waited */
+        nb = (int)nb_total;
+    } else if (dt == DIST_WDTYPE_F32) {
         for (size_t off = 0; off < n; off += bv, nb++) {
             if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
             MPI_CHECK(MPI_Ibcast(buf + off, (int)MOERL_MIN(bv, n - off), MPI_FLOAT, 0, c, &win[nb % BCAST_WINDOW]));
@@ -321,17 +348,25 @@ static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float 
         st->seconds = moerl_now() - t0;
         st->n_buckets = nb;
     }
-    return MOERL_OK;
+    return sink_rc;
 }
 
 int dist_bcast_weights(dist_ctx *ctx, float *params, size_t n, int *version, size_t bucket_bytes,
                        dist_xfer_stats *st) {
-    return bcast_weights(ctx, DIST_WDTYPE_F32, params, NULL, NULL, n, version, bucket_bytes, st);
+    return bcast_weights(ctx, DIST_WDTYPE_F32, params, NULL, NULL, n, version, bucket_bytes, st, NULL, NULL);
 }
 
 int dist_bcast_weights_bf16(dist_ctx *ctx, const float *src, uint16_t *dst, size_t n, int *version,
                             size_t bucket_bytes, dist_xfer_stats *st) {
-    return bcast_weights(ctx, DIST_WDTYPE_BF16, NULL, src, dst, n, version, bucket_bytes, st);
+    return bcast_weights(ctx, DIST_WDTYPE_BF16, NULL, src, dst, n, version, bucket_bytes, st, NULL, NULL);
+}
+
+int dist_recv_weights_stream(dist_ctx *ctx, dist_wdtype dtype, size_t n, int *version, dist_weight_sink sink,
+                             void *arg, dist_xfer_stats *st) {
+    if (!sink) return moerl_errorf("dist_recv_weights_stream: sink must not be NULL");
+    if (dtype != DIST_WDTYPE_F32 && dtype != DIST_WDTYPE_BF16)
+        return moerl_errorf("dist_recv_weights_stream: dtype %d is not fp32 or bf16", (int)dtype);
+    return bcast_weights(ctx, dtype, NULL, NULL, NULL, n, version, 0, st, sink, arg);
 }
 
 /* ---- point-to-point ---- */

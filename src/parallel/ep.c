@@ -475,6 +475,29 @@ int ep_slice_model(const moe_model *full, moe_model *local) {
     return MOERL_OK;
 }
 
+int ep_slice_range(const moe_model *full, const moe_model *local, size_t off, const void *vals, size_t cnt, size_t esz,
+                   void *local_vec) {
+    if (full->n_tensors != local->n_tensors || full->cfg.num_experts != local->cfg.num_experts ||
+        moe_config_local_experts(&full->cfg, &(int){0}) != full->cfg.num_experts)
+        return moerl_errorf("ep_slice_range: the source is not the whole model of the slice's config");
+    if (esz != 2 && esz != 4) return moerl_errorf("ep_slice_range: values of %zu bytes (fp32: 4, bf16: 2)", esz);
+    if (off > full->n_params || cnt > full->n_params - off)
+        return moerl_errorf("ep_slice_range: values [%zu, %zu) past the model's %zu", off, off + cnt, full->n_params);
+    int lo;
+    const int El = moe_config_local_experts(&local->cfg, &lo);
+    const char *src = vals;
+    char *dst = local_vec;
+    for (int i = 0; i < local->n_tensors; i++) { /* tensors in layout order: stop past the range */
+        const tensor_info *t = &local->tensors[i], *f = &full->tensors[i];
+        const size_t per = (t->flags & TF_EXPERT) ? (size_t)(t->numel / El) : 0;
+        const size_t s0 = f->offset + per * lo, s1 = s0 + (size_t)t->numel; /* the rows this rank keeps */
+        if (f->offset >= off + cnt) break;
+        const size_t a = MOERL_MAX(s0, off), b = MOERL_MIN(s1, off + cnt);
+        if (b > a) memcpy(dst + (t->offset + (a - s0)) * esz, src + (a - off) * esz, (b - a) * esz);
+    }
+    return MOERL_OK;
+}
+
 size_t ep_whole_params(const ep_state *ep) { return ep->whole.n_params; }
 
 void ep_slice_vec(const ep_state *ep, const moe_model *local, const float *whole_vec, float *local_vec) {

@@ -124,6 +124,16 @@ int ep_gather_model(ep_state *ep, const moe_model *local, moe_model *full);
  * replicated tensors whole, expert tensors the rows of local's experts. Not collective. Errors:
  * full is not the unsliced model of local's config. */
 int ep_slice_model(const moe_model *full, moe_model *local);
+/* The streaming form of ep_slice_model, for a weight broadcast received bucket by bucket
+ * (dist_recv_weights_stream): copies the part of a whole-model vector that falls in [off, off + cnt)
+ * — vals, values of esz bytes (4 fp32, 2 bf16) at whole-layout offsets off.. — to local_vec in
+ * local's layout (local->n_params values of esz bytes): replicated tensors where they lie, expert
+ * tensors only the rows of local's experts; the padding between tensors is skipped. Handing every
+ * range of [0, full->n_params) once fills local_vec exactly as ep_slice_model. Not collective.
+ * Errors: full is not the unsliced model of local's config, the range past full->n_params, esz not
+ * 2 or 4. */
+int ep_slice_range(const moe_model *full, const moe_model *local, size_t off, const void *vals, size_t cnt, size_t esz,
+                   void *local_vec);
 
 /* Floats of the whole (unsliced) model's layout of ep's config. */
 size_t ep_whole_params(const ep_state *ep);

@@ -159,21 +159,64 @@ double plan_pp_tied_copy(const moe_config *c, int pp, plan_pp_params layout, int
 
 /* ------------------------------------------------------------------ FSDP schedule replay */
 
-/* fsdp.c's units: 0 the embedding, l+1 decoder layer l, L+1 the final norm (+ untied head); the
- * rank's model is EP-sliced (expert floats / ep). Fills n[L+2] (floats). */
-static void fsdp_units(const moe_config *c, int ep, double *n) {
+/* The tensors of fsdp.c's unit u in model.c's table order (0 the embedding, l+1 decoder layer l, L+1
+ * the final norm and the untied head) on a rank holding 1/ep of the experts: numel[] unpadded and
+ * whether each is an expert tensor (TF_EXPERT); returns their count (≤ 16). */
+static int unit_tensors(const moe_config *c, int ep, int u, int64_t *numel, char *is_expert) {
     const int L = c->num_hidden_layers;
-    const int64_t V = c->vocab_size, H = c->hidden_size;
-    n[0] = (double)pad16(V * H);
-    for (int l = 0; l < L; l++) {
-        int64_t ld, le, hf = 0;
-        layer_params(c, l, &ld, &le, &hf);
-        n[l + 1] = (double)ld + (double)le / ep;
+    const int64_t H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, nh = c->num_attention_heads,
+                  nkv = c->num_key_value_heads, E = c->num_experts, I = c->moe_intermediate_size,
+                  Id = c->intermediate_size;
+    int k = 0;
+#define TN(n, x) (numel[k] = (n), is_expert[k++] = (x))
+    if (u == 0) {
+        TN(V * H, 0);
+    } else if (u == L + 1) {
+        TN(H, 0);
+        if (!c->tie_word_embeddings) TN(V * H, 0);
+    } else {
+        TN(H, 0), TN(nh * hd * H, 0), TN(nkv * hd * H, 0), TN(nkv * hd * H, 0), TN(H * nh * hd, 0), TN(hd, 0),
+            TN(hd, 0), TN(H, 0);
+        if (moe_config_layer_is_moe(c, u - 1)) {
+            TN(E * H, 0), TN(E / ep * 2 * I * H, 1), TN(E / ep * H * I, 1);
+        } else {
+            TN(2 * Id * H, 0), TN(H * Id, 0);
+        }
     }
-    n[L + 1] = (double)(pad16(H) + (c->tie_word_embeddings ? 0 : pad16(V * H)));
+#undef TN
+    return k;
+}
+
+/* fsdp.c's units on a rank holding 1/ep of the experts: n[L+2] padded floats of each unit. */
+static void fsdp_units(const moe_config *c, int ep, double *n) {
+    for (int u = 0; u < c->num_hidden_layers + 2; u++) {
+        int64_t numel[16];
+        char x[16];
+        const int k = unit_tensors(c, ep, u, numel, x);
+        n[u] = 0;
+        for (int i = 0; i < k; i++) n[u] += (double)pad16(numel[i]);
+    }
 }
 
 static double fsdp_shard(double n, int P) { return (double)(((int64_t)((n + P - 1) / P) + 15) & ~(int64_t)15); }
+
+/* Floats of replicated and of expert tensors in the piece of unit u that FSDP rank r of P owns
+ * (fsdp.c's ranges: the span [r·s_u, (r+1)·s_u) of the unit against each tensor's unpadded extent):
+ * what EP × FSDP sums over replica_comm and over ep_replica_comm. */
+static void unit_owned(const moe_config *c, int ep, int u, int P, int r, double *dense, double *expert) {
+    int64_t numel[16];
+    char x[16];
+    const int k = unit_tensors(c, ep, u, numel, x);
+    double n = 0;
+    for (int i = 0; i < k; i++) n += (double)pad16(numel[i]);
+    const double s = fsdp_shard(n, P), own0 = r * s, own1 = own0 + s;
+    double off = 0;
+    for (int i = 0; i < k; i++) {
+        const double a = MOERL_MAX(own0, off), b = MOERL_MIN(own1, off + (double)numel[i]);
+        if (b > a) *(x[i] ? expert : dense) += b - a;
+        off += (double)pad16(numel[i]);
+    }
+}
 
 /* The parameter units a region reads (fsdp.c region_params). */
 static int fsdp_region(int L, int tied, int bwd, int l, int *out) {
@@ -208,7 +251,8 @@ static int fsdp_region(int L, int tied, int bwd, int l, int *out) {
  * is reduce-scattered from a bounce of P·s_u (the layout region given back) or in place, into a
  * receive buffer of s_u, and FSDP_RS_IN_FLIGHT (2) stay in flight. The replay assumes no reduce-
  * scatter completes early (fsdp.c polls between layers, so on a quiet machine they mostly do not):
- * the peak is then the schedule's upper bound. */
+ * the peak is then the schedule's upper bound; with `eager` every reduce-scatter completes the
+ * moment it starts, the lower bound (what fsdp.c reaches when its polls always find them done). */
 #define PLAN_RS_IN_FLIGHT 2
 typedef struct {
     const double *n, *s;
@@ -216,6 +260,7 @@ typedef struct {
     char *pst;          /* parameter unit: 0 absent, 1 gather in flight, 2 gathered */
     char *glive;        /* gradient unit being written */
     int rs[PLAN_RS_IN_FLIGHT + 2], n_rs; /* reduce-scatters in flight, oldest first */
+    int eager;          /* every reduce-scatter completes as soon as it starts (the lower bound) */
     double gathered;    /* Σ s_u over the all-gathers started */
     double cur, peak;   /* floats as fsdp.c accounts them */
 } fsdp_replay;
@@ -282,7 +327,7 @@ static void replay_ready(fsdp_replay *r, int u) {
     }
     acc(r, r->s[u]);
     r->rs[r->n_rs++] = u;
-    while (r->n_rs > PLAN_RS_IN_FLIGHT) rs_complete(r, r->rs[0]);
+    while (r->n_rs > (r->eager ? 0 : PLAN_RS_IN_FLIGHT)) rs_complete(r, r->rs[0]);
 }
 
 static void replay_event(fsdp_replay *r, int bwd, int l) {
@@ -344,6 +389,10 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d ranks of a pipeline stage",
                             in->ep, x->S);
+    if (in->ep > 1 && x->fsdp > 1 && x->S % (in->ep * x->fsdp)) /* parallel.c's rule (grid.h's EP × FSDP blocks) */
+        return moerl_errorf("plan: actor.expert_parallel_size %d × actor.fsdp_config.fsdp_size %d must divide the %d "
+                            "ranks of a pipeline stage (FSDP shards each expert slice over ranks holding the same "
+                            "experts)", in->ep, x->fsdp, x->S);
     if (c->num_experts > 0 && c->num_experts % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the model's %d experts", in->ep,
                             c->num_experts);
@@ -391,10 +440,11 @@ static int n_moe_in(const moe_config *c, int l0, int l1) {
 }
 
 static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int sp_rank,
-                   plan_traffic *t) {
+                   int fsdp_rank, plan_traffic *t) {
     memset(t, 0, sizeof *t);
-    if (stage < 0 || stage >= in->pp || sp_rank < 0 || sp_rank >= in->sp)
-        return moerl_errorf("plan: stage %d of %d or Ulysses rank %d of %d out of range", stage, in->pp, sp_rank, in->sp);
+    if (stage < 0 || stage >= in->pp || sp_rank < 0 || sp_rank >= in->sp || fsdp_rank < 0 || fsdp_rank >= x->fsdp)
+        return moerl_errorf("plan: stage %d of %d, Ulysses rank %d of %d or FSDP rank %d of %d out of range", stage,
+                            in->pp, sp_rank, in->sp, fsdp_rank, x->fsdp);
     const int L = c->num_hidden_layers, fo = in->fwd_only_passes, mb = x->mb, fsdp = x->fsdp, ep = in->ep;
     const double db = in->dtype_bytes, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     const double N = (double)x->N;
@@ -405,18 +455,11 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
               pp_local = in->pp > 1 && in->pp_params == PLAN_PP_STAGE_LOCAL;
     /* the reducer's group: the stage's D ranks (DP, SP); every trainer with a replicated pipeline */
     const int sum_group = pp_repl ? in->n_trainer : x->S;
-    if (fsdp > 1 && ep > 1) { /* not run by moerl (refused): ZeRO-3 volumes per pass, experts over max(ep, fsdp) */
-        const double f = (double)(fsdp - 1) / fsdp, exp_div = MOERL_MAX(ep, fsdp);
-        const double local_ep = dense + expert / ep;
-        t->fsdp_allgather = f * local_ep * db * ((double)mb * (fo + 2));
-        t->fsdp_reduce_scatter = f * local_ep * db * mb;
-        if (x->S / fsdp > 1) t->replica_allreduce += dense / fsdp * db;
-        if (x->S / exp_div > 1) t->replica_allreduce += expert / exp_div * db;
-    } else if (fsdp > 1) {
+    if (fsdp > 1) { /* FSDP (EP × FSDP: of the rank's expert slice), fsdp.c's schedule replayed */
         const int U = L + 2;
         double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2], S = 0;
         char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-        fsdp_units(c, 1, n);
+        fsdp_units(c, ep, n);
         for (int u = 0; u < U; u++) {
             s[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
             S += s[u];
@@ -424,10 +467,19 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = U, .P = fsdp, .pst = pst,
                          .glive = glive};
         replay_step(&r, fo * mb, mb);
-        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + 4.0); /* + par_max_passes' one-float all-gather */
+        /* + par_max_passes' one-float all-gather, which EP × FSDP runs over the stage instead */
+        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
         t->fsdp_reduce_scatter = (double)(fsdp - 1) * S * db * mb;
-        const int R = x->S / fsdp;
-        if (R > 1) t->replica_allreduce = 2.0 * (R - 1) / R * S * 4; /* fp32 gradient shard */
+        const int R = x->S / fsdp; /* replica_comm: the stage's ranks with this fsdp_rank */
+        if (ep > 1) {              /* fp32 sums of the owned pieces by kind (fsdp.c replica_sum_kind) */
+            double od = 0, oe = 0;
+            for (int u = 0; u < U; u++) unit_owned(c, ep, u, fsdp, fsdp_rank, &od, &oe);
+            const int Rx = R / ep; /* ep_replica_comm: same fsdp_rank and experts, other blocks */
+            if (R > 1) t->replica_allreduce = 2.0 * (R - 1) / R * od * 4;
+            if (Rx > 1) t->ep_replica_allreduce = 2.0 * (Rx - 1) / Rx * oe * 4;
+        } else if (R > 1) {
+            t->replica_allreduce = 2.0 * (R - 1) / R * S * 4; /* fp32 gradient shard */
+        }
     } else if (ep > 1) {
         int64_t tot, dn, ex, hf;
         plan_param_counts(c, &tot, &dn, &ex, &hf);
@@ -477,10 +529,67 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     return MOERL_OK;
 }
 
-int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, plan_traffic *t) {
+/* The RL trainer's forward-only logprob pass over n_mb micro-batches (plan.h plan_traffic_logprob). */
+static int logprob_traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int sp_rank,
+                           int fsdp_rank, int n_mb, double resp_tokens, plan_traffic *t) {
+    memset(t, 0, sizeof *t);
+    if (stage < 0 || stage >= in->pp || sp_rank < 0 || sp_rank >= in->sp || fsdp_rank < 0 || fsdp_rank >= x->fsdp ||
+        n_mb < 0 || !(resp_tokens >= 0))
+        return moerl_errorf("plan: logprob pass of stage %d of %d, Ulysses rank %d of %d, FSDP rank %d of %d, %d "
+                            "micro-batches, %g response tokens out of range", stage, in->pp, sp_rank, in->sp,
+                            fsdp_rank, x->fsdp, n_mb, resp_tokens);
+    const int L = c->num_hidden_layers, fsdp = x->fsdp, ep = in->ep;
+    const double db = in->dtype_bytes, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    const double N = (double)x->N;
+    double dense, expert;
+    int l0, l1;
+    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    if (fsdp > 1) { /* every pass regathers: n_mb forward-only passes from a cold start */
+        double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2];
+        char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
+        fsdp_units(c, ep, n);
+        for (int u = 0; u < L + 2; u++) s[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
+        fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp, .pst = pst,
+                         .glive = glive};
+        replay_step(&r, n_mb, 0);
+        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
+    }
+    const int n_moe = n_moe_in(c, l0, l1);
+    if (ep > 1 && n_moe > 0) { /* dispatch and combine per MoE layer and micro-batch */
+        const double El = E / ep, exch = 2.0 * n_moe * n_mb;
+        if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
+            t->ep_alltoall = exch * (ep - 1) * El * (2.0 + x->cap * H) * db;
+        else
+            t->ep_alltoall = exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * n_mb * (ep - 1) * El * 4.0;
+    }
+    if (in->sp > 1) {
+        const int P = in->sp, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+        const double nr = floor(N * (sp_rank + 1) / P) - floor(N * sp_rank / P);
+        const double nh_l = nh / P, nkv_l = nkv >= P ? nkv / P : 1, W = nh_l + 2 * nkv_l;
+        t->sp_alltoall = (l1 - l0) * hd * ((P - 1) * nr * W + (N - nr) * nh_l) * n_mb * db;
+        t->sp_logprob_allreduce = 2.0 * (P - 1) / P * N * 4 * n_mb; /* every rank gets the micro-batch's logprobs */
+    }
+    if (in->pp > 1) {
+        if (stage < in->pp - 1) t->pp_p2p_fwd_only = (double)n_mb * N * H * db;
+        /* the stages' batch check (8 doubles), then the last stage's logprobs summed onto every stage */
+        const double f = 2.0 * (in->pp - 1) / in->pp;
+        t->pp_logprob_allreduce = f * 8 * 8 + f * resp_tokens * 4;
+    }
+    return MOERL_OK;
+}
+
+int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
+                         double resp_tokens, plan_traffic *t) {
     plan_ctx x;
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
-    return traffic(c, in, &x, stage, sp_rank, t);
+    return logprob_traffic(c, in, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t);
+}
+
+int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
+                      plan_traffic *t) {
+    plan_ctx x;
+    if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
+    return traffic(c, in, &x, stage, sp_rank, fsdp_rank, t);
 }
 
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
@@ -494,7 +603,6 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->dp = in->n_trainer / (in->pp * in->sp);
     o->micro_batches = x.mb;
     const double db = in->dtype_bytes, ep = in->ep;
-    const double exp_div = MOERL_MAX(in->ep, fsdp);
     const int64_t N = (x.N + in->sp - 1) / in->sp; /* tokens a Ulysses rank holds (the largest share) */
     const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
 
@@ -506,9 +614,9 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         int l0, l1;
         if (plan_pp_stage_params(c, in->pp, in->pp_params, s, &d, &e, &l0, &l1) != MOERL_OK) return MOERL_ERR;
         double local, copy = plan_pp_tied_copy(c, in->pp, in->pp_params, s);
-        if (fsdp > 1 && in->ep == 1) { /* moerl's unit shards (padding per unit) */
+        if (fsdp > 1) { /* moerl's unit shards (padding per unit) of the rank's expert slice */
             double n[MOERL_MAX_LAYERS + 2];
-            fsdp_units(c, 1, n);
+            fsdp_units(c, in->ep, n);
             local = 0;
             for (int u = 0; u < L + 2; u++) {
                 const int in_stage = in->pp == 1 || in->pp_params == PLAN_PP_REPLICATED ||
@@ -517,7 +625,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                 if (in_stage && n[u] > 0) local += fsdp_shard(n[u], fsdp);
             }
         } else {
-            local = d / fsdp + e / exp_div;
+            local = d + e / ep;
         }
         const double acts = plan_acts_bytes(c, N, l0, l1, in->recompute) * act_scale * plan_pp_inflight(in->pp, s);
         /* held (owned + a tied last stage's embedding copy): weights and gradients; owned: master and moments */
@@ -532,24 +640,21 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             o->stage_layers = l1 - l0;
             o->acts = plan_acts_bytes(c, N, l0, l1, 0) * act_scale * plan_pp_inflight(in->pp, s);
             o->acts_recompute = plan_acts_bytes(c, N, l0, l1, 1) * act_scale * plan_pp_inflight(in->pp, s);
-            double ml = 0; /* the largest layer a rank gathers (FSDP) */
-            for (int l = l0; l < l1; l++) {
-                int64_t ld, le, hf = 0;
-                layer_params(c, l, &ld, &le, &hf);
-                ml = MOERL_MAX(ml, (double)ld + (double)le / ep);
-            }
             o->gathered = 0;
-            if (fsdp > 1 && in->ep == 1) { /* the schedule's peak of gathered parameters + live gradient units */
+            if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units */
                 double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
                 char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-                fsdp_units(c, 1, n);
+                fsdp_units(c, in->ep, n);
                 for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
                 fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
                                  .pst = pst, .glive = glive};
                 replay_step(&r, in->fwd_only_passes * x.mb, x.mb);
                 o->gathered = r.peak * db;
-            } else if (fsdp > 1) {
-                o->gathered = 2 * ml * db;
+                char pst2[MOERL_MAX_LAYERS + 2] = {0}, glive2[MOERL_MAX_LAYERS + 2] = {0};
+                fsdp_replay r2 = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
+                                  .pst = pst2, .glive = glive2, .eager = 1};
+                replay_step(&r2, in->fwd_only_passes * x.mb, x.mb);
+                o->gathered_low = r2.peak * db;
             }
         }
     }
@@ -565,10 +670,20 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                   kv_split;
     o->rollout_total = o->rollout_weights + o->kv_cache;
 
-    /* traffic per optimizer update of the fullest stage's last Ulysses rank (the largest token share) */
-    plan_traffic t;
-    if (traffic(c, in, &x, best_s, in->sp - 1, &t) != MOERL_OK) return MOERL_ERR;
-    o->allreduce = t.reducer + t.replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce;
+    /* traffic per optimizer update of the fullest stage's last Ulysses rank (the largest token share)
+     * and, under EP × FSDP, the FSDP rank whose owned pieces sum the most floats */
+    plan_traffic t = {0};
+    double sums = -1;
+    for (int r = 0; r < (in->ep > 1 ? fsdp : 1); r++) {
+        plan_traffic tr;
+        if (traffic(c, in, &x, best_s, in->sp - 1, r, &tr) != MOERL_OK) return MOERL_ERR;
+        const double v = tr.replica_allreduce + tr.ep_replica_allreduce;
+        if (v > sums) {
+            sums = v;
+            t = tr;
+        }
+    }
+    o->allreduce = t.reducer + t.replica_allreduce + t.ep_replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce;
     o->allgather = t.fsdp_allgather;
     o->reduce_scatter = t.fsdp_reduce_scatter;
     o->alltoall_ep = t.ep_alltoall;
@@ -576,12 +691,23 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     if (in->pp > 1) { /* a middle stage sends both ways; report the busiest */
         for (int s = 0; s < in->pp; s++) {
             plan_traffic ts;
-            if (traffic(c, in, &x, s, in->sp - 1, &ts) != MOERL_OK) return MOERL_ERR;
+            if (traffic(c, in, &x, s, in->sp - 1, 0, &ts) != MOERL_OK) return MOERL_ERR;
             o->p2p_pp = MOERL_MAX(o->p2p_pp, ts.pp_p2p + ts.pp_p2p_fwd_only + ts.pp_p2p_emb);
         }
     }
     o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
                   in->updates_per_step;
+    if (in->logprob_passes > 0) { /* the proximal logprobs: one forward-only pass over the step's data */
+        const int dp = in->n_trainer / (in->pp * in->sp);
+        const double rank_tokens = (double)in->logprob_tokens / dp;
+        const int n_mb = MOERL_MAX(1, (int)ceil(rank_tokens / (double)in->micro_tokens));
+        plan_traffic tl;
+        if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb, rank_tokens * in->resp_fraction, &tl) != MOERL_OK)
+            return MOERL_ERR;
+        o->logprob_pass = in->logprob_passes * (tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall +
+                                                tl.sp_logprob_allreduce + tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce);
+        o->per_step += o->logprob_pass;
+    }
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
     return MOERL_OK;
 }

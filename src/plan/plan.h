@@ -12,16 +12,16 @@
  *                     (dist_reducer_last_bytes' raw/sent without compression), the weight
  *                     broadcast 4·n_params per sync (dist_xfer_stats.bytes).
  *
- * The parallel layouts follow moerl's own schedules where moerl runs them (FSDP and HSDP, Ulysses SP,
- * pipeline, EP, each alone or with data parallelism: plan_traffic_rank gives the bytes the
- * dist_comm counters count, checked byte for byte by tests/test_dist_plan.c under mpirun); FSDP
- * combined with EP, which moerl refuses, is planned from the standard formulas. The trainer world of n_trainer ranks factors as
+ * The parallel layouts follow moerl's own schedules (FSDP and HSDP, Ulysses SP, pipeline, EP and
+ * EP × FSDP, each alone or with data parallelism: plan_traffic_rank gives the bytes the dist_comm
+ * counters count, checked byte for byte by tests/test_dist_plan.c under mpirun). The trainer world of n_trainer ranks factors as
  *     n_trainer = pp · sp · dp          (pipeline stages × Ulysses sequence ranks × data replicas)
  * FSDP shards dense parameters, gradients and optimizer state over fsdp ranks of a stage
- * (fsdp divides n_trainer/pp; 1 = plain DDP replication, moerl's trainer today); EP splits the
- * experts over ep ranks of a stage, and each expert's shard is further FSDP-sharded when
- * fsdp > ep, so a rank holds 1/max(ep, fsdp) of the expert parameters (Megatron's expert data
- * parallel = fsdp/ep). Sources: ZeRO (Rajbhandari et al. 2020) for the 2+2+12 / 4+4+8 bytes per
+ * (fsdp divides n_trainer/pp; 1 = plain DDP replication); EP splits the
+ * experts over ep ranks of a stage; with both, ep · fsdp divides the stage and FSDP shards each
+ * rank's expert slice over the fsdp ranks holding the same experts (grid.h), so a rank holds
+ * 1/fsdp of the dense and 1/(ep · fsdp) of the expert parameters (Megatron's expert data
+ * parallel). Sources: ZeRO (Rajbhandari et al. 2020) for the 2+2+12 / 4+4+8 bytes per
  * parameter and the ZeRO-3 all-gather/reduce-scatter volumes; DeepSpeed-Ulysses (Jacobs et al.
  * 2023) for the sequence all-to-alls; GShard/Megatron-Core for the expert dispatch/combine
  * all-to-alls; Megatron 1F1B (Narayanan et al. 2021) for the in-flight micro-batches of a stage.
@@ -60,6 +60,11 @@ typedef struct {
     int64_t step_tokens;    /* tokens (prompt + response) trained per trainer step, all ranks, one epoch */
     int fwd_only_passes;    /* forward-only passes per micro-batch before the training pass (1: the router-count
                                pre-pass of the global aux loss, train.h compute_router_counts; 0: none) */
+    int logprob_passes;     /* forward-only logprob passes per trainer step over the step's data (the RL trainer's
+                               proximal logprobs, compute_logprobs: 1 with actor.use_decoupled_loss or recomputed
+                               old logprobs; 0: none) */
+    int64_t logprob_tokens; /* tokens (prompt + response) of the step's data, all ranks: step_tokens for one epoch */
+    double resp_fraction;   /* response share of those tokens (the logprobs the pipeline sums onto every stage) */
     plan_pp_params pp_params; /* pipeline parameter layout (plan_pp_stage_params) */
     int dispatcher;         /* EP token exchange: moe_dispatcher of parallel/grid.h (0 = auto) */
     int alltoall_max_ep;    /* auto: all-to-all up to this EP size (≤ 0: 16) */
@@ -94,8 +99,11 @@ typedef struct {
     double moments;              /* AdamW m and v, fp32: 8 bytes per owned parameter (the tied copy has none:
                                     stage 0 steps the embedding) */
     double gathered;             /* FSDP: the peak of gathered units + live gradient units + bounce buffers over one
-                                    update (fsdp.c's peak_gathered_bytes, from the schedule replay); with EP as
-                                    well (not run by moerl): two layers' parameters; 0 when fsdp = 1 */
+                                    update (fsdp.c's peak_gathered_bytes, from the schedule replay of the rank's
+                                    expert slice) when no reduce-scatter completes before the schedule waits for
+                                    it: the upper bound; 0 when fsdp = 1 */
+    double gathered_low;         /* the same when every reduce-scatter completes as it starts (the lower bound:
+                                    fsdp.c polls between layers, so a rank lands in [gathered_low, gathered]) */
     double acts;                 /* model_acts for ⌈micro_tokens/sp⌉ tokens over the stage's layers × in-flight
                                     micro-batches (pp − stage, plan_pp_inflight) */
     double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
@@ -116,7 +124,9 @@ typedef struct {
     double p2p_pp;               /* PP sends of the busiest stage: activations forward and their gradients back (+ the
                                     aux-loss statistics), the forward-only passes' activations, the tied embedding's
                                     exchange (pp_p2p + pp_p2p_fwd_only + pp_p2p_emb of plan_traffic) */
-    double per_step;             /* sum of the above × updates_per_step */
+    double logprob_pass;         /* the forward-only logprob pass of a trainer step (plan_traffic_logprob over the
+                                    rank's ⌈logprob_tokens/dp/micro_tokens⌉ micro-batches), all groups, × logprob_passes */
+    double per_step;             /* sum of the above × updates_per_step, + logprob_pass */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
 } plan_result;
@@ -126,11 +136,16 @@ typedef struct {
  *   reducer           dist_reducer_last_bytes' raw: the payload 4·n of the bucketed gradient all-reduce
  *                     (data parallel over trainer_comm, SP over stage_comm; a replicated pipeline's over
  *                     every trainer — a stage-local pipeline has no reducer);
- *   fsdp_allgather    dist_comm_bytes(fsdp_comm, ALLGATHER): (P−1)·s_u·dtype per gather of unit u, the
- *                     gathers counted by replaying fsdp.c's schedule (region, prefetch, release) over the
- *                     passes, + the pass-count all-gather (one float) of par_max_passes;
+ *   fsdp_allgather    dist_comm_bytes(fsdp_comm, ALLGATHER): (P−1)·s_u·dtype per gather of unit u (of the
+ *                     rank's expert slice under EP), the gathers counted by replaying fsdp.c's schedule
+ *                     (region, prefetch, release) over the passes, + the pass-count all-gather (one
+ *                     float) of par_max_passes (EP × FSDP runs that one over stage_comm);
  *   fsdp_reduce_scatter (P−1)·Σ_u s_u·dtype per backward pass; s_u = ⌈n_u/P⌉ rounded up to 16 floats;
- *   replica_allreduce dist_comm_bytes(replica_comm, ALLREDUCE): 2(R−1)/R · Σ s_u · 4 (HSDP);
+ *   replica_allreduce dist_comm_bytes(replica_comm, ALLREDUCE): 2(R−1)/R · Σ s_u · 4 (HSDP), R = D/fsdp;
+ *                     EP × FSDP: 2(R−1)/R · 4 · the replicated tensors' floats in FSDP rank fsdp_rank's
+ *                     pieces of the units (fsdp.c's ranges, unpadded tensor extents);
+ *   ep_replica_allreduce  EP × FSDP: dist_comm_bytes(ep_replica_comm, ALLREDUCE), the same for the expert
+ *                     tensors' floats over Rx = R/ep ranks;
  *   ep_alltoall       dist_comm_bytes(ep_comm, ALLTOALL): all-to-all: 4 exchanges per MoE layer and
  *                     training pass (2 per forward-only pass), each (ep−1)·E/ep blocks of 2 + cap·H floats,
  *                     cap = max(1, min(⌈factor·micro_tokens·K/E⌉, micro_tokens)), no spill; all-to-all-v:
@@ -154,12 +169,30 @@ typedef struct {
  *                     gradient e·4 to stage 0 (pp_finish_grads), stage 0 the stepped embedding e·4 back
  *                     (pp_adamw_step, when the step is applied); dist_comm_bytes(pp_comm, P2P) of a step is
  *                     pp_p2p + pp_p2p_fwd_only + pp_p2p_emb.
- * Errors: as plan_compute; stage or sp_rank out of range. */
+ * Errors: as plan_compute; stage, sp_rank or fsdp_rank out of range. */
 typedef struct {
-    double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_alltoall, ep_grad_allreduce,
-        sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
+    double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_replica_allreduce, ep_alltoall,
+        ep_grad_allreduce, sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
+    double sp_logprob_allreduce, pp_logprob_allreduce; /* plan_traffic_logprob only */
 } plan_traffic;
-int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, plan_traffic *t);
+int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
+                      plan_traffic *t);
+
+/* Traffic of one rank in the RL trainer's forward-only logprob pass (train.h compute_logprobs, once
+ * per trainer step for the proximal policy) over n_mb micro-batches of micro_tokens each (every
+ * micro-batch full) whose sequences hold resp_tokens response tokens, in plan_traffic_rank's units:
+ *   fsdp_allgather        fsdp.c's schedule replayed over n_mb forward-only passes from a cold start,
+ *                         + the pass-count all-gather (not under EP × FSDP: stage_comm);
+ *   ep_alltoall           2 exchanges per MoE layer of the stage and micro-batch (+ the counts, all-to-all-v);
+ *   sp_alltoall           the forward exchanges of every layer of the stage per micro-batch;
+ *   sp_logprob_allreduce  dist_comm_bytes(sp_comm, ALLREDUCE): each micro-batch's N logprobs summed onto
+ *                         every Ulysses rank, 2(sp−1)/sp · N · 4;
+ *   pp_p2p_fwd_only       N·H·dtype per micro-batch unless last stage;
+ *   pp_logprob_allreduce  dist_comm_bytes(pp_comm, ALLREDUCE): the stages' batch check (8 doubles) and the last
+ *                         stage's logprobs on every stage, 2(pp−1)/pp · (64 + 4 · resp_tokens).
+ * Every other field 0. Errors: as plan_traffic_rank; n_mb < 0 or resp_tokens < 0. */
+int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
+                         double resp_tokens, plan_traffic *t);
 
 /* The pipeline's memory model, kept apart so that both layouts can be checked: floats of the
  * parameters stage `stage` owns before any FSDP / EP division (dense, expert), and its layer range

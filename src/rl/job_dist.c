@@ -189,8 +189,8 @@ typedef struct {
 /* Expert parallelism of the rollout engine (rollout.expert_parallel_size = P): consecutive rollout
  * ranks form groups of P; each engine holds its rank's E/P experts (the engine is rebuilt from the
  * sliced config) and every step's routed rows go through the EP dispatcher (src/parallel/ep.c, the
- * trainer's code: actor.moe.dispatcher and capacity_factor apply). A weight broadcast lands in a
- * transient whole-model buffer, of which each rank keeps its slice (receive_weights). */
+ * trainer's code: actor.moe.dispatcher and capacity_factor apply). A weight broadcast is sliced
+ * bucket by bucket into the engine's buffer as it arrives (receive_weights). */
 static void rollout_ep_setup(rollout_rank *W) {
     dist_ctx *ctx = W->ctx;
     const int P = W->cfg->rollout_ep, r = ctx->world_rank; /* rollout ranks are world ranks 0 .. n_rollout−1 */
@@ -290,36 +290,44 @@ static void send_ack(rollout_rank *W, int kind) {
     CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ACK, &a, sizeof a), "sending an acknowledgement");
 }
 
+/* Under rollout EP: each bucket of the broadcast, as it arrives, sliced into the engine's buffer. */
+typedef struct {
+    const moe_model *full, *local;
+    void *dst;
+    size_t esz;
+} slice_sink;
+
+static int slice_bucket(void *arg, size_t off, const void *vals, size_t cnt) {
+    const slice_sink *s = arg;
+    return ep_slice_range(s->full, s->local, off, vals, cnt, s->esz, s->dst);
+}
+
 /* Receive the weights broadcast for a (re)start or a sync and load them into the engine. */
 static void receive_weights(rollout_rank *W, int version) {
     dist_ctx *ctx = W->ctx;
     int v = -1;
     /* straight into the engine's weights: a rollout rank holds one copy, no training model; bf16
      * (rollout.dtype bf16) travels as bf16 into the engine's buffer (engine_weight_buffer_bf16). Under
-     * rollout EP into a transient whole-model buffer, of which the engine keeps this rank's slice. */
+     * rollout EP each bucket is sliced into the engine's buffer as it arrives (dist_recv_weights_stream:
+     * a ring of buckets, no whole-model copy). */
     const int bf16 = W->cfg->bf16_weights;
-    moe_model full = *W->m; /* the layout (tensor table) of the whole model */
-    full.params = W->ep ? xalloc_aligned(W->m->n_params * sizeof(float)) : NULL;
-    uint16_t *full16 = W->ep && bf16 ? xmalloc(W->m->n_params * sizeof(uint16_t)) : NULL;
-    CHECK_OK(bf16 ? dist_bcast_weights_bf16(ctx, NULL, W->ep ? full16 : engine_weight_buffer_bf16(W->R.eng),
-                                            W->m->n_params, &v, 2, NULL)
-                  : dist_bcast_weights(ctx, W->ep ? full.params : engine_weight_buffer(W->R.eng), W->m->n_params, &v,
-                                       1, NULL),
-             "receiving the weights");
+    void *buf = bf16 ? (void *)engine_weight_buffer_bf16(W->R.eng) : (void *)engine_weight_buffer(W->R.eng);
+    if (W->ep) {
+        slice_sink s = {.full = W->m, .local = engine_model(W->R.eng), .dst = buf, .esz = bf16 ? 2 : 4};
+        CHECK_OK(dist_recv_weights_stream(ctx, bf16 ? DIST_WDTYPE_BF16 : DIST_WDTYPE_F32, W->m->n_params, &v,
+                                          slice_bucket, &s, NULL),
+                 "receiving the weights (expert slice)");
+    } else {
+        CHECK_OK(bf16 ? dist_bcast_weights_bf16(ctx, NULL, buf, W->m->n_params, &v, 2, NULL)
+                      : dist_bcast_weights(ctx, buf, W->m->n_params, &v, 1, NULL),
+                 "receiving the weights");
+    }
     if (v != version) {
         moerl_errorf("weight broadcast carried policy version %d, the command announced %d", v, version);
         die(ctx, "protocol");
     }
-    if (full16) /* bf16 → fp32 is exact (the engine's rounding on load then changes nothing) */
-        for (size_t i = 0; i < W->m->n_params; i++) {
-            const uint32_t u = (uint32_t)full16[i] << 16;
-            memcpy(&full.params[i], &u, sizeof u);
-        }
-    if (W->ep) CHECK_OK(engine_load_slice(W->R.eng, &full, v), "slicing the experts of the broadcast weights");
-    else if (bf16) CHECK_OK(engine_set_version_bf16(W->R.eng, v), "loading the bf16 weights");
+    if (bf16) CHECK_OK(engine_set_version_bf16(W->R.eng, v), "loading the bf16 weights");
     else engine_set_version(W->R.eng, v);
-    free(full.params);
-    free(full16);
 }
 
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
