@@ -1,4 +1,5 @@
-/* Pipeline bubble: the 1F1B schedule (src/parallel/pipeline.c) measured against its theory.
+/* Pipeline bubble: the 1F1B schedule, plain and interleaved (src/parallel/pipeline.c), measured against
+ * its theory.
  * Run under mpirun -np P: one pipeline of P stages over the benchmark model (bench_util.h) with
  * --layers decoder layers, a batch of --seqs sequences of --seq-len tokens, SFT loss, aux loss on.
  * Configurations, each --reps timed steps after one warm-up step:
@@ -6,12 +7,17 @@
  *                 and on;
  *   dynamic       the count chosen from the token budget (pp_options: 4..16 micro-batches of at least
  *                 K tokens, for each K of --min-mb-tokens), look-ahead receives on.
- * Per configuration (medians over the reps): m, step time (train_accumulate: schedule + gradient
+ * With --vpp 1,2 the same rows again with the interleaved schedule (v chunks per stage, pp_options.
+ *   virtual_stages; fixed m with look-ahead receives, and dynamic), in the same run.
+ * Per configuration (medians over the reps): v, m, step time (train_accumulate: schedule + gradient
  * exchange), the idle share of the stages (perf/pipeline_bubble: mean over stages of 1 − busy / T,
- * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), and
+ * T the slowest stage's schedule time), the receive-wait share, the 1F1B theory (P−1)/(m+P−1), the
+ * interleaved theory (P−1)/(v·m+P−1), and
  * the speed-up over ONE rank running the same micro-batches (a one-stage pipeline: the same code,
  * threads and progress thread, the whole model; measured in the same run on rank 0 while the other
  * ranks wait; ideal P·(1 − bubble)).
+ * Stage-owned with data-parallel pipelines (--owned D, -np D·pp): the stage's gradient sum after the
+ *   schedule against overlapped with the cool-down (pp_options.overlap_grads), for each v of --vpp.
  * Memory (--memory): the model state per rank, replicated (every rank: fp32 parameters, gradients and
  * the two AdamW moments of the whole model, 16 B per parameter) against stage-owned (par_state_init:
  * each stage its own range, pipeline.h): after one training step through parallel.h's entry points,
@@ -166,6 +172,95 @@ static int memory_measured(dist_ctx *ctx, int layers, int seq_len, int nseq) {
     return MOERL_OK;
 }
 
+/* --owned D under mpirun -np P: the stage-owned pipeline as `moerl sft` runs it (par_state_init_cfg:
+ * pp = P / D stages, D data-parallel pipelines, each on every D-th sequence), v chunks per stage for
+ * each v of --vpp, the stage's gradient sum over its D ranks after the schedule (overlap off) and
+ * overlapped with the cool-down (on), fixed m (the first of --fixed). Medians over the reps of the
+ * step (train_accumulate + par_finish_grads), the exposed sum (par_finish_grads: what the optimizer
+ * waits for), both means over the ranks, and the idle share. */
+static int owned_overlap(dist_ctx *ctx, int layers, int seq_len, int nseq, int D, const int *vpps, int nvpp, int mfix,
+                         int reps) {
+    const int P = ctx->world_size, rank = ctx->world_rank;
+    if (D < 1 || P % D || P / D < 2)
+        return moerl_errorf("--owned %d: needs -np a multiple of it with at least 2 stages (-np %d)", D, P);
+    moe_config c = bench_model_config(seq_len);
+    c.num_hidden_layers = layers;
+    int *tok = xmalloc((size_t)nseq * seq_len * sizeof(int));
+    rng_state r;
+    rng_seed(&r, 11);
+    for (int i = 0; i < nseq * seq_len; i++) tok[i] = (int)rng_below(&r, c.vocab_size);
+    train_seq *seqs = xmalloc(nseq * sizeof(train_seq));
+    int n = 0;
+    for (int i = 0; i < nseq; i++) /* this rank's data-parallel shard: set below once d is known */
+        seqs[i] = (train_seq){.tokens = tok + (size_t)i * seq_len, .len = seq_len, .resp_start = seq_len / 2};
+    g_inv = 1.0 / ((double)nseq * (seq_len - seq_len / 2));
+    const int per = nseq / D, cap = MOERL_MAX(seq_len, (per * seq_len / mfix / seq_len) * seq_len);
+    double *t_step = xmalloc(reps * sizeof(double)), *t_fin = xmalloc(reps * sizeof(double)),
+           *idle = xmalloc(reps * sizeof(double));
+    if (rank == 0) {
+        printf("# stage-owned: dp %d x pp %d, %d layers, %d sequences x %d tokens per pipeline, micro-batches of %d "
+               "tokens, %d reps; sum_ms = par_finish_grads (the stage's gradient sum the optimizer waits for)\n",
+               D, P / D, layers, per, seq_len, cap, reps);
+        printf("%2s %8s %4s %10s %10s %8s %8s %6s\n", "v", "overlap", "m", "step_ms", "sum_ms", "idle", "interl.",
+               "early");
+    }
+    for (int iv = 0; iv < nvpp; iv++)
+        for (int ov = 0; ov <= (vpps[iv] > 1); ov++) { /* v = 1 has nothing to overlap */
+            moe_model m;
+            if (model_init(&m, &c) != MOERL_OK) return MOERL_ERR;
+            model_init_random(&m, 7);
+            par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                             .pipeline_parallel_size = P / D, .virtual_pipeline_parallel_size = MOERL_MAX(1, vpps[iv]),
+                             .alltoall_max_ep = 16, .capacity_factor = 1.25, .max_tokens = cap};
+            par_state ps;
+            if (par_state_init_cfg(&ps, ctx, &pc, &m) != MOERL_OK) return MOERL_ERR;
+            pp_options po = pp_options_default();
+            po.dynamic = 0;
+            po.overlap_grads = ov;
+            po.balance_seq_len = seq_len;
+            pp_set_options(ps.pp, &po);
+            n = 0;
+            for (int i = ps.grid->dp_rank; i < nseq; i += D) seqs[n++] = (train_seq){
+                .tokens = tok + (size_t)i * seq_len, .len = seq_len, .resp_start = seq_len / 2};
+            train_step_opts to = {.max_tokens = cap, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                                  .total_tokens = (int64_t)nseq * seq_len, .par = &ps};
+            int mbs = 0, early = 0;
+            for (int rep = -1; rep < reps; rep++) {
+                train_step_out so;
+                dist_barrier(ctx, DIST_WORLD);
+                const double t0 = moerl_now();
+                if (train_accumulate(&m, NULL, seqs, n, &to, sft_cb, NULL, &so) != MOERL_OK) return MOERL_ERR;
+                const double t1 = moerl_now();
+                if (par_finish_grads(&ps, so.n_microbatches, so.n_microbatches) != MOERL_OK) return MOERL_ERR;
+                const double t2 = moerl_now();
+                const pp_stats *st = pp_last_stats(ps.pp);
+                mbs = st->microbatches;
+                early = st->grad_sums_overlapped;
+                double v[2] = {(t2 - t0) / P, (t2 - t1) / P}; /* means over the ranks */
+                dist_allreduce_sum(ctx, DIST_TRAINERS, v, 2);
+                if (rep >= 0) {
+                    t_step[rep] = v[0];
+                    t_fin[rep] = v[1];
+                    idle[rep] = st->bubble_mean;
+                }
+            }
+            if (rank == 0)
+                printf("%2d %8s %4d %10.1f %10.2f %7.1f%% %7.1f%% %6d\n", pc.virtual_pipeline_parallel_size,
+                       ov ? "on" : "off", mbs, 1e3 * bench_median(t_step, reps), 1e3 * bench_median(t_fin, reps),
+                       100 * bench_median(idle, reps),
+                       100.0 * (P / D - 1) / ((double)pc.virtual_pipeline_parallel_size * mbs + P / D - 1), early);
+            fflush(stdout);
+            par_state_free(&ps);
+            model_free(&m);
+        }
+    free(t_step);
+    free(t_fin);
+    free(idle);
+    free(seqs);
+    free(tok);
+    return MOERL_OK;
+}
+
 static int parse_list(const char *s, int *v, int max) {
     int n = 0;
     char *dup = strdup(s), *save = NULL;
@@ -181,12 +276,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb[8] = {64}, nmin = 1, fixed[8] = {0}, nfixed = 0;
-    int memory = 0, pps[8] = {2, 4, 8}, npp = 3;
+    int memory = 0, pps[8] = {2, 4, 8}, npp = 3, vpps[8] = {1}, nvpp = 1, owned = 0;
     const char *config_json = NULL;
     static const struct option lo[] = {{"layers", 1, 0, 'l'}, {"seqs", 1, 0, 's'}, {"seq-len", 1, 0, 'n'},
                                        {"reps", 1, 0, 'r'},   {"fixed", 1, 0, 'f'}, {"min-mb-tokens", 1, 0, 'm'},
                                        {"memory", 0, 0, 'M'}, {"config-json", 1, 0, 'c'}, {"pp", 1, 0, 'p'},
-                                       {0, 0, 0, 0}};
+                                       {"vpp", 1, 0, 'v'},    {"owned", 1, 0, 'o'},     {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (ch == 'l') layers = atoi(optarg);
         else if (ch == 's') nseq = atoi(optarg);
@@ -197,9 +292,11 @@ int main(int argc, char **argv) {
         else if (ch == 'M') memory = 1;
         else if (ch == 'c') config_json = optarg;
         else if (ch == 'p') npp = parse_list(optarg, pps, 8);
+        else if (ch == 'v') nvpp = parse_list(optarg, vpps, 8);
+        else if (ch == 'o') owned = atoi(optarg);
         else {
             fprintf(stderr, "usage: bench_dist_pipeline [--layers L] [--seqs N] [--seq-len T] [--reps R] "
-                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] | --memory | --config-json F [--pp a,b]\n");
+                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] [--vpp v1,v2] [--owned D] | --memory | --config-json F [--pp a,b]\n");
             return 2;
         }
     }
@@ -213,6 +310,12 @@ int main(int argc, char **argv) {
     }
     const int P = ctx->world_size, rank = ctx->world_rank;
     if (nfixed == 0) fixed[nfixed++] = P;
+    if (owned) {
+        const int rc = owned_overlap(ctx, layers, seq_len, nseq, owned, vpps, nvpp, fixed[0], reps);
+        if (rc != MOERL_OK) fprintf(stderr, "bench_dist_pipeline: %s\n", moerl_last_error());
+        dist_finalize(ctx);
+        return rc == MOERL_OK ? 0 : 1;
+    }
     moe_config c = bench_model_config(seq_len);
     c.num_hidden_layers = layers;
     moe_model m;
@@ -256,19 +359,22 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (rank == 0)
-        printf("%-26s %4s %10s %10s %10s %10s %10s %9s %9s\n", "configuration", "m", "step_ms", "one_rank_ms",
-               "speedup", "idle", "theory", "recv_wait", "MB_sent");
+        printf("%-26s %2s %4s %10s %10s %8s %8s %8s %8s %9s %9s\n", "configuration", "v", "m", "step_ms", "one_rank_ms",
+               "speedup", "idle", "1F1B", "interl.", "recv_wait", "MB_sent");
     typedef struct {
         const char *name;
-        int fixed_m, dynamic, prefetch, min_mb;
+        int fixed_m, dynamic, prefetch, min_mb, v;
     } config;
-    config cf[24];
+    config cf[160];
     int ncf = 0;
-    for (int k = 0; k < nfixed; k++) {
-        cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0, 0};
-        cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1, 0};
+    for (int iv = 0; iv < nvpp; iv++) { /* v = 1: with and without look-ahead; interleaved: with */
+        const int v = MOERL_MAX(1, vpps[iv]);
+        for (int k = 0; k < nfixed; k++) {
+            if (v == 1) cf[ncf++] = (config){"fixed, no look-ahead", fixed[k], 0, 0, 0, v};
+            cf[ncf++] = (config){"fixed, look-ahead", fixed[k], 0, 1, 0, v};
+        }
+        for (int k = 0; k < nmin; k++) cf[ncf++] = (config){"dynamic", 0, 1, 1, min_mb[k], v};
     }
-    for (int k = 0; k < nmin; k++) cf[ncf++] = (config){"dynamic", 0, 1, 1, min_mb[k]};
     double *t_pp = xmalloc(reps * sizeof(double)), *t_one = xmalloc(reps * sizeof(double)),
            *idle = xmalloc(reps * sizeof(double)), *wait = xmalloc(reps * sizeof(double));
     for (int k = 0; k < ncf; k++) {
@@ -277,7 +383,8 @@ int main(int argc, char **argv) {
         po.prefetch = cf[k].prefetch;
         po.min_mb_tokens = cf[k].dynamic ? cf[k].min_mb : 64;
         po.balance_seq_len = seq_len;
-        po.quiet = k > 0 || rank != 0;
+        po.quiet = (k > 0 && cf[k].v == cf[k - 1].v) || rank != 0;
+        po.virtual_stages = cf[k].v;
         const int cap = cf[k].fixed_m ? MOERL_MAX(seq_len, (T / cf[k].fixed_m / seq_len) * seq_len) : cap_max;
         pp_state *ps = pp_state_new(&g, &m, &po);
         if (!ps) {
@@ -287,6 +394,7 @@ int main(int argc, char **argv) {
         par_state par = {.grid = &g, .pp = ps};
         train_step_opts to = {.max_tokens = cap, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef, .par = &par};
         po.quiet = 1;
+        po.virtual_stages = 1; /* the one-stage peer */
         pp_state *ps1 = pp_state_new(&g1, &m, &po);
         par_state par1 = {.grid = &g1, .pp = ps1};
         train_step_opts t1 = to;
@@ -327,9 +435,9 @@ int main(int argc, char **argv) {
             char name[64];
             if (cf[k].fixed_m) snprintf(name, sizeof name, "m=%d %s", cf[k].fixed_m, cf[k].name + 7);
             else snprintf(name, sizeof name, "dynamic, >= %d tok/mb", cf[k].min_mb);
-            printf("%-26s %4d %10.1f %10.1f %10.2f %9.1f%% %9.1f%% %8.1f%% %9.2f\n", name, mbs, 1e3 * mpp, 1e3 * m1,
-                   m1 / mpp, 100 * bench_median(idle, reps), 100.0 * (P - 1) / (mbs + P - 1),
-                   100 * bench_median(wait, reps), bytes / 1e6);
+            printf("%-26s %2d %4d %10.1f %10.1f %8.2f %7.1f%% %7.1f%% %7.1f%% %8.1f%% %9.2f\n", name, cf[k].v, mbs,
+                   1e3 * mpp, 1e3 * m1, m1 / mpp, 100 * bench_median(idle, reps), 100.0 * (P - 1) / (mbs + P - 1),
+                   100.0 * (P - 1) / ((double)cf[k].v * mbs + P - 1), 100 * bench_median(wait, reps), bytes / 1e6);
             fflush(stdout);
         }
         pp_state_free(ps);

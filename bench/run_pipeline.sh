@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Pipeline bubble (issue 13): bench_dist_pipeline under mpirun -np 2 (2 stages, one compute thread
-# each): measured idle share of the stages next to the 1F1B theory (p−1)/(m+p−1), for fixed
-# micro-batch counts with and without look-ahead receives, and the dynamic count (4..16 from the token
-# budget, micro-batches of at least 64 or 128 tokens); then m = 2 with the progress thread off
+# each): measured idle share of the stages next to the 1F1B theory (p−1)/(m+p−1) and the interleaved
+# theory (p−1)/(v·m+p−1), for fixed micro-batch counts 2, 4, 8 with and without look-ahead receives,
+# and the dynamic count (4..16 from the token budget, micro-batches of at least 64 or 128 tokens);
+# the same rows with the interleaved schedule (v = 2 chunks per stage) in the same run; then m = 2 with the progress thread off
 # (MOERL_PP_PROGRESS_US=0). The one-rank peer is a one-stage pipeline (same code) on rank 0.
+# Then stage-owned dp 2 x pp 2 (-np 4): the exposed gradient sum over a stage's data-parallel ranks,
+# after the schedule against overlapped with the cool-down (v = 2; v = 1 has nothing to overlap).
 # Then the model state per rank (stage-owned against replicated): measured with 2 and 4 stages on the
 # benchmark model (--memory), and the arithmetic for Qwen3-30B-A3B's layout (--config-json).
 # Usage: bench/run_pipeline.sh [BUILD] [extra bench flags]   (default build; builds the binary if missing)
@@ -25,9 +28,12 @@ if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fm
 fi
 echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS"
 run() { echo "\$ $*"; "$@"; echo; }
-run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4 --min-mb-tokens 64,128 "$@"
+run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4,8 --min-mb-tokens 64,128 --vpp 1,2 "$@"
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# without the progress thread"
 MOERL_PP_PROGRESS_US=0 run mpirun --oversubscribe -np 2 -x MOERL_PP_PROGRESS_US "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2 "$@"
+echo "# stage-owned dp 2 x pp 2: the stage's gradient sum after the schedule against overlapped with the cool-down"
+run mpirun --oversubscribe -np 4 "$BUILD/mpi/bench/bench_dist_pipeline" --owned 2 --vpp 1,2 --fixed 4 --reps 5
 echo "# model state per rank: stage-owned against replicated"
 run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --memory --layers 8
 run mpirun --oversubscribe -np 4 "$BUILD/mpi/bench/bench_dist_pipeline" --memory --layers 8

@@ -16,6 +16,7 @@
 #                 -np 4 ep 4 -> -np 2 ep 2 and -> one process; EP × FSDP -np 4 ep 2 × fsdp 2, resumed both ways) against
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
 #                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard; N -> M resume dp 2 x pp 2 -> pp 3 and one
+#                 process; interleaved v 2: pp 2, dp 2 x pp 2, too few layers refused, pp 2 v 2 -> one
 #                 process) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
@@ -24,7 +25,8 @@
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
-#   test_dist_pp  pipeline parallelism (1F1B): pp 2, pp 3, pp 4 and dp 2 x pp 2 against one rank after K AdamW
+#   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
+#                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
 #                 stage-owned: forward-only logprobs on every stage, training through parallel.h, gather
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
@@ -323,6 +325,42 @@ edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1
 rc=$?
 EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4b"'
+# interleaved 1F1B (actor.virtual_pipeline_parallel_size=2, 4 layers = 4 chunks of one layer): -np 2
+# pp 2 against the plain 1F1B pp 2 on the same model (the same micro-batches through the same kernels:
+# bit-identical weights, tolerance 0) and against one process, -np 4 dp 2 x pp 2 against one process;
+# both bubble theories in the metrics; 3 layers cannot make 4 chunks (refused naming the keys); N -> M:
+# 2 steps on -np 2 pp 2 v 2 resumed to 4 steps on one process against the uninterrupted run. Against
+# one process the weights get 5e-5 (≈ lr/60, as EP's): the pipeline's dynamic count cuts this batch
+# into 16 micro-batches where one process packs 160-token ones, so the fp32 gradient sums run in
+# another order — the plain 1F1B on these 4 layers differs by the same 3.0e-5 (layer 0's q_proj)
+SFTV=(model.num_hidden_layers=4 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
+"$M" sft --config "$W/sft.yaml" "${SFTV[@]}" trainer.default_local_dir="$W/rv1" >/dev/null 2>&1
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" actor.pipeline_parallel_size=2 \
+    trainer.default_local_dir="$W/rvp" >/dev/null 2>&1
+for NP in 2 4; do
+    timeout 180 "${MPIRUN[@]}" -np "$NP" "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" actor.pipeline_parallel_size=2 \
+        actor.virtual_pipeline_parallel_size=2 trainer.default_local_dir="$W/rv$NP" >"$W/out" 2>"$W/err"
+    rc=$?
+    EDGE_WHAT="moerl-mpi sft -np $NP pp 2 v 2 (interleaved) against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/rv1" "$W/rv$NP" 5e-5 && grep -q "2 stages × 2 interleaved chunks" "$W/err" &&
+               { [[ $NP -ne 2 ]] || same_run "$W/rvp" "$W/rv$NP" 0; } &&
+               grep -q "perf/pipeline_bubble_theory_interleaved" "$W/rv$NP/metrics.jsonl" &&
+               grep -q "\"perf/pipeline_virtual_stages\":2" "$W/rv$NP/metrics.jsonl"'
+done
+timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size=2 \
+    actor.virtual_pipeline_parallel_size=2 trainer.default_local_dir="$W/rv3" >"$W/out" 2>"$W/err"
+rc=$?
+EDGE_WHAT="moerl-mpi sft -np 2 pp 2 v 2 on 3 layers: refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.virtual_pipeline_parallel_size=2 × actor.pipeline_parallel_size=2" "$W/err"'
+"$M" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/cv1" >/dev/null 2>&1
+timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 trainer.default_local_dir="$W/pv2" >/dev/null 2>"$W/err"
+"$M" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/pv2" >/dev/null 2>"$W/err"
+rc=$?
+EDGE_WHAT="checkpoint of -np 2 pp 2 v 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/cv1" "$W/pv2" 5e-5'
 # N -> M with expert parallelism: 2 steps on -np 4 ep 4, resumed to 4 steps on -np 2 ep 2 and on one
 # process (the checkpoint is the whole model: experts and moments assembled on rank 0 by
 # par_gather_full; each rank of the resume slices its experts' weights and moments from it)

@@ -12,6 +12,9 @@ void par_def_keys(cfg *c) {
     cfg_def_int(c, "actor.ulysses_sequence_parallel_size", 1,
                 "Ulysses sequence parallelism: tokens split over this many ranks, attention head-sharded");
     cfg_def_int(c, "actor.pipeline_parallel_size", 1, "pipeline stages (1F1B schedule over micro-batches)");
+    cfg_def_int(c, "actor.virtual_pipeline_parallel_size", 1,
+                "model chunks per pipeline stage (interleaved 1F1B, Megatron's virtual stages): 1 = the plain 1F1B; "
+                "> 1 needs actor.pipeline_parallel_size ≥ 2 and a micro-batch count that is a multiple of it");
     cfg_def_str(c, "actor.moe.dispatcher", "auto",
                 "expert-parallel token exchange: alltoall (fixed capacity) | alltoallv (exact counts) | auto");
     cfg_def_int(c, "actor.moe.alltoall_max_ep", 16, "dispatcher=auto: all-to-all up to this EP size, all-to-all-v above");
@@ -29,6 +32,7 @@ int par_read_keys(const cfg *c, par_config *pc) {
     pc->expert_parallel_size = (int)cfg_int(c, "actor.expert_parallel_size");
     pc->ulysses_sequence_parallel_size = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
     pc->pipeline_parallel_size = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    pc->virtual_pipeline_parallel_size = (int)cfg_int(c, "actor.virtual_pipeline_parallel_size");
     if (pc->fsdp_size == 0 || pc->fsdp_size < -1)
         return moerl_errorf("actor.fsdp_config.fsdp_size must be -1 (all ranks of a stage) or ≥ 1, got %d", pc->fsdp_size);
     if (pc->expert_parallel_size < 1)
@@ -38,6 +42,13 @@ int par_read_keys(const cfg *c, par_config *pc) {
                             pc->ulysses_sequence_parallel_size);
     if (pc->pipeline_parallel_size < 1)
         return moerl_errorf("actor.pipeline_parallel_size must be ≥ 1, got %d", pc->pipeline_parallel_size);
+    if (pc->virtual_pipeline_parallel_size < 1)
+        return moerl_errorf("actor.virtual_pipeline_parallel_size must be ≥ 1, got %d",
+                            pc->virtual_pipeline_parallel_size);
+    if (pc->virtual_pipeline_parallel_size > 1 && pc->pipeline_parallel_size < 2)
+        return moerl_errorf("actor.virtual_pipeline_parallel_size=%d interleaves the chunks of a pipeline: it needs "
+                            "actor.pipeline_parallel_size ≥ 2 (it is %d)", pc->virtual_pipeline_parallel_size,
+                            pc->pipeline_parallel_size);
     const char *d = cfg_str(c, "actor.moe.dispatcher");
     if (!strcmp(d, "auto")) pc->dispatcher = MOE_DISPATCH_AUTO;
     else if (!strcmp(d, "alltoall")) pc->dispatcher = MOE_DISPATCH_ALLTOALL;
@@ -59,6 +70,14 @@ int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L) {
     if (pp > L)
         return moerl_errorf("actor.pipeline_parallel_size=%d exceeds the model's %d layers (a stage needs ≥ 1 layer)",
                             pp, L);
+    const int vpp = pc->virtual_pipeline_parallel_size > 0 ? pc->virtual_pipeline_parallel_size : 1;
+    if (vpp > 1 && pp < 2)
+        return moerl_errorf("actor.virtual_pipeline_parallel_size=%d needs actor.pipeline_parallel_size ≥ 2 (it is %d)",
+                            vpp, pp);
+    if ((long)pp * vpp > L)
+        return moerl_errorf("actor.virtual_pipeline_parallel_size=%d × actor.pipeline_parallel_size=%d = %ld model chunks "
+                            "exceed the model's %d layers (a chunk needs ≥ 1 layer): use at most %d chunks per stage",
+                            vpp, pp, (long)pp * vpp, L, L / pp);
     const int D = T / pp, sp = pc->ulysses_sequence_parallel_size, ep = pc->expert_parallel_size;
     const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
     if (D % sp)

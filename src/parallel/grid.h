@@ -19,7 +19,8 @@
  *
  * Config keys (verl names): actor.fsdp_config.fsdp_size (−1 = all D ranks of a stage, verl's
  * default; 1 = off), actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
- * actor.pipeline_parallel_size, actor.moe.dispatcher (alltoall | alltoallv | auto),
+ * actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size (interleaved 1F1B: model chunks per
+ * stage, Megatron-LM's virtual_pipeline_model_parallel_size), actor.moe.dispatcher (alltoall | alltoallv | auto),
  * actor.moe.alltoall_max_ep (auto picks all-to-all up to this EP size, all-to-all-v above: the
  * Ascend practice's switch at 16), actor.moe.capacity_factor (fixed-capacity all-to-all).
  * Sources: Megatron-LM parallel_state.initialize_model_parallel (rank order), verl
@@ -37,6 +38,7 @@ typedef struct {
     int expert_parallel_size;
     int ulysses_sequence_parallel_size;
     int pipeline_parallel_size;
+    int virtual_pipeline_parallel_size; /* model chunks per stage (interleaved 1F1B); 0 or 1 = plain 1F1B */
     moe_dispatcher dispatcher;
     int alltoall_max_ep;      /* auto: all-to-all while ep ≤ this, all-to-all-v above */
     double capacity_factor;   /* all-to-all capacity per expert = ceil(factor · tokens · K / E) */

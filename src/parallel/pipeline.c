@@ -1,4 +1,5 @@
-/* Pipeline parallelism: stage partition, micro-batch plan and the 1F1B schedule. See pipeline.h. */
+/* Pipeline parallelism: stage partition, micro-batch plan, the 1F1B schedule (plain and interleaved),
+ * stage-local ownership. See pipeline.h. */
 #include "parallel/pipeline.h"
 
 #include <float.h>
@@ -18,9 +19,12 @@
 #include "model/perf.h"
 
 pp_options pp_options_default(void) {
-    pp_options o = {.dynamic = 1, .mb_min = 4, .mb_max = 16, .min_mb_tokens = 64, .prefetch = 1, .progress_us = 50};
+    pp_options o = {.dynamic = 1, .mb_min = 4, .mb_max = 16, .min_mb_tokens = 64, .prefetch = 1, .progress_us = 50,
+                    .overlap_grads = 1};
     const char *e = getenv("MOERL_PP_PROGRESS_US");
     if (e && *e) o.progress_us = atoi(e);
+    e = getenv("MOERL_PP_OVERLAP_GRADS");
+    if (e && *e) o.overlap_grads = atoi(e);
     return o;
 }
 
@@ -81,6 +85,7 @@ int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *
 int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb) {
     const pp_options d = pp_options_default();
     if (!opt) opt = &d;
+    const int v = opt->virtual_stages > 1 ? opt->virtual_stages : 1;
     int m = pack_microbatches(seqs, n, max_tokens, mb);
     if (m < 0) return MOERL_ERR;
     int64_t T = 0;
@@ -93,12 +98,24 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
         int64_t by_tokens = opt->min_mb_tokens > 0 ? T / opt->min_mb_tokens : opt->mb_max;
         int target = (int)MOERL_MIN(by_tokens, (int64_t)opt->mb_max);
         target = MOERL_MAX(target, MOERL_MAX(opt->mb_min, pp));
-        if (m < target) {
+        if (v == 1 && m < target) {
             int cap = (int)MOERL_MAX((int64_t)longest, (T + target - 1) / target);
             cap = MOERL_MIN(cap, max_tokens);
             int m2 = pack_microbatches(seqs, n, cap, mb);
             if (m2 < 0) return MOERL_ERR;
             m = m2;
+        } else if (v > 1 && (m < target || m % pp)) {
+            /* interleaved: the smallest count from the target up that is a multiple of pp (the greedy
+             * packing need not hit the target exactly, so the caps are tried in turn) */
+            target = (target + pp - 1) / pp * pp;
+            for (int t = target; t <= MOERL_MAX(n, target); t++) {
+                int cap = (int)MOERL_MAX((int64_t)longest, (T + t - 1) / t);
+                cap = MOERL_MIN(cap, max_tokens);
+                const int m2 = pack_microbatches(seqs, n, cap, mb);
+                if (m2 < 0) return MOERL_ERR;
+                m = m2;
+                if (m2 >= pp && m2 % pp == 0) break;
+            }
         }
     }
     if (m < pp)
@@ -107,7 +124,53 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
                             "sequences%s, or lower actor.pipeline_parallel_size",
                             m, m == 1 ? "" : "es", n, (long long)T, max_tokens, pp, pp, pp,
                             opt->dynamic ? "" : " or lower the micro-batch token limit");
+    if (v > 1 && m % pp)
+        return moerl_errorf("pipeline: the interleaved schedule (actor.virtual_pipeline_parallel_size=%d) needs a "
+                            "micro-batch count that is a multiple of actor.pipeline_parallel_size=%d, but this batch "
+                            "makes %d micro-batches (%d sequences, %lld tokens, at most %d tokens per micro-batch): it "
+                            "needs %d%s, or set actor.virtual_pipeline_parallel_size=1",
+                            v, pp, m, n, (long long)T, max_tokens, (m + pp - 1) / pp * pp,
+                            opt->dynamic ? " (give each pipeline more sequences)"
+                                         : " (change the micro-batch token limit or the number of sequences)");
     return m;
+}
+
+/* ------------------------------------------------------------------ schedule order */
+
+int pp_schedule(int pp, int stage, int v, int m, int *kind, int *chunk, int *mbi) {
+    int n = 0;
+    if (v <= 1) { /* 1F1B: W warm-up forwards, steady pairs, cool-down backwards */
+        const int W = MOERL_MIN(pp - stage - 1, m);
+#define OP(f, c, j) (kind[n] = (f), chunk[n] = (c), mbi[n] = (j), n++)
+        for (int j = 0; j < W; j++) OP(0, 0, j);
+        for (int i = 0; i < m - W; i++) {
+            OP(0, 0, W + i);
+            OP(1, 0, i);
+        }
+        for (int i = m - W; i < m; i++) OP(1, 0, i);
+        return n;
+    }
+    /* interleaved (Megatron-LM): the k-th forward of a rank is chunk (k mod pv)/p of micro-batch
+     * (k / pv)·p + k mod p — groups of p micro-batches walk through the chunks —, the k-th backward
+     * the same micro-batch of chunk v − 1 − (k mod pv)/p; warm-up (p − s − 1)·2 + (v − 1)·p forwards
+     * (all of them when m = p), then 1F1B pairs, then the cool-down backwards */
+    if (m % pp)
+        return moerl_errorf("pipeline: the interleaved schedule needs a micro-batch count that is a multiple of "
+                            "actor.pipeline_parallel_size=%d, got %d", pp, m);
+    const int tot = m * v, pv = pp * v;
+    const int W = m == pp ? tot : MOERL_MIN((pp - stage - 1) * 2 + (v - 1) * pp, tot);
+#define FWD(k) OP(0, ((k) % pv) / pp, ((k) / pv) * pp + (k) % pp)
+#define BWD(k) OP(1, v - 1 - ((k) % pv) / pp, ((k) / pv) * pp + (k) % pp)
+    for (int k = 0; k < W; k++) FWD(k);
+    for (int i = 0; i < tot - W; i++) {
+        FWD(W + i);
+        BWD(i);
+    }
+    for (int k = tot - W; k < tot; k++) BWD(k);
+#undef FWD
+#undef BWD
+#undef OP
+    return n;
 }
 
 /* ------------------------------------------------------------------ state */
@@ -116,69 +179,105 @@ typedef struct {
     model_acts a;
     int *tok, *cu, *tgt, *seq_of, *resp_index;
     float *dlogp, *dent;
-    float *fa, *ba;        /* [2E] counts and probability sums of stages 0..s; [E] the micro-batch's counts */
+    float *fa, *ba;        /* [2E] counts and probability sums of virtual stages 0..k; [E] the micro-batch's counts */
     int fwd_posted;        /* micro-batch whose input receive is posted into this slot, −1 none */
     int grad_posted;       /* micro-batch whose gradient receive is posted, −1 none */
     dist_req *rq_h, *rq_fa, *rq_g, *rq_ba; /* receives: hidden, forward aux, d hidden, backward aux */
     dist_req *sq_h, *sq_fa, *sq_g, *sq_ba; /* sends of the same */
 } pp_slot;
 
+/* The overlapped gradient sum (pp_options.overlap_grads): a thread that sums a chunk's gradient
+ * range over grid.stage_comm (the same blocking calls, in the same order, as the sum after the
+ * schedule) as soon as the chunk's last backward is done. */
+typedef struct {
+    pthread_t th;
+    int running;  /* the thread exists (until grad_sum_join) */
+    int started;  /* this step's sums were handed to the thread: pp_finish_grads waits instead of summing */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int queue[PP_MAX_CHUNKS], nq, head, closed, rc;
+    char err[256];
+} grad_sum;
+
 struct pp_state {
     dist_comm *comm;
-    int pp, stage, lo, hi, L, E, H, aux; /* aux: the model has MoE layers (aux messages travel) */
-    int *bounds;
-    int max_tokens, n_slots;
-    pp_slot *slots;
+    int pp, stage, v, nv;     /* stages, this stage, chunks per stage, virtual stages pp·v */
+    int lo, hi, L, E, H, aux; /* lo, hi: chunk 0's layers; aux: the model has MoE layers (aux messages travel) */
+    int *bounds;              /* [nv+1]: virtual stage k = chunk k / pp of stage k mod pp holds [bounds[k], bounds[k+1]) */
+    int max_tokens;
+    int n_slots[PP_MAX_CHUNKS];
+    pp_slot *slots[PP_MAX_CHUNKS];
+    int cur_m;                /* micro-batches of the schedule running (message tags) */
+    int *done_c;              /* [v] backwards done per chunk in this step */
     pp_options opt;
     pp_stats st;
     double wait_s, busy_s;
     /* stage-local ownership (pp_own_stage): m holds this stage's units only */
     moe_model *own_m;       /* NULL: the model is replicated (the caller sums over all trainers) */
     dist_comm *stage_comm;  /* the stage's data-parallel ranks (gradient sum) */
-    size_t own_lo, own_hi;  /* layout floats of this stage's units */
+    size_t own_lo, own_hi;  /* hull of this stage's ranges (v = 1: its one range) */
+    size_t own_n;           /* floats this stage owns: Σ of its chunks' ranges */
+    size_t coff[PP_MAX_CHUNKS + 1]; /* chunk c's first float in the compact (moment) layout */
     size_t emb_lo, emb_hi;  /* the embedding unit (tied head: the last stage holds a copy) */
-    size_t *st_lo, *st_hi;  /* [pp]: every stage's own range */
+    size_t *st_lo, *st_hi;  /* [nv]: every virtual stage's range */
     int tied;               /* tied embeddings and pp > 1: first and last stage share the embedding */
     size_t map_bytes;
-    adamw_range *ranges;    /* this stage's tensors, offsets relative to own_lo */
-    int n_ranges;
+    adamw_range *ranges;    /* this stage's tensors, chunk c's in [r0[c], r0[c+1]), offsets relative to its range */
+    int r0[PP_MAX_CHUNKS + 1];
+    grad_sum gs;
 };
 
-static void slots_free(pp_state *s) {
-    for (int k = 0; k < s->n_slots && s->slots; k++) {
-        pp_slot *sl = &s->slots[k];
+static int vstage(const pp_state *s, int c) { return c * s->pp + s->stage; }
+static size_t piece_lo(const pp_state *s, int c) { return s->st_lo[vstage(s, c)]; }
+static size_t piece_n(const pp_state *s, int c) { return s->st_hi[vstage(s, c)] - s->st_lo[vstage(s, c)]; }
+
+static void slots_free_chunk(pp_state *s, int c) {
+    for (int k = 0; k < s->n_slots[c] && s->slots[c]; k++) {
+        pp_slot *sl = &s->slots[c][k];
         if (sl->a.arena) model_acts_free(&sl->a);
         free(sl->tok); free(sl->cu); free(sl->tgt); free(sl->seq_of); free(sl->resp_index);
         free(sl->dlogp); free(sl->dent); free(sl->fa); free(sl->ba);
     }
-    free(s->slots);
-    s->slots = NULL;
+    free(s->slots[c]);
+    s->slots[c] = NULL;
+    s->n_slots[c] = 0;
+}
+
+static void slots_free(pp_state *s) {
+    for (int c = 0; c < s->v; c++) slots_free_chunk(s, c);
     s->max_tokens = 0;
 }
 
-/* (Re)allocate the activation slots for micro-batches of up to max_tokens tokens. */
-static int slots_alloc(pp_state *s, const moe_model *m, int max_tokens) {
-    if (s->slots && max_tokens <= s->max_tokens) return MOERL_OK;
-    slots_free(s);
-    s->max_tokens = max_tokens;
-    s->slots = xcalloc(s->n_slots, sizeof(pp_slot));
-    const size_t N = (size_t)max_tokens, E = s->E > 0 ? s->E : 1;
-    for (int k = 0; k < s->n_slots; k++) {
-        pp_slot *sl = &s->slots[k];
-        if (model_acts_init_range(&sl->a, m, max_tokens, s->lo, s->hi) != MOERL_OK) {
-            slots_free(s);
-            return MOERL_ERR;
+/* Activation slots for micro-batches of up to max_tokens tokens, at least need[c] for chunk c (the
+ * schedule's largest number of chunk-c micro-batches in flight: a chunk's forwards and backwards
+ * run in micro-batch order, so micro-batch j uses slot j mod n_slots[c]). Kept while big enough. */
+static int slots_ensure(pp_state *s, const moe_model *m, int max_tokens, const int *need) {
+    if (max_tokens > s->max_tokens) slots_free(s);
+    s->max_tokens = MOERL_MAX(s->max_tokens, max_tokens);
+    const size_t N = (size_t)s->max_tokens, E = s->E > 0 ? s->E : 1;
+    for (int c = 0; c < s->v; c++) {
+        if (s->slots[c] && s->n_slots[c] >= need[c]) continue;
+        slots_free_chunk(s, c);
+        s->n_slots[c] = need[c];
+        s->slots[c] = xcalloc(need[c], sizeof(pp_slot));
+        const int vs = vstage(s, c);
+        for (int k = 0; k < need[c]; k++) {
+            pp_slot *sl = &s->slots[c][k];
+            sl->fwd_posted = sl->grad_posted = -1;
+            if (model_acts_init_range(&sl->a, m, s->max_tokens, s->bounds[vs], s->bounds[vs + 1]) != MOERL_OK) {
+                slots_free(s);
+                return MOERL_ERR;
+            }
+            sl->tok = xmalloc(N * sizeof(int));
+            sl->cu = xmalloc((N + 1) * sizeof(int));
+            sl->tgt = xmalloc(N * sizeof(int));
+            sl->seq_of = xmalloc(N * sizeof(int));
+            sl->resp_index = xmalloc(N * sizeof(int));
+            sl->dlogp = xmalloc(N * sizeof(float));
+            sl->dent = xmalloc(N * sizeof(float));
+            sl->fa = xcalloc(2 * E, sizeof(float));
+            sl->ba = xcalloc(E, sizeof(float));
         }
-        sl->tok = xmalloc(N * sizeof(int));
-        sl->cu = xmalloc((N + 1) * sizeof(int));
-        sl->tgt = xmalloc(N * sizeof(int));
-        sl->seq_of = xmalloc(N * sizeof(int));
-        sl->resp_index = xmalloc(N * sizeof(int));
-        sl->dlogp = xmalloc(N * sizeof(float));
-        sl->dent = xmalloc(N * sizeof(float));
-        sl->fa = xcalloc(2 * E, sizeof(float));
-        sl->ba = xcalloc(E, sizeof(float));
-        sl->fwd_posted = sl->grad_posted = -1;
     }
     return MOERL_OK;
 }
@@ -195,15 +294,33 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
     s->stage_comm = g->stage_comm;
     s->pp = g->pp;
     s->stage = g->stage;
+    s->v = s->opt.virtual_stages > 0 ? s->opt.virtual_stages
+                                     : MOERL_MAX(1, g->cfg.virtual_pipeline_parallel_size);
+    s->opt.virtual_stages = s->v;
     s->L = c->num_hidden_layers;
     s->E = c->num_experts;
     s->H = c->hidden_size;
     for (int l = 0; l < s->L; l++) s->aux |= moe_config_layer_is_moe(c, l);
-    s->bounds = xmalloc((s->pp + 1) * sizeof(int));
-    double *cost = xmalloc(s->pp * sizeof(double));
+    if (s->v > PP_MAX_CHUNKS || (s->v > 1 && s->pp < 2)) {
+        moerl_errorf("actor.virtual_pipeline_parallel_size=%d: expected 1..%d chunks per stage, and more than 1 only "
+                     "with actor.pipeline_parallel_size ≥ 2 (it is %d)", s->v, PP_MAX_CHUNKS, s->pp);
+        free(s);
+        return NULL;
+    }
+    s->nv = s->pp * s->v;
+    s->bounds = xmalloc((s->nv + 1) * sizeof(int));
+    s->done_c = xcalloc(s->v, sizeof(int));
+    double *cost = xmalloc(s->nv * sizeof(double));
     const int bal = s->opt.balance_seq_len > 0 ? s->opt.balance_seq_len
                                                 : MOERL_MAX(1, MOERL_MIN(c->max_position_embeddings, 4096));
-    if (pp_partition(c, s->pp, bal, s->bounds, cost) != MOERL_OK) {
+    if (s->nv > s->L) {
+        moerl_errorf("pipeline: actor.pipeline_parallel_size=%d × actor.virtual_pipeline_parallel_size=%d = %d model "
+                     "chunks exceed the model's %d layers (a chunk needs ≥ 1 layer)", s->pp, s->v, s->nv, s->L);
+        free(cost);
+        pp_state_free(s);
+        return NULL;
+    }
+    if (pp_partition(c, s->nv, bal, s->bounds, cost) != MOERL_OK) {
         free(cost);
         pp_state_free(s);
         return NULL;
@@ -212,22 +329,32 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
     s->hi = s->bounds[s->stage + 1];
     if (!s->opt.quiet && s->stage == 0 && g->d == 0) {
         double tot = 0;
-        for (int k = 0; k < s->pp; k++) tot += cost[k];
-        char line[1024];
+        for (int k = 0; k < s->nv; k++) tot += cost[k];
+        char line[2048];
         int o = 0;
-        for (int k = 0; k < s->pp && o < (int)sizeof line - 80; k++)
-            o += snprintf(line + o, sizeof line - o, "%sstage %d: layers %d-%d%s%s (%.1f%% of FLOPs)", k ? "; " : "", k,
+        for (int k = 0; k < s->nv && o < (int)sizeof line - 100; k++) {
+            char who[48];
+            if (s->v > 1) snprintf(who, sizeof who, "stage %d chunk %d", k % s->pp, k / s->pp);
+            else snprintf(who, sizeof who, "stage %d", k);
+            o += snprintf(line + o, sizeof line - o, "%s%s: layers %d-%d%s%s (%.1f%% of FLOPs)", k ? "; " : "", who,
                           s->bounds[k], s->bounds[k + 1] - 1, k == 0 ? " + embedding" : "",
-                          k == s->pp - 1 ? " + norm, LM head" : "", 100.0 * cost[k] / tot);
-        log_info("pipeline partition (%d stages, balanced for %d-token sequences): %s", s->pp, bal, line);
+                          k == s->nv - 1 ? " + norm, LM head" : "", 100.0 * cost[k] / tot);
+        }
+        if (s->v > 1)
+            log_info("pipeline partition (%d stages × %d interleaved chunks, balanced for %d-token sequences): %s",
+                     s->pp, s->v, bal, line);
+        else
+            log_info("pipeline partition (%d stages, balanced for %d-token sequences): %s", s->pp, bal, line);
     }
     free(cost);
-    s->n_slots = s->pp - s->stage; /* 1F1B: at most pp − stage micro-batches in flight */
     return s;
 }
 
+static int grad_sum_join(pp_state *s);
+
 void pp_state_free(pp_state *s) {
     if (!s) return;
+    grad_sum_join(s);
     if (s->own_m && pp_release_stage(s) != MOERL_OK)
         moerl_fatal("pipeline stage %d: assembling the whole model: %s", s->stage, moerl_last_error());
     free(s->st_lo);
@@ -235,14 +362,25 @@ void pp_state_free(pp_state *s) {
     free(s->ranges);
     slots_free(s);
     free(s->bounds);
+    free(s->done_c);
     free(s);
 }
 
-void pp_set_options(pp_state *s, const pp_options *opt) { s->opt = *opt; }
+void pp_set_options(pp_state *s, const pp_options *opt) {
+    s->opt = *opt;
+    s->opt.virtual_stages = s->v; /* fixed at creation (the cut and the ownership depend on it) */
+}
 
 void pp_stage_layers(const pp_state *s, int *lo, int *hi) {
     *lo = s->lo;
     *hi = s->hi;
+}
+
+int pp_chunks(const pp_state *s) { return s->v; }
+
+void pp_chunk_layers(const pp_state *s, int c, int *lo, int *hi) {
+    *lo = s->bounds[vstage(s, c)];
+    *hi = s->bounds[vstage(s, c) + 1];
 }
 
 const int *pp_bounds(const pp_state *s) { return s->bounds; }
@@ -252,10 +390,11 @@ int pp_metrics(const pp_state *s, const char **keys, double *vals) {
     if (!s) return 0;
     const pp_stats *st = &s->st;
     static const char *k[PP_N_METRICS] = {"perf/pipeline_bubble", "perf/pipeline_bubble_max",
-                                          "perf/pipeline_bubble_theory", "perf/pipeline_recv_wait",
-                                          "perf/pipeline_microbatches"};
-    const double v[PP_N_METRICS] = {st->bubble_mean, st->bubble_max, st->theory, st->wait_share_mean,
-                                    st->microbatches};
+                                          "perf/pipeline_bubble_theory", "perf/pipeline_bubble_theory_interleaved",
+                                          "perf/pipeline_recv_wait", "perf/pipeline_microbatches",
+                                          "perf/pipeline_virtual_stages"};
+    const double v[PP_N_METRICS] = {st->bubble_mean, st->bubble_max, st->theory, st->theory_interleaved,
+                                    st->wait_share_mean, st->microbatches, st->virtual_stages};
     for (int i = 0; i < PP_N_METRICS; i++) {
         keys[i] = k[i];
         vals[i] = v[i];
@@ -265,8 +404,12 @@ int pp_metrics(const pp_state *s, const char **keys, double *vals) {
 
 /* ------------------------------------------------------------------ schedule */
 
-/* Four messages per micro-batch and direction pair; tags stay below 32768. */
-static int tag_of(int j, int k) { return (j % 8000) * 4 + k; }
+/* Four message kinds per (destination virtual stage, micro-batch); tags stay below 32768. */
+static int tag_of(const pp_state *s, int vs_dest, int j, int k) {
+    return (int)(((int64_t)vs_dest * s->cur_m + j) % 8000) * 4 + k;
+}
+static int prev_rank(const pp_state *s) { return (s->stage + s->pp - 1) % s->pp; }
+static int next_rank(const pp_state *s) { return (s->stage + 1) % s->pp; }
 
 /* Wait for a request, counting the time as idle (blocked on the pipeline). */
 static void wait_idle(pp_state *s, dist_req **r) {
@@ -290,42 +433,45 @@ typedef struct {
     double *psum_out, *counts_out; /* last stage: [E] each */
 } pp_run;
 
-static pp_slot *slot_of(pp_state *s, int j) { return &s->slots[j % s->n_slots]; }
+static pp_slot *slot_of(pp_state *s, int c, int j) { return &s->slots[c][j % s->n_slots[c]]; }
 
-/* Post the receive of micro-batch j's input (stages after the first) into its slot. */
-static void post_input(pp_state *s, const pp_run *r, int j) {
-    pp_slot *sl = slot_of(s, j);
-    if (s->stage == 0 || sl->fwd_posted == j) return;
+/* Post the receive of micro-batch j's input to chunk c (all virtual stages but the first). */
+static void post_input(pp_state *s, const pp_run *r, int c, int j) {
+    pp_slot *sl = slot_of(s, c, j);
+    const int vs = vstage(s, c);
+    if (vs == 0 || sl->fwd_posted == j) return;
     wait_idle(s, &sl->sq_fa); /* fa was sent on by the slot's previous micro-batch */
-    sl->rq_h = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j, 0), sl->a.layers[s->lo].resid_in,
+    sl->rq_h = dist_comm_irecv_f32(s->comm, prev_rank(s), tag_of(s, vs, j, 0), sl->a.layers[s->bounds[vs]].resid_in,
                                    (size_t)r->N[j] * s->H);
-    if (s->aux) sl->rq_fa = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j, 1), sl->fa, 2 * (size_t)s->E);
+    if (s->aux)
+        sl->rq_fa = dist_comm_irecv_f32(s->comm, prev_rank(s), tag_of(s, vs, j, 1), sl->fa, 2 * (size_t)s->E);
     sl->fwd_posted = j;
 }
 
-/* Post the receive of micro-batch j's output gradient (stages before the last). */
-static void post_grad(pp_state *s, const pp_run *r, int j) {
-    pp_slot *sl = slot_of(s, j);
-    if (s->stage == s->pp - 1 || sl->grad_posted == j) return;
+/* Post the receive of micro-batch j's output gradient to chunk c (all virtual stages but the last). */
+static void post_grad(pp_state *s, const pp_run *r, int c, int j) {
+    pp_slot *sl = slot_of(s, c, j);
+    const int vs = vstage(s, c);
+    if (vs == s->nv - 1 || sl->grad_posted == j) return;
     wait_idle(s, &sl->sq_g); /* d_resid and ba were sent back by the slot's previous micro-batch */
     wait_idle(s, &sl->sq_ba);
-    sl->rq_g = dist_comm_irecv_f32(s->comm, s->stage + 1, tag_of(j, 2), sl->a.d_resid, (size_t)r->N[j] * s->H);
-    if (s->aux) sl->rq_ba = dist_comm_irecv_f32(s->comm, s->stage + 1, tag_of(j, 3), sl->ba, (size_t)s->E);
+    sl->rq_g = dist_comm_irecv_f32(s->comm, next_rank(s), tag_of(s, vs, j, 2), sl->a.d_resid, (size_t)r->N[j] * s->H);
+    if (s->aux) sl->rq_ba = dist_comm_irecv_f32(s->comm, next_rank(s), tag_of(s, vs, j, 3), sl->ba, (size_t)s->E);
     sl->grad_posted = j;
 }
 
-static void forward_step(pp_state *s, pp_run *r, int j) {
-    pp_slot *sl = slot_of(s, j);
-    const int last = s->stage == s->pp - 1, E = s->E;
+static void forward_step(pp_state *s, pp_run *r, int c, int j) {
+    pp_slot *sl = slot_of(s, c, j);
+    const int vs = vstage(s, c), last = vs == s->nv - 1, E = s->E;
     model_acts *a = &sl->a;
-    if (s->stage > 0) {
-        post_input(s, r, j); /* no-op when prefetched */
+    if (vs > 0) {
+        post_input(s, r, c, j); /* no-op when prefetched */
         wait_idle(s, &sl->rq_h);
         wait_idle(s, &sl->rq_fa);
         sl->fwd_posted = -1;
     }
     /* the slot's previous micro-batch must have left before its buffers are written again: resid_out
-     * and fa (written below on every stage; stage 0 posts no receive that would have waited for fa),
+     * and fa (written below on every stage; the first posts no receive that would have waited for fa),
      * ba (the last stage copies into it) */
     wait_idle(s, &sl->sq_h);
     wait_idle(s, &sl->sq_fa);
@@ -335,21 +481,22 @@ static void forward_step(pp_state *s, pp_run *r, int j) {
     const int N = train_pack(r->seqs, b0, b1, sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
     a->par = r->o->par;
     if (model_forward(r->model, a, sl->tok, sl->cu, NULL, b1 - b0, N) != MOERL_OK)
-        moerl_fatal("pipeline stage %d, micro-batch %d: %s", s->stage, j, moerl_last_error());
-    if (s->aux) { /* running sums of the router statistics over stages 0..s */
+        moerl_fatal("pipeline stage %d chunk %d, micro-batch %d: %s", s->stage, c, j, moerl_last_error());
+    if (s->aux) { /* running sums of the router statistics over virtual stages 0..vs */
         for (int e = 0; e < E; e++) {
-            sl->fa[e] = (s->stage ? sl->fa[e] : 0.0f) + a->aux_counts[e];
-            sl->fa[E + e] = (s->stage ? sl->fa[E + e] : 0.0f) + a->aux_psum[e];
+            sl->fa[e] = (vs ? sl->fa[e] : 0.0f) + a->aux_counts[e];
+            sl->fa[E + e] = (vs ? sl->fa[E + e] : 0.0f) + a->aux_psum[e];
         }
     }
     if (!last) {
         s->busy_s += moerl_now() - t0;
-        sl->sq_h = dist_comm_isend_f32(s->comm, s->stage + 1, tag_of(j, 0), a->resid_out, (size_t)N * s->H);
-        if (s->aux) sl->sq_fa = dist_comm_isend_f32(s->comm, s->stage + 1, tag_of(j, 1), sl->fa, 2 * (size_t)E);
-        if (s->opt.prefetch) post_grad(s, r, j);
+        sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, (size_t)N * s->H);
+        if (s->aux)
+            sl->sq_fa = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 1), sl->fa, 2 * (size_t)E);
+        if (s->opt.prefetch) post_grad(s, r, c, j);
         return;
     }
-    /* last stage: the model's router statistics, the loss and the token gradients */
+    /* last virtual stage: the model's router statistics, the loss and the token gradients */
     const train_step_opts *o = r->o;
     if (s->aux) {
         memcpy(a->aux_counts, sl->fa, E * sizeof(float));
@@ -371,19 +518,21 @@ static void forward_step(pp_state *s, pp_run *r, int j) {
     s->busy_s += moerl_now() - t0;
 }
 
-static void backward_step(pp_state *s, pp_run *r, int j) {
-    pp_slot *sl = slot_of(s, j);
-    const int last = s->stage == s->pp - 1, E = s->E;
+static void grad_sum_push(pp_state *s, int c);
+
+static void backward_step(pp_state *s, pp_run *r, int c, int j) {
+    pp_slot *sl = slot_of(s, c, j);
+    const int vs = vstage(s, c), last = vs == s->nv - 1, E = s->E;
     model_acts *a = &sl->a;
     if (!last) {
-        post_grad(s, r, j); /* no-op when prefetched */
+        post_grad(s, r, c, j); /* no-op when prefetched */
         wait_idle(s, &sl->rq_g);
         wait_idle(s, &sl->rq_ba);
         sl->grad_posted = -1;
         if (s->aux) memcpy(a->aux_counts, sl->ba, E * sizeof(float)); /* the micro-batch's counts, all layers */
     }
     /* model_backward writes d_resid, which the slot's previous micro-batch may still be sending
-     * (the last stage posts no gradient receive that would have waited for it) */
+     * (the last virtual stage posts no gradient receive that would have waited for it) */
     wait_idle(s, &sl->sq_g);
     const double t0 = moerl_now();
     const train_step_opts *o = r->o;
@@ -395,10 +544,13 @@ static void backward_step(pp_state *s, pp_run *r, int j) {
     }
     model_backward(r->model, a, last ? sl->dlogp : NULL, last && o->want_entropy ? sl->dent : NULL, (float)aux_w);
     s->busy_s += moerl_now() - t0;
-    if (s->stage > 0) {
-        sl->sq_g = dist_comm_isend_f32(s->comm, s->stage - 1, tag_of(j, 2), a->d_resid, (size_t)r->N[j] * s->H);
-        if (s->aux) sl->sq_ba = dist_comm_isend_f32(s->comm, s->stage - 1, tag_of(j, 3), sl->ba, (size_t)E);
-        if (s->opt.prefetch && j + s->n_slots < r->m) post_input(s, r, j + s->n_slots); /* the slot is free */
+    /* a chunk's backwards run in micro-batch order: after the last one its gradients are final */
+    if (++s->done_c[c] == r->m) grad_sum_push(s, c);
+    if (vs > 0) {
+        sl->sq_g = dist_comm_isend_f32(s->comm, prev_rank(s), tag_of(s, vs - 1, j, 2), a->d_resid,
+                                       (size_t)r->N[j] * s->H);
+        if (s->aux) sl->sq_ba = dist_comm_isend_f32(s->comm, prev_rank(s), tag_of(s, vs - 1, j, 3), sl->ba, (size_t)E);
+        if (s->opt.prefetch && j + s->n_slots[c] < r->m) post_input(s, r, c, j + s->n_slots[c]); /* the slot is free */
     }
 }
 
@@ -417,6 +569,88 @@ static void *progress_main(void *p) {
         nanosleep(&ts, NULL);
     }
     return NULL;
+}
+
+/* Sum x[n] over a group in pieces that fit MPI's int counts. */
+static int allreduce_chunks(dist_comm *c, float *x, size_t n) {
+    const size_t CH = (size_t)1 << 26;
+    for (size_t o = 0; o < n; o += CH)
+        if (dist_comm_allreduce_f32(c, x + o, MOERL_MIN(CH, n - o)) != MOERL_OK) return MOERL_ERR;
+    return MOERL_OK;
+}
+
+/* ---- the stage's gradient sum over its data-parallel ranks, chunk by chunk ----
+ * Chunk c's range is summed with allreduce_chunks over grid.stage_comm. The chunks' sums run in the
+ * order v − 1, …, 0 (the order in which the interleaved schedule finishes them; the same on every
+ * data-parallel rank of the stage whatever its micro-batch count), either after the schedule
+ * (pp_finish_grads) or, overlapped (v > 1 only), on a thread that starts a chunk's sum as soon as its
+ * last backward is done. Both make the same calls on the same buffers: the sums are bit-identical. */
+static int grad_sum_overlapped(const pp_state *s) {
+    /* v = 1: the one chunk finishes with the last backward, there is nothing to overlap */
+    return s->own_m && s->opt.overlap_grads && s->v > 1 && s->stage_comm && dist_comm_size(s->stage_comm) > 1;
+}
+
+static void *grad_sum_main(void *p) {
+    pp_state *s = p;
+    grad_sum *q = &s->gs;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        while (q->head == q->nq && !q->closed) pthread_cond_wait(&q->cv, &q->mu);
+        if (q->head == q->nq) { /* closed and drained */
+            pthread_mutex_unlock(&q->mu);
+            return NULL;
+        }
+        const int c = q->queue[q->head++];
+        pthread_mutex_unlock(&q->mu);
+        if (q->rc == MOERL_OK && allreduce_chunks(s->stage_comm, s->own_m->grads + piece_lo(s, c), piece_n(s, c)) !=
+                                     MOERL_OK) {
+            q->rc = MOERL_ERR;
+            snprintf(q->err, sizeof q->err, "%s", moerl_last_error());
+        }
+    }
+}
+
+static void grad_sum_start(pp_state *s) {
+    grad_sum *q = &s->gs;
+    if (!grad_sum_overlapped(s)) return;
+    q->nq = q->head = q->closed = 0;
+    q->rc = MOERL_OK;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    if (pthread_create(&q->th, NULL, grad_sum_main, s) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        return; /* pp_finish_grads sums after the schedule */
+    }
+    q->running = q->started = 1;
+}
+
+/* Chunk c's gradients are final on this rank. The order of the pushes must be v − 1, …, 0. */
+static void grad_sum_push(pp_state *s, int c) {
+    grad_sum *q = &s->gs;
+    if (!q->running) return;
+    pthread_mutex_lock(&q->mu);
+    MOERL_ASSERT(q->nq < PP_MAX_CHUNKS && c == s->v - 1 - q->nq);
+    q->queue[q->nq++] = c;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Wait for the overlapped sums (MOERL_OK at once when none runs). */
+static int grad_sum_join(pp_state *s) {
+    grad_sum *q = &s->gs;
+    if (!q->running) return MOERL_OK;
+    pthread_mutex_lock(&q->mu);
+    q->closed = 1;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->th, NULL);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    q->running = 0;
+    if (q->rc != MOERL_OK) return moerl_errorf("pipeline stage %d: gradient sum over the stage: %s", s->stage, q->err);
+    return q->nq == s->v ? MOERL_OK : moerl_errorf("pipeline stage %d: %d of %d chunks' gradient sums ran", s->stage,
+                                                   q->nq, s->v);
 }
 
 /* All stages agree on the batch (sum and sum of squares of each value over pp_comm), and all planned
@@ -439,12 +673,11 @@ static int check_agreement(pp_state *s, int ok, int n, int64_t tokens, int m) {
     return MOERL_OK;
 }
 
-/* This stage's checks before a schedule: the token limit, the slot buffers for it, every token in
- * the vocabulary. 1 when all hold (0 with a message). */
-static int check_inputs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens) {
+/* This stage's checks before a schedule: the token limit, every token in the vocabulary. 1 when all
+ * hold (0 with a message). */
+static int check_inputs(const moe_model *m, const train_seq *seqs, int n, int max_tokens) {
     const int V = m->cfg.vocab_size;
     if (max_tokens <= 0) return moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", max_tokens), 0;
-    if (slots_alloc(s, m, max_tokens) != MOERL_OK) return 0;
     for (int i = 0; i < n; i++)
         for (int t = 0; t < seqs[i].len; t++)
             if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= V)
@@ -453,25 +686,55 @@ static int check_inputs(pp_state *s, const moe_model *m, const train_seq *seqs, 
     return 1;
 }
 
+/* The slots a schedule of nm micro-batches needs (its ops from pp_schedule: the largest window of a
+ * chunk's micro-batches between their forward and backward; 1 for a forward-only pass), allocated. */
+static int slots_for(pp_state *s, const moe_model *m, int max_tokens, int nm, int fwd_only) {
+    int need[PP_MAX_CHUNKS];
+    for (int c = 0; c < s->v; c++) need[c] = 1;
+    if (!fwd_only && nm > 0) {
+        const int nops = 2 * nm * s->v;
+        int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
+        if (pp_schedule(s->pp, s->stage, s->v, nm, kind, chunk, mbi) != nops) {
+            free(kind);
+            return MOERL_ERR;
+        }
+        int in[PP_MAX_CHUNKS] = {0};
+        for (int i = 0; i < nops; i++) {
+            in[chunk[i]] += kind[i] ? -1 : 1;
+            need[chunk[i]] = MOERL_MAX(need[chunk[i]], in[chunk[i]]);
+        }
+        free(kind);
+        if (s->v == 1) need[0] = MOERL_MAX(need[0], s->pp - s->stage); /* the plain 1F1B's slots, as before */
+    }
+    return slots_ensure(s, m, max_tokens, need);
+}
+
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out) {
     memset(out, 0, sizeof *out);
-    const int E = s->E, P = s->pp;
+    s->gs.started = 0;
+    if (grad_sum_join(s) == MOERL_ERR) /* a previous step's sums that nobody finished */
+        return MOERL_ERR;
+    const int E = s->E, P = s->pp, V = s->v;
     int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
-    int ok = check_inputs(s, m, seqs, n, o->max_tokens), nm = 0;
+    int ok = check_inputs(m, seqs, n, o->max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
+    if (ok && slots_for(s, m, o->max_tokens, nm, 0) != MOERL_OK) ok = 0;
     pp_zero_grad(s, m);
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
         free(mb);
         free(Nmb);
         return MOERL_ERR;
     }
+    memset(s->done_c, 0, V * sizeof(int));
+    grad_sum_start(s);
     if (n == 0) { /* a data-parallel pipeline without sequences: zero gradients, as train_accumulate */
         free(mb);
         free(Nmb);
         memset(&s->st, 0, sizeof s->st);
+        for (int c = V - 1; c >= 0; c--) grad_sum_push(s, c);
         if (o->layer_hook)
             for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
         return MOERL_OK;
@@ -487,28 +750,33 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     pp_run r = {.seqs = seqs, .mb = mb, .N = Nmb, .m = nm, .total = total, .o = o, .fn = fn, .ctx = ctx, .model = m,
                 .out = out, .psum_out = acc, .counts_out = acc + E};
     s->wait_s = s->busy_s = 0;
+    s->cur_m = nm;
     const double bytes0 = dist_comm_bytes(s->comm, DIST_OP_P2P);
     progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
     atomic_init(&pa.stop, 0);
     pthread_t pt;
     const int have_pt = pa.us > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
     if (s->opt.prefetch)
-        for (int j = 0; j < MOERL_MIN(s->n_slots, nm); j++) post_input(s, &r, j);
-    /* 1F1B: warm-up forwards, steady forward/backward pairs, cool-down backwards */
-    const int W = MOERL_MIN(P - s->stage - 1, nm);
-    for (int j = 0; j < W; j++) forward_step(s, &r, j);
-    for (int i = 0; i < nm - W; i++) {
-        forward_step(s, &r, W + i);
-        backward_step(s, &r, i);
+        for (int c = 0; c < V; c++)
+            for (int j = 0; j < MOERL_MIN(s->n_slots[c], nm); j++) post_input(s, &r, c, j);
+    /* 1F1B (interleaved when V > 1): warm-up forwards, steady forward/backward pairs, cool-down backwards */
+    const int nops = 2 * nm * V;
+    int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
+    if (pp_schedule(P, s->stage, V, nm, kind, chunk, mbi) != nops) /* the plan checked the count */
+        moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
+    for (int i = 0; i < nops; i++) {
+        if (kind[i]) backward_step(s, &r, chunk[i], mbi[i]);
+        else forward_step(s, &r, chunk[i], mbi[i]);
     }
-    for (int i = nm - W; i < nm; i++) backward_step(s, &r, i);
-    for (int k = 0; k < s->n_slots; k++) {
-        pp_slot *sl = &s->slots[k];
-        wait_idle(s, &sl->sq_h);
-        wait_idle(s, &sl->sq_fa);
-        wait_idle(s, &sl->sq_g);
-        wait_idle(s, &sl->sq_ba);
-    }
+    free(kind);
+    for (int c = 0; c < V; c++)
+        for (int k = 0; k < s->n_slots[c]; k++) {
+            pp_slot *sl = &s->slots[c][k];
+            wait_idle(s, &sl->sq_h);
+            wait_idle(s, &sl->sq_fa);
+            wait_idle(s, &sl->sq_g);
+            wait_idle(s, &sl->sq_ba);
+        }
     const double sched = moerl_now() - t_start;
     if (have_pt) {
         atomic_store(&pa.stop, 1);
@@ -535,6 +803,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     pp_stats *st = &s->st;
     memset(st, 0, sizeof *st);
     st->stages = P;
+    st->virtual_stages = V;
     st->microbatches = nm;
     for (int k = 0; k < P; k++) st->step_s = MOERL_MAX(st->step_s, tim[k]);
     for (int k = 0; k < P && st->step_s > 0; k++) {
@@ -547,7 +816,13 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     st->wait_s = s->wait_s;
     st->bubble = st->step_s > 0 ? 1.0 - s->busy_s / st->step_s : 0;
     st->theory = (double)(P - 1) / (double)(nm + P - 1);
+    st->theory_interleaved = (double)(P - 1) / (double)((double)V * nm + P - 1);
     st->bytes_sent = dist_comm_bytes(s->comm, DIST_OP_P2P) - bytes0;
+    if (s->gs.running) {
+        pthread_mutex_lock(&s->gs.mu);
+        st->grad_sums_overlapped = s->gs.nq;
+        pthread_mutex_unlock(&s->gs.mu);
+    }
     if (o->layer_hook) /* every group's gradient (this stage's share) is final: the caller's sum may start */
         for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
     free(acc);
@@ -565,8 +840,9 @@ static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, 
                         int *Nmb) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
-    int ok = check_inputs(s, m, seqs, n, max_tokens), nm = 0;
+    int ok = check_inputs(m, seqs, n, max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pack_microbatches(seqs, n, max_tokens, mb)) < 0) ok = 0;
+    if (ok && slots_for(s, m, max_tokens, nm, 1) != MOERL_OK) ok = 0;
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) return MOERL_ERR;
     for (int j = 0; j < nm; j++) {
         Nmb[j] = 0;
@@ -575,53 +851,67 @@ static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, 
     return nm;
 }
 
-/* Called on every stage after each micro-batch's forward over its layers. */
-typedef void (*fwd_visit)(pp_state *s, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *ctx);
+/* Called on every stage after each micro-batch's forward over a chunk's layers. */
+typedef void (*fwd_visit)(pp_state *s, int c, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *ctx);
 
-/* The forward-only schedule: stage s receives micro-batch j's hidden state from s − 1 (receives
- * posted ahead into the free slots), runs its layers, calls visit, sends the output to s + 1. */
+/* The forward-only schedule: micro-batch order (interleaved: groups of pp micro-batches through the
+ * chunks, as the training schedule's forwards, the last group possibly shorter); virtual stage k receives
+ * micro-batch j's hidden state from k − 1 (receives posted ahead into the free slots), runs its
+ * layers, calls visit, sends the output to k + 1. */
 static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs, const int *mb, const int *Nmb,
                          int nm, fwd_visit visit, void *ctx) {
-    const int last = s->stage == s->pp - 1;
     const size_t H = (size_t)s->H;
+    const int V = s->v;
+    s->cur_m = nm;
     progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
     atomic_init(&pa.stop, 0);
     pthread_t pt;
     const int have_pt = pa.us > 0 && nm > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
-    if (s->stage > 0)
-        for (int j = 0; j < MOERL_MIN(s->n_slots, nm); j++) {
-            pp_slot *sl = slot_of(s, j);
-            sl->rq_h = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j, 0), sl->a.layers[s->lo].resid_in,
-                                           (size_t)Nmb[j] * H);
+    for (int c = 0; c < V; c++) {
+        const int vs = vstage(s, c);
+        for (int j = 0; vs > 0 && j < MOERL_MIN(s->n_slots[c], nm); j++) {
+            pp_slot *sl = slot_of(s, c, j);
+            sl->rq_h = dist_comm_irecv_f32(s->comm, prev_rank(s), tag_of(s, vs, j, 0),
+                                           sl->a.layers[s->bounds[vs]].resid_in, (size_t)Nmb[j] * H);
         }
-    for (int j = 0; j < nm; j++) {
-        pp_slot *sl = slot_of(s, j);
+    }
+    /* groups of pp micro-batches (the last may be shorter), each through chunk 0, 1, …: a pass
+     * depends only on passes earlier in this order (the previous stage's, or the last stage's previous
+     * chunk of the same group), so no stage waits on one that waits on it — for any count m */
+    const int nops = nm * V;
+    int *chunk = xmalloc(2 * (size_t)(nops ? nops : 1) * sizeof(int)), *mbi = chunk + nops, no = 0;
+    for (int g0 = 0; g0 < nm; g0 += s->pp)
+        for (int c = 0; c < V; c++)
+            for (int j = g0; j < MOERL_MIN(g0 + s->pp, nm); j++) {
+                chunk[no] = c;
+                mbi[no++] = j;
+            }
+    for (int i = 0; i < nops; i++) {
+        const int c = chunk[i], j = mbi[i], vs = vstage(s, c), last = vs == s->nv - 1;
+        pp_slot *sl = slot_of(s, c, j);
         model_acts *a = &sl->a;
-        if (s->stage > 0) wait_idle(s, &sl->rq_h);
+        if (vs > 0) wait_idle(s, &sl->rq_h);
         wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
         const int N = train_pack(seqs, mb[j], mb[j + 1], sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
         a->par = NULL;
         if (model_forward(m, a, sl->tok, sl->cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK)
-            moerl_fatal("pipeline stage %d, forward-only micro-batch %d: %s", s->stage, j, moerl_last_error());
-        visit(s, m, a, sl, N, ctx);
-        if (!last) sl->sq_h = dist_comm_isend_f32(s->comm, s->stage + 1, tag_of(j, 0), a->resid_out, (size_t)N * H);
-        if (s->stage > 0 && j + s->n_slots < nm) /* the input buffer is free again */
-            sl->rq_h = dist_comm_irecv_f32(s->comm, s->stage - 1, tag_of(j + s->n_slots, 0), a->layers[s->lo].resid_in,
-                                           (size_t)Nmb[j + s->n_slots] * H);
+            moerl_fatal("pipeline stage %d chunk %d, forward-only micro-batch %d: %s", s->stage, c, j,
+                        moerl_last_error());
+        visit(s, c, m, a, sl, N, ctx);
+        if (!last)
+            sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, (size_t)N * H);
+        const int jn = j + s->n_slots[c];
+        if (vs > 0 && jn < nm) /* the input buffer is free again */
+            sl->rq_h = dist_comm_irecv_f32(s->comm, prev_rank(s), tag_of(s, vs, jn, 0), a->layers[s->bounds[vs]].resid_in,
+                                           (size_t)Nmb[jn] * H);
     }
-    for (int k = 0; k < s->n_slots; k++) wait_idle(s, &s->slots[k].sq_h);
+    free(chunk);
+    for (int c = 0; c < V; c++)
+        for (int k = 0; k < s->n_slots[c]; k++) wait_idle(s, &s->slots[c][k].sq_h);
     if (have_pt) {
         atomic_store(&pa.stop, 1);
         pthread_join(pt, NULL);
     }
-}
-
-/* Sum x[n] over a group in pieces that fit MPI's int counts. */
-static int allreduce_chunks(dist_comm *c, float *x, size_t n) {
-    const size_t CH = (size_t)1 << 26;
-    for (size_t o = 0; o < n; o += CH)
-        if (dist_comm_allreduce_f32(c, x + o, MOERL_MIN(CH, n - o)) != MOERL_OK) return MOERL_ERR;
-    return MOERL_OK;
 }
 
 typedef struct {
@@ -630,12 +920,12 @@ typedef struct {
     float *flat;
 } logp_ctx;
 
-static void logp_visit(pp_state *s, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *vctx) {
-    if (s->stage != s->pp - 1) return;
-    logp_ctx *c = vctx;
-    model_logprobs(m, a, sl->tgt, c->temperature, 0);
+static void logp_visit(pp_state *s, int c, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *vctx) {
+    if (vstage(s, c) != s->nv - 1) return;
+    logp_ctx *x = vctx;
+    model_logprobs(m, a, sl->tgt, x->temperature, 0);
     for (int t = 0; t < N; t++)
-        if (sl->resp_index[t] >= 0) c->flat[c->off[sl->seq_of[t]] + (size_t)sl->resp_index[t]] = a->logp[t];
+        if (sl->resp_index[t] >= 0) x->flat[x->off[sl->seq_of[t]] + (size_t)sl->resp_index[t]] = a->logp[t];
 }
 
 int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
@@ -667,8 +957,9 @@ int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, 
     return rc;
 }
 
-static void counts_visit(pp_state *s, const moe_model *m, model_acts *a, const pp_slot *sl, int N, void *vctx) {
-    (void)m, (void)sl, (void)N;
+static void counts_visit(pp_state *s, int c, const moe_model *m, model_acts *a, const pp_slot *sl, int N,
+                         void *vctx) {
+    (void)c, (void)m, (void)sl, (void)N;
     double *acc = vctx;
     for (int e = 0; e < s->E && s->aux; e++) acc[e] += a->aux_counts[e]; /* this stage's MoE layers */
 }
@@ -737,23 +1028,32 @@ static void post_range(req_list *l, dist_comm *c, int peer, int tag, float *buf,
     }
 }
 
-/* Every stage's own range to stage `to` (−1: to every stage): mine[0..own_hi − own_lo) is this stage's
- * range (float own_lo of the layout first); dst (a layout-sized buffer, on the receivers) gets the
- * other stages' ranges at their layout offsets and, unless mine already lies there, this stage's.
- * Collective over pp_comm. */
-static int exchange_ranges(pp_state *s, const float *mine, float *dst, int to) {
+/* Every stage's own ranges to stage `to` (−1: to every stage). mine holds this stage's ranges: at
+ * their layout offsets (compact = 0: a layout-sized buffer) or one after the other in chunk order
+ * (compact = 1: the moments' layout, chunk c at coff[c]); dst (a layout-sized buffer, on the
+ * receivers) gets the other stages' ranges at their layout offsets and, unless mine already lies
+ * there, this stage's. The pieces from one stage travel in virtual-stage order on one tag (MPI keeps
+ * their order). Collective over pp_comm. */
+static int exchange_ranges(pp_state *s, const float *mine, int compact, float *dst, int to) {
     req_list l = {0};
     const int recv = to < 0 || to == s->stage;
     if (recv && dst)
-        for (int k = 0; k < s->pp; k++)
-            if (k != s->stage) post_range(&l, s->comm, k, PP_TAG_XFER, dst + s->st_lo[k], s->st_hi[k] - s->st_lo[k], 0);
+        for (int k = 0; k < s->nv; k++)
+            if (k % s->pp != s->stage)
+                post_range(&l, s->comm, k % s->pp, PP_TAG_XFER, dst + s->st_lo[k], s->st_hi[k] - s->st_lo[k], 0);
     for (int r = 0; r < s->pp; r++)
         if (r != s->stage && (to < 0 || r == to))
-            post_range(&l, s->comm, r, PP_TAG_XFER, (float *)mine, s->own_hi - s->own_lo, 1);
+            for (int c = 0; c < s->v; c++)
+                post_range(&l, s->comm, r, PP_TAG_XFER, (float *)(compact ? mine + s->coff[c] : mine + piece_lo(s, c)),
+                           piece_n(s, c), 1);
     const int rc = req_wait_all(&l);
     if (rc != MOERL_OK) return moerl_errorf("pipeline stage %d: exchanging the stages' ranges: %s", s->stage,
                                             moerl_last_error());
-    if (recv && dst && dst + s->own_lo != mine) memcpy(dst + s->own_lo, mine, (s->own_hi - s->own_lo) * sizeof(float));
+    if (recv && dst)
+        for (int c = 0; c < s->v; c++) {
+            const float *src = compact ? mine + s->coff[c] : mine + piece_lo(s, c);
+            if (dst + piece_lo(s, c) != src) memcpy(dst + piece_lo(s, c), src, piece_n(s, c) * sizeof(float));
+        }
     return MOERL_OK;
 }
 
@@ -785,25 +1085,37 @@ void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, 
     free(end);
 }
 
+
 int pp_own_stage(pp_state *s, moe_model *m) {
     if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
     if (!m->params || !m->grads)
         return moerl_errorf("pipeline: a stage-owned model needs parameters and a gradient buffer (an inference model "
                             "was given)");
-    s->st_lo = xmalloc((size_t)s->pp * sizeof(size_t));
-    s->st_hi = xmalloc((size_t)s->pp * sizeof(size_t));
-    pp_stage_ranges(m, s->bounds, s->pp, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
-    s->own_lo = s->st_lo[s->stage];
-    s->own_hi = s->st_hi[s->stage];
+    s->st_lo = xmalloc((size_t)s->nv * sizeof(size_t));
+    s->st_hi = xmalloc((size_t)s->nv * sizeof(size_t));
+    pp_stage_ranges(m, s->bounds, s->nv, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
+    s->own_lo = piece_lo(s, 0);
+    s->own_hi = s->st_hi[vstage(s, s->v - 1)];
+    s->own_n = 0;
+    for (int c = 0; c < s->v; c++) {
+        s->coff[c] = s->own_n;
+        s->own_n += piece_n(s, c);
+    }
+    s->coff[s->v] = s->own_n;
     s->tied = m->cfg.tie_word_embeddings && s->pp > 1;
     s->ranges = xcalloc((size_t)m->n_tensors + 1, sizeof(adamw_range));
-    s->n_ranges = 0;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const tensor_info *t = &m->tensors[i];
-        if (t->offset < s->own_lo || t->offset >= s->own_hi) continue;
-        s->ranges[s->n_ranges++] = (adamw_range){.offset = t->offset - s->own_lo, .n = (size_t)t->numel,
-                                                 .decay = (t->flags & TF_DECAY) != 0};
+    int nr = 0;
+    for (int c = 0; c < s->v; c++) {
+        const size_t lo = piece_lo(s, c), hi = lo + piece_n(s, c);
+        s->r0[c] = nr;
+        for (int i = 0; i < m->n_tensors; i++) {
+            const tensor_info *t = &m->tensors[i];
+            if (t->offset < lo || t->offset >= hi) continue;
+            s->ranges[nr++] = (adamw_range){.offset = t->offset - lo, .n = (size_t)t->numel,
+                                            .decay = (t->flags & TF_DECAY) != 0};
+        }
     }
+    s->r0[s->v] = nr;
     s->map_bytes = m->n_params * sizeof(float);
     float *mp = moerl_map_sparse(s->map_bytes), *mg = moerl_map_sparse(s->map_bytes);
     if (!mp || !mg) {
@@ -812,7 +1124,8 @@ int pp_own_stage(pp_state *s, moe_model *m) {
         return moerl_errorf("pipeline: cannot map %zu bytes of address space for the stage's parameters",
                             2 * s->map_bytes);
     }
-    memcpy(mp + s->own_lo, m->params + s->own_lo, (s->own_hi - s->own_lo) * sizeof(float));
+    for (int c = 0; c < s->v; c++)
+        memcpy(mp + piece_lo(s, c), m->params + piece_lo(s, c), piece_n(s, c) * sizeof(float));
     if (s->tied && s->stage == s->pp - 1) /* the LM head reads the embedding */
         memcpy(mp + s->emb_lo, m->params + s->emb_lo, (s->emb_hi - s->emb_lo) * sizeof(float));
     model_free_params(m); /* a heap buffer or a checkpoint mapping adopted at load */
@@ -828,8 +1141,9 @@ int pp_own_stage(pp_state *s, moe_model *m) {
 int pp_release_stage(pp_state *s) {
     moe_model *m = s->own_m;
     if (!m) return MOERL_OK;
+    if (grad_sum_join(s) != MOERL_OK) return MOERL_ERR;
     float *p = xalloc_aligned(m->n_params * sizeof(float));
-    if (exchange_ranges(s, m->params + s->own_lo, p, -1) != MOERL_OK) {
+    if (exchange_ranges(s, m->params, 0, p, -1) != MOERL_OK) {
         free(p);
         return MOERL_ERR;
     }
@@ -850,9 +1164,14 @@ void pp_own_range(const pp_state *s, size_t *lo, size_t *hi) {
     *hi = s->own_hi;
 }
 
+void pp_own_chunk_range(const pp_state *s, int c, size_t *lo, size_t *hi) {
+    *lo = piece_lo(s, c);
+    *hi = piece_lo(s, c) + piece_n(s, c);
+}
+
 size_t pp_held_floats(const pp_state *s) {
     if (!s->own_m) return 0;
-    return s->own_hi - s->own_lo + (s->tied && s->stage == s->pp - 1 ? s->emb_hi - s->emb_lo : 0);
+    return s->own_n + (s->tied && s->stage == s->pp - 1 ? s->emb_hi - s->emb_lo : 0);
 }
 
 void pp_zero_grad(pp_state *s, moe_model *m) {
@@ -860,7 +1179,7 @@ void pp_zero_grad(pp_state *s, moe_model *m) {
         model_zero_grad(m);
         return;
     }
-    memset(m->grads + s->own_lo, 0, (s->own_hi - s->own_lo) * sizeof(float));
+    for (int c = 0; c < s->v; c++) memset(m->grads + piece_lo(s, c), 0, piece_n(s, c) * sizeof(float));
     if (s->tied && s->stage == s->pp - 1) memset(m->grads + s->emb_lo, 0, (s->emb_hi - s->emb_lo) * sizeof(float));
 }
 
@@ -874,8 +1193,15 @@ int pp_finish_grads(pp_state *s) {
     if (need_owned(s, "pp_finish_grads") != MOERL_OK) return MOERL_ERR;
     float *g = s->own_m->grads;
     const int last = s->stage == s->pp - 1;
-    /* the stage's data-parallel ranks hold the same parameters: sum their gradients */
-    if (allreduce_chunks(s->stage_comm, g + s->own_lo, s->own_hi - s->own_lo) != MOERL_OK) return MOERL_ERR;
+    /* the stage's data-parallel ranks hold the same parameters: sum their gradients, chunk by chunk
+     * (overlapped: the thread started them during the schedule; wait for it) */
+    if (s->gs.started) {
+        s->gs.started = 0;
+        if (grad_sum_join(s) != MOERL_OK) return MOERL_ERR;
+    } else {
+        for (int c = s->v - 1; c >= 0; c--)
+            if (allreduce_chunks(s->stage_comm, g + piece_lo(s, c), piece_n(s, c)) != MOERL_OK) return MOERL_ERR;
+    }
     if (!s->tied) return MOERL_OK;
     /* tied head: the last stage's part of the embedding gradient joins stage 0's (which steps it) */
     const size_t ne = s->emb_hi - s->emb_lo;
@@ -898,28 +1224,43 @@ int pp_finish_grads(pp_state *s) {
 
 void pp_adamw_init(pp_state *s, adamw_state *os, adamw_config cfg) {
     if (need_owned(s, "pp_adamw_init") != MOERL_OK) moerl_fatal("%s", moerl_last_error());
-    adamw_init_shard(os, s->own_hi - s->own_lo, cfg);
+    adamw_init_shard(os, s->own_n, cfg);
 }
 
 void pp_slice_vec(const pp_state *s, const float *full, float *own) {
-    memcpy(own, full + s->own_lo, (s->own_hi - s->own_lo) * sizeof(float));
+    for (int c = 0; c < s->v; c++) memcpy(own + s->coff[c], full + piece_lo(s, c), piece_n(s, c) * sizeof(float));
 }
 
 int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (need_owned(s, "pp_adamw_step") != MOERL_OK) moerl_fatal("%s", moerl_last_error());
     moe_model *m = s->own_m;
-    const float *g = m->grads + s->own_lo;
-    const long n = (long)(s->own_hi - s->own_lo);
     double ss = 0;
-#pragma omp parallel for reduction(+ : ss) schedule(static)
-    for (long i = 0; i < n; i++) ss += (double)g[i] * (double)g[i];
+    for (int c = 0; c < s->v; c++) {
+        const float *g = m->grads + piece_lo(s, c);
+        const long n = (long)piece_n(s, c);
+        double sc = 0;
+#pragma omp parallel for reduction(+ : sc) schedule(static)
+        for (long i = 0; i < n; i++) sc += (double)g[i] * (double)g[i];
+        ss += sc;
+    }
     /* the global norm: every stage's own parameters once (the tied embedding on stage 0) */
     if (dist_comm_allreduce_f64(s->comm, &ss, 1) != MOERL_OK)
         moerl_fatal("pipeline stage %d: gradient norm: %s", s->stage, moerl_last_error());
     const double norm = sqrt(ss);
     if (grad_norm) *grad_norm = norm;
-    const int applied = adamw_step_ranges(os, m->params + s->own_lo, m->grads + s->own_lo, s->ranges, s->n_ranges,
-                                          lr, loss, norm);
+    /* one AdamW step over the chunks' ranges: each chunk's moments at coff[c] of the compact state */
+    adamw_state t = *os;
+    int applied = 0;
+    for (int c = 0; c < s->v; c++) {
+        t.m = os->m + s->coff[c];
+        t.v = os->v + s->coff[c];
+        t.step = os->step;
+        t.skipped = os->skipped;
+        applied = adamw_step_ranges(&t, m->params + piece_lo(s, c), m->grads + piece_lo(s, c), s->ranges + s->r0[c],
+                                    s->r0[c + 1] - s->r0[c], lr, loss, norm);
+    }
+    os->step = t.step;
+    os->skipped = t.skipped;
     if (applied && s->tied && (s->stage == 0 || s->stage == s->pp - 1)) { /* the head's copy of the embedding */
         req_list l = {0};
         const int last = s->stage == s->pp - 1;
@@ -931,12 +1272,16 @@ int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *gr
     return applied;
 }
 
-/* The pages of the parameter map this stage does not hold. */
+/* The pages of the parameter map this stage does not hold (its chunks' ranges; the embedding's copy
+ * on a tied last stage, which lies before them). */
 static void drop_foreign(pp_state *s) {
     moe_model *m = s->own_m;
-    const size_t keep_emb = s->tied && s->stage == s->pp - 1 ? s->emb_hi : 0;
-    drop_range(m->params, keep_emb, s->own_lo);
-    drop_range(m->params, s->own_hi, m->n_params);
+    size_t from = s->tied && s->stage == s->pp - 1 ? s->emb_hi : 0;
+    for (int c = 0; c < s->v; c++) {
+        drop_range(m->params, from, piece_lo(s, c));
+        from = piece_lo(s, c) + piece_n(s, c);
+    }
+    drop_range(m->params, from, m->n_params);
 }
 
 void pp_take_full(pp_state *s) {
@@ -955,8 +1300,8 @@ int pp_gather_full(pp_state *s, int keep_stage, const adamw_state *os, adamw_sta
             moments->m = xalloc_aligned(m->n_params * sizeof(float));
             moments->v = xalloc_aligned(m->n_params * sizeof(float));
         }
-        if (exchange_ranges(s, os->m, keep ? moments->m : NULL, keep_stage) != MOERL_OK ||
-            exchange_ranges(s, os->v, keep ? moments->v : NULL, keep_stage) != MOERL_OK) {
+        if (exchange_ranges(s, os->m, 1, keep ? moments->m : NULL, keep_stage) != MOERL_OK ||
+            exchange_ranges(s, os->v, 1, keep ? moments->v : NULL, keep_stage) != MOERL_OK) {
             if (keep) {
                 free(moments->m);
                 free(moments->v);
@@ -965,7 +1310,7 @@ int pp_gather_full(pp_state *s, int keep_stage, const adamw_state *os, adamw_sta
             return MOERL_ERR;
         }
     }
-    return exchange_ranges(s, m->params + s->own_lo, keep ? m->params : NULL, keep_stage);
+    return exchange_ranges(s, m->params, 0, keep ? m->params : NULL, keep_stage);
 }
 
 void pp_release_full(pp_state *s, int kept, adamw_state *moments) {

@@ -17,6 +17,12 @@
  *            loss (HF load_balancing_loss_func) couples all layers of a micro-batch;
  *   backward s+1 → s: ∂loss/∂hidden [N,H], and the micro-batch's full counts [E] (the aux gradient
  *            of every layer needs them).
+ * Interleaved (actor.virtual_pipeline_parallel_size = v > 1, Megatron-LM's virtual pipeline stages,
+ * Narayanan et al. 2021 §2.2.2): the layers are cut into pp·v virtual stages (the same FLOP balance);
+ * stage s holds chunks c = 0..v−1, the virtual stages c·pp + s, so a micro-batch goes round the ring
+ * of stages v times (the last stage's chunk c sends to stage 0's chunk c + 1, and back). Each
+ * chunk's in-flight micro-batches have their own slots (the schedule's largest window, pp_schedule).
+ * Bubble (p − 1)/(v·m + p − 1), for v× the messages; m must be a multiple of pp.
  * Look-ahead prefetch (pp_options.prefetch): the receive of micro-batch j's input is posted as soon
  * as its activation slot is free (after the backward of j − slots), the receive of its gradient right
  * after its forward, so a stage rarely waits for a message that was already sent. A message larger
@@ -28,7 +34,11 @@
  * fewer than target = clamp(T / min_mb_tokens, max(mb_min, pp), mb_max) micro-batches come out
  * (T = the batch's tokens), the batch is re-packed with the token cap max(longest sequence,
  * ceil(T / target)). The guard: m < pp is refused (1F1B would leave a stage without work and the
- * practice deadlocked there) with an error naming the count needed.
+ * practice deadlocked there) with an error naming the count needed. Interleaved (v > 1 chunks per
+ * stage, pp_options.virtual_stages): m must be a multiple of pp, as Megatron-LM requires (the schedule
+ * walks groups of pp micro-batches through the chunks); the dynamic count rounds its target up to a
+ * multiple of pp and tries the caps from there up until the packing gives one; a fixed packing that
+ * does not is refused naming actor.virtual_pipeline_parallel_size, pp and the count needed.
  *
  * Gradients and outputs. After the schedule each stage holds the gradients of its own parameters
  * (with tied embeddings the first and last stage each hold their part of the shared tensor), and only
@@ -39,7 +49,8 @@
  *     on stage 0 and the final norm and LM head on the last; m->params / m->grads stay buffers of
  *     the whole layout (every view and kernel unchanged) but become sparse anonymous mappings of
  *     which only the stage's range is ever touched (the pages of the others take no memory). The
- *     units are contiguous in the layout, so a stage owns ONE float range [own_lo, own_hi); with
+ *     units are contiguous in the layout, so a stage owns ONE float range [own_lo, own_hi) per chunk
+ *     (interleaved: v ranges, not adjacent; its AdamW moments hold them one after the other); with
  *     tied embeddings the last stage also holds a copy of the embedding (its LM head), stepped by
  *     stage 0 alone: pp_finish_grads sends the last stage's part of its gradient to stage 0, and
  *     pp_adamw_step sends the updated embedding back (Megatron's embedding group does the same with
@@ -78,20 +89,29 @@ typedef struct {
     int balance_seq_len;/* sequence length assumed by the FLOP balance (attention pairs); 0 = the model's
                            max_position_embeddings, at most 4096 */
     int quiet;          /* 1: do not log the partition */
+    int virtual_stages; /* model chunks per stage (interleaved 1F1B); 0 = the grid's
+                           actor.virtual_pipeline_parallel_size (default 0); fixed when the state is made */
+    int overlap_grads;  /* stage-owned, v > 1: sum a chunk's gradients over the stage's data-parallel ranks
+                           on a thread as soon as its last backward is done (default 1; MOERL_PP_OVERLAP_GRADS=0
+                           turns it off: the same sums after the schedule; v = 1 always sums after it, as
+                           its one chunk finishes with the last backward) */
 } pp_options;
 
-/* Defaults as documented on the fields. The environment variable MOERL_PP_PROGRESS_US, when set,
- * overrides progress_us (benchmarks). */
+/* Defaults as documented on the fields. The environment variables MOERL_PP_PROGRESS_US and
+ * MOERL_PP_OVERLAP_GRADS, when set, override progress_us and overlap_grads (benchmarks). */
 pp_options pp_options_default(void);
 
 typedef struct {
-    int stages, microbatches;
+    int stages, microbatches, virtual_stages;
     double step_s;           /* schedule time of the slowest stage, s */
     double busy_s, wait_s;   /* this stage: compute, blocked on receives */
     double bubble;           /* this stage's idle share 1 − busy/step */
     double bubble_mean, bubble_max, wait_share_mean; /* over the stages */
-    double theory;           /* (pp − 1)/(m + pp − 1) */
+    double theory;           /* the plain 1F1B's (pp − 1)/(m + pp − 1) */
+    double theory_interleaved; /* the interleaved schedule's (pp − 1)/(v·m + pp − 1) (= theory at v = 1) */
     double bytes_sent;       /* this stage's point-to-point payload of the step */
+    int grad_sums_overlapped; /* chunks whose gradient sum over the stage's data-parallel ranks was started
+                                 on the thread during the schedule (pp_options.overlap_grads; 0: after it) */
 } pp_stats;
 
 struct pp_state;
@@ -104,9 +124,25 @@ typedef struct pp_state pp_state;
  * stage_cost[pp] (may be NULL) receives each stage's cost. Errors: pp < 1 or pp > L, seq_len < 1. */
 int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *stage_cost);
 
+/* Most model chunks per stage (actor.virtual_pipeline_parallel_size). */
+#define PP_MAX_CHUNKS 16
+
+/* The order in which stage `stage` of pp runs its forward (kind 0) and backward (kind 1) passes over
+ * m micro-batches with v chunks per stage: kind / chunk / mbi[2·m·v] receive them; returns 2·m·v.
+ * v = 1: the plain 1F1B (warm-up min(pp − stage − 1, m) forwards, pairs, cool-down backwards).
+ * v > 1 (m a multiple of pp): Megatron-LM's interleaved schedule (Narayanan et al. 2021 §2.2.2): the
+ * k-th forward runs chunk (k mod pp·v) / pp on micro-batch (k / (pp·v))·pp + k mod pp, the k-th
+ * backward the same micro-batch on chunk v − 1 − (k mod pp·v) / pp; warm-up (pp − stage − 1)·2 +
+ * (v − 1)·pp forwards (all when m = pp), then one forward and one backward in turn, then the rest
+ * of the backwards. Every chunk's forwards and backwards run in micro-batch order, and the chunks'
+ * last backwards come in the order v − 1, …, 0. Pure. */
+int pp_schedule(int pp, int stage, int v, int m, int *kind, int *chunk, int *mbi);
+/* (Returns MOERL_ERR with a message, writing nothing, for v > 1 with m not a multiple of pp.) */
+
 /* Micro-batch split the pipeline uses for these sequences: mb_start[0..m] as pack_microbatches
- * (mb_start needs n+1 entries), re-packed as described above when opt->dynamic. Returns m, or
- * MOERL_ERR (a sequence longer than max_tokens; m < pp, naming the count needed). */
+ * (mb_start needs n+1 entries), re-packed as described above when opt->dynamic (opt->virtual_stages
+ * > 1: the interleaved schedule's rule). Returns m, or MOERL_ERR (a sequence longer than max_tokens;
+ * m < pp, naming the count needed; v > 1 and m not a multiple of pp). */
 int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb_start);
 
 /* A pipeline runtime on this trainer rank: the stage g->stage of g->pp over g->pp_comm. The
@@ -118,17 +154,22 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
 void pp_state_free(pp_state *s);
 /* Replace the options (e.g. of the state par_state_init built; quiet has no effect after creation). */
 void pp_set_options(pp_state *s, const pp_options *opt);
-/* This stage's layer range [*lo, *hi). */
+/* This stage's layer range [*lo, *hi) (interleaved: its chunk 0's). */
 void pp_stage_layers(const pp_state *s, int *lo, int *hi);
-const int *pp_bounds(const pp_state *s); /* [pp+1] */
+/* Chunks per stage (v) and chunk c's layers [*lo, *hi): virtual stage c·pp + stage of the cut. */
+int pp_chunks(const pp_state *s);
+void pp_chunk_layers(const pp_state *s, int c, int *lo, int *hi);
+const int *pp_bounds(const pp_state *s); /* [pp·v + 1]: the cut into virtual stages */
 /* Statistics of the last pp_train_accumulate (identical on every stage except the per-stage fields). */
 const pp_stats *pp_last_stats(const pp_state *s);
 
 /* The last step's metrics for a metrics line: perf/pipeline_bubble (idle share, mean over stages),
- * perf/pipeline_bubble_max, perf/pipeline_bubble_theory ((p−1)/(m+p−1)), perf/pipeline_recv_wait
- * (receive-wait share, mean over stages), perf/pipeline_microbatches. Writes up to PP_N_METRICS
- * keys and values; returns their count (0 for a NULL state). */
-#define PP_N_METRICS 5
+ * perf/pipeline_bubble_max, perf/pipeline_bubble_theory (the plain 1F1B's (p−1)/(m+p−1)),
+ * perf/pipeline_bubble_theory_interleaved ((p−1)/(v·m+p−1), the interleaved schedule's; equal at
+ * v = 1), perf/pipeline_recv_wait (receive-wait share, mean over stages), perf/pipeline_microbatches,
+ * perf/pipeline_virtual_stages (v). Writes up to PP_N_METRICS keys and values; returns their count
+ * (0 for a NULL state). */
+#define PP_N_METRICS 7
 int pp_metrics(const pp_state *s, const char **keys, double *vals);
 
 /* train_accumulate through the pipeline (called by train_accumulate when opts->par->pp is set;
@@ -174,20 +215,28 @@ int pp_own_stage(pp_state *s, moe_model *m);
  * pp_comm. A replicated state: no-op. */
 int pp_release_stage(pp_state *s);
 int pp_is_owned(const pp_state *s);
-/* This stage's layout range [*lo, *hi) (stage-owned only). */
+/* This stage's layout range [*lo, *hi) (stage-owned only; interleaved: the hull of its chunks' ranges,
+ * which it does not all hold — see pp_own_chunk_range). */
 void pp_own_range(const pp_state *s, size_t *lo, size_t *hi);
-/* Parameter floats this stage holds (its range, plus the embedding copy of a tied last stage); 0 for
- * a replicated state. Gradients hold as many; the AdamW moments 2·(hi − lo). */
+/* Chunk c's layout range (stage-owned only): pp_stage_ranges' range of virtual stage c·pp + stage. */
+void pp_own_chunk_range(const pp_state *s, int c, size_t *lo, size_t *hi);
+/* Parameter floats this stage holds (its chunks' ranges, plus the embedding copy of a tied last stage);
+ * 0 for a replicated state. Gradients hold as many; the AdamW moments 2·(Σ of the chunks' ranges). */
 size_t pp_held_floats(const pp_state *s);
 /* Zero this stage's gradients (all of m->grads for a replicated state). Not collective. */
 void pp_zero_grad(pp_state *s, moe_model *m);
 /* After pp_train_accumulate: sum the stage's gradients over grid.stage_comm (its data-parallel
- * ranks), then (tied embeddings) add the last stage's part of the embedding gradient to stage 0's.
- * Collective over stage_comm and pp_comm. Errors: a replicated state, MPI failures. */
+ * ranks; one all-reduce per chunk's range, chunks v − 1 … 0 — with pp_options.overlap_grads they
+ * were started on a thread during the schedule as each chunk's last backward finished, and this
+ * waits for them: the same calls, bit-identical sums), then (tied embeddings) add the last stage's
+ * part of the embedding gradient to stage 0's. Collective over stage_comm and pp_comm. Errors: a
+ * replicated state, MPI failures. */
 int pp_finish_grads(pp_state *s);
-/* AdamW moments over this stage's range (hi − lo floats each; a replicated state is fatal). */
+/* AdamW moments over this stage's chunks' ranges, one after the other in chunk order (Σ of their floats
+ * each; a replicated state is fatal). */
 void pp_adamw_init(pp_state *s, adamw_state *os, adamw_config cfg);
-/* own[hi − lo] = full[lo, hi) of a layout-sized vector (e.g. a checkpoint's moments). Not collective. */
+/* own = this stage's chunks' ranges of a layout-sized vector full (e.g. a checkpoint's moments), one after
+ * the other (the moments' layout). Not collective. */
 void pp_slice_vec(const pp_state *s, const float *full, float *own);
 /* adamw_step on the stage's range with the global gradient norm (Σ over the stages of their ranges'
  * squares, summed over pp_comm: each parameter once); the tied embedding's copy on the last stage is
