@@ -20,7 +20,7 @@
 # R = 1) and the error of the predicted ratio. The machine's load average is printed before and after:
 # other work on the machine changes the measured figures, so re-run on a quiet machine to compare.
 # Usage: bash bench/run_simulate_validation.sh [BUILD] [extra key=value ...]
-#        (REPS=n, STEPS=n, NO_MPI=1 in the environment). The repetitions are interleaved (every
+#        (REPS=n, STEPS=n, NO_MPI=1, KEEP=dir (keep the runs' folders there) in the environment). The repetitions are interleaved (every
 #        configuration once per round), so that slow drifts of the load hit all alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +37,7 @@ CFG=examples/bench_async.yaml
 MPI=1
 if [[ ${NO_MPI:-0} == 1 ]] || ! command -v mpirun >/dev/null 2>&1 || [[ ! -x $MM ]]; then MPI=0; fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+if [[ -n ${KEEP:-} ]]; then OUT=$KEEP; mkdir -p "$OUT"; else OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT; fi
 PY=/usr/bin/python3
 echo "# $T cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg); $CFG; $STEPS-step runs, median of $REPS;" \
      "repetitions interleaved"
