@@ -14,13 +14,19 @@
 #   sim.gen_scale   = measured generation time per step / simulated  (generation time per token in flight)
 #   sim.train_scale = measured update time per step / simulated      (train time per token)
 #   sim.sync_overhead_s = measured parameter-sync time per sync
-# then carry the calibration to the longer runs; sim.host_cores = the cores here (processes share them).
+# then carry the calibration to the longer runs; sim.host_cores = the cores here: the roles are one-thread
+# processes (threads in the one-process settings) sharing them by processor sharing — while n roles
+# compute (the trainer in an update, each rollout replica with a group in its engine step; waiting
+# roles sleep) each runs at min(1, cores / n) of its calibrated speed (src/sim/sim.h).
+# Calibrating runs: sync (setting T), cal_1, cal_mpi (synchronous: the sides never overlap, so their
+# per-phase times are each side's unshared speed). Predicted: async s=0.3 / 0.5 and 1 trainer + 1/2/3
+# rollout ranks (asynchronous: the overlap and the sharing are the model's).
 # Predictions: `moerl simulate` with those keys for every configuration; measured: STEPS-step runs,
 # median prompts/s over REPS repetitions. Reported: both, the ratios (async/sync; R rollout ranks vs
 # R = 1) and the error of the predicted ratio. The machine's load average is printed before and after:
 # other work on the machine changes the measured figures, so re-run on a quiet machine to compare.
 # Usage: bash bench/run_simulate_validation.sh [BUILD] [extra key=value ...]
-#        (REPS=n, STEPS=n, NO_MPI=1 in the environment). The repetitions are interleaved (every
+#        (REPS=n, STEPS=n, NO_MPI=1, KEEP=dir (keep the runs' folders there) in the environment). The repetitions are interleaved (every
 #        configuration once per round), so that slow drifts of the load hit all alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +43,7 @@ CFG=examples/bench_async.yaml
 MPI=1
 if [[ ${NO_MPI:-0} == 1 ]] || ! command -v mpirun >/dev/null 2>&1 || [[ ! -x $MM ]]; then MPI=0; fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+if [[ -n ${KEEP:-} ]]; then OUT=$KEEP; mkdir -p "$OUT"; else OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT; fi
 PY=/usr/bin/python3
 echo "# $T cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg); $CFG; $STEPS-step runs, median of $REPS;" \
      "repetitions interleaved"
@@ -165,6 +170,24 @@ for a, b in pairs:
     worst = max(worst, abs(rp / rm - 1))
     print("| %s / %s | %.3f | %.3f | %+.1f%% |" % (a, b, rm, rp, 100 * (rp / rm - 1)))
 print()
+def phases(l):  # per-step medians over repetitions: update time, wait for groups (the trainer's side)
+    u, g = [], []
+    for r in range(1, reps + 1):
+        rows = [json.loads(x) for x in open("%s/%s.%d/metrics.jsonl" % (out, l, r)) if x.strip()]
+        rows = [x for x in rows if "timing_s/gen" in x]
+        n = json.loads(open("%s/%s.jsonl" % (out, l)).readlines()[r - 1])["steps"]  # the run's trainer steps
+        u.append(sum(x["timing_s/update"] for x in rows) / n)
+        g.append(sum(x["timing_s/gen"] for x in rows) / n)
+    return st.median(u), st.median(g)
+if "mpi_r1" in labels:
+    print("| per trainer step | update s measured | simulated | wait for groups s measured | simulated |")
+    print("|---|---|---|---|---|")
+    for l in [x for x in labels if x.startswith("mpi_r")]:
+        mu, mg = phases(l)
+        sj = json.load(open("%s/s_%s.json" % (out, l)))
+        su, sg = sj["train_busy_s"] / sj["steps"], sj["trainer_idle_ratio"] * sj["wall_s"] / sj["steps"]
+        print("| %s | %.3f | %.3f | %.3f | %.3f |" % (l, mu, su, mg, sg))
+    print()
 print("largest error of a predicted ratio: %.1f%% (the bar: 10%%)" % (100 * worst))
 PY
 echo

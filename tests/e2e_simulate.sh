@@ -86,5 +86,37 @@ print("; ".join(bad) if bad else "async consistent")
 sys.exit(1 if bad else 0)
 PY
 [[ $? -eq 0 ]] && ok || fail "async consistency"
+
+# host sharing (sim.host_cores): processor sharing by the roles that compute. With at least as many cores
+# as processes (1 trainer + 3 replicas on 4 cores) nobody waits for a core: the same run as without sharing;
+# fewer cores never make it faster (1 ≤ 2 ≤ 4 cores); an idle role costs nothing (1 trainer + 1 replica on
+# 2 cores: the update takes its unshared time); on 1 core the update is stretched only while the replica
+# computes (by at most the replica's busy time: both run at half speed while they overlap). The calibrated cost keys of the validation script are
+# not needed: the default cpu device's costs make the sides comparable (sim.step_overhead_s as above).
+H=(--config $CFG trainer.resume_mode=disable trainer.total_training_steps=8 async_training.mode=async --json
+   sim.step_overhead_s=0.003)
+for k in r3c0:3:0 r3c1:3:1 r3c2:3:2 r3c4:3:4 r1c0:1:0 r1c1:1:1 r1c2:1:2; do
+    IFS=: read -r name nr cores <<<"$k"
+    $M simulate "${H[@]}" trainer.default_local_dir="$OUT/$name" sim.rollout_devices=$nr sim.host_cores=$cores \
+        >"$OUT/$name.json" 2>"$OUT/$name.log" || fail "simulate $name failed: $(tail -2 "$OUT/$name.log")"
+done
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, sys
+d = sys.argv[1]
+r = {k: json.loads(open("%s/%s.json" % (d, k)).read()) for k in ("r3c0", "r3c1", "r3c2", "r3c4", "r1c0", "r1c1", "r1c2")}
+bad = []
+# relative 1e-9: the shared path sums the same step and update times in another order (floating-point rounding)
+close = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
+if not close(r["r3c4"]["prompts_per_s"], r["r3c0"]["prompts_per_s"]): bad.append("4 cores for 4 processes differ from no sharing")
+if not (r["r3c1"]["prompts_per_s"] <= r["r3c2"]["prompts_per_s"] <= r["r3c4"]["prompts_per_s"]):
+    bad.append("prompts/s not monotone in cores: %s" % [r[k]["prompts_per_s"] for k in ("r3c1", "r3c2", "r3c4")])
+if not r["r3c1"]["prompts_per_s"] < r["r3c4"]["prompts_per_s"]: bad.append("1 core not slower than 4 (the rule does nothing)")
+if not close(r["r1c2"]["train_busy_s"], r["r1c0"]["train_busy_s"]): bad.append("1 + 1 on 2 cores: the update is stretched")
+s1 = r["r1c1"]["train_busy_s"] - r["r1c1"]["train_work_s"]
+if not (0 < s1 <= r["r1c1"]["rollout_busy_s"]): bad.append("1 + 1 on 1 core: update stretched by %g s, rollout busy %g s" % (s1, r["r1c1"]["rollout_busy_s"]))
+print("; ".join(bad) if bad else "host sharing as documented")
+sys.exit(1 if bad else 0)
+PY
+[[ $? -eq 0 ]] && ok || fail "host sharing"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

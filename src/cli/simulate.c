@@ -76,6 +76,8 @@ static json_t *result_json(const sim_result *r, const sim_setup *su) {
     json_object_set_new(o, "rollouter_idle_ratio", json_real(r->rollout_idle_ratio));
     json_object_set_new(o, "rollout_busy_s", json_real(r->rollout_busy_s));
     json_object_set_new(o, "train_busy_s", json_real(r->train_busy_s));
+    json_object_set_new(o, "rollout_work_s", json_real(r->rollout_work_s));
+    json_object_set_new(o, "train_work_s", json_real(r->train_work_s));
     json_object_set_new(o, "sync_s", json_real(r->sync_s));
     json_object_set_new(o, "max_staleness", json_integer(r->max_staleness));
     json_object_set_new(o, "interrupted_responses", json_integer(r->interrupted_responses));

@@ -12,7 +12,10 @@
  * happens at the rollout side's next step boundary (with partial rollout: interrupt; without:
  * drain first), as in job.c's rollouter thread. Lockstep and sync modes: the rollout side runs
  * only while the step loop waits for groups, as job.c's one-thread driver does, so a lockstep
- * simulation admits, interrupts and trains exactly the groups `moerl rl` does in lockstep. */
+ * simulation admits, interrupts and trains exactly the groups `moerl rl` does in lockstep.
+ * With sim.host_cores (sim.h: processor sharing of one host's cores), an async PPO update is
+ * co-simulated with the engine steps it overlaps (train_shared), each side slowed only while the
+ * other computes. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -35,7 +38,8 @@ typedef struct {
     int n_pending, cap_pending;
     double win_busy, win_idle; /* rollout side, since the last sync */
     double busy, idle, train_busy, sync_s, wait_s;
-    double tr_start, tr_end;   /* the last PPO update's virtual interval (host sharing) */
+    double roll_work, train_work; /* device-seconds at full speed: Σ step work × busy replicas; Σ update work × trainers */
+    double step_b;             /* busy replicas of the rollout step ending at t_roll (host sharing) */
     int64_t steps_engine;
     sim_result *res;
 } sim_state;
@@ -60,25 +64,55 @@ static int deliver(job *J) {
     return MOERL_OK;
 }
 
-/* One rollout tick at t_roll (admission + one engine step); the step's cost advances t_roll.
- * Returns 1 (worked), 0 (idle), MOERL_ERR. */
-static int roll_step(job *J) {
+/* Host sharing (su->host_cores = C > 0): the trainer's processes and the busy rollout replicas are
+ * processes on C cores, each at most one core; while n of them are runnable each progresses at
+ * min(1, C / n) of its calibrated speed (processor sharing). A replica is runnable only while it
+ * has a group in the step (a group's responses live on one rank, as the leader grants whole
+ * groups), and a rollout rank without work sleeps (job_dist.c never spins), so an idle role costs
+ * the others nothing. */
+static double share_rate(const sim_state *s, double runnable) {
+    const double C = s->su->host_cores;
+    return C > 0 && runnable > C ? C / runnable : 1.0;
+}
+
+/* Start one rollout tick at t_roll (admission + one engine step): *w = the step's work (seconds at
+ * full speed per busy replica), *b = the busy replicas (min(replicas, groups in the step)); the
+ * caller sets its duration. Returns 1 (a step), 0 (nothing to do), MOERL_ERR. */
+static int roll_begin(job *J, double *w, double *b) {
     sim_state *s = ST(J);
     const engine_stats a = engine_get_stats(J->R.eng);
+    const int q0 = rl_queue_size(&J->queue), p0 = s->n_pending;
     const int did = rollouter_tick(&J->R);
     if (did <= 0) return did;
     const engine_stats z = engine_get_stats(J->R.eng);
-    const double rep = s->su->n_rollout_replicas;
+    /* groups that had responses in the step: still in flight + completed by it (deferred in async
+     * mode, queued in lockstep / sync mode) */
+    const int groups = J->R.n_inflight + (s->n_pending - p0) + (rl_queue_size(&J->queue) - q0);
+    const double rep = MOERL_MAX(1, MOERL_MIN(s->su->n_rollout_replicas, groups));
     const double toks = (double)(z.decode_tokens + z.prefill_tokens - a.decode_tokens - a.prefill_tokens) / rep;
-    double dt = sim_engine_step_s(s->su, toks, (double)(z.kv_reads - a.kv_reads) / rep);
-    if (s->su->host_cores > 0) { /* the replicas (and a busy trainer) share the host's cores */
-        const int trainer_busy = s->async && s->t_roll < s->tr_end && s->t_roll + dt > s->tr_start;
-        dt *= MOERL_MAX(1.0, (rep + trainer_busy) / s->su->host_cores);
-    }
-    s->t_roll += dt;
+    *w = sim_engine_step_s(s->su, toks, (double)(z.kv_reads - a.kv_reads) / rep);
+    *b = s->su->host_cores > 0 ? rep : 0;
+    s->roll_work += *w * rep;
+    s->steps_engine++;
+    return 1;
+}
+
+static void roll_account(sim_state *s, double dt) {
     s->busy += dt;
     s->win_busy += dt;
-    s->steps_engine++;
+}
+
+/* One rollout tick at t_roll with the trainer not computing (it waits for groups or syncs): the
+ * busy replicas share the cores among themselves. Returns 1 (worked), 0 (idle), MOERL_ERR. */
+static int roll_step(job *J) {
+    sim_state *s = ST(J);
+    double w, b;
+    const int did = roll_begin(J, &w, &b);
+    if (did <= 0) return did;
+    const double dt = w / share_rate(s, b);
+    s->t_roll += dt;
+    s->step_b = b;
+    roll_account(s, dt);
     if (!s->async) return deliver(J) == MOERL_OK ? 1 : MOERL_ERR;
     return 1;
 }
@@ -144,6 +178,59 @@ static int sim_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_gr
     return moerl_errorf("internal: the simulated job has one trainer rank (asked to send to rank %d)", d);
 }
 
+/* Async with host sharing: a PPO update of `work` seconds at full speed on nt trainer processes,
+ * run concurrently with the rollout side (discrete events at the ends of rollout steps: while
+ * the update runs, nt + b processes share the cores; a rollout step still running when the
+ * update ends finishes at the rate of its replicas alone). Advances t_train past the update and
+ * t_roll through it. */
+static int train_shared(job *J, double work, double nt) {
+    sim_state *s = ST(J);
+    double t = s->t_train, rem_r = 0, b = s->step_b, t0_step = t;
+    if (s->t_roll > t) { /* a step in progress, timed with the trainer not computing: re-time its rest */
+        rem_r = (s->t_roll - t) * share_rate(s, b);
+        s->busy -= s->t_roll - t; /* its busy time up to t stays counted; the rest is counted below */
+        s->win_busy -= s->t_roll - t;
+        s->t_roll = t;
+    }
+    while (work > 0) {
+        if (rem_r <= 0) { /* the rollout side starts its next step at t */
+            if (s->t_roll < t) { /* it was idle since t_roll (nothing to do until now) */
+                s->idle += t - s->t_roll;
+                s->win_idle += t - s->t_roll;
+                s->t_roll = t;
+            }
+            if (deliver(J) != MOERL_OK) return MOERL_ERR;
+            const int did = roll_begin(J, &rem_r, &b);
+            if (did < 0) return MOERL_ERR;
+            if (did == 0) { /* idle until the step loop acts: the update runs alone */
+                t += work / share_rate(s, nt);
+                work = 0;
+                break;
+            }
+            t0_step = t;
+        }
+        const double r = share_rate(s, nt + b); /* every runnable process's rate */
+        if (work <= rem_r) { /* the update ends first (or together) */
+            t += work / r;
+            rem_r -= work;
+            work = 0;
+        } else {
+            t += rem_r / r;
+            work -= rem_r;
+            rem_r = 0;
+            s->t_roll = t; /* the step ends */
+            roll_account(s, t - t0_step);
+        }
+    }
+    if (rem_r > 0) { /* the step in progress finishes with the trainer waiting */
+        s->t_roll = t + rem_r / share_rate(s, b);
+        roll_account(s, s->t_roll - t0_step);
+    }
+    s->step_b = b;
+    s->t_train = t;
+    return MOERL_OK;
+}
+
 static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb, train_stats *st) {
     sim_state *s = ST(J);
     const rl_config *c = J->cfg;
@@ -176,14 +263,14 @@ static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb
         comm = 2.0 * (nt - 1) / nt * (double)tot * su->dev.dtype_bytes / su->dev.link_bw;
     }
     double dt = flops * su->dev.s_flop / nt + updates * (su->dev.c_update + comm);
-    if (su->host_cores > 0 && s->async) { /* the rollout replicas compete for the cores while it trains */
-        const double w = s->win_busy + s->win_idle, f = w > 0 ? s->win_busy / w : 1.0;
-        dt *= MOERL_MAX(1.0, (nt + su->n_rollout_replicas * f) / su->host_cores);
+    const double t_start = s->t_train;
+    s->train_work += dt * nt;
+    if (su->host_cores > 0 && s->async) {
+        if (train_shared(J, dt, nt) != MOERL_OK) return MOERL_ERR;
+    } else {
+        s->t_train += dt;
     }
-    s->tr_start = s->t_train;
-    s->tr_end = s->t_train + dt;
-    s->t_train += dt;
-    s->train_busy += dt;
+    s->train_busy += s->t_train - t_start;
     st->trained_tokens = tokens * c->ppo_epochs;
     st->train_flops = flops;
     J->T.step++;
@@ -309,6 +396,8 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
         res->rollout_busy_s = S.busy;
         res->rollout_idle_s = S.idle;
         res->train_busy_s = S.train_busy;
+        res->rollout_work_s = S.roll_work;
+        res->train_work_s = S.train_work;
         res->sync_s = S.sync_s;
         res->max_staleness = rr.max_lag_seen;
         res->engine_steps = S.steps_engine;

@@ -8,19 +8,24 @@
  *
  * Cost model (per device; a "replica" is rollout_tp devices serving one engine):
  *   engine step   t = a_bytes · bytes + a_flops · flops + c_step, per replica, with the merged
- *                 engine's batch split evenly over the replicas:
+ *                 engine's batch split evenly over the replicas that have a group in the step:
  *                   bytes = (P_dense + n_moe · E · (1 − (1 − K/E)^b) · P_expert1) · dtype / tp
  *                           + kv_reads · 2 · nkv · hd · L · dtype / min(tp, nkv)
  *                   flops = (2 · P_active · b + 4 · L · nh · hd · kv_reads) / tp
- *                 b = tokens of the step per replica, P_expert1 = one expert's weights, the
+ *                 b = tokens of the step per busy replica, P_expert1 = one expert's weights, the
  *                 touched-expert count is the expectation for b tokens routed uniformly
  *                 (each of E experts missed with probability (1 − K/E)^b);
  *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · ppo_epochs / n_trainer
  *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update;
  *   weight sync   t = bytes_bcast / link_bw + c_sync.
- * Host sharing (sim_setup.host_cores > 0, for validating against runs on one CPU host): an engine step
- *   of R replicas is stretched by max(1, (R + trainer busy)/cores), a PPO update in async mode by
- *   max(1, (1 + R · rollout busy share of the window)/cores).
+ * Host sharing (sim_setup.host_cores = C > 0, for validating against runs on one CPU host): the
+ *   roles are processes of one thread each, sharing C cores by processor sharing — while n of them
+ *   are runnable, each runs at min(1, C / n) of its calibrated speed. Runnable are the trainer's
+ *   n_trainer processes while a PPO update computes (not while they wait for groups or sync) and
+ *   the rollout replicas that have a group in the current engine step (b = min(replicas, groups in
+ *   the step); the others sleep, as moerl's rollout ranks do, and a step's tokens are split over
+ *   the b busy ones). An update and the engine steps that overlap it are co-simulated event by
+ *   event (job_sim.c train_shared). C = 0: independent devices, no sharing.
  * a_bytes = 1/(bandwidth·efficiency), a_flops = 1/(FLOP rate·efficiency) come from a named device
  * (sim_device_named) or from sim_calibrate's least-squares fit to timed engine steps and training
  * steps of the real model on this machine.
@@ -64,9 +69,10 @@ typedef struct {
     int n_rollout_replicas;      /* engine replicas (each rollout_tp devices) */
     int rollout_tp;
     int n_trainer;               /* trainer devices */
-    double host_cores;           /* > 0: the "devices" are processes sharing this many CPU cores (moerl's CPU
-                                    runs on one host): a busy role runs at min(1, host_cores / busy roles) of its
-                                    calibrated speed (processor sharing); 0 = independent devices */
+    double host_cores;           /* > 0: the "devices" are one-thread processes sharing this many CPU cores
+                                    (moerl's CPU runs on one host): while n roles are runnable (a trainer computing
+                                    an update, a replica with a group in its step) each runs at min(1, host_cores /
+                                    n) of its calibrated speed (processor sharing); 0 = independent devices */
 } sim_setup;
 
 typedef struct {
@@ -76,6 +82,9 @@ typedef struct {
     double trainer_idle_ratio;   /* Σ virtual wait for groups / wall */
     double rollout_idle_ratio;   /* idle / (busy + idle) of the rollout side */
     double rollout_busy_s, rollout_idle_s, train_busy_s, sync_s;
+    double rollout_work_s;       /* Σ over engine steps of (work per busy replica at full speed) × busy replicas: the
+                                    device-seconds (on a CPU host: CPU-seconds) the rollout side computes */
+    double train_work_s;         /* Σ over PPO updates of the work at full speed × trainer devices, likewise */
     int max_staleness;
     int64_t interrupted_responses; /* trained responses that were interrupted at least once */
     int64_t stale_hist[8];       /* trained groups by lag (T.version − oldest token version), last bin ≥ 7 */
