@@ -436,6 +436,7 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
     const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    const grouped_fuse lib = {.blas = 1}; /* the loop's GEMMs are library calls (OpenBLAS), as HF's */
     for (int e = 0; e < E; e++) {
         const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
         if (r1 == r0) continue;
@@ -443,10 +444,10 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
         for (int i = r0; i < r1; i++) /* index_select */
             memcpy(s->permuted + (size_t)i * H, x + (size_t)(s->sorted_row[i] % N) * H, (size_t)H * sizeof(float));
         grouped_gemm_forward_team(s->gate_up, s->permuted, Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I,
-                                  NULL);
+                                  &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++) swiglu_forward(s->act + (size_t)i * I, s->gate_up + (size_t)i * 2 * I, 1, I);
-        grouped_gemm_forward_team(s->y, s->act, Wd + (size_t)e * H * I, s->offsets + e, 1, I, H, NULL);
+        grouped_gemm_forward_team(s->y, s->act, Wd + (size_t)e * H * I, s->offsets + e, 1, I, H, &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++) { /* index_add_ weighted; one row per token within an expert */
             int t, j;
@@ -861,6 +862,7 @@ static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const flo
     const int N = a->N, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
               I = c->moe_intermediate_size;
     const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    const grouped_fuse lib = {.blas = 1}; /* library GEMMs, as in moe_loop_forward_team */
     for (int e = 0; e < E; e++) {
         const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
         if (r1 == r0) continue;
@@ -872,13 +874,13 @@ static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const flo
                                        s->y + (size_t)i * H, s->topk_w[(size_t)t * K + j], H);
         }
         grouped_gemm_backward_team(a->d_act, dWd + (size_t)e * H * I, a->d_y, s->act, Wd + (size_t)e * H * I,
-                                   s->offsets + e, 1, I, H, NULL);
+                                   s->offsets + e, 1, I, H, &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++)
             swiglu_backward(a->d_gate_up + (size_t)i * 2 * I, a->d_act + (size_t)i * I, s->gate_up + (size_t)i * 2 * I,
                             1, I);
         grouped_gemm_backward_team(a->d_permuted, dWgu + (size_t)e * 2 * I * H, a->d_gate_up, s->permuted,
-                                   Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I, NULL);
+                                   Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I, &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++) {
             float *d = dx + (size_t)(s->sorted_row[i] % N) * H;
