@@ -151,7 +151,8 @@ void moe_permute_backward(float *dx, const float *dpermuted, const int *sorted_r
 void moe_unpermute_forward(float *out, const float *y, const float *topk_w, const int *expanded_pos,
                            int N, int K, int H);
 /* dy[M,H] (OVERWRITTEN): dy[pos(t,j)] = topk_w[t,j]·dout[t];  dtopk_w[N,K] (OVERWRITTEN):
- * dtopk_w[t,j] = <dout[t], y[pos(t,j)]>. */
+ * dtopk_w[t,j] = <dout[t], y[pos(t,j)]>. Either may be NULL (skipped): the production path
+ * passes dy = NULL and has the grouped GEMM read dout through grouped_fuse.gather_dout. */
 void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const float *y, const float *topk_w,
                             const int *expanded_pos, int N, int K, int H);
 
@@ -175,13 +176,21 @@ void grouped_gemm_backward(float *da, float *dW, const float *dout, const float 
 /* What the team forms fuse into the grouped GEMM (NULL / zero fields = nothing fused). */
 typedef struct {
     /* Fused permute. Forward: the items read their rows of a from gather_x,
-     * a[i,:] = gather_x[sorted_row[i] mod n_tokens, :] (the tiled kernel inside its packing; a
-     * is still written, once per row, for a backward that reads it), so no separate permute
-     * pass over all M rows is needed. Backward: dW's product reads a's rows the same way (a is
-     * then not read and may be NULL). */
+     * a[i,:] = gather_x[sorted_row[i] mod n_tokens, :] (the tiled kernel inside its packing), so
+     * no separate permute pass over all M rows is needed; a, when not NULL, still receives those
+     * rows (once each) for a backward that reads them. Backward (not with blas): dW's product
+     * reads a's rows the same way (a is then not read and may be NULL). */
     const float *gather_x;
     const int *sorted_row;
     int n_tokens;
+    /* Fused unpermute backward (backward, not with blas): dout's rows are the routing-weighted
+     * token gradients, dout[i,:] = topk_w[t·topk_k + j]·gather_dout[t,:] for the expanded row
+     * sorted_row[i] = j·n_tokens + t, read in place (dout is then not read and may be NULL).
+     * da's rows are the weighted sums (the weight applied to each row's sum), dW's operand is
+     * scaled row by row while it is packed. */
+    const float *gather_dout;
+    const float *topk_w;
+    int topk_k;
     /* Fused SwiGLU epilogue (forward, O even): act[i, c] = silu(out[i, c]) · out[i, O/2 + c]
      * for c < O/2, computed by the item that produced those columns of those rows. */
     float *swiglu_act;
@@ -224,14 +233,20 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
 
 /* ---------------------------------------------------------------- tiled GEMM (gemm_tiled.c) */
 
-/* An operand of gemm_tiled: element (r, c) = p[phys(r)·rs + c·cs] with phys(r) = idx[r] mod mod
- * when idx is given (rows gathered through an index: the MoE permute fused into the packing),
- * else r. */
+/* An operand of gemm_tiled, described by its storage rows: storage row x is
+ * p + phys(x)·ld (contiguous), phys(x) = idx[x] mod mod when idx is given (rows gathered through
+ * an index: the MoE permute fused into the GEMM), else x; with rw (needs idx) each storage row
+ * is multiplied by its routing weight rw[(v mod mod)·rk + v / mod], v = idx[x] (the expanded
+ * row v = j·mod + t of token t's slot j: the unpermute's weighting fused in).
+ * trans = 0: element (r, c) = row r's element c; trans = 1: element (r, c) = row c's element r. */
 typedef struct {
     const float *p;
-    long rs, cs;
+    long ld;
+    int trans;
     const int *idx;
     int mod;
+    const float *rw;
+    int rk;
 } tg_mat;
 
 enum { TG_EPI_NONE = 0, TG_EPI_SWIGLU, TG_EPI_DSWIGLU };

@@ -50,55 +50,54 @@
 static _Thread_local float tg_bp[TG_KC * TG_NP * TG_NR] __attribute__((aligned(64)));
 static _Thread_local float tg_ap[TG_KC * TG_MC] __attribute__((aligned(64)));
 
-/* Row r of an operand whose first index is the row: base + physical row · rs. */
-static inline const float *tg_row(const tg_mat *M, int r) {
-    const long pr = M->idx ? (long)(M->idx[r] % M->mod) : (long)r;
-    return M->p + pr * M->rs;
+/* Storage row x of an operand (after the gather): base + phys(x)·ld. */
+static inline const float *tg_srow(const tg_mat *M, int x) {
+    const long px = M->idx ? (long)(M->idx[x] % M->mod) : (long)x;
+    return M->p + px * M->ld;
+}
+/* The factor of storage row x: its routing weight, or 1. */
+static inline float tg_sw(const tg_mat *M, int x) {
+    if (!M->rw) return 1.0f;
+    const int v = M->idx[x];
+    return M->rw[(long)(v % M->mod) * M->rk + v / M->mod];
 }
 
-/* Element (r, c) of an operand (generic path). */
-static inline float tg_at(const tg_mat *M, int r, int c) { return tg_row(M, r)[(long)c * M->cs]; }
-
-/* Pack rows [i0, i0 + mc) × k [k0, k0 + kc) of A as consecutive 6-row tiles, tile t at
- * Ap + t·kc·6 holding Ap[p][i] = A(i0 + 6t + i, k0 + p) (zero past mc). For an operand stored
- * transposed (rs = 1: the weight gradient's doutᵀ) each k reads one contiguous run of mc
- * elements, so the source is swept row by row. */
+/* Pack rows [i0, i0 + mc) × k [k0, k0 + kc) of a transposed A (storage rows are k: the weight
+ * gradient's doutᵀ) as consecutive 6-row tiles, tile t at Ap + t·kc·6 holding
+ * Ap[p][i] = A(i0 + 6t + i, k0 + p) (zero past mc). Each k reads one contiguous run of mc
+ * elements (scaled by the storage row's factor), so the source is swept row by row. */
 static void tg_pack_a(float *Ap, const tg_mat *A, int i0, int mc, int k0, int kc) {
-    const int nt = (mc + TG_MR - 1) / TG_MR;
-    if (mc % TG_MR) memset(Ap + (size_t)(nt - 1) * kc * TG_MR, 0, (size_t)kc * TG_MR * sizeof(float));
-    if (A->rs == 1 && !A->idx) {
-        const int full = mc / TG_MR, rest = mc % TG_MR;
-        for (int p = 0; p < kc; p++) {
-            const float *s = A->p + (long)(k0 + p) * A->cs + i0;
-            if (p + TG_PF < kc)
-                for (int o = 0; o < mc; o += 16) __builtin_prefetch(s + TG_PF * A->cs + o);
-            float *d = Ap + p * TG_MR;
-            for (int t = 0; t < full; t++) memcpy(d + (size_t)t * kc * TG_MR, s + t * TG_MR, TG_MR * sizeof(float));
-            if (rest) memcpy(d + (size_t)full * kc * TG_MR, s + full * TG_MR, (size_t)rest * sizeof(float));
+    const int nt = (mc + TG_MR - 1) / TG_MR, full = mc / TG_MR, rest = mc % TG_MR;
+    if (rest) memset(Ap + (size_t)(nt - 1) * kc * TG_MR, 0, (size_t)kc * TG_MR * sizeof(float));
+    for (int p = 0; p < kc; p++) {
+        const float *s = tg_srow(A, k0 + p) + i0;
+        if (p + TG_PF < kc) {
+            const float *f = tg_srow(A, k0 + p + TG_PF) + i0;
+            for (int o = 0; o < mc; o += 16) __builtin_prefetch(f + o);
         }
-        return;
-    }
-    for (int i = 0; i < mc; i++) {
-        float *d = Ap + (size_t)(i / TG_MR) * kc * TG_MR + i % TG_MR;
-        if (A->cs == 1) {
-            const float *r = tg_row(A, i0 + i) + k0;
-            for (int p = 0; p < kc; p++) d[p * TG_MR] = r[p];
-        } else {
-            for (int p = 0; p < kc; p++) d[p * TG_MR] = tg_at(A, i0 + i, k0 + p);
+        float *d = Ap + p * TG_MR;
+        if (A->rw) {
+            const float w = tg_sw(A, k0 + p);
+            for (int i = 0; i < mc; i++) d[(size_t)(i / TG_MR) * kc * TG_MR + i % TG_MR] = w * s[i];
+            continue;
         }
+        for (int t = 0; t < full; t++) memcpy(d + (size_t)t * kc * TG_MR, s + t * TG_MR, TG_MR * sizeof(float));
+        if (rest) memcpy(d + (size_t)full * kc * TG_MR, s + full * TG_MR, (size_t)rest * sizeof(float));
     }
 }
 
 /* Pack np B panels: panel q's lane l takes column col[q][l] (< 0: zero), rows k [k0, k0 + kc);
- * panel q at Bp + q·kc·16 holding Bp[p][l]. Row-major operands (cs = 1: activations, gathered or
- * not, and dout) are swept row by row, each row read once for all panels; weights stored
- * [out, in] (rs = 1) column by column. */
+ * panel q at Bp + q·kc·16 holding Bp[p][l]. Untransposed operands (storage rows are k:
+ * activations, gathered or not, weights read [out, in] as [k, n]) are swept row by row, each
+ * row read once for all panels; transposed ones (weights [out, in] as B(k, j) = W[j, k]) column
+ * by column, each a contiguous run. */
 static void tg_pack_b(float *Bp, const tg_mat *B, int col[][TG_NR], int np, int k0, int kc) {
-    if (B->cs == 1) {
+    if (!B->trans) {
         for (int p = 0; p < kc; p++) {
-            const float *r = tg_row(B, k0 + p);
+            const float *r = tg_srow(B, k0 + p);
+            const float w = tg_sw(B, k0 + p);
             if (p + TG_PF < kc) {
-                const float *f = tg_row(B, k0 + p + TG_PF);
+                const float *f = tg_srow(B, k0 + p + TG_PF);
                 for (int q = 0; q < np; q++)
                     for (int h = 0; h < TG_NR; h += 8)
                         if (col[q][h] >= 0) __builtin_prefetch(f + col[q][h]);
@@ -107,10 +106,10 @@ static void tg_pack_b(float *Bp, const tg_mat *B, int col[][TG_NR], int np, int 
                 float *d = Bp + (size_t)q * kc * TG_NR + p * TG_NR;
                 for (int h = 0; h < TG_NR; h += 8) {
                     const int *c = col[q] + h;
-                    if (c[0] >= 0 && c[7] == c[0] + 7) { /* a full run of 8 (columns ascend within a half) */
+                    if (!B->rw && c[0] >= 0 && c[7] == c[0] + 7) { /* a full run of 8 (columns ascend within a half) */
                         memcpy(d + h, r + c[0], 8 * sizeof(float));
                     } else {
-                        for (int l = 0; l < 8; l++) d[h + l] = c[l] < 0 ? 0.0f : r[c[l]];
+                        for (int l = 0; l < 8; l++) d[h + l] = c[l] < 0 ? 0.0f : w * r[c[l]];
                     }
                 }
             }
@@ -123,12 +122,10 @@ static void tg_pack_b(float *Bp, const tg_mat *B, int col[][TG_NR], int np, int 
             const int c = col[q][l];
             if (c < 0) {
                 for (int p = 0; p < kc; p++) d[p * TG_NR + l] = 0.0f;
-            } else if (B->rs == 1 && !B->idx) { /* B(k, j) = p[j·cs + k]: one contiguous source run */
-                const float *s = B->p + (long)c * B->cs + k0;
-                for (int p = 0; p < kc; p++) d[p * TG_NR + l] = s[p];
-            } else {
-                for (int p = 0; p < kc; p++) d[p * TG_NR + l] = tg_at(B, k0 + p, c);
+                continue;
             }
+            const float *s = tg_srow(B, c) + k0, w = tg_sw(B, c);
+            for (int p = 0; p < kc; p++) d[p * TG_NR + l] = w * s[p];
         }
     }
 }
@@ -323,7 +320,7 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                 }
             }
             tg_pack_b(Bp, B, col, np, k0, kc);
-            const int inplace = A->cs == 1; /* rows read in place (the gather is the choice of rows) */
+            const int inplace = !A->trans; /* rows read in place (the gather is the choice of rows) */
             for (int ic = 0; ic < m; ic += TG_MC) {
                 const int mc = MOERL_MIN(TG_MC, m - ic);
                 if (!inplace) tg_pack_a(Ap, A, ic, mc, k0, kc);
@@ -354,8 +351,13 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                         }
                         if (inplace) {
                             const float *rows[TG_MR]; /* missing rows repeat the first (results dropped) */
-                            for (int i = 0; i < TG_MR; i++) rows[i] = tg_row(A, i0 + (i < mr ? i : 0)) + k0;
+                            for (int i = 0; i < TG_MR; i++) rows[i] = tg_srow(A, i0 + (i < mr ? i : 0)) + k0;
                             tg_kernel_rows(t, rows, bq, kc);
+                            if (A->rw) /* the rows' factors, applied to their sums */
+                                for (int i = 0; i < mr; i++) {
+                                    const float w = tg_sw(A, i0 + i);
+                                    for (int l = 0; l < TG_NR; l++) t[i * TG_NR + l] *= w;
+                                }
                         } else {
                             tg_kernel_packed(t, Ap + (size_t)((i0 - ic) / TG_MR) * kc * TG_MR, bq, kc);
                         }

@@ -145,14 +145,15 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
                  * the gather inside its packing, SwiGLU as its epilogue (8 activations per tile) */
                 int c0, c1;
                 gg_block_u(p, s, f->swiglu_act ? half : O, f->swiglu_act ? 8 : 16, &c0, &c1);
-                if (f->gather_x && p == 0) /* the permuted copy backward reads */
+                if (f->gather_x && a && p == 0) /* the permuted copy, for a backward that reads it */
                     for (int i = r0; i < r0 + m; i++)
                         memcpy(a + (size_t)i * I, f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I,
                                (size_t)I * sizeof(float));
                 if (c1 <= c0) continue;
-                const tg_mat A = f->gather_x ? (tg_mat){f->gather_x, I, 1, f->sorted_row + r0, f->n_tokens}
-                                             : (tg_mat){a + (size_t)r0 * I, I, 1, NULL, 0};
-                const tg_mat B = {Wg + (size_t)c0 * I, 1, I, NULL, 0};
+                const tg_mat A = f->gather_x ? (tg_mat){.p = f->gather_x, .ld = I, .idx = f->sorted_row + r0,
+                                                        .mod = f->n_tokens}
+                                             : (tg_mat){.p = a + (size_t)r0 * I, .ld = I};
+                const tg_mat B = {.p = Wg + (size_t)c0 * I, .ld = I, .trans = 1}; /* B(i, o) = W_g[o, i] */
                 if (f->swiglu_act) {
                     const tg_epi ep = {.kind = TG_EPI_SWIGLU, .half = half,
                                        .act = f->swiglu_act + (size_t)r0 * half + c0, .ld_act = half};
@@ -190,7 +191,7 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
                     rows[r] = f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I;
                     /* the permuted copy backward needs: part 0 of every group writes it, even
                      * when its column block is empty (fewer 16-column units than parts) */
-                    if (p == 0) memcpy(a + (size_t)i * I, rows[r], (size_t)I * sizeof(float));
+                    if (p == 0 && a) memcpy(a + (size_t)i * I, rows[r], (size_t)I * sizeof(float));
                 } else {
                     rows[r] = a + (size_t)i * I;
                 }
@@ -222,6 +223,7 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
     MOERL_ASSERT(!sdgu || (da && sgu));
     if (!da && !dW) return;
     const int blas = fuse && fuse->blas;
+    MOERL_ASSERT(!blas || !(fuse->gather_x || fuse->gather_dout)); /* the library items read a and dout as given */
     const int nt = gg_team_threads();
     const long M = offsets[E] - offsets[0];
     const int units = MOERL_MIN((I + 15) / 16, (O + 15) / 16); /* tiled items: columns of da, rows of dW */
@@ -237,11 +239,14 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
                 /* moerl's tiled kernel (any row count): column block p of da_g (SwiGLU backward as its epilogue)
                  * and row block p of dW_g */
                 int c0, c1;
+                const float *gd = fuse ? fuse->gather_dout : NULL;
                 if (da) {
                     gg_block_u(p, s, I, 16, &c0, &c1);
                     if (c1 > c0) {
-                        const tg_mat A = {dout + (size_t)r0 * O, O, 1, NULL, 0};
-                        const tg_mat B = {Wg + c0, I, 1, NULL, 0};
+                        const tg_mat A = gd ? (tg_mat){.p = gd, .ld = O, .idx = fuse->sorted_row + r0,
+                                                       .mod = fuse->n_tokens, .rw = fuse->topk_w, .rk = fuse->topk_k}
+                                            : (tg_mat){.p = dout + (size_t)r0 * O, .ld = O};
+                        const tg_mat B = {.p = Wg + c0, .ld = I}; /* B(o, i) = W_g[o, i] */
                         const tg_epi ep = {.kind = TG_EPI_DSWIGLU, .half = I, .dgu = sdgu + (size_t)r0 * 2 * I + c0,
                                            .gu = sgu ? sgu + (size_t)r0 * 2 * I + c0 : NULL, .ld_gu = 2 * I};
                         gemm_tiled(da + (size_t)r0 * I + c0, I, 0, &A, &B, m, c1 - c0, O, sdgu ? &ep : NULL);
@@ -250,10 +255,14 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
                 if (dW) {
                     gg_block_u(p, s, O, 16, &c0, &c1);
                     if (c1 > c0) {
-                        const tg_mat A = {dout + (size_t)r0 * O + c0, 1, O, NULL, 0};
+                        /* A(o, r) = dout[r, o]: dout's rows are the storage rows (transposed) */
+                        const tg_mat A = gd ? (tg_mat){.p = gd + c0, .ld = O, .trans = 1, .idx = fuse->sorted_row + r0,
+                                                       .mod = fuse->n_tokens, .rw = fuse->topk_w, .rk = fuse->topk_k}
+                                            : (tg_mat){.p = dout + (size_t)r0 * O + c0, .ld = O, .trans = 1};
                         const tg_mat B = fuse && fuse->gather_x
-                                             ? (tg_mat){fuse->gather_x, I, 1, fuse->sorted_row + r0, fuse->n_tokens}
-                                             : (tg_mat){a + (size_t)r0 * I, I, 1, NULL, 0};
+                                             ? (tg_mat){.p = fuse->gather_x, .ld = I, .idx = fuse->sorted_row + r0,
+                                                        .mod = fuse->n_tokens}
+                                             : (tg_mat){.p = a + (size_t)r0 * I, .ld = I};
                         gemm_tiled(dW + (size_t)g * O * I + (size_t)c0 * I, I, 1, &A, &B, c1 - c0, I, m, NULL);
                     }
                 }
