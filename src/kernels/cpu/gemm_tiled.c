@@ -78,7 +78,9 @@ static void tg_pack_a(float *Ap, const tg_mat *A, int i0, int mc, int k0, int kc
         float *d = Ap + p * TG_MR;
         if (A->rw) {
             const float w = tg_sw(A, k0 + p);
-            for (int i = 0; i < mc; i++) d[(size_t)(i / TG_MR) * kc * TG_MR + i % TG_MR] = w * s[i];
+            for (int t = 0; t < full; t++)
+                for (int i = 0; i < TG_MR; i++) d[(size_t)t * kc * TG_MR + i] = w * s[t * TG_MR + i];
+            for (int i = 0; i < rest; i++) d[(size_t)full * kc * TG_MR + i] = w * s[full * TG_MR + i];
             continue;
         }
         for (int t = 0; t < full; t++) memcpy(d + (size_t)t * kc * TG_MR, s + t * TG_MR, TG_MR * sizeof(float));
@@ -352,6 +354,11 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                         if (inplace) {
                             const float *rows[TG_MR]; /* missing rows repeat the first (results dropped) */
                             for (int i = 0; i < TG_MR; i++) rows[i] = tg_srow(A, i0 + (i < mr ? i : 0)) + k0;
+                            if (q == 0 && i0 + TG_MR < ic + mc) /* the next tile's rows (first pass: from L3 or memory) */
+                                for (int i = i0 + TG_MR; i < MOERL_MIN(i0 + 2 * TG_MR, ic + mc); i++) {
+                                    const float *nr = tg_srow(A, i) + k0;
+                                    for (int p = 0; p < kc; p += 16) __builtin_prefetch(nr + p);
+                                }
                             tg_kernel_rows(t, rows, bq, kc);
                             if (A->rw) /* the rows' factors, applied to their sums */
                                 for (int i = 0; i < mr; i++) {
