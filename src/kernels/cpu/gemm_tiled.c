@@ -66,18 +66,16 @@ static inline float tg_sw(const tg_mat *M, int x) {
  * gradient's doutᵀ) as consecutive 6-row tiles, tile t at Ap + t·kc·6 holding
  * Ap[p][i] = A(i0 + 6t + i, k0 + p) (zero past mc). Each k reads one contiguous run of mc
  * elements (scaled by the storage row's factor), so the source is swept row by row. */
-static void tg_pack_a(float *Ap, const tg_mat *A, int i0, int mc, int k0, int kc) {
+static void tg_pack_a(float *Ap, const tg_mat *A, const float *const *krow, const float *kw, int i0, int mc, int kc) {
     const int nt = (mc + TG_MR - 1) / TG_MR, full = mc / TG_MR, rest = mc % TG_MR;
     if (rest) memset(Ap + (size_t)(nt - 1) * kc * TG_MR, 0, (size_t)kc * TG_MR * sizeof(float));
     for (int p = 0; p < kc; p++) {
-        const float *s = tg_srow(A, k0 + p) + i0;
-        if (p + TG_PF < kc) {
-            const float *f = tg_srow(A, k0 + p + TG_PF) + i0;
-            for (int o = 0; o < mc; o += 16) __builtin_prefetch(f + o);
-        }
+        const float *s = krow[p] + i0;
+        if (p + TG_PF < kc)
+            for (int o = 0; o < mc; o += 16) __builtin_prefetch(krow[p + TG_PF] + i0 + o);
         float *d = Ap + p * TG_MR;
         if (A->rw) {
-            const float w = tg_sw(A, k0 + p);
+            const float w = kw[p];
             for (int t = 0; t < full; t++)
                 for (int i = 0; i < TG_MR; i++) d[(size_t)t * kc * TG_MR + i] = w * s[t * TG_MR + i];
             for (int i = 0; i < rest; i++) d[(size_t)full * kc * TG_MR + i] = w * s[full * TG_MR + i];
@@ -93,13 +91,14 @@ static void tg_pack_a(float *Ap, const tg_mat *A, int i0, int mc, int k0, int kc
  * activations, gathered or not, weights read [out, in] as [k, n]) are swept row by row, each
  * row read once for all panels; transposed ones (weights [out, in] as B(k, j) = W[j, k]) column
  * by column, each a contiguous run. */
-static void tg_pack_b(float *Bp, const tg_mat *B, int col[][TG_NR], int np, int k0, int kc) {
+static void tg_pack_b(float *Bp, const tg_mat *B, const float *const *krow, const float *kw, int col[][TG_NR], int np,
+                      int k0, int kc) {
     if (!B->trans) {
         for (int p = 0; p < kc; p++) {
-            const float *r = tg_srow(B, k0 + p);
-            const float w = tg_sw(B, k0 + p);
+            const float *r = krow[p];
+            const float w = kw[p];
             if (p + TG_PF < kc) {
-                const float *f = tg_srow(B, k0 + p + TG_PF);
+                const float *f = krow[p + TG_PF];
                 for (int q = 0; q < np; q++)
                     for (int h = 0; h < TG_NR; h += 8)
                         if (col[q][h] >= 0) __builtin_prefetch(f + col[q][h]);
@@ -132,8 +131,42 @@ static void tg_pack_b(float *Bp, const tg_mat *B, int col[][TG_NR], int np, int 
     }
 }
 
-/* The 6×16 microkernel: t[i][l] = Σ_p A(i, p)·Bp[p][l], p ascending (one fused multiply-add
- * per term). A(i, p) is AP(i, p): the packed tile (Ap[p·6 + i]) or six row pointers (rows[i][p],
+/* Where a kernel's tile goes: row i's lanes 0..7 to lo + i·ldc and lanes 8..15 to hi + i·ldc, each
+ * row first multiplied by scale[i] (scale may be NULL), added to C (add) or stored; rows ≥ mr are
+ * dropped. A tile with missing columns (full = 0) goes to t[6][16] instead, for tg_put. */
+typedef struct {
+    float *lo, *hi;
+    long ldc;
+    int add, full, mr;
+    const float *scale;
+    float *t;
+} tg_out;
+
+#if TG_SIMD
+static inline __attribute__((always_inline)) void tg_out8(const tg_out *o, int i, __m256 v0, __m256 v1) {
+    if (o->scale) {
+        const __m256 w = _mm256_set1_ps(o->scale[i]);
+        v0 = _mm256_mul_ps(v0, w);
+        v1 = _mm256_mul_ps(v1, w);
+    }
+    if (!o->full) {
+        _mm256_store_ps(o->t + i * TG_NR, v0);
+        _mm256_store_ps(o->t + i * TG_NR + 8, v1);
+        return;
+    }
+    if (i >= o->mr) return;
+    float *d0 = o->lo + i * o->ldc, *d1 = o->hi + i * o->ldc;
+    if (o->add) {
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(d0));
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(d1));
+    }
+    _mm256_storeu_ps(d0, v0);
+    _mm256_storeu_ps(d1, v1);
+}
+#endif
+
+/* The 6×16 microkernel: tile[i][l] = Σ_p A(i, p)·Bp[p][l], p ascending (one fused multiply-add
+ * per term), written out as o says. A(i, p) is AP(i, p): the packed tile (Ap[p·6 + i]) or six row pointers (rows[i][p],
  * the activations read in place — no packing, the gather is the choice of pointers). */
 #if TG_SIMD
 #define TG_KERNEL_BODY(AP)                                                                                        \
@@ -160,35 +193,40 @@ static void tg_pack_b(float *Bp, const tg_mat *B, int col[][TG_NR], int np, int 
         c50 = _mm256_fmadd_ps(a, b0, c50);                                                                     \
         c51 = _mm256_fmadd_ps(a, b1, c51);                                                                     \
     }                                                                                                           \
-    _mm256_store_ps(t + 0, c00);                                                                               \
-    _mm256_store_ps(t + 8, c01);                                                                               \
-    _mm256_store_ps(t + 16, c10);                                                                              \
-    _mm256_store_ps(t + 24, c11);                                                                              \
-    _mm256_store_ps(t + 32, c20);                                                                              \
-    _mm256_store_ps(t + 40, c21);                                                                              \
-    _mm256_store_ps(t + 48, c30);                                                                              \
-    _mm256_store_ps(t + 56, c31);                                                                              \
-    _mm256_store_ps(t + 64, c40);                                                                              \
-    _mm256_store_ps(t + 72, c41);                                                                              \
-    _mm256_store_ps(t + 80, c50);                                                                              \
-    _mm256_store_ps(t + 88, c51);
+    tg_out8(o, 0, c00, c01);                                                                                  \
+    tg_out8(o, 1, c10, c11);                                                                                  \
+    tg_out8(o, 2, c20, c21);                                                                                  \
+    tg_out8(o, 3, c30, c31);                                                                                  \
+    tg_out8(o, 4, c40, c41);                                                                                  \
+    tg_out8(o, 5, c50, c51);
 #else
 #define TG_KERNEL_BODY(AP)                                                                                        \
+    float *t = o->t;                                                                                            \
     for (int e = 0; e < TG_MR * TG_NR; e++) t[e] = 0.0f;                                                          \
     for (int p = 0; p < kc; p++)                                                                                \
         for (int i = 0; i < TG_MR; i++) {                                                                       \
             const float a = *AP(i, p);                                                                          \
             for (int l = 0; l < TG_NR; l++) t[i * TG_NR + l] = KV_MADD(a, Bp[p * TG_NR + l], t[i * TG_NR + l]); \
-        }
+        }                                                                                                       \
+    if (o->scale)                                                                                               \
+        for (int i = 0; i < TG_MR; i++)                                                                         \
+            for (int l = 0; l < TG_NR; l++) t[i * TG_NR + l] *= o->scale[i];                                     \
+    if (o->full)                                                                                                \
+        for (int i = 0; i < o->mr; i++)                                                                         \
+            for (int l = 0; l < 8; l++) {                                                                       \
+                float *d0 = o->lo + i * o->ldc + l, *d1 = o->hi + i * o->ldc + l;                               \
+                *d0 = o->add ? *d0 + t[i * TG_NR + l] : t[i * TG_NR + l];                                       \
+                *d1 = o->add ? *d1 + t[i * TG_NR + 8 + l] : t[i * TG_NR + 8 + l];                               \
+            }
 #endif
 
-static void tg_kernel_packed(float *restrict t, const float *restrict Ap, const float *restrict Bp, int kc) {
+static void tg_kernel_packed(const tg_out *o, const float *restrict Ap, const float *restrict Bp, int kc) {
 #define TG_AP_PACKED(i, p) (Ap + (p) * TG_MR + (i))
     TG_KERNEL_BODY(TG_AP_PACKED)
 #undef TG_AP_PACKED
 }
 
-static void tg_kernel_rows(float *restrict t, const float *const *rows, const float *restrict Bp, int kc) {
+static void tg_kernel_rows(const tg_out *o, const float *const *rows, const float *restrict Bp, int kc) {
     const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3], *r4 = rows[4], *r5 = rows[5];
 #define TG_AP_ROWS(i, p) (r##i + (p))
     TG_KERNEL_BODY(TG_AP_ROWS)
@@ -311,6 +349,20 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
     do {
         const int kc = MOERL_MIN(kb, k - k0);
         const int add = k0 > 0 || accumulate, last = k0 + kc >= k;
+        /* the storage rows along k of the operands stored k-major (B untransposed, A transposed),
+         * looked up once per k-block */
+        const float *brow[TG_KC], *akrow[TG_KC];
+        float bw[TG_KC], akw[TG_KC];
+        for (int p = 0; p < kc; p++) {
+            if (!B->trans) {
+                brow[p] = tg_srow(B, k0 + p);
+                bw[p] = tg_sw(B, k0 + p);
+            }
+            if (A->trans) {
+                akrow[p] = tg_srow(A, k0 + p);
+                akw[p] = tg_sw(A, k0 + p);
+            }
+        }
         for (int j0 = 0; j0 < n; j0 += TG_NP * unit) {
             const int nc = MOERL_MIN(TG_NP * unit, n - j0), np = (nc + unit - 1) / unit;
             int col[TG_NP][TG_NR];
@@ -321,19 +373,34 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                     else col[q][l] = l < nv ? c + l : -1;
                 }
             }
-            tg_pack_b(Bp, B, col, np, k0, kc);
+            tg_pack_b(Bp, B, brow, bw, col, np, k0, kc);
             const int inplace = !A->trans; /* rows read in place (the gather is the choice of rows) */
             for (int ic = 0; ic < m; ic += TG_MC) {
                 const int mc = MOERL_MIN(TG_MC, m - ic);
-                if (!inplace) tg_pack_a(Ap, A, ic, mc, k0, kc);
-                /* the B panel stays in L1 while the chunk's row tiles (≤ 48 rows) pass under it */
+                /* the chunk's row pointers and factors, looked up once (the gather's index, its
+                 * modulo and the routing weight) */
+                const float *arow[TG_MC + TG_MR];
+                float aw[TG_MC + TG_MR];
+                if (inplace) {
+                    for (int i = 0; i < mc; i++) {
+                        arow[i] = tg_srow(A, ic + i) + k0;
+                        aw[i] = tg_sw(A, ic + i);
+                    }
+                    for (int i = mc; i < mc + TG_MR; i++) { /* missing rows repeat the first (results dropped) */
+                        arow[i] = arow[0];
+                        aw[i] = 0.0f;
+                    }
+                } else {
+                    tg_pack_a(Ap, A, akrow, akw, ic, mc, kc);
+                }
+                /* the B panel stays in L1 while the chunk's row tiles pass under it */
                 for (int q = 0; q < np; q++) {
                     const int c = j0 + q * unit, nv = MOERL_MIN(unit, n - c);
                     const float *bq = Bp + (size_t)q * kc * TG_NR;
                     for (int i0 = ic; i0 < ic + mc; i0 += TG_MR) {
                         const int mr = MOERL_MIN(TG_MR, ic + mc - i0);
                         float *row = C + (long)i0 * ldc;
-                        for (int i = 0; i < mr; i++) { /* lines the tile's put and epilogue touch after the kernel */
+                        for (int i = 0; i < mr; i++) { /* lines the tile's output and epilogue touch after the kernel */
                             __builtin_prefetch(row + i * ldc + c, 1);
                             __builtin_prefetch(row + i * ldc + (swg ? epi->half + c : c + 8), 1);
                             if (!last) continue;
@@ -351,25 +418,19 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                                 __builtin_prefetch(epi->dgu + o + epi->half + 8, 1);
                             }
                         }
+                        const int lo_n = swg ? nv : MOERL_MIN(8, nv), hi_n = swg ? nv : MOERL_MAX(0, nv - 8);
+                        tg_out o = {.lo = row + c, .hi = row + (swg ? epi->half + c : c + 8), .ldc = ldc, .add = add,
+                                    .full = lo_n == 8 && hi_n == 8, .mr = mr, .t = t};
                         if (inplace) {
-                            const float *rows[TG_MR]; /* missing rows repeat the first (results dropped) */
-                            for (int i = 0; i < TG_MR; i++) rows[i] = tg_srow(A, i0 + (i < mr ? i : 0)) + k0;
                             if (q == 0 && i0 + TG_MR < ic + mc) /* the next tile's rows (first pass: from L3 or memory) */
-                                for (int i = i0 + TG_MR; i < MOERL_MIN(i0 + 2 * TG_MR, ic + mc); i++) {
-                                    const float *nr = tg_srow(A, i) + k0;
-                                    for (int p = 0; p < kc; p += 16) __builtin_prefetch(nr + p);
-                                }
-                            tg_kernel_rows(t, rows, bq, kc);
-                            if (A->rw) /* the rows' factors, applied to their sums */
-                                for (int i = 0; i < mr; i++) {
-                                    const float w = tg_sw(A, i0 + i);
-                                    for (int l = 0; l < TG_NR; l++) t[i * TG_NR + l] *= w;
-                                }
+                                for (int i = i0 + TG_MR; i < MOERL_MIN(i0 + 2 * TG_MR, ic + mc); i++)
+                                    for (int p = 0; p < kc; p += 16) __builtin_prefetch(arow[i - ic] + p);
+                            if (A->rw) o.scale = aw + (i0 - ic); /* the rows' factors, applied to their sums */
+                            tg_kernel_rows(&o, arow + (i0 - ic), bq, kc);
                         } else {
-                            tg_kernel_packed(t, Ap + (size_t)((i0 - ic) / TG_MR) * kc * TG_MR, bq, kc);
+                            tg_kernel_packed(&o, Ap + (size_t)((i0 - ic) / TG_MR) * kc * TG_MR, bq, kc);
                         }
-                        if (swg) tg_put(t, row + c, row + epi->half + c, ldc, mr, nv, nv, add);
-                        else tg_put(t, row + c, row + c + 8, ldc, mr, MOERL_MIN(8, nv), MOERL_MAX(0, nv - 8), add);
+                        if (!o.full) tg_put(t, o.lo, o.hi, ldc, mr, lo_n, hi_n, add);
                         if (!last) continue;
                         if (swg) tg_epi_swiglu(epi, C, ldc, i0, mr, c, nv);
                         else if (kind == TG_EPI_DSWIGLU) tg_epi_dswiglu(epi, C, ldc, i0, mr, c, nv);
