@@ -291,25 +291,25 @@ static inline __m256 tg_sigmoid8(__m256 g) {
 }
 #endif
 
-/* SwiGLU forward of a tile: act[i, c + l] = silu(C[i, c + l])·C[i, half + c + l], l < nv.
- * Same formula and rounding as swiglu_forward. */
+/* SwiGLU forward of rows i0.. i0 + mr, activations c .. c + nv: act[i, c + l] =
+ * silu(C[i, c + l])·C[i, half + c + l]. Same formula and rounding as swiglu_forward. */
 static void tg_epi_swiglu(const tg_epi *e, const float *C, long ldc, int i0, int mr, int c, int nv) {
     for (int i = 0; i < mr; i++) {
         const float *g = C + (long)(i0 + i) * ldc + c, *u = g + e->half;
         float *o = e->act + (long)(i0 + i) * e->ld_act + c;
+        int l = 0;
 #if TG_SIMD
-        if (nv == 8) {
-            const __m256 gv = _mm256_loadu_ps(g);
-            _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(gv, tg_sigmoid8(gv)), _mm256_loadu_ps(u)));
-            continue;
+        for (; l + 8 <= nv; l += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + l);
+            _mm256_storeu_ps(o + l, _mm256_mul_ps(_mm256_mul_ps(gv, tg_sigmoid8(gv)), _mm256_loadu_ps(u + l)));
         }
 #endif
-        for (int l = 0; l < nv; l++) o[l] = g[l] * vsigmoid(g[l]) * u[l];
+        for (; l < nv; l++) o[l] = g[l] * vsigmoid(g[l]) * u[l];
     }
 }
 
-/* SwiGLU backward of a tile of dact (C): the dgate/dup columns c..c+nv of rows i0.. (same
- * formula and rounding as swiglu_backward). */
+/* SwiGLU backward of dact (C) on rows i0 .. i0 + mr, columns c .. c + nv: the dgate/dup columns
+ * (same formula and rounding as swiglu_backward). */
 static void tg_epi_dswiglu(const tg_epi *e, const float *C, long ldc, int i0, int mr, int c, int nv) {
     for (int i = 0; i < mr; i++) {
         const float *d = C + (long)(i0 + i) * ldc + c;
@@ -400,25 +400,12 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                     for (int i0 = ic; i0 < ic + mc; i0 += TG_MR) {
                         const int mr = MOERL_MIN(TG_MR, ic + mc - i0);
                         float *row = C + (long)i0 * ldc;
-                        for (int i = 0; i < mr; i++) { /* lines the tile's output and epilogue touch after the kernel */
+                        for (int i = 0; i < mr; i++) { /* the lines the tile's output touches after the kernel */
                             __builtin_prefetch(row + i * ldc + c, 1);
                             __builtin_prefetch(row + i * ldc + (swg ? epi->half + c : c + 8), 1);
-                            if (!last) continue;
-                            if (swg) {
-                                __builtin_prefetch(epi->act + (long)(i0 + i) * epi->ld_act + c, 1);
-                            } else if (kind == TG_EPI_DSWIGLU) {
-                                const long o = (long)(i0 + i) * epi->ld_gu + c;
-                                __builtin_prefetch(epi->gu + o);
-                                __builtin_prefetch(epi->gu + o + 8);
-                                __builtin_prefetch(epi->gu + o + epi->half);
-                                __builtin_prefetch(epi->gu + o + epi->half + 8);
-                                __builtin_prefetch(epi->dgu + o, 1);
-                                __builtin_prefetch(epi->dgu + o + 8, 1);
-                                __builtin_prefetch(epi->dgu + o + epi->half, 1);
-                                __builtin_prefetch(epi->dgu + o + epi->half + 8, 1);
-                            }
                         }
                         const int lo_n = swg ? nv : MOERL_MIN(8, nv), hi_n = swg ? nv : MOERL_MAX(0, nv - 8);
+
                         tg_out o = {.lo = row + c, .hi = row + (swg ? epi->half + c : c + 8), .ldc = ldc, .add = add,
                                     .full = lo_n == 8 && hi_n == 8, .mr = mr, .t = t};
                         if (inplace) {
@@ -431,11 +418,12 @@ void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_ma
                             tg_kernel_packed(&o, Ap + (size_t)((i0 - ic) / TG_MR) * kc * TG_MR, bq, kc);
                         }
                         if (!o.full) tg_put(t, o.lo, o.hi, ldc, mr, lo_n, hi_n, add);
-                        if (!last) continue;
-                        if (swg) tg_epi_swiglu(epi, C, ldc, i0, mr, c, nv);
-                        else if (kind == TG_EPI_DSWIGLU) tg_epi_dswiglu(epi, C, ldc, i0, mr, c, nv);
                     }
                 }
+                /* the epilogue over the chunk's rows and the block's columns once their sums are
+                 * complete: row by row (C still in L2, the other operands read sequentially) */
+                if (last && swg) tg_epi_swiglu(epi, C, ldc, ic, mc, j0, nc);
+                else if (last && kind == TG_EPI_DSWIGLU) tg_epi_dswiglu(epi, C, ldc, ic, mc, j0, nc);
             }
         }
         k0 += kc;
