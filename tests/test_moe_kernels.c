@@ -11,13 +11,25 @@
  *  4. grouped GEMM: forward/backward against a float64 per-expert reference (an idle expert,
  *     a group large enough to be split into column blocks, the serial path), dW accumulates,
  *     NULL outputs, OpenBLAS's thread count restored; finite differences of the backward.
+ *  4b. gemm_tiled (moerl's GEMM kernel) against a float64 evaluation of its contract: row counts
+ *     1, 5, 6, 7, 50, 300 and column counts 1..37, 130 around the 6×16 tile and the 8-lane SwiGLU
+ *     halves, k = 0, 1, 13 and above one 320-deep block (321, 700), operands untransposed and
+ *     transposed, gathered through an index with routing weights, accumulate or overwrite, the
+ *     SwiGLU and SwiGLU-backward epilogues.
+ *  4c. the production schedule's kernels (src/model/forward.c, fused: gather inside the gate_up
+ *     GEMM with no permuted copy, SwiGLU epilogue, unpermute backward inside the down backward,
+ *     x gathered for dW) on teams of 1-4 threads against the naive HF loop, on odd shapes (H 20,
+ *     I 13, top-3; an idle expert and a one-row expert; decode-sized groups; ~700 rows per
+ *     expert; H 333).
  *  5. the fused layer (router → permute → grouped GEMM gate_up → SwiGLU → grouped GEMM down →
  *     unpermute) equals the naive HF-style path forward and backward with an idle expert, and
  *     finite differences of the whole layer (x, router weight, both stacked expert weights,
  *     with the aux loss).
  *  6. PyTorch parity with $MOERL_TESTDATA/moe_kernels.safetensors (tests/ref/gen_moe_kernels.py):
  *     router logits/probs/top-k ids (exact)/weights, aux, layer output and the gradients wrt x,
- *     the router weight and the stacked expert weights, for norm_topk_prob true and false.
+ *     the router weight and the stacked expert weights, for norm_topk_prob true and false and an
+ *     odd-shaped case (N 29, H 20, E 7, top-3, I 13, a one-token expert), through the stage-by-stage
+ *     kernels and through the production schedule's fused kernels.
  */
 #include "test.h"
 
@@ -1000,15 +1012,15 @@ static const st_tensor *st_get_shape(const st_file *sf, const char *name, int nd
     return t && t->ndim == ndim ? t : NULL;
 }
 
-static void parity_case(const st_file *sf, int norm) {
+static void parity_case(const st_file *sf, const char *prefix, int norm) {
     char nm[64];
-#define NAME(s) (snprintf(nm, sizeof nm, "norm%d/%s", norm, s), nm)
+#define NAME(s) (snprintf(nm, sizeof nm, "%s%s", prefix, s), nm)
     const st_tensor *tx = st_get_shape(sf, NAME("x"), 2), *tdn = st_get_shape(sf, NAME("down_w"), 3),
                     *tid = st_get_shape(sf, NAME("topk_ids"), 2), *twr = st_get_shape(sf, NAME("router_w"), 2);
     if (!tx || !tdn || !tid || !twr) return;
     const int N = (int)tx->shape[0], H = (int)tx->shape[1], E = (int)twr->shape[0], I = (int)tdn->shape[2],
               K = (int)tid->shape[1];
-    CHECK(tid->dtype == ST_I32, "norm%d/topk_ids dtype %s, expected I32", norm, st_dtype_name(tid->dtype));
+    CHECK(tid->dtype == ST_I32, "%stopk_ids dtype %s, expected I32", prefix, st_dtype_name(tid->dtype));
     if (tid->dtype != ST_I32) return;
     float *x = st_get(sf, NAME("x"), (long)N * H), *Wr = st_get(sf, NAME("router_w"), (long)E * H),
           *Wgu = st_get(sf, NAME("gate_up_w"), (long)E * 2 * I * H), *Wd = st_get(sf, NAME("down_w"), (long)E * H * I),
@@ -1029,18 +1041,18 @@ static void parity_case(const st_file *sf, int norm) {
         f.x = x; f.Wr = Wr; f.Wgu = Wgu; f.Wd = Wd;
         fused_forward(&f);
         int ids_equal = !memcmp(f.ids, r_ids, (size_t)N * K * sizeof(int));
-        CHECK(ids_equal, "norm%d: top-k ids differ from torch.topk", norm);
+        CHECK(ids_equal, "%s: top-k ids differ from torch.topk", prefix);
         char what[96];
         /* reference in float64 from the same fp32 inputs: logits are fp32 dots of H=64 terms of size
          * ~0.3 (error ~1e-6); probs/weights inherit it through softmax */
-        snprintf(what, sizeof what, "norm%d: router logits vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: router logits vs PyTorch", prefix);
         t_close(what, f.logits, r_logits, (long)N * E, 1e-5f, 1e-5f);
-        snprintf(what, sizeof what, "norm%d: router probs vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: router probs vs PyTorch", prefix);
         t_close(what, f.probs, r_probs, (long)N * E, 1e-6f, 1e-5f);
-        snprintf(what, sizeof what, "norm%d: top-k weights vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: top-k weights vs PyTorch", prefix);
         t_close(what, f.topk_w, r_w, (long)N * K, 1e-6f, 1e-5f);
         /* layer output: two chained fp32 GEMMs (inner sizes 64 and 32) on values of size ~1 */
-        snprintf(what, sizeof what, "norm%d: MoE output vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: MoE output vs PyTorch", prefix);
         t_close(what, f.out, r_out, (long)N * H, 2e-5f, 1e-4f);
 
         /* aux over two layers: this one and the given second-layer logits */
@@ -1051,22 +1063,64 @@ static void parity_case(const st_file *sf, int norm) {
         moe_aux_accumulate(counts, psum, p2, ids2, N, E, K);
         float aux = moe_aux_loss(counts, psum, E, 2 * (int64_t)N);
         /* fp32 probabilities summed over 64 rows: ~1e-6 relative */
-        CHECK(fabsf(aux - r_aux[0]) <= 1e-5f * fabsf(r_aux[0]), "norm%d: aux %.9g, PyTorch %.9g", norm, (double)aux,
+        CHECK(fabsf(aux - r_aux[0]) <= 1e-5f * fabsf(r_aux[0]), "%s: aux %.9g, PyTorch %.9g", prefix, (double)aux,
               (double)r_aux[0]);
 
         float *dprobs = fnew((long)N * E), *dx = fnew((long)N * H), *dWr = fnew((long)E * H);
         float *dWgu = fnew((long)E * 2 * I * H), *dWd = fnew((long)E * H * I);
         moe_aux_backward(dprobs, counts, N, E, 2 * (int64_t)N, coef[0]);
         fused_backward(&f, dx, dWr, dWgu, dWd, NULL, dout, dprobs);
+        {
+            /* the production schedule's kernels on the same routing (team of 2 threads): gather
+             * fused into the gate_up GEMM, unpermute backward into the down backward */
+            const int M = N * K;
+            float *gu = fnew((long)M * 2 * I), *act = fnew((long)M * I), *y = fnew((long)M * H), *out = fnew((long)N * H);
+            float *dact = fnew((long)M * I), *dgu = fnew((long)M * 2 * I), *dperm = fnew((long)M * H);
+            float *pdx = fnew((long)N * H), *pdWgu = fnew((long)E * 2 * I * H), *pdWd = fnew((long)E * H * I);
+            float *dtw = fnew(M), *dlog = fnew((long)N * E), *pdWr = fnew((long)E * H);
+            grouped_fuse ff = {0}, fb = {0}, fg = {0};
+            ff.gather_x = x; ff.sorted_row = f.sorted_row; ff.n_tokens = N; ff.swiglu_act = act;
+            fb.gather_dout = dout; fb.topk_w = f.topk_w; fb.topk_k = K; fb.sorted_row = f.sorted_row; fb.n_tokens = N;
+            fb.swiglu_dgate_up = dgu; fb.swiglu_gate_up = gu;
+            fg.gather_x = x; fg.sorted_row = f.sorted_row; fg.n_tokens = N;
+#pragma omp parallel num_threads(2)
+            {
+                grouped_gemm_forward_team(gu, NULL, Wgu, f.off, E, H, 2 * I, &ff);
+                grouped_gemm_forward_team(y, act, Wd, f.off, E, I, H, NULL);
+            }
+            moe_unpermute_forward(out, y, f.topk_w, f.pos, N, K, H);
+            moe_unpermute_backward(NULL, dtw, dout, y, f.topk_w, f.pos, N, K, H);
+#pragma omp parallel num_threads(2)
+            {
+                grouped_gemm_backward_team(dact, pdWd, NULL, act, Wd, f.off, E, I, H, &fb);
+                grouped_gemm_backward_team(dperm, pdWgu, dgu, NULL, Wgu, f.off, E, H, 2 * I, &fg);
+            }
+            moe_permute_backward(pdx, dperm, f.sorted_row, N, M, H);
+            router_topk_backward(dlog, dtw, dprobs, f.probs, f.ids, N, E, K, norm);
+            linear_backward(pdx, pdWr, dlog, x, Wr, N, H, E, 1);
+            /* tolerances as for the stage-by-stage pipeline above (same products, other order) */
+            snprintf(what, sizeof what, "%s: production kernels: output vs PyTorch", prefix);
+            t_close(what, out, r_out, (long)N * H, 2e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: dx vs PyTorch", prefix);
+            t_close(what, pdx, r_dx, (long)N * H, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: d router weight vs PyTorch", prefix);
+            t_close(what, pdWr, r_dWr, (long)E * H, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: d gate_up vs PyTorch", prefix);
+            t_close(what, pdWgu, r_dWgu, (long)E * 2 * I * H, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: d down vs PyTorch", prefix);
+            t_close(what, pdWd, r_dWd, (long)E * H * I, 3e-5f, 1e-4f);
+            free(gu); free(act); free(y); free(out); free(dact); free(dgu); free(dperm); free(pdx); free(pdWgu);
+            free(pdWd); free(dtw); free(dlog); free(pdWr);
+        }
         /* gradients: the forward's fp32 error carried through the same two GEMMs backward plus the
          * router path; values of size ~1, reference float64 */
-        snprintf(what, sizeof what, "norm%d: dx vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: dx vs PyTorch", prefix);
         t_close(what, dx, r_dx, (long)N * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "norm%d: d router weight vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: d router weight vs PyTorch", prefix);
         t_close(what, dWr, r_dWr, (long)E * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "norm%d: d gate_up (stacked) vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: d gate_up (stacked) vs PyTorch", prefix);
         t_close(what, dWgu, r_dWgu, (long)E * 2 * I * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "norm%d: d down (stacked) vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: d down (stacked) vs PyTorch", prefix);
         t_close(what, dWd, r_dWd, (long)E * H * I, 3e-5f, 1e-4f);
         free(p2); free(w2); free(counts); free(psum); free(ids2); free(dprobs); free(dx); free(dWr); free(dWgu);
         free(dWd);
@@ -1088,8 +1142,9 @@ static void test_pytorch_parity(void) {
     CHECK(rc == MOERL_OK, "cannot open the PyTorch reference (run tests/ref/gen_moe_kernels.py %s): %s", dir,
           moerl_last_error());
     if (rc != MOERL_OK) return;
-    parity_case(&sf, 1);
-    parity_case(&sf, 0);
+    parity_case(&sf, "norm1/", 1);
+    parity_case(&sf, "norm0/", 0);
+    parity_case(&sf, "odd/", 1);
     st_close(&sf);
 }
 

@@ -1,10 +1,12 @@
 /* Grouped GEMM over stacked expert weights: each expert's contiguous row group of the
  * permuted activations times that expert's matrix, forward and backward.
  *
- * Work split: a group is one expert's rows, cut into parts so that there are about
- * GG_ITEMS_PER_THREAD work items per OpenMP thread (kernels.h, grouped_gemm_forward_team).
- * Items run in an OpenMP loop (dynamic schedule), each one calling a single-threaded
- * cblas_sgemm, or the skinny/packed kernel for decode-sized groups. The team forms run inside
+ * Work split: a group is one expert's rows, cut into parts (kernels.h, grouped_gemm_forward_team).
+ * Items run in an OpenMP loop (dynamic schedule), each one calling moerl's tiled kernel
+ * (gemm_tiled.c: a block of output columns for all the group's rows, with the permute's gather,
+ * the SwiGLU epilogue and the unpermute backward's weighting fused), or the skinny/packed kernel
+ * for decode-sized groups of the forward; grouped_fuse.blas runs them through single-threaded
+ * cblas_sgemm instead (the per-expert loop's library GEMM, the ablation baseline). The team forms run inside
  * the caller's parallel region (the model driver, src/model/forward.c, calls them from its
  * layer teams, with the permute gather and SwiGLU fused in); grouped_gemm_forward/backward
  * open a team around them. bench/bench_grouped_gemm.c measures this against one sgemm of
