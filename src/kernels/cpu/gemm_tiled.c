@@ -228,7 +228,12 @@ static void tg_kernel_packed(const tg_out *o, const float *restrict Ap, const fl
 
 static void tg_kernel_rows(const tg_out *o, const float *const *rows, const float *restrict Bp, int kc) {
     const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3], *r4 = rows[4], *r5 = rows[5];
+#if TG_SIMD
 #define TG_AP_ROWS(i, p) (r##i + (p))
+#else
+#define TG_AP_ROWS(i, p) (rows[i] + (p))
+    (void)r0, (void)r1, (void)r2, (void)r3, (void)r4, (void)r5;
+#endif
     TG_KERNEL_BODY(TG_AP_ROWS)
 #undef TG_AP_ROWS
 }
