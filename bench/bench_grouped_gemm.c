@@ -17,7 +17,9 @@
  * processes on a shared machine; the median is the headline).
  *
  * The serial loop of per-expert sgemms (each using OpenBLAS's threads) is timed too, as the
- * ablation of the kernel's OpenMP-over-experts design.
+ * ablation of the kernel's OpenMP-over-experts design, and the same grouped GEMM with its items
+ * run through single-threaded OpenBLAS sgemm (grouped_fuse.blas) instead of moerl's tiled kernel
+ * (gemm_tiled.c), the ablation of the kernel itself.
  *
  * Usage: build/bench/bench_grouped_gemm [repetitions (default 7, 5..64)] [bench|qwen3|all]
  *        [qwen3 tokens (default 2048)]
@@ -76,13 +78,29 @@ static void loop_backward(float *da, float *dW, const float *dout, const float *
     }
 }
 
+/* The grouped GEMM with its items run through single-threaded cblas_sgemm (grouped_fuse.blas:
+ * the per-expert loop's library GEMM) instead of moerl's tiled kernel: the kernel's ablation, same
+ * work split as before the kernel existed. OpenBLAS's OpenMP build (what the Makefile links) runs
+ * single-threaded inside the region by itself. */
+static void blas_items_forward(float *out, const float *a, const float *W, const int *off, int E, int I, int O) {
+    const grouped_fuse f = {.blas = 1};
+#pragma omp parallel
+    grouped_gemm_forward_team(out, (float *)a, W, off, E, I, O, &f);
+}
+static void blas_items_backward(float *da, float *dW, const float *dout, const float *a, const float *W,
+                                const int *off, int E, int I, int O) {
+    const grouped_fuse f = {.blas = 1};
+#pragma omp parallel
+    grouped_gemm_backward_team(da, dW, dout, a, W, off, E, I, O, &f);
+}
+
 typedef struct {
     const char *name;
     int M, E, I, O; /* rows, experts, in, out */
     const int *off;
 } gg_case;
 
-enum { T_PEER_F, T_GG_F, T_LOOP_F, T_PEER_B, T_GG_B, T_LOOP_B, T_COUNT };
+enum { T_PEER_F, T_GG_F, T_LOOP_F, T_BLAS_F, T_PEER_B, T_GG_B, T_LOOP_B, T_BLAS_B, T_COUNT };
 
 static double vmin(const double *v, int n) {
     double m = v[0];
@@ -133,13 +151,17 @@ static void run_case(const gg_case *c, int reps) {
         s[2] = moerl_now();
         loop_forward(out, a, W, c->off, E, I, O);
         s[3] = moerl_now();
+        blas_items_forward(out, a, W, c->off, E, I, O);
+        s[4] = moerl_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, I, O, 1.0f, dout, O, W, I, 0.0f, da, I);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, M, 1.0f, dout, O, a, I, 1.0f, dW, I);
-        s[4] = moerl_now();
-        grouped_gemm_backward(da, dW, dout, a, W, c->off, E, I, O);
         s[5] = moerl_now();
-        loop_backward(da, dW, dout, a, W, c->off, E, I, O);
+        grouped_gemm_backward(da, dW, dout, a, W, c->off, E, I, O);
         s[6] = moerl_now();
+        loop_backward(da, dW, dout, a, W, c->off, E, I, O);
+        s[7] = moerl_now();
+        blas_items_backward(da, dW, dout, a, W, c->off, E, I, O);
+        s[8] = moerl_now();
         if (rep >= 0)
             for (int k = 0; k < T_COUNT; k++) t[k][rep] = s[k + 1] - s[k];
     }
@@ -148,9 +170,11 @@ static void run_case(const gg_case *c, int reps) {
     report("forward  one sgemm", flop_f, t[T_PEER_F], t[T_PEER_F], reps);
     report("forward  grouped GEMM", flop_f, t[T_GG_F], t[T_PEER_F], reps);
     report("forward  serial loop", flop_f, t[T_LOOP_F], t[T_PEER_F], reps);
+    report("forward  OpenBLAS items", flop_f, t[T_BLAS_F], t[T_PEER_F], reps);
     report("backward one sgemm", flop_b, t[T_PEER_B], t[T_PEER_B], reps);
     report("backward grouped GEMM", flop_b, t[T_GG_B], t[T_PEER_B], reps);
     report("backward serial loop", flop_b, t[T_LOOP_B], t[T_PEER_B], reps);
+    report("backward OpenBLAS items", flop_b, t[T_BLAS_B], t[T_PEER_B], reps);
     for (int k = 0; k < T_COUNT; k++) free(t[k]);
     free(a); free(W); free(out); free(dout); free(da); free(dW);
 }

@@ -261,8 +261,10 @@ static void run(int fsdp, int tied) {
     for (size_t i = 0; i < n_params; i++) md = fmax(md, fabs((double)m.params[i] - ref.params[i]));
     /* Adam normalises each update to ~lr = 1e-3: a gradient differing by fp32 rounding (above)
      * moves a weight by ~1e-7·lr per step, except where a gradient is tiny against its rounding,
-     * where the normalised update can differ by up to lr; measured ≤ 4e-6 after 4 steps */
-    CHECK_R(md < 2e-5, "fsdp %d tied %d: weights after %d steps match one process (max |diff| %.3g)", RANK, fsdp, tied,
+     * where the normalised update can differ by up to lr; measured ≤ 4e-6 after 4 steps with
+     * OpenBLAS's expert GEMMs, 2.04e-5 (one q_proj weight) with moerl's tiled kernel (gemm_tiled.c:
+     * another fp32 summation order in the MoE layers) */
+    CHECK_R(md < 5e-5, "fsdp %d tied %d: weights after %d steps match one process (max |diff| %.3g)", RANK, fsdp, tied,
             K_STEPS, md);
     /* every rank holds the same bits */
     float h = 0;

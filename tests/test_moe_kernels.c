@@ -11,13 +11,25 @@
  *  4. grouped GEMM: forward/backward against a float64 per-expert reference (an idle expert,
  *     a group large enough to be split into column blocks, the serial path), dW accumulates,
  *     NULL outputs, OpenBLAS's thread count restored; finite differences of the backward.
+ *  4b. gemm_tiled (moerl's GEMM kernel) against a float64 evaluation of its contract: row counts
+ *     1, 5, 6, 7, 50, 300 and column counts 1..37, 130 around the 6×16 tile and the 8-lane SwiGLU
+ *     halves, k = 0, 1, 13 and above one 320-deep block (321, 700), operands untransposed and
+ *     transposed, gathered through an index with routing weights, accumulate or overwrite, the
+ *     SwiGLU and SwiGLU-backward epilogues.
+ *  4c. the production schedule's kernels (src/model/forward.c, fused: gather inside the gate_up
+ *     GEMM with no permuted copy, SwiGLU epilogue, unpermute backward inside the down backward,
+ *     x gathered for dW) on teams of 1-4 threads against the naive HF loop, on odd shapes (H 20,
+ *     I 13, top-3; an idle expert and a one-row expert; decode-sized groups; ~700 rows per
+ *     expert; H 333).
  *  5. the fused layer (router → permute → grouped GEMM gate_up → SwiGLU → grouped GEMM down →
  *     unpermute) equals the naive HF-style path forward and backward with an idle expert, and
  *     finite differences of the whole layer (x, router weight, both stacked expert weights,
  *     with the aux loss).
  *  6. PyTorch parity with $MOERL_TESTDATA/moe_kernels.safetensors (tests/ref/gen_moe_kernels.py):
  *     router logits/probs/top-k ids (exact)/weights, aux, layer output and the gradients wrt x,
- *     the router weight and the stacked expert weights, for norm_topk_prob true and false.
+ *     the router weight and the stacked expert weights, for norm_topk_prob true and false and an
+ *     odd-shaped case (N 29, H 20, E 7, top-3, I 13, a one-token expert), through the stage-by-stage
+ *     kernels and through the production schedule's fused kernels.
  */
 #include "test.h"
 
@@ -561,6 +573,235 @@ static void test_grouped_gemm(void) {
     t_close("grouped GEMM dW vs finite differences (idle expert 1: zero)", dW, nW, E * O * I, 2e-4f, 1e-3f);
 }
 
+/* ---------------------------------------------------------------- 4b. tiled GEMM */
+
+/* Element (r, c) of a tg_mat, as the header defines it (the test's own reading). */
+static double tm_at(const tg_mat *M, int r, int c) {
+    const int x = M->trans ? c : r, y = M->trans ? r : c;
+    const long px = M->idx ? M->idx[x] % M->mod : x;
+    double w = 1.0;
+    if (M->rw) w = M->rw[(long)(M->idx[x] % M->mod) * M->rk + M->idx[x] / M->mod];
+    return w * M->p[px * M->ld + y];
+}
+
+static double t_silu(double g) { return g / (1.0 + exp(-g)); }
+
+/* One gemm_tiled call against a float64 evaluation of its contract. A is m×k, B k×n (or k×2·half
+ * for SwiGLU), each untransposed or transposed, gathered through an index with routing weights
+ * or not; C accumulates onto random values or is overwritten; the epilogue as given. */
+static void tiled_case(int m, int n, int k, int a_trans, int b_trans, int gather, int accumulate, int kind,
+                       uint64_t seed) {
+    rng_state r;
+    rng_seed(&r, seed);
+    const int half = n + 3; /* SwiGLU: the up columns start past the gate block (and a gap) */
+    const int bn = kind == TG_EPI_SWIGLU ? half + n : n; /* B's columns */
+    const int cn = kind == TG_EPI_SWIGLU ? half + n : n; /* C's columns */
+    const int T = 11, KK = 3;                             /* gathered rows: tokens × slots */
+    /* storage: rows of A are its k-index when transposed; gathered operands index T·KK rows */
+    const int a_rows = gather ? T : (a_trans ? k : m), a_ld = (a_trans ? m : k) + 2;
+    const int b_rows = b_trans ? bn : k, b_ld = (b_trans ? k : bn) + 1;
+    float *As = fnew((long)a_rows * a_ld), *Bs = fnew((long)b_rows * b_ld), *rw = fnew((long)T * KK);
+    int *idx = inew(MOERL_MAX(m, k) + 1);
+    fill_normal(&r, As, (long)a_rows * a_ld, 1.0f);
+    fill_normal(&r, Bs, (long)b_rows * b_ld, 1.0f);
+    for (int i = 0; i < T * KK; i++) rw[i] = 0.25f + (float)rng_uniform(&r);
+    const int gn = a_trans ? k : m; /* the gathered index runs over A's storage rows */
+    for (int i = 0; i < gn; i++) idx[i] = (int)rng_below(&r, (uint64_t)(T * KK)); /* repeats allowed */
+    tg_mat A = {.p = As, .ld = a_ld, .trans = a_trans};
+    if (gather) { A.idx = idx; A.mod = T; A.rw = rw; A.rk = KK; }
+    const tg_mat B = {.p = Bs, .ld = b_ld, .trans = b_trans};
+    const int ldc = cn + 5;
+    float *C = fnew((long)m * ldc), *C0 = fnew((long)m * ldc), *act = fnew((long)m * (n + 1));
+    float *gu = fnew((long)m * 2 * (n + 2)), *dgu = fnew((long)m * 2 * (n + 2));
+    fill_normal(&r, C0, (long)m * ldc, 1.0f);
+    fill_normal(&r, gu, (long)m * 2 * (n + 2), 1.0f);
+    memcpy(C, C0, (size_t)m * ldc * sizeof(float));
+    tg_epi ep = {.kind = kind, .half = half, .act = act, .ld_act = n + 1};
+    if (kind == TG_EPI_DSWIGLU) { ep.half = n + 2; ep.dgu = dgu; ep.gu = gu; ep.ld_gu = 2 * (n + 2); }
+    gemm_tiled(C, ldc, accumulate, &A, &B, m, n, k, kind ? &ep : NULL);
+
+    char what[160];
+    snprintf(what, sizeof what, "tiled m%d n%d k%d A%s B%s%s%s epi %d", m, n, k, a_trans ? "T" : "N",
+             b_trans ? "T" : "N", gather ? " gathered+weighted" : "", accumulate ? " accumulate" : "", kind);
+    /* float64 reference of every column the call may write; untouched ones keep C0 */
+    float *R = fnew((long)m * ldc), *Ract = fnew((long)m * (n + 1)), *Rdgu = fnew((long)m * 2 * (n + 2));
+    memcpy(R, C0, (size_t)m * ldc * sizeof(float));
+    for (int i = 0; i < m; i++) {
+        for (int c = 0; c < n; c++) {
+            const int nc = kind == TG_EPI_SWIGLU ? 2 : 1;
+            double v[2] = {0, 0};
+            for (int h = 0; h < nc; h++) {
+                const int bc = c + h * half;
+                double sum = 0;
+                for (int p = 0; p < k; p++) sum += tm_at(&A, i, p) * tm_at(&B, p, bc);
+                v[h] = sum + (accumulate ? C0[(long)i * ldc + bc] : 0.0);
+                R[(long)i * ldc + bc] = (float)v[h];
+            }
+            if (kind == TG_EPI_SWIGLU) Ract[(long)i * (n + 1) + c] = (float)(t_silu(v[0]) * v[1]);
+            if (kind == TG_EPI_DSWIGLU) {
+                const long o = (long)i * 2 * (n + 2) + c;
+                const double g = gu[o], u = gu[o + n + 2], sg = 1.0 / (1.0 + exp(-g));
+                Rdgu[o] = (float)(v[0] * u * sg * (1.0 + g * (1.0 - sg)));
+                Rdgu[o + n + 2] = (float)(v[0] * g * sg);
+            }
+        }
+    }
+    /* fp32 sums of k products of unit-variance values (weights ≤ 1.25) in another order than the
+     * float64 reference: error ~ sqrt(k)·6e-8·sqrt(k) ≤ 5e-5 at k = 700; 2e-4 absolute + 1e-5
+     * relative leaves room and still catches one wrong term (size ~1) */
+    const float atol = 2e-4f, rtol = 1e-5f;
+    t_close(what, C, R, (long)m * ldc, atol, rtol);
+    if (kind == TG_EPI_SWIGLU) {
+        snprintf(what + strlen(what), sizeof what - strlen(what), " (act)");
+        /* silu·u of the C values: the C error times |silu'|·|u| ≲ 3·(size ~3 for k ~10..700) */
+        t_close(what, act, Ract, (long)m * (n + 1), 10 * atol, 1e-5f);
+    }
+    if (kind == TG_EPI_DSWIGLU) {
+        snprintf(what + strlen(what), sizeof what - strlen(what), " (dgate_up)");
+        /* the swiglu backward's factors are ≤ ~1.1·|u| and |g|·σ ≤ |g| (unit normals, ≤ ~4) */
+        t_close(what, dgu, Rdgu, (long)m * 2 * (n + 2), 10 * atol, 1e-5f);
+    }
+    free(As); free(Bs); free(rw); free(idx); free(C); free(C0); free(act); free(gu); free(dgu); free(R); free(Ract);
+    free(Rdgu);
+}
+
+static void test_tiled_gemm(void) {
+    uint64_t seed = 100;
+    /* shapes around the 6×16 tile and the 8-lane SwiGLU halves: 1, tile−1, tile, tile+1, several
+     * tiles with a remainder; k = 0, small, and above one 320-deep block (two and three blocks) */
+    const int ms[] = {1, 5, 6, 7, 50}, ns[] = {1, 7, 8, 9, 16, 17, 37}, ks[] = {0, 1, 13, 321, 700};
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 7; b++)
+            for (int c = 0; c < 5; c++) {
+                const int m = ms[a], n = ns[b], k = ks[c];
+                const int v = (a + b + c) % 4; /* rotate the operand forms over the shapes */
+                tiled_case(m, n, k, v & 1, (v >> 1) & 1, (a + c) % 2, (b + c) % 2, TG_EPI_NONE, seed++);
+            }
+    for (int b = 0; b < 7; b++)
+        for (int v = 0; v < 4; v++) {
+            tiled_case(ms[(b + v) % 5], ns[b], ks[(b + v) % 4 + 1], 0, 1, v & 1, 0, TG_EPI_SWIGLU, seed++);
+            tiled_case(ms[(b + v + 2) % 5], ns[b], ks[(b + v) % 4 + 1], v & 1, 0, (v >> 1) & 1, 0, TG_EPI_DSWIGLU,
+                       seed++);
+        }
+    /* the production forms at a larger size: 300 rows (50 tiles), 130 columns (8 panels + 2) */
+    tiled_case(300, 130, 256, 0, 1, 1, 0, TG_EPI_SWIGLU, seed++);
+    tiled_case(300, 130, 256, 1, 0, 1, 1, TG_EPI_NONE, seed++);
+    tiled_case(300, 130, 256, 0, 0, 1, 0, TG_EPI_DSWIGLU, seed++);
+}
+
+/* ---------------------------------------------------------------- 4c. the production team pipeline */
+
+/* The fused schedule of src/model/forward.c on given routing (ids, topk_w), on a team of nt
+ * threads: gate_up grouped GEMM gathering x's rows in its packing (no permuted copy) with SwiGLU
+ * as its epilogue, down grouped GEMM, unpermute; backward: dtopk_w per token, the down backward
+ * reading the routing-weighted rows of dout in place with the SwiGLU backward as its epilogue,
+ * the gate_up backward gathering x for dW, the permute backward as dx. Checked against the naive
+ * HF loop (moe_naive_forward/backward). */
+static void team_case(const char *name, int N, int H, int E, int K, int I, const int *ids, const float *topk_w, int nt,
+                      uint64_t seed) {
+    rng_state r;
+    rng_seed(&r, seed);
+    const int M = N * K;
+    float *x = fnew((long)N * H), *Wgu = fnew((long)E * 2 * I * H), *Wd = fnew((long)E * H * I), *dout = fnew((long)N * H);
+    fill_normal(&r, x, (long)N * H, 1.0f);
+    fill_normal(&r, Wgu, (long)E * 2 * I * H, 1.0f / sqrtf((float)H));
+    fill_normal(&r, Wd, (long)E * H * I, 1.0f / sqrtf((float)I));
+    fill_normal(&r, dout, (long)N * H, 1.0f);
+    int *row_idx = inew(M), *sorted = inew(M), *pos = inew(M), *tpe = inew(E), *off = inew(E + 1);
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < K; j++) row_idx[t * K + j] = j * N + t;
+    moe_permute_index(sorted, pos, tpe, off, ids, row_idx, N, E, K);
+    float *gu = fnew((long)M * 2 * I), *act = fnew((long)M * I), *y = fnew((long)M * H), *out = fnew((long)N * H);
+    float *dact = fnew((long)M * I), *dgu = fnew((long)M * 2 * I), *dperm = fnew((long)M * H);
+    float *dx = fnew((long)N * H), *dWgu = fnew((long)E * 2 * I * H), *dWd = fnew((long)E * H * I), *dtw = fnew(M);
+    grouped_fuse ff = {0}, fb = {0}, fg = {0};
+    ff.gather_x = x; ff.sorted_row = sorted; ff.n_tokens = N; ff.swiglu_act = act;
+    fb.gather_dout = dout; fb.topk_w = topk_w; fb.topk_k = K; fb.sorted_row = sorted; fb.n_tokens = N;
+    fb.swiglu_dgate_up = dgu; fb.swiglu_gate_up = gu;
+    fg.gather_x = x; fg.sorted_row = sorted; fg.n_tokens = N;
+#pragma omp parallel num_threads(nt)
+    {
+        grouped_gemm_forward_team(gu, NULL, Wgu, off, E, H, 2 * I, &ff);
+        grouped_gemm_forward_team(y, act, Wd, off, E, I, H, NULL);
+    }
+    moe_unpermute_forward(out, y, topk_w, pos, N, K, H);
+    moe_unpermute_backward(NULL, dtw, dout, y, topk_w, pos, N, K, H);
+#pragma omp parallel num_threads(nt)
+    {
+        grouped_gemm_backward_team(dact, dWd, NULL, act, Wd, off, E, I, H, &fb);
+        grouped_gemm_backward_team(dperm, dWgu, dgu, NULL, Wgu, off, E, H, 2 * I, &fg);
+    }
+    moe_permute_backward(dx, dperm, sorted, N, M, H);
+
+    float *o_n = fnew((long)N * H), *dx_n = fnew((long)N * H), *dWgu_n = fnew((long)E * 2 * I * H);
+    float *dWd_n = fnew((long)E * H * I), *dtw_n = fnew(M);
+    moe_naive_forward(o_n, x, Wgu, Wd, ids, topk_w, N, H, E, K, I);
+    moe_naive_backward(dx_n, dWgu_n, dWd_n, dtw_n, dout, x, Wgu, Wd, ids, topk_w, N, H, E, K, I);
+    char what[160];
+    /* same products in another order (tiled k-ascending FMA sums vs OpenBLAS blocking; routing
+     * weight applied to a row's sum instead of its input): fp32 with values of size ~1 and inner
+     * sizes ≤ 700 → ≤ ~3e-6 relative; dW sums over up to ~700 routed rows of size ~1 */
+    snprintf(what, sizeof what, "%s, %d threads: output == naive", name, nt);
+    t_close(what, out, o_n, (long)N * H, 2e-5f, 1e-4f);
+    snprintf(what, sizeof what, "%s, %d threads: dtopk_w == naive", name, nt);
+    t_close(what, dtw, dtw_n, M, 2e-5f, 1e-4f);
+    snprintf(what, sizeof what, "%s, %d threads: dx == naive", name, nt);
+    t_close(what, dx, dx_n, (long)N * H, 2e-5f, 1e-4f);
+    snprintf(what, sizeof what, "%s, %d threads: d gate_up == naive", name, nt);
+    t_close(what, dWgu, dWgu_n, (long)E * 2 * I * H, 1e-4f, 1e-4f);
+    snprintf(what, sizeof what, "%s, %d threads: d down == naive", name, nt);
+    t_close(what, dWd, dWd_n, (long)E * H * I, 1e-4f, 1e-4f);
+    for (int g = 0; g < E; g++)
+        if (tpe[g] == 0) {
+            int zero = 1;
+            for (long i = 0; i < 2L * I * H; i++) zero &= dWgu[(size_t)g * 2 * I * H + i] == 0.0f;
+            for (long i = 0; i < (long)H * I; i++) zero &= dWd[(size_t)g * H * I + i] == 0.0f;
+            CHECK(zero, "%s, %d threads: idle expert %d received a nonzero weight gradient", name, nt, g);
+        }
+    free(x); free(Wgu); free(Wd); free(dout); free(row_idx); free(sorted); free(pos); free(tpe); free(off);
+    free(gu); free(act); free(y); free(out); free(dact); free(dgu); free(dperm); free(dx); free(dWgu); free(dWd);
+    free(dtw); free(o_n); free(dx_n); free(dWgu_n); free(dWd_n); free(dtw_n);
+}
+
+/* Routing with expert 0 idle and expert 1 chosen by token 0 only (one row); the others at
+ * random (distinct per token), weights in [0.1, 1). Needs E − 2 ≥ K. */
+static void team_routing(rng_state *r, int *ids, float *w, int N, int E, int K) {
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < K; j++) {
+            int e, dup;
+            do {
+                e = t == 0 && j == 0 ? 1 : 2 + (int)rng_below(r, (uint64_t)(E - 2));
+                dup = 0;
+                for (int q = 0; q < j; q++) dup |= ids[t * K + q] == e;
+            } while (dup);
+            ids[t * K + j] = e;
+            w[t * K + j] = 0.1f + 0.9f * (float)rng_uniform(r);
+        }
+}
+
+static void test_team_vs_naive(void) {
+    /* odd shapes: H and I not multiples of 8 or 16; groups of 1 row, decode-sized (≤ 16) and
+     * larger with row counts that are not multiples of the 6-row tile; many routed rows per
+     * expert (dW deeper than one 320-row block); H above one block (the forward's k-blocks) */
+    const struct { const char *name; int N, H, E, K, I; } cs[] = {
+        {"odd small (H 20, I 13, E 7, top-3)", 29, 20, 7, 3, 13},
+        {"decode-sized groups (N 9, H 24, I 16)", 9, 24, 6, 2, 16},
+        {"mid (N 200, H 40, I 24, E 5)", 200, 40, 5, 2, 24},
+        {"deep dW (N 700, E 4: ~700 rows per expert)", 700, 36, 4, 2, 20},
+        {"wide H (H 333 > one k-block, I 40)", 60, 333, 6, 2, 40},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        rng_state r;
+        rng_seed(&r, 300 + c);
+        const int N = cs[c].N, E = cs[c].E, K = cs[c].K;
+        int *ids = inew((long)N * K);
+        float *w = fnew((long)N * K);
+        team_routing(&r, ids, w, N, E, K);
+        for (int nt = 1; nt <= 4; nt++) team_case(cs[c].name, N, cs[c].H, E, K, cs[c].I, ids, w, nt, 400 + c);
+        free(ids); free(w);
+    }
+}
+
 /* ---------------------------------------------------------------- 5. fused MoE layer */
 
 /* One MoE layer's parameters and the activations the fused pipeline keeps for backward. */
@@ -771,15 +1012,15 @@ static const st_tensor *st_get_shape(const st_file *sf, const char *name, int nd
     return t && t->ndim == ndim ? t : NULL;
 }
 
-static void parity_case(const st_file *sf, int norm) {
+static void parity_case(const st_file *sf, const char *prefix, int norm) {
     char nm[64];
-#define NAME(s) (snprintf(nm, sizeof nm, "norm%d/%s", norm, s), nm)
+#define NAME(s) (snprintf(nm, sizeof nm, "%s%s", prefix, s), nm)
     const st_tensor *tx = st_get_shape(sf, NAME("x"), 2), *tdn = st_get_shape(sf, NAME("down_w"), 3),
                     *tid = st_get_shape(sf, NAME("topk_ids"), 2), *twr = st_get_shape(sf, NAME("router_w"), 2);
     if (!tx || !tdn || !tid || !twr) return;
     const int N = (int)tx->shape[0], H = (int)tx->shape[1], E = (int)twr->shape[0], I = (int)tdn->shape[2],
               K = (int)tid->shape[1];
-    CHECK(tid->dtype == ST_I32, "norm%d/topk_ids dtype %s, expected I32", norm, st_dtype_name(tid->dtype));
+    CHECK(tid->dtype == ST_I32, "%stopk_ids dtype %s, expected I32", prefix, st_dtype_name(tid->dtype));
     if (tid->dtype != ST_I32) return;
     float *x = st_get(sf, NAME("x"), (long)N * H), *Wr = st_get(sf, NAME("router_w"), (long)E * H),
           *Wgu = st_get(sf, NAME("gate_up_w"), (long)E * 2 * I * H), *Wd = st_get(sf, NAME("down_w"), (long)E * H * I),
@@ -800,18 +1041,18 @@ static void parity_case(const st_file *sf, int norm) {
         f.x = x; f.Wr = Wr; f.Wgu = Wgu; f.Wd = Wd;
         fused_forward(&f);
         int ids_equal = !memcmp(f.ids, r_ids, (size_t)N * K * sizeof(int));
-        CHECK(ids_equal, "norm%d: top-k ids differ from torch.topk", norm);
+        CHECK(ids_equal, "%s: top-k ids differ from torch.topk", prefix);
         char what[96];
         /* reference in float64 from the same fp32 inputs: logits are fp32 dots of H=64 terms of size
          * ~0.3 (error ~1e-6); probs/weights inherit it through softmax */
-        snprintf(what, sizeof what, "norm%d: router logits vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: router logits vs PyTorch", prefix);
         t_close(what, f.logits, r_logits, (long)N * E, 1e-5f, 1e-5f);
-        snprintf(what, sizeof what, "norm%d: router probs vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: router probs vs PyTorch", prefix);
         t_close(what, f.probs, r_probs, (long)N * E, 1e-6f, 1e-5f);
-        snprintf(what, sizeof what, "norm%d: top-k weights vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: top-k weights vs PyTorch", prefix);
         t_close(what, f.topk_w, r_w, (long)N * K, 1e-6f, 1e-5f);
         /* layer output: two chained fp32 GEMMs (inner sizes 64 and 32) on values of size ~1 */
-        snprintf(what, sizeof what, "norm%d: MoE output vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: MoE output vs PyTorch", prefix);
         t_close(what, f.out, r_out, (long)N * H, 2e-5f, 1e-4f);
 
         /* aux over two layers: this one and the given second-layer logits */
@@ -822,22 +1063,64 @@ static void parity_case(const st_file *sf, int norm) {
         moe_aux_accumulate(counts, psum, p2, ids2, N, E, K);
         float aux = moe_aux_loss(counts, psum, E, 2 * (int64_t)N);
         /* fp32 probabilities summed over 64 rows: ~1e-6 relative */
-        CHECK(fabsf(aux - r_aux[0]) <= 1e-5f * fabsf(r_aux[0]), "norm%d: aux %.9g, PyTorch %.9g", norm, (double)aux,
+        CHECK(fabsf(aux - r_aux[0]) <= 1e-5f * fabsf(r_aux[0]), "%s: aux %.9g, PyTorch %.9g", prefix, (double)aux,
               (double)r_aux[0]);
 
         float *dprobs = fnew((long)N * E), *dx = fnew((long)N * H), *dWr = fnew((long)E * H);
         float *dWgu = fnew((long)E * 2 * I * H), *dWd = fnew((long)E * H * I);
         moe_aux_backward(dprobs, counts, N, E, 2 * (int64_t)N, coef[0]);
         fused_backward(&f, dx, dWr, dWgu, dWd, NULL, dout, dprobs);
+        {
+            /* the production schedule's kernels on the same routing (team of 2 threads): gather
+             * fused into the gate_up GEMM, unpermute backward into the down backward */
+            const int M = N * K;
+            float *gu = fnew((long)M * 2 * I), *act = fnew((long)M * I), *y = fnew((long)M * H), *out = fnew((long)N * H);
+            float *dact = fnew((long)M * I), *dgu = fnew((long)M * 2 * I), *dperm = fnew((long)M * H);
+            float *pdx = fnew((long)N * H), *pdWgu = fnew((long)E * 2 * I * H), *pdWd = fnew((long)E * H * I);
+            float *dtw = fnew(M), *dlog = fnew((long)N * E), *pdWr = fnew((long)E * H);
+            grouped_fuse ff = {0}, fb = {0}, fg = {0};
+            ff.gather_x = x; ff.sorted_row = f.sorted_row; ff.n_tokens = N; ff.swiglu_act = act;
+            fb.gather_dout = dout; fb.topk_w = f.topk_w; fb.topk_k = K; fb.sorted_row = f.sorted_row; fb.n_tokens = N;
+            fb.swiglu_dgate_up = dgu; fb.swiglu_gate_up = gu;
+            fg.gather_x = x; fg.sorted_row = f.sorted_row; fg.n_tokens = N;
+#pragma omp parallel num_threads(2)
+            {
+                grouped_gemm_forward_team(gu, NULL, Wgu, f.off, E, H, 2 * I, &ff);
+                grouped_gemm_forward_team(y, act, Wd, f.off, E, I, H, NULL);
+            }
+            moe_unpermute_forward(out, y, f.topk_w, f.pos, N, K, H);
+            moe_unpermute_backward(NULL, dtw, dout, y, f.topk_w, f.pos, N, K, H);
+#pragma omp parallel num_threads(2)
+            {
+                grouped_gemm_backward_team(dact, pdWd, NULL, act, Wd, f.off, E, I, H, &fb);
+                grouped_gemm_backward_team(dperm, pdWgu, dgu, NULL, Wgu, f.off, E, H, 2 * I, &fg);
+            }
+            moe_permute_backward(pdx, dperm, f.sorted_row, N, M, H);
+            router_topk_backward(dlog, dtw, dprobs, f.probs, f.ids, N, E, K, norm);
+            linear_backward(pdx, pdWr, dlog, x, Wr, N, H, E, 1);
+            /* tolerances as for the stage-by-stage pipeline above (same products, other order) */
+            snprintf(what, sizeof what, "%s: production kernels: output vs PyTorch", prefix);
+            t_close(what, out, r_out, (long)N * H, 2e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: dx vs PyTorch", prefix);
+            t_close(what, pdx, r_dx, (long)N * H, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: d router weight vs PyTorch", prefix);
+            t_close(what, pdWr, r_dWr, (long)E * H, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: d gate_up vs PyTorch", prefix);
+            t_close(what, pdWgu, r_dWgu, (long)E * 2 * I * H, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels: d down vs PyTorch", prefix);
+            t_close(what, pdWd, r_dWd, (long)E * H * I, 3e-5f, 1e-4f);
+            free(gu); free(act); free(y); free(out); free(dact); free(dgu); free(dperm); free(pdx); free(pdWgu);
+            free(pdWd); free(dtw); free(dlog); free(pdWr);
+        }
         /* gradients: the forward's fp32 error carried through the same two GEMMs backward plus the
          * router path; values of size ~1, reference float64 */
-        snprintf(what, sizeof what, "norm%d: dx vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: dx vs PyTorch", prefix);
         t_close(what, dx, r_dx, (long)N * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "norm%d: d router weight vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: d router weight vs PyTorch", prefix);
         t_close(what, dWr, r_dWr, (long)E * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "norm%d: d gate_up (stacked) vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: d gate_up (stacked) vs PyTorch", prefix);
         t_close(what, dWgu, r_dWgu, (long)E * 2 * I * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "norm%d: d down (stacked) vs PyTorch", norm);
+        snprintf(what, sizeof what, "%s: d down (stacked) vs PyTorch", prefix);
         t_close(what, dWd, r_dWd, (long)E * H * I, 3e-5f, 1e-4f);
         free(p2); free(w2); free(counts); free(psum); free(ids2); free(dprobs); free(dx); free(dWr); free(dWgu);
         free(dWd);
@@ -859,8 +1142,9 @@ static void test_pytorch_parity(void) {
     CHECK(rc == MOERL_OK, "cannot open the PyTorch reference (run tests/ref/gen_moe_kernels.py %s): %s", dir,
           moerl_last_error());
     if (rc != MOERL_OK) return;
-    parity_case(&sf, 1);
-    parity_case(&sf, 0);
+    parity_case(&sf, "norm1/", 1);
+    parity_case(&sf, "norm0/", 0);
+    parity_case(&sf, "odd/", 1);
     st_close(&sf);
 }
 
@@ -874,6 +1158,8 @@ int main(void) {
     test_permute_large();
     test_unpermute();
     test_grouped_gemm();
+    test_tiled_gemm();
+    test_team_vs_naive();
     test_fused_vs_naive();
     test_layer_fd(1);
     test_layer_fd(0);

@@ -151,7 +151,8 @@ void moe_permute_backward(float *dx, const float *dpermuted, const int *sorted_r
 void moe_unpermute_forward(float *out, const float *y, const float *topk_w, const int *expanded_pos,
                            int N, int K, int H);
 /* dy[M,H] (OVERWRITTEN): dy[pos(t,j)] = topk_w[t,j]·dout[t];  dtopk_w[N,K] (OVERWRITTEN):
- * dtopk_w[t,j] = <dout[t], y[pos(t,j)]>. */
+ * dtopk_w[t,j] = <dout[t], y[pos(t,j)]>. Either may be NULL (skipped): the production path
+ * passes dy = NULL and has the grouped GEMM read dout through grouped_fuse.gather_dout. */
 void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const float *y, const float *topk_w,
                             const int *expanded_pos, int N, int K, int H);
 
@@ -174,12 +175,22 @@ void grouped_gemm_backward(float *da, float *dW, const float *dout, const float 
 
 /* What the team forms fuse into the grouped GEMM (NULL / zero fields = nothing fused). */
 typedef struct {
-    /* Fused permute (forward): each work item first gathers its rows of a from gather_x,
-     * a[i,:] = gather_x[sorted_row[i] mod n_tokens, :] (a is written), so no separate permute
-     * pass over all M rows is needed. */
+    /* Fused permute. Forward: the items read their rows of a from gather_x,
+     * a[i,:] = gather_x[sorted_row[i] mod n_tokens, :] (the tiled kernel inside its packing), so
+     * no separate permute pass over all M rows is needed; a, when not NULL, still receives those
+     * rows (once each) for a backward that reads them. Backward (not with blas): dW's product
+     * reads a's rows the same way (a is then not read and may be NULL). */
     const float *gather_x;
     const int *sorted_row;
     int n_tokens;
+    /* Fused unpermute backward (backward, not with blas): dout's rows are the routing-weighted
+     * token gradients, dout[i,:] = topk_w[t·topk_k + j]·gather_dout[t,:] for the expanded row
+     * sorted_row[i] = j·n_tokens + t, read in place (dout is then not read and may be NULL).
+     * da's rows are the weighted sums (the weight applied to each row's sum), dW's operand is
+     * scaled row by row while it is packed. */
+    const float *gather_dout;
+    const float *topk_w;
+    int topk_k;
     /* Fused SwiGLU epilogue (forward, O even): act[i, c] = silu(out[i, c]) · out[i, O/2 + c]
      * for c < O/2, computed by the item that produced those columns of those rows. */
     float *swiglu_act;
@@ -195,6 +206,10 @@ typedef struct {
     /* The same with bf16 panels (gemm_packed16_pack; expert g's at nz16 + g·nz_stride elements);
      * takes precedence over nz. NULL = not used. */
     const uint16_t *nz16;
+    /* Run every item through cblas_sgemm (single-threaded OpenBLAS) instead of moerl's tiled
+     * kernel: the library GEMM of the HF-style per-expert loop (model.moe per_expert_loop), the
+     * baseline the ablation measures against. Decode-sized groups are unaffected. */
+    int blas;
 } grouped_fuse;
 
 /* Team forms: called by EVERY thread of an enclosing OpenMP parallel region (orphaned
@@ -202,16 +217,63 @@ typedef struct {
  * outside a parallel region they run every item on the calling thread. They never open a
  * parallel region. OpenBLAS must be single-threaded meanwhile (OpenMP builds are, inside a
  * region; grouped_gemm.c).
- * Work items: group g with m_g rows is cut into R_g = clamp(⌈4·threads·m_g/M⌉, 1, 16) parts.
- * Forward: a part is a block of rows (m_g > SKINNY_MAX_ROWS: one cblas_sgemm) or, for
- * decode-sized groups, a block of 16-multiple output columns (skinny or packed kernel, W read
- * once). Backward: part p computes row block p of da and column block p of dW_g (rows of
- * dW), so no two items write the same memory. a is non-const in the forward because the fused
+ * Work items: group g with m_g > SKINNY_MAX_ROWS rows is cut into
+ * R_g = clamp(⌈16·threads·m_g/M⌉, 1, min(16, column units / 2)) parts, each a block of
+ * 16-multiple output columns (8-multiple activations with the SwiGLU epilogue) for all the
+ * group's rows, computed by gemm_tiled (moerl's kernel; fuse->blas: blocks of rows through
+ * cblas_sgemm, R_g = clamp(⌈4·threads·m_g/M⌉, 1, 16), the previous split). Decode-sized groups:
+ * R_g = clamp(⌈4·threads·m_g/M⌉, 1, 16) blocks of 16-multiple output columns (skinny or packed
+ * kernel, W read once). Backward: part p computes column block p of da (row block p with
+ * fuse->blas) and row block p of dW_g, so no two items write the same memory. a is non-const in the forward because the fused
  * gather writes it. fuse may be NULL. Source: as grouped_gemm_forward/backward. */
 void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *offsets, int E, int I, int O,
                                const grouped_fuse *fuse);
 void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const float *a, const float *W,
                                 const int *offsets, int E, int I, int O, const grouped_fuse *fuse);
+
+/* ---------------------------------------------------------------- tiled GEMM (gemm_tiled.c) */
+
+/* An operand of gemm_tiled, described by its storage rows: storage row x is
+ * p + phys(x)·ld (contiguous), phys(x) = idx[x] mod mod when idx is given (rows gathered through
+ * an index: the MoE permute fused into the GEMM), else x; with rw (needs idx) each storage row
+ * is multiplied by its routing weight rw[(v mod mod)·rk + v / mod], v = idx[x] (the expanded
+ * row v = j·mod + t of token t's slot j: the unpermute's weighting fused in).
+ * trans = 0: element (r, c) = row r's element c; trans = 1: element (r, c) = row c's element r. */
+typedef struct {
+    const float *p;
+    long ld;
+    int trans;
+    const int *idx;
+    int mod;
+    const float *rw;
+    int rk;
+} tg_mat;
+
+enum { TG_EPI_NONE = 0, TG_EPI_SWIGLU, TG_EPI_DSWIGLU };
+/* Epilogue of gemm_tiled, applied per tile once its sums are complete.
+ *  TG_EPI_SWIGLU: n counts activations; B has gate columns [0, n) and up columns
+ *    [half, half + n) (relative to B.p), C receives both (gate at column c, up at half + c) and
+ *    act[i, c] = silu(C[i, c])·C[i, half + c] (row stride ld_act). One tile holds 8 gate and the
+ *    8 matching up columns.
+ *  TG_EPI_DSWIGLU: C is ∂/∂act; dgu[i, c] and dgu[i, half + c] (row stride ld_gu) receive the
+ *    SwiGLU backward of it, from gu (same layout): swiglu_backward's formula. */
+typedef struct {
+    int kind;
+    int half;
+    float *act;
+    long ld_act;
+    float *dgu;
+    const float *gu;
+    long ld_gu;
+} tg_epi;
+
+/* C[m, n] (row stride ldc) = A[m, k]·B[k, n] (accumulate = 0) or += (accumulate = 1), then the
+ * epilogue (NULL = none). Single-threaded; moerl's own 6×16 register-tile kernel (AVX2 + FMA
+ * when compiled for it, plain C otherwise) with both operands packed per call, k summed in
+ * ascending order in blocks of at most 320. k = 0 gives C = 0 (or C unchanged). Shapes are the
+ * caller's contract (asserted non-negative). Source: GotoBLAS/BLIS (gemm_tiled.c). */
+void gemm_tiled(float *C, long ldc, int accumulate, const tg_mat *A, const tg_mat *B, int m, int n, int k,
+                const tg_epi *epi);
 
 /* Skinny product over row pointers: out[r, o] (= or +=) Σ_i rows[r][i]·W[o, i], r < m, o < O
  * (out's row stride ldo). Same arithmetic and order as gemm_skinny_nt. Single-threaded. */

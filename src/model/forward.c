@@ -444,6 +444,7 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
     const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    const grouped_fuse lib = {.blas = 1}; /* the loop's GEMMs are library calls (OpenBLAS), as HF's */
     for (int e = 0; e < E; e++) {
         const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
         if (r1 == r0) continue;
@@ -451,10 +452,10 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
         for (int i = r0; i < r1; i++) /* index_select */
             memcpy(s->permuted + (size_t)i * H, x + (size_t)(s->sorted_row[i] % N) * H, (size_t)H * sizeof(float));
         grouped_gemm_forward_team(s->gate_up, s->permuted, Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I,
-                                  NULL);
+                                  &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++) swiglu_forward(s->act + (size_t)i * I, s->gate_up + (size_t)i * 2 * I, 1, I);
-        grouped_gemm_forward_team(s->y, s->act, Wd + (size_t)e * H * I, s->offsets + e, 1, I, H, NULL);
+        grouped_gemm_forward_team(s->y, s->act, Wd + (size_t)e * H * I, s->offsets + e, 1, I, H, &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++) { /* index_add_ weighted; one row per token within an expert */
             int t, j;
@@ -535,7 +536,9 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         fz.nz16 = m->bf16->gate_up[l];
         fz.nz_stride = gemm_packed_size(2 * I, H);
     }
-    grouped_gemm_forward_team(s->gate_up, s->permuted, moe_w_gate_up(m, l, s), s->offsets, E, H, 2 * I, &fz);
+    /* fused: the rows are gathered inside the GEMM and no permuted copy is kept (backward gathers too) */
+    grouped_gemm_forward_team(s->gate_up, ex->separate_permute ? s->permuted : NULL, moe_w_gate_up(m, l, s), s->offsets,
+                              E, H, 2 * I, &fz);
     SPAN_END("gate_up GEMM + SwiGLU", t);
     t = SPAN_BEGIN();
     grouped_fuse fd = {0};
@@ -869,6 +872,7 @@ static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const flo
     const int N = a->N, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
               I = c->moe_intermediate_size;
     const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
+    const grouped_fuse lib = {.blas = 1}; /* library GEMMs, as in moe_loop_forward_team */
     for (int e = 0; e < E; e++) {
         const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
         if (r1 == r0) continue;
@@ -880,13 +884,13 @@ static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const flo
                                        s->y + (size_t)i * H, s->topk_w[(size_t)t * K + j], H);
         }
         grouped_gemm_backward_team(a->d_act, dWd + (size_t)e * H * I, a->d_y, s->act, Wd + (size_t)e * H * I,
-                                   s->offsets + e, 1, I, H, NULL);
+                                   s->offsets + e, 1, I, H, &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++)
             swiglu_backward(a->d_gate_up + (size_t)i * 2 * I, a->d_act + (size_t)i * I, s->gate_up + (size_t)i * 2 * I,
                             1, I);
         grouped_gemm_backward_team(a->d_permuted, dWgu + (size_t)e * 2 * I * H, a->d_gate_up, s->permuted,
-                                   Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I, NULL);
+                                   Wgu + (size_t)e * 2 * I * H, s->offsets + e, 1, H, 2 * I, &lib);
 #pragma omp for schedule(static)
         for (int i = r0; i < r1; i++) {
             float *d = dx + (size_t)(s->sorted_row[i] % N) * H;
@@ -941,7 +945,11 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
                                        s->y + (size_t)i * H, s->topk_w[(size_t)tt * K + j], H);
         }
     } else if (n > 0) {
-        moe_unpermute_backward(a->d_y, a->d_topk_w + (size_t)r0 * K, dout + (size_t)r0 * H, s->y,
+        /* fused: only the routing weights' gradient here; the grouped GEMM reads the weighted rows
+         * of dout in place (grouped_fuse.gather_dout) — except under expert parallelism, whose
+         * dispatch sends d_y */
+        const int ep_on = a->par && a->par->ep;
+        moe_unpermute_backward(ep_on ? a->d_y : NULL, a->d_topk_w + (size_t)r0 * K, dout + (size_t)r0 * H, s->y,
                                s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K, n, K, H);
     }
     if (n > 0) {
@@ -962,13 +970,23 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
         SPAN_END("bwd experts (expert parallel)", t);
     } else if (!ex->per_expert_loop) {
         t = SPAN_BEGIN();
-        grouped_fuse fz = {0};
+        grouped_fuse fz = {0}, fg = {0};
         fz.swiglu_dgate_up = a->d_gate_up;
         fz.swiglu_gate_up = s->gate_up;
-        grouped_gemm_backward_team(a->d_act, dWd, a->d_y, s->act, Wd, s->offsets, E, I, H, &fz);
+        if (!ex->separate_permute) { /* fused unpermute backward and permute: dout and x read in place */
+            fz.gather_dout = dout;
+            fz.topk_w = s->topk_w;
+            fz.topk_k = K;
+            fz.sorted_row = fg.sorted_row = s->sorted_row;
+            fz.n_tokens = fg.n_tokens = N;
+            fg.gather_x = x;
+        }
+        grouped_gemm_backward_team(a->d_act, dWd, ex->separate_permute ? a->d_y : NULL, s->act, Wd, s->offsets, E, I,
+                                   H, &fz);
         SPAN_END("bwd down GEMM + SwiGLU", t);
         t = SPAN_BEGIN();
-        grouped_gemm_backward_team(a->d_permuted, dWgu, a->d_gate_up, s->permuted, Wgu, s->offsets, E, H, 2 * I, NULL);
+        grouped_gemm_backward_team(a->d_permuted, dWgu, a->d_gate_up, ex->separate_permute ? s->permuted : NULL, Wgu,
+                                   s->offsets, E, H, 2 * I, &fg);
         SPAN_END("bwd gate_up GEMM", t);
     }
     t = SPAN_BEGIN();

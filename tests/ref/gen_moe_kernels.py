@@ -14,9 +14,11 @@ here from the HF definitions (transformers is not installed; nothing is imported
   loss     sum(dout * out) + coef * aux; autograd gives d/dx, d/dW_gate, d/d(stacked gate_up),
            d/d(stacked down). Expert weights are stacked as moerl stores them: gate_up [E, 2I, H]
            (gate rows then up rows), down [E, H, I].
-Two cases: "norm1/" (norm_topk_prob true, as Qwen3-30B-A3B) and "norm0/" (false). In both, the last
-expert receives no token (its router row points away from a constant input direction), so the
-zero-gradient path of an idle expert is covered.
+Three cases: "norm1/" (norm_topk_prob true, as Qwen3-30B-A3B) and "norm0/" (false) at N 32, H 64,
+E 8, top-2, I 32, and "odd/" (norm_topk_prob true) at N 29, H 20, E 7, top-3, I 13: sizes that are
+not multiples of moerl's GEMM tile (6 rows × 16 columns, 8-lane halves), with one expert chosen by a
+single token. In all, the last expert receives no token (its router row points away from a constant
+input direction), so the zero-gradient path of an idle expert is covered.
 All arithmetic is float64 from the float32 inputs (the reference is the exact answer to the fp32
 inputs; the C tolerances measure moerl's fp32 error only). The inputs are redrawn until every row's
 K-th and (K+1)-th logits differ by more than 1e-3 in both layers, so fp32 rounding (~1e-6 here)
@@ -81,13 +83,24 @@ def load_balancing_loss(logits_list):
     return (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * E
 
 
-def make_case(seed, norm):
+def set_dims(n, h, e, k, i):
+    global N, H, E, K, I
+    N, H, E, K, I = n, h, e, k, i
+
+
+def make_case(seed, norm, prefix=None, single=False):
+    """One case; single: expert E-2 is chosen by token 0 alone (a one-row group)."""
     g = torch.Generator().manual_seed(seed)
     for attempt in range(1000):
         x = torch.randn(N, H, generator=g, dtype=torch.float32)
         x[:, 0] = x[:, 0].abs() + 2.0                    # a constant positive direction
         w_gate = torch.randn(E, H, generator=g, dtype=torch.float32) * 0.3
         w_gate[E - 1, 0] = -8.0                          # the last expert's logit is about -16: idle
+        if single:                                       # expert E-2: token 0 only
+            w_gate[E - 2, 0] = -8.0
+            w_gate[E - 2, 1] = 2.0
+            x[:, 1] = x[:, 1].clamp(-2.0, 2.0)
+            x[0, 1] = 30.0
         logits_l2 = torch.randn(N, E, generator=g, dtype=torch.float32) * 1.5
         gate_up = torch.randn(E, 2 * I, H, generator=g, dtype=torch.float32) * (H ** -0.5)
         down = torch.randn(E, H, I, generator=g, dtype=torch.float32) * (I ** -0.5)
@@ -105,11 +118,13 @@ def make_case(seed, norm):
     out, logits, probs, w, ids = moe_block(xd, wg, gu, dn, norm)
     if (ids == E - 1).any():
         raise SystemExit("gen_moe_kernels: expert %d was meant to receive no token" % (E - 1))
+    if single and int((ids == E - 2).sum()) != 1:
+        raise SystemExit("gen_moe_kernels: expert %d was meant to receive one token" % (E - 2))
     aux = load_balancing_loss([logits, logits_l2.to(D)])
     loss = (out * dout.to(D)).sum() + COEF * aux
     loss.backward()
 
-    p = "norm%d/" % norm
+    p = prefix or "norm%d/" % norm
     f32 = lambda t: t.detach().to(torch.float32).contiguous()  # noqa: E731
     return {
         p + "x": x, p + "router_w": w_gate, p + "gate_up_w": gate_up, p + "down_w": down,
@@ -132,6 +147,9 @@ def main():
     tensors = {}
     tensors.update(make_case(1234, 1))
     tensors.update(make_case(5678, 0))
+    set_dims(29, 20, 7, 3, 13)
+    tensors.update(make_case(91011, 1, prefix="odd/", single=True))
+    set_dims(32, 64, 8, 2, 32)
     path = os.path.join(outdir, "moe_kernels.safetensors")
     st_io.save(tensors, path, metadata={"generator": "tests/ref/gen_moe_kernels.py",
                                         "N": str(N), "H": str(H), "E": str(E), "K": str(K), "I": str(I)})

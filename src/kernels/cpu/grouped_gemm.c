@@ -1,10 +1,12 @@
 /* Grouped GEMM over stacked expert weights: each expert's contiguous row group of the
  * permuted activations times that expert's matrix, forward and backward.
  *
- * Work split: a group is one expert's rows, cut into parts so that there are about
- * GG_ITEMS_PER_THREAD work items per OpenMP thread (kernels.h, grouped_gemm_forward_team).
- * Items run in an OpenMP loop (dynamic schedule), each one calling a single-threaded
- * cblas_sgemm, or the skinny/packed kernel for decode-sized groups. The team forms run inside
+ * Work split: a group is one expert's rows, cut into parts (kernels.h, grouped_gemm_forward_team).
+ * Items run in an OpenMP loop (dynamic schedule), each one calling moerl's tiled kernel
+ * (gemm_tiled.c: a block of output columns for all the group's rows, with the permute's gather,
+ * the SwiGLU epilogue and the unpermute backward's weighting fused), or the skinny/packed kernel
+ * for decode-sized groups of the forward; grouped_fuse.blas runs them through single-threaded
+ * cblas_sgemm instead (the per-expert loop's library GEMM, the ablation baseline). The team forms run inside
  * the caller's parallel region (the model driver, src/model/forward.c, calls them from its
  * layer teams, with the permute gather and SwiGLU fused in); grouped_gemm_forward/backward
  * open a team around them. bench/bench_grouped_gemm.c measures this against one sgemm of
@@ -70,13 +72,38 @@ static int gg_parts(long m, long M, int nt) {
     return (int)MOERL_MAX(1L, MOERL_MIN((long)GG_MAX_PARTS, r));
 }
 
+/* Work items aimed at per thread by the tiled kernel's items, and the narrowest column block
+ * one of them gets (in 16-column units): an item packs its expert's rows once per call, so
+ * blocks stay wide; dynamic scheduling balances the rest. */
+#define GT_ITEMS_PER_THREAD 16
+#define GT_MIN_UNITS 2
+
+/* Parts of group g (m rows of M) cut into, for a team of nt threads: decode-sized groups of the
+ * forward (fwd) and the OpenBLAS items as gg_parts; the tiled kernel's items by column blocks of `units`
+ * 16-column units (at least GT_MIN_UNITS each). */
+static int gg_group_parts(long m, long M, int nt, int blas, int units, int fwd) {
+    if (m <= 0) return 0;
+    if (blas || (fwd && m <= SKINNY_MAX_ROWS)) return gg_parts(m, M, nt);
+    const long target = (long)GT_ITEMS_PER_THREAD * nt;
+    const long r = (target * m + M - 1) / M;
+    return (int)MOERL_MAX(1L, MOERL_MIN(MOERL_MAX(1L, (long)units / GT_MIN_UNITS), MOERL_MIN((long)GG_MAX_PARTS, r)));
+}
+
 /* Largest part count over the groups (the bound of the collapsed item loop; the same value on
  * every thread, as an orphaned `omp for` requires). */
-static int gg_max_parts(const int *offsets, int E, int nt) {
+static int gg_max_parts(const int *offsets, int E, int nt, int blas, int units, int fwd) {
     const long M = offsets[E] - offsets[0];
     int mx = 1;
-    for (int g = 0; g < E; g++) mx = MOERL_MAX(mx, gg_parts(offsets[g + 1] - offsets[g], M, nt));
+    for (int g = 0; g < E; g++)
+        mx = MOERL_MAX(mx, gg_group_parts(offsets[g + 1] - offsets[g], M, nt, blas, units, fwd));
     return mx;
+}
+
+/* Block `part` of `s` over n columns in units of `unit` columns: [c0, c1). */
+static void gg_block_u(int part, int s, int n, int unit, int *c0, int *c1) {
+    const int units = (n + unit - 1) / unit;
+    *c0 = MOERL_MIN(n, (int)((long)units * part / s) * unit);
+    *c1 = MOERL_MIN(n, (int)((long)units * (part + 1) / s) * unit);
 }
 
 /* Column range [c0, c1) of block `part` of `s` over n columns, in multiples of 16. */
@@ -105,15 +132,39 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
     MOERL_ASSERT(!f->swiglu_act || O % 2 == 0);
     const int nt = gg_team_threads();
     const long M = offsets[E] - offsets[0];
-    const int R = gg_max_parts(offsets, E, nt);
     const int half = O / 2;
+    const int units = f->swiglu_act ? (half + 7) / 8 : (O + 15) / 16; /* tiled items' column units */
+    const int R = gg_max_parts(offsets, E, nt, f->blas, units, 1);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int g = 0; g < E; g++) {
         for (int p = 0; p < R; p++) {
             const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
-            const int s = gg_parts(m, M, nt);
+            const int s = gg_group_parts(m, M, nt, f->blas, units, 1);
             if (p >= s) continue;
             const float *Wg = W + (size_t)g * O * I;
+            if (m > SKINNY_MAX_ROWS && !f->blas) {
+                /* moerl's tiled kernel on a block of output columns for all the group's rows:
+                 * the gather inside its packing, SwiGLU as its epilogue (8 activations per tile) */
+                int c0, c1;
+                gg_block_u(p, s, f->swiglu_act ? half : O, f->swiglu_act ? 8 : 16, &c0, &c1);
+                if (f->gather_x && a && p == 0) /* the permuted copy, for a backward that reads it */
+                    for (int i = r0; i < r0 + m; i++)
+                        memcpy(a + (size_t)i * I, f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I,
+                               (size_t)I * sizeof(float));
+                if (c1 <= c0) continue;
+                const tg_mat A = f->gather_x ? (tg_mat){.p = f->gather_x, .ld = I, .idx = f->sorted_row + r0,
+                                                        .mod = f->n_tokens}
+                                             : (tg_mat){.p = a + (size_t)r0 * I, .ld = I};
+                const tg_mat B = {.p = Wg + (size_t)c0 * I, .ld = I, .trans = 1}; /* B(i, o) = W_g[o, i] */
+                if (f->swiglu_act) {
+                    const tg_epi ep = {.kind = TG_EPI_SWIGLU, .half = half,
+                                       .act = f->swiglu_act + (size_t)r0 * half + c0, .ld_act = half};
+                    gemm_tiled(out + (size_t)r0 * O + c0, O, 0, &A, &B, m, c1 - c0, I, &ep);
+                } else {
+                    gemm_tiled(out + (size_t)r0 * O + c0, O, 0, &A, &B, m, c1 - c0, I, NULL);
+                }
+                continue;
+            }
             if (m > SKINNY_MAX_ROWS) {
                 /* rows [ra, rb) of the group: (gather,) one sgemm over all O columns, (SwiGLU) */
                 const int ra = r0 + (int)((long)m * p / s), rb = r0 + (int)((long)m * (p + 1) / s);
@@ -142,7 +193,7 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
                     rows[r] = f->gather_x + (size_t)(f->sorted_row[i] % f->n_tokens) * I;
                     /* the permuted copy backward needs: part 0 of every group writes it, even
                      * when its column block is empty (fewer 16-column units than parts) */
-                    if (p == 0) memcpy(a + (size_t)i * I, rows[r], (size_t)I * sizeof(float));
+                    if (p == 0 && a) memcpy(a + (size_t)i * I, rows[r], (size_t)I * sizeof(float));
                 } else {
                     rows[r] = a + (size_t)i * I;
                 }
@@ -173,16 +224,52 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
     float *sdgu = fuse ? fuse->swiglu_dgate_up : NULL;
     MOERL_ASSERT(!sdgu || (da && sgu));
     if (!da && !dW) return;
+    const int blas = fuse && fuse->blas;
+    MOERL_ASSERT(!blas || !(fuse->gather_x || fuse->gather_dout)); /* the library items read a and dout as given */
     const int nt = gg_team_threads();
     const long M = offsets[E] - offsets[0];
-    const int R = gg_max_parts(offsets, E, nt);
+    const int units = MOERL_MIN((I + 15) / 16, (O + 15) / 16); /* tiled items: columns of da, rows of dW */
+    const int R = gg_max_parts(offsets, E, nt, blas, units, 0);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int g = 0; g < E; g++) {
         for (int p = 0; p < R; p++) {
             const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
-            const int s = gg_parts(m, M, nt);
+            const int s = gg_group_parts(m, M, nt, blas, units, 0);
             if (p >= s) continue;
             const float *Wg = W + (size_t)g * O * I;
+            if (!blas) {
+                /* moerl's tiled kernel (any row count): column block p of da_g (SwiGLU backward as its epilogue)
+                 * and row block p of dW_g */
+                int c0, c1;
+                const float *gd = fuse ? fuse->gather_dout : NULL;
+                if (da) {
+                    gg_block_u(p, s, I, 16, &c0, &c1);
+                    if (c1 > c0) {
+                        const tg_mat A = gd ? (tg_mat){.p = gd, .ld = O, .idx = fuse->sorted_row + r0,
+                                                       .mod = fuse->n_tokens, .rw = fuse->topk_w, .rk = fuse->topk_k}
+                                            : (tg_mat){.p = dout + (size_t)r0 * O, .ld = O};
+                        const tg_mat B = {.p = Wg + c0, .ld = I}; /* B(o, i) = W_g[o, i] */
+                        const tg_epi ep = {.kind = TG_EPI_DSWIGLU, .half = I, .dgu = sdgu + (size_t)r0 * 2 * I + c0,
+                                           .gu = sgu ? sgu + (size_t)r0 * 2 * I + c0 : NULL, .ld_gu = 2 * I};
+                        gemm_tiled(da + (size_t)r0 * I + c0, I, 0, &A, &B, m, c1 - c0, O, sdgu ? &ep : NULL);
+                    }
+                }
+                if (dW) {
+                    gg_block_u(p, s, O, 16, &c0, &c1);
+                    if (c1 > c0) {
+                        /* A(o, r) = dout[r, o]: dout's rows are the storage rows (transposed) */
+                        const tg_mat A = gd ? (tg_mat){.p = gd + c0, .ld = O, .trans = 1, .idx = fuse->sorted_row + r0,
+                                                       .mod = fuse->n_tokens, .rw = fuse->topk_w, .rk = fuse->topk_k}
+                                            : (tg_mat){.p = dout + (size_t)r0 * O + c0, .ld = O, .trans = 1};
+                        const tg_mat B = fuse && fuse->gather_x
+                                             ? (tg_mat){.p = fuse->gather_x, .ld = I, .idx = fuse->sorted_row + r0,
+                                                        .mod = fuse->n_tokens}
+                                             : (tg_mat){.p = a + (size_t)r0 * I, .ld = I};
+                        gemm_tiled(dW + (size_t)g * O * I + (size_t)c0 * I, I, 1, &A, &B, c1 - c0, I, m, NULL);
+                    }
+                }
+                continue;
+            }
             if (da) {
                 /* rows [ra, rb): da = dout · W_g, then (fused) the SwiGLU backward of those rows */
                 const int ra = r0 + (int)((long)m * p / s), rb = r0 + (int)((long)m * (p + 1) / s);

@@ -129,8 +129,10 @@ void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const 
         for (int j = 0; j < K; j++) {
             const size_t pos = (size_t)expanded_pos[(size_t)t * K + j];
             const float w = topk_w[(size_t)t * K + j];
-            float *d = dy + pos * H;
-            for (int h = 0; h < H; h++) d[h] = w * g[h];
+            if (dy) {
+                float *d = dy + pos * H;
+                for (int h = 0; h < H; h++) d[h] = w * g[h];
+            }
             if (dtopk_w) {
                 const float *yr = y + pos * H;
                 dtopk_w[(size_t)t * K + j] = dot_f32(g, yr, H);
