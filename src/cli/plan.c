@@ -73,6 +73,13 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (mc->num_attention_heads % cfg_int(c, "rollout.tensor_model_parallel_size"))
         return moerl_errorf("rollout.tensor_model_parallel_size=%lld does not divide the %d attention heads",
                             (long long)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads);
+    /* layouts plan does not model yet: refused rather than planned as if the key were absent */
+    if (cfg_int(c, "rollout.expert_parallel_size") != 1)
+        return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
+                            (long long)cfg_int(c, "rollout.expert_parallel_size"));
+    if (pc.virtual_pipeline_parallel_size > 1)
+        return moerl_errorf("moerl plan does not model actor.virtual_pipeline_parallel_size (got %d): plan it at 1",
+                            pc.virtual_pipeline_parallel_size);
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
