@@ -365,6 +365,18 @@ if mpi_rl rep_ref16 3 1 "${EPR[@]}" rollout.dtype=bf16 &&
     msg=$(check same_responses "$WORK/rep_ep16" "$WORK/rep_ref16"); then
     ok "rollout EP 2, bf16 weights sliced bucket by bucket = 2 bf16 rollout ranks: $msg"
 else bad "rollout EP 2 bf16 streamed slices" "${msg:-exit}"; tail_log rep_ep16; fi
+# a model whose expert weights are larger than the small one's slack (hidden 256, 32 experts, 8 MB of
+# experts per layer): the packed expert panels of an EP engine (fp32 and bf16) hold its 16 experts,
+# not all 32 (reading past the slice crashed here); the same responses as 2 plain rollout ranks
+BIG=(model.hidden_size=256 model.moe_intermediate_size=256 model.num_experts=32 trainer.total_training_steps=3)
+for dt in fp32 bf16; do
+    if mpi_rl big_ref_$dt 3 1 "${EPR[@]}" "${BIG[@]}" rollout.dtype=$dt &&
+        mpi_rl big_ep_$dt 3 1 "${EPR[@]}" "${BIG[@]}" rollout.dtype=$dt rollout.expert_parallel_size=2 &&
+        grep -q "rollout EP: ranks 0..1 hold 16 experts each" "$WORK/big_ep_$dt.log" &&
+        msg=$(check same_responses "$WORK/big_ep_$dt" "$WORK/big_ref_$dt"); then
+        ok "rollout EP 2 on a 32-expert hidden-256 model ($dt) = 2 plain rollout ranks: $msg"
+    else bad "rollout EP 2, 32 experts ($dt)" "${msg:-exit or no EP line}"; tail_log big_ep_$dt; fi
+done
 # and the asynchronous schedule with partial rollout: syncs interrupt the group mid-generation
 # (every rank of it at the same step), bf16 rollout weights, a checkpoint every 4 versions
 if mpi_rl rep_async 3 1 rollout.expert_parallel_size=2 async_training.staleness_threshold=1 \

@@ -86,6 +86,27 @@ print("; ".join(bad) if bad else "async consistent")
 sys.exit(1 if bad else 0)
 PY
 [[ $? -eq 0 ]] && ok || fail "async consistency"
+# the per-version metrics (metrics.jsonl) read the virtual clock, as the final JSON does: the windows'
+# update, wait-for-groups and sync times add up to the run's wall_s and the updates to train_busy_s
+# (only rounding of sums: 1e-9 relative), idle ratios are shares (they read 64–109 and throughput
+# ~1M tokens/s while the rates divided virtual times by real ones)
+/usr/bin/python3 - "$OUT/a1.json" "$OUT/a1/metrics.jsonl" <<'PY'
+import json, sys
+res = json.loads(open(sys.argv[1]).read())
+rows = [r for r in map(json.loads, open(sys.argv[2])) if "timing_s/update" in r]
+upd = sum(r["timing_s/update"] for r in rows)
+tot = sum(r["timing_s/update"] + r["timing_s/gen"] + r["timing_s/param_sync"] for r in rows)
+bad = []
+if len(rows) != res["versions"]: bad.append("%d metric rows for %d versions" % (len(rows), res["versions"]))
+if abs(upd - res["train_busy_s"]) > 1e-9 * res["train_busy_s"]: bad.append("Σ timing_s/update %g != train_busy_s %g" % (upd, res["train_busy_s"]))
+if abs(tot - res["wall_s"]) > 1e-9 * res["wall_s"]: bad.append("Σ update+gen+sync %g != wall_s %g" % (tot, res["wall_s"]))
+for r in rows:
+    if not (0 <= r["trainer/idle_ratio"] <= 1 and 0 <= r["rollouter/idle_ratio"] <= 1): bad.append("step %d: idle ratio outside [0,1]" % r["step"])
+    if not (0.2 * res["prompts_per_s"] < r["perf/prompts_per_s"] < 5 * res["prompts_per_s"]): bad.append("step %d: prompts/s %g against %g for the run" % (r["step"], r["perf/prompts_per_s"], res["prompts_per_s"]))
+print("; ".join(bad) if bad else "per-version metrics on the virtual clock")
+sys.exit(1 if bad else 0)
+PY
+[[ $? -eq 0 ]] && ok || fail "simulate per-version metrics"
 
 # host sharing (sim.host_cores): processor sharing by the roles that compute. With at least as many cores
 # as processes (1 trainer + 3 replicas on 4 cores) nobody waits for a core: the same run as without sharing;

@@ -92,7 +92,10 @@ void model_pack_experts(moe_model *m) {
         memset(m->nz_down, 0, sizeof m->nz_down);
         return;
     }
-    const int E = c->num_experts, H = c->hidden_size, I = c->moe_intermediate_size, L = c->num_hidden_layers;
+    /* E: the experts this rank holds (all of them, or its slice under expert parallelism) */
+    int e_lo;
+    const int E = moe_config_local_experts(c, &e_lo), H = c->hidden_size, I = c->moe_intermediate_size,
+              L = c->num_hidden_layers;
     const size_t sgu = gemm_packed_size(2 * I, H), sd = gemm_packed_size(H, I);
     if (!m->nz) {
         int n_moe = 0;

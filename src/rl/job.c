@@ -292,6 +292,8 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->grad_bytes_raw += b->grad_bytes_raw;
 }
 
+double job_clock(job *J) { return J->ops && J->ops->clock ? J->ops->clock(J) : moerl_now(); }
+
 int job_run_validation(job *J, double *acc) {
     double mlen;
     if (job_whole_begin(J, 0) != MOERL_OK) return MOERL_ERR;
@@ -306,7 +308,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     const rl_config *cfg = J->cfg;
     const int k = J->win_steps ? J->win_steps : 1;
     train_stats *w = &J->win;
-    double wall = moerl_now() - J->win_t0;
+    double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
     const char *keys[48];
@@ -377,7 +379,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
              w->ppo_kl / k, w->entropy / k, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync, t_idle,
              r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
              w->max_lag, wall > 0 ? w->trained_tokens / wall : 0);
-    J->win_t0 = moerl_now();
+    J->win_t0 = job_clock(J);
     J->win_gen_wait = J->win_update = J->win_sync = J->win_bcast_s = 0;
     J->win_steps = 0;
 }
@@ -606,9 +608,9 @@ static int as_stop(job *J, double *rb, double *ri) {
 }
 
 static const job_ops LOCKSTEP_OPS = {ls_get_groups, emb_send_part, ls_sync, ls_add_prompts, emb_inflight_uids,
-                                     ls_stop, emb_describe, emb_abort, NULL, NULL, NULL, NULL};
+                                     ls_stop, emb_describe, emb_abort, NULL, NULL, NULL, NULL, NULL};
 static const job_ops ASYNC_OPS = {as_get_groups, emb_send_part, as_sync, as_add_prompts, emb_inflight_uids,
-                                  as_stop, emb_describe, emb_abort, NULL, NULL, NULL, NULL};
+                                  as_stop, emb_describe, emb_abort, NULL, NULL, NULL, NULL, NULL};
 
 /* ------------------------------------------------------------------ plot */
 

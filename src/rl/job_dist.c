@@ -987,7 +987,7 @@ static void dist_whole_done(job *J) {
 }
 
 static const job_ops DIST_OPS = {dist_get_groups, dist_send_part, dist_sync, dist_add_prompts, dist_inflight_uids,
-                                 dist_stop, dist_describe, leader_abort, NULL, NULL, dist_whole, dist_whole_done};
+                                 dist_stop, dist_describe, leader_abort, NULL, NULL, dist_whole, dist_whole_done, NULL};
 
 /* FNV-1a hash of the weights: equal on every trainer rank iff they stayed identical. */
 static uint64_t hash_params(const moe_model *m) {

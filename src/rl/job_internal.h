@@ -47,6 +47,11 @@ typedef struct {
      * until whole_done. NULL: J->m and J->T.opt are whole already. */
     int (*whole)(job *J, int moments);
     void (*whole_done)(job *J);
+    /* The clock (seconds) of the step loop's timings and rates (timing_s/update, timing_s/param_sync,
+     * trainer/idle_ratio, perf/throughput, the run's wall time); NULL = moerl_now. moerl simulate
+     * gives its virtual clock so that the per-step metrics read one clock. The watchdog keeps the
+     * wall clock. */
+    double (*clock)(job *J);
 } job_ops;
 
 struct job {
@@ -104,6 +109,8 @@ struct job {
 /* The whole model on this process until job_whole_end (nests; moments: the AdamW moments too), then
  * J->whole_m and J->whole_opt hold it (job_ops.whole). */
 int job_whole_begin(job *J, int moments);
+/* Seconds on the step loop's clock (job_ops.clock, else moerl_now). */
+double job_clock(job *J);
 void job_whole_end(job *J);
 
 /* The step loop shared by the embedded and the MPI job (src/rl/schedule.c), run on the process

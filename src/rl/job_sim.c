@@ -311,6 +311,9 @@ static int sim_sync(job *J, int version, double *rb, double *ri) {
     return MOERL_OK;
 }
 
+/* The step loop's clock: the trainer's virtual time. */
+static double sim_clock(job *J) { return ST(J)->t_train; }
+
 static void sim_add_prompts(job *J, int64_t k) { atomic_fetch_add(&J->R.dropped_pending, k); }
 
 static int64_t *sim_inflight_uids(job *J, int *n) {
@@ -360,7 +363,7 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
     S.async = cfg.mode == RL_MODE_ASYNC;
     S.res = res;
     job_ops ops = {sim_get_groups, sim_send_part, sim_sync, sim_add_prompts, sim_inflight_uids, sim_stop,
-                   sim_describe, sim_abort, &S, sim_update, NULL, NULL};
+                   sim_describe, sim_abort, &S, sim_update, NULL, NULL, sim_clock};
     job *J = xcalloc(1, sizeof *J);
     J->cfg = &cfg;
     J->train = J->test = train;

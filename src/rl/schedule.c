@@ -137,7 +137,7 @@ static int take_batch(job *J, held_groups *held, int req, double *waited, int64_
 static int train_step(job *J, rl_group **groups, int n, double waited, int64_t dropped_now) {
     const rl_config *cfg = J->cfg;
     trainer *T = &J->T;
-    const double t0 = moerl_now();
+    const double t0 = job_clock(J);
     train_stats st;
     memset(&st, 0, sizeof st);
     T->stage = "reward";
@@ -168,7 +168,7 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     free(mbs);
     if (rc != MOERL_OK) return MOERL_ERR;
     J->consecutive_skipped = T->opt.skipped > skipped0 ? J->consecutive_skipped + 1 : 0;
-    st.update_s = moerl_now() - t0;
+    st.update_s = job_clock(J) - t0;
     st.dropped_groups = dropped_now;
     J->consumed += n;
     job_log_samples(J, groups, n);
@@ -219,7 +219,7 @@ static void *watchdog_main(void *arg) {
 
 static int do_sync(job *J) {
     J->T.stage = "param_sync";
-    const double ts = moerl_now();
+    const double ts = job_clock(J);
     const int version = J->T.version + 1;
     J->T.version = version;
     double rb = 0, ri = 0;
@@ -230,7 +230,7 @@ static int do_sync(job *J) {
     if (job_want_checkpoint(J, version)) J->last_ckpt_step = J->T.step;
     J->rollouter_busy_total += rb;
     J->rollouter_idle_total += ri;
-    return job_after_sync(J, moerl_now() - ts, rb, ri);
+    return job_after_sync(J, job_clock(J) - ts, rb, ri);
 }
 
 static void record_validation(job *J, double acc) {
@@ -336,14 +336,16 @@ int job_schedule_run(job *J, rl_result *res) {
         free(held.g);
         return moerl_errorf("cannot start the watchdog thread");
     }
-    J->sgemm_peak = perf_sgemm_peak(0.3); /* before the roles load the cores */
-    J->run_t0 = J->win_t0 = moerl_now();
+    /* before the roles load the cores; none on a virtual clock (moerl simulate: perf/mfu is NaN, the
+     * simulated device is not this host) */
+    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3);
+    J->run_t0 = J->win_t0 = job_clock(J);
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);
     J->stop_signal = moerl_stop_requested();
     J->T.stage = "stop";
     const int stop_rc = J->ops->stop(J, &rb, &ri);
-    const double wall = moerl_now() - J->run_t0;
+    const double wall = job_clock(J) - J->run_t0;
     atomic_store(&J->watchdog_stop, 1);
     pthread_join(wd, NULL);
     if (rc == MOERL_OK && stop_rc == MOERL_OK) rc = schedule_finish(J, res, &held, step0, req, wall, rb, ri);

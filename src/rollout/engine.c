@@ -48,7 +48,9 @@ struct engine {
 /* Allocate e->bf's panels (once) and lay out the pointers. */
 static void bf16_layout(engine *e) {
     const moe_config *c = &e->m.cfg;
-    const int H = e->H, E = e->E, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
+    int e_lo;
+    /* E: the experts this engine holds (its slice under rollout expert parallelism) */
+    const int H = e->H, E = e->E ? moe_config_local_experts(c, &e_lo) : 0, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
     const size_t sq = gemm_packed_size(qo, H), sk = gemm_packed_size(ko, H), so = gemm_packed_size(H, qo),
                  sgu = E ? gemm_packed_size(2 * I, H) : 0, sd = E ? gemm_packed_size(H, I) : 0;
     size_t total = gemm_packed_size(e->V, H);
@@ -74,7 +76,9 @@ static void bf16_layout(engine *e) {
 static void bf16_pack_all(engine *e, const uint16_t *w16) {
     if (!e->bf.buf) bf16_layout(e);
     const moe_config *c = &e->m.cfg;
-    const int H = e->H, E = e->E, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
+    int e_lo;
+    const int H = e->H, E = e->E ? moe_config_local_experts(c, &e_lo) : 0, I = c->moe_intermediate_size,
+              qo = e->nh * e->hd, ko = e->nkv * e->hd;
     const size_t sgu = E ? gemm_packed_size(2 * I, H) : 0, sd = E ? gemm_packed_size(H, I) : 0;
     const int per_layer = 4 + 2 * E, items = e->L * per_layer + 1;
     const float *base = e->m.params;
