@@ -70,7 +70,9 @@
  * Bubble. Every step measures per stage busy time (forward + backward compute), time blocked on
  * receives, and the schedule time T (slowest stage, from a common start): idle share
  * = 1 − busy / T (perf/pipeline_bubble: the mean over stages), receive-wait share = wait / T, next
- * to the 1F1B theory (pp − 1)/(m + pp − 1). */
+ * to the 1F1B theory (pp − 1)/(m + pp − 1). The times are all-reduced over pp_comm at the end of the
+ * schedule, so every stage holds the pipeline's statistics; pp_window sums them over several schedules
+ * (moerl rl: the mini-batches and PPO epochs of a version's updates). */
 #ifndef MOERL_PARALLEL_PIPELINE_H
 #define MOERL_PARALLEL_PIPELINE_H
 
