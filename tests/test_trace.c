@@ -181,9 +181,11 @@ static void test_flops(void) {
     CHECK(model_attention_pairs(cu, 3) == 16, "attention pairs %lld, want 16", (long long)model_attention_pairs(cu, 3));
     const double f = model_train_flops(&c, 7, 16), fw = 6.0 * want * 7 + 12.0 * 2 * 4 * 8 * 16;
     CHECK(fabs(f - fw) <= 1e-9 * fw, "train flops %.1f, want %.1f", f, fw);
-    const double peak = perf_sgemm_peak(0.05);
+    const double peak = perf_sgemm_peak(0.05, 1), peak2 = perf_sgemm_peak(0.05, 2);
     CHECK(isfinite(peak) && peak > 1e6, "measured sgemm peak %g FLOP/s", peak);
-    printf("measured sgemm peak %.1f GFLOP/s\n", peak * 1e-9);
+    /* two cores: twice one core's best (separate measurements: within 2× of each other either way) */
+    CHECK(peak2 > peak && peak2 < 4 * peak, "2-core peak %g against 1-core %g", peak2, peak);
+    printf("measured sgemm peak %.1f GFLOP/s per core\n", peak * 1e-9);
 }
 
 int main(void) {

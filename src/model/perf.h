@@ -37,11 +37,14 @@ double model_train_flops(const moe_config *c, int64_t tokens, int64_t pairs);
  * (src/parallel/pipeline.c) cuts the layers by these costs. */
 double model_layer_train_flops(const moe_config *c, int l, int64_t tokens, int64_t pairs);
 
-/* Measured single-precision matrix-multiply peak of this machine in FLOP/s: the best of
- * repeated cblas_sgemm calls on n×n matrices (n = 1024; 2n³ FLOPs each) over about `seconds`
- * (≥ 0.05; 0.3 is plenty), with the threads OpenBLAS currently uses. Call it at start, before
- * other work loads the cores. The MFU denominator: what this machine's BLAS actually reaches,
- * not a datasheet number. */
-double perf_sgemm_peak(double seconds);
+/* Measured single-precision matrix-multiply peak in FLOP/s of `threads` cores of this machine:
+ * the best one-core rate of repeated cblas_sgemm calls on n×n matrices (n = 512; 2n³ FLOPs, a
+ * few ms each) over about `seconds` (≥ 0.05; 0.3 is plenty), times `threads` (sgemm is compute
+ * bound; the cores' FMA units add up). The best of short one-core calls is what a core reaches
+ * between other processes' time slices, so contention at start does not lower it (a 0.3 s
+ * two-thread measurement under load came out at half the machine's rate and put perf/mfu above
+ * 1). OpenBLAS's thread count is restored. The MFU denominator: what this machine's BLAS
+ * actually reaches, not a datasheet number; pass the threads the measured work runs on. */
+double perf_sgemm_peak(double seconds, int threads);
 
 #endif

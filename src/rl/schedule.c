@@ -14,6 +14,7 @@
  * sampling), reference.md. */
 #include <jansson.h>
 #include <math.h>
+#include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -336,9 +337,10 @@ int job_schedule_run(job *J, rl_result *res) {
         free(held.g);
         return moerl_errorf("cannot start the watchdog thread");
     }
-    /* before the roles load the cores; none on a virtual clock (moerl simulate: perf/mfu is NaN, the
-     * simulated device is not this host) */
-    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3);
+    /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
+     * async mode, trainer.n_threads on an MPI rank); none on a virtual clock (moerl simulate:
+     * perf/mfu is NaN, the simulated device is not this host) */
+    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, omp_get_max_threads());
     J->run_t0 = J->win_t0 = job_clock(J);
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);
