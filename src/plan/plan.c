@@ -386,6 +386,9 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     if (x->S % x->fsdp)
         return moerl_errorf("plan: actor.fsdp_config.fsdp_size %d does not divide the %d ranks of a pipeline stage "
                             "(trainer.n_ranks / actor.pipeline_parallel_size)", x->fsdp, x->S);
+    const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
+                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
+    if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d ranks of a pipeline stage",
                             in->ep, x->S);

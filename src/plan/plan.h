@@ -221,8 +221,9 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
 void plan_param_counts(const moe_config *c, int64_t *total, int64_t *dense, int64_t *expert, int64_t *hf);
 
 /* The plan. Errors (message names the field and value): sizes ≤ 0, n_trainer not divisible by
- * pp·sp, fsdp or ep not dividing n_trainer/pp, more stages than layers, dtype not 2 or 4,
- * n_rollout not divisible by rollout_tp. */
+ * pp·sp, fsdp or ep not dividing n_trainer/pp, more stages than layers, pp > 1 with fsdp, ep or sp
+ * above 1 (moerl's par_check_pp_alone: the pipeline combines only with data parallelism), dtype not
+ * 2 or 4, n_rollout not divisible by rollout_tp. */
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *out);
 
 #endif
