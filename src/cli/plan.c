@@ -101,6 +101,9 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     else return moerl_errorf("plan.pp_params: '%s' is not stage or replicated", ppl);
     in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
     const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
+    if (rb * ep > INT32_MAX) /* both fit 32 bits (cfg_check_int32), so the product fits 64 */
+        return moerl_errorf("async_training.require_batches × actor.ppo_epochs = %lld × %lld optimizer updates per "
+                            "step exceed 2^31 − 1", (long long)rb, (long long)ep);
     in->updates_per_step = (int)(rb * ep);
     const int64_t plen = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
     if (plen <= 0 || rlen <= 0)
@@ -110,7 +113,15 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
         return moerl_errorf("data.max_prompt_length + data.max_response_length = %lld does not fit a 32-bit sequence "
                             "length", (long long)(plen + rlen));
     /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
-    in->step_tokens = cfg_int(c, "actor.ppo_mini_batch_size") * rb * cfg_int(c, "rollout.n") * (plen + rlen) * ep;
+    const int64_t mini = cfg_int(c, "actor.ppo_mini_batch_size"), n = cfg_int(c, "rollout.n");
+    const double st = (double)mini * (double)rb * (double)n * (double)(plen + rlen) * (double)ep; /* no int64 overflow */
+    if (st > PLAN_MAX_STEP_TOKENS)
+        return moerl_errorf("the tokens trained per step, actor.ppo_mini_batch_size × async_training.require_batches × "
+                            "rollout.n × (data.max_prompt_length + data.max_response_length) × actor.ppo_epochs = "
+                            "%lld × %lld × %lld × %lld × %lld = %.4g, exceed plan's limit 2^53 (%.4g): lower one of "
+                            "them", (long long)mini, (long long)rb, (long long)n, (long long)(plen + rlen),
+                            (long long)ep, st, PLAN_MAX_STEP_TOKENS);
+    in->step_tokens = mini * rb * n * (plen + rlen) * ep;
     in->logprob_tokens = in->step_tokens / ep;
     in->resp_fraction = (double)rlen / (double)(plen + rlen);
     in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");

@@ -346,20 +346,58 @@ static void replay_event(fsdp_replay *r, int bwd, int l) {
     for (int i = 0; i < nn; i++) g_wait(r, need[i]);
 }
 
+/* One pass of the schedule: forward over every layer, then (train) the backward and its gradients. */
+static void replay_pass(fsdp_replay *r, int train) {
+    for (int l = -1; l < r->L; l++) replay_event(r, 0, l);
+    if (!train) return;
+    replay_event(r, 1, r->L);
+    replay_ready(r, r->L + 1);
+    for (int l = r->L - 1; l >= 0; l--) {
+        replay_event(r, 1, l);
+        replay_ready(r, l + 1);
+    }
+    replay_ready(r, 0);
+}
+
+/* The replay's state between passes: units gathered, gradients live, reduce-scatters in flight. */
+typedef struct {
+    char pst[MOERL_MAX_LAYERS + 2], glive[MOERL_MAX_LAYERS + 2];
+    int rs[PLAN_RS_IN_FLIGHT + 2], n_rs;
+    double cur;
+} replay_snap;
+
+static void snap_take(const fsdp_replay *r, replay_snap *s) {
+    memset(s, 0, sizeof *s);
+    memcpy(s->pst, r->pst, (size_t)r->U);
+    memcpy(s->glive, r->glive, (size_t)r->U);
+    memcpy(s->rs, r->rs, sizeof r->rs);
+    s->n_rs = r->n_rs;
+    s->cur = r->cur;
+}
+
+/* n passes of one kind. The schedule is deterministic, so once a pass ends in the state it started
+ * from, every later pass repeats it exactly (the same gathers, the same peak): the rest is added as
+ * that pass's gathers × the passes left, so a step of 10^9 micro-batches replays in a few passes. */
+static void replay_passes(fsdp_replay *r, double n, int train) {
+    replay_snap prev, now;
+    snap_take(r, &prev);
+    for (double p = 0; p < n; p++) {
+        const double g0 = r->gathered;
+        replay_pass(r, train);
+        snap_take(r, &now);
+        if (!memcmp(&now, &prev, sizeof now)) {
+            r->gathered += (n - p - 1) * (r->gathered - g0);
+            return;
+        }
+        memcpy(&prev, &now, sizeof prev);
+    }
+}
+
 /* One step's passes from a cold start (the optimizer step releases every unit): fwd_only forward
  * passes, then train forward+backward passes, then fsdp_finish_grads. */
-static void replay_step(fsdp_replay *r, int fwd_only, int train) {
-    for (int p = 0; p < fwd_only + train; p++) {
-        for (int l = -1; l < r->L; l++) replay_event(r, 0, l);
-        if (p < fwd_only) continue;
-        replay_event(r, 1, r->L);
-        replay_ready(r, r->L + 1);
-        for (int l = r->L - 1; l >= 0; l--) {
-            replay_event(r, 1, l);
-            replay_ready(r, l + 1);
-        }
-        replay_ready(r, 0);
-    }
+static void replay_step(fsdp_replay *r, double fwd_only, double train) {
+    replay_passes(r, fwd_only, 0);
+    replay_passes(r, train, 1);
     while (r->n_rs > 0) rs_complete(r, r->rs[0]);
 }
 
@@ -417,10 +455,18 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     x->N = in->micro_tokens;
     const int dp = in->n_trainer / (in->pp * in->sp);
     x->mb = in->micro_batches;
+    if (in->step_tokens < 0 || (double)in->step_tokens > PLAN_MAX_STEP_TOKENS)
+        return moerl_errorf("plan: %lld tokens per step is outside 0..2^53 (%.0f)", (long long)in->step_tokens,
+                            PLAN_MAX_STEP_TOKENS);
     if (x->mb <= 0) { /* micro-batches per update on a rank: the update's tokens over the data shards */
         const double upd_tokens = (double)in->step_tokens / in->updates_per_step;
-        x->mb = (int)ceil(upd_tokens / dp / (double)in->micro_tokens);
-        if (x->mb < 1) x->mb = 1;
+        const double mb = ceil(upd_tokens / dp / (double)in->micro_tokens);
+        if (mb > INT32_MAX)
+            return moerl_errorf("plan: %.4g micro-batches per update on a rank (%lld tokens per step over %d updates, "
+                                "%d data shards, actor.ppo_max_token_len_per_gpu %lld) exceed 2^31 − 1: lower "
+                                "actor.ppo_mini_batch_size or rollout.n, or raise actor.ppo_max_token_len_per_gpu",
+                                mb, (long long)in->step_tokens, in->updates_per_step, dp, (long long)in->micro_tokens);
+        x->mb = mb < 1 ? 1 : (int)mb;
     }
     if (in->pp > 1 && x->mb < in->pp) x->mb = in->pp; /* 1F1B needs ≥ pp micro-batches (pipeline.h's guard) */
     x->dispatcher = in->dispatcher;
@@ -469,7 +515,7 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         }
         fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = U, .P = fsdp, .pst = pst,
                          .glive = glive};
-        replay_step(&r, fo * mb, mb);
+        replay_step(&r, (double)fo * mb, mb);
         /* + par_max_passes' one-float all-gather, which EP × FSDP runs over the stage instead */
         t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
         t->fsdp_reduce_scatter = (double)(fsdp - 1) * S * db * mb;
@@ -651,12 +697,12 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                 for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
                 fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
                                  .pst = pst, .glive = glive};
-                replay_step(&r, in->fwd_only_passes * x.mb, x.mb);
+                replay_step(&r, (double)in->fwd_only_passes * x.mb, x.mb);
                 o->gathered = r.peak * db;
                 char pst2[MOERL_MAX_LAYERS + 2] = {0}, glive2[MOERL_MAX_LAYERS + 2] = {0};
                 fsdp_replay r2 = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
                                   .pst = pst2, .glive = glive2, .eager = 1};
-                replay_step(&r2, in->fwd_only_passes * x.mb, x.mb);
+                replay_step(&r2, (double)in->fwd_only_passes * x.mb, x.mb);
                 o->gathered_low = r2.peak * db;
             }
         }
@@ -703,7 +749,13 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     if (in->logprob_passes > 0) { /* the proximal logprobs: one forward-only pass over the step's data */
         const int dp = in->n_trainer / (in->pp * in->sp);
         const double rank_tokens = (double)in->logprob_tokens / dp;
-        const int n_mb = MOERL_MAX(1, (int)ceil(rank_tokens / (double)in->micro_tokens));
+        const double n_lp = ceil(rank_tokens / (double)in->micro_tokens);
+        if (n_lp > INT32_MAX)
+            return moerl_errorf("plan: the logprob pass's %.4g micro-batches on a rank (%lld tokens over %d data "
+                                "shards, actor.ppo_max_token_len_per_gpu %lld) exceed 2^31 − 1: lower "
+                                "actor.ppo_mini_batch_size, rollout.n or async_training.require_batches",
+                                n_lp, (long long)in->logprob_tokens, dp, (long long)in->micro_tokens);
+        const int n_mb = MOERL_MAX(1, (int)n_lp);
         plan_traffic tl;
         if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb, rank_tokens * in->resp_fraction, &tl) != MOERL_OK)
             return MOERL_ERR;

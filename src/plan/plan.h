@@ -44,6 +44,9 @@ typedef enum {
                                 tests/test_dist_plan.c with plan.pp_params=replicated */
 } plan_pp_params;
 
+/* The most tokens per step plan accepts: 2^53, where doubles stop counting every token. */
+#define PLAN_MAX_STEP_TOKENS 9007199254740992.0
+
 typedef struct {
     /* trainer side */
     int n_trainer;          /* trainer.n_ranks: trainer devices */
@@ -221,7 +224,8 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
 void plan_param_counts(const moe_config *c, int64_t *total, int64_t *dense, int64_t *expert, int64_t *hf);
 
 /* The plan. Errors (message names the field and value): sizes ≤ 0, n_trainer not divisible by
- * pp·sp, fsdp or ep not dividing n_trainer/pp, more stages than layers, pp > 1 with fsdp, ep or sp
+ * pp·sp, fsdp or ep not dividing n_trainer/pp, step_tokens outside 0..PLAN_MAX_STEP_TOKENS, more
+ * than 2^31 − 1 micro-batches per update or per logprob pass on a rank, more stages than layers, pp > 1 with fsdp, ep or sp
  * above 1 (moerl's par_check_pp_alone: the pipeline combines only with data parallelism), dtype not
  * 2 or 4, n_rollout not divisible by rollout_tp. */
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *out);
