@@ -45,6 +45,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/ulysses.h"
 #include "plan/plan.h"
+#include "rl/rl.h"
 #include "dist_test.h"
 #include "test.h"
 #include "train/train.h"
@@ -150,6 +151,15 @@ int main(int argc, char **argv) {
     moe_model m;
     MOERL_ASSERT(model_init(&m, &mc) == MOERL_OK);
     model_init_random(&m, 7);
+    /* the KL reference as `moerl rl` makes it with actor.use_kl_loss: trainer_init copies the whole
+     * model before the model-parallel runtime exists (src/rl/job_dist.c) */
+    rl_config rcfg;
+    memset(&rcfg, 0, sizeof rcfg);
+    rcfg.use_kl_loss = 1;
+    rcfg.ppo_max_token_len = MT;
+    rcfg.optim = adamw_default_config();
+    trainer kl_T;
+    MOERL_ASSERT(trainer_init(&kl_T, &rcfg, NULL, &m) == MOERL_OK && kl_T.ref);
     par_state ps;
     const int ok = par_state_init(&ps, g_ctx, kc, &m) == MOERL_OK;
     CHECK_R(ok, "par_state_init: %s", RANK, ok ? "" : moerl_last_error());
@@ -171,7 +181,8 @@ int main(int argc, char **argv) {
                      .pp_params = pp_repl ? PLAN_PP_REPLICATED : PLAN_PP_STAGE_LOCAL,
                      .dispatcher = (int)ps.cfg.dispatcher, .alltoall_max_ep = ps.cfg.alltoall_max_ep,
                      .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
-                     .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
+                     .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1, .ref_model = 1,
+                     .logprob_passes = 1};
     plan_traffic pt;
     plan_result pr;
     CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, g ? g->fsdp_rank : 0, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
@@ -198,7 +209,7 @@ int main(int argc, char **argv) {
     double worst_mem = 0;
     /* the RL trainer's proximal-logprob pass (compute_logprobs, once per step before the training
      * passes): its traffic per group against plan_traffic_logprob */
-    int lp_ok = 1;
+    int lp_ok = 1, ref_ok = 1;
     double resp_mine = 0;
     float *lp_buf[N_SEQ];
     for (int i = 0; i < n; i++) {
@@ -234,6 +245,38 @@ int main(int argc, char **argv) {
                     printf("  rank 0 logprob pass %-21s counted %10.0f B  plan %10.0f B\n", ln[i], lg[i], lw[i]);
             }
         }
+        /* the KL reference pass right after it, as step_data_logprobs runs it: its own arena, no
+         * collective on any group (plan's ref_pass 0), the FSDP units the proximal pass left
+         * gathered are plan's ref_held */
+        double held = 0;
+        if (ps.fsdp) {
+            fsdp_stats st;
+            fsdp_get_stats(ps.fsdp, &st);
+            held = st.gathered_bytes;
+        }
+        if (g) reset_group_bytes(g);
+        model_acts ra;
+        MOERL_ASSERT(model_acts_init(&ra, kl_T.ref, MT) == MOERL_OK);
+        MOERL_ASSERT(compute_logprobs(kl_T.ref, &ra, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
+        dist_comm *cs[] = {g ? g->stage_comm : NULL, g ? g->pp_comm : NULL, g ? g->dp_comm : NULL,
+                           g ? g->sp_comm : NULL, g ? g->fsdp_comm : NULL, g ? g->replica_comm : NULL,
+                           g ? g->ep_comm : NULL, g ? g->ep_dp_comm : NULL, g ? g->ep_replica_comm : NULL};
+        double moved = 0; /* every group of the grid (plain DP has none: the reducer is idle here) */
+        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
+            for (int op = 0; op < DIST_OP_COUNT && cs[i]; op++) moved += dist_comm_bytes(cs[i], (dist_op)op);
+        /* exact: byte counts, whole-layout float counts and the arena's carve sizes are integers */
+        const double ref_w = (double)kl_T.ref->n_params * 4, ref_a = (double)model_acts_bytes(kl_T.ref, MT);
+        if (moved != pr.ref_pass || ref_w != pr.ref_weights || ref_a != pr.ref_acts || held != pr.ref_held) {
+            ref_ok = 0;
+            printf("[rank %d] step %d KL reference: traffic %.0f B (plan %.0f), weights %.0f B (plan %.0f), "
+                   "arena %.0f B (plan %.0f), FSDP units held %.0f B (plan %.0f)\n", RANK, k, moved, pr.ref_pass,
+                   ref_w, pr.ref_weights, ref_a, pr.ref_acts, held, pr.ref_held);
+        }
+        if (k == 0 && RANK == 0)
+            printf("  rank 0 KL reference: weights %.0f B (plan %.0f), arena %.0f B (plan %.0f), FSDP held %.0f B "
+                   "(plan %.0f), traffic %.0f B (plan %.0f)\n", ref_w, pr.ref_weights, ref_a, pr.ref_acts, held,
+                   pr.ref_held, moved, pr.ref_pass);
+        model_acts_free(&ra);
         if (g) reset_group_bytes(g);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
@@ -305,6 +348,7 @@ int main(int argc, char **argv) {
     CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
             gfsdp, gep, gsp, gpp);
     CHECK_R(lp_ok, "the logprob pass's traffic equals plan's per group and operation", RANK);
+    CHECK_R(ref_ok, "the KL reference (actor.use_kl_loss): weights, arena, FSDP units held and traffic are plan's", RANK);
     for (int i = 0; i < n; i++) free(lp_buf[i]);
 
     /* memory: moerl's own accounting against plan's per-rank figures (the 10% bar of the brief) */
@@ -374,6 +418,7 @@ int main(int argc, char **argv) {
                           gpp, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
     dist_reducer_free(red);
     model_acts_free(&acts);
+    trainer_free(&kl_T);
     adamw_free(&os);
     par_state_free(&ps);
     model_free(&m);

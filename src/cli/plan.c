@@ -95,6 +95,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
     /* the proximal logprobs, once per step: decoupled loss, or old logprobs recomputed (no bypass) */
     in->logprob_passes = cfg_bool(c, "actor.use_decoupled_loss") || !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
+    in->ref_model = cfg_bool(c, "actor.use_kl_loss"); /* the KL reference (src/rl/trainer.c trainer_init) */
     const char *ppl = cfg_str(c, "plan.pp_params");
     if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
@@ -149,7 +150,9 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
     R("moments_bytes", r->moments); R("gathered_bytes", r->gathered);
     R("gathered_low_bytes", r->gathered_low); R("acts_bytes", r->acts);
-    R("acts_recompute_bytes", r->acts_recompute); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
+    R("acts_recompute_bytes", r->acts_recompute);
+    I("ref_model", in->ref_model); R("ref_weights_bytes", r->ref_weights); R("ref_acts_bytes", r->ref_acts);
+    R("ref_held_bytes", r->ref_held); R("ref_pass_bytes_per_step", r->ref_pass); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
     R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
     I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
     I("max_model_len", in->max_model_len);
@@ -190,6 +193,12 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
         printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
     printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
            gib(r->acts_recompute));
+    if (in->ref_model) {
+        printf("| KL reference policy (actor.use_kl_loss: the whole model on every rank, unsharded) | %.3f |\n",
+               gib(r->ref_weights));
+        printf("| reference pass activations (whole micro-batch, all layers; only during that pass%s) | %.3f |\n",
+               r->ref_held > 0 ? ", beside the FSDP units the proximal pass left gathered" : "", gib(r->ref_acts));
+    }
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
     printf("rollout: %d devices, %d per replica; %d sequences × %d tokens per replica; %s\n", in->n_rollout,
            in->rollout_tp, in->max_num_seqs, in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
@@ -204,6 +213,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     if (in->logprob_passes > 0)
         printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
                gib(r->logprob_pass));
+    if (in->ref_model)
+        printf("| KL reference logprob pass (per step; runs locally on each rank, no collective) | | %.3f |\n",
+               gib(r->ref_pass));
     printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
 }
 

@@ -68,6 +68,9 @@ typedef struct {
                                old logprobs; 0: none) */
     int64_t logprob_tokens; /* tokens (prompt + response) of the step's data, all ranks: step_tokens for one epoch */
     double resp_fraction;   /* response share of those tokens (the logprobs the pipeline sums onto every stage) */
+    int ref_model;          /* actor.use_kl_loss: the frozen reference policy of the k3 KL loss (trainer_init: a
+                               whole-model copy made before the model-parallel runtime, on every trainer rank, and
+                               a forward-only logprob pass over the rank's data each step, run locally) */
     plan_pp_params pp_params; /* pipeline parameter layout (plan_pp_stage_params) */
     int dispatcher;         /* EP token exchange: moe_dispatcher of parallel/grid.h (0 = auto) */
     int alltoall_max_ep;    /* auto: all-to-all up to this EP size (≤ 0: 16) */
@@ -110,7 +113,14 @@ typedef struct {
     double acts;                 /* model_acts for ⌈micro_tokens/sp⌉ tokens over the stage's layers × in-flight
                                     micro-batches (pp − stage, plan_pp_inflight) */
     double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
-    double total, total_recompute;
+    double ref_weights;          /* actor.use_kl_loss: the reference model, as trainer.c holds it: the whole padded
+                                    layout (n_params, never sharded: made before par_state_init) × dtype_bytes */
+    double ref_acts;             /* its pass's activation arena (step_data_logprobs: model_acts for micro_tokens, all
+                                    layers, not the Ulysses share), live only during the reference pass */
+    double ref_held;             /* FSDP units still gathered when the reference pass runs (after the proximal pass
+                                    of logprob_passes: the last forward region's units; fsdp_stats.gathered_bytes) */
+    double total, total_recompute; /* weights + grads + master + moments + acts + ref_weights + the larger of
+                                    gathered (the update's peak) and ref_acts + ref_held (the reference pass) */
     /* per rollout device, bytes */
     double rollout_weights;      /* all parameters × dtype / rollout_tp */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
@@ -129,7 +139,10 @@ typedef struct {
                                     exchange (pp_p2p + pp_p2p_fwd_only + pp_p2p_emb of plan_traffic) */
     double logprob_pass;         /* the forward-only logprob pass of a trainer step (plan_traffic_logprob over the
                                     rank's ⌈logprob_tokens/dp/micro_tokens⌉ micro-batches), all groups, × logprob_passes */
-    double per_step;             /* sum of the above × updates_per_step, + logprob_pass */
+    double ref_pass;             /* actor.use_kl_loss: the reference logprob pass's traffic per step: 0 — the reference
+                                    runs the whole model on each rank (acts.par unset), no collective (test_dist_plan
+                                    checks every group's counters stay still) */
+    double per_step;             /* sum of the above × updates_per_step, + logprob_pass + ref_pass */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
 } plan_result;
