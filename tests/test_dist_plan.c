@@ -182,7 +182,8 @@ int main(int argc, char **argv) {
                      .dispatcher = (int)ps.cfg.dispatcher, .alltoall_max_ep = ps.cfg.alltoall_max_ep,
                      .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
                      .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1, .ref_model = 1,
-                     .logprob_passes = 1};
+                     .logprob_passes = 1, .vpp = ps.pp ? pp_chunks(ps.pp) : 1};
+    const int gv = in.vpp;
     plan_traffic pt;
     plan_result pr;
     CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, g ? g->fsdp_rank : 0, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
@@ -367,39 +368,54 @@ int main(int argc, char **argv) {
         if (RANK == 0)
             printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f..%.0f)\n", shard,
                    pr.weights, peak, pr.gathered_low, pr.gathered);
-    } else if (pp_owned) { /* the stage's range, held floats and moments against plan's stage-local model */
-        size_t lo, hi, slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];
-        pp_own_range(ps.pp, &lo, &hi);
-        pp_stage_ranges(&m, pp_bounds(ps.pp), gpp, slo, shi, NULL, NULL);
+    } else if (pp_owned) { /* the stage's chunk ranges, held floats and moments against plan's stage-local model */
+        const int nv = gpp * gv;
+        size_t slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];
+        pp_stage_ranges(&m, pp_bounds(ps.pp), nv, slo, shi, NULL, NULL);
         int ranges_ok = 1;
-        for (int s = 0; s < gpp; s++) { /* every stage's range (pure), not only this rank's */
+        double own = 0; /* this stage's floats: Σ over its chunks */
+        for (int vs = 0; vs < nv; vs++) { /* every virtual stage's range (pure), not only this rank's */
             double d, e;
             int l0, l1;
-            MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, s, &d, &e, &l0, &l1) == MOERL_OK);
-            if ((double)(shi[s] - slo[s]) != d + e) {
+            MOERL_ASSERT(plan_pp_chunk_params(&mc, gpp, gv, PLAN_PP_STAGE_LOCAL, vs % gpp, vs / gpp, &d, &e, &l0, &l1) ==
+                         MOERL_OK);
+            if ((double)(shi[vs] - slo[vs]) != d + e) {
                 ranges_ok = 0;
-                printf("[rank %d] stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, s, shi[s] - slo[s], d + e);
+                printf("[rank %d] virtual stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, vs,
+                       shi[vs] - slo[vs], d + e);
+            }
+            if (vs % gpp == stage) {
+                size_t lo, hi;
+                pp_own_chunk_range(ps.pp, vs / gpp, &lo, &hi);
+                ranges_ok &= lo == slo[vs] && hi == shi[vs];
+                own += d + e;
             }
         }
-        CHECK_R(ranges_ok && slo[stage] == lo && shi[stage] == hi, "plan's stage ranges are pp_stage_ranges'", RANK);
-        double d, e;
-        int l0, l1;
-        MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage, &d, &e, &l0, &l1) == MOERL_OK);
+        CHECK_R(ranges_ok, "plan's stage (chunk) ranges are pp_stage_ranges' and pp_own_chunk_range's", RANK);
         const double held = (double)pp_held_floats(ps.pp), copy = plan_pp_tied_copy(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage);
-        CHECK_R(held == d + e + copy && (double)os.n == d + e,
+        CHECK_R(held == own + copy && (double)os.n == own,
                 "stage %d holds %.0f floats (plan %.0f + tied copy %.0f), moments over %zu (plan %.0f)", RANK, stage,
-                held, d + e, copy, os.n, d + e);
+                held, own, copy, os.n, own);
         CHECK_R(!mc.tie_word_embeddings || stage != gpp - 1 || copy > 0, "a tied last stage holds the copy", RANK);
         if (stage == pr.fullest_stage) { /* plan_compute's per-rank figures are this stage's */
+            /* the activation slots the schedule allocated (pp_slots_needed's count per chunk × the
+             * chunk's arena) against plan's: exact, the same arena layout */
+            const double slots = pp_slots_bytes(ps.pp);
             const double e1 = rel(held * 4, pr.weights), e2 = rel((double)os.n * 8, pr.moments);
             worst_mem = fmax(e1, e2);
-            CHECK_R(e1 < 0.10 && e2 < 0.10 && pr.grads == pr.weights,
-                    "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f)", RANK, stage, held * 4,
-                    pr.weights, (double)os.n * 8, pr.moments);
+            CHECK_R(e1 < 0.10 && e2 < 0.10 && pr.grads == pr.weights && slots == pr.acts,
+                    "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f), activation slots %.0f B "
+                    "(plan %.0f)", RANK, stage, held * 4, pr.weights, (double)os.n * 8, pr.moments, slots, pr.acts);
             if (sp_rank == 0 && g->dp_rank == 0)
-                printf("  fullest stage %d: parameters held %.0f B (plan %.0f), moments %.0f B (plan %.0f)\n", stage,
-                       held * 4, pr.weights, (double)os.n * 8, pr.moments);
+                printf("  fullest stage %d: parameters held %.0f B (plan %.0f), moments %.0f B (plan %.0f), "
+                       "activation slots %.0f B (plan %.0f)\n", stage, held * 4, pr.weights, (double)os.n * 8,
+                       pr.moments, slots, pr.acts);
         }
+        /* the schedule's micro-batches and bubble theory are plan's */
+        const pp_stats *pst = pp_last_stats(ps.pp);
+        CHECK_R(pst->microbatches == pr.micro_batches && rel(pst->theory_interleaved, pr.bubble_theory) < 1e-12,
+                "pipeline: %d micro-batches (plan %d), bubble theory %.4f (plan %.4f)", RANK, pst->microbatches,
+                pr.micro_batches, pst->theory_interleaved, pr.bubble_theory);
     } else {
         const double e1 = rel((double)m.n_params * 4, pr.weights);
         worst_mem = e1;
@@ -409,13 +425,13 @@ int main(int argc, char **argv) {
     if (ps.pp) { /* plan's stage cut is moerl's */
         double d, e;
         int l0, l1, lo, hi;
-        MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage, &d, &e, &l0, &l1) == MOERL_OK);
-        pp_stage_layers(ps.pp, &lo, &hi);
+        MOERL_ASSERT(plan_pp_chunk_params(&mc, gpp, gv, PLAN_PP_STAGE_LOCAL, stage, 0, &d, &e, &l0, &l1) == MOERL_OK);
+        pp_stage_layers(ps.pp, &lo, &hi); /* chunk 0's */
         CHECK_R(l0 == lo && l1 == hi, "stage %d: plan's layers [%d, %d), the pipeline's [%d, %d)", RANK, stage, l0, l1,
                 lo, hi);
     }
-    if (RANK == 0) printf("fsdp %d ep %d sp %d pp %d over %d ranks: traffic %s, memory within %.1f%%\n", gfsdp, gep, gsp,
-                          gpp, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
+    if (RANK == 0) printf("fsdp %d ep %d sp %d pp %d (v %d) over %d ranks: traffic %s, memory within %.1f%%\n", gfsdp,
+                          gep, gsp, gpp, gv, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
     dist_reducer_free(red);
     model_acts_free(&acts);
     trainer_free(&kl_T);

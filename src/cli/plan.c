@@ -77,14 +77,12 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
-    if (pc.virtual_pipeline_parallel_size > 1)
-        return moerl_errorf("moerl plan does not model actor.virtual_pipeline_parallel_size (got %d): plan it at 1",
-                            pc.virtual_pipeline_parallel_size);
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
     in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
     in->pp = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    in->vpp = pc.virtual_pipeline_parallel_size; /* interleaved 1F1B's chunks per stage */
     if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
     if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
     in->micro_tokens = cfg_int(c, "actor.ppo_max_token_len_per_gpu");
@@ -142,7 +140,8 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     I("n_params", r->n_params); I("n_params_hf", r->n_params_hf); I("n_params_expert", r->n_params_expert);
     I("n_active", r->n_active);
     I("trainer_ranks", in->n_trainer); I("dp", r->dp); I("fsdp", r->fsdp); I("ep", in->ep); I("sp", in->sp);
-    I("pp", in->pp); I("stage_layers", r->stage_layers);
+    I("pp", in->pp); I("vpp", r->vpp); I("stage_layers", r->stage_layers);
+    R("pp_bubble_theory", r->bubble_theory);
     I("fullest_stage", r->fullest_stage); I("dtype_bytes", in->dtype_bytes);
     I("micro_tokens", in->micro_tokens); I("micro_batches", r->micro_batches);
     I("fwd_only_passes", in->fwd_only_passes);
@@ -182,6 +181,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
            in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
            r->stage_layers);
+    if (in->pp > 1)
+        printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
+               in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
     printf("| per trainer rank | GiB |\n|---|---|\n");
     printf("| weights | %.3f |\n| gradients | %.3f |\n", gib(r->weights), gib(r->grads));
     if (r->master > 0) printf("| fp32 master weights | %.3f |\n", gib(r->master));

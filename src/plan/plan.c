@@ -62,8 +62,10 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
     /* full recompute: every layer keeps only its input [N,H]; the layer being recomputed holds all */
     if (recompute && l1 > l0) layers = (l1 - l0) * r64(N * H) + (biggest - r64(N * H));
     b += layers;
-    b += r64(N * H) + r64(N * H) + r64(N) + r64(N * V) + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
-    b += 3 * r64(N * H) + r64(N * nh * hd) + 2 * r64(N * nkv * hd) + r64(N * nh * hd) + r64(N * V) + 2 * r64(M * H) +
+    /* the logits and their gradient only where the head is (layout(): a range ending at the last layer) */
+    const double logits = l1 == c->num_hidden_layers ? r64(N * V) : 0;
+    b += r64(N * H) + r64(N * H) + r64(N) + logits + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
+    b += 3 * r64(N * H) + r64(N * nh * hd) + 2 * r64(N * nkv * hd) + r64(N * nh * hd) + logits + 2 * r64(M * H) +
          r64(gu_max) + r64(act_max) + r64(N * K + 1) + 2 * r64(N * E + 1);
     if (c->exec.per_expert_weights && E > 0) b += r64(E * 2 * I * H) + r64(E * H * I);
     return b;
@@ -155,6 +157,68 @@ int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int
 double plan_pp_tied_copy(const moe_config *c, int pp, plan_pp_params layout, int stage) {
     if (pp <= 1 || layout != PLAN_PP_STAGE_LOCAL || !c->tie_word_embeddings || stage != pp - 1) return 0;
     return (double)pad16((int64_t)c->vocab_size * c->hidden_size);
+}
+
+int plan_pp_chunk_params(const moe_config *c, int pp, int v, plan_pp_params layout, int stage, int chunk,
+                         double *dense, double *expert, int *l0, int *l1) {
+    if (v < 1 || chunk < 0 || chunk >= v || stage < 0 || stage >= pp)
+        return moerl_errorf("plan: chunk %d of actor.virtual_pipeline_parallel_size %d, stage %d of %d", chunk, v,
+                            stage, pp);
+    if (v > 1 && (int64_t)pp * v > c->num_hidden_layers)
+        return moerl_errorf("plan: actor.virtual_pipeline_parallel_size %d × actor.pipeline_parallel_size %d model "
+                            "chunks exceed the model's %d layers", v, pp, c->num_hidden_layers);
+    /* the cut into pp·v virtual stages is a pp·v-stage cut: the embedding on the first, the head on the last */
+    return plan_pp_stage_params(c, pp * v, layout, chunk * pp + stage, dense, expert, l0, l1);
+}
+
+/* Stage `stage`'s parameters summed over its v chunks (v = 1: plan_pp_stage_params; a replicated
+ * pipeline holds the whole model once), its decoder layers in *layers and chunk 0's range in l0, l1. */
+static int stage_params_v(const moe_config *c, int pp, int v, plan_pp_params layout, int stage, double *dense,
+                          double *expert, int *layers, int *l0, int *l1) {
+    if (v <= 1 || layout == PLAN_PP_REPLICATED) {
+        if (plan_pp_stage_params(c, pp, layout, stage, dense, expert, l0, l1) != MOERL_OK) return MOERL_ERR;
+        *layers = *l1 - *l0;
+        if (v > 1) { /* the replicated state holds everything; the layers it computes are its chunks' */
+            double d, e;
+            int a, b;
+            *layers = 0;
+            for (int k = 0; k < v; k++) {
+                if (plan_pp_chunk_params(c, pp, v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) != MOERL_OK)
+                    return MOERL_ERR;
+                *layers += b - a;
+                if (k == 0) *l0 = a, *l1 = b;
+            }
+        }
+        return MOERL_OK;
+    }
+    *dense = *expert = 0;
+    *layers = 0;
+    for (int k = 0; k < v; k++) {
+        double d, e;
+        int a, b;
+        if (plan_pp_chunk_params(c, pp, v, layout, stage, k, &d, &e, &a, &b) != MOERL_OK) return MOERL_ERR;
+        *dense += d;
+        *expert += e;
+        *layers += b - a;
+        if (k == 0) *l0 = a, *l1 = b;
+    }
+    return MOERL_OK;
+}
+
+/* Activation bytes (fp32 arena) of stage `stage` for m micro-batches of N tokens: v = 1, pp − stage
+ * slots over its layers (1F1B); v > 1, Σ over chunks of pipeline.c's slots (pp_slots_needed, from
+ * pp_schedule's order) × model_acts over the chunk's layers. */
+static int stage_acts(const moe_config *c, int pp, int v, int stage, int m, int64_t N, int recompute, double *bytes) {
+    int need[PP_MAX_CHUNKS];
+    if (pp_slots_needed(pp, stage, v, m, need) != MOERL_OK) return MOERL_ERR;
+    *bytes = 0;
+    for (int k = 0; k < v; k++) {
+        double d, e;
+        int a, b;
+        if (plan_pp_chunk_params(c, pp, v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) != MOERL_OK) return MOERL_ERR;
+        *bytes += need[k] * plan_acts_bytes(c, N, a, b, recompute);
+    }
+    return MOERL_OK;
 }
 
 /* ------------------------------------------------------------------ FSDP schedule replay */
@@ -409,6 +473,7 @@ static void replay_step(fsdp_replay *r, double fwd_only, double train) {
 
 typedef struct {
     int S, fsdp, mb, dispatcher, cap;
+    int v; /* chunks per pipeline stage (actor.virtual_pipeline_parallel_size, ≥ 1) */
     int64_t N;
 } plan_ctx;
 
@@ -473,6 +538,19 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
         x->mb = mb < 1 ? 1 : (int)mb;
     }
     if (in->pp > 1 && x->mb < in->pp) x->mb = in->pp; /* 1F1B needs ≥ pp micro-batches (pipeline.h's guard) */
+    x->v = in->vpp > 1 ? in->vpp : 1;
+    if (x->v > 1) { /* interleaved: m a multiple of pp (pipeline.h; the dynamic count rounds its target up) */
+        if (in->pp < 2 || x->v > PP_MAX_CHUNKS || (int64_t)in->pp * x->v > L)
+            return moerl_errorf("plan: actor.virtual_pipeline_parallel_size %d needs actor.pipeline_parallel_size ≥ 2 "
+                                "(it is %d), at most %d chunks per stage and pp × v ≤ the model's %d layers", x->v,
+                                in->pp, PP_MAX_CHUNKS, L);
+        if (x->mb % in->pp) {
+            if (x->mb > INT32_MAX - in->pp)
+                return moerl_errorf("plan: %d micro-batches per update do not round up to a multiple of "
+                                    "actor.pipeline_parallel_size %d below 2^31", x->mb, in->pp);
+            x->mb += in->pp - x->mb % in->pp;
+        }
+    }
     x->dispatcher = in->dispatcher;
     if (x->dispatcher == MOE_DISPATCH_AUTO)
         x->dispatcher = in->ep <= (in->alltoall_max_ep > 0 ? in->alltoall_max_ep : 16) ? MOE_DISPATCH_ALLTOALL
@@ -503,7 +581,9 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     const double N = (double)x->N;
     double dense, expert;
     int l0, l1;
-    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    int layers;
+    if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
+        return MOERL_ERR;
     const int pp_repl = in->pp > 1 && in->pp_params == PLAN_PP_REPLICATED,
               pp_local = in->pp > 1 && in->pp_params == PLAN_PP_STAGE_LOCAL;
     /* the reducer's group: the stage's D ranks (DP, SP); every trainer with a replicated pipeline */
@@ -571,11 +651,11 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     }
     if (in->pp > 1) {
         const int aux = n_moe_in(c, 0, L) > 0;
-        double per = 0;
-        if (stage < in->pp - 1) per += N * H * db + (aux ? 2 * E * 4 : 0);
-        if (stage > 0) per += N * H * db + (aux ? E * 4 : 0);
+        /* chunks sending on (all but the last virtual stage) and back (all but the first) */
+        const double nf = x->v - (stage == in->pp - 1), nb = x->v - (stage == 0);
+        const double per = nf * (N * H * db + (aux ? 2 * E * 4 : 0)) + nb * (N * H * db + (aux ? E * 4 : 0));
         t->pp_p2p = per * mb;
-        if (aux && stage < in->pp - 1) t->pp_p2p_fwd_only = (double)fo * mb * N * H * db;
+        if (aux && nf > 0) t->pp_p2p_fwd_only = (double)fo * mb * nf * N * H * db;
         if (pp_local && c->tie_word_embeddings && (stage == 0 || stage == in->pp - 1))
             t->pp_p2p_emb = (double)pad16((int64_t)c->vocab_size * c->hidden_size) * db; /* one way per stage */
     }
@@ -596,7 +676,9 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
     const double N = (double)x->N;
     double dense, expert;
     int l0, l1;
-    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    int layers;
+    if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
+        return MOERL_ERR;
     if (fsdp > 1) { /* every pass regathers: n_mb forward-only passes from a cold start */
         double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2];
         char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
@@ -623,7 +705,8 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
         t->sp_logprob_allreduce = 2.0 * (P - 1) / P * N * 4 * n_mb; /* every rank gets the micro-batch's logprobs */
     }
     if (in->pp > 1) {
-        if (stage < in->pp - 1) t->pp_p2p_fwd_only = (double)n_mb * N * H * db;
+        const double nf = x->v - (stage == in->pp - 1); /* chunks whose output goes on */
+        t->pp_p2p_fwd_only = (double)n_mb * nf * N * H * db;
         /* the stages' batch check (8 doubles), then the last stage's logprobs summed onto every stage */
         const double f = 2.0 * (in->pp - 1) / in->pp;
         t->pp_logprob_allreduce = f * 8 * 8 + f * resp_tokens * 4;
@@ -655,6 +738,9 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->fsdp = fsdp;
     o->dp = in->n_trainer / (in->pp * in->sp);
     o->micro_batches = x.mb;
+    o->vpp = x.v;
+    if (in->pp > 1) /* Narayanan et al. 2021 §2.2.2 (pp_stats.theory_interleaved; = 1F1B's at v = 1) */
+        o->bubble_theory = (in->pp - 1.0) / ((double)x.v * x.mb + in->pp - 1.0);
     const double db = in->dtype_bytes, ep = in->ep;
     const int64_t N = (x.N + in->sp - 1) / in->sp; /* tokens a Ulysses rank holds (the largest share) */
     const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
@@ -665,7 +751,8 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     for (int s = 0; s < in->pp; s++) {
         double d, e;
         int l0, l1;
-        if (plan_pp_stage_params(c, in->pp, in->pp_params, s, &d, &e, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+        int layers;
+        if (stage_params_v(c, in->pp, x.v, in->pp_params, s, &d, &e, &layers, &l0, &l1) != MOERL_OK) return MOERL_ERR;
         double local, copy = plan_pp_tied_copy(c, in->pp, in->pp_params, s);
         if (fsdp > 1) { /* moerl's unit shards (padding per unit) of the rank's expert slice */
             double n[MOERL_MAX_LAYERS + 2];
@@ -680,7 +767,13 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         } else {
             local = d + e / ep;
         }
-        const double acts = plan_acts_bytes(c, N, l0, l1, in->recompute) * act_scale * plan_pp_inflight(in->pp, s);
+        double acts0 = plan_acts_bytes(c, N, l0, l1, 0), acts1 = plan_acts_bytes(c, N, l0, l1, 1);
+        if (in->pp > 1) { /* the schedule's in-flight slots per chunk */
+            if (stage_acts(c, in->pp, x.v, s, x.mb, N, 0, &acts0) != MOERL_OK ||
+                stage_acts(c, in->pp, x.v, s, x.mb, N, 1, &acts1) != MOERL_OK)
+                return MOERL_ERR;
+        }
+        const double acts = (in->recompute ? acts1 : acts0) * act_scale;
         /* held (owned + a tied last stage's embedding copy): weights and gradients; owned: master and moments */
         const double bytes = (local + copy) * 2 * db + local * (8 + (in->dtype_bytes == 2 ? 4 : 0)) + acts;
         if (bytes > best) {
@@ -690,9 +783,9 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             o->weights = (local + copy) * db;
             o->moments = local * 8;
             o->master = in->dtype_bytes == 2 ? local * 4 : 0;
-            o->stage_layers = l1 - l0;
-            o->acts = plan_acts_bytes(c, N, l0, l1, 0) * act_scale * plan_pp_inflight(in->pp, s);
-            o->acts_recompute = plan_acts_bytes(c, N, l0, l1, 1) * act_scale * plan_pp_inflight(in->pp, s);
+            o->stage_layers = layers;
+            o->acts = acts0 * act_scale;
+            o->acts_recompute = acts1 * act_scale;
             o->gathered = 0;
             if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units */
                 double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
