@@ -11,7 +11,8 @@
 # Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
 # layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings,
-# EP, SP × EP, and the replicated pipeline of pp_state_new alone): traffic per group and operation
+# plain and interleaved (actor.virtual_pipeline_parallel_size 2, 3), EP, SP × EP, and the
+# replicated pipeline of pp_state_new alone): traffic per group and operation
 # equal to the counters, memory per rank within 10% of moerl's accounting.
 set -u
 cd "$(dirname "$0")/.."
@@ -141,6 +142,9 @@ PY
 4|actor.pipeline_parallel_size=2 model.tie_word_embeddings=true
 4|actor.pipeline_parallel_size=4 model.tie_word_embeddings=true
 4|actor.pipeline_parallel_size=2 plan.pp_params=replicated
+2|actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
+4|actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=3 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 plan.pp_params=replicated
 2|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=4 actor.moe.capacity_factor=2

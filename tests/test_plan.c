@@ -173,6 +173,20 @@ static void test_formulas(void) {
     CK(r.allreduce == r.grads);
     /* a middle stage: per micro-batch the bf16 hidden both ways + the fp32 router statistics 2E + E */
     CK(r.p2p_pp == (2.0 * 4096 * 2048 * 2 + 3.0 * 128 * 4) * 4);
+    /* interleaved (v = 2): a middle stage's chunks each send on and back, so twice the 1F1B's; the
+     * micro-batches round up to a multiple of pp; the bubble is (p − 1)/(v·m + p − 1) */
+    plan_result rv;
+    in.vpp = 2;
+    in.micro_batches = 6;
+    CK(plan_compute(&q, &in, &rv) == MOERL_OK);
+    CK(rv.micro_batches == 8 && rv.vpp == 2 && rv.bubble_theory == 3.0 / (2 * 8 + 3));
+    CK(rv.p2p_pp == 2 * (2.0 * 4096 * 2048 * 2 + 3.0 * 128 * 4) * 8);
+    in.vpp = 7; /* 4 × 7 = 28 chunks of 48 layers fit; 4 × 13 would not */
+    CK(plan_compute(&q, &in, &rv) == MOERL_OK);
+    in.vpp = 13;
+    CK(plan_compute(&q, &in, &rv) == MOERL_ERR && strstr(moerl_last_error(), "virtual_pipeline_parallel_size"));
+    in.vpp = 1;
+    in.micro_batches = 4;
     /* bad layouts are refused with the key named */
     in.pp = 3;
     CK(plan_compute(&q, &in, &r) == MOERL_ERR);
