@@ -469,6 +469,24 @@ static void replay_step(fsdp_replay *r, double fwd_only, double train) {
     r->skipped = 0;
 }
 
+/* One rank's replay from a cold start (units of the rank's expert slice under EP, shards over P):
+ * fwd_only forward passes then train training passes; the all-gathered floats, the peak and the
+ * floats still held at the end (the units the last region keeps gathered). */
+static void replay_rank(const moe_config *c, int ep, int P, int eager, double fwd_only, double train,
+                        double *gathered, double *peak, double *held) {
+    const int L = c->num_hidden_layers;
+    double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
+    char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
+    fsdp_units(c, ep, n);
+    for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], P) : 0;
+    fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = P, .pst = pst,
+                     .glive = glive, .eager = eager};
+    replay_step(&r, fwd_only, train);
+    if (gathered) *gathered = r.gathered;
+    if (peak) *peak = r.peak;
+    if (held) *held = r.cur;
+}
+
 /* ------------------------------------------------------------------ the plan */
 
 typedef struct {
@@ -671,7 +689,7 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
         return moerl_errorf("plan: logprob pass of stage %d of %d, Ulysses rank %d of %d, FSDP rank %d of %d, %d "
                             "micro-batches, %g response tokens out of range", stage, in->pp, sp_rank, in->sp,
                             fsdp_rank, x->fsdp, n_mb, resp_tokens);
-    const int L = c->num_hidden_layers, fsdp = x->fsdp, ep = in->ep;
+    const int fsdp = x->fsdp, ep = in->ep;
     const double db = in->dtype_bytes, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     const double N = (double)x->N;
     double dense, expert;
@@ -680,14 +698,9 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
     if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
         return MOERL_ERR;
     if (fsdp > 1) { /* every pass regathers: n_mb forward-only passes from a cold start */
-        double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2];
-        char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-        fsdp_units(c, ep, n);
-        for (int u = 0; u < L + 2; u++) s[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
-        fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp, .pst = pst,
-                         .glive = glive};
-        replay_step(&r, n_mb, 0);
-        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
+        double gathered;
+        replay_rank(c, ep, fsdp, 0, n_mb, 0, &gathered, NULL, NULL);
+        t->fsdp_allgather = (fsdp - 1) * (gathered * db + (ep > 1 ? 0.0 : 4.0));
     }
     const int n_moe = n_moe_in(c, l0, l1);
     if (ep > 1 && n_moe > 0) { /* dispatch and combine per MoE layer and micro-batch */
@@ -787,20 +800,12 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             o->acts = acts0 * act_scale;
             o->acts_recompute = acts1 * act_scale;
             o->gathered = 0;
-            if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units */
-                double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
-                char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-                fsdp_units(c, in->ep, n);
-                for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
-                fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
-                                 .pst = pst, .glive = glive};
-                replay_step(&r, (double)in->fwd_only_passes * x.mb, x.mb);
-                o->gathered = r.peak * db;
-                char pst2[MOERL_MAX_LAYERS + 2] = {0}, glive2[MOERL_MAX_LAYERS + 2] = {0};
-                fsdp_replay r2 = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
-                                  .pst = pst2, .glive = glive2, .eager = 1};
-                replay_step(&r2, (double)in->fwd_only_passes * x.mb, x.mb);
-                o->gathered_low = r2.peak * db;
+            if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units: both bounds */
+                double hi, lo;
+                replay_rank(c, in->ep, fsdp, 0, (double)in->fwd_only_passes * x.mb, x.mb, NULL, &hi, NULL);
+                replay_rank(c, in->ep, fsdp, 1, (double)in->fwd_only_passes * x.mb, x.mb, NULL, &lo, NULL);
+                o->gathered = hi * db;
+                o->gathered_low = lo * db;
             }
         }
     }
@@ -809,14 +814,9 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         o->ref_weights = (double)o->n_params * db;
         o->ref_acts = plan_acts_bytes(c, x.N, 0, L, 0) * act_scale;
         if (fsdp > 1 && in->logprob_passes > 0) { /* the proximal pass ran just before: its last region stays */
-            double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
-            char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-            fsdp_units(c, in->ep, n);
-            for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
-            fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
-                             .pst = pst, .glive = glive};
-            replay_step(&r, 1, 0);
-            o->ref_held = r.cur * db;
+            double held;
+            replay_rank(c, in->ep, fsdp, 0, 1, 0, NULL, NULL, &held);
+            o->ref_held = held * db;
         }
     }
     const double live = MOERL_MAX(o->gathered, in->ref_model ? o->ref_acts + o->ref_held : 0);
