@@ -4,8 +4,11 @@
  * actor.ppo_max_token_len_per_gpu, rollout.n, rollout.max_num_seqs, data.max_response_length,
  * async_training.require_batches, ...) plus the layout keys, verl's names:
  *   actor.fsdp_config.fsdp_size, actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
- *   actor.pipeline_parallel_size, model.enable_gradient_checkpointing, data.max_prompt_length,
- *   rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype, rollout.dtype. */
+ *   actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size, model.enable_gradient_checkpointing,
+ *   data.max_prompt_length, rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
+ *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
+ *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (cli_model_config),
+ *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
