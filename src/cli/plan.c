@@ -71,7 +71,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     par_config pc;
     if (par_read_keys(c, &pc) != MOERL_OK ||
         par_check(&pc, (int)cfg_int(c, "trainer.n_ranks"), mc->num_experts, mc->num_attention_heads,
-                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK)
+                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK ||
+        par_check_pp_alone(&pc, (int)cfg_int(c, "trainer.n_ranks")) != MOERL_OK) /* moerl rl's rule */
         return MOERL_ERR;
     if (mc->num_attention_heads % cfg_int(c, "rollout.tensor_model_parallel_size"))
         return moerl_errorf("rollout.tensor_model_parallel_size=%lld does not divide the %d attention heads",

@@ -76,7 +76,6 @@ int par_check_pp_alone(const par_config *pc, int T) {
 
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L) {
     const int pp = pc->pipeline_parallel_size;
-    if (par_check_pp_alone(pc, T) != MOERL_OK) return MOERL_ERR;
     if (T % pp)
         return moerl_errorf("actor.pipeline_parallel_size=%d does not divide the %d trainer ranks", pp, T);
     if (pp > L)
