@@ -274,57 +274,66 @@ timeout 60 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" ac
 rc=$?
 EDGE_WHAT="moerl-mpi sft -np 3 ep 3 (4 experts) must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.expert_parallel_size=3 does not divide" "$W/err" && [[ ! -e $W/re3/checkpoint ]]'
+# mpi_sft NP DIR TIMEOUT [key=value ...]: moerl-mpi sft on NP ranks with the keys into DIR; sets rc to
+# its exit code; $W/out and $W/err hold its output
+mpi_sft() {
+    local snp=$1 sdir=$2 sto=$3
+    shift 3
+    timeout "$sto" "${MPIRUN[@]}" -np "$snp" "$MM" sft --config "$W/sft.yaml" "$@" trainer.default_local_dir="$sdir" \
+        >"$W/out" 2>"$W/err"
+    rc=$?
+}
 # pipeline parallelism: pp 2, pp 3 and dp 2 x pp 2 against the same one-process run (the global aux
 # loss makes the pipeline's own micro-batch split irrelevant); the bubble lands in the metrics
 for v in "2 2" "3 3" "4 2"; do
     set -- $v
-    timeout 180 "${MPIRUN[@]}" -np "$1" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size="$2" \
-        trainer.default_local_dir="$W/r$1p$2" >"$W/out" 2>"$W/err"
-    rc=$?
+    mpi_sft "$1" "$W/r$1p$2" 180 "${SFTX[@]}" actor.pipeline_parallel_size="$2"
     EDGE_WHAT="moerl-mpi sft -np $1 pp $2 against one process (rc $rc): $(tail -c 300 "$W/err")"
     np=$1 sz=$2 # edge's own arguments would shadow $1 and $2 inside the eval
     edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${np}p${sz}" && grep -q "pipeline partition (${sz} stages" "$W/err" &&
                grep -q "perf/pipeline_bubble" "$W/r${np}p${sz}/metrics.jsonl"'
 done
 # the guard: 2 rows per batch cannot fill 3 stages
-timeout 120 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size=3 \
-    data.train_batch_size=2 trainer.default_local_dir="$W/rg" >"$W/out" 2>"$W/err"
-rc=$?
+mpi_sft 3 "$W/rg" 120 "${SFTX[@]}" actor.pipeline_parallel_size=3 data.train_batch_size=2
 EDGE_WHAT="moerl-mpi sft -np 3 pp 3 with 2 rows per batch: refused naming the count needed (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "need at least 3" "$W/err"'
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
+# first_steps NP DIR [key=value ...]: 2 training steps on NP ranks into DIR (a checkpoint to resume), copied
+# to DIRb for a second resume
+first_steps() {
+    local fnp=$1 fdir=$2
+    shift 2
+    mpi_sft "$fnp" "$fdir" 180 "${RES[@]}" trainer.total_training_steps=2 "$@"
+    cp -r "$fdir" "${fdir}b"
+}
+# resumed LABEL NP DIR REF TOL [key=value ...]: DIR's checkpoint resumed to 4 steps on NP ranks (1: one
+# process, build/moerl) with the keys; it must say "resumed from" and agree with the uninterrupted run
+# REF (same_run, weight tolerance TOL)
+resumed() {
+    local label=$1 rnp=$2 rdir=$3 rref=$4 rtol=$5
+    shift 5
+    if [[ $rnp -eq 1 ]]; then
+        "$M" sft --config "$W/sft.yaml" "${RES[@]}" trainer.total_training_steps=4 "$@" \
+            trainer.default_local_dir="$rdir" >/dev/null 2>"$W/err"
+        rc=$?
+    else mpi_sft "$rnp" "$rdir" 180 "${RES[@]}" trainer.total_training_steps=4 "$@"; fi
+    EDGE_WHAT="$label (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$rref" "$rdir" "$rtol"'
+}
 "$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
     trainer.default_local_dir="$W/c1" >/dev/null 2>&1
-timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
-    actor.fsdp_config.fsdp_size=4 trainer.default_local_dir="$W/c4" >/dev/null 2>"$W/err"
-cp -r "$W/c4" "$W/c4b"
-timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/c4" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 fsdp 4 resumed on -np 2 fsdp 2 (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/c4"'
-"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    trainer.default_local_dir="$W/c4b" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 fsdp 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/c4b"'
+first_steps 4 "$W/c4" "${SFTX[@]}" actor.fsdp_config.fsdp_size=4
+resumed "checkpoint of -np 4 fsdp 4 resumed on -np 2 fsdp 2" 2 "$W/c4" "$W/c1" 2e-5 "${SFTX[@]}" \
+    actor.fsdp_config.fsdp_size=2
+resumed "checkpoint of -np 4 fsdp 4 resumed on one process" 1 "$W/c4b" "$W/c1" 2e-5 "${SFTX[@]}"
 # N -> M with a stage-owned pipeline: 2 steps on 4 ranks (dp 2 x pp 2; each stage saved its own
 # parameters and moments through par_gather_full), resumed to 4 steps on 3 ranks (pp 3) and on one
 # process (moments and weights agree with the uninterrupted run c1, as above)
-timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
-    actor.pipeline_parallel_size=2 trainer.default_local_dir="$W/p4" >/dev/null 2>"$W/err"
-cp -r "$W/p4" "$W/p4b"
-timeout 180 "${MPIRUN[@]}" -np 3 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    actor.pipeline_parallel_size=3 trainer.default_local_dir="$W/p4" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on -np 3 pp 3 (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4"'
-"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    trainer.default_local_dir="$W/p4b" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 dp 2 x pp 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/p4b"'
+first_steps 4 "$W/p4" "${SFTX[@]}" actor.pipeline_parallel_size=2
+resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on -np 3 pp 3" 3 "$W/p4" "$W/c1" 2e-5 "${SFTX[@]}" \
+    actor.pipeline_parallel_size=3
+resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on one process" 1 "$W/p4b" "$W/c1" 2e-5 "${SFTX[@]}"
 # interleaved 1F1B (actor.virtual_pipeline_parallel_size=2, 4 layers = 4 chunks of one layer): -np 2
 # pp 2 against the plain 1F1B pp 2 on the same model (the same micro-batches through the same kernels:
 # bit-identical weights, tolerance 0) and against one process, -np 4 dp 2 x pp 2 against one process;
@@ -338,61 +347,34 @@ SFTV=(model.num_hidden_layers=4 model.router_aux_loss_coef=0.01 data.max_token_l
 timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" actor.pipeline_parallel_size=2 \
     trainer.default_local_dir="$W/rvp" >/dev/null 2>&1
 for NP in 2 4; do
-    timeout 180 "${MPIRUN[@]}" -np "$NP" "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" actor.pipeline_parallel_size=2 \
-        actor.virtual_pipeline_parallel_size=2 trainer.default_local_dir="$W/rv$NP" >"$W/out" 2>"$W/err"
-    rc=$?
+    mpi_sft "$NP" "$W/rv$NP" 180 "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
     EDGE_WHAT="moerl-mpi sft -np $NP pp 2 v 2 (interleaved) against one process (rc $rc): $(tail -c 300 "$W/err")"
     edge eval '[[ $rc -eq 0 ]] && same_run "$W/rv1" "$W/rv$NP" 5e-5 && grep -q "2 stages × 2 interleaved chunks" "$W/err" &&
                { [[ $NP -ne 2 ]] || same_run "$W/rvp" "$W/rv$NP" 0; } &&
                grep -q "perf/pipeline_bubble_theory_interleaved" "$W/rv$NP/metrics.jsonl" &&
                grep -q "\"perf/pipeline_virtual_stages\":2" "$W/rv$NP/metrics.jsonl"'
 done
-timeout 60 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.pipeline_parallel_size=2 \
-    actor.virtual_pipeline_parallel_size=2 trainer.default_local_dir="$W/rv3" >"$W/out" 2>"$W/err"
-rc=$?
+mpi_sft 2 "$W/rv3" 60 "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
 EDGE_WHAT="moerl-mpi sft -np 2 pp 2 v 2 on 3 layers: refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.virtual_pipeline_parallel_size=2 × actor.pipeline_parallel_size=2" "$W/err"'
 "$M" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=4 \
     trainer.default_local_dir="$W/cv1" >/dev/null 2>&1
-timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=2 \
-    actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 trainer.default_local_dir="$W/pv2" >/dev/null 2>"$W/err"
-"$M" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    trainer.default_local_dir="$W/pv2" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 2 pp 2 v 2 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/cv1" "$W/pv2" 5e-5'
+first_steps 2 "$W/pv2" "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
+resumed "checkpoint of -np 2 pp 2 v 2 resumed on one process" 1 "$W/pv2" "$W/cv1" 5e-5 "${SFTV[@]}"
 # N -> M with expert parallelism: 2 steps on -np 4 ep 4, resumed to 4 steps on -np 2 ep 2 and on one
 # process (the checkpoint is the whole model: experts and moments assembled on rank 0 by
 # par_gather_full; each rank of the resume slices its experts' weights and moments from it)
-timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
-    actor.expert_parallel_size=4 trainer.default_local_dir="$W/e4" >/dev/null 2>"$W/err"
-cp -r "$W/e4" "$W/e4b"
-timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    actor.expert_parallel_size=2 trainer.default_local_dir="$W/e4" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 ep 4 resumed on -np 2 ep 2 (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/e4" 5e-5'
-"$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    trainer.default_local_dir="$W/e4b" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 ep 4 resumed on one process (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/e4b" 5e-5'
+first_steps 4 "$W/e4" "${SFTX[@]}" actor.expert_parallel_size=4
+resumed "checkpoint of -np 4 ep 4 resumed on -np 2 ep 2" 2 "$W/e4" "$W/c1" 5e-5 "${SFTX[@]}" actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 ep 4 resumed on one process" 1 "$W/e4b" "$W/c1" 5e-5 "${SFTX[@]}"
 # EP x FSDP N -> M: -np 4 ep 2 x fsdp 2 (2 steps) resumed on -np 2 ep 2; -np 2 ep 2 (2 steps) resumed on
 # -np 4 ep 2 x fsdp 2 (each rank's shard of its experts' weights and moments)
-timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
-    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/x4" >/dev/null 2>"$W/err"
-timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    actor.expert_parallel_size=2 trainer.default_local_dir="$W/x4" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 4 ep 2 x fsdp 2 resumed on -np 2 ep 2 (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/x4" 5e-5'
-timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=2 \
-    actor.expert_parallel_size=2 trainer.default_local_dir="$W/x2" >/dev/null 2>"$W/err"
-timeout 180 "${MPIRUN[@]}" -np 4 "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
-    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/x2" >/dev/null 2>"$W/err"
-rc=$?
-EDGE_WHAT="checkpoint of -np 2 ep 2 resumed on -np 4 ep 2 x fsdp 2 (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -eq 0 ]] && grep -q "resumed from" "$W/err" && same_run "$W/c1" "$W/x2" 5e-5'
+first_steps 4 "$W/x4" "${SFTX[@]}" actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
+resumed "checkpoint of -np 4 ep 2 x fsdp 2 resumed on -np 2 ep 2" 2 "$W/x4" "$W/c1" 5e-5 "${SFTX[@]}" \
+    actor.expert_parallel_size=2
+first_steps 2 "$W/x2" "${SFTX[@]}" actor.expert_parallel_size=2
+resumed "checkpoint of -np 2 ep 2 resumed on -np 4 ep 2 x fsdp 2" 4 "$W/x2" "$W/c1" 5e-5 "${SFTX[@]}" \
+    actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
 rm -rf "$W"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -17,6 +17,9 @@
 #              tests/test_dist_dp.c; here the job also asserts identical weights on all trainer ranks.
 #   bf16 sync  rollout.dtype bf16: the broadcast moves half the bytes of the fp32 one, and DP=1 under
 #              mpirun (bf16 on the wire) equals the one-process job (fp32 rounded on load) bit for bit
+#   model par. FSDP / HSDP / Ulysses SP / pipeline (also interleaved, 2 chunks per stage) / EP trainer ranks
+#              against data parallelism on the same batch: the same samples, weights within 1e-4; the
+#              pipeline runs' version records carry the bubble of their update schedules (perf/pipeline_*)
 #   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
 #              every prompt of 4 epochs is trained exactly once over the two runs
 #   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
@@ -212,6 +215,39 @@ elif cmd == "half_bytes":  # every version's weight broadcast moved half the byt
                  % (i + 1, x["perf/weight_bcast_bytes"], y["perf/weight_bcast_bytes"]))
     print("%d bytes per broadcast (fp32: %d) over %d versions"
           % (a[0]["perf/weight_bcast_bytes"], b[0]["perf/weight_bcast_bytes"], len(a)))
+elif cmd == "pipeline":  # every version record carries the pipeline's bubble of its update schedules
+    p, v = int(args[0]), int(args[1])
+    rs = version_rows(d)
+    if not rs:
+        fail("no version record")
+    keys = ("perf/pipeline_bubble", "perf/pipeline_bubble_max", "perf/pipeline_bubble_theory",
+            "perf/pipeline_bubble_theory_interleaved", "perf/pipeline_recv_wait", "perf/pipeline_microbatches",
+            "perf/pipeline_virtual_stages")
+    for i, r in enumerate(rs):
+        miss = [k for k in keys if not isinstance(r.get(k), float)]
+        if miss:
+            fail("record %d: %s missing" % (i, miss))
+        b, bmax, m = r["perf/pipeline_bubble"], r["perf/pipeline_bubble_max"], r["perf/pipeline_microbatches"]
+        th, thi, w = r["perf/pipeline_bubble_theory"], r["perf/pipeline_bubble_theory_interleaved"], r["perf/pipeline_recv_wait"]
+        # m is the mean micro-batch count of the version's schedules (each ≥ p: the 1F1B guard); the
+        # theory is (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1): the same double expressions as the C
+        # code, so equal up to one rounding (1e-12 absolute)
+        want, want_i = (p - 1) / (m + p - 1), (p - 1) / (v * m + p - 1)
+        # bubble: idle time summed over the schedules / their time, mean over stages: a weighted mean of
+        # the schedules' means, so ≤ the largest stage share (1e-12: rounding); receive waits are a part
+        # of a stage's idle time (busy and wait are disjoint intervals of its schedule)
+        if not (0 <= b < 1 and b <= bmax + 1e-12 and bmax < 1 and 0 <= w <= b + 1e-12):
+            fail("record %d: bubble %r, max %r, recv_wait %r: want 0 <= wait <= bubble <= max < 1" % (i, b, bmax, w))
+        if not (m >= p and r["perf/pipeline_virtual_stages"] == v):
+            fail("record %d: %r micro-batches (want >= %d), %r virtual stages (want %d)"
+                 % (i, m, p, r["perf/pipeline_virtual_stages"], v))
+        if abs(th - want) > 1e-12 or abs(thi - want_i) > 1e-12:
+            fail("record %d: theory %r / interleaved %r, want (p-1)/(m+p-1) = %r / (p-1)/(v*m+p-1) = %r at m = %r"
+                 % (i, th, thi, want, want_i, m))
+    print("%d version records, bubble %.3f..%.3f (theory %.3f..%.3f)" % (
+        len(rs), min(r["perf/pipeline_bubble"] for r in rs), max(r["perf/pipeline_bubble"] for r in rs),
+        min(r["perf/pipeline_bubble_theory_interleaved"] for r in rs),
+        max(r["perf/pipeline_bubble_theory_interleaved"] for r in rs)))
 else:
     fail("unknown check " + cmd)
 EOF
@@ -331,6 +367,11 @@ mp_case() { # mp_case LABEL NAME NP T REF [key=value ...]: run NAME and compare 
         else bad "$label" "$msg"; fi
     else bad "$label" "exit $?"; tail_log "$name"; fi
 }
+pp_metrics_case() { # pp_metrics_case LABEL NAME P V: NAME's metrics carry the pipeline bubble (check pipeline)
+    if [[ ! -f $WORK/$2/metrics.jsonl ]]; then return; fi # (the run failed: mp_case said so)
+    if msg=$(check pipeline "$WORK/$2" "$3" "$4"); then ok "$1: bubble metrics every version: $msg"
+    else bad "$1 bubble metrics" "$msg"; fi
+}
 if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4 5 4 "${MP[@]}"; then
     mp_case "FSDP 2 (moerl rl)" mp_fsdp2 3 2 mp_dp2 actor.fsdp_config.fsdp_size=2
     mp_case "HSDP 2x2 (moerl rl)" mp_hsdp 5 4 mp_dp4 actor.fsdp_config.fsdp_size=2
@@ -338,7 +379,15 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
         actor.fsdp_config.fsdp_size=2
     mp_case "Ulysses SP 2 (moerl rl)" mp_sp2 3 2 mp_dp1 actor.ulysses_sequence_parallel_size=2
     mp_case "pipeline 2 (moerl rl)" mp_pp2 3 2 mp_dp1 actor.pipeline_parallel_size=2
+    pp_metrics_case "pipeline 2 (moerl rl)" mp_pp2 2 1
     mp_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 5 4 mp_dp2 actor.pipeline_parallel_size=2
+    pp_metrics_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 2 1
+    # interleaved: 2 chunks per stage need pp·v = 4 layers (the smoke model has 2): its own DP reference
+    if mpi_rl mp_dp1_l4 2 1 "${MP[@]}" model.num_hidden_layers=4; then
+        mp_case "pipeline 2 x virtual 2 (moerl rl)" mp_vpp 3 2 mp_dp1_l4 model.num_hidden_layers=4 \
+            actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
+        pp_metrics_case "pipeline 2 x virtual 2 (moerl rl)" mp_vpp 2 2
+    else bad "4-layer data-parallel reference" "exit $?"; tail_log mp_dp1_l4; fi
     mp_case "EP 2 (moerl rl)" mp_ep2 3 2 mp_dp2 actor.expert_parallel_size=2
     mp_case "EP 2 x FSDP 2 (moerl rl)" mp_epfsdp 5 4 mp_dp4 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
 else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi

@@ -548,46 +548,69 @@ static void test_owned(int pp, int tied) {
     g_tied = 0;
 }
 
+/* The guard tests' fixture: the pp_config model (random weights), a grid of pp stages, the whole batch
+ * (one shard), and the loss scale 0.01 (restored by guard_fix_free). */
+typedef struct {
+    moe_model m;
+    par_grid g;
+    train_seq seqs[N_SEQ];
+    double inv_resp; /* g_inv_resp before */
+} guard_fix;
+
+static void guard_fix_init(guard_fix *f, int pp) {
+    const moe_config c = pp_config();
+    MOERL_ASSERT(model_init(&f->m, &c) == MOERL_OK);
+    model_init_random(&f->m, 1);
+    MOERL_ASSERT(grid_for(&f->g, pp) == MOERL_OK);
+    shard(0, 1, f->seqs);
+    f->inv_resp = g_inv_resp;
+    g_inv_resp = 0.01;
+}
+
+/* A quiet pipeline state on the fixture's grid: dynamic micro-batch count or not, v chunks per stage. */
+static pp_state *guard_state(guard_fix *f, int dyn, int v) {
+    pp_options po = pp_options_default();
+    po.dynamic = dyn;
+    po.quiet = 1;
+    po.virtual_stages = v;
+    pp_state *ps = pp_state_new(&f->g, &f->m, &po);
+    MOERL_ASSERT(ps != NULL);
+    return ps;
+}
+
+static void guard_fix_free(guard_fix *f) {
+    g_inv_resp = f->inv_resp;
+    par_grid_free(&f->g);
+    model_free(&f->m);
+}
+
 /* Fewer micro-batches than stages: refused on every stage (none hangs) with the count needed. */
 static void test_guard(int pp) {
-    const moe_config c = pp_config();
-    moe_model m;
-    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
-    model_init_random(&m, 1);
-    par_grid g;
-    MOERL_ASSERT(grid_for(&g, pp) == MOERL_OK);
-    train_seq seqs[N_SEQ];
-    shard(0, 1, seqs);
+    guard_fix f;
+    guard_fix_init(&f, pp);
+    moe_model *m = &f.m;
     char need[64];
     snprintf(need, sizeof need, "need at least %d", pp);
-    const double inv_resp = g_inv_resp;
     for (int dyn = 0; dyn <= 1; dyn++) {
-        pp_options po = pp_options_default();
-        po.dynamic = dyn;
-        po.quiet = 1;
-        pp_state *ps = pp_state_new(&g, &m, &po);
-        MOERL_ASSERT(ps != NULL);
-        par_state par = {.grid = &g, .pp = ps};
+        pp_state *ps = guard_state(&f, dyn, 0);
+        par_state par = {.grid = &f.g, .pp = ps};
         /* dynamic: pp − 1 sequences can make at most pp − 1 micro-batches; fixed packing: 3 sequences
          * (30 tokens) fit one micro-batch of 64 tokens */
         const int n = dyn ? pp - 1 : 3;
         train_step_opts to = {.max_tokens = 64, .temperature = 1.0f, .aux_coef = 0.02f, .par = &par};
         train_step_out so;
-        g_inv_resp = 0.01;
-        const int rc = train_accumulate(&m, NULL, seqs, n, &to, sft_cb, NULL, &so);
+        const int rc = train_accumulate(m, NULL, f.seqs, n, &to, sft_cb, NULL, &so);
         CHECK_R(rc == MOERL_ERR && strstr(moerl_last_error(), need), "guard (dynamic %d, %d sequences, pp %d): rc %d, "
                 "message '%s'", RANK, dyn, n, pp, rc, moerl_last_error());
         if (RANK == 0 && dyn == 0) printf("  guard: %s\n", moerl_last_error());
         /* no sequences at all (a data-parallel pipeline without work this step): zero gradients, no error */
-        m.grads[0] = 1.0f;
-        CHECK_R(train_accumulate(&m, NULL, seqs, 0, &to, sft_cb, NULL, &so) == MOERL_OK && m.grads[0] == 0.0f &&
+        m->grads[0] = 1.0f;
+        CHECK_R(train_accumulate(m, NULL, f.seqs, 0, &to, sft_cb, NULL, &so) == MOERL_OK && m->grads[0] == 0.0f &&
                     so.n_microbatches == 0,
                 "empty batch: %s", RANK, moerl_last_error());
         pp_state_free(ps);
     }
-    g_inv_resp = inv_resp;
-    par_grid_free(&g);
-    model_free(&m);
+    guard_fix_free(&f);
 }
 
 /* Pure functions, checked on every rank: the FLOP partition against every cut, the dynamic count. */
@@ -711,31 +734,50 @@ static void test_schedule(void) {
     if (RANK == 0) printf("  schedule: %d (pp, v, m) orders valid, simulated bubble = (p-1)/(v*m+p-1)\n", checked);
 }
 
+/* pp_window over two schedules (pure): perf/pipeline_bubble = Σ idle·T / Σ T, the wait share likewise,
+ * _max the largest, the theory at the mean micro-batch count; a schedule-less stats adds nothing; one
+ * schedule gives pp_stats' own values. Inputs are exact binary fractions, so the sums are compared
+ * within 1e-15 (one rounding of a division). */
+static void test_window(void) {
+    const pp_stats a = {.stages = 2, .virtual_stages = 2, .microbatches = 4, .step_s = 1.0, .bubble_mean = 0.25,
+                        .bubble_max = 0.375, .wait_share_mean = 0.125},
+                   b = {.stages = 2, .virtual_stages = 2, .microbatches = 8, .step_s = 3.0, .bubble_mean = 0.125,
+                        .bubble_max = 0.25, .wait_share_mean = 0.0625},
+                   none = {0};
+    pp_window w = {0}, one = {0};
+    const char *k[PP_N_METRICS];
+    double v[PP_N_METRICS];
+    CHECK(pp_window_metrics(&w, k, v) == 0 && pp_metrics(NULL, k, v) == 0, "an empty window writes no metric");
+    pp_window_add(&one, &a);
+    pp_window_add(&w, &none);
+    pp_window_merge(&w, &one);
+    pp_window_add(&w, &b);
+    const int n = pp_window_metrics(&w, k, v);
+    /* idle (0.25·1 + 0.125·3) / 4 = 0.15625, wait (0.125 + 0.1875) / 4 = 0.078125, m̄ = 6 */
+    const double want[PP_N_METRICS] = {0.15625, 0.375, 1.0 / 7, 1.0 / 13, 0.078125, 6, 2};
+    int ok = n == PP_N_METRICS && w.schedules == 2 && !strcmp(k[0], "perf/pipeline_bubble") &&
+             !strcmp(k[6], "perf/pipeline_virtual_stages");
+    for (int i = 0; i < n && ok; i++) ok = fabs(v[i] - want[i]) <= 1e-15;
+    CHECK(ok, "window of 2 schedules: %d metrics, bubble %g max %g theory %g / %g wait %g m %g v %g", n, v[0], v[1],
+          v[2], v[3], v[4], v[5], v[6]);
+    pp_window_metrics(&one, k, v);
+    CHECK(v[0] == a.bubble_mean && v[1] == a.bubble_max && v[4] == a.wait_share_mean && v[5] == 4 &&
+              fabs(v[2] - 1.0 / 5) <= 1e-15 && fabs(v[3] - 1.0 / 9) <= 1e-15,
+          "window of 1 schedule: bubble %g max %g wait %g m %g theory %g / %g", v[0], v[1], v[4], v[5], v[2], v[3]);
+}
+
 /* Interleaved: a micro-batch count that is not a multiple of pp is refused on every stage, naming the
  * key, pp and the count needed; the dynamic count finds a multiple. */
 static void test_guard_interleaved(int pp) {
-    const moe_config c = pp_config();
-    moe_model m;
-    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
-    model_init_random(&m, 1);
-    par_grid g;
-    MOERL_ASSERT(grid_for(&g, pp) == MOERL_OK);
-    train_seq seqs[N_SEQ];
-    shard(0, 1, seqs);
-    const double inv_resp = g_inv_resp;
-    g_inv_resp = 0.01;
+    guard_fix f;
+    guard_fix_init(&f, pp);
     for (int dyn = 0; dyn <= 1; dyn++) {
-        pp_options po = pp_options_default();
-        po.dynamic = dyn;
-        po.quiet = 1;
-        po.virtual_stages = 2;
-        pp_state *ps = pp_state_new(&g, &m, &po);
-        MOERL_ASSERT(ps != NULL);
-        par_state par = {.grid = &g, .pp = ps};
+        pp_state *ps = guard_state(&f, dyn, 2);
+        par_state par = {.grid = &f.g, .pp = ps};
         /* 12 sequences packed by 20 tokens make 7 micro-batches */
         train_step_opts to = {.max_tokens = 20, .temperature = 1.0f, .aux_coef = 0.02f, .par = &par};
         train_step_out so;
-        const int rc = train_accumulate(&m, NULL, seqs, N_SEQ, &to, sft_cb, NULL, &so);
+        const int rc = train_accumulate(&f.m, NULL, f.seqs, N_SEQ, &to, sft_cb, NULL, &so);
         char need[96];
         snprintf(need, sizeof need, "multiple of actor.pipeline_parallel_size=%d", pp);
         if (!dyn) {
@@ -751,9 +793,7 @@ static void test_guard_interleaved(int pp) {
         }
         pp_state_free(ps);
     }
-    g_inv_resp = inv_resp;
-    par_grid_free(&g);
-    model_free(&m);
+    guard_fix_free(&f);
 }
 
 /* Interleaved runs (v = 2 chunks per stage). The token limits are picked so that the fixed packing
@@ -815,6 +855,7 @@ int main(int argc, char **argv) {
     if (RANK == 0) printf("test_dist_pp: backend %s, %d ranks\n", dist_backend_name(), P);
     test_plan();
     test_schedule();
+    test_window();
     if (P >= 2) {
         test_equivalence(P, 0); /* pp = world size */
         test_equivalence(P, 1); /* the same with the global load-balancing loss (counts given) */

@@ -395,13 +395,42 @@ double pp_slots_bytes(const pp_state *s) {
 
 int pp_metrics(const pp_state *s, const char **keys, double *vals) {
     if (!s) return 0;
-    const pp_stats *st = &s->st;
+    pp_window w = {0};
+    pp_window_add(&w, &s->st);
+    return pp_window_metrics(&w, keys, vals);
+}
+
+void pp_window_merge(pp_window *a, const pp_window *b) {
+    if (!b->schedules) return;
+    a->stages = b->stages;
+    a->virtual_stages = b->virtual_stages;
+    a->bubble_max = a->schedules ? MOERL_MAX(a->bubble_max, b->bubble_max) : b->bubble_max;
+    a->schedules += b->schedules;
+    a->step_s += b->step_s;
+    a->idle_s += b->idle_s;
+    a->wait_s += b->wait_s;
+    a->microbatches += b->microbatches;
+}
+
+void pp_window_add(pp_window *w, const pp_stats *st) {
+    if (st->stages < 1) return; /* no schedule ran */
+    const pp_window one = {.schedules = 1, .stages = st->stages, .virtual_stages = st->virtual_stages,
+                           .step_s = st->step_s, .idle_s = st->bubble_mean * st->step_s,
+                           .wait_s = st->wait_share_mean * st->step_s, .bubble_max = st->bubble_max,
+                           .microbatches = st->microbatches};
+    pp_window_merge(w, &one);
+}
+
+int pp_window_metrics(const pp_window *w, const char **keys, double *vals) {
+    if (!w->schedules) return 0;
     static const char *k[PP_N_METRICS] = {"perf/pipeline_bubble", "perf/pipeline_bubble_max",
                                           "perf/pipeline_bubble_theory", "perf/pipeline_bubble_theory_interleaved",
                                           "perf/pipeline_recv_wait", "perf/pipeline_microbatches",
                                           "perf/pipeline_virtual_stages"};
-    const double v[PP_N_METRICS] = {st->bubble_mean, st->bubble_max, st->theory, st->theory_interleaved,
-                                    st->wait_share_mean, st->microbatches, st->virtual_stages};
+    const double P = w->stages, V = w->virtual_stages, m = w->microbatches / w->schedules;
+    const double v[PP_N_METRICS] = {w->step_s > 0 ? w->idle_s / w->step_s : 0, w->bubble_max,
+                                    (P - 1) / (m + P - 1), (P - 1) / (V * m + P - 1),
+                                    w->step_s > 0 ? w->wait_s / w->step_s : 0, m, V};
     for (int i = 0; i < PP_N_METRICS; i++) {
         keys[i] = k[i];
         vals[i] = v[i];

@@ -70,7 +70,9 @@
  * Bubble. Every step measures per stage busy time (forward + backward compute), time blocked on
  * receives, and the schedule time T (slowest stage, from a common start): idle share
  * = 1 − busy / T (perf/pipeline_bubble: the mean over stages), receive-wait share = wait / T, next
- * to the 1F1B theory (pp − 1)/(m + pp − 1). */
+ * to the 1F1B theory (pp − 1)/(m + pp − 1). The times are all-reduced over pp_comm at the end of the
+ * schedule, so every stage holds the pipeline's statistics; pp_window sums them over several schedules
+ * (moerl rl: the mini-batches and PPO epochs of a version's updates). */
 #ifndef MOERL_PARALLEL_PIPELINE_H
 #define MOERL_PARALLEL_PIPELINE_H
 
@@ -180,6 +182,33 @@ const pp_stats *pp_last_stats(const pp_state *s);
  * (0 for a NULL state). */
 #define PP_N_METRICS 7
 int pp_metrics(const pp_state *s, const char **keys, double *vals);
+
+/* The statistics of several 1F1B schedules (pp_train_accumulate calls: the mini-batches and PPO epochs of
+ * a `moerl rl` update, the updates of a version window), summed so that pp_window_metrics writes the keys
+ * of pp_metrics over all of them. Zero-initialise; pp_metrics is pp_window_metrics of one schedule. */
+typedef struct {
+    int schedules;             /* schedules added */
+    int stages, virtual_stages;
+    double step_s;             /* Σ_k T_k: the schedules' times (slowest stage of each), s */
+    double idle_s;             /* Σ_k bubble_mean_k · T_k: idle time, mean over the stages, s */
+    double wait_s;             /* Σ_k wait_share_mean_k · T_k: receive-wait time, mean over the stages, s */
+    double bubble_max;         /* max_k bubble_max_k: the largest idle share of one stage in one schedule */
+    double microbatches;       /* Σ_k m_k */
+} pp_window;
+
+/* Add the schedule whose statistics st holds (pp_last_stats: gathered from every stage, the same on every
+ * stage of the pipeline) to w. */
+void pp_window_add(pp_window *w, const pp_stats *st);
+/* Add the schedules of b to a. */
+void pp_window_merge(pp_window *a, const pp_window *b);
+/* The keys of pp_metrics over w's K schedules: perf/pipeline_bubble = Σ idle / Σ T (idle time summed
+ * over the schedules over their summed time, mean over stages: 1 − Σ_k busy_k / Σ_k T_k), _max (the
+ * largest of one stage in one schedule), perf/pipeline_recv_wait = Σ wait / Σ T, perf/pipeline_microbatches
+ * = m̄ = Σ m_k / K, perf/pipeline_bubble_theory = (p−1)/(m̄+p−1) and _theory_interleaved = (p−1)/(v·m̄+p−1):
+ * the theory's idle share of the K schedules together (each (p−1) micro-batch times idle out of m_k+p−1,
+ * summed), perf/pipeline_virtual_stages = v. Writes up to PP_N_METRICS keys and values; returns their
+ * count (0 when w holds no schedule). */
+int pp_window_metrics(const pp_window *w, const char **keys, double *vals);
 
 /* train_accumulate through the pipeline (called by train_accumulate when opts->par->pp is set;
  * collective over pp_comm, every stage passing the same sequences and options): zero the

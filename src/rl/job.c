@@ -290,6 +290,7 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->grad_bytes_sent += b->grad_bytes_sent;
     a->train_flops += b->train_flops;
     a->grad_bytes_raw += b->grad_bytes_raw;
+    pp_window_merge(&a->pp, &b->pp);
 }
 
 double job_clock(job *J) { return J->ops && J->ops->clock ? J->ops->clock(J) : moerl_now(); }
@@ -311,8 +312,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char *keys[48];
-    double vals[48];
+    const char *keys[64];
+    double vals[64];
     int n = 0;
 #define PUT(key, v) (keys[n] = (key), vals[n] = (v), n++)
     PUT("timing_s/gen", J->win_gen_wait);
@@ -363,6 +364,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("perf/weight_bcast_bytes", (double)J->bcast_bytes);
         PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);
     }
+    n += pp_window_metrics(&w->pp, keys + n, vals + n); /* perf/pipeline_bubble, ...: the window's schedules */
     moerl_pool_stats ps; /* MOERL_ALLOC=pool only (src/base/pool.h) */
     if (moerl_alloc_pool_stats(&ps) == MOERL_OK) {
         PUT("memory/pool_reserved_bytes", (double)ps.reserved);

@@ -32,6 +32,7 @@
 #include "model/forward.h"
 #include "optim/adamw.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline.h"
 #include "rl/losses.h"
 #include "rl/queue.h"
 #include "rl/staleness.h"
@@ -198,6 +199,9 @@ typedef struct {
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
     double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */
     double train_flops;       /* model FLOPs of the step's updates, all trainer ranks (base/perf.h) */
+    pp_window pp;             /* pipeline (actor.pipeline_parallel_size > 1): the 1F1B schedules of the step's
+                                 updates (every mini-batch of every PPO epoch) on this rank's pipeline, their
+                                 times gathered from all its stages; none otherwise */
 } train_stats;
 
 /* One mini-batch of a trainer step as one (data-parallel) trainer rank sees it. */

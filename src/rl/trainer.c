@@ -417,7 +417,8 @@ static double aux_value(const trainer *T, const double *counts, const double *ps
 
 /* One optimizer update on mini-batch sequences [s0, s1) of d: (the global aux counts first,) the
  * accumulated gradient, its reduction over the trainer ranks, AdamW. aux_buf holds 2E doubles.
- * Adds to st (grad_norm, reduction time and bytes), *aux_sum and *tokens_sum. */
+ * Adds to st (grad_norm, reduction time and bytes, the pipeline schedule's statistics), *aux_sum and
+ * *tokens_sum. */
 static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opts *to, const rl_minibatch *mb,
                             int s0, int s1, double *aux_buf, train_stats *st, double *aux_sum, double *tokens_sum) {
     const int E = T->m->cfg.num_experts;
@@ -452,6 +453,7 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     }
     train_step_out so;
     if (train_accumulate(T->m, &T->acts, d->seqs + s0, s1 - s0, to, ppo_grad, c, &so) != MOERL_OK) return MOERL_ERR;
+    if (T->par && T->par->pp) pp_window_add(&st->pp, pp_last_stats(T->par->pp)); /* the schedule's bubble */
     double loss = so.loss;
     if (T->dist) { /* gradients and loss summed over the trainer ranks (DP reducer, or FSDP's reduce-scatter) */
         T->stage = "grad_reduce";
