@@ -6,10 +6,13 @@
 # `moerl plan --config <same> --json` must give exactly those numbers (gradient all-reduce payload
 # per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
-# naming the key. Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
+# naming the key (pp with FSDP/EP/SP, model.* beside --model, tokens per step past 2^53), a
+# billion-sequence batch plans without hanging, actor.use_kl_loss adds the whole-model reference.
+# Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
 # layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings,
-# EP, SP × EP, and the replicated pipeline of pp_state_new alone): traffic per group and operation
+# plain and interleaved (actor.virtual_pipeline_parallel_size 2, 3), EP, SP × EP, and the
+# replicated pipeline of pp_state_new alone): traffic per group and operation
 # equal to the counters, memory per rank within 10% of moerl's accounting.
 set -u
 cd "$(dirname "$0")/.."
@@ -37,6 +40,38 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
     $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
     [[ $? -eq 1 ]] && grep -q -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# layouts moerl refuses (the pipeline combines only with data parallelism: par_check_pp_alone),
+# model.* beside --model (the architecture is the config.json's: they would be dropped), and batch
+# or length values whose tokens per step overflow or whose FSDP replay would not end
+for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combines only with data parallelism" \
+    "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2:actor.expert_parallel_size (2)" \
+    "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
+    "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1:actor.fsdp_config.fsdp_size (2)" \
+    "model.num_experts=64:model.num_experts (command line)" \
+    "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 data.max_response_length=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
+    "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 actor.ppo_max_token_len_per_gpu=1:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \
+    "async_training.require_batches=100000 actor.ppo_epochs=100000:async_training.require_batches × actor.ppo_epochs"; do
+    IFS=: read -r kv want <<<"$bad"
+    # shellcheck disable=SC2086
+    $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=4 $kv >/dev/null 2>"$OUT/err"
+    [[ $? -eq 1 ]] && grep -qF -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming '$want': $(cat "$OUT/err")"
+done
+# a billion sequences per mini-batch under FSDP: 1.3·10^8 micro-batches per update plan in a few
+# replayed passes (the timeout only tells a hang from an answer)
+j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 \
+    actor.ppo_mini_batch_size=1000000000 2>"$OUT/err")
+mb=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["micro_batches"])' 2>/dev/null)
+[[ $mb == 128906250 ]] && ok || fail "plan of 10^9 sequences per mini-batch: micro_batches '$mb' (want 128906250): $(cat "$OUT/err")"
+# actor.use_kl_loss: the reference is the whole padded layout on every rank (fp32), whatever the layout
+j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 actor.use_kl_loss=true 2>"$OUT/err")
+r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ref_weights_bytes"] == 4 * d["n_params"] and d["ref_pass_bytes_per_step"] == 0 and d["ref_acts_bytes"] > 0)' 2>/dev/null)
+[[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true: reference weights not 4 × n_params: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b actor.use_kl_loss=true | grep -q "KL reference policy" && ok || fail "plan table has no KL reference line"
+# interleaved 1F1B is planned (no longer refused): 8 micro-batches of a 4-stage, 2-chunk pipeline
+j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=4 \
+    actor.virtual_pipeline_parallel_size=2 actor.ppo_mini_batch_size=16 actor.ppo_max_token_len_per_gpu=4224 2>"$OUT/err")
+r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["vpp"], d["micro_batches"], round(d["pp_bubble_theory"], 6))' 2>/dev/null)
+[[ $r == "2 8 0.157895" ]] && ok || fail "plan pp 4 × v 2: vpp, micro-batches, bubble '$r' (want 2 8 0.157895 = 3/19): $(cat "$OUT/err")"
 $M plan >/dev/null 2>&1
 [[ $? -eq 2 ]] && ok || fail "plan without --model/--config should be a usage error (exit 2)"
 $M plan --model examples/qwen3_30b_a3b | grep -q "KV cache" && ok || fail "plan table has no KV cache line"
@@ -112,6 +147,9 @@ PY
 4|actor.pipeline_parallel_size=2 model.tie_word_embeddings=true
 4|actor.pipeline_parallel_size=4 model.tie_word_embeddings=true
 4|actor.pipeline_parallel_size=2 plan.pp_params=replicated
+2|actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
+4|actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=3 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 plan.pp_params=replicated
 2|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.expert_parallel_size=4 actor.moe.capacity_factor=2

@@ -45,6 +45,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/ulysses.h"
 #include "plan/plan.h"
+#include "rl/rl.h"
 #include "dist_test.h"
 #include "test.h"
 #include "train/train.h"
@@ -150,6 +151,15 @@ int main(int argc, char **argv) {
     moe_model m;
     MOERL_ASSERT(model_init(&m, &mc) == MOERL_OK);
     model_init_random(&m, 7);
+    /* the KL reference as `moerl rl` makes it with actor.use_kl_loss: trainer_init copies the whole
+     * model before the model-parallel runtime exists (src/rl/job_dist.c) */
+    rl_config rcfg;
+    memset(&rcfg, 0, sizeof rcfg);
+    rcfg.use_kl_loss = 1;
+    rcfg.ppo_max_token_len = MT;
+    rcfg.optim = adamw_default_config();
+    trainer kl_T;
+    MOERL_ASSERT(trainer_init(&kl_T, &rcfg, NULL, &m) == MOERL_OK && kl_T.ref);
     par_state ps;
     const int ok = par_state_init(&ps, g_ctx, kc, &m) == MOERL_OK;
     CHECK_R(ok, "par_state_init: %s", RANK, ok ? "" : moerl_last_error());
@@ -171,7 +181,9 @@ int main(int argc, char **argv) {
                      .pp_params = pp_repl ? PLAN_PP_REPLICATED : PLAN_PP_STAGE_LOCAL,
                      .dispatcher = (int)ps.cfg.dispatcher, .alltoall_max_ep = ps.cfg.alltoall_max_ep,
                      .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
-                     .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
+                     .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1, .ref_model = 1,
+                     .logprob_passes = 1, .vpp = ps.pp ? pp_chunks(ps.pp) : 1};
+    const int gv = in.vpp;
     plan_traffic pt;
     plan_result pr;
     CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, g ? g->fsdp_rank : 0, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
@@ -198,7 +210,7 @@ int main(int argc, char **argv) {
     double worst_mem = 0;
     /* the RL trainer's proximal-logprob pass (compute_logprobs, once per step before the training
      * passes): its traffic per group against plan_traffic_logprob */
-    int lp_ok = 1;
+    int lp_ok = 1, ref_ok = 1;
     double resp_mine = 0;
     float *lp_buf[N_SEQ];
     for (int i = 0; i < n; i++) {
@@ -234,6 +246,38 @@ int main(int argc, char **argv) {
                     printf("  rank 0 logprob pass %-21s counted %10.0f B  plan %10.0f B\n", ln[i], lg[i], lw[i]);
             }
         }
+        /* the KL reference pass right after it, as step_data_logprobs runs it: its own arena, no
+         * collective on any group (plan's ref_pass 0), the FSDP units the proximal pass left
+         * gathered are plan's ref_held */
+        double held = 0;
+        if (ps.fsdp) {
+            fsdp_stats st;
+            fsdp_get_stats(ps.fsdp, &st);
+            held = st.gathered_bytes;
+        }
+        if (g) reset_group_bytes(g);
+        model_acts ra;
+        MOERL_ASSERT(model_acts_init(&ra, kl_T.ref, MT) == MOERL_OK);
+        MOERL_ASSERT(compute_logprobs(kl_T.ref, &ra, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
+        dist_comm *cs[] = {g ? g->stage_comm : NULL, g ? g->pp_comm : NULL, g ? g->dp_comm : NULL,
+                           g ? g->sp_comm : NULL, g ? g->fsdp_comm : NULL, g ? g->replica_comm : NULL,
+                           g ? g->ep_comm : NULL, g ? g->ep_dp_comm : NULL, g ? g->ep_replica_comm : NULL};
+        double moved = 0; /* every group of the grid (plain DP has none: the reducer is idle here) */
+        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
+            for (int op = 0; op < DIST_OP_COUNT && cs[i]; op++) moved += dist_comm_bytes(cs[i], (dist_op)op);
+        /* exact: byte counts, whole-layout float counts and the arena's carve sizes are integers */
+        const double ref_w = (double)kl_T.ref->n_params * 4, ref_a = (double)model_acts_bytes(kl_T.ref, MT);
+        if (moved != pr.ref_pass || ref_w != pr.ref_weights || ref_a != pr.ref_acts || held != pr.ref_held) {
+            ref_ok = 0;
+            printf("[rank %d] step %d KL reference: traffic %.0f B (plan %.0f), weights %.0f B (plan %.0f), "
+                   "arena %.0f B (plan %.0f), FSDP units held %.0f B (plan %.0f)\n", RANK, k, moved, pr.ref_pass,
+                   ref_w, pr.ref_weights, ref_a, pr.ref_acts, held, pr.ref_held);
+        }
+        if (k == 0 && RANK == 0)
+            printf("  rank 0 KL reference: weights %.0f B (plan %.0f), arena %.0f B (plan %.0f), FSDP held %.0f B "
+                   "(plan %.0f), traffic %.0f B (plan %.0f)\n", ref_w, pr.ref_weights, ref_a, pr.ref_acts, held,
+                   pr.ref_held, moved, pr.ref_pass);
+        model_acts_free(&ra);
         if (g) reset_group_bytes(g);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
@@ -305,6 +349,7 @@ int main(int argc, char **argv) {
     CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
             gfsdp, gep, gsp, gpp);
     CHECK_R(lp_ok, "the logprob pass's traffic equals plan's per group and operation", RANK);
+    CHECK_R(ref_ok, "the KL reference (actor.use_kl_loss): weights, arena, FSDP units held and traffic are plan's", RANK);
     for (int i = 0; i < n; i++) free(lp_buf[i]);
 
     /* memory: moerl's own accounting against plan's per-rank figures (the 10% bar of the brief) */
@@ -323,39 +368,54 @@ int main(int argc, char **argv) {
         if (RANK == 0)
             printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f..%.0f)\n", shard,
                    pr.weights, peak, pr.gathered_low, pr.gathered);
-    } else if (pp_owned) { /* the stage's range, held floats and moments against plan's stage-local model */
-        size_t lo, hi, slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];
-        pp_own_range(ps.pp, &lo, &hi);
-        pp_stage_ranges(&m, pp_bounds(ps.pp), gpp, slo, shi, NULL, NULL);
+    } else if (pp_owned) { /* the stage's chunk ranges, held floats and moments against plan's stage-local model */
+        const int nv = gpp * gv;
+        size_t slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];
+        pp_stage_ranges(&m, pp_bounds(ps.pp), nv, slo, shi, NULL, NULL);
         int ranges_ok = 1;
-        for (int s = 0; s < gpp; s++) { /* every stage's range (pure), not only this rank's */
+        double own = 0; /* this stage's floats: Σ over its chunks */
+        for (int vs = 0; vs < nv; vs++) { /* every virtual stage's range (pure), not only this rank's */
             double d, e;
             int l0, l1;
-            MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, s, &d, &e, &l0, &l1) == MOERL_OK);
-            if ((double)(shi[s] - slo[s]) != d + e) {
+            MOERL_ASSERT(plan_pp_chunk_params(&mc, gpp, gv, PLAN_PP_STAGE_LOCAL, vs % gpp, vs / gpp, &d, &e, &l0, &l1) ==
+                         MOERL_OK);
+            if ((double)(shi[vs] - slo[vs]) != d + e) {
                 ranges_ok = 0;
-                printf("[rank %d] stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, s, shi[s] - slo[s], d + e);
+                printf("[rank %d] virtual stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, vs,
+                       shi[vs] - slo[vs], d + e);
+            }
+            if (vs % gpp == stage) {
+                size_t lo, hi;
+                pp_own_chunk_range(ps.pp, vs / gpp, &lo, &hi);
+                ranges_ok &= lo == slo[vs] && hi == shi[vs];
+                own += d + e;
             }
         }
-        CHECK_R(ranges_ok && slo[stage] == lo && shi[stage] == hi, "plan's stage ranges are pp_stage_ranges'", RANK);
-        double d, e;
-        int l0, l1;
-        MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage, &d, &e, &l0, &l1) == MOERL_OK);
+        CHECK_R(ranges_ok, "plan's stage (chunk) ranges are pp_stage_ranges' and pp_own_chunk_range's", RANK);
         const double held = (double)pp_held_floats(ps.pp), copy = plan_pp_tied_copy(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage);
-        CHECK_R(held == d + e + copy && (double)os.n == d + e,
+        CHECK_R(held == own + copy && (double)os.n == own,
                 "stage %d holds %.0f floats (plan %.0f + tied copy %.0f), moments over %zu (plan %.0f)", RANK, stage,
-                held, d + e, copy, os.n, d + e);
+                held, own, copy, os.n, own);
         CHECK_R(!mc.tie_word_embeddings || stage != gpp - 1 || copy > 0, "a tied last stage holds the copy", RANK);
         if (stage == pr.fullest_stage) { /* plan_compute's per-rank figures are this stage's */
+            /* the activation slots the schedule allocated (pp_slots_needed's count per chunk × the
+             * chunk's arena) against plan's: exact, the same arena layout */
+            const double slots = pp_slots_bytes(ps.pp);
             const double e1 = rel(held * 4, pr.weights), e2 = rel((double)os.n * 8, pr.moments);
             worst_mem = fmax(e1, e2);
-            CHECK_R(e1 < 0.10 && e2 < 0.10 && pr.grads == pr.weights,
-                    "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f)", RANK, stage, held * 4,
-                    pr.weights, (double)os.n * 8, pr.moments);
+            CHECK_R(e1 < 0.10 && e2 < 0.10 && pr.grads == pr.weights && slots == pr.acts,
+                    "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f), activation slots %.0f B "
+                    "(plan %.0f)", RANK, stage, held * 4, pr.weights, (double)os.n * 8, pr.moments, slots, pr.acts);
             if (sp_rank == 0 && g->dp_rank == 0)
-                printf("  fullest stage %d: parameters held %.0f B (plan %.0f), moments %.0f B (plan %.0f)\n", stage,
-                       held * 4, pr.weights, (double)os.n * 8, pr.moments);
+                printf("  fullest stage %d: parameters held %.0f B (plan %.0f), moments %.0f B (plan %.0f), "
+                       "activation slots %.0f B (plan %.0f)\n", stage, held * 4, pr.weights, (double)os.n * 8,
+                       pr.moments, slots, pr.acts);
         }
+        /* the schedule's micro-batches and bubble theory are plan's */
+        const pp_stats *pst = pp_last_stats(ps.pp);
+        CHECK_R(pst->microbatches == pr.micro_batches && rel(pst->theory_interleaved, pr.bubble_theory) < 1e-12,
+                "pipeline: %d micro-batches (plan %d), bubble theory %.4f (plan %.4f)", RANK, pst->microbatches,
+                pr.micro_batches, pst->theory_interleaved, pr.bubble_theory);
     } else {
         const double e1 = rel((double)m.n_params * 4, pr.weights);
         worst_mem = e1;
@@ -365,15 +425,16 @@ int main(int argc, char **argv) {
     if (ps.pp) { /* plan's stage cut is moerl's */
         double d, e;
         int l0, l1, lo, hi;
-        MOERL_ASSERT(plan_pp_stage_params(&mc, gpp, PLAN_PP_STAGE_LOCAL, stage, &d, &e, &l0, &l1) == MOERL_OK);
-        pp_stage_layers(ps.pp, &lo, &hi);
+        MOERL_ASSERT(plan_pp_chunk_params(&mc, gpp, gv, PLAN_PP_STAGE_LOCAL, stage, 0, &d, &e, &l0, &l1) == MOERL_OK);
+        pp_stage_layers(ps.pp, &lo, &hi); /* chunk 0's */
         CHECK_R(l0 == lo && l1 == hi, "stage %d: plan's layers [%d, %d), the pipeline's [%d, %d)", RANK, stage, l0, l1,
                 lo, hi);
     }
-    if (RANK == 0) printf("fsdp %d ep %d sp %d pp %d over %d ranks: traffic %s, memory within %.1f%%\n", gfsdp, gep, gsp,
-                          gpp, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
+    if (RANK == 0) printf("fsdp %d ep %d sp %d pp %d (v %d) over %d ranks: traffic %s, memory within %.1f%%\n", gfsdp,
+                          gep, gsp, gpp, gv, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
     dist_reducer_free(red);
     model_acts_free(&acts);
+    trainer_free(&kl_T);
     adamw_free(&os);
     par_state_free(&ps);
     model_free(&m);

@@ -3,6 +3,7 @@
  * and the measured resident-memory peak of a real training step (params, grads, AdamW moments,
  * activations) and of a rollout engine (weights + KV cache): within 10% of plan's figures.
  * The traffic checks need several processes: tests/e2e_plan.sh. */
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -172,6 +173,20 @@ static void test_formulas(void) {
     CK(r.allreduce == r.grads);
     /* a middle stage: per micro-batch the bf16 hidden both ways + the fp32 router statistics 2E + E */
     CK(r.p2p_pp == (2.0 * 4096 * 2048 * 2 + 3.0 * 128 * 4) * 4);
+    /* interleaved (v = 2): a middle stage's chunks each send on and back, so twice the 1F1B's; the
+     * micro-batches round up to a multiple of pp; the bubble is (p − 1)/(v·m + p − 1) */
+    plan_result rv;
+    in.vpp = 2;
+    in.micro_batches = 6;
+    CK(plan_compute(&q, &in, &rv) == MOERL_OK);
+    CK(rv.micro_batches == 8 && rv.vpp == 2 && rv.bubble_theory == 3.0 / (2 * 8 + 3));
+    CK(rv.p2p_pp == 2 * (2.0 * 4096 * 2048 * 2 + 3.0 * 128 * 4) * 8);
+    in.vpp = 7; /* 4 × 7 = 28 chunks of 48 layers fit; 4 × 13 would not */
+    CK(plan_compute(&q, &in, &rv) == MOERL_OK);
+    in.vpp = 13;
+    CK(plan_compute(&q, &in, &rv) == MOERL_ERR && strstr(moerl_last_error(), "virtual_pipeline_parallel_size"));
+    in.vpp = 1;
+    in.micro_batches = 4;
     /* bad layouts are refused with the key named */
     in.pp = 3;
     CK(plan_compute(&q, &in, &r) == MOERL_ERR);
@@ -198,7 +213,71 @@ static void test_formulas(void) {
     CK(r.gathered_low > 0 && r.gathered_low <= r.gathered);
 }
 
+/* The review's gaps: layouts moerl refuses, values that overflowed or hung, the KL reference. */
+static void test_limits_and_ref(void) {
+    moe_config q = arch(2048, 48, 128, 8, 768, 6144, 32, 4, 128, 151936, 0); /* Qwen3-30B-A3B */
+    plan_input in = {.n_trainer = 8, .fsdp = 8, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 4096,
+                     .updates_per_step = 1, .micro_batches = 12891, .fwd_only_passes = 1, .n_rollout = 1,
+                     .rollout_tp = 1, .max_num_seqs = 64, .max_model_len = 528, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_result r;
+    CK(plan_compute(&q, &in, &r) == MOERL_OK);
+    /* the fast-forwarded FSDP replay gives the pass-by-pass replay's figures: these are what plan
+     * printed before the fast-forward (main fc5e153, `moerl plan --model examples/qwen3_30b_a3b
+     * trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 actor.ppo_mini_batch_size=100000 --json`) */
+    CK(r.allgather == 4048385685552796.0 && r.gathered == 18382058880.0 && r.gathered_low == 12773973120.0);
+    /* 2^31 − 1 micro-batches replay in a few passes (no hang), linear in the passes */
+    plan_result r1, r2;
+    in.micro_batches = 1000000000;
+    CK(plan_compute(&q, &in, &r1) == MOERL_OK);
+    in.micro_batches = 2000000000;
+    CK(plan_compute(&q, &in, &r2) == MOERL_OK);
+    plan_result r10, r11;
+    in.micro_batches = 10;
+    CK(plan_compute(&q, &in, &r10) == MOERL_OK);
+    in.micro_batches = 11;
+    CK(plan_compute(&q, &in, &r11) == MOERL_OK);
+    /* 1e-12 relative: the sums pass 2^53 (~1e20 bytes here), so doubles round them in the last bits */
+    const double d_big = r2.allgather - r1.allgather, d_one = r11.allgather - r10.allgather;
+    CK(d_one > 0 && fabs(d_big - 1e9 * d_one) <= 1e-12 * d_big);
+    CK(r1.gathered == r.gathered && r2.gathered == r.gathered);
+    /* more micro-batches than an int holds, or more tokens than a double counts, are refused */
+    in.micro_batches = 0;
+    in.step_tokens = (int64_t)1 << 60;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "2^53"));
+    in.step_tokens = (int64_t)1 << 50;
+    in.micro_tokens = 16;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "actor.ppo_max_token_len_per_gpu"));
+    in.micro_tokens = 4096;
+    in.step_tokens = 0;
+    in.micro_batches = 4;
+    /* the pipeline combines only with data parallelism (moerl's par_check_pp_alone) */
+    in.pp = 2;
+    in.fsdp = 4;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "combines only with data parallelism"));
+    in.fsdp = 1;
+    in.ep = 2;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "actor.expert_parallel_size (2)"));
+    in.ep = 1;
+    in.sp = 2;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "ulysses_sequence_parallel_size (2)"));
+    in.sp = 1;
+    CK(plan_compute(&q, &in, &r) == MOERL_OK);
+    /* the KL reference: the whole padded layout on every rank, whatever the layout, its arena for a
+     * whole micro-batch over all layers, no traffic; the total grows by at least the weights */
+    in.pp = 1;
+    in.fsdp = 8;
+    in.logprob_passes = 1;
+    CK(plan_compute(&q, &in, &r) == MOERL_OK);
+    in.ref_model = 1;
+    plan_result rk;
+    CK(plan_compute(&q, &in, &rk) == MOERL_OK);
+    CK(r.ref_weights == 0 && rk.ref_weights == (double)rk.n_params * 4 && rk.ref_pass == 0);
+    CK(rk.ref_acts == plan_acts_bytes(&q, 4096, 0, 48, 0) && rk.ref_held > 0);
+    CK(rk.total >= r.total + rk.ref_weights && rk.per_step == r.per_step);
+}
+
 int main(void) {
+    test_limits_and_ref();
     test_layout_exact();
     test_formulas();
     test_trainer_rss();

@@ -154,9 +154,55 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
     return 0;
 }
 
+/* The model.* architecture keys against a model loaded from `path` (its config.json), for every
+ * command that takes the architecture from a checkpoint (cli_build_model: model.path; plan and
+ * simulate: --model or model.path). flag: how the path was given ("model.path", "--model", named in
+ * the messages); path_origin: where it came from, a cfg origin ("override" or "command line" = the
+ * command line; anything else = a config file). */
+static int cli_check_arch_keys(const cfg *c, const char *flag, const char *path, const char *path_origin) {
+    /* The architecture comes from the checkpoint's config.json, so a model.* value given as well
+     * would be silently ignored (and recorded as if it had been used). A model.path given on the
+     * command line wins over the config file's model.* keys (they are named in a note), so
+     * `--config examples/demo.yaml model.path=DIR` continues from DIR; every other combination
+     * is an error naming every conflicting key at once. */
+    static const char *arch[] = {"model.vocab_size", "model.hidden_size", "model.intermediate_size",
+        "model.moe_intermediate_size", "model.num_hidden_layers", "model.num_attention_heads",
+        "model.num_key_value_heads", "model.head_dim", "model.num_experts", "model.num_experts_per_tok",
+        "model.decoder_sparse_step", "model.mlp_only_layers", "model.norm_topk_prob",
+        "model.tie_word_embeddings", "model.rope_theta", "model.rms_norm_eps", "model.max_position_embeddings",
+        "model.router_aux_loss_coef", "model.initializer_range", "model.seed"};
+#define ORIGIN(o) (strcmp((o), "override") ? (o) : "command line")
+    path_origin = ORIGIN(path_origin);
+    const int path_cli = !strcmp(path_origin, "command line");
+    char ignored[2048] = "", conflict[2048] = "";
+    for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++) {
+        const char *o = cfg_origin(c, arch[i]);
+        if (!strcmp(o, "default")) continue;
+        char *dst = path_cli && strcmp(o, "override") ? ignored : conflict;
+        size_t n = strlen(dst);
+        snprintf(dst + n, sizeof ignored - n, "%s%s (%s)", n ? ", " : "", arch[i], ORIGIN(o));
+    }
+    const size_t pl = strlen(path);
+    const char *cj = pl >= 5 && !strcmp(path + pl - 5, ".json") ? "" : "/config.json";
+    if (conflict[0])
+        return moerl_errorf("%s (%s) loads the architecture from %s%s, but model.* keys are set as well: %s; drop "
+                            "them (edit a copy of the config.json to plan another architecture), or drop %s to "
+                            "take the architecture from model.* (a new model)",
+                            flag, path_origin, path, cj, conflict, flag);
+    if (ignored[0])
+        log_warn("%s given on the command line: the architecture comes from %s%s; ignored from the config file: %s",
+                 flag, path, cj, ignored);
+#undef ORIGIN
+    return MOERL_OK;
+}
+
 int cli_model_config(const cfg *c, const char *model, moe_config *mc) {
     const char *path = model ? model : cfg_str(c, "model.path");
     if (path[0]) {
+        /* --model is a command-line flag: model.* keys given with it would be silently ignored */
+        if (cli_check_arch_keys(c, model ? "--model" : "model.path", path,
+                                model ? "command line" : cfg_origin(c, "model.path")) != MOERL_OK)
+            return MOERL_ERR;
         char p[4200];
         struct stat st;
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(p, sizeof p, "%s/config.json", path);
@@ -199,36 +245,7 @@ int cli_model_config(const cfg *c, const char *model, moe_config *mc) {
 int cli_build_model(const cfg *c, moe_model *m) {
     const char *path = cfg_str(c, "model.path");
     if (path[0]) {
-        /* The architecture comes from the checkpoint's config.json, so a model.* value given as well
-         * would be silently ignored (and recorded as if it had been used). A model.path given on the
-         * command line wins over the config file's model.* keys (they are named in a note), so
-         * `--config examples/demo.yaml model.path=DIR` continues from DIR; every other combination
-         * is an error naming every conflicting key at once. */
-        static const char *arch[] = {"model.vocab_size", "model.hidden_size", "model.intermediate_size",
-            "model.moe_intermediate_size", "model.num_hidden_layers", "model.num_attention_heads",
-            "model.num_key_value_heads", "model.head_dim", "model.num_experts", "model.num_experts_per_tok",
-            "model.decoder_sparse_step", "model.mlp_only_layers", "model.norm_topk_prob",
-            "model.tie_word_embeddings", "model.rope_theta", "model.rms_norm_eps", "model.max_position_embeddings",
-            "model.router_aux_loss_coef", "model.initializer_range", "model.seed"};
-#define ORIGIN(o) (strcmp((o), "override") ? (o) : "command line")
-        const char *path_origin = ORIGIN(cfg_origin(c, "model.path"));
-        const int path_cli = !strcmp(path_origin, "command line");
-        char ignored[2048] = "", conflict[2048] = "";
-        for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++) {
-            const char *o = cfg_origin(c, arch[i]);
-            if (!strcmp(o, "default")) continue;
-            char *dst = path_cli && strcmp(o, "override") ? ignored : conflict;
-            size_t n = strlen(dst);
-            snprintf(dst + n, sizeof ignored - n, "%s%s (%s)", n ? ", " : "", arch[i], ORIGIN(o));
-        }
-        if (conflict[0])
-            return moerl_errorf("model.path (%s) loads the architecture from %s/config.json, but model.* keys are "
-                                "set as well: %s; drop them, or drop model.path to build a new model",
-                                path_origin, path, conflict);
-        if (ignored[0])
-            log_warn("model.path given on the command line: the architecture comes from %s/config.json; ignored "
-                     "from the config file: %s", path, ignored);
-#undef ORIGIN
+        if (cli_check_arch_keys(c, "model.path", path, cfg_origin(c, "model.path")) != MOERL_OK) return MOERL_ERR;
         if (model_load_hf(m, path) != MOERL_OK) return moerl_error_prefix("model.path: ");
         cli_apply_moe_switches(c, m);
         log_info("loaded model from %s (%lld parameters)", path, (long long)model_num_params(m));

@@ -4,8 +4,11 @@
  * actor.ppo_max_token_len_per_gpu, rollout.n, rollout.max_num_seqs, data.max_response_length,
  * async_training.require_batches, ...) plus the layout keys, verl's names:
  *   actor.fsdp_config.fsdp_size, actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
- *   actor.pipeline_parallel_size, model.enable_gradient_checkpointing, data.max_prompt_length,
- *   rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype, rollout.dtype. */
+ *   actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size, model.enable_gradient_checkpointing,
+ *   data.max_prompt_length, rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
+ *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
+ *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (cli_model_config),
+ *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -68,7 +71,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     par_config pc;
     if (par_read_keys(c, &pc) != MOERL_OK ||
         par_check(&pc, (int)cfg_int(c, "trainer.n_ranks"), mc->num_experts, mc->num_attention_heads,
-                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK)
+                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK ||
+        par_check_pp_alone(&pc, (int)cfg_int(c, "trainer.n_ranks")) != MOERL_OK) /* moerl rl's rule */
         return MOERL_ERR;
     if (mc->num_attention_heads % cfg_int(c, "rollout.tensor_model_parallel_size"))
         return moerl_errorf("rollout.tensor_model_parallel_size=%lld does not divide the %d attention heads",
@@ -77,14 +81,12 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
-    if (pc.virtual_pipeline_parallel_size > 1)
-        return moerl_errorf("moerl plan does not model actor.virtual_pipeline_parallel_size (got %d): plan it at 1",
-                            pc.virtual_pipeline_parallel_size);
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
     in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
     in->pp = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    in->vpp = pc.virtual_pipeline_parallel_size; /* interleaved 1F1B's chunks per stage */
     if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
     if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
     in->micro_tokens = cfg_int(c, "actor.ppo_max_token_len_per_gpu");
@@ -95,12 +97,16 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
     /* the proximal logprobs, once per step: decoupled loss, or old logprobs recomputed (no bypass) */
     in->logprob_passes = cfg_bool(c, "actor.use_decoupled_loss") || !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
+    in->ref_model = cfg_bool(c, "actor.use_kl_loss"); /* the KL reference (src/rl/trainer.c trainer_init) */
     const char *ppl = cfg_str(c, "plan.pp_params");
     if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
     else return moerl_errorf("plan.pp_params: '%s' is not stage or replicated", ppl);
     in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
     const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
+    if (rb * ep > INT32_MAX) /* both fit 32 bits (cfg_check_int32), so the product fits 64 */
+        return moerl_errorf("async_training.require_batches × actor.ppo_epochs = %lld × %lld optimizer updates per "
+                            "step exceed 2^31 − 1", (long long)rb, (long long)ep);
     in->updates_per_step = (int)(rb * ep);
     const int64_t plen = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
     if (plen <= 0 || rlen <= 0)
@@ -110,7 +116,15 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
         return moerl_errorf("data.max_prompt_length + data.max_response_length = %lld does not fit a 32-bit sequence "
                             "length", (long long)(plen + rlen));
     /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
-    in->step_tokens = cfg_int(c, "actor.ppo_mini_batch_size") * rb * cfg_int(c, "rollout.n") * (plen + rlen) * ep;
+    const int64_t mini = cfg_int(c, "actor.ppo_mini_batch_size"), n = cfg_int(c, "rollout.n");
+    const double st = (double)mini * (double)rb * (double)n * (double)(plen + rlen) * (double)ep; /* no int64 overflow */
+    if (st > PLAN_MAX_STEP_TOKENS)
+        return moerl_errorf("the tokens trained per step, actor.ppo_mini_batch_size × async_training.require_batches × "
+                            "rollout.n × (data.max_prompt_length + data.max_response_length) × actor.ppo_epochs = "
+                            "%lld × %lld × %lld × %lld × %lld = %.4g, exceed plan's limit 2^53 (%.4g): lower one of "
+                            "them", (long long)mini, (long long)rb, (long long)n, (long long)(plen + rlen),
+                            (long long)ep, st, PLAN_MAX_STEP_TOKENS);
+    in->step_tokens = mini * rb * n * (plen + rlen) * ep;
     in->logprob_tokens = in->step_tokens / ep;
     in->resp_fraction = (double)rlen / (double)(plen + rlen);
     in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");
@@ -130,7 +144,8 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     I("n_params", r->n_params); I("n_params_hf", r->n_params_hf); I("n_params_expert", r->n_params_expert);
     I("n_active", r->n_active);
     I("trainer_ranks", in->n_trainer); I("dp", r->dp); I("fsdp", r->fsdp); I("ep", in->ep); I("sp", in->sp);
-    I("pp", in->pp); I("stage_layers", r->stage_layers);
+    I("pp", in->pp); I("vpp", r->vpp); I("stage_layers", r->stage_layers);
+    R("pp_bubble_theory", r->bubble_theory);
     I("fullest_stage", r->fullest_stage); I("dtype_bytes", in->dtype_bytes);
     I("micro_tokens", in->micro_tokens); I("micro_batches", r->micro_batches);
     I("fwd_only_passes", in->fwd_only_passes);
@@ -138,7 +153,9 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
     R("moments_bytes", r->moments); R("gathered_bytes", r->gathered);
     R("gathered_low_bytes", r->gathered_low); R("acts_bytes", r->acts);
-    R("acts_recompute_bytes", r->acts_recompute); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
+    R("acts_recompute_bytes", r->acts_recompute);
+    I("ref_model", in->ref_model); R("ref_weights_bytes", r->ref_weights); R("ref_acts_bytes", r->ref_acts);
+    R("ref_held_bytes", r->ref_held); R("ref_pass_bytes_per_step", r->ref_pass); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
     R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
     I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
     I("max_model_len", in->max_model_len);
@@ -168,6 +185,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
            in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
            r->stage_layers);
+    if (in->pp > 1)
+        printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
+               in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
     printf("| per trainer rank | GiB |\n|---|---|\n");
     printf("| weights | %.3f |\n| gradients | %.3f |\n", gib(r->weights), gib(r->grads));
     if (r->master > 0) printf("| fp32 master weights | %.3f |\n", gib(r->master));
@@ -179,6 +199,12 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
         printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
     printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
            gib(r->acts_recompute));
+    if (in->ref_model) {
+        printf("| KL reference policy (actor.use_kl_loss: the whole model on every rank, unsharded) | %.3f |\n",
+               gib(r->ref_weights));
+        printf("| reference pass activations (whole micro-batch, all layers; only during that pass%s) | %.3f |\n",
+               r->ref_held > 0 ? ", beside the FSDP units the proximal pass left gathered" : "", gib(r->ref_acts));
+    }
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
     printf("rollout: %d devices, %d per replica; %d sequences × %d tokens per replica; %s\n", in->n_rollout,
            in->rollout_tp, in->max_num_seqs, in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
@@ -193,6 +219,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     if (in->logprob_passes > 0)
         printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
                gib(r->logprob_pass));
+    if (in->ref_model)
+        printf("| KL reference logprob pass (per step; runs locally on each rank, no collective) | | %.3f |\n",
+               gib(r->ref_pass));
     printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
 }
 

@@ -331,11 +331,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
                             "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
                             r->n_trainer_ranks);
-    if (pp > 1 && (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1))
-        return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism: "
-                            "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
-                            "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
-                            pp, fsdp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+    if (par_check_pp_alone(pc, r->n_trainer_ranks) != MOERL_OK) return MOERL_ERR;
     if ((fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1) && r->grad_compression != GRAD_COMPRESSION_NONE) {
         char key[96];
         if (fsdp > 1) snprintf(key, sizeof key, "actor.fsdp_config.fsdp_size=%d (FSDP reduce-scatters)", fsdp);

@@ -191,6 +191,7 @@ static int acts_init(model_acts *a, const moe_model *m, int max_tokens, int max_
     layout(m, a, &ar, max_tokens);
     ar.base = moerl_buf_alloc(ar.used, "model_acts"); /* MOERL_ALLOC: malloc | pool | jemalloc */
     a->arena = ar.base;
+    a->arena_bytes = ar.used;
     ar.used = 0;
     layout(m, a, &ar, max_tokens);
     rope_tables(a->rope_cos, a->rope_sin, a->rope_max_pos, m->cfg.head_dim, m->cfg.rope_theta);

@@ -80,6 +80,7 @@ typedef struct {
     float *d_router_logits, *d_probs; /* [N,E] */
     float *dw_gu, *dw_d;              /* per_expert_weights: stacked weight-gradient scratch (else NULL) */
     void *arena;
+    size_t arena_bytes;               /* its size (model_acts_bytes for the arena's tokens and layers) */
     /* Optional per-layer hook for data-parallel gradient reduction (NULL = none; model_acts_init
      * sets NULL). model_backward calls layer_hook(layer_hook_ctx, group) as soon as the gradients
      * of a backward group are final, in the order and numbering of dist_tensor_group (dist/dist.h):

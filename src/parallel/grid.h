@@ -71,6 +71,12 @@ int par_read_keys(const cfg *c, par_config *pc);
  * pp·D = T, sp | D, fsdp | D, ep | D, ep | E, sp | nkv or nkv | sp with sp | nh (Ulysses with
  * GQA), pp ≤ L. The message names the key, its value and what would fit. */
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
+/* The layouts the pipeline combines with in this build: actor.pipeline_parallel_size > 1 needs
+ * FSDP (fsdp_size, -1 = the T/pp ranks of a stage), EP and Ulysses SP all 1 (par_state_init builds
+ * no other; `moerl rl` and `moerl plan` refuse the rest with this before any work). Not part of
+ * par_check: the grid itself (par_grid_init) lays out any combination. T: trainer ranks. Errors name
+ * every key with its value. */
+int par_check_pp_alone(const par_config *pc, int T);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
  * dist_comm_split in one fixed order). On error nothing is left allocated. */
 int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);

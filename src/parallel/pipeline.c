@@ -386,6 +386,13 @@ void pp_chunk_layers(const pp_state *s, int c, int *lo, int *hi) {
 const int *pp_bounds(const pp_state *s) { return s->bounds; }
 const pp_stats *pp_last_stats(const pp_state *s) { return &s->st; }
 
+double pp_slots_bytes(const pp_state *s) {
+    double b = 0;
+    for (int c = 0; c < s->v; c++)
+        for (int k = 0; k < s->n_slots[c] && s->slots[c]; k++) b += (double)s->slots[c][k].a.arena_bytes;
+    return b;
+}
+
 int pp_metrics(const pp_state *s, const char **keys, double *vals) {
     if (!s) return 0;
     pp_window w = {0};
@@ -715,26 +722,31 @@ static int check_inputs(const moe_model *m, const train_seq *seqs, int n, int ma
     return 1;
 }
 
-/* The slots a schedule of nm micro-batches needs (its ops from pp_schedule: the largest window of a
- * chunk's micro-batches between their forward and backward; 1 for a forward-only pass), allocated. */
+int pp_slots_needed(int pp, int stage, int v, int m, int *need) {
+    if (v < 1 || v > PP_MAX_CHUNKS) return moerl_errorf("pipeline: %d chunks per stage, expected 1..%d", v, PP_MAX_CHUNKS);
+    for (int c = 0; c < v; c++) need[c] = 1;
+    if (m <= 0) return MOERL_OK;
+    const int nops = 2 * m * v;
+    int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
+    if (pp_schedule(pp, stage, v, m, kind, chunk, mbi) != nops) {
+        free(kind);
+        return MOERL_ERR;
+    }
+    int in[PP_MAX_CHUNKS] = {0};
+    for (int i = 0; i < nops; i++) {
+        in[chunk[i]] += kind[i] ? -1 : 1;
+        need[chunk[i]] = MOERL_MAX(need[chunk[i]], in[chunk[i]]);
+    }
+    free(kind);
+    if (v == 1) need[0] = MOERL_MAX(need[0], pp - stage); /* the plain 1F1B's slots, as before */
+    return MOERL_OK;
+}
+
+/* The slots a schedule of nm micro-batches needs (pp_slots_needed; 1 per chunk for a forward-only
+ * pass), allocated. */
 static int slots_for(pp_state *s, const moe_model *m, int max_tokens, int nm, int fwd_only) {
     int need[PP_MAX_CHUNKS];
-    for (int c = 0; c < s->v; c++) need[c] = 1;
-    if (!fwd_only && nm > 0) {
-        const int nops = 2 * nm * s->v;
-        int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
-        if (pp_schedule(s->pp, s->stage, s->v, nm, kind, chunk, mbi) != nops) {
-            free(kind);
-            return MOERL_ERR;
-        }
-        int in[PP_MAX_CHUNKS] = {0};
-        for (int i = 0; i < nops; i++) {
-            in[chunk[i]] += kind[i] ? -1 : 1;
-            need[chunk[i]] = MOERL_MAX(need[chunk[i]], in[chunk[i]]);
-        }
-        free(kind);
-        if (s->v == 1) need[0] = MOERL_MAX(need[0], s->pp - s->stage); /* the plain 1F1B's slots, as before */
-    }
+    if (pp_slots_needed(s->pp, s->stage, s->v, fwd_only ? 0 : nm, need) != MOERL_OK) return MOERL_ERR;
     return slots_ensure(s, m, max_tokens, need);
 }
 

@@ -139,6 +139,12 @@ int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *
  * of the backwards. Every chunk's forwards and backwards run in micro-batch order, and the chunks'
  * last backwards come in the order v − 1, …, 0. Pure. */
 int pp_schedule(int pp, int stage, int v, int m, int *kind, int *chunk, int *mbi);
+/* Activation slots stage `stage` allocates per chunk for a schedule of m micro-batches (m ≤ 0: a
+ * forward-only pass, 1 each): need[c] (c < v) = the largest number of chunk-c micro-batches between
+ * their forward and backward in pp_schedule's order (a chunk's passes run in micro-batch order, so
+ * micro-batch j uses slot j mod need[c]); v = 1 at least pp − stage (1F1B's). What each slot holds:
+ * model_acts over the chunk's layers. Errors: v outside 1..PP_MAX_CHUNKS, as pp_schedule. */
+int pp_slots_needed(int pp, int stage, int v, int m, int *need);
 /* (Returns MOERL_ERR with a message, writing nothing, for v > 1 with m not a multiple of pp.) */
 
 /* Micro-batch split the pipeline uses for these sequences: mb_start[0..m] as pack_microbatches
@@ -162,6 +168,9 @@ void pp_stage_layers(const pp_state *s, int *lo, int *hi);
 int pp_chunks(const pp_state *s);
 void pp_chunk_layers(const pp_state *s, int c, int *lo, int *hi);
 const int *pp_bounds(const pp_state *s); /* [pp·v + 1]: the cut into virtual stages */
+/* Bytes of the activation arenas of this stage's slots now (Σ over chunks and slots of model_acts'
+ * arena_bytes; the slots grow to the largest schedule run so far, pp_slots_needed). */
+double pp_slots_bytes(const pp_state *s);
 /* Statistics of the last pp_train_accumulate (identical on every stage except the per-stage fields). */
 const pp_stats *pp_last_stats(const pp_state *s);
 

@@ -62,8 +62,10 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
     /* full recompute: every layer keeps only its input [N,H]; the layer being recomputed holds all */
     if (recompute && l1 > l0) layers = (l1 - l0) * r64(N * H) + (biggest - r64(N * H));
     b += layers;
-    b += r64(N * H) + r64(N * H) + r64(N) + r64(N * V) + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
-    b += 3 * r64(N * H) + r64(N * nh * hd) + 2 * r64(N * nkv * hd) + r64(N * nh * hd) + r64(N * V) + 2 * r64(M * H) +
+    /* the logits and their gradient only where the head is (layout(): a range ending at the last layer) */
+    const double logits = l1 == c->num_hidden_layers ? r64(N * V) : 0;
+    b += r64(N * H) + r64(N * H) + r64(N) + logits + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
+    b += 3 * r64(N * H) + r64(N * nh * hd) + 2 * r64(N * nkv * hd) + r64(N * nh * hd) + logits + 2 * r64(M * H) +
          r64(gu_max) + r64(act_max) + r64(N * K + 1) + 2 * r64(N * E + 1);
     if (c->exec.per_expert_weights && E > 0) b += r64(E * 2 * I * H) + r64(E * H * I);
     return b;
@@ -155,6 +157,68 @@ int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int
 double plan_pp_tied_copy(const moe_config *c, int pp, plan_pp_params layout, int stage) {
     if (pp <= 1 || layout != PLAN_PP_STAGE_LOCAL || !c->tie_word_embeddings || stage != pp - 1) return 0;
     return (double)pad16((int64_t)c->vocab_size * c->hidden_size);
+}
+
+int plan_pp_chunk_params(const moe_config *c, int pp, int v, plan_pp_params layout, int stage, int chunk,
+                         double *dense, double *expert, int *l0, int *l1) {
+    if (v < 1 || chunk < 0 || chunk >= v || stage < 0 || stage >= pp)
+        return moerl_errorf("plan: chunk %d of actor.virtual_pipeline_parallel_size %d, stage %d of %d", chunk, v,
+                            stage, pp);
+    if (v > 1 && (int64_t)pp * v > c->num_hidden_layers)
+        return moerl_errorf("plan: actor.virtual_pipeline_parallel_size %d × actor.pipeline_parallel_size %d model "
+                            "chunks exceed the model's %d layers", v, pp, c->num_hidden_layers);
+    /* the cut into pp·v virtual stages is a pp·v-stage cut: the embedding on the first, the head on the last */
+    return plan_pp_stage_params(c, pp * v, layout, chunk * pp + stage, dense, expert, l0, l1);
+}
+
+/* Stage `stage`'s parameters summed over its v chunks (v = 1: plan_pp_stage_params; a replicated
+ * pipeline holds the whole model once), its decoder layers in *layers and chunk 0's range in l0, l1. */
+static int stage_params_v(const moe_config *c, int pp, int v, plan_pp_params layout, int stage, double *dense,
+                          double *expert, int *layers, int *l0, int *l1) {
+    if (v <= 1 || layout == PLAN_PP_REPLICATED) {
+        if (plan_pp_stage_params(c, pp, layout, stage, dense, expert, l0, l1) != MOERL_OK) return MOERL_ERR;
+        *layers = *l1 - *l0;
+        if (v > 1) { /* the replicated state holds everything; the layers it computes are its chunks' */
+            double d, e;
+            int a, b;
+            *layers = 0;
+            for (int k = 0; k < v; k++) {
+                if (plan_pp_chunk_params(c, pp, v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) != MOERL_OK)
+                    return MOERL_ERR;
+                *layers += b - a;
+                if (k == 0) *l0 = a, *l1 = b;
+            }
+        }
+        return MOERL_OK;
+    }
+    *dense = *expert = 0;
+    *layers = 0;
+    for (int k = 0; k < v; k++) {
+        double d, e;
+        int a, b;
+        if (plan_pp_chunk_params(c, pp, v, layout, stage, k, &d, &e, &a, &b) != MOERL_OK) return MOERL_ERR;
+        *dense += d;
+        *expert += e;
+        *layers += b - a;
+        if (k == 0) *l0 = a, *l1 = b;
+    }
+    return MOERL_OK;
+}
+
+/* Activation bytes (fp32 arena) of stage `stage` for m micro-batches of N tokens: v = 1, pp − stage
+ * slots over its layers (1F1B); v > 1, Σ over chunks of pipeline.c's slots (pp_slots_needed, from
+ * pp_schedule's order) × model_acts over the chunk's layers. */
+static int stage_acts(const moe_config *c, int pp, int v, int stage, int m, int64_t N, int recompute, double *bytes) {
+    int need[PP_MAX_CHUNKS];
+    if (pp_slots_needed(pp, stage, v, m, need) != MOERL_OK) return MOERL_ERR;
+    *bytes = 0;
+    for (int k = 0; k < v; k++) {
+        double d, e;
+        int a, b;
+        if (plan_pp_chunk_params(c, pp, v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) != MOERL_OK) return MOERL_ERR;
+        *bytes += need[k] * plan_acts_bytes(c, N, a, b, recompute);
+    }
+    return MOERL_OK;
 }
 
 /* ------------------------------------------------------------------ FSDP schedule replay */
@@ -261,7 +325,9 @@ typedef struct {
     char *glive;        /* gradient unit being written */
     int rs[PLAN_RS_IN_FLIGHT + 2], n_rs; /* reduce-scatters in flight, oldest first */
     int eager;          /* every reduce-scatter completes as soon as it starts (the lower bound) */
-    double gathered;    /* Σ s_u over the all-gathers started */
+    double gathered;    /* Σ s_u over the all-gathers started (with `skipped`: the passes fast-forwarded, kept
+                           apart so that the replayed passes add exact small integers) */
+    double skipped;
     double cur, peak;   /* floats as fsdp.c accounts them */
 } fsdp_replay;
 
@@ -346,27 +412,86 @@ static void replay_event(fsdp_replay *r, int bwd, int l) {
     for (int i = 0; i < nn; i++) g_wait(r, need[i]);
 }
 
+/* One pass of the schedule: forward over every layer, then (train) the backward and its gradients. */
+static void replay_pass(fsdp_replay *r, int train) {
+    for (int l = -1; l < r->L; l++) replay_event(r, 0, l);
+    if (!train) return;
+    replay_event(r, 1, r->L);
+    replay_ready(r, r->L + 1);
+    for (int l = r->L - 1; l >= 0; l--) {
+        replay_event(r, 1, l);
+        replay_ready(r, l + 1);
+    }
+    replay_ready(r, 0);
+}
+
+/* The replay's state between passes: units gathered, gradients live, reduce-scatters in flight. */
+typedef struct {
+    char pst[MOERL_MAX_LAYERS + 2], glive[MOERL_MAX_LAYERS + 2];
+    int rs[PLAN_RS_IN_FLIGHT + 2], n_rs;
+    double cur;
+} replay_snap;
+
+static void snap_take(const fsdp_replay *r, replay_snap *s) {
+    memset(s, 0, sizeof *s);
+    memcpy(s->pst, r->pst, (size_t)r->U);
+    memcpy(s->glive, r->glive, (size_t)r->U);
+    memcpy(s->rs, r->rs, sizeof r->rs);
+    s->n_rs = r->n_rs;
+    s->cur = r->cur;
+}
+
+/* n passes of one kind. The schedule is deterministic, so once a pass ends in the state it started
+ * from, every later pass repeats it exactly (the same gathers, the same peak): the rest is added as
+ * that pass's gathers × the passes left, so a step of 10^9 micro-batches replays in a few passes. */
+static void replay_passes(fsdp_replay *r, double n, int train) {
+    replay_snap prev, now;
+    snap_take(r, &prev);
+    for (double p = 0; p < n; p++) {
+        const double g0 = r->gathered;
+        replay_pass(r, train);
+        snap_take(r, &now);
+        if (!memcmp(&now, &prev, sizeof now)) {
+            r->skipped += (n - p - 1) * (r->gathered - g0);
+            return;
+        }
+        memcpy(&prev, &now, sizeof prev);
+    }
+}
+
 /* One step's passes from a cold start (the optimizer step releases every unit): fwd_only forward
  * passes, then train forward+backward passes, then fsdp_finish_grads. */
-static void replay_step(fsdp_replay *r, int fwd_only, int train) {
-    for (int p = 0; p < fwd_only + train; p++) {
-        for (int l = -1; l < r->L; l++) replay_event(r, 0, l);
-        if (p < fwd_only) continue;
-        replay_event(r, 1, r->L);
-        replay_ready(r, r->L + 1);
-        for (int l = r->L - 1; l >= 0; l--) {
-            replay_event(r, 1, l);
-            replay_ready(r, l + 1);
-        }
-        replay_ready(r, 0);
-    }
+static void replay_step(fsdp_replay *r, double fwd_only, double train) {
+    replay_passes(r, fwd_only, 0);
+    replay_passes(r, train, 1);
     while (r->n_rs > 0) rs_complete(r, r->rs[0]);
+    r->gathered += r->skipped;
+    r->skipped = 0;
+}
+
+/* One rank's replay from a cold start (units of the rank's expert slice under EP, shards over P):
+ * fwd_only forward passes then train training passes; the all-gathered floats, the peak and the
+ * floats still held at the end (the units the last region keeps gathered). */
+static void replay_rank(const moe_config *c, int ep, int P, int eager, double fwd_only, double train,
+                        double *gathered, double *peak, double *held) {
+    const int L = c->num_hidden_layers;
+    double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
+    char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
+    fsdp_units(c, ep, n);
+    for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], P) : 0;
+    fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = P, .pst = pst,
+                     .glive = glive, .eager = eager};
+    replay_step(&r, fwd_only, train);
+    if (gathered) *gathered = r.gathered;
+    if (peak) *peak = r.peak;
+    if (held) *held = r.cur;
 }
 
 /* ------------------------------------------------------------------ the plan */
 
 typedef struct {
     int S, fsdp, mb, dispatcher, cap;
+    int v; /* chunks per pipeline stage (actor.virtual_pipeline_parallel_size, ≥ 1) */
     int64_t N;
 } plan_ctx;
 
@@ -386,6 +511,9 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     if (x->S % x->fsdp)
         return moerl_errorf("plan: actor.fsdp_config.fsdp_size %d does not divide the %d ranks of a pipeline stage "
                             "(trainer.n_ranks / actor.pipeline_parallel_size)", x->fsdp, x->S);
+    const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
+                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
+    if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d ranks of a pipeline stage",
                             in->ep, x->S);
@@ -414,12 +542,33 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     x->N = in->micro_tokens;
     const int dp = in->n_trainer / (in->pp * in->sp);
     x->mb = in->micro_batches;
+    if (in->step_tokens < 0 || (double)in->step_tokens > PLAN_MAX_STEP_TOKENS)
+        return moerl_errorf("plan: %lld tokens per step is outside 0..2^53 (%.0f)", (long long)in->step_tokens,
+                            PLAN_MAX_STEP_TOKENS);
     if (x->mb <= 0) { /* micro-batches per update on a rank: the update's tokens over the data shards */
         const double upd_tokens = (double)in->step_tokens / in->updates_per_step;
-        x->mb = (int)ceil(upd_tokens / dp / (double)in->micro_tokens);
-        if (x->mb < 1) x->mb = 1;
+        const double mb = ceil(upd_tokens / dp / (double)in->micro_tokens);
+        if (mb > INT32_MAX)
+            return moerl_errorf("plan: %.4g micro-batches per update on a rank (%lld tokens per step over %d updates, "
+                                "%d data shards, actor.ppo_max_token_len_per_gpu %lld) exceed 2^31 − 1: lower "
+                                "actor.ppo_mini_batch_size or rollout.n, or raise actor.ppo_max_token_len_per_gpu",
+                                mb, (long long)in->step_tokens, in->updates_per_step, dp, (long long)in->micro_tokens);
+        x->mb = mb < 1 ? 1 : (int)mb;
     }
     if (in->pp > 1 && x->mb < in->pp) x->mb = in->pp; /* 1F1B needs ≥ pp micro-batches (pipeline.h's guard) */
+    x->v = in->vpp > 1 ? in->vpp : 1;
+    if (x->v > 1) { /* interleaved: m a multiple of pp (pipeline.h; the dynamic count rounds its target up) */
+        if (in->pp < 2 || x->v > PP_MAX_CHUNKS || (int64_t)in->pp * x->v > L)
+            return moerl_errorf("plan: actor.virtual_pipeline_parallel_size %d needs actor.pipeline_parallel_size ≥ 2 "
+                                "(it is %d), at most %d chunks per stage and pp × v ≤ the model's %d layers", x->v,
+                                in->pp, PP_MAX_CHUNKS, L);
+        if (x->mb % in->pp) {
+            if (x->mb > INT32_MAX - in->pp)
+                return moerl_errorf("plan: %d micro-batches per update do not round up to a multiple of "
+                                    "actor.pipeline_parallel_size %d below 2^31", x->mb, in->pp);
+            x->mb += in->pp - x->mb % in->pp;
+        }
+    }
     x->dispatcher = in->dispatcher;
     if (x->dispatcher == MOE_DISPATCH_AUTO)
         x->dispatcher = in->ep <= (in->alltoall_max_ep > 0 ? in->alltoall_max_ep : 16) ? MOE_DISPATCH_ALLTOALL
@@ -450,7 +599,9 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     const double N = (double)x->N;
     double dense, expert;
     int l0, l1;
-    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    int layers;
+    if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
+        return MOERL_ERR;
     const int pp_repl = in->pp > 1 && in->pp_params == PLAN_PP_REPLICATED,
               pp_local = in->pp > 1 && in->pp_params == PLAN_PP_STAGE_LOCAL;
     /* the reducer's group: the stage's D ranks (DP, SP); every trainer with a replicated pipeline */
@@ -466,7 +617,7 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         }
         fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = U, .P = fsdp, .pst = pst,
                          .glive = glive};
-        replay_step(&r, fo * mb, mb);
+        replay_step(&r, (double)fo * mb, mb);
         /* + par_max_passes' one-float all-gather, which EP × FSDP runs over the stage instead */
         t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
         t->fsdp_reduce_scatter = (double)(fsdp - 1) * S * db * mb;
@@ -518,11 +669,11 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     }
     if (in->pp > 1) {
         const int aux = n_moe_in(c, 0, L) > 0;
-        double per = 0;
-        if (stage < in->pp - 1) per += N * H * db + (aux ? 2 * E * 4 : 0);
-        if (stage > 0) per += N * H * db + (aux ? E * 4 : 0);
+        /* chunks sending on (all but the last virtual stage) and back (all but the first) */
+        const double nf = x->v - (stage == in->pp - 1), nb = x->v - (stage == 0);
+        const double per = nf * (N * H * db + (aux ? 2 * E * 4 : 0)) + nb * (N * H * db + (aux ? E * 4 : 0));
         t->pp_p2p = per * mb;
-        if (aux && stage < in->pp - 1) t->pp_p2p_fwd_only = (double)fo * mb * N * H * db;
+        if (aux && nf > 0) t->pp_p2p_fwd_only = (double)fo * mb * nf * N * H * db;
         if (pp_local && c->tie_word_embeddings && (stage == 0 || stage == in->pp - 1))
             t->pp_p2p_emb = (double)pad16((int64_t)c->vocab_size * c->hidden_size) * db; /* one way per stage */
     }
@@ -538,21 +689,18 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
         return moerl_errorf("plan: logprob pass of stage %d of %d, Ulysses rank %d of %d, FSDP rank %d of %d, %d "
                             "micro-batches, %g response tokens out of range", stage, in->pp, sp_rank, in->sp,
                             fsdp_rank, x->fsdp, n_mb, resp_tokens);
-    const int L = c->num_hidden_layers, fsdp = x->fsdp, ep = in->ep;
+    const int fsdp = x->fsdp, ep = in->ep;
     const double db = in->dtype_bytes, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     const double N = (double)x->N;
     double dense, expert;
     int l0, l1;
-    if (plan_pp_stage_params(c, in->pp, in->pp_params, stage, &dense, &expert, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+    int layers;
+    if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
+        return MOERL_ERR;
     if (fsdp > 1) { /* every pass regathers: n_mb forward-only passes from a cold start */
-        double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2];
-        char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-        fsdp_units(c, ep, n);
-        for (int u = 0; u < L + 2; u++) s[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
-        fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp, .pst = pst,
-                         .glive = glive};
-        replay_step(&r, n_mb, 0);
-        t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
+        double gathered;
+        replay_rank(c, ep, fsdp, 0, n_mb, 0, &gathered, NULL, NULL);
+        t->fsdp_allgather = (fsdp - 1) * (gathered * db + (ep > 1 ? 0.0 : 4.0));
     }
     const int n_moe = n_moe_in(c, l0, l1);
     if (ep > 1 && n_moe > 0) { /* dispatch and combine per MoE layer and micro-batch */
@@ -570,7 +718,8 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
         t->sp_logprob_allreduce = 2.0 * (P - 1) / P * N * 4 * n_mb; /* every rank gets the micro-batch's logprobs */
     }
     if (in->pp > 1) {
-        if (stage < in->pp - 1) t->pp_p2p_fwd_only = (double)n_mb * N * H * db;
+        const double nf = x->v - (stage == in->pp - 1); /* chunks whose output goes on */
+        t->pp_p2p_fwd_only = (double)n_mb * nf * N * H * db;
         /* the stages' batch check (8 doubles), then the last stage's logprobs summed onto every stage */
         const double f = 2.0 * (in->pp - 1) / in->pp;
         t->pp_logprob_allreduce = f * 8 * 8 + f * resp_tokens * 4;
@@ -602,6 +751,9 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->fsdp = fsdp;
     o->dp = in->n_trainer / (in->pp * in->sp);
     o->micro_batches = x.mb;
+    o->vpp = x.v;
+    if (in->pp > 1) /* Narayanan et al. 2021 §2.2.2 (pp_stats.theory_interleaved; = 1F1B's at v = 1) */
+        o->bubble_theory = (in->pp - 1.0) / ((double)x.v * x.mb + in->pp - 1.0);
     const double db = in->dtype_bytes, ep = in->ep;
     const int64_t N = (x.N + in->sp - 1) / in->sp; /* tokens a Ulysses rank holds (the largest share) */
     const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
@@ -612,7 +764,8 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     for (int s = 0; s < in->pp; s++) {
         double d, e;
         int l0, l1;
-        if (plan_pp_stage_params(c, in->pp, in->pp_params, s, &d, &e, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+        int layers;
+        if (stage_params_v(c, in->pp, x.v, in->pp_params, s, &d, &e, &layers, &l0, &l1) != MOERL_OK) return MOERL_ERR;
         double local, copy = plan_pp_tied_copy(c, in->pp, in->pp_params, s);
         if (fsdp > 1) { /* moerl's unit shards (padding per unit) of the rank's expert slice */
             double n[MOERL_MAX_LAYERS + 2];
@@ -627,7 +780,13 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         } else {
             local = d + e / ep;
         }
-        const double acts = plan_acts_bytes(c, N, l0, l1, in->recompute) * act_scale * plan_pp_inflight(in->pp, s);
+        double acts0 = plan_acts_bytes(c, N, l0, l1, 0), acts1 = plan_acts_bytes(c, N, l0, l1, 1);
+        if (in->pp > 1) { /* the schedule's in-flight slots per chunk */
+            if (stage_acts(c, in->pp, x.v, s, x.mb, N, 0, &acts0) != MOERL_OK ||
+                stage_acts(c, in->pp, x.v, s, x.mb, N, 1, &acts1) != MOERL_OK)
+                return MOERL_ERR;
+        }
+        const double acts = (in->recompute ? acts1 : acts0) * act_scale;
         /* held (owned + a tied last stage's embedding copy): weights and gradients; owned: master and moments */
         const double bytes = (local + copy) * 2 * db + local * (8 + (in->dtype_bytes == 2 ? 4 : 0)) + acts;
         if (bytes > best) {
@@ -637,29 +796,31 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             o->weights = (local + copy) * db;
             o->moments = local * 8;
             o->master = in->dtype_bytes == 2 ? local * 4 : 0;
-            o->stage_layers = l1 - l0;
-            o->acts = plan_acts_bytes(c, N, l0, l1, 0) * act_scale * plan_pp_inflight(in->pp, s);
-            o->acts_recompute = plan_acts_bytes(c, N, l0, l1, 1) * act_scale * plan_pp_inflight(in->pp, s);
+            o->stage_layers = layers;
+            o->acts = acts0 * act_scale;
+            o->acts_recompute = acts1 * act_scale;
             o->gathered = 0;
-            if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units */
-                double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
-                char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
-                fsdp_units(c, in->ep, n);
-                for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], fsdp) : 0;
-                fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
-                                 .pst = pst, .glive = glive};
-                replay_step(&r, in->fwd_only_passes * x.mb, x.mb);
-                o->gathered = r.peak * db;
-                char pst2[MOERL_MAX_LAYERS + 2] = {0}, glive2[MOERL_MAX_LAYERS + 2] = {0};
-                fsdp_replay r2 = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = fsdp,
-                                  .pst = pst2, .glive = glive2, .eager = 1};
-                replay_step(&r2, in->fwd_only_passes * x.mb, x.mb);
-                o->gathered_low = r2.peak * db;
+            if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units: both bounds */
+                double hi, lo;
+                replay_rank(c, in->ep, fsdp, 0, (double)in->fwd_only_passes * x.mb, x.mb, NULL, &hi, NULL);
+                replay_rank(c, in->ep, fsdp, 1, (double)in->fwd_only_passes * x.mb, x.mb, NULL, &lo, NULL);
+                o->gathered = hi * db;
+                o->gathered_low = lo * db;
             }
         }
     }
     o->grads = o->weights;
-    o->total = o->weights + o->grads + o->master + o->moments + o->gathered + o->acts;
+    if (in->ref_model) { /* trainer.c's reference: the whole layout, and its pass's own arena for a whole micro-batch */
+        o->ref_weights = (double)o->n_params * db;
+        o->ref_acts = plan_acts_bytes(c, x.N, 0, L, 0) * act_scale;
+        if (fsdp > 1 && in->logprob_passes > 0) { /* the proximal pass ran just before: its last region stays */
+            double held;
+            replay_rank(c, in->ep, fsdp, 0, 1, 0, NULL, NULL, &held);
+            o->ref_held = held * db;
+        }
+    }
+    const double live = MOERL_MAX(o->gathered, in->ref_model ? o->ref_acts + o->ref_held : 0);
+    o->total = o->weights + o->grads + o->master + o->moments + o->ref_weights + live + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
     /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors */
@@ -700,7 +861,13 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     if (in->logprob_passes > 0) { /* the proximal logprobs: one forward-only pass over the step's data */
         const int dp = in->n_trainer / (in->pp * in->sp);
         const double rank_tokens = (double)in->logprob_tokens / dp;
-        const int n_mb = MOERL_MAX(1, (int)ceil(rank_tokens / (double)in->micro_tokens));
+        const double n_lp = ceil(rank_tokens / (double)in->micro_tokens);
+        if (n_lp > INT32_MAX)
+            return moerl_errorf("plan: the logprob pass's %.4g micro-batches on a rank (%lld tokens over %d data "
+                                "shards, actor.ppo_max_token_len_per_gpu %lld) exceed 2^31 − 1: lower "
+                                "actor.ppo_mini_batch_size, rollout.n or async_training.require_batches",
+                                n_lp, (long long)in->logprob_tokens, dp, (long long)in->micro_tokens);
+        const int n_mb = MOERL_MAX(1, (int)n_lp);
         plan_traffic tl;
         if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb, rank_tokens * in->resp_fraction, &tl) != MOERL_OK)
             return MOERL_ERR;
@@ -708,6 +875,8 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                                                 tl.sp_logprob_allreduce + tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce);
         o->per_step += o->logprob_pass;
     }
+    o->ref_pass = 0; /* the reference pass has no collective (plan.h); kept as a row so the claim is checked */
+    o->per_step += o->ref_pass;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
     return MOERL_OK;
 }

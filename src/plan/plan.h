@@ -44,6 +44,9 @@ typedef enum {
                                 tests/test_dist_plan.c with plan.pp_params=replicated */
 } plan_pp_params;
 
+/* The most tokens per step plan accepts: 2^53, where doubles stop counting every token. */
+#define PLAN_MAX_STEP_TOKENS 9007199254740992.0
+
 typedef struct {
     /* trainer side */
     int n_trainer;          /* trainer.n_ranks: trainer devices */
@@ -65,7 +68,13 @@ typedef struct {
                                old logprobs; 0: none) */
     int64_t logprob_tokens; /* tokens (prompt + response) of the step's data, all ranks: step_tokens for one epoch */
     double resp_fraction;   /* response share of those tokens (the logprobs the pipeline sums onto every stage) */
+    int ref_model;          /* actor.use_kl_loss: the frozen reference policy of the k3 KL loss (trainer_init: a
+                               whole-model copy made before the model-parallel runtime, on every trainer rank, and
+                               a forward-only logprob pass over the rank's data each step, run locally) */
     plan_pp_params pp_params; /* pipeline parameter layout (plan_pp_stage_params) */
+    int vpp;                /* actor.virtual_pipeline_parallel_size: model chunks per stage (interleaved 1F1B; ≤ 1 =
+                               plain 1F1B). The cut is into pp·v virtual stages, stage s holds chunks c = virtual
+                               stages c·pp + s (pipeline.h); micro-batches per update round up to a multiple of pp */
     int dispatcher;         /* EP token exchange: moe_dispatcher of parallel/grid.h (0 = auto) */
     int alltoall_max_ep;    /* auto: all-to-all up to this EP size (≤ 0: 16) */
     double capacity_factor; /* all-to-all block capacity factor (≤ 0: 1.25) */
@@ -105,9 +114,17 @@ typedef struct {
     double gathered_low;         /* the same when every reduce-scatter completes as it starts (the lower bound:
                                     fsdp.c polls between layers, so a rank lands in [gathered_low, gathered]) */
     double acts;                 /* model_acts for ⌈micro_tokens/sp⌉ tokens over the stage's layers × in-flight
-                                    micro-batches (pp − stage, plan_pp_inflight) */
+                                    micro-batches (pp − stage, plan_pp_inflight); interleaved: Σ over the stage's
+                                    chunks of pp_slots_needed's slots (pp_schedule's order) × the chunk's layers */
     double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
-    double total, total_recompute;
+    double ref_weights;          /* actor.use_kl_loss: the reference model, as trainer.c holds it: the whole padded
+                                    layout (n_params, never sharded: made before par_state_init) × dtype_bytes */
+    double ref_acts;             /* its pass's activation arena (step_data_logprobs: model_acts for micro_tokens, all
+                                    layers, not the Ulysses share), live only during the reference pass */
+    double ref_held;             /* FSDP units still gathered when the reference pass runs (after the proximal pass
+                                    of logprob_passes: the last forward region's units; fsdp_stats.gathered_bytes) */
+    double total, total_recompute; /* weights + grads + master + moments + acts + ref_weights + the larger of
+                                    gathered (the update's peak) and ref_acts + ref_held (the reference pass) */
     /* per rollout device, bytes */
     double rollout_weights;      /* all parameters × dtype / rollout_tp */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
@@ -126,9 +143,14 @@ typedef struct {
                                     exchange (pp_p2p + pp_p2p_fwd_only + pp_p2p_emb of plan_traffic) */
     double logprob_pass;         /* the forward-only logprob pass of a trainer step (plan_traffic_logprob over the
                                     rank's ⌈logprob_tokens/dp/micro_tokens⌉ micro-batches), all groups, × logprob_passes */
-    double per_step;             /* sum of the above × updates_per_step, + logprob_pass */
+    double ref_pass;             /* actor.use_kl_loss: the reference logprob pass's traffic per step: 0 — the reference
+                                    runs the whole model on each rank (acts.par unset), no collective (test_dist_plan
+                                    checks every group's counters stay still) */
+    double per_step;             /* sum of the above × updates_per_step, + logprob_pass + ref_pass */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
+    int vpp;                     /* chunks per stage (resolved, ≥ 1) */
+    double bubble_theory;        /* pp > 1: (pp − 1)/(v·m + pp − 1), m = micro_batches (pp_stats.theory_interleaved) */
 } plan_result;
 
 /* Traffic of one rank per optimizer update, per group and operation, in the units of the counter
@@ -163,6 +185,8 @@ typedef struct {
  *                     gradient (e = the padded embedding), summed over D before it goes to stage 0;
  *   pp_p2p            pp_stats.bytes_sent of stage `stage` (the 1F1B schedule): per micro-batch N·H (+2E
  *                     aux statistics) forward unless last, N·H (+E) backward unless first (pipeline.h);
+ *                     interleaved (v chunks): per chunk, forward unless the last virtual stage, backward
+ *                     unless the first — v·(forward + backward) less the two ends;
  *   pp_p2p_fwd_only   the forward-only passes' sends on pp_comm (pp_compute_router_counts, only for a model
  *                     with MoE layers): N·H per micro-batch and pass unless last;
  *   pp_p2p_emb        a stage-local pipeline with tied embeddings: the last stage sends its embedding
@@ -203,6 +227,13 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
 int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int stage, double *dense, double *expert,
                          int *l0, int *l1);
 
+/* The interleaved pipeline (v chunks per stage): floats of chunk `chunk` of stage `stage` — virtual
+ * stage chunk·pp + stage of the pp·v-stage cut (the embedding on virtual stage 0, the final norm and
+ * untied head on the last) — and its layers [*l0, *l1): pp_own_chunk_range's range. v = 1, chunk 0:
+ * plan_pp_stage_params. Errors: chunk outside 0..v−1, pp·v above the layers. */
+int plan_pp_chunk_params(const moe_config *c, int pp, int v, plan_pp_params layout, int stage, int chunk,
+                         double *dense, double *expert, int *l0, int *l1);
+
 /* Floats of the embedding copy a stage holds besides the ones it owns: the padded embedding on the
  * last stage of a stage-local pipeline (pp > 1) with tied embeddings, else 0. Owned + this is
  * pp_held_floats. */
@@ -212,8 +243,10 @@ double plan_pp_tied_copy(const moe_config *c, int pp, plan_pp_params layout, int
 int plan_pp_inflight(int pp, int stage);
 
 /* Bytes of moerl's model_acts arena for max_tokens tokens (forward.c's layout(), with 64-byte
- * rounding of every buffer), restricted to decoder layers [l0, l1) with the head and backward
- * scratch included; with recompute only the layer inputs [N,H] of all but one layer are kept.
+ * rounding of every buffer), restricted to decoder layers [l0, l1) with the backward scratch
+ * included and the logits [N,V] and their gradient only when l1 is the last layer (a pipeline
+ * stage's arena, model_acts_init_range); with recompute only the layer inputs [N,H] of all but one
+ * layer are kept.
  * plan_acts_bytes(c, N, 0, L, 0) == model_acts_bytes(m, N) (tested). */
 double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, int recompute);
 
@@ -221,8 +254,10 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
 void plan_param_counts(const moe_config *c, int64_t *total, int64_t *dense, int64_t *expert, int64_t *hf);
 
 /* The plan. Errors (message names the field and value): sizes ≤ 0, n_trainer not divisible by
- * pp·sp, fsdp or ep not dividing n_trainer/pp, more stages than layers, dtype not 2 or 4,
- * n_rollout not divisible by rollout_tp. */
+ * pp·sp, fsdp or ep not dividing n_trainer/pp, step_tokens outside 0..PLAN_MAX_STEP_TOKENS, more
+ * than 2^31 − 1 micro-batches per update or per logprob pass on a rank, more stages than layers, pp > 1 with fsdp, ep or sp
+ * above 1 (moerl's par_check_pp_alone: the pipeline combines only with data parallelism), dtype not
+ * 2 or 4, n_rollout not divisible by rollout_tp. */
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *out);
 
 #endif
