@@ -458,6 +458,12 @@ static int emb_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_gr
 
 /* --- lockstep / sync: one thread, a fixed interleaving */
 
+/* Lockstep / sync: the rollout side idled from ls_mark to t0 (the update and the sync), works until now. */
+static void ls_account(job *J, double t0) {
+    if (J->ls_mark > 0) rl_atomic_add(&J->R.idle_s, t0 - J->ls_mark);
+    J->ls_mark = moerl_now();
+}
+
 static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
     const double t0 = moerl_now();
     while (rl_queue_size(&J->queue) < n) { /* generate until the trainer has its groups */
@@ -473,15 +479,20 @@ static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double
     }
     *waited = moerl_now() - t0;
     rl_atomic_add(&J->R.busy_s, *waited);
+    ls_account(J, t0);
     MOERL_ASSERT(rl_queue_try_get_n(&J->queue, (void **)out, n) == n);
     return n;
 }
 
 static int ls_sync(job *J, int version, double *rb, double *ri) {
-    if (!J->cfg->partial_rollout) { /* let in-flight responses finish under the old weights */
+    if (!J->cfg->partial_rollout && engine_num_unfinished(J->R.eng) > 0) { /* let in-flight responses
+                                                                            finish under the old weights */
+        const double t0 = moerl_now();
         J->R.draining = 1;
         while (engine_num_unfinished(J->R.eng) > 0)
             if (rollouter_tick(&J->R) < 0) return MOERL_ERR;
+        rl_atomic_add(&J->R.busy_s, moerl_now() - t0);
+        ls_account(J, t0);
     }
     J->R.on_paused = job_want_checkpoint(J, version) ? on_paused_checkpoint : NULL;
     J->R.on_paused_ctx = J;
@@ -495,6 +506,7 @@ static int ls_sync(job *J, int version, double *rb, double *ri) {
 static void ls_add_prompts(job *J, int64_t k) { atomic_fetch_add(&J->R.dropped_pending, k); }
 
 static int ls_stop(job *J, double *rb, double *ri) {
+    ls_account(J, moerl_now()); /* the last update */
     *rb = J->R.busy_s;
     *ri = J->R.idle_s;
     return MOERL_OK;

@@ -104,6 +104,8 @@ struct job {
     int whole_depth, whole_moments;
     int n_shards;             /* data-parallel shards of a step over the trainer ranks (0: n_trainers) */
     int *shard_of;            /* [n_trainers] the shard trainer rank d trains (NULL: d) */
+    double ls_mark;           /* lockstep / sync: when the rollout side last stopped generating (0: not yet);
+                                 from then until it generates again it is idle (the trainer's turn) */
 };
 
 /* The whole model on this process until job_whole_end (nests; moments: the AdamW moments too), then

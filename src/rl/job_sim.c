@@ -102,6 +102,14 @@ static void roll_account(sim_state *s, double dt) {
     s->win_busy += dt;
 }
 
+/* Lockstep / sync: the rollout side waits for the step loop (the update, the sync) until t: idle. */
+static void roll_idle_to(sim_state *s, double t) {
+    if (t <= s->t_roll) return;
+    s->idle += t - s->t_roll;
+    s->win_idle += t - s->t_roll;
+    s->t_roll = t;
+}
+
 /* One rollout tick at t_roll with the trainer not computing (it waits for groups or syncs): the
  * busy replicas share the cores among themselves. Returns 1 (worked), 0 (idle), MOERL_ERR. */
 static int roll_step(job *J) {
@@ -158,7 +166,7 @@ static int sim_get_groups(job *J, rl_group **out, int n, double timeout_s, doubl
                                     "data exhausted)", rl_queue_size(&J->queue), n);
         }
     } else { /* lockstep / sync: generate now, the step loop waits */
-        s->t_roll = MOERL_MAX(s->t_roll, s->t_train);
+        roll_idle_to(s, s->t_train);
         while (rl_queue_size(&J->queue) < n) {
             const int did = roll_step(J);
             if (did < 0) return MOERL_ERR;
@@ -285,7 +293,7 @@ static int sim_sync(job *J, int version, double *rb, double *ri) {
         s->t_roll = MOERL_MAX(s->t_roll, s->t_train); /* the rollout side's next step boundary */
         if (deliver(J) != MOERL_OK) return MOERL_ERR;
     } else {
-        s->t_roll = MOERL_MAX(s->t_roll, s->t_train);
+        roll_idle_to(s, s->t_train);
     }
     if (!J->cfg->partial_rollout) { /* drain: in-flight responses finish under the old weights */
         R->draining = 1;
@@ -326,6 +334,7 @@ static int64_t *sim_inflight_uids(job *J, int *n) {
 
 static int sim_stop(job *J, double *rb, double *ri) {
     sim_state *s = ST(J);
+    if (!s->async) roll_idle_to(s, s->t_train); /* the last update */
     *rb = s->win_busy;
     *ri = s->win_idle;
     return MOERL_OK;
