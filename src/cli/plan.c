@@ -18,6 +18,7 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "parallel/grid.h"
@@ -135,7 +136,11 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     return MOERL_OK;
 }
 
-static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+/* The table's unit: GiB, or MiB when the plan's largest memory figure is under 1 GiB (a toy config
+ * would print 0.000 everywhere); set once per table by print_table. */
+static double g_unit_bytes = 1024.0 * 1024.0 * 1024.0;
+static const char *g_unit = "GiB";
+static double gib(double b) { return b / g_unit_bytes; }
 
 static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_result *r) {
     json_t *o = json_object();
@@ -175,11 +180,21 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
 }
 
 static void plan_print_table(const moe_config *mc, const plan_input *in, const plan_result *r) {
+    const double big = MOERL_MAX(MOERL_MAX(r->total, r->rollout_total), r->weight_bcast);
+    g_unit_bytes = big < 1024.0 * 1024.0 * 1024.0 ? 1024.0 * 1024.0 : 1024.0 * 1024.0 * 1024.0;
+    g_unit = big < 1024.0 * 1024.0 * 1024.0 ? "MiB" : "GiB";
+    if ((int64_t)in->max_model_len > mc->max_position_embeddings)
+        log_warn("data.max_prompt_length + data.max_response_length = %d tokens exceed the model's context "
+                 "(max_position_embeddings = %d): the KV cache and activations are planned for %d tokens; set "
+                 "data.max_prompt_length (default 512) to what your prompts need",
+                 in->max_model_len, mc->max_position_embeddings, in->max_model_len);
     printf("model: %d layers, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
            mc->num_hidden_layers, mc->hidden_size, mc->num_experts, mc->num_experts_per_tok, mc->moe_intermediate_size,
            mc->num_attention_heads, mc->num_key_value_heads, mc->head_dim, mc->vocab_size);
-    printf("parameters: %.3f B (HF count), %.3f B expert, %.3f B active matmul per token\n", r->n_params_hf / 1e9,
-           r->n_params_expert / 1e9, r->n_active / 1e9);
+    const double pu = r->n_params_hf < 1e8 ? 1e6 : 1e9; /* millions for a toy model, else billions */
+    const char *pn = r->n_params_hf < 1e8 ? "M" : "B";
+    printf("parameters: %.3f %s (HF count), %.3f %s expert, %.3f %s active matmul per token\n", r->n_params_hf / pu, pn,
+           r->n_params_expert / pu, pn, r->n_active / pu, pn);
     printf("trainer: %d ranks = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
            "after sp); fullest stage %d (%d layers)\n",
            in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
@@ -188,7 +203,7 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     if (in->pp > 1)
         printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
                in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
-    printf("| per trainer rank | GiB |\n|---|---|\n");
+    printf("| per trainer rank | %s |\n|---|---|\n", g_unit);
     printf("| weights | %.3f |\n| gradients | %.3f |\n", gib(r->weights), gib(r->grads));
     if (r->master > 0) printf("| fp32 master weights | %.3f |\n", gib(r->master));
     printf("| AdamW moments | %.3f |\n", gib(r->moments));
@@ -208,10 +223,10 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
     printf("rollout: %d devices, %d per replica; %d sequences × %d tokens per replica; %s\n", in->n_rollout,
            in->rollout_tp, in->max_num_seqs, in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
-    printf("| per rollout device | GiB |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n| **total** | **%.3f** |\n",
-           gib(r->rollout_weights), gib(r->kv_cache), gib(r->rollout_total));
-    printf("| communication per trainer rank | GiB per update | GiB per step (%d updates) |\n|---|---|---|\n",
-           in->updates_per_step);
+    printf("| per rollout device | %s |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n| **total** | **%.3f** |\n",
+           g_unit, gib(r->rollout_weights), gib(r->kv_cache), gib(r->rollout_total));
+    printf("| communication per trainer rank | %s per update | %s per step (%d updates) |\n|---|---|---|\n",
+           g_unit, g_unit, in->updates_per_step);
     const char *names[] = {"gradient all-reduce", "FSDP all-gather", "FSDP reduce-scatter", "EP all-to-all",
                            "SP all-to-all", "PP p2p"};
     const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};

@@ -183,7 +183,11 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
         if (td < 1 || run_one(x, label, RL_MODE_ASYNC, x->rc.staleness_threshold, x->rc.partial_rollout, rd, td,
                               &sp[k - 1]) != MOERL_OK)
             return td < 1 ? moerl_errorf("simulate --sweep: %d devices leave no trainer at %d:1", total, k) : MOERL_ERR;
-        o += snprintf(md + o, sizeof md - o, "| %d:1 | %d | %d | %.4g | %.2fx | %.2f | %.2f |\n", k, rd, td,
+        /* too few devices for the ratio: the row says which split it ran (2 devices: 2:1 and 3:1 are 1:1) */
+        char split[48];
+        if (rd == k * td) snprintf(split, sizeof split, "%d:1", k);
+        else snprintf(split, sizeof split, "%d:1 (nearest with %d devices: %d:%d)", k, total, rd, td);
+        o += snprintf(md + o, sizeof md - o, "| %s | %d | %d | %.4g | %.2fx | %.2f | %.2f |\n", split, rd, td,
                       sp[k - 1].prompts_per_s, sp[k - 1].prompts_per_s / sp[0].prompts_per_s,
                       sp[k - 1].trainer_idle_ratio, sp[k - 1].rollout_idle_ratio);
     }
