@@ -143,6 +143,11 @@ static void nnls_rel(int n, int k, double x[][3], const double *t, double *coef)
 
 #define CAL_MAX 256
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim_device *d) {
     sim_device_named("cpu", d);
     snprintf(d->name, sizeof d->name, "calibrated");
@@ -210,9 +215,13 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
     d->a_bytes = coef[0];
     d->a_flops = coef[1];
     d->c_step = coef[2];
-    /* training: forward + logprobs + backward on packed 128-token sequences at several sizes */
+    /* training: forward + logprobs + backward on packed 128-token sequences at several sizes, from a
+     * sixteenth of train_tokens up (a toy config's updates are smaller than the largest size; an
+     * intercept fitted from large sizes only swung 0.0007–0.55 s between runs); each size's time is
+     * the median of CAL_TRAIN_REPS timed repetitions, so a load spike moves no point of the fit */
     n = 0;
-    int sizes[3] = {train_tokens / 4, train_tokens / 2, train_tokens};
+    enum { CAL_SIZES = 4, CAL_TRAIN_REPS = 5 };
+    int sizes[CAL_SIZES] = {train_tokens / 16, train_tokens / 4, train_tokens / 2, train_tokens};
     model_acts acts;
     if (model_acts_init(&acts, &m, train_tokens) != MOERL_OK) {
         model_free(&m);
@@ -228,8 +237,9 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
         tgt[i] = (int)(rng_uniform_double(&r) * (cfg->vocab_size - 1));
         dl[i] = -1.0f / train_tokens;
     }
-    for (int rep = 0; rep < 3; rep++)
-        for (int si = 0; si < 3; si++) {
+    double tt[CAL_SIZES][CAL_TRAIN_REPS];
+    for (int rep = 0; rep <= CAL_TRAIN_REPS; rep++)
+        for (int si = 0; si < CAL_SIZES; si++) {
             const int N = MOERL_MAX(16, sizes[si]), seq = MOERL_MIN(128, N);
             int B = 0;
             cu[0] = 0;
@@ -240,10 +250,14 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
             model_backward(&m, &acts, dl, NULL, 0.0f);
             const double dt = moerl_now() - t0;
             if (rep == 0) continue; /* warm-up */
-            X[n][0] = model_train_flops(cfg, N, model_attention_pairs(cu, B));
-            X[n][1] = 1;
-            T[n] = dt;
-            n++;
+            tt[si][rep - 1] = dt;
+            if (rep == CAL_TRAIN_REPS) { /* the median of the size's repetitions */
+                qsort(tt[si], CAL_TRAIN_REPS, sizeof(double), cmp_double);
+                X[n][0] = model_train_flops(cfg, N, model_attention_pairs(cu, B));
+                X[n][1] = 1;
+                T[n] = tt[si][CAL_TRAIN_REPS / 2];
+                n++;
+            }
         }
     nnls_rel(n, 2, X, T, coef);
     d->s_flop = coef[0];
@@ -252,9 +266,14 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
     adamw_init(&opt, &m, oc);
     double gn;
     adamw_step(&opt, &m, 0.0f, 0.0f, &gn); /* warm */
-    const double ta = moerl_now();
-    adamw_step(&opt, &m, 0.0f, 0.0f, &gn);
-    d->c_update = coef[1] + (moerl_now() - ta);
+    double ts[CAL_TRAIN_REPS];
+    for (int i = 0; i < CAL_TRAIN_REPS; i++) { /* the median: one preempted step measured 0.24 s on a toy model */
+        const double ta = moerl_now();
+        adamw_step(&opt, &m, 0.0f, 0.0f, &gn);
+        ts[i] = moerl_now() - ta;
+    }
+    qsort(ts, CAL_TRAIN_REPS, sizeof(double), cmp_double);
+    d->c_update = coef[1] + ts[CAL_TRAIN_REPS / 2];
     adamw_free(&opt);
     /* link: one copy of the weights (what a same-host broadcast moves) */
     float *dst = xalloc_aligned(m.n_params * sizeof(float));
