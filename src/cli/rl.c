@@ -398,19 +398,22 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     int opened = 0;
     if (leader && rl_check_out_dir(c, rc) != MOERL_OK) goto fail;
     if (cli_build_model(c, &m) != MOERL_OK) goto fail;
-    if (par_check(&rc->par, rc->n_trainer_ranks, m.cfg.num_experts, m.cfg.num_attention_heads,
-                  m.cfg.num_key_value_heads, m.cfg.num_hidden_layers) != MOERL_OK)
-        goto fail; /* before any folder exists */
-    if (rc->rollout_ep > 1 && ctx->n_rollout % rc->rollout_ep) {
-        moerl_errorf("rollout.expert_parallel_size=%d does not divide the %d rollout ranks (mpirun -np minus "
-                     "trainer.n_ranks)",
-                     rc->rollout_ep, ctx->n_rollout);
-        goto fail;
-    }
-    if (rc->rollout_ep > 1 && m.cfg.num_experts % rc->rollout_ep) {
-        moerl_errorf("rollout.expert_parallel_size=%d does not divide the model's %d experts", rc->rollout_ep,
-                     m.cfg.num_experts);
-        goto fail;
+    /* the layout against the ranks and the model: the same verdict on every rank (config, world size
+     * and model shape only), so rank 0 reports it once and every rank returns (no MPI_Abort) — before
+     * any folder exists */
+    int layout_rc = par_check(&rc->par, rc->n_trainer_ranks, m.cfg.num_experts, m.cfg.num_attention_heads,
+                              m.cfg.num_key_value_heads, m.cfg.num_hidden_layers);
+    if (layout_rc == MOERL_OK && rc->rollout_ep > 1 && ctx->n_rollout % rc->rollout_ep)
+        layout_rc = moerl_errorf("rollout.expert_parallel_size=%d does not divide the %d rollout ranks (mpirun -np minus "
+                                 "trainer.n_ranks)",
+                                 rc->rollout_ep, ctx->n_rollout);
+    if (layout_rc == MOERL_OK && rc->rollout_ep > 1 && m.cfg.num_experts % rc->rollout_ep)
+        layout_rc = moerl_errorf("rollout.expert_parallel_size=%d does not divide the model's %d experts",
+                                 rc->rollout_ep, m.cfg.num_experts);
+    if (layout_rc != MOERL_OK) {
+        if (ctx->world_rank == 0) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
+        model_free(&m);
+        return 1;
     }
     if (leader) {
         if (cli_outdir_open(&od, rc->out_dir) != MOERL_OK) goto fail;
