@@ -240,8 +240,17 @@ int cli_build_model(const cfg *c, moe_model *m) {
     if (model_init(m, &mc) != MOERL_OK) return MOERL_ERR;
     model_init_random(m, (uint64_t)cfg_int(c, "model.seed"));
     cli_apply_moe_switches(c, m);
-    log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
-             mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
+    if (mc.num_experts == 0) {
+        /* HF Qwen3-MoE: num_experts = 0 makes every layer a dense MLP; top-k then selects nothing */
+        if (strcmp(cfg_origin(c, "model.num_experts_per_tok"), "default"))
+            log_warn("model.num_experts_per_tok=%d is unused: model.num_experts=0 builds a dense model (every layer "
+                     "a dense MLP of model.intermediate_size=%d)", mc.num_experts_per_tok, mc.intermediate_size);
+        log_info("new model: %d layers, hidden %d, dense (model.num_experts=0: no experts, MLP width %d), %lld "
+                 "parameters", mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size,
+                 (long long)model_num_params(m));
+    } else
+        log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
+                 mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
     return cli_use_tokenizer(NULL, mc.vocab_size, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                              "data.chat_template");
 }
