@@ -107,7 +107,9 @@ expect_err "rl: output folder in use" "in use" $M rl "${RS[@]}" trainer.default_
 
 # --- second review: data fingerprint on resume, model.* with model.path, non-finite weights, data_source
 $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=2 >/dev/null 2>&1
+cp "$W/fp/config.yaml" "$W/fpcfg.before"
 expect_err "rl: resume on other data refused" "other training data" $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=4 data.seed=5
+check "rl: the refused resume kept the run's config.yaml" cmp -s "$W/fpcfg.before" "$W/fp/config.yaml"
 # model.path on the command line wins over the file's model.* keys (named in a warning); model.*
 # keys given beside it on the command line, or beside a model.path in the file, are all named at once
 $M sft --config "$W/sft.yaml" model.path="$W/sft/checkpoint" trainer.default_local_dir="$W/sft2" >/dev/null 2>"$W/err"

@@ -25,6 +25,7 @@
 #include "parallel/compress.h"
 #include "parallel/grid.h"
 #include "rl/rl.h"
+#include "rl/state.h"
 
 /* src/cli/sft.c: the warm start (val: its validation split, may be empty) and the split itself. */
 int sft_split_validation(const cfg *c, dataset *train, dataset *val);
@@ -392,6 +393,23 @@ static void rl_why_test(const rl_config *rc, char *buf, size_t cap) {
     else snprintf(buf, cap, "trainer.val_n=%d evaluates on them", rc->val_n);
 }
 
+/* A resume (trainer.resume_mode=auto and a trainer_state.json in checkpoint/ or checkpoint.old/)
+ * must be of this training data and seed: checked here, before config.yaml is rewritten, with the
+ * same rule the job applies when it loads the checkpoint (rl_state_load). */
+static int rl_check_resume_state(const rl_config *rc, const dataset *train) {
+    if (!rc->resume_auto) return MOERL_OK;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/checkpoint/trainer_state.json", rc->out_dir);
+    if (access(p, R_OK) != 0) snprintf(p, sizeof p, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
+    if (access(p, R_OK) != 0) return MOERL_OK;
+    const rl_state_expect want = {.n_rows = dataset_count(train), .seed = rc->seed,
+                                  .data_fingerprint = dataset_fingerprint(train)};
+    rl_state st;
+    const int r = rl_state_load(&st, p, &want);
+    rl_state_free(&st);
+    return r;
+}
+
 /* The line a run stopped by a signal leaves: how to resume, or that it cannot. */
 static void rl_report_stop(const rl_result *res, const char *out_dir) {
     if (res->checkpoint_step >= 0)
@@ -465,6 +483,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (leader && rl_check_resume_state(rc, &train) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
     moerl_install_stop_signals();
@@ -580,6 +599,7 @@ int cmd_rl(int argc, char **argv) {
     if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (rl_check_resume_state(&rc, &train) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
