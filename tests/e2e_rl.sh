@@ -48,6 +48,14 @@ run_rl() {
 }
 # The lag bound the job prints at start ("... lag bound N; ...").
 lag_bound_of() { grep -o 'lag bound [0-9]*' "$WORK/$1.log" | head -1 | awk '{print $3}'; }
+# wait_for_line PID PATTERN FILE: until FILE holds PATTERN or PID has exited (a hang guard, not a timing)
+wait_for_line() {
+    for _ in $(seq 1 3000); do
+        grep -q "$2" "$3" 2>/dev/null && return 0
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.01
+    done
+}
 tail_log() { tail -5 "$WORK/$1.log" | sed 's/^/    | /'; }
 # expect_error NAME PATTERN [key=value ...]: the run fails (not by a signal) and its output names PATTERN
 expect_error() {
@@ -322,11 +330,7 @@ SFT=(model.hidden_size=32 model.intermediate_size=64 model.moe_intermediate_size
 rc0=$?
 "$MOERL" sft --config examples/sft.yaml "${SFT[@]}" trainer.default_local_dir="$WORK/sft_cut" >"$WORK/sft_cut.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 3000); do  # wait for the first steps (hang guard only)
-    grep -q "sft 1[0-9]*/60" "$WORK/sft_cut.log" 2>/dev/null && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.01
-done
+wait_for_line $pid "sft 1[0-9]*/60" "$WORK/sft_cut.log" # the first steps
 kill -TERM $pid 2>/dev/null
 wait $pid
 rc1=$?
@@ -345,11 +349,7 @@ WS=(sft.total_training_steps=100000 sft.train_batch_size=4 trainer.resume_mode=a
 "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" trainer.default_local_dir="$WORK/ws_int" \
     >"$WORK/ws_int.out" 2>"$WORK/ws_int.log" &
 pid=$!
-for _ in $(seq 1 3000); do  # wait for the first warm-start steps (hang guard only)
-    grep -q "sft warm start [1-9]" "$WORK/ws_int.log" 2>/dev/null && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.01
-done
+wait_for_line $pid "sft warm start [1-9]" "$WORK/ws_int.log" # the first warm-start steps
 kill -INT $pid 2>/dev/null
 wait $pid
 rc1=$?

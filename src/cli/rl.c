@@ -603,6 +603,7 @@ int cmd_rl(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
+    int exit_code = 0; /* 128 + signal when one stopped the run */
     snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
@@ -614,13 +615,8 @@ int cmd_rl(int argc, char **argv) {
         fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
                         "rerun the same command to continue\n", sig, rc.out_dir);
         cli_print_json(rl_warm_start_stop_json(&rc, sig, sft1), 6);
-        model_free(&m);
-        dataset_free(&train);
-        dataset_free(&test);
-        dataset_free(&val);
-        cfg_free(c);
-        dist_finalize(ctx);
-        return 128 + sig;
+        exit_code = 128 + sig;
+        goto done;
     }
     if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
@@ -628,12 +624,8 @@ int cmd_rl(int argc, char **argv) {
     if (res.stop_signal) {
         rl_report_stop(&res, rc.out_dir);
         cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
-        model_free(&m);
-        dataset_free(&train);
-        dataset_free(&test);
-    dataset_free(&val);
-        cfg_free(c);
-        return 128 + res.stop_signal;
+        exit_code = 128 + res.stop_signal;
+        goto done;
     }
     log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s (rollout output over "
              "the run), trainer idle %.2f, rollouter idle %.2f, max staleness %d",
@@ -650,13 +642,14 @@ int cmd_rl(int argc, char **argv) {
     else if (rc.val_n != 0)
         log_info("held-out accuracy at the end: %.1f%%", 100 * res.val_acc_end);
     cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
+done:
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
     dataset_free(&val);
     cfg_free(c);
     dist_finalize(ctx);
-    return 0;
+    return exit_code;
 fail:
     cli_print_error("rl", moerl_last_error());
     if (opened) cli_outdir_abandon(&od);

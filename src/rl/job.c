@@ -319,7 +319,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     const int k = J->win_steps ? J->win_steps : 1;
     train_stats *w = &J->win;
     /* the loss statistics: mean over the window's steps that had loss tokens (NaN when none had) */
-    const double kl = J->win_steps - w->empty_steps > 0 ? (double)(J->win_steps - w->empty_steps) : NAN;
+    const double k_loss = J->win_steps - w->empty_steps > 0 ? (double)(J->win_steps - w->empty_steps) : NAN;
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
@@ -342,11 +342,11 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("response_length/mean", w->response_length_mean / k);
     PUT("response_length/max", w->response_length_max);
     PUT("response_length/clip_ratio", w->response_clip_ratio / k);
-    PUT("actor/pg_loss", w->pg_loss / kl);
-    PUT("actor/pg_clipfrac", w->pg_clipfrac / kl);
-    PUT("actor/ppo_kl", w->ppo_kl / kl);
+    PUT("actor/pg_loss", w->pg_loss / k_loss);
+    PUT("actor/pg_clipfrac", w->pg_clipfrac / k_loss);
+    PUT("actor/ppo_kl", w->ppo_kl / k_loss);
     PUT("actor/grad_norm", w->grad_norm / k);
-    PUT("actor/entropy", w->entropy / kl);
+    PUT("actor/entropy", w->entropy / k_loss);
     PUT("actor/kl_loss", w->kl_loss / k);
     PUT("actor/empty_steps", (double)w->empty_steps); /* steps of this version without a loss token */
     PUT("moe/aux_loss", w->aux_loss / k);
@@ -356,7 +356,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("perf/prompts_per_s", wall > 0 ? (w->n_samples / (double)cfg->n) / wall : 0);
     /* MFU of the trainer's updates: model FLOPs (base/perf.h) / (update seconds · measured sgemm peak) */
     PUT("perf/mfu", J->sgemm_peak > 0 && J->win_update > 0 ? w->train_flops / (J->win_update * J->sgemm_peak) : NAN);
-    if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / kl);
+    if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k_loss);
     if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
         PUT("rollout_corr/rollout_is_mean", w->rollout_is_mean / k);
         PUT("rollout_corr/rollout_is_std", w->rollout_is_std / k);
@@ -389,9 +389,9 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     metrics_write(J->mw, J->T.step, n, keys, vals);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
              "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
-             J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / kl, w->pg_clipfrac / kl,
-             w->ppo_kl / kl, w->entropy / kl, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync, t_idle,
-             r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
+             J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k_loss, w->pg_clipfrac / k_loss,
+             w->ppo_kl / k_loss, w->entropy / k_loss, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync,
+             t_idle, r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
              w->max_lag, wall > 0 ? w->trained_tokens / wall : 0);
     J->win_t0 = job_clock(J);
     J->win_gen_wait = J->win_update = J->win_sync = J->win_bcast_s = 0;
