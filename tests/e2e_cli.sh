@@ -107,7 +107,9 @@ expect_err "rl: output folder in use" "in use" $M rl "${RS[@]}" trainer.default_
 
 # --- second review: data fingerprint on resume, model.* with model.path, non-finite weights, data_source
 $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=2 >/dev/null 2>&1
+cp "$W/fp/config.yaml" "$W/fpcfg.before"
 expect_err "rl: resume on other data refused" "other training data" $M rl "${RS[@]}" trainer.default_local_dir="$W/fp" trainer.total_training_steps=4 data.seed=5
+check "rl: the refused resume kept the run's config.yaml" cmp -s "$W/fpcfg.before" "$W/fp/config.yaml"
 # model.path on the command line wins over the file's model.* keys (named in a warning); model.*
 # keys given beside it on the command line, or beside a model.path in the file, are all named at once
 $M sft --config "$W/sft.yaml" model.path="$W/sft/checkpoint" trainer.default_local_dir="$W/sft2" >/dev/null 2>"$W/err"
@@ -216,6 +218,35 @@ check "sft: a failed start leaves no folder" test ! -e "$W/nf3"
 $M tasks --task gsm8k-style --out "$W/gsm" --n-train 3000 --n-test 100 >/dev/null 2>&1
 check "gsm8k-style: no '1 <plural>'" bash -c "! grep -qE '(^|[^0-9.])1 (hours|dollars|pages|boys|girls|apples|marbles|stickers|pencils|cards|shells|coins|beads)' '$W/gsm/train.jsonl'"
 check "gsm8k-style: '1 hour' does occur (the case is exercised)" grep -q "for 1 hour[,.]" "$W/gsm/train.jsonl"
+
+# --- third review: output-folder and data.* checks before anything is written; eval's cap; a dense
+# model; grad_compression in one process
+cp "$W/sft/config.yaml" "$W/sftcfg.before"
+expect_err "rl: into a moerl sft folder is refused before the warm start" "without trainer_state.json" $M rl --config examples/smoke.yaml trainer.default_local_dir="$W/sft" trainer.val_n=4
+check "rl: the refused run wrote nothing into the sft folder" bash -c "cmp -s '$W/sftcfg.before' '$W/sft/config.yaml' && [[ ! -e '$W/sft/sft_checkpoint' && ! -e '$W/sft/sft_metrics.jsonl' && ! -e '$W/sft/run.log' ]]"
+mkdir -p "$W/ws/sft_checkpoint" # what a moerl rl run stopped in its warm start leaves
+expect_err "sft: into a moerl rl folder is refused" "ws' holds a moerl rl run (sft_checkpoint)" $M sft --config "$W/sft.yaml" trainer.default_local_dir="$W/ws"
+check "sft: nothing written into the rl folder" bash -c "[[ ! -e '$W/ws/checkpoint' && ! -e '$W/ws/config.yaml' && ! -e '$W/ws/data' ]]"
+expect_err "rl: data.train_files beside data.task names both keys" "data.task='arith' (examples/smoke.yaml:14) generates the data, so data.train_files='nope.jsonl' (command line)" $M rl "${RS[@]}" trainer.default_local_dir="$W/tf" data.train_files=nope.jsonl
+check "rl: refused data keys leave no folder" test ! -e "$W/tf"
+expect_err "rl: data.n_test=0 with held-out evals names data.n_test" "data.n_test=0 generates no held-out rows, but trainer.val_n=4" $M rl "${RS[@]}" trainer.default_local_dir="$W/nt" data.n_test=0
+check "rl: data.n_test=0 refused before any folder" test ! -e "$W/nt"
+expect_err "sft: data.n_test=0 names data.n_test" "data.n_test=0 generates no held-out rows" $M sft --config "$W/sft.yaml" data.task=arith data.train_files= data.val_files= data.n_test=0 trainer.default_local_dir="$W/nt2"
+: >"$W/noval.jsonl"
+expect_err "rl: an empty data.val_files with held-out evals" "data.val_files '$W/noval.jsonl' has no rows" $M rl "${RS[@]}" data.task= data.train_files="$W/arith/train.jsonl" data.val_files="$W/noval.jsonl" trainer.default_local_dir="$W/nt4"
+$M rl --config examples/smoke.yaml sft.total_training_steps=2 data.n_test=0 trainer.val_n=0 trainer.test_freq=0 trainer.total_training_steps=1 trainer.default_local_dir="$W/nt3" >"$W/nt3.json" 2>"$W/err"
+rc=$?
+check "rl: data.n_test=0 with trainer.val_n=0 runs, the warm start without held-out evals" bash -c "[[ $rc -eq 0 ]] && grep -q 'no held-out evaluation (trainer.val_n=0)' '$W/err' && grep -q '\"accuracy_sft\":null' '$W/nt3.json'"
+$M eval --model "$W/sft/checkpoint" --data "$W/arith/test.jsonl" --n 2 >"$W/e1.json" 2>/dev/null
+$M eval --model "$W/sft/checkpoint" --data "$W/arith/test.jsonl" --n 2 --max-new-tokens 5 >"$W/e2.json" 2>/dev/null
+check "eval: reports its response cap (default 16, --max-new-tokens)" bash -c "grep -q '\"max_new_tokens\":16' '$W/e1.json' && grep -q '\"max_new_tokens\":5' '$W/e2.json'"
+check "eval --help documents the default cap" bash -c "$M eval --help | grep -q 'max-new-tokens N .*default 16'"
+$M rl "${RS[@]}" model.num_experts=0 actor.grad_compression=onebit trainer.total_training_steps=1 trainer.default_local_dir="$W/dense" >/dev/null 2>"$W/err"
+rc=$?
+check "rl: model.num_experts=0 runs as a dense model" bash -c "[[ $rc -eq 0 ]] && grep -q 'dense (model.num_experts=0' '$W/err'"
+check "rl: num_experts_per_tok beside num_experts=0 is named unused" grep -q "model.num_experts_per_tok=2 is unused" "$W/err"
+check "rl: grad_compression in one process warns it has no effect" grep -q "actor.grad_compression=onebit .*no effect" "$W/err"
+expect_err "rl: top-k above the experts" "exceeds 'num_experts'" $M rl "${RS[@]}" model.num_experts=1 trainer.default_local_dir="$W/k"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

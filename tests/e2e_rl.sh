@@ -48,6 +48,14 @@ run_rl() {
 }
 # The lag bound the job prints at start ("... lag bound N; ...").
 lag_bound_of() { grep -o 'lag bound [0-9]*' "$WORK/$1.log" | head -1 | awk '{print $3}'; }
+# wait_for_line PID PATTERN FILE: until FILE holds PATTERN or PID has exited (a hang guard, not a timing)
+wait_for_line() {
+    for _ in $(seq 1 3000); do
+        grep -q "$2" "$3" 2>/dev/null && return 0
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.01
+    done
+}
 tail_log() { tail -5 "$WORK/$1.log" | sed 's/^/    | /'; }
 # expect_error NAME PATTERN [key=value ...]: the run fails (not by a signal) and its output names PATTERN
 expect_error() {
@@ -169,6 +177,17 @@ elif cmd == "ckpt_step":  # trainer_step of the folder's checkpoint, -1 if none 
             print(json.load(f)["trainer_step"])
     except Exception:
         print(-1)
+elif cmd == "empty_steps":  # steps without a loss token: counted, left out of the loss means, warned
+    n_warn = int(args[0])
+    m = version_rows(d)
+    total = sum(r["actor/empty_steps"] for r in m)
+    if total < 1 or total != n_warn:
+        fail("actor/empty_steps sum %s, %d warnings in the log" % (total, n_warn))
+    for r in m:  # one step per version (trigger_parameter_sync_step=1)
+        empty = r["actor/empty_steps"] == 1
+        for k in ("actor/pg_loss", "actor/entropy"):
+            if empty != (r[k] is None):
+                fail("step %d: actor/empty_steps %s but %s = %s" % (r["step"], r["actor/empty_steps"], k, r[k]))
 else:
     fail("unknown check " + cmd)
 EOF
@@ -311,11 +330,7 @@ SFT=(model.hidden_size=32 model.intermediate_size=64 model.moe_intermediate_size
 rc0=$?
 "$MOERL" sft --config examples/sft.yaml "${SFT[@]}" trainer.default_local_dir="$WORK/sft_cut" >"$WORK/sft_cut.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 3000); do  # wait for the first steps (hang guard only)
-    grep -q "sft 1[0-9]*/60" "$WORK/sft_cut.log" 2>/dev/null && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.01
-done
+wait_for_line $pid "sft 1[0-9]*/60" "$WORK/sft_cut.log" # the first steps
 kill -TERM $pid 2>/dev/null
 wait $pid
 rc1=$?
@@ -326,6 +341,39 @@ if [[ $rc0 -eq 0 && $rc1 -eq 143 && $rc2 -eq 0 && -n $cut && $cut -lt 60 ]] &&
     cmp -s "$WORK/sft_full/checkpoint/model.safetensors" "$WORK/sft_cut/checkpoint/model.safetensors"; then
     ok "sft: SIGTERM at step $cut (exit 143), resume: weights identical to an uninterrupted run"
 else bad "sft stop + resume" "exits $rc0/$rc1/$rc2, stopped at step '$cut', or the weights differ"; tail_log sft_cut; fi
+
+# ---------------------------------------------------------------- SIGINT in the warm start of moerl rl
+# The final JSON line is printed then too (stopped_in: sft_warm_start), and the folder, which now
+# holds only the warm start's checkpoint, is refused by moerl sft.
+WS=(sft.total_training_steps=100000 sft.train_batch_size=4 trainer.resume_mode=auto)
+"$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" trainer.default_local_dir="$WORK/ws_int" \
+    >"$WORK/ws_int.out" 2>"$WORK/ws_int.log" &
+pid=$!
+wait_for_line $pid "sft warm start [1-9]" "$WORK/ws_int.log" # the first warm-start steps
+kill -INT $pid 2>/dev/null
+wait $pid
+rc1=$?
+if [[ $rc1 -eq 130 ]] && tail -1 "$WORK/ws_int.out" | "$PY" -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+assert r["stopped_by_signal"] == 2 and r["stopped_in"] == "sft_warm_start" and r["checkpoint_step"] is None, r
+assert r["steps"] == 0, r'; then
+    ok "SIGINT in the warm start: exit 130, the JSON line names the signal and the warm start"
+else bad "SIGINT in the warm start" "exit $rc1 (want 130), or no JSON line: $(tail -c 300 "$WORK/ws_int.out")"; tail_log ws_int; fi
+if "$MOERL" sft --config examples/sft.yaml trainer.default_local_dir="$WORK/ws_int" >"$WORK/ws_sft.log" 2>&1; then
+    bad "sft into a stopped rl folder" "accepted"
+elif grep -q "holds a moerl rl run (sft_checkpoint" "$WORK/ws_sft.log" && [[ ! -e $WORK/ws_int/checkpoint ]]; then
+    ok "moerl sft into the stopped rl run's folder: refused, nothing written"
+else bad "sft into a stopped rl folder" "$(tail -1 "$WORK/ws_sft.log")"; fi
+
+# ---------------------------------------------------------------- steps without a loss token
+# One-token responses almost never end in EOS, so actor.overlong_filter masks (nearly) every one.
+if run_rl empty_steps actor.overlong_filter=true data.max_response_length=1 trainer.total_training_steps=4 \
+    async_training.trigger_parameter_sync_step=1; then
+    n_warn=$(grep -c "no response token carries loss" "$WORK/empty_steps.log")
+    if msg=$(check empty_steps "$WORK/empty_steps" "$n_warn"); then ok "empty steps: $n_warn warned, counted in actor/empty_steps, their loss null"
+    else bad "empty steps" "$msg"; fi
+else bad "empty steps" "exit $?"; tail_log empty_steps; fi
 
 # ---------------------------------------------------------------- profile trace and MFU
 if "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/prof" \

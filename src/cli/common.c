@@ -257,8 +257,17 @@ int cli_build_model(const cfg *c, moe_model *m) {
     if (model_init(m, &mc) != MOERL_OK) return MOERL_ERR;
     model_init_random(m, (uint64_t)cfg_int(c, "model.seed"));
     cli_apply_moe_switches(c, m);
-    log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
-             mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
+    if (mc.num_experts == 0) {
+        /* HF Qwen3-MoE: num_experts = 0 makes every layer a dense MLP; top-k then selects nothing */
+        if (strcmp(cfg_origin(c, "model.num_experts_per_tok"), "default"))
+            log_warn("model.num_experts_per_tok=%d is unused: model.num_experts=0 builds a dense model (every layer "
+                     "a dense MLP of model.intermediate_size=%d)", mc.num_experts_per_tok, mc.intermediate_size);
+        log_info("new model: %d layers, hidden %d, dense (model.num_experts=0: no experts, MLP width %d), %lld "
+                 "parameters", mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size,
+                 (long long)model_num_params(m));
+    } else
+        log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
+                 mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
     return cli_use_tokenizer(NULL, mc.vocab_size, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                              "data.chat_template");
 }
@@ -281,9 +290,42 @@ int cli_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_te
     return MOERL_OK;
 }
 
+/* Where a key's value came from, for an error: "command line", "FILE:LINE" or "default". */
+static const char *origin_name(const cfg *c, const char *key) {
+    const char *o = cfg_origin(c, key);
+    return strcmp(o, "override") ? o : "command line";
+}
+
+int cli_check_data_keys(const cfg *c, const char *why_test) {
+    const char *task = cfg_str(c, "data.task");
+    if (!task[0]) return MOERL_OK; /* files: cli_prepare_data names a missing one */
+    const char *tf = cfg_str(c, "data.train_files"), *vf = cfg_str(c, "data.val_files");
+    if (tf[0] || vf[0])
+        return moerl_errorf("data.task='%s' (%s) generates the data, so data.%s='%s' (%s) would be unused: to read "
+                            "files set data.task= (empty) with data.train_files and data.val_files, or drop data.%s "
+                            "to use the task",
+                            task, origin_name(c, "data.task"), tf[0] ? "train_files" : "val_files", tf[0] ? tf : vf,
+                            origin_name(c, tf[0] ? "data.train_files" : "data.val_files"),
+                            tf[0] ? "train_files" : "val_files");
+    if (why_test && cfg_int(c, "data.n_test") <= 0)
+        return moerl_errorf("data.n_test=%lld generates no held-out rows, but %s: set data.n_test ≥ 1%s",
+                            (long long)cfg_int(c, "data.n_test"), why_test,
+                            strstr(why_test, "trainer.val_n") ? ", or trainer.val_n=0 (no held-out evaluation)" : "");
+    return MOERL_OK;
+}
+
+int cli_check_held_out_rows(const cfg *c, const dataset *test, const char *why_test) {
+    if (!why_test || dataset_count(test) > 0) return MOERL_OK;
+    if (cfg_str(c, "data.task")[0]) return cli_check_data_keys(c, why_test);
+    return moerl_errorf("data.val_files '%s' has no rows, but %s: give a file with held-out rows%s", test->path,
+                        why_test,
+                        strstr(why_test, "trainer.val_n") ? ", or set trainer.val_n=0 (no held-out evaluation)" : "");
+}
+
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test) {
     const char *task = cfg_str(c, "data.task");
     char tr[4096], te[4096];
+    if (cli_check_data_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
     if (task[0]) {
         task_opts o;
         task_opts_default(&o);

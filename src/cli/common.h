@@ -27,6 +27,15 @@ int cli_model_config(const cfg *c, const char *model, moe_config *mc);
 /* Resolve train/test files: with data.task set, generate them under <out_dir>/data (unless they
  * exist with the same options); else data.train_files / data.val_files. Loads both. */
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test);
+/* The data.* keys, before anything is read or written: data.task (generated data) and
+ * data.train_files / data.val_files (files) exclude each other — a file given beside a task would be
+ * silently unused — and with a task, data.n_test must be ≥ 1 when the command evaluates on the
+ * held-out split (why_test: the key or reason that evaluates, named in the error; NULL = no held-out
+ * evaluation, n_test = 0 allowed). Errors name the keys, their values and the way out. */
+int cli_check_data_keys(const cfg *c, const char *why_test);
+/* After cli_prepare_data: a held-out split without rows is refused when why_test (as above) is set;
+ * the error names data.val_files or data.n_test. */
+int cli_check_held_out_rows(const cfg *c, const dataset *test, const char *why_test);
 /* Set OpenMP/OpenBLAS threads for this process (0 = all cores). */
 void cli_set_threads(int n);
 /* Write a checkpoint and, beside it, the files of the current tokenizer (tokenizer_save: the

@@ -25,6 +25,7 @@
 #include "parallel/compress.h"
 #include "parallel/grid.h"
 #include "rl/rl.h"
+#include "rl/state.h"
 
 /* src/cli/sft.c: the warm start (val: its validation split, may be empty) and the split itself. */
 int sft_split_validation(const cfg *c, dataset *train, dataset *val);
@@ -60,6 +61,18 @@ static int rl_check_out_dir(const cfg *c, const rl_config *rc) {
                             "the folder's run: set trainer.resume_mode=disable to start anew, or drop "
                             "trainer.overwrite_output_dir to continue");
     if (cli_outdir_check_subdirs(rc->out_dir, k_run_dirs, 4) != MOERL_OK) return MOERL_ERR;
+    if (rc->resume_auto) { /* the resume reads checkpoint/: it must be an RL run's (job_load_checkpoint checks again) */
+        char st[4200], st_old[4200], w[4200], idx[4200];
+        snprintf(st, sizeof st, "%s/checkpoint/trainer_state.json", rc->out_dir);
+        snprintf(st_old, sizeof st_old, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
+        snprintf(w, sizeof w, "%s/checkpoint/model.safetensors", rc->out_dir);
+        snprintf(idx, sizeof idx, "%s/checkpoint/model.safetensors.index.json", rc->out_dir);
+        if (access(st, F_OK) != 0 && access(st_old, F_OK) != 0 && (access(w, F_OK) == 0 || access(idx, F_OK) == 0))
+            return moerl_errorf("%s/checkpoint holds a checkpoint without trainer_state.json (a moerl sft run, or a "
+                                "copied model?), not an RL run to resume: use another trainer.default_local_dir "
+                                "(model.path can point at that checkpoint), or set trainer.resume_mode=disable "
+                                "trainer.overwrite_output_dir=true to replace it", rc->out_dir);
+    }
     if (rc->resume_auto || overwrite) return MOERL_OK;
     char found[600] = "";
     for (int i = 0; i < 4 + 6; i++) {
@@ -141,6 +154,21 @@ static json_t *rl_summary_json(const rl_config *rc, const rl_result *res, double
     json_object_set_new(o, "stopped_by_signal", res->stop_signal ? json_integer(res->stop_signal) : json_null());
     json_object_set_new(o, "checkpoint_step",
                         res->checkpoint_step >= 0 ? json_integer(res->checkpoint_step) : json_null());
+    return o;
+}
+
+/* The last line when a signal stopped the SFT warm start (RL did not start): the same keys, the RL
+ * ones null or 0, "stopped_by_signal" set, "checkpoint_step" null (no RL checkpoint) and
+ * "stopped_in": "sft_warm_start" (the warm start's checkpoint is in output_dir/sft_checkpoint). */
+static json_t *rl_warm_start_stop_json(const rl_config *rc, int sig, double sft_acc) {
+    rl_result res;
+    memset(&res, 0, sizeof res);
+    res.val_acc_start = res.val_acc_end = res.wall_s = res.prompts_per_s = res.tokens_per_s = NAN;
+    res.trainer_idle_ratio = res.rollouter_idle_ratio = NAN;
+    res.stop_signal = sig;
+    res.checkpoint_step = -1;
+    json_t *o = rl_summary_json(rc, &res, sft_acc);
+    json_object_set_new(o, "stopped_in", json_string("sft_warm_start"));
     return o;
 }
 
@@ -354,6 +382,30 @@ int rl_read_config(const cfg *c, rl_config *r) {
     return MOERL_OK;
 }
 
+/* Why the run evaluates on the held-out split (for cli_check_data_keys), or "" when it does not
+ * (trainer.val_n = 0: neither the warm start nor RL evaluates there). */
+static void rl_why_test(const rl_config *rc, char *buf, size_t cap) {
+    if (rc->val_n == 0) buf[0] = 0;
+    else snprintf(buf, cap, "trainer.val_n=%d evaluates on them", rc->val_n);
+}
+
+/* A resume (trainer.resume_mode=auto and a trainer_state.json in checkpoint/ or checkpoint.old/)
+ * must be of this training data and seed: checked here, before config.yaml is rewritten, with the
+ * same rule the job applies when it loads the checkpoint (rl_state_load). */
+static int rl_check_resume_state(const rl_config *rc, const dataset *train) {
+    if (!rc->resume_auto) return MOERL_OK;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/checkpoint/trainer_state.json", rc->out_dir);
+    if (access(p, R_OK) != 0) snprintf(p, sizeof p, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
+    if (access(p, R_OK) != 0) return MOERL_OK;
+    const rl_state_expect want = {.n_rows = dataset_count(train), .seed = rc->seed,
+                                  .data_fingerprint = dataset_fingerprint(train)};
+    rl_state st;
+    const int r = rl_state_load(&st, p, &want);
+    rl_state_free(&st);
+    return r;
+}
+
 /* The line a run stopped by a signal leaves: how to resume, or that it cannot. */
 static void rl_report_stop(const rl_result *res, const char *out_dir) {
     if (res->checkpoint_step >= 0)
@@ -396,7 +448,13 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     char path[4200];
     cli_outdir od = {0};
     int opened = 0;
+    char why_test[96];
+    rl_why_test(rc, why_test, sizeof why_test);
     if (leader && rl_check_out_dir(c, rc) != MOERL_OK) goto fail;
+    if (cli_check_data_keys(c, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
+    if (rc->grad_compression != GRAD_COMPRESSION_NONE && rc->n_trainer_ranks < 2 && leader)
+        log_warn("actor.grad_compression=%s compresses the data-parallel gradient all-reduce, and trainer.n_ranks=1 "
+                 "has none: it has no effect here", cfg_str(c, "actor.grad_compression"));
     if (cli_build_model(c, &m) != MOERL_OK) goto fail;
     /* the layout against the ranks and the model: the same verdict on every rank (config, world size
      * and model shape only), so rank 0 reports it once and every rank returns (no MPI_Abort) — before
@@ -422,7 +480,9 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (rl_open_run_log(rc->out_dir) != MOERL_OK) goto fail;
     }
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (leader && rl_check_resume_state(rc, &train) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
     moerl_install_stop_signals();
@@ -437,6 +497,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (moerl_stop_requested()) {
             fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
                             "rerun the same command to continue\n", moerl_stop_requested(), rc->out_dir);
+            cli_print_json(rl_warm_start_stop_json(rc, moerl_stop_requested(), sft1), 6);
             return 128 + moerl_stop_requested();
         }
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
@@ -521,17 +582,27 @@ int cmd_rl(int argc, char **argv) {
     }
     /* everything that can be checked without writing comes first: a bad configuration, model or
      * output folder leaves no folder behind (and a failure while setting up removes what it made) */
+    char why_test[96];
+    rl_why_test(&rc, why_test, sizeof why_test);
     if (rl_check_out_dir(c, &rc) != MOERL_OK) goto fail;
+    if (cli_check_data_keys(c, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
+    if (rc.grad_compression != GRAD_COMPRESSION_NONE)
+        log_warn("actor.grad_compression=%s compresses the data-parallel gradient all-reduce, and a single-process "
+                 "run has none: it has no effect here (it applies under mpirun with trainer.n_ranks ≥ 2)",
+                 cfg_str(c, "actor.grad_compression"));
     if (cli_build_model(c, &m) != MOERL_OK) goto fail;
     if (cli_outdir_open(&od, rc.out_dir) != MOERL_OK) goto fail;
     opened = 1;
     if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc.out_dir) != MOERL_OK) goto fail;
     if (rl_open_run_log(rc.out_dir) != MOERL_OK) goto fail;
     if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (rl_check_resume_state(&rc, &train) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
+    int exit_code = 0; /* 128 + signal when one stopped the run */
     snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
@@ -539,9 +610,12 @@ int cmd_rl(int argc, char **argv) {
     moerl_install_stop_signals(); /* Ctrl-C from here on: a checkpoint (warm start or RL), then exit */
     if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
     if (moerl_stop_requested()) {
+        const int sig = moerl_stop_requested();
         fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
-                        "rerun the same command to continue\n", moerl_stop_requested(), rc.out_dir);
-        return 128 + moerl_stop_requested();
+                        "rerun the same command to continue\n", sig, rc.out_dir);
+        cli_print_json(rl_warm_start_stop_json(&rc, sig, sft1), 6);
+        exit_code = 128 + sig;
+        goto done;
     }
     if (resuming && restore_start_policy(c, &m, rc.out_dir) != MOERL_OK) goto fail;
     rl_result res;
@@ -549,12 +623,8 @@ int cmd_rl(int argc, char **argv) {
     if (res.stop_signal) {
         rl_report_stop(&res, rc.out_dir);
         cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
-        model_free(&m);
-        dataset_free(&train);
-        dataset_free(&test);
-    dataset_free(&val);
-        cfg_free(c);
-        return 128 + res.stop_signal;
+        exit_code = 128 + res.stop_signal;
+        goto done;
     }
     log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s (rollout output over "
              "the run), trainer idle %.2f, rollouter idle %.2f, max staleness %d",
@@ -571,13 +641,14 @@ int cmd_rl(int argc, char **argv) {
     else if (rc.val_n != 0)
         log_info("held-out accuracy at the end: %.1f%%", 100 * res.val_acc_end);
     cli_print_json(rl_summary_json(&rc, &res, sft1), 6);
+done:
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
     dataset_free(&val);
     cfg_free(c);
     dist_finalize(ctx);
-    return 0;
+    return exit_code;
 fail:
     cli_print_error("rl", moerl_last_error());
     if (opened) cli_outdir_abandon(&od);

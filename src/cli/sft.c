@@ -56,6 +56,24 @@ static int check_sched(const char *key, const char *s) {
     return MOERL_OK;
 }
 
+/* The output folder must not hold a `moerl rl` run (one stopped in its SFT warm start leaves only
+ * sft_checkpoint/): moerl sft would write its checkpoint/ and config.yaml into it, and a later
+ * `moerl rl` there would resume neither. Checked before anything is written. */
+static int sft_check_not_rl_run(const char *out) {
+    static const char *marks[] = {"sft_checkpoint", "checkpoint/trainer_state.json",
+                                  "checkpoint.old/trainer_state.json", "samples.jsonl", "sft_metrics.jsonl"};
+    char found[400] = "", p[4200];
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, marks[i]);
+        if (access(p, F_OK) == 0)
+            snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", found[0] ? ", " : "", marks[i]);
+    }
+    if (!found[0]) return MOERL_OK;
+    return moerl_errorf("output folder '%s' holds a moerl rl run (%s), not a moerl sft run: moerl sft would write its "
+                        "checkpoint/ and config.yaml into it; choose another trainer.default_local_dir (or continue "
+                        "that run with moerl rl)", out, found);
+}
+
 /* Every trainer rank learns whether all of them got here with rc == MOERL_OK (one process: rc). */
 static int agree(dist_ctx *ctx, int rc) {
     if (ctx->trainer_size <= 1) return rc;
@@ -80,8 +98,11 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     static const char *subdirs[] = {"checkpoint"};
     /* checks that write nothing first: a bad configuration or model leaves no folder behind (every
      * rank checks; only rank 0 creates and fills the folder, the others then read its data) */
+    static const char *why_test = "moerl sft evaluates on them before and after training";
     int rc = check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler"));
     if (rc == MOERL_OK) rc = cli_outdir_check_subdirs(out, subdirs, 1);
+    if (rc == MOERL_OK) rc = sft_check_not_rl_run(out);
+    if (rc == MOERL_OK) rc = cli_check_data_keys(c, why_test);
     if (rc == MOERL_OK) {
         par_config pc;
         rc = par_read_keys(c, &pc);
@@ -92,6 +113,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
         rc = cli_outdir_open(&od, out);
         opened = rc == MOERL_OK;
         if (rc == MOERL_OK) rc = cli_prepare_data(c, out, &train, &test);
+        if (rc == MOERL_OK) rc = cli_check_held_out_rows(c, &test, why_test);
         snprintf(path, sizeof path, "%s/config.yaml", out);
         if (rc == MOERL_OK) rc = cfg_dump_yaml(c, path);
     }
@@ -282,6 +304,8 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
                   .stop_accuracy = cfg_float(c, "sft.stop_at_accuracy"),
                   .validation = val && dataset_count(val) > 0 ? val : NULL,
                   .val_n = (int)cfg_int(c, "trainer.val_n"),
+                  /* RL's trainer.val_n = 0 means no held-out evaluation (SFT's val_n ≤ 0: every row) */
+                  .no_held_out_eval = cfg_int(c, "trainer.val_n") == 0,
                   .max_response_length = (int)cfg_int(c, "data.max_response_length"),
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),
                   .metrics_path = mpath,

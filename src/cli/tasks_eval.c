@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "data/dataset.h"
@@ -145,7 +146,10 @@ int cmd_eval(int argc, char **argv) {
         int has = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]\n"
-                   "                  [--chat-template auto|qwen3|chatml] [--no-thinking]\n");
+                   "                  [--chat-template auto|qwen3|chatml] [--no-thinking]\n"
+                   "  --n N               evaluate the first N rows (0 = all; default 0)\n"
+                   "  --max-new-tokens N  greedy response cap in tokens (default 16, data.max_response_length's\n"
+                   "                      default; pass the run's data.max_response_length to score as it did)\n");
             return 0;
         } else if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--data") && has) data = argv[++i];
@@ -175,6 +179,8 @@ int cmd_eval(int argc, char **argv) {
             moerl_error_prefix("%s:%lld: prompt: ", data, (long long)dataset_row(&ds, i)->line);
             goto fail;
         }
+    log_info("eval: greedy responses of at most %lld tokens (--max-new-tokens; a run's data.max_response_length "
+             "should match)", (long long)max_new);
     if (eval_accuracy(&m, &ds, n, (int)max_new, 64, &acc, &mlen) != MOERL_OK) {
         /* a reward error names the row's line: say which file it is in */
         if (!strstr(moerl_last_error(), data)) moerl_error_prefix("%s: ", data);
@@ -184,6 +190,7 @@ int cmd_eval(int argc, char **argv) {
     json_object_set_new(j, "accuracy", cli_json_real(acc));
     json_object_set_new(j, "n", json_integer(n > 0 && n < dataset_count(&ds) ? n : dataset_count(&ds)));
     json_object_set_new(j, "mean_response_length", cli_json_real(mlen));
+    json_object_set_new(j, "max_new_tokens", json_integer(max_new));
     json_object_set_new(j, "data", cli_json_text(data, strlen(data)));
     cli_print_json(j, 6);
     rc = 0;

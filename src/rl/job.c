@@ -266,13 +266,23 @@ void job_log_samples(job *J, rl_group **g, int n) {
     }
 }
 
+/* a += b for a statistic an empty step (no loss token) leaves NaN: summed over the other steps only */
+static void add_loss_stat(double *a, double b) {
+    if (isnan(*a)) *a = b;
+    else if (!isnan(b)) *a += b;
+}
+
 void job_add_stats(train_stats *a, const train_stats *b, int first) {
     if (first) {
         *a = *b;
         return;
     }
-    a->pg_loss += b->pg_loss; a->pg_clipfrac += b->pg_clipfrac; a->ppo_kl += b->ppo_kl; a->grad_norm += b->grad_norm;
-    a->aux_loss += b->aux_loss; a->entropy += b->entropy; a->kl_loss += b->kl_loss; a->reward_mean += b->reward_mean;
+    add_loss_stat(&a->pg_loss, b->pg_loss); add_loss_stat(&a->pg_clipfrac, b->pg_clipfrac);
+    add_loss_stat(&a->ppo_kl, b->ppo_kl); add_loss_stat(&a->entropy, b->entropy);
+    add_loss_stat(&a->behav_dropped_frac, b->behav_dropped_frac);
+    a->empty_steps += b->empty_steps;
+    a->grad_norm += b->grad_norm;
+    a->aux_loss += b->aux_loss; a->kl_loss += b->kl_loss; a->reward_mean += b->reward_mean;
     a->reward_std += b->reward_std; a->acc_mean += b->acc_mean; a->response_length_mean += b->response_length_mean;
     a->response_length_max = fmax(a->response_length_max, b->response_length_max);
     a->n_samples += b->n_samples; a->stale_samples += b->stale_samples; a->partial_samples += b->partial_samples;
@@ -282,7 +292,6 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->expert_load_max_over_mean += b->expert_load_max_over_mean;
     a->update_s += b->update_s;
     a->reduce_exposed_s += b->reduce_exposed_s;
-    a->behav_dropped_frac += b->behav_dropped_frac;
     a->rollout_is_mean += b->rollout_is_mean; a->rollout_is_std += b->rollout_is_std;
     a->rollout_is_truncated_frac += b->rollout_is_truncated_frac; a->rollout_is_ess += b->rollout_is_ess;
     a->response_clip_ratio += b->response_clip_ratio;
@@ -309,6 +318,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     const rl_config *cfg = J->cfg;
     const int k = J->win_steps ? J->win_steps : 1;
     train_stats *w = &J->win;
+    /* the loss statistics: mean over the window's steps that had loss tokens (NaN when none had) */
+    const double k_loss = J->win_steps - w->empty_steps > 0 ? (double)(J->win_steps - w->empty_steps) : NAN;
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
@@ -331,12 +342,13 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("response_length/mean", w->response_length_mean / k);
     PUT("response_length/max", w->response_length_max);
     PUT("response_length/clip_ratio", w->response_clip_ratio / k);
-    PUT("actor/pg_loss", w->pg_loss / k);
-    PUT("actor/pg_clipfrac", w->pg_clipfrac / k);
-    PUT("actor/ppo_kl", w->ppo_kl / k);
+    PUT("actor/pg_loss", w->pg_loss / k_loss);
+    PUT("actor/pg_clipfrac", w->pg_clipfrac / k_loss);
+    PUT("actor/ppo_kl", w->ppo_kl / k_loss);
     PUT("actor/grad_norm", w->grad_norm / k);
-    PUT("actor/entropy", w->entropy / k);
+    PUT("actor/entropy", w->entropy / k_loss);
     PUT("actor/kl_loss", w->kl_loss / k);
+    PUT("actor/empty_steps", (double)w->empty_steps); /* steps of this version without a loss token */
     PUT("moe/aux_loss", w->aux_loss / k);
     PUT("moe/expert_load_max_over_mean", w->expert_load_max_over_mean / k);
     PUT("fully_async/max_staleness", (double)w->max_lag);
@@ -344,7 +356,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("perf/prompts_per_s", wall > 0 ? (w->n_samples / (double)cfg->n) / wall : 0);
     /* MFU of the trainer's updates: model FLOPs (base/perf.h) / (update seconds · measured sgemm peak) */
     PUT("perf/mfu", J->sgemm_peak > 0 && J->win_update > 0 ? w->train_flops / (J->win_update * J->sgemm_peak) : NAN);
-    if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k);
+    if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k_loss);
     if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
         PUT("rollout_corr/rollout_is_mean", w->rollout_is_mean / k);
         PUT("rollout_corr/rollout_is_std", w->rollout_is_std / k);
@@ -377,9 +389,9 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     metrics_write(J->mw, J->T.step, n, keys, vals);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
              "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
-             J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k, w->pg_clipfrac / k,
-             w->ppo_kl / k, w->entropy / k, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync, t_idle,
-             r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
+             J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k_loss, w->pg_clipfrac / k_loss,
+             w->ppo_kl / k_loss, w->entropy / k_loss, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync,
+             t_idle, r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
              w->max_lag, wall > 0 ? w->trained_tokens / wall : 0);
     J->win_t0 = job_clock(J);
     J->win_gen_wait = J->win_update = J->win_sync = J->win_bcast_s = 0;

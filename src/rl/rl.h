@@ -199,6 +199,9 @@ typedef struct {
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
     double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */
     double train_flops;       /* model FLOPs of the step's updates, all trainer ranks (base/perf.h) */
+    int64_t empty_steps;      /* steps without a single loss token (actor.overlong_filter masked every
+                                 response, or all were empty): their pg_loss, pg_clipfrac, ppo_kl,
+                                 entropy are NaN and left out of a window's means (actor/empty_steps) */
     pp_window pp;             /* pipeline (actor.pipeline_parallel_size > 1): the 1F1B schedules of the step's
                                  updates (every mini-batch of every PPO epoch) on this rank's pipeline, their
                                  times gathered from all its stages; none otherwise */

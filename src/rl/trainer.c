@@ -489,6 +489,7 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
      * and the FLOPs (10–14) come from whole sequences, present on each of its ranks */
     for (int k = 10; k < 15; k++) sums[k] /= T->replication;
     const int nu = n_updates ? n_updates : 1;
+    st->empty_steps = sums[3] > 0 ? 0 : 1;
     if (sums[3] > 0) {
         st->pg_loss = sums[0] / nu;
         st->pg_clipfrac = sums[1] / sums[3];
@@ -497,9 +498,11 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
     } else {
         st->pg_loss = st->pg_clipfrac = st->ppo_kl = st->behav_dropped_frac = NAN;
         log_warn("trainer step %lld: no response token carries loss (actor.overlong_filter masked every response, or "
-                 "every response is empty): nothing was learned from this step", (long long)T->step + 1);
+                 "every response is empty): nothing was learned from this step; its actor/pg_loss, pg_clipfrac, "
+                 "ppo_kl and entropy are left out of the version's means and it is counted in actor/empty_steps",
+                 (long long)T->step + 1);
     }
-    st->entropy = sums[8] > 0 ? sums[4] / sums[8] : NAN;
+    st->entropy = sums[8] > 0 && sums[3] > 0 ? sums[4] / sums[8] : NAN;
     st->kl_loss = sums[5] / nu;
     st->grad_norm /= nu; /* the reduced gradient's norm: the same on every rank */
     st->aux_loss = sums[6] / nu;

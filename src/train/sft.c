@@ -385,7 +385,8 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     if (!resumed) {
         int erc;
         const moe_model *f = full_on_root(&R, m, &erc);
-        if (R.root && erc == MOERL_OK) {
+        if (R.root && erc == MOERL_OK && o->no_held_out_eval) acc0 = NAN;
+        else if (R.root && erc == MOERL_OK) {
             erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc0, &mlen);
             if (erc == MOERL_OK) log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
         }
@@ -456,7 +457,8 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                 const int np = R.ps ? pp_metrics(R.ps->pp, pk, pv) : 0; /* perf/pipeline_bubble, ... */
                 if (np) metrics_write(mw, step + 1, np, pk, pv);
             }
-            if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total) {
+            if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total &&
+                (o->validation || !o->no_held_out_eval)) {
                 const dataset *vs = o->validation ? o->validation : test;
                 int erc;
                 const moe_model *f = full_on_root(&R, m, &erc);
@@ -513,15 +515,20 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     {
         int erc;
         const moe_model *f = full_on_root(&R, m, &erc);
-        if (R.root && erc == MOERL_OK) erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc, &mlen);
+        if (R.root && erc == MOERL_OK && o->no_held_out_eval) acc = NAN;
+        else if (R.root && erc == MOERL_OK)
+            erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc, &mlen);
         full_done(&R, m, f);
         if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
     }
-    if (R.root)
+    if (R.root && o->no_held_out_eval)
+        log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (trainer.val_n=0)",
+                 o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s);
+    else if (R.root)
         log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
                  o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s, 100 * acc0,
                  100 * acc);
-    if (mw) {
+    if (mw && !o->no_held_out_eval) {
         const char *k3[] = {"val/accuracy", "val/accuracy_before"};
         double v3[] = {acc, acc0};
         metrics_write(mw, step, 2, k3, v3);

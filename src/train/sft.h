@@ -26,6 +26,9 @@ typedef struct {
                                   apart from the held-out split whose accuracy is reported, so the
                                   stop decision does not select on it */
     int val_n;                 /* held-out rows evaluated (≤ 0: all) */
+    int no_held_out_eval;      /* 1: no held-out (test split) evaluation at all — the warm start of an RL
+                                  run with trainer.val_n = 0; the accuracies are then NaN. Periodic
+                                  evals on `validation` still run. */
     int max_response_length;   /* eval generation budget */
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
