@@ -231,6 +231,12 @@ expect_err "rl: data.train_files beside data.task names both keys" "data.task='a
 check "rl: refused data keys leave no folder" test ! -e "$W/tf"
 expect_err "rl: data.n_test=0 with held-out evals names data.n_test" "data.n_test=0 generates no held-out rows, but trainer.val_n=4" $M rl "${RS[@]}" trainer.default_local_dir="$W/nt" data.n_test=0
 check "rl: data.n_test=0 refused before any folder" test ! -e "$W/nt"
+# files given while data.task keeps its default (the config does not name a task): the files are read
+grep -v "task: arith" examples/smoke.yaml >"$W/notask.yaml"
+$M rl --config "$W/notask.yaml" sft.total_training_steps=0 trainer.total_training_steps=1 trainer.val_n=0 \
+    trainer.test_freq=0 data.train_files="$W/arith/train.jsonl" data.val_files="$W/arith/test.jsonl" \
+    trainer.default_local_dir="$W/deftask" >"$W/out" 2>"$W/err"
+check "rl: files with data.task at its default are read ($(tail -c 200 "$W/err"))" test $? -eq 0
 expect_err "sft: data.n_test=0 names data.n_test" "data.n_test=0 generates no held-out rows" $M sft --config "$W/sft.yaml" data.task=arith data.train_files= data.val_files= data.n_test=0 trainer.default_local_dir="$W/nt2"
 : >"$W/noval.jsonl"
 expect_err "rl: an empty data.val_files with held-out evals" "data.val_files '$W/noval.jsonl' has no rows" $M rl "${RS[@]}" data.task= data.train_files="$W/arith/train.jsonl" data.val_files="$W/noval.jsonl" trainer.default_local_dir="$W/nt4"

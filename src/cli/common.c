@@ -296,8 +296,16 @@ static const char *origin_name(const cfg *c, const char *key) {
     return strcmp(o, "override") ? o : "command line";
 }
 
+/* The task that generates the data, "" for files: data.task, except that files given while data.task
+ * keeps its default (nobody asked for the built-in task) mean the files. */
+static const char *data_task(const cfg *c) {
+    const char *tf = cfg_str(c, "data.train_files"), *vf = cfg_str(c, "data.val_files");
+    if ((tf[0] || vf[0]) && !strcmp(cfg_origin(c, "data.task"), "default")) return "";
+    return cfg_str(c, "data.task");
+}
+
 int cli_check_data_keys(const cfg *c, const char *why_test) {
-    const char *task = cfg_str(c, "data.task");
+    const char *task = data_task(c);
     if (!task[0]) return MOERL_OK; /* files: cli_prepare_data names a missing one */
     const char *tf = cfg_str(c, "data.train_files"), *vf = cfg_str(c, "data.val_files");
     if (tf[0] || vf[0])
@@ -316,14 +324,14 @@ int cli_check_data_keys(const cfg *c, const char *why_test) {
 
 int cli_check_held_out_rows(const cfg *c, const dataset *test, const char *why_test) {
     if (!why_test || dataset_count(test) > 0) return MOERL_OK;
-    if (cfg_str(c, "data.task")[0]) return cli_check_data_keys(c, why_test);
+    if (data_task(c)[0]) return cli_check_data_keys(c, why_test);
     return moerl_errorf("data.val_files '%s' has no rows, but %s: give a file with held-out rows%s", test->path,
                         why_test,
                         strstr(why_test, "trainer.val_n") ? ", or set trainer.val_n=0 (no held-out evaluation)" : "");
 }
 
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test) {
-    const char *task = cfg_str(c, "data.task");
+    const char *task = data_task(c);
     char tr[4096], te[4096];
     if (cli_check_data_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
     if (task[0]) {
