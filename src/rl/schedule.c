@@ -14,7 +14,9 @@
  * sampling), reference.md. */
 #include <jansson.h>
 #include <math.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -340,7 +342,12 @@ int job_schedule_run(job *J, rl_result *res) {
     /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
      * async mode, trainer.n_threads on an MPI rank); none on a virtual clock (moerl simulate:
      * perf/mfu is NaN, the simulated device is not this host) */
-    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, omp_get_max_threads());
+#ifdef _OPENMP
+    const int team = omp_get_max_threads();
+#else
+    const int team = 1;
+#endif
+    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, team);
     J->run_t0 = J->win_t0 = job_clock(J);
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);
