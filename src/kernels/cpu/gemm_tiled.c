@@ -76,8 +76,18 @@ static void tg_pack_a(float *Ap, const tg_mat *A, const float *const *krow, cons
         float *d = Ap + p * TG_MR;
         if (A->rw) {
             const float w = kw[p];
+#if TG_SIMD
+            const __m128 w4 = _mm_set1_ps(w);
+            for (int t = 0; t < full; t++) { /* 4 + 2 lanes (the same products as the scalar loop) */
+                const float *st = s + t * TG_MR;
+                float *dt = d + (size_t)t * kc * TG_MR;
+                _mm_storeu_ps(dt, _mm_mul_ps(w4, _mm_loadu_ps(st)));
+                _mm_storel_pi((__m64 *)(dt + 4), _mm_mul_ps(w4, _mm_castpd_ps(_mm_load_sd((const double *)(st + 4)))));
+            }
+#else
             for (int t = 0; t < full; t++)
                 for (int i = 0; i < TG_MR; i++) d[(size_t)t * kc * TG_MR + i] = w * s[t * TG_MR + i];
+#endif
             for (int i = 0; i < rest; i++) d[(size_t)full * kc * TG_MR + i] = w * s[full * TG_MR + i];
             continue;
         }
