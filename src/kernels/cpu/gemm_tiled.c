@@ -41,7 +41,7 @@
 #define TG_NR 16
 #define TG_KC 320 /* most k per block (k is cut into equal blocks of at most this): a packed A
                    * tile of ≤ 7.5 KB, a B panel of ≤ 20 KB (L1) */
-#define TG_NP 8   /* panels per packed B block: 128 B columns, ≤ 160 KB (L2) */
+#define TG_NP 16  /* panels per packed B block: 256 B columns, ≤ 320 KB (L2) */
 #define TG_MC 144  /* rows of a packed A chunk (8 tiles; only operands that are not read in place) */
 #define TG_PF 24  /* rows ahead that the packing loops prefetch (the sources come from L3 or memory:
                    * strided rows that the hardware prefetchers do not follow) */
