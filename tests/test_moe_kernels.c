@@ -732,6 +732,16 @@ static void team_case(const char *name, int N, int H, int E, int K, int I, const
         grouped_gemm_backward_team(dperm, dWgu, dgu, NULL, Wgu, off, E, H, 2 * I, &fg);
     }
     moe_permute_backward(dx, dperm, sorted, N, M, H);
+    /* da NULL (the production schedule): the items keep ∂/∂act in a per-thread scratch, in row
+     * chunks when a group is large; each row's arithmetic is the same, so the same bits */
+    float *dgu2 = fnew((long)M * 2 * I);
+    grouped_fuse fb2 = fb;
+    fb2.swiglu_dgate_up = dgu2;
+#pragma omp parallel num_threads(nt)
+    grouped_gemm_backward_team(NULL, NULL, NULL, act, Wd, off, E, I, H, &fb2);
+    CHECK(!memcmp(dgu2, dgu, (size_t)M * 2 * I * sizeof(float)),
+          "%s, %d threads: SwiGLU backward without da differs from the one with da", name, nt);
+    free(dgu2);
 
     float *o_n = fnew((long)N * H), *dx_n = fnew((long)N * H), *dWgu_n = fnew((long)E * 2 * I * H);
     float *dWd_n = fnew((long)E * H * I), *dtw_n = fnew(M);
@@ -789,6 +799,8 @@ static void test_team_vs_naive(void) {
         {"mid (N 200, H 40, I 24, E 5)", 200, 40, 5, 2, 24},
         {"deep dW (N 700, E 4: ~700 rows per expert)", 700, 36, 4, 2, 20},
         {"wide H (H 333 > one k-block, I 40)", 60, 333, 6, 2, 40},
+        /* one expert with ~600 rows of a 136-wide da block: the da scratch in several row chunks */
+        {"da scratch chunks (N 600, E 3, top-1, I 136)", 600, 24, 3, 1, 136},
     };
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         rng_state r;

@@ -195,7 +195,10 @@ typedef struct {
      * for c < O/2, computed by the item that produced those columns of those rows. */
     float *swiglu_act;
     /* Fused SwiGLU backward epilogue (backward): da is ∂/∂act [M, I]; each item turns its rows
-     * of da into swiglu_dgate_up[M, 2I] (OVERWRITTEN) using swiglu_gate_up[M, 2I]. */
+     * of da into swiglu_dgate_up[M, 2I] (OVERWRITTEN) using swiglu_gate_up[M, 2I]. da may then
+     * be NULL (not with blas): each item keeps its block of da in a per-thread scratch that
+     * stays in L2, and only swiglu_dgate_up is written (∂/∂act is consumed once, by the
+     * epilogue, so its [M, I] never goes to memory). */
     float *swiglu_dgate_up;
     const float *swiglu_gate_up;
     /* Pre-packed weights (forward only): W in the panel layout of gemm_packed_pack (expert g's
