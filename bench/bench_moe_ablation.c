@@ -27,11 +27,19 @@
  * beside it. Target: the MoE layer at least 2× faster fused than
  * with the per-expert loop (layer: loop / full ≥ 2).
  *
+ * Also printed: the layer's forward and backward medians of the fused path and of the loop.
+ * --profile FILE: after the measurements, R more layer runs of the full configuration alone with
+ * a Chrome trace (Perfetto) written to FILE: the stage spans of the MoE driver
+ * (src/model/forward.c: router, gate_up GEMM + SwiGLU, down GEMM, ..., thread 0's view, so a
+ * stage's span is its wall time up to its closing barrier).
+ *
  * Usage: bench_moe_ablation [--reps R (≥ 3, default 5)] [--model A|B] [--no-decode] [--no-step]
+ *                           [--profile TRACE.json]
  * Threads: OMP_NUM_THREADS (OpenBLAS is the OpenMP build and shares the pool).
  */
 #include "base/common.h"
 #include "base/rng.h"
+#include "base/trace.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -120,14 +128,17 @@ static void train_init(train_ctx *t, int B, int T) {
     for (int i = 0; i < N; i++) t->dlogp[i] = -1.0f / N;
 }
 
-/* One MoE layer (layer 0) forward + backward with configuration k; seconds. */
-static double layer_run(train_ctx *t, int k) {
+/* One MoE layer (layer 0) forward + backward with configuration k; seconds (the forward's share
+ * in *fwd). */
+static double layer_run(train_ctx *t, int k, double *fwd) {
     t->m.cfg.exec = conf_exec(k);
     const double t0 = moerl_now();
     mlp_forward(&t->m, 0, t->x, t->out, &t->a[k].layers[0].mlp, t->N, NULL, NULL);
+    const double t1 = moerl_now();
     mlp_backward(&t->m, &t->a[k], 0, t->x, t->dout, t->dx, t->N);
     const double dt = moerl_now() - t0;
     model_zero_grad(&t->m);
+    *fwd = t1 - t0;
     return dt;
 }
 
@@ -228,14 +239,16 @@ static void report(const char *what, double v[N_CONF][64], int reps, int is_rate
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
     int reps = 5, do_decode = 1, do_step = 1;
-    const char *which = "A";
+    const char *which = "A", *profile = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--no-decode")) do_decode = 0;
         else if (!strcmp(argv[i], "--no-step")) do_step = 0;
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_moe_ablation [--reps R (3..64)] [--model A|B] [--no-decode] [--no-step]\n");
+            fprintf(stderr, "usage: bench_moe_ablation [--reps R (3..64)] [--model A|B] [--no-decode] [--no-step] "
+                            "[--profile TRACE.json]\n");
             return 2;
         }
     }
@@ -249,18 +262,33 @@ int main(int argc, char **argv) {
 #endif
     printf("bench_moe_ablation: OpenBLAS core %s, %d threads, %d repetitions, load average %.2f at start\n",
            openblas_get_corename(), threads, reps, bench_loadavg());
-    static double lay[N_CONF][64], stp[N_CONF][64], d1[N_CONF][64], d32[N_CONF][64];
+    static double lay[N_CONF][64], fwd[N_CONF][64], stp[N_CONF][64], d1[N_CONF][64], d32[N_CONF][64];
     train_ctx t;
     train_init(&t, 4, 256);
     for (int k = 0; k < N_CONF; k++) { /* warm-up */
-        layer_run(&t, k);
+        layer_run(&t, k, &fwd[k][0]);
         if (do_step) step_run(&t, k);
     }
     for (int r = 0; r < reps; r++)
         for (int k = 0; k < N_CONF; k++) {
-            lay[k][r] = layer_run(&t, k);
+            lay[k][r] = layer_run(&t, k, &fwd[k][r]);
             if (do_step) stp[k][r] = step_run(&t, k);
         }
+    if (profile) { /* extra repetitions of the full configuration alone, traced */
+        if (trace_open(profile) != MOERL_OK) {
+            fprintf(stderr, "bench_moe_ablation: --profile: %s\n", moerl_last_error());
+            return 1;
+        }
+        for (int r = 0; r < reps; r++) {
+            double f;
+            layer_run(&t, C_FULL, &f);
+        }
+        if (trace_close() != MOERL_OK) {
+            fprintf(stderr, "bench_moe_ablation: --profile: %s\n", moerl_last_error());
+            return 1;
+        }
+        printf("bench_moe_ablation: trace of %d more layer runs of the full configuration in %s\n", reps, profile);
+    }
     report("MoE layer forward + backward (N 1024, H 256, E 16 top-4, I 128), production mlp_forward/mlp_backward",
            lay, reps, 0, "ms", 1e3);
     {
@@ -270,6 +298,15 @@ int main(int argc, char **argv) {
         for (int r = 1; r < reps; r++) { bf = fmin(bf, lay[C_FULL][r]); bl = fmin(bl, lay[C_LOOP][r]); }
         printf("  loop / full on the MoE layer: median %.2fx, best/best %.2fx (target >= 2x)\n", bench_median(col, reps),
                bl / bf);
+        for (int k = C_FULL; k <= C_LOOP; k++) { /* forward / backward split */
+            double cf[64], cb[64];
+            for (int r = 0; r < reps; r++) {
+                cf[r] = fwd[k][r];
+                cb[r] = lay[k][r] - fwd[k][r];
+            }
+            printf("  %-22s forward %.2f ms, backward %.2f ms (medians)\n", conf_name[k], 1e3 * bench_median(cf, reps),
+                   1e3 * bench_median(cb, reps));
+        }
     }
     if (do_step) {
         report("training step (benchmark model, 4 x 256 tokens: forward, backward, AdamW)", stp, reps, 0, "ms", 1e3);

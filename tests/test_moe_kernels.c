@@ -732,6 +732,16 @@ static void team_case(const char *name, int N, int H, int E, int K, int I, const
         grouped_gemm_backward_team(dperm, dWgu, dgu, NULL, Wgu, off, E, H, 2 * I, &fg);
     }
     moe_permute_backward(dx, dperm, sorted, N, M, H);
+    /* da NULL (the production schedule): the items keep ∂/∂act in a per-thread scratch, in row
+     * chunks when a group is large; each row's arithmetic is the same, so the same bits */
+    float *dgu2 = fnew((long)M * 2 * I);
+    grouped_fuse fb2 = fb;
+    fb2.swiglu_dgate_up = dgu2;
+#pragma omp parallel num_threads(nt)
+    grouped_gemm_backward_team(NULL, NULL, NULL, act, Wd, off, E, I, H, &fb2);
+    CHECK(!memcmp(dgu2, dgu, (size_t)M * 2 * I * sizeof(float)),
+          "%s, %d threads: SwiGLU backward without da differs from the one with da", name, nt);
+    free(dgu2);
 
     float *o_n = fnew((long)N * H), *dx_n = fnew((long)N * H), *dWgu_n = fnew((long)E * 2 * I * H);
     float *dWd_n = fnew((long)E * H * I), *dtw_n = fnew(M);
@@ -789,6 +799,8 @@ static void test_team_vs_naive(void) {
         {"mid (N 200, H 40, I 24, E 5)", 200, 40, 5, 2, 24},
         {"deep dW (N 700, E 4: ~700 rows per expert)", 700, 36, 4, 2, 20},
         {"wide H (H 333 > one k-block, I 40)", 60, 333, 6, 2, 40},
+        /* one expert with ~600 rows of a 136-wide da block: the da scratch in several row chunks */
+        {"da scratch chunks (N 600, E 3, top-1, I 136)", 600, 24, 3, 1, 136},
     };
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         rng_state r;
@@ -1012,6 +1024,27 @@ static const st_tensor *st_get_shape(const st_file *sf, const char *name, int nd
     return t && t->ndim == ndim ? t : NULL;
 }
 
+/* The layer's four gradients (dx [N,H], router [E,H], gate_up [E,2I,H], down [E,H,I]) against
+ * PyTorch's, labelled "<label>: ... vs PyTorch". Tolerances: the forward's fp32 error carried
+ * through the two GEMMs backward plus the router path; values of size ~1, reference float64. */
+static void parity_grads(const char *label, const float *dx, const float *r_dx, const float *dWr, const float *r_dWr,
+                         const float *dWgu, const float *r_dWgu, const float *dWd, const float *r_dWd, int N, int H,
+                         int E, int I) {
+    const struct {
+        const char *what;
+        const float *got, *ref;
+        long n;
+    } g[4] = {{"dx", dx, r_dx, (long)N * H},
+              {"d router weight", dWr, r_dWr, (long)E * H},
+              {"d gate_up (stacked)", dWgu, r_dWgu, (long)E * 2 * I * H},
+              {"d down (stacked)", dWd, r_dWd, (long)E * H * I}};
+    for (int i = 0; i < 4; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s: %s vs PyTorch", label, g[i].what);
+        t_close(what, g[i].got, g[i].ref, g[i].n, 3e-5f, 1e-4f);
+    }
+}
+
 static void parity_case(const st_file *sf, const char *prefix, int norm) {
     char nm[64];
 #define NAME(s) (snprintf(nm, sizeof nm, "%s%s", prefix, s), nm)
@@ -1101,27 +1134,12 @@ static void parity_case(const st_file *sf, const char *prefix, int norm) {
             /* tolerances as for the stage-by-stage pipeline above (same products, other order) */
             snprintf(what, sizeof what, "%s: production kernels: output vs PyTorch", prefix);
             t_close(what, out, r_out, (long)N * H, 2e-5f, 1e-4f);
-            snprintf(what, sizeof what, "%s: production kernels: dx vs PyTorch", prefix);
-            t_close(what, pdx, r_dx, (long)N * H, 3e-5f, 1e-4f);
-            snprintf(what, sizeof what, "%s: production kernels: d router weight vs PyTorch", prefix);
-            t_close(what, pdWr, r_dWr, (long)E * H, 3e-5f, 1e-4f);
-            snprintf(what, sizeof what, "%s: production kernels: d gate_up vs PyTorch", prefix);
-            t_close(what, pdWgu, r_dWgu, (long)E * 2 * I * H, 3e-5f, 1e-4f);
-            snprintf(what, sizeof what, "%s: production kernels: d down vs PyTorch", prefix);
-            t_close(what, pdWd, r_dWd, (long)E * H * I, 3e-5f, 1e-4f);
+            snprintf(what, sizeof what, "%s: production kernels", prefix);
+            parity_grads(what, pdx, r_dx, pdWr, r_dWr, pdWgu, r_dWgu, pdWd, r_dWd, N, H, E, I);
             free(gu); free(act); free(y); free(out); free(dact); free(dgu); free(dperm); free(pdx); free(pdWgu);
             free(pdWd); free(dtw); free(dlog); free(pdWr);
         }
-        /* gradients: the forward's fp32 error carried through the same two GEMMs backward plus the
-         * router path; values of size ~1, reference float64 */
-        snprintf(what, sizeof what, "%s: dx vs PyTorch", prefix);
-        t_close(what, dx, r_dx, (long)N * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "%s: d router weight vs PyTorch", prefix);
-        t_close(what, dWr, r_dWr, (long)E * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "%s: d gate_up (stacked) vs PyTorch", prefix);
-        t_close(what, dWgu, r_dWgu, (long)E * 2 * I * H, 3e-5f, 1e-4f);
-        snprintf(what, sizeof what, "%s: d down (stacked) vs PyTorch", prefix);
-        t_close(what, dWd, r_dWd, (long)E * H * I, 3e-5f, 1e-4f);
+        parity_grads(prefix, dx, r_dx, dWr, r_dWr, dWgu, r_dWgu, dWd, r_dWd, N, H, E, I);
         free(p2); free(w2); free(counts); free(psum); free(ids2); free(dprobs); free(dx); free(dWr); free(dWgu);
         free(dWd);
         fused_free(&f);

@@ -195,7 +195,10 @@ typedef struct {
      * for c < O/2, computed by the item that produced those columns of those rows. */
     float *swiglu_act;
     /* Fused SwiGLU backward epilogue (backward): da is ∂/∂act [M, I]; each item turns its rows
-     * of da into swiglu_dgate_up[M, 2I] (OVERWRITTEN) using swiglu_gate_up[M, 2I]. */
+     * of da into swiglu_dgate_up[M, 2I] (OVERWRITTEN) using swiglu_gate_up[M, 2I]. da may then
+     * be NULL (not with blas): each item keeps its block of da in a per-thread scratch that
+     * stays in L2, and only swiglu_dgate_up is written (∂/∂act is consumed once, by the
+     * epilogue, so its [M, I] never goes to memory). */
     float *swiglu_dgate_up;
     const float *swiglu_gate_up;
     /* Pre-packed weights (forward only): W in the panel layout of gemm_packed_pack (expert g's
@@ -224,8 +227,10 @@ typedef struct {
  * cblas_sgemm, R_g = clamp(⌈4·threads·m_g/M⌉, 1, 16), the previous split). Decode-sized groups:
  * R_g = clamp(⌈4·threads·m_g/M⌉, 1, 16) blocks of 16-multiple output columns (skinny or packed
  * kernel, W read once). Backward: part p computes column block p of da (row block p with
- * fuse->blas) and row block p of dW_g, so no two items write the same memory. a is non-const in the forward because the fused
- * gather writes it. fuse may be NULL. Source: as grouped_gemm_forward/backward. */
+ * fuse->blas) and row block p of dW_g, so no two items write the same memory; da may be NULL
+ * with fuse->swiglu_dgate_up (the block then lives in a per-thread scratch, see grouped_fuse).
+ * a is non-const in the forward because the fused gather writes it. fuse may be NULL.
+ * Source: as grouped_gemm_forward/backward. */
 void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *offsets, int E, int I, int O,
                                const grouped_fuse *fuse);
 void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const float *a, const float *W,

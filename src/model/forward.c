@@ -982,8 +982,9 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
             fz.n_tokens = fg.n_tokens = N;
             fg.gather_x = x;
         }
-        grouped_gemm_backward_team(a->d_act, dWd, ex->separate_permute ? a->d_y : NULL, s->act, Wd, s->offsets, E, I,
-                                   H, &fz);
+        /* da NULL: ∂/∂act only feeds the SwiGLU backward epilogue and stays in each item's scratch */
+        grouped_gemm_backward_team(NULL, dWd, ex->separate_permute ? a->d_y : NULL, s->act, Wd, s->offsets, E, I, H,
+                                   &fz);
         SPAN_END("bwd down GEMM + SwiGLU", t);
         t = SPAN_BEGIN();
         grouped_gemm_backward_team(a->d_permuted, dWgu, a->d_gate_up, ex->separate_permute ? s->permuted : NULL, Wgu,

@@ -41,7 +41,7 @@
 #define TG_NR 16
 #define TG_KC 320 /* most k per block (k is cut into equal blocks of at most this): a packed A
                    * tile of ≤ 7.5 KB, a B panel of ≤ 20 KB (L1) */
-#define TG_NP 8   /* panels per packed B block: 128 B columns, ≤ 160 KB (L2) */
+#define TG_NP 16  /* panels per packed B block: 256 B columns, ≤ 320 KB (L2) */
 #define TG_MC 144  /* rows of a packed A chunk (8 tiles; only operands that are not read in place) */
 #define TG_PF 24  /* rows ahead that the packing loops prefetch (the sources come from L3 or memory:
                    * strided rows that the hardware prefetchers do not follow) */
@@ -76,8 +76,18 @@ static void tg_pack_a(float *Ap, const tg_mat *A, const float *const *krow, cons
         float *d = Ap + p * TG_MR;
         if (A->rw) {
             const float w = kw[p];
+#if TG_SIMD
+            const __m128 w4 = _mm_set1_ps(w);
+            for (int t = 0; t < full; t++) { /* 4 + 2 lanes (the same products as the scalar loop) */
+                const float *st = s + t * TG_MR;
+                float *dt = d + (size_t)t * kc * TG_MR;
+                _mm_storeu_ps(dt, _mm_mul_ps(w4, _mm_loadu_ps(st)));
+                _mm_storel_pi((__m64 *)(dt + 4), _mm_mul_ps(w4, _mm_castpd_ps(_mm_load_sd((const double *)(st + 4)))));
+            }
+#else
             for (int t = 0; t < full; t++)
                 for (int i = 0; i < TG_MR; i++) d[(size_t)t * kc * TG_MR + i] = w * s[t * TG_MR + i];
+#endif
             for (int i = 0; i < rest; i++) d[(size_t)full * kc * TG_MR + i] = w * s[full * TG_MR + i];
             continue;
         }
@@ -85,6 +95,42 @@ static void tg_pack_a(float *Ap, const tg_mat *A, const float *const *krow, cons
         if (rest) memcpy(d + (size_t)full * kc * TG_MR, s + full * TG_MR, (size_t)rest * sizeof(float));
     }
 }
+
+/* Transposed-B packing of lanes [l0, l1) of one panel, element by element: lane l takes the
+ * storage row col[l] (< 0: zero), Bp[p][l] = w·row[k0 + p]. */
+static void tg_pack_bt_lanes(float *d, const tg_mat *B, const int *col, int l0, int l1, int k0, int kc) {
+    for (int l = l0; l < l1; l++) {
+        const int c = col[l - l0];
+        if (c < 0) {
+            for (int p = 0; p < kc; p++) d[p * TG_NR + l] = 0.0f;
+            continue;
+        }
+        const float *s = tg_srow(B, c) + k0, w = tg_sw(B, c);
+        for (int p = 0; p < kc; p++) d[p * TG_NR + l] = w * s[p];
+    }
+}
+
+#if TG_SIMD
+/* In-register transpose of an 8×8 block: r[i] lane j ← r[j] lane i. */
+static inline void tg_transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+#endif
 
 /* Pack np B panels: panel q's lane l takes column col[q][l] (< 0: zero), rows k [k0, k0 + kc);
  * panel q at Bp + q·kc·16 holding Bp[p][l]. Untransposed operands (storage rows are k:
@@ -119,18 +165,37 @@ static void tg_pack_b(float *Bp, const tg_mat *B, const float *const *krow, cons
     }
     for (int q = 0; q < np; q++) {
         float *d = Bp + (size_t)q * kc * TG_NR;
-        for (int l = 0; l < TG_NR; l++) {
-            const int c = col[q][l];
-            if (c < 0) {
-                for (int p = 0; p < kc; p++) d[p * TG_NR + l] = 0.0f;
+#if TG_SIMD
+        for (int h = 0; h < TG_NR; h += 8) { /* 8 complete lanes: 8×8 blocks transposed in registers */
+            const int *c = col[q] + h;
+            int full = 1;
+            for (int l = 0; l < 8; l++) full &= c[l] >= 0;
+            if (!full) {
+                tg_pack_bt_lanes(d, B, c, h, h + 8, k0, kc);
                 continue;
             }
-            const float *s = tg_srow(B, c) + k0, w = tg_sw(B, c);
-            for (int p = 0; p < kc; p++) d[p * TG_NR + l] = w * s[p];
+            const float *s[8];
+            float w[8];
+            for (int l = 0; l < 8; l++) {
+                s[l] = tg_srow(B, c[l]) + k0;
+                w[l] = tg_sw(B, c[l]);
+            }
+            const __m256 wv = _mm256_loadu_ps(w);
+            int p = 0;
+            for (; p + 8 <= kc; p += 8) {
+                __m256 r[8];
+                for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_ps(s[l] + p);
+                tg_transpose8(r);
+                for (int i = 0; i < 8; i++) _mm256_store_ps(d + (p + i) * TG_NR + h, _mm256_mul_ps(wv, r[i]));
+            }
+            for (; p < kc; p++)
+                for (int l = 0; l < 8; l++) d[p * TG_NR + h + l] = w[l] * s[l][p];
         }
+#else
+        tg_pack_bt_lanes(d, B, col[q], 0, TG_NR, k0, kc);
+#endif
     }
 }
-
 /* Where a kernel's tile goes: row i's lanes 0..7 to lo + i·ldc and lanes 8..15 to hi + i·ldc, each
  * row first multiplied by scale[i] (scale may be NULL), added to C (add) or stored; rows ≥ mr are
  * dropped. A tile with missing columns (full = 0) goes to t[6][16] instead, for tg_put. */
@@ -169,29 +234,18 @@ static inline __attribute__((always_inline)) void tg_out8(const tg_out *o, int i
  * per term), written out as o says. A(i, p) is AP(i, p): the packed tile (Ap[p·6 + i]) or six row pointers (rows[i][p],
  * the activations read in place — no packing, the gather is the choice of pointers). */
 #if TG_SIMD
+/* One row of the tile at step p: broadcast A(i, p), two fused multiply-adds into row i's accumulators. */
+#define TG_FMA_ROW(AP, i)                                                                                         \
+    a = _mm256_broadcast_ss(AP(i, p));                                                                           \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);                                                                   \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);
 #define TG_KERNEL_BODY(AP)                                                                                        \
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, \
            c40 = c00, c41 = c00, c50 = c00, c51 = c00;                                                          \
     _Pragma("GCC unroll 4") for (int p = 0; p < kc; p++) {                                                      \
         const __m256 b0 = _mm256_load_ps(Bp + p * TG_NR), b1 = _mm256_load_ps(Bp + p * TG_NR + 8);              \
-        __m256 a = _mm256_broadcast_ss(AP(0, p));                                                              \
-        c00 = _mm256_fmadd_ps(a, b0, c00);                                                                     \
-        c01 = _mm256_fmadd_ps(a, b1, c01);                                                                     \
-        a = _mm256_broadcast_ss(AP(1, p));                                                                     \
-        c10 = _mm256_fmadd_ps(a, b0, c10);                                                                     \
-        c11 = _mm256_fmadd_ps(a, b1, c11);                                                                     \
-        a = _mm256_broadcast_ss(AP(2, p));                                                                     \
-        c20 = _mm256_fmadd_ps(a, b0, c20);                                                                     \
-        c21 = _mm256_fmadd_ps(a, b1, c21);                                                                     \
-        a = _mm256_broadcast_ss(AP(3, p));                                                                     \
-        c30 = _mm256_fmadd_ps(a, b0, c30);                                                                     \
-        c31 = _mm256_fmadd_ps(a, b1, c31);                                                                     \
-        a = _mm256_broadcast_ss(AP(4, p));                                                                     \
-        c40 = _mm256_fmadd_ps(a, b0, c40);                                                                     \
-        c41 = _mm256_fmadd_ps(a, b1, c41);                                                                     \
-        a = _mm256_broadcast_ss(AP(5, p));                                                                     \
-        c50 = _mm256_fmadd_ps(a, b0, c50);                                                                     \
-        c51 = _mm256_fmadd_ps(a, b1, c51);                                                                     \
+        __m256 a;                                                                                              \
+        TG_FMA_ROW(AP, 0) TG_FMA_ROW(AP, 1) TG_FMA_ROW(AP, 2) TG_FMA_ROW(AP, 3) TG_FMA_ROW(AP, 4) TG_FMA_ROW(AP, 5) \
     }                                                                                                           \
     tg_out8(o, 0, c00, c01);                                                                                  \
     tg_out8(o, 1, c10, c11);                                                                                  \

@@ -99,6 +99,11 @@ static int gg_max_parts(const int *offsets, int E, int nt, int blas, int units, 
     return mx;
 }
 
+/* Floats of the per-thread scratch that holds a backward item's block of da when the caller
+ * wants only its SwiGLU backward (da NULL): 256 rows of a 128-column block, 128 KB (L2). */
+#define GG_DA_SCRATCH (256 * 128)
+static _Thread_local float gg_da_scratch[GG_DA_SCRATCH] __attribute__((aligned(64)));
+
 /* Block `part` of `s` over n columns in units of `unit` columns: [c0, c1). */
 static void gg_block_u(int part, int s, int n, int unit, int *c0, int *c1) {
     const int units = (n + unit - 1) / unit;
@@ -222,9 +227,9 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
     MOERL_ASSERT(E > 0 && I > 0 && O > 0);
     const float *sgu = fuse ? fuse->swiglu_gate_up : NULL;
     float *sdgu = fuse ? fuse->swiglu_dgate_up : NULL;
-    MOERL_ASSERT(!sdgu || (da && sgu));
-    if (!da && !dW) return;
     const int blas = fuse && fuse->blas;
+    MOERL_ASSERT(!sdgu || (sgu && (da || !blas))); /* da NULL: the tiled items keep it in scratch */
+    if (!da && !dW && !sdgu) return;
     MOERL_ASSERT(!blas || !(fuse->gather_x || fuse->gather_dout)); /* the library items read a and dout as given */
     const int nt = gg_team_threads();
     const long M = offsets[E] - offsets[0];
@@ -242,16 +247,22 @@ void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const f
                  * and row block p of dW_g */
                 int c0, c1;
                 const float *gd = fuse ? fuse->gather_dout : NULL;
-                if (da) {
+                if (da || sdgu) {
                     gg_block_u(p, s, I, 16, &c0, &c1);
-                    if (c1 > c0) {
-                        const tg_mat A = gd ? (tg_mat){.p = gd, .ld = O, .idx = fuse->sorted_row + r0,
+                    /* without da, the block goes to this thread's scratch (in L2) for the epilogue,
+                     * in chunks of rows that fit it; with da, in place in one call */
+                    const int w = c1 - c0, chunk = da ? m : MOERL_MAX(1, GG_DA_SCRATCH / MOERL_MAX(w, 1));
+                    MOERL_ASSERT(da || w <= GG_DA_SCRATCH);
+                    for (int q0 = 0; q0 < m && w > 0; q0 += chunk) {
+                        const int rq = r0 + q0, mq = MOERL_MIN(chunk, m - q0);
+                        const tg_mat A = gd ? (tg_mat){.p = gd, .ld = O, .idx = fuse->sorted_row + rq,
                                                        .mod = fuse->n_tokens, .rw = fuse->topk_w, .rk = fuse->topk_k}
-                                            : (tg_mat){.p = dout + (size_t)r0 * O, .ld = O};
+                                            : (tg_mat){.p = dout + (size_t)rq * O, .ld = O};
                         const tg_mat B = {.p = Wg + c0, .ld = I}; /* B(o, i) = W_g[o, i] */
-                        const tg_epi ep = {.kind = TG_EPI_DSWIGLU, .half = I, .dgu = sdgu + (size_t)r0 * 2 * I + c0,
-                                           .gu = sgu ? sgu + (size_t)r0 * 2 * I + c0 : NULL, .ld_gu = 2 * I};
-                        gemm_tiled(da + (size_t)r0 * I + c0, I, 0, &A, &B, m, c1 - c0, O, sdgu ? &ep : NULL);
+                        const tg_epi ep = {.kind = TG_EPI_DSWIGLU, .half = I, .dgu = sdgu + (size_t)rq * 2 * I + c0,
+                                           .gu = sgu ? sgu + (size_t)rq * 2 * I + c0 : NULL, .ld_gu = 2 * I};
+                        if (da) gemm_tiled(da + (size_t)rq * I + c0, I, 0, &A, &B, mq, w, O, sdgu ? &ep : NULL);
+                        else gemm_tiled(gg_da_scratch, w, 0, &A, &B, mq, w, O, &ep);
                     }
                 }
                 if (dW) {
