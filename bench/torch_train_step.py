@@ -22,7 +22,7 @@ over --reps steps after --warmup untimed ones, and tokens/s of the median step; 
 line with the same fields as bench_train_step --json.
 
 Usage: OPENBLAS_CORETYPE=Haswell /usr/bin/python3 bench/torch_train_step.py [--threads N] [--reps R]
-       [--warmup W] [--batch B] [--seqlen T] [--json]
+       [--warmup W] [--batch B] [--seqlen T] [--json] [--moe-layer]
 Threads: torch.set_num_threads(N) for ATen's OpenMP pool; OpenBLAS (Debian's torch calls its
 pthread build for matmuls) reads OPENBLAS_NUM_THREADS, which this script sets to N before torch is
 imported unless it is already set (OpenBLAS's own default is all cores).
@@ -44,6 +44,9 @@ def parse_args():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seqlen", type=int, default=256)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--moe-layer", action="store_true",
+                    help="time one SparseMoeBlock alone, forward + backward (input and weight gradients) on "
+                         "batch x seqlen tokens: the peer of bench_moe_ablation's MoE layer")
     a = ap.parse_args()
     if a.threads < 1 or a.reps < 1 or a.warmup < 0 or a.batch < 1 or a.seqlen < 1:
         ap.error("--threads, --reps, --batch, --seqlen must be >= 1 and --warmup >= 0")
@@ -221,7 +224,44 @@ class Qwen3MoeForCausalLM(nn.Module):
         return logits, aux
 
 
+def moe_layer():
+    """HF's SparseMoeBlock alone: forward, then backward of sum(out * dout) into x and every weight;
+    prints the median of --reps timed passes after --warmup (ms) and, with --json, one JSON line."""
+    torch.set_num_threads(ARGS.threads)
+    torch.manual_seed(1234)
+    c = CFG
+    block = SparseMoeBlock(c)
+    for p in block.parameters():
+        nn.init.normal_(p, std=c["initializer_range"])
+    g = torch.Generator().manual_seed(99)
+    N, H = ARGS.batch * ARGS.seqlen, c["hidden_size"]
+    x = torch.randn(1, N, H, generator=g).requires_grad_(True)
+    dout = torch.randn(1, N, H, generator=g)
+    times = []
+    for r in range(-ARGS.warmup, ARGS.reps):
+        t0 = time.perf_counter()
+        out, _ = block(x)
+        (out * dout).sum().backward()
+        dt = time.perf_counter() - t0
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+        if r >= 0:
+            times.append(dt)
+    med = statistics.median(times)
+    if ARGS.json:
+        print(json.dumps({"impl": "pytorch", "what": "moe_layer", "threads": ARGS.threads, "tokens": N,
+                          "ms_median": round(1e3 * med, 3), "ms_min": round(1e3 * min(times), 3)}))
+    else:
+        print("torch_train_step --moe-layer: PyTorch %s eager, %d threads, %d tokens, E %d top-%d, I %d: forward + "
+              "backward median %.2f ms [min %.2f]" % (torch.__version__, ARGS.threads, N, c["num_experts"],
+                                                      c["num_experts_per_tok"], c["moe_intermediate_size"],
+                                                      1e3 * med, 1e3 * min(times)))
+    return 0
+
+
 def main():
+    if ARGS.moe_layer:
+        return moe_layer()
     torch.set_num_threads(ARGS.threads)
     torch.manual_seed(1234)
     c = CFG
