@@ -60,6 +60,15 @@ PY
 same_samples lockstep_partial lockstep async_training.partial_rollout=true async_training.staleness_threshold=0.5
 same_samples sync sync
 
+# never into a real run's folder (it would overwrite the run's metrics.jsonl and samples.jsonl): a
+# folder with checkpoint/ (what moerl rl / sft write; a simulation writes none) is refused, untouched
+mkdir -p "$OUT/realrun/checkpoint" && echo '{"step": 1}' >"$OUT/realrun/metrics.jsonl"
+$M simulate --config $CFG trainer.default_local_dir="$OUT/realrun" "${BASE[@]}" >/dev/null 2>"$OUT/into_real.log"
+rc=$?
+if [[ $rc -ne 0 ]] && grep -q "holds a real run (checkpoint/)" "$OUT/into_real.log" &&
+    [[ $(cat "$OUT/realrun/metrics.jsonl") == '{"step": 1}' ]]; then ok
+else fail "simulate into a real run's folder: exit $rc, $(tail -c 200 "$OUT/into_real.log")"; fi
+
 # async: deterministic, consistent
 S=(--config $CFG trainer.resume_mode=disable trainer.total_training_steps=8 async_training.mode=async --json
    sim.step_overhead_s=0.003)  # a rollout-bound setting: syncs find responses in flight

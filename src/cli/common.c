@@ -351,7 +351,10 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
         snprintf(tr, sizeof tr, "%s", cfg_str(c, "data.train_files"));
         snprintf(te, sizeof te, "%s", cfg_str(c, "data.val_files"));
         if (!tr[0] || !te[0])
-            return moerl_errorf("data.task is empty, so data.train_files and data.val_files must name JSONL files");
+            return moerl_errorf("data from files needs both data.train_files and data.val_files (JSONL; %s is "
+                                "empty)%s",
+                                tr[0] ? "data.val_files" : "data.train_files",
+                                cfg_str(c, "data.task")[0] ? "" : " — or set data.task to generate the data");
     }
     if (dataset_load(train, tr) != MOERL_OK) return MOERL_ERR;
     if (dataset_load(test, te) != MOERL_OK) {
@@ -448,6 +451,22 @@ void cli_print_json(json_t *j, int real_precision) {
     fflush(stdout);
     free(s);
     json_decref(j);
+}
+
+/* The size and rank an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH),
+ * or size 1 when not launched by one. */
+int cli_launcher_world(int *rank) {
+    static const char *sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+    static const char *ranks[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"};
+    for (int i = 0; i < 3; i++) {
+        const char *s = getenv(sizes[i]);
+        if (!s) continue;
+        const char *r = getenv(ranks[i]);
+        *rank = r ? atoi(r) : 0;
+        return atoi(s);
+    }
+    *rank = 0;
+    return 1;
 }
 
 void cli_print_error(const char *cmd, const char *msg) {

@@ -72,6 +72,10 @@ void cli_print_json(json_t *j, int real_precision);
 /* "moerl <cmd>: <message>" on stderr, where a message that already starts with "<cmd>: " (an
  * error made by the library for that command) does not repeat it. */
 void cli_print_error(const char *cmd, const char *msg);
+/* The world size an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH) and
+ * its rank in *rank, read from the launcher's environment (no MPI call: usable before MPI_Init);
+ * size 1 and rank 0 when not launched by one. */
+int cli_launcher_world(int *rank);
 /* Check every row's data_source names a reward function; the error names file:line and the value. */
 int cli_check_data_sources(const dataset *ds);
 

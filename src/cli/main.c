@@ -5,6 +5,7 @@
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "dist/dist.h"
 
 #define MOERL_VERSION "0.1.0"
@@ -41,22 +42,6 @@ static const command commands[] = {
     {"init", cmd_init},
 };
 
-/* The size and rank an MPI launcher gave this process (Open MPI, MPICH/Intel MPI hydra, MVAPICH),
- * or size 1 when not launched by one. */
-static int launcher_world(int *rank) {
-    static const char *sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
-    static const char *ranks[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"};
-    for (int i = 0; i < 3; i++) {
-        const char *s = getenv(sizes[i]);
-        if (!s) continue;
-        const char *r = getenv(ranks[i]);
-        *rank = r ? atoi(r) : 0;
-        return atoi(s);
-    }
-    *rank = 0;
-    return 1;
-}
-
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
@@ -84,7 +69,7 @@ int main(int argc, char **argv) {
     }
     /* Several processes of a binary without MPI would each run the whole command alone, racing
      * for one output folder: stop before any work, naming the binary that would work. */
-    int lrank, lsize = launcher_world(&lrank);
+    int lrank, lsize = cli_launcher_world(&lrank);
     if (lsize > 1 && strcmp(dist_backend_name(), "mpi")) {
         if (lrank == 0)
             fprintf(stderr, "moerl: launched by mpirun as %d processes, but %s is built without MPI (each process "

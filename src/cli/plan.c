@@ -185,8 +185,8 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     g_unit = big < 1024.0 * 1024.0 * 1024.0 ? "MiB" : "GiB";
     if ((int64_t)in->max_model_len > mc->max_position_embeddings)
         log_warn("data.max_prompt_length + data.max_response_length = %d tokens exceed the model's context "
-                 "(max_position_embeddings = %d): the KV cache and activations are planned for %d tokens; set "
-                 "data.max_prompt_length (default 512) to what your prompts need",
+                 "(max_position_embeddings = %d): the KV cache and activations are planned for %d tokens; give "
+                 "moerl plan data.max_prompt_length=N (a key of plan only, default 512) for what your prompts need",
                  in->max_model_len, mc->max_position_embeddings, in->max_model_len);
     printf("model: %d layers, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
            mc->num_hidden_layers, mc->hidden_size, mc->num_experts, mc->num_experts_per_tok, mc->moe_intermediate_size,

@@ -650,7 +650,11 @@ done:
     dist_finalize(ctx);
     return exit_code;
 fail:
-    cli_print_error("rl", moerl_last_error());
+    { /* before the role split every rank fails alike (the configuration): rank 0 says it once */
+        int lrank;
+        cli_launcher_world(&lrank);
+        if (ctx || lrank == 0) cli_print_error("rl", moerl_last_error());
+    }
     if (opened) cli_outdir_abandon(&od);
     model_free(&m);
     dataset_free(&train);

@@ -277,6 +277,15 @@ int cmd_simulate(int argc, char **argv) {
     }
     x.su.n_rollout_replicas = n_roll_dev / x.su.rollout_tp;
     x.su.n_trainer = x.rc.n_trainer_ranks;
+    {
+        const par_config *pc = &x.rc.par;
+        if (pc->pipeline_parallel_size > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
+            pc->fsdp_size > 1 || x.rc.rollout_ep > 1)
+            log_warn("moerl simulate times a PPO update as its FLOPs over the trainer devices plus a ring all-reduce of "
+                     "the gradients, and an engine step per replica: the parallel layout (actor.pipeline_parallel_size, "
+                     "expert / sequence parallel and FSDP sizes, rollout.expert_parallel_size) is not modelled — no "
+                     "pipeline bubble, no all-to-all or gather traffic (moerl plan gives the traffic)");
+    }
     if (calibrate) {
         if (sim_calibrate(&target, MOERL_MIN(x.rc.max_num_seqs, 128), MOERL_MIN(x.rc.ppo_max_token_len, 4096),
                           &x.su.dev) != MOERL_OK)
@@ -320,7 +329,23 @@ int cmd_simulate(int argc, char **argv) {
     if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                           "data.chat_template") != MOERL_OK)
         goto fail;
-    if (moerl_mkdirs(x.rc.out_dir) != MOERL_OK) goto fail;
+    { /* never into a real run's folder: a checkpoint there means moerl rl / sft wrote it (a simulation
+       * writes none), and the lock refuses a folder a live run holds */
+        static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint"};
+        for (int i = 0; i < 3; i++) {
+            char p[4200];
+            struct stat st;
+            snprintf(p, sizeof p, "%s/%s", x.rc.out_dir, real[i]);
+            if (stat(p, &st) == 0) {
+                moerl_errorf("%s holds a real run (%s/): a simulation would overwrite its metrics.jsonl, "
+                             "samples.jsonl and config; give the simulation its own folder "
+                             "(trainer.default_local_dir=...)",
+                             x.rc.out_dir, real[i]);
+                goto fail;
+            }
+        }
+    }
+    if (moerl_mkdirs(x.rc.out_dir) != MOERL_OK || moerl_lock_dir(x.rc.out_dir) < 0) goto fail;
     if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
     x.tiny = &tiny;

@@ -355,7 +355,10 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("training/global_step", (double)J->T.step);
     PUT("perf/prompts_per_s", wall > 0 ? (w->n_samples / (double)cfg->n) / wall : 0);
     /* MFU of the trainer's updates: model FLOPs (base/perf.h) / (update seconds · measured sgemm peak) */
-    PUT("perf/mfu", J->sgemm_peak > 0 && J->win_update > 0 ? w->train_flops / (J->win_update * J->sgemm_peak) : NAN);
+    /* train_flops sums every trainer rank's share (trainers_sum); the peak is one rank's team */
+    PUT("perf/mfu", J->sgemm_peak > 0 && J->win_update > 0
+                        ? w->train_flops / (J->win_update * J->sgemm_peak * MOERL_MAX(1, J->n_trainers))
+                        : NAN);
     if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k_loss);
     if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
         PUT("rollout_corr/rollout_is_mean", w->rollout_is_mean / k);
@@ -470,9 +473,16 @@ static int emb_send_part(job *J, int d, const rl_minibatch *mbs, int n_mb, rl_gr
 
 /* --- lockstep / sync: one thread, a fixed interleaving */
 
-/* Lockstep / sync: the rollout side idled from ls_mark to t0 (the update and the sync), works until now. */
+/* Lockstep / sync: the rollout side idles from ls_mark (when it last stopped generating) until t —
+ * the trainer's updates and syncs; the idle time is charged to the version whose sync reads it. */
+static void ls_idle_until(job *J, double t) {
+    if (J->ls_mark > 0 && t > J->ls_mark) rl_atomic_add(&J->R.idle_s, t - J->ls_mark);
+    J->ls_mark = t;
+}
+
+/* ... and it worked from t0 until now. */
 static void ls_account(job *J, double t0) {
-    if (J->ls_mark > 0) rl_atomic_add(&J->R.idle_s, t0 - J->ls_mark);
+    ls_idle_until(J, t0);
     J->ls_mark = moerl_now();
 }
 
@@ -510,6 +520,7 @@ static int ls_sync(job *J, int version, double *rb, double *ri) {
     J->R.on_paused_ctx = J;
     if (rollouter_apply_sync(&J->R, J->m->params, J->m->n_params, version) != MOERL_OK) return MOERL_ERR;
     if (J->failed) return moerl_errorf("param sync: checkpoint failed");
+    ls_idle_until(J, moerl_now()); /* this version's updates and this sync */
     *rb = atomic_exchange(&J->R.busy_s, 0.0);
     *ri = atomic_exchange(&J->R.idle_s, 0.0);
     return MOERL_OK;
@@ -518,7 +529,7 @@ static int ls_sync(job *J, int version, double *rb, double *ri) {
 static void ls_add_prompts(job *J, int64_t k) { atomic_fetch_add(&J->R.dropped_pending, k); }
 
 static int ls_stop(job *J, double *rb, double *ri) {
-    ls_account(J, moerl_now()); /* the last update */
+    ls_idle_until(J, moerl_now()); /* the last update */
     *rb = J->R.busy_s;
     *ri = J->R.idle_s;
     return MOERL_OK;
