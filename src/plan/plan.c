@@ -811,7 +811,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     }
     o->grads = o->weights;
     if (in->ref_model) { /* trainer.c's reference: the whole layout, and its pass's own arena for a whole micro-batch */
-        o->ref_weights = (double)o->n_params * db;
+        o->ref_weights = (double)o->n_params * sizeof(float); /* fp32 whatever actor.dtype: a copy of params */
         o->ref_acts = plan_acts_bytes(c, x.N, 0, L, 0) * act_scale;
         if (fsdp > 1 && in->logprob_passes > 0) { /* the proximal pass ran just before: its last region stays */
             double held;
