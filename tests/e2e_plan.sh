@@ -67,11 +67,13 @@ j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_c
 r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ref_weights_bytes"] == 4 * d["n_params"] and d["ref_pass_bytes_per_step"] == 0 and d["ref_acts_bytes"] > 0)' 2>/dev/null)
 [[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true: reference weights not 4 × n_params: $(cat "$OUT/err")"
 $M plan --model examples/qwen3_30b_a3b actor.use_kl_loss=true | grep -q "KL reference policy" && ok || fail "plan table has no KL reference line"
-# interleaved 1F1B is planned (no longer refused): 8 micro-batches of a 4-stage, 2-chunk pipeline
+# interleaved 1F1B is planned (no longer refused): the micro-batch count is the pipeline's own
+# (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches of ≥ 64 tokens, a
+# multiple of pp), not the token budget's 8
 j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=4 \
     actor.virtual_pipeline_parallel_size=2 actor.ppo_mini_batch_size=16 actor.ppo_max_token_len_per_gpu=4224 2>"$OUT/err")
 r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["vpp"], d["micro_batches"], round(d["pp_bubble_theory"], 6))' 2>/dev/null)
-[[ $r == "2 8 0.157895" ]] && ok || fail "plan pp 4 × v 2: vpp, micro-batches, bubble '$r' (want 2 8 0.157895 = 3/19): $(cat "$OUT/err")"
+[[ $r == "2 16 0.085714" ]] && ok || fail "plan pp 4 × v 2: vpp, micro-batches, bubble '$r' (want 2 16 0.085714 = 3/35): $(cat "$OUT/err")"
 $M plan >/dev/null 2>&1
 [[ $? -eq 2 ]] && ok || fail "plan without --model/--config should be a usage error (exit 2)"
 $M plan --model examples/qwen3_30b_a3b | grep -q "KV cache" && ok || fail "plan table has no KV cache line"

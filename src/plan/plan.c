@@ -8,6 +8,7 @@
 #include "model/perf.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "train/train.h"
 
 /* ------------------------------------------------------------------ activations */
 
@@ -493,6 +494,8 @@ typedef struct {
     int S, fsdp, mb, dispatcher, cap;
     int v; /* chunks per pipeline stage (actor.virtual_pipeline_parallel_size, ≥ 1) */
     int64_t N;
+    double mb_tokens; /* tokens a pipeline micro-batch carries (what its p2p sends): N, or fewer when the
+                         pipeline re-packs the update into more micro-batches (pp_plan_microbatches) */
 } plan_ctx;
 
 static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
@@ -554,6 +557,28 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
                                 "actor.ppo_mini_batch_size or rollout.n, or raise actor.ppo_max_token_len_per_gpu",
                                 mb, (long long)in->step_tokens, in->updates_per_step, dp, (long long)in->micro_tokens);
         x->mb = mb < 1 ? 1 : (int)mb;
+    }
+    x->mb_tokens = (double)x->N;
+    if (in->pp > 1 && in->micro_batches <= 0 && in->max_model_len > 0 && in->max_model_len <= in->micro_tokens) {
+        /* the count the pipeline itself makes (pipeline.c's dynamic rule: 4..16 micro-batches of ≥ 64
+         * tokens, a multiple of pp when interleaved) for this update's sequences at full length */
+        const double n_seq = floor((double)in->step_tokens / in->updates_per_step / dp / in->max_model_len);
+        if (n_seq >= 1 && n_seq <= (double)(1 << 22)) {
+            const int n = (int)n_seq;
+            train_seq *seqs = xcalloc((size_t)n, sizeof *seqs);
+            int *mbs = xmalloc((size_t)(n + 1) * sizeof(int));
+            for (int i = 0; i < n; i++) seqs[i].len = in->max_model_len;
+            pp_options o = pp_options_default();
+            o.virtual_stages = in->vpp > 1 ? in->vpp : 1;
+            o.quiet = 1;
+            const int m = pp_plan_microbatches(seqs, n, (int)MOERL_MIN(in->micro_tokens, (int64_t)INT32_MAX), in->pp,
+                                               &o, mbs);
+            free(seqs);
+            free(mbs);
+            if (m < 0) return moerl_error_prefix("plan: ");
+            x->mb = m;
+            x->mb_tokens = n_seq * in->max_model_len / m;
+        }
     }
     if (in->pp > 1 && x->mb < in->pp) x->mb = in->pp; /* 1F1B needs ≥ pp micro-batches (pipeline.h's guard) */
     x->v = in->vpp > 1 ? in->vpp : 1;
@@ -671,9 +696,10 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         const int aux = n_moe_in(c, 0, L) > 0;
         /* chunks sending on (all but the last virtual stage) and back (all but the first) */
         const double nf = x->v - (stage == in->pp - 1), nb = x->v - (stage == 0);
-        const double per = nf * (N * H * db + (aux ? 2 * E * 4 : 0)) + nb * (N * H * db + (aux ? E * 4 : 0));
+        const double Np = x->mb_tokens; /* a micro-batch's tokens (fewer than N when re-packed) */
+        const double per = nf * (Np * H * db + (aux ? 2 * E * 4 : 0)) + nb * (Np * H * db + (aux ? E * 4 : 0));
         t->pp_p2p = per * mb;
-        if (aux && nf > 0) t->pp_p2p_fwd_only = (double)fo * mb * nf * N * H * db;
+        if (aux && nf > 0) t->pp_p2p_fwd_only = (double)fo * mb * nf * Np * H * db;
         if (pp_local && c->tie_word_embeddings && (stage == 0 || stage == in->pp - 1))
             t->pp_p2p_emb = (double)pad16((int64_t)c->vocab_size * c->hidden_size) * db; /* one way per stage */
     }
