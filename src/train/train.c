@@ -16,7 +16,9 @@ int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_star
     for (int i = 0; i < n; i++) {
         if (seqs[i].len > max_tokens)
             return moerl_errorf("sequence %d has %d tokens, more than a micro-batch holds (%d); raise the "
-                                "micro-batch token limit",
+                                "micro-batch token limit (actor.ppo_max_token_len_per_gpu in moerl rl, at least the "
+                                "longest prompt + data.max_response_length; data.max_token_len_per_micro_batch in "
+                                "moerl sft)",
                                 i, seqs[i].len, max_tokens);
         if (cur + seqs[i].len > max_tokens) {
             mb_start[++n_mb] = i;
