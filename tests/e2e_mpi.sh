@@ -299,13 +299,13 @@ EDGE_WHAT="moerl-mpi sft -np 3 pp 3 with 2 rows per batch: refused naming the co
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "need at least 3" "$W/err"'
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
-# first_steps NP DIR [key=value ...]: 2 training steps on NP ranks into DIR (a checkpoint to resume), copied
-# to DIRb for a second resume
+# first_steps NP DIR copy|once [key=value ...]: 2 training steps on NP ranks into DIR (a checkpoint to
+# resume); with `copy` also copied to DIRb for a second resume
 first_steps() {
-    local fnp=$1 fdir=$2
-    shift 2
+    local fnp=$1 fdir=$2 copy=$3
+    shift 3
     mpi_sft "$fnp" "$fdir" 180 "${RES[@]}" trainer.total_training_steps=2 "$@"
-    cp -r "$fdir" "${fdir}b"
+    if [[ $copy == copy ]]; then cp -r "$fdir" "${fdir}b"; fi
 }
 # resumed LABEL NP DIR REF TOL [key=value ...]: DIR's checkpoint resumed to 4 steps on NP ranks (1: one
 # process, build/moerl) with the keys; it must say "resumed from" and agree with the uninterrupted run
@@ -323,14 +323,14 @@ resumed() {
 }
 "$M" sft --config "$W/sft.yaml" "${SFTX[@]}" "${RES[@]}" trainer.total_training_steps=4 \
     trainer.default_local_dir="$W/c1" >/dev/null 2>&1
-first_steps 4 "$W/c4" "${SFTX[@]}" actor.fsdp_config.fsdp_size=4
+first_steps 4 "$W/c4" copy "${SFTX[@]}" actor.fsdp_config.fsdp_size=4
 resumed "checkpoint of -np 4 fsdp 4 resumed on -np 2 fsdp 2" 2 "$W/c4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.fsdp_config.fsdp_size=2
 resumed "checkpoint of -np 4 fsdp 4 resumed on one process" 1 "$W/c4b" "$W/c1" 2e-5 "${SFTX[@]}"
 # N -> M with a stage-owned pipeline: 2 steps on 4 ranks (dp 2 x pp 2; each stage saved its own
 # parameters and moments through par_gather_full), resumed to 4 steps on 3 ranks (pp 3) and on one
 # process (moments and weights agree with the uninterrupted run c1, as above)
-first_steps 4 "$W/p4" "${SFTX[@]}" actor.pipeline_parallel_size=2
+first_steps 4 "$W/p4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2
 resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on -np 3 pp 3" 3 "$W/p4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.pipeline_parallel_size=3
 resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on one process" 1 "$W/p4b" "$W/c1" 2e-5 "${SFTX[@]}"
@@ -359,20 +359,20 @@ EDGE_WHAT="moerl-mpi sft -np 2 pp 2 v 2 on 3 layers: refused naming the keys (rc
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "actor.virtual_pipeline_parallel_size=2 × actor.pipeline_parallel_size=2" "$W/err"'
 "$M" sft --config "$W/sft.yaml" "${SFTV[@]}" "${RES[@]}" trainer.total_training_steps=4 \
     trainer.default_local_dir="$W/cv1" >/dev/null 2>&1
-first_steps 2 "$W/pv2" "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
+first_steps 2 "$W/pv2" once "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2
 resumed "checkpoint of -np 2 pp 2 v 2 resumed on one process" 1 "$W/pv2" "$W/cv1" 5e-5 "${SFTV[@]}"
 # N -> M with expert parallelism: 2 steps on -np 4 ep 4, resumed to 4 steps on -np 2 ep 2 and on one
 # process (the checkpoint is the whole model: experts and moments assembled on rank 0 by
 # par_gather_full; each rank of the resume slices its experts' weights and moments from it)
-first_steps 4 "$W/e4" "${SFTX[@]}" actor.expert_parallel_size=4
+first_steps 4 "$W/e4" copy "${SFTX[@]}" actor.expert_parallel_size=4
 resumed "checkpoint of -np 4 ep 4 resumed on -np 2 ep 2" 2 "$W/e4" "$W/c1" 5e-5 "${SFTX[@]}" actor.expert_parallel_size=2
 resumed "checkpoint of -np 4 ep 4 resumed on one process" 1 "$W/e4b" "$W/c1" 5e-5 "${SFTX[@]}"
 # EP x FSDP N -> M: -np 4 ep 2 x fsdp 2 (2 steps) resumed on -np 2 ep 2; -np 2 ep 2 (2 steps) resumed on
 # -np 4 ep 2 x fsdp 2 (each rank's shard of its experts' weights and moments)
-first_steps 4 "$W/x4" "${SFTX[@]}" actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
+first_steps 4 "$W/x4" once "${SFTX[@]}" actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
 resumed "checkpoint of -np 4 ep 2 x fsdp 2 resumed on -np 2 ep 2" 2 "$W/x4" "$W/c1" 5e-5 "${SFTX[@]}" \
     actor.expert_parallel_size=2
-first_steps 2 "$W/x2" "${SFTX[@]}" actor.expert_parallel_size=2
+first_steps 2 "$W/x2" once "${SFTX[@]}" actor.expert_parallel_size=2
 resumed "checkpoint of -np 2 ep 2 resumed on -np 4 ep 2 x fsdp 2" 4 "$W/x2" "$W/c1" 5e-5 "${SFTX[@]}" \
     actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
 rm -rf "$W"
