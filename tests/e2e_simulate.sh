@@ -68,6 +68,13 @@ rc=$?
 if [[ $rc -ne 0 ]] && grep -q "holds a real run (checkpoint/)" "$OUT/into_real.log" &&
     [[ $(cat "$OUT/realrun/metrics.jsonl") == '{"step": 1}' ]]; then ok
 else fail "simulate into a real run's folder: exit $rc, $(tail -c 200 "$OUT/into_real.log")"; fi
+# --sweep writes one folder per setting (sync/, async_s0.3_partial_on/, ...): a real run in one of them too
+mkdir -p "$OUT/realsweep/sync/checkpoint" && echo '{"step": 1}' >"$OUT/realsweep/sync/metrics.jsonl"
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/realsweep" "${BASE[@]}" >/dev/null 2>"$OUT/sweep_real.log"
+rc=$?
+if [[ $rc -ne 0 ]] && grep -q "realsweep/sync holds a real run" "$OUT/sweep_real.log" &&
+    [[ $(cat "$OUT/realsweep/sync/metrics.jsonl") == '{"step": 1}' ]]; then ok
+else fail "simulate --sweep into a real run's sub-folder: exit $rc, $(tail -c 200 "$OUT/sweep_real.log")"; fi
 
 # async: deterministic, consistent
 S=(--config $CFG trainer.resume_mode=disable trainer.total_training_steps=8 async_training.mode=async --json

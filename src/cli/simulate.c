@@ -110,6 +110,25 @@ typedef struct {
     dataset *train;
 } sim_ctx;
 
+/* A simulation writes metrics.jsonl, samples.jsonl and plots into its folder like a run, so never into
+ * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
+ * the folder is made and locked for this process (a live run's lock refuses it). */
+static int claim_folder(const char *dir) {
+    static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint"};
+    for (int i = 0; i < 3; i++) {
+        char p[4200];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, real[i]);
+        if (stat(p, &st) == 0)
+            return moerl_errorf("%s holds a real run (%s/): a simulation would overwrite its metrics.jsonl, "
+                                "samples.jsonl and config; give the simulation its own folder "
+                                "(trainer.default_local_dir=...)",
+                                dir, real[i]);
+    }
+    if (moerl_mkdirs(dir) != MOERL_OK || moerl_lock_dir(dir) < 0) return MOERL_ERR;
+    return MOERL_OK;
+}
+
 static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
                    sim_result *r) {
     rl_config rc = x->rc;
@@ -125,6 +144,7 @@ static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int pa
     su.n_rollout_replicas = n_roll_dev / su.rollout_tp;
     su.n_trainer = n_train;
     snprintf(rc.out_dir, sizeof rc.out_dir, "%s/%s", x->rc.out_dir, label);
+    if (claim_folder(rc.out_dir) != MOERL_OK) return MOERL_ERR;
     log_info("simulate %s: %d rollout devices (%d replicas), %d trainer devices", label, n_roll_dev,
              su.n_rollout_replicas, n_train);
     return sim_run(&rc, &su, x->tiny, x->train, r);
@@ -329,23 +349,7 @@ int cmd_simulate(int argc, char **argv) {
     if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                           "data.chat_template") != MOERL_OK)
         goto fail;
-    { /* never into a real run's folder: a checkpoint there means moerl rl / sft wrote it (a simulation
-       * writes none), and the lock refuses a folder a live run holds */
-        static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint"};
-        for (int i = 0; i < 3; i++) {
-            char p[4200];
-            struct stat st;
-            snprintf(p, sizeof p, "%s/%s", x.rc.out_dir, real[i]);
-            if (stat(p, &st) == 0) {
-                moerl_errorf("%s holds a real run (%s/): a simulation would overwrite its metrics.jsonl, "
-                             "samples.jsonl and config; give the simulation its own folder "
-                             "(trainer.default_local_dir=...)",
-                             x.rc.out_dir, real[i]);
-                goto fail;
-            }
-        }
-    }
-    if (moerl_mkdirs(x.rc.out_dir) != MOERL_OK || moerl_lock_dir(x.rc.out_dir) < 0) goto fail;
+    if (claim_folder(x.rc.out_dir) != MOERL_OK) goto fail;
     if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
     x.tiny = &tiny;
