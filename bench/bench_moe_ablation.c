@@ -33,8 +33,13 @@
  * (src/model/forward.c: router, gate_up GEMM + SwiGLU, down GEMM, ..., thread 0's view, so a
  * stage's span is its wall time up to its closing barrier).
  *
+ * --layer qwen3-30b-a3b: the layer measurements at Qwen3-30B-A3B's MoE shape instead (H 2048,
+ * 128 experts top-8, I 768; ~10 GB of fp32 weights, gradients and scratch), N = --tokens (default
+ * 1024); implies --no-step (the whole-model step is the benchmark model's). At that shape an
+ * expert sees N·8/128 rows (64 at N 1024) where the benchmark model's sees N·4/16 (256).
+ *
  * Usage: bench_moe_ablation [--reps R (≥ 3, default 5)] [--model A|B] [--no-decode] [--no-step]
- *                           [--profile TRACE.json]
+ *                           [--layer bench|qwen3-30b-a3b] [--tokens N] [--profile TRACE.json]
  * Threads: OMP_NUM_THREADS (OpenBLAS is the OpenMP build and shares the pool).
  */
 #include "base/common.h"
@@ -91,8 +96,25 @@ typedef struct {
     float *x, *out, *dout, *dx, *dlogp;
 } train_ctx;
 
-static void train_init(train_ctx *t, int B, int T) {
+/* The layer's shape: the benchmark model's, or (big) Qwen3-30B-A3B's MoE layer on a one-layer
+ * model (attention and vocabulary only as large as the model needs to exist). */
+static moe_config layer_config(int T, int big) {
     moe_config c = bench_model_config(T);
+    if (big) {
+        c.hidden_size = 2048;
+        c.moe_intermediate_size = 768;
+        c.num_experts = 128;
+        c.num_experts_per_tok = 8;
+        c.num_hidden_layers = 1;
+        c.num_attention_heads = 4;
+        c.num_key_value_heads = 4;
+        c.head_dim = 128;
+    }
+    return c;
+}
+
+static void train_init(train_ctx *t, int B, int T, int big, int with_optimizer) {
+    moe_config c = layer_config(T, big);
     MOERL_ASSERT(model_init(&t->m, &c) == MOERL_OK);
     model_init_random(&t->m, 1);
     t->N = B * T;
@@ -105,7 +127,7 @@ static void train_init(train_ctx *t, int B, int T) {
     t->m.cfg.exec = conf_exec(C_FULL);
     adamw_config oc = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                        .max_grad_norm = 1.0f};
-    adamw_init(&t->opt, &t->m, oc);
+    if (with_optimizer) adamw_init(&t->opt, &t->m, oc);
     t->tok = xmalloc(N * sizeof(int));
     t->tgt = xmalloc(N * sizeof(int));
     t->cu = xmalloc((B + 1) * sizeof(int));
@@ -238,17 +260,19 @@ static void report(const char *what, double v[N_CONF][64], int reps, int is_rate
 
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
-    int reps = 5, do_decode = 1, do_step = 1;
-    const char *which = "A", *profile = NULL;
+    int reps = 5, do_decode = 1, do_step = 1, big = 0, tokens = 1024;
+    const char *which = "A", *profile = NULL, *layer = "bench";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--no-decode")) do_decode = 0;
         else if (!strcmp(argv[i], "--no-step")) do_step = 0;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
+        else if (!strcmp(argv[i], "--layer") && i + 1 < argc) layer = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_moe_ablation [--reps R (3..64)] [--model A|B] [--no-decode] [--no-step] "
-                            "[--profile TRACE.json]\n");
+                            "[--layer bench|qwen3-30b-a3b] [--tokens N] [--profile TRACE.json]\n");
             return 2;
         }
     }
@@ -256,6 +280,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_moe_ablation: --reps must be in [3, 64] and --model A or B\n");
         return 2;
     }
+    if ((strcmp(layer, "bench") && strcmp(layer, "qwen3-30b-a3b")) || tokens < 4 || tokens % 4 || tokens > 65536) {
+        fprintf(stderr, "bench_moe_ablation: --layer must be bench or qwen3-30b-a3b and --tokens a multiple of 4 "
+                        "in [4, 65536]\n");
+        return 2;
+    }
+    big = !strcmp(layer, "qwen3-30b-a3b");
+    if (big) do_step = 0;
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
@@ -264,7 +295,7 @@ int main(int argc, char **argv) {
            openblas_get_corename(), threads, reps, bench_loadavg());
     static double lay[N_CONF][64], fwd[N_CONF][64], stp[N_CONF][64], d1[N_CONF][64], d32[N_CONF][64];
     train_ctx t;
-    train_init(&t, 4, 256);
+    train_init(&t, 4, tokens / 4, big, do_step);
     for (int k = 0; k < N_CONF; k++) { /* warm-up */
         layer_run(&t, k, &fwd[k][0]);
         if (do_step) step_run(&t, k);
@@ -289,8 +320,19 @@ int main(int argc, char **argv) {
         }
         printf("bench_moe_ablation: trace of %d more layer runs of the full configuration in %s\n", reps, profile);
     }
-    report("MoE layer forward + backward (N 1024, H 256, E 16 top-4, I 128), production mlp_forward/mlp_backward",
-           lay, reps, 0, "ms", 1e3);
+    {
+        const moe_config *c = &t.m.cfg;
+        char title[200];
+        snprintf(title, sizeof title,
+                 "MoE layer forward + backward (N %d, H %d, E %d top-%d, I %d), production mlp_forward/mlp_backward",
+                 t.N, c->hidden_size, c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size);
+        report(title, lay, reps, 0, "ms", 1e3);
+        const double gflop = 6.0 * t.N * c->num_experts_per_tok * 3.0 * c->hidden_size * c->moe_intermediate_size / 1e9;
+        double col[64];
+        for (int r = 0; r < reps; r++) col[r] = lay[C_FULL][r];
+        printf("  expert GEMMs: %.2f GFLOP per forward + backward, full path at %.1f GFLOP/s (median)\n", gflop,
+               gflop / bench_median(col, reps));
+    }
     {
         double col[64];
         for (int r = 0; r < reps; r++) col[r] = lay[C_LOOP][r] / lay[C_FULL][r];
