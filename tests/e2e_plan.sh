@@ -68,7 +68,7 @@ r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); pr
 [[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true: reference weights not 4 × n_params: $(cat "$OUT/err")"
 $M plan --model examples/qwen3_30b_a3b actor.use_kl_loss=true | grep -q "KL reference policy" && ok || fail "plan table has no KL reference line"
 # interleaved 1F1B is planned (no longer refused): the micro-batch count is the pipeline's own
-# (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches of ≥ 64 tokens, a
+# (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches, aiming at ≥ 64 tokens each, a
 # multiple of pp), not the token budget's 8
 j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=4 \
     actor.virtual_pipeline_parallel_size=2 actor.ppo_mini_batch_size=16 actor.ppo_max_token_len_per_gpu=4224 2>"$OUT/err")

@@ -39,6 +39,13 @@
  * walks groups of pp micro-batches through the chunks); the dynamic count rounds its target up to a
  * multiple of pp and tries the caps from there up until the packing gives one; a fixed packing that
  * does not is refused naming actor.virtual_pipeline_parallel_size, pp and the count needed.
+ * When the caps give no allowed count (equal lengths: a cap below two sequences packs one each), the
+ * dynamic count is the allowed one nearest the target (the smallest ≥ it, else the largest below)
+ * among [the greedy count at max_tokens, n] — every count there is a contiguous packing — and the
+ * sequences are split exactly that many ways with the smallest largest micro-batch. So with
+ * pp_options.dynamic a batch is refused only when no packing (sequences whole, in order, ≤ max_tokens
+ * each) has an allowed count. min_mb_tokens steers the target only: a micro-batch holds whole
+ * sequences, so it can hold fewer tokens.
  *
  * Gradients and outputs. After the schedule each stage holds the gradients of its own parameters
  * (with tied embeddings the first and last stage each hold their part of the shared tensor), and only
@@ -84,7 +91,8 @@
 typedef struct {
     int dynamic;        /* 1: raise the micro-batch count from the token budget (default 1) */
     int mb_min, mb_max; /* dynamic range of the target count (default 4, 16: the practice's) */
-    int min_mb_tokens;  /* dynamic: a micro-batch keeps at least this many tokens (default 64) */
+    int min_mb_tokens;  /* dynamic: the target count is at most tokens / this (default 64); a micro-batch
+                           holds whole sequences, so it may hold fewer tokens */
     int prefetch;       /* 1: post receives as early as their buffers are free (default 1) */
     int progress_us;    /* > 0: a thread drives MPI progress every this many µs during the schedule, so
                            large messages move while both ends compute (default 50); 0 = off */
