@@ -482,6 +482,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (rl_check_update_sizes(rc, &train, 1) != MOERL_OK) goto fail; /* before the warm start */
     if (leader && rl_check_resume_state(rc, &train) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
@@ -598,6 +599,7 @@ int cmd_rl(int argc, char **argv) {
     if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (rl_check_update_sizes(&rc, &train, 1) != MOERL_OK) goto fail; /* before the warm start */
     if (rl_check_resume_state(&rc, &train) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;

@@ -195,6 +195,15 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
     return m;
 }
 
+int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v) {
+    if (n <= 0) return 1; /* no sequences: the pipeline has no update to schedule */
+    if (seq_len < 1 || max_tokens < seq_len) return 0;
+    const int per = max_tokens / seq_len; /* sequences of seq_len tokens per micro-batch */
+    const int fewest = MOERL_MAX((n + per - 1) / per, pp);
+    const int c = v > 1 ? (fewest + pp - 1) / pp * pp : fewest; /* the smallest allowed count ≥ fewest */
+    return c <= n;
+}
+
 /* ------------------------------------------------------------------ schedule order */
 
 int pp_schedule(int pp, int stage, int v, int m, int *kind, int *chunk, int *mbi) {

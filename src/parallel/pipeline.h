@@ -161,6 +161,14 @@ int pp_slots_needed(int pp, int stage, int v, int m, int *need);
  * m < pp, naming the count needed; v > 1 and m not a multiple of pp). */
 int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb_start);
 
+/* Can every batch of n sequences of at most seq_len tokens each be packed for the schedule
+ * (pp_plan_microbatches with pp_options.dynamic: whole sequences in order, ≤ max_tokens per
+ * micro-batch, a count ≥ pp and with v > 1 a multiple of pp)? All at seq_len is the worst case: longer
+ * sequences never lower the fewest micro-batches, and any count from the fewest up to n is a packing,
+ * so the answer is whether an allowed count lies in [ceil(n / floor(max_tokens / seq_len)), n].
+ * 1 yes, 0 no (also seq_len > max_tokens); n ≤ 0: 1 (nothing to schedule). Pure. */
+int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v);
+
 /* A pipeline runtime on this trainer rank: the stage g->stage of g->pp over g->pp_comm. The
  * activation slots (model_acts over the stage's layers) are allocated by the first step, sized for
  * its max_tokens (again when a later step needs more). Logs the partition (layers and FLOP share of
