@@ -766,6 +766,26 @@ static void test_pack_rule(void) {
     }
     CHECK(agree == n_cases, "pp_plan_microbatches agrees with the brute-force oracle on %d of %d batches", agree,
           n_cases);
+    /* pp_count_allowed: every batch of n sequences of L tokens — the worst case of lengths ≤ L —
+     * against the oracle, and against pp_plan_microbatches with shorter sequences mixed in */
+    int wrong = 0, checked = 0;
+    for (int n = 1; n <= 10; n++)
+        for (int L = 1; L <= 12; L += 5)
+            for (int cap = L; cap <= 4 * L; cap += 2)
+                for (int pp = 1; pp <= 4; pp++)
+                    for (int v = 1; v <= (pp > 1 ? 2 : 1); v++) {
+                        for (int i = 0; i < n; i++) lens[i] = L;
+                        const int allowed = pp_count_allowed(n, L, cap, pp, v);
+                        wrong += allowed != pack_oracle(lens, n, cap, pp, v);
+                        for (int i = 0; i < n; i++) seqs[i].len = lens[i] = i % 3 ? L : 1 + (L - 1) / 2;
+                        po.virtual_stages = v;
+                        wrong += allowed && pp_plan_microbatches(seqs, n, cap, pp, &po, mb) < 0;
+                        checked++;
+                    }
+    CHECK(wrong == 0, "pp_count_allowed: %d of %d (n, L, cap, pp, v) disagree with the oracle or a shorter batch "
+          "is refused", wrong, checked);
+    CHECK(pp_count_allowed(0, 10, 5, 2, 2) == 1 && pp_count_allowed(1, 10, 5, 1, 1) == 0,
+          "no sequences: nothing to schedule; a sequence over the limit: refused");
     CHECK(feasible > n_cases / 4 && feasible < n_cases - n_cases / 10,
           "the oracle's cases mix feasible (%d) and infeasible ones", feasible);
     if (RANK == 0) printf("  packing: oracle agrees on %d batches (%d feasible)\n", n_cases, feasible);

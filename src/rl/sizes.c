@@ -101,6 +101,9 @@ int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline
     if (v > 1) snprintf(vkey, sizeof vkey, " with actor.virtual_pipeline_parallel_size=%d", v);
     if (n < pp)
         snprintf(why, sizeof why, "%d sequences make at most %d micro-batches, fewer than the %d stages", n, n, pp);
+    else if ((n + per - 1) / per == n)
+        snprintf(why, sizeof why, "%d micro-batches (one sequence of %d tokens per micro-batch), not a multiple of %d",
+                 n, L, pp);
     else
         snprintf(why, sizeof why, "%d to %d micro-batches (%d sequences of %d tokens fit one), none a multiple of %d",
                  (n + per - 1) / per, n, per, L, pp);
