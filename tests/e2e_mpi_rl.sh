@@ -528,6 +528,28 @@ n=$(grep -c "fsdp_size=3 does not divide the 4 ranks" "$WORK/badlayout.log")
 if [[ $rc -ne 0 && $rc -ne 124 && $n -eq 1 && ! -e $WORK/badlayout ]] && ! grep -q MPI_ABORT "$WORK/badlayout.log"; then
     ok "fsdp_size=3 on 4 trainer ranks: exit $rc, one message, no MPI_Abort, no folder"
 else bad "bad layout under mpirun" "exit $rc, $n messages"; tail_log badlayout; fi
+# the pipeline's micro-batch count rule against the worst update, before the warm start: pp 2 × v 2 needs an
+# even count, and 3 responses of up to 41 tokens with 60 tokens per micro-batch make exactly 3 — refused
+# once (every rank reaches the verdict), naming the keys and values that would work, no folder
+timeout 60 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" sft.total_training_steps=10 \
+    trainer.default_local_dir="$WORK/ppcount" trainer.n_ranks=2 model.num_hidden_layers=4 actor.pipeline_parallel_size=2 \
+    actor.virtual_pipeline_parallel_size=2 rollout.n=3 actor.ppo_mini_batch_size=1 actor.ppo_max_token_len_per_gpu=60 \
+    >/dev/null 2>"$WORK/ppcount.log"
+rc=$?
+n=$(grep -c "actor.pipeline_parallel_size=2 with actor.virtual_pipeline_parallel_size=2 cannot schedule" "$WORK/ppcount.log")
+if [[ $rc -eq 1 && $n -eq 1 && ! -e $WORK/ppcount ]] && ! grep -qi "warm start" "$WORK/ppcount.log" &&
+    grep -qF "Would work: rollout.n=4, or actor.ppo_max_token_len_per_gpu=82, or actor.virtual_pipeline_parallel_size=1" \
+        "$WORK/ppcount.log"; then
+    ok "pp 2 x v 2 with an odd worst-case micro-batch count: refused at startup, once, naming what would work"
+else bad "pipeline count rule at startup" "exit $rc, $n messages"; tail_log ppcount; fi
+# one of the values named: 82 tokens hold two sequences, so 3 sequences pack as 2 + 1 (the equal-length
+# case the caps alone never packed two to a micro-batch: 3 micro-batches, refused at the first update)
+if mpi_rl ppcount_ok 3 2 model.num_hidden_layers=4 actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 \
+    rollout.n=3 actor.ppo_mini_batch_size=1 actor.ppo_max_token_len_per_gpu=82 trainer.total_training_steps=3; then
+    m=$(grep -o '"perf/pipeline_microbatches": *[0-9.]*' "$WORK/ppcount_ok/metrics.jsonl" | awk -F: '{print $2+0}' | sort -u | tr '\n' ' ')
+    if [[ $m == "2 " ]]; then ok "pp 2 x v 2, 3 sequences per update: runs as 2 micro-batches"
+    else bad "pp 2 x v 2, 3 sequences per update" "micro-batch counts '$m', expected 2"; fi
+else bad "pp 2 x v 2, 3 sequences per update" "exit $?"; tail_log ppcount_ok; fi
 # configuration errors
 "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/nompi" trainer.n_ranks=2 \
     >"$WORK/nompi.log" 2>&1

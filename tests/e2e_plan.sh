@@ -34,7 +34,8 @@ $M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipel
 # values moerl would refuse are refused by plan too, naming the key (no negative or overflowed figures)
 for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_seqs=-5:rollout.max_num_seqs" \
     "trainer.n_ranks=6 actor.ulysses_sequence_parallel_size=3:ulysses_sequence_parallel_size" \
-    "data.max_response_length=2147483000 data.max_prompt_length=1000:32-bit"; do
+    "data.max_response_length=2147483000 data.max_prompt_length=1000:32-bit" \
+    "actor.ppo_max_token_len_per_gpu=527:actor.ppo_max_token_len_per_gpu=527 is below one sequence: data.max_prompt_length + data.max_response_length = 512 + 16 = 528 tokens, .* at least 528"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
     $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
@@ -49,7 +50,7 @@ for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combine
     "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1:actor.fsdp_config.fsdp_size (2)" \
     "model.num_experts=64:model.num_experts (command line)" \
     "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 data.max_response_length=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
-    "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 actor.ppo_max_token_len_per_gpu=1:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \
+    "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 actor.ppo_max_token_len_per_gpu=528:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \
     "async_training.require_batches=100000 actor.ppo_epochs=100000:async_training.require_batches × actor.ppo_epochs"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
@@ -68,7 +69,7 @@ r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); pr
 [[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true: reference weights not 4 × n_params: $(cat "$OUT/err")"
 $M plan --model examples/qwen3_30b_a3b actor.use_kl_loss=true | grep -q "KL reference policy" && ok || fail "plan table has no KL reference line"
 # interleaved 1F1B is planned (no longer refused): the micro-batch count is the pipeline's own
-# (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches of ≥ 64 tokens, a
+# (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches, aiming at ≥ 64 tokens each, a
 # multiple of pp), not the token budget's 8
 j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=4 \
     actor.virtual_pipeline_parallel_size=2 actor.ppo_mini_batch_size=16 actor.ppo_max_token_len_per_gpu=4224 2>"$OUT/err")

@@ -483,6 +483,14 @@ fi
 expect_error unknown_key "foo.bar" foo.bar=1
 expect_error wrong_type "rollout.n" rollout.n=abc
 expect_error n_zero "rollout.n" rollout.n=0
+# a micro-batch token limit below one sequence (the longest prompt of the data + data.max_response_length):
+# refused at startup, before the SFT warm start, naming the key, its value and the minimum; no folder left
+expect_error micro_tokens "actor.ppo_max_token_len_per_gpu=20 is below one sequence" sft.total_training_steps=10 \
+    actor.ppo_max_token_len_per_gpu=20
+if grep -qE "data.max_response_length=8 = [0-9]+ tokens.*at least [0-9]+" "$WORK/micro_tokens.log" &&
+    [[ ! -e $WORK/micro_tokens ]] && ! grep -qi "warm start" "$WORK/micro_tokens.log"; then
+    ok "micro-batch limit below one sequence: the minimum named, no warm start, no folder"
+else bad "micro-batch limit below one sequence" "message or folder"; tail_log micro_tokens; fi
 # the same mistakes inside a YAML file
 cat >"$WORK/bad_key.yaml" <<'EOF'
 rollout:

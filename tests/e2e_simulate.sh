@@ -76,6 +76,14 @@ if [[ $rc -ne 0 ]] && grep -q "realsweep/sync holds a real run" "$OUT/sweep_real
     [[ $(cat "$OUT/realsweep/sync/metrics.jsonl") == '{"step": 1}' ]]; then ok
 else fail "simulate --sweep into a real run's sub-folder: exit $rc, $(tail -c 200 "$OUT/sweep_real.log")"; fi
 
+# a micro-batch token limit below one sequence (longest prompt + data.max_response_length=96) is refused
+# at startup naming the key, its value and the minimum, as moerl rl refuses it
+$M simulate --config $CFG trainer.default_local_dir="$OUT/short_mb" "${BASE[@]}" actor.ppo_max_token_len_per_gpu=64 \
+    >/dev/null 2>"$OUT/short_mb.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -qE "actor.ppo_max_token_len_per_gpu=64 is below one sequence: .* \+ data.max_response_length=96 = [0-9]+ tokens.*at least [0-9]+" "$OUT/short_mb.log"; then ok
+else fail "simulate with actor.ppo_max_token_len_per_gpu below one sequence: exit $rc, $(tail -c 300 "$OUT/short_mb.log")"; fi
+
 # async: deterministic, consistent
 S=(--config $CFG trainer.resume_mode=disable trainer.total_training_steps=8 async_training.mode=async --json
    sim.step_overhead_s=0.003)  # a rollout-bound setting: syncs find responses in flight

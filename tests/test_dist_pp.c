@@ -668,6 +668,129 @@ static void test_plan(void) {
     }
 }
 
+/* Does some packing of lens[0..n) into contiguous micro-batches (a sequence never split, each ≤ cap
+ * tokens) have a count the schedule allows (≥ pp; v > 1: a multiple of pp)? Brute force over every
+ * set of cuts (n ≤ 12). */
+static int pack_oracle(const int *lens, int n, int cap, int pp, int v) {
+    for (unsigned cuts = 0; cuts < (1u << (n > 0 ? n - 1 : 0)); cuts++) {
+        int k = 1, tok = 0, ok = 1;
+        for (int i = 0; i < n && ok; i++) {
+            if (i > 0 && (cuts >> (i - 1) & 1)) k++, tok = 0;
+            tok += lens[i];
+            ok = tok <= cap;
+        }
+        if (ok && k >= pp && (v == 1 || k % pp == 0)) return 1;
+    }
+    return 0;
+}
+
+/* Is mb[0..m] a packing of n sequences the schedule can run (contiguous, non-empty, ≤ cap tokens, the
+ * count rule)? */
+static int pack_valid(const int *lens, int n, int cap, int pp, int v, const int *mb, int m) {
+    if (m < pp || (v > 1 && m % pp) || mb[0] != 0 || mb[m] != n) return 0;
+    for (int j = 0; j < m; j++) {
+        if (mb[j + 1] <= mb[j]) return 0;
+        int tok = 0;
+        for (int i = mb[j]; i < mb[j + 1]; i++) tok += lens[i];
+        if (tok > cap) return 0;
+    }
+    return 1;
+}
+
+/* The dynamic micro-batch count under the schedule's rule: equal lengths (7 sequences of 10 tokens,
+ * two per micro-batch fit: interleaved pp 2 needs an even count, and 2+2+2+1 = 4 is one), mixed
+ * lengths, and a brute-force oracle over small batches: pp_plan_microbatches must find a packing
+ * exactly when one exists, and what it returns must be one. */
+static void test_pack_rule(void) {
+    pp_options po = pp_options_default();
+    po.quiet = 1;
+    int lens[12], mb[13];
+    train_seq seqs[12];
+    for (int i = 0; i < 12; i++) seqs[i] = (train_seq){.tokens = NULL, .len = 10, .resp_start = 0};
+    for (int i = 0; i < 12; i++) lens[i] = 10;
+    po.virtual_stages = 2;
+    int m = pp_plan_microbatches(seqs, 7, 20, 2, &po, mb);
+    CHECK(m == 4 && pack_valid(lens, 7, 20, 2, 2, mb, m), "7 equal sequences, 2 fit, pp 2 v 2: %d micro-batches, "
+          "want 4 (2+2+2+1)", m);
+    m = pp_plan_microbatches(seqs, 7, 1000, 2, &po, mb); /* all fit in one: the target 4 (mb_min) */
+    CHECK(m == 4 && pack_valid(lens, 7, 1000, 2, 2, mb, m), "7 equal sequences, any cap, pp 2 v 2: %d, want 4", m);
+    m = pp_plan_microbatches(seqs, 7, 30, 4, &po, mb); /* 3 fit: counts 3..7, 4 allowed */
+    CHECK(m == 4 && pack_valid(lens, 7, 30, 4, 2, mb, m), "7 equal sequences, pp 4 v 2: %d, want 4", m);
+    m = pp_plan_microbatches(seqs, 7, 10, 2, &po, mb); /* one per micro-batch: 7 only, odd */
+    CHECK(m == MOERL_ERR && strstr(moerl_last_error(), "multiple of actor.pipeline_parallel_size=2"),
+          "7 sequences one per micro-batch, pp 2 v 2: refused (%d: %s)", m, moerl_last_error());
+    m = pp_plan_microbatches(seqs, 3, 1000, 4, &po, mb); /* 3 sequences, 4 stages */
+    CHECK(m == MOERL_ERR && strstr(moerl_last_error(), "need at least 4"), "3 sequences, pp 4: refused (%s)",
+          moerl_last_error());
+    po.virtual_stages = 1;
+    m = pp_plan_microbatches(seqs, 7, 20, 4, &po, mb);
+    CHECK(m >= 4 && pack_valid(lens, 7, 20, 4, 1, mb, m), "7 equal sequences, pp 4 v 1: %d", m);
+    /* mixed: 4 short then one long (the target's cap packs the short ones into one) */
+    const int mix[5] = {1, 1, 1, 1, 100};
+    for (int i = 0; i < 5; i++) seqs[i].len = lens[i] = mix[i];
+    m = pp_plan_microbatches(seqs, 5, 200, 4, &po, mb);
+    CHECK(m >= 4 && pack_valid(lens, 5, 200, 4, 1, mb, m), "1,1,1,1,100 over pp 4 v 1: %d micro-batches", m);
+    po.virtual_stages = 2;
+    m = pp_plan_microbatches(seqs, 5, 200, 2, &po, mb);
+    CHECK(m >= 2 && pack_valid(lens, 5, 200, 2, 2, mb, m), "1,1,1,1,100 over pp 2 v 2: %d micro-batches", m);
+    const int mix2[7] = {30, 5, 5, 30, 5, 5, 30}; /* 110 tokens, cap 40 */
+    for (int i = 0; i < 7; i++) seqs[i].len = lens[i] = mix2[i];
+    m = pp_plan_microbatches(seqs, 7, 40, 2, &po, mb);
+    CHECK(m >= 4 && pack_valid(lens, 7, 40, 2, 2, mb, m), "30,5,5,30,5,5,30 cap 40 pp 2 v 2: %d", m);
+    /* the oracle: 3000 random small batches (n 1..10, lengths 1..40, caps 1..120, pp 1..4, v 1..3) */
+    uint64_t st = 12345;
+    int agree = 0, feasible = 0, n_cases = 3000;
+    for (int t = 0; t < n_cases; t++) {
+#define RND(k) ((int)((st = st * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % (k))
+        const int n = 1 + RND(10), pp = 1 + RND(4), v = pp > 1 ? 1 + RND(3) : 1, kind = RND(3);
+        for (int i = 0; i < n; i++) {
+            lens[i] = kind == 0 ? 10 : kind == 1 ? 1 + RND(40) : (RND(4) ? 1 + RND(5) : 30 + RND(10));
+            seqs[i].len = lens[i];
+        }
+        const int cap = 1 + RND(120);
+        po.virtual_stages = v;
+        po.min_mb_tokens = RND(2) ? 64 : 4;
+        const int want = pack_oracle(lens, n, cap, pp, v);
+        m = pp_plan_microbatches(seqs, n, cap, pp, &po, mb);
+        const int got = m >= 0;
+        const int ok = got == want && (!got || pack_valid(lens, n, cap, pp, v, mb, m));
+        agree += ok;
+        feasible += want;
+        if (!ok && t + 1 - agree <= 10) { /* the first 10 disagreements */
+            fprintf(stderr, "  case %d: n %d cap %d pp %d v %d lengths", t, n, cap, pp, v);
+            for (int i = 0; i < n; i++) fprintf(stderr, " %d", lens[i]);
+            fprintf(stderr, ": oracle %s, pp_plan_microbatches %d (%s)\n", want ? "feasible" : "infeasible", m,
+                    got ? "" : moerl_last_error());
+        }
+#undef RND
+    }
+    CHECK(agree == n_cases, "pp_plan_microbatches agrees with the brute-force oracle on %d of %d batches", agree,
+          n_cases);
+    /* pp_count_allowed: every batch of n sequences of L tokens — the worst case of lengths ≤ L —
+     * against the oracle, and against pp_plan_microbatches with shorter sequences mixed in */
+    int wrong = 0, checked = 0;
+    for (int n = 1; n <= 10; n++)
+        for (int L = 1; L <= 12; L += 5)
+            for (int cap = L; cap <= 4 * L; cap += 2)
+                for (int pp = 1; pp <= 4; pp++)
+                    for (int v = 1; v <= (pp > 1 ? 2 : 1); v++) {
+                        for (int i = 0; i < n; i++) lens[i] = L;
+                        const int allowed = pp_count_allowed(n, L, cap, pp, v);
+                        wrong += allowed != pack_oracle(lens, n, cap, pp, v);
+                        for (int i = 0; i < n; i++) seqs[i].len = lens[i] = i % 3 ? L : 1 + (L - 1) / 2;
+                        po.virtual_stages = v;
+                        wrong += allowed && pp_plan_microbatches(seqs, n, cap, pp, &po, mb) < 0;
+                        checked++;
+                    }
+    CHECK(wrong == 0, "pp_count_allowed: %d of %d (n, L, cap, pp, v) disagree with the oracle or a shorter batch "
+          "is refused", wrong, checked);
+    CHECK(pp_count_allowed(0, 10, 5, 2, 2) == 1 && pp_count_allowed(1, 10, 5, 1, 1) == 0,
+          "no sequences: nothing to schedule; a sequence over the limit: refused");
+    CHECK(feasible > n_cases / 4 && feasible < n_cases - n_cases / 10,
+          "the oracle's cases mix feasible (%d) and infeasible ones", feasible);
+    if (RANK == 0) printf("  packing: oracle agrees on %d batches (%d feasible)\n", n_cases, feasible);
+}
+
 /* The schedule's order, pure, for pp 2..4, v 1..3, m = pp..4·pp (v > 1: multiples of pp): every pass
  * once, each chunk's forwards and backwards in micro-batch order with a micro-batch's backward after
  * its forward, the chunks' last backwards in the order v − 1 … 0 (what the overlapped gradient sum
@@ -854,6 +977,7 @@ int main(int argc, char **argv) {
     const int P = g_ctx->world_size;
     if (RANK == 0) printf("test_dist_pp: backend %s, %d ranks\n", dist_backend_name(), P);
     test_plan();
+    test_pack_rule();
     test_schedule();
     test_window();
     if (P >= 2) {

@@ -290,10 +290,50 @@ static void test_split(void) {
     CHECK(bad == 0, "%d random splits broke the greedy balance bound", bad);
 }
 
+/* rl_shard_groups' bounds hold for the split itself: random mini-batches whose groups cost between
+ * cmin and cmax tokens (uniform, and one costly group among cheap ones, the case that leaves a rank
+ * with few groups), every rank's group count within [k_lo, k_hi]; one shard gets all. */
+static void test_shard_bounds(void) {
+    rl_group *gs[64];
+    int owner[64];
+    rng_state r;
+    rng_seed(&r, 7);
+    int bad = 0, trials = 0, tight = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const int G = 1 + (int)rng_below(&r, 40), D = 1 + (int)rng_below(&r, 6);
+        const int pmin = 1 + (int)rng_below(&r, 20), pmax = pmin + (int)rng_below(&r, 30), R = (int)rng_below(&r, 60);
+        const int skewed = trial % 2;
+        for (int i = 0; i < G; i++) {
+            const int p = skewed ? (i == 0 ? pmax : pmin) : pmin + (int)rng_below(&r, (uint64_t)(pmax - pmin + 1));
+            int l = skewed ? (i == 0 ? R : 0) : (int)rng_below(&r, (uint64_t)R + 1);
+            gs[i] = make_group(i, 100, p, 1, &l);
+        }
+        rl_split_minibatch(gs, G, D, owner);
+        int count[8] = {0};
+        for (int i = 0; i < G; i++) count[owner[i]]++;
+        int k_lo, k_hi;
+        rl_shard_groups(G, D, pmin, pmax + R, &k_lo, &k_hi);
+        for (int d = 0; d < D; d++) {
+            bad += count[d] < k_lo || count[d] > k_hi;
+            tight += count[d] == k_lo || count[d] == k_hi;
+        }
+        for (int i = 0; i < G; i++) rl_group_free(gs[i]);
+        trials++;
+    }
+    CHECK(bad == 0, "%d rank group counts outside rl_shard_groups' bounds in %d mini-batches", bad, trials);
+    CHECK(tight > 0, "the bounds are reached somewhere (%d)", tight);
+    int lo, hi;
+    rl_shard_groups(5, 1, 1, 10, &lo, &hi);
+    CHECK(lo == 5 && hi == 5, "one shard: exactly G (%d..%d)", lo, hi);
+    rl_shard_groups(8, 2, 10, 10, &lo, &hi); /* equal costs: 4 each */
+    CHECK(lo == 4 && hi == 4, "equal costs over 2 shards: 4..4, got %d..%d", lo, hi);
+}
+
 int main(void) {
     test_group_roundtrip();
     test_group_errors();
     test_train_msg();
     test_split();
+    test_shard_bounds();
     TEST_MAIN_END();
 }

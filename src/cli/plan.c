@@ -132,6 +132,12 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     in->max_model_len = (int)(plen + rlen);
+    if (in->micro_tokens > 0 && in->micro_tokens < plen + rlen) /* as moerl rl refuses it (rl_check_update_sizes) */
+        return moerl_errorf("actor.ppo_max_token_len_per_gpu=%lld is below one sequence: data.max_prompt_length + "
+                            "data.max_response_length = %lld + %lld = %lld tokens, and a sequence is never split across "
+                            "micro-batches: set actor.ppo_max_token_len_per_gpu to at least %lld",
+                            (long long)in->micro_tokens, (long long)plen, (long long)rlen, (long long)(plen + rlen),
+                            (long long)(plen + rlen));
     in->sync_every = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
     return MOERL_OK;
 }

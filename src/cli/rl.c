@@ -479,9 +479,24 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc->out_dir) != MOERL_OK) goto fail;
         if (rl_open_run_log(rc->out_dir) != MOERL_OK) goto fail;
     }
+    /* the leader made the folder before any rank writes data into it: cli_outdir_abandon removes only
+     * a folder this run created */
+    if (dist_barrier(ctx, DIST_WORLD) != MOERL_OK) goto fail;
     if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (rl_check_update_sizes(rc, &train, 1) != MOERL_OK) { /* before the warm start; the same verdict on every
+                                                              * rank (config and data): rank 0 says it once, no abort */
+        if (ctx->world_rank == 0) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
+        dist_barrier(ctx, DIST_WORLD); /* every rank is done writing the data before the folder goes, */
+        if (opened) cli_outdir_abandon(&od);
+        dist_barrier(ctx, DIST_WORLD); /* and it is gone before a rank exits (mpirun then ends the others) */
+        model_free(&m);
+        dataset_free(&train);
+        dataset_free(&test);
+        dataset_free(&val);
+        return 1;
+    }
     if (leader && rl_check_resume_state(rc, &train) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
@@ -598,6 +613,7 @@ int cmd_rl(int argc, char **argv) {
     if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
+    if (rl_check_update_sizes(&rc, &train, 1) != MOERL_OK) goto fail; /* before the warm start */
     if (rl_check_resume_state(&rc, &train) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;

@@ -351,6 +351,7 @@ int cmd_simulate(int argc, char **argv) {
         goto fail;
     if (claim_folder(x.rc.out_dir) != MOERL_OK) goto fail;
     if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (rl_check_update_sizes(&x.rc, &train, 0) != MOERL_OK) goto fail; /* one sequence per micro-batch at least */
     if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
     x.tiny = &tiny;
     x.train = &train;

@@ -82,18 +82,55 @@ int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *
 
 /* ------------------------------------------------------------------ micro-batch plan */
 
+/* Split seqs into exactly c contiguous micro-batches (c in [the greedy count at max_tokens, n]) of the
+ * smallest largest size: the smallest cap C in [longest, max_tokens] whose greedy packing makes ≤ c
+ * (binary search; the greedy count falls as C grows), then the fullest micro-batch of ≥ 2 sequences is
+ * cut in two, at the point that leaves the smaller larger half, until there are c (a cut never raises
+ * the largest size, so it stays the optimum C of c contiguous parts). mb needs n+1 entries. */
+static void pack_exact(const train_seq *seqs, int n, int longest, int max_tokens, int c, int *mb) {
+    int lo = longest, hi = max_tokens;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (pack_microbatches(seqs, n, mid, mb) <= c) hi = mid;
+        else lo = mid + 1;
+    }
+    int k = pack_microbatches(seqs, n, lo, mb);
+    while (k < c) {
+        int best = -1;
+        int64_t best_tok = -1;
+        for (int j = 0; j < k; j++) {
+            if (mb[j + 1] - mb[j] < 2) continue;
+            int64_t t = 0;
+            for (int i = mb[j]; i < mb[j + 1]; i++) t += seqs[i].len;
+            if (t > best_tok) best_tok = t, best = j;
+        }
+        int64_t left = 0, cut_best = INT64_MAX;
+        int cut = mb[best] + 1;
+        for (int i = mb[best] + 1; i < mb[best + 1]; i++) { /* cut before sequence i */
+            left += seqs[i - 1].len;
+            const int64_t worse = MOERL_MAX(left, best_tok - left);
+            if (worse < cut_best) cut_best = worse, cut = i;
+        }
+        memmove(mb + best + 2, mb + best + 1, (size_t)(k - best) * sizeof(int));
+        mb[best + 1] = cut;
+        k++;
+    }
+}
+
 int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb) {
     const pp_options d = pp_options_default();
     if (!opt) opt = &d;
     const int v = opt->virtual_stages > 1 ? opt->virtual_stages : 1;
-    int m = pack_microbatches(seqs, n, max_tokens, mb);
-    if (m < 0) return MOERL_ERR;
+    const int m_min = pack_microbatches(seqs, n, max_tokens, mb); /* the fewest contiguous micro-batches */
+    if (m_min < 0) return MOERL_ERR;
+    int m = m_min;
     int64_t T = 0;
     int longest = 0;
     for (int i = 0; i < n; i++) {
         T += seqs[i].len;
         longest = MOERL_MAX(longest, seqs[i].len);
     }
+#define PP_COUNT_OK(k) ((k) >= pp && (v == 1 || (k) % pp == 0)) /* the schedule's rule */
     if (opt->dynamic && n > 0) {
         int64_t by_tokens = opt->min_mb_tokens > 0 ? T / opt->min_mb_tokens : opt->mb_max;
         int target = (int)MOERL_MIN(by_tokens, (int64_t)opt->mb_max);
@@ -114,25 +151,57 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
                 const int m2 = pack_microbatches(seqs, n, cap, mb);
                 if (m2 < 0) return MOERL_ERR;
                 m = m2;
-                if (m2 >= pp && m2 % pp == 0) break;
+                if (PP_COUNT_OK(m2)) break;
+            }
+        }
+        if (!PP_COUNT_OK(m)) {
+            /* the caps above missed the rule (equal lengths: a cap below two sequences packs one each):
+             * any count c in [m_min, n] is a contiguous packing (a micro-batch of ≥ 2 sequences splits
+             * in two), so take the allowed c nearest the target (the smallest ≥ it, else the largest
+             * below) and split exactly c ways, balanced */
+            int c = -1;
+            for (int k = MOERL_MAX(m_min, target); k <= n && c < 0; k++)
+                if (PP_COUNT_OK(k)) c = k;
+            for (int k = MOERL_MIN(n, target - 1); k >= m_min && c < 0; k--)
+                if (PP_COUNT_OK(k)) c = k;
+            if (c > 0) {
+                pack_exact(seqs, n, longest, max_tokens, c, mb);
+                m = c;
+            } else {
+                m = pack_microbatches(seqs, n, max_tokens, mb); /* none exists: the error below names it */
             }
         }
     }
-    if (m < pp)
+#undef PP_COUNT_OK
+    const int m_max = opt->dynamic ? n : m; /* the most micro-batches the packing could make */
+    if (m_max < pp)
         return moerl_errorf("pipeline: this batch makes %d micro-batch%s (%d sequences, %lld tokens, at most %d tokens per "
                             "micro-batch) but %d pipeline stages need at least %d: give each pipeline at least %d "
                             "sequences%s, or lower actor.pipeline_parallel_size",
-                            m, m == 1 ? "" : "es", n, (long long)T, max_tokens, pp, pp, pp,
+                            m_max, m_max == 1 ? "" : "es", n, (long long)T, max_tokens, pp, pp, pp,
                             opt->dynamic ? "" : " or lower the micro-batch token limit");
-    if (v > 1 && m % pp)
+    if (v > 1 && m % pp) {
+        char makes[64];
+        if (opt->dynamic && m_max > m) snprintf(makes, sizeof makes, "%d to %d micro-batches, none of them", m, m_max);
+        else snprintf(makes, sizeof makes, "%d micro-batches", m);
         return moerl_errorf("pipeline: the interleaved schedule (actor.virtual_pipeline_parallel_size=%d) needs a "
                             "micro-batch count that is a multiple of actor.pipeline_parallel_size=%d, but this batch "
-                            "makes %d micro-batches (%d sequences, %lld tokens, at most %d tokens per micro-batch): it "
-                            "needs %d%s, or set actor.virtual_pipeline_parallel_size=1",
-                            v, pp, m, n, (long long)T, max_tokens, (m + pp - 1) / pp * pp,
-                            opt->dynamic ? " (give each pipeline more sequences)"
+                            "makes %s (%d sequences, %lld tokens, at most %d tokens per micro-batch): it needs %d%s, "
+                            "or set actor.virtual_pipeline_parallel_size=1",
+                            v, pp, makes, n, (long long)T, max_tokens, (m + pp - 1) / pp * pp,
+                            opt->dynamic ? " (give each pipeline more sequences, or raise the micro-batch token limit)"
                                          : " (change the micro-batch token limit or the number of sequences)");
+    }
     return m;
+}
+
+int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v) {
+    if (n <= 0) return 1; /* no sequences: the pipeline has no update to schedule */
+    if (seq_len < 1 || max_tokens < seq_len) return 0;
+    const int per = max_tokens / seq_len; /* sequences of seq_len tokens per micro-batch */
+    const int fewest = MOERL_MAX((n + per - 1) / per, pp);
+    const int c = v > 1 ? (fewest + pp - 1) / pp * pp : fewest; /* the smallest allowed count ≥ fewest */
+    return c <= n;
 }
 
 /* ------------------------------------------------------------------ schedule order */

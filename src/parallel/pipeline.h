@@ -39,6 +39,13 @@
  * walks groups of pp micro-batches through the chunks); the dynamic count rounds its target up to a
  * multiple of pp and tries the caps from there up until the packing gives one; a fixed packing that
  * does not is refused naming actor.virtual_pipeline_parallel_size, pp and the count needed.
+ * When the caps give no allowed count (equal lengths: a cap below two sequences packs one each), the
+ * dynamic count is the allowed one nearest the target (the smallest ≥ it, else the largest below)
+ * among [the greedy count at max_tokens, n] — every count there is a contiguous packing — and the
+ * sequences are split exactly that many ways with the smallest largest micro-batch. So with
+ * pp_options.dynamic a batch is refused only when no packing (sequences whole, in order, ≤ max_tokens
+ * each) has an allowed count. min_mb_tokens steers the target only: a micro-batch holds whole
+ * sequences, so it can hold fewer tokens.
  *
  * Gradients and outputs. After the schedule each stage holds the gradients of its own parameters
  * (with tied embeddings the first and last stage each hold their part of the shared tensor), and only
@@ -84,7 +91,8 @@
 typedef struct {
     int dynamic;        /* 1: raise the micro-batch count from the token budget (default 1) */
     int mb_min, mb_max; /* dynamic range of the target count (default 4, 16: the practice's) */
-    int min_mb_tokens;  /* dynamic: a micro-batch keeps at least this many tokens (default 64) */
+    int min_mb_tokens;  /* dynamic: the target count is at most tokens / this (default 64); a micro-batch
+                           holds whole sequences, so it may hold fewer tokens */
     int prefetch;       /* 1: post receives as early as their buffers are free (default 1) */
     int progress_us;    /* > 0: a thread drives MPI progress every this many µs during the schedule, so
                            large messages move while both ends compute (default 50); 0 = off */
@@ -152,6 +160,14 @@ int pp_slots_needed(int pp, int stage, int v, int m, int *need);
  * > 1: the interleaved schedule's rule). Returns m, or MOERL_ERR (a sequence longer than max_tokens;
  * m < pp, naming the count needed; v > 1 and m not a multiple of pp). */
 int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, const pp_options *opt, int *mb_start);
+
+/* Can every batch of n sequences of at most seq_len tokens each be packed for the schedule
+ * (pp_plan_microbatches with pp_options.dynamic: whole sequences in order, ≤ max_tokens per
+ * micro-batch, a count ≥ pp and with v > 1 a multiple of pp)? All at seq_len is the worst case: longer
+ * sequences never lower the fewest micro-batches, and any count from the fewest up to n is a packing,
+ * so the answer is whether an allowed count lies in [ceil(n / floor(max_tokens / seq_len)), n].
+ * 1 yes, 0 no (also seq_len > max_tokens); n ≤ 0: 1 (nothing to schedule). Pure. */
+int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v);
 
 /* A pipeline runtime on this trainer rank: the stage g->stage of g->pp over g->pp_comm. The
  * activation slots (model_acts over the stage's layers) are allocated by the first step, sized for

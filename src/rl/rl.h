@@ -240,6 +240,23 @@ typedef struct {
 void rl_def_algorithm_keys(cfg *c);
 int rl_read_algorithm_keys(const cfg *c, rl_config *r);
 
+/* The update's sizes against the training data (src/rl/sizes.c), before any work. The tokens of a
+ * sequence are its chat-encoded prompt + response; rl_prompt_lengths gives the shortest and longest
+ * prompt of the rows (0, 0 for none). rl_check_update_sizes refuses, naming the keys, the values and
+ * what would work: actor.ppo_max_token_len_per_gpu below the longest prompt + data.max_response_length
+ * (a sequence is never split); and, when `pipeline` is set and actor.pipeline_parallel_size > 1, a
+ * configuration where some update a pipeline can get has no micro-batch count the schedule allows
+ * (pp_count_allowed at that length: ≥ pp, interleaved a multiple of pp). The groups a pipeline gets
+ * of a mini-batch: all of them with one data shard; else rl_shard_groups' bounds. */
+void rl_prompt_lengths(const dataset *train, int *shortest, int *longest);
+int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline);
+/* Bounds [*k_lo, *k_hi] on the groups one of D shards gets when G groups, each costing between
+ * cmin and cmax tokens, are dealt largest first onto the least-loaded shard (rl_split_minibatch):
+ * the shards' loads end within cmax of each other (a shard's last group went to it while it was the
+ * least loaded), so a load lies in [(total − (D − 1)·cmax) / D, (total + (D − 1)·cmax) / D] with
+ * G·cmin ≤ total ≤ G·cmax, and k in [load / cmax, load / cmin]. D ≤ 1: exactly G. */
+void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k_hi);
+
 int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
                    int64_t total_prompts);
 void rollouter_free(rollouter *R);

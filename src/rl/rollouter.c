@@ -62,14 +62,8 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
     if (staleness_init(&R->budget, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
                        cfg->staleness_threshold) != MOERL_OK)
         return MOERL_ERR;
-    int max_plen = 0;
-    for (int64_t i = 0; i < dataset_count(train); i++) {
-        tok_seq s = {0};
-        const ds_row *r = dataset_row(train, i);
-        tok_chat_encode(r->prompt, r->n_prompt, true, &s);
-        max_plen = MOERL_MAX(max_plen, (int)s.n);
-        tok_seq_free(&s);
-    }
+    int max_plen;
+    rl_prompt_lengths(train, NULL, &max_plen);
     if (m->cfg.max_position_embeddings > 0 && max_plen + cfg->max_response_length > m->cfg.max_position_embeddings)
         return moerl_errorf("the longest prompt of %s (%d tokens) + data.max_response_length %d exceeds the model's "
                             "context max_position_embeddings %d: shorten the prompts or the responses",
