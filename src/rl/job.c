@@ -734,12 +734,15 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
              cfg->mode == RL_MODE_ASYNC ? "async" : cfg->mode == RL_MODE_SYNC ? "sync" : "lockstep");
     if (cfg->mode == RL_MODE_ASYNC) {
         openblas_set_num_threads(1); /* each role runs its own OpenMP team; BLAS stays single-threaded */
+        set_role_threads(cfg->trainer_threads); /* this thread's team (the rollouter thread sets its own) */
+        /* the start validation and the peak measurement before the rollouter generates: step 1 then
+         * shows the trainer's wait for its first batch */
+        if (job_schedule_prepare(J, res) != MOERL_OK) goto out0;
         if (pthread_create(&g_rollouter_thread, NULL, rollouter_main, J) != 0) {
             moerl_errorf("cannot start the rollouter thread");
             goto out0;
         }
         thread_started = 1;
-        set_role_threads(cfg->trainer_threads);
     }
     thread_started = 0; /* from here the transport's stop joins it */
     rc = job_schedule_run(J, res);

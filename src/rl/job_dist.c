@@ -1068,6 +1068,9 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
              cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              m->n_params * (cfg->bf16_weights ? 2 : 4) / 1e6, cfg->bf16_weights ? "bf16" : "fp32", cfg->sync_bucket_mb, xs.seconds, cfg->grad_bucket_mb);
     CHECK_OK(injected_failure(ctx, -1), "test");
+    /* the start validation and the peak measurement before the first grant (the server grants the
+     * rollout ranks their prompts): step 1 then shows the trainer's wait for its first batch */
+    CHECK_OK(job_schedule_prepare(J, res), "start of the run");
     if (pthread_create(&L->server, NULL, server_main, L) != 0) {
         moerl_errorf("cannot start the server thread");
         die(ctx, "");

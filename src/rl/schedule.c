@@ -323,10 +323,25 @@ static int schedule_finish(job *J, rl_result *res, held_groups *held, int64_t st
     return rc;
 }
 
+int job_schedule_prepare(job *J, rl_result *res) {
+    if (schedule_start(J, res) != MOERL_OK) return MOERL_ERR;
+    /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
+     * async mode, trainer.n_threads on an MPI rank); none on a virtual clock (moerl simulate:
+     * perf/mfu is NaN, the simulated device is not this host) */
+#ifdef _OPENMP
+    const int team = omp_get_max_threads();
+#else
+    const int team = 1;
+#endif
+    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, team);
+    J->prepared = 1;
+    return MOERL_OK;
+}
+
 int job_schedule_run(job *J, rl_result *res) {
     const int req = J->cfg->ppo_mini_batch_size * J->cfg->require_batches;
     double rb = 0, ri = 0;
-    if (schedule_start(J, res) != MOERL_OK) {
+    if (!J->prepared && job_schedule_prepare(J, res) != MOERL_OK) {
         J->ops->stop(J, &rb, &ri);
         return MOERL_ERR;
     }
@@ -339,15 +354,8 @@ int job_schedule_run(job *J, rl_result *res) {
         free(held.g);
         return moerl_errorf("cannot start the watchdog thread");
     }
-    /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
-     * async mode, trainer.n_threads on an MPI rank); none on a virtual clock (moerl simulate:
-     * perf/mfu is NaN, the simulated device is not this host) */
-#ifdef _OPENMP
-    const int team = omp_get_max_threads();
-#else
-    const int team = 1;
-#endif
-    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, team);
+    /* the run's clock starts here, with generation (the transports prepare first): step 1's wait for
+     * its first batch is timing_s/gen and trainer idle time of the first window */
     J->run_t0 = J->win_t0 = job_clock(J);
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);
