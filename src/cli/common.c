@@ -268,12 +268,12 @@ int cli_build_model(const cfg *c, moe_model *m) {
         if (strcmp(cfg_origin(c, "model.num_experts_per_tok"), "default"))
             log_warn("model.num_experts_per_tok=%d is unused: model.num_experts=0 builds a dense model (every layer "
                      "a dense MLP of model.intermediate_size=%d)", mc.num_experts_per_tok, mc.intermediate_size);
-        log_info("new model: %d layers, hidden %d, dense (model.num_experts=0: no experts, MLP width %d), %lld "
-                 "parameters", mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size,
+        log_info("new model: %d layer%s, hidden %d, dense (model.num_experts=0: no experts, MLP width %d), %lld "
+                 "parameters", mc.num_hidden_layers, moerl_plural(mc.num_hidden_layers), mc.hidden_size, mc.intermediate_size,
                  (long long)model_num_params(m));
     } else
-        log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
-                 mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
+        log_info("new model: %d layer%s, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
+                 moerl_plural(mc.num_hidden_layers), mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
     return cli_use_tokenizer(NULL, mc.vocab_size, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                              "data.chat_template");
 }

@@ -193,18 +193,19 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                  "(max_position_embeddings = %d): the KV cache and activations are planned for %d tokens; give "
                  "data.max_prompt_length=N (0 = no limit, planned as %d) for what your prompts need",
                  in->max_model_len, mc->max_position_embeddings, in->max_model_len, PLAN_DEFAULT_PROMPT_LEN);
-    printf("model: %d layers, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
-           mc->num_hidden_layers, mc->hidden_size, mc->num_experts, mc->num_experts_per_tok, mc->moe_intermediate_size,
+    printf("model: %d layer%s, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
+           mc->num_hidden_layers, moerl_plural(mc->num_hidden_layers), mc->hidden_size, mc->num_experts,
+           mc->num_experts_per_tok, mc->moe_intermediate_size,
            mc->num_attention_heads, mc->num_key_value_heads, mc->head_dim, mc->vocab_size);
     const double pu = r->n_params_hf < 1e8 ? 1e6 : 1e9; /* millions for a toy model, else billions */
     const char *pn = r->n_params_hf < 1e8 ? "M" : "B";
     printf("parameters: %.3f %s (HF count), %.3f %s expert, %.3f %s active matmul per token\n", r->n_params_hf / pu, pn,
            r->n_params_expert / pu, pn, r->n_active / pu, pn);
-    printf("trainer: %d ranks = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
-           "after sp); fullest stage %d (%d layers)\n",
-           in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
+    printf("trainer: %d rank%s = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
+           "after sp); fullest stage %d (%d layer%s)\n",
+           in->n_trainer, moerl_plural(in->n_trainer), in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
-           r->stage_layers);
+           r->stage_layers, moerl_plural(r->stage_layers));
     if (in->pp > 1)
         printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
                in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
@@ -226,8 +227,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                r->ref_held > 0 ? ", beside the FSDP units the proximal pass left gathered" : "", gib(r->ref_acts));
     }
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
-    printf("rollout: %d devices, %d per replica; %d sequences × %d tokens per replica; %s\n", in->n_rollout,
-           in->rollout_tp, in->max_num_seqs, in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
+    printf("rollout: %d device%s, %d per replica; %d sequence%s × %d tokens per replica; %s\n", in->n_rollout,
+           moerl_plural(in->n_rollout), in->rollout_tp, in->max_num_seqs, moerl_plural(in->max_num_seqs),
+           in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
     printf("| per rollout device | %s |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n| **total** | **%.3f** |\n",
            g_unit, gib(r->rollout_weights), gib(r->kv_cache), gib(r->rollout_total));
     printf("| communication per trainer rank | %s per update | %s per step (%d updates) |\n|---|---|---|\n",
@@ -242,7 +244,8 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     if (in->ref_model)
         printf("| KL reference logprob pass (per step; runs locally on each rank, no collective) | | %.3f |\n",
                gib(r->ref_pass));
-    printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
+    printf("| weight broadcast (per sync, every %d step%s) | %.3f | |\n", in->sync_every, moerl_plural(in->sync_every),
+           gib(r->weight_bcast));
 }
 
 int cmd_plan(int argc, char **argv) {

@@ -727,10 +727,10 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     if (cfg->grad_compression)
         log_warn("actor.grad_compression has no effect in one process (there is no gradient all-reduce): it applies to "
                  "data-parallel trainer ranks under mpirun (trainer.n_ranks ≥ 2)");
-    log_info("fully-async GRPO: %lld steps × %d prompts × %d responses; staleness_threshold %g → queue %d, "
+    log_info("fully-async GRPO: %lld step%s × %d prompts × %d responses; staleness_threshold %g → queue %d, "
              "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
-             (long long)J->total_steps, b.required_samples, cfg->n, cfg->staleness_threshold, b.max_required_samples,
-             b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
+             (long long)J->total_steps, moerl_plural(J->total_steps), b.required_samples, cfg->n,
+             cfg->staleness_threshold, b.max_required_samples, b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              cfg->mode == RL_MODE_ASYNC ? "async" : cfg->mode == RL_MODE_SYNC ? "sync" : "lockstep");
     if (cfg->mode == RL_MODE_ASYNC) {
         openblas_set_num_threads(1); /* each role runs its own OpenMP team; BLAS stays single-threaded */
