@@ -522,7 +522,8 @@ if run_rl overlong_filtered data.task= data.train_files="$WORK/long_rows.jsonl" 
         "$WORK/overlong_filtered.log"; then ok "data.filter_overlong_prompts: the long row dropped, the count logged"
 else bad "data.filter_overlong_prompts" "exit $?, or no count logged"; tail_log overlong_filtered; fi
 # without data.val_files: fine at trainer.val_n=0 (nothing is evaluated), refused by name otherwise
-if run_rl no_val_files data.task= data.train_files="$WORK/long_rows.jsonl" trainer.total_training_steps=1; then
+if run_rl no_val_files data.task= data.train_files="$WORK/long_rows.jsonl" trainer.total_training_steps=1 \
+    data.max_prompt_length=100 data.filter_overlong_prompts=true; then
     ok "data.train_files without data.val_files at trainer.val_n=0"
 else bad "no data.val_files at val_n=0" "exit $?"; tail_log no_val_files; fi
 expect_error no_val_files_eval "data.val_files is empty, but trainer.val_n=4 evaluates on them" data.task= \
