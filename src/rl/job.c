@@ -457,8 +457,9 @@ static void set_role_threads(int n) {
 static int64_t *emb_inflight_uids(job *J, int *n) { return inflight_uids(&J->R, n); }
 
 static void emb_describe(job *J, char *buf, size_t len) {
-    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d groups in flight",
-             (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight);
+    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d group%s in flight",
+             (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight,
+             moerl_plural(J->R.n_inflight));
 }
 
 static void emb_abort(job *J, const char *msg) {

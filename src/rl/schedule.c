@@ -125,11 +125,12 @@ static int take_batch(job *J, held_groups *held, int req, double *waited, int64_
         if (rc != 1) break;
         if (cfg->filter_groups && cfg->filter_max_num_gen_batches > 0 &&
             *dropped_now > (int64_t)cfg->filter_max_num_gen_batches * req) {
-            rc = moerl_errorf("algorithm.filter_groups dropped %lld groups (every response with the same reward) "
+            rc = moerl_errorf("algorithm.filter_groups dropped %lld group%s (every response with the same reward) "
                               "while filling step %lld, more than max_num_gen_batches=%d steps' worth: the task gives "
                               "no learning signal to this policy (all right or all wrong); raise "
                               "algorithm.filter_groups.max_num_gen_batches, rollout.n or the task's difficulty range",
-                              (long long)*dropped_now, (long long)J->T.step + 1, cfg->filter_max_num_gen_batches);
+                              (long long)*dropped_now, moerl_plural(*dropped_now), (long long)J->T.step + 1,
+                              cfg->filter_max_num_gen_batches);
             break;
         }
     }
@@ -209,10 +210,11 @@ static void *watchdog_main(void *arg) {
             char side[512] = "";
             J->ops->describe(J, side, sizeof side);
             char msg[1024];
+            const int queued = rl_queue_size(&J->queue);
             snprintf(msg, sizeof msg,
                      "watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage '%s'; %s; "
-                     "queue %d groups",
-                     age, limit, (const char *)J->T.stage, side, rl_queue_size(&J->queue));
+                     "queue %d group%s",
+                     age, limit, (const char *)J->T.stage, side, queued, moerl_plural(queued));
             J->ops->abort(J, msg);
         }
     }
