@@ -289,8 +289,8 @@ if mpi_rl s12 3 2 async_training.staleness_threshold=0 trainer.total_training_st
     else bad "1:2 staleness 0" "$msg"; fi
     if msg=$(check versions "$WORK/s12" 1 6); then ok "1:2: version +1 per step"
     else bad "1:2 versions" "$msg"; fi
-    if grep -q "weights identical on all 2 trainer rank(s)" "$WORK/s12.log"; then ok "1:2: trainer replicas identical"
-    else bad "1:2 replicas" "no 'weights identical on all 2 trainer rank(s)' line"; tail_log s12; fi
+    if grep -q "weights identical on all 2 trainer ranks" "$WORK/s12.log"; then ok "1:2: trainer replicas identical"
+    else bad "1:2 replicas" "no 'weights identical on all 2 trainer ranks' line"; tail_log s12; fi
 else
     bad "1:2" "exit $?"; tail_log s12
 fi
