@@ -261,6 +261,14 @@ if mpi_rl s11 2 1 async_training.staleness_threshold=0 async_training.trigger_pa
     else bad "1:1 staleness 0" "$msg"; fi
     if msg=$(check versions "$WORK/s11" 1 8); then ok "1:1: version +1 per step, sync/broadcast metrics"
     else bad "1:1 versions" "$msg"; fi
+    # step 1 counts the wait for the first batch (the server grants prompts only after the start
+    # validation and the peak measurement): positive wait and idle ratio at version 1 (no bound on size)
+    if $PY -c "
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if 'timing_s/gen' in l][0]
+sys.exit(0 if r['training/global_step'] == 1 and r['timing_s/gen'] > 0 and r['trainer/idle_ratio'] > 0 else 1)
+" "$WORK/s11/metrics.jsonl"; then ok "1:1: step 1's timing_s/gen and trainer/idle_ratio count the first wait"
+    else bad "1:1 first wait" "version 1 shows no wait"; fi
 else
     bad "1:1" "exit $?"; tail_log s11
 fi
@@ -281,8 +289,8 @@ if mpi_rl s12 3 2 async_training.staleness_threshold=0 trainer.total_training_st
     else bad "1:2 staleness 0" "$msg"; fi
     if msg=$(check versions "$WORK/s12" 1 6); then ok "1:2: version +1 per step"
     else bad "1:2 versions" "$msg"; fi
-    if grep -q "weights identical on all 2 trainer rank(s)" "$WORK/s12.log"; then ok "1:2: trainer replicas identical"
-    else bad "1:2 replicas" "no 'weights identical on all 2 trainer rank(s)' line"; tail_log s12; fi
+    if grep -q "weights identical on all 2 trainer ranks" "$WORK/s12.log"; then ok "1:2: trainer replicas identical"
+    else bad "1:2 replicas" "no 'weights identical on all 2 trainer ranks' line"; tail_log s12; fi
 else
     bad "1:2" "exit $?"; tail_log s12
 fi

@@ -41,6 +41,16 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
     $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
     [[ $? -eq 1 ]] && grep -q -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
+# and rl's "no limit" (0, the default) is planned as 512
+mml() { $M plan --config examples/smoke.yaml --json "$@" 2>/dev/null |
+    /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["max_model_len"])' 2>/dev/null; }
+[[ $(mml data.max_prompt_length=100) == 108 && $(mml) == 520 ]] && ok ||
+    fail "plan's max_model_len: $(mml data.max_prompt_length=100) with data.max_prompt_length=100 (want 108), $(mml) by default (want 520)"
+# counts of one read in the singular ("1 layer", "1 rank", "every 1 step")
+$M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
+grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&
+    grep -q "every 1 step)" "$OUT/one" && ok || fail "plan's singular counts: $(grep -E '^model|^trainer' "$OUT/one")"
 # layouts moerl refuses (the pipeline combines only with data parallelism: par_check_pp_alone),
 # model.* beside --model (the architecture is the config.json's: they would be dropped), and batch
 # or length values whose tokens per step overflow or whose FSDP replay would not end

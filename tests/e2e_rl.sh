@@ -517,5 +517,36 @@ printf '%s\n' "$good" >"$WORK/good_rows.jsonl"
 expect_error bad_dataset "bad_rows.jsonl:3" data.task= data.train_files="$WORK/bad_rows.jsonl" \
     data.val_files="$WORK/good_rows.jsonl"
 
+# data.max_prompt_length (verl's key, shared with moerl plan): a longer prompt is an error naming the
+# file, line and length; data.filter_overlong_prompts=true drops it instead and says how many
+long_text=$(printf 'Compute 1+2 %.0s' $(seq 1 30))
+long='{"data_source": "arith", "prompt": [{"role": "user", "content": "'"$long_text"'"}], "reward_model": {"style": "rule", "ground_truth": "3"}}'
+printf '%s\n%s\n%s\n%s\n%s\n%s\n%s\n' "$good" "$good" "$long" "$good" "$good" "$good" "$good" >"$WORK/long_rows.jsonl"
+expect_error overlong_prompt "long_rows.jsonl:3: the prompt has" data.task= data.train_files="$WORK/long_rows.jsonl" \
+    data.val_files="$WORK/good_rows.jsonl" data.max_prompt_length=100
+if run_rl overlong_filtered data.task= data.train_files="$WORK/long_rows.jsonl" data.val_files="$WORK/good_rows.jsonl" \
+    data.max_prompt_length=100 data.filter_overlong_prompts=true trainer.total_training_steps=1 &&
+    grep -q "dropped 1 of 7 training rows whose prompt is longer than data.max_prompt_length=100" \
+        "$WORK/overlong_filtered.log"; then ok "data.filter_overlong_prompts: the long row dropped, the count logged"
+else bad "data.filter_overlong_prompts" "exit $?, or no count logged"; tail_log overlong_filtered; fi
+# without data.val_files: fine at trainer.val_n=0 (nothing is evaluated), refused by name otherwise
+if run_rl no_val_files data.task= data.train_files="$WORK/long_rows.jsonl" trainer.total_training_steps=1 \
+    data.max_prompt_length=100 data.filter_overlong_prompts=true; then
+    ok "data.train_files without data.val_files at trainer.val_n=0"
+else bad "no data.val_files at val_n=0" "exit $?"; tail_log no_val_files; fi
+expect_error no_val_files_eval "data.val_files is empty, but trainer.val_n=4 evaluates on them" data.task= \
+    data.train_files="$WORK/long_rows.jsonl" trainer.val_n=4
+
+# step 1 counts the trainer's wait for its first batch (the start validation and the peak
+# measurement come before the rollouter generates): timing_s/gen and the idle ratio of version 1 are
+# positive and the idle ratio is the wait over the window's wall time (no bound on their size)
+if run_rl first_wait trainer.total_training_steps=2 trainer.val_n=8 && $PY -c "
+import json, sys
+v = [json.loads(l) for l in open(sys.argv[1]) if 'timing_s/gen' in l]
+r = v[0]
+sys.exit(0 if r['training/global_step'] == 1 and r['timing_s/gen'] > 0 and r['trainer/idle_ratio'] > 0 else 1)
+" "$WORK/first_wait/metrics.jsonl"; then ok "step 1: timing_s/gen and trainer/idle_ratio count the first wait"
+else bad "step 1 first wait" "exit $?, or version 1 shows no wait"; tail_log first_wait; fi
+
 if [[ $failed -eq 0 ]]; then rm -rf "$WORK"; else echo "outputs kept in $WORK"; fi
 finish

@@ -163,5 +163,20 @@ print("; ".join(bad) if bad else "host sharing as documented")
 sys.exit(1 if bad else 0)
 PY
 [[ $? -eq 0 ]] && ok || fail "host sharing"
+# --calibrate of a model larger than this machine's memory is refused before anything is allocated,
+# naming what it needs and what is available (Qwen3-30B-A3B: hundreds of GB of fp32 copies)
+$M simulate --config $CFG --calibrate --model examples/qwen3_30b_a3b trainer.default_local_dir="$OUT/cal30b" \
+    >/dev/null 2>"$OUT/cal30b.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "needs about [0-9.]* GB of memory" "$OUT/cal30b.log" &&
+    grep -q "GB are available" "$OUT/cal30b.log"; then ok
+else fail "simulate --calibrate of a 30B model: exit $rc, $(tail -c 300 "$OUT/cal30b.log")"; fi
+# --sweep over a run of one parameter version: the staleness rows cannot differ, and it says so
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/sweep1v" "${BASE[@]}" trainer.total_training_steps=2 \
+    async_training.trigger_parameter_sync_step=2 >"$OUT/sweep1v.md" 2>"$OUT/sweep1v.log"
+rc=$?
+if [[ $rc -eq 0 ]] && grep -q "WARN.*makes 1 parameter version " "$OUT/sweep1v.log" &&
+    grep -q "^Warning: 1 parameter version in this run" "$OUT/sweep1v.md"; then ok
+else fail "simulate --sweep with one version: exit $rc, no warning: $(tail -c 300 "$OUT/sweep1v.log")"; fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -1,6 +1,8 @@
 /* Tests for the error buffer of base/common (moerl_errorf, moerl_error_prefix): a message built from
  * the previous message keeps every part of it (the case of an unknown data_source in `moerl rl`,
- * whose file:line prefix came out twice and whose bad name was lost). Exact string comparisons. */
+ * whose file:line prefix came out twice and whose bad name was lost). Exact string comparisons.
+ * Also the message helpers beside it: moerl_plural, moerl_mem_available. */
+#include <stdio.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -37,5 +39,14 @@ int main(void) {
     CHECK(strstr(moerl_last_error(), "f.jsonl:3: ") == moerl_last_error() && strstr(moerl_last_error(), "'nosuch'") &&
               !strstr(moerl_last_error() + 1, "f.jsonl:3"),
           "got '%s'", moerl_last_error());
+    /* moerl_plural: counts in messages read "1 layer", "2 layers", "0 layers" */
+    char msg[64];
+    for (long long k = 0; k < 3; k++) {
+        snprintf(msg, sizeof msg, "%lld layer%s", k, moerl_plural(k));
+        const char *want = k == 0 ? "0 layers" : k == 1 ? "1 layer" : "2 layers";
+        CHECK(!strcmp(msg, want), "got '%s', want '%s'", msg, want);
+    }
+    /* moerl_mem_available: this machine's available memory, positive (Linux: MemAvailable) */
+    CHECK(moerl_mem_available() > 0, "no available memory reported");
     TEST_MAIN_END();
 }

@@ -51,6 +51,15 @@ void *moerl_aligned_alloc_at(size_t n, const char *file, int line);
 #define xalloc_aligned(n) moerl_aligned_alloc_at((n), __FILE__, __LINE__)
 char *xstrdup(const char *s);
 
+/* The plural suffix of a count in a message: "" for 1 (and −1), "s" otherwise — printf("%d layer%s",
+ * n, moerl_plural(n)) writes "1 layer", "2 layers", "0 layers". */
+const char *moerl_plural(long long n);
+
+/* Memory this process can still allocate, in bytes: MemAvailable of /proc/meminfo (what the
+ * kernel can hand out without swapping), else sysconf's available physical pages × page size;
+ * 0 when neither is readable. */
+uint64_t moerl_mem_available(void);
+
 /* Monotonic wall clock in seconds. */
 double moerl_now(void);
 

@@ -67,6 +67,12 @@ void cli_def_data_keys(cfg *c) {
     cfg_def_int(c, "data.seed", 1, "task generator seed");
     cfg_def_int(c, "data.arith_digits", 2, "arith: digits per operand");
     cfg_def_int(c, "data.countdown_numbers", 4, "countdown: numbers per problem");
+    cfg_def_int(c, "data.max_prompt_length", 0,
+                "prompt tokens at most (chat template applied): a longer prompt is an error naming its row, or "
+                "dropped with data.filter_overlong_prompts; 0 = no limit (moerl plan then plans for 512)");
+    cfg_def_bool(c, "data.filter_overlong_prompts", false,
+                 "drop the prompts longer than data.max_prompt_length (train and held-out rows; the count is logged) "
+                 "instead of refusing them");
     cfg_def_int(c, "data.max_response_length", 16, "new tokens at most per response (eval and rollout)");
     cfg_def_str(c, "data.chat_template", "auto", "auto (the checkpoint's own: Qwen3's, or chatml for moerl's byte tokenizer) | qwen3 | chatml");
     cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking (false: empty think block in the prompt)");
@@ -262,12 +268,12 @@ int cli_build_model(const cfg *c, moe_model *m) {
         if (strcmp(cfg_origin(c, "model.num_experts_per_tok"), "default"))
             log_warn("model.num_experts_per_tok=%d is unused: model.num_experts=0 builds a dense model (every layer "
                      "a dense MLP of model.intermediate_size=%d)", mc.num_experts_per_tok, mc.intermediate_size);
-        log_info("new model: %d layers, hidden %d, dense (model.num_experts=0: no experts, MLP width %d), %lld "
-                 "parameters", mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size,
+        log_info("new model: %d layer%s, hidden %d, dense (model.num_experts=0: no experts, MLP width %d), %lld "
+                 "parameters", mc.num_hidden_layers, moerl_plural(mc.num_hidden_layers), mc.hidden_size, mc.intermediate_size,
                  (long long)model_num_params(m));
     } else
-        log_info("new model: %d layers, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
-                 mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
+        log_info("new model: %d layer%s, hidden %d, %d experts top-%d, %lld parameters", mc.num_hidden_layers,
+                 moerl_plural(mc.num_hidden_layers), mc.hidden_size, mc.num_experts, mc.num_experts_per_tok, (long long)model_num_params(m));
     return cli_use_tokenizer(NULL, mc.vocab_size, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                              "data.chat_template");
 }
@@ -325,9 +331,51 @@ int cli_check_data_keys(const cfg *c, const char *why_test) {
 int cli_check_held_out_rows(const cfg *c, const dataset *test, const char *why_test) {
     if (!why_test || dataset_count(test) > 0) return MOERL_OK;
     if (data_task(c)[0]) return cli_check_data_keys(c, why_test);
+    if (!test->path)
+        return moerl_errorf("data.val_files is empty, but %s: give a JSONL file of held-out rows%s", why_test,
+                            strstr(why_test, "trainer.val_n") ? ", or set trainer.val_n=0 (no held-out evaluation)" : "");
     return moerl_errorf("data.val_files '%s' has no rows, but %s: give a file with held-out rows%s", test->path,
                         why_test,
                         strstr(why_test, "trainer.val_n") ? ", or set trainer.val_n=0 (no held-out evaluation)" : "");
+}
+
+/* data.max_prompt_length on one split: a prompt (chat template applied, generation prompt
+ * included, as the rollout encodes it) longer than the limit is an error naming file:line and the
+ * length, or dropped with data.filter_overlong_prompts (verl's data.filter_overlong_prompts). */
+static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
+    const int64_t max = cfg_int(c, "data.max_prompt_length");
+    if (max < 0) return moerl_errorf("data.max_prompt_length must be ≥ 0 (0 = no limit), got %lld", (long long)max);
+    if (max == 0 || dataset_count(ds) == 0) return MOERL_OK;
+    const int filter = cfg_bool(c, "data.filter_overlong_prompts");
+    uint8_t *keep = xmalloc((size_t)dataset_count(ds));
+    tok_seq s = {0};
+    int rc = MOERL_OK;
+    for (int64_t i = 0; i < dataset_count(ds); i++) {
+        const ds_row *r = dataset_row(ds, i);
+        tok_seq_clear(&s);
+        tok_chat_encode(r->prompt, r->n_prompt, true, &s);
+        keep[i] = s.n <= max;
+        if (!keep[i] && !filter) {
+            rc = moerl_errorf("%s:%lld: the prompt has %lld tokens (chat template applied), more than "
+                              "data.max_prompt_length=%lld: raise data.max_prompt_length, or set "
+                              "data.filter_overlong_prompts=true to drop such rows",
+                              ds->path, (long long)r->line, (long long)s.n, (long long)max);
+            break;
+        }
+    }
+    tok_seq_free(&s);
+    if (rc == MOERL_OK) {
+        const int64_t n0 = dataset_count(ds), dropped = dataset_keep_rows(ds, keep);
+        if (dropped > 0)
+            log_info("data.filter_overlong_prompts: dropped %lld of %lld %s rows whose prompt is longer than "
+                     "data.max_prompt_length=%lld tokens", (long long)dropped, (long long)n0, split, (long long)max);
+        if (dataset_count(ds) == 0 && n0 > 0)
+            rc = moerl_errorf("data.filter_overlong_prompts dropped every one of the %lld %s rows of '%s' (each prompt "
+                              "is longer than data.max_prompt_length=%lld tokens): raise data.max_prompt_length",
+                              (long long)n0, split, ds->path, (long long)max);
+    }
+    free(keep);
+    return rc;
 }
 
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test) {
@@ -350,14 +398,14 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
     } else {
         snprintf(tr, sizeof tr, "%s", cfg_str(c, "data.train_files"));
         snprintf(te, sizeof te, "%s", cfg_str(c, "data.val_files"));
-        if (!tr[0] || !te[0])
-            return moerl_errorf("data from files needs both data.train_files and data.val_files (JSONL; %s is "
-                                "empty)%s",
-                                tr[0] ? "data.val_files" : "data.train_files",
+        if (!tr[0])
+            return moerl_errorf("data from files needs data.train_files (JSONL; it is empty)%s",
                                 cfg_str(c, "data.task")[0] ? "" : " — or set data.task to generate the data");
     }
     if (dataset_load(train, tr) != MOERL_OK) return MOERL_ERR;
-    if (dataset_load(test, te) != MOERL_OK) {
+    memset(test, 0, sizeof *test);
+    /* no data.val_files: no held-out rows (cli_check_held_out_rows refuses it where they are evaluated) */
+    if (te[0] && dataset_load(test, te) != MOERL_OK) {
         dataset_free(train);
         return MOERL_ERR;
     }
@@ -370,6 +418,8 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
             if (tokenizer_chat_check(tok_current(), r->prompt, r->n_prompt) != MOERL_OK)
                 return moerl_error_prefix("%s:%lld: prompt: ", both[d]->path, (long long)r->line);
         }
+    if (check_prompt_lengths(c, train, "training") != MOERL_OK || check_prompt_lengths(c, test, "held-out") != MOERL_OK)
+        return MOERL_ERR;
     return MOERL_OK;
 }
 

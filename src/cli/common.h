@@ -25,7 +25,10 @@ int cli_build_model(const cfg *c, moe_model *m);
  * file or "model.*"). model NULL = use model.path / the keys. */
 int cli_model_config(const cfg *c, const char *model, moe_config *mc);
 /* Resolve train/test files: with data.task set, generate them under <out_dir>/data (unless they
- * exist with the same options); else data.train_files / data.val_files. Loads both. */
+ * exist with the same options); else data.train_files / data.val_files. Loads both; an empty
+ * data.val_files leaves *test empty (path NULL): cli_check_held_out_rows refuses that where held-out
+ * rows are evaluated. Prompts longer than data.max_prompt_length (when > 0) are an error naming the
+ * file, line and length, or dropped from either split with data.filter_overlong_prompts=true. */
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test);
 /* The data.* keys, before anything is read or written: data.task (generated data) and
  * data.train_files / data.val_files (files) exclude each other — a file given beside a task would be

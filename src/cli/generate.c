@@ -356,9 +356,11 @@ int cmd_generate(int argc, char **argv) {
     progress_end(&pb, NULL);
     double dt = moerl_now() - t0;
     engine_stats st = engine_get_stats(e);
-    fprintf(stderr, "moerl generate: %d responses, %lld tokens in %.2f s (%.1f tokens/s; prefill %lld tokens, %lld steps)\n",
-            total, (long long)st.generated_tokens, dt, st.generated_tokens / (dt > 0 ? dt : 1e-9),
-            (long long)st.prefill_tokens, (long long)st.steps);
+    fprintf(stderr,
+            "moerl generate: %d response%s, %lld token%s in %.2f s (%.1f tokens/s; prefill %lld token%s, %lld step%s)\n",
+            total, moerl_plural(total), (long long)st.generated_tokens, moerl_plural(st.generated_tokens), dt,
+            st.generated_tokens / (dt > 0 ? dt : 1e-9), (long long)st.prefill_tokens, moerl_plural(st.prefill_tokens),
+            (long long)st.steps, moerl_plural(st.steps));
     for (int k = 0; k < total; k++) {
         gen_request_free_outputs(&reqs[k]);
         free(lines[k]);

@@ -5,7 +5,7 @@
  * async_training.require_batches, ...) plus the layout keys, verl's names:
  *   actor.fsdp_config.fsdp_size, actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
  *   actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size, model.enable_gradient_checkpointing,
- *   data.max_prompt_length, rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
+ *   data.max_prompt_length (0, rl's "no limit", is planned as 512), rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
  *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
  *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (cli_model_config),
  *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
@@ -26,6 +26,9 @@
 
 void rl_def_keys(cfg *c); /* src/cli/rl.c: every key of `moerl rl` */
 
+/* The prompt length plan assumes when data.max_prompt_length is 0 (no limit in rl): verl's default. */
+#define PLAN_DEFAULT_PROMPT_LEN 512
+
 static void def_int(cfg *c, const char *k, int64_t v, const char *h) {
     if (!cfg_has(c, k)) cfg_def_int(c, k, v, h);
 }
@@ -39,7 +42,6 @@ static void def_bool(cfg *c, const char *k, bool v, const char *h) {
 void plan_def_keys(cfg *c) {
     rl_def_keys(c);
     def_bool(c, "model.enable_gradient_checkpointing", false, "activation recompute (full, per layer)");
-    def_int(c, "data.max_prompt_length", 512, "prompt tokens at most (sizes the KV cache and the tokens per step)");
     def_int(c, "rollout.n_ranks", 1, "rollout devices");
     def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
     def_str(c, "actor.dtype", "fp32", "trainer weights/grads/activations: fp32 (moerl today) | bf16 (fp32 master + moments)");
@@ -109,10 +111,13 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
         return moerl_errorf("async_training.require_batches × actor.ppo_epochs = %lld × %lld optimizer updates per "
                             "step exceed 2^31 − 1", (long long)rb, (long long)ep);
     in->updates_per_step = (int)(rb * ep);
-    const int64_t plen = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
+    /* data.max_prompt_length (src/cli/common.c, shared with rl): 0 = no limit there, planned as 512 here */
+    const int64_t plen0 = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
+    const int64_t plen = plen0 == 0 ? PLAN_DEFAULT_PROMPT_LEN : plen0;
     if (plen <= 0 || rlen <= 0)
-        return moerl_errorf("data.max_prompt_length (%lld) and data.max_response_length (%lld) must be positive",
-                            (long long)plen, (long long)rlen);
+        return moerl_errorf("data.max_prompt_length (%lld; 0 = no limit, planned as %d) and data.max_response_length "
+                            "(%lld) must be positive",
+                            (long long)plen0, PLAN_DEFAULT_PROMPT_LEN, (long long)rlen);
     if (plen + rlen > INT32_MAX)
         return moerl_errorf("data.max_prompt_length + data.max_response_length = %lld does not fit a 32-bit sequence "
                             "length", (long long)(plen + rlen));
@@ -192,20 +197,21 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     if ((int64_t)in->max_model_len > mc->max_position_embeddings)
         log_warn("data.max_prompt_length + data.max_response_length = %d tokens exceed the model's context "
                  "(max_position_embeddings = %d): the KV cache and activations are planned for %d tokens; give "
-                 "moerl plan data.max_prompt_length=N (a key of plan only, default 512) for what your prompts need",
-                 in->max_model_len, mc->max_position_embeddings, in->max_model_len);
-    printf("model: %d layers, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
-           mc->num_hidden_layers, mc->hidden_size, mc->num_experts, mc->num_experts_per_tok, mc->moe_intermediate_size,
+                 "data.max_prompt_length=N (0 = no limit, planned as %d) for what your prompts need",
+                 in->max_model_len, mc->max_position_embeddings, in->max_model_len, PLAN_DEFAULT_PROMPT_LEN);
+    printf("model: %d layer%s, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
+           mc->num_hidden_layers, moerl_plural(mc->num_hidden_layers), mc->hidden_size, mc->num_experts,
+           mc->num_experts_per_tok, mc->moe_intermediate_size,
            mc->num_attention_heads, mc->num_key_value_heads, mc->head_dim, mc->vocab_size);
     const double pu = r->n_params_hf < 1e8 ? 1e6 : 1e9; /* millions for a toy model, else billions */
     const char *pn = r->n_params_hf < 1e8 ? "M" : "B";
     printf("parameters: %.3f %s (HF count), %.3f %s expert, %.3f %s active matmul per token\n", r->n_params_hf / pu, pn,
            r->n_params_expert / pu, pn, r->n_active / pu, pn);
-    printf("trainer: %d ranks = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
-           "after sp); fullest stage %d (%d layers)\n",
-           in->n_trainer, in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
+    printf("trainer: %d rank%s = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
+           "after sp); fullest stage %d (%d layer%s)\n",
+           in->n_trainer, moerl_plural(in->n_trainer), in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
-           r->stage_layers);
+           r->stage_layers, moerl_plural(r->stage_layers));
     if (in->pp > 1)
         printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
                in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
@@ -227,8 +233,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                r->ref_held > 0 ? ", beside the FSDP units the proximal pass left gathered" : "", gib(r->ref_acts));
     }
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
-    printf("rollout: %d devices, %d per replica; %d sequences × %d tokens per replica; %s\n", in->n_rollout,
-           in->rollout_tp, in->max_num_seqs, in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
+    printf("rollout: %d device%s, %d per replica; %d sequence%s × %d tokens per replica; %s\n", in->n_rollout,
+           moerl_plural(in->n_rollout), in->rollout_tp, in->max_num_seqs, moerl_plural(in->max_num_seqs),
+           in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
     printf("| per rollout device | %s |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n| **total** | **%.3f** |\n",
            g_unit, gib(r->rollout_weights), gib(r->kv_cache), gib(r->rollout_total));
     printf("| communication per trainer rank | %s per update | %s per step (%d updates) |\n|---|---|---|\n",
@@ -243,7 +250,8 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     if (in->ref_model)
         printf("| KL reference logprob pass (per step; runs locally on each rank, no collective) | | %.3f |\n",
                gib(r->ref_pass));
-    printf("| weight broadcast (per sync, every %d steps) | %.3f | |\n", in->sync_every, gib(r->weight_bcast));
+    printf("| weight broadcast (per sync, every %d step%s) | %.3f | |\n", in->sync_every, moerl_plural(in->sync_every),
+           gib(r->weight_bcast));
 }
 
 int cmd_plan(int argc, char **argv) {

@@ -2,8 +2,9 @@
  * fully-asynchronous GRPO. Config keys follow verl's names (actor.*, rollout.*, async_training.*,
  * algorithm.*, trainer.*, data.*); see `moerl rl --help`.
  * One process (build/moerl, or build/moerl-mpi without mpirun): the embedded job (rl_run).
- * `mpirun -np N build/moerl-mpi rl ... trainer.n_ranks=T`: the last T ranks are data-parallel
- * trainers, the other N−T rollout ranks (rl_run_dist); every rank builds the same model (random init
+ * `mpirun -np N build/moerl-mpi rl ... trainer.n_ranks=T`: the last T ranks are the trainers (data
+ * parallel, or the FSDP / expert / sequence / pipeline layout of the actor.* parallel keys,
+ * src/parallel/grid.h), the other N−T rollout ranks (rl_run_dist); every rank builds the same model (random init
  * from model.seed, or model.path) and dataset, the SFT warm start runs on trainer rank 0 only, and
  * only trainer rank 0 writes the outputs and prints the result. An error on any rank after the
  * configuration is read ends every rank (dist_abort → MPI_Abort), naming the failing rank. */
@@ -217,7 +218,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "async_training.trainer_threads", 1, "compute threads of the trainer (async mode; every trainer rank under mpirun)");
     cfg_def_float(c, "async_training.sync_bucket_mb", 64.0, "weight-broadcast bucket in MiB (under mpirun)");
     cfg_def_float(c, "actor.grad_bucket_mb", 25.0, "data-parallel gradient all-reduce bucket in MiB (DDP's 25; under mpirun)");
-    cfg_def_int(c, "trainer.n_ranks", 1, "data-parallel trainer ranks: under mpirun -np N the last n_ranks ranks train, the other N-n_ranks roll out; 1 in one process");
+    cfg_def_int(c, "trainer.n_ranks", 1, "trainer ranks: under mpirun -np N the last n_ranks ranks train (in the layout the actor.* parallel keys give: data parallel, FSDP, expert / sequence / pipeline parallel), the other N-n_ranks roll out; 1 in one process");
     cfg_def_int(c, "trainer.total_training_steps", 0, "trainer steps (0 = from total_epochs)");
     cfg_def_int(c, "trainer.total_epochs", 1, "passes over the prompts");
     cfg_def_str(c, "trainer.default_local_dir", "runs/rl", "output folder");
@@ -462,9 +463,9 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     int layout_rc = par_check(&rc->par, rc->n_trainer_ranks, m.cfg.num_experts, m.cfg.num_attention_heads,
                               m.cfg.num_key_value_heads, m.cfg.num_hidden_layers);
     if (layout_rc == MOERL_OK && rc->rollout_ep > 1 && ctx->n_rollout % rc->rollout_ep)
-        layout_rc = moerl_errorf("rollout.expert_parallel_size=%d does not divide the %d rollout ranks (mpirun -np minus "
-                                 "trainer.n_ranks)",
-                                 rc->rollout_ep, ctx->n_rollout);
+        layout_rc = moerl_errorf("rollout.expert_parallel_size=%d does not divide the %d rollout rank%s (mpirun -np "
+                                 "minus trainer.n_ranks)",
+                                 rc->rollout_ep, ctx->n_rollout, moerl_plural(ctx->n_rollout));
     if (layout_rc == MOERL_OK && rc->rollout_ep > 1 && m.cfg.num_experts % rc->rollout_ep)
         layout_rc = moerl_errorf("rollout.expert_parallel_size=%d does not divide the model's %d experts",
                                  rc->rollout_ep, m.cfg.num_experts);
@@ -525,11 +526,11 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         return 128 + res.stop_signal;
     }
     if (leader) {
-        log_info("RL done on %d processes (%d rollout, %d trainer): %lld steps, version %d, %.1f s, %.2f prompts/s, "
+        log_info("RL done on %d processes (%d rollout, %d trainer): %lld step%s, version %d, %.1f s, %.2f prompts/s, "
                  "%.0f generated tokens/s (rollout output over the run), param sync %.4f s (broadcast %.4f s, "
                  "%.3f GB/s), exposed gradient reduction %.3f s, trainer idle %.2f, rollouter idle %.2f, max "
                  "staleness %d",
-                 P, res.rollout_ranks, res.trainer_ranks, (long long)res.steps, res.final_version, res.wall_s,
+                 P, res.rollout_ranks, res.trainer_ranks, (long long)res.steps, moerl_plural(res.steps), res.final_version, res.wall_s,
                  res.prompts_per_s, res.tokens_per_s, res.param_sync_s, res.weight_bcast_s, res.weight_bcast_gbps,
                  res.grad_reduce_exposed_s, res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
         json_t *o = rl_summary_json(rc, &res, sft1);
@@ -642,10 +643,10 @@ int cmd_rl(int argc, char **argv) {
         exit_code = 128 + res.stop_signal;
         goto done;
     }
-    log_info("RL done: %lld steps, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s (rollout output over "
+    log_info("RL done: %lld step%s, version %d, %.1f s, %.2f prompts/s, %.0f generated tokens/s (rollout output over "
              "the run), trainer idle %.2f, rollouter idle %.2f, max staleness %d",
-             (long long)res.steps, res.final_version, res.wall_s, res.prompts_per_s, res.tokens_per_s,
-             res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
+             (long long)res.steps, moerl_plural(res.steps), res.final_version, res.wall_s, res.prompts_per_s,
+             res.tokens_per_s, res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
     if (isfinite(sft0) && rc.val_n != 0)
         log_info("held-out accuracy: start %.1f%% → SFT %.1f%% → RL %.1f%% (RL adds %+.1f points)", 100 * sft0,
                  100 * sft1, 100 * res.val_acc_end, 100 * (res.val_acc_end - sft1));

@@ -242,6 +242,17 @@ static uint64_t fnv1a(uint64_t h, const char *s) {
     return (h ^ 0xff) * 0x100000001b3ULL; /* field separator */
 }
 
+int64_t dataset_keep_rows(dataset *ds, const uint8_t *keep) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < ds->n; i++) {
+        if (keep[i]) ds->rows[o++] = ds->rows[i];
+        else row_free(&ds->rows[i]);
+    }
+    const int64_t dropped = ds->n - o;
+    ds->n = o;
+    return dropped;
+}
+
 uint64_t dataset_fingerprint(const dataset *ds) {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (int64_t i = 0; i < ds->n; i++) {

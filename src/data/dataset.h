@@ -46,6 +46,9 @@ int64_t dataset_count(const dataset *ds);
 /* Row i, 0 ≤ i < count (out of range aborts: a bug in the caller). */
 const ds_row *dataset_row(const dataset *ds, int64_t i);
 void dataset_free(dataset *ds);
+/* Keep the rows i with keep[i] != 0 (keep: [count]), in order, freeing the others; returns how
+ * many were dropped. Row line numbers stay those of the file. */
+int64_t dataset_keep_rows(dataset *ds, const uint8_t *keep);
 /* 64-bit FNV-1a fingerprint of every row's data_source, prompt messages and ground truth, in
  * order: two datasets with the same rows give the same value (used to refuse resuming a run on
  * different data). */

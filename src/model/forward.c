@@ -179,8 +179,8 @@ int model_acts_init(model_acts *a, const moe_model *m, int max_tokens) {
 static int acts_init(model_acts *a, const moe_model *m, int max_tokens, int max_positions, int lo, int hi) {
     if (max_tokens <= 0) return moerl_errorf("model_acts_init: max_tokens must be positive, got %d", max_tokens);
     if (lo < 0 || hi <= lo || hi > m->cfg.num_hidden_layers)
-        return moerl_errorf("model_acts_init_range: layers [%d, %d) is not a range of 1..%d layers", lo, hi,
-                            m->cfg.num_hidden_layers);
+        return moerl_errorf("model_acts_init_range: layers [%d, %d) is not a range of the model's %d layer%s", lo,
+                            hi, m->cfg.num_hidden_layers, moerl_plural(m->cfg.num_hidden_layers));
     memset(a, 0, sizeof *a);
     a->layer_lo = lo;
     a->layer_hi = hi;

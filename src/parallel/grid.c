@@ -77,27 +77,30 @@ int par_check_pp_alone(const par_config *pc, int T) {
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L) {
     const int pp = pc->pipeline_parallel_size;
     if (T % pp)
-        return moerl_errorf("actor.pipeline_parallel_size=%d does not divide the %d trainer ranks", pp, T);
+        return moerl_errorf("actor.pipeline_parallel_size=%d does not divide the %d trainer rank%s", pp, T,
+                            moerl_plural(T));
     if (pp > L)
-        return moerl_errorf("actor.pipeline_parallel_size=%d exceeds the model's %d layers (a stage needs ≥ 1 layer)",
-                            pp, L);
+        return moerl_errorf("actor.pipeline_parallel_size=%d exceeds the model's %d layer%s (a stage needs ≥ 1 layer)",
+                            pp, L, moerl_plural(L));
     const int vpp = pc->virtual_pipeline_parallel_size > 0 ? pc->virtual_pipeline_parallel_size : 1;
     if (vpp > 1 && pp < 2)
         return moerl_errorf("actor.virtual_pipeline_parallel_size=%d needs actor.pipeline_parallel_size ≥ 2 (it is %d)",
                             vpp, pp);
     if ((long)pp * vpp > L)
         return moerl_errorf("actor.virtual_pipeline_parallel_size=%d × actor.pipeline_parallel_size=%d = %ld model chunks "
-                            "exceed the model's %d layers (a chunk needs ≥ 1 layer): use at most %d chunks per stage",
-                            vpp, pp, (long)pp * vpp, L, L / pp);
+                            "exceed the model's %d layer%s (a chunk needs ≥ 1 layer): use at most %d chunk%s per stage",
+                            vpp, pp, (long)pp * vpp, L, moerl_plural(L), L / pp, moerl_plural(L / pp));
     const int D = T / pp, sp = pc->ulysses_sequence_parallel_size, ep = pc->expert_parallel_size;
     const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
     if (D % sp)
-        return moerl_errorf("actor.ulysses_sequence_parallel_size=%d does not divide the %d ranks of a pipeline stage "
-                            "(%d trainers / pp %d)", sp, D, T, pp);
+        return moerl_errorf("actor.ulysses_sequence_parallel_size=%d does not divide the %d rank%s of a pipeline stage "
+                            "(%d trainers / pp %d)", sp, D, moerl_plural(D), T, pp);
     if (D % fsdp)
-        return moerl_errorf("actor.fsdp_config.fsdp_size=%d does not divide the %d ranks of a pipeline stage", fsdp, D);
+        return moerl_errorf("actor.fsdp_config.fsdp_size=%d does not divide the %d rank%s of a pipeline stage", fsdp, D,
+                            moerl_plural(D));
     if (D % ep)
-        return moerl_errorf("actor.expert_parallel_size=%d does not divide the %d ranks of a pipeline stage", ep, D);
+        return moerl_errorf("actor.expert_parallel_size=%d does not divide the %d rank%s of a pipeline stage", ep, D,
+                            moerl_plural(D));
     if (ep > 1 && (E <= 0 || E % ep))
         return moerl_errorf("actor.expert_parallel_size=%d does not divide the model's %d experts", ep, E);
     if (sp > 1 && (nh % sp || (nkv % sp && sp % nkv)))

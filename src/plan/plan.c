@@ -123,7 +123,8 @@ int plan_pp_stage_params(const moe_config *c, int pp, plan_pp_params layout, int
                          int *l0, int *l1) {
     const int L = c->num_hidden_layers;
     if (pp < 1 || pp > L || stage < 0 || stage >= pp)
-        return moerl_errorf("plan: pipeline stage %d of actor.pipeline_parallel_size %d for %d layers", stage, pp, L);
+        return moerl_errorf("plan: pipeline stage %d of actor.pipeline_parallel_size %d for %d layer%s", stage, pp, L,
+                            moerl_plural(L));
     int bounds[MOERL_MAX_LAYERS + 1];
     if (pp == 1) {
         bounds[0] = 0;
@@ -167,7 +168,8 @@ int plan_pp_chunk_params(const moe_config *c, int pp, int v, plan_pp_params layo
                             stage, pp);
     if (v > 1 && (int64_t)pp * v > c->num_hidden_layers)
         return moerl_errorf("plan: actor.virtual_pipeline_parallel_size %d × actor.pipeline_parallel_size %d model "
-                            "chunks exceed the model's %d layers", v, pp, c->num_hidden_layers);
+                            "chunks exceed the model's %d layer%s", v, pp, c->num_hidden_layers,
+                            moerl_plural(c->num_hidden_layers));
     /* the cut into pp·v virtual stages is a pp·v-stage cut: the embedding on the first, the head on the last */
     return plan_pp_stage_params(c, pp * v, layout, chunk * pp + stage, dense, expert, l0, l1);
 }
@@ -508,18 +510,19 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
         return moerl_errorf("plan: trainer.n_ranks %d is not divisible by actor.pipeline_parallel_size × "
                             "actor.ulysses_sequence_parallel_size = %d × %d", in->n_trainer, in->pp, in->sp);
     if (in->pp > L)
-        return moerl_errorf("plan: actor.pipeline_parallel_size %d exceeds the model's %d layers", in->pp, L);
+        return moerl_errorf("plan: actor.pipeline_parallel_size %d exceeds the model's %d layer%s", in->pp, L,
+                            moerl_plural(L));
     x->S = in->n_trainer / in->pp; /* ranks of one pipeline stage */
     x->fsdp = in->fsdp <= 0 ? x->S : in->fsdp;
     if (x->S % x->fsdp)
-        return moerl_errorf("plan: actor.fsdp_config.fsdp_size %d does not divide the %d ranks of a pipeline stage "
-                            "(trainer.n_ranks / actor.pipeline_parallel_size)", x->fsdp, x->S);
+        return moerl_errorf("plan: actor.fsdp_config.fsdp_size %d does not divide the %d rank%s of a pipeline stage "
+                            "(trainer.n_ranks / actor.pipeline_parallel_size)", x->fsdp, x->S, moerl_plural(x->S));
     const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
     if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
     if (x->S % in->ep)
-        return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d ranks of a pipeline stage",
-                            in->ep, x->S);
+        return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d rank%s of a pipeline stage",
+                            in->ep, x->S, moerl_plural(x->S));
     if (in->ep > 1 && x->fsdp > 1 && x->S % (in->ep * x->fsdp)) /* parallel.c's rule (grid.h's EP × FSDP blocks) */
         return moerl_errorf("plan: actor.expert_parallel_size %d × actor.fsdp_config.fsdp_size %d must divide the %d "
                             "ranks of a pipeline stage (FSDP shards each expert slice over ranks holding the same "
@@ -585,8 +588,8 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     if (x->v > 1) { /* interleaved: m a multiple of pp (pipeline.h; the dynamic count rounds its target up) */
         if (in->pp < 2 || x->v > PP_MAX_CHUNKS || (int64_t)in->pp * x->v > L)
             return moerl_errorf("plan: actor.virtual_pipeline_parallel_size %d needs actor.pipeline_parallel_size ≥ 2 "
-                                "(it is %d), at most %d chunks per stage and pp × v ≤ the model's %d layers", x->v,
-                                in->pp, PP_MAX_CHUNKS, L);
+                                "(it is %d), at most %d chunks per stage and pp × v ≤ the model's %d layer%s", x->v,
+                                in->pp, PP_MAX_CHUNKS, L, moerl_plural(L));
         if (x->mb % in->pp) {
             if (x->mb > INT32_MAX - in->pp)
                 return moerl_errorf("plan: %d micro-batches per update do not round up to a multiple of "

@@ -457,8 +457,9 @@ static void set_role_threads(int n) {
 static int64_t *emb_inflight_uids(job *J, int *n) { return inflight_uids(&J->R, n); }
 
 static void emb_describe(job *J, char *buf, size_t len) {
-    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d groups in flight",
-             (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight);
+    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d group%s in flight",
+             (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight,
+             moerl_plural(J->R.n_inflight));
 }
 
 static void emb_abort(job *J, const char *msg) {
@@ -727,19 +728,22 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     if (cfg->grad_compression)
         log_warn("actor.grad_compression has no effect in one process (there is no gradient all-reduce): it applies to "
                  "data-parallel trainer ranks under mpirun (trainer.n_ranks ≥ 2)");
-    log_info("fully-async GRPO: %lld steps × %d prompts × %d responses; staleness_threshold %g → queue %d, "
+    log_info("fully-async GRPO: %lld step%s × %d prompts × %d responses; staleness_threshold %g → queue %d, "
              "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
-             (long long)J->total_steps, b.required_samples, cfg->n, cfg->staleness_threshold, b.max_required_samples,
-             b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
+             (long long)J->total_steps, moerl_plural(J->total_steps), b.required_samples, cfg->n,
+             cfg->staleness_threshold, b.max_required_samples, b.lag_bound, cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              cfg->mode == RL_MODE_ASYNC ? "async" : cfg->mode == RL_MODE_SYNC ? "sync" : "lockstep");
     if (cfg->mode == RL_MODE_ASYNC) {
         openblas_set_num_threads(1); /* each role runs its own OpenMP team; BLAS stays single-threaded */
+        set_role_threads(cfg->trainer_threads); /* this thread's team (the rollouter thread sets its own) */
+        /* the start validation and the peak measurement before the rollouter generates: step 1 then
+         * shows the trainer's wait for its first batch */
+        if (job_schedule_prepare(J, res) != MOERL_OK) goto out0;
         if (pthread_create(&g_rollouter_thread, NULL, rollouter_main, J) != 0) {
             moerl_errorf("cannot start the rollouter thread");
             goto out0;
         }
         thread_started = 1;
-        set_role_threads(cfg->trainer_threads);
     }
     thread_started = 0; /* from here the transport's stop joins it */
     rc = job_schedule_run(J, res);

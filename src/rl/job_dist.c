@@ -1014,7 +1014,8 @@ static void check_trainers_identical(dist_ctx *ctx, const moe_model *m, int is_l
             die(ctx, "consistency check");
         }
     if (is_leader)
-        log_info("weights identical on all %d trainer rank(s) (hash %016llx)", D, (unsigned long long)h);
+        log_info("weights identical on all %d trainer rank%s (hash %016llx)", D, moerl_plural(D),
+                 (unsigned long long)h);
     free(t);
 }
 
@@ -1059,15 +1060,19 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
              "initial weight broadcast");
     trainer_par_setup(ctx, cfg, &J->T, &J->n_shards, &J->shard_of);
     CHECK_OK(job_open_outputs(J, J->resumed), "outputs");
-    log_info("fully-async GRPO on %d processes: %d rollout rank(s) + %d trainer rank(s); %lld steps × "
+    log_info("fully-async GRPO on %d processes: %d rollout rank%s + %d trainer rank%s; %lld step%s × "
              "%d prompts × %d responses; staleness_threshold %g → queue %d, lag bound %d (for in-order completion); "
              "trigger_parameter_sync_step %d; partial_rollout %s; weights %.1f MB (%s), broadcast in %.1f MiB buckets "
              "(%.3f s at start); gradient buckets %.1f MiB",
-             L->P, L->n_rollout, L->n_trainers, (long long)J->total_steps, L->budget.required_samples, cfg->n,
+             L->P, L->n_rollout, moerl_plural(L->n_rollout), L->n_trainers, moerl_plural(L->n_trainers),
+             (long long)J->total_steps, moerl_plural(J->total_steps), L->budget.required_samples, cfg->n,
              cfg->staleness_threshold, L->budget.max_required_samples, L->budget.lag_bound,
              cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              m->n_params * (cfg->bf16_weights ? 2 : 4) / 1e6, cfg->bf16_weights ? "bf16" : "fp32", cfg->sync_bucket_mb, xs.seconds, cfg->grad_bucket_mb);
     CHECK_OK(injected_failure(ctx, -1), "test");
+    /* the start validation and the peak measurement before the first grant (the server grants the
+     * rollout ranks their prompts): step 1 then shows the trainer's wait for its first batch */
+    CHECK_OK(job_schedule_prepare(J, res), "start of the run");
     if (pthread_create(&L->server, NULL, server_main, L) != 0) {
         moerl_errorf("cannot start the server thread");
         die(ctx, "");

@@ -98,6 +98,7 @@ struct job {
     int stop_signal;          /* the signal that stopped the run (0: none) */
     double reduce_exposed_total; /* Σ over steps of exposed gradient-reduction seconds */
     double sgemm_peak;        /* measured matrix-multiply peak (FLOP/s) at start: the MFU denominator */
+    int prepared;             /* job_schedule_prepare done */
     /* job_whole_begin / job_whole_end: the whole model and moments (J->m, J->T.opt, or gathered) */
     const moe_model *whole_m;
     adamw_state whole_opt;
@@ -123,6 +124,12 @@ void job_whole_end(job *J);
  * final metrics, validation, checkpoint and plot. Fills res's common fields. The watchdog runs
  * beside it. Returns MOERL_OK (also for a signal stop: J->stop_signal says which) or MOERL_ERR. */
 int job_schedule_run(job *J, rl_result *res);
+/* The trainer's work before the first step, called by a transport BEFORE it lets the rollout side
+ * generate (job_schedule_run calls it when the transport did not): the start validation (or the
+ * resumed accuracy) and the measured sgemm peak (perf/mfu's denominator, on quiet cores). The run's
+ * clock then starts with generation, so step 1's timing_s/gen and trainer/idle_ratio hold the wait
+ * for the first batch. MOERL_OK or MOERL_ERR (nothing started to stop). */
+int job_schedule_prepare(job *J, rl_result *res);
 /* Checks and derived sizes shared by both jobs: required_samples, total steps and prompts (errors
  * name the keys). */
 int job_plan(job *J, staleness_budget *b);

@@ -66,7 +66,8 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
     rl_prompt_lengths(train, NULL, &max_plen);
     if (m->cfg.max_position_embeddings > 0 && max_plen + cfg->max_response_length > m->cfg.max_position_embeddings)
         return moerl_errorf("the longest prompt of %s (%d tokens) + data.max_response_length %d exceeds the model's "
-                            "context max_position_embeddings %d: shorten the prompts or the responses",
+                            "context max_position_embeddings %d: shorten the prompts or the responses, or drop the long "
+                            "prompts (data.max_prompt_length with data.filter_overlong_prompts=true)",
                             train->path ? train->path : "the training data", max_plen, cfg->max_response_length,
                             m->cfg.max_position_embeddings);
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,

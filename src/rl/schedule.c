@@ -40,13 +40,14 @@ int job_plan(job *J, staleness_budget *b) {
     J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
                                                    : (int64_t)cfg->total_epochs * rows / b->required_samples;
     if (J->total_steps <= 0)
-        return moerl_errorf("no trainer steps: %lld training rows, %d prompts per step (actor.ppo_mini_batch_size × "
+        return moerl_errorf("no trainer steps: %lld training row%s, %d prompt%s per step (actor.ppo_mini_batch_size × "
                             "async_training.require_batches), trainer.total_epochs %d",
-                            (long long)rows, b->required_samples, cfg->total_epochs);
+                            (long long)rows, moerl_plural(rows), b->required_samples, moerl_plural(b->required_samples),
+                            cfg->total_epochs);
     if (b->required_samples > rows)
         return moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × async_training.require_batches) "
-                            "but the training data has only %lld rows",
-                            b->required_samples, (long long)rows);
+                            "but the training data has only %lld row%s",
+                            b->required_samples, (long long)rows, moerl_plural(rows));
     J->total_prompts = J->total_steps * b->required_samples;
     J->last_ckpt_step = -1;
     J->last_val_step = -1;
@@ -124,11 +125,12 @@ static int take_batch(job *J, held_groups *held, int req, double *waited, int64_
         if (rc != 1) break;
         if (cfg->filter_groups && cfg->filter_max_num_gen_batches > 0 &&
             *dropped_now > (int64_t)cfg->filter_max_num_gen_batches * req) {
-            rc = moerl_errorf("algorithm.filter_groups dropped %lld groups (every response with the same reward) "
+            rc = moerl_errorf("algorithm.filter_groups dropped %lld group%s (every response with the same reward) "
                               "while filling step %lld, more than max_num_gen_batches=%d steps' worth: the task gives "
                               "no learning signal to this policy (all right or all wrong); raise "
                               "algorithm.filter_groups.max_num_gen_batches, rollout.n or the task's difficulty range",
-                              (long long)*dropped_now, (long long)J->T.step + 1, cfg->filter_max_num_gen_batches);
+                              (long long)*dropped_now, moerl_plural(*dropped_now), (long long)J->T.step + 1,
+                              cfg->filter_max_num_gen_batches);
             break;
         }
     }
@@ -208,10 +210,11 @@ static void *watchdog_main(void *arg) {
             char side[512] = "";
             J->ops->describe(J, side, sizeof side);
             char msg[1024];
+            const int queued = rl_queue_size(&J->queue);
             snprintf(msg, sizeof msg,
                      "watchdog: no trainer progress for %.1f s (trainer.watchdog_s=%g): trainer in stage '%s'; %s; "
-                     "queue %d groups",
-                     age, limit, (const char *)J->T.stage, side, rl_queue_size(&J->queue));
+                     "queue %d group%s",
+                     age, limit, (const char *)J->T.stage, side, queued, moerl_plural(queued));
             J->ops->abort(J, msg);
         }
     }
@@ -323,10 +326,25 @@ static int schedule_finish(job *J, rl_result *res, held_groups *held, int64_t st
     return rc;
 }
 
+int job_schedule_prepare(job *J, rl_result *res) {
+    if (schedule_start(J, res) != MOERL_OK) return MOERL_ERR;
+    /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
+     * async mode, trainer.n_threads on an MPI rank); none on a virtual clock (moerl simulate:
+     * perf/mfu is NaN, the simulated device is not this host) */
+#ifdef _OPENMP
+    const int team = omp_get_max_threads();
+#else
+    const int team = 1;
+#endif
+    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, team);
+    J->prepared = 1;
+    return MOERL_OK;
+}
+
 int job_schedule_run(job *J, rl_result *res) {
     const int req = J->cfg->ppo_mini_batch_size * J->cfg->require_batches;
     double rb = 0, ri = 0;
-    if (schedule_start(J, res) != MOERL_OK) {
+    if (!J->prepared && job_schedule_prepare(J, res) != MOERL_OK) {
         J->ops->stop(J, &rb, &ri);
         return MOERL_ERR;
     }
@@ -339,15 +357,8 @@ int job_schedule_run(job *J, rl_result *res) {
         free(held.g);
         return moerl_errorf("cannot start the watchdog thread");
     }
-    /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
-     * async mode, trainer.n_threads on an MPI rank); none on a virtual clock (moerl simulate:
-     * perf/mfu is NaN, the simulated device is not this host) */
-#ifdef _OPENMP
-    const int team = omp_get_max_threads();
-#else
-    const int team = 1;
-#endif
-    J->sgemm_peak = J->ops->clock ? 0 : perf_sgemm_peak(0.3, team);
+    /* the run's clock starts here, with generation (the transports prepare first): step 1's wait for
+     * its first batch is timing_s/gen and trainer idle time of the first window */
     J->run_t0 = J->win_t0 = job_clock(J);
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);

@@ -148,7 +148,25 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+double sim_calibrate_bytes(const moe_config *cfg, int max_num_seqs, int train_tokens) {
+    int64_t total, dense, expert, hf;
+    plan_param_counts(cfg, &total, &dense, &expert, &hf);
+    const double kv = 2.0 * cfg->num_hidden_layers * max_num_seqs * (32 + 24 + 1) * (double)cfg->num_key_value_heads *
+                      cfg->head_dim * sizeof(float); /* the engine's K and V for its 32 + 24 + 1 positions */
+    return 4.0 * total * 4 + 4.0 * expert + kv + plan_acts_bytes(cfg, train_tokens, 0, cfg->num_hidden_layers, 0);
+}
+
 int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim_device *d) {
+    const double need = sim_calibrate_bytes(cfg, max_num_seqs, train_tokens);
+    const uint64_t avail = moerl_mem_available();
+    if (avail > 0 && need > (double)avail)
+        return moerl_errorf("simulate --calibrate runs the model on this machine and needs about %.1f GB of memory (fp32 "
+                            "weights, gradients, the engine's copy and the broadcast copy, the engine's packed experts, "
+                            "activations for %d training tokens), but %.1f GB are available (MemAvailable): calibrate "
+                            "on a smaller model of the same shape family (--model with fewer layers or experts) and "
+                            "pass its cost keys (sim.mem_bandwidth, sim.flops, sim.train_flops), or use a named "
+                            "sim.device",
+                            need / 1e9, train_tokens, (double)avail / 1e9);
     sim_device_named("cpu", d);
     snprintf(d->name, sizeof d->name, "calibrated");
     d->dtype_bytes = 4; /* moerl's engine: fp32 weights and KV */

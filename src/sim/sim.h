@@ -60,8 +60,16 @@ int sim_device_named(const char *name, sim_device *d);
  * threads: engine decode steps at several batch sizes and a prefill chunk (a_bytes, a_flops,
  * c_step by non-negative least squares), training forward+backward at several token counts
  * (s_flop, c_update), a memcpy of the weights (link_bw: one process, the copy a same-host
- * broadcast does). Takes a few seconds. Errors: model too large to build here. */
+ * broadcast does). Takes a few seconds. Errors: model too large for this machine's available memory
+ * (checked before anything is allocated, sim_calibrate_bytes). */
 int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim_device *d);
+/* The bytes sim_calibrate allocates (it refuses, naming both figures, when they exceed
+ * moerl_mem_available): 4 fp32 copies of the n_params floats (the model's weights and gradients,
+ * the engine's weights, the copy the broadcast timing makes), the engine's packed expert weights,
+ * the engine's KV cache for max_num_seqs × 57 positions and the activation arena of
+ * train_tokens tokens (plan_acts_bytes). An estimate from src/plan's counts, within the small
+ * buffers it leaves out. */
+double sim_calibrate_bytes(const moe_config *cfg, int max_num_seqs, int train_tokens);
 
 typedef struct {
     const moe_config *target;    /* the model whose costs are simulated */

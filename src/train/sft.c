@@ -522,11 +522,12 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
     }
     if (R.root && o->no_held_out_eval)
-        log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (trainer.val_n=0)",
-                 o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s);
+        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (trainer.val_n=0)",
+                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s);
     else if (R.root)
-        log_info("%s done: %lld steps, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
-                 o->label, (long long)step, (long long)tokens_seen, train_s, tokens_seen / train_s, 100 * acc0,
+        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
+                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s,
+                 100 * acc0,
                  100 * acc);
     if (mw && !o->no_held_out_eval) {
         const char *k3[] = {"val/accuracy", "val/accuracy_before"};
