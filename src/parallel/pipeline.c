@@ -33,8 +33,8 @@ pp_options pp_options_default(void) {
 int pp_partition(const moe_config *c, int pp, int seq_len, int *bounds, double *stage_cost) {
     const int L = c->num_hidden_layers;
     if (pp < 1 || pp > L)
-        return moerl_errorf("pipeline: %d stages for a model of %d layers (expected 1..%d: a stage needs a layer)", pp,
-                            L, L);
+        return moerl_errorf("pipeline: %d stages for a model of %d layer%s (expected 1..%d: a stage needs a layer)",
+                            pp, L, moerl_plural(L), L);
     if (seq_len < 1) return moerl_errorf("pipeline: balance sequence length %d, expected ≥ 1", seq_len);
     const int64_t pairs = (int64_t)seq_len * (seq_len + 1) / 2;
     double *pre = xmalloc((L + 1) * sizeof(double)); /* prefix sums of the layer costs */
@@ -384,7 +384,8 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
                                                 : MOERL_MAX(1, MOERL_MIN(c->max_position_embeddings, 4096));
     if (s->nv > s->L) {
         moerl_errorf("pipeline: actor.pipeline_parallel_size=%d × actor.virtual_pipeline_parallel_size=%d = %d model "
-                     "chunks exceed the model's %d layers (a chunk needs ≥ 1 layer)", s->pp, s->v, s->nv, s->L);
+                     "chunks exceed the model's %d layer%s (a chunk needs ≥ 1 layer)", s->pp, s->v, s->nv, s->L,
+                     moerl_plural(s->L));
         free(cost);
         pp_state_free(s);
         return NULL;
