@@ -16,7 +16,10 @@
  * gradient all-reduces; the bucketed reducer over the stage or all trainers for DP, SP and a
  * replicated pipeline) and the optimizer step (par_adamw_step). Every micro-batch is full
  * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
- * Each step opens with the RL trainer's proximal-logprob pass (compute_logprobs).
+ * Each step opens with the RL trainer's proximal-logprob pass (compute_logprobs) and the KL reference's
+ * pass (trainer_ref_logprobs, the reference sharded as the actor by trainer_shard_ref): its logprobs
+ * equal the unsharded reference's (computed on each rank before the runtime exists), the floats it
+ * holds are the actor's (par_held_floats) and plan's, its traffic one logprob pass's.
  * Checks on every rank and step, against plan_traffic_rank for the rank's stage, Ulysses and FSDP rank:
  *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
  *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; those of
