@@ -438,8 +438,8 @@ else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_d
 # in version 2 (observed: kl_loss 2e-5 relative apart before it), so pipeline 2 is held to: version 1
 # (its samples come from the starting policy in both runs) within 1e-4 relative and kl_loss > 0 at
 # every version (a frozen reference apart from the moving actor), and with lr 0 (a fixed policy is its
-# own reference) the same samples as DP 1 and |kl_loss| ≤ 1e-7 (observed 0; a reference holding
-# other weights than the policy gives ~1e-3 and more). Then exact resume with the reference sharded:
+# own reference) the same samples as DP 1 and |kl_loss| ≤ 1e-7 (observed 2.6e-14: k3 of differences in
+# the last bit; a reference holding other weights than the policy gives ~1e-3 and more). Then exact resume with the reference sharded:
 # the FSDP 2 run stopped at step 4 (its checkpoint) and resumed to step 6 on the same layout and on
 # one trainer rank (the whole reference again) equals the uninterrupted run.
 KL=(actor.use_kl_loss=true actor.kl_loss_coef=0.5)

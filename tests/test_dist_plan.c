@@ -118,6 +118,31 @@ static void reset_group_bytes(par_grid *g) {
 /* relative difference, for the 10% memory bar */
 static double rel(double got, double want) { return fabs(got - want) / fmax(fabs(want), 1e-30); }
 
+/* A forward-only logprob pass's bytes per group and operation (since the last reset_group_bytes) against
+ * plan_traffic_logprob's lt: 1 when equal (exact; the all-reduce volumes 2(n−1)/n·x may differ in the
+ * last bit). Prints the differences, and rank 0's rows at step 0. */
+static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, const char *what, int k) {
+    const double lg[6] = {dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER), dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL),
+                          dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL), dist_comm_bytes(g->sp_comm, DIST_OP_ALLREDUCE),
+                          pp ? dist_comm_bytes(g->pp_comm, DIST_OP_P2P) : 0,
+                          pp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0};
+    const double lw[6] = {lt->fsdp_allgather, lt->ep_alltoall, lt->sp_alltoall, lt->sp_logprob_allreduce,
+                          lt->pp_p2p_fwd_only, lt->pp_logprob_allreduce};
+    const char *ln[6] = {"FSDP all-gather", "EP all-to-all", "SP all-to-all", "SP logprob all-reduce", "PP p2p",
+                         "PP all-reduce"};
+    int ok = 1;
+    for (int i = 0; i < 6; i++) {
+        const int same = i == 3 || i == 5 ? rel(lg[i], lw[i]) < 1e-12 || lg[i] == lw[i] : lg[i] == lw[i];
+        if (!same) {
+            ok = 0;
+            printf("[rank %d] step %d %s: %s counted %.0f B, plan %.0f B\n", RANK, k, what, ln[i], lg[i], lw[i]);
+        }
+        if (k == 0 && RANK == 0 && (lg[i] > 0 || lw[i] > 0))
+            printf("  rank 0 %s %-21s counted %10.0f B  plan %10.0f B\n", what, ln[i], lg[i], lw[i]);
+    }
+    return ok;
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -241,27 +266,7 @@ int main(int argc, char **argv) {
             CHECK_R(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine, &lt) ==
                         MOERL_OK, "plan_traffic_logprob: %s", RANK, moerl_last_error());
             MOERL_ASSERT(compute_logprobs(&m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
-            const double lg[6] = {dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER),
-                                  dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL),
-                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL),
-                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLREDUCE),
-                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_P2P) : 0,
-                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0};
-            const double lw[6] = {lt.fsdp_allgather, lt.ep_alltoall, lt.sp_alltoall, lt.sp_logprob_allreduce,
-                                  lt.pp_p2p_fwd_only, lt.pp_logprob_allreduce};
-            const char *ln[6] = {"FSDP all-gather", "EP all-to-all", "SP all-to-all", "SP logprob all-reduce",
-                                 "PP p2p", "PP all-reduce"};
-            for (int i = 0; i < 6; i++) {
-                /* exact, as below; the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
-                const int same = i == 3 || i == 5 ? rel(lg[i], lw[i]) < 1e-12 || lg[i] == lw[i] : lg[i] == lw[i];
-                if (!same) {
-                    lp_ok = 0;
-                    printf("[rank %d] step %d logprob pass: %s counted %.0f B, plan %.0f B\n", RANK, k, ln[i], lg[i],
-                           lw[i]);
-                }
-                if (k == 0 && RANK == 0 && (lg[i] > 0 || lw[i] > 0))
-                    printf("  rank 0 logprob pass %-21s counted %10.0f B  plan %10.0f B\n", ln[i], lg[i], lw[i]);
-            }
+            lp_ok &= logprob_pass_is_plans(g, ps.pp != NULL, &lt, "logprob pass", k);
         }
         /* the KL reference pass right after it, as step_data_logprobs runs it (trainer_ref_logprobs): the
          * sharded reference in the actor's arena, the collectives of one logprob pass on the same groups
@@ -281,23 +286,16 @@ int main(int argc, char **argv) {
             for (int t = 0; t < mine[i].len - mine[i].resp_start; t++)
                 ref_diff = fmax(ref_diff, fabs((double)lp_buf[i][t] - (double)want_ref[si][t]));
         }
-        dist_comm *cs[] = {g ? g->stage_comm : NULL, g ? g->pp_comm : NULL, g ? g->dp_comm : NULL,
-                           g ? g->sp_comm : NULL, g ? g->fsdp_comm : NULL, g ? g->replica_comm : NULL,
-                           g ? g->ep_comm : NULL, g ? g->ep_dp_comm : NULL, g ? g->ep_replica_comm : NULL};
-        double moved = 0; /* every group of the grid (plain DP has none: the reducer is idle here) */
-        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
-            for (int op = 0; op < DIST_OP_COUNT && cs[i]; op++) moved += dist_comm_bytes(cs[i], (dist_op)op);
-        double want_moved = 0; /* the logprob pass's, this rank's (plan_traffic_logprob) */
+        /* its traffic: the proximal pass's counters and plan_traffic_logprob, per group and operation */
+        int traffic_same = 1;
         if (g) {
             plan_traffic lt;
             MOERL_ASSERT(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine,
                                               &lt) == MOERL_OK);
-            want_moved = lt.fsdp_allgather + lt.ep_alltoall + lt.sp_alltoall + lt.sp_logprob_allreduce +
-                         lt.pp_p2p_fwd_only + lt.pp_logprob_allreduce;
+            traffic_same = logprob_pass_is_plans(g, ps.pp != NULL, &lt, "KL reference pass", k);
         }
-        /* exact: byte counts and the floats a rank holds are integers (the all-reduce volumes 2(n−1)/n·x of
-         * the SP / PP logprob sums may differ in the last bit, as above); the reference's FSDP units are all
-         * released after its pass (par_release_gathered) */
+        /* exact: the floats a rank holds are integers; the reference's FSDP units are all released after
+         * its pass (par_release_gathered) */
         const double ref_w = (double)par_held_floats(kl_T.ref_par, kl_T.ref) * 4,
                      act_w = (double)par_held_floats(&ps, &m) * 4,
                      ref_a = kl_T.ref_par && kl_T.ref_par->pp ? pp_slots_bytes(kl_T.ref_par->pp) : 0;
@@ -308,7 +306,6 @@ int main(int argc, char **argv) {
             ref_peak = st.peak_gathered_bytes;
             ref_now = st.gathered_bytes;
         }
-        const int traffic_same = rel(moved, want_moved) < 1e-12 || moved == want_moved;
         /* plan's per-rank figures are the fullest stage's (pipeline), every rank's otherwise; the EP slice
          * is plan's within the 10% bar, as the actor's parameters (its padding per local tensor) */
         const int plan_rank = !ps.pp || stage == pr.fullest_stage;
@@ -317,16 +314,16 @@ int main(int argc, char **argv) {
             held != pr.ref_held || ref_peak != pr.ref_gathered || ref_now != 0 ||
             fabs(pr.ref_pass - pr.logprob_pass / in.logprob_passes) > 0) {
             ref_ok = 0;
-            printf("[rank %d] step %d KL reference: traffic %.0f B (plan %.0f), weights %.0f B (actor %.0f, plan %.0f), "
+            printf("[rank %d] step %d KL reference: traffic %s plan's, weights %.0f B (actor %.0f, plan %.0f), "
                    "slots %.0f B (plan %.0f), actor's FSDP units held %.0f B (plan %.0f), own peak gathered %.0f B "
-                   "(plan %.0f), still gathered %.0f B\n", RANK, k, moved, want_moved, ref_w, act_w, pr.ref_weights,
-                   ref_a, pr.ref_acts, held, pr.ref_held, ref_peak, pr.ref_gathered, ref_now);
+                   "(plan %.0f), still gathered %.0f B\n", RANK, k, traffic_same ? "=" : "!=", ref_w, act_w,
+                   pr.ref_weights, ref_a, pr.ref_acts, held, pr.ref_held, ref_peak, pr.ref_gathered, ref_now);
         }
         if (k == 0 && RANK == 0)
             printf("  rank 0 KL reference: weights %.0f B of %.0f whole (plan %.0f), slots %.0f B (plan %.0f), FSDP "
-                   "held %.0f B (plan %.0f), own peak %.0f B (plan %.0f), traffic %.0f B (plan %.0f)\n", ref_w,
+                   "held %.0f B (plan %.0f), own peak %.0f B (plan %.0f)\n", ref_w,
                    (double)par_whole_params(kl_T.ref_par, kl_T.ref) * 4, pr.ref_weights, ref_a, pr.ref_acts, held,
-                   pr.ref_held, ref_peak, pr.ref_gathered, moved, want_moved);
+                   pr.ref_held, ref_peak, pr.ref_gathered);
         if (g) reset_group_bytes(g);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
