@@ -20,6 +20,10 @@
 #   model par. FSDP / HSDP / Ulysses SP / pipeline (also interleaved, 2 chunks per stage) / EP trainer ranks
 #              against data parallelism on the same batch: the same samples, weights within 1e-4; the
 #              pipeline runs' version records carry the bubble of their update schedules (perf/pipeline_*)
+#   KL ref.    actor.use_kl_loss with the reference sharded as the actor (FSDP 2, EP 2) against data
+#              parallelism: same samples, weights and actor/kl_loss (pipeline 2: version 1's kl_loss, and
+#              with lr 0 the same samples and a zero KL); the FSDP run resumed from its step-4 checkpoint
+#              (on fsdp 2 and on one trainer rank) equals the uninterrupted run
 #   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
 #              every prompt of 4 epochs is trained exactly once over the two runs
 #   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
@@ -205,6 +209,36 @@ elif cmd == "weights_close":  # checkpoint/{model,optimizer}.safetensors of two 
             fail("%s: max |difference| %.3g > %g" % (f, worst, tol))
         msg.append("%s max |diff| %.2g" % (f.split(".")[0], worst))
     print(", ".join(msg))
+elif cmd == "kl_close":  # actor/kl_loss of every version: both > 0; relative difference ≤ tol over the
+    # first args[2] versions (all without it)
+    a, b = version_rows(d), version_rows(args[0])
+    tol, worst = float(args[1]), 0.0
+    upto = int(args[2]) if len(args) > 2 else len(a)
+    if len(a) != len(b) or len(a) < 4:
+        fail("%d vs %d version records" % (len(a), len(b)))
+    for i, (x, y) in enumerate(zip(a, b)):
+        if i >= upto:
+            if not (x.get("actor/kl_loss") or 0) > 0:
+                fail("version %d: actor/kl_loss %r (expected > 0)" % (i + 1, x.get("actor/kl_loss")))
+            continue
+        k1, k2 = x.get("actor/kl_loss"), y.get("actor/kl_loss")
+        if k1 is None or k2 is None or not k2 > 0:
+            fail("version %d: actor/kl_loss %r vs %r (expected > 0: the second update of a step moves off the "
+                 "reference)" % (i + 1, k1, k2))
+        r = abs(k1 - k2) / k2
+        worst = max(worst, r)
+        if not r <= tol:
+            fail("version %d: actor/kl_loss %r vs %r (relative %.2g > %g)" % (i + 1, k1, k2, r, tol))
+    print("actor/kl_loss > 0 over %d versions, max relative difference %.2g over the first %d"
+          % (len(a), worst, min(upto, len(a))))
+elif cmd == "kl_zero":  # a fixed policy (lr 0) is its own reference: |actor/kl_loss| ≤ tol at every version
+    a, tol = version_rows(d), float(args[0])
+    if len(a) < 4:
+        fail("%d version records" % len(a))
+    worst = max(abs(x.get("actor/kl_loss", float("nan"))) for x in a)
+    if not worst <= tol:
+        fail("max |actor/kl_loss| %r > %g (the reference's logprobs are not the fixed policy's)" % (worst, tol))
+    print("max |actor/kl_loss| %.2g over %d versions" % (worst, len(a)))
 elif cmd == "half_bytes":  # every version's weight broadcast moved half the bytes of the other run's
     a, b = version_rows(d), version_rows(args[0])
     if len(a) != len(b) or not a:
@@ -399,6 +433,60 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     mp_case "EP 2 (moerl rl)" mp_ep2 3 2 mp_dp2 actor.expert_parallel_size=2
     mp_case "EP 2 x FSDP 2 (moerl rl)" mp_epfsdp 5 4 mp_dp4 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
 else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi
+# ---------------------------------------------------------------- the KL reference under model parallelism
+# actor.use_kl_loss=true: the reference is sharded as the actor (trainer_shard_ref: FSDP's unit shards,
+# the pipeline stage's range, the local experts) and its logprob pass runs through its own strategies.
+# FSDP 2 and EP 2 against data parallelism (the whole reference on each trainer rank) on the same
+# batch: the same samples, weights and moments within 1e-4 (the tolerance above, for the same
+# reason), and actor/kl_loss of every version within 1e-4 relative — the KL is a token mean of
+# exp(ref − logp) − (ref − logp) − 1 over the same tokens, so a reference logprob off by its rounding
+# (tests/test_dist_plan.c: observed 0) or weights off by ≤ 1e-5 move it by ~1e-5 relative, while a
+# reference of another model (a wrong shard, stale or unsharded zeros) changes it by O(1). The
+# pipeline's update sums in another fp32 order than DP 1 and, with the KL term, a sampled token flips
+# in version 2 (observed: kl_loss 2e-5 relative apart before it), so pipeline 2 is held to: version 1
+# (its samples come from the starting policy in both runs) within 1e-4 relative and kl_loss > 0 at
+# every version (a frozen reference apart from the moving actor), and with lr 0 (a fixed policy is its
+# own reference) the same samples as DP 1 and |kl_loss| ≤ 1e-7 (observed 2.6e-14: k3 of differences in
+# the last bit; a reference holding other weights than the policy gives ~1e-3 and more). Then exact resume with the reference sharded:
+# the FSDP 2 run stopped at step 4 (its checkpoint) and resumed to step 6 on the same layout and on
+# one trainer rank (the whole reference again) equals the uninterrupted run.
+KL=(actor.use_kl_loss=true actor.kl_loss_coef=0.5)
+kl_case() { # kl_case LABEL NAME NP T REF [key=value ...]: mp_case with the KL loss, and its kl_loss against REF's
+    mp_case "$@"
+    if [[ -f $WORK/$2/metrics.jsonl ]]; then
+        if msg=$(check kl_close "$WORK/$2" "$WORK/$5" 1e-4); then ok "$1: $msg"; else bad "$1 kl_loss" "$msg"; fi
+    fi
+}
+if mpi_rl kl_dp1 2 1 "${MP[@]}" "${KL[@]}" && mpi_rl kl_dp2 3 2 "${MP[@]}" "${KL[@]}"; then
+    kl_case "KL reference, FSDP 2 (moerl rl)" kl_fsdp2 3 2 kl_dp2 "${KL[@]}" actor.fsdp_config.fsdp_size=2
+    if grep -q "KL reference sharded as the actor" "$WORK/kl_fsdp2.log"; then ok "FSDP 2: the KL reference is sharded"
+    else bad "FSDP 2 KL reference" "no 'KL reference sharded as the actor' line"; tail_log kl_fsdp2; fi
+    if mpi_rl kl_pp2 3 2 "${MP[@]}" "${KL[@]}" actor.pipeline_parallel_size=2; then
+        if msg=$(check kl_close "$WORK/kl_pp2" "$WORK/kl_dp1" 1e-4 1); then ok "KL reference, pipeline 2 (moerl rl): $msg"
+        else bad "KL reference, pipeline 2 (moerl rl)" "$msg"; fi
+    else bad "KL reference, pipeline 2 (moerl rl)" "exit $?"; tail_log kl_pp2; fi
+    if mpi_rl kl_dp1_lr0 2 1 "${MP[@]}" "${KL[@]}" actor.optim.lr=0 &&
+        mpi_rl kl_pp2_lr0 3 2 "${MP[@]}" "${KL[@]}" actor.optim.lr=0 actor.pipeline_parallel_size=2; then
+        if ! cmp -s "$WORK/kl_pp2_lr0/samples.jsonl" "$WORK/kl_dp1_lr0/samples.jsonl"; then
+            bad "KL reference, pipeline 2, lr 0" "samples.jsonl differ from DP 1's"
+        elif msg=$(check kl_zero "$WORK/kl_pp2_lr0" 1e-7); then ok "KL reference, pipeline 2, lr 0: same samples, $msg"
+        else bad "KL reference, pipeline 2, lr 0" "$msg"; fi
+    else bad "KL reference, pipeline 2, lr 0" "exit $?"; tail_log kl_pp2_lr0; fi
+    kl_case "KL reference, EP 2 (moerl rl)" kl_ep2 3 2 kl_dp2 "${KL[@]}" actor.expert_parallel_size=2
+    for to in 2:fsdp 1:one; do
+        t=${to%%:*} name=kl_res_${to##*:}
+        if mpi_rl "$name" 3 2 "${MP[@]}" "${KL[@]}" actor.fsdp_config.fsdp_size=2 trainer.total_training_steps=4 &&
+            mpi_rl "$name" $((t + 1)) "$t" "${MP[@]}" "${KL[@]}" actor.fsdp_config.fsdp_size="$t" \
+                trainer.resume_mode=auto && grep -q "resumed from" "$WORK/$name.log"; then
+            if ! cmp -s "$WORK/$name/samples.jsonl" "$WORK/kl_fsdp2/samples.jsonl"; then
+                bad "KL FSDP 2 resumed on $t trainer rank(s)" "samples.jsonl differ from the uninterrupted run"
+            elif msg=$(check weights_close "$WORK/$name" "$WORK/kl_fsdp2" 1e-4) &&
+                msg2=$(check kl_close "$WORK/$name" "$WORK/kl_fsdp2" 1e-4); then
+                ok "KL FSDP 2 stopped at step 4, resumed on $t trainer rank(s) = uninterrupted: $msg; $msg2"
+            else bad "KL FSDP 2 resumed on $t trainer rank(s)" "$msg ${msg2:-}"; fi
+        else bad "KL FSDP 2 resumed on $t trainer rank(s)" "exit $? or no 'resumed from'"; tail_log "$name"; fi
+    done
+else bad "KL references" "a data-parallel run failed"; tail_log kl_dp1; tail_log kl_dp2; fi
 # rollout EP: 2 rollout ranks sharing one engine's experts (each holds 4 of 8) against 2 plain
 # rollout ranks, both dispatchers, lr 0 (the policy is fixed, so every group's responses depend only
 # on its uid's sampling seed and the logits): the same response tokens for every group. The expert

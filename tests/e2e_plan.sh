@@ -7,13 +7,14 @@
 # per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
 # naming the key (pp with FSDP/EP/SP, model.* beside --model, tokens per step past 2^53), a
-# billion-sequence batch plans without hanging, actor.use_kl_loss adds the whole-model reference.
+# billion-sequence batch plans without hanging, actor.use_kl_loss adds the reference sharded as the actor.
 # Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
 # layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings,
 # plain and interleaved (actor.virtual_pipeline_parallel_size 2, 3), EP, SP × EP, and the
 # replicated pipeline of pp_state_new alone): traffic per group and operation
-# equal to the counters, memory per rank within 10% of moerl's accounting.
+# equal to the counters, memory per rank within 10% of moerl's accounting; the KL reference sharded
+# as the actor (trainer_shard_ref) gives the unsharded reference's logprobs and holds the actor's floats.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -73,10 +74,14 @@ j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 
     actor.ppo_mini_batch_size=1000000000 2>"$OUT/err")
 mb=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["micro_batches"])' 2>/dev/null)
 [[ $mb == 128906250 ]] && ok || fail "plan of 10^9 sequences per mini-batch: micro_batches '$mb' (want 128906250): $(cat "$OUT/err")"
-# actor.use_kl_loss: the reference is the whole padded layout on every rank (fp32), whatever the layout
+# actor.use_kl_loss: the reference is sharded as the actor (fp32): FSDP's shard, gathered in its own
+# forward-only pass (one logprob pass's collectives); plain data parallel keeps the whole padded layout
 j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 actor.use_kl_loss=true 2>"$OUT/err")
-r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ref_weights_bytes"] == 4 * d["n_params"] and d["ref_pass_bytes_per_step"] == 0 and d["ref_acts_bytes"] > 0)' 2>/dev/null)
-[[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true: reference weights not 4 × n_params: $(cat "$OUT/err")"
+r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ref_weights_bytes"] == d["weights_bytes"] < 4 * d["n_params"] / 7 and d["ref_pass_bytes_per_step"] > 0 and d["ref_gathered_bytes"] > 0 and d["ref_acts_bytes"] == 0)' 2>/dev/null)
+[[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true fsdp 8: reference weights not the actor's FSDP shard: $(cat "$OUT/err")"
+j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=1 actor.use_kl_loss=true 2>"$OUT/err")
+r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ref_weights_bytes"] == 4 * d["n_params"] and d["ref_pass_bytes_per_step"] == 0)' 2>/dev/null)
+[[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true plain DP: reference weights not 4 × n_params: $(cat "$OUT/err")"
 $M plan --model examples/qwen3_30b_a3b actor.use_kl_loss=true | grep -q "KL reference policy" && ok || fail "plan table has no KL reference line"
 # interleaved 1F1B is planned (no longer refused): the micro-batch count is the pipeline's own
 # (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches, aiming at ≥ 64 tokens each, a

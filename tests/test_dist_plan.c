@@ -16,7 +16,10 @@
  * gradient all-reduces; the bucketed reducer over the stage or all trainers for DP, SP and a
  * replicated pipeline) and the optimizer step (par_adamw_step). Every micro-batch is full
  * (sequences of exactly the micro-batch token limit), the case plan's formulas are for.
- * Each step opens with the RL trainer's proximal-logprob pass (compute_logprobs).
+ * Each step opens with the RL trainer's proximal-logprob pass (compute_logprobs) and the KL reference's
+ * pass (trainer_ref_logprobs, the reference sharded as the actor by trainer_shard_ref): its logprobs
+ * equal the unsharded reference's (computed on each rank before the runtime exists), the floats it
+ * holds are the actor's (par_held_floats) and plan's, its traffic one logprob pass's.
  * Checks on every rank and step, against plan_traffic_rank for the rank's stage, Ulysses and FSDP rank:
  *   the bytes each group counted per operation (dist_comm_bytes, the reducer's raw payload,
  *   pp_stats.bytes_sent, the whole step's point-to-point on pp_comm) equal plan's, exactly; those of
@@ -115,6 +118,31 @@ static void reset_group_bytes(par_grid *g) {
 /* relative difference, for the 10% memory bar */
 static double rel(double got, double want) { return fabs(got - want) / fmax(fabs(want), 1e-30); }
 
+/* A forward-only logprob pass's bytes per group and operation (since the last reset_group_bytes) against
+ * plan_traffic_logprob's lt: 1 when equal (exact; the all-reduce volumes 2(n−1)/n·x may differ in the
+ * last bit). Prints the differences, and rank 0's rows at step 0. */
+static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, const char *what, int k) {
+    const double lg[6] = {dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER), dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL),
+                          dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL), dist_comm_bytes(g->sp_comm, DIST_OP_ALLREDUCE),
+                          pp ? dist_comm_bytes(g->pp_comm, DIST_OP_P2P) : 0,
+                          pp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0};
+    const double lw[6] = {lt->fsdp_allgather, lt->ep_alltoall, lt->sp_alltoall, lt->sp_logprob_allreduce,
+                          lt->pp_p2p_fwd_only, lt->pp_logprob_allreduce};
+    const char *ln[6] = {"FSDP all-gather", "EP all-to-all", "SP all-to-all", "SP logprob all-reduce", "PP p2p",
+                         "PP all-reduce"};
+    int ok = 1;
+    for (int i = 0; i < 6; i++) {
+        const int same = i == 3 || i == 5 ? rel(lg[i], lw[i]) < 1e-12 || lg[i] == lw[i] : lg[i] == lw[i];
+        if (!same) {
+            ok = 0;
+            printf("[rank %d] step %d %s: %s counted %.0f B, plan %.0f B\n", RANK, k, what, ln[i], lg[i], lw[i]);
+        }
+        if (k == 0 && RANK == 0 && (lg[i] > 0 || lw[i] > 0))
+            printf("  rank 0 %s %-21s counted %10.0f B  plan %10.0f B\n", what, ln[i], lg[i], lw[i]);
+    }
+    return ok;
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -158,13 +186,23 @@ int main(int argc, char **argv) {
     rcfg.use_kl_loss = 1;
     rcfg.ppo_max_token_len = MT;
     rcfg.optim = adamw_default_config();
+    rcfg.temperature = 1.0f;
     trainer kl_T;
     MOERL_ASSERT(trainer_init(&kl_T, &rcfg, NULL, &m) == MOERL_OK && kl_T.ref);
+    /* the unsharded reference's logprobs of every sequence (the whole model on this rank, no runtime): what
+     * the sharded reference must give */
+    float *want_ref[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) want_ref[s] = xcalloc((size_t)(MT - g_seqs[s].resp_start + 1), sizeof(float));
+    MOERL_ASSERT(compute_logprobs(kl_T.ref, &kl_T.acts, g_seqs, N_SEQ, MT, 1.0f, want_ref) == MOERL_OK);
     par_state ps;
     const int ok = par_state_init(&ps, g_ctx, kc, &m) == MOERL_OK;
     CHECK_R(ok, "par_state_init: %s", RANK, ok ? "" : moerl_last_error());
     if (!ok) return dist_test_finish(g_ctx);
+    /* the reference sharded as the actor, as src/rl/job_dist.c's trainer_par_setup does */
+    kl_T.par = &ps;
+    CHECK_R(trainer_shard_ref(&kl_T) == MOERL_OK, "trainer_shard_ref: %s", RANK, moerl_last_error());
     if (pp_repl && ps.pp) MOERL_ASSERT(pp_release_stage(ps.pp) == MOERL_OK); /* the whole model on every rank */
+    if (pp_repl && kl_T.ref_par && kl_T.ref_par->pp) MOERL_ASSERT(pp_release_stage(kl_T.ref_par->pp) == MOERL_OK);
     const int pp_owned = ps.pp && pp_is_owned(ps.pp);
     CHECK_R(!ps.pp || pp_owned == !pp_repl, "par_state_init builds a stage-owned pipeline", RANK);
     par_grid *g = ps.grid;
@@ -182,7 +220,8 @@ int main(int argc, char **argv) {
                      .dispatcher = (int)ps.cfg.dispatcher, .alltoall_max_ep = ps.cfg.alltoall_max_ep,
                      .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
                      .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1, .ref_model = 1,
-                     .logprob_passes = 1, .vpp = ps.pp ? pp_chunks(ps.pp) : 1};
+                     .logprob_passes = 1, .logprob_tokens = (int64_t)N_SEQ * MT, /* the reference pass's count */
+                     .vpp = ps.pp ? pp_chunks(ps.pp) : 1};
     const int gv = in.vpp;
     plan_traffic pt;
     plan_result pr;
@@ -193,6 +232,8 @@ int main(int argc, char **argv) {
     model_acts acts;
     MOERL_ASSERT(model_acts_init(&acts, &m, MT) == MOERL_OK);
     acts.par = &ps;
+    model_acts_free(&kl_T.acts); /* the trainer's arena is the actor's: the reference pass runs in it */
+    kl_T.acts = acts;
     adamw_config oc = adamw_default_config();
     oc.lr = 1e-3f;
     adamw_state os;
@@ -211,6 +252,7 @@ int main(int argc, char **argv) {
     /* the RL trainer's proximal-logprob pass (compute_logprobs, once per step before the training
      * passes): its traffic per group against plan_traffic_logprob */
     int lp_ok = 1, ref_ok = 1;
+    double ref_diff = 0; /* largest |sharded − unsharded| reference logprob on this rank */
     double resp_mine = 0;
     float *lp_buf[N_SEQ];
     for (int i = 0; i < n; i++) {
@@ -224,31 +266,11 @@ int main(int argc, char **argv) {
             CHECK_R(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine, &lt) ==
                         MOERL_OK, "plan_traffic_logprob: %s", RANK, moerl_last_error());
             MOERL_ASSERT(compute_logprobs(&m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
-            const double lg[6] = {dist_comm_bytes(g->fsdp_comm, DIST_OP_ALLGATHER),
-                                  dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL),
-                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL),
-                                  dist_comm_bytes(g->sp_comm, DIST_OP_ALLREDUCE),
-                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_P2P) : 0,
-                                  ps.pp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0};
-            const double lw[6] = {lt.fsdp_allgather, lt.ep_alltoall, lt.sp_alltoall, lt.sp_logprob_allreduce,
-                                  lt.pp_p2p_fwd_only, lt.pp_logprob_allreduce};
-            const char *ln[6] = {"FSDP all-gather", "EP all-to-all", "SP all-to-all", "SP logprob all-reduce",
-                                 "PP p2p", "PP all-reduce"};
-            for (int i = 0; i < 6; i++) {
-                /* exact, as below; the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
-                const int same = i == 3 || i == 5 ? rel(lg[i], lw[i]) < 1e-12 || lg[i] == lw[i] : lg[i] == lw[i];
-                if (!same) {
-                    lp_ok = 0;
-                    printf("[rank %d] step %d logprob pass: %s counted %.0f B, plan %.0f B\n", RANK, k, ln[i], lg[i],
-                           lw[i]);
-                }
-                if (k == 0 && RANK == 0 && (lg[i] > 0 || lw[i] > 0))
-                    printf("  rank 0 logprob pass %-21s counted %10.0f B  plan %10.0f B\n", ln[i], lg[i], lw[i]);
-            }
+            lp_ok &= logprob_pass_is_plans(g, ps.pp != NULL, &lt, "logprob pass", k);
         }
-        /* the KL reference pass right after it, as step_data_logprobs runs it: its own arena, no
-         * collective on any group (plan's ref_pass 0), the FSDP units the proximal pass left
-         * gathered are plan's ref_held */
+        /* the KL reference pass right after it, as step_data_logprobs runs it (trainer_ref_logprobs): the
+         * sharded reference in the actor's arena, the collectives of one logprob pass on the same groups
+         * (plan's ref_pass), the FSDP units the proximal pass left gathered are plan's ref_held */
         double held = 0;
         if (ps.fsdp) {
             fsdp_stats st;
@@ -256,28 +278,52 @@ int main(int argc, char **argv) {
             held = st.gathered_bytes;
         }
         if (g) reset_group_bytes(g);
-        model_acts ra;
-        MOERL_ASSERT(model_acts_init(&ra, kl_T.ref, MT) == MOERL_OK);
-        MOERL_ASSERT(compute_logprobs(kl_T.ref, &ra, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
-        dist_comm *cs[] = {g ? g->stage_comm : NULL, g ? g->pp_comm : NULL, g ? g->dp_comm : NULL,
-                           g ? g->sp_comm : NULL, g ? g->fsdp_comm : NULL, g ? g->replica_comm : NULL,
-                           g ? g->ep_comm : NULL, g ? g->ep_dp_comm : NULL, g ? g->ep_replica_comm : NULL};
-        double moved = 0; /* every group of the grid (plain DP has none: the reducer is idle here) */
-        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
-            for (int op = 0; op < DIST_OP_COUNT && cs[i]; op++) moved += dist_comm_bytes(cs[i], (dist_op)op);
-        /* exact: byte counts, whole-layout float counts and the arena's carve sizes are integers */
-        const double ref_w = (double)kl_T.ref->n_params * 4, ref_a = (double)model_acts_bytes(kl_T.ref, MT);
-        if (moved != pr.ref_pass || ref_w != pr.ref_weights || ref_a != pr.ref_acts || held != pr.ref_held) {
+        for (int i = 0; i < n; i++) memset(lp_buf[i], 0, (size_t)(mine[i].len - mine[i].resp_start) * sizeof(float));
+        MOERL_ASSERT(trainer_ref_logprobs(&kl_T, mine, n, lp_buf) == MOERL_OK);
+        /* the sharded reference's logprobs against the unsharded reference's (the same frozen weights) */
+        for (int i = 0, si = 0; i < n; i++) {
+            while (g_seqs[si].tokens != mine[i].tokens) si++;
+            for (int t = 0; t < mine[i].len - mine[i].resp_start; t++)
+                ref_diff = fmax(ref_diff, fabs((double)lp_buf[i][t] - (double)want_ref[si][t]));
+        }
+        /* its traffic: the proximal pass's counters and plan_traffic_logprob, per group and operation */
+        int traffic_same = 1;
+        if (g) {
+            plan_traffic lt;
+            MOERL_ASSERT(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine,
+                                              &lt) == MOERL_OK);
+            traffic_same = logprob_pass_is_plans(g, ps.pp != NULL, &lt, "KL reference pass", k);
+        }
+        /* exact: the floats a rank holds are integers; the reference's FSDP units are all released after
+         * its pass (par_release_gathered) */
+        const double ref_w = (double)par_held_floats(kl_T.ref_par, kl_T.ref) * 4,
+                     act_w = (double)par_held_floats(&ps, &m) * 4,
+                     ref_a = kl_T.ref_par && kl_T.ref_par->pp ? pp_slots_bytes(kl_T.ref_par->pp) : 0;
+        double ref_peak = 0, ref_now = 0;
+        if (kl_T.ref_par && kl_T.ref_par->fsdp) {
+            fsdp_stats st;
+            fsdp_get_stats(kl_T.ref_par->fsdp, &st);
+            ref_peak = st.peak_gathered_bytes;
+            ref_now = st.gathered_bytes;
+        }
+        /* plan's per-rank figures are the fullest stage's (pipeline), every rank's otherwise; the EP slice
+         * is plan's within the 10% bar, as the actor's parameters (its padding per local tensor) */
+        const int plan_rank = !ps.pp || stage == pr.fullest_stage;
+        const int w_same = ps.ep && !ps.fsdp ? rel(ref_w, pr.ref_weights) < 0.10 : ref_w == pr.ref_weights;
+        if (!traffic_same || ref_w != act_w || (plan_rank && (!w_same || ref_a != pr.ref_acts)) ||
+            held != pr.ref_held || ref_peak != pr.ref_gathered || ref_now != 0 ||
+            fabs(pr.ref_pass - pr.logprob_pass / in.logprob_passes) > 0) {
             ref_ok = 0;
-            printf("[rank %d] step %d KL reference: traffic %.0f B (plan %.0f), weights %.0f B (plan %.0f), "
-                   "arena %.0f B (plan %.0f), FSDP units held %.0f B (plan %.0f)\n", RANK, k, moved, pr.ref_pass,
-                   ref_w, pr.ref_weights, ref_a, pr.ref_acts, held, pr.ref_held);
+            printf("[rank %d] step %d KL reference: traffic %s plan's, weights %.0f B (actor %.0f, plan %.0f), "
+                   "slots %.0f B (plan %.0f), actor's FSDP units held %.0f B (plan %.0f), own peak gathered %.0f B "
+                   "(plan %.0f), still gathered %.0f B\n", RANK, k, traffic_same ? "=" : "!=", ref_w, act_w,
+                   pr.ref_weights, ref_a, pr.ref_acts, held, pr.ref_held, ref_peak, pr.ref_gathered, ref_now);
         }
         if (k == 0 && RANK == 0)
-            printf("  rank 0 KL reference: weights %.0f B (plan %.0f), arena %.0f B (plan %.0f), FSDP held %.0f B "
-                   "(plan %.0f), traffic %.0f B (plan %.0f)\n", ref_w, pr.ref_weights, ref_a, pr.ref_acts, held,
-                   pr.ref_held, moved, pr.ref_pass);
-        model_acts_free(&ra);
+            printf("  rank 0 KL reference: weights %.0f B of %.0f whole (plan %.0f), slots %.0f B (plan %.0f), FSDP "
+                   "held %.0f B (plan %.0f), own peak %.0f B (plan %.0f)\n", ref_w,
+                   (double)par_whole_params(kl_T.ref_par, kl_T.ref) * 4, pr.ref_weights, ref_a, pr.ref_acts, held,
+                   pr.ref_held, ref_peak, pr.ref_gathered);
         if (g) reset_group_bytes(g);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc.router_aux_loss_coef,
@@ -349,7 +395,33 @@ int main(int argc, char **argv) {
     CHECK_R(traffic_ok, "traffic per step equals plan's per group and operation (fsdp %d ep %d sp %d pp %d)", RANK,
             gfsdp, gep, gsp, gpp);
     CHECK_R(lp_ok, "the logprob pass's traffic equals plan's per group and operation", RANK);
-    CHECK_R(ref_ok, "the KL reference (actor.use_kl_loss): weights, arena, FSDP units held and traffic are plan's", RANK);
+    CHECK_R(ref_ok, "the KL reference (actor.use_kl_loss): held floats are the actor's and plan's, its slots, FSDP "
+            "units and traffic are plan's", RANK);
+    /* Tolerance: the sharded reference gathers (FSDP), exchanges (EP, Ulysses) and sends (pipeline) its fp32
+     * values unchanged, but the kernels run on other shapes than the whole model's on one rank — the grouped
+     * GEMM over the local experts' rows, attention over the local heads, a micro-batch's rows split — so
+     * the blocking and the order of fp32 sums differ: ~1e-7 relative per sum over H = 32 terms, compounded
+     * over 6 layers and the log-softmax over 64 logits. 1e-5 on logprobs of magnitude ~4 is ~20× that
+     * (observed: 0 with FSDP, Ulysses and the pipeline, 9.5e-7 with EP). */
+    {
+        double *all = xcalloc((size_t)T, sizeof(double)), worst = 0;
+        all[g_ctx->trainer_rank] = ref_diff;
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, all, T) == MOERL_OK);
+        for (int r = 0; r < T; r++) worst = fmax(worst, all[r]);
+        free(all);
+        CHECK_R(worst <= 1e-5, "the sharded KL reference's logprobs equal the unsharded reference's (max |diff| "
+                "%.3g over all ranks and both steps, tolerance 1e-5)", RANK, worst);
+        if (RANK == 0) printf("  KL reference: sharded vs unsharded logprobs max |diff| %.3g\n", worst);
+    }
+    {   /* the reference holds the sharded number of floats: the actor's (checked above), fewer than the whole
+         * model's whenever the layout shards parameters (FSDP, EP, pipeline) */
+        const size_t held = par_held_floats(kl_T.ref_par, kl_T.ref), whole = par_whole_params(kl_T.ref_par, kl_T.ref);
+        const int shards = ps.fsdp || ps.ep || (ps.pp && !pp_repl);
+        CHECK_R(shards ? held < whole : held == whole && !kl_T.ref_par == !par_active(&ps),
+                "the KL reference holds %zu of the whole model's %zu floats on this rank (sharded: %d)", RANK, held,
+                whole, shards);
+    }
+    for (int s = 0; s < N_SEQ; s++) free(want_ref[s]);
     for (int i = 0; i < n; i++) free(lp_buf[i]);
 
     /* memory: moerl's own accounting against plan's per-rank figures (the 10% bar of the brief) */
@@ -434,6 +506,8 @@ int main(int argc, char **argv) {
                           gep, gsp, gpp, gv, T, traffic_ok ? "equal" : "DIFFERENT", 100 * worst_mem);
     dist_reducer_free(red);
     model_acts_free(&acts);
+    memset(&kl_T.acts, 0, sizeof kl_T.acts); /* the actor's arena, freed just above */
+    trainer_unshard_ref(&kl_T); /* before the actor's runtime: its strategies borrow ps's grid */
     trainer_free(&kl_T);
     adamw_free(&os);
     par_state_free(&ps);

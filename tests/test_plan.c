@@ -262,8 +262,9 @@ static void test_limits_and_ref(void) {
     CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "ulysses_sequence_parallel_size (2)"));
     in.sp = 1;
     CK(plan_compute(&q, &in, &r) == MOERL_OK);
-    /* the KL reference: the whole padded layout on every rank, whatever the layout, its arena for a
-     * whole micro-batch over all layers, no traffic; the total grows by at least the weights */
+    /* the KL reference, sharded as the actor: FSDP's shard (fp32 whatever dtype), its own gathered units
+     * during its pass, which runs in the actor's arena and moves one logprob pass's bytes; the total grows
+     * by at least its weights */
     in.pp = 1;
     in.fsdp = 8;
     in.logprob_passes = 1;
@@ -271,9 +272,21 @@ static void test_limits_and_ref(void) {
     in.ref_model = 1;
     plan_result rk;
     CK(plan_compute(&q, &in, &rk) == MOERL_OK);
-    CK(r.ref_weights == 0 && rk.ref_weights == (double)rk.n_params * 4 && rk.ref_pass == 0);
-    CK(rk.ref_acts == plan_acts_bytes(&q, 4096, 0, 48, 0) && rk.ref_held > 0);
-    CK(rk.total >= r.total + rk.ref_weights && rk.per_step == r.per_step);
+    CK(r.ref_weights == 0 && rk.ref_weights == rk.weights / in.dtype_bytes * 4 &&
+       rk.ref_weights < (double)rk.n_params * 4 / 7 && rk.ref_pass == rk.logprob_pass && rk.ref_pass > 0);
+    CK(rk.ref_acts == 0 && rk.ref_held > 0 && rk.ref_gathered > 0);
+    CK(rk.total >= r.total + rk.ref_weights && rk.per_step == r.per_step + rk.ref_pass);
+    /* plain data parallelism: the whole padded layout, no collective */
+    in.fsdp = 1;
+    CK(plan_compute(&q, &in, &rk) == MOERL_OK);
+    CK(rk.ref_weights == (double)rk.n_params * 4 && rk.ref_pass == 0 && rk.ref_gathered == 0 && rk.ref_acts == 0);
+    /* a pipeline: the stage's range (+ tied copy), its own slots (one per chunk) */
+    in.pp = 2;
+    CK(plan_compute(&q, &in, &rk) == MOERL_OK);
+    CK(rk.ref_weights == rk.weights / in.dtype_bytes * 4 && rk.ref_weights < (double)rk.n_params * 4 &&
+       rk.ref_acts > 0 && rk.ref_pass > 0);
+    in.pp = 1;
+    in.ref_model = 0;
 }
 
 int main(void) {

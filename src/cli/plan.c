@@ -171,7 +171,8 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("gathered_low_bytes", r->gathered_low); R("acts_bytes", r->acts);
     R("acts_recompute_bytes", r->acts_recompute);
     I("ref_model", in->ref_model); R("ref_weights_bytes", r->ref_weights); R("ref_acts_bytes", r->ref_acts);
-    R("ref_held_bytes", r->ref_held); R("ref_pass_bytes_per_step", r->ref_pass); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
+    R("ref_held_bytes", r->ref_held); R("ref_gathered_bytes", r->ref_gathered);
+    R("ref_pass_bytes_per_step", r->ref_pass); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
     R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
     I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
     I("max_model_len", in->max_model_len);
@@ -227,10 +228,14 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
            gib(r->acts_recompute));
     if (in->ref_model) {
-        printf("| KL reference policy (actor.use_kl_loss: the whole model on every rank, unsharded) | %.3f |\n",
+        printf("| KL reference policy (actor.use_kl_loss: fp32, sharded as the actor's weights) | %.3f |\n",
                gib(r->ref_weights));
-        printf("| reference pass activations (whole micro-batch, all layers; only during that pass%s) | %.3f |\n",
-               r->ref_held > 0 ? ", beside the FSDP units the proximal pass left gathered" : "", gib(r->ref_acts));
+        if (r->ref_acts > 0)
+            printf("| reference pass activations (its pipeline's slots, one per chunk; only during that pass) | "
+                   "%.3f |\n", gib(r->ref_acts));
+        if (r->ref_gathered > 0)
+            printf("| reference pass all-gathered units (FSDP peak; only during that pass%s) | %.3f |\n",
+                   r->ref_held > 0 ? ", beside the units the proximal pass left gathered" : "", gib(r->ref_gathered));
     }
     printf("| **total** (no recompute / recompute) | **%.3f** / **%.3f** |\n", gib(r->total), gib(r->total_recompute));
     printf("rollout: %d device%s, %d per replica; %d sequence%s × %d tokens per replica; %s\n", in->n_rollout,
@@ -248,7 +253,7 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
         printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
                gib(r->logprob_pass));
     if (in->ref_model)
-        printf("| KL reference logprob pass (per step; runs locally on each rank, no collective) | | %.3f |\n",
+        printf("| KL reference logprob pass (per step: the collectives of one forward-only pass) | | %.3f |\n",
                gib(r->ref_pass));
     printf("| weight broadcast (per sync, every %d step%s) | %.3f | |\n", in->sync_every, moerl_plural(in->sync_every),
            gib(r->weight_bcast));

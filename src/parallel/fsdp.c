@@ -287,7 +287,9 @@ void fsdp_idle_pass(fsdp_state *fs, int backward) {
     fsdp_layer_event(fs, PAR_GRAD_READY, -1);
 }
 
-void fsdp_zero_grad(fsdp_state *fs) { memset(fs->g_shard, 0, fs->S * sizeof(float)); }
+void fsdp_zero_grad(fsdp_state *fs) {
+    if (fs->g_shard) memset(fs->g_shard, 0, fs->S * sizeof(float));
+}
 
 void fsdp_set_expert_groups(fsdp_state *fs, dist_comm *expert_replicas, dist_comm *ep) {
     fs->erep = expert_replicas;
@@ -422,7 +424,6 @@ int fsdp_gather_vec(fsdp_state *fs, const float *shard_vec, float *full) {
 /* ------------------------------------------------------------------ setup */
 
 fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) {
-    if (!m->grads) return moerl_errorf("fsdp: the model has no gradient buffer (an inference model)"), NULL;
     fsdp_state *fs = xcalloc(1, sizeof *fs);
     fs->m = m;
     fs->comm = shard;
@@ -471,10 +472,10 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
                                                    .decay = (t->flags & TF_DECAY) != 0};
     }
     fs->p_shard = xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float));
-    fs->g_shard = xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float));
+    fs->g_shard = m->grads ? xalloc_aligned((fs->S ? fs->S : 1) * sizeof(float)) : NULL; /* inference: none */
     fs->map_bytes = m->n_params * sizeof(float);
-    float *mp = moerl_map_sparse(fs->map_bytes), *mg = moerl_map_sparse(fs->map_bytes);
-    if (!mp || !mg) {
+    float *mp = moerl_map_sparse(fs->map_bytes), *mg = m->grads ? moerl_map_sparse(fs->map_bytes) : NULL;
+    if (!mp || (m->grads && !mg)) {
         if (mp) munmap(mp, fs->map_bytes);
         if (mg) munmap(mg, fs->map_bytes);
         free(fs->p_shard);
@@ -492,7 +493,7 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
     m->params = mp;
     m->grads = mg;
     model_views_for(m, m->params, &m->p);
-    model_views_for(m, m->grads, &m->g);
+    if (mg) model_views_for(m, m->grads, &m->g);
     return fs;
 }
 
@@ -504,11 +505,13 @@ void fsdp_state_free(fsdp_state *fs) {
     float *p = xalloc_aligned(m->n_params * sizeof(float));
     MOERL_ASSERT(fsdp_gather_vec(fs, fs->p_shard, p) == MOERL_OK);
     munmap(m->params, fs->map_bytes);
-    munmap(m->grads, fs->map_bytes);
     m->params = p;
-    m->grads = xalloc_aligned(m->n_params * sizeof(float));
     model_views_for(m, m->params, &m->p);
-    model_views_for(m, m->grads, &m->g);
+    if (fs->g_shard) { /* an inference model (no gradient buffer) stays one */
+        munmap(m->grads, fs->map_bytes);
+        m->grads = xalloc_aligned(m->n_params * sizeof(float));
+        model_views_for(m, m->grads, &m->g);
+    }
     free(fs->p_shard);
     free(fs->g_shard);
     free(fs->ranges);

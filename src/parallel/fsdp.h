@@ -42,7 +42,9 @@ typedef struct fsdp_state fsdp_state;
  * HSDP replicas (`replicas`, NULL or size 1 = none): copies this rank's shard out of m->params
  * (which must hold the whole model, identical on every rank), frees m's full buffers and puts
  * the sparse mappings in their place (views refreshed). The model, the groups and the state must
- * outlive each other until fsdp_state_free. Errors: m->grads NULL, mmap failing. */
+ * outlive each other until fsdp_state_free. An inference model (m->grads NULL, e.g. the KL
+ * reference of par_state_init_like) gets no gradient shard and runs forward passes only.
+ * Errors: mmap failing. */
 fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas);
 /* EP × FSDP (src/parallel/grid.h): m is one rank's expert slice (exec.ep_size), the shard group
  * holds the same experts. After this call fsdp_finish_grads sums the owned pieces of replicated

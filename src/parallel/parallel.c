@@ -12,6 +12,8 @@
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
 
+static int par_strategies_init(par_state *ps, moe_model *m);
+
 int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m) {
     par_config pc;
     memset(ps, 0, sizeof *ps);
@@ -45,10 +47,35 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
         memset(ps, 0, sizeof *ps);
         return MOERL_ERR;
     }
+    if (par_strategies_init(ps, m) != MOERL_OK) goto fail;
+    return MOERL_OK;
+fail:
+    par_state_free(ps);
+    return MOERL_ERR;
+}
+
+int par_state_init_like(par_state *ps, const par_state *like, moe_model *m) {
+    memset(ps, 0, sizeof *ps);
+    if (!par_active(like)) return MOERL_OK; /* replicated: m stays whole */
+    ps->ctx = like->ctx;
+    ps->cfg = like->cfg;
+    ps->grid = like->grid;
+    ps->grid_borrowed = 1;
+    if (par_strategies_init(ps, m) != MOERL_OK) {
+        par_state_free(ps);
+        return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+/* Each strategy's state over ps->grid for model m (a trainable model or an inference one): the body
+ * shared by par_state_init_cfg and par_state_init_like. On error the states built so far stay in ps
+ * for the caller's par_state_free. */
+static int par_strategies_init(par_state *ps, moe_model *m) {
     const par_grid *g = ps->grid;
     /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
      * the all-to-all capacity) by the micro-batch token limit of the command */
-    const int max_tokens = pc->max_tokens;
+    const int max_tokens = ps->cfg.max_tokens;
     /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
      * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */
     if (g->ep > 1 && g->fsdp > 1) {
@@ -78,7 +105,9 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
                          "actor.ulysses_sequence_parallel_size (%d) must be 1 with it", g->pp, g->fsdp, g->ep, g->sp);
             goto fail;
         }
-        ps->pp = pp_state_new(g, m, NULL);
+        pp_options po = pp_options_default();
+        po.quiet = ps->grid_borrowed; /* a second state on the grid (a reference): the partition is logged once */
+        ps->pp = pp_state_new(g, m, &po);
         if (!ps->pp) goto fail;
         /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
         if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
@@ -98,7 +127,6 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
     }
     return MOERL_OK;
 fail:
-    par_state_free(ps);
     return MOERL_ERR;
 }
 
@@ -118,11 +146,25 @@ void par_state_free(par_state *ps) {
     ps->pp = NULL;
     fsdp_state_free(ps->fsdp);
     ps->fsdp = NULL;
-    if (ps->grid) {
+    if (ps->grid && !ps->grid_borrowed) {
         par_grid_free(ps->grid);
         free(ps->grid);
     }
     memset(ps, 0, sizeof *ps);
+}
+
+size_t par_held_floats(const par_state *ps, const moe_model *m) {
+    if (ps && ps->fsdp) {
+        fsdp_stats st;
+        fsdp_get_stats(ps->fsdp, &st);
+        return st.shard_floats;
+    }
+    if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_held_floats(ps->pp);
+    return m->n_params;
+}
+
+void par_release_gathered(par_state *ps) {
+    if (ps && ps->fsdp) fsdp_release_all(ps->fsdp);
 }
 
 int par_acts_rows(const par_state *ps, int max_tokens) {

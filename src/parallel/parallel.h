@@ -50,6 +50,7 @@ typedef struct par_state {
     struct ep_state *ep;      /* NULL: every rank holds every expert */
     struct sp_state *sp;      /* NULL: whole sequences per rank */
     struct pp_state *pp;      /* NULL: one stage */
+    int grid_borrowed;        /* grid is another par_state's (par_state_init_like): not freed here */
 } par_state;
 
 /* Build the model-parallel runtime of a trainer rank (collective over the trainer ranks, in the same
@@ -62,6 +63,25 @@ typedef struct par_state {
 int par_state_init(par_state *ps, dist_ctx *ctx, const cfg *c, moe_model *m);
 /* The same from keys already read (par_read_keys), e.g. rl_config.par. */
 int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pc, moe_model *m);
+/* A second model on the grid of `like` (which must outlive ps): the same strategies as like's, built
+ * for m — e.g. the frozen KL reference of the RL trainer, an inference model (no gradient buffer),
+ * sharded as the actor is (verl's FSDP-sharded reference worker). m must hold the whole model (the
+ * same on every trainer rank) with the config like's model had before par_state_init (no
+ * exec.ep_size). Afterwards m holds what like's model holds per rank: FSDP its unit shards (gathered
+ * layer by layer in a pass whose model_acts.par is ps), expert parallelism its local experts (the
+ * model is re-made from the sliced config), a pipeline its stage's range; Ulysses SP has its own
+ * head-exchange buffers. like inactive (one rank, plain data parallel): ps zeroed, m unchanged (the
+ * whole model is right there). Collective over the trainer ranks like par_state_init, but opens no
+ * communicator (the grid's are shared: the two models' passes run one after the other, in the same
+ * order on every rank). Free with par_state_free BEFORE like. On error ps is left freed. */
+int par_state_init_like(par_state *ps, const par_state *like, moe_model *m);
+/* Parameter floats m holds on this rank under ps (FSDP: the owned unit shards, fsdp_stats.shard_floats;
+ * a stage-owned pipeline: pp_held_floats; otherwise m->n_params — under expert parallelism the local
+ * experts' layout). Not collective. */
+size_t par_held_floats(const par_state *ps, const moe_model *m);
+/* Give back the units a forward-only pass left gathered (FSDP: fsdp_release_all); no-op otherwise.
+ * Not collective. */
+void par_release_gathered(par_state *ps);
 /* Free the strategies (FSDP first gathers the whole model back into ordinary buffers of m on EVERY
  * trainer rank, so m is a plain model afterwards) and the grid. Collective like par_state_init.
  * A zeroed par_state is a no-op. */

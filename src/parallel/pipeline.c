@@ -1199,9 +1199,7 @@ void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, 
 
 int pp_own_stage(pp_state *s, moe_model *m) {
     if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
-    if (!m->params || !m->grads)
-        return moerl_errorf("pipeline: a stage-owned model needs parameters and a gradient buffer (an inference model "
-                            "was given)");
+    if (!m->params) return moerl_errorf("pipeline: a stage-owned model needs parameters (none were given)");
     s->st_lo = xmalloc((size_t)s->nv * sizeof(size_t));
     s->st_hi = xmalloc((size_t)s->nv * sizeof(size_t));
     pp_stage_ranges(m, s->bounds, s->nv, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
@@ -1228,8 +1226,9 @@ int pp_own_stage(pp_state *s, moe_model *m) {
     }
     s->r0[s->v] = nr;
     s->map_bytes = m->n_params * sizeof(float);
-    float *mp = moerl_map_sparse(s->map_bytes), *mg = moerl_map_sparse(s->map_bytes);
-    if (!mp || !mg) {
+    /* an inference model (no gradient buffer: the KL reference, par_state_init_like) stays one */
+    float *mp = moerl_map_sparse(s->map_bytes), *mg = m->grads ? moerl_map_sparse(s->map_bytes) : NULL;
+    if (!mp || (m->grads && !mg)) {
         if (mp) munmap(mp, s->map_bytes);
         if (mg) munmap(mg, s->map_bytes);
         return moerl_errorf("pipeline: cannot map %zu bytes of address space for the stage's parameters",
@@ -1244,7 +1243,7 @@ int pp_own_stage(pp_state *s, moe_model *m) {
     m->params = mp;
     m->grads = mg;
     model_views_for(m, m->params, &m->p);
-    model_views_for(m, m->grads, &m->g);
+    if (mg) model_views_for(m, m->grads, &m->g);
     s->own_m = m;
     return MOERL_OK;
 }
@@ -1259,11 +1258,13 @@ int pp_release_stage(pp_state *s) {
         return MOERL_ERR;
     }
     munmap(m->params, s->map_bytes);
-    munmap(m->grads, s->map_bytes);
     m->params = p;
-    m->grads = xalloc_aligned(m->n_params * sizeof(float));
     model_views_for(m, m->params, &m->p);
-    model_views_for(m, m->grads, &m->g);
+    if (m->grads) {
+        munmap(m->grads, s->map_bytes);
+        m->grads = xalloc_aligned(m->n_params * sizeof(float));
+        model_views_for(m, m->grads, &m->g);
+    }
     s->own_m = NULL;
     return MOERL_OK;
 }

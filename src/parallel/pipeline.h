@@ -263,7 +263,9 @@ void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, 
  * on every stage), free m's full buffers and put sparse mappings of the whole layout in their place
  * (views refreshed). Not collective. Until pp_release_stage (pp_state_free calls it) the model must
  * be used through the functions below and the pipeline's passes only: a whole-model forward on
- * this rank would read zeros. Errors: already owned, m without parameters or gradients, mmap failing. */
+ * this rank would read zeros. An inference model (m->grads NULL: the KL reference of
+ * par_state_init_like) keeps no gradients and runs the forward-only passes only. Errors: already
+ * owned, m without parameters, mmap failing. */
 int pp_own_stage(pp_state *s, moe_model *m);
 /* The whole model back in ordinary heap buffers of m on EVERY stage (grads zeroed); collective over
  * pp_comm. A replicated state: no-op. */

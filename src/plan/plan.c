@@ -788,7 +788,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
 
     /* the stage with the most bytes per rank (parameters, their state and activations) */
-    double best = -1;
+    double best = -1, ref_local = 0;
     int best_s = 0;
     for (int s = 0; s < in->pp; s++) {
         double d, e;
@@ -823,6 +823,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             best_s = s;
             o->fullest_stage = s;
             o->weights = (local + copy) * db;
+            ref_local = local + copy; /* the KL reference holds what the actor holds (par_state_init_like) */
             o->moments = local * 8;
             o->master = in->dtype_bytes == 2 ? local * 4 : 0;
             o->stage_layers = layers;
@@ -839,16 +840,33 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         }
     }
     o->grads = o->weights;
-    if (in->ref_model) { /* trainer.c's reference: the whole layout, and its pass's own arena for a whole micro-batch */
-        o->ref_weights = (double)o->n_params * sizeof(float); /* fp32 whatever actor.dtype: a copy of params */
-        o->ref_acts = plan_acts_bytes(c, x.N, 0, L, 0) * act_scale;
-        if (fsdp > 1 && in->logprob_passes > 0) { /* the proximal pass ran just before: its last region stays */
-            double held;
-            replay_rank(c, in->ep, fsdp, 0, 1, 0, NULL, NULL, &held);
+    /* micro-batches of a forward-only pass over the step's data on a rank (the proximal and reference passes) */
+    const int dp_lp = in->n_trainer / (in->pp * in->sp);
+    const double rank_tokens = (double)in->logprob_tokens / dp_lp, n_lp = ceil(rank_tokens / (double)in->micro_tokens);
+    if ((in->logprob_passes > 0 || in->ref_model) && n_lp > INT32_MAX)
+        return moerl_errorf("plan: the logprob pass's %.4g micro-batches on a rank (%lld tokens over %d data "
+                            "shards, actor.ppo_max_token_len_per_gpu %lld) exceed 2^31 − 1: lower "
+                            "actor.ppo_mini_batch_size, rollout.n or async_training.require_batches",
+                            n_lp, (long long)in->logprob_tokens, dp_lp, (long long)in->micro_tokens);
+    const int n_mb_lp = MOERL_MAX(1, (int)n_lp);
+    if (in->ref_model) { /* trainer.c's reference, sharded as the actor (trainer_shard_ref); its pass runs in the
+                          * actor's arena (trainer_ref_logprobs) */
+        o->ref_weights = ref_local * sizeof(float); /* fp32 whatever actor.dtype: a copy of params */
+        if (in->pp > 1) { /* its own pipeline's slots: one per chunk (a forward-only pass) */
+            double a1;
+            if (stage_acts(c, in->pp, x.v, best_s, 0, N, 0, &a1) != MOERL_OK) return MOERL_ERR;
+            o->ref_acts = a1 * act_scale;
+        }
+        if (fsdp > 1) {
+            double held = 0, peak;
+            if (in->logprob_passes > 0) /* the proximal pass ran just before: its last region stays */
+                replay_rank(c, in->ep, fsdp, 0, 1, 0, NULL, NULL, &held);
             o->ref_held = held * db;
+            replay_rank(c, in->ep, fsdp, 0, n_mb_lp, 0, NULL, &peak, NULL); /* the reference's own units */
+            o->ref_gathered = peak * sizeof(float);
         }
     }
-    const double live = MOERL_MAX(o->gathered, in->ref_model ? o->ref_acts + o->ref_held : 0);
+    const double live = MOERL_MAX(o->gathered, in->ref_model ? o->ref_acts + o->ref_held + o->ref_gathered : 0);
     o->total = o->weights + o->grads + o->master + o->moments + o->ref_weights + live + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
@@ -887,25 +905,18 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     }
     o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
                   in->updates_per_step;
-    if (in->logprob_passes > 0) { /* the proximal logprobs: one forward-only pass over the step's data */
-        const int dp = in->n_trainer / (in->pp * in->sp);
-        const double rank_tokens = (double)in->logprob_tokens / dp;
-        const double n_lp = ceil(rank_tokens / (double)in->micro_tokens);
-        if (n_lp > INT32_MAX)
-            return moerl_errorf("plan: the logprob pass's %.4g micro-batches on a rank (%lld tokens over %d data "
-                                "shards, actor.ppo_max_token_len_per_gpu %lld) exceed 2^31 − 1: lower "
-                                "actor.ppo_mini_batch_size, rollout.n or async_training.require_batches",
-                                n_lp, (long long)in->logprob_tokens, dp, (long long)in->micro_tokens);
-        const int n_mb = MOERL_MAX(1, (int)n_lp);
+    if (in->logprob_passes > 0 || in->ref_model) { /* forward-only passes over the step's data: the proximal
+                                                    * logprobs (logprob_passes) and the sharded reference's */
         plan_traffic tl;
-        if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb, rank_tokens * in->resp_fraction, &tl) != MOERL_OK)
+        if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb_lp, rank_tokens * in->resp_fraction, &tl) !=
+            MOERL_OK)
             return MOERL_ERR;
-        o->logprob_pass = in->logprob_passes * (tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall +
-                                                tl.sp_logprob_allreduce + tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce);
-        o->per_step += o->logprob_pass;
+        const double one = tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall + tl.sp_logprob_allreduce +
+                           tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce;
+        o->logprob_pass = in->logprob_passes * one;
+        o->ref_pass = in->ref_model ? one : 0; /* the same collectives on the same groups (test_dist_plan) */
+        o->per_step += o->logprob_pass + o->ref_pass;
     }
-    o->ref_pass = 0; /* the reference pass has no collective (plan.h); kept as a row so the claim is checked */
-    o->per_step += o->ref_pass;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
     return MOERL_OK;
 }

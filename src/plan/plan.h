@@ -68,9 +68,10 @@ typedef struct {
                                old logprobs; 0: none) */
     int64_t logprob_tokens; /* tokens (prompt + response) of the step's data, all ranks: step_tokens for one epoch */
     double resp_fraction;   /* response share of those tokens (the logprobs the pipeline sums onto every stage) */
-    int ref_model;          /* actor.use_kl_loss: the frozen reference policy of the k3 KL loss (trainer_init: a
-                               whole-model copy made before the model-parallel runtime, on every trainer rank, and
-                               a forward-only logprob pass over the rank's data each step, run locally) */
+    int ref_model;          /* actor.use_kl_loss: the frozen reference policy of the k3 KL loss (trainer_init's copy,
+                               sharded as the actor by trainer_shard_ref under model parallelism, and a
+                               forward-only logprob pass over the rank's data each step through its own
+                               strategies, in the actor's arena: trainer_ref_logprobs) */
     plan_pp_params pp_params; /* pipeline parameter layout (plan_pp_stage_params) */
     int vpp;                /* actor.virtual_pipeline_parallel_size: model chunks per stage (interleaved 1F1B; ≤ 1 =
                                plain 1F1B). The cut is into pp·v virtual stages, stage s holds chunks c = virtual
@@ -117,14 +118,20 @@ typedef struct {
                                     micro-batches (pp − stage, plan_pp_inflight); interleaved: Σ over the stage's
                                     chunks of pp_slots_needed's slots (pp_schedule's order) × the chunk's layers */
     double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
-    double ref_weights;          /* actor.use_kl_loss: the reference model, as trainer.c holds it: the whole padded
-                                    layout (n_params, never sharded: made before par_state_init) × dtype_bytes */
-    double ref_acts;             /* its pass's activation arena (step_data_logprobs: model_acts for micro_tokens, all
-                                    layers, not the Ulysses share), live only during the reference pass */
-    double ref_held;             /* FSDP units still gathered when the reference pass runs (after the proximal pass
-                                    of logprob_passes: the last forward region's units; fsdp_stats.gathered_bytes) */
+    double ref_weights;          /* actor.use_kl_loss: the reference model, as trainer.c holds it: what the actor's
+                                    parameters hold on the rank (FSDP's unit shards of the expert slice, the local
+                                    experts, the stage's range + a tied last stage's copy; the whole padded layout
+                                    with plain DP), in fp32 whatever dtype_bytes (× 4) */
+    double ref_acts;             /* its pass's activations beyond the actor's arena (which it runs in): a pipeline's
+                                    own slots, one per chunk (forward-only); 0 otherwise */
+    double ref_held;             /* the actor's FSDP units still gathered when the reference pass runs (after the
+                                    proximal pass of logprob_passes: the last forward region's; fsdp_stats.gathered_bytes) */
+    double ref_gathered;         /* FSDP: the reference's own peak of gathered units over its forward-only pass
+                                    (the replay of ⌈logprob_tokens/dp/micro_tokens⌉ passes from a cold start; fp32);
+                                    released after the pass */
     double total, total_recompute; /* weights + grads + master + moments + acts + ref_weights + the larger of
-                                    gathered (the update's peak) and ref_acts + ref_held (the reference pass) */
+                                    gathered (the update's peak) and ref_acts + ref_held + ref_gathered (the
+                                    reference pass) */
     /* per rollout device, bytes */
     double rollout_weights;      /* all parameters × dtype / rollout_tp */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
@@ -143,9 +150,9 @@ typedef struct {
                                     exchange (pp_p2p + pp_p2p_fwd_only + pp_p2p_emb of plan_traffic) */
     double logprob_pass;         /* the forward-only logprob pass of a trainer step (plan_traffic_logprob over the
                                     rank's ⌈logprob_tokens/dp/micro_tokens⌉ micro-batches), all groups, × logprob_passes */
-    double ref_pass;             /* actor.use_kl_loss: the reference logprob pass's traffic per step: 0 — the reference
-                                    runs the whole model on each rank (acts.par unset), no collective (test_dist_plan
-                                    checks every group's counters stay still) */
+    double ref_pass;             /* actor.use_kl_loss: the reference logprob pass's traffic per step: the sharded
+                                    reference runs the collectives of one forward-only logprob pass (those of
+                                    logprob_pass / logprob_passes) on the actor's groups; 0 with plain DP */
     double per_step;             /* sum of the above × updates_per_step, + logprob_pass + ref_pass */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */

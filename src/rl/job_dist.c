@@ -498,6 +498,7 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
     par_config pc = cfg->par;
     pc.max_tokens = cfg->ppo_max_token_len; /* EP / Ulysses buffers hold one micro-batch */
     CHECK_OK(par_state_init_cfg(T->par, ctx, &pc, m), "model parallelism");
+    CHECK_OK(trainer_shard_ref(T), "model parallelism"); /* the KL reference sharded as the actor */
     par_adamw_shard(T->par, m, &T->opt);
     if (par_acts_rows(T->par, cfg->ppo_max_token_len) != cfg->ppo_max_token_len) { /* SP share, pipeline slots */
         model_acts_free(&T->acts);
@@ -529,6 +530,9 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
     if (ctx->trainer_rank == 0 && g)
         log_info("trainer ranks: %d = pp %d × dp %d × sp %d; FSDP shard groups of %d (%d replica%s), EP %d",
                  D, g->pp, g->dp, g->sp, g->fsdp, g->replicas, g->replicas == 1 ? "" : "s", g->ep);
+    if (ctx->trainer_rank == 0 && T->ref_par)
+        log_info("KL reference sharded as the actor: %.1f MB on trainer rank 0 (the whole model: %.1f MB)",
+                 par_held_floats(T->ref_par, T->ref) * 4 / 1e6, par_whole_params(T->ref_par, T->ref) * 4 / 1e6);
 }
 
 /* The end of the trainer's work (collective): the reducer, the AdamW moments whole on trainer rank
@@ -559,6 +563,7 @@ static void trainer_par_free(trainer *T) {
     }
     const int max_tokens = T->cfg->ppo_max_token_len;
     const int resized = par_acts_rows(T->par, max_tokens) != max_tokens;
+    trainer_unshard_ref(T); /* the reference's strategies first: they borrow T->par's grid */
     par_state_free(T->par); /* the whole model back in m on every trainer rank */
     free(T->par);
     T->par = NULL;

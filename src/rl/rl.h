@@ -229,6 +229,8 @@ typedef struct {
     dist_ctx *dist;
     dist_grad_reducer *reducer;
     struct par_state *par;    /* the trainer rank's model-parallel runtime (parallel/parallel.h); NULL: none */
+    struct par_state *ref_par;/* the reference's strategies on par's grid (trainer_shard_ref): the reference is
+                                 sharded as the actor is; NULL: whole on the rank (one rank, plain DP) */
     int replication;          /* trainer ranks holding the same sequences (Ulysses SP: sp; else 1): what is
                                  computed from whole sequences is divided by it after the sum over ranks */
 } trainer;
@@ -284,6 +286,21 @@ int rollouter_in_flight(const rollouter *R);
 
 int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_model *m);
 void trainer_free(trainer *T);
+/* actor.use_kl_loss under model parallelism: shard the reference (whole on every rank so far: trainer_init's
+ * copy, or the state a follower received) as T->par shards the actor (par_state_init_like: FSDP unit
+ * shards gathered layer by layer in its pass, a pipeline stage's range, the local experts; Ulysses as the
+ * actor) — verl's reference worker is FSDP-sharded like the actor. Call after T->par is built, on every
+ * trainer rank (collective over them in par_state_init's order). No reference, or T->par inactive (one
+ * rank, plain data parallel): nothing to do, the whole model is the right layout there. */
+int trainer_shard_ref(trainer *T);
+/* Undo trainer_shard_ref: the whole reference back on every trainer rank (par_state_free; collective).
+ * Call before par_state_free(T->par). No-op without a sharded reference. */
+void trainer_unshard_ref(trainer *T);
+/* The reference's logprobs of the sequences' response tokens (out[i][k], as compute_logprobs) at the
+ * rollout temperature: a forward-only pass of T->ref in the actor's activation arena T->acts (the same
+ * config and rows; nothing of it is live between the trainer's passes), through T->ref_par when sharded
+ * (collective over its groups, as the actor's logprob pass), the FSDP units it gathered released after. */
+int trainer_ref_logprobs(trainer *T, const train_seq *seqs, int n, float **out);
 /* One trainer step over `n` groups (= required_samples): rewards, GRPO advantages, PPO
  * update(s) over require_batches mini-batches × ppo_epochs. = trainer_sample_stats + trainer_update
  * with each mini-batch (ppo_mini_batch_size consecutive groups) whole on this rank. */

@@ -32,12 +32,40 @@ int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_mod
 }
 
 void trainer_free(trainer *T) {
+    trainer_unshard_ref(T);
     adamw_free(&T->opt);
     model_acts_free(&T->acts);
     if (T->ref) {
         model_free(T->ref);
         free(T->ref);
     }
+}
+
+int trainer_shard_ref(trainer *T) {
+    if (!T->ref || T->ref_par || !par_active(T->par)) return MOERL_OK;
+    T->ref_par = xcalloc(1, sizeof *T->ref_par);
+    if (par_state_init_like(T->ref_par, T->par, T->ref) != MOERL_OK) {
+        free(T->ref_par);
+        T->ref_par = NULL;
+        return moerl_error_prefix("the KL reference (actor.use_kl_loss), sharded as the actor: ");
+    }
+    return MOERL_OK;
+}
+
+void trainer_unshard_ref(trainer *T) {
+    if (!T->ref_par) return;
+    par_state_free(T->ref_par);
+    free(T->ref_par);
+    T->ref_par = NULL;
+}
+
+int trainer_ref_logprobs(trainer *T, const train_seq *seqs, int n, float **out) {
+    struct par_state *actor = T->acts.par;
+    T->acts.par = par_active(T->ref_par) ? T->ref_par : NULL;
+    const int rc = compute_logprobs(T->ref, &T->acts, seqs, n, T->cfg->ppo_max_token_len, T->cfg->temperature, out);
+    T->acts.par = actor;
+    par_release_gathered(T->ref_par);
+    return rc;
 }
 
 typedef struct {
@@ -326,11 +354,7 @@ static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
     }
     if (T->ref) {
         d->ref = alloc_resp_arrays(d);
-        model_acts ra;
-        if (model_acts_init(&ra, T->ref, cfg->ppo_max_token_len) != MOERL_OK) return MOERL_ERR;
-        int e = compute_logprobs(T->ref, &ra, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->ref);
-        model_acts_free(&ra);
-        if (e != MOERL_OK) return MOERL_ERR;
+        if (trainer_ref_logprobs(T, d->seqs, d->R, d->ref) != MOERL_OK) return MOERL_ERR;
     }
     return MOERL_OK;
 }
