@@ -81,7 +81,8 @@ else fail "simulate --sweep into a real run's sub-folder: exit $rc, $(tail -c 20
 $M simulate --config $CFG trainer.default_local_dir="$OUT/short_mb" "${BASE[@]}" actor.ppo_max_token_len_per_gpu=64 \
     >/dev/null 2>"$OUT/short_mb.log"
 rc=$?
-if [[ $rc -eq 1 ]] && grep -qE "actor.ppo_max_token_len_per_gpu=64 is below one sequence: .* \+ data.max_response_length=96 = [0-9]+ tokens.*at least [0-9]+" "$OUT/short_mb.log"; then ok
+if [[ $rc -eq 1 ]] && grep -qE "actor.ppo_max_token_len_per_gpu=64 is below one sequence: .* \+ data.max_response_length=96 = [0-9]+ tokens.*at least [0-9]+" "$OUT/short_mb.log" \
+    && [[ ! -e "$OUT/short_mb" ]]; then ok  # the folder it made (with its generated data/) is removed
 else fail "simulate with actor.ppo_max_token_len_per_gpu below one sequence: exit $rc, $(tail -c 300 "$OUT/short_mb.log")"; fi
 
 # async: deterministic, consistent

@@ -113,7 +113,7 @@ typedef struct {
 /* A simulation writes metrics.jsonl, samples.jsonl and plots into its folder like a run, so never into
  * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
  * the folder is made and locked for this process (a live run's lock refuses it). */
-static int claim_folder(const char *dir) {
+static int claim_folder(const char *dir, cli_outdir *od) {
     static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint"};
     for (int i = 0; i < 3; i++) {
         char p[4200];
@@ -125,8 +125,7 @@ static int claim_folder(const char *dir) {
                                 "(trainer.default_local_dir=...)",
                                 dir, real[i]);
     }
-    if (moerl_mkdirs(dir) != MOERL_OK || moerl_lock_dir(dir) < 0) return MOERL_ERR;
-    return MOERL_OK;
+    return cli_outdir_open(od, dir);
 }
 
 static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
@@ -144,7 +143,8 @@ static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int pa
     su.n_rollout_replicas = n_roll_dev / su.rollout_tp;
     su.n_trainer = n_train;
     snprintf(rc.out_dir, sizeof rc.out_dir, "%s/%s", x->rc.out_dir, label);
-    if (claim_folder(rc.out_dir) != MOERL_OK) return MOERL_ERR;
+    cli_outdir od;
+    if (claim_folder(rc.out_dir, &od) != MOERL_OK) return MOERL_ERR;
     log_info("simulate %s: %d rollout device%s (%d replica%s), %d trainer device%s", label, n_roll_dev,
              moerl_plural(n_roll_dev), su.n_rollout_replicas, moerl_plural(su.n_rollout_replicas), n_train,
              moerl_plural(n_train));
@@ -292,6 +292,8 @@ int cmd_simulate(int argc, char **argv) {
         return 2;
     }
     int rc = 1;
+    int opened = 0;
+    cli_outdir od;
     moe_model tiny;
     memset(&tiny, 0, sizeof tiny);
     dataset train, test;
@@ -372,7 +374,8 @@ int cmd_simulate(int argc, char **argv) {
     if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                           "data.chat_template") != MOERL_OK)
         goto fail;
-    if (claim_folder(x.rc.out_dir) != MOERL_OK) goto fail;
+    if (claim_folder(x.rc.out_dir, &od) != MOERL_OK) goto fail;
+    opened = 1;
     if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&x.rc, &train, 0) != MOERL_OK) goto fail; /* one sequence per micro-batch at least */
     if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
@@ -393,6 +396,7 @@ int cmd_simulate(int argc, char **argv) {
     goto done;
 fail:
     cli_print_error("simulate", moerl_last_error());
+    if (opened) cli_outdir_abandon(&od); /* a folder this run made, holding only what setting up wrote */
 done:
     if (tiny.params) model_free(&tiny);
     dataset_free(&train);
