@@ -889,6 +889,31 @@ static void test_window(void) {
           "window of 1 schedule: bubble %g max %g wait %g m %g theory %g / %g", v[0], v[1], v[4], v[5], v[2], v[3]);
 }
 
+/* pp_window_over_replicas on dp 2 × pp 2 (4 ranks): replica d's window (1 schedule, T = 1 + d s, idle
+ * share 1/4, wait 1/8 s, 4 + 4d micro-batches, bubble_max 1/4 + d/8) summed over the stage's replicas
+ * on every rank — 2 schedules, T 3 s, idle 3/4 s, wait 1/4 s, 12 micro-batches, max 3/8 — exact binary
+ * fractions, compared exactly; with one pipeline (pp = world size) the window is unchanged. */
+static void test_window_replicas(int pp) {
+    par_grid g;
+    MOERL_ASSERT(grid_for(&g, pp) == MOERL_OK);
+    const int d = g.dp_rank;
+    pp_window w = {.schedules = 1, .stages = pp, .virtual_stages = 1, .step_s = 1.0 + d, .idle_s = 0.25 * (1.0 + d),
+                   .wait_s = 0.125, .bubble_max = 0.25 + 0.125 * d, .microbatches = 4 + 4 * d};
+    const pp_window before = w;
+    const int rc = pp_window_over_replicas(&w, g.stage_comm);
+    int ok = rc == MOERL_OK;
+    if (g.dp > 1)
+        ok = ok && w.schedules == 2 && w.step_s == 3.0 && w.idle_s == 0.75 && w.wait_s == 0.25 &&
+             w.microbatches == 12 && w.bubble_max == 0.375 && w.stages == pp;
+    else
+        ok = ok && !memcmp(&w, &before, sizeof w);
+    double all = ok;
+    dist_allreduce_sum(g_ctx, DIST_TRAINERS, &all, 1);
+    CHECK(all == g_ctx->world_size, "pipeline windows over %d replicas: schedules %d T %g idle %g wait %g m %g max %g",
+          g.dp, w.schedules, w.step_s, w.idle_s, w.wait_s, w.microbatches, w.bubble_max);
+    par_grid_free(&g);
+}
+
 /* Interleaved: a micro-batch count that is not a multiple of pp is refused on every stage, naming the
  * key, pp and the count needed; the dynamic count finds a multiple. */
 static void test_guard_interleaved(int pp) {
@@ -988,7 +1013,9 @@ int main(int argc, char **argv) {
         test_forward_only(P);
         test_owned(P, 0);
         test_owned(P, 1); /* tied embeddings: the first and last stage share the embedding */
+        test_window_replicas(P); /* one pipeline: unchanged */
         if (P == 4) {
+            test_window_replicas(2); /* dp 2 × pp 2 */
             test_forward_only(2);
             test_owned(2, 0);
         }

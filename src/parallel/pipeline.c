@@ -482,6 +482,28 @@ void pp_window_merge(pp_window *a, const pp_window *b) {
     a->microbatches += b->microbatches;
 }
 
+int pp_window_over_replicas(pp_window *w, dist_comm *stage_comm) {
+    const int D = stage_comm ? dist_comm_size(stage_comm) : 1;
+    if (D <= 1) return MOERL_OK;
+    /* the sums, then each replica's bubble_max in its own slot (−1: no schedule), one sum for all */
+    double *s = xcalloc((size_t)D + 5, sizeof(double));
+    s[0] = w->schedules, s[1] = w->step_s, s[2] = w->idle_s, s[3] = w->wait_s, s[4] = w->microbatches;
+    s[5 + dist_comm_rank(stage_comm)] = w->schedules ? w->bubble_max : -1.0;
+    const int rc = dist_comm_allreduce_f64(stage_comm, s, (size_t)D + 5);
+    if (rc == MOERL_OK) {
+        w->schedules = (int)llround(s[0]);
+        w->step_s = s[1];
+        w->idle_s = s[2];
+        w->wait_s = s[3];
+        w->microbatches = s[4];
+        double mx = -1.0;
+        for (int d = 0; d < D; d++) mx = fmax(mx, s[5 + d]);
+        if (w->schedules) w->bubble_max = mx;
+    }
+    free(s);
+    return rc;
+}
+
 void pp_window_add(pp_window *w, const pp_stats *st) {
     if (st->stages < 1) return; /* no schedule ran */
     const pp_window one = {.schedules = 1, .stages = st->stages, .virtual_stages = st->virtual_stages,

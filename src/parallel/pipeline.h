@@ -217,6 +217,12 @@ typedef struct {
 void pp_window_add(pp_window *w, const pp_stats *st);
 /* Add the schedules of b to a. */
 void pp_window_merge(pp_window *a, const pp_window *b);
+/* Combine the windows of the data-parallel replicas of a pipeline stage (collective over
+ * stage_comm, every member calling it once with its window; NULL or a one-rank comm: no-op): the
+ * schedules, times, idle and wait seconds and micro-batch counts summed over the replicas' pipelines,
+ * bubble_max their largest, so that dp × pp runs report every pipeline, not only the leader's.
+ * Errors: the collectives'. */
+int pp_window_over_replicas(pp_window *w, dist_comm *stage_comm);
 /* The keys of pp_metrics over w's K schedules: perf/pipeline_bubble = Σ idle / Σ T (idle time summed
  * over the schedules over their summed time, mean over stages: 1 − Σ_k busy_k / Σ_k T_k), _max (the
  * largest of one stage in one schedule), perf/pipeline_recv_wait = Σ wait / Σ T, perf/pipeline_microbatches

@@ -509,6 +509,9 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
  * gives NaN (null in the metrics) and a warning. */
 static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st) {
     if (trainers_sum(T, sums, 15) != MOERL_OK) return MOERL_ERR;
+    /* perf/pipeline_*: every data-parallel pipeline's schedules, not only this rank's */
+    if (T->par && T->par->pp && pp_window_over_replicas(&st->pp, T->par->grid->stage_comm) != MOERL_OK)
+        return MOERL_ERR;
     /* per-token sums (0–9) are split over a Ulysses group's ranks; the importance-weight statistics
      * and the FLOPs (10–14) come from whole sequences, present on each of its ranks */
     for (int k = 10; k < 15; k++) sums[k] /= T->replication;

@@ -447,6 +447,11 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
             int applied = so.applied;
             double dt = moerl_now() - t0;
             tokens_seen += (int64_t)so.tokens;
+            pp_window ppw = {0}; /* the step's schedules of every data-parallel pipeline (collective) */
+            if (R.ps && R.ps->pp) {
+                pp_window_add(&ppw, pp_last_stats(R.ps->pp));
+                if (pp_window_over_replicas(&ppw, R.ps->grid->stage_comm) != MOERL_OK) goto out;
+            }
             if (mw) {
                 const char *keys[] = {"train/loss", "train/ce_loss", "moe/aux_loss", "actor/grad_norm", "train/lr",
                                       "perf/throughput", "timing_s/step", "train/skipped_steps", "train/epoch"};
@@ -454,7 +459,7 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                 metrics_write(mw, step + 1, 9, keys, vals);
                 const char *pk[PP_N_METRICS];
                 double pv[PP_N_METRICS];
-                const int np = R.ps ? pp_metrics(R.ps->pp, pk, pv) : 0; /* perf/pipeline_bubble, ... */
+                const int np = pp_window_metrics(&ppw, pk, pv); /* perf/pipeline_bubble, ... */
                 if (np) metrics_write(mw, step + 1, np, pk, pv);
             }
             if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total &&
