@@ -65,9 +65,17 @@ same_samples sync sync
 mkdir -p "$OUT/realrun/checkpoint" && echo '{"step": 1}' >"$OUT/realrun/metrics.jsonl"
 $M simulate --config $CFG trainer.default_local_dir="$OUT/realrun" "${BASE[@]}" >/dev/null 2>"$OUT/into_real.log"
 rc=$?
-if [[ $rc -ne 0 ]] && grep -q "holds a real run (checkpoint/)" "$OUT/into_real.log" &&
+if [[ $rc -ne 0 ]] && grep -q "holds a real run (checkpoint)" "$OUT/into_real.log" &&
     [[ $(cat "$OUT/realrun/metrics.jsonl") == '{"step": 1}' ]]; then ok
 else fail "simulate into a real run's folder: exit $rc, $(tail -c 200 "$OUT/into_real.log")"; fi
+# a real run without a checkpoint (trainer.save_freq=-1) is known by its run.log, which a simulation
+# never writes: refused, untouched
+mkdir -p "$OUT/realnockpt" && echo '{"step": 1}' >"$OUT/realnockpt/metrics.jsonl" && echo log >"$OUT/realnockpt/run.log"
+$M simulate --config $CFG trainer.default_local_dir="$OUT/realnockpt" "${BASE[@]}" >/dev/null 2>"$OUT/into_real2.log"
+rc=$?
+if [[ $rc -ne 0 ]] && grep -q "holds a real run (run.log)" "$OUT/into_real2.log" &&
+    [[ $(cat "$OUT/realnockpt/metrics.jsonl") == '{"step": 1}' ]]; then ok
+else fail "simulate into a real run without a checkpoint: exit $rc, $(tail -c 200 "$OUT/into_real2.log")"; fi
 # --sweep writes one folder per setting (sync/, async_s0.3_partial_on/, ...): a real run in one of them too
 mkdir -p "$OUT/realsweep/sync/checkpoint" && echo '{"step": 1}' >"$OUT/realsweep/sync/metrics.jsonl"
 $M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/realsweep" "${BASE[@]}" >/dev/null 2>"$OUT/sweep_real.log"
@@ -91,6 +99,13 @@ S=(--config $CFG trainer.resume_mode=disable trainer.total_training_steps=8 asyn
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a1" >"$OUT/a1.json" 2>/dev/null || fail "async simulate failed"
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a2" >"$OUT/a2.json" 2>/dev/null || fail "async simulate failed"
 cmp -s "$OUT/a1.json" "$OUT/a2.json" && ok || fail "two async simulations of the same seed differ"
+# the other way round: moerl rl refuses a simulation's folder (its SIMULATION marker), leaving it untouched
+cp "$OUT/a1/metrics.jsonl" "$OUT/a1_metrics.before"
+$M rl --config $CFG trainer.default_local_dir="$OUT/a1" "${BASE[@]}" >/dev/null 2>"$OUT/rl_into_sim.log"
+rc=$?
+if [[ $rc -eq 1 ]] && [[ -f "$OUT/a1/SIMULATION" ]] && grep -q "holds a simulation (SIMULATION" "$OUT/rl_into_sim.log" &&
+    cmp -s "$OUT/a1/metrics.jsonl" "$OUT/a1_metrics.before"; then ok
+else fail "rl into a simulation's folder: exit $rc, $(tail -c 200 "$OUT/rl_into_sim.log")"; fi
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a3" async_training.partial_rollout=false >"$OUT/a3.json" 2>/dev/null || fail "simulate partial off failed"
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a4" async_training.staleness_threshold=0 >"$OUT/a4.json" 2>/dev/null || fail "simulate s=0 failed"
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a5" sim.rollout_devices=3 >"$OUT/a5.json" 2>/dev/null || fail "simulate 3 rollout devices failed"

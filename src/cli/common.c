@@ -469,7 +469,7 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 
 void cli_outdir_abandon(const cli_outdir *o) {
     if (!o->top[0]) return;
-    static const char *setup_only[] = {".moerl.lock", "config.yaml", "data", "run.log"};
+    static const char *setup_only[] = {".moerl.lock", "config.yaml", "data", "run.log", CLI_SIMULATION_MARKER};
     DIR *d = opendir(o->dir);
     if (!d) return;
     struct dirent *e;

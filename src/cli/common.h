@@ -53,6 +53,12 @@ int cli_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_te
 
 /* ---- the output folder of a run (rl, sft) ---- */
 
+/* The file `moerl simulate` leaves in every folder it writes (metrics.jsonl, samples.jsonl and plots
+ * like a run's): `moerl rl` refuses such a folder unless told to overwrite it, and simulate refuses a
+ * folder holding a real run (its checkpoints or its run.log, which a simulation never writes). */
+#define CLI_SIMULATION_MARKER "SIMULATION"
+
+
 typedef struct {
     char dir[4096];
     char top[4096]; /* the highest folder this run created ("" when dir existed already) */

@@ -62,6 +62,13 @@ static int rl_check_out_dir(const cfg *c, const rl_config *rc) {
                             "the folder's run: set trainer.resume_mode=disable to start anew, or drop "
                             "trainer.overwrite_output_dir to continue");
     if (cli_outdir_check_subdirs(rc->out_dir, k_run_dirs, 4) != MOERL_OK) return MOERL_ERR;
+    char sim[4200];
+    snprintf(sim, sizeof sim, "%s/%s", rc->out_dir, CLI_SIMULATION_MARKER);
+    if (!overwrite && access(sim, F_OK) == 0)
+        return moerl_errorf("output folder '%s' holds a simulation (%s, written by moerl simulate): a run would "
+                            "overwrite its metrics.jsonl and samples.jsonl; choose another trainer.default_local_dir, "
+                            "or replace it with trainer.resume_mode=disable trainer.overwrite_output_dir=true",
+                            rc->out_dir, CLI_SIMULATION_MARKER);
     if (rc->resume_auto) { /* the resume reads checkpoint/: it must be an RL run's (job_load_checkpoint checks again) */
         char st[4200], st_old[4200], w[4200], idx[4200];
         snprintf(st, sizeof st, "%s/checkpoint/trainer_state.json", rc->out_dir);
@@ -118,9 +125,11 @@ static int rl_clear_previous_run(const char *dir) {
         if (unlink(p) != 0 && errno != ENOENT)
             return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
     }
-    snprintf(p, sizeof p, "%s/run.log", dir);
-    if (unlink(p) != 0 && errno != ENOENT)
-        return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, i ? CLI_SIMULATION_MARKER : "run.log");
+        if (unlink(p) != 0 && errno != ENOENT)
+            return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+    }
     log_info("trainer.overwrite_output_dir: deleted the previous run's checkpoints and logs in %s", dir);
     return MOERL_OK;
 }

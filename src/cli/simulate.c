@@ -114,18 +114,23 @@ typedef struct {
  * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
  * the folder is made and locked for this process (a live run's lock refuses it). */
 static int claim_folder(const char *dir, cli_outdir *od) {
-    static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint"};
-    for (int i = 0; i < 3; i++) {
+    static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint", "run.log"};
+    for (int i = 0; i < 4; i++) {
         char p[4200];
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, real[i]);
         if (stat(p, &st) == 0)
-            return moerl_errorf("%s holds a real run (%s/): a simulation would overwrite its metrics.jsonl, "
+            return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl, "
                                 "samples.jsonl and config; give the simulation its own folder "
                                 "(trainer.default_local_dir=...)",
                                 dir, real[i]);
     }
-    return cli_outdir_open(od, dir);
+    if (cli_outdir_open(od, dir) != MOERL_OK) return MOERL_ERR;
+    char m[4200];
+    snprintf(m, sizeof m, "%s/%s", dir, CLI_SIMULATION_MARKER);
+    static const char note[] = "written by moerl simulate: this folder holds a simulation, not a run "
+                               "(moerl rl refuses it unless trainer.overwrite_output_dir=true)\n";
+    return moerl_write_file_atomic(m, note, sizeof note - 1);
 }
 
 static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
