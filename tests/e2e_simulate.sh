@@ -194,5 +194,11 @@ rc=$?
 if [[ $rc -eq 0 ]] && grep -q "WARN.*makes 1 parameter version " "$OUT/sweep1v.log" &&
     grep -q "^Warning: 1 parameter version in this run" "$OUT/sweep1v.md"; then ok
 else fail "simulate --sweep with one version: exit $rc, no warning: $(tail -c 300 "$OUT/sweep1v.log")"; fi
+# 3 steps at a sync every 2 make 2 versions (the last window is shorter): no warning
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/sweep2v" "${BASE[@]}" trainer.total_training_steps=3 \
+    async_training.trigger_parameter_sync_step=2 >"$OUT/sweep2v.md" 2>"$OUT/sweep2v.log"
+rc=$?
+if [[ $rc -eq 0 ]] && ! grep -q "parameter version" "$OUT/sweep2v.log" "$OUT/sweep2v.md"; then ok
+else fail "simulate --sweep with 2 versions (3 steps, sync every 2): exit $rc, $(grep -h "parameter version" "$OUT/sweep2v.log" | head -c 300)"; fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -171,14 +171,16 @@ static const char k_sweep_gp[] =
     "     data index 1 using 1:4 with linespoints lw 2 pt 6 title 'trainer idle'\n"
     "unset multiplot\n";
 
-/* Parameter versions the swept run makes (job_plan's step count over trigger_parameter_sync_step):
+/* Parameter versions the swept run makes (job_plan's step count over trigger_parameter_sync_step,
+ * rounded up):
  * with one, no sample can be older than the weights, so the staleness rows cannot differ. */
 static int64_t sweep_versions(const sim_ctx *x) {
     const rl_config *rc = &x->rc;
     const int64_t req = (int64_t)rc->ppo_mini_batch_size * rc->require_batches;
     const int64_t steps = rc->total_training_steps > 0 ? rc->total_training_steps
                                                        : (int64_t)rc->total_epochs * dataset_count(x->train) / req;
-    return rc->trigger_parameter_sync_step > 0 ? steps / rc->trigger_parameter_sync_step : steps;
+    const int64_t t = rc->trigger_parameter_sync_step > 0 ? rc->trigger_parameter_sync_step : 1;
+    return (steps + t - 1) / t; /* a last, shorter window still makes a version */
 }
 
 static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
