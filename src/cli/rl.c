@@ -339,8 +339,10 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (!(r->ppo.behav_imp_weight_cap > 0) || !isfinite(r->ppo.behav_imp_weight_cap))
         return moerl_errorf("actor.behav_imp_weight_cap must be a finite number > 0, got %g",
                             (double)r->ppo.behav_imp_weight_cap);
-    if (!isfinite(r->entropy_coeff) || !(r->kl_loss_coef >= 0) || !isfinite(r->kl_loss_coef))
-        return moerl_errorf("actor.entropy_coeff must be finite and actor.kl_loss_coef finite and ≥ 0");
+    if (!isfinite(r->entropy_coeff))
+        return moerl_errorf("actor.entropy_coeff must be a finite number, got %g", (double)r->entropy_coeff);
+    if (!(r->kl_loss_coef >= 0) || !isfinite(r->kl_loss_coef))
+        return moerl_errorf("actor.kl_loss_coef must be a finite number ≥ 0, got %g", (double)r->kl_loss_coef);
     if (r->total_training_steps < 0) return moerl_errorf("trainer.total_training_steps must be ≥ 0 (0 = from total_epochs)");
     if (r->total_epochs < 1) return moerl_errorf("trainer.total_epochs must be ≥ 1, got %d", r->total_epochs);
     if (r->val_n < 0) return moerl_errorf("trainer.val_n must be ≥ 0 (0 = no eval), got %d", r->val_n);
