@@ -253,10 +253,13 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r);
 void rl_prompt_lengths(const dataset *train, int *shortest, int *longest);
 int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline);
 /* Bounds [*k_lo, *k_hi] on the groups one of D shards gets when G groups, each costing between
- * cmin and cmax tokens, are dealt largest first onto the least-loaded shard (rl_split_minibatch):
- * the shards' loads end within cmax of each other (a shard's last group went to it while it was the
- * least loaded), so a load lies in [(total − (D − 1)·cmax) / D, (total + (D − 1)·cmax) / D] with
- * G·cmin ≤ total ≤ G·cmax, and k in [load / cmax, load / cmin]. D ≤ 1: exactly G. */
+ * cmin and cmax tokens, are dealt largest first onto the least-loaded shard (rl_split_minibatch).
+ * When shard i took its last group (≤ cmax) it was the least loaded, so every shard ends with a load
+ * ≥ (k_i − 1)·cmin; a shard with k groups has a load in [k·cmin, k·cmax], and of the other D − 1 one
+ * has ≥ ⌈(G − k)/(D − 1)⌉ groups and one ≤ ⌊(G − k)/(D − 1)⌋: k is kept when
+ * k·cmax ≥ (⌈(G − k)/(D − 1)⌉ − 1)·cmin and (k − 1)·cmin ≤ ⌊(G − k)/(D − 1)⌋·cmax, and
+ * G − (D − 1)·k_hi ≤ k ≤ G − (D − 1)·k_lo. Every count the split makes for costs in [cmin, cmax]
+ * lies in the range (tests/test_wire.c checks it against the split). D ≤ 1: exactly G. */
 void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k_hi);
 
 int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,

@@ -29,14 +29,21 @@ void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k
         *k_lo = *k_hi = MOERL_MAX(G, 0);
         return;
     }
-    /* a shard's load is ≥ (total − (D − 1)·cmax) / D, and ≤ (total + (D − 1)·cmax) / D */
-    const double lo_load = ((double)G * (double)cmin - (double)(D - 1) * (double)cmax) / D;
-    const double hi_load = ((double)G * (double)cmax + (double)(D - 1) * (double)cmax) / D;
-    int lo = lo_load > 0 ? (int)MOERL_MIN((double)G, ceil(lo_load / (double)cmax)) : 0;
-    int hi = cmin > 0 ? (int)MOERL_MIN((double)G, floor(hi_load / (double)cmin)) : G;
-    hi = MOERL_MIN(hi, G - (D - 1) * lo);
+    cmin = MOERL_MAX((int64_t)0, MOERL_MIN(cmin, cmax));
+    /* when shard i took its last group (cost c_i) it was the least loaded, so every shard j ends with
+     * load_j ≥ load_i − c_i ≥ (k_i − 1)·cmin. A shard with k groups has a load in [k·cmin, k·cmax];
+     * of the other D − 1 shards, one has ≥ ⌈(G − k)/(D − 1)⌉ groups and one ≤ ⌊(G − k)/(D − 1)⌋.
+     * k is possible only if k·cmax ≥ (⌈(G − k)/(D − 1)⌉ − 1)·cmin (the fullest other shard took its
+     * last group while no fuller than this one) and (k − 1)·cmin ≤ ⌊(G − k)/(D − 1)⌋·cmax (the same
+     * for this shard against the emptiest other). Both tests are monotone in k. */
+    int lo = 0, hi = G;
+    while (lo < G && (int64_t)lo * cmax < (int64_t)((G - lo + D - 2) / (D - 1) - 1) * cmin) lo++;
+    while (hi > lo && (int64_t)(hi - 1) * cmin > (int64_t)((G - hi) / (D - 1)) * cmax) hi--;
+    /* every shard gets between lo and hi groups, so none gets more than G − (D − 1)·lo */
+    hi = MOERL_MAX(lo, MOERL_MIN(hi, G - (D - 1) * lo));
+    lo = MOERL_MIN(hi, MOERL_MAX(lo, G - (D - 1) * hi));
     *k_lo = lo;
-    *k_hi = MOERL_MAX(hi, lo);
+    *k_hi = hi;
 }
 
 /* The first per-pipeline group count k in [k_lo, k_hi] (k ≥ 1) whose k·g sequences of up to L tokens
@@ -100,7 +107,7 @@ int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline
     char why[200], vkey[64] = "";
     if (v > 1) snprintf(vkey, sizeof vkey, " with actor.virtual_pipeline_parallel_size=%d", v);
     if (n < pp)
-        snprintf(why, sizeof why, "%d sequences make at most %d micro-batches, fewer than the %d stages", n, n, pp);
+        snprintf(why, sizeof why, "at most %d micro-batch%s, fewer than the %d stages", n, n == 1 ? "" : "es", pp);
     else if ((n + per - 1) / per == n)
         snprintf(why, sizeof why, "%d micro-batches (one sequence of %d tokens per micro-batch), not a multiple of %d",
                  n, L, pp);
@@ -111,8 +118,9 @@ int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline
                         "a pipeline can get %d group%s of rollout.n=%d responses (actor.ppo_mini_batch_size=%d prompts "
                         "split by tokens over %d data-parallel pipeline%s), and with sequences of up to %d tokens (the "
                         "longest prompt of %s, %d tokens, + data.max_response_length=%d) and "
-                        "actor.ppo_max_token_len_per_gpu=%d its %d sequences make %s. Would work: %s",
+                        "actor.ppo_max_token_len_per_gpu=%d its %d sequence%s make%s %s. Would work: %s",
                         pp, vkey,
                         bad, bad == 1 ? "" : "s", g, G, D, D == 1 ? "" : "s", L, file, longest,
-                        r->max_response_length, r->ppo_max_token_len, n, why, fix[0] ? fix : "a larger rollout.n");
+                        r->max_response_length, r->ppo_max_token_len, n, moerl_plural(n), n == 1 ? "s" : "", why,
+                        fix[0] ? fix : "a larger rollout.n");
 }
