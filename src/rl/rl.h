@@ -252,6 +252,23 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r);
  * of a mini-batch: all of them with one data shard; else rl_shard_groups' bounds. */
 void rl_prompt_lengths(const dataset *train, int *shortest, int *longest);
 int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline);
+/* The pipeline's side of an update's sizes, shared by moerl rl (rl_check_update_sizes, from the data)
+ * and moerl plan (plan_check, from the length keys). */
+typedef struct {
+    int groups;         /* GRPO groups (prompts) per optimizer update: actor.ppo_mini_batch_size */
+    int group_size;     /* sequences per group: rollout.n; a group never splits across pipelines */
+    int pipelines;      /* data-parallel pipelines the groups are split over (trainer.n_ranks / pp / sp) */
+    int pp, vpp;        /* actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size (≤ 1: plain) */
+    int min_seq_tokens; /* the fewest tokens a sequence can have (its prompt; a response may be short) */
+    int seq_tokens;     /* the most tokens a sequence can have (prompt + data.max_response_length) */
+    int max_tokens;     /* actor.ppo_max_token_len_per_gpu (≥ seq_tokens) */
+    const char *seq_tokens_src; /* where seq_tokens comes from, for the message ("the longest prompt of …") */
+} rl_pp_sizes;
+/* Refuses (MOERL_ERR, naming the keys and values that would work) when some group count k a pipeline
+ * can get — rl_shard_groups with group costs in [group_size·min_seq_tokens, group_size·seq_tokens] —
+ * has k·group_size sequences of seq_tokens tokens the schedule cannot split into an allowed
+ * micro-batch count (pp_count_allowed); MOERL_OK otherwise, and always with pp ≤ 1. */
+int rl_check_pipeline_groups(const rl_pp_sizes *z);
 /* Bounds [*k_lo, *k_hi] on the groups one of D shards gets when G groups, each costing between
  * cmin and cmax tokens, are dealt largest first onto the least-loaded shard (rl_split_minibatch).
  * When shard i took its last group (≤ cmax) it was the least loaded, so every shard ends with a load
