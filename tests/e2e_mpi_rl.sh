@@ -646,6 +646,20 @@ if mpi_rl ppcount_ok 3 2 model.num_hidden_layers=4 actor.pipeline_parallel_size=
     if [[ $m == "2 " ]]; then ok "pp 2 x v 2, 3 sequences per update: runs as 2 micro-batches"
     else bad "pp 2 x v 2, 3 sequences per update" "micro-batch counts '$m', expected 2"; fi
 else bad "pp 2 x v 2, 3 sequences per update" "exit $?"; tail_log ppcount_ok; fi
+# rl_shard_groups' bound with mixed prompt lengths: 8 one-sequence groups, one prompt of 79 tokens and seven
+# of 31, over dp 2 x pp 2 with 90 tokens per micro-batch (one sequence each). A pipeline with one group would
+# leave the other 7 groups (≥ 7 x 31 tokens) against its ≤ 87, which the largest-first split never does: each
+# pipeline gets ≥ 2 sequences, ≥ 2 micro-batches. Once refused ("a pipeline can get 1 group"); now it runs.
+short_row='{"data_source": "arith", "prompt": [{"role": "user", "content": "Compute 1+2."}], "reward_model": {"style": "rule", "ground_truth": "3"}}'
+long_row='{"data_source": "arith", "prompt": [{"role": "user", "content": "'"$(printf 'Compute 1+2 %.0s' 1 2 3 4 5)"'"}], "reward_model": {"style": "rule", "ground_truth": "3"}}'
+printf '%s\n' "$long_row" "$short_row" "$short_row" "$short_row" "$short_row" "$short_row" "$short_row" "$short_row" \
+    >"$WORK/mixed_rows.jsonl"
+printf '%s\n' "$short_row" "$short_row" >"$WORK/mixed_val.jsonl"
+if mpi_rl mixed_len 5 4 data.task= data.train_files="$WORK/mixed_rows.jsonl" data.val_files="$WORK/mixed_val.jsonl" \
+    model.num_hidden_layers=4 actor.pipeline_parallel_size=2 rollout.n=1 actor.ppo_mini_batch_size=8 \
+    actor.ppo_max_token_len_per_gpu=90 trainer.total_training_steps=2; then
+    ok "dp 2 x pp 2, one long prompt in 8: not refused (each pipeline gets 2 or more groups), runs"
+else bad "dp 2 x pp 2 with mixed prompt lengths" "exit $?"; tail_log mixed_len; fi
 # configuration errors
 "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$WORK/nompi" trainer.n_ranks=2 \
     >"$WORK/nompi.log" 2>&1

@@ -36,7 +36,7 @@ $M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipel
 for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_seqs=-5:rollout.max_num_seqs" \
     "trainer.n_ranks=6 actor.ulysses_sequence_parallel_size=3:ulysses_sequence_parallel_size" \
     "data.max_response_length=2147483000 data.max_prompt_length=1000:32-bit" \
-    "actor.ppo_max_token_len_per_gpu=527:actor.ppo_max_token_len_per_gpu=527 is below one sequence: data.max_prompt_length + data.max_response_length = 512 + 16 = 528 tokens, .* at least 528"; do
+    "actor.ppo_max_token_len_per_gpu=527:actor.ppo_max_token_len_per_gpu=527 is below one sequence: data.max_prompt_length unset (0 = no limit in rl; plan assumes 512) + data.max_response_length=16 = 528 tokens, .* at least 528"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
     $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
@@ -94,6 +94,31 @@ $M plan >/dev/null 2>&1
 [[ $? -eq 2 ]] && ok || fail "plan without --model/--config should be a usage error (exit 2)"
 $M plan --model examples/qwen3_30b_a3b | grep -q "KV cache" && ok || fail "plan table has no KV cache line"
 
+# --- whole GRPO groups per data-parallel pipeline (rl_check_pipeline_groups, shared with moerl rl): dp 2 × pp 2
+# with 41-token sequences. (a) 3 groups of 3 over 2 pipelines: one gets 1 group, 3 sequences of 41 tokens one per
+# micro-batch, odd for interleaving; (b) one sequence per update: a pipeline gets 1 or 0, below 2 stages; (c) one
+# group of 3, 82 tokens per micro-batch: a pipeline gets 3 sequences (2 or 3 micro-batches) or none — runs.
+GRP=(--config examples/smoke.yaml model.num_hidden_layers=4 trainer.n_ranks=4 actor.pipeline_parallel_size=2
+     data.max_prompt_length=33)
+GCASES=("refuse|a pipeline can get 1 group of rollout.n=3|actor.virtual_pipeline_parallel_size=2 rollout.n=3 actor.ppo_mini_batch_size=3 actor.ppo_max_token_len_per_gpu=41"
+        "refuse|its 1 sequence makes at most 1 micro-batch, fewer than the 2 stages|rollout.n=1 actor.ppo_mini_batch_size=1"
+        "run|pipeline: 2 stages × 1 chunk, 3 micro-batches per update|rollout.n=3 actor.ppo_mini_batch_size=1 actor.ppo_max_token_len_per_gpu=82")
+for gc in "${GCASES[@]}"; do
+    IFS='|' read -r want text keys <<<"$gc"
+    # shellcheck disable=SC2086
+    $M plan "${GRP[@]}" $keys >"$OUT/gplan.out" 2>"$OUT/gplan.err"
+    rc=$?
+    if [[ $want == refuse ]]; then
+        [[ $rc -eq 1 ]] && grep -qF -- "$text" "$OUT/gplan.err" && ok || fail "plan $keys: exit $rc, want a refusal saying '$text': $(cat "$OUT/gplan.err")"
+    else
+        [[ $rc -eq 0 ]] && grep -qF -- "$text" "$OUT/gplan.out" && ok || fail "plan $keys: exit $rc, want '$text': $(cat "$OUT/gplan.err")"
+    fi
+done
+# data.max_prompt_length unset: the refusal names plan's assumption (512) and the key to set
+$M plan --config examples/smoke.yaml data.max_prompt_length=0 actor.ppo_max_token_len_per_gpu=100 >/dev/null 2>"$OUT/unset.err"
+[[ $? -eq 1 ]] && grep -qF "data.max_prompt_length unset (0 = no limit in rl; plan assumes 512)" "$OUT/unset.err" &&
+    grep -qF "or set data.max_prompt_length" "$OUT/unset.err" && ok || fail "unset max_prompt_length message: $(cat "$OUT/unset.err")"
+
 # --- traffic against a real MPI run
 if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
     echo "e2e_plan: MPI part skipped (MOERL_NO_MPI=1)"
@@ -130,6 +155,22 @@ PY
     else
         fail "mpirun -np 3 moerl-mpi rl failed: $(tail -5 "$OUT/rl.log")"
     fi
+    # --- the group cases above under moerl rl (5 processes: 4 trainer ranks, 1 rollout): the same verdict as plan
+    for gc in "${GCASES[@]}"; do
+        IFS='|' read -r want text keys <<<"$gc"
+        rm -rf "$OUT/grp"
+        # shellcheck disable=SC2086
+        timeout 300 mpirun --oversubscribe -np 5 "$BUILD/moerl-mpi" rl "${GRP[@]}" $keys trainer.default_local_dir="$OUT/grp" \
+            sft.total_training_steps=0 trainer.total_training_steps=1 trainer.val_n=0 trainer.test_freq=0 data.n_test=8 \
+            trainer.n_threads=1 trainer.resume_mode=disable trainer.save_freq=-1 >/dev/null 2>"$OUT/grp.log"
+        rc=$?
+        if [[ $want == refuse ]]; then
+            [[ $rc -eq 1 ]] && grep -qF -- "${text#a pipeline can get }" "$OUT/grp.log" && ok ||
+                fail "rl $keys: exit $rc, want plan's refusal '$text': $(grep 'moerl rl' "$OUT/grp.log")"
+        else
+            [[ $rc -eq 0 ]] && ok || fail "rl $keys: exit $rc, plan accepts it: $(tail -3 "$OUT/grp.log")"
+        fi
+    done
     # --- every model-parallel layout moerl runs: plan's traffic per group and operation equals the
     # counters byte for byte, its memory per rank (FSDP shard and peak gathered, EP slice, the PP
     # stage's range, held floats and moments) is within 10% of moerl's own accounting

@@ -529,6 +529,9 @@ if run_rl overlong_filtered data.task= data.train_files="$WORK/long_rows.jsonl" 
     grep -q "dropped 1 of 7 training rows whose prompt is longer than data.max_prompt_length=100" \
         "$WORK/overlong_filtered.log"; then ok "data.filter_overlong_prompts: the long row dropped, the count logged"
 else bad "data.filter_overlong_prompts" "exit $?, or no count logged"; tail_log overlong_filtered; fi
+# the filter without a limit would drop nothing: refused naming both keys
+expect_error filter_no_limit "data.filter_overlong_prompts=true drops the prompts longer than data.max_prompt_length, but data.max_prompt_length=0" \
+    data.task= data.train_files="$WORK/long_rows.jsonl" data.val_files="$WORK/good_rows.jsonl" data.filter_overlong_prompts=true
 # without data.val_files: fine at trainer.val_n=0 (nothing is evaluated), refused by name otherwise
 if run_rl no_val_files data.task= data.train_files="$WORK/long_rows.jsonl" trainer.total_training_steps=1 \
     data.max_prompt_length=100 data.filter_overlong_prompts=true; then

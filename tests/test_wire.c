@@ -327,6 +327,75 @@ static void test_shard_bounds(void) {
     CHECK(lo == 5 && hi == 5, "one shard: exactly G (%d..%d)", lo, hi);
     rl_shard_groups(8, 2, 10, 10, &lo, &hi); /* equal costs: 4 each */
     CHECK(lo == 4 && hi == 4, "equal costs over 2 shards: 4..4, got %d..%d", lo, hi);
+    /* the review's case: 8 groups of one sequence, 1 in 8 prompts long (78 + 8 response tokens = 86),
+     * the others ≥ 28: a pipeline with one group would leave the other 7 ≥ 196 tokens, more than
+     * 2·86, so the split never gives a pipeline fewer than 2 */
+    rl_shard_groups(8, 2, 28, 86, &lo, &hi);
+    CHECK(lo == 2 && hi == 6, "8 groups of 28..86 tokens over 2 shards: 2..6, got %d..%d", lo, hi);
+    /* mixed lengths: each group long (a long prompt) with probability 1/8 or 1/2, responses of 0..R
+     * tokens; every count within the bounds, and the bounds' width against what the split reached */
+    int mixed_bad = 0, reach_lo = 0, reach_hi = 0, mixed_trials = 0;
+    for (int trial = 0; trial < 4000; trial++) {
+        const int G = 1 + (int)rng_below(&r, 24), D = 2 + (int)rng_below(&r, 3), gsz = 1 + (int)rng_below(&r, 3);
+        const int short_p = 5 + (int)rng_below(&r, 30), long_p = short_p + (int)rng_below(&r, 80);
+        const int R = (int)rng_below(&r, 20), odds = trial % 2 ? 8 : 2;
+        int lens[3];
+        for (int i = 0; i < G; i++) {
+            for (int j = 0; j < gsz; j++) lens[j] = (int)rng_below(&r, (uint64_t)R + 1);
+            gs[i] = make_group(i, 100, rng_below(&r, (uint64_t)odds) == 0 ? long_p : short_p, gsz, lens);
+        }
+        rl_split_minibatch(gs, G, D, owner);
+        int count[8] = {0};
+        for (int i = 0; i < G; i++) count[owner[i]]++;
+        int k_lo, k_hi;
+        rl_shard_groups(G, D, (int64_t)gsz * short_p, (int64_t)gsz * (long_p + R), &k_lo, &k_hi);
+        for (int d = 0; d < D; d++) {
+            mixed_bad += count[d] < k_lo || count[d] > k_hi;
+            reach_lo += count[d] == k_lo;
+            reach_hi += count[d] == k_hi;
+        }
+        for (int i = 0; i < G; i++) rl_group_free(gs[i]);
+        mixed_trials++;
+    }
+    CHECK(mixed_bad == 0, "%d rank group counts outside rl_shard_groups' bounds in %d mixed-length mini-batches",
+          mixed_bad, mixed_trials);
+    CHECK(reach_lo > 0 && reach_hi > 0, "mixed lengths reach both bounds somewhere (%d low, %d high)", reach_lo,
+          reach_hi);
+    /* exhaustive over small cases: every cost vector over {cmin, mid, cmax} for G ≤ 7 and D ≤ 3; the
+     * counts stay in the bounds, and the bounds are reached by some vector in most cases */
+    int ex_bad = 0, ex_cases = 0, ex_tight = 0;
+    const int64_t costs[3][3] = {{10, 20, 30}, {28, 50, 86}, {5, 40, 100}};
+    for (int ci = 0; ci < 3; ci++)
+        for (int D = 2; D <= 3; D++)
+            for (int G = 1; G <= 7; G++) {
+                int pw = 1, seen_lo = G, seen_hi = 0;
+                for (int i = 0; i < G; i++) pw *= 3;
+                for (int code = 0; code < pw; code++) {
+                    int c = code;
+                    for (int i = 0; i < G; i++, c /= 3) {
+                        int zero = 0;
+                        gs[i] = make_group(i, 100, (int)costs[ci][c % 3], 1, &zero);
+                    }
+                    rl_split_minibatch(gs, G, D, owner);
+                    int count[8] = {0};
+                    for (int i = 0; i < G; i++) count[owner[i]]++;
+                    for (int d = 0; d < D; d++) {
+                        seen_lo = MOERL_MIN(seen_lo, count[d]);
+                        seen_hi = MOERL_MAX(seen_hi, count[d]);
+                    }
+                    for (int i = 0; i < G; i++) rl_group_free(gs[i]);
+                }
+                int k_lo, k_hi;
+                rl_shard_groups(G, D, costs[ci][0], costs[ci][2], &k_lo, &k_hi);
+                ex_bad += seen_lo < k_lo || seen_hi > k_hi;
+                ex_tight += seen_lo == k_lo && seen_hi == k_hi;
+                ex_cases++;
+            }
+    CHECK(ex_bad == 0, "%d of %d exhaustive small cases outside rl_shard_groups' bounds", ex_bad, ex_cases);
+    /* the bounds are sound, not exact (the split's largest-first order is not modelled): most cases
+     * still hit both ends */
+    CHECK(ex_tight * 2 > ex_cases, "the bounds are exact in %d of %d exhaustive small cases", ex_tight, ex_cases);
+    fprintf(stderr, "rl_shard_groups: exact in %d of %d exhaustive small cases\n", ex_tight, ex_cases);
 }
 
 int main(void) {

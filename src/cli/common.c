@@ -311,6 +311,12 @@ static const char *data_task(const cfg *c) {
 }
 
 int cli_check_data_keys(const cfg *c, const char *why_test) {
+    /* the filter needs a limit: with none (0) it would drop nothing, silently */
+    if (cfg_bool(c, "data.filter_overlong_prompts") && cfg_int(c, "data.max_prompt_length") == 0)
+        return moerl_errorf("data.filter_overlong_prompts=true drops the prompts longer than data.max_prompt_length, "
+                            "but data.max_prompt_length=0 (no limit) keeps every prompt: set data.max_prompt_length "
+                            "to the longest prompt to keep (in tokens, chat template applied), or "
+                            "data.filter_overlong_prompts=false");
     const char *task = data_task(c);
     if (!task[0]) return MOERL_OK; /* files: cli_prepare_data names a missing one */
     const char *tf = cfg_str(c, "data.train_files"), *vf = cfg_str(c, "data.val_files");

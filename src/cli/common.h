@@ -34,7 +34,8 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
  * data.train_files / data.val_files (files) exclude each other — a file given beside a task would be
  * silently unused — and with a task, data.n_test must be ≥ 1 when the command evaluates on the
  * held-out split (why_test: the key or reason that evaluates, named in the error; NULL = no held-out
- * evaluation, n_test = 0 allowed). Errors name the keys, their values and the way out. */
+ * evaluation, n_test = 0 allowed); data.filter_overlong_prompts=true needs data.max_prompt_length > 0
+ * (with no limit it would drop nothing). Errors name the keys, their values and the way out. */
 int cli_check_data_keys(const cfg *c, const char *why_test);
 /* After cli_prepare_data: a held-out split without rows is refused when why_test (as above) is set;
  * the error names data.val_files or data.n_test. */

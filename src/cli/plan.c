@@ -137,12 +137,29 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     in->max_model_len = (int)(plen + rlen);
+    /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
+     * data.max_prompt_length */
+    static char len_src[200];
+    if (plen0 == 0)
+        snprintf(len_src, sizeof len_src, "data.max_prompt_length unset (0 = no limit in rl; plan assumes %d) + "
+                 "data.max_response_length=%lld", PLAN_DEFAULT_PROMPT_LEN, (long long)rlen);
+    else
+        snprintf(len_src, sizeof len_src, "data.max_prompt_length=%lld + data.max_response_length=%lld",
+                 (long long)plen, (long long)rlen);
     if (in->micro_tokens > 0 && in->micro_tokens < plen + rlen) /* as moerl rl refuses it (rl_check_update_sizes) */
-        return moerl_errorf("actor.ppo_max_token_len_per_gpu=%lld is below one sequence: data.max_prompt_length + "
-                            "data.max_response_length = %lld + %lld = %lld tokens, and a sequence is never split across "
-                            "micro-batches: set actor.ppo_max_token_len_per_gpu to at least %lld",
-                            (long long)in->micro_tokens, (long long)plen, (long long)rlen, (long long)(plen + rlen),
-                            (long long)(plen + rlen));
+        return moerl_errorf("actor.ppo_max_token_len_per_gpu=%lld is below one sequence: %s = %lld tokens, and a "
+                            "sequence is never split across micro-batches: set actor.ppo_max_token_len_per_gpu to at "
+                            "least %lld%s",
+                            (long long)in->micro_tokens, len_src, (long long)(plen + rlen), (long long)(plen + rlen),
+                            plen0 == 0 ? ", or set data.max_prompt_length to the longest prompt of your data (what "
+                                         "moerl rl measures from the data when it is unset)"
+                                       : "");
+    /* whole GRPO groups per data-parallel pipeline, as moerl rl checks them (rl_check_pipeline_groups):
+     * prompts at the planned length, responses as short as 0 tokens */
+    in->group_size = (int)n;
+    in->groups_per_update = (int)mini;
+    in->min_seq_len = (int)plen;
+    in->seq_len_src = len_src;
     in->sync_every = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
     return MOERL_OK;
 }

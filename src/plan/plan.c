@@ -8,6 +8,7 @@
 #include "model/perf.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "rl/rl.h"
 #include "train/train.h"
 
 /* ------------------------------------------------------------------ activations */
@@ -565,7 +566,24 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     if (in->pp > 1 && in->micro_batches <= 0 && in->max_model_len > 0 && in->max_model_len <= in->micro_tokens) {
         /* the count the pipeline itself makes (pipeline.c's dynamic rule: 4..16 micro-batches of ≥ 64
          * tokens, a multiple of pp when interleaved) for this update's sequences at full length */
-        const double n_seq = floor((double)in->step_tokens / in->updates_per_step / dp / in->max_model_len);
+        double n_seq = floor((double)in->step_tokens / in->updates_per_step / dp / in->max_model_len);
+        if (in->group_size > 0 && in->groups_per_update > 0) {
+            /* whole groups per pipeline, as moerl rl splits and checks them (rl_check_pipeline_groups):
+             * refused as rl refuses it; the count is that of the fullest pipeline at full length */
+            const rl_pp_sizes z = {.groups = in->groups_per_update,
+                                   .group_size = in->group_size,
+                                   .pipelines = dp,
+                                   .pp = in->pp,
+                                   .vpp = in->vpp,
+                                   .min_seq_tokens = in->min_seq_len > 0 ? in->min_seq_len : in->max_model_len,
+                                   .seq_tokens = in->max_model_len,
+                                   .max_tokens = (int)MOERL_MIN(in->micro_tokens, (int64_t)INT32_MAX),
+                                   .seq_tokens_src = in->seq_len_src ? in->seq_len_src : "plan's sequence length"};
+            if (rl_check_pipeline_groups(&z) != MOERL_OK) return moerl_error_prefix("plan: ");
+            int k_lo, k_hi;
+            rl_shard_groups(in->groups_per_update, dp, in->max_model_len, in->max_model_len, &k_lo, &k_hi);
+            n_seq = (double)k_hi * in->group_size;
+        }
         if (n_seq >= 1 && n_seq <= (double)(1 << 22)) {
             const int n = (int)n_seq;
             train_seq *seqs = xcalloc((size_t)n, sizeof *seqs);

@@ -86,6 +86,13 @@ typedef struct {
     int max_model_len;      /* prompt + response tokens per sequence (the engine's max_model_len) */
     int kv_dtype_bytes;     /* 4 (moerl's engine) or 2 */
     int sync_every;         /* trainer steps per weight sync (trigger_parameter_sync_step) */
+    /* GRPO groups, for the pipeline's micro-batch count (pp > 1, micro_batches ≤ 0): a group's
+     * group_size sequences never split across data-parallel pipelines (rl_split_minibatch). With
+     * group_size ≤ 0 the update's sequences are split evenly, whole groups ignored. */
+    int group_size;         /* rollout.n */
+    int groups_per_update;  /* actor.ppo_mini_batch_size */
+    int min_seq_len;        /* the fewest tokens a sequence can have (prompt, empty response) */
+    const char *seq_len_src; /* where max_model_len comes from, for messages (NULL: "plan's sequence length") */
 } plan_input;
 
 typedef struct {

@@ -252,11 +252,31 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r);
  * of a mini-batch: all of them with one data shard; else rl_shard_groups' bounds. */
 void rl_prompt_lengths(const dataset *train, int *shortest, int *longest);
 int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline);
+/* The pipeline's side of an update's sizes, shared by moerl rl (rl_check_update_sizes, from the data)
+ * and moerl plan (plan_check, from the length keys). */
+typedef struct {
+    int groups;         /* GRPO groups (prompts) per optimizer update: actor.ppo_mini_batch_size */
+    int group_size;     /* sequences per group: rollout.n; a group never splits across pipelines */
+    int pipelines;      /* data-parallel pipelines the groups are split over (trainer.n_ranks / pp / sp) */
+    int pp, vpp;        /* actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size (≤ 1: plain) */
+    int min_seq_tokens; /* the fewest tokens a sequence can have (its prompt; a response may be short) */
+    int seq_tokens;     /* the most tokens a sequence can have (prompt + data.max_response_length) */
+    int max_tokens;     /* actor.ppo_max_token_len_per_gpu (≥ seq_tokens) */
+    const char *seq_tokens_src; /* where seq_tokens comes from, for the message ("the longest prompt of …") */
+} rl_pp_sizes;
+/* Refuses (MOERL_ERR, naming the keys and values that would work) when some group count k a pipeline
+ * can get — rl_shard_groups with group costs in [group_size·min_seq_tokens, group_size·seq_tokens] —
+ * has k·group_size sequences of seq_tokens tokens the schedule cannot split into an allowed
+ * micro-batch count (pp_count_allowed); MOERL_OK otherwise, and always with pp ≤ 1. */
+int rl_check_pipeline_groups(const rl_pp_sizes *z);
 /* Bounds [*k_lo, *k_hi] on the groups one of D shards gets when G groups, each costing between
- * cmin and cmax tokens, are dealt largest first onto the least-loaded shard (rl_split_minibatch):
- * the shards' loads end within cmax of each other (a shard's last group went to it while it was the
- * least loaded), so a load lies in [(total − (D − 1)·cmax) / D, (total + (D − 1)·cmax) / D] with
- * G·cmin ≤ total ≤ G·cmax, and k in [load / cmax, load / cmin]. D ≤ 1: exactly G. */
+ * cmin and cmax tokens, are dealt largest first onto the least-loaded shard (rl_split_minibatch).
+ * When shard i took its last group (≤ cmax) it was the least loaded, so every shard ends with a load
+ * ≥ (k_i − 1)·cmin; a shard with k groups has a load in [k·cmin, k·cmax], and of the other D − 1 one
+ * has ≥ ⌈(G − k)/(D − 1)⌉ groups and one ≤ ⌊(G − k)/(D − 1)⌋: k is kept when
+ * k·cmax ≥ (⌈(G − k)/(D − 1)⌉ − 1)·cmin and (k − 1)·cmin ≤ ⌊(G − k)/(D − 1)⌋·cmax, and
+ * G − (D − 1)·k_hi ≤ k ≤ G − (D − 1)·k_lo. Every count the split makes for costs in [cmin, cmax]
+ * lies in the range (tests/test_wire.c checks it against the split). D ≤ 1: exactly G. */
 void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k_hi);
 
 int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,

@@ -29,14 +29,21 @@ void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k
         *k_lo = *k_hi = MOERL_MAX(G, 0);
         return;
     }
-    /* a shard's load is ≥ (total − (D − 1)·cmax) / D, and ≤ (total + (D − 1)·cmax) / D */
-    const double lo_load = ((double)G * (double)cmin - (double)(D - 1) * (double)cmax) / D;
-    const double hi_load = ((double)G * (double)cmax + (double)(D - 1) * (double)cmax) / D;
-    int lo = lo_load > 0 ? (int)MOERL_MIN((double)G, ceil(lo_load / (double)cmax)) : 0;
-    int hi = cmin > 0 ? (int)MOERL_MIN((double)G, floor(hi_load / (double)cmin)) : G;
-    hi = MOERL_MIN(hi, G - (D - 1) * lo);
+    cmin = MOERL_MAX((int64_t)0, MOERL_MIN(cmin, cmax));
+    /* when shard i took its last group (cost c_i) it was the least loaded, so every shard j ends with
+     * load_j ≥ load_i − c_i ≥ (k_i − 1)·cmin. A shard with k groups has a load in [k·cmin, k·cmax];
+     * of the other D − 1 shards, one has ≥ ⌈(G − k)/(D − 1)⌉ groups and one ≤ ⌊(G − k)/(D − 1)⌋.
+     * k is possible only if k·cmax ≥ (⌈(G − k)/(D − 1)⌉ − 1)·cmin (the fullest other shard took its
+     * last group while no fuller than this one) and (k − 1)·cmin ≤ ⌊(G − k)/(D − 1)⌋·cmax (the same
+     * for this shard against the emptiest other). Both tests are monotone in k. */
+    int lo = 0, hi = G;
+    while (lo < G && (int64_t)lo * cmax < (int64_t)((G - lo + D - 2) / (D - 1) - 1) * cmin) lo++;
+    while (hi > lo && (int64_t)(hi - 1) * cmin > (int64_t)((G - hi) / (D - 1)) * cmax) hi--;
+    /* every shard gets between lo and hi groups, so none gets more than G − (D − 1)·lo */
+    hi = MOERL_MAX(lo, MOERL_MIN(hi, G - (D - 1) * lo));
+    lo = MOERL_MIN(hi, MOERL_MAX(lo, G - (D - 1) * hi));
     *k_lo = lo;
-    *k_hi = MOERL_MAX(hi, lo);
+    *k_hi = hi;
 }
 
 /* The first per-pipeline group count k in [k_lo, k_hi] (k ≥ 1) whose k·g sequences of up to L tokens
@@ -60,17 +67,35 @@ int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline
                             r->ppo_max_token_len, file, longest, r->max_response_length, (long long)L64,
                             (long long)L64);
     const par_config *pc = &r->par;
-    const int pp = pc->pipeline_parallel_size;
-    if (!pipeline || pp <= 1) return MOERL_OK;
-    const int v = pc->virtual_pipeline_parallel_size > 1 ? pc->virtual_pipeline_parallel_size : 1;
+    if (!pipeline || pc->pipeline_parallel_size <= 1) return MOERL_OK;
     const int sp = pc->ulysses_sequence_parallel_size > 0 ? pc->ulysses_sequence_parallel_size : 1;
-    const int D = MOERL_MAX(1, r->n_trainer_ranks / pp / sp), G = r->ppo_mini_batch_size, g = r->n, L = (int)L64;
+    char src[300];
+    snprintf(src, sizeof src, "the longest prompt of %s, %d tokens, + data.max_response_length=%d", file, longest,
+             r->max_response_length);
+    /* a group costs g × (prompt + response) tokens, at least g × the shortest prompt (a response may
+     * be short), at most g × L */
+    const rl_pp_sizes z = {.groups = r->ppo_mini_batch_size,
+                           .group_size = r->n,
+                           .pipelines = MOERL_MAX(1, r->n_trainer_ranks / pc->pipeline_parallel_size / sp),
+                           .pp = pc->pipeline_parallel_size,
+                           .vpp = pc->virtual_pipeline_parallel_size,
+                           .min_seq_tokens = shortest,
+                           .seq_tokens = (int)L64,
+                           .max_tokens = r->ppo_max_token_len,
+                           .seq_tokens_src = src};
+    return rl_check_pipeline_groups(&z);
+}
+
+int rl_check_pipeline_groups(const rl_pp_sizes *z) {
+    const int pp = z->pp;
+    if (pp <= 1) return MOERL_OK;
+    const int v = z->vpp > 1 ? z->vpp : 1, D = MOERL_MAX(1, z->pipelines), G = z->groups, g = z->group_size,
+              L = z->seq_tokens;
     /* a mini-batch's G groups go to the D pipelines largest first onto the least-loaded
-     * (rl_split_minibatch): a group costs g × (prompt + response) tokens, at least g × the shortest
-     * prompt (a response may be short), at most g × L */
+     * (rl_split_minibatch) */
     int k_lo, k_hi;
-    rl_shard_groups(G, D, (int64_t)g * shortest, (int64_t)g * L, &k_lo, &k_hi);
-    const int bad = first_bad_groups(k_lo, k_hi, g, L, r->ppo_max_token_len, pp, v);
+    rl_shard_groups(G, D, (int64_t)g * MOERL_MIN(z->min_seq_tokens, L), (int64_t)g * L, &k_lo, &k_hi);
+    const int bad = first_bad_groups(k_lo, k_hi, g, L, z->max_tokens, pp, v);
     if (!bad) return MOERL_OK;
     /* values that would work, each alone: rollout.n (the group range depends on the lengths only),
      * actor.ppo_max_token_len_per_gpu (more sequences per micro-batch), the plain schedule */
@@ -83,24 +108,24 @@ int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline
                                  part);                                                                                \
     } while (0)
     for (int g2 = g + 1; g2 <= g + 2 * pp * v; g2++)
-        if (!first_bad_groups(k_lo, k_hi, g2, L, r->ppo_max_token_len, pp, v)) {
+        if (!first_bad_groups(k_lo, k_hi, g2, L, z->max_tokens, pp, v)) {
             ADD_FIX("rollout.n=%d", g2);
             break;
         }
     const int n_max = (int)MOERL_MIN((int64_t)k_hi * g, (int64_t)INT_MAX);
-    for (int per = r->ppo_max_token_len / L + 1; per <= n_max && (int64_t)per * L <= INT_MAX; per++)
+    for (int per = z->max_tokens / L + 1; per <= n_max && (int64_t)per * L <= INT_MAX; per++)
         if (!first_bad_groups(k_lo, k_hi, g, L, per * L, pp, v)) {
             ADD_FIX("actor.ppo_max_token_len_per_gpu=%d", per * L);
             break;
         }
-    if (v > 1 && !first_bad_groups(k_lo, k_hi, g, L, r->ppo_max_token_len, pp, 1))
+    if (v > 1 && !first_bad_groups(k_lo, k_hi, g, L, z->max_tokens, pp, 1))
         ADD_FIX("actor.virtual_pipeline_parallel_size=1");
 #undef ADD_FIX
-    const int n = bad * g, per = r->ppo_max_token_len / L;
+    const int n = bad * g, per = z->max_tokens / L;
     char why[200], vkey[64] = "";
     if (v > 1) snprintf(vkey, sizeof vkey, " with actor.virtual_pipeline_parallel_size=%d", v);
     if (n < pp)
-        snprintf(why, sizeof why, "%d sequences make at most %d micro-batches, fewer than the %d stages", n, n, pp);
+        snprintf(why, sizeof why, "at most %d micro-batch%s, fewer than the %d stages", n, n == 1 ? "" : "es", pp);
     else if ((n + per - 1) / per == n)
         snprintf(why, sizeof why, "%d micro-batches (one sequence of %d tokens per micro-batch), not a multiple of %d",
                  n, L, pp);
@@ -108,11 +133,10 @@ int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline
         snprintf(why, sizeof why, "%d to %d micro-batches (%d sequences of %d tokens fit one), none a multiple of %d",
                  (n + per - 1) / per, n, per, L, pp);
     return moerl_errorf("actor.pipeline_parallel_size=%d%s cannot schedule every update this configuration can make: "
-                        "a pipeline can get %d group%s of rollout.n=%d responses (actor.ppo_mini_batch_size=%d prompts "
-                        "split by tokens over %d data-parallel pipeline%s), and with sequences of up to %d tokens (the "
-                        "longest prompt of %s, %d tokens, + data.max_response_length=%d) and "
-                        "actor.ppo_max_token_len_per_gpu=%d its %d sequences make %s. Would work: %s",
+                        "a pipeline can get %d group%s of rollout.n=%d response%s (actor.ppo_mini_batch_size=%d prompt%s "
+                        "split by tokens over %d data-parallel pipeline%s), and with sequences of up to %d tokens (%s) "
+                        "and actor.ppo_max_token_len_per_gpu=%d its %d sequence%s make%s %s. Would work: %s",
                         pp, vkey,
-                        bad, bad == 1 ? "" : "s", g, G, D, D == 1 ? "" : "s", L, file, longest,
-                        r->max_response_length, r->ppo_max_token_len, n, why, fix[0] ? fix : "a larger rollout.n");
+                        bad, moerl_plural(bad), g, moerl_plural(g), G, moerl_plural(G), D, moerl_plural(D), L, z->seq_tokens_src, z->max_tokens, n, moerl_plural(n), n == 1 ? "s" : "", why,
+                        fix[0] ? fix : "a larger rollout.n");
 }
