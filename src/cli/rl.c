@@ -514,7 +514,14 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
             fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
                             "rerun the same command to continue\n", moerl_stop_requested(), rc->out_dir);
             cli_print_json(rl_warm_start_stop_json(rc, moerl_stop_requested(), sft1), 6);
-            return 128 + moerl_stop_requested();
+            /* the other ranks wait in rl_run_dist for a START that will not come: BYE instead */
+            if (rl_run_dist_cancel(ctx) != MOERL_OK) goto fail;
+            const int sig = moerl_stop_requested();
+            model_free(&m);
+            dataset_free(&train);
+            dataset_free(&test);
+            dataset_free(&val);
+            return 128 + sig;
         }
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
     }
