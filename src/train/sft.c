@@ -333,18 +333,19 @@ static int sft_check_pipeline_shares(const sft_ranks *R, const sft_opts *o, cons
     const int D = R->n_shards, bs = o->batch_size, pp = R->ps->grid->pp, v = pp_chunks(R->ps->pp);
     for (int k = 0; k < 2; k++) { /* the larger share, then the smaller (equal when D divides bs) */
         const int share = bs / D + (k == 0 && bs % D ? 1 : 0);
-        if (!pp_count_allowed(share, (int)longest, o->max_tokens, pp, v))
-            return moerl_errorf(
-                "pipeline: data.train_batch_size=%d over %d data-parallel pipeline%s gives a pipeline %d sequence%s "
-                "per step, and %d pipeline stages%s cannot schedule %d sequence%s of up to %lld tokens (the longest "
-                "row) with at most %d tokens per micro-batch: it needs at least %d micro-batches%s; raise "
-                "data.train_batch_size (each pipeline's share at least %d), raise "
-                "data.max_token_len_per_micro_batch, or lower actor.pipeline_parallel_size%s",
-                bs, D, moerl_plural(D), share, moerl_plural(share), pp,
-                v > 1 ? " (interleaved, actor.virtual_pipeline_parallel_size>1)" : "", share, moerl_plural(share),
-                (long long)longest,
-                o->max_tokens, pp, v > 1 ? ", a multiple of actor.pipeline_parallel_size" : "", pp,
-                v > 1 ? " or set actor.virtual_pipeline_parallel_size=1" : "");
+        if (pp_count_allowed(share, (int)longest, o->max_tokens, pp, v)) continue;
+        /* as pp_count_allowed: the fewest micro-batches of whole longest rows, raised to the schedule's rule */
+        const int per = (int)MOERL_MAX(1, o->max_tokens / MOERL_MAX(longest, 1));
+        const int fewest = MOERL_MAX((share + per - 1) / per, pp), need = v > 1 ? (fewest + pp - 1) / pp * pp : fewest;
+        return moerl_errorf(
+            "pipeline: data.train_batch_size=%d over %d data-parallel pipeline%s gives a pipeline %d sequence%s per "
+            "step, and %d pipeline stages%s need %d micro-batches%s of at most %d tokens when the sequences are as "
+            "long as the longest row (%lld tokens), more than %d sequence%s make: change data.train_batch_size or "
+            "data.max_token_len_per_micro_batch, or lower actor.pipeline_parallel_size%s",
+            bs, D, moerl_plural(D), share, moerl_plural(share), pp,
+            v > 1 ? " (interleaved schedule: a multiple of actor.pipeline_parallel_size)" : "", need,
+            v > 1 ? "" : " at least", o->max_tokens, (long long)longest, share, moerl_plural(share),
+            v > 1 ? " or set actor.virtual_pipeline_parallel_size=1" : "");
     }
     return MOERL_OK;
 }
