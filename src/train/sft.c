@@ -339,12 +339,12 @@ static int sft_check_pipeline_shares(const sft_ranks *R, const sft_opts *o, cons
         const int fewest = MOERL_MAX((share + per - 1) / per, pp), need = v > 1 ? (fewest + pp - 1) / pp * pp : fewest;
         return moerl_errorf(
             "pipeline: data.train_batch_size=%d over %d data-parallel pipeline%s gives a pipeline %d sequence%s per "
-            "step, and %d pipeline stages%s need %d micro-batches%s of at most %d tokens when the sequences are as "
+            "step, and %d pipeline stages%s need %s%d micro-batches of at most %d tokens when the sequences are as "
             "long as the longest row (%lld tokens), more than %d sequence%s make: change data.train_batch_size or "
             "data.max_token_len_per_micro_batch, or lower actor.pipeline_parallel_size%s",
             bs, D, moerl_plural(D), share, moerl_plural(share), pp,
-            v > 1 ? " (interleaved schedule: a multiple of actor.pipeline_parallel_size)" : "", need,
-            v > 1 ? "" : " at least", o->max_tokens, (long long)longest, share, moerl_plural(share),
+            v > 1 ? " (interleaved schedule: a multiple of actor.pipeline_parallel_size)" : "", v > 1 ? "" : "at least ",
+            need, o->max_tokens, (long long)longest, share, moerl_plural(share),
             v > 1 ? " or set actor.virtual_pipeline_parallel_size=1" : "");
     }
     return MOERL_OK;
