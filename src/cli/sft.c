@@ -95,6 +95,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     dataset train = {0}, test = {0};
     cli_outdir od = {0};
     int opened = 0, quiet_error = 0; /* quiet_error: another rank reports this rank's failure */
+    int together = 1;                  /* a failure reaches every rank alike (config, agree) */
     static const char *subdirs[] = {"checkpoint"};
     /* checks that write nothing first: a bad configuration or model leaves no folder behind (every
      * rank checks; only rank 0 creates and fills the folder, the others then read its data) */
@@ -193,6 +194,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
         dataset_free(&test);
         return 0;
     }
+    together = 0; /* from here on rank 0 alone */
     snprintf(path, sizeof path, "%s/checkpoint", out);
     if (isfinite(a1)) { /* NaN: nothing was left to do, the checkpoint stays as it is */
         if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
@@ -211,6 +213,8 @@ fail:
     if (!quiet_error) cli_print_error("sft", moerl_last_error());
     par_state_free(&ps);
     if (opened) cli_outdir_abandon(&od);
+    /* the message is out and the folder gone before any rank exits (mpirun then ends the others) */
+    if (together) dist_barrier(ctx, DIST_WORLD);
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);
