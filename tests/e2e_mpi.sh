@@ -304,6 +304,8 @@ edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "need at least 3" "$W/err"'
 # rank before any collective: exit 1, one message, not a hang (timeout 120 is the hang guard). The same
 # at the start for the interleaved schedule (v 2; 5 rows: 3 of one row per micro-batch make no even count).
 one_refusal() { [[ $rc -eq 1 ]] && [[ $(grep -c "^moerl sft: " "$W/err") -eq 1 ]]; }
+# (SFTV: the 4-layer model of the interleaved runs below, defined here for these)
+SFTV=(model.num_hidden_layers=4 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
 mpi_sft 4 "$W/rh" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 data.train_batch_size=3
 EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2, 3 rows per batch: refused at the start, once (rc $rc): $(tail -c 400 "$W/err")"
 edge eval 'one_refusal && grep -q "gives a pipeline 1 sequence per step, and 2 pipeline stages need at least 2" "$W/err" &&
@@ -361,7 +363,6 @@ resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on one process" 1 "$W/p4b" "$W/
 # one process the weights get 5e-5 (≈ lr/60, as EP's): the pipeline's dynamic count cuts this batch
 # into 16 micro-batches where one process packs 160-token ones, so the fp32 gradient sums run in
 # another order — the plain 1F1B on these 4 layers differs by the same 3.0e-5 (layer 0's q_proj)
-SFTV=(model.num_hidden_layers=4 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
 "$M" sft --config "$W/sft.yaml" "${SFTV[@]}" trainer.default_local_dir="$W/rv1" >/dev/null 2>&1
 timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" actor.pipeline_parallel_size=2 \
     trainer.default_local_dir="$W/rvp" >/dev/null 2>&1
