@@ -17,7 +17,8 @@
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2) and pipeline
 #                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard; N -> M resume dp 2 x pp 2 -> pp 3 and one
 #                 process; interleaved v 2: pp 2, dp 2 x pp 2, too few layers refused, pp 2 v 2 -> one
-#                 process) against
+#                 process; dp 2 x pp 2 with a batch one pipeline cannot schedule refused once, at the start
+#                 and — that check skipped — in the step, agreed by every rank instead of a hang) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
@@ -297,6 +298,26 @@ done
 mpi_sft 3 "$W/rg" 120 "${SFTX[@]}" actor.pipeline_parallel_size=3 data.train_batch_size=2
 EDGE_WHAT="moerl-mpi sft -np 3 pp 3 with 2 rows per batch: refused naming the count needed (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "need at least 3" "$W/err"'
+# dp 2 x pp 2 with 3 rows per batch: one pipeline's share (1 row) cannot fill 2 stages. Refused at the
+# start (before the held-out eval) on every rank alike: exit 1, one message, no folder left. With
+# MOERL_TEST_NO_PP_SHARE_CHECK=1 (that check skipped) the step refuses instead, agreed over every trainer
+# rank before any collective: exit 1, one message, not a hang (timeout 120 is the hang guard). The same
+# at the start for the interleaved schedule (v 2; 5 rows: 3 of one row per micro-batch make no even count).
+one_refusal() { [[ $rc -eq 1 ]] && [[ $(grep -c "^moerl sft: " "$W/err") -eq 1 ]]; }
+# (SFTV: the 4-layer model of the interleaved runs below, defined here for these)
+SFTV=(model.num_hidden_layers=4 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
+mpi_sft 4 "$W/rh" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 data.train_batch_size=3
+EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2, 3 rows per batch: refused at the start, once (rc $rc): $(tail -c 400 "$W/err")"
+edge eval 'one_refusal && grep -q "gives a pipeline 1 sequence per step, and 2 pipeline stages need at least 2" "$W/err" &&
+           ! grep -q "held-out accuracy before" "$W/err" && [[ ! -e $W/rh ]]'
+MOERL_TEST_NO_PP_SHARE_CHECK=1 mpi_sft 4 "$W/rh2" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 \
+    data.train_batch_size=3
+EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2, 3 rows per batch, in-step refusal agreed (rc $rc; 124: hang): $(tail -c 400 "$W/err")"
+edge eval 'one_refusal && grep -q "this batch makes 1 micro-batch .* need at least 2" "$W/err"'
+mpi_sft 4 "$W/rh3" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 \
+    data.train_batch_size=5 data.max_token_len_per_micro_batch=40
+EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2 v 2, 5 rows per batch: refused at the start, once (rc $rc): $(tail -c 400 "$W/err")"
+edge eval 'one_refusal && grep -q "gives a pipeline 3 sequences per step, and 2 pipeline stages (interleaved" "$W/err"'
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
 # first_steps NP DIR copy|once [key=value ...]: 2 training steps on NP ranks into DIR (a checkpoint to
@@ -342,7 +363,6 @@ resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on one process" 1 "$W/p4b" "$W/
 # one process the weights get 5e-5 (≈ lr/60, as EP's): the pipeline's dynamic count cuts this batch
 # into 16 micro-batches where one process packs 160-token ones, so the fp32 gradient sums run in
 # another order — the plain 1F1B on these 4 layers differs by the same 3.0e-5 (layer 0's q_proj)
-SFTV=(model.num_hidden_layers=4 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
 "$M" sft --config "$W/sft.yaml" "${SFTV[@]}" trainer.default_local_dir="$W/rv1" >/dev/null 2>&1
 timeout 180 "${MPIRUN[@]}" -np 2 "$MM" sft --config "$W/sft.yaml" "${SFTV[@]}" actor.pipeline_parallel_size=2 \
     trainer.default_local_dir="$W/rvp" >/dev/null 2>&1

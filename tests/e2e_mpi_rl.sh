@@ -24,6 +24,8 @@
 #              parallelism: same samples, weights and actor/kl_loss (pipeline 2: version 1's kl_loss, and
 #              with lr 0 the same samples and a zero KL); the FSDP run resumed from its step-4 checkpoint
 #              (on fsdp 2 and on one trainer rank) equals the uninterrupted run
+#   SFT stop   SIGUSR1 to mpirun during the SFT warm start: exit 138, its checkpoint, no rank left waiting;
+#              an error in the warm start: exit 1, one message, no folder
 #   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
 #              every prompt of 4 epochs is trained exactly once over the two runs
 #   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
@@ -567,6 +569,39 @@ if [[ $rc1 -eq 0 ]] || ! grep -q "stopped by signal 10" "$WORK/sigterm/run.log";
 elif mpi_rl sigterm 3 1 "${KS[@]}" && msg=$(check once "$WORK/sigterm" 6 32); then
     ok "SIGUSR1 to mpirun (exit $rc1): checkpoint, resume: every prompt of 6 epochs once"
 else bad "SIGUSR1 to mpirun, resume" "${msg:-exit $?}"; tail_log sigterm; fi
+
+# SIGUSR1 to mpirun during the SFT warm start (trainer rank 0 only; 2 trainer ranks, 1 rollout rank):
+# rank 0 writes sft_checkpoint/ and tells the other ranks, which wait for RL's start, to leave: exit
+# 138, not a hang (timeout 120 is the hang guard)
+timeout 120 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    trainer.default_local_dir="$WORK/sigsft" trainer.n_ranks=2 sft.total_training_steps=100000 \
+    trainer.total_training_steps=3 >"$WORK/sigsft.json" 2>"$WORK/sigsft.log" &
+pid=$!
+for _ in $(seq 1 6000); do  # hang guard only: wait for the warm start's first metrics record
+    [[ -s $WORK/sigsft/sft_metrics.jsonl ]] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+done
+kill -USR1 "$(pgrep -P $pid -x mpirun)" 2>/dev/null
+wait $pid
+rc1=$?
+if [[ $rc1 -eq 138 ]] && grep -q "stopped by signal 10 in the SFT warm start" "$WORK/sigsft.log" &&
+    [[ -d $WORK/sigsft/sft_checkpoint ]] &&
+    $PY -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(0 if r['stopped_in']=='sft_warm_start' and r['stopped_by_signal']==10 else 1)" \
+        "$WORK/sigsft.json"; then
+    ok "SIGUSR1 to mpirun in the SFT warm start: exit 138, sft_checkpoint, the stop JSON (no rank left waiting)"
+else bad "SIGUSR1 to mpirun in the SFT warm start" "exit $rc1 (124: hang)"; tail_log sigsft; fi
+
+# an error in the SFT warm start (sft.lr=-1, refused by sft_train there): the other ranks are sent BYE
+# too, so the job ends (timeout 120 is the hang guard) with exit 1, the message once, no folder
+timeout 120 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    trainer.default_local_dir="$WORK/errsft" trainer.n_ranks=2 sft.total_training_steps=5 sft.lr=-1 \
+    trainer.total_training_steps=3 >"$WORK/errsft.json" 2>"$WORK/errsft.log"
+rc=$?
+if [[ $rc -eq 1 ]] && [[ $(grep -c "^moerl rl (trainer 0): sft warm start: SFT learning rate" "$WORK/errsft.log") -eq 1 ]] &&
+    ! grep -q "abort:" "$WORK/errsft.log" && [[ ! -e $WORK/errsft ]]; then
+    ok "an error in the SFT warm start under mpirun: exit 1, one message, no folder (no rank left waiting)"
+else bad "error in the SFT warm start" "exit $rc (124: hang)"; tail_log errsft; fi
 
 # ---------------------------------------------------------------- crash and resume
 # 2 rollout ranks + 1 trainer; trainer rank 0 (world rank 2) fails right after the checkpoint of

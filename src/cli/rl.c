@@ -503,6 +503,8 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         return 1;
     }
     if (leader && rl_check_resume_state(rc, &train) != MOERL_OK) goto fail;
+    /* every rank is done writing the data: a warm start that fails can remove the folder */
+    if (dist_barrier(ctx, DIST_WORLD) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
     moerl_install_stop_signals();
@@ -513,12 +515,30 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
         resuming |= rc->resume_auto && access(path, R_OK) == 0;
-        if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+        if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) {
+            /* the other ranks wait in rl_run_dist for RL's START: BYE instead, then exit 1 (one message) */
+            fprintf(stderr, "moerl rl (%s): %s\n", who, moerl_last_error());
+            cli_outdir_abandon(&od);
+            opened = 0;
+            if (rl_run_dist_cancel(ctx) != MOERL_OK) goto fail;
+            model_free(&m);
+            dataset_free(&train);
+            dataset_free(&test);
+            dataset_free(&val);
+            return 1;
+        }
         if (moerl_stop_requested()) {
             fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "
                             "rerun the same command to continue\n", moerl_stop_requested(), rc->out_dir);
             cli_print_json(rl_warm_start_stop_json(rc, moerl_stop_requested(), sft1), 6);
-            return 128 + moerl_stop_requested();
+            /* the other ranks wait in rl_run_dist for a START that will not come: BYE instead */
+            if (rl_run_dist_cancel(ctx) != MOERL_OK) goto fail;
+            const int sig = moerl_stop_requested();
+            model_free(&m);
+            dataset_free(&train);
+            dataset_free(&test);
+            dataset_free(&val);
+            return 128 + sig;
         }
         if (resuming && restore_start_policy(c, &m, rc->out_dir) != MOERL_OK) goto fail;
     }

@@ -94,7 +94,8 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     moe_model m = {0};
     dataset train = {0}, test = {0};
     cli_outdir od = {0};
-    int opened = 0;
+    int opened = 0, quiet_error = 0; /* quiet_error: another rank reports this rank's failure */
+    int together = 1;                  /* a failure reaches every rank alike (config, agree) */
     static const char *subdirs[] = {"checkpoint"};
     /* checks that write nothing first: a bad configuration or model leaves no folder behind (every
      * rank checks; only rank 0 creates and fills the folder, the others then read its data) */
@@ -173,6 +174,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     o.save_freq = (int)cfg_int(c, "trainer.save_freq");
     o.resume = !strcmp(rm, "auto");
     o.stop_signal_out = &stop_signal;
+    o.quiet_error_out = &quiet_error;
     moerl_install_stop_signals();
     double a0, a1;
     if (agree(ctx, sft_train(&m, &train, &test, &o, &a0, &a1)) != MOERL_OK) goto fail;
@@ -192,6 +194,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
         dataset_free(&test);
         return 0;
     }
+    together = 0; /* from here on rank 0 alone */
     snprintf(path, sizeof path, "%s/checkpoint", out);
     if (isfinite(a1)) { /* NaN: nothing was left to do, the checkpoint stays as it is */
         if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
@@ -207,9 +210,11 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     dataset_free(&test);
     return 0;
 fail:
-    cli_print_error("sft", moerl_last_error());
+    if (!quiet_error) cli_print_error("sft", moerl_last_error());
     par_state_free(&ps);
     if (opened) cli_outdir_abandon(&od);
+    /* the message is out and the folder gone before any rank exits (mpirun then ends the others) */
+    if (together) dist_barrier(ctx, DIST_WORLD);
     model_free(&m);
     dataset_free(&train);
     dataset_free(&test);

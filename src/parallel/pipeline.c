@@ -842,6 +842,14 @@ static int slots_for(pp_state *s, const moe_model *m, int max_tokens, int nm, in
     return slots_ensure(s, m, max_tokens, need);
 }
 
+int pp_check_batch(const pp_state *s, const train_seq *seqs, int n, int max_tokens) {
+    if (n <= 0) return MOERL_OK; /* a pipeline without sequences: zero gradients */
+    int *mb = xmalloc((size_t)(n + 1) * sizeof(int));
+    const int m = pp_plan_microbatches(seqs, n, max_tokens, s->pp, &s->opt, mb);
+    free(mb);
+    return m < 0 ? MOERL_ERR : MOERL_OK;
+}
+
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out) {
     memset(out, 0, sizeof *out);

@@ -169,6 +169,12 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
  * 1 yes, 0 no (also seq_len > max_tokens); n ≤ 0: 1 (nothing to schedule). Pure. */
 int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v);
 
+/* Would pp_train_accumulate on this state accept these n sequences (pp_plan_microbatches with the
+ * state's options)? MOERL_OK (also n ≤ 0), else MOERL_ERR with its message. Not collective (no
+ * messages): a data-parallel caller agrees on the verdict over every pipeline before the step, so a
+ * pipeline refused alone does not leave the others waiting in the step's collectives. */
+int pp_check_batch(const pp_state *s, const train_seq *seqs, int n, int max_tokens);
+
 /* A pipeline runtime on this trainer rank: the stage g->stage of g->pp over g->pp_comm. The
  * activation slots (model_acts over the stage's layers) are allocated by the first step, sized for
  * its max_tokens (again when a later step needs more). Logs the partition (layers and FLOP share of

@@ -352,6 +352,15 @@ static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
     CHECK_OK(injected_failure(ctx, b.version), "test");
 }
 
+/* The rollout rank's engine, EP state and W itself, and the queue the engine was made with. */
+static void rollout_rank_free(rollout_rank *W, rl_queue *unused) {
+    rollouter_free(&W->R);
+    ep_state_free(W->ep);
+    dist_comm_free(W->ep_comm);
+    rl_queue_destroy(unused);
+    free(W);
+}
+
 static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const dataset *train) {
     set_role_threads(cfg->rollout_threads);
     rollout_rank *W = xcalloc(1, sizeof *W);
@@ -372,6 +381,10 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     W->R.on_group_done = send_group;
     W->R.on_group_done_ctx = W;
     cmd_msg c = recv_cmd(ctx);
+    if (c.cmd == CMD_BYE) { /* rl_run_dist_cancel: RL does not start */
+        rollout_rank_free(W, &unused);
+        return;
+    }
     if (c.cmd != CMD_START) {
         moerl_errorf("expected START, got command %d", c.cmd);
         die(ctx, "protocol");
@@ -425,11 +438,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
         log_info("rollout EP: %ld rows sent to the other ranks of the group, %.3f s in the exchanges", es.rows_sent,
                  es.seconds);
     }
-    rollouter_free(&W->R);
-    ep_state_free(W->ep);
-    dist_comm_free(W->ep_comm);
-    rl_queue_destroy(&unused);
-    free(W);
+    rollout_rank_free(W, &unused);
 }
 
 /* ================================================================== trainer ranks > 0 */
@@ -578,6 +587,16 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
     set_role_threads(cfg->trainer_threads);
     trainer *T = xcalloc(1, sizeof *T);
     CHECK_OK(trainer_init(T, cfg, train, m), "trainer setup");
+    const cmd_msg c0 = recv_cmd(ctx); /* START, then the state; BYE from rl_run_dist_cancel */
+    if (c0.cmd == CMD_BYE) {
+        trainer_free(T);
+        free(T);
+        return;
+    }
+    if (c0.cmd != CMD_START) {
+        moerl_errorf("expected START or BYE before the trainer state, got command %d", c0.cmd);
+        die(ctx, "protocol");
+    }
     recv_state(ctx, T);
     trainer_par_setup(ctx, cfg, T, NULL, NULL);
     for (;;) {
@@ -1055,7 +1074,10 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     if (cfg->resume_auto) CHECK_OK(job_load_checkpoint(J, &J->resumed), "resume");
     L->prompts_left = MOERL_MAX(0, (J->total_steps - J->T.step) * (int64_t)L->budget.required_samples); /* as job.c */
     /* the starting state to the other trainer ranks, the weights to the rollout ranks */
-    for (int d = 1; d < L->n_trainers; d++) send_state(ctx, &J->T, ctx->first_trainer + d);
+    for (int d = 1; d < L->n_trainers; d++) {
+        send_cmd(ctx, ctx->first_trainer + d, CMD_START, J->T.version, 0);
+        send_state(ctx, &J->T, ctx->first_trainer + d);
+    }
     for (int r = 0; r < L->n_rollout; r++) send_cmd(ctx, r, CMD_START, J->T.version, cfg->partial_rollout);
     dist_xfer_stats xs;
     int v = J->T.version;
@@ -1140,5 +1162,16 @@ int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset
     if (ctx->role == DIST_ROLE_ROLLOUT) run_rollout_rank(ctx, cfg, m, train);
     else if (ctx->trainer_rank > 0) run_trainer_follower(ctx, cfg, m, train);
     else run_leader(ctx, cfg, m, train, test, res);
+    return MOERL_OK;
+}
+
+int rl_run_dist_cancel(dist_ctx *ctx) {
+    if (ctx->role == DIST_ROLE_UNSET || ctx->trainer_rank != 0)
+        return moerl_errorf("rl_run_dist_cancel: trainer rank 0 only (this is world rank %d)", ctx->world_rank);
+    for (int r = 0; r < ctx->world_size; r++)
+        if (r != ctx->world_rank) {
+            cmd_msg c = {CMD_BYE, 0, 0, 0};
+            if (dist_send_msg(ctx, r, TAG_CMD, &c, sizeof c) != MOERL_OK) return MOERL_ERR;
+        }
     return MOERL_OK;
 }

@@ -398,4 +398,10 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
 int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset *train, const dataset *test,
                 rl_result *res);
 
+/* Trainer rank 0, in place of rl_run_dist, when RL does not start (the SFT warm start was stopped by
+ * a signal): sends BYE to every other rank, whose rl_run_dist then returns MOERL_OK with a zero res
+ * (the rollout ranks before their first START, the other trainer ranks before the trainer state).
+ * MOERL_ERR when called elsewhere or a send fails. */
+int rl_run_dist_cancel(dist_ctx *ctx);
+
 #endif

@@ -48,6 +48,27 @@ static int ranks_agree(const sft_ranks *R, int rc) {
     return rc;
 }
 
+/* ranks_agree, for a refusal that may hold on some ranks only: every rank learns whether any failed,
+ * and the lowest failing trainer rank alone reports it (*quiet = 1 on the others, whose message
+ * then names that rank). */
+static int ranks_agree_once(const sft_ranks *R, int rc, int *quiet) {
+    *quiet = 0;
+    if (!R->multi) return rc;
+    const int D = R->dc->trainer_size;
+    double *bad = xcalloc((size_t)D, sizeof(double));
+    bad[R->dc->trainer_rank] = rc != MOERL_OK;
+    const int src = ranks_sum(R, bad, D);
+    int first = -1;
+    for (int d = 0; d < D && first < 0; d++)
+        if (bad[d] > 0) first = d;
+    free(bad);
+    if (src != MOERL_OK) return MOERL_ERR;
+    if (first < 0) return MOERL_OK;
+    *quiet = first != R->dc->trainer_rank;
+    if (*quiet) return moerl_errorf("SFT stopped: trainer rank %d refused the step (its message is above)", first);
+    return MOERL_ERR;
+}
+
 /* The root's value of x on every rank. */
 static int ranks_from_root(const sft_ranks *R, double *x) {
     if (!R->multi) return MOERL_OK;
@@ -260,6 +281,12 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
         to.layer_hook_ctx = red;
     }
     int rc = MOERL_ERR;
+    if (R->ps && R->ps->pp) { /* every pipeline can schedule its share, or no rank enters the step */
+        int quiet;
+        const int ok = ranks_agree_once(R, pp_check_batch(R->ps->pp, mine, n, o->max_tokens), &quiet);
+        if (o->quiet_error_out) *o->quiet_error_out = quiet;
+        if (ok != MOERL_OK) goto out;
+    }
     const int n_mb = count_microbatches(mine, n, o->max_tokens), max_mb = par_max_passes(R->ps, n_mb);
     if (n_mb < 0 || max_mb < 0) goto out;
     if (global_aux) {
@@ -294,6 +321,33 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
 out:
     free(aux);
     return rc;
+}
+
+/* Before any step (and the held-out eval): can every data-parallel pipeline schedule its share of
+ * each batch — batch_size / D sequences, one more for the first batch_size mod D shares — when all
+ * of them are as long as the longest row (pp_count_allowed, the worst case)? Config and data only:
+ * the same verdict on every rank. */
+static int sft_check_pipeline_shares(const sft_ranks *R, const sft_opts *o, const tok_seq *seqs, int64_t n_rows) {
+    int64_t longest = 0;
+    for (int64_t i = 0; i < n_rows; i++) longest = MOERL_MAX(longest, seqs[i].n);
+    const int D = R->n_shards, bs = o->batch_size, pp = R->ps->grid->pp, v = pp_chunks(R->ps->pp);
+    for (int k = 0; k < 2; k++) { /* the larger share, then the smaller (equal when D divides bs) */
+        const int share = bs / D + (k == 0 && bs % D ? 1 : 0);
+        if (pp_count_allowed(share, (int)longest, o->max_tokens, pp, v)) continue;
+        /* as pp_count_allowed: the fewest micro-batches of whole longest rows, raised to the schedule's rule */
+        const int per = (int)MOERL_MAX(1, o->max_tokens / MOERL_MAX(longest, 1));
+        const int fewest = MOERL_MAX((share + per - 1) / per, pp), need = v > 1 ? (fewest + pp - 1) / pp * pp : fewest;
+        return moerl_errorf(
+            "pipeline: data.train_batch_size=%d over %d data-parallel pipeline%s gives a pipeline %d sequence%s per "
+            "step, and %d pipeline stages%s need %s%d micro-batches of at most %d tokens when the sequences are as "
+            "long as the longest row (%lld tokens), more than %d sequence%s make: change data.train_batch_size or "
+            "data.max_token_len_per_micro_batch, or lower actor.pipeline_parallel_size%s",
+            bs, D, moerl_plural(D), share, moerl_plural(share), pp,
+            v > 1 ? " (interleaved schedule: a multiple of actor.pipeline_parallel_size)" : "", v > 1 ? "" : "at least ",
+            need, o->max_tokens, (long long)longest, share, moerl_plural(share),
+            v > 1 ? " or set actor.virtual_pipeline_parallel_size=1" : "");
+    }
+    return MOERL_OK;
 }
 
 int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
@@ -346,6 +400,13 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
                          train->path, (long long)r->line, (long long)seqs[i].n, o->max_tokens);
             goto out;
         }
+    }
+    /* MOERL_TEST_NO_PP_SHARE_CHECK=1: skip it, so that a test reaches the in-step agreement (sft_step) */
+    const char *skip = getenv("MOERL_TEST_NO_PP_SHARE_CHECK");
+    if (R.ps && R.ps->pp && !(skip && !strcmp(skip, "1")) &&
+        sft_check_pipeline_shares(&R, o, seqs, n_rows) != MOERL_OK) {
+        if (o->quiet_error_out) *o->quiet_error_out = !R.root; /* the same verdict on every rank */
+        goto out;
     }
     int64_t total = o->total_epochs * (n_rows / bs);
     if (o->total_steps > 0) total = o->total_steps;

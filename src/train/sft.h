@@ -57,10 +57,17 @@ typedef struct {
      * sft_train together. */
     struct dist_ctx *dist;
     struct par_state *par;
+    /* NULL or set on error: 1 on a rank whose failure another trainer rank reports (a refusal every
+     * rank reached alike — the pipeline schedule check at the start and before each step —, said by
+     * one rank only), so the caller prints nothing there; 0 otherwise */
+    int *quiet_error_out;
 } sft_opts;
 
 /* Train m in place. acc_before/acc_after (may be NULL) receive held-out greedy accuracy.
- * Errors: rows without 'response', tokens beyond the vocabulary, no steps, I/O. */
+ * Errors: rows without 'response', tokens beyond the vocabulary, no steps, I/O; with pipeline
+ * parallelism, a batch size some pipeline cannot schedule (checked at the start for the worst case —
+ * every sequence as long as the longest row —, and for each step's shares before the step, agreed
+ * over every trainer rank). */
 int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
               double *acc_after);
 
