@@ -106,6 +106,11 @@ rc=$?
 if [[ $rc -eq 1 ]] && [[ -f "$OUT/a1/SIMULATION" ]] && grep -q "holds a simulation (SIMULATION" "$OUT/rl_into_sim.log" &&
     cmp -s "$OUT/a1/metrics.jsonl" "$OUT/a1_metrics.before"; then ok
 else fail "rl into a simulation's folder: exit $rc, $(tail -c 200 "$OUT/rl_into_sim.log")"; fi
+$M sft --config examples/sft.yaml trainer.default_local_dir="$OUT/a1" >/dev/null 2>"$OUT/sft_into_sim.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "holds a simulation (SIMULATION" "$OUT/sft_into_sim.log" &&
+    cmp -s "$OUT/a1/metrics.jsonl" "$OUT/a1_metrics.before"; then ok
+else fail "sft into a simulation's folder: exit $rc, $(tail -c 200 "$OUT/sft_into_sim.log")"; fi
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a3" async_training.partial_rollout=false >"$OUT/a3.json" 2>/dev/null || fail "simulate partial off failed"
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a4" async_training.staleness_threshold=0 >"$OUT/a4.json" 2>/dev/null || fail "simulate s=0 failed"
 $M simulate "${S[@]}" trainer.default_local_dir="$OUT/a5" sim.rollout_devices=3 >"$OUT/a5.json" 2>/dev/null || fail "simulate 3 rollout devices failed"

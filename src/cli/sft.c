@@ -60,6 +60,11 @@ static int check_sched(const char *key, const char *s) {
  * sft_checkpoint/): moerl sft would write its checkpoint/ and config.yaml into it, and a later
  * `moerl rl` there would resume neither. Checked before anything is written. */
 static int sft_check_not_rl_run(const char *out) {
+    char sim[4200];
+    snprintf(sim, sizeof sim, "%s/%s", out, CLI_SIMULATION_MARKER);
+    if (access(sim, F_OK) == 0)
+        return moerl_errorf("output folder '%s' holds a simulation (%s, written by moerl simulate), not a moerl sft "
+                            "run: choose another trainer.default_local_dir", out, CLI_SIMULATION_MARKER);
     static const char *marks[] = {"sft_checkpoint", "checkpoint/trainer_state.json",
                                   "checkpoint.old/trainer_state.json", "samples.jsonl", "sft_metrics.jsonl"};
     char found[400] = "", p[4200];
