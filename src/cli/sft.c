@@ -80,11 +80,16 @@ static int sft_check_not_rl_run(const char *out) {
 }
 
 /* Every trainer rank learns whether all of them got here with rc == MOERL_OK (one process: rc). */
+/* Set by agree: this rank failed where others did not, so its message is its own to print (a failure
+ * every rank reaches alike — a configuration, a layout — is printed by rank 0 alone). */
+static int g_own_failure;
+
 static int agree(dist_ctx *ctx, int rc) {
     if (ctx->trainer_size <= 1) return rc;
     double bad = rc != MOERL_OK;
     if (dist_allreduce_sum(ctx, DIST_TRAINERS, &bad, 1) != MOERL_OK) return MOERL_ERR;
     if (bad > 0 && rc == MOERL_OK) return moerl_errorf("another rank failed (its message is above)");
+    g_own_failure = rc != MOERL_OK && bad < ctx->trainer_size;
     return rc;
 }
 
@@ -182,7 +187,10 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     o.quiet_error_out = &quiet_error;
     moerl_install_stop_signals();
     double a0, a1;
-    if (agree(ctx, sft_train(&m, &train, &test, &o, &a0, &a1)) != MOERL_OK) goto fail;
+    if (agree(ctx, sft_train(&m, &train, &test, &o, &a0, &a1)) != MOERL_OK) {
+        g_own_failure = 1; /* sft_train says who reports (quiet_error) */
+        goto fail;
+    }
     par_state_free(&ps); /* the whole model back in m on every rank (FSDP gathers it) */
     if (stop_signal) {
         if (root)
@@ -215,7 +223,8 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     dataset_free(&test);
     return 0;
 fail:
-    if (!quiet_error) cli_print_error("sft", moerl_last_error());
+    /* while together, the ranks failed alike (checks every rank makes, agree) unless agree says otherwise */
+    if (!quiet_error && (!together || root || g_own_failure)) cli_print_error("sft", moerl_last_error());
     par_state_free(&ps);
     if (opened) cli_outdir_abandon(&od);
     /* the message is out and the folder gone before any rank exits (mpirun then ends the others) */
