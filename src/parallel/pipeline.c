@@ -195,13 +195,17 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
     return m;
 }
 
+int pp_count_needed(int n, int seq_len, int max_tokens, int pp, int v) {
+    if (seq_len < 1 || max_tokens < seq_len) return -1;
+    const int per = max_tokens / seq_len; /* sequences of seq_len tokens per micro-batch */
+    const int fewest = MOERL_MAX((MOERL_MAX(n, 0) + per - 1) / per, pp);
+    return v > 1 ? (fewest + pp - 1) / pp * pp : fewest; /* the smallest allowed count ≥ fewest */
+}
+
 int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v) {
     if (n <= 0) return 1; /* no sequences: the pipeline has no update to schedule */
-    if (seq_len < 1 || max_tokens < seq_len) return 0;
-    const int per = max_tokens / seq_len; /* sequences of seq_len tokens per micro-batch */
-    const int fewest = MOERL_MAX((n + per - 1) / per, pp);
-    const int c = v > 1 ? (fewest + pp - 1) / pp * pp : fewest; /* the smallest allowed count ≥ fewest */
-    return c <= n;
+    const int c = pp_count_needed(n, seq_len, max_tokens, pp, v);
+    return c >= 0 && c <= n;
 }
 
 /* ------------------------------------------------------------------ schedule order */

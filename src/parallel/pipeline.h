@@ -168,6 +168,10 @@ int pp_plan_microbatches(const train_seq *seqs, int n, int max_tokens, int pp, c
  * so the answer is whether an allowed count lies in [ceil(n / floor(max_tokens / seq_len)), n].
  * 1 yes, 0 no (also seq_len > max_tokens); n ≤ 0: 1 (nothing to schedule). Pure. */
 int pp_count_allowed(int n, int seq_len, int max_tokens, int pp, int v);
+/* The fewest micro-batches the schedule allows for n sequences of seq_len tokens (whole sequences, ≤
+ * max_tokens each, ≥ pp, with v > 1 a multiple of pp); −1 when seq_len > max_tokens (or < 1). The
+ * packing exists iff this is ≤ n (pp_count_allowed). Pure. */
+int pp_count_needed(int n, int seq_len, int max_tokens, int pp, int v);
 
 /* Would pp_train_accumulate on this state accept these n sequences (pp_plan_microbatches with the
  * state's options)? MOERL_OK (also n ≤ 0), else MOERL_ERR with its message. Not collective (no

@@ -334,18 +334,16 @@ static int sft_check_pipeline_shares(const sft_ranks *R, const sft_opts *o, cons
     for (int k = 0; k < 2; k++) { /* the larger share, then the smaller (equal when D divides bs) */
         const int share = bs / D + (k == 0 && bs % D ? 1 : 0);
         if (pp_count_allowed(share, (int)longest, o->max_tokens, pp, v)) continue;
-        /* as pp_count_allowed: the fewest micro-batches of whole longest rows, raised to the schedule's rule */
-        const int per = (int)MOERL_MAX(1, o->max_tokens / MOERL_MAX(longest, 1));
-        const int fewest = MOERL_MAX((share + per - 1) / per, pp), need = v > 1 ? (fewest + pp - 1) / pp * pp : fewest;
+        const int need = pp_count_needed(share, (int)longest, o->max_tokens, pp, v);
         return moerl_errorf(
             "pipeline: data.train_batch_size=%d over %d data-parallel pipeline%s gives a pipeline %d sequence%s per "
-            "step, and %d pipeline stages%s need %s%d micro-batches of at most %d tokens when the sequences are as "
-            "long as the longest row (%lld tokens), more than %d sequence%s make: change data.train_batch_size or "
-            "data.max_token_len_per_micro_batch, or lower actor.pipeline_parallel_size%s",
-            bs, D, moerl_plural(D), share, moerl_plural(share), pp,
-            v > 1 ? " (interleaved schedule: a multiple of actor.pipeline_parallel_size)" : "", v > 1 ? "" : "at least ",
-            need, o->max_tokens, (long long)longest, share, moerl_plural(share),
-            v > 1 ? " or set actor.virtual_pipeline_parallel_size=1" : "");
+            "step, but with every sequence as long as the longest row (%lld tokens) and at most %d tokens per "
+            "micro-batch, %d pipeline stage%s%s need %d micro-batches, and %d sequence%s cannot make that many "
+            "(a sequence is never split): change data.train_batch_size or data.max_token_len_per_micro_batch, or "
+            "lower actor.pipeline_parallel_size%s",
+            bs, D, moerl_plural(D), share, moerl_plural(share), (long long)longest, o->max_tokens, pp,
+            moerl_plural(pp), v > 1 ? " (interleaved: a multiple of actor.pipeline_parallel_size)" : "", need, share,
+            moerl_plural(share), v > 1 ? " or set actor.virtual_pipeline_parallel_size=1" : "");
     }
     return MOERL_OK;
 }
