@@ -51,6 +51,8 @@
 #include "rollout/engine.h"
 
 #include <cblas.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,18 +260,26 @@ static void report(const char *what, double v[N_CONF][64], int reps, int is_rate
     }
 }
 
+/* A whole decimal int argument, or −1 (rejected by the range checks): "4x", "" and overflow are not counts. */
+static int parse_count(const char *s) {
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    return errno || end == s || *end || v < INT_MIN || v > INT_MAX ? -1 : (int)v;
+}
+
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
-    int reps = 5, do_decode = 1, do_step = 1, big = 0, tokens = 1024;
+    int reps = 5, do_decode = 1, do_step = 1, big = 0, tokens = 1024, tokens_set = 0;
     const char *which = "A", *profile = NULL, *layer = "bench";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = parse_count(argv[++i]);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--no-decode")) do_decode = 0;
         else if (!strcmp(argv[i], "--no-step")) do_step = 0;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
         else if (!strcmp(argv[i], "--layer") && i + 1 < argc) layer = argv[++i];
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = parse_count(argv[++i]), tokens_set = 1;
         else {
             fprintf(stderr, "usage: bench_moe_ablation [--reps R (3..64)] [--model A|B] [--no-decode] [--no-step] "
                             "[--layer bench|qwen3-30b-a3b] [--tokens N] [--profile TRACE.json]\n");
@@ -286,6 +296,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     big = !strcmp(layer, "qwen3-30b-a3b");
+    if (tokens_set && !big && tokens != 1024) {
+        fprintf(stderr, "bench_moe_ablation: --tokens applies to --layer qwen3-30b-a3b (the benchmark shape is 1024 "
+                        "tokens: its training step uses the same activations)\n");
+        return 2;
+    }
     if (big) do_step = 0;
     int threads = 1;
 #ifdef _OPENMP
