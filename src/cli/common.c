@@ -177,6 +177,15 @@ static int cli_check_arch_keys(const cfg *c, const char *flag, const char *path,
         "model.decoder_sparse_step", "model.mlp_only_layers", "model.norm_topk_prob",
         "model.tie_word_embeddings", "model.rope_theta", "model.rms_norm_eps", "model.max_position_embeddings",
         "model.router_aux_loss_coef", "model.initializer_range", "model.seed"};
+    /* a path that cannot be read refuses the run first: no warning about keys it would have overridden */
+    char cj_path[4200];
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(cj_path, sizeof cj_path, "%s/config.json", path);
+    else snprintf(cj_path, sizeof cj_path, "%s", path);
+    if (access(cj_path, R_OK) != 0)
+        return moerl_errorf("%s: cannot read '%s': %s (give a checkpoint folder holding config.json, or the "
+                            "config.json file)",
+                            flag, cj_path, strerror(errno));
 #define ORIGIN(o) (strcmp((o), "override") ? (o) : "command line")
     path_origin = ORIGIN(path_origin);
     const int path_cli = !strcmp(path_origin, "command line");
@@ -345,10 +354,23 @@ int cli_check_held_out_rows(const cfg *c, const dataset *test, const char *why_t
                         strstr(why_test, "trainer.val_n") ? ", or set trainer.val_n=0 (no held-out evaluation)" : "");
 }
 
+/* How a message names a row of ds (line > 0) or the whole data (line 0): "FILE:LINE" / "'FILE'" for
+ * files, "line LINE of <ds->path>" / "<ds->path>" for generated data, whose ds->path is the label
+ * cli_prepare_data gave it (the generated file may be gone by the time the message is read: a refused
+ * start removes the output folder it made, cli_outdir_abandon). Returns buf. */
+static const char *data_where(const dataset *ds, int generated, int64_t line, char *buf, size_t n) {
+    if (generated && line > 0) snprintf(buf, n, "line %lld of %s", (long long)line, ds->path);
+    else if (generated) snprintf(buf, n, "%s", ds->path);
+    else if (line > 0) snprintf(buf, n, "%s:%lld", ds->path, (long long)line);
+    else snprintf(buf, n, "'%s'", ds->path);
+    return buf;
+}
+
 /* data.max_prompt_length on one split: a prompt (chat template applied, generation prompt
  * included, as the rollout encodes it) longer than the limit is an error naming file:line and the
- * length, or dropped with data.filter_overlong_prompts (verl's data.filter_overlong_prompts). */
-static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
+ * length, or dropped with data.filter_overlong_prompts (verl's data.filter_overlong_prompts).
+ * generated: ds holds data.task's rows (named as data_where does). */
+static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split, int generated) {
     const int64_t max = cfg_int(c, "data.max_prompt_length");
     if (max < 0) return moerl_errorf("data.max_prompt_length must be ≥ 0 (0 = no limit), got %lld", (long long)max);
     if (max == 0 || dataset_count(ds) == 0) return MOERL_OK;
@@ -362,10 +384,11 @@ static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
         tok_chat_encode(r->prompt, r->n_prompt, true, &s);
         keep[i] = s.n <= max;
         if (!keep[i] && !filter) {
-            rc = moerl_errorf("%s:%lld: the prompt has %lld tokens (chat template applied), more than "
+            char w[4300];
+            rc = moerl_errorf("%s: the prompt has %lld tokens (chat template applied), more than "
                               "data.max_prompt_length=%lld: raise data.max_prompt_length, or set "
                               "data.filter_overlong_prompts=true to drop such rows",
-                              ds->path, (long long)r->line, (long long)s.n, (long long)max);
+                              data_where(ds, generated, r->line, w, sizeof w), (long long)s.n, (long long)max);
             break;
         }
     }
@@ -375,13 +398,25 @@ static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
         if (dropped > 0)
             log_info("data.filter_overlong_prompts: dropped %lld of %lld %s rows whose prompt is longer than "
                      "data.max_prompt_length=%lld tokens", (long long)dropped, (long long)n0, split, (long long)max);
+        char w[4300];
         if (dataset_count(ds) == 0 && n0 > 0)
-            rc = moerl_errorf("data.filter_overlong_prompts dropped every one of the %lld %s rows of '%s' (each prompt "
+            rc = moerl_errorf("data.filter_overlong_prompts dropped every one of the %lld %s rows of %s (each prompt "
                               "is longer than data.max_prompt_length=%lld tokens): raise data.max_prompt_length",
-                              (long long)n0, split, ds->path, (long long)max);
+                              (long long)n0, split, data_where(ds, generated, 0, w, sizeof w), (long long)max);
     }
     free(keep);
     return rc;
+}
+
+/* cli_check_data_sources, naming generated data as data_where does. */
+static int check_data_sources(const dataset *ds, int generated) {
+    for (int64_t i = 0; i < dataset_count(ds); i++) {
+        const ds_row *r = dataset_row(ds, i);
+        char w[4300];
+        if (!reward_fn_for(r->data_source))
+            return moerl_error_prefix("%s: ", data_where(ds, generated, r->line, w, sizeof w));
+    }
+    return MOERL_OK;
 }
 
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test) {
@@ -415,27 +450,36 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
         dataset_free(train);
         return MOERL_ERR;
     }
-    if (dataset_count(train) == 0) return moerl_errorf("training data '%s' has no rows", tr);
-    if (cli_check_data_sources(train) != MOERL_OK || cli_check_data_sources(test) != MOERL_OK) return MOERL_ERR;
+    const int gen = task[0] != 0;
+    if (gen) { /* messages name generated data by the key that made it, not by a file a refusal may remove */
+        char label[300];
+        dataset *both[2] = {train, test};
+        for (int d = 0; d < 2; d++) {
+            snprintf(label, sizeof label, "the %s data generated by data.task=%s", d ? "held-out" : "training", task);
+            free(both[d]->path);
+            both[d]->path = xstrdup(label);
+        }
+    }
+    if (dataset_count(train) == 0)
+        return gen ? moerl_errorf("%s has no rows (data.n_train=%lld): set data.n_train ≥ 1", train->path,
+                                  (long long)cfg_int(c, "data.n_train"))
+                   : moerl_errorf("training data '%s' has no rows", tr);
+    if (check_data_sources(train, gen) != MOERL_OK || check_data_sources(test, gen) != MOERL_OK) return MOERL_ERR;
     const dataset *both[2] = {train, test};
     for (int d = 0; d < 2; d++)
         for (int64_t i = 0; i < dataset_count(both[d]); i++) {
             const ds_row *r = dataset_row(both[d], i);
+            char w[4300];
             if (tokenizer_chat_check(tok_current(), r->prompt, r->n_prompt) != MOERL_OK)
-                return moerl_error_prefix("%s:%lld: prompt: ", both[d]->path, (long long)r->line);
+                return moerl_error_prefix("%s: prompt: ", data_where(both[d], gen, r->line, w, sizeof w));
         }
-    if (check_prompt_lengths(c, train, "training") != MOERL_OK || check_prompt_lengths(c, test, "held-out") != MOERL_OK)
+    if (check_prompt_lengths(c, train, "training", gen) != MOERL_OK ||
+        check_prompt_lengths(c, test, "held-out", gen) != MOERL_OK)
         return MOERL_ERR;
     return MOERL_OK;
 }
 
-int cli_check_data_sources(const dataset *ds) {
-    for (int64_t i = 0; i < dataset_count(ds); i++) {
-        const ds_row *r = dataset_row(ds, i);
-        if (!reward_fn_for(r->data_source)) return moerl_error_prefix("%s:%lld: ", ds->path, (long long)r->line);
-    }
-    return MOERL_OK;
-}
+int cli_check_data_sources(const dataset *ds) { return check_data_sources(ds, 0); }
 
 int cli_outdir_check_subdirs(const char *dir, const char *const *names, int n) {
     for (int i = 0; i < n; i++) {
