@@ -8,6 +8,8 @@
  *   data.max_prompt_length (0, rl's "no limit", is planned as 512), rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
  *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
  *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (cli_model_config),
+ *   data.* keys that exclude each other (cli_check_data_keys: data.filter_overlong_prompts=true without
+ *   data.max_prompt_length, data.task beside data files),
  *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
 #include <getopt.h>
 #include <jansson.h>
@@ -65,6 +67,9 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
     if (cfg_check_int32(c, "seed") != MOERL_OK) return MOERL_ERR;
+    /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
+     * data.max_prompt_length > 0); plan reads no data, so no held-out evaluation is checked */
+    if (cli_check_data_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
     const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
                          "rollout.n", "actor.ppo_mini_batch_size", "actor.ppo_epochs", "async_training.require_batches",
                          "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};

@@ -260,8 +260,9 @@ static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb
         const int lag = vmin == (1 << 30) ? 0 : J->T.version - vmin;
         s->res->stale_hist[MOERL_MIN(7, MOERL_MAX(0, lag))]++;
     }
-    double flops = model_train_flops(su->target, tokens, pairs) * c->ppo_epochs;
-    if (c->recompute_old) flops *= 1.0 + 1.0 / 3.0; /* one more forward for π_old */
+    /* ppo_epochs forward+backward passes, and once per step the forward-only ones (a third each,
+     * model/perf.h): the proximal logprobs and the KL reference's (actor.use_kl_loss), as trainer_update */
+    const double flops = model_train_flops(su->target, tokens, pairs) * (c->ppo_epochs + rl_fwd_only_passes(c) / 3.0);
     const int updates = n_mb * c->ppo_epochs;
     const double nt = su->n_trainer;
     double comm = 0;

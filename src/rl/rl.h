@@ -340,6 +340,12 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
  * must call it with the same n_mb (collective over the trainer group). Fills the loss fields of st
  * (sample fields untouched), st->reduce_exposed_s; T->step++. */
 int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st);
+/* Forward-only passes over the whole step that trainer_update runs besides its ppo_epochs updates:
+ * the recomputed old / proximal logprobs (actor.use_decoupled_loss, or rollout correction without
+ * bypass: recompute_old) and the KL reference's logprobs (actor.use_kl_loss), 0 to 2. Each costs a
+ * third of model_train_flops over the step's tokens (model/perf.h); perf/mfu and moerl simulate's
+ * update time count them. */
+int rl_fwd_only_passes(const rl_config *cfg);
 /* Rewards of a group's n responses: the reward function of the prompt's data_source, plus DAPO's
  * overlong penalty when reward_model.overlong_buffer.enable. raw_scores[n] (may be NULL) gets the
  * scores before shaping (accuracy counts score ≥ 1). Errors: an unknown data_source, a row outside

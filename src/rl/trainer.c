@@ -557,12 +557,9 @@ static void ppo_ctx_free(ppo_ctx *c) {
     free(c->rf); free(c->iw); free(c->idx);
 }
 
-/* Forward-only passes over the whole step in trainer_update besides the ppo_epochs updates, for
- * perf/mfu: the recomputed old / proximal logprobs (step_data_logprobs: decoupled loss, or
- * bypass_mode=false) and the KL reference's logprobs (actor.use_kl_loss). */
-static int fwd_only_passes(const trainer *T) {
-    return (T->cfg->ppo.decoupled || T->cfg->recompute_old) + (T->ref != NULL);
-}
+/* step_data_logprobs's passes: the proximal one, and the reference's (trainer_init made T->ref for
+ * use_kl_loss). */
+int rl_fwd_only_passes(const rl_config *cfg) { return (cfg->ppo.decoupled || cfg->recompute_old) + !!cfg->use_kl_loss; }
 
 int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st) {
     const rl_config *cfg = T->cfg;
@@ -601,7 +598,7 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
                        aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
                        (double)is.n_tokens,
                        model_train_flops(&T->m->cfg, flop_tokens, flop_pairs) *
-                           (cfg->ppo_epochs + fwd_only_passes(T) / 3.0)}; /* a forward is a third (perf.h) */
+                           (cfg->ppo_epochs + rl_fwd_only_passes(cfg) / 3.0)}; /* a forward is a third (perf.h) */
     if (finish_stats(T, sums, n_updates, st) != MOERL_OK) goto out;
     st->expert_load_max_over_mean = n > 0 ? expert_load_ratio(T) : 0;
     T->step++;

@@ -15,8 +15,11 @@
  *                 b = tokens of the step per busy replica, P_expert1 = one expert's weights, the
  *                 touched-expert count is the expectation for b tokens routed uniformly
  *                 (each of E experts missed with probability (1 − K/E)^b);
- *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · ppo_epochs / n_trainer
- *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update;
+ *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · (ppo_epochs + f / 3) / n_trainer
+ *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update,
+ *                 f = rl_fwd_only_passes: the step's forward-only passes (a third of a training pass
+ *                 each) — the proximal logprobs (decoupled loss or no bypass) and the KL reference's
+ *                 logprobs (actor.use_kl_loss), as trainer_update runs them once per step;
  *   weight sync   t = bytes_bcast / link_bw + c_sync.
  * Host sharing (sim_setup.host_cores = C > 0, for validating against runs on one CPU host): the
  *   roles are processes of one thread each, sharing C cores by processor sharing — while n of them
