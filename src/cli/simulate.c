@@ -133,8 +133,10 @@ static int claim_folder(const char *dir, cli_outdir *od) {
     return moerl_write_file_atomic(m, note, sizeof note - 1);
 }
 
+/* One setting of the sweep, simulated into <out_dir>/<label>. rows non-NULL (--sweep --json): appends
+ * the setting (label, mode, staleness, partial rollout, devices) followed by result_json's fields. */
 static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
-                   sim_result *r) {
+                   sim_result *r, json_t *rows) {
     rl_config rc = x->rc;
     sim_setup su = x->su;
     rc.mode = mode;
@@ -153,7 +155,20 @@ static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int pa
     log_info("simulate %s: %d rollout device%s (%d replica%s), %d trainer device%s", label, n_roll_dev,
              moerl_plural(n_roll_dev), su.n_rollout_replicas, moerl_plural(su.n_rollout_replicas), n_train,
              moerl_plural(n_train));
-    return sim_run(&rc, &su, x->tiny, x->train, r);
+    if (sim_run(&rc, &su, x->tiny, x->train, r) != MOERL_OK) return MOERL_ERR;
+    if (rows) {
+        json_t *o = json_object();
+        json_object_set_new(o, "setting", json_string(label));
+        json_object_set_new(o, "mode", json_string(mode == RL_MODE_SYNC ? "sync" : "async"));
+        json_object_set_new(o, "staleness_threshold", json_real(rc.staleness_threshold));
+        json_object_set_new(o, "partial_rollout", json_boolean(rc.partial_rollout));
+        json_object_set_new(o, "rollout_devices", json_integer(n_roll_dev));
+        json_t *res = result_json(r, &su);
+        json_object_update(o, res); /* the run's figures after the setting's keys */
+        json_decref(res);
+        json_array_append_new(rows, o);
+    }
+    return MOERL_OK;
 }
 
 static const char k_sweep_gp[] =
@@ -183,11 +198,18 @@ static int64_t sweep_versions(const sim_ctx *x) {
     return (steps + t - 1) / t; /* a last, shorter window still makes a version */
 }
 
-static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
+/* The report grid (see the top of this file): writes sweep.md, sweep.dat, sweep.gp/png under the output
+ * folder, and prints sweep.md on stdout — or, as_json, one JSON object: {"parameter_versions": N,
+ * "warning": text or null, "rows": [...]}, a row per setting in sweep.md's order (sync, the 8 staleness
+ * × partial rollout rows, the 3 rollout:trainer splits), each the setting's keys, its throughput
+ * relative to its table's baseline ("vs_sync" / "vs_1_to_1", and "split" for the splits) and every
+ * field of the non-sweep --json result. */
+static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
     const double ss[4] = {0, 0.1, 0.3, 0.5};
     sim_result base, r[2][4], sp[3];
     char md[16384];
     size_t o = 0;
+    json_t *rows = as_json ? json_array() : NULL;
     const int64_t versions = sweep_versions(x);
     if (versions <= 1) {
         log_warn("simulate --sweep: the run makes %lld parameter version%s (trainer steps / "
@@ -199,7 +221,8 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
                       "Warning: %lld parameter version%s in this run, so the staleness rows cannot differ.\n\n",
                       (long long)versions, moerl_plural(versions));
     }
-    if (run_one(x, "sync", RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base) != MOERL_OK) return MOERL_ERR;
+    int rc = MOERL_ERR;
+    if (run_one(x, "sync", RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base, rows) != MOERL_OK) goto out;
     o += snprintf(md + o, sizeof md - o,
                   "| setting | prompts/s | vs sync | gen tokens/s | trainer idle | rollout idle | max staleness | "
                   "interrupted responses |\n|---|---|---|---|---|---|---|---|\n"
@@ -211,7 +234,7 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
             char label[64];
             snprintf(label, sizeof label, "async_s%.1f_partial_%s", ss[i], p ? "on" : "off");
             sim_result *q = &r[p][i];
-            if (run_one(x, label, RL_MODE_ASYNC, ss[i], p, n_roll_dev, n_train, q) != MOERL_OK) return MOERL_ERR;
+            if (run_one(x, label, RL_MODE_ASYNC, ss[i], p, n_roll_dev, n_train, q, rows) != MOERL_OK) goto out;
             o += snprintf(md + o, sizeof md - o, "| async s=%.1f partial %s | %.4g | %.2fx | %.4g | %.2f | %.2f | %d | %lld |\n",
                           ss[i], p ? "on" : "off", q->prompts_per_s, q->prompts_per_s / base.prompts_per_s,
                           q->tokens_per_s, q->trainer_idle_ratio, q->rollout_idle_ratio, q->max_staleness,
@@ -229,10 +252,13 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
         const int td = total - rd;
         char label[64];
         snprintf(label, sizeof label, "split_%d_to_1", k);
-        if (td < 1 || run_one(x, label, RL_MODE_ASYNC, x->rc.staleness_threshold, x->rc.partial_rollout, rd, td,
-                              &sp[k - 1]) != MOERL_OK)
-            return td < 1 ? moerl_errorf("simulate --sweep: %d device%s leave no trainer at %d:1", total,
-                                         moerl_plural(total), k) : MOERL_ERR;
+        if (td < 1) {
+            moerl_errorf("simulate --sweep: %d device%s leave no trainer at %d:1", total, moerl_plural(total), k);
+            goto out;
+        }
+        if (run_one(x, label, RL_MODE_ASYNC, x->rc.staleness_threshold, x->rc.partial_rollout, rd, td, &sp[k - 1],
+                    rows) != MOERL_OK)
+            goto out;
         /* too few devices for the ratio: the row says which split it ran (2 devices: 2:1 and 3:1 are 1:1) */
         char split[48];
         if (rd == k * td) snprintf(split, sizeof split, "%d:1", k);
@@ -243,7 +269,7 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
     }
     char p[4300], dat[4300], png[4300], gp[4300];
     snprintf(p, sizeof p, "%s/sweep.md", x->rc.out_dir);
-    if (moerl_write_file_atomic(p, md, o) != MOERL_OK) return MOERL_ERR;
+    if (moerl_write_file_atomic(p, md, o) != MOERL_OK) goto out;
     char d[4096];
     size_t n = 0;
     n += snprintf(d + n, sizeof d - n, "# staleness  partial_on/sync  partial_off/sync\n");
@@ -257,11 +283,38 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train) {
     snprintf(dat, sizeof dat, "%s/sweep.dat", x->rc.out_dir);
     snprintf(png, sizeof png, "%s/sweep.png", x->rc.out_dir);
     snprintf(gp, sizeof gp, "%s/sweep.gp", x->rc.out_dir);
-    if (moerl_write_file_atomic(dat, d, n) != MOERL_OK) return MOERL_ERR;
+    if (moerl_write_file_atomic(dat, d, n) != MOERL_OK) goto out;
     if (moerl_plot_script(gp, k_sweep_gp, dat, png) != MOERL_OK) log_warn("no plot: %s", moerl_last_error());
     else log_info("plot written to %s", png);
-    fwrite(md, 1, o, stdout);
-    return MOERL_OK;
+    if (as_json) {
+        /* rows in run order: [0] sync, [1..8] the staleness rows, [9..11] the splits 1:1, 2:1, 3:1 */
+#define PPS(i) json_number_value(json_object_get(json_array_get(rows, (i)), "prompts_per_s"))
+        for (int i = 0; i < 9; i++)
+            json_object_set_new(json_array_get(rows, i), "vs_sync", cli_json_real(PPS(i) / PPS(0)));
+        for (int k = 0; k < 3; k++) {
+            json_t *row = json_array_get(rows, 9 + k);
+            char split[16];
+            snprintf(split, sizeof split, "%d:1", k + 1); /* asked for; rollout_devices, trainer_devices: ran */
+            json_object_set_new(row, "split", json_string(split));
+            json_object_set_new(row, "vs_1_to_1", cli_json_real(PPS(9 + k) / PPS(9)));
+        }
+#undef PPS
+        char warn[200];
+        snprintf(warn, sizeof warn, "the run makes %lld parameter version%s, so the staleness rows cannot differ",
+                 (long long)versions, moerl_plural(versions));
+        json_t *j = json_object();
+        json_object_set_new(j, "parameter_versions", json_integer(versions));
+        json_object_set_new(j, "warning", versions <= 1 ? json_string(warn) : json_null());
+        json_object_set_new(j, "rows", rows);
+        rows = NULL;
+        cli_print_json(j, 17);
+    } else {
+        fwrite(md, 1, o, stdout);
+    }
+    rc = MOERL_OK;
+out:
+    json_decref(rows);
+    return rc;
 }
 
 int cmd_simulate(int argc, char **argv) {
@@ -389,7 +442,7 @@ int cmd_simulate(int argc, char **argv) {
     x.tiny = &tiny;
     x.train = &train;
     if (do_sweep) {
-        if (sweep(&x, n_roll_dev, x.su.n_trainer) != MOERL_OK) goto fail;
+        if (sweep(&x, n_roll_dev, x.su.n_trainer, as_json) != MOERL_OK) goto fail;
     } else {
         sim_result r;
         if (sim_run(&x.rc, &x.su, &tiny, &train, &r) != MOERL_OK) goto fail;
