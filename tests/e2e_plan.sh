@@ -48,6 +48,19 @@ mml() { $M plan --config examples/smoke.yaml --json "$@" 2>/dev/null |
     /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["max_model_len"])' 2>/dev/null; }
 [[ $(mml data.max_prompt_length=100) == 108 && $(mml) == 520 ]] && ok ||
     fail "plan's max_model_len: $(mml data.max_prompt_length=100) with data.max_prompt_length=100 (want 108), $(mml) by default (want 520)"
+# data.filter_overlong_prompts=true without data.max_prompt_length (it would drop nothing) is refused with
+# moerl rl's and simulate's words (cli_check_data_keys, shared); with a limit it plans
+$M plan --config examples/smoke.yaml data.filter_overlong_prompts=true >/dev/null 2>"$OUT/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -qF "plan: data.filter_overlong_prompts=true drops the prompts longer than data.max_prompt_length, but data.max_prompt_length=0" "$OUT/err" &&
+    ok || fail "plan data.filter_overlong_prompts=true without a limit: exit $rc, $(cat "$OUT/err")"
+[[ $(mml data.max_prompt_length=100 data.filter_overlong_prompts=true) == 108 ]] && ok ||
+    fail "plan data.filter_overlong_prompts=true data.max_prompt_length=100 did not plan"
+# --model that does not exist: refused naming it, with no warning about the config's model.* keys first
+$M plan --config examples/smoke.yaml --model "$OUT/no_such_model" >/dev/null 2>"$OUT/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -qF "plan: --model: cannot read '$OUT/no_such_model'" "$OUT/err" && ! grep -q WARN "$OUT/err" &&
+    ok || fail "plan --model of a missing folder: exit $rc, $(head -c 300 "$OUT/err")"
 # counts of one read in the singular ("1 layer", "1 rank", "every 1 step")
 $M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
 grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&
