@@ -9,7 +9,9 @@
  * --model gives the simulated model (its costs); otherwise model.path / model.* as in `moerl rl`.
  * --sweep runs the report grid (staleness 0/0.1/0.3/0.5 × partial rollout on/off in async mode, the
  * synchronous baseline, rollout:trainer 1:1/2:1/3:1 at the same total devices) and writes
- * sweep.md, sweep.dat and sweep.png under trainer.default_local_dir. */
+ * sweep.md, sweep.dat and sweep.png under trainer.default_local_dir, and prints sweep.md — or, with
+ * --json, one JSON object with a row per setting (sweep()). Without --sweep the result is one JSON line
+ * (--json: 17 significant digits). */
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
