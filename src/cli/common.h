@@ -89,7 +89,7 @@ void cli_print_error(const char *cmd, const char *msg);
  * its rank in *rank, read from the launcher's environment (no MPI call: usable before MPI_Init);
  * size 1 and rank 0 when not launched by one. */
 int cli_launcher_world(int *rank);
-/* Check every row's data_source names a reward function; the error names file:line and the value. */
+/* Check every row's data_source names a reward function; the error names the row (dataset_where) and the value. */
 int cli_check_data_sources(const dataset *ds);
 
 /* JSON values for command output (jansson): a non-finite number becomes null (JSON has no NaN,

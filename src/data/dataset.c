@@ -169,6 +169,14 @@ int dataset_load(dataset *ds, const char *path) {
 
 int64_t dataset_count(const dataset *ds) { return ds->n; }
 
+const char *dataset_where(const dataset *ds, int64_t line, char *buf, size_t n) {
+    if (ds->generated && line > 0) snprintf(buf, n, "line %lld of %s", (long long)line, ds->path);
+    else if (ds->generated) snprintf(buf, n, "%s", ds->path);
+    else if (line > 0) snprintf(buf, n, "%s:%lld", ds->path, (long long)line);
+    else snprintf(buf, n, "'%s'", ds->path);
+    return buf;
+}
+
 const ds_row *dataset_row(const dataset *ds, int64_t i) {
     MOERL_ASSERT(i >= 0 && i < ds->n);
     return &ds->rows[i];

@@ -32,9 +32,10 @@ typedef struct {
 } ds_row;
 
 typedef struct {
-    char *path;
+    char *path;    /* the file, or for generated data a label naming what made it (generated = 1) */
     ds_row *rows;
     int64_t n;
+    int generated; /* 1: the rows were generated (data.task), path is a label, not a file */
 } dataset;
 
 /* Read every row of the JSONL file at `path` into memory. On error *ds is left empty (n = 0)
@@ -43,6 +44,11 @@ int dataset_load(dataset *ds, const char *path);
 /* Parse JSONL text held in memory; `name` stands for the path in messages. */
 int dataset_load_string(dataset *ds, const char *text, size_t len, const char *name);
 int64_t dataset_count(const dataset *ds);
+/* How a message names row `line` of ds (line > 0) or the whole data (line 0), into buf[n]: "FILE:LINE"
+ * / "'FILE'" for a file, "line LINE of LABEL" / "LABEL" for generated data (ds->generated: the file
+ * they were written to may be gone by the time the message is read — a refused start removes the
+ * output folder it made). Returns buf. */
+const char *dataset_where(const dataset *ds, int64_t line, char *buf, size_t n);
 /* Row i, 0 ≤ i < count (out of range aborts: a bug in the caller). */
 const ds_row *dataset_row(const dataset *ds, int64_t i);
 void dataset_free(dataset *ds);

@@ -376,10 +376,11 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     model_acts acts = {0};
     adamw_state os = {0};
     dist_grad_reducer *red = NULL;
+    char where[4200];
     for (int64_t i = 0; i < n_rows; i++) {
         const ds_row *r = dataset_row(train, i);
         if (!r->response) {
-            moerl_errorf("%s:%lld: SFT needs a 'response' field", train->path, (long long)r->line);
+            moerl_errorf("%s: SFT needs a 'response' field", dataset_where(train, r->line, where, sizeof where));
             goto out;
         }
         tok_chat_encode(r->prompt, r->n_prompt, true, &seqs[i]);
@@ -387,15 +388,15 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         tok_encode_response(r->response, &seqs[i]);
         for (int64_t t = 0; t < seqs[i].n; t++)
             if (seqs[i].ids[t] >= m->cfg.vocab_size) {
-                moerl_errorf("%s:%lld: token %d outside the model's vocabulary %d", train->path, (long long)r->line,
-                             seqs[i].ids[t], m->cfg.vocab_size);
+                moerl_errorf("%s: token %d outside the model's vocabulary %d",
+                             dataset_where(train, r->line, where, sizeof where), seqs[i].ids[t], m->cfg.vocab_size);
                 goto out;
             }
         /* checked here for every row on every rank, so no rank fails alone inside a step */
         if (seqs[i].n > o->max_tokens) {
-            moerl_errorf("%s:%lld: the row has %lld tokens, more than a micro-batch holds (%d): raise "
+            moerl_errorf("%s: the row has %lld tokens, more than a micro-batch holds (%d): raise "
                          "data.max_token_len_per_micro_batch (actor.ppo_max_token_len_per_gpu for the warm start)",
-                         train->path, (long long)r->line, (long long)seqs[i].n, o->max_tokens);
+                         dataset_where(train, r->line, where, sizeof where), (long long)seqs[i].n, o->max_tokens);
             goto out;
         }
     }
