@@ -112,6 +112,14 @@ rc=$?
 if [[ $rc -eq 1 ]] && grep -q "simulate: --model: cannot read '$OUT/no_such_model'" "$OUT/nomodel.log" &&
     ! grep -q "WARN" "$OUT/nomodel.log" && [[ ! -e "$OUT/nomodel" ]]; then ok
 else fail "simulate --model of a missing folder: exit $rc, $(head -c 400 "$OUT/nomodel.log")"; fi
+# --model whose config.json is not valid JSON: the same (the parse error first, no warning)
+mkdir -p "$OUT/bad_model" && printf '{"hidden_size": 64,' >"$OUT/bad_model/config.json"
+$M simulate --config $CFG --model "$OUT/bad_model" trainer.default_local_dir="$OUT/badmodel" \
+    >/dev/null 2>"$OUT/badmodel.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "simulate: --model: config '$OUT/bad_model/config.json': not valid JSON" "$OUT/badmodel.log" &&
+    ! grep -q "WARN" "$OUT/badmodel.log" && [[ ! -e "$OUT/badmodel" ]]; then ok
+else fail "simulate --model with a malformed config.json: exit $rc, $(head -c 400 "$OUT/badmodel.log")"; fi
 # actor.use_kl_loss: the KL reference's forward-only pass over the step's tokens, once per step (not per
 # epoch), costs a third of a training pass. Sync mode trains the same groups either way (deterministic, the
 # update time moves no sample) and the cpu device has no fixed cost per update (sim.update_overhead_s 0), so

@@ -186,6 +186,9 @@ static int cli_check_arch_keys(const cfg *c, const char *flag, const char *path,
         return moerl_errorf("%s: cannot read '%s': %s (give a checkpoint folder holding config.json, or the "
                             "config.json file)",
                             flag, cj_path, strerror(errno));
+    /* nor one whose config.json is not a model's (cheap: no weights are read here) */
+    moe_config probe;
+    if (moe_config_load(&probe, cj_path) != MOERL_OK) return moerl_error_prefix("%s: ", flag);
 #define ORIGIN(o) (strcmp((o), "override") ? (o) : "command line")
     path_origin = ORIGIN(path_origin);
     const int path_cli = !strcmp(path_origin, "command line");
