@@ -791,6 +791,41 @@ static void test_pack_rule(void) {
     if (RANK == 0) printf("  packing: oracle agrees on %d batches (%d feasible)\n", n_cases, feasible);
 }
 
+/* pp_slots_needed walks the schedule only up to a capped micro-batch count (moerl plan asks about up to
+ * 2^31 − 1): against the peaks counted over the whole schedule (pp_schedule, every pass) for pp 1..8,
+ * v 1..4, every stage and m up to 12·pp·v + 40 — far past the cap —, and a huge count answered at once
+ * (the count is only a loop bound after the cap: no 2^31-entry schedule is built). */
+static void test_slots_cap(void) {
+    int wrong = 0, checked = 0;
+    for (int p = 1; p <= 8; p++)
+        for (int v = 1; v <= (p > 1 ? 4 : 1); v++)
+            for (int r = 0; r < p; r++)
+                for (int m = 1; m <= 12 * p * v + 40; m++) {
+                    if (v > 1 && m % p) continue;
+                    const int nops = 2 * m * v;
+                    int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
+                    int want[PP_MAX_CHUNKS], in[PP_MAX_CHUNKS] = {0}, got[PP_MAX_CHUNKS];
+                    for (int c = 0; c < v; c++) want[c] = 1;
+                    wrong += pp_schedule(p, r, v, m, kind, chunk, mbi) != nops;
+                    for (int i = 0; i < nops; i++) {
+                        in[chunk[i]] += kind[i] ? -1 : 1;
+                        want[chunk[i]] = MOERL_MAX(want[chunk[i]], in[chunk[i]]);
+                    }
+                    if (v == 1) want[0] = MOERL_MAX(want[0], p - r);
+                    free(kind);
+                    wrong += pp_slots_needed(p, r, v, m, got) != MOERL_OK;
+                    for (int c = 0; c < v; c++) wrong += got[c] != want[c];
+                    checked++;
+                }
+    CHECK(wrong == 0, "pp_slots_needed: %d mismatches against the whole schedule over %d (pp, v, stage, m)", wrong,
+          checked);
+    int big[PP_MAX_CHUNKS], small[PP_MAX_CHUNKS];
+    CHECK(pp_slots_needed(8, 0, 2, 2147483640, big) == MOERL_OK && pp_slots_needed(8, 0, 2, 800, small) == MOERL_OK &&
+              big[0] == small[0] && big[1] == small[1],
+          "2^31 − 8 micro-batches: the steady-state peaks (%d, %d)", big[0], big[1]);
+    CHECK(pp_slots_needed(4, 0, 2, 2147483647, big) == MOERL_ERR, "interleaved, a count not a multiple of pp: refused");
+}
+
 /* The schedule's order, pure, for pp 2..4, v 1..3, m = pp..4·pp (v > 1: multiples of pp): every pass
  * once, each chunk's forwards and backwards in micro-batch order with a micro-batch's backward after
  * its forward, the chunks' last backwards in the order v − 1 … 0 (what the overlapped gradient sum
@@ -1003,6 +1038,7 @@ int main(int argc, char **argv) {
     if (RANK == 0) printf("test_dist_pp: backend %s, %d ranks\n", dist_backend_name(), P);
     test_plan();
     test_pack_rule();
+    test_slots_cap();
     test_schedule();
     test_window();
     if (P >= 2) {

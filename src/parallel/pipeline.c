@@ -822,6 +822,18 @@ int pp_slots_needed(int pp, int stage, int v, int m, int *need) {
     if (v < 1 || v > PP_MAX_CHUNKS) return moerl_errorf("pipeline: %d chunks per stage, expected 1..%d", v, PP_MAX_CHUNKS);
     for (int c = 0; c < v; c++) need[c] = 1;
     if (m <= 0) return MOERL_OK;
+    if (pp < 1 || stage < 0 || stage >= pp) return moerl_errorf("pipeline: stage %d of %d, expected 0..%d", stage, pp, pp - 1);
+    /* The schedule is walked up to m_cap micro-batches at most (moerl plan asks about counts up to
+     * 2^31 − 1). Past the warm-up (≤ 2(p − 1) + (v − 1)p forwards when m > p) the steady 1F1B pairs
+     * repeat with period p·v — each chunk gets p forwards and p backwards per period — and the
+     * cool-down only retires micro-batches, so once the steady phase holds a whole period the peaks
+     * are reached and more micro-batches change nothing (tests/test_pipeline.c checks it against the
+     * whole schedule). m_cap keeps the interleaved rule (a multiple of p). */
+    const int64_t warm = 2 * (int64_t)(pp - 1) + (int64_t)(v - 1) * pp;
+    int64_t m_cap = (warm + (int64_t)pp * v + v - 1) / v + 2 * (int64_t)pp;
+    m_cap = (m_cap + pp - 1) / pp * pp;
+    if (v > 1 && m % pp) return pp_schedule(pp, stage, v, m, NULL, NULL, NULL); /* its refusal (nothing written) */
+    if (m > m_cap) m = (int)m_cap;
     const int nops = 2 * m * v;
     int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
     if (pp_schedule(pp, stage, v, m, kind, chunk, mbi) != nops) {
