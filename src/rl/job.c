@@ -725,9 +725,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
         if (engine_load_weights(J->R.eng, J->m->params, J->m->n_params, J->T.version) != MOERL_OK) goto out0;
     }
     if (job_open_outputs(J, J->resumed) != MOERL_OK) goto out0;
-    if (cfg->grad_compression)
-        log_warn("actor.grad_compression has no effect in one process (there is no gradient all-reduce): it applies to "
-                 "data-parallel trainer ranks under mpirun (trainer.n_ranks ≥ 2)");
+    /* actor.grad_compression in one process: moerl rl warned before building the model (no all-reduce here) */
     log_info("fully-async GRPO: %lld step%s × %d prompts × %d responses; staleness_threshold %g → queue %d, "
              "lag bound %d (for in-order completion); trigger_parameter_sync_step %d; partial_rollout %s; mode %s",
              (long long)J->total_steps, moerl_plural(J->total_steps), b.required_samples, cfg->n,
