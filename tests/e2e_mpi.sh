@@ -318,6 +318,14 @@ mpi_sft 4 "$W/rh3" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual
     data.train_batch_size=5 data.max_token_len_per_micro_batch=40
 EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2 v 2, 5 rows per batch: refused at the start, once (rc $rc): $(tail -c 400 "$W/err")"
 edge eval 'one_refusal && grep -q "gives a pipeline 3 sequences per step, .* 2 pipeline stages (interleaved" "$W/err"'
+# a configuration every rank refuses alike is printed once: an unknown key (parsed before MPI starts) and a
+# value sft_train checks before its first step
+mpi_sft 4 "$W/rk" 60 bogus.key=1
+EDGE_WHAT="moerl-mpi sft -np 4 with an unknown key: one message (rc $rc): $(tail -c 300 "$W/err")"
+edge eval 'one_refusal && grep -q "unknown key .bogus.key." "$W/err"'
+mpi_sft 4 "$W/rl" 60 optim.lr=-1
+EDGE_WHAT="moerl-mpi sft -np 4 with optim.lr=-1: one message (rc $rc): $(tail -c 300 "$W/err")"
+edge eval 'one_refusal && grep -q "must be finite numbers ≥ 0 (got -1" "$W/err"'
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
 # first_steps NP DIR copy|once [key=value ...]: 2 training steps on NP ranks into DIR (a checkpoint to

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -78,6 +79,19 @@ void cli_def_data_keys(cfg *c) {
     cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking (false: empty think block in the prompt)");
 }
 
+/* A message of cli_parse_config_args on stderr: every rank of an mpirun parses the same arguments and
+ * fails alike, so only the launcher's rank 0 prints it (one process: always). */
+static void parse_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void parse_error(const char *fmt, ...) {
+    int rank;
+    cli_launcher_world(&rank);
+    if (rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
 int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *exit_code) {
     const char *path = NULL, *profile = NULL;
     for (int i = 1; i < argc; i++) {
@@ -89,7 +103,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
         }
         if (!strcmp(argv[i], "--config") || !strcmp(argv[i], "--profile")) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "moerl %s: %s needs a file\n", cmd, argv[i]);
+                parse_error("moerl %s: %s needs a file\n", cmd, argv[i]);
                 *exit_code = 2;
                 return 2;
             }
@@ -98,7 +112,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
                 continue;
             }
             if (path) {
-                fprintf(stderr, "moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
+                parse_error("moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
                                 "single keys with key=value)\n", cmd, path, argv[i + 1]);
                 *exit_code = 2;
                 return 2;
@@ -108,7 +122,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
         }
         if (!strncmp(argv[i], "--config=", 9)) {
             if (path) {
-                fprintf(stderr, "moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
+                parse_error("moerl %s: --config given twice ('%s' and '%s'): one config file per run (override "
                                 "single keys with key=value)\n", cmd, path, argv[i] + 9);
                 *exit_code = 2;
                 return 2;
@@ -117,19 +131,19 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
             continue;
         }
         if (argv[i][0] == '-') { /* e.g. --n-train 8: a flag of another command, or a typo */
-            fprintf(stderr, "moerl %s: unknown option '%s' (this command takes --config FILE and key=value "
+            parse_error("moerl %s: unknown option '%s' (this command takes --config FILE and key=value "
                             "overrides; see --help)\n", cmd, argv[i]);
             *exit_code = 2;
             return 2;
         }
     }
     if (!path) {
-        fprintf(stderr, "moerl %s: --config FILE is required (see --help; examples/ has configs)\n", cmd);
+        parse_error("moerl %s: --config FILE is required (see --help; examples/ has configs)\n", cmd);
         *exit_code = 2;
         return 2;
     }
     if (path && cfg_load_yaml(c, path) != MOERL_OK) {
-        fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+        parse_error("moerl %s: %s\n", cmd, moerl_last_error());
         *exit_code = 1;
         return 1;
     }
@@ -137,23 +151,23 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
         if (!strcmp(argv[i], "--config") || !strcmp(argv[i], "--profile")) { i++; continue; }
         if (!strncmp(argv[i], "--config=", 9)) continue;
         if (!strchr(argv[i], '=')) {
-            fprintf(stderr, "moerl %s: unexpected argument '%s' (expected --config FILE or key=value)\n", cmd, argv[i]);
+            parse_error("moerl %s: unexpected argument '%s' (expected --config FILE or key=value)\n", cmd, argv[i]);
             *exit_code = 2;
             return 2;
         }
         if (cfg_apply_override(c, argv[i]) != MOERL_OK) {
-            fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+            parse_error("moerl %s: %s\n", cmd, moerl_last_error());
             *exit_code = 1;
             return 1;
         }
     }
     if (cfg_check_int32(c, "seed") != MOERL_OK) {
-        fprintf(stderr, "moerl %s: %s\n", cmd, moerl_last_error());
+        parse_error("moerl %s: %s\n", cmd, moerl_last_error());
         *exit_code = 1;
         return 1;
     }
     if (profile && trace_open(profile) != MOERL_OK) { /* Chrome trace, written at exit (base/trace.h) */
-        fprintf(stderr, "moerl %s: --profile: %s\n", cmd, moerl_last_error());
+        parse_error("moerl %s: --profile: %s\n", cmd, moerl_last_error());
         *exit_code = 1;
         return 1;
     }

@@ -352,6 +352,9 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
               double *acc_after) {
     const int64_t n_rows = dataset_count(train);
     const int bs = o->batch_size;
+    /* the checks before the first step see the same config and data on every rank, so they fail alike:
+     * rank 0 reports them (reset once they pass, so that a rank's own failure later is its own to print) */
+    if (o->quiet_error_out) *o->quiet_error_out = o->dist && o->dist->trainer_rank > 0;
     if (bs <= 0 || bs > n_rows)
         return moerl_errorf("SFT batch size %d (data.train_batch_size, or sft.train_batch_size for the warm start) must be "
                             "in 1..%lld, the training rows (after sft.validation_rows)", bs, (long long)n_rows);
@@ -413,6 +416,7 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         moerl_errorf("no SFT steps: %lld rows, batch %d, %lld epochs", (long long)n_rows, bs, (long long)o->total_epochs);
         goto out;
     }
+    if (o->quiet_error_out) *o->quiet_error_out = 0; /* the alike checks passed */
     par_adamw_init(R.ps, m, &os, o->optim);
     /* a pipeline's passes use its own per-stage activations (acts only carries par there); a Ulysses
      * rank holds its token share */
