@@ -61,6 +61,11 @@ $M plan --config examples/smoke.yaml --model "$OUT/no_such_model" >/dev/null 2>"
 rc=$?
 [[ $rc -eq 1 ]] && grep -qF "plan: --model: cannot read '$OUT/no_such_model'" "$OUT/err" && ! grep -q WARN "$OUT/err" &&
     ok || fail "plan --model of a missing folder: exit $rc, $(head -c 300 "$OUT/err")"
+# --config (or --model) twice: refused naming both (the last one used to win silently)
+$M plan --config examples/smoke.yaml --config examples/demo.yaml >/dev/null 2>"$OUT/err"
+rc=$?
+[[ $rc -eq 2 ]] && grep -qF "plan: --config given twice ('examples/smoke.yaml' and 'examples/demo.yaml')" "$OUT/err" &&
+    ok || fail "plan --config twice: exit $rc, $(head -c 300 "$OUT/err")"
 # counts of one read in the singular ("1 layer", "1 rank", "every 1 step")
 $M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
 grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&

@@ -292,8 +292,17 @@ int cmd_plan(int argc, char **argv) {
     optind = 1;
     while ((o = getopt_long(argc, argv, "m:c:jh", opts, NULL)) != -1) {
         switch (o) {
-        case 'm': model = optarg; break;
-        case 'c': config = optarg; break;
+        case 'm':
+        case 'c':
+            if ((o == 'm' ? model : config) != NULL) { /* the last would win silently */
+                fprintf(stderr, "moerl plan: --%s given twice ('%s' and '%s'): one per run (override single keys "
+                                "with key=value)\n", o == 'm' ? "model" : "config", o == 'm' ? model : config, optarg);
+                cfg_free(c);
+                return 2;
+            }
+            if (o == 'm') model = optarg;
+            else config = optarg;
+            break;
         case 'j': as_json = 1; break;
         case 'h':
             printf("usage: moerl plan (--model DIR|config.json | --config FILE) [--json] [key=value ...]\n"
