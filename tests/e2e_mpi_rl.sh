@@ -562,6 +562,13 @@ sleep 0.3
 kill -USR1 "$(pgrep -P $pid -x mpirun)" 2>/dev/null
 wait $pid
 rc1=$?
+# the stop's JSON line carries the MPI keys as a finished run's does (checked when mpirun forwarded the
+# stdout it had: after forwarding the signal it may drop a rank's output, below; before the resume rewrites it)
+if [[ -s $WORK/sigterm.json ]] && grep -q stopped_by_signal "$WORK/sigterm.json"; then
+    if $PY -c "import json,sys; r=json.loads([l for l in open(sys.argv[1]) if 'stopped_by_signal' in l][-1]); sys.exit(0 if r['stopped_by_signal']==10 and r['world_size']==3 and r['rollout_ranks']==2 and r['trainer_ranks']==1 and 'syncs' in r else 1)" \
+        "$WORK/sigterm.json"; then ok "SIGUSR1 to mpirun: the stop JSON has world_size, the ranks and syncs"
+    else bad "SIGUSR1 stop JSON" "$(tail -c 300 "$WORK/sigterm.json")"; fi
+else echo "note: mpirun did not forward the stop JSON line (not checked)"; fi
 # (the line is read from the run's own log file: mpirun may stop forwarding a rank's stderr once it
 # has forwarded the signal)
 if [[ $rc1 -eq 0 ]] || ! grep -q "stopped by signal 10" "$WORK/sigterm/run.log"; then

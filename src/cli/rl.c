@@ -167,6 +167,23 @@ static json_t *rl_summary_json(const rl_config *rc, const rl_result *res, double
     return o;
 }
 
+/* The last line under mpirun (world_size P), run finished or stopped by a signal: rl_summary_json's keys
+ * and the ranks, the weight syncs (count; param_sync_s and weight_bcast_s the mean per sync) and the
+ * gradient reduction not hidden behind backward (Σ over steps). */
+static json_t *dist_summary_json(const rl_config *rc, const rl_result *res, double sft_acc, int P) {
+    json_t *o = rl_summary_json(rc, res, sft_acc);
+    json_object_set_new(o, "world_size", json_integer(P));
+    json_object_set_new(o, "rollout_ranks", json_integer(res->rollout_ranks));
+    json_object_set_new(o, "trainer_ranks", json_integer(res->trainer_ranks));
+    json_object_set_new(o, "syncs", json_integer(res->syncs));
+    json_object_set_new(o, "param_sync_s", cli_json_real(res->param_sync_s));
+    json_object_set_new(o, "weight_bcast_s", cli_json_real(res->weight_bcast_s));
+    json_object_set_new(o, "weight_bcast_bytes", json_integer(res->weight_bcast_bytes));
+    json_object_set_new(o, "weight_bcast_GBps", cli_json_real(res->weight_bcast_gbps));
+    json_object_set_new(o, "grad_reduce_exposed_s", cli_json_real(res->grad_reduce_exposed_s));
+    return o;
+}
+
 /* The last line when a signal stopped the SFT warm start (RL did not start): the same keys, the RL
  * ones null or 0, "stopped_by_signal" set, "checkpoint_step" null (no RL checkpoint) and
  * "stopped_in": "sft_warm_start" (the warm start's checkpoint is in output_dir/sft_checkpoint). */
@@ -546,7 +563,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (rl_run_dist(rc, ctx, &m, &train, &test, &res) != MOERL_OK) goto fail;
     if (leader && res.stop_signal) {
         rl_report_stop(&res, rc->out_dir);
-        cli_print_json(rl_summary_json(rc, &res, sft1), 6);
+        cli_print_json(dist_summary_json(rc, &res, sft1, P), 6);
         return 128 + res.stop_signal;
     }
     if (leader) {
@@ -557,17 +574,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
                  P, res.rollout_ranks, res.trainer_ranks, (long long)res.steps, moerl_plural(res.steps), res.final_version, res.wall_s,
                  res.prompts_per_s, res.tokens_per_s, res.param_sync_s, res.weight_bcast_s, res.weight_bcast_gbps,
                  res.grad_reduce_exposed_s, res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
-        json_t *o = rl_summary_json(rc, &res, sft1);
-        json_object_set_new(o, "world_size", json_integer(P));
-        json_object_set_new(o, "rollout_ranks", json_integer(res.rollout_ranks));
-        json_object_set_new(o, "trainer_ranks", json_integer(res.trainer_ranks));
-        json_object_set_new(o, "syncs", json_integer(res.syncs));
-        json_object_set_new(o, "param_sync_s", cli_json_real(res.param_sync_s));
-        json_object_set_new(o, "weight_bcast_s", cli_json_real(res.weight_bcast_s));
-        json_object_set_new(o, "weight_bcast_bytes", json_integer(res.weight_bcast_bytes));
-        json_object_set_new(o, "weight_bcast_GBps", cli_json_real(res.weight_bcast_gbps));
-        json_object_set_new(o, "grad_reduce_exposed_s", cli_json_real(res.grad_reduce_exposed_s));
-        cli_print_json(o, 6);
+        cli_print_json(dist_summary_json(rc, &res, sft1, P), 6);
     }
     model_free(&m);
     dataset_free(&train);
