@@ -430,15 +430,14 @@ static void stopped_cleanup(sim_ctx *x, const cli_outdir *od, int top_marker_new
     }
     int kept = 0; /* sub-folders that existed before (an earlier simulation's): not removed */
     for (int i = 0; i < x->n_sub; i++) kept += !cli_outdir_remove(&x->sub[i]);
-    if (!x->ran && top_marker_new) {
-        char m[4200];
-        snprintf(m, sizeof m, "%s/%s", x->rc.out_dir, CLI_SIMULATION_MARKER);
-        unlink(m);
-        fprintf(stderr, "moerl simulate: stopped by signal %d before any simulation; %s is as it was (but for its "
-                "generated data/)\n", sig, x->rc.out_dir);
-    } else if (!x->ran || (x->n_sub > 0 && kept == 0)) {
-        fprintf(stderr, "moerl simulate: stopped by signal %d; removed the sweep folders it made, %s is as it was "
-                "(but for its generated data/)\n", sig, x->rc.out_dir);
+    if (!x->ran || (x->n_sub > 0 && kept == 0)) { /* nothing of this run's results is left */
+        if (top_marker_new) {
+            char m[4200];
+            snprintf(m, sizeof m, "%s/%s", x->rc.out_dir, CLI_SIMULATION_MARKER);
+            unlink(m);
+        }
+        fprintf(stderr, "moerl simulate: stopped by signal %d; %s%s is as it was (but for its generated data/)\n", sig,
+                x->n_sub > 0 ? "removed the sweep folders it made; " : "", x->rc.out_dir);
     } else {
         fprintf(stderr, "moerl simulate: stopped by signal %d; %s existed before and keeps its %s marker with the "
                 "partial results of this simulation%s: rerun the simulation there or delete it\n",
