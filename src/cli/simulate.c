@@ -11,7 +11,10 @@
  * synchronous baseline, rollout:trainer 1:1/2:1/3:1 at the same total devices) and writes
  * sweep.md, sweep.dat and sweep.png under trainer.default_local_dir, and prints sweep.md — or, with
  * --json, one JSON object with a row per setting (sweep()). Without --sweep the result is one JSON line
- * (--json: 17 significant digits). */
+ * (--json: 17 significant digits). The checks of `moerl rl` and `moerl plan` apply (the layout against
+ * the devices and the model, the model's context); --sweep checks all its sub-folders before the first
+ * simulation. SIGINT / SIGTERM stop it at the next trainer step: it removes what it made
+ * (stopped_cleanup) and exits 128 + signal. */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -410,6 +413,8 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
     }
     rc = MOERL_OK;
 out:
+    if (rc != MOERL_OK && !moerl_stop_requested()) /* the claimed sub-folders no simulation wrote: removed */
+        for (int i = 0; i < x->n_sub; i++) cli_outdir_abandon(&x->sub[i]);
     json_decref(rows);
     return rc;
 }
