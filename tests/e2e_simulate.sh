@@ -336,6 +336,11 @@ rc=$?
 if [[ $rc -eq 1 ]] && grep -q "simulate: the longest prompt of .* + data.max_response_length 512 exceeds the model's context max_position_embeddings 128" \
     "$OUT/ctx.log" && [[ ! -e "$OUT/ctx" ]]; then ok
 else fail "simulate beyond the model's context: exit $rc, $(tail -c 300 "$OUT/ctx.log")"; fi
+# ... the same message as moerl rl's (one check, rl_check_context)
+$M rl --config $CFG trainer.default_local_dir="$OUT/ctx_rl" model.max_position_embeddings=128 >/dev/null 2>"$OUT/ctx_rl.log"
+if [[ -n $(grep "^moerl simulate: " "$OUT/ctx.log") ]] &&
+    [[ $(grep "^moerl rl: " "$OUT/ctx_rl.log" | sed 's/^moerl rl: //') == $(grep "^moerl simulate: " "$OUT/ctx.log" | sed 's/^moerl simulate: //') ]]; then ok
+else fail "simulate's context message differs from rl's: $(tail -c 300 "$OUT/ctx_rl.log")"; fi
 mkdir -p "$OUT/ctx_model"
 /usr/bin/python3 -c 'import json, sys; d = json.load(open("examples/qwen3_30b_a3b/config.json")); d["max_position_embeddings"] = 128; json.dump(d, open(sys.argv[1], "w"))' \
     "$OUT/ctx_model/config.json"
