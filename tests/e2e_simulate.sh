@@ -250,12 +250,52 @@ rc=$?
 if [[ $rc -eq 0 ]] && grep -q "WARN.*makes 1 parameter version " "$OUT/sweep1v.log" &&
     grep -q "^Warning: 1 parameter version in this run" "$OUT/sweep1v.md"; then ok
 else fail "simulate --sweep with one version: exit $rc, no warning: $(tail -c 300 "$OUT/sweep1v.log")"; fi
-# 3 steps at a sync every 2 make 2 versions (the last window is shorter): no warning
-$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/sweep2v" "${BASE[@]}" trainer.total_training_steps=3 \
+# 4 steps at a sync every 2 make 2 versions: no warning
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/sweep2v" "${BASE[@]}" trainer.total_training_steps=4 \
     async_training.trigger_parameter_sync_step=2 >"$OUT/sweep2v.md" 2>"$OUT/sweep2v.log"
 rc=$?
 if [[ $rc -eq 0 ]] && ! grep -q "parameter version" "$OUT/sweep2v.log" "$OUT/sweep2v.md"; then ok
-else fail "simulate --sweep with 2 versions (3 steps, sync every 2): exit $rc, $(grep -h "parameter version" "$OUT/sweep2v.log" | head -c 300)"; fi
+else fail "simulate --sweep with 2 versions (4 steps, sync every 2): exit $rc, $(grep -h "parameter version" "$OUT/sweep2v.log" | head -c 300)"; fi
+# the count is the one the rows make: a last, shorter window syncs no weights (3 steps at a sync every 2: 1
+# version; 1 step: 0), in the warning and in the JSON's parameter_versions
+for st in 3:1 1:0; do
+    IFS=: read -r steps want <<<"$st"
+    $M simulate --config $CFG --sweep --json trainer.default_local_dir="$OUT/sweepv$steps" "${BASE[@]}" \
+        trainer.total_training_steps=$steps async_training.trigger_parameter_sync_step=2 >"$OUT/sweepv$steps.json" \
+        2>"$OUT/sweepv$steps.log"
+    rc=$?
+    if [[ $rc -eq 0 ]] && grep -q "WARN.*makes $want parameter version" "$OUT/sweepv$steps.log" &&
+        /usr/bin/python3 - "$OUT/sweepv$steps.json" "$want" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[1]).read())
+want = int(sys.argv[2])
+vs = {r["versions"] for r in d["rows"][1:]}  # the async rows (the sync row syncs every step)
+sys.exit(0 if d["parameter_versions"] == want and vs == {want} and d["warning"] else 1)
+PY
+    then ok
+    else fail "simulate --sweep, $steps steps at a sync every 2: exit $rc, want $want versions: $(head -c 300 "$OUT/sweepv$steps.json")"; fi
+done
+# async_training.mode=sync on the command line: the sync row is the same, and the async rows still run the
+# config's trigger_parameter_sync_step, staleness and partial rollout (only the row's own settings change):
+# 8 steps at bench_async.yaml's sync every 2 = 4 versions with and without it
+for m in async sync; do
+    $M simulate --config $CFG --sweep --json trainer.default_local_dir="$OUT/sweepmode_$m" "${BASE[@]}" \
+        trainer.total_training_steps=8 async_training.mode=$m >"$OUT/sweepmode_$m.json" 2>"$OUT/sweepmode_$m.log" ||
+        fail "simulate --sweep async_training.mode=$m: $(tail -c 300 "$OUT/sweepmode_$m.log")"
+done
+/usr/bin/python3 - "$OUT/sweepmode_async.json" "$OUT/sweepmode_sync.json" <<'PY'
+import json, sys
+a, b = (json.loads(open(f).read())["rows"] for f in sys.argv[1:3])
+bad = []
+va, vb = [r["versions"] for r in a], [r["versions"] for r in b]
+if va != vb: bad.append("versions %s with mode=async, %s with mode=sync" % (va, vb))
+if any(v != 4 for v in va[1:]): bad.append("async rows' versions %s, want 4 (8 steps, sync every 2)" % va[1:])
+for x, y in zip(a[9:], b[9:]):
+    if (x["staleness_threshold"], x["partial_rollout"]) != (y["staleness_threshold"], y["partial_rollout"]): bad.append("%s: staleness/partial differ" % x["setting"])
+print("; ".join(bad) if bad else "sweep rows independent of async_training.mode")
+sys.exit(1 if bad else 0)
+PY
+[[ $? -eq 0 ]] && ok || fail "simulate --sweep with async_training.mode=sync"
 # --sweep --json: the sweep as one JSON object on stdout (no markdown table), a row per setting in sweep.md's
 # order, each with the non-sweep --json result's fields; sweep.md is still written
 $M simulate --config $CFG --sweep --json trainer.default_local_dir="$OUT/sweepj" "${BASE[@]}" \
@@ -288,5 +328,92 @@ print("; ".join(bad) if bad else "sweep JSON")
 sys.exit(1 if bad else 0)
 PY
 [[ $? -eq 0 && $rc -eq 0 ]] && ok || fail "simulate --sweep --json: exit $rc, $(tail -c 300 "$OUT/sweepj.log")"
+
+# the model's context, as moerl rl refuses it: 545-token sequences (the longest prompt + 512) over a
+# 128-position model, from model.* or from --model's config.json; nothing is left behind
+$M simulate --config $CFG trainer.default_local_dir="$OUT/ctx" model.max_position_embeddings=128 >/dev/null 2>"$OUT/ctx.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "simulate: the longest prompt of .* + data.max_response_length 512 exceeds the model's context max_position_embeddings 128" \
+    "$OUT/ctx.log" && [[ ! -e "$OUT/ctx" ]]; then ok
+else fail "simulate beyond the model's context: exit $rc, $(tail -c 300 "$OUT/ctx.log")"; fi
+# ... the same message as moerl rl's (one check, rl_check_context)
+$M rl --config $CFG trainer.default_local_dir="$OUT/ctx_rl" model.max_position_embeddings=128 >/dev/null 2>"$OUT/ctx_rl.log"
+if [[ -n $(grep "^moerl simulate: " "$OUT/ctx.log") ]] &&
+    [[ $(grep "^moerl rl: " "$OUT/ctx_rl.log" | sed 's/^moerl rl: //') == $(grep "^moerl simulate: " "$OUT/ctx.log" | sed 's/^moerl simulate: //') ]]; then ok
+else fail "simulate's context message differs from rl's: $(tail -c 300 "$OUT/ctx_rl.log")"; fi
+mkdir -p "$OUT/ctx_model"
+/usr/bin/python3 -c 'import json, sys; d = json.load(open("examples/qwen3_30b_a3b/config.json")); d["max_position_embeddings"] = 128; json.dump(d, open(sys.argv[1], "w"))' \
+    "$OUT/ctx_model/config.json"
+$M simulate --config $CFG --model "$OUT/ctx_model" trainer.default_local_dir="$OUT/ctx2" >/dev/null 2>"$OUT/ctx2.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "exceeds the model's context max_position_embeddings 128" "$OUT/ctx2.log" && [[ ! -e "$OUT/ctx2" ]]; then ok
+else fail "simulate --model of a 128-position model: exit $rc, $(tail -c 300 "$OUT/ctx2.log")"; fi
+# layouts moerl plan and moerl rl refuse are refused with their messages (par_check, the rollout TP against
+# the heads), before any folder is made
+for k in "pp:trainer.n_ranks=2 actor.pipeline_parallel_size=3:actor.pipeline_parallel_size=3 does not divide the 2 trainer ranks" \
+         "rtp:rollout.tensor_model_parallel_size=3 sim.rollout_devices=3:rollout.tensor_model_parallel_size=3 does not divide the 8 attention heads"; do
+    IFS=: read -r name keys msg <<<"$k"
+    # shellcheck disable=SC2086  # keys: several key=value words
+    $M simulate --config $CFG trainer.default_local_dir="$OUT/lay_$name" $keys >/dev/null 2>"$OUT/lay_$name.log"
+    rc=$?
+    if [[ $rc -eq 1 ]] && grep -q "simulate: $msg" "$OUT/lay_$name.log" && [[ ! -e "$OUT/lay_$name" ]]; then ok
+    else fail "simulate with layout $keys: exit $rc, $(tail -c 300 "$OUT/lay_$name.log")"; fi
+done
+# --sweep checks every sub-folder it will use before the first simulation: a real run (its run.log) in the
+# last one, split_3_to_1, is refused at once — no sub-folder made, no SIMULATION marker in the top folder
+mkdir -p "$OUT/sweeplast/split_3_to_1" && echo log >"$OUT/sweeplast/split_3_to_1/run.log"
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/sweeplast" "${BASE[@]}" >/dev/null 2>"$OUT/sweeplast.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "sweeplast/split_3_to_1 holds a real run (run.log)" "$OUT/sweeplast.log" &&
+    ! grep -q "simulate sync" "$OUT/sweeplast.log" && [[ $(ls -A "$OUT/sweeplast") == split_3_to_1 ]]; then ok
+else fail "simulate --sweep with a real run in split_3_to_1: exit $rc, $(ls -A "$OUT/sweeplast"), $(tail -c 300 "$OUT/sweeplast.log")"; fi
+# moerl rl trainer.overwrite_output_dir=true over a sweep's folder deletes the sweep's outputs (its 12
+# sub-folders, sweep.md/.dat/.gp/.png) with its marker; a folder of the user's there is kept
+mkdir -p "$OUT/sweepj/mine" && echo keep >"$OUT/sweepj/mine/notes.txt"
+$M rl --config $CFG trainer.default_local_dir="$OUT/sweepj" "${BASE[@]}" trainer.total_training_steps=1 \
+    trainer.overwrite_output_dir=true >/dev/null 2>"$OUT/rl_over_sweep.log"
+rc=$?
+left=$(cd "$OUT/sweepj" && ls -d sync async_* split_* sweep.* SIMULATION 2>/dev/null | tr '\n' ' ')
+if [[ $rc -eq 0 && -z $left && -f "$OUT/sweepj/mine/notes.txt" && -f "$OUT/sweepj/metrics.jsonl" ]]; then ok
+else fail "rl overwrite over a sweep: exit $rc, left: $left $(tail -c 300 "$OUT/rl_over_sweep.log")"; fi
+# cost_keys reproduce the run when passed back as key=value without sim.device (named devices differ from
+# the default cpu device in the engine's dtype too: rollout.dtype is among the keys); --json prints 17
+# significant digits, so the same wall_s to the last bit
+for dev in h200 ascend910b; do
+    $M simulate --config $CFG --json trainer.default_local_dir="$OUT/dev_$dev" "${BASE[@]}" sim.device=$dev \
+        >"$OUT/dev_$dev.json" 2>"$OUT/dev_$dev.log" || fail "simulate sim.device=$dev: $(tail -c 300 "$OUT/dev_$dev.log")"
+    mapfile -t keys < <(/usr/bin/python3 -c 'import json, sys
+for k, v in json.loads(open(sys.argv[1]).read())["cost_keys"].items(): print("%s=%s" % (k, v if isinstance(v, str) else repr(v)))' "$OUT/dev_$dev.json")
+    $M simulate --config $CFG --json trainer.default_local_dir="$OUT/devk_$dev" "${BASE[@]}" "${keys[@]}" \
+        >"$OUT/devk_$dev.json" 2>"$OUT/devk_$dev.log"
+    if /usr/bin/python3 -c 'import json, sys
+a, b = (json.loads(open(f).read()) for f in sys.argv[1:3])
+sys.exit(0 if a["wall_s"] == b["wall_s"] and b["device"] == "cpu" else 1)' "$OUT/dev_$dev.json" "$OUT/devk_$dev.json"; then ok
+    else fail "cost_keys of sim.device=$dev do not reproduce wall_s: $(head -c 200 "$OUT/dev_$dev.json") vs $(head -c 200 "$OUT/devk_$dev.json")"; fi
+done
+# --calibrate measures this machine: a sim.device beside it is refused, not ignored
+$M simulate --config $CFG --calibrate sim.device=h200 trainer.default_local_dir="$OUT/calnamed" >/dev/null 2>"$OUT/calnamed.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "calibrate measures this machine's costs, but sim.device=h200" "$OUT/calnamed.log" &&
+    [[ ! -e "$OUT/calnamed" ]]; then ok
+else fail "simulate --calibrate sim.device=h200: exit $rc, $(tail -c 300 "$OUT/calnamed.log")"; fi
+# SIGINT stops a sweep cleanly: exit 130 (128 + 2, as moerl rl) and the folder it made is removed; SIGTERM into
+# a folder that existed: 143, the sub-folders it made removed, the folder as it was but for data/. The signal
+# is sent once the first simulation has written metrics (a long run: 2000 steps each; it stops at a step).
+for k in INT:130:sig_new/out:sig_new TERM:143:sig_old:; do
+    IFS=: read -r sig want dir gone <<<"$k"
+    [[ $sig == TERM ]] && mkdir -p "$OUT/$dir"
+    $M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/$dir" trainer.total_training_steps=2000 \
+        >/dev/null 2>"$OUT/sig_$sig.log" &
+    pid=$!
+    while kill -0 $pid 2>/dev/null && [[ ! -s $OUT/$dir/sync/metrics.jsonl ]]; do sleep 0.1; done
+    kill -$sig $pid
+    wait $pid
+    rc=$?
+    if [[ $sig == INT ]]; then state=$([[ -e "$OUT/$gone" ]] && echo "$OUT/$gone left" || echo clean)
+    else state=$([[ $(ls -A "$OUT/$dir" | tr '\n' ' ') == ".moerl.lock data " ]] && echo clean || echo "left: $(ls -A "$OUT/$dir" | tr '\n' ' ')"); fi
+    if [[ $rc -eq $want && $state == clean ]] && grep -q "stopped by signal" "$OUT/sig_$sig.log"; then ok
+    else fail "simulate --sweep stopped by SIG$sig: exit $rc (want $want), $state, $(tail -c 300 "$OUT/sig_$sig.log")"; fi
+done
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -545,6 +545,12 @@ void cli_outdir_abandon(const cli_outdir *o) {
     }
 }
 
+int cli_outdir_remove(const cli_outdir *o) {
+    if (!o->top[0]) return 0;
+    nftw(o->top, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 1;
+}
+
 void cli_print_json(json_t *j, int real_precision) {
     char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER |
                                 JSON_REAL_PRECISION(real_precision > 0 ? real_precision : 6));

@@ -61,6 +61,15 @@ int cli_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_te
  * like a run's): `moerl rl` refuses such a folder unless told to overwrite it, and simulate refuses a
  * folder holding a real run (its checkpoints or its run.log, which a simulation never writes). */
 #define CLI_SIMULATION_MARKER "SIMULATION"
+/* What `moerl simulate --sweep` writes under its output folder: n_dirs sub-folders (one simulation
+ * each, sweep order: sync, the 8 staleness × partial rollout rows, the 3 rollout:trainer splits)
+ * and n_files files (sweep.md, sweep.dat, sweep.gp, sweep.png). Static names, not to be freed. */
+void cli_sweep_outputs(const char *const **dirs, int *n_dirs, const char *const **files, int *n_files);
+/* trainer.overwrite_output_dir=true over a sweep's folder (dir holds CLI_SIMULATION_MARKER): delete
+ * the sweep's files and every sweep sub-folder that holds a simulation's marker — only the files a
+ * simulation writes there; a sub-folder holding anything else is kept and named in a warning.
+ * Errors: a sub-folder in use by another moerl process (its lock), a file that cannot be deleted. */
+int cli_remove_sweep_outputs(const char *dir);
 
 
 typedef struct {
@@ -78,6 +87,10 @@ int cli_outdir_open(cli_outdir *o, const char *dir);
  * it holds nothing but what setting up wrote (.moerl.lock, config.yaml, generated data/), remove it
  * and the parents it created, so a failed start leaves nothing behind. Otherwise leave it alone. */
 void cli_outdir_abandon(const cli_outdir *o);
+/* After a run stopped by a signal: remove o->top (the highest folder cli_outdir_open created) with
+ * everything in it. Returns 1 when it removed a folder, 0 when cli_outdir_open created none (the
+ * folder existed before: left alone). */
+int cli_outdir_remove(const cli_outdir *o);
 
 /* Print one JSON value as a line on stdout (compact, ASCII-escaped, reals with 6 significant
  * digits unless real_precision > 0) and free it. */

@@ -82,9 +82,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
                   mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK ||
         par_check_pp_alone(&pc, (int)cfg_int(c, "trainer.n_ranks")) != MOERL_OK) /* moerl rl's rule */
         return MOERL_ERR;
-    if (mc->num_attention_heads % cfg_int(c, "rollout.tensor_model_parallel_size"))
-        return moerl_errorf("rollout.tensor_model_parallel_size=%lld does not divide the %d attention heads",
-                            (long long)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads);
+    if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
+        return MOERL_ERR;
     /* layouts plan does not model yet: refused rather than planned as if the key were absent */
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",

@@ -125,6 +125,8 @@ static int rl_clear_previous_run(const char *dir) {
         if (unlink(p) != 0 && errno != ENOENT)
             return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
     }
+    snprintf(p, sizeof p, "%s/%s", dir, CLI_SIMULATION_MARKER);
+    if (access(p, F_OK) == 0 && cli_remove_sweep_outputs(dir) != MOERL_OK) return MOERL_ERR; /* a simulate --sweep's */
     for (int i = 0; i < 2; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, i ? CLI_SIMULATION_MARKER : "run.log");
         if (unlink(p) != 0 && errno != ENOENT)

@@ -11,21 +11,30 @@
  * synchronous baseline, rollout:trainer 1:1/2:1/3:1 at the same total devices) and writes
  * sweep.md, sweep.dat and sweep.png under trainer.default_local_dir, and prints sweep.md — or, with
  * --json, one JSON object with a row per setting (sweep()). Without --sweep the result is one JSON line
- * (--json: 17 significant digits). */
+ * (--json: 17 significant digits). The checks of `moerl rl` and `moerl plan` apply (the layout against
+ * the devices and the model, the model's context); --sweep checks all its sub-folders before the first
+ * simulation. SIGINT / SIGTERM stop it at the next trainer step: it removes what it made
+ * (stopped_cleanup) and exits 128 + signal. */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/config.h"
 #include "base/log.h"
 #include "base/plot.h"
+#include "base/signals.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "data/tokenizer.h"
+#include "parallel/grid.h"
+#include "plan/plan.h"
+#include "rl/staleness.h"
 #include "sim/sim.h"
 
 void rl_def_keys(cfg *c);
@@ -100,9 +109,57 @@ static json_t *result_json(const sim_result *r, const sim_setup *su) {
     json_object_set_new(k, "sim.step_overhead_s", json_real(su->dev.c_step));
     json_object_set_new(k, "sim.update_overhead_s", json_real(su->dev.c_update));
     json_object_set_new(k, "sim.sync_overhead_s", json_real(su->dev.c_sync));
+    /* the engine's bytes per weight / KV element: bf16 on the named GPUs, fp32 for cpu and a calibration
+     * (without it, keys passed back without sim.device would time a cpu device's fp32 engine) */
+    json_object_set_new(k, "rollout.dtype", json_string(su->dev.dtype_bytes == 2 ? "bf16" : "fp32"));
     json_object_set_new(o, "cost_keys", k);
     json_object_set_new(o, "host_cores", json_real(su->host_cores));
     return o;
+}
+
+/* --sweep's sub-folders, in sweep order (sweep()): [0] sync, [1..4] staleness 0/0.1/0.3/0.5 with partial
+ * rollout on, [5..8] the same with it off, [9..11] the rollout:trainer splits 1:1, 2:1, 3:1. */
+#define SWEEP_ROWS 12
+static const double k_sweep_staleness[4] = {0, 0.1, 0.3, 0.5};
+static const char *const k_sweep_dirs[SWEEP_ROWS] = {
+    "sync",
+    "async_s0.0_partial_on", "async_s0.1_partial_on", "async_s0.3_partial_on", "async_s0.5_partial_on",
+    "async_s0.0_partial_off", "async_s0.1_partial_off", "async_s0.3_partial_off", "async_s0.5_partial_off",
+    "split_1_to_1", "split_2_to_1", "split_3_to_1"};
+static const char *const k_sweep_files[] = {"sweep.md", "sweep.dat", "sweep.gp", "sweep.png"};
+
+void cli_sweep_outputs(const char *const **dirs, int *n_dirs, const char *const **files, int *n_files) {
+    *dirs = k_sweep_dirs;
+    *n_dirs = SWEEP_ROWS;
+    *files = k_sweep_files;
+    *n_files = (int)(sizeof k_sweep_files / sizeof *k_sweep_files);
+}
+
+int cli_remove_sweep_outputs(const char *dir) {
+    /* what one simulation writes in its folder (sim_run: job_open_outputs, the plot; claim_folder) */
+    static const char *sim_files[] = {"metrics.jsonl", "samples.jsonl", "plot.dat", "plot.gp", "reward_accuracy.png",
+                                      CLI_SIMULATION_MARKER, ".moerl.lock"};
+    char p[4200], f[4400];
+    for (int i = 0; i < SWEEP_ROWS; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, k_sweep_dirs[i]);
+        snprintf(f, sizeof f, "%s/%s", p, CLI_SIMULATION_MARKER);
+        if (access(f, F_OK) != 0) continue; /* not the sweep's (or gone): left alone */
+        if (moerl_lock_dir(p) < 0) return MOERL_ERR; /* a simulation still writing there */
+        for (size_t j = 0; j < sizeof sim_files / sizeof *sim_files; j++) {
+            snprintf(f, sizeof f, "%s/%s", p, sim_files[j]);
+            if (unlink(f) != 0 && errno != ENOENT)
+                return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", f, strerror(errno));
+        }
+        if (rmdir(p) != 0)
+            log_warn("trainer.overwrite_output_dir: kept %s, the sweep's sub-folder: it holds files moerl simulate "
+                     "does not write (%s)", p, strerror(errno));
+    }
+    for (size_t j = 0; j < sizeof k_sweep_files / sizeof *k_sweep_files; j++) {
+        snprintf(f, sizeof f, "%s/%s", dir, k_sweep_files[j]);
+        if (unlink(f) != 0 && errno != ENOENT)
+            return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", f, strerror(errno));
+    }
+    return MOERL_OK;
 }
 
 typedef struct {
@@ -110,16 +167,26 @@ typedef struct {
     sim_setup su;
     moe_model *tiny;
     dataset *train;
+    /* the config's own async_training.* values: rl_read_config forces trigger 1, staleness 0 and partial
+     * rollout off in sync mode, and the sweep's async rows must run the config's values, not those */
+    int async_trigger;
+    double async_staleness;
+    int async_partial;
+    int ran;                     /* a simulation started (its folder holds results) */
+    cli_outdir sub[SWEEP_ROWS];  /* --sweep: the sub-folders, claimed before the first simulation */
+    int n_sub;
 } sim_ctx;
 
 /* A simulation writes metrics.jsonl, samples.jsonl and plots into its folder like a run, so never into
  * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
  * the folder is made and locked for this process (a live run's lock refuses it). */
-static int claim_folder(const char *dir, cli_outdir *od) {
+static int check_folder(const char *dir) {
     static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint", "run.log"};
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return moerl_errorf("%s is a file, not a folder: give the simulation another trainer.default_local_dir", dir);
     for (int i = 0; i < 4; i++) {
         char p[4200];
-        struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, real[i]);
         if (stat(p, &st) == 0)
             return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl, "
@@ -127,9 +194,17 @@ static int claim_folder(const char *dir, cli_outdir *od) {
                                 "(trainer.default_local_dir=...)",
                                 dir, real[i]);
     }
+    return MOERL_OK;
+}
+
+/* check_folder, then create and lock dir and write its marker; *marker_new (may be NULL) = the marker
+ * was not there before. */
+static int claim_folder(const char *dir, cli_outdir *od, int *marker_new) {
+    if (check_folder(dir) != MOERL_OK) return MOERL_ERR;
     if (cli_outdir_open(od, dir) != MOERL_OK) return MOERL_ERR;
     char m[4200];
     snprintf(m, sizeof m, "%s/%s", dir, CLI_SIMULATION_MARKER);
+    if (marker_new) *marker_new = access(m, F_OK) != 0;
     static const char note[] = "written by moerl simulate: this folder holds a simulation, not a run "
                                "(moerl rl refuses it unless trainer.overwrite_output_dir=true)\n";
     return moerl_write_file_atomic(m, note, sizeof note - 1);
@@ -137,13 +212,15 @@ static int claim_folder(const char *dir, cli_outdir *od) {
 
 /* One setting of the sweep, simulated into <out_dir>/<label>. rows non-NULL (--sweep --json): appends
  * the setting (label, mode, staleness, partial rollout, devices) followed by result_json's fields. */
-static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
+static int run_one(sim_ctx *x, int row, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
                    sim_result *r, json_t *rows) {
+    const char *label = k_sweep_dirs[row];
     rl_config rc = x->rc;
     sim_setup su = x->su;
     rc.mode = mode;
     rc.staleness_threshold = s;
     rc.partial_rollout = partial;
+    rc.trigger_parameter_sync_step = x->async_trigger; /* the config's, whatever async_training.mode says */
     if (mode == RL_MODE_SYNC) {
         rc.staleness_threshold = 0;
         rc.trigger_parameter_sync_step = 1;
@@ -151,13 +228,13 @@ static int run_one(sim_ctx *x, const char *label, rl_mode mode, double s, int pa
     }
     su.n_rollout_replicas = n_roll_dev / su.rollout_tp;
     su.n_trainer = n_train;
-    snprintf(rc.out_dir, sizeof rc.out_dir, "%s/%s", x->rc.out_dir, label);
-    cli_outdir od;
-    if (claim_folder(rc.out_dir, &od) != MOERL_OK) return MOERL_ERR;
+    snprintf(rc.out_dir, sizeof rc.out_dir, "%s/%s", x->rc.out_dir, label); /* claimed by claim_sweep_folders */
     log_info("simulate %s: %d rollout device%s (%d replica%s), %d trainer device%s", label, n_roll_dev,
              moerl_plural(n_roll_dev), su.n_rollout_replicas, moerl_plural(su.n_rollout_replicas), n_train,
              moerl_plural(n_train));
+    x->ran = 1;
     if (sim_run(&rc, &su, x->tiny, x->train, r) != MOERL_OK) return MOERL_ERR;
+    if (moerl_stop_requested()) return MOERL_ERR; /* a signal stopped it: cmd_simulate cleans up */
     if (rows) {
         json_t *o = json_object();
         json_object_set_new(o, "setting", json_string(label));
@@ -188,16 +265,45 @@ static const char k_sweep_gp[] =
     "     data index 1 using 1:4 with linespoints lw 2 pt 6 title 'trainer idle'\n"
     "unset multiplot\n";
 
-/* Parameter versions the swept run makes (job_plan's step count over trigger_parameter_sync_step,
- * rounded up):
- * with one, no sample can be older than the weights, so the staleness rows cannot differ. */
+/* Parameter versions the swept async rows make: job_plan's step count over the config's
+ * async_training.trigger_parameter_sync_step, rounded down (the step loop syncs when the step count
+ * is a multiple of it, so a last, shorter window makes no version; what the rows report as
+ * "versions"). With one or none, no sample can be older than the weights it trains, so the staleness
+ * rows cannot differ. */
 static int64_t sweep_versions(const sim_ctx *x) {
     const rl_config *rc = &x->rc;
     const int64_t req = (int64_t)rc->ppo_mini_batch_size * rc->require_batches;
     const int64_t steps = rc->total_training_steps > 0 ? rc->total_training_steps
                                                        : (int64_t)rc->total_epochs * dataset_count(x->train) / req;
-    const int64_t t = rc->trigger_parameter_sync_step > 0 ? rc->trigger_parameter_sync_step : 1;
-    return (steps + t - 1) / t; /* a last, shorter window still makes a version */
+    const int64_t t = x->async_trigger > 0 ? x->async_trigger : 1;
+    return steps / t;
+}
+
+/* The devices of the sweep's k:1 split of total devices (rollout devices a multiple of the replica
+ * size tp): *rd rollout, *td trainer. Errors: no trainer device left. */
+static int sweep_split(int total, int tp, int k, int *rd, int *td) {
+    *rd = (int)((double)total * k / (k + 1) / tp) * tp;
+    if (*rd < tp) *rd = tp;
+    *td = total - *rd;
+    if (*td < 1) return moerl_errorf("simulate --sweep: %d device%s leave no trainer at %d:1", total, moerl_plural(total), k);
+    return MOERL_OK;
+}
+
+/* Every sub-folder the sweep writes, before the first simulation: none may hold a real run
+ * (check_folder) or be in use; each is created, locked and marked. On error the ones this call
+ * created are removed again (cli_outdir_abandon: they hold only the marker and the lock). */
+static int claim_sweep_folders(sim_ctx *x) {
+    for (int i = 0; i < SWEEP_ROWS; i++) {
+        char d[4200];
+        snprintf(d, sizeof d, "%s/%s", x->rc.out_dir, k_sweep_dirs[i]);
+        if (claim_folder(d, &x->sub[i], NULL) != MOERL_OK) {
+            for (int j = i - 1; j >= 0; j--) cli_outdir_abandon(&x->sub[j]);
+            x->n_sub = 0;
+            return MOERL_ERR;
+        }
+        x->n_sub = i + 1;
+    }
+    return MOERL_OK;
 }
 
 /* The report grid (see the top of this file): writes sweep.md, sweep.dat, sweep.gp/png under the output
@@ -207,7 +313,7 @@ static int64_t sweep_versions(const sim_ctx *x) {
  * relative to its table's baseline ("vs_sync" / "vs_1_to_1", and "split" for the splits) and every
  * field of the non-sweep --json result. */
 static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
-    const double ss[4] = {0, 0.1, 0.3, 0.5};
+    const double *ss = k_sweep_staleness;
     sim_result base, r[2][4], sp[3];
     char md[16384];
     size_t o = 0;
@@ -218,13 +324,14 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
                  "async_training.trigger_parameter_sync_step=%d), so no sample is generated by older weights than "
                  "the ones it trains and the staleness rows come out the same: raise trainer.total_training_steps or "
                  "lower async_training.trigger_parameter_sync_step",
-                 (long long)versions, moerl_plural(versions), x->rc.trigger_parameter_sync_step);
+                 (long long)versions, moerl_plural(versions), x->async_trigger);
         o += snprintf(md + o, sizeof md - o,
                       "Warning: %lld parameter version%s in this run, so the staleness rows cannot differ.\n\n",
                       (long long)versions, moerl_plural(versions));
     }
     int rc = MOERL_ERR;
-    if (run_one(x, "sync", RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base, rows) != MOERL_OK) goto out;
+    if (claim_sweep_folders(x) != MOERL_OK) goto out;
+    if (run_one(x, 0, RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base, rows) != MOERL_OK) goto out;
     o += snprintf(md + o, sizeof md - o,
                   "| setting | prompts/s | vs sync | gen tokens/s | trainer idle | rollout idle | max staleness | "
                   "interrupted responses |\n|---|---|---|---|---|---|---|---|\n"
@@ -233,10 +340,8 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
                   base.max_staleness, (long long)base.interrupted_responses);
     for (int p = 1; p >= 0; p--)
         for (int i = 0; i < 4; i++) {
-            char label[64];
-            snprintf(label, sizeof label, "async_s%.1f_partial_%s", ss[i], p ? "on" : "off");
             sim_result *q = &r[p][i];
-            if (run_one(x, label, RL_MODE_ASYNC, ss[i], p, n_roll_dev, n_train, q, rows) != MOERL_OK) goto out;
+            if (run_one(x, 1 + 4 * (1 - p) + i, RL_MODE_ASYNC, ss[i], p, n_roll_dev, n_train, q, rows) != MOERL_OK) goto out;
             o += snprintf(md + o, sizeof md - o, "| async s=%.1f partial %s | %.4g | %.2fx | %.4g | %.2f | %.2f | %d | %lld |\n",
                           ss[i], p ? "on" : "off", q->prompts_per_s, q->prompts_per_s / base.prompts_per_s,
                           q->tokens_per_s, q->trainer_idle_ratio, q->rollout_idle_ratio, q->max_staleness,
@@ -247,19 +352,12 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
     o += snprintf(md + o, sizeof md - o,
                   "\n| rollout : trainer (%d devices, staleness %.2g, partial %s) | rollout devices | trainer devices | "
                   "prompts/s | vs 1:1 | trainer idle | rollout idle |\n|---|---|---|---|---|---|---|\n",
-                  total, x->rc.staleness_threshold, x->rc.partial_rollout ? "on" : "off");
+                  total, x->async_staleness, x->async_partial ? "on" : "off");
     for (int k = 1; k <= 3; k++) {
-        int rd = (int)((double)total * k / (k + 1) / tp) * tp;
-        if (rd < tp) rd = tp;
-        const int td = total - rd;
-        char label[64];
-        snprintf(label, sizeof label, "split_%d_to_1", k);
-        if (td < 1) {
-            moerl_errorf("simulate --sweep: %d device%s leave no trainer at %d:1", total, moerl_plural(total), k);
-            goto out;
-        }
-        if (run_one(x, label, RL_MODE_ASYNC, x->rc.staleness_threshold, x->rc.partial_rollout, rd, td, &sp[k - 1],
-                    rows) != MOERL_OK)
+        int rd, td;
+        if (sweep_split(total, tp, k, &rd, &td) != MOERL_OK) goto out; /* checked before the sweep: cannot fail */
+        if (run_one(x, 8 + k, RL_MODE_ASYNC, x->async_staleness, x->async_partial, rd, td, &sp[k - 1], rows) !=
+            MOERL_OK)
             goto out;
         /* too few devices for the ratio: the row says which split it ran (2 devices: 2:1 and 3:1 are 1:1) */
         char split[48];
@@ -315,8 +413,41 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
     }
     rc = MOERL_OK;
 out:
+    if (rc != MOERL_OK && !moerl_stop_requested()) /* the claimed sub-folders no simulation wrote: removed */
+        for (int i = 0; i < x->n_sub; i++) cli_outdir_abandon(&x->sub[i]);
     json_decref(rows);
     return rc;
+}
+
+/* A SIGINT / SIGTERM stopped the simulation (after its current one: the step loop stops at a step
+ * boundary) or its setup: remove what this run made — the output folder when it created it, else the
+ * sweep sub-folders it created and, when no simulation ran, the marker it wrote — and say what is
+ * left. od NULL: nothing was made yet. */
+static void stopped_cleanup(sim_ctx *x, const cli_outdir *od, int top_marker_new) {
+    const int sig = moerl_stop_requested();
+    if (!od) {
+        fprintf(stderr, "moerl simulate: stopped by signal %d before anything was written\n", sig);
+        return;
+    }
+    if (cli_outdir_remove(od)) {
+        fprintf(stderr, "moerl simulate: stopped by signal %d; removed %s, the folder it made\n", sig, od->top);
+        return;
+    }
+    int kept = 0; /* sub-folders that existed before (an earlier simulation's): not removed */
+    for (int i = 0; i < x->n_sub; i++) kept += !cli_outdir_remove(&x->sub[i]);
+    if (!x->ran || (x->n_sub > 0 && kept == 0)) { /* nothing of this run's results is left */
+        if (top_marker_new) {
+            char m[4200];
+            snprintf(m, sizeof m, "%s/%s", x->rc.out_dir, CLI_SIMULATION_MARKER);
+            unlink(m);
+        }
+        fprintf(stderr, "moerl simulate: stopped by signal %d; %s%s is as it was (but for its generated data/)\n", sig,
+                x->n_sub > 0 ? "removed the sweep folders it made; " : "", x->rc.out_dir);
+    } else {
+        fprintf(stderr, "moerl simulate: stopped by signal %d; %s existed before and keeps its %s marker with the "
+                "partial results of this simulation%s: rerun the simulation there or delete it\n",
+                sig, x->rc.out_dir, CLI_SIMULATION_MARKER, x->n_sub > 0 ? " (no sweep.md)" : "");
+    }
 }
 
 int cmd_simulate(int argc, char **argv) {
@@ -354,7 +485,7 @@ int cmd_simulate(int argc, char **argv) {
         return 2;
     }
     int rc = 1;
-    int opened = 0;
+    int opened = 0, top_marker_new = 0;
     cli_outdir od;
     moe_model tiny;
     memset(&tiny, 0, sizeof tiny);
@@ -373,7 +504,24 @@ int cmd_simulate(int argc, char **argv) {
         }
         if (cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
     }
+    if (calibrate && strcmp(cfg_origin(c, "sim.device"), "default")) {
+        /* refused rather than ignored: the result would not be the named device's */
+        moerl_errorf("--calibrate measures this machine's costs, but sim.device=%s (%s) names a device's: drop one "
+                     "of them",
+                     cfg_str(c, "sim.device"),
+                     strcmp(cfg_origin(c, "sim.device"), "override") ? cfg_origin(c, "sim.device") : "command line");
+        goto fail;
+    }
     if (rl_read_config(c, &x.rc) != MOERL_OK || cli_model_config(c, model, &target) != MOERL_OK) goto fail;
+    x.async_trigger = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
+    x.async_staleness = cfg_float(c, "async_training.staleness_threshold");
+    x.async_partial = cfg_bool(c, "async_training.partial_rollout");
+    if (do_sweep) { /* the async rows' budget: rl_read_config checked the sync mode's, not the config's */
+        staleness_budget b;
+        if (staleness_init(&b, x.rc.ppo_mini_batch_size, x.rc.require_batches, x.async_trigger, x.async_staleness) !=
+            MOERL_OK)
+            goto fail;
+    }
     x.su.target = &target;
     x.su.rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     const int n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");
@@ -382,6 +530,12 @@ int cmd_simulate(int argc, char **argv) {
                      n_roll_dev, x.su.rollout_tp);
         goto fail;
     }
+    /* the layout against the trainer devices and the model, as moerl plan and moerl rl refuse it (the
+     * pipeline's combinations: rl_read_config's par_check_pp_alone) */
+    if (par_check(&x.rc.par, x.rc.n_trainer_ranks, target.num_experts, target.num_attention_heads,
+                  target.num_key_value_heads, target.num_hidden_layers) != MOERL_OK ||
+        plan_check_rollout_tp(x.su.rollout_tp, target.num_attention_heads) != MOERL_OK)
+        goto fail;
     x.su.n_rollout_replicas = n_roll_dev / x.su.rollout_tp;
     x.su.n_trainer = x.rc.n_trainer_ranks;
     {
@@ -436,18 +590,34 @@ int cmd_simulate(int argc, char **argv) {
     if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                           "data.chat_template") != MOERL_OK)
         goto fail;
-    if (claim_folder(x.rc.out_dir, &od) != MOERL_OK) goto fail;
+    if (do_sweep) { /* everything the sweep would refuse on its way, before anything is written */
+        for (int k = 1; k <= 3; k++) {
+            int rd, td;
+            if (sweep_split(n_roll_dev + x.su.n_trainer, x.su.rollout_tp, k, &rd, &td) != MOERL_OK) goto fail;
+        }
+        for (int i = 0; i < SWEEP_ROWS; i++) {
+            char d[4200];
+            snprintf(d, sizeof d, "%s/%s", x.rc.out_dir, k_sweep_dirs[i]);
+            if (check_folder(d) != MOERL_OK) goto fail;
+        }
+    }
+    moerl_install_stop_signals(); /* Ctrl-C / SIGTERM: stop after the current simulation (stopped_cleanup) */
+    if (claim_folder(x.rc.out_dir, &od, &top_marker_new) != MOERL_OK) goto fail;
     opened = 1;
     if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&x.rc, &train, 0) != MOERL_OK) goto fail; /* one sequence per micro-batch at least */
+    /* the simulated model's context, as moerl rl refuses it (the stand-in model below has no limit) */
+    if (rl_check_context(&train, x.rc.max_response_length, target.max_position_embeddings) != MOERL_OK) goto fail;
     if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
     x.tiny = &tiny;
     x.train = &train;
+    if (moerl_stop_requested()) goto fail;
     if (do_sweep) {
         if (sweep(&x, n_roll_dev, x.su.n_trainer, as_json) != MOERL_OK) goto fail;
     } else {
         sim_result r;
-        if (sim_run(&x.rc, &x.su, &tiny, &train, &r) != MOERL_OK) goto fail;
+        x.ran = 1;
+        if (sim_run(&x.rc, &x.su, &tiny, &train, &r) != MOERL_OK || moerl_stop_requested()) goto fail;
         if (as_json) cli_print_json(result_json(&r, &x.su), 17);
         else {
             json_t *j = result_json(&r, &x.su);
@@ -457,8 +627,18 @@ int cmd_simulate(int argc, char **argv) {
     rc = 0;
     goto done;
 fail:
-    cli_print_error("simulate", moerl_last_error());
-    if (opened) cli_outdir_abandon(&od); /* a folder this run made, holding only what setting up wrote */
+    if (moerl_stop_requested()) {
+        rc = 128 + moerl_stop_requested();
+        stopped_cleanup(&x, opened ? &od : NULL, top_marker_new);
+    } else {
+        cli_print_error("simulate", moerl_last_error());
+        if (opened && !x.ran && top_marker_new) { /* refused before any simulation: no marker left behind */
+            char m[4200];
+            snprintf(m, sizeof m, "%s/%s", x.rc.out_dir, CLI_SIMULATION_MARKER);
+            unlink(m);
+        }
+        if (opened) cli_outdir_abandon(&od); /* a folder this run made, holding only what setting up wrote */
+    }
 done:
     if (tiny.params) model_free(&tiny);
     dataset_free(&train);

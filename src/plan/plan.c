@@ -938,3 +938,9 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
     return MOERL_OK;
 }
+
+int plan_check_rollout_tp(int tp, int n_heads) {
+    if (tp < 1 || n_heads % tp)
+        return moerl_errorf("rollout.tensor_model_parallel_size=%d does not divide the %d attention heads", tp, n_heads);
+    return MOERL_OK;
+}

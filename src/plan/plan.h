@@ -264,6 +264,10 @@ int plan_pp_inflight(int pp, int stage);
  * plan_acts_bytes(c, N, 0, L, 0) == model_acts_bytes(m, N) (tested). */
 double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, int recompute);
 
+/* The rollout engine's tensor parallelism against the model: tp must divide the n_heads attention
+ * heads. Errors name rollout.tensor_model_parallel_size and both numbers (moerl plan, moerl simulate). */
+int plan_check_rollout_tp(int tp, int n_heads);
+
 /* Parameter counts of moerl's layout (padded) for c: total, non-expert, expert, HF (unpadded). */
 void plan_param_counts(const moe_config *c, int64_t *total, int64_t *dense, int64_t *expert, int64_t *hf);
 
