@@ -112,6 +112,12 @@ rc=$?
 if [[ $rc -eq 1 ]] && grep -q "simulate: --model: cannot read '$OUT/no_such_model'" "$OUT/nomodel.log" &&
     ! grep -q "WARN" "$OUT/nomodel.log" && [[ ! -e "$OUT/nomodel" ]]; then ok
 else fail "simulate --model of a missing folder: exit $rc, $(head -c 400 "$OUT/nomodel.log")"; fi
+# --config twice: refused naming both (the last one used to win silently), nothing made
+$M simulate --config $CFG --config examples/demo.yaml trainer.default_local_dir="$OUT/twice" >/dev/null 2>"$OUT/twice.log"
+rc=$?
+if [[ $rc -eq 2 ]] && grep -qF "simulate: --config given twice ('$CFG' and 'examples/demo.yaml')" "$OUT/twice.log" &&
+    [[ ! -e "$OUT/twice" ]]; then ok
+else fail "simulate --config twice: exit $rc, $(head -c 300 "$OUT/twice.log")"; fi
 # --model whose config.json is not valid JSON: the same (the parse error first, no warning)
 mkdir -p "$OUT/bad_model" && printf '{"hidden_size": 64,' >"$OUT/bad_model/config.json"
 $M simulate --config $CFG --model "$OUT/bad_model" trainer.default_local_dir="$OUT/badmodel" \

@@ -92,6 +92,16 @@ static void parse_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+int cli_flag_once(const char *cmd, const char *flag, const char **slot, const char *value) {
+    if (*slot) {
+        fprintf(stderr, "moerl %s: %s given twice ('%s' and '%s'): one per run (override single keys with key=value)\n",
+                cmd, flag, *slot, value);
+        return 1;
+    }
+    *slot = value;
+    return 0;
+}
+
 int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *exit_code) {
     const char *path = NULL, *profile = NULL;
     for (int i = 1; i < argc; i++) {

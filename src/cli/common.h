@@ -102,6 +102,10 @@ void cli_print_error(const char *cmd, const char *msg);
  * its rank in *rank, read from the launcher's environment (no MPI call: usable before MPI_Init);
  * size 1 and rank 0 when not launched by one. */
 int cli_launcher_world(int *rank);
+/* A flag that takes one value per run (--config, --model): stores value in *slot, or, when *slot is
+ * already set, prints "moerl CMD: FLAG given twice ('A' and 'B') ..." to stderr and returns 1 (the last
+ * one would otherwise win silently). */
+int cli_flag_once(const char *cmd, const char *flag, const char **slot, const char *value);
 /* Check every row's data_source names a reward function; the error names the row (dataset_where) and the value. */
 int cli_check_data_sources(const dataset *ds);
 

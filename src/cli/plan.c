@@ -293,14 +293,10 @@ int cmd_plan(int argc, char **argv) {
         switch (o) {
         case 'm':
         case 'c':
-            if ((o == 'm' ? model : config) != NULL) { /* the last would win silently */
-                fprintf(stderr, "moerl plan: --%s given twice ('%s' and '%s'): one per run (override single keys "
-                                "with key=value)\n", o == 'm' ? "model" : "config", o == 'm' ? model : config, optarg);
+            if (cli_flag_once("plan", o == 'm' ? "--model" : "--config", o == 'm' ? &model : &config, optarg)) {
                 cfg_free(c);
                 return 2;
             }
-            if (o == 'm') model = optarg;
-            else config = optarg;
             break;
         case 'j': as_json = 1; break;
         case 'h':

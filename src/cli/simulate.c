@@ -462,8 +462,13 @@ int cmd_simulate(int argc, char **argv) {
     optind = 1;
     while ((o = getopt_long(argc, argv, "c:m:ksjh", opts, NULL)) != -1) {
         switch (o) {
-        case 'c': config = optarg; break;
-        case 'm': model = optarg; break;
+        case 'c':
+        case 'm':
+            if (cli_flag_once("simulate", o == 'm' ? "--model" : "--config", o == 'm' ? &model : &config, optarg)) {
+                cfg_free(c);
+                return 2;
+            }
+            break;
         case 'k': calibrate = 1; break;
         case 's': do_sweep = 1; break;
         case 'j': as_json = 1; break;
