@@ -189,8 +189,8 @@ static int check_folder(const char *dir) {
         char p[4200];
         snprintf(p, sizeof p, "%s/%s", dir, real[i]);
         if (stat(p, &st) == 0)
-            return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl, "
-                                "samples.jsonl and config; give the simulation its own folder "
+            return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl "
+                                "and samples.jsonl; give the simulation its own folder "
                                 "(trainer.default_local_dir=...)",
                                 dir, real[i]);
     }
