@@ -254,5 +254,43 @@ check "rl: num_experts_per_tok beside num_experts=0 is named unused" grep -q "mo
 check "rl: grad_compression in one process warns it has no effect" grep -q "actor.grad_compression=onebit .*no effect" "$W/err"
 expect_err "rl: top-k above the experts" "exceeds 'num_experts'" $M rl "${RS[@]}" model.num_experts=1 trainer.default_local_dir="$W/k"
 
+# --- fourth review: a refused resume leaves every file of the run's folder as it was (config.yaml, data/,
+# run.log); generated data files are named by what determines their rows; sync mode names an unused key
+snap() { (cd "$1" && find . -type f ! -name .moerl.lock -print0 | sort -z | xargs -0 md5sum); }
+$M rl "${RS[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$W/ra" >/dev/null 2>&1
+cp -r "$W/ra" "$W/rb"
+snap "$W/rb" >"$W/rb.before"
+expect_err "rl: resume with another model.hidden_size refused" "field 'hidden_size' is 64 in the file but 128" $M rl "${RS[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$W/rb" model.hidden_size=128
+check "rl: the refused model change left the folder as it was (config.yaml too)" bash -c "diff <(cd '$W/rb' && find . -type f ! -name .moerl.lock -print0 | sort -z | xargs -0 md5sum) '$W/rb.before'"
+expect_err "rl: resume with data.task=countdown refused, naming the key" "data.task was \"arith\", now \"countdown\"" $M rl "${RS[@]}" trainer.total_training_steps=2 trainer.default_local_dir="$W/rb" data.task=countdown model.max_position_embeddings=256
+check "rl: the refused countdown resume generated nothing into data/" bash -c "[[ \$(ls -A '$W/rb/data' | grep -vc '^arith-') -eq 0 ]] && diff <(cd '$W/rb' && find . -type f ! -name .moerl.lock -print0 | sort -z | xargs -0 md5sum) '$W/rb.before'"
+CDK=(data.task=countdown model.max_position_embeddings=256 trainer.total_training_steps=2)
+$M rl "${RS[@]}" "${CDK[@]}" trainer.default_local_dir="$W/cdr" >/dev/null 2>&1
+check "rl: countdown data named by its own options, not arith's" bash -c "ls '$W/cdr/data' | grep -qx 'countdown-k4-m25-t100-s1-test32-train96.jsonl' && ! ls '$W/cdr/data' | grep -q -- '-d2-'"
+snap "$W/cdr" >"$W/cdr.before"
+expect_err "rl: resume with data.countdown_numbers=3 refused, naming the key" "data.countdown_numbers was 4, now 3" $M rl "${RS[@]}" "${CDK[@]}" trainer.default_local_dir="$W/cdr" data.countdown_numbers=3
+check "rl: the refused countdown_numbers resume left data/ as it was" bash -c "diff <(cd '$W/cdr' && find . -type f ! -name .moerl.lock -print0 | sort -z | xargs -0 md5sum) '$W/cdr.before'"
+$M rl "${RS[@]}" trainer.total_training_steps=1 trainer.default_local_dir="$W/sy" async_training.mode=sync async_training.trigger_parameter_sync_step=4 >/dev/null 2>"$W/err"
+check "rl: sync mode warns that the given trigger_parameter_sync_step is not used" grep -q "WARN .*async_training.trigger_parameter_sync_step=4 is not used: async_training.mode=sync syncs the weights after every step" "$W/err"
+$M rl "${RS[@]}" trainer.total_training_steps=1 trainer.default_local_dir="$W/sy2" async_training.mode=sync >/dev/null 2>"$W/err"
+check "rl: sync mode with the key at its default warns nothing about it" bash -c "! grep -q 'trigger_parameter_sync_step=.* is not used' '$W/err'"
+# moerl sft: refused resumes (trainer.seed, data.seed, model shape, resume_mode=disable) change nothing
+SG=(--config "$W/sft.yaml" data.task=arith data.train_files= data.val_files= data.n_train=64 data.n_test=8)
+$M sft "${SG[@]}" trainer.default_local_dir="$W/sr" >"$W/sr1.json" 2>/dev/null
+snap "$W/sr" >"$W/sr.before"
+expect_err "sft: resume with another trainer.seed refused" "trainer.seed 1 (now 9)" $M sft "${SG[@]}" trainer.default_local_dir="$W/sr" trainer.seed=9
+expect_err "sft: resume on other data refused, naming the key" "data.seed was 1, now 3" $M sft "${SG[@]}" trainer.default_local_dir="$W/sr" data.seed=3
+expect_err "sft: resume with another model shape refused" "hidden_size" $M sft "${SG[@]}" trainer.default_local_dir="$W/sr" model.hidden_size=64
+expect_err "sft: resume_mode=disable over a checkpoint refused" "trainer.overwrite_output_dir=true" $M sft "${SG[@]}" trainer.default_local_dir="$W/sr" trainer.resume_mode=disable
+check "sft: the refused resumes left the folder as it was (config.yaml, data/)" bash -c "diff <(cd '$W/sr' && find . -type f ! -name .moerl.lock -print0 | sort -z | xargs -0 md5sum) '$W/sr.before'"
+$M sft "${SG[@]}" trainer.default_local_dir="$W/sr" >"$W/sr2.json" 2>/dev/null
+$PY - "$W/sr1.json" "$W/sr2.json" <<'PYEOF'
+import json, sys
+a, b = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:3])
+assert a["accuracy_after"] is not None and b["accuracy_after"] == a["accuracy_after"], (a, b)
+assert b["accuracy_before"] == a["accuracy_before"], (a, b)
+PYEOF
+check "sft: a rerun with nothing left to do reports the recorded accuracy_after" test $? -eq 0
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

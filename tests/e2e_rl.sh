@@ -365,6 +365,33 @@ if "$MOERL" sft --config examples/sft.yaml trainer.default_local_dir="$WORK/ws_i
 elif grep -q "holds a moerl rl run (sft_checkpoint" "$WORK/ws_sft.log" && [[ ! -e $WORK/ws_int/checkpoint ]]; then
     ok "moerl sft into the stopped rl run's folder: refused, nothing written"
 else bad "sft into a stopped rl folder" "$(tail -1 "$WORK/ws_sft.log")"; fi
+# sft.total_training_steps=0 over that folder would start RL from a new model and orphan the warm
+# start: refused, naming sft_checkpoint/ and the key, and the folder is left as it was
+ws_files() { (cd "$WORK/ws_int" && find . -type f ! -name .moerl.lock -print0 | sort -z | xargs -0 md5sum); }
+ws_before=$(ws_files)
+"$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" sft.total_training_steps=0 trainer.resume_mode=auto \
+    trainer.default_local_dir="$WORK/ws_int" >"$WORK/ws_zero.out" 2>"$WORK/ws_zero.log"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "holds the SFT warm start of a moerl rl run (sft_checkpoint/).*sft.total_training_steps=0" "$WORK/ws_zero.log" &&
+    [[ "$(ws_files)" == "$ws_before" ]]; then
+    ok "sft.total_training_steps=0 over a stopped warm start: refused naming sft_checkpoint/ and the key, folder unchanged"
+else bad "sft.total_training_steps=0 over a stopped warm start" "exit $rc: $(tail -c 300 "$WORK/ws_zero.log")"; fi
+# fewer warm-start steps than the stopped warm start made: nothing left to do there, RL runs, and the
+# accuracy line carries no nan (the SFT figure was not measured in this run)
+"$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" trainer.val_n=8 trainer.default_local_dir="$WORK/ws_val" \
+    >"$WORK/ws_val.out" 2>"$WORK/ws_val.log" &
+pid=$!
+wait_for_line $pid "sft warm start [1-9]" "$WORK/ws_val.log"
+kill -INT $pid 2>/dev/null
+wait $pid
+"$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" sft.total_training_steps=1 trainer.val_n=8 \
+    trainer.total_training_steps=2 trainer.default_local_dir="$WORK/ws_val" >"$WORK/ws_one.out" 2>"$WORK/ws_one.log"
+rc=$?
+if [[ $rc -eq 0 ]] && grep -q "sft warm start: nothing left to do" "$WORK/ws_one.log" &&
+    grep -q "held-out accuracy: start .*→ RL .*not measured in this run" "$WORK/ws_one.log" &&
+    ! grep -qi "nan" "$WORK/ws_one.log"; then
+    ok "a warm start already past sft.total_training_steps: RL runs, the accuracy line has no nan"
+else bad "warm start past its steps" "exit $rc: $(grep -i 'accuracy' "$WORK/ws_one.log" | tail -c 300)"; fi
 
 # ---------------------------------------------------------------- steps without a loss token
 # One-token responses almost never end in EOS, so actor.overlong_filter masks (nearly) every one.

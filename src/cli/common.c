@@ -422,9 +422,28 @@ static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
     return rc;
 }
 
+/* The generated files' names (cli_prepare_data): what determines the rows, and nothing else. */
+static void data_file_names(const char *out_dir, const char *task, const task_opts *o, char *tr, char *te,
+                            size_t cap) {
+    char opt[96] = "";
+    if (!strcmp(task, "arith")) snprintf(opt, sizeof opt, "-d%d", o->arith_digits);
+    else if (!strcmp(task, "countdown"))
+        snprintf(opt, sizeof opt, "-k%d-m%d-t%d", o->countdown_numbers, o->countdown_max_number,
+                 o->countdown_max_target);
+    snprintf(te, cap, "%s/data/%s%s-s%llu-test%lld.jsonl", out_dir, task, opt, (unsigned long long)o->seed,
+             (long long)o->n_test);
+    snprintf(tr, cap, "%s/data/%s%s-s%llu-test%lld-train%lld.jsonl", out_dir, task, opt, (unsigned long long)o->seed,
+             (long long)o->n_test, (long long)o->n_train);
+}
+
 int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset *test) {
+    return cli_prepare_data_staged(c, out_dir, train, test, NULL);
+}
+
+int cli_prepare_data_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, cli_staged_data *staged) {
     const char *task = data_task(c);
     char tr[4096], te[4096];
+    if (staged) memset(staged, 0, sizeof *staged);
     if (cli_check_data_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
     if (task[0]) {
         task_opts o;
@@ -434,10 +453,20 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
         o.seed = (uint64_t)cfg_int(c, "data.seed");
         o.arith_digits = (int)cfg_int(c, "data.arith_digits");
         o.countdown_numbers = (int)cfg_int(c, "data.countdown_numbers");
-        snprintf(tr, sizeof tr, "%s/data/%s-d%d-s%llu-n%lld-train.jsonl", out_dir, task, o.arith_digits,
-                 (unsigned long long)o.seed, (long long)o.n_train);
-        snprintf(te, sizeof te, "%s/data/%s-d%d-s%llu-n%lld-test.jsonl", out_dir, task, o.arith_digits,
-                 (unsigned long long)o.seed, (long long)o.n_test);
+        data_file_names(out_dir, task, &o, tr, te, sizeof tr);
+        if (staged) { /* temporary names until the run's checks pass (rank and pid: several processes) */
+            int rank;
+            cli_launcher_world(&rank);
+            snprintf(staged->data_dir, sizeof staged->data_dir, "%s/data", out_dir);
+            const char *final[2] = {tr, te};
+            for (int i = 0; i < 2; i++) {
+                snprintf(staged->dst[i], sizeof staged->dst[i], "%s", final[i]);
+                snprintf(staged->tmp[i], sizeof staged->tmp[i], "%s.staged-r%d-%ld", final[i], rank, (long)getpid());
+            }
+            staged->n = 2;
+            snprintf(tr, sizeof tr, "%s", staged->tmp[0]);
+            snprintf(te, sizeof te, "%s", staged->tmp[1]);
+        }
         if (task_generate(task, &o, tr, te) != MOERL_OK) return moerl_error_prefix("data.task: ");
     } else {
         snprintf(tr, sizeof tr, "%s", cfg_str(c, "data.train_files"));
@@ -481,6 +510,108 @@ int cli_prepare_data(const cfg *c, const char *out_dir, dataset *train, dataset 
         check_prompt_lengths(c, test, "held-out") != MOERL_OK)
         return MOERL_ERR;
     return MOERL_OK;
+}
+
+/* 1 when the files at a and b hold the same bytes. */
+static int same_bytes(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    char ba[65536], bb[65536];
+    while (same) {
+        size_t na = fread(ba, 1, sizeof ba, fa), nb = fread(bb, 1, sizeof bb, fb);
+        same = na == nb && !memcmp(ba, bb, na);
+        if (na == 0 || na < sizeof ba) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+int cli_staged_commit(cli_staged_data *s) {
+    for (int i = 0; i < s->n; i++) {
+        if (access(s->dst[i], F_OK) == 0 && same_bytes(s->tmp[i], s->dst[i])) { /* the run's own file: keep it */
+            unlink(s->tmp[i]);
+            continue;
+        }
+        if (rename(s->tmp[i], s->dst[i]) != 0)
+            return moerl_errorf("cannot rename '%s' to '%s': %s", s->tmp[i], s->dst[i], strerror(errno));
+    }
+    s->n = 0;
+    return MOERL_OK;
+}
+
+void cli_staged_discard(cli_staged_data *s) {
+    for (int i = 0; i < s->n; i++) unlink(s->tmp[i]);
+    if (s->n && s->data_dir[0]) rmdir(s->data_dir); /* only when empty: a run's data stays */
+    s->n = 0;
+}
+
+/* The "key: value" lines of the data: section of a cfg_dump_yaml text, comments dropped: *n pairs
+ * (heap strings; free with free_pairs). */
+static char **data_section_pairs(const char *text, int *n) {
+    char **kv = NULL;
+    int cnt = 0, in = 0;
+    for (const char *l = text; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        if (!strncmp(l, "data:", 5) && len == 5) in = 1;
+        else if (len && l[0] != ' ') in = 0;
+        else if (in && len > 2 && l[2] != ' ') {
+            char *line = xmalloc(len + 1);
+            memcpy(line, l + 2, len - 2);
+            line[len - 2] = 0;
+            char *colon = strstr(line, ": "), *cmt = strstr(line, "  # ");
+            if (cmt) *cmt = 0;
+            if (colon) {
+                *colon = 0;
+                kv = realloc(kv, (size_t)(cnt + 2) * 2 * sizeof *kv);
+                kv[2 * cnt] = xstrdup(line);
+                kv[2 * cnt + 1] = xstrdup(colon + 2);
+                cnt++;
+            }
+            free(line);
+        }
+        l = e ? e + 1 : NULL;
+    }
+    *n = cnt;
+    return kv;
+}
+
+static void free_pairs(char **kv, int n) {
+    for (int i = 0; i < 2 * n; i++) free(kv[i]);
+    free(kv);
+}
+
+int cli_name_changed_data_keys(const cfg *c, const char *out_dir) {
+    char p[4200], *old = NULL, *why = xstrdup(moerl_last_error());
+    size_t len;
+    snprintf(p, sizeof p, "%s/config.yaml", out_dir);
+    if (access(p, R_OK) != 0 || moerl_read_file(p, &old, &len) != MOERL_OK) {
+        moerl_errorf("%s", why);
+        free(why);
+        return MOERL_ERR;
+    }
+    char *now = cfg_dump_yaml_string(c);
+    int n_old, n_now;
+    char **ko = data_section_pairs(old, &n_old), **kn = data_section_pairs(now, &n_now);
+    char changed[1200] = "";
+    for (int i = 0; i < n_now; i++)
+        for (int j = 0; j < n_old; j++)
+            if (!strcmp(kn[2 * i], ko[2 * j]) && strcmp(kn[2 * i + 1], ko[2 * j + 1])) {
+                size_t at = strlen(changed);
+                snprintf(changed + at, sizeof changed - at, "%sdata.%s was %s, now %s", at ? "; " : "", kn[2 * i],
+                         ko[2 * j + 1], kn[2 * i + 1]);
+            }
+    if (changed[0])
+        moerl_errorf("%s (the run's config.yaml differs in: %s)", why, changed);
+    else
+        moerl_errorf("%s", why);
+    free_pairs(ko, n_old);
+    free_pairs(kn, n_now);
+    free(old);
+    free(now);
+    free(why);
+    return MOERL_ERR;
 }
 
 int cli_check_data_sources(const dataset *ds) {

@@ -328,6 +328,13 @@ int rl_read_config(const cfg *c, rl_config *r) {
     else if (!strcmp(mode, "sync")) r->mode = RL_MODE_SYNC;
     else return moerl_errorf("async_training.mode: '%s' is not one of async, lockstep, sync", mode);
     if (r->mode == RL_MODE_SYNC) { /* the synchronous baseline: generate a batch, then train on it */
+        int lrank;
+        cli_launcher_world(&lrank); /* every rank reads the configuration: rank 0 says it once */
+        if (lrank == 0 && r->trigger_parameter_sync_step != 1 &&
+            strcmp(cfg_origin(c, "async_training.trigger_parameter_sync_step"), "default") != 0)
+            log_warn("async_training.trigger_parameter_sync_step=%d is not used: async_training.mode=sync syncs the "
+                     "weights after every step (trigger_parameter_sync_step=1); use async_training.mode=async or "
+                     "lockstep to sync every %d steps", r->trigger_parameter_sync_step, r->trigger_parameter_sync_step);
         r->staleness_threshold = 0;
         r->trigger_parameter_sync_step = 1;
         r->partial_rollout = 0;
@@ -414,20 +421,43 @@ static void rl_why_test(const rl_config *rc, char *buf, size_t cap) {
 }
 
 /* A resume (trainer.resume_mode=auto and a trainer_state.json in checkpoint/ or checkpoint.old/)
- * must be of this training data and seed: checked here, before config.yaml is rewritten, with the
- * same rule the job applies when it loads the checkpoint (rl_state_load). */
-static int rl_check_resume_state(const rl_config *rc, const dataset *train) {
+ * must be of this training data and seed and of this model's shapes: checked here, before config.yaml
+ * or the generated data are written, with the same rules the job applies when it loads the checkpoint
+ * (rl_state_load, model_load_weights). A folder holding a warm start (sft_checkpoint/) and no RL
+ * checkpoint is refused when sft.total_training_steps=0 would leave it unused. */
+static int rl_check_resume_state(const cfg *c, const rl_config *rc, const dataset *train, moe_model *m) {
     if (!rc->resume_auto) return MOERL_OK;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/checkpoint/trainer_state.json", rc->out_dir);
-    if (access(p, R_OK) != 0) snprintf(p, sizeof p, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
-    if (access(p, R_OK) != 0) return MOERL_OK;
+    char p[4200], dir[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoint", rc->out_dir);
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    if (access(p, R_OK) != 0) {
+        snprintf(dir, sizeof dir, "%s/checkpoint.old", rc->out_dir);
+        snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    }
+    if (access(p, R_OK) != 0) { /* no RL checkpoint: RL starts anew, after the warm start */
+        char ws[4200];
+        snprintf(ws, sizeof ws, "%s/sft_checkpoint", rc->out_dir);
+        if (cfg_int(c, "sft.total_training_steps") <= 0 && access(ws, F_OK) == 0)
+            return moerl_errorf("output folder '%s' holds the SFT warm start of a moerl rl run (sft_checkpoint/) and no "
+                                "RL checkpoint, but sft.total_training_steps=%lld would start RL from the new model and "
+                                "leave that warm start unused: rerun with the run's sft.total_training_steps (its "
+                                "config.yaml records it) to continue the warm start, or replace the run with "
+                                "trainer.resume_mode=disable trainer.overwrite_output_dir=true",
+                                rc->out_dir, (long long)cfg_int(c, "sft.total_training_steps"));
+        return MOERL_OK;
+    }
     const rl_state_expect want = {.n_rows = dataset_count(train), .seed = rc->seed,
                                   .data_fingerprint = dataset_fingerprint(train)};
     rl_state st;
-    const int r = rl_state_load(&st, p, &want);
+    int r = rl_state_load(&st, p, &want);
     rl_state_free(&st);
-    return r;
+    if (r != MOERL_OK) return cli_name_changed_data_keys(c, rc->out_dir);
+    /* the job loads the checkpoint's weights into this model: the same checks, reading nothing */
+    if (model_check_weights(m, dir) != MOERL_OK)
+        return moerl_errorf("%s; resuming needs the checkpoint's model: keep its model.* values (or set model.path), or "
+                            "use a new trainer.default_local_dir, or trainer.resume_mode=disable "
+                            "trainer.overwrite_output_dir=true", moerl_last_error());
+    return MOERL_OK;
 }
 
 /* The line a run stopped by a signal leaves: how to resume, or that it cannot. */
@@ -471,6 +501,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     dataset train = {0}, test = {0}, val = {0};
     char path[4200];
     cli_outdir od = {0};
+    cli_staged_data staged = {0};
     int opened = 0;
     char why_test[96];
     rl_why_test(rc, why_test, sizeof why_test);
@@ -501,18 +532,22 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         if (cli_outdir_open(&od, rc->out_dir) != MOERL_OK) goto fail;
         opened = 1;
         if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc->out_dir) != MOERL_OK) goto fail;
-        if (rl_open_run_log(rc->out_dir) != MOERL_OK) goto fail;
     }
     /* the leader made the folder before any rank writes data into it: cli_outdir_abandon removes only
      * a folder this run created */
     if (dist_barrier(ctx, DIST_WORLD) != MOERL_OK) goto fail;
-    if (cli_prepare_data(c, rc->out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (cli_prepare_data_staged(c, rc->out_dir, &train, &test, &staged) != MOERL_OK) goto fail;
+    if (!leader) { /* loaded: the leader alone keeps the files, once checked (data/ is the leader's to remove) */
+        staged.data_dir[0] = 0;
+        cli_staged_discard(&staged);
+    }
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(rc, &train, 1) != MOERL_OK) { /* before the warm start; the same verdict on every
                                                               * rank (config and data): rank 0 says it once, no abort */
         if (ctx->world_rank == 0) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
         dist_barrier(ctx, DIST_WORLD); /* every rank is done writing the data before the folder goes, */
+        cli_staged_discard(&staged);
         if (opened) cli_outdir_abandon(&od);
         dist_barrier(ctx, DIST_WORLD); /* and it is gone before a rank exits (mpirun then ends the others) */
         model_free(&m);
@@ -521,15 +556,18 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
         dataset_free(&val);
         return 1;
     }
-    if (leader && rl_check_resume_state(rc, &train) != MOERL_OK) goto fail;
+    if (leader && rl_check_resume_state(c, rc, &train, &m) != MOERL_OK) goto fail;
     /* every rank is done writing the data: a warm start that fails can remove the folder */
     if (dist_barrier(ctx, DIST_WORLD) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
     moerl_install_stop_signals();
     if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
+        /* every check passed: only now does the folder change (data, config.yaml, run.log) */
+        if (cli_staged_commit(&staged) != MOERL_OK) goto fail;
         snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
         if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
+        if (rl_open_run_log(rc->out_dir) != MOERL_OK) goto fail;
         snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc->out_dir);
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
@@ -585,6 +623,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     return 0;
 fail:
     snprintf(err, sizeof err, "moerl rl (%s): %s", who, moerl_last_error());
+    cli_staged_discard(&staged);
     if (opened) cli_outdir_abandon(&od);
     dist_abort(ctx, err);
 }
@@ -603,6 +642,7 @@ int cmd_rl(int argc, char **argv) {
     dataset train = {0}, test = {0}, val = {0};
     char path[4200];
     cli_outdir od = {0};
+    cli_staged_data staged = {0};
     int opened = 0;
     if (rl_read_config(c, &rc) != MOERL_OK) goto fail;
     cli_set_threads((int)cfg_int(c, "trainer.n_threads"));
@@ -643,14 +683,16 @@ int cmd_rl(int argc, char **argv) {
     if (cli_outdir_open(&od, rc.out_dir) != MOERL_OK) goto fail;
     opened = 1;
     if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc.out_dir) != MOERL_OK) goto fail;
-    if (rl_open_run_log(rc.out_dir) != MOERL_OK) goto fail;
-    if (cli_prepare_data(c, rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (cli_prepare_data_staged(c, rc.out_dir, &train, &test, &staged) != MOERL_OK) goto fail;
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&rc, &train, 1) != MOERL_OK) goto fail; /* before the warm start */
-    if (rl_check_resume_state(&rc, &train) != MOERL_OK) goto fail;
+    if (rl_check_resume_state(c, &rc, &train, &m) != MOERL_OK) goto fail;
+    /* every check passed: only now does the folder change (data, config.yaml, run.log) */
+    if (cli_staged_commit(&staged) != MOERL_OK) goto fail;
     snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
     if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
+    if (rl_open_run_log(rc.out_dir) != MOERL_OK) goto fail;
     double sft0 = NAN, sft1 = NAN;
     int exit_code = 0; /* 128 + signal when one stopped the run */
     snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
@@ -680,9 +722,12 @@ int cmd_rl(int argc, char **argv) {
              "the run), trainer idle %.2f, rollouter idle %.2f, max staleness %d",
              (long long)res.steps, moerl_plural(res.steps), res.final_version, res.wall_s, res.prompts_per_s,
              res.tokens_per_s, res.trainer_idle_ratio, res.rollouter_idle_ratio, res.max_lag_seen);
-    if (isfinite(sft0) && rc.val_n != 0)
+    if (isfinite(sft0) && isfinite(sft1) && rc.val_n != 0)
         log_info("held-out accuracy: start %.1f%% → SFT %.1f%% → RL %.1f%% (RL adds %+.1f points)", 100 * sft0,
                  100 * sft1, 100 * res.val_acc_end, 100 * (res.val_acc_end - sft1));
+    else if (isfinite(sft0) && rc.val_n != 0) /* the warm start had nothing left to do: not measured now */
+        log_info("held-out accuracy: start %.1f%% → RL %.1f%% (the SFT warm start's accuracy was not measured in this "
+                 "run: it had already reached sft.total_training_steps)", 100 * sft0, 100 * res.val_acc_end);
     else if (rc.val_n != 0 && !resuming)
         log_info("held-out accuracy: %.1f%% → %.1f%% (%+.1f points)", 100 * res.val_acc_start, 100 * res.val_acc_end,
                  100 * (res.val_acc_end - res.val_acc_start));
@@ -705,6 +750,7 @@ fail:
         cli_launcher_world(&lrank);
         if (ctx || lrank == 0) cli_print_error("rl", moerl_last_error());
     }
+    cli_staged_discard(&staged);
     if (opened) cli_outdir_abandon(&od);
     model_free(&m);
     dataset_free(&train);

@@ -79,6 +79,21 @@ static int sft_check_not_rl_run(const char *out) {
                         "that run with moerl rl)", out, found);
 }
 
+/* What moerl sft writes once its checks (the resume's too) have passed: sft_opts.on_checked. */
+typedef struct {
+    const cfg *c;
+    const char *out;
+    cli_staged_data *staged;
+} sft_checked_arg;
+
+static int sft_on_checked(void *arg) {
+    const sft_checked_arg *a = arg;
+    char path[4200];
+    if (cli_staged_commit(a->staged) != MOERL_OK) return MOERL_ERR;
+    snprintf(path, sizeof path, "%s/config.yaml", a->out);
+    return cfg_dump_yaml(a->c, path);
+}
+
 /* Every trainer rank learns whether all of them got here with rc == MOERL_OK (one process: rc). */
 /* Set by agree: this rank failed where others did not, so its message is its own to print (a failure
  * every rank reaches alike — a configuration, a layout — is printed by rank 0 alone). */
@@ -104,6 +119,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     moe_model m = {0};
     dataset train = {0}, test = {0};
     cli_outdir od = {0};
+    cli_staged_data staged = {0};
     int opened = 0, quiet_error = 0; /* quiet_error: another rank reports this rank's failure */
     int together = 1;                  /* a failure reaches every rank alike (config, agree) */
     static const char *subdirs[] = {"checkpoint"};
@@ -123,13 +139,16 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     if (root) {
         rc = cli_outdir_open(&od, out);
         opened = rc == MOERL_OK;
-        if (rc == MOERL_OK) rc = cli_prepare_data(c, out, &train, &test);
+        if (rc == MOERL_OK) rc = cli_prepare_data_staged(c, out, &train, &test, &staged);
         if (rc == MOERL_OK) rc = cli_check_held_out_rows(c, &test, why_test);
-        snprintf(path, sizeof path, "%s/config.yaml", out);
-        if (rc == MOERL_OK) rc = cfg_dump_yaml(c, path);
+        /* config.yaml and the data are written once the resume checks pass (sft_on_checked) */
     }
     if (agree(ctx, rc) != MOERL_OK) goto fail;
-    if (!root && cli_prepare_data(c, out, &train, &test) != MOERL_OK) rc = MOERL_ERR;
+    if (!root && cli_prepare_data_staged(c, out, &train, &test, &staged) != MOERL_OK) rc = MOERL_ERR;
+    if (!root) { /* loaded: rank 0 alone keeps the files, once checked (data/ is its to remove) */
+        staged.data_dir[0] = 0;
+        cli_staged_discard(&staged);
+    }
     if (agree(ctx, rc) != MOERL_OK) goto fail;
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", out);
     sft_opts o = {.batch_size = (int)cfg_int(c, "data.train_batch_size"),
@@ -185,10 +204,17 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     o.resume = !strcmp(rm, "auto");
     o.stop_signal_out = &stop_signal;
     o.quiet_error_out = &quiet_error;
+    sft_checked_arg checked = {.c = c, .out = out, .staged = &staged};
+    o.on_checked = sft_on_checked;
+    int nothing_left = 0;
+    o.nothing_left_out = &nothing_left;
+    o.on_checked_arg = &checked;
     moerl_install_stop_signals();
     double a0, a1;
     if (agree(ctx, sft_train(&m, &train, &test, &o, &a0, &a1)) != MOERL_OK) {
         g_own_failure = 1; /* sft_train says who reports (quiet_error) */
+        if (strstr(moerl_last_error(), "made with other training data")) /* name the data.* keys that changed */
+            cli_name_changed_data_keys(c, out);
         goto fail;
     }
     par_state_free(&ps); /* the whole model back in m on every rank (FSDP gathers it) */
@@ -209,7 +235,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     }
     together = 0; /* from here on rank 0 alone */
     snprintf(path, sizeof path, "%s/checkpoint", out);
-    if (isfinite(a1)) { /* NaN: nothing was left to do, the checkpoint stays as it is */
+    if (!nothing_left) { /* else the checkpoint stays as it is (a1: the accuracy recorded at its end) */
         if (cli_save_checkpoint(&m, path, cfg_bool(c, "trainer.save_bf16")) != MOERL_OK) goto fail;
         log_info("checkpoint written to %s", path);
     }
@@ -226,6 +252,7 @@ fail:
     /* while together, the ranks failed alike (checks every rank makes, agree) unless agree says otherwise */
     if (!quiet_error && (!together || root || g_own_failure)) cli_print_error("sft", moerl_last_error());
     par_state_free(&ps);
+    cli_staged_discard(&staged);
     if (opened) cli_outdir_abandon(&od);
     /* the message is out and the folder gone before any rank exits (mpirun then ends the others) */
     if (together) dist_barrier(ctx, DIST_WORLD);

@@ -459,7 +459,9 @@ static int adoptable(const ckpt_files *cf, const hf_tensor *plan, const st_tenso
     return 1;
 }
 
-static int load_weights(moe_model *m, const char *dir, int adopt) {
+/* check_only: the checks alone (config.json, every tensor's presence, shape and dtype, no unknown
+ * tensor); nothing is read into m. */
+static int load_weights(moe_model *m, const char *dir, int adopt, int check_only) {
     load_mode mode = LOAD_MMAP;
     if (load_mode_env(&mode) != MOERL_OK) return MOERL_ERR;
     char cpath[4096];
@@ -536,6 +538,14 @@ static int load_weights(moe_model *m, const char *dir, int adopt) {
         }
     }
     float *head = NULL;
+    if (check_only) {
+        json_decref(used);
+        free(src);
+        free(src_file);
+        ckpt_files_free(&cf);
+        free(plan);
+        return rc;
+    }
     if (rc == MOERL_OK && tied_head) {
         head = xmalloc((size_t)tied_head->numel * sizeof(float));
         st_to_f32(tied_head, head);
@@ -590,7 +600,8 @@ static int load_weights(moe_model *m, const char *dir, int adopt) {
     return rc;
 }
 
-int model_load_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0); }
+int model_load_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0, 0); }
+int model_check_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0, 1); }
 
 /* Load DIR/config.json, build the model (model_init) and load its weights; the buffer may be the
  * mapped file itself (load_weights, MOERL_LOAD). On error the model is left freed (zeroed). */
@@ -601,7 +612,7 @@ static int load_hf(moe_model *m, const char *dir, int with_grads) {
     memset(m, 0, sizeof *m);
     if (moe_config_load(&c, cpath) != MOERL_OK) return MOERL_ERR;
     if (model_init_layout(m, &c, with_grads) != MOERL_OK) return moerl_error_prefix("checkpoint '%s': ", dir);
-    if (load_weights(m, dir, 1) != MOERL_OK) {
+    if (load_weights(m, dir, 1, 0) != MOERL_OK) {
         model_free(m);
         return MOERL_ERR;
     }

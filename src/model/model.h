@@ -216,6 +216,10 @@ int model_load_hf(moe_model *m, const char *dir);
 int model_load_hf_inference(moe_model *m, const char *dir);
 /* Load weights only into an initialised model (config must match). */
 int model_load_weights(moe_model *m, const char *dir);
+/* The checks of model_load_weights alone — DIR/config.json against m's config, every tensor present
+ * with m's shape and a convertible dtype, none unknown — reading no tensor data and changing
+ * nothing in m: the same verdict and message as the load would give (before anything is written). */
+int model_check_weights(moe_model *m, const char *dir);
 /* Save HF layout (experts split back), dtype ST_F32 or ST_BF16, config.json, sharded with an
  * index when the data exceeds shard_bytes (0 = never shard). Every file written atomically. */
 int model_save_hf(const moe_model *m, const char *dir, int store_bf16, uint64_t shard_bytes);

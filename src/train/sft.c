@@ -171,9 +171,25 @@ static int load_optimizer(const sft_ranks *R, const moe_model *m, adamw_state *o
     return MOERL_OK;
 }
 
+/* The held-out accuracy at the end of a finished run, added to its state's sft_state.json (written
+ * atomically), so that a rerun with nothing left to do reports it. */
+static int sft_record_after(const char *state_dir, double acc) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/sft_state.json", state_dir);
+    json_error_t err;
+    json_t *s = json_load_file(p, 0, &err);
+    if (!s) return moerl_errorf("%s:%d: %s", p, err.line, err.text);
+    json_object_set_new(s, "accuracy_after", isfinite(acc) ? json_real(acc) : json_null());
+    char *txt = json_dumps(s, JSON_INDENT(1));
+    json_decref(s);
+    const int rc = moerl_write_file_atomic(p, txt, strlen(txt));
+    free(txt);
+    return rc;
+}
+
 /* Load the resumable state if present: 1 resumed (weights, optimizer, *step, *acc0), 0 none. */
 static int sft_load_state(const sft_ranks *R, moe_model *m, adamw_state *os, const dataset *train, const sft_opts *o,
-                          int64_t *step, double *acc0, int *finished) {
+                          int64_t *step, double *acc0, int *finished, double *acc_end) {
     char dir[4200], p[4300];
     snprintf(dir, sizeof dir, "%s", o->state_dir);
     snprintf(p, sizeof p, "%s/sft_state.json", dir);
@@ -245,6 +261,8 @@ static int sft_load_state(const sft_ranks *R, moe_model *m, adamw_state *os, con
     json_t *a = json_object_get(s, "accuracy_before");
     *acc0 = json_is_number(a) ? json_number_value(a) : NAN;
     *finished = json_is_true(json_object_get(s, "stopped_at_accuracy"));
+    json_t *ae = json_object_get(s, "accuracy_after"); /* recorded once the run finished (sft_record_after) */
+    *acc_end = json_is_number(ae) ? json_number_value(ae) : NAN;
     json_decref(s);
     return 1;
 }
@@ -430,11 +448,13 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         if (!red) goto out;
     }
     if (o->stop_signal_out) *o->stop_signal_out = 0;
+    if (o->nothing_left_out) *o->nothing_left_out = 0;
     int64_t step0 = 0;
     double acc0 = 0, acc = 0, mlen;
     int resumed = 0, finished = 0;
+    double acc_end = NAN; /* a finished run's recorded accuracy at its end */
     if (o->state_dir && o->resume) {
-        resumed = sft_load_state(&R, m, &os, train, o, &step0, &acc0, &finished);
+        resumed = sft_load_state(&R, m, &os, train, o, &step0, &acc0, &finished, &acc_end);
         if (ranks_agree(&R, resumed < 0 ? MOERL_ERR : MOERL_OK) != MOERL_OK) goto out;
         if (resumed && R.root) {
             log_info("%s: resumed from %s at step %lld of %lld", o->label, o->state_dir, (long long)step0,
@@ -442,6 +462,7 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
             if (o->metrics_path && ckpt_truncate_metrics(o->metrics_path, step0) != MOERL_OK) goto out;
         }
     }
+    if (o->on_checked && ranks_agree(&R, R.root ? o->on_checked(o->on_checked_arg) : MOERL_OK) != MOERL_OK) goto out;
     if (R.root) {
         if (!resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
         if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
@@ -462,7 +483,8 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
             log_info("%s: nothing left to do: the run in %s finished at step %lld; raise the step count to continue",
                      o->label, o->state_dir, (long long)step0);
         if (acc_before) *acc_before = acc0;
-        if (acc_after) *acc_after = NAN;
+        if (acc_after) *acc_after = acc_end; /* NaN when not recorded (the state of a stopped or older run) */
+        if (o->nothing_left_out) *o->nothing_left_out = 1;
         rc = MOERL_OK;
         goto out;
     }
@@ -603,6 +625,7 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         double v3[] = {acc, acc0};
         metrics_write(mw, step, 2, k3, v3);
     }
+    if (R.root && o->state_dir && sft_record_after(o->state_dir, acc) != MOERL_OK) goto out;
     if (acc_before) *acc_before = acc0;
     if (acc_after) *acc_after = acc;
     rc = MOERL_OK;

@@ -61,6 +61,17 @@ typedef struct {
      * rank reached alike — the pipeline schedule check at the start and before each step —, said by
      * one rank only), so the caller prints nothing there; 0 otherwise */
     int *quiet_error_out;
+    /* NULL or called once on trainer rank 0 when the run's checks have passed (the resume's too:
+     * state, data, seed, batch size, weights), before the first write of the run (metrics, evals,
+     * steps): moerl sft writes its config.yaml and generated data here, so a refused resume leaves
+     * the folder as it was. An error from it ends sft_train with that error on every rank. */
+    int (*on_checked)(void *arg);
+    /* NULL or set to 1 when a resumed run had nothing left to do (its step count reached, or
+     * sft.stop_at_accuracy ended it): the weights are the checkpoint's, unchanged; *acc_after is then
+     * the accuracy recorded at its end (sft_state.json "accuracy_after"; NaN when none is recorded),
+     * 0 otherwise */
+    int *nothing_left_out;
+    void *on_checked_arg;
 } sft_opts;
 
 /* Train m in place. acc_before/acc_after (may be NULL) receive held-out greedy accuracy.
