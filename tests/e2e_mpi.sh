@@ -326,6 +326,12 @@ edge eval 'one_refusal && grep -q "unknown key .bogus.key." "$W/err"'
 mpi_sft 4 "$W/rl" 60 optim.lr=-1
 EDGE_WHAT="moerl-mpi sft -np 4 with optim.lr=-1: one message (rc $rc): $(tail -c 300 "$W/err")"
 edge eval 'one_refusal && grep -q "must be finite numbers ≥ 0 (got -1" "$W/err"'
+# a refused resume (another trainer.seed) under mpirun: one message, the folder's config.yaml unchanged
+mpi_sft 2 "$W/rs" 120 trainer.total_training_steps=2
+rs_sum=$(md5sum "$W/rs/config.yaml" 2>/dev/null)
+mpi_sft 2 "$W/rs" 120 trainer.total_training_steps=4 trainer.seed=9
+EDGE_WHAT="moerl-mpi sft -np 2 resume with another trainer.seed: refused once, folder unchanged (rc $rc): $(tail -c 300 "$W/err")"
+edge eval 'one_refusal && grep -q "made with trainer.seed 1 (now 9)" "$W/err" && [[ -n $rs_sum && $(md5sum "$W/rs/config.yaml") == "$rs_sum" ]]'
 # N -> M: 2 steps on 4 ranks (fsdp 4), resumed to 4 steps on 2 ranks (fsdp 2) and on one process
 RES=(optim.lr_scheduler=constant optim.lr_warmup_steps_ratio=0)
 # first_steps NP DIR copy|once [key=value ...]: 2 training steps on NP ranks into DIR (a checkpoint to

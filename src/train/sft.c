@@ -455,7 +455,10 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     double acc_end = NAN; /* a finished run's recorded accuracy at its end */
     if (o->state_dir && o->resume) {
         resumed = sft_load_state(&R, m, &os, train, o, &step0, &acc0, &finished, &acc_end);
-        if (ranks_agree(&R, resumed < 0 ? MOERL_ERR : MOERL_OK) != MOERL_OK) goto out;
+        int quiet; /* a refused resume is alike on every rank (or its own): the lowest failing rank says it */
+        const int agreed = ranks_agree_once(&R, resumed < 0 ? MOERL_ERR : MOERL_OK, &quiet);
+        if (o->quiet_error_out) *o->quiet_error_out = quiet;
+        if (agreed != MOERL_OK) goto out;
         if (resumed && R.root) {
             log_info("%s: resumed from %s at step %lld of %lld", o->label, o->state_dir, (long long)step0,
                      (long long)total);
