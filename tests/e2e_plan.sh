@@ -66,6 +66,11 @@ $M plan --config examples/smoke.yaml --config examples/demo.yaml >/dev/null 2>"$
 rc=$?
 [[ $rc -eq 2 ]] && grep -qF "plan: --config given twice ('examples/smoke.yaml' and 'examples/demo.yaml')" "$OUT/err" &&
     ok || fail "plan --config twice: exit $rc, $(head -c 300 "$OUT/err")"
+# --model and model.path together: refused naming both (model.path was dropped silently)
+$M plan --model examples/qwen3_30b_a3b model.path=/nonexistent >/dev/null 2>"$OUT/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -qF "plan: --model examples/qwen3_30b_a3b and model.path=/nonexistent (command line) both name a model" "$OUT/err" &&
+    ok || fail "plan --model with model.path: exit $rc, $(head -c 300 "$OUT/err")"
 # counts of one read in the singular ("1 layer", "1 rank", "every 1 step")
 $M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
 grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&

@@ -571,6 +571,15 @@ if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF "line 1 of the training data gener
     "$WORK/sft_gen_long.log" && ! grep -q "sft_gen_long/data" "$WORK/sft_gen_long.log"; then
     ok "sft: a generated row too long for a micro-batch named by data.task (exit $rc)"
 else bad "sft generated row" "exit $rc, or the message does not name data.task"; tail_log sft_gen_long; fi
+# prompt + response beyond the model's context: refused before the folder is made (rl and sft alike)
+expect_error context_short "exceeds the model's context max_position_embeddings 16" model.max_position_embeddings=16
+if [[ -e "$WORK/context_short" ]]; then bad "context_short" "the folder is left"; else ok "context refusal: no folder left"; fi
+"$MOERL" sft --config examples/sft.yaml model.max_position_embeddings=16 trainer.default_local_dir="$WORK/sft_ctx" \
+    >"$WORK/sft_ctx.log" 2>&1
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "exceeds the model's context max_position_embeddings 16" "$WORK/sft_ctx.log" &&
+    [[ ! -e "$WORK/sft_ctx" ]]; then ok "sft context refusal: exit 1, no folder left"
+else bad "sft context refusal" "exit $rc, or folder left"; tail_log sft_ctx; fi
 # the filter without a limit would drop nothing: refused naming both keys
 expect_error filter_no_limit "data.filter_overlong_prompts=true drops the prompts longer than data.max_prompt_length, but data.max_prompt_length=0" \
     data.task= data.train_files="$WORK/long_rows.jsonl" data.val_files="$WORK/good_rows.jsonl" data.filter_overlong_prompts=true

@@ -239,6 +239,10 @@ static int cli_check_arch_keys(const cfg *c, const char *flag, const char *path,
 }
 
 int cli_model_config(const cfg *c, const char *model, moe_config *mc) {
+    if (model && cfg_str(c, "model.path")[0]) /* one would be dropped silently */
+        return moerl_errorf("--model %s and model.path=%s (%s) both name a model: give one", model,
+                            cfg_str(c, "model.path"),
+                            strcmp(cfg_origin(c, "model.path"), "override") ? cfg_origin(c, "model.path") : "command line");
     const char *path = model ? model : cfg_str(c, "model.path");
     if (path[0]) {
         /* --model is a command-line flag: model.* keys given with it would be silently ignored */

@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "rl/rl.h"
 #include "dist/dist.h"
 #include "parallel/parallel.h"
 #include "train/sft.h"
@@ -145,6 +146,10 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     }
     if (agree(ctx, rc) != MOERL_OK) goto fail;
     if (!root && cli_prepare_data_staged(c, out, &train, &test, &staged) != MOERL_OK) rc = MOERL_ERR;
+    /* the held-out evaluation generates up to data.max_response_length tokens after a prompt: within the
+     * model's context, checked before the folder changes (alike on every rank) */
+    if (rc == MOERL_OK)
+        rc = rl_check_context(&train, (int)cfg_int(c, "data.max_response_length"), m.cfg.max_position_embeddings);
     if (!root) { /* loaded: rank 0 alone keeps the files, once checked (data/ is its to remove) */
         staged.data_dir[0] = 0;
         cli_staged_discard(&staged);
