@@ -376,6 +376,17 @@ if [[ $rc -eq 1 ]] && grep -q "holds the SFT warm start of a moerl rl run (sft_c
     [[ "$(ws_files)" == "$ws_before" ]]; then
     ok "sft.total_training_steps=0 over a stopped warm start: refused naming sft_checkpoint/ and the key, folder unchanged"
 else bad "sft.total_training_steps=0 over a stopped warm start" "exit $rc: $(tail -c 300 "$WORK/ws_zero.log")"; fi
+# the warm start resumed with another seed or data: refused by the warm start's own checks, and the folder
+# (config.yaml, data/) left as it was — its writes wait for those checks (rl_write_outputs)
+for kv in trainer.seed=3 data.seed=5; do
+    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" "$kv" trainer.default_local_dir="$WORK/ws_int" \
+        >"$WORK/ws_seed.out" 2>"$WORK/ws_seed.log"
+    rc=$?
+    if [[ $rc -eq 1 ]] && grep -q "sft warm start: .*sft_state.json: the checkpoint was made with" "$WORK/ws_seed.log" &&
+        [[ "$(ws_files)" == "$ws_before" ]]; then
+        ok "warm start resumed with $kv: refused, folder unchanged"
+    else bad "warm start resumed with $kv" "exit $rc, or the folder changed: $(tail -c 300 "$WORK/ws_seed.log")"; fi
+done
 # fewer warm-start steps than the stopped warm start made: nothing left to do there, RL runs, and the
 # accuracy line carries no nan (the SFT figure was not measured in this run)
 "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" trainer.val_n=8 trainer.default_local_dir="$WORK/ws_val" \

@@ -31,8 +31,8 @@
 /* src/cli/sft.c: the warm start (val: its validation split, may be empty) and the split itself. */
 int sft_split_validation(const cfg *c, dataset *train, dataset *val);
 int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *val, const dataset *test,
-                   const char *out_dir,
-                   double *acc_before, double *acc_after);
+                   const char *out_dir, double *acc_before, double *acc_after, int (*on_checked)(void *),
+                   void *on_checked_arg); /* on_checked: called once the warm start's resume checks pass */
 void sft_def_warm_start_keys(cfg *c);
 
 
@@ -460,6 +460,28 @@ static int rl_check_resume_state(const cfg *c, const rl_config *rc, const datase
     return MOERL_OK;
 }
 
+/* What a run writes into its folder once every check has passed — the generated data, config.yaml and
+ * run.log — once (done), so that a refused resume leaves the folder as it was. A warm start being
+ * resumed has checks of its own (sft_checkpoint/'s data, seed and batch size, inside sft_train): the
+ * writes then wait for them (sft_warm_start's on_checked). */
+typedef struct {
+    const cfg *c;
+    const char *out_dir;
+    cli_staged_data *staged;
+    int done;
+} rl_outputs;
+
+static int rl_write_outputs(void *arg) {
+    rl_outputs *w = arg;
+    if (w->done) return MOERL_OK;
+    char path[4200];
+    if (cli_staged_commit(w->staged) != MOERL_OK) return MOERL_ERR;
+    snprintf(path, sizeof path, "%s/config.yaml", w->out_dir);
+    if (cfg_dump_yaml(w->c, path) != MOERL_OK || rl_open_run_log(w->out_dir) != MOERL_OK) return MOERL_ERR;
+    w->done = 1;
+    return MOERL_OK;
+}
+
 /* The line a run stopped by a signal leaves: how to resume, or that it cannot. */
 static void rl_report_stop(const rl_result *res, const char *out_dir) {
     if (res->checkpoint_step >= 0)
@@ -564,16 +586,17 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job */
     moerl_install_stop_signals();
     if (leader) { /* the warm start runs here only; rl_run_dist hands its weights to every rank */
-        /* every check passed: only now does the folder change (data, config.yaml, run.log) */
-        if (cli_staged_commit(&staged) != MOERL_OK) goto fail;
-        snprintf(path, sizeof path, "%s/config.yaml", rc->out_dir);
-        if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
-        if (rl_open_run_log(rc->out_dir) != MOERL_OK) goto fail;
+        /* every check passed: only now does the folder change (data, config.yaml, run.log) — after the
+         * warm start's own resume checks when it runs (rl_write_outputs) */
+        rl_outputs w = {.c = c, .out_dir = rc->out_dir, .staged = &staged};
         snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc->out_dir);
         int resuming = rc->resume_auto && access(path, R_OK) == 0;
         snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
         resuming |= rc->resume_auto && access(path, R_OK) == 0;
-        if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1) != MOERL_OK) {
+        if (resuming && rl_write_outputs(&w) != MOERL_OK) goto fail;
+        if (!resuming && (sft_warm_start(c, &m, &train, &val, &test, rc->out_dir, &sft0, &sft1, rl_write_outputs, &w) !=
+                              MOERL_OK ||
+                          rl_write_outputs(&w) != MOERL_OK)) {
             /* the other ranks wait in rl_run_dist for RL's START: BYE instead, then exit 1 (one message) */
             fprintf(stderr, "moerl rl (%s): %s\n", who, moerl_last_error());
             cli_outdir_abandon(&od);
@@ -691,19 +714,20 @@ int cmd_rl(int argc, char **argv) {
     /* the rollout's context, before the folder changes (rollouter_init checks it again) */
     if (rl_check_context(&train, rc.max_response_length, m.cfg.max_position_embeddings) != MOERL_OK) goto fail;
     if (rl_check_resume_state(c, &rc, &train, &m) != MOERL_OK) goto fail;
-    /* every check passed: only now does the folder change (data, config.yaml, run.log) */
-    if (cli_staged_commit(&staged) != MOERL_OK) goto fail;
-    snprintf(path, sizeof path, "%s/config.yaml", rc.out_dir);
-    if (cfg_dump_yaml(c, path) != MOERL_OK) goto fail;
-    if (rl_open_run_log(rc.out_dir) != MOERL_OK) goto fail;
+    /* every check passed: only now does the folder change (data, config.yaml, run.log) — after the warm
+     * start's own resume checks when it runs (rl_write_outputs) */
+    rl_outputs w = {.c = c, .out_dir = rc.out_dir, .staged = &staged};
     double sft0 = NAN, sft1 = NAN;
     int exit_code = 0; /* 128 + signal when one stopped the run */
     snprintf(path, sizeof path, "%s/checkpoint/trainer_state.json", rc.out_dir);
     int resuming = rc.resume_auto && access(path, R_OK) == 0;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc.out_dir);
     resuming |= rc.resume_auto && access(path, R_OK) == 0;
+    if (resuming && rl_write_outputs(&w) != MOERL_OK) goto fail;
     moerl_install_stop_signals(); /* Ctrl-C from here on: a checkpoint (warm start or RL), then exit */
-    if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc.out_dir, &sft0, &sft1) != MOERL_OK) goto fail;
+    if (!resuming && sft_warm_start(c, &m, &train, &val, &test, rc.out_dir, &sft0, &sft1, rl_write_outputs, &w) != MOERL_OK)
+        goto fail;
+    if (rl_write_outputs(&w) != MOERL_OK) goto fail; /* no warm start: now */
     if (moerl_stop_requested()) {
         const int sig = moerl_stop_requested();
         fprintf(stderr, "moerl rl: stopped by signal %d in the SFT warm start (its checkpoint is in %s/sft_checkpoint); "

@@ -336,7 +336,8 @@ int sft_split_validation(const cfg *c, dataset *train, dataset *val) {
 }
 
 int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *val, const dataset *test,
-                   const char *out_dir, double *acc_before, double *acc_after) {
+                   const char *out_dir, double *acc_before, double *acc_after, int (*on_checked)(void *),
+                   void *on_checked_arg) {
     int64_t steps = cfg_int(c, "sft.total_training_steps");
     if (steps <= 0) return MOERL_OK;
     if (check_sched("sft.lr_scheduler", cfg_str(c, "sft.lr_scheduler")) != MOERL_OK) return MOERL_ERR;
@@ -366,6 +367,8 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
     snprintf(state, sizeof state, "%s/sft_checkpoint", out_dir);
     o.state_dir = state; /* a warm start stopped by a signal (or killed) resumes from here */
     o.resume = !strcmp(cfg_str(c, "trainer.resume_mode"), "auto");
+    o.on_checked = on_checked; /* the caller's writes, once the warm start's resume checks have passed */
+    o.on_checked_arg = on_checked_arg;
     int stop_signal = 0;
     o.stop_signal_out = &stop_signal;
     if (sft_train(m, train, test, &o, acc_before, acc_after) != MOERL_OK) return moerl_error_prefix("sft warm start: ");
