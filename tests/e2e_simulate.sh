@@ -421,5 +421,18 @@ for k in INT:130:sig_new/out:sig_new TERM:143:sig_old:; do
     if [[ $rc -eq $want && $state == clean ]] && grep -q "stopped by signal" "$OUT/sig_$sig.log"; then ok
     else fail "simulate --sweep stopped by SIG$sig: exit $rc (want $want), $state, $(tail -c 300 "$OUT/sig_$sig.log")"; fi
 done
+# a new sweep into a finished sweep's folder removes the old report first: stopped early, it leaves no
+# complete but stale sweep.md
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/resweep" trainer.total_training_steps=4 >/dev/null 2>&1
+had=$([[ -s "$OUT/resweep/sweep.md" ]] && echo yes || echo no)
+$M simulate --config $CFG --sweep trainer.default_local_dir="$OUT/resweep" trainer.total_training_steps=2000 \
+    >/dev/null 2>"$OUT/resweep.log" &
+pid=$!
+while kill -0 $pid 2>/dev/null && [[ -e "$OUT/resweep/sweep.md" ]]; do sleep 0.1; done
+kill -INT $pid 2>/dev/null
+wait $pid
+rc=$?
+if [[ $had == yes && $rc -eq 130 && ! -e "$OUT/resweep/sweep.md" && ! -e "$OUT/resweep/sweep.png" ]]; then ok
+else fail "re-sweep stopped early: first sweep.md $had, exit $rc, $(ls "$OUT/resweep" | tr '\n' ' ')"; fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

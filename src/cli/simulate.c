@@ -331,6 +331,16 @@ static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
     }
     int rc = MOERL_ERR;
     if (claim_sweep_folders(x) != MOERL_OK) goto out;
+    { /* a previous sweep's report goes now: a stopped or failed sweep must not leave a stale, complete table */
+        for (size_t i = 0; i < sizeof k_sweep_files / sizeof *k_sweep_files; i++) {
+            char f[4200];
+            snprintf(f, sizeof f, "%s/%s", x->rc.out_dir, k_sweep_files[i]);
+            if (unlink(f) != 0 && errno != ENOENT) {
+                moerl_errorf("simulate --sweep: cannot remove the previous sweep's %s: %s", f, strerror(errno));
+                goto out;
+            }
+        }
+    }
     if (run_one(x, 0, RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base, rows) != MOERL_OK) goto out;
     o += snprintf(md + o, sizeof md - o,
                   "| setting | prompts/s | vs sync | gen tokens/s | trainer idle | rollout idle | max staleness | "
