@@ -15,8 +15,8 @@ static void on_stop_signal(int sig) {
         _exit(128 + sig);
     }
     g_stop_signal = sig;
-    static const char m[] = "\nmoerl: stopping at the next step boundary (checkpoint, then exit); signal again to exit "
-                            "at once\n";
+    static const char m[] = "\nmoerl: stopping at the next step boundary (rl and sft write their checkpoint there), "
+                            "then exiting; signal again to exit at once\n";
     ssize_t w = write(2, m, sizeof m - 1);
     (void)w;
 }

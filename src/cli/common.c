@@ -94,8 +94,8 @@ static void parse_error(const char *fmt, ...) {
 
 int cli_flag_once(const char *cmd, const char *flag, const char **slot, const char *value) {
     if (*slot) {
-        fprintf(stderr, "moerl %s: %s given twice ('%s' and '%s'): one per run (override single keys with key=value)\n",
-                cmd, flag, *slot, value);
+        fprintf(stderr, "moerl %s: %s given twice ('%s' and '%s'): one per run%s\n", cmd, flag, *slot, value,
+                strcmp(flag, "--config") ? "" : " (override single keys with key=value)");
         return 1;
     }
     *slot = value;
