@@ -398,7 +398,7 @@ wait $pid
 "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${WS[@]}" sft.total_training_steps=1 trainer.val_n=8 \
     trainer.total_training_steps=2 trainer.default_local_dir="$WORK/ws_val" >"$WORK/ws_one.out" 2>"$WORK/ws_one.log"
 rc=$?
-if [[ $rc -eq 0 ]] && grep -q "sft warm start: nothing left to do" "$WORK/ws_one.log" &&
+if [[ $rc -eq 0 ]] && grep -q "sft warm start: nothing left to do: .* and 1 step asked; raise sft.total_training_steps" "$WORK/ws_one.log" &&
     grep -q "held-out accuracy: start .*→ RL .*not measured in this run" "$WORK/ws_one.log" &&
     ! grep -qi "nan" "$WORK/ws_one.log"; then
     ok "a warm start already past sft.total_training_steps: RL runs, the accuracy line has no nan"

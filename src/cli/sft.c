@@ -172,7 +172,8 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
                   .max_response_length = (int)cfg_int(c, "data.max_response_length"),
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),
                   .metrics_path = mpath,
-                  .label = "sft"};
+                  .label = "sft",
+                  .steps_key = "trainer.total_training_steps (or trainer.total_epochs)"};
     const char *rm = cfg_str(c, "trainer.resume_mode");
     if (strcmp(rm, "auto") && strcmp(rm, "disable")) {
         moerl_errorf("trainer.resume_mode: '%s' is not auto or disable", rm);
@@ -362,6 +363,7 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
                   .seed = (uint64_t)cfg_int(c, "trainer.seed"),
                   .metrics_path = mpath,
                   .label = "sft warm start",
+                  .steps_key = "sft.total_training_steps",
                   .state_dir = NULL};
     char state[4200];
     snprintf(state, sizeof state, "%s/sft_checkpoint", out_dir);

@@ -460,7 +460,7 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
         if (o->quiet_error_out) *o->quiet_error_out = quiet;
         if (agreed != MOERL_OK) goto out;
         if (resumed && R.root) {
-            log_info("%s: resumed from %s at step %lld of %lld", o->label, o->state_dir, (long long)step0,
+            log_info("%s: resumed from %s at step %lld (%lld asked)", o->label, o->state_dir, (long long)step0,
                      (long long)total);
             if (o->metrics_path && ckpt_truncate_metrics(o->metrics_path, step0) != MOERL_OK) goto out;
         }
@@ -483,8 +483,9 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
     }
     if (step0 >= total || finished) {
         if (R.root)
-            log_info("%s: nothing left to do: the run in %s finished at step %lld; raise the step count to continue",
-                     o->label, o->state_dir, (long long)step0);
+            log_info("%s: nothing left to do: the run in %s is at step %lld and %lld step%s asked; raise %s to continue",
+                     o->label, o->state_dir, (long long)step0, (long long)total, moerl_plural(total),
+                     o->steps_key ? o->steps_key : "the step count");
         if (acc_before) *acc_before = acc0;
         if (acc_after) *acc_after = acc_end; /* NaN when not recorded (the state of a stopped or older run) */
         if (o->nothing_left_out) *o->nothing_left_out = 1;

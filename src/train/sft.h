@@ -33,6 +33,7 @@ typedef struct {
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
     const char *label;         /* progress label */
+    const char *steps_key;     /* the key that sets the step count, named in messages (NULL: "the step count") */
     /* Resumable runs: state_dir (NULL: none) receives a checkpoint — HF weights,
      * optimizer.safetensors, sft_state.json (step, optimizer counters, data fingerprint, seed, batch
      * size, accuracy before) — every save_freq steps (0: only at the end and on a stop signal),
