@@ -566,7 +566,7 @@ static int run_distributed(cfg *c, rl_config *rc, dist_ctx *ctx) {
     if (cli_check_held_out_rows(c, &test, why_test[0] ? why_test : NULL) != MOERL_OK) goto fail;
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(rc, &train, 1) != MOERL_OK || /* before the warm start; the same verdict on every */
-        rl_check_context(&train, rc->max_response_length, m.cfg.max_position_embeddings) != MOERL_OK) {
+        rl_check_context(&train, rc->max_response_length, m.cfg.max_position_embeddings, NULL) != MOERL_OK) {
         /* rank (config and data): rank 0 says it once, no abort; the context is the rollout's (rollouter_init) */
         if (ctx->world_rank == 0) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
         dist_barrier(ctx, DIST_WORLD); /* every rank is done writing the data before the folder goes, */
@@ -712,7 +712,7 @@ int cmd_rl(int argc, char **argv) {
     if (sft_split_validation(c, &train, &val) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&rc, &train, 1) != MOERL_OK) goto fail; /* before the warm start */
     /* the rollout's context, before the folder changes (rollouter_init checks it again) */
-    if (rl_check_context(&train, rc.max_response_length, m.cfg.max_position_embeddings) != MOERL_OK) goto fail;
+    if (rl_check_context(&train, rc.max_response_length, m.cfg.max_position_embeddings, NULL) != MOERL_OK) goto fail;
     if (rl_check_resume_state(c, &rc, &train, &m) != MOERL_OK) goto fail;
     /* every check passed: only now does the folder change (data, config.yaml, run.log) — after the warm
      * start's own resume checks when it runs (rl_write_outputs) */

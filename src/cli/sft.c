@@ -149,7 +149,7 @@ static int sft_main(cfg *c, dist_ctx *ctx) {
     /* the held-out evaluation generates up to data.max_response_length tokens after a prompt: within the
      * model's context, checked before the folder changes (alike on every rank) */
     if (rc == MOERL_OK)
-        rc = rl_check_context(&train, (int)cfg_int(c, "data.max_response_length"), m.cfg.max_position_embeddings);
+        rc = rl_check_context(&train, (int)cfg_int(c, "data.max_response_length"), m.cfg.max_position_embeddings, NULL);
     if (!root) { /* loaded: rank 0 alone keeps the files, once checked (data/ is its to remove) */
         staged.data_dir[0] = 0;
         cli_staged_discard(&staged);

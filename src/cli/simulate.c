@@ -622,7 +622,7 @@ int cmd_simulate(int argc, char **argv) {
     if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&x.rc, &train, 0) != MOERL_OK) goto fail; /* one sequence per micro-batch at least */
     /* the simulated model's context, as moerl rl refuses it (the stand-in model below has no limit) */
-    if (rl_check_context(&train, x.rc.max_response_length, target.max_position_embeddings) != MOERL_OK) goto fail;
+    if (rl_check_context(&train, x.rc.max_response_length, target.max_position_embeddings, NULL) != MOERL_OK) goto fail;
     if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
     x.tiny = &tiny;
     x.train = &train;

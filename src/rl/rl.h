@@ -254,8 +254,9 @@ void rl_prompt_lengths(const dataset *train, int *shortest, int *longest);
 int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline);
 /* The longest prompt of train + max_response_length against the model's context
  * (max_position_embeddings; ≤ 0 = unbounded): refused naming the data, both lengths and the ways out.
- * moerl rl (rollouter_init) and moerl simulate (against the simulated model) share it. */
-int rl_check_context(const dataset *train, int max_response_length, int max_position_embeddings);
+ * moerl rl (rollouter_init) and moerl simulate (against the simulated model) share it. *longest (may be
+ * NULL) = the longest prompt's tokens (chat template applied), so a caller need not encode them again. */
+int rl_check_context(const dataset *train, int max_response_length, int max_position_embeddings, int *longest);
 /* The pipeline's side of an update's sizes, shared by moerl rl (rl_check_update_sizes, from the data)
  * and moerl plan (plan_check, from the length keys). */
 typedef struct {

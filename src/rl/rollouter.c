@@ -53,9 +53,10 @@ void prompt_feed_seek(prompt_feed *f, int epoch, int64_t pos) {
     f->pos = pos;
 }
 
-int rl_check_context(const dataset *train, int max_response_length, int max_position_embeddings) {
+int rl_check_context(const dataset *train, int max_response_length, int max_position_embeddings, int *longest) {
     int max_plen;
     rl_prompt_lengths(train, NULL, &max_plen);
+    if (longest) *longest = max_plen;
     if (max_position_embeddings > 0 && (int64_t)max_plen + max_response_length > max_position_embeddings)
         return moerl_errorf("the longest prompt of %s (%d tokens) + data.max_response_length %d exceeds the model's "
                             "context max_position_embeddings %d: shorten the prompts or the responses, or drop the long "
@@ -75,8 +76,7 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
                        cfg->staleness_threshold) != MOERL_OK)
         return MOERL_ERR;
     int max_plen;
-    rl_prompt_lengths(train, NULL, &max_plen);
-    if (rl_check_context(train, cfg->max_response_length, m->cfg.max_position_embeddings) != MOERL_OK)
+    if (rl_check_context(train, cfg->max_response_length, m->cfg.max_position_embeddings, &max_plen) != MOERL_OK)
         return MOERL_ERR;
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens, .simulated = cfg->simulated,
