@@ -4,7 +4,7 @@
  *
  * A trace is the JSONL that MOERL_ALLOC_TRACE=FILE writes (src/base/pool.h): a header line, then
  * {"op":"alloc"|"free","id":n,"size":bytes,...}. --synthetic STEPS generates one modelled on a
- * training job with dynamic micro-batches (the 8×A100 practice of reference.md §B: 4–16 micro-batches a
+ * training job with dynamic micro-batches (the 8×A100 practice of docs/benchmarks.md: 4–16 micro-batches a
  * step): long-lived buffers (KV cache, parameters' gradients' residual) plus, every step, activation
  * buffers whose size follows the micro-batch's token count, freed in mixed order, and now and then a
  * long-lived buffer reallocated larger. Deterministic (fixed seed).

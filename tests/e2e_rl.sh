@@ -3,7 +3,7 @@
 # (on-policy streaming, lag bound in lockstep, versions per trigger_parameter_sync_step), nothing
 # lost (one epoch; kill -9 and resume), lockstep reproducibility, the sync baseline, liveness
 # (smoke config, watchdog), lr = 0 keeps ppo_kl at 0, and bad input. The semantics are verl
-# fully_async_policy's (reference.md, "Fully-async RL").
+# fully_async_policy's (verl recipe/fully_async_policy/README.md; docs/rl.md).
 # Usage: tests/e2e_rl.sh [BUILD_DIR]   (default build; uses BUILD_DIR/moerl)
 # Prints one line per check and ends with "N passed, N failed"; exits non-zero on any failure.
 set -u

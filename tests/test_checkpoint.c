@@ -101,7 +101,7 @@ static void test_config(void) {
                        "\"eos_token_id\": null}", p, sizeof p);
     CHECK(rc == MOERL_OK && c.num_key_value_heads == 8 && c.head_dim == 32 && c.eos_token_id == -1,
           "null handling: %s", moerl_last_error());
-    /* the Qwen3-30B-A3B config.json (values from reference.md) with HF's extra fields */
+    /* the Qwen3-30B-A3B config.json (values from the Hugging Face repository Qwen/Qwen3-30B-A3B's config.json) with HF's extra fields */
     rc = load_cfg_text(&c, "a3b.json",
                        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false, "
                        "\"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"decoder_sparse_step\": 1, "

@@ -1,5 +1,5 @@
 /* Tests of the main job's core (fully-async GRPO, src/rl): the staleness budget's arithmetic and
- * counter rules (verl fully_async_policy, reference.md "Fully-async RL"), the rollouter driven
+ * counter rules (verl recipe/fully_async_policy/README.md; docs/rl.md), the rollouter driven
  * directly with a MessageQueue (admission within max_required_samples, counter re-basing at a
  * version change, partial rollout with interrupt/resume and per-token versions, drain-before-sync
  * without partial rollout), and the trainer with lr = 0 (weights unchanged, recomputed logprobs

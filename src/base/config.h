@@ -12,7 +12,7 @@
  *
  * Keys are dotted paths ("actor.optim.lr"); a YAML file gives them as nested mappings
  * (`actor: {optim: {lr: 1e-6}}`), which are flattened to dotted keys, in the spirit of Hydra /
- * OmegaConf as verl uses them (key names follow verl's where one exists; see design.md).
+ * OmegaConf as verl uses them (key names follow verl's where one exists; see docs/configuration.md).
  * Precedence: default < YAML files (later files win) < overrides (always win, whatever the
  * order of the calls).
  *

@@ -6,7 +6,7 @@
  * is wiped before a log line is printed and redrawn by its next update.
  *
  * Metrics: one JSON object per line (JSON Lines), {"step": N, "<key>": value, ...}, keys in the
- * order given, using verl's metric names (design.md: `timing_s/gen`, `actor/pg_loss`, ...).
+ * order given, using verl's metric names (docs/rl.md "Metrics": `timing_s/gen`, `actor/pg_loss`, ...).
  * Appended (a resumed run continues the same file) and flushed after every line, so a crash loses
  * at most the line being written.
  */

@@ -1,5 +1,5 @@
 /* moerl — buddy memory pool with an expandable segment, and the job-wide buffer allocator.
- * See pool.h for the design and its sources (Knuth's buddy system; reference.md §B). */
+ * See pool.h for the design and its sources (Knuth's buddy system, TAOCP vol. 1 §2.5; docs/benchmarks.md). */
 #include "base/pool.h"
 
 #include <ctype.h>

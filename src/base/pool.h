@@ -6,7 +6,7 @@
  *    the buddy system: blocks of 2^k units, a block of order k splits into two buddies of order
  *    k−1 whose addresses differ only in bit k, and a freed block merges with its buddy while the
  *    buddy is free and of the same order). Blocks run from min_block (4 MiB default) to max_block
- *    (2 GiB default), as in the 8×A100 practice of reference.md §B ("memory pool: 30% reserved
+ *    (2 GiB default), as in the 8×A100 practice of docs/benchmarks.md ("memory pool: 30% reserved
  *    buffer, buddy allocator with 4 MB minimum and 2 GB maximum blocks"; their fragmentation
  *    went 15% → 3.2%).
  *

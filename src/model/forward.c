@@ -909,8 +909,8 @@ static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const flo
  * unpermute backward and router backward per token → barrier → grouped GEMM backward of down
  * with the SwiGLU backward fused → grouped GEMM backward of gate_up → router weight gradient,
  * per-token gather of dx (moe_permute_backward as a gather: dx[t] = Σ_j dpermuted[pos(t, j)])
- * plus the router's input gradient. Source: reference.md / the chain rule through HF
- * Qwen3MoeSparseMoeBlock. */
+ * plus the router's input gradient. Source: the chain rule through HF Qwen3MoeSparseMoeBlock
+ * (transformers, src/transformers/models/qwen3_moe/modeling_qwen3_moe.py). */
 static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx,
                               float aux_weight, int r0, int r1) {
     const moe_config *c = &m->cfg;

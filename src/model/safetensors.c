@@ -1,6 +1,6 @@
 /* safetensors reader (mmap + full validation) and streaming writer.
- * Format and validity rules: huggingface/safetensors format description (see safetensors.h and
- * reference.md). The header JSON is parsed with jansson. */
+ * Format and validity rules: the format description in huggingface/safetensors README.md (see
+ * safetensors.h). The header JSON is parsed with jansson. */
 #include "model/safetensors.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* safetensors reading and writing (the Hugging Face checkpoint format).
  *
- * Format (reference.md): 8-byte little-endian u64 N; N bytes of JSON header
+ * Format (huggingface/safetensors README.md): 8-byte little-endian u64 N; N bytes of JSON header
  *   {name: {"dtype": "F32"|"BF16"|"F16"|..., "shape": [...], "data_offsets": [begin, end]},
  *    "__metadata__": {str: str}}  (padded with spaces when written so that the data starts at a
  *    multiple of 64 bytes; readers accept any length);

@@ -1,5 +1,5 @@
 /* Gradient compression with error feedback for the data-parallel all-reduce (the 8×A100
- * practice's "1-bit gradient compression", reference.md §B). Pure codecs over one bucket of a
+ * practice's "1-bit gradient compression", docs/benchmarks.md). Pure codecs over one bucket of a
  * rank's gradient; the exchange (every rank's payload to every rank, then a local sum) is
  * src/dist's. Both codecs keep what they do not send in an error-feedback residual e that is added
  * to the next step's gradient, so nothing is lost, only delayed:

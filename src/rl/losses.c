@@ -1,4 +1,4 @@
-/* RL losses and advantages (contract and formulas: src/rl/losses.h, /work/shared/reference.md "Losses").
+/* RL losses and advantages (contract and formulas: src/rl/losses.h; docs/rl.md, "Losses, advantages and their keys").
  *
  * Every function here is elementwise over tokens. Per-token arithmetic is done in double from the
  * fp32 inputs and the results are rounded to fp32 once; sums are accumulated in double, serially,

@@ -11,7 +11,7 @@
  *         on divergence (N consecutive non-finite optimizer steps: error, the last checkpoint kept)
  *   end: transport stop → last window → validation → checkpoint → plot.
  * Sources: verl recipe/fully_async_policy (trainer loop, parameter synchroniser), DAPO (dynamic
- * sampling), reference.md. */
+ * sampling, Yu et al. 2025); docs/rl.md. */
 #include <jansson.h>
 #include <math.h>
 #ifdef _OPENMP

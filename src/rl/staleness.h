@@ -11,7 +11,7 @@
  * version lag is bounded by lag_bound = ceil(max_required_samples / W) − 1 only when groups finish
  * in the order they started (equal lengths); a long response that is overtaken by shorter ones can
  * be older, and the trainer reports every sample's lag (fully_async/max_staleness, samples.jsonl).
- * Source: verl recipe/fully_async_policy (README and rollouter), reference.md. */
+ * Source: verl recipe/fully_async_policy (README.md and its rollouter); docs/rl.md. */
 #ifndef MOERL_STALENESS_H
 #define MOERL_STALENESS_H
 

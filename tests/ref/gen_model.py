@@ -269,7 +269,7 @@ def check_model(m, chk, tmpdir):
     chk.check("%s MoE loop-over-experts == dense formulation (loss)" % tag, d <= 1e-12,
               "|diff| %.3e" % d)
 
-    # aux loss: HF one-hot formulation == count formula of reference.md
+    # aux loss: HF one-hot formulation == count formula of moe_aux_loss (src/kernels/kernels.h)
     rl = [out["router_logits"][l].detach() for l in sorted(out["router_logits"])]
     allr = torch.cat(rl)
     P = torch.softmax(allr, -1)

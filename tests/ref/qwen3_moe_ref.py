@@ -1,8 +1,8 @@
 """Qwen3-MoE causal LM written from scratch in PyTorch: the whole-model parity reference for moerl.
 
 Semantics follow Hugging Face transformers `Qwen3MoeForCausalLM`
-(transformers/models/qwen3_moe/modeling_qwen3_moe.py, model_type "qwen3_moe") as summarised in
-/work/shared/reference.md. Nothing here imports transformers; every formula is re-derived and each
+(transformers/models/qwen3_moe/modeling_qwen3_moe.py, model_type "qwen3_moe").
+Nothing here imports transformers; every formula is re-derived and each
 function names the HF class or function whose formula it follows.
 
 Precision: all reference arithmetic is float64. The checkpoint is stored in float32 and the

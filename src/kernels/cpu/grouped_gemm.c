@@ -331,7 +331,7 @@ void grouped_gemm_forward(float *out, const float *a, const float *W, const int 
 /* da[rows of g] = dout_g · W_g (OVERWRITTEN; NULL skips) and dW[g] += dout_gᵀ · a_g
  * (ACCUMULATES; NULL skips; an expert with no rows gets nothing added). Shapes as in the
  * forward: dout[M,O], a[M,I], W and dW [E,O,I].
- * Source: Megatron GroupedMLP backward (dA_g = dY_g·W_g, dW_g = dY_gᵀ·A_g, reference.md). */
+ * Source: Megatron-LM GroupedMLP backward (dA_g = dY_g·W_g, dW_g = dY_gᵀ·A_g; megatron/core/transformer/moe/experts.py). */
 void grouped_gemm_backward(float *da, float *dW, const float *dout, const float *a, const float *W,
                            const int *offsets, int E, int I, int O) {
     MOERL_ASSERT(E > 0 && I > 0 && O > 0);

@@ -120,7 +120,7 @@ void moe_unpermute_forward(float *out, const float *y, const float *topk_w, cons
 
 /* dy[pos(t,j),:] = topk_w[t,j] · dout[t,:] and dtopk_w[t,j] = <dout[t,:], y[pos(t,j),:]>, both
  * OVERWRITTEN (every row of dy is written since expanded_pos is a bijection onto [0, M)).
- * dtopk_w may be NULL. Source: the chain rule of the fused unpermute above (reference.md). */
+ * dtopk_w may be NULL. Source: the chain rule of the fused unpermute above (unpermute in Megatron-LM's megatron/core/transformer/moe/moe_utils.py). */
 void moe_unpermute_backward(float *dy, float *dtopk_w, const float *dout, const float *y, const float *topk_w,
                             const int *expanded_pos, int N, int K, int H) {
 #pragma omp parallel for schedule(static) if (kpar((long)N * K * H, PERMUTE_PAR_MIN_ELEMS))
