@@ -344,16 +344,18 @@ static char *nfc_apply(const char *s, size_t n, size_t *out_n, int *err) {
 }
 
 /* ---- one text span between added tokens: UTF-8 repair, NFC, split, BPE ---- */
-static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n, tok_seq *out) {
-    if (n == 0) return MOERL_OK;
-    /* 1. invalid UTF-8 → U+FFFD per maximal subpart; note whether NFC can change anything */
+
+/* Step 1: each maximal ill-formed subpart of s[0..n) becomes U+FFFD. Returns a heap copy with the
+ * replacements (*fn its length), or NULL when s is well-formed UTF-8. *maybe_not_nfc is set when
+ * NFC could change something (a code point at or above U+0300, or a replacement). */
+static char *repair_utf8(const char *s, size_t n, size_t *fn_out, int *maybe_not_nfc) {
     char *fixed = NULL;
     size_t fn = 0, i = 0;
-    int maybe_not_nfc = 0;
+    *maybe_not_nfc = 0;
     while (i < n) {
         unsigned char c = (unsigned char)s[i];
         if (c < 0x80) { i++; continue; }
-        if (c >= 0xCC) maybe_not_nfc = 1; /* every code point below U+0300 is NFC-stable */
+        if (c >= 0xCC) *maybe_not_nfc = 1; /* every code point below U+0300 is NFC-stable */
         size_t bad = 0, k = utf8_seq((const unsigned char *)s + i, n - i, &bad);
         if (k) { i += k; continue; }
         if (!fixed) {
@@ -363,7 +365,7 @@ static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n
         }
         memcpy(fixed + fn, "\xEF\xBF\xBD", 3);
         fn += 3;
-        maybe_not_nfc = 1;
+        *maybe_not_nfc = 1;
         i += bad;
         /* copy the valid run that follows in the loop below */
         while (i < n) {
@@ -375,6 +377,51 @@ static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n
             i += k2;
         }
     }
+    *fn_out = fn;
+    return fixed;
+}
+
+/* Step 3: split txt[0..tn) with the pre-tokenizer regex (every match and every gap is a piece)
+ * and BPE each piece into out. */
+static int split_and_merge(const hf_bpe *b, thread_state *t, const char *txt, size_t tn, tok_seq *out) {
+    size_t off = 0;
+    while (off < tn) {
+        int m = b->jit ? pcre2_jit_match(b->re, (PCRE2_SPTR)txt, tn, off, 0, t->md, NULL)
+                       : PCRE2_ERROR_JIT_BADOPTION;
+        if (m < 0 && m != PCRE2_ERROR_NOMATCH) /* JIT stack exhausted (or no JIT): the interpreter */
+            m = pcre2_match(b->re, (PCRE2_SPTR)txt, tn, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, t->md, NULL);
+        if (m == PCRE2_ERROR_NOMATCH) {
+            bpe_piece(b, t, txt + off, tn - off, out);
+            break;
+        }
+        if (m < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(m, msg, sizeof msg);
+            return moerl_errorf("pre-tokenizer regex failed at byte %zu of a %zu-byte text: %s", off, tn, (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+        size_t ms = ov[0], me = ov[1];
+        if (ms > off) bpe_piece(b, t, txt + off, ms - off, out);
+        if (me == ms) { /* an empty match (possible with a custom pattern): step one character */
+            size_t cl = 1;
+            if (me < tn) (void)utf8_cp((const unsigned char *)txt + me, &cl);
+            if (me + cl > tn) cl = tn - me;
+            bpe_piece(b, t, txt + me, cl, out);
+            off = me + cl;
+            continue;
+        }
+        bpe_piece(b, t, txt + ms, me - ms, out);
+        off = me;
+    }
+    return MOERL_OK;
+}
+
+static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n, tok_seq *out) {
+    if (n == 0) return MOERL_OK;
+    /* 1. invalid UTF-8 → U+FFFD per maximal subpart; note whether NFC can change anything */
+    size_t fn = 0;
+    int maybe_not_nfc = 0;
+    char *fixed = repair_utf8(s, n, &fn, &maybe_not_nfc);
     const char *txt = fixed ? fixed : s;
     size_t tn = fixed ? fn : n;
     /* 2. NFC */
@@ -393,37 +440,7 @@ static int encode_span(const hf_bpe *b, thread_state *t, const char *s, size_t n
         }
     }
     /* 3. split: every match and every gap is a piece */
-    int rc = MOERL_OK;
-    size_t off = 0;
-    while (off < tn) {
-        int m = b->jit ? pcre2_jit_match(b->re, (PCRE2_SPTR)txt, tn, off, 0, t->md, NULL)
-                       : PCRE2_ERROR_JIT_BADOPTION;
-        if (m < 0 && m != PCRE2_ERROR_NOMATCH) /* JIT stack exhausted (or no JIT): the interpreter */
-            m = pcre2_match(b->re, (PCRE2_SPTR)txt, tn, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, t->md, NULL);
-        if (m == PCRE2_ERROR_NOMATCH) {
-            bpe_piece(b, t, txt + off, tn - off, out);
-            break;
-        }
-        if (m < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(m, msg, sizeof msg);
-            rc = moerl_errorf("pre-tokenizer regex failed at byte %zu of a %zu-byte text: %s", off, tn, (char *)msg);
-            break;
-        }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
-        size_t ms = ov[0], me = ov[1];
-        if (ms > off) bpe_piece(b, t, txt + off, ms - off, out);
-        if (me == ms) { /* an empty match (possible with a custom pattern): step one character */
-            size_t cl = 1;
-            if (me < tn) (void)utf8_cp((const unsigned char *)txt + me, &cl);
-            if (me + cl > tn) cl = tn - me;
-            bpe_piece(b, t, txt + me, cl, out);
-            off = me + cl;
-            continue;
-        }
-        bpe_piece(b, t, txt + ms, me - ms, out);
-        off = me;
-    }
+    int rc = split_and_merge(b, t, txt, tn, out);
     free(fixed);
     free(nfc);
     return rc;
