@@ -221,7 +221,8 @@ static int check_model(hf_bpe *b, const json_t *model, const char *name) {
     int bf, im;
     if (jbool(model, "byte_fallback", 0, &bf) || bf)
         return moerl_errorf("%s: model.byte_fallback true is not supported", name);
-    if (jbool(model, "ignore_merges", 0, &im)) return moerl_errorf("%s: model.ignore_merges: expected true/false", name);
+    if (jbool(model, "ignore_merges", 0, &im))
+        return moerl_errorf("%s: model.ignore_merges: expected true/false", name);
     b->ignore_merges = im;
     const char *strs[2] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
@@ -273,8 +274,8 @@ static int count_ids(const json_t *vocab, const json_t *added, const char *name,
         const json_t *id = json_object_get(a, "id"), *ct = json_object_get(a, "content");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) ||
             !json_is_string(ct) || !json_string_length(ct))
-            return moerl_errorf("%s: added_tokens[%zu]: expected {\"id\": id ≥ 0, \"content\": non-empty string, ...}",
-                                name, i);
+            return moerl_errorf("%s: added_tokens[%zu]: expected {\"id\": id ≥ 0, \"content\": non-empty string, "
+                                "...}", name, i);
         *max_id = MOERL_MAX(*max_id, json_integer_value(id));
         *total_bytes += json_string_length(ct);
     }

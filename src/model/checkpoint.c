@@ -500,7 +500,8 @@ static int match_plan(load_state *s) {
         const st_tensor *t = ckpt_lookup(&s->cf, h->name, &fi);
         char want[96], got[96];
         fmt_shape(want, sizeof want, h->ndim, h->shape);
-        if (!t) return moerl_errorf("checkpoint '%s': tensor '%s' is missing (expected shape %s)", s->dir, h->name, want);
+        if (!t)
+            return moerl_errorf("checkpoint '%s': tensor '%s' is missing (expected shape %s)", s->dir, h->name, want);
         fmt_shape(got, sizeof got, t->ndim, t->shape);
         if (t->ndim != h->ndim || t->shape[0] != h->shape[0] || (h->ndim == 2 && t->shape[1] != h->shape[1]))
             return moerl_errorf("checkpoint '%s': tensor '%s' in '%s' has shape %s, expected %s", s->dir, h->name,
