@@ -1,5 +1,5 @@
 /* bench_load — checkpoint load time and peak resident set for a ~1 GB model, per loading mode
- * (MOERL_LOAD, src/model/checkpoint.c), all measured in the same run:
+ * (model_load_opts.mode, src/model/checkpoint.h), all measured in the same run:
  *   read  read() each file whole into a heap buffer, then convert into the parameter buffer
  *         (the classic loader: 2× the checkpoint resident at the peak);
  *   copy  mmap, convert every tensor into the buffer, nothing dropped (moerl before this mode);
@@ -7,10 +7,11 @@
  *         BF16 is converted from the mapping in 64 MB windows dropped behind.
  * Model: vocab 32768, hidden 1024, 7 layers, 8 heads × 128, 2 kv heads, 16 experts top-4, expert
  * size 512: 263 M parameters, 1.05 GB in F32 (0.53 GB in BF16), written once by model_save_hf.
- * Each measurement is a fresh process (this binary with --child), so ru_maxrss is its own peak:
- * model_load_hf_inference, what generate/score/eval call (config, tensor table, open, checks,
- * convert or adopt, the finiteness check that reads every parameter) timed with a monotonic clock; ru_maxrss read after it. File-backed pages
- * of an adopted mapping count in ru_maxrss like heap pages do. The files stay in the page cache
+ * Each measurement is a fresh process (this binary with --child MODE DIR), so ru_maxrss is its own
+ * peak: model_load_hf_opts without gradients (as model_load_hf_inference, what generate/score/eval
+ * call: config, tensor table, open, checks, convert or adopt, the finiteness check that reads every
+ * parameter) timed with a monotonic clock; ru_maxrss read after it. File-backed pages of an adopted
+ * mapping count in ru_maxrss like heap pages do. The files stay in the page cache
  * between runs (warm cache: the figures measure the loader, not the disk); modes alternate within
  * each repetition. Every child prints a hash of the parameter bits, which must agree across modes.
  *
@@ -25,6 +26,7 @@
 
 #include "base/common.h"
 #include "bench_util.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 
 static double now_s(void) {
@@ -57,10 +59,17 @@ static moe_config load_config(void) {
     return c;
 }
 
-static int child(const char *dir) {
+/* One measurement: load dir in mode `mode_name` ("read", "copy" or "mmap"). */
+static int child(const char *mode_name, const char *dir) {
+    model_load_opts o;
+    model_load_opts_default(&o);
+    if (model_load_mode_parse(mode_name, "bench_load --child MODE", &o.mode) != MOERL_OK) {
+        fprintf(stderr, "bench_load: %s\n", moerl_last_error());
+        return 1;
+    }
     const double t0 = now_s();
     moe_model m;
-    if (model_load_hf_inference(&m, dir) != MOERL_OK) {
+    if (model_load_hf_opts(&m, dir, 0, &o) != MOERL_OK) {
         fprintf(stderr, "bench_load: %s\n", moerl_last_error());
         return 1;
     }
@@ -85,7 +94,7 @@ static long file_bytes(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--child")) return child(argv[2], argv[3]);
     int reps = 5, keep = 0;
     const char *root = "build/bench/load_ckpt";
     for (int i = 1; i < argc; i++) {
@@ -124,7 +133,7 @@ int main(int argc, char **argv) {
         for (int d = 0; d < 2; d++) {
             for (int mo = 0; mo < 3; mo++) {
                 char cmd[8400];
-                snprintf(cmd, sizeof cmd, "MOERL_LOAD=%s '%s' --child '%s'", modes[mo], self, dirs[d]);
+                snprintf(cmd, sizeof cmd, "'%s' --child %s '%s'", self, modes[mo], dirs[d]);
                 FILE *p = popen(cmd, "r");
                 double tt = 0;
                 long kb = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_load.sh — checkpoint load time and peak RSS of a 1.05 GB (F32) / 0.53 GB (BF16) Qwen3-MoE
-# checkpoint for each loading mode (MOERL_LOAD=read|copy|mmap), measured in the same run; see
+# checkpoint for each loading mode (read|copy|mmap, model_load_opts), measured in the same run; see
 # bench/bench_load.c for what is timed. Writes the checkpoints under build/bench/load_ckpt
 # (removed afterwards unless --keep).
 # Usage: bash bench/run_load.sh [--reps 5] [--keep]

@@ -1,5 +1,5 @@
 /* Fuzz target: dataset JSONL rows in verl's schema (src/data/dataset.c, dataset_load_string) and
- * the rule-based rewards that read their ground truth (src/data/tasks.c, reward_row), scored
+ * the rule-based rewards that read their ground truth (src/data/rewards.c, reward_row), scored
  * against each row's "response" (or its last prompt message): both come from outside (the data
  * file and the model's output). A loaded row written back with dataset_write_row and read again
  * must be the same row (same fields, same fingerprint). */

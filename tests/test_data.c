@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "base/hashset.h"
 #include "data/dataset.h"
 #include "data/tasks.h"
 #include "data/tokenizer.h"
@@ -314,6 +315,69 @@ static void test_countdown_verify(void) {
     CHECK(countdown_verify("99999999999999999999", n7, 3, 1) == CD_NUMBER_NOT_GIVEN, "huge literal is not given");
 }
 
+/* The evaluator's edges (data/expr.c): the nesting limit, "= N" forms, tabs, negative
+ * intermediates, verdict precedence, no numbers at all, and every verdict's name. */
+static void test_countdown_verify_edges(void) {
+    int64_t n1[] = {5, 3, 2, 4};
+    char deep[520];
+    memset(deep, '(', 200);
+    deep[200] = '3';
+    memset(deep + 201, ')', 200);
+    deep[401] = 0;
+    CHECK(countdown_verify(deep, n1, 4, 3) == CD_VALID, "200 levels of parentheses are allowed");
+    memmove(deep + 1, deep, 402);
+    deep[0] = '(';
+    strcat(deep, ")");
+    CHECK(countdown_verify(deep, n1, 4, 3) == CD_SYNTAX, "201 levels of parentheses are not");
+    CHECK(countdown_verify("\t5*4+3-2 \t", n1, 4, 21) == CD_VALID, "tabs are spaces");
+    CHECK(countdown_verify("5*4+3-2 = \t21\t", n1, 4, 21) == CD_VALID, "'= N' with tabs");
+    CHECK(countdown_verify("5*4+3-2 = 21x", n1, 4, 21) == CD_SYNTAX, "'= N' followed by text");
+    CHECK(countdown_verify("5*4+3-2 = 2 1", n1, 4, 21) == CD_SYNTAX, "'= N' with two numbers");
+    CHECK(countdown_verify("5*4+3-2 =", n1, 4, 21) == CD_SYNTAX, "'=' without a number");
+    CHECK(countdown_verify("2-5 = -3", n1, 4, -3) == CD_VALID, "'= -N' for a negative target");
+    CHECK(countdown_verify("2-5+4", n1, 4, 1) == CD_VALID, "negative intermediate");
+    CHECK(countdown_verify("2/4*2", n1, 4, 1) == CD_NUMBER_REUSED, "reuse checked before the value");
+    int64_t n2[] = {8, 3};
+    CHECK(countdown_verify("8/(3-3)", n2, 2, 1) == CD_NUMBER_REUSED, "numbers outrank division by zero");
+    int64_t n3[] = {3, 4, 4};
+    CHECK(countdown_verify("3/(4-4)", n3, 3, 1) == CD_DIV_BY_ZERO, "division by zero after a subtraction");
+    CHECK(countdown_verify("3", NULL, 0, 3) == CD_NUMBER_NOT_GIVEN, "no numbers given");
+    CHECK(countdown_verify("1.5", n1, 4, 3) == CD_SYNTAX, "decimal literal");
+    const cd_verdict all[] = {CD_VALID,       CD_SYNTAX,   CD_NUMBER_NOT_GIVEN, CD_NUMBER_REUSED,
+                              CD_DIV_BY_ZERO, CD_OVERFLOW, CD_WRONG_RESULT};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const char *nm = cd_verdict_name(all[i]);
+        CHECK(nm && strcmp(nm, "?") != 0, "verdict %d has a name", (int)all[i]);
+        for (size_t j = 0; j < i; j++)
+            CHECK(strcmp(nm, cd_verdict_name(all[j])) != 0, "verdict names differ: '%s'", nm);
+    }
+    CHECK(strcmp(cd_verdict_name((cd_verdict)99), "?") == 0, "an unknown verdict is '?'");
+}
+
+/* base/hashset.h: the string set behind the generators' disjointness check. */
+static void test_strset(void) {
+    strset t;
+    strset_init(&t, 0);
+    CHECK(strset_add(&t, "a") && !strset_add(&t, "a") && t.n == 1, "add, then a duplicate");
+    CHECK(strset_add(&t, "") && !strset_add(&t, "") && strset_has(&t, ""), "the empty string is a member");
+    char k[32];
+    bool ok = true;
+    for (int i = 0; i < 5000; i++) { /* far beyond the initial size: the table grows */
+        snprintf(k, sizeof k, "key-%d", i);
+        ok = ok && strset_add(&t, k);
+    }
+    CHECK(ok && t.n == 5002 && t.cap >= 2 * t.n, "5000 new keys added (n %zu, cap %zu)", t.n, t.cap);
+    for (int i = 0; i < 5000 && ok; i++) {
+        snprintf(k, sizeof k, "key-%d", i);
+        ok = strset_has(&t, k) && !strset_add(&t, k);
+    }
+    CHECK(ok && !strset_has(&t, "key-5000") && t.n == 5002, "every key found after growing, none added twice");
+    CHECK(fnv1a64("") == 14695981039346656037ULL && fnv1a64("a") == 0xaf63dc4c8601ec8cULL,
+          "FNV-1a 64 of \"\" and \"a\" (published test values)");
+    strset_free(&t);
+    CHECK(t.slot == NULL && t.n == 0, "freed set is empty");
+}
+
 static void test_reward_countdown(void) {
     reward_fn f = reward_countdown;
     const char *gt = "{\"target\":24,\"numbers\":[3,4,5,2]}";
@@ -510,6 +574,8 @@ int main(void) {
     test_reward_exact_number();
     test_reward_gsm8k();
     test_countdown_verify();
+    test_countdown_verify_edges();
+    test_strset();
     test_reward_countdown();
     test_reward_lookup();
     test_tasks();

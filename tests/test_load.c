@@ -1,4 +1,4 @@
-/* Checkpoint loading modes (MOERL_LOAD, src/model/checkpoint.c): mmap (default; a moerl F32 file in
+/* Checkpoint loading modes (model_load_opts, src/model/checkpoint.h): mmap (default; a moerl F32 file in
  * the buffer's layout is adopted as the parameter buffer with no copy, anything else converted
  * from the mapping in windows that are dropped behind), copy (mapped, converted, nothing dropped)
  * and read (read() into a heap buffer). Every mode must give bit-identical parameters for F32
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "test.h"
@@ -59,46 +60,55 @@ static int same_params(const moe_model *a, const moe_model *b) {
 }
 
 static const char *MODES[] = {"mmap", "copy", "read"};
+static const model_load_mode MODE_IDS[] = {MODEL_LOAD_MMAP, MODEL_LOAD_COPY, MODEL_LOAD_READ};
+
+static model_load_opts opts_for(int k, size_t window_bytes) {
+    model_load_opts o;
+    model_load_opts_default(&o);
+    o.mode = MODE_IDS[k];
+    o.window_bytes = window_bytes;
+    return o;
+}
 
 /* Load dir in each mode (and through model_load_weights, which never adopts); each result must
- * equal want bit for bit; adoption expected only in mmap mode when adopt_expected. */
-static void check_modes(const moe_model *want, const char *dir, int adopt_expected, const char *what) {
+ * equal want bit for bit; adoption expected only in mmap mode when adopt_expected. window_bytes:
+ * the conversion window (0: the default). */
+static void check_modes(const moe_model *want, const char *dir, int adopt_expected, size_t window_bytes,
+                        const char *what) {
     for (int k = 0; k < 3; k++) {
-        setenv("MOERL_LOAD", MODES[k], 1);
+        const model_load_opts o = opts_for(k, window_bytes);
         moe_model m;
-        int rc = model_load_hf(&m, dir);
-        CHECK(rc == MOERL_OK, "%s, MOERL_LOAD=%s: %s", what, MODES[k], moerl_last_error());
+        int rc = model_load_hf_opts(&m, dir, 1, &o);
+        CHECK(rc == MOERL_OK, "%s, mode %s: %s", what, MODES[k], moerl_last_error());
         if (rc != MOERL_OK) continue;
-        CHECK(same_params(want, &m), "%s, MOERL_LOAD=%s: parameters differ", what, MODES[k]);
+        CHECK(same_params(want, &m), "%s, mode %s: parameters differ", what, MODES[k]);
         const int adopted = m.params_map != NULL;
-        CHECK(adopted == (adopt_expected && k == 0), "%s, MOERL_LOAD=%s: adopted the mapping = %d, expected %d",
+        CHECK(adopted == (adopt_expected && k == 0), "%s, mode %s: adopted the mapping = %d, expected %d",
               what, MODES[k], adopted, adopt_expected && k == 0);
         if (adopted) {
             CHECK(((uintptr_t)m.params & 63) == 0, "%s: adopted buffer is not 64-byte aligned", what);
             CHECK(m.p.embed_tokens == m.params, "%s: views not moved onto the adopted buffer", what);
         }
         moe_model inf;
-        rc = model_load_hf_inference(&inf, dir);
+        rc = model_load_hf_opts(&inf, dir, 0, &o);
         CHECK(rc == MOERL_OK && inf.grads == NULL && same_params(want, &inf) &&
                   (inf.params_map != NULL) == (adopt_expected && k == 0),
-              "%s, MOERL_LOAD=%s: model_load_hf_inference: %s", what, MODES[k],
+              "%s, mode %s: model_load_hf_inference: %s", what, MODES[k],
               rc == MOERL_OK ? "grads, parameters or adoption differ" : moerl_last_error());
         if (rc == MOERL_OK) model_free(&inf);
         moe_model w;
         MOERL_ASSERT(model_init(&w, &want->cfg) == MOERL_OK);
-        CHECK(model_load_weights(&w, dir) == MOERL_OK && w.params_map == NULL && same_params(want, &w),
-              "%s, MOERL_LOAD=%s: model_load_weights: %s", what, MODES[k], moerl_last_error());
+        CHECK(model_load_weights_opts(&w, dir, &o) == MOERL_OK && w.params_map == NULL && same_params(want, &w),
+              "%s, mode %s: model_load_weights: %s", what, MODES[k], moerl_last_error());
         model_free(&w);
         model_free(&m);
     }
-    unsetenv("MOERL_LOAD");
 }
 
 /* A copy of src's tensors in a heap model (to compare BF16 loads against one reference). */
 static void load_reference(moe_model *ref, const char *dir) {
-    setenv("MOERL_LOAD", "read", 1);
-    MOERL_ASSERT(model_load_hf(ref, dir) == MOERL_OK);
-    unsetenv("MOERL_LOAD");
+    const model_load_opts o = opts_for(2, 0); /* read */
+    MOERL_ASSERT(model_load_hf_opts(ref, dir, 1, &o) == MOERL_OK);
 }
 
 static void test_round_trips(void) {
@@ -118,25 +128,23 @@ static void test_round_trips(void) {
             snprintf(what, sizeof what, "head_dim %d, %s", hds[h],
                      variant == 0 ? "F32 single file" : variant == 1 ? "F32 sharded" : "BF16");
             if (!bf16) {
-                check_modes(&m, dir, hds[h] == 16 && variant == 0, what);
+                check_modes(&m, dir, hds[h] == 16 && variant == 0, 0, what);
             } else {
                 moe_model ref;
                 load_reference(&ref, dir);
-                check_modes(&ref, dir, 0, what);
+                check_modes(&ref, dir, 0, 0, what);
                 model_free(&ref);
             }
             /* tiny windows: many slices and dropped windows, same bits */
-            setenv("MOERL_LOAD_WINDOW", "4096", 1);
             snprintf(what + strlen(what), sizeof what - strlen(what), ", 4 KB windows");
             if (!bf16) {
-                check_modes(&m, dir, hds[h] == 16 && variant == 0, what);
+                check_modes(&m, dir, hds[h] == 16 && variant == 0, 4096, what);
             } else {
                 moe_model ref;
                 load_reference(&ref, dir);
-                check_modes(&ref, dir, 0, what);
+                check_modes(&ref, dir, 0, 4096, what);
                 model_free(&ref);
             }
-            unsetenv("MOERL_LOAD_WINDOW");
         }
         model_free(&m);
     }
@@ -172,14 +180,13 @@ static void test_adopted_is_private(void) {
 
 static void corrupt_and_check(const char *dir, const char *expect, const char *what) {
     for (int k = 0; k < 3; k++) {
-        setenv("MOERL_LOAD", MODES[k], 1);
+        const model_load_opts o = opts_for(k, 0);
         moe_model m;
-        int rc = model_load_hf(&m, dir);
-        CHECK(rc == MOERL_ERR && msg_has(expect), "%s, MOERL_LOAD=%s: expected an error with '%s', got rc %d: %s",
+        int rc = model_load_hf_opts(&m, dir, 1, &o);
+        CHECK(rc == MOERL_ERR && msg_has(expect), "%s, mode %s: expected an error with '%s', got rc %d: %s",
               what, MODES[k], expect, rc, rc == MOERL_ERR ? moerl_last_error() : "(loaded)");
         if (rc == MOERL_OK) model_free(&m);
     }
-    unsetenv("MOERL_LOAD");
 }
 
 static void test_broken_files(void) {
@@ -208,13 +215,56 @@ static void test_broken_files(void) {
     MOERL_ASSERT(f && fseek(f, 8, SEEK_SET) == 0 && fwrite("#!", 1, 2, f) == 2);
     fclose(f);
     corrupt_and_check(dir, "header is not valid JSON", "corrupt header");
-    /* a bad MOERL_LOAD names the variable */
-    MOERL_ASSERT(model_save_hf(&m, dir, 0, 0) == MOERL_OK);
-    setenv("MOERL_LOAD", "fast", 1);
-    moe_model x;
-    CHECK(model_load_hf(&x, dir) == MOERL_ERR && msg_has("MOERL_LOAD='fast'") && msg_has("mmap"),
+    /* a bad mode name names its source (the CLI passes "environment variable MOERL_LOAD") */
+    model_load_mode mode = MODEL_LOAD_COPY;
+    CHECK(model_load_mode_parse("fast", "environment variable MOERL_LOAD", &mode) == MOERL_ERR &&
+              msg_has("MOERL_LOAD='fast'") && msg_has("mmap") && mode == MODEL_LOAD_COPY,
           "bad MOERL_LOAD: %s", moerl_last_error());
-    unsetenv("MOERL_LOAD");
+    model_free(&m);
+}
+
+/* Mode names, and the process-wide options the plain loaders (model_load_hf, ...) use. */
+static void test_load_options(void) {
+    for (int k = 0; k < 3; k++) {
+        model_load_mode mode = (model_load_mode)-1;
+        CHECK(model_load_mode_parse(MODES[k], "mode", &mode) == MOERL_OK && mode == MODE_IDS[k] &&
+                  !strcmp(model_load_mode_name(mode), MODES[k]),
+              "mode '%s' parses and prints back", MODES[k]);
+    }
+    model_load_mode mode = MODEL_LOAD_READ;
+    CHECK(model_load_mode_parse(NULL, "mode", &mode) == MOERL_OK && mode == MODEL_LOAD_MMAP, "no mode: mmap");
+    mode = MODEL_LOAD_READ;
+    CHECK(model_load_mode_parse("", "mode", &mode) == MOERL_OK && mode == MODEL_LOAD_MMAP, "empty mode: mmap");
+    model_load_opts o;
+    model_get_load_opts(&o);
+    CHECK(o.mode == MODEL_LOAD_MMAP && o.window_bytes == 0, "process default: mmap, default window");
+    /* an adoptable F32 file: adopted under the default, not under "read" set process-wide */
+    moe_config c = small_config(16);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 9);
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/options", g_tmp);
+    MOERL_ASSERT(model_save_hf(&m, dir, 0, 0) == MOERL_OK);
+    moe_model a;
+    MOERL_ASSERT(model_load_hf(&a, dir) == MOERL_OK);
+    CHECK(a.params_map != NULL && same_params(&m, &a), "default options adopt the mapping");
+    model_free(&a);
+    const model_load_opts rd = opts_for(2, 4096);
+    model_set_load_opts(&rd);
+    MOERL_ASSERT(model_load_hf(&a, dir) == MOERL_OK);
+    CHECK(a.params_map == NULL && same_params(&m, &a), "process-wide read mode: no adoption, same bits");
+    model_free(&a);
+    MOERL_ASSERT(model_load_hf_inference(&a, dir) == MOERL_OK);
+    CHECK(a.params_map == NULL && a.grads == NULL && same_params(&m, &a), "process-wide read mode (inference)");
+    model_free(&a);
+    model_get_load_opts(&o);
+    CHECK(o.mode == MODEL_LOAD_READ && o.window_bytes == 4096, "model_get_load_opts returns what was set");
+    model_load_opts_default(&o);
+    model_set_load_opts(&o);
+    MOERL_ASSERT(model_load_hf(&a, dir) == MOERL_OK);
+    CHECK(a.params_map != NULL, "restored default adopts again");
+    model_free(&a);
     model_free(&m);
 }
 
@@ -222,11 +272,10 @@ int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/moerl_test_load_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
              (int)getpid());
     MOERL_ASSERT(moerl_mkdirs(g_tmp) == MOERL_OK);
-    unsetenv("MOERL_LOAD");
-    unsetenv("MOERL_LOAD_WINDOW");
     test_round_trips();
     test_adopted_is_private();
     test_broken_files();
+    test_load_options();
     rm_rf(g_tmp);
     TEST_MAIN_END();
 }

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -351,28 +352,30 @@ static int is_other_ranks_expert(const moe_config *c, const char *name) {
            (!strcmp(part, "gate_proj") || !strcmp(part, "up_proj") || !strcmp(part, "down_proj"));
 }
 
-/* How checkpoints are read: the environment variable MOERL_LOAD (bench/bench_load compares them).
- *   mmap (default)  the files are mapped; an F32 file that holds the parameters in the buffer's own
- *                   layout (one file, moerl's tensor order and 64-byte alignment: what moerl's own
- *                   F32 save writes when no tensor needs padding) becomes the parameter buffer
- *                   itself when the caller allows it (model_load_hf: a new model), with no copy;
- *                   anything else (BF16/F16, stacking of other orders, shards) is converted
- *                   straight from the mapping into place, in file order, in 64 MB windows whose
- *                   pages are dropped once converted, so the peak resident set stays near the
- *                   parameter buffer's size;
- *   copy            mapped, every tensor copied/converted into the buffer, nothing dropped (moerl's
- *                   loader before mmap adoption, kept for comparison);
- *   read            each file read() whole into a heap buffer, then converted (the classic loader). */
-typedef enum { LOAD_MMAP, LOAD_COPY, LOAD_READ } load_mode;
+/* ------------------------------------------------------------------------- load options
+ * (checkpoint.h: what each mode does) */
 
-static int load_mode_env(load_mode *mode) {
-    const char *v = getenv("MOERL_LOAD");
-    if (!v || !*v || !strcmp(v, "mmap")) *mode = LOAD_MMAP;
-    else if (!strcmp(v, "copy")) *mode = LOAD_COPY;
-    else if (!strcmp(v, "read")) *mode = LOAD_READ;
-    else return moerl_errorf("environment variable MOERL_LOAD='%s': expected mmap (default), copy or read", v);
+static model_load_opts g_load_opts = {MODEL_LOAD_MMAP, 0};
+
+void model_load_opts_default(model_load_opts *o) {
+    o->mode = MODEL_LOAD_MMAP;
+    o->window_bytes = 0;
+}
+
+int model_load_mode_parse(const char *v, const char *what, model_load_mode *mode) {
+    if (!v || !*v || !strcmp(v, "mmap")) *mode = MODEL_LOAD_MMAP;
+    else if (!strcmp(v, "copy")) *mode = MODEL_LOAD_COPY;
+    else if (!strcmp(v, "read")) *mode = MODEL_LOAD_READ;
+    else return moerl_errorf("%s='%s': expected mmap (default), copy or read", what, v);
     return MOERL_OK;
 }
+
+const char *model_load_mode_name(model_load_mode mode) {
+    return mode == MODEL_LOAD_COPY ? "copy" : mode == MODEL_LOAD_READ ? "read" : "mmap";
+}
+
+void model_set_load_opts(const model_load_opts *o) { g_load_opts = *o; }
+void model_get_load_opts(model_load_opts *o) { *o = g_load_opts; }
 
 /* One slice of a source tensor, converted by one thread: elements [a, a+n) of src into dst. */
 typedef struct {
@@ -391,15 +394,14 @@ static int cmp_piece(const void *x, const void *y) {
 }
 
 /* Convert every planned tensor into the buffer: slices of ≤ 1 Mi elements in file order, run in
- * windows of ≤ 64 MB of file bytes (threads share a window); with release, each window's pages
- * are dropped from the resident set once converted (st_release). */
+ * windows of ≤ window_bytes (default 64 MB) of file bytes (threads share a window); with release,
+ * each window's pages are dropped from the resident set once converted (st_release). */
 static void convert_all(const ckpt_files *cf, const hf_tensor *plan, const st_tensor *const *src,
-                        const int *src_file, int n, float *params, int release) {
-    /* MOERL_LOAD_WINDOW (bytes) shrinks the window, and the slices with it, so that tests exercise
-     * many windows and slices on a small model; unset, 64 MB windows of 4 MB (1 Mi-element) slices */
-    size_t WINDOW = (size_t)64 << 20;
-    const char *wenv = getenv("MOERL_LOAD_WINDOW");
-    if (wenv && atoll(wenv) > 0) WINDOW = (size_t)atoll(wenv);
+                        const int *src_file, int n, float *params, int release, size_t window_bytes) {
+    /* window_bytes (model_load_opts) shrinks the window, and the slices with it, so that tests
+     * exercise many windows and slices on a small model; 0: 64 MB windows of 4 MB (1 Mi-element)
+     * slices */
+    const size_t WINDOW = window_bytes > 0 ? window_bytes : (size_t)64 << 20;
     const int64_t SLICE = MOERL_MAX((int64_t)1, MOERL_MIN((int64_t)1 << 20, (int64_t)(WINDOW / 4)));
     int np = 0, cap = 0;
     load_piece *pc = NULL;
@@ -459,168 +461,199 @@ static int adoptable(const ckpt_files *cf, const hf_tensor *plan, const st_tenso
     return 1;
 }
 
-/* check_only: the checks alone (config.json, every tensor's presence, shape and dtype, no unknown
- * tensor); nothing is read into m. */
-static int load_weights(moe_model *m, const char *dir, int adopt, int check_only) {
-    load_mode mode = LOAD_MMAP;
-    if (load_mode_env(&mode) != MOERL_OK) return MOERL_ERR;
+/* One load's state: the plan, the open files, each planned tensor's source and file, the names
+ * matched so far, and the tied lm_head found in the file (if any). */
+typedef struct {
+    const char *dir;
+    hf_tensor *plan;
+    int n;
+    ckpt_files cf;
+    const st_tensor **src; /* [n] */
+    int *src_file;         /* [n] */
+    json_t *used;          /* names of the file's tensors taken so far */
+    const st_tensor *tied_head;
+} load_state;
+
+static void load_state_free(load_state *s) {
+    json_decref(s->used);
+    free(s->src);
+    free(s->src_file);
+    ckpt_files_free(&s->cf);
+    free(s->plan);
+}
+
+/* DIR/config.json (when present) must match m's config. */
+static int check_config_file(const moe_model *m, const char *dir) {
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
-    if (file_exists(cpath)) {
-        moe_config fc;
-        if (moe_config_load(&fc, cpath) != MOERL_OK || config_matches(&m->cfg, &fc, cpath) != MOERL_OK)
-            return MOERL_ERR;
-    }
-    hf_tensor *plan = NULL;
-    int n = 0;
-    if (hf_plan(m, &plan, &n) != MOERL_OK) return MOERL_ERR;
-    ckpt_files cf;
-    int rc = ckpt_open(&cf, dir, mode == LOAD_READ ? ST_LOAD_READ : ST_LOAD_MMAP);
-    const st_tensor **src = xcalloc((size_t)(n ? n : 1), sizeof *src);
-    int *src_file = xcalloc((size_t)(n ? n : 1), sizeof *src_file);
-    json_t *used = json_object();
-    const st_tensor *tied_head = NULL;
-    for (int i = 0; i < n && rc == MOERL_OK; i++) {
-        const hf_tensor *h = &plan[i];
+    if (!file_exists(cpath)) return MOERL_OK;
+    moe_config fc;
+    if (moe_config_load(&fc, cpath) != MOERL_OK || config_matches(&m->cfg, &fc, cpath) != MOERL_OK) return MOERL_ERR;
+    return MOERL_OK;
+}
+
+/* Find every planned tensor in the files, with the planned shape and a convertible dtype. */
+static int match_plan(load_state *s) {
+    for (int i = 0; i < s->n; i++) {
+        const hf_tensor *h = &s->plan[i];
         int fi = -1;
-        const st_tensor *t = ckpt_lookup(&cf, h->name, &fi);
+        const st_tensor *t = ckpt_lookup(&s->cf, h->name, &fi);
         char want[96], got[96];
         fmt_shape(want, sizeof want, h->ndim, h->shape);
-        if (!t) {
-            rc = moerl_errorf("checkpoint '%s': tensor '%s' is missing (expected shape %s)", dir, h->name, want);
-            break;
-        }
+        if (!t)
+            return moerl_errorf("checkpoint '%s': tensor '%s' is missing (expected shape %s)", s->dir, h->name, want);
         fmt_shape(got, sizeof got, t->ndim, t->shape);
-        if (t->ndim != h->ndim || t->shape[0] != h->shape[0] || (h->ndim == 2 && t->shape[1] != h->shape[1])) {
-            rc = moerl_errorf("checkpoint '%s': tensor '%s' in '%s' has shape %s, expected %s", dir, h->name,
-                              cf.file_names[fi], got, want);
-            break;
-        }
-        if (!convertible(t)) {
-            rc = moerl_errorf("checkpoint '%s': tensor '%s' in '%s' has dtype %s, expected F32, BF16 or F16", dir,
-                              h->name, cf.file_names[fi], st_dtype_name(t->dtype));
-            break;
-        }
-        src[i] = t;
-        src_file[i] = fi;
-        json_object_set_new(used, h->name, json_true());
+        if (t->ndim != h->ndim || t->shape[0] != h->shape[0] || (h->ndim == 2 && t->shape[1] != h->shape[1]))
+            return moerl_errorf("checkpoint '%s': tensor '%s' in '%s' has shape %s, expected %s", s->dir, h->name,
+                                s->cf.file_names[fi], got, want);
+        if (!convertible(t))
+            return moerl_errorf("checkpoint '%s': tensor '%s' in '%s' has dtype %s, expected F32, BF16 or F16", s->dir,
+                                h->name, s->cf.file_names[fi], st_dtype_name(t->dtype));
+        s->src[i] = t;
+        s->src_file[i] = fi;
+        json_object_set_new(s->used, h->name, json_true());
     }
-    if (rc == MOERL_OK && json_object_size(used) != json_object_size(cf.where)) {
-        const char *name;
-        json_t *w;
-        int n_unknown = (int)(json_object_size(cf.where) - json_object_size(used));
-        json_object_foreach(cf.where, name, w) {
-            if (json_object_get(used, name)) continue;
-            int fi = (int)(json_integer_value(w) >> 32);
-            const st_tensor *t = &cf.files[fi].tensors[json_integer_value(w) & 0xffffffff];
-            if (m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) {
-                const int64_t want[2] = {m->cfg.vocab_size, m->cfg.hidden_size};
-                char ws[96], gs[96];
-                fmt_shape(ws, sizeof ws, 2, want);
-                fmt_shape(gs, sizeof gs, t->ndim, t->shape);
-                if (t->ndim != 2 || t->shape[0] != want[0] || t->shape[1] != want[1] || !convertible(t)) {
-                    rc = moerl_errorf("checkpoint '%s': tensor 'lm_head.weight' (tied to the embedding) in '%s' has "
-                                      "shape %s dtype %s, expected %s F32/BF16/F16", dir, cf.file_names[fi], gs,
-                                      st_dtype_name(t->dtype), ws);
-                    break;
-                }
-                tied_head = t;
-                n_unknown--;
-                continue;
-            }
-            if (is_other_ranks_expert(&m->cfg, name)) { /* expert parallelism: another rank's slice */
-                n_unknown--;
-                continue;
-            }
-            rc = moerl_errorf("checkpoint '%s': unknown tensor '%s' in '%s' (not part of a Qwen3-MoE model with this "
-                              "config; %d unknown tensor(s) in all)", dir, name, cf.file_names[fi], n_unknown);
-            break;
+    return MOERL_OK;
+}
+
+/* The file's tensors outside the plan: a tied lm_head (checked, kept in s->tied_head), another
+ * expert-parallel rank's experts (skipped); anything else is an unknown tensor. */
+static int check_unplanned(const moe_model *m, load_state *s) {
+    if (json_object_size(s->used) == json_object_size(s->cf.where)) return MOERL_OK;
+    const char *name;
+    json_t *w;
+    int n_unknown = (int)(json_object_size(s->cf.where) - json_object_size(s->used));
+    json_object_foreach(s->cf.where, name, w) {
+        if (json_object_get(s->used, name)) continue;
+        int fi = (int)(json_integer_value(w) >> 32);
+        const st_tensor *t = &s->cf.files[fi].tensors[json_integer_value(w) & 0xffffffff];
+        if (m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) {
+            const int64_t want[2] = {m->cfg.vocab_size, m->cfg.hidden_size};
+            char ws[96], gs[96];
+            fmt_shape(ws, sizeof ws, 2, want);
+            fmt_shape(gs, sizeof gs, t->ndim, t->shape);
+            if (t->ndim != 2 || t->shape[0] != want[0] || t->shape[1] != want[1] || !convertible(t))
+                return moerl_errorf("checkpoint '%s': tensor 'lm_head.weight' (tied to the embedding) in '%s' has "
+                                    "shape %s dtype %s, expected %s F32/BF16/F16", s->dir, s->cf.file_names[fi], gs,
+                                    st_dtype_name(t->dtype), ws);
+            s->tied_head = t;
+            n_unknown--;
+            continue;
         }
+        if (is_other_ranks_expert(&m->cfg, name)) { /* expert parallelism: another rank's slice */
+            n_unknown--;
+            continue;
+        }
+        return moerl_errorf("checkpoint '%s': unknown tensor '%s' in '%s' (not part of a Qwen3-MoE model with this "
+                            "config; %d unknown tensor(s) in all)", s->dir, name, s->cf.file_names[fi], n_unknown);
     }
+    return MOERL_OK;
+}
+
+/* model_init_layout left no buffer: one of our own, not zero-filled first (only the padding
+ * after each tensor is zeroed). */
+static void alloc_params(moe_model *m) {
+    const size_t bytes = m->n_params * sizeof(float);
+    m->params = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!m->params) moerl_fatal("out of memory allocating %zu bytes of parameters", bytes);
+    for (int i = 0; i < m->n_tensors; i++) { /* the padding after each tensor */
+        const tensor_info *ti = &m->tensors[i];
+        const size_t end = ti->offset + (size_t)ti->numel,
+                     next = i + 1 < m->n_tensors ? m->tensors[i + 1].offset : m->n_params;
+        memset(m->params + end, 0, (next - end) * sizeof(float));
+    }
+}
+
+/* tie_word_embeddings: the file's lm_head (head, converted) must equal the loaded embedding bits. */
+static int check_tied_head(const moe_model *m, const char *dir, const float *head, int64_t numel) {
+    const tensor_info *emb = model_find_tensor(m, "model.embed_tokens.weight");
+    const float *e = m->params + emb->offset;
+    for (int64_t j = 0; j < numel; j++)
+        if (memcmp(&e[j], &head[j], sizeof(float)) != 0)
+            return moerl_errorf("checkpoint '%s': tie_word_embeddings is true but lm_head.weight differs from "
+                                "model.embed_tokens.weight (element %lld: %g vs %g)", dir, (long long)j,
+                                (double)head[j], (double)e[j]);
+    return MOERL_OK;
+}
+
+/* All checks passed: take the mapping over as the buffer (adopt, mmap mode, one file in the
+ * buffer's layout, no tied head), or convert each tensor straight into its block of the buffer;
+ * then the views, and the tied head's check. */
+static int fill_params(moe_model *m, load_state *s, int adopt, const model_load_opts *o) {
     float *head = NULL;
+    if (s->tied_head) {
+        head = xmalloc((size_t)s->tied_head->numel * sizeof(float));
+        st_to_f32(s->tied_head, head);
+    }
+    size_t delta = 0;
+    if (adopt && o->mode == MODEL_LOAD_MMAP && !s->tied_head &&
+        adoptable(&s->cf, s->plan, s->src, s->n, m->n_params, &delta)) {
+        model_free_params(m);
+        m->params_map = s->cf.files[0].map;
+        m->params_map_len = s->cf.files[0].map_len;
+        m->params = (float *)((char *)s->cf.files[0].map + delta);
+        s->cf.files[0].map = NULL; /* ours now: st_close leaves it mapped */
+        (void)madvise(m->params_map, m->params_map_len, MADV_NORMAL);
+    } else {
+        if (!m->params) alloc_params(m);
+        convert_all(&s->cf, s->plan, s->src, s->src_file, s->n, m->params, o->mode == MODEL_LOAD_MMAP,
+                    o->window_bytes);
+    }
+    model_views_for(m, m->params, &m->p);
+    if (m->grads) model_views_for(m, m->grads, &m->g);
+    int rc = head ? check_tied_head(m, s->dir, head, s->tied_head->numel) : MOERL_OK;
+    free(head);
+    return rc;
+}
+
+/* check_only: the checks alone (config.json, every tensor's presence, shape and dtype, no unknown
+ * tensor); nothing is read into m. o: the load options (never NULL here). */
+static int load_weights(moe_model *m, const char *dir, int adopt, int check_only, const model_load_opts *o) {
+    if (check_config_file(m, dir) != MOERL_OK) return MOERL_ERR;
+    load_state s = {.dir = dir};
+    if (hf_plan(m, &s.plan, &s.n) != MOERL_OK) return MOERL_ERR;
+    int rc = ckpt_open(&s.cf, dir, o->mode == MODEL_LOAD_READ ? ST_LOAD_READ : ST_LOAD_MMAP);
+    s.src = xcalloc((size_t)(s.n ? s.n : 1), sizeof *s.src);
+    s.src_file = xcalloc((size_t)(s.n ? s.n : 1), sizeof *s.src_file);
+    s.used = json_object();
+    if (rc == MOERL_OK) rc = match_plan(&s);
+    if (rc == MOERL_OK) rc = check_unplanned(m, &s);
     if (check_only) {
-        json_decref(used);
-        free(src);
-        free(src_file);
-        ckpt_files_free(&cf);
-        free(plan);
+        load_state_free(&s);
         return rc;
     }
-    if (rc == MOERL_OK && tied_head) {
-        head = xmalloc((size_t)tied_head->numel * sizeof(float));
-        st_to_f32(tied_head, head);
-    }
-    if (rc == MOERL_OK) {
-        /* all checks passed: take the mapping over as the buffer, or convert each tensor straight
-         * into its block of the buffer */
-        size_t delta = 0;
-        if (adopt && mode == LOAD_MMAP && !tied_head && adoptable(&cf, plan, src, n, m->n_params, &delta)) {
-            model_free_params(m);
-            m->params_map = cf.files[0].map;
-            m->params_map_len = cf.files[0].map_len;
-            m->params = (float *)((char *)cf.files[0].map + delta);
-            cf.files[0].map = NULL; /* ours now: st_close leaves it mapped */
-            (void)madvise(m->params_map, m->params_map_len, MADV_NORMAL);
-        } else {
-            if (!m->params) { /* model_init_layout: a buffer of our own, not zero-filled first */
-                const size_t bytes = m->n_params * sizeof(float);
-                m->params = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-                if (!m->params) moerl_fatal("out of memory allocating %zu bytes of parameters", bytes);
-                for (int i = 0; i < m->n_tensors; i++) { /* the padding after each tensor */
-                    const tensor_info *ti = &m->tensors[i];
-                    const size_t end = ti->offset + (size_t)ti->numel,
-                                 next = i + 1 < m->n_tensors ? m->tensors[i + 1].offset : m->n_params;
-                    memset(m->params + end, 0, (next - end) * sizeof(float));
-                }
-            }
-            convert_all(&cf, plan, src, src_file, n, m->params, mode == LOAD_MMAP);
-        }
-        model_views_for(m, m->params, &m->p);
-        if (m->grads) model_views_for(m, m->grads, &m->g);
-        if (head) {
-            const tensor_info *emb = model_find_tensor(m, "model.embed_tokens.weight");
-            const float *e = m->params + emb->offset;
-            for (int64_t j = 0; j < tied_head->numel; j++) {
-                if (memcmp(&e[j], &head[j], sizeof(float)) != 0) {
-                    rc = moerl_errorf("checkpoint '%s': tie_word_embeddings is true but lm_head.weight differs from "
-                                      "model.embed_tokens.weight (element %lld: %g vs %g)", dir, (long long)j,
-                                      (double)head[j], (double)e[j]);
-                    break;
-                }
-            }
-        }
-    }
-    free(head);
-    json_decref(used);
-    free(src);
-    free(src_file);
-    ckpt_files_free(&cf);
-    free(plan);
+    if (rc == MOERL_OK) rc = fill_params(m, &s, adopt, o);
+    load_state_free(&s);
     if (rc == MOERL_OK) rc = model_check_finite(m, dir, "loaded from");
     return rc;
 }
 
-int model_load_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0, 0); }
-int model_check_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0, 1); }
+static const model_load_opts *opts_or_default(const model_load_opts *o) { return o ? o : &g_load_opts; }
+
+int model_load_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0, 0, &g_load_opts); }
+int model_check_weights(moe_model *m, const char *dir) { return load_weights(m, dir, 0, 1, &g_load_opts); }
+int model_load_weights_opts(moe_model *m, const char *dir, const model_load_opts *o) {
+    return load_weights(m, dir, 0, 0, opts_or_default(o));
+}
 
 /* Load DIR/config.json, build the model (model_init) and load its weights; the buffer may be the
- * mapped file itself (load_weights, MOERL_LOAD). On error the model is left freed (zeroed). */
-static int load_hf(moe_model *m, const char *dir, int with_grads) {
+ * mapped file itself (load_weights, model_load_opts.mode). On error the model is left freed (zeroed). */
+int model_load_hf_opts(moe_model *m, const char *dir, int with_grads, const model_load_opts *o) {
     moe_config c;
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     memset(m, 0, sizeof *m);
     if (moe_config_load(&c, cpath) != MOERL_OK) return MOERL_ERR;
     if (model_init_layout(m, &c, with_grads) != MOERL_OK) return moerl_error_prefix("checkpoint '%s': ", dir);
-    if (load_weights(m, dir, 1, 0) != MOERL_OK) {
+    if (load_weights(m, dir, 1, 0, opts_or_default(o)) != MOERL_OK) {
         model_free(m);
         return MOERL_ERR;
     }
     return MOERL_OK;
 }
 
-int model_load_hf(moe_model *m, const char *dir) { return load_hf(m, dir, 1); }
-int model_load_hf_inference(moe_model *m, const char *dir) { return load_hf(m, dir, 0); }
+int model_load_hf(moe_model *m, const char *dir) { return model_load_hf_opts(m, dir, 1, NULL); }
+int model_load_hf_inference(moe_model *m, const char *dir) { return model_load_hf_opts(m, dir, 0, NULL); }
 
 /* ------------------------------------------------------------------------- saving */
 

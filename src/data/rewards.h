@@ -1,0 +1,46 @@
+/* moerl — rule-based reward functions for the built-in and verl-style datasets.
+ *
+ * A reward function (reward_fn) scores a response against a row's ground truth (data/dataset.h:
+ * reward_model.ground_truth); it returns MOERL_OK with *score in [0, 1], or MOERL_ERR (with a
+ * message) only when the ground truth itself is malformed — a malformed response scores 0.
+ * Sources: verl/utils/reward_score/gsm8k.py (GSM8K), verl/utils/reward_score/countdown.py
+ * (TinyZero's countdown task); ideas only, the differences are stated per function.
+ */
+#ifndef MOERL_REWARDS_H
+#define MOERL_REWARDS_H
+
+#include "data/dataset.h"
+
+typedef int (*reward_fn)(const char *response, const char *ground_truth, double *score);
+
+/* The last number in the response compared numerically with the ground truth (a number).
+ * A number: optional '-' (a sign only when not preceded by a digit, letter or ')'), digits with
+ * optional thousands groups ",ddd", optional ".digits"; compared as exact decimals (so "132",
+ * "132.0" and "0132" all equal 132). No number → 0. Follows the "flexible" extraction idea of
+ * verl's reward_score/gsm8k.py (last number in the text) with numeric instead of string equality.
+ * Error: the ground truth is not a number. */
+int reward_exact_number(const char *response, const char *ground_truth, double *score);
+
+/* verl's GSM8K rule (verl/utils/reward_score/gsm8k.py, method "strict", format_score 0): look only
+ * at the last 300 characters; find every "#### " followed by an optional '-' and a run of digits,
+ * '.' and ','; take the last; drop ',' and '$'; 1.0 if it equals the ground truth string exactly,
+ * else 0.0 (no marker → 0.0). Never errors. */
+int reward_gsm8k(const char *response, const char *ground_truth, double *score);
+
+/* Countdown (task of TinyZero, verl/utils/reward_score/countdown.py, but verified exactly and
+ * with the numbers usable at most once, not exactly once; no partial format score): the equation
+ * is the text of the last <answer>...</answer> if present, else the last non-empty line; it may
+ * end with "= <target>". 1.0 if countdown_verify (data/expr.h) says CD_VALID, else 0.0. Error: the ground truth
+ * is not {"target": int, "numbers": [int, ...]}. */
+int reward_countdown(const char *response, const char *ground_truth, double *score);
+
+/* The reward function for a data_source: "arith" → reward_exact_number; "gsm8k-style", "gsm8k",
+ * "openai/gsm8k" → reward_gsm8k; "countdown" → reward_countdown. NULL with an error naming the
+ * unknown data_source and the known ones. */
+reward_fn reward_fn_for(const char *data_source);
+
+/* Score `response` for dataset row r (its data_source and ground truth); errors name the row's
+ * line. */
+int reward_row(const ds_row *r, const char *response, double *score);
+
+#endif
