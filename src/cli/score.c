@@ -9,32 +9,25 @@
 #include "base/common.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/options.h"
 #include "model/forward.h"
 #include "model/model.h"
 
 int cmd_score(int argc, char **argv) {
-    const char *model_dir = NULL, *tokens_s = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc) model_dir = argv[++i];
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_s = argv[++i];
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: moerl score --model DIR --tokens 1,5,9,...\n"
-                   "prints {\"token_logprobs\": [...], \"ce_loss\": x, \"aux_loss\": y}\n");
-            return 0;
-        } else {
-            fprintf(stderr, "moerl score: unknown or incomplete option '%s' (see --help)\n", argv[i]);
-            return 2;
-        }
-    }
-    if (!model_dir || !tokens_s) {
-        fprintf(stderr, "moerl score: --model DIR and --tokens LIST are required\n");
-        return 2;
-    }
-    int *tokens, T;
-    if (cli_parse_int_list(tokens_s, &tokens, &T) != MOERL_OK) {
-        fprintf(stderr, "moerl score: --tokens: %s\n", moerl_last_error());
-        return 2;
-    }
+    const char *model_dir = NULL;
+    cli_int_list toks = {0};
+    const cli_opt opts[] = {
+        CLI_OPT_STR("model", &model_dir, "DIR", CLI_ONCE | CLI_REQUIRED, "a checkpoint folder (config.json + safetensors)"),
+        CLI_OPT_LIST("tokens", &toks, "1,5,9,...", CLI_ONCE | CLI_REQUIRED, "the token ids to score (at least 2)"),
+    };
+    const cli_spec spec = {.cmd = "score", .synopsis = "--model DIR --tokens 1,5,9,...", .opts = opts,
+                           .n_opts = CLI_NOPTS(opts),
+                           .about = "prints {\"token_logprobs\": [...], \"ce_loss\": x, \"aux_loss\": y}: log p(token[t+1] | "
+                                    "tokens <= t), their negative mean, and the HF load-balancing loss (without "
+                                    "router_aux_loss_coef)"};
+    int code;
+    if (cli_parse(&spec, argc, argv, &code)) return code;
+    int *tokens = toks.v, T = toks.n;
     if (T < 2) {
         fprintf(stderr, "moerl score: --tokens needs at least 2 tokens (got %d)\n", T);
         free(tokens);
