@@ -290,7 +290,10 @@ int cli_parse(const cli_spec *s, int argc, char **argv, int *exit_code) {
     char defs[CLI_MAX_OPTS][CLI_DEF_LEN]; /* the defaults: the values before any argument */
     const char *seen[CLI_MAX_OPTS] = {0};
     if (s->n_opts > CLI_MAX_OPTS) moerl_fatal("moerl %s: %d options, at most %d", s->cmd, s->n_opts, CLI_MAX_OPTS);
-    for (int k = 0; k < s->n_opts; k++) default_text(&s->opts[k], defs[k], CLI_DEF_LEN);
+    for (int k = 0; k < s->n_opts; k++) {
+        if (s->opts[k].key && !s->overrides) moerl_fatal("moerl %s: an option with a key needs overrides", s->cmd);
+        default_text(&s->opts[k], defs[k], CLI_DEF_LEN);
+    }
     if (s->overrides) {
         s->overrides->v = xcalloc(argc > 0 ? argc : 1, sizeof(cli_override));
         s->overrides->n = 0;
