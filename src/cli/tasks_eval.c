@@ -19,6 +19,7 @@
 #include "cli/common.h"
 #include "cli/options.h"
 #include "data/dataset.h"
+#include "data/prompts.h"
 #include "data/tasks.h"
 #include "model/model.h"
 #include "train/train.h"
@@ -159,11 +160,7 @@ int cmd_eval(int argc, char **argv) {
     if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
     if (model_load_hf_inference(&m, model_dir) != MOERL_OK) goto fail;
     if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
-    for (int64_t i = 0; i < dataset_count(&ds); i++)
-        if (tokenizer_chat_check(tok_current(), dataset_row(&ds, i)->prompt, dataset_row(&ds, i)->n_prompt)) {
-            moerl_error_prefix("%s:%lld: prompt: ", data, (long long)dataset_row(&ds, i)->line);
-            goto fail;
-        }
+    if (dataset_check_prompts(&ds) != MOERL_OK) goto fail;
     log_info("eval: greedy responses of at most %lld tokens (--max-new-tokens; a run's data.max_response_length "
              "should match)", (long long)max_new);
     if (eval_accuracy(&m, &ds, n, (int)max_new, 64, &acc, &mlen) != MOERL_OK) {

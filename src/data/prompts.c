@@ -86,3 +86,13 @@ int prompt_file_read(const char *path, tok_seq **out, int *n_out) {
     *n_out = n;
     return MOERL_OK;
 }
+
+int dataset_check_prompts(const dataset *ds) {
+    for (int64_t i = 0; i < dataset_count(ds); i++) {
+        const ds_row *r = dataset_row(ds, i);
+        char w[4300];
+        if (tokenizer_chat_check(tok_current(), r->prompt, r->n_prompt) != MOERL_OK)
+            return moerl_error_prefix("%s: prompt: ", dataset_where(ds, r->line, w, sizeof w));
+    }
+    return MOERL_OK;
+}

@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 
+#include "data/dataset.h"
 #include "data/tokenizer.h"
 
 /* A JSON list of {"role": string, "content": string} messages → *msgs (heap array of *n entries,
@@ -19,5 +20,8 @@ int chat_msgs_from_json(const json_t *list, chat_msg **msgs, int *n);
  * caller frees each with tok_seq_free, then the array). Errors name file:line and what was
  * expected ("field 'prompt': expected ..."), or the file when it has no prompts. */
 int prompt_file_read(const char *path, tok_seq **out, int *n_out);
+/* Every row's prompt of ds can be rendered by the current tokenizer's chat template
+ * (tokenizer_chat_check). The error names the row (dataset_where) and what is wrong. */
+int dataset_check_prompts(const dataset *ds);
 
 #endif
