@@ -186,7 +186,7 @@ static int store_value(const cli_spec *s, const cli_opt *o, const char *flag, co
                         (long long)o->imin, (long long)o->imax, val);
             return 1;
         }
-        *(int64_t *)o->dest = v;
+        if (o->dest) *(int64_t *)o->dest = v;
         break;
     }
     case CLI_FLOAT: {
@@ -195,7 +195,7 @@ static int store_value(const cli_spec *s, const cli_opt *o, const char *flag, co
             parse_error("moerl %s: %s expects a number in [%g, %g], got '%s'\n", s->cmd, flag, o->fmin, o->fmax, val);
             return 1;
         }
-        *(double *)o->dest = v;
+        if (o->dest) *(double *)o->dest = v;
         break;
     }
     case CLI_BOOL:
@@ -203,7 +203,7 @@ static int store_value(const cli_spec *s, const cli_opt *o, const char *flag, co
             parse_error("moerl %s: %s expects true or false, got '%s'\n", s->cmd, flag, val);
             return 1;
         }
-        *(bool *)o->dest = !strcmp(val, "true");
+        if (o->dest) *(bool *)o->dest = !strcmp(val, "true");
         break;
     case CLI_INT_LIST: {
         cli_int_list *l = o->dest, nl;
@@ -211,8 +211,10 @@ static int store_value(const cli_spec *s, const cli_opt *o, const char *flag, co
             parse_error("moerl %s: %s: %s\n", s->cmd, flag, moerl_last_error());
             return 1;
         }
-        free(l->v);
-        *l = nl;
+        if (l) {
+            free(l->v);
+            *l = nl;
+        } else free(nl.v);
         break;
     }
     case CLI_FLAG: break;
@@ -255,7 +257,8 @@ static int parse_option(const cli_spec *s, int argc, char **argv, int *i, const 
             parse_error("moerl %s: %s takes no value (got '%s')\n", s->cmd, flag, a);
             return 1;
         }
-        *(int *)o->dest = 1;
+        if (o->dest) *(int *)o->dest = 1;
+        if (o->key) s->overrides->v[s->overrides->n++] = (cli_override){o->key, "true"};
         *slot = "";
         return 0;
     }

@@ -46,10 +46,12 @@ typedef struct {
 } cli_int_list;
 
 /* One option. name: the long flag without "--" (NULL: short flag only); short_name: 'n' for -n
- * (0: none); dest: the variable it sets (type above; NULL: only key); key: the config key it sets,
- * collected as a key=value override (cli_spec.overrides) in command-line order; meta: the value's
- * name in --help ("DIR", "N"); help: one line; choices: CLI_STR's allowed values "a|b" (NULL: any);
- * given: when non-NULL, set to 1 when the option appears (an option that only applies in one mode). */
+ * (0: none); dest: the variable it sets (type above; NULL: only key); given: when non-NULL, set to
+ * 1 when the option appears (an option that applies in one mode only); key: the config key it sets,
+ * collected as a key=value override (cli_spec.overrides) in command-line order (a CLI_FLAG's as
+ * key=true); meta: the value's name in --help ("DIR", "N"); help: one line; imin..imax, fmin..fmax:
+ * CLI_INT's and CLI_FLOAT's range; choices: CLI_STR's allowed values "a|b" (NULL: any); flags:
+ * CLI_ONCE, CLI_REQUIRED. A CLI_FLAG takes no value; every other type takes one. */
 typedef struct {
     const char *name;
     char short_name;
