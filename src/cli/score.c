@@ -1,7 +1,7 @@
 /* moerl score --model DIR --tokens 1,5,9,...
  * Prints one JSON object: token_logprobs (T−1 values: log p(token[t+1] | tokens ≤ t)),
  * ce_loss (their negative mean) and aux_loss (HF load_balancing_loss_func over all MoE layers,
- * without the router_aux_loss_coef factor). The user's perplexity/debug tool. */
+ * without the router_aux_loss_coef factor; model/score.h). The user's perplexity/debug tool. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,8 +10,8 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/options.h"
-#include "model/forward.h"
 #include "model/model.h"
+#include "model/score.h"
 
 int cmd_score(int argc, char **argv) {
     const char *model_dir = NULL;
@@ -39,40 +39,26 @@ int cmd_score(int argc, char **argv) {
         free(tokens);
         return 1;
     }
-    if (m.cfg.max_position_embeddings > 0 && T > m.cfg.max_position_embeddings) {
-        fprintf(stderr, "moerl score: %d tokens exceed the model's context max_position_embeddings %d\n", T,
-                m.cfg.max_position_embeddings);
-        free(tokens);
-        model_free(&m);
-        return 2;
-    }
-    model_acts a;
-    int cu[2] = {0, T};
-    int rc = 1;
-    int *targets = xmalloc(T * sizeof(int));
-    for (int t = 0; t < T; t++) targets[t] = t + 1 < T ? tokens[t + 1] : -1;
-    if (model_acts_init(&a, &m, T) != MOERL_OK || model_forward(&m, &a, tokens, cu, NULL, 1, T) != MOERL_OK) {
+    /* a sequence longer than the context is a usage error (exit 2), the rest a failure */
+    const int too_long = m.cfg.max_position_embeddings > 0 && T > m.cfg.max_position_embeddings;
+    float *logp = xmalloc((T - 1) * sizeof(float));
+    double ce, aux;
+    int rc = 0;
+    if (model_score_tokens(&m, tokens, T, logp, &ce, &aux) != MOERL_OK) {
         fprintf(stderr, "moerl score: %s\n", moerl_last_error());
-        goto out;
+        rc = too_long ? 2 : 1;
+    } else {
+        json_t *o = json_object(), *lp = json_array();
+        for (int t = 0; t + 1 < T; t++) json_array_append_new(lp, cli_json_real(logp[t]));
+        json_object_set_new(o, "token_logprobs", lp);
+        json_object_set_new(o, "ce_loss", cli_json_real(ce));
+        json_object_set_new(o, "aux_loss", cli_json_real(aux));
+        char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        printf("%s\n", js);
+        free(js);
+        json_decref(o);
     }
-    model_logprobs(&m, &a, targets, 1.0f, 0);
-    json_t *o = json_object(), *lp = json_array();
-    double sum = 0;
-    for (int t = 0; t + 1 < T; t++) {
-        json_array_append_new(lp, cli_json_real(a.logp[t]));
-        sum += a.logp[t];
-    }
-    json_object_set_new(o, "token_logprobs", lp);
-    json_object_set_new(o, "ce_loss", cli_json_real(-sum / (T - 1)));
-    json_object_set_new(o, "aux_loss", cli_json_real(a.aux_loss));
-    char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
-    printf("%s\n", js);
-    free(js);
-    json_decref(o);
-    rc = 0;
-    model_acts_free(&a);
-out:
-    free(targets);
+    free(logp);
     free(tokens);
     model_free(&m);
     return rc;
