@@ -139,7 +139,7 @@ check "eval: no doubled 'eval: eval:'" bash -c "! grep -q 'eval: eval:' '$W/err'
 # flags: unknown / another task's options are errors; help and version
 expect_err "tasks: --digits for countdown" "arith task only" $M tasks --task countdown --digits 3 --out "$W/cd"
 check "tasks: nothing written after a refused flag" test ! -e "$W/cd"
-expect_err "tasks: unknown flag" "unknown or incomplete option '--bogus'" $M tasks --task arith --out "$W/cd" --bogus 1
+expect_err "tasks: unknown flag" "unknown option '--bogus'" $M tasks --task arith --out "$W/cd" --bogus 1
 expect_err "tasks: --numbers for arith" "countdown task only" $M tasks --task arith --numbers 3 --out "$W/cd"
 $M tasks --task countdown --numbers 3 --out "$W/cd3" --n-train 8 --n-test 4 >/dev/null 2>&1
 check "tasks: --numbers 3 gives 3 numbers" grep -q '"numbers": *\[[0-9]*, *[0-9]*, *[0-9]*\]' "$W/cd3/test.jsonl"

@@ -2,7 +2,6 @@
  * A checkpoint folder's weights as a GGUF file llama.cpp loads (architecture qwen3moe; names and
  * metadata: src/model/gguf.h). Used to run llama.cpp on exactly moerl's weights
  * (bench/run_llamacpp.sh, tests/e2e_llamacpp.sh). */
-#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -12,52 +11,24 @@
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "cli/options.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
-static void eg_usage(FILE *f) {
-    fprintf(f, "usage: moerl export-gguf --model DIR --out FILE.gguf [--dtype f32|bf16] [--force]\n"
-               "  --model DIR     a checkpoint folder (config.json + safetensors)\n"
-               "  --out FILE      the GGUF file to write (atomically)\n"
-               "  --dtype T       f32 (default; fp32 is accepted too) or bf16 for the matrices (norm weights stay f32)\n"
-               "  --force         replace an existing --out file\n");
-}
-
 int cmd_export_gguf(int argc, char **argv) {
-    enum { O_MODEL = 1, O_OUT, O_DTYPE, O_FORCE, O_HELP };
-    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
-                                         {"out", required_argument, 0, O_OUT},
-                                         {"dtype", required_argument, 0, O_DTYPE},
-                                         {"force", no_argument, 0, O_FORCE},
-                                         {"help", no_argument, 0, O_HELP},
-                                         {0, 0, 0, 0}};
     const char *model = NULL, *out = NULL, *dtype = "f32";
-    int o, force = 0;
-    optind = 1;
-    opterr = 0;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case O_MODEL: model = optarg; break;
-        case O_OUT: out = optarg; break;
-        case O_DTYPE: dtype = optarg; break;
-        case O_FORCE: force = 1; break;
-        case 'h':
-        case O_HELP: eg_usage(stdout); return 0;
-        default:
-            fprintf(stderr, "moerl export-gguf: unknown or incomplete option '%s'\n", argv[optind - 1]);
-            eg_usage(stderr);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "moerl export-gguf: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (!model || !out) {
-        fprintf(stderr, "moerl export-gguf: --model DIR and --out FILE are required\n");
-        eg_usage(stderr);
-        return 2;
-    }
+    int force = 0;
+    const cli_opt opts[] = {
+        CLI_OPT_STR("model", &model, "DIR", CLI_ONCE | CLI_REQUIRED, "a checkpoint folder (config.json + safetensors)"),
+        CLI_OPT_STR("out", &out, "FILE", CLI_ONCE | CLI_REQUIRED, "the GGUF file to write (atomically)"),
+        CLI_OPT_STR("dtype", &dtype, "T", 0, "f32 (fp32 is accepted too) or bf16 for the matrices (norm weights stay f32)"),
+        CLI_OPT_FLAG("force", &force, "replace an existing --out file"),
+    };
+    const cli_spec spec = {.cmd = "export-gguf", .synopsis = "--model DIR --out FILE.gguf [--dtype f32|bf16] [--force]",
+                           .about = "A checkpoint folder's weights as a GGUF file llama.cpp loads (architecture qwen3moe).",
+                           .opts = opts, .n_opts = CLI_NOPTS(opts)};
+    int code;
+    if (cli_parse(&spec, argc, argv, &code)) return code;
     gguf_export_dtype dt;
     /* never write into the checkpoint being read; an existing file only with --force */
     char model_real[PATH_MAX], out_dir_real[PATH_MAX], out_copy[PATH_MAX];

@@ -20,21 +20,9 @@
 #include "base/config.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/options.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
-
-static void init_usage(FILE *f, const cfg *c) {
-    fprintf(f, "usage: moerl init --out DIR [--config FILE] [--tokenizer-from DIR] [--bf16] [--shard-mb N] "
-               "[model.key=value ...]\n"
-               "  --out DIR             the new checkpoint folder (must not exist or be empty)\n"
-               "  --config FILE         YAML with model.* keys (the keys below), overridden by key=value\n"
-               "  --tokenizer-from DIR  copy that folder's tokenizer files (tokenizer.json, ...); default: moerl's\n"
-               "                        byte tokenizer\n"
-               "  --bf16                store the weights as BF16 (default F32)\n"
-               "  --shard-mb N          shard the weights into files of at most N MB, with an index (default: one file)\n"
-               "keys:\n");
-    if (c) cfg_print_help(c, f);
-}
 
 static int dir_has_files(const char *dir) {
     DIR *d = opendir(dir);
@@ -53,52 +41,32 @@ int cmd_init(int argc, char **argv) {
     cfg_def_str(c, "data.chat_template", "auto", "chat template of the tokenizer (auto | qwen3 | chatml)");
     cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking");
     const char *out = NULL, *config = NULL, *tok_from = NULL;
-    int bf16 = 0, rc = 1;
-    long long shard_mb = 0;
+    int bf16 = 0, rc = 1, code;
+    int64_t shard_mb = 0;
+    cli_overrides ov = {0};
+    const cli_opt opts[] = {
+        CLI_OPT_STR("out", &out, "DIR", CLI_ONCE | CLI_REQUIRED, "the new checkpoint folder (must not exist or be empty)"),
+        CLI_OPT_STR("config", &config, "FILE", CLI_ONCE, "YAML with model.* keys (the keys below), overridden by key=value"),
+        CLI_OPT_STR("tokenizer-from", &tok_from, "DIR", CLI_ONCE,
+                    "copy that folder's tokenizer files (tokenizer.json, ...); default: moerl's byte tokenizer"),
+        CLI_OPT_FLAG("bf16", &bf16, "store the weights as BF16 (default F32)"),
+        CLI_OPT_INT("shard-mb", &shard_mb, "N", 1, 1000000,
+                    "shard the weights into files of at most N MB, with an index; 0 = one file"),
+    };
+    const cli_spec spec = {.cmd = "init", .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = c,
+                           .synopsis = "--out DIR [--config FILE] [--tokenizer-from DIR] [--bf16] [--shard-mb N] "
+                                       "[model.key=value ...]",
+                           .about = "Writes a new, randomly initialised Qwen3-MoE checkpoint folder (Hugging Face "
+                                    "layout) from the model.* keys and prints {\"out\", \"parameters\", "
+                                    "\"vocab_size\", \"tokenizer\", \"files\"}."};
     tokenizer *tok = NULL;
     moe_model m;
     memset(&m, 0, sizeof m);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            init_usage(stdout, c);
-            cfg_free(c);
-            return 0;
-        } else if (!strcmp(a, "--out") && has) out = argv[++i];
-        else if (!strcmp(a, "--config") && has) config = argv[++i];
-        else if (!strcmp(a, "--tokenizer-from") && has) tok_from = argv[++i];
-        else if (!strcmp(a, "--bf16")) bf16 = 1;
-        else if (!strcmp(a, "--shard-mb") && has) {
-            char *end;
-            shard_mb = strtoll(argv[++i], &end, 10);
-            if (end == argv[i] || *end || shard_mb < 1 || shard_mb > 1000000) {
-                fprintf(stderr, "moerl init: --shard-mb expects an integer in [1, 1000000], got '%s'\n", argv[i]);
-                cfg_free(c);
-                return 2;
-            }
-        } else if (a[0] != '-' && strchr(a, '=')) {
-            continue; /* applied after the config file */
-        } else {
-            fprintf(stderr, "moerl init: unknown or incomplete option '%s' (see --help)\n", a);
-            cfg_free(c);
-            return 2;
-        }
-    }
-    if (!out) {
-        fprintf(stderr, "moerl init: --out DIR is required (see --help)\n");
+    if (cli_parse(&spec, argc, argv, &code)) {
         cfg_free(c);
-        return 2;
+        return code;
     }
-    if (config && cfg_load_yaml(c, config) != MOERL_OK) goto fail;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--config") || !strcmp(argv[i], "--tokenizer-from") ||
-            !strcmp(argv[i], "--shard-mb")) {
-            i++;
-            continue;
-        }
-        if (argv[i][0] != '-' && strchr(argv[i], '=') && cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
-    }
+    if ((config && cfg_load_yaml(c, config) != MOERL_OK) || cli_apply_overrides(c, &ov) != MOERL_OK) goto fail;
     if (cfg_str(c, "model.path")[0]) {
         moerl_errorf("model.path is set ('%s'): init makes a new model from the model.* keys", cfg_str(c, "model.path"));
         goto fail;
@@ -143,6 +111,7 @@ fail:
     if (rc) cli_print_error("init", moerl_last_error());
     tokenizer_free(tok);
     model_free(&m);
+    cli_overrides_free(&ov);
     cfg_free(c);
     return rc;
 }

@@ -5,7 +5,6 @@
  *   --decode    the input is a list of ids ("1,5,9", "1 5 9" or a JSON list); prints their text
  *   --chat      the input is a JSON list of {"role", "content"} messages; prints the chat
  *               template's text and ids: {"template": "qwen3", "text": "...", "n": N, "ids": [...]} */
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,206 +13,129 @@
 #include "base/common.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/options.h"
+#include "data/prompts.h"
 #include "data/tokenizer.h"
+#include "model/ckpt_meta.h"
 
-static void tk_usage(FILE *f) {
-    fprintf(f,
-            "usage: moerl tokenize --model DIR (--text S | --file F) [options]\n"
-            "  --model DIR            a model folder (tokenizer.json, or moerl's byte tokenizer)\n"
-            "  --text S | --file F    the input (a file is read as raw bytes)\n"
-            "  --decode               the input is token ids (\"1,5,9\" or a JSON list): print their text\n"
-            "  --skip-special         with --decode: leave out special tokens\n"
-            "  --no-special           encode <|im_end|> etc. written in the text as plain text\n"
-            "  --pieces               also print each token's text\n"
-            "  --chat                 the input is a JSON list of {\"role\", \"content\"} messages: apply the chat\n"
-            "                         template (with the generation prompt) and print its text and ids\n"
-            "  --chat-template NAME   auto (the checkpoint's own, default), qwen3 or chatml\n"
-            "  --no-thinking          Qwen3's enable_thinking=false\n"
-            "  --no-generation-prompt with --chat: leave out the assistant's opening\n");
-}
+typedef struct {
+    const char *model, *text, *file, *tpl;
+    int decode, skip, nospecial, pieces, chat, no_thinking, no_gen;
+} tk_args;
 
-/* The model's vocab_size from DIR/config.json, or 0 when there is none (a tokenizer-only folder). */
-static int read_vocab_size(const char *dir) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    json_error_t je;
-    json_t *o = json_load_file(p, 0, &je);
-    const json_t *v = o ? json_object_get(o, "vocab_size") : NULL;
-    int n = json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30)
-                ? (int)json_integer_value(v) : 0;
-    json_decref(o);
-    return n;
-}
-
-static json_t *ids_json(const tok_seq *s) {
-    json_t *a = json_array();
-    for (int64_t i = 0; i < s->n; i++) json_array_append_new(a, json_integer(s->ids[i]));
-    return a;
-}
-
-static void print_json(json_t *o) {
-    char *js = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
-    printf("%s\n", js);
-    free(js);
-    json_decref(o);
-}
-
-int cmd_tokenize(int argc, char **argv) {
-    enum { O_MODEL = 1, O_TEXT, O_FILE, O_DECODE, O_SKIP, O_NOSPECIAL, O_PIECES, O_CHAT, O_TPL, O_NOTHINK, O_NOGEN, O_HELP };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},   {"text", required_argument, 0, O_TEXT},
-        {"file", required_argument, 0, O_FILE},     {"decode", no_argument, 0, O_DECODE},
-        {"skip-special", no_argument, 0, O_SKIP},   {"no-special", no_argument, 0, O_NOSPECIAL},
-        {"pieces", no_argument, 0, O_PIECES},       {"chat", no_argument, 0, O_CHAT},
-        {"chat-template", required_argument, 0, O_TPL}, {"no-thinking", no_argument, 0, O_NOTHINK},
-        {"no-generation-prompt", no_argument, 0, O_NOGEN}, {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
-    const char *model = NULL, *text = NULL, *file = NULL, *tpl = "auto";
-    int decode = 0, skip = 0, nospecial = 0, pieces = 0, chat = 0, thinking = 1, gen = 1, o;
-    optind = 1;
-    opterr = 0;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case O_MODEL: model = optarg; break;
-        case O_TEXT: text = optarg; break;
-        case O_FILE: file = optarg; break;
-        case O_DECODE: decode = 1; break;
-        case O_SKIP: skip = 1; break;
-        case O_NOSPECIAL: nospecial = 1; break;
-        case O_PIECES: pieces = 1; break;
-        case O_CHAT: chat = 1; break;
-        case O_TPL: tpl = optarg; break;
-        case O_NOTHINK: thinking = 0; break;
-        case O_NOGEN: gen = 0; break;
-        case 'h':
-        case O_HELP: tk_usage(stdout); return 0;
-        default:
-            fprintf(stderr, "moerl tokenize: unknown option or missing value in '%s'\n", argv[optind - 1]);
-            tk_usage(stderr);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "moerl tokenize: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (!model || !text == !file || (decode && chat)) {
+/* The options (table) → a; 0 = go on, else the exit code is in *code. */
+static int tk_parse(int argc, char **argv, tk_args *a, int *code) {
+    const cli_opt opts[] = {
+        CLI_OPT_STR("model", &a->model, "DIR", CLI_ONCE | CLI_REQUIRED,
+                    "a model folder (tokenizer.json, or moerl's byte tokenizer)"),
+        CLI_OPT_STR("text", &a->text, "S", CLI_ONCE, "the input"),
+        CLI_OPT_STR("file", &a->file, "F", CLI_ONCE, "the input, read from a file as raw bytes"),
+        CLI_OPT_FLAG("decode", &a->decode, "the input is token ids (\"1,5,9\" or a JSON list): print their text"),
+        CLI_OPT_FLAG("skip-special", &a->skip, "with --decode: leave out special tokens"),
+        CLI_OPT_FLAG("no-special", &a->nospecial, "encode <|im_end|> etc. written in the text as plain text"),
+        CLI_OPT_FLAG("pieces", &a->pieces, "also print each token's text"),
+        CLI_OPT_FLAG("chat", &a->chat, "the input is a JSON list of {\"role\", \"content\"} messages: apply the chat "
+                                       "template (with the generation prompt) and print its text and ids"),
+        CLI_OPT_STR("chat-template", &a->tpl, "NAME", 0, "auto (the checkpoint's own), qwen3 or chatml"),
+        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "Qwen3's enable_thinking=false"),
+        CLI_OPT_FLAG("no-generation-prompt", &a->no_gen, "with --chat: leave out the assistant's opening"),
+    };
+    const cli_spec spec = {.cmd = "tokenize", .opts = opts, .n_opts = CLI_NOPTS(opts),
+                           .synopsis = "--model DIR (--text S | --file F) [options]",
+                           .about = "The model folder's tokenizer (the one generate, sft, rl and eval use) on a text: "
+                                    "prints {\"tokenizer\", \"n\", \"ids\"} (--chat: also \"template\" and \"text\"; "
+                                    "--decode: the text)."};
+    if (cli_parse(&spec, argc, argv, code)) return 1;
+    if (!a->text == !a->file || (a->decode && a->chat)) {
         fprintf(stderr, "moerl tokenize: --model and exactly one of --text / --file are required (and not both "
                         "--decode and --chat)\n");
-        return 2;
-    }
-    char *buf = NULL;
-    size_t len = 0;
-    if (file) {
-        if (moerl_read_file(file, &buf, &len) != MOERL_OK) {
-            fprintf(stderr, "moerl tokenize: --file: %s\n", moerl_last_error());
-            return 1;
-        }
-    } else {
-        buf = xstrdup(text);
-        len = strlen(text);
-    }
-    int rc = 1;
-    tok_seq s = {0};
-    tokenizer *t = NULL;
-    struct stat mst;
-    if (stat(model, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
-        fprintf(stderr, "moerl tokenize: --model '%s' is not a folder (a checkpoint folder with config.json and the "
-                        "tokenizer files)\n", model);
-        goto out;
-    }
-    t = tokenizer_load(model, read_vocab_size(model));
-    if (!t) {
-        fprintf(stderr, "moerl tokenize: %s\n", moerl_last_error());
-        free(buf);
+        *code = 2;
         return 1;
     }
-    if (decode) {
-        int *ids = NULL, n = 0;
-        for (size_t i = 0; i < len; i++) /* accept "1 5 9", "[1, 5, 9]" and "1,5,9" */
-            if (buf[i] == ' ' || buf[i] == '[' || buf[i] == ']' || buf[i] == '\n' || buf[i] == '\t') buf[i] = ',';
-        char *p = buf;
-        while (*p == ',') p++;
-        char *e = p + strlen(p);
-        while (e > p && e[-1] == ',') *--e = 0;
-        for (char *q = p; *q; q++) /* collapse ",," left by the separators */
-            while (q[0] == ',' && q[1] == ',') memmove(q, q + 1, strlen(q));
-        if (cli_parse_int_list(p, &ids, &n) != MOERL_OK) {
-            fprintf(stderr, "moerl tokenize --decode: %s\n", moerl_last_error());
-            goto out;
-        }
-        for (int i = 0; i < n; i++)
-            if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(t)) {
-                fprintf(stderr, "moerl tokenize --decode: id %d (position %d) is outside the tokenizer's vocabulary "
-                                "0..%d\n", ids[i], i, tokenizer_vocab_size(t) - 1);
-                free(ids);
-                goto out;
-            }
-        for (int i = 0; i < n; i++) tok_seq_push(&s, ids[i]);
-        free(ids);
-        size_t tl;
-        char *txt = tokenizer_decode(t, s.ids, s.n, skip, &tl);
-        if (!txt) {
-            fprintf(stderr, "moerl tokenize --decode: %s\n", moerl_last_error());
-            goto out;
-        }
-        fwrite(txt, 1, tl, stdout);
-        fputc('\n', stdout); /* one line, like every other mode */
-        free(txt);
-        rc = 0;
-        goto out;
+    return 0;
+}
+
+/* --decode: ids ("1 5 9", "[1, 5, 9]" or "1,5,9"; buf is rewritten) → their text on stdout. */
+static int tk_decode(const tokenizer *t, char *buf, size_t len, int skip) {
+    int *ids = NULL, n = 0;
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] == ' ' || buf[i] == '[' || buf[i] == ']' || buf[i] == '\n' || buf[i] == '\t') buf[i] = ',';
+    char *p = buf;
+    while (*p == ',') p++;
+    char *e = p + strlen(p);
+    while (e > p && e[-1] == ',') *--e = 0;
+    for (char *q = p; *q; q++) /* collapse ",," left by the separators */
+        while (q[0] == ',' && q[1] == ',') memmove(q, q + 1, strlen(q));
+    if (cli_parse_int_list(p, &ids, &n) != MOERL_OK) {
+        fprintf(stderr, "moerl tokenize --decode: %s\n", moerl_last_error());
+        return 1;
     }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(t)) {
+            fprintf(stderr, "moerl tokenize --decode: id %d (position %d) is outside the tokenizer's vocabulary "
+                            "0..%d\n", ids[i], i, tokenizer_vocab_size(t) - 1);
+            free(ids);
+            return 1;
+        }
+    size_t tl;
+    char *txt = tokenizer_decode(t, ids, n, skip, &tl);
+    free(ids);
+    if (!txt) {
+        fprintf(stderr, "moerl tokenize --decode: %s\n", moerl_last_error());
+        return 1;
+    }
+    fwrite(txt, 1, tl, stdout);
+    fputc('\n', stdout); /* one line, like every other mode */
+    free(txt);
+    return 0;
+}
+
+/* --chat: the messages in buf through the chat template → res gets "template" and "text", s the ids. */
+static int tk_chat(tokenizer *t, const tk_args *a, const char *buf, size_t len, json_t *res, tok_seq *s) {
+    json_error_t je;
+    json_t *msgs = json_loadb(buf, len, 0, &je);
+    if (!json_is_array(msgs)) {
+        fprintf(stderr, "moerl tokenize --chat: the input must be a JSON list of {\"role\", \"content\"} messages "
+                        "(%s)\n", msgs ? "got another JSON value" : je.text);
+        json_decref(msgs);
+        return 1;
+    }
+    chat_msg *m;
+    int n, bad = chat_msgs_from_json(msgs, &m, &n), rc = 1;
+    char *txt = NULL;
+    if (bad >= 0)
+        fprintf(stderr, "moerl tokenize --chat: message %d: expected {\"role\": string, \"content\": string}\n", bad);
+    else if (tokenizer_set_chat_template(t, a->tpl, !a->no_thinking, "--chat-template") != MOERL_OK ||
+             !(txt = tokenizer_chat_text(t, m, n, !a->no_gen)) || tokenizer_chat_encode(t, m, n, !a->no_gen, s) != MOERL_OK)
+        fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
+    else {
+        json_object_set_new(res, "template", json_string(tokenizer_chat_template_name(t)));
+        json_object_set_new(res, "text", cli_json_text(txt, strlen(txt)));
+        rc = 0;
+    }
+    free(txt);
+    free(m);
+    json_decref(msgs);
+    return rc;
+}
+
+/* Encode (or --chat) buf and print the JSON result. */
+static int tk_encode(tokenizer *t, const tk_args *a, const char *buf, size_t len) {
+    tok_seq s = {0};
     json_t *res = json_object();
     json_object_set_new(res, "tokenizer", json_string(tokenizer_kind(t)));
-    if (chat) {
-        json_error_t je;
-        json_t *msgs = json_loadb(buf, len, 0, &je);
-        if (!json_is_array(msgs)) {
-            fprintf(stderr, "moerl tokenize --chat: the input must be a JSON list of {\"role\", \"content\"} messages "
-                            "(%s)\n", msgs ? "got another JSON value" : je.text);
-            json_decref(msgs);
-            json_decref(res);
-            goto out;
-        }
-        int n = (int)json_array_size(msgs);
-        chat_msg *m = xcalloc(n ? n : 1, sizeof(chat_msg));
-        int ok = 1;
-        for (int i = 0; i < n && ok; i++) {
-            const json_t *r = json_object_get(json_array_get(msgs, i), "role"),
-                         *c = json_object_get(json_array_get(msgs, i), "content");
-            if (!json_is_string(r) || !json_is_string(c)) {
-                fprintf(stderr, "moerl tokenize --chat: message %d: expected {\"role\": string, \"content\": string}\n", i);
-                ok = 0;
-            } else {
-                m[i].role = (char *)json_string_value(r);
-                m[i].content = (char *)json_string_value(c);
-            }
-        }
-        char *txt = NULL;
-        if (ok && (tokenizer_set_chat_template(t, tpl, thinking, "--chat-template") != MOERL_OK ||
-                   !(txt = tokenizer_chat_text(t, m, n, gen)) || tokenizer_chat_encode(t, m, n, gen, &s) != MOERL_OK)) {
-            fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
-            ok = 0;
-        }
-        if (ok) {
-            json_object_set_new(res, "template", json_string(tokenizer_chat_template_name(t)));
-            json_object_set_new(res, "text", cli_json_text(txt, strlen(txt)));
-        }
-        free(txt);
-        free(m);
-        json_decref(msgs);
-        if (!ok) {
-            json_decref(res);
-            goto out;
-        }
-    } else if (tokenizer_encode(t, buf, len, !nospecial, &s) != MOERL_OK) {
+    int rc = 1;
+    if (a->chat) {
+        if (tk_chat(t, a, buf, len, res, &s)) goto out;
+    } else if (tokenizer_encode(t, buf, len, !a->nospecial, &s) != MOERL_OK) {
         fprintf(stderr, "moerl tokenize: %s\n", moerl_last_error());
-        json_decref(res);
         goto out;
     }
+    json_t *ids = json_array();
+    for (int64_t i = 0; i < s.n; i++) json_array_append_new(ids, json_integer(s.ids[i]));
     json_object_set_new(res, "n", json_integer(s.n));
-    json_object_set_new(res, "ids", ids_json(&s));
-    if (pieces) {
+    json_object_set_new(res, "ids", ids);
+    if (a->pieces) {
         json_t *pa = json_array();
         for (int64_t i = 0; i < s.n; i++) {
             size_t pl;
@@ -223,10 +145,41 @@ int cmd_tokenize(int argc, char **argv) {
         }
         json_object_set_new(res, "pieces", pa);
     }
-    print_json(res);
+    char *js = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
+    printf("%s\n", js);
+    free(js);
     rc = 0;
 out:
+    json_decref(res);
     tok_seq_free(&s);
+    return rc;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    tk_args a = {.tpl = "auto"};
+    int code;
+    if (tk_parse(argc, argv, &a, &code)) return code;
+    char *buf = NULL;
+    size_t len = 0;
+    if (a.file) {
+        if (moerl_read_file(a.file, &buf, &len) != MOERL_OK) {
+            fprintf(stderr, "moerl tokenize: --file: %s\n", moerl_last_error());
+            return 1;
+        }
+    } else {
+        buf = xstrdup(a.text);
+        len = strlen(a.text);
+    }
+    struct stat mst;
+    tokenizer *t = NULL;
+    int rc = 1;
+    if (stat(a.model, &mst) != 0 || !S_ISDIR(mst.st_mode))
+        fprintf(stderr, "moerl tokenize: --model '%s' is not a folder (a checkpoint folder with config.json and the "
+                        "tokenizer files)\n", a.model);
+    else if (!(t = tokenizer_load(a.model, checkpoint_vocab_size(a.model))))
+        fprintf(stderr, "moerl tokenize: %s\n", moerl_last_error());
+    else
+        rc = a.decode ? tk_decode(t, buf, len, a.skip) : tk_encode(t, &a, buf, len);
     tokenizer_free(t);
     free(buf);
     return rc;
