@@ -1,11 +1,13 @@
 /* moerl — entry point: dispatches subcommands (the table below; `moerl help` is made from it). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/options.h"
+#include "model/checkpoint.h"
 #include "dist/dist.h"
 
 #define MOERL_VERSION "0.1.0"
@@ -103,6 +105,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (check_launcher(argv[1], argv[0])) return 2;
+    /* MOERL_LOAD=mmap|copy|read: how every command reads checkpoints (model/checkpoint.h) */
+    model_load_opts lo;
+    model_load_opts_default(&lo);
+    if (model_load_mode_parse(getenv("MOERL_LOAD"), "environment variable MOERL_LOAD", &lo.mode) != MOERL_OK) {
+        fprintf(stderr, "moerl: %s\n", moerl_last_error());
+        return 2;
+    }
+    model_set_load_opts(&lo);
     const command *c = find_command(argv[1]);
     if (c) return c->fn(argc - 1, argv + 1);
     fprintf(stderr, "moerl: unknown command '%s'\n", argv[1]);

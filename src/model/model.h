@@ -210,7 +210,7 @@ int model_check_finite(const moe_model *m, const char *where, const char *verb);
 /* Load DIR/config.json and DIR/model.safetensors or DIR/model.safetensors.index.json (sharded).
  * HF names; per-expert tensors stacked. Unknown or missing tensors and shape mismatches are
  * errors naming the tensor and both shapes. Builds the model (model_init_layout: params and
- * grads) and fills the buffer, or adopts the mapped file as the buffer (checkpoint.c, MOERL_LOAD). */
+ * grads) and fills the buffer, or adopts the mapped file as the buffer (checkpoint.c; the mode: model_load_opts, model/checkpoint.h). */
 int model_load_hf(moe_model *m, const char *dir);
 /* model_load_hf without a gradient buffer (grads NULL): for generate, score and eval. */
 int model_load_hf_inference(moe_model *m, const char *dir);
