@@ -61,9 +61,10 @@ endif
 CFLAGS += $(shell pkg-config --cflags libpcre2-8 libutf8proc 2>/dev/null)
 LDLIBS += $(TOK_LIBS)
 # jemalloc (optional, for MOERL_ALLOC=jemalloc): the header gives mallocx's flags; the library is
-# loaded at run time with dlopen(RTLD_LOCAL) by src/base/pool.c, never linked, because Debian's
-# libjemalloc exports unprefixed malloc/free and linking it would replace glibc's malloc for the
-# whole process (then MOERL_ALLOC=malloc would measure jemalloc too).
+# never linked, because Debian's libjemalloc exports unprefixed malloc/free and linking it would
+# replace glibc's malloc for the whole process (then MOERL_ALLOC=malloc would measure jemalloc too).
+# src/base/pool.c uses it when started with LD_PRELOAD=libjemalloc.so.2, or loads it with
+# dlopen(RTLD_LOCAL) under GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 (src/base/pool.h).
 HAVE_JEMALLOC := $(shell test -f /usr/include/jemalloc/jemalloc.h && echo 1)
 ifeq ($(HAVE_JEMALLOC),1)
 CFLAGS += -DMOERL_HAVE_JEMALLOC

@@ -250,7 +250,6 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
 }
 
 int main(int argc, char **argv) {
-    moerl_jemalloc_tls_reexec(argv); /* before anything: dlopen of libjemalloc needs static TLS room */
     const char *traces[16];
     int n_traces = 0, synth = 0, reps = 21;
     const char *json_out = NULL;

@@ -19,6 +19,8 @@ STEPS=${STEPS:-40}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 W=$(mktemp -d /tmp/run_alloc.XXXXXX)
 unset MOERL_ALLOC MOERL_ALLOC_TRACE
+# jemalloc loaded by dlopen needs a larger static TLS surplus (src/base/pool.h); harmless for the others
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.rtld.optional_static_tls=65536
 echo "== 1. trace of a real run (examples/smoke.yaml, MOERL_ALLOC=pool)"
 MOERL_ALLOC=pool MOERL_ALLOC_TRACE=bench/traces/smoke_rl.jsonl "$BUILD/moerl" rl --config examples/smoke.yaml \
     trainer.default_local_dir="$W/rec" trainer.resume_mode=disable >"$W/rec.log" 2>&1

@@ -1,24 +1,12 @@
 #!/usr/bin/env bash
 # End-to-end tests of the command line: score against the PyTorch reference, generate, sft,
 # tasks, eval, and clear errors on bad input. Ends with "N passed, N failed".
-set -u
+EXPECT_ERR_GREP=-qi  # expect_err: case-insensitive patterns
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 M=$BUILD/moerl
 TD=${MOERL_TESTDATA:-$BUILD/testdata}
-PY=/usr/bin/python3
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
 # expect_err "what" "substring" cmd...: non-zero exit below 128 (no crash) and the message
-expect_err() {
-    local what=$1 sub=$2; shift 2
-    "$@" >"$W/out" 2>"$W/err"; local rc=$?
-    if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qi -- "$sub" "$W/err"; then ok
-    else bad "$what (rc $rc): $(head -c 300 "$W/err")"; fi
-}
 
 # --- score agrees with the PyTorch reference (gen_model.py's model_b_score.safetensors)
 toks=$($PY - "$TD/model_b_score.safetensors" <<'PYEOF'
@@ -292,5 +280,4 @@ assert b["accuracy_before"] == a["accuracy_before"], (a, b)
 PYEOF
 check "sft: a rerun with nothing left to do reports the recorded accuracy_after" test $? -eq 0
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish

@@ -6,8 +6,7 @@
 # sanitizer report, broken property, over-sized allocation or slow input fails it. clang is part of
 # the setup (scripts/setup.sh), so a missing clang FAILS. Runs once, with the plain build's suite
 # (BUILD=build); under another BUILD it prints that and "0 passed, 0 failed".
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 if [[ $BUILD != build ]]; then
     echo "e2e_fuzz: runs with the plain suite (BUILD=build); nothing to do for BUILD=$BUILD"
@@ -27,8 +26,6 @@ if ! make -s -j2 fuzz-build >build-fuzz/make.log 2>&1; then
     echo "0 passed, 1 failed"
     exit 1
 fi
-passed=0
-failed=0
 for s in fuzz/fuzz_*.c; do
     t=$(basename "$s" .c)
     t=${t#fuzz_}
@@ -40,5 +37,4 @@ for s in fuzz/fuzz_*.c; do
         failed=$((failed + 1))
     fi
 done
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -5,23 +5,11 @@
 # norm_topk_prob true, untied) and, fed the same tokens, gives the logits moerl's rollout engine
 # gives at every greedy step, and the same greedy token. Also: a model llama.cpp's qwen3moe
 # cannot express is refused with the reason. Ends with "N passed, N failed".
-set -u
+EXPECT_ERR_GREP=-qi  # expect_err: case-insensitive patterns
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 M=$BUILD/moerl
 TD=${MOERL_TESTDATA:-$BUILD/testdata}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-expect_err() {
-    local what=$1 sub=$2; shift 2
-    "$@" >"$W/out" 2>"$W/err"; local rc=$?
-    if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qi -- "$sub" "$W/err"; then ok
-    else bad "$what (rc $rc): $(head -c 300 "$W/err")"; fi
-}
-finish() { echo "$pass passed, $fail failed"; [[ $fail -eq 0 ]]; exit $?; }
 
 # shellcheck source=../bench/llamacpp_build.sh
 source bench/llamacpp_build.sh; rc=$?

@@ -38,34 +38,14 @@
 # mpirun or build/moerl-mpi FAILS. The only way to skip (printing the reason and "0 passed, 0 failed")
 # is to say MPI is not wanted: MOERL_NO_MPI=1 in the environment, or `make test NO_MPI=1`. Prints
 # "N passed, N failed" (each mpirun's summed checks plus the fatal-rank checks); non-zero on failure.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
-if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
-    echo "e2e_mpi: skipped: MOERL_NO_MPI=1 / NO_MPI=1 (MPI not wanted)"
-    echo "0 passed, 0 failed"
-    exit 0
-fi
-if ! command -v mpirun >/dev/null 2>&1; then
-    echo "FAIL e2e_mpi: mpirun is not installed, but the MPI tests are part of the suite: run scripts/setup.sh"
-    echo "     (apt-get install openmpi-bin libopenmpi-dev) and rebuild, or set MOERL_NO_MPI=1 to skip them"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
-if [[ ! -x $BUILD/moerl-mpi ]]; then
-    echo "FAIL e2e_mpi: $BUILD/moerl-mpi is not built although mpirun is installed (is mpicc on PATH? make builds it"
-    echo "     when it finds mpicc); set MOERL_NO_MPI=1 to skip the MPI tests"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
+require_mpi e2e_mpi "$BUILD"
 # Open MPI in containers: allow root, more ranks than cores (idle ranks then yield), no CMA/ptrace
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 # N ranks share the cores: one compute thread each
 MPIRUN=(mpirun --oversubscribe)
-passed=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 run_mpi() {  # label, np, binary, args...
     local label=$1 np=$2 bin=$3
@@ -142,7 +122,6 @@ else
 fi
 
 # --- the MPI edges of the command line
-W=$(mktemp -d)
 M=$BUILD/moerl
 MM=$BUILD/moerl-mpi
 edge() { if "$@"; then passed=$((passed + 1)); else fail "edges: ${EDGE_WHAT}"; fi; }
@@ -409,6 +388,4 @@ resumed "checkpoint of -np 4 ep 2 x fsdp 2 resumed on -np 2 ep 2" 2 "$W/x4" "$W/
 first_steps 2 "$W/x2" once "${SFTX[@]}" actor.expert_parallel_size=2
 resumed "checkpoint of -np 2 ep 2 resumed on -np 4 ep 2 x fsdp 2" 4 "$W/x2" "$W/c1" 5e-5 "${SFTX[@]}" \
     actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
-rm -rf "$W"
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -35,38 +35,11 @@
 # mpirun or build/moerl-mpi FAILS. The only way to skip (printing the reason and "0 passed, 0 failed")
 # is to say MPI is not wanted: MOERL_NO_MPI=1 in the environment, or `make test NO_MPI=1`.
 # Usage: tests/e2e_mpi_rl.sh [BUILD_DIR]; ends with "N passed, N failed", non-zero on failure.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
-if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
-    echo "e2e_mpi_rl: skipped: MOERL_NO_MPI=1 / NO_MPI=1 (MPI not wanted)"
-    echo "0 passed, 0 failed"
-    exit 0
-fi
-if ! command -v mpirun >/dev/null 2>&1; then
-    echo "FAIL e2e_mpi_rl: mpirun is not installed, but the MPI tests are part of the suite: run scripts/setup.sh"
-    echo "     (apt-get install openmpi-bin libopenmpi-dev) and rebuild, or set MOERL_NO_MPI=1 to skip them"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
-if [[ ! -x $BUILD/moerl-mpi ]]; then
-    echo "FAIL e2e_mpi_rl: $BUILD/moerl-mpi is not built although mpirun is installed (is mpicc on PATH? make builds it"
-    echo "     when it finds mpicc); set MOERL_NO_MPI=1 to skip the MPI tests"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
+require_mpi e2e_mpi_rl "$BUILD"
 MOERL_MPI=$BUILD/moerl-mpi
 MOERL=$BUILD/moerl
-PY=/usr/bin/python3
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1: $2"; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [[ $failed -eq 0 ]]
-    exit $?
-}
 if [[ ! -x $MOERL_MPI || ! -x $MOERL ]]; then
     bad "setup" "$MOERL_MPI or $MOERL not built (mpirun is installed: make builds moerl-mpi with mpicc)"
     finish
@@ -75,13 +48,8 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 # ranks share the cores: one compute thread each
-if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-    export OPENBLAS_CORETYPE=Haswell
-fi
 unset MOERL_TEST_FAIL_RANK MOERL_TEST_FAIL_VERSION
-base=${MOERL_TESTDATA:-/tmp}
-mkdir -p "$base"
-WORK=$(mktemp -d "$base/e2e_mpi_rl.XXXXXX")
+WORK=$W
 COMMON=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
         trainer.resume_mode=disable trainer.save_freq=-1)
 # mpi_rl NAME NP T [key=value ...]: output folder $WORK/NAME, log $WORK/NAME.log, JSON $WORK/NAME.json;
@@ -728,5 +696,4 @@ if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -qF "leaves no rollout rank" "$WORK/no
     ok "trainer.n_ranks = world size: exit $rc, no rollout rank left"
 else bad "n_ranks = world size" "exit $rc"; tail_log norollout; fi
 
-if [[ $failed -eq 0 ]]; then rm -rf "$WORK"; else echo "outputs kept in $WORK"; fi
 finish

@@ -15,20 +15,14 @@
 # replicated pipeline of pp_state_new alone): traffic per group and operation
 # equal to the counters, memory per rank within 10% of moerl's accounting; the KL reference sharded
 # as the actor (trainer_shard_ref) gives the unsharded reference's logprobs and holds the actor's floats.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 M=$BUILD/moerl
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+OUT=$W
 
 # --- the published config
 j=$($M plan --model examples/qwen3_30b_a3b --json 2>"$OUT/err") || fail "plan --model examples/qwen3_30b_a3b: $(cat "$OUT/err")"
-n=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["n_params_hf"])' 2>/dev/null)
+n=$(echo "$j" | json_field n_params_hf 2>/dev/null)
 [[ $n == 30532122624 ]] && ok || fail "Qwen3-30B-A3B parameters: plan says '$n', the model card 30532122624"
 $M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipeline_parallel_size=3 >/dev/null 2>"$OUT/err"
 [[ $? -eq 1 ]] && grep -q "pipeline_parallel_size" "$OUT/err" && ok || fail "pp=3 over 8 ranks not refused by name: $(cat "$OUT/err")"
@@ -45,7 +39,7 @@ done
 # data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
 # and rl's "no limit" (0, the default) is planned as 512
 mml() { $M plan --config examples/smoke.yaml --json "$@" 2>/dev/null |
-    /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["max_model_len"])' 2>/dev/null; }
+    json_field max_model_len 2>/dev/null; }
 [[ $(mml data.max_prompt_length=100) == 108 && $(mml) == 520 ]] && ok ||
     fail "plan's max_model_len: $(mml data.max_prompt_length=100) with data.max_prompt_length=100 (want 108), $(mml) by default (want 520)"
 # data.filter_overlong_prompts=true without data.max_prompt_length (it would drop nothing) is refused with
@@ -95,7 +89,7 @@ done
 # replayed passes (the timeout only tells a hang from an answer)
 j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 \
     actor.ppo_mini_batch_size=1000000000 2>"$OUT/err")
-mb=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["micro_batches"])' 2>/dev/null)
+mb=$(echo "$j" | json_field micro_batches 2>/dev/null)
 [[ $mb == 128906250 ]] && ok || fail "plan of 10^9 sequences per mini-batch: micro_batches '$mb' (want 128906250): $(cat "$OUT/err")"
 # actor.use_kl_loss: the reference is sharded as the actor (fp32): FSDP's shard, gathered in its own
 # forward-only pass (one logprob pass's collectives); plain data parallel keeps the whole padded layout
@@ -241,5 +235,4 @@ PY
 LAYOUTS
     fi
 fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

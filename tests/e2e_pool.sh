@@ -1,42 +1,35 @@
 #!/usr/bin/env bash
 # End-to-end tests of the allocator switch (src/base/pool.h) on the main job: `moerl rl` on the smoke
 # config with MOERL_ALLOC=pool (the pool's statistics at exit and in metrics.jsonl, an allocation trace
-# whose allocations are all freed, the trace replays in bench_alloc), with jemalloc when the build has it,
-# and the same lockstep run giving byte-identical checkpoints under malloc, pool and jemalloc; bad values
-# of MOERL_ALLOC and MOERL_POOL_* are refused with a message naming the variable.
+# whose allocations are all freed, the trace replays in bench_alloc), with jemalloc when the build has it
+# (both documented starts: loaded by moerl under GLIBC_TUNABLES, and LD_PRELOAD), and the same lockstep
+# run giving byte-identical checkpoints under malloc, pool and jemalloc; bad values of MOERL_ALLOC and
+# MOERL_POOL_* are refused with a message naming the variable, and so is jemalloc started without either.
 # Usage: tests/e2e_pool.sh [BUILD_DIR]. Ends with "N passed, N failed"; non-zero on any failure.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 MOERL=$BUILD/moerl
-PY=/usr/bin/python3
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1: $2"; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [[ $failed -eq 0 ]]
-    exit $?
-}
 [[ -x $MOERL ]] || { bad setup "$MOERL not built"; finish; }
-base=${MOERL_TESTDATA:-/tmp}
-mkdir -p "$base"
-WORK=$(mktemp -d "$base/e2e_pool.XXXXXX")
+WORK=$W
 export OMP_NUM_THREADS=1
 unset MOERL_ALLOC MOERL_ALLOC_TRACE MOERL_POOL_MIN_BLOCK MOERL_POOL_MAX_BLOCK MOERL_POOL_CAPACITY MOERL_POOL_RESERVE
 LOCK=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
       trainer.resume_mode=disable trainer.save_freq=0 async_training.mode=lockstep trainer.total_training_steps=8
       async_training.staleness_threshold=1.0)
-run() {  # NAME ALLOC [key=value ...]
-    local name=$1 alloc=$2
+JE_TLS=glibc.rtld.optional_static_tls=65536
+run() {  # NAME ALLOC [key=value ...]; ALLOC jemalloc: dlopen'ed by moerl (GLIBC_TUNABLES); jemalloc_preload: LD_PRELOAD
+    local name=$1 alloc=$2 pre=()
     shift 2
-    MOERL_ALLOC=$alloc MOERL_ALLOC_TRACE=$WORK/$name.trace.jsonl "$MOERL" rl --config examples/smoke.yaml \
+    case $alloc in
+    jemalloc) pre=(GLIBC_TUNABLES=$JE_TLS) ;;
+    jemalloc_preload) alloc=jemalloc pre=(LD_PRELOAD=libjemalloc.so.2) ;;
+    esac
+    env "${pre[@]}" MOERL_ALLOC=$alloc MOERL_ALLOC_TRACE=$WORK/$name.trace.jsonl "$MOERL" rl --config examples/smoke.yaml \
         trainer.default_local_dir="$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
 }
 allocs=(malloc pool)
 if [[ -f /usr/include/jemalloc/jemalloc.h ]]; then  # the Makefile's detection
-    allocs+=(jemalloc)
+    allocs+=(jemalloc jemalloc_preload)
 else
     echo "note: this build has no jemalloc: skipping MOERL_ALLOC=jemalloc"
 fi
@@ -102,6 +95,10 @@ expect_bad alloc "MOERL_ALLOC='bogus'" MOERL_ALLOC=bogus
 expect_bad min_block "MOERL_POOL_MIN_BLOCK" MOERL_ALLOC=pool MOERL_POOL_MIN_BLOCK=4X
 expect_bad max_block "max_block must be a power of two" MOERL_ALLOC=pool MOERL_POOL_MAX_BLOCK=3M
 expect_bad reserve "MOERL_POOL_RESERVE" MOERL_ALLOC=pool MOERL_POOL_RESERVE=2
+if [[ " ${allocs[*]} " == *" jemalloc "* ]]; then  # no re-exec: started without either way, a clear refusal
+    expect_bad jemalloc_tls "start the process with LD_PRELOAD=libjemalloc.so.2" -u LD_PRELOAD -u GLIBC_TUNABLES \
+        MOERL_ALLOC=jemalloc
+fi
 # a pool too small for the run: refusals fall back to malloc, the run completes and counts them
 if MOERL_ALLOC=pool MOERL_POOL_MIN_BLOCK=64K MOERL_POOL_MAX_BLOCK=1M MOERL_POOL_CAPACITY=2M "$MOERL" rl \
     --config examples/smoke.yaml "${LOCK[@]}" trainer.default_local_dir="$WORK/tiny" >"$WORK/tiny.log" 2>&1 &&
@@ -110,5 +107,4 @@ if MOERL_ALLOC=pool MOERL_POOL_MIN_BLOCK=64K MOERL_POOL_MAX_BLOCK=1M MOERL_POOL_
     cmp -s "$WORK/lock_malloc/checkpoint/model.safetensors" "$WORK/tiny/checkpoint/model.safetensors"; then
     ok "exhausted / oversize pool: malloc fallback, counted, same checkpoint"
 else bad "pool fallback" "$(tail -3 "$WORK/tiny.log")"; fi
-rm -rf "$WORK"
 finish

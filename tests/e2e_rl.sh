@@ -6,34 +6,18 @@
 # fully_async_policy's (verl recipe/fully_async_policy/README.md; docs/rl.md).
 # Usage: tests/e2e_rl.sh [BUILD_DIR]   (default build; uses BUILD_DIR/moerl)
 # Prints one line per check and ends with "N passed, N failed"; exits non-zero on any failure.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 MOERL=$BUILD/moerl
-PY=/usr/bin/python3
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1: $2"; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [[ $failed -eq 0 ]]
-    exit $?
-}
 if [[ ! -x $MOERL ]]; then
     bad "setup" "$MOERL not built"
     finish
 fi
-base=${MOERL_TESTDATA:-/tmp}
-mkdir -p "$base"
-WORK=$(mktemp -d "$base/e2e_rl.XXXXXX")
+WORK=$W
 # One compute thread per process: the suite shares 2 cores with other jobs, and OpenMP teams
 # spanning all cores of a loaded machine spin against each other (a lockstep run went from 0.6 s
 # to 16 s). The roles' own thread settings (async_training.*_threads) are 1 by default.
 export OMP_NUM_THREADS=1
-if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-    export OPENBLAS_CORETYPE=Haswell
-fi
 
 # Toy-scale overrides of the smoke config: no warm start, no held-out eval, 1 thread, no
 # checkpoints unless a test asks, always a fresh start.
@@ -613,5 +597,4 @@ sys.exit(0 if r['training/global_step'] == 1 and r['timing_s/gen'] > 0 and r['tr
 " "$WORK/first_wait/metrics.jsonl"; then ok "step 1: timing_s/gen and trainer/idle_ratio count the first wait"
 else bad "step 1 first wait" "exit $?, or version 1 shows no wait"; tail_log first_wait; fi
 
-if [[ $failed -eq 0 ]]; then rm -rf "$WORK"; else echo "outputs kept in $WORK"; fi
 finish

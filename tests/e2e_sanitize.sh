@@ -10,8 +10,7 @@
 # hwloc are suppressed by tests/lsan.supp (never moerl's own); races the lead still has to fix are
 # listed, one function each, in tests/tsan.supp (delete a line once its race is fixed).
 # The whole suite under ASan + UBSan: `make SANITIZE=address,undefined && BUILD=build-san bash tests/run.sh`.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 ROOT=$PWD
 BUILD=${1:-build}
 if [[ $BUILD != build ]]; then
@@ -19,18 +18,12 @@ if [[ $BUILD != build ]]; then
     echo "0 passed, 0 failed"
     exit 0
 fi
-W=$(mktemp -d /tmp/moerl_e2e_sanitize.XXXXXX)
-trap 'rm -rf "$W"' EXIT
 export ASAN_OPTIONS=detect_leaks=1
 export LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS="suppressions=$ROOT/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export MOERL_TESTDATA=${MOERL_TESTDATA:-build/testdata}
-passed=0
-failed=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
 REPORT='ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|SUMMARY: UndefinedBehaviorSanitizer'
 # check_log NAME RC LOG: passes when rc is 0 and the log holds no sanitizer report
 check_log() {
@@ -113,5 +106,4 @@ else
         sft.total_training_steps=0 trainer.total_training_steps=6 trainer.n_threads=1 async_training.mode=async \
         trainer.default_local_dir="$W/tsan_run"
 fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

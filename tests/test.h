@@ -1,5 +1,7 @@
 /* Minimal test harness: CHECK counts, each test binary ends with "N passed, N failed"
- * and exits non-zero on any failure. */
+ * (TEST_MAIN_END) and exits non-zero on any failure. tests/run.sh reads that line: a binary that
+ * exits 0 without printing it counts as failed, so every path out of main goes through
+ * TEST_MAIN_END. */
 #ifndef MOERL_TEST_H
 #define MOERL_TEST_H
 #include <math.h>

@@ -552,46 +552,28 @@ static void alloc_init(void) {
     if (G.trace_path || G.kind == MOERL_ALLOC_POOL) atexit(at_exit);
 }
 
-/* Debian's libjemalloc uses initial-exec TLS; dlopen can only place it in the static TLS surplus, which
- * glibc sizes at exec time (glibc.rtld.optional_static_tls, 512 bytes by default: "cannot allocate memory
- * in static TLS block"). So the process re-executes itself once with a larger surplus appended to
- * GLIBC_TUNABLES (MOERL_JEMALLOC_REEXEC marks the second start). */
-void moerl_jemalloc_tls_reexec(char **argv) {
-#ifdef MOERL_HAVE_JEMALLOC
-    if (!argv || !argv[0] || getenv("MOERL_JEMALLOC_REEXEC")) return;
-    const char *old = getenv("GLIBC_TUNABLES");
-    if (old && strstr(old, "glibc.rtld.optional_static_tls")) return; /* the user chose a value */
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s%sglibc.rtld.optional_static_tls=65536", old ? old : "", old && *old ? ":" : "");
-    setenv("GLIBC_TUNABLES", buf, 1);
-    setenv("MOERL_JEMALLOC_REEXEC", "1", 1);
-    execv("/proc/self/exe", argv); /* only returns on failure: then dlopen reports the problem */
-#else
-    (void)argv;
-#endif
-}
-
-#ifdef MOERL_HAVE_JEMALLOC
-/* With MOERL_ALLOC=jemalloc, before main (glibc passes argc, argv, envp to constructors). */
-__attribute__((constructor)) static void jemalloc_tls_ctor(int argc, char **argv, char **envp) {
-    (void)envp;
-    const char *a = getenv("MOERL_ALLOC");
-    if (argc >= 1 && a && !strcmp(a, "jemalloc")) moerl_jemalloc_tls_reexec(argv);
-}
-#endif
-
 static pthread_once_t je_once = PTHREAD_ONCE_INIT;
 static moerl_jemalloc_api je_api;
 static char je_err[600];
 
+/* Debian's libjemalloc uses initial-exec TLS, which glibc can place in a library loaded after start only
+ * within the static TLS surplus it sized at exec time (glibc.rtld.optional_static_tls, 512 bytes by
+ * default: "cannot allocate memory in static TLS block"). So the library is used as the process was
+ * started: already loaded (LD_PRELOAD, found by RTLD_NOLOAD), or loaded here with RTLD_LOCAL when the
+ * surplus is large enough (GLIBC_TUNABLES); the process is never re-executed. */
 static void je_load_once(void) {
 #ifdef MOERL_HAVE_JEMALLOC
-    void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+    void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
+        const char *why = dlerror();
         snprintf(je_err, sizeof je_err,
-                 "cannot load libjemalloc.so.2 (%s): install libjemalloc2 (scripts/setup.sh); a static TLS error "
-                 "means GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 is missing",
-                 dlerror());
+                 "cannot load libjemalloc.so.2 (%s). %s", why ? why : "unknown error",
+                 why && strstr(why, "static TLS")
+                     ? "glibc loads jemalloc after start only with a larger static TLS surplus: start the process with "
+                       "LD_PRELOAD=libjemalloc.so.2 (jemalloc then serves every allocation) or with "
+                       "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 (only the buffers)"
+                     : "Install libjemalloc2 (scripts/setup.sh)");
         return;
     }
     je_api.mallocx = (void *(*)(size_t, int))dlsym(h, "mallocx");

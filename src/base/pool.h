@@ -26,10 +26,17 @@
  *    residual). The environment variable MOERL_ALLOC picks the allocator for the whole process:
  *      malloc   (default) glibc aligned_alloc + zero fill — exactly xalloc_aligned;
  *      pool     the buddy pool above (one per process, created on first use);
- *      jemalloc Debian's libjemalloc, mallocx/dallocx, loaded with dlopen(RTLD_LOCAL) so that it
- *               does not replace glibc's malloc for the rest of the process (linking it would:
- *               Debian builds it without a symbol prefix); needs a build that found
- *               jemalloc/jemalloc.h (Makefile prints "jemalloc found").
+ *      jemalloc Debian's libjemalloc, mallocx/dallocx; needs a build that found jemalloc/jemalloc.h
+ *               (Makefile prints "jemalloc found"). The library needs more static TLS than glibc
+ *               leaves for loading it after start, so start the process one of two ways:
+ *                 LD_PRELOAD=libjemalloc.so.2 MOERL_ALLOC=jemalloc moerl ...
+ *                   jemalloc is loaded at exec and also replaces glibc's malloc for the whole process
+ *                   (Debian builds it without a symbol prefix);
+ *                 GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 MOERL_ALLOC=jemalloc moerl ...
+ *                   moerl loads it with dlopen(RTLD_LOCAL) on first use and only the buffers use it;
+ *                   the rest of the process keeps glibc's malloc.
+ *               Without either, the first buffer allocation stops the process with a message naming
+ *               both (the process is never re-executed behind the user's back).
  *    Pool settings: MOERL_POOL_MIN_BLOCK, MOERL_POOL_MAX_BLOCK, MOERL_POOL_CAPACITY (bytes, with an
  *    optional K/M/G suffix, powers of 1024; capacity default = physical RAM), MOERL_POOL_RESERVE
  *    (fraction in [0, 1]). Bad values stop the process with a message naming the variable.
@@ -123,7 +130,8 @@ void *moerl_buf_alloc_at(size_t n, const char *tag, const char *file, int line);
 /* Free a buffer of moerl_buf_alloc. NULL is a no-op. */
 void moerl_buf_free(void *ptr);
 
-/* jemalloc's API, loaded with dlopen(RTLD_LOCAL) (see above). */
+/* jemalloc's API: the library already in the process (LD_PRELOAD) or loaded with dlopen(RTLD_LOCAL)
+ * (see MOERL_ALLOC=jemalloc above). */
 typedef struct {
     void *(*mallocx)(size_t size, int flags);
     void (*dallocx)(void *ptr, int flags);
@@ -131,14 +139,9 @@ typedef struct {
     int flags_align64; /* MALLOCX_ALIGN(64) */
     int flag_zero;     /* MALLOCX_ZERO */
 } moerl_jemalloc_api;
-/* Load libjemalloc.so.2 once. MOERL_ERR with a message when the build has no jemalloc or it cannot be
- * loaded. Thread-safe. */
+/* Find or load libjemalloc.so.2 once. MOERL_ERR with a message when the build has no jemalloc or it
+ * cannot be loaded (the static TLS case names LD_PRELOAD and GLIBC_TUNABLES). Thread-safe. */
 int moerl_jemalloc_load(moerl_jemalloc_api *api);
-/* Debian's libjemalloc needs more static TLS than glibc leaves for dlopen: re-execute the program
- * (argv of main) once with GLIBC_TUNABLES=...:glibc.rtld.optional_static_tls=65536. Returns at once when
- * already done, when the user set that tunable, or when the build has no jemalloc; returns after a
- * failed exec. Done automatically before main when MOERL_ALLOC=jemalloc; bench/bench_alloc calls it. */
-void moerl_jemalloc_tls_reexec(char **argv);
 
 /* The process pool's statistics: MOERL_OK when MOERL_ALLOC=pool and the pool exists, else MOERL_ERR
  * (st untouched). */
