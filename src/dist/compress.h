@@ -15,8 +15,8 @@
  *   momentum the same way after an uncompressed warm-up).
  * Clipping "at 1.0 after decompression" is the optimizer's global-norm clip (actor.optim.clip_grad)
  * applied to the reduced gradient, as before. */
-#ifndef MOERL_COMPRESS_H
-#define MOERL_COMPRESS_H
+#ifndef MOERL_DIST_COMPRESS_H
+#define MOERL_DIST_COMPRESS_H
 
 #include <stddef.h>
 #include <stdint.h>
