@@ -777,8 +777,8 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
                                 n, V);
     if (c->exec.ep_size > 1 && !moe_dispatch_par(a->par))
         return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
-                            "activations carry no MoE dispatch hook (model_acts.par, forward.h's model_hooks; "
-                            "src/parallel/ep.c)", c->exec.ep_rank,
+                            "activations carry no MoE dispatch hook (model_acts.par: a runtime whose model_hooks has "
+                            "moe_forward, e.g. src/parallel's par_state with its ep_state)", c->exec.ep_rank,
                             c->exec.ep_size);
     if (sp && h->attn_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
     a->N = n_loc;
