@@ -120,6 +120,7 @@ static void bench_ep(int reps, int tokens, int layers, double factor) {
     for (int r = -1; r < reps; r++)
         for (int d = 0; d < 2; d++) {
             ps.ep = eps[d];
+            par_bind_hooks(&ps);
             const ep_stats s0 = ep_get_stats(eps[d]);
             const double b0 = dist_comm_bytes(g.ep_comm, DIST_OP_ALLTOALL);
             world_barrier();
@@ -210,6 +211,7 @@ static void bench_sp(int reps, const int *sps, int nsp, int n_seqs, int seq_len)
         const int per = n_seqs / g.dp, mb = per * seq_len;
         par_state ps = {.grid = &g};
         if (sp > 1) ps.sp = sp_state_new(&g, &c, mb);
+        par_bind_hooks(&ps);
         model_acts a;
         const int acts_tokens = (mb + sp - 1) / sp;
         MOERL_ASSERT(model_acts_init(&a, &m, acts_tokens) == MOERL_OK);

@@ -277,11 +277,13 @@ int main(int argc, char **argv) {
     }
     int layers = 8, nseq = 16, seq_len = 64, reps = 5, min_mb[8] = {64}, nmin = 1, fixed[8] = {0}, nfixed = 0;
     int memory = 0, pps[8] = {2, 4, 8}, npp = 3, vpps[8] = {1}, nvpp = 1, owned = 0;
+    int progress_us = pp_options_default().progress_us; /* --progress-us: the MPI progress thread's period, 0 = off */
     const char *config_json = NULL;
     static const struct option lo[] = {{"layers", 1, 0, 'l'}, {"seqs", 1, 0, 's'}, {"seq-len", 1, 0, 'n'},
                                        {"reps", 1, 0, 'r'},   {"fixed", 1, 0, 'f'}, {"min-mb-tokens", 1, 0, 'm'},
                                        {"memory", 0, 0, 'M'}, {"config-json", 1, 0, 'c'}, {"pp", 1, 0, 'p'},
-                                       {"vpp", 1, 0, 'v'},    {"owned", 1, 0, 'o'},     {0, 0, 0, 0}};
+                                       {"vpp", 1, 0, 'v'},    {"owned", 1, 0, 'o'},     {"progress-us", 1, 0, 'u'},
+                                       {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (ch == 'l') layers = atoi(optarg);
         else if (ch == 's') nseq = atoi(optarg);
@@ -294,9 +296,10 @@ int main(int argc, char **argv) {
         else if (ch == 'p') npp = parse_list(optarg, pps, 8);
         else if (ch == 'v') nvpp = parse_list(optarg, vpps, 8);
         else if (ch == 'o') owned = atoi(optarg);
+        else if (ch == 'u') progress_us = atoi(optarg);
         else {
             fprintf(stderr, "usage: bench_dist_pipeline [--layers L] [--seqs N] [--seq-len T] [--reps R] "
-                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] [--vpp v1,v2] [--owned D] | --memory | --config-json F [--pp a,b]\n");
+                            "[--fixed m1,m2] [--min-mb-tokens K1,K2] [--vpp v1,v2] [--owned D] [--progress-us U] | --memory | --config-json F [--pp a,b]\n");
             return 2;
         }
     }
@@ -385,6 +388,7 @@ int main(int argc, char **argv) {
         po.balance_seq_len = seq_len;
         po.quiet = (k > 0 && cf[k].v == cf[k - 1].v) || rank != 0;
         po.virtual_stages = cf[k].v;
+        po.progress_us = progress_us;
         const int cap = cf[k].fixed_m ? MOERL_MAX(seq_len, (T / cf[k].fixed_m / seq_len) * seq_len) : cap_max;
         pp_state *ps = pp_state_new(&g, &m, &po);
         if (!ps) {
@@ -392,11 +396,13 @@ int main(int argc, char **argv) {
             return 1;
         }
         par_state par = {.grid = &g, .pp = ps};
+        par_bind_hooks(&par);
         train_step_opts to = {.max_tokens = cap, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef, .par = &par};
         po.quiet = 1;
         po.virtual_stages = 1; /* the one-stage peer */
         pp_state *ps1 = pp_state_new(&g1, &m, &po);
         par_state par1 = {.grid = &g1, .pp = ps1};
+        par_bind_hooks(&par1);
         train_step_opts t1 = to;
         t1.par = &par1;
         int mbs = 0;

@@ -4,7 +4,7 @@
 # theory (p−1)/(v·m+p−1), for fixed micro-batch counts 2, 4, 8 with and without look-ahead receives,
 # and the dynamic count (4..16 from the token budget, micro-batches of at least 64 or 128 tokens);
 # the same rows with the interleaved schedule (v = 2 chunks per stage) in the same run; then m = 2 with the progress thread off
-# (MOERL_PP_PROGRESS_US=0). The one-rank peer is a one-stage pipeline (same code) on rank 0.
+# (--progress-us 0). The one-rank peer is a one-stage pipeline (same code) on rank 0.
 # Then stage-owned dp 2 x pp 2 (-np 4): the exposed gradient sum over a stage's data-parallel ranks,
 # after the schedule against overlapped with the cool-down (v = 2; v = 1 has nothing to overlap).
 # Then the model state per rank (stage-owned against replicated): measured with 2 and 4 stages on the
@@ -31,7 +31,7 @@ run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4,8 --min-mb-tokens 64,128 --vpp 1,2 "$@"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# without the progress thread"
-MOERL_PP_PROGRESS_US=0 run mpirun --oversubscribe -np 2 -x MOERL_PP_PROGRESS_US "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2 "$@"
+run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2 --progress-us 0 "$@"
 echo "# stage-owned dp 2 x pp 2: the stage's gradient sum after the schedule against overlapped with the cool-down"
 run mpirun --oversubscribe -np 4 "$BUILD/mpi/bench/bench_dist_pipeline" --owned 2 --vpp 1,2 --fixed 4 --reps 5
 echo "# model state per rank: stage-owned against replicated"

@@ -1,4 +1,4 @@
-/* Gradient compression codecs (src/parallel/compress.h): the threshold τ = 2·median|x| against a
+/* Gradient compression codecs (src/dist/compress.h): the threshold τ = 2·median|x| against a
  * sort, exactly the elements above τ travel, onebit's sign and per-chunk mean |x|, error feedback
  * (what is decompressed plus the new residual equals the gradient plus the old residual, to fp32
  * rounding), error feedback over many steps (the sum of what was applied trails the sum of the true
@@ -9,7 +9,7 @@
 
 #include "base/common.h"
 #include "base/rng.h"
-#include "parallel/compress.h"
+#include "dist/compress.h"
 #include "test.h"
 
 static int cmp_float(const void *a, const void *b) {

@@ -12,7 +12,7 @@
 #include "base/rng.h"
 #include "dist/dist.h"
 #include "model/model.h"
-#include "parallel/compress.h"
+#include "dist/compress.h"
 #include "test.h"
 
 #define K_STEPS 4

@@ -71,6 +71,7 @@ static void run_ep(const fx_batch *b, const moe_model *init, moe_dispatcher disp
     CHECK_R(ep != NULL, "ep_state_new: %s", RANK, moerl_last_error());
     if (!ep) exit(1);
     par_state ps = {.grid = &g, .ep = ep};
+    par_bind_hooks(&ps);
     model_acts a;
     MOERL_ASSERT(model_acts_init(&a, &m, FX_MAX_TOKENS) == MOERL_OK);
     a.par = &ps; /* compute_router_counts runs the model too */

@@ -163,6 +163,7 @@ static void run(int fsdp, int tied) {
         ps.ctx = g_ctx;
         ps.grid = &solo;
         ps.fsdp = fsdp_state_new(&m, solo.fsdp_comm, NULL);
+        par_bind_hooks(&ps);
     } else {
         cfg *c = cfg_new();
         par_def_keys(c);

@@ -207,6 +207,7 @@ static void run_pipeline(int pp, int global_aux, float *losses, moe_model *m, pp
     CHECK_R(ps != NULL, "pp_state_new: %s", RANK, moerl_last_error());
     if (!ps) return;
     par_state par = {.grid = &g, .pp = ps};
+    par_bind_hooks(&par);
     /* stages are summed like data-parallel ranks: one reducer over every trainer (pp stages × dp) */
     dist_grad_reducer *r = dist_reducer_new(g_ctx, m, 0.002, DIST_OVERLAP_THREAD); /* small buckets: many */
     CHECK_R(r != NULL, "reducer: %s", RANK, moerl_last_error());
@@ -594,6 +595,7 @@ static void test_guard(int pp) {
     for (int dyn = 0; dyn <= 1; dyn++) {
         pp_state *ps = guard_state(&f, dyn, 0);
         par_state par = {.grid = &f.g, .pp = ps};
+        par_bind_hooks(&par);
         /* dynamic: pp − 1 sequences can make at most pp − 1 micro-batches; fixed packing: 3 sequences
          * (30 tokens) fit one micro-batch of 64 tokens */
         const int n = dyn ? pp - 1 : 3;
@@ -957,6 +959,7 @@ static void test_guard_interleaved(int pp) {
     for (int dyn = 0; dyn <= 1; dyn++) {
         pp_state *ps = guard_state(&f, dyn, 2);
         par_state par = {.grid = &f.g, .pp = ps};
+        par_bind_hooks(&par);
         /* 12 sequences packed by 20 tokens make 7 micro-batches */
         train_step_opts to = {.max_tokens = 20, .temperature = 1.0f, .aux_coef = 0.02f, .par = &par};
         train_step_out so;

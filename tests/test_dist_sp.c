@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
         CHECK_R(ps.ep != NULL, "ep_state_new: %s", RANK, moerl_last_error());
         if (!ps.ep) return 1;
     }
+    par_bind_hooks(&ps);
     model_acts a;
     /* activations for this rank's share of a micro-batch only: the point of SP */
     MOERL_ASSERT(model_acts_init(&a, &m, (FX_MAX_TOKENS + g.sp - 1) / g.sp) == MOERL_OK);

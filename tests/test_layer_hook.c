@@ -8,6 +8,10 @@
  *   - installing the hook changes nothing: gradients equal a run without it;
  *   - train_accumulate installs the hook for the last micro-batch only (three micro-batches: the
  *     hook sees each group once, after the last backward).
+ * And the model-parallel hook tables (model/forward.h's model_hooks, train/train.h's train_par_hooks)
+ * with a runtime of the test's own: the layer events come in model_forward / model_backward's order
+ * and change nothing; train_accumulate / compute_logprobs / compute_router_counts hand the whole loop
+ * to the runtime's hooks when set; an expert-sliced model refuses activations without a MoE hook.
  * Untied and tied embeddings (tied: the LM head's gradient lands in the embedding, group −1), a
  * MoE and a dense layer, dentropy and the aux loss on, random model and tokens. */
 #include <stdlib.h>
@@ -169,9 +173,136 @@ static void test_train_accumulate_hook(void) {
     model_free(&m);
 }
 
+/* A runtime of the test's own: the head the hooks need, then the events the layer hook saw. */
+typedef struct {
+    train_par_head head;
+    int ev[256][2]; /* (phase, layer) */
+    int n_ev, zero_calls, loop_calls;
+} fake_par;
+
+static void fake_event(void *par, model_layer_phase phase, int l) {
+    fake_par *f = par;
+    if (f->n_ev < 256) f->ev[f->n_ev][0] = (int)phase, f->ev[f->n_ev][1] = l;
+    f->n_ev++;
+}
+static void fake_zero(void *par, moe_model *m) {
+    ((fake_par *)par)->zero_calls++;
+    model_zero_grad(m);
+}
+static int fake_accumulate(void *par, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
+                           token_grad_fn fn, void *ctx, train_step_out *out) {
+    ((fake_par *)par)->loop_calls++;
+    memset(out, 0, sizeof *out);
+    out->n_microbatches = 77;
+    return MOERL_OK;
+}
+static int fake_logprobs(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                         float temperature, float **out_logp) {
+    ((fake_par *)par)->loop_calls++;
+    return MOERL_OK;
+}
+static int fake_counts(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens, double *counts) {
+    ((fake_par *)par)->loop_calls++;
+    return MOERL_OK;
+}
+
+static void test_hook_tables(void) {
+    const moe_config c = hook_config(0);
+    const int L = c.num_hidden_layers;
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 31);
+    const int B = 2, N = 17, cu[3] = {0, 9, 17};
+    int tok[17], tgt[17];
+    float dlogp[17];
+    for (int n = 0; n < N; n++) tok[n] = (n * 5 + 1) % c.vocab_size;
+    for (int n = 0; n < N; n++) {
+        tgt[n] = n + 1 == cu[1] || n + 1 == N ? -1 : tok[n + 1];
+        dlogp[n] = tgt[n] < 0 ? 0.0f : -1.0f / N;
+    }
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, N) == MOERL_OK);
+    CHECK(a.par == NULL, "model_acts_init must leave par unset");
+    /* reference: no runtime */
+    model_zero_grad(&m);
+    MOERL_ASSERT(model_forward(&m, &a, tok, cu, NULL, B, N) == MOERL_OK);
+    model_logprobs(&m, &a, tgt, 1.0f, 0);
+    model_backward(&m, &a, dlogp, NULL, 0.1f);
+    float *ref = xmalloc(m.n_params * sizeof(float)), *ref_logp = xmalloc(N * sizeof(float));
+    memcpy(ref, m.grads, m.n_params * sizeof(float));
+    memcpy(ref_logp, a.logp, N * sizeof(float));
+    /* the layer events only */
+    const model_hooks mh = {.layer_event = fake_event};
+    fake_par f;
+    memset(&f, 0, sizeof f);
+    f.head.model.hooks = &mh;
+    a.par = &f;
+    model_zero_grad(&m);
+    MOERL_ASSERT(model_forward(&m, &a, tok, cu, NULL, B, N) == MOERL_OK);
+    model_logprobs(&m, &a, tgt, 1.0f, 0);
+    model_backward(&m, &a, dlogp, NULL, 0.1f);
+    /* want: FWD −1, FWD 0..L−1, BWD L, READY L, then (BWD l, READY l) for l = L−1..0, READY −1 */
+    int want[256][2], nw = 0;
+    want[nw][0] = MODEL_FWD_LAYER, want[nw++][1] = -1;
+    for (int l = 0; l < L; l++) want[nw][0] = MODEL_FWD_LAYER, want[nw++][1] = l;
+    want[nw][0] = MODEL_BWD_LAYER, want[nw++][1] = L;
+    want[nw][0] = MODEL_GRAD_READY, want[nw++][1] = L;
+    for (int l = L - 1; l >= 0; l--) {
+        want[nw][0] = MODEL_BWD_LAYER, want[nw++][1] = l;
+        want[nw][0] = MODEL_GRAD_READY, want[nw++][1] = l;
+    }
+    want[nw][0] = MODEL_GRAD_READY, want[nw++][1] = -1;
+    int same = f.n_ev == nw;
+    for (int i = 0; same && i < nw; i++) same = f.ev[i][0] == want[i][0] && f.ev[i][1] == want[i][1];
+    CHECK(same, "layer events: %d calls, want %d in model_forward / model_backward's order", f.n_ev, nw);
+    CHECK(memcmp(m.grads, ref, m.n_params * sizeof(float)) == 0 && memcmp(a.logp, ref_logp, N * sizeof(float)) == 0,
+          "the layer events changed the result");
+    /* the training loop's hooks: zero_grad at train_accumulate's start, the whole loop handed over */
+    train_seq seqs[2] = {{.tokens = tok, .len = 9, .resp_start = 3}, {.tokens = tok + 9, .len = 8, .resp_start = 2}};
+    train_par_hooks th = {.zero_grad = fake_zero};
+    f.head.train = &th;
+    f.n_ev = 0;
+    train_step_opts o = {.max_tokens = N, .temperature = 1.0f, .par = &f};
+    train_step_out so;
+    a.par = NULL;
+    MOERL_ASSERT(train_accumulate(&m, &a, seqs, 2, &o, zero_grad_fn, NULL, &so) == MOERL_OK);
+    CHECK(f.zero_calls == 1 && a.par == &f && f.n_ev == nw, /* one micro-batch */
+          "train_accumulate with a runtime: zero_grad %d calls, par %s, %d layer events", f.zero_calls,
+          a.par == &f ? "installed" : "not installed", f.n_ev);
+    th.accumulate = fake_accumulate;
+    th.logprobs = fake_logprobs;
+    th.router_counts = fake_counts;
+    float lp0[6], lp1[6], *lps[2] = {lp0, lp1};
+    double counts[4] = {0};
+    MOERL_ASSERT(train_accumulate(&m, NULL, seqs, 2, &o, zero_grad_fn, NULL, &so) == MOERL_OK);
+    CHECK(so.n_microbatches == 77, "train_accumulate must hand the loop to the accumulate hook");
+    MOERL_ASSERT(compute_logprobs(&m, &a, seqs, 2, N, 1.0f, lps) == MOERL_OK);
+    MOERL_ASSERT(compute_router_counts(&m, &a, seqs, 2, N, counts) == MOERL_OK);
+    CHECK(f.loop_calls == 3, "the loop hooks ran %d times, want 3", f.loop_calls);
+    a.par = NULL;
+    model_acts_free(&a);
+    /* an expert slice without a MoE dispatch hook is refused, naming the hook */
+    moe_config cs = c;
+    cs.exec.ep_size = 2;
+    cs.exec.ep_rank = 0;
+    moe_model ms;
+    MOERL_ASSERT(model_init(&ms, &cs) == MOERL_OK);
+    model_init_random(&ms, 5);
+    MOERL_ASSERT(model_acts_init(&a, &ms, N) == MOERL_OK);
+    a.par = &f; /* layer events only */
+    CHECK(model_forward(&ms, &a, tok, cu, NULL, B, N) == MOERL_ERR && strstr(moerl_last_error(), "MoE dispatch hook"),
+          "expert slice without a MoE hook: %s", moerl_last_error());
+    model_acts_free(&a);
+    model_free(&ms);
+    free(ref);
+    free(ref_logp);
+    model_free(&m);
+}
+
 int main(void) {
     test_backward_hook(0);
     test_backward_hook(1);
     test_train_accumulate_hook();
+    test_hook_tables();
     TEST_MAIN_END();
 }

@@ -294,7 +294,7 @@ double dist_reducer_finish(dist_grad_reducer *r);
  * dist_reducer_new). Not during a step (between layer_done and finish). NULL is a no-op. */
 void dist_reducer_free(dist_grad_reducer *r);
 /* The plan in use (read-only; issue order = index order). */
-/* Compressed reduction (src/parallel/compress.h): from the reducer's (warmup_steps+1)-th step on,
+/* Compressed reduction (src/dist/compress.h): from the reducer's (warmup_steps+1)-th step on,
  * each bucket is compressed with error feedback (the residual buffer is the reducer's, n_params
  * floats), every rank's payload goes to every rank (all-gather of sizes, then of payloads) and
  * each rank sums the decompressed payloads; before that, and with GRAD_COMPRESSION_NONE, the exact

@@ -25,7 +25,7 @@
 #include "base/common.h"
 #include "base/pool.h"
 #include "dist/dist.h"
-#include "parallel/compress.h"
+#include "dist/compress.h"
 
 #define DIST_TAG_MAX 32767 /* the MPI standard guarantees MPI_TAG_UB >= 32767 */
 
@@ -212,6 +212,144 @@ void dist_abort(dist_ctx *ctx, const char *msg) {
 /* Values rounded between two progress tests of the broadcasts in flight (512 KiB of bf16). */
 #define BF16_ROUND_CHUNK 262144
 
+/* The header of a weight broadcast: the root makes it (version, n, bucket values, dtype), every
+ * rank receives it and checks it, and all agree whether to go on. Returns MOERL_ERR on every rank
+ * when any refused (the message names the refusing rank), else fills *h. */
+static int bcast_header(dist_ctx *ctx, dist_wdtype dt, const char *fn, size_t n, const int *version,
+                        size_t bucket_bytes, size_t esz, int bad_args, int root_bad, dist_weight_header *h) {
+    const int root = ctx->sync_rank == 0;
+    if (root) {
+        const size_t bv = MOERL_MIN(bucket_bytes / esz, (size_t)1 << 30); /* MPI counts are int */
+        dist_weight_header_make(h, version ? *version : 0, n, root_bad ? 0 : bv, dt);
+    }
+    MPI_Comm c = ctx->impl->sync;
+    MPI_CHECK(MPI_Bcast(h, (int)sizeof *h, MPI_BYTE, 0, c));
+    /* flag[0]: somebody refused; flag[1]: highest refusing rollout world rank */
+    int flag[2] = {root_bad, -1};
+    int my_err = 0;
+    if (!root) {
+        if (bad_args) {
+            moerl_errorf("%s (rollout rank %d): need %s (n = %zu) and version", fn, ctx->world_rank,
+                         dt == DIST_WDTYPE_F32 ? "params" : "dst", n);
+            my_err = 1;
+        } else if (dist_weight_header_check(h, n, dt) != MOERL_OK) {
+            my_err = 1;
+        }
+        if (my_err) flag[0] = 1, flag[1] = ctx->world_rank;
+    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flag, 2, MPI_INT, MPI_MAX, c));
+    if (flag[0]) {
+        if (root && !root_bad)
+            moerl_errorf("weight broadcast of policy version %d aborted: rollout rank(s) rejected the header (highest "
+                         "rejecting world rank %d; see its error message)",
+                         *version, flag[1]);
+        else if (!root && !my_err)
+            moerl_errorf("weight broadcast aborted: world rank %d rejected the header", flag[1]);
+        return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+/* A rollout rank's receive into a sink: a ring of at most BCAST_WINDOW buckets of bv values (esz
+ * bytes each, n in all); each bucket is handed to sink in order as it completes. Every broadcast is
+ * waited for on return. Returns the sink's first error (the receive goes on to the end). */
+static int bcast_to_sink(dist_ctx *ctx, dist_wdtype dt, size_t n, size_t bv, size_t esz, dist_weight_sink sink,
+                         void *sink_arg) {
+    const size_t nb_total = n ? (n + bv - 1) / bv : 0;
+    MPI_Comm c = ctx->impl->sync;
+    MPI_Request win[BCAST_WINDOW];
+    int nb = 0, sink_rc = MOERL_OK;
+    const MPI_Datatype ty = dt == DIST_WDTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+    /* at most BF16_RING_BYTES in flight (2 slots at least), a slot no larger than the payload, and the
+     * ring kept between calls: a fresh 16 × 64 MiB ring zeroed every sync cost 70 ms on a 1 MB model */
+    int window = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX((size_t)2, BF16_RING_BYTES / (bv * esz)));
+    window = (int)MOERL_MIN((size_t)window, MOERL_MAX(nb_total, (size_t)1));
+    struct dist_impl *I = ctx->impl;
+    const size_t ring_bytes = (size_t)window * MOERL_MIN(bv, MOERL_MAX(n, (size_t)1)) * esz;
+    if (I->sink_ring_cap < ring_bytes) {
+        free(I->sink_ring);
+        I->sink_ring_cap = ring_bytes;
+        I->sink_ring = xalloc_aligned(ring_bytes);
+    }
+    char *ring = I->sink_ring;
+    for (size_t off = 0;; off += bv, nb++) {
+        if (nb >= window) { /* the oldest bucket in flight: wait, hand over, reuse its slot */
+            const int k = nb - window;
+            const size_t o = (size_t)k * bv;
+            MPI_CHECK(MPI_Wait(&win[k % window], MPI_STATUS_IGNORE));
+            if (sink_rc == MOERL_OK)
+                sink_rc = sink(sink_arg, o, ring + (size_t)(k % window) * bv * esz, MOERL_MIN(bv, n - o));
+        }
+        if (off >= n) { /* drain: the last window - 1 buckets */
+            if (nb - window + 1 >= (int)nb_total) break;
+            continue;
+        }
+        MPI_CHECK(MPI_Ibcast(ring + (size_t)(nb % window) * bv * esz, (int)MOERL_MIN(bv, n - off), ty, 0, c,
+                             &win[nb % window]));
+    }
+    return sink_rc;
+}
+
+/* The bf16 root: round each bucket of src[n] (bv values) into dst (when given) or a ring slot, then
+ * broadcast it; at most BCAST_WINDOW slots in flight. Every broadcast is waited for on return.
+ * Returns the buckets sent. */
+static int bcast_bf16_root(dist_ctx *ctx, const float *src, uint16_t *dst, size_t n, size_t bv) {
+    const size_t esz = sizeof(uint16_t), nb_total = n ? (n + bv - 1) / bv : 0;
+    MPI_Comm c = ctx->impl->sync;
+    MPI_Request win[BCAST_WINDOW];
+    int nb = 0;
+    int slots = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX((size_t)2, BF16_RING_BYTES / (bv * esz)));
+    slots = (int)MOERL_MIN((size_t)slots, MOERL_MAX(nb_total, (size_t)1));
+    /* a slot is rewritten only after its previous broadcast completed */
+    uint16_t *ring = NULL;
+    if (!dst) { /* kept between calls: fresh pages every sync would cost a fault per 4 KiB */
+        struct dist_impl *I = ctx->impl;
+        if (I->bf16_ring_cap < (size_t)slots * bv) {
+            free(I->bf16_ring);
+            I->bf16_ring_cap = (size_t)slots * bv;
+            I->bf16_ring = xalloc_aligned(I->bf16_ring_cap * esz);
+        }
+        ring = I->bf16_ring;
+    }
+    int oldest = 0; /* first bucket whose broadcast may still be in flight */
+    for (size_t off = 0; off < n; off += bv, nb++) {
+        const size_t cnt = MOERL_MIN(bv, n - off);
+        if (nb >= slots) MPI_CHECK(MPI_Wait(&win[nb % slots], MPI_STATUS_IGNORE));
+        oldest = MOERL_MAX(oldest, nb - slots + 1);
+        uint16_t *b = dst ? dst + off : ring + (size_t)(nb % slots) * bv;
+        /* Round in chunks and test the oldest broadcast in flight between them: Open MPI moves a
+         * nonblocking broadcast only inside MPI calls, so without the tests the rollout ranks would
+         * wait for the whole rounding of this bucket before receiving the previous one. */
+        for (size_t k = 0; k < cnt; k += BF16_ROUND_CHUNK) {
+            dist_f32_to_bf16(b + k, src + off + k, MOERL_MIN((size_t)BF16_ROUND_CHUNK, cnt - k));
+            while (oldest < nb) {
+                int done = 0;
+                MPI_CHECK(MPI_Test(&win[oldest % slots], &done, MPI_STATUS_IGNORE));
+                if (!done) break;
+                oldest++;
+            }
+        }
+        MPI_CHECK(MPI_Ibcast(b, (int)cnt, MPI_UINT16_T, 0, c, &win[nb % slots]));
+    }
+    for (int i = MOERL_MAX(0, nb - slots); i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % slots], MPI_STATUS_IGNORE));
+    return nb;
+}
+
+/* Straight broadcasts of ptr[n] (elements of type ty, esz bytes) in buckets of bv, at most
+ * BCAST_WINDOW in flight; every broadcast is waited for on return. Returns the buckets. */
+static int bcast_plain(dist_ctx *ctx, void *ptr, MPI_Datatype ty, size_t esz, size_t n, size_t bv) {
+    MPI_Comm c = ctx->impl->sync;
+    MPI_Request win[BCAST_WINDOW];
+    int nb = 0;
+    for (size_t off = 0; off < n; off += bv, nb++) {
+        if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Ibcast((char *)ptr + off * esz, (int)MOERL_MIN(bv, n - off), ty, 0, c, &win[nb % BCAST_WINDOW]));
+    }
+    for (int i = MOERL_MAX(0, nb - BCAST_WINDOW); i < nb; i++)
+        MPI_CHECK(MPI_Wait(&win[i % BCAST_WINDOW], MPI_STATUS_IGNORE));
+    return nb;
+}
+
 /* The broadcast of dist_bcast_weights (dtype F32: buf = params, in and out) and
  * dist_bcast_weights_bf16 (dtype BF16: src read on the root, dst written where given). */
 static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float *src, uint16_t *dst, size_t n,
@@ -239,121 +377,20 @@ static int bcast_weights(dist_ctx *ctx, dist_wdtype dt, float *buf, const float 
         if (st) st->seconds = moerl_now() - t0;
         return MOERL_OK;
     }
-
     dist_weight_header h;
-    if (root) {
-        const size_t bv = MOERL_MIN(bucket_bytes / esz, (size_t)1 << 30); /* MPI counts are int */
-        dist_weight_header_make(&h, version ? *version : 0, n, root_bad ? 0 : bv, dt);
-    }
-    MPI_Comm c = ctx->impl->sync;
-    MPI_CHECK(MPI_Bcast(&h, (int)sizeof h, MPI_BYTE, 0, c));
-    /* flag[0]: somebody refused; flag[1]: highest refusing rollout world rank */
-    int flag[2] = {root_bad, -1};
-    int my_err = 0;
-    if (!root) {
-        if (bad_args) {
-            moerl_errorf("%s (rollout rank %d): need %s (n = %zu) and version", fn, ctx->world_rank,
-                         dt == DIST_WDTYPE_F32 ? "params" : "dst", n);
-            my_err = 1;
-        } else if (dist_weight_header_check(&h, n, dt) != MOERL_OK) {
-            my_err = 1;
-        }
-        if (my_err) flag[0] = 1, flag[1] = ctx->world_rank;
-    }
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flag, 2, MPI_INT, MPI_MAX, c));
-    if (flag[0]) {
-        if (root && !root_bad)
-            moerl_errorf("weight broadcast of policy version %d aborted: rollout rank(s) rejected the header (highest "
-                         "rejecting world rank %d; see its error message)",
-                         *version, flag[1]);
-        else if (!root && !my_err)
-            moerl_errorf("weight broadcast aborted: world rank %d rejected the header", flag[1]);
-        return MOERL_ERR;
-    }
+    if (bcast_header(ctx, dt, fn, n, version, bucket_bytes, esz, bad_args, root_bad, &h) != MOERL_OK) return MOERL_ERR;
     const size_t bv = (size_t)h.bucket_values;
-    const size_t nb_total = n ? (n + bv - 1) / bv : 0;
-    int nb = 0, window = BCAST_WINDOW;
-    MPI_Request win[BCAST_WINDOW];
-    int sink_rc = MOERL_OK;
-    if (sink) { /* a ring of `window` buckets; each is handed to the sink in order as it completes */
-        const MPI_Datatype ty = dt == DIST_WDTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
-        /* at most BF16_RING_BYTES in flight (2 slots at least), a slot no larger than the payload, and the
-         * ring kept between calls: a fresh 16 × 64 MiB ring zeroed every sync cost 70 ms on a 1 MB model */
-        window = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX((size_t)2, BF16_RING_BYTES / (bv * esz)));
-        window = (int)MOERL_MIN((size_t)window, MOERL_MAX(nb_total, (size_t)1));
-        struct dist_impl *I = ctx->impl;
-        const size_t ring_bytes = (size_t)window * MOERL_MIN(bv, MOERL_MAX(n, (size_t)1)) * esz;
-        if (I->sink_ring_cap < ring_bytes) {
-            free(I->sink_ring);
-            I->sink_ring_cap = ring_bytes;
-            I->sink_ring = xalloc_aligned(ring_bytes);
-        }
-        char *ring = I->sink_ring;
-        for (size_t off = 0;; off += bv, nb++) {
-            if (nb >= window) { /* the oldest bucket in flight: wait, hand over, reuse its slot */
-                const int k = nb - window;
-                const size_t o = (size_t)k * bv;
-                MPI_CHECK(MPI_Wait(&win[k % window], MPI_STATUS_IGNORE));
-                if (sink_rc == MOERL_OK)
-                    sink_rc = sink(sink_arg, o, ring + (size_t)(k % window) * bv * esz, MOERL_MIN(bv, n - o));
-            }
-            if (off >= n) { /* drain: the last window - 1 buckets */
-                if (nb - window + 1 >= (int)nb_total) break;
-                continue;
-            }
-            MPI_CHECK(MPI_Ibcast(ring + (size_t)(nb % window) * bv * esz, (int)MOERL_MIN(bv, n - off), ty, 0, c,
-                                 &win[nb % window]));
-        }
-        window = 0; /* all waited */
-        nb = (int)nb_total;
+    int nb, sink_rc = MOERL_OK;
+    if (sink) {
+        sink_rc = bcast_to_sink(ctx, dt, n, bv, esz, sink, sink_arg);
+        nb = n ? (int)((n + bv - 1) / bv) : 0;
     } else if (dt == DIST_WDTYPE_F32) {
-        for (size_t off = 0; off < n; off += bv, nb++) {
-            if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
-            MPI_CHECK(MPI_Ibcast(buf + off, (int)MOERL_MIN(bv, n - off), MPI_FLOAT, 0, c, &win[nb % BCAST_WINDOW]));
-        }
+        nb = bcast_plain(ctx, buf, MPI_FLOAT, esz, n, bv);
     } else if (!root) { /* straight into dst */
-        for (size_t off = 0; off < n; off += bv, nb++) {
-            if (nb >= BCAST_WINDOW) MPI_CHECK(MPI_Wait(&win[nb % BCAST_WINDOW], MPI_STATUS_IGNORE));
-            MPI_CHECK(MPI_Ibcast(dst + off, (int)MOERL_MIN(bv, n - off), MPI_UINT16_T, 0, c, &win[nb % BCAST_WINDOW]));
-        }
-    } else { /* root: round each bucket into dst (when given) or a ring slot, then send it */
-        int slots = (int)MOERL_MIN((size_t)BCAST_WINDOW, MOERL_MAX((size_t)2, BF16_RING_BYTES / (bv * esz)));
-        slots = (int)MOERL_MIN((size_t)slots, MOERL_MAX(nb_total, (size_t)1));
-        window = slots; /* a slot is rewritten only after its previous broadcast completed */
-        uint16_t *ring = NULL;
-        if (!dst) { /* kept between calls: fresh pages every sync would cost a fault per 4 KiB */
-            struct dist_impl *I = ctx->impl;
-            if (I->bf16_ring_cap < (size_t)slots * bv) {
-                free(I->bf16_ring);
-                I->bf16_ring_cap = (size_t)slots * bv;
-                I->bf16_ring = xalloc_aligned(I->bf16_ring_cap * esz);
-            }
-            ring = I->bf16_ring;
-        }
-        int oldest = 0; /* first bucket whose broadcast may still be in flight */
-        for (size_t off = 0; off < n; off += bv, nb++) {
-            const size_t cnt = MOERL_MIN(bv, n - off);
-            if (nb >= slots) MPI_CHECK(MPI_Wait(&win[nb % slots], MPI_STATUS_IGNORE));
-            oldest = MOERL_MAX(oldest, nb - slots + 1);
-            uint16_t *b = dst ? dst + off : ring + (size_t)(nb % slots) * bv;
-            /* Round in chunks and test the oldest broadcast in flight between them: Open MPI moves a
-             * nonblocking broadcast only inside MPI calls, so without the tests the rollout ranks would
-             * wait for the whole rounding of this bucket before receiving the previous one. */
-            for (size_t k = 0; k < cnt; k += BF16_ROUND_CHUNK) {
-                dist_f32_to_bf16(b + k, src + off + k, MOERL_MIN((size_t)BF16_ROUND_CHUNK, cnt - k));
-                while (oldest < nb) {
-                    int done = 0;
-                    MPI_CHECK(MPI_Test(&win[oldest % slots], &done, MPI_STATUS_IGNORE));
-                    if (!done) break;
-                    oldest++;
-                }
-            }
-            MPI_CHECK(MPI_Ibcast(b, (int)cnt, MPI_UINT16_T, 0, c, &win[nb % slots]));
-        }
-        for (int i = MOERL_MAX(0, nb - slots); i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % slots], MPI_STATUS_IGNORE));
-        window = 0; /* all waited */
+        nb = bcast_plain(ctx, dst, MPI_UINT16_T, esz, n, bv);
+    } else {
+        nb = bcast_bf16_root(ctx, src, dst, n, bv);
     }
-    for (int i = MOERL_MAX(0, nb - window); window && i < nb; i++) MPI_CHECK(MPI_Wait(&win[i % window], MPI_STATUS_IGNORE));
     if (!root) *version = h.version;
     if (st) {
         st->bytes = n * esz;

@@ -45,14 +45,12 @@
 #include "base/pool.h"
 #include "base/trace.h"
 #include "kernels/kernels.h"
-#include "parallel/parallel.h"
-/* Model-parallel layer events (parallel.h: FSDP gathers parameters / reduces gradients here). */
+/* Model-parallel layer events (forward.h's model_hooks: FSDP gathers parameters / reduces gradients here). */
 #define PAR_EVENT(a, phase, l) \
     do { \
-        if ((a)->par) par_layer_hook((a)->par, (phase), (l)); \
+        const model_hooks *h_ = model_par_hooks((a)->par); \
+        if (h_ && h_->layer_event) h_->layer_event((a)->par, (phase), (l)); \
     } while (0)
-#include "parallel/ep.h"
-#include "parallel/ulysses.h"
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -474,7 +472,7 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
  * token rows are [r0, r1). counts/psum (NULL: skip) receive the aux-loss statistics.
  * Source: HF Qwen3MoeSparseMoeBlock; the pipeline of Megatron/Ascend (forward.h). */
 static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
+                             float *counts, float *psum, int r0, int r1, void *ep) {
     const moe_config *c = &m->cfg;
     const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
@@ -512,8 +510,8 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         SPAN_END("experts (loop)", t);
         return;
     }
-    if (ep) { /* expert parallelism: permute, dispatch, local experts, combine into s->y (ep.c) */
-        ep_moe_forward_team(ep, m, l, x, s, N);
+    if (ep) { /* expert parallelism: permute, dispatch, local experts, combine into s->y (the MoE hook) */
+        model_par_hooks(ep)->moe_forward(ep, m, l, x, s, N);
         SPAN_END("experts (expert parallel)", t);
     } else {
     grouped_fuse fz = {0};
@@ -596,7 +594,7 @@ static void dense_forward_rows(const moe_model *m, int l, const float *x, float 
 
 /* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
 static void mlp_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1, struct ep_state *ep) {
+                             float *counts, float *psum, int r0, int r1, void *ep) {
     if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
     else dense_forward_rows(m, l, x, out, s, r0, r1);
 }
@@ -675,7 +673,7 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
  * skinny items split each expert's output columns, so one token's experts spread over the team;
  * bench/run_llamacpp.sh); larger ones team_size as in training. */
 static void mlp_forward_drive(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                              float *counts, float *psum, struct ep_state *ep) {
+                              float *counts, float *psum, void *ep) {
     const int nthr = decode_team_size(m, N), nb = blas_team_begin(nthr);
 #pragma omp parallel num_threads(nthr)
     {
@@ -692,8 +690,20 @@ void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts
     mlp_forward_drive(m, l, x, out, s, N, counts, psum, NULL);
 }
 
-void mlp_forward_ep(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                    struct ep_state *ep) {
+/* par when its table has the MoE dispatch hook (expert parallelism), else NULL. */
+static void *moe_dispatch_par(void *par) {
+    const model_hooks *h = model_par_hooks(par);
+    return h && h->moe_forward ? par : NULL;
+}
+
+/* par when its table has the attention shard hooks (Ulysses sequence parallelism), else NULL. */
+static void *attn_shard_par(void *par) {
+    const model_hooks *h = model_par_hooks(par);
+    return h && h->attn_forward ? par : NULL;
+}
+
+void mlp_forward_par(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, void *par) {
+    void *ep = moe_dispatch_par(par);
     if (!ep || !m->p.layers[l].router) mlp_forward(m, l, x, out, s, N, NULL, NULL);
     else mlp_forward_drive(m, l, x, out, s, N, NULL, NULL, ep);
 }
@@ -729,7 +739,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
                         c->rms_norm_eps);
     }
     mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
-                     a->par ? a->par->ep : NULL);
+                     moe_dispatch_par(a->par));
     if (n > 0) {
         const float *rm = L->resid_mid + o;
         float *ob = out + o;
@@ -750,9 +760,10 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, nh = c->num_attention_heads,
               nkv = c->num_key_value_heads, E = c->num_experts;
-    struct sp_state *sp = a->par ? a->par->sp : NULL;
-    int t0 = 0, n_loc = N; /* Ulysses: this rank computes tokens [t0, t0 + n_loc) (ulysses.h) */
-    if (sp) sp_token_range(sp, N, &t0, &n_loc);
+    void *sp = attn_shard_par(a->par); /* the attention shard's runtime (Ulysses SP), else NULL */
+    const model_hooks *h = model_par_hooks(a->par);
+    int t0 = 0, n_loc = N; /* Ulysses: this rank computes tokens [t0, t0 + n_loc) (attn_tokens) */
+    if (sp) h->attn_tokens(sp, N, &t0, &n_loc);
     if (N <= 0 || n_loc > a->max_tokens)
         return moerl_errorf("model_forward: batch of %d tokens, expected 1..%d (max_tokens)", n_loc, a->max_tokens);
     if (B <= 0 || cu_seqlens[0] != 0 || cu_seqlens[B] != N)
@@ -764,15 +775,16 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         if (tokens[n] < 0 || tokens[n] >= V)
             return moerl_errorf("model_forward: token %d at position %d outside the vocabulary [0,%d)", tokens[n],
                                 n, V);
-    if (c->exec.ep_size > 1 && !(a->par && a->par->ep))
+    if (c->exec.ep_size > 1 && !moe_dispatch_par(a->par))
         return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
-                            "activations carry no ep_state (model_acts.par->ep, src/parallel/ep.h)", c->exec.ep_rank,
+                            "activations carry no MoE dispatch hook (model_acts.par: a runtime whose model_hooks has "
+                            "moe_forward, e.g. src/parallel's par_state with its ep_state)", c->exec.ep_rank,
                             c->exec.ep_size);
-    if (sp && sp_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
+    if (sp && h->attn_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
     a->N = n_loc;
     a->B = B;
     a->tok0 = t0;
-    if (!sp) memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int)); /* SP: sp_begin keeps them */
+    if (!sp) memcpy(a->cu_seqlens, cu_seqlens, (size_t)(B + 1) * sizeof(int)); /* SP: attn_begin keeps them */
     memcpy(a->tokens_in, tokens + t0, (size_t)n_loc * sizeof(int));
     if (positions) {
         for (int n = 0; n < n_loc; n++) {
@@ -794,7 +806,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int l = 0; l < c->num_hidden_layers; l++) a->n_moe_layers += m->p.layers[l].router != NULL;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
-    PAR_EVENT(a, PAR_FWD_LAYER, -1);
+    PAR_EVENT(a, MODEL_FWD_LAYER, -1);
     /* embedding rows and layer 0's attention input */
 #pragma omp parallel num_threads(nthr)
     {
@@ -809,10 +821,10 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int l = a->layer_lo; l < a->layer_hi; l++) {
         layer_acts *L = &a->layers[l];
         const double ta = trace_begin();
-        if (sp) sp_attention_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
+        if (sp) h->attn_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
         else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
-        PAR_EVENT(a, PAR_FWD_LAYER, l);
+        PAR_EVENT(a, MODEL_FWD_LAYER, l);
         const double tl = trace_begin();
 #pragma omp parallel num_threads(nthr)
         {
@@ -949,7 +961,7 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
         /* fused: only the routing weights' gradient here; the grouped GEMM reads the weighted rows
          * of dout in place (grouped_fuse.gather_dout) — except under expert parallelism, whose
          * dispatch sends d_y */
-        const int ep_on = a->par && a->par->ep;
+        const int ep_on = moe_dispatch_par(a->par) != NULL;
         moe_unpermute_backward(ep_on ? a->d_y : NULL, a->d_topk_w + (size_t)r0 * K, dout + (size_t)r0 * H, s->y,
                                s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K, n, K, H);
     }
@@ -965,9 +977,9 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
     }
 #pragma omp barrier
     SPAN_END(ex->per_expert_loop ? "bwd router" : "bwd unpermute + router", t);
-    if (a->par && a->par->ep) { /* expert parallelism: dispatch d_y, local experts, combine (ep.c) */
+    if (moe_dispatch_par(a->par)) { /* expert parallelism: dispatch d_y, local experts, combine (ep.c) */
         t = SPAN_BEGIN();
-        ep_moe_backward_team(a->par->ep, m, l, s, a->d_y, a->d_permuted, dWgu, dWd);
+        model_par_hooks(a->par)->moe_backward(a->par, m, l, s, a->d_y, a->d_permuted, dWgu, dWd);
         SPAN_END("bwd experts (expert parallel)", t);
     } else if (!ex->per_expert_loop) {
         t = SPAN_BEGIN();
@@ -1140,7 +1152,8 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
-    if (head) PAR_EVENT(a, PAR_BWD_LAYER, L);
+    void *sp = attn_shard_par(a->par);
+    if (head) PAR_EVENT(a, MODEL_BWD_LAYER, L);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
@@ -1150,16 +1163,16 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     }
     if (head) {
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L); /* final norm + LM head are final */
-        PAR_EVENT(a, PAR_GRAD_READY, L);
+        PAR_EVENT(a, MODEL_GRAD_READY, L);
     }
     for (int l = hi - 1; l >= lo; l--) {
         layer_acts *La = &a->layers[l];
         const double ta = trace_begin();
-        if (a->par && a->par->sp) sp_attention_backward(a->par->sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
+        if (sp) model_par_hooks(sp)->attn_backward(sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
         else attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse,
                                 a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("bwd attention", "model", ta);
-        PAR_EVENT(a, PAR_BWD_LAYER, l);
+        PAR_EVENT(a, MODEL_BWD_LAYER, l);
 #pragma omp parallel num_threads(nthr)
         {
             int r0, r1;
@@ -1182,11 +1195,11 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
             }
         }
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l); /* layer l (its MLP was done earlier) */
-        PAR_EVENT(a, PAR_GRAD_READY, l);
+        PAR_EVENT(a, MODEL_GRAD_READY, l);
     }
     if (lo == 0) {
         if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1); /* the embedding scatter is done */
-        PAR_EVENT(a, PAR_GRAD_READY, -1);
+        PAR_EVENT(a, MODEL_GRAD_READY, -1);
     }
     blas_team_end(nb);
 }

@@ -49,6 +49,56 @@ typedef struct {
     mlp_acts mlp;
 } layer_acts;
 
+/* ---- Hooks of the model-parallel runtime (filled by src/parallel/; the model includes nothing of it) ----
+ * model_forward / model_backward call these when model_acts.par is set, each with par as its first
+ * argument; a NULL hook is the single-rank path. The rollout engine's expert parallelism uses the
+ * MoE hooks through mlp_forward_par (engine_set_ep). */
+
+/* Layer events: MODEL_FWD_LAYER l before the forward work of layer l (l = −1: the embedding and
+ * layer 0's attention input), MODEL_BWD_LAYER l before the backward work of layer l (l = L: the LM
+ * head and layer L−1's MLP), MODEL_GRAD_READY g when backward group g's gradients are final
+ * (numbering of dist_tensor_group: L, L−1, ..., 0, −1). Every micro-batch, not only the last. */
+typedef enum { MODEL_FWD_LAYER = 0, MODEL_BWD_LAYER, MODEL_GRAD_READY } model_layer_phase;
+
+typedef struct model_hooks {
+    /* Layer events (FSDP gathers parameters before a layer and reduces its gradients after;
+     * src/parallel/parallel.c). Called outside OpenMP regions. */
+    void (*layer_event)(void *par, model_layer_phase phase, int l);
+    /* The MoE dispatch (expert parallelism, src/parallel/ep.c), replacing the local experts
+     * stage of an MoE layer. Called by EVERY thread of a driver team. moe_forward: after the permute
+     * index of s (sorted_row, tokens_per_expert, offsets over the E global experts) is complete,
+     * fills s->y [N·K, H] (the expert outputs in permuted order) from x[N,H]; ends with a team
+     * barrier. moe_backward: d_y[N·K, H] → d_permuted[N·K, H] (OVERWRITTEN), weight gradients of
+     * the local experts ACCUMULATED into dWgu / dWd; ends with a team barrier. moe_idle: a pass
+     * without rows of this rank's own (every MoE layer's exchange in order; backward 1 also the
+     * backward's), for a rank of the group with no work (the rollout engine's idle step). When
+     * moe_forward is set the model may hold an expert slice (moe_exec_opts.ep_size). */
+    void (*moe_forward)(void *par, const moe_model *m, int l, const float *x, mlp_acts *s, int N);
+    void (*moe_backward)(void *par, const moe_model *m, int l, const mlp_acts *s, const float *d_y,
+                         float *d_permuted, float *dWgu, float *dWd);
+    void (*moe_idle)(void *par, moe_model *m, int backward);
+    /* The attention shard (Ulysses sequence parallelism, src/parallel/ulysses.c), all set or all
+     * NULL. attn_tokens: this rank's token range [*t0, *t0 + *n) of a packed micro-batch of N
+     * tokens; attn_begin: the micro-batch's cu_seqlens[B+1] and N are kept (the model does not copy
+     * them into model_acts), MOERL_ERR with a message on bad sizes; attn_forward: q[n,nh,hd],
+     * k/v[n,nkv,hd] of this rank's n tokens → out[n,nh,hd] (OVERWRITTEN); attn_backward: dout[n,nh,hd]
+     * → dq, dk, dv (OVERWRITTEN). Collective over the sequence-parallel group; outside OpenMP regions. */
+    void (*attn_tokens)(void *par, int N, int *t0, int *n);
+    int (*attn_begin)(void *par, const int *cu_seqlens, int B, int N);
+    void (*attn_forward)(void *par, int l, float *out, const float *q, const float *k, const float *v, float scale);
+    void (*attn_backward)(void *par, int l, float *dq, float *dk, float *dv, const float *dout, float scale);
+} model_hooks;
+
+/* What model_acts.par points to begins with this: the runtime's hook table (NULL: none). */
+typedef struct model_par_head {
+    const model_hooks *hooks;
+} model_par_head;
+
+/* The hook table of a runtime object par (a model_acts.par): NULL when par or its table is NULL. */
+static inline const model_hooks *model_par_hooks(const void *par) {
+    return par ? ((const model_par_head *)par)->hooks : NULL;
+}
+
 typedef struct {
     int max_tokens;      /* capacity N */
     int N, B;            /* current batch (N: this rank's tokens) */
@@ -88,9 +138,11 @@ typedef struct {
      * decoder layer l, group −1 (embedding, incl. a tied head) after the embedding scatter. */
     void (*layer_hook)(void *ctx, int group);
     void *layer_hook_ctx;
-    /* Model-parallel runtime (src/parallel/parallel.h); NULL = this rank computes the whole model on
-     * its own tokens (model_acts_init sets NULL). */
-    struct par_state *par;
+    /* Model-parallel runtime, opaque to the model: NULL (model_acts_init sets NULL) = this rank
+     * computes the whole model on its own tokens; otherwise an object whose FIRST member is a
+     * model_par_head (below; src/parallel's par_state is one): forward.c calls the hooks of its
+     * table with par as their first argument. */
+    void *par;
     /* Pipeline stage (model_acts_init_range): decoder layers [layer_lo, layer_hi) only; model_acts_init
      * gives 0 and num_hidden_layers (the whole model). With layer_lo > 0 model_forward embeds nothing:
      * the caller fills layers[layer_lo].resid_in [N,H] (the previous stage's output) before the call.
@@ -132,13 +184,12 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
  * For MoE layers also accumulates router statistics into counts/psum when non-NULL. */
 void mlp_forward(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, float *counts,
                  float *psum);
-/* mlp_forward with expert parallelism (the rollout engine's EP, src/parallel/ep.h): m holds this
- * rank's slice of the experts, and layer l's routed rows travel through ep's dispatcher to the
- * experts' owners and back (every rank of ep's group must call it for the same layers, in order;
- * one without rows calls ep_idle_pass instead). ep NULL or a dense layer: mlp_forward. */
-struct ep_state;
-void mlp_forward_ep(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                    struct ep_state *ep);
+/* mlp_forward under a runtime's MoE dispatch (the rollout engine's expert parallelism,
+ * engine_set_ep): m may hold this rank's slice of the experts, and layer l's routed rows go
+ * through model_par_hooks(par)->moe_forward to the experts' owners and back (every rank of the
+ * group must call it for the same layers, in order; one without rows calls the table's moe_idle
+ * instead). par NULL, a table without moe_forward, or a dense layer: mlp_forward. */
+void mlp_forward_par(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, void *par);
 /* Attention input side: x[N,H] → q[N,nh,hd], k[N,nkv,hd], v[N,nkv,hd] (q/k normed and rotated).
  * q_raw/k_raw/q_rstd/k_rstd receive what backward needs (they may be scratch for inference). */
 void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,

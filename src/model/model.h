@@ -42,7 +42,8 @@
  *  ep_size, ep_rank    expert parallelism (src/parallel/ep.h), not a switch: the model holds only
  *                      experts [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size) of each MoE layer (its
  *                      stacked expert tensors are [E/ep_size, ...]; the router stays [E, H]) and the
- *                      forward needs model_acts.par->ep. ep_size 0 or 1 = every expert. */
+ *                      forward needs a runtime whose MoE dispatch hook is set (model_acts.par, forward.h's model_hooks;
+ *                      src/parallel/ep.c fills it). ep_size 0 or 1 = every expert. */
 typedef struct {
     int per_expert_loop;
     int separate_permute;

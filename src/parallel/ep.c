@@ -20,6 +20,8 @@ typedef struct {
 } ep_layer;
 
 struct ep_state {
+    model_par_head head; /* FIRST: the MoE hooks (ep_model_hooks), so an ep_state is a model_acts.par /
+                          * engine_set_ep runtime */
     const par_grid *g;
     dist_comm *comm;
     int P, rank, E, El, lo, K, H, I, L;
@@ -44,6 +46,18 @@ static void ensure(float **p, size_t *cap, size_t n) {
     *cap = MOERL_MAX(n, *cap + *cap / 2);
     *p = xalloc_aligned((*cap + 1) * sizeof(float));
 }
+
+/* The model's MoE hooks (model/forward.h) with an ep_state as their runtime. */
+static void hook_moe_forward(void *par, const moe_model *m, int l, const float *x, mlp_acts *s, int N) {
+    ep_moe_forward_team(par, m, l, x, s, N);
+}
+static void hook_moe_backward(void *par, const moe_model *m, int l, const mlp_acts *s, const float *d_y,
+                              float *d_permuted, float *dWgu, float *dWd) {
+    ep_moe_backward_team(par, m, l, s, d_y, d_permuted, dWgu, dWd);
+}
+static void hook_moe_idle(void *par, moe_model *m, int backward) { ep_idle_pass(par, m, backward); }
+const model_hooks ep_model_hooks = {
+    .moe_forward = hook_moe_forward, .moe_backward = hook_moe_backward, .moe_idle = hook_moe_idle};
 
 void ep_config_apply(const par_grid *g, moe_config *c) {
     if (g->ep <= 1) return;
@@ -78,6 +92,7 @@ ep_state *ep_state_new(const par_grid *g, const moe_config *c, int max_tokens) {
         return NULL;
     }
     ep_state *ep = xcalloc(1, sizeof *ep);
+    ep->head.hooks = &ep_model_hooks;
     ep->g = g;
     ep->comm = g->ep_comm;
     ep->P = g->ep;

@@ -86,6 +86,12 @@ int ep_capacity(const ep_state *ep);
 ep_stats ep_get_stats(const ep_state *ep);
 void ep_reset_stats(ep_state *ep);
 
+/* The model's MoE hooks (model/forward.h's model_hooks: moe_forward, moe_backward, moe_idle) with an
+ * ep_state as their runtime: ep_moe_forward_team, ep_moe_backward_team, ep_idle_pass. Every ep_state
+ * begins with a model_par_head pointing here, so an ep_state can be given to engine_set_ep (the
+ * rollout engine's expert parallelism) or as model_acts.par; par_state's table delegates to these. */
+extern const model_hooks ep_model_hooks;
+
 /* ---- the MoE block's hooks (src/model/forward.c), called by EVERY thread of a driver team ---- */
 /* Forward experts stage of MoE layer l on x[N,H]: after the permute index of s (sorted_row,
  * tokens_per_expert, offsets over the E global experts) is complete and visible to the team,

@@ -201,10 +201,10 @@ static void grad_ready(fsdp_state *fs, int k) {
  * and head after the last layer), l = −1 the embedding + layer 0's attention input; backward L =
  * the head + layer L−1's MLP, backward l = layer l's attention part + layer l−1's MLP (l = 0:
  * the embedding scatter, which needs no parameters). */
-static int region_params(const fsdp_state *fs, par_phase ph, int l, int *out) {
+static int region_params(const fsdp_state *fs, model_layer_phase ph, int l, int *out) {
     const int L = fs->L, PRE = 0, POST = L + 1;
     int n = 0;
-    if (ph == PAR_FWD_LAYER) {
+    if (ph == MODEL_FWD_LAYER) {
         if (l < 0) {
             out[n++] = PRE;
             out[n++] = 1;
@@ -216,7 +216,7 @@ static int region_params(const fsdp_state *fs, par_phase ph, int l, int *out) {
             out[n++] = POST;
             if (fs->tied) out[n++] = PRE;
         }
-    } else if (ph == PAR_BWD_LAYER) {
+    } else if (ph == MODEL_BWD_LAYER) {
         if (l >= L) {
             out[n++] = POST;
             out[n++] = L;
@@ -250,21 +250,21 @@ static int in_set(const int *s, int n, int k) {
     return 0;
 }
 
-void fsdp_layer_event(fsdp_state *fs, par_phase ph, int l) {
-    if (ph == PAR_GRAD_READY) {
+void fsdp_layer_event(fsdp_state *fs, model_layer_phase ph, int l) {
+    if (ph == MODEL_GRAD_READY) {
         grad_ready(fs, l < 0 ? 0 : l >= fs->L ? fs->L + 1 : l + 1);
         grad_poll(fs);
         return;
     }
     int need[MAX_NEED], next[MAX_NEED], nn = region_params(fs, ph, l, need), nx = 0;
     /* the region after this one: forward l+1, backward l−1 (none after the last of each) */
-    if (ph == PAR_FWD_LAYER && l + 1 <= fs->L - 1) nx = region_params(fs, ph, l + 1, next);
-    if (ph == PAR_BWD_LAYER && l - 1 >= 0) nx = region_params(fs, ph, l >= fs->L ? fs->L - 1 : l - 1, next);
+    if (ph == MODEL_FWD_LAYER && l + 1 <= fs->L - 1) nx = region_params(fs, ph, l + 1, next);
+    if (ph == MODEL_BWD_LAYER && l - 1 >= 0) nx = region_params(fs, ph, l >= fs->L ? fs->L - 1 : l - 1, next);
     for (int i = 0; i < nn; i++) gather_start(fs, need[i]);
     for (int i = 0; i < nx; i++) gather_start(fs, next[i]); /* prefetch */
     for (int k = 0; k < fs->n_units; k++)
         if (!in_set(need, nn, k) && !in_set(next, nx, k)) release(fs, k);
-    if (ph == PAR_BWD_LAYER) {
+    if (ph == MODEL_BWD_LAYER) {
         int g[MAX_NEED], ng = region_grads(fs, l, g);
         for (int i = 0; i < ng; i++) grad_touch(fs, g[i]);
     }
@@ -276,15 +276,15 @@ void fsdp_layer_event(fsdp_state *fs, par_phase ph, int l) {
 
 void fsdp_idle_pass(fsdp_state *fs, int backward) {
     const int L = fs->L;
-    for (int l = -1; l < L; l++) fsdp_layer_event(fs, PAR_FWD_LAYER, l);
+    for (int l = -1; l < L; l++) fsdp_layer_event(fs, MODEL_FWD_LAYER, l);
     if (!backward) return;
-    fsdp_layer_event(fs, PAR_BWD_LAYER, L);
-    fsdp_layer_event(fs, PAR_GRAD_READY, L);
+    fsdp_layer_event(fs, MODEL_BWD_LAYER, L);
+    fsdp_layer_event(fs, MODEL_GRAD_READY, L);
     for (int l = L - 1; l >= 0; l--) {
-        fsdp_layer_event(fs, PAR_BWD_LAYER, l);
-        fsdp_layer_event(fs, PAR_GRAD_READY, l);
+        fsdp_layer_event(fs, MODEL_BWD_LAYER, l);
+        fsdp_layer_event(fs, MODEL_GRAD_READY, l);
     }
-    fsdp_layer_event(fs, PAR_GRAD_READY, -1);
+    fsdp_layer_event(fs, MODEL_GRAD_READY, -1);
 }
 
 void fsdp_zero_grad(fsdp_state *fs) {

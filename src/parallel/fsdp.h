@@ -15,7 +15,7 @@
  * m->g) and every kernel is unchanged, but they become sparse anonymous mappings (MAP_NORESERVE):
  * only the units currently gathered are backed by memory; releasing a unit returns its pages with
  * madvise(MADV_DONTNEED) (pages straddling two units, at most two per unit, stay). The schedule
- * (par_layer_hook from forward.c) keeps the units of the current layer pair plus one prefetched
+ * (par_layer_hook, the model's layer_event hook) keeps the units of the current layer pair plus one prefetched
  * unit gathered: forward layer l needs units {l, l+1} (layer l's rest and layer l+1's attention
  * input run in one team), backward layer l needs {l, l−1}; so the resident full-parameter memory is
  * ~3 layers, never the model. The next unit's all-gather is started (dist_comm_iallgather_f32)
@@ -59,7 +59,7 @@ void fsdp_state_free(fsdp_state *fs);
 
 /* The layer events of par_layer_hook (parallel.h). Not collective by itself, but every member
  * must see the same sequence of events (par_pad_passes makes it so). */
-void fsdp_layer_event(fsdp_state *fs, par_phase phase, int l);
+void fsdp_layer_event(fsdp_state *fs, model_layer_phase phase, int l);
 /* Zero the owned gradient shard (start of a step). */
 void fsdp_zero_grad(fsdp_state *fs);
 /* One pass with no tokens: the events of a forward (and with backward, of a backward) with zero

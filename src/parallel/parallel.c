@@ -35,7 +35,10 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
     const int fsdp = pc->fsdp_size == -1 ? T / pc->pipeline_parallel_size : pc->fsdp_size;
     const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
                     pc->pipeline_parallel_size > 1;
-    if (!any) return MOERL_OK; /* replicated model: plain data parallel (or one rank) */
+    if (!any) { /* replicated model: plain data parallel (or one rank) */
+        par_bind_hooks(ps);
+        return MOERL_OK;
+    }
     if (!ctx || ctx->trainer_rank < 0)
         return moerl_errorf("model parallelism (actor.fsdp_config.fsdp_size, actor.expert_parallel_size, "
                             "actor.ulysses_sequence_parallel_size, actor.pipeline_parallel_size) needs trainer ranks");
@@ -125,9 +128,86 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         moerl_errorf("actor.pipeline_parallel_size=%d: pipeline parallelism is not part of this build", g->pp);
         goto fail;
     }
+    par_bind_hooks(ps);
     return MOERL_OK;
 fail:
     return MOERL_ERR;
+}
+
+/* ------------------------------------------------------------------ the hook tables (forward.h, train.h) */
+
+static void hook_layer_event(void *par, model_layer_phase phase, int l) { par_layer_hook(par, phase, l); }
+static void hook_moe_forward(void *par, const moe_model *m, int l, const float *x, mlp_acts *s, int N) {
+    ep_model_hooks.moe_forward(((par_state *)par)->ep, m, l, x, s, N);
+}
+static void hook_moe_backward(void *par, const moe_model *m, int l, const mlp_acts *s, const float *d_y,
+                              float *d_permuted, float *dWgu, float *dWd) {
+    ep_model_hooks.moe_backward(((par_state *)par)->ep, m, l, s, d_y, d_permuted, dWgu, dWd);
+}
+static void hook_moe_idle(void *par, moe_model *m, int backward) { ep_idle_pass(((par_state *)par)->ep, m, backward); }
+static void hook_attn_tokens(void *par, int N, int *t0, int *n) { sp_token_range(((par_state *)par)->sp, N, t0, n); }
+static int hook_attn_begin(void *par, const int *cu_seqlens, int B, int N) {
+    return sp_begin(((par_state *)par)->sp, cu_seqlens, B, N);
+}
+static void hook_attn_forward(void *par, int l, float *out, const float *q, const float *k, const float *v,
+                              float scale) {
+    sp_attention_forward(((par_state *)par)->sp, l, out, q, k, v, scale);
+}
+static void hook_attn_backward(void *par, int l, float *dq, float *dk, float *dv, const float *dout, float scale) {
+    sp_attention_backward(((par_state *)par)->sp, l, dq, dk, dv, dout, scale);
+}
+static int hook_accumulate(void *par, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
+                           token_grad_fn fn, void *ctx, train_step_out *out) {
+    return pp_train_accumulate(((par_state *)par)->pp, m, seqs, n, o, fn, ctx, out);
+}
+static int hook_logprobs(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                         float temperature, float **out_logp) {
+    return pp_compute_logprobs(((par_state *)par)->pp, m, seqs, n, max_tokens, temperature, out_logp);
+}
+static int hook_router_counts(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                              double *counts) {
+    return pp_compute_router_counts(((par_state *)par)->pp, m, seqs, n, max_tokens, counts);
+}
+static void hook_zero_grad(void *par, moe_model *m) { par_zero_grad(par, m); }
+static int hook_max_passes(void *par, int passes) { return par_max_passes(par, passes); }
+static int hook_pad_passes(void *par, int passes, int max, int backward) {
+    return par_pad_passes(par, passes, max, backward);
+}
+static int hook_seq_allreduce(void *par, float *x, size_t n) {
+    return dist_comm_allreduce_f32(((par_state *)par)->grid->sp_comm, x, n);
+}
+
+/* The tables hold, for the strategies that are on: the layer events and the training loop's zero /
+ * pass-count hooks always; the MoE dispatch with EP, the attention shard and the logprob sum with
+ * Ulysses SP, the whole loop with the pipeline. */
+void par_bind_hooks(par_state *ps) {
+    model_hooks *mh = &ps->model_tab;
+    train_par_hooks *th = &ps->train_tab;
+    memset(mh, 0, sizeof *mh);
+    memset(th, 0, sizeof *th);
+    mh->layer_event = hook_layer_event;
+    if (ps->ep) {
+        mh->moe_forward = hook_moe_forward;
+        mh->moe_backward = hook_moe_backward;
+        mh->moe_idle = hook_moe_idle;
+    }
+    if (ps->sp) {
+        mh->attn_tokens = hook_attn_tokens;
+        mh->attn_begin = hook_attn_begin;
+        mh->attn_forward = hook_attn_forward;
+        mh->attn_backward = hook_attn_backward;
+        if (ps->grid) th->seq_allreduce = hook_seq_allreduce;
+    }
+    th->zero_grad = hook_zero_grad;
+    th->max_passes = hook_max_passes;
+    th->pad_passes = hook_pad_passes;
+    if (ps->pp) {
+        th->accumulate = hook_accumulate;
+        th->logprobs = hook_logprobs;
+        th->router_counts = hook_router_counts;
+    }
+    ps->head.model.hooks = mh;
+    ps->head.train = th;
 }
 
 void par_state_free(par_state *ps) {
@@ -187,7 +267,7 @@ void par_data_shard(const par_state *ps, int *index, int *count) {
     }
 }
 
-void par_layer_hook(par_state *ps, par_phase phase, int l) {
+void par_layer_hook(par_state *ps, model_layer_phase phase, int l) {
     if (ps->fsdp) fsdp_layer_event(ps->fsdp, phase, l);
 }
 
@@ -198,8 +278,8 @@ void par_zero_grad(par_state *ps, moe_model *m) {
 }
 
 /* EP × FSDP idle pass: the FSDP layer events and the MoE layers' exchanges in the order of
- * model_forward / model_backward (forward.c): forward layer l's MoE runs after PAR_FWD_LAYER l,
- * backward layer l−1's MoE between PAR_BWD_LAYER l and PAR_GRAD_READY l (l = L: the head's region).
+ * model_forward / model_backward (forward.c): forward layer l's MoE runs after MODEL_FWD_LAYER l,
+ * backward layer l−1's MoE between MODEL_BWD_LAYER l and MODEL_GRAD_READY l (l = L: the head's region).
  * Running all of one strategy's collectives before the other's could deadlock: an FSDP group and an
  * EP group of different ranks wait on each other. */
 static void ep_fsdp_idle_pass(par_state *ps, int backward) {
@@ -207,18 +287,18 @@ static void ep_fsdp_idle_pass(par_state *ps, int backward) {
     fsdp_get_stats(ps->fsdp, &st);
     const int L = st.n_units - 2;
     ep_count_idle_pass(ps->ep);
-    fsdp_layer_event(ps->fsdp, PAR_FWD_LAYER, -1);
+    fsdp_layer_event(ps->fsdp, MODEL_FWD_LAYER, -1);
     for (int l = 0; l < L; l++) {
-        fsdp_layer_event(ps->fsdp, PAR_FWD_LAYER, l);
+        fsdp_layer_event(ps->fsdp, MODEL_FWD_LAYER, l);
         ep_idle_layer(ps->ep, NULL, l, 0);
     }
     if (!backward) return;
     for (int l = L; l >= 0; l--) {
-        fsdp_layer_event(ps->fsdp, PAR_BWD_LAYER, l);
+        fsdp_layer_event(ps->fsdp, MODEL_BWD_LAYER, l);
         if (l >= 1) ep_idle_layer(ps->ep, NULL, l - 1, 1);
-        fsdp_layer_event(ps->fsdp, PAR_GRAD_READY, l);
+        fsdp_layer_event(ps->fsdp, MODEL_GRAD_READY, l);
     }
-    fsdp_layer_event(ps->fsdp, PAR_GRAD_READY, -1);
+    fsdp_layer_event(ps->fsdp, MODEL_GRAD_READY, -1);
 }
 
 int par_max_passes(par_state *ps, int passes) {

@@ -5,13 +5,14 @@
  * Where each strategy hooks in (so that `moerl sft` and the trainer ranks of `moerl rl` run the
  * same code, through train_accumulate in src/train/train.c):
  *   fsdp  src/parallel/fsdp.c     parameter shards; all-gather before a layer's forward / backward
- *                                 (model_acts.par → par_layer_hook, called by forward.c), reduce-
+ *                                 (model_acts.par's layer_event hook → par_layer_hook), reduce-
  *                                 scatter of gradients, optimizer on the owned shard;
  *   ep    src/parallel/ep.c       the MoE layer's token exchange between permute and grouped GEMM
- *                                 (forward.c's MoE block), all-to-all or all-to-all-v;
- *   sp    src/parallel/ulysses.c  attention: sequence-sharded → head-sharded and back (forward.c);
+ *                                 (the model's MoE dispatch hooks), all-to-all or all-to-all-v;
+ *   sp    src/parallel/ulysses.c  attention: sequence-sharded → head-sharded and back (the model's
+ *                                 attention shard hooks);
  *   pp    src/parallel/pipeline.c the 1F1B schedule over micro-batches (replaces the micro-batch
- *                                 loop of train_accumulate), activations sent point-to-point; a
+ *                                 loop of train_accumulate: train.h's hooks), activations sent point-to-point; a
  *                                 stage holds only its layers' parameters, gradients and moments
  *                                 (Megatron), summed over grid.stage_comm by par_finish_grads;
  *                                 compute_logprobs / compute_router_counts run the stages forward
@@ -34,8 +35,10 @@
 #define MOERL_PARALLEL_H
 
 #include "base/config.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "parallel/grid.h"
+#include "train/train.h"
 
 struct fsdp_state;
 struct ep_state;
@@ -43,6 +46,12 @@ struct sp_state;
 struct pp_state;
 
 typedef struct par_state {
+    /* FIRST: the hook tables the model and the training loop call (model/forward.h, train/train.h),
+     * so &ps is what model_acts.par / train_step_opts.par take; they point at model_tab / train_tab,
+     * filled by par_state_init* for the strategies that are on (NULL in a zeroed par_state). */
+    train_par_head head;
+    model_hooks model_tab;
+    train_par_hooks train_tab;
     dist_ctx *ctx;            /* the process's runtime (roles split); NULL only for a zeroed par_state */
     par_config cfg;           /* the keys as read (par_read_keys) */
     par_grid *grid;           /* NULL: one rank (or plain data parallel through the reducer) */
@@ -86,19 +95,21 @@ void par_release_gathered(par_state *ps);
  * trainer rank, so m is a plain model afterwards) and the grid. Collective like par_state_init.
  * A zeroed par_state is a no-op. */
 void par_state_free(par_state *ps);
+/* Fill ps's hook tables (model_tab, train_tab) for the strategies ps holds now and point its head at
+ * them, so that &ps can be given as model_acts.par / train_step_opts.par. par_state_init* call it;
+ * call it again after building a par_state by hand or changing its strategy members (tests,
+ * benchmarks). Not collective. */
+void par_bind_hooks(par_state *ps);
 /* Which share of a global batch this rank trains: shard *index of *count data-parallel shards
  * (grid: dp_rank of dp; otherwise trainer_rank of trainer_size; no ctx: 0 of 1). */
 void par_data_shard(const par_state *ps, int *index, int *count);
 /* 1 when any strategy is on (the model is not plainly replicated). */
 int par_active(const par_state *ps);
 
-/* Layer events of model_forward / model_backward (forward.c calls this when model_acts.par is
- * set): PAR_FWD_LAYER l before the forward work of layer l (l = −1: the embedding and layer 0's
- * attention input), PAR_BWD_LAYER l before the backward work of layer l (l = L: the LM head and
- * layer L−1's MLP), PAR_GRAD_READY g when backward group g's gradients are final (numbering of
- * dist_tensor_group: L, L−1, ..., 0, −1). Every micro-batch, not only the last. */
-typedef enum { PAR_FWD_LAYER = 0, PAR_BWD_LAYER, PAR_GRAD_READY } par_phase;
-void par_layer_hook(par_state *ps, par_phase phase, int l);
+/* Layer events of model_forward / model_backward (the layer_event hook of forward.h's model_hooks,
+ * which model_acts.par's table points here; phases: model_layer_phase). FSDP gathers and releases
+ * parameters and reduces gradients here. */
+void par_layer_hook(par_state *ps, model_layer_phase phase, int l);
 
 /* train_accumulate's start: zero the gradients (the owned shard under FSDP, m->grads otherwise). */
 void par_zero_grad(par_state *ps, moe_model *m);

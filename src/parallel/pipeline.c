@@ -21,10 +21,6 @@
 pp_options pp_options_default(void) {
     pp_options o = {.dynamic = 1, .mb_min = 4, .mb_max = 16, .min_mb_tokens = 64, .prefetch = 1, .progress_us = 50,
                     .overlap_grads = 1};
-    const char *e = getenv("MOERL_PP_PROGRESS_US");
-    if (e && *e) o.progress_us = atoi(e);
-    e = getenv("MOERL_PP_OVERLAP_GRADS");
-    if (e && *e) o.overlap_grads = atoi(e);
     return o;
 }
 
@@ -866,6 +862,74 @@ int pp_check_batch(const pp_state *s, const train_seq *seqs, int n, int max_toke
     return m < 0 ? MOERL_ERR : MOERL_OK;
 }
 
+/* The 1F1B schedule (interleaved when v > 1) of r's nm micro-batches on this stage, with the MPI
+ * progress thread (pp_options.progress_us) around it and the look-ahead receives posted first;
+ * returns when every send of the slots has left: the seconds since t_start. */
+static double run_1f1b(pp_state *s, pp_run *r, int nm, double t_start) {
+    const int P = s->pp, V = s->v;
+    progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
+    atomic_init(&pa.stop, 0);
+    pthread_t pt;
+    const int have_pt = pa.us > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
+    if (s->opt.prefetch)
+        for (int c = 0; c < V; c++)
+            for (int j = 0; j < MOERL_MIN(s->n_slots[c], nm); j++) post_input(s, r, c, j);
+    /* warm-up forwards, steady forward/backward pairs, cool-down backwards */
+    const int nops = 2 * nm * V;
+    int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
+    if (pp_schedule(P, s->stage, V, nm, kind, chunk, mbi) != nops) /* the plan checked the count */
+        moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
+    for (int i = 0; i < nops; i++) {
+        if (kind[i]) backward_step(s, r, chunk[i], mbi[i]);
+        else forward_step(s, r, chunk[i], mbi[i]);
+    }
+    free(kind);
+    for (int c = 0; c < V; c++)
+        for (int k = 0; k < s->n_slots[c]; k++) {
+            pp_slot *sl = &s->slots[c][k];
+            wait_idle(s, &sl->sq_h);
+            wait_idle(s, &sl->sq_fa);
+            wait_idle(s, &sl->sq_g);
+            wait_idle(s, &sl->sq_ba);
+        }
+    const double sched = moerl_now() - t_start;
+    if (have_pt) {
+        atomic_store(&pa.stop, 1);
+        pthread_join(pt, NULL);
+    }
+    return sched;
+}
+
+/* s->st from a schedule of nm micro-batches: tim [3P] = every stage's schedule, busy and wait
+ * seconds (summed over the stages); the schedule time T is the slowest stage's, idle share = 1 −
+ * busy/T; bytes0: the point-to-point bytes before the schedule. */
+static void schedule_stats(pp_state *s, const double *tim, int nm, double bytes0) {
+    const int P = s->pp, V = s->v;
+    pp_stats *st = &s->st;
+    memset(st, 0, sizeof *st);
+    st->stages = P;
+    st->virtual_stages = V;
+    st->microbatches = nm;
+    for (int k = 0; k < P; k++) st->step_s = MOERL_MAX(st->step_s, tim[k]);
+    for (int k = 0; k < P && st->step_s > 0; k++) {
+        const double idle = 1.0 - tim[P + k] / st->step_s;
+        st->bubble_mean += idle / P;
+        st->bubble_max = MOERL_MAX(st->bubble_max, idle);
+        st->wait_share_mean += tim[2 * P + k] / st->step_s / P;
+    }
+    st->busy_s = s->busy_s;
+    st->wait_s = s->wait_s;
+    st->bubble = st->step_s > 0 ? 1.0 - s->busy_s / st->step_s : 0;
+    st->theory = (double)(P - 1) / (double)(nm + P - 1);
+    st->theory_interleaved = (double)(P - 1) / (double)((double)V * nm + P - 1);
+    st->bytes_sent = dist_comm_bytes(s->comm, DIST_OP_P2P) - bytes0;
+    if (s->gs.running) {
+        pthread_mutex_lock(&s->gs.mu);
+        st->grad_sums_overlapped = s->gs.nq;
+        pthread_mutex_unlock(&s->gs.mu);
+    }
+}
+
 int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                         token_grad_fn fn, void *ctx, train_step_out *out) {
     memset(out, 0, sizeof *out);
@@ -909,36 +973,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     s->wait_s = s->busy_s = 0;
     s->cur_m = nm;
     const double bytes0 = dist_comm_bytes(s->comm, DIST_OP_P2P);
-    progress_arg pa = {.comm = s->comm, .us = s->opt.progress_us};
-    atomic_init(&pa.stop, 0);
-    pthread_t pt;
-    const int have_pt = pa.us > 0 && pthread_create(&pt, NULL, progress_main, &pa) == 0;
-    if (s->opt.prefetch)
-        for (int c = 0; c < V; c++)
-            for (int j = 0; j < MOERL_MIN(s->n_slots[c], nm); j++) post_input(s, &r, c, j);
-    /* 1F1B (interleaved when V > 1): warm-up forwards, steady forward/backward pairs, cool-down backwards */
-    const int nops = 2 * nm * V;
-    int *kind = xmalloc(3 * (size_t)nops * sizeof(int)), *chunk = kind + nops, *mbi = chunk + nops;
-    if (pp_schedule(P, s->stage, V, nm, kind, chunk, mbi) != nops) /* the plan checked the count */
-        moerl_fatal("pipeline stage %d: %s", s->stage, moerl_last_error());
-    for (int i = 0; i < nops; i++) {
-        if (kind[i]) backward_step(s, &r, chunk[i], mbi[i]);
-        else forward_step(s, &r, chunk[i], mbi[i]);
-    }
-    free(kind);
-    for (int c = 0; c < V; c++)
-        for (int k = 0; k < s->n_slots[c]; k++) {
-            pp_slot *sl = &s->slots[c][k];
-            wait_idle(s, &sl->sq_h);
-            wait_idle(s, &sl->sq_fa);
-            wait_idle(s, &sl->sq_g);
-            wait_idle(s, &sl->sq_ba);
-        }
-    const double sched = moerl_now() - t_start;
-    if (have_pt) {
-        atomic_store(&pa.stop, 1);
-        pthread_join(pt, NULL);
-    }
+    const double sched = run_1f1b(s, &r, nm, t_start);
     /* additive convention: the last stage reports the pipeline's loss, aux and statistics, the others 0 */
     const int last = s->stage == P - 1;
     if (last) {
@@ -956,30 +991,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     out->n_microbatches = nm;
     out->n_tokens = 0;
     for (int j = 0; j < nm && last; j++) out->n_tokens += Nmb[j];
-    /* statistics: the schedule time T is the slowest stage's; idle share = 1 − busy/T */
-    pp_stats *st = &s->st;
-    memset(st, 0, sizeof *st);
-    st->stages = P;
-    st->virtual_stages = V;
-    st->microbatches = nm;
-    for (int k = 0; k < P; k++) st->step_s = MOERL_MAX(st->step_s, tim[k]);
-    for (int k = 0; k < P && st->step_s > 0; k++) {
-        const double idle = 1.0 - tim[P + k] / st->step_s;
-        st->bubble_mean += idle / P;
-        st->bubble_max = MOERL_MAX(st->bubble_max, idle);
-        st->wait_share_mean += tim[2 * P + k] / st->step_s / P;
-    }
-    st->busy_s = s->busy_s;
-    st->wait_s = s->wait_s;
-    st->bubble = st->step_s > 0 ? 1.0 - s->busy_s / st->step_s : 0;
-    st->theory = (double)(P - 1) / (double)(nm + P - 1);
-    st->theory_interleaved = (double)(P - 1) / (double)((double)V * nm + P - 1);
-    st->bytes_sent = dist_comm_bytes(s->comm, DIST_OP_P2P) - bytes0;
-    if (s->gs.running) {
-        pthread_mutex_lock(&s->gs.mu);
-        st->grad_sums_overlapped = s->gs.nq;
-        pthread_mutex_unlock(&s->gs.mu);
-    }
+    schedule_stats(s, tim, nm, bytes0);
     if (o->layer_hook) /* every group's gradient (this stage's share) is final: the caller's sum may start */
         for (int g = s->L; g >= -1; g--) o->layer_hook(o->layer_hook_ctx, g);
     free(acc);

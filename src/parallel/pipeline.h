@@ -102,13 +102,13 @@ typedef struct {
     int virtual_stages; /* model chunks per stage (interleaved 1F1B); 0 = the grid's
                            actor.virtual_pipeline_parallel_size (default 0); fixed when the state is made */
     int overlap_grads;  /* stage-owned, v > 1: sum a chunk's gradients over the stage's data-parallel ranks
-                           on a thread as soon as its last backward is done (default 1; MOERL_PP_OVERLAP_GRADS=0
-                           turns it off: the same sums after the schedule; v = 1 always sums after it, as
+                           on a thread as soon as its last backward is done (default 1; 0 turns it off: the
+                           same sums after the schedule; v = 1 always sums after it, as
                            its one chunk finishes with the last backward) */
 } pp_options;
 
-/* Defaults as documented on the fields. The environment variables MOERL_PP_PROGRESS_US and
- * MOERL_PP_OVERLAP_GRADS, when set, override progress_us and overlap_grads (benchmarks). */
+/* Defaults as documented on the fields (the caller sets any other value explicitly, e.g. the
+ * benchmarks' --progress-us; pp_set_options changes them on a live state). */
 pp_options pp_options_default(void);
 
 typedef struct {

@@ -501,7 +501,8 @@ typedef struct {
                          pipeline re-packs the update into more micro-batches (pp_plan_microbatches) */
 } plan_ctx;
 
-static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
+/* The layout and size checks of plan_check (x->S, x->fsdp set): every refusal names the key. */
+static int check_layout(const moe_config *c, const plan_input *in, plan_ctx *x) {
     const int L = c->num_hidden_layers;
     if (in->n_trainer <= 0 || in->ep <= 0 || in->sp <= 0 || in->pp <= 0)
         return moerl_errorf("plan: trainer.n_ranks (%d), actor.expert_parallel_size (%d), "
@@ -546,6 +547,53 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
     if (in->n_rollout < 0 || in->rollout_tp <= 0 || (in->n_rollout > 0 && in->n_rollout % in->rollout_tp))
         return moerl_errorf("plan: rollout.n_ranks %d must be a multiple of rollout.tensor_model_parallel_size %d",
                             in->n_rollout, in->rollout_tp);
+    return MOERL_OK;
+}
+
+/* The micro-batch count a pipeline makes itself (pipeline.c's dynamic rule: 4..16 micro-batches of
+ * ≥ 64 tokens, a multiple of pp when interleaved) for an update's sequences at full length, over dp
+ * pipelines: x->mb and x->mb_tokens when the count is known; unchanged otherwise. */
+static int pp_dynamic_count(const plan_input *in, int dp, plan_ctx *x) {
+    double n_seq = floor((double)in->step_tokens / in->updates_per_step / dp / in->max_model_len);
+    if (in->group_size > 0 && in->groups_per_update > 0) {
+        /* whole groups per pipeline, as moerl rl splits and checks them (rl_check_pipeline_groups):
+         * refused as rl refuses it; the count is that of the fullest pipeline at full length */
+        const rl_pp_sizes z = {.groups = in->groups_per_update,
+                               .group_size = in->group_size,
+                               .pipelines = dp,
+                               .pp = in->pp,
+                               .vpp = in->vpp,
+                               .min_seq_tokens = in->min_seq_len > 0 ? in->min_seq_len : in->max_model_len,
+                               .seq_tokens = in->max_model_len,
+                               .max_tokens = (int)MOERL_MIN(in->micro_tokens, (int64_t)INT32_MAX),
+                               .seq_tokens_src = in->seq_len_src ? in->seq_len_src : "plan's sequence length"};
+        if (rl_check_pipeline_groups(&z) != MOERL_OK) return moerl_error_prefix("plan: ");
+        int k_lo, k_hi;
+        rl_shard_groups(in->groups_per_update, dp, in->max_model_len, in->max_model_len, &k_lo, &k_hi);
+        n_seq = (double)k_hi * in->group_size;
+    }
+    if (n_seq >= 1 && n_seq <= (double)(1 << 22)) {
+        const int n = (int)n_seq;
+        train_seq *seqs = xcalloc((size_t)n, sizeof *seqs);
+        int *mbs = xmalloc((size_t)(n + 1) * sizeof(int));
+        for (int i = 0; i < n; i++) seqs[i].len = in->max_model_len;
+        pp_options o = pp_options_default();
+        o.virtual_stages = in->vpp > 1 ? in->vpp : 1;
+        o.quiet = 1;
+        const int m = pp_plan_microbatches(seqs, n, (int)MOERL_MIN(in->micro_tokens, (int64_t)INT32_MAX), in->pp,
+                                           &o, mbs);
+        free(seqs);
+        free(mbs);
+        if (m < 0) return moerl_error_prefix("plan: ");
+        x->mb = m;
+        x->mb_tokens = n_seq * in->max_model_len / m;
+    }
+    return MOERL_OK;
+}
+
+static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
+    const int L = c->num_hidden_layers;
+    if (check_layout(c, in, x) != MOERL_OK) return MOERL_ERR;
     x->N = in->micro_tokens;
     const int dp = in->n_trainer / (in->pp * in->sp);
     x->mb = in->micro_batches;
@@ -563,44 +611,9 @@ static int plan_check(const moe_config *c, const plan_input *in, plan_ctx *x) {
         x->mb = mb < 1 ? 1 : (int)mb;
     }
     x->mb_tokens = (double)x->N;
-    if (in->pp > 1 && in->micro_batches <= 0 && in->max_model_len > 0 && in->max_model_len <= in->micro_tokens) {
-        /* the count the pipeline itself makes (pipeline.c's dynamic rule: 4..16 micro-batches of ≥ 64
-         * tokens, a multiple of pp when interleaved) for this update's sequences at full length */
-        double n_seq = floor((double)in->step_tokens / in->updates_per_step / dp / in->max_model_len);
-        if (in->group_size > 0 && in->groups_per_update > 0) {
-            /* whole groups per pipeline, as moerl rl splits and checks them (rl_check_pipeline_groups):
-             * refused as rl refuses it; the count is that of the fullest pipeline at full length */
-            const rl_pp_sizes z = {.groups = in->groups_per_update,
-                                   .group_size = in->group_size,
-                                   .pipelines = dp,
-                                   .pp = in->pp,
-                                   .vpp = in->vpp,
-                                   .min_seq_tokens = in->min_seq_len > 0 ? in->min_seq_len : in->max_model_len,
-                                   .seq_tokens = in->max_model_len,
-                                   .max_tokens = (int)MOERL_MIN(in->micro_tokens, (int64_t)INT32_MAX),
-                                   .seq_tokens_src = in->seq_len_src ? in->seq_len_src : "plan's sequence length"};
-            if (rl_check_pipeline_groups(&z) != MOERL_OK) return moerl_error_prefix("plan: ");
-            int k_lo, k_hi;
-            rl_shard_groups(in->groups_per_update, dp, in->max_model_len, in->max_model_len, &k_lo, &k_hi);
-            n_seq = (double)k_hi * in->group_size;
-        }
-        if (n_seq >= 1 && n_seq <= (double)(1 << 22)) {
-            const int n = (int)n_seq;
-            train_seq *seqs = xcalloc((size_t)n, sizeof *seqs);
-            int *mbs = xmalloc((size_t)(n + 1) * sizeof(int));
-            for (int i = 0; i < n; i++) seqs[i].len = in->max_model_len;
-            pp_options o = pp_options_default();
-            o.virtual_stages = in->vpp > 1 ? in->vpp : 1;
-            o.quiet = 1;
-            const int m = pp_plan_microbatches(seqs, n, (int)MOERL_MIN(in->micro_tokens, (int64_t)INT32_MAX), in->pp,
-                                               &o, mbs);
-            free(seqs);
-            free(mbs);
-            if (m < 0) return moerl_error_prefix("plan: ");
-            x->mb = m;
-            x->mb_tokens = n_seq * in->max_model_len / m;
-        }
-    }
+    if (in->pp > 1 && in->micro_batches <= 0 && in->max_model_len > 0 && in->max_model_len <= in->micro_tokens &&
+        pp_dynamic_count(in, dp, x) != MOERL_OK)
+        return MOERL_ERR;
     if (in->pp > 1 && x->mb < in->pp) x->mb = in->pp; /* 1F1B needs ≥ pp micro-batches (pipeline.h's guard) */
     x->v = in->vpp > 1 ? in->vpp : 1;
     if (x->v > 1) { /* interleaved: m a multiple of pp (pipeline.h; the dynamic count rounds its target up) */
@@ -788,31 +801,20 @@ int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int 
     return traffic(c, in, &x, stage, sp_rank, fsdp_rank, t);
 }
 
-int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
-    memset(o, 0, sizeof *o);
-    plan_ctx x;
-    if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
-    const int L = c->num_hidden_layers, fsdp = x.fsdp;
-    plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
-    o->n_active = model_active_matmul_params(c);
-    o->fsdp = fsdp;
-    o->dp = in->n_trainer / (in->pp * in->sp);
-    o->micro_batches = x.mb;
-    o->vpp = x.v;
-    if (in->pp > 1) /* Narayanan et al. 2021 §2.2.2 (pp_stats.theory_interleaved; = 1F1B's at v = 1) */
-        o->bubble_theory = (in->pp - 1.0) / ((double)x.v * x.mb + in->pp - 1.0);
+/* plan_compute's memory of the fullest stage (the most bytes per rank: parameters, their state and
+ * activations of N tokens, scaled by act_scale): o->fullest_stage, weights, moments, master,
+ * stage_layers, acts, acts_recompute, gathered(_low); *best_s the stage, *ref_local the floats the
+ * KL reference holds there. */
+static int fullest_stage(const moe_config *c, const plan_input *in, const plan_ctx *x, int64_t N, double act_scale,
+                         plan_result *o, int *best_s, double *ref_local) {
+    const int L = c->num_hidden_layers, fsdp = x->fsdp;
     const double db = in->dtype_bytes, ep = in->ep;
-    const int64_t N = (x.N + in->sp - 1) / in->sp; /* tokens a Ulysses rank holds (the largest share) */
-    const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
-
-    /* the stage with the most bytes per rank (parameters, their state and activations) */
-    double best = -1, ref_local = 0;
-    int best_s = 0;
+    double best = -1;
     for (int s = 0; s < in->pp; s++) {
         double d, e;
         int l0, l1;
         int layers;
-        if (stage_params_v(c, in->pp, x.v, in->pp_params, s, &d, &e, &layers, &l0, &l1) != MOERL_OK) return MOERL_ERR;
+        if (stage_params_v(c, in->pp, x->v, in->pp_params, s, &d, &e, &layers, &l0, &l1) != MOERL_OK) return MOERL_ERR;
         double local, copy = plan_pp_tied_copy(c, in->pp, in->pp_params, s);
         if (fsdp > 1) { /* moerl's unit shards (padding per unit) of the rank's expert slice */
             double n[MOERL_MAX_LAYERS + 2];
@@ -829,8 +831,8 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         }
         double acts0 = plan_acts_bytes(c, N, l0, l1, 0), acts1 = plan_acts_bytes(c, N, l0, l1, 1);
         if (in->pp > 1) { /* the schedule's in-flight slots per chunk */
-            if (stage_acts(c, in->pp, x.v, s, x.mb, N, 0, &acts0) != MOERL_OK ||
-                stage_acts(c, in->pp, x.v, s, x.mb, N, 1, &acts1) != MOERL_OK)
+            if (stage_acts(c, in->pp, x->v, s, x->mb, N, 0, &acts0) != MOERL_OK ||
+                stage_acts(c, in->pp, x->v, s, x->mb, N, 1, &acts1) != MOERL_OK)
                 return MOERL_ERR;
         }
         const double acts = (in->recompute ? acts1 : acts0) * act_scale;
@@ -838,10 +840,10 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         const double bytes = (local + copy) * 2 * db + local * (8 + (in->dtype_bytes == 2 ? 4 : 0)) + acts;
         if (bytes > best) {
             best = bytes;
-            best_s = s;
+            *best_s = s;
             o->fullest_stage = s;
             o->weights = (local + copy) * db;
-            ref_local = local + copy; /* the KL reference holds what the actor holds (par_state_init_like) */
+            *ref_local = local + copy; /* the KL reference holds what the actor holds (par_state_init_like) */
             o->moments = local * 8;
             o->master = in->dtype_bytes == 2 ? local * 4 : 0;
             o->stage_layers = layers;
@@ -850,13 +852,84 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             o->gathered = 0;
             if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units: both bounds */
                 double hi, lo;
-                replay_rank(c, in->ep, fsdp, 0, (double)in->fwd_only_passes * x.mb, x.mb, NULL, &hi, NULL);
-                replay_rank(c, in->ep, fsdp, 1, (double)in->fwd_only_passes * x.mb, x.mb, NULL, &lo, NULL);
+                replay_rank(c, in->ep, fsdp, 0, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &hi, NULL);
+                replay_rank(c, in->ep, fsdp, 1, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &lo, NULL);
                 o->gathered = hi * db;
                 o->gathered_low = lo * db;
             }
         }
     }
+    return MOERL_OK;
+}
+
+/* plan_compute's traffic per step: one optimizer update's collectives on the fullest stage best_s
+ * (its last Ulysses rank, the largest token share; under EP × FSDP the FSDP rank whose owned pieces
+ * sum the most floats) times the updates, plus the forward-only logprob passes (n_mb_lp
+ * micro-batches of rank_tokens tokens). */
+static int plan_step_traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int best_s, int n_mb_lp,
+                             double rank_tokens, plan_result *o) {
+    const int fsdp = x->fsdp;
+    plan_traffic t = {0};
+    double sums = -1;
+    for (int r = 0; r < (in->ep > 1 ? fsdp : 1); r++) {
+        plan_traffic tr;
+        if (traffic(c, in, x, best_s, in->sp - 1, r, &tr) != MOERL_OK) return MOERL_ERR;
+        const double v = tr.replica_allreduce + tr.ep_replica_allreduce;
+        if (v > sums) {
+            sums = v;
+            t = tr;
+        }
+    }
+    o->allreduce = t.reducer + t.replica_allreduce + t.ep_replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce;
+    o->allgather = t.fsdp_allgather;
+    o->reduce_scatter = t.fsdp_reduce_scatter;
+    o->alltoall_ep = t.ep_alltoall;
+    o->alltoall_sp = t.sp_alltoall;
+    if (in->pp > 1) { /* a middle stage sends both ways; report the busiest */
+        for (int s = 0; s < in->pp; s++) {
+            plan_traffic ts;
+            if (traffic(c, in, x, s, in->sp - 1, 0, &ts) != MOERL_OK) return MOERL_ERR;
+            o->p2p_pp = MOERL_MAX(o->p2p_pp, ts.pp_p2p + ts.pp_p2p_fwd_only + ts.pp_p2p_emb);
+        }
+    }
+    o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
+                  in->updates_per_step;
+    if (in->logprob_passes > 0 || in->ref_model) { /* forward-only passes over the step's data: the proximal
+                                                    * logprobs (logprob_passes) and the sharded reference's */
+        plan_traffic tl;
+        if (logprob_traffic(c, in, x, best_s, in->sp - 1, 0, n_mb_lp, rank_tokens * in->resp_fraction, &tl) !=
+            MOERL_OK)
+            return MOERL_ERR;
+        const double one = tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall + tl.sp_logprob_allreduce +
+                           tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce;
+        o->logprob_pass = in->logprob_passes * one;
+        o->ref_pass = in->ref_model ? one : 0; /* the same collectives on the same groups (test_dist_plan) */
+        o->per_step += o->logprob_pass + o->ref_pass;
+    }
+    return MOERL_OK;
+}
+
+int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
+    memset(o, 0, sizeof *o);
+    plan_ctx x;
+    if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
+    const int L = c->num_hidden_layers, fsdp = x.fsdp;
+    plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
+    o->n_active = model_active_matmul_params(c);
+    o->fsdp = fsdp;
+    o->dp = in->n_trainer / (in->pp * in->sp);
+    o->micro_batches = x.mb;
+    o->vpp = x.v;
+    if (in->pp > 1) /* Narayanan et al. 2021 §2.2.2 (pp_stats.theory_interleaved; = 1F1B's at v = 1) */
+        o->bubble_theory = (in->pp - 1.0) / ((double)x.v * x.mb + in->pp - 1.0);
+    const double db = in->dtype_bytes;
+    const int64_t N = (x.N + in->sp - 1) / in->sp; /* tokens a Ulysses rank holds (the largest share) */
+    const double act_scale = db / 4.0;             /* moerl's arena is fp32 */
+
+    /* the stage with the most bytes per rank (parameters, their state and activations) */
+    int best_s = 0;
+    double ref_local = 0;
+    if (fullest_stage(c, in, &x, N, act_scale, o, &best_s, &ref_local) != MOERL_OK) return MOERL_ERR;
     o->grads = o->weights;
     /* micro-batches of a forward-only pass over the step's data on a rank (the proximal and reference passes) */
     const int dp_lp = in->n_trainer / (in->pp * in->sp);
@@ -896,45 +969,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
                   kv_split;
     o->rollout_total = o->rollout_weights + o->kv_cache;
 
-    /* traffic per optimizer update of the fullest stage's last Ulysses rank (the largest token share)
-     * and, under EP × FSDP, the FSDP rank whose owned pieces sum the most floats */
-    plan_traffic t = {0};
-    double sums = -1;
-    for (int r = 0; r < (in->ep > 1 ? fsdp : 1); r++) {
-        plan_traffic tr;
-        if (traffic(c, in, &x, best_s, in->sp - 1, r, &tr) != MOERL_OK) return MOERL_ERR;
-        const double v = tr.replica_allreduce + tr.ep_replica_allreduce;
-        if (v > sums) {
-            sums = v;
-            t = tr;
-        }
-    }
-    o->allreduce = t.reducer + t.replica_allreduce + t.ep_replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce;
-    o->allgather = t.fsdp_allgather;
-    o->reduce_scatter = t.fsdp_reduce_scatter;
-    o->alltoall_ep = t.ep_alltoall;
-    o->alltoall_sp = t.sp_alltoall;
-    if (in->pp > 1) { /* a middle stage sends both ways; report the busiest */
-        for (int s = 0; s < in->pp; s++) {
-            plan_traffic ts;
-            if (traffic(c, in, &x, s, in->sp - 1, 0, &ts) != MOERL_OK) return MOERL_ERR;
-            o->p2p_pp = MOERL_MAX(o->p2p_pp, ts.pp_p2p + ts.pp_p2p_fwd_only + ts.pp_p2p_emb);
-        }
-    }
-    o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
-                  in->updates_per_step;
-    if (in->logprob_passes > 0 || in->ref_model) { /* forward-only passes over the step's data: the proximal
-                                                    * logprobs (logprob_passes) and the sharded reference's */
-        plan_traffic tl;
-        if (logprob_traffic(c, in, &x, best_s, in->sp - 1, 0, n_mb_lp, rank_tokens * in->resp_fraction, &tl) !=
-            MOERL_OK)
-            return MOERL_ERR;
-        const double one = tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall + tl.sp_logprob_allreduce +
-                           tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce;
-        o->logprob_pass = in->logprob_passes * one;
-        o->ref_pass = in->ref_model ? one : 0; /* the same collectives on the same groups (test_dist_plan) */
-        o->per_step += o->logprob_pass + o->ref_pass;
-    }
+    if (plan_step_traffic(c, in, &x, best_s, n_mb_lp, rank_tokens, o) != MOERL_OK) return MOERL_ERR;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
     return MOERL_OK;
 }

@@ -10,7 +10,6 @@
 #include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
-#include "parallel/ep.h"
 #include "model/safetensors.h"
 
 /* Element-wise loops below this size stay on one thread (decode steps: a parallel region would
@@ -37,7 +36,7 @@ struct engine {
     float *hid, *hid_rstd, *logits, *sample_scratch;
     moe_bf16_weights bf; /* bf16 panels (ec.bf16_weights), else bf.buf == NULL */
     engine_stats st;
-    struct ep_state *ep;  /* expert parallelism over rollout ranks (engine_set_ep), else NULL */
+    void *ep;             /* expert parallelism over rollout ranks (engine_set_ep: a runtime with the MoE hooks), else NULL */
 };
 
 /* Rows up to which a step's o_proj and LM head read the bf16 panels (beyond: the fp32 product
@@ -280,17 +279,17 @@ int engine_load_weights_bf16(engine *e, const uint16_t *w, size_t n_params, int 
 
 const moe_model *engine_model(const engine *e) { return &e->m; }
 
-void engine_set_ep(engine *e, struct ep_state *ep) { e->ep = ep; }
-
-int engine_idle_step(engine *e) {
-    if (!e->ep) return MOERL_OK;
-    if (!e->ec.simulated) ep_idle_pass(e->ep, &e->m, 0); /* the MoE layers' exchanges, no rows of its own */
+int engine_set_ep(engine *e, void *ep) {
+    const model_hooks *h = model_par_hooks(ep);
+    if (ep && !(h && h->moe_forward && h->moe_idle))
+        return moerl_errorf("engine_set_ep: the runtime has no MoE dispatch hooks (model_hooks.moe_forward / moe_idle)");
+    e->ep = ep;
     return MOERL_OK;
 }
 
-int engine_load_slice(engine *e, const moe_model *full, int version) {
-    if (ep_slice_model(full, &e->m) != MOERL_OK) return MOERL_ERR;
-    engine_set_version(e, version);
+int engine_idle_step(engine *e) {
+    if (!e->ep) return MOERL_OK;
+    if (!e->ec.simulated) model_par_hooks(e->ep)->moe_idle(e->ep, &e->m, 0); /* the MoE layers' exchanges, no rows of its own */
     return MOERL_OK;
 }
 
@@ -390,7 +389,7 @@ static void forward_tokens(engine *e, int T, int n_rows) {
         if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
         else linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
-        mlp_forward_ep(m, l, e->ln, e->mlp_out, &e->mlp, T, e->ep); /* ep NULL: mlp_forward */
+        mlp_forward_par(m, l, e->ln, e->mlp_out, &e->mlp, T, e->ep); /* ep NULL: mlp_forward */
         const size_t TH = (size_t)T * H;
         float *x = e->x;
         const float *mo = e->mlp_out;

@@ -117,16 +117,14 @@ int engine_set_version_bf16(engine *e, int version);
 int engine_load_weights_bf16(engine *e, const uint16_t *w, size_t n_params, int version);
 /* The engine's inference model (weights in the engine's buffer). */
 const moe_model *engine_model(const engine *e);
-/* Expert parallelism over rollout ranks (src/parallel/ep.h): the engine was created from a config
- * whose exec.ep_size / ep_rank select this rank's experts (ep_config_apply), and every step's MoE
- * layers exchange their routed rows through ep's dispatcher. Then every rank of ep's group must step
+/* Expert parallelism over rollout ranks: the engine was created from a config whose exec.ep_size /
+ * ep_rank select this rank's experts, and every step's MoE layers exchange their routed rows through
+ * the runtime ep: an object beginning with a model_par_head (model/forward.h) whose table has
+ * moe_forward and moe_idle (src/parallel/ep.h's ep_state). Then every rank of the group must step
  * together: engine_step on the ranks with work, engine_idle_step (the exchanges with no rows of its
- * own) on the others. NULL turns it off. engine_load_slice: this rank's slice of a whole model
- * `full` (config without exec.ep_size) as the weights of `version` (ep_slice_model's errors). */
-struct ep_state;
-void engine_set_ep(engine *e, struct ep_state *ep);
+ * own: moe_idle) on the others. NULL turns it off. Errors: a runtime without those hooks. */
+int engine_set_ep(engine *e, void *ep);
 int engine_idle_step(engine *e);
-int engine_load_slice(engine *e, const moe_model *full, int version);
 /* The configuration the engine was created with. */
 engine_config engine_get_config(const engine *e);
 /* Validate and enqueue. Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,

@@ -156,24 +156,11 @@ double sim_calibrate_bytes(const moe_config *cfg, int max_num_seqs, int train_to
     return 4.0 * total * 4 + 4.0 * expert + kv + plan_acts_bytes(cfg, train_tokens, 0, cfg->num_hidden_layers, 0);
 }
 
-int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim_device *d) {
-    const double need = sim_calibrate_bytes(cfg, max_num_seqs, train_tokens);
-    const uint64_t avail = moerl_mem_available();
-    if (avail > 0 && need > (double)avail)
-        return moerl_errorf("simulate --calibrate runs the model on this machine and needs about %.1f GB of memory (fp32 "
-                            "weights, gradients, the engine's copy and the broadcast copy, the engine's packed experts, "
-                            "activations for %d training tokens), but %.1f GB are available (MemAvailable): calibrate "
-                            "on a smaller model of the same shape family (--model with fewer layers or experts) and "
-                            "pass its cost keys (sim.mem_bandwidth, sim.flops, sim.train_flops), or use a named "
-                            "sim.device",
-                            need / 1e9, train_tokens, (double)avail / 1e9);
-    sim_device_named("cpu", d);
-    snprintf(d->name, sizeof d->name, "calibrated");
-    d->dtype_bytes = 4; /* moerl's engine: fp32 weights and KV */
-    moe_model m;
-    if (model_init(&m, cfg) != MOERL_OK) return MOERL_ERR;
-    model_init_random(&m, 7);
-    const model_shape s = shape_of(cfg);
+/* sim_calibrate's engine part: decode steps of model m (config cfg, shape s) at batch sizes up to
+ * max_num_seqs after a prefill of 32-token prompts, timed, and d->a_bytes, a_flops, c_step fitted
+ * (non-negative least squares). Errors: the engine cannot be created. */
+static int calibrate_engine(const moe_config *cfg, const moe_model *m, const model_shape *s, int max_num_seqs,
+                            sim_device *d) {
     double X[CAL_MAX][3], T[CAL_MAX];
     int n = 0;
     /* engine: decode at batch sizes up to max_num_seqs, after a prefill of 32-token prompts */
@@ -181,11 +168,8 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
     engine_config ec = {.max_num_seqs = max_num_seqs, .max_model_len = plen + gen + 1,
                         .max_num_batched_tokens = MOERL_MAX(max_num_seqs * plen, 256)};
     engine *e = engine_create(cfg, ec);
-    if (!e) {
-        model_free(&m);
-        return MOERL_ERR;
-    }
-    engine_load_weights(e, m.params, m.n_params, 0);
+    if (!e) return MOERL_ERR;
+    engine_load_weights(e, m->params, m->n_params, 0);
     int batches[5] = {1, 4, 16, 64, 128}, nb = 0;
     for (int i = 0; i < 5; i++)
         if (batches[i] <= max_num_seqs) batches[nb++] = batches[i];
@@ -213,7 +197,7 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
             const engine_stats z = engine_get_stats(e);
             const double toks = (double)(z.decode_tokens + z.prefill_tokens - a.decode_tokens - a.prefill_tokens);
             double by, fl;
-            step_terms(&s, 4, 1, toks, (double)(z.kv_reads - a.kv_reads), &by, &fl);
+            step_terms(s, 4, 1, toks, (double)(z.kv_reads - a.kv_reads), &by, &fl);
             if (step++ >= 2 && dt > 0 && n < CAL_MAX) { /* the first steps warm caches and thread pools */
                 X[n][0] = by, X[n][1] = fl, X[n][2] = 1, T[n] = dt;
                 n++;
@@ -233,18 +217,23 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
     d->a_bytes = coef[0];
     d->a_flops = coef[1];
     d->c_step = coef[2];
+    return MOERL_OK;
+}
+
+/* sim_calibrate's training part: forward + logprobs + backward of model m on packed 128-token
+ * sequences at several sizes up to train_tokens, and AdamW steps, timed: d->s_flop and d->c_update.
+ * Errors: the activation arena cannot be made. */
+static int calibrate_train(const moe_config *cfg, moe_model *m, int train_tokens, sim_device *d) {
     /* training: forward + logprobs + backward on packed 128-token sequences at several sizes, from a
      * sixteenth of train_tokens up (a toy config's updates are smaller than the largest size; an
      * intercept fitted from large sizes only swung 0.0007–0.55 s between runs); each size's time is
      * the median of CAL_TRAIN_REPS timed repetitions, so a load spike moves no point of the fit */
-    n = 0;
+    double X[CAL_MAX][3], T[CAL_MAX], coef[3];
+    int n = 0;
     enum { CAL_SIZES = 4, CAL_TRAIN_REPS = 5 };
     int sizes[CAL_SIZES] = {train_tokens / 16, train_tokens / 4, train_tokens / 2, train_tokens};
     model_acts acts;
-    if (model_acts_init(&acts, &m, train_tokens) != MOERL_OK) {
-        model_free(&m);
-        return MOERL_ERR;
-    }
+    if (model_acts_init(&acts, m, train_tokens) != MOERL_OK) return MOERL_ERR;
     int *tok = xmalloc((size_t)train_tokens * sizeof(int)), *tgt = xmalloc((size_t)train_tokens * sizeof(int));
     int *cu = xmalloc((size_t)(train_tokens / 16 + 2) * sizeof(int));
     float *dl = xcalloc((size_t)train_tokens, sizeof(float));
@@ -263,9 +252,9 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
             cu[0] = 0;
             while (cu[B] < N) { cu[B + 1] = MOERL_MIN(N, cu[B] + seq); B++; }
             const double t0 = moerl_now();
-            if (model_forward(&m, &acts, tok, cu, NULL, B, N) != MOERL_OK) break;
-            model_logprobs(&m, &acts, tgt, 1.0f, 0);
-            model_backward(&m, &acts, dl, NULL, 0.0f);
+            if (model_forward(m, &acts, tok, cu, NULL, B, N) != MOERL_OK) break;
+            model_logprobs(m, &acts, tgt, 1.0f, 0);
+            model_backward(m, &acts, dl, NULL, 0.0f);
             const double dt = moerl_now() - t0;
             if (rep == 0) continue; /* warm-up */
             tt[si][rep - 1] = dt;
@@ -281,32 +270,61 @@ int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim
     d->s_flop = coef[0];
     adamw_state opt;
     adamw_config oc = adamw_default_config();
-    adamw_init(&opt, &m, oc);
+    adamw_init(&opt, m, oc);
     double gn;
-    adamw_step(&opt, &m, 0.0f, 0.0f, &gn); /* warm */
+    adamw_step(&opt, m, 0.0f, 0.0f, &gn); /* warm */
     double ts[CAL_TRAIN_REPS];
     for (int i = 0; i < CAL_TRAIN_REPS; i++) { /* the median: one preempted step measured 0.24 s on a toy model */
         const double ta = moerl_now();
-        adamw_step(&opt, &m, 0.0f, 0.0f, &gn);
+        adamw_step(&opt, m, 0.0f, 0.0f, &gn);
         ts[i] = moerl_now() - ta;
     }
     qsort(ts, CAL_TRAIN_REPS, sizeof(double), cmp_double);
     d->c_update = coef[1] + ts[CAL_TRAIN_REPS / 2];
     adamw_free(&opt);
-    /* link: one copy of the weights (what a same-host broadcast moves) */
-    float *dst = xalloc_aligned(m.n_params * sizeof(float));
-    memcpy(dst, m.params, m.n_params * sizeof(float));
-    const double tc = moerl_now();
-    memcpy(dst, m.params, m.n_params * sizeof(float));
-    const double dc = moerl_now() - tc;
-    d->link_bw = dc > 0 ? m.n_params * 4.0 / dc : 1e10;
-    d->c_sync = 0;
-    free(dst);
     free(tok);
     free(tgt);
     free(cu);
     free(dl);
     model_acts_free(&acts);
+    return MOERL_OK;
+}
+
+/* sim_calibrate's link: one timed copy of m's weights (what a same-host broadcast moves). */
+static void calibrate_link(const moe_model *m, sim_device *d) {
+    float *dst = xalloc_aligned(m->n_params * sizeof(float));
+    memcpy(dst, m->params, m->n_params * sizeof(float));
+    const double tc = moerl_now();
+    memcpy(dst, m->params, m->n_params * sizeof(float));
+    const double dc = moerl_now() - tc;
+    d->link_bw = dc > 0 ? m->n_params * 4.0 / dc : 1e10;
+    d->c_sync = 0;
+    free(dst);
+}
+
+int sim_calibrate(const moe_config *cfg, int max_num_seqs, int train_tokens, sim_device *d) {
+    const double need = sim_calibrate_bytes(cfg, max_num_seqs, train_tokens);
+    const uint64_t avail = moerl_mem_available();
+    if (avail > 0 && need > (double)avail)
+        return moerl_errorf("simulate --calibrate runs the model on this machine and needs about %.1f GB of memory (fp32 "
+                            "weights, gradients, the engine's copy and the broadcast copy, the engine's packed experts, "
+                            "activations for %d training tokens), but %.1f GB are available (MemAvailable): calibrate "
+                            "on a smaller model of the same shape family (--model with fewer layers or experts) and "
+                            "pass its cost keys (sim.mem_bandwidth, sim.flops, sim.train_flops), or use a named "
+                            "sim.device",
+                            need / 1e9, train_tokens, (double)avail / 1e9);
+    sim_device_named("cpu", d);
+    snprintf(d->name, sizeof d->name, "calibrated");
+    d->dtype_bytes = 4; /* moerl's engine: fp32 weights and KV */
+    moe_model m;
+    if (model_init(&m, cfg) != MOERL_OK) return MOERL_ERR;
+    model_init_random(&m, 7);
+    const model_shape s = shape_of(cfg);
+    if (calibrate_engine(cfg, &m, &s, max_num_seqs, d) != MOERL_OK || calibrate_train(cfg, &m, train_tokens, d) != MOERL_OK) {
+        model_free(&m);
+        return MOERL_ERR;
+    }
+    calibrate_link(&m, d);
     model_free(&m);
     log_info("calibrated: engine step = %.3g s/byte · bytes + %.3g s/FLOP · FLOPs + %.3g s; training %.3g s/FLOP "
              "(%.2f GFLOP/s) + %.3g s per update; weight copy %.2f GB/s",

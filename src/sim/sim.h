@@ -28,7 +28,7 @@
  *   the rollout replicas that have a group in the current engine step (b = min(replicas, groups in
  *   the step); the others sleep, as moerl's rollout ranks do, and a step's tokens are split over
  *   the b busy ones). An update and the engine steps that overlap it are co-simulated event by
- *   event (job_sim.c train_shared). C = 0: independent devices, no sharing.
+ *   event (sim_run.c train_shared). C = 0: independent devices, no sharing.
  * a_bytes = 1/(bandwidth·efficiency), a_flops = 1/(FLOP rate·efficiency) come from a named device
  * (sim_device_named) or from sim_calibrate's least-squares fit to timed engine steps and training
  * steps of the real model on this machine.

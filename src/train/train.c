@@ -6,8 +6,6 @@
 #include "base/common.h"
 #include "data/tasks.h"
 #include "data/tokenizer.h"
-#include "parallel/parallel.h"
-#include "parallel/pipeline.h"
 #include "rollout/engine.h"
 
 int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start) {
@@ -73,7 +71,8 @@ static void pack_buf_free(pack_buf *p) {
 
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *o,
                      token_grad_fn fn, void *ctx, train_step_out *out) {
-    if (o->par && o->par->pp) return pp_train_accumulate(o->par->pp, m, seqs, n, o, fn, ctx, out); /* 1F1B */
+    const train_par_hooks *ph = train_par_hooks_of(o->par);
+    if (ph && ph->accumulate) return ph->accumulate(o->par, m, seqs, n, o, fn, ctx, out); /* pipeline: 1F1B */
     memset(out, 0, sizeof *out);
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, o->max_tokens, mb);
@@ -86,8 +85,9 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     if (o->total_tokens > 0) total = o->total_tokens;
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
-    if (o->par) a->par = o->par; /* model-parallel layer events (parallel.h) */
-    par_zero_grad(o->par, m);
+    if (o->par) a->par = o->par; /* model-parallel hooks (forward.h's model_hooks) */
+    if (ph && ph->zero_grad) ph->zero_grad(o->par, m);
+    else model_zero_grad(m);
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
@@ -136,24 +136,24 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
 
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp) {
-    if (a->par && a->par->pp) return pp_compute_logprobs(a->par->pp, m, seqs, n, max_tokens, temperature, out_logp);
+    const train_par_hooks *ph = train_par_hooks_of(a->par);
+    if (ph && ph->logprobs) return ph->logprobs(a->par, m, seqs, n, max_tokens, temperature, out_logp); /* pipeline */
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
     if (n_mb < 0) {
         free(mb);
         return MOERL_ERR;
     }
-    par_state *ps = a->par;
-    /* FSDP / EP: every member of the group runs the same number of passes (parallel.h) */
-    const int max_mb = par_max_passes(ps, n_mb);
+    /* FSDP / EP: every member of the group runs the same number of passes (train_par_hooks) */
+    const int max_mb = ph && ph->max_passes ? ph->max_passes(a->par, n_mb) : n_mb;
     if (max_mb < 0) {
         free(mb);
         return MOERL_ERR;
     }
-    dist_comm *sp_comm = ps && ps->sp && ps->grid ? ps->grid->sp_comm : NULL;
+    const int sp_on = ph && ph->seq_allreduce; /* Ulysses SP */
     pack_buf p;
     pack_buf_init(&p, max_tokens);
-    float *full = sp_comm ? xmalloc((size_t)max_tokens * sizeof(float)) : NULL;
+    float *full = sp_on ? xmalloc((size_t)max_tokens * sizeof(float)) : NULL;
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb && rc == MOERL_OK; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
@@ -164,11 +164,11 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
         model_logprobs(m, a, p.tgt + a->tok0, temperature, 0);
         const float *lp = a->logp - a->tok0; /* lp[t]: token t of the micro-batch */
         int t0 = a->tok0, t1 = a->tok0 + a->N;
-        if (sp_comm) { /* Ulysses SP: this rank holds tokens [tok0, tok0 + N); the others come from the
+        if (sp_on) { /* Ulysses SP: this rank holds tokens [tok0, tok0 + N); the others come from the
                         * group (a sum with zeros elsewhere is exact), so every rank returns all of them */
             memset(full, 0, (size_t)N * sizeof(float));
             memcpy(full + a->tok0, a->logp, (size_t)a->N * sizeof(float));
-            if (dist_comm_allreduce_f32(sp_comm, full, (size_t)N) != MOERL_OK) {
+            if (ph->seq_allreduce(a->par, full, (size_t)N) != MOERL_OK) {
                 rc = MOERL_ERR;
                 break;
             }
@@ -179,7 +179,7 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
         for (int t = t0; t < t1; t++)
             if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = lp[t];
     }
-    if (rc == MOERL_OK) rc = par_pad_passes(ps, n_mb, max_mb, 0);
+    if (rc == MOERL_OK && ph && ph->pad_passes) rc = ph->pad_passes(a->par, n_mb, max_mb, 0);
     free(full);
     pack_buf_free(&p);
     free(mb);
@@ -188,7 +188,8 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
 
 int compute_router_counts(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                           double *counts) {
-    if (a->par && a->par->pp) return pp_compute_router_counts(a->par->pp, m, seqs, n, max_tokens, counts);
+    const train_par_hooks *ph = train_par_hooks_of(a->par);
+    if (ph && ph->router_counts) return ph->router_counts(a->par, m, seqs, n, max_tokens, counts); /* pipeline */
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
     if (n_mb < 0) {

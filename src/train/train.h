@@ -36,7 +36,7 @@ int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu_seqlens,
 typedef double (*token_grad_fn)(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index,
                                 float *dlogp, float *dentropy);
 
-typedef struct {
+typedef struct train_step_opts {
     int max_tokens;      /* micro-batch capacity in tokens */
     float temperature;   /* logits / T before log-softmax (RL: rollout temperature) */
     int want_entropy;
@@ -62,31 +62,68 @@ typedef struct {
      *   can form the value E·Σ_e counts_e·psum_e/(L·N_total)² (after summing over ranks). */
     const double *aux_counts;
     double *aux_psum_out, *aux_counts_out;
-    /* Model-parallel runtime (src/parallel/parallel.h), NULL = off: installed on the activations
-     * (model_acts.par) for every micro-batch. */
-    struct par_state *par;
+    /* Model-parallel runtime, NULL = off: an object beginning with a train_par_head (below; src/parallel's
+     * par_state is one), installed on the activations (model_acts.par) for every micro-batch. */
+    void *par;
 } train_step_opts;
 
-typedef struct {
+typedef struct train_step_out {
     double loss;         /* Σ of callback losses + aux_coef·(token-weighted mean aux) */
     double aux_loss;     /* token-weighted mean aux over micro-batches */
     int n_microbatches;
     int64_t n_tokens;
 } train_step_out;
 
+/* ---- Hooks of a model-parallel runtime for the training loop (filled by src/parallel/parallel.c) ----
+ * train_step_opts.par and model_acts.par point to an object beginning with a train_par_head: the
+ * model's hook table (model/forward.h) first, then this one. Each hook gets that object as par. A NULL
+ * runtime or table is one rank (or plain data parallelism through the caller's reducer). */
+typedef struct train_par_hooks {
+    /* The whole micro-batch loop replaced (pipeline parallelism, src/parallel/pipeline.c: the 1F1B
+     * schedule and the stages' forward-only passes); all three set or all NULL. Same contracts as
+     * train_accumulate (a is not used), compute_logprobs and compute_router_counts. */
+    int (*accumulate)(void *par, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
+                      token_grad_fn fn, void *ctx, train_step_out *out);
+    int (*logprobs)(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens, float temperature,
+                    float **out_logp);
+    int (*router_counts)(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                         double *counts);
+    /* train_accumulate's start: zero the gradients this rank owns (FSDP: its shard). NULL: model_zero_grad. */
+    void (*zero_grad)(void *par, moe_model *m);
+    /* Groups whose members must run the same number of passes (FSDP, EP): max_passes returns the most
+     * passes of any member (collective: call it BEFORE the passes; −1 on error), pad_passes runs the
+     * missing max − passes as idle passes after them (backward 0: forward only). NULL: no padding. */
+    int (*max_passes)(void *par, int passes);
+    int (*pad_passes)(void *par, int passes, int max, int backward);
+    /* Ulysses sequence parallelism: sum x[n] over the sequence-parallel group in place (each rank
+     * holds its own tokens' values, zeros elsewhere: the sum is exact). NULL: no SP. */
+    int (*seq_allreduce)(void *par, float *x, size_t n);
+} train_par_hooks;
+
+typedef struct train_par_head {
+    model_par_head model;          /* FIRST: the model's hooks, so the runtime is also a model_acts.par */
+    const train_par_hooks *train;  /* NULL: none */
+} train_par_head;
+
+/* The training hooks of a runtime object par (train_step_opts.par / model_acts.par): NULL when par or
+ * its table is NULL. */
+static inline const train_par_hooks *train_par_hooks_of(const void *par) {
+    return par ? ((const train_par_head *)par)->train : NULL;
+}
+
 /* Zero grads, run forward+backward over all sequences in micro-batches (acts sized for
  * opts->max_tokens), accumulating gradients; the aux loss of each micro-batch is weighted by its
  * share of the tokens (of opts->total_tokens when set). Does not step the optimizer. n = 0 only
  * zeroes the gradients (a data-parallel rank without sequences in this mini-batch).
- * With opts->par->pp (pipeline parallelism) the micro-batch loop is the 1F1B schedule of
- * pp_train_accumulate (src/parallel/pipeline.h; a is not used): every stage of the pipeline passes
+ * With a runtime whose accumulate hook is set (pipeline parallelism) the micro-batch loop is the 1F1B
+ * schedule of pp_train_accumulate (src/parallel/pipeline.h; a is not used): every stage of the pipeline passes
  * the same sequences; the gradients and out are this stage's share, complete after the caller's sum
  * over all trainer ranks (as for data-parallel ranks). */
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *opts,
                      token_grad_fn fn, void *ctx, train_step_out *out);
 /* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates
  * len−resp_start floats per sequence). Used for proximal/reference logprobs and the trainer's
- * recomputation. With a->par (model parallel): FSDP / EP members run the group's number of passes
+ * recomputation. With a->par (model parallel, train_par_hooks): FSDP / EP members run the group's number of passes
  * (idle ones padded, so call it on every member of the group); Ulysses SP ranks each compute their
  * tokens and every rank of the SP group returns all of them. */
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,

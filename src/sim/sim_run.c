@@ -1,5 +1,6 @@
-/* moerl simulate's transport: the production step loop (schedule.c's job_schedule_run) with a
- * discrete-event rollout side on a virtual clock. See src/sim/sim.h.
+/* moerl simulate's job (sim_run): the production step loop (src/rl/schedule.c's job_schedule_run)
+ * with a discrete-event rollout side on a virtual clock, plugged in through rl's job_ops transport.
+ * See src/sim/sim.h.
  *
  * Two clocks, both virtual: t_train (the step loop: it advances by the PPO update's cost and by
  * waits for groups and syncs) and t_roll (when the rollout side finishes its current engine step).
@@ -29,6 +30,7 @@
 #include "rl/job_internal.h"
 #include "rl/rl.h"
 #include "sim/sim.h"
+#include "rollout/engine.h"
 
 typedef struct {
     const sim_setup *su;

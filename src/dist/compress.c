@@ -1,5 +1,5 @@
-/* Gradient compression codecs with error feedback (see compress.h). */
-#include "parallel/compress.h"
+/* Gradient compression codecs with error feedback (see dist/compress.h). */
+#include "dist/compress.h"
 
 #include <math.h>
 #include <stdlib.h>
