@@ -7,7 +7,7 @@
  * trained K AdamW steps on a fixed global batch of 9 sequences, micro-batched (so the ranks run
  * different numbers of micro-batches and the idle passes of par_pad_passes are exercised), with the
  * global aux loss (routing counts of the whole batch summed over the ranks first) — the path of
- * `moerl sft` (src/train/sft.c).
+ * `moerl sft` (src/rl/sft_train.c).
  *   Reference: every rank also trains a copy alone on the whole batch (train_accumulate,
  *              compute_router_counts, adamw_step).
  * Checks: the K losses and gradient norms match the reference; the final weights (gathered back by

@@ -8,7 +8,7 @@
  *                                    par_state_init builds; replicated: pp_release_stage after it, the
  *                                    layout of pp_state_new alone, summed by a reducer over all trainers)
  * Every trainer rank builds the model-parallel runtime from the keys (par_state_init, as `moerl sft`
- * does) and runs two optimizer steps the way src/train/sft.c's sft_step runs them: the pass count
+ * does) and runs two optimizer steps the way src/rl/sft_train.c's sft_step runs them: the pass count
  * (par_max_passes), the global aux loss's router-count pre-pass, train_accumulate (the pipeline's
  * 1F1B schedule, FSDP's layer schedule, the EP and Ulysses exchanges inside the forward), the
  * gradient sum (par_finish_grads: FSDP's reduce-scatters and replica all-reduce, a stage-owned

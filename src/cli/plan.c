@@ -7,8 +7,8 @@
  *   actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size, model.enable_gradient_checkpointing,
  *   data.max_prompt_length (0, rl's "no limit", is planned as 512), rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
  *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
- *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (cli_model_config),
- *   data.* keys that exclude each other (cli_check_data_keys: data.filter_overlong_prompts=true without
+ *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (model_config_from_keys),
+ *   data.* keys that exclude each other (data_check_keys: data.filter_overlong_prompts=true without
  *   data.max_prompt_length, data.task beside data files),
  *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
 #include <getopt.h>
@@ -25,8 +25,7 @@
 #include "cli/common.h"
 #include "parallel/grid.h"
 #include "plan/plan.h"
-
-void rl_def_keys(cfg *c); /* src/cli/rl.c: every key of `moerl rl` */
+#include "rl/rl.h" /* rl_def_keys: every key of `moerl rl` */
 
 /* The prompt length plan assumes when data.max_prompt_length is 0 (no limit in rl): verl's default. */
 #define PLAN_DEFAULT_PROMPT_LEN 512
@@ -62,14 +61,14 @@ static int dtype_bytes(const cfg *c, const char *key, int *out) {
 }
 
 int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input *in) {
-    if (cli_model_config(c, model, mc) != MOERL_OK) return MOERL_ERR;
+    if (model_config_from_keys(c, model, mc) != MOERL_OK) return MOERL_ERR;
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
     if (cfg_check_int32(c, "seed") != MOERL_OK) return MOERL_ERR;
     /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
      * data.max_prompt_length > 0); plan reads no data, so no held-out evaluation is checked */
-    if (cli_check_data_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
+    if (data_check_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
     const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
                          "rollout.n", "actor.ppo_mini_batch_size", "actor.ppo_epochs", "async_training.require_batches",
                          "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};
@@ -115,7 +114,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
         return moerl_errorf("async_training.require_batches × actor.ppo_epochs = %lld × %lld optimizer updates per "
                             "step exceed 2^31 − 1", (long long)rb, (long long)ep);
     in->updates_per_step = (int)(rb * ep);
-    /* data.max_prompt_length (src/cli/common.c, shared with rl): 0 = no limit there, planned as 512 here */
+    /* data.max_prompt_length (src/data/data_config.c, shared with rl): 0 = no limit there, planned as 512 here */
     const int64_t plen0 = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
     const int64_t plen = plen0 == 0 ? PLAN_DEFAULT_PROMPT_LEN : plen0;
     if (plen <= 0 || rlen <= 0)

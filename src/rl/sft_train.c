@@ -1,5 +1,5 @@
 /* SFT loop (see sft.h). */
-#include "train/sft.h"
+#include "rl/sft.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -421,9 +421,8 @@ int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft
             goto out;
         }
     }
-    /* MOERL_TEST_NO_PP_SHARE_CHECK=1: skip it, so that a test reaches the in-step agreement (sft_step) */
-    const char *skip = getenv("MOERL_TEST_NO_PP_SHARE_CHECK");
-    if (R.ps && R.ps->pp && !(skip && !strcmp(skip, "1")) &&
+    /* o->skip_pp_share_check (tests only): skip it, so that a test reaches the in-step agreement (sft_step) */
+    if (R.ps && R.ps->pp && !o->skip_pp_share_check &&
         sft_check_pipeline_shares(&R, o, seqs, n_rows) != MOERL_OK) {
         if (o->quiet_error_out) *o->quiet_error_out = !R.root; /* the same verdict on every rank */
         goto out;
