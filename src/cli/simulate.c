@@ -143,39 +143,6 @@ typedef struct {
     int n_sub;
 } sim_ctx;
 
-/* A simulation writes metrics.jsonl, samples.jsonl and plots into its folder like a run, so never into
- * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
- * the folder is made and locked for this process (a live run's lock refuses it). */
-static int check_folder(const char *dir) {
-    static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint", "run.log"};
-    struct stat st;
-    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
-        return moerl_errorf("%s is a file, not a folder: give the simulation another trainer.default_local_dir", dir);
-    for (int i = 0; i < 4; i++) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/%s", dir, real[i]);
-        if (stat(p, &st) == 0)
-            return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl "
-                                "and samples.jsonl; give the simulation its own folder "
-                                "(trainer.default_local_dir=...)",
-                                dir, real[i]);
-    }
-    return MOERL_OK;
-}
-
-/* check_folder, then create and lock dir and write its marker; *marker_new (may be NULL) = the marker
- * was not there before. */
-static int claim_folder(const char *dir, moerl_outdir *od, int *marker_new) {
-    if (check_folder(dir) != MOERL_OK) return MOERL_ERR;
-    if (moerl_outdir_open(od, dir) != MOERL_OK) return MOERL_ERR;
-    char m[4200];
-    snprintf(m, sizeof m, "%s/%s", dir, MOERL_SIMULATION_MARKER);
-    if (marker_new) *marker_new = access(m, F_OK) != 0;
-    static const char note[] = "written by moerl simulate: this folder holds a simulation, not a run "
-                               "(moerl rl refuses it unless trainer.overwrite_output_dir=true)\n";
-    return moerl_write_file_atomic(m, note, sizeof note - 1);
-}
-
 /* One setting of the sweep, simulated into <out_dir>/<label>. rows non-NULL (--sweep --json): appends
  * the setting (label, mode, staleness, partial rollout, devices) followed by result_json's fields. */
 static int run_one(sim_ctx *x, int row, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
@@ -252,13 +219,13 @@ static int sweep_split(int total, int tp, int k, int *rd, int *td) {
 }
 
 /* Every sub-folder the sweep writes, before the first simulation: none may hold a real run
- * (check_folder) or be in use; each is created, locked and marked. On error the ones this call
+ * (rl_sim_check_folder) or be in use; each is created, locked and marked. On error the ones this call
  * created are removed again (moerl_outdir_abandon: they hold only the marker and the lock). */
 static int claim_sweep_folders(sim_ctx *x) {
     for (int i = 0; i < SWEEP_ROWS; i++) {
         char d[4200];
         snprintf(d, sizeof d, "%s/%s", x->rc.out_dir, sweep_dir(i));
-        if (claim_folder(d, &x->sub[i], NULL) != MOERL_OK) {
+        if (rl_sim_claim_folder(d, &x->sub[i], NULL) != MOERL_OK) {
             for (int j = i - 1; j >= 0; j--) moerl_outdir_abandon(&x->sub[j]);
             x->n_sub = 0;
             return MOERL_ERR;
@@ -562,7 +529,7 @@ static int check_sweep(const sim_ctx *x, int n_roll_dev) {
     for (int i = 0; i < SWEEP_ROWS; i++) {
         char d[4200];
         snprintf(d, sizeof d, "%s/%s", x->rc.out_dir, sweep_dir(i));
-        if (check_folder(d) != MOERL_OK) return MOERL_ERR;
+        if (rl_sim_check_folder(d) != MOERL_OK) return MOERL_ERR;
     }
     return MOERL_OK;
 }
@@ -590,7 +557,7 @@ int cmd_simulate(int argc, char **argv) {
     if (read_setup(c, &f, &x, &target, &n_roll_dev) != MOERL_OK) goto fail;
     if (f.do_sweep && check_sweep(&x, n_roll_dev) != MOERL_OK) goto fail;
     moerl_install_stop_signals(); /* Ctrl-C / SIGTERM: stop after the current simulation (stopped_cleanup) */
-    if (claim_folder(x.rc.out_dir, &od, &top_marker_new) != MOERL_OK) goto fail;
+    if (rl_sim_claim_folder(x.rc.out_dir, &od, &top_marker_new) != MOERL_OK) goto fail;
     opened = 1;
     if (data_prepare(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&x.rc, &train, 0) != MOERL_OK) goto fail; /* one sequence per micro-batch at least */

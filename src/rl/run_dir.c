@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -228,4 +229,37 @@ int rl_run_dir_resuming(const rl_config *rc) {
     if (access(path, R_OK) == 0) return 1;
     snprintf(path, sizeof path, "%s/checkpoint.old/trainer_state.json", rc->out_dir);
     return access(path, R_OK) == 0;
+}
+
+/* A simulation writes metrics.jsonl, samples.jsonl and plots into its folder like a run, so never into
+ * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
+ * the folder is made and locked for this process (a live run's lock refuses it). */
+int rl_sim_check_folder(const char *dir) {
+    static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint", "run.log"};
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return moerl_errorf("%s is a file, not a folder: give the simulation another trainer.default_local_dir", dir);
+    for (int i = 0; i < 4; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, real[i]);
+        if (stat(p, &st) == 0)
+            return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl "
+                                "and samples.jsonl; give the simulation its own folder "
+                                "(trainer.default_local_dir=...)",
+                                dir, real[i]);
+    }
+    return MOERL_OK;
+}
+
+/* rl_sim_check_folder, then create and lock dir and write its marker; *marker_new (may be NULL) = the marker
+ * was not there before. */
+int rl_sim_claim_folder(const char *dir, moerl_outdir *od, int *marker_new) {
+    if (rl_sim_check_folder(dir) != MOERL_OK) return MOERL_ERR;
+    if (moerl_outdir_open(od, dir) != MOERL_OK) return MOERL_ERR;
+    char m[4200];
+    snprintf(m, sizeof m, "%s/%s", dir, MOERL_SIMULATION_MARKER);
+    if (marker_new) *marker_new = access(m, F_OK) != 0;
+    static const char note[] = "written by moerl simulate: this folder holds a simulation, not a run "
+                               "(moerl rl refuses it unless trainer.overwrite_output_dir=true)\n";
+    return moerl_write_file_atomic(m, note, sizeof note - 1);
 }

@@ -5,6 +5,7 @@
 #define MOERL_RL_RUN_DIR_H
 
 #include "base/config.h"
+#include "base/outdir.h"
 #include "data/data_config.h"
 #include "data/dataset.h"
 #include "model/model.h"
@@ -56,5 +57,12 @@ void rl_sweep_outputs(const char *const **dirs, int *n_dirs, const char *const *
  * simulation writes there; a sub-folder holding anything else is kept and named in a warning.
  * Errors: a sub-folder in use by another moerl process (its lock), a file that cannot be deleted. */
 int rl_remove_sweep_outputs(const char *dir);
+/* A simulation's folder (moerl simulate): it writes metrics.jsonl, samples.jsonl and plots like a
+ * run, so never into a real run's — a checkpoint or run.log there means moerl rl / sft wrote it (a
+ * simulation writes none); dir a file is refused too. Errors name the folder and what it holds. */
+int rl_sim_check_folder(const char *dir);
+/* rl_sim_check_folder, then create and lock dir (moerl_outdir_open into od) and write its
+ * MOERL_SIMULATION_MARKER; *marker_new (may be NULL) = the marker was not there before. */
+int rl_sim_claim_folder(const char *dir, moerl_outdir *od, int *marker_new);
 
 #endif
