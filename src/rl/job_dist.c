@@ -500,7 +500,7 @@ static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
  * under FSDP, whose reduce-scatter sums the gradients; over the stage's ranks with Ulysses SP, as
  * sft does) and which data-parallel shard of each step every trainer rank trains (the ranks of a
  * Ulysses group share one). Collective over the trainer ranks; the sizes were checked when the
- * config was read (src/cli/rl.c). shard_of (on trainer rank 0: [trainer_size]) gets the map. */
+ * config was read (rl_read_config, src/rl/config.c). shard_of (on trainer rank 0: [trainer_size]) gets the map. */
 static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, int *n_shards, int **shard_of) {
     moe_model *m = T->m;
     T->dist = ctx;
