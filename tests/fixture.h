@@ -55,9 +55,9 @@ static inline rl_config fx_rl_config(const char *const *kv, int n) {
 
 /* The small model of the parallel and kernel tests: hidden 32, dense MLP 32, experts of width 16,
  * 4 heads of 8, 64 positions, moerl's other defaults (model_def_keys), then the test's overrides kv[n]
- * (later ones win), read by model_config_from_keys; the vocabulary (64 tokens, below the byte
- * tokenizer's, so set after the reader's check) carries no special ids (bos = eos = -1). */
-static inline moe_config fx_small_config(const char *const *kv, int n) {
+ * (later ones win), read by model_config_from_keys; the vocabulary (64 tokens, or `vocab`: below the
+ * byte tokenizer's, so set after the reader's check) carries no special ids (bos = eos = -1). */
+static inline moe_config fx_small_config_vocab(int vocab, const char *const *kv, int n) {
     cfg *c = cfg_new();
     model_def_keys(c);
     const char *base[] = {"model.hidden_size=32", "model.intermediate_size=32", "model.moe_intermediate_size=16",
@@ -70,9 +70,10 @@ static inline moe_config fx_small_config(const char *const *kv, int n) {
         MOERL_ASSERT(0);
     }
     cfg_free(c);
-    mc.vocab_size = 64;
+    mc.vocab_size = vocab;
     mc.bos_token_id = mc.eos_token_id = -1;
     return mc;
 }
+static inline moe_config fx_small_config(const char *const *kv, int n) { return fx_small_config_vocab(64, kv, n); }
 
 #endif
