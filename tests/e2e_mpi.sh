@@ -279,7 +279,7 @@ EDGE_WHAT="moerl-mpi sft -np 3 pp 3 with 2 rows per batch: refused naming the co
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "3 pipeline stages need 3 micro-batches, and 2 sequences cannot make that many" "$W/err"'
 # dp 2 x pp 2 with 3 rows per batch: one pipeline's share (1 row) cannot fill 2 stages. Refused at the
 # start (before the held-out eval) on every rank alike: exit 1, one message, no folder left. With
-# MOERL_TEST_NO_PP_SHARE_CHECK=1 (that check skipped) the step refuses instead, agreed over every trainer
+# debug.test_no_pp_share_check=true (that check skipped) the step refuses instead, agreed over every trainer
 # rank before any collective: exit 1, one message, not a hang (timeout 120 is the hang guard). The same
 # at the start for the interleaved schedule (v 2; 5 rows: 3 of one row per micro-batch make no even count).
 one_refusal() { [[ $rc -eq 1 ]] && [[ $(grep -c "^moerl sft: " "$W/err") -eq 1 ]]; }
@@ -289,8 +289,8 @@ mpi_sft 4 "$W/rh" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 data.train_bat
 EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2, 3 rows per batch: refused at the start, once (rc $rc): $(tail -c 400 "$W/err")"
 edge eval 'one_refusal && grep -q "gives a pipeline 1 sequence per step, .* 2 pipeline stages need 2 micro-batches, and 1 sequence cannot" "$W/err" &&
            ! grep -q "held-out accuracy before" "$W/err" && [[ ! -e $W/rh ]]'
-MOERL_TEST_NO_PP_SHARE_CHECK=1 mpi_sft 4 "$W/rh2" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 \
-    data.train_batch_size=3
+mpi_sft 4 "$W/rh2" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 \
+    data.train_batch_size=3 debug.test_no_pp_share_check=true
 EDGE_WHAT="moerl-mpi sft -np 4 dp 2 x pp 2, 3 rows per batch, in-step refusal agreed (rc $rc; 124: hang): $(tail -c 400 "$W/err")"
 edge eval 'one_refusal && grep -q "this batch makes 1 micro-batch .* need at least 2" "$W/err"'
 mpi_sft 4 "$W/rh3" 120 "${SFTV[@]}" actor.pipeline_parallel_size=2 actor.virtual_pipeline_parallel_size=2 \

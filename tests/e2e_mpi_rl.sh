@@ -48,7 +48,6 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 # ranks share the cores: one compute thread each
-unset MOERL_TEST_FAIL_RANK MOERL_TEST_FAIL_VERSION
 WORK=$W
 COMMON=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
         trainer.resume_mode=disable trainer.save_freq=-1)
@@ -583,7 +582,7 @@ else bad "error in the SFT warm start" "exit $rc (124: hang)"; tail_log errsft; 
 # version 13; the same command (resume_mode auto) continues: 4 epochs of 32 prompts, each once.
 KR=(data.n_train=32 trainer.total_training_steps=0 trainer.total_epochs=4 trainer.save_freq=1
     trainer.resume_mode=auto async_training.staleness_threshold=1.0 async_training.trigger_parameter_sync_step=1)
-MOERL_TEST_FAIL_RANK=2 MOERL_TEST_FAIL_VERSION=13 mpi_rl resume 3 1 "${KR[@]}"
+mpi_rl resume 3 1 "${KR[@]}" debug.test_fail_rank=2 debug.test_fail_version=13
 rc1=$?
 cp "$WORK/resume.log" "$WORK/resume_first.log"
 if [[ $rc1 -eq 0 || $rc1 -eq 124 ]]; then
@@ -598,7 +597,7 @@ else
 fi
 
 # ---------------------------------------------------------------- failures end the whole job
-# expect_abort NAME RANK PATTERN NP T [key=value ...] (env set by the caller): exit non-zero without
+# expect_abort NAME RANK PATTERN NP T [key=value ...]: exit non-zero without
 # hitting the timeout, stderr names the rank ("moerl[rank R]"; RANK is a regex) and contains PATTERN.
 expect_abort() {
     local name=$1 rank=$2 pat=$3 np=$4 t=$5
@@ -616,9 +615,9 @@ expect_abort() {
         ok "$name: exit $rc after ${dt}s, message names the rank ($(grep -oE 'moerl\[rank [0-9]+\]' "$WORK/$name.log" | head -1))"
     else bad "$name" "exit $rc, stderr lacks 'moerl[rank $rank]' or '$pat'"; tail_log "$name"; fi
 }
-MOERL_TEST_FAIL_RANK=0 expect_abort fail_rollout_start 0 "rollout rank 0 of 1: test: injected failure" 3 2
-MOERL_TEST_FAIL_RANK=2 MOERL_TEST_FAIL_VERSION=2 expect_abort fail_trainer1_v2 2 \
-    "trainer rank 1 of 2: test: injected failure" 3 2
+expect_abort fail_rollout_start 0 "rollout rank 0 of 1: test: injected failure" 3 2 debug.test_fail_rank=0
+expect_abort fail_trainer1_v2 2 "trainer rank 1 of 2: test: injected failure" 3 2 \
+    debug.test_fail_rank=2 debug.test_fail_version=2
 good='{"data_source": "arith", "prompt": [{"role": "user", "content": "Compute 1+2."}], "reward_model": {"style": "rule", "ground_truth": "3"}}'
 printf '%s\n%s\n%s\n' "$good" "$good" '{"data_source": "arith", "prompt": 5}' >"$WORK/bad_rows.jsonl"
 printf '%s\n' "$good" >"$WORK/good_rows.jsonl"

@@ -14,6 +14,7 @@
 
 #include "base/common.h"
 #include "base/rng.h"
+#include "fixture.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -29,30 +30,15 @@ static const int fx_prompt_len[FX_N_SEQ] = {3, 2, 4, 5, 1, 3, 4, 2};
 
 /* Two MoE layers (E experts, top-K) and a dense one; nh = 4 query heads over nkv key/value heads. */
 static moe_config fx_config(int E, int K, int nkv) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 32;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 3;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = nkv;
-    c.head_dim = 8;
-    c.num_experts = E;
-    c.num_experts_per_tok = K;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 2;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0;
-    c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.router_aux_loss_coef = FX_AUX_COEF;
-    c.initializer_range = 0.1f; /* larger than HF's 0.02: routing then differs clearly between tokens */
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
+    char kvh[64], ne[64], k[64];
+    snprintf(kvh, sizeof kvh, "model.num_key_value_heads=%d", nkv);
+    snprintf(ne, sizeof ne, "model.num_experts=%d", E);
+    snprintf(k, sizeof k, "model.num_experts_per_tok=%d", K);
+    const char *kv[] = {"model.num_hidden_layers=3", kvh, ne, k, "model.mlp_only_layers=[2]",
+                        "model.router_aux_loss_coef=0.05", /* FX_AUX_COEF */
+                        "model.initializer_range=0.1"}; /* larger than HF's 0.02: routing then differs clearly
+                                                           between tokens */
+    return fx_small_config(kv, FX_N(kv));
 }
 
 typedef struct {

@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "dist_test.h"
+#include "fixture.h"
 #include "test.h"
 
 #define K_STEPS 5
@@ -37,30 +38,9 @@ static dist_ctx *g_ctx;
 #define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
 
 static moe_config dp_config(void) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 32;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 1;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0;
-    c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.router_aux_loss_coef = 0.0f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
+    const char *kv[] = {"model.num_hidden_layers=2", "model.num_key_value_heads=2", "model.num_experts=4",
+                        "model.num_experts_per_tok=2", "model.mlp_only_layers=[1]", "model.router_aux_loss_coef=0"};
+    return fx_small_config(kv, FX_N(kv));
 }
 
 /* The global batch: tokens, next-token targets (−1 at each sequence's end) and the response mask. */

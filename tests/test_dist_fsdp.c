@@ -7,7 +7,7 @@
  * trained K AdamW steps on a fixed global batch of 9 sequences, micro-batched (so the ranks run
  * different numbers of micro-batches and the idle passes of par_pad_passes are exercised), with the
  * global aux loss (routing counts of the whole batch summed over the ranks first) — the path of
- * `moerl sft` (src/train/sft.c).
+ * `moerl sft` (src/rl/sft_train.c).
  *   Reference: every rank also trains a copy alone on the whole batch (train_accumulate,
  *              compute_router_counts, adamw_step).
  * Checks: the K losses and gradient norms match the reference; the final weights (gathered back by
@@ -29,6 +29,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel.h"
 #include "dist_test.h"
+#include "fixture.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -43,30 +44,11 @@ static dist_ctx *g_ctx;
 #define RANK g_ctx->world_rank
 
 static moe_config small_config(int tied) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 32;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 10;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 2;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = tied;
-    c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.router_aux_loss_coef = 0.05f;
-    c.initializer_range = 0.1f;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
+    const char *kv[] = {"model.num_hidden_layers=10", "model.num_key_value_heads=2", "model.num_experts=4",
+                        "model.num_experts_per_tok=2", "model.mlp_only_layers=[2]", "model.router_aux_loss_coef=0.05",
+                        "model.initializer_range=0.1",
+                        tied ? "model.tie_word_embeddings=true" : "model.tie_word_embeddings=false"};
+    return fx_small_config(kv, FX_N(kv));
 }
 
 static int g_tok[N_SEQ][16];

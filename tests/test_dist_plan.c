@@ -8,7 +8,7 @@
  *                                    par_state_init builds; replicated: pp_release_stage after it, the
  *                                    layout of pp_state_new alone, summed by a reducer over all trainers)
  * Every trainer rank builds the model-parallel runtime from the keys (par_state_init, as `moerl sft`
- * does) and runs two optimizer steps the way src/train/sft.c's sft_step runs them: the pass count
+ * does) and runs two optimizer steps the way src/rl/sft_train.c's sft_step runs them: the pass count
  * (par_max_passes), the global aux loss's router-count pre-pass, train_accumulate (the pipeline's
  * 1F1B schedule, FSDP's layer schedule, the EP and Ulysses exchanges inside the forward), the
  * gradient sum (par_finish_grads: FSDP's reduce-scatters and replica all-reduce, a stage-owned
@@ -50,6 +50,7 @@
 #include "plan/plan.h"
 #include "rl/rl.h"
 #include "dist_test.h"
+#include "fixture.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -62,30 +63,11 @@ static dist_ctx *g_ctx;
 #define RANK g_ctx->world_rank
 
 static moe_config model_config(void) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 48;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 6;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 2; /* a dense layer among MoE ones */
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0;
-    c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.router_aux_loss_coef = 0.05f;
-    c.initializer_range = 0.1f;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
+    const char *kv[] = {"model.intermediate_size=48", "model.num_hidden_layers=6", "model.num_key_value_heads=2",
+                        "model.num_experts=4", "model.num_experts_per_tok=2",
+                        "model.mlp_only_layers=[2]", /* a dense layer among MoE ones */
+                        "model.router_aux_loss_coef=0.05", "model.initializer_range=0.1"};
+    return fx_small_config(kv, FX_N(kv));
 }
 
 static int g_tok[N_SEQ][MT];

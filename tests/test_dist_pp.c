@@ -43,6 +43,7 @@
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "dist_test.h"
+#include "fixture.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -64,30 +65,12 @@ static double g_ref_gn[K_STEPS]; /* the last reference run's gradient norms */
 #define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
 
 static moe_config pp_config(void) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 32;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = g_layers;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 2;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = g_tied;
-    c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.router_aux_loss_coef = 0.02f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
+    char layers[64];
+    snprintf(layers, sizeof layers, "model.num_hidden_layers=%d", g_layers);
+    const char *kv[] = {layers, "model.num_key_value_heads=2", "model.num_experts=4", "model.num_experts_per_tok=2",
+                        "model.mlp_only_layers=[2]", "model.router_aux_loss_coef=0.02",
+                        g_tied ? "model.tie_word_embeddings=true" : "model.tie_word_embeddings=false"};
+    return fx_small_config(kv, FX_N(kv));
 }
 
 static int g_tokens[N_SEQ][16];

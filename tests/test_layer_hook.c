@@ -22,6 +22,7 @@
 #include "dist/dist.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "fixture.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -44,30 +45,11 @@ static void record(void *ctx, int group) {
 }
 
 static moe_config hook_config(int tied) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 48;
-    c.hidden_size = 32;
-    c.intermediate_size = 40;
-    c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 3;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 1;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = tied;
-    c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.router_aux_loss_coef = 0.01f;
-    c.initializer_range = 0.05f;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
+    const char *kv[] = {"model.intermediate_size=40", "model.num_hidden_layers=3", "model.num_key_value_heads=2",
+                        "model.num_experts=4", "model.num_experts_per_tok=2", "model.mlp_only_layers=[1]",
+                        "model.router_aux_loss_coef=0.01", "model.initializer_range=0.05",
+                        tied ? "model.tie_word_embeddings=true" : "model.tie_word_embeddings=false"};
+    return fx_small_config_vocab(48, kv, FX_N(kv));
 }
 
 static void test_backward_hook(int tied) {

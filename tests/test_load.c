@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "fixture.h"
 #include "test.h"
 
 static char g_tmp[1024];
@@ -25,29 +26,14 @@ static void rm_rf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 static int msg_has(const char *a) { return strstr(moerl_last_error(), a) != NULL; }
 
 static moe_config small_config(int head_dim) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 272;
-    c.hidden_size = 64;
-    c.intermediate_size = 96;
-    c.moe_intermediate_size = 32;
-    c.num_hidden_layers = 3;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = head_dim;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.decoder_sparse_step = 1;
-    c.n_mlp_only_layers = 1;
-    c.mlp_only_layers[0] = 1; /* one dense layer: its gate_up/down take the other naming path */
-    c.norm_topk_prob = 1;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.max_position_embeddings = 64;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = -1;
-    c.eos_token_id = -1;
-    return c;
+    char hd[64];
+    snprintf(hd, sizeof hd, "model.head_dim=%d", head_dim);
+    const char *kv[] = {"model.hidden_size=64", "model.intermediate_size=96", "model.moe_intermediate_size=32",
+                        "model.num_hidden_layers=3", "model.num_key_value_heads=2", hd, "model.num_experts=4",
+                        "model.num_experts_per_tok=2",
+                        "model.mlp_only_layers=[1]", /* one dense layer: its gate_up/down take the other naming path */
+                        "model.router_aux_loss_coef=0"};
+    return fx_small_config_vocab(272, kv, FX_N(kv));
 }
 
 /* Bits of every tensor equal (padding between tensors is not compared). */

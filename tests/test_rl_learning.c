@@ -19,7 +19,7 @@
 #include "rl/rl.h"
 #include "rl_fixture.h"
 #include "test.h"
-#include "train/sft.h"
+#include "rl/sft.h"
 #include "train/train.h"
 
 static char g_dir[4096];

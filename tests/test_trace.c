@@ -26,18 +26,15 @@
 #include "model/perf.h"
 #include "optim/adamw.h"
 #include "rollout/engine.h"
+#include "fixture.h"
 #include "test.h"
 
 static moe_config tiny_config(void) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 64; c.hidden_size = 32; c.intermediate_size = 48; c.moe_intermediate_size = 16;
-    c.num_hidden_layers = 2; c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8;
-    c.num_experts = 4; c.num_experts_per_tok = 2; c.decoder_sparse_step = 1; c.norm_topk_prob = 1;
-    c.max_position_embeddings = 128; c.rms_norm_eps = 1e-6f; c.rope_theta = 10000; c.initializer_range = 0.02f;
-    c.router_aux_loss_coef = 0.01f; c.bos_token_id = c.eos_token_id = -1;
-    c.n_mlp_only_layers = 1; c.mlp_only_layers[0] = 1; /* layer 1 dense: both kinds of MLP */
-    return c;
+    const char *kv[] = {"model.intermediate_size=48", "model.num_hidden_layers=2", "model.num_key_value_heads=2",
+                        "model.num_experts=4", "model.num_experts_per_tok=2", "model.max_position_embeddings=128",
+                        "model.router_aux_loss_coef=0.01",
+                        "model.mlp_only_layers=[1]"}; /* layer 1 dense: both kinds of MLP */
+    return fx_small_config(kv, FX_N(kv));
 }
 
 /* One training step and a few engine steps on the tiny model. */

@@ -34,421 +34,34 @@
 #include "data/tokenizer.h"
 #include "parallel/grid.h"
 #include "plan/plan.h"
-#include "rl/staleness.h"
+#include "rl/rl.h"
+#include "rl/run_dir.h"
 #include "sim/sim.h"
+#include "sim/sim_config.h"
+#include "sim/sweep.h"
 
-void rl_def_keys(cfg *c);
-int rl_read_config(const cfg *c, rl_config *r);
 
-static void sim_def_keys(cfg *c) {
-    rl_def_keys(c);
-    cfg_def_str(c, "sim.device", "cpu", "cost keys of a named device: h200 | a100 | ascend910b | cpu (or --calibrate)");
-    cfg_def_int(c, "sim.rollout_devices", 1, "rollout devices (replicas = this / rollout.tensor_model_parallel_size)");
-    if (!cfg_has(c, "rollout.tensor_model_parallel_size"))
-        cfg_def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
-    cfg_def_float(c, "sim.mem_bandwidth", 0, "effective memory bandwidth of an engine step, bytes/s (0 = device's)");
-    cfg_def_float(c, "sim.flops", 0, "effective FLOP/s of an engine step (0 = device's)");
-    cfg_def_float(c, "sim.train_flops", 0, "effective training FLOP/s per trainer device (0 = device's)");
-    cfg_def_float(c, "sim.link_bandwidth", 0, "weight-sync / gradient link, bytes/s (0 = device's)");
-    cfg_def_float(c, "sim.step_overhead_s", -1, "fixed seconds per engine step (< 0 = device's)");
-    cfg_def_float(c, "sim.update_overhead_s", -1, "fixed seconds per optimizer update (< 0 = device's)");
-    cfg_def_float(c, "sim.sync_overhead_s", -1, "fixed seconds per weight sync besides the transfer (< 0 = device's)");
-    cfg_def_float(c, "sim.gen_scale", 1, "multiplies every engine-step cost (calibration from measured runs)");
-    cfg_def_float(c, "sim.train_scale", 1, "multiplies every PPO-update cost (calibration from measured runs)");
-    cfg_def_float(c, "sim.host_cores", 0,
-                  "> 0: rollout replicas and trainer are processes sharing this many CPU cores (processor sharing, "
-                  "for runs on one host); 0 = independent devices");
-}
-
-/* The stand-in model of the engine and trainer: one dense layer of width 8 over the byte vocabulary. */
-static int tiny_model(moe_model *m, int max_len) {
-    moe_config t;
-    memset(&t, 0, sizeof t);
-    t.vocab_size = TOK_VOCAB_SIZE; t.hidden_size = 8; t.intermediate_size = 8; t.moe_intermediate_size = 8;
-    t.num_hidden_layers = 1; t.num_attention_heads = 1; t.num_key_value_heads = 1; t.head_dim = 8;
-    t.num_experts = 0; t.num_experts_per_tok = 0; t.decoder_sparse_step = 1; t.max_position_embeddings = max_len;
-    t.rms_norm_eps = 1e-6f; t.rope_theta = 1e4f; t.initializer_range = 0.02f;
-    t.bos_token_id = TOK_BOS; t.eos_token_id = TOK_EOS;
-    if (model_init(m, &t) != MOERL_OK) return MOERL_ERR;
-    model_init_random(m, 1);
-    return MOERL_OK;
-}
-
-static json_t *result_json(const sim_result *r, const sim_setup *su) {
-    json_t *o = json_object();
-    json_object_set_new(o, "wall_s", json_real(r->wall_s));
-    json_object_set_new(o, "steps", json_integer(r->steps));
-    json_object_set_new(o, "versions", json_integer(r->versions));
-    json_object_set_new(o, "prompts_trained", json_integer(r->prompts_trained));
-    json_object_set_new(o, "tokens_generated", json_integer(r->tokens_generated));
-    json_object_set_new(o, "prompts_per_s", json_real(r->prompts_per_s));
-    json_object_set_new(o, "tokens_per_s", json_real(r->tokens_per_s));
-    json_object_set_new(o, "trainer_idle_ratio", json_real(r->trainer_idle_ratio));
-    json_object_set_new(o, "rollouter_idle_ratio", json_real(r->rollout_idle_ratio));
-    json_object_set_new(o, "rollout_busy_s", json_real(r->rollout_busy_s));
-    json_object_set_new(o, "train_busy_s", json_real(r->train_busy_s));
-    json_object_set_new(o, "rollout_work_s", json_real(r->rollout_work_s));
-    json_object_set_new(o, "train_work_s", json_real(r->train_work_s));
-    json_object_set_new(o, "sync_s", json_real(r->sync_s));
-    json_object_set_new(o, "max_staleness", json_integer(r->max_staleness));
-    json_object_set_new(o, "interrupted_responses", json_integer(r->interrupted_responses));
-    json_t *h = json_array();
-    for (int i = 0; i < 8; i++) json_array_append_new(h, json_integer(r->stale_hist[i]));
-    json_object_set_new(o, "staleness_histogram", h);
-    json_object_set_new(o, "engine_steps", json_integer(r->engine_steps));
-    json_object_set_new(o, "rollout_replicas", json_integer(su->n_rollout_replicas));
-    json_object_set_new(o, "rollout_tp", json_integer(su->rollout_tp));
-    json_object_set_new(o, "trainer_devices", json_integer(su->n_trainer));
-    json_object_set_new(o, "device", json_string(su->dev.name));
-    /* the cost keys in force (after calibration and scales), to pass back as key=value */
-    json_t *k = json_object();
-    json_object_set_new(k, "sim.mem_bandwidth", json_real(su->dev.a_bytes > 0 ? 1 / su->dev.a_bytes : 0));
-    json_object_set_new(k, "sim.flops", json_real(su->dev.a_flops > 0 ? 1 / su->dev.a_flops : 0));
-    json_object_set_new(k, "sim.train_flops", json_real(su->dev.s_flop > 0 ? 1 / su->dev.s_flop : 0));
-    json_object_set_new(k, "sim.link_bandwidth", json_real(su->dev.link_bw));
-    json_object_set_new(k, "sim.step_overhead_s", json_real(su->dev.c_step));
-    json_object_set_new(k, "sim.update_overhead_s", json_real(su->dev.c_update));
-    json_object_set_new(k, "sim.sync_overhead_s", json_real(su->dev.c_sync));
-    /* the engine's bytes per weight / KV element: bf16 on the named GPUs, fp32 for cpu and a calibration
-     * (without it, keys passed back without sim.device would time a cpu device's fp32 engine) */
-    json_object_set_new(k, "rollout.dtype", json_string(su->dev.dtype_bytes == 2 ? "bf16" : "fp32"));
-    json_object_set_new(o, "cost_keys", k);
-    json_object_set_new(o, "host_cores", json_real(su->host_cores));
-    return o;
-}
-
-/* --sweep's sub-folders, in sweep order (sweep()): [0] sync, [1..4] staleness 0/0.1/0.3/0.5 with partial
- * rollout on, [5..8] the same with it off, [9..11] the rollout:trainer splits 1:1, 2:1, 3:1. */
-#define SWEEP_ROWS 12
-static const double k_sweep_staleness[4] = {0, 0.1, 0.3, 0.5};
-static const char *const k_sweep_dirs[SWEEP_ROWS] = {
-    "sync",
-    "async_s0.0_partial_on", "async_s0.1_partial_on", "async_s0.3_partial_on", "async_s0.5_partial_on",
-    "async_s0.0_partial_off", "async_s0.1_partial_off", "async_s0.3_partial_off", "async_s0.5_partial_off",
-    "split_1_to_1", "split_2_to_1", "split_3_to_1"};
-static const char *const k_sweep_files[] = {"sweep.md", "sweep.dat", "sweep.gp", "sweep.png"};
-
-void cli_sweep_outputs(const char *const **dirs, int *n_dirs, const char *const **files, int *n_files) {
-    *dirs = k_sweep_dirs;
-    *n_dirs = SWEEP_ROWS;
-    *files = k_sweep_files;
-    *n_files = (int)(sizeof k_sweep_files / sizeof *k_sweep_files);
-}
-
-int cli_remove_sweep_outputs(const char *dir) {
-    /* what one simulation writes in its folder (sim_run: job_open_outputs, the plot; claim_folder) */
-    static const char *sim_files[] = {"metrics.jsonl", "samples.jsonl", "plot.dat", "plot.gp", "reward_accuracy.png",
-                                      CLI_SIMULATION_MARKER, ".moerl.lock"};
-    char p[4200], f[4400];
-    for (int i = 0; i < SWEEP_ROWS; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, k_sweep_dirs[i]);
-        snprintf(f, sizeof f, "%s/%s", p, CLI_SIMULATION_MARKER);
-        if (access(f, F_OK) != 0) continue; /* not the sweep's (or gone): left alone */
-        if (moerl_lock_dir(p) < 0) return MOERL_ERR; /* a simulation still writing there */
-        for (size_t j = 0; j < sizeof sim_files / sizeof *sim_files; j++) {
-            snprintf(f, sizeof f, "%s/%s", p, sim_files[j]);
-            if (unlink(f) != 0 && errno != ENOENT)
-                return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", f, strerror(errno));
-        }
-        if (rmdir(p) != 0)
-            log_warn("trainer.overwrite_output_dir: kept %s, the sweep's sub-folder: it holds files moerl simulate "
-                     "does not write (%s)", p, strerror(errno));
-    }
-    for (size_t j = 0; j < sizeof k_sweep_files / sizeof *k_sweep_files; j++) {
-        snprintf(f, sizeof f, "%s/%s", dir, k_sweep_files[j]);
-        if (unlink(f) != 0 && errno != ENOENT)
-            return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", f, strerror(errno));
-    }
-    return MOERL_OK;
-}
-
-typedef struct {
-    rl_config rc;
-    sim_setup su;
-    moe_model *tiny;
-    dataset *train;
-    /* the config's own async_training.* values: rl_read_config forces trigger 1, staleness 0 and partial
-     * rollout off in sync mode, and the sweep's async rows must run the config's values, not those */
-    int async_trigger;
-    double async_staleness;
-    int async_partial;
-    int ran;                     /* a simulation started (its folder holds results) */
-    cli_outdir sub[SWEEP_ROWS];  /* --sweep: the sub-folders, claimed before the first simulation */
-    int n_sub;
-} sim_ctx;
-
-/* A simulation writes metrics.jsonl, samples.jsonl and plots into its folder like a run, so never into
- * a real run's: a checkpoint there means moerl rl / sft wrote it (a simulation writes none). Then
- * the folder is made and locked for this process (a live run's lock refuses it). */
-static int check_folder(const char *dir) {
-    static const char *real[] = {"checkpoint", "checkpoint.old", "sft_checkpoint", "run.log"};
-    struct stat st;
-    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
-        return moerl_errorf("%s is a file, not a folder: give the simulation another trainer.default_local_dir", dir);
-    for (int i = 0; i < 4; i++) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/%s", dir, real[i]);
-        if (stat(p, &st) == 0)
-            return moerl_errorf("%s holds a real run (%s): a simulation would overwrite its metrics.jsonl "
-                                "and samples.jsonl; give the simulation its own folder "
-                                "(trainer.default_local_dir=...)",
-                                dir, real[i]);
-    }
-    return MOERL_OK;
-}
-
-/* check_folder, then create and lock dir and write its marker; *marker_new (may be NULL) = the marker
- * was not there before. */
-static int claim_folder(const char *dir, cli_outdir *od, int *marker_new) {
-    if (check_folder(dir) != MOERL_OK) return MOERL_ERR;
-    if (cli_outdir_open(od, dir) != MOERL_OK) return MOERL_ERR;
-    char m[4200];
-    snprintf(m, sizeof m, "%s/%s", dir, CLI_SIMULATION_MARKER);
-    if (marker_new) *marker_new = access(m, F_OK) != 0;
-    static const char note[] = "written by moerl simulate: this folder holds a simulation, not a run "
-                               "(moerl rl refuses it unless trainer.overwrite_output_dir=true)\n";
-    return moerl_write_file_atomic(m, note, sizeof note - 1);
-}
-
-/* One setting of the sweep, simulated into <out_dir>/<label>. rows non-NULL (--sweep --json): appends
- * the setting (label, mode, staleness, partial rollout, devices) followed by result_json's fields. */
-static int run_one(sim_ctx *x, int row, rl_mode mode, double s, int partial, int n_roll_dev, int n_train,
-                   sim_result *r, json_t *rows) {
-    const char *label = k_sweep_dirs[row];
-    rl_config rc = x->rc;
-    sim_setup su = x->su;
-    rc.mode = mode;
-    rc.staleness_threshold = s;
-    rc.partial_rollout = partial;
-    rc.trigger_parameter_sync_step = x->async_trigger; /* the config's, whatever async_training.mode says */
-    if (mode == RL_MODE_SYNC) {
-        rc.staleness_threshold = 0;
-        rc.trigger_parameter_sync_step = 1;
-        rc.partial_rollout = 0;
-    }
-    su.n_rollout_replicas = n_roll_dev / su.rollout_tp;
-    su.n_trainer = n_train;
-    snprintf(rc.out_dir, sizeof rc.out_dir, "%s/%s", x->rc.out_dir, label); /* claimed by claim_sweep_folders */
-    log_info("simulate %s: %d rollout device%s (%d replica%s), %d trainer device%s", label, n_roll_dev,
-             moerl_plural(n_roll_dev), su.n_rollout_replicas, moerl_plural(su.n_rollout_replicas), n_train,
-             moerl_plural(n_train));
-    x->ran = 1;
-    if (sim_run(&rc, &su, x->tiny, x->train, r) != MOERL_OK) return MOERL_ERR;
-    if (moerl_stop_requested()) return MOERL_ERR; /* a signal stopped it: cmd_simulate cleans up */
-    if (rows) {
-        json_t *o = json_object();
-        json_object_set_new(o, "setting", json_string(label));
-        json_object_set_new(o, "mode", json_string(mode == RL_MODE_SYNC ? "sync" : "async"));
-        json_object_set_new(o, "staleness_threshold", json_real(rc.staleness_threshold));
-        json_object_set_new(o, "partial_rollout", json_boolean(rc.partial_rollout));
-        json_object_set_new(o, "rollout_devices", json_integer(n_roll_dev));
-        json_t *res = result_json(r, &su);
-        json_object_update(o, res); /* the run's figures after the setting's keys */
-        json_decref(res);
-        json_array_append_new(rows, o);
-    }
-    return MOERL_OK;
-}
-
-static const char k_sweep_gp[] =
-    "if (ARGC >= 2) { data = ARG1; out = ARG2 } else { data = 'sweep.dat'; out = 'sweep.png' }\n"
-    "set terminal pngcairo size 1100,480 noenhanced\n"
-    "set output out\n"
-    "set multiplot layout 1,2 title 'moerl simulate: throughput relative to the synchronous baseline'\n"
-    "set grid\nset key outside below center horizontal\n"
-    "set xlabel 'staleness_threshold'\nset ylabel 'prompts/s vs sync'\nset yrange [0:*]\n"
-    "plot data index 0 using 1:2 with linespoints lw 2 pt 7 title 'partial rollout on', \\\n"
-    "     data index 0 using 1:3 with linespoints lw 2 pt 5 title 'partial rollout off'\n"
-    "set xlabel 'rollout : trainer devices'\nset ylabel 'prompts/s vs 1:1'\nset xtics 1\n"
-    "plot data index 1 using 1:2 with linespoints lw 2 pt 7 title 'throughput vs 1:1', \\\n"
-    "     data index 1 using 1:3 with linespoints lw 2 pt 4 title 'rollout idle', \\\n"
-    "     data index 1 using 1:4 with linespoints lw 2 pt 6 title 'trainer idle'\n"
-    "unset multiplot\n";
-
-/* Parameter versions the swept async rows make: job_plan's step count over the config's
- * async_training.trigger_parameter_sync_step, rounded down (the step loop syncs when the step count
- * is a multiple of it, so a last, shorter window makes no version; what the rows report as
- * "versions"). With one or none, no sample can be older than the weights it trains, so the staleness
- * rows cannot differ. */
-static int64_t sweep_versions(const sim_ctx *x) {
-    const rl_config *rc = &x->rc;
-    const int64_t req = (int64_t)rc->ppo_mini_batch_size * rc->require_batches;
-    const int64_t steps = rc->total_training_steps > 0 ? rc->total_training_steps
-                                                       : (int64_t)rc->total_epochs * dataset_count(x->train) / req;
-    const int64_t t = x->async_trigger > 0 ? x->async_trigger : 1;
-    return steps / t;
-}
-
-/* The devices of the sweep's k:1 split of total devices (rollout devices a multiple of the replica
- * size tp): *rd rollout, *td trainer. Errors: no trainer device left. */
-static int sweep_split(int total, int tp, int k, int *rd, int *td) {
-    *rd = (int)((double)total * k / (k + 1) / tp) * tp;
-    if (*rd < tp) *rd = tp;
-    *td = total - *rd;
-    if (*td < 1) return moerl_errorf("simulate --sweep: %d device%s leave no trainer at %d:1", total, moerl_plural(total), k);
-    return MOERL_OK;
-}
-
-/* Every sub-folder the sweep writes, before the first simulation: none may hold a real run
- * (check_folder) or be in use; each is created, locked and marked. On error the ones this call
- * created are removed again (cli_outdir_abandon: they hold only the marker and the lock). */
-static int claim_sweep_folders(sim_ctx *x) {
-    for (int i = 0; i < SWEEP_ROWS; i++) {
-        char d[4200];
-        snprintf(d, sizeof d, "%s/%s", x->rc.out_dir, k_sweep_dirs[i]);
-        if (claim_folder(d, &x->sub[i], NULL) != MOERL_OK) {
-            for (int j = i - 1; j >= 0; j--) cli_outdir_abandon(&x->sub[j]);
-            x->n_sub = 0;
-            return MOERL_ERR;
-        }
-        x->n_sub = i + 1;
-    }
-    return MOERL_OK;
-}
-
-/* The report grid (see the top of this file): writes sweep.md, sweep.dat, sweep.gp/png under the output
- * folder, and prints sweep.md on stdout — or, as_json, one JSON object: {"parameter_versions": N,
- * "warning": text or null, "rows": [...]}, a row per setting in sweep.md's order (sync, the 8 staleness
- * × partial rollout rows, the 3 rollout:trainer splits), each the setting's keys, its throughput
- * relative to its table's baseline ("vs_sync" / "vs_1_to_1", and "split" for the splits) and every
- * field of the non-sweep --json result. */
-static int sweep(sim_ctx *x, int n_roll_dev, int n_train, int as_json) {
-    const double *ss = k_sweep_staleness;
-    sim_result base, r[2][4], sp[3];
-    char md[16384];
-    size_t o = 0;
-    json_t *rows = as_json ? json_array() : NULL;
-    const int64_t versions = sweep_versions(x);
-    if (versions <= 1) {
-        log_warn("simulate --sweep: the run makes %lld parameter version%s (trainer steps / "
-                 "async_training.trigger_parameter_sync_step=%d), so no sample is generated by older weights than "
-                 "the ones it trains and the staleness rows come out the same: raise trainer.total_training_steps or "
-                 "lower async_training.trigger_parameter_sync_step",
-                 (long long)versions, moerl_plural(versions), x->async_trigger);
-        o += snprintf(md + o, sizeof md - o,
-                      "Warning: %lld parameter version%s in this run, so the staleness rows cannot differ.\n\n",
-                      (long long)versions, moerl_plural(versions));
-    }
-    int rc = MOERL_ERR;
-    if (claim_sweep_folders(x) != MOERL_OK) goto out;
-    { /* a previous sweep's report goes now: a stopped or failed sweep must not leave a stale, complete table */
-        for (size_t i = 0; i < sizeof k_sweep_files / sizeof *k_sweep_files; i++) {
-            char f[4200];
-            snprintf(f, sizeof f, "%s/%s", x->rc.out_dir, k_sweep_files[i]);
-            if (unlink(f) != 0 && errno != ENOENT) {
-                moerl_errorf("simulate --sweep: cannot remove the previous sweep's %s: %s", f, strerror(errno));
-                goto out;
-            }
-        }
-    }
-    if (run_one(x, 0, RL_MODE_SYNC, 0, 0, n_roll_dev, n_train, &base, rows) != MOERL_OK) goto out;
-    o += snprintf(md + o, sizeof md - o,
-                  "| setting | prompts/s | vs sync | gen tokens/s | trainer idle | rollout idle | max staleness | "
-                  "interrupted responses |\n|---|---|---|---|---|---|---|---|\n"
-                  "| sync | %.4g | 1.00x | %.4g | %.2f | %.2f | %d | %lld |\n",
-                  base.prompts_per_s, base.tokens_per_s, base.trainer_idle_ratio, base.rollout_idle_ratio,
-                  base.max_staleness, (long long)base.interrupted_responses);
-    for (int p = 1; p >= 0; p--)
-        for (int i = 0; i < 4; i++) {
-            sim_result *q = &r[p][i];
-            if (run_one(x, 1 + 4 * (1 - p) + i, RL_MODE_ASYNC, ss[i], p, n_roll_dev, n_train, q, rows) != MOERL_OK) goto out;
-            o += snprintf(md + o, sizeof md - o, "| async s=%.1f partial %s | %.4g | %.2fx | %.4g | %.2f | %.2f | %d | %lld |\n",
-                          ss[i], p ? "on" : "off", q->prompts_per_s, q->prompts_per_s / base.prompts_per_s,
-                          q->tokens_per_s, q->trainer_idle_ratio, q->rollout_idle_ratio, q->max_staleness,
-                          (long long)q->interrupted_responses);
-        }
-    /* rollout:trainer at the same total, the configured staleness and partial rollout */
-    const int total = n_roll_dev + n_train, tp = x->su.rollout_tp;
-    o += snprintf(md + o, sizeof md - o,
-                  "\n| rollout : trainer (%d devices, staleness %.2g, partial %s) | rollout devices | trainer devices | "
-                  "prompts/s | vs 1:1 | trainer idle | rollout idle |\n|---|---|---|---|---|---|---|\n",
-                  total, x->async_staleness, x->async_partial ? "on" : "off");
-    for (int k = 1; k <= 3; k++) {
-        int rd, td;
-        if (sweep_split(total, tp, k, &rd, &td) != MOERL_OK) goto out; /* checked before the sweep: cannot fail */
-        if (run_one(x, 8 + k, RL_MODE_ASYNC, x->async_staleness, x->async_partial, rd, td, &sp[k - 1], rows) !=
-            MOERL_OK)
-            goto out;
-        /* too few devices for the ratio: the row says which split it ran (2 devices: 2:1 and 3:1 are 1:1) */
-        char split[48];
-        if (rd == k * td) snprintf(split, sizeof split, "%d:1", k);
-        else snprintf(split, sizeof split, "%d:1 (nearest with %d devices: %d:%d)", k, total, rd, td);
-        o += snprintf(md + o, sizeof md - o, "| %s | %d | %d | %.4g | %.2fx | %.2f | %.2f |\n", split, rd, td,
-                      sp[k - 1].prompts_per_s, sp[k - 1].prompts_per_s / sp[0].prompts_per_s,
-                      sp[k - 1].trainer_idle_ratio, sp[k - 1].rollout_idle_ratio);
-    }
-    char p[4300], dat[4300], png[4300], gp[4300];
-    snprintf(p, sizeof p, "%s/sweep.md", x->rc.out_dir);
-    if (moerl_write_file_atomic(p, md, o) != MOERL_OK) goto out;
-    char d[4096];
-    size_t n = 0;
-    n += snprintf(d + n, sizeof d - n, "# staleness  partial_on/sync  partial_off/sync\n");
-    for (int i = 0; i < 4; i++)
-        n += snprintf(d + n, sizeof d - n, "%.2f %.6f %.6f\n", ss[i], r[1][i].prompts_per_s / base.prompts_per_s,
-                      r[0][i].prompts_per_s / base.prompts_per_s);
-    n += snprintf(d + n, sizeof d - n, "\n\n# rollout:trainer  vs_1:1  rollout_idle  trainer_idle\n");
-    for (int k = 0; k < 3; k++)
-        n += snprintf(d + n, sizeof d - n, "%d %.6f %.6f %.6f\n", k + 1, sp[k].prompts_per_s / sp[0].prompts_per_s,
-                      sp[k].rollout_idle_ratio, sp[k].trainer_idle_ratio);
-    snprintf(dat, sizeof dat, "%s/sweep.dat", x->rc.out_dir);
-    snprintf(png, sizeof png, "%s/sweep.png", x->rc.out_dir);
-    snprintf(gp, sizeof gp, "%s/sweep.gp", x->rc.out_dir);
-    if (moerl_write_file_atomic(dat, d, n) != MOERL_OK) goto out;
-    if (moerl_plot_script(gp, k_sweep_gp, dat, png) != MOERL_OK) log_warn("no plot: %s", moerl_last_error());
-    else log_info("plot written to %s", png);
-    if (as_json) {
-        /* rows in run order: [0] sync, [1..8] the staleness rows, [9..11] the splits 1:1, 2:1, 3:1 */
-#define PPS(i) json_number_value(json_object_get(json_array_get(rows, (i)), "prompts_per_s"))
-        for (int i = 0; i < 9; i++)
-            json_object_set_new(json_array_get(rows, i), "vs_sync", cli_json_real(PPS(i) / PPS(0)));
-        for (int k = 0; k < 3; k++) {
-            json_t *row = json_array_get(rows, 9 + k);
-            char split[16];
-            snprintf(split, sizeof split, "%d:1", k + 1); /* asked for; rollout_devices, trainer_devices: ran */
-            json_object_set_new(row, "split", json_string(split));
-            json_object_set_new(row, "vs_1_to_1", cli_json_real(PPS(9 + k) / PPS(9)));
-        }
-#undef PPS
-        char warn[200];
-        snprintf(warn, sizeof warn, "the run makes %lld parameter version%s, so the staleness rows cannot differ",
-                 (long long)versions, moerl_plural(versions));
-        json_t *j = json_object();
-        json_object_set_new(j, "parameter_versions", json_integer(versions));
-        json_object_set_new(j, "warning", versions <= 1 ? json_string(warn) : json_null());
-        json_object_set_new(j, "rows", rows);
-        rows = NULL;
-        cli_print_json(j, 17);
-    } else {
-        fwrite(md, 1, o, stdout);
-    }
-    rc = MOERL_OK;
-out:
-    if (rc != MOERL_OK && !moerl_stop_requested()) /* the claimed sub-folders no simulation wrote: removed */
-        for (int i = 0; i < x->n_sub; i++) cli_outdir_abandon(&x->sub[i]);
-    json_decref(rows);
-    return rc;
-}
 
 /* A SIGINT / SIGTERM stopped the simulation (after its current one: the step loop stops at a step
  * boundary) or its setup: remove what this run made — the output folder when it created it, else the
  * sweep sub-folders it created and, when no simulation ran, the marker it wrote — and say what is
  * left. od NULL: nothing was made yet. */
-static void stopped_cleanup(sim_ctx *x, const cli_outdir *od, int top_marker_new) {
+static void stopped_cleanup(sim_ctx *x, const moerl_outdir *od, int top_marker_new) {
     const int sig = moerl_stop_requested();
     if (!od) {
         fprintf(stderr, "moerl simulate: stopped by signal %d before anything was written\n", sig);
         return;
     }
-    if (cli_outdir_remove(od)) {
+    if (moerl_outdir_remove(od)) {
         fprintf(stderr, "moerl simulate: stopped by signal %d; removed %s, the folder it made\n", sig, od->top);
         return;
     }
     int kept = 0; /* sub-folders that existed before (an earlier simulation's): not removed */
-    for (int i = 0; i < x->n_sub; i++) kept += !cli_outdir_remove(&x->sub[i]);
+    for (int i = 0; i < x->n_sub; i++) kept += !moerl_outdir_remove(&x->sub[i]);
     if (!x->ran || (x->n_sub > 0 && kept == 0)) { /* nothing of this run's results is left */
         if (top_marker_new) {
             char m[4200];
-            snprintf(m, sizeof m, "%s/%s", x->rc.out_dir, CLI_SIMULATION_MARKER);
+            snprintf(m, sizeof m, "%s/%s", x->rc.out_dir, MOERL_SIMULATION_MARKER);
             unlink(m);
         }
         fprintf(stderr, "moerl simulate: stopped by signal %d; %s%s is as it was (but for its generated data/)\n", sig,
@@ -456,52 +69,92 @@ static void stopped_cleanup(sim_ctx *x, const cli_outdir *od, int top_marker_new
     } else {
         fprintf(stderr, "moerl simulate: stopped by signal %d; %s existed before and keeps its %s marker with the "
                 "partial results of this simulation%s: rerun the simulation there or delete it\n",
-                sig, x->rc.out_dir, CLI_SIMULATION_MARKER, x->n_sub > 0 ? " (no sweep.md)" : "");
+                sig, x->rc.out_dir, MOERL_SIMULATION_MARKER, x->n_sub > 0 ? " (no sweep.md)" : "");
     }
 }
 
-int cmd_simulate(int argc, char **argv) {
+/* The command line: flags into *f, the YAML and key=value overrides into c. Returns -1 to go on, else
+ * the exit code (usage, --help; errors printed). */
+typedef struct {
+    const char *config, *model;
+    int calibrate, do_sweep, as_json;
+} sim_flags;
+
+static int parse_args(cfg *c, int argc, char **argv, sim_flags *f) {
     static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"model", required_argument, 0, 'm'},
                                          {"calibrate", no_argument, 0, 'k'},     {"sweep", no_argument, 0, 's'},
                                          {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *config = NULL, *model = NULL;
-    int calibrate = 0, do_sweep = 0, as_json = 0, o;
-    cfg *c = cfg_new();
-    sim_def_keys(c);
+    int o;
+    memset(f, 0, sizeof *f);
     optind = 1;
     while ((o = getopt_long(argc, argv, "c:m:ksjh", opts, NULL)) != -1) {
         switch (o) {
         case 'c':
         case 'm':
-            if (cli_flag_once("simulate", o == 'm' ? "--model" : "--config", o == 'm' ? &model : &config, optarg)) {
-                cfg_free(c);
+            if (cli_flag_once("simulate", o == 'm' ? "--model" : "--config", o == 'm' ? &f->model : &f->config, optarg))
                 return 2;
-            }
             break;
-        case 'k': calibrate = 1; break;
-        case 's': do_sweep = 1; break;
-        case 'j': as_json = 1; break;
+        case 'k': f->calibrate = 1; break;
+        case 's': f->do_sweep = 1; break;
+        case 'j': f->as_json = 1; break;
         case 'h':
             printf("usage: moerl simulate --config FILE [--model DIR|config.json] [--calibrate] [--sweep] [--json] "
                    "[key=value ...]\nThe production RL scheduler on a virtual clock (src/sim/sim.h). keys:\n");
             cfg_print_help(c, stdout);
-            cfg_free(c);
             return 0;
-        default:
-            fprintf(stderr, "moerl simulate: see --help\n");
-            cfg_free(c);
-            return 2;
+        default: fprintf(stderr, "moerl simulate: see --help\n"); return 2;
         }
     }
-    if (!config) {
+    if (!f->config) {
         fprintf(stderr, "moerl simulate: --config FILE is required (see --help)\n");
-        cfg_free(c);
         return 2;
     }
-    int rc = 1;
-    int opened = 0, top_marker_new = 0;
-    cli_outdir od;
+    if (cfg_load_yaml(c, f->config) != MOERL_OK) {
+        cli_print_error("simulate", moerl_last_error());
+        return 1;
+    }
+    for (int i = optind; i < argc; i++) {
+        if (!strchr(argv[i], '=')) {
+            fprintf(stderr, "moerl simulate: unexpected argument '%s' (expected key=value)\n", argv[i]);
+            return 2;
+        }
+        if (cfg_apply_override(c, argv[i]) != MOERL_OK) {
+            cli_print_error("simulate", moerl_last_error());
+            return 1;
+        }
+    }
+    return -1;
+}
+
+
+
+/* Everything the sweep would refuse on its way, before anything is written. */
+static int check_sweep(const sim_ctx *x, int n_roll_dev) {
+    for (int k = 1; k <= 3; k++) {
+        int rd, td;
+        if (sim_sweep_split(n_roll_dev + x->su.n_trainer, x->su.rollout_tp, k, &rd, &td) != MOERL_OK) return MOERL_ERR;
+    }
+    for (int i = 0; i < SIM_SWEEP_ROWS; i++) {
+        char d[4200];
+        snprintf(d, sizeof d, "%s/%s", x->rc.out_dir, sim_sweep_dir(i));
+        if (rl_sim_check_folder(d) != MOERL_OK) return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+int cmd_simulate(int argc, char **argv) {
+    cfg *c = cfg_new();
+    sim_def_keys(c);
+    sim_flags f;
+    int rc = parse_args(c, argc, argv, &f);
+    if (rc >= 0) {
+        cfg_free(c);
+        return rc;
+    }
+    rc = 1;
+    int opened = 0, top_marker_new = 0, n_roll_dev = 0;
+    moerl_outdir od;
     moe_model tiny;
     memset(&tiny, 0, sizeof tiny);
     dataset train, test;
@@ -510,134 +163,26 @@ int cmd_simulate(int argc, char **argv) {
     sim_ctx x;
     memset(&x, 0, sizeof x);
     moe_config target;
-    if (cfg_load_yaml(c, config) != MOERL_OK) goto fail;
-    for (int i = optind; i < argc; i++) {
-        if (!strchr(argv[i], '=')) {
-            fprintf(stderr, "moerl simulate: unexpected argument '%s' (expected key=value)\n", argv[i]);
-            cfg_free(c);
-            return 2;
-        }
-        if (cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
-    }
-    if (calibrate && strcmp(cfg_origin(c, "sim.device"), "default")) {
-        /* refused rather than ignored: the result would not be the named device's */
-        moerl_errorf("--calibrate measures this machine's costs, but sim.device=%s (%s) names a device's: drop one "
-                     "of them",
-                     cfg_str(c, "sim.device"),
-                     strcmp(cfg_origin(c, "sim.device"), "override") ? cfg_origin(c, "sim.device") : "command line");
-        goto fail;
-    }
-    if (rl_read_config(c, &x.rc) != MOERL_OK || cli_model_config(c, model, &target) != MOERL_OK) goto fail;
-    x.async_trigger = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
-    x.async_staleness = cfg_float(c, "async_training.staleness_threshold");
-    x.async_partial = cfg_bool(c, "async_training.partial_rollout");
-    if (do_sweep) { /* the async rows' budget: rl_read_config checked the sync mode's, not the config's */
-        staleness_budget b;
-        if (staleness_init(&b, x.rc.ppo_mini_batch_size, x.rc.require_batches, x.async_trigger, x.async_staleness) !=
-            MOERL_OK)
-            goto fail;
-    }
-    x.su.target = &target;
-    x.su.rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
-    const int n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");
-    if (x.su.rollout_tp < 1 || n_roll_dev < x.su.rollout_tp || n_roll_dev % x.su.rollout_tp) {
-        moerl_errorf("sim.rollout_devices %d must be a positive multiple of rollout.tensor_model_parallel_size %d",
-                     n_roll_dev, x.su.rollout_tp);
-        goto fail;
-    }
-    /* the layout against the trainer devices and the model, as moerl plan and moerl rl refuse it (the
-     * pipeline's combinations: rl_read_config's par_check_pp_alone) */
-    if (par_check(&x.rc.par, x.rc.n_trainer_ranks, target.num_experts, target.num_attention_heads,
-                  target.num_key_value_heads, target.num_hidden_layers) != MOERL_OK ||
-        plan_check_rollout_tp(x.su.rollout_tp, target.num_attention_heads) != MOERL_OK)
-        goto fail;
-    x.su.n_rollout_replicas = n_roll_dev / x.su.rollout_tp;
-    x.su.n_trainer = x.rc.n_trainer_ranks;
-    {
-        const par_config *pc = &x.rc.par;
-        if (pc->pipeline_parallel_size > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
-            pc->fsdp_size > 1 || x.rc.rollout_ep > 1)
-            log_warn("moerl simulate times a PPO update as its FLOPs over the trainer devices plus a ring all-reduce of "
-                     "the gradients, and an engine step per replica: the parallel layout (actor.pipeline_parallel_size, "
-                     "expert / sequence parallel and FSDP sizes, rollout.expert_parallel_size) is not modelled — no "
-                     "pipeline bubble, no all-to-all or gather traffic (moerl plan gives the traffic)");
-    }
-    if (calibrate) {
-        if (sim_calibrate(&target, MOERL_MIN(x.rc.max_num_seqs, 128), MOERL_MIN(x.rc.ppo_max_token_len, 4096),
-                          &x.su.dev) != MOERL_OK)
-            goto fail;
-    } else if (sim_device_named(cfg_str(c, "sim.device"), &x.su.dev) != MOERL_OK) {
-        goto fail;
-    }
-    {
-        sim_device *d = &x.su.dev;
-        const double bw = cfg_float(c, "sim.mem_bandwidth"), fl = cfg_float(c, "sim.flops"),
-                     tf = cfg_float(c, "sim.train_flops"), lk = cfg_float(c, "sim.link_bandwidth");
-        if (bw > 0) d->a_bytes = 1 / bw;
-        if (fl > 0) d->a_flops = 1 / fl;
-        if (tf > 0) d->s_flop = 1 / tf;
-        if (lk > 0) d->link_bw = lk;
-        if (cfg_float(c, "sim.step_overhead_s") >= 0) d->c_step = cfg_float(c, "sim.step_overhead_s");
-        if (cfg_float(c, "sim.update_overhead_s") >= 0) d->c_update = cfg_float(c, "sim.update_overhead_s");
-        if (cfg_float(c, "sim.sync_overhead_s") >= 0) d->c_sync = cfg_float(c, "sim.sync_overhead_s");
-        const double gs = cfg_float(c, "sim.gen_scale"), ts = cfg_float(c, "sim.train_scale");
-        if (!(gs > 0) || !(ts > 0) || !isfinite(gs) || !isfinite(ts)) {
-            moerl_errorf("sim.gen_scale (%g) and sim.train_scale (%g) must be finite and > 0", gs, ts);
-            goto fail;
-        }
-        d->a_bytes *= gs, d->a_flops *= gs, d->c_step *= gs;
-        d->s_flop *= ts, d->c_update *= ts;
-        x.su.host_cores = cfg_float(c, "sim.host_cores");
-        if (!(x.su.host_cores >= 0) || !isfinite(x.su.host_cores)) {
-            moerl_errorf("sim.host_cores must be ≥ 0, got %g", x.su.host_cores);
-            goto fail;
-        }
-        /* rollout.dtype given: the engine's weight/KV bytes per element follow it (else the device's:
-         * bf16 on the named GPUs, fp32 for cpu and a calibration, as moerl's engine by default) */
-        if (strcmp(cfg_origin(c, "rollout.dtype"), "default")) d->dtype_bytes = x.rc.bf16_weights ? 2 : 4;
-        const char *nonneg[] = {"sim.mem_bandwidth", "sim.flops", "sim.train_flops", "sim.link_bandwidth"};
-        for (size_t i = 0; i < sizeof nonneg / sizeof *nonneg; i++)
-            if (!(cfg_float(c, nonneg[i]) >= 0)) {
-                moerl_errorf("%s must be ≥ 0 (0 = the device's), got %g", nonneg[i], cfg_float(c, nonneg[i]));
-                goto fail;
-            }
-    }
-    if (cli_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
-                          "data.chat_template") != MOERL_OK)
-        goto fail;
-    if (do_sweep) { /* everything the sweep would refuse on its way, before anything is written */
-        for (int k = 1; k <= 3; k++) {
-            int rd, td;
-            if (sweep_split(n_roll_dev + x.su.n_trainer, x.su.rollout_tp, k, &rd, &td) != MOERL_OK) goto fail;
-        }
-        for (int i = 0; i < SWEEP_ROWS; i++) {
-            char d[4200];
-            snprintf(d, sizeof d, "%s/%s", x.rc.out_dir, k_sweep_dirs[i]);
-            if (check_folder(d) != MOERL_OK) goto fail;
-        }
-    }
+    if (sim_read_setup(c, f.model, f.calibrate, f.do_sweep, &x.rc, &x.su, &target, &n_roll_dev) != MOERL_OK) goto fail;
+    if (f.do_sweep && check_sweep(&x, n_roll_dev) != MOERL_OK) goto fail;
     moerl_install_stop_signals(); /* Ctrl-C / SIGTERM: stop after the current simulation (stopped_cleanup) */
-    if (claim_folder(x.rc.out_dir, &od, &top_marker_new) != MOERL_OK) goto fail;
+    if (rl_sim_claim_folder(x.rc.out_dir, &od, &top_marker_new) != MOERL_OK) goto fail;
     opened = 1;
-    if (cli_prepare_data(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
+    if (data_prepare(c, x.rc.out_dir, &train, &test) != MOERL_OK) goto fail;
     if (rl_check_update_sizes(&x.rc, &train, 0) != MOERL_OK) goto fail; /* one sequence per micro-batch at least */
     /* the simulated model's context, as moerl rl refuses it (the stand-in model below has no limit) */
     if (rl_check_context(&train, x.rc.max_response_length, target.max_position_embeddings, NULL) != MOERL_OK) goto fail;
-    if (tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
+    if (sim_tiny_model(&tiny, 1 << 20) != MOERL_OK) goto fail;
     x.tiny = &tiny;
     x.train = &train;
     if (moerl_stop_requested()) goto fail;
-    if (do_sweep) {
-        if (sweep(&x, n_roll_dev, x.su.n_trainer, as_json) != MOERL_OK) goto fail;
+    if (f.do_sweep) {
+        if (sim_sweep(&x, n_roll_dev, x.su.n_trainer, f.as_json) != MOERL_OK) goto fail;
     } else {
         sim_result r;
         x.ran = 1;
         if (sim_run(&x.rc, &x.su, &tiny, &train, &r) != MOERL_OK || moerl_stop_requested()) goto fail;
-        if (as_json) cli_print_json(result_json(&r, &x.su), 17);
-        else {
-            json_t *j = result_json(&r, &x.su);
-            cli_print_json(j, 6);
-        }
+        cli_print_json(sim_result_json(&r, &x.su), f.as_json ? 17 : 6);
     }
     rc = 0;
     goto done;
@@ -649,10 +194,10 @@ fail:
         cli_print_error("simulate", moerl_last_error());
         if (opened && !x.ran && top_marker_new) { /* refused before any simulation: no marker left behind */
             char m[4200];
-            snprintf(m, sizeof m, "%s/%s", x.rc.out_dir, CLI_SIMULATION_MARKER);
+            snprintf(m, sizeof m, "%s/%s", x.rc.out_dir, MOERL_SIMULATION_MARKER);
             unlink(m);
         }
-        if (opened) cli_outdir_abandon(&od); /* a folder this run made, holding only what setting up wrote */
+        if (opened) moerl_outdir_abandon(&od); /* a folder this run made, holding only what setting up wrote */
     }
 done:
     if (tiny.params) model_free(&tiny);

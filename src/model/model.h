@@ -18,7 +18,7 @@
 #define MOERL_MAX_LAYERS 256
 
 /* How the MoE layers execute: one switch per optimisation of the Ascend MoE practice, so each
- * can be ablated (config keys model.moe.*, src/cli/common.c; README, "Ablation of the Ascend
+ * can be ablated (config keys model.moe.*, src/model/model_config.c; README, "Ablation of the Ascend
  * practice's MoE optimisations"). Not part of config.json. Every field 0 = moerl's default,
  * the optimised path; 1 turns one off:
  *  per_expert_loop     the HF-style loop over experts (a scan of all selections per expert,

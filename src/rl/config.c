@@ -1,13 +1,20 @@
-/* The RL algorithm's config keys (verl names) and their validation: loss aggregation, advantage
- * estimator, rollout correction, DAPO's overlong shaping/filtering and dynamic sampling,
- * divergence stop. The job's other keys (rollout.*, async_training.*, trainer.*) live with the
- * command (src/cli/rl.c). */
+/* The RL job's config keys (verl names) and their reading into rl_config: rollout.*, actor.*,
+ * async_training.* (the sync mode's rule, applied once), trainer.*, and the RL algorithm's keys (loss
+ * aggregation, advantage estimator, rollout correction, DAPO's overlong shaping/filtering and dynamic
+ * sampling, divergence stop). The model.*, data.*, sft.* and layout keys are their modules'. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
+#include "base/outdir.h"
+#include "data/data_config.h"
+#include "model/model_config.h"
 #include "parallel/compress.h"
+#include "parallel/config.h"
 #include "rl/rl.h"
+#include "rl/sft_job.h"
 
 void rl_def_algorithm_keys(cfg *c) {
     cfg_def_str(c, "actor.loss_agg_mode", "token-mean",
@@ -107,5 +114,237 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
                             "the PPO ratio would be biased against the truncated distribution the tokens were drawn "
                             "from; use rollout.top_k=0 (off) and rollout.top_p=1 (temperature is fine)",
                             r->top_k, (double)r->top_p);
+    return MOERL_OK;
+}
+
+void rl_def_keys(cfg *c) {
+    model_def_keys(c);
+    data_def_keys(c);
+    sft_def_warm_start_keys(c);
+    par_def_layout_keys(c); /* trainer.n_ranks, actor.fsdp_config.fsdp_size, ... (src/parallel/config.h) */
+    cfg_def_int(c, "rollout.n", 8, "responses per prompt (the GRPO group)");
+    cfg_def_float(c, "rollout.temperature", 1.0, "sampling temperature (behaviour logprobs use the same)");
+    cfg_def_float(c, "rollout.top_p", 1.0, "nucleus sampling");
+    cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
+    cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
+    cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    cfg_def_int(c, "rollout.expert_parallel_size", 1,
+                "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
+                "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
+                "rank holds every expert");
+    cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
+    cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
+    cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
+    cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
+    cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
+    cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
+    cfg_def_float(c, "actor.clip_ratio_high", 0.28, "PPO clip ε above 1 (clip-higher)");
+    cfg_def_float(c, "actor.clip_ratio_c", 3.0, "dual-clip constant for negative advantages");
+    cfg_def_bool(c, "actor.use_decoupled_loss", false, "AReaL decoupled PPO (proximal = trainer weights before the step)");
+    cfg_def_float(c, "actor.behav_imp_weight_cap", 2.0, "cap of the behaviour importance weight (decoupled)");
+    cfg_def_float(c, "actor.entropy_coeff", 0.0, "entropy bonus");
+    cfg_def_bool(c, "actor.use_kl_loss", false, "k3 KL to the frozen starting policy");
+    cfg_def_float(c, "actor.kl_loss_coef", 0.001, "KL loss weight");
+    cfg_def_int(c, "actor.ppo_max_token_len_per_gpu", 4096, "tokens per packed micro-batch");
+    cfg_def_float(c, "actor.optim.lr", 1e-4, "learning rate");
+    cfg_def_float(c, "actor.optim.weight_decay", 0.0, "AdamW weight decay");
+    cfg_def_float(c, "actor.optim.beta1", 0.9, "AdamW beta1");
+    cfg_def_float(c, "actor.optim.beta2", 0.99, "AdamW beta2");
+    cfg_def_float(c, "actor.optim.clip_grad", 1.0, "global gradient-norm clip");
+    rl_def_algorithm_keys(c);
+    cfg_def_float(c, "async_training.staleness_threshold", 0.3, "extra prompts allowed per version, as a share of W");
+    cfg_def_int(c, "async_training.trigger_parameter_sync_step", 1, "trainer steps per weight sync");
+    cfg_def_int(c, "async_training.require_batches", 1, "mini-batches per trainer step");
+    cfg_def_bool(c, "async_training.partial_rollout", true, "interrupt and resume in-flight responses at a sync");
+    cfg_def_str(c, "async_training.mode", "async", "async (threads) | lockstep (one thread, reproducible) | sync (baseline)");
+    cfg_def_int(c, "async_training.rollout_threads", 1, "compute threads of the rollouter (async mode; every rollout rank under mpirun)");
+    cfg_def_int(c, "async_training.trainer_threads", 1, "compute threads of the trainer (async mode; every trainer rank under mpirun)");
+    cfg_def_int(c, "trainer.total_training_steps", 0, "trainer steps (0 = from total_epochs)");
+    cfg_def_int(c, "trainer.total_epochs", 1, "passes over the prompts");
+    cfg_def_str(c, "trainer.default_local_dir", "runs/rl", "output folder");
+    cfg_def_int(c, "trainer.test_freq", 5, "held-out eval every n versions (0 = start and end only)");
+    cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n versions (0 = end only, -1 = never)");
+    cfg_def_int(c, "trainer.val_n", 200, "held-out rows evaluated (0 = no eval)");
+    cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable (start anew)");
+    cfg_def_bool(c, "trainer.overwrite_output_dir", false, "with resume_mode=disable: start anew in a folder that holds a run, deleting its checkpoints and logs (else refused)");
+    cfg_def_int(c, "trainer.seed", 1, "seed of prompt order and sampling");
+    cfg_def_float(c, "trainer.watchdog_s", 600, "abort if no trainer step completes for this long (0 = off)");
+    cfg_def_bool(c, "trainer.save_bf16", false, "store checkpoints in bf16");
+    cfg_def_int(c, "trainer.n_threads", 0, "threads for lockstep/sync modes and the warm start (0 = all)");
+    cfg_def_int(c, "debug.test_fail_rank", -1,
+                "test only: a deliberate error on this world rank under mpirun (-1 = off), at startup or at debug.test_fail_version");
+    cfg_def_int(c, "debug.test_fail_version", -1,
+                "test only: with debug.test_fail_rank, fail once that rank reaches this policy version (-1 = at startup)");
+}
+
+/* rollout.* and data.max_response_length. */
+static int read_rollout_keys(const cfg *c, rl_config *r) {
+    r->n = (int)cfg_int(c, "rollout.n");
+    r->temperature = (float)cfg_float(c, "rollout.temperature");
+    r->top_p = (float)cfg_float(c, "rollout.top_p");
+    r->top_k = (int)cfg_int(c, "rollout.top_k");
+    r->max_response_length = (int)cfg_int(c, "data.max_response_length");
+    r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
+    r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    r->rollout_ep = (int)cfg_int(c, "rollout.expert_parallel_size");
+    if (r->rollout_ep < 1)
+        return moerl_errorf("rollout.expert_parallel_size must be ≥ 1, got %d", r->rollout_ep);
+    const char *rdt = cfg_str(c, "rollout.dtype");
+    if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
+        return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
+    r->bf16_weights = !strcmp(rdt, "bf16");
+    r->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
+    r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
+    if (r->synth_alpha < 0 || r->synth_min <= 0)
+        return moerl_errorf("rollout.synthetic_length: alpha must be ≥ 0 and min positive (got %g, %d)", r->synth_alpha, r->synth_min);
+    return MOERL_OK;
+}
+
+/* actor.* (the PPO loss and AdamW), async_training.*, trainer.* as given (checked by check_values). */
+static void read_actor_trainer_keys(const cfg *c, rl_config *r) {
+    r->ppo_mini_batch_size = (int)cfg_int(c, "actor.ppo_mini_batch_size");
+    r->ppo_epochs = (int)cfg_int(c, "actor.ppo_epochs");
+    r->ppo.clip_ratio_low = (float)cfg_float(c, "actor.clip_ratio_low");
+    r->ppo.clip_ratio_high = (float)cfg_float(c, "actor.clip_ratio_high");
+    r->ppo.clip_ratio_c = (float)cfg_float(c, "actor.clip_ratio_c");
+    r->ppo.decoupled = cfg_bool(c, "actor.use_decoupled_loss");
+    r->ppo.behav_imp_weight_cap = (float)cfg_float(c, "actor.behav_imp_weight_cap");
+    r->entropy_coeff = (float)cfg_float(c, "actor.entropy_coeff");
+    r->use_kl_loss = cfg_bool(c, "actor.use_kl_loss");
+    r->kl_loss_coef = (float)cfg_float(c, "actor.kl_loss_coef");
+    r->ppo_max_token_len = (int)cfg_int(c, "actor.ppo_max_token_len_per_gpu");
+    r->optim.lr = (float)cfg_float(c, "actor.optim.lr");
+    r->optim.weight_decay = (float)cfg_float(c, "actor.optim.weight_decay");
+    r->optim.beta1 = (float)cfg_float(c, "actor.optim.beta1");
+    r->optim.beta2 = (float)cfg_float(c, "actor.optim.beta2");
+    r->optim.eps = 1e-8f;
+    r->optim.max_grad_norm = (float)cfg_float(c, "actor.optim.clip_grad");
+    r->async_keys.staleness_threshold = cfg_float(c, "async_training.staleness_threshold");
+    r->async_keys.trigger_parameter_sync_step = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
+    r->async_keys.partial_rollout = cfg_bool(c, "async_training.partial_rollout");
+    r->require_batches = (int)cfg_int(c, "async_training.require_batches");
+    r->rollout_threads = (int)cfg_int(c, "async_training.rollout_threads");
+    r->trainer_threads = (int)cfg_int(c, "async_training.trainer_threads");
+    r->total_training_steps = cfg_int(c, "trainer.total_training_steps");
+    r->total_epochs = (int)cfg_int(c, "trainer.total_epochs");
+    snprintf(r->out_dir, sizeof r->out_dir, "%s", cfg_str(c, "trainer.default_local_dir"));
+    r->test_freq = (int)cfg_int(c, "trainer.test_freq");
+    r->save_freq = (int)cfg_int(c, "trainer.save_freq");
+    r->val_n = (int)cfg_int(c, "trainer.val_n");
+    r->seed = (uint64_t)cfg_int(c, "trainer.seed");
+    r->watchdog_s = cfg_float(c, "trainer.watchdog_s");
+    r->save_bf16 = cfg_bool(c, "trainer.save_bf16");
+    r->test_fail_rank = (int)cfg_int(c, "debug.test_fail_rank");
+    r->test_fail_version = (int)cfg_int(c, "debug.test_fail_version");
+    r->test_fail = r->test_fail_rank >= 0;
+}
+
+int rl_config_budget(const rl_config *r, staleness_budget *b) {
+    return staleness_init(b, r->ppo_mini_batch_size, r->require_batches, r->trigger_parameter_sync_step,
+                          r->staleness_threshold);
+}
+
+int rl_config_set_mode(rl_config *r, rl_mode mode) {
+    r->mode = mode;
+    r->staleness_threshold = r->async_keys.staleness_threshold;
+    r->trigger_parameter_sync_step = r->async_keys.trigger_parameter_sync_step;
+    r->partial_rollout = r->async_keys.partial_rollout;
+    if (mode == RL_MODE_SYNC) { /* the synchronous baseline: generate a batch, then train on it */
+        r->staleness_threshold = 0;
+        r->trigger_parameter_sync_step = 1;
+        r->partial_rollout = 0;
+    }
+    staleness_budget b; /* the budget's own checks, before any work (e.g. a warm start) */
+    return rl_config_budget(r, &b);
+}
+
+/* async_training.mode and trainer.resume_mode; the sync rule (rl_config_set_mode) applied once here. */
+static int read_modes(const cfg *c, rl_config *r) {
+    const char *mode = cfg_str(c, "async_training.mode");
+    rl_mode m;
+    if (!strcmp(mode, "async")) m = RL_MODE_ASYNC;
+    else if (!strcmp(mode, "lockstep")) m = RL_MODE_LOCKSTEP;
+    else if (!strcmp(mode, "sync")) m = RL_MODE_SYNC;
+    else return moerl_errorf("async_training.mode: '%s' is not one of async, lockstep, sync", mode);
+    const int trigger = r->async_keys.trigger_parameter_sync_step;
+    if (m == RL_MODE_SYNC) {
+        int lrank;
+        moerl_launcher_world(&lrank); /* every rank reads the configuration: rank 0 says it once */
+        if (lrank == 0 && trigger != 1 &&
+            strcmp(cfg_origin(c, "async_training.trigger_parameter_sync_step"), "default") != 0)
+            log_warn("async_training.trigger_parameter_sync_step=%d is not used: async_training.mode=sync syncs the "
+                     "weights after every step (trigger_parameter_sync_step=1); use async_training.mode=async or "
+                     "lockstep to sync every %d steps", trigger, trigger);
+    }
+    const char *rm = cfg_str(c, "trainer.resume_mode");
+    if (!strcmp(rm, "auto")) r->resume_auto = 1;
+    else if (strcmp(rm, "disable")) return moerl_errorf("trainer.resume_mode: '%s' is not auto or disable", rm);
+    if (r->n <= 0) return moerl_errorf("rollout.n must be positive, got %d", r->n);
+    return rl_config_set_mode(r, m);
+}
+
+/* The optimizer's and the PPO loss's values. */
+static int check_loss_values(const rl_config *r) {
+    if (!(r->optim.lr >= 0) || !isfinite(r->optim.lr))
+        return moerl_errorf("actor.optim.lr must be a finite number ≥ 0, got %g", (double)r->optim.lr);
+    if (!(r->optim.weight_decay >= 0) || !isfinite(r->optim.weight_decay))
+        return moerl_errorf("actor.optim.weight_decay must be a finite number ≥ 0, got %g", (double)r->optim.weight_decay);
+    if (!(r->optim.beta1 >= 0 && r->optim.beta1 < 1) || !(r->optim.beta2 >= 0 && r->optim.beta2 < 1))
+        return moerl_errorf("actor.optim.beta1/beta2 must be in [0, 1), got %g, %g", (double)r->optim.beta1, (double)r->optim.beta2);
+    if (!(r->ppo.clip_ratio_low >= 0 && r->ppo.clip_ratio_low < 1))
+        return moerl_errorf("actor.clip_ratio_low must be in [0, 1), got %g", (double)r->ppo.clip_ratio_low);
+    if (!(r->ppo.clip_ratio_high >= 0) || !isfinite(r->ppo.clip_ratio_high))
+        return moerl_errorf("actor.clip_ratio_high must be a finite number ≥ 0, got %g", (double)r->ppo.clip_ratio_high);
+    if (!isfinite(r->ppo.clip_ratio_c)) return moerl_errorf("actor.clip_ratio_c must be finite");
+    if (!(r->ppo.behav_imp_weight_cap > 0) || !isfinite(r->ppo.behav_imp_weight_cap))
+        return moerl_errorf("actor.behav_imp_weight_cap must be a finite number > 0, got %g",
+                            (double)r->ppo.behav_imp_weight_cap);
+    if (!isfinite(r->entropy_coeff))
+        return moerl_errorf("actor.entropy_coeff must be a finite number, got %g", (double)r->entropy_coeff);
+    if (!(r->kl_loss_coef >= 0) || !isfinite(r->kl_loss_coef))
+        return moerl_errorf("actor.kl_loss_coef must be a finite number ≥ 0, got %g", (double)r->kl_loss_coef);
+    return MOERL_OK;
+}
+
+/* The run's lengths, counts and sampling values. */
+static int check_run_values(rl_config *r) {
+    if (r->top_k == -1) r->top_k = 0; /* verl/vLLM spell "off" as -1 */
+    if (r->top_k < 0) return moerl_errorf("rollout.top_k must be ≥ 0 (or -1 for off), got %d", r->top_k);
+    if (check_loss_values(r) != MOERL_OK) return MOERL_ERR;
+    if (r->total_training_steps < 0) return moerl_errorf("trainer.total_training_steps must be ≥ 0 (0 = from total_epochs)");
+    if (r->total_epochs < 1) return moerl_errorf("trainer.total_epochs must be ≥ 1, got %d", r->total_epochs);
+    if (r->val_n < 0) return moerl_errorf("trainer.val_n must be ≥ 0 (0 = no eval), got %d", r->val_n);
+    if (r->test_freq < 0) return moerl_errorf("trainer.test_freq must be ≥ 0, got %d", r->test_freq);
+    if (r->save_freq < -1) return moerl_errorf("trainer.save_freq must be ≥ -1 (-1 = never), got %d", r->save_freq);
+    if (!(r->watchdog_s >= 0)) return moerl_errorf("trainer.watchdog_s must be ≥ 0 (0 = off), got %g", r->watchdog_s);
+    if (!(r->temperature > 0)) return moerl_errorf("rollout.temperature must be > 0 for RL, got %g", r->temperature);
+    if (!(r->top_p > 0 && r->top_p <= 1)) return moerl_errorf("rollout.top_p must be in (0, 1], got %g", r->top_p);
+    if (r->max_response_length <= 0) return moerl_errorf("data.max_response_length must be positive");
+    if (r->max_num_seqs < r->n)
+        return moerl_errorf("rollout.max_num_seqs (%d) must hold at least one group of rollout.n (%d)", r->max_num_seqs, r->n);
+    if (r->ppo_epochs <= 0) return moerl_errorf("actor.ppo_epochs must be positive");
+    if (r->ppo_max_token_len <= 0) return moerl_errorf("actor.ppo_max_token_len_per_gpu must be positive");
+    if (r->rollout_threads <= 0 || r->trainer_threads <= 0)
+        return moerl_errorf("async_training.rollout_threads and trainer_threads must be positive");
+    return MOERL_OK;
+}
+
+int rl_read_config(const cfg *c, rl_config *r) {
+    memset(r, 0, sizeof *r);
+    if (read_rollout_keys(c, r) != MOERL_OK) return MOERL_ERR;
+    read_actor_trainer_keys(c, r);
+    if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
+    if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
+    /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
+     * model once the model is known) */
+    par_layout L;
+    if (par_read_layout(c, r->grad_compression, &L) != MOERL_OK) return MOERL_ERR;
+    r->n_trainer_ranks = L.n_trainer_ranks;
+    r->sync_bucket_mb = L.sync_bucket_mb;
+    r->grad_bucket_mb = L.grad_bucket_mb;
+    r->par = L.par;
+    /* the 1F1B guard (each stage needs ≥ pp micro-batches) is rl_check_update_sizes', before the warm
+     * start: a data-parallel pipeline gets whole GRPO groups (rollout.n sequences) or none, which
+     * mini-batch · n / dp sequences per shard does not model (1 group of 3 over 2 pipelines: 3 or 0) */
     return MOERL_OK;
 }

@@ -115,15 +115,16 @@ static void die(dist_ctx *ctx, const char *what) {
         if ((call) != MOERL_OK) die(ctx, what);       \
     } while (0)
 
-/* MOERL_TEST_FAIL_RANK=r [MOERL_TEST_FAIL_VERSION=v]: a deliberate error on world rank r at startup
- * (or once it reaches policy version v), for the test of failure propagation. */
-static int injected_failure(const dist_ctx *ctx, int version) {
-    const char *r = getenv("MOERL_TEST_FAIL_RANK"), *v = getenv("MOERL_TEST_FAIL_VERSION");
-    if (!r || !r[0] || atoi(r) != ctx->world_rank) return MOERL_OK;
-    const int at = v && v[0] ? atoi(v) : -1;
+/* debug.test_fail_rank=r [debug.test_fail_version=v] (rl_config.test_fail): a deliberate error on world
+ * rank r at startup (or once it reaches policy version v), for the test of failure propagation. */
+static int injected_failure(const rl_config *cfg, const dist_ctx *ctx, int version) {
+    if (!cfg->test_fail || cfg->test_fail_rank != ctx->world_rank) return MOERL_OK;
+    const int at = cfg->test_fail_version >= 0 ? cfg->test_fail_version : -1;
     if (at != version) return MOERL_OK;
-    return moerl_errorf("injected failure (MOERL_TEST_FAIL_RANK=%s%s%s)", r, at >= 0 ? ", MOERL_TEST_FAIL_VERSION=" : "",
-                        at >= 0 ? v : "");
+    if (at >= 0)
+        return moerl_errorf("injected failure (debug.test_fail_rank=%d, debug.test_fail_version=%d)",
+                            cfg->test_fail_rank, at);
+    return moerl_errorf("injected failure (debug.test_fail_rank=%d)", cfg->test_fail_rank);
 }
 
 static void send_cmd(dist_ctx *ctx, int dst, int cmd, int version, int partial) {
@@ -349,7 +350,7 @@ static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
     }
     receive_weights(W, b.version);
     CHECK_OK(rollouter_resume(&W->R), "resuming after the sync");
-    CHECK_OK(injected_failure(ctx, b.version), "test");
+    CHECK_OK(injected_failure(W->R.cfg, ctx, b.version), "test");
 }
 
 /* The rollout rank's engine, EP state and W itself, and the queue the engine was made with. */
@@ -499,7 +500,7 @@ static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
  * under FSDP, whose reduce-scatter sums the gradients; over the stage's ranks with Ulysses SP, as
  * sft does) and which data-parallel shard of each step every trainer rank trains (the ranks of a
  * Ulysses group share one). Collective over the trainer ranks; the sizes were checked when the
- * config was read (src/cli/rl.c). shard_of (on trainer rank 0: [trainer_size]) gets the map. */
+ * config was read (rl_read_config, src/rl/config.c). shard_of (on trainer rank 0: [trainer_size]) gets the map. */
 static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, int *n_shards, int **shard_of) {
     moe_model *m = T->m;
     T->dist = ctx;
@@ -629,7 +630,7 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
         memset(&st, 0, sizeof st);
         CHECK_OK(trainer_update(T, msg.groups, msg.mbs, msg.n_mb, &st), "trainer step");
         rl_train_msg_free(&msg);
-        CHECK_OK(injected_failure(ctx, T->version), "test");
+        CHECK_OK(injected_failure(T->cfg, ctx, T->version), "test");
     }
     trainer_par_free(T);
     check_trainers_identical(ctx, m, 0);
@@ -954,7 +955,7 @@ static int dist_sync(job *J, int version, double *rb, double *ri) {
     L->tot.sync_s += moerl_now() - t0;
     L->tot.bcast_s += xs.seconds;
     L->tot.bcast_bytes = (int64_t)xs.bytes;
-    CHECK_OK(injected_failure(ctx, version), "test");
+    CHECK_OK(injected_failure(cfg, ctx, version), "test");
     return MOERL_OK;
 }
 
@@ -1096,7 +1097,7 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
              cfg->staleness_threshold, L->budget.max_required_samples, L->budget.lag_bound,
              cfg->trigger_parameter_sync_step, cfg->partial_rollout ? "on" : "off",
              m->n_params * (cfg->bf16_weights ? 2 : 4) / 1e6, cfg->bf16_weights ? "bf16" : "fp32", cfg->sync_bucket_mb, xs.seconds, cfg->grad_bucket_mb);
-    CHECK_OK(injected_failure(ctx, -1), "test");
+    CHECK_OK(injected_failure(cfg, ctx, -1), "test");
     /* the start validation and the peak measurement before the first grant (the server grants the
      * rollout ranks their prompts): step 1 then shows the trainer's wait for its first batch */
     CHECK_OK(job_schedule_prepare(J, res), "start of the run");
@@ -1158,7 +1159,7 @@ int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset
     } else {
         snprintf(g_role, sizeof g_role, "trainer rank %d of %d", ctx->trainer_rank, ctx->trainer_size);
     }
-    if (injected_failure(ctx, -1) != MOERL_OK && ctx->trainer_rank != 0) die(ctx, "test");
+    if (injected_failure(cfg, ctx, -1) != MOERL_OK && ctx->trainer_rank != 0) die(ctx, "test");
     if (ctx->role == DIST_ROLE_ROLLOUT) run_rollout_rank(ctx, cfg, m, train);
     else if (ctx->trainer_rank > 0) run_trainer_follower(ctx, cfg, m, train);
     else run_leader(ctx, cfg, m, train, test, res);

@@ -91,10 +91,15 @@ typedef struct {
     /* algorithm.filter_groups.* (DAPO dynamic sampling) */
     int filter_groups;
     int filter_max_num_gen_batches; /* 0 = unlimited: dropped groups per step before the step fails */
-    /* async_training.* */
+    /* async_training.*: the values in force (rl_config_set_mode: the sync mode's rule applied to
+     * async_keys, the keys as the config gives them) */
     double staleness_threshold;
     int trigger_parameter_sync_step, require_batches, partial_rollout;
     rl_mode mode;
+    struct {
+        double staleness_threshold;
+        int trigger_parameter_sync_step, partial_rollout;
+    } async_keys;
     int rollout_threads, trainer_threads;
     /* trainer.* */
     int64_t total_training_steps;
@@ -113,7 +118,27 @@ typedef struct {
     int grad_compression_warmup_steps, grad_compression_chunk;
     par_config par;            /* actor.fsdp_config.fsdp_size, actor.expert_parallel_size, ... (parallel/grid.h) */
     int simulated;             /* moerl simulate: the rollouter's engine runs no model (engine_config.simulated) */
+    /* debug.test_fail_rank / debug.test_fail_version (tests only): test_fail set = a deliberate error on
+     * world rank test_fail_rank at startup (test_fail_version < 0) or once it reaches that version */
+    int test_fail, test_fail_rank, test_fail_version;
 } rl_config;
+
+/* Declare every key of `moerl rl` (src/rl/config.c): model.* (model_def_keys), data.* (data_def_keys),
+ * the warm start's sft.* (sft_def_warm_start_keys), the layout (par_def_layout_keys), rollout.*,
+ * actor.*, async_training.*, trainer.*, the algorithm's keys and debug.* (tests only). */
+void rl_def_keys(cfg *c);
+/* Read and check them into r (the model.* and data.* keys are read by their modules): every value
+ * against its range, the sync mode's rule (rl_config_set_mode) and the staleness budget's checks, the
+ * layout keys (par_read_layout). Errors name the key, the value and what is accepted. */
+int rl_read_config(const cfg *c, rl_config *r);
+/* The one place the sync mode's rule lives: r->mode = mode and the async_training.* values in force
+ * from r->async_keys — in sync mode staleness 0, a weight sync every step and no partial rollout —
+ * then the staleness budget's checks (rl_config_budget). moerl simulate's sweep runs each mode through
+ * it. Errors: staleness_init's. */
+int rl_config_set_mode(rl_config *r, rl_mode mode);
+/* The staleness budget of r's values in force (staleness_init over the mini-batch, require_batches,
+ * trigger_parameter_sync_step and staleness_threshold). Errors: staleness_init's. */
+int rl_config_budget(const rl_config *r, staleness_budget *b);
 
 /* One prompt with its n responses: the unit that moves through the queue (never split). */
 typedef struct rl_group {

@@ -72,9 +72,7 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, con
     R->cfg = cfg;
     R->train = train;
     R->queue = q;
-    if (staleness_init(&R->budget, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
-                       cfg->staleness_threshold) != MOERL_OK)
-        return MOERL_ERR;
+    if (rl_config_budget(cfg, &R->budget) != MOERL_OK) return MOERL_ERR;
     int max_plen;
     if (rl_check_context(train, cfg->max_response_length, m->cfg.max_position_embeddings, &max_plen) != MOERL_OK)
         return MOERL_ERR;

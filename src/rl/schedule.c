@@ -33,9 +33,7 @@
 
 int job_plan(job *J, staleness_budget *b) {
     const rl_config *cfg = J->cfg;
-    if (staleness_init(b, cfg->ppo_mini_batch_size, cfg->require_batches, cfg->trigger_parameter_sync_step,
-                       cfg->staleness_threshold) != MOERL_OK)
-        return MOERL_ERR;
+    if (rl_config_budget(cfg, b) != MOERL_OK) return MOERL_ERR;
     const int64_t rows = dataset_count(J->train);
     J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
                                                    : (int64_t)cfg->total_epochs * rows / b->required_samples;

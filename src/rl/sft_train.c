@@ -1,5 +1,5 @@
 /* SFT loop (see sft.h). */
-#include "train/sft.h"
+#include "rl/sft.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -366,283 +366,360 @@ static int sft_check_pipeline_shares(const sft_ranks *R, const sft_opts *o, cons
     return MOERL_OK;
 }
 
-int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
-              double *acc_after) {
-    const int64_t n_rows = dataset_count(train);
-    const int bs = o->batch_size;
+/* One sft_train call: its ranks, the encoded rows and the training state. */
+typedef struct {
+    sft_ranks R;
+    moe_model *m;
+    const dataset *train, *test;
+    const sft_opts *o;
+    int64_t n_rows;
+    int bs;
+    tok_seq *seqs;
+    int *resp_start, *order;
+    train_seq *batch, *mine;
+    metrics_writer *mw;
+    model_acts acts;
+    adamw_state os;
+    dist_grad_reducer *red;
+    int64_t total, step0, step, tokens_seen;
+    double acc0, acc, acc_end, mlen;
+    int resumed, finished, aux_on, stopped;
+    progress pb;
+} sft_run;
+
+/* The checks of the options that need no data; the ranks. */
+static int sft_run_init(sft_run *S) {
+    const sft_opts *o = S->o;
+    const int bs = S->bs;
     /* the checks before the first step see the same config and data on every rank, so they fail alike:
      * rank 0 reports them (reset once they pass, so that a rank's own failure later is its own to print) */
     if (o->quiet_error_out) *o->quiet_error_out = o->dist && o->dist->trainer_rank > 0;
-    if (bs <= 0 || bs > n_rows)
+    if (bs <= 0 || bs > S->n_rows)
         return moerl_errorf("SFT batch size %d (data.train_batch_size, or sft.train_batch_size for the warm start) must be "
-                            "in 1..%lld, the training rows (after sft.validation_rows)", bs, (long long)n_rows);
+                            "in 1..%lld, the training rows (after sft.validation_rows)", bs, (long long)S->n_rows);
     if (!(o->optim.lr >= 0) || !isfinite(o->optim.lr) || !(o->optim.weight_decay >= 0) || !isfinite(o->optim.weight_decay))
         return moerl_errorf("SFT learning rate and weight decay (optim.lr / optim.weight_decay, sft.lr / sft.weight_decay "
                             "for the warm start) must be finite numbers ≥ 0 (got %g, %g)",
                             (double)o->optim.lr, (double)o->optim.weight_decay);
-    sft_ranks R = {.dc = o->dist, .ps = o->par, .fs = o->par ? o->par->fsdp : NULL, .root = 1, .n_shards = 1, .m = m};
-    R.pp = o->par && o->par->pp && pp_is_owned(o->par->pp);
-    R.multi = R.dc && R.dc->trainer_size > 1;
-    if (R.dc && R.dc->trainer_rank > 0) R.root = 0;
-    par_data_shard(R.ps, &R.shard, &R.n_shards);
-    if (!R.ps && R.multi) {
-        R.shard = R.dc->trainer_rank;
-        R.n_shards = R.dc->trainer_size;
+    sft_ranks *R = &S->R;
+    *R = (sft_ranks){.dc = o->dist, .ps = o->par, .fs = o->par ? o->par->fsdp : NULL, .root = 1, .n_shards = 1,
+                     .m = S->m};
+    R->pp = o->par && o->par->pp && pp_is_owned(o->par->pp);
+    R->multi = R->dc && R->dc->trainer_size > 1;
+    if (R->dc && R->dc->trainer_rank > 0) R->root = 0;
+    par_data_shard(R->ps, &R->shard, &R->n_shards);
+    if (!R->ps && R->multi) {
+        R->shard = R->dc->trainer_rank;
+        R->n_shards = R->dc->trainer_size;
     }
-    int rc = MOERL_ERR;
-    tok_seq *seqs = xcalloc(n_rows, sizeof(tok_seq));
-    int *resp_start = xmalloc(n_rows * sizeof(int)), *order = xmalloc(n_rows * sizeof(int));
-    train_seq *batch = xmalloc(bs * sizeof(train_seq)), *mine = xmalloc(bs * sizeof(train_seq));
-    metrics_writer *mw = NULL;
-    model_acts acts = {0};
-    adamw_state os = {0};
-    dist_grad_reducer *red = NULL;
+    S->seqs = xcalloc(S->n_rows, sizeof(tok_seq));
+    S->resp_start = xmalloc(S->n_rows * sizeof(int));
+    S->order = xmalloc(S->n_rows * sizeof(int));
+    S->batch = xmalloc(bs * sizeof(train_seq));
+    S->mine = xmalloc(bs * sizeof(train_seq));
+    return MOERL_OK;
+}
+
+/* Every row chat-encoded with its response, checked against the vocabulary and the micro-batch (on
+ * every rank, so no rank fails alone inside a step). */
+static int sft_encode_rows(sft_run *S) {
+    const dataset *train = S->train;
     char where[4200];
-    for (int64_t i = 0; i < n_rows; i++) {
+    for (int64_t i = 0; i < S->n_rows; i++) {
         const ds_row *r = dataset_row(train, i);
-        if (!r->response) {
-            moerl_errorf("%s: SFT needs a 'response' field", dataset_where(train, r->line, where, sizeof where));
-            goto out;
-        }
-        tok_chat_encode(r->prompt, r->n_prompt, true, &seqs[i]);
-        resp_start[i] = (int)seqs[i].n;
-        tok_encode_response(r->response, &seqs[i]);
-        for (int64_t t = 0; t < seqs[i].n; t++)
-            if (seqs[i].ids[t] >= m->cfg.vocab_size) {
-                moerl_errorf("%s: token %d outside the model's vocabulary %d",
-                             dataset_where(train, r->line, where, sizeof where), seqs[i].ids[t], m->cfg.vocab_size);
-                goto out;
-            }
-        /* checked here for every row on every rank, so no rank fails alone inside a step */
-        if (seqs[i].n > o->max_tokens) {
-            moerl_errorf("%s: the row has %lld tokens, more than a micro-batch holds (%d): raise "
-                         "data.max_token_len_per_micro_batch (actor.ppo_max_token_len_per_gpu for the warm start)",
-                         dataset_where(train, r->line, where, sizeof where), (long long)seqs[i].n, o->max_tokens);
-            goto out;
-        }
+        if (!r->response)
+            return moerl_errorf("%s: SFT needs a 'response' field", dataset_where(train, r->line, where, sizeof where));
+        tok_seq *q = &S->seqs[i];
+        tok_chat_encode(r->prompt, r->n_prompt, true, q);
+        S->resp_start[i] = (int)q->n;
+        tok_encode_response(r->response, q);
+        for (int64_t t = 0; t < q->n; t++)
+            if (q->ids[t] >= S->m->cfg.vocab_size)
+                return moerl_errorf("%s: token %d outside the model's vocabulary %d",
+                                    dataset_where(train, r->line, where, sizeof where), q->ids[t], S->m->cfg.vocab_size);
+        if (q->n > S->o->max_tokens)
+            return moerl_errorf("%s: the row has %lld tokens, more than a micro-batch holds (%d): raise "
+                                "data.max_token_len_per_micro_batch (actor.ppo_max_token_len_per_gpu for the warm start)",
+                                dataset_where(train, r->line, where, sizeof where), (long long)q->n, S->o->max_tokens);
     }
-    /* MOERL_TEST_NO_PP_SHARE_CHECK=1: skip it, so that a test reaches the in-step agreement (sft_step) */
-    const char *skip = getenv("MOERL_TEST_NO_PP_SHARE_CHECK");
-    if (R.ps && R.ps->pp && !(skip && !strcmp(skip, "1")) &&
-        sft_check_pipeline_shares(&R, o, seqs, n_rows) != MOERL_OK) {
-        if (o->quiet_error_out) *o->quiet_error_out = !R.root; /* the same verdict on every rank */
-        goto out;
+    return MOERL_OK;
+}
+
+/* The step count, the optimizer, the activations and (data parallel) the gradient reducer. */
+static int sft_run_prepare(sft_run *S) {
+    const sft_opts *o = S->o;
+    sft_ranks *R = &S->R;
+    /* o->skip_pp_share_check (tests only): skip it, so that a test reaches the in-step agreement (sft_step) */
+    if (R->ps && R->ps->pp && !o->skip_pp_share_check &&
+        sft_check_pipeline_shares(R, o, S->seqs, S->n_rows) != MOERL_OK) {
+        if (o->quiet_error_out) *o->quiet_error_out = !R->root; /* the same verdict on every rank */
+        return MOERL_ERR;
     }
-    int64_t total = o->total_epochs * (n_rows / bs);
-    if (o->total_steps > 0) total = o->total_steps;
-    if (total <= 0) {
-        moerl_errorf("no SFT steps: %lld rows, batch %d, %lld epochs", (long long)n_rows, bs, (long long)o->total_epochs);
-        goto out;
-    }
+    S->total = o->total_epochs * (S->n_rows / S->bs);
+    if (o->total_steps > 0) S->total = o->total_steps;
+    if (S->total <= 0)
+        return moerl_errorf("no SFT steps: %lld rows, batch %d, %lld epochs", (long long)S->n_rows, S->bs,
+                            (long long)o->total_epochs);
     if (o->quiet_error_out) *o->quiet_error_out = 0; /* the alike checks passed */
-    par_adamw_init(R.ps, m, &os, o->optim);
+    par_adamw_init(R->ps, S->m, &S->os, o->optim);
     /* a pipeline's passes use its own per-stage activations (acts only carries par there); a Ulysses
      * rank holds its token share */
-    if (model_acts_init_rows(&acts, m, par_acts_rows(R.ps, o->max_tokens), o->max_tokens) != MOERL_OK) goto out;
-    acts.par = R.ps;
-    if (R.multi && !par_grads_self_reduced(R.ps)) { /* data parallel: the bucketed reducer sums while backward runs */
+    if (model_acts_init_rows(&S->acts, S->m, par_acts_rows(R->ps, o->max_tokens), o->max_tokens) != MOERL_OK)
+        return MOERL_ERR;
+    S->acts.par = R->ps;
+    if (R->multi && !par_grads_self_reduced(R->ps)) { /* data parallel: the bucketed reducer sums while backward runs */
         /* (FSDP, EP and the stage-owned pipeline sum in par_finish_grads instead) */
-        red = R.ps && R.ps->grid && !R.ps->pp ? dist_reducer_new_on(R.dc, R.ps->grid->stage_comm, m, 25.0,
-                                                                    DIST_OVERLAP_THREAD)
-                                 : dist_reducer_new(R.dc, m, 25.0, DIST_OVERLAP_THREAD);
-        if (!red) goto out;
+        S->red = R->ps && R->ps->grid && !R->ps->pp
+                     ? dist_reducer_new_on(R->dc, R->ps->grid->stage_comm, S->m, 25.0, DIST_OVERLAP_THREAD)
+                     : dist_reducer_new(R->dc, S->m, 25.0, DIST_OVERLAP_THREAD);
+        if (!S->red) return MOERL_ERR;
     }
     if (o->stop_signal_out) *o->stop_signal_out = 0;
     if (o->nothing_left_out) *o->nothing_left_out = 0;
-    int64_t step0 = 0;
-    double acc0 = 0, acc = 0, mlen;
-    int resumed = 0, finished = 0;
-    double acc_end = NAN; /* a finished run's recorded accuracy at its end */
+    return MOERL_OK;
+}
+
+/* The greedy accuracy of the whole model on ds (rank 0 evaluates; every rank gets it in *acc); skip:
+ * NaN, nothing evaluated. */
+static int sft_eval(sft_run *S, const dataset *ds, int skip, double *acc) {
+    int erc;
+    const moe_model *f = full_on_root(&S->R, S->m, &erc);
+    if (S->R.root && erc == MOERL_OK && skip) *acc = NAN;
+    else if (S->R.root && erc == MOERL_OK)
+        erc = eval_accuracy(f, ds, S->o->val_n, S->o->max_response_length, 64, acc, &S->mlen);
+    full_done(&S->R, S->m, f);
+    if (ranks_agree(&S->R, erc) != MOERL_OK || ranks_from_root(&S->R, acc) != MOERL_OK) return MOERL_ERR;
+    return MOERL_OK;
+}
+
+/* The resume (state_dir and resume set), the caller's writes (on_checked), the metrics file and the
+ * accuracy before. */
+static int sft_run_start(sft_run *S) {
+    const sft_opts *o = S->o;
+    sft_ranks *R = &S->R;
+    S->acc_end = NAN; /* a finished run's recorded accuracy at its end */
     if (o->state_dir && o->resume) {
-        resumed = sft_load_state(&R, m, &os, train, o, &step0, &acc0, &finished, &acc_end);
+        S->resumed = sft_load_state(R, S->m, &S->os, S->train, o, &S->step0, &S->acc0, &S->finished, &S->acc_end);
         int quiet; /* a refused resume is alike on every rank (or its own): the lowest failing rank says it */
-        const int agreed = ranks_agree_once(&R, resumed < 0 ? MOERL_ERR : MOERL_OK, &quiet);
+        const int agreed = ranks_agree_once(R, S->resumed < 0 ? MOERL_ERR : MOERL_OK, &quiet);
         if (o->quiet_error_out) *o->quiet_error_out = quiet;
-        if (agreed != MOERL_OK) goto out;
-        if (resumed && R.root) {
-            log_info("%s: resumed from %s at step %lld (%lld asked)", o->label, o->state_dir, (long long)step0,
-                     (long long)total);
-            if (o->metrics_path && ckpt_truncate_metrics(o->metrics_path, step0) != MOERL_OK) goto out;
+        if (agreed != MOERL_OK) return MOERL_ERR;
+        if (S->resumed && R->root) {
+            log_info("%s: resumed from %s at step %lld (%lld asked)", o->label, o->state_dir, (long long)S->step0,
+                     (long long)S->total);
+            if (o->metrics_path && ckpt_truncate_metrics(o->metrics_path, S->step0) != MOERL_OK) return MOERL_ERR;
         }
     }
-    if (o->on_checked && ranks_agree(&R, R.root ? o->on_checked(o->on_checked_arg) : MOERL_OK) != MOERL_OK) goto out;
-    if (R.root) {
-        if (!resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
-        if (o->metrics_path && !(mw = metrics_open(o->metrics_path))) goto out;
+    if (o->on_checked && ranks_agree(R, R->root ? o->on_checked(o->on_checked_arg) : MOERL_OK) != MOERL_OK)
+        return MOERL_ERR;
+    if (R->root) {
+        if (!S->resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
+        if (o->metrics_path && !(S->mw = metrics_open(o->metrics_path))) return MOERL_ERR;
     }
-    if (!resumed) {
-        int erc;
-        const moe_model *f = full_on_root(&R, m, &erc);
-        if (R.root && erc == MOERL_OK && o->no_held_out_eval) acc0 = NAN;
-        else if (R.root && erc == MOERL_OK) {
-            erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc0, &mlen);
-            if (erc == MOERL_OK) log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * acc0);
+    if (!S->resumed) {
+        if (sft_eval(S, S->test, o->no_held_out_eval, &S->acc0) != MOERL_OK) return MOERL_ERR;
+        if (R->root && !o->no_held_out_eval) log_info("%s: held-out accuracy before: %.1f%%", o->label, 100 * S->acc0);
+    }
+    return MOERL_OK;
+}
+
+/* The periodic evaluation after step `step` (0-based) on the validation split (or the held-out one),
+ * and the stop at sft.stop_at_accuracy (S->total becomes step + 1). */
+static int sft_periodic_eval(sft_run *S, int64_t step) {
+    const sft_opts *o = S->o;
+    if (!(o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < S->total &&
+          (o->validation || !o->no_held_out_eval)))
+        return MOERL_OK;
+    if (sft_eval(S, o->validation ? o->validation : S->test, 0, &S->acc) != MOERL_OK) return MOERL_ERR;
+    if (S->R.root)
+        log_info("%s step %lld: %s accuracy %.1f%%", o->label, (long long)step + 1,
+                 o->validation ? "validation" : "held-out", 100 * S->acc);
+    if (S->mw) {
+        const char *k2[] = {o->validation ? "val/validation_accuracy" : "val/accuracy"};
+        double v2[] = {S->acc};
+        metrics_write(S->mw, step + 1, 1, k2, v2);
+    }
+    if (o->stop_accuracy > 0 && S->acc >= o->stop_accuracy) {
+        if (S->R.root)
+            log_info("%s: accuracy %.1f%% reached the stop level %.1f%% at step %lld", o->label, 100 * S->acc,
+                     100 * o->stop_accuracy, (long long)step + 1);
+        S->total = step + 1; /* ends both loops after this step */
+    }
+    return MOERL_OK;
+}
+
+/* One optimizer step (step, 0-based) on the bs rows of the epoch's order from b: this rank's share,
+ * the metrics line, the periodic evaluation and the progress line. */
+static int sft_one_step(sft_run *S, int64_t ep, int64_t b, int64_t step) {
+    const sft_opts *o = S->o;
+    sft_ranks *R = &S->R;
+    if (o->state_dir && o->save_freq > 0 && step > S->step0 && step % o->save_freq == 0 &&
+        sft_save_state(R, S->m, &S->os, S->train, o, step, S->acc0, 0) != MOERL_OK)
+        return MOERL_ERR;
+    double t0 = moerl_now();
+    int64_t resp_tokens = 0, g_tokens = 0;
+    int n_mine = 0;
+    for (int j = 0; j < S->bs; j++) {
+        int i = S->order[b + j];
+        S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i]};
+        resp_tokens += S->seqs[i].n - S->resp_start[i];
+        g_tokens += S->seqs[i].n;
+        if (j % R->n_shards == R->shard) S->mine[n_mine++] = S->batch[j]; /* round-robin over the data shards */
+    }
+    const int global_aux = S->aux_on && (R->n_shards > 1 || (R->ps && (R->ps->sp || R->ps->pp)) || /* SP / pp */
+                                         count_microbatches(S->batch, S->bs, o->max_tokens) > 1);
+    float lr = lr_schedule(o->lr_scheduler, step, S->total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
+    sft_step_out so = {0};
+    if (sft_step(R, S->red, S->m, &S->acts, &S->os, S->mine, n_mine, g_tokens, resp_tokens, global_aux, lr, o, &so) !=
+        MOERL_OK)
+        return MOERL_ERR;
+    double dt = moerl_now() - t0;
+    S->tokens_seen += (int64_t)so.tokens;
+    pp_window ppw = {0}; /* the step's schedules of every data-parallel pipeline (collective) */
+    if (R->ps && R->ps->pp) {
+        pp_window_add(&ppw, pp_last_stats(R->ps->pp));
+        if (pp_window_over_replicas(&ppw, R->ps->grid->stage_comm) != MOERL_OK) return MOERL_ERR;
+    }
+    if (S->mw) {
+        const char *keys[] = {"train/loss", "train/ce_loss", "moe/aux_loss", "actor/grad_norm", "train/lr",
+                              "perf/throughput", "timing_s/step", "train/skipped_steps", "train/epoch"};
+        double vals[] = {so.loss, so.ce, so.aux, so.grad_norm, lr, so.tokens / dt, dt, (double)S->os.skipped, (double)ep};
+        metrics_write(S->mw, step + 1, 9, keys, vals);
+        const char *pk[PP_N_METRICS];
+        double pv[PP_N_METRICS];
+        const int np = pp_window_metrics(&ppw, pk, pv); /* perf/pipeline_bubble, ... */
+        if (np) metrics_write(S->mw, step + 1, np, pk, pv);
+    }
+    if (sft_periodic_eval(S, step) != MOERL_OK) return MOERL_ERR;
+    char extra[160];
+    snprintf(extra, sizeof extra, "loss %.4f ce %.4f aux %.3f gnorm %.3f lr %.2e %.0f tok/s%s", so.loss, so.ce, so.aux,
+             so.grad_norm, lr, so.tokens / dt, so.applied ? "" : " (skipped: non-finite)");
+    if (R->root) progress_update(&S->pb, step + 1, extra);
+    return MOERL_OK;
+}
+
+/* The epochs from step0 (each epoch's shuffled order replayed from the seed) until S->total steps or a
+ * stop signal (S->stopped; every rank stops at the same step). */
+static int sft_loop(sft_run *S) {
+    rng_state rng;
+    rng_seed(&rng, S->o->seed);
+    const int64_t n_rows = S->n_rows, bs = S->bs, per_epoch = n_rows / bs;
+    S->step = S->step0;
+    for (int64_t ep = 0; S->step < S->total && !S->stopped; ep++) {
+        for (int64_t i = 0; i < n_rows; i++) S->order[i] = (int)i;
+        rng_shuffle_int(&rng, S->order, (int)n_rows); /* replayed for the epochs before a resume point */
+        if ((ep + 1) * per_epoch <= S->step0) continue;
+        const int64_t b0 = ep * per_epoch < S->step0 ? (S->step0 - ep * per_epoch) * bs : 0;
+        for (int64_t b = b0; b + bs <= n_rows && S->step < S->total; b += bs, S->step++) {
+            double sig = moerl_stop_requested(); /* every rank stops at the same step */
+            if (ranks_sum(&S->R, &sig, 1) != MOERL_OK) return MOERL_ERR;
+            if (sig > 0) {
+                S->stopped = moerl_stop_requested() ? moerl_stop_requested() : 15;
+                break;
+            }
+            if (sft_one_step(S, ep, b, S->step) != MOERL_OK) return MOERL_ERR;
         }
-        full_done(&R, m, f);
-        if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc0) != MOERL_OK) goto out;
     }
-    if (step0 >= total || finished) {
-        if (R.root)
+    return MOERL_OK;
+}
+
+/* Expert parallelism: the exchanges of the run, summed over the ranks, in one log line. */
+static int sft_log_ep(sft_run *S) {
+    const sft_ranks *R = &S->R;
+    if (!R->ps || !R->ps->ep) return MOERL_OK;
+    const ep_stats es = ep_get_stats(R->ps->ep);
+    double v[5] = {(double)es.exchanges, (double)es.rows_sent, (double)es.spill_rounds, (double)es.idle_passes,
+                   es.seconds};
+    if (ranks_sum(R, v, 5) != MOERL_OK) return MOERL_ERR;
+    if (R->root)
+        log_info("%s: expert parallel (ep %d, %s, capacity %d rows): %.0f exchanges, %.0f rows sent, %.0f spill "
+                 "rounds, %.0f idle passes, %.2f s in exchanges (summed over the ranks)", S->o->label,
+                 R->ps->grid->ep, moe_dispatcher_name(ep_dispatcher(R->ps->ep)), ep_capacity(R->ps->ep), v[0], v[1],
+                 v[2], v[3], v[4]);
+    return MOERL_OK;
+}
+
+/* After the loop: the checkpoint, then (not stopped) the accuracy after and the run's summary. */
+static int sft_run_finish(sft_run *S, double train_s, double *acc_before, double *acc_after) {
+    const sft_opts *o = S->o;
+    const sft_ranks *R = &S->R;
+    const int64_t per_epoch = S->n_rows / S->bs, step = S->step, tokens_seen = S->tokens_seen;
+    const int at_accuracy = !S->stopped && step < (o->total_steps > 0 ? o->total_steps : o->total_epochs * per_epoch);
+    if (o->state_dir && sft_save_state(R, S->m, &S->os, S->train, o, step, S->acc0, at_accuracy) != MOERL_OK)
+        return MOERL_ERR;
+    if (S->stopped) {
+        if (R->root)
+            log_info("%s: stopped by signal %d at step %lld: checkpoint in %s", o->label, S->stopped, (long long)step,
+                     o->state_dir ? o->state_dir : "(none: no state folder)");
+        if (o->stop_signal_out) *o->stop_signal_out = S->stopped;
+        if (acc_before) *acc_before = S->acc0;
+        if (acc_after) *acc_after = NAN;
+        return MOERL_OK;
+    }
+    if (sft_eval(S, S->test, o->no_held_out_eval, &S->acc) != MOERL_OK) return MOERL_ERR;
+    if (R->root && o->no_held_out_eval)
+        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (trainer.val_n=0)",
+                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s);
+    else if (R->root)
+        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
+                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s,
+                 100 * S->acc0, 100 * S->acc);
+    if (S->mw && !o->no_held_out_eval) {
+        const char *k3[] = {"val/accuracy", "val/accuracy_before"};
+        double v3[] = {S->acc, S->acc0};
+        metrics_write(S->mw, step, 2, k3, v3);
+    }
+    if (R->root && o->state_dir && sft_record_after(o->state_dir, S->acc) != MOERL_OK) return MOERL_ERR;
+    if (acc_before) *acc_before = S->acc0;
+    if (acc_after) *acc_after = S->acc;
+    return MOERL_OK;
+}
+
+static void sft_run_free(sft_run *S) {
+    if (S->mw) metrics_close(S->mw);
+    for (int64_t i = 0; S->seqs && i < S->n_rows; i++) tok_seq_free(&S->seqs[i]);
+    free(S->seqs);
+    free(S->resp_start);
+    free(S->order);
+    free(S->batch);
+    free(S->mine);
+    dist_reducer_free(S->red);
+    if (S->acts.arena) model_acts_free(&S->acts);
+    if (S->os.m) adamw_free(&S->os);
+}
+
+int sft_train(moe_model *m, const dataset *train, const dataset *test, const sft_opts *o, double *acc_before,
+              double *acc_after) {
+    sft_run S;
+    memset(&S, 0, sizeof S);
+    S.m = m;
+    S.train = train;
+    S.test = test;
+    S.o = o;
+    S.n_rows = dataset_count(train);
+    S.bs = o->batch_size;
+    if (sft_run_init(&S) != MOERL_OK) return MOERL_ERR; /* nothing allocated yet */
+    int rc = MOERL_ERR;
+    if (sft_encode_rows(&S) != MOERL_OK || sft_run_prepare(&S) != MOERL_OK || sft_run_start(&S) != MOERL_OK) goto out;
+    if (S.step0 >= S.total || S.finished) {
+        if (S.R.root)
             log_info("%s: nothing left to do: the run in %s is at step %lld and %lld step%s asked; raise %s to continue",
-                     o->label, o->state_dir, (long long)step0, (long long)total, moerl_plural(total),
+                     o->label, o->state_dir, (long long)S.step0, (long long)S.total, moerl_plural(S.total),
                      o->steps_key ? o->steps_key : "the step count");
-        if (acc_before) *acc_before = acc0;
-        if (acc_after) *acc_after = acc_end; /* NaN when not recorded (the state of a stopped or older run) */
+        if (acc_before) *acc_before = S.acc0;
+        if (acc_after) *acc_after = S.acc_end; /* NaN when not recorded (the state of a stopped or older run) */
         if (o->nothing_left_out) *o->nothing_left_out = 1;
         rc = MOERL_OK;
         goto out;
     }
-    rng_state rng;
-    rng_seed(&rng, o->seed);
-    const int aux_on = m->cfg.router_aux_loss_coef > 0 && m->cfg.num_experts > 0 && n_moe_layers(&m->cfg) > 0;
-    progress pb;
-    if (R.root) progress_begin(&pb, o->label, total);
-    double t_start = moerl_now();
-    int64_t step = step0, tokens_seen = 0;
-    const int64_t per_epoch = n_rows / bs;
-    int stopped = 0;
-    for (int64_t ep = 0; step < total && !stopped; ep++) {
-        for (int64_t i = 0; i < n_rows; i++) order[i] = (int)i;
-        rng_shuffle_int(&rng, order, (int)n_rows); /* replayed for the epochs before a resume point */
-        if ((ep + 1) * per_epoch <= step0) continue;
-        const int64_t b0 = ep * per_epoch < step0 ? (step0 - ep * per_epoch) * bs : 0;
-        for (int64_t b = b0; b + bs <= n_rows && step < total; b += bs, step++) {
-            double sig = moerl_stop_requested(); /* every rank stops at the same step */
-            if (ranks_sum(&R, &sig, 1) != MOERL_OK) goto out;
-            if (sig > 0) {
-                stopped = moerl_stop_requested() ? moerl_stop_requested() : 15;
-                break;
-            }
-            if (o->state_dir && o->save_freq > 0 && step > step0 && step % o->save_freq == 0 &&
-                sft_save_state(&R, m, &os, train, o, step, acc0, 0) != MOERL_OK)
-                goto out;
-            double t0 = moerl_now();
-            int64_t resp_tokens = 0, g_tokens = 0;
-            int n_mine = 0;
-            for (int j = 0; j < bs; j++) {
-                int i = order[b + j];
-                batch[j] = (train_seq){.tokens = seqs[i].ids, .len = (int)seqs[i].n, .resp_start = resp_start[i]};
-                resp_tokens += seqs[i].n - resp_start[i];
-                g_tokens += seqs[i].n;
-                if (j % R.n_shards == R.shard) mine[n_mine++] = batch[j]; /* round-robin over the data shards */
-            }
-            const int global_aux = aux_on && (R.n_shards > 1 || (R.ps && (R.ps->sp || R.ps->pp)) || /* SP / pp */
-                                              count_microbatches(batch, bs, o->max_tokens) > 1);
-            float lr = lr_schedule(o->lr_scheduler, step, total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
-            sft_step_out so = {0};
-            if (sft_step(&R, red, m, &acts, &os, mine, n_mine, g_tokens, resp_tokens, global_aux, lr, o, &so) !=
-                MOERL_OK)
-                goto out;
-            double gn = so.grad_norm;
-            int applied = so.applied;
-            double dt = moerl_now() - t0;
-            tokens_seen += (int64_t)so.tokens;
-            pp_window ppw = {0}; /* the step's schedules of every data-parallel pipeline (collective) */
-            if (R.ps && R.ps->pp) {
-                pp_window_add(&ppw, pp_last_stats(R.ps->pp));
-                if (pp_window_over_replicas(&ppw, R.ps->grid->stage_comm) != MOERL_OK) goto out;
-            }
-            if (mw) {
-                const char *keys[] = {"train/loss", "train/ce_loss", "moe/aux_loss", "actor/grad_norm", "train/lr",
-                                      "perf/throughput", "timing_s/step", "train/skipped_steps", "train/epoch"};
-                double vals[] = {so.loss, so.ce, so.aux, gn, lr, so.tokens / dt, dt, (double)os.skipped, (double)ep};
-                metrics_write(mw, step + 1, 9, keys, vals);
-                const char *pk[PP_N_METRICS];
-                double pv[PP_N_METRICS];
-                const int np = pp_window_metrics(&ppw, pk, pv); /* perf/pipeline_bubble, ... */
-                if (np) metrics_write(mw, step + 1, np, pk, pv);
-            }
-            if (o->test_freq > 0 && (step + 1) % o->test_freq == 0 && step + 1 < total &&
-                (o->validation || !o->no_held_out_eval)) {
-                const dataset *vs = o->validation ? o->validation : test;
-                int erc;
-                const moe_model *f = full_on_root(&R, m, &erc);
-                if (R.root && erc == MOERL_OK)
-                    erc = eval_accuracy(f, vs, o->val_n, o->max_response_length, 64, &acc, &mlen);
-                full_done(&R, m, f);
-                if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
-                if (R.root)
-                    log_info("%s step %lld: %s accuracy %.1f%%", o->label, (long long)step + 1,
-                             o->validation ? "validation" : "held-out", 100 * acc);
-                if (mw) {
-                    const char *k2[] = {o->validation ? "val/validation_accuracy" : "val/accuracy"};
-                    double v2[] = {acc};
-                    metrics_write(mw, step + 1, 1, k2, v2);
-                }
-                if (o->stop_accuracy > 0 && acc >= o->stop_accuracy) {
-                    if (R.root)
-                        log_info("%s: accuracy %.1f%% reached the stop level %.1f%% at step %lld", o->label, 100 * acc,
-                                 100 * o->stop_accuracy, (long long)step + 1);
-                    total = step + 1; /* ends both loops after this step */
-                }
-            }
-            char extra[160];
-            snprintf(extra, sizeof extra, "loss %.4f ce %.4f aux %.3f gnorm %.3f lr %.2e %.0f tok/s%s", so.loss,
-                     so.ce, so.aux, gn, lr, so.tokens / dt, applied ? "" : " (skipped: non-finite)");
-            if (R.root) progress_update(&pb, step + 1, extra);
-        }
-    }
-    if (R.root) progress_end(&pb, NULL);
-    if (R.ps && R.ps->ep) { /* expert parallelism: the exchanges of the run, summed over the ranks */
-        const ep_stats es = ep_get_stats(R.ps->ep);
-        double v[5] = {(double)es.exchanges, (double)es.rows_sent, (double)es.spill_rounds, (double)es.idle_passes,
-                       es.seconds};
-        if (ranks_sum(&R, v, 5) != MOERL_OK) goto out;
-        if (R.root)
-            log_info("%s: expert parallel (ep %d, %s, capacity %d rows): %.0f exchanges, %.0f rows sent, %.0f spill "
-                     "rounds, %.0f idle passes, %.2f s in exchanges (summed over the ranks)", o->label,
-                     R.ps->grid->ep, moe_dispatcher_name(ep_dispatcher(R.ps->ep)), ep_capacity(R.ps->ep), v[0], v[1],
-                     v[2], v[3], v[4]);
-    }
-    double train_s = moerl_now() - t_start;
-    const int at_accuracy = !stopped && step < (o->total_steps > 0 ? o->total_steps : o->total_epochs * per_epoch);
-    if (o->state_dir && sft_save_state(&R, m, &os, train, o, step, acc0, at_accuracy) != MOERL_OK) goto out;
-    if (stopped) {
-        if (R.root)
-            log_info("%s: stopped by signal %d at step %lld: checkpoint in %s", o->label, stopped, (long long)step,
-                     o->state_dir ? o->state_dir : "(none: no state folder)");
-        if (o->stop_signal_out) *o->stop_signal_out = stopped;
-        if (acc_before) *acc_before = acc0;
-        if (acc_after) *acc_after = NAN;
-        rc = MOERL_OK;
-        goto out;
-    }
-    {
-        int erc;
-        const moe_model *f = full_on_root(&R, m, &erc);
-        if (R.root && erc == MOERL_OK && o->no_held_out_eval) acc = NAN;
-        else if (R.root && erc == MOERL_OK)
-            erc = eval_accuracy(f, test, o->val_n, o->max_response_length, 64, &acc, &mlen);
-        full_done(&R, m, f);
-        if (ranks_agree(&R, erc) != MOERL_OK || ranks_from_root(&R, &acc) != MOERL_OK) goto out;
-    }
-    if (R.root && o->no_held_out_eval)
-        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (trainer.val_n=0)",
-                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s);
-    else if (R.root)
-        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
-                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s,
-                 100 * acc0,
-                 100 * acc);
-    if (mw && !o->no_held_out_eval) {
-        const char *k3[] = {"val/accuracy", "val/accuracy_before"};
-        double v3[] = {acc, acc0};
-        metrics_write(mw, step, 2, k3, v3);
-    }
-    if (R.root && o->state_dir && sft_record_after(o->state_dir, acc) != MOERL_OK) goto out;
-    if (acc_before) *acc_before = acc0;
-    if (acc_after) *acc_after = acc;
-    rc = MOERL_OK;
+    S.aux_on = m->cfg.router_aux_loss_coef > 0 && m->cfg.num_experts > 0 && n_moe_layers(&m->cfg) > 0;
+    if (S.R.root) progress_begin(&S.pb, o->label, S.total);
+    const double t_start = moerl_now();
+    if (sft_loop(&S) != MOERL_OK) goto out;
+    if (S.R.root) progress_end(&S.pb, NULL);
+    if (sft_log_ep(&S) != MOERL_OK) goto out;
+    rc = sft_run_finish(&S, moerl_now() - t_start, acc_before, acc_after);
 out:
-    if (mw) metrics_close(mw);
-    for (int64_t i = 0; i < n_rows; i++) tok_seq_free(&seqs[i]);
-    free(seqs);
-    free(resp_start);
-    free(order);
-    free(batch);
-    free(mine);
-    dist_reducer_free(red);
-    if (acts.arena) model_acts_free(&acts);
-    if (os.m) adamw_free(&os);
+    sft_run_free(&S);
     return rc;
 }

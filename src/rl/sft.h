@@ -1,10 +1,11 @@
-/* Supervised fine-tuning on prompt/response rows: loss on response tokens only (token-mean over
+/* Supervised fine-tuning on prompt/response rows (in the rl layer, above parallel/: the SFT job
+ * runs data parallel, FSDP or pipelined over trainer ranks): loss on response tokens only (token-mean over
  * the global batch), packed micro-batches, AdamW with clipping and an LR schedule, held-out greedy
  * accuracy before and after, one log line per step and metrics JSONL. Used by `moerl sft` and by
  * the warm start of `moerl rl`. With the aux loss on and the batch in several micro-batches (or
  * ranks), the aux loss is the whole batch's (its routing counts are taken first, forward only). */
-#ifndef MOERL_SFT_H
-#define MOERL_SFT_H
+#ifndef MOERL_RL_SFT_H
+#define MOERL_RL_SFT_H
 
 #include <stdint.h>
 
@@ -73,6 +74,9 @@ typedef struct {
      * 0 otherwise */
     int *nothing_left_out;
     void *on_checked_arg;
+    /* tests only (debug.test_no_pp_share_check): skip the pipeline's batch-share check at the start,
+     * so that a test reaches the in-step agreement instead */
+    int skip_pp_share_check;
 } sft_opts;
 
 /* Train m in place. acc_before/acc_after (may be NULL) receive held-out greedy accuracy.

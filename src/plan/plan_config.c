@@ -1,0 +1,149 @@
+/* moerl plan's keys (`moerl rl`'s plus the layout and dtype keys plan models) and their reading into
+ * plan_input (see plan_config.h). */
+#include "plan/plan_config.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "data/data_config.h"
+#include "model/model_config.h"
+#include "parallel/grid.h"
+#include "rl/rl.h" /* rl_def_keys: every key of `moerl rl` */
+
+static void def_int(cfg *c, const char *k, int64_t v, const char *h) {
+    if (!cfg_has(c, k)) cfg_def_int(c, k, v, h);
+}
+static void def_str(cfg *c, const char *k, const char *v, const char *h) {
+    if (!cfg_has(c, k)) cfg_def_str(c, k, v, h);
+}
+static void def_bool(cfg *c, const char *k, bool v, const char *h) {
+    if (!cfg_has(c, k)) cfg_def_bool(c, k, v, h);
+}
+
+void plan_def_keys(cfg *c) {
+    rl_def_keys(c);
+    def_bool(c, "model.enable_gradient_checkpointing", false, "activation recompute (full, per layer)");
+    def_int(c, "rollout.n_ranks", 1, "rollout devices");
+    def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
+    def_str(c, "actor.dtype", "fp32", "trainer weights/grads/activations: fp32 (moerl today) | bf16 (fp32 master + moments)");
+    def_str(c, "rollout.dtype", "fp32", "rollout weights and KV cache: fp32 (moerl's engine) | bf16");
+    def_str(c, "plan.pp_params", "stage",
+            "pipeline parameter layout: stage (each stage holds its own layers, Megatron: moerl's pipeline) | "
+            "replicated (every rank holds every stage: pp_state_new alone, the bubble benchmark's)");
+}
+
+static int dtype_bytes(const cfg *c, const char *key, int *out) {
+    const char *s = cfg_str(c, key);
+    if (!strcmp(s, "fp32") || !strcmp(s, "float32")) *out = 4;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = 2;
+    else return moerl_errorf("%s: '%s' is not fp32 or bf16", key, s);
+    return MOERL_OK;
+}
+
+int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input *in) {
+    if (model_config_from_keys(c, model, mc) != MOERL_OK) return MOERL_ERR;
+    mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
+    mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
+    memset(in, 0, sizeof *in);
+    if (cfg_check_int32(c, "seed") != MOERL_OK) return MOERL_ERR;
+    /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
+     * data.max_prompt_length > 0); plan reads no data, so no held-out evaluation is checked */
+    if (data_check_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
+    const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
+                         "rollout.n", "actor.ppo_mini_batch_size", "actor.ppo_epochs", "async_training.require_batches",
+                         "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
+        if (cfg_int(c, pos[i]) < 1) return moerl_errorf("%s must be ≥ 1, got %lld", pos[i], (long long)cfg_int(c, pos[i]));
+    /* the layout keys as moerl reads them (dispatcher, capacity factor), and whether they fit the model */
+    par_config pc;
+    if (par_read_keys(c, &pc) != MOERL_OK ||
+        par_check(&pc, (int)cfg_int(c, "trainer.n_ranks"), mc->num_experts, mc->num_attention_heads,
+                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK ||
+        par_check_pp_alone(&pc, (int)cfg_int(c, "trainer.n_ranks")) != MOERL_OK) /* moerl rl's rule */
+        return MOERL_ERR;
+    if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
+        return MOERL_ERR;
+    /* layouts plan does not model yet: refused rather than planned as if the key were absent */
+    if (cfg_int(c, "rollout.expert_parallel_size") != 1)
+        return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
+                            (long long)cfg_int(c, "rollout.expert_parallel_size"));
+    in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
+    in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
+    in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
+    in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
+    in->pp = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    in->vpp = pc.virtual_pipeline_parallel_size; /* interleaved 1F1B's chunks per stage */
+    if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
+    if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
+    in->micro_tokens = cfg_int(c, "actor.ppo_max_token_len_per_gpu");
+    in->dispatcher = (int)pc.dispatcher;
+    in->alltoall_max_ep = pc.alltoall_max_ep;
+    in->capacity_factor = pc.capacity_factor;
+    /* the global aux loss's router-count pre-pass: one forward-only pass per micro-batch */
+    in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
+    /* the proximal logprobs, once per step: decoupled loss, or old logprobs recomputed (no bypass) */
+    in->logprob_passes = cfg_bool(c, "actor.use_decoupled_loss") || !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
+    in->ref_model = cfg_bool(c, "actor.use_kl_loss"); /* the KL reference (src/rl/trainer.c trainer_init) */
+    const char *ppl = cfg_str(c, "plan.pp_params");
+    if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
+    else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
+    else return moerl_errorf("plan.pp_params: '%s' is not stage or replicated", ppl);
+    in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
+    const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
+    if (rb * ep > INT32_MAX) /* both fit 32 bits (cfg_check_int32), so the product fits 64 */
+        return moerl_errorf("async_training.require_batches × actor.ppo_epochs = %lld × %lld optimizer updates per "
+                            "step exceed 2^31 − 1", (long long)rb, (long long)ep);
+    in->updates_per_step = (int)(rb * ep);
+    /* data.max_prompt_length (src/data/data_config.c, shared with rl): 0 = no limit there, planned as 512 here */
+    const int64_t plen0 = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
+    const int64_t plen = plen0 == 0 ? PLAN_DEFAULT_PROMPT_LEN : plen0;
+    if (plen <= 0 || rlen <= 0)
+        return moerl_errorf("data.max_prompt_length (%lld; 0 = no limit, planned as %d) and data.max_response_length "
+                            "(%lld) must be positive",
+                            (long long)plen0, PLAN_DEFAULT_PROMPT_LEN, (long long)rlen);
+    if (plen + rlen > INT32_MAX)
+        return moerl_errorf("data.max_prompt_length + data.max_response_length = %lld does not fit a 32-bit sequence "
+                            "length", (long long)(plen + rlen));
+    /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
+    const int64_t mini = cfg_int(c, "actor.ppo_mini_batch_size"), n = cfg_int(c, "rollout.n");
+    const double st = (double)mini * (double)rb * (double)n * (double)(plen + rlen) * (double)ep; /* no int64 overflow */
+    if (st > PLAN_MAX_STEP_TOKENS)
+        return moerl_errorf("the tokens trained per step, actor.ppo_mini_batch_size × async_training.require_batches × "
+                            "rollout.n × (data.max_prompt_length + data.max_response_length) × actor.ppo_epochs = "
+                            "%lld × %lld × %lld × %lld × %lld = %.4g, exceed plan's limit 2^53 (%.4g): lower one of "
+                            "them", (long long)mini, (long long)rb, (long long)n, (long long)(plen + rlen),
+                            (long long)ep, st, PLAN_MAX_STEP_TOKENS);
+    in->step_tokens = mini * rb * n * (plen + rlen) * ep;
+    in->logprob_tokens = in->step_tokens / ep;
+    in->resp_fraction = (double)rlen / (double)(plen + rlen);
+    in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");
+    in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
+    in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
+    in->max_model_len = (int)(plen + rlen);
+    /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
+     * data.max_prompt_length */
+    static char len_src[200];
+    if (plen0 == 0)
+        snprintf(len_src, sizeof len_src, "data.max_prompt_length unset (0 = no limit in rl; plan assumes %d) + "
+                 "data.max_response_length=%lld", PLAN_DEFAULT_PROMPT_LEN, (long long)rlen);
+    else
+        snprintf(len_src, sizeof len_src, "data.max_prompt_length=%lld + data.max_response_length=%lld",
+                 (long long)plen, (long long)rlen);
+    if (in->micro_tokens > 0 && in->micro_tokens < plen + rlen) /* as moerl rl refuses it (rl_check_update_sizes) */
+        return moerl_errorf("actor.ppo_max_token_len_per_gpu=%lld is below one sequence: %s = %lld tokens, and a "
+                            "sequence is never split across micro-batches: set actor.ppo_max_token_len_per_gpu to at "
+                            "least %lld%s",
+                            (long long)in->micro_tokens, len_src, (long long)(plen + rlen), (long long)(plen + rlen),
+                            plen0 == 0 ? ", or set data.max_prompt_length to the longest prompt of your data (what "
+                                         "moerl rl measures from the data when it is unset)"
+                                       : "");
+    /* whole GRPO groups per data-parallel pipeline, as moerl rl checks them (rl_check_pipeline_groups):
+     * prompts at the planned length, responses as short as 0 tokens */
+    in->group_size = (int)n;
+    in->groups_per_update = (int)mini;
+    in->min_seq_len = (int)plen;
+    in->seq_len_src = len_src;
+    in->sync_every = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
+    return MOERL_OK;
+}

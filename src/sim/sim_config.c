@@ -1,0 +1,125 @@
+/* moerl simulate's configuration (see sim_config.h). */
+#include "sim/sim_config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/log.h"
+#include "data/data_config.h"
+#include "data/tokenizer.h"
+#include "model/model_config.h"
+#include "parallel/grid.h"
+#include "plan/plan.h"
+
+void sim_def_keys(cfg *c) {
+    rl_def_keys(c);
+    cfg_def_str(c, "sim.device", "cpu", "cost keys of a named device: h200 | a100 | ascend910b | cpu (or --calibrate)");
+    cfg_def_int(c, "sim.rollout_devices", 1, "rollout devices (replicas = this / rollout.tensor_model_parallel_size)");
+    if (!cfg_has(c, "rollout.tensor_model_parallel_size"))
+        cfg_def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
+    cfg_def_float(c, "sim.mem_bandwidth", 0, "effective memory bandwidth of an engine step, bytes/s (0 = device's)");
+    cfg_def_float(c, "sim.flops", 0, "effective FLOP/s of an engine step (0 = device's)");
+    cfg_def_float(c, "sim.train_flops", 0, "effective training FLOP/s per trainer device (0 = device's)");
+    cfg_def_float(c, "sim.link_bandwidth", 0, "weight-sync / gradient link, bytes/s (0 = device's)");
+    cfg_def_float(c, "sim.step_overhead_s", -1, "fixed seconds per engine step (< 0 = device's)");
+    cfg_def_float(c, "sim.update_overhead_s", -1, "fixed seconds per optimizer update (< 0 = device's)");
+    cfg_def_float(c, "sim.sync_overhead_s", -1, "fixed seconds per weight sync besides the transfer (< 0 = device's)");
+    cfg_def_float(c, "sim.gen_scale", 1, "multiplies every engine-step cost (calibration from measured runs)");
+    cfg_def_float(c, "sim.train_scale", 1, "multiplies every PPO-update cost (calibration from measured runs)");
+    cfg_def_float(c, "sim.host_cores", 0,
+                  "> 0: rollout replicas and trainer are processes sharing this many CPU cores (processor sharing, "
+                  "for runs on one host); 0 = independent devices");
+}
+
+/* The stand-in model of the engine and trainer: one dense layer of width 8 over the byte vocabulary. */
+int sim_tiny_model(moe_model *m, int max_len) {
+    moe_config t;
+    memset(&t, 0, sizeof t);
+    t.vocab_size = TOK_VOCAB_SIZE; t.hidden_size = 8; t.intermediate_size = 8; t.moe_intermediate_size = 8;
+    t.num_hidden_layers = 1; t.num_attention_heads = 1; t.num_key_value_heads = 1; t.head_dim = 8;
+    t.num_experts = 0; t.num_experts_per_tok = 0; t.decoder_sparse_step = 1; t.max_position_embeddings = max_len;
+    t.rms_norm_eps = 1e-6f; t.rope_theta = 1e4f; t.initializer_range = 0.02f;
+    t.bos_token_id = TOK_BOS; t.eos_token_id = TOK_EOS;
+    if (model_init(m, &t) != MOERL_OK) return MOERL_ERR;
+    model_init_random(m, 1);
+    return MOERL_OK;
+}
+
+/* The device's cost keys (sim.*) over the named device or the calibration in su->dev. */
+static int read_cost_keys(const cfg *c, const rl_config *rc, sim_setup *su) {
+    sim_device *d = &su->dev;
+    const double bw = cfg_float(c, "sim.mem_bandwidth"), fl = cfg_float(c, "sim.flops"),
+                 tf = cfg_float(c, "sim.train_flops"), lk = cfg_float(c, "sim.link_bandwidth");
+    if (bw > 0) d->a_bytes = 1 / bw;
+    if (fl > 0) d->a_flops = 1 / fl;
+    if (tf > 0) d->s_flop = 1 / tf;
+    if (lk > 0) d->link_bw = lk;
+    if (cfg_float(c, "sim.step_overhead_s") >= 0) d->c_step = cfg_float(c, "sim.step_overhead_s");
+    if (cfg_float(c, "sim.update_overhead_s") >= 0) d->c_update = cfg_float(c, "sim.update_overhead_s");
+    if (cfg_float(c, "sim.sync_overhead_s") >= 0) d->c_sync = cfg_float(c, "sim.sync_overhead_s");
+    const double gs = cfg_float(c, "sim.gen_scale"), ts = cfg_float(c, "sim.train_scale");
+    if (!(gs > 0) || !(ts > 0) || !isfinite(gs) || !isfinite(ts))
+        return moerl_errorf("sim.gen_scale (%g) and sim.train_scale (%g) must be finite and > 0", gs, ts);
+    d->a_bytes *= gs, d->a_flops *= gs, d->c_step *= gs;
+    d->s_flop *= ts, d->c_update *= ts;
+    su->host_cores = cfg_float(c, "sim.host_cores");
+    if (!(su->host_cores >= 0) || !isfinite(su->host_cores))
+        return moerl_errorf("sim.host_cores must be ≥ 0, got %g", su->host_cores);
+    /* rollout.dtype given: the engine's weight/KV bytes per element follow it (else the device's:
+     * bf16 on the named GPUs, fp32 for cpu and a calibration, as moerl's engine by default) */
+    if (strcmp(cfg_origin(c, "rollout.dtype"), "default")) d->dtype_bytes = rc->bf16_weights ? 2 : 4;
+    const char *nonneg[] = {"sim.mem_bandwidth", "sim.flops", "sim.train_flops", "sim.link_bandwidth"};
+    for (size_t i = 0; i < sizeof nonneg / sizeof *nonneg; i++)
+        if (!(cfg_float(c, nonneg[i]) >= 0))
+            return moerl_errorf("%s must be ≥ 0 (0 = the device's), got %g", nonneg[i], cfg_float(c, nonneg[i]));
+    return MOERL_OK;
+}
+
+/* The configuration (moerl rl's reader), the simulated model, the devices and their costs, checked as
+ * moerl rl and moerl plan check them; *n_roll_dev: sim.rollout_devices. */
+int sim_read_setup(const cfg *c, const char *model, int calibrate, int sweep, rl_config *rc, sim_setup *su,
+                   moe_config *target, int *n_roll_dev) {
+    if (calibrate && strcmp(cfg_origin(c, "sim.device"), "default")) /* refused: not the named device's */
+        return moerl_errorf("--calibrate measures this machine's costs, but sim.device=%s (%s) names a device's: drop "
+                            "one of them",
+                            cfg_str(c, "sim.device"),
+                            strcmp(cfg_origin(c, "sim.device"), "override") ? cfg_origin(c, "sim.device") : "command line");
+    if (rl_read_config(c, rc) != MOERL_OK || model_config_from_keys(c, model, target) != MOERL_OK)
+        return MOERL_ERR;
+    if (sweep) { /* the async rows' budget: the reader checked the configured mode's */
+        rl_config async = *rc;
+        if (rl_config_set_mode(&async, RL_MODE_ASYNC) != MOERL_OK) return MOERL_ERR;
+    }
+    su->target = target;
+    su->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
+    *n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");
+    if (su->rollout_tp < 1 || *n_roll_dev < su->rollout_tp || *n_roll_dev % su->rollout_tp)
+        return moerl_errorf("sim.rollout_devices %d must be a positive multiple of rollout.tensor_model_parallel_size %d",
+                            *n_roll_dev, su->rollout_tp);
+    /* the layout against the trainer devices and the model, as moerl plan and moerl rl refuse it (the
+     * pipeline's combinations: rl_read_config's par_read_layout) */
+    if (par_check(&rc->par, rc->n_trainer_ranks, target->num_experts, target->num_attention_heads,
+                  target->num_key_value_heads, target->num_hidden_layers) != MOERL_OK ||
+        plan_check_rollout_tp(su->rollout_tp, target->num_attention_heads) != MOERL_OK)
+        return MOERL_ERR;
+    su->n_rollout_replicas = *n_roll_dev / su->rollout_tp;
+    su->n_trainer = rc->n_trainer_ranks;
+    const par_config *pc = &rc->par;
+    if (pc->pipeline_parallel_size > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
+        pc->fsdp_size > 1 || rc->rollout_ep > 1)
+        log_warn("moerl simulate times a PPO update as its FLOPs over the trainer devices plus a ring all-reduce of "
+                 "the gradients, and an engine step per replica: the parallel layout (actor.pipeline_parallel_size, "
+                 "expert / sequence parallel and FSDP sizes, rollout.expert_parallel_size) is not modelled — no "
+                 "pipeline bubble, no all-to-all or gather traffic (moerl plan gives the traffic)");
+    if (calibrate) {
+        if (sim_calibrate(target, MOERL_MIN(rc->max_num_seqs, 128), MOERL_MIN(rc->ppo_max_token_len, 4096),
+                          &su->dev) != MOERL_OK)
+            return MOERL_ERR;
+    } else if (sim_device_named(cfg_str(c, "sim.device"), &su->dev) != MOERL_OK) {
+        return MOERL_ERR;
+    }
+    if (read_cost_keys(c, rc, su) != MOERL_OK) return MOERL_ERR;
+    return data_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
+                              "data.chat_template");
+}
