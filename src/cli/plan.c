@@ -11,7 +11,6 @@
  *   data.* keys that exclude each other (data_check_keys: data.filter_overlong_prompts=true without
  *   data.max_prompt_length, data.task beside data files),
  *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -23,6 +22,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/options.h"
 #include "parallel/grid.h"
 #include "plan/plan.h"
 #include "plan/plan_config.h"
@@ -141,63 +141,49 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
 }
 
 int cmd_plan(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"config", required_argument, 0, 'c'},
-                                         {"json", no_argument, 0, 'j'},         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL;
-    int as_json = 0, o;
+    int as_json = 0, code;
+    cli_overrides ov = {0};
     cfg *c = cfg_new();
     plan_def_keys(c);
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "m:c:jh", opts, NULL)) != -1) {
-        switch (o) {
-        case 'm':
-        case 'c':
-            if (cli_flag_once("plan", o == 'm' ? "--model" : "--config", o == 'm' ? &model : &config, optarg)) {
-                cfg_free(c);
-                return 2;
-            }
-            break;
-        case 'j': as_json = 1; break;
-        case 'h':
-            printf("usage: moerl plan (--model DIR|config.json | --config FILE) [--json] [key=value ...]\n"
-                   "Memory per rank (weights, gradients, AdamW moments, activations with and without recompute,\n"
-                   "all-gathered parameters, KV cache) and communication per step for a parallel layout\n"
-                   "(formulas: src/plan/plan.h). keys:\n");
-            cfg_print_help(c, stdout);
-            cfg_free(c);
-            return 0;
-        default:
-            fprintf(stderr, "moerl plan: see --help\n");
-            cfg_free(c);
-            return 2;
-        }
+    const cli_opt opts[] = {
+        {.name = "model", .short_name = 'm', .type = CLI_STR, .dest = &model, .meta = "DIR|config.json",
+         .flags = CLI_ONCE, .help = "the model: a checkpoint folder or its config.json (else the config's model.*)"},
+        {.name = "config", .short_name = 'c', .type = CLI_STR, .dest = &config, .meta = "FILE", .flags = CLI_ONCE,
+         .help = "an rl YAML config (plans the run it describes)"},
+        {.name = "json", .short_name = 'j', .type = CLI_FLAG, .dest = &as_json, .help = "one JSON object instead of the tables"},
+    };
+    const cli_spec spec = {.cmd = "plan",
+                           .synopsis = "(--model DIR|config.json | --config FILE) [--json] [key=value ...]",
+                           .about = "Memory per rank (weights, gradients, AdamW moments, activations with and without "
+                                    "recompute,\nall-gathered parameters, KV cache) and communication per step for a "
+                                    "parallel layout\n(formulas: src/plan/plan.h).",
+                           .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = c};
+    if (cli_parse(&spec, argc, argv, &code)) {
+        cfg_free(c);
+        return code;
     }
     if (!model && !config) {
         fprintf(stderr, "moerl plan: give --model DIR|config.json or --config FILE (see --help)\n");
+        cli_overrides_free(&ov);
         cfg_free(c);
         return 2;
     }
     int rc = 1;
     if (config && cfg_load_yaml(c, config) != MOERL_OK) goto fail;
-    for (int i = optind; i < argc; i++) {
-        if (!strchr(argv[i], '=')) {
-            fprintf(stderr, "moerl plan: unexpected argument '%s' (expected key=value)\n", argv[i]);
-            cfg_free(c);
-            return 2;
-        }
-        if (cfg_apply_override(c, argv[i]) != MOERL_OK) goto fail;
-    }
+    if (cli_apply_overrides(c, &ov) != MOERL_OK) goto fail;
     moe_config mc;
     plan_input in;
     plan_result r;
     if (plan_read_input(c, model, &mc, &in) != MOERL_OK || plan_compute(&mc, &in, &r) != MOERL_OK) goto fail;
     if (as_json) cli_print_json(plan_json(&mc, &in, &r), 17);
     else plan_print_table(&mc, &in, &r);
+    cli_overrides_free(&ov);
     cfg_free(c);
     return 0;
 fail:
     cli_print_error("plan", moerl_last_error());
+    cli_overrides_free(&ov);
     cfg_free(c);
     return rc;
 }

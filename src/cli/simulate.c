@@ -16,7 +16,6 @@
  * simulation. SIGINT / SIGTERM stop it at the next trainer step: it removes what it made
  * (stopped_cleanup) and exits 128 + signal. */
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +30,7 @@
 #include "base/signals.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/options.h"
 #include "data/tokenizer.h"
 #include "parallel/grid.h"
 #include "plan/plan.h"
@@ -81,53 +81,34 @@ typedef struct {
 } sim_flags;
 
 static int parse_args(cfg *c, int argc, char **argv, sim_flags *f) {
-    static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"model", required_argument, 0, 'm'},
-                                         {"calibrate", no_argument, 0, 'k'},     {"sweep", no_argument, 0, 's'},
-                                         {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int o;
     memset(f, 0, sizeof *f);
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "c:m:ksjh", opts, NULL)) != -1) {
-        switch (o) {
-        case 'c':
-        case 'm':
-            if (cli_flag_once("simulate", o == 'm' ? "--model" : "--config", o == 'm' ? &f->model : &f->config, optarg))
-                return 2;
-            break;
-        case 'k': f->calibrate = 1; break;
-        case 's': f->do_sweep = 1; break;
-        case 'j': f->as_json = 1; break;
-        case 'h':
-            printf("usage: moerl simulate --config FILE [--model DIR|config.json] [--calibrate] [--sweep] [--json] "
-                   "[key=value ...]\nThe production RL scheduler on a virtual clock (src/sim/sim.h). keys:\n");
-            cfg_print_help(c, stdout);
-            return 0;
-        default: fprintf(stderr, "moerl simulate: see --help\n"); return 2;
-        }
-    }
-    if (!f->config) {
-        fprintf(stderr, "moerl simulate: --config FILE is required (see --help)\n");
-        return 2;
-    }
-    if (cfg_load_yaml(c, f->config) != MOERL_OK) {
+    cli_overrides ov = {0};
+    const cli_opt opts[] = {
+        {.name = "config", .short_name = 'c', .type = CLI_STR, .dest = &f->config, .meta = "FILE",
+         .flags = CLI_ONCE | CLI_REQUIRED, .help = "the rl YAML config to simulate"},
+        {.name = "model", .short_name = 'm', .type = CLI_STR, .dest = &f->model, .meta = "DIR|config.json",
+         .flags = CLI_ONCE, .help = "the model whose costs are simulated (else the config's model.*)"},
+        {.name = "calibrate", .short_name = 'k', .type = CLI_FLAG, .dest = &f->calibrate,
+         .help = "fit the cost keys to timed engine steps and training passes on this machine (instead of sim.device)"},
+        {.name = "sweep", .short_name = 's', .type = CLI_FLAG, .dest = &f->do_sweep,
+         .help = "sync, 8 staleness × partial-rollout rows and 3 rollout:trainer splits, into sub-folders"},
+        {.name = "json", .short_name = 'j', .type = CLI_FLAG, .dest = &f->as_json, .help = "JSON output"},
+    };
+    const cli_spec spec = {.cmd = "simulate",
+                           .synopsis = "--config FILE [--model DIR|config.json] [--calibrate] [--sweep] [--json] "
+                                       "[key=value ...]",
+                           .about = "The production RL scheduler on a virtual clock (src/sim/sim.h).",
+                           .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = c};
+    int code;
+    if (cli_parse(&spec, argc, argv, &code)) return code;
+    if (cfg_load_yaml(c, f->config) != MOERL_OK || cli_apply_overrides(c, &ov) != MOERL_OK) {
         cli_print_error("simulate", moerl_last_error());
+        cli_overrides_free(&ov);
         return 1;
     }
-    for (int i = optind; i < argc; i++) {
-        if (!strchr(argv[i], '=')) {
-            fprintf(stderr, "moerl simulate: unexpected argument '%s' (expected key=value)\n", argv[i]);
-            return 2;
-        }
-        if (cfg_apply_override(c, argv[i]) != MOERL_OK) {
-            cli_print_error("simulate", moerl_last_error());
-            return 1;
-        }
-    }
+    cli_overrides_free(&ov);
     return -1;
 }
-
-
 
 /* Everything the sweep would refuse on its way, before anything is written. */
 static int check_sweep(const sim_ctx *x, int n_roll_dev) {
