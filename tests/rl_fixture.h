@@ -39,4 +39,12 @@ static inline rl_config rl_test_config(void) {
     return fx_rl_config(kv, FX_N(kv));
 }
 
+/* The staleness budget a job derives from c (rl_config_budget), for the tests that build a rollouter
+ * themselves; valid until the next call. A config the budget refuses fails the test at once. */
+static inline const staleness_budget *fx_budget(const rl_config *c) {
+    static staleness_budget b;
+    MOERL_ASSERT(rl_config_budget(c, &b) == MOERL_OK);
+    return &b;
+}
+
 #endif

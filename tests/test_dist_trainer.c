@@ -51,7 +51,7 @@ static void make_groups(const moe_model *m, const rl_config *c, rl_group **gs) {
     rl_queue q;
     rl_queue_init(&q, 64);
     rollouter R;
-    MOERL_ASSERT(rollouter_init(&R, c, &g_train, m, &q, N_GROUPS) == MOERL_OK);
+    MOERL_ASSERT(rollouter_init(&R, c, fx_budget(c), &g_train, m, &q, N_GROUPS) == MOERL_OK);
     R.budget.max_required_samples = 64;
     while (rl_queue_size(&q) < N_GROUPS) MOERL_ASSERT(rollouter_tick(&R) >= 0);
     MOERL_ASSERT(rl_queue_try_get_n(&q, (void **)gs, N_GROUPS) == N_GROUPS);

@@ -208,7 +208,7 @@ static void test_rollouter_admission(void) {
     rl_queue q;
     rl_queue_init(&q, maxr);
     rollouter R;
-    CHECK(rollouter_init(&R, &c, &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
+    CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
     CHECK(R.budget.max_required_samples == maxr, "budget %d", R.budget.max_required_samples);
     int ticks = 0, rc, over = 0;
     while ((rc = rollouter_tick(&R)) == 1 && ticks < 10000) {
@@ -400,7 +400,7 @@ static void test_partial_rollout_on(void) {
     rl_queue q;
     rl_queue_init(&q, 4);
     rollouter R;
-    CHECK(rollouter_init(&R, &c, &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
+    CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
     float *w = xmalloc(m.n_params * sizeof(float));
     memcpy(w, m.params, m.n_params * sizeof(float));
     rng_state rng;
@@ -481,7 +481,7 @@ static void test_partial_rollout_off(void) {
     rl_queue q;
     rl_queue_init(&q, 4);
     rollouter R;
-    CHECK(rollouter_init(&R, &c, &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
+    CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
     float *w = xmalloc(m.n_params * sizeof(float));
     memcpy(w, m.params, m.n_params * sizeof(float));
     rng_state rng;
@@ -601,7 +601,7 @@ static void test_trainer_lr0(void) {
     rl_queue_init(&q, 4);
     rollouter R;
     trainer T;
-    CHECK(rollouter_init(&R, &c, &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
+    CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_train, &m, &q, total) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
     CHECK(trainer_init(&T, &c, &g_train, &m) == MOERL_OK, "trainer_init: %s", moerl_last_error());
     float *before = xmalloc(m.n_params * sizeof(float));
     rl_group *gs[8];
@@ -661,7 +661,7 @@ static void test_trainer_lr0(void) {
     rollouter R2;
     rl_queue q2;
     rl_queue_init(&q2, 4);
-    CHECK(rollouter_init(&R2, &c2, &g_train, &m, &q2, 2) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
+    CHECK(rollouter_init(&R2, &c2, fx_budget(&c2), &g_train, &m, &q2, 2) == MOERL_OK, "rollouter_init: %s", moerl_last_error());
     while (rl_queue_size(&q2) < 2 && rollouter_tick(&R2) == 1) {
     }
     if (rl_queue_try_get_n(&q2, (void **)gs, 2) == 2) {

@@ -712,7 +712,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     if (job_plan(J, &b) != MOERL_OK) goto out0;
     if (moerl_mkdirs(cfg->out_dir) != MOERL_OK) goto out0;
     rl_queue_init(&J->queue, b.max_required_samples);
-    if (rollouter_init(&J->R, cfg, train, m, &J->queue, J->total_prompts) != MOERL_OK) goto out0;
+    if (rollouter_init(&J->R, cfg, &b, train, m, &J->queue, J->total_prompts) != MOERL_OK) goto out0;
     J->feed = &J->R.feed;
     if (trainer_init(&J->T, cfg, train, m) != MOERL_OK) goto out0;
     if (cfg->resume_auto && job_load_checkpoint(J, &J->resumed) != MOERL_OK) goto out0;

@@ -371,7 +371,9 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     W->leader = ctx->first_trainer;
     rl_queue unused;
     rl_queue_init(&unused, 1);
-    CHECK_OK(rollouter_init(&W->R, cfg, train, m, &unused, INT64_MAX), "creating the rollout engine");
+    staleness_budget b; /* this process's copy of the job's budget (the trainer leader's grants admit prompts) */
+    CHECK_OK(rl_config_budget(cfg, &b), "configuration");
+    CHECK_OK(rollouter_init(&W->R, cfg, &b, train, m, &unused, INT64_MAX), "creating the rollout engine");
     /* the engine has its own copy of the weights: drop the training model's buffers (parameters and
      * gradients); the layout (m->n_params, tensor table) stays for the size checks and, under
      * rollout EP, for taking this rank's slice of each broadcast */

@@ -309,8 +309,11 @@ int rl_check_pipeline_groups(const rl_pp_sizes *z);
  * lies in the range (tests/test_wire.c checks it against the split). D ≤ 1: exactly G. */
 void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k_hi);
 
-int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
-                   int64_t total_prompts);
+/* The rollout side of a job: its engine (from m's weights), the prompt feed over train, and the staleness
+ * budget the job derived once (job_plan / rl_config_budget; copied: the rollouter keeps its own
+ * counters). Completed groups go to q. Errors: the context check (rl_check_context), engine creation. */
+int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *budget, const dataset *train,
+                   const moe_model *m, rl_queue *q, int64_t total_prompts);
 void rollouter_free(rollouter *R);
 /* One unit of rollout work: admit new prompts within the staleness budget, then one engine
  * step; completed groups go to the queue. Returns 1 if it did work, 0 if idle, MOERL_ERR. */

@@ -66,13 +66,13 @@ int rl_check_context(const dataset *train, int max_response_length, int max_posi
     return MOERL_OK;
 }
 
-int rollouter_init(rollouter *R, const rl_config *cfg, const dataset *train, const moe_model *m, rl_queue *q,
-                   int64_t total_prompts) {
+int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *budget, const dataset *train,
+                   const moe_model *m, rl_queue *q, int64_t total_prompts) {
     memset(R, 0, sizeof *R);
     R->cfg = cfg;
     R->train = train;
     R->queue = q;
-    if (rl_config_budget(cfg, &R->budget) != MOERL_OK) return MOERL_ERR;
+    R->budget = *budget;
     int max_plen;
     if (rl_check_context(train, cfg->max_response_length, m->cfg.max_position_embeddings, &max_plen) != MOERL_OK)
         return MOERL_ERR;

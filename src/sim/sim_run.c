@@ -387,7 +387,7 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
     if (job_plan(J, &b) != MOERL_OK) goto out;
     if (moerl_mkdirs(cfg.out_dir) != MOERL_OK) goto out;
     rl_queue_init(&J->queue, b.max_required_samples);
-    if (rollouter_init(&J->R, &cfg, train, tiny, &J->queue, J->total_prompts) != MOERL_OK) goto out;
+    if (rollouter_init(&J->R, &cfg, &b, train, tiny, &J->queue, J->total_prompts) != MOERL_OK) goto out;
     J->feed = &J->R.feed;
     if (S.async) {
         J->R.on_group_done = defer_group;
