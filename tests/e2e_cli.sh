@@ -280,4 +280,17 @@ assert b["accuracy_before"] == a["accuracy_before"], (a, b)
 PYEOF
 check "sft: a rerun with nothing left to do reports the recorded accuracy_after" test $? -eq 0
 
+# ---- refusals of the option table and the small commands
+$M tasks --task gsm8k-style --format gsm8k --out "$W/g8" >/dev/null 2>&1
+cp "$W/g8/train.jsonl" "$W/g8_train_copy.jsonl"
+expect_err "tasks --from-gsm8k over its own input" "over its own input" $M tasks --from-gsm8k "$W/g8/train.jsonl" --out "$W/g8"
+check "tasks --from-gsm8k: the refused input is untouched" cmp -s "$W/g8/train.jsonl" "$W/g8_train_copy.jsonl"
+expect_err "init --tokenizer-from a folder without tokenizer.json" "tokenizer-from '$W/nope'" $M init --out "$W/i1" --tokenizer-from "$W/nope"
+check "init --tokenizer-from refused: no folder made" test ! -e "$W/i1/config.json"
+check "init --shard-mb 0 writes one file" $M init --out "$W/i0" --shard-mb 0
+check "init --shard-mb 0: model.safetensors, no index" test -f "$W/i0/model.safetensors" -a ! -f "$W/i0/model.safetensors.index.json"
+expect_err "export-gguf --out a folder" "is a folder" $M export-gguf --model "$W/i0" --out "$W" --force
+expect_err "a numeric option given twice" "-n given twice ('2' and '3')" $M generate --model "$W/i0" --prompt-tokens 1,2 -n 2 -n 3
+expect_err "a choice option given twice" "--dtype given twice" $M export-gguf --model "$W/i0" --out "$W/x.gguf" --dtype bf16 --dtype f32
+
 finish

@@ -8,9 +8,11 @@
 #include <unistd.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/common.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "cli/options.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -38,6 +40,12 @@ int cmd_export_gguf(int argc, char **argv) {
                         "elsewhere\n", out, model);
         return 2;
     }
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "moerl export-gguf: --out %s is a folder; give the GGUF file's path (e.g. %s/model.gguf)\n", out,
+                out);
+        return 2;
+    }
     if (!force && access(out, F_OK) == 0) {
         fprintf(stderr, "moerl export-gguf: --out %s exists; pass --force to replace it\n", out);
         return 2;
@@ -50,11 +58,11 @@ int cmd_export_gguf(int argc, char **argv) {
     }
     moe_model m;
     if (model_load_hf(&m, model) != MOERL_OK) {
-        fprintf(stderr, "moerl export-gguf: %s\n", moerl_last_error());
+        cli_print_error("export-gguf", moerl_last_error());
         return 1;
     }
     int rc = model_export_gguf(&m, out, dt);
-    if (rc != MOERL_OK) fprintf(stderr, "moerl export-gguf: %s\n", moerl_last_error());
+    if (rc != MOERL_OK) cli_print_error("export-gguf", moerl_last_error()); /* library errors start "export-gguf: " */
     else fprintf(stderr, "moerl export-gguf: wrote %s (%s)\n", out, dtype);
     model_free(&m);
     return rc == MOERL_OK ? 0 : 1;

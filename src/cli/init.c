@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "base/common.h"
@@ -38,6 +39,7 @@ static int dir_has_files(const char *dir) {
 int cmd_init(int argc, char **argv) {
     cfg *c = cfg_new();
     cli_def_model_keys(c);
+    /* read by the model builder when it sets up the byte tokenizer; a checkpoint stores no template choice */
     cfg_def_str(c, "data.chat_template", "auto", "chat template of the tokenizer (auto | qwen3 | chatml)");
     cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking");
     const char *out = NULL, *config = NULL, *tok_from = NULL;
@@ -50,7 +52,7 @@ int cmd_init(int argc, char **argv) {
         CLI_OPT_STR("tokenizer-from", &tok_from, "DIR", CLI_ONCE,
                     "copy that folder's tokenizer files (tokenizer.json, ...); default: moerl's byte tokenizer"),
         CLI_OPT_FLAG("bf16", &bf16, "store the weights as BF16 (default F32)"),
-        CLI_OPT_INT("shard-mb", &shard_mb, "N", 1, 1000000,
+        CLI_OPT_INT("shard-mb", &shard_mb, "N", 0, 1000000,
                     "shard the weights into files of at most N MB, with an index; 0 = one file"),
     };
     const cli_spec spec = {.cmd = "init", .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = c,
@@ -76,6 +78,13 @@ int cmd_init(int argc, char **argv) {
         goto fail;
     }
     if (tok_from) { /* the tokenizer first: it is cheap and its errors should not wait for the weights */
+        char tj[4200];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", tok_from);
+        if (access(tj, R_OK) != 0) { /* tokenizer_load would take a folder without one for the byte tokenizer */
+            moerl_errorf("--tokenizer-from '%s': no readable tokenizer.json there (a Hugging Face checkpoint folder "
+                         "with its tokenizer files is expected; leave the flag out for moerl's byte tokenizer)", tok_from);
+            goto fail;
+        }
         tok = tokenizer_load(tok_from, (int)cfg_int(c, "model.vocab_size"));
         if (!tok) goto fail;
     }

@@ -271,9 +271,7 @@ static int parse_option(const cli_spec *s, int argc, char **argv, int *i, const 
         }
         val = argv[++*i];
     }
-    if (o->flags & CLI_ONCE) {
-        if (cli_flag_once(s->cmd, flag, slot, val)) return 1;
-    } else *slot = val;
+    if (cli_flag_once(s->cmd, flag, slot, val)) return 1; /* every value once per run: the last would win silently */
     return store_value(s, o, flag, val);
 }
 

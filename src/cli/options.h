@@ -12,7 +12,7 @@
  *   --x expects an integer in [lo, hi], got 'v'       CLI_INT; "a number" for CLI_FLOAT
  *   --x 'v': expected a or b                          CLI_STR with choices
  *   --x: <list error>                                 CLI_INT_LIST
- *   --x given twice ('a' and 'b'): one per run        CLI_ONCE (cli_flag_once)
+ *   --x given twice ('a' and 'b'): one per run        any option with a value (cli_flag_once)
  *   --x N is required (see --help)                    CLI_REQUIRED
  *   unexpected argument 'v' (...)                     an argument that is not key=value
  * A table points at the command's own variables (dest), whose values before cli_parse are the
@@ -36,7 +36,7 @@ typedef enum {
 } cli_opt_type;
 
 enum {
-    CLI_ONCE = 1,     /* a second occurrence is an error naming both values (else the last one wins) */
+    CLI_ONCE = 1,     /* documents the rule every option with a value follows: a second occurrence is an error naming both values */
     CLI_REQUIRED = 2, /* the command cannot run without it */
 };
 

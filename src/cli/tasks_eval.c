@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/common.h"
 #include "base/log.h"
@@ -33,6 +34,12 @@ static int tasks_from_gsm8k(const char *from, const char *out) {
     char *dot = strstr(split, ".jsonl");
     if (dot) *dot = 0;
     int64_t n = 0;
+    struct stat a, b;
+    if (stat(from, &a) == 0 && stat(dst, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        fprintf(stderr, "moerl tasks: --out %s would write %s over its own input --from-gsm8k %s: choose another "
+                        "--out folder\n", out, dst, from);
+        return 2;
+    }
     if (moerl_mkdirs(out) != MOERL_OK || gsm8k_convert(from, dst, split, &n) != MOERL_OK) {
         cli_print_error("tasks", moerl_last_error());
         return 1;
