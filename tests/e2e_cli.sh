@@ -293,4 +293,8 @@ expect_err "export-gguf --out a folder" "is a folder" $M export-gguf --model "$W
 expect_err "a numeric option given twice" "-n given twice ('2' and '3')" $M generate --model "$W/i0" --prompt-tokens 1,2 -n 2 -n 3
 expect_err "a choice option given twice" "--dtype given twice" $M export-gguf --model "$W/i0" --out "$W/x.gguf" --dtype bf16 --dtype f32
 
+expect_err "rl: a step larger than the data, refused before the warm start" "a trainer step needs 1000 prompts" \
+    $M rl --config examples/smoke.yaml actor.ppo_mini_batch_size=1000 trainer.default_local_dir="$W/big_step"
+check "rl: that refusal leaves no folder (no warm start ran)" test ! -e "$W/big_step"
+
 finish

@@ -277,6 +277,10 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r);
  * of a mini-batch: all of them with one data shard; else rl_shard_groups' bounds. */
 void rl_prompt_lengths(const dataset *train, int *shortest, int *longest);
 int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline);
+/* The job's step count from rows training prompts: trainer.total_training_steps, or trainer.total_epochs
+ * × rows / the prompts a step needs (b: the staleness budget, rl_config_budget). Refused, naming the
+ * keys: no step at all, or a step that needs more prompts than there are rows. total_steps may be NULL. */
+int rl_check_step_rows(const rl_config *cfg, int64_t rows, staleness_budget *b, int64_t *total_steps);
 /* The longest prompt of train + max_response_length against the model's context
  * (max_position_embeddings; ≤ 0 = unbounded): refused naming the data, both lengths and the ways out.
  * moerl rl (rollouter_init) and moerl simulate (against the simulated model) share it. *longest (may be

@@ -33,19 +33,7 @@
 
 int job_plan(job *J, staleness_budget *b) {
     const rl_config *cfg = J->cfg;
-    if (rl_config_budget(cfg, b) != MOERL_OK) return MOERL_ERR;
-    const int64_t rows = dataset_count(J->train);
-    J->total_steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
-                                                   : (int64_t)cfg->total_epochs * rows / b->required_samples;
-    if (J->total_steps <= 0)
-        return moerl_errorf("no trainer steps: %lld training row%s, %d prompt%s per step (actor.ppo_mini_batch_size × "
-                            "async_training.require_batches), trainer.total_epochs %d",
-                            (long long)rows, moerl_plural(rows), b->required_samples, moerl_plural(b->required_samples),
-                            cfg->total_epochs);
-    if (b->required_samples > rows)
-        return moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × async_training.require_batches) "
-                            "but the training data has only %lld row%s",
-                            b->required_samples, (long long)rows, moerl_plural(rows));
+    if (rl_check_step_rows(cfg, dataset_count(J->train), b, &J->total_steps) != MOERL_OK) return MOERL_ERR;
     J->total_prompts = J->total_steps * b->required_samples;
     J->last_ckpt_step = -1;
     J->last_val_step = -1;

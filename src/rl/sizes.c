@@ -54,7 +54,26 @@ static int first_bad_groups(int k_lo, int k_hi, int g, int L, int max_tokens, in
     return 0;
 }
 
+int rl_check_step_rows(const rl_config *cfg, int64_t rows, staleness_budget *b, int64_t *total_steps) {
+    if (rl_config_budget(cfg, b) != MOERL_OK) return MOERL_ERR;
+    const int64_t steps = cfg->total_training_steps > 0 ? cfg->total_training_steps
+                                                        : (int64_t)cfg->total_epochs * rows / b->required_samples;
+    if (steps <= 0)
+        return moerl_errorf("no trainer steps: %lld training row%s, %d prompt%s per step (actor.ppo_mini_batch_size × "
+                            "async_training.require_batches), trainer.total_epochs %d",
+                            (long long)rows, moerl_plural(rows), b->required_samples, moerl_plural(b->required_samples),
+                            cfg->total_epochs);
+    if (b->required_samples > rows)
+        return moerl_errorf("a trainer step needs %d prompts (actor.ppo_mini_batch_size × async_training.require_batches) "
+                            "but the training data has only %lld row%s",
+                            b->required_samples, (long long)rows, moerl_plural(rows));
+    if (total_steps) *total_steps = steps;
+    return MOERL_OK;
+}
+
 int rl_check_update_sizes(const rl_config *r, const dataset *train, int pipeline) {
+    staleness_budget b; /* the step's prompts against the rows, before any work (job_plan checks again) */
+    if (rl_check_step_rows(r, dataset_count(train), &b, NULL) != MOERL_OK) return MOERL_ERR;
     int shortest, longest;
     rl_prompt_lengths(train, &shortest, &longest);
     const char *file = train->path ? train->path : "the training data";
