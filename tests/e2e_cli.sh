@@ -297,4 +297,16 @@ expect_err "rl: a step larger than the data, refused before the warm start" "a t
     $M rl --config examples/smoke.yaml actor.ppo_mini_batch_size=1000 trainer.default_local_dir="$W/big_step"
 check "rl: that refusal leaves no folder (no warm start ran)" test ! -e "$W/big_step"
 
+expect_err "tasks --from-gsm8k with a generator option" "--from-gsm8k takes --out DIR only" \
+    $M tasks --from-gsm8k "$W/g8_train_copy.jsonl" --out "$W/g9" --n-train 5
+check "tasks --from-gsm8k alone still converts" $M tasks --from-gsm8k "$W/g8_train_copy.jsonl" --out "$W/g9"
+
+expect_err "tokenize --skip-special without --decode" "--skip-special applies with --decode" \
+    $M tokenize --model "$W/i0" --text hi --skip-special
+expect_err "tokenize --no-thinking without --chat" "apply with --chat" $M tokenize --model "$W/i0" --text hi --no-thinking
+
+expect_err "rl: rollout.temperature=inf refused with the config" "rollout.temperature must be a finite number" \
+    $M rl --config examples/smoke.yaml rollout.temperature=inf trainer.default_local_dir="$W/inf_t"
+check "rl: the temperature refusal leaves no folder" test ! -e "$W/inf_t"
+
 finish

@@ -75,23 +75,27 @@ int cmd_tasks(int argc, char **argv) {
     task_opts_default(&o);
     int64_t n_train = o.n_train, n_test = o.n_test, seed = (int64_t)o.seed, digits = o.arith_digits,
             numbers = o.countdown_numbers;
-    int digits_set = 0, numbers_set = 0, nf;
+    int digits_set = 0, numbers_set = 0, gen_set = 0, nf; /* gen_set: an option of the generators was given */
     const char *const *fam = task_families(&nf);
     char notes[512] = "tasks:";
     for (int k = 0; k < nf; k++) snprintf(notes + strlen(notes), sizeof notes - strlen(notes), " %s", fam[k]);
     const cli_opt opts[] = {
         CLI_OPT_STR("task", &task, "NAME", CLI_ONCE, "the built-in task (listed below)"),
         CLI_OPT_STR("out", &out, "DIR", CLI_ONCE | CLI_REQUIRED, "the folder for train.jsonl and test.jsonl"),
-        CLI_OPT_INT("n-train", &n_train, "N", 1, 100000000, "training rows"),
-        CLI_OPT_INT("n-test", &n_test, "N", 1, 100000000, "held-out rows"),
-        CLI_OPT_INT("seed", &seed, "S", 0, INT64_MAX, "generator seed"),
+        {.name = "n-train", .type = CLI_INT, .dest = &n_train, .given = &gen_set, .meta = "N", .imin = 1,
+         .imax = 100000000, .help = "training rows"},
+        {.name = "n-test", .type = CLI_INT, .dest = &n_test, .given = &gen_set, .meta = "N", .imin = 1,
+         .imax = 100000000, .help = "held-out rows"},
+        {.name = "seed", .type = CLI_INT, .dest = &seed, .given = &gen_set, .meta = "S", .imin = 0, .imax = INT64_MAX,
+         .help = "generator seed"},
         {.name = "digits", .type = CLI_INT, .dest = &digits, .given = &digits_set, .meta = "D", .imin = 1, .imax = 18,
          .help = "arith only: digits per operand"},
         {.name = "numbers", .type = CLI_INT, .dest = &numbers, .given = &numbers_set, .meta = "K", .imin = 2, .imax = 6,
          .help = "countdown only: numbers per problem"},
-        CLI_OPT_CHOICE("format", &format, "verl|gsm8k", "verl|gsm8k",
-                       "moerl's rows (verl), or openai/gsm8k rows {\"question\", \"answer\"} with the final answer after "
-                       "\"####\" (gsm8k-style only)"),
+        {.name = "format", .type = CLI_STR, .dest = &format, .given = &gen_set, .meta = "verl|gsm8k",
+         .choices = "verl|gsm8k",
+         .help = "moerl's rows (verl), or openai/gsm8k rows {\"question\", \"answer\"} with the final answer after "
+                 "\"####\" (gsm8k-style only)"},
         CLI_OPT_STR("from-gsm8k", &from, "FILE.jsonl", CLI_ONCE,
                     "convert openai/gsm8k rows to moerl's rows as verl's gsm8k preprocessing does (written to DIR/<name "
                     "of FILE>; the split in extra_info is that name without .jsonl)"),
@@ -105,8 +109,9 @@ int cmd_tasks(int argc, char **argv) {
     int code;
     if (cli_parse(&spec, argc, argv, &code)) return code;
     if (from) {
-        if (task) {
-            fprintf(stderr, "moerl tasks: --from-gsm8k takes --out DIR and no --task\n");
+        if (task || gen_set || digits_set || numbers_set) { /* they would be silently unused */
+            fprintf(stderr, "moerl tasks: --from-gsm8k takes --out DIR only (no --task, --n-train, --n-test, --seed, "
+                            "--digits, --numbers or --format: those options make a built-in task)\n");
             return 2;
         }
         return tasks_from_gsm8k(from, out);

@@ -20,7 +20,7 @@
 
 typedef struct {
     const char *model, *text, *file, *tpl;
-    int decode, skip, nospecial, pieces, chat, no_thinking, no_gen;
+    int decode, skip, nospecial, pieces, chat, no_thinking, no_gen, tpl_given;
 } tk_args;
 
 /* The options (table) → a; 0 = go on, else the exit code is in *code. */
@@ -36,7 +36,8 @@ static int tk_parse(int argc, char **argv, tk_args *a, int *code) {
         CLI_OPT_FLAG("pieces", &a->pieces, "also print each token's text"),
         CLI_OPT_FLAG("chat", &a->chat, "the input is a JSON list of {\"role\", \"content\"} messages: apply the chat "
                                        "template (with the generation prompt) and print its text and ids"),
-        CLI_OPT_STR("chat-template", &a->tpl, "NAME", 0, "auto (the checkpoint's own), qwen3 or chatml"),
+        {.name = "chat-template", .type = CLI_STR, .dest = &a->tpl, .given = &a->tpl_given, .meta = "NAME",
+         .help = "auto (the checkpoint's own), qwen3 or chatml"},
         CLI_OPT_FLAG("no-thinking", &a->no_thinking, "Qwen3's enable_thinking=false"),
         CLI_OPT_FLAG("no-generation-prompt", &a->no_gen, "with --chat: leave out the assistant's opening"),
     };
@@ -49,6 +50,16 @@ static int tk_parse(int argc, char **argv, tk_args *a, int *code) {
     if (!a->text == !a->file || (a->decode && a->chat)) {
         fprintf(stderr, "moerl tokenize: --model and exactly one of --text / --file are required (and not both "
                         "--decode and --chat)\n");
+        *code = 2;
+        return 1;
+    }
+    const char *unused = a->skip && !a->decode ? "--skip-special applies with --decode"
+                         : (a->tpl_given || a->no_thinking || a->no_gen) && !a->chat
+                             ? "--chat-template, --no-thinking and --no-generation-prompt apply with --chat"
+                         : a->nospecial && a->decode ? "--no-special applies when encoding, not with --decode"
+                                                     : NULL;
+    if (unused) { /* an option that would be silently ignored */
+        fprintf(stderr, "moerl tokenize: %s\n", unused);
         *code = 2;
         return 1;
     }

@@ -317,7 +317,8 @@ static int check_run_values(rl_config *r) {
     if (r->test_freq < 0) return moerl_errorf("trainer.test_freq must be ≥ 0, got %d", r->test_freq);
     if (r->save_freq < -1) return moerl_errorf("trainer.save_freq must be ≥ -1 (-1 = never), got %d", r->save_freq);
     if (!(r->watchdog_s >= 0)) return moerl_errorf("trainer.watchdog_s must be ≥ 0 (0 = off), got %g", r->watchdog_s);
-    if (!(r->temperature > 0)) return moerl_errorf("rollout.temperature must be > 0 for RL, got %g", r->temperature);
+    if (!(r->temperature > 0) || !isfinite(r->temperature))
+        return moerl_errorf("rollout.temperature must be a finite number > 0 for RL, got %g", r->temperature);
     if (!(r->top_p > 0 && r->top_p <= 1)) return moerl_errorf("rollout.top_p must be in (0, 1], got %g", r->top_p);
     if (r->max_response_length <= 0) return moerl_errorf("data.max_response_length must be positive");
     if (r->max_num_seqs < r->n)
