@@ -20,6 +20,8 @@ fi
 OPTS=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=64 -max_len=65536 -print_final_stats=1)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# tests/lsan.supp: only leaks inside Open MPI and the sanitizer runtime's own thread start-up (never moerl's)
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
 fail=0
 for t in "${targets[@]}"; do
     bin=$B/fuzz/fuzz_$t
