@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "base/common.h"
-#include "parallel/compress.h"
+#include "dist/compress.h"
 
 void par_def_layout_keys(cfg *c) {
     par_def_keys(c); /* actor.fsdp_config.fsdp_size, ... (src/parallel/grid.h) */

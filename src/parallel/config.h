@@ -20,7 +20,7 @@ void par_def_layout_keys(cfg *c);
 /* Read and check them, before any folder or model exists: trainer.n_ranks ≥ 1, buckets in
  * (0, 1024] MiB, par_read_keys' checks; model parallelism (any size above 1) needs trainer.n_ranks
  * ≥ 2; the pipeline combines only with data parallelism (par_check_pp_alone); a gradient
- * compression (grad_compression, parallel/compress.h: GRAD_COMPRESSION_NONE = off) needs the plain
+ * compression (grad_compression, dist/compress.h: GRAD_COMPRESSION_NONE = off) needs the plain
  * data-parallel reducer (no FSDP, pipeline or EP). The sizes against the ranks and the model are
  * par_check's, once the model is known. Errors name the keys and their values. */
 int par_read_layout(const cfg *c, int grad_compression, par_layout *L);

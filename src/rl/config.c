@@ -11,7 +11,7 @@
 #include "base/outdir.h"
 #include "data/data_config.h"
 #include "model/model_config.h"
-#include "parallel/compress.h"
+#include "dist/compress.h"
 #include "parallel/config.h"
 #include "rl/rl.h"
 #include "rl/sft_job.h"

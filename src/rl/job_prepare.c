@@ -10,7 +10,7 @@
 #include "base/log.h"
 #include "base/signals.h"
 #include "model/model_config.h"
-#include "parallel/compress.h"
+#include "dist/compress.h"
 #include "parallel/grid.h"
 #include "rl/run_dir.h"
 #include "rl/sft_job.h"

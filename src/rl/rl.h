@@ -114,7 +114,7 @@ typedef struct {
     int n_trainer_ranks;       /* trainer.n_ranks: data-parallel trainer ranks (the last world ranks) */
     double sync_bucket_mb;     /* async_training.sync_bucket_mb: weight-broadcast bucket (MiB) */
     double grad_bucket_mb;     /* actor.grad_bucket_mb: gradient-reduction bucket (MiB, DDP's 25) */
-    int grad_compression;      /* actor.grad_compression: grad_compression (parallel/compress.h) */
+    int grad_compression;      /* actor.grad_compression: grad_compression (dist/compress.h) */
     int grad_compression_warmup_steps, grad_compression_chunk;
     par_config par;            /* actor.fsdp_config.fsdp_size, actor.expert_parallel_size, ... (parallel/grid.h) */
     int simulated;             /* moerl simulate: the rollouter's engine runs no model (engine_config.simulated) */
