@@ -60,6 +60,12 @@ $(error moerl: PCRE2 or utf8proc not found (run scripts/setup.sh, which installs
 endif
 CFLAGS += $(shell pkg-config --cflags libpcre2-8 libutf8proc 2>/dev/null)
 LDLIBS += $(TOK_LIBS)
+# libcurl: reward servers (reward.url, src/reward/http.c)
+CURL_LIBS := $(shell pkg-config --libs libcurl 2>/dev/null)
+ifeq ($(CURL_LIBS),)
+$(error moerl: libcurl not found (Debian: libcurl4-openssl-dev; bash scripts/setup.sh installs it))
+endif
+LDLIBS += $(CURL_LIBS)
 # jemalloc (optional, for MOERL_ALLOC=jemalloc): the header gives mallocx's flags; the library is
 # never linked, because Debian's libjemalloc exports unprefixed malloc/free and linking it would
 # replace glibc's malloc for the whole process (then MOERL_ALLOC=malloc would measure jemalloc too).

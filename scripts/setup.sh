@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libjansson-dev
-      libpcre2-dev libutf8proc-dev libjemalloc-dev
-      python3 python3-numpy python3-torch gnuplot-nox openmpi-bin libopenmpi-dev
+      libpcre2-dev libutf8proc-dev libjemalloc-dev libcurl4-openssl-dev
+      python3 python3-numpy python3-torch python3-protobuf gnuplot-nox openmpi-bin libopenmpi-dev
       git clang libclang-rt-dev procps)  # procps: pgrep in tests/e2e_mpi_rl.sh; git: llama.cpp headers from node-llama-cpp's bundle; clang + compiler-rt (libFuzzer, sanitizer runtimes): tests/e2e_fuzz.sh
 # node and npm: Debian's, unless a node with npm is already installed (another build of nodejs
 # conflicts with Debian's npm package)

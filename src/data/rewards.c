@@ -262,3 +262,10 @@ int reward_row(const ds_row *r, const char *response, double *score) {
     if (fn(response, r->ground_truth, score)) return moerl_error_prefix("row at line %lld: ", (long long)r->line);
     return MOERL_OK;
 }
+
+int reward_score(const char *data_source, const char *response, const char *ground_truth, double *score, char **pred) {
+    if (pred) *pred = NULL;
+    reward_fn fn = reward_fn_for(data_source);
+    if (!fn) return MOERL_ERR;
+    return fn(response, ground_truth, score);
+}

@@ -43,4 +43,10 @@ reward_fn reward_fn_for(const char *data_source);
  * line. */
 int reward_row(const ds_row *r, const char *response, double *score);
 
+/* Score `response` with the built-in reward of data_source (reward_fn_for). When pred is not
+ * NULL, *pred gets the answer the reward extracted from the response (heap string; NULL when it
+ * found none or the reward does not extract one): validation's maj@N votes on it. Errors: those
+ * of reward_fn_for and of the reward function. */
+int reward_score(const char *data_source, const char *response, const char *ground_truth, double *score, char **pred);
+
 #endif

@@ -33,6 +33,7 @@
 #include "optim/adamw.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "reward/reward.h"
 #include "rl/losses.h"
 #include "rl/queue.h"
 #include "rl/staleness.h"
@@ -121,6 +122,7 @@ typedef struct {
     /* debug.test_fail_rank / debug.test_fail_version (tests only): test_fail set = a deliberate error on
      * world rank test_fail_rank at startup (test_fail_version < 0) or once it reaches that version */
     int test_fail, test_fail_rank, test_fail_version;
+    reward_config reward;      /* reward.*: where rewards come from (reward/reward.h) */
 } rl_config;
 
 /* Declare every key of `moerl rl` (src/rl/config.c): model.* (model_def_keys), data.* (data_def_keys),
