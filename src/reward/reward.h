@@ -65,10 +65,10 @@ typedef struct {
 } reward_config;
 
 /* Declare the reward.* keys (with defaults and help) in c. */
-void reward_def_keys(moerl_config *c);
+void reward_def_keys(cfg *c);
 /* Read and check them. Errors name the key and the value expected (two sources set at once,
  * a missing file, a non-positive count, ...). */
-int reward_read_config(const moerl_config *c, reward_config *out);
+int reward_read_config(const cfg *c, reward_config *out);
 
 /* ---- backends ---- */
 
