@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/common.h"
 #include "data/jinja.h"
@@ -85,6 +86,10 @@ static void test_reference(void) {
     json_t *ref = json_load_file(path, 0, &je);
     CHECK(ref != NULL, "%s: %s (run tests/ref/gen_jinja.py first: bash tests/run.sh gen_jinja test_jinja)", path, je.text);
     if (!ref) return;
+    json_t *epoch = json_object_get(ref, "epoch"); /* strftime_now's clock, as the reference ran */
+    if (json_is_string(epoch)) setenv("SOURCE_DATE_EPOCH", json_string_value(epoch), 1);
+    setenv("TZ", "UTC", 1);
+    tzset();
     json_t *tpls = json_object_get(ref, "templates");
     const char *tname;
     json_t *src;
@@ -129,7 +134,142 @@ static void test_reference(void) {
     json_decref(ref);
 }
 
+/* ---- masks ---------------------------------------------------------------------------- */
+static void check_mask(const char *tpl, const char *vars, const char *const *names, const char *want_text, const char *want_mask) {
+    chat_render out = {0};
+    jinja_tpl *t;
+    int rc = jinja_parse(tpl, strlen(tpl), "t", &t);
+    CHECK(rc == MOERL_OK, "parse: %s", moerl_last_error());
+    if (rc) return;
+    json_t *v = json_loads(vars, 0, NULL);
+    rc = jinja_render(t, v, names, &out);
+    CHECK(rc == MOERL_OK, "render: %s", moerl_last_error());
+    if (!rc) {
+        CHECK(out.len == strlen(want_text) && !memcmp(out.text, want_text, out.len), "text \"%s\" want \"%s\"", out.text, want_text);
+        char *m = xmalloc(out.len + 1);
+        for (size_t i = 0; i < out.len; i++) m[i] = out.tpl[i] ? '1' : '0';
+        m[out.len] = 0;
+        CHECK(!strcmp(m, want_mask), "mask of \"%s\":\n  got  %s\n  want %s", out.text, m, want_mask);
+        free(m);
+    }
+    json_decref(v);
+    chat_render_free(&out);
+    jinja_free(t);
+}
+
+static void test_masks(void) {
+    const char *vars = "{\"bos_token\": \"<s>\", \"m\": \"abc\", \"d\": {\"k\": \"v\"}, \"n\": 5}";
+    /* literals 1, named special token 1, content 0; concatenation and slices keep each byte's
+     * mask; filters and methods keep the mask of the bytes they copy; tojson's own punctuation
+     * and numbers are 0 (never control tokens), a literal key inside it stays 1 */
+    check_mask("A{{ bos_token }}{{ m }}|{{ 'x' ~ m ~ 'y' }}|{{ m[1:3] }}|{{ m | upper }}|{{ d | tojson }}|{{ m.split('b')[1] }}{{ n }}",
+               vars, SPECIALS, "A<s>abc|xabcy|bc|ABC|{\"k\": \"v\"}|c5",
+               "1111000110001100100010000000000100");
+    check_mask("{{ {'a': m} | tojson }}{{ ('<' + m + '>') | replace('b', '[B]') }}", vars, SPECIALS,
+               "{\"a\": \"abc\"}<a[B]c>", "0010000000001011101");
+    /* without template_vars, bos_token is data like any other variable */
+    check_mask("{{ bos_token }}x", vars, NULL, "<s>x", "0001");
+    /* a set block, a macro and a filter block keep the masks of what they rendered */
+    check_mask("{% set b %}[{{ m }}]{% endset %}{% macro f(x) %}<{{ x }}>{% endmacro %}{{ b }}{{ f(m) }}{% filter upper %}q{{ m }}{% endfilter %}",
+               vars, SPECIALS, "[abc]<abc>QABC", "10001100011000");
+}
+
+/* ---- errors --------------------------------------------------------------------------- */
+static void check_error(const char *tpl, const char *vars, const char *want1, const char *want2) {
+    chat_render out = {0};
+    int rc = render_src(tpl, vars, &out);
+    const char *msg = moerl_last_error();
+    CHECK(rc != MOERL_OK, "template \"%s\" should fail", tpl);
+    CHECK(strstr(msg, want1) && (!want2 || strstr(msg, want2)), "error of \"%s\": \"%s\" lacks \"%s\" / \"%s\"", tpl, msg, want1,
+          want2 ? want2 : "");
+    chat_render_free(&out);
+}
+
+static void test_errors(void) {
+    check_error("{{ 'x' }}\n{{ 'x' | frobnicate }}", NULL, "t:2:", "unknown filter 'frobnicate'");
+    check_error("{{ 'x' is frobnicated }}", NULL, "t:1:", "unknown test 'frobnicated'");
+    check_error("a\n{% if true %}\nb\n{% for x in y %}\n", NULL, "'for' opened on line 4 is never closed", "endfor");
+    check_error("{% if true %}\nb", NULL, "'if' opened on line 1 is never closed", "t:");
+    check_error("line 1\n\n{{ raise_exception('boom: ' ~ 42) }}", NULL, "t:3: raise_exception: boom: 42", NULL);
+    check_error("{% include 'other.jinja' %}", NULL, "t:1:", "unknown or unsupported statement 'include'");
+    check_error("{% endif %}", NULL, "t:1:", "'endif' without a matching opening block");
+    check_error("{{ 1 + }}", NULL, "t:1:", "unexpected");
+    check_error("{{ 'abc }}", NULL, "t:1:", "unterminated string literal");
+    check_error("{{ x", NULL, "t:1:", NULL);
+    check_error("{% break %}", NULL, "break or continue outside a for loop", NULL);
+    check_error("\n{{ [1] - 1 }}", NULL, "t:2:", "unknown operator \"-\" between ArrayValue and IntegerValue");
+    check_error("{{ u + 1 }}", NULL, "cannot perform operation + on undefined values", NULL);
+    check_error("{{ x.y() }}", "{\"x\": {}}", "t:1:", "cannot call something that is not a function: got UndefinedValue");
+    check_error("{{ range }}", "{\"range\": 1}", "variable already declared: range", NULL);
+    check_error("{% macro f(a) %}{% endmacro %}{{ f(b=1) }}", NULL, "macro 'f' takes no keyword argument 'b'", NULL);
+    check_error("{# never closed", NULL, "comment {# is never closed", NULL);
+    check_error("{{ 'x' | int | length }}", NULL, "unknown filter 'length' for IntegerValue", NULL);
+    chat_render out = {0};
+    jinja_tpl *t;
+    CHECK(jinja_parse("x", 1, "t", &t) == MOERL_OK, "parse");
+    json_t *arr = json_array();
+    CHECK(jinja_render(t, arr, NULL, &out) != MOERL_OK && strstr(moerl_last_error(), "must be a JSON object"), "vars not an object");
+    json_decref(arr);
+    jinja_free(t);
+}
+
+/* ---- Jinja2-only features ------------------------------------------------------------- */
+/* Expected values: Jinja2 3.1.6 (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks),
+ * with booleans written true/false as @huggingface/jinja prints them. */
+static const struct {
+    const char *tpl, *vars, *want;
+} EXT[] = {
+    {"{{ [1,2,3,4] | select('odd') | join(',') }}|{{ [1,2,3,4] | reject('even') | join(',') }}|{{ [0,1,''] | select | list | length }}", "{}", "1,3|1,3|1"},
+    {"{{ ['a','b'] | map('upper') | join }}|{{ [1.5, 2] | map('string') | join(';') }}|{{ ['x,y'] | map('replace', ',', '-') | join }}", "{}", "AB|1.5;2|x-y"},
+    {"{{ [1,2,3] | sum }} {{ [1,2.5] | sum }} {{ xs | sum(attribute='n') }} {{ [3,1,2] | min }} {{ [3,1,2] | max }} {{ ['b','A','c'] | max }} {{ (xs | max(attribute='n')).n }}",
+     "{\"xs\":[{\"n\":1},{\"n\":5},{\"n\":2}]}", "6 3.5 8 1 3 c 5"},
+    {"{% for row in [1,2,3,4,5] | batch(2) %}{{ row | join(',') }};{% endfor %}|{% for row in [1,2,3] | batch(2, 0) %}{{ row | join(',') }};{% endfor %}", "{}", "1,2;3,4;5;|1,2;3,0;"},
+    {"{{ 'Hello big wide_world, 42 times!' | wordcount }}|{{ 'The quick brown fox jumps' | truncate(12) }}|{{ 'The quick brown fox jumps' | truncate(12, true) }}|{{ 'short' | truncate(10) }}|{{ 'The quick brown fox' | truncate(9, false, '~', 0) }}",
+     "{}", "5|The...|The quick...|short|The~"},
+    {"[{{ 'ab' | center(7) }}][{{ 'abc' | center(8) }}][{{ 'abc' | center(2) }}]|{{ '%s is %d years, %.2f%%' | format('Al', 42.9, 3.14159) }}", "{}", "[   ab  ][  abc   ][abc]|Al is 42 years, 3.14%"},
+    {"{{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 3.1 | round(0, 'ceil') }} {{ 3.9 | round(method='floor') }} {{ 4 | round }}", "{}", "2.0 4.0 3.14 4.0 3.0 4"},
+    {"{{ '<a href=\"x\">&\\'</a>' | e }}|{{ '<b>' | escape }}", "{}", "&lt;a href=&#34;x&#34;&gt;&amp;&#39;&lt;/a&gt;|&lt;b&gt;"},
+    {"[{{ '--x--' | trim('-') }}][{{ 'xxhixx' | trim('x') }}]|{{ u | d('dflt') }}|{{ [1,2] | count }}|{{ 'abc' | count }}|{{ 'abc' | first }}{{ 'abc' | last }}|{{ 'abc' | list | join('.') }}|{{ 'abc' | reverse }}",
+     "{}", "[x][hi]|dflt|2|3|ac|a.b.c|cba"},
+    {"{% for x in ['a','b','c'] %}{{ loop.cycle('odd','even') }},{% endfor %}", "{}", "odd,even,odd,"},
+    {"{{ 9 is divisibleby 3 }}{{ 9 is divisibleby(4) }}{{ 3 is eq 3 }}{{ 3 is ne 3 }}{{ 2 is lt 3 }}{{ 2 is gt 3 }}{{ 2 is in [1,2] }}{{ 1.5 is float }}{{ 1 is float }}{{ 3 is ge 3 }}{{ 'a' is in 'cat' }}",
+     "{}", "truefalsetruefalsetruefalsetruetruefalsetruetrue"},
+    {"{{ s.find('lo') }} {{ s.rfind('l') }} {{ s.find('zz') }} {{ s.index('e') }} {{ s.count('l') }} {{ '-'.join(['a','b']) }} {{ '{} and {x}'.format(1, x='y') }} {{ 'a\\nb\\r\\nc'.splitlines() | length }} {{ '123'.isdigit() }}{{ 'ab'.isalpha() }}{{ 'a1'.isalpha() }}{{ 'a1'.isalnum() }}{{ ' '.isspace() }}{{ 'AB'.isupper() }}{{ 'ab'.islower() }} {{ 'a,b,c'.rsplit(',', 1) | join('|') }} {{ 'prefix_x'.removeprefix('prefix_') }} {{ 'x.py'.removesuffix('.py') }}",
+     "{\"s\":\"hello world\"}", "3 9 -1 1 3 a-b 1 and y 3 truetruefalsetruetruetruetrue a,b|c x x"},
+    {"{{ [1,2,1].index(2) }} {{ [1,2,1].count(1) }} {{ dict(a=1, b=2).b }}", "{}", "1 2 2"},
+    {"{{ 'a' < 'b' }}{{ 'b' <= 'a' }}{{ 'abc' > 'abd' }}|{% for ch in 'h\xc3\xa9!' %}[{{ ch }}]{% endfor %}", "{}", "truefalsefalse|[h][\xc3\xa9][!]"},
+};
+
+static void test_extensions(void) {
+    for (size_t i = 0; i < sizeof EXT / sizeof EXT[0]; i++) {
+        chat_render out = {0};
+        int rc = render_src(EXT[i].tpl, EXT[i].vars, &out);
+        CHECK(rc == MOERL_OK, "ext %zu: %s", i, moerl_last_error());
+        if (!rc) {
+            char name[32];
+            snprintf(name, sizeof name, "ext %zu", i);
+            CHECK(same_text(name, out.text, out.len, EXT[i].want, strlen(EXT[i].want)), "ext %zu: %s", i, EXT[i].tpl);
+        }
+        chat_render_free(&out);
+    }
+    /* a parsed template renders any number of times, each time the same */
+    jinja_tpl *t;
+    const char *src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m }}{% endfor %}{{ ns.n }}";
+    CHECK(jinja_parse(src, strlen(src), "t", &t) == MOERL_OK, "parse");
+    json_t *v = json_loads("{\"messages\": [\"a\", \"b\"]}", 0, NULL);
+    for (int k = 0; k < 3; k++) {
+        chat_render out = {0};
+        CHECK(jinja_render(t, v, NULL, &out) == MOERL_OK && !strcmp(out.text, "ab2"), "render %d: %s", k, out.text ? out.text : moerl_last_error());
+        chat_render_free(&out);
+    }
+    json_decref(v);
+    jinja_free(t);
+}
+
 int main(void) {
+    test_masks();
+    test_errors();
+    test_extensions();
     test_reference();
     TEST_MAIN_END();
 }

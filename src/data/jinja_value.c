@@ -472,6 +472,7 @@ void jv_tojson(jctx *c, const jnode *at, jbuf *b, jv v, const jjson_opts *o0, in
     case JV_STR: jsn_string(b, v.u.str, o.ensure_ascii); return;
     case JV_ARR: {
         jarr *a = v.u.arr;
+        if (a->tuple) jfail(c, at, "cannot convert a tuple to JSON or print it (as @huggingface/jinja)");
         jbuf_put(b, "[", 1, 0);
         for (int i = 0; i < a->n; i++) {
             if (i) jbuf_put(b, o.item_sep, strlen(o.item_sep), 0);

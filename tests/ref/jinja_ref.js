@@ -66,7 +66,7 @@ const snippets = [];
 for (const s of data.snippets || []) {
   snippets.push({ name: s.name, template: s.template, vars: s.vars || {}, ...run(s.template, s.vars || {}) });
 }
-const out = { templates: Object.fromEntries(templates.map((t) => [t.name, t.source])), cases, snippets };
+const out = { epoch: epoch || null, templates: Object.fromEntries(templates.map((t) => [t.name, t.source])), cases, snippets };
 fs.writeFileSync(outPath, JSON.stringify(out));
 const errs = cases.filter((c) => c.error).length;
 console.log(`jinja_ref.js: ${templates.length} templates, ${cases.length} cases (${errs} raise), ${snippets.length} snippets`);
