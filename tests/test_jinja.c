@@ -204,6 +204,11 @@ static void test_errors(void) {
     check_error("{% macro f(a) %}{% endmacro %}{{ f(b=1) }}", NULL, "macro 'f' takes no keyword argument 'b'", NULL);
     check_error("{# never closed", NULL, "comment {# is never closed", NULL);
     check_error("{{ 'x' | int | length }}", NULL, "unknown filter 'length' for IntegerValue", NULL);
+    char deep[4000];
+    memset(deep, '(', sizeof deep);
+    memcpy(deep, "{{ ", 3), deep[sizeof deep - 1] = 0;
+    check_error(deep, NULL, "nested deeper than", NULL);
+    check_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, "nested deeper than", NULL);
     chat_render out = {0};
     jinja_tpl *t;
     CHECK(jinja_parse("x", 1, "t", &t) == MOERL_OK, "parse");

@@ -11,7 +11,7 @@
 #include "base/common.h"
 #include "data/jinja_internal.h"
 
-#define MAX_DEPTH 400
+#define MAX_DEPTH 100
 
 _Noreturn void jfail(jctx *c, const jnode *at, const char *fmt, ...) {
     char msg[1024];

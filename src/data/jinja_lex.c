@@ -177,7 +177,7 @@ static void pre_generation(ptext *p) {
 typedef struct {
     jarena *a;
     const char *name;
-    const char *src; /* original, for line numbers */
+    int *lines; /* line number of each source offset */
     ptext p;
     size_t i;
     jtok *t;
@@ -188,9 +188,7 @@ typedef struct {
 
 static int line_of(const lexer *L, size_t pos) {
     int off = pos < L->p.n ? L->p.off[pos] : (L->p.n ? L->p.off[L->p.n - 1] : 0);
-    int line = 1;
-    for (int k = 0; k < off; k++) line += L->src[k] == '\n';
-    return line;
+    return L->lines[off];
 }
 
 static int lex_err(lexer *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -387,7 +385,12 @@ static int lex_token(lexer *L) {
 }
 
 int jinja_lex(jarena *a, const char *src, size_t len, const char *name, jtok **toks, int *ntok) {
-    lexer L = {.a = a, .name = name, .src = src};
+    lexer L = {.a = a, .name = name};
+    L.lines = xmalloc((len + 1) * sizeof(int));
+    for (size_t i = 0, line = 1; i <= len; i++) {
+        L.lines[i] = (int)line;
+        if (i < len && src[i] == '\n') line++;
+    }
     if (len && src[len - 1] == '\n') len--;
     L.p.s = xmalloc(len + 1);
     L.p.off = xmalloc((len + 1) * sizeof(int));
@@ -407,6 +410,7 @@ int jinja_lex(jarena *a, const char *src, size_t len, const char *name, jtok **t
     push(&L, TK_EOF, "", 0, end ? end - 1 : 0);
     free(L.p.s);
     free(L.p.off);
+    free(L.lines);
     *toks = L.t;
     *ntok = L.n;
     return rc;

@@ -25,8 +25,11 @@ typedef struct {
     jinja_tpl *t;
     jtok *tk;
     int n, i;
+    int depth; /* nesting of expressions and blocks, bounded so that no input overflows the stack */
     jmp_buf jmp;
 } parser;
+
+#define MAX_NEST 100
 
 static _Noreturn void perr(parser *P, const jtok *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static _Noreturn void perr(parser *P, const jtok *at, const char *fmt, ...) {
@@ -111,6 +114,10 @@ static jnode **nv_done(parser *P, nvec *v, int *n) {
 
 static jnode *parse_expr(parser *P);
 static jnode *parse_primary(parser *P);
+
+static void enter(parser *P) {
+    if (++P->depth > MAX_NEST) perr(P, cur(P), "expressions or blocks nested deeper than %d", MAX_NEST);
+}
 static jnode *parse_any(parser *P);
 
 /* Statements until one of the words (as "{% word"). */
@@ -243,7 +250,9 @@ static jnode *parse_unary(parser *P) {
         P->i++;
         jnode *u = node(P, E_UNARY, t);
         u->op = t->s[0] == '-' ? OP_NEG : OP_POS;
+        enter(P);
         u->a = parse_unary(P);
+        P->depth--;
         return u;
     }
     return parse_call_member(P);
@@ -368,7 +377,9 @@ static jnode *parse_not(parser *P) {
         P->i++;
         jnode *u = node(P, E_UNARY, at);
         u->op = OP_NOT;
+        enter(P);
         u->a = parse_not(P);
+        P->depth--;
         return u;
     }
     return parse_cmp(P);
@@ -394,7 +405,15 @@ static jnode *parse_or(parser *P) {
     return e;
 }
 
+static jnode *parse_expr2(parser *P);
 static jnode *parse_expr(parser *P) {
+    enter(P);
+    jnode *e = parse_expr2(P);
+    P->depth--;
+    return e;
+}
+
+static jnode *parse_expr2(parser *P) {
     jnode *a = parse_or(P);
     if (is_word(P, 0, "if")) {
         jtok *at = cur(P);
@@ -612,7 +631,15 @@ static jnode *parse_stmt(parser *P) {
     return n;
 }
 
+static jnode *parse_any2(parser *P);
 static jnode *parse_any(parser *P) {
+    enter(P);
+    jnode *n = parse_any2(P);
+    P->depth--;
+    return n;
+}
+
+static jnode *parse_any2(parser *P) {
     jtok *t = cur(P);
     switch (t->type) {
     case TK_COMMENT: P->i++; return node(P, N_COMMENT, t);
