@@ -621,17 +621,17 @@ static jv g_strftime(jctx *c, const jnode *at, jv self, jv *args, int nargs, job
 }
 
 void jglobals_init(jctx *c, jscope *g) {
-    jinja_tpl *t = (jinja_tpl *)c->t;
+    const jinja_tpl *t = c->t;
     static const struct {
         const char *name;
         jbuiltin_fn fn;
     } fns[] = {{"raise_exception", g_raise}, {"range", g_range}, {"namespace", g_namespace}, {"dict", g_dict},
                {"strftime_now", g_strftime}};
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-        jscope_set(c, g, jinja_sym(t, fns[i].name, strlen(fns[i].name)), bind(c, fns[i].name, fns[i].fn, jv_none()));
+        jscope_set(c, g, jsym(t, fns[i].name, strlen(fns[i].name)), bind(c, fns[i].name, fns[i].fn, jv_none()));
     static const char *const consts[] = {"true", "false", "none", "True", "False", "None"};
     for (int i = 0; i < 6; i++) {
         jv v = consts[i][0] == 'n' || consts[i][0] == 'N' ? jv_none() : jv_bool(consts[i][0] == 't' || consts[i][0] == 'T');
-        jscope_set(c, g, jinja_sym(t, consts[i], strlen(consts[i])), v);
+        jscope_set(c, g, jsym(t, consts[i], strlen(consts[i])), v);
     }
 }

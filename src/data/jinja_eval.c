@@ -348,12 +348,12 @@ static void bind_macro_args(jctx *c, const jnode *at, const jnode *m, const char
         if (rest->vals[i].k != JV_FUNC + 1) jobj_set(c, left, rest->keys[i], rest->vals[i]);
     bool body_kwargs = false, body_varargs = false;
     for (int i = 0; i < m->nlist; i++) body_kwargs |= uses_name(m->list[i], "kwargs"), body_varargs |= uses_name(m->list[i], "varargs");
-    if (body_kwargs) jscope_set(c, sc, jinja_sym((jinja_tpl *)c->t, "kwargs", 6), jv_obj(left));
+    if (body_kwargs) jscope_set(c, sc, jsym(c->t, "kwargs", 6), jv_obj(left));
     else if (left->n) jfail(c, at, "macro %s takes no keyword argument '%.*s'", disp, (int)left->keys[0].n, left->keys[0].s);
     if (body_varargs) {
         jarr *va = jarr_new(c, 4);
         for (int i = m->nlist2; i < nargs; i++) jarr_push(c, va, args[i]);
-        jscope_set(c, sc, jinja_sym((jinja_tpl *)c->t, "varargs", 7), jv_arr(va));
+        jscope_set(c, sc, jsym(c->t, "varargs", 7), jv_arr(va));
     } else if (nargs > m->nlist2) jfail(c, at, "macro %s takes not more than %d argument(s)", disp, m->nlist2);
     for (int i = 0; i < npend; i++) jscope_set(c, sc, pend[i]->sym, jeval(c, pend[i]->a, sc));
 }
@@ -518,7 +518,7 @@ static jarr *for_items(jctx *c, const jnode *n, jscope *scope) {
 static void exec_for(jctx *c, const jnode *n, jscope *sc, jbuf *out) {
     jscope *scope = jscope_new(c, sc);
     jarr *items = for_items(c, n, scope);
-    int loop_sym = jinja_sym((jinja_tpl *)c->t, "loop", 4);
+    int loop_sym = jsym(c->t, "loop", 4);
     bool none = true;
     for (int i = 0; i < items->n; i++) {
         jscope_set(c, scope, loop_sym, loop_obj(c, items->v, i, items->n));
@@ -548,7 +548,7 @@ static void exec_callblock(jctx *c, const jnode *n, jscope *sc, jbuf *out) {
     jscope *env = jscope_new(c, sc);
     jv cv = {.k = JV_FUNC};
     cv.u.fn = caller;
-    jscope_set(c, env, jinja_sym((jinja_tpl *)c->t, "caller", 6), cv);
+    jscope_set(c, env, jsym(c->t, "caller", 6), cv);
     jv r = jcall(c, n, fn, pos->v, pos->n, kw, env);
     if (r.k != JV_NONE && r.k != JV_UNDEF) jv_print(c, out, r);
 }

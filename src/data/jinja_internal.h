@@ -85,7 +85,10 @@ struct jinja_tpl {
     int nsyms, capsyms;
 };
 
-int jinja_sym(jinja_tpl *t, const char *s, size_t n); /* intern */
+int jinja_sym(jinja_tpl *t, const char *s, size_t n); /* intern (parsing only) */
+/* The id of a name interned at parse time (jinja_parse interns every name the renderer binds,
+ * so rendering never changes a template and threads may render one template at once). */
+int jsym(const jinja_tpl *t, const char *s, size_t n);
 
 /* ---- values --------------------------------------------------------------------------- */
 typedef enum { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_ARR, JV_OBJ, JV_FUNC } jv_kind;

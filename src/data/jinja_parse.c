@@ -53,6 +53,13 @@ int jinja_sym(jinja_tpl *t, const char *s, size_t n) {
     return t->nsyms++;
 }
 
+int jsym(const jinja_tpl *t, const char *s, size_t n) {
+    for (int i = 0; i < t->nsyms; i++)
+        if (strlen(t->syms[i]) == n && !memcmp(t->syms[i], s, n)) return i;
+    MOERL_ASSERT(!"name not interned at parse time");
+    return -1;
+}
+
 static jtok *cur(parser *P) { return &P->tk[P->i]; }
 static bool is(parser *P, jtok_type ty) { return cur(P)->type == ty; }
 static bool is_word(parser *P, int off, const char *w) {
