@@ -130,8 +130,8 @@ static jv eval_binary(jctx *c, const jnode *e, jscope *sc) {
     if (e->op == OP_AND) return jv_truthy(l) ? jeval(c, e->b, sc) : l;
     if (e->op == OP_OR) return jv_truthy(l) ? l : jeval(c, e->b, sc);
     jv r = jeval(c, e->b, sc);
-    if (e->op == OP_EQ) return jv_bool(jv_loose_eq(l, r));
-    if (e->op == OP_NE) return jv_bool(!jv_loose_eq(l, r));
+    if (e->op == OP_EQ) return jv_bool(jv_loose_eq(c, l, r));
+    if (e->op == OP_NE) return jv_bool(!jv_loose_eq(c, l, r));
     if (l.k == JV_UNDEF || r.k == JV_UNDEF) {
         if (r.k == JV_UNDEF && (e->op == OP_IN || e->op == OP_NOTIN)) return jv_bool(e->op == OP_NOTIN);
         jfail(c, e, "cannot perform operation %s on undefined values", op_name(e->op));
@@ -158,6 +158,8 @@ static jv eval_binary2(jctx *c, const jnode *e, jv l, jv r) {
         for (int i = 0; i < l.u.arr->n; i++) jarr_push(c, a, l.u.arr->v[i]);
         for (int i = 0; i < r.u.arr->n; i++) jarr_push(c, a, r.u.arr->v[i]);
         return jv_arr(a);
+    } else if (l.k == JV_ARR && r.k == JV_ARR) {
+        /* only + between two lists (@huggingface/jinja: a list `in` a list is an error) */
     } else if (r.k == JV_ARR && (e->op == OP_IN || e->op == OP_NOTIN)) {
         bool m = false;
         for (int i = 0; i < r.u.arr->n && !m; i++) m = jv_strict_eq(r.u.arr->v[i], l);

