@@ -1,5 +1,6 @@
 /* Tests for base/config (typed registry, YAML, overrides, dump round trip) and base/log
  * (log lines, JSONL metrics, progress bar). No numeric tolerances: every comparison is exact. */
+#include <dirent.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "base/common.h"
 #include "base/config.h"
 #include "base/log.h"
+#include "base/tb_events.h"
 #include "test.h"
 
 static char g_dir[256];
@@ -31,6 +33,17 @@ static int load_text(cfg *c, const char *name, const char *text) {
 }
 
 static bool has(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* events.out.tfevents.* files directly in dir. */
+static int count_event_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, "events.out.tfevents.", 20) == 0;
+    closedir(d);
+    return n;
+}
 
 static cfg *make_cfg(void) {
     cfg *c = cfg_new();
@@ -492,6 +505,134 @@ static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *
     return remove(path);
 }
 
+/* The string-list type (trainer.logger): YAML block and flow lists, a scalar, overrides, errors,
+ * the dump round trip. */
+static void test_str_list(void) {
+    cfg *c = cfg_new();
+    const char *def[] = {"file"};
+    cfg_def_str_list(c, "trainer.logger", def, 1, "sinks");
+    cfg_def_str_list(c, "x.empty", NULL, 0, "starts empty");
+    int n;
+    const char *const *v = cfg_str_list(c, "trainer.logger", &n);
+    CHECK(n == 1 && !strcmp(v[0], "file"), "default");
+    CHECK(cfg_str_list(c, "x.empty", &n) == NULL && n == 0, "empty default");
+    CHECK(load_text(c, "sl1.yaml", "trainer:\n  logger:\n    - console\n    - \"tensor board\"\n") == MOERL_OK,
+          "block list: %s", moerl_last_error());
+    v = cfg_str_list(c, "trainer.logger", &n);
+    CHECK(n == 2 && !strcmp(v[0], "console") && !strcmp(v[1], "tensor board"), "block list values");
+    CHECK(load_text(c, "sl2.yaml", "trainer: {logger: [console, file, tensorboard]}\n") == MOERL_OK, "flow list");
+    v = cfg_str_list(c, "trainer.logger", &n);
+    CHECK(n == 3 && !strcmp(v[2], "tensorboard"), "flow list values");
+    CHECK(load_text(c, "sl3.yaml", "trainer: {logger: console}\n") == MOERL_OK, "scalar");
+    v = cfg_str_list(c, "trainer.logger", &n);
+    CHECK(n == 1 && !strcmp(v[0], "console") && has(cfg_origin(c, "trainer.logger"), "sl3.yaml:1"),
+          "a scalar is a one-item list, origin %s", cfg_origin(c, "trainer.logger"));
+    CHECK(load_text(c, "sl4.yaml", "trainer: {logger: []}\n") == MOERL_OK && cfg_str_list(c, "trainer.logger", &n) == NULL &&
+              n == 0,
+          "empty flow list");
+    CHECK(load_text(c, "sl5.yaml", "trainer: {logger: [console, 3]}\n") == MOERL_OK &&
+              !strcmp(cfg_str_list(c, "trainer.logger", &n)[1], "3"),
+          "a number item is its text");
+    CHECK(load_text(c, "sl6.yaml", "trainer: {logger: [console, {a: 1}]}\n") == MOERL_ERR &&
+              has(moerl_last_error(), "sl6.yaml:1") && has(moerl_last_error(), "must be strings, got a mapping"),
+          "mapping item: %s", moerl_last_error());
+    CHECK(load_text(c, "sl7.yaml", "trainer: {logger: [console, \"\"]}\n") == MOERL_ERR &&
+              has(moerl_last_error(), "item 2 is empty") && has(moerl_last_error(), "'trainer.logger'"),
+          "empty item: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "trainer.logger=console,tensorboard") == MOERL_OK, "comma override");
+    v = cfg_str_list(c, "trainer.logger", &n);
+    CHECK(n == 2 && !strcmp(v[0], "console") && !strcmp(v[1], "tensorboard"), "comma override values");
+    CHECK(cfg_apply_override(c, "trainer.logger=[ file , 'console' ]") == MOERL_OK, "bracket override");
+    v = cfg_str_list(c, "trainer.logger", &n);
+    CHECK(n == 2 && !strcmp(v[0], "file") && !strcmp(v[1], "console"), "bracket override values, quotes removed");
+    CHECK(cfg_apply_override(c, "trainer.logger=\"file,console\"") == MOERL_OK && cfg_str_list(c, "trainer.logger", &n) &&
+              n == 2,
+          "quoted override");
+    CHECK(cfg_apply_override(c, "trainer.logger=file,,console") == MOERL_ERR && has(moerl_last_error(), "item 2 is empty") &&
+              has(moerl_last_error(), "string-list"),
+          "empty override item: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "trainer.logger=[file") == MOERL_ERR && has(moerl_last_error(), "closing ']'"),
+          "unclosed bracket: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "x.empty=[]") == MOERL_OK && cfg_str_list(c, "x.empty", &n) == NULL && n == 0, "[]");
+    /* dump and reload */
+    CHECK(cfg_apply_override(c, "x.empty=a\\b,\"q\"x") == MOERL_OK, "odd characters");
+    char *text = cfg_dump_yaml_string(c);
+    CHECK(has(text, "logger: [\"file\", \"console\"]  # sinks"), "dump: %s", text);
+    cfg *d = cfg_new();
+    cfg_def_str_list(d, "trainer.logger", NULL, 0, "sinks");
+    cfg_def_str_list(d, "x.empty", NULL, 0, "starts empty");
+    CHECK(cfg_load_yaml_string(d, text, strlen(text), "dump") == MOERL_OK, "reload: %s", moerl_last_error());
+    v = cfg_str_list(d, "x.empty", &n);
+    CHECK(n == 2 && !strcmp(v[0], "a\\b") && !strcmp(v[1], "\"q\"x"), "round trip of odd items");
+    char *t2 = cfg_dump_yaml_string(d);
+    CHECK(!strcmp(text, t2), "dump is a fixed point");
+    free(t2);
+    free(text);
+    cfg_free(d);
+    cfg_free(c);
+}
+
+/* trainer.logger names → sinks, and the sinks a writer opens. */
+static void test_metrics_loggers(void) {
+    unsigned f = 99;
+    const char *all[] = {"tensorboard", "console", "file"};
+    CHECK(metrics_logger_flags("trainer.logger", all, 3, &f) == MOERL_OK &&
+              f == (METRICS_FILE | METRICS_CONSOLE | METRICS_TENSORBOARD),
+          "all three");
+    const char *w[] = {"console", "wandb"};
+    CHECK(metrics_logger_flags("trainer.logger", w, 2, &f) == MOERL_ERR &&
+              has(moerl_last_error(), "trainer.logger: 'wandb' is not a logger moerl has (supported: console, file, "
+                                      "tensorboard)"),
+          "unknown: %s", moerl_last_error());
+    const char *twice[] = {"file", "file"};
+    CHECK(metrics_logger_flags("k", twice, 2, &f) == MOERL_ERR && has(moerl_last_error(), "'file' is given twice"),
+          "twice");
+    CHECK(metrics_logger_flags("k", NULL, 0, &f) == MOERL_ERR && has(moerl_last_error(), "k is empty"), "empty");
+    /* console only: no file; one log line per record */
+    char p[600], tb[700];
+    path_in(p, sizeof p, "lg/sft_metrics.jsonl");
+    FILE *log = tmpfile();
+    log_set_stream(log);
+    metrics_writer *m = metrics_open_loggers(p, METRICS_CONSOLE, -1);
+    const char *k[] = {"a/b", "c"};
+    double v[] = {0.5, NAN};
+    CHECK(m && metrics_write(m, 7, 2, k, v) == MOERL_OK, "console write");
+    metrics_close(m);
+    log_set_stream(NULL);
+    char buf[512] = "";
+    rewind(log);
+    size_t got = fread(buf, 1, sizeof buf - 1, log);
+    buf[got] = 0;
+    fclose(log);
+    CHECK(has(buf, "INFO  step 7: a/b=0.5 c=nan\n"), "console line: %s", buf);
+    CHECK(access(p, F_OK) != 0, "no JSONL without file");
+    /* tensorboard: <folder>/tensorboard/<stem> for a file other than metrics.jsonl; a fresh writer
+     * removes the folder's earlier event files, a resumed one keeps them */
+    m = metrics_open_loggers(p, METRICS_TENSORBOARD, -1);
+    CHECK(m && metrics_write(m, 1, 2, k, v) == MOERL_OK, "tensorboard write");
+    metrics_close(m);
+    path_in(tb, sizeof tb, "lg/tensorboard/sft_metrics");
+    CHECK(count_event_files(tb) == 1, "one event file in %s", tb);
+    metrics_close(metrics_open_loggers(p, METRICS_TENSORBOARD, 1));
+    CHECK(count_event_files(tb) == 2, "a resumed writer adds a file");
+    metrics_close(metrics_open_loggers(p, METRICS_TENSORBOARD, -1));
+    CHECK(count_event_files(tb) == 1, "a fresh writer starts anew");
+    path_in(p, sizeof p, "lg/metrics.jsonl");
+    metrics_close(metrics_open_loggers(p, METRICS_TENSORBOARD | METRICS_FILE, -1));
+    path_in(tb, sizeof tb, "lg/tensorboard");
+    CHECK(count_event_files(tb) == 1 && access(p, F_OK) == 0, "metrics.jsonl → <folder>/tensorboard");
+    path_in(p, sizeof p, "lg/blocked");
+    write_text(p, "a file where the tensorboard folder's parent should be");
+    char q[700];
+    snprintf(q, sizeof q, "%s/metrics.jsonl", p);
+    CHECK(metrics_open_loggers(q, METRICS_TENSORBOARD, -1) == NULL && has(moerl_last_error(), "tensorboard folder"),
+          "unwritable tensorboard folder: %s", moerl_last_error());
+    /* CRC32C: the standard check value of "123456789" (RFC 3720 B.4) and the mask of TFRecord */
+    CHECK(tb_crc32c("123456789", 9) == 0xE3069283u, "crc32c check value: %08x", tb_crc32c("123456789", 9));
+    uint32_t c = tb_crc32c("", 0);
+    CHECK(c == 0 && tb_masked_crc32c("", 0) == (((c >> 15) | (c << 17)) + 0xa282ead8u), "mask of the empty CRC");
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/moerl_test_config_XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -505,6 +646,8 @@ int main(void) {
     test_log_lines();
     test_metrics();
     test_progress();
+    test_str_list();
+    test_metrics_loggers();
     nftw(g_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     TEST_MAIN_END();
 }

@@ -402,7 +402,7 @@ static void test_reward_lookup(void) {
     CHECK(reward_fn_for("arith") == reward_exact_number, "arith");
     CHECK(reward_fn_for("gsm8k-style") == reward_gsm8k && reward_fn_for("openai/gsm8k") == reward_gsm8k, "gsm8k");
     CHECK(reward_fn_for("countdown") == reward_countdown, "countdown");
-    CHECK(reward_fn_for("lighteval/MATH") == NULL && has(moerl_last_error(), "'lighteval/MATH'") &&
+    CHECK(reward_fn_for("allenai/no-such-task") == NULL && has(moerl_last_error(), "'allenai/no-such-task'") &&
               has(moerl_last_error(), "countdown"),
           "unknown data_source: %s", moerl_last_error());
     ds_row r = {.data_source = "nope", .ground_truth = "1", .line = 17};

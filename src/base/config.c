@@ -24,7 +24,8 @@ typedef struct {
     bool b;
     char *s;       /* CFG_STR: heap, never NULL once set */
     int64_t *list; /* CFG_INT_LIST: heap or NULL when empty */
-    int nlist;
+    char **strs;   /* CFG_STR_LIST: heap strings, NULL when empty */
+    int nlist;     /* items of list or strs */
 } cfg_val;
 
 typedef struct {
@@ -49,6 +50,7 @@ static const char *type_name(cfg_type t) {
     case CFG_BOOL: return "bool";
     case CFG_STR: return "string";
     case CFG_INT_LIST: return "int-list";
+    case CFG_STR_LIST: return "string-list";
     }
     return "?";
 }
@@ -60,6 +62,7 @@ static const char *type_expect(cfg_type t) {
     case CFG_BOOL: return "true or false";
     case CFG_STR: return "a string";
     case CFG_INT_LIST: return "a list of integers such as [1, 2, 3]";
+    case CFG_STR_LIST: return "a list of strings such as [console, file] or console,file";
     }
     return "?";
 }
@@ -67,6 +70,10 @@ static const char *type_expect(cfg_type t) {
 static void val_free(cfg_val *v) {
     free(v->s);
     free(v->list);
+    if (v->strs)
+        for (int i = 0; i < v->nlist; i++) free(v->strs[i]);
+    free(v->strs);
+    v->strs = NULL;
     v->s = NULL;
     v->list = NULL;
     v->nlist = 0;
@@ -76,9 +83,14 @@ static cfg_val val_copy(const cfg_val *v) {
     cfg_val r = *v;
     r.s = v->s ? xstrdup(v->s) : NULL;
     r.list = NULL;
-    if (v->nlist > 0) {
+    r.strs = NULL;
+    if (v->nlist > 0 && v->list) {
         r.list = xmalloc(sizeof(int64_t) * (size_t)v->nlist);
         memcpy(r.list, v->list, sizeof(int64_t) * (size_t)v->nlist);
+    }
+    if (v->nlist > 0 && v->strs) {
+        r.strs = xmalloc(sizeof(char *) * (size_t)v->nlist);
+        for (int i = 0; i < v->nlist; i++) r.strs[i] = xstrdup(v->strs[i]);
     }
     return r;
 }
@@ -218,6 +230,21 @@ void cfg_def_int_list(cfg *c, const char *key, const int64_t *def, int n, const 
     set_default(e);
 }
 
+void cfg_def_str_list(cfg *c, const char *key, const char *const *def, int n, const char *help) {
+    MOERL_ASSERT(n >= 0 && (n == 0 || def != NULL));
+    cfg_entry *e = define(c, key, CFG_STR_LIST, help);
+    e->def.nlist = n;
+    if (n > 0) {
+        e->def.strs = xmalloc(sizeof(char *) * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            if (!def[i] || !def[i][0] || !utf8_valid((const unsigned char *)def[i], strlen(def[i])))
+                moerl_fatal("config key '%s': default item %d is empty or not valid UTF-8", key, i);
+            e->def.strs[i] = xstrdup(def[i]);
+        }
+    }
+    set_default(e);
+}
+
 /* ---------------------------------------------------------------- getters */
 
 static const cfg_entry *get(const cfg *c, const char *key, cfg_type t) {
@@ -237,6 +264,12 @@ const int64_t *cfg_int_list(const cfg *c, const char *key, int *n) {
     const cfg_entry *e = get(c, key, CFG_INT_LIST);
     if (n) *n = e->val.nlist;
     return e->val.nlist > 0 ? e->val.list : NULL;
+}
+
+const char *const *cfg_str_list(const cfg *c, const char *key, int *n) {
+    const cfg_entry *e = get(c, key, CFG_STR_LIST);
+    if (n) *n = e->val.nlist;
+    return e->val.nlist > 0 ? (const char *const *)e->val.strs : NULL;
 }
 
 const char *cfg_origin(const cfg *c, const char *key) {
@@ -388,13 +421,64 @@ static bool parse_list_text(const char *s, cfg_val *out) {
     return true;
 }
 
+/* Append item (copied) to a string list; false (with why) when it is empty or not UTF-8. */
+static bool str_list_push(cfg_val *v, const char *item, char *why, size_t wcap) {
+    if (!*item) {
+        snprintf(why, wcap, "item %d is empty", v->nlist + 1);
+        return false;
+    }
+    if (!utf8_valid((const unsigned char *)item, strlen(item))) {
+        snprintf(why, wcap, "item %d is not valid UTF-8", v->nlist + 1);
+        return false;
+    }
+    v->strs = xrealloc(v->strs, sizeof(char *) * (size_t)(v->nlist + 1));
+    v->strs[v->nlist++] = xstrdup(item);
+    return true;
+}
+
+/* "[a, b]", "a,b", "[]", "" → a string list; items trimmed, matching quotes around an item
+ * removed. false (with why) on an empty item. */
+static bool parse_str_list_text(const char *s, cfg_val *out, char *why, size_t wcap) {
+    char *t = trim_dup(s, strlen(s));
+    char *body = t;
+    size_t n = strlen(t);
+    if (n > 0 && t[0] == '[') {
+        if (t[n - 1] != ']') {
+            snprintf(why, wcap, "'[' without a closing ']'");
+            free(t);
+            return false;
+        }
+        t[n - 1] = 0;
+        body = t + 1;
+    }
+    char *inner = trim_dup(body, strlen(body));
+    bool ok = true;
+    for (char *p = inner; *inner && ok;) {
+        char *comma = strchr(p, ',');
+        char *item = trim_dup(p, comma ? (size_t)(comma - p) : strlen(p));
+        size_t m = strlen(item);
+        if (m >= 2 && (item[0] == '"' || item[0] == '\'') && item[m - 1] == item[0]) {
+            memmove(item, item + 1, m - 2);
+            item[m - 2] = 0;
+        }
+        ok = str_list_push(out, item, why, wcap);
+        free(item);
+        if (!comma) break;
+        p = comma + 1;
+    }
+    free(inner);
+    free(t);
+    if (!ok) val_free(out);
+    return ok;
+}
+
 /* Parse a scalar's text for entry e. `plain`: a YAML plain scalar or an override value (type
  * resolution applies); false: a quoted/literal YAML scalar (a string). On failure fills `why`
  * with the reason and returns MOERL_ERR without setting a global message. */
 static int parse_text(const cfg_entry *e, const char *s, bool plain, cfg_val *out, char *why, size_t wcap) {
     memset(out, 0, sizeof *out);
     why[0] = 0;
-    if (e->type != CFG_STR && !plain) {
+    if (e->type != CFG_STR && e->type != CFG_STR_LIST && !plain) {
         snprintf(why, wcap, "quoted, so a string");
         return MOERL_ERR;
     }
@@ -417,6 +501,10 @@ static int parse_text(const cfg_entry *e, const char *s, bool plain, cfg_val *ou
         return MOERL_OK;
     case CFG_INT_LIST:
         if (parse_list_text(s, out)) return MOERL_OK;
+        break;
+    case CFG_STR_LIST:
+        if (plain && is_yaml_null(s)) return MOERL_OK; /* "key:" or "key: ~": the empty list */
+        if (parse_str_list_text(s, out, why, wcap)) return MOERL_OK;
         break;
     }
     return MOERL_ERR;
@@ -444,7 +532,7 @@ int cfg_apply_override(cfg *c, const char *assignment) {
     }
     size_t n = strlen(val);
     bool quoted = n >= 2 && (val[0] == '"' || val[0] == '\'') && val[n - 1] == val[0];
-    if (quoted && e->type == CFG_STR) {
+    if (quoted && (e->type == CFG_STR || e->type == CFG_STR_LIST)) {
         memmove(val, val + 1, n - 2);
         val[n - 2] = 0;
     }
@@ -526,7 +614,7 @@ static int stage(yload *L, cfg_entry *e, cfg_val v, int line) {
     return MOERL_OK;
 }
 
-/* Collect the items of a sequence (SEQUENCE_START already consumed) for int-list entry e. */
+/* Collect the items of a sequence (SEQUENCE_START already consumed) for list entry e. */
 static int walk_sequence(yload *L, cfg_entry *e, int line) {
     cfg_val v = {0};
     int cap = 0;
@@ -536,7 +624,8 @@ static int walk_sequence(yload *L, cfg_entry *e, int line) {
         if (next_event(L, &ev)) { rc = MOERL_ERR; break; }
         if (ev.type == YAML_SEQUENCE_END_EVENT) { yaml_event_delete(&ev); break; }
         if (ev.type != YAML_SCALAR_EVENT) {
-            rc = moerl_errorf("%s:%d: key '%s': list items must be integers, got a %s", L->name, ev_line(&ev), e->key,
+            rc = moerl_errorf("%s:%d: key '%s': list items must be %s, got a %s", L->name, ev_line(&ev), e->key,
+                              e->type == CFG_STR_LIST ? "strings" : "integers",
                               ev.type == YAML_MAPPING_START_EVENT    ? "mapping"
                               : ev.type == YAML_SEQUENCE_START_EVENT ? "nested list"
                                                                      : "alias");
@@ -544,6 +633,15 @@ static int walk_sequence(yload *L, cfg_entry *e, int line) {
             break;
         }
         const char *s = (const char *)ev.data.scalar.value;
+        if (e->type == CFG_STR_LIST) {
+            char why[128];
+            bool ok = str_list_push(&v, s, why, sizeof why);
+            if (!ok) rc = moerl_errorf("%s:%d: key '%s': list %s (expected %s)", L->name, ev_line(&ev), e->key, why,
+                                       type_expect(e->type));
+            yaml_event_delete(&ev);
+            if (!ok) break;
+            continue;
+        }
         int64_t x;
         if (!ev_plain(&ev) || !parse_i64(s, &x)) {
             rc = moerl_errorf("%s:%d: key '%s': list item '%s' is not a valid int (expected %s)", L->name,
@@ -595,7 +693,7 @@ static int walk_mapping(yload *L, const char *prefix, int depth) {
             break;
         case YAML_SEQUENCE_START_EVENT:
             if (!e) rc = unknown_key(L, line, full);
-            else if (e->type != CFG_INT_LIST)
+            else if (e->type != CFG_INT_LIST && e->type != CFG_STR_LIST)
                 rc = moerl_errorf("%s:%d: key '%s': got a list, expected %s (%s)", L->name, line, full,
                                   type_name(e->type), type_expect(e->type));
             else rc = walk_sequence(L, e, line);
@@ -763,6 +861,14 @@ static void put_value(sbuf *b, const cfg_entry *e, const cfg_val *v) {
     case CFG_INT_LIST:
         sb_puts(b, "[");
         for (int i = 0; i < v->nlist; i++) sb_printf(b, "%s%lld", i ? ", " : "", (long long)v->list[i]);
+        sb_puts(b, "]");
+        break;
+    case CFG_STR_LIST:
+        sb_puts(b, "[");
+        for (int i = 0; i < v->nlist; i++) {
+            if (i) sb_puts(b, ", ");
+            put_yaml_string(b, v->strs[i]);
+        }
         sb_puts(b, "]");
         break;
     }

@@ -30,6 +30,10 @@
  *   string   any scalar; YAML null (~, null, empty) gives ""; in an override, surrounding
  *            matching quotes are removed
  *   int-list a YAML sequence of ints (block or flow "[1, 2]"); an override "[1,2,3]", "1,2,3" or "[]"
+ *   string-list a YAML sequence of non-empty strings ("[console, file]", block "- console"), or
+ *            one scalar "console,file" / "[console, file]" split at commas (no comma inside an
+ *            item), the same in an override ("trainer.logger=console,tensorboard"); items are
+ *            trimmed, matching quotes around an item removed; "[]" or "" is the empty list
  *
  * Errors follow common.h: functions return MOERL_OK / MOERL_ERR and set moerl_last_error().
  * Asking a getter for an undeclared key, or for a key of another type, is a bug in moerl and
@@ -42,7 +46,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum { CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_STR, CFG_INT_LIST } cfg_type;
+typedef enum { CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_STR, CFG_INT_LIST, CFG_STR_LIST } cfg_type;
 
 typedef struct cfg cfg;
 
@@ -60,6 +64,8 @@ void cfg_def_bool(cfg *c, const char *key, bool def, const char *help);
 void cfg_def_str(cfg *c, const char *key, const char *def, const char *help);
 /* def: n values (n may be 0, def then may be NULL). Copied. */
 void cfg_def_int_list(cfg *c, const char *key, const int64_t *def, int n, const char *help);
+/* def: n non-empty UTF-8 strings (n may be 0, def then may be NULL). Copied. */
+void cfg_def_str_list(cfg *c, const char *key, const char *const *def, int n, const char *help);
 
 /* Read a YAML file whose top level is a mapping (an empty file is fine) and set every key it
  * gives; nested mappings flatten to dotted keys. Keys already set by cfg_apply_override keep
@@ -85,6 +91,8 @@ bool cfg_bool(const cfg *c, const char *key);
 const char *cfg_str(const cfg *c, const char *key);
 /* Returns the values (NULL when empty) and stores their count in *n. Owned by the registry. */
 const int64_t *cfg_int_list(const cfg *c, const char *key, int *n);
+/* The items (NULL when empty), their count in *n. Owned by the registry. */
+const char *const *cfg_str_list(const cfg *c, const char *key, int *n);
 
 /* Every int (and int-list item) must fit 32 bits, except keys ending in exempt_suffix (e.g.
  * "seed"); the error names the key, where its value came from, and the value. */

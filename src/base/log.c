@@ -1,7 +1,9 @@
 /* moerl — logging, JSONL metrics, progress bar (see log.h). */
 #include "base/log.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -11,6 +13,8 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "base/config.h"
+#include "base/tb_events.h"
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static log_level g_level = LOG_INFO;
@@ -108,11 +112,81 @@ LOG_FN(log_error, LOG_ERROR)
 /* ------------------------------------------------------------------ metrics */
 
 struct metrics_writer {
-    FILE *f;
+    FILE *f;       /* METRICS_FILE, else NULL */
+    tb_writer *tb; /* METRICS_TENSORBOARD, else NULL */
+    bool console;
     char *path;
 };
 
-metrics_writer *metrics_open(const char *path) {
+static const struct {
+    const char *name;
+    unsigned flag;
+} k_loggers[] = {{"console", METRICS_CONSOLE}, {"file", METRICS_FILE}, {"tensorboard", METRICS_TENSORBOARD}};
+
+int metrics_logger_flags(const char *key, const char *const *names, int n, unsigned *flags) {
+    *flags = 0;
+    if (n <= 0) return moerl_errorf("%s is empty: give at least one of console, file, tensorboard", key);
+    for (int i = 0; i < n; i++) {
+        unsigned f = 0;
+        for (size_t k = 0; k < sizeof k_loggers / sizeof k_loggers[0]; k++)
+            if (strcmp(names[i], k_loggers[k].name) == 0) f = k_loggers[k].flag;
+        if (!f)
+            return moerl_errorf("%s: '%s' is not a logger moerl has (supported: console, file, tensorboard)", key,
+                                names[i]);
+        if (*flags & f) return moerl_errorf("%s: '%s' is given twice", key, names[i]);
+        *flags |= f;
+    }
+    return MOERL_OK;
+}
+
+void metrics_def_logger_key(cfg *c, const char *key) {
+    static const char *const def[] = {"file"};
+    cfg_def_str_list(c, key, def, 1,
+                     "where metrics go: a list of console (a log line per step with every metric), file "
+                     "(metrics.jsonl), tensorboard (event files in <output folder>/tensorboard); docs/logging.md");
+}
+
+int metrics_read_logger_key(const cfg *c, const char *key, unsigned *flags) {
+    int n;
+    const char *const *names = cfg_str_list(c, key, &n);
+    return metrics_logger_flags(key, names, n, flags);
+}
+
+/* The tensorboard folder of a metrics path (heap): <dir>/tensorboard, or <dir>/tensorboard/<stem>
+ * for a file other than metrics.jsonl. */
+static char *tb_dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t dlen = slash ? (size_t)(slash - path) : 1;
+    const char *dir = slash ? path : ".";
+    size_t blen = strlen(base);
+    if (blen > 6 && strcmp(base + blen - 6, ".jsonl") == 0) blen -= 6;
+    size_t cap = dlen + blen + 32;
+    char *out = xmalloc(cap);
+    if (strcmp(base, "metrics.jsonl") == 0) snprintf(out, cap, "%.*s/tensorboard", (int)dlen, dir);
+    else snprintf(out, cap, "%.*s/tensorboard/%.*s", (int)dlen, dir, (int)blen, base);
+    return out;
+}
+
+/* A new run's record starts anew: remove the event files directly in dir (not its subfolders). */
+static void remove_event_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) != 0) continue;
+        size_t cap = strlen(dir) + strlen(e->d_name) + 2;
+        char *p = xmalloc(cap);
+        snprintf(p, cap, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISREG(st.st_mode)) unlink(p);
+        free(p);
+    }
+    closedir(d);
+}
+
+/* The JSONL file of a writer: parents created, opened for appending. */
+static FILE *open_jsonl(const char *path) {
     char *dir = xstrdup(path);
     char *slash = strrchr(dir, '/');
     if (slash && slash != dir) {
@@ -125,14 +199,49 @@ metrics_writer *metrics_open(const char *path) {
     }
     free(dir);
     FILE *f = fopen(path, "a");
-    if (!f) {
-        moerl_errorf("cannot open metrics file '%s': %s", path, strerror(errno));
+    if (!f) moerl_errorf("cannot open metrics file '%s': %s", path, strerror(errno));
+    return f;
+}
+
+metrics_writer *metrics_open_loggers(const char *path, unsigned flags, int64_t resume_step) {
+    metrics_writer *m = xcalloc(1, sizeof *m);
+    m->path = xstrdup(path);
+    m->console = (flags & METRICS_CONSOLE) != 0;
+    if ((flags & METRICS_FILE) && !(m->f = open_jsonl(path))) {
+        metrics_close(m);
         return NULL;
     }
-    metrics_writer *m = xcalloc(1, sizeof *m);
-    m->f = f;
-    m->path = xstrdup(path);
+    if (flags & METRICS_TENSORBOARD) {
+        char *dir = tb_dir_of(path);
+        if (resume_step < 0) remove_event_files(dir);
+        m->tb = tb_open(dir, resume_step >= 0 ? resume_step + 1 : -1);
+        free(dir);
+        if (!m->tb) {
+            metrics_close(m);
+            return NULL;
+        }
+    }
     return m;
+}
+
+metrics_writer *metrics_open(const char *path) { return metrics_open_loggers(path, METRICS_FILE, -1); }
+
+/* Seconds since the epoch (TensorBoard's wall_time). */
+static double wall_seconds(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + tv.tv_usec * 1e-6;
+}
+
+/* The console sink's line: "step N: k=v k=v ..." through log_info. */
+static void console_line(int64_t step, int n, const char *const keys[], const double values[]) {
+    size_t cap = 64, len = 0;
+    for (int i = 0; i < n; i++) cap += strlen(keys[i]) + 32;
+    char *line = xmalloc(cap);
+    len += (size_t)snprintf(line, cap, "step %lld:", (long long)step);
+    for (int i = 0; i < n && len < cap; i++) len += (size_t)snprintf(line + len, cap - len, " %s=%.6g", keys[i], values[i]);
+    log_info("%s", line);
+    free(line);
 }
 
 int metrics_write(metrics_writer *m, int64_t step, int n, const char *const keys[], const double values[]) {
@@ -158,17 +267,23 @@ int metrics_write(metrics_writer *m, int64_t step, int n, const char *const keys
     char *s = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(obj);
     if (!s) return moerl_errorf("metrics '%s': cannot encode the record", m->path);
-    pthread_mutex_lock(&g_lock);
-    int bad = fputs(s, m->f) < 0 || fputc('\n', m->f) == EOF || fflush(m->f) != 0;
-    pthread_mutex_unlock(&g_lock);
+    int bad = 0;
+    if (m->f) {
+        pthread_mutex_lock(&g_lock);
+        bad = fputs(s, m->f) < 0 || fputc('\n', m->f) == EOF || fflush(m->f) != 0;
+        pthread_mutex_unlock(&g_lock);
+    }
     free(s);
     if (bad) return moerl_errorf("metrics '%s': write failed: %s", m->path, strerror(errno));
+    if (m->tb && tb_write_scalars(m->tb, step, wall_seconds(), n, keys, values) != MOERL_OK) return MOERL_ERR;
+    if (m->console) console_line(step, n, keys, values);
     return MOERL_OK;
 }
 
 void metrics_close(metrics_writer *m) {
     if (!m) return;
-    fclose(m->f);
+    if (m->f) fclose(m->f);
+    tb_close(m->tb);
     free(m->path);
     free(m);
 }

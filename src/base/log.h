@@ -8,7 +8,8 @@
  * Metrics: one JSON object per line (JSON Lines), {"step": N, "<key>": value, ...}, keys in the
  * order given, using verl's metric names (docs/rl.md "Metrics": `timing_s/gen`, `actor/pg_loss`, ...).
  * Appended (a resumed run continues the same file) and flushed after every line, so a crash loses
- * at most the line being written.
+ * at most the line being written. The same records can also go to the log (console) and to
+ * TensorBoard event files (metrics_open_loggers, docs/logging.md).
  */
 #ifndef MOERL_LOG_H
 #define MOERL_LOG_H
@@ -38,16 +39,48 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_vmsg(log_level level, const char *fmt, va_list ap);
 
-/* ------------------------------------------------------------------ metrics (JSONL) */
+/* ------------------------------------------------------------------ metrics (JSONL, console, TensorBoard) */
 
 typedef struct metrics_writer metrics_writer;
 
+/* The sinks of a metrics writer, verl's `trainer.logger` names (docs/logging.md):
+ *   file        the JSONL file at the writer's path (what metrics_open writes)
+ *   console     one log line per record (log_info): "step N: key=value key=value ..." (%.6g),
+ *               as verl's console logger prints each step's metrics
+ *   tensorboard TensorBoard event files (base/tb_events.h) in <folder of path>/tensorboard for
+ *               "metrics.jsonl", <folder>/tensorboard/<stem> for another "<stem>.jsonl" (the SFT
+ *               warm start's sft_metrics.jsonl: its own TensorBoard run) */
+enum { METRICS_FILE = 1, METRICS_CONSOLE = 2, METRICS_TENSORBOARD = 4 };
+
+/* The METRICS_* flags of a list of logger names (trainer.logger). Errors name `key`, the
+ * offending item and the supported names: an unknown name (verl's wandb, swanlab, mlflow, ... are
+ * not supported), a name given twice, an empty list. */
+int metrics_logger_flags(const char *key, const char *const *names, int n, unsigned *flags);
+
+struct cfg;
+/* Declare the logger-list key `key` (verl's "trainer.logger"): a string list, default [file]
+ * (today's output: metrics.jsonl, and the per-step summary line every run logs anyway). */
+void metrics_def_logger_key(struct cfg *c, const char *key);
+/* Read it into METRICS_* flags (metrics_logger_flags' errors). */
+int metrics_read_logger_key(const struct cfg *c, const char *key, unsigned *flags);
+
 /* Open `path` for appending (creating it and its parent folders). NULL on error, with
- * moerl_last_error() naming the path and the reason. */
+ * moerl_last_error() naming the path and the reason. The same as metrics_open_loggers(path,
+ * METRICS_FILE, -1). */
 metrics_writer *metrics_open(const char *path);
-/* Append {"step": step, keys[0]: values[0], ...} as one line and flush. Non-finite values
- * (NaN, ±inf; JSON has no such numbers) are written as null. Errors (nothing written): a NULL
- * or empty key, a key given twice, a key named "step", a write failure. */
+/* A writer with the sinks in `flags` (METRICS_*; 0 writes nothing and is allowed). `path` names
+ * the JSONL file (written with METRICS_FILE; it also places the tensorboard folder). With
+ * METRICS_TENSORBOARD a new event file is started; a new run (resume_step < 0) first removes the
+ * event files an earlier run left directly in that folder, as its caller starts the JSONL anew;
+ * resume_step ≥ 0 (a resumed run whose records up
+ * to that step are kept) adds TensorBoard's restart marker at resume_step + 1 (tb_open), so the
+ * steps the stopped run wrote after its checkpoint are dropped by TensorBoard and the redone ones
+ * shown. NULL on error (the sink that failed, its path, the reason). */
+metrics_writer *metrics_open_loggers(const char *path, unsigned flags, int64_t resume_step);
+/* Write one record {"step": step, keys[0]: values[0], ...} to every sink and flush. JSONL:
+ * non-finite values (NaN, ±inf; JSON has no such numbers) are written as null; TensorBoard keeps
+ * them (float32 simple_value). Errors (nothing written): a NULL or empty key, a key given twice,
+ * a key named "step", a write failure. */
 int metrics_write(metrics_writer *m, int64_t step, int n, const char *const keys[], const double values[]);
 /* Flush and close (NULL is fine). */
 void metrics_close(metrics_writer *m);

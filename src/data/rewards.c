@@ -3,6 +3,7 @@
  * Sources for the semantics (ideas only, no code taken):
  *   verl/utils/reward_score/gsm8k.py      "#### " extraction, last-300-character window, format_score 0
  *   verl/utils/reward_score/countdown.py  the countdown task (TinyZero): numbers + target, equation answer
+ *   verl/utils/reward_score/__init__.py   default_compute_score: which data sources use the math scorer
  */
 #include "data/rewards.h"
 
@@ -15,6 +16,7 @@
 
 #include "base/common.h"
 #include "data/expr.h"
+#include "data/math_answer.h"
 
 /* Exact decimal in canonical form: sign, integer digits without leading zeros, fraction
  * digits without trailing zeros; "-0" becomes "0". */
@@ -114,20 +116,29 @@ static bool whole_number(const char *s, decimal *out) {
     return true;
 }
 
-int reward_exact_number(const char *response, const char *ground_truth, double *score) {
+/* reward_exact_number with the extracted answer: the last number in canonical form. */
+static int exact_number_pred(const char *response, const char *ground_truth, double *score, char **pred) {
     decimal want, got;
     *score = 0.0;
     if (!whole_number(ground_truth, &want))
         return moerl_errorf("reward_exact_number: ground truth '%.100s' is not a number", ground_truth);
-    if (last_number(response, &got) && strcmp(got.text, want.text) == 0) *score = 1.0;
+    if (last_number(response, &got)) {
+        if (strcmp(got.text, want.text) == 0) *score = 1.0;
+        if (pred) *pred = xstrdup(got.text);
+    }
     return MOERL_OK;
+}
+
+int reward_exact_number(const char *response, const char *ground_truth, double *score) {
+    return exact_number_pred(response, ground_truth, score, NULL);
 }
 
 #define GSM8K_CLIP_CHARS 300 /* verl gsm8k.py _SOLUTION_CLIP_CHARS */
 
 static bool gsm8k_class(char c) { return isdigit((unsigned char)c) || c == '.' || c == ','; }
 
-int reward_gsm8k(const char *response, const char *ground_truth, double *score) {
+/* reward_gsm8k with the extracted answer: the last "#### " answer without ',' and '$'. */
+static int gsm8k_pred(const char *response, const char *ground_truth, double *score, char **pred) {
     *score = 0.0;
     /* keep the last 300 characters (code points: skip UTF-8 continuation bytes when counting) */
     size_t n = strlen(response), start = n;
@@ -158,8 +169,13 @@ int reward_gsm8k(const char *response, const char *ground_truth, double *score) 
         if (best[t] != ',' && best[t] != '$') ans[m++] = best[t];
     ans[m] = 0;
     if (strcmp(ans, ground_truth) == 0) *score = 1.0;
-    free(ans);
+    if (pred) *pred = ans;
+    else free(ans);
     return MOERL_OK;
+}
+
+int reward_gsm8k(const char *response, const char *ground_truth, double *score) {
+    return gsm8k_pred(response, ground_truth, score, NULL);
 }
 
 /* Parse {"target": int, "numbers": [int, ...]}; numbers (≤ 64) into nums. */
@@ -221,39 +237,73 @@ static char *countdown_extract(const char *r) {
     return s;
 }
 
-int reward_countdown(const char *response, const char *ground_truth, double *score) {
+/* reward_countdown with the extracted answer: the equation text (NULL when empty). */
+static int countdown_pred(const char *response, const char *ground_truth, double *score, char **pred) {
     int64_t target = 0, nums[64];
     int n = 0;
     *score = 0.0;
     if (countdown_truth(ground_truth, &target, nums, &n)) return MOERL_ERR;
     char *eq = countdown_extract(response);
     if (*eq && countdown_verify(eq, nums, n, target) == CD_VALID) *score = 1.0;
-    free(eq);
+    if (pred && *eq) *pred = eq;
+    else free(eq);
     return MOERL_OK;
 }
 
+int reward_countdown(const char *response, const char *ground_truth, double *score) {
+    return countdown_pred(response, ground_truth, score, NULL);
+}
+
+int reward_math(const char *response, const char *ground_truth, double *score) {
+    return math_answer_score(response, ground_truth, score, NULL);
+}
+
+/* A built-in reward that also reports the answer it extracted (reward_score). */
+typedef int (*reward_pred_fn)(const char *response, const char *ground_truth, double *score, char **pred);
+
+/* prefix: the data_source only has to start with `source` (verl: data_source.startswith("aime")). */
 static const struct {
     const char *source;
+    bool prefix;
     reward_fn fn;
+    reward_pred_fn pred_fn;
 } k_rewards[] = {
-    {"arith", reward_exact_number},
-    {"gsm8k-style", reward_gsm8k},
-    {"gsm8k", reward_gsm8k},
-    {"openai/gsm8k", reward_gsm8k},
-    {"countdown", reward_countdown},
+    {"arith", false, reward_exact_number, exact_number_pred},
+    {"gsm8k-style", false, reward_gsm8k, gsm8k_pred},
+    {"gsm8k", false, reward_gsm8k, gsm8k_pred},
+    {"openai/gsm8k", false, reward_gsm8k, gsm8k_pred},
+    {"countdown", false, reward_countdown, countdown_pred},
+    {"math", false, reward_math, math_answer_score},
+    {"lighteval/MATH", false, reward_math, math_answer_score},
+    {"DigitalLearningGmbH/MATH-lighteval", false, reward_math, math_answer_score},
+    {"HuggingFaceH4/MATH-500", false, reward_math, math_answer_score},
+    {"math_dapo", false, reward_math, math_answer_score},
+    {"math_dapo_reasoning", false, reward_math, math_answer_score},
+    {"aime", true, reward_math, math_answer_score},
 };
+#define N_REWARDS (sizeof k_rewards / sizeof k_rewards[0])
 
-reward_fn reward_fn_for(const char *data_source) {
-    size_t nk = sizeof k_rewards / sizeof k_rewards[0];
-    for (size_t i = 0; i < nk; i++)
-        if (strcmp(k_rewards[i].source, data_source) == 0) return k_rewards[i].fn;
-    char known[256] = "";
-    for (size_t i = 0; i < nk; i++) {
+/* The table index of data_source, or -1 with an error naming the known sources. */
+static int reward_index(const char *data_source) {
+    for (size_t i = 0; i < N_REWARDS; i++) {
+        size_t L = strlen(k_rewards[i].source);
+        if (k_rewards[i].prefix ? strncmp(k_rewards[i].source, data_source, L) == 0
+                                : strcmp(k_rewards[i].source, data_source) == 0)
+            return (int)i;
+    }
+    char known[512] = "";
+    for (size_t i = 0; i < N_REWARDS; i++) {
         strcat(known, i ? ", " : "");
         strcat(known, k_rewards[i].source);
+        if (k_rewards[i].prefix) strcat(known, "*");
     }
     moerl_errorf("no reward function for data_source '%s' (known: %s)", data_source, known);
-    return NULL;
+    return -1;
+}
+
+reward_fn reward_fn_for(const char *data_source) {
+    int i = reward_index(data_source);
+    return i < 0 ? NULL : k_rewards[i].fn;
 }
 
 int reward_row(const ds_row *r, const char *response, double *score) {
@@ -265,7 +315,7 @@ int reward_row(const ds_row *r, const char *response, double *score) {
 
 int reward_score(const char *data_source, const char *response, const char *ground_truth, double *score, char **pred) {
     if (pred) *pred = NULL;
-    reward_fn fn = reward_fn_for(data_source);
-    if (!fn) return MOERL_ERR;
-    return fn(response, ground_truth, score);
+    int i = reward_index(data_source);
+    if (i < 0) return MOERL_ERR;
+    return k_rewards[i].pred_fn(response, ground_truth, score, pred);
 }

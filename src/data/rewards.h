@@ -4,7 +4,8 @@
  * reward_model.ground_truth); it returns MOERL_OK with *score in [0, 1], or MOERL_ERR (with a
  * message) only when the ground truth itself is malformed — a malformed response scores 0.
  * Sources: verl/utils/reward_score/gsm8k.py (GSM8K), verl/utils/reward_score/countdown.py
- * (TinyZero's countdown task); ideas only, the differences are stated per function.
+ * (TinyZero's countdown task), verl/utils/reward_score/math.py (MATH); ideas only, the
+ * differences are stated per function.
  */
 #ifndef MOERL_REWARDS_H
 #define MOERL_REWARDS_H
@@ -34,9 +35,17 @@ int reward_gsm8k(const char *response, const char *ground_truth, double *score);
  * is not {"target": int, "numbers": [int, ...]}. */
 int reward_countdown(const char *response, const char *ground_truth, double *score);
 
+/* The math-answer verifier (data/math_answer.h: \boxed{} / "####" / "answer is" / last-number
+ * extraction, LaTeX and number normalisation, exact rational comparison). 1.0 or 0.0. Error: the
+ * ground truth is empty after normalisation. */
+int reward_math(const char *response, const char *ground_truth, double *score);
+
 /* The reward function for a data_source: "arith" → reward_exact_number; "gsm8k-style", "gsm8k",
- * "openai/gsm8k" → reward_gsm8k; "countdown" → reward_countdown. NULL with an error naming the
- * unknown data_source and the known ones. */
+ * "openai/gsm8k" → reward_gsm8k; "countdown" → reward_countdown; the sources verl's
+ * default_compute_score sends to its math scorers — "math", "lighteval/MATH",
+ * "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math_dapo",
+ * "math_dapo_reasoning" and any source starting with "aime" → reward_math. NULL with an error
+ * naming the unknown data_source and the known ones. */
 reward_fn reward_fn_for(const char *data_source);
 
 /* Score `response` for dataset row r (its data_source and ground truth); errors name the row's
@@ -45,8 +54,11 @@ int reward_row(const ds_row *r, const char *response, double *score);
 
 /* Score `response` with the built-in reward of data_source (reward_fn_for). When pred is not
  * NULL, *pred gets the answer the reward extracted from the response (heap string; NULL when it
- * found none or the reward does not extract one): validation's maj@N votes on it. Errors: those
- * of reward_fn_for and of the reward function. */
+ * found none): validation's maj@N votes on it. arith: the last number in canonical decimal form
+ * ("1,234.50" → "1234.5"); gsm8k: the last "#### " answer without ',' and '$' (as compared);
+ * countdown: the equation text; math: math_answer_canonical of the normalised answer ("0.5" and
+ * "\frac{1}{2}" both → "1/2"). Errors: those of reward_fn_for and of the reward function
+ * (*pred is then NULL). */
 int reward_score(const char *data_source, const char *response, const char *ground_truth, double *score, char **pred);
 
 #endif

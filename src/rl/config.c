@@ -170,6 +170,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "trainer.seed", 1, "seed of prompt order and sampling");
     cfg_def_float(c, "trainer.watchdog_s", 600, "abort if no trainer step completes for this long (0 = off)");
     cfg_def_bool(c, "trainer.save_bf16", false, "store checkpoints in bf16");
+    metrics_def_logger_key(c, "trainer.logger");
     cfg_def_int(c, "trainer.n_threads", 0, "threads for lockstep/sync modes and the warm start (0 = all)");
     cfg_def_int(c, "debug.test_fail_rank", -1,
                 "test only: a deliberate error on this world rank under mpirun (-1 = off), at startup or at debug.test_fail_version");
@@ -334,6 +335,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
     memset(r, 0, sizeof *r);
     if (read_rollout_keys(c, r) != MOERL_OK) return MOERL_ERR;
     read_actor_trainer_keys(c, r);
+    if (metrics_read_logger_key(c, "trainer.logger", &r->metrics_loggers) != MOERL_OK) return MOERL_ERR;
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
     if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the

@@ -187,11 +187,12 @@ int job_open_outputs(job *J, int resumed) {
     char p[4200];
     snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->out_dir);
     if (!resumed) unlink(p); /* a new run starts a new record; a resumed one appends */
-    J->mw = metrics_open(p);
+    J->mw = metrics_open_loggers(p, cfg->metrics_loggers ? cfg->metrics_loggers : METRICS_FILE,
+                                 resumed ? (int64_t)J->T.step : -1);
     snprintf(p, sizeof p, "%s/samples.jsonl", cfg->out_dir);
     J->samples = fopen(p, resumed ? "a" : "w");
-    if (!J->mw || !J->samples)
-        return moerl_errorf("cannot open the run's output files under %s", cfg->out_dir);
+    if (!J->mw) return moerl_error_prefix("cannot open the run's metrics under %s: ", cfg->out_dir);
+    if (!J->samples) return moerl_errorf("cannot open the run's output files under %s", cfg->out_dir);
     return MOERL_OK;
 }
 

@@ -111,6 +111,7 @@ typedef struct {
     uint64_t seed;
     double watchdog_s;
     int save_bf16;
+    unsigned metrics_loggers; /* trainer.logger: METRICS_* flags (base/log.h); 0 (not read) = file only */
     /* across processes (rl_run_dist) */
     int n_trainer_ranks;       /* trainer.n_ranks: data-parallel trainer ranks (the last world ranks) */
     double sync_bucket_mb;     /* async_training.sync_bucket_mb: weight-broadcast bucket (MiB) */

@@ -33,6 +33,7 @@ typedef struct {
     int max_response_length;   /* eval generation budget */
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
+    unsigned metrics_loggers;  /* trainer.logger: METRICS_* sinks of metrics_path (base/log.h); 0 = file only */
     const char *label;         /* progress label */
     const char *steps_key;     /* the key that sets the step count, named in messages (NULL: "the step count") */
     /* Resumable runs: state_dir (NULL: none) receives a checkpoint — HF weights,

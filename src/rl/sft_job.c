@@ -46,6 +46,7 @@ void sft_def_job_keys(cfg *c) {
     cfg_def_bool(c, "trainer.save_bf16", false, "store the checkpoint in bf16");
     cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable (start anew)");
     cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n steps (0 = at the end and on Ctrl-C only)");
+    metrics_def_logger_key(c, "trainer.logger");
     cfg_def_bool(c, "trainer.overwrite_output_dir", false,
                  "with trainer.resume_mode=disable: replace the checkpoint a folder already holds");
     par_def_keys(c);
@@ -221,6 +222,7 @@ static int sft_job_train(sft_job *J, sft_job_result *res) {
     snprintf(state, sizeof state, "%s/checkpoint", J->out);
     if (sft_check_resume_keys(c, state) != MOERL_OK) return MOERL_ERR;
     sft_opts o = sft_job_opts(c, mpath, state);
+    if (metrics_read_logger_key(c, "trainer.logger", &o.metrics_loggers) != MOERL_OK) return MOERL_ERR;
     if (agree(J->ctx, par_state_init(&J->ps, J->ctx, c, &J->m)) != MOERL_OK) return MOERL_ERR;
     o.dist = J->ctx;
     o.par = &J->ps;
@@ -351,6 +353,7 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
     snprintf(state, sizeof state, "%s/sft_checkpoint", out_dir);
     o.state_dir = state; /* a warm start stopped by a signal (or killed) resumes from here */
     o.resume = !strcmp(cfg_str(c, "trainer.resume_mode"), "auto");
+    if (metrics_read_logger_key(c, "trainer.logger", &o.metrics_loggers) != MOERL_OK) return MOERL_ERR;
     o.on_checked = on_checked; /* the caller's writes, once the warm start's resume checks have passed */
     o.on_checked_arg = on_checked_arg;
     int stop_signal = 0;

@@ -514,7 +514,10 @@ static int sft_run_start(sft_run *S) {
         return MOERL_ERR;
     if (R->root) {
         if (!S->resumed && o->metrics_path) unlink(o->metrics_path); /* a new run starts a new record */
-        if (o->metrics_path && !(S->mw = metrics_open(o->metrics_path))) return MOERL_ERR;
+        if (o->metrics_path && !(S->mw = metrics_open_loggers(o->metrics_path, o->metrics_loggers ? o->metrics_loggers
+                                                                                                : METRICS_FILE,
+                                                               S->resumed ? S->step0 : -1)))
+            return MOERL_ERR;
     }
     if (!S->resumed) {
         if (sft_eval(S, S->test, o->no_held_out_eval, &S->acc0) != MOERL_OK) return MOERL_ERR;
