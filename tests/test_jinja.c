@@ -82,7 +82,8 @@ static int ref_case(const char *name, jinja_tpl *t, json_t *c, int *printed_err)
  * strings), filters it lacks or refuses for a type (Jinja2's), and its own crash on an empty
  * list's first/last (Jinja2: undefined). Anything else must match. */
 static int known_extension(const char *ref_error) {
-    static const char *const pat[] = {"between StringValue and StringValue", "filter", "Cannot read properties of undefined", NULL};
+    static const char *const pat[] = {"between StringValue and StringValue", "Value filter: ", "Cannot apply filter \"d\"",
+                                      "Cannot apply filter \"string\" to type: NullValue", "Cannot read properties of undefined", NULL};
     for (int i = 0; pat[i]; i++)
         if (strstr(ref_error, pat[i])) return 1;
     return 0;
