@@ -427,6 +427,11 @@ void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *)) {
     free(tmp);
 }
 
+static jv m_cycle(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {
+    if (!nargs) jfail(c, at, "loop.cycle() needs at least one argument");
+    return args[self.u.obj->loop_index % nargs];
+}
+
 typedef struct {
     const char *name;
     jbuiltin_fn fn;
@@ -456,6 +461,7 @@ static jv bind(jctx *c, const char *name, jbuiltin_fn fn, jv self) {
 jv jmember_builtin(jctx *c, const jnode *at, jv obj, const char *name, size_t n) {
     const method *t = obj.k == JV_STR ? STR_METHODS : obj.k == JV_ARR ? ARR_METHODS
                     : (obj.k == JV_OBJ && obj.u.obj->kind != OBJ_NAMESPACE) ? OBJ_METHODS : NULL;
+    if (obj.k == JV_OBJ && obj.u.obj->is_loop && n == 5 && !memcmp(name, "cycle", 5)) return bind(c, "cycle", m_cycle, obj);
     if ((obj.k == JV_STR || obj.k == JV_ARR) && n == 6 && !memcmp(name, "length", 6))
         return jv_int(obj.k == JV_STR ? (double)utf16_len(obj.u.str.s, obj.u.str.n) : obj.u.arr->n);
     for (int i = 0; t && t[i].name; i++)

@@ -465,27 +465,21 @@ static void exec_set(jctx *c, const jnode *n, jscope *sc) {
     assign(c, n->a, v, sc, "set");
 }
 
-static jv loop_cycle(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {
-    if (!nargs) jfail(c, at, "loop.cycle() needs at least one argument");
-    return args[(long)self.u.num % nargs];
-}
-
 static jv loop_obj(jctx *c, jv *items, int i, int n) {
     jobj *o = jobj_new(c, OBJ_DICT);
-    static const char *k[] = {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem", "cycle"};
-    jv v[10] = {jv_int(i + 1), jv_int(i), jv_int(n - i), jv_int(n - i - 1), jv_bool(i == 0), jv_bool(i == n - 1), jv_int(n),
-                i > 0 ? items[i - 1] : jv_undef(), i < n - 1 ? items[i + 1] : jv_undef(), jv_undef()};
-    jfunc *f = ja_alloc(&c->arena, sizeof *f);
-    f->name = "cycle", f->fn = loop_cycle, f->self = jv_int(i);
-    v[9].k = JV_FUNC, v[9].u.fn = f;
-    o->keys = ja_alloc(&c->arena, 10 * sizeof(jstr));
-    o->vals = ja_alloc(&c->arena, 10 * sizeof(jv));
-    o->cap = 10;
-    for (int j = 0; j < 10; j++) {
+    static const char *k[] = {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"};
+    jv v[9] = {jv_int(i + 1), jv_int(i), jv_int(n - i), jv_int(n - i - 1), jv_bool(i == 0), jv_bool(i == n - 1), jv_int(n),
+               i > 0 ? items[i - 1] : jv_undef(), i < n - 1 ? items[i + 1] : jv_undef()};
+    o->keys = ja_alloc(&c->arena, 9 * sizeof(jstr));
+    o->vals = ja_alloc(&c->arena, 9 * sizeof(jv));
+    o->cap = 9;
+    for (int j = 0; j < 9; j++) {
         jstr ks = {.s = k[j], .n = strlen(k[j]), .um = 1};
         o->keys[j] = ks, o->vals[j] = v[j];
     }
-    o->n = 10;
+    o->n = 9;
+    o->is_loop = true;
+    o->loop_index = i;
     return jv_obj(o);
 }
 

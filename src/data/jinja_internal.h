@@ -126,6 +126,8 @@ struct jarr {
 typedef enum { OBJ_DICT, OBJ_NAMESPACE, OBJ_KWARGS } jobj_kind;
 struct jobj {
     jobj_kind kind;
+    bool is_loop;   /* a for loop's `loop`: also has cycle() (not a key, as in the reference) */
+    int loop_index;
     jstr *keys;
     jv *vals;
     int n, cap;
