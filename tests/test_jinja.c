@@ -241,7 +241,10 @@ static void test_errors(void) {
     check_error("{% break %}", NULL, "break or continue outside a for loop", NULL);
     check_error("\n{{ [1] - 1 }}", NULL, "t:2:", "unknown operator \"-\" between ArrayValue and IntegerValue");
     check_error("{{ u + 1 }}", NULL, "cannot perform operation + on undefined values", NULL);
-    check_error("{{ x.y() }}", "{\"x\": {}}", "t:1:", "cannot call something that is not a function: got UndefinedValue");
+    check_error("{{ x.y() }}", "{\"x\": {}}", "t:1:", "cannot call 'y' of ObjectValue: not a method");
+    check_error("\n{{ 'abc'.zfill(5) }}", NULL, "t:2:", "cannot call 'zfill' of StringValue: not a method (unknown or unsupported)");
+    check_error("{{ cycler(1, 2) }}", NULL, "t:1:", "cannot call 'cycler': not a function or macro");
+    check_error("{{ (1)(2) }}", NULL, "t:1:", "cannot call something that is not a function: got IntegerValue");
     check_error("{{ range }}", "{\"range\": 1}", "variable already declared: range", NULL);
     check_error("{% macro f(a) %}{% endmacro %}{{ f(b=1) }}", NULL, "macro 'f' takes no keyword argument 'b'", NULL);
     check_error("{# never closed", NULL, "comment {# is never closed", NULL);

@@ -250,8 +250,11 @@ static jv str_at(jctx *c, jstr s, long i) {
     return jv_str(part);
 }
 
-static jv eval_member(jctx *c, const jnode *e, jscope *sc) {
-    jv obj = jeval(c, e->a, sc);
+static jv member_of(jctx *c, const jnode *e, jv obj, jscope *sc);
+static jv eval_member(jctx *c, const jnode *e, jscope *sc) { return member_of(c, e, jeval(c, e->a, sc), sc); }
+
+/* obj.name / obj[index] / obj[a:b:c] of the E_MEMBER node e. */
+static jv member_of(jctx *c, const jnode *e, jv obj, jscope *sc) {
     jv prop;
     if (e->op && e->b->kind == E_SLICE) return eval_slice(c, e->b, obj, sc);
     if (e->op) prop = jeval(c, e->b, sc);
@@ -379,7 +382,17 @@ static jv eval_call(jctx *c, const jnode *e, jscope *sc) {
     jarr *pos = jarr_new(c, e->nlist + 1);
     jobj *kw;
     jeval_args(c, e->list, e->nlist, sc, pos, &kw);
-    jv fn = jeval(c, e->a, sc);
+    const jnode *f = e->a;
+    if (f->kind == E_MEMBER && !f->op) { /* obj.method(...): name the method when there is none */
+        jv obj = jeval(c, f->a, sc);
+        jv fn = member_of(c, f, obj, sc);
+        if (fn.k != JV_FUNC)
+            jfail(c, e, "cannot call '%s' of %s: not a method (unknown or unsupported), got %s", f->s, jv_type_name(obj), jv_type_name(fn));
+        return jcall(c, e, fn, pos->v, pos->n, kw, sc);
+    }
+    jv fn = jeval(c, f, sc);
+    if (fn.k != JV_FUNC && f->kind == E_NAME)
+        jfail(c, e, "cannot call '%s': not a function or macro (unknown or unsupported), got %s", f->s, jv_type_name(fn));
     return jcall(c, e, fn, pos->v, pos->n, kw, sc);
 }
 
