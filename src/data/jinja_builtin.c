@@ -405,16 +405,16 @@ jv dict_sort(jctx *c, const jnode *at, jobj *o, jv *args, int nargs, jobj *kw) {
     sort_ctx sc = {c, at, by.k == JV_STR && js_str_eq(by.u.str, "value"), cs.u.b, rev.u.b};
     sort_ctx *saved = g_sort;
     g_sort = &sc;
-    jv_stable_sort(items.u.arr->v, items.u.arr->n, pair_cmp);
+    jv_stable_sort(c, items.u.arr->v, items.u.arr->n, pair_cmp);
     g_sort = saved;
     return items;
 }
 static jv m_dictsort(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return dict_sort(c, at, self.u.obj, args, nargs, kw); }
 
 /* Stable merge sort (JavaScript's Array#sort is stable). */
-void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *)) {
+void jv_stable_sort(jctx *c, jv *v, int n, int (*cmp)(const void *, const void *)) {
     if (n < 2) return;
-    jv *tmp = xmalloc(n * sizeof *tmp);
+    jv *tmp = ja_alloc(&c->arena, n * sizeof *tmp); /* arena: a failing comparison unwinds past here */
     for (int w = 1; w < n; w *= 2) {
         for (int lo = 0; lo < n; lo += 2 * w) {
             int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
@@ -424,7 +424,6 @@ void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *)) {
         }
         memcpy(v, tmp, n * sizeof *v);
     }
-    free(tmp);
 }
 
 static jv m_cycle(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {

@@ -219,7 +219,7 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
     jstr s = obj.u.str; /* by code point, as Array.from(string) */
     long ncp = 0;
     for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) ncp++;
-    size_t *off = xmalloc((ncp + 1) * sizeof *off);
+    size_t *off = ja_alloc(&c->arena, (ncp + 1) * sizeof *off);
     long k = 0;
     for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) off[k++] = i;
     off[ncp] = s.n;
@@ -230,7 +230,6 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
         jstr part = {.s = s.s + off[i], .n = off[i + 1] - off[i], .m = s.m ? s.m + off[i] : NULL, .um = s.um};
         jbuf_put_str(t, part);
     }
-    free(off);
     jv r = jv_str(jbuf_take(c, t));
     jtmp_put(c);
     return r;

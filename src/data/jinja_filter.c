@@ -201,7 +201,7 @@ static jv f_sort(const fargs *f, jv x) {
     sortc sc = {f->c, f->at, at, cs.u.b, rev.u.b};
     sortc *saved = g_sc;
     g_sc = &sc;
-    jv_stable_sort(r->v, r->n, item_cmp);
+    jv_stable_sort(f->c, r->v, r->n, item_cmp);
     g_sc = saved;
     return jv_arr(r);
 }

@@ -233,7 +233,7 @@ bool js_str_eq(jstr a, const char *b);
 jv js_replace(jctx *c, jstr s, jstr old, jstr nw, long count);
 jv dict_items(jctx *c, jobj *o);
 jv dict_sort(jctx *c, const jnode *at, jobj *o, jv *args, int nargs, jobj *kw);
-void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *));
+void jv_stable_sort(jctx *c, jv *v, int n, int (*cmp)(const void *, const void *));
 jv py_format_braces(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs, jobj *kw); /* str.format */
 jv py_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs);          /* "%s" % args */
 

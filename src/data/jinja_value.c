@@ -444,14 +444,13 @@ static void json_pad(jbuf *b, const jjson_opts *o, int depth) {
 
 static void jsn_object(jctx *c, const jnode *at, jbuf *b, const jobj *ob, const jjson_opts *o, int depth) {
     int n = ob->n;
-    int *ord = xmalloc((n + 1) * sizeof *ord);
+    int *ord = ja_alloc(&c->arena, (n + 1) * sizeof *ord); /* arena: an error inside unwinds past here */
     for (int i = 0; i < n; i++) ord[i] = i;
     if (o->sort_keys && n > 1) {
-        const jstr **ks = xmalloc(n * sizeof *ks);
+        const jstr **ks = ja_alloc(&c->arena, n * sizeof *ks);
         for (int i = 0; i < n; i++) ks[i] = &ob->keys[i];
         qsort(ks, n, sizeof *ks, key_cmp);
         for (int i = 0; i < n; i++) ord[i] = (int)(ks[i] - ob->keys);
-        free(ks);
     }
     jbuf_put(b, "{", 1, 0);
     for (int k = 0; k < n; k++) {
@@ -462,7 +461,6 @@ static void jsn_object(jctx *c, const jnode *at, jbuf *b, const jobj *ob, const 
         jbuf_put(b, o->key_sep, strlen(o->key_sep), 0);
         jv_tojson(c, at, b, ob->vals[i], o, depth + 1);
     }
-    free(ord);
     if (o->indent > 0 && n) json_pad(b, o, depth);
     jbuf_put(b, "}", 1, 0);
 }
