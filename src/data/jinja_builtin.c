@@ -33,7 +33,7 @@ jstr py_strip_chars(jstr s, jstr chars, bool left, bool right) {
     size_t a = 0, b = s.n;
     for (;;) {
         if (!left || a >= b) break;
-        size_t l = utf8_len((unsigned char)s.s[a]);
+        size_t l = jcp(s.s, a, s.n);
         if (!memmem(chars.s, chars.n, s.s + a, l)) break;
         a += l;
     }
@@ -97,7 +97,7 @@ jv js_replace(jctx *c, jstr s, jstr old, jstr nw, long count) {
         for (;;) {
             if (left != 0) jbuf_put_str(b, nw), left -= left > 0;
             if (i >= s.n) break;
-            size_t l = utf8_len((unsigned char)s.s[i]);
+            size_t l = jcp(s.s, i, s.n);
             jbuf_put_str(b, js_sub(s, i, i + l));
             i += l;
         }
@@ -223,7 +223,7 @@ static jv m_rstrip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj 
 /* Python str.find/rfind/index/count, positions in code points. */
 static long cp_index(jstr s, size_t byte) {
     long k = 0;
-    for (size_t i = 0; i < byte; i += utf8_len((unsigned char)s.s[i])) k++;
+    for (size_t i = 0; i < byte; i += jcp(s.s, i, s.n)) k++;
     return k;
 }
 static long find_in(jstr s, jstr p, bool rev) {

@@ -218,10 +218,10 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
     }
     jstr s = obj.u.str; /* by code point, as Array.from(string) */
     long ncp = 0;
-    for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) ncp++;
+    for (size_t i = 0; i < s.n; i += jcp(s.s, i, s.n)) ncp++;
     size_t *off = ja_alloc(&c->arena, (ncp + 1) * sizeof *off);
     long k = 0;
-    for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) off[k++] = i;
+    for (size_t i = 0; i < s.n; i += jcp(s.s, i, s.n)) off[k++] = i;
     off[ncp] = s.n;
     long a, b;
     slice_bounds(ncp, st, sp, step, &a, &b);
@@ -239,12 +239,12 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
  * unit, which is the same for text without astral characters). */
 static jv str_at(jctx *c, jstr s, long i) {
     long ncp = 0;
-    for (size_t k = 0; k < s.n; k += utf8_len((unsigned char)s.s[k])) ncp++;
+    for (size_t k = 0; k < s.n; k += jcp(s.s, k, s.n)) ncp++;
     if (i < 0) i += ncp;
     if (i < 0 || i >= ncp) return jv_undef();
     size_t k = 0;
-    for (long j = 0; j < i; j++) k += utf8_len((unsigned char)s.s[k]);
-    size_t l = utf8_len((unsigned char)s.s[k]);
+    for (long j = 0; j < i; j++) k += jcp(s.s, k, s.n);
+    size_t l = jcp(s.s, k, s.n);
     jstr part = {.s = s.s + k, .n = l, .m = s.m ? s.m + k : NULL, .um = s.um};
     return jv_str(part);
 }
@@ -505,7 +505,7 @@ static jarr *for_items(jctx *c, const jnode *n, jscope *scope) {
     if (it.k == JV_STR) { /* Jinja2 iterates characters (@huggingface/jinja refuses) */
         jarr *a = jarr_new(c, 4);
         for (size_t i = 0; i < it.u.str.n;) {
-            size_t l = utf8_len((unsigned char)it.u.str.s[i]);
+            size_t l = jcp(it.u.str.s, i, it.u.str.n);
             jstr part = {.s = it.u.str.s + i, .n = l, .m = it.u.str.m ? it.u.str.m + i : NULL, .um = it.u.str.um};
             jarr_push(c, a, jv_str(part));
             i += l;

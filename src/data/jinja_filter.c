@@ -50,12 +50,12 @@ static void py_str(jctx *c, jbuf *b, jv v) {
 
 static long cp_count(jstr s) {
     long k = 0;
-    for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) k++;
+    for (size_t i = 0; i < s.n; i += jcp(s.s, i, s.n)) k++;
     return k;
 }
 static size_t cp_byte(jstr s, long k) { /* byte offset of code point k */
     size_t i = 0;
-    for (; k > 0 && i < s.n; k--) i += utf8_len((unsigned char)s.s[i]);
+    for (; k > 0 && i < s.n; k--) i += jcp(s.s, i, s.n);
     return i;
 }
 
@@ -123,7 +123,7 @@ static jv f_join(const fargs *f, jv x) {
     jbuf *b = jtmp_get(f->c);
     if (x.k == JV_STR) {
         for (size_t i = 0; i < x.u.str.n;) {
-            size_t l = utf8_len((unsigned char)x.u.str.s[i]);
+            size_t l = jcp(x.u.str.s, i, x.u.str.n);
             if (i) jbuf_put_str(b, sep.u.str);
             jbuf_put_str(b, js_sub(x.u.str, i, i + l));
             i += l;
@@ -458,7 +458,7 @@ static jv str_filter2(const fargs *f, jv x) {
     jstr s = x.u.str;
     if (!strcmp(n, "first") || !strcmp(n, "last")) {
         if (!s.n) return jv_undef();
-        if (n[0] == 'f') return jv_str(js_sub(s, 0, utf8_len((unsigned char)s.s[0])));
+        if (n[0] == 'f') return jv_str(js_sub(s, 0, jcp(s.s, 0, s.n)));
         size_t i = s.n - 1;
         while (i > 0 && ((unsigned char)s.s[i] & 0xC0) == 0x80) i--;
         return jv_str(js_sub(s, i, s.n));
@@ -466,7 +466,7 @@ static jv str_filter2(const fargs *f, jv x) {
     if (!strcmp(n, "list") || !strcmp(n, "reverse")) {
         jarr *r = jarr_new(f->c, 8);
         for (size_t i = 0; i < s.n;) {
-            size_t l = utf8_len((unsigned char)s.s[i]);
+            size_t l = jcp(s.s, i, s.n);
             jarr_push(f->c, r, jv_str(js_sub(s, i, i + l)));
             i += l;
         }

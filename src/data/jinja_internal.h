@@ -209,6 +209,11 @@ void jv_tojson(jctx *c, const jnode *at, jbuf *b, jv v, const jjson_opts *o, int
 size_t js_space_len(const char *s, size_t n);  /* length of a JS whitespace char at s, or 0 */
 size_t js_space_len_back(const char *s, size_t n); /* one ending at s+n, or 0 */
 size_t utf8_len(unsigned char c);
+/* Length of the UTF-8 sequence at s[i] within s[0..n) (clamped: template text may be invalid). */
+static inline size_t jcp(const char *s, size_t i, size_t n) {
+    size_t l = utf8_len((unsigned char)s[i]);
+    return l < n - i ? l : n - i;
+}
 size_t utf16_len(const char *s, size_t n);
 
 /* ---- evaluation ----------------------------------------------------------------------- */

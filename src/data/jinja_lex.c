@@ -386,7 +386,7 @@ static int lex_token(lexer *L) {
         L->i = j;
         return MOERL_OK;
     }
-    return lex_err(L, "unexpected character '%.*s'", (int)utf8_len((unsigned char)ch), s + L->i);
+    return lex_err(L, "unexpected character '%.*s'", (int)jcp(s, L->i, n), s + L->i);
 }
 
 int jinja_lex(jarena *a, const char *src, size_t len, const char *name, jtok **toks, int *ntok) {

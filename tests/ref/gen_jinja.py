@@ -119,9 +119,14 @@ def main():
     fuzz = os.path.join(out, "jinja_fuzz_cases.json")
     with open(fuzz, "w") as f:
         json.dump(fuzz_cases(), f)
-    r = subprocess.run(["node", os.path.join(ROOT, "tests", "ref", "jinja_ref.js"), NM,
-                        os.path.join(ROOT, "tests", "ref", "jinja_conversations.json"), dst, fuzz],
-                       env=env, capture_output=True, text=True)
+    try:
+        r = subprocess.run(["node", os.path.join(ROOT, "tests", "ref", "jinja_ref.js"), NM,
+                            os.path.join(ROOT, "tests", "ref", "jinja_conversations.json"), dst, fuzz],
+                           env=env, capture_output=True, text=True)
+    except FileNotFoundError:
+        print("gen_jinja: node is not installed (scripts/setup.sh installs it)")
+        print("0 passed, 1 failed")
+        return 1
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
     ok = r.returncode == 0 and os.path.exists(dst)
