@@ -55,13 +55,13 @@ jv jscope_get(const jscope *sc, int sym) {
 }
 
 /* Temporary text buffers, reused and freed when the render ends (also after an error). */
-typedef struct {
+typedef struct jbufpool {
     jbuf **b;
     int n, cap;
 } jbufpool;
 
 jbuf *jtmp_get(jctx *c) {
-    jbufpool *p = (jbufpool *)c->tmp;
+    jbufpool *p = c->pool;
     if (p->n == p->cap) {
         p->cap = p->cap ? 2 * p->cap : 8;
         p->b = xrealloc(p->b, p->cap * sizeof *p->b);
@@ -71,7 +71,7 @@ jbuf *jtmp_get(jctx *c) {
     b->len = 0;
     return b;
 }
-void jtmp_put(jctx *c) { ((jbufpool *)c->tmp)->n--; }
+void jtmp_put(jctx *c) { c->pool->n--; }
 
 /* Render body into a string value (set blocks, macros, filter blocks). */
 static jstr render_to_str(jctx *c, jnode *const *body, int n, jscope *sc) {
@@ -609,11 +609,10 @@ static bool named(const char *const *names, const char *k) {
 
 int jinja_render(const jinja_tpl *t, const json_t *vars, const char *const *template_vars, chat_render *out) {
     if (vars && !json_is_object(vars)) return moerl_errorf("%s: the variables must be a JSON object", t->name);
-    jctx *c = xcalloc(1, sizeof *c);
-    jbufpool pool = {0};
+    jctx *c = xcalloc(1, sizeof *c); /* on the heap: what changes after setjmp is not a local */
+    c->pool = xcalloc(1, sizeof *c->pool);
     c->t = t;
-    c->tmp = (jbuf *)&pool;
-    int rc = MOERL_OK;
+    volatile int rc = MOERL_OK;
     if (setjmp(c->jmp)) {
         rc = MOERL_ERR;
     } else {
@@ -635,11 +634,12 @@ int jinja_render(const jinja_tpl *t, const json_t *vars, const char *const *temp
         jexec_block(c, t->body, t->nbody, top, out);
         if (c->brk) jfail(c, NULL, "break or continue outside a for loop");
     }
-    for (int i = 0; i < pool.cap; i++) {
-        chat_render_free(pool.b[i]);
-        free(pool.b[i]);
+    for (int i = 0; i < c->pool->cap; i++) {
+        chat_render_free(c->pool->b[i]);
+        free(c->pool->b[i]);
     }
-    free(pool.b);
+    free(c->pool->b);
+    free(c->pool);
     ja_free(&c->arena);
     free(c);
     return rc;

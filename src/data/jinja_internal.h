@@ -3,8 +3,9 @@
  * jinja_lex.c      preprocessing (trim_blocks, lstrip_blocks, generation tags) and tokens
  * jinja_parse.c    tokens → syntax tree (jnode), one arena per template
  * jinja_value.c    runtime values, strings with a per-byte template mask, printing, tojson
- * jinja_eval.c     statements and expressions
- * jinja_builtin.c  filters, tests, string/list/dict methods, globals
+ * jinja_eval.c     statements, expressions, scopes, the render entry point
+ * jinja_builtin.c  string helpers, string/list/dict methods, tests, globals
+ * jinja_filter.c   filters, Python string formatting
  *
  * Semantics follow @huggingface/jinja 0.5.11 (what transformers.js renders chat templates with);
  * where it has no answer (a filter it lacks), Jinja2's. Errors longjmp to the entry point with
@@ -164,7 +165,7 @@ struct jctx {
     jscope *globals;
     int brk; /* 1 break, 2 continue pending */
     int depth;
-    jbuf *tmp; /* scratch */
+    struct jbufpool *pool; /* scratch buffers (jtmp_get) */
 };
 
 /* Errors: record "NAME:LINE: msg" and longjmp out of the render. */
