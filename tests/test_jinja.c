@@ -328,6 +328,10 @@ static void test_extensions(void) {
         }
         chat_render_free(&out);
     }
+    /* an empty rendering is an empty string */
+    chat_render e = {0};
+    CHECK(render_src("{% if false %}x{% endif %}", NULL, &e) == MOERL_OK && e.text && e.len == 0 && !e.text[0], "empty render");
+    chat_render_free(&e);
     /* a parsed template renders any number of times, each time the same */
     jinja_tpl *t;
     const char *src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m }}{% endfor %}{{ ns.n }}";

@@ -633,6 +633,7 @@ int jinja_render(const jinja_tpl *t, const json_t *vars, const char *const *temp
         jscope *top = jscope_new(c, g);
         jexec_block(c, t->body, t->nbody, top, out);
         if (c->brk) jfail(c, NULL, "break or continue outside a for loop");
+        jbuf_put(out, "", 0, 0); /* out->text is a string even when nothing was rendered */
     }
     for (int i = 0; i < c->pool->cap; i++) {
         chat_render_free(c->pool->b[i]);
