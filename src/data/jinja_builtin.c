@@ -556,7 +556,7 @@ static jv g_range(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *
     if (st == 0) jfail(c, at, "range() step must not be zero");
     jarr *r = jarr_new(c, 8);
     for (double x = a; st > 0 ? x < b : x > b; x += st) {
-        if (r->n >= 10000000) jfail(c, at, "range() of more than 10000000 items");
+        if (r->n >= 1000000) jfail(c, at, "range() of more than 1000000 items");
         jarr_push(c, r, x == floor(x) ? jv_int(x) : jv_float(x));
     }
     return jv_arr(r);
