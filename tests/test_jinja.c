@@ -3,7 +3,7 @@
  * 1. Reference cases ($MOERL_TESTDATA/jinja_ref.json from tests/ref/gen_jinja.py): the chat
  *    templates of Qwen3, DeepSeek-V3, Llama 3.1 and Gemma 3 and two written for the tests,
  *    rendered with every conversation and option of tests/ref/jinja_conversations.json, its
- *    feature snippets and 3000 seeded random templates, by @huggingface/jinja. moerl's text must
+ *    feature snippets and 4000 seeded random templates, by @huggingface/jinja. moerl's text must
  *    equal the reference byte for byte (no tolerance: text), and where the reference raises,
  *    moerl must raise too (random templates: except the named places moerl follows Jinja2).
  * 2. The per-byte template mask: template literals 1, message content 0, the named special-token
@@ -274,6 +274,13 @@ static void test_errors(void) {
     check_error("{{ range }}", "{\"range\": 1}", "variable already declared: range", NULL);
     check_error("{% macro f(a) %}{% endmacro %}{{ f(b=1) }}", NULL, "macro 'f' takes no keyword argument 'b'", NULL);
     check_error("{# never closed", NULL, "comment {# is never closed", NULL);
+    check_error("{{ f(**d, 1) }}", NULL, "t:1:", "** must be applied to the last argument");
+    check_error("{{ f(*a, 1) }}", NULL, "t:1:", "positional arguments must not follow * argument unpacking");
+    check_error("{{ f(*a, *b) }}", NULL, "t:1:", "only one * argument unpacking is allowed");
+    check_error("{{ f(a=1, 2) }}", NULL, "t:1:", "positional argument follows keyword argument");
+    check_error("{% macro m(a, a) %}{% endmacro %}", NULL, "t:1:", "duplicate parameter name 'a'");
+    check_error("{% macro m(a=1, b) %}{% endmacro %}", NULL, "t:1:", "non-default argument follows default argument");
+    check_error("{{ f(a=1, a=2) }}", "{\"f\": 1}", "t:1:", "got multiple values for keyword argument 'a'");
     check_error("{{ 'x' | int | length }}", NULL, "unknown filter 'length' for IntegerValue", NULL);
     char deep[4000];
     memset(deep, '(', sizeof deep);
