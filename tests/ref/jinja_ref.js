@@ -49,9 +49,19 @@ for (const [name, source] of Object.entries(data.templates || {})) {
   templates.push({ name, source, vars: { bos_token: "<B>", eos_token: "<E>" } });
 }
 
+const parsed = new Map(); // source → Template (or the parse error), parsed once
 const run = (source, vars) => {
   try {
-    return { text: new Template(source).render(vars) };
+    if (!parsed.has(source)) {
+      try {
+        parsed.set(source, new Template(source));
+      } catch (e) {
+        parsed.set(source, e);
+      }
+    }
+    const t = parsed.get(source);
+    if (t instanceof Error) throw t;
+    return { text: t.render(vars) };
   } catch (e) {
     return { error: String(e.message || e) };
   }
