@@ -326,9 +326,8 @@ static bool uses_name(const jnode *e, const char *name) {
 }
 
 static void bind_macro_args(jctx *c, const jnode *at, const jnode *m, const char *disp, jv *args, int nargs, jobj *kw, jscope *sc) {
-    jobj *rest = jobj_new(c, OBJ_DICT);
-    if (kw)
-        for (int i = 0; i < kw->n; i++) jobj_set(c, rest, kw->keys[i], kw->vals[i]);
+    int nkw = kw ? kw->n : 0;
+    bool *used = ja_alloc(&c->arena, nkw + 1); /* keyword arguments bound to a parameter */
     const jnode **pend = NULL;
     int npend = 0;
     if (m->nlist2) pend = ja_alloc(&c->arena, m->nlist2 * sizeof *pend);
@@ -337,19 +336,15 @@ static void bind_macro_args(jctx *c, const jnode *at, const jnode *m, const char
         jv v = jv_undef();
         bool have = i < nargs;
         if (have) v = args[i];
-        else {
-            jv *k = jobj_get(rest, p->s, p->n);
-            if (k) {
-                v = *k, have = true;
-                k->k = JV_FUNC + 1; /* mark consumed */
-            }
-        }
+        else
+            for (int k = 0; k < nkw && !have; k++)
+                if (!used[k] && kw->keys[k].n == p->n && !memcmp(kw->keys[k].s, p->s, p->n)) v = kw->vals[k], have = used[k] = true;
         if (!have && p->kind == E_KWARG) pend[npend++] = p;
         jscope_set(c, sc, p->sym, v);
     }
-    jobj *left = jobj_new(c, OBJ_DICT);
-    for (int i = 0; i < rest->n; i++)
-        if (rest->vals[i].k != JV_FUNC + 1) jobj_set(c, left, rest->keys[i], rest->vals[i]);
+    jobj *left = jobj_new(c, OBJ_DICT); /* the keyword arguments no parameter took */
+    for (int k = 0; k < nkw; k++)
+        if (!used[k]) jobj_set(c, left, kw->keys[k], kw->vals[k]);
     bool body_kwargs = false, body_varargs = false;
     for (int i = 0; i < m->nlist; i++) body_kwargs |= uses_name(m->list[i], "kwargs"), body_varargs |= uses_name(m->list[i], "varargs");
     if (body_kwargs) jscope_set(c, sc, jsym(c->t, "kwargs", 6), jv_obj(left));
