@@ -235,18 +235,26 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
     return r;
 }
 
-/* The code point at index i of s (negative from the end; JavaScript's String#at by UTF-16
- * unit, which is the same for text without astral characters). */
+/* s[i] as JavaScript's String#at: i counts UTF-16 units (negative from the end). A unit inside
+ * a character outside the BMP is half a surrogate pair, which UTF-8 cannot hold: U+FFFD, as
+ * the reference's text reads once encoded. */
 static jv str_at(jctx *c, jstr s, long i) {
-    long ncp = 0;
-    for (size_t k = 0; k < s.n; k += jcp(s.s, k, s.n)) ncp++;
-    if (i < 0) i += ncp;
-    if (i < 0 || i >= ncp) return jv_undef();
+    long units = (long)jutf16_len(s.s, s.n);
+    if (i < 0) i += units;
+    if (i < 0 || i >= units) return jv_undef();
     size_t k = 0;
-    for (long j = 0; j < i; j++) k += jcp(s.s, k, s.n);
-    size_t l = jcp(s.s, k, s.n);
-    jstr part = {.s = s.s + k, .n = l, .m = s.m ? s.m + k : NULL, .um = s.um};
-    return jv_str(part);
+    long u = 0;
+    for (;;) {
+        size_t l = jcp(s.s, k, s.n);
+        long w = l == 4 ? 2 : 1;
+        if (i < u + w) {
+            if (w == 2) return jv_strn(c, "\xEF\xBF\xBD", 3, s.m ? s.m[k] : s.um);
+            jstr part = {.s = s.s + k, .n = l, .m = s.m ? s.m + k : NULL, .um = s.um};
+            return jv_str(part);
+        }
+        u += w;
+        k += l;
+    }
 }
 
 static jv member_of(jctx *c, const jnode *e, jv obj, jscope *sc);
