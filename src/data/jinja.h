@@ -56,7 +56,8 @@ void jinja_free(jinja_tpl *t);
  * a type error ("tpl:3: cannot apply filter 'trim' to NullValue"), an unknown filter or test,
  * an undefined value where one cannot be used — each with the template's name and line; vars
  * not an object; a variable named like a built-in global (range, namespace, true, ...), which
- * @huggingface/jinja refuses too. out may hold a partial rendering after an error. */
+ * @huggingface/jinja refuses too. On success out->text is NUL-terminated (an empty rendering
+ * too); out may hold a partial rendering after an error. */
 int jinja_render(const jinja_tpl *t, const json_t *vars, const char *const *template_vars, chat_render *out);
 
 #endif

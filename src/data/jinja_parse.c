@@ -143,19 +143,28 @@ static jnode **parse_body(parser *P, int *n, const char *const *ends, const char
     return nv_done(P, &v, n);
 }
 
+/* ( args ) of a call (or the parameters of a macro / call block), with @huggingface/jinja's
+ * rules: keyword arguments after positional ones, one *spread before any later positional
+ * argument, **spread last; parameters are names with optional defaults, each name once. */
 static jnode *parse_args_list(parser *P, bool params, int *n, jnode ***out) {
     expect(P, TK_LPAREN, "to open the argument list");
     nvec v = {0};
-    bool saw_kw = false;
+    bool saw_kw = false, saw_spread = false;
     while (!is(P, TK_RPAREN)) {
         jtok *at = cur(P);
-        if (is(P, TK_EOF)) { perr(P, at, "argument list is never closed with ')'"); }
+        if (is(P, TK_EOF)) perr(P, at, "argument list is never closed with ')'");
         jnode *arg;
-        if (!params && is(P, TK_POW)) {
+        bool kwspread = is(P, TK_POW), spread = is(P, TK_MUL) && !strcmp(at->s, "*");
+        if (params && (kwspread || spread)) perr(P, at, "argument unpacking is not allowed in parameter declarations");
+        if (kwspread) {
             P->i++;
             arg = node(P, E_KWSPREAD, at);
             arg->a = parse_expr(P);
-        } else if (!params && is(P, TK_MUL) && !strcmp(at->s, "*")) {
+            if (is(P, TK_COMMA)) P->i++;
+            if (!is(P, TK_RPAREN)) perr(P, cur(P), "expected ')': ** must be applied to the last argument");
+        } else if (spread) {
+            if (saw_spread) perr(P, at, "only one * argument unpacking is allowed");
+            saw_spread = true;
             P->i++;
             arg = node(P, E_SPREAD, at);
             arg->a = parse_expr(P);
@@ -163,21 +172,27 @@ static jnode *parse_args_list(parser *P, bool params, int *n, jnode ***out) {
             arg = parse_expr(P);
             if (is(P, TK_EQUALS)) {
                 P->i++;
-                if (arg->kind != E_NAME) { perr(P, at, "expected a name before '=' in an argument list"); }
+                if (arg->kind != E_NAME) perr(P, at, "expected a name before '=' in an argument list");
                 jnode *kw = node(P, E_KWARG, at);
                 kw->s = arg->s, kw->n = arg->n, kw->sym = arg->sym;
                 kw->a = parse_expr(P);
                 arg = kw;
                 saw_kw = true;
             } else if (saw_kw) {
-               
                 perr(P, at, params ? "non-default argument follows default argument" : "positional argument follows keyword argument");
+            } else if (saw_spread) {
+                perr(P, at, "positional arguments must not follow * argument unpacking");
             }
-            if (params && arg->kind != E_NAME && arg->kind != E_KWARG) { perr(P, at, "expected a parameter name"); }
+            if (params && arg->kind != E_NAME && arg->kind != E_KWARG) perr(P, at, "expected a parameter name");
+            for (int k = 0; params && k < v.n; k++)
+                if (!strcmp(v.v[k]->s, arg->s)) perr(P, at, "duplicate parameter name '%s'", arg->s);
         }
         nv_push_a(&P->t->arena, &v, arg);
         if (is(P, TK_COMMA)) P->i++;
-        else if (!is(P, TK_RPAREN)) { jtok *t = cur(P); perr(P, t, "expected ',' or ')' in an argument list, found '%s'", t->s); }
+        else if (!is(P, TK_RPAREN)) {
+            jtok *t = cur(P);
+            perr(P, t, "expected ',' or ')' in an argument list, found '%s'", t->s);
+        }
     }
     P->i++;
     *out = nv_done(P, &v, n);

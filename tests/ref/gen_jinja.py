@@ -8,8 +8,10 @@ scripts/setup.sh into third_party/npm (MOERL_NPM overrides). SOURCE_DATE_EPOCH i
 strftime_now renders the same date in both implementations (TZ=UTC).
 
 Besides, seeded random templates (the "fuzz" cases): 1500 expressions mixing every operator,
-filter, test and method over values of every type, and 1500 templates mixing text, whitespace
-(including \r\n, U+00A0, U+2028), whitespace control, comments, blocks and generation tags.
+filter, test and method over values of every type; 1500 templates mixing text, whitespace
+(including \r\n, U+00A0, U+2028), whitespace control, comments, blocks and generation tags;
+500 programs of nested for/if/set/namespace/macro/call/break/continue; 500 macro calls with
+positional, keyword and unpacked arguments, kwargs/varargs, caller() and filter blocks.
 """
 import json
 import os
@@ -99,11 +101,88 @@ def fuzz_block(rng, d=0):
     return "".join(out)
 
 
+STMT_VARS = {"xs": [1, 2, 3, 4], "d": {"a": 1, "b": "two", "c": [1, 2]}, "s": "a,b,c",
+             "nums": [0.1, 1e-7, 1e21, -0.0, 123456789.123, 2.0, 1.5e300, -5],
+             "ms": [{"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]}]}
+STMT_EXPRS = ["x", "loop.index", "loop.first", "loop.last", "loop.revindex", "loop.length", "loop.previtem", "loop.nextitem",
+              "ns.v", "ns", "y", "xs|length", "d.c", "d", "nums", "nums|tojson", "nums[1]", "nums[2]", "nums[6]", "nums[3]",
+              "nums[4]", "ms|tojson", "ms[1].tool_calls[0].function.arguments|tojson(indent=1)", "s.split(',')",
+              "s.split(',')|join('-')", "caller() if caller is defined else 'nc'", "m(1)", "m(2, b=3)", "m(a=4)", "m()", "k", "v",
+              "'%'", "'{{'", '"}}"', "xs[loop.index0] if loop is defined else 0", "range(3)|list", "[1,2]+[3]",
+              "namespace(a=1).a", "{'a':[1,{'b':2}]}|tojson(indent=2, sort_keys=true)", "1.", "(1,2)[0]", "x*2", "x//2",
+              "x%3", "-x", "x**2"]
+
+
+def fuzz_stmts(rng, d=0):
+    def e():
+        return rng.choice(STMT_EXPRS)
+    out = []
+    for _ in range(rng.randint(1, 4)):
+        r = rng.random()
+        if r < 0.3:
+            out.append("{{ " + e() + " }}")
+        elif r < 0.45 and d < 3:
+            it = rng.choice(["xs", "xs[::-1]", "xs if x > 2", "d", "range(2)", "[]", "d.c"])
+            out.append("{% for x in " + it + " %}" + fuzz_stmts(rng, d + 1) + ("{% else %}E" if rng.random() < 0.3 else "")
+                       + "{% endfor %}")
+        elif r < 0.55 and d < 3:
+            out.append("{% if " + e() + " %}" + fuzz_stmts(rng, d + 1) + "{% elif " + e() + " %}" + fuzz_stmts(rng, d + 1)
+                       + "{% else %}" + fuzz_stmts(rng, d + 1) + "{% endif %}")
+        elif r < 0.62:
+            out.append(rng.choice(["{% break %}", "{% continue %}"]))
+        elif r < 0.7:
+            out.append("{% set " + rng.choice(["y", "ns.v", "x", "k, v"]) + " = " + e() + " %}")
+        elif r < 0.75:
+            out.append("{% set ns = namespace(v=0) %}")
+        elif r < 0.8 and d < 2:
+            out.append("{% macro m(a=0, b=1) %}[" + fuzz_stmts(rng, d + 1) + "{{ a }}{{ b }}]{% endmacro %}")
+        elif r < 0.85 and d < 2:
+            out.append("{% call m(5) %}C" + fuzz_stmts(rng, d + 1) + "{% endcall %}")
+        elif r < 0.9 and d < 2:
+            out.append("{% set y %}" + fuzz_stmts(rng, d + 1) + "{% endset %}")
+        else:
+            out.append(rng.choice(["t", " ", "\n", ",", "|"]))
+    return "".join(out)
+
+
+def fuzz_macros(rng):
+    def arg():
+        return rng.choice(["1", "'x'", "xs", "a", "b", "none", "b=3", "a=2", "c=4", "*xs", "**{'b': 5}", "kwargs", "varargs"])
+
+    def body(d):
+        parts = []
+        for _ in range(rng.randint(1, 3)):
+            r = rng.random()
+            if r < 0.3:
+                parts.append("{{ " + rng.choice(["a", "b", "c", "kwargs", "varargs", "caller() if caller is defined else '-'",
+                                                  "a ~ b", "m1(a)", "m2(b=a)", "loop.index if loop is defined else '.'"]) + " }}")
+            elif r < 0.45 and d < 2:
+                parts.append("{% for i in xs %}" + body(d + 1) + "{% endfor %}")
+            elif r < 0.55:
+                parts.append("{% set a = " + rng.choice(["a", "1", "'q'"]) + " %}")
+            elif r < 0.65 and d < 2:
+                parts.append("{% call(p) m2(1) %}<{{ p }}>" + body(d + 1) + "{% endcall %}")
+            elif r < 0.75 and d < 2:
+                f = rng.choice(["upper", "trim", "indent(2)", "replace('a','A')"])
+                parts.append("{% filter " + f + " %} " + body(d + 1) + " {% endfilter %}")
+            else:
+                parts.append(rng.choice(["t", ",", "|"]))
+        return "".join(parts)
+    p = ("{% macro m1(a, b=a) %}[" + body(0) + "]{% endmacro %}{% macro m2(a=0, b=2) %}(" + body(1)
+         + "{{ caller(a) if caller is defined else '' }}){% endmacro %}")
+    for _ in range(rng.randint(1, 3)):
+        p += "{{ " + rng.choice(["m1", "m2"]) + "(" + ", ".join(arg() for _ in range(rng.randint(0, 3))) + ") }}"
+    return p
+
+
 def fuzz_cases(n=1500):
     rng = random.Random(20261201)
     cases = [{"name": "expr%d" % i, "template": "{{ %s }}" % fuzz_expr(rng), "vars": FUZZ_VARS} for i in range(n)]
     cases += [{"name": "ws%d" % i, "template": fuzz_block(rng) + rng.choice(["", "\n", "\n\n"]), "vars": FUZZ_VARS}
               for i in range(n)]
+    cases += [{"name": "stmt%d" % i, "template": fuzz_stmts(rng), "vars": STMT_VARS} for i in range(n // 3)]
+    cases += [{"name": "macro%d" % i, "template": fuzz_macros(rng), "vars": {"xs": [1, 2], "s": "ab"}} for i in range(n // 3)]
     return cases
 
 
@@ -119,9 +198,14 @@ def main():
     fuzz = os.path.join(out, "jinja_fuzz_cases.json")
     with open(fuzz, "w") as f:
         json.dump(fuzz_cases(), f)
-    r = subprocess.run(["node", os.path.join(ROOT, "tests", "ref", "jinja_ref.js"), NM,
-                        os.path.join(ROOT, "tests", "ref", "jinja_conversations.json"), dst, fuzz],
-                       env=env, capture_output=True, text=True)
+    try:
+        r = subprocess.run(["node", os.path.join(ROOT, "tests", "ref", "jinja_ref.js"), NM,
+                            os.path.join(ROOT, "tests", "ref", "jinja_conversations.json"), dst, fuzz],
+                           env=env, capture_output=True, text=True)
+    except FileNotFoundError:
+        print("gen_jinja: node is not installed (scripts/setup.sh installs it)")
+        print("0 passed, 1 failed")
+        return 1
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
     ok = r.returncode == 0 and os.path.exists(dst)

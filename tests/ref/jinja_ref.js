@@ -7,7 +7,8 @@
 // true/false and enable_thinking absent/true/false, with the package's bos_token/eos_token
 // (an AddedToken's content). Then every "snippets" entry ({name, template, vars}): small
 // templates exercising one feature each. Each case records the text, or the error message when
-// the reference raises (moerl must raise too). strftime_now reads the clock: the snippets that
+// the reference raises (moerl must raise too). CASES.json's "templates" ({name: source}) are
+// rendered the same way, with bos_token "<B>" and eos_token "<E>". strftime_now reads the clock: the snippets that
 // call it run with Date fixed at $SOURCE_DATE_EPOCH (seconds), the time moerl uses.
 // FUZZ.json: a list of more {name, template, vars} (gen_jinja.py's seeded random templates).
 "use strict";
@@ -41,15 +42,31 @@ for (const pkg of ["qwen3", "deepseek_v3", "llama3_1", "gemma3"]) {
   }
 }
 
+const data = JSON.parse(fs.readFileSync(casesPath, "utf8"));
+// CASES.json's own "templates" (written for these tests, exercising constructs common in chat
+// templates: tools with tojson(indent), macros, namespaces, rejectattr, ...)
+for (const [name, source] of Object.entries(data.templates || {})) {
+  templates.push({ name, source, vars: { bos_token: "<B>", eos_token: "<E>" } });
+}
+
+const parsed = new Map(); // source → Template (or the parse error), parsed once
 const run = (source, vars) => {
   try {
-    return { text: new Template(source).render(vars) };
+    if (!parsed.has(source)) {
+      try {
+        parsed.set(source, new Template(source));
+      } catch (e) {
+        parsed.set(source, e);
+      }
+    }
+    const t = parsed.get(source);
+    if (t instanceof Error) throw t;
+    return { text: t.render(vars) };
   } catch (e) {
     return { error: String(e.message || e) };
   }
 };
 
-const data = JSON.parse(fs.readFileSync(casesPath, "utf8"));
 const cases = [];
 for (const t of templates) {
   for (const c of data.conversations) {
