@@ -303,6 +303,30 @@ static void list_push_back(gen_request **head, gen_request **tail, gen_request *
     *tail = r;
 }
 
+/* The sampling parameters' checks shared by engine_add and engine_continue. */
+static int check_sampling(const gen_request *r) {
+    const sampling_params *sp = &r->sp;
+    if (!(sp->temperature >= 0) || !isfinite(sp->temperature))
+        return moerl_errorf("request %lld: temperature must be a finite number ≥ 0, got %g", (long long)r->id,
+                            (double)sp->temperature);
+    if (!(sp->top_p > 0 && sp->top_p <= 1))
+        return moerl_errorf("request %lld: top_p must be in (0, 1], got %g", (long long)r->id, (double)sp->top_p);
+    if (sp->top_k < 0) return moerl_errorf("request %lld: top_k must be ≥ 0, got %d", (long long)r->id, sp->top_k);
+    if (sp->max_tokens <= 0)
+        return moerl_errorf("request %lld: max_tokens must be positive, got %d", (long long)r->id, sp->max_tokens);
+    if (sp->n_stop < 0 || sp->n_stop > 8)
+        return moerl_errorf("request %lld: at most 8 stop tokens, got %d", (long long)r->id, sp->n_stop);
+    return MOERL_OK;
+}
+
+static void enqueue(engine *e, gen_request *r) {
+    r->finish = FINISH_NONE;
+    r->slot = -1;
+    r->n_cached = 0;
+    list_push_back(&e->wait_head, &e->wait_tail, r);
+    e->n_waiting++;
+}
+
 int engine_add(engine *e, gen_request *r) {
     const sampling_params *sp = &r->sp;
     if (r->prompt_len <= 0) return moerl_errorf("request %lld: empty prompt", (long long)r->id);
@@ -314,36 +338,64 @@ int engine_add(engine *e, gen_request *r) {
         if (r->prompt[i] < 0 || r->prompt[i] >= e->V)
             return moerl_errorf("request %lld: prompt token %d at index %d outside the vocabulary [0,%d)",
                                 (long long)r->id, r->prompt[i], i, e->V);
-    if (!(sp->temperature >= 0) || !isfinite(sp->temperature))
-        return moerl_errorf("request %lld: temperature must be a finite number ≥ 0, got %g", (long long)r->id,
-                            (double)sp->temperature);
-    if (!(sp->top_p > 0 && sp->top_p <= 1))
-        return moerl_errorf("request %lld: top_p must be in (0, 1], got %g", (long long)r->id, (double)sp->top_p);
-    if (sp->top_k < 0) return moerl_errorf("request %lld: top_k must be ≥ 0, got %d", (long long)r->id, sp->top_k);
-    if (sp->max_tokens <= 0)
-        return moerl_errorf("request %lld: max_tokens must be positive, got %d", (long long)r->id, sp->max_tokens);
-    if (sp->n_stop < 0 || sp->n_stop > 8)
-        return moerl_errorf("request %lld: at most 8 stop tokens, got %d", (long long)r->id, sp->n_stop);
+    if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
     if (!r->out_tokens) {
         r->out_tokens = xmalloc(sp->max_tokens * sizeof(int));
         r->out_logprobs = xmalloc(sp->max_tokens * sizeof(float));
         r->out_versions = xmalloc(sp->max_tokens * sizeof(int));
+        r->out_mask = xmalloc(sp->max_tokens);
         r->n_out = 0;
         r->n_interruptions = 0;
+        r->turn = 0;
         rng_seed(&r->rng, sp->seed);
     }
-    r->finish = FINISH_NONE;
-    r->slot = -1;
-    r->n_cached = 0;
-    list_push_back(&e->wait_head, &e->wait_tail, r);
-    e->n_waiting++;
+    enqueue(e, r);
     return MOERL_OK;
+}
+
+uint64_t engine_turn_seed(uint64_t seed, int turn) { return seed + (uint64_t)turn * 0x9E3779B97F4A7C15ULL; }
+
+int engine_continue(engine *e, gen_request *r, const int *ids, int n) {
+    if (r->finish != FINISH_STOP || r->slot != -1 || !r->out_tokens)
+        return moerl_errorf("engine_continue: request %lld is not a turn finished at a stop token (finish %s)",
+                            (long long)r->id, finish_reason_name(r->finish));
+    if (n < 0 || (n > 0 && !ids))
+        return moerl_errorf("engine_continue: request %lld: %d inserted ids", (long long)r->id, n);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= e->V)
+            return moerl_errorf("engine_continue: request %lld: inserted token %d at index %d outside the vocabulary "
+                                "[0,%d)", (long long)r->id, ids[i], i, e->V);
+    if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
+    if (r->n_out + n >= r->sp.max_tokens || r->prompt_len + r->n_out + n >= e->ec.max_model_len) {
+        r->finish = FINISH_LENGTH; /* no room for a new token after the inserted ones */
+        return 0;
+    }
+    if (!r->out_mask) { /* outputs the caller allocated: every token so far was sampled */
+        r->out_mask = xmalloc(r->sp.max_tokens);
+        memset(r->out_mask, 1, r->n_out);
+    }
+    const int ver = r->n_out > 0 ? r->out_versions[r->n_out - 1] : e->version;
+    for (int i = 0; i < n; i++) {
+        const int t = r->n_out + i;
+        r->out_tokens[t] = ids[i];
+        r->out_logprobs[t] = 0;
+        r->out_versions[t] = ver;
+        r->out_mask[t] = 0;
+        if (r->out_logits) memset(r->out_logits + (size_t)t * e->V, 0, e->V * sizeof(float));
+    }
+    r->n_out += n;
+    r->turn++;
+    rng_seed(&r->rng, engine_turn_seed(r->sp.seed, r->turn));
+    enqueue(e, r);
+    return 1;
 }
 
 void gen_request_free_outputs(gen_request *r) {
     free(r->out_tokens);
     free(r->out_logprobs);
     free(r->out_versions);
+    free(r->out_mask);
+    r->out_mask = NULL;
     r->out_tokens = NULL;
     r->out_logprobs = NULL;
     r->out_versions = NULL;
@@ -477,6 +529,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
         r->out_tokens[r->n_out] = tok;
         r->out_logprobs[r->n_out] = lp;
         r->out_versions[r->n_out] = e->version;
+        if (r->out_mask) r->out_mask[r->n_out] = 1;
         r->n_out++;
         e->st.generated_tokens++;
         if (is_stop(e, r, tok)) r->finish = FINISH_STOP;

@@ -43,7 +43,12 @@ typedef struct {
 } sampling_params;
 
 /* One generation request. The caller owns it; the engine fills the outputs.
- * Invariant: n_out tokens, logprobs and versions always have equal length. */
+ * Invariant: n_out tokens, logprobs, versions and mask entries always have equal length.
+ *
+ * Multi-turn (engine_continue): the output is the whole trajectory after the prompt — the turns
+ * the model sampled (mask 1) and the ids the caller inserted between them (mask 0: tool responses
+ * and the template text around them), never re-encoded. Inserted tokens carry logprob 0 and the
+ * version of the last sampled token before them (the turn they answer). */
 typedef struct gen_request {
     int64_t id;          /* caller's id */
     int *prompt;         /* [prompt_len] token ids (owned by the caller) */
@@ -53,10 +58,14 @@ typedef struct gen_request {
     int *out_tokens;
     float *out_logprobs;
     int *out_versions;
+    unsigned char *out_mask; /* 1 = sampled by the model, 0 = inserted by engine_continue; a request
+                                whose out_mask is NULL (one built outside the engine) is all model tokens */
     int n_out;
+    int turn;            /* assistant turn being generated: 0, then +1 per engine_continue */
     int n_interruptions; /* times this request was interrupted and resumed */
     float *out_logits;   /* optional, caller-allocated [sp.max_tokens][V]: the raw logits each
-                            token was sampled from (debugging and tests); NULL to skip */
+                            token was sampled from (debugging and tests); rows of inserted tokens
+                            are zero; NULL to skip */
     finish_reason finish;
     /* engine-private */
     rng_state rng;
@@ -148,6 +157,24 @@ int engine_pause(engine *e, gen_request **out, int out_cap);
 int engine_resume(engine *e, gen_request **done, int done_cap);
 /* Abort everything (running, waiting, paused): each gets FINISH_ABORT and is returned in out[]. */
 int engine_abort(engine *e, gen_request **out, int out_cap);
+/* Continue a finished turn (multi-turn rollouts): append the n inserted token ids (the tool turn's
+ * template text, as ids — never re-encoded) to r's output with mask 0, logprob 0 and the version of
+ * r's last sampled token, then queue r (at the back) to generate the next assistant turn. At its
+ * admission prompt ⊕ every output token (sampled and inserted) is prefilled under the current
+ * weights; the KV slot of the previous turn is not kept. The turn samples from its own stream,
+ * seeded with engine_turn_seed(sp.seed, turn), so a continued request samples exactly as a fresh
+ * request whose prompt is prompt ⊕ outputs and whose seed is that turn seed. The caller may change
+ * r->sp's stop tokens (n_stop, stop_tokens, ignore_eos) and temperature/top_k/top_p before the call;
+ * sp.max_tokens and sp.seed stay. sp.max_tokens bounds the whole output (sampled + inserted) over
+ * all turns, and prompt ⊕ output stays below max_model_len.
+ * Returns 1 if r was queued; 0 if the inserted ids leave no room for a new token — then nothing is
+ * appended and r is finished with FINISH_LENGTH (as verl's agent loop ends a trajectory whose tool
+ * response would overflow the response length); MOERL_ERR (r untouched) if r is not a request finished
+ * with FINISH_STOP by this engine, n < 0, an id is outside the vocabulary or the sampling parameters
+ * are invalid (as engine_add). */
+int engine_continue(engine *e, gen_request *r, const int *ids, int n);
+/* The RNG seed of assistant turn `turn` of a request seeded with `seed` (turn 0: seed itself). */
+uint64_t engine_turn_seed(uint64_t seed, int turn);
 /* Release a finished request's output buffers. */
 void gen_request_free_outputs(gen_request *r);
 
