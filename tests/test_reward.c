@@ -52,6 +52,34 @@ static int children(void) {
     return n;
 }
 
+/* Processes whose command line has `arg` as an argument (e.g. a grandchild "sleep 1234.5"). A
+ * process killed but not yet reaped by its new parent (init) still shows: wait for it to go. */
+static int count_procs(const char *arg) {
+    for (int tries = 0;; tries++) {
+        DIR *d = opendir("/proc");
+        int n = 0;
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            int pid = atoi(e->d_name);
+            if (pid <= 0) continue;
+            char p[64], buf[512];
+            snprintf(p, sizeof p, "/proc/%d/cmdline", pid);
+            FILE *f = fopen(p, "r");
+            if (!f) continue;
+            size_t k = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            for (size_t i = 0; i < k;) {
+                if (!strcmp(buf + i, arg)) n++;
+                i += strlen(buf + i) + 1;
+            }
+        }
+        if (d) closedir(d);
+        if (n == 0 || tries == 100) return n;
+        struct timespec t = {0, 20000000};
+        nanosleep(&t, NULL);
+    }
+}
+
 static reward_config base_config(reward_kind kind, int workers, double timeout_s, int retries) {
     reward_config c;
     memset(&c, 0, sizeof c);
@@ -299,6 +327,22 @@ static void test_command(const char *tmp) {
     CHECK(rc == MOERL_OK, "command ok: %s", moerl_last_error());
     if (rc == MOERL_OK) check_ok("command ok", &s, out, 11, "len");
     reward_results_clear(out, 11);
+    /* a request far larger than a pipe's buffer (written in pieces as the program reads) */
+    {
+        size_t big = 3u << 20;
+        char *sol = malloc(big + 1);
+        memset(sol, 'x', big);
+        memcpy(sol + big - 4, " 1 0", 4);
+        sol[big] = 0;
+        reqset b;
+        make_reqs(&b, 2, "plain");
+        b.r[1].solution_str = sol;
+        rc = score_with(cmd_config("python3 tests/reward/cmd_reward.py ok", 1, 60, 0), &b, 2, out);
+        CHECK(rc == MOERL_OK && extra(&out[1], "len") == (double)big && out[1].score == 1 && out[0].score == 1,
+              "3 MiB request: %s", moerl_last_error());
+        reward_results_clear(out, 2);
+        free(sol);
+    }
     /* shell, with a quoted argument holding a space: args = 2 */
     s.r[2].solution_str = "yes";
     rc = score_with(cmd_config("sh tests/reward/cmd_reward.sh yes 'two words'", 2, 30, 0), &s, 4, out);
@@ -327,6 +371,10 @@ static void test_command(const char *tmp) {
     expect_fail("hang", cmd_config(CMD "hang", 2, 1.0, 1), "plain", 3,
                 (const char *[]){CMD "hang", "rows.jsonl:", "no answer within reward.timeout_s=1s", "2 attempts",
                                  "cmd_reward: hanging", NULL});
+    /* a hung shell program with a child of its own: the whole process group is killed */
+    expect_fail("hang with a grandchild", cmd_config("sh -c 'sleep 1234.5 & read x; wait'", 1, 1.0, 0), "plain", 1,
+                (const char *[]){"sh -c", "rows.jsonl:1", "no answer within reward.timeout_s=1s", NULL});
+    CHECK(count_procs("1234.5") == 0, "the program's own child survived the kill");
     expect_fail("garbage", cmd_config(CMD "garbage", 1, 30, 2), "plain", 2,
                 (const char *[]){CMD "garbage", "rows.jsonl:1", "not JSON", "this is not json", NULL});
     expect_fail("nan", cmd_config(CMD "nan", 1, 30, 2), "plain", 1,
@@ -400,6 +448,19 @@ static void test_http(void) {
                 (const char *[]){"/notjson", "not a JSON list", "<html>hello", NULL});
     expect_fail("timeout", url_config("/slow", 1.0, 0), "plain", 1,
                 (const char *[]){"/slow", "rows.jsonl:1", "no answer within reward.timeout_s=1s", NULL});
+    /* cancel from another thread while a POST waits */
+    reward_config sc = url_config("/slow", 1000, 0);
+    reward_backend *b = reward_backend_create(&sc);
+    CHECK(b != NULL, "%s", moerl_last_error());
+    if (b) {
+        pthread_t th;
+        pthread_create(&th, NULL, cancel_later, b);
+        memset(out, 0, sizeof out);
+        CHECK(b->score(b, s.r, 2, out) == MOERL_ERR && has("cancelled") && has("/slow"), "http cancel: %s",
+              moerl_last_error());
+        pthread_join(th, NULL);
+        b->free(b);
+    }
     reward_config refused = url_config("/ok", 30, 1);
     snprintf(refused.url, sizeof refused.url, "http://127.0.0.1:1/score");
     expect_fail("refused", refused, "plain", 1,

@@ -35,6 +35,7 @@ extern char **environ;
 #include "reward/verl_adapter.h"
 
 #define TAIL_CAP 1500
+#define MAX_LINE (64u << 20) /* an answer line longer than this is an error, not memory without end */
 
 typedef struct {
     pid_t pid;        /* 0: not running */
@@ -460,6 +461,9 @@ static int poll_once(proc_run *r) {
         }
         int got = p[at[k]].revents ? read_stdout(w) : 0;
         if (got) rc = on_lines(r, w);
+        if (rc == MOERL_OK && w->in_len > MAX_LINE)
+            rc = moerl_errorf("%s: %s: the program wrote more than %u MiB without ending the line", pb->what,
+                              row_of(r, w->req), MAX_LINE >> 20);
         if (rc == MOERL_OK && (got & GOT_EOF)) rc = on_exit_of(r, w);
         if (rc == MOERL_OK && w->req >= 0 && now_s() >= w->deadline) {
             char how[200], note[1800];

@@ -10,7 +10,7 @@
 #   nan         answers NaN
 #   notscore    answers an object without "score"
 #   string      answers a JSON string
-#   two         answers two lines per request
+#   two         answers two lines per request (in one write)
 #   exit0       reads one request and exits 0 without answering
 #   error       answers {"error": ...}
 #   closein     closes its stdin at start, then exits 4 on its own
@@ -59,7 +59,9 @@ for line in sys.stdin:
         sys.exit(0)
     out = {"garbage": "this is not json", "nan": "NaN", "notscore": '{"scor": 1}', "string": '"0.5"',
            "error": '{"error": "no verifier for this row"}'}.get(mode, ok(req))
+    if mode == "two":  # both lines in one write: they reach moerl together
+        sys.stdout.flush()
+        os.write(1, ((out + "\n") * 2).encode())
+        continue
     sys.stdout.write(out + "\n")
-    if mode == "two":
-        sys.stdout.write(out + "\n")
     sys.stdout.flush()
