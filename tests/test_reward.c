@@ -177,15 +177,21 @@ static void test_config(void) {
         {{"reward.custom_reward_function.path=tests/reward", NULL}, {"'tests/reward' is not a file", NULL}},
         {{"reward.custom_reward_function.path=tests/reward/verl_reward.py", "reward.custom_reward_function.name=1x"}, {"not a Python function name", NULL}},
         {{"reward.num_workers=0", NULL}, {"reward.num_workers", "override", "0 is not a count"}},
-        {{"reward.batch_size=-2", NULL}, {"reward.batch_size", NULL}},
-        {{"reward.max_concurrency=0", NULL}, {"reward.max_concurrency", NULL}},
-        {{"reward.max_retries=-1", NULL}, {"reward.max_retries", NULL}},
-        {{"reward.timeout_s=0", NULL}, {"reward.timeout_s", "finite number of seconds > 0", NULL}},
-        {{"reward.timeout_s=inf", NULL}, {"reward.timeout_s", NULL}},
+        {{"reward.url=http://h/", "reward.batch_size=-2"}, {"reward.batch_size", "-2 is not a count", NULL}},
+        {{"reward.url=http://h/", "reward.max_concurrency=0"}, {"reward.max_concurrency", "0 is not a count", NULL}},
+        {{"reward.command=x", "reward.max_retries=-1"}, {"reward.max_retries", "-1 is not from 0", NULL}},
+        {{"reward.command=x", "reward.timeout_s=0"}, {"reward.timeout_s", "finite number of seconds > 0", NULL}},
+        {{"reward.command=x", "reward.timeout_s=inf"}, {"reward.timeout_s", "inf is not a finite", NULL}},
         {{"reward.command=python3 'unclosed", NULL}, {"reward.command", "unbalanced quotes", NULL}},
         {{"reward.command=a | b", NULL}, {"reward.command", "without a shell", NULL}},
         {{"reward.command=run $(x)", NULL}, {"reward.command", NULL}},
         {{"reward.url=ftp://h/x", NULL}, {"reward.url", "not an http", NULL}},
+        /* a key the chosen source does not read is refused, not ignored */
+        {{"reward.num_workers=2", NULL}, {"reward.num_workers (from override) is not used by the built-in rewards", NULL}},
+        {{"reward.url=http://h/", "reward.num_workers=2"}, {"reward.num_workers", "not used by reward.url", NULL}},
+        {{"reward.command=x", "reward.batch_size=2"}, {"reward.batch_size", "not used by reward.command", NULL}},
+        {{"reward.command=x", "reward.python=python3.11"}, {"reward.python", "not used by reward.command", NULL}},
+        {{"reward.url=http://h/", "reward.custom_reward_function.name=f"}, {"reward.custom_reward_function.name", NULL}},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cfg *d = cfg_new();
@@ -197,13 +203,16 @@ static void test_config(void) {
             CHECK(has(bad[i].needle[k]), "bad config %zu: message lacks '%s': %s", i, bad[i].needle[k], moerl_last_error());
         cfg_free(d);
     }
-    static const char *good[][2] = {{"reward.custom_reward_function.path=tests/reward/verl_reward.py", "F"},
-                                    {"reward.command=python3 tests/reward/cmd_reward.py 'ok'", "C"},
-                                    {"reward.url=http://127.0.0.1:1/score", "U"}};
+    static const char *good[][3] = {{"reward.custom_reward_function.path=tests/reward/verl_reward.py", "F",
+                                     "reward.python=python3"},
+                                    {"reward.command=python3 tests/reward/cmd_reward.py 'ok'", "C", "reward.num_workers=2"},
+                                    {"reward.url=http://127.0.0.1:1/score", "U", "reward.batch_size=4"}};
     for (int i = 0; i < 3; i++) {
         cfg *d = cfg_new();
         reward_def_keys(d);
         CHECK(cfg_apply_override(d, good[i][0]) == MOERL_OK, "%s", moerl_last_error());
+        CHECK(cfg_apply_override(d, good[i][2]) == MOERL_OK, "%s", moerl_last_error());
+        CHECK(cfg_apply_override(d, "reward.timeout_s=5") == MOERL_OK, "%s", moerl_last_error());
         CHECK(reward_read_config(d, &r) == MOERL_OK, "%s: %s", good[i][0], moerl_last_error());
         reward_kind want = good[i][1][0] == 'F' ? REWARD_FUNCTION : good[i][1][0] == 'C' ? REWARD_COMMAND : REWARD_URL;
         CHECK(r.kind == want, "%s: kind %d", good[i][0], (int)r.kind);
@@ -392,6 +401,21 @@ static void test_command(const char *tmp) {
     /* stdin closed: the write gets EPIPE (SIGPIPE must not kill the test) or the exit shows first */
     expect_fail("stdin closed", cmd_config(CMD "closein", 1, 30, 0), "plain", 1,
                 (const char *[]){CMD "closein", "rows.jsonl:1", "exited with status 4", "closed stdin", NULL});
+    /* a 3 MiB request to a program that closes its stdin without reading: the write meets EPIPE */
+    {
+        size_t big = 3u << 20;
+        char *sol = malloc(big + 1);
+        memset(sol, 'x', big);
+        sol[big] = 0;
+        reqset b;
+        make_reqs(&b, 1, "plain");
+        b.r[0].solution_str = sol;
+        reward_result o1 = {0};
+        rc = score_with(cmd_config(CMD "closein", 1, 30, 0), &b, 1, &o1);
+        CHECK(rc == MOERL_ERR && has("exited with status 4") && has("closed stdin") && has("rows.jsonl:1"),
+              "EPIPE: %s", moerl_last_error());
+        free(sol);
+    }
     expect_fail("no program", cmd_config("no-such-reward-program --x", 2, 30, 2), "plain", 1,
                 (const char *[]){"reward.command 'no-such-reward-program --x'", "cannot start", NULL});
     /* cancel from another thread while a request hangs */

@@ -97,6 +97,30 @@ static int check_function(const cfg *c, reward_config *o) {
     return MOERL_OK;
 }
 
+/* A key set (not left at its default) that the chosen source does not use is refused, not ignored. */
+static int check_unused(const cfg *c, reward_kind kind) {
+    static const struct {
+        const char *key;
+        unsigned kinds; /* bit per reward_kind that reads it */
+    } keys[] = {
+        {"reward.custom_reward_function.name", 1u << REWARD_FUNCTION},
+        {"reward.python", 1u << REWARD_FUNCTION},
+        {"reward.num_workers", 1u << REWARD_FUNCTION | 1u << REWARD_COMMAND},
+        {"reward.batch_size", 1u << REWARD_URL},
+        {"reward.max_concurrency", 1u << REWARD_URL},
+        {"reward.timeout_s", 1u << REWARD_FUNCTION | 1u << REWARD_COMMAND | 1u << REWARD_URL},
+        {"reward.max_retries", 1u << REWARD_FUNCTION | 1u << REWARD_COMMAND | 1u << REWARD_URL},
+    };
+    static const char *source[] = {"the built-in rewards (none of reward.custom_reward_function.path, "
+                                   "reward.command, reward.url is set)",
+                                   "reward.custom_reward_function.path", "reward.command", "reward.url"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!(keys[i].kinds >> kind & 1u) && strcmp(cfg_origin(c, keys[i].key), "default"))
+            return moerl_errorf("%s (from %s) is not used by %s: unset it, or set the reward source it belongs to",
+                                keys[i].key, cfg_origin(c, keys[i].key), source[kind]);
+    return MOERL_OK;
+}
+
 int reward_read_config(const cfg *c, reward_config *o) {
     memset(o, 0, sizeof *o);
     if (copy_str(c, "reward.custom_reward_function.path", o->function_path, sizeof o->function_path) ||
@@ -113,13 +137,13 @@ int reward_read_config(const cfg *c, reward_config *o) {
         return moerl_errorf("%s (from %s) and %s (from %s) are both set: rewards come from one source; unset one",
                             set[0], origin(c, set[0]), set[1], origin(c, set[1]));
     if (check_counts(c, o) != MOERL_OK) return MOERL_ERR;
-    o->kind = REWARD_BUILTIN;
+    o->kind = o->function_path[0] ? REWARD_FUNCTION : o->command[0] ? REWARD_COMMAND : o->url[0] ? REWARD_URL
+                                                                                                 : REWARD_BUILTIN;
+    if (check_unused(c, o->kind) != MOERL_OK) return MOERL_ERR;
     if (o->function_path[0]) {
-        o->kind = REWARD_FUNCTION;
         return check_function(c, o);
     }
     if (o->command[0]) {
-        o->kind = REWARD_COMMAND;
         char **argv = NULL;
         int argc = 0;
         if (reward_split_command(o->command, &argv, &argc) != MOERL_OK)
@@ -128,7 +152,6 @@ int reward_read_config(const cfg *c, reward_config *o) {
         return MOERL_OK;
     }
     if (o->url[0]) {
-        o->kind = REWARD_URL;
         if (strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8))
             return moerl_errorf("reward.url (from %s): '%s' is not an http:// or https:// URL", origin(c, "reward.url"),
                                 o->url);
