@@ -449,6 +449,22 @@ static void test_http(void) {
                   i);
     }
     reward_results_clear(out, 7);
+    /* a POST of 3 MiB (curl would otherwise wait on "Expect: 100-continue") */
+    {
+        size_t big = 3u << 20;
+        char *sol = malloc(big + 1);
+        memset(sol, 'y', big);
+        memcpy(sol + big - 2, " 0", 2);
+        sol[big] = 0;
+        reqset b;
+        make_reqs(&b, 2, "plain");
+        b.r[0].solution_str = sol;
+        rc = score_with(url_config("/ok", 60, 0), &b, 2, out);
+        CHECK(rc == MOERL_OK && out[0].score == 1 && out[0].pred && !strcmp(out[0].pred, "0") && out[1].score == 1,
+              "3 MiB POST: %s", moerl_last_error());
+        reward_results_clear(out, 2);
+        free(sol);
+    }
     static const char *cured[] = {"/flaky/a", "/closeonce/a"};
     for (int k = 0; k < 2; k++) {
         rc = score_with(url_config(cured[k], 30, 1), &s, 4, out);
