@@ -219,6 +219,20 @@ static void test_config(void) {
         cfg_free(d);
     }
     cfg_free(c);
+    /* verl's nesting in a config file; errors name the file and line */
+    static const char yaml[] = "reward:\n  custom_reward_function:\n    path: tests/reward/verl_reward.py\n"
+                               "    name: other_score\n  num_workers: 3\n  timeout_s: 0.5\n";
+    cfg *y = cfg_new();
+    reward_def_keys(y);
+    CHECK(cfg_load_yaml_string(y, yaml, strlen(yaml), "run.yaml") == MOERL_OK, "%s", moerl_last_error());
+    CHECK(reward_read_config(y, &r) == MOERL_OK && r.kind == REWARD_FUNCTION && !strcmp(r.function_name, "other_score") &&
+              r.num_workers == 3 && r.timeout_s == 0.5,
+          "YAML: %s", moerl_last_error());
+    CHECK(cfg_apply_override(y, "reward.url=http://h/") == MOERL_OK, "%s", moerl_last_error());
+    CHECK(reward_read_config(y, &r) == MOERL_ERR && has("reward.custom_reward_function.path (from run.yaml:3)") &&
+              has("reward.url (from override)"),
+          "two sources: %s", moerl_last_error());
+    cfg_free(y);
 }
 
 static void test_request_json(void) {

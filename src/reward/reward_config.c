@@ -111,8 +111,8 @@ static int check_unused(const cfg *c, reward_kind kind) {
         {"reward.timeout_s", 1u << REWARD_FUNCTION | 1u << REWARD_COMMAND | 1u << REWARD_URL},
         {"reward.max_retries", 1u << REWARD_FUNCTION | 1u << REWARD_COMMAND | 1u << REWARD_URL},
     };
-    static const char *source[] = {"the built-in rewards (none of reward.custom_reward_function.path, "
-                                   "reward.command, reward.url is set)",
+    static const char *source[] = {("the built-in rewards (none of reward.custom_reward_function.path, "
+                                    "reward.command, reward.url is set)"),
                                    "reward.custom_reward_function.path", "reward.command", "reward.url"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!(keys[i].kinds >> kind & 1u) && strcmp(cfg_origin(c, keys[i].key), "default"))
