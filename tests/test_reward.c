@@ -175,7 +175,8 @@ static void test_config(void) {
         {{"reward.command=x", "reward.url=http://h/"}, {"reward.command", "reward.url", "both set"}},
         {{"reward.custom_reward_function.path=no/such.py", NULL}, {"reward.custom_reward_function.path", "no/such.py", "No such file"}},
         {{"reward.custom_reward_function.path=tests/reward", NULL}, {"'tests/reward' is not a file", NULL}},
-        {{"reward.custom_reward_function.path=tests/reward/verl_reward.py", "reward.custom_reward_function.name=1x"}, {"not a Python function name", NULL}},
+        {{"reward.custom_reward_function.path=tests/reward/verl_reward.py", "reward.custom_reward_function.name=1x"},
+         {"not a Python function name", NULL}},
         {{"reward.num_workers=0", NULL}, {"reward.num_workers", "override", "0 is not a count"}},
         {{"reward.url=http://h/", "reward.batch_size=-2"}, {"reward.batch_size", "-2 is not a count", NULL}},
         {{"reward.url=http://h/", "reward.max_concurrency=0"}, {"reward.max_concurrency", "0 is not a count", NULL}},
@@ -398,6 +399,10 @@ static void test_command(const char *tmp) {
     expect_fail("hang with a grandchild", cmd_config("sh -c 'sleep 1234.5 & read x; wait'", 1, 1.0, 0), "plain", 1,
                 (const char *[]){"sh -c", "rows.jsonl:1", "no answer within reward.timeout_s=1s", NULL});
     CHECK(count_procs("1234.5") == 0, "the program's own child survived the kill");
+    /* a program that closes its stdout and keeps running: killed once reward.timeout_s has passed */
+    expect_fail("stdout closed", cmd_config("sh -c 'exec 1>&-; sleep 1234.6'", 1, 1.0, 0), "plain", 1,
+                (const char *[]){"rows.jsonl:1", "closed its stdin or stdout and did not exit", NULL});
+    CHECK(count_procs("1234.6") == 0, "the program that closed its stdout survived");
     expect_fail("garbage", cmd_config(CMD "garbage", 1, 30, 2), "plain", 2,
                 (const char *[]){CMD "garbage", "rows.jsonl:1", "not JSON", "this is not json", NULL});
     expect_fail("nan", cmd_config(CMD "nan", 1, 30, 2), "plain", 1,

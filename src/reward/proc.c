@@ -388,8 +388,9 @@ static int on_exit_of(proc_run *r, worker *w) {
     int reaped = worker_reap(pb, w, &st);
     stderr_note(w, note, sizeof note);
     if (i < 0) return MOERL_OK; /* ended between requests: started again when it gets one */
-    if (!reaped) snprintf(how, sizeof how, "closed its stdin or stdout and did not exit within reward.timeout_s=%gs (killed)",
-                          pb->timeout_s);
+    if (!reaped)
+        snprintf(how, sizeof how, "closed its stdin or stdout and did not exit within reward.timeout_s=%gs (killed)",
+                 pb->timeout_s);
     else describe_status(st, how, sizeof how);
     if (reaped && WIFEXITED(st) && WEXITSTATUS(st) == 0)
         return moerl_errorf("%s: %s: the program exited with status 0 after %d answer%s, without answering this "

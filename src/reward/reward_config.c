@@ -24,7 +24,8 @@ void reward_def_keys(cfg *c) {
                 "without running a shell; docs/rewards.md)");
     cfg_def_str(c, "reward.url", "", "an HTTP(S) reward server taking POSTs of JSON lists of requests");
     cfg_def_str(c, "reward.python", "python3", "the Python interpreter running reward.custom_reward_function.path");
-    cfg_def_int(c, "reward.num_workers", 4, "reward processes (custom_reward_function / command), each one request at a time");
+    cfg_def_int(c, "reward.num_workers", 4,
+                "reward processes (custom_reward_function / command), each one request at a time");
     cfg_def_int(c, "reward.max_concurrency", 8, "reward.url: POSTs in flight at once");
     cfg_def_int(c, "reward.batch_size", 16, "reward.url: requests per POST");
     cfg_def_float(c, "reward.timeout_s", 60.0,
