@@ -468,6 +468,16 @@ static void test_http(void) {
                   i);
     }
     reward_results_clear(out, 7);
+    /* reward.max_concurrency = 2: the server never has more than 2 POSTs in progress */
+    make_reqs(&s, 16, "plain");
+    rc = score_with(url_config("/conc", 30, 0), &s, 16, out);
+    CHECK(rc == MOERL_OK, "concurrency: %s", moerl_last_error());
+    for (int i = 0; i < 16 && rc == MOERL_OK; i++)
+        CHECK(extra(&out[i], "inflight") >= 1 && extra(&out[i], "inflight") <= 2, "row %d: %g POSTs in progress", i,
+              extra(&out[i], "inflight"));
+    if (rc == MOERL_OK) check_ok("concurrency", &s, out, 16, NULL);
+    reward_results_clear(out, 16);
+    make_reqs(&s, 7, "plain");
     /* a POST of 3 MiB (curl would otherwise wait on "Expect: 100-continue") */
     {
         size_t big = 3u << 20;

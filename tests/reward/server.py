@@ -13,6 +13,7 @@
 #   /bad400        HTTP 400 with a body
 #   /notjson       HTTP 200 with a body that is not JSON
 #   /slow          answers after 30 s (for timeouts)
+#   /conc          as /ok after 0.1 s, with "inflight": the most POSTs this server had in progress at once
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 seen = set()
 lock = threading.Lock()
+inflight = [0, 0]  # now, most
 
 
 def first(key):
@@ -76,6 +78,15 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, "<html>hello</html>")
         if p == "/slow":
             time.sleep(30)
+        if p == "/conc":
+            with lock:
+                inflight[0] += 1
+                inflight[1] = max(inflight[1], inflight[0])
+            time.sleep(0.1)
+            with lock:
+                inflight[0] -= 1
+                most = inflight[1]
+            return self.reply(200, json.dumps([dict(a, inflight=most) for a in answers(reqs)]))
         return self.reply(200, json.dumps(answers(reqs)))
 
 
