@@ -141,9 +141,9 @@ static int has(const char *needle) { return strstr(moerl_last_error(), needle) !
 /* Score n requests of `ds` with c; returns the score call's status (the backend is freed). A
  * failed create counts as MOERL_ERR. Results go to out (cleared by the caller). */
 static int score_with(reward_config c, reqset *s, int n, reward_result *out) {
+    memset(out, 0, (size_t)n * sizeof *out);
     reward_backend *b = reward_backend_create(&c);
     if (!b) return MOERL_ERR;
-    memset(out, 0, (size_t)n * sizeof *out);
     int rc = b->score(b, s->r, n, out);
     b->free(b);
     return rc;
