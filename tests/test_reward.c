@@ -390,6 +390,10 @@ static void test_command(const char *tmp) {
     expect_fail("crash", cmd_config(CMD "crash", 2, 30, 2), "plain", 2,
                 (const char *[]){"reward.command '" CMD "crash'", "rows.jsonl:", "exited with status 3", "3 attempts",
                                  "crashing on purpose at plain", NULL});
+    /* a crash while a child of its own keeps stderr open: the exit status is read at once, the child killed */
+    expect_fail("crash with a child", cmd_config("sh -c 'sleep 1234.7 & read x; echo dying >&2; exit 5'", 1, 1000, 0),
+                "plain", 1, (const char *[]){"rows.jsonl:1", "exited with status 5", "dying", NULL});
+    CHECK(count_procs("1234.7") == 0, "the crashed program's child survived");
     expect_fail("segv", cmd_config(CMD "segv", 1, 30, 0), "plain", 1,
                 (const char *[]){CMD "segv", "rows.jsonl:1", "killed by signal 11", NULL});
     expect_fail("hang", cmd_config(CMD "hang", 2, 1.0, 1), "plain", 3,
