@@ -286,6 +286,7 @@ static void test_function(void) {
     s.r[7].ground_truth = "{\"target\": 4}";
     s.r[7].ground_truth_json = 1;
     s.r[7].extra_info_json = "{\"weight\": 0.5}";
+    s.r[5].solution_str = "la réponse est 答"; /* UTF-8 both ways, whatever the locale */
     int rc = score_with(fn_config("tests/reward/verl_reward.py", "compute_score", 2), &s, 9, out);
     CHECK(rc == MOERL_OK, "verl file: %s", moerl_last_error());
     if (rc == MOERL_OK) {
@@ -294,8 +295,9 @@ static void test_function(void) {
         /* rich: last word "i" == "i%3"? rows 3, 4, 5 → gt 0, 1, 2: never equal → -0.5, acc 0 */
         for (int i = 3; i < 6; i++) {
             char want[8];
-            snprintf(want, sizeof want, "%d", i);
-            CHECK(out[i].score == -0.5 && extra(&out[i], "acc") == 0 && extra(&out[i], "length") == 15 &&
+            snprintf(want, sizeof want, "%s", i == 5 ? "答" : (char[2]){(char)('0' + i), 0});
+            /* length: Python's len, in characters: "la réponse est 答" has 16 */
+            CHECK(out[i].score == -0.5 && extra(&out[i], "acc") == 0 && extra(&out[i], "length") == (i == 5 ? 16 : 15) &&
                       out[i].pred && !strcmp(out[i].pred, want),
                   "rich %d: score %g", i, out[i].score);
         }
