@@ -3,7 +3,8 @@
  *     np.random.seed(42) ($MOERL_TESTDATA/val_metrics.json from tests/ref/gen_val_metrics.py).
  *  2. val_compute_metrics against the Python reference on fixed inputs (greedy, N = 4 with a prompt
  *     without pred, N = 5 over two data_sources one without pred, N = 16, an "acc" extra field as
- *     the core variable, constant rewards): every metric name, section and value.
+ *     the core variable, constant rewards, responses of prompts and data_sources interleaved with a
+ *     uid shared by two data_sources): every metric name, section, order and value.
  *  3. properties that hold whatever the generator: best@k of equal rewards is that reward (std 0),
  *     maj@k of a unanimous vote is its score, best@k ≥ mean@N ≥ worst@k, best@N with k = N ≥ ...,
  *     majority ties go to the first drawn pred.

@@ -106,23 +106,6 @@ int val_subset_sizes(int n, int *out) {
 
 static int pred_eq(const char *a, const char *b) { return strcmp(a, b) == 0; }
 
-double val_majority(const double *vals, const char *const *preds, const int *idx, int k) {
-    int best_first = 0, best_count = 0;
-    for (int a = 0; a < k; a++) {
-        /* a is the first appearance of its pred? then count it */
-        int seen = 0;
-        for (int b = 0; b < a && !seen; b++) seen = pred_eq(preds[idx[b]], preds[idx[a]]);
-        if (seen) continue;
-        int count = 0;
-        for (int b = a; b < k; b++) count += pred_eq(preds[idx[b]], preds[idx[a]]);
-        if (count > best_count) { /* strictly more: ties keep the one that appeared first */
-            best_count = count;
-            best_first = a;
-        }
-    }
-    return vals[idx[best_first]];
-}
-
 /* mean and population standard deviation of x[0..n) (two passes, as np.mean / np.std) */
 static void mean_std(const double *x, int n, double *mean, double *std) {
     double s = 0;
@@ -134,11 +117,37 @@ static void mean_std(const double *x, int n, double *mean, double *std) {
     if (std) *std = sqrt(v / n);
 }
 
+/* pid[i] = the index of the first of preds[0..n) equal to preds[i]: an id per distinct pred. */
+static void pred_ids(const char *const *preds, int n, int *pid) {
+    for (int i = 0; i < n; i++) {
+        pid[i] = i;
+        for (int j = 0; j < i; j++)
+            if (pred_eq(preds[j], preds[i])) {
+                pid[i] = j;
+                break;
+            }
+    }
+}
+
+/* The majority vote of the k drawn responses idx[0..k) by pred id (pid[i] in [0, n): the index of
+ * the first response with the same pred), as val_majority; count[n] zeroed, left zeroed. O(k). */
+static double majority_ids(const double *vals, const int *pid, const int *idx, int k, int *count) {
+    int best = -1;
+    for (int j = 0; j < k; j++) count[pid[idx[j]]]++;
+    for (int j = 0; j < k; j++) /* in draw order: the first pred reaching the top count wins ties */
+        if (best < 0 || count[pid[idx[j]]] > count[pid[idx[best]]]) best = j;
+    const double v = vals[idx[best]];
+    for (int j = 0; j < k; j++) count[pid[idx[j]]] = 0;
+    return v;
+}
+
 void val_bootstrap(const double *vals, const char *const *preds, int n, int k, int n_boot, uint32_t seed,
                    val_bootstrap_result *out) {
     double *best = xmalloc((size_t)n_boot * sizeof(double)), *worst = xmalloc((size_t)n_boot * sizeof(double));
     double *maj = preds ? xmalloc((size_t)n_boot * sizeof(double)) : NULL;
-    int *idx = xmalloc((size_t)k * sizeof(int));
+    int *idx = xmalloc((size_t)k * sizeof(int)), *pid = xmalloc((size_t)n * sizeof(int));
+    int *count = xcalloc((size_t)n, sizeof(int));
+    if (preds) pred_ids(preds, n, pid);
     val_mt19937 g;
     val_mt_seed(&g, seed);
     for (int r = 0; r < n_boot; r++) {
@@ -150,7 +159,7 @@ void val_bootstrap(const double *vals, const char *const *preds, int n, int k, i
         }
         best[r] = hi;
         worst[r] = lo;
-        if (maj) maj[r] = val_majority(vals, preds, idx, k);
+        if (maj) maj[r] = majority_ids(vals, pid, idx, k, count);
     }
     memset(out, 0, sizeof *out);
     mean_std(best, n_boot, &out->best_mean, &out->best_std);
@@ -161,6 +170,19 @@ void val_bootstrap(const double *vals, const char *const *preds, int n, int k, i
     free(worst);
     free(maj);
     free(idx);
+    free(pid);
+    free(count);
+}
+
+double val_majority(const double *vals, const char *const *preds, const int *idx, int k) {
+    int n = 0;
+    for (int j = 0; j < k; j++) n = MOERL_MAX(n, idx[j] + 1);
+    int *pid = xmalloc((size_t)n * sizeof(int)), *count = xcalloc((size_t)n, sizeof(int));
+    pred_ids(preds, n, pid);
+    const double v = majority_ids(vals, pid, idx, k, count);
+    free(pid);
+    free(count);
+    return v;
 }
 
 /* ------------------------------------------------------------------ named metrics */
@@ -276,68 +298,128 @@ static int sample_var(const val_sample *s, const char *var, double *v) {
     return 0;
 }
 
-/* The variables of data_source ds among samples[0..n): "reward", then every extra field of its
- * first sample that every sample of ds has (a field named "reward" is the score's name: skipped). */
-static int ds_variables(const val_sample *samples, int n, const char *ds, const char **vars, int cap) {
+/* The samples grouped by prompt: order[] lists the sample indices prompt by prompt (by index
+ * within one), groups in order of their first sample; ds_of[i] is sample i's data_source id (in
+ * order of first appearance, names in ds_names). */
+typedef struct {
+    int n_ds, n_groups;
+    const char **ds_names;
+    int *ds_of, *order;
+    struct val_group { int ds, first, start, len; } *groups;
+} val_grouping;
+
+typedef struct {
+    int ds;
+    int64_t uid;
+    int i;
+} group_key;
+
+static int group_key_cmp(const void *pa, const void *pb) {
+    const group_key *a = pa, *b = pb;
+    if (a->ds != b->ds) return a->ds < b->ds ? -1 : 1;
+    if (a->uid != b->uid) return a->uid < b->uid ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+static int group_first_cmp(const void *pa, const void *pb) {
+    const struct val_group *a = pa, *b = pb;
+    return (a->first > b->first) - (a->first < b->first);
+}
+
+static void group_samples(const val_sample *samples, int n, val_grouping *G) {
+    memset(G, 0, sizeof *G);
+    G->ds_names = xmalloc((size_t)n * sizeof(char *));
+    G->ds_of = xmalloc((size_t)n * sizeof(int));
+    G->order = xmalloc((size_t)n * sizeof(int));
+    G->groups = xmalloc((size_t)n * sizeof(struct val_group));
+    group_key *k = xmalloc((size_t)n * sizeof(group_key));
+    for (int i = 0; i < n; i++) {
+        /* consecutive samples mostly share one: the previous sample's first */
+        int d = i > 0 && strcmp(G->ds_names[G->ds_of[i - 1]], samples[i].data_source) == 0 ? G->ds_of[i - 1] : -1;
+        if (d < 0) {
+            for (d = 0; d < G->n_ds && strcmp(G->ds_names[d], samples[i].data_source) != 0; d++) {}
+            if (d == G->n_ds) G->ds_names[G->n_ds++] = samples[i].data_source;
+        }
+        G->ds_of[i] = d;
+        k[i] = (group_key){.ds = d, .uid = samples[i].uid, .i = i};
+    }
+    qsort(k, (size_t)n, sizeof *k, group_key_cmp);
+    for (int i = 0; i < n; i++) {
+        G->order[i] = k[i].i;
+        if (i == 0 || k[i].ds != k[i - 1].ds || k[i].uid != k[i - 1].uid)
+            G->groups[G->n_groups++] = (struct val_group){.ds = k[i].ds, .first = k[i].i, .start = i, .len = 0};
+        G->groups[G->n_groups - 1].len++;
+    }
+    qsort(G->groups, (size_t)G->n_groups, sizeof *G->groups, group_first_cmp);
+    free(k);
+}
+
+static void grouping_free(val_grouping *G) {
+    free(G->ds_names);
+    free(G->ds_of);
+    free(G->order);
+    free(G->groups);
+}
+
+/* The variables of data_source d: "reward", then every extra field of its first sample that every
+ * sample of d has (a field named "reward" or "pred" is skipped: the score and the vote have them). */
+static int ds_variables(const val_sample *samples, int n, const val_grouping *G, int d, const char **vars, int cap) {
     int nv = 0, first = -1;
     vars[nv++] = "reward";
     for (int i = 0; i < n && first < 0; i++)
-        if (strcmp(samples[i].data_source, ds) == 0) first = i;
+        if (G->ds_of[i] == d) first = i;
     for (int e = 0; first >= 0 && e < samples[first].n_extra && nv < cap; e++) {
         const char *key = samples[first].extra_keys[e];
         if (strcmp(key, "reward") == 0 || strcmp(key, "pred") == 0) continue;
         int everywhere = 1;
         double v;
         for (int i = 0; i < n && everywhere; i++)
-            if (strcmp(samples[i].data_source, ds) == 0) everywhere = sample_var(&samples[i], key, &v);
+            if (G->ds_of[i] == d) everywhere = sample_var(&samples[i], key, &v);
         if (everywhere) vars[nv++] = key;
     }
     return nv;
 }
 
-/* Every prompt of data_source ds, for variable var, into a. */
-static void ds_var_metrics(const val_sample *samples, int n, const char *ds, const char *var, metric_acc *a) {
-    double *vals = xmalloc((size_t)n * sizeof(double));
-    const char **preds = xmalloc((size_t)n * sizeof(char *));
-    char *done = xcalloc((size_t)n, 1);
-    for (int i = 0; i < n; i++) {
-        if (done[i] || strcmp(samples[i].data_source, ds) != 0) continue;
-        int m = 0, all_pred = 1;
-        for (int j = i; j < n; j++) {
-            if (done[j] || samples[j].uid != samples[i].uid || strcmp(samples[j].data_source, ds) != 0) continue;
-            done[j] = 1;
-            sample_var(&samples[j], var, &vals[m]);
-            preds[m] = samples[j].pred;
-            all_pred &= preds[m] != NULL;
-            m++;
+/* Every prompt of data_source d, for variable var, into a. */
+static void ds_var_metrics(const val_sample *samples, const val_grouping *G, int d, const char *var, metric_acc *a,
+                           double *vals, const char **preds) {
+    for (int g = 0; g < G->n_groups; g++) {
+        const struct val_group *gr = &G->groups[g];
+        if (gr->ds != d) continue;
+        int all_pred = 1;
+        for (int j = 0; j < gr->len; j++) {
+            const val_sample *s = &samples[G->order[gr->start + j]];
+            sample_var(s, var, &vals[j]);
+            preds[j] = s->pred;
+            all_pred &= preds[j] != NULL;
         }
-        prompt_metrics(a, vals, all_pred ? preds : NULL, m);
+        prompt_metrics(a, vals, all_pred ? preds : NULL, gr->len);
     }
-    free(vals);
-    free(preds);
-    free(done);
 }
 
 int val_compute_metrics(const val_sample *samples, int n, val_metrics *out) {
     if (n <= 0) return moerl_errorf("validation: no scored responses to compute metrics from");
-    for (int i = 0; i < n; i++) {
-        int first = 1;
-        for (int j = 0; j < i && first; j++) first = strcmp(samples[j].data_source, samples[i].data_source) != 0;
-        if (!first) continue;
-        const char *ds = samples[i].data_source;
+    val_grouping G;
+    group_samples(samples, n, &G);
+    double *vals = xmalloc((size_t)n * sizeof(double));
+    const char **preds = xmalloc((size_t)n * sizeof(char *));
+    for (int d = 0; d < G.n_ds; d++) {
         const char *vars[64];
-        const int nv = ds_variables(samples, n, ds, vars, 64);
+        const int nv = ds_variables(samples, n, &G, d, vars, 64);
         int has_acc = 0;
         for (int v = 0; v < nv; v++) has_acc |= strcmp(vars[v], "acc") == 0;
         const char *core = has_acc ? "acc" : "reward";
         for (int v = 0; v < nv; v++) {
             metric_acc a = {0};
-            ds_var_metrics(samples, n, ds, vars[v], &a);
-            name_metrics(out, ds, vars[v], strcmp(vars[v], core) == 0, &a);
+            ds_var_metrics(samples, &G, d, vars[v], &a, vals, preds);
+            name_metrics(out, G.ds_names[d], vars[v], strcmp(vars[v], core) == 0, &a);
             val_metrics_free(&a.sum);
             free(a.count);
         }
     }
+    free(vals);
+    free(preds);
+    grouping_free(&G);
     return MOERL_OK;
 }
 

@@ -149,6 +149,14 @@ def main():
         if name == "n4":
             s[5]["pred"] = None
         res[name] = {"samples": s, "metrics": metrics(s)}
+    # the responses of prompts and data_sources interleaved (grouping by data_source, then uid, each in
+    # order of first appearance), and a uid shared by two data_sources (two prompts)
+    s = [dict(x) for x in res["n5_two_sources"]["samples"]]
+    s = [s[i] for i in rng.permutation(len(s))]
+    for x in s:
+        if x["data_source"] == "openai/gsm8k" and x["uid"] == 3:
+            x["uid"] = 0
+    res["interleaved"] = {"samples": s, "metrics": metrics(s)}
     draws = []
     for n, k in [(1, 3), (2, 2), (3, 4), (4, 4), (5, 5), (7, 2), (16, 16), (13, 8), (1000, 5)]:
         np.random.seed(SEED)
