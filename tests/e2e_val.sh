@@ -5,7 +5,7 @@
 # every trainer.test_freq versions and the end, reproducibly; the default (greedy, N = 1) writes
 # mean@1 = val/accuracy as before; a resumed run keeps its start accuracy and goes on writing them; bad
 # rollout.val_kwargs.* values are refused naming the key. (The values themselves are checked against a
-# numpy reference in tests/test_validate.c.)
+# numpy reference in tests/test_validate.c.) `moerl eval --samples N --temperature T` reports the same metrics.
 # Usage: tests/e2e_val.sh [BUILD_DIR]   (default build; uses BUILD_DIR/moerl)
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -102,6 +102,30 @@ else
 fi
 check "resume: records at steps 0, 1, 2, then 3" "$PY" "$CHECK" sampled "$W/resume" 0,1,2,3
 check "resume: start accuracy from the checkpoint" grep -q "resumed from" "$W/resume.log"
+
+# moerl eval: the same metrics from a checkpoint (the resumed run's), greedy and sampled
+CK=$W/resume/checkpoint
+TEST=$(ls "$W"/resume/data/*-test*.jsonl 2>/dev/null | grep -v train | head -1)
+"$MOERL" eval --model "$CK" --data "$TEST" --n 8 --max-new-tokens 8 >"$W/eval1.json" 2>"$W/eval1.err"
+"$MOERL" eval --model "$CK" --data "$TEST" --n 8 --max-new-tokens 8 --samples 4 --temperature 1 >"$W/eval4.json" \
+    2>"$W/eval4.err"
+"$MOERL" eval --model "$CK" --data "$TEST" --n 8 --max-new-tokens 8 --samples 4 --temperature 1 >"$W/eval4b.json" \
+    2>/dev/null
+check "eval: greedy mean@1 = accuracy, sampled mean@4 / best@4 / std@4, reproducible" "$PY" - "$W" <<'PYEOF'
+import json, sys
+w = sys.argv[1]
+e1, e4, e4b = (json.load(open(w + f)) for f in ("/eval1.json", "/eval4.json", "/eval4b.json"))
+m1, m4 = e1["metrics"], e4["metrics"]
+assert e1["samples"] == 1 and list(m1) == ["val-core/arith/reward/mean@1"], e1
+assert m1["val-core/arith/reward/mean@1"] == e1["accuracy"], e1
+assert e4["samples"] == 4 and e4["n"] == 8, e4
+for k in ("val-core/arith/reward/mean@4", "val-core/arith/reward/best@4/mean", "val-aux/arith/reward/std@4"):
+    assert k in m4, (k, m4)
+assert abs(m4["val-core/arith/reward/mean@4"] - e4["accuracy"]) < 1e-6, e4
+assert e4 == e4b, (e4, e4b)
+PYEOF
+expect_err "eval: --samples 4 without a temperature" "--samples 4 needs --temperature > 0" \
+    "$MOERL" eval --model "$CK" --data "$TEST" --samples 4
 
 # bad values name the key
 expect_err "n = 0" "rollout.val_kwargs.n must be ≥ 1" "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" \
