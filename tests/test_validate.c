@@ -4,7 +4,8 @@
  *  2. val_compute_metrics against the Python reference on fixed inputs (greedy, N = 4 with a prompt
  *     without pred, N = 5 over two data_sources one without pred, N = 16, an "acc" extra field as
  *     the core variable, constant rewards, responses of prompts and data_sources interleaved with a
- *     uid shared by two data_sources): every metric name, section, order and value.
+ *     uid shared by two data_sources, an extra field one response lacks): every metric name, section,
+ *     order and value.
  *  3. properties that hold whatever the generator: best@k of equal rewards is that reward (std 0),
  *     maj@k of a unanimous vote is its score, best@k ≥ mean@N ≥ worst@k, best@N with k = N ≥ ...,
  *     majority ties go to the first drawn pred.
