@@ -284,7 +284,8 @@ static void name_metrics(val_metrics *out, const char *ds, const char *var, int 
     }
 }
 
-/* The value of variable `var` of sample s (v = 0: the score, else extra key var); 0 if absent. */
+/* The value of variable `var` of sample s into *v ("reward": the score, else the extra field var):
+ * 1, or 0 when s lacks it. */
 static int sample_var(const val_sample *s, const char *var, double *v) {
     if (strcmp(var, "reward") == 0) {
         *v = s->score;
