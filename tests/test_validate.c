@@ -1,7 +1,7 @@
 /* Validation as verl reports it (src/rl/validate.h):
  *  1. numpy's generator: val_mt_below draws exactly the indices np.random.choice(n, k) draws after
  *     np.random.seed(42) ($MOERL_TESTDATA/val_metrics.json from tests/ref/gen_val_metrics.py).
- *  2. val_compute_metrics against the Python reference on fixed inputs (greedy, N = 4 with a prompt
+ *  2. val_compute_metrics against the Python reference on fixed inputs (greedy, N = 4 with a response
  *     without pred, N = 5 over two data_sources one without pred, N = 16, an "acc" extra field as
  *     the core variable, constant rewards, responses of prompts and data_sources interleaved with a
  *     uid shared by two data_sources, an extra field one response lacks): every metric name, section,
@@ -159,6 +159,9 @@ static void test_properties(void) {
     CHECK(val_majority(mv, mp, idx, 5) == 0.2, "majority 7 (first at 1): %g", val_majority(mv, mp, idx, 5));
     const int tie[4] = {2, 4, 0, 3}; /* "3" twice, "7" twice: the one drawn first ("3" at 2) */
     CHECK(val_majority(mv, mp, tie, 4) == 0.3, "tie to the first drawn: %g", val_majority(mv, mp, tie, 4));
+    const char *np_[5] = {"3", NULL, "7", NULL, "3"}; /* no answer twice, first at 1, beats "3" drawn once */
+    const int nidx[4] = {0, 1, 2, 3};
+    CHECK(val_majority(mv, np_, nidx, 4) == 0.2, "no answer is a vote of its own: %g", val_majority(mv, np_, nidx, 4));
     const int one[1] = {4};
     CHECK(val_majority(mv, mp, one, 1) == 0.5, "one vote");
     /* best@k ≥ mean ≥ worst@k and best@k grows with k, on mixed rewards */

@@ -104,7 +104,8 @@ int val_subset_sizes(int n, int *out) {
     return c;
 }
 
-static int pred_eq(const char *a, const char *b) { return strcmp(a, b) == 0; }
+/* Two votes are the same: equal preds, or both NULL (no answer extracted: a vote of its own). */
+static int pred_eq(const char *a, const char *b) { return a && b ? strcmp(a, b) == 0 : a == b; }
 
 /* mean and population standard deviation of x[0..n) (two passes, as np.mean / np.std) */
 static void mean_std(const double *x, int n, double *mean, double *std) {
@@ -381,20 +382,21 @@ static int ds_variables(const val_sample *samples, int n, const val_grouping *G,
     return nv;
 }
 
-/* Every prompt of data_source d, for variable var, into a. */
-static void ds_var_metrics(const val_sample *samples, const val_grouping *G, int d, const char *var, metric_acc *a,
-                           double *vals, const char **preds) {
+/* Every prompt of data_source d, for variable var, into a: with majority votes when some response
+ * of d has a pred (a response without one votes "no answer"). */
+static void ds_var_metrics(const val_sample *samples, int n, const val_grouping *G, int d, const char *var,
+                           metric_acc *a, double *vals, const char **preds) {
+    int any_pred = 0;
+    for (int i = 0; i < n && !any_pred; i++) any_pred = G->ds_of[i] == d && samples[i].pred != NULL;
     for (int g = 0; g < G->n_groups; g++) {
         const struct val_group *gr = &G->groups[g];
         if (gr->ds != d) continue;
-        int all_pred = 1;
         for (int j = 0; j < gr->len; j++) {
             const val_sample *s = &samples[G->order[gr->start + j]];
             sample_var(s, var, &vals[j]);
             preds[j] = s->pred;
-            all_pred &= preds[j] != NULL;
         }
-        prompt_metrics(a, vals, all_pred ? preds : NULL, gr->len);
+        prompt_metrics(a, vals, any_pred ? preds : NULL, gr->len);
     }
 }
 
@@ -412,7 +414,7 @@ int val_compute_metrics(const val_sample *samples, int n, val_metrics *out) {
         const char *core = has_acc ? "acc" : "reward";
         for (int v = 0; v < nv; v++) {
             metric_acc a = {0};
-            ds_var_metrics(samples, &G, d, vars[v], &a, vals, preds);
+            ds_var_metrics(samples, n, &G, d, vars[v], &a, vals, preds);
             name_metrics(out, G.ds_names[d], vars[v], strcmp(vars[v], core) == 0, &a);
             val_metrics_free(&a.sum);
             free(a.count);

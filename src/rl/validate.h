@@ -13,10 +13,10 @@
  *     best@k/mean, best@k/std, worst@k/mean, worst@k/std (N > 1): bootstrap of max / min over k
  *                             responses drawn with replacement, n_bootstrap = 1000 rounds, for
  *                             k = 2, 4, 8, ... below N and k = N
- *     maj@k/mean, maj@k/std   (when every response has an extracted answer `pred`): the same
+ *     maj@k/mean, maj@k/std   (when the data_source's reward extracts answers `pred`): the same
  *                             bootstrap of the majority vote — the most frequent pred of the k
- *                             drawn responses (ties: the one drawn first), worth the value of its
- *                             first drawn response
+ *                             drawn responses (ties: the one drawn first; a response without a
+ *                             pred votes "no answer"), worth the value of its first drawn response
  *   then each metric is averaged over the prompts of a data_source, and named
  *     val-core/<data_source>/<var>/<metric>   var the core one ("acc" if the reward returned an
  *                                             "acc" field, else "reward"), metric mean@/maj@/best@
@@ -86,13 +86,14 @@ uint32_t val_mt_next(val_mt19937 *g);
 uint32_t val_mt_below(val_mt19937 *g, uint32_t n);
 
 /* The majority vote of verl's calc_maj_val over the k responses idx[0..k) (indices into
- * vals/preds): the pred drawn most often (ties: the one that first appears in idx), worth the value
- * of its first appearance. */
+ * vals/preds): the pred drawn most often (ties: the one that first appears in idx; NULL preds are
+ * one vote, "no answer"), worth the value of its first appearance. */
 double val_majority(const double *vals, const char *const *preds, const int *idx, int k);
 
 /* The bootstrap of one prompt's n values at subset size k: n_boot rounds of k indices drawn with
  * replacement (val_mt_below after val_mt_seed(seed)); mean and population std over the rounds of
- * the max (best), the min (worst) and, when preds is not NULL, the majority vote (maj). */
+ * the max (best), the min (worst) and, when preds is not NULL, the majority vote (maj; NULL entries
+ * vote "no answer"). */
 typedef struct {
     double best_mean, best_std, worst_mean, worst_std, maj_mean, maj_std;
 } val_bootstrap_result;
@@ -122,9 +123,10 @@ double val_metrics_get(const val_metrics *m, const char *key);
 
 /* verl's validation metrics of samples[0..n) (grouped by data_source, then uid; every grouping in
  * order of first appearance) into *out (which must be zeroed): the names of the header. An extra
- * field becomes a variable only when every sample of its data_source has it; maj@ only when every
- * sample of the prompt has a pred (verl computes it when the reward returns "pred"). Errors: a
- * variable named "pred" or "reward" among the extra fields clashes (named), n = 0. */
+ * field becomes a variable only when every sample of its data_source has it (verl refuses lists of
+ * unequal length); extra fields named "reward" or "pred" are skipped (the score and the vote are
+ * those). maj@ when some sample of the data_source has a pred (verl: when the reward returns
+ * "pred"); a sample without one then votes "no answer". Error: n = 0. */
 int val_compute_metrics(const val_sample *samples, int n, val_metrics *out);
 
 /* ---- a validation run ---- */

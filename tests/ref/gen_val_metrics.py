@@ -7,8 +7,8 @@ bootstrap_metric, calc_maj_val) and ray_trainer.py (_validate: val-core / val-au
   per prompt and numeric variable: mean@N = np.mean, std@N = np.std (population; N > 1 only);
   for k in 2, 4, 8, ... < N and N: np.random.seed(42), then 1000 rounds of np.random.choice(N, k)
   (with replacement): best@k = max, worst@k = min, maj@k = the value of the first drawn response of
-  the most frequent pred (ties: the pred drawn first) — each reported as /mean and /std (np.mean,
-  np.std over the rounds); maj only when the prompt's responses have preds.
+  the most frequent pred (ties: the pred drawn first; None, no answer, is a vote of its own) — each
+  reported as /mean and /std (np.mean, np.std over the rounds); maj when the data_source has preds.
   Averaged over the prompts of a data_source (np.mean over the prompts having the metric).
   val-core: the core variable ("acc" if present, else "reward"), metric mean/maj/best at the largest
   k of that variable; everything else val-aux.
@@ -33,10 +33,8 @@ def majority(vals, preds, idx):
     counts = OrderedDict()
     for i in idx:
         counts[preds[i]] = counts.get(preds[i], 0) + 1
-    best = None
-    for p, c in counts.items():  # insertion order = first drawn; strictly more replaces
-        if best is None or c > counts[best]:
-            best = p
+    # as verl's max(vote2cnt, key=vote2cnt.get): the first in insertion order (= first drawn) of the top count
+    best = max(counts, key=counts.get)
     for i in idx:
         if preds[i] == best:
             return vals[i]
@@ -94,8 +92,8 @@ def metrics(samples):
             for uid in uids:
                 rs = [s for s in mine if s["uid"] == uid]
                 vals = [s["score"] if var == "reward" else s["extra"][var] for s in rs]
-                preds = [s["pred"] for s in rs]
-                if any(p is None for p in preds):
+                preds = [s["pred"] for s in rs]  # None: no answer, a vote of its own
+                if all(s["pred"] is None for s in mine):
                     preds = None
                 for name, v in prompt_metrics(vals, preds).items():
                     per.setdefault(name, []).append(v)
@@ -145,7 +143,7 @@ def main():
     res = OrderedDict()
     for name, spec in cases.items():
         s = case_samples(rng, spec)
-        # prompt 1 of n4 lacks one pred: maj@ from the other prompts only
+        # a response of prompt 1 of n4 has no pred: it votes "no answer"
         if name == "n4":
             s[5]["pred"] = None
         res[name] = {"samples": s, "metrics": metrics(s)}
