@@ -136,6 +136,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
+    val_def_keys(c); /* rollout.val_kwargs.* (rl/validate.h) */
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
     cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
@@ -199,7 +200,7 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
     if (r->synth_alpha < 0 || r->synth_min <= 0)
         return moerl_errorf("rollout.synthetic_length: alpha must be ≥ 0 and min positive (got %g, %d)", r->synth_alpha, r->synth_min);
-    return MOERL_OK;
+    return val_read_kwargs(c, &r->val_kwargs); /* rollout.val_kwargs.* (rl/validate.h) */
 }
 
 /* actor.* (the PPO loss and AdamW), async_training.*, trainer.* as given (checked by check_values). */
