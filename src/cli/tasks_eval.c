@@ -6,9 +6,11 @@
  *   not silently ignored.
  * moerl tasks --from-gsm8k FILE.jsonl --out DIR
  *   openai/gsm8k rows → DIR/<name of FILE> in verl schema (tasks.h gsm8k_convert); prints {"out", "n"}.
- * moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N]
- *   greedy held-out accuracy with the row's reward function; prints one JSON object
- *   {"accuracy", "n", "mean_response_length", "data"}. */
+ * moerl eval --model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] [--samples N --temperature T
+ *            [--top-p P] [--top-k K] [--seed S]]
+ *   held-out accuracy with the row's reward function (greedy by default), and verl's validation
+ *   metrics (rl/validate.h: val_run); prints one JSON object {"accuracy", "n", "samples",
+ *   "mean_response_length", "max_new_tokens", "data", "metrics": {"val-core/...", ...}}. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,7 +25,7 @@
 #include "data/prompts.h"
 #include "data/tasks.h"
 #include "model/model.h"
-#include "train/train.h"
+#include "rl/validate.h"
 
 /* moerl tasks --from-gsm8k FILE --out DIR */
 static int tasks_from_gsm8k(const char *from, const char *out) {
@@ -143,55 +145,83 @@ int cmd_tasks(int argc, char **argv) {
     return 0;
 }
 
+/* The eval's JSON line. */
+static void eval_print(const val_report *rep, const val_options *o, const dataset *ds, const char *data) {
+    json_t *j = json_object();
+    json_object_set_new(j, "accuracy", cli_json_real(rep->accuracy));
+    json_object_set_new(j, "n", json_integer(o->n_rows > 0 && o->n_rows < dataset_count(ds) ? o->n_rows
+                                                                                          : dataset_count(ds)));
+    json_object_set_new(j, "samples", json_integer(o->kw.n));
+    json_object_set_new(j, "mean_response_length", cli_json_real(rep->mean_len));
+    json_object_set_new(j, "max_new_tokens", json_integer(o->max_new_tokens));
+    json_object_set_new(j, "data", cli_json_text(data, strlen(data)));
+    json_t *m = json_object();
+    for (int i = 0; i < rep->metrics.n; i++) json_object_set_new(m, rep->metrics.keys[i], cli_json_real(rep->metrics.vals[i]));
+    json_object_set_new(j, "metrics", m);
+    cli_print_json(j, 6);
+}
+
 int cmd_eval(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *tpl = "auto";
-    int64_t n = 0, max_new = 16;
+    int64_t n = 0, max_new = 16, samples = 1, top_k = -1, seed = 1;
+    double temp = 0, top_p = 1;
     int no_thinking = 0;
     const cli_opt opts[] = {
         CLI_OPT_STR("model", &model_dir, "DIR", CLI_ONCE | CLI_REQUIRED, "a checkpoint folder"),
         CLI_OPT_STR("data", &data, "FILE.jsonl", CLI_ONCE | CLI_REQUIRED, "task rows (verl schema; moerl tasks writes them)"),
         CLI_OPT_INT("n", &n, "N", 0, 100000000, "evaluate the first N rows (0 = all)"),
         CLI_OPT_INT("max-new-tokens", &max_new, "N", 1, 1000000,
-                    "greedy response cap in tokens (data.max_response_length's default; pass the run's to score as it did)"),
+                    "response cap in tokens (data.max_response_length's default; pass the run's to score as it did)"),
+        CLI_OPT_INT("samples", &samples, "N", 1, 1000000,
+                    "responses per row (rollout.val_kwargs.n): verl's mean@N, best@N, maj@N, std@N; N > 1 needs "
+                    "--temperature > 0"),
+        CLI_OPT_FLOAT("temperature", &temp, "T", 0, 1e6, "sampling temperature (0 = greedy)"),
+        CLI_OPT_FLOAT("top-p", &top_p, "P", 1e-9, 1, "nucleus sampling in (0, 1]; 1 = off"),
+        CLI_OPT_INT("top-k", &top_k, "K", -1, 1000000000, "keep the K most likely tokens; 0 or -1 = off"),
+        CLI_OPT_INT("seed", &seed, "S", 0, 9000000000000000LL, "sampling seed: response j of row i from (S, i, j)"),
         CLI_OPT_STR("chat-template", &tpl, "NAME", 0, "auto (the checkpoint's own) | qwen3 | chatml"),
         CLI_OPT_FLAG("no-thinking", &no_thinking, "Qwen3's enable_thinking=false"),
     };
     const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts),
-                           .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] "
+                           .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] [--samples N "
+                                       "--temperature T [--top-p P] [--top-k K] [--seed S]] "
                                        "[--chat-template auto|qwen3|chatml] [--no-thinking]",
-                           .about = "Greedy held-out accuracy with each row's reward function; prints {\"accuracy\", "
-                                    "\"n\", \"mean_response_length\", \"max_new_tokens\", \"data\"}."};
+                           .about = "Held-out accuracy with each row's reward function (greedy unless --temperature), "
+                                    "and verl's validation metrics; prints {\"accuracy\", \"n\", \"samples\", "
+                                    "\"mean_response_length\", \"max_new_tokens\", \"data\", \"metrics\"}."};
     int code;
     if (cli_parse(&spec, argc, argv, &code)) return code;
     const int thinking = !no_thinking;
     moe_model m = {0};
     dataset ds = {0};
     int rc = 1;
-    double acc, mlen;
+    val_report rep = {0};
+    const val_options o = {.kw = {.n = (int)samples, .temperature = (float)temp, .top_p = (float)top_p,
+                                  .top_k = (int)top_k, .do_sample = temp > 0},
+                           .n_rows = n, .max_new_tokens = (int)max_new, .max_num_seqs = 64, .seed = (uint64_t)seed};
+    if (samples > 1 && temp == 0) {
+        moerl_errorf("--samples %lld needs --temperature > 0: greedy responses would all be the same", (long long)samples);
+        goto fail;
+    }
     /* the data first (cheap, and its errors name file:line), then the model */
     if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
     if (model_load_hf_inference(&m, model_dir) != MOERL_OK) goto fail;
     if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
     if (dataset_check_prompts(&ds) != MOERL_OK) goto fail;
-    log_info("eval: greedy responses of at most %lld tokens (--max-new-tokens; a run's data.max_response_length "
-             "should match)", (long long)max_new);
-    if (eval_accuracy(&m, &ds, n, (int)max_new, 64, &acc, &mlen) != MOERL_OK) {
+    log_info("eval: %s responses of at most %lld tokens (--max-new-tokens; a run's data.max_response_length "
+             "should match), %lld per row", temp > 0 ? "sampled" : "greedy", (long long)max_new, (long long)samples);
+    if (val_run(&m, &ds, &o, NULL, NULL, &rep) != MOERL_OK) {
         /* a reward error names the row's line: say which file it is in */
         if (!strstr(moerl_last_error(), data)) moerl_error_prefix("%s: ", data);
         goto fail;
     }
-    json_t *j = json_object();
-    json_object_set_new(j, "accuracy", cli_json_real(acc));
-    json_object_set_new(j, "n", json_integer(n > 0 && n < dataset_count(&ds) ? n : dataset_count(&ds)));
-    json_object_set_new(j, "mean_response_length", cli_json_real(mlen));
-    json_object_set_new(j, "max_new_tokens", json_integer(max_new));
-    json_object_set_new(j, "data", cli_json_text(data, strlen(data)));
-    cli_print_json(j, 6);
+    eval_print(&rep, &o, &ds, data);
     rc = 0;
     goto out;
 fail:
     cli_print_error("eval", moerl_last_error());
 out:
+    val_report_free(&rep);
     dataset_free(&ds);
     model_free(&m);
     return rc;

@@ -80,6 +80,12 @@ struct reward_backend {
      * retrying did not cure, with a message naming `what`, the row (reqs[i].where) and the cause. */
     int (*score)(reward_backend *b, const reward_request *reqs, int n, reward_result *out);
     void (*free)(reward_backend *b);
+    /* Optional (NULL: none). Called from ANOTHER thread while `score` may be running (reward_pool_free
+     * stopping a busy pool): make that call return soon with MOERL_ERR (kill the worker processes,
+     * abort the transfers) without freeing anything `score` still uses; `free` follows once it has
+     * returned. Idempotent; a no-op when nothing runs. Without it, stopping a busy pool waits for the
+     * batch to finish (bounded by the backend's own timeouts). */
+    void (*cancel)(reward_backend *b);
 };
 
 /* The built-in rule rewards by data_source (data/rewards.h: reward_score). Never NULL. */

@@ -122,6 +122,7 @@ void rl_def_keys(cfg *c) {
     data_def_keys(c);
     sft_def_warm_start_keys(c);
     par_def_layout_keys(c); /* trainer.n_ranks, actor.fsdp_config.fsdp_size, ... (src/parallel/config.h) */
+    reward_def_keys(c);     /* reward.*: where rewards come from (src/reward/reward_config.c) */
     cfg_def_int(c, "rollout.n", 8, "responses per prompt (the GRPO group)");
     cfg_def_float(c, "rollout.temperature", 1.0, "sampling temperature (behaviour logprobs use the same)");
     cfg_def_float(c, "rollout.top_p", 1.0, "nucleus sampling");
@@ -135,6 +136,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
+    val_def_keys(c); /* rollout.val_kwargs.* (rl/validate.h) */
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
     cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
@@ -198,7 +200,7 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
     if (r->synth_alpha < 0 || r->synth_min <= 0)
         return moerl_errorf("rollout.synthetic_length: alpha must be ≥ 0 and min positive (got %g, %d)", r->synth_alpha, r->synth_min);
-    return MOERL_OK;
+    return val_read_kwargs(c, &r->val_kwargs); /* rollout.val_kwargs.* (rl/validate.h) */
 }
 
 /* actor.* (the PPO loss and AdamW), async_training.*, trainer.* as given (checked by check_values). */
@@ -338,6 +340,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (metrics_read_logger_key(c, "trainer.logger", &r->metrics_loggers) != MOERL_OK) return MOERL_ERR;
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
     if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
+    if (reward_read_config(c, &r->reward) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
      * model once the model is known) */
     par_layout L;

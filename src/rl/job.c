@@ -305,13 +305,71 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
 
 double job_clock(job *J) { return J->ops && J->ops->clock ? J->ops->clock(J) : moerl_now(); }
 
+/* The console line of one data_source of a validation at N > 1: its val-core metrics. */
+static void log_validation_source(const job *J, const val_report *rep, const char *ds) {
+    char line[1024];
+    int len = snprintf(line, sizeof line, "v%-3d validation %s:", J->T.version, ds);
+    const size_t pl = strlen("val-core/") + strlen(ds) + 1;
+    for (int i = 0; i < rep->metrics.n && len < (int)sizeof line - 64; i++) {
+        const char *k = rep->metrics.keys[i];
+        if (strncmp(k, "val-core/", 9) || strncmp(k + 9, ds, strlen(ds)) || k[pl - 1] != '/') continue;
+        const char *var_m = k + pl; /* "<var>/<metric>" */
+        if (strstr(var_m, "/std")) continue;
+        len += snprintf(line + len, sizeof line - len, " %s %.3f", var_m, rep->metrics.vals[i]);
+    }
+    log_info("%s", line);
+}
+
+/* The data_sources of a report (the second part of its val-core keys), each logged once. */
+static void log_validation(const job *J, const val_report *rep) {
+    if (J->cfg->val_kwargs.n <= 1) return; /* N = 1: the held-out accuracy line says it all */
+    for (int i = 0; i < rep->metrics.n; i++) {
+        const char *k = rep->metrics.keys[i];
+        if (strncmp(k, "val-core/", 9) || !strstr(k, "/mean@")) continue;
+        const char *end = strstr(k, "/mean@");
+        const char *var = end; /* back to the '/' before "<var>" */
+        while (var > k + 9 && var[-1] != '/') var--;
+        if (var <= k + 9) continue;
+        char ds[512];
+        snprintf(ds, sizeof ds, "%.*s", (int)(var - 1 - (k + 9)), k + 9);
+        log_validation_source(J, rep, ds);
+    }
+}
+
 int job_run_validation(job *J, double *acc) {
-    double mlen;
+    const rl_config *c = J->cfg;
+    const val_options o = {.kw = c->val_kwargs, .n_rows = c->val_n, .max_new_tokens = c->max_response_length,
+                           .max_num_seqs = c->max_num_seqs, .seed = c->seed};
+    /* The one place validation responses are scored: NULL = the built-in rewards (reward_score). A
+     * reward pool of the job (reward.*) goes here: val_run(..., score_fn, score_ctx, ...) with a
+     * callback calling reward_pool_score. */
+    val_score_fn score_fn = NULL;
+    void *score_ctx = NULL;
+    val_report rep;
     if (job_whole_begin(J, 0) != MOERL_OK) return MOERL_ERR;
-    const int rc = eval_accuracy(J->whole_m, J->test, J->cfg->val_n, J->cfg->max_response_length,
-                                 J->cfg->max_num_seqs, acc, &mlen);
+    const int rc = val_run(J->whole_m, J->test, &o, score_fn, score_ctx, &rep);
     job_whole_end(J);
-    return rc;
+    if (rc != MOERL_OK) return MOERL_ERR;
+    *acc = rep.accuracy;
+    /* one record: val/accuracy (kept for continuity, the plot and the resume state), the version,
+     * then verl's val-core/... and val-aux/... */
+    const int n = 2 + rep.metrics.n;
+    const char **keys = xmalloc((size_t)n * sizeof(char *));
+    double *vals = xmalloc((size_t)n * sizeof(double));
+    keys[0] = "val/accuracy";
+    vals[0] = rep.accuracy;
+    keys[1] = "fully_async/count/current_param_version";
+    vals[1] = (double)J->T.version;
+    for (int i = 0; i < rep.metrics.n; i++) {
+        keys[2 + i] = rep.metrics.keys[i];
+        vals[2 + i] = rep.metrics.vals[i];
+    }
+    const int wrc = metrics_write(J->mw, J->T.step, n, keys, vals);
+    log_validation(J, &rep);
+    free(keys);
+    free(vals);
+    val_report_free(&rep);
+    return wrc;
 }
 
 /* One console line and one JSONL record per version. */
@@ -434,11 +492,8 @@ int job_after_sync(job *J, double sync_s, double rb, double ri) {
     job_emit_version(J, rb, ri);
     if (J->cfg->val_n != 0 && J->cfg->test_freq > 0 && J->T.version % J->cfg->test_freq == 0) {
         double acc;
-        if (job_run_validation(J, &acc) != MOERL_OK) return MOERL_ERR;
+        if (job_run_validation(J, &acc) != MOERL_OK) return MOERL_ERR; /* writes the val record */
         J->last_val = acc;
-        const char *k[] = {"val/accuracy", "fully_async/count/current_param_version"};
-        double v[] = {acc, (double)J->T.version};
-        metrics_write(J->mw, J->T.step, 2, k, v);
         J->last_val_step = J->T.step;
         log_info("v%-3d held-out accuracy %.1f%%", J->T.version, 100 * acc);
     }

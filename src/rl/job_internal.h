@@ -155,7 +155,10 @@ void job_free(job *J);
 void job_log_samples(job *J, rl_group **g, int n);
 /* Window accumulation of per-step statistics (first: overwrite). */
 void job_add_stats(train_stats *a, const train_stats *b, int first);
-/* Greedy held-out accuracy of J->m on val_n rows. */
+/* Held-out validation of the whole model (rl/validate.h: rollout.val_kwargs.n responses for each of
+ * the first val_n test rows): writes one metrics record at the current step (val/accuracy, the
+ * param version, verl's val-core/... and val-aux/...), logs the val-core values per data_source when
+ * N > 1; *acc = val/accuracy (the fraction of responses scoring ≥ 1; N = 1 greedy: as before). */
 int job_run_validation(job *J, double *acc);
 /* One console line and one metrics record for the window ending at this version. */
 void job_emit_version(job *J, double rollouter_busy, double rollouter_idle);

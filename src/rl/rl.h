@@ -37,6 +37,7 @@
 #include "rl/losses.h"
 #include "rl/queue.h"
 #include "rl/staleness.h"
+#include "rl/validate.h"
 #include "rollout/engine.h"
 
 typedef enum { RL_MODE_ASYNC = 0, RL_MODE_LOCKSTEP, RL_MODE_SYNC } rl_mode;
@@ -124,6 +125,7 @@ typedef struct {
      * world rank test_fail_rank at startup (test_fail_version < 0) or once it reaches that version */
     int test_fail, test_fail_rank, test_fail_version;
     reward_config reward;      /* reward.*: where rewards come from (reward/reward.h) */
+    val_kwargs val_kwargs;     /* rollout.val_kwargs.*: held-out validation sampling (rl/validate.h) */
 } rl_config;
 
 /* Declare every key of `moerl rl` (src/rl/config.c): model.* (model_def_keys), data.* (data_def_keys),

@@ -225,10 +225,9 @@ static int do_sync(job *J) {
     return job_after_sync(J, job_clock(J) - ts, rb, ri);
 }
 
+/* After job_run_validation (which wrote the val/accuracy, val-core/... record): the accuracy the
+ * plot, the final result and the checkpoint's state keep. */
 static void record_validation(job *J, double acc) {
-    const char *k[] = {"val/accuracy", "fully_async/count/current_param_version"};
-    double v[] = {acc, (double)J->T.version};
-    metrics_write(J->mw, J->T.step, 2, k, v);
     J->last_val = acc;
     J->last_val_step = J->T.step;
 }
