@@ -13,6 +13,7 @@
 #include "model/model_config.h"
 #include "dist/compress.h"
 #include "parallel/config.h"
+#include "rl/multi_turn.h"
 #include "rl/rl.h"
 #include "rl/sft_job.h"
 
@@ -137,6 +138,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
     val_def_keys(c); /* rollout.val_kwargs.* (rl/validate.h) */
+    multi_turn_def_keys(c); /* rollout.multi_turn.* (rl/multi_turn.h) */
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
     cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
@@ -341,6 +343,8 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
     if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
     if (reward_read_config(c, &r->reward) != MOERL_OK) return MOERL_ERR;
+    multi_turn_config mt; /* checked (enable=true refused until the rollouter loops over turns) */
+    if (multi_turn_read_config(c, &mt) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
      * model once the model is known) */
     par_layout L;

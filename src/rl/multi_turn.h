@@ -1,0 +1,39 @@
+/* Multi-turn rollouts with tools: the rollout.multi_turn.* keys (verl's names and defaults).
+ *
+ *   rollout.multi_turn.enable                trajectories of assistant and tool turns (false)
+ *   rollout.multi_turn.max_assistant_turns   assistant turns per trajectory at most (0 = no limit
+ *                                            but data.max_response_length, which bounds all turns)
+ *   rollout.multi_turn.max_tool_response_length  characters of a tool response kept (256)
+ *   rollout.multi_turn.format                how the model writes tool calls: hermes (data/tool_calls.h)
+ *   rollout.multi_turn.tool_config_path      the tools: a YAML list (data/tool_calls.h)
+ *
+ * The engine, the parser, the tool config and the environment client exist; the rollouter's loop
+ * over turns does not yet, so enable=true is refused with an error saying so (after every other
+ * key and the tool config file have been checked), and a multi_turn key changed from its default
+ * while enable is false is refused too (never accepted and ignored).
+ *
+ * Layer: rl (uses data).
+ */
+#ifndef MOERL_RL_MULTI_TURN_H
+#define MOERL_RL_MULTI_TURN_H
+
+#include "base/config.h"
+#include "data/tool_calls.h"
+
+typedef struct {
+    int enable;
+    int max_assistant_turns;      /* 0 = no limit */
+    int max_tool_response_length; /* characters, > 0 */
+    char format[16];              /* "hermes" */
+    char tool_config_path[1024];  /* "" = none */
+} multi_turn_config;
+
+/* Declare rollout.multi_turn.* with their help. */
+void multi_turn_def_keys(cfg *c);
+/* Read and check rollout.multi_turn.*: max_assistant_turns ≥ 0, max_tool_response_length > 0, format
+ * hermes, tool_config_path required with enable and loadable (tool_config_load's errors); any key
+ * off its default while enable is false, and enable=true itself while the rollouter has no multi-turn
+ * loop, are errors naming the key. */
+int multi_turn_read_config(const cfg *c, multi_turn_config *m);
+
+#endif

@@ -1,0 +1,68 @@
+/* rollout.multi_turn.* (rl/multi_turn.h). */
+#include "rl/multi_turn.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/common.h"
+
+#define MT_DEF_TOOL_RESPONSE 256
+
+void multi_turn_def_keys(cfg *c) {
+    cfg_def_bool(c, "rollout.multi_turn.enable", false,
+                 "multi-turn rollouts with tools: assistant turns, tool calls run by an environment, tool turns "
+                 "(docs/multi-turn.md)");
+    cfg_def_int(c, "rollout.multi_turn.max_assistant_turns", 0,
+                "assistant turns per trajectory at most (0 = no limit but data.max_response_length over all turns)");
+    cfg_def_int(c, "rollout.multi_turn.max_tool_response_length", MT_DEF_TOOL_RESPONSE,
+                "characters of a tool response kept (the rest is cut)");
+    cfg_def_str(c, "rollout.multi_turn.format", "hermes",
+                "how the model writes tool calls: hermes (<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>)");
+    cfg_def_str(c, "rollout.multi_turn.tool_config_path", "",
+                "YAML list of tools: OpenAI function schema + command: (JSON-lines program) or url: (HTTP)");
+}
+
+static int copy_str(char *dst, size_t cap, const char *v, const char *key) {
+    if (strlen(v) >= cap) return moerl_errorf("%s: value of %zu characters is too long (at most %zu)", key, strlen(v), cap - 1);
+    memcpy(dst, v, strlen(v) + 1);
+    return MOERL_OK;
+}
+
+int multi_turn_read_config(const cfg *c, multi_turn_config *m) {
+    memset(m, 0, sizeof *m);
+    m->enable = cfg_bool(c, "rollout.multi_turn.enable");
+    const int64_t turns = cfg_int(c, "rollout.multi_turn.max_assistant_turns"),
+                  trl = cfg_int(c, "rollout.multi_turn.max_tool_response_length");
+    if (turns < 0 || turns > 1000000)
+        return moerl_errorf("rollout.multi_turn.max_assistant_turns must be ≥ 0 (0 = no limit), got %lld", (long long)turns);
+    if (trl <= 0 || trl > 100000000)
+        return moerl_errorf("rollout.multi_turn.max_tool_response_length must be a positive number of characters, got %lld",
+                            (long long)trl);
+    m->max_assistant_turns = (int)turns;
+    m->max_tool_response_length = (int)trl;
+    if (copy_str(m->format, sizeof m->format, cfg_str(c, "rollout.multi_turn.format"), "rollout.multi_turn.format") ||
+        copy_str(m->tool_config_path, sizeof m->tool_config_path, cfg_str(c, "rollout.multi_turn.tool_config_path"),
+                 "rollout.multi_turn.tool_config_path"))
+        return MOERL_ERR;
+    if (strcmp(m->format, "hermes"))
+        return moerl_errorf("rollout.multi_turn.format: '%s' is not a tool-call format moerl parses (expected hermes)", m->format);
+    if (!m->enable) {
+        const char *off = turns ? "max_assistant_turns" : trl != MT_DEF_TOOL_RESPONSE ? "max_tool_response_length"
+                          : m->tool_config_path[0]                                   ? "tool_config_path"
+                                                                                     : NULL;
+        if (off)
+            return moerl_errorf("rollout.multi_turn.%s is set but rollout.multi_turn.enable is false: set enable=true "
+                                "for multi-turn rollouts, or leave the key at its default",
+                                off);
+        return MOERL_OK;
+    }
+    if (!m->tool_config_path[0])
+        return moerl_errorf("rollout.multi_turn.enable=true needs rollout.multi_turn.tool_config_path (a YAML list of tools)");
+    tool_config tc;
+    if (tool_config_load(m->tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
+    tool_config_free(&tc);
+    return moerl_errorf("rollout.multi_turn.enable=true: multi-turn rollouts are not wired into moerl rl yet (the "
+                        "engine, the hermes parser, the tool config (%s, checked) and the environment client exist; the "
+                        "rollouter's loop over turns does not); set rollout.multi_turn.enable=false",
+                        m->tool_config_path);
+}
