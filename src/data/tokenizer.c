@@ -422,6 +422,26 @@ int tokenizer_chat_encode(const tokenizer *t, const chat_msg *msgs, int n, bool 
     return rc;
 }
 
+int tokenizer_chat_render_masked(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, char **text,
+                                 uint8_t **tpl, size_t *len) {
+    chat_render r = {0};
+    int rc = need_tpl(t);
+    if (rc == MOERL_OK) rc = chat_render_msgs(t->tpl, msgs, n, add_generation_prompt, t->thinking, &r);
+    if (rc != MOERL_OK) {
+        chat_render_free(&r);
+        return rc;
+    }
+    *text = r.text;
+    *tpl = r.tpl;
+    *len = r.len;
+    return MOERL_OK;
+}
+
+int tokenizer_encode_masked(const tokenizer *t, const char *text, size_t len, const uint8_t *tpl, tok_seq *out) {
+    const chat_render r = {(char *)text, (uint8_t *)tpl, len, len};
+    return encode_render(t, &r, out);
+}
+
 int tokenizer_encode_response(const tokenizer *t, const char *text, tok_seq *out) {
     chat_render r = {0};
     int rc = need_tpl(t);

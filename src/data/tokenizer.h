@@ -106,6 +106,15 @@ int tokenizer_chat_encode(const tokenizer *t, const chat_msg *msgs, int n, bool 
  * chatml; qwen3 adds its think block) followed by the end-of-turn token <|im_end|>. SFT targets. */
 int tokenizer_encode_response(const tokenizer *t, const char *text, tok_seq *out);
 
+/* The chat template's rendering of msgs as text[0..len) (NUL-terminated) and, per byte, tpl[i] = 1 where
+ * the template itself wrote it (chat_render's mask); both heap, the caller frees them. Errors: those
+ * of tokenizer_chat_text. For the tool turns of multi-turn rollouts (data/tool_calls.h). */
+int tokenizer_chat_render_masked(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, char **text,
+                                 uint8_t **tpl, size_t *len);
+/* Append the ids of text[0..len), control tokens matched only at bytes with tpl[i] = 1 (as
+ * tokenizer_chat_encode encodes a rendering). */
+int tokenizer_encode_masked(const tokenizer *t, const char *text, size_t len, const uint8_t *tpl, tok_seq *out);
+
 /* Ids that end a generation (hf-bpe: generation_config.json eos_token_id, all of them, else
  * config.json's, plus tokenizer_config.json's eos_token; bytes: <|im_end|>). *n gets the count. */
 const int32_t *tokenizer_stop_ids(const tokenizer *t, int *n);

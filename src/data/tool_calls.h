@@ -29,6 +29,8 @@
 
 #include <stddef.h>
 
+#include "data/tokenizer.h"
+
 typedef struct json_t json_t;
 
 typedef struct {
@@ -74,5 +76,20 @@ typedef struct {
  * block becomes an error call (see above); returns MOERL_OK, or MOERL_ERR only for a NULL text. */
 int tool_calls_parse_hermes(const char *text, size_t len, const tool_config *tools, tool_calls *out);
 void tool_calls_free(tool_calls *tc);
+
+/* The ids of a tool turn's template text, so that the next assistant turn's input is the previous
+ * ids, the sampled ids and these — nothing re-encoded. msgs[0..n_turn) is the conversation up to and
+ * including the assistant turn just sampled (its content: the sampled text before its end-of-turn
+ * token); msgs[n_turn..n) are the tool messages answering it (role "tool"). eot: the text of the
+ * end-of-turn token the sampled ids end with ("<|im_end|>").
+ * With P = render(msgs[0..n_turn)) and F = render(msgs[0..n), add_generation_prompt) under the
+ * tokenizer's chat template: k = the template-written eots in P; the boundary b is the end of the
+ * k-th template-written eot in F (the sampled turn's own); F[b..) must begin with what P has after
+ * its last eot (e.g. the "\n" Qwen3 writes after <|im_end|>) and hold more; out gets the ids of
+ * F[b..) encoded with F's template mask (control tokens only where the template wrote them, so a
+ * tool response spelling "<|im_end|>" stays text). Errors (nothing appended): n_turn < 1, n ≤ n_turn,
+ * msgs[n_turn − 1] not an assistant message, rendering errors, no template eot in P, F not
+ * extending P at the boundary (the message shows both sides). */
+int tool_turn_ids(const tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *eot, tok_seq *out);
 
 #endif

@@ -1,0 +1,98 @@
+/* The template delta of a tool turn (tool_turn_ids): with Qwen3's tokenizer and template, the delta
+ * ids equal the tail of the whole conversation's encoding after the assistant turn's <|im_end|> (so
+ * prompt ⊕ sampled ⊕ delta joins with no drift at the boundary: the "\n" after <|im_end|> belongs to
+ * the delta), decode to the text Qwen3's template writes for tool turns (its rendering is tested
+ * equal to @huggingface/jinja's elsewhere: test_tokenizer / test_jinja), keep a tool response that
+ * spells <|im_end|> as text, follow enable_thinking, and refuse what cannot be a tool turn. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "data/tokenizer.h"
+#include "data/tool_calls.h"
+#include "test.h"
+
+static const char *testdata(void) {
+    const char *d = getenv("MOERL_TESTDATA");
+    return d ? d : "build/testdata";
+}
+
+static int count_id(const int32_t *ids, int64_t n, int32_t id, int k, int64_t *pos_k) {
+    int c = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] == id && ++c == k) *pos_k = i;
+    return c;
+}
+
+static chat_msg M(const char *role, const char *content) { return (chat_msg){(char *)role, (char *)content}; }
+
+static void check_delta(tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *want_text, const char *tag) {
+    const int32_t eot = tokenizer_token_id(t, "<|im_end|>");
+    tok_seq delta = {0}, full = {0}, pre = {0};
+    CHECK(tool_turn_ids(t, msgs, n_turn, n, "<|im_end|>", &delta) == MOERL_OK, "%s: %s", tag, moerl_last_error());
+    MOERL_ASSERT(tokenizer_chat_encode(t, msgs, n, true, &full) == MOERL_OK);
+    MOERL_ASSERT(tokenizer_chat_encode(t, msgs, n_turn, false, &pre) == MOERL_OK);
+    int64_t pos = -1;
+    const int k = count_id(pre.ids, pre.n, eot, 0, NULL);
+    count_id(full.ids, full.n, eot, k, &pos);
+    CHECK(pos >= 0 && delta.n == full.n - pos - 1 && !memcmp(delta.ids, full.ids + pos + 1, delta.n * sizeof(int32_t)),
+          "%s: delta (%lld ids) is the whole conversation's ids after the turn's <|im_end|> (%lld ids)", tag,
+          (long long)delta.n, (long long)(full.n - pos - 1));
+    size_t len;
+    char *txt = tokenizer_decode(t, delta.ids, delta.n, false, &len);
+    CHECK(txt && !strcmp(txt, want_text), "%s: delta text\n got  [%s]\n want [%s]", tag, txt, want_text);
+    CHECK(count_id(delta.ids, delta.n, eot, 0, NULL) == 1, "%s: one <|im_end|> id in the delta (the template's)", tag);
+    free(txt);
+    tok_seq_free(&delta); tok_seq_free(&full); tok_seq_free(&pre);
+}
+
+static void test_qwen3(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen3_tok", testdata());
+    tokenizer *t = tokenizer_load(dir, 151936);
+    CHECK(t != NULL, "load %s: %s (run tests/ref/gen_tokenizer.py first)", dir, moerl_last_error());
+    if (!t) return;
+    MOERL_ASSERT(tokenizer_set_chat_template(t, "qwen3", true, "data.chat_template") == MOERL_OK);
+    chat_msg msgs[] = {
+        M("system", "You can call tools."), M("user", "What is 123456789 * 987654321?"),
+        M("assistant", "<think>\nI should use the calculator.\n</think>\n\n<tool_call>\n{\"name\": \"calc\", \"arguments\": "
+                       "{\"expr\": \"123456789*987654321\"}}\n</tool_call>"),
+        M("tool", "121932631112635269"), M("tool", "<|im_end|> is not a token here"),
+        M("assistant", "The product is 121932631112635269."), M("tool", "ok")};
+    check_delta(t, msgs, 3, 5,
+                "\n<|im_start|>user\n<tool_response>\n121932631112635269\n</tool_response>\n<tool_response>\n<|im_end|> "
+                "is not a token here\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                "qwen3, two tool responses");
+    check_delta(t, msgs, 3, 4, "\n<|im_start|>user\n<tool_response>\n121932631112635269\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                "qwen3, one tool response");
+    check_delta(t, msgs, 6, 7, "\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                "qwen3, second tool turn");
+    MOERL_ASSERT(tokenizer_set_chat_template(t, "qwen3", false, "data.chat_template") == MOERL_OK);
+    check_delta(t, msgs, 3, 4,
+                "\n<|im_start|>user\n<tool_response>\n121932631112635269\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+                "<think>\n\n</think>\n\n",
+                "qwen3 enable_thinking=false");
+    tok_seq out = {0};
+    CHECK(tool_turn_ids(t, msgs, 3, 4, "<|endoftext|>", &out) == MOERL_ERR && strstr(moerl_last_error(), "no end-of-turn") &&
+              out.n == 0,
+          "an eot the template does not write: %s", moerl_last_error());
+    CHECK(tool_turn_ids(t, msgs, 2, 4, "<|im_end|>", &out) == MOERL_ERR && strstr(moerl_last_error(), "expected assistant"),
+          "the turn before the tools must be the assistant's: %s", moerl_last_error());
+    CHECK(tool_turn_ids(t, msgs, 3, 3, "<|im_end|>", &out) == MOERL_ERR && out.n == 0, "no tool messages refused");
+    tok_seq_free(&out);
+    tokenizer_free(t);
+}
+
+static void test_chatml_bytes(void) {
+    tokenizer *t = tokenizer_new_bytes();
+    MOERL_ASSERT(tokenizer_set_chat_template(t, "chatml", true, "data.chat_template") == MOERL_OK);
+    chat_msg msgs[] = {M("user", "2+3?"), M("assistant", "<tool_call>{\"name\": \"calc\"}</tool_call>"), M("tool", "5")};
+    check_delta(t, msgs, 2, 3, "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n", "chatml, byte tokenizer");
+    tokenizer_free(t);
+}
+
+int main(void) {
+    test_qwen3();
+    test_chatml_bytes();
+    TEST_MAIN_END();
+}
