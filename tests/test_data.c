@@ -545,6 +545,12 @@ static void test_tasks(void) {
     o.arith_digits = 1; /* 2 · 10 · 10 = 200 distinct prompts < 1100 asked */
     CHECK(task_generate("arith", &o, tr, te) == MOERL_ERR && has(moerl_last_error(), "too small"),
           "exhausted problem space: %s", moerl_last_error());
+    CHECK(access(te, F_OK) != 0 && access(tr, F_OK) != 0, "a refused task left a file behind (%s or %s)", te, tr);
+    o.n_train = 100; /* 200 distinct: the 32 test rows fit, the train rows do not — still no file */
+    o.n_test = 150;
+    CHECK(task_generate("arith", &o, tr, te) == MOERL_ERR && access(te, F_OK) != 0,
+          "a task refused after its test split left %s behind", te);
+    task_opts_default(&o);
     o.arith_digits = 19;
     CHECK(task_generate("arith", &o, tr, te) == MOERL_ERR && has(moerl_last_error(), "arith_digits = 19"),
           "digits out of range: %s", moerl_last_error());

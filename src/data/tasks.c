@@ -108,12 +108,13 @@ static int write_split_file(const char *family, const char *path, const char *bu
     return rc;
 }
 
-/* Draw `count` items not yet in `seen` and write them as rows of split `split`. */
+/* Draw `count` items not yet in `seen` as rows of split `split` into *buf[*blen] (heap; freed by the
+ * caller, also on error). */
 static int gen_split(const char *family, task_gen_fn fn, rng_state *r, const task_opts *o, strset *seen,
-                     int64_t count, const char *split, const char *path, int raw_gsm8k) {
-    char *buf = NULL;
-    size_t blen = 0;
-    FILE *f = open_memstream(&buf, &blen);
+                     int64_t count, const char *split, char **buf, size_t *blen, int raw_gsm8k) {
+    *buf = NULL;
+    *blen = 0;
+    FILE *f = open_memstream(buf, blen);
     if (!f) return moerl_errorf("task '%s': cannot allocate the output buffer", family);
     int64_t tries = 0, max_tries = 50 * (o->n_train + o->n_test) + 10000;
     int rc = MOERL_OK;
@@ -133,8 +134,6 @@ static int gen_split(const char *family, task_gen_fn fn, rng_state *r, const tas
         i++;
     }
     fclose(f);
-    if (rc == MOERL_OK) rc = write_split_file(family, path, buf, blen);
-    free(buf);
     return rc;
 }
 
@@ -149,8 +148,15 @@ static int task_generate_impl(const char *family, const task_opts *o, const char
     rng_seed(&r, o->seed);
     strset seen;
     strset_init(&seen, (size_t)(o->n_train + o->n_test));
-    int rc = gen_split(family, fn, &r, o, &seen, o->n_test, "test", test_path, raw_gsm8k);
-    if (rc == MOERL_OK) rc = gen_split(family, fn, &r, o, &seen, o->n_train, "train", train_path, raw_gsm8k);
+    /* both splits are drawn before either file is written: a refused task leaves no file behind */
+    char *test_buf = NULL, *train_buf = NULL;
+    size_t test_len = 0, train_len = 0;
+    int rc = gen_split(family, fn, &r, o, &seen, o->n_test, "test", &test_buf, &test_len, raw_gsm8k);
+    if (rc == MOERL_OK) rc = gen_split(family, fn, &r, o, &seen, o->n_train, "train", &train_buf, &train_len, raw_gsm8k);
+    if (rc == MOERL_OK) rc = write_split_file(family, test_path, test_buf, test_len);
+    if (rc == MOERL_OK) rc = write_split_file(family, train_path, train_buf, train_len);
+    free(test_buf);
+    free(train_buf);
     strset_free(&seen);
     return rc;
 }
