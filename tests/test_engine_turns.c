@@ -187,6 +187,10 @@ static void test_limits_and_errors(void) {
     CHECK(engine_continue(e, &r, bad, 2) == MOERL_ERR && r.n_out == n1 && r.finish == FINISH_STOP,
           "an id outside the vocabulary is refused, request untouched");
     CHECK(engine_continue(e, &r, ins, -1) == MOERL_ERR && r.n_out == n1, "n < 0 refused");
+    r.sp.max_tokens = 30;
+    CHECK(engine_continue(e, &r, ins, 1) == MOERL_ERR && r.n_out == n1 && strstr(moerl_last_error(), "max_tokens changed"),
+          "a changed max_tokens refused (it bounds all turns): %s", moerl_last_error());
+    r.sp.max_tokens = 20;
     /* no room left for a new token: nothing appended, finished at its length */
     CHECK(engine_continue(e, &r, ins, 20 - n1) == 0 && r.finish == FINISH_LENGTH && r.n_out == n1,
           "inserted ids filling max_tokens: finish %s n_out %d", finish_reason_name(r.finish), r.n_out);

@@ -344,6 +344,7 @@ int engine_add(engine *e, gen_request *r) {
         r->out_logprobs = xmalloc(sp->max_tokens * sizeof(float));
         r->out_versions = xmalloc(sp->max_tokens * sizeof(int));
         r->out_mask = xmalloc(sp->max_tokens);
+        r->out_cap = sp->max_tokens;
         r->n_out = 0;
         r->n_interruptions = 0;
         r->turn = 0;
@@ -366,6 +367,9 @@ int engine_continue(engine *e, gen_request *r, const int *ids, int n) {
             return moerl_errorf("engine_continue: request %lld: inserted token %d at index %d outside the vocabulary "
                                 "[0,%d)", (long long)r->id, ids[i], i, e->V);
     if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
+    if (r->out_cap && r->sp.max_tokens != r->out_cap)
+        return moerl_errorf("engine_continue: request %lld: sp.max_tokens changed from %d to %d; it bounds all turns "
+                            "together and cannot change between them", (long long)r->id, r->out_cap, r->sp.max_tokens);
     if (r->n_out + n >= r->sp.max_tokens || r->prompt_len + r->n_out + n >= e->ec.max_model_len) {
         r->finish = FINISH_LENGTH; /* no room for a new token after the inserted ones */
         return 0;
@@ -396,6 +400,7 @@ void gen_request_free_outputs(gen_request *r) {
     free(r->out_versions);
     free(r->out_mask);
     r->out_mask = NULL;
+    r->out_cap = 0;
     r->out_tokens = NULL;
     r->out_logprobs = NULL;
     r->out_versions = NULL;

@@ -71,6 +71,7 @@ typedef struct gen_request {
     rng_state rng;
     int slot;            /* -1 when not holding a KV slot */
     int n_cached;        /* tokens of prompt ⊕ out already in the KV cache */
+    int out_cap;         /* capacity of the output arrays the engine allocated (0: the caller's) */
     struct gen_request *next;
     void *user;          /* free for the caller */
 } gen_request;
@@ -165,7 +166,7 @@ int engine_abort(engine *e, gen_request **out, int out_cap);
  * seeded with engine_turn_seed(sp.seed, turn), so a continued request samples exactly as a fresh
  * request whose prompt is prompt ⊕ outputs and whose seed is that turn seed. The caller may change
  * r->sp's stop tokens (n_stop, stop_tokens, ignore_eos) and temperature/top_k/top_p before the call;
- * sp.max_tokens and sp.seed stay. sp.max_tokens bounds the whole output (sampled + inserted) over
+ * sp.max_tokens and sp.seed stay (a changed max_tokens is refused). sp.max_tokens bounds the whole output (sampled + inserted) over
  * all turns, and prompt ⊕ output stays below max_model_len.
  * Returns 1 if r was queued; 0 if the inserted ids leave no room for a new token — then nothing is
  * appended and r is finished with FINISH_LENGTH (as verl's agent loop ends a trajectory whose tool
