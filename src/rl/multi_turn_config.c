@@ -10,8 +10,8 @@
 
 void multi_turn_def_keys(cfg *c) {
     cfg_def_bool(c, "rollout.multi_turn.enable", false,
-                 "multi-turn rollouts with tools: assistant turns, tool calls run by an environment, tool turns "
-                 "(docs/multi-turn.md)");
+                 "multi-turn rollouts with tools (docs/multi-turn.md); true is refused until the rollouter's loop over "
+                 "turns exists");
     cfg_def_int(c, "rollout.multi_turn.max_assistant_turns", 0,
                 "assistant turns per trajectory at most (0 = no limit but data.max_response_length over all turns)");
     cfg_def_int(c, "rollout.multi_turn.max_tool_response_length", MT_DEF_TOOL_RESPONSE,
