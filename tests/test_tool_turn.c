@@ -26,6 +26,8 @@ static int count_id(const int32_t *ids, int64_t n, int32_t id, int k, int64_t *p
 
 static chat_msg M(const char *role, const char *content) { return (chat_msg){(char *)role, (char *)content}; }
 
+static void test_non_canonical(tokenizer *t);
+
 static void check_delta(tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *want_text, const char *tag) {
     const int32_t eot = tokenizer_token_id(t, "<|im_end|>");
     tok_seq delta = {0}, full = {0}, pre = {0};
@@ -80,7 +82,61 @@ static void test_qwen3(void) {
           "the turn before the tools must be the assistant's: %s", moerl_last_error());
     CHECK(tool_turn_ids(t, msgs, 3, 3, "<|im_end|>", &out) == MOERL_ERR && out.n == 0, "no tool messages refused");
     tok_seq_free(&out);
+    test_non_canonical(t);
     tokenizer_free(t);
+}
+
+/* Non-canonical samples: the model may sample a word as two tokens that re-encode as one. The next
+ * turn's input is prompt ⊕ sampled ⊕ delta — the sampled ids verbatim — and the delta depends only on
+ * the text, so it is the same whichever ids spelled the turn. */
+static void test_non_canonical(tokenizer *t) {
+    const char *content = "The calculator is unbelievably precise.\n<tool_call>\n{\"name\": \"calc\", \"arguments\": "
+                          "{\"expr\": \"2+3\"}}\n</tool_call>";
+    chat_msg msgs[] = {M("user", "2+3?"), M("assistant", content), M("tool", "5")};
+    tok_seq canon = {0}, split = {0}, prompt = {0}, delta = {0}, again = {0};
+    MOERL_ASSERT(tokenizer_encode(t, content, strlen(content), false, &canon) == MOERL_OK);
+    int64_t at = -1; /* the first token of ≥ 4 letters, sampled as two halves instead */
+    for (int64_t i = 0; i < canon.n && at < 0; i++) {
+        size_t l;
+        char *s = tokenizer_decode(t, canon.ids + i, 1, false, &l);
+        int letters = l >= 4;
+        for (size_t j = 0; j < l; j++) letters &= (s[j] >= 'a' && s[j] <= 'z');
+        if (letters) {
+            at = i;
+            for (int64_t k = 0; k < i; k++) tok_seq_push(&split, canon.ids[k]);
+            MOERL_ASSERT(tokenizer_encode(t, s, l / 2, false, &split) == MOERL_OK);
+            MOERL_ASSERT(tokenizer_encode(t, s + l / 2, l - l / 2, false, &split) == MOERL_OK);
+            for (int64_t k = i + 1; k < canon.n; k++) tok_seq_push(&split, canon.ids[k]);
+        }
+        free(s);
+    }
+    MOERL_ASSERT(at >= 0);
+    size_t l1, l2;
+    char *a = tokenizer_decode(t, canon.ids, canon.n, false, &l1), *b = tokenizer_decode(t, split.ids, split.n, false, &l2);
+    MOERL_ASSERT(tokenizer_encode(t, b, l2, false, &again) == MOERL_OK);
+    CHECK(l1 == l2 && !memcmp(a, b, l1) && split.n > canon.n && again.n == canon.n &&
+              !memcmp(again.ids, canon.ids, canon.n * sizeof(int32_t)),
+          "the split sample spells the same text and re-encodes to the canonical ids (it would be lost by re-encoding)");
+    free(a); free(b);
+    MOERL_ASSERT(tokenizer_chat_encode(t, msgs, 1, true, &prompt) == MOERL_OK);
+    MOERL_ASSERT(tool_turn_ids(t, msgs, 2, 3, "<|im_end|>", &delta) == MOERL_OK);
+    /* the next turn's input: prompt ⊕ sampled (with its <|im_end|>) ⊕ delta */
+    tok_seq next = {0};
+    for (int64_t i = 0; i < prompt.n; i++) tok_seq_push(&next, prompt.ids[i]);
+    for (int64_t i = 0; i < split.n; i++) tok_seq_push(&next, split.ids[i]);
+    tok_seq_push(&next, tokenizer_token_id(t, "<|im_end|>"));
+    for (int64_t i = 0; i < delta.n; i++) tok_seq_push(&next, delta.ids[i]);
+    CHECK(!memcmp(next.ids + prompt.n, split.ids, split.n * sizeof(int32_t)), "the sampled ids stand verbatim");
+    tok_seq full = {0};
+    MOERL_ASSERT(tokenizer_chat_encode(t, msgs, 3, true, &full) == MOERL_OK);
+    /* re-encoding the conversation gives other ids (the split token, and here also the empty think
+     * block the generation prompt held, which Qwen3's template drops from a past turn) but the same tail */
+    CHECK(full.n >= delta.n && !memcmp(full.ids + full.n - delta.n, next.ids + next.n - delta.n, delta.n * sizeof(int32_t)) &&
+              (full.n != next.n || memcmp(full.ids, next.ids, next.n * sizeof(int32_t))),
+          "the input keeps the sampled ids where re-encoding would not, and ends with the same tool turn (%lld vs %lld ids)",
+          (long long)next.n, (long long)full.n);
+    tok_seq *all[] = {&canon, &split, &prompt, &delta, &again, &next, &full};
+    for (int i = 0; i < 7; i++) tok_seq_free(all[i]);
 }
 
 static void test_chatml_bytes(void) {
