@@ -153,12 +153,13 @@ int cmd_eval(int argc, char **argv) {
         CLI_OPT_INT("n", &n, "N", 0, 100000000, "evaluate the first N rows (0 = all)"),
         CLI_OPT_INT("max-new-tokens", &max_new, "N", 1, 1000000,
                     "greedy response cap in tokens (data.max_response_length's default; pass the run's to score as it did)"),
-        CLI_OPT_STR("chat-template", &tpl, "NAME", 0, "auto (the checkpoint's own) | qwen3 | chatml"),
+        CLI_OPT_STR("chat-template", &tpl, "NAME", 0,
+                    "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
         CLI_OPT_FLAG("no-thinking", &no_thinking, "Qwen3's enable_thinking=false"),
     };
     const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts),
                            .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] "
-                                       "[--chat-template auto|qwen3|chatml] [--no-thinking]",
+                                       "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking]",
                            .about = "Greedy held-out accuracy with each row's reward function; prints {\"accuracy\", "
                                     "\"n\", \"mean_response_length\", \"max_new_tokens\", \"data\"}."};
     int code;
