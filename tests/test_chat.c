@@ -296,6 +296,54 @@ static void test_jinja_response(void) {
     tokenizer_free(n);
 }
 
+/* ---- a chosen .jinja template travels with the checkpoint (chat_template.jinja) ---- */
+static void test_save_template(const char *qdir) {
+    tokenizer *t = tokenizer_new_bytes();
+    const char *p = write_file("keep.jinja", k_probe_tpl);
+    tokenizer_set_chat_template(t, p, true, "data.chat_template");
+    char d[1400], f[1500];
+    snprintf(d, sizeof d, "%s/saved_bytes", g_tmp);
+    mkdir(d, 0755);
+    CHECK(tokenizer_save(t, d) == MOERL_OK, "save: %s", moerl_last_error());
+    snprintf(f, sizeof f, "%s/chat_template.jinja", d);
+    char *txt = NULL;
+    size_t len = 0;
+    CHECK(moerl_read_file(f, &txt, &len) == MOERL_OK && len == strlen(k_probe_tpl) && !memcmp(txt, k_probe_tpl, len),
+          "the chosen template is written as chat_template.jinja");
+    free(txt);
+    tokenizer *b = tokenizer_load(d, 0);
+    CHECK(b && !strcmp(tokenizer_kind(b), "bytes") &&
+              tokenizer_set_chat_template(b, "auto", true, "data.chat_template") == MOERL_OK &&
+              strstr(tokenizer_chat_template_name(b), "saved_bytes/chat_template.jinja"),
+          "the byte tokenizer's folder template is its auto: %s", b ? tokenizer_chat_template_name(b) : "");
+    chat_msg m[1] = {{"user", "q", NULL}};
+    char *x1 = tokenizer_chat_text(t, m, 1, true), *x2 = b ? tokenizer_chat_text(b, m, 1, true) : NULL;
+    CHECK(x1 && x2 && !strcmp(x1, x2), "the reloaded checkpoint renders as the run did");
+    free(x1);
+    free(x2);
+    tokenizer_free(b);
+    tokenizer_free(t);
+    if (!qdir) return;
+    /* a Hugging Face folder: chat_template.jinja wins over tokenizer_config.json's, as in transformers */
+    tokenizer *q = tokenizer_load(qdir, 151936);
+    snprintf(d, sizeof d, "%s/saved_hf", g_tmp);
+    mkdir(d, 0755);
+    if (q) tokenizer_save(q, d);
+    snprintf(f, sizeof f, "%s/chat_template.jinja", d);
+    FILE *o = fopen(f, "w");
+    fputs("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}", o);
+    fclose(o);
+    tokenizer *h = tokenizer_load(d, 151936);
+    CHECK(h && tokenizer_set_chat_template(h, "auto", true, "data.chat_template") == MOERL_OK &&
+              strstr(tokenizer_chat_template_name(h), "saved_hf/chat_template.jinja"),
+          "chat_template.jinja is the checkpoint's template: %s", h ? tokenizer_chat_template_name(h) : moerl_last_error());
+    x1 = h ? tokenizer_chat_text(h, m, 1, true) : NULL;
+    CHECK(x1 && !strcmp(x1, "[user] q"), "rendered: %s", x1);
+    free(x1);
+    tokenizer_free(h);
+    tokenizer_free(q);
+}
+
 /* ---- prompt files: rows with tools, the object shape ---- */
 static void test_prompt_files(void) {
     tokenizer *t = tokenizer_new_bytes();
@@ -482,5 +530,6 @@ int main(void) {
     struct stat st;
     CHECK(stat(p, &st) == 0, "%s exists (tests/ref/gen_tokenizer.py makes it)", p);
     if (stat(p, &st) == 0) test_qwen3_fast_path(q);
+    test_save_template(stat(p, &st) == 0 ? q : NULL);
     TEST_MAIN_END();
 }

@@ -133,14 +133,13 @@ static int tk_chat(tokenizer *t, const tk_args *a, const char *buf, size_t len, 
     chat_call c;
     int rc = 1;
     char *txt = NULL;
-    if (chat_call_from_json(in, &c) != MOERL_OK) {
+    if (tokenizer_set_chat_template(t, a->tpl, !a->no_thinking, "--chat-template") != MOERL_OK ||
+        chat_call_from_json(in, &c) != MOERL_OK) {
         fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
         json_decref(in);
         return 1;
     }
-    if (tk_chat_flags(a, &c) != MOERL_OK ||
-        tokenizer_set_chat_template(t, a->tpl, !a->no_thinking, "--chat-template") != MOERL_OK ||
-        !(txt = tokenizer_chat_text_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt)) ||
+    if (tk_chat_flags(a, &c) != MOERL_OK || !(txt = tokenizer_chat_text_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt)) ||
         tokenizer_chat_encode_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt, s) != MOERL_OK)
         fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
     else {

@@ -32,6 +32,8 @@ struct tokenizer {
     char *file_tpl;       /* the checkpoint's template text, or NULL */
     size_t file_tpl_len;
     char file_tpl_from[32]; /* the file it came from: tokenizer_config.json or chat_template.jinja */
+    char *chosen_src;       /* the text of a template chosen from a .jinja file (tokenizer_save writes it) */
+    size_t chosen_len;
     char tpl_label[1400]; /* a Jinja template's source: the .jinja path or DIR/tokenizer_config.json */
     json_t *specials;     /* special-token variables of the templates (bos_token, eos_token, ...) */
     int32_t eot;          /* end-of-turn id (<|im_end|>) */
@@ -107,6 +109,7 @@ void tokenizer_free(tokenizer *t) {
     hf_bpe_free(t->bpe);
     jinja_free(t->jt);
     free(t->file_tpl);
+    free(t->chosen_src);
     json_decref(t->specials);
     for (int i = 0; i < N_TOK_FILES; i++) free(t->file_data[i]);
     free(t);
@@ -164,6 +167,18 @@ static json_t *load_json_obj(const tokenizer *t, int fi, const char *path, int *
         return NULL;
     }
     return o;
+}
+
+/* The checkpoint's own template text tpl[0..len), from file `from`, kept for "auto". */
+static void keep_file_tpl(tokenizer *t, const char *tpl, size_t len, const char *from) {
+    t->has_file_tpl = 1;
+    t->file_tpl = xmalloc(len + 1);
+    memcpy(t->file_tpl, tpl, len);
+    t->file_tpl[len] = 0;
+    t->file_tpl_len = len;
+    snprintf(t->file_tpl_from, sizeof t->file_tpl_from, "%s", from);
+    t->tpl_fp = chat_tpl_fingerprint(tpl, len);
+    t->tpl_file = chat_tpl_identify(tpl, len);
 }
 
 /* The special-token variables apply_chat_template passes to a template (its special_tokens_map):
@@ -249,21 +264,14 @@ static tokenizer *load_hf(const char *dir, int vocab_size) {
         }
     }
     const char *tpl_file = "tokenizer_config.json";
-    if (!tpl && t->file_data[3]) { /* chat_template.jinja */
+    if (t->file_data[3]) { /* chat_template.jinja wins over the config's, as in transformers */
         tpl = t->file_data[3];
         tpl_len = t->file_len[3];
         tpl_file = "chat_template.jinja";
     }
     load_specials(t, cfg);
     if (tpl) {
-        t->has_file_tpl = 1;
-        t->file_tpl = xmalloc(tpl_len + 1);
-        memcpy(t->file_tpl, tpl, tpl_len);
-        t->file_tpl[tpl_len] = 0;
-        t->file_tpl_len = tpl_len;
-        snprintf(t->file_tpl_from, sizeof t->file_tpl_from, "%s", tpl_file);
-        t->tpl_fp = chat_tpl_fingerprint(tpl, tpl_len);
-        t->tpl_file = chat_tpl_identify(tpl, tpl_len);
+        keep_file_tpl(t, tpl, tpl_len, tpl_file);
         t->tpl = t->tpl_file;
     }
     /* generation_config.json eos_token_id (all of them), else config.json's */
@@ -320,6 +328,17 @@ tokenizer *tokenizer_load(const char *dir, int vocab_size) {
         }
         tokenizer *t = tokenizer_new_bytes();
         snprintf(t->dir, sizeof t->dir, "%s", dir);
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir); /* a template a run chose (tokenizer_save) */
+        char *src;
+        size_t len;
+        if (file_exists(path)) {
+            if (moerl_read_file(path, &src, &len) != MOERL_OK) {
+                tokenizer_free(t);
+                return NULL;
+            }
+            keep_file_tpl(t, src, len, "chat_template.jinja");
+            free(src);
+        }
         return t;
     }
     if (vocab_size > 0 && vocab_size < TOK_VOCAB_SIZE)
@@ -337,14 +356,19 @@ int tokenizer_save(const tokenizer *t, const char *dir) {
     char path[1200];
     if (t->kind == TK_BYTES) {
         snprintf(path, sizeof path, "%s/tokenizer_moerl.json", dir);
-        return moerl_write_file_atomic(path, k_moerl_byte_json, strlen(k_moerl_byte_json));
+        if (moerl_write_file_atomic(path, k_moerl_byte_json, strlen(k_moerl_byte_json)) != MOERL_OK) return MOERL_ERR;
     }
-    for (int i = 0; i < N_TOK_FILES; i++) {
+    for (int i = 0; t->kind == TK_BPE && i < N_TOK_FILES; i++) {
         if (!t->file_data[i]) continue;
         snprintf(path, sizeof path, "%s/%s", dir, k_tok_files[i]);
         if (moerl_write_file_atomic(path, t->file_data[i], t->file_len[i]) != MOERL_OK) return MOERL_ERR;
     }
-    return MOERL_OK;
+    /* a template chosen from a .jinja file (or the byte tokenizer's own): the checkpoint renders as the run did */
+    const char *src = t->chosen_src ? t->chosen_src : t->kind == TK_BYTES && t->has_file_tpl ? t->file_tpl : NULL;
+    size_t len = t->chosen_src ? t->chosen_len : t->file_tpl_len;
+    if (!src) return MOERL_OK;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    return moerl_write_file_atomic(path, src, len);
 }
 
 /* ---- encode / decode ---- */
@@ -435,7 +459,12 @@ static int use_jinja_file(tokenizer *t, const char *path, const char *key, chat_
     if (moerl_read_file(path, &src, &len) != MOERL_OK) return moerl_error_prefix("%s: chat template: ", key);
     int rc = use_jinja(t, src, len, path, key);
     chat_tpl native = chat_tpl_identify(src, len);
-    free(src);
+    if (rc == MOERL_OK) {
+        t->chosen_src = src;
+        t->chosen_len = len;
+    } else {
+        free(src);
+    }
     *c = native != CHAT_TPL_NONE ? native : CHAT_TPL_JINJA;
     return rc;
 }
@@ -455,7 +484,7 @@ static int use_file_tpl(tokenizer *t, const char *key, chat_tpl *c) {
 /* The template that name chooses (tokenizer_set_chat_template) into *c and t->jt / t->tpl_label. */
 static int choose_tpl(tokenizer *t, const char *name, const char *key, chat_tpl *c) {
     if (!strcmp(name, "auto")) {
-        if (t->kind == TK_BYTES) *c = CHAT_TPL_CHATML;
+        if (t->kind == TK_BYTES && !t->has_file_tpl) *c = CHAT_TPL_CHATML;
         else if (use_file_tpl(t, key, c) != MOERL_OK) return MOERL_ERR;
     } else if (!strcmp(name, "qwen3") || !strcmp(name, "chatml")) {
         chat_tpl_from_name(name, c);
@@ -481,18 +510,24 @@ static int choose_tpl(tokenizer *t, const char *name, const char *key, chat_tpl 
 
 int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thinking, const char *key) {
     jinja_tpl *old = t->jt;
-    char old_label[sizeof t->tpl_label];
+    char *old_src = t->chosen_src, old_label[sizeof t->tpl_label];
+    size_t old_len = t->chosen_len;
     memcpy(old_label, t->tpl_label, sizeof old_label);
     t->jt = NULL;
+    t->chosen_src = NULL;
     t->tpl_label[0] = 0;
     chat_tpl c;
     if (choose_tpl(t, name, key, &c) != MOERL_OK) { /* keep the template chosen before */
         jinja_free(t->jt);
+        free(t->chosen_src);
         t->jt = old;
+        t->chosen_src = old_src;
+        t->chosen_len = old_len;
         memcpy(t->tpl_label, old_label, sizeof old_label);
         return MOERL_ERR;
     }
     jinja_free(old);
+    free(old_src);
     t->tpl = c;
     t->thinking = enable_thinking;
     return MOERL_OK;

@@ -102,9 +102,10 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool allo
 char *tokenizer_decode(const tokenizer *t, const int32_t *ids, int64_t n, bool skip_special, size_t *len);
 
 /* Choose the chat template. name:
- *   "auto"    the checkpoint's own (tokenizer_config.json's chat_template, else
- *             chat_template.jinja), rendered by moerl's Jinja interpreter (data/jinja.h); chatml
- *             for the byte tokenizer. No template in the checkpoint is an error saying what to set.
+ *   "auto"    the checkpoint's own (chat_template.jinja, else tokenizer_config.json's
+ *             chat_template, as transformers reads them), rendered by moerl's Jinja interpreter
+ *             (data/jinja.h); for the byte tokenizer its folder's chat_template.jinja, else chatml.
+ *             No template in the checkpoint is an error saying what to set.
  *   "qwen3", "chatml"  moerl's native renderers (chat_template.h);
  *   a path    a .jinja file (as vLLM's --chat-template): any name ending in ".jinja", holding a
  *             '/', or naming an existing file. Errors: the file cannot be read (its path), a
@@ -152,7 +153,9 @@ const int32_t *tokenizer_stop_ids(const tokenizer *t, int *n);
 /* Write the tokenizer files into dir (atomically each), so a checkpoint written there loads
  * with the same tokenizer: bytes → tokenizer_moerl.json; hf-bpe → the files it was loaded from
  * (tokenizer.json, tokenizer_config.json, generation_config.json, chat_template.jinja,
- * special_tokens_map.json, vocab.json, merges.txt, those present), byte for byte. */
+ * special_tokens_map.json, vocab.json, merges.txt, those present), byte for byte. A template
+ * chosen from a .jinja file (or the byte tokenizer's own) is written as chat_template.jinja, so
+ * the checkpoint renders prompts as the run that wrote it did ("auto", and transformers). */
 int tokenizer_save(const tokenizer *t, const char *dir);
 
 /* ---- the process-wide current tokenizer (see the top) ---- */
