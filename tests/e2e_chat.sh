@@ -150,6 +150,8 @@ printf '{"messages": [{"role": "user", "content": "x"}], "add_generation_prompt"
 expect_err "generate --prompts: a bad object row names file:line" "$W/bad.jsonl:1: add_generation_prompt: expected true or false" $M generate --model "$W/m" --prompts "$W/bad.jsonl"
 printf '{"prompt": [{"role": "user", "content": "x"}], "tools": 3}\n' >"$W/bad2.jsonl"
 expect_err "generate --prompts: bad tools" "$W/bad2.jsonl:1: field 'tools'" $M generate --model "$W/m" --prompts "$W/bad2.jsonl"
+"$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$W/qwen3_nothink.json" >"$W/pt.jsonl"
+expect_err "generate --prompts: a line's enable_thinking and --no-thinking" "pt.jsonl:1: the line sets \"enable_thinking\"" $M generate --model "$W/m" --prompts "$W/pt.jsonl" --no-thinking
 "$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$W/gemma3.json" >"$W/pg.jsonl"
 $M generate --model "$W/m" --prompts "$W/pg.jsonl" --chat-template "$W/gemma3.jinja" --max-new-tokens 1 >/dev/null 2>"$W/err"
 check "generate --chat-template FILE.jinja" test $? -eq 0

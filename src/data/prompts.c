@@ -130,7 +130,11 @@ static int read_prompt_line(const char *path, long long line, const char *s, siz
     memset(seq, 0, sizeof *seq);
     if (!json_is_object(o)) moerl_errorf("%s:%lld: the line is not a JSON object", path, line);
     else if (line_call(o, &c) != MOERL_OK) moerl_error_prefix("%s:%lld: ", path, line);
-    else {
+    else if (!tokenizer_enable_thinking(tok_current()) && c.x.vars && json_object_get(c.x.vars, "enable_thinking")) {
+        moerl_errorf("%s:%lld: the line sets \"enable_thinking\" and enable_thinking=false is set for every prompt "
+                     "(--no-thinking): keep one", path, line);
+        chat_call_free(&c);
+    } else {
         rc = tokenizer_chat_encode_ex(tok_current(), c.msgs, c.n, &c.x, c.add_generation_prompt != 0, seq);
         if (rc != MOERL_OK) {
             moerl_error_prefix("%s:%lld: prompt: ", path, line);

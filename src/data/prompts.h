@@ -38,7 +38,8 @@ void chat_call_free(chat_call *c);
  * in that object shape (a "messages" field; every other field is then a template variable). Other
  * fields of a "prompt" row are ignored. Each prompt is rendered by the current tokenizer's chat
  * template and encoded, with the generation prompt unless the object says
- * "add_generation_prompt": false. On success *out holds *n_out ≥ 1 token sequences (the
+ * "add_generation_prompt": false. A line's "enable_thinking" while the tokenizer's is false (the
+ * caller's --no-thinking) is an error: both were given. On success *out holds *n_out ≥ 1 token sequences (the
  * caller frees each with tok_seq_free, then the array). Errors name file:line and what was
  * expected ("field 'prompt': expected ..."), or the file when it has no prompts. */
 int prompt_file_read(const char *path, tok_seq **out, int *n_out);

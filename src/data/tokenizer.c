@@ -533,6 +533,8 @@ int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thin
     return MOERL_OK;
 }
 
+bool tokenizer_enable_thinking(const tokenizer *t) { return t->thinking; }
+
 const char *tokenizer_chat_template_name(const tokenizer *t) {
     return t->tpl == CHAT_TPL_JINJA ? t->tpl_label : chat_tpl_name(t->tpl);
 }

@@ -116,6 +116,8 @@ char *tokenizer_decode(const tokenizer *t, const int32_t *ids, int64_t n, bool s
  * variable undefined (Qwen3's default is thinking); a chat_extra var overrides it. Errors name
  * the key `config_key` (e.g. "data.chat_template") in what to do. */
 int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thinking, const char *config_key);
+/* The enable_thinking of the last tokenizer_set_chat_template (true before any). */
+bool tokenizer_enable_thinking(const tokenizer *t);
 /* The chosen template's name: "qwen3", "chatml", or for another Jinja template its source (the
  * .jinja path, or "DIR/tokenizer_config.json"); "none" before a successful choice for hf-bpe. */
 const char *tokenizer_chat_template_name(const tokenizer *t);
