@@ -66,7 +66,7 @@ static int gen_parse(int argc, char **argv, gen_args *a, int *code) {
                        "weights the engine computes from (bf16: as rollout.dtype bf16)"),
         CLI_OPT_STR("chat-template", &a->tpl, "NAME", 0,
                     "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
-        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "Qwen3's enable_thinking=false"),
+        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
         CLI_OPT_STR("profile", &a->profile, "FILE", 0, "write a Chrome trace (Perfetto) of the engine's steps and kernels"),
     };
     const cli_spec spec = {.cmd = "generate", .opts = opts, .n_opts = CLI_NOPTS(opts), .notes = notes,

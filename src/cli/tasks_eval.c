@@ -155,7 +155,7 @@ int cmd_eval(int argc, char **argv) {
                     "greedy response cap in tokens (data.max_response_length's default; pass the run's to score as it did)"),
         CLI_OPT_STR("chat-template", &tpl, "NAME", 0,
                     "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
-        CLI_OPT_FLAG("no-thinking", &no_thinking, "Qwen3's enable_thinking=false"),
+        CLI_OPT_FLAG("no-thinking", &no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
     };
     const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts),
                            .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] "

@@ -43,7 +43,7 @@ static int tk_parse(int argc, char **argv, tk_args *a, int *code) {
                                        "text and ids"),
         {.name = "chat-template", .type = CLI_STR, .dest = &a->tpl, .given = &a->tpl_given, .meta = "NAME",
          .help = "auto (the checkpoint's own), qwen3, chatml, or the path of a .jinja file"},
-        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "Qwen3's enable_thinking=false"),
+        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
         CLI_OPT_FLAG("no-generation-prompt", &a->no_gen, "with --chat: leave out the assistant's opening"),
     };
     const cli_spec spec = {.cmd = "tokenize", .opts = opts, .n_opts = CLI_NOPTS(opts),
