@@ -6,7 +6,8 @@
 # arguments, equals @huggingface/jinja's rendering (tests/ref/chat_render_ref.js), text and ids
 # (Qwen3's tokenizer and the JS one); the errors of a missing .jinja file, a syntax error, flags
 # that say the same as the object's keys; `generate --prompts` with the object shape and rows with
-# tools gives what the same ids give; eval and init with the chat keys.
+# tools gives what the same ids give; eval and init with the chat keys; an rl run on rows with tools
+# through a .jinja template (rollout prompt ids, the template saved with the checkpoint).
 # Needs $MOERL_TESTDATA/qwen3_tok from tests/ref/gen_tokenizer.py (tests/run.sh runs it first).
 # Usage: tests/e2e_chat.sh [BUILD_DIR]; ends with "N passed, N failed".
 source "$(dirname "$0")/lib.sh"
@@ -169,4 +170,46 @@ PY
 $M eval --model "$W/m" --data "$W/rows.jsonl" --max-new-tokens 2 --chat-template "$W/qwen3.jinja" >"$W/e.json" 2>"$W/err"
 check "eval: rows with tools, a .jinja template" grep -q '"accuracy"' "$W/e.json"
 expect_err "eval: a row the template refuses names the row" "$W/rows.jsonl:1: prompt:" $M eval --model "$W/m" --data "$W/rows.jsonl" --chat-template chatml
+# --- rl on rows with tools through a .jinja template (DeepSeek V3's, on Qwen3's tokenizer): every logged
+# rollout's prompt ids = tokenize --chat of the row's {"messages", "tools"}; checkpoints carry the template
+"$PY" - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+tools = json.load(open(w + "/qwen3.json"))["tools"]
+with open(w + "/rl_train.jsonl", "w") as f:
+    for i in range(16):
+        a, b = i + 2, 3 * i + 1
+        msgs = [{"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": "Compute %d+%d." % (a, b)},
+                {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
+                    "name": "add", "arguments": json.dumps({"a": a, "b": b})}}]},
+                {"role": "tool", "content": str(a + b)},
+                {"role": "user", "content": "So?"}]
+        f.write(json.dumps({"data_source": "arith", "prompt": msgs, "tools": tools,
+                            "reward_model": {"style": "rule", "ground_truth": str(a + b)}}) + "\n")
+PY
+sed '/^model:/,/^data:/{/^data:/!d}' examples/smoke.yaml >"$W/rl.yaml"  # the smoke run without its architecture
+$M rl --config "$W/rl.yaml" model.path="$W/m" data.task= data.train_files="$W/rl_train.jsonl" \
+    data.val_files="$W/rl_train.jsonl" data.chat_template="$W/deepseek_v3.jinja" sft.total_training_steps=0 \
+    trainer.total_training_steps=2 trainer.val_n=0 trainer.test_freq=0 trainer.save_freq=2 trainer.n_threads=1 \
+    trainer.resume_mode=disable data.max_response_length=4 trainer.default_local_dir="$W/rl" >"$W/rl.out" 2>"$W/rl.err"
+check "rl on rows with tools, data.chat_template=FILE.jinja ($(tail -c 300 "$W/rl.err"))" grep -qE '"steps": ?2' "$W/rl.out"
+"$PY" - "$M" "$W" >"$W/ids.err" 2>&1 <<'PY'
+import json, subprocess, sys
+moerl, w = sys.argv[1:3]
+rows = [json.loads(l) for l in open(w + "/rl_train.jsonl")]
+groups = [json.loads(l) for l in open(w + "/rl/samples.jsonl") if l.strip()]
+assert groups, "no samples logged"
+for g in groups:
+    r = rows[g["row"]]
+    obj = json.dumps({"messages": r["prompt"], "tools": r["tools"]})
+    out = subprocess.run([moerl, "tokenize", "--model", w + "/m", "--chat", "--chat-template",
+                          w + "/deepseek_v3.jinja", "--text", obj], capture_output=True, text=True, check=True).stdout
+    assert g["prompt_ids"] == json.loads(out)["ids"], ("row", g["row"])
+print("checked", len(groups), "groups")
+PY
+check "rl: every rollout's prompt ids = tokenize --chat of its row with tools ($(tail -c 300 "$W/ids.err"))" test $? -eq 0
+check "rl checkpoint carries the chosen template as chat_template.jinja" cmp -s "$W/deepseek_v3.jinja" "$W/rl/checkpoint/chat_template.jinja"
+$M tokenize --model "$W/rl/checkpoint" --chat --file "$W/deepseek_v3.json" >"$W/ck.out" 2>"$W/err"
+check "the checkpoint's auto template is the run's" "$PY" -c 'import json,sys; a,b=[json.load(open(p)) for p in sys.argv[1:]]; sys.exit(a["ids"]!=b["ids"])' "$W/ck.out" "$W/deepseek_v3.moerl"
 finish
