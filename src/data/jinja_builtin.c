@@ -14,26 +14,26 @@
 #include "data/jinja_internal.h"
 
 /* ---- strings -------------------------------------------------------------------------- */
-jstr js_sub(jstr s, size_t a, size_t b) {
+jstr jjs_sub(jstr s, size_t a, size_t b) {
     jstr r = {.s = s.s + a, .n = b - a, .m = s.m ? s.m + a : NULL, .um = s.um};
     return r;
 }
 
-jstr js_trim(jstr s, bool left, bool right) {
+jstr jjs_trim(jstr s, bool left, bool right) {
     size_t a = 0, b = s.n, l;
     if (left)
-        while (a < b && (l = js_space_len(s.s + a, b - a))) a += l;
+        while (a < b && (l = jjs_space_len(s.s + a, b - a))) a += l;
     if (right)
-        while (b > a && (l = js_space_len_back(s.s + a, b - a))) b -= l;
-    return js_sub(s, a, b);
+        while (b > a && (l = jjs_space_len_back(s.s + a, b - a))) b -= l;
+    return jjs_sub(s, a, b);
 }
 
 /* Python str.strip(chars): the code points of chars removed from the ends. */
-jstr py_strip_chars(jstr s, jstr chars, bool left, bool right) {
+jstr jpy_strip_chars(jstr s, jstr chars, bool left, bool right) {
     size_t a = 0, b = s.n;
     for (;;) {
         if (!left || a >= b) break;
-        size_t l = utf8_len((unsigned char)s.s[a]);
+        size_t l = jcp(s.s, a, s.n);
         if (!memmem(chars.s, chars.n, s.s + a, l)) break;
         a += l;
     }
@@ -43,12 +43,12 @@ jstr py_strip_chars(jstr s, jstr chars, bool left, bool right) {
         if (!memmem(chars.s, chars.n, s.s + i, b - i)) break;
         b = i;
     }
-    return js_sub(s, a, b);
+    return jjs_sub(s, a, b);
 }
 
 /* Map every code point through f (upper/lower case), keeping each source byte's mask for the
  * first byte of its replacement. */
-jv js_map_case(jctx *c, jstr s, int upper, bool first_only) {
+jv jjs_map_case(jctx *c, jstr s, int upper, bool first_only) {
     jbuf *b = jtmp_get(c);
     for (size_t i = 0; i < s.n;) {
         utf8proc_int32_t cp;
@@ -60,7 +60,7 @@ jv js_map_case(jctx *c, jstr s, int upper, bool first_only) {
             utf8proc_uint8_t enc[4];
             utf8proc_ssize_t el = utf8proc_encode_char(o, enc);
             jbuf_put(b, (const char *)enc, el, m);
-        } else jbuf_put_str(b, js_sub(s, i, i + l));
+        } else jbuf_put_str(b, jjs_sub(s, i, i + l));
         i += l;
     }
     jv r = jv_str(jbuf_take(c, b));
@@ -71,7 +71,7 @@ jv js_map_case(jctx *c, jstr s, int upper, bool first_only) {
 static bool wordc(char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_'; }
 
 /* value.replace(/\b\w/g, toUpperCase): ASCII word starts upper-cased. */
-jv js_title(jctx *c, jstr s) {
+jv jjs_title(jctx *c, jstr s) {
     jbuf *b = jtmp_get(c);
     jbuf_put_str(b, s);
     for (size_t i = 0; i < s.n; i++)
@@ -81,14 +81,14 @@ jv js_title(jctx *c, jstr s) {
     return r;
 }
 
-bool js_str_eq(jstr a, const char *b) { return a.n == strlen(b) && !memcmp(a.s, b, a.n); }
+bool jjs_str_eq(jstr a, const char *b) { return a.n == strlen(b) && !memcmp(a.s, b, a.n); }
 
 static bool starts(jstr s, jstr p) { return p.n <= s.n && !memcmp(s.s, p.s, p.n); }
 static bool ends(jstr s, jstr p) { return p.n <= s.n && !memcmp(s.s + s.n - p.n, p.s, p.n); }
 
 /* @huggingface/jinja's replace(): count < 0 or none = all; an empty `old` matches between
  * code points. */
-jv js_replace(jctx *c, jstr s, jstr old, jstr nw, long count) {
+jv jjs_replace(jctx *c, jstr s, jstr old, jstr nw, long count) {
     if (count == 0) return jv_str(s);
     jbuf *b = jtmp_get(c);
     long left = count < 0 ? -1 : count;
@@ -97,8 +97,8 @@ jv js_replace(jctx *c, jstr s, jstr old, jstr nw, long count) {
         for (;;) {
             if (left != 0) jbuf_put_str(b, nw), left -= left > 0;
             if (i >= s.n) break;
-            size_t l = utf8_len((unsigned char)s.s[i]);
-            jbuf_put_str(b, js_sub(s, i, i + l));
+            size_t l = jcp(s.s, i, s.n);
+            jbuf_put_str(b, jjs_sub(s, i, i + l));
             i += l;
         }
     } else {
@@ -106,12 +106,12 @@ jv js_replace(jctx *c, jstr s, jstr old, jstr nw, long count) {
             const char *p = left != 0 ? memmem(s.s + i, s.n - i, old.s, old.n) : NULL;
             if (!p) break;
             size_t at = p - s.s;
-            jbuf_put_str(b, js_sub(s, i, at));
+            jbuf_put_str(b, jjs_sub(s, i, at));
             jbuf_put_str(b, nw);
             i = at + old.n;
             left -= left > 0;
         }
-        jbuf_put_str(b, js_sub(s, i, s.n));
+        jbuf_put_str(b, jjs_sub(s, i, s.n));
     }
     jv r = jv_str(jbuf_take(c, b));
     jtmp_put(c);
@@ -135,17 +135,17 @@ static jv m_split(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *
     long maxs = (long)mx.u.num;
     jarr *r = jarr_new(c, 4);
     if (sep.k == JV_NONE) {
-        s = js_trim(s, true, false);
+        s = jjs_trim(s, true, false);
         size_t i = 0, l;
         while (i < s.n) {
             size_t st = i;
-            while (i < s.n && !js_space_len(s.s + i, s.n - i)) i++;
+            while (i < s.n && !jjs_space_len(s.s + i, s.n - i)) i++;
             if (maxs != -1 && r->n >= maxs) {
-                jarr_push(c, r, jv_str(js_sub(s, st, s.n)));
+                jarr_push(c, r, jv_str(jjs_sub(s, st, s.n)));
                 break;
             }
-            jarr_push(c, r, jv_str(js_sub(s, st, i)));
-            while (i < s.n && (l = js_space_len(s.s + i, s.n - i))) i += l;
+            jarr_push(c, r, jv_str(jjs_sub(s, st, i)));
+            while (i < s.n && (l = jjs_space_len(s.s + i, s.n - i))) i += l;
         }
         return jv_arr(r);
     }
@@ -155,10 +155,10 @@ static jv m_split(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *
     for (;;) {
         const char *f = (maxs == -1 || r->n < maxs) ? memmem(s.s + i, s.n - i, p.s, p.n) : NULL;
         if (!f) {
-            jarr_push(c, r, jv_str(js_sub(s, i, s.n)));
+            jarr_push(c, r, jv_str(jjs_sub(s, i, s.n)));
             break;
         }
-        jarr_push(c, r, jv_str(js_sub(s, i, f - s.s)));
+        jarr_push(c, r, jv_str(jjs_sub(s, i, f - s.s)));
         i = f - s.s + p.n;
     }
     return jv_arr(r);
@@ -177,11 +177,11 @@ static jv m_rsplit(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj 
         for (size_t k = end; k >= p.n && !f; k--)
             if (!memcmp(s.s + k - p.n, p.s, p.n)) f = s.s + k - p.n;
         if (!f) break;
-        jarr_push(c, tmp, jv_str(js_sub(s, f - s.s + p.n, end)));
+        jarr_push(c, tmp, jv_str(jjs_sub(s, f - s.s + p.n, end)));
         end = f - s.s;
     }
     jarr *r = jarr_new(c, tmp->n + 1);
-    jarr_push(c, r, jv_str(js_sub(s, 0, end)));
+    jarr_push(c, r, jv_str(jjs_sub(s, 0, end)));
     for (int k = tmp->n - 1; k >= 0; k--) jarr_push(c, r, tmp->v[k]);
     return jv_arr(r);
 }
@@ -209,21 +209,21 @@ static jv m_replace(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj
     jv cnt = nargs > 2 ? args[2] : jv_none();
     if (kw && jobj_get(kw, "count", 5)) cnt = *jobj_get(kw, "count", 5);
     if (cnt.k != JV_INT && cnt.k != JV_NONE) jfail(c, at, "replace() count argument must be a number or none");
-    return js_replace(c, self.u.str, args[0].u.str, args[1].u.str, cnt.k == JV_NONE ? -1 : (long)cnt.u.num);
+    return jjs_replace(c, self.u.str, args[0].u.str, args[1].u.str, cnt.k == JV_NONE ? -1 : (long)cnt.u.num);
 }
 
-static jv m_upper(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return js_map_case(c, self.u.str, 1, false); }
-static jv m_lower(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return js_map_case(c, self.u.str, 0, false); }
-static jv m_capitalize(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return js_map_case(c, self.u.str, 1, true); }
-static jv m_title(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return js_title(c, self.u.str); }
-static jv m_strip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jv_str(js_trim(self.u.str, true, true)); }
-static jv m_lstrip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jv_str(js_trim(self.u.str, true, false)); }
-static jv m_rstrip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jv_str(js_trim(self.u.str, false, true)); }
+static jv m_upper(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jjs_map_case(c, self.u.str, 1, false); }
+static jv m_lower(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jjs_map_case(c, self.u.str, 0, false); }
+static jv m_capitalize(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jjs_map_case(c, self.u.str, 1, true); }
+static jv m_title(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jjs_title(c, self.u.str); }
+static jv m_strip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jv_str(jjs_trim(self.u.str, true, true)); }
+static jv m_lstrip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jv_str(jjs_trim(self.u.str, true, false)); }
+static jv m_rstrip(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jv_str(jjs_trim(self.u.str, false, true)); }
 
 /* Python str.find/rfind/index/count, positions in code points. */
 static long cp_index(jstr s, size_t byte) {
     long k = 0;
-    for (size_t i = 0; i < byte; i += utf8_len((unsigned char)s.s[i])) k++;
+    for (size_t i = 0; i < byte; i += jcp(s.s, i, s.n)) k++;
     return k;
 }
 static long find_in(jstr s, jstr p, bool rev) {
@@ -270,11 +270,11 @@ static jv m_splitlines(jctx *c, const jnode *at, jv self, jv *args, int nargs, j
     for (size_t i = 0; i < s.n;) {
         size_t l = (s.s[i] == '\r' && i + 1 < s.n && s.s[i + 1] == '\n') ? 2 : (s.s[i] == '\n' || s.s[i] == '\r') ? 1 : 0;
         if (l) {
-            jarr_push(c, r, jv_str(js_sub(s, st, i)));
+            jarr_push(c, r, jv_str(jjs_sub(s, st, i)));
             i += l, st = i;
         } else i++;
     }
-    if (st < s.n) jarr_push(c, r, jv_str(js_sub(s, st, s.n)));
+    if (st < s.n) jarr_push(c, r, jv_str(jjs_sub(s, st, s.n)));
     return jv_arr(r);
 }
 
@@ -290,7 +290,7 @@ static jv m_is(jctx *c, jv self, int kind) {
         utf8proc_category_t k = utf8proc_category(cp);
         bool letter = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO, digit = k == UTF8PROC_CATEGORY_ND;
         bool ok = kind == 0 ? digit : kind == 1 ? letter : kind == 2 ? letter || digit || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO
-                : kind == 3 ? js_space_len(s.s + i, s.n - i) > 0 : true;
+                : kind == 3 ? jjs_space_len(s.s + i, s.n - i) > 0 : true;
         if (kind == 4 && k == UTF8PROC_CATEGORY_LL) return jv_bool(false);
         if (kind == 5 && k == UTF8PROC_CATEGORY_LU) return jv_bool(false);
         cased |= k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL;
@@ -308,13 +308,13 @@ static jv m_islower(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj
 
 static jv m_removeaffix(jctx *c, const jnode *at, jv self, jv *args, int nargs, bool prefix) {
     jstr s = self.u.str, p = need_str(c, at, args, nargs, 0, prefix ? "removeprefix" : "removesuffix").u.str;
-    if (prefix) return starts(s, p) ? jv_str(js_sub(s, p.n, s.n)) : self;
-    return ends(s, p) ? jv_str(js_sub(s, 0, s.n - p.n)) : self;
+    if (prefix) return starts(s, p) ? jv_str(jjs_sub(s, p.n, s.n)) : self;
+    return ends(s, p) ? jv_str(jjs_sub(s, 0, s.n - p.n)) : self;
 }
 static jv m_removeprefix(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return m_removeaffix(c, at, self, args, nargs, true); }
 static jv m_removesuffix(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return m_removeaffix(c, at, self, args, nargs, false); }
 
-static jv m_format(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return py_format_braces(c, at, self.u.str, args, nargs, kw); }
+static jv m_format(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jpy_format_braces(c, at, self.u.str, args, nargs, kw); }
 
 /* ---- list and dict methods ------------------------------------------------------------ */
 static jv m_lindex(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {
@@ -357,7 +357,7 @@ static jv m_get(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw
     jv *v = jobj_get(self.u.obj, args[0].u.str.s, args[0].u.str.n);
     return v ? *v : nargs > 1 ? args[1] : jv_none();
 }
-jv dict_items(jctx *c, jobj *o) {
+jv jdict_items(jctx *c, jobj *o) {
     jarr *r = jarr_new(c, o->n);
     for (int i = 0; i < o->n; i++) {
         jarr *p = jarr_new(c, 2);
@@ -367,7 +367,7 @@ jv dict_items(jctx *c, jobj *o) {
     }
     return jv_arr(r);
 }
-static jv m_items(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return dict_items(c, self.u.obj); }
+static jv m_items(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jdict_items(c, self.u.obj); }
 static jv m_keys(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {
     jarr *r = jarr_new(c, self.u.obj->n);
     for (int i = 0; i < self.u.obj->n; i++) jarr_push(c, r, jv_str(self.u.obj->keys[i]));
@@ -393,28 +393,28 @@ static int pair_cmp(const void *x, const void *y) {
     return g_sort->rev ? -r : r;
 }
 
-jv dict_sort(jctx *c, const jnode *at, jobj *o, jv *args, int nargs, jobj *kw) {
+jv jdict_sort(jctx *c, const jnode *at, jobj *o, jv *args, int nargs, jobj *kw) {
     jv cs = nargs > 0 ? args[0] : kw && jobj_get(kw, "case_sensitive", 14) ? *jobj_get(kw, "case_sensitive", 14) : jv_bool(false);
     jv by = nargs > 1 ? args[1] : kw && jobj_get(kw, "by", 2) ? *jobj_get(kw, "by", 2) : jv_undef();
     jv rev = nargs > 2 ? args[2] : kw && jobj_get(kw, "reverse", 7) ? *jobj_get(kw, "reverse", 7) : jv_bool(false);
     if (cs.k != JV_BOOL) jfail(c, at, "dictsort: case_sensitive must be a boolean");
-    if (by.k != JV_UNDEF && (by.k != JV_STR || (!js_str_eq(by.u.str, "key") && !js_str_eq(by.u.str, "value"))))
+    if (by.k != JV_UNDEF && (by.k != JV_STR || (!jjs_str_eq(by.u.str, "key") && !jjs_str_eq(by.u.str, "value"))))
         jfail(c, at, "dictsort: by must be either 'key' or 'value'");
     if (rev.k != JV_BOOL) jfail(c, at, "dictsort: reverse must be a boolean");
-    jv items = dict_items(c, o);
-    sort_ctx sc = {c, at, by.k == JV_STR && js_str_eq(by.u.str, "value"), cs.u.b, rev.u.b};
+    jv items = jdict_items(c, o);
+    sort_ctx sc = {c, at, by.k == JV_STR && jjs_str_eq(by.u.str, "value"), cs.u.b, rev.u.b};
     sort_ctx *saved = g_sort;
     g_sort = &sc;
-    jv_stable_sort(items.u.arr->v, items.u.arr->n, pair_cmp);
+    jv_stable_sort(c, items.u.arr->v, items.u.arr->n, pair_cmp);
     g_sort = saved;
     return items;
 }
-static jv m_dictsort(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return dict_sort(c, at, self.u.obj, args, nargs, kw); }
+static jv m_dictsort(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) { return jdict_sort(c, at, self.u.obj, args, nargs, kw); }
 
 /* Stable merge sort (JavaScript's Array#sort is stable). */
-void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *)) {
+void jv_stable_sort(jctx *c, jv *v, int n, int (*cmp)(const void *, const void *)) {
     if (n < 2) return;
-    jv *tmp = xmalloc(n * sizeof *tmp);
+    jv *tmp = ja_alloc(&c->arena, n * sizeof *tmp); /* arena: a failing comparison unwinds past here */
     for (int w = 1; w < n; w *= 2) {
         for (int lo = 0; lo < n; lo += 2 * w) {
             int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
@@ -424,7 +424,11 @@ void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *)) {
         }
         memcpy(v, tmp, n * sizeof *v);
     }
-    free(tmp);
+}
+
+static jv m_cycle(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {
+    if (!nargs) jfail(c, at, "loop.cycle() needs at least one argument");
+    return args[self.u.obj->loop_index % nargs];
 }
 
 typedef struct {
@@ -456,8 +460,9 @@ static jv bind(jctx *c, const char *name, jbuiltin_fn fn, jv self) {
 jv jmember_builtin(jctx *c, const jnode *at, jv obj, const char *name, size_t n) {
     const method *t = obj.k == JV_STR ? STR_METHODS : obj.k == JV_ARR ? ARR_METHODS
                     : (obj.k == JV_OBJ && obj.u.obj->kind != OBJ_NAMESPACE) ? OBJ_METHODS : NULL;
+    if (obj.k == JV_OBJ && obj.u.obj->is_loop && n == 5 && !memcmp(name, "cycle", 5)) return bind(c, "cycle", m_cycle, obj);
     if ((obj.k == JV_STR || obj.k == JV_ARR) && n == 6 && !memcmp(name, "length", 6))
-        return jv_int(obj.k == JV_STR ? (double)utf16_len(obj.u.str.s, obj.u.str.n) : obj.u.arr->n);
+        return jv_int(obj.k == JV_STR ? (double)jutf16_len(obj.u.str.s, obj.u.str.n) : obj.u.arr->n);
     for (int i = 0; t && t[i].name; i++)
         if (strlen(t[i].name) == n && !memcmp(t[i].name, name, n)) return bind(c, t[i].name, t[i].fn, obj);
     return jv_undef();
@@ -508,7 +513,7 @@ static bool test_cmp(jctx *c, const jnode *at, const char *name, jv v, jv *args,
 }
 
 static bool case_same(jctx *c, jstr s, int upper) {
-    jv m = js_map_case(c, s, upper, false);
+    jv m = jjs_map_case(c, s, upper, false);
     return m.u.str.n == s.n && !memcmp(m.u.str.s, s.s, s.n);
 }
 
@@ -551,7 +556,7 @@ static jv g_range(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *
     if (st == 0) jfail(c, at, "range() step must not be zero");
     jarr *r = jarr_new(c, 8);
     for (double x = a; st > 0 ? x < b : x > b; x += st) {
-        if (r->n >= 10000000) jfail(c, at, "range() of more than 10000000 items");
+        if (r->n >= 1000000) jfail(c, at, "range() of more than 1000000 items");
         jarr_push(c, r, x == floor(x) ? jv_int(x) : jv_float(x));
     }
     return jv_arr(r);
@@ -621,17 +626,17 @@ static jv g_strftime(jctx *c, const jnode *at, jv self, jv *args, int nargs, job
 }
 
 void jglobals_init(jctx *c, jscope *g) {
-    jinja_tpl *t = (jinja_tpl *)c->t;
+    const jinja_tpl *t = c->t;
     static const struct {
         const char *name;
         jbuiltin_fn fn;
     } fns[] = {{"raise_exception", g_raise}, {"range", g_range}, {"namespace", g_namespace}, {"dict", g_dict},
                {"strftime_now", g_strftime}};
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-        jscope_set(c, g, jinja_sym(t, fns[i].name, strlen(fns[i].name)), bind(c, fns[i].name, fns[i].fn, jv_none()));
+        jscope_set(c, g, jsym(t, fns[i].name, strlen(fns[i].name)), bind(c, fns[i].name, fns[i].fn, jv_none()));
     static const char *const consts[] = {"true", "false", "none", "True", "False", "None"};
     for (int i = 0; i < 6; i++) {
         jv v = consts[i][0] == 'n' || consts[i][0] == 'N' ? jv_none() : jv_bool(consts[i][0] == 't' || consts[i][0] == 'T');
-        jscope_set(c, g, jinja_sym(t, consts[i], strlen(consts[i])), v);
+        jscope_set(c, g, jsym(t, consts[i], strlen(consts[i])), v);
     }
 }

@@ -11,7 +11,7 @@
 #include "base/common.h"
 #include "data/jinja_internal.h"
 
-#define MAX_DEPTH 400
+#define MAX_DEPTH 100
 
 _Noreturn void jfail(jctx *c, const jnode *at, const char *fmt, ...) {
     char msg[1024];
@@ -55,13 +55,13 @@ jv jscope_get(const jscope *sc, int sym) {
 }
 
 /* Temporary text buffers, reused and freed when the render ends (also after an error). */
-typedef struct {
+typedef struct jbufpool {
     jbuf **b;
     int n, cap;
 } jbufpool;
 
 jbuf *jtmp_get(jctx *c) {
-    jbufpool *p = (jbufpool *)c->tmp;
+    jbufpool *p = c->pool;
     if (p->n == p->cap) {
         p->cap = p->cap ? 2 * p->cap : 8;
         p->b = xrealloc(p->b, p->cap * sizeof *p->b);
@@ -71,7 +71,7 @@ jbuf *jtmp_get(jctx *c) {
     b->len = 0;
     return b;
 }
-void jtmp_put(jctx *c) { ((jbufpool *)c->tmp)->n--; }
+void jtmp_put(jctx *c) { c->pool->n--; }
 
 /* Render body into a string value (set blocks, macros, filter blocks). */
 static jstr render_to_str(jctx *c, jnode *const *body, int n, jscope *sc) {
@@ -130,8 +130,8 @@ static jv eval_binary(jctx *c, const jnode *e, jscope *sc) {
     if (e->op == OP_AND) return jv_truthy(l) ? jeval(c, e->b, sc) : l;
     if (e->op == OP_OR) return jv_truthy(l) ? l : jeval(c, e->b, sc);
     jv r = jeval(c, e->b, sc);
-    if (e->op == OP_EQ) return jv_bool(jv_loose_eq(l, r));
-    if (e->op == OP_NE) return jv_bool(!jv_loose_eq(l, r));
+    if (e->op == OP_EQ) return jv_bool(jv_loose_eq(c, l, r));
+    if (e->op == OP_NE) return jv_bool(!jv_loose_eq(c, l, r));
     if (l.k == JV_UNDEF || r.k == JV_UNDEF) {
         if (r.k == JV_UNDEF && (e->op == OP_IN || e->op == OP_NOTIN)) return jv_bool(e->op == OP_NOTIN);
         jfail(c, e, "cannot perform operation %s on undefined values", op_name(e->op));
@@ -158,6 +158,8 @@ static jv eval_binary2(jctx *c, const jnode *e, jv l, jv r) {
         for (int i = 0; i < l.u.arr->n; i++) jarr_push(c, a, l.u.arr->v[i]);
         for (int i = 0; i < r.u.arr->n; i++) jarr_push(c, a, r.u.arr->v[i]);
         return jv_arr(a);
+    } else if (l.k == JV_ARR && r.k == JV_ARR) {
+        /* only + between two lists (@huggingface/jinja: a list `in` a list is an error) */
     } else if (r.k == JV_ARR && (e->op == OP_IN || e->op == OP_NOTIN)) {
         bool m = false;
         for (int i = 0; i < r.u.arr->n && !m; i++) m = jv_strict_eq(r.u.arr->v[i], l);
@@ -216,10 +218,10 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
     }
     jstr s = obj.u.str; /* by code point, as Array.from(string) */
     long ncp = 0;
-    for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) ncp++;
-    size_t *off = xmalloc((ncp + 1) * sizeof *off);
+    for (size_t i = 0; i < s.n; i += jcp(s.s, i, s.n)) ncp++;
+    size_t *off = ja_alloc(&c->arena, (ncp + 1) * sizeof *off);
     long k = 0;
-    for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) off[k++] = i;
+    for (size_t i = 0; i < s.n; i += jcp(s.s, i, s.n)) off[k++] = i;
     off[ncp] = s.n;
     long a, b;
     slice_bounds(ncp, st, sp, step, &a, &b);
@@ -228,28 +230,38 @@ static jv eval_slice(jctx *c, const jnode *e, jv obj, jscope *sc) {
         jstr part = {.s = s.s + off[i], .n = off[i + 1] - off[i], .m = s.m ? s.m + off[i] : NULL, .um = s.um};
         jbuf_put_str(t, part);
     }
-    free(off);
     jv r = jv_str(jbuf_take(c, t));
     jtmp_put(c);
     return r;
 }
 
-/* The code point at index i of s (negative from the end; JavaScript's String#at by UTF-16
- * unit, which is the same for text without astral characters). */
+/* s[i] as JavaScript's String#at: i counts UTF-16 units (negative from the end). A unit inside
+ * a character outside the BMP is half a surrogate pair, which UTF-8 cannot hold: U+FFFD, as
+ * the reference's text reads once encoded. */
 static jv str_at(jctx *c, jstr s, long i) {
-    long ncp = 0;
-    for (size_t k = 0; k < s.n; k += utf8_len((unsigned char)s.s[k])) ncp++;
-    if (i < 0) i += ncp;
-    if (i < 0 || i >= ncp) return jv_undef();
+    long units = (long)jutf16_len(s.s, s.n);
+    if (i < 0) i += units;
+    if (i < 0 || i >= units) return jv_undef();
     size_t k = 0;
-    for (long j = 0; j < i; j++) k += utf8_len((unsigned char)s.s[k]);
-    size_t l = utf8_len((unsigned char)s.s[k]);
-    jstr part = {.s = s.s + k, .n = l, .m = s.m ? s.m + k : NULL, .um = s.um};
-    return jv_str(part);
+    long u = 0;
+    for (;;) {
+        size_t l = jcp(s.s, k, s.n);
+        long w = l == 4 ? 2 : 1;
+        if (i < u + w) {
+            if (w == 2) return jv_strn(c, "\xEF\xBF\xBD", 3, s.m ? s.m[k] : s.um);
+            jstr part = {.s = s.s + k, .n = l, .m = s.m ? s.m + k : NULL, .um = s.um};
+            return jv_str(part);
+        }
+        u += w;
+        k += l;
+    }
 }
 
-static jv eval_member(jctx *c, const jnode *e, jscope *sc) {
-    jv obj = jeval(c, e->a, sc);
+static jv member_of(jctx *c, const jnode *e, jv obj, jscope *sc);
+static jv eval_member(jctx *c, const jnode *e, jscope *sc) { return member_of(c, e, jeval(c, e->a, sc), sc); }
+
+/* obj.name / obj[index] / obj[a:b:c] of the E_MEMBER node e. */
+static jv member_of(jctx *c, const jnode *e, jv obj, jscope *sc) {
     jv prop;
     if (e->op && e->b->kind == E_SLICE) return eval_slice(c, e->b, obj, sc);
     if (e->op) prop = jeval(c, e->b, sc);
@@ -322,9 +334,8 @@ static bool uses_name(const jnode *e, const char *name) {
 }
 
 static void bind_macro_args(jctx *c, const jnode *at, const jnode *m, const char *disp, jv *args, int nargs, jobj *kw, jscope *sc) {
-    jobj *rest = jobj_new(c, OBJ_DICT);
-    if (kw)
-        for (int i = 0; i < kw->n; i++) jobj_set(c, rest, kw->keys[i], kw->vals[i]);
+    int nkw = kw ? kw->n : 0;
+    bool *used = ja_alloc(&c->arena, nkw + 1); /* keyword arguments bound to a parameter */
     const jnode **pend = NULL;
     int npend = 0;
     if (m->nlist2) pend = ja_alloc(&c->arena, m->nlist2 * sizeof *pend);
@@ -333,27 +344,23 @@ static void bind_macro_args(jctx *c, const jnode *at, const jnode *m, const char
         jv v = jv_undef();
         bool have = i < nargs;
         if (have) v = args[i];
-        else {
-            jv *k = jobj_get(rest, p->s, p->n);
-            if (k) {
-                v = *k, have = true;
-                k->k = JV_FUNC + 1; /* mark consumed */
-            }
-        }
+        else
+            for (int k = 0; k < nkw && !have; k++)
+                if (!used[k] && kw->keys[k].n == p->n && !memcmp(kw->keys[k].s, p->s, p->n)) v = kw->vals[k], have = used[k] = true;
         if (!have && p->kind == E_KWARG) pend[npend++] = p;
         jscope_set(c, sc, p->sym, v);
     }
-    jobj *left = jobj_new(c, OBJ_DICT);
-    for (int i = 0; i < rest->n; i++)
-        if (rest->vals[i].k != JV_FUNC + 1) jobj_set(c, left, rest->keys[i], rest->vals[i]);
+    jobj *left = jobj_new(c, OBJ_DICT); /* the keyword arguments no parameter took */
+    for (int k = 0; k < nkw; k++)
+        if (!used[k]) jobj_set(c, left, kw->keys[k], kw->vals[k]);
     bool body_kwargs = false, body_varargs = false;
     for (int i = 0; i < m->nlist; i++) body_kwargs |= uses_name(m->list[i], "kwargs"), body_varargs |= uses_name(m->list[i], "varargs");
-    if (body_kwargs) jscope_set(c, sc, jinja_sym((jinja_tpl *)c->t, "kwargs", 6), jv_obj(left));
+    if (body_kwargs) jscope_set(c, sc, jsym(c->t, "kwargs", 6), jv_obj(left));
     else if (left->n) jfail(c, at, "macro %s takes no keyword argument '%.*s'", disp, (int)left->keys[0].n, left->keys[0].s);
     if (body_varargs) {
         jarr *va = jarr_new(c, 4);
         for (int i = m->nlist2; i < nargs; i++) jarr_push(c, va, args[i]);
-        jscope_set(c, sc, jinja_sym((jinja_tpl *)c->t, "varargs", 7), jv_arr(va));
+        jscope_set(c, sc, jsym(c->t, "varargs", 7), jv_arr(va));
     } else if (nargs > m->nlist2) jfail(c, at, "macro %s takes not more than %d argument(s)", disp, m->nlist2);
     for (int i = 0; i < npend; i++) jscope_set(c, sc, pend[i]->sym, jeval(c, pend[i]->a, sc));
 }
@@ -377,7 +384,17 @@ static jv eval_call(jctx *c, const jnode *e, jscope *sc) {
     jarr *pos = jarr_new(c, e->nlist + 1);
     jobj *kw;
     jeval_args(c, e->list, e->nlist, sc, pos, &kw);
-    jv fn = jeval(c, e->a, sc);
+    const jnode *f = e->a;
+    if (f->kind == E_MEMBER && !f->op) { /* obj.method(...): name the method when there is none */
+        jv obj = jeval(c, f->a, sc);
+        jv fn = member_of(c, f, obj, sc);
+        if (fn.k != JV_FUNC)
+            jfail(c, e, "cannot call '%s' of %s: not a method (unknown or unsupported), got %s", f->s, jv_type_name(obj), jv_type_name(fn));
+        return jcall(c, e, fn, pos->v, pos->n, kw, sc);
+    }
+    jv fn = jeval(c, f, sc);
+    if (fn.k != JV_FUNC && f->kind == E_NAME)
+        jfail(c, e, "cannot call '%s': not a function or macro (unknown or unsupported), got %s", f->s, jv_type_name(fn));
     return jcall(c, e, fn, pos->v, pos->n, kw, sc);
 }
 
@@ -463,27 +480,21 @@ static void exec_set(jctx *c, const jnode *n, jscope *sc) {
     assign(c, n->a, v, sc, "set");
 }
 
-static jv loop_cycle(jctx *c, const jnode *at, jv self, jv *args, int nargs, jobj *kw) {
-    if (!nargs) jfail(c, at, "loop.cycle() needs at least one argument");
-    return args[(long)self.u.num % nargs];
-}
-
 static jv loop_obj(jctx *c, jv *items, int i, int n) {
     jobj *o = jobj_new(c, OBJ_DICT);
-    static const char *k[] = {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem", "cycle"};
-    jv v[10] = {jv_int(i + 1), jv_int(i), jv_int(n - i), jv_int(n - i - 1), jv_bool(i == 0), jv_bool(i == n - 1), jv_int(n),
-                i > 0 ? items[i - 1] : jv_undef(), i < n - 1 ? items[i + 1] : jv_undef(), jv_undef()};
-    jfunc *f = ja_alloc(&c->arena, sizeof *f);
-    f->name = "cycle", f->fn = loop_cycle, f->self = jv_int(i);
-    v[9].k = JV_FUNC, v[9].u.fn = f;
-    o->keys = ja_alloc(&c->arena, 10 * sizeof(jstr));
-    o->vals = ja_alloc(&c->arena, 10 * sizeof(jv));
-    o->cap = 10;
-    for (int j = 0; j < 10; j++) {
+    static const char *k[] = {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"};
+    jv v[9] = {jv_int(i + 1), jv_int(i), jv_int(n - i), jv_int(n - i - 1), jv_bool(i == 0), jv_bool(i == n - 1), jv_int(n),
+               i > 0 ? items[i - 1] : jv_undef(), i < n - 1 ? items[i + 1] : jv_undef()};
+    o->keys = ja_alloc(&c->arena, 9 * sizeof(jstr));
+    o->vals = ja_alloc(&c->arena, 9 * sizeof(jv));
+    o->cap = 9;
+    for (int j = 0; j < 9; j++) {
         jstr ks = {.s = k[j], .n = strlen(k[j]), .um = 1};
         o->keys[j] = ks, o->vals[j] = v[j];
     }
-    o->n = 10;
+    o->n = 9;
+    o->is_loop = true;
+    o->loop_index = i;
     return jv_obj(o);
 }
 
@@ -497,7 +508,7 @@ static jarr *for_items(jctx *c, const jnode *n, jscope *scope) {
     if (it.k == JV_STR) { /* Jinja2 iterates characters (@huggingface/jinja refuses) */
         jarr *a = jarr_new(c, 4);
         for (size_t i = 0; i < it.u.str.n;) {
-            size_t l = utf8_len((unsigned char)it.u.str.s[i]);
+            size_t l = jcp(it.u.str.s, i, it.u.str.n);
             jstr part = {.s = it.u.str.s + i, .n = l, .m = it.u.str.m ? it.u.str.m + i : NULL, .um = it.u.str.um};
             jarr_push(c, a, jv_str(part));
             i += l;
@@ -518,7 +529,7 @@ static jarr *for_items(jctx *c, const jnode *n, jscope *scope) {
 static void exec_for(jctx *c, const jnode *n, jscope *sc, jbuf *out) {
     jscope *scope = jscope_new(c, sc);
     jarr *items = for_items(c, n, scope);
-    int loop_sym = jinja_sym((jinja_tpl *)c->t, "loop", 4);
+    int loop_sym = jsym(c->t, "loop", 4);
     bool none = true;
     for (int i = 0; i < items->n; i++) {
         jscope_set(c, scope, loop_sym, loop_obj(c, items->v, i, items->n));
@@ -548,7 +559,7 @@ static void exec_callblock(jctx *c, const jnode *n, jscope *sc, jbuf *out) {
     jscope *env = jscope_new(c, sc);
     jv cv = {.k = JV_FUNC};
     cv.u.fn = caller;
-    jscope_set(c, env, jinja_sym((jinja_tpl *)c->t, "caller", 6), cv);
+    jscope_set(c, env, jsym(c->t, "caller", 6), cv);
     jv r = jcall(c, n, fn, pos->v, pos->n, kw, env);
     if (r.k != JV_NONE && r.k != JV_UNDEF) jv_print(c, out, r);
 }
@@ -601,11 +612,10 @@ static bool named(const char *const *names, const char *k) {
 
 int jinja_render(const jinja_tpl *t, const json_t *vars, const char *const *template_vars, chat_render *out) {
     if (vars && !json_is_object(vars)) return moerl_errorf("%s: the variables must be a JSON object", t->name);
-    jctx *c = xcalloc(1, sizeof *c);
-    jbufpool pool = {0};
+    jctx *c = xcalloc(1, sizeof *c); /* on the heap: what changes after setjmp is not a local */
+    c->pool = xcalloc(1, sizeof *c->pool);
     c->t = t;
-    c->tmp = (jbuf *)&pool;
-    int rc = MOERL_OK;
+    volatile int rc = MOERL_OK;
     if (setjmp(c->jmp)) {
         rc = MOERL_ERR;
     } else {
@@ -626,12 +636,14 @@ int jinja_render(const jinja_tpl *t, const json_t *vars, const char *const *temp
         jscope *top = jscope_new(c, g);
         jexec_block(c, t->body, t->nbody, top, out);
         if (c->brk) jfail(c, NULL, "break or continue outside a for loop");
+        jbuf_put(out, "", 0, 0); /* out->text is a string even when nothing was rendered */
     }
-    for (int i = 0; i < pool.cap; i++) {
-        chat_render_free(pool.b[i]);
-        free(pool.b[i]);
+    for (int i = 0; i < c->pool->cap; i++) {
+        chat_render_free(c->pool->b[i]);
+        free(c->pool->b[i]);
     }
-    free(pool.b);
+    free(c->pool->b);
+    free(c->pool);
     ja_free(&c->arena);
     free(c);
     return rc;

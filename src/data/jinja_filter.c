@@ -41,7 +41,7 @@ static jv str_of_buf(jctx *c, jbuf *b) {
 }
 
 /* Python's str() for Jinja2-only filters: True/False/None as Python writes them. */
-static void py_str(jctx *c, jbuf *b, jv v) {
+static void jpy_str(jctx *c, jbuf *b, jv v) {
     if (v.k == JV_BOOL) jbuf_put(b, v.u.b ? "True" : "False", v.u.b ? 4 : 5, 0);
     else if (v.k == JV_NONE) jbuf_put(b, "None", 4, 0);
     else if (v.k == JV_UNDEF) return;
@@ -50,18 +50,18 @@ static void py_str(jctx *c, jbuf *b, jv v) {
 
 static long cp_count(jstr s) {
     long k = 0;
-    for (size_t i = 0; i < s.n; i += utf8_len((unsigned char)s.s[i])) k++;
+    for (size_t i = 0; i < s.n; i += jcp(s.s, i, s.n)) k++;
     return k;
 }
 static size_t cp_byte(jstr s, long k) { /* byte offset of code point k */
     size_t i = 0;
-    for (; k > 0 && i < s.n; k--) i += utf8_len((unsigned char)s.s[i]);
+    for (; k > 0 && i < s.n; k--) i += jcp(s.s, i, s.n);
     return i;
 }
 
 /* JavaScript parseInt(s, 10) / parseFloat(s); NaN when no number starts the text. */
-static double js_parse_num(jstr s, bool integer) {
-    jstr t = js_trim(s, true, false);
+static double jjs_parse_num(jstr s, bool integer) {
+    jstr t = jjs_trim(s, true, false);
     char buf[400];
     size_t n = t.n < sizeof buf - 1 ? t.n : sizeof buf - 1, i = 0;
     memcpy(buf, t.s, n);
@@ -123,9 +123,9 @@ static jv f_join(const fargs *f, jv x) {
     jbuf *b = jtmp_get(f->c);
     if (x.k == JV_STR) {
         for (size_t i = 0; i < x.u.str.n;) {
-            size_t l = utf8_len((unsigned char)x.u.str.s[i]);
+            size_t l = jcp(x.u.str.s, i, x.u.str.n);
             if (i) jbuf_put_str(b, sep.u.str);
-            jbuf_put_str(b, js_sub(x.u.str, i, i + l));
+            jbuf_put_str(b, jjs_sub(x.u.str, i, i + l));
             i += l;
         }
         return str_of_buf(f->c, b);
@@ -194,14 +194,14 @@ static jv f_sort(const fargs *f, jv x) {
     if (cs.k != JV_BOOL) jfail(f->c, f->at, "sort: case_sensitive must be a boolean");
     if (at.k == JV_INT) {
         char buf[40];
-        js_num(at.u.num, buf);
+        jjs_num(at.u.num, buf);
         at = jv_cstr(f->c, buf, 0);
     } else if (at.k != JV_STR && at.k != JV_NONE) jfail(f->c, f->at, "sort: attribute must be a string, integer, or none");
     jarr *r = copy_arr(f->c, x.u.arr);
     sortc sc = {f->c, f->at, at, cs.u.b, rev.u.b};
     sortc *saved = g_sc;
     g_sc = &sc;
-    jv_stable_sort(r->v, r->n, item_cmp);
+    jv_stable_sort(f->c, r->v, r->n, item_cmp);
     g_sc = saved;
     return jv_arr(r);
 }
@@ -351,7 +351,7 @@ static jv f_indent(const fargs *f, jv x) {
         if (line) jbuf_put(b, "\n", 1, s.m ? s.m[st - 1] : s.um);
         bool pad = !((!jv_truthy(first) && line == 0) || (!jv_truthy(blank) && e == st));
         for (long k = 0; pad && k < (long)w.u.num; k++) jbuf_put(b, " ", 1, 0);
-        jbuf_put_str(b, js_sub(s, st, e));
+        jbuf_put_str(b, jjs_sub(s, st, e));
         if (!nl) break;
         st = e + 1;
     }
@@ -366,12 +366,12 @@ static jv f_truncate(const fargs *f, jv x) {
     long n = cp_count(s), L = (long)len.u.num, el = cp_count(end.u.str);
     if (n <= L + (long)lee.u.num) return x;
     long keep = L - el > 0 ? L - el : 0;
-    jstr head = js_sub(s, 0, cp_byte(s, keep));
+    jstr head = jjs_sub(s, 0, cp_byte(s, keep));
     if (!jv_truthy(kill)) {
         const char *sp = NULL;
         for (size_t i = head.n; i-- > 0;)
             if (head.s[i] == ' ') { sp = head.s + i; break; }
-        if (sp) head = js_sub(head, 0, sp - head.s);
+        if (sp) head = jjs_sub(head, 0, sp - head.s);
     }
     jbuf *b = jtmp_get(f->c);
     jbuf_put_str(b, head);
@@ -415,7 +415,7 @@ static jv f_escape(const fargs *f, jv x) {
     for (size_t i = 0; i < s.n; i++) {
         const char *e = s.s[i] == '&' ? "&amp;" : s.s[i] == '<' ? "&lt;" : s.s[i] == '>' ? "&gt;" : s.s[i] == '"' ? "&#34;" : s.s[i] == '\'' ? "&#39;" : NULL;
         if (e) jbuf_put(b, e, strlen(e), s.m ? s.m[i] : s.um);
-        else jbuf_put_str(b, js_sub(s, i, i + 1));
+        else jbuf_put_str(b, jjs_sub(s, i, i + 1));
     }
     return str_of_buf(f->c, b);
 }
@@ -425,22 +425,22 @@ static jv str_filter2(const fargs *f, jv x);
 static jv str_filter(const fargs *f, jv x) {
     const char *n = f->name;
     jstr s = x.u.str;
-    if (!strcmp(n, "length") || !strcmp(n, "count")) return jv_int((double)utf16_len(s.s, s.n));
-    if (!strcmp(n, "upper")) return js_map_case(f->c, s, 1, false);
-    if (!strcmp(n, "lower")) return js_map_case(f->c, s, 0, false);
-    if (!strcmp(n, "title")) return js_title(f->c, s);
-    if (!strcmp(n, "capitalize")) return js_map_case(f->c, s, 1, true);
+    if (!strcmp(n, "length") || !strcmp(n, "count")) return jv_int((double)jutf16_len(s.s, s.n));
+    if (!strcmp(n, "upper")) return jjs_map_case(f->c, s, 1, false);
+    if (!strcmp(n, "lower")) return jjs_map_case(f->c, s, 0, false);
+    if (!strcmp(n, "title")) return jjs_title(f->c, s);
+    if (!strcmp(n, "capitalize")) return jjs_map_case(f->c, s, 1, true);
     if (!strcmp(n, "trim")) {
         jv chars = arg(f, 0, "chars", jv_none());
-        if (chars.k == JV_STR) return jv_str(py_strip_chars(s, chars.u.str, true, true));
-        return jv_str(js_trim(s, true, true));
+        if (chars.k == JV_STR) return jv_str(jpy_strip_chars(s, chars.u.str, true, true));
+        return jv_str(jjs_trim(s, true, true));
     }
     if (!strcmp(n, "indent")) return f_indent(f, x);
     if (!strcmp(n, "join")) return f->called ? f_join(f, x) : x;
     if (!strcmp(n, "string")) return x;
     if (!strcmp(n, "int") || !strcmp(n, "float")) {
         bool in = n[0] == 'i';
-        double v = js_parse_num(s, in);
+        double v = jjs_parse_num(s, in);
         if (isnan(v)) return f->called ? arg(f, 0, "default", in ? jv_int(0) : jv_float(0)) : in ? jv_int(0) : jv_float(0);
         return in ? jv_int(v) : jv_float(v);
     }
@@ -448,7 +448,7 @@ static jv str_filter(const fargs *f, jv x) {
         if (f->n < 2 || f->a[0].k != JV_STR || f->a[1].k != JV_STR) jfail(f->c, f->at, "replace() arguments must be strings");
         jv cnt = arg(f, 2, "count", jv_none());
         if (cnt.k != JV_INT && cnt.k != JV_NONE) jfail(f->c, f->at, "replace() count argument must be a number or none");
-        return js_replace(f->c, s, f->a[0].u.str, f->a[1].u.str, cnt.k == JV_NONE ? -1 : (long)cnt.u.num);
+        return jjs_replace(f->c, s, f->a[0].u.str, f->a[1].u.str, cnt.k == JV_NONE ? -1 : (long)cnt.u.num);
     }
     return str_filter2(f, x);
 }
@@ -458,16 +458,16 @@ static jv str_filter2(const fargs *f, jv x) {
     jstr s = x.u.str;
     if (!strcmp(n, "first") || !strcmp(n, "last")) {
         if (!s.n) return jv_undef();
-        if (n[0] == 'f') return jv_str(js_sub(s, 0, utf8_len((unsigned char)s.s[0])));
+        if (n[0] == 'f') return jv_str(jjs_sub(s, 0, jcp(s.s, 0, s.n)));
         size_t i = s.n - 1;
         while (i > 0 && ((unsigned char)s.s[i] & 0xC0) == 0x80) i--;
-        return jv_str(js_sub(s, i, s.n));
+        return jv_str(jjs_sub(s, i, s.n));
     }
     if (!strcmp(n, "list") || !strcmp(n, "reverse")) {
         jarr *r = jarr_new(f->c, 8);
         for (size_t i = 0; i < s.n;) {
-            size_t l = utf8_len((unsigned char)s.s[i]);
-            jarr_push(f->c, r, jv_str(js_sub(s, i, i + l)));
+            size_t l = jcp(s.s, i, s.n);
+            jarr_push(f->c, r, jv_str(jjs_sub(s, i, i + l)));
             i += l;
         }
         if (n[0] == 'l') return jv_arr(r);
@@ -479,7 +479,7 @@ static jv str_filter2(const fargs *f, jv x) {
     if (!strcmp(n, "truncate")) return f_truncate(f, x);
     if (!strcmp(n, "center")) return f_center(f, x);
     if (!strcmp(n, "e") || !strcmp(n, "escape")) return f_escape(f, x);
-    if (!strcmp(n, "format")) return py_format_percent(f->c, f->at, s, f->a, f->n);
+    if (!strcmp(n, "format")) return jpy_format_percent(f->c, f->at, s, f->a, f->n);
     unknown(f, x);
 }
 
@@ -497,9 +497,9 @@ static jv num_filter(const fargs *f, jv x) {
         jv prec = arg(f, 0, "precision", jv_int(0)), meth = arg(f, 1, "method", jv_undef());
         if (prec.k != JV_INT) jfail(f->c, f->at, "round: precision must be an integer");
         double p = pow(10, prec.u.num), v = x.u.num * p;
-        if (meth.k == JV_STR && js_str_eq(meth.u.str, "floor")) v = floor(v);
-        else if (meth.k == JV_STR && js_str_eq(meth.u.str, "ceil")) v = ceil(v);
-        else if (meth.k == JV_UNDEF || (meth.k == JV_STR && js_str_eq(meth.u.str, "common"))) v = nearbyint(v);
+        if (meth.k == JV_STR && jjs_str_eq(meth.u.str, "floor")) v = floor(v);
+        else if (meth.k == JV_STR && jjs_str_eq(meth.u.str, "ceil")) v = ceil(v);
+        else if (meth.k == JV_UNDEF || (meth.k == JV_STR && jjs_str_eq(meth.u.str, "common"))) v = nearbyint(v);
         else jfail(f->c, f->at, "round: method must be 'common', 'ceil' or 'floor'");
         return x.k == JV_INT && prec.u.num <= 0 ? jv_int(v / p) : jv_float(v / p);
     }
@@ -508,14 +508,14 @@ static jv num_filter(const fargs *f, jv x) {
 
 static jv obj_filter(const fargs *f, jv x) {
     const char *n = f->name;
-    if (!strcmp(n, "items")) return dict_items(f->c, x.u.obj);
+    if (!strcmp(n, "items")) return jdict_items(f->c, x.u.obj);
     if (!strcmp(n, "length") || !strcmp(n, "count")) return jv_int(x.u.obj->n);
     if (!strcmp(n, "string")) {
         jbuf *b = jtmp_get(f->c);
         jv_print(f->c, b, x);
         return str_of_buf(f->c, b);
     }
-    if (!strcmp(n, "dictsort")) return dict_sort(f->c, f->at, x.u.obj, f->a, f->n, f->kw);
+    if (!strcmp(n, "dictsort")) return jdict_sort(f->c, f->at, x.u.obj, f->a, f->n, f->kw);
     jv m = jmember_builtin(f->c, f->at, x, n, strlen(n));
     if (m.k == JV_FUNC) return jcall(f->c, f->at, m, f->a, f->n, f->kw, NULL);
     if (!strcmp(n, "list")) return jmember_builtin(f->c, f->at, x, "keys", 4).k == JV_FUNC ? jcall(f->c, f->at, jmember_builtin(f->c, f->at, x, "keys", 4), NULL, 0, NULL, NULL) : x;
@@ -562,12 +562,12 @@ jv jfilter(jctx *c, const jnode *at, jv x, const jnode *f, jscope *sc) {
 }
 
 /* ---- Python string formatting (Jinja2's format filter and str.format) ------------------ */
-jv py_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs) {
+jv jpy_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs) {
     jbuf *b = jtmp_get(c);
     int k = 0;
     for (size_t i = 0; i < fmt.n; i++) {
         if (fmt.s[i] != '%') {
-            jbuf_put_str(b, js_sub(fmt, i, i + 1));
+            jbuf_put_str(b, jjs_sub(fmt, i, i + 1));
             continue;
         }
         size_t j = i + 1;
@@ -584,7 +584,7 @@ jv py_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs) {
         if (k >= nargs) jfail(c, at, "format: not enough arguments for format string");
         jv v = args[k++];
         char out[128];
-        if (conv == 's' || conv == 'r') py_str(c, b, v);
+        if (conv == 's' || conv == 'r') jpy_str(c, b, v);
         else if (strchr("dif", conv) && (jv_isnum(v) || v.k == JV_BOOL)) {
             double x = v.k == JV_BOOL ? v.u.b : v.u.num;
             if (conv == 'f') spec[sl++] = 'f', spec[sl] = 0, snprintf(out, sizeof out, spec, x);
@@ -598,19 +598,19 @@ jv py_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs) {
     return r;
 }
 
-jv py_format_braces(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs, jobj *kw) {
+jv jpy_format_braces(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs, jobj *kw) {
     jbuf *b = jtmp_get(c);
     int auto_i = 0;
     for (size_t i = 0; i < fmt.n; i++) {
         char ch = fmt.s[i];
         if ((ch == '{' || ch == '}') && i + 1 < fmt.n && fmt.s[i + 1] == ch) {
-            jbuf_put_str(b, js_sub(fmt, i, i + 1));
+            jbuf_put_str(b, jjs_sub(fmt, i, i + 1));
             i++;
             continue;
         }
         if (ch != '{') {
             if (ch == '}') jfail(c, at, "format(): single '}' encountered in format string");
-            jbuf_put_str(b, js_sub(fmt, i, i + 1));
+            jbuf_put_str(b, jjs_sub(fmt, i, i + 1));
             continue;
         }
         const char *e = memchr(fmt.s + i, '}', fmt.n - i);
@@ -626,7 +626,7 @@ jv py_format_braces(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs, job
             v = p ? *p : jv_undef();
         }
         if (v.k == JV_UNDEF) jfail(c, at, "format(): no argument for {%.*s}", (int)(z - a), fmt.s + a);
-        py_str(c, b, v);
+        jpy_str(c, b, v);
         i = z;
     }
     jv r = jv_str(jbuf_take(c, b));

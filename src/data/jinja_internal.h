@@ -3,8 +3,9 @@
  * jinja_lex.c      preprocessing (trim_blocks, lstrip_blocks, generation tags) and tokens
  * jinja_parse.c    tokens → syntax tree (jnode), one arena per template
  * jinja_value.c    runtime values, strings with a per-byte template mask, printing, tojson
- * jinja_eval.c     statements and expressions
- * jinja_builtin.c  filters, tests, string/list/dict methods, globals
+ * jinja_eval.c     statements, expressions, scopes, the render entry point
+ * jinja_builtin.c  string helpers, string/list/dict methods, tests, globals
+ * jinja_filter.c   filters, Python string formatting
  *
  * Semantics follow @huggingface/jinja 0.5.11 (what transformers.js renders chat templates with);
  * where it has no answer (a filter it lacks), Jinja2's. Errors longjmp to the entry point with
@@ -85,7 +86,10 @@ struct jinja_tpl {
     int nsyms, capsyms;
 };
 
-int jinja_sym(jinja_tpl *t, const char *s, size_t n); /* intern */
+int jinja_sym(jinja_tpl *t, const char *s, size_t n); /* intern (parsing only) */
+/* The id of a name interned at parse time (jinja_parse interns every name the renderer binds,
+ * so rendering never changes a template and threads may render one template at once). */
+int jsym(const jinja_tpl *t, const char *s, size_t n);
 
 /* ---- values --------------------------------------------------------------------------- */
 typedef enum { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_ARR, JV_OBJ, JV_FUNC } jv_kind;
@@ -123,6 +127,8 @@ struct jarr {
 typedef enum { OBJ_DICT, OBJ_NAMESPACE, OBJ_KWARGS } jobj_kind;
 struct jobj {
     jobj_kind kind;
+    bool is_loop;   /* a for loop's `loop`: also has cycle() (not a key, as in the reference) */
+    int loop_index;
     jstr *keys;
     jv *vals;
     int n, cap;
@@ -159,7 +165,7 @@ struct jctx {
     jscope *globals;
     int brk; /* 1 break, 2 continue pending */
     int depth;
-    jbuf *tmp; /* scratch */
+    struct jbufpool *pool; /* scratch buffers (jtmp_get) */
 };
 
 /* Errors: record "NAME:LINE: msg" and longjmp out of the render. */
@@ -187,10 +193,10 @@ jv jv_from_json(jctx *c, const json_t *j, uint8_t m);
 
 const char *jv_type_name(jv v); /* "StringValue", ... as @huggingface/jinja names them */
 bool jv_truthy(jv v);
-bool jv_loose_eq(jv a, jv b);   /* == */
+bool jv_loose_eq(jctx *c, jv a, jv b); /* == as JavaScript's == on the values */
 bool jv_strict_eq(jv a, jv b);  /* `in` membership */
 int jv_compare(jctx *c, const jnode *at, jv a, jv b, bool case_sensitive); /* sorting */
-void js_num(double x, char buf[40]);                                        /* JS Number#toString */
+void jjs_num(double x, char buf[40]);                                        /* JS Number#toString */
 void jv_print(jctx *c, jbuf *b, jv v);   /* RuntimeValue#toString: how {{ }} prints */
 void jv_jsstr(jctx *c, jbuf *b, jv v);   /* value.toString() as `+` and `~` concatenate */
 typedef struct {
@@ -201,10 +207,15 @@ typedef struct {
 void jv_tojson(jctx *c, const jnode *at, jbuf *b, jv v, const jjson_opts *o, int depth);
 
 /* UTF-8 helpers. */
-size_t js_space_len(const char *s, size_t n);  /* length of a JS whitespace char at s, or 0 */
-size_t js_space_len_back(const char *s, size_t n); /* one ending at s+n, or 0 */
-size_t utf8_len(unsigned char c);
-size_t utf16_len(const char *s, size_t n);
+size_t jjs_space_len(const char *s, size_t n);  /* length of a JS whitespace char at s, or 0 */
+size_t jjs_space_len_back(const char *s, size_t n); /* one ending at s+n, or 0 */
+size_t jutf8_len(unsigned char c);
+/* Length of the UTF-8 sequence at s[i] within s[0..n) (clamped: template text may be invalid). */
+static inline size_t jcp(const char *s, size_t i, size_t n) {
+    size_t l = jutf8_len((unsigned char)s[i]);
+    return l < n - i ? l : n - i;
+}
+size_t jutf16_len(const char *s, size_t n);
 
 /* ---- evaluation ----------------------------------------------------------------------- */
 jv jeval(jctx *c, const jnode *e, jscope *sc);
@@ -219,18 +230,18 @@ jbuf *jtmp_get(jctx *c);
 void jtmp_put(jctx *c);
 
 /* String helpers (jinja_builtin.c). */
-jstr js_sub(jstr s, size_t a, size_t b);
-jstr js_trim(jstr s, bool left, bool right);                        /* JavaScript trim */
-jstr py_strip_chars(jstr s, jstr chars, bool left, bool right);     /* Python strip(chars) */
-jv js_map_case(jctx *c, jstr s, int upper, bool first_only);
-jv js_title(jctx *c, jstr s);
-bool js_str_eq(jstr a, const char *b);
-jv js_replace(jctx *c, jstr s, jstr old, jstr nw, long count);
-jv dict_items(jctx *c, jobj *o);
-jv dict_sort(jctx *c, const jnode *at, jobj *o, jv *args, int nargs, jobj *kw);
-void jv_stable_sort(jv *v, int n, int (*cmp)(const void *, const void *));
-jv py_format_braces(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs, jobj *kw); /* str.format */
-jv py_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs);          /* "%s" % args */
+jstr jjs_sub(jstr s, size_t a, size_t b);
+jstr jjs_trim(jstr s, bool left, bool right);                        /* JavaScript trim */
+jstr jpy_strip_chars(jstr s, jstr chars, bool left, bool right);     /* Python strip(chars) */
+jv jjs_map_case(jctx *c, jstr s, int upper, bool first_only);
+jv jjs_title(jctx *c, jstr s);
+bool jjs_str_eq(jstr a, const char *b);
+jv jjs_replace(jctx *c, jstr s, jstr old, jstr nw, long count);
+jv jdict_items(jctx *c, jobj *o);
+jv jdict_sort(jctx *c, const jnode *at, jobj *o, jv *args, int nargs, jobj *kw);
+void jv_stable_sort(jctx *c, jv *v, int n, int (*cmp)(const void *, const void *));
+jv jpy_format_braces(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs, jobj *kw); /* str.format */
+jv jpy_format_percent(jctx *c, const jnode *at, jstr fmt, jv *args, int nargs);          /* "%s" % args */
 
 /* Builtins (jinja_builtin.c, jinja_filter.c). */
 jv jfilter(jctx *c, const jnode *at, jv operand, const jnode *filter, jscope *sc);

@@ -50,10 +50,10 @@ void ja_free(jarena *a) {
     a->head = NULL;
 }
 
-size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+size_t jutf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
 static uint32_t utf8_cp(const unsigned char *s, size_t n, size_t *len) {
-    size_t l = utf8_len(s[0]);
+    size_t l = jutf8_len(s[0]);
     if (l > n) l = n;
     *len = l;
     if (l == 1) return s[0];
@@ -69,14 +69,14 @@ static bool js_space_cp(uint32_t c) {
            c == 0x3000 || c == 0xFEFF;
 }
 
-size_t js_space_len(const char *s, size_t n) {
+size_t jjs_space_len(const char *s, size_t n) {
     if (!n) return 0;
     size_t l;
     uint32_t c = utf8_cp((const unsigned char *)s, n, &l);
     return js_space_cp(c) ? l : 0;
 }
 
-size_t js_space_len_back(const char *s, size_t n) {
+size_t jjs_space_len_back(const char *s, size_t n) {
     if (!n) return 0;
     size_t i = n - 1;
     while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80 && n - i < 4) i--;
@@ -85,10 +85,10 @@ size_t js_space_len_back(const char *s, size_t n) {
     return (l == n - i && js_space_cp(c)) ? l : 0;
 }
 
-size_t utf16_len(const char *s, size_t n) {
+size_t jutf16_len(const char *s, size_t n) {
     size_t u = 0;
     for (size_t i = 0; i < n;) {
-        size_t l = utf8_len((unsigned char)s[i]);
+        size_t l = jutf8_len((unsigned char)s[i]);
         u += l == 4 ? 2 : 1;
         i += l;
     }
@@ -113,7 +113,7 @@ static bool line_start(const char *s, size_t i) {
 static void pre_strip(ptext *p) {
     size_t w = 0;
     for (size_t i = 0; i < p->n;) {
-        if (line_start(p->s, i)) {
+        if (line_start(p->s, w)) { /* the output so far ends as the source before i does */
             size_t j = i;
             while (j < p->n && (p->s[j] == ' ' || p->s[j] == '\t')) j++;
             if (j > i && j + 1 < p->n && p->s[j] == '{' && strchr("#%-", p->s[j + 1])) i = j;
@@ -143,19 +143,22 @@ static size_t gen_tag(const ptext *p, size_t i, bool *lstrip, bool *rstrip) {
     if (j > n || s[i] != '{' || s[i + 1] != '%') return 0;
     *lstrip = j < n && s[j] == '-';
     if (*lstrip) j++;
-    while ((l = js_space_len(s + j, n - j))) j += l;
+    while ((l = jjs_space_len(s + j, n - j))) j += l;
     if (n - j >= 3 && !memcmp(s + j, "end", 3)) j += 3;
     if (n - j < 10 || memcmp(s + j, "generation", 10)) return 0;
     j += 10;
-    while ((l = js_space_len(s + j, n - j))) j += l;
+    while ((l = jjs_space_len(s + j, n - j))) j += l;
     *rstrip = j < n && s[j] == '-';
     if (*rstrip) j++;
     if (n - j < 2 || s[j] != '%' || s[j + 1] != '}') return 0;
     return j + 2;
 }
 
+/* As the regular expression /(\s*){%(-?)\s*(?:end)?generation\s*(-?)%}(\s*)/g replaced by
+ * (lstrip ? "" : before) + (rstrip ? "" : after): a tag's whitespace reaches back only to the
+ * end of the previous tag's match, which includes the whitespace after it. */
 static void pre_generation(ptext *p) {
-    size_t w = 0, l;
+    size_t w = 0, l, floor = 0;
     for (size_t i = 0; i < p->n;) {
         bool ls, rs;
         size_t e = gen_tag(p, i, &ls, &rs);
@@ -165,10 +168,12 @@ static void pre_generation(ptext *p) {
             continue;
         }
         if (ls)
-            while (w > 0 && (l = js_space_len_back(p->s, w))) w -= l;
+            while (w > floor && (l = jjs_space_len_back(p->s + floor, w - floor))) w -= l;
         i = e;
-        if (rs)
-            while ((l = js_space_len(p->s + i, p->n - i))) i += l;
+        while ((l = jjs_space_len(p->s + i, p->n - i)))
+            for (size_t k = 0; k < l; k++, i++)
+                if (!rs) p->s[w] = p->s[i], p->off[w++] = p->off[i];
+        floor = w;
     }
     p->n = w;
 }
@@ -177,7 +182,7 @@ static void pre_generation(ptext *p) {
 typedef struct {
     jarena *a;
     const char *name;
-    const char *src; /* original, for line numbers */
+    int *lines; /* line number of each source offset */
     ptext p;
     size_t i;
     jtok *t;
@@ -188,9 +193,7 @@ typedef struct {
 
 static int line_of(const lexer *L, size_t pos) {
     int off = pos < L->p.n ? L->p.off[pos] : (L->p.n ? L->p.off[L->p.n - 1] : 0);
-    int line = 1;
-    for (int k = 0; k < off; k++) line += L->src[k] == '\n';
-    return line;
+    return L->lines[off];
 }
 
 static int lex_err(lexer *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -223,14 +226,14 @@ static void strip_trailing(lexer *L) {
     if (!L->n || L->t[L->n - 1].type != TK_TEXT) return;
     jtok *t = &L->t[L->n - 1];
     size_t l;
-    while ((l = js_space_len_back(t->s, t->n))) t->n -= l;
+    while ((l = jjs_space_len_back(t->s, t->n))) t->n -= l;
     ((char *)t->s)[t->n] = 0;
     if (!t->n) L->n--;
 }
 
 static void skip_space(lexer *L) {
     size_t l;
-    while ((l = js_space_len(L->p.s + L->i, L->p.n - L->i))) L->i += l;
+    while ((l = jjs_space_len(L->p.s + L->i, L->p.n - L->i))) L->i += l;
 }
 
 static void put_utf8(char *o, size_t *k, uint32_t c) {
@@ -383,11 +386,16 @@ static int lex_token(lexer *L) {
         L->i = j;
         return MOERL_OK;
     }
-    return lex_err(L, "unexpected character '%.*s'", (int)utf8_len((unsigned char)ch), s + L->i);
+    return lex_err(L, "unexpected character '%.*s'", (int)jcp(s, L->i, n), s + L->i);
 }
 
 int jinja_lex(jarena *a, const char *src, size_t len, const char *name, jtok **toks, int *ntok) {
-    lexer L = {.a = a, .name = name, .src = src};
+    lexer L = {.a = a, .name = name};
+    L.lines = xmalloc((len + 1) * sizeof(int));
+    for (size_t i = 0, line = 1; i <= len; i++) {
+        L.lines[i] = (int)line;
+        if (i < len && src[i] == '\n') line++;
+    }
     if (len && src[len - 1] == '\n') len--;
     L.p.s = xmalloc(len + 1);
     L.p.off = xmalloc((len + 1) * sizeof(int));
@@ -407,6 +415,7 @@ int jinja_lex(jarena *a, const char *src, size_t len, const char *name, jtok **t
     push(&L, TK_EOF, "", 0, end ? end - 1 : 0);
     free(L.p.s);
     free(L.p.off);
+    free(L.lines);
     *toks = L.t;
     *ntok = L.n;
     return rc;

