@@ -91,6 +91,14 @@ PY
 }
 same_as_ref qwen3 "$W/qwen3.jinja" "$W/qwen3.json"
 same_as_ref qwen3_nothink "$W/qwen3.jinja" "$W/qwen3_nothink.json"
+# whitespace around Qwen3's think block (@huggingface/jinja's strip('\n') removes any whitespace): the
+# native fast path leaves such conversations to Jinja
+cat >"$W/qwen3_ws.json" <<'EOF'
+{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think> r </think>  ans"},
+  {"role": "user", "content": "q2"}, {"role": "assistant", "content": "<think>\n\u3000why\n</think>\n answer "}],
+ "add_generation_prompt": false}
+EOF
+same_as_ref qwen3_ws "$W/qwen3.jinja" "$W/qwen3_ws.json"
 same_as_ref deepseek_v3 "$W/deepseek_v3.jinja" "$W/deepseek_v3.json"
 same_as_ref llama3_1 "$W/llama3_1.jinja" "$W/llama3_1.json"
 same_as_ref gemma3 "$W/gemma3.jinja" "$W/gemma3.json"

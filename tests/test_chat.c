@@ -417,7 +417,10 @@ static void parity_file(const jinja_tpl *jt, const json_t *specials, const char 
         const json_t *conv = json_array_get(convs, c);
         chat_call call;
         if (chat_call_from_json(json_object_get(conv, "messages"), &call) != MOERL_OK) continue;
-        if (!chat_msgs_plain(call.msgs, call.n) || json_object_get(conv, "tools") ||
+        int exact = 1; /* what the tokenizer renders natively (tokenizer.c: native_fits) */
+        for (int i = 0; i < call.n; i++)
+            exact &= strcmp(call.msgs[i].role, "assistant") || chat_qwen3_native_exact(call.msgs[i].content);
+        if (!chat_msgs_plain(call.msgs, call.n) || json_object_get(conv, "tools") || !exact ||
             chat_check(CHAT_TPL_QWEN3, call.msgs, call.n) != MOERL_OK) {
             (*n_rich)++;
             chat_call_free(&call);

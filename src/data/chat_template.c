@@ -75,6 +75,21 @@ const char *chat_msg_extra_key(const chat_msg *m) {
     return json_object_get(m->msg, "content") ? NULL : "content";
 }
 
+/* 1 when s starts with a character of JavaScript's whitespace set (String#trim). */
+static int js_space_at(const unsigned char *s) {
+    if (*s == ' ' || (*s >= '\t' && *s <= '\r')) return 1;
+    uint32_t u = 0;
+    if (s[0] == 0xc2 && s[1] == 0xa0) return 1; /* U+00A0 */
+    if (s[0] >= 0xe1 && s[0] <= 0xef && (s[1] & 0xc0) == 0x80 && (s[2] & 0xc0) == 0x80)
+        u = ((uint32_t)(s[0] & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (uint32_t)(s[2] & 0x3f);
+    return u == 0x1680 || (u >= 0x2000 && u <= 0x200a) || u == 0x2028 || u == 0x2029 || u == 0x202f ||
+           u == 0x205f || u == 0x3000 || u == 0xfeff;
+}
+
+int chat_qwen3_native_exact(const char *c) {
+    return !js_space_at((const unsigned char *)c) && !strstr(c, "</think>");
+}
+
 int chat_msgs_plain(const chat_msg *msgs, int n) {
     for (int i = 0; i < n; i++)
         if (chat_msg_extra_key(&msgs[i])) return 0;

@@ -64,6 +64,11 @@ int chat_check(chat_tpl t, const chat_msg *msgs, int n);
  * "reasoning_content", "content" when it is not a string, ...), or NULL when m is plain: no msg
  * object, or one with only a string "role" and a string "content". */
 const char *chat_msg_extra_key(const chat_msg *m);
+/* 1 when the native qwen3 renderer writes assistant content c exactly as Qwen3's template does in
+ * @huggingface/jinja: c holds no "</think>" and does not start with whitespace (the template's
+ * strip('\n')/lstrip('\n') remove every kind of whitespace there, JavaScript's trim set, while
+ * the native renderer removes newlines only, as Python's Jinja2 does). */
+int chat_qwen3_native_exact(const char *c);
 /* 1 when every message of msgs[0..n) is plain (chat_msg_extra_key NULL). */
 int chat_msgs_plain(const chat_msg *msgs, int n);
 /* The messages as a JSON list (new reference): each message's msg object (shared, a new

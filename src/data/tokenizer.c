@@ -554,6 +554,10 @@ static int native_fits(const tokenizer *t, const chat_msg *msgs, int n, const ch
         if (k) return snprintf(why, wn, "message %d has '%s'", i, k), 0;
     }
     if (x && x->tools) return snprintf(why, wn, "the conversation has tools"), 0;
+    /* whitespace around Qwen3's think block: only the Jinja rendering matches the reference's */
+    for (int i = 0; t->tpl == CHAT_TPL_QWEN3 && t->jt && i < n; i++)
+        if (!strcmp(msgs[i].role, "assistant") && !chat_qwen3_native_exact(msgs[i].content))
+            return snprintf(why, wn, "message %d's think block or leading whitespace", i), 0;
     const char *k;
     json_t *v;
     if (x && x->vars)
@@ -659,7 +663,8 @@ static int jinja_response(const tokenizer *t, const char *text, tok_seq *out) {
 
 int tokenizer_encode_response(const tokenizer *t, const char *text, tok_seq *out) {
     if (need_tpl(t) != MOERL_OK) return MOERL_ERR;
-    if (t->tpl == CHAT_TPL_JINJA) return jinja_response(t, text, out);
+    if (t->tpl == CHAT_TPL_JINJA || (t->tpl == CHAT_TPL_QWEN3 && t->jt && !chat_qwen3_native_exact(text)))
+        return jinja_response(t, text, out);
     chat_render r = {0};
     int rc = chat_render_response(t->tpl, text, t->thinking, &r);
     if (rc == MOERL_OK) rc = encode_render(t, &r, out);
