@@ -178,6 +178,25 @@ PY
 $M eval --model "$W/m" --data "$W/rows.jsonl" --max-new-tokens 2 --chat-template "$W/qwen3.jinja" >"$W/e.json" 2>"$W/err"
 check "eval: rows with tools, a .jinja template" grep -q '"accuracy"' "$W/e.json"
 expect_err "eval: a row the template refuses names the row" "$W/rows.jsonl:1: prompt:" $M eval --model "$W/m" --data "$W/rows.jsonl" --chat-template chatml
+# --- sft on rows with tools and tool calls (the prompts with their tools, targets through the template)
+"$PY" - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+tools = json.load(open(w + "/qwen3.json"))["tools"]
+with open(w + "/sft.jsonl", "w") as f:
+    for i in range(8):
+        msgs = [{"role": "user", "content": "Weather in city %d?" % i},
+                {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                    "name": "get_weather", "arguments": {"city": "c%d" % i}}}]},
+                {"role": "tool", "content": str(20 + i)}]
+        f.write(json.dumps({"data_source": "arith", "prompt": msgs, "tools": tools, "response": " #### %d" % (20 + i),
+                            "reward_model": {"style": "rule", "ground_truth": str(20 + i)}}) + "\n")
+PY
+printf 'data: {task: "", train_files: %s, val_files: %s, train_batch_size: 4}\ntrainer: {total_training_steps: 1, default_local_dir: %s, val_n: 0, n_threads: 1}\n' \
+    "$W/sft.jsonl" "$W/sft.jsonl" "$W/sft" >"$W/sft.yaml"
+$M sft --config "$W/sft.yaml" model.path="$W/m" >"$W/sft.out" 2>"$W/sft.err"
+check "sft on rows with tools and tool calls ($(tail -c 300 "$W/sft.err"))" test -s "$W/sft/checkpoint/model.safetensors"
+
 # --- rl on rows with tools through a .jinja template (DeepSeek V3's, on Qwen3's tokenizer): every logged
 # rollout's prompt ids = tokenize --chat of the row's {"messages", "tools"}; checkpoints carry the template
 "$PY" - "$W" <<'PY'

@@ -499,6 +499,15 @@ static void test_qwen3_fast_path(const char *qdir) {
               strstr(txt, "<tool_response>\n{\"temp\": 21}\n</tool_response>"),
           "tools and tool calls rendered by Qwen3's own template: %s", txt ? txt : moerl_last_error());
     free(txt);
+    /* SFT targets: a response with leading whitespace goes through Jinja, whose strip removes it (as the
+     * reference's); the native target of the stripped text is the same */
+    tok_seq s1 = {0}, s2 = {0};
+    CHECK(t && tokenizer_encode_response(t, " \u3000#### 42", &s1) == MOERL_OK &&
+              tokenizer_encode_response(t, "#### 42", &s2) == MOERL_OK && s1.n == s2.n &&
+              !memcmp(s1.ids, s2.ids, sizeof(int32_t) * (size_t)s1.n) && s2.ids[s2.n - 1] == 151645,
+          "SFT target through Jinja = native on the stripped text: %s", moerl_last_error());
+    tok_seq_free(&s1);
+    tok_seq_free(&s2);
     /* the built-in name on a tokenizer without Qwen3's template: refused, not dropped */
     tokenizer *b = tokenizer_new_bytes();
     tokenizer_set_chat_template(b, "qwen3", true, "data.chat_template");

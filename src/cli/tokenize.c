@@ -139,7 +139,8 @@ static int tk_chat(tokenizer *t, const tk_args *a, const char *buf, size_t len, 
         json_decref(in);
         return 1;
     }
-    if (tk_chat_flags(a, &c) != MOERL_OK || !(txt = tokenizer_chat_text_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt)) ||
+    if (tk_chat_flags(a, &c) != MOERL_OK ||
+        !(txt = tokenizer_chat_text_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt)) ||
         tokenizer_chat_encode_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt, s) != MOERL_OK)
         fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
     else {
