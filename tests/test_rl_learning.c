@@ -60,7 +60,7 @@ static void setup_data(void) {
 
 /* log P(first response token = '7' | the prompt), temperature 1. */
 static double p_seven(const moe_model *m) {
-    chat_msg msg = {(char *)"user", (char *)"Compute 3+4."};
+    chat_msg msg = {(char *)"user", (char *)"Compute 3+4.", NULL};
     tok_seq s = {0};
     tok_chat_encode(&msg, 1, true, &s);
     const int plen = (int)s.n;

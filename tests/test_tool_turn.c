@@ -4,6 +4,7 @@
  * the delta), decode to the text Qwen3's template writes for tool turns (its rendering is tested
  * equal to @huggingface/jinja's elsewhere: test_tokenizer / test_jinja), keep a tool response that
  * spells <|im_end|> as text, follow enable_thinking, and refuse what cannot be a tool turn. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,16 +25,17 @@ static int count_id(const int32_t *ids, int64_t n, int32_t id, int k, int64_t *p
     return c;
 }
 
-static chat_msg M(const char *role, const char *content) { return (chat_msg){(char *)role, (char *)content}; }
+static chat_msg M(const char *role, const char *content) { return (chat_msg){(char *)role, (char *)content, NULL}; }
 
 static void test_non_canonical(tokenizer *t);
 
-static void check_delta(tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *want_text, const char *tag) {
+static void check_delta_x(tokenizer *t, const chat_msg *msgs, int n_turn, int n, const chat_extra *x, const char *want_text,
+                          const char *tag) {
     const int32_t eot = tokenizer_token_id(t, "<|im_end|>");
     tok_seq delta = {0}, full = {0}, pre = {0};
-    CHECK(tool_turn_ids(t, msgs, n_turn, n, "<|im_end|>", &delta) == MOERL_OK, "%s: %s", tag, moerl_last_error());
-    MOERL_ASSERT(tokenizer_chat_encode(t, msgs, n, true, &full) == MOERL_OK);
-    MOERL_ASSERT(tokenizer_chat_encode(t, msgs, n_turn, false, &pre) == MOERL_OK);
+    CHECK(tool_turn_ids(t, msgs, n_turn, n, x, "<|im_end|>", &delta) == MOERL_OK, "%s: %s", tag, moerl_last_error());
+    MOERL_ASSERT(tokenizer_chat_encode_ex(t, msgs, n, x, true, &full) == MOERL_OK);
+    MOERL_ASSERT(tokenizer_chat_encode_ex(t, msgs, n_turn, x, false, &pre) == MOERL_OK);
     int64_t pos = -1;
     const int k = count_id(pre.ids, pre.n, eot, 0, NULL);
     count_id(full.ids, full.n, eot, k, &pos);
@@ -46,6 +48,10 @@ static void check_delta(tokenizer *t, const chat_msg *msgs, int n_turn, int n, c
     CHECK(count_id(delta.ids, delta.n, eot, 0, NULL) == 1, "%s: one <|im_end|> id in the delta (the template's)", tag);
     free(txt);
     tok_seq_free(&delta); tok_seq_free(&full); tok_seq_free(&pre);
+}
+
+static void check_delta(tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *want_text, const char *tag) {
+    check_delta_x(t, msgs, n_turn, n, NULL, want_text, tag);
 }
 
 static void test_qwen3(void) {
@@ -69,18 +75,29 @@ static void test_qwen3(void) {
                 "qwen3, one tool response");
     check_delta(t, msgs, 6, 7, "\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
                 "qwen3, second tool turn");
+    /* the checkpoint's own template through the Jinja interpreter, with the tools in the system prompt */
+    MOERL_ASSERT(tokenizer_set_chat_template(t, "auto", true, "data.chat_template") == MOERL_OK);
+    json_error_t je;
+    json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"calc\", \"description\": \"Evaluate.\", "
+                               "\"parameters\": {\"type\": \"object\", \"properties\": {\"expr\": {\"type\": \"string\"}}}}}]", 0, &je);
+    MOERL_ASSERT(tools);
+    chat_extra x = {tools, NULL};
+    check_delta_x(t, msgs, 3, 4, &x,
+                  "\n<|im_start|>user\n<tool_response>\n121932631112635269\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                  "qwen3 via Jinja (the checkpoint's template), with tools");
+    json_decref(tools);
     MOERL_ASSERT(tokenizer_set_chat_template(t, "qwen3", false, "data.chat_template") == MOERL_OK);
     check_delta(t, msgs, 3, 4,
                 "\n<|im_start|>user\n<tool_response>\n121932631112635269\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
                 "<think>\n\n</think>\n\n",
                 "qwen3 enable_thinking=false");
     tok_seq out = {0};
-    CHECK(tool_turn_ids(t, msgs, 3, 4, "<|endoftext|>", &out) == MOERL_ERR && strstr(moerl_last_error(), "no end-of-turn") &&
+    CHECK(tool_turn_ids(t, msgs, 3, 4, NULL, "<|endoftext|>", &out) == MOERL_ERR && strstr(moerl_last_error(), "no end-of-turn") &&
               out.n == 0,
           "an eot the template does not write: %s", moerl_last_error());
-    CHECK(tool_turn_ids(t, msgs, 2, 4, "<|im_end|>", &out) == MOERL_ERR && strstr(moerl_last_error(), "expected assistant"),
+    CHECK(tool_turn_ids(t, msgs, 2, 4, NULL, "<|im_end|>", &out) == MOERL_ERR && strstr(moerl_last_error(), "expected assistant"),
           "the turn before the tools must be the assistant's: %s", moerl_last_error());
-    CHECK(tool_turn_ids(t, msgs, 3, 3, "<|im_end|>", &out) == MOERL_ERR && out.n == 0, "no tool messages refused");
+    CHECK(tool_turn_ids(t, msgs, 3, 3, NULL, "<|im_end|>", &out) == MOERL_ERR && out.n == 0, "no tool messages refused");
     tok_seq_free(&out);
     test_non_canonical(t);
     tokenizer_free(t);
@@ -119,7 +136,7 @@ static void test_non_canonical(tokenizer *t) {
           "the split sample spells the same text and re-encodes to the canonical ids (it would be lost by re-encoding)");
     free(a); free(b);
     MOERL_ASSERT(tokenizer_chat_encode(t, msgs, 1, true, &prompt) == MOERL_OK);
-    MOERL_ASSERT(tool_turn_ids(t, msgs, 2, 3, "<|im_end|>", &delta) == MOERL_OK);
+    MOERL_ASSERT(tool_turn_ids(t, msgs, 2, 3, NULL, "<|im_end|>", &delta) == MOERL_OK);
     /* the next turn's input: prompt ⊕ sampled (with its <|im_end|>) ⊕ delta */
     tok_seq next = {0};
     for (int64_t i = 0; i < prompt.n; i++) tok_seq_push(&next, prompt.ids[i]);

@@ -4,8 +4,9 @@
  *   {"prompt_index": i, "sample": j, "tokens": [...], "logprobs": [...], "versions": [...],
  *    "text": "..." (when the model folder has a tokenizer), "finish_reason": "stop"|"length"}
  * "versions" holds the policy version of each token's weights: the checkpoint's own version
- * (model/ckpt_meta.h), else 0. --prompts reads JSONL rows of which only "prompt" is used
- * (data/prompts.h); prompts go through the checkpoint's tokenizer and chat template. Progress and
+ * (model/ckpt_meta.h), else 0. --prompts reads JSONL rows of which "prompt" (with "tools"), or
+ * the apply_chat_template object shape, is used (data/prompts.h); prompts go through the
+ * checkpoint's tokenizer and chat template (--chat-template: also a .jinja file). Progress and
  * throughput go to stderr. */
 #include <jansson.h>
 #include <stdio.h>
@@ -32,8 +33,11 @@ typedef struct {
 } gen_args;
 
 static const char gen_notes[] = /* %d: the byte tokenizer's vocabulary */
-    "--prompts reads JSONL rows with a 'prompt' field: a list of chat messages {\"role\", \"content\"}\n"
-    "(verl's schema; other fields are ignored) or a plain string (one user message).\n"
+    "--prompts reads JSONL rows with a 'prompt' field: a list of chat messages {\"role\", \"content\", ...}\n"
+    "(verl's schema; a row's 'tools' list goes with it; other fields are ignored), a plain string (one\n"
+    "user message), or an object {\"messages\", \"tools\", \"add_generation_prompt\", \"enable_thinking\", ...}\n"
+    "as apply_chat_template takes (a row may also be that object itself). Messages keep tool_calls,\n"
+    "reasoning_content and every other key for the template (docs/chat-templates.md).\n"
     "--prompt and --prompts need the model folder's tokenizer: tokenizer.json (Hugging Face), or\n"
     "moerl's byte tokenizer (tokenizer_moerl.json or vocab_size %d). Generation stops at every eos id\n"
     "of generation_config.json.\n"
@@ -60,8 +64,9 @@ static int gen_parse(int argc, char **argv, gen_args *a, int *code) {
         CLI_OPT_INT("max-num-seqs", &a->max_seqs, "N", 1, 100000, "sequences in flight"),
         CLI_OPT_CHOICE("dtype", &a->dtype, "fp32|bf16", "fp32|bf16",
                        "weights the engine computes from (bf16: as rollout.dtype bf16)"),
-        CLI_OPT_STR("chat-template", &a->tpl, "NAME", 0, "auto (the checkpoint's own) | qwen3 | chatml"),
-        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "Qwen3's enable_thinking=false"),
+        CLI_OPT_STR("chat-template", &a->tpl, "NAME", 0,
+                    "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
+        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
         CLI_OPT_STR("profile", &a->profile, "FILE", 0, "write a Chrome trace (Perfetto) of the engine's steps and kernels"),
     };
     const cli_spec spec = {.cmd = "generate", .opts = opts, .n_opts = CLI_NOPTS(opts), .notes = notes,
@@ -94,7 +99,7 @@ static int gen_load_prompts(gen_args *a, int ***prompts, int **plens, int *n) {
         seqs = xcalloc(1, sizeof *seqs);
         for (int i = 0; i < a->ptoks.n; i++) tok_seq_push(&seqs[0], a->ptoks.v[i]);
     } else if (a->ptext) {
-        chat_msg msg = {"user", (char *)a->ptext};
+        chat_msg msg = {"user", (char *)a->ptext, NULL};
         seqs = xcalloc(1, sizeof *seqs);
         tok_chat_encode(&msg, 1, true, &seqs[0]);
     } else if (prompt_file_read(a->pfile, &seqs, n) != MOERL_OK) {

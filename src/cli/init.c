@@ -36,12 +36,29 @@ static int dir_has_files(const char *dir) {
     return n > 0;
 }
 
+/* data.chat_template / data.enable_thinking given to init would have no effect: a checkpoint keeps
+ * its tokenizer's files, not a choice of template. */
+static int init_refuse_chat_keys(const cfg *c) {
+    static const char *const keys[] = {"data.chat_template", "data.enable_thinking"};
+    for (int k = 0; k < 2; k++)
+        if (strcmp(cfg_origin(c, keys[k]), "default"))
+            return moerl_errorf("%s is set (%s), but init stores no chat template choice in a checkpoint (its template "
+                                "is its tokenizer's own, --tokenizer-from): set %s where prompts are rendered (sft, "
+                                "rl, generate --chat-template, eval --chat-template)",
+                                keys[k], cfg_origin(c, keys[k]), keys[k]);
+    return MOERL_OK;
+}
+
 int cmd_init(int argc, char **argv) {
     cfg *c = cfg_new();
     cli_def_model_keys(c);
-    /* read by the model builder when it sets up the byte tokenizer; a checkpoint stores no template choice */
-    cfg_def_str(c, "data.chat_template", "auto", "chat template of the tokenizer (auto | qwen3 | chatml)");
-    cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking");
+    /* read by the model builder when it sets up the byte tokenizer; a checkpoint stores no template choice,
+     * so init refuses them when set (init_refuse_chat_keys) */
+    cfg_def_str(c, "data.chat_template", "auto",
+                "not stored in a checkpoint (its template is its tokenizer's own): only the default auto is accepted; "
+                "choose the template where prompts are rendered (sft, rl, generate, eval)");
+    cfg_def_bool(c, "data.enable_thinking", true,
+                 "not stored in a checkpoint: only the default is accepted; set it where prompts are rendered");
     const char *out = NULL, *config = NULL, *tok_from = NULL;
     int bf16 = 0, rc = 1, code;
     int64_t shard_mb = 0;
@@ -69,6 +86,7 @@ int cmd_init(int argc, char **argv) {
         return code;
     }
     if ((config && cfg_load_yaml(c, config) != MOERL_OK) || cli_apply_overrides(c, &ov) != MOERL_OK) goto fail;
+    if (init_refuse_chat_keys(c) != MOERL_OK) goto fail;
     if (cfg_str(c, "model.path")[0]) {
         moerl_errorf("model.path is set ('%s'): init makes a new model from the model.* keys", cfg_str(c, "model.path"));
         goto fail;

@@ -179,13 +179,14 @@ int cmd_eval(int argc, char **argv) {
         CLI_OPT_FLOAT("top-p", &top_p, "P", 1e-9, 1, "nucleus sampling in (0, 1]; 1 = off"),
         CLI_OPT_INT("top-k", &top_k, "K", -1, 1000000000, "keep the K most likely tokens; 0 or -1 = off"),
         CLI_OPT_INT("seed", &seed, "S", 0, 9000000000000000LL, "sampling seed: response j of row i from (S, i, j)"),
-        CLI_OPT_STR("chat-template", &tpl, "NAME", 0, "auto (the checkpoint's own) | qwen3 | chatml"),
-        CLI_OPT_FLAG("no-thinking", &no_thinking, "Qwen3's enable_thinking=false"),
+        CLI_OPT_STR("chat-template", &tpl, "NAME", 0,
+                    "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
+        CLI_OPT_FLAG("no-thinking", &no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
     };
     const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts),
                            .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] [--samples N "
                                        "--temperature T [--top-p P] [--top-k K] [--seed S]] "
-                                       "[--chat-template auto|qwen3|chatml] [--no-thinking]",
+                                       "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking]",
                            .about = "Held-out accuracy with each row's reward function (greedy unless --temperature), "
                                     "and verl's validation metrics; prints {\"accuracy\", \"n\", \"samples\", "
                                     "\"mean_response_length\", \"max_new_tokens\", \"data\", \"metrics\"}."};

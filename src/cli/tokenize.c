@@ -3,8 +3,11 @@
  *   default     {"tokenizer": "hf-bpe", "n": N, "ids": [...]} (with --pieces also "pieces": the
  *               text of each token)
  *   --decode    the input is a list of ids ("1,5,9", "1 5 9" or a JSON list); prints their text
- *   --chat      the input is a JSON list of {"role", "content"} messages; prints the chat
- *               template's text and ids: {"template": "qwen3", "text": "...", "n": N, "ids": [...]} */
+ *   --chat      the input is a JSON list of messages, or an object in the shape of
+ *               apply_chat_template's arguments {"messages", "tools", "add_generation_prompt",
+ *               "enable_thinking", any other template variable} (data/prompts.h: chat_call);
+ *               prints the chat template's text and ids: {"template": "qwen3", "text": "...", "n":
+ *               N, "ids": [...]}. --chat-template also takes the path of a .jinja file. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,11 +37,13 @@ static int tk_parse(int argc, char **argv, tk_args *a, int *code) {
         CLI_OPT_FLAG("skip-special", &a->skip, "with --decode: leave out special tokens"),
         CLI_OPT_FLAG("no-special", &a->nospecial, "encode <|im_end|> etc. written in the text as plain text"),
         CLI_OPT_FLAG("pieces", &a->pieces, "also print each token's text"),
-        CLI_OPT_FLAG("chat", &a->chat, "the input is a JSON list of {\"role\", \"content\"} messages: apply the chat "
-                                       "template (with the generation prompt) and print its text and ids"),
+        CLI_OPT_FLAG("chat", &a->chat, "the input is a JSON list of messages, or an object {\"messages\", \"tools\", "
+                                       "\"add_generation_prompt\", \"enable_thinking\", ...} as apply_chat_template "
+                                       "takes: apply the chat template (with the generation prompt) and print its "
+                                       "text and ids"),
         {.name = "chat-template", .type = CLI_STR, .dest = &a->tpl, .given = &a->tpl_given, .meta = "NAME",
-         .help = "auto (the checkpoint's own), qwen3 or chatml"},
-        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "Qwen3's enable_thinking=false"),
+         .help = "auto (the checkpoint's own), qwen3, chatml, or the path of a .jinja file"},
+        CLI_OPT_FLAG("no-thinking", &a->no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
         CLI_OPT_FLAG("no-generation-prompt", &a->no_gen, "with --chat: leave out the assistant's opening"),
     };
     const cli_spec spec = {.cmd = "tokenize", .opts = opts, .n_opts = CLI_NOPTS(opts),
@@ -101,32 +106,52 @@ static int tk_decode(const tokenizer *t, char *buf, size_t len, int skip) {
     return 0;
 }
 
-/* --chat: the messages in buf through the chat template → res gets "template" and "text", s the ids. */
+/* --chat: the flags that say the same as the object's keys; both is an error (the flag would be
+ * silently ignored or the key overruled). */
+static int tk_chat_flags(const tk_args *a, chat_call *c) {
+    const char *twice = a->no_gen && c->add_generation_prompt >= 0 ? "--no-generation-prompt and the input's "
+                                                                      "\"add_generation_prompt\""
+                        : a->no_thinking && c->x.vars && json_object_get(c->x.vars, "enable_thinking")
+                            ? "--no-thinking and the input's \"enable_thinking\""
+                            : NULL;
+    if (twice) return moerl_errorf("both %s are given: keep one", twice);
+    if (c->add_generation_prompt < 0) c->add_generation_prompt = !a->no_gen;
+    return MOERL_OK;
+}
+
+/* --chat: the conversation in buf (a list of messages or the apply_chat_template object) through
+ * the chat template → res gets "template" and "text", s the ids. */
 static int tk_chat(tokenizer *t, const tk_args *a, const char *buf, size_t len, json_t *res, tok_seq *s) {
     json_error_t je;
-    json_t *msgs = json_loadb(buf, len, 0, &je);
-    if (!json_is_array(msgs)) {
-        fprintf(stderr, "moerl tokenize --chat: the input must be a JSON list of {\"role\", \"content\"} messages "
-                        "(%s)\n", msgs ? "got another JSON value" : je.text);
-        json_decref(msgs);
+    json_t *in = json_loadb(buf, len, 0, &je);
+    if (!json_is_array(in) && !json_is_object(in)) {
+        fprintf(stderr, "moerl tokenize --chat: the input must be a JSON list of messages or an object "
+                        "{\"messages\": [...], \"tools\": [...], ...} (%s)\n", in ? "got another JSON value" : je.text);
+        json_decref(in);
         return 1;
     }
-    chat_msg *m;
-    int n, bad = chat_msgs_from_json(msgs, &m, &n), rc = 1;
+    chat_call c;
+    int rc = 1;
     char *txt = NULL;
-    if (bad >= 0)
-        fprintf(stderr, "moerl tokenize --chat: message %d: expected {\"role\": string, \"content\": string}\n", bad);
-    else if (tokenizer_set_chat_template(t, a->tpl, !a->no_thinking, "--chat-template") != MOERL_OK ||
-             !(txt = tokenizer_chat_text(t, m, n, !a->no_gen)) || tokenizer_chat_encode(t, m, n, !a->no_gen, s) != MOERL_OK)
+    if (tokenizer_set_chat_template(t, a->tpl, !a->no_thinking, "--chat-template") != MOERL_OK ||
+        chat_call_from_json(in, &c) != MOERL_OK) {
+        fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
+        json_decref(in);
+        return 1;
+    }
+    if (tk_chat_flags(a, &c) != MOERL_OK ||
+        !(txt = tokenizer_chat_text_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt)) ||
+        tokenizer_chat_encode_ex(t, c.msgs, c.n, &c.x, c.add_generation_prompt, s) != MOERL_OK)
         fprintf(stderr, "moerl tokenize --chat: %s\n", moerl_last_error());
     else {
-        json_object_set_new(res, "template", json_string(tokenizer_chat_template_name(t)));
+        const char *name = tokenizer_chat_template_name(t);
+        json_object_set_new(res, "template", cli_json_text(name, strlen(name)));
         json_object_set_new(res, "text", cli_json_text(txt, strlen(txt)));
         rc = 0;
     }
     free(txt);
-    free(m);
-    json_decref(msgs);
+    chat_call_free(&c);
+    json_decref(in);
     return rc;
 }
 

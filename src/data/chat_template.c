@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "data/jinja.h"
 
 /* Fingerprints (chat_tpl_fingerprint) of the Jinja sources moerl renders natively. */
 static const struct {
@@ -43,7 +44,7 @@ int chat_tpl_from_name(const char *name, chat_tpl *out) {
 }
 
 const char *chat_tpl_name(chat_tpl t) {
-    return t == CHAT_TPL_CHATML ? "chatml" : t == CHAT_TPL_QWEN3 ? "qwen3" : "none";
+    return t == CHAT_TPL_CHATML ? "chatml" : t == CHAT_TPL_QWEN3 ? "qwen3" : t == CHAT_TPL_JINJA ? "jinja" : "none";
 }
 
 uint64_t chat_tpl_fingerprint(const char *s, size_t n) {
@@ -64,7 +65,95 @@ const char *chat_tpl_end_of_turn(chat_tpl t) {
     return "<|im_end|>";
 }
 
+const char *chat_msg_extra_key(const chat_msg *m) {
+    if (!m->msg) return NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach(m->msg, k, v) {
+        if ((strcmp(k, "role") && strcmp(k, "content")) || !json_is_string(v)) return k;
+    }
+    return json_object_get(m->msg, "content") ? NULL : "content";
+}
+
+/* 1 when s starts with a character of JavaScript's whitespace set (String#trim). */
+static int js_space_at(const unsigned char *s) {
+    if (*s == ' ' || (*s >= '\t' && *s <= '\r')) return 1;
+    uint32_t u = 0;
+    if (s[0] == 0xc2 && s[1] == 0xa0) return 1; /* U+00A0 */
+    if (s[0] >= 0xe1 && s[0] <= 0xef && (s[1] & 0xc0) == 0x80 && (s[2] & 0xc0) == 0x80)
+        u = ((uint32_t)(s[0] & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (uint32_t)(s[2] & 0x3f);
+    return u == 0x1680 || (u >= 0x2000 && u <= 0x200a) || u == 0x2028 || u == 0x2029 || u == 0x202f ||
+           u == 0x205f || u == 0x3000 || u == 0xfeff;
+}
+
+int chat_qwen3_native_exact(const char *c) {
+    return !js_space_at((const unsigned char *)c) && !strstr(c, "</think>");
+}
+
+int chat_msgs_plain(const chat_msg *msgs, int n) {
+    for (int i = 0; i < n; i++)
+        if (chat_msg_extra_key(&msgs[i])) return 0;
+    return 1;
+}
+
+json_t *chat_msgs_json(const chat_msg *msgs, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) {
+        if (msgs[i].msg) {
+            json_array_append(a, msgs[i].msg);
+            continue;
+        }
+        json_t *r = json_string(msgs[i].role), *c = json_string(msgs[i].content), *o = json_object();
+        json_array_append_new(a, o);
+        if (!r || !c) {
+            json_decref(r);
+            json_decref(c);
+            json_decref(a);
+            return NULL;
+        }
+        json_object_set_new(o, "role", r);
+        json_object_set_new(o, "content", c);
+    }
+    return a;
+}
+
+int chat_render_jinja(const jinja_tpl *jt, const chat_msg *msgs, int n, const chat_jinja_args *a, chat_render *out) {
+    json_t *ms = chat_msgs_json(msgs, n);
+    if (!ms) return moerl_errorf("chat template: a message's role or content is not valid UTF-8");
+    json_t *vars = json_object();
+    json_object_set_new(vars, "messages", ms);
+    const chat_extra *x = a->x;
+    if (x && x->tools) json_object_set(vars, "tools", (json_t *)x->tools);
+    json_object_set_new(vars, "add_generation_prompt", json_boolean(a->add_generation_prompt));
+    if (a->enable_thinking >= 0) json_object_set_new(vars, "enable_thinking", json_boolean(a->enable_thinking));
+    const char *names[16];
+    int nn = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)a->specials, k, v) {
+        json_object_set(vars, k, v);
+        if (nn < 15) names[nn++] = k;
+    }
+    names[nn] = NULL;
+    if (x && x->vars)
+        json_object_foreach((json_t *)x->vars, k, v) {
+            if (strcmp(k, "messages") && strcmp(k, "tools") && strcmp(k, "add_generation_prompt"))
+                json_object_set(vars, k, v);
+        }
+    int rc = jinja_render(jt, vars, names, out);
+    json_decref(vars);
+    if (rc == MOERL_OK && !out->text) put(out, "", 0, 1);
+    return rc;
+}
+
 int chat_check(chat_tpl t, const chat_msg *msgs, int n) {
+    for (int i = 0; i < n; i++) {
+        const char *k = chat_msg_extra_key(&msgs[i]);
+        if (k)
+            return moerl_errorf("message %d has '%s', which the native %s chat template does not render (it renders "
+                                "each message's role and string content only): use the checkpoint's own template "
+                                "or a .jinja file", i, k, chat_tpl_name(t));
+    }
     if (t != CHAT_TPL_QWEN3) return MOERL_OK;
     for (int i = 0; i < n; i++) {
         const char *r = msgs[i].role;
@@ -149,7 +238,7 @@ static void render_qwen3(const chat_msg *msgs, int n, bool add_gen, bool thinkin
         const char *role = msgs[i].role, *c = msgs[i].content;
         if (!strcmp(role, "user") || (!strcmp(role, "system") && i > 0)) {
             T(out, "<|im_start|>");
-            T(out, role);
+            C(out, role, strlen(role)); /* data, as in the Jinja rendering (message.role) */
             T(out, "\n");
             C(out, c, strlen(c));
             T(out, "<|im_end|>\n");
@@ -157,7 +246,9 @@ static void render_qwen3(const chat_msg *msgs, int n, bool add_gen, bool thinkin
             const char *ans, *rea;
             size_t ans_n, rea_n;
             split_think(c, &ans, &ans_n, &rea, &rea_n);
-            T(out, "<|im_start|>assistant\n");
+            T(out, "<|im_start|>");
+            C(out, role, strlen(role)); /* message.role in the template: data */
+            T(out, "\n");
             if (i > last_query && (i == n - 1 || rea_n > 0)) think_block(out, rea, rea_n, ans, ans_n);
             else C(out, ans, ans_n);
             T(out, "<|im_end|>\n");

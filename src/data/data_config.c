@@ -9,6 +9,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "base/outdir.h"
+#include "data/prompts.h"
 #include "data/tasks.h"
 #include "data/tokenizer.h"
 
@@ -28,8 +29,13 @@ void data_def_keys(cfg *c) {
                  "drop the prompts longer than data.max_prompt_length (train and held-out rows; the count is logged) "
                  "instead of refusing them");
     cfg_def_int(c, "data.max_response_length", 16, "new tokens at most per response (eval and rollout)");
-    cfg_def_str(c, "data.chat_template", "auto", "auto (the checkpoint's own: Qwen3's, or chatml for moerl's byte tokenizer) | qwen3 | chatml");
-    cfg_def_bool(c, "data.enable_thinking", true, "Qwen3 chat template's enable_thinking (false: empty think block in the prompt)");
+    cfg_def_str(c, "data.chat_template", "auto",
+                "auto (the checkpoint's own template, rendered by moerl's Jinja interpreter; chatml for moerl's byte "
+                "tokenizer) | qwen3 | chatml | the path of a .jinja file (any model's template, as vLLM's "
+                "--chat-template)");
+    cfg_def_bool(c, "data.enable_thinking", true,
+                 "the chat template's enable_thinking (Qwen3: false puts an empty think block in the prompt; true "
+                 "leaves the variable to the template's default)");
 }
 
 int data_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_template, bool enable_thinking,
@@ -113,7 +119,7 @@ static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
     for (int64_t i = 0; i < dataset_count(ds); i++) {
         const ds_row *r = dataset_row(ds, i);
         tok_seq_clear(&s);
-        tok_chat_encode(r->prompt, r->n_prompt, true, &s);
+        ds_row_encode_prompt(r, &s);
         keep[i] = s.n <= max;
         if (!keep[i] && !filter) {
             char w[4300];
@@ -227,14 +233,8 @@ int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, datas
                    : moerl_errorf("training data '%s' has no rows", tr);
     if (builtin_rewards(c) && (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK))
         return MOERL_ERR;
-    const dataset *both[2] = {train, test};
-    for (int d = 0; d < 2; d++)
-        for (int64_t i = 0; i < dataset_count(both[d]); i++) {
-            const ds_row *r = dataset_row(both[d], i);
-            char w[4300];
-            if (tokenizer_chat_check(tok_current(), r->prompt, r->n_prompt) != MOERL_OK)
-                return moerl_error_prefix("%s: prompt: ", dataset_where(both[d], r->line, w, sizeof w));
-        }
+    /* every prompt, with its row's tools, renders with the chat template (errors name the row) */
+    if (dataset_check_prompts(train) != MOERL_OK || dataset_check_prompts(test) != MOERL_OK) return MOERL_ERR;
     if (check_prompt_lengths(c, train, "training") != MOERL_OK ||
         check_prompt_lengths(c, test, "held-out") != MOERL_OK)
         return MOERL_ERR;

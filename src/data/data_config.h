@@ -57,7 +57,7 @@ int data_check_keys(const cfg *c, const char *why_test);
  * the error names data.val_files or data.n_test. */
 int data_check_held_out_rows(const cfg *c, const dataset *test, const char *why_test);
 /* Load the tokenizer of model_dir (NULL: moerl's byte tokenizer, for a new model), choose its chat
- * template (chat_template: auto | qwen3 | chatml, NULL: none, for token-only use; errors name
+ * template (chat_template: auto | qwen3 | chatml | a .jinja path, NULL: none, for token-only use; errors name
  * `key`) and make it the process's
  * current tokenizer (tok_set_current), replacing the one set before. */
 int data_use_tokenizer(const char *model_dir, int vocab_size, const char *chat_template, bool enable_thinking,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "data/tokenizer.h"
 
 static const char *json_kind(const json_t *v) {
     switch (json_typeof(v)) {
@@ -27,8 +28,10 @@ static void row_free(ds_row *r) {
     for (int i = 0; i < r->n_prompt; i++) {
         free(r->prompt[i].role);
         free(r->prompt[i].content);
+        json_decref(r->prompt[i].msg);
     }
     free(r->prompt);
+    json_decref(r->tools);
     free(r->ground_truth);
     free(r->extra_info_json);
     free(r->response);
@@ -52,6 +55,42 @@ static int get_string(const char *name, int64_t line, const json_t *o, const cha
     return MOERL_OK;
 }
 
+/* prompt[i]: a message object with a non-empty string role and a content that is a string, null
+ * or a list of parts (absent only beside tool_calls); a message with any other key, or a content
+ * that is not a string, keeps the whole object in m->msg. */
+static int parse_msg(const char *name, int64_t line, json_t *o, size_t i, chat_msg *m) {
+    char field[64];
+    snprintf(field, sizeof field, "prompt[%zu]", i);
+    if (!json_is_object(o)) return FIELD_ERR(field, "an object {\"role\", \"content\"}", json_kind(o));
+    snprintf(field, sizeof field, "prompt[%zu].role", i);
+    if (get_string(name, line, o, "role", field, false, &m->role)) return MOERL_ERR;
+    if (!*m->role) return FIELD_ERR(field, "a non-empty string", "\"\"");
+    snprintf(field, sizeof field, "prompt[%zu].content", i);
+    json_t *c = json_object_get(o, "content");
+    const char *expect = "a string (or null, or a list of content parts)";
+    if (!c && !json_object_get(o, "tool_calls")) return FIELD_ERR(field, expect, "nothing (the field is missing)");
+    if (c && !json_is_string(c) && !json_is_null(c) && !json_is_array(c)) return FIELD_ERR(field, expect, json_kind(c));
+    m->content = xstrdup(json_is_string(c) ? json_string_value(c) : "");
+    if (json_object_size(o) != 2 || !json_is_string(c)) m->msg = json_incref(o);
+    return MOERL_OK;
+}
+
+/* The row's "tools": absent/null, or a list of objects. */
+static int parse_tools(const char *name, int64_t line, json_t *v, json_t **out) {
+    *out = NULL;
+    if (!v || json_is_null(v)) return MOERL_OK;
+    const char *expect = "a list of tool specs ({\"type\": \"function\", \"function\": {...}})";
+    if (!json_is_array(v)) return FIELD_ERR("tools", expect, json_kind(v));
+    for (size_t i = 0; i < json_array_size(v); i++)
+        if (!json_is_object(json_array_get(v, i))) {
+            char field[64];
+            snprintf(field, sizeof field, "tools[%zu]", i);
+            return FIELD_ERR(field, "an object (a tool spec)", json_kind(json_array_get(v, i)));
+        }
+    *out = json_incref(v);
+    return MOERL_OK;
+}
+
 static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r) {
     memset(r, 0, sizeof *r);
     r->line = line;
@@ -66,17 +105,10 @@ static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r)
     if (np == 0) return FIELD_ERR("prompt", "at least one message", "an empty list");
     r->prompt = xcalloc(np, sizeof(chat_msg));
     for (size_t i = 0; i < np; i++) {
-        json_t *m = json_array_get(p, i);
-        char field[64];
-        snprintf(field, sizeof field, "prompt[%zu]", i);
-        if (!json_is_object(m)) return FIELD_ERR(field, "an object {\"role\", \"content\"}", json_kind(m));
         r->n_prompt = (int)i + 1; /* so row_free frees what is set */
-        snprintf(field, sizeof field, "prompt[%zu].role", i);
-        if (get_string(name, line, m, "role", field, false, &r->prompt[i].role)) return MOERL_ERR;
-        if (!*r->prompt[i].role) return FIELD_ERR(field, "a non-empty string", "\"\"");
-        snprintf(field, sizeof field, "prompt[%zu].content", i);
-        if (get_string(name, line, m, "content", field, false, &r->prompt[i].content)) return MOERL_ERR;
+        if (parse_msg(name, line, json_array_get(p, i), i, &r->prompt[i])) return MOERL_ERR;
     }
+    if (parse_tools(name, line, json_object_get(o, "tools"), &r->tools)) return MOERL_ERR;
 
     json_t *rm = json_object_get(o, "reward_model");
     if (!rm) return FIELD_ERR("reward_model", "an object {\"style\", \"ground_truth\"}", "nothing (the field is missing)");
@@ -204,10 +236,15 @@ int dataset_write_row(FILE *f, const ds_row *r) {
     json_t *p = json_array();
     json_object_set_new(o, "prompt", p);
     for (int i = 0; i < r->n_prompt; i++) {
+        if (r->prompt[i].msg) {
+            json_array_append(p, r->prompt[i].msg);
+            continue;
+        }
         json_t *m = json_object();
         json_array_append_new(p, m);
         if (str_field(m, "role", r->prompt[i].role) || str_field(m, "content", r->prompt[i].content)) goto done;
     }
+    if (r->tools) json_object_set(o, "tools", r->tools);
     json_t *rm = json_object();
     json_object_set_new(o, "reward_model", rm);
     json_object_set_new(rm, "style", json_string("rule"));
@@ -250,6 +287,14 @@ static uint64_t fnv1a(uint64_t h, const char *s) {
     return (h ^ 0xff) * 0x100000001b3ULL; /* field separator */
 }
 
+/* fnv1a of v's compact JSON text (keys in the file's order). */
+static uint64_t fnv1a_json(uint64_t h, const json_t *v) {
+    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    h = fnv1a(h, s);
+    free(s);
+    return h;
+}
+
 int64_t dataset_keep_rows(dataset *ds, const uint8_t *keep) {
     int64_t o = 0;
     for (int64_t i = 0; i < ds->n; i++) {
@@ -269,8 +314,15 @@ uint64_t dataset_fingerprint(const dataset *ds) {
         for (int k = 0; k < r->n_prompt; k++) {
             h = fnv1a(h, r->prompt[k].role);
             h = fnv1a(h, r->prompt[k].content);
+            if (r->prompt[k].msg) h = fnv1a_json(h, r->prompt[k].msg);
         }
+        if (r->tools) h = fnv1a_json(h, r->tools);
         h = fnv1a(h, r->ground_truth);
     }
     return h;
+}
+
+void ds_row_encode_prompt(const ds_row *r, tok_seq *out) {
+    const chat_extra x = {r->tools, NULL};
+    tok_chat_encode_ex(r->prompt, r->n_prompt, &x, true, out);
 }

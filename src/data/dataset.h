@@ -3,7 +3,13 @@
  * One JSON object per line, with the fields verl's RLHFDataset reads from its parquet files
  * (verl/utils/dataset/rl_dataset.py; examples/data_preprocess/gsm8k.py writes them):
  *     "data_source":  string, selects the reward function (tasks.h: reward_fn_for)
- *     "prompt":       non-empty list of {"role": string, "content": string}
+ *     "prompt":       non-empty list of messages {"role": string, "content": string, ...}: content
+ *                     may also be null or a list of parts, and be absent when the message has
+ *                     "tool_calls"; every other key (tool_calls, reasoning_content, name,
+ *                     tool_call_id, ...) is kept and reaches the chat template (chat_msg.msg)
+ *     "tools":        list of tool specs (optional; objects, e.g. {"type": "function",
+ *                     "function": {"name", "description", "parameters"}}), given to the chat
+ *                     template with the prompt (as apply_chat_template's tools)
  *     "reward_model": {"style": "rule", "ground_truth": string | object | list}
  *     "extra_info":   object (optional, kept as compact JSON text)
  *     "response":     string (optional; the SFT target)
@@ -22,8 +28,9 @@
 
 typedef struct {
     char *data_source;
-    chat_msg *prompt; /* [n_prompt] */
+    chat_msg *prompt; /* [n_prompt]; a message's msg (a reference the row owns) when it is not plain */
     int n_prompt;
+    json_t *tools;    /* the row's "tools" list (owned), or NULL */
     char *ground_truth;    /* a string, or the compact JSON text of an object/list */
     int ground_truth_json; /* 1: ground_truth is JSON text (an object or list in the file) */
     char *extra_info_json; /* compact JSON object text, or NULL when absent */
@@ -55,14 +62,20 @@ void dataset_free(dataset *ds);
 /* Keep the rows i with keep[i] != 0 (keep: [count]), in order, freeing the others; returns how
  * many were dropped. Row line numbers stay those of the file. */
 int64_t dataset_keep_rows(dataset *ds, const uint8_t *keep);
-/* 64-bit FNV-1a fingerprint of every row's data_source, prompt messages and ground truth, in
- * order: two datasets with the same rows give the same value (used to refuse resuming a run on
- * different data). */
+/* 64-bit FNV-1a fingerprint of every row's data_source, prompt messages (the whole message objects
+ * when not plain), tools and ground truth, in order: two datasets with the same rows give the same
+ * value (used to refuse resuming a run on different data); rows of plain messages without tools
+ * give the value they gave before messages carried tools. */
 uint64_t dataset_fingerprint(const dataset *ds);
 
+/* The row's prompt through the current tokenizer's chat template, with its tools, the generation
+ * prompt appended (tok_chat_encode_ex: an error ends the program — check rows first with
+ * dataset_check_prompts). Appends to out. */
+void ds_row_encode_prompt(const ds_row *row, tok_seq *out);
+
 /* Append one row as a single JSON line (in the schema above) to `f`: ground_truth is written as
- * the JSON value it holds when ground_truth_json is set, else as a string; extra_info_json and
- * response only when not NULL. Used by the task generators and by tests. Errors: a string that
+ * the JSON value it holds when ground_truth_json is set, else as a string; extra_info_json,
+ * response and tools only when not NULL; a message with msg as that whole object. Used by the task generators and by tests. Errors: a string that
  * is not valid UTF-8, ground_truth_json/extra_info_json that are not valid JSON, a write error. */
 int dataset_write_row(FILE *f, const ds_row *row);
 

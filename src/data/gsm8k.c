@@ -36,7 +36,7 @@ static int write_verl_row(FILE *f, json_t *jq, json_t *ja, const char *sol, cons
     size_t ql = strlen(question) + strlen(k_verl_gsm8k_instruction) + 2;
     char *content = xmalloc(ql);
     snprintf(content, ql, "%s %s", question, k_verl_gsm8k_instruction);
-    chat_msg msg = {"user", content};
+    chat_msg msg = {"user", content, NULL};
     json_t *ex = json_object();
     json_object_set_new(ex, "split", json_string(split));
     json_object_set_new(ex, "index", json_integer(index));

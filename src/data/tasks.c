@@ -81,7 +81,7 @@ static void write_raw_gsm8k_row(FILE *f, task_item *it) {
 
 /* moerl's (verl's) row for item `index` of split `split`. */
 static int write_task_row(FILE *f, const char *family, const task_item *it, const char *split, int64_t index) {
-    chat_msg msg = {"user", (char *)it->prompt};
+    chat_msg msg = {"user", (char *)it->prompt, NULL};
     char extra[128];
     snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%lld}", split, (long long)index);
     ds_row row = {.data_source = (char *)family,

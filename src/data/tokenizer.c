@@ -9,6 +9,7 @@
 #include "base/common.h"
 #include "data/bpe.h"
 #include "data/chat_template.h"
+#include "data/jinja.h"
 
 enum { TK_BYTES = 1, TK_BPE = 2 };
 
@@ -27,6 +28,14 @@ struct tokenizer {
     int has_file_tpl;     /* tokenizer_config.json (or chat_template.jinja) has a template */
     uint64_t tpl_fp;
     bool thinking;
+    jinja_tpl *jt;        /* the chosen template, parsed (NULL: a native one only) */
+    char *file_tpl;       /* the checkpoint's template text, or NULL */
+    size_t file_tpl_len;
+    char file_tpl_from[32]; /* the file it came from: tokenizer_config.json or chat_template.jinja */
+    char *chosen_src;       /* the text of a template chosen from a .jinja file (tokenizer_save writes it) */
+    size_t chosen_len;
+    char tpl_label[1400]; /* a Jinja template's source: the .jinja path or DIR/tokenizer_config.json */
+    json_t *specials;     /* special-token variables of the templates (bos_token, eos_token, ...) */
     int32_t eot;          /* end-of-turn id (<|im_end|>) */
     int32_t stops[16];
     int n_stops;
@@ -98,6 +107,10 @@ void tokenizer_free(tokenizer *t) {
     if (!t || t == &g_bytes) return;
     if (g_current == t) g_current = NULL;
     hf_bpe_free(t->bpe);
+    jinja_free(t->jt);
+    free(t->file_tpl);
+    free(t->chosen_src);
+    json_decref(t->specials);
     for (int i = 0; i < N_TOK_FILES; i++) free(t->file_data[i]);
     free(t);
 }
@@ -154,6 +167,40 @@ static json_t *load_json_obj(const tokenizer *t, int fi, const char *path, int *
         return NULL;
     }
     return o;
+}
+
+/* The checkpoint's own template text tpl[0..len), from file `from`, kept for "auto". */
+static void keep_file_tpl(tokenizer *t, const char *tpl, size_t len, const char *from) {
+    t->has_file_tpl = 1;
+    t->file_tpl = xmalloc(len + 1);
+    memcpy(t->file_tpl, tpl, len);
+    t->file_tpl[len] = 0;
+    t->file_tpl_len = len;
+    snprintf(t->file_tpl_from, sizeof t->file_tpl_from, "%s", from);
+    t->tpl_fp = chat_tpl_fingerprint(tpl, len);
+    t->tpl_file = chat_tpl_identify(tpl, len);
+}
+
+/* The special-token variables apply_chat_template passes to a template (its special_tokens_map):
+ * bos_token, eos_token, ... from tokenizer_config.json (a string, or {"content": string}), else
+ * special_tokens_map.json. */
+static void load_specials(tokenizer *t, const json_t *cfg) {
+    static const char *const keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                       "pad_token", "cls_token", "mask_token"};
+    json_t *map = NULL;
+    if (t->file_data[4]) map = json_loadb(t->file_data[4], t->file_len[4], 0, NULL);
+    t->specials = json_object();
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        for (int src = 0; src < 2; src++) {
+            const json_t *v = json_object_get(src ? map : cfg, keys[k]);
+            if (json_is_object(v)) v = json_object_get(v, "content");
+            if (json_is_string(v)) {
+                json_object_set(t->specials, keys[k], (json_t *)v);
+                break;
+            }
+        }
+    }
+    json_decref(map);
 }
 
 static tokenizer *load_hf(const char *dir, int vocab_size) {
@@ -216,14 +263,15 @@ static tokenizer *load_hf(const char *dir, int vocab_size) {
             if (rc != MOERL_OK) goto fail;
         }
     }
-    if (!tpl && t->file_data[3]) { /* chat_template.jinja */
+    const char *tpl_file = "tokenizer_config.json";
+    if (t->file_data[3]) { /* chat_template.jinja wins over the config's, as in transformers */
         tpl = t->file_data[3];
         tpl_len = t->file_len[3];
+        tpl_file = "chat_template.jinja";
     }
+    load_specials(t, cfg);
     if (tpl) {
-        t->has_file_tpl = 1;
-        t->tpl_fp = chat_tpl_fingerprint(tpl, tpl_len);
-        t->tpl_file = chat_tpl_identify(tpl, tpl_len);
+        keep_file_tpl(t, tpl, tpl_len, tpl_file);
         t->tpl = t->tpl_file;
     }
     /* generation_config.json eos_token_id (all of them), else config.json's */
@@ -280,6 +328,17 @@ tokenizer *tokenizer_load(const char *dir, int vocab_size) {
         }
         tokenizer *t = tokenizer_new_bytes();
         snprintf(t->dir, sizeof t->dir, "%s", dir);
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir); /* a template a run chose (tokenizer_save) */
+        char *src;
+        size_t len;
+        if (file_exists(path)) {
+            if (moerl_read_file(path, &src, &len) != MOERL_OK) {
+                tokenizer_free(t);
+                return NULL;
+            }
+            keep_file_tpl(t, src, len, "chat_template.jinja");
+            free(src);
+        }
         return t;
     }
     if (vocab_size > 0 && vocab_size < TOK_VOCAB_SIZE)
@@ -297,14 +356,19 @@ int tokenizer_save(const tokenizer *t, const char *dir) {
     char path[1200];
     if (t->kind == TK_BYTES) {
         snprintf(path, sizeof path, "%s/tokenizer_moerl.json", dir);
-        return moerl_write_file_atomic(path, k_moerl_byte_json, strlen(k_moerl_byte_json));
+        if (moerl_write_file_atomic(path, k_moerl_byte_json, strlen(k_moerl_byte_json)) != MOERL_OK) return MOERL_ERR;
     }
-    for (int i = 0; i < N_TOK_FILES; i++) {
+    for (int i = 0; t->kind == TK_BPE && i < N_TOK_FILES; i++) {
         if (!t->file_data[i]) continue;
         snprintf(path, sizeof path, "%s/%s", dir, k_tok_files[i]);
         if (moerl_write_file_atomic(path, t->file_data[i], t->file_len[i]) != MOERL_OK) return MOERL_ERR;
     }
-    return MOERL_OK;
+    /* a template chosen from a .jinja file (or the byte tokenizer's own): the checkpoint renders as the run did */
+    const char *src = t->chosen_src ? t->chosen_src : t->kind == TK_BYTES && t->has_file_tpl ? t->file_tpl : NULL;
+    size_t len = t->chosen_src ? t->chosen_len : t->file_tpl_len;
+    if (!src) return MOERL_OK;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    return moerl_write_file_atomic(path, src, len);
 }
 
 /* ---- encode / decode ---- */
@@ -362,50 +426,185 @@ static int encode_render(const tokenizer *t, const chat_render *r, tok_seq *out)
 }
 
 /* ---- chat ---- */
-int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thinking, const char *key) {
-    chat_tpl c;
-    if (!strcmp(name, "auto")) {
-        if (t->kind == TK_BYTES) c = CHAT_TPL_CHATML;
-        else if (!t->has_file_tpl)
-            return moerl_errorf("%s/tokenizer_config.json has no chat_template: set %s=qwen3 or %s=chatml to use a "
-                                "built-in template", t->dir, key, key);
-        else if (t->tpl_file == CHAT_TPL_NONE)
-            return moerl_errorf("the chat template in %s/tokenizer_config.json (fingerprint %016llx) is not one moerl "
-                                "implements (Qwen3's): set %s=qwen3 or %s=chatml to use a built-in template, after "
-                                "checking that it renders conversations as the checkpoint's own does",
-                                t->dir, (unsigned long long)t->tpl_fp, key, key);
-        else c = t->tpl_file;
-    } else if (chat_tpl_from_name(name, &c) != MOERL_OK) {
-        return moerl_errorf("%s: '%s' is not a chat template moerl implements; use auto (the checkpoint's own), "
-                            "qwen3 or chatml", key, name);
+/* The special-token variables of the byte tokenizer (its ids' roles, tokenizer.h). */
+static json_t *bytes_specials(void) {
+    return json_pack("{s:s, s:s, s:s}", "bos_token", k_special[0], "eos_token", k_special[2], "pad_token",
+                     k_special[0]);
+}
+
+/* Parse Jinja source src[0..len) named `label` as t's template (t->jt is NULL). */
+static int use_jinja(tokenizer *t, const char *src, size_t len, const char *label, const char *key) {
+    jinja_tpl *jt;
+    if (jinja_parse(src, len, label, &jt) != MOERL_OK) return moerl_error_prefix("%s: ", key);
+    t->jt = jt;
+    snprintf(t->tpl_label, sizeof t->tpl_label, "%s", label);
+    if (!t->specials) t->specials = t->kind == TK_BYTES ? bytes_specials() : json_object();
+    return MOERL_OK;
+}
+
+/* name is the path of a template file (not a built-in name): ends in ".jinja", holds a '/', or
+ * names an existing file. */
+static int is_tpl_path(const char *name) {
+    size_t n = strlen(name);
+    return strchr(name, '/') || (n > 6 && !strcmp(name + n - 6, ".jinja")) || file_exists(name);
+}
+
+/* A .jinja file as t's template (native fast path when it is Qwen3's text). */
+static int use_jinja_file(tokenizer *t, const char *path, const char *key, chat_tpl *c) {
+    char *src;
+    size_t len;
+    if (!file_exists(path))
+        return moerl_errorf("%s: the chat template file '%s' does not exist (give auto, qwen3, chatml or the path of "
+                            "a .jinja file)", key, path);
+    if (moerl_read_file(path, &src, &len) != MOERL_OK) return moerl_error_prefix("%s: chat template: ", key);
+    int rc = use_jinja(t, src, len, path, key);
+    chat_tpl native = chat_tpl_identify(src, len);
+    if (rc == MOERL_OK) {
+        t->chosen_src = src;
+        t->chosen_len = len;
+    } else {
+        free(src);
     }
-    if (t->kind == TK_BPE) {
+    *c = native != CHAT_TPL_NONE ? native : CHAT_TPL_JINJA;
+    return rc;
+}
+
+/* "auto" for a hf-bpe tokenizer: the checkpoint's own template. */
+static int use_file_tpl(tokenizer *t, const char *key, chat_tpl *c) {
+    if (!t->has_file_tpl)
+        return moerl_errorf("%s/tokenizer_config.json has no chat_template: set %s to the path of a .jinja file "
+                            "(the model's template), or %s=qwen3 / %s=chatml for a built-in one", t->dir, key, key, key);
+    char label[1400];
+    snprintf(label, sizeof label, "%s/%s", t->dir, t->file_tpl_from);
+    if (use_jinja(t, t->file_tpl, t->file_tpl_len, label, key) != MOERL_OK) return MOERL_ERR;
+    *c = t->tpl_file != CHAT_TPL_NONE ? t->tpl_file : CHAT_TPL_JINJA;
+    return MOERL_OK;
+}
+
+/* The template that name chooses (tokenizer_set_chat_template) into *c and t->jt / t->tpl_label. */
+static int choose_tpl(tokenizer *t, const char *name, const char *key, chat_tpl *c) {
+    if (!strcmp(name, "auto")) {
+        if (t->kind == TK_BYTES && !t->has_file_tpl) *c = CHAT_TPL_CHATML;
+        else if (use_file_tpl(t, key, c) != MOERL_OK) return MOERL_ERR;
+    } else if (!strcmp(name, "qwen3") || !strcmp(name, "chatml")) {
+        chat_tpl_from_name(name, c);
+        /* the checkpoint's own Qwen3 template renders what the native one does not (tools, ...) */
+        if (*c == CHAT_TPL_QWEN3 && t->tpl_file == CHAT_TPL_QWEN3 && t->kind == TK_BPE &&
+            use_file_tpl(t, key, c) != MOERL_OK)
+            return MOERL_ERR;
+    } else if (is_tpl_path(name)) {
+        if (use_jinja_file(t, name, key, c) != MOERL_OK) return MOERL_ERR;
+    } else {
+        return moerl_errorf("%s: '%s' is not a chat template moerl implements or a file; use auto (the "
+                            "checkpoint's own), qwen3, chatml, or the path of a .jinja file", key, name);
+    }
+    if (t->kind == TK_BPE && *c != CHAT_TPL_JINJA) {
         const char *need[2] = {"<|im_start|>", "<|im_end|>"};
         for (int k = 0; k < 2; k++)
             if (tokenizer_token_id(t, need[k]) < 0)
                 return moerl_errorf("%s: the %s chat template needs the token %s, which %s/tokenizer.json lacks", key,
-                                    chat_tpl_name(c), need[k], t->dir);
+                                    chat_tpl_name(*c), need[k], t->dir);
     }
+    return MOERL_OK;
+}
+
+int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thinking, const char *key) {
+    jinja_tpl *old = t->jt;
+    char *old_src = t->chosen_src, old_label[sizeof t->tpl_label];
+    size_t old_len = t->chosen_len;
+    memcpy(old_label, t->tpl_label, sizeof old_label);
+    t->jt = NULL;
+    t->chosen_src = NULL;
+    t->tpl_label[0] = 0;
+    chat_tpl c;
+    if (choose_tpl(t, name, key, &c) != MOERL_OK) { /* keep the template chosen before */
+        jinja_free(t->jt);
+        free(t->chosen_src);
+        t->jt = old;
+        t->chosen_src = old_src;
+        t->chosen_len = old_len;
+        memcpy(t->tpl_label, old_label, sizeof old_label);
+        return MOERL_ERR;
+    }
+    jinja_free(old);
+    free(old_src);
     t->tpl = c;
     t->thinking = enable_thinking;
     return MOERL_OK;
 }
 
-const char *tokenizer_chat_template_name(const tokenizer *t) { return chat_tpl_name(t->tpl); }
+bool tokenizer_enable_thinking(const tokenizer *t) { return t->thinking; }
+
+const char *tokenizer_chat_template_name(const tokenizer *t) {
+    return t->tpl == CHAT_TPL_JINJA ? t->tpl_label : chat_tpl_name(t->tpl);
+}
 
 static int need_tpl(const tokenizer *t) {
     if (t->tpl != CHAT_TPL_NONE) return MOERL_OK;
     return moerl_errorf("no chat template chosen for the tokenizer of %s (tokenizer_set_chat_template)", t->dir);
 }
 
-int tokenizer_chat_check(const tokenizer *t, const chat_msg *msgs, int n) {
-    if (need_tpl(t) != MOERL_OK) return MOERL_ERR;
-    return chat_check(t->tpl, msgs, n);
+/* Whether the native renderer of t renders this call exactly (plain messages, no tools, no
+ * variable but a bool enable_thinking, which goes to *thinking). Else *why names what it lacks. */
+static int native_fits(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x, bool *thinking,
+                       char *why, size_t wn) {
+    *thinking = t->thinking;
+    for (int i = 0; i < n; i++) {
+        const char *k = chat_msg_extra_key(&msgs[i]);
+        if (k) return snprintf(why, wn, "message %d has '%s'", i, k), 0;
+    }
+    if (x && x->tools) return snprintf(why, wn, "the conversation has tools"), 0;
+    /* whitespace around Qwen3's think block: only the Jinja rendering matches the reference's */
+    for (int i = 0; t->tpl == CHAT_TPL_QWEN3 && t->jt && i < n; i++)
+        if (!strcmp(msgs[i].role, "assistant") && !chat_qwen3_native_exact(msgs[i].content))
+            return snprintf(why, wn, "message %d's think block or leading whitespace", i), 0;
+    const char *k;
+    json_t *v;
+    if (x && x->vars)
+        json_object_foreach((json_t *)x->vars, k, v) {
+            if (!strcmp(k, "enable_thinking") && json_is_boolean(v)) *thinking = json_is_true(v);
+            else return snprintf(why, wn, "the template variable '%s' is given", k), 0;
+        }
+    return 1;
 }
 
-char *tokenizer_chat_text(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt) {
+/* The chosen template's rendering of the call into r: the native renderer where it fits, else
+ * Jinja; a native template without Jinja source refuses what it would drop. */
+static int chat_render_call(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x, bool gen,
+                            chat_render *r) {
+    if (need_tpl(t) != MOERL_OK) return MOERL_ERR;
+    bool thinking;
+    char why[300] = "";
+    if (t->tpl != CHAT_TPL_JINJA && native_fits(t, msgs, n, x, &thinking, why, sizeof why))
+        return chat_render_msgs(t->tpl, msgs, n, gen, thinking, r);
+    if (!t->jt)
+        return moerl_errorf("%s, which the native %s chat template does not render (it renders each message's role "
+                            "and string content only): use the checkpoint's own template (auto) or a .jinja file",
+                            why, chat_tpl_name(t->tpl));
+    chat_jinja_args a = {x, gen, t->thinking ? -1 : 0, t->specials};
+    return chat_render_jinja(t->jt, msgs, n, &a, r);
+}
+
+int tokenizer_chat_check_ex(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x) {
+    if (need_tpl(t) != MOERL_OK) return MOERL_ERR;
+    bool thinking;
+    char why[300] = "";
+    if (t->tpl != CHAT_TPL_JINJA && native_fits(t, msgs, n, x, &thinking, why, sizeof why))
+        return chat_check(t->tpl, msgs, n);
     chat_render r = {0};
-    if (need_tpl(t) != MOERL_OK || chat_render_msgs(t->tpl, msgs, n, add_generation_prompt, t->thinking, &r)) {
+    int rc = chat_render_call(t, msgs, n, x, true, &r);
+    chat_render_free(&r);
+    return rc;
+}
+
+int tokenizer_chat_check(const tokenizer *t, const chat_msg *msgs, int n) {
+    return tokenizer_chat_check_ex(t, msgs, n, NULL);
+}
+
+char *tokenizer_chat_text_ex(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x,
+                             bool add_generation_prompt) {
+    chat_render r = {0};
+    if (chat_render_call(t, msgs, n, x, add_generation_prompt, &r) != MOERL_OK) {
         chat_render_free(&r);
         return NULL;
     }
@@ -413,20 +612,23 @@ char *tokenizer_chat_text(const tokenizer *t, const chat_msg *msgs, int n, bool 
     return r.text;
 }
 
-int tokenizer_chat_encode(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out) {
+char *tokenizer_chat_text(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt) {
+    return tokenizer_chat_text_ex(t, msgs, n, NULL, add_generation_prompt);
+}
+
+int tokenizer_chat_encode_ex(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x,
+                             bool add_generation_prompt, tok_seq *out) {
     chat_render r = {0};
-    int rc = need_tpl(t);
-    if (rc == MOERL_OK) rc = chat_render_msgs(t->tpl, msgs, n, add_generation_prompt, t->thinking, &r);
+    int rc = chat_render_call(t, msgs, n, x, add_generation_prompt, &r);
     if (rc == MOERL_OK) rc = encode_render(t, &r, out);
     chat_render_free(&r);
     return rc;
 }
 
-int tokenizer_chat_render_masked(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, char **text,
-                                 uint8_t **tpl, size_t *len) {
+int tokenizer_chat_render_masked(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x,
+                                 bool add_generation_prompt, char **text, uint8_t **tpl, size_t *len) {
     chat_render r = {0};
-    int rc = need_tpl(t);
-    if (rc == MOERL_OK) rc = chat_render_msgs(t->tpl, msgs, n, add_generation_prompt, t->thinking, &r);
+    int rc = chat_render_call(t, msgs, n, x, add_generation_prompt, &r);
     if (rc != MOERL_OK) {
         chat_render_free(&r);
         return rc;
@@ -442,10 +644,48 @@ int tokenizer_encode_masked(const tokenizer *t, const char *text, size_t len, co
     return encode_render(t, &r, out);
 }
 
+int tokenizer_chat_encode(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out) {
+    return tokenizer_chat_encode_ex(t, msgs, n, NULL, add_generation_prompt, out);
+}
+
+/* SFT target of a Jinja template (tokenizer_encode_response): what [user "", assistant text]
+ * adds to [user ""] + generation prompt, up to the first stop id the template wrote. */
+static int jinja_response(const tokenizer *t, const char *text, tok_seq *out) {
+    chat_msg m[2] = {{"user", "", NULL}, {"assistant", (char *)text, NULL}};
+    chat_render p = {0}, f = {0};
+    chat_jinja_args a = {NULL, true, t->thinking ? -1 : 0, t->specials};
+    int rc = chat_render_jinja(t->jt, m, 1, &a, &p);
+    a.add_generation_prompt = false;
+    if (rc == MOERL_OK) rc = chat_render_jinja(t->jt, m, 2, &a, &f);
+    if (rc == MOERL_OK && (f.len < p.len || memcmp(f.text, p.text, p.len)))
+        rc = moerl_errorf("chat template %s: a conversation ending with an assistant message does not render as its "
+                          "generation prompt followed by the response, so SFT targets cannot be cut from it",
+                          t->tpl_label);
+    tok_seq s = {0};
+    if (rc == MOERL_OK) {
+        chat_render tail = {f.text + p.len, f.tpl + p.len, f.len - p.len, 0};
+        rc = encode_render(t, &tail, &s);
+    }
+    int64_t end = -1;
+    for (int64_t i = 0; rc == MOERL_OK && end < 0 && i < s.n; i++)
+        for (int k = 0; k < t->n_stops && end < 0; k++)
+            if (s.ids[i] == t->stops[k]) end = i;
+    if (rc == MOERL_OK && end < 0)
+        rc = moerl_errorf("chat template %s: the rendering of an assistant turn holds none of the tokenizer's stop "
+                          "ids (generation_config.json eos_token_id), so a response would never end", t->tpl_label);
+    for (int64_t i = 0; rc == MOERL_OK && i <= end; i++) tok_seq_push(out, s.ids[i]);
+    tok_seq_free(&s);
+    chat_render_free(&p);
+    chat_render_free(&f);
+    return rc;
+}
+
 int tokenizer_encode_response(const tokenizer *t, const char *text, tok_seq *out) {
+    if (need_tpl(t) != MOERL_OK) return MOERL_ERR;
+    if (t->tpl == CHAT_TPL_JINJA || (t->tpl == CHAT_TPL_QWEN3 && t->jt && !chat_qwen3_native_exact(text)))
+        return jinja_response(t, text, out);
     chat_render r = {0};
-    int rc = need_tpl(t);
-    if (rc == MOERL_OK) rc = chat_render_response(t->tpl, text, t->thinking, &r);
+    int rc = chat_render_response(t->tpl, text, t->thinking, &r);
     if (rc == MOERL_OK) rc = encode_render(t, &r, out);
     chat_render_free(&r);
     if (rc != MOERL_OK) return rc;
@@ -488,7 +728,11 @@ char *tok_chat_text(const chat_msg *msgs, int n, bool add_generation_prompt) {
 }
 
 void tok_chat_encode(const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out) {
-    if (tokenizer_chat_encode(tok_current(), msgs, n, add_generation_prompt, out) != MOERL_OK)
+    tok_chat_encode_ex(msgs, n, NULL, add_generation_prompt, out);
+}
+
+void tok_chat_encode_ex(const chat_msg *msgs, int n, const chat_extra *x, bool add_generation_prompt, tok_seq *out) {
+    if (tokenizer_chat_encode_ex(tok_current(), msgs, n, x, add_generation_prompt, out) != MOERL_OK)
         moerl_fatal("chat template: %s", moerl_last_error());
 }
 

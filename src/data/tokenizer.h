@@ -24,6 +24,7 @@
 #ifndef MOERL_TOKENIZER_H
 #define MOERL_TOKENIZER_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -46,11 +47,27 @@ void tok_seq_push(tok_seq *s, int32_t id);
 void tok_seq_clear(tok_seq *s); /* n = 0, keeps the memory */
 void tok_seq_free(tok_seq *s);
 
-/* One chat message; role is e.g. "system", "user", "assistant". */
+/* One chat message. role is e.g. "system", "user", "assistant", "tool"; content is the text the
+ * native templates render ("" when the message's content is null, absent or a list of parts).
+ * msg, when not NULL, is the whole message object as it was given — tool_calls,
+ * reasoning_content, name, tool_call_id, a null or list content, any other key — and the
+ * Jinja-rendered templates receive it as is; NULL means the message is exactly {"role": role,
+ * "content": content}. Whoever builds an array of messages owns role and content and (in
+ * dataset rows) a reference on msg; see each builder. */
 typedef struct {
     char *role;
     char *content;
+    json_t *msg;
 } chat_msg;
+
+/* What travels beside the messages to the chat template, as apply_chat_template's arguments:
+ * tools, a JSON list of tool (function) specs, or NULL; vars, a JSON object of further template
+ * variables (enable_thinking, or any key a template reads), or NULL. A var enable_thinking
+ * overrides the tokenizer's setting (tokenizer_set_chat_template). Both are only read. */
+typedef struct {
+    const json_t *tools;
+    const json_t *vars;
+} chat_extra;
 
 typedef struct tokenizer tokenizer;
 
@@ -84,33 +101,58 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool allo
  * length), or NULL with moerl_last_error() naming the position of a negative id. */
 char *tokenizer_decode(const tokenizer *t, const int32_t *ids, int64_t n, bool skip_special, size_t *len);
 
-/* Choose the chat template: name "auto" (the template of tokenizer_config.json, which must be
- * one moerl implements — else an error saying to set a built-in one; chatml for the byte
- * tokenizer), "qwen3" or "chatml". enable_thinking: Qwen3's switch (true is the template's
- * default). Errors name the key `config_key` (e.g. "data.chat_template") in what to do. */
+/* Choose the chat template. name:
+ *   "auto"    the checkpoint's own (chat_template.jinja, else tokenizer_config.json's
+ *             chat_template, as transformers reads them), rendered by moerl's Jinja interpreter
+ *             (data/jinja.h); for the byte tokenizer its folder's chat_template.jinja, else chatml.
+ *             No template in the checkpoint is an error saying what to set.
+ *   "qwen3", "chatml"  moerl's native renderers (chat_template.h);
+ *   a path    a .jinja file (as vLLM's --chat-template): any name ending in ".jinja", holding a
+ *             '/', or naming an existing file. Errors: the file cannot be read (its path), a
+ *             parse error (file:line and what was expected).
+ * A Jinja template whose text is Qwen3's (fingerprint) renders plain conversations with the
+ * native qwen3 renderer, proven equal (tests/test_chat.c), and the rest through Jinja.
+ * enable_thinking: false is passed to Jinja templates as enable_thinking=false; true leaves the
+ * variable undefined (Qwen3's default is thinking); a chat_extra var overrides it. Errors name
+ * the key `config_key` (e.g. "data.chat_template") in what to do. */
 int tokenizer_set_chat_template(tokenizer *t, const char *name, bool enable_thinking, const char *config_key);
-/* The chosen template's name ("qwen3", "chatml"); "none" before a successful choice for hf-bpe. */
+/* The enable_thinking of the last tokenizer_set_chat_template (true before any). */
+bool tokenizer_enable_thinking(const tokenizer *t);
+/* The chosen template's name: "qwen3", "chatml", or for another Jinja template its source (the
+ * .jinja path, or "DIR/tokenizer_config.json"); "none" before a successful choice for hf-bpe. */
 const char *tokenizer_chat_template_name(const tokenizer *t);
 
-/* Check that the chat template renders these messages (roles). */
+/* Check that the chat template renders these messages: the native renderers check the roles
+ * (and refuse what they cannot render: tools, tool_calls, reasoning_content, ... — the error
+ * says to use the checkpoint's template or a .jinja file); a Jinja template is rendered once
+ * (its raise_exception messages, unsupported features). x may be NULL. */
 int tokenizer_chat_check(const tokenizer *t, const chat_msg *msgs, int n);
+int tokenizer_chat_check_ex(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x);
 /* The chat template's text for msgs (add_generation_prompt: end with the assistant's opening).
- * Heap string, or NULL on error. */
+ * Heap string, or NULL on error. x (tools, variables) may be NULL. */
 char *tokenizer_chat_text(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt);
+char *tokenizer_chat_text_ex(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x,
+                             bool add_generation_prompt);
 /* The chat template as ids, appended to out: the text of tokenizer_chat_text encoded in one go,
- * except that control tokens are matched only where the template wrote them, so content that
- * spells "<|im_end|>" stays text. */
+ * except that control tokens are matched only where the template wrote them (literal template
+ * text and the special-token variables bos_token, eos_token, ...), so content that spells
+ * "<|im_end|>" stays text. */
 int tokenizer_chat_encode(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out);
+int tokenizer_chat_encode_ex(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x,
+                             bool add_generation_prompt, tok_seq *out);
 /* A response as the model must produce it after the generation prompt, appended to out: the
  * template's rendering of a final assistant turn (chat_render_response: the text itself for
- * chatml; qwen3 adds its think block) followed by the end-of-turn token <|im_end|>. SFT targets. */
+ * chatml; qwen3 adds its think block) followed by the end-of-turn token <|im_end|>. Another
+ * Jinja template: what rendering [user "", assistant text] adds to [user ""] with the generation
+ * prompt, up to and including the first stop id (tokenizer_stop_ids) the template wrote; an
+ * error if that rendering does not continue the prompt's. SFT targets. */
 int tokenizer_encode_response(const tokenizer *t, const char *text, tok_seq *out);
 
 /* The chat template's rendering of msgs as text[0..len) (NUL-terminated) and, per byte, tpl[i] = 1 where
  * the template itself wrote it (chat_render's mask); both heap, the caller frees them. Errors: those
- * of tokenizer_chat_text. For the tool turns of multi-turn rollouts (data/tool_calls.h). */
-int tokenizer_chat_render_masked(const tokenizer *t, const chat_msg *msgs, int n, bool add_generation_prompt, char **text,
-                                 uint8_t **tpl, size_t *len);
+ * of tokenizer_chat_text_ex (x: tools and template variables, or NULL). For the tool turns of multi-turn rollouts (data/tool_calls.h). */
+int tokenizer_chat_render_masked(const tokenizer *t, const chat_msg *msgs, int n, const chat_extra *x,
+                                 bool add_generation_prompt, char **text, uint8_t **tpl, size_t *len);
 /* Append the ids of text[0..len), control tokens matched only at bytes with tpl[i] = 1 (as
  * tokenizer_chat_encode encodes a rendering). */
 int tokenizer_encode_masked(const tokenizer *t, const char *text, size_t len, const uint8_t *tpl, tok_seq *out);
@@ -122,7 +164,9 @@ const int32_t *tokenizer_stop_ids(const tokenizer *t, int *n);
 /* Write the tokenizer files into dir (atomically each), so a checkpoint written there loads
  * with the same tokenizer: bytes → tokenizer_moerl.json; hf-bpe → the files it was loaded from
  * (tokenizer.json, tokenizer_config.json, generation_config.json, chat_template.jinja,
- * special_tokens_map.json, vocab.json, merges.txt, those present), byte for byte. */
+ * special_tokens_map.json, vocab.json, merges.txt, those present), byte for byte. A template
+ * chosen from a .jinja file (or the byte tokenizer's own) is written as chat_template.jinja, so
+ * the checkpoint renders prompts as the run that wrote it did ("auto", and transformers). */
 int tokenizer_save(const tokenizer *t, const char *dir);
 
 /* ---- the process-wide current tokenizer (see the top) ---- */
@@ -146,6 +190,7 @@ void tok_encode(const char *text, size_t len, bool allow_special, tok_seq *out);
 char *tok_decode(const int32_t *ids, int64_t n, bool skip_special, size_t *len);
 char *tok_chat_text(const chat_msg *msgs, int n, bool add_generation_prompt);
 void tok_chat_encode(const chat_msg *msgs, int n, bool add_generation_prompt, tok_seq *out);
+void tok_chat_encode_ex(const chat_msg *msgs, int n, const chat_extra *x, bool add_generation_prompt, tok_seq *out);
 void tok_encode_response(const char *text, tok_seq *out);
 
 #endif

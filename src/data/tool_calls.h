@@ -83,13 +83,15 @@ void tool_calls_free(tool_calls *tc);
  * token); msgs[n_turn..n) are the tool messages answering it (role "tool"). eot: the text of the
  * end-of-turn token the sampled ids end with ("<|im_end|>").
  * With P = render(msgs[0..n_turn)) and F = render(msgs[0..n), add_generation_prompt) under the
- * tokenizer's chat template: k = the template-written eots in P; the boundary b is the end of the
+ * tokenizer's chat template (x: the tools and variables both renderings get, or NULL): k = the
+ * template-written eots in P; the boundary b is the end of the
  * k-th template-written eot in F (the sampled turn's own); F[b..) must begin with what P has after
  * its last eot (e.g. the "\n" Qwen3 writes after <|im_end|>) and hold more; out gets the ids of
  * F[b..) encoded with F's template mask (control tokens only where the template wrote them, so a
  * tool response spelling "<|im_end|>" stays text). Errors (nothing appended): n_turn < 1, n ≤ n_turn,
  * msgs[n_turn − 1] not an assistant message, rendering errors, no template eot in P, F not
  * extending P at the boundary (the message shows both sides). */
-int tool_turn_ids(const tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *eot, tok_seq *out);
+int tool_turn_ids(const tokenizer *t, const chat_msg *msgs, int n_turn, int n, const chat_extra *x, const char *eot,
+                  tok_seq *out);
 
 #endif

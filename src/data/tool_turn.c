@@ -32,7 +32,8 @@ static void excerpt(char *dst, size_t cap, const char *s, size_t n) {
     dst[o] = 0;
 }
 
-int tool_turn_ids(const tokenizer *t, const chat_msg *msgs, int n_turn, int n, const char *eot, tok_seq *out) {
+int tool_turn_ids(const tokenizer *t, const chat_msg *msgs, int n_turn, int n, const chat_extra *x, const char *eot,
+                  tok_seq *out) {
     if (n_turn < 1 || n <= n_turn)
         return moerl_errorf("tool turn: %d messages before the tool turn and %d in all (need ≥ 1, and tool messages after)",
                             n_turn, n);
@@ -43,8 +44,8 @@ int tool_turn_ids(const tokenizer *t, const chat_msg *msgs, int n_turn, int n, c
     char *pt = NULL, *ft = NULL;
     uint8_t *pm = NULL, *fm = NULL;
     size_t pl = 0, fl = 0, pe = 0, b = 0;
-    int rc = tokenizer_chat_render_masked(t, msgs, n_turn, false, &pt, &pm, &pl);
-    if (rc == MOERL_OK) rc = tokenizer_chat_render_masked(t, msgs, n, true, &ft, &fm, &fl);
+    int rc = tokenizer_chat_render_masked(t, msgs, n_turn, x, false, &pt, &pm, &pl);
+    if (rc == MOERL_OK) rc = tokenizer_chat_render_masked(t, msgs, n, x, true, &ft, &fm, &fl);
     if (rc != MOERL_OK) {
         moerl_error_prefix("tool turn: ");
         goto done;

@@ -126,7 +126,7 @@ int rollouter_start_uid(rollouter *R, int64_t uid) {
     g->start_version = engine_version(R->eng);
     g->n = c->n;
     const ds_row *row = dataset_row(R->train, g->row);
-    tok_chat_encode(row->prompt, row->n_prompt, true, &g->prompt);
+    ds_row_encode_prompt(row, &g->prompt);
     g->reqs = xcalloc(g->n, sizeof(gen_request));
     for (int j = 0; j < g->n; j++) {
         gen_request *r = &g->reqs[j];

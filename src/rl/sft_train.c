@@ -430,7 +430,7 @@ static int sft_encode_rows(sft_run *S) {
         if (!r->response)
             return moerl_errorf("%s: SFT needs a 'response' field", dataset_where(train, r->line, where, sizeof where));
         tok_seq *q = &S->seqs[i];
-        tok_chat_encode(r->prompt, r->n_prompt, true, q);
+        ds_row_encode_prompt(r, q);
         S->resp_start[i] = (int)q->n;
         tok_encode_response(r->response, q);
         for (int64_t t = 0; t < q->n; t++)

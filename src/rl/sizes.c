@@ -15,7 +15,7 @@ void rl_prompt_lengths(const dataset *train, int *shortest, int *longest) {
     for (int64_t i = 0; i < dataset_count(train); i++) {
         tok_seq s = {0};
         const ds_row *r = dataset_row(train, i);
-        tok_chat_encode(r->prompt, r->n_prompt, true, &s);
+        ds_row_encode_prompt(r, &s);
         lo = MOERL_MIN(lo, (int)s.n);
         hi = MOERL_MAX(hi, (int)s.n);
         tok_seq_free(&s);

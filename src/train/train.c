@@ -241,7 +241,7 @@ int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int ma
     int max_plen = 0;
     for (int64_t i = 0; i < n; i++) {
         const ds_row *r = dataset_row(ds, i);
-        tok_chat_encode(r->prompt, r->n_prompt, true, &prompts[i]);
+        ds_row_encode_prompt(r, &prompts[i]);
         max_plen = MOERL_MAX(max_plen, (int)prompts[i].n);
     }
     if (m->cfg.max_position_embeddings > 0 && max_plen + max_new_tokens > m->cfg.max_position_embeddings) {
