@@ -194,7 +194,8 @@ static int tool_from_json(json_t *j, const char *file, int idx, tool_def *t) {
     json_t *type = json_object_get(j, "type"), *fn = json_object_get(j, "function");
     if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function")))
         return moerl_errorf("%s: tool %d: type must be \"function\"", file, idx);
-    if (!json_is_object(fn)) return moerl_errorf("%s: tool %d: 'function' must be a mapping with name/description/parameters", file, idx);
+    if (!json_is_object(fn))
+        return moerl_errorf("%s: tool %d: 'function' must be a mapping with name/description/parameters", file, idx);
     json_object_foreach(fn, key, v) {
         if (strcmp(key, "name") && strcmp(key, "description") && strcmp(key, "parameters") && strcmp(key, "strict"))
             return moerl_errorf("%s: tool %d: function: unknown key '%s' (expected name, description, parameters, strict)",
@@ -253,7 +254,9 @@ int tool_config_load_string(const char *text, size_t len, const char *name, tool
     yaml_document_delete(&doc);
     yaml_parser_delete(&p);
     int rc = j ? tools_from_json(j, name, out)
-               : moerl_errorf("%s: %s", name, root ? "mapping keys must be distinct scalars (and nesting below 64 levels)" : "empty file; expected a list of tools");
+               : moerl_errorf("%s: %s", name,
+                              root ? "mapping keys must be distinct scalars (and nesting below 64 levels)"
+                                   : "empty file; expected a list of tools");
     json_decref(j);
     if (rc != MOERL_OK) tool_config_free(out);
     return rc;
