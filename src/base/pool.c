@@ -55,7 +55,8 @@ static int is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
 moerl_pool_config moerl_pool_default_config(void) {
     moerl_pool_config c;
-    c.min_block = (size_t)64 << 10;
+    const long page = sysconf(_SC_PAGESIZE);
+    c.min_block = page > 0 ? (size_t)page : 4096;
     c.max_block = (size_t)2 << 30;
     c.capacity = 0;
     c.reserve_frac = 0.3;
@@ -231,13 +232,13 @@ size_t moerl_pool_block_size(const moerl_pool *p, size_t bytes) {
  * Decommit releases the pages (MADV_DONTNEED: zero on next commit) and removes access. */
 static int set_commit(moerl_pool *p, int64_t u, int64_t n, int on) {
     int64_t i = u;
-    while (i < u + n) {
-        if (p->commit[i] == on) {
-            i++;
-            continue;
-        }
-        int64_t j = i;
-        while (j < u + n && p->commit[j] != on) j++;
+    const int64_t e = u + n;
+    while (i < e) {
+        const uint8_t *d = memchr(p->commit + i, !on, (size_t)(e - i)); /* next unit to change */
+        if (!d) break;
+        i = d - p->commit;
+        const uint8_t *k = memchr(p->commit + i, on, (size_t)(e - i)); /* end of the run to change */
+        const int64_t j = k ? k - p->commit : e;
         char *a = p->base + (size_t)i * p->gran;
         const size_t len = (size_t)(j - i) * p->gran;
         if (on) {
@@ -282,11 +283,10 @@ static int64_t release_cached(moerl_pool *p, int64_t units) {
         int64_t i = u0 + (int64_t)(b->size / p->gran);
         if (i > p->top) i = p->top;
         while (i > u0 && done < units) {
-            if (!p->commit[i - 1]) {
-                i--;
-                continue;
-            }
-            int64_t j = i; /* committed run [k, i) clipped to what is still to release */
+            const uint8_t *one = memrchr(p->commit + u0, 1, (size_t)(i - u0)); /* last committed unit */
+            if (!one) break;
+            i = one - p->commit + 1;
+            int64_t j = i - 1; /* committed run [j, i), clipped to what is still to release */
             while (j > u0 && p->commit[j - 1] && i - j < units - done) j--;
             if (set_commit(p, j, i - j, 0) != MOERL_OK) return done; /* stays committed: only costs memory */
             done += i - j;
@@ -300,7 +300,8 @@ static int64_t release_cached(moerl_pool *p, int64_t units) {
 static void trim(moerl_pool *p) {
     const size_t allow = (size_t)(p->reserve_frac * (double)p->st.peak_in_use);
     const size_t free_c = p->st.committed - p->st.in_use;
-    if (free_c > allow) release_cached(p, (int64_t)((free_c - allow) / p->gran)); /* whole units only */
+    if (free_c > allow && free_c - allow >= p->gran)
+        release_cached(p, (int64_t)((free_c - allow) / p->gran)); /* whole units only */
 }
 
 /* ---- split and coalesce */
@@ -406,10 +407,11 @@ void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
     if (!b) return alloc_fail(p, bytes, size);
     b->used = 1;
     const int64_t u = (int64_t)(b->off / p->gran), n = (int64_t)(size / p->gran);
-    const int64_t need = n - committed_units(p, u, n);
+    const int64_t have = committed_units(p, u, n), need = n - have;
     /* Grow only when no cached memory is left: release as much cached free memory elsewhere as
      * this block needs committed, so the committed total stays at most the peak in use. */
-    if (need > 0) release_cached(p, need);
+    const int64_t cached = (int64_t)((p->st.committed - p->st.in_use) / p->gran) - have; /* outside b */
+    if (need > 0 && cached > 0) release_cached(p, need < cached ? need : cached);
     if (set_commit(p, u, n, 1) != MOERL_OK) {
         b->used = 0;
         coalesce(p, b);

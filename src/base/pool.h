@@ -4,7 +4,7 @@
  *
  * 1. moerl_pool: a caching allocator in the manner of PyTorch's CUDA caching allocator (its design
  *    notes: size classes, best-fit, splitting, coalescing, expandable segments), for host memory:
- *    - Granule: every block is a multiple of min_block (64 KiB default) and aligned to it; a request
+ *    - Granule: every block is a multiple of min_block (the page size by default) and aligned to it; a request
  *      is rounded up to the granule (moerl_pool_block_size), so the rounding loss is below one granule
  *      per block.
  *    - Size classes: requests up to small_max (half a chunk; chunk = MOERL_POOL_SMALL_CHUNK = 2 MiB,
@@ -68,7 +68,7 @@ typedef struct moerl_pool moerl_pool;
 
 typedef struct {
     size_t min_block;    /* bytes; granule of block sizes, alignment and commits: power of two, ≥ the page
-                            size (default 64 KiB) */
+                            size (default: the page size) */
     size_t max_block;    /* bytes; largest request: power of two, ≥ min_block, ≤ 2^30 · min_block (2 GiB) */
     size_t capacity;     /* bytes of address space to reserve; rounded up to a multiple of max_block;
                             0 = physical RAM */
@@ -97,7 +97,7 @@ typedef struct {
 /* Bytes of a small-class chunk (at most max_block, at least min_block). */
 #define MOERL_POOL_SMALL_CHUNK ((size_t)2 << 20)
 
-/* Defaults: 64 KiB granule, 2 GiB largest request, the practice's 30% reserve, capacity = physical RAM. */
+/* Defaults: page-size granule, 2 GiB largest request, the practice's 30% reserve, capacity = physical RAM. */
 moerl_pool_config moerl_pool_default_config(void);
 
 /* Create a pool: reserves cfg->capacity bytes of address space (no memory yet). NULL with a
