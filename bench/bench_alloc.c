@@ -2,6 +2,7 @@
  *
  *   bench_alloc [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT]
  *               [--min-block BYTES] [--reserve FRAC]     (the pool's settings; defaults of pool.h)
+ *               [--write-synthetic FILE]                  (also write the synthetic trace as a trace file)
  *
  * A trace is the JSONL that MOERL_ALLOC_TRACE=FILE writes (src/base/pool.h): a header line, then
  * {"op":"alloc"|"free","id":n,"size":bytes,...}. --synthetic STEPS generates one modelled on a
@@ -155,6 +156,20 @@ static void synth_trace(trace_t *t, int steps) {
     push(t, 0, resid, 0);
 }
 
+/* The trace as MOERL_ALLOC_TRACE writes it (no times; tag "synthetic"), so it replays with --trace. */
+static int write_trace(const char *path, const trace_t *t) {
+    size_t cap = 128 + t->n * 80, len = 0;
+    char *buf = xmalloc(cap);
+    len += (size_t)snprintf(buf, cap, "{\"moerl_alloc_trace\":1,\"allocator\":\"synthetic\",\"source\":\"%s\"}\n",
+                            t->name);
+    for (size_t i = 0; i < t->n; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "{\"op\":\"%s\",\"id\":%lld,\"size\":%zu,\"tag\":\"synthetic\"}\n",
+                                t->ops[i].alloc ? "alloc" : "free", (long long)t->ops[i].id, t->ops[i].size);
+    const int rc = moerl_write_file_atomic(path, buf, len);
+    free(buf);
+    return rc;
+}
+
 enum { A_GLIBC, A_POOL, A_JEMALLOC, N_ALLOC }; /* glibc first: the others' footprints are given against it */
 static const char *ANAME[N_ALLOC] = {"glibc", "pool", "jemalloc"};
 static moerl_jemalloc_api JE;
@@ -306,11 +321,13 @@ int main(int argc, char **argv) {
                                          {"json", required_argument, 0, 'j'},
                                          {"min-block", required_argument, 0, 'm'},
                                          {"reserve", required_argument, 0, 'R'},
+                                         {"write-synthetic", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
     POOL_CFG = moerl_pool_default_config();
-    while ((c = getopt_long(argc, argv, "t:s:r:j:m:R:h", opts, NULL)) != -1) {
+    const char *write_synth = NULL;
+    while ((c = getopt_long(argc, argv, "t:s:r:j:m:R:w:h", opts, NULL)) != -1) {
         switch (c) {
         case 't':
             if (n_traces < 16) traces[n_traces++] = optarg;
@@ -318,6 +335,7 @@ int main(int argc, char **argv) {
         case 's': synth = atoi(optarg); break;
         case 'r': reps = atoi(optarg); break;
         case 'j': json_out = optarg; break;
+        case 'w': write_synth = optarg; break;
         case 'm':
             if (moerl_parse_bytes(optarg, "--min-block", &POOL_CFG.min_block) != MOERL_OK) {
                 fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
@@ -365,8 +383,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
                 return 1;
             }
-        } else
+        } else {
             synth_trace(&t, synth);
+            if (write_synth && write_trace(write_synth, &t) != MOERL_OK) {
+                fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
+                return 1;
+            }
+        }
         size_t n_alloc = 0;
         for (size_t i = 0; i < t.n; i++) n_alloc += t.ops[i].alloc;
         printf("trace %s: %zu ops (%zu allocations), %d reps\n", t.name, t.n, n_alloc, reps);
