@@ -14,7 +14,7 @@
 #    ROUNDS rounds with the allocators interleaved; prints medians over rounds of the median trainer
 #    update time per step (metrics timing_s/update) and of the run's wall time per step, with the ratio
 #    against malloc measured in the same rounds. No thresholds: a benchmark, not a test.
-# Usage: bash bench/run_alloc.sh [BUILD_DIR]   (env: ROUNDS=5 STEPS=40 OMP_NUM_THREADS=1)
+# Usage: bash bench/run_alloc.sh [BUILD_DIR]   (env: ROUNDS=5 STEPS=40 OMP_NUM_THREADS=1; ROUNDS=0 skips step 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -43,6 +43,7 @@ echo "== 2. replay (bench_alloc)"
 "$BUILD/bench/bench_alloc" --trace $T/smoke_rl.jsonl --trace $T/smoke_sft.jsonl --trace $T/smoke_sft_dynbatch.jsonl \
     --trace $T/smoke_sft_pp2.jsonl.rank0 --trace $T/smoke_sft_pp2.jsonl.rank1 --synthetic 200 --reps 21 \
     --json "$W/replay.json"
+if [[ $ROUNDS -eq 0 ]]; then rm -rf "$W"; exit 0; fi
 echo "== 3. step time, $ROUNDS rounds x {malloc, pool, jemalloc}, $STEPS lockstep steps each"
 LOCK=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.n_threads=1 data.n_test=8
       trainer.resume_mode=disable trainer.save_freq=0 async_training.mode=lockstep
