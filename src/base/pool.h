@@ -4,9 +4,9 @@
  *
  * 1. moerl_pool: a caching allocator in the manner of PyTorch's CUDA caching allocator (its design
  *    notes: size classes, best-fit, splitting, coalescing, expandable segments), for host memory:
- *    - Granule: every block is a multiple of min_block (the page size by default) and aligned to it; a request
- *      is rounded up to the granule (moerl_pool_block_size), so the rounding loss is below one granule
- *      per block.
+ *    - Granule: every block is a multiple of min_block (the page size by default) and aligned to
+ *      it; a request is rounded up to the granule (moerl_pool_block_size), so the rounding loss is
+ *      below one granule per block.
  *    - Size classes: requests up to small_max (half a chunk; chunk = MOERL_POOL_SMALL_CHUNK = 2 MiB,
  *      at most max_block) are small: they are carved from chunks that the small class takes from the
  *      large class, so small, short-lived buffers never cut up the large free ranges; a chunk left
