@@ -1,6 +1,8 @@
-/* Allocation-trace replay: the buddy pool (src/base/pool.c) against glibc malloc and jemalloc.
+/* Allocation-trace replay: the caching pool (src/base/pool.c) against glibc malloc and jemalloc.
  *
  *   bench_alloc [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT]
+ *               [--min-block BYTES] [--reserve FRAC]     (the pool's settings; defaults of pool.h)
+ *               [--write-synthetic FILE]                  (also write the synthetic trace as a trace file)
  *
  * A trace is the JSONL that MOERL_ALLOC_TRACE=FILE writes (src/base/pool.h): a header line, then
  * {"op":"alloc"|"free","id":n,"size":bytes,...}. --synthetic STEPS generates one modelled on a
@@ -9,15 +11,19 @@
  * buffers whose size follows the micro-batch's token count, freed in mixed order, and now and then a
  * long-lived buffer reallocated larger. Deterministic (fixed seed).
  *
+ * Every replay runs in its own child process (fork), so each starts from the same allocator state.
  * For each allocator: time of one replay (median over --reps, each on a fresh allocator; allocation
  * calls only, no stores to the memory, no statistics calls), and from one extra, untimed replay:
  *   peak requested — the most bytes live at once;
  *   peak footprint — the most memory the allocator held at once: pool = committed bytes; glibc =
- *     mallinfo2 arena + hblkhd; jemalloc = stats.active (pages of live extents; mapped-but-free
- *     retained memory is not counted, which favours jemalloc);
- *   overhead = 1 − peak requested / peak footprint;
- *   fragmentation (pool only) = 1 − largest free block / free committed bytes, the issue's
- *     definition, as the mean and the maximum over the replay's steps.
+ *     mallinfo2 arena + hblkhd, less what it held when the replay started; jemalloc = stats.active
+ *     (pages of live extents; mapped-but-free retained memory is not counted, which favours jemalloc);
+ *   frag_peak = 1 − requested / footprint at the footprint's peak (the most requested over the ops
+ *     where the footprint is at its peak): issue 29's fragmentation, "1 − requested/reserved at the
+ *     peak", for every allocator;
+ *   overhead = 1 − peak requested / peak footprint (the two peaks may lie at different ops);
+ *   ext_frag (pool only) = 1 − largest free block / free committed bytes (moerl_pool_stats.
+ *     fragmentation), the mean and the maximum over the replay's ops.
  * The replay does not touch the memory, so footprint is what each allocator reserved, not resident.
  */
 #include <getopt.h>
@@ -26,7 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/pool.h"
@@ -148,15 +156,31 @@ static void synth_trace(trace_t *t, int steps) {
     push(t, 0, resid, 0);
 }
 
-enum { A_POOL, A_GLIBC, A_JEMALLOC, N_ALLOC };
-static const char *ANAME[N_ALLOC] = {"pool", "glibc", "jemalloc"};
+/* The trace as MOERL_ALLOC_TRACE writes it (no times; tag "synthetic"), so it replays with --trace. */
+static int write_trace(const char *path, const trace_t *t) {
+    size_t cap = 128 + t->n * 80, len = 0;
+    char *buf = xmalloc(cap);
+    len += (size_t)snprintf(buf, cap, "{\"moerl_alloc_trace\":1,\"allocator\":\"synthetic\",\"source\":\"%s\"}\n",
+                            t->name);
+    for (size_t i = 0; i < t->n; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "{\"op\":\"%s\",\"id\":%lld,\"size\":%zu,\"tag\":\"synthetic\"}\n",
+                                t->ops[i].alloc ? "alloc" : "free", (long long)t->ops[i].id, t->ops[i].size);
+    const int rc = moerl_write_file_atomic(path, buf, len);
+    free(buf);
+    return rc;
+}
+
+enum { A_GLIBC, A_POOL, A_JEMALLOC, N_ALLOC }; /* glibc first: the others' footprints are given against it */
+static const char *ANAME[N_ALLOC] = {"glibc", "pool", "jemalloc"};
 static moerl_jemalloc_api JE;
 static int have_je;
 
 typedef struct {
-    double time_med, time_min, peak_req, peak_fp, overhead, frag_mean, frag_max;
+    double time_med, time_min, peak_req, peak_fp, req_at_peak, frag_peak, overhead, frag_mean, frag_max;
     int failures, ran;
 } result_t;
+
+static moerl_pool_config POOL_CFG;
 
 static double now_s(void) {
     struct timespec ts;
@@ -187,10 +211,12 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
     size_t *szs = xcalloc((size_t)t->max_id + 1, sizeof(size_t));
     moerl_pool *p = NULL;
     if (a == A_POOL) {
-        p = moerl_pool_create(NULL);
+        p = moerl_pool_create(&POOL_CFG);
         if (!p) moerl_fatal("%s", moerl_last_error());
     }
-    size_t live = 0, peak_req = 0, peak_fp = 0;
+    size_t live = 0, peak_req = 0, peak_fp = 0, req_at_peak = 0;
+    if (a == A_GLIBC) malloc_trim(0); /* glibc's footprint counts from its trimmed state */
+    const size_t fp0 = measure && a == A_GLIBC ? footprint(a, p) : 0;
     double frag_sum = 0, frag_max = 0;
     long frag_n = 0;
     int fails = 0;
@@ -217,8 +243,9 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
         }
         if (measure) {
             if (live > peak_req) peak_req = live;
-            const size_t fp = footprint(a, p);
-            if (fp > peak_fp) peak_fp = fp;
+            const size_t fp_now = footprint(a, p), fp = fp_now > fp0 ? fp_now - fp0 : 0;
+            if (fp > peak_fp) peak_fp = fp, req_at_peak = live;
+            else if (fp == peak_fp && live > req_at_peak) req_at_peak = live;
             if (a == A_POOL) {
                 moerl_pool_stats st;
                 moerl_pool_get_stats(p, &st);
@@ -242,11 +269,46 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
         r->peak_req = (double)peak_req;
         r->peak_fp = (double)peak_fp;
         r->overhead = peak_fp ? 1.0 - (double)peak_req / (double)peak_fp : 0;
+        r->req_at_peak = (double)req_at_peak;
+        r->frag_peak = peak_fp ? 1.0 - (double)req_at_peak / (double)peak_fp : 0;
         r->frag_mean = frag_n ? frag_sum / frag_n : 0;
         r->frag_max = frag_max;
         r->failures = fails;
     }
     return dt;
+}
+
+/* replay() in a child process, so that every replay starts from the same allocator state (glibc's
+ * dynamic mmap threshold and its cached heap, jemalloc's caches) whatever ran before it. */
+static double replay_forked(int a, const trace_t *t, int measure, result_t *r) {
+    int fd[2];
+    if (pipe(fd) != 0) moerl_fatal("bench_alloc: pipe failed");
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid < 0) moerl_fatal("bench_alloc: fork failed");
+    if (pid == 0) {
+        close(fd[0]);
+        struct { double dt; result_t r; } msg = {0};
+        msg.r = *r;
+        msg.dt = replay(a, t, measure, &msg.r);
+        const ssize_t w = write(fd[1], &msg, sizeof msg);
+        _exit(w == (ssize_t)sizeof msg ? 0 : 1);
+    }
+    close(fd[1]);
+    struct { double dt; result_t r; } msg;
+    ssize_t got = 0;
+    while (got < (ssize_t)sizeof msg) {
+        const ssize_t k = read(fd[0], (char *)&msg + got, sizeof msg - (size_t)got);
+        if (k <= 0) break;
+        got += k;
+    }
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (got != (ssize_t)sizeof msg || !WIFEXITED(status) || WEXITSTATUS(status))
+        moerl_fatal("bench_alloc: the %s replay of %s failed in its child process", ANAME[a], t->name);
+    *r = msg.r;
+    return msg.dt;
 }
 
 int main(int argc, char **argv) {
@@ -257,10 +319,15 @@ int main(int argc, char **argv) {
                                          {"synthetic", required_argument, 0, 's'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"json", required_argument, 0, 'j'},
+                                         {"min-block", required_argument, 0, 'm'},
+                                         {"reserve", required_argument, 0, 'R'},
+                                         {"write-synthetic", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "t:s:r:j:h", opts, NULL)) != -1) {
+    POOL_CFG = moerl_pool_default_config();
+    const char *write_synth = NULL;
+    while ((c = getopt_long(argc, argv, "t:s:r:j:m:R:w:h", opts, NULL)) != -1) {
         switch (c) {
         case 't':
             if (n_traces < 16) traces[n_traces++] = optarg;
@@ -268,8 +335,27 @@ int main(int argc, char **argv) {
         case 's': synth = atoi(optarg); break;
         case 'r': reps = atoi(optarg); break;
         case 'j': json_out = optarg; break;
+        case 'w': write_synth = optarg; break;
+        case 'm':
+            if (moerl_parse_bytes(optarg, "--min-block", &POOL_CFG.min_block) != MOERL_OK) {
+                fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
+                return 2;
+            }
+            break;
+        case 'R': {
+            char *end;
+            POOL_CFG.reserve_frac = strtod(optarg, &end);
+            if (end == optarg || *end || !(POOL_CFG.reserve_frac >= 0 && POOL_CFG.reserve_frac <= 1)) {
+                fprintf(stderr, "bench_alloc: --reserve '%s': expected a fraction in [0, 1]\n", optarg);
+                return 2;
+            }
+            break;
+        }
         default:
-            fprintf(stderr, "usage: %s [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT] [--min-block BYTES] "
+                    "[--reserve FRAC]\n",
+                    argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -277,6 +363,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_alloc: give --trace FILE and/or --synthetic STEPS (> 0), and --reps ≥ 1\n");
         return 2;
     }
+    {
+        moerl_pool *probe = moerl_pool_create(&POOL_CFG); /* a bad --min-block: the pool's own message */
+        if (!probe) {
+            fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
+            return 2;
+        }
+        moerl_pool_destroy(probe);
+    }
+    printf("pool: min_block %zu bytes, reserve %.2f\n", POOL_CFG.min_block, POOL_CFG.reserve_frac);
     have_je = moerl_jemalloc_load(&JE) == MOERL_OK;
     if (!have_je) fprintf(stderr, "bench_alloc: jemalloc skipped: %s\n", moerl_last_error());
     const int n_sets = n_traces + (synth > 0);
@@ -288,13 +383,19 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
                 return 1;
             }
-        } else
+        } else {
             synth_trace(&t, synth);
+            if (write_synth && write_trace(write_synth, &t) != MOERL_OK) {
+                fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
+                return 1;
+            }
+        }
         size_t n_alloc = 0;
         for (size_t i = 0; i < t.n; i++) n_alloc += t.ops[i].alloc;
         printf("trace %s: %zu ops (%zu allocations), %d reps\n", t.name, t.n, n_alloc, reps);
-        printf("  %-9s %12s %12s %14s %14s %9s %10s %10s\n", "allocator", "time_ms_med", "us_per_op", "peak_req_MiB",
-               "peak_fp_MiB", "overhead", "frag_mean", "frag_max");
+        printf("  %-9s %12s %10s %13s %13s %10s %9s %9s %9s %9s\n", "allocator", "time_ms_med", "us_per_op",
+               "peak_req_MiB", "peak_fp_MiB", "fp/glibc", "frag_peak", "overhead", "ext_mean", "ext_max");
+        double glibc_fp = 0;
         json_t *jt = json_object();
         json_object_set_new(jt, "trace", json_string(t.name));
         json_object_set_new(jt, "ops", json_integer((json_int_t)t.n));
@@ -302,12 +403,11 @@ int main(int argc, char **argv) {
         for (int a = 0; a < N_ALLOC; a++) {
             if (a == A_JEMALLOC && !have_je) continue;
             result_t r = {0};
-            replay(a, &t, 1, &r);
+            replay_forked(a, &t, 1, &r);
             double *ts = xmalloc((size_t)reps * sizeof(double));
-            /* interleaving with the other allocators would be fairer to machine noise; a warm-up replay
-             * first, then reps back to back */
-            replay(a, &t, 0, &r);
-            for (int k = 0; k < reps; k++) ts[k] = replay(a, &t, 0, &r);
+            /* each replay in a fresh child (replay_forked); interleaving with the other allocators would
+             * be fairer to machine noise */
+            for (int k = 0; k < reps; k++) ts[k] = replay_forked(a, &t, 0, &r);
             r.time_med = bench_median(ts, reps);
             free(ts);
             const double MiB = 1048576.0;
@@ -316,15 +416,19 @@ int main(int argc, char **argv) {
                 snprintf(fm, sizeof fm, "%.4f", r.frag_mean);
                 snprintf(fx, sizeof fx, "%.4f", r.frag_max);
             }
-            printf("  %-9s %12.3f %12.3f %14.1f %14.1f %9.4f %10s %10s%s\n", ANAME[a], 1e3 * r.time_med,
-                   1e6 * r.time_med / (double)t.n, r.peak_req / MiB, r.peak_fp / MiB, r.overhead, fm, fx,
-                   r.failures ? "  (failures!)" : "");
-            json_t *ja = json_pack("{s:f,s:f,s:f,s:f,s:i}", "time_s_median", r.time_med, "peak_requested_bytes",
-                                   r.peak_req, "peak_footprint_bytes", r.peak_fp, "overhead", r.overhead,
-                                   "failures", r.failures);
+            if (a == A_GLIBC) glibc_fp = r.peak_fp;
+            char ratio[16] = "-";
+            if (a != A_GLIBC && glibc_fp > 0) snprintf(ratio, sizeof ratio, "%.4f", r.peak_fp / glibc_fp);
+            printf("  %-9s %12.3f %10.3f %13.2f %13.2f %10s %9.4f %9.4f %9s %9s%s\n", ANAME[a], 1e3 * r.time_med,
+                   1e6 * r.time_med / (double)t.n, r.peak_req / MiB, r.peak_fp / MiB, ratio, r.frag_peak, r.overhead,
+                   fm, fx, r.failures ? "  (failures!)" : "");
+            json_t *ja = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:i}", "time_s_median", r.time_med,
+                                   "peak_requested_bytes", r.peak_req, "peak_footprint_bytes", r.peak_fp,
+                                   "requested_at_peak_bytes", r.req_at_peak, "fragmentation_at_peak", r.frag_peak,
+                                   "overhead", r.overhead, "failures", r.failures);
             if (a == A_POOL) {
-                json_object_set_new(ja, "fragmentation_mean", json_real(r.frag_mean));
-                json_object_set_new(ja, "fragmentation_max", json_real(r.frag_max));
+                json_object_set_new(ja, "ext_fragmentation_mean", json_real(r.frag_mean));
+                json_object_set_new(ja, "ext_fragmentation_max", json_real(r.frag_max));
             }
             json_object_set_new(jt, ANAME[a], ja);
         }

@@ -75,11 +75,37 @@ if len(a) < 3 or sorted(f) != sorted(a) or not {"model_acts", "kv_cache"} <= tag
 PYEOF
 ); then ok "pool metrics in metrics.jsonl (malloc run has none); trace complete"
 else bad "pool metrics / trace" "$msg"; fi
+# the issue's fragmentation (1 − requested / committed at the peak) on the real run, from the exit line
+if lost=$(grep -oE "at the peak [0-9.]+ of [0-9.]+ committed: [0-9.]+% lost" "$WORK/lock_pool.log" | grep -oE "[0-9.]+%" | tr -d %) &&
+    [[ -n $lost ]] && awk -v l="$lost" 'BEGIN { exit !(l <= 3.0) }'; then
+    ok "pool: ${lost}% lost at the peak on the smoke run (≤ 3%)"
+else bad "pool fragmentation at the peak" "'${lost:-line missing}' (want ≤ 3%)"; fi
 if [[ -x $BUILD/bench/bench_alloc ]]; then
     if "$BUILD/bench/bench_alloc" --trace "$WORK/lock_pool.trace.jsonl" --reps 3 >"$WORK/replay.log" 2>&1 &&
         grep -q "^  pool " "$WORK/replay.log" && grep -q "^  glibc " "$WORK/replay.log"; then
         ok "bench_alloc replays the recorded trace"
     else bad "bench_alloc replay" "$(tail -3 "$WORK/replay.log")"; fi
+    # memory figures are exact (no timing): the pool's footprint at most glibc's, ≤ 3% lost at the peak,
+    # on the recorded trace and on the synthetic dynamic-micro-batch one; the synthetic trace written to
+    # a file replays to the same figures
+    if "$BUILD/bench/bench_alloc" --trace "$WORK/lock_pool.trace.jsonl" --synthetic 40 --reps 1 \
+        --write-synthetic "$WORK/synth.jsonl" --json "$WORK/mem.json" >"$WORK/mem.log" 2>&1 &&
+        "$BUILD/bench/bench_alloc" --trace "$WORK/synth.jsonl" --reps 1 --json "$WORK/mem2.json" >>"$WORK/mem.log" 2>&1 &&
+        msg=$($PY - "$WORK" <<'PYEOF'
+import json, sys
+w = sys.argv[1]
+runs = json.load(open(w + "/mem.json")) + json.load(open(w + "/mem2.json"))
+for r in runs:
+    p, g = r["pool"], r["glibc"]
+    if p["failures"] or p["fragmentation_at_peak"] > 0.03 or p["peak_footprint_bytes"] > g["peak_footprint_bytes"]:
+        print("%s: pool %.0f bytes (%.4f lost at the peak), glibc %.0f" % (r["trace"], p["peak_footprint_bytes"],
+              p["fragmentation_at_peak"], g["peak_footprint_bytes"])); sys.exit(1)
+a, b = runs[1]["pool"], runs[2]["pool"]
+if (a["peak_footprint_bytes"], a["peak_requested_bytes"]) != (b["peak_footprint_bytes"], b["peak_requested_bytes"]):
+    print("the written synthetic trace replays differently"); sys.exit(1)
+PYEOF
+); then ok "bench_alloc: pool footprint ≤ glibc's and ≤ 3% lost at the peak (recorded and synthetic traces)"
+    else bad "bench_alloc memory figures" "${msg:-$(tail -3 "$WORK/mem.log")}"; fi
 fi
 # bad values: refused, named
 expect_bad() {  # NAME PATTERN VAR=VALUE...

@@ -1,7 +1,9 @@
-/* Buddy pool (src/base/pool.c): invariants under random alloc/free sequences (no overlap,
- * alignment, contents kept, statistics consistent, everything returned and merged back), the
- * reserve, the expandable segment's growth in place, exhaustion and oversize errors, bad input,
- * threads, and the job-wide buffer layer (MOERL_ALLOC=pool with its malloc fallback). */
+/* Caching pool (src/base/pool.c): invariants under random alloc/free sequences (no overlap,
+ * alignment, contents kept, statistics consistent, everything returned and merged back), a shadow
+ * model holding every byte of every live block, best fit, splitting, coalescing, the size classes,
+ * the reserve, the expandable segment's growth in place (committed peak = peak in use), exhaustion
+ * and oversize errors, bad input, threads, and the job-wide buffer layer (MOERL_ALLOC=pool with its
+ * malloc fallback). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -65,7 +67,7 @@ static void test_random_sequences(void) {
                     continue;
                 }
                 const size_t blk = moerl_pool_block_size(p, req);
-                if (((uintptr_t)q % 4096) || blk < req || (blk & (blk - 1))) misaligned++;
+                if (((uintptr_t)q % 4096) || blk < req || blk % minb || blk - req >= minb) misaligned++;
                 for (int i = 0; i < n; i++)
                     if (q < live[i].p + live[i].block && live[i].p < q + blk) overlap++;
                 live[n] = (live_t){q, req, blk, (unsigned char)(op * 7 + 1)};
@@ -144,7 +146,7 @@ static void test_errors(void) {
               moerl_pool_block_size(p, 64 * KiB + 1) == 128 * KiB,
           "block sizes");
     char *a = moerl_pool_alloc(p, 100);
-    char *b = moerl_pool_alloc(p, MiB - 64 * KiB - 1); /* rounds up to a max block: the second one */
+    char *b = moerl_pool_alloc(p, MiB - 64 * KiB - 1); /* a large block: 15 granules of the second MiB */
     CHECK(a && b, "two allocations");
     CHECK(moerl_pool_alloc(p, 64 * KiB) != NULL, "the rest of the first max block serves a min block");
     moerl_pool_stats st;
@@ -261,13 +263,164 @@ static void test_fragmentation(void) {
     CHECK(st.free_committed == 2 * u && st.largest_free == u && st.fragmentation == 0.5,
           "free %zu largest %zu fragmentation %g (want 0.5)", st.free_committed, st.largest_free, st.fragmentation);
     CHECK(moerl_pool_alloc(p, 2 * u) == NULL, "2 units free but not contiguous: refused");
-    moerl_pool_free(p, b[1]); /* merges 0,1 and then not with 2..3 (3 used) */
+    moerl_pool_free(p, b[1]); /* merges with both free neighbours: 0..2 (a buddy system would stop at 0..1) */
     moerl_pool_get_stats(p, &st);
-    CHECK(st.largest_free == 2 * u && st.free_committed == 3 * u, "after merging: largest %zu", st.largest_free);
+    CHECK(st.largest_free == 3 * u && st.free_committed == 3 * u && st.fragmentation == 0,
+          "after coalescing: largest %zu free %zu", st.largest_free, st.free_committed);
     moerl_pool_free(p, b[3]);
     moerl_pool_get_stats(p, &st);
     CHECK(st.fragmentation == 0 && st.largest_free == 4 * u, "all merged: fragmentation %g", st.fragmentation);
     moerl_pool_destroy(p);
+}
+
+
+/* Best fit, splitting and coalescing on an exactly known layout (large class: requests > 1 MiB). */
+static void test_best_fit_split_coalesce(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 256 * u, 256 * u, 1.0});
+    CHECK(p != NULL, "create: %s", moerl_last_error());
+    if (!p) return;
+    char *a = moerl_pool_alloc(p, 20 * u), *b = moerl_pool_alloc(p, 30 * u), *c = moerl_pool_alloc(p, 20 * u);
+    char *d = moerl_pool_alloc(p, 40 * u), *e = moerl_pool_alloc(p, 20 * u);
+    CHECK(a && b == a + 20 * u && c == a + 50 * u && d == a + 70 * u && e == a + 110 * u,
+          "fresh blocks are cut from the low end, back to back");
+    moerl_pool_free(p, b); /* holes: 30u at 20u, 40u at 70u; tail 126u at 130u */
+    moerl_pool_free(p, d);
+    char *x = moerl_pool_alloc(p, 25 * u - 100);
+    CHECK(x == a + 20 * u, "best fit: 25u goes to the 30u hole, not the 40u one or the tail (offset %td u)",
+          (x - a) / (ptrdiff_t)u);
+    char *y = moerl_pool_alloc(p, 35 * u);
+    CHECK(y == a + 70 * u, "best fit: 35u goes to the 40u hole (offset %td u)", (y - a) / (ptrdiff_t)u);
+    char *z = moerl_pool_alloc(p, 5 * u); /* small: a new 2 MiB chunk, never the 5u large remainders */
+    CHECK(z == a + 130 * u, "small request served from a chunk cut from the tail (offset %td u)",
+          (z - a) / (ptrdiff_t)u);
+    CHECK(moerl_pool_check(p) == MOERL_OK, "after splits: %s", moerl_last_error());
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.in_use == (20 + 25 + 20 + 35 + 20 + 5) * u && st.requested == st.in_use - 100, "in use %zu", st.in_use);
+    moerl_pool_free(p, x); /* merges with the 5u remainder after it: 30u at 20u */
+    moerl_pool_free(p, c); /* and with it: 50u at 20u (y at 70u is used) */
+    moerl_pool_free(p, a); /* and 0..70u */
+    CHECK(moerl_pool_check(p) == MOERL_OK, "after coalescing: %s", moerl_last_error());
+    char *w = moerl_pool_alloc(p, 70 * u);
+    CHECK(w == a, "the three freed neighbours and the remainder coalesced into one 70u block at the start");
+    moerl_pool_free(p, w);
+    moerl_pool_free(p, y);
+    moerl_pool_free(p, z); /* its chunk is wholly free again: back to the large class */
+    moerl_pool_free(p, e);
+    CHECK(moerl_pool_check(p) == MOERL_OK, "all freed: %s", moerl_last_error());
+    char *all = moerl_pool_alloc(p, 256 * u);
+    CHECK(all == a, "everything coalesced into one block spanning the reservation");
+    moerl_pool_free(p, all);
+    moerl_pool_destroy(p);
+}
+
+/* Size classes: small requests share chunks and never take large free memory; an emptied chunk returns. */
+static void test_size_classes(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 128 * u, 128 * u, 1.0}); /* chunk 32u */
+    char *small[40];
+    for (int i = 0; i < 40; i++) small[i] = moerl_pool_alloc(p, (size_t)(1 + i % 3) * 1000);
+    CHECK(small[0] && small[31] == small[0] + 31 * u && small[32] == small[0] + 32 * u,
+          "40 one-granule requests fill one chunk, then the next");
+    for (int i = 0; i < 40; i += 2) moerl_pool_free(p, small[i]);
+    char *big = moerl_pool_alloc(p, 20 * u); /* large: not in the chunks' holes */
+    CHECK(big == small[0] + 64 * u, "a large request takes the large free range after the chunks (offset %td u)",
+          (big - small[0]) / (ptrdiff_t)u);
+    char *s2 = moerl_pool_alloc(p, 2 * u);
+    CHECK(s2 == small[0] + 40 * u, "2u: best fit among the chunks' free blocks (1u holes, and the second chunk's "
+          "24u rest at 40u), not the large range (offset %td u)", (s2 - small[0]) / (ptrdiff_t)u);
+    moerl_pool_free(p, s2);
+    for (int i = 1; i < 40; i += 2) moerl_pool_free(p, small[i]);
+    CHECK(moerl_pool_check(p) == MOERL_OK, "%s", moerl_last_error());
+    moerl_pool_free(p, big);
+    char *all = moerl_pool_alloc(p, 128 * u);
+    CHECK(all == small[0], "emptied chunks went back to the large class and coalesced");
+    moerl_pool_free(p, all);
+    moerl_pool_destroy(p);
+}
+
+/* Growth: committed memory grows only when nothing cached is left, so its peak is the peak in use. */
+static void test_growth_peak(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 256 * u, 256 * u, 1.0});
+    void *a = moerl_pool_alloc(p, 30 * u);
+    void *keep = moerl_pool_alloc(p, 20 * u);
+    moerl_pool_free(p, a); /* 30u cached (reserve 1.0 keeps it) */
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.committed == 50 * u, "freed memory stays cached: committed %zu", st.committed / u);
+    void *big = moerl_pool_alloc(p, 40 * u); /* fits no cached hole: 40u new, 30u cached released first */
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.committed == 60 * u && st.peak_committed == 60 * u && st.peak_in_use == 60 * u && st.decommits == 1,
+          "grow after releasing the cache: committed %zu peak %zu peak in use %zu decommits %llu", st.committed / u,
+          st.peak_committed / u, st.peak_in_use / u, (unsigned long long)st.decommits);
+    CHECK(st.peak_requested == 60 * u && st.requested_at_peak == 60 * u && st.peak_fragmentation == 0,
+          "peak fragmentation %g", st.peak_fragmentation);
+    void *c = moerl_pool_alloc(p, 17 * u + 1); /* 18u: commits 18 more; 1 granule minus 1 byte lost */
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.peak_committed == 78 * u && st.requested_at_peak == 77 * u + 1 &&
+              st.peak_fragmentation == 1.0 - (77.0 * u + 1) / (78.0 * u),
+          "peak fragmentation = 1 − requested / committed at the peak: %g", st.peak_fragmentation);
+    moerl_pool_free(p, c);
+    moerl_pool_free(p, big);
+    moerl_pool_free(p, keep);
+    CHECK(moerl_pool_check(p) == MOERL_OK, "%s", moerl_last_error());
+    moerl_pool_destroy(p);
+}
+
+/* Shadow model: every byte of every live block holds its own pattern until it is freed, blocks never
+ * overlap, committed never exceeds the peak in use, invariants hold throughout. */
+static unsigned char pat(uint32_t id, size_t i) { return (unsigned char)((id * 2654435761u) >> 24 ^ (i * 31 + id)); }
+
+static void test_shadow_model(void) {
+    const size_t minb = 4096, maxb = 1 * MiB, cap = 64 * MiB;
+    for (int seed = 1; seed <= 3; seed++) {
+        moerl_pool *p = moerl_pool_create(&(moerl_pool_config){minb, maxb, cap, seed == 1 ? 0.0 : 0.3});
+        struct { unsigned char *p; size_t n; uint32_t id; } live[256];
+        int n = 0, bad_bytes = 0, overlap = 0, check_fail = 0, over_peak = 0, refused = 0;
+        uint64_t s = 0x1234567ull * (uint64_t)seed;
+        for (uint32_t op = 1; op <= 3000; op++) {
+            if (n < 256 && (n == 0 || xs(&s) % 100 < 52)) {
+                const int lg = (int)(xs(&s) % 21);
+                const size_t req = 1 + xs(&s) % ((size_t)1 << lg);
+                unsigned char *q = moerl_pool_alloc(p, req);
+                if (!q) {
+                    refused++;
+                    continue;
+                }
+                for (int i = 0; i < n; i++)
+                    if (q < live[i].p + live[i].n && live[i].p < q + req) overlap++;
+                for (size_t i = 0; i < req; i++) q[i] = pat(op, i);
+                live[n].p = q, live[n].n = req, live[n].id = op;
+                n++;
+            } else {
+                const int k = (int)(xs(&s) % (uint64_t)n);
+                for (size_t i = 0; i < live[k].n; i++) bad_bytes += live[k].p[i] != pat(live[k].id, i);
+                moerl_pool_free(p, live[k].p);
+                live[k] = live[--n];
+            }
+            if (op % 50 == 0) {
+                check_fail += moerl_pool_check(p) != MOERL_OK;
+                moerl_pool_stats st;
+                moerl_pool_get_stats(p, &st);
+                over_peak += st.committed > st.peak_in_use || st.peak_committed > st.peak_in_use;
+            }
+            if (op % 500 == 0) /* every byte of every live block */
+                for (int k = 0; k < n; k++)
+                    for (size_t i = 0; i < live[k].n; i++) bad_bytes += live[k].p[i] != pat(live[k].id, i);
+        }
+        CHECK(bad_bytes == 0 && overlap == 0, "seed %d: %d bytes changed, %d overlaps", seed, bad_bytes, overlap);
+        CHECK(check_fail == 0, "seed %d: %d invariant checks failed (%s)", seed, check_fail, moerl_last_error());
+        CHECK(over_peak == 0, "seed %d: committed above the peak in use %d times", seed, over_peak);
+        CHECK(refused == 0, "seed %d: %d refusals in a pool that never fills", seed, refused);
+        while (n > 0) moerl_pool_free(p, live[--n].p);
+        moerl_pool_stats st;
+        moerl_pool_get_stats(p, &st);
+        CHECK(st.in_use == 0 && moerl_pool_check(p) == MOERL_OK && moerl_pool_alloc(p, maxb) != NULL,
+              "seed %d: all returned and coalesced", seed);
+        moerl_pool_destroy(p);
+    }
 }
 
 typedef struct {
@@ -360,6 +513,10 @@ int main(void) {
     test_reserve();
     test_expandable();
     test_fragmentation();
+    test_best_fit_split_coalesce();
+    test_size_classes();
+    test_growth_peak();
+    test_shadow_model();
     test_threads();
     test_buffer_layer();
     TEST_MAIN_END();

@@ -1,5 +1,5 @@
-/* moerl — buddy memory pool with an expandable segment, and the job-wide buffer allocator.
- * See pool.h for the design and its sources (Knuth's buddy system, TAOCP vol. 1 §2.5; docs/benchmarks.md). */
+/* moerl — caching memory pool (size classes, best-fit with splitting and coalescing, one expandable
+ * segment), and the job-wide buffer allocator. See pool.h for the design and where it comes from. */
 #include "base/pool.h"
 
 #include <ctype.h>
@@ -20,23 +20,34 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-enum { U_NONE = 0, U_FREE = 1, U_USED = 2 }; /* state of a unit: not a block head / head of a free / used block */
+enum { K_LARGE = 0, K_SMALL = 1, N_BINS = 160 };
+
+/* A block: a run of granules [off, off+size) of the reservation. All blocks tile the reservation in
+ * address order; a small block lies inside one chunk (a large block handed to the small class). */
+typedef struct blk {
+    size_t off, size; /* bytes, multiples of the granule */
+    size_t req;       /* bytes asked for (used blocks) */
+    size_t chunk;     /* small blocks: offset of their chunk */
+    struct blk *prev, *next;   /* address order */
+    struct blk *fprev, *fnext; /* free list of its bin */
+    int used, small, bin;
+} blk;
 
 struct moerl_pool {
     pthread_mutex_t mu;
     char *base;
-    size_t unit;      /* min_block */
-    size_t max_block;
-    size_t capacity;  /* bytes reserved = n_units · unit */
+    size_t gran;      /* min_block: size and alignment granule of blocks, and the commit unit */
+    size_t max_block; /* largest request */
+    size_t capacity;  /* bytes reserved = n_units · gran */
+    size_t chunk;     /* size of a small-class chunk */
+    size_t small_max; /* requests up to this many bytes are small */
     double reserve_frac;
-    int kmax;         /* max order: max_block = unit << kmax */
-    int64_t n_units;
-    uint8_t *state;   /* [n_units] */
-    uint8_t *order;   /* [n_units] order of the block starting here (heads only) */
-    uint8_t *commit;  /* [n_units] 1 = committed */
-    int64_t *next, *prev; /* [n_units] free-list links (free heads only); -1 = end */
-    size_t *req;      /* [n_units] requested bytes (used heads only) */
-    int64_t head[64]; /* free list of each order; -1 = empty */
+    int64_t n_units, top; /* units; top: one past the highest unit ever committed */
+    uint8_t *commit;      /* [n_units] 1 = committed */
+    blk *first, *last;
+    blk *bins[2][N_BINS];
+    blk **map; /* used blocks by offset, open addressing */
+    size_t map_cap, map_n;
     moerl_pool_stats st;
 };
 
@@ -44,80 +55,149 @@ static int is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
 moerl_pool_config moerl_pool_default_config(void) {
     moerl_pool_config c;
-    c.min_block = (size_t)4 << 20;
+    const long page = sysconf(_SC_PAGESIZE);
+    c.min_block = page > 0 ? (size_t)page : 4096;
     c.max_block = (size_t)2 << 30;
     c.capacity = 0;
     c.reserve_frac = 0.3;
     return c;
 }
 
-static void list_push(moerl_pool *p, int64_t u, int k) {
-    p->state[u] = U_FREE;
-    p->order[u] = (uint8_t)k;
-    p->prev[u] = -1;
-    p->next[u] = p->head[k];
-    if (p->head[k] >= 0) p->prev[p->head[k]] = u;
-    p->head[k] = u;
+/* ---- size bins (two-level segregated fit: 4 linear sub-bins per power of two, so a bin's sizes
+ * span less than 25% and every block of a later bin is larger than every block of an earlier one) */
+
+static int bin_of(const moerl_pool *p, size_t size) {
+    const uint64_t s = size / p->gran; /* ≥ 1 */
+    if (s < 8) return (int)s - 1;
+    const int fl = 63 - __builtin_clzll(s);
+    return 7 + (fl - 3) * 4 + (int)((s >> (fl - 2)) & 3);
 }
 
-static void list_remove(moerl_pool *p, int64_t u) {
-    const int k = p->order[u];
-    if (p->prev[u] >= 0) p->next[p->prev[u]] = p->next[u];
-    else p->head[k] = p->next[u];
-    if (p->next[u] >= 0) p->prev[p->next[u]] = p->prev[u];
-    p->state[u] = U_NONE;
-    p->next[u] = p->prev[u] = -1;
+static void bin_push(moerl_pool *p, blk *b) {
+    b->bin = bin_of(p, b->size);
+    blk **h = &p->bins[b->small][b->bin];
+    b->fprev = NULL;
+    b->fnext = *h;
+    if (*h) (*h)->fprev = b;
+    *h = b;
+}
+
+static void bin_remove(moerl_pool *p, blk *b) {
+    if (b->fprev) b->fprev->fnext = b->fnext;
+    else p->bins[b->small][b->bin] = b->fnext;
+    if (b->fnext) b->fnext->fprev = b->fprev;
+    b->fprev = b->fnext = NULL;
+}
+
+/* Best fit in one class: the smallest free block of at least `size` bytes, the lowest address on ties. */
+static blk *find_fit(moerl_pool *p, int kind, size_t size) {
+    const int b0 = bin_of(p, size);
+    blk *best = NULL;
+    for (int b = b0; b < N_BINS && !best; b++)
+        for (blk *x = p->bins[kind][b]; x; x = x->fnext)
+            if (x->size >= size &&
+                (!best || x->size < best->size || (x->size == best->size && x->off < best->off)))
+                best = x;
+    return best;
+}
+
+/* ---- used blocks by offset (linear probing, backward-shift deletion) */
+
+static size_t map_slot(const moerl_pool *p, size_t off) {
+    uint64_t h = (uint64_t)(off / p->gran) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h ^ (h >> 29)) & (p->map_cap - 1);
+}
+
+static void map_put(moerl_pool *p, blk *b);
+
+static void map_grow(moerl_pool *p) {
+    blk **old = p->map;
+    const size_t oc = p->map_cap;
+    p->map_cap = oc ? 2 * oc : 64;
+    p->map = xcalloc(p->map_cap, sizeof *p->map);
+    p->map_n = 0;
+    for (size_t i = 0; i < oc; i++)
+        if (old[i]) map_put(p, old[i]);
+    free(old);
+}
+
+static void map_put(moerl_pool *p, blk *b) {
+    if (2 * (p->map_n + 1) > p->map_cap) map_grow(p);
+    size_t i = map_slot(p, b->off);
+    while (p->map[i]) i = (i + 1) & (p->map_cap - 1);
+    p->map[i] = b;
+    p->map_n++;
+}
+
+static blk *map_get(const moerl_pool *p, size_t off) {
+    if (!p->map_cap) return NULL;
+    for (size_t i = map_slot(p, off); p->map[i]; i = (i + 1) & (p->map_cap - 1))
+        if (p->map[i]->off == off) return p->map[i];
+    return NULL;
+}
+
+static void map_del(moerl_pool *p, size_t off) {
+    const size_t mask = p->map_cap - 1;
+    size_t i = map_slot(p, off);
+    while (p->map[i]->off != off) i = (i + 1) & mask;
+    p->map[i] = NULL;
+    p->map_n--;
+    for (size_t j = (i + 1) & mask; p->map[j]; j = (j + 1) & mask) {
+        const size_t k = map_slot(p, p->map[j]->off); /* entry j stays unless its home lies outside (i, j] */
+        const int stays = i <= j ? (k > i && k <= j) : (k > i || k <= j);
+        if (!stays) {
+            p->map[i] = p->map[j];
+            p->map[j] = NULL;
+            i = j;
+        }
+    }
+}
+
+/* ---- creation */
+
+static int check_config(const moerl_pool_config *c, long page) {
+    if (!is_pow2(c->min_block) || c->min_block < (size_t)page)
+        return moerl_errorf("pool: min_block must be a power of two ≥ the page size %ld, got %zu", page, c->min_block);
+    if (!is_pow2(c->max_block) || c->max_block < c->min_block || c->max_block / c->min_block > ((size_t)1 << 30))
+        return moerl_errorf("pool: max_block must be a power of two between min_block (%zu) and 2^30 · min_block, "
+                            "got %zu",
+                            c->min_block, c->max_block);
+    if (!(c->reserve_frac >= 0 && c->reserve_frac <= 1))
+        return moerl_errorf("pool: reserve_frac must be in [0, 1], got %g", c->reserve_frac);
+    if (c->capacity > ((size_t)1 << 46))
+        return moerl_errorf("pool: capacity %zu bytes is above the 64 TiB this pool reserves at most", c->capacity);
+    return MOERL_OK;
 }
 
 moerl_pool *moerl_pool_create(const moerl_pool_config *cfg) {
     moerl_pool_config c = cfg ? *cfg : moerl_pool_default_config();
     const long page = sysconf(_SC_PAGESIZE);
-    if (!is_pow2(c.min_block) || c.min_block < (size_t)page) {
-        moerl_errorf("pool: min_block must be a power of two ≥ the page size %ld, got %zu", page, c.min_block);
-        return NULL;
-    }
-    if (!is_pow2(c.max_block) || c.max_block < c.min_block || c.max_block / c.min_block > ((size_t)1 << 30)) {
-        moerl_errorf("pool: max_block must be a power of two between min_block (%zu) and 2^30 · min_block, got %zu",
-                     c.min_block, c.max_block);
-        return NULL;
-    }
-    if (!(c.reserve_frac >= 0 && c.reserve_frac <= 1)) {
-        moerl_errorf("pool: reserve_frac must be in [0, 1], got %g", c.reserve_frac);
-        return NULL;
-    }
+    if (check_config(&c, page) != MOERL_OK) return NULL;
     if (c.capacity == 0) {
         const long pages = sysconf(_SC_PHYS_PAGES);
         c.capacity = pages > 0 ? (size_t)pages * (size_t)page : c.max_block;
     }
-    if (c.capacity > ((size_t)1 << 46)) {
-        moerl_errorf("pool: capacity %zu bytes is above the 64 TiB this pool reserves at most", c.capacity);
-        return NULL;
-    }
     c.capacity = (c.capacity + c.max_block - 1) / c.max_block * c.max_block;
-    moerl_pool *p = xcalloc(1, sizeof *p);
-    p->unit = c.min_block;
-    p->max_block = c.max_block;
-    p->capacity = c.capacity;
-    p->reserve_frac = c.reserve_frac;
-    p->kmax = 0;
-    while ((p->unit << p->kmax) < p->max_block) p->kmax++;
-    p->n_units = (int64_t)(c.capacity / c.min_block);
     void *b = mmap(NULL, c.capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (b == MAP_FAILED) {
         moerl_errorf("pool: cannot reserve %zu bytes of address space: %s", c.capacity, strerror(errno));
-        free(p);
         return NULL;
     }
+    moerl_pool *p = xcalloc(1, sizeof *p);
     p->base = b;
-    p->state = xcalloc((size_t)p->n_units, 1);
-    p->order = xcalloc((size_t)p->n_units, 1);
+    p->gran = c.min_block;
+    p->max_block = c.max_block;
+    p->capacity = c.capacity;
+    p->reserve_frac = c.reserve_frac;
+    p->chunk = MOERL_POOL_SMALL_CHUNK < c.max_block ? MOERL_POOL_SMALL_CHUNK : c.max_block;
+    if (p->chunk < c.min_block) p->chunk = c.min_block;
+    p->small_max = p->chunk / 2 >= c.min_block ? p->chunk / 2 : 0;
+    p->n_units = (int64_t)(c.capacity / c.min_block);
     p->commit = xcalloc((size_t)p->n_units, 1);
-    p->next = xmalloc((size_t)p->n_units * sizeof(int64_t));
-    p->prev = xmalloc((size_t)p->n_units * sizeof(int64_t));
-    p->req = xcalloc((size_t)p->n_units, sizeof(size_t));
-    for (int k = 0; k < 64; k++) p->head[k] = -1;
-    const int64_t top = (int64_t)1 << p->kmax;
-    for (int64_t u = p->n_units - top; u >= 0; u -= top) list_push(p, u, p->kmax); /* lowest address first */
+    blk *all = xcalloc(1, sizeof *all); /* one free large block spans the reservation */
+    all->size = c.capacity;
+    p->first = p->last = all;
+    bin_push(p, all);
     p->st.reserved = c.capacity;
     pthread_mutex_init(&p->mu, NULL);
     return p;
@@ -127,12 +207,12 @@ void moerl_pool_destroy(moerl_pool *p) {
     if (!p) return;
     munmap(p->base, p->capacity);
     pthread_mutex_destroy(&p->mu);
-    free(p->state);
-    free(p->order);
+    for (blk *b = p->first, *n; b; b = n) {
+        n = b->next;
+        free(b);
+    }
+    free(p->map);
     free(p->commit);
-    free(p->next);
-    free(p->prev);
-    free(p->req);
     free(p);
 }
 
@@ -140,33 +220,33 @@ int moerl_pool_owns(const moerl_pool *p, const void *ptr) {
     return p && (const char *)ptr >= p->base && (const char *)ptr < p->base + p->capacity;
 }
 
-static int order_for(const moerl_pool *p, size_t bytes) {
-    if (bytes > p->max_block) return -1;
-    int k = 0;
-    while ((p->unit << k) < bytes) k++;
-    return k;
+size_t moerl_pool_block_size(const moerl_pool *p, size_t bytes) {
+    if (!bytes) bytes = 1;
+    if (bytes > p->max_block) return 0;
+    return (bytes + p->gran - 1) / p->gran * p->gran;
 }
 
-size_t moerl_pool_block_size(const moerl_pool *p, size_t bytes) {
-    const int k = order_for(p, bytes ? bytes : 1);
-    return k < 0 ? 0 : p->unit << k;
-}
+/* ---- commit */
 
 /* Commit (on=1) or decommit (on=0) units [u, u+n) whose state differs, one syscall per run.
  * Decommit releases the pages (MADV_DONTNEED: zero on next commit) and removes access. */
 static int set_commit(moerl_pool *p, int64_t u, int64_t n, int on) {
     int64_t i = u;
-    while (i < u + n) {
-        if (p->commit[i] == on) { i++; continue; }
-        int64_t j = i;
-        while (j < u + n && p->commit[j] != on) j++;
-        char *a = p->base + (size_t)i * p->unit;
-        const size_t len = (size_t)(j - i) * p->unit;
+    const int64_t e = u + n;
+    while (i < e) {
+        const uint8_t *d = memchr(p->commit + i, !on, (size_t)(e - i)); /* next unit to change */
+        if (!d) break;
+        i = d - p->commit;
+        const uint8_t *k = memchr(p->commit + i, on, (size_t)(e - i)); /* end of the run to change */
+        const int64_t j = k ? k - p->commit : e;
+        char *a = p->base + (size_t)i * p->gran;
+        const size_t len = (size_t)(j - i) * p->gran;
         if (on) {
             if (mprotect(a, len, PROT_READ | PROT_WRITE) != 0)
                 return moerl_errorf("pool: cannot commit %zu bytes: %s", len, strerror(errno));
             p->st.commits++;
             p->st.committed += len;
+            if (j > p->top) p->top = j;
         } else {
             madvise(a, len, MADV_DONTNEED);
             if (mprotect(a, len, PROT_NONE) != 0)
@@ -177,50 +257,143 @@ static int set_commit(moerl_pool *p, int64_t u, int64_t n, int on) {
         memset(p->commit + i, on, (size_t)(j - i));
         i = j;
     }
-    if (p->st.committed > p->st.peak_committed) p->st.peak_committed = p->st.committed;
+    if (p->st.committed > p->st.peak_committed) {
+        p->st.peak_committed = p->st.committed;
+        p->st.requested_at_peak = p->st.requested;
+    } else if (p->st.committed == p->st.peak_committed && p->st.requested > p->st.requested_at_peak)
+        p->st.requested_at_peak = p->st.requested;
     return MOERL_OK;
 }
 
-/* Committed units in [u, u+n). */
 static int64_t committed_units(const moerl_pool *p, int64_t u, int64_t n) {
     int64_t c = 0;
-    for (int64_t i = u; i < u + n; i++) c += p->commit[i];
+    const int64_t e = u + n < p->top ? u + n : p->top; /* nothing above top was ever committed */
+    for (int64_t i = u; i < e; i++) c += p->commit[i];
     return c;
 }
 
-/* Free block u of order k (state already U_USED removed): merge with free buddies, list it. Returns
- * the head of the merged block and its order in *ko. */
-static int64_t release(moerl_pool *p, int64_t u, int k, int *ko) {
-    while (k < p->kmax) {
-        const int64_t b = u ^ ((int64_t)1 << k);
-        if (p->state[b] != U_FREE || p->order[b] != k) break;
-        list_remove(p, b);
-        p->state[u] = U_NONE;
-        u = u < b ? u : b;
-        k++;
+/* Decommit up to `units` committed units of free blocks, from the highest address down (the pool
+ * packs allocations towards the start, so the top is the memory least likely to be reused).
+ * Returns the units released. */
+static int64_t release_cached(moerl_pool *p, int64_t units) {
+    int64_t done = 0;
+    for (blk *b = p->last; b && done < units; b = b->prev) {
+        if (b->used) continue;
+        const int64_t u0 = (int64_t)(b->off / p->gran);
+        int64_t i = u0 + (int64_t)(b->size / p->gran);
+        if (i > p->top) i = p->top;
+        while (i > u0 && done < units) {
+            const uint8_t *one = memrchr(p->commit + u0, 1, (size_t)(i - u0)); /* last committed unit */
+            if (!one) break;
+            i = one - p->commit + 1;
+            int64_t j = i - 1; /* committed run [j, i), clipped to what is still to release */
+            while (j > u0 && p->commit[j - 1] && i - j < units - done) j--;
+            if (set_commit(p, j, i - j, 0) != MOERL_OK) return done; /* stays committed: only costs memory */
+            done += i - j;
+            i = j;
+        }
     }
-    list_push(p, u, k);
-    *ko = k;
-    return u;
+    return done;
 }
 
-/* Decommit free memory of block [u, u+2^k) beyond the reserve, from its end. */
-static void trim(moerl_pool *p, int64_t u, int k) {
+/* Free memory kept committed beyond the reserve (reserve_frac × peak in use) is decommitted. */
+static void trim(moerl_pool *p) {
     const size_t allow = (size_t)(p->reserve_frac * (double)p->st.peak_in_use);
     const size_t free_c = p->st.committed - p->st.in_use;
-    if (free_c <= allow) return;
-    int64_t excess = (int64_t)((free_c - allow) / p->unit); /* whole units only */
-    for (int64_t i = u + ((int64_t)1 << k) - 1; i >= u && excess > 0; i--)
-        if (p->commit[i]) {
-            if (set_commit(p, i, 1, 0) != MOERL_OK) return; /* stays committed: only costs memory */
-            excess--;
+    if (free_c > allow && free_c - allow >= p->gran)
+        release_cached(p, (int64_t)((free_c - allow) / p->gran)); /* whole units only */
+}
+
+/* ---- split and coalesce */
+
+/* Cut free block b (out of its bin) to `size` bytes at its low end; the rest becomes a free block of
+ * the same class, listed. */
+static void split(moerl_pool *p, blk *b, size_t size) {
+    if (b->size == size) return;
+    blk *r = xcalloc(1, sizeof *r);
+    r->off = b->off + size;
+    r->size = b->size - size;
+    r->small = b->small;
+    r->chunk = b->chunk;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next) b->next->prev = r;
+    else p->last = r;
+    b->next = r;
+    b->size = size;
+    bin_push(p, r);
+}
+
+static int same_class(const blk *a, const blk *b) {
+    return a->small == b->small && (!a->small || a->chunk == b->chunk);
+}
+
+/* Absorb b's next neighbour n (free, same class, out of its bin) into b. */
+static void absorb_next(moerl_pool *p, blk *b) {
+    blk *n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    else p->last = b;
+    free(n);
+}
+
+/* Free block b (not listed): merge it with free neighbours of its class; a chunk left wholly free
+ * goes back to the large class and merges there. Lists the result and returns it. */
+static blk *coalesce(moerl_pool *p, blk *b) {
+    for (int pass = 0; pass < 2; pass++) {
+        if (b->next && !b->next->used && same_class(b, b->next)) {
+            bin_remove(p, b->next);
+            absorb_next(p, b);
         }
+        if (b->prev && !b->prev->used && same_class(b->prev, b)) {
+            blk *q = b->prev;
+            bin_remove(p, q);
+            absorb_next(p, q);
+            b = q;
+        }
+        if (!b->small || b->size != p->chunk) break;
+        b->small = 0; /* a whole free chunk returns to the large class */
+        b->chunk = 0;
+    }
+    bin_push(p, b);
+    return b;
+}
+
+/* ---- allocation */
+
+static void *alloc_fail(moerl_pool *p, size_t bytes, size_t size) {
+    p->st.failures++;
+    const size_t in_use = p->st.in_use;
+    pthread_mutex_unlock(&p->mu);
+    moerl_errorf("pool: exhausted: no free block of %zu bytes for a request of %zu bytes (%zu of %zu reserved "
+                 "bytes in use; raise MOERL_POOL_CAPACITY)",
+                 size, bytes, in_use, p->capacity);
+    return NULL;
+}
+
+/* A free block of `size` bytes of the request's class, out of its bin (lock held); NULL when none. */
+static blk *take(moerl_pool *p, size_t size) {
+    const int small = size <= p->small_max;
+    blk *b = find_fit(p, small, size);
+    if (!b && small) { /* a new chunk for the small class, best fit among the large blocks */
+        b = find_fit(p, K_LARGE, p->chunk);
+        if (!b) return NULL;
+        bin_remove(p, b);
+        split(p, b, p->chunk);
+        b->small = 1;
+        b->chunk = b->off;
+    } else if (!b)
+        return NULL;
+    else
+        bin_remove(p, b);
+    split(p, b, size);
+    return b;
 }
 
 void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
     if (!bytes) bytes = 1;
-    const int k = order_for(p, bytes);
-    if (k < 0) {
+    if (bytes > p->max_block) {
         pthread_mutex_lock(&p->mu);
         p->st.failures++;
         pthread_mutex_unlock(&p->mu);
@@ -228,54 +401,35 @@ void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
                      p->max_block);
         return NULL;
     }
+    const size_t size = moerl_pool_block_size(p, bytes);
     pthread_mutex_lock(&p->mu);
-    int j = k;
-    while (j <= p->kmax && p->head[j] < 0) j++;
-    if (j > p->kmax) {
-        p->st.failures++;
-        const size_t in_use = p->st.in_use;
-        pthread_mutex_unlock(&p->mu);
-        moerl_errorf("pool: exhausted: no free block of %zu bytes for a request of %zu bytes (%zu of %zu reserved "
-                     "bytes in use; raise MOERL_POOL_CAPACITY)",
-                     p->unit << k, bytes, in_use, p->capacity);
-        return NULL;
-    }
-    /* In the list of order j, prefer the block with the most committed units, then the lowest address:
-     * reuse cached memory before committing more, and pack allocations towards the start. */
-    int64_t best = -1, best_c = -1;
-    const int64_t nj = (int64_t)1 << j;
-    for (int64_t u = p->head[j]; u >= 0; u = p->next[u]) {
-        const int64_t c = committed_units(p, u, nj);
-        if (c > best_c || (c == best_c && u < best)) best = u, best_c = c;
-        if (best_c == nj && j > k) break; /* fully committed and about to be split: good enough */
-    }
-    int64_t u = best;
-    list_remove(p, u);
-    while (j > k) { /* split: keep the half with more committed units (ties: the lower), list the other */
-        j--;
-        const int64_t h = (int64_t)1 << j;
-        if (committed_units(p, u + h, h) > committed_units(p, u, h)) {
-            list_push(p, u, j);
-            u += h;
-        } else
-            list_push(p, u + h, j);
-    }
-    if (set_commit(p, u, (int64_t)1 << k, 1) != MOERL_OK) {
-        int ko;
-        release(p, u, k, &ko);
+    blk *b = take(p, size);
+    if (!b) return alloc_fail(p, bytes, size);
+    b->used = 1;
+    const int64_t u = (int64_t)(b->off / p->gran), n = (int64_t)(size / p->gran);
+    const int64_t have = committed_units(p, u, n), need = n - have;
+    /* Grow only when no cached memory is left: release as much cached free memory elsewhere as
+     * this block needs committed, so the committed total stays at most the peak in use. */
+    const int64_t cached = (int64_t)((p->st.committed - p->st.in_use) / p->gran) - have; /* outside b */
+    if (need > 0 && cached > 0) release_cached(p, need < cached ? need : cached);
+    if (set_commit(p, u, n, 1) != MOERL_OK) {
+        b->used = 0;
+        coalesce(p, b);
         p->st.failures++;
         pthread_mutex_unlock(&p->mu);
         return NULL;
     }
-    p->state[u] = U_USED;
-    p->order[u] = (uint8_t)k;
-    p->req[u] = bytes;
-    p->st.in_use += p->unit << k;
+    b->req = bytes;
+    map_put(p, b);
+    p->st.in_use += size;
     p->st.requested += bytes;
     p->st.allocs++;
     if (p->st.in_use > p->st.peak_in_use) p->st.peak_in_use = p->st.in_use;
+    if (p->st.requested > p->st.peak_requested) p->st.peak_requested = p->st.requested;
+    if (p->st.committed == p->st.peak_committed && p->st.requested > p->st.requested_at_peak)
+        p->st.requested_at_peak = p->st.requested;
     pthread_mutex_unlock(&p->mu);
-    return p->base + (size_t)u * p->unit;
+    return p->base + b->off;
 }
 
 int moerl_pool_free(moerl_pool *p, void *ptr) {
@@ -283,41 +437,44 @@ int moerl_pool_free(moerl_pool *p, void *ptr) {
     if (!moerl_pool_owns(p, ptr)) return moerl_errorf("pool_free: %p is outside the pool", ptr);
     const size_t off = (size_t)((char *)ptr - p->base);
     pthread_mutex_lock(&p->mu);
-    const int64_t u = (int64_t)(off / p->unit);
-    if (off % p->unit || p->state[u] != U_USED) {
+    blk *b = map_get(p, off);
+    if (!b) {
         pthread_mutex_unlock(&p->mu);
         return moerl_errorf("pool_free: %p is not the start of a live pool block (double free?)", ptr);
     }
-    const int k = p->order[u];
-    p->st.in_use -= p->unit << k;
-    p->st.requested -= p->req[u];
-    p->req[u] = 0;
+    map_del(p, off);
+    p->st.in_use -= b->size;
+    p->st.requested -= b->req;
     p->st.frees++;
-    int ko;
-    const int64_t m = release(p, u, k, &ko);
-    trim(p, m, ko);
+    b->used = 0;
+    b->req = 0;
+    coalesce(p, b);
+    trim(p);
     pthread_mutex_unlock(&p->mu);
     return MOERL_OK;
 }
 
-/* Largest free block lying wholly in committed memory (lock held). */
+/* ---- statistics and invariants */
+
+/* Largest run of committed units inside one free block (lock held). */
 static size_t largest_committed_free(const moerl_pool *p) {
-    for (int k = p->kmax; k >= 0; k--) {
-        const int64_t n = (int64_t)1 << k;
-        for (int64_t u = p->head[k]; u >= 0; u = p->next[u])
-            if (committed_units(p, u, n) == n) return p->unit << k;
-    }
-    /* Free blocks only partly committed: the largest committed run inside one free block. */
-    size_t best = 0;
-    for (int k = p->kmax; k >= 1; k--)
-        for (int64_t u = p->head[k]; u >= 0; u = p->next[u]) {
-            int64_t run = 0;
-            for (int64_t i = u; i < u + ((int64_t)1 << k); i++) {
-                run = p->commit[i] ? run + 1 : 0;
-                if ((size_t)run * p->unit > best) best = (size_t)run * p->unit;
-            }
+    int64_t best = 0;
+    for (const blk *b = p->first; b; b = b->next) {
+        if (b->used) continue;
+        const int64_t u0 = (int64_t)(b->off / p->gran);
+        int64_t e = u0 + (int64_t)(b->size / p->gran);
+        if (e > p->top) e = p->top;
+        for (int64_t i = u0; i < e;) {
+            const uint8_t *one = memchr(p->commit + i, 1, (size_t)(e - i));
+            if (!one) break;
+            i = one - p->commit;
+            const uint8_t *zero = memchr(p->commit + i, 0, (size_t)(e - i));
+            const int64_t j = zero ? zero - p->commit : e;
+            if (j - i > best) best = j - i;
+            i = j;
         }
-    return best;
+    }
+    return (size_t)best * p->gran;
 }
 
 void moerl_pool_get_stats(moerl_pool *p, moerl_pool_stats *st) {
@@ -326,62 +483,66 @@ void moerl_pool_get_stats(moerl_pool *p, moerl_pool_stats *st) {
     st->free_committed = p->st.committed - p->st.in_use;
     st->largest_free = st->free_committed ? largest_committed_free(p) : 0;
     st->fragmentation = st->free_committed ? 1.0 - (double)st->largest_free / (double)st->free_committed : 0.0;
+    st->peak_fragmentation =
+        p->st.peak_committed ? 1.0 - (double)p->st.requested_at_peak / (double)p->st.peak_committed : 0.0;
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Listed free blocks of both classes, checking each entry's bin and state (lock held). */
+static int check_bins(const moerl_pool *p, size_t *n_listed) {
+    *n_listed = 0;
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < N_BINS; b++)
+            for (const blk *x = p->bins[k][b], *prev = NULL; x; prev = x, x = x->fnext) {
+                if (x->used || x->small != k || x->bin != b || bin_of(p, x->size) != b || x->fprev != prev)
+                    return moerl_errorf("pool_check: free list (class %d, bin %d) entry at %zu inconsistent", k, b,
+                                        x->off);
+                (*n_listed)++;
+            }
+    return MOERL_OK;
+}
+
+/* One block of the address walk: tiling, class, coalescing, commit, map entry (lock held). */
+static int check_block(const moerl_pool *p, const blk *b, size_t expect_off) {
+    if (b->off != expect_off || !b->size || b->size % p->gran)
+        return moerl_errorf("pool_check: block at %zu (size %zu) does not tile the range (expected offset %zu)",
+                            b->off, b->size, expect_off);
+    if (b->small && (b->off < b->chunk || b->off + b->size > b->chunk + p->chunk))
+        return moerl_errorf("pool_check: small block at %zu leaves its chunk at %zu", b->off, b->chunk);
+    if (!b->used && b->next && !b->next->used && same_class(b, b->next))
+        return moerl_errorf("pool_check: free neighbours at %zu and %zu not coalesced", b->off, b->next->off);
+    if (!b->used && b->small && b->size == p->chunk)
+        return moerl_errorf("pool_check: wholly free chunk at %zu not returned to the large class", b->off);
+    if (b->used && (map_get(p, b->off) != b || b->req > b->size || b->size - b->req >= p->gran))
+        return moerl_errorf("pool_check: used block at %zu not mapped or badly sized", b->off);
+    if (b->used && committed_units(p, (int64_t)(b->off / p->gran), (int64_t)(b->size / p->gran)) !=
+                       (int64_t)(b->size / p->gran))
+        return moerl_errorf("pool_check: used block at %zu not fully committed", b->off);
+    return MOERL_OK;
+}
+
 int moerl_pool_check(moerl_pool *p) {
-    int rc = MOERL_OK;
     pthread_mutex_lock(&p->mu);
-    size_t in_use = 0, req = 0, committed = 0, listed = 0, free_units = 0;
-    for (int64_t i = 0; i < p->n_units; i++) committed += p->commit[i];
-    committed *= p->unit;
-    for (int k = 0; k <= p->kmax && rc == MOERL_OK; k++)
-        for (int64_t u = p->head[k], prev = -1; u >= 0; prev = u, u = p->next[u]) {
-            if (p->state[u] != U_FREE || p->order[u] != k || p->prev[u] != prev || (u & (((int64_t)1 << k) - 1))) {
-                rc = moerl_errorf("pool_check: free list %d entry %lld inconsistent", k, (long long)u);
-                break;
-            }
-            if (k < p->kmax) {
-                const int64_t b = u ^ ((int64_t)1 << k);
-                if (p->state[b] == U_FREE && p->order[b] == k) {
-                    rc = moerl_errorf("pool_check: buddies %lld and %lld both free at order %d", (long long)u,
-                                      (long long)b, k);
-                    break;
-                }
-            }
-            listed++;
-            free_units += (size_t)1 << k;
-        }
-    /* Walk the blocks in address order: heads must tile the range exactly. */
-    size_t heads_free = 0;
-    for (int64_t u = 0; u < p->n_units && rc == MOERL_OK;) {
-        if (p->state[u] == U_NONE) {
-            rc = moerl_errorf("pool_check: unit %lld is inside no block", (long long)u);
-            break;
-        }
-        const int64_t n = (int64_t)1 << p->order[u];
-        for (int64_t i = u + 1; i < u + n; i++)
-            if (p->state[i] != U_NONE) {
-                rc = moerl_errorf("pool_check: block %lld (order %d) overlaps the head at %lld", (long long)u,
-                                  p->order[u], (long long)i);
-                break;
-            }
-        if (p->state[u] == U_USED) {
-            in_use += (size_t)n * p->unit;
-            req += p->req[u];
-            if (committed_units(p, u, n) != n && rc == MOERL_OK)
-                rc = moerl_errorf("pool_check: used block %lld not fully committed", (long long)u);
-        } else heads_free++;
-        u += n;
+    size_t listed = 0, n_free = 0, n_used = 0, in_use = 0, req = 0, off = 0, committed = 0;
+    int rc = check_bins(p, &listed);
+    for (const blk *b = p->first, *prev = NULL; b && rc == MOERL_OK; prev = b, b = b->next) {
+        if (b->prev != prev) rc = moerl_errorf("pool_check: block list links broken at %zu", b->off);
+        else rc = check_block(p, b, off);
+        off += b->size;
+        if (b->used) n_used++, in_use += b->size, req += b->req;
+        else n_free++;
     }
-    if (rc == MOERL_OK && heads_free != listed)
-        rc = moerl_errorf("pool_check: %zu free blocks, %zu listed", heads_free, listed);
+    for (int64_t i = 0; i < p->n_units; i++) committed += p->commit[i];
+    committed *= p->gran;
+    if (rc == MOERL_OK && off != p->capacity)
+        rc = moerl_errorf("pool_check: blocks cover %zu of the %zu reserved bytes", off, p->capacity);
+    if (rc == MOERL_OK && (n_free != listed || n_used != p->map_n))
+        rc = moerl_errorf("pool_check: %zu free blocks, %zu listed; %zu used, %zu mapped", n_free, listed, n_used,
+                          p->map_n);
     if (rc == MOERL_OK && (in_use != p->st.in_use || req != p->st.requested || committed != p->st.committed))
         rc = moerl_errorf("pool_check: counters (in_use %zu, requested %zu, committed %zu) disagree with the blocks "
                           "(%zu, %zu, %zu)",
                           p->st.in_use, p->st.requested, p->st.committed, in_use, req, committed);
-    if (rc == MOERL_OK && in_use + free_units * p->unit != p->capacity)
-        rc = moerl_errorf("pool_check: used %zu + free %zu != capacity %zu", in_use, free_units * p->unit, p->capacity);
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
@@ -497,9 +658,11 @@ static void print_pool_stats(void) {
     const double MiB = 1048576.0;
     fprintf(stderr,
             "moerl: memory pool: reserved %.0f MiB, committed %.1f MiB (peak %.1f), in use %.1f MiB (peak %.1f, "
-            "requested %.1f), fragmentation %.3f, %llu allocations, %llu frees, %llu failures, %llu fallbacks\n",
+            "requested %.1f; at the peak %.1f of %.1f committed: %.2f%% lost), fragmentation %.3f, %llu allocations, "
+            "%llu frees, %llu failures, %llu fallbacks\n",
             s.reserved / MiB, s.committed / MiB, s.peak_committed / MiB, s.in_use / MiB, s.peak_in_use / MiB,
-            s.requested / MiB, s.fragmentation, (unsigned long long)s.allocs, (unsigned long long)s.frees,
+            s.requested / MiB, s.requested_at_peak / MiB, s.peak_committed / MiB, 100 * s.peak_fragmentation,
+            s.fragmentation, (unsigned long long)s.allocs, (unsigned long long)s.frees,
             (unsigned long long)s.failures, (unsigned long long)s.fallbacks);
 }
 

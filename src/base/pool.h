@@ -2,30 +2,39 @@
  *
  * Two layers:
  *
- * 1. moerl_pool: a binary buddy allocator (Knuth, TAOCP vol. 1, §2.5 "Dynamic storage allocation",
- *    the buddy system: blocks of 2^k units, a block of order k splits into two buddies of order
- *    k−1 whose addresses differ only in bit k, and a freed block merges with its buddy while the
- *    buddy is free and of the same order). Blocks run from min_block (4 MiB default) to max_block
- *    (2 GiB default), as in the 8×A100 practice of docs/benchmarks.md ("memory pool: 30% reserved
- *    buffer, buddy allocator with 4 MB minimum and 2 GB maximum blocks"; their fragmentation
- *    went 15% → 3.2%).
- *
- *    Expandable segment: the pool reserves its whole virtual address range once (mmap PROT_NONE,
- *    MAP_NORESERVE: no memory, no commit charge) and commits min_block units with mprotect when
- *    a block handed out covers them, so it grows in place and never needs a second, larger copy
- *    (the practice: 45 → 40 GB per device). Units of freed blocks stay committed as long as the
- *    free committed memory is at most reserve_frac × peak bytes in use (30% default: headroom
- *    kept for bursts); beyond that they are decommitted (madvise MADV_DONTNEED + PROT_NONE).
- *
+ * 1. moerl_pool: a caching allocator in the manner of PyTorch's CUDA caching allocator (its design
+ *    notes: size classes, best-fit, splitting, coalescing, expandable segments), for host memory:
+ *    - Granule: every block is a multiple of min_block (the page size by default) and aligned to
+ *      it; a request is rounded up to the granule (moerl_pool_block_size), so the rounding loss is
+ *      below one granule per block.
+ *    - Size classes: requests up to small_max (half a chunk; chunk = MOERL_POOL_SMALL_CHUNK = 2 MiB,
+ *      at most max_block) are small: they are carved from chunks that the small class takes from the
+ *      large class, so small, short-lived buffers never cut up the large free ranges; a chunk left
+ *      wholly free goes back to the large class. Larger requests (up to max_block) are large.
+ *    - Best fit: the smallest free block of the class that holds the request (the lowest address on
+ *      ties), found through segregated size bins (4 sub-bins per power of two). The block is split:
+ *      the request takes its low end, the rest stays free in the same class.
+ *    - Coalescing: a freed block merges at once with its free neighbours of the same class (and, for
+ *      small blocks, the same chunk), so free memory is never split into adjacent pieces.
+ *    - Expandable segment: the pool reserves its whole address range once (mmap PROT_NONE,
+ *      MAP_NORESERVE: no memory, no commit charge) and commits granules with mprotect when a block
+ *      handed out covers them, so it grows in place, inside one mapping, and never copies. Before it
+ *      commits new memory it decommits as much cached free memory (from the highest addresses down),
+ *      so committed memory grows only when nothing cached is left: its peak is the peak in use.
+ *    - Reserve (optional): freed memory stays committed as long as the free committed memory is at
+ *      most reserve_frac × peak bytes in use (the practice's 30% by default; 0 returns every freed
+ *      granule at once); beyond that it is decommitted (madvise MADV_DONTNEED + PROT_NONE),
+ *      highest addresses first.
  *    Errors (no fallback inside the pool): a request above max_block, or one no free block can
  *    serve (the reservation is exhausted), returns NULL with a moerl_errorf message naming the
  *    size and the limit, and counts a failure. The buffer layer below documents its fallback.
+ *    Thread safety: one mutex per pool around every call.
  *
  * 2. moerl_buf_alloc / moerl_buf_free: where moerl's large long-lived buffers come from (the
  *    activation arena, the engine's KV cache, the gradient reducer's compression buffers and
  *    residual). The environment variable MOERL_ALLOC picks the allocator for the whole process:
  *      malloc   (default) glibc aligned_alloc + zero fill — exactly xalloc_aligned;
- *      pool     the buddy pool above (one per process, created on first use);
+ *      pool     the caching pool above (one per process, created on first use);
  *      jemalloc Debian's libjemalloc, mallocx/dallocx; needs a build that found jemalloc/jemalloc.h
  *               (Makefile prints "jemalloc found"). The library needs more static TLS than glibc
  *               leaves for loading it after start, so start the process one of two ways:
@@ -58,8 +67,9 @@
 typedef struct moerl_pool moerl_pool;
 
 typedef struct {
-    size_t min_block;    /* bytes; power of two, ≥ the page size (default 4 MiB) */
-    size_t max_block;    /* bytes; power of two, ≥ min_block, ≤ 2^30 · min_block (default 2 GiB) */
+    size_t min_block;    /* bytes; granule of block sizes, alignment and commits: power of two, ≥ the page
+                            size (default: the page size) */
+    size_t max_block;    /* bytes; largest request: power of two, ≥ min_block, ≤ 2^30 · min_block (2 GiB) */
     size_t capacity;     /* bytes of address space to reserve; rounded up to a multiple of max_block;
                             0 = physical RAM */
     double reserve_frac; /* free memory kept committed, as a share of peak bytes in use; [0, 1] (0.3) */
@@ -69,18 +79,25 @@ typedef struct {
     size_t reserved;       /* virtual address space reserved (bytes), fixed at creation */
     size_t committed;      /* bytes currently committed (accessible) */
     size_t peak_committed; /* high-water mark of committed */
-    size_t in_use;         /* bytes in allocated blocks (block sizes, powers of two) */
+    size_t in_use;         /* bytes in allocated blocks (block sizes, multiples of min_block) */
     size_t peak_in_use;    /* high-water mark of in_use */
     size_t requested;      /* bytes asked for by the live allocations (≤ in_use; the gap is rounding) */
     size_t free_committed; /* committed − in_use: the cached free memory */
     size_t largest_free;   /* largest free block lying wholly in committed memory */
     double fragmentation;  /* 1 − largest_free / free_committed (0 when nothing is free) */
+    size_t peak_requested;    /* high-water mark of requested */
+    size_t requested_at_peak; /* requested when committed was at its peak (the most, over the peak's span) */
+    double peak_fragmentation; /* 1 − requested_at_peak / peak_committed: issue 29's "1 − requested /
+                                  reserved at the peak" (0 before anything was committed) */
     uint64_t allocs, frees, failures; /* successful pool_alloc / pool_free calls; refused requests */
     uint64_t commits, decommits;      /* mprotect calls that committed / released memory */
     uint64_t fallbacks;               /* buffer-layer requests served by malloc after a refusal */
 } moerl_pool_stats;
 
-/* Defaults of the practice: 4 MiB / 2 GiB blocks, 30% reserve, capacity = physical RAM. */
+/* Bytes of a small-class chunk (at most max_block, at least min_block). */
+#define MOERL_POOL_SMALL_CHUNK ((size_t)2 << 20)
+
+/* Defaults: page-size granule, 2 GiB largest request, the practice's 30% reserve, capacity = physical RAM. */
 moerl_pool_config moerl_pool_default_config(void);
 
 /* Create a pool: reserves cfg->capacity bytes of address space (no memory yet). NULL with a
@@ -90,27 +107,30 @@ moerl_pool *moerl_pool_create(const moerl_pool_config *cfg);
 /* Destroy the pool and unmap its range; live blocks become invalid. NULL is a no-op. */
 void moerl_pool_destroy(moerl_pool *p);
 
-/* A block of at least `bytes` (0 counts as 1), aligned to the page size, committed; contents
- * undefined (zero if never used before). NULL with a message when bytes > max_block or no free
- * block is large enough. Thread-safe. Cost: O(orders + free-list length). */
+/* A block of moerl_pool_block_size(bytes) bytes (0 counts as 1), aligned to min_block (so to the
+ * page size), committed; contents undefined (zero if never used before). NULL with a message when
+ * bytes > max_block or no free block is large enough. Thread-safe. Cost: O(bins + blocks in the
+ * first bins that fit), plus O(blocks) when it must commit new memory. */
 void *moerl_pool_alloc(moerl_pool *p, size_t bytes);
 
-/* Return a block from moerl_pool_alloc, merging buddies. MOERL_ERR with a message (and nothing
+/* Return a block from moerl_pool_alloc, merging it with its free neighbours. MOERL_ERR with a message (and nothing
  * changed) when ptr is not the start of a live block of this pool. NULL is a no-op. Thread-safe. */
 int moerl_pool_free(moerl_pool *p, void *ptr);
 
 /* 1 when ptr lies inside the pool's reserved range. */
 int moerl_pool_owns(const moerl_pool *p, const void *ptr);
 
-/* Size of the block that serves a request of `bytes` (0 when it is above max_block). */
+/* Size of the block that serves a request of `bytes`: bytes rounded up to min_block (0 counts as 1;
+ * 0 when bytes is above max_block). */
 size_t moerl_pool_block_size(const moerl_pool *p, size_t bytes);
 
 /* Consistent snapshot of the statistics (taken under the pool's lock). */
 void moerl_pool_get_stats(moerl_pool *p, moerl_pool_stats *st);
 
-/* Check every internal invariant (free lists vs unit states, buddies never both free at one order,
- * counters vs blocks, allocated blocks committed). MOERL_OK or MOERL_ERR naming the first broken
- * one. For tests; O(units). */
+/* Check every internal invariant (blocks tile the reservation in address order, free lists vs blocks
+ * and their bins, no two free neighbours of one class, small blocks inside their chunk, no wholly
+ * free chunk left in the small class, used blocks mapped and committed, counters vs blocks).
+ * MOERL_OK or MOERL_ERR naming the first broken one. For tests; O(blocks + units). */
 int moerl_pool_check(moerl_pool *p);
 
 /* ------------------------------------------------------------------ job-wide buffer allocator */
