@@ -80,6 +80,12 @@ struct reward_backend {
      * retrying did not cure, with a message naming `what`, the row (reqs[i].where) and the cause. */
     int (*score)(reward_backend *b, const reward_request *reqs, int n, reward_result *out);
     void (*free)(reward_backend *b);
+    /* Optional (NULL: none). Called from ANOTHER thread while `score` may be running (reward_pool_free
+     * stopping a busy pool): make that call return soon with MOERL_ERR (kill the worker processes,
+     * abort the transfers) without freeing anything `score` still uses; `free` follows once it has
+     * returned. Idempotent; a no-op when nothing runs. Without it, stopping a busy pool waits for the
+     * batch to finish (bounded by the backend's own timeouts). */
+    void (*cancel)(reward_backend *b);
 };
 
 /* The built-in rule rewards by data_source (data/rewards.h: reward_score). Never NULL. */
@@ -112,6 +118,11 @@ int reward_pool_poll(reward_pool *p, reward_done *out, int max, double wait_s);
 int reward_pool_backlog(reward_pool *p);
 /* Score reqs[0..n) now and wait (validation): out[0..n) as backend->score fills it. */
 int reward_pool_score(reward_pool *p, const reward_request *reqs, int n, reward_result *out);
+/* Seconds the pool's thread has spent in backend->score since the pool started (metric
+ * timing_s/reward: the job reports the difference per window). */
+double reward_pool_busy_s(reward_pool *p);
+/* The backend's name for messages (backend->what). */
+const char *reward_pool_what(const reward_pool *p);
 /* Stop the thread (a batch being scored is finished or, for processes, killed) and free. */
 void reward_pool_free(reward_pool *p);
 

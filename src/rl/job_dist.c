@@ -74,6 +74,8 @@ typedef struct {
     int64_t groups_sent;  /* GROUP messages sent since the start */
     int64_t gen_tokens;   /* generated tokens since the start (engine statistics) */
     double busy_s, idle_s;/* cumulative rollout busy / idle seconds */
+    double reward_s;      /* cumulative seconds of the rank's reward pool in backend->score */
+    int64_t reward_backlog; /* reward requests waiting on the rank */
 } ack_msg;
 
 #define STATE_MAGIC "MOERLTS1"
@@ -239,6 +241,7 @@ static int rollout_step(rollout_rank *W, int *any) {
         *any = f > 0;
         if (*any && !mine) {
             CHECK_OK(engine_idle_step(W->R.eng), "rollout EP idle step");
+            if (rollouter_collect_rewards(&W->R, 0) < 0) die(ctx, "rewards"); /* scored groups go on meanwhile */
             return 0;
         }
     }
@@ -286,7 +289,8 @@ static void take_grant(rollout_rank *W) {
 static void send_ack(rollout_rank *W, int kind) {
     engine_stats es = engine_get_stats(W->R.eng);
     ack_msg a = {.kind = kind, .in_flight = W->R.n_inflight, .groups_sent = W->sent,
-                 .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s};
+                 .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s,
+                 .reward_s = reward_pool_busy_s(W->R.pool), .reward_backlog = reward_pool_backlog(W->R.pool)};
     dist_ctx *ctx = W->ctx;
     CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ACK, &a, sizeof a), "sending an acknowledgement");
 }
@@ -383,6 +387,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     m->grads = NULL;
     W->R.on_group_done = send_group;
     W->R.on_group_done_ctx = W;
+    W->R.wait_rewards = 0; /* this rank scores its own groups beside generation, then sends them */
     cmd_msg c = recv_cmd(ctx);
     if (c.cmd == CMD_BYE) { /* rl_run_dist_cancel: RL does not start */
         rollout_rank_free(W, &unused);
@@ -676,6 +681,7 @@ typedef struct {
     ack_msg *ack;           /* [P] latest acknowledgement */
     int acks;               /* acknowledgements in this round */
     double win_busy, win_idle; /* rollout busy/idle seconds reported since the last window */
+    double win_reward;      /* reward pool seconds reported since the last window (all rollout ranks) */
     int rr;                 /* round-robin start for serving requests */
     sync_totals tot;
     pthread_t server;
@@ -781,6 +787,7 @@ static void server_ack(leader *L, int src, void *buf, size_t len) {
     }
     L->win_busy += a.busy_s - L->ack[src].busy_s;
     L->win_idle += a.idle_s - L->ack[src].idle_s;
+    L->win_reward += a.reward_s - L->ack[src].reward_s;
     L->ack[src] = a;
     L->ack_got[src] = 1;
     L->acks++;
@@ -902,6 +909,17 @@ static int64_t *dist_inflight_uids(job *J, int *n) {
     return u;
 }
 
+/* The window's reward figures for job_emit_version from the acknowledgements (mu held or the server
+ * stopped): pool seconds over all rollout ranks, requests waiting on them. */
+static void reward_window(leader *L) {
+    job *J = &L->J;
+    J->win_reward_s = L->win_reward;
+    L->win_reward = 0;
+    int64_t backlog = 0;
+    for (int r = 0; r < L->n_rollout; r++) backlog += L->ack[r].reward_backlog;
+    J->reward_backlog = (int)backlog;
+}
+
 /* The parameter sync of trainer rank 0 (order in the file header). */
 static int dist_sync(job *J, int version, double *rb, double *ri) {
     leader *L = (leader *)J;
@@ -925,6 +943,7 @@ static int dist_sync(job *J, int version, double *rb, double *ri) {
     *rb = L->win_busy;
     *ri = L->win_idle;
     L->win_busy = L->win_idle = 0;
+    reward_window(L);
     int n_inflight = 0;
     const int want_ckpt = job_want_checkpoint(J, version);
     int64_t *inflight = want_ckpt ? outstanding_copy(L, &n_inflight) : NULL;
@@ -982,6 +1001,7 @@ static int dist_stop(job *J, double *rb, double *ri) {
     check_trainers_identical(ctx, J->m, 1);
     *rb = L->win_busy;
     *ri = L->win_idle;
+    reward_window(L);
     return MOERL_OK;
 }
 
@@ -1137,6 +1157,10 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     free(L->ack);
     free(L->out_uid);
     free(L->out_rank);
+    for (int k = 0; k < L->J.n_rx; k++) free(L->J.rx_keys[k]);
+    free(L->J.rx_keys);
+    free(L->J.rx_sum);
+    free(L->J.rx_cnt);
     pthread_mutex_destroy(&L->mu);
     pthread_cond_destroy(&L->cv);
     free(L);

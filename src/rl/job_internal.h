@@ -107,6 +107,17 @@ struct job {
     int *shard_of;            /* [n_trainers] the shard trainer rank d trains (NULL: d) */
     double ls_mark;           /* lockstep / sync: when the rollout side last stopped generating (0: not yet);
                                  from then until it generates again it is idle (the trainer's turn) */
+    /* rewards beside generation: the window's seconds of the reward pool(s) in backend->score and the
+     * requests waiting (set by the transport before job_emit_version: embedded from J->R.pool, MPI
+     * from the rollout ranks' acknowledgements), and the reward programs' extra numeric fields summed
+     * over the window's responses (reward/<field>/mean) */
+    double win_reward_s, reward_busy_snap;
+    int reward_backlog;
+    int n_rx, cap_rx;
+    char **rx_keys;
+    double *rx_sum;
+    int64_t *rx_cnt;
+    int reward_failed;        /* the rollout side stopped because the reward backend failed */
 };
 
 /* The whole model on this process until job_whole_end (nests; moments: the AdamW moments too), then
@@ -153,6 +164,8 @@ void job_close_outputs(job *J);
 void job_free(job *J);
 /* One samples.jsonl line per group (trainer_version, uid, epoch, row, versions of its tokens). */
 void job_log_samples(job *J, rl_group **g, int n);
+/* Add the extra reward fields of the groups' responses to the window (reward/<field>/mean). */
+void job_add_reward_extras(job *J, rl_group *const *g, int n);
 /* Window accumulation of per-step statistics (first: overwrite). */
 void job_add_stats(train_stats *a, const train_stats *b, int first);
 /* Greedy held-out accuracy of J->m on val_n rows. */
