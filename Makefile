@@ -111,6 +111,15 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libmoerl.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmoerl.a $(LDLIBS)
 
+# The verl adapter (src/reward/verl_adapter.py) as a C string in a generated header, so that the binary
+# carries it: each line escaped (\ " ? — no trigraphs) and ended with \n.
+$(BUILD)/gen/reward/verl_adapter.h: src/reward/verl_adapter.py
+	@mkdir -p $(dir $@)
+	{ echo '/* generated from src/reward/verl_adapter.py by the Makefile */'; echo 'static const char reward_verl_adapter_py[] ='; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/    "/' -e 's/$$/\\n"/' $<; echo '    ;'; } > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/src/reward/proc.o: $(BUILD)/gen/reward/verl_adapter.h
+$(BUILD)/obj/src/reward/proc.o: CFLAGS += -I$(BUILD)/gen
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<

@@ -158,6 +158,16 @@ int data_prepare(const cfg *c, const char *out_dir, dataset *train, dataset *tes
     return data_prepare_staged(c, out_dir, train, test, NULL);
 }
 
+/* Whether rows are scored by the built-in rewards (data/rewards.h), whose data_source must then be
+ * known: none of the reward.* sources is set (reward/reward.h declares those keys; data/ sits below
+ * reward/, so it reads them by name, and only where a command declares them). */
+static int builtin_rewards(const cfg *c) {
+    static const char *sources[] = {"reward.custom_reward_function.path", "reward.command", "reward.url"};
+    for (int i = 0; i < 3; i++)
+        if (cfg_has(c, sources[i]) && cfg_str(c, sources[i])[0]) return 0;
+    return 1;
+}
+
 int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged) {
     const char *task = data_task(c);
     char tr[4096], te[4096];
@@ -215,7 +225,8 @@ int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, datas
         return gen ? moerl_errorf("%s has no rows (data.n_train=%lld): set data.n_train ≥ 1", train->path,
                                   (long long)cfg_int(c, "data.n_train"))
                    : moerl_errorf("training data '%s' has no rows", tr);
-    if (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK) return MOERL_ERR;
+    if (builtin_rewards(c) && (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK))
+        return MOERL_ERR;
     const dataset *both[2] = {train, test};
     for (int d = 0; d < 2; d++)
         for (int64_t i = 0; i < dataset_count(both[d]); i++) {

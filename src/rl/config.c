@@ -122,6 +122,7 @@ void rl_def_keys(cfg *c) {
     data_def_keys(c);
     sft_def_warm_start_keys(c);
     par_def_layout_keys(c); /* trainer.n_ranks, actor.fsdp_config.fsdp_size, ... (src/parallel/config.h) */
+    reward_def_keys(c);     /* reward.*: where rewards come from (src/reward/reward_config.c) */
     cfg_def_int(c, "rollout.n", 8, "responses per prompt (the GRPO group)");
     cfg_def_float(c, "rollout.temperature", 1.0, "sampling temperature (behaviour logprobs use the same)");
     cfg_def_float(c, "rollout.top_p", 1.0, "nucleus sampling");
@@ -336,6 +337,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
     read_actor_trainer_keys(c, r);
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
     if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
+    if (reward_read_config(c, &r->reward) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
      * model once the model is known) */
     par_layout L;
