@@ -164,11 +164,7 @@ void rollouter_free(rollouter *R) {
 
 int rollouter_in_flight(const rollouter *R) { return R->n_inflight; }
 
-reward_backend *rl_reward_backend(const rl_config *cfg) {
-    if (cfg->reward.kind == REWARD_BUILTIN) return reward_backend_builtin();
-    moerl_errorf("reward.*: only the built-in rewards are available in this build");
-    return NULL;
-}
+reward_backend *rl_reward_backend(const rl_config *cfg) { return reward_backend_create(&cfg->reward); }
 
 static uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
