@@ -8,7 +8,14 @@
  *     synchronous score return the backend's message; a non-finite score is refused naming the row;
  *   - reward_pool_score uses the same backend, never concurrently with the pool's thread;
  *   - free while the backend is busy: with cancel (returns once cancelled) and without (waits);
- *   - reward_result_copy / reward_result_free deep-copy and release extras and pred.
+ *   - reward_result_copy / reward_result_free deep-copy and release extras and pred;
+ *   - the rollouter with rewards beside generation (wait_rewards = 0, as the async job runs it): while
+ *     the backend holds every batch, the engine still generates every admitted group to the end and
+ *     nothing reaches the queue (the finished groups stay in flight: the staleness counter equals
+ *     in-flight + queued at every tick); once released every group arrives exactly once with the
+ *     rewards reward_score gives its decoded responses; a backend failure makes the tick fail with
+ *     the backend's message and R.reward_failed; the default (wait_rewards = 1) queues each group at
+ *     the engine step that finished it.
  * Exact comparisons: the scores are the same function of the same strings on both paths. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,6 +28,8 @@
 #include "data/rewards.h"
 #include "data/tasks.h"
 #include "reward/reward.h"
+#include "rl/rl.h"
+#include "rl_fixture.h"
 #include "test.h"
 
 static char g_dir[512];
@@ -398,6 +407,152 @@ static void test_free_while_busy(void) {
     CHECK(g_freed == freed0 + 3, "idle pool freed");
 }
 
+/* ---- the rollouter: rewards beside generation */
+static dataset g_arith;
+
+/* Every response's stored reward equals reward_score of its decoded text. */
+static int group_rewards_right(const rl_group *g) {
+    if (!g->rewards) return 0;
+    const ds_row *row = dataset_row(&g_arith, g->row);
+    for (int j = 0; j < g->n; j++) {
+        size_t len = 0;
+        char *txt = tok_decode(g->reqs[j].out_tokens, g->reqs[j].n_out, true, &len);
+        double want = -1;
+        char *pred = NULL;
+        const int rc = reward_score(row->data_source, txt ? txt : "", row->ground_truth, &want, &pred);
+        const int same = rc == MOERL_OK && g->rewards[j].score == want && same_pred(g->rewards[j].pred, pred);
+        free(txt);
+        free(pred);
+        if (!same) return 0;
+    }
+    return 1;
+}
+
+static void test_rollouter_beside_generation(void) {
+    char tr[700], te[700];
+    snprintf(tr, sizeof tr, "%s/rl/train.jsonl", g_dir);
+    snprintf(te, sizeof te, "%s/rl/test.jsonl", g_dir);
+    task_opts o;
+    task_opts_default(&o);
+    o.n_train = 40;
+    o.n_test = 4;
+    MOERL_ASSERT(task_generate("arith", &o, tr, te) == MOERL_OK);
+    MOERL_ASSERT(dataset_load(&g_arith, tr) == MOERL_OK);
+    moe_model m;
+    rl_tiny_model(&m, 11, 0.001f);
+    rl_config c = rl_test_config();
+    c.max_num_seqs = 64; /* the engine is never what stops admission */
+    c.staleness_threshold = 2.0;
+    const int64_t total = 6;
+    rl_queue q;
+    rl_queue_init(&q, 64);
+    rollouter R;
+    CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_arith, &m, &q, total) == MOERL_OK, "init: %s", moerl_last_error());
+    CHECK(R.wait_rewards == 1 && R.pool && !strcmp(reward_pool_what(R.pool), "built-in"), "defaults");
+    /* the scoring is held: generation goes on to the end, nothing is queued */
+    reward_pool_free(R.pool);
+    test_backend *t = tb_new(1);
+    t->hold = 1;
+    R.pool = reward_pool_create(&t->b);
+    R.wait_rewards = 0;
+    int ticks = 0, counter_bad = 0, queued_early = 0;
+    while (engine_num_unfinished(R.eng) > 0 || R.prompts_left > 0) {
+        if (rollouter_tick(&R) < 0 || ++ticks > 100000) break;
+        counter_bad += R.budget.counter != rollouter_in_flight(&R) + rl_queue_size(&q);
+        queued_early += rl_queue_size(&q) > 0;
+    }
+    const int admitted = (int)(total - R.prompts_left);
+    CHECK(admitted >= 2 && engine_num_unfinished(R.eng) == 0 && R.n_scoring == admitted &&
+              rollouter_in_flight(&R) == admitted && queued_early == 0,
+          "engine done with %d groups admitted, %d unfinished, %d scoring, %d in flight, queued %d times", admitted,
+          engine_num_unfinished(R.eng), R.n_scoring, rollouter_in_flight(&R), queued_early);
+    CHECK(rollouter_tick(&R) == 1, "a tick with groups waiting for rewards is not idle");
+    tb_release(t);
+    int guard = 0;
+    while (rl_queue_size(&q) < admitted && guard++ < 100000) {
+        const int did = rollouter_tick(&R);
+        if (did < 0) break;
+        counter_bad += R.budget.counter != rollouter_in_flight(&R) + rl_queue_size(&q);
+    }
+    CHECK(counter_bad == 0, "staleness counter ≠ in flight + queued at %d ticks", counter_bad);
+    CHECK(rl_queue_size(&q) == admitted && rollouter_in_flight(&R) == 0 && R.n_scoring == 0, "queued %d of %d",
+          rl_queue_size(&q), admitted);
+    /* every group once, with test_backend's scores (the length of each decoded response) */
+    rl_group *gs[64];
+    const int k = rl_queue_try_get_n(&q, (void **)gs, admitted);
+    int dup = 0, bad = 0;
+    for (int i = 0; i < k; i++) {
+        for (int j = 0; j < i; j++) dup += gs[j]->uid == gs[i]->uid;
+        for (int r = 0; r < gs[i]->n; r++) {
+            size_t len = 0;
+            char *txt = tok_decode(gs[i]->reqs[r].out_tokens, gs[i]->reqs[r].n_out, true, &len);
+            bad += !gs[i]->rewards || gs[i]->rewards[r].score != (double)strlen(txt ? txt : "");
+            free(txt);
+        }
+        rl_group_free(gs[i]);
+    }
+    CHECK(k == admitted && dup == 0 && bad == 0, "%d groups, %d duplicates, %d wrong rewards", k, dup, bad);
+    /* the rest of the run with the built-in backend, beside generation: rewards are reward_score's */
+    reward_pool_free(R.pool);
+    R.pool = reward_pool_create(reward_backend_builtin());
+    int got = 0, wrong = 0;
+    for (guard = 0; (R.prompts_left > 0 || rollouter_in_flight(&R) > 0) && guard < 100000; guard++) {
+        if (rollouter_tick(&R) < 0) break;
+        rl_group *g;
+        while (rl_queue_try_get_n(&q, (void **)&g, 1) == 1) {
+            wrong += !group_rewards_right(g);
+            got++;
+            rl_group_free(g);
+        }
+    }
+    CHECK(got == total - admitted && wrong == 0, "%d more groups, %d with wrong rewards", got, wrong);
+    rollouter_free(&R);
+    rl_queue_destroy(&q);
+
+    /* the default: every group is queued at the engine step that finished it, with its rewards */
+    rl_queue_init(&q, 64);
+    CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_arith, &m, &q, total) == MOERL_OK, "init: %s", moerl_last_error());
+    int scoring_seen = 0;
+    got = wrong = 0;
+    for (guard = 0; (R.prompts_left > 0 || rollouter_in_flight(&R) > 0) && guard < 100000; guard++) {
+        if (rollouter_tick(&R) < 0) break;
+        scoring_seen += R.n_scoring != 0;
+        rl_group *g;
+        while (rl_queue_try_get_n(&q, (void **)&g, 1) == 1) {
+            wrong += !group_rewards_right(g);
+            got++;
+            rl_group_free(g);
+        }
+    }
+    CHECK(scoring_seen == 0 && got == total && wrong == 0, "wait_rewards: %d ticks with groups scoring, %d groups, "
+          "%d wrong", scoring_seen, got, wrong);
+    rollouter_free(&R);
+    rl_queue_destroy(&q);
+
+    /* a backend failure stops the rollouter with its message (scored in line, and beside generation) */
+    for (int beside = 0; beside < 2; beside++) {
+        rl_queue_init(&q, 64);
+        CHECK(rollouter_init(&R, &c, fx_budget(&c), &g_arith, &m, &q, total) == MOERL_OK, "init: %s",
+              moerl_last_error());
+        reward_pool_free(R.pool);
+        t = tb_new(1);
+        t->fail_at = 1;
+        R.pool = reward_pool_create(&t->b);
+        R.wait_rewards = !beside;
+        int rc = 0;
+        for (guard = 0; guard < 100000 && (rc = rollouter_tick(&R)) >= 0; guard++) {}
+        CHECK(rc == MOERL_ERR && R.reward_failed && strstr(moerl_last_error(), "crashy") &&
+                  strstr(moerl_last_error(), "train.jsonl:") && strstr(R.error, "status 3"),
+              "failure: rc %d, reward_failed %d, %s", rc, R.reward_failed, moerl_last_error());
+        rollouter_free(&R);
+        void *left;
+        while (rl_queue_try_get_n(&q, &left, 1) == 1) rl_group_free(left);
+        rl_queue_destroy(&q);
+    }
+    model_free(&m);
+    dataset_free(&g_arith);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/moerl_test_reward_pool_%d", (int)getpid());
     int nf = 0;
@@ -407,6 +562,7 @@ int main(void) {
     test_failure_latches();
     test_sync_score();
     test_free_while_busy();
+    test_rollouter_beside_generation();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_dir);
