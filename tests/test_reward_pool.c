@@ -481,8 +481,9 @@ static void test_rollouter_beside_generation(void) {
     rl_group *gs[64];
     const int k = rl_queue_try_get_n(&q, (void **)gs, admitted);
     int dup = 0, bad = 0;
-    for (int i = 0; i < k; i++) {
+    for (int i = 0; i < k; i++)
         for (int j = 0; j < i; j++) dup += gs[j]->uid == gs[i]->uid;
+    for (int i = 0; i < k; i++) {
         for (int r = 0; r < gs[i]->n; r++) {
             size_t len = 0;
             char *txt = tok_decode(gs[i]->reqs[r].out_tokens, gs[i]->reqs[r].n_out, true, &len);

@@ -199,6 +199,7 @@ int job_open_outputs(job *J, int resumed) {
  * teardown; parts that were never set up are skipped). */
 void job_free(job *J) {
     job_close_outputs(J);
+    reward_pool_free(J->val_pool);
     for (int k = 0; k < J->n_rx; k++) free(J->rx_keys[k]);
     free(J->rx_keys);
     free(J->rx_sum);
@@ -279,6 +280,24 @@ void job_log_samples(job *J, rl_group **g, int n) {
         free(txt);
         json_decref(o);
     }
+}
+
+int job_reward_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {
+    job *J = ctx;
+    reward_pool *p = J->R.pool;
+    if (!p) {
+        if (!J->val_pool) {
+            reward_backend *b = rl_reward_backend(J->cfg);
+            J->val_pool = b ? reward_pool_create(b) : NULL;
+            if (!J->val_pool) return moerl_error_prefix("validation rewards: ");
+        }
+        p = J->val_pool;
+    }
+    if (reward_pool_score(p, reqs, n, out) != MOERL_OK) {
+        J->reward_failed = 1;
+        return MOERL_ERR;
+    }
+    return MOERL_OK;
 }
 
 void job_add_reward_extras(job *J, rl_group *const *g, int n) {

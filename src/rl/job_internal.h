@@ -118,6 +118,7 @@ struct job {
     double *rx_sum;
     int64_t *rx_cnt;
     int reward_failed;        /* the rollout side stopped because the reward backend failed */
+    reward_pool *val_pool;    /* job_reward_score's pool where the job has no rollouter (MPI trainer rank 0) */
 };
 
 /* The whole model on this process until job_whole_end (nests; moments: the AdamW moments too), then
@@ -164,6 +165,12 @@ void job_close_outputs(job *J);
 void job_free(job *J);
 /* One samples.jsonl line per group (trainer_version, uid, epoch, row, versions of its tokens). */
 void job_log_samples(job *J, rl_group **g, int n);
+/* Score reqs[0..n) through the job's reward backend (reward.*), synchronously: the validation's
+ * scoring callback (rl/validate.h val_score_fn, ctx = J). The embedded job uses its rollouter's pool
+ * (reward_pool_score: never at the same time as the pool's thread); trainer rank 0 of the MPI job a
+ * pool of its own, made on first use. A failure latches the pool (the run stops) and sets
+ * J->reward_failed, so the stop writes a checkpoint first. */
+int job_reward_score(void *ctx, const reward_request *reqs, int n, reward_result *out);
 /* Add the extra reward fields of the groups' responses to the window (reward/<field>/mean). */
 void job_add_reward_extras(job *J, rl_group *const *g, int n);
 /* Window accumulation of per-step statistics (first: overwrite). */
