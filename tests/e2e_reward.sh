@@ -301,4 +301,38 @@ if CRASH_AT=150 run crash reward.command="$PY $W/cmd_reward.py" reward.num_worke
     check_py "fixed: every prompt trained once" once "$W/crash" 48
 else bad "fixed: resume" "exit $?"; tail_log crash; fi
 
+# --- the same under mpirun: a rollout rank's reward fails; trainer rank 0 checkpoints and stops; the
+# fixed command resumes across processes (skipped without MPI: MOERL_NO_MPI=1 / NO_MPI=1, or no
+# build/moerl-mpi because mpicc is missing — tests/e2e_mpi_rl.sh is the gate that fails for that)
+if [[ ${MOERL_NO_MPI:-0} != 1 && ${NO_MPI:-0} != 1 && -x $BUILD/moerl-mpi ]] && command -v mpirun >/dev/null; then
+    # Open MPI in containers: allow root, more ranks than cores, no CMA/ptrace (as tests/e2e_mpi_rl.sh)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    run_mpi() {
+        local name=$1
+        shift
+        timeout 300 mpirun --oversubscribe -np 3 "$BUILD/moerl-mpi" rl --config "$W/cfg.yaml" \
+            trainer.default_local_dir="$W/$name" trainer.n_ranks=1 "$@" >"$W/$name.log" 2>&1
+    }
+    rm -f "$W/calls"
+    touch "$W/broken"
+    CRASH_AT=150 run_mpi mpi_crash reward.command="$PY $W/cmd_reward.py" reward.num_workers=1 reward.max_retries=1
+    rc=$?
+    cp "$W/mpi_crash.log" "$W/mpi_crash_failed.log"
+    if [[ $rc -ne 0 && $rc -lt 124 ]]; then ok "mpirun crash: exit $rc"; else bad "mpirun crash" "exit $rc"; tail_log mpi_crash; fi
+    for want in "rollout rank" "reward.command '$PY $W/cmd_reward.py'" "train.jsonl:" "simulated crash" \
+        "checkpoint at step"; do
+        if grep -qF -- "$want" "$W/mpi_crash_failed.log"; then ok "mpirun crash message names '$want'"
+        else bad "mpirun crash message" "lacks '$want'"; tail_log mpi_crash; fi
+    done
+    check_py "mpirun crash: folder intact" intact "$W/mpi_crash"
+    rm -f "$W/broken"
+    if CRASH_AT=150 run_mpi mpi_crash reward.command="$PY $W/cmd_reward.py" reward.num_workers=1 \
+        trainer.resume_mode=auto; then
+        check_py "mpirun fixed: every prompt trained once" once "$W/mpi_crash" 48
+    else bad "mpirun fixed: resume" "exit $?"; tail_log mpi_crash; fi
+else
+    echo "mpirun reward failure: skipped (MPI not wanted or not built)"
+fi
+
 finish

@@ -331,8 +331,9 @@ static int reward_failure_stop(job *J, held_groups *held, const char *msg) {
         free(in);
         if (c == MOERL_OK) {
             J->last_ckpt_step = J->T.step;
-            snprintf(where, sizeof where, "checkpoint at step %lld in %s/checkpoint (%d group%s waiting for rewards or "
-                     "training are redone on resume)", (long long)J->T.step, J->cfg->out_dir, n_in, moerl_plural(n_in));
+            snprintf(where, sizeof where, "checkpoint at step %lld in %s/checkpoint (the prompts in flight — those "
+                     "waiting for rewards among them — and queued are redone on resume)", (long long)J->T.step,
+                     J->cfg->out_dir);
         } else {
             snprintf(where, sizeof where, "the checkpoint could not be written (%s); the last one on disk is kept",
                      moerl_last_error());
