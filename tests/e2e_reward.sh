@@ -104,18 +104,26 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     s = rule(solution_str, ground_truth)
     return {"score": s, "acc": s == 1.0, "resp_chars": len(solution_str)}
 EOF
-# the command: crashes (exit 3) on every call from the Nth on while $W/broken exists; counts its
-# calls in $W/calls (one worker: the calls come one after another)
+# the command: with CRASH_AT=N set, counts its calls in $W/calls (replaced atomically; the runs that
+# crash have one worker per process) and crashes (exit 3) on every call from the Nth on while
+# $W/broken exists
 cat >"$W/cmd_reward.py" <<EOF
 import json, os, sys
 sys.path.insert(0, "$W")
 from arith_rule import rule
 crash_at = int(os.environ.get("CRASH_AT", "0"))
+def count():
+    try:
+        calls = int(open("$W/calls").read()) + 1
+    except (OSError, ValueError):
+        calls = 1
+    tmp = "$W/calls.%d" % os.getpid()
+    open(tmp, "w").write(str(calls))
+    os.replace(tmp, "$W/calls")
+    return calls
 for line in sys.stdin:
     req = json.loads(line)
-    calls = int(open("$W/calls").read()) + 1 if os.path.exists("$W/calls") else 1
-    open("$W/calls", "w").write(str(calls))
-    if crash_at and calls >= crash_at and os.path.exists("$W/broken"):
+    if crash_at and count() >= crash_at and os.path.exists("$W/broken"):
         print("simulated crash at call %d" % calls, file=sys.stderr, flush=True)
         sys.exit(3)
     s = rule(req["solution_str"], req["ground_truth"])

@@ -91,8 +91,8 @@ static int rewards_write(wbuf *w, const rl_group *g) {
     for (int j = 0; j < g->n; j++) {
         const reward_result *x = &g->rewards[j];
         if (!isfinite(x->score) || x->n_extra < 0 || x->n_extra > RL_WIRE_MAX_EXTRA)
-            return moerl_errorf("group encode: uid %lld response %d: score %g with %d extra fields", (long long)g->uid, j,
-                                x->score, x->n_extra);
+            return moerl_errorf("group encode: uid %lld response %d: score %g with %d extra fields",
+                                (long long)g->uid, j, x->score, x->n_extra);
         w_put(w, &x->score, 8);
         w_i32(w, x->n_extra);
         for (int e = 0; e < x->n_extra; e++) {
