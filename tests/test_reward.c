@@ -141,9 +141,9 @@ static int has(const char *needle) { return strstr(moerl_last_error(), needle) !
 /* Score n requests of `ds` with c; returns the score call's status (the backend is freed). A
  * failed create counts as MOERL_ERR. Results go to out (cleared by the caller). */
 static int score_with(reward_config c, reqset *s, int n, reward_result *out) {
+    memset(out, 0, (size_t)n * sizeof *out);
     reward_backend *b = reward_backend_create(&c);
     if (!b) return MOERL_ERR;
-    memset(out, 0, (size_t)n * sizeof *out);
     int rc = b->score(b, s->r, n, out);
     b->free(b);
     return rc;
@@ -286,6 +286,7 @@ static void test_function(void) {
     s.r[7].ground_truth = "{\"target\": 4}";
     s.r[7].ground_truth_json = 1;
     s.r[7].extra_info_json = "{\"weight\": 0.5}";
+    s.r[5].solution_str = "la réponse est 答"; /* UTF-8 both ways, whatever the locale */
     int rc = score_with(fn_config("tests/reward/verl_reward.py", "compute_score", 2), &s, 9, out);
     CHECK(rc == MOERL_OK, "verl file: %s", moerl_last_error());
     if (rc == MOERL_OK) {
@@ -294,8 +295,9 @@ static void test_function(void) {
         /* rich: last word "i" == "i%3"? rows 3, 4, 5 → gt 0, 1, 2: never equal → -0.5, acc 0 */
         for (int i = 3; i < 6; i++) {
             char want[8];
-            snprintf(want, sizeof want, "%d", i);
-            CHECK(out[i].score == -0.5 && extra(&out[i], "acc") == 0 && extra(&out[i], "length") == 15 &&
+            snprintf(want, sizeof want, "%s", i == 5 ? "答" : (char[2]){(char)('0' + i), 0});
+            /* length: Python's len, in characters: "la réponse est 答" has 16 */
+            CHECK(out[i].score == -0.5 && extra(&out[i], "acc") == 0 && extra(&out[i], "length") == (i == 5 ? 16 : 15) &&
                       out[i].pred && !strcmp(out[i].pred, want),
                   "rich %d: score %g", i, out[i].score);
         }
@@ -390,6 +392,10 @@ static void test_command(const char *tmp) {
     expect_fail("crash", cmd_config(CMD "crash", 2, 30, 2), "plain", 2,
                 (const char *[]){"reward.command '" CMD "crash'", "rows.jsonl:", "exited with status 3", "3 attempts",
                                  "crashing on purpose at plain", NULL});
+    /* a crash while a child of its own keeps stderr open: the exit status is read at once, the child killed */
+    expect_fail("crash with a child", cmd_config("sh -c 'sleep 1234.7 & read x; echo dying >&2; exit 5'", 1, 1000, 0),
+                "plain", 1, (const char *[]){"rows.jsonl:1", "exited with status 5", "dying", NULL});
+    CHECK(count_procs("1234.7") == 0, "the crashed program's child survived");
     expect_fail("segv", cmd_config(CMD "segv", 1, 30, 0), "plain", 1,
                 (const char *[]){CMD "segv", "rows.jsonl:1", "killed by signal 11", NULL});
     expect_fail("hang", cmd_config(CMD "hang", 2, 1.0, 1), "plain", 3,

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@ extern char **environ;
 typedef struct {
     pid_t pid;        /* 0: not running */
     int to, from, err; /* the child's stdin (we write), stdout and stderr (we read); -1 closed */
+    int pidfd;         /* readable once the process has exited (pidfd_open; -1: not available) */
     char *in;          /* stdout bytes not yet consumed */
     size_t in_len, in_cap;
     char tail[TAIL_CAP]; /* the last bytes of stderr */
@@ -151,6 +153,7 @@ static void worker_kill(worker *w) {
     close_fd(&w->to);
     close_fd(&w->from);
     close_fd(&w->err);
+    close_fd(&w->pidfd);
     free(w->out);
     w->out = NULL;
     w->out_len = w->out_off = 0;
@@ -158,28 +161,39 @@ static void worker_kill(worker *w) {
     w->req = -1;
 }
 
-/* The process closed its stdout (or its stdin): read the rest of stderr and reap it, waiting up to
- * timeout_s for it to exit (then it is killed). *st gets its wait status; 0 with *st unset when it
- * had to be killed. */
+/* Whether w's process has exited (not reaped: worker_reap reads its status). */
+static int has_exited(worker *w) {
+    if (w->pidfd >= 0) {
+        struct pollfd p = {w->pidfd, POLLIN, 0};
+        return poll(&p, 1, 0) == 1;
+    }
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    return waitid(P_PID, (id_t)w->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == w->pid;
+}
+
+/* The process closed its stdout (or its stdin): reap it, waiting up to timeout_s for it to exit
+ * (then it is killed), reading its stderr meanwhile (what it wrote before exiting stays readable
+ * even when a child of its own keeps the pipe open). *st gets its wait status; returns 0 with *st
+ * unset when it had to be killed. */
 static int worker_reap(proc_backend *pb, worker *w, int *st) {
     close_fd(&w->to);
     double until = now_s() + pb->timeout_s;
-    while (w->err >= 0 && now_s() < until) {
-        struct pollfd p = {w->err, POLLIN, 0};
-        int ms = (int)ceil((until - now_s()) * 1000);
-        if (poll(&p, 1, ms > 0 ? ms : 0) < 0 && errno != EINTR) break;
-        drain_stderr(w);
-    }
     for (;;) {
-        pid_t r = waitpid(w->pid, st, WNOHANG);
-        if (r == w->pid) {
+        if (has_exited(w)) { /* still a zombie: its group id cannot be reused yet */
+            drain_stderr(w);
+            kill(-w->pid, SIGKILL); /* what it started itself */
+            pid_t r;
+            while ((r = waitpid(w->pid, st, 0)) < 0 && errno == EINTR) {}
             w->pid = 0;
             worker_kill(w);
-            return 1;
+            return r > 0;
         }
-        if ((r < 0 && errno != EINTR) || now_s() >= until) break;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
+        double left = until - now_s();
+        if (left <= 0) break;
+        struct pollfd p = {w->err, POLLIN, 0}; /* a negative fd (stderr at EOF) only waits */
+        poll(&p, 1, left < 0.02 ? (int)ceil(left * 1000) : 20);
+        drain_stderr(w);
     }
     worker_kill(w);
     return 0;
@@ -227,6 +241,8 @@ static int worker_spawn(proc_backend *pb, worker *w) {
         return moerl_errorf("%s: cannot start '%s': %s", pb->what, pb->argv[0], strerror(rc));
     }
     w->pid = pid;
+    /* its exit seen even when a child of its own keeps stdout open (else: polled every 100 ms) */
+    w->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     w->to = p[0][1];
     w->from = p[1][0];
     w->err = p[2][0];
@@ -293,18 +309,20 @@ static int wait_ready(proc_backend *pb, worker *w) {
             worker_kill(w);
             return moerl_errorf("%s: the adapter said '%s' instead of being ready%s", pb->what, ex, note);
         }
-        struct pollfd p[2] = {{w->from, POLLIN, 0}, {w->err, POLLIN, 0}};
+        struct pollfd p[3] = {{w->from, POLLIN, 0}, {w->pidfd, POLLIN, 0}, {w->err, POLLIN, 0}};
         size_t len;
         int ms = (int)ceil((until - now_s()) * 1000);
+        if (w->pidfd < 0 && ms > 100) ms = 100;
         if (ms <= 0) {
             stderr_note(w, note, sizeof note);
             worker_kill(w);
             return moerl_errorf("%s: not ready within reward.timeout_s=%gs (importing the file took too long?)%s",
                                 pb->what, pb->timeout_s, note);
         }
-        if (poll(p, w->err >= 0 ? 2 : 1, ms) < 0 && errno != EINTR) return moerl_errorf("poll: %s", strerror(errno));
+        if (poll(p, 3, ms) < 0 && errno != EINTR) return moerl_errorf("poll: %s", strerror(errno));
         drain_stderr(w);
-        if ((read_stdout(w) & GOT_EOF) && !first_line(w, &len)) {
+        int exited = has_exited(w);
+        if (((read_stdout(w) & GOT_EOF) || exited) && !first_line(w, &len)) {
             int st;
             int reaped = worker_reap(pb, w, &st);
             if (reaped) describe_status(st, how, sizeof how);
@@ -434,7 +452,7 @@ static int on_lines(proc_run *r, worker *w) {
  * stdin, answers, ends, timeouts. */
 static int poll_once(proc_run *r) {
     proc_backend *pb = r->pb;
-    struct pollfd *p = xcalloc((size_t)(3 * pb->n_w + 1), sizeof *p);
+    struct pollfd *p = xcalloc((size_t)(4 * pb->n_w + 1), sizeof *p);
     int *at = xcalloc((size_t)pb->n_w, sizeof(int)); /* index of worker k's first pollfd, -1: none */
     int np = 0, rc = MOERL_OK;
     double t = now_s(), first = INFINITY;
@@ -447,7 +465,9 @@ static int poll_once(proc_run *r) {
         p[np++] = (struct pollfd){w->from, POLLIN, 0};
         p[np++] = (struct pollfd){w->err, w->err >= 0 ? POLLIN : 0, 0};
         p[np++] = (struct pollfd){w->to, w->out_off < w->out_len ? POLLOUT : 0, 0};
+        p[np++] = (struct pollfd){w->pidfd, POLLIN, 0};
         if (w->req >= 0 && w->deadline < first) first = w->deadline;
+        if (w->pidfd < 0 && t + 0.1 < first) first = t + 0.1;
     }
     int ms = isinf(first) ? -1 : first <= t ? 0 : (int)ceil((first - t) * 1000);
     if (poll(p, (nfds_t)np, ms) < 0 && errno != EINTR) rc = moerl_errorf("%s: poll: %s", pb->what, strerror(errno));
@@ -460,12 +480,13 @@ static int poll_once(proc_run *r) {
             rc = on_exit_of(r, w); /* EPIPE: it closed its stdin; its stdout says the rest */
             continue;
         }
-        int got = p[at[k]].revents ? read_stdout(w) : 0;
+        int exited = p[at[k] + 3].revents != 0 || (w->pidfd < 0 && has_exited(w));
+        int got = p[at[k]].revents || exited ? read_stdout(w) : 0;
         if (got) rc = on_lines(r, w);
         if (rc == MOERL_OK && w->in_len > MAX_LINE)
             rc = moerl_errorf("%s: %s: the program wrote more than %u MiB without ending the line", pb->what,
                               row_of(r, w->req), MAX_LINE >> 20);
-        if (rc == MOERL_OK && (got & GOT_EOF)) rc = on_exit_of(r, w);
+        if (rc == MOERL_OK && ((got & GOT_EOF) || exited)) rc = on_exit_of(r, w);
         if (rc == MOERL_OK && w->req >= 0 && now_s() >= w->deadline) {
             char how[200], note[1800];
             snprintf(how, sizeof how, "gave no answer within reward.timeout_s=%gs and was killed", pb->timeout_s);
@@ -483,9 +504,9 @@ static int check_extra(proc_run *r) {
     for (int k = 0; k < r->pb->n_w; k++) {
         worker *w = &r->pb->w[k];
         if (!w->pid) continue;
-        int got = read_stdout(w);
+        int exited = has_exited(w), got = read_stdout(w);
         if (on_lines(r, w) != MOERL_OK) return MOERL_ERR;
-        if (got & GOT_EOF) on_exit_of(r, w);
+        if ((got & GOT_EOF) || exited) on_exit_of(r, w);
     }
     return MOERL_OK;
 }
@@ -554,7 +575,7 @@ reward_backend *reward_proc_create(const reward_config *c) {
     pb->max_retries = c->max_retries;
     pb->n_w = c->num_workers > 0 ? c->num_workers : 1;
     pb->w = xcalloc((size_t)pb->n_w, sizeof(worker));
-    for (int k = 0; k < pb->n_w; k++) pb->w[k] = (worker){.to = -1, .from = -1, .err = -1, .req = -1};
+    for (int k = 0; k < pb->n_w; k++) pb->w[k] = (worker){.to = -1, .from = -1, .err = -1, .pidfd = -1, .req = -1};
     if (c->kind == REWARD_FUNCTION) {
         pb->adapter = 1;
         snprintf(pb->what, sizeof pb->what, "reward.custom_reward_function.path '%s' (function %s, run by %s)",

@@ -64,7 +64,7 @@ def main():
     fn = load(path, name)
     out.write('{"ready": true}\n')
     out.flush()
-    for line in sys.stdin:
+    for line in sys.stdin.buffer:  # bytes: UTF-8 whatever the locale (json.loads decodes them)
         req = json.loads(line)
         try:
             text = answer(fn(data_source=req["data_source"], solution_str=req["solution_str"],
