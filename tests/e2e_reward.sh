@@ -222,6 +222,13 @@ def same(a, b):
         return "samples differ (%d vs %d groups)" % (len(sa), len(sb))
     return "ok %d groups" % len(sa)
 
+def reward_time(folder):
+    """timing_s/reward: every version has it, never negative, and the run's scoring took some time."""
+    t = [r["timing_s/reward"] for r in records(folder + "/metrics.jsonl") if "critic/rewards/mean" in r]
+    if not t or min(t) < 0 or not sum(t) > 0:
+        return "timing_s/reward %r" % t
+    return "ok %.4f s over %d versions" % (sum(t), len(t))
+
 def intact(folder):
     """After a failure: metrics and samples parse, the checkpoint has its state and the model."""
     import os
@@ -266,6 +273,7 @@ else bad "verl reward file" "exit $?"; tail_log verl; fi
 
 if run cmd reward.command="$PY $W/cmd_reward.py" reward.num_workers=2; then
     check_py "reward command" learned "$W/cmd" acc resp_chars
+    check_py "reward command: timing_s/reward beside generation" reward_time "$W/cmd"
 else bad "reward command" "exit $?"; tail_log cmd; fi
 
 coproc SERVER { exec "$PY" "$W/server.py"; }
@@ -285,6 +293,7 @@ wait "$SERVER_PID" 2>/dev/null
 if run lock_builtin async_training.mode=lockstep && run lock_cmd async_training.mode=lockstep \
     reward.command="$PY $W/cmd_reward.py" reward.num_workers=3; then
     check_py "lockstep: reward command = built-in" same "$W/lock_builtin" "$W/lock_cmd"
+    check_py "lockstep: timing_s/reward of the in-line scoring" reward_time "$W/lock_cmd"
 else bad "lockstep runs" "exit $?"; tail_log lock_builtin; tail_log lock_cmd; fi
 
 # --- a reward program that crashes from its 150th call on (about step 4 of 12): one retry, then

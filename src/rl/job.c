@@ -330,8 +330,8 @@ void job_add_reward_extras(job *J, rl_group *const *g, int n) {
  * responses lacked is averaged over those that have it). Resets the window's sums. Returns n. */
 static int reward_metrics(job *J, const char **keys, double *vals, int n, char (*names)[300]) {
     if (J->R.pool) { /* embedded: read the pool (MPI: the transport set the window's figures) */
-        const double now = reward_pool_busy_s(J->R.pool);
-        J->win_reward_s = now - J->reward_busy_snap;
+        const double now = reward_pool_busy_s(J->R.pool); /* beside generation (async) */
+        J->win_reward_s = now - J->reward_busy_snap + atomic_exchange(&J->R.reward_wait_s, 0.0); /* + in line */
         J->reward_busy_snap = now;
         J->reward_backlog = reward_pool_backlog(J->R.pool);
     }

@@ -214,6 +214,7 @@ typedef struct {
      * order. 0: rewards beside generation (the async job's rollouter thread and MPI rollout ranks set
      * it): the engine never waits for the pool. */
     int wait_rewards;
+    _Atomic double reward_wait_s; /* seconds spent scoring in line (wait_rewards), read and reset by the job */
     int reward_failed;        /* the pool's backend failed (its message is in moerl_last_error / error) */
     int draining;             /* partial rollout off: a sync waits for in-flight work */
     /* statistics (since the last version) */

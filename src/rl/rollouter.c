@@ -245,7 +245,9 @@ static int submit_group(rollouter *R, rl_group *g) {
     reward_done d = {.tag = (uint64_t)(uintptr_t)g, .n = g->n, .results = NULL};
     if (R->wait_rewards) {
         d.results = xcalloc((size_t)(g->n ? g->n : 1), sizeof(reward_result));
+        const double t0 = moerl_now();
         rc = reward_pool_score(R->pool, reqs, g->n, d.results);
+        rl_atomic_add(&R->reward_wait_s, moerl_now() - t0);
         if (rc != MOERL_OK) free(d.results);
     } else {
         rc = reward_pool_submit(R->pool, d.tag, reqs, g->n);
