@@ -143,6 +143,16 @@ int main(void) {
 
     /* --- wire */
     rl_group *g1 = make_group(200, 2, 5, 3), *g2 = make_group(7, 1, 1, 0), *g3 = make_group(95, 3, 2, 1);
+    /* g3 carries the rewards a rollout rank's reward pool computed (wire format 2): a score, an extra
+     * field on response 1, a pred on response 0 */
+    g3->rewards = calloc(3, sizeof(reward_result));
+    for (int j = 0; j < 3; j++) g3->rewards[j].score = 0.5 * j;
+    g3->rewards[0].pred = xstrdup("42");
+    g3->rewards[1].n_extra = 1;
+    g3->rewards[1].extra_keys = malloc(sizeof(char *));
+    g3->rewards[1].extra_keys[0] = xstrdup("acc");
+    g3->rewards[1].extra_vals = malloc(sizeof(double));
+    g3->rewards[1].extra_vals[0] = 1.0;
     void *buf;
     size_t len;
     if (rl_group_encode(g1, &buf, &len) != MOERL_OK) return 1;
@@ -150,6 +160,9 @@ int main(void) {
     free(buf);
     if (rl_group_encode(g2, &buf, &len) != MOERL_OK) return 1;
     put("wire", "group_empty_response.bin", buf, len);
+    free(buf);
+    if (rl_group_encode(g3, &buf, &len) != MOERL_OK) return 1;
+    put("wire", "group_scored.bin", buf, len);
     free(buf);
     rl_minibatch mbs[2] = {{.n_groups = 2, .resp_tokens = 17, .tokens = 40}, {.n_groups = 1, .resp_tokens = 9, .tokens = 15}};
     rl_group *gs[3] = {g1, g2, g3};

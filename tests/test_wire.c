@@ -3,6 +3,9 @@
  *   - a finished group round-trips through rl_group_encode / rl_group_decode field by field (empty,
  *     short and long responses, every finish reason, interruptions, per-token versions, logprobs
  *     bit-exact including −inf), and the decoded group is self-contained (prompt pointers, n_done);
+ *   - the rewards a rollout rank computed (score, extra fields, pred or none) round-trip exactly, an
+ *     unscored group stays unscored, and every truncation, a non-finite score or value and bad string
+ *     lengths are refused;
  *   - the decoder refuses, with a message naming the problem, every truncation of a valid message, a
  *     trailing byte, a foreign magic, another format, out-of-range counts, an unknown finish reason,
  *     negative tokens or versions and a NaN logprob (no crash, nothing leaked to the caller);
@@ -65,7 +68,36 @@ static int same_group(const rl_group *a, const rl_group *b) {
             memcmp(x->out_versions, y->out_versions, x->n_out * sizeof(int)))
             return 0;
     }
+    if (!a->rewards != !b->rewards) return 0;
+    for (int j = 0; a->rewards && j < a->n; j++) {
+        const reward_result *x = &a->rewards[j], *y = &b->rewards[j];
+        if (memcmp(&x->score, &y->score, 8) || x->n_extra != y->n_extra || !x->pred != !y->pred ||
+            (x->pred && strcmp(x->pred, y->pred)))
+            return 0;
+        for (int e = 0; e < x->n_extra; e++)
+            if (strcmp(x->extra_keys[e], y->extra_keys[e]) || memcmp(&x->extra_vals[e], &y->extra_vals[e], 8)) return 0;
+    }
     return 1;
+}
+
+/* Rewards for g as a reward pool stores them: response j gets score j/4 − 0.25 (0.1 for j = 1, not a
+ * binary fraction), j extra fields and a pred except on odd j. */
+static void add_rewards(rl_group *g) {
+    g->rewards = xcalloc(g->n, sizeof(reward_result));
+    for (int j = 0; j < g->n; j++) {
+        reward_result *x = &g->rewards[j];
+        x->score = j == 1 ? 0.1 : j / 4.0 - 0.25;
+        x->n_extra = j;
+        x->extra_keys = xmalloc((j + 1) * sizeof(char *));
+        x->extra_vals = xmalloc((j + 1) * sizeof(double));
+        for (int e = 0; e < j; e++) {
+            char k[32];
+            snprintf(k, sizeof k, "field_%d", e);
+            x->extra_keys[e] = xstrdup(k);
+            x->extra_vals[e] = -1e300 * (e + 1) + j;
+        }
+        x->pred = j % 2 ? NULL : xstrdup(j ? "42" : "");
+    }
 }
 
 static void test_group_roundtrip(void) {
@@ -74,8 +106,8 @@ static void test_group_roundtrip(void) {
     void *buf;
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
-    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, per response 12 + 12·n_out */
-    const size_t want = 40 + 6 * 4 + 4 * 12 + 12 * (0 + 1 + 9 + 40);
+    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, per response 12 + 12·n_out, "scored" 4 */
+    const size_t want = 40 + 6 * 4 + 4 * 12 + 12 * (0 + 1 + 9 + 40) + 4;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     CHECK(memcmp(buf, "MOERLGR1", 8) == 0, "magic on the wire");
     rl_group *d = NULL;
@@ -140,7 +172,8 @@ static void test_group_errors(void) {
         const char *want;
     } cs[] = {
         {0, 0x4c52454d, "magic"},          /* "MERL" instead of "MOER" */
-        {8, 2, "format 2"},
+        {8, 1, "format 1"},
+        {8, 3, "format 3"},
         {32, 0, "n (responses)"},
         {32, -3, "n (responses)"},
         {32, 1 << 20, "n (responses)"},
@@ -167,6 +200,91 @@ static void test_group_errors(void) {
     size_t len = 0;
     CHECK(rl_group_encode(&bad, &buf, &len) == MOERL_ERR && strstr(moerl_last_error(), "n = 0"),
           "encode of an empty group: %s", moerl_last_error());
+}
+
+static void test_group_rewards(void) {
+    const int lens[4] = {2, 0, 5, 1};
+    rl_group *g = make_group(88, 40, 3, 4, lens);
+    add_rewards(g);
+    void *buf;
+    size_t len;
+    CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
+    /* after the responses: scored 4, then per response score 8 + n_extra 4 + j × (4 + 7 + 8) + pred 4 + bytes
+     * (preds: "" for j = 0, none for 1 and 3, "42" for 2) */
+    const size_t resp = 40 + 3 * 4 + 4 * 12 + 12 * (2 + 0 + 5 + 1);
+    const size_t want = resp + 4 + 4 * 16 + (0 + 1 + 2 + 3) * 19 + 2;
+    CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
+    rl_group *d = NULL;
+    CHECK(rl_group_decode(buf, len, &d) == MOERL_OK, "decode: %s", moerl_last_error());
+    if (d) {
+        CHECK(d->rewards && same_group(g, d), "rewards differ after the round trip");
+        CHECK(d->rewards && d->rewards[0].pred && !d->rewards[0].pred[0] && !d->rewards[1].pred &&
+                  d->rewards[1].score == 0.1,
+              "empty pred kept, missing pred stays missing, scores bit-exact");
+        rl_group_free(d);
+    }
+    int trunc_ok = 1;
+    for (size_t cut = resp; cut < len; cut++) {
+        rl_group *x = NULL;
+        if (rl_group_decode(buf, cut, &x) != MOERL_ERR || x != NULL) {
+            trunc_ok = 0;
+            rl_group_free(x);
+            fprintf(stderr, "  truncated to %zu bytes: accepted\n", cut);
+            break;
+        }
+    }
+    CHECK(trunc_ok, "every truncation inside the rewards must be refused");
+    /* patches: scored, response 0's score (NaN, inf), its n_extra, response 1's key length, value, pred length */
+    const size_t at_scored = resp, at_score0 = resp + 4, at_ne0 = at_score0 + 8, at_pred0 = at_ne0 + 4;
+    const size_t at_score1 = at_pred0 + 4, at_klen1 = at_score1 + 8 + 4, at_val1 = at_klen1 + 4 + 7;
+    struct {
+        size_t off;
+        uint64_t v;
+        int bytes;
+        const char *want;
+    } cs[] = {
+        {at_scored, 2, 4, "scored"},
+        {at_score0, 0x7ff8000000000000ULL, 8, "score is nan"},
+        {at_score0, 0x7ff0000000000000ULL, 8, "score is inf"},
+        {at_ne0, (uint32_t)-1, 4, "n_extra"},
+        {at_ne0, 5000, 4, "n_extra"},
+        {at_ne0, 3, 4, "field"},           /* names that are not there: wrong lengths or truncation */
+        {at_klen1, 0, 4, "extra field name"},
+        {at_klen1, 1u << 21, 4, "extra field name"},
+        {at_klen1, 10000, 4, "truncated"},
+        {at_val1, 0xfff0000000000000ULL, 8, "extra field value is -inf"},
+        {at_pred0, (uint32_t)-2, 4, "pred length"},
+        {at_pred0, 1000, 4, "truncated"},
+        {at_klen1 + 4, 0, 1, "NUL"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        unsigned char *p = xmalloc(len);
+        memcpy(p, buf, len);
+        memcpy(p + cs[i].off, &cs[i].v, cs[i].bytes);
+        rl_group *x = NULL;
+        const int rc = rl_group_decode(p, len, &x);
+        CHECK(rc == MOERL_ERR && x == NULL && strstr(moerl_last_error(), cs[i].want),
+              "rewards patch %zu (offset %zu): rc %d, message '%s' lacks '%s'", i, cs[i].off, rc, moerl_last_error(),
+              cs[i].want);
+        rl_group_free(x);
+        free(p);
+    }
+    free(buf);
+    /* the encoder refuses what the decoder would */
+    g->rewards[2].score = NAN;
+    CHECK(rl_group_encode(g, &buf, &len) == MOERL_ERR && strstr(moerl_last_error(), "score nan"),
+          "encode of a NaN score: %s", moerl_last_error());
+    g->rewards[2].score = 1;
+    /* inside a train message, the rewards travel to the other trainer ranks */
+    rl_minibatch mb = {.n_groups = 1, .resp_tokens = 8, .tokens = 20};
+    CHECK(rl_train_msg_encode(RL_TRAIN_CMD_STEP, 1, 2, &mb, 1, &g, &buf, &len) == MOERL_OK, "train encode: %s",
+          moerl_last_error());
+    rl_train_msg m;
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_OK && m.n_groups == 1 && same_group(g, m.groups[0]),
+          "train message keeps the rewards: %s", moerl_last_error());
+    rl_train_msg_free(&m);
+    free(buf);
+    rl_group_free(g);
 }
 
 static void test_train_msg(void) {
@@ -212,7 +330,7 @@ static void test_train_msg(void) {
         unsigned char h[64];
         size_t o = 0;
         memcpy(h, "MOERLTB1", 8), o = 8;
-        uint32_t f = 1;
+        uint32_t f = RL_WIRE_FORMAT;
         int32_t cmd = 1, ver = 0, nmb = 1, ng = 1000;
         int64_t step = 0, rt = 1, tt = 1;
         memcpy(h + o, &f, 4), o += 4;
@@ -401,6 +519,7 @@ static void test_shard_bounds(void) {
 int main(void) {
     test_group_roundtrip();
     test_group_errors();
+    test_group_rewards();
     test_train_msg();
     test_split();
     test_shard_bounds();

@@ -108,7 +108,9 @@ typedef struct {
 
 /* Start a pool running backend b (the pool owns b). */
 reward_pool *reward_pool_create(reward_backend *b);
-/* Queue reqs[0..n) under `tag` (copied); never blocks on scoring. */
+/* Queue reqs[0..n) under `tag` (copied); never blocks on scoring. The thread takes everything
+ * pending as one batch; results come back in submission order (an empty submission at once).
+ * Error: the latched failure. */
 int reward_pool_submit(reward_pool *p, uint64_t tag, const reward_request *reqs, int n);
 /* Up to max finished submissions into out, waiting up to wait_s seconds for the first (0: do not
  * wait). Returns the count, or MOERL_ERR once the backend has failed (the message is the
@@ -116,8 +118,15 @@ int reward_pool_submit(reward_pool *p, uint64_t tag, const reward_request *reqs,
 int reward_pool_poll(reward_pool *p, reward_done *out, int max, double wait_s);
 /* Requests submitted and not yet handed out by reward_pool_poll. */
 int reward_pool_backlog(reward_pool *p);
-/* Score reqs[0..n) now and wait (validation): out[0..n) as backend->score fills it. */
+/* Score reqs[0..n) now and wait (validation; the rollouter in lockstep/sync mode): out[0..n) as
+ * backend->score fills it, on the calling thread, never at the same time as the pool's thread (one
+ * caller of backend->score at a time). A failure latches as the thread's does (out is released). */
 int reward_pool_score(reward_pool *p, const reward_request *reqs, int n, reward_result *out);
+/* Seconds the pool's thread has spent in backend->score since the pool started (metric
+ * timing_s/reward: the job reports the difference per window). */
+double reward_pool_busy_s(reward_pool *p);
+/* The backend's name for messages (backend->what). */
+const char *reward_pool_what(const reward_pool *p);
 /* Stop the thread (a batch being scored is finished or, for processes, killed) and free. */
 void reward_pool_free(reward_pool *p);
 

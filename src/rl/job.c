@@ -200,6 +200,11 @@ int job_open_outputs(job *J, int resumed) {
  * teardown; parts that were never set up are skipped). */
 void job_free(job *J) {
     job_close_outputs(J);
+    reward_pool_free(J->val_pool);
+    for (int k = 0; k < J->n_rx; k++) free(J->rx_keys[k]);
+    free(J->rx_keys);
+    free(J->rx_sum);
+    free(J->rx_cnt);
     if (J->R.eng) rollouter_free(&J->R);
     if (J->T.m) trainer_free(&J->T);
     if (J->queue.items) {
@@ -255,6 +260,17 @@ void job_log_samples(job *J, rl_group **g, int n) {
             json_object_set_new(ro, "text", js ? js : json_null());
             free(txt);
             json_object_set_new(ro, "reward", have_rw ? json_real(rw[j]) : json_null());
+            const reward_result *x = g[i]->rewards ? &g[i]->rewards[j] : NULL;
+            if (x && x->n_extra > 0) { /* the reward program's other numeric fields */
+                json_t *ex = json_object();
+                for (int e = 0; e < x->n_extra; e++)
+                    json_object_set_new(ex, x->extra_keys[e], json_real(x->extra_vals[e]));
+                json_object_set_new(ro, "reward_extra", ex);
+            }
+            if (x && x->pred) {
+                json_t *ps = json_string(x->pred);
+                if (ps) json_object_set_new(ro, "pred", ps);
+            }
             json_array_append_new(resp, ro);
         }
         free(rw);
@@ -265,6 +281,72 @@ void job_log_samples(job *J, rl_group **g, int n) {
         free(txt);
         json_decref(o);
     }
+}
+
+int job_reward_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {
+    job *J = ctx;
+    reward_pool *p = J->R.pool;
+    if (!p) {
+        if (!J->val_pool) {
+            reward_backend *b = rl_reward_backend(J->cfg);
+            J->val_pool = b ? reward_pool_create(b) : NULL;
+            if (!J->val_pool) return moerl_error_prefix("validation rewards: ");
+        }
+        p = J->val_pool;
+    }
+    if (reward_pool_score(p, reqs, n, out) != MOERL_OK) {
+        J->reward_failed = 1;
+        return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+void job_add_reward_extras(job *J, rl_group *const *g, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; g[i]->rewards && j < g[i]->n; j++) {
+            const reward_result *x = &g[i]->rewards[j];
+            for (int e = 0; e < x->n_extra; e++) {
+                int k = 0;
+                while (k < J->n_rx && strcmp(J->rx_keys[k], x->extra_keys[e]) != 0) k++;
+                if (k == J->n_rx) {
+                    if (J->n_rx == J->cap_rx) {
+                        J->cap_rx = J->cap_rx ? 2 * J->cap_rx : 8;
+                        J->rx_keys = xrealloc(J->rx_keys, (size_t)J->cap_rx * sizeof(char *));
+                        J->rx_sum = xrealloc(J->rx_sum, (size_t)J->cap_rx * sizeof(double));
+                        J->rx_cnt = xrealloc(J->rx_cnt, (size_t)J->cap_rx * sizeof(int64_t));
+                    }
+                    J->rx_keys[k] = xstrdup(x->extra_keys[e]);
+                    J->rx_sum[k] = 0;
+                    J->rx_cnt[k] = 0;
+                    J->n_rx++;
+                }
+                J->rx_sum[k] += x->extra_vals[e];
+                J->rx_cnt[k]++;
+            }
+        }
+}
+
+/* The reward metrics of the window into keys/vals from n on (names in names[], each 300 bytes):
+ * timing_s/reward, reward/backlog, then reward/<field>/mean per extra field seen (a field some
+ * responses lacked is averaged over those that have it). Resets the window's sums. Returns n. */
+static int reward_metrics(job *J, const char **keys, double *vals, int n, char (*names)[300]) {
+    if (J->R.pool) { /* embedded: read the pool (MPI: the transport set the window's figures) */
+        const double now = reward_pool_busy_s(J->R.pool); /* beside generation (async) */
+        J->win_reward_s = now - J->reward_busy_snap + atomic_exchange(&J->R.reward_wait_s, 0.0); /* + in line */
+        J->reward_busy_snap = now;
+        J->reward_backlog = reward_pool_backlog(J->R.pool);
+    }
+    keys[n] = "timing_s/reward", vals[n++] = J->win_reward_s;
+    keys[n] = "reward/backlog", vals[n++] = (double)J->reward_backlog;
+    J->win_reward_s = 0;
+    for (int k = 0; k < J->n_rx; k++) {
+        snprintf(names[k], 300, "reward/%s/mean", J->rx_keys[k]);
+        keys[n] = names[k];
+        vals[n++] = J->rx_cnt[k] > 0 ? J->rx_sum[k] / (double)J->rx_cnt[k] : NAN;
+        J->rx_sum[k] = 0;
+        J->rx_cnt[k] = 0;
+    }
+    return n;
 }
 
 /* a += b for a statistic an empty step (no loss token) leaves NaN: summed over the other steps only */
@@ -382,8 +464,9 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char *keys[64];
-    double vals[64];
+    const char **keys = xmalloc((size_t)(96 + J->n_rx) * sizeof(char *));
+    double *vals = xmalloc((size_t)(96 + J->n_rx) * sizeof(double));
+    char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;
 #define PUT(key, v) (keys[n] = (key), vals[n] = (v), n++)
     PUT("timing_s/gen", J->win_gen_wait);
@@ -448,7 +531,11 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("memory/pool_fragmentation", ps.fragmentation);
     }
 #undef PUT
+    n = reward_metrics(J, keys, vals, n, names);
     metrics_write(J->mw, J->T.step, n, keys, vals);
+    free(keys);
+    free(vals);
+    free(names);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
              "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
              J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k_loss, w->pg_clipfrac / k_loss,
@@ -513,9 +600,9 @@ static void set_role_threads(int n) {
 static int64_t *emb_inflight_uids(job *J, int *n) { return inflight_uids(&J->R, n); }
 
 static void emb_describe(job *J, char *buf, size_t len) {
-    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d group%s in flight",
-             (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight,
-             moerl_plural(J->R.n_inflight));
+    snprintf(buf, len, "rollouter in stage '%s' (last progress %.0f s ago), %d group%s in flight (%d waiting for "
+             "rewards from %s)", (const char *)J->R.stage, moerl_now() - J->R.last_progress, (int)J->R.n_inflight,
+             moerl_plural(J->R.n_inflight), J->R.n_scoring, J->R.pool ? reward_pool_what(J->R.pool) : "no pool");
 }
 
 static void emb_abort(job *J, const char *msg) {
@@ -551,7 +638,10 @@ static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double
             return 0;
         }
         const int did = rollouter_tick(&J->R);
-        if (did < 0) return MOERL_ERR;
+        if (did < 0) {
+            J->reward_failed = J->R.reward_failed;
+            return MOERL_ERR;
+        }
         if (did == 0)
             return moerl_errorf("rollouter idle with %d of %d groups queued: staleness budget or data exhausted (a bug)",
                                 rl_queue_size(&J->queue), n);
@@ -569,7 +659,10 @@ static int ls_sync(job *J, int version, double *rb, double *ri) {
         const double t0 = moerl_now();
         J->R.draining = 1;
         while (engine_num_unfinished(J->R.eng) > 0)
-            if (rollouter_tick(&J->R) < 0) return MOERL_ERR;
+            if (rollouter_tick(&J->R) < 0) {
+                J->reward_failed = J->R.reward_failed;
+                return MOERL_ERR;
+            }
         rl_atomic_add(&J->R.busy_s, moerl_now() - t0);
         ls_account(J, t0);
     }
@@ -657,6 +750,7 @@ static int as_get_groups(job *J, rl_group **out, int n, double timeout_s, double
     if (got < 0) return 0; /* timeout */
     pthread_mutex_lock(&R->mu);
     moerl_errorf("rollouter stopped: %s", R->error[0] ? R->error : "queue closed");
+    J->reward_failed = R->reward_failed;
     pthread_mutex_unlock(&R->mu);
     return MOERL_ERR;
 }
@@ -675,8 +769,9 @@ static int as_sync(job *J, int version, double *rb, double *ri) {
     *rb = atomic_exchange(&R->busy_s, 0.0);
     *ri = atomic_exchange(&R->idle_s, 0.0);
     const int stopped = R->stop;
-    char err[512];
+    char err[2048];
     snprintf(err, sizeof err, "%s", R->error);
+    J->reward_failed = R->reward_failed;
     pthread_mutex_unlock(&R->mu);
     if (stopped || J->failed) return moerl_errorf("param sync failed: %s", err[0] ? err : "checkpoint failed");
     return MOERL_OK;
@@ -770,6 +865,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     rl_queue_init(&J->queue, b.max_required_samples);
     if (rollouter_init(&J->R, cfg, &b, train, m, &J->queue, J->total_prompts) != MOERL_OK) goto out0;
     J->feed = &J->R.feed;
+    J->R.wait_rewards = cfg->mode != RL_MODE_ASYNC; /* async: rewards beside generation; else reproducible */
     if (trainer_init(&J->T, cfg, train, m) != MOERL_OK) goto out0;
     if (cfg->resume_auto && job_load_checkpoint(J, &J->resumed) != MOERL_OK) goto out0;
     if (J->resumed) {

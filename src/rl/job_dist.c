@@ -6,7 +6,10 @@
  *   leader → rollout   ADMIT_GRANT {count, uids[count]}: start these prompts now (count may be 0:
  *                      the answer to a request while a sync or the stop is pending). Every request
  *                      gets exactly one answer; a rank has at most one request outstanding.
- *   rollout → leader   GROUP (wire.h "MOERLGR1"): a finished prompt group
+ *   rollout → leader   GROUP (wire.h "MOERLGR1"): a finished prompt group, scored by the rank's own
+ *                      reward pool (rewards beside generation) before it is sent
+ *   rollout → leader   REWARD_FAIL {message}: the rank's reward backend failed; the rank generates
+ *                      nothing more and answers SYNC/STOP as usual
  *   leader → rollout   CMD {START|SYNC|BCAST|STOP|BYE, version, partial}
  *   rollout → leader   ACK {kind, groups in flight, groups sent so far, cumulative statistics}
  *   leader → trainer t TRAIN (wire.h "MOERLTB1"): its share of a step, or stop; STATE: weights and
@@ -36,7 +39,9 @@
  * Waiting never spins a core: the leader's main thread waits on condition variables, receivers
  * poll with short sleeps (ranks share the cores under --oversubscribe), and nobody enters a
  * collective long before its peers (a BCAST or START command precedes each weight broadcast).
- * Errors on any rank end the job with dist_abort, naming the rank and its role.
+ * Errors on any rank end the job with dist_abort, naming the rank and its role; a reward backend's
+ * failure (REWARD_FAIL) first stops the loop at the leader's next wait for groups, which then writes a
+ * checkpoint (the failed rank's groups are outstanding: redone on resume).
  * Sources: verl recipe/fully_async_policy (rollouter / trainer / parameter synchroniser roles,
  * staleness budget, partial rollout), PyTorch DDP (bucketed overlapped gradient all-reduce). */
 #include <errno.h>
@@ -61,7 +66,7 @@
 
 void openblas_set_num_threads(int n);
 
-enum { TAG_ADMIT_REQ = 101, TAG_ADMIT_GRANT, TAG_GROUP, TAG_CMD, TAG_ACK, TAG_TRAIN, TAG_STATE };
+enum { TAG_ADMIT_REQ = 101, TAG_ADMIT_GRANT, TAG_GROUP, TAG_CMD, TAG_ACK, TAG_TRAIN, TAG_STATE, TAG_REWARD_FAIL };
 enum { CMD_START = 1, CMD_SYNC, CMD_BCAST, CMD_STOP, CMD_BYE };
 
 typedef struct {
@@ -74,6 +79,8 @@ typedef struct {
     int64_t groups_sent;  /* GROUP messages sent since the start */
     int64_t gen_tokens;   /* generated tokens since the start (engine statistics) */
     double busy_s, idle_s;/* cumulative rollout busy / idle seconds */
+    double reward_s;      /* cumulative seconds of the rank's reward pool in backend->score */
+    int64_t reward_backlog; /* reward requests waiting on the rank */
 } ack_msg;
 
 #define STATE_MAGIC "MOERLTS1"
@@ -181,6 +188,7 @@ typedef struct {
     int leader;
     int req_out;          /* an ADMIT_REQ awaits its answer */
     int64_t sent;         /* GROUP messages sent */
+    int failed;           /* the reward backend failed: reported to the leader, nothing more is generated */
     /* rollout.expert_parallel_size > 1: this rank's EP group, the grid ep_state reads, the state */
     dist_comm *ep_comm;
     par_grid ep_grid;
@@ -227,11 +235,29 @@ static int ep_all(rollout_rank *W, int x) {
     return f == (float)W->cfg->rollout_ep;
 }
 
+/* The reward backend failed on this rank (its message in moerl_last_error): trainer rank 0 is told
+ * (TAG_REWARD_FAIL), stops the job at its next step boundary and writes a checkpoint in which this
+ * rank's groups are outstanding; this rank stops generating and answers the SYNC / STOP rounds as
+ * usual. Under rollout EP the group steps together: the job ends here. */
+static void report_reward_failure(rollout_rank *W) {
+    dist_ctx *ctx = W->ctx;
+    if (W->ep) die(ctx, "rewards");
+    W->failed = 1;
+    engine_abort(W->R.eng, NULL, 0);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", moerl_last_error());
+    CHECK_OK(dist_send_msg(ctx, W->leader, TAG_REWARD_FAIL, msg, strlen(msg) + 1), "reporting a reward failure");
+}
+
 /* One generation step. Under rollout EP the group steps together: the ranks with work step, the
  * others run the step's exchanges without rows (engine_idle_step). Returns 1 when this rank
  * generated; *any: some rank of the group (this one without EP) had work. Errors end the job. */
 static int rollout_step(rollout_rank *W, int *any) {
     dist_ctx *ctx = W->ctx;
+    if (W->failed) {
+        *any = 0;
+        return 0;
+    }
     const int mine = engine_num_unfinished(W->R.eng) > 0;
     if (W->ep) {
         float f = (float)mine;
@@ -239,10 +265,16 @@ static int rollout_step(rollout_rank *W, int *any) {
         *any = f > 0;
         if (*any && !mine) {
             CHECK_OK(engine_idle_step(W->R.eng), "rollout EP idle step");
+            if (rollouter_collect_rewards(&W->R, 0) < 0) die(ctx, "rewards"); /* scored groups go on meanwhile */
             return 0;
         }
     }
     const int did = rollouter_step(&W->R);
+    if (did < 0 && W->R.reward_failed) {
+        report_reward_failure(W);
+        *any = 0;
+        return 0;
+    }
     if (did < 0) die(ctx, "generation");
     if (!W->ep) *any = did > 0;
     return did;
@@ -286,7 +318,8 @@ static void take_grant(rollout_rank *W) {
 static void send_ack(rollout_rank *W, int kind) {
     engine_stats es = engine_get_stats(W->R.eng);
     ack_msg a = {.kind = kind, .in_flight = W->R.n_inflight, .groups_sent = W->sent,
-                 .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s};
+                 .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s,
+                 .reward_s = reward_pool_busy_s(W->R.pool), .reward_backlog = reward_pool_backlog(W->R.pool)};
     dist_ctx *ctx = W->ctx;
     CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ACK, &a, sizeof a), "sending an acknowledgement");
 }
@@ -349,7 +382,10 @@ static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
         die(ctx, "protocol");
     }
     receive_weights(W, b.version);
-    CHECK_OK(rollouter_resume(&W->R), "resuming after the sync");
+    if (!W->failed && rollouter_resume(&W->R) != MOERL_OK) {
+        if (!W->R.reward_failed) die(ctx, "resuming after the sync");
+        report_reward_failure(W);
+    }
     CHECK_OK(injected_failure(W->R.cfg, ctx, b.version), "test");
 }
 
@@ -383,6 +419,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     m->grads = NULL;
     W->R.on_group_done = send_group;
     W->R.on_group_done_ctx = W;
+    W->R.wait_rewards = 0; /* this rank scores its own groups beside generation, then sends them */
     cmd_msg c = recv_cmd(ctx);
     if (c.cmd == CMD_BYE) { /* rl_run_dist_cancel: RL does not start */
         rollout_rank_free(W, &unused);
@@ -410,7 +447,7 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
             break;
         }
         if (W->req_out && dist_iprobe(ctx, TAG_ADMIT_GRANT) > 0) take_grant(W);
-        if (!W->req_out) {
+        if (!W->req_out && !W->failed) {
             const int32_t k = rollouter_room(&W->R);
             if (k > 0) {
                 CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ADMIT_REQ, &k, sizeof k), "requesting admissions");
@@ -667,6 +704,8 @@ typedef struct {
     int blocked;            /* a sync or the stop is pending: requests are answered with 0 */
     int stopping;
     int server_done;
+    int failed_rank;        /* a rollout rank whose reward backend failed (−1: none) */
+    char fail_msg[2048];
     int *pending;           /* [P] admissions a rank asked for and did not get yet (0: none) */
     int64_t *out_uid;       /* outstanding: granted, not yet received */
     int *out_rank;
@@ -676,6 +715,7 @@ typedef struct {
     ack_msg *ack;           /* [P] latest acknowledgement */
     int acks;               /* acknowledgements in this round */
     double win_busy, win_idle; /* rollout busy/idle seconds reported since the last window */
+    double win_reward;      /* reward pool seconds reported since the last window (all rollout ranks) */
     int rr;                 /* round-robin start for serving requests */
     sync_totals tot;
     pthread_t server;
@@ -781,9 +821,23 @@ static void server_ack(leader *L, int src, void *buf, size_t len) {
     }
     L->win_busy += a.busy_s - L->ack[src].busy_s;
     L->win_idle += a.idle_s - L->ack[src].idle_s;
+    L->win_reward += a.reward_s - L->ack[src].reward_s;
     L->ack[src] = a;
     L->ack_got[src] = 1;
     L->acks++;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+/* A rollout rank's reward backend failed: the trainer loop stops at its next wait for groups
+ * (dist_get_groups), with that message, and writes a checkpoint first. */
+static void server_reward_fail(leader *L, int src, void *buf, size_t len) {
+    pthread_mutex_lock(&L->mu);
+    if (L->failed_rank < 0) {
+        L->failed_rank = src;
+        snprintf(L->fail_msg, sizeof L->fail_msg, "%.*s", (int)(len > 0 ? len - 1 : 0), (const char *)buf);
+        L->J.reward_failed = 1;
+    }
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
 }
@@ -799,11 +853,11 @@ static int round_complete(const leader *L) {
 static void *server_main(void *arg) {
     leader *L = arg;
     dist_ctx *ctx = L->ctx;
-    static const int tags[3] = {TAG_GROUP, TAG_ADMIT_REQ, TAG_ACK};
+    static const int tags[4] = {TAG_GROUP, TAG_ADMIT_REQ, TAG_ACK, TAG_REWARD_FAIL};
     long wait_us = 0;
     for (;;) {
         int did = 0;
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < 4; t++) {
             if (dist_iprobe(ctx, tags[t]) <= 0) continue;
             void *buf;
             size_t len;
@@ -811,7 +865,8 @@ static void *server_main(void *arg) {
             CHECK_OK(dist_recv_msg_any(ctx, tags[t], &src, &buf, &len), "server receive");
             if (tags[t] == TAG_GROUP) server_group(L, src, buf, len);
             else if (tags[t] == TAG_ADMIT_REQ) server_request(L, src, buf, len);
-            else server_ack(L, src, buf, len);
+            else if (tags[t] == TAG_ACK) server_ack(L, src, buf, len);
+            else server_reward_fail(L, src, buf, len);
             free(buf);
             did = 1;
         }
@@ -868,6 +923,14 @@ static void leader_abort(job *J, const char *msg) {
 }
 
 static int dist_get_groups(job *J, rl_group **out, int n, double timeout_s, double *waited) {
+    leader *L = (leader *)J;
+    pthread_mutex_lock(&L->mu);
+    const int failed = L->failed_rank;
+    pthread_mutex_unlock(&L->mu);
+    if (failed >= 0) { /* set once, never changed: the message is stable */
+        *waited = 0;
+        return moerl_errorf("rollout rank %d: %s", failed, L->fail_msg);
+    }
     const int got = rl_queue_get_n(&J->queue, (void **)out, n, timeout_s, waited);
     if (got == n) return n;
     if (got < 0) return 0; /* timeout */
@@ -902,6 +965,17 @@ static int64_t *dist_inflight_uids(job *J, int *n) {
     return u;
 }
 
+/* The window's reward figures for job_emit_version from the acknowledgements (mu held or the server
+ * stopped): pool seconds over all rollout ranks, requests waiting on them. */
+static void reward_window(leader *L) {
+    job *J = &L->J;
+    J->win_reward_s = L->win_reward;
+    L->win_reward = 0;
+    int64_t backlog = 0;
+    for (int r = 0; r < L->n_rollout; r++) backlog += L->ack[r].reward_backlog;
+    J->reward_backlog = (int)backlog;
+}
+
 /* The parameter sync of trainer rank 0 (order in the file header). */
 static int dist_sync(job *J, int version, double *rb, double *ri) {
     leader *L = (leader *)J;
@@ -925,6 +999,7 @@ static int dist_sync(job *J, int version, double *rb, double *ri) {
     *rb = L->win_busy;
     *ri = L->win_idle;
     L->win_busy = L->win_idle = 0;
+    reward_window(L);
     int n_inflight = 0;
     const int want_ckpt = job_want_checkpoint(J, version);
     int64_t *inflight = want_ckpt ? outstanding_copy(L, &n_inflight) : NULL;
@@ -982,6 +1057,7 @@ static int dist_stop(job *J, double *rb, double *ri) {
     check_trainers_identical(ctx, J->m, 1);
     *rb = L->win_busy;
     *ri = L->win_idle;
+    reward_window(L);
     return MOERL_OK;
 }
 
@@ -1073,6 +1149,7 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     L->received = xcalloc((size_t)L->P, sizeof(int64_t));
     L->ack_got = xcalloc((size_t)L->P, sizeof(int));
     L->ack = xcalloc((size_t)L->P, sizeof(ack_msg));
+    L->failed_rank = -1;
     CHECK_OK(trainer_init(&J->T, cfg, train, m), "trainer setup");
     if (cfg->resume_auto) CHECK_OK(job_load_checkpoint(J, &J->resumed), "resume");
     L->prompts_left = MOERL_MAX(0, (J->total_steps - J->T.step) * (int64_t)L->budget.required_samples); /* as job.c */
@@ -1137,6 +1214,11 @@ static void run_leader(dist_ctx *ctx, const rl_config *cfg, moe_model *m, const 
     free(L->ack);
     free(L->out_uid);
     free(L->out_rank);
+    reward_pool_free(L->J.val_pool);
+    for (int k = 0; k < L->J.n_rx; k++) free(L->J.rx_keys[k]);
+    free(L->J.rx_keys);
+    free(L->J.rx_sum);
+    free(L->J.rx_cnt);
     pthread_mutex_destroy(&L->mu);
     pthread_cond_destroy(&L->cv);
     free(L);

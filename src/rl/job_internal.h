@@ -107,6 +107,18 @@ struct job {
     int *shard_of;            /* [n_trainers] the shard trainer rank d trains (NULL: d) */
     double ls_mark;           /* lockstep / sync: when the rollout side last stopped generating (0: not yet);
                                  from then until it generates again it is idle (the trainer's turn) */
+    /* rewards beside generation: the window's seconds of the reward pool(s) in backend->score and the
+     * requests waiting (set by the transport before job_emit_version: embedded from J->R.pool, MPI
+     * from the rollout ranks' acknowledgements), and the reward programs' extra numeric fields summed
+     * over the window's responses (reward/<field>/mean) */
+    double win_reward_s, reward_busy_snap;
+    int reward_backlog;
+    int n_rx, cap_rx;
+    char **rx_keys;
+    double *rx_sum;
+    int64_t *rx_cnt;
+    int reward_failed;        /* the rollout side stopped because the reward backend failed */
+    reward_pool *val_pool;    /* job_reward_score's pool where the job has no rollouter (MPI trainer rank 0) */
 };
 
 /* The whole model on this process until job_whole_end (nests; moments: the AdamW moments too), then
@@ -153,6 +165,14 @@ void job_close_outputs(job *J);
 void job_free(job *J);
 /* One samples.jsonl line per group (trainer_version, uid, epoch, row, versions of its tokens). */
 void job_log_samples(job *J, rl_group **g, int n);
+/* Score reqs[0..n) through the job's reward backend (reward.*), synchronously: the validation's
+ * scoring callback (rl/validate.h val_score_fn, ctx = J). The embedded job uses its rollouter's pool
+ * (reward_pool_score: never at the same time as the pool's thread); trainer rank 0 of the MPI job a
+ * pool of its own, made on first use. A failure latches the pool (the run stops) and sets
+ * J->reward_failed, so the stop writes a checkpoint first. */
+int job_reward_score(void *ctx, const reward_request *reqs, int n, reward_result *out);
+/* Add the extra reward fields of the groups' responses to the window (reward/<field>/mean). */
+void job_add_reward_extras(job *J, rl_group *const *g, int n);
 /* Window accumulation of per-step statistics (first: overwrite). */
 void job_add_stats(train_stats *a, const train_stats *b, int first);
 /* Held-out validation of the whole model (rl/validate.h: rollout.val_kwargs.n responses for each of

@@ -153,8 +153,23 @@ typedef struct rl_group {
     int n, n_done;
     tok_seq prompt;
     gen_request *reqs;    /* [n] */
+    /* [n] the reward program's answer per response (score before shaping, extra fields, pred), set
+     * when the rollouter's reward pool has scored the whole group (NULL before). The trainer, the
+     * DAPO filter and the samples log read these; nothing rescores. */
+    reward_result *rewards;
 } rl_group;
 void rl_group_free(rl_group *g);
+/* The reward requests of finished group g (a row of train): reqs[j] for response j with its decoded
+ * text, the row's data_source, ground truth, extra_info, prompt messages (JSON) and "FILE:LINE".
+ * The strings live in *store (free with rl_reward_store_free after the requests are used). */
+typedef struct {
+    char **texts;
+    int n;
+    char *prompt_json;
+    char where[1100];
+} rl_reward_store;
+void rl_group_reward_requests(const rl_group *g, const dataset *train, reward_request *reqs, rl_reward_store *store);
+void rl_reward_store_free(rl_reward_store *s);
 
 /* Which prompt comes next: per-epoch shuffled order (seeded), plus prompts to redo first
  * (unconsumed prompts restored by a resume). */
@@ -191,6 +206,19 @@ typedef struct {
     _Atomic int n_inflight;   /* (read by the watchdog) */
     int cap_inflight;
     gen_request **done_buf;
+    /* the reward pool (reward.*: built-in rules, worker processes or a server): finished groups are
+     * submitted to it and stay in `inflight` (they count for the staleness budget and are in-flight
+     * uids in checkpoints) until their rewards are in; then they go to the queue / on_group_done */
+    reward_pool *pool;
+    int n_scoring;            /* groups of inflight submitted to the pool */
+    /* 1 (rollouter_init's default): every engine step waits until the groups it finished are scored,
+     * so that groups reach the queue at the step that finished them, as with rewards computed in
+     * line: lockstep / sync modes stay bit-reproducible, moerl simulate and direct users see a fixed
+     * order. 0: rewards beside generation (the async job's rollouter thread and MPI rollout ranks set
+     * it): the engine never waits for the pool. */
+    int wait_rewards;
+    _Atomic double reward_wait_s; /* seconds spent scoring in line (wait_rewards), read and reset by the job */
+    int reward_failed;        /* the pool's backend failed (its message is in moerl_last_error / error) */
     int draining;             /* partial rollout off: a sync waits for in-flight work */
     /* statistics (since the last version) */
     /* busy: added by the rollouter thread outside mu; both read and reset by the trainer: atomic */
@@ -211,7 +239,7 @@ typedef struct {
     /* read by the watchdog thread while the role runs: atomic (C11 loads/stores) */
     _Atomic(const char *) stage;
     _Atomic double last_progress;
-    char error[512];
+    char error[2048];
 } rollouter;
 
 /* Per-step training statistics (verl metric names in rl_job's output). */
@@ -318,9 +346,13 @@ int rl_check_pipeline_groups(const rl_pp_sizes *z);
  * lies in the range (tests/test_wire.c checks it against the split). D ≤ 1: exactly G. */
 void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k_hi);
 
+/* The reward backend of cfg->reward (reward_backend_create; the built-in rules by default). NULL with
+ * the backend's error when it cannot start. */
+reward_backend *rl_reward_backend(const rl_config *cfg);
 /* The rollout side of a job: its engine (from m's weights), the prompt feed over train, and the staleness
  * budget the job derived once (job_plan / rl_config_budget; copied: the rollouter keeps its own
- * counters). Completed groups go to q. Errors: the context check (rl_check_context), engine creation. */
+ * counters), and its reward pool (rl_reward_backend(cfg) on its own thread). Scored groups go to q.
+ * Errors: the context check (rl_check_context), engine creation, a reward backend that cannot start. */
 int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *budget, const dataset *train,
                    const moe_model *m, rl_queue *q, int64_t total_prompts);
 void rollouter_free(rollouter *R);
@@ -331,9 +363,15 @@ int rollouter_tick(rollouter *R);
  * its n requests enter the engine; counts as a new prompt for the local budget. Errors: uid outside
  * the dataset, engine_add refusing a request. (Rollout ranks: uids granted by trainer rank 0.) */
 int rollouter_start_uid(rollouter *R, int64_t uid);
-/* One engine step without admitting anything; completed groups go to on_group_done (or the queue).
- * Returns 1 if it did work, 0 if the engine is empty, MOERL_ERR. */
+/* One engine step without admitting anything; finished groups go to the reward pool, scored groups
+ * to on_group_done (or the queue). Never blocks on rewards while the engine has work; with an empty
+ * engine and groups being scored it waits a few milliseconds for them. Returns 1 if it did work or
+ * groups await rewards, 0 if the engine is empty and nothing is being scored, MOERL_ERR (a backend
+ * failure sets R->reward_failed; the message is the backend's). */
 int rollouter_step(rollouter *R);
+/* Deliver the groups whose rewards are in (waiting up to wait_s for the first when some are being
+ * scored). Returns the number delivered or MOERL_ERR (as rollouter_step). */
+int rollouter_collect_rewards(rollouter *R, double wait_s);
 /* Whole groups that may start now without queueing behind the engine's slots (rollouter_tick's
  * admission rule: an empty engine takes one group even when n > free slots). */
 int rollouter_room(const rollouter *R);
@@ -343,7 +381,7 @@ int rollouter_resume(rollouter *R);
 /* Apply a weight sync at a step boundary: interrupt (partial rollout) or expect a drained engine,
  * load the weights as `version`, re-base the staleness counter, resume interrupted first. */
 int rollouter_apply_sync(rollouter *R, const float *params, size_t n_params, int version);
-/* Groups in flight (started, not complete) and, among them, with an interrupted response. */
+/* Groups in flight: started, and not yet in the queue (generating, or waiting for rewards). */
 int rollouter_in_flight(const rollouter *R);
 
 int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_model *m);
@@ -388,10 +426,10 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
  * third of model_train_flops over the step's tokens (model/perf.h); perf/mfu and moerl simulate's
  * update time count them. */
 int rl_fwd_only_passes(const rl_config *cfg);
-/* Rewards of a group's n responses: the reward function of the prompt's data_source, plus DAPO's
- * overlong penalty when reward_model.overlong_buffer.enable. raw_scores[n] (may be NULL) gets the
- * scores before shaping (accuracy counts score ≥ 1). Errors: an unknown data_source, a row outside
- * the training set. */
+/* Rewards of a group's n responses: the scores the reward pool stored in g->rewards (computed beside
+ * generation, never here), plus DAPO's overlong penalty when reward_model.overlong_buffer.enable.
+ * raw_scores[n] (may be NULL) gets the scores before shaping (accuracy counts score ≥ 1). Error: a
+ * group without stored rewards (a bug: every group is scored before it is queued). */
 int trainer_group_rewards(const trainer *T, const rl_group *g, float *rewards, float *raw_scores);
 /* DAPO dynamic sampling: 1 when every response of the group got the same reward (no gradient). */
 int rl_group_uniform_reward(const float *rewards, int n);

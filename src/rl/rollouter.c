@@ -1,5 +1,9 @@
 /* Rollouter: feeds prompts, keeps GRPO groups together, respects the staleness budget, applies
- * weight syncs at step boundaries (partial rollout: interrupt and resume). Scores nothing. */
+ * weight syncs at step boundaries (partial rollout: interrupt and resume), and has finished groups
+ * scored beside generation: a group whose n responses are done is decoded and submitted to the
+ * reward pool (its own thread); it stays in flight until its rewards are in, then enters the queue
+ * with them (rl_group.rewards). */
+#include <jansson.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -10,10 +14,57 @@
 void rl_group_free(rl_group *g) {
     if (!g) return;
     for (int j = 0; j < g->n; j++) gen_request_free_outputs(&g->reqs[j]);
+    if (g->rewards)
+        for (int j = 0; j < g->n; j++) reward_result_free(&g->rewards[j]);
+    free(g->rewards);
     free(g->reqs);
     tok_seq_free(&g->prompt);
     free(g);
 }
+
+/* ------------------------------------------------------------------ reward requests */
+
+static char *prompt_json(const ds_row *row) {
+    json_t *a = json_array();
+    for (int i = 0; i < row->n_prompt; i++) {
+        json_t *m = json_object();
+        json_object_set_new(m, "role", json_string(row->prompt[i].role ? row->prompt[i].role : ""));
+        json_t *c = row->prompt[i].content ? json_string(row->prompt[i].content) : NULL;
+        json_object_set_new(m, "content", c ? c : json_null()); /* NULL: not valid UTF-8 */
+        json_array_append_new(a, m);
+    }
+    char *s = json_dumps(a, JSON_COMPACT);
+    json_decref(a);
+    return s;
+}
+
+void rl_group_reward_requests(const rl_group *g, const dataset *train, reward_request *reqs, rl_reward_store *st) {
+    const ds_row *row = dataset_row(train, g->row);
+    st->n = g->n;
+    st->texts = xcalloc((size_t)(g->n ? g->n : 1), sizeof(char *));
+    st->prompt_json = prompt_json(row);
+    dataset_where(train, row->line, st->where, sizeof st->where);
+    for (int j = 0; j < g->n; j++) {
+        const gen_request *r = &g->reqs[j];
+        size_t len = 0;
+        char *txt = tok_decode(r->out_tokens, r->n_out, true, &len);
+        st->texts[j] = txt ? txt : xstrdup("");
+        reqs[j] = (reward_request){.data_source = row->data_source, .solution_str = st->texts[j],
+                                   .ground_truth = row->ground_truth, .ground_truth_json = row->ground_truth_json,
+                                   .extra_info_json = row->extra_info_json, .prompt_json = st->prompt_json,
+                                   .where = st->where};
+    }
+}
+
+void rl_reward_store_free(rl_reward_store *s) {
+    for (int j = 0; j < s->n; j++) free(s->texts[j]);
+    free(s->texts);
+    free(s->prompt_json);
+    s->texts = NULL;
+    s->prompt_json = NULL;
+    s->n = 0;
+}
+
 
 static void feed_shuffle(prompt_feed *f) {
     rng_state r;
@@ -81,6 +132,11 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
                         .bf16_weights = cfg->bf16_weights};
     R->eng = engine_create(&m->cfg, ec);
     if (!R->eng) return MOERL_ERR;
+    reward_backend *rb = rl_reward_backend(cfg);
+    if (!rb) return MOERL_ERR;
+    R->pool = reward_pool_create(rb);
+    if (!R->pool) return MOERL_ERR;
+    R->wait_rewards = 1;
     if (engine_load_weights(R->eng, m->params, m->n_params, 0) != MOERL_OK) return MOERL_ERR;
     prompt_feed_init(&R->feed, dataset_count(train), cfg->seed);
     R->prompts_left = total_prompts;
@@ -95,6 +151,8 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
 }
 
 void rollouter_free(rollouter *R) {
+    reward_pool_free(R->pool); /* first: a batch being scored refers to nothing of R, but is stopped */
+    R->pool = NULL;
     for (int i = 0; i < R->n_inflight; i++) rl_group_free(R->inflight[i]);
     free(R->inflight);
     free(R->done_buf);
@@ -105,6 +163,8 @@ void rollouter_free(rollouter *R) {
 }
 
 int rollouter_in_flight(const rollouter *R) { return R->n_inflight; }
+
+reward_backend *rl_reward_backend(const rl_config *cfg) { return reward_backend_create(&cfg->reward); }
 
 static uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
@@ -166,23 +226,85 @@ int rollouter_start_uid(rollouter *R, int64_t uid) {
 
 static int start_group(rollouter *R) { return rollouter_start_uid(R, prompt_feed_next(&R->feed)); }
 
+/* A pool failure: latched in R (the message is the backend's, kept in R->error too). */
+static int reward_failure(rollouter *R) {
+    R->reward_failed = 1;
+    snprintf(R->error, sizeof R->error, "%s", moerl_last_error());
+    return MOERL_ERR;
+}
+
+static int deliver(rollouter *R, const reward_done *d);
+
+/* Hand a finished group to the reward pool (tagged by its address: unique while it is in flight);
+ * wait_rewards: score it now through the pool's backend and deliver it. */
+static int submit_group(rollouter *R, rl_group *g) {
+    reward_request *reqs = xcalloc((size_t)(g->n ? g->n : 1), sizeof *reqs);
+    rl_reward_store st;
+    rl_group_reward_requests(g, R->train, reqs, &st);
+    int rc;
+    reward_done d = {.tag = (uint64_t)(uintptr_t)g, .n = g->n, .results = NULL};
+    if (R->wait_rewards) {
+        d.results = xcalloc((size_t)(g->n ? g->n : 1), sizeof(reward_result));
+        const double t0 = moerl_now();
+        rc = reward_pool_score(R->pool, reqs, g->n, d.results);
+        rl_atomic_add(&R->reward_wait_s, moerl_now() - t0);
+        if (rc != MOERL_OK) free(d.results);
+    } else {
+        rc = reward_pool_submit(R->pool, d.tag, reqs, g->n);
+    }
+    rl_reward_store_free(&st);
+    free(reqs);
+    if (rc != MOERL_OK) return reward_failure(R);
+    R->n_scoring++;
+    return R->wait_rewards ? deliver(R, &d) : MOERL_OK;
+}
+
 static int finish_requests(rollouter *R, int k) {
     for (int d = 0; d < k; d++) {
         rl_group *g = R->done_buf[d]->user;
         R->gen_tokens += R->done_buf[d]->n_out;
         if (++g->n_done < g->n) continue;
-        for (int i = 0; i < R->n_inflight; i++)
-            if (R->inflight[i] == g) {
-                R->inflight[i] = R->inflight[--R->n_inflight];
-                break;
-            }
-        if (R->on_group_done) {
-            if (R->on_group_done(R->on_group_done_ctx, g) != MOERL_OK) return MOERL_ERR;
-        } else if (rl_queue_put(R->queue, g) != MOERL_OK) {
-            return MOERL_ERR;
-        }
+        if (submit_group(R, g) != MOERL_OK) return MOERL_ERR;
     }
     return MOERL_OK;
+}
+
+/* A scored group leaves the in-flight list for the queue (or the callback). */
+static int deliver(rollouter *R, const reward_done *d) {
+    rl_group *g = (rl_group *)(uintptr_t)d->tag;
+    int at = -1;
+    for (int i = 0; i < R->n_inflight && at < 0; i++)
+        if (R->inflight[i] == g) at = i;
+    MOERL_ASSERT(at >= 0 && d->n == g->n); /* the pool hands back what was submitted */
+    R->inflight[at] = R->inflight[--R->n_inflight];
+    R->n_scoring--;
+    g->rewards = d->results;
+    if (R->on_group_done) return R->on_group_done(R->on_group_done_ctx, g);
+    return rl_queue_put(R->queue, g);
+}
+
+int rollouter_collect_rewards(rollouter *R, double wait_s) {
+    if (R->n_scoring == 0) return 0;
+    reward_done done[16];
+    int total = 0;
+    for (;;) {
+        const int k = reward_pool_poll(R->pool, done, 16, total == 0 ? wait_s : 0);
+        if (k < 0) return reward_failure(R);
+        int rc = MOERL_OK;
+        for (int i = 0; i < k; i++) {
+            if (rc == MOERL_OK) {
+                rc = deliver(R, &done[i]);
+            } else { /* a delivery failed: release the rest (the job stops) */
+                for (int j = 0; j < done[i].n; j++) reward_result_free(&done[i].results[j]);
+                free(done[i].results);
+            }
+        }
+        if (rc != MOERL_OK) return MOERL_ERR;
+        total += k;
+        if (k < 16) break;
+    }
+    if (total > 0) R->last_progress = moerl_now();
+    return total;
 }
 
 int rollouter_room(const rollouter *R) {
@@ -208,11 +330,28 @@ int rollouter_tick(rollouter *R) {
     return rollouter_step(R);
 }
 
+/* After an engine step: the groups scored meanwhile go on (wait_rewards: already delivered). */
+static int collect_after_step(rollouter *R) {
+    return rollouter_collect_rewards(R, 0) < 0 ? MOERL_ERR : MOERL_OK;
+}
+
+/* How long an otherwise idle rollouter waits for rewards per step: short, so that a sync request
+ * or a stop is seen at once. */
+#define REWARD_WAIT_S 0.005
+
 int rollouter_step(rollouter *R) {
     const rl_config *c = R->cfg;
     if (engine_num_unfinished(R->eng) == 0) {
-        R->stage = "idle";
-        return 0;
+        if (R->n_scoring == 0) {
+            R->stage = "idle";
+            return 0;
+        }
+        R->stage = "wait_rewards";
+        const double t0 = moerl_now();
+        const int got = rollouter_collect_rewards(R, REWARD_WAIT_S);
+        if (got < 0) return MOERL_ERR;
+        rl_atomic_add(&R->idle_s, moerl_now() - t0); /* waiting, not generating */
+        return 1;
     }
     R->stage = "generate";
     double t0 = moerl_now();
@@ -220,6 +359,7 @@ int rollouter_step(rollouter *R) {
     if (k < 0) return MOERL_ERR;
     R->stage = "queue";
     if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
+    if (collect_after_step(R) != MOERL_OK) return MOERL_ERR;
     rl_atomic_add(&R->busy_s, moerl_now() - t0);
     R->last_progress = moerl_now();
     return 1;
@@ -239,6 +379,7 @@ int rollouter_apply_sync(rollouter *R, const float *params, size_t n_params, int
 int rollouter_resume(rollouter *R) {
     int k = engine_resume(R->eng, R->done_buf, R->cfg->max_num_seqs * 2 + 64);
     if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
+    if (collect_after_step(R) != MOERL_OK) return MOERL_ERR;
     R->draining = 0;
     R->last_progress = moerl_now();
     return MOERL_OK;

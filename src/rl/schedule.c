@@ -10,6 +10,8 @@
  *   stop: after total steps, on SIGINT/SIGTERM (checkpoint, then the caller exits 128+signal), or
  *         on divergence (N consecutive non-finite optimizer steps: error, the last checkpoint kept)
  *   end: transport stop → last window → validation → checkpoint → plot.
+ *   reward failure (the rollout side stopped on the reward backend's error): transport stop →
+ *         checkpoint (groups waiting for rewards are in flight: redone on resume) → the error.
  * Sources: verl recipe/fully_async_policy (trainer loop, parameter synchroniser), DAPO (dynamic
  * sampling, Yu et al. 2025); docs/rl.md. */
 #include <jansson.h>
@@ -133,6 +135,7 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     memset(&st, 0, sizeof st);
     T->stage = "reward";
     if (trainer_sample_stats(T, groups, n, &st) != MOERL_OK) return MOERL_ERR;
+    job_add_reward_extras(J, groups, n);
     /* D data-parallel shards; trainer rank d trains shard shard_of[d] (the ranks of a Ulysses group
      * share one, src/parallel/grid.h) */
     const int D = J->n_shards > 0 ? J->n_shards : J->n_trainers, mb = cfg->ppo_mini_batch_size,
@@ -311,6 +314,34 @@ static int schedule_finish(job *J, rl_result *res, held_groups *held, int64_t st
     return rc;
 }
 
+/* The reward backend failed (the rollout side already stopped): a checkpoint (unless
+ * trainer.save_freq=-1) listing the in-flight groups — those waiting for rewards among them — and the
+ * held ones as unconsumed, then the backend's message with what to do. Always MOERL_ERR. */
+static int reward_failure_stop(job *J, held_groups *held, const char *msg) {
+    char saved[2048];
+    snprintf(saved, sizeof saved, "%s", msg);
+    char where[4400] = "no checkpoint was written (trainer.save_freq=-1)";
+    if (J->cfg->save_freq >= 0) {
+        int n_in;
+        int64_t *in = J->ops->inflight_uids(J, &n_in);
+        in = xrealloc(in, (size_t)(n_in + held->n + 1) * sizeof(int64_t));
+        for (int i = 0; i < held->n; i++) in[n_in++] = held->g[i]->uid;
+        const int c = job_save_checkpoint(J, in, n_in);
+        free(in);
+        if (c == MOERL_OK) {
+            J->last_ckpt_step = J->T.step;
+            snprintf(where, sizeof where, "checkpoint at step %lld in %s/checkpoint (the prompts in flight — those "
+                     "waiting for rewards among them — and queued are redone on resume)", (long long)J->T.step,
+                     J->cfg->out_dir);
+        } else {
+            snprintf(where, sizeof where, "the checkpoint could not be written (%s); the last one on disk is kept",
+                     moerl_last_error());
+        }
+    }
+    return moerl_errorf("%s\nthe reward failed: %s; fix the reward and run the same command again "
+                        "(trainer.resume_mode=auto resumes)", saved, where);
+}
+
 int job_schedule_prepare(job *J, rl_result *res) {
     if (schedule_start(J, res) != MOERL_OK) return MOERL_ERR;
     /* the peak of the cores the trainer's team runs on (this thread's OpenMP team: trainer_threads in
@@ -347,6 +378,8 @@ int job_schedule_run(job *J, rl_result *res) {
     J->run_t0 = J->win_t0 = job_clock(J);
     const int64_t step0 = J->T.step;
     int rc = schedule_steps(J, &held, req);
+    char msg[2048] = "";
+    if (rc != MOERL_OK) snprintf(msg, sizeof msg, "%s", moerl_last_error());
     J->stop_signal = moerl_stop_requested();
     J->T.stage = "stop";
     const int stop_rc = J->ops->stop(J, &rb, &ri);
@@ -354,6 +387,8 @@ int job_schedule_run(job *J, rl_result *res) {
     atomic_store(&J->watchdog_stop, 1);
     pthread_join(wd, NULL);
     if (rc == MOERL_OK && stop_rc == MOERL_OK) rc = schedule_finish(J, res, &held, step0, req, wall, rb, ri);
+    else if (rc != MOERL_OK && J->reward_failed && stop_rc == MOERL_OK) rc = reward_failure_stop(J, &held, msg);
+    else if (rc != MOERL_OK) rc = moerl_errorf("%s", msg); /* stop's own messages do not replace the cause */
     else rc = MOERL_ERR;
     for (int i = 0; i < held.n; i++) rl_group_free(held.g[i]);
     free(held.g);

@@ -1,4 +1,4 @@
-/* Trainer: rewards (by data_source), GRPO advantages, PPO policy loss anchored on the behaviour
+/* Trainer: rewards (stored by the rollouter's reward pool, shaped here), GRPO advantages, PPO policy loss anchored on the behaviour
  * logprobs from the engine (or AReaL's decoupled loss), optional entropy bonus and k3 KL to a
  * frozen reference, AdamW with clipping, over mini-batches of whole GRPO groups. */
 #include <math.h>
@@ -162,18 +162,12 @@ void rl_split_minibatch(rl_group *const *groups, int n, int n_ranks, int *owner)
 
 int trainer_group_rewards(const trainer *T, const rl_group *g, float *rewards, float *raw_scores) {
     const rl_config *cfg = T->cfg;
-    if (g->row < 0 || g->row >= dataset_count(T->train))
-        return moerl_errorf("group uid %lld: row %d outside the training set's %lld rows", (long long)g->uid, g->row,
-                            (long long)dataset_count(T->train));
-    const ds_row *row = dataset_row(T->train, g->row);
+    if (!g->rewards) /* every group comes through the rollouter's reward pool */
+        return moerl_errorf("group uid %lld (row %d) reached the trainer without its rewards", (long long)g->uid,
+                            g->row);
     for (int j = 0; j < g->n; j++) {
         const gen_request *r = &g->reqs[j];
-        size_t len;
-        char *txt = tok_decode(r->out_tokens, r->n_out, true, &len);
-        double score = 0;
-        int rc = reward_row(row, txt ? txt : "", &score);
-        free(txt);
-        if (rc != MOERL_OK) return MOERL_ERR;
+        double score = g->rewards[j].score;
         if (raw_scores) raw_scores[j] = (float)score;
         if (cfg->overlong_enable)
             score += overlong_penalty(r->n_out, cfg->max_response_length, cfg->overlong_len,

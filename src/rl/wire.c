@@ -84,6 +84,35 @@ static int r_count(rbuf *r, int32_t v, int32_t lo, int32_t hi, const char *field
 
 /* ------------------------------------------------------------------ group */
 
+/* The group's rewards (wire.h: "scored" and the per-response answers). */
+static int rewards_write(wbuf *w, const rl_group *g) {
+    w_i32(w, g->rewards ? 1 : 0);
+    if (!g->rewards) return MOERL_OK;
+    for (int j = 0; j < g->n; j++) {
+        const reward_result *x = &g->rewards[j];
+        if (!isfinite(x->score) || x->n_extra < 0 || x->n_extra > RL_WIRE_MAX_EXTRA)
+            return moerl_errorf("group encode: uid %lld response %d: score %g with %d extra fields",
+                                (long long)g->uid, j, x->score, x->n_extra);
+        w_put(w, &x->score, 8);
+        w_i32(w, x->n_extra);
+        for (int e = 0; e < x->n_extra; e++) {
+            const size_t kl = strlen(x->extra_keys[e]);
+            if (kl == 0 || kl > RL_WIRE_MAX_STR)
+                return moerl_errorf("group encode: uid %lld response %d: extra field name of %zu bytes",
+                                    (long long)g->uid, j, kl);
+            w_i32(w, (int32_t)kl);
+            w_put(w, x->extra_keys[e], kl);
+            w_put(w, &x->extra_vals[e], 8);
+        }
+        const size_t pl = x->pred ? strlen(x->pred) : 0;
+        if (pl > RL_WIRE_MAX_STR)
+            return moerl_errorf("group encode: uid %lld response %d: pred of %zu bytes", (long long)g->uid, j, pl);
+        w_i32(w, x->pred ? (int32_t)pl : -1);
+        w_put(w, x->pred, pl);
+    }
+    return MOERL_OK;
+}
+
 static int group_write(wbuf *w, const rl_group *g) {
     if (g->n <= 0 || g->n > RL_WIRE_MAX_N)
         return moerl_errorf("group encode: uid %lld has n = %d responses", (long long)g->uid, g->n);
@@ -117,7 +146,7 @@ static int group_write(wbuf *w, const rl_group *g) {
         w_put(w, r->out_logprobs, (size_t)r->n_out * 4);
         w_put(w, r->out_versions, (size_t)r->n_out * 4);
     }
-    return MOERL_OK;
+    return rewards_write(w, g);
 }
 
 int rl_group_encode(const rl_group *g, void **buf, size_t *len) {
@@ -138,6 +167,67 @@ static int check_nonneg(rbuf *r, const int32_t *v, int n, const char *field, int
             return moerl_errorf("%s: uid %lld response %d: %s[%d] = %d is negative", r->what, (long long)uid, j, field,
                                 i, v[i]);
         }
+    return MOERL_OK;
+}
+
+/* A length-prefixed string of [lo, RL_WIRE_MAX_STR] bytes (−1 with lo < 0: none, *out NULL). */
+static int r_str(rbuf *r, int lo, char **out, const char *field, int64_t uid, int j) {
+    *out = NULL;
+    int32_t len = 0;
+    if (r_i32(r, &len, field)) return MOERL_ERR;
+    if (len < lo || len > RL_WIRE_MAX_STR) {
+        r->err = 1;
+        return moerl_errorf("%s: uid %lld response %d: %s = %d outside [%d, %d]", r->what, (long long)uid, j, field,
+                            len, lo, RL_WIRE_MAX_STR);
+    }
+    if (len < 0) return MOERL_OK;
+    if ((size_t)len > r->n - r->off) return r_get(r, NULL, (size_t)len, field);
+    char *s = xmalloc((size_t)len + 1);
+    r_get(r, s, (size_t)len, field);
+    s[len] = 0;
+    if (memchr(s, 0, (size_t)len)) {
+        free(s);
+        r->err = 1;
+        return moerl_errorf("%s: uid %lld response %d: %s holds a NUL byte", r->what, (long long)uid, j, field);
+    }
+    *out = s;
+    return MOERL_OK;
+}
+
+static int r_finite(rbuf *r, double *v, const char *field, int64_t uid, int j) {
+    if (r_get(r, v, 8, field)) return MOERL_ERR;
+    if (!isfinite(*v)) {
+        r->err = 1;
+        return moerl_errorf("%s: uid %lld response %d: %s is %g (a reward must be finite)", r->what, (long long)uid, j,
+                            field, *v);
+    }
+    return MOERL_OK;
+}
+
+/* The rewards after a group's responses (g->rewards stays NULL when the group was not scored). */
+static int rewards_read(rbuf *r, rl_group *g) {
+    int32_t scored = 0;
+    if (r_i32(r, &scored, "scored") || r_count(r, scored, 0, 1, "scored")) return MOERL_ERR;
+    if (!scored) return MOERL_OK;
+    if ((size_t)g->n > (r->n - r->off) / 16) /* every answer takes at least 16 bytes */
+        return r_get(r, NULL, (size_t)g->n * 16, "rewards");
+    g->rewards = xcalloc((size_t)g->n, sizeof(reward_result));
+    for (int j = 0; j < g->n; j++) {
+        reward_result *x = &g->rewards[j];
+        int32_t ne = 0;
+        if (r_finite(r, &x->score, "score", g->uid, j) || r_i32(r, &ne, "n_extra") ||
+            r_count(r, ne, 0, RL_WIRE_MAX_EXTRA, "n_extra"))
+            return MOERL_ERR;
+        if ((size_t)ne * 12 > r->n - r->off) return r_get(r, NULL, (size_t)ne * 12, "extra fields");
+        x->extra_keys = xcalloc((size_t)(ne ? ne : 1), sizeof(char *));
+        x->extra_vals = xcalloc((size_t)(ne ? ne : 1), sizeof(double));
+        for (int e = 0; e < ne; e++) {
+            if (r_str(r, 1, &x->extra_keys[e], "extra field name", g->uid, j)) return MOERL_ERR;
+            x->n_extra = e + 1; /* the names read so far are freed with the group */
+            if (r_finite(r, &x->extra_vals[e], "extra field value", g->uid, j)) return MOERL_ERR;
+        }
+        if (r_str(r, -1, &x->pred, "pred length", g->uid, j)) return MOERL_ERR;
+    }
     return MOERL_OK;
 }
 
@@ -219,6 +309,7 @@ static int group_read(rbuf *r, rl_group **out) {
                 break;
             }
     }
+    if (rc == MOERL_OK) rc = rewards_read(r, g);
     if (rc != MOERL_OK) {
         rl_group_free(g);
         return MOERL_ERR;

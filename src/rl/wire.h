@@ -3,13 +3,17 @@
  * share of a trainer step. Byte layouts are fixed (host byte order, like the weight-broadcast header
  * of dist.h: every rank of a job runs on one architecture); integers are little-endian on x86-64.
  *
- * Group ("MOERLGR1", format 1):
- *   char magic[8] "MOERLGR1" | u32 format = 1 | i32 start_version | i64 uid | i32 row | i32 epoch |
+ * Group ("MOERLGR1", format 2):
+ *   char magic[8] "MOERLGR1" | u32 format = 2 | i32 start_version | i64 uid | i32 row | i32 epoch |
  *   i32 n (responses) | i32 prompt_len | i32 prompt[prompt_len] |
  *   n × { i32 n_out | i32 finish | i32 n_interruptions | i32 tokens[n_out] | f32 logprobs[n_out] |
- *         i32 versions[n_out] }
- * Train message ("MOERLTB1", format 1), trainer rank 0 → trainer rank t:
- *   char magic[8] "MOERLTB1" | u32 format = 1 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
+ *         i32 versions[n_out] } |
+ *   i32 scored (0 | 1) | if scored: n × { f64 score | i32 n_extra |
+ *         n_extra × { i32 key_len | key bytes | f64 value } | i32 pred_len (−1: no pred) | pred bytes }
+ *   (the rewards the rollout rank's reward pool computed, rl_group.rewards: scores and extra values
+ *   finite, names 1..RL_WIRE_MAX_STR bytes without NUL; format 1 had no rewards)
+ * Train message ("MOERLTB1", format 2), trainer rank 0 → trainer rank t:
+ *   char magic[8] "MOERLTB1" | u32 format = 2 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
  *   i32 n_mb | n_mb × { i32 n_groups | i64 resp_tokens | i64 tokens } |
  *   Σ n_groups × { u64 length | group bytes (as above) }
  *   resp_tokens / tokens are the mini-batch's GLOBAL counts over all trainer ranks (token-mean loss
@@ -28,7 +32,9 @@
 
 #define RL_WIRE_GROUP_MAGIC "MOERLGR1"
 #define RL_WIRE_TRAIN_MAGIC "MOERLTB1"
-#define RL_WIRE_FORMAT 1
+#define RL_WIRE_FORMAT 2
+#define RL_WIRE_MAX_EXTRA 4096         /* extra reward fields per response a decoder accepts */
+#define RL_WIRE_MAX_STR (1 << 20)      /* bytes of an extra field's name or a pred a decoder accepts */
 #define RL_WIRE_MAX_N 65536            /* responses per group a decoder accepts */
 #define RL_WIRE_MAX_LEN (1 << 26)      /* tokens per prompt or response a decoder accepts */
 /* largest uid a decoder accepts: request ids are uid·1024 + response index (rollouter.c), which
@@ -48,7 +54,7 @@ int rl_group_encode(const rl_group *g, void **buf, size_t *len);
  * wrong magic, another format, n outside [1, RL_WIRE_MAX_N], a length outside [0, RL_WIRE_MAX_LEN]
  * (prompt: ≥ 1), a uid outside [0, RL_WIRE_MAX_UID], more responses than the bytes left could hold,
  * a negative token id, version or interruption count, an unknown finish reason, a NaN logprob,
- * bytes missing or left over. */
+ * a non-finite score or extra value, a bad string length, bytes missing or left over. */
 int rl_group_decode(const void *buf, size_t len, rl_group **out);
 
 /* A decoded train message (rl_minibatch: rl.h). groups[] concatenates the mini-batches' groups. */
