@@ -294,8 +294,8 @@ static void consume_line(worker *w, size_t len) {
     w->in_len -= len + 1;
 }
 
-/* The first line of a ready_line program (the verl adapter), {"ready": true}: it imported the file and found the function. Waits up
- * to timeout_s. Errors say why it did not start, with its stderr. */
+/* The first line of a ready_line program (the verl adapter), {"ready": true}: it imported the file
+ * and found the function. Waits up to timeout_s. Errors say why it did not start, with its stderr. */
 static int wait_ready(jsonl_procs *pb, worker *w) {
     double until = now_s() + pb->timeout_s;
     char note[1800], how[160];
