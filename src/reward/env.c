@@ -339,6 +339,7 @@ int env_poll(env_client *e, env_result *out, int max, double wait_s) {
         if (e->n_done > 0 || jsonl_now_s() >= until || e->n_active == 0) break;
     }
     int n = e->n_done < max ? e->n_done : max;
+    if (n <= 0) return 0;
     memcpy(out, e->done, (size_t)n * sizeof *out);
     memmove(e->done, e->done + n, (size_t)(e->n_done - n) * sizeof *e->done);
     e->n_done -= n;
