@@ -6,7 +6,8 @@
  * Every failure mode: an error answer, garbage, a missing content, a timeout (tool responses,
  * counted), a program that dies once (restarted, the call sent again), a program that dies for
  * good and a server that refuses or answers 4xx (run-stopping errors naming the tool, the program
- * or URL and the trajectory). No child process is left behind. Needs python3; runs from the
+ * or URL and the trajectory). The calculator docs/multi-turn.md shows users runs as the page
+ * shows it. No child process is left behind. Needs python3; runs from the
  * repository root. */
 #include <dirent.h>
 #include <signal.h>
@@ -342,6 +343,50 @@ static void test_server(void) {
     }
 }
 
+/* The calculator environment docs/multi-turn.md shows users, copied from the page: it answers a
+ * call, and a bad expression with an error the model sees. */
+static void test_doc_program(const char *tmp) {
+    FILE *f = fopen("docs/multi-turn.md", "r");
+    CHECK(f != NULL, "docs/multi-turn.md");
+    if (!f) return;
+    static char doc[1 << 16];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = 0;
+    const char *sec = strstr(doc, "## The environment protocol");
+    const char *from = sec ? strstr(sec, "```python\n") : NULL;
+    const char *to = from ? strstr(from + 10, "\n```") : NULL;
+    CHECK(to != NULL, "docs/multi-turn.md: no python block in the environment protocol section");
+    if (!to) return;
+    char path[600], cmd[700];
+    snprintf(path, sizeof path, "%s/doc_env.py", tmp);
+    f = fopen(path, "w");
+    CHECK(f && fwrite(from + 10, 1, (size_t)(to + 1 - (from + 10)), f) > 0, "%s", path);
+    if (f) fclose(f);
+    snprintf(cmd, sizeof cmd, "python3 %s", path);
+    tool_config tc;
+    CHECK(load_tools(&tc, all_tools, 1, cmd, 0) == MOERL_OK, "%s", moerl_last_error());
+    env_config ec = default_config();
+    env_client *e = env_create(&tc, &ec);
+    CHECK(e != NULL, "create: %s", moerl_last_error());
+    if (!e) return;
+    env_result r[2] = {0};
+    CHECK(env_submit(e, 0, "traj-80", "calc", "{\"expr\": \"-12345678901*3+1\"}") == MOERL_OK, "%s",
+          moerl_last_error());
+    CHECK(env_submit(e, 1, "traj-81", "calc", "{\"expr\": \"2**10\"}") == MOERL_OK, "%s", moerl_last_error());
+    CHECK(collect(e, r, 2) == MOERL_OK, "%s", moerl_last_error());
+    char want[64];
+    snprintf(want, sizeof want, "%lld", -12345678901LL * 3 + 1);
+    CHECK(r[0].content && !strcmp(r[0].content, want) && !r[0].error, "doc calc: '%s' want '%s'", r[0].content, want);
+    CHECK(r[1].error && r[1].content &&
+              !strcmp(r[1].content, "Error: ValueError: only integers and + - * are supported"),
+          "doc error: '%s'", r[1].content);
+    free_results(r, 2);
+    env_free(e);
+    CHECK(children() == 0, "children left: %d", children());
+    tool_config_free(&tc);
+}
+
 static int start_server(void) {
     server_pipe = popen("exec python3 tests/tools/env_server.py", "r");
     if (!server_pipe || fscanf(server_pipe, "%d %d", &server_port, (int *)&server_pid) != 2) return MOERL_ERR;
@@ -366,6 +411,7 @@ int main(void) {
     test_program(tmp);
     test_timeout_and_restart(tmp);
     test_dies();
+    test_doc_program(tmp);
     if (start_server() == MOERL_OK) {
         test_server();
         kill(server_pid, SIGTERM);
