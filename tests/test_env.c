@@ -248,7 +248,7 @@ static void test_dies(void) {
     free_results(r, 1);
     CHECK(env_submit(e, 0, "traj-51", "die", "{}") == MOERL_OK, "%s", moerl_last_error());
     int rc = collect(e, r, 1);
-    CHECK(rc == MOERL_ERR && has("tool 'calc' (command '" CALC_CMD "')") && has("trajectory traj-51") &&
+    CHECK(rc == MOERL_ERR && has("tool 'die' (command '" CALC_CMD "')") && has("trajectory traj-51") &&
               has("exited with status 3") && has("2 attempts") && has("rollout.multi_turn.tool_max_retries=1") &&
               has("dying on purpose"),
           "die: %s", moerl_last_error());

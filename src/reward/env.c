@@ -16,7 +16,8 @@
 /* One environment: the processes of a command or the connections to a URL, shared by the tools
  * that name it. */
 typedef struct {
-    char what[2400]; /* "tool 'calc' (command 'python3 calc.py')" */
+    char what[2400]; /* "tool 'calc' (command 'python3 calc.py')": the first tool naming it */
+    char where[2200]; /* "command 'python3 calc.py'" or "url http://..." */
     jsonl_procs *procs;
     jsonl_http *http;
 } env_target;
@@ -170,10 +171,17 @@ static char *timeout_content(env_client *e, long id) {
 
 /* A process that hung: the call is answered with a timeout; one that died: restarted and the call
  * sent again while tool_max_retries allows, else the run stops. */
+/* "tool 'NAME' (command 'X')" for call c, in what[0..cap). */
+static const char *call_what(const env_client *e, const env_call *c, char *what, size_t cap) {
+    snprintf(what, cap, "tool '%s' (%s)", e->tc->tools[c->tool].name, e->targets[e->target_of[c->tool]].where);
+    return what;
+}
+
 static int on_proc_failure(void *ctx, long id, jsonl_failure kind, int tries, const char *how, const char *note) {
     env_client *e = ctx;
     env_call *c = e->calls[id];
-    const char *what = e->targets[e->target_of[c->tool]].what;
+    char what[2600];
+    call_what(e, c, what, sizeof what);
     if (kind == JSONL_HUNG) {
         log_warn("%s: trajectory %s: the program %s", what, c->trajectory_id, how);
         finish(e, id, timeout_content(e, id), 0, 1);
@@ -196,7 +204,8 @@ static int on_body(void *ctx, long id, const char *body, size_t len) { return on
 static int on_http_failure(void *ctx, long id, int tries, int retryable, int timed_out, const char *why) {
     env_client *e = ctx;
     env_call *c = e->calls[id];
-    const char *what = e->targets[e->target_of[c->tool]].what;
+    char what[2600];
+    call_what(e, c, what, sizeof what);
     if (timed_out) {
         log_warn("%s: trajectory %s: %s", what, c->trajectory_id, why);
         finish(e, id, timeout_content(e, id), 0, 1);
@@ -232,13 +241,15 @@ static int make_targets(env_client *e) {
         env_target *g = &e->targets[e->n_targets];
         e->target_of[i] = e->n_targets++;
         if (t->command) {
-            snprintf(g->what, sizeof g->what, "tool '%s' (command '%s')", t->name, t->command);
+            snprintf(g->where, sizeof g->where, "command '%s'", t->command);
+            snprintf(g->what, sizeof g->what, "tool '%s' (%s)", t->name, g->where);
             char *argv[] = {"/bin/sh", "-c", t->command, NULL};
             g->procs = jsonl_procs_create(g->what, argv, e->cfg.num_workers, e->cfg.timeout_s,
                                           "rollout.multi_turn.tool_timeout_s", 0);
             if (!g->procs) return MOERL_ERR;
         } else if (t->url) {
-            snprintf(g->what, sizeof g->what, "tool '%s' (url %s)", t->name, t->url);
+            snprintf(g->where, sizeof g->where, "url %s", t->url);
+            snprintf(g->what, sizeof g->what, "tool '%s' (%s)", t->name, g->where);
             g->http = jsonl_http_create(g->what, t->url, e->cfg.max_concurrency, e->cfg.timeout_s,
                                         "rollout.multi_turn.tool_timeout_s");
             if (!g->http) return MOERL_ERR;
