@@ -227,6 +227,9 @@ static void test_timeout_and_restart(const char *tmp) {
     env_get_stats(e, &st);
     CHECK(st.calls == 3 && st.timeouts == 1 && st.errors == 0, "stats: calls %ld errors %ld timeouts %ld", st.calls,
           st.errors, st.timeouts);
+    /* freed with a call in flight: its process is killed and reaped */
+    CHECK(env_submit(e, 0, "traj-43", "sleep", "{}") == MOERL_OK, "%s", moerl_last_error());
+    CHECK(env_poll(e, r, 1, 0) == 0 && env_pending(e) == 1, "in flight: pending %d", env_pending(e));
     env_free(e);
     CHECK(children() == 0, "children left: %d", children());
     tool_config_free(&tc);
