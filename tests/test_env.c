@@ -114,14 +114,15 @@ static void test_config(void) {
 }
 
 #define CALC_CMD "python3 tests/tools/calc_env.py"
-static const char *const all_tools[] = {"calc", "echo", "meet", "fail", "garbage", "nocontent", "sleep", "die",
-                                        "dieonce"};
+static const char *const all_tools[] = {"calc",    "echo", "meet",    "fail",  "garbage", "nocontent",
+                                        "sleep",   "die",  "dieonce", "exit0", "twolines"};
+#define N_TOOLS 11
 
 /* Answers, done + reward, several trajectories at once, tool errors: one environment program
  * serving every tool of the config. */
 static void test_program(const char *tmp) {
     tool_config tc;
-    CHECK(load_tools(&tc, all_tools, 9, CALC_CMD, 0) == MOERL_OK, "%s", moerl_last_error());
+    CHECK(load_tools(&tc, all_tools, N_TOOLS, CALC_CMD, 0) == MOERL_OK, "%s", moerl_last_error());
     env_config ec = default_config();
     ec.num_workers = 4;
     env_client *e = env_create(&tc, &ec);
@@ -201,7 +202,7 @@ static void test_program(const char *tmp) {
  * a fresh one. A program that dies once: restarted, the call sent again. */
 static void test_timeout_and_restart(const char *tmp) {
     tool_config tc;
-    CHECK(load_tools(&tc, all_tools, 9, CALC_CMD, 0) == MOERL_OK, "%s", moerl_last_error());
+    CHECK(load_tools(&tc, all_tools, N_TOOLS, CALC_CMD, 0) == MOERL_OK, "%s", moerl_last_error());
     env_config ec = default_config();
     ec.num_workers = 1;
     ec.timeout_s = 3; /* the sleep tool sleeps 60 s; the others answer at once */
@@ -239,7 +240,7 @@ static void test_timeout_and_restart(const char *tmp) {
  * trajectory, the exit and the program's stderr; every later call fails the same way. */
 static void test_dies(void) {
     tool_config tc;
-    CHECK(load_tools(&tc, all_tools, 9, CALC_CMD, 0) == MOERL_OK, "%s", moerl_last_error());
+    CHECK(load_tools(&tc, all_tools, N_TOOLS, CALC_CMD, 0) == MOERL_OK, "%s", moerl_last_error());
     env_config ec = default_config();
     ec.max_retries = 1;
     env_client *e = env_create(&tc, &ec);
@@ -260,6 +261,22 @@ static void test_dies(void) {
           moerl_last_error());
     env_free(e);
     CHECK(children() == 0, "children left: %d", children());
+    /* a program that exits with status 0 without answering dies as well; one that writes a line
+     * nobody asked for stops the run at once */
+    const char *how[2][3] = {{"exit0", "exited with status 0 after 0 answers", "2 attempts"},
+                             {"twolines", "a line it was not asked for", "'{\"content\": \"two\"}'"}};
+    for (int k = 0; k < 2; k++) {
+        e = env_create(&tc, &ec);
+        CHECK(e != NULL, "create: %s", moerl_last_error());
+        if (!e) continue;
+        CHECK(env_submit(e, 0, "traj-54", how[k][0], "{}") == MOERL_OK, "%s", moerl_last_error());
+        rc = collect(e, r, 1);
+        if (rc == MOERL_OK) free_results(r, 1);
+        CHECK(rc == MOERL_ERR && has(how[k][1]) && has(how[k][2]) && has("(command '" CALC_CMD "')") && has("'exit0'"),
+              "%s: %s", how[k][0], moerl_last_error());
+        env_free(e);
+        CHECK(children() == 0, "children left: %d", children());
+    }
     /* a program that does not start */
     tool_config bad;
     CHECK(load_tools(&bad, all_tools, 1, "exit 7", 0) == MOERL_OK, "%s", moerl_last_error());

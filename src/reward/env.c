@@ -16,7 +16,7 @@
 /* One environment: the processes of a command or the connections to a URL, shared by the tools
  * that name it. */
 typedef struct {
-    char what[2400]; /* "tool 'calc' (command 'python3 calc.py')": the first tool naming it */
+    char what[2400]; /* "tools 'calc', 'echo' (command 'python3 calc.py')": the tools sharing it */
     char where[2200]; /* "command 'python3 calc.py'" or "url http://..." */
     jsonl_procs *procs;
     jsonl_http *http;
@@ -220,6 +220,17 @@ static int on_http_failure(void *ctx, long id, int tries, int retryable, int tim
     return JSONL_RETRY;
 }
 
+/* "tools 'a', 'b' (command 'X')": the tools sharing target g, for the transport's messages. */
+static void target_what(const env_client *e, int g, char *dst, size_t cap) {
+    int n = 0;
+    for (int i = 0; i < e->tc->n; i++) n += e->target_of[i] == g;
+    size_t len = (size_t)snprintf(dst, cap, "tool%s", n > 1 ? "s" : "");
+    for (int i = 0, k = 0; i < e->tc->n && len < cap; i++)
+        if (e->target_of[i] == g)
+            len += (size_t)snprintf(dst + len, cap - len, "%s '%s'", k++ ? "," : "", e->tc->tools[i].name);
+    if (len < cap) snprintf(dst + len, cap - len, " (%s)", e->targets[g].where);
+}
+
 /* The environments of e->tc: one per distinct command or URL, started now. */
 static int make_targets(env_client *e) {
     const tool_config *tc = e->tc;
@@ -227,6 +238,7 @@ static int make_targets(env_client *e) {
     e->target_of = xcalloc((size_t)tc->n + 1, sizeof(int));
     for (int i = 0; i < tc->n; i++) {
         const tool_def *t = &tc->tools[i];
+        if (!t->command && !t->url) return moerl_errorf("tool '%s': neither command: nor url: is set", t->name);
         int k = 0;
         for (; k < i; k++) {
             const tool_def *u = &tc->tools[k];
@@ -240,21 +252,22 @@ static int make_targets(env_client *e) {
         }
         env_target *g = &e->targets[e->n_targets];
         e->target_of[i] = e->n_targets++;
+        if (t->command) snprintf(g->where, sizeof g->where, "command '%s'", t->command);
+        else snprintf(g->where, sizeof g->where, "url %s", t->url);
+    }
+    for (int k = 0; k < e->n_targets; k++) {
+        env_target *g = &e->targets[k];
+        const tool_def *t = NULL;
+        for (int i = 0; i < tc->n && !t; i++)
+            if (e->target_of[i] == k) t = &tc->tools[i];
+        target_what(e, k, g->what, sizeof g->what);
+        const char *key = "rollout.multi_turn.tool_timeout_s";
         if (t->command) {
-            snprintf(g->where, sizeof g->where, "command '%s'", t->command);
-            snprintf(g->what, sizeof g->what, "tool '%s' (%s)", t->name, g->where);
             char *argv[] = {"/bin/sh", "-c", t->command, NULL};
-            g->procs = jsonl_procs_create(g->what, argv, e->cfg.num_workers, e->cfg.timeout_s,
-                                          "rollout.multi_turn.tool_timeout_s", 0);
-            if (!g->procs) return MOERL_ERR;
-        } else if (t->url) {
-            snprintf(g->where, sizeof g->where, "url %s", t->url);
-            snprintf(g->what, sizeof g->what, "tool '%s' (%s)", t->name, g->where);
-            g->http = jsonl_http_create(g->what, t->url, e->cfg.max_concurrency, e->cfg.timeout_s,
-                                        "rollout.multi_turn.tool_timeout_s");
-            if (!g->http) return MOERL_ERR;
+            g->procs = jsonl_procs_create(g->what, argv, e->cfg.num_workers, e->cfg.timeout_s, key, 0);
         } else
-            return moerl_errorf("tool '%s': neither command: nor url: is set", t->name);
+            g->http = jsonl_http_create(g->what, t->url, e->cfg.max_concurrency, e->cfg.timeout_s, key);
+        if (!g->procs && !g->http) return MOERL_ERR;
     }
     return MOERL_OK;
 }

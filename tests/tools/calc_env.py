@@ -10,6 +10,8 @@
 #   sleep      sleeps 60 s (for timeouts)
 #   die        exits with status 3 (writing to stderr first)
 #   dieonce    {"mark": F}: exits with status 5 if F does not exist (creating it), else as echo
+#   exit0      exits with status 0 without answering
+#   twolines   answers with two lines
 import ast
 import json
 import operator
@@ -66,6 +68,10 @@ def answer(call):
             open(args["mark"], "w").close()
             sys.exit(5)
         return {"content": "%s:%s" % (tid, "survived")}
+    if name == "exit0":
+        sys.exit(0)
+    if name == "twolines":
+        return '{"content": "one"}\n{"content": "two"}'
     return {"error": "unknown tool " + name}
 
 
