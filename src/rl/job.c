@@ -422,11 +422,10 @@ int job_run_validation(job *J, double *acc) {
     const rl_config *c = J->cfg;
     const val_options o = {.kw = c->val_kwargs, .n_rows = c->val_n, .max_new_tokens = c->max_response_length,
                            .max_num_seqs = c->max_num_seqs, .seed = c->seed};
-    /* The one place validation responses are scored: NULL = the built-in rewards (reward_score). A
-     * reward pool of the job (reward.*) goes here: val_run(..., score_fn, score_ctx, ...) with a
-     * callback calling reward_pool_score. */
-    val_score_fn score_fn = NULL;
-    void *score_ctx = NULL;
+    /* The one place validation responses are scored: through the job's reward backend (reward.*:
+     * built-in rules, a reward program or a server), the rollouter's pool or one of its own. */
+    val_score_fn score_fn = job_reward_score;
+    void *score_ctx = J;
     val_report rep;
     if (job_whole_begin(J, 0) != MOERL_OK) return MOERL_ERR;
     const int rc = val_run(J->whole_m, J->test, &o, score_fn, score_ctx, &rep);

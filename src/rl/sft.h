@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "rl/validate.h"
 
 typedef struct {
     int batch_size;            /* sequences per optimizer step */
@@ -31,6 +32,9 @@ typedef struct {
                                   run with trainer.val_n = 0; the accuracies are then NaN. Periodic
                                   evals on `validation` still run. */
     int max_response_length;   /* eval generation budget */
+    val_score_fn score;        /* the evals' reward (NULL: the rows' built-in rewards); the warm start of
+                                  `moerl rl` passes its reward.* backend here */
+    void *score_ctx;
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
     unsigned metrics_loggers;  /* trainer.logger: METRICS_* sinks of metrics_path (base/log.h); 0 = file only */

@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "model/model_config.h"
 #include "parallel/parallel.h"
+#include "reward/reward.h"
 #include "rl/rl.h"
 #include "rl/sft.h"
 
@@ -320,6 +321,11 @@ int sft_split_validation(const cfg *c, dataset *train, dataset *val) {
     return MOERL_OK;
 }
 
+/* The warm start's evals scored by the run's reward pool (val_score_fn). */
+static int warm_start_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {
+    return reward_pool_score(ctx, reqs, n, out);
+}
+
 int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *val, const dataset *test,
                    const char *out_dir, double *acc_before, double *acc_after, int (*on_checked)(void *),
                    void *on_checked_arg) {
@@ -358,7 +364,20 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
     o.on_checked_arg = on_checked_arg;
     int stop_signal = 0;
     o.stop_signal_out = &stop_signal;
-    if (sft_train(m, train, test, &o, acc_before, acc_after) != MOERL_OK) return moerl_error_prefix("sft warm start: ");
+    /* the evals score with the run's reward (reward.*): a reward program's data_source has no built-in rule */
+    reward_config rc;
+    if (reward_read_config(c, &rc) != MOERL_OK) return MOERL_ERR;
+    reward_pool *pool = NULL;
+    if (rc.kind != REWARD_BUILTIN) {
+        reward_backend *b = reward_backend_create(&rc);
+        pool = b ? reward_pool_create(b) : NULL;
+        if (!pool) return moerl_error_prefix("sft warm start: ");
+        o.score = warm_start_score;
+        o.score_ctx = pool;
+    }
+    const int trc = sft_train(m, train, test, &o, acc_before, acc_after);
+    reward_pool_free(pool);
+    if (trc != MOERL_OK) return moerl_error_prefix("sft warm start: ");
     if (stop_signal) return MOERL_OK; /* the caller sees moerl_stop_requested() and exits */
     char path[4200];
     snprintf(path, sizeof path, "%s/sft_checkpoint", out_dir);

@@ -485,7 +485,17 @@ static int sft_eval(sft_run *S, const dataset *ds, int skip, double *acc) {
     int erc;
     const moe_model *f = full_on_root(&S->R, S->m, &erc);
     if (S->R.root && erc == MOERL_OK && skip) *acc = NAN;
-    else if (S->R.root && erc == MOERL_OK)
+    else if (S->R.root && erc == MOERL_OK && S->o->score) { /* greedy, one response per row: eval_accuracy's */
+        const val_options vo = {.kw = {.n = 1, .top_p = 1.0f, .top_k = -1}, .n_rows = S->o->val_n,
+                                .max_new_tokens = S->o->max_response_length, .max_num_seqs = 64, .seed = S->o->seed};
+        val_report rep;
+        erc = val_run(f, ds, &vo, S->o->score, S->o->score_ctx, &rep);
+        if (erc == MOERL_OK) {
+            *acc = rep.accuracy;
+            S->mlen = rep.mean_len;
+            val_report_free(&rep);
+        }
+    } else if (S->R.root && erc == MOERL_OK)
         erc = eval_accuracy(f, ds, S->o->val_n, S->o->max_response_length, 64, acc, &S->mlen);
     full_done(&S->R, S->m, f);
     if (ranks_agree(&S->R, erc) != MOERL_OK || ranks_from_root(&S->R, acc) != MOERL_OK) return MOERL_ERR;
