@@ -124,7 +124,17 @@ def count():
 for line in sys.stdin:
     req = json.loads(line)
     if crash_at and count() >= crash_at and os.path.exists("$W/broken"):
-        print("simulated crash at call %d" % calls, file=sys.stderr, flush=True)
+        mode = os.environ.get("FAIL_MODE", "crash")
+        if mode == "garbage":
+            print("this is not json", flush=True)
+            continue
+        if mode == "nan":
+            print('{"score": NaN}', flush=True)
+            continue
+        if mode == "hang":
+            import time
+            time.sleep(600)
+        print("simulated crash at call %d" % crash_at, file=sys.stderr, flush=True)
         sys.exit(3)
     s = rule(req["solution_str"], req["ground_truth"])
     print(json.dumps({"score": s, "acc": s == 1.0, "resp_chars": len(req["solution_str"])}), flush=True)
@@ -136,8 +146,15 @@ from arith_rule import rule
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class Score(BaseHTTPRequestHandler):
+    posts = 0
     def do_POST(self):
         reqs = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Score.posts += 1
+        if Score.posts >= int(os.environ.get("FAIL_AT", "0") or 10**9) and os.path.exists("$W/broken"):
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         out = []
         for r in reqs:
             s = rule(r["solution_str"], r["ground_truth"])
@@ -355,6 +372,52 @@ if CRASH_AT=150 run crash reward.command="$PY $W/cmd_reward.py" reward.num_worke
     if grep -q "resumed from" "$W/crash.log"; then ok "fixed: resumed"; else bad "fixed" "no 'resumed from'"; fi
     check_py "fixed: every prompt trained once" once "$W/crash" 48
 else bad "fixed: resume" "exit $?"; tail_log crash; fi
+
+# --- other ways a reward program fails: each stops the run with the program, the row and the cause,
+# after a checkpoint, and the fixed program resumes (a hang: reward.timeout_s, retried once, then stop;
+# garbage and NaN: no retry — a bug in the program)
+for mode in garbage nan hang; do
+    rm -f "$W/calls"
+    touch "$W/broken"
+    case $mode in
+    garbage) cause="not JSON" ;;
+    nan) cause="NaN" ;;
+    hang) cause="timeout" ;;
+    esac
+    FAIL_MODE=$mode CRASH_AT=150 run "f_$mode" reward.command="$PY $W/cmd_reward.py" reward.num_workers=1 \
+        reward.max_retries=1 reward.timeout_s=2
+    rc=$?
+    if [[ $rc -eq 1 ]] && grep -qF "cmd_reward.py" "$W/f_$mode.log" && grep -qF "train.jsonl:" "$W/f_$mode.log" &&
+        grep -qiF "$cause" "$W/f_$mode.log" && grep -qF "checkpoint at step" "$W/f_$mode.log"; then
+        ok "$mode: exit 1, the message names the program, the row and '$cause'"
+    else bad "$mode" "exit $rc or message"; tail_log "f_$mode"; fi
+    check_py "$mode: folder intact" intact "$W/f_$mode"
+    rm -f "$W/broken"
+    if FAIL_MODE=$mode CRASH_AT=150 run "f_$mode" reward.command="$PY $W/cmd_reward.py" reward.num_workers=1 \
+        reward.max_retries=1 reward.timeout_s=2 trainer.resume_mode=auto; then
+        check_py "$mode fixed: every prompt trained once" once "$W/f_$mode" 48
+    else bad "$mode fixed: resume" "exit $?"; tail_log "f_$mode"; fi
+done
+# a reward server that answers 500 from its 20th POST: retried, then the run stops naming the URL
+touch "$W/broken"
+coproc SERVER { FAIL_AT=20 exec "$PY" "$W/server.py"; }
+SERVER_PID=$SERVER_PID
+read -r -t 30 PORT <&"${SERVER[0]}" || PORT=""
+if [[ -n $PORT ]]; then
+    run f_url reward.url="http://127.0.0.1:$PORT/score" reward.batch_size=8 reward.max_retries=1
+    rc=$?
+    if [[ $rc -eq 1 ]] && grep -qF "http://127.0.0.1:$PORT/score" "$W/f_url.log" && grep -qF "500" "$W/f_url.log" &&
+        grep -qF "checkpoint at step" "$W/f_url.log"; then
+        ok "server 500: exit 1, the message names the URL and the status"
+    else bad "server 500" "exit $rc or message"; tail_log f_url; fi
+    check_py "server 500: folder intact" intact "$W/f_url"
+    rm -f "$W/broken"
+    if run f_url reward.url="http://127.0.0.1:$PORT/score" reward.batch_size=8 trainer.resume_mode=auto; then
+        check_py "server fixed: every prompt trained once" once "$W/f_url" 48
+    else bad "server fixed: resume" "exit $?"; tail_log f_url; fi
+else bad "server 500" "the server did not start"; fi
+kill "$SERVER_PID" 2>/dev/null
+wait "$SERVER_PID" 2>/dev/null
 
 # --- the same under mpirun: a rollout rank's reward fails; trainer rank 0 checkpoints and stops; the
 # fixed command resumes across processes (skipped without MPI: MOERL_NO_MPI=1 / NO_MPI=1, or no

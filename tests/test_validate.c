@@ -220,6 +220,8 @@ static void test_keys(void) {
     expect_kw_err(t0, 2, "do_sample=true with rollout.val_kwargs.temperature=0", "sampling at temperature 0");
     const char *greedy4[] = {"rollout.val_kwargs.n=4", "rollout.val_kwargs.temperature=1"};
     expect_kw_err(greedy4, 2, "rollout.val_kwargs.n=4 with rollout.val_kwargs.do_sample=false", "N greedy copies");
+    const char *unused[] = {"rollout.val_kwargs.temperature=0.7"};
+    expect_kw_err(unused, 1, "are unused with rollout.val_kwargs.do_sample=false", "temperature without do_sample");
     const char *tp[] = {"rollout.val_kwargs.top_p=0"};
     expect_kw_err(tp, 1, "rollout.val_kwargs.top_p must be in (0, 1]", "top_p 0");
     const char *tk[] = {"rollout.val_kwargs.top_k=-2"};

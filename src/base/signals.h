@@ -7,9 +7,19 @@
 #ifndef MOERL_SIGNALS_H
 #define MOERL_SIGNALS_H
 
+#include <sys/types.h>
+
 /* Install the handlers (idempotent). */
 void moerl_install_stop_signals(void);
 /* The first stop signal received (SIGINT, SIGTERM, SIGUSR1), 0 when none. Async-signal-safe to read. */
 int moerl_stop_requested(void);
+
+/* Register / forget the process group `pgid` of an outside program moerl started (a reward or tool
+ * worker spawned as a group leader): the second signal's immediate exit kills every registered group
+ * (SIGKILL), so nothing a worker started outlives moerl. At most 1024 groups are tracked (more are
+ * silently not tracked: they are still killed on every normal exit path). Thread-safe and
+ * async-signal-safe. */
+void moerl_child_group_add(pid_t pgid);
+void moerl_child_group_remove(pid_t pgid);
 
 #endif

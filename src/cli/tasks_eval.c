@@ -25,6 +25,7 @@
 #include "data/prompts.h"
 #include "data/tasks.h"
 #include "model/model.h"
+#include "reward/reward.h"
 #include "rl/validate.h"
 
 /* moerl tasks --from-gsm8k FILE --out DIR */
@@ -161,6 +162,11 @@ static void eval_print(const val_report *rep, const val_options *o, const datase
     cli_print_json(j, 6);
 }
 
+/* eval's scoring through a reward pool (val_run's callback). */
+static int eval_pool_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {
+    return reward_pool_score(ctx, reqs, n, out);
+}
+
 int cmd_eval(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *tpl = "auto";
     int64_t n = 0, max_new = 16, samples = 1, top_k = -1, seed = 1;
@@ -183,15 +189,34 @@ int cmd_eval(int argc, char **argv) {
                     "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
         CLI_OPT_FLAG("no-thinking", &no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
     };
-    const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts),
+    cfg *keys = cfg_new(); /* reward.*=value: score with a reward file, command or server as `moerl rl` does */
+    reward_def_keys(keys);
+    cli_overrides ov = {0};
+    const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = keys,
                            .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] [--samples N "
                                        "--temperature T [--top-p P] [--top-k K] [--seed S]] "
-                                       "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking]",
+                                       "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking] [reward.*=VALUE ...]",
                            .about = "Held-out accuracy with each row's reward function (greedy unless --temperature), "
                                     "and verl's validation metrics; prints {\"accuracy\", \"n\", \"samples\", "
-                                    "\"mean_response_length\", \"max_new_tokens\", \"data\", \"metrics\"}."};
+                                    "\"mean_response_length\", \"max_new_tokens\", \"data\", \"metrics\"}. "
+                                    "reward.custom_reward_function.path=F.py, reward.command=CMD or reward.url=URL "
+                                    "score with your own reward instead of the built-in rules (docs/rewards.md)."};
     int code;
-    if (cli_parse(&spec, argc, argv, &code)) return code;
+    if (cli_parse(&spec, argc, argv, &code)) {
+        cfg_free(keys);
+        return code;
+    }
+    reward_config rcfg;
+    reward_pool *pool = NULL;
+    const int outside = cli_apply_overrides(keys, &ov) == MOERL_OK && reward_read_config(keys, &rcfg) == MOERL_OK
+                            ? rcfg.kind != REWARD_BUILTIN
+                            : -1;
+    cli_overrides_free(&ov);
+    cfg_free(keys);
+    if (outside < 0) {
+        cli_print_error("eval", moerl_last_error());
+        return 1;
+    }
     const int thinking = !no_thinking;
     moe_model m = {0};
     dataset ds = {0};
@@ -205,13 +230,18 @@ int cmd_eval(int argc, char **argv) {
         goto fail;
     }
     /* the data first (cheap, and its errors name file:line), then the model */
-    if (dataset_load(&ds, data) != MOERL_OK || cli_check_data_sources(&ds) != MOERL_OK) goto fail;
+    if (dataset_load(&ds, data) != MOERL_OK || (!outside && cli_check_data_sources(&ds) != MOERL_OK)) goto fail;
     if (model_load_hf_inference(&m, model_dir) != MOERL_OK) goto fail;
     if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
     if (dataset_check_prompts(&ds) != MOERL_OK) goto fail;
     log_info("eval: %s responses of at most %lld tokens (--max-new-tokens; a run's data.max_response_length "
              "should match), %lld per row", temp > 0 ? "sampled" : "greedy", (long long)max_new, (long long)samples);
-    if (val_run(&m, &ds, &o, NULL, NULL, &rep) != MOERL_OK) {
+    if (outside) {
+        reward_backend *b = reward_backend_create(&rcfg);
+        pool = b ? reward_pool_create(b) : NULL;
+        if (!pool) goto fail;
+    }
+    if (val_run(&m, &ds, &o, pool ? eval_pool_score : NULL, pool, &rep) != MOERL_OK) {
         /* a reward error names the row's line: say which file it is in */
         if (!strstr(moerl_last_error(), data)) moerl_error_prefix("%s: ", data);
         goto fail;
@@ -222,6 +252,7 @@ int cmd_eval(int argc, char **argv) {
 fail:
     cli_print_error("eval", moerl_last_error());
 out:
+    reward_pool_free(pool);
     val_report_free(&rep);
     dataset_free(&ds);
     model_free(&m);

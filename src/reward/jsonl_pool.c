@@ -22,6 +22,7 @@
 
 #include "base/common.h"
 #include "base/log.h"
+#include "base/signals.h"
 #include "reward/jsonl_pool.h"
 #include "reward/reward_internal.h"
 
@@ -152,6 +153,7 @@ static void worker_kill(worker *w) {
         kill(-w->pid, SIGKILL);
         kill(w->pid, SIGKILL);
         while (waitpid(w->pid, NULL, 0) < 0 && errno == EINTR) {}
+        moerl_child_group_remove(w->pid);
     }
     w->pid = 0;
     close_fd(&w->to);
@@ -189,6 +191,7 @@ static int worker_reap(jsonl_procs *pb, worker *w, int *st) {
             kill(-w->pid, SIGKILL); /* what it started itself */
             pid_t r;
             while ((r = waitpid(w->pid, st, 0)) < 0 && errno == EINTR) {}
+            moerl_child_group_remove(w->pid);
             w->pid = 0;
             worker_kill(w);
             return r > 0;
@@ -245,6 +248,7 @@ static int worker_spawn(jsonl_procs *pb, worker *w) {
         return moerl_errorf("%s: cannot start '%s': %s", pb->what, pb->argv[0], strerror(rc));
     }
     w->pid = pid;
+    moerl_child_group_add(pid); /* killed on a second stop signal's immediate exit (base/signals.h) */
     /* its exit seen even when a child of its own keeps stdout open (else: polled every 100 ms) */
     w->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     w->to = p[0][1];
@@ -294,10 +298,16 @@ static void consume_line(worker *w, size_t len) {
     w->in_len -= len + 1;
 }
 
+/* Start-up of a ready_line program: imports (torch, sympy, ...) on a loaded machine take far longer
+ * than scoring one response, so the wait is at least this long whatever the per-request timeout. */
+#define READY_MIN_S 120.0
+
 /* The first line of a ready_line program (the verl adapter), {"ready": true}: it imported the file
- * and found the function. Waits up to timeout_s. Errors say why it did not start, with its stderr. */
+ * and found the function. Waits up to max(timeout_s, READY_MIN_S). Errors say why it did not start,
+ * with its stderr. */
 static int wait_ready(jsonl_procs *pb, worker *w) {
-    double until = now_s() + pb->timeout_s;
+    const double limit = pb->timeout_s > READY_MIN_S ? pb->timeout_s : READY_MIN_S;
+    double until = now_s() + limit;
     char note[1800], how[160];
     for (;;) {
         size_t n0;
@@ -320,8 +330,8 @@ static int wait_ready(jsonl_procs *pb, worker *w) {
         if (ms <= 0) {
             stderr_note(w, note, sizeof note);
             worker_kill(w);
-            return moerl_errorf("%s: not ready within %s=%gs (importing the file took too long?)%s",
-                                pb->what, pb->timeout_key, pb->timeout_s, note);
+            return moerl_errorf("%s: not ready within %gs (max(%s, %gs); importing the file took too long?)%s",
+                                pb->what, limit, pb->timeout_key, READY_MIN_S, note);
         }
         if (poll(p, 3, ms) < 0 && errno != EINTR) return moerl_errorf("poll: %s", strerror(errno));
         drain_stderr(w);

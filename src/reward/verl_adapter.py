@@ -50,9 +50,13 @@ def plain(v):
         return str(v)
 
 
-def answer(result):
+def answer(result, name):
     if isinstance(result, dict):
         return json.dumps({str(k): plain(v) for k, v in result.items()})
+    if isinstance(result, (str, bytes)) or result is None or not hasattr(result, "__float__"):
+        # verl puts the value into a float tensor: a string or None is a bug in the reward function
+        return json.dumps({"error": "%s returned %s %.60r; expected a number or a dict with \"score\""
+                                    % (name, type(result).__name__, result)})
     return json.dumps(float(result))  # NaN / inf are written as NaN / Infinity: moerl refuses them
 
 
@@ -67,11 +71,13 @@ def main():
     for line in sys.stdin.buffer:  # bytes: UTF-8 whatever the locale (json.loads decodes them)
         req = json.loads(line)
         try:
-            text = answer(fn(data_source=req["data_source"], solution_str=req["solution_str"],
-                             ground_truth=req["ground_truth"], extra_info=req["extra_info"]))
+            result = fn(data_source=req["data_source"], solution_str=req["solution_str"],
+                        ground_truth=req["ground_truth"], extra_info=req["extra_info"])
         except Exception as e:
             traceback.print_exc()
-            text = json.dumps({"error": "%s: %s" % (type(e).__name__, e)})
+            text = json.dumps({"error": "%s raised %s: %s" % (name, type(e).__name__, e)})
+        else:
+            text = answer(result, name)
         out.write(text + "\n")
         out.flush()
 

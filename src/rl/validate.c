@@ -43,6 +43,11 @@ int val_check_kwargs(const val_kwargs *k) {
         return moerl_errorf("rollout.val_kwargs.n=%d with rollout.val_kwargs.do_sample=false: greedy decoding gives %d "
                             "identical responses; set rollout.val_kwargs.do_sample=true (and a temperature > 0) or n=1",
                             k->n, k->n);
+    if (!k->do_sample && (k->temperature != 0 || k->top_p != 1 || k->top_k > 0))
+        return moerl_errorf("rollout.val_kwargs.temperature=%g, top_p=%g, top_k=%d are unused with "
+                            "rollout.val_kwargs.do_sample=false (greedy decoding): set do_sample=true to sample with "
+                            "them, or leave them at their defaults (0, 1, -1)",
+                            k->temperature, k->top_p, k->top_k);
     return MOERL_OK;
 }
 
@@ -561,6 +566,15 @@ out:
 }
 
 /* Score every response (one call) and fill out. */
+/* Whether a response counts as correct for val/accuracy: the reward's own numeric "acc" field when
+ * it returns one (verl's reward programs report correctness there; the score may be shaped, e.g.
+ * 0.5 for a right answer), else score ≥ 1 (the built-in rules score 1 for a right answer). */
+static int response_correct(const reward_result *r) {
+    for (int k = 0; k < r->n_extra; k++)
+        if (!strcmp(r->extra_keys[k], "acc")) return r->extra_vals[k] != 0;
+    return r->score >= 1.0;
+}
+
 static int score_all(const dataset *ds, const val_gen *g, val_score_fn score, void *ctx, val_report *out) {
     const int total = (int)(g->rows * g->N);
     reward_request *reqs = xcalloc((size_t)total, sizeof(reward_request));
@@ -590,7 +604,7 @@ static int score_all(const dataset *ds, const val_gen *g, val_score_fn score, vo
         smp[t] = (val_sample){.data_source = reqs[t].data_source, .uid = t / g->N, .score = res[t].score,
                               .pred = res[t].pred, .n_extra = res[t].n_extra, .extra_keys = res[t].extra_keys,
                               .extra_vals = res[t].extra_vals};
-        correct += res[t].score >= 1.0;
+        correct += response_correct(&res[t]);
         len_sum += g->len[t];
     }
     if (rc == MOERL_OK) rc = val_compute_metrics(smp, total, &out->metrics);

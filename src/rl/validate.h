@@ -140,7 +140,8 @@ typedef struct {
 } val_options;
 
 typedef struct {
-    double accuracy;     /* the fraction of responses scoring ≥ 1 (N = 1 greedy: today's val/accuracy) */
+    double accuracy;     /* the fraction of correct responses: the reward's numeric "acc" field when it returns
+                            one, else score ≥ 1 (N = 1 greedy with the built-in rules: today's val/accuracy) */
     double mean_len;     /* mean response length in tokens */
     int64_t n_responses;
     val_metrics metrics; /* val-core/..., val-aux/... */
