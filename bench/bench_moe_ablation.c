@@ -223,7 +223,7 @@ static double decode_run(const moe_model *m, int k, int batch) {
     while (n_done < batch) n_done += engine_step(e, done + n_done, batch - n_done);
     const double dt = moerl_now() - t0;
     for (int i = 0; i < batch; i++) {
-        free(r[i].out_tokens); free(r[i].out_logprobs); free(r[i].out_versions);
+        gen_request_free_outputs(&r[i]);
     }
     free(r); free(done); free(prompt);
     engine_free(e);

@@ -325,6 +325,48 @@ fi
 kill "$SERVER_PID" 2>/dev/null
 wait "$SERVER_PID" 2>/dev/null
 
+# --- moerl eval scores with the same reward file (reward.*=VALUE), on rows no built-in rule knows
+if [[ -d $W/verl/checkpoint ]]; then
+    sed 's/"data_source": "arith"/"data_source": "my_arith"/' "$W/test.jsonl" >"$W/eval_test.jsonl"
+    if "$MOERL" eval --model "$W/verl/checkpoint" --data "$W/eval_test.jsonl" --max-new-tokens 3 \
+        reward.custom_reward_function.path="$W/verl_reward.py" reward.num_workers=1 >"$W/eval.json" 2>"$W/eval.err" &&
+        [[ $(json_field accuracy "$W/eval.json") == 1.0 ]]; then
+        ok "eval with reward.custom_reward_function.path: accuracy 1.0 on my_arith rows"
+    else bad "eval with a reward file" "$(cat "$W/eval.json" "$W/eval.err" | tail -3)"; fi
+    if "$MOERL" eval --model "$W/verl/checkpoint" --data "$W/eval_test.jsonl" >"$W/eval2.json" 2>"$W/eval2.err"; then
+        bad "eval without reward.*" "accepted rows of data_source my_arith"
+    elif grep -qF "no reward function for data_source 'my_arith'" "$W/eval2.err"; then
+        ok "eval without reward.*: the unknown data_source refused"
+    else bad "eval without reward.*" "$(tail -2 "$W/eval2.err")"; fi
+fi
+
+# --- a second stop signal exits at once and takes the reward workers (and what they started) along
+printf '%s\n' 'import subprocess, time' \
+    'def compute_score(data_source, solution_str, ground_truth, extra_info=None):' \
+    '    subprocess.Popen(["sleep", "297"])  # a child of the reward code: must not outlive moerl' \
+    '    time.sleep(297)' >"$W/hang_reward.py"
+"$MOERL" rl --config "$W/cfg.yaml" trainer.default_local_dir="$W/sig2" sft.total_training_steps=0 \
+    reward.custom_reward_function.path="$W/hang_reward.py" reward.num_workers=2 reward.timeout_s=300 \
+    >"$W/sig2.log" 2>&1 &
+RL_PID=$!
+for _ in $(seq 150); do pgrep -f "sleep 297" >/dev/null && break; sleep 0.2; done
+if pgrep -f "sleep 297" >/dev/null; then
+    kill -INT "$RL_PID"
+    sleep 0.5
+    kill -INT "$RL_PID"
+    wait "$RL_PID"
+    rc=$?
+    sleep 0.5
+    if [[ $rc -eq 130 ]] && ! pgrep -f "sleep 297" >/dev/null && ! pgrep -f "$W/hang_reward.py" >/dev/null; then
+        ok "second SIGINT: exit 130, no reward worker or child of it left"
+    else bad "second SIGINT" "exit $rc; left: $(pgrep -af 'sleep 297|hang_reward' | head -3)"; fi
+else
+    bad "second SIGINT" "the reward code never started"
+    kill -9 "$RL_PID" 2>/dev/null
+fi
+pkill -9 -f "sleep 297" 2>/dev/null
+pkill -9 -f "$W/hang_reward.py" 2>/dev/null
+
 # --- a data_source no built-in rule knows: the SFT warm start's evals, training and validation at N
 # (val-core/<data_source>/...) all score through the reward file; the built-in rewards refuse the rows
 sed 's/"data_source": "arith"/"data_source": "my_arith"/' "$W/train.jsonl" >"$W/my_train.jsonl"

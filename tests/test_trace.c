@@ -82,7 +82,7 @@ static void run_workload(void) {
     for (int s = 0; s < 20 && n_done < 2; s++) n_done += engine_step(e, done + n_done, 2 - n_done);
     CHECK(n_done == 2, "engine finished %d of 2 requests", n_done);
     for (int i = 0; i < 2; i++) {
-        free(r[i].out_tokens); free(r[i].out_logprobs); free(r[i].out_versions);
+        gen_request_free_outputs(&r[i]);
     }
     engine_free(e);
     model_free(&m);
