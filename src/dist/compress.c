@@ -25,38 +25,36 @@ size_t compress_max_bytes(grad_compression c, size_t n, int chunk) {
     return n * 4;
 }
 
-/* k-th smallest of a[n] (quickselect, Hoare partition; a is reordered). */
-static float select_kth(float *a, size_t n, size_t k) {
-    size_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const float p = a[lo + (hi - lo) / 2];
-        size_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < p) i++;
-            while (a[j] > p) j--;
-            if (i <= j) {
-                const float t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                i++;
-                if (j == 0) break;
-                j--;
-            }
-        }
-        if (k <= j) hi = j;
-        else if (k >= i) lo = i;
-        else return a[k];
-    }
-    return a[k];
-}
-
+/* τ by a two-pass radix select on the bit patterns of |x| (for non-negative floats the patterns
+ * order as the values): a histogram of the upper 16 bits finds the bin of the wanted rank, a second
+ * of the lower 16 bits within that bin finds the element. Exact, no copy of x, two streaming passes. */
 float compress_threshold_tau(const float *x, size_t n) {
-    float *a = xmalloc((n ? n : 1) * sizeof(float));
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (x[i] != 0.0f) a[k++] = fabsf(x[i]);
-    const float med = k ? select_kth(a, k, (k - 1) / 2) : 0.0f;
-    free(a);
+    size_t *h = xcalloc(65536, sizeof(size_t)), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], 4);
+        b &= 0x7fffffffu;
+        if (b) h[b >> 16]++, k++;
+    }
+    if (k == 0) {
+        free(h);
+        return 0.0f;
+    }
+    size_t want = (k - 1) / 2, hi = 0; /* the lower median's rank among the nonzero |x| */
+    while (want >= h[hi]) want -= h[hi++];
+    memset(h, 0, 65536 * sizeof(size_t));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], 4);
+        b &= 0x7fffffffu;
+        if (b && b >> 16 == hi) h[b & 0xffff]++;
+    }
+    size_t lo = 0;
+    while (want >= h[lo]) want -= h[lo++];
+    free(h);
+    const uint32_t bits = (uint32_t)(hi << 16 | lo);
+    float med;
+    memcpy(&med, &bits, 4);
     return 2.0f * med;
 }
 
@@ -113,17 +111,22 @@ static void bitw_flush(bitw *w) {
     if (w->nacc > 0) *w->p |= (unsigned char)w->acc;
 }
 
-/* Bits of the Rice code with parameter r for the gaps between kept indices (gap = index − previous − 1, the
- * first index is its own gap): q = gap >> r one-bits, a zero, then the r low bits. */
-static uint64_t rice_bits(const float *x, size_t n, float tau, int r) {
-    uint64_t bits = 0;
+/* Bits of the Rice codes with parameters r0 .. r0 + 2 for the gaps between kept indices (gap =
+ * index − previous − 1, the first index is its own gap): q = gap >> r one-bits, a zero, then the r
+ * low bits. One pass for the three. */
+static void rice_bits3(const float *x, size_t n, float tau, int r0, uint64_t out[3]) {
+    uint64_t q0 = 0, q1 = 0, q2 = 0, k = 0;
     size_t prev = 0;
     for (size_t i = 0; i < n; i++)
         if (fabsf(x[i]) > tau) {
-            bits += ((i - prev) >> r) + 1 + (uint64_t)r;
+            const size_t gap = i - prev;
+            q0 += gap >> r0, q1 += gap >> (r0 + 1), q2 += gap >> (r0 + 2);
+            k++;
             prev = i + 1;
         }
-    return bits;
+    out[0] = q0 + k * (uint64_t)(1 + r0);
+    out[1] = q1 + k * (uint64_t)(2 + r0);
+    out[2] = q2 + k * (uint64_t)(3 + r0);
 }
 
 typedef struct {
@@ -152,10 +155,11 @@ static thr_plan thr_plan_of(const float *x, size_t n, float tau) {
     if (pl.k == 0) return pl;
     int r0 = 0;
     while (r0 < 30 && ((uint64_t)1 << (r0 + 1)) <= (n - pl.k) / pl.k) r0++; /* ≈ log2 of the mean gap */
-    for (int r = MOERL_MAX(0, r0 - 1); r <= r0 + 1; r++) {
-        const uint64_t b = rice_bits(x, n, tau, r);
-        if (b < pl.ibits) pl.ibits = b, pl.mode = THR_RICE, pl.r = r;
-    }
+    const int rlo = MOERL_MAX(0, r0 - 1);
+    uint64_t b[3];
+    rice_bits3(x, n, tau, rlo, b);
+    for (int j = 0; j < 3 && rlo + j <= r0 + 1; j++)
+        if (b[j] < pl.ibits) pl.ibits = b[j], pl.mode = THR_RICE, pl.r = rlo + j;
     return pl;
 }
 
