@@ -2,8 +2,9 @@
  * every rank fills its gradient buffer with its own seeded values, steps 0..K−1, and checks the
  * reduced gradient against its own simulation of the exchange — every rank's codec with every
  * rank's error-feedback residual, bucket by bucket, summed in rank order — bit for bit; the warm-up
- * steps against the exact sum; the bytes sent against the payload sizes (threshold: ≥ 8× smaller). In one process (or one
- * trainer) the reducer sends nothing and leaves the gradient as it is. Usage: test_dist_compress. */
+ * steps against the exact sum; the bytes sent against the payload sizes (threshold: ≥ 8× smaller
+ * than the exact all-reduce). In one process (or one trainer) the reducer sends nothing and leaves
+ * the gradient as it is. Usage: test_dist_compress. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

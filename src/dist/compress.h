@@ -56,7 +56,8 @@ size_t compress_bucket(grad_compression c, const float *g, float *e, size_t n, i
 int decompress_add(grad_compression c, const void *payload, size_t len, float *acc, size_t n);
 
 /* The threshold codec's τ for x[n]: 2·median(|x|) over the nonzero x (the lower median for an even
- * count; 0 when every x is 0). */
+ * count; 0 when every x is 0; inf when the median is ≥ 2^127, so nothing is kept). Exact, by a
+ * radix select over the float bit patterns. */
 float compress_threshold_tau(const float *x, size_t n);
 
 /* The threshold codec's exponent for a finite a > 0: the e (in [−149, 127]) of the power of two
