@@ -334,6 +334,23 @@ static void test_malformed(void) {
           "index 7, e = 0: +1 (%s)", moerl_last_error());
     free(buf);
     free(acc2);
+    /* the coded worst case, which τ never produces: every element kept, bitmap, 9 exponent bits, all
+     * at the cap — 16 + (100·10 + 100)/8 bytes, within compress_max_bytes, decodes to 2^127 each */
+    unsigned char w[16 + 138] = {0};
+    const uint32_t wh[2] = {100, 100};
+    const int32_t we0 = -149;
+    memcpy(w, wh, 8);
+    w[10] = 9;
+    memcpy(w + 12, &we0, 4);
+    for (int j = 0; j < 100; j++) /* value j: sign 0, e − e0 = 276, at bits 10j .. 10j+9; then 100 bitmap ones */
+        for (int b = 0; b < 9; b++)
+            if (276 >> b & 1) w[16 + (10 * j + 1 + b) / 8] |= (unsigned char)(1u << ((10 * j + 1 + b) % 8));
+    for (int i = 0; i < 100; i++) w[16 + (1000 + i) / 8] |= (unsigned char)(1u << ((1000 + i) % 8));
+    float *wa = xcalloc(100, sizeof(float));
+    CHECK(sizeof w <= compress_max_bytes(GRAD_COMPRESSION_THRESHOLD, 100, 1) &&
+              decompress_add(GRAD_COMPRESSION_THRESHOLD, w, sizeof w, wa, 100) == MOERL_OK && wa[0] == 0x1p127f &&
+              wa[99] == 0x1p127f, "all kept at 10 bits each: %zu bytes decode (%s)", sizeof w, moerl_last_error());
+    free(wa);
     uint32_t hdr[2] = {8, 4};
     memcpy(p, hdr, 8);
     CHECK(decompress_add(GRAD_COMPRESSION_ONEBIT, p, 10, acc, 8) == MOERL_ERR, "onebit payload of the wrong size refused");
