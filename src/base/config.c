@@ -17,6 +17,7 @@
 #include <yaml.h>
 
 #include "base/common.h"
+#include "base/strbuf.h"
 
 typedef struct {
     int64_t i;
@@ -790,40 +791,6 @@ int cfg_load_yaml(cfg *c, const char *path) {
 
 /* ---------------------------------------------------------------- dumping */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return; /* an encoding error cannot happen with moerl's formats */
-    if ((size_t)n < sizeof tmp) { sb_putn(b, tmp, (size_t)n); return; }
-    char *big = xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_putn(b, big, (size_t)n);
-    free(big);
-}
-
 /* Shortest "%.*g" form that strtod reads back to exactly x; ".0" added to integral values. */
 static void format_float(double x, char *buf, size_t cap) {
     if (isinf(x)) { snprintf(buf, cap, "%s", x > 0 ? ".inf" : "-.inf"); return; }
@@ -834,42 +801,42 @@ static void format_float(double x, char *buf, size_t cap) {
     if (!strpbrk(buf, ".eE")) strncat(buf, ".0", cap - strlen(buf) - 1);
 }
 
-static void put_yaml_string(sbuf *b, const char *s) {
-    sb_puts(b, "\"");
+static void put_yaml_string(strbuf *b, const char *s) {
+    strbuf_puts(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         switch (*p) {
-        case '"': sb_puts(b, "\\\""); break;
-        case '\\': sb_puts(b, "\\\\"); break;
-        case '\n': sb_puts(b, "\\n"); break;
-        case '\t': sb_puts(b, "\\t"); break;
-        case '\r': sb_puts(b, "\\r"); break;
+        case '"': strbuf_puts(b, "\\\""); break;
+        case '\\': strbuf_puts(b, "\\\\"); break;
+        case '\n': strbuf_puts(b, "\\n"); break;
+        case '\t': strbuf_puts(b, "\\t"); break;
+        case '\r': strbuf_puts(b, "\\r"); break;
         default:
-            if (*p < 0x20 || *p == 0x7f) sb_printf(b, "\\x%02X", *p);
-            else sb_putn(b, (const char *)p, 1);
+            if (*p < 0x20 || *p == 0x7f) strbuf_printf(b, "\\x%02X", *p);
+            else strbuf_putn(b, (const char *)p, 1);
         }
     }
-    sb_puts(b, "\"");
+    strbuf_puts(b, "\"");
 }
 
-static void put_value(sbuf *b, const cfg_entry *e, const cfg_val *v) {
+static void put_value(strbuf *b, const cfg_entry *e, const cfg_val *v) {
     char buf[64];
     switch (e->type) {
-    case CFG_INT: sb_printf(b, "%lld", (long long)v->i); break;
-    case CFG_FLOAT: format_float(v->f, buf, sizeof buf); sb_puts(b, buf); break;
-    case CFG_BOOL: sb_puts(b, v->b ? "true" : "false"); break;
+    case CFG_INT: strbuf_printf(b, "%lld", (long long)v->i); break;
+    case CFG_FLOAT: format_float(v->f, buf, sizeof buf); strbuf_puts(b, buf); break;
+    case CFG_BOOL: strbuf_puts(b, v->b ? "true" : "false"); break;
     case CFG_STR: put_yaml_string(b, v->s); break;
     case CFG_INT_LIST:
-        sb_puts(b, "[");
-        for (int i = 0; i < v->nlist; i++) sb_printf(b, "%s%lld", i ? ", " : "", (long long)v->list[i]);
-        sb_puts(b, "]");
+        strbuf_puts(b, "[");
+        for (int i = 0; i < v->nlist; i++) strbuf_printf(b, "%s%lld", i ? ", " : "", (long long)v->list[i]);
+        strbuf_puts(b, "]");
         break;
     case CFG_STR_LIST:
-        sb_puts(b, "[");
+        strbuf_puts(b, "[");
         for (int i = 0; i < v->nlist; i++) {
-            if (i) sb_puts(b, ", ");
+            if (i) strbuf_puts(b, ", ");
             put_yaml_string(b, v->strs[i]);
         }
-        sb_puts(b, "]");
+        strbuf_puts(b, "]");
         break;
     }
 }
@@ -903,8 +870,8 @@ static int *sorted_order(const cfg *c) {
 }
 
 char *cfg_dump_yaml_string(const cfg *c) {
-    sbuf b = {0};
-    sb_puts(&b, "# moerl resolved configuration: every declared key with its value after defaults,\n"
+    strbuf b = {0};
+    strbuf_puts(&b, "# moerl resolved configuration: every declared key with its value after defaults,\n"
                 "# files and overrides. Loads back with cfg_load_yaml.\n");
     int *ord = sorted_order(c);
     const char *prev = NULL;
@@ -930,22 +897,22 @@ char *cfg_dump_yaml_string(const cfg *c) {
             const char *dot = strchr(p, '.');
             if (!dot) break;
             if (depth >= shared) {
-                for (int i = 0; i < depth; i++) sb_puts(&b, "  ");
-                sb_putn(&b, p, (size_t)(dot - p));
-                sb_puts(&b, ":\n");
+                for (int i = 0; i < depth; i++) strbuf_puts(&b, "  ");
+                strbuf_putn(&b, p, (size_t)(dot - p));
+                strbuf_puts(&b, ":\n");
             }
             depth++;
             p = dot + 1;
         }
-        for (int i = 0; i < depth; i++) sb_puts(&b, "  ");
-        sb_printf(&b, "%s: ", p);
+        for (int i = 0; i < depth; i++) strbuf_puts(&b, "  ");
+        strbuf_printf(&b, "%s: ", p);
         put_value(&b, e, &e->val);
-        if (*e->help) sb_printf(&b, "  # %s", e->help);
-        sb_puts(&b, "\n");
+        if (*e->help) strbuf_printf(&b, "  # %s", e->help);
+        strbuf_puts(&b, "\n");
         prev = key;
     }
     free(ord);
-    if (!b.p) sb_puts(&b, "");
+    if (!b.p) strbuf_puts(&b, "");
     return b.p;
 }
 
@@ -961,7 +928,7 @@ void cfg_print_help(const cfg *c, FILE *out) {
     int *ord = sorted_order(c);
     for (int k = 0; k < c->n; k++) {
         const cfg_entry *e = &c->e[ord[k]];
-        sbuf b = {0};
+        strbuf b = {0};
         put_value(&b, e, &e->def);
         fprintf(out, "  %-44s %-8s %-14s %s\n", e->key, type_name(e->type), b.p, e->help);
         free(b.p);

@@ -13,31 +13,7 @@
 #include <string.h>
 
 #include "base/common.h"
-
-/* ------------------------------------------------------------------ a growable string */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-/* The buffer's string (never NULL). */
-static char *sb_take(sbuf *b) {
-    if (!b->p) return xstrdup("");
-    return b->p;
-}
+#include "base/strbuf.h"
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 static bool is_dig(char c) { return c >= '0' && c <= '9'; }
@@ -160,19 +136,19 @@ char *math_answer_extract(const char *response) {
 /* s with every occurrence of `from` replaced by `to`; when cmd is true, an occurrence followed by
  * a letter is kept (so "\left" does not match "\leftarrow"). Frees s. */
 static char *replace_all(char *s, const char *from, const char *to, bool cmd) {
-    sbuf b = {0};
+    strbuf b = {0};
     size_t L = strlen(from);
     for (size_t i = 0; s[i];) {
         if (strncmp(s + i, from, L) == 0 && !(cmd && is_alpha(s[i + L]))) {
-            sb_puts(&b, to);
+            strbuf_puts(&b, to);
             i += L;
         } else {
-            sb_put(&b, s + i, 1);
+            strbuf_putn(&b, s + i, 1);
             i++;
         }
     }
     free(s);
-    return sb_take(&b);
+    return strbuf_take(&b);
 }
 
 /* The length of the \text{, \textbf{ or \mbox{ group starting at s[i] (through its '}'), or 0. */
@@ -204,20 +180,20 @@ static char *drop_text_groups(char *s) {
             }
         }
     }
-    sbuf o = {0};
+    strbuf o = {0};
     for (size_t i = 0; s[i];) {
         size_t g = text_group_at(s, i);
         if (g) {
             const char *open = strchr(s + i, '{');
-            sb_put(&o, open + 1, (size_t)(s + i + g - 1 - (open + 1)));
+            strbuf_putn(&o, open + 1, (size_t)(s + i + g - 1 - (open + 1)));
             i += g;
         } else {
-            sb_put(&o, s + i, 1);
+            strbuf_putn(&o, s + i, 1);
             i++;
         }
     }
     free(s);
-    return sb_take(&o);
+    return strbuf_take(&o);
 }
 
 /* "A B/C" (integers, whitespace between A and B) → "A\frac{B}{C}"; else s. Frees s. */
@@ -283,26 +259,26 @@ static size_t utf8_len(const char *s) {
     return ((unsigned char)s[0] & 0x80) ? n : 1;
 }
 
-static void shorthand_into(sbuf *o, const char *s, size_t a, size_t b);
+static void shorthand_into(strbuf *o, const char *s, size_t a, size_t b);
 
 /* The arguments of a "\frac" whose name ends at s[i]: "{..}" groups (their text rewritten
  * recursively) or single characters (wrapped in braces). Returns the index after them. */
-static size_t frac_args(sbuf *o, const char *s, size_t i, size_t b) {
+static size_t frac_args(strbuf *o, const char *s, size_t i, size_t b) {
     for (int k = 0; k < 2 && i < b; k++) {
         if (s[i] == '{') {
             size_t j = match_brace(s, i);
             if (j == SIZE_MAX || j >= b) break;
-            sb_puts(o, "{");
+            strbuf_puts(o, "{");
             shorthand_into(o, s, i + 1, j);
-            sb_puts(o, "}");
+            strbuf_puts(o, "}");
             i = j + 1;
         } else if (s[i] == '\\') {
             break;
         } else {
             size_t L = utf8_len(s + i);
-            sb_puts(o, "{");
-            sb_put(o, s + i, L);
-            sb_puts(o, "}");
+            strbuf_puts(o, "{");
+            strbuf_putn(o, s + i, L);
+            strbuf_puts(o, "}");
             i += L;
         }
     }
@@ -310,24 +286,24 @@ static size_t frac_args(sbuf *o, const char *s, size_t i, size_t b) {
 }
 
 /* s[a, b) with "\frac12" → "\frac{1}{2}" and "\sqrt2" → "\sqrt{2}" into o. */
-static void shorthand_into(sbuf *o, const char *s, size_t a, size_t b) {
+static void shorthand_into(strbuf *o, const char *s, size_t a, size_t b) {
     size_t i = a;
     while (i < b) {
         if (b - i >= 5 && strncmp(s + i, "\\frac", 5) == 0) {
-            sb_puts(o, "\\frac");
+            strbuf_puts(o, "\\frac");
             i = frac_args(o, s, i + 5, b);
         } else if (b - i >= 5 && strncmp(s + i, "\\sqrt", 5) == 0) {
-            sb_puts(o, "\\sqrt");
+            strbuf_puts(o, "\\sqrt");
             i += 5;
             if (i < b && s[i] != '{' && s[i] != '[' && s[i] != '\\') {
                 size_t L = utf8_len(s + i);
-                sb_puts(o, "{");
-                sb_put(o, s + i, L);
-                sb_puts(o, "}");
+                strbuf_puts(o, "{");
+                strbuf_putn(o, s + i, L);
+                strbuf_puts(o, "}");
                 i += L;
             }
         } else {
-            sb_put(o, s + i, 1);
+            strbuf_putn(o, s + i, 1);
             i++;
         }
     }
@@ -351,10 +327,10 @@ char *math_answer_normalize(const char *answer) {
     int before = 0; /* characters (not bytes) before the '=' */
     for (const char *p = s; eq && p < eq; p++) before += ((unsigned char)*p & 0xC0) != 0x80;
     if (eq && !strchr(eq + 1, '=') && before <= 2) memmove(s, eq + 1, strlen(eq + 1) + 1);
-    sbuf o = {0};
+    strbuf o = {0};
     shorthand_into(&o, s, 0, strlen(s));
     free(s);
-    return sb_take(&o);
+    return strbuf_take(&o);
 }
 
 /* ------------------------------------------------------------------ exact rationals */
