@@ -34,6 +34,7 @@
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "reward/reward.h"
+#include "rl/agent_loop.h"
 #include "rl/losses.h"
 #include "rl/queue.h"
 #include "rl/staleness.h"
@@ -157,6 +158,9 @@ typedef struct rl_group {
      * when the rollouter's reward pool has scored the whole group (NULL before). The trainer, the
      * DAPO filter and the samples log read these; nothing rescores. */
     reward_result *rewards;
+    /* [n] what each trajectory did (rollout.multi_turn.enable: turns, tool calls, the environment's
+     * reward); NULL for single-turn rollouts */
+    agent_traj *traj;
 } rl_group;
 void rl_group_free(rl_group *g);
 /* The reward requests of finished group g (a row of train): reqs[j] for response j with its decoded

@@ -16,6 +16,11 @@ typedef struct {
     const int *tokens;
     int len;
     int resp_start;   /* index of the first response token in tokens */
+    /* [len - resp_start] or NULL: 1 = a loss token (sampled by the model), 0 = a token inserted
+     * between turns (tool responses and the template text around them: multi-turn rollouts, tool
+     * demonstrations in SFT) — no loss, no logprob, no entropy; train_pack gives it resp_index −1.
+     * NULL: every response token is a loss token. */
+    const unsigned char *resp_mask;
 } train_seq;
 
 /* Greedy in-order packing: mb_start[0..n_mb] such that micro-batch j holds sequences

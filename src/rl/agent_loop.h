@@ -1,0 +1,97 @@
+/* moerl — the agent loop: multi-turn trajectories with tools, driven between engine steps.
+ *
+ * A trajectory is one gen_request whose output grows turn by turn (rollout/engine.h: out_mask 1 =
+ * sampled, 0 = inserted). When an assistant turn ends at a stop token, agent_loop_turn_end decodes
+ * that turn's sampled ids, parses its tool calls (rollout.multi_turn.format, data/tool_calls.h) and
+ * either ends the trajectory (no call, the assistant-turn limit, the environment said done) or sends
+ * the well-formed calls to the environment (reward/env.h) and parks the request; malformed calls are
+ * answered at once with the parser's message (a tool error the model sees, as verl's tool agent
+ * loop does). Other sequences keep decoding meanwhile. agent_loop_poll, called between engine steps,
+ * collects the answers; once every call of a turn is answered, the tool messages (each content cut
+ * to max_tool_response_length characters) are rendered by the chat template as the delta after the
+ * sampled turn (tool_turn_ids: never re-encoding the sampled ids) and engine_continue queues the
+ * request for its next turn — or ends it with finish `length` when the delta leaves no room.
+ *
+ * Partial rollout: a weight sync may pause the engine while requests are parked here; their calls
+ * go on, and when answered they are continued under the new weights (engine_continue re-prefills).
+ * Nothing here depends on the weights' version.
+ *
+ * Simulation (moerl simulate, engine_config.simulated: no model, no text): the same loop with the
+ * decisions drawn instead of parsed — the number of assistant turns from agent_sim_config's
+ * distribution, each tool call's latency from its distribution (a timer, no program), and the tool
+ * turn's ids a run of `tool_response_tokens` filler ids.
+ *
+ * Layer: rl (uses rollout's engine, data's tokenizer and tool parser, reward's environment client).
+ * Not thread-safe: the rollouter's thread calls everything.
+ */
+#ifndef MOERL_AGENT_LOOP_H
+#define MOERL_AGENT_LOOP_H
+
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "reward/env.h"
+#include "rl/multi_turn.h"
+#include "rollout/engine.h"
+
+/* What one finished trajectory did (rl_group.traj[j]; the samples log and the metrics read it). */
+typedef struct {
+    int turns;              /* assistant turns sampled (≥ 1) */
+    int tool_calls;         /* tool calls written (well-formed or not) */
+    int tool_errors;        /* of which answered with an error: malformed, unknown tool, tool error, timeout */
+    int env_done;           /* the environment ended the episode ("done": true) */
+    int has_env_reward;     /* the environment gave the episode's reward ... */
+    double env_reward;      /* ... this one: it is the score (no reward function is called for it) */
+} agent_traj;
+
+/* moerl simulate's trajectories (simulation only). */
+typedef struct {
+    double turns_mean;          /* assistant turns per trajectory: 1 + Geometric with this mean (≥ 1) */
+    int max_turns;              /* cap (≥ 1) */
+    double tool_latency_median_s; /* each call's latency: log-normal with this median ... */
+    double tool_latency_sigma;  /* ... and this σ of log(latency) (0: constant) */
+    int tool_response_tokens;   /* inserted ids per tool turn */
+    uint64_t seed;
+} agent_sim_config;
+
+/* Totals since the last agent_loop_take_stats (metrics of one trainer step). */
+typedef struct {
+    long trajectories;          /* finished */
+    long turns_sum;
+    int turns_max;
+    long tool_calls, tool_errors, tool_timeouts, malformed_calls;
+    double tool_latency_sum_s, tool_latency_max_s; /* over answered environment calls */
+    double tool_wait_s;         /* seconds trajectories spent parked waiting for answers, summed (timing_s/tool) */
+} agent_stats;
+
+typedef struct agent_loop agent_loop;
+
+/* A loop for m (enable set) whose tools are tc (borrowed, outlives the loop), calls made through a
+ * new environment client (env_create: the programs start now). sim: NULL for real trajectories;
+ * else the simulation above (tc and ec unused, may be NULL). NULL with the client's error. */
+agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc, const env_config *ec,
+                              const agent_sim_config *sim);
+/* Kill the environment programs, free the parked trajectories' state (their requests stay the
+ * caller's). */
+void agent_loop_free(agent_loop *A);
+
+/* r (of engine e, prompt row `row`, trajectory id `traj_id`, e.g. "UID-J") finished a turn; t is
+ * the caller's record for it (zeroed before the first turn). Returns 1 if the trajectory ended (r
+ * final: t filled), 0 if r is parked (tool calls in flight) or already queued for its next turn.
+ * MOERL_ERR: the environment failed (run must stop), or the chat template cannot render the tool
+ * turn (message names the row). A request finished other than FINISH_STOP always ends (returns 1). */
+int agent_loop_turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, const ds_row *row,
+                        const char *traj_id);
+/* Advance the tool calls, waiting up to wait_s for the first answer when nothing else is ready;
+ * continue the answered trajectories in e, and put the ones that ended (length limit reached by
+ * the tool turn, done) in done[0..cap). Returns their count, or MOERL_ERR (the environment failed:
+ * message names the tool, the program or URL and the trajectory). */
+int agent_loop_poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s);
+/* Trajectories parked (waiting for tool answers). */
+int agent_loop_waiting(const agent_loop *A);
+/* Forget r (aborted with its group): its calls' answers are dropped when they come. */
+void agent_loop_forget(agent_loop *A, const gen_request *r);
+/* The totals since the last call, then reset. */
+void agent_loop_take_stats(agent_loop *A, agent_stats *out);
+
+#endif
