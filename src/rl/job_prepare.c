@@ -88,6 +88,18 @@ static const char *why_test(const rl_config *rc, char *buf, size_t cap) {
     return buf;
 }
 
+int rl_attach_tools(const rl_config *rc, dataset *ds) {
+    if (!rc->multi_turn.enable || dataset_count(ds) == 0) return MOERL_OK;
+    tool_config tc;
+    if (tool_config_load(rc->multi_turn.tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
+    json_t *schemas = tool_config_schemas(&tc);
+    tool_config_free(&tc);
+    for (int64_t i = 0; i < ds->n; i++)
+        if (!ds->rows[i].tools) ds->rows[i].tools = json_incref(schemas);
+    json_decref(schemas);
+    return MOERL_OK;
+}
+
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {
     const cfg *c = J->c;
@@ -125,6 +137,7 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
         data_staged_discard(&J->staged);
     }
     if (data_check_held_out_rows(c, &J->test, why) != MOERL_OK) return job_fail(J);
+    if (rl_attach_tools(rc, &J->train) != MOERL_OK || rl_attach_tools(rc, &J->test) != MOERL_OK) return job_fail(J);
     if (sft_split_validation(c, &J->train, &J->val) != MOERL_OK) return job_fail(J);
     /* before the warm start; the same verdict on every rank (config and data); the context is the
      * rollout's (rollouter_init checks it again) */
