@@ -271,6 +271,17 @@ void job_log_samples(job *J, rl_group **g, int n) {
                 json_t *ps = json_string(x->pred);
                 if (ps) json_object_set_new(ro, "pred", ps);
             }
+            if (g[i]->traj) { /* multi-turn: the loss mask (1 sampled, 0 inserted) and what the trajectory did */
+                const agent_traj *t = &g[i]->traj[j];
+                json_t *mk = json_array();
+                for (int k = 0; k < r->n_out; k++) json_array_append_new(mk, json_integer(r->out_mask ? r->out_mask[k] : 1));
+                json_object_set_new(ro, "loss_mask", mk);
+                json_object_set_new(ro, "turns", json_integer(t->turns));
+                json_object_set_new(ro, "tool_calls", json_integer(t->tool_calls));
+                json_object_set_new(ro, "tool_errors", json_integer(t->tool_errors));
+                json_object_set_new(ro, "finish", json_string(finish_reason_name(r->finish)));
+                if (t->has_env_reward) json_object_set_new(ro, "env_reward", json_real(t->env_reward));
+            }
             json_array_append_new(resp, ro);
         }
         free(rw);

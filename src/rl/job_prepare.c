@@ -88,16 +88,27 @@ static const char *why_test(const rl_config *rc, char *buf, size_t cap) {
     return buf;
 }
 
-int rl_attach_tools(const rl_config *rc, dataset *ds) {
-    if (!rc->multi_turn.enable || dataset_count(ds) == 0) return MOERL_OK;
+int rl_attach_tools(const rl_config *cfg, dataset *ds) {
+    if (!cfg->multi_turn.enable || dataset_count(ds) == 0) return MOERL_OK;
+    const char *path = cfg->multi_turn.tool_config_path;
     tool_config tc;
-    if (tool_config_load(rc->multi_turn.tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
+    if (tool_config_load(path, &tc) != MOERL_OK) return MOERL_ERR;
     json_t *schemas = tool_config_schemas(&tc);
     tool_config_free(&tc);
-    for (int64_t i = 0; i < ds->n; i++)
-        if (!ds->rows[i].tools) ds->rows[i].tools = json_incref(schemas);
+    int rc = MOERL_OK;
+    for (int64_t i = 0; i < ds->n && rc == MOERL_OK; i++) {
+        ds_row *r = &ds->rows[i];
+        if (r->tools) continue;
+        r->tools = json_incref(schemas);
+        const chat_extra x = {r->tools, NULL};
+        if (tokenizer_chat_check_ex(tok_current(), r->prompt, r->n_prompt, &x) != MOERL_OK) {
+            char where[1100];
+            rc = moerl_error_prefix("%s with the tools of rollout.multi_turn.tool_config_path %s: ",
+                                    dataset_where(ds, r->line, where, sizeof where), path);
+        }
+    }
     json_decref(schemas);
-    return MOERL_OK;
+    return rc;
 }
 
 /* Checks that write nothing, then the model. */
