@@ -190,4 +190,16 @@ if run mt trainer.resume_mode=auto; then
     check_py "tool turns counted" turns "$W/mt"
     check_py "loss mask and tool turn ids" masks "$W/mt" x
 else bad "fixed: resume" "exit $?"; tail_log mt; fi
+
+# --- moerl eval runs the same trajectories with tools on the run's checkpoint
+if "$MOERL" eval --model "$W/mt/checkpoint" --data "$W/test.jsonl" --max-new-tokens 160 \
+    --chat-template tests/tools/chat_tools.jinja rollout.multi_turn.enable=true \
+    rollout.multi_turn.tool_config_path="$W/tools.yaml" rollout.multi_turn.max_assistant_turns=2 \
+    >"$W/eval.json" 2>"$W/eval.log"; then
+    turns=$(tail -1 "$W/eval.json" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["metrics"]["val-aux/num_turns/mean"])')
+    if "$PY" -c "import sys; sys.exit(0 if float('$turns') > 1 else 1)"; then ok "eval: trajectories with tools ($turns turns)"
+    else bad "eval" "val-aux/num_turns/mean $turns, want > 1"; fi
+else bad "eval" "exit $?: $(tail -2 "$W/eval.log")"; fi
+expect_err "eval: a multi-turn key without enable" "tool_config_path is set but rollout.multi_turn.enable is false" \
+    "$MOERL" eval --model "$W/mt/checkpoint" --data "$W/test.jsonl" rollout.multi_turn.tool_config_path="$W/tools.yaml"
 finish
