@@ -17,6 +17,7 @@ void rl_group_free(rl_group *g) {
     if (g->rewards)
         for (int j = 0; j < g->n; j++) reward_result_free(&g->rewards[j]);
     free(g->rewards);
+    free(g->traj);
     free(g->reqs);
     tok_seq_free(&g->prompt);
     free(g);
