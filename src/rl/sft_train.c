@@ -376,10 +376,7 @@ typedef struct {
     int bs;
     tok_seq *seqs;
     int *resp_start, *order;
-    /* [n_rows]: each row's response loss mask (train_seq.resp_mask, resp_len = seqs[i].n − resp_start[i];
-     * the SFT data path fills it for multi-turn tool demonstrations: 0 on tool turns), NULL = every
-     * response token is a loss token */
-    unsigned char **resp_mask;
+    uint8_t **resp_mask; /* [n_rows]: a row's loss mask over its response (NULL: every response token) */
     train_seq *batch, *mine;
     metrics_writer *mw;
     model_acts acts;
@@ -418,7 +415,7 @@ static int sft_run_init(sft_run *S) {
     }
     S->seqs = xcalloc(S->n_rows, sizeof(tok_seq));
     S->resp_start = xmalloc(S->n_rows * sizeof(int));
-    S->resp_mask = xcalloc(S->n_rows, sizeof(unsigned char *));
+    S->resp_mask = xcalloc(S->n_rows, sizeof(uint8_t *));
     S->order = xmalloc(S->n_rows * sizeof(int));
     S->batch = xmalloc(bs * sizeof(train_seq));
     S->mine = xmalloc(bs * sizeof(train_seq));
@@ -581,10 +578,14 @@ static int sft_one_step(sft_run *S, int64_t ep, int64_t b, int64_t step) {
         int i = S->order[b + j];
         S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i],
                                   .resp_mask = S->resp_mask[i]};
-        resp_tokens += train_seq_loss_tokens(&S->batch[j]); /* the cross-entropy's token mean: loss tokens only */
+        resp_tokens += S->seqs[i].n - S->resp_start[i];
         g_tokens += S->seqs[i].n;
         if (j % R->n_shards == R->shard) S->mine[n_mine++] = S->batch[j]; /* round-robin over the data shards */
     }
+    /* the cross-entropy's token mean counts the loss tokens: a row's resp_mask leaves out the tool turns
+     * of a multi-turn demonstration (train_seq_loss_tokens) */
+    resp_tokens = 0;
+    for (int j = 0; j < S->bs; j++) resp_tokens += train_seq_loss_tokens(&S->batch[j]);
     const int global_aux = S->aux_on && (R->n_shards > 1 || (R->ps && (R->ps->sp || R->ps->pp)) || /* SP / pp */
                                          count_microbatches(S->batch, S->bs, o->max_tokens) > 1);
     float lr = lr_schedule(o->lr_scheduler, step, S->total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
