@@ -3,8 +3,9 @@
  * model-sampled tokens.
  *   - the trainer (trainer_step: packing, advantages, weights, PPO loss, entropy bonus, backward) on
  *     one GRPO group of multi-turn responses against PyTorch (tests/ref/gen_loss_mask.py): every
- *     parameter's gradient, actor/pg_loss, actor/entropy and pg_clipfrac for each loss_agg_mode, and
- *     for REINFORCE++ with recomputed old logprobs and sequence-level rollout IS; then the control:
+ *     parameter's gradient, actor/pg_loss, actor/entropy, pg_clipfrac and the decoupled loss's filtered
+ *     share for each loss_agg_mode, for REINFORCE++ with recomputed old logprobs and sequence-level
+ *     rollout IS, and for the decoupled loss with behav_imp_weight_cap; then the control:
  *     the same group with the masks dropped (tool tokens counted) misses the reference by far more
  *     than the tolerance, so the comparison can fail;
  *   - exact equivalence: a response whose inserted tokens lead it trains bit-identically to the same
@@ -120,15 +121,16 @@ static rl_config case_config(const ref_group *r, int k) {
     c.ppo.clip_ratio_low = r->params[0];
     c.ppo.clip_ratio_high = r->params[1];
     c.ppo.clip_ratio_c = r->params[2];
-    c.ppo.decoupled = 0;
     c.entropy_coeff = r->params[3];
     c.loss_scale_factor = r->params[4];
     c.rollout_is_threshold = r->params[5];
     c.loss_agg = (loss_agg_mode)cs[0];
     c.adv_estimator = cs[1] ? RL_ADV_REINFORCE_PP_BASELINE : RL_ADV_GRPO;
     c.norm_adv_by_std = 1;
-    c.recompute_old = cs[2];
-    c.rollout_is = cs[2] ? ROLLOUT_IS_SEQUENCE : ROLLOUT_IS_NONE;
+    c.recompute_old = cs[2] == 1;  /* 1: recomputed old logprobs with sequence-level rollout IS */
+    c.rollout_is = cs[2] == 1 ? ROLLOUT_IS_SEQUENCE : ROLLOUT_IS_NONE;
+    c.ppo.decoupled = cs[2] == 2;  /* 2: AReaL's decoupled loss (anchor π_prox, behaviour weight capped) */
+    c.ppo.behav_imp_weight_cap = r->params[6];
     c.use_kl_loss = 0;
     c.overlong_enable = 0;
     c.overlong_filter = 0;
@@ -221,10 +223,11 @@ static void test_trainer_vs_pytorch(void) {
         if (mt) {
             /* the aggregated loss and the entropy mean: fp32 logprobs (≈1e-6 relative) through sums of
              * ≤ 40 terms in double: 1e-5 relative + 1e-6 absolute */
-            const float got[3] = {(float)st.pg_loss, (float)st.entropy, (float)st.pg_clipfrac};
-            char what[96];
-            snprintf(what, sizeof what, "case %d: pg_loss, entropy, pg_clipfrac vs PyTorch", k);
-            t_close(what, got, mt, 3, 1e-6f, 1e-5f);
+            const float got[4] = {(float)st.pg_loss, (float)st.entropy, (float)st.pg_clipfrac,
+                                  (float)st.behav_dropped_frac};
+            char what[112];
+            snprintf(what, sizeof what, "case %d: pg_loss, entropy, pg_clipfrac, behav_dropped_frac vs PyTorch", k);
+            t_close(what, got, mt, 4, 1e-6f, 1e-5f);
             free(mt);
         }
         /* control: the same group without its masks (tool tokens counted as loss tokens) */

@@ -19,9 +19,12 @@ verl's multi-turn agent loop uses response_mask:
     seq-mean-token-mean      mean over those sequences of Σ_t m·L / Σ_t m
     seq-mean-token-sum-norm  Σ m·L / H / (sequences with a loss token)
   loss = agg(L) − entropy_coeff · agg(H_t), H_t the entropy of softmax(logits) at the target position;
+  decoupled PPO (AReaL): the anchor is π_prox (recomputed), L ← L·b with b = π_prox/μ when b ≤ C,
+  0 when b > C (the token is filtered out, still counted in the denominator);
   GRPO advantage (r − mean)/(std + 1e-6) (std unbiased); REINFORCE++ baseline: s = r − group mean,
   whitened over the loss tokens (verl masked_whiten: mean and unbiased variance over mask-1 tokens).
-Metrics: actor/pg_loss = agg(L), actor/entropy = token mean of H over the loss tokens.
+Metrics: actor/pg_loss = agg(L), actor/entropy = token mean of H over the loss tokens, pg_clipfrac and
+the decoupled loss's filtered share, token means over the loss tokens.
 The model is tests/ref/qwen3_moe_ref.py in float64 from the exact float32 checkpoint values; the
 seed is advanced until every router top-k margin exceeds 1e-4 (so fp32 routing agrees), and the
 behaviour logprobs μ = logp_ref − δ put every token's ratio at fixed values away from every branch
@@ -55,6 +58,7 @@ CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
 ENTROPY_COEFF = 0.01
 SCALE_H = 16.0          # actor.loss_scale_factor of seq-mean-token-sum-norm
 IS_THRESHOLD = 2.0
+BEHAV_CAP = 1.3         # actor.behav_imp_weight_cap of the decoupled case (π_prox/μ above it: filtered)
 # behaviour-anchored cases: ratio π/μ per loss token cycles through these (none within 1e-2 of
 # 1 − ε_low = 0.8, 1 + ε_high = 1.28 or the dual-clip bound at c = 3)
 RATIOS = [0.5, 1.1, 1.6, 0.9, 5.0, 1.05, 0.7]
@@ -132,7 +136,12 @@ def case_loss(case, lp, ent, behav, masks, T):
         var = (((s - mean) ** 2) * M).sum() / n * n / (n - 1)
         A = (A - mean) / torch.sqrt(var + 1e-8)
     A = A.to(torch.float32).to(D)[:, None].expand(-1, T)
-    if case["recompute"]:
+    bw = torch.ones_like(LP)
+    if case["recompute"] == 2:  # decoupled: anchor π_prox, behaviour weight b = π_prox/μ, filtered above C
+        old, w = LP.detach(), torch.ones_like(LP)
+        b = torch.exp(old - MU)
+        bw = torch.where(b <= BEHAV_CAP, b, torch.zeros_like(b))
+    elif case["recompute"]:
         old = LP.detach()
         seq = ((old - MU) * M).sum(dim=1).clamp(-20, 20)
         w = torch.minimum(torch.exp(seq), torch.tensor(IS_THRESHOLD, dtype=D))[:, None].expand(-1, T)
@@ -141,15 +150,18 @@ def case_loss(case, lp, ent, behav, masks, T):
     r = torch.exp(torch.clamp(LP - old, -20, 20))
     l1, l2 = -A * r, -A * torch.clamp(r, 1 - CLIP_LOW, 1 + CLIP_HIGH)
     L = torch.maximum(l1, l2)
-    L = torch.where(A < 0, torch.minimum(L, -A * CLIP_C), L) * w
+    L = torch.where(A < 0, torch.minimum(L, -A * CLIP_C), L) * bw * w
     pg = agg(L, M, case["mode"])
     h = agg(E, M, case["mode"])
     clipped = ((l2 > l1).to(D) * M).sum() / M.sum()
-    return pg - ENTROPY_COEFF * h, pg, (E * M).sum() / M.sum(), clipped
+    dropped = ((bw == 0).to(D) * M).sum() / M.sum()
+    return pg - ENTROPY_COEFF * h, pg, (E * M).sum() / M.sum(), clipped, dropped
 
 
+# recompute: 0 behaviour-anchored, 1 recomputed old + sequence-level rollout IS, 2 decoupled
 CASES = [{"mode": m, "adv": "grpo", "recompute": 0} for m in MODES] + \
-        [{"mode": "token-mean", "adv": "rpp", "recompute": 1}]
+        [{"mode": "token-mean", "adv": "rpp", "recompute": 1},
+         {"mode": "seq-mean-token-sum", "adv": "grpo", "recompute": 2}]
 
 
 def main():
@@ -193,21 +205,29 @@ def main():
              "resp_mask": torch.tensor([x for m in masks for x in m], dtype=torch.int32),
              "has_mask": torch.tensor([1 if m else 0 for m in MASKS], dtype=torch.int32),
              "behav": torch.cat(behav), "behav_is": torch.cat(behav_is),
-             "params": torch.tensor([CLIP_LOW, CLIP_HIGH, CLIP_C, ENTROPY_COEFF, SCALE_H, IS_THRESHOLD],
-                                    dtype=torch.float32)}
+             "params": torch.tensor([CLIP_LOW, CLIP_HIGH, CLIP_C, ENTROPY_COEFF, SCALE_H, IS_THRESHOLD,
+                                     BEHAV_CAP], dtype=torch.float32)}
     names = list(p64)
     for ci, case in enumerate(CASES):
         leaves = {n: v.detach().clone().requires_grad_(True) for n, v in p64.items()}
         lp, ent, _ = forward(leaves, cfg, prompt, resp)
-        mu = [b.to(D) for b in (behav_is if case["recompute"] else behav)]
-        loss, pg, h, clipfrac = case_loss(case, lp, ent, mu, masks, T)
+        mu = [b.to(D) for b in (behav_is if case["recompute"] else behav)]  # decoupled: the IS draws too
+        loss, pg, h, clipfrac, dropped = case_loss(case, lp, ent, mu, masks, T)
         gs = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
         for n, g in zip(names, gs):
             T_out["case%d.grad.%s" % (ci, n)] = (g if g is not None else torch.zeros_like(leaves[n])).float()
-        T_out["case%d.metrics" % ci] = torch.tensor([float(pg), float(h), float(clipfrac)], dtype=torch.float32)
-        print("case %d (%s, %s%s): pg_loss %.6g entropy %.6g clipfrac %.3f" %
-              (ci, case["mode"], case["adv"], ", recompute + sequence IS" if case["recompute"] else "", float(pg),
-               float(h), float(clipfrac)))
+        T_out["case%d.metrics" % ci] = torch.tensor([float(pg), float(h), float(clipfrac), float(dropped)],
+                                                    dtype=torch.float32)
+        print("case %d (%s, %s%s): pg_loss %.6g entropy %.6g clipfrac %.3f filtered %.3f" %
+              (ci, case["mode"], case["adv"], ["", ", recompute + sequence IS", ", decoupled"][case["recompute"]],
+               float(pg), float(h), float(clipfrac), float(dropped)))
+        if case["recompute"] == 2:
+            assert 0 < float(dropped) < 1, "gen_loss_mask: the decoupled case filters no token (or all)"
+            for j, m in enumerate(masks):
+                for i in range(len(m)):
+                    if m[i]:
+                        b = math.exp(float(lp0[j][i]) - float(mu[j][i]))
+                        assert abs(b - BEHAV_CAP) > 1e-2, "gen_loss_mask: a behaviour weight on the cap"
     T_out["cases"] = torch.tensor([[MODES.index(c["mode"]), c["adv"] == "rpp", c["recompute"]] for c in CASES],
                                   dtype=torch.int32)
     d = os.path.join(out, "loss_mask_model")
