@@ -5,7 +5,8 @@
  *     one GRPO group of multi-turn responses against PyTorch (tests/ref/gen_loss_mask.py): every
  *     parameter's gradient, actor/pg_loss, actor/entropy, pg_clipfrac and the decoupled loss's filtered
  *     share for each loss_agg_mode, for REINFORCE++ with recomputed old logprobs and sequence-level
- *     rollout IS, and for the decoupled loss with behav_imp_weight_cap; then the control:
+ *     rollout IS, for the decoupled loss with behav_imp_weight_cap, and with the k3 KL to a reference
+ *     policy (actor/kl_loss); then the control:
  *     the same group with the masks dropped (tool tokens counted) misses the reference by far more
  *     than the tolerance, so the comparison can fail;
  *   - exact equivalence: a response whose inserted tokens lead it trains bit-identically to the same
@@ -62,7 +63,7 @@ static int ref_load(const st_file *f, ref_group *r) {
     r->cases = need(f, "cases", ST_I32, &C);
     r->G = (int)G;
     r->P = (int)P;
-    r->n_cases = C / 3;
+    r->n_cases = C / 4;
     return r->prompt && r->len && r->tok && r->mask && r->has_mask && r->rewards && r->behav && r->behav_is &&
            r->params && r->cases;
 }
@@ -109,7 +110,7 @@ static rl_group *make_group(const ref_group *r, const float *behav, int with_mas
 
 static rl_config case_config(const ref_group *r, int k) {
     rl_config c = rl_test_config();
-    const int *cs = r->cases + 3 * k;
+    const int *cs = r->cases + 4 * k;
     c.n = r->G;
     c.ppo_mini_batch_size = 1;
     c.ppo_epochs = 1;
@@ -131,17 +132,27 @@ static rl_config case_config(const ref_group *r, int k) {
     c.rollout_is = cs[2] == 1 ? ROLLOUT_IS_SEQUENCE : ROLLOUT_IS_NONE;
     c.ppo.decoupled = cs[2] == 2;  /* 2: AReaL's decoupled loss (anchor π_prox, behaviour weight capped) */
     c.ppo.behav_imp_weight_cap = r->params[6];
-    c.use_kl_loss = 0;
+    c.use_kl_loss = cs[3];  /* k3 KL to the reference policy of loss_mask_ref_model */
+    c.kl_loss_coef = r->params[7];
     c.overlong_enable = 0;
     c.overlong_filter = 0;
     return c;
 }
+
+/* The KL case's reference policy (tests/ref/gen_loss_mask.py: the weights, perturbed). */
+static moe_model g_ref_policy;
+static int g_have_ref_policy;
 
 /* One trainer step of case k on group g (consumed); the gradient into grads[n_params]. */
 static int train_case(moe_model *m, const ref_group *r, int k, rl_group *g, float *grads, train_stats *st) {
     rl_config c = case_config(r, k);
     trainer T;
     int rc = trainer_init(&T, &c, NULL, m);
+    if (rc == MOERL_OK && T.ref) { /* trainer_init copied the actor: the reference is another policy */
+        CHECK(g_have_ref_policy && g_ref_policy.n_params == T.ref->n_params, "case %d: no reference policy", k);
+        if (g_have_ref_policy && g_ref_policy.n_params == T.ref->n_params)
+            memcpy(T.ref->params, g_ref_policy.params, T.ref->n_params * sizeof(float));
+    }
     if (rc == MOERL_OK) rc = trainer_step(&T, &g, 1, st);
     CHECK(rc == MOERL_OK, "case %d: trainer: %s", k, moerl_last_error());
     memcpy(grads, m->grads, m->n_params * sizeof(float));
@@ -210,9 +221,13 @@ static void test_trainer_vs_pytorch(void) {
         model_free(&m);
         return;
     }
+    char rdir[1100];
+    snprintf(rdir, sizeof rdir, "%s/loss_mask_ref_model", testdata());
+    g_have_ref_policy = model_load_hf(&g_ref_policy, rdir) == MOERL_OK;
+    CHECK(g_have_ref_policy, "cannot load the reference policy %s: %s", rdir, moerl_last_error());
     float *grads = xmalloc(m.n_params * sizeof(float));
     for (int k = 0; k < r.n_cases; k++) {
-        const int recompute = r.cases[3 * k + 2];
+        const int recompute = r.cases[4 * k + 2];
         const float *behav = recompute ? r.behav_is : r.behav;
         train_stats st;
         if (train_case(&m, &r, k, make_group(&r, behav, 1, 0), grads, &st) != MOERL_OK) continue;
@@ -223,11 +238,12 @@ static void test_trainer_vs_pytorch(void) {
         if (mt) {
             /* the aggregated loss and the entropy mean: fp32 logprobs (≈1e-6 relative) through sums of
              * ≤ 40 terms in double: 1e-5 relative + 1e-6 absolute */
-            const float got[4] = {(float)st.pg_loss, (float)st.entropy, (float)st.pg_clipfrac,
-                                  (float)st.behav_dropped_frac};
-            char what[112];
-            snprintf(what, sizeof what, "case %d: pg_loss, entropy, pg_clipfrac, behav_dropped_frac vs PyTorch", k);
-            t_close(what, got, mt, 4, 1e-6f, 1e-5f);
+            const float got[5] = {(float)st.pg_loss, (float)st.entropy, (float)st.pg_clipfrac,
+                                  (float)st.behav_dropped_frac, (float)st.kl_loss};
+            char what[128];
+            snprintf(what, sizeof what, "case %d: pg_loss, entropy, pg_clipfrac, behav_dropped_frac, kl_loss vs PyTorch",
+                     k);
+            t_close(what, got, mt, 5, 1e-6f, 1e-5f);
             free(mt);
         }
         /* control: the same group without its masks (tool tokens counted as loss tokens) */
@@ -286,7 +302,7 @@ static void test_leading_tokens_equal_prompt(void) {
     /* the moved form keeps a response's own mask only when it had one: has_mask stays as the reference's */
     float *g1 = xmalloc(m.n_params * sizeof(float)), *g2 = xmalloc(m.n_params * sizeof(float));
     for (int k = 0; k < r.n_cases; k++) {
-        const float *b = r.cases[3 * k + 2] ? bi : bh;
+        const float *b = r.cases[4 * k + 2] ? bi : bh;
         train_stats s1, s2;
         /* masked: prompt P, responses lead ⊕ own; moved: prompt P ⊕ lead, responses own */
         if (train_case(&m, &e, k, make_group(&e, b, 1, 0), g1, &s1) != MOERL_OK) continue;
@@ -353,5 +369,6 @@ int main(void) {
     test_packing();
     test_trainer_vs_pytorch();
     test_leading_tokens_equal_prompt();
+    if (g_have_ref_policy) model_free(&g_ref_policy);
     TEST_MAIN_END();
 }

@@ -2,6 +2,7 @@
 
 Usage: /usr/bin/python3 tests/ref/gen_loss_mask.py OUTDIR
   → OUTDIR/loss_mask_model/{config.json, model.safetensors}  a tiny random Qwen3-MoE (no aux loss)
+  → OUTDIR/loss_mask_ref_model/...                            the KL case's reference policy
   → OUTDIR/loss_mask.safetensors                               one GRPO group and, per case, the
                                                                 aggregated losses, metrics and the
                                                                 gradient of every parameter
@@ -19,6 +20,8 @@ verl's multi-turn agent loop uses response_mask:
     seq-mean-token-mean      mean over those sequences of Σ_t m·L / Σ_t m
     seq-mean-token-sum-norm  Σ m·L / H / (sequences with a loss token)
   loss = agg(L) − entropy_coeff · agg(H_t), H_t the entropy of softmax(logits) at the target position;
+  k3 KL to a reference policy (actor.use_kl_loss): δ = clamp(ref − logp, ±20), kl = clamp(e^δ − δ − 1,
+  ±10), loss += kl_loss_coef · agg(kl) (actor/kl_loss = agg(kl));
   decoupled PPO (AReaL): the anchor is π_prox (recomputed), L ← L·b with b = π_prox/μ when b ≤ C,
   0 when b > C (the token is filtered out, still counted in the denominator);
   GRPO advantage (r − mean)/(std + 1e-6) (std unbiased); REINFORCE++ baseline: s = r − group mean,
@@ -59,6 +62,8 @@ ENTROPY_COEFF = 0.01
 SCALE_H = 16.0          # actor.loss_scale_factor of seq-mean-token-sum-norm
 IS_THRESHOLD = 2.0
 BEHAV_CAP = 1.3         # actor.behav_imp_weight_cap of the decoupled case (π_prox/μ above it: filtered)
+KL_COEF = 0.1           # actor.kl_loss_coef of the KL case; its reference: the weights × (1 + REF_JITTER·N(0,1))
+REF_JITTER = 0.05
 # behaviour-anchored cases: ratio π/μ per loss token cycles through these (none within 1e-2 of
 # 1 − ε_low = 0.8, 1 + ε_high = 1.28 or the dual-clip bound at c = 3)
 RATIOS = [0.5, 1.1, 1.6, 0.9, 5.0, 1.05, 0.7]
@@ -124,7 +129,7 @@ def padded(xs, T, fill=0.0):
     return out
 
 
-def case_loss(case, lp, ent, behav, masks, T):
+def case_loss(case, lp, ent, behav, masks, T, ref=None):
     """The trainer's loss for one case (differentiable in lp / ent) and its metrics."""
     LP, E, MU = padded(lp, T), padded(ent, T), padded(behav, T)
     M = padded([torch.tensor(m, dtype=D) for m in masks], T)
@@ -155,13 +160,19 @@ def case_loss(case, lp, ent, behav, masks, T):
     h = agg(E, M, case["mode"])
     clipped = ((l2 > l1).to(D) * M).sum() / M.sum()
     dropped = ((bw == 0).to(D) * M).sum() / M.sum()
-    return pg - ENTROPY_COEFF * h, pg, (E * M).sum() / M.sum(), clipped, dropped
+    loss, kl = pg - ENTROPY_COEFF * h, torch.zeros((), dtype=D)
+    if ref is not None:
+        d = torch.clamp(padded(ref, T) - LP, -20, 20)
+        kl = agg(torch.clamp(torch.exp(d) - d - 1, -10, 10), M, case["mode"])
+        loss = loss + KL_COEF * kl
+    return loss, pg, (E * M).sum() / M.sum(), clipped, dropped, kl
 
 
 # recompute: 0 behaviour-anchored, 1 recomputed old + sequence-level rollout IS, 2 decoupled
 CASES = [{"mode": m, "adv": "grpo", "recompute": 0} for m in MODES] + \
         [{"mode": "token-mean", "adv": "rpp", "recompute": 1},
-         {"mode": "seq-mean-token-sum", "adv": "grpo", "recompute": 2}]
+         {"mode": "seq-mean-token-sum", "adv": "grpo", "recompute": 2},
+         {"mode": "seq-mean-token-mean", "adv": "grpo", "recompute": 0, "kl": 1}]
 
 
 def main():
@@ -176,7 +187,13 @@ def main():
         p64 = R.to_float64(params32)
         with torch.no_grad():
             lp0, _, rl = forward(p64, cfg, prompt, resp)
-        if R.topk_gap(rl.values(), cfg.num_experts_per_tok) > GM.GAP_MIN:
+        ref32 = {n: v * (1 + REF_JITTER * torch.randn(v.shape, generator=gen, dtype=torch.float32))
+                 for n, v in params32.items()}
+        ref64 = R.to_float64(ref32)
+        with torch.no_grad():
+            ref_lp, _, rl_ref = forward(ref64, cfg, prompt, resp)
+        if min(R.topk_gap(rl.values(), cfg.num_experts_per_tok),
+               R.topk_gap(rl_ref.values(), cfg.num_experts_per_tok)) > GM.GAP_MIN:
             break
     else:
         print("gen_loss_mask: no seed gives a top-k margin > %g\n0 passed, 1 failed" % GM.GAP_MIN)
@@ -206,21 +223,22 @@ def main():
              "has_mask": torch.tensor([1 if m else 0 for m in MASKS], dtype=torch.int32),
              "behav": torch.cat(behav), "behav_is": torch.cat(behav_is),
              "params": torch.tensor([CLIP_LOW, CLIP_HIGH, CLIP_C, ENTROPY_COEFF, SCALE_H, IS_THRESHOLD,
-                                     BEHAV_CAP], dtype=torch.float32)}
+                                     BEHAV_CAP, KL_COEF], dtype=torch.float32)}
     names = list(p64)
     for ci, case in enumerate(CASES):
         leaves = {n: v.detach().clone().requires_grad_(True) for n, v in p64.items()}
         lp, ent, _ = forward(leaves, cfg, prompt, resp)
         mu = [b.to(D) for b in (behav_is if case["recompute"] else behav)]  # decoupled: the IS draws too
-        loss, pg, h, clipfrac, dropped = case_loss(case, lp, ent, mu, masks, T)
+        loss, pg, h, clipfrac, dropped, kl = case_loss(case, lp, ent, mu, masks, T,
+                                                       ref_lp if case.get("kl") else None)
         gs = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
         for n, g in zip(names, gs):
             T_out["case%d.grad.%s" % (ci, n)] = (g if g is not None else torch.zeros_like(leaves[n])).float()
-        T_out["case%d.metrics" % ci] = torch.tensor([float(pg), float(h), float(clipfrac), float(dropped)],
-                                                    dtype=torch.float32)
-        print("case %d (%s, %s%s): pg_loss %.6g entropy %.6g clipfrac %.3f filtered %.3f" %
+        T_out["case%d.metrics" % ci] = torch.tensor([float(pg), float(h), float(clipfrac), float(dropped),
+                                                     float(kl)], dtype=torch.float32)
+        print("case %d (%s, %s%s%s): pg_loss %.6g entropy %.6g clipfrac %.3f filtered %.3f kl %.6g" %
               (ci, case["mode"], case["adv"], ["", ", recompute + sequence IS", ", decoupled"][case["recompute"]],
-               float(pg), float(h), float(clipfrac), float(dropped)))
+               ", k3 KL" if case.get("kl") else "", float(pg), float(h), float(clipfrac), float(dropped), float(kl)))
         if case["recompute"] == 2:
             assert 0 < float(dropped) < 1, "gen_loss_mask: the decoupled case filters no token (or all)"
             for j, m in enumerate(masks):
@@ -228,13 +246,18 @@ def main():
                     if m[i]:
                         b = math.exp(float(lp0[j][i]) - float(mu[j][i]))
                         assert abs(b - BEHAV_CAP) > 1e-2, "gen_loss_mask: a behaviour weight on the cap"
-    T_out["cases"] = torch.tensor([[MODES.index(c["mode"]), c["adv"] == "rpp", c["recompute"]] for c in CASES],
-                                  dtype=torch.int32)
+    T_out["cases"] = torch.tensor([[MODES.index(c["mode"]), c["adv"] == "rpp", c["recompute"], c.get("kl", 0)]
+                                   for c in CASES], dtype=torch.int32)
     d = os.path.join(out, "loss_mask_model")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(CFG, f, indent=2)
     st_io.save(params32, os.path.join(d, "model.safetensors"), {"format": "pt"})
+    d = os.path.join(out, "loss_mask_ref_model")  # the KL case's reference policy
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(CFG, f, indent=2)
+    st_io.save(ref32, os.path.join(d, "model.safetensors"), {"format": "pt"})
     st_io.save(T_out, os.path.join(out, "loss_mask.safetensors"),
                {"generator": "tests/ref/gen_loss_mask.py", "seed": str(seed)})
     print("wrote %s (seed %d, %d cases)" % (os.path.join(out, "loss_mask.safetensors"), seed, len(CASES)))
