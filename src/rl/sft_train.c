@@ -88,7 +88,7 @@ static void full_done(const sft_ranks *R, moe_model *m, const moe_model *f) {
 }
 
 typedef struct {
-    double inv_tokens; /* 1 / response tokens of the global batch */
+    double inv_tokens; /* 1 / loss tokens of the global batch (response tokens whose resp_mask is not 0) */
     double ce_sum;
 } sft_ctx;
 
@@ -277,8 +277,8 @@ static int n_moe_layers(const moe_config *c) {
 }
 
 /* One optimizer step's gradient on this rank's share `mine[n]` of the global batch (tokens of the
- * global batch: g_tokens, its response tokens: g_resp; global_aux: the aux over the whole batch),
- * reduced over the ranks (DP reducer or FSDP), then AdamW. Outputs the global loss, ce, aux,
+ * global batch: g_tokens, its loss tokens (train_seq_loss_tokens): g_resp; global_aux: the aux over
+ * the whole batch), reduced over the ranks (DP reducer or FSDP), then AdamW. Outputs the global loss, ce, aux,
  * tokens (summed over the ranks) and the gradient norm. */
 typedef struct {
     double loss, ce, aux, tokens, grad_norm;
@@ -315,7 +315,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
         to.aux_counts = counts;
         to.aux_psum_out = psum;
     }
-    sft_ctx sc = {.inv_tokens = 1.0 / (double)g_resp};
+    sft_ctx sc = {.inv_tokens = g_resp > 0 ? 1.0 / (double)g_resp : 0.0};
     train_step_out so;
     if (train_accumulate(m, acts, mine, n, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
     if (par_finish_grads(R->ps, n_mb, max_mb) != MOERL_OK) goto out; /* FSDP / EP sums (par_grads_self_reduced) */
@@ -376,6 +376,7 @@ typedef struct {
     int bs;
     tok_seq *seqs;
     int *resp_start, *order;
+    uint8_t **resp_mask; /* [n_rows]: a row's loss mask over its response (NULL: every response token) */
     train_seq *batch, *mine;
     metrics_writer *mw;
     model_acts acts;
@@ -414,6 +415,7 @@ static int sft_run_init(sft_run *S) {
     }
     S->seqs = xcalloc(S->n_rows, sizeof(tok_seq));
     S->resp_start = xmalloc(S->n_rows * sizeof(int));
+    S->resp_mask = xcalloc(S->n_rows, sizeof(uint8_t *));
     S->order = xmalloc(S->n_rows * sizeof(int));
     S->batch = xmalloc(bs * sizeof(train_seq));
     S->mine = xmalloc(bs * sizeof(train_seq));
@@ -574,11 +576,16 @@ static int sft_one_step(sft_run *S, int64_t ep, int64_t b, int64_t step) {
     int n_mine = 0;
     for (int j = 0; j < S->bs; j++) {
         int i = S->order[b + j];
-        S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i]};
+        S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i],
+                                  .resp_mask = S->resp_mask[i]};
         resp_tokens += S->seqs[i].n - S->resp_start[i];
         g_tokens += S->seqs[i].n;
         if (j % R->n_shards == R->shard) S->mine[n_mine++] = S->batch[j]; /* round-robin over the data shards */
     }
+    /* the cross-entropy's token mean counts the loss tokens: a row's resp_mask leaves out the tool turns
+     * of a multi-turn demonstration (train_seq_loss_tokens) */
+    resp_tokens = 0;
+    for (int j = 0; j < S->bs; j++) resp_tokens += train_seq_loss_tokens(&S->batch[j]);
     const int global_aux = S->aux_on && (R->n_shards > 1 || (R->ps && (R->ps->sp || R->ps->pp)) || /* SP / pp */
                                          count_microbatches(S->batch, S->bs, o->max_tokens) > 1);
     float lr = lr_schedule(o->lr_scheduler, step, S->total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
@@ -693,6 +700,8 @@ static void sft_run_free(sft_run *S) {
     for (int64_t i = 0; S->seqs && i < S->n_rows; i++) tok_seq_free(&S->seqs[i]);
     free(S->seqs);
     free(S->resp_start);
+    for (int64_t i = 0; S->resp_mask && i < S->n_rows; i++) free(S->resp_mask[i]);
+    free(S->resp_mask);
     free(S->order);
     free(S->batch);
     free(S->mine);
