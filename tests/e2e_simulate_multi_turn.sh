@@ -155,6 +155,19 @@ met = [json.loads(l) for l in open(sys.argv[1])]
 sys.exit(0 if all(m["tool_errors/mean"] == m["tool_calls/mean"] > 0 and m["tool_latency/max"] == 1.5 for m in met) else 1)
 PY
 fi
+# the printed result echoes the distributions simulated; --sweep runs them in every setting
+"$PY" -c 'import json, sys
+m = json.load(open(sys.argv[1]))["multi_turn"]
+sys.exit(0 if m == {"sim.multi_turn.turns_mean": 3.0, "sim.multi_turn.tool_latency_median_s": 2.0,
+                    "sim.multi_turn.tool_latency_sigma": 0.0, "sim.multi_turn.tool_response_tokens": 16} else 1)' \
+    "$W/turns.json" && ok "multi_turn echoed" || fail "multi_turn echo: $(head -c 600 "$W/turns.json")"
+if $M simulate --config $CFG --sweep trainer.default_local_dir="$W/sweep" "${BASE[@]}" trainer.total_training_steps=4 \
+    >"$W/sweep.out" 2>"$W/sweep.log" && grep -q "async s=0.3 partial on" "$W/sweep/sweep.md" &&
+    "$PY" -c 'import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(0 if m and all(x["num_turns/mean"] >= 1 and x["timing_s/tool"] > 0 for x in m) else 1)' \
+        "$W/sweep/async_s0.3_partial_on/metrics.jsonl"; then ok "--sweep with multi-turn"
+else fail "--sweep with multi-turn: $(tail -c 300 "$W/sweep.log")"; fi
 # lockstep mode runs too (the rollout side only while the step loop waits)
 sim lockstep async_training.mode=lockstep trainer.total_training_steps=4 async_training.partial_rollout=true && ok "lockstep"
 
