@@ -376,6 +376,7 @@ typedef struct {
     int bs;
     tok_seq *seqs;
     int *resp_start, *order;
+    uint8_t **resp_mask; /* [n_rows]: a row's loss mask over its response (NULL: every response token) */
     train_seq *batch, *mine;
     metrics_writer *mw;
     model_acts acts;
@@ -414,6 +415,7 @@ static int sft_run_init(sft_run *S) {
     }
     S->seqs = xcalloc(S->n_rows, sizeof(tok_seq));
     S->resp_start = xmalloc(S->n_rows * sizeof(int));
+    S->resp_mask = xcalloc(S->n_rows, sizeof(uint8_t *));
     S->order = xmalloc(S->n_rows * sizeof(int));
     S->batch = xmalloc(bs * sizeof(train_seq));
     S->mine = xmalloc(bs * sizeof(train_seq));
@@ -427,12 +429,11 @@ static int sft_encode_rows(sft_run *S) {
     char where[4200];
     for (int64_t i = 0; i < S->n_rows; i++) {
         const ds_row *r = dataset_row(train, i);
-        if (!r->response)
-            return moerl_errorf("%s: SFT needs a 'response' field", dataset_where(train, r->line, where, sizeof where));
         tok_seq *q = &S->seqs[i];
-        ds_row_encode_prompt(r, q);
-        S->resp_start[i] = (int)q->n;
-        tok_encode_response(r->response, q);
+        /* the prompt, then the response (a string, or messages: the assistant turns masked 1) */
+        if (ds_row_encode_sft(r, dataset_where(train, r->line, where, sizeof where), q, &S->resp_start[i],
+                              &S->resp_mask[i]) != MOERL_OK)
+            return MOERL_ERR;
         for (int64_t t = 0; t < q->n; t++)
             if (q->ids[t] >= S->m->cfg.vocab_size)
                 return moerl_errorf("%s: token %d outside the model's vocabulary %d",
@@ -574,7 +575,8 @@ static int sft_one_step(sft_run *S, int64_t ep, int64_t b, int64_t step) {
     int n_mine = 0;
     for (int j = 0; j < S->bs; j++) {
         int i = S->order[b + j];
-        S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i]};
+        S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i],
+                                  .resp_mask = S->resp_mask[i]};
         resp_tokens += S->seqs[i].n - S->resp_start[i];
         g_tokens += S->seqs[i].n;
         if (j % R->n_shards == R->shard) S->mine[n_mine++] = S->batch[j]; /* round-robin over the data shards */
@@ -693,6 +695,8 @@ static void sft_run_free(sft_run *S) {
     for (int64_t i = 0; S->seqs && i < S->n_rows; i++) tok_seq_free(&S->seqs[i]);
     free(S->seqs);
     free(S->resp_start);
+    for (int64_t i = 0; S->resp_mask && i < S->n_rows; i++) free(S->resp_mask[i]);
+    free(S->resp_mask);
     free(S->order);
     free(S->batch);
     free(S->mine);
