@@ -16,11 +16,6 @@
  * go on, and when answered they are continued under the new weights (engine_continue re-prefills).
  * Nothing here depends on the weights' version.
  *
- * Simulation (moerl simulate, engine_config.simulated: no model, no text): the same loop with the
- * decisions drawn instead of parsed — the number of assistant turns from agent_sim_config's
- * distribution, each tool call's latency from its distribution (a timer, no program), and the tool
- * turn's ids a run of `tool_response_tokens` filler ids.
- *
  * Layer: rl (uses rollout's engine, data's tokenizer and tool parser, reward's environment client).
  * Not thread-safe: the rollouter's thread calls everything.
  */
@@ -44,16 +39,6 @@ typedef struct {
     double env_reward;      /* ... this one: it is the score (no reward function is called for it) */
 } agent_traj;
 
-/* moerl simulate's trajectories (simulation only). */
-typedef struct {
-    double turns_mean;          /* assistant turns per trajectory: 1 + Geometric with this mean (≥ 1) */
-    int max_turns;              /* cap (≥ 1) */
-    double tool_latency_median_s; /* each call's latency: log-normal with this median ... */
-    double tool_latency_sigma;  /* ... and this σ of log(latency) (0: constant) */
-    int tool_response_tokens;   /* inserted ids per tool turn */
-    uint64_t seed;
-} agent_sim_config;
-
 /* Totals since the last agent_loop_take_stats (metrics of one trainer step). */
 typedef struct {
     long trajectories;          /* finished */
@@ -67,10 +52,10 @@ typedef struct {
 typedef struct agent_loop agent_loop;
 
 /* A loop for m (enable set) whose tools are tc (borrowed, outlives the loop), calls made through a
- * new environment client (env_create: the programs start now). sim: NULL for real trajectories;
- * else the simulation above (tc and ec unused, may be NULL). NULL with the client's error. */
-agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc, const env_config *ec,
-                              const agent_sim_config *sim);
+ * new environment client (env_create: the programs start now), turns rendered by the current
+ * tokenizer's chat template (tok_current). NULL with the client's error, or when the template
+ * writes none of the tokenizer's stop tokens at the end of an assistant turn (no turn boundary). */
+agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc, const env_config *ec);
 /* Kill the environment programs, free the parked trajectories' state (their requests stay the
  * caller's). */
 void agent_loop_free(agent_loop *A);

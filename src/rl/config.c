@@ -343,8 +343,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
     if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
     if (reward_read_config(c, &r->reward) != MOERL_OK) return MOERL_ERR;
-    multi_turn_config mt; /* checked (enable=true refused until the rollouter loops over turns) */
-    if (multi_turn_read_config(c, &mt) != MOERL_OK) return MOERL_ERR;
+    if (multi_turn_read_config(c, &r->multi_turn) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
      * model once the model is known) */
     par_layout L;

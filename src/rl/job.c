@@ -653,11 +653,11 @@ static int ls_get_groups(job *J, rl_group **out, int n, double timeout_s, double
 }
 
 static int ls_sync(job *J, int version, double *rb, double *ri) {
-    if (!J->cfg->partial_rollout && engine_num_unfinished(J->R.eng) > 0) { /* let in-flight responses
-                                                                            finish under the old weights */
+    if (!J->cfg->partial_rollout && rollouter_unfinished(&J->R) > 0) { /* let in-flight trajectories
+                                                                         finish under the old weights */
         const double t0 = moerl_now();
         J->R.draining = 1;
-        while (engine_num_unfinished(J->R.eng) > 0)
+        while (rollouter_unfinished(&J->R) > 0)
             if (rollouter_tick(&J->R) < 0) {
                 J->reward_failed = J->R.reward_failed;
                 return MOERL_ERR;
@@ -693,7 +693,7 @@ static void *rollouter_main(void *arg) {
     pthread_mutex_lock(&R->mu);
     while (!R->stop) {
         if (R->sync_requested) {
-            if (J->cfg->partial_rollout || engine_num_unfinished(R->eng) == 0) {
+            if (J->cfg->partial_rollout || rollouter_unfinished(R) == 0) {
                 const float *params = R->sync_params;
                 int version = R->sync_version;
                 pthread_mutex_unlock(&R->mu);

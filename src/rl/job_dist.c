@@ -260,17 +260,25 @@ static int rollout_step(rollout_rank *W, int *any) {
     }
     const int mine = engine_num_unfinished(W->R.eng) > 0;
     if (W->ep) {
-        float f = (float)mine;
-        CHECK_OK(dist_comm_allreduce_f32(W->ep_comm, &f, 1), "rollout EP step");
-        *any = f > 0;
-        if (*any && !mine) {
+        /* [0] ranks with requests to decode, [1] ranks whose trajectories wait for tools only */
+        float f[2] = {(float)mine, (float)(rollouter_unfinished(&W->R) > 0)};
+        CHECK_OK(dist_comm_allreduce_f32(W->ep_comm, f, 2), "rollout EP step");
+        *any = f[0] > 0 || f[1] > 0;
+        if (f[0] > 0 && !mine) {
             CHECK_OK(engine_idle_step(W->R.eng), "rollout EP idle step");
-            if (rollouter_collect_rewards(&W->R, 0) < 0) die(ctx, "rewards"); /* scored groups go on meanwhile */
+            /* answered tool calls and scored groups go on meanwhile */
+            if (rollouter_poll_tools(&W->R, 0) < 0 || rollouter_collect_rewards(&W->R, 0) < 0) {
+                if (!W->R.reward_failed) die(ctx, "rewards");
+                report_reward_failure(W);
+                *any = 0;
+            }
             return 0;
         }
+        /* f[0] == 0: nobody decodes this step, so no rank runs the engine's exchanges; the ranks whose
+         * trajectories wait for tools poll them (rollouter_step with an empty engine) */
     }
     const int did = rollouter_step(&W->R);
-    if (did < 0 && W->R.reward_failed) {
+    if (did < 0 && W->R.reward_failed) { /* the reward backend or the tool environment */
         report_reward_failure(W);
         *any = 0;
         return 0;

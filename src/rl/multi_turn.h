@@ -7,10 +7,9 @@
  *   rollout.multi_turn.format                how the model writes tool calls: hermes (data/tool_calls.h)
  *   rollout.multi_turn.tool_config_path      the tools: a YAML list (data/tool_calls.h)
  *
- * The engine, the parser, the tool config and the environment client exist; the rollouter's loop
- * over turns does not yet, so enable=true is refused with an error saying so (after every other
- * key and the tool config file have been checked), and a multi_turn key changed from its default
- * while enable is false is refused too (never accepted and ignored).
+ * The rollouter's agent loop (rl/agent_loop.h) runs the trajectories; the environment client's keys
+ * (rollout.multi_turn.tool_*) are reward/env.h's. A multi_turn key changed from its default while
+ * enable is false is refused (never accepted and ignored).
  *
  * Layer: rl (uses data).
  */
@@ -19,6 +18,7 @@
 
 #include "base/config.h"
 #include "data/tool_calls.h"
+#include "reward/env.h"
 
 typedef struct {
     int enable;
@@ -26,14 +26,14 @@ typedef struct {
     int max_tool_response_length; /* characters, > 0 */
     char format[16];              /* "hermes" */
     char tool_config_path[1024];  /* "" = none */
+    env_config env;               /* rollout.multi_turn.tool_* (reward/env.h) */
 } multi_turn_config;
 
-/* Declare rollout.multi_turn.* with their help. */
+/* Declare rollout.multi_turn.* with their help (the tool_* keys through env_def_keys). */
 void multi_turn_def_keys(cfg *c);
 /* Read and check rollout.multi_turn.*: max_assistant_turns ≥ 0, max_tool_response_length > 0, format
  * hermes, tool_config_path required with enable and loadable (tool_config_load's errors); any key
- * off its default while enable is false, and enable=true itself while the rollouter has no multi-turn
- * loop, are errors naming the key. */
+ * off its default while enable is false is an error naming the key. */
 int multi_turn_read_config(const cfg *c, multi_turn_config *m);
 
 #endif

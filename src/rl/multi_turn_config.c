@@ -10,8 +10,9 @@
 
 void multi_turn_def_keys(cfg *c) {
     cfg_def_bool(c, "rollout.multi_turn.enable", false,
-                 "multi-turn rollouts with tools (docs/multi-turn.md); true is refused until the rollouter's loop over "
-                 "turns exists");
+                 "multi-turn rollouts with tools (docs/multi-turn.md): a trajectory is assistant turns and the tool "
+                 "turns answering their tool calls; the environment programs or servers of tool_config_path run the "
+                 "tools");
     cfg_def_int(c, "rollout.multi_turn.max_assistant_turns", 0,
                 "assistant turns per trajectory at most (0 = no limit but data.max_response_length over all turns)");
     cfg_def_int(c, "rollout.multi_turn.max_tool_response_length", MT_DEF_TOOL_RESPONSE,
@@ -19,7 +20,9 @@ void multi_turn_def_keys(cfg *c) {
     cfg_def_str(c, "rollout.multi_turn.format", "hermes",
                 "how the model writes tool calls: hermes (<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>)");
     cfg_def_str(c, "rollout.multi_turn.tool_config_path", "",
-                "YAML list of tools: OpenAI function schema + command: (JSON-lines program) or url: (HTTP)");
+                "YAML list of tools: OpenAI function schema + command: (JSON-lines program) or url: (HTTP); rows "
+                "without their own \"tools\" get these schemas in their prompt");
+    env_def_keys(c); /* rollout.multi_turn.tool_* (reward/env.h) */
 }
 
 static int copy_str(char *dst, size_t cap, const char *v, const char *key) {
@@ -46,10 +49,18 @@ int multi_turn_read_config(const cfg *c, multi_turn_config *m) {
         return MOERL_ERR;
     if (strcmp(m->format, "hermes"))
         return moerl_errorf("rollout.multi_turn.format: '%s' is not a tool-call format moerl parses (expected hermes)", m->format);
+    if (env_read_config(c, &m->env) != MOERL_OK) return MOERL_ERR;
     if (!m->enable) {
+        static const char *const env_keys[4] = {"tool_timeout_s", "tool_num_workers", "tool_max_concurrency",
+                                                "tool_max_retries"};
         const char *off = turns ? "max_assistant_turns" : trl != MT_DEF_TOOL_RESPONSE ? "max_tool_response_length"
                           : m->tool_config_path[0]                                   ? "tool_config_path"
                                                                                      : NULL;
+        char key[96];
+        for (int i = 0; i < 4 && !off; i++) {
+            snprintf(key, sizeof key, "rollout.multi_turn.%s", env_keys[i]);
+            if (strcmp(cfg_origin(c, key), "default")) off = env_keys[i];
+        }
         if (off)
             return moerl_errorf("rollout.multi_turn.%s is set but rollout.multi_turn.enable is false: set enable=true "
                                 "for multi-turn rollouts, or leave the key at its default",
@@ -58,11 +69,8 @@ int multi_turn_read_config(const cfg *c, multi_turn_config *m) {
     }
     if (!m->tool_config_path[0])
         return moerl_errorf("rollout.multi_turn.enable=true needs rollout.multi_turn.tool_config_path (a YAML list of tools)");
-    tool_config tc;
+    tool_config tc; /* checked now; loaded again by whoever runs the tools (rollouter_init) */
     if (tool_config_load(m->tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
     tool_config_free(&tc);
-    return moerl_errorf("rollout.multi_turn.enable=true: multi-turn rollouts are not wired into moerl rl yet (the "
-                        "engine, the hermes parser, the tool config (%s, checked) and the environment client exist; the "
-                        "rollouter's loop over turns does not); set rollout.multi_turn.enable=false",
-                        m->tool_config_path);
+    return MOERL_OK;
 }

@@ -36,6 +36,7 @@
 #include "reward/reward.h"
 #include "rl/agent_loop.h"
 #include "rl/losses.h"
+#include "rl/multi_turn.h"
 #include "rl/queue.h"
 #include "rl/staleness.h"
 #include "rl/validate.h"
@@ -127,6 +128,7 @@ typedef struct {
     int test_fail, test_fail_rank, test_fail_version;
     reward_config reward;      /* reward.*: where rewards come from (reward/reward.h) */
     val_kwargs val_kwargs;     /* rollout.val_kwargs.*: held-out validation sampling (rl/validate.h) */
+    multi_turn_config multi_turn; /* rollout.multi_turn.*: trajectories with tools (rl/multi_turn.h) */
 } rl_config;
 
 /* Declare every key of `moerl rl` (src/rl/config.c): model.* (model_def_keys), data.* (data_def_keys),
@@ -215,6 +217,10 @@ typedef struct {
      * uids in checkpoints) until their rewards are in; then they go to the queue / on_group_done */
     reward_pool *pool;
     int n_scoring;            /* groups of inflight submitted to the pool */
+    /* rollout.multi_turn.enable: the tools and the agent loop running the trajectories (NULL: single turn) */
+    tool_config tools;
+    agent_loop *agent;
+    int env_failed;           /* the environment failed (its message is in moerl_last_error / error) */
     /* 1 (rollouter_init's default): every engine step waits until the groups it finished are scored,
      * so that groups reach the queue at the step that finished them, as with rewards computed in
      * line: lockstep / sync modes stay bit-reproducible, moerl simulate and direct users see a fixed
@@ -222,7 +228,9 @@ typedef struct {
      * it): the engine never waits for the pool. */
     int wait_rewards;
     _Atomic double reward_wait_s; /* seconds spent scoring in line (wait_rewards), read and reset by the job */
-    int reward_failed;        /* the pool's backend failed (its message is in moerl_last_error / error) */
+    int reward_failed;        /* an outside program failed — the pool's reward backend, or (env_failed too)
+                                 the tool environment: the job checkpoints and stops (the message is in
+                                 moerl_last_error / error) */
     int draining;             /* partial rollout off: a sync waits for in-flight work */
     /* statistics (since the last version) */
     /* busy: added by the rollouter thread outside mu; both read and reset by the trainer: atomic */
@@ -368,14 +376,23 @@ int rollouter_tick(rollouter *R);
  * the dataset, engine_add refusing a request. (Rollout ranks: uids granted by trainer rank 0.) */
 int rollouter_start_uid(rollouter *R, int64_t uid);
 /* One engine step without admitting anything; finished groups go to the reward pool, scored groups
- * to on_group_done (or the queue). Never blocks on rewards while the engine has work; with an empty
- * engine and groups being scored it waits a few milliseconds for them. Returns 1 if it did work or
- * groups await rewards, 0 if the engine is empty and nothing is being scored, MOERL_ERR (a backend
- * failure sets R->reward_failed; the message is the backend's). */
+ * to on_group_done (or the queue); multi-turn, the turns that ended go to the agent loop and answered
+ * tool calls continue their trajectories. Never blocks on rewards or tools while the engine has work;
+ * with an empty engine and trajectories waiting for tools or groups being scored it waits a few
+ * milliseconds for them. Returns 1 if it did work or something is awaited, 0 if nothing is left,
+ * MOERL_ERR (a backend failure sets R->reward_failed, an environment failure R->env_failed; the
+ * message is theirs). */
 int rollouter_step(rollouter *R);
 /* Deliver the groups whose rewards are in (waiting up to wait_s for the first when some are being
  * scored). Returns the number delivered or MOERL_ERR (as rollouter_step). */
 int rollouter_collect_rewards(rollouter *R, double wait_s);
+/* Multi-turn: collect the tool answers that came in (waiting up to wait_s for the first when
+ * trajectories wait): trajectories continue in the engine or end (a group whose n ended goes to
+ * the reward pool). Returns the trajectories ended, 0 without multi-turn, or MOERL_ERR (the
+ * environment failed: R->env_failed set, the message names the tool and the trajectory). */
+int rollouter_poll_tools(rollouter *R, double wait_s);
+/* Trajectories not finished: the engine's unfinished requests + those waiting for tool answers. */
+int rollouter_unfinished(const rollouter *R);
 /* Whole groups that may start now without queueing behind the engine's slots (rollouter_tick's
  * admission rule: an empty engine takes one group even when n > free slots). */
 int rollouter_room(const rollouter *R);

@@ -17,6 +17,7 @@ void rl_group_free(rl_group *g) {
     if (g->rewards)
         for (int j = 0; j < g->n; j++) reward_result_free(&g->rewards[j]);
     free(g->rewards);
+    free(g->traj);
     free(g->reqs);
     tok_seq_free(&g->prompt);
     free(g);
@@ -137,6 +138,14 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
     R->pool = reward_pool_create(rb);
     if (!R->pool) return MOERL_ERR;
     R->wait_rewards = 1;
+    if (cfg->multi_turn.enable) {
+        if (cfg->simulated)
+            return moerl_errorf("rollout.multi_turn.enable: moerl simulate does not model multi-turn trajectories; "
+                                "set rollout.multi_turn.enable=false");
+        if (tool_config_load(cfg->multi_turn.tool_config_path, &R->tools) != MOERL_OK) return MOERL_ERR;
+        R->agent = agent_loop_create(&cfg->multi_turn, &R->tools, &cfg->multi_turn.env);
+        if (!R->agent) return MOERL_ERR;
+    }
     if (engine_load_weights(R->eng, m->params, m->n_params, 0) != MOERL_OK) return MOERL_ERR;
     prompt_feed_init(&R->feed, dataset_count(train), cfg->seed);
     R->prompts_left = total_prompts;
@@ -153,6 +162,9 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
 void rollouter_free(rollouter *R) {
     reward_pool_free(R->pool); /* first: a batch being scored refers to nothing of R, but is stopped */
     R->pool = NULL;
+    agent_loop_free(R->agent); /* the environment programs are killed; parked requests are the groups' */
+    R->agent = NULL;
+    tool_config_free(&R->tools);
     for (int i = 0; i < R->n_inflight; i++) rl_group_free(R->inflight[i]);
     free(R->inflight);
     free(R->done_buf);
@@ -188,6 +200,7 @@ int rollouter_start_uid(rollouter *R, int64_t uid) {
     const ds_row *row = dataset_row(R->train, g->row);
     ds_row_encode_prompt(row, &g->prompt);
     g->reqs = xcalloc(g->n, sizeof(gen_request));
+    if (R->agent) g->traj = xcalloc(g->n, sizeof(agent_traj));
     for (int j = 0; j < g->n; j++) {
         gen_request *r = &g->reqs[j];
         r->id = uid * 1024 + j;
@@ -241,32 +254,74 @@ static int submit_group(rollouter *R, rl_group *g) {
     reward_request *reqs = xcalloc((size_t)(g->n ? g->n : 1), sizeof *reqs);
     rl_reward_store st;
     rl_group_reward_requests(g, R->train, reqs, &st);
-    int rc;
-    reward_done d = {.tag = (uint64_t)(uintptr_t)g, .n = g->n, .results = NULL};
-    if (R->wait_rewards) {
-        d.results = xcalloc((size_t)(g->n ? g->n : 1), sizeof(reward_result));
+    int m = 0; /* the responses the reward scores: those whose environment gave no reward */
+    for (int j = 0; j < g->n; j++)
+        if (!(g->traj && g->traj[j].has_env_reward)) reqs[m++] = reqs[j];
+    int rc = MOERL_OK;
+    reward_done d = {.tag = (uint64_t)(uintptr_t)g, .n = m, .results = NULL};
+    if (R->wait_rewards || m == 0) {
+        d.results = xcalloc((size_t)(m ? m : 1), sizeof(reward_result));
         const double t0 = moerl_now();
-        rc = reward_pool_score(R->pool, reqs, g->n, d.results);
+        if (m > 0) rc = reward_pool_score(R->pool, reqs, m, d.results);
         rl_atomic_add(&R->reward_wait_s, moerl_now() - t0);
         if (rc != MOERL_OK) free(d.results);
     } else {
-        rc = reward_pool_submit(R->pool, d.tag, reqs, g->n);
+        rc = reward_pool_submit(R->pool, d.tag, reqs, m);
     }
     rl_reward_store_free(&st);
     free(reqs);
     if (rc != MOERL_OK) return reward_failure(R);
     R->n_scoring++;
-    return R->wait_rewards ? deliver(R, &d) : MOERL_OK;
+    return R->wait_rewards || m == 0 ? deliver(R, &d) : MOERL_OK;
 }
 
+/* A trajectory ended (single turn: its request finished): its group is complete when all n are. */
+static int trajectory_done(rollouter *R, gen_request *r) {
+    rl_group *g = r->user;
+    R->gen_tokens += r->n_out;
+    if (++g->n_done < g->n) return MOERL_OK;
+    return submit_group(R, g);
+}
+
+/* The environment failed (latched: the job checkpoints and stops, as for a reward failure). */
+static int env_failure(rollouter *R) {
+    R->env_failed = 1;
+    R->reward_failed = 1; /* an outside program failed: the job's checkpoint-and-stop path */
+    snprintf(R->error, sizeof R->error, "%s", moerl_last_error());
+    return MOERL_ERR;
+}
+
+/* Requests the engine returned: multi-turn, each ended a turn (the agent loop parks it for its tool
+ * calls, continues it, or ends the trajectory); single turn, each is a finished trajectory. */
 static int finish_requests(rollouter *R, int k) {
     for (int d = 0; d < k; d++) {
-        rl_group *g = R->done_buf[d]->user;
-        R->gen_tokens += R->done_buf[d]->n_out;
-        if (++g->n_done < g->n) continue;
-        if (submit_group(R, g) != MOERL_OK) return MOERL_ERR;
+        gen_request *r = R->done_buf[d];
+        if (R->agent) {
+            rl_group *g = r->user;
+            const int j = (int)(r - g->reqs);
+            char id[48];
+            snprintf(id, sizeof id, "%lld-%d", (long long)g->uid, j);
+            const int rc = agent_loop_turn_end(R->agent, R->eng, r, &g->traj[j], dataset_row(R->train, g->row), id);
+            if (rc < 0) return env_failure(R);
+            if (rc == 0) continue; /* waiting for its tools, or queued for its next turn */
+        }
+        if (trajectory_done(R, r) != MOERL_OK) return MOERL_ERR;
     }
     return MOERL_OK;
+}
+
+int rollouter_poll_tools(rollouter *R, double wait_s) {
+    if (!R->agent || agent_loop_waiting(R->agent) == 0) return 0;
+    const int cap = R->cfg->max_num_seqs * 2 + 64;
+    const int k = agent_loop_poll(R->agent, R->eng, R->done_buf, cap, wait_s);
+    if (k < 0) return env_failure(R);
+    for (int d = 0; d < k; d++)
+        if (trajectory_done(R, R->done_buf[d]) != MOERL_OK) return MOERL_ERR;
+    return k;
+}
+
+int rollouter_unfinished(const rollouter *R) {
+    return engine_num_unfinished(R->eng) + (R->agent ? agent_loop_waiting(R->agent) : 0);
 }
 
 /* A scored group leaves the in-flight list for the queue (or the callback). */
@@ -275,10 +330,21 @@ static int deliver(rollouter *R, const reward_done *d) {
     int at = -1;
     for (int i = 0; i < R->n_inflight && at < 0; i++)
         if (R->inflight[i] == g) at = i;
-    MOERL_ASSERT(at >= 0 && d->n == g->n); /* the pool hands back what was submitted */
+    int m = g->n; /* what was submitted: the responses without an environment's reward */
+    for (int j = 0; g->traj && j < g->n; j++) m -= g->traj[j].has_env_reward;
+    MOERL_ASSERT(at >= 0 && d->n == m); /* the pool hands back what was submitted */
     R->inflight[at] = R->inflight[--R->n_inflight];
     R->n_scoring--;
-    g->rewards = d->results;
+    if (m == g->n) {
+        g->rewards = d->results;
+    } else { /* the environment's reward is the score of its trajectories */
+        g->rewards = xcalloc((size_t)g->n, sizeof(reward_result));
+        for (int j = 0, k = 0; j < g->n; j++) {
+            if (g->traj[j].has_env_reward) g->rewards[j].score = g->traj[j].env_reward;
+            else g->rewards[j] = d->results[k++];
+        }
+        free(d->results);
+    }
     if (R->on_group_done) return R->on_group_done(R->on_group_done_ctx, g);
     return rl_queue_put(R->queue, g);
 }
@@ -308,7 +374,7 @@ int rollouter_collect_rewards(rollouter *R, double wait_s) {
 }
 
 int rollouter_room(const rollouter *R) {
-    const int busy = engine_num_unfinished(R->eng), cap = R->cfg->max_num_seqs, n = R->cfg->n;
+    const int busy = rollouter_unfinished(R), cap = R->cfg->max_num_seqs, n = R->cfg->n;
     if (busy == 0) return MOERL_MAX(1, cap / n);
     return busy + n > cap ? 0 : (cap - busy) / n;
 }
@@ -323,15 +389,17 @@ int rollouter_tick(rollouter *R) {
         staleness_on_drop(&R->budget, dropped);
     }
     while (!R->draining && R->prompts_left > 0 && staleness_can_start(&R->budget, rl_queue_size(R->queue))) {
-        int busy = engine_num_unfinished(R->eng);
+        int busy = rollouter_unfinished(R); /* trajectories waiting for tools hold their room */
         if (busy > 0 && busy + c->n > cap) break; /* no room: keep groups out of the engine's queue */
         if (start_group(R) != MOERL_OK) return MOERL_ERR;
     }
     return rollouter_step(R);
 }
 
-/* After an engine step: the groups scored meanwhile go on (wait_rewards: already delivered). */
+/* After an engine step: the tool calls answered meanwhile continue their trajectories, and the groups
+ * scored meanwhile go on (wait_rewards: already delivered). */
 static int collect_after_step(rollouter *R) {
+    if (rollouter_poll_tools(R, 0) < 0) return MOERL_ERR;
     return rollouter_collect_rewards(R, 0) < 0 ? MOERL_ERR : MOERL_OK;
 }
 
@@ -342,6 +410,13 @@ static int collect_after_step(rollouter *R) {
 int rollouter_step(rollouter *R) {
     const rl_config *c = R->cfg;
     if (engine_num_unfinished(R->eng) == 0) {
+        if (R->agent && agent_loop_waiting(R->agent) > 0) { /* nothing to decode: every trajectory waits for tools */
+            R->stage = "wait_tools";
+            const double t0 = moerl_now();
+            if (rollouter_poll_tools(R, REWARD_WAIT_S) < 0 || rollouter_collect_rewards(R, 0) < 0) return MOERL_ERR;
+            rl_atomic_add(&R->idle_s, moerl_now() - t0);
+            return 1;
+        }
         if (R->n_scoring == 0) {
             R->stage = "idle";
             return 0;

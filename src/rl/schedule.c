@@ -338,8 +338,9 @@ static int reward_failure_stop(job *J, held_groups *held, const char *msg) {
                      moerl_last_error());
         }
     }
-    return moerl_errorf("%s\nthe reward failed: %s; fix the reward and run the same command again "
-                        "(trainer.resume_mode=auto resumes)", saved, where);
+    return moerl_errorf("%s\n%s failed: %s; fix it and run the same command again (trainer.resume_mode=auto "
+                        "resumes)", saved, J->cfg->multi_turn.enable ? "the reward or the tool environment (named above)"
+                                                                     : "the reward", where);
 }
 
 int job_schedule_prepare(job *J, rl_result *res) {

@@ -316,6 +316,8 @@ static int check_sampling(const gen_request *r) {
         return moerl_errorf("request %lld: max_tokens must be positive, got %d", (long long)r->id, sp->max_tokens);
     if (sp->n_stop < 0 || sp->n_stop > 8)
         return moerl_errorf("request %lld: at most 8 stop tokens, got %d", (long long)r->id, sp->n_stop);
+    if (sp->n_forced < 0 || (sp->n_forced > 0 && !sp->forced))
+        return moerl_errorf("request %lld: %d forced tokens without an array", (long long)r->id, sp->n_forced);
     return MOERL_OK;
 }
 
@@ -339,6 +341,10 @@ int engine_add(engine *e, gen_request *r) {
             return moerl_errorf("request %lld: prompt token %d at index %d outside the vocabulary [0,%d)",
                                 (long long)r->id, r->prompt[i], i, e->V);
     if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
+    for (int i = 0; i < sp->n_forced; i++)
+        if (sp->forced[i] < 0 || sp->forced[i] >= e->V)
+            return moerl_errorf("request %lld: forced token %d at index %d outside the vocabulary [0,%d)",
+                                (long long)r->id, sp->forced[i], i, e->V);
     if (!r->out_tokens) {
         r->out_tokens = xmalloc(sp->max_tokens * sizeof(int));
         r->out_logprobs = xmalloc(sp->max_tokens * sizeof(float));
@@ -346,6 +352,7 @@ int engine_add(engine *e, gen_request *r) {
         r->out_mask = xmalloc(sp->max_tokens);
         r->out_cap = sp->max_tokens;
         r->n_out = 0;
+        r->n_sampled = 0;
         r->n_interruptions = 0;
         r->turn = 0;
         rng_seed(&r->rng, sp->seed);
@@ -528,7 +535,13 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     for (int i = 0; i < n_rows; i++) {
         gen_request *r = e->sample_req[i];
         float lp = 0;
-        int tok = e->ec.simulated ? 0 : sample_token(e->logits + (size_t)i * e->V, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
+        const float *lg = e->logits + (size_t)i * e->V;
+        int tok = e->ec.simulated ? 0 : sample_token(lg, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
+        if (r->n_sampled < r->sp.n_forced) { /* forced decoding: the draw is replaced, its logprob the model's */
+            tok = r->sp.forced[r->n_sampled];
+            lp = e->ec.simulated ? 0.0f : token_logprob(lg, e->V, r->sp.temperature, tok);
+        }
+        r->n_sampled++;
         if (r->out_logits && !e->ec.simulated)
             memcpy(r->out_logits + (size_t)r->n_out * e->V, e->logits + (size_t)i * e->V, e->V * sizeof(float));
         r->out_tokens[r->n_out] = tok;

@@ -40,6 +40,13 @@ typedef struct {
     int n_stop;
     int stop_tokens[8];/* besides the model's eos_token_id (if ≥ 0) */
     int ignore_eos;
+    /* Forced decoding (tests, and replaying a known trajectory): the first n_forced tokens the model
+     * samples over all turns are forced[0..n_forced) instead of draws (inserted ids do not count);
+     * each gets the model's behaviour logprob of that token under the tempered distribution, as a
+     * draw would, and the RNG advances as if it had drawn. Ids are checked against the vocabulary.
+     * NULL / 0: off. The array is the caller's and must live until the request finishes. */
+    const int *forced;
+    int n_forced;
 } sampling_params;
 
 /* One generation request. The caller owns it; the engine fills the outputs.
@@ -72,6 +79,7 @@ typedef struct gen_request {
     int slot;            /* -1 when not holding a KV slot */
     int n_cached;        /* tokens of prompt ⊕ out already in the KV cache */
     int out_cap;         /* capacity of the output arrays the engine allocated (0: the caller's) */
+    int n_sampled;       /* output tokens the model sampled (mask 1) so far: the index into sp.forced */
     struct gen_request *next;
     void *user;          /* free for the caller */
 } gen_request;
@@ -191,5 +199,8 @@ engine_stats engine_get_stats(const engine *e);
  * writes its behaviour logprob (definition above). Exposed for tests. scratch: [2V] floats. */
 int sample_token(const float *logits, int V, const sampling_params *sp, rng_state *rng, float *logprob,
                  float *scratch);
+/* The behaviour logprob of token tok under logits[V] / temperature (temperature 0 or less: 1), as
+ * sample_token defines it (the full tempered distribution). */
+float token_logprob(const float *logits, int V, float temperature, int tok);
 
 #endif

@@ -75,3 +75,12 @@ int sample_token(const float *logits, int V, const sampling_params *sp, rng_stat
     *logprob = z[tok] - lse;
     return tok;
 }
+
+float token_logprob(const float *logits, int V, float temperature, int tok) {
+    const float T = temperature > 0 ? temperature : 1.0f;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = fmaxf(mx, logits[i] / T);
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)(logits[i] / T - mx));
+    return logits[tok] / T - (mx + (float)log(sum));
+}

@@ -1,0 +1,361 @@
+/* The agent loop (agent_loop.h): multi-turn trajectories with tools between engine steps. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "data/tool_calls.h"
+#include "rl/agent_loop.h"
+
+/* A live trajectory: its history after the prompt and the calls of its current tool turn. */
+typedef struct {
+    gen_request *r;
+    agent_traj *t;
+    const ds_row *row;
+    char id[64];
+    chat_msg *hist;      /* assistant and tool messages after the prompt (role, content owned) */
+    int n_hist, cap_hist;
+    int turn_start;      /* out index where the current assistant turn begins */
+    char **resp;         /* [n_calls] the tool responses of the current turn (NULL: not yet answered) */
+    int n_calls, n_pending;
+    int ending;          /* the environment said done: end once every call is answered */
+    int forgotten;       /* aborted: drop answers, free when none is pending */
+    double parked_at;
+} traj;
+
+typedef struct {
+    uint64_t tag;
+    traj *tr;
+    int call;
+} pending_call;
+
+struct agent_loop {
+    multi_turn_config m;
+    const tool_config *tc;
+    env_client *env;
+    char eot[64];        /* the template's end-of-turn text, e.g. "<|im_end|>" */
+    traj **live;
+    int n_live, cap_live;
+    pending_call *calls;
+    int n_calls, cap_calls;
+    uint64_t next_tag;
+    int n_waiting;
+    agent_stats st;
+};
+
+/* The stop id the chat template writes at the end of an assistant turn: render
+ * [user "x", assistant "y"] and find which stop token's text follows "y". */
+static int find_eot(char *eot, size_t cap) {
+    tokenizer *tk = tok_current();
+    chat_msg msgs[2] = {{.role = "user", .content = "x"}, {.role = "assistant", .content = "y"}};
+    char *text = NULL;
+    uint8_t *tpl = NULL;
+    size_t len = 0;
+    if (tokenizer_chat_render_masked(tk, msgs, 2, NULL, false, &text, &tpl, &len) != MOERL_OK)
+        return moerl_error_prefix("multi-turn: the chat template cannot render an assistant turn: ");
+    int n = 0, found = 0;
+    const int32_t *stop = tokenizer_stop_ids(tk, &n);
+    const char *y = strrchr(text, 'y');
+    for (int i = 0; i < n && y && !found; i++) {
+        size_t l = 0;
+        char *s = tok_decode(&stop[i], 1, false, &l);
+        if (s && l > 0 && l < cap && (size_t)(text + len - (y + 1)) >= l && !memcmp(y + 1, s, l) &&
+            tpl[y + 1 - text]) {
+            memcpy(eot, s, l);
+            eot[l] = 0;
+            found = 1;
+        }
+        free(s);
+    }
+    free(text);
+    free(tpl);
+    if (!found)
+        return moerl_errorf("multi-turn: the chat template (%s) does not end an assistant turn with one of the "
+                            "tokenizer's stop tokens, so a turn's end cannot be found; use a template that does "
+                            "(data.chat_template)", tokenizer_chat_template_name(tk));
+    return MOERL_OK;
+}
+
+agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc, const env_config *ec) {
+    agent_loop *A = xcalloc(1, sizeof *A);
+    A->m = *m;
+    A->tc = tc;
+    if (find_eot(A->eot, sizeof A->eot) != MOERL_OK) {
+        free(A);
+        return NULL;
+    }
+    A->env = env_create(tc, ec);
+    if (!A->env) {
+        free(A);
+        return NULL;
+    }
+    A->next_tag = 1;
+    return A;
+}
+
+static void traj_free(traj *tr) {
+    for (int i = 0; i < tr->n_hist; i++) {
+        free(tr->hist[i].role);
+        free(tr->hist[i].content);
+    }
+    free(tr->hist);
+    for (int i = 0; i < tr->n_calls; i++) free(tr->resp[i]);
+    free(tr->resp);
+    free(tr);
+}
+
+void agent_loop_free(agent_loop *A) {
+    if (!A) return;
+    env_free(A->env);
+    for (int i = 0; i < A->n_live; i++) traj_free(A->live[i]);
+    free(A->live);
+    free(A->calls);
+    free(A);
+}
+
+static traj *find_traj(const agent_loop *A, const gen_request *r) {
+    for (int i = 0; i < A->n_live; i++)
+        if (A->live[i]->r == r && !A->live[i]->forgotten) return A->live[i];
+    return NULL;
+}
+
+static void drop_traj(agent_loop *A, traj *tr) {
+    for (int i = 0; i < A->n_live; i++)
+        if (A->live[i] == tr) {
+            A->live[i] = A->live[--A->n_live];
+            break;
+        }
+    traj_free(tr);
+}
+
+/* The trajectory ended: its record filled, the totals counted, its state freed. */
+static void finish_traj(agent_loop *A, traj *tr) {
+    tr->t->turns = tr->r->turn + 1;
+    A->st.trajectories++;
+    A->st.turns_sum += tr->t->turns;
+    A->st.turns_max = MOERL_MAX(A->st.turns_max, tr->t->turns);
+    drop_traj(A, tr);
+}
+
+static void hist_push(traj *tr, const char *role, char *content) {
+    if (tr->n_hist == tr->cap_hist) {
+        tr->cap_hist = tr->cap_hist ? 2 * tr->cap_hist : 8;
+        tr->hist = xrealloc(tr->hist, (size_t)tr->cap_hist * sizeof(chat_msg));
+    }
+    tr->hist[tr->n_hist++] = (chat_msg){.role = xstrdup(role), .content = content, .msg = NULL};
+}
+
+/* content cut to max characters (UTF-8 code points; a cut never splits one). Owned copy. */
+static char *cut_chars(const char *s, int max) {
+    size_t i = 0;
+    int chars = 0;
+    while (s[i] && chars < max) {
+        i++;
+        while (((unsigned char)s[i] & 0xC0) == 0x80) i++;
+        chars++;
+    }
+    char *o = xmalloc(i + 1);
+    memcpy(o, s, i);
+    o[i] = 0;
+    return o;
+}
+
+/* Every call of tr's turn is answered: insert the tool turn's ids and queue the next turn, or end.
+ * Returns 1 ended, 0 continued, MOERL_ERR. */
+static int continue_traj(agent_loop *A, engine *e, traj *tr) {
+    for (int i = 0; i < tr->n_calls; i++) {
+        hist_push(tr, "tool", cut_chars(tr->resp[i], A->m.max_tool_response_length));
+        free(tr->resp[i]);
+    }
+    free(tr->resp);
+    tr->resp = NULL;
+    const int n_tool = tr->n_calls;
+    tr->n_calls = 0;
+    if (tr->ending) return 1;
+    const ds_row *row = tr->row;
+    const int n = row->n_prompt + tr->n_hist;
+    chat_msg *msgs = xmalloc((size_t)n * sizeof(chat_msg));
+    memcpy(msgs, row->prompt, (size_t)row->n_prompt * sizeof(chat_msg));
+    memcpy(msgs + row->n_prompt, tr->hist, (size_t)tr->n_hist * sizeof(chat_msg));
+    const chat_extra x = {row->tools, NULL};
+    tok_seq ids = {0};
+    int rc = tool_turn_ids(tok_current(), msgs, n - n_tool, n, &x, A->eot, &ids);
+    free(msgs);
+    if (rc != MOERL_OK) {
+        tok_seq_free(&ids);
+        return moerl_error_prefix("trajectory %s, row line %lld: ", tr->id, (long long)row->line);
+    }
+    rc = engine_continue(e, tr->r, (const int *)ids.ids, (int)ids.n);
+    tok_seq_free(&ids);
+    if (rc < 0) return moerl_error_prefix("trajectory %s: ", tr->id);
+    if (rc == 0) return 1; /* no room for the tool turn and a token: finish `length` */
+    tr->turn_start = tr->r->n_out;
+    return 0;
+}
+
+static void add_call(agent_loop *A, traj *tr, int call, uint64_t tag) {
+    if (A->n_calls == A->cap_calls) {
+        A->cap_calls = A->cap_calls ? 2 * A->cap_calls : 32;
+        A->calls = xrealloc(A->calls, (size_t)A->cap_calls * sizeof(pending_call));
+    }
+    A->calls[A->n_calls++] = (pending_call){tag, tr, call};
+}
+
+/* Parse the turn that just ended and (send: the trajectory goes on) send its calls; returns the
+ * call count (0: no tool call), or MOERL_ERR. */
+static int start_calls(agent_loop *A, traj *tr, const char *text, size_t len, int send) {
+    tool_calls tc = {0};
+    tool_calls_parse_hermes(text, len, A->tc, &tc);
+    const int n = tc.n;
+    tr->t->tool_calls += n;
+    A->st.tool_calls += n;
+    if (n == 0 || !send) {
+        tool_calls_free(&tc);
+        return 0;
+    }
+    tr->resp = xcalloc((size_t)n, sizeof(char *));
+    tr->n_calls = n;
+    tr->n_pending = 0;
+    int rc = MOERL_OK;
+    for (int i = 0; i < n && rc == MOERL_OK; i++) {
+        const tool_call *c = &tc.calls[i];
+        if (c->error) { /* the model's malformed call: the parser's message is the response */
+            tr->resp[i] = xstrdup(c->error);
+            tr->t->tool_errors++;
+            A->st.tool_errors++;
+            A->st.malformed_calls++;
+            continue;
+        }
+        const uint64_t tag = A->next_tag++;
+        rc = env_submit(A->env, tag, tr->id, c->name, c->arguments);
+        if (rc == MOERL_OK) {
+            add_call(A, tr, i, tag);
+            tr->n_pending++;
+        }
+    }
+    tool_calls_free(&tc);
+    return rc == MOERL_OK ? n : MOERL_ERR;
+}
+
+int agent_loop_turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, const ds_row *row,
+                        const char *traj_id) {
+    traj *tr = find_traj(A, r);
+    if (!tr) { /* the first turn */
+        tr = xcalloc(1, sizeof *tr);
+        tr->r = r;
+        tr->t = t;
+        tr->row = row;
+        snprintf(tr->id, sizeof tr->id, "%s", traj_id);
+        if (A->n_live == A->cap_live) {
+            A->cap_live = A->cap_live ? 2 * A->cap_live : 64;
+            A->live = xrealloc(A->live, (size_t)A->cap_live * sizeof(traj *));
+        }
+        A->live[A->n_live++] = tr;
+    }
+    const int turns = r->turn + 1;
+    const int limit = A->m.max_assistant_turns > 0 && turns >= A->m.max_assistant_turns;
+    size_t eot_len = 0;
+    char *last = r->finish == FINISH_STOP && r->n_out > tr->turn_start
+                     ? tok_decode(&r->out_tokens[r->n_out - 1], 1, false, &eot_len)
+                     : NULL;
+    const int at_eot = last && !strcmp(last, A->eot);
+    free(last);
+    if (!at_eot) { /* length, abort, or a stop token the template does not end a turn with */
+        finish_traj(A, tr);
+        return 1;
+    }
+    size_t len = 0;
+    char *text = tok_decode(&r->out_tokens[tr->turn_start], r->n_out - 1 - tr->turn_start, false, &len);
+    /* the last turn allowed (max_assistant_turns): its calls are counted, never run (as verl) */
+    const int n = start_calls(A, tr, text, len, !limit);
+    hist_push(tr, "assistant", text);
+    if (n < 0) return MOERL_ERR;
+    if (n == 0 || limit) {
+        finish_traj(A, tr);
+        return 1;
+    }
+    if (tr->n_pending > 0) {
+        tr->parked_at = moerl_now();
+        A->n_waiting++;
+        return 0;
+    }
+    const int rc = continue_traj(A, e, tr); /* every call was malformed: answered at once */
+    if (rc == 1) finish_traj(A, tr);
+    return rc;
+}
+
+static pending_call take_call(agent_loop *A, uint64_t tag) {
+    for (int i = 0; i < A->n_calls; i++)
+        if (A->calls[i].tag == tag) {
+            pending_call c = A->calls[i];
+            A->calls[i] = A->calls[--A->n_calls];
+            return c;
+        }
+    return (pending_call){0, NULL, -1};
+}
+
+/* One answer in: record it; when it was the turn's last, continue or end. Returns 1 if the
+ * trajectory ended (put in done), 0 otherwise, MOERL_ERR. */
+static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **done, int *n_done, int cap) {
+    A->st.tool_latency_sum_s += res->latency_s;
+    A->st.tool_latency_max_s = MOERL_MAX(A->st.tool_latency_max_s, res->latency_s);
+    A->st.tool_errors += res->error || res->timed_out;
+    A->st.tool_timeouts += res->timed_out;
+    pending_call c = take_call(A, res->tag);
+    traj *tr = c.tr;
+    if (!tr) return 0; /* its trajectory was forgotten or ended */
+    tr->resp[c.call] = res->content;
+    res->content = NULL;
+    tr->t->tool_errors += res->error || res->timed_out;
+    if (res->done) tr->ending = tr->t->env_done = 1;
+    if (res->has_reward) {
+        tr->t->has_env_reward = 1;
+        tr->t->env_reward = res->reward;
+    }
+    if (--tr->n_pending > 0) return 0;
+    A->n_waiting--;
+    A->st.tool_wait_s += moerl_now() - tr->parked_at;
+    if (tr->forgotten) {
+        drop_traj(A, tr);
+        return 0;
+    }
+    const int rc = continue_traj(A, e, tr);
+    if (rc != 1) return rc;
+    MOERL_ASSERT(*n_done < cap);
+    done[(*n_done)++] = tr->r;
+    finish_traj(A, tr);
+    return 1;
+}
+
+int agent_loop_poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s) {
+    int n_done = 0;
+    env_result res[16];
+    for (int first = 1;; first = 0) {
+        if (env_pending(A->env) == 0) break;
+        const int k = env_poll(A->env, res, 16, first ? wait_s : 0);
+        if (k < 0) return MOERL_ERR;
+        int rc = MOERL_OK;
+        for (int i = 0; i < k; i++) {
+            if (rc != MOERL_ERR && n_done < cap) rc = on_answer(A, e, &res[i], done, &n_done, cap);
+            else if (rc != MOERL_ERR) rc = moerl_errorf("agent loop: more ended trajectories than room (%d)", cap);
+            env_result_free(&res[i]);
+        }
+        if (rc == MOERL_ERR) return MOERL_ERR;
+        if (k < 16) break;
+    }
+    return n_done;
+}
+
+int agent_loop_waiting(const agent_loop *A) { return A->n_waiting; }
+
+void agent_loop_forget(agent_loop *A, const gen_request *r) {
+    traj *tr = find_traj(A, r);
+    if (!tr) return;
+    if (tr->n_pending > 0) tr->forgotten = 1; /* freed when its last answer comes */
+    else drop_traj(A, tr);
+}
+
+void agent_loop_take_stats(agent_loop *A, agent_stats *out) {
+    *out = A->st;
+    memset(&A->st, 0, sizeof A->st);
+}
