@@ -307,6 +307,36 @@ static void test_bad_input(fixture *f) {
     agent_loop_free(A);
 }
 
+/* A turn whose bytes are not valid UTF-8 (a lone lead byte sampled as its byte token) still gets its
+ * tool turn: the template renders the text with U+FFFD, the sampled ids stay as they were. */
+static void test_invalid_utf8(fixture *f) {
+    agent_loop *A = make_loop(f, 0, 30, 1);
+    if (!A) return;
+    tok_seq script = {0}, call = {0};
+    tok_seq_push(&script, tokenizer_token_id(f->tk, "\xc3\xb0")); /* the byte F0 alone */
+    ids_of("<tool_call>{\"name\": \"calc\", \"arguments\": {\"expr\": \"3*3\"}}</tool_call>", &call);
+    append(&script, &call);
+    tok_seq_push(&script, f->eot);
+    const int32_t first = script.ids[0];
+    tok_seq_clear(&call);
+    ids_of("ok", &call);
+    append(&script, &call);
+    tok_seq_push(&script, f->eot);
+    gen_request r;
+    init_req(f, &r, &script, 600);
+    agent_traj t = {0};
+    const int rc = run_traj(f, A, &r, &t, 0);
+    char *all = text_of(&r, 0, r.n_out);
+    CHECK(rc == MOERL_OK && t.turns == 2 && r.out_tokens[0] == first && strstr(all, "<tool_response>\n9\n"),
+          "invalid UTF-8 in a turn: the tool turn follows (rc %d, turns %d): %s", rc, t.turns,
+          rc == MOERL_OK ? "" : moerl_last_error());
+    free(all);
+    gen_request_free_outputs(&r);
+    agent_loop_free(A);
+    tok_seq_free(&script);
+    tok_seq_free(&call);
+}
+
 static void test_limits(fixture *f) {
     /* max_assistant_turns 1: the call is counted, never run, and the trajectory ends */
     agent_loop *A = make_loop(f, 1, 30, 1);
@@ -358,6 +388,7 @@ int main(void) {
     fx_setup(&f);
     test_trajectory(&f);
     test_bad_input(&f);
+    test_invalid_utf8(&f);
     test_limits(&f);
     test_env_dies(&f);
     fx_free(&f);

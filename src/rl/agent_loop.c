@@ -1,7 +1,9 @@
 /* The agent loop (agent_loop.h): multi-turn trajectories with tools between engine steps. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "base/common.h"
 #include "data/tool_calls.h"
@@ -41,6 +43,7 @@ struct agent_loop {
     uint64_t next_tag;
     int n_waiting;
     agent_stats st;
+    pthread_mutex_t st_mu; /* st: updated inside turn_end / poll, read by take_stats from another thread */
 };
 
 /* The stop id the chat template writes at the end of an assistant turn: render
@@ -90,6 +93,7 @@ agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc,
         return NULL;
     }
     A->next_tag = 1;
+    pthread_mutex_init(&A->st_mu, NULL);
     return A;
 }
 
@@ -110,6 +114,7 @@ void agent_loop_free(agent_loop *A) {
     for (int i = 0; i < A->n_live; i++) traj_free(A->live[i]);
     free(A->live);
     free(A->calls);
+    pthread_mutex_destroy(&A->st_mu);
     free(A);
 }
 
@@ -143,6 +148,28 @@ static void hist_push(traj *tr, const char *role, char *content) {
         tr->hist = xrealloc(tr->hist, (size_t)tr->cap_hist * sizeof(chat_msg));
     }
     tr->hist[tr->n_hist++] = (chat_msg){.role = xstrdup(role), .content = content, .msg = NULL};
+}
+
+/* text[0..len) as valid UTF-8: each byte that does not begin a valid sequence becomes U+FFFD (the
+ * model may sample any byte token; the chat template renders text). Owned, NUL-terminated. */
+static char *valid_utf8(const char *text, size_t len) {
+    char *o = xmalloc(3 * len + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp;
+        const utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
+        if (k > 0 && cp != 0) {
+            memcpy(o + n, text + i, (size_t)k);
+            n += (size_t)k;
+            i += (size_t)k;
+        } else {
+            memcpy(o + n, "\xEF\xBF\xBD", 3);
+            n += 3;
+            i++;
+        }
+    }
+    o[n] = 0;
+    return o;
 }
 
 /* content cut to max characters (UTF-8 code points; a cut never splits one). Owned copy. */
@@ -222,6 +249,7 @@ static int start_calls(agent_loop *A, traj *tr, const char *text, size_t len, in
         if (c->error) { /* the model's malformed call: the parser's message is the response */
             tr->resp[i] = xstrdup(c->error);
             tr->t->tool_errors++;
+            tr->t->malformed_calls++;
             A->st.tool_errors++;
             A->st.malformed_calls++;
             continue;
@@ -237,8 +265,17 @@ static int start_calls(agent_loop *A, traj *tr, const char *text, size_t len, in
     return rc == MOERL_OK ? n : MOERL_ERR;
 }
 
+static int turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, const ds_row *row, const char *traj_id);
+
 int agent_loop_turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, const ds_row *row,
                         const char *traj_id) {
+    pthread_mutex_lock(&A->st_mu);
+    const int rc = turn_end(A, e, r, t, row, traj_id);
+    pthread_mutex_unlock(&A->st_mu);
+    return rc;
+}
+
+static int turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, const ds_row *row, const char *traj_id) {
     traj *tr = find_traj(A, r);
     if (!tr) { /* the first turn */
         tr = xcalloc(1, sizeof *tr);
@@ -265,7 +302,10 @@ int agent_loop_turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t,
         return 1;
     }
     size_t len = 0;
-    char *text = tok_decode(&r->out_tokens[tr->turn_start], r->n_out - 1 - tr->turn_start, false, &len);
+    char *raw = tok_decode(&r->out_tokens[tr->turn_start], r->n_out - 1 - tr->turn_start, false, &len);
+    char *text = valid_utf8(raw ? raw : "", raw ? len : 0); /* what the template renders for this turn */
+    free(raw);
+    len = strlen(text);
     /* the last turn allowed (max_assistant_turns): its calls are counted, never run (as verl) */
     const int n = start_calls(A, tr, text, len, !limit);
     hist_push(tr, "assistant", text);
@@ -297,6 +337,7 @@ static pending_call take_call(agent_loop *A, uint64_t tag) {
 /* One answer in: record it; when it was the turn's last, continue or end. Returns 1 if the
  * trajectory ended (put in done), 0 otherwise, MOERL_ERR. */
 static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **done, int *n_done, int cap) {
+    A->st.answered++;
     A->st.tool_latency_sum_s += res->latency_s;
     A->st.tool_latency_max_s = MOERL_MAX(A->st.tool_latency_max_s, res->latency_s);
     A->st.tool_errors += res->error || res->timed_out;
@@ -327,7 +368,20 @@ static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **do
     return 1;
 }
 
+static int poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s);
+
 int agent_loop_poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s) {
+    if (env_pending(A->env) == 0) return 0;
+    /* the wait happens outside the lock: take_stats never waits for tools */
+    const int ready = env_poll(A->env, NULL, 0, wait_s);
+    if (ready < 0) return MOERL_ERR;
+    pthread_mutex_lock(&A->st_mu);
+    const int rc = poll(A, e, done, cap, 0);
+    pthread_mutex_unlock(&A->st_mu);
+    return rc;
+}
+
+static int poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s) {
     int n_done = 0;
     env_result res[16];
     for (int first = 1;; first = 0) {
@@ -356,6 +410,8 @@ void agent_loop_forget(agent_loop *A, const gen_request *r) {
 }
 
 void agent_loop_take_stats(agent_loop *A, agent_stats *out) {
+    pthread_mutex_lock(&A->st_mu);
     *out = A->st;
     memset(&A->st, 0, sizeof A->st);
+    pthread_mutex_unlock(&A->st_mu);
 }

@@ -17,7 +17,8 @@
  * Nothing here depends on the weights' version.
  *
  * Layer: rl (uses rollout's engine, data's tokenizer and tool parser, reward's environment client).
- * Not thread-safe: the rollouter's thread calls everything.
+ * One thread (the rollouter's) calls everything but agent_loop_take_stats, which another thread may
+ * call at any time.
  */
 #ifndef MOERL_AGENT_LOOP_H
 #define MOERL_AGENT_LOOP_H
@@ -34,6 +35,7 @@ typedef struct {
     int turns;              /* assistant turns sampled (≥ 1) */
     int tool_calls;         /* tool calls written (well-formed or not) */
     int tool_errors;        /* of which answered with an error: malformed, unknown tool, tool error, timeout */
+    int malformed_calls;    /* of which malformed (invalid JSON, no name, unknown tool: the parser's errors) */
     int env_done;           /* the environment ended the episode ("done": true) */
     int has_env_reward;     /* the environment gave the episode's reward ... */
     double env_reward;      /* ... this one: it is the score (no reward function is called for it) */
@@ -45,7 +47,8 @@ typedef struct {
     long turns_sum;
     int turns_max;
     long tool_calls, tool_errors, tool_timeouts, malformed_calls;
-    double tool_latency_sum_s, tool_latency_max_s; /* over answered environment calls */
+    long answered;              /* environment calls answered (errors and timeouts included) */
+    double tool_latency_sum_s, tool_latency_max_s; /* over the answered calls */
     double tool_wait_s;         /* seconds trajectories spent parked waiting for answers, summed (timing_s/tool) */
 } agent_stats;
 
@@ -76,7 +79,7 @@ int agent_loop_poll(agent_loop *A, engine *e, gen_request **done, int cap, doubl
 int agent_loop_waiting(const agent_loop *A);
 /* Forget r (aborted with its group): its calls' answers are dropped when they come. */
 void agent_loop_forget(agent_loop *A, const gen_request *r);
-/* The totals since the last call, then reset. */
+/* The totals since the last call, then reset (thread-safe against the loop's thread). */
 void agent_loop_take_stats(agent_loop *A, agent_stats *out);
 
 #endif

@@ -271,6 +271,17 @@ void job_log_samples(job *J, rl_group **g, int n) {
                 json_t *ps = json_string(x->pred);
                 if (ps) json_object_set_new(ro, "pred", ps);
             }
+            if (g[i]->traj) { /* multi-turn: the loss mask (1 sampled, 0 inserted) and what the trajectory did */
+                const agent_traj *t = &g[i]->traj[j];
+                json_t *mk = json_array();
+                for (int k = 0; k < r->n_out; k++) json_array_append_new(mk, json_integer(r->out_mask ? r->out_mask[k] : 1));
+                json_object_set_new(ro, "loss_mask", mk);
+                json_object_set_new(ro, "turns", json_integer(t->turns));
+                json_object_set_new(ro, "tool_calls", json_integer(t->tool_calls));
+                json_object_set_new(ro, "tool_errors", json_integer(t->tool_errors));
+                json_object_set_new(ro, "finish", json_string(finish_reason_name(r->finish)));
+                if (t->has_env_reward) json_object_set_new(ro, "env_reward", json_real(t->env_reward));
+            }
             json_array_append_new(resp, ro);
         }
         free(rw);
@@ -302,6 +313,17 @@ int job_reward_score(void *ctx, const reward_request *reqs, int n, reward_result
 }
 
 void job_add_reward_extras(job *J, rl_group *const *g, int n) {
+    for (int i = 0; i < n; i++) /* multi-turn: what the trajectories did */
+        for (int j = 0; g[i]->traj && j < g[i]->n; j++) {
+            const agent_traj *t = &g[i]->traj[j];
+            J->mt.n++;
+            J->mt.turns += t->turns;
+            J->mt.turns_max = MOERL_MAX(J->mt.turns_max, t->turns);
+            J->mt.calls += t->tool_calls;
+            J->mt.errors += t->tool_errors;
+            J->mt.malformed += t->malformed_calls;
+            J->mt.env_done += t->env_done;
+        }
     for (int i = 0; i < n; i++)
         for (int j = 0; g[i]->rewards && j < g[i]->n; j++) {
             const reward_result *x = &g[i]->rewards[j];
@@ -326,6 +348,33 @@ void job_add_reward_extras(job *J, rl_group *const *g, int n) {
         }
 }
 
+/* Multi-turn metrics of the window (rollout.multi_turn.enable) into keys/vals from n on: over the
+ * trained trajectories num_turns/mean|max (assistant turns), tool_calls/mean, tool_errors/mean
+ * (per trajectory), tool_calls/well_formed_rate (calls the parser accepted / calls written),
+ * env/done_rate; and where the rollouter runs in this process (embedded job), over the calls answered
+ * in the window: tool_latency/mean|max and timing_s/tool (seconds trajectories waited for tools,
+ * summed). Resets the window. Returns n. */
+static int multi_turn_metrics(job *J, const char **keys, double *vals, int n) {
+    if (!J->cfg->multi_turn.enable) return n;
+    const double k = J->mt.n > 0 ? (double)J->mt.n : NAN;
+    keys[n] = "num_turns/mean", vals[n++] = J->mt.turns / k;
+    keys[n] = "num_turns/max", vals[n++] = J->mt.n > 0 ? J->mt.turns_max : NAN;
+    keys[n] = "tool_calls/mean", vals[n++] = J->mt.calls / k;
+    keys[n] = "tool_errors/mean", vals[n++] = J->mt.errors / k;
+    keys[n] = "tool_calls/well_formed_rate",
+    vals[n++] = J->mt.calls > 0 ? (double)(J->mt.calls - J->mt.malformed) / (double)J->mt.calls : NAN;
+    keys[n] = "env/done_rate", vals[n++] = J->mt.env_done / k;
+    memset(&J->mt, 0, sizeof J->mt);
+    if (J->R.agent) {
+        agent_stats st;
+        agent_loop_take_stats(J->R.agent, &st);
+        keys[n] = "tool_latency/mean", vals[n++] = st.answered > 0 ? st.tool_latency_sum_s / (double)st.answered : NAN;
+        keys[n] = "tool_latency/max", vals[n++] = st.tool_latency_max_s;
+        keys[n] = "timing_s/tool", vals[n++] = st.tool_wait_s;
+    }
+    return n;
+}
+
 /* The reward metrics of the window into keys/vals from n on (names in names[], each 300 bytes):
  * timing_s/reward, reward/backlog, then reward/<field>/mean per extra field seen (a field some
  * responses lacked is averaged over those that have it). Resets the window's sums. Returns n. */
@@ -339,6 +388,7 @@ static int reward_metrics(job *J, const char **keys, double *vals, int n, char (
     keys[n] = "timing_s/reward", vals[n++] = J->win_reward_s;
     keys[n] = "reward/backlog", vals[n++] = (double)J->reward_backlog;
     J->win_reward_s = 0;
+    n = multi_turn_metrics(J, keys, vals, n);
     for (int k = 0; k < J->n_rx; k++) {
         snprintf(names[k], 300, "reward/%s/mean", J->rx_keys[k]);
         keys[n] = names[k];
@@ -421,7 +471,7 @@ static void log_validation(const job *J, const val_report *rep) {
 int job_run_validation(job *J, double *acc) {
     const rl_config *c = J->cfg;
     const val_options o = {.kw = c->val_kwargs, .n_rows = c->val_n, .max_new_tokens = c->max_response_length,
-                           .max_num_seqs = c->max_num_seqs, .seed = c->seed};
+                           .max_num_seqs = c->max_num_seqs, .seed = c->seed, .multi_turn = &c->multi_turn};
     /* The one place validation responses are scored: through the job's reward backend (reward.*:
      * built-in rules, a reward program or a server), the rollouter's pool or one of its own. */
     val_score_fn score_fn = job_reward_score;
@@ -463,7 +513,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char **keys = xmalloc((size_t)(96 + J->n_rx) * sizeof(char *));
+    const char **keys = xmalloc((size_t)(112 + J->n_rx) * sizeof(char *));
     double *vals = xmalloc((size_t)(96 + J->n_rx) * sizeof(double));
     char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;

@@ -117,7 +117,13 @@ struct job {
     char **rx_keys;
     double *rx_sum;
     int64_t *rx_cnt;
-    int reward_failed;        /* the rollout side stopped because the reward backend failed */
+    /* multi-turn (rollout.multi_turn.enable): the window's trained trajectories (their agent_traj
+     * records, summed by job_add_reward_extras) and the embedded rollouter's tool figures */
+    struct {
+        int64_t n, turns, calls, errors, malformed, env_done;
+        int turns_max;
+    } mt;
+    int reward_failed;        /* the rollout side stopped because the reward backend or the tool environment failed */
     reward_pool *val_pool;    /* job_reward_score's pool where the job has no rollouter (MPI trainer rank 0) */
 };
 

@@ -1,5 +1,6 @@
 /* Held-out validation as verl reports it (rl/validate.h). */
 #include "rl/validate.h"
+#include "rl/agent_loop.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -485,12 +486,50 @@ typedef struct {
     int N;
     char **text;
     int *len;
+    agent_traj *traj; /* multi-turn: what each trajectory did; NULL: one turn */
 } val_gen;
 
 static void val_gen_free(val_gen *g) {
     for (int64_t i = 0; g->text && i < g->rows * g->N; i++) free(g->text[i]);
     free(g->text);
     free(g->len);
+    free(g->traj);
+}
+
+/* Multi-turn: the agent loop of a validation run (its own environment programs). */
+typedef struct {
+    tool_config tools;
+    agent_loop *A;
+} val_agent;
+
+static int val_agent_open(val_agent *v, const multi_turn_config *mt) {
+    memset(v, 0, sizeof *v);
+    if (!mt || !mt->enable) return MOERL_OK;
+    if (tool_config_load(mt->tool_config_path, &v->tools) != MOERL_OK) return MOERL_ERR;
+    v->A = agent_loop_create(mt, &v->tools, &mt->env);
+    return v->A ? MOERL_OK : moerl_error_prefix("validation: ");
+}
+
+static void val_agent_close(val_agent *v) {
+    agent_loop_free(v->A);
+    tool_config_free(&v->tools);
+}
+
+/* A request the engine returned ended a turn: 1 if its trajectory ended (always, in one turn), 0 if it
+ * goes on, MOERL_ERR. */
+static int val_turn_end(val_agent *v, engine *e, gen_request *r, const dataset *ds, val_gen *g) {
+    if (!v->A) return 1;
+    char id[64];
+    snprintf(id, sizeof id, "val-%lld", (long long)r->id);
+    const int64_t i = r->id / g->N;
+    return agent_loop_turn_end(v->A, e, r, &g->traj[r->id], dataset_row(ds, i), id);
+}
+
+static void val_record(val_gen *g, const gen_request *r) {
+    size_t tl;
+    g->text[r->id] = tok_decode(r->out_tokens, r->n_out, true, &tl);
+    if (!g->text[r->id]) g->text[r->id] = xstrdup("");
+    g->len[r->id] = r->n_out;
 }
 
 /* The requests of rows [0, rows) of ds into the engine and run it to the end. */
@@ -519,17 +558,31 @@ static int generate(engine *e, const dataset *ds, tok_seq *prompts, const val_op
                 added++;
             }
         }
+    val_agent v;
+    if (rc == MOERL_OK && val_agent_open(&v, o->multi_turn) != MOERL_OK) {
+        rc = MOERL_ERR;
+        v.A = NULL;
+        v.tools = (tool_config){0};
+    }
+    if (v.A) g->traj = xcalloc((size_t)total, sizeof(agent_traj));
     while (rc == MOERL_OK && finished < total) {
-        const int k = engine_step(e, done, (int)total + 1);
+        const int k = engine_num_unfinished(e) > 0 ? engine_step(e, done, (int)total + 1) : 0;
         if (k < 0) rc = MOERL_ERR;
-        for (int d = 0; d < k; d++, finished++) {
-            const gen_request *r = done[d];
-            size_t tl;
-            g->text[r->id] = tok_decode(r->out_tokens, r->n_out, true, &tl);
-            if (!g->text[r->id]) g->text[r->id] = xstrdup("");
-            g->len[r->id] = r->n_out;
+        for (int d = 0; d < k && rc == MOERL_OK; d++) {
+            const int ended = val_turn_end(&v, e, done[d], ds, g);
+            if (ended < 0) rc = MOERL_ERR;
+            else if (ended) {
+                val_record(g, done[d]);
+                finished++;
+            }
+        }
+        if (rc == MOERL_OK && v.A && agent_loop_waiting(v.A) > 0) { /* tool answers: wait only when idle */
+            const int p = agent_loop_poll(v.A, e, done, (int)total + 1, engine_num_unfinished(e) > 0 ? 0 : 0.005);
+            if (p < 0) rc = MOERL_ERR;
+            for (int d = 0; d < p; d++, finished++) val_record(g, done[d]);
         }
     }
+    val_agent_close(&v);
     if (rc != MOERL_OK && added > finished) engine_abort(e, done, (int)total + 1);
     for (int64_t i = 0; i < total; i++) gen_request_free_outputs(&reqs[i]);
     free(reqs);
@@ -543,7 +596,7 @@ static int run_engine(const moe_model *m, const dataset *ds, const val_options *
     int max_plen = 0, rc = MOERL_ERR;
     for (int64_t i = 0; i < g->rows; i++) {
         const ds_row *r = dataset_row(ds, i);
-        tok_chat_encode(r->prompt, r->n_prompt, true, &prompts[i]);
+        ds_row_encode_prompt(r, &prompts[i]); /* with the row's tools, as the rollouts' prompts */
         max_plen = MOERL_MAX(max_plen, (int)prompts[i].n);
     }
     engine *e = NULL;
@@ -593,8 +646,22 @@ static int score_all(const dataset *ds, const val_gen *g, val_score_fn score, vo
                                                   .extra_info_json = r->extra_info_json, .prompt_json = pj[i],
                                                   .where = where[i]};
     }
-    int rc = score ? score(ctx, reqs, total, res) : builtin_score(reqs, total, res);
-    double correct = 0, len_sum = 0;
+    /* the environment's reward is the score of its trajectories: the others are scored (in order) */
+    int m = 0;
+    for (int t = 0; t < total; t++)
+        if (!(g->traj && g->traj[t].has_env_reward)) reqs[m++] = reqs[t];
+    int rc = m == 0 ? MOERL_OK : score ? score(ctx, reqs, m, res) : builtin_score(reqs, m, res);
+    for (int t = total - 1, k = m - 1; rc == MOERL_OK && m < total && t >= 0; t--) { /* back into place */
+        if (g->traj[t].has_env_reward) {
+            res[t] = (reward_result){.score = g->traj[t].env_reward};
+            const ds_row *r = dataset_row(ds, t / g->N);
+            reqs[t] = (reward_request){.data_source = r->data_source, .where = where[t / g->N]};
+        } else {
+            res[t] = res[k];
+            reqs[t] = reqs[k--];
+        }
+    }
+    double correct = 0, len_sum = 0, turns = 0, calls = 0, malformed = 0;
     for (int t = 0; rc == MOERL_OK && t < total; t++) {
         if (!isfinite(res[t].score)) {
             rc = moerl_errorf("validation, row %s: the reward is %g, expected a finite number", reqs[t].where,
@@ -606,11 +673,22 @@ static int score_all(const dataset *ds, const val_gen *g, val_score_fn score, vo
                               .extra_vals = res[t].extra_vals};
         correct += response_correct(&res[t]);
         len_sum += g->len[t];
+        if (g->traj) {
+            turns += g->traj[t].turns;
+            calls += g->traj[t].tool_calls;
+            malformed += g->traj[t].malformed_calls;
+        }
     }
     if (rc == MOERL_OK) rc = val_compute_metrics(smp, total, &out->metrics);
     out->n_responses = total;
     out->accuracy = correct / total;
     out->mean_len = len_sum / total;
+    out->mean_turns = g->traj ? turns / total : 0;
+    out->well_formed_rate = calls > 0 ? (calls - malformed) / calls : NAN;
+    if (rc == MOERL_OK && g->traj) { /* beside verl's metrics, for every data source together */
+        metrics_put(&out->metrics, "val-aux/num_turns/mean", out->mean_turns);
+        metrics_put(&out->metrics, "val-aux/tool_calls/well_formed_rate", out->well_formed_rate);
+    }
     for (int t = 0; t < total; t++) free_result(&res[t]);
     for (int64_t i = 0; i < g->rows; i++) {
         free(where[i]);

@@ -38,6 +38,7 @@
 #include "data/dataset.h"
 #include "model/model.h"
 #include "reward/reward.h"
+#include "rl/multi_turn.h"
 
 /* rollout.val_kwargs.* (verl's keys and defaults). */
 typedef struct {
@@ -137,12 +138,19 @@ typedef struct {
     int max_new_tokens; /* per response */
     int max_num_seqs;   /* the engine's sequences in flight */
     uint64_t seed;      /* the run seed: response j of row i samples with a seed from (seed, i, j) */
+    /* rollout.multi_turn.*: with enable set, each response is a trajectory with tools, run by an agent
+     * loop of its own (rl/agent_loop.h: its own environment programs), the environment's reward being
+     * its score where it gives one; NULL or enable 0: one turn */
+    const multi_turn_config *multi_turn;
 } val_options;
 
 typedef struct {
     double accuracy;     /* the fraction of correct responses: the reward's numeric "acc" field when it returns
                             one, else score ≥ 1 (N = 1 greedy with the built-in rules: today's val/accuracy) */
     double mean_len;     /* mean response length in tokens */
+    /* multi-turn (val_options.multi_turn): assistant turns per trajectory, and the share of the tool calls
+     * written that were well-formed (NaN without calls); 0 / NaN otherwise */
+    double mean_turns, well_formed_rate;
     int64_t n_responses;
     val_metrics metrics; /* val-core/..., val-aux/... */
 } val_report;
