@@ -41,6 +41,8 @@ static const char *TOOLS_YAML =
     "- function: {name: sleep, description: Never answers in time.}\n"
     "  command: PY tests/tools/calc_env.py\n"
     "- function: {name: die, description: Kills its program.}\n"
+    "  command: PY tests/tools/calc_env.py\n"
+    "- function: {name: meet, description: Answers once a folder holds n files.}\n"
     "  command: PY tests/tools/calc_env.py\n";
 
 typedef struct {
@@ -337,6 +339,67 @@ static void test_invalid_utf8(fixture *f) {
     tok_seq_free(&call);
 }
 
+/* Other sequences keep decoding while one waits for its tool: trajectory A calls `meet`, which answers
+ * only once its folder holds 2 files — the test adds the second after trajectory B (no tool call, 200
+ * tokens) has ended. If the engine waited for A's tool, B could never end and A never be answered. */
+static void test_decoding_goes_on(fixture *f) {
+    agent_loop *A = make_loop(f, 0, 60, 1);
+    if (!A) return;
+    char dir[] = "/tmp/moerl_agent_XXXXXX";
+    MOERL_ASSERT(mkdtemp(dir));
+    char call[512];
+    snprintf(call, sizeof call, "<tool_call>{\"name\": \"meet\", \"arguments\": {\"dir\": \"%s\", \"n\": 2}}</tool_call>",
+             dir);
+    tok_seq sa = {0}, sb = {0};
+    ids_of(call, &sa);
+    tok_seq_push(&sa, f->eot);
+    ids_of("done", &sa);
+    tok_seq_push(&sa, f->eot);
+    for (int i = 0; i < 200; i++) tok_seq_push(&sb, tokenizer_token_id(f->tk, "a"));
+    gen_request ra, rb;
+    init_req(f, &ra, &sa, 600);
+    init_req(f, &rb, &sb, 200);
+    rb.id = 2;
+    agent_traj ta = {0}, tb = {0};
+    MOERL_ASSERT(engine_add(f->e, &ra) == MOERL_OK && engine_add(f->e, &rb) == MOERL_OK);
+    gen_request *done[8];
+    int a_end = 0, b_end = 0, b_ended_while_a_waited = 0, guard = 0;
+    while (!(a_end && b_end) && guard++ < 100000) {
+        const int k = engine_num_unfinished(f->e) > 0 ? engine_step(f->e, done, 8) : 0;
+        for (int i = 0; i < k; i++) {
+            agent_traj *t = done[i] == &ra ? &ta : &tb;
+            const int rc = agent_loop_turn_end(A, f->e, done[i], t, &f->row, done[i] == &ra ? "a" : "b");
+            MOERL_ASSERT(rc >= 0);
+            if (rc == 1 && done[i] == &ra) a_end = 1;
+            if (rc == 1 && done[i] == &rb) {
+                b_end = 1;
+                b_ended_while_a_waited = agent_loop_waiting(A) == 1;
+                char file[600];
+                snprintf(file, sizeof file, "%s/from-the-test", dir);
+                FILE *fp = fopen(file, "w");
+                MOERL_ASSERT(fp);
+                fclose(fp);
+            }
+        }
+        const int p = agent_loop_poll(A, f->e, done, 8, engine_num_unfinished(f->e) > 0 ? 0 : 0.05);
+        MOERL_ASSERT(p >= 0);
+        if (p == 1 && done[0] == &ra) a_end = 1;
+    }
+    char *resp = text_of(&ra, (int)(sa.n - 2), ra.n_out);
+    CHECK(a_end && b_end && b_ended_while_a_waited && ta.turns == 2 && strstr(resp, "met"),
+          "decoding goes on while a trajectory waits for its tool (B ended while A waited: %d; A's tool saw: %s)",
+          b_ended_while_a_waited, resp);
+    free(resp);
+    gen_request_free_outputs(&ra);
+    gen_request_free_outputs(&rb);
+    agent_loop_free(A);
+    tok_seq_free(&sa);
+    tok_seq_free(&sb);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    MOERL_ASSERT(system(cmd) == 0);
+}
+
 static void test_limits(fixture *f) {
     /* max_assistant_turns 1: the call is counted, never run, and the trajectory ends */
     agent_loop *A = make_loop(f, 1, 30, 1);
@@ -389,6 +452,7 @@ int main(void) {
     test_trajectory(&f);
     test_bad_input(&f);
     test_invalid_utf8(&f);
+    test_decoding_goes_on(&f);
     test_limits(&f);
     test_env_dies(&f);
     fx_free(&f);

@@ -277,15 +277,26 @@ static void test_dies(void) {
         env_free(e);
         CHECK(children() == 0, "children left: %d", children());
     }
-    /* a program that does not start */
+    /* a program that does not exist (no shell: 'exit' is a shell builtin): env_create names the tool */
     tool_config bad;
     CHECK(load_tools(&bad, all_tools, 1, "exit 7", 0) == MOERL_OK, "%s", moerl_last_error());
+    e = env_create(&bad, &ec);
+    CHECK(e == NULL && has("tool 'calc' (command 'exit 7')") && has("cannot start 'exit'"),
+          "a program that cannot start: %s", e ? "created" : moerl_last_error());
+    env_free(e);
+    tool_config_free(&bad);
+    CHECK(load_tools(&bad, all_tools, 1, "echo a | cat", 0) == MOERL_OK && env_check_tools(&bad) == MOERL_ERR &&
+              has("tool 'calc'") && has("shell"),
+          "a command line needing a shell is refused: %s", moerl_last_error());
+    tool_config_free(&bad);
+    /* a program that starts and exits at once (a shell the user asked for) */
+    CHECK(load_tools(&bad, all_tools, 1, "sh -c 'exit 7'", 0) == MOERL_OK, "%s", moerl_last_error());
     e = env_create(&bad, &ec);
     CHECK(e != NULL, "create: %s", moerl_last_error());
     if (e) {
         CHECK(env_submit(e, 0, "traj-53", "calc", "{}") == MOERL_OK, "%s", moerl_last_error());
-        CHECK(collect(e, r, 1) == MOERL_ERR && has("tool 'calc' (command 'exit 7')") && has("exited with status 7") &&
-                  has("traj-53"),
+        CHECK(collect(e, r, 1) == MOERL_ERR && has("tool 'calc' (command 'sh -c 'exit 7'')") &&
+                  has("exited with status 7") && has("traj-53"),
               "exit 7: %s", moerl_last_error());
         env_free(e);
     }

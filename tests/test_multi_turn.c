@@ -1,7 +1,7 @@
 /* rollout.multi_turn.* as moerl rl reads them (rl_def_keys / rl_read_config): declared with help,
  * defaults accepted, each bad value refused with the key named, a key off its default without
- * enable refused, and enable=true refused (after the tool file is checked) until the rollouter
- * loops over turns. */
+ * enable refused (the environment's tool_* keys too), the tool file checked with enable=true (a
+ * command line that needs a shell refused), and a good one accepted. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,8 +69,14 @@ int main(void) {
     snprintf(kv, sizeof kv, "rollout.multi_turn.tool_config_path=%s", path);
     refused("rollout.multi_turn.enable=true", kv, "exactly one of command: or url:");
     MOERL_ASSERT(ftruncate(fd, 0) == 0 && pwrite(fd, good, strlen(good), 0) == (ssize_t)strlen(good));
+    CHECK(read_with("rollout.multi_turn.enable=true", kv) == MOERL_OK, "enable=true with a good tool file: %s",
+          moerl_last_error());
+    const char *shell = "- {function: {name: calc}, command: ./env | tee log}\n";
+    MOERL_ASSERT(ftruncate(fd, 0) == 0 && pwrite(fd, shell, strlen(shell), 0) == (ssize_t)strlen(shell));
+    refused("rollout.multi_turn.enable=true", kv, "tool 'calc': command:");
+    refused("rollout.multi_turn.tool_timeout_s=5", NULL, "tool_timeout_s is set but rollout.multi_turn.enable is false");
+    refused("rollout.multi_turn.tool_num_workers=0", NULL, "rollout.multi_turn.tool_num_workers");
     close(fd);
-    refused("rollout.multi_turn.enable=true", kv, "not wired into moerl rl yet");
     unlink(path);
     TEST_MAIN_END();
 }

@@ -262,12 +262,28 @@ static int make_targets(env_client *e) {
             if (e->target_of[i] == k) t = &tc->tools[i];
         target_what(e, k, g->what, sizeof g->what);
         const char *key = "rollout.multi_turn.tool_timeout_s";
-        if (t->command) {
-            char *argv[] = {"/bin/sh", "-c", t->command, NULL};
+        if (t->command) { /* no shell: split as reward.command is (reward_split_command) */
+            char **argv = NULL;
+            int argc = 0;
+            if (reward_split_command(t->command, &argv, &argc) != MOERL_OK)
+                return moerl_error_prefix("tool '%s': command: ", t->name);
             g->procs = jsonl_procs_create(g->what, argv, e->cfg.num_workers, e->cfg.timeout_s, key, 0);
+            reward_free_argv(argv, argc);
         } else
             g->http = jsonl_http_create(g->what, t->url, e->cfg.max_concurrency, e->cfg.timeout_s, key);
         if (!g->procs && !g->http) return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
+int env_check_tools(const tool_config *tc) {
+    for (int i = 0; tc && i < tc->n; i++) {
+        if (!tc->tools[i].command) continue;
+        char **argv = NULL;
+        int argc = 0;
+        if (reward_split_command(tc->tools[i].command, &argv, &argc) != MOERL_OK)
+            return moerl_error_prefix("tool '%s': command: ", tc->tools[i].name);
+        reward_free_argv(argv, argc);
     }
     return MOERL_OK;
 }

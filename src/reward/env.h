@@ -3,7 +3,8 @@
  * over the transport the reward backends use (jsonl_pool.h). docs/multi-turn.md describes the
  * protocol for users.
  *
- * A call is {"trajectory_id": ID, "name": TOOL, "arguments": {...}}: one JSON line to a program
+ * A call is {"trajectory_id": ID, "name": TOOL, "arguments": {...}}: one JSON line to a program (its
+ * command line split into words as reward.command's, run without a shell)
  * (one call in flight per process, rollout.multi_turn.tool_num_workers processes per distinct
  * command) or one POST of that object to a server (at most rollout.multi_turn.tool_max_concurrency
  * in flight per distinct URL). The answer is an object {"content": "...", "done": bool?, "reward":
@@ -45,6 +46,11 @@ void env_def_keys(cfg *c);
 /* Read and check them (timeout > 0 and finite, counts ≥ 1, retries ≥ 0); errors name the key, its
  * origin and the value. */
 int env_read_config(const cfg *c, env_config *out);
+
+/* Check that every tool's command: splits into a program and its arguments (as reward.command: no
+ * shell — quotes, $VAR and ~ expand; | & ; < > ( ) and command substitution are refused). Errors name
+ * the tool. */
+int env_check_tools(const tool_config *tc);
 
 /* One finished call. content: the tool response the model sees (owned; free with
  * env_result_free). */

@@ -190,8 +190,10 @@ static char *cut_chars(const char *s, int max) {
 /* Every call of tr's turn is answered: insert the tool turn's ids and queue the next turn, or end.
  * Returns 1 ended, 0 continued, MOERL_ERR. */
 static int continue_traj(agent_loop *A, engine *e, traj *tr) {
-    for (int i = 0; i < tr->n_calls; i++) {
-        hist_push(tr, "tool", cut_chars(tr->resp[i], A->m.max_tool_response_length));
+    for (int i = 0; i < tr->n_calls; i++) { /* a parser message may quote the model's stray bytes */
+        char *v = valid_utf8(tr->resp[i], strlen(tr->resp[i]));
+        hist_push(tr, "tool", cut_chars(v, A->m.max_tool_response_length));
+        free(v);
         free(tr->resp[i]);
     }
     free(tr->resp);

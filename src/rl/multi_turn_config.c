@@ -71,6 +71,7 @@ int multi_turn_read_config(const cfg *c, multi_turn_config *m) {
         return moerl_errorf("rollout.multi_turn.enable=true needs rollout.multi_turn.tool_config_path (a YAML list of tools)");
     tool_config tc; /* checked now; loaded again by whoever runs the tools (rollouter_init) */
     if (tool_config_load(m->tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
+    const int rc = env_check_tools(&tc);
     tool_config_free(&tc);
-    return MOERL_OK;
+    return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("rollout.multi_turn.tool_config_path %s: ", m->tool_config_path);
 }
