@@ -61,8 +61,8 @@ static int tasks_check_options(const char *task, int raw, int digits_set, int nu
         fprintf(stderr, "moerl tasks: --format gsm8k applies to the gsm8k-style task only, not '%s'\n", task);
         return 2;
     }
-    if (digits_set && strcmp(task, "arith")) {
-        fprintf(stderr, "moerl tasks: --digits applies to the arith task only, not '%s'%s\n", task,
+    if (digits_set && strcmp(task, "arith") && strcmp(task, "tool_arith")) {
+        fprintf(stderr, "moerl tasks: --digits applies to the arith task only (and tool_arith), not '%s'%s\n", task,
                 strcmp(task, "countdown") ? "" : " (countdown takes --numbers)");
         return 2;
     }
@@ -93,7 +93,7 @@ int cmd_tasks(int argc, char **argv) {
         {.name = "seed", .type = CLI_INT, .dest = &seed, .given = &gen_set, .meta = "S", .imin = 0, .imax = INT64_MAX,
          .help = "generator seed"},
         {.name = "digits", .type = CLI_INT, .dest = &digits, .given = &digits_set, .meta = "D", .imin = 1, .imax = 18,
-         .help = "arith only: digits per operand"},
+         .help = "arith and tool_arith only: digits per operand"},
         {.name = "numbers", .type = CLI_INT, .dest = &numbers, .given = &numbers_set, .meta = "K", .imin = 2, .imax = 6,
          .help = "countdown only: numbers per problem"},
         {.name = "format", .type = CLI_STR, .dest = &format, .given = &gen_set, .meta = "verl|gsm8k",

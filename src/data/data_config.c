@@ -14,13 +14,13 @@
 #include "data/tokenizer.h"
 
 void data_def_keys(cfg *c) {
-    cfg_def_str(c, "data.task", "arith", "built-in task to generate (arith, gsm8k-style, countdown); empty = use files");
+    cfg_def_str(c, "data.task", "arith", "built-in task to generate (arith, gsm8k-style, countdown, tool_arith); empty = use files");
     cfg_def_str(c, "data.train_files", "", "train JSONL (verl schema) when data.task is empty");
     cfg_def_str(c, "data.val_files", "", "held-out JSONL when data.task is empty");
     cfg_def_int(c, "data.n_train", 2000, "rows generated for training");
     cfg_def_int(c, "data.n_test", 200, "rows generated for held-out evaluation");
     cfg_def_int(c, "data.seed", 1, "task generator seed");
-    cfg_def_int(c, "data.arith_digits", 2, "arith: digits per operand");
+    cfg_def_int(c, "data.arith_digits", 2, "arith, tool_arith: digits per operand");
     cfg_def_int(c, "data.countdown_numbers", 4, "countdown: numbers per problem");
     cfg_def_int(c, "data.max_prompt_length", 0,
                 "prompt tokens at most (chat template applied): a longer prompt is an error naming its row, or "
@@ -150,7 +150,7 @@ static int check_prompt_lengths(const cfg *c, dataset *ds, const char *split) {
 static void data_file_names(const char *out_dir, const char *task, const task_opts *o, char *tr, char *te,
                             size_t cap) {
     char opt[96] = "";
-    if (!strcmp(task, "arith")) snprintf(opt, sizeof opt, "-d%d", o->arith_digits);
+    if (!strcmp(task, "arith") || !strcmp(task, "tool_arith")) snprintf(opt, sizeof opt, "-d%d", o->arith_digits);
     else if (!strcmp(task, "countdown"))
         snprintf(opt, sizeof opt, "-k%d-m%d-t%d", o->countdown_numbers, o->countdown_max_number,
                  o->countdown_max_target);

@@ -23,14 +23,19 @@ static const char *json_kind(const json_t *v) {
     return "?";
 }
 
+static void msgs_free(chat_msg *m, int n) {
+    for (int i = 0; i < n; i++) {
+        free(m[i].role);
+        free(m[i].content);
+        json_decref(m[i].msg);
+    }
+    free(m);
+}
+
 static void row_free(ds_row *r) {
     free(r->data_source);
-    for (int i = 0; i < r->n_prompt; i++) {
-        free(r->prompt[i].role);
-        free(r->prompt[i].content);
-        json_decref(r->prompt[i].msg);
-    }
-    free(r->prompt);
+    msgs_free(r->prompt, r->n_prompt);
+    msgs_free(r->resp_msgs, r->n_resp_msgs);
     json_decref(r->tools);
     free(r->ground_truth);
     free(r->extra_info_json);
@@ -55,17 +60,17 @@ static int get_string(const char *name, int64_t line, const json_t *o, const cha
     return MOERL_OK;
 }
 
-/* prompt[i]: a message object with a non-empty string role and a content that is a string, null
+/* list[i] (list: "prompt" or "response"): a message object with a non-empty string role and a content that is a string, null
  * or a list of parts (absent only beside tool_calls); a message with any other key, or a content
  * that is not a string, keeps the whole object in m->msg. */
-static int parse_msg(const char *name, int64_t line, json_t *o, size_t i, chat_msg *m) {
+static int parse_msg(const char *name, int64_t line, const char *list, json_t *o, size_t i, chat_msg *m) {
     char field[64];
-    snprintf(field, sizeof field, "prompt[%zu]", i);
+    snprintf(field, sizeof field, "%s[%zu]", list, i);
     if (!json_is_object(o)) return FIELD_ERR(field, "an object {\"role\", \"content\"}", json_kind(o));
-    snprintf(field, sizeof field, "prompt[%zu].role", i);
+    snprintf(field, sizeof field, "%s[%zu].role", list, i);
     if (get_string(name, line, o, "role", field, false, &m->role)) return MOERL_ERR;
     if (!*m->role) return FIELD_ERR(field, "a non-empty string", "\"\"");
-    snprintf(field, sizeof field, "prompt[%zu].content", i);
+    snprintf(field, sizeof field, "%s[%zu].content", list, i);
     json_t *c = json_object_get(o, "content");
     const char *expect = "a string (or null, or a list of content parts)";
     if (!c && !json_object_get(o, "tool_calls")) return FIELD_ERR(field, expect, "nothing (the field is missing)");
@@ -91,6 +96,39 @@ static int parse_tools(const char *name, int64_t line, json_t *v, json_t **out) 
     return MOERL_OK;
 }
 
+/* The row's "response": absent/null, a string, or a non-empty list of messages ending with an
+ * assistant message (verl's multi-turn SFT shape). */
+static int parse_response(const char *name, int64_t line, json_t *resp, ds_row *r) {
+    const char *expect = "a string, or a non-empty list of messages (assistant, tool, ..., assistant)";
+    if (!resp || json_is_null(resp)) return MOERL_OK;
+    if (json_is_string(resp)) {
+        r->response = xstrdup(json_string_value(resp));
+        return MOERL_OK;
+    }
+    if (!json_is_array(resp)) return FIELD_ERR("response", expect, json_kind(resp));
+    const size_t n = json_array_size(resp);
+    if (n == 0) return FIELD_ERR("response", expect, "an empty list");
+    r->resp_msgs = xcalloc(n, sizeof(chat_msg));
+    for (size_t i = 0; i < n; i++) {
+        r->n_resp_msgs = (int)i + 1; /* so row_free frees what is set */
+        if (parse_msg(name, line, "response", json_array_get(resp, i), i, &r->resp_msgs[i])) return MOERL_ERR;
+    }
+    if (strcmp(r->resp_msgs[0].role, "assistant")) {
+        char got[200];
+        snprintf(got, sizeof got, "\"%.100s\" (the response is what follows the prompt's generation prompt: an "
+                 "assistant turn)", r->resp_msgs[0].role);
+        return FIELD_ERR("response[0].role", "\"assistant\"", got);
+    }
+    const char *last = r->resp_msgs[n - 1].role;
+    if (strcmp(last, "assistant")) {
+        char field[64], got[200];
+        snprintf(field, sizeof field, "response[%zu].role", n - 1);
+        snprintf(got, sizeof got, "\"%.100s\" (the last message is what the model learns to end with)", last);
+        return FIELD_ERR(field, "\"assistant\"", got);
+    }
+    return MOERL_OK;
+}
+
 static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r) {
     memset(r, 0, sizeof *r);
     r->line = line;
@@ -106,7 +144,7 @@ static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r)
     r->prompt = xcalloc(np, sizeof(chat_msg));
     for (size_t i = 0; i < np; i++) {
         r->n_prompt = (int)i + 1; /* so row_free frees what is set */
-        if (parse_msg(name, line, json_array_get(p, i), i, &r->prompt[i])) return MOERL_ERR;
+        if (parse_msg(name, line, "prompt", json_array_get(p, i), i, &r->prompt[i])) return MOERL_ERR;
     }
     if (parse_tools(name, line, json_object_get(o, "tools"), &r->tools)) return MOERL_ERR;
 
@@ -139,12 +177,7 @@ static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r)
         if (!json_is_object(ei)) return FIELD_ERR("extra_info", "an object", json_kind(ei));
         r->extra_info_json = json_dumps(ei, JSON_COMPACT | JSON_PRESERVE_ORDER);
     }
-    json_t *resp = json_object_get(o, "response");
-    if (resp && !json_is_null(resp)) {
-        if (!json_is_string(resp)) return FIELD_ERR("response", "a string", json_kind(resp));
-        r->response = xstrdup(json_string_value(resp));
-    }
-    return MOERL_OK;
+    return parse_response(name, line, json_object_get(o, "response"), r);
 }
 
 int dataset_load_string(dataset *ds, const char *text, size_t len, const char *name) {
@@ -229,21 +262,27 @@ static int str_field(json_t *obj, const char *key, const char *val) {
     return MOERL_OK;
 }
 
-int dataset_write_row(FILE *f, const ds_row *r) {
-    json_t *o = json_object();
-    int rc = MOERL_ERR;
-    if (str_field(o, "data_source", r->data_source)) goto done;
+/* msgs[n] as the JSON list `key` of o. */
+static int msgs_field(json_t *o, const char *key, const chat_msg *msgs, int n) {
     json_t *p = json_array();
-    json_object_set_new(o, "prompt", p);
-    for (int i = 0; i < r->n_prompt; i++) {
-        if (r->prompt[i].msg) {
-            json_array_append(p, r->prompt[i].msg);
+    json_object_set_new(o, key, p);
+    for (int i = 0; i < n; i++) {
+        if (msgs[i].msg) {
+            json_array_append(p, msgs[i].msg);
             continue;
         }
         json_t *m = json_object();
         json_array_append_new(p, m);
-        if (str_field(m, "role", r->prompt[i].role) || str_field(m, "content", r->prompt[i].content)) goto done;
+        if (str_field(m, "role", msgs[i].role) || str_field(m, "content", msgs[i].content)) return MOERL_ERR;
     }
+    return MOERL_OK;
+}
+
+int dataset_write_row(FILE *f, const ds_row *r) {
+    json_t *o = json_object();
+    int rc = MOERL_ERR;
+    if (str_field(o, "data_source", r->data_source)) goto done;
+    if (msgs_field(o, "prompt", r->prompt, r->n_prompt)) goto done;
     if (r->tools) json_object_set(o, "tools", r->tools);
     json_t *rm = json_object();
     json_object_set_new(o, "reward_model", rm);
@@ -270,6 +309,7 @@ int dataset_write_row(FILE *f, const ds_row *r) {
         json_object_set_new(o, "extra_info", ei);
     }
     if (r->response && str_field(o, "response", r->response)) goto done;
+    if (!r->response && r->resp_msgs && msgs_field(o, "response", r->resp_msgs, r->n_resp_msgs)) goto done;
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (!s) { moerl_errorf("dataset row: cannot encode"); goto done; }
     int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF;
@@ -325,4 +365,150 @@ uint64_t dataset_fingerprint(const dataset *ds) {
 void ds_row_encode_prompt(const ds_row *r, tok_seq *out) {
     const chat_extra x = {r->tools, NULL};
     tok_chat_encode_ex(r->prompt, r->n_prompt, &x, true, out);
+}
+
+/* ---- SFT examples (ds_row_encode_sft) ---- */
+
+/* The end of the earliest stop token text (tokenizer_stop_ids) the template wrote (tpl) at or after
+ * `from` in text[0..len), or 0 when there is none. */
+static size_t first_eot_end(const tokenizer *t, const char *text, const uint8_t *tpl, size_t len, size_t from) {
+    int n_stop = 0;
+    const int32_t *stop = tokenizer_stop_ids(t, &n_stop);
+    size_t best = 0, best_at = len + 1;
+    for (int k = 0; k < n_stop; k++) {
+        size_t m = 0;
+        char *st = tokenizer_decode(t, &stop[k], 1, false, &m);
+        for (size_t i = from; st && m > 0 && i + m <= len && i < best_at; i++) {
+            if (memcmp(text + i, st, m)) continue;
+            size_t j = 0;
+            while (j < m && tpl[i + j]) j++;
+            if (j < m) continue;
+            best_at = i;
+            best = i + m;
+        }
+        free(st);
+    }
+    return best;
+}
+
+/* Encode text[a..b) with the template mask and append its ids to out and `flag` to mk for each. */
+static int encode_piece(const tokenizer *t, const char *text, const uint8_t *tpl, size_t a, size_t b, uint8_t flag,
+                        tok_seq *out, uint8_t **mk, size_t *mk_cap) {
+    const int64_t n0 = out->n;
+    if (b > a && tokenizer_encode_masked(t, text + a, b - a, tpl + a, out) != MOERL_OK) return MOERL_ERR;
+    if ((size_t)out->n > *mk_cap) {
+        *mk_cap = 2 * (size_t)out->n + 64;
+        *mk = xrealloc(*mk, *mk_cap);
+    }
+    memset(*mk + n0, flag, (size_t)(out->n - n0));
+    return MOERL_OK;
+}
+
+/* A short printable excerpt of s[0..n) (newlines as \n) for messages. */
+static void excerpt(char *dst, size_t cap, const char *s, size_t n) {
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < cap; i++) {
+        if (s[i] == '\n') { dst[o++] = '\\'; dst[o++] = 'n'; }
+        else dst[o++] = (unsigned char)s[i] < 32 ? '?' : s[i];
+    }
+    dst[o] = 0;
+}
+
+/* Assistant turn j of all[0..n) (rendered whole as ft/fm[fl], *pos bytes of it encoded so far): the
+ * template text before it (flag 0), then the turn up to its end-of-turn token (flag 1). The rendering
+ * of all[0..j) with the generation prompt must be a prefix of the whole one (the same text). */
+static int encode_turn(const tokenizer *t, const ds_row *r, const chat_msg *all, int j, const chat_extra *x,
+                       const char *where, const char *ft, const uint8_t *fm, size_t fl, size_t *pos, tok_seq *out,
+                       uint8_t **mk, size_t *cap) {
+    char *pt = NULL;
+    uint8_t *pm = NULL;
+    size_t pl = 0;
+    const int ri = j - r->n_prompt;
+    int rc = tokenizer_chat_render_masked(t, all, j, x, true, &pt, &pm, &pl);
+    if (rc != MOERL_OK) {
+        moerl_error_prefix("%s: response[%d]: rendering the conversation before this assistant turn: ", where, ri);
+        goto done;
+    }
+    if (pl < *pos || pl > fl || memcmp(ft, pt, pl)) {
+        size_t d = 0;
+        while (d < pl && d < fl && ft[d] == pt[d]) d++;
+        char got[64], want[64];
+        excerpt(got, sizeof got, ft + d, MOERL_MIN(fl - d, (size_t)40));
+        excerpt(want, sizeof want, pt + d, MOERL_MIN(pl - d, (size_t)40));
+        rc = moerl_errorf("%s: response[%d]: the chat template's rendering of the whole conversation does not continue "
+                          "the rendering of the messages before this assistant turn with the generation prompt: at "
+                          "byte %zu it writes \"%s\" where that has \"%s\" (the turn's tokens cannot be placed)",
+                          where, ri, d, got, want);
+        goto done;
+    }
+    const size_t e = first_eot_end(t, ft, fm, fl, pl);
+    if (e == 0) {
+        rc = moerl_errorf("%s: response[%d]: the chat template writes no end-of-turn token after this assistant turn",
+                          where, ri);
+        goto done;
+    }
+    /* the text before the turn with the mask of its own rendering (where the generation prompt is
+     * template text; in the whole rendering the role may be data), as the prompt and tool turns are
+     * encoded in rollouts */
+    rc = encode_piece(t, pt, pm, *pos, pl, 0, out, mk, cap);
+    if (rc == MOERL_OK) rc = encode_piece(t, ft, fm, pl, e, 1, out, mk, cap);
+    if (rc != MOERL_OK) moerl_error_prefix("%s: response[%d]: ", where, ri);
+    *pos = e;
+done:
+    free(pt);
+    free(pm);
+    return rc;
+}
+
+/* A response of messages (ds_row_encode_sft). */
+static int encode_conversation(const tokenizer *t, const ds_row *r, const chat_extra *x, const char *where,
+                               tok_seq *out, int *resp_start, uint8_t **mask) {
+    const int n = r->n_prompt + r->n_resp_msgs;
+    chat_msg *all = xmalloc((size_t)n * sizeof *all);
+    memcpy(all, r->prompt, (size_t)r->n_prompt * sizeof *all);
+    memcpy(all + r->n_prompt, r->resp_msgs, (size_t)r->n_resp_msgs * sizeof *all);
+    char *ft = NULL;
+    uint8_t *fm = NULL, *mk = NULL;
+    size_t fl = 0, pos = 0, cap = 0;
+    int rc = tokenizer_chat_render_masked(t, all, n, x, false, &ft, &fm, &fl);
+    if (rc != MOERL_OK) moerl_error_prefix("%s: response: rendering the conversation: ", where);
+    int64_t start = -1;
+    for (int j = r->n_prompt; j < n && rc == MOERL_OK; j++) {
+        if (strcmp(all[j].role, "assistant")) continue;
+        const int64_t n0 = out->n;
+        rc = encode_turn(t, r, all, j, x, where, ft, fm, fl, &pos, out, &mk, &cap);
+        if (start < 0 && rc == MOERL_OK) /* the first piece is the prompt with its generation prompt */
+            for (start = n0; start < out->n && !mk[start];) start++;
+    }
+    if (rc == MOERL_OK) {
+        *resp_start = (int)start;
+        *mask = xmalloc((size_t)(out->n - start) + 1);
+        memcpy(*mask, mk + start, (size_t)(out->n - start));
+    } else {
+        tok_seq_clear(out);
+    }
+    free(mk);
+    free(ft);
+    free(fm);
+    free(all);
+    return rc;
+}
+
+int ds_row_encode_sft(const ds_row *r, const char *where, tok_seq *out, int *resp_start, uint8_t **mask) {
+    tokenizer *t = tok_current();
+    const chat_extra x = {r->tools, NULL};
+    *mask = NULL;
+    *resp_start = 0;
+    if (r->response) {
+        if (tokenizer_chat_encode_ex(t, r->prompt, r->n_prompt, &x, true, out) != MOERL_OK)
+            return moerl_error_prefix("%s: prompt: ", where);
+        *resp_start = (int)out->n;
+        if (tokenizer_encode_response(t, r->response, out) != MOERL_OK) {
+            tok_seq_clear(out);
+            return moerl_error_prefix("%s: response: ", where);
+        }
+        return MOERL_OK;
+    }
+    if (!r->resp_msgs) return moerl_errorf("%s: SFT needs a 'response' field", where);
+    return encode_conversation(t, r, &x, where, out, resp_start, mask);
 }

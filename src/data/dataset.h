@@ -12,7 +12,11 @@
  *                     template with the prompt (as apply_chat_template's tools)
  *     "reward_model": {"style": "rule", "ground_truth": string | object | list}
  *     "extra_info":   object (optional, kept as compact JSON text)
- *     "response":     string (optional; the SFT target)
+ *     "response":     string (optional; the SFT target), or a non-empty list of messages (verl's
+ *                     multi-turn SFT shape: the conversation after the prompt, e.g. assistant,
+ *                     tool, assistant, ...; each message as in "prompt"; the last one an
+ *                     assistant message): the loss falls on the assistant turns only
+ *                     (ds_row_encode_sft)
  * Other fields (verl's "ability", ...) are ignored. A ground truth given as a JSON object or list
  * (TinyZero/verl countdown: {"target": 24, "numbers": [...]}) is kept as its compact JSON text.
  * Empty (all-whitespace) lines are skipped. Any other departure is an error
@@ -34,7 +38,9 @@ typedef struct {
     char *ground_truth;    /* a string, or the compact JSON text of an object/list */
     int ground_truth_json; /* 1: ground_truth is JSON text (an object or list in the file) */
     char *extra_info_json; /* compact JSON object text, or NULL when absent */
-    char *response;        /* NULL when absent */
+    char *response;        /* a string response; NULL when absent or a list of messages */
+    chat_msg *resp_msgs;   /* [n_resp_msgs]: a response given as messages (as prompt), else NULL */
+    int n_resp_msgs;
     int64_t line;          /* 1-based line in the source file */
 } ds_row;
 
@@ -73,9 +79,26 @@ uint64_t dataset_fingerprint(const dataset *ds);
  * dataset_check_prompts). Appends to out. */
 void ds_row_encode_prompt(const ds_row *row, tok_seq *out);
 
+/* An SFT example of the row under the current tokenizer's chat template, appended to out (which
+ * must be empty): the prompt with its generation prompt (ds_row_encode_prompt's ids), then the
+ * response. *resp_start gets the prompt's length in ids. A string response is tok_encode_response's
+ * ids (*mask NULL: every response id is a loss id). A response of messages: the chat template's
+ * rendering of prompt + messages (with the row's tools) cut into pieces at each assistant turn —
+ * the turn starts where the rendering of the conversation before it with the generation prompt
+ * ends, and ends after the first end-of-turn (stop) token the template writes after that — each
+ * piece encoded on its own with the template's mask (as a multi-turn rollout joins sampled and
+ * inserted ids: nothing re-encoded across a boundary); what follows the last assistant turn's
+ * end-of-turn token is dropped. *mask (heap, [out->n − *resp_start], the caller frees it) is 1 on the
+ * assistant turns' ids (content and end-of-turn token) and 0 on the ids between them (tool turns
+ * and template text). Errors (nothing to free; message "WHERE: response ...", where = how the
+ * caller names the row, e.g. dataset_where): no response, a rendering error, a rendering of the
+ * conversation that does not extend the prompt rendering before an assistant turn, no end-of-turn
+ * token after an assistant turn, and for a string response a template error. */
+int ds_row_encode_sft(const ds_row *row, const char *where, tok_seq *out, int *resp_start, uint8_t **mask);
+
 /* Append one row as a single JSON line (in the schema above) to `f`: ground_truth is written as
  * the JSON value it holds when ground_truth_json is set, else as a string; extra_info_json,
- * response and tools only when not NULL; a message with msg as that whole object. Used by the task generators and by tests. Errors: a string that
+ * response (or resp_msgs, as a list) and tools only when not NULL; a message with msg as that whole object. Used by the task generators and by tests. Errors: a string that
  * is not valid UTF-8, ground_truth_json/extra_info_json that are not valid JSON, a write error. */
 int dataset_write_row(FILE *f, const ds_row *row);
 

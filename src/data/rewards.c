@@ -18,6 +18,9 @@
 #include "data/expr.h"
 #include "data/math_answer.h"
 
+#define TOOL_RESPONSE_CLOSE "</tool_response>"
+#define TOOL_ANSWER_MARK "Answer:"
+
 /* Exact decimal in canonical form: sign, integer digits without leading zeros, fraction
  * digits without trailing zeros; "-0" becomes "0". */
 typedef struct {
@@ -131,6 +134,39 @@ static int exact_number_pred(const char *response, const char *ground_truth, dou
 
 int reward_exact_number(const char *response, const char *ground_truth, double *score) {
     return exact_number_pred(response, ground_truth, score, NULL);
+}
+
+/* The final assistant turn of a multi-turn response: the text after the last "</tool_response>" (the
+ * tool turns' closing, as Qwen3's template and examples/tool_use's write it), or the whole response. */
+static const char *final_turn(const char *response) {
+    const char *tail = response, *p;
+    while ((p = strstr(tail, TOOL_RESPONSE_CLOSE))) tail = p + strlen(TOOL_RESPONSE_CLOSE);
+    return tail;
+}
+
+/* reward_tool_answer with the extracted answer: the number after the final turn's last "Answer:". */
+static int tool_answer_pred(const char *response, const char *ground_truth, double *score, char **pred) {
+    decimal want, got;
+    *score = 0.0;
+    if (!whole_number(ground_truth, &want))
+        return moerl_errorf("reward_tool_answer: ground truth '%.100s' is not a number", ground_truth);
+    const char *s = final_turn(response), *p, *at = NULL;
+    while ((p = strstr(s, TOOL_ANSWER_MARK))) at = s = p + strlen(TOOL_ANSWER_MARK);
+    if (!at) return MOERL_OK;
+    while (*at == ' ' || *at == '\t') at++;
+    bool neg = *at == '-';
+    if (neg) at++;
+    char digits[100];
+    size_t fa;
+    if (scan_number(at, 0, digits, sizeof digits, &fa) == 0) return MOERL_OK;
+    canon_decimal(neg, digits, fa, &got);
+    if (strcmp(got.text, want.text) == 0) *score = 1.0;
+    if (pred) *pred = xstrdup(got.text);
+    return MOERL_OK;
+}
+
+int reward_tool_answer(const char *response, const char *ground_truth, double *score) {
+    return tool_answer_pred(response, ground_truth, score, NULL);
 }
 
 #define GSM8K_CLIP_CHARS 300 /* verl gsm8k.py _SOLUTION_CLIP_CHARS */
@@ -273,6 +309,7 @@ static const struct {
     {"gsm8k", false, reward_gsm8k, gsm8k_pred},
     {"openai/gsm8k", false, reward_gsm8k, gsm8k_pred},
     {"countdown", false, reward_countdown, countdown_pred},
+    {"tool_arith", false, reward_tool_answer, tool_answer_pred},
     {"math", false, reward_math, math_answer_score},
     {"lighteval/MATH", false, reward_math, math_answer_score},
     {"DigitalLearningGmbH/MATH-lighteval", false, reward_math, math_answer_score},

@@ -40,7 +40,18 @@ int reward_countdown(const char *response, const char *ground_truth, double *sco
  * ground truth is empty after normalisation. */
 int reward_math(const char *response, const char *ground_truth, double *score);
 
-/* The reward function for a data_source: "arith" → reward_exact_number; "gsm8k-style", "gsm8k",
+/* Tool use ("tool_arith", tasks.h): the answer of the FINAL assistant turn of a multi-turn response
+ * (the whole decoded trajectory: sampled turns and the tool turns between them). The final turn is
+ * the text after the last "</tool_response>" (where Qwen3's chat template, and the one of
+ * examples/tool_use, close a tool turn; the whole response when there is none); its answer is the
+ * number right after its last "Answer:" (spaces allowed; optional '-', digits, thousands groups and
+ * a fraction as in reward_exact_number), compared as an exact decimal. 1.0 or 0.0: no final turn, no
+ * "Answer:", or a number only in a tool response (the environment's result the model did not
+ * restate) score 0. Error: the ground truth is not a number. */
+int reward_tool_answer(const char *response, const char *ground_truth, double *score);
+
+/* The reward function for a data_source: "arith" → reward_exact_number; "tool_arith" →
+ * reward_tool_answer; "gsm8k-style", "gsm8k",
  * "openai/gsm8k" → reward_gsm8k; "countdown" → reward_countdown; the sources verl's
  * default_compute_score sends to its math scorers — "math", "lighteval/MATH",
  * "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math_dapo",
@@ -56,7 +67,7 @@ int reward_row(const ds_row *r, const char *response, double *score);
  * NULL, *pred gets the answer the reward extracted from the response (heap string; NULL when it
  * found none): validation's maj@N votes on it. arith: the last number in canonical decimal form
  * ("1,234.50" → "1234.5"); gsm8k: the last "#### " answer without ',' and '$' (as compared);
- * countdown: the equation text; math: math_answer_canonical of the normalised answer ("0.5" and
+ * countdown: the equation text; tool_arith: the final turn's "Answer:" number; math: math_answer_canonical of the normalised answer ("0.5" and
  * "\frac{1}{2}" both → "1/2"). Errors: those of reward_fn_for and of the reward function
  * (*pred is then NULL). */
 int reward_score(const char *data_source, const char *response, const char *ground_truth, double *score, char **pred);

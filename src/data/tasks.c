@@ -24,10 +24,12 @@ int64_t task_rng_range(rng_state *r, int64_t lo, int64_t hi) {
 static const struct {
     const char *name;
     task_gen_fn fn;
+    const char *tools; /* the rows' "tools" (JSON text), or NULL */
 } k_families[] = {
-    {"arith", task_gen_arith},
-    {"gsm8k-style", task_gen_gsm},
-    {"countdown", task_gen_countdown},
+    {"arith", task_gen_arith, NULL},
+    {"gsm8k-style", task_gen_gsm, NULL},
+    {"countdown", task_gen_countdown, NULL},
+    {"tool_arith", task_gen_tool_arith, task_tool_arith_tools},
 };
 #define FAMILIES_N (int)(sizeof k_families / sizeof k_families[0])
 
@@ -56,6 +58,7 @@ static int check_opts(const char *family, const task_opts *o) {
     RANGE(n_train, 0, 100000000)
     RANGE(n_test, 0, 100000000)
     if (strcmp(family, "arith") == 0) { RANGE(arith_digits, 1, 18) }
+    if (strcmp(family, "tool_arith") == 0) { RANGE(arith_digits, 1, 9) } /* the product fits 18 digits */
     if (strcmp(family, "countdown") == 0) {
         RANGE(countdown_numbers, 2, 6)
         RANGE(countdown_max_number, 1, 1000)
@@ -79,8 +82,9 @@ static void write_raw_gsm8k_row(FILE *f, task_item *it) {
     free(line);
 }
 
-/* moerl's (verl's) row for item `index` of split `split`. */
-static int write_task_row(FILE *f, const char *family, const task_item *it, const char *split, int64_t index) {
+/* moerl's (verl's) row for item `index` of split `split`; tools: the family's (JSON text) or NULL. */
+static int write_task_row(FILE *f, const char *family, const task_item *it, const char *tools, const char *split,
+                          int64_t index) {
     chat_msg msg = {"user", (char *)it->prompt, NULL};
     char extra[128];
     snprintf(extra, sizeof extra, "{\"split\":\"%s\",\"index\":%lld}", split, (long long)index);
@@ -90,8 +94,23 @@ static int write_task_row(FILE *f, const char *family, const task_item *it, cons
                   .ground_truth = (char *)it->truth,
                   .ground_truth_json = it->truth_json,
                   .extra_info_json = extra,
-                  .response = (char *)it->response};
-    return dataset_write_row(f, &row);
+                  .response = it->response_json ? NULL : (char *)it->response};
+    json_error_t e;
+    json_t *resp = it->response_json ? json_loads(it->response, 0, &e) : NULL;
+    row.tools = tools ? json_loads(tools, 0, &e) : NULL;
+    int rc = MOERL_OK;
+    if ((it->response_json && !resp) || (tools && !row.tools)) /* the generators' own text: a bug here */
+        rc = moerl_errorf("task '%s': generated JSON does not parse: %s", family, e.text);
+    if (rc == MOERL_OK && resp) { /* the demonstration's messages, as the row carries them */
+        row.n_resp_msgs = (int)json_array_size(resp);
+        row.resp_msgs = xcalloc((size_t)row.n_resp_msgs, sizeof(chat_msg));
+        for (int i = 0; i < row.n_resp_msgs; i++) row.resp_msgs[i].msg = json_array_get(resp, (size_t)i);
+    }
+    if (rc == MOERL_OK) rc = dataset_write_row(f, &row);
+    free(row.resp_msgs);
+    json_decref(resp);
+    json_decref(row.tools);
+    return rc;
 }
 
 /* Write buf[0..blen) to path atomically, creating its parent folders. */
@@ -110,7 +129,7 @@ static int write_split_file(const char *family, const char *path, const char *bu
 
 /* Draw `count` items not yet in `seen` as rows of split `split` into *buf[*blen] (heap; freed by the
  * caller, also on error). */
-static int gen_split(const char *family, task_gen_fn fn, rng_state *r, const task_opts *o, strset *seen,
+static int gen_split(const char *family, task_gen_fn fn, const char *tools, rng_state *r, const task_opts *o, strset *seen,
                      int64_t count, const char *split, char **buf, size_t *blen, int raw_gsm8k) {
     *buf = NULL;
     *blen = 0;
@@ -130,7 +149,7 @@ static int gen_split(const char *family, task_gen_fn fn, rng_state *r, const tas
         fn(r, o, &it);
         if (!strset_add(seen, it.key[0] ? it.key : it.prompt)) continue;
         if (raw_gsm8k) write_raw_gsm8k_row(f, &it);
-        else rc = write_task_row(f, family, &it, split, i);
+        else rc = write_task_row(f, family, &it, tools, split, i);
         i++;
     }
     fclose(f);
@@ -140,9 +159,13 @@ static int gen_split(const char *family, task_gen_fn fn, rng_state *r, const tas
 static int task_generate_impl(const char *family, const task_opts *o, const char *train_path, const char *test_path,
                               int raw_gsm8k) {
     task_gen_fn fn = NULL;
+    const char *tools = NULL;
     for (int i = 0; i < FAMILIES_N; i++)
-        if (strcmp(k_families[i].name, family) == 0) fn = k_families[i].fn;
-    if (!fn) return moerl_errorf("unknown task family '%s' (known: arith, gsm8k-style, countdown)", family);
+        if (strcmp(k_families[i].name, family) == 0) {
+            fn = k_families[i].fn;
+            tools = k_families[i].tools;
+        }
+    if (!fn) return moerl_errorf("unknown task family '%s' (known: arith, gsm8k-style, countdown, tool_arith)", family);
     if (check_opts(family, o)) return MOERL_ERR;
     rng_state r;
     rng_seed(&r, o->seed);
@@ -151,8 +174,8 @@ static int task_generate_impl(const char *family, const task_opts *o, const char
     /* both splits are drawn before either file is written: a refused task leaves no file behind */
     char *test_buf = NULL, *train_buf = NULL;
     size_t test_len = 0, train_len = 0;
-    int rc = gen_split(family, fn, &r, o, &seen, o->n_test, "test", &test_buf, &test_len, raw_gsm8k);
-    if (rc == MOERL_OK) rc = gen_split(family, fn, &r, o, &seen, o->n_train, "train", &train_buf, &train_len, raw_gsm8k);
+    int rc = gen_split(family, fn, tools, &r, o, &seen, o->n_test, "test", &test_buf, &test_len, raw_gsm8k);
+    if (rc == MOERL_OK) rc = gen_split(family, fn, tools, &r, o, &seen, o->n_train, "train", &train_buf, &train_len, raw_gsm8k);
     if (rc == MOERL_OK) rc = write_split_file(family, test_path, test_buf, test_len);
     if (rc == MOERL_OK) rc = write_split_file(family, train_path, train_buf, train_len);
     free(test_buf);

@@ -13,6 +13,13 @@
  *                  {"target": 24, "numbers": [3, 4, 5, 2]} (a JSON object), response (SFT) an equation
  *                  such as "(5+3-2)*4"; the target is made by combining all the numbers at random
  *                  (positive integer intermediates), so every problem has a solution.
+ *   "tool_arith"   multiplication needing a calculator (tool use, multi-turn rollouts): prompt
+ *                  "Compute 1234*5678." with `arith_digits`-digit operands (1..9), the row's
+ *                  "tools" the calc function schema, ground truth the product "7006652", response
+ *                  (SFT) a demonstration as messages: an assistant turn calling the tool
+ *                  (<tool_call>{"name":"calc","arguments":{"expr":"1234*5678"}}</tool_call>), the
+ *                  tool's answer "7006652", and a final assistant turn "Answer: 7006652"; scored
+ *                  on the final turn's answer only (reward_tool_answer). examples/tool_use.yaml.
  *
  * Each family's data_source has a reward function (reward_fn_for in data/rewards.h).
  * Sources: the countdown task of TinyZero (verl/utils/reward_score/countdown.py), GSM8K's
@@ -32,7 +39,7 @@
 typedef struct {
     int64_t n_train, n_test;  /* rows per file */
     uint64_t seed;
-    int arith_digits;         /* arith: digits per operand, 1..18 */
+    int arith_digits;         /* arith: digits per operand, 1..18; tool_arith: 1..9 */
     int countdown_numbers;    /* countdown: numbers given, 2..6 */
     int countdown_max_number; /* countdown: numbers drawn from 1..max, 1..1000 */
     int countdown_max_target; /* countdown: target in 1..max, 1..1000000 */
@@ -41,7 +48,7 @@ typedef struct {
 /* n_train 1000, n_test 100, seed 1, arith_digits 2, countdown 4 numbers in 1..25, target ≤ 100. */
 void task_opts_default(task_opts *o);
 
-/* The family names ("arith", "gsm8k-style", "countdown"); *n gets their count. */
+/* The family names ("arith", "gsm8k-style", "countdown", "tool_arith"); *n gets their count. */
 const char *const *task_families(int *n);
 
 /* Write n_train rows to train_path and n_test rows to test_path (atomically; parent folders

@@ -429,12 +429,11 @@ static int sft_encode_rows(sft_run *S) {
     char where[4200];
     for (int64_t i = 0; i < S->n_rows; i++) {
         const ds_row *r = dataset_row(train, i);
-        if (!r->response)
-            return moerl_errorf("%s: SFT needs a 'response' field", dataset_where(train, r->line, where, sizeof where));
         tok_seq *q = &S->seqs[i];
-        ds_row_encode_prompt(r, q);
-        S->resp_start[i] = (int)q->n;
-        tok_encode_response(r->response, q);
+        /* the prompt, then the response (a string, or messages: the assistant turns masked 1) */
+        if (ds_row_encode_sft(r, dataset_where(train, r->line, where, sizeof where), q, &S->resp_start[i],
+                              &S->resp_mask[i]) != MOERL_OK)
+            return MOERL_ERR;
         for (int64_t t = 0; t < q->n; t++)
             if (q->ids[t] >= S->m->cfg.vocab_size)
                 return moerl_errorf("%s: token %d outside the model's vocabulary %d",
