@@ -417,6 +417,9 @@ int rollouter_step(rollouter *R) {
             const double t0 = moerl_now();
             if (rollouter_poll_tools(R, REWARD_WAIT_S) < 0 || rollouter_collect_rewards(R, 0) < 0) return MOERL_ERR;
             rl_atomic_add(&R->idle_s, moerl_now() - t0);
+            /* not stalled: every call ends within rollout.multi_turn.tool_timeout_s (then the model is told
+             * it timed out), so the watchdog need not guard tool waits */
+            R->last_progress = moerl_now();
             return 1;
         }
         if (R->n_scoring == 0) {
