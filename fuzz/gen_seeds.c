@@ -153,8 +153,20 @@ int main(void) {
     g3->rewards[1].extra_keys[0] = xstrdup("acc");
     g3->rewards[1].extra_vals = malloc(sizeof(double));
     g3->rewards[1].extra_vals[0] = 1.0;
+    /* g4 is a multi-turn group (wire format 3): response 0 with an inserted tool turn in its out_mask,
+     * response 1 without a mask, and the trajectories' records */
+    rl_group *g4 = make_group(321, 2, 3, 6);
+    g4->reqs[0].out_mask = malloc(6);
+    for (int t = 0; t < 6; t++) g4->reqs[0].out_mask[t] = !(t == 2 || t == 3);
+    g4->traj = calloc(2, sizeof(agent_traj));
+    g4->traj[0] = (agent_traj){.turns = 2, .tool_calls = 1, .env_done = 1, .has_env_reward = 1, .env_reward = 1.0};
+    g4->traj[1] = (agent_traj){.turns = 1};
     void *buf;
     size_t len;
+    if (rl_group_encode(g4, &buf, &len) != MOERL_OK) return 1;
+    put("wire", "group_multi_turn.bin", buf, len);
+    free(buf);
+    rl_group_free(g4);
     if (rl_group_encode(g1, &buf, &len) != MOERL_OK) return 1;
     put("wire", "group.bin", buf, len);
     free(buf);

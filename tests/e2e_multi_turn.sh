@@ -36,6 +36,13 @@ cat >"$W/env.py" <<'EOF'
 import ast, json, os, sys
 broken = os.path.join(os.path.dirname(os.path.abspath(__file__)), "broken")
 n = 0
+def turns_train(folder):
+    """Tool turns happened in training and were counted (no validation in this run)."""
+    m = [r for r in records(folder + "/metrics.jsonl") if "num_turns/max" in r]
+    if not m or max(r["num_turns/max"] for r in m) != 2 or not any(r["tool_calls/mean"] > 0 for r in m):
+        return "no tool turn counted: %s" % [(r.get("num_turns/max"), r.get("tool_calls/mean")) for r in m]
+    return "ok"
+
 def ev(x):
     if isinstance(x, ast.Constant) and isinstance(x.value, int): return x.value
     if isinstance(x, ast.BinOp) and isinstance(x.op, (ast.Add, ast.Sub, ast.Mult)):
@@ -111,6 +118,13 @@ def turns(folder):
     v = [r for r in records(folder + "/metrics.jsonl") if "val-aux/num_turns/mean" in r]
     if not v or not any(r["val-aux/num_turns/mean"] > 1 for r in v):
         return "validation ran no tool turn: %s" % [r.get("val-aux/num_turns/mean") for r in v]
+    return "ok"
+
+def turns_train(folder):
+    """Tool turns happened in training and were counted (no validation in this run)."""
+    m = [r for r in records(folder + "/metrics.jsonl") if "num_turns/max" in r]
+    if not m or max(r["num_turns/max"] for r in m) != 2 or not any(r["tool_calls/mean"] > 0 for r in m):
+        return "no tool turn counted: %s" % [(r.get("num_turns/max"), r.get("tool_calls/mean")) for r in m]
     return "ok"
 
 def ev(x):
@@ -190,4 +204,36 @@ if run mt trainer.resume_mode=auto; then
     check_py "tool turns counted" turns "$W/mt"
     check_py "loss mask and tool turn ids" masks "$W/mt" x
 else bad "fixed: resume" "exit $?"; tail_log mt; fi
+
+# --- moerl eval runs the same trajectories with tools on the run's checkpoint
+if "$MOERL" eval --model "$W/mt/checkpoint" --data "$W/test.jsonl" --max-new-tokens 160 \
+    --chat-template tests/tools/chat_tools.jinja rollout.multi_turn.enable=true \
+    rollout.multi_turn.tool_config_path="$W/tools.yaml" rollout.multi_turn.max_assistant_turns=2 \
+    >"$W/eval.json" 2>"$W/eval.log"; then
+    turns=$(tail -1 "$W/eval.json" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["metrics"]["val-aux/num_turns/mean"])')
+    if "$PY" -c "import sys; sys.exit(0 if float('$turns') > 1 else 1)"; then ok "eval: trajectories with tools ($turns turns)"
+    else bad "eval" "val-aux/num_turns/mean $turns, want > 1"; fi
+else bad "eval" "exit $?: $(tail -2 "$W/eval.log")"; fi
+# --- under mpirun (a rollout rank and a trainer rank; the groups cross the MPI wire with their loss masks
+# and trajectory records): from the run's checkpoint, tool turns are counted and the masks check out
+MOERL_MPI=$BUILD/moerl-mpi
+if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
+    echo "skip mpirun: MOERL_NO_MPI=1 / NO_MPI=1"
+elif [[ ! -x $MOERL_MPI ]] || ! command -v mpirun >/dev/null; then
+    bad "mpirun" "no $MOERL_MPI or mpirun (install openmpi-bin libopenmpi-dev and rebuild, or set MOERL_NO_MPI=1)"
+else
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+    grep -v -e '^model:' -e '^        num_attention_heads' -e '^        max_position_embeddings' -e '^sft:' "$W/cfg.yaml" \
+        >"$W/cfg_mpi.yaml"
+    if OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 300 mpirun --oversubscribe -np 2 "$MOERL_MPI" rl --config "$W/cfg_mpi.yaml" model.path="$W/mt/checkpoint" \
+        trainer.n_ranks=1 trainer.total_training_steps=4 trainer.test_freq=0 trainer.save_freq=-1 \
+        trainer.default_local_dir="$W/mpi" >"$W/mpi.log" 2>&1; then
+        ok "mpirun: multi-turn job"
+        check_py "mpirun: tool turns counted" turns_train "$W/mpi"
+        check_py "mpirun: loss mask and tool turn ids" masks "$W/mpi" x
+    else bad "mpirun" "exit $?"; tail_log mpi; fi
+fi
+
+expect_err "eval: a multi-turn key without enable" "tool_config_path is set but rollout.multi_turn.enable is false" \
+    "$MOERL" eval --model "$W/mt/checkpoint" --data "$W/test.jsonl" rollout.multi_turn.tool_config_path="$W/tools.yaml"
 finish

@@ -362,6 +362,27 @@ static void test_forward_only(int pp) {
     int same = 1;
     for (int i = 0; i < n; i++) same &= !memcmp(lp[i], lp_ref[i], 16 * sizeof(float));
     CHECK_R(same, "dp %d x pp %d stage %d: logprobs differ from one rank's", RANK, dp, pp, ps.grid->stage);
+    /* multi-turn loss masks (train_seq.resp_mask): the masked entries hold 0 on every stage, the others
+     * one rank's values */
+    unsigned char mk[N_SEQ][16];
+    int zero = 1;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 16; k++) {
+            mk[i][k] = k % 4 != 2;
+            lp_ref[i][k] = lp[i][k] = -7.0f - k;
+        }
+        seqs[i].resp_mask = mk[i];
+    }
+    MOERL_ASSERT(compute_logprobs(&ref, &ra, seqs, n, g_max_tok, 0.7f, lp_ref) == MOERL_OK);
+    rc = compute_logprobs(&m, &a, seqs, n, g_max_tok, 0.7f, lp);
+    same = rc == MOERL_OK;
+    for (int i = 0; i < n; i++) {
+        same &= !memcmp(lp[i], lp_ref[i], 16 * sizeof(float));
+        for (int k = 0; k < seqs[i].len - seqs[i].resp_start; k++) zero &= mk[i][k] || lp[i][k] == 0.0f;
+        seqs[i].resp_mask = NULL;
+    }
+    CHECK_R(same && zero, "dp %d x pp %d stage %d: with loss masks, logprobs differ from one rank's (%d) or a masked "
+            "entry is not 0 (%d)", RANK, dp, pp, ps.grid->stage, same, zero);
     double cr[8] = {0}, cp[8] = {0};
     MOERL_ASSERT(compute_router_counts(&ref, &ra, seqs, n, g_max_tok, cr) == MOERL_OK);
     rc = compute_router_counts(&m, &a, seqs, n, g_max_tok, cp);

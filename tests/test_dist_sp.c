@@ -181,6 +181,35 @@ int main(int argc, char **argv) {
         printf("  max |w_SP − w_one rank| = %.3g; activations per rank %zu B (one rank: %zu B)\n", worst,
                model_acts_bytes(&m, (FX_MAX_TOKENS + g.sp - 1) / g.sp), model_acts_bytes(&ref, FX_MAX_TOKENS));
     }
+    /* multi-turn loss masks (train_seq.resp_mask) under SP: compute_logprobs gives every rank of the
+     * group the loss tokens' logprobs of the model on one rank (attention sums in another order: 1e-5
+     * absolute + relative on logprobs of size ~5) and 0 at the masked entries */
+    {
+        unsigned char mk[FX_N_SEQ][16];
+        float lp_sp[FX_N_SEQ][16], lp_one[FX_N_SEQ][16], *o_sp[FX_N_SEQ], *o_one[FX_N_SEQ];
+        for (int i = 0; i < n; i++) {
+            for (int k = 0; k < 16; k++) {
+                mk[i][k] = k % 3 != 1;
+                lp_sp[i][k] = lp_one[i][k] = -7.0f - k;
+            }
+            mine[i].resp_mask = mk[i];
+            o_sp[i] = lp_sp[i];
+            o_one[i] = lp_one[i];
+        }
+        model_acts ra;
+        MOERL_ASSERT(model_acts_init(&ra, cmp, FX_MAX_TOKENS) == MOERL_OK);
+        MOERL_ASSERT(compute_logprobs(cmp, &ra, mine, n, FX_MAX_TOKENS, 1.0f, o_one) == MOERL_OK);
+        CHECK_R(compute_logprobs(&m, &a, mine, n, FX_MAX_TOKENS, 1.0f, o_sp) == MOERL_OK, "SP compute_logprobs: %s",
+                RANK, moerl_last_error());
+        int zero = 1;
+        for (int i = 0; i < n; i++) {
+            for (int k = 0; k < mine[i].len - mine[i].resp_start; k++) zero &= mk[i][k] || lp_sp[i][k] == 0.0f;
+            t_close("SP logprobs with loss masks vs one rank", lp_sp[i], lp_one[i], 16, 1e-5f, 1e-5f);
+            mine[i].resp_mask = NULL;
+        }
+        CHECK_R(zero, "SP compute_logprobs: a masked entry is not 0", RANK);
+        model_acts_free(&ra);
+    }
     /* a micro-batch shorter than the SP size is refused on every rank */
     const int tk[1] = {5}, cu[2] = {0, 1};
     CHECK_R(model_forward(&m, &a, tk, cu, NULL, 1, 1) == MOERL_ERR && strstr(moerl_last_error(), "SP size"),

@@ -2,7 +2,9 @@
  * gives the same weights after K AdamW steps whether the mini-batch runs as one micro-batch on one
  * rank (the reference), as many small micro-batches, or split over the data-parallel trainer ranks
  * (under mpirun; in one process only the micro-batch split runs). Checked for every
- * actor.loss_agg_mode, for REINFORCE++'s batch whitening, with DAPO's overlong filter, and with a
+ * actor.loss_agg_mode, for REINFORCE++'s batch whitening, with DAPO's overlong filter, with
+ * multi-turn loss masks (inserted tool-turn tokens counted nowhere, recomputed old logprobs and
+ * sequence-level rollout IS over the sampled tokens only), and with a
  * large router_aux_loss_coef: HF's load-balancing loss is defined over all tokens of the batch, so
  * the trainer sums routing counts over micro-batches and ranks before forming it (a loss formed per
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
@@ -103,7 +105,24 @@ typedef struct {
     loss_agg_mode agg;
     rl_adv_estimator est;
     int overlong_filter;
+    int multi_turn; /* out_mask with inserted runs (logprob 0), recompute_old and sequence-level rollout IS */
 } variant;
+
+/* Responses as multi-turn trajectories: tokens 2..4 of every response of 3 or more tokens inserted
+ * (out_mask 0, behaviour logprob 0, as engine_continue writes them), every third response without a
+ * mask (built outside the engine: all sampled). */
+static void add_tool_turns(rl_group **gs) {
+    for (int g = 0; g < N_GROUPS; g++)
+        for (int j = 0; j < gs[g]->n; j++) {
+            gen_request *r = &gs[g]->reqs[j];
+            if ((g * gs[g]->n + j) % 3 == 2) continue;
+            r->out_mask = xmalloc((size_t)r->n_out + 1);
+            for (int t = 0; t < r->n_out; t++) {
+                r->out_mask[t] = !(r->n_out >= 3 && t >= 2 && t <= 4);
+                if (!r->out_mask[t]) r->out_logprobs[t] = 0.0f;
+            }
+        }
+}
 
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
@@ -126,12 +145,15 @@ int main(int argc, char **argv) {
     o.seed = 3;
     MOERL_ASSERT(task_generate("arith", &o, tr, te) == MOERL_OK);
     MOERL_ASSERT(dataset_load(&g_train, tr) == MOERL_OK);
-    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0},
-                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0},
-                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0},
-                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0},
-                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0},
-                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1}};
+    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0},
+                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0, 0},
+                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 0},
+                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0, 0},
+                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0, 0},
+                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1, 0},
+                          {"multi-turn mask, token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 1},
+                          {"multi-turn mask, seq-mean-token-mean + reinforce++", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN,
+                           RL_ADV_REINFORCE_PP_BASELINE, 0, 1}};
     const int D = g_ctx->trainer_size;
     for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
         /* a large aux coefficient, so that a per-micro-batch or per-rank aux would show */
@@ -142,7 +164,13 @@ int main(int argc, char **argv) {
         c.adv_estimator = vs[v].est;
         c.overlong_filter = vs[v].overlong_filter;
         rl_group *gs[N_GROUPS];
+        if (vs[v].multi_turn) {
+            c.recompute_old = 1;
+            c.rollout_is = ROLLOUT_IS_SEQUENCE;
+            c.rollout_is_threshold = 2.0f;
+        }
         make_groups(&m0, &c, gs);
+        if (vs[v].multi_turn) add_tool_turns(gs);
         if (c.overlong_filter) /* random weights rarely stop early: let every other response have stopped */
             for (int g = 0; g < N_GROUPS; g++)
                 for (int j = 1; j < gs[g]->n; j += 2) gs[g]->reqs[j].finish = FINISH_STOP;

@@ -9,6 +9,9 @@
  *   - the decoder refuses, with a message naming the problem, every truncation of a valid message, a
  *     trailing byte, a foreign magic, another format, out-of-range counts, an unknown finish reason,
  *     negative tokens or versions and a NaN logprob (no crash, nothing leaked to the caller);
+ *   - format 3's per-response loss mask (gen_request.out_mask) and trajectory records (rl_group.traj)
+ *     round-trip exactly, absent ones stay absent, a mask byte other than 0/1 and out-of-range records
+ *     are refused naming the uid and response, and every truncation is refused;
  *   - a train message (two mini-batches, global token counts, three groups) round-trips, STOP carries
  *     no mini-batches, and corrupt group lengths / announced counts are refused;
  *   - the split: a hand-checked longest-first assignment, and on random batches every group owned by
@@ -65,7 +68,16 @@ static int same_group(const rl_group *a, const rl_group *b) {
             x->prompt_len != y->prompt_len || memcmp(x->prompt, y->prompt, x->prompt_len * sizeof(int)) ||
             memcmp(x->out_tokens, y->out_tokens, x->n_out * sizeof(int)) ||
             memcmp(x->out_logprobs, y->out_logprobs, x->n_out * sizeof(float)) ||
-            memcmp(x->out_versions, y->out_versions, x->n_out * sizeof(int)))
+            memcmp(x->out_versions, y->out_versions, x->n_out * sizeof(int)) || !x->out_mask != !y->out_mask ||
+            (x->out_mask && memcmp(x->out_mask, y->out_mask, x->n_out)))
+            return 0;
+    }
+    if (!a->traj != !b->traj) return 0;
+    for (int j = 0; a->traj && j < a->n; j++) {
+        const agent_traj *x = &a->traj[j], *y = &b->traj[j];
+        if (x->turns != y->turns || x->tool_calls != y->tool_calls || x->tool_errors != y->tool_errors ||
+            x->env_done != y->env_done || x->has_env_reward != y->has_env_reward ||
+            memcmp(&x->env_reward, &y->env_reward, 8))
             return 0;
     }
     if (!a->rewards != !b->rewards) return 0;
@@ -106,8 +118,9 @@ static void test_group_roundtrip(void) {
     void *buf;
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
-    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, per response 12 + 12·n_out, "scored" 4 */
-    const size_t want = 40 + 6 * 4 + 4 * 12 + 12 * (0 + 1 + 9 + 40) + 4;
+    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, per response 16 (with has_mask) + 12·n_out, "scored" 4,
+     * "has_traj" 4 */
+    const size_t want = 40 + 6 * 4 + 4 * 16 + 12 * (0 + 1 + 9 + 40) + 4 + 4;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     CHECK(memcmp(buf, "MOERLGR1", 8) == 0, "magic on the wire");
     rl_group *d = NULL;
@@ -173,7 +186,8 @@ static void test_group_errors(void) {
     } cs[] = {
         {0, 0x4c52454d, "magic"},          /* "MERL" instead of "MOER" */
         {8, 1, "format 1"},
-        {8, 3, "format 3"},
+        {8, 2, "format 2"},                /* before the loss mask and trajectories */
+        {8, 4, "format 4"},
         {32, 0, "n (responses)"},
         {32, -3, "n (responses)"},
         {32, 1 << 20, "n (responses)"},
@@ -211,8 +225,8 @@ static void test_group_rewards(void) {
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
     /* after the responses: scored 4, then per response score 8 + n_extra 4 + j × (4 + 7 + 8) + pred 4 + bytes
      * (preds: "" for j = 0, none for 1 and 3, "42" for 2) */
-    const size_t resp = 40 + 3 * 4 + 4 * 12 + 12 * (2 + 0 + 5 + 1);
-    const size_t want = resp + 4 + 4 * 16 + (0 + 1 + 2 + 3) * 19 + 2;
+    const size_t resp = 40 + 3 * 4 + 4 * 16 + 12 * (2 + 0 + 5 + 1);
+    const size_t want = resp + 4 + 4 * 16 + (0 + 1 + 2 + 3) * 19 + 2 + 4; /* + has_traj */
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     rl_group *d = NULL;
     CHECK(rl_group_decode(buf, len, &d) == MOERL_OK, "decode: %s", moerl_last_error());
@@ -516,8 +530,136 @@ static void test_shard_bounds(void) {
     fprintf(stderr, "rl_shard_groups: exact in %d of %d exhaustive small cases\n", ex_tight, ex_cases);
 }
 
+/* A multi-turn group: response j's out_mask (NULL for j = 1: a request built outside the engine) with
+ * runs of inserted tokens, and the trajectories' records. */
+static rl_group *make_multi_turn_group(void) {
+    const int lens[3] = {7, 4, 0};
+    rl_group *g = make_group(901, 100, 5, 3, lens);
+    for (int j = 0; j < 3; j++) {
+        gen_request *r = &g->reqs[j];
+        if (j == 1) continue;
+        r->out_mask = xmalloc((size_t)r->n_out + 1);
+        for (int t = 0; t < r->n_out; t++) {
+            r->out_mask[t] = !(t >= 2 && t < 5); /* sampled, 3 inserted, sampled */
+            if (!r->out_mask[t]) r->out_logprobs[t] = 0.0f;
+        }
+    }
+    g->traj = xcalloc(3, sizeof(agent_traj));
+    g->traj[0] = (agent_traj){.turns = 2, .tool_calls = 3, .tool_errors = 1, .env_done = 1, .has_env_reward = 1,
+                              .env_reward = 0.1};
+    g->traj[1] = (agent_traj){.turns = 1};
+    g->traj[2] = (agent_traj){.turns = 4, .tool_calls = 3, .has_env_reward = 1, .env_reward = -1e300};
+    return g;
+}
+
+/* Encode the multi-turn group, patch `bytes` bytes at off, decode; the error message (or "OK"). */
+static const char *mt_patched(size_t off, uint64_t v, int bytes) {
+    rl_group *g = make_multi_turn_group();
+    void *buf;
+    size_t len;
+    MOERL_ASSERT(rl_group_encode(g, &buf, &len) == MOERL_OK);
+    memcpy((char *)buf + off, &v, bytes);
+    rl_group *d = NULL;
+    const int rc = rl_group_decode(buf, len, &d);
+    const int leak_free = rc == MOERL_OK || d == NULL;
+    rl_group_free(d);
+    free(buf);
+    rl_group_free(g);
+    MOERL_ASSERT(leak_free);
+    return rc == MOERL_OK ? "OK" : moerl_last_error();
+}
+
+/* Format 3's loss mask per response and trajectory records: exact round trip (alone and in a train
+ * message), every truncation refused, a mask byte other than 0/1 and out-of-range records refused
+ * with a message naming the uid and response, the encoder refusing the same. */
+static void test_group_mask_traj(void) {
+    rl_group *g = make_multi_turn_group();
+    void *buf;
+    size_t len;
+    CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
+    /* responses: 16 + 12·n_out each, + n_out mask bytes when present (responses 0 and 2); scored 4;
+     * has_traj 4 + 3 × (5·4 + 8) */
+    const size_t resp = 40 + 5 * 4 + 3 * 16 + 12 * (7 + 4 + 0) + (7 + 0);
+    const size_t want = resp + 4 + 4 + 3 * 28;
+    CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
+    rl_group *d = NULL;
+    CHECK(rl_group_decode(buf, len, &d) == MOERL_OK, "decode: %s", moerl_last_error());
+    if (d) {
+        CHECK(same_group(g, d), "mask or trajectories differ after the round trip");
+        CHECK(d->reqs[0].out_mask && !d->reqs[1].out_mask && d->reqs[2].out_mask && d->traj,
+              "a response without a mask stays without one, an empty response keeps its (empty) mask");
+        CHECK(d->reqs[0].out_mask && d->reqs[0].out_mask[1] == 1 && d->reqs[0].out_mask[2] == 0 &&
+                  d->reqs[0].out_mask[5] == 1,
+              "mask bytes");
+        CHECK(d->traj && d->traj[0].tool_errors == 1 && d->traj[0].env_reward == 0.1 && d->traj[2].env_reward == -1e300,
+              "trajectory records bit-exact");
+        rl_group_free(d);
+    }
+    int trunc_ok = 1;
+    for (size_t cut = 0; cut < len; cut++) {
+        rl_group *x = NULL;
+        if (rl_group_decode(buf, cut, &x) != MOERL_ERR || x != NULL) {
+            trunc_ok = 0;
+            rl_group_free(x);
+            fprintf(stderr, "  truncated to %zu bytes: accepted\n", cut);
+            break;
+        }
+    }
+    CHECK(trunc_ok, "every truncation of a multi-turn group must be refused");
+    free(buf);
+    /* offsets: response 0 starts at 60; its has_mask at 60 + 12 + 12·7 = 156, mask 160..167; response 1
+     * at 167, has_mask at 167 + 12 + 48 = 227; response 2 at 231, has_mask 243; scored 247; has_traj
+     * 251; record 0 at 255: turns, tool_calls 259, tool_errors 263, env_done 267, has_env_reward 271,
+     * env_reward 275; record 1 at 283 */
+    struct {
+        size_t off;
+        uint64_t v;
+        int bytes;
+        const char *want;
+    } cs[] = {
+        {162, 2, 1, "uid 901 response 0: mask[2] = 2"},
+        {160, 255, 1, "uid 901 response 0: mask[0] = 255"},
+        {156, 2, 4, "has_mask"},
+        {227, (uint32_t)-1, 4, "has_mask"},
+        {227, 1, 4, "uid 901"},            /* a mask announced for response 1: the bytes after it shift */
+        {251, 2, 4, "has_traj"},
+        {255, (uint32_t)-1, 4, "uid 901 response 0: trajectory turns -1"},
+        {263, 4, 4, "tool_errors 4"},      /* more errors than calls */
+        {267, 2, 4, "env_done 2"},
+        {271, 3, 4, "has_env_reward 3"},
+        {275, 0x7ff8000000000000ULL, 8, "env_reward nan"},
+        {283 + 4, (uint32_t)-7, 4, "uid 901 response 1"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const char *msg = mt_patched(cs[i].off, cs[i].v, cs[i].bytes);
+        CHECK(strcmp(msg, "OK") != 0 && strstr(msg, cs[i].want) != NULL,
+              "mask/traj patch %zu (offset %zu): message '%s' lacks '%s'", i, cs[i].off, msg, cs[i].want);
+    }
+    CHECK(strcmp(mt_patched(161, 0, 1), "OK") == 0, "a 0 mask byte where a 1 was still decodes");
+    /* the encoder refuses what the decoder would */
+    g->reqs[0].out_mask[3] = 7;
+    CHECK(rl_group_encode(g, &buf, &len) == MOERL_ERR && strstr(moerl_last_error(), "out_mask[3] = 7"),
+          "encode of a bad mask byte: %s", moerl_last_error());
+    g->reqs[0].out_mask[3] = 0;
+    g->traj[1].tool_errors = 2;
+    CHECK(rl_group_encode(g, &buf, &len) == MOERL_ERR && strstr(moerl_last_error(), "response 1: trajectory"),
+          "encode of a bad trajectory record: %s", moerl_last_error());
+    g->traj[1].tool_errors = 0;
+    /* a train message carries them to the other trainer ranks */
+    rl_minibatch mb = {.n_groups = 1, .resp_tokens = 11, .tokens = 26};
+    CHECK(rl_train_msg_encode(RL_TRAIN_CMD_STEP, 1, 2, &mb, 1, &g, &buf, &len) == MOERL_OK, "train encode: %s",
+          moerl_last_error());
+    rl_train_msg m;
+    CHECK(rl_train_msg_decode(buf, len, &m) == MOERL_OK && m.n_groups == 1 && same_group(g, m.groups[0]),
+          "train message keeps the masks and trajectories: %s", moerl_last_error());
+    rl_train_msg_free(&m);
+    free(buf);
+    rl_group_free(g);
+}
+
 int main(void) {
     test_group_roundtrip();
+    test_group_mask_traj();
     test_group_errors();
     test_group_rewards();
     test_train_msg();

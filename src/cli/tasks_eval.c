@@ -26,6 +26,7 @@
 #include "data/tasks.h"
 #include "model/model.h"
 #include "reward/reward.h"
+#include "rl/multi_turn.h"
 #include "rl/validate.h"
 
 /* moerl tasks --from-gsm8k FILE --out DIR */
@@ -191,24 +192,30 @@ int cmd_eval(int argc, char **argv) {
     };
     cfg *keys = cfg_new(); /* reward.*=value: score with a reward file, command or server as `moerl rl` does */
     reward_def_keys(keys);
+    multi_turn_def_keys(keys); /* rollout.multi_turn.*=value: trajectories with tools, as `moerl rl` runs them */
     cli_overrides ov = {0};
     const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = keys,
                            .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] [--samples N "
                                        "--temperature T [--top-p P] [--top-k K] [--seed S]] "
-                                       "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking] [reward.*=VALUE ...]",
+                                       "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking] [reward.*=VALUE ...] "
+                                       "[rollout.multi_turn.*=VALUE ...]",
                            .about = "Held-out accuracy with each row's reward function (greedy unless --temperature), "
                                     "and verl's validation metrics; prints {\"accuracy\", \"n\", \"samples\", "
                                     "\"mean_response_length\", \"max_new_tokens\", \"data\", \"metrics\"}. "
                                     "reward.custom_reward_function.path=F.py, reward.command=CMD or reward.url=URL "
-                                    "score with your own reward instead of the built-in rules (docs/rewards.md)."};
+                                    "score with your own reward instead of the built-in rules (docs/rewards.md). "
+                                    "rollout.multi_turn.enable=true rollout.multi_turn.tool_config_path=T.yaml runs each "
+                                    "response as a trajectory with tools (docs/multi-turn.md)."};
     int code;
     if (cli_parse(&spec, argc, argv, &code)) {
         cfg_free(keys);
         return code;
     }
     reward_config rcfg;
+    multi_turn_config mt;
     reward_pool *pool = NULL;
-    const int outside = cli_apply_overrides(keys, &ov) == MOERL_OK && reward_read_config(keys, &rcfg) == MOERL_OK
+    const int outside = cli_apply_overrides(keys, &ov) == MOERL_OK && reward_read_config(keys, &rcfg) == MOERL_OK &&
+                                multi_turn_read_config(keys, &mt) == MOERL_OK
                             ? rcfg.kind != REWARD_BUILTIN
                             : -1;
     cli_overrides_free(&ov);
@@ -224,7 +231,8 @@ int cmd_eval(int argc, char **argv) {
     val_report rep = {0};
     const val_options o = {.kw = {.n = (int)samples, .temperature = (float)temp, .top_p = (float)top_p,
                                   .top_k = (int)top_k, .do_sample = temp > 0},
-                           .n_rows = n, .max_new_tokens = (int)max_new, .max_num_seqs = 64, .seed = (uint64_t)seed};
+                           .n_rows = n, .max_new_tokens = (int)max_new, .max_num_seqs = 64, .seed = (uint64_t)seed,
+                           .multi_turn = &mt};
     if (samples > 1 && temp == 0) {
         moerl_errorf("--samples %lld needs --temperature > 0: greedy responses would all be the same", (long long)samples);
         goto fail;
@@ -233,7 +241,7 @@ int cmd_eval(int argc, char **argv) {
     if (dataset_load(&ds, data) != MOERL_OK || (!outside && cli_check_data_sources(&ds) != MOERL_OK)) goto fail;
     if (model_load_hf_inference(&m, model_dir) != MOERL_OK) goto fail;
     if (cli_use_tokenizer(model_dir, m.cfg.vocab_size, tpl, thinking, "--chat-template") != MOERL_OK) goto fail;
-    if (dataset_check_prompts(&ds) != MOERL_OK) goto fail;
+    if (dataset_check_prompts(&ds) != MOERL_OK || multi_turn_attach_tools(&mt, &ds) != MOERL_OK) goto fail;
     log_info("eval: %s responses of at most %lld tokens (--max-new-tokens; a run's data.max_response_length "
              "should match), %lld per row", temp > 0 ? "sampled" : "greedy", (long long)max_new, (long long)samples);
     if (outside) {

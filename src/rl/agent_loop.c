@@ -1,11 +1,13 @@
 /* The agent loop (agent_loop.h): multi-turn trajectories with tools between engine steps. */
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 
 #include "base/common.h"
+#include "base/rng.h"
 #include "data/tool_calls.h"
 #include "rl/agent_loop.h"
 
@@ -23,6 +25,12 @@ typedef struct {
     int ending;          /* the environment said done: end once every call is answered */
     int forgotten;       /* aborted: drop answers, free when none is pending */
     double parked_at;
+    /* simulation mode */
+    int sim_turns;       /* the drawn assistant turns (uncapped) */
+    int *script;         /* the forced ids of every turn (r->sp.forced) */
+    rng_state sim_rng;   /* the latency draws */
+    double answer_at, latency_s;
+    int timed_out;
 } traj;
 
 typedef struct {
@@ -44,6 +52,12 @@ struct agent_loop {
     int n_waiting;
     agent_stats st;
     pthread_mutex_t st_mu; /* st: updated inside turn_end / poll, read by take_stats from another thread */
+    /* simulation mode (agent_loop_create_sim): sim set, env NULL */
+    int sim;
+    agent_sim_config sc;
+    double (*clock)(void *);
+    void *clock_ctx;
+    int *filler;         /* [sc.response_tokens] the inserted ids of a tool turn */
 };
 
 /* The stop id the chat template writes at the end of an assistant turn: render
@@ -105,6 +119,7 @@ static void traj_free(traj *tr) {
     free(tr->hist);
     for (int i = 0; i < tr->n_calls; i++) free(tr->resp[i]);
     free(tr->resp);
+    free(tr->script);
     free(tr);
 }
 
@@ -114,6 +129,7 @@ void agent_loop_free(agent_loop *A) {
     for (int i = 0; i < A->n_live; i++) traj_free(A->live[i]);
     free(A->live);
     free(A->calls);
+    free(A->filler);
     pthread_mutex_destroy(&A->st_mu);
     free(A);
 }
@@ -277,20 +293,28 @@ int agent_loop_turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t,
     return rc;
 }
 
+static traj *new_traj(agent_loop *A, gen_request *r) {
+    traj *tr = xcalloc(1, sizeof *tr);
+    tr->r = r;
+    if (A->n_live == A->cap_live) {
+        A->cap_live = A->cap_live ? 2 * A->cap_live : 64;
+        A->live = xrealloc(A->live, (size_t)A->cap_live * sizeof(traj *));
+    }
+    A->live[A->n_live++] = tr;
+    return tr;
+}
+
+static int sim_turn_end(agent_loop *A, traj *tr);
+
 static int turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, const ds_row *row, const char *traj_id) {
     traj *tr = find_traj(A, r);
-    if (!tr) { /* the first turn */
-        tr = xcalloc(1, sizeof *tr);
-        tr->r = r;
+    if (!tr) tr = new_traj(A, r); /* the first turn (simulation mode: made by agent_loop_sim_script) */
+    if (!tr->t) {
         tr->t = t;
         tr->row = row;
         snprintf(tr->id, sizeof tr->id, "%s", traj_id);
-        if (A->n_live == A->cap_live) {
-            A->cap_live = A->cap_live ? 2 * A->cap_live : 64;
-            A->live = xrealloc(A->live, (size_t)A->cap_live * sizeof(traj *));
-        }
-        A->live[A->n_live++] = tr;
     }
+    if (A->sim) return sim_turn_end(A, tr);
     const int turns = r->turn + 1;
     const int limit = A->m.max_assistant_turns > 0 && turns >= A->m.max_assistant_turns;
     size_t eot_len = 0;
@@ -372,7 +396,15 @@ static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **do
 
 static int poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s);
 
+static int sim_poll(agent_loop *A, engine *e, gen_request **done, int cap);
+
 int agent_loop_poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s) {
+    if (A->sim) { /* answers come by the caller's clock: nothing to wait for here */
+        pthread_mutex_lock(&A->st_mu);
+        const int rc = sim_poll(A, e, done, cap);
+        pthread_mutex_unlock(&A->st_mu);
+        return rc;
+    }
     if (env_pending(A->env) == 0) return 0;
     /* the wait happens outside the lock: take_stats never waits for tools */
     const int ready = env_poll(A->env, NULL, 0, wait_s);
@@ -416,4 +448,169 @@ void agent_loop_take_stats(agent_loop *A, agent_stats *out) {
     *out = A->st;
     memset(&A->st, 0, sizeof A->st);
     pthread_mutex_unlock(&A->st_mu);
+}
+
+/* ------------------------------------------------------------------ simulation mode */
+
+static int sim_config_check(const agent_sim_config *s, double (*clock)(void *)) {
+    if (!(s->turns_mean >= 1 && s->turns_mean <= 1e6))
+        return moerl_errorf("agent loop (simulation): turns_mean must be in [1, 1e6], got %g", s->turns_mean);
+    if (!(s->latency_median_s > 0 && isfinite(s->latency_median_s)))
+        return moerl_errorf("agent loop (simulation): latency_median_s must be finite and > 0, got %g",
+                            s->latency_median_s);
+    if (!(s->latency_sigma >= 0 && s->latency_sigma <= 20))
+        return moerl_errorf("agent loop (simulation): latency_sigma must be in [0, 20], got %g", s->latency_sigma);
+    if (s->response_tokens < 0 || !(s->synth_alpha > 0) || s->synth_min <= 0 || s->eos_id < 0 || s->filler_id < 0 ||
+        s->filler_id == s->eos_id || !clock)
+        return moerl_errorf("agent loop (simulation): response_tokens %d (≥ 0), synth_alpha %g (> 0), synth_min %d "
+                            "(> 0), eos_id %d and filler_id %d (≥ 0, distinct) and a clock are required",
+                            s->response_tokens, s->synth_alpha, s->synth_min, s->eos_id, s->filler_id);
+    return MOERL_OK;
+}
+
+agent_loop *agent_loop_create_sim(const multi_turn_config *m, const agent_sim_config *s, double (*clock)(void *),
+                                  void *clock_ctx) {
+    if (sim_config_check(s, clock) != MOERL_OK) return NULL;
+    agent_loop *A = xcalloc(1, sizeof *A);
+    A->m = *m;
+    A->sim = 1;
+    A->sc = *s;
+    A->clock = clock;
+    A->clock_ctx = clock_ctx;
+    A->filler = xmalloc((size_t)(s->response_tokens > 0 ? s->response_tokens : 1) * sizeof(int));
+    for (int i = 0; i < s->response_tokens; i++) A->filler[i] = s->filler_id;
+    A->next_tag = 1;
+    pthread_mutex_init(&A->st_mu, NULL);
+    return A;
+}
+
+/* 1 + a geometric draw on {0, 1, ...} with mean mu − 1 (success probability 1 / mu), by inversion. */
+static int draw_turns(rng_state *g, double mu) {
+    if (mu <= 1) return 1;
+    const double u = 1.0 - rng_uniform_double(g); /* (0, 1] */
+    const double k = floor(log(u) / log1p(-1.0 / mu));
+    return k >= 1e6 ? 1000000 : 1 + (int)k;
+}
+
+/* A turn's length (≥ 1 token, the eos included): Pareto(alpha) above min, as rollouter_start_uid draws
+ * a single-turn synthetic length. */
+static int draw_turn_len(rng_state *g, const agent_sim_config *s, int max_tokens) {
+    const double u = 1.0 - rng_uniform_double(g);
+    const double len = s->synth_min * pow(u, -1.0 / s->synth_alpha);
+    return len >= max_tokens ? max_tokens : MOERL_MAX(1, (int)ceil(len));
+}
+
+int agent_loop_sim_script(agent_loop *A, gen_request *r, int max_tokens) {
+    if (!A->sim) return moerl_errorf("agent_loop_sim_script: the agent loop is not in simulation mode");
+    if (max_tokens <= 0) return moerl_errorf("agent_loop_sim_script: max_tokens must be positive, got %d", max_tokens);
+    traj *tr = find_traj(A, r);
+    if (tr) drop_traj(A, tr); /* r started again: a new trajectory */
+    tr = new_traj(A, r);
+    rng_state g;
+    rng_seed(&g, r->sp.seed ^ 0x7475726e73ULL); /* "turns": apart from the engine's sampling stream */
+    tr->sim_turns = draw_turns(&g, A->sc.turns_mean);
+    const int scripted = A->m.max_assistant_turns > 0 ? MOERL_MIN(tr->sim_turns, A->m.max_assistant_turns)
+                                                      : tr->sim_turns;
+    int n = 0, cap = 0;
+    for (int k = 0; k < scripted && n < max_tokens; k++) { /* sampled ids never exceed max_tokens */
+        const int len = MOERL_MIN(draw_turn_len(&g, &A->sc, max_tokens), max_tokens - n);
+        if (n + len > cap) {
+            cap = MOERL_MAX(2 * cap, n + len);
+            tr->script = xrealloc(tr->script, (size_t)cap * sizeof(int));
+        }
+        for (int i = 0; i < len - 1; i++) tr->script[n++] = A->sc.filler_id;
+        tr->script[n++] = A->sc.eos_id;
+    }
+    rng_seed(&tr->sim_rng, r->sp.seed ^ 0x6c6174656e6379ULL); /* "latency" */
+    r->sp.forced = tr->script;
+    r->sp.n_forced = n;
+    r->sp.max_tokens = max_tokens;
+    r->sp.ignore_eos = 0;
+    return MOERL_OK;
+}
+
+/* A simulated turn ended: end the trajectory (its drawn turns done, a length limit, the turn limit:
+ * that turn's call counted), or send its one call, answered at now + a drawn latency. */
+static int sim_turn_end(agent_loop *A, traj *tr) {
+    const gen_request *r = tr->r;
+    const int turns = r->turn + 1;
+    if (r->finish != FINISH_STOP || turns >= tr->sim_turns) {
+        finish_traj(A, tr);
+        return 1;
+    }
+    tr->t->tool_calls++;
+    A->st.tool_calls++;
+    if (A->m.max_assistant_turns > 0 && turns >= A->m.max_assistant_turns) { /* counted, never run */
+        finish_traj(A, tr);
+        return 1;
+    }
+    double lat = A->sc.latency_median_s * exp(A->sc.latency_sigma * (double)rng_normal(&tr->sim_rng));
+    tr->timed_out = A->m.env.timeout_s > 0 && lat > A->m.env.timeout_s;
+    if (tr->timed_out) lat = A->m.env.timeout_s;
+    const double now = A->clock(A->clock_ctx);
+    tr->latency_s = lat;
+    tr->parked_at = now;
+    tr->answer_at = now + lat;
+    tr->n_pending = 1;
+    A->n_waiting++;
+    return 0;
+}
+
+double agent_loop_sim_next_answer(const agent_loop *A) {
+    double t = INFINITY;
+    for (int i = 0; A->sim && i < A->n_live; i++)
+        if (A->live[i]->n_pending > 0) t = MOERL_MIN(t, A->live[i]->answer_at);
+    return t;
+}
+
+static int by_answer(const void *a, const void *b) {
+    const traj *x = *(traj *const *)a, *y = *(traj *const *)b;
+    if (x->answer_at != y->answer_at) return x->answer_at < y->answer_at ? -1 : 1;
+    return x->r->id < y->r->id ? -1 : x->r->id > y->r->id;
+}
+
+/* One due answer: counted as the real path counts an environment's, then the filler tool turn.
+ * Returns 1 ended (length: no room), 0 continued, MOERL_ERR. */
+static int sim_answer(agent_loop *A, engine *e, traj *tr, double now) {
+    A->st.answered++;
+    A->st.tool_latency_sum_s += tr->latency_s;
+    A->st.tool_latency_max_s = MOERL_MAX(A->st.tool_latency_max_s, tr->latency_s);
+    A->st.tool_errors += tr->timed_out;
+    A->st.tool_timeouts += tr->timed_out;
+    A->st.tool_wait_s += now - tr->parked_at;
+    tr->n_pending = 0;
+    A->n_waiting--;
+    if (tr->forgotten) {
+        drop_traj(A, tr);
+        return 0;
+    }
+    tr->t->tool_errors += tr->timed_out;
+    const int rc = engine_continue(e, tr->r, A->filler, A->sc.response_tokens);
+    if (rc < 0) return moerl_error_prefix("trajectory %s: ", tr->id);
+    if (rc == 0) return 1; /* no room for the tool turn and a token: finish `length` */
+    tr->turn_start = tr->r->n_out;
+    return 0;
+}
+
+/* Continue (or end) every trajectory whose answer is due by the clock, earliest first. */
+static int sim_poll(agent_loop *A, engine *e, gen_request **done, int cap) {
+    const double now = A->clock(A->clock_ctx);
+    int n_due = 0;
+    traj **due = xmalloc((size_t)(A->n_live ? A->n_live : 1) * sizeof(traj *));
+    for (int i = 0; i < A->n_live; i++)
+        if (A->live[i]->n_pending > 0 && A->live[i]->answer_at <= now) due[n_due++] = A->live[i];
+    qsort(due, (size_t)n_due, sizeof *due, by_answer);
+    int n_done = 0, rc = MOERL_OK;
+    for (int i = 0; i < n_due && rc != MOERL_ERR; i++) {
+        rc = sim_answer(A, e, due[i], now);
+        if (rc != 1) continue;
+        if (n_done == cap) {
+            rc = moerl_errorf("agent loop: more ended trajectories than room (%d)", cap);
+            break;
+        }
+        done[n_done++] = due[i]->r;
+        finish_traj(A, due[i]);
+    }
+    free(due);
+    return rc == MOERL_ERR ? MOERL_ERR : n_done;
 }

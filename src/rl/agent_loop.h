@@ -82,4 +82,40 @@ void agent_loop_forget(agent_loop *A, const gen_request *r);
 /* The totals since the last call, then reset (thread-safe against the loop's thread). */
 void agent_loop_take_stats(agent_loop *A, agent_stats *out);
 
+/* ---- Simulation mode (moerl simulate, src/sim): the same loop with the decisions drawn ----
+ * The trajectories run through the same rollouter paths (finish_requests → agent_loop_turn_end,
+ * rollouter_poll_tools → agent_loop_poll → engine_continue), but nothing is parsed and no program
+ * runs: each request gets a forced script at its start (agent_loop_sim_script: its assistant turns'
+ * lengths drawn, each turn ending with the stop id), a turn that ends before the drawn number of
+ * turns "sends" one tool call whose answer comes after a drawn latency on the caller's clock, and
+ * an answered trajectory continues with response_tokens filler ids. */
+typedef struct {
+    double turns_mean;       /* assistant turns per trajectory: 1 + a geometric draw with mean turns_mean − 1 (≥ 1),
+                                capped by rollout.multi_turn.max_assistant_turns (the last allowed turn's call is
+                                counted, never sent, as on the real path) */
+    double latency_median_s; /* a tool call's latency: log-normal with this median (s, > 0) ... */
+    double latency_sigma;    /* ... and this σ of its logarithm (≥ 0; 0 = every call takes the median). A latency
+                                over rollout.multi_turn.tool_timeout_s is a timeout answered at the timeout */
+    int response_tokens;     /* ids inserted per tool turn (the tool message and its template text), ≥ 0 */
+    double synth_alpha;      /* each assistant turn's length: Pareto(synth_alpha) above synth_min tokens, ... */
+    int synth_min;           /* ... as rollout.synthetic_length draws a single-turn response's (alpha > 0) */
+    int eos_id;              /* the stop id ending each scripted turn (the engine's eos_token_id) */
+    int filler_id;           /* the id of every other scripted and inserted token (not a stop id) */
+} agent_sim_config;
+
+/* A loop in simulation mode for m (enable set; its max_assistant_turns and tool_timeout_s apply) and
+ * s (copied), reading virtual seconds from clock(clock_ctx) (sends at the time of the turn's end,
+ * answers due at send + latency, timing_s/tool = Σ answer − send). No environment is created, no
+ * chat template read. NULL with an error naming the field when s is out of range. */
+agent_loop *agent_loop_create_sim(const multi_turn_config *m, const agent_sim_config *s, double (*clock)(void *),
+                                  void *clock_ctx);
+/* Simulation mode: give r (sp.seed set) its script before engine_add — the drawn turns' ids (each
+ * turn filler ids then eos_id) as sp.forced, sp.max_tokens = max_tokens (all turns together, as
+ * data.max_response_length bounds them), sp.ignore_eos = 0. The draws come from sp.seed alone (a
+ * request's trajectory is reproducible and independent of the batch). The script lives in A until
+ * the trajectory ends. Errors: A not in simulation mode, max_tokens ≤ 0. */
+int agent_loop_sim_script(agent_loop *A, gen_request *r, int max_tokens);
+/* Simulation mode: the clock time of the earliest answer still to come (INFINITY: none). */
+double agent_loop_sim_next_answer(const agent_loop *A);
+
 #endif

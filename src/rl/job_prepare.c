@@ -88,29 +88,6 @@ static const char *why_test(const rl_config *rc, char *buf, size_t cap) {
     return buf;
 }
 
-int rl_attach_tools(const rl_config *cfg, dataset *ds) {
-    if (!cfg->multi_turn.enable || dataset_count(ds) == 0) return MOERL_OK;
-    const char *path = cfg->multi_turn.tool_config_path;
-    tool_config tc;
-    if (tool_config_load(path, &tc) != MOERL_OK) return MOERL_ERR;
-    json_t *schemas = tool_config_schemas(&tc);
-    tool_config_free(&tc);
-    int rc = MOERL_OK;
-    for (int64_t i = 0; i < ds->n && rc == MOERL_OK; i++) {
-        ds_row *r = &ds->rows[i];
-        if (r->tools) continue;
-        r->tools = json_incref(schemas);
-        const chat_extra x = {r->tools, NULL};
-        if (tokenizer_chat_check_ex(tok_current(), r->prompt, r->n_prompt, &x) != MOERL_OK) {
-            char where[1100];
-            rc = moerl_error_prefix("%s with the tools of rollout.multi_turn.tool_config_path %s: ",
-                                    dataset_where(ds, r->line, where, sizeof where), path);
-        }
-    }
-    json_decref(schemas);
-    return rc;
-}
-
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {
     const cfg *c = J->c;
@@ -148,7 +125,9 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
         data_staged_discard(&J->staged);
     }
     if (data_check_held_out_rows(c, &J->test, why) != MOERL_OK) return job_fail(J);
-    if (rl_attach_tools(rc, &J->train) != MOERL_OK || rl_attach_tools(rc, &J->test) != MOERL_OK) return job_fail(J);
+    if (multi_turn_attach_tools(&rc->multi_turn, &J->train) != MOERL_OK ||
+        multi_turn_attach_tools(&rc->multi_turn, &J->test) != MOERL_OK)
+        return job_fail(J);
     if (sft_split_validation(c, &J->train, &J->val) != MOERL_OK) return job_fail(J);
     /* before the warm start; the same verdict on every rank (config and data); the context is the
      * rollout's (rollouter_init checks it again) */

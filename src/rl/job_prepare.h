@@ -53,10 +53,6 @@ rl_job_status rl_job_prepare(rl_job *J, const cfg *c, rl_config *rc, dist_ctx *c
 /* After a failure of the run itself: remove staged files and the folder when it holds only set-up. */
 void rl_job_abandon(rl_job *J);
 /* Free the model and the data sets. */
-/* rollout.multi_turn.enable: every row of ds without its own "tools" gets the tool config's function
- * schemas (tool_config_schemas), so its prompt renders them (the rollouts', validation's and the warm
- * start's); rows with their own keep them. Errors: the tool config's (tool_config_load). */
-int rl_attach_tools(const rl_config *rc, dataset *ds);
 void rl_job_free(rl_job *J);
 
 #endif

@@ -214,14 +214,24 @@ double loss_agg_weight(loss_agg_mode mode, int64_t seq_tokens, int64_t batch_tok
 
 void rollout_is_weights(float *w, const float *old_logp, const float *behav_logp, int n, rollout_is_level level,
                         float threshold, rollout_is_stats *st) {
+    rollout_is_weights_masked(w, old_logp, behav_logp, NULL, n, level, threshold, st);
+}
+
+void rollout_is_weights_masked(float *w, const float *old_logp, const float *behav_logp, const unsigned char *mask,
+                               int n, rollout_is_level level, float threshold, rollout_is_stats *st) {
     const double thr = threshold;
     double seq = 0;
-    if (level == ROLLOUT_IS_SEQUENCE) {
-        for (int i = 0; i < n; i++) seq += (double)old_logp[i] - (double)behav_logp[i];
+    if (level == ROLLOUT_IS_SEQUENCE) { /* the log ratios of the loss tokens only (verl: masked sum) */
+        for (int i = 0; i < n; i++)
+            if (!mask || mask[i]) seq += (double)old_logp[i] - (double)behav_logp[i];
         seq = seq < -PPO_LOG_RATIO_CLAMP ? -PPO_LOG_RATIO_CLAMP : (seq > PPO_LOG_RATIO_CLAMP ? PPO_LOG_RATIO_CLAMP : seq);
     }
     for (int i = 0; i < n; i++) {
         double x;
+        if (mask && !mask[i]) { /* an inserted token: no loss, no weight, not in the statistics */
+            w[i] = 0.0f;
+            continue;
+        }
         if (level == ROLLOUT_IS_NONE) {
             w[i] = 1.0f;
             continue;

@@ -82,6 +82,11 @@ typedef struct {
 } rollout_is_stats;
 void rollout_is_weights(float *w, const float *old_logp, const float *behav_logp, int n, rollout_is_level level,
                         float threshold, rollout_is_stats *st);
+/* The same over a response with a loss mask (train_seq.resp_mask; NULL = every token): the sequence
+ * level sums the log ratios of the mask-1 tokens only, mask-0 tokens (inserted between turns: no
+ * behaviour logprob) get w = 0 and stay out of st. rollout_is_weights is this with mask NULL. */
+void rollout_is_weights_masked(float *w, const float *old_logp, const float *behav_logp, const unsigned char *mask,
+                               int n, rollout_is_level level, float threshold, rollout_is_stats *st);
 
 /* Advantage estimators (verl algorithm.adv_estimator), outcome rewards, one value per response.
  * rewards/adv laid out group after group with sizes group_size[g].
@@ -96,7 +101,8 @@ void grpo_advantages_no_std(float *adv, const float *rewards, const int *group_s
  * batch: A_i = (s_i − μ)/sqrt(σ² + 1e-8), μ and σ² the token-weighted mean and unbiased variance
  * (verl masked_whiten). Split in two so data-parallel ranks can sum the moments first:
  * reinforce_pp_moments adds Σ len·s, Σ len·s², Σ len into mom[3]; reinforce_pp_whiten applies them.
- * resp_len[i] = response tokens of response i. */
+ * resp_len[i] = loss tokens of response i (its response tokens; multi-turn: the model-sampled ones,
+ * inserted tool-turn tokens do not count, as verl's masked_whiten over the response mask). */
 void reinforce_pp_baseline(float *adv, const float *rewards, const int *group_size, int n_groups);
 void reinforce_pp_moments(const float *s, const int *resp_len, int n, double mom[3]);
 void reinforce_pp_whiten(float *adv, int n, const double mom[3]);

@@ -17,6 +17,7 @@
 #define MOERL_RL_MULTI_TURN_H
 
 #include "base/config.h"
+#include "data/dataset.h"
 #include "data/tool_calls.h"
 #include "reward/env.h"
 
@@ -35,5 +36,12 @@ void multi_turn_def_keys(cfg *c);
  * hermes, tool_config_path required with enable and loadable (tool_config_load's errors); any key
  * off its default while enable is false is an error naming the key. */
 int multi_turn_read_config(const cfg *c, multi_turn_config *m);
+
+/* m->enable: every row of ds without its own "tools" gets the tool config's function schemas
+ * (tool_config_schemas), so that its prompt renders them — the rollouts', validation's, the warm
+ * start's and moerl eval's; rows with their own keep them. Each such row is checked against the
+ * current tokenizer's chat template (a template that cannot render tools is named). Errors: the tool
+ * config's (tool_config_load), the template's, naming the row. */
+int multi_turn_attach_tools(const multi_turn_config *m, dataset *ds);
 
 #endif

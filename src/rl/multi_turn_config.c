@@ -1,6 +1,7 @@
 /* rollout.multi_turn.* (rl/multi_turn.h). */
 #include "rl/multi_turn.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,4 +75,26 @@ int multi_turn_read_config(const cfg *c, multi_turn_config *m) {
     const int rc = env_check_tools(&tc);
     tool_config_free(&tc);
     return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("rollout.multi_turn.tool_config_path %s: ", m->tool_config_path);
+}
+
+int multi_turn_attach_tools(const multi_turn_config *m, dataset *ds) {
+    if (!m->enable || dataset_count(ds) == 0) return MOERL_OK;
+    tool_config tc;
+    if (tool_config_load(m->tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
+    json_t *schemas = tool_config_schemas(&tc);
+    tool_config_free(&tc);
+    int rc = MOERL_OK;
+    for (int64_t i = 0; i < ds->n && rc == MOERL_OK; i++) {
+        ds_row *r = &ds->rows[i];
+        if (r->tools) continue;
+        r->tools = json_incref(schemas);
+        const chat_extra x = {r->tools, NULL};
+        if (tokenizer_chat_check_ex(tok_current(), r->prompt, r->n_prompt, &x) != MOERL_OK) {
+            char where[1100];
+            rc = moerl_error_prefix("%s with the tools of rollout.multi_turn.tool_config_path %s: ",
+                                    dataset_where(ds, r->line, where, sizeof where), m->tool_config_path);
+        }
+    }
+    json_decref(schemas);
+    return rc;
 }

@@ -258,6 +258,7 @@ typedef struct {
 typedef struct {
     double pg_loss, pg_clipfrac, ppo_kl, grad_norm, aux_loss, entropy, kl_loss;
     double reward_mean, reward_std, acc_mean, response_length_mean, response_length_max;
+    double loss_tokens_mean;  /* model-sampled tokens per response (multi-turn: without the inserted tool turns) */
     int64_t n_samples, stale_samples, partial_samples, trained_tokens, resp_tokens;
     int max_lag, max_partial_span, min_version;
     double expert_load_max_over_mean; /* mean over MoE layers of max/mean tokens per expert */

@@ -138,10 +138,9 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
     R->pool = reward_pool_create(rb);
     if (!R->pool) return MOERL_ERR;
     R->wait_rewards = 1;
-    if (cfg->multi_turn.enable) {
-        if (cfg->simulated)
-            return moerl_errorf("rollout.multi_turn.enable: moerl simulate does not model multi-turn trajectories; "
-                                "set rollout.multi_turn.enable=false");
+    /* moerl simulate (cfg->simulated): its sim_run sets R->agent to a loop in simulation mode
+     * (agent_loop_create_sim, on its virtual clock) before the first group starts; no tools run */
+    if (cfg->multi_turn.enable && !cfg->simulated) {
         if (tool_config_load(cfg->multi_turn.tool_config_path, &R->tools) != MOERL_OK) return MOERL_ERR;
         R->agent = agent_loop_create(&cfg->multi_turn, &R->tools, &cfg->multi_turn.env);
         if (!R->agent) return MOERL_ERR;
@@ -221,6 +220,9 @@ int rollouter_start_uid(rollouter *R, int64_t uid) {
             r->sp.max_tokens = len >= c->max_response_length ? c->max_response_length : (int)ceil(len);
             r->sp.ignore_eos = 1;
         }
+        /* moerl simulate, multi-turn: the drawn turns as a forced script (rl/agent_loop.h) */
+        if (R->agent && c->simulated && agent_loop_sim_script(R->agent, r, c->max_response_length) != MOERL_OK)
+            return moerl_error_prefix("prompt row %d: ", g->row);
         if (engine_add(R->eng, r) != MOERL_OK) {
             /* the request was not queued: drop the group's earlier requests too */
             for (int k = 0; k < j; k++) g->reqs[k].finish = FINISH_ABORT;
@@ -415,6 +417,9 @@ int rollouter_step(rollouter *R) {
             const double t0 = moerl_now();
             if (rollouter_poll_tools(R, REWARD_WAIT_S) < 0 || rollouter_collect_rewards(R, 0) < 0) return MOERL_ERR;
             rl_atomic_add(&R->idle_s, moerl_now() - t0);
+            /* not stalled: every call ends within rollout.multi_turn.tool_timeout_s (then the model is told
+             * it timed out), so the watchdog need not guard tool waits */
+            R->last_progress = moerl_now();
             return 1;
         }
         if (R->n_scoring == 0) {

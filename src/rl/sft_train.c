@@ -88,7 +88,7 @@ static void full_done(const sft_ranks *R, moe_model *m, const moe_model *f) {
 }
 
 typedef struct {
-    double inv_tokens; /* 1 / response tokens of the global batch */
+    double inv_tokens; /* 1 / loss tokens of the global batch (response tokens whose resp_mask is not 0) */
     double ce_sum;
 } sft_ctx;
 
@@ -277,8 +277,8 @@ static int n_moe_layers(const moe_config *c) {
 }
 
 /* One optimizer step's gradient on this rank's share `mine[n]` of the global batch (tokens of the
- * global batch: g_tokens, its response tokens: g_resp; global_aux: the aux over the whole batch),
- * reduced over the ranks (DP reducer or FSDP), then AdamW. Outputs the global loss, ce, aux,
+ * global batch: g_tokens, its loss tokens (train_seq_loss_tokens): g_resp; global_aux: the aux over
+ * the whole batch), reduced over the ranks (DP reducer or FSDP), then AdamW. Outputs the global loss, ce, aux,
  * tokens (summed over the ranks) and the gradient norm. */
 typedef struct {
     double loss, ce, aux, tokens, grad_norm;
@@ -315,7 +315,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
         to.aux_counts = counts;
         to.aux_psum_out = psum;
     }
-    sft_ctx sc = {.inv_tokens = 1.0 / (double)g_resp};
+    sft_ctx sc = {.inv_tokens = g_resp > 0 ? 1.0 / (double)g_resp : 0.0};
     train_step_out so;
     if (train_accumulate(m, acts, mine, n, &to, sft_grad, &sc, &so) != MOERL_OK) goto out;
     if (par_finish_grads(R->ps, n_mb, max_mb) != MOERL_OK) goto out; /* FSDP / EP sums (par_grads_self_reduced) */
@@ -581,6 +581,10 @@ static int sft_one_step(sft_run *S, int64_t ep, int64_t b, int64_t step) {
         g_tokens += S->seqs[i].n;
         if (j % R->n_shards == R->shard) S->mine[n_mine++] = S->batch[j]; /* round-robin over the data shards */
     }
+    /* the cross-entropy's token mean counts the loss tokens: a row's resp_mask leaves out the tool turns
+     * of a multi-turn demonstration (train_seq_loss_tokens) */
+    resp_tokens = 0;
+    for (int j = 0; j < S->bs; j++) resp_tokens += train_seq_loss_tokens(&S->batch[j]);
     const int global_aux = S->aux_on && (R->n_shards > 1 || (R->ps && (R->ps->sp || R->ps->pp)) || /* SP / pp */
                                          count_microbatches(S->batch, S->bs, o->max_tokens) > 1);
     float lr = lr_schedule(o->lr_scheduler, step, S->total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);

@@ -216,7 +216,11 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
             st->stale_samples += lag > 0;
             st->partial_samples += r->n_interruptions > 0;
             st->max_partial_span = MOERL_MAX(st->max_partial_span, vmax - vmin);
-            st->response_length_mean += r->n_out;
+            st->response_length_mean += r->n_out; /* the whole output, tool turns included (verl) */
+            if (r->out_mask)
+                for (int t = 0; t < r->n_out; t++) st->loss_tokens_mean += r->out_mask[t] != 0;
+            else
+                st->loss_tokens_mean += r->n_out;
             st->response_length_max = MOERL_MAX(st->response_length_max, r->n_out);
             st->resp_tokens += r->n_out;
         }
@@ -229,6 +233,7 @@ int trainer_sample_stats(const trainer *T, rl_group **groups, int n, train_stats
         st->reward_std = sqrt(fmax(0.0, rsq / R - st->reward_mean * st->reward_mean));
         st->acc_mean /= R;
         st->response_length_mean /= R;
+        st->loss_tokens_mean /= R;
         st->response_clip_ratio = (double)clipped / R;
     }
     return MOERL_OK;
@@ -245,14 +250,16 @@ static int trainers_sum(trainer *T, double *x, int n) {
 /* The step's sequences (prompt ⊕ response of every response of every group on this rank) with
  * their rewards, advantages (algorithm.adv_estimator over the whole step: group-local estimators
  * need nothing else, REINFORCE++'s whitening sums its moments over the trainer ranks) and loss
- * mask (actor.overlong_filter masks responses cut at max_response_length). */
+ * mask (actor.overlong_filter masks responses cut at max_response_length). A multi-turn response's
+ * token mask is its out_mask (seqs[s].resp_mask): the inserted tool-turn tokens are outside the
+ * loss, and n_loss — the model-sampled tokens — is what every normalisation counts. */
 typedef struct {
     int n_groups, R;
     train_seq *seqs;
     int **toks;
     float **behav, **prox, **ref, **isw;
     float *rewards, *adv;
-    int *resp_len, *loss_mask;
+    int *resp_len, *n_loss, *loss_mask; /* n_out (the whole output), its loss tokens, in the loss at all */
     double *w;
 } step_data;
 
@@ -264,7 +271,7 @@ static void step_data_free(step_data *d) {
         if (d->isw) free(d->isw[s]);
     }
     free(d->prox); free(d->ref); free(d->isw); free(d->toks); free(d->behav); free(d->seqs);
-    free(d->rewards); free(d->adv); free(d->resp_len); free(d->loss_mask); free(d->w);
+    free(d->rewards); free(d->adv); free(d->resp_len); free(d->n_loss); free(d->loss_mask); free(d->w);
 }
 
 static float **alloc_resp_arrays(const step_data *d) {
@@ -286,6 +293,7 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
     d->rewards = xmalloc(nr * sizeof(float));
     d->adv = xmalloc(nr * sizeof(float));
     d->resp_len = xmalloc(nr * sizeof(int));
+    d->n_loss = xmalloc(nr * sizeof(int));
     d->loss_mask = xmalloc(nr * sizeof(int));
     d->w = xcalloc(nr, sizeof(double));
     int *sizes = xmalloc((size_t)(n ? n : 1) * sizeof(int));
@@ -302,10 +310,12 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
             d->toks[s] = xmalloc((size_t)L * sizeof(int));
             memcpy(d->toks[s], r->prompt, (size_t)r->prompt_len * sizeof(int));
             memcpy(d->toks[s] + r->prompt_len, r->out_tokens, (size_t)r->n_out * sizeof(int));
-            d->seqs[s] = (train_seq){.tokens = d->toks[s], .len = L, .resp_start = r->prompt_len};
+            d->seqs[s] = (train_seq){.tokens = d->toks[s], .len = L, .resp_start = r->prompt_len,
+                                     .resp_mask = r->out_mask};
             d->behav[s] = r->out_logprobs;
             d->resp_len[s] = r->n_out;
-            d->loss_mask[s] = r->n_out > 0 && !(cfg->overlong_filter && r->finish == FINISH_LENGTH);
+            d->n_loss[s] = (int)train_seq_loss_tokens(&d->seqs[s]);
+            d->loss_mask[s] = d->n_loss[s] > 0 && !(cfg->overlong_filter && r->finish == FINISH_LENGTH);
         }
     }
     switch (cfg->adv_estimator) {
@@ -317,7 +327,7 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
     case RL_ADV_REINFORCE_PP_BASELINE: {
         reinforce_pp_baseline(d->adv, d->rewards, sizes, n);
         double mom[3] = {0, 0, 0};
-        reinforce_pp_moments(d->adv, d->resp_len, R, mom);
+        reinforce_pp_moments(d->adv, d->n_loss, R, mom);
         if (trainers_sum(T, mom, 3) != MOERL_OK) {
             free(sizes);
             return MOERL_ERR;
@@ -342,8 +352,8 @@ static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
         if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
             d->isw = alloc_resp_arrays(d);
             for (int s = 0; s < d->R; s++)
-                rollout_is_weights(d->isw[s], d->prox[s], d->behav[s], d->resp_len[s], cfg->rollout_is,
-                                   cfg->rollout_is_threshold, d->loss_mask[s] ? is : NULL);
+                rollout_is_weights_masked(d->isw[s], d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s],
+                                          cfg->rollout_is, cfg->rollout_is_threshold, d->loss_mask[s] ? is : NULL);
         }
     }
     if (T->ref) {
@@ -364,7 +374,7 @@ static int step_data_weights(trainer *T, step_data *d, const rl_minibatch *mbs, 
         const int s1 = s0 + mbs[b].n_groups * G;
         for (int s = s0; s < s1; s++)
             if (d->loss_mask[s]) {
-                cnt[2 * b] += d->resp_len[s];
+                cnt[2 * b] += d->n_loss[s];
                 cnt[2 * b + 1] += 1;
             }
         s0 = s1;
@@ -379,7 +389,7 @@ static int step_data_weights(trainer *T, step_data *d, const rl_minibatch *mbs, 
     for (int b = 0; b < n_mb; b++) {
         const int s1 = s0 + mbs[b].n_groups * G;
         for (int s = s0; s < s1; s++)
-            d->w[s] = d->loss_mask[s] ? loss_agg_weight(cfg->loss_agg, d->resp_len[s], (int64_t)cnt[2 * b],
+            d->w[s] = d->loss_mask[s] ? loss_agg_weight(cfg->loss_agg, d->n_loss[s], (int64_t)cnt[2 * b],
                                                         (int64_t)cnt[2 * b + 1], H)
                                       : 0.0;
         s0 = s1;
@@ -518,9 +528,10 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
         st->behav_dropped_frac = sums[9] / sums[3];
     } else {
         st->pg_loss = st->pg_clipfrac = st->ppo_kl = st->behav_dropped_frac = NAN;
-        log_warn("trainer step %lld: no response token carries loss (actor.overlong_filter masked every response, or "
-                 "every response is empty): nothing was learned from this step; its actor/pg_loss, pg_clipfrac, "
-                 "ppo_kl and entropy are left out of the version's means and it is counted in actor/empty_steps",
+        log_warn("trainer step %lld: no response token carries loss (actor.overlong_filter masked every response, "
+                 "every response is empty, or holds only tool-turn tokens): nothing was learned from this step; its "
+                 "actor/pg_loss, pg_clipfrac, ppo_kl and entropy are left out of the version's means and it is counted "
+                 "in actor/empty_steps",
                  (long long)T->step + 1);
     }
     st->entropy = sums[8] > 0 && sums[3] > 0 ? sums[4] / sums[8] : NAN;

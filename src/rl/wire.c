@@ -113,6 +113,27 @@ static int rewards_write(wbuf *w, const rl_group *g) {
     return MOERL_OK;
 }
 
+/* The trajectories' records (wire.h: "has_traj"), multi-turn rollouts only. */
+static int traj_write(wbuf *w, const rl_group *g) {
+    w_i32(w, g->traj ? 1 : 0);
+    if (!g->traj) return MOERL_OK;
+    for (int j = 0; j < g->n; j++) {
+        const agent_traj *t = &g->traj[j];
+        if (t->turns < 0 || t->tool_calls < 0 || t->tool_errors < 0 || t->tool_errors > t->tool_calls ||
+            (unsigned)t->env_done > 1 || (unsigned)t->has_env_reward > 1 || !isfinite(t->env_reward))
+            return moerl_errorf("group encode: uid %lld response %d: trajectory turns %d, tool_calls %d, tool_errors "
+                                "%d, env_done %d, has_env_reward %d, env_reward %g", (long long)g->uid, j, t->turns,
+                                t->tool_calls, t->tool_errors, t->env_done, t->has_env_reward, t->env_reward);
+        w_i32(w, t->turns);
+        w_i32(w, t->tool_calls);
+        w_i32(w, t->tool_errors);
+        w_i32(w, t->env_done);
+        w_i32(w, t->has_env_reward);
+        w_put(w, &t->env_reward, 8);
+    }
+    return MOERL_OK;
+}
+
 static int group_write(wbuf *w, const rl_group *g) {
     if (g->n <= 0 || g->n > RL_WIRE_MAX_N)
         return moerl_errorf("group encode: uid %lld has n = %d responses", (long long)g->uid, g->n);
@@ -127,6 +148,10 @@ static int group_write(wbuf *w, const rl_group *g) {
             (r->n_out > 0 && (!r->out_tokens || !r->out_logprobs || !r->out_versions)))
             return moerl_errorf("group encode: uid %lld response %d has n_out = %d without outputs", (long long)g->uid,
                                 j, r->n_out);
+        for (int t = 0; r->out_mask && t < r->n_out; t++)
+            if (r->out_mask[t] > 1)
+                return moerl_errorf("group encode: uid %lld response %d: out_mask[%d] = %d (0 or 1 expected)",
+                                    (long long)g->uid, j, t, r->out_mask[t]);
     }
     w_put(w, RL_WIRE_GROUP_MAGIC, 8);
     w_u32(w, RL_WIRE_FORMAT);
@@ -145,8 +170,11 @@ static int group_write(wbuf *w, const rl_group *g) {
         w_put(w, r->out_tokens, (size_t)r->n_out * 4);
         w_put(w, r->out_logprobs, (size_t)r->n_out * 4);
         w_put(w, r->out_versions, (size_t)r->n_out * 4);
+        w_i32(w, r->out_mask ? 1 : 0);
+        if (r->out_mask) w_put(w, r->out_mask, (size_t)r->n_out);
     }
-    return rewards_write(w, g);
+    if (rewards_write(w, g) != MOERL_OK) return MOERL_ERR;
+    return traj_write(w, g);
 }
 
 int rl_group_encode(const rl_group *g, void **buf, size_t *len) {
@@ -231,6 +259,51 @@ static int rewards_read(rbuf *r, rl_group *g) {
     return MOERL_OK;
 }
 
+/* Response j's loss mask (has_mask, then n_out bytes of 0 / 1) into q->out_mask (NULL without one). */
+static int mask_read(rbuf *r, gen_request *q, int64_t uid, int j) {
+    int32_t has = 0;
+    if (r_i32(r, &has, "has_mask") || r_count(r, has, 0, 1, "has_mask")) return MOERL_ERR;
+    if (!has) return MOERL_OK;
+    if ((size_t)q->n_out > r->n - r->off) return r_get(r, NULL, (size_t)q->n_out, "response mask");
+    q->out_mask = xmalloc(q->n_out > 0 ? (size_t)q->n_out : 1);
+    if (r_get(r, q->out_mask, (size_t)q->n_out, "response mask")) return MOERL_ERR;
+    for (int t = 0; t < q->n_out; t++)
+        if (q->out_mask[t] > 1) {
+            r->err = 1;
+            return moerl_errorf("%s: uid %lld response %d: mask[%d] = %d (0 = inserted tool-turn token, 1 = sampled "
+                                "token expected)", r->what, (long long)uid, j, t, q->out_mask[t]);
+        }
+    return MOERL_OK;
+}
+
+/* The trajectories' records after the rewards (g->traj stays NULL for single-turn groups). */
+static int traj_read(rbuf *r, rl_group *g) {
+    int32_t has = 0;
+    if (r_i32(r, &has, "has_traj") || r_count(r, has, 0, 1, "has_traj")) return MOERL_ERR;
+    if (!has) return MOERL_OK;
+    if ((size_t)g->n > (r->n - r->off) / 28) /* every record takes 5·4 + 8 bytes */
+        return r_get(r, NULL, (size_t)g->n * 28, "trajectories");
+    g->traj = xcalloc((size_t)g->n, sizeof(agent_traj));
+    for (int j = 0; j < g->n; j++) {
+        agent_traj *t = &g->traj[j];
+        int32_t v[5] = {0};
+        for (int k = 0; k < 5; k++)
+            if (r_i32(r, &v[k], "trajectory")) return MOERL_ERR;
+        if (r_get(r, &t->env_reward, 8, "env_reward")) return MOERL_ERR;
+        if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[2] > v[1] || (uint32_t)v[3] > 1 || (uint32_t)v[4] > 1 ||
+            !isfinite(t->env_reward)) {
+            r->err = 1;
+            return moerl_errorf("%s: uid %lld response %d: trajectory turns %d, tool_calls %d, tool_errors %d, "
+                                "env_done %d, has_env_reward %d, env_reward %g (counts ≥ 0, tool_errors ≤ "
+                                "tool_calls, flags 0 or 1, a finite reward expected)", r->what, (long long)g->uid, j,
+                                v[0], v[1], v[2], v[3], v[4], t->env_reward);
+        }
+        *t = (agent_traj){.turns = v[0], .tool_calls = v[1], .tool_errors = v[2], .env_done = v[3],
+                          .has_env_reward = v[4], .env_reward = t->env_reward};
+    }
+    return MOERL_OK;
+}
+
 /* Parse one group from r (the reader's `what` names the enclosing message). */
 static int group_read(rbuf *r, rl_group **out) {
     *out = NULL;
@@ -248,10 +321,10 @@ static int group_read(rbuf *r, rl_group **out) {
         r->err = 1;
         return moerl_errorf("%s: uid %lld outside [0, %lld]", r->what, (long long)uid, (long long)RL_WIRE_MAX_UID);
     }
-    /* every response takes at least its 12-byte header: bound the request array by the bytes left */
-    if ((size_t)n > (r->n - r->off) / 12) {
+    /* every response takes at least its 16-byte header: bound the request array by the bytes left */
+    if ((size_t)n > (r->n - r->off) / 16) {
         r->err = 1;
-        return moerl_errorf("%s: truncated: uid %lld announces %d responses, but only %zu bytes follow (at least 12 "
+        return moerl_errorf("%s: truncated: uid %lld announces %d responses, but only %zu bytes follow (at least 16 "
                             "each)", r->what, (long long)uid, n, r->n - r->off);
     }
     if ((size_t)plen * 4 > r->n - r->off) /* check before allocating what a bad length asks for */
@@ -308,8 +381,10 @@ static int group_read(rbuf *r, rl_group **out) {
                 rc = moerl_errorf("%s: uid %lld response %d: logprob %d is NaN", r->what, (long long)uid, j, t);
                 break;
             }
+        if (rc == MOERL_OK) rc = mask_read(r, q, uid, j);
     }
     if (rc == MOERL_OK) rc = rewards_read(r, g);
+    if (rc == MOERL_OK) rc = traj_read(r, g);
     if (rc != MOERL_OK) {
         rl_group_free(g);
         return MOERL_ERR;

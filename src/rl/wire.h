@@ -3,17 +3,21 @@
  * share of a trainer step. Byte layouts are fixed (host byte order, like the weight-broadcast header
  * of dist.h: every rank of a job runs on one architecture); integers are little-endian on x86-64.
  *
- * Group ("MOERLGR1", format 2):
- *   char magic[8] "MOERLGR1" | u32 format = 2 | i32 start_version | i64 uid | i32 row | i32 epoch |
+ * Group ("MOERLGR1", format 3):
+ *   char magic[8] "MOERLGR1" | u32 format = 3 | i32 start_version | i64 uid | i32 row | i32 epoch |
  *   i32 n (responses) | i32 prompt_len | i32 prompt[prompt_len] |
  *   n × { i32 n_out | i32 finish | i32 n_interruptions | i32 tokens[n_out] | f32 logprobs[n_out] |
- *         i32 versions[n_out] } |
+ *         i32 versions[n_out] | i32 has_mask (0 | 1) | if has_mask: u8 mask[n_out] (0 | 1) } |
  *   i32 scored (0 | 1) | if scored: n × { f64 score | i32 n_extra |
- *         n_extra × { i32 key_len | key bytes | f64 value } | i32 pred_len (−1: no pred) | pred bytes }
- *   (the rewards the rollout rank's reward pool computed, rl_group.rewards: scores and extra values
- *   finite, names 1..RL_WIRE_MAX_STR bytes without NUL; format 1 had no rewards)
- * Train message ("MOERLTB1", format 2), trainer rank 0 → trainer rank t:
- *   char magic[8] "MOERLTB1" | u32 format = 2 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
+ *         n_extra × { i32 key_len | key bytes | f64 value } | i32 pred_len (−1: no pred) | pred bytes } |
+ *   i32 has_traj (0 | 1) | if has_traj: n × { i32 turns | i32 tool_calls | i32 tool_errors | i32 env_done |
+ *         i32 has_env_reward | f64 env_reward }
+ *   (mask: gen_request.out_mask, 1 = sampled, 0 = a multi-turn rollout's inserted tool-turn token; the
+ *   rewards the rollout rank's reward pool computed, rl_group.rewards: scores and extra values finite,
+ *   names 1..RL_WIRE_MAX_STR bytes without NUL; traj: rl_group.traj, counts ≥ 0 with tool_errors ≤
+ *   tool_calls, flags 0 | 1, env_reward finite. Format 1 had no rewards, format 2 no mask and traj)
+ * Train message ("MOERLTB1", format 3), trainer rank 0 → trainer rank t:
+ *   char magic[8] "MOERLTB1" | u32 format = 3 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
  *   i32 n_mb | n_mb × { i32 n_groups | i64 resp_tokens | i64 tokens } |
  *   Σ n_groups × { u64 length | group bytes (as above) }
  *   resp_tokens / tokens are the mini-batch's GLOBAL counts over all trainer ranks (token-mean loss
@@ -32,7 +36,7 @@
 
 #define RL_WIRE_GROUP_MAGIC "MOERLGR1"
 #define RL_WIRE_TRAIN_MAGIC "MOERLTB1"
-#define RL_WIRE_FORMAT 2
+#define RL_WIRE_FORMAT 3
 #define RL_WIRE_MAX_EXTRA 4096         /* extra reward fields per response a decoder accepts */
 #define RL_WIRE_MAX_STR (1 << 20)      /* bytes of an extra field's name or a pred a decoder accepts */
 #define RL_WIRE_MAX_N 65536            /* responses per group a decoder accepts */
@@ -45,16 +49,19 @@
  * trainer rank 0 (model parallelism; version = 1 when the AdamW moments come too; no groups). */
 enum { RL_TRAIN_CMD_STEP = 1, RL_TRAIN_CMD_STOP = 2, RL_TRAIN_CMD_GATHER = 3 };
 
-/* Serialise a finished group (every response's outputs) into a new heap buffer *buf (free()) of
- * *len bytes. Errors: n ≤ 0, a response with n_out < 0 or NULL outputs while n_out > 0. */
+/* Serialise a finished group (every response's outputs, out_mask when set, rewards and traj when set)
+ * into a new heap buffer *buf (free()) of *len bytes. Errors: n ≤ 0, a response with n_out < 0 or
+ * NULL outputs while n_out > 0, a mask byte other than 0 / 1, a trajectory record out of range. */
 int rl_group_encode(const rl_group *g, void **buf, size_t *len);
 /* Parse a group written by rl_group_encode into a new rl_group (free with rl_group_free); every
  * response is finished (n_done = n), reqs[j].prompt points at the group's own prompt copy and
  * reqs[j].user at the group. Errors (message "group message: ..."): fewer bytes than the header,
  * wrong magic, another format, n outside [1, RL_WIRE_MAX_N], a length outside [0, RL_WIRE_MAX_LEN]
  * (prompt: ≥ 1), a uid outside [0, RL_WIRE_MAX_UID], more responses than the bytes left could hold,
- * a negative token id, version or interruption count, an unknown finish reason, a NaN logprob,
- * a non-finite score or extra value, a bad string length, bytes missing or left over. */
+ * a negative token id, version or interruption count, an unknown finish reason, a NaN logprob, a
+ * mask byte other than 0 / 1 (the message names the uid, response and token), a non-finite score or
+ * extra value, a bad string length, a trajectory record out of range, bytes missing or left over.
+ * reqs[j].out_mask and traj are NULL when the sender had none. */
 int rl_group_decode(const void *buf, size_t len, rl_group **out);
 
 /* A decoded train message (rl_minibatch: rl.h). groups[] concatenates the mini-batches' groups. */

@@ -40,6 +40,7 @@
 
 #include "data/dataset.h"
 #include "model/model.h"
+#include "rl/agent_loop.h"
 #include "rl/rl.h"
 
 typedef struct {
@@ -84,6 +85,9 @@ typedef struct {
                                     (moerl's CPU runs on one host): while n roles are runnable (a trainer computing
                                     an update, a replica with a group in its step) each runs at min(1, host_cores /
                                     n) of its calibrated speed (processor sharing); 0 = independent devices */
+    /* rollout.multi_turn.enable: the sim.multi_turn.* distributions of the simulated trajectories
+     * (rl/agent_loop.h's simulation mode; eos_id / filler_id are set by sim_run from the stand-in model) */
+    agent_sim_config multi_turn;
 } sim_setup;
 
 typedef struct {

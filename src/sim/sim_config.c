@@ -30,6 +30,65 @@ void sim_def_keys(cfg *c) {
     cfg_def_float(c, "sim.host_cores", 0,
                   "> 0: rollout replicas and trainer are processes sharing this many CPU cores (processor sharing, "
                   "for runs on one host); 0 = independent devices");
+    cfg_def_float(c, "sim.multi_turn.turns_mean", 3,
+                  "with rollout.multi_turn.enable: mean assistant turns per trajectory (≥ 1): 1 + a geometric draw, "
+                  "capped by rollout.multi_turn.max_assistant_turns; each turn's length is rollout.synthetic_length's "
+                  "draw and each turn but the last makes one tool call");
+    cfg_def_float(c, "sim.multi_turn.tool_latency_median_s", 1,
+                  "with rollout.multi_turn.enable: median seconds of a tool call (log-normal latency; a latency over "
+                  "rollout.multi_turn.tool_timeout_s is a timeout answered then)");
+    cfg_def_float(c, "sim.multi_turn.tool_latency_sigma", 1,
+                  "with rollout.multi_turn.enable: sigma of the log of a tool call's latency (0 = every call takes the "
+                  "median)");
+    cfg_def_int(c, "sim.multi_turn.tool_response_tokens", 32,
+                "with rollout.multi_turn.enable: token ids inserted per tool turn (the tool message with its template "
+                "text)");
+}
+
+/* sim.multi_turn.* into su->multi_turn (rollout.multi_turn.enable), checked; refused when set without
+ * enable, and the environment's keys a simulation does not model are refused when set with it. */
+static int read_multi_turn_keys(const cfg *c, const rl_config *rc, sim_setup *su) {
+    static const char *const keys[4] = {"sim.multi_turn.turns_mean", "sim.multi_turn.tool_latency_median_s",
+                                        "sim.multi_turn.tool_latency_sigma", "sim.multi_turn.tool_response_tokens"};
+    agent_sim_config *m = &su->multi_turn;
+    memset(m, 0, sizeof *m);
+    if (!rc->multi_turn.enable) {
+        for (int i = 0; i < 4; i++)
+            if (strcmp(cfg_origin(c, keys[i]), "default"))
+                return moerl_errorf("%s is set but rollout.multi_turn.enable is false: set enable=true to simulate "
+                                    "multi-turn trajectories, or leave the key at its default", keys[i]);
+        return MOERL_OK;
+    }
+    /* what the simulated environment does not model: refused rather than ignored */
+    static const char *const unmodelled[4] = {"rollout.multi_turn.tool_num_workers", "rollout.multi_turn.tool_max_concurrency",
+                                              "rollout.multi_turn.tool_max_retries",
+                                              "rollout.multi_turn.max_tool_response_length"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(cfg_origin(c, unmodelled[i]), "default"))
+            return moerl_errorf("%s: moerl simulate does not model it (each simulated tool call is answered after its "
+                                "own drawn latency, with sim.multi_turn.tool_response_tokens ids); leave it at its "
+                                "default", unmodelled[i]);
+    m->turns_mean = cfg_float(c, keys[0]);
+    m->latency_median_s = cfg_float(c, keys[1]);
+    m->latency_sigma = cfg_float(c, keys[2]);
+    const int64_t tok = cfg_int(c, keys[3]);
+    if (!(m->turns_mean >= 1 && m->turns_mean <= 1e6))
+        return moerl_errorf("%s must be in [1, 1e6] (assistant turns per trajectory), got %g", keys[0], m->turns_mean);
+    if (!(m->latency_median_s > 0 && m->latency_median_s <= 1e6))
+        return moerl_errorf("%s must be > 0 and ≤ 1e6 seconds, got %g", keys[1], m->latency_median_s);
+    if (!(m->latency_sigma >= 0 && m->latency_sigma <= 20))
+        return moerl_errorf("%s must be in [0, 20], got %g", keys[2], m->latency_sigma);
+    if (tok < 0 || tok >= rc->max_response_length)
+        return moerl_errorf("%s must be ≥ 0 and below data.max_response_length %d, got %lld", keys[3],
+                            rc->max_response_length, (long long)tok);
+    if (!(rc->synth_alpha > 0))
+        return moerl_errorf("rollout.multi_turn.enable under moerl simulate draws each assistant turn's length from "
+                            "rollout.synthetic_length.*: set rollout.synthetic_length.alpha > 0 (got %g)",
+                            rc->synth_alpha);
+    m->response_tokens = (int)tok;
+    m->synth_alpha = rc->synth_alpha;
+    m->synth_min = rc->synth_min;
+    return MOERL_OK;
 }
 
 /* The stand-in model of the engine and trainer: one dense layer of width 8 over the byte vocabulary. */
@@ -91,6 +150,7 @@ int sim_read_setup(const cfg *c, const char *model, int calibrate, int sweep, rl
         rl_config async = *rc;
         if (rl_config_set_mode(&async, RL_MODE_ASYNC) != MOERL_OK) return MOERL_ERR;
     }
+    if (read_multi_turn_keys(c, rc, su) != MOERL_OK) return MOERL_ERR;
     su->target = target;
     su->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     *n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");

@@ -12,7 +12,8 @@
 /* Declare rl_def_keys' keys and the simulation's: sim.device, sim.rollout_devices,
  * rollout.tensor_model_parallel_size (unless declared), the cost keys sim.mem_bandwidth, sim.flops,
  * sim.train_flops, sim.link_bandwidth, sim.*_overhead_s, the scales sim.gen_scale / sim.train_scale
- * and sim.host_cores. */
+ * sim.host_cores and the multi-turn distributions sim.multi_turn.* (turns_mean, tool_latency_median_s,
+ * tool_latency_sigma, tool_response_tokens; read with rollout.multi_turn.enable, refused without). */
 void sim_def_keys(cfg *c);
 /* Read the configuration: rl_read_config into *rc (sweep: the async rows' budget checked too), the
  * simulated model's architecture into *target (model: --model, or NULL for model.path / model.*),

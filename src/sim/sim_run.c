@@ -16,7 +16,14 @@
  * simulation admits, interrupts and trains exactly the groups `moerl rl` does in lockstep.
  * With sim.host_cores (sim.h: processor sharing of one host's cores), an async PPO update is
  * co-simulated with the engine steps it overlaps (train_shared), each side slowed only while the
- * other computes. */
+ * other computes.
+ *
+ * Multi-turn (rollout.multi_turn.enable): the rollouter's agent loop runs in simulation mode
+ * (rl/agent_loop.h) on the rollout side's clock t_roll: a turn's tool call is sent at the start of the
+ * engine step that ended the turn and answered at that time + its drawn latency; the answered
+ * trajectories are continued by the next tick. A tick that finds nothing to decode and only
+ * trajectories waiting for tools (the rollouter's wait_tools stage) jumps t_roll to the next answer
+ * (idle time of the rollout side), or, when the step loop acts first, to that event. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -42,6 +49,7 @@ typedef struct {
     double busy, idle, train_busy, sync_s, wait_s;
     double roll_work, train_work; /* device-seconds at full speed: Σ step work × busy replicas; Σ update work × trainers */
     double step_b;             /* busy replicas of the rollout step ending at t_roll (host sharing) */
+    double horizon;            /* a tool wait jumps t_roll at most to here (the step loop's next event) */
     int64_t steps_engine;
     sim_result *res;
 } sim_state;
@@ -77,15 +85,25 @@ static double share_rate(const sim_state *s, double runnable) {
     return C > 0 && runnable > C ? C / runnable : 1.0;
 }
 
+/* The agent loop's clock (multi-turn): the rollout side's. */
+static double roll_clock(void *ctx) { return ((const sim_state *)ctx)->t_roll; }
+
+#define ROLL_TOOL_WAIT 2
+
 /* Start one rollout tick at t_roll (admission + one engine step): *w = the step's work (seconds at
  * full speed per busy replica), *b = the busy replicas (min(replicas, groups in the step)); the
- * caller sets its duration. Returns 1 (a step), 0 (nothing to do), MOERL_ERR. */
+ * caller sets its duration. Returns 1 (a step), 0 (nothing to do), ROLL_TOOL_WAIT (no step: only
+ * trajectories waiting for tools, the answers due by t_roll taken; *w = *b = 0), MOERL_ERR. */
 static int roll_begin(job *J, double *w, double *b) {
     sim_state *s = ST(J);
     const engine_stats a = engine_get_stats(J->R.eng);
     const int q0 = rl_queue_size(&J->queue), p0 = s->n_pending;
     const int did = rollouter_tick(&J->R);
     if (did <= 0) return did;
+    if (!strcmp(J->R.stage, "wait_tools")) {
+        *w = *b = 0;
+        return ROLL_TOOL_WAIT;
+    }
     const engine_stats z = engine_get_stats(J->R.eng);
     /* groups that had responses in the step: still in flight + completed by it (deferred in async
      * mode, queued in lockstep / sync mode) */
@@ -112,13 +130,33 @@ static void roll_idle_to(sim_state *s, double t) {
     s->t_roll = t;
 }
 
+/* A tick found only trajectories waiting for tools: when the answers it took left work to decode,
+ * go on at once; else the rollout side idles until the next answer or the horizon, whichever comes
+ * first. Returns 1 (an answer is due, or work), 0 (the horizon came first: idle until the step loop
+ * acts). */
+static int roll_tool_wait(job *J) {
+    sim_state *s = ST(J);
+    if (engine_num_unfinished(J->R.eng) > 0 || agent_loop_waiting(J->R.agent) == 0) return 1;
+    const double next = agent_loop_sim_next_answer(J->R.agent);
+    const double to = MOERL_MIN(next, s->horizon);
+    MOERL_ASSERT(isfinite(to) && to >= s->t_roll);
+    roll_idle_to(s, to);
+    return next <= to ? 1 : 0;
+}
+
 /* One rollout tick at t_roll with the trainer not computing (it waits for groups or syncs): the
- * busy replicas share the cores among themselves. Returns 1 (worked), 0 (idle), MOERL_ERR. */
+ * busy replicas share the cores among themselves. Returns 1 (worked, or waited for a tool's answer),
+ * 0 (idle), MOERL_ERR. */
 static int roll_step(job *J) {
     sim_state *s = ST(J);
     double w, b;
     const int did = roll_begin(J, &w, &b);
     if (did <= 0) return did;
+    if (did == ROLL_TOOL_WAIT) {
+        const int got = roll_tool_wait(J);
+        if (!s->async && deliver(J) != MOERL_OK) return MOERL_ERR;
+        return got;
+    }
     const double dt = w / share_rate(s, b);
     s->t_roll += dt;
     s->step_b = b;
@@ -132,7 +170,9 @@ static int roll_advance(job *J, double t) {
     sim_state *s = ST(J);
     while (s->t_roll <= t) {
         if (deliver(J) != MOERL_OK) return MOERL_ERR;
+        s->horizon = t; /* a wait for tools stops at the step loop's event */
         const int did = roll_step(J);
+        s->horizon = INFINITY;
         if (did < 0) return MOERL_ERR;
         if (did == 0) { /* nothing to do until the step loop acts */
             s->idle += t - s->t_roll;
@@ -210,8 +250,18 @@ static int train_shared(job *J, double work, double nt) {
                 s->t_roll = t;
             }
             if (deliver(J) != MOERL_OK) return MOERL_ERR;
-            const int did = roll_begin(J, &rem_r, &b);
+            int did = roll_begin(J, &rem_r, &b);
             if (did < 0) return MOERL_ERR;
+            if (did == ROLL_TOOL_WAIT) { /* waiting for tools: wall time, not work (no replica computes) */
+                if (engine_num_unfinished(J->R.eng) > 0 || agent_loop_waiting(J->R.agent) == 0) continue;
+                const double next = agent_loop_sim_next_answer(J->R.agent), r = share_rate(s, nt);
+                if (next < t + work / r) { /* the answer comes during the update: the next tick then */
+                    work -= (next - t) * r;
+                    t = next;
+                    continue; /* idle from t_roll to the new t: counted at the loop's top */
+                }
+                did = 0; /* the update ends first: it runs alone, the rollout side waits */
+            }
             if (did == 0) { /* idle until the step loop acts: the update runs alone */
                 t += work / share_rate(s, nt);
                 work = 0;
@@ -298,9 +348,10 @@ static int sim_sync(job *J, int version, double *rb, double *ri) {
     } else {
         roll_idle_to(s, s->t_train);
     }
-    if (!J->cfg->partial_rollout) { /* drain: in-flight responses finish under the old weights */
+    if (!J->cfg->partial_rollout) { /* drain: in-flight responses finish under the old weights (multi-turn:
+                                       the trajectories waiting for tools too, as job.c's sync) */
         R->draining = 1;
-        while (engine_num_unfinished(R->eng) > 0) {
+        while (rollouter_unfinished(R) > 0) {
             const int did = roll_step(J);
             if (did < 0) return MOERL_ERR;
             if (deliver(J) != MOERL_OK) return MOERL_ERR;
@@ -374,6 +425,7 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
     S.su = su;
     S.async = cfg.mode == RL_MODE_ASYNC;
     S.res = res;
+    S.horizon = INFINITY;
     job_ops ops = {sim_get_groups, sim_send_part, sim_sync, sim_add_prompts, sim_inflight_uids, sim_stop,
                    sim_describe, sim_abort, &S, sim_update, NULL, NULL, sim_clock};
     job *J = xcalloc(1, sizeof *J);
@@ -388,6 +440,13 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
     if (moerl_mkdirs(cfg.out_dir) != MOERL_OK) goto out;
     rl_queue_init(&J->queue, b.max_required_samples);
     if (rollouter_init(&J->R, &cfg, &b, train, tiny, &J->queue, J->total_prompts) != MOERL_OK) goto out;
+    if (cfg.multi_turn.enable) { /* the agent loop in simulation mode, on the rollout side's clock */
+        agent_sim_config mt = su->multi_turn;
+        mt.eos_id = tiny->cfg.eos_token_id;
+        mt.filler_id = 0; /* the token the simulated engine samples (a byte, not a stop id) */
+        J->R.agent = agent_loop_create_sim(&cfg.multi_turn, &mt, roll_clock, &S);
+        if (!J->R.agent) goto out;
+    }
     J->feed = &J->R.feed;
     if (S.async) {
         J->R.on_group_done = defer_group;

@@ -66,6 +66,14 @@ json_t *sim_result_json(const sim_result *r, const sim_setup *su) {
     json_object_set_new(k, "rollout.dtype", json_string(su->dev.dtype_bytes == 2 ? "bf16" : "fp32"));
     json_object_set_new(o, "cost_keys", k);
     json_object_set_new(o, "host_cores", json_real(su->host_cores));
+    if (su->multi_turn.turns_mean > 0) { /* rollout.multi_turn.enable: the distributions simulated */
+        json_t *m = json_object();
+        json_object_set_new(m, "sim.multi_turn.turns_mean", json_real(su->multi_turn.turns_mean));
+        json_object_set_new(m, "sim.multi_turn.tool_latency_median_s", json_real(su->multi_turn.latency_median_s));
+        json_object_set_new(m, "sim.multi_turn.tool_latency_sigma", json_real(su->multi_turn.latency_sigma));
+        json_object_set_new(m, "sim.multi_turn.tool_response_tokens", json_integer(su->multi_turn.response_tokens));
+        json_object_set_new(o, "multi_turn", m);
+    }
     return o;
 }
 

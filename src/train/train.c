@@ -28,7 +28,9 @@ int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_star
     return n_mb;
 }
 
-/* Pack seqs[b0..b1) into the flat arrays; returns N. */
+/* Pack seqs[b0..b1) into the flat arrays; returns N. A response target whose resp_mask is 0 (a
+ * token inserted between turns) gets resp_index −1, like a prompt token: no callback, logprob or
+ * entropy reads it. */
 static int pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *tgt, int *seq_of, int *resp_index) {
     int N = 0;
     cu[0] = 0;
@@ -38,7 +40,9 @@ static int pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *t
             tok[N] = s->tokens[t];
             tgt[N] = t + 1 < s->len ? s->tokens[t + 1] : -1;
             seq_of[N] = i;
-            resp_index[N] = (t + 1 < s->len && t + 1 >= s->resp_start) ? t + 1 - s->resp_start : -1;
+            int ri = (t + 1 < s->len && t + 1 >= s->resp_start) ? t + 1 - s->resp_start : -1;
+            if (ri >= 0 && s->resp_mask && !s->resp_mask[ri]) ri = -1;
+            resp_index[N] = ri;
             N++;
         }
         cu[i - b0 + 1] = N;
@@ -48,6 +52,23 @@ static int pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *t
 
 int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu, int *tgt, int *seq_of, int *resp_index) {
     return pack(seqs, b0, b1, tok, cu, tgt, seq_of, resp_index);
+}
+
+int64_t train_seq_loss_tokens(const train_seq *s) {
+    const int n = s->len - s->resp_start;
+    if (n <= 0) return 0;
+    const int first = s->resp_start > 0 ? 0 : 1; /* a response starting at token 0 has no target for it */
+    int64_t k = 0;
+    for (int i = first; i < n; i++) k += !s->resp_mask || s->resp_mask[i];
+    return k;
+}
+
+/* Masked response entries of out_logp hold 0 (no forward pass writes them; callers allocate with xmalloc). */
+static void zero_masked_logprobs(const train_seq *seqs, int n, float **out_logp) {
+    for (int i = 0; i < n; i++)
+        if (seqs[i].resp_mask)
+            for (int k = 0; k < seqs[i].len - seqs[i].resp_start; k++)
+                if (!seqs[i].resp_mask[k]) out_logp[i][k] = 0.0f;
 }
 
 typedef struct {
@@ -137,6 +158,7 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp) {
     const train_par_hooks *ph = train_par_hooks_of(a->par);
+    zero_masked_logprobs(seqs, n, out_logp);
     if (ph && ph->logprobs) return ph->logprobs(a->par, m, seqs, n, max_tokens, temperature, out_logp); /* pipeline */
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, max_tokens, mb);

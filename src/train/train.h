@@ -29,9 +29,14 @@ typedef struct {
 int pack_microbatches(const train_seq *seqs, int n, int max_tokens, int *mb_start);
 /* Pack sequences [b0, b1) into the flat arrays of one micro-batch (each ≥ their tokens long;
  * cu_seqlens b1−b0+1): tokens, next-token targets (−1 at a sequence's end), seq_of (the sequence
- * index), resp_index (target's position in the response, −1 outside it). Returns N, the tokens. */
+ * index), resp_index (target's position in the response, −1 outside it and where the sequence's
+ * resp_mask is 0). Returns N, the tokens. */
 int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu_seqlens, int *tgt, int *seq_of,
                int *resp_index);
+/* The loss tokens of s: response targets (positions resp_start.. len−1, at least 1) whose resp_mask is
+ * 1 (all of them when resp_mask is NULL) — what the loss normalisation counts (RL's loss_agg_mode,
+ * SFT's token mean). */
+int64_t train_seq_loss_tokens(const train_seq *s);
 
 /* Per-micro-batch callback: after the forward and model_logprobs of the packed micro-batch, the
  * callback reads logp (and entropy if asked) for the response targets and writes
@@ -127,10 +132,11 @@ static inline const train_par_hooks *train_par_hooks_of(const void *par) {
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *opts,
                      token_grad_fn fn, void *ctx, train_step_out *out);
 /* Forward only: logp of each sequence's response targets into out_logp[i] (caller allocates
- * len−resp_start floats per sequence). Used for proximal/reference logprobs and the trainer's
- * recomputation. With a->par (model parallel, train_par_hooks): FSDP / EP members run the group's number of passes
- * (idle ones padded, so call it on every member of the group); Ulysses SP ranks each compute their
- * tokens and every rank of the SP group returns all of them. */
+ * len−resp_start floats per sequence; entries whose resp_mask is 0 are set to 0). Used for
+ * proximal/reference logprobs and the trainer's recomputation. With a->par (model parallel,
+ * train_par_hooks): FSDP / EP members run the group's number of passes (idle ones padded, so call it
+ * on every member of the group); Ulysses SP ranks each compute their tokens and every rank of the SP
+ * group returns all of them. */
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp);
 
