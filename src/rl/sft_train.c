@@ -486,9 +486,11 @@ static int sft_eval(sft_run *S, const dataset *ds, int skip, double *acc) {
     int erc;
     const moe_model *f = full_on_root(&S->R, S->m, &erc);
     if (S->R.root && erc == MOERL_OK && skip) *acc = NAN;
-    else if (S->R.root && erc == MOERL_OK && S->o->score) { /* greedy, one response per row: eval_accuracy's */
+    else if (S->R.root && erc == MOERL_OK && (S->o->score || (S->o->multi_turn && S->o->multi_turn->enable))) {
+        /* greedy, one response per row: eval_accuracy's; with tools, a trajectory per row */
         const val_options vo = {.kw = {.n = 1, .top_p = 1.0f, .top_k = -1}, .n_rows = S->o->val_n,
-                                .max_new_tokens = S->o->max_response_length, .max_num_seqs = 64, .seed = S->o->seed};
+                                .max_new_tokens = S->o->max_response_length, .max_num_seqs = 64, .seed = S->o->seed,
+                                .multi_turn = S->o->multi_turn};
         val_report rep;
         erc = val_run(f, ds, &vo, S->o->score, S->o->score_ctx, &rep);
         if (erc == MOERL_OK) {
