@@ -446,9 +446,31 @@ static void test_env_dies(fixture *f) {
     tok_seq_free(&script);
 }
 
+/* A template that drops tool messages is refused before anything runs (the model would never see an
+ * answer); one that raises on them too, with its message. */
+static void test_template_checks(fixture *f) {
+    const char *drop = "{%- for m in messages %}{%- if m.role != 'tool' %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                       "<|im_end|>\n{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{%- endif %}";
+    char path[] = "/tmp/moerl_tpl_XXXXXX.jinja";
+    const int fd = mkstemps(path, 6);
+    MOERL_ASSERT(fd >= 0 && write(fd, drop, strlen(drop)) == (ssize_t)strlen(drop));
+    close(fd);
+    MOERL_ASSERT(tokenizer_set_chat_template(f->tk, path, false, "data.chat_template") == MOERL_OK);
+    CHECK(agent_loop_check_template(&f->tc) == MOERL_ERR && strstr(moerl_last_error(), "does not render tool messages"),
+          "a template that drops tool messages is refused: %s", moerl_last_error());
+    multi_turn_config m = {.enable = 1, .max_tool_response_length = 256};
+    env_config ec = {.timeout_s = 30, .num_workers = 1, .max_concurrency = 1, .max_retries = 0};
+    CHECK(agent_loop_create(&m, &f->tc, &ec) == NULL, "agent_loop_create refuses it too");
+    unlink(path);
+    MOERL_ASSERT(tokenizer_set_chat_template(f->tk, "qwen3", false, "data.chat_template") == MOERL_OK);
+    CHECK(agent_loop_check_template(&f->tc) == MOERL_OK, "Qwen3's template passes: %s", moerl_last_error());
+}
+
 int main(void) {
     fixture f;
     fx_setup(&f);
+    test_template_checks(&f);
     test_trajectory(&f);
     test_bad_input(&f);
     test_invalid_utf8(&f);

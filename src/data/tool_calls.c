@@ -189,7 +189,12 @@ static int tool_from_json(json_t *j, const char *file, int idx, tool_def *t) {
     json_t *v;
     json_object_foreach(j, key, v) {
         if (strcmp(key, "type") && strcmp(key, "function") && strcmp(key, "command") && strcmp(key, "url"))
-            return moerl_errorf("%s: tool %d: unknown key '%s' (expected type, function, command or url)", file, idx, key);
+            return moerl_errorf("%s: tool %d: unknown key '%s' (expected type, function, command or url)%s", file, idx, key,
+                                !strcmp(key, "class_name") || !strcmp(key, "config") || !strcmp(key, "tool_schema")
+                                    ? "; verl's tool classes are Python objects moerl does not load: give the schema "
+                                      "(tool_schema's function) under function: and run the tool as a program "
+                                      "(command:) or a server (url:) speaking docs/multi-turn.md's protocol"
+                                    : "");
     }
     json_t *type = json_object_get(j, "type"), *fn = json_object_get(j, "function");
     if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function")))

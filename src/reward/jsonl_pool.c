@@ -357,6 +357,8 @@ static const char *where_of(const jsonl_proc_policy *pol, long id) {
     return s ? s : "(no row)";
 }
 
+#define STARTUP_GRACE_S 10.0
+
 /* Send line (owned) of request id to w, starting its process when it is not running. */
 static int assign(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w, long id, char *line, int tries) {
     if (!w->pid && worker_start(pb, w) != MOERL_OK) {
@@ -376,7 +378,11 @@ static int assign(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w, long
     w->req = 1;
     w->id = id;
     w->tries = tries;
-    w->deadline = now_s() + pb->timeout_s;
+    /* a process's first request also waits for its start-up (imports, loading a model): it gets
+     * STARTUP_GRACE_S or timeout_s more, whichever is larger — else a program slower to start than
+     * the timeout would be killed and restarted for ever, never answering */
+    const double grace = w->n_answered == 0 ? (pb->timeout_s > STARTUP_GRACE_S ? pb->timeout_s : STARTUP_GRACE_S) : 0;
+    w->deadline = now_s() + pb->timeout_s + grace;
     return MOERL_OK;
 }
 

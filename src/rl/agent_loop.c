@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "base/utf8.h"
 #include "base/rng.h"
 #include "data/tool_calls.h"
@@ -50,6 +51,7 @@ struct agent_loop {
     int n_calls, cap_calls;
     uint64_t next_tag;
     int n_waiting;
+    int n_logged_errors; /* tool error answers logged so far (the first 5) */
     agent_stats st;
     pthread_mutex_t st_mu; /* st: updated inside turn_end / poll, read by take_stats from another thread */
     /* simulation mode (agent_loop_create_sim): sim set, env NULL */
@@ -93,11 +95,51 @@ static int find_eot(char *eot, size_t cap) {
     return MOERL_OK;
 }
 
+/* Before any rollout: the chat template must render a tool message (else the model would never see
+ * a tool's answer) — a probe turn's delta must hold the probe's content — and should render the tools'
+ * schemas into the prompt (a warning when it does not: the model is not told which tools exist). */
+static int probe_template(const tool_config *tc, const char *eot) {
+    tokenizer *tk = tok_current();
+    static const char probe[] = "moerl-tool-probe-5e1f";
+    chat_msg msgs[3] = {{.role = "user", .content = "x"}, {.role = "assistant", .content = "y"},
+                        {.role = "tool", .content = (char *)probe}};
+    json_t *schemas = tool_config_schemas(tc);
+    const chat_extra x = {schemas, NULL};
+    tok_seq ids = {0};
+    int rc = tool_turn_ids(tk, msgs, 2, 3, &x, eot, &ids);
+    if (rc == MOERL_OK) {
+        size_t len = 0;
+        char *text = tok_decode(ids.ids, ids.n, false, &len);
+        if (!text || !strstr(text, probe))
+            rc = moerl_errorf("the chat template (%s) does not render tool messages (role \"tool\"): the model would "
+                              "never see a tool's answer; use a template that does (data.chat_template: the "
+                              "checkpoint's own, or a .jinja file)", tokenizer_chat_template_name(tk));
+        free(text);
+    } else {
+        moerl_error_prefix("the chat template (%s) cannot render a tool turn: ", tokenizer_chat_template_name(tk));
+    }
+    char *with = rc == MOERL_OK ? tokenizer_chat_text_ex(tk, msgs, 1, &x, true) : NULL;
+    char *without = rc == MOERL_OK ? tokenizer_chat_text_ex(tk, msgs, 1, NULL, true) : NULL;
+    if (with && without && !strcmp(with, without))
+        log_warn("multi-turn: the chat template (%s) does not render the tools' schemas into the prompt: the model is "
+                 "not told which tools exist (unless the prompts say so)", tokenizer_chat_template_name(tk));
+    free(with);
+    free(without);
+    tok_seq_free(&ids);
+    json_decref(schemas);
+    return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("multi-turn: ");
+}
+
+int agent_loop_check_template(const tool_config *tc) {
+    char eot[64];
+    return find_eot(eot, sizeof eot) == MOERL_OK && probe_template(tc, eot) == MOERL_OK ? MOERL_OK : MOERL_ERR;
+}
+
 agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc, const env_config *ec) {
     agent_loop *A = xcalloc(1, sizeof *A);
     A->m = *m;
     A->tc = tc;
-    if (find_eot(A->eot, sizeof A->eot) != MOERL_OK) {
+    if (find_eot(A->eot, sizeof A->eot) != MOERL_OK || probe_template(tc, A->eot) != MOERL_OK) {
         free(A);
         return NULL;
     }
@@ -329,6 +371,13 @@ static int turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, con
     return rc;
 }
 
+/* The trajectory id of pending call `tag` ("?" when unknown). */
+static const char *c_id(const agent_loop *A, uint64_t tag) {
+    for (int i = 0; i < A->n_calls; i++)
+        if (A->calls[i].tag == tag) return A->calls[i].tr ? A->calls[i].tr->id : "?";
+    return "?";
+}
+
 static pending_call take_call(agent_loop *A, uint64_t tag) {
     for (int i = 0; i < A->n_calls; i++)
         if (A->calls[i].tag == tag) {
@@ -347,6 +396,10 @@ static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **do
     A->st.tool_latency_max_s = MOERL_MAX(A->st.tool_latency_max_s, res->latency_s);
     A->st.tool_errors += res->error || res->timed_out;
     A->st.tool_timeouts += res->timed_out;
+    if (res->error && A->n_logged_errors < 5) /* a tool that errors: say so a few times (then only metrics) */
+        log_warn("multi-turn: a tool answered trajectory %s with an error (the model reads it as the tool response%s): "
+                 "%.300s", c_id(A, res->tag), ++A->n_logged_errors == 5 ? "; further ones are only counted, in "
+                 "tool_errors/mean" : "", res->content ? res->content : "");
     pending_call c = take_call(A, res->tag);
     traj *tr = c.tr;
     if (!tr) return 0; /* its trajectory was forgotten or ended */

@@ -59,6 +59,11 @@ typedef struct agent_loop agent_loop;
  * tokenizer's chat template (tok_current). NULL with the client's error, or when the template
  * writes none of the tokenizer's stop tokens at the end of an assistant turn (no turn boundary). */
 agent_loop *agent_loop_create(const multi_turn_config *m, const tool_config *tc, const env_config *ec);
+/* The checks agent_loop_create makes of the current tokenizer's chat template, alone (moerl rl makes
+ * them before its warm start): it ends assistant turns with a stop token, renders a tool message into
+ * the tool turn's delta (an error naming the template: else the model would never see an answer) and
+ * (a warning otherwise) the tools' schemas into the prompt. */
+int agent_loop_check_template(const tool_config *tc);
 /* Kill the environment programs, free the parked trajectories' state (their requests stay the
  * caller's). */
 void agent_loop_free(agent_loop *A);

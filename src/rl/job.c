@@ -292,6 +292,7 @@ void job_log_samples(job *J, rl_group **g, int n) {
         free(txt);
         json_decref(o);
     }
+    fflush(J->samples); /* whole lines at every step: tail -f and an abrupt end see parseable records */
 }
 
 int job_reward_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {

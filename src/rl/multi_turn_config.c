@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "rl/agent_loop.h"
 
 #define MT_DEF_TOOL_RESPONSE 256
 
@@ -82,8 +83,8 @@ int multi_turn_attach_tools(const multi_turn_config *m, dataset *ds) {
     tool_config tc;
     if (tool_config_load(m->tool_config_path, &tc) != MOERL_OK) return MOERL_ERR;
     json_t *schemas = tool_config_schemas(&tc);
+    int rc = agent_loop_check_template(&tc); /* before anything runs (rl: before the warm start) */
     tool_config_free(&tc);
-    int rc = MOERL_OK;
     for (int64_t i = 0; i < ds->n && rc == MOERL_OK; i++) {
         ds_row *r = &ds->rows[i];
         if (r->tools) continue;

@@ -4,6 +4,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -487,6 +488,7 @@ typedef struct {
     char **text;
     int *len;
     agent_traj *traj; /* multi-turn: what each trajectory did; NULL: one turn */
+    int round;        /* this process's validation count (trajectory ids "valROUND-ID") */
 } val_gen;
 
 static void val_gen_free(val_gen *g) {
@@ -519,8 +521,8 @@ static void val_agent_close(val_agent *v) {
  * goes on, MOERL_ERR. */
 static int val_turn_end(val_agent *v, engine *e, gen_request *r, const dataset *ds, val_gen *g) {
     if (!v->A) return 1;
-    char id[64];
-    snprintf(id, sizeof id, "val-%lld", (long long)r->id);
+    char id[64]; /* unique over the run's validations: an environment may key episodes by it */
+    snprintf(id, sizeof id, "val%d-%lld", g->round, (long long)r->id);
     const int64_t i = r->id / g->N;
     return agent_loop_turn_end(v->A, e, r, &g->traj[r->id], dataset_row(ds, i), id);
 }
@@ -564,7 +566,11 @@ static int generate(engine *e, const dataset *ds, tok_seq *prompts, const val_op
         v.A = NULL;
         v.tools = (tool_config){0};
     }
-    if (v.A) g->traj = xcalloc((size_t)total, sizeof(agent_traj));
+    if (v.A) {
+        static _Atomic int rounds;
+        g->traj = xcalloc((size_t)total, sizeof(agent_traj));
+        g->round = atomic_fetch_add(&rounds, 1);
+    }
     while (rc == MOERL_OK && finished < total) {
         const int k = engine_num_unfinished(e) > 0 ? engine_step(e, done, (int)total + 1) : 0;
         if (k < 0) rc = MOERL_ERR;
