@@ -391,17 +391,18 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (multi_turn_read_config(c, &r->multi_turn) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
      * model once the model is known) */
+    const int64_t sp = cfg_int(c, "actor.ulysses_sequence_parallel_size");
+    if (r->loss_mode == POLICY_LOSS_GSPO && sp > 1)
+        return moerl_errorf("actor.policy_loss.loss_mode=gspo with actor.ulysses_sequence_parallel_size=%lld: GSPO's "
+                            "sequence ratio needs every token of a sequence on one rank, and Ulysses SP splits each "
+                            "sequence over its ranks; set ulysses_sequence_parallel_size=1 or loss_mode=vanilla",
+                            (long long)sp);
     par_layout L;
     if (par_read_layout(c, r->grad_compression, &L) != MOERL_OK) return MOERL_ERR;
     r->n_trainer_ranks = L.n_trainer_ranks;
     r->sync_bucket_mb = L.sync_bucket_mb;
     r->grad_bucket_mb = L.grad_bucket_mb;
     r->par = L.par;
-    if (r->loss_mode == POLICY_LOSS_GSPO && r->par.ulysses_sequence_parallel_size > 1)
-        return moerl_errorf("actor.policy_loss.loss_mode=gspo with actor.ulysses_sequence_parallel_size=%d: GSPO's "
-                            "sequence ratio needs every token of a sequence on one rank, and Ulysses SP splits each "
-                            "sequence over its ranks; set ulysses_sequence_parallel_size=1 or loss_mode=vanilla",
-                            r->par.ulysses_sequence_parallel_size);
     /* the 1F1B guard (each stage needs ≥ pp micro-batches) is rl_check_update_sizes', before the warm
      * start: a data-parallel pipeline gets whole GRPO groups (rollout.n sequences) or none, which
      * mini-batch · n / dp sequences per shard does not model (1 group of 3 over 2 pipelines: 3 or 0) */
