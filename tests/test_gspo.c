@@ -19,6 +19,7 @@
 #include "model/safetensors.h"
 #include "rl/losses.h"
 #include "rl/rl.h"
+#include "rl/state.h"
 #include "test.h"
 
 static const char *testdata(void) {
@@ -297,6 +298,38 @@ static void test_keys(void) {
     cfg_free(c);
 }
 
+/* trainer_state.json keeps the controller's β (exact resume): written, read back bit-exact (jansson
+ * prints doubles round-trip exactly), null = none, a negative value refused naming the field. */
+static void test_state_field(void) {
+    rl_state s = {.n_rows = 4, .feed_pos = 1, .last_val_accuracy = NAN, .kl_ctrl_value = 0.0012345678901234567};
+    char *txt = rl_state_to_json(&s);
+    CHECK(txt != NULL, "state with kl_ctrl_value written: %s", moerl_last_error());
+    if (!txt) return;
+    rl_state r;
+    CHECK(rl_state_parse(&r, txt, strlen(txt), "t.json", NULL) == MOERL_OK && r.kl_ctrl_value == s.kl_ctrl_value,
+          "kl_ctrl_value read back: %.17g (%s)", r.kl_ctrl_value, moerl_last_error());
+    rl_state_free(&r);
+    free(txt);
+    s.kl_ctrl_value = NAN;
+    txt = rl_state_to_json(&s);
+    CHECK(txt && strstr(txt, "\"kl_ctrl_value\": null"), "none is written as null");
+    CHECK(txt && rl_state_parse(&r, txt, strlen(txt), "t.json", NULL) == MOERL_OK && isnan(r.kl_ctrl_value),
+          "null reads back as none");
+    rl_state_free(&r);
+    free(txt);
+    s.kl_ctrl_value = -1;
+    CHECK(rl_state_to_json(&s) == NULL && strstr(moerl_last_error(), "kl_ctrl_value"), "a negative beta is refused");
+    static const char bad[] = "{\"format\": \"moerl-rl-state\", \"format_version\": 1, \"version\": 0, "
+                              "\"trainer_step\": 0, \"optimizer_step\": 0, \"optimizer_skipped\": 0, "
+                              "\"consumed_prompts\": 0, \"feed_epoch\": 0, \"n_rows\": 4, \"feed_pos\": 0, "
+                              "\"seed\": 0, \"samples_log_bytes\": 0, \"kl_ctrl_value\": \"big\", "
+                              "\"data_fingerprint\": \"ab\", \"unconsumed_started\": []}";
+    CHECK(rl_state_parse(&r, bad, strlen(bad), "t.json", NULL) == MOERL_ERR &&
+              strstr(moerl_last_error(), "t.json") && strstr(moerl_last_error(), "'kl_ctrl_value'"),
+          "a string beta is refused naming file and field: %s", moerl_last_error());
+    rl_state_free(&r);
+}
+
 int main(void) {
     char path[1024];
     snprintf(path, sizeof path, "%s/gspo.safetensors", testdata());
@@ -311,5 +344,6 @@ int main(void) {
         st_close(&f);
     }
     test_keys();
+    test_state_field();
     TEST_MAIN_END();
 }

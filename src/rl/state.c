@@ -78,6 +78,8 @@ static int check_values(const rl_state *s, const char *path, int (*err)(const ch
         return err(path, "field 'feed_pos' is %" PRId64 ", expected 0..n_rows = %" PRId64, s->feed_pos, s->n_rows);
     if (s->samples_log_bytes < 0)
         return err(path, "field 'samples_log_bytes' is %" PRId64 ", expected ≥ 0", s->samples_log_bytes);
+    if (!isnan(s->kl_ctrl_value) && !(s->kl_ctrl_value >= 0 && isfinite(s->kl_ctrl_value)))
+        return err(path, "field 'kl_ctrl_value' is %g, expected a finite number ≥ 0 or none", s->kl_ctrl_value);
     if (s->dropped_prompts < 0 || s->dropped_prompts > s->consumed_prompts)
         return err(path, "field 'dropped_prompts' is %" PRId64 ", expected 0..consumed_prompts = %" PRId64,
                    s->dropped_prompts, s->consumed_prompts);
@@ -160,6 +162,18 @@ int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path
                 goto done;
             }
             out->last_val_accuracy = json_number_value(lv);
+        }
+    }
+    out->kl_ctrl_value = NAN;
+    {
+        json_t *kv = json_object_get(o, "kl_ctrl_value");
+        if (kv && !json_is_null(kv)) {
+            if (!json_is_number(kv) || !(json_number_value(kv) >= 0) || !isfinite(json_number_value(kv))) {
+                damaged(path, "field 'kl_ctrl_value' must be a finite number ≥ 0 (the KL-in-reward coefficient) or "
+                        "null, found %s", json_is_number(kv) ? "a negative or non-finite number" : kind(kv));
+                goto done;
+            }
+            out->kl_ctrl_value = json_number_value(kv);
         }
     }
     json_t *fp = json_object_get(o, "data_fingerprint");
@@ -258,6 +272,7 @@ static char *state_to_json(const rl_state *s, const char *path) {
     json_object_set_new(o, "samples_log_bytes", json_integer(s->samples_log_bytes));
     json_object_set_new(o, "dropped_prompts", json_integer(s->dropped_prompts));
     json_object_set_new(o, "last_val_accuracy", isnan(s->last_val_accuracy) ? json_null() : json_real(s->last_val_accuracy));
+    json_object_set_new(o, "kl_ctrl_value", isnan(s->kl_ctrl_value) ? json_null() : json_real(s->kl_ctrl_value));
     char *txt = json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!txt) {
