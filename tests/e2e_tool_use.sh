@@ -127,10 +127,14 @@ for line in open(sys.argv[1]):
     s = json.loads(line)
     truth = rows[s["row"]]["reward_model"]["ground_truth"]
     for r in s["responses"]:
-        t = r["text"] or ""
+        # the text as the reward read it (the byte tokenizer: ids < 256 are bytes, the others the skipped
+        # special tokens); samples.jsonl holds null for a text that is not valid UTF-8
+        t = r["text"] if r["text"] is not None else bytes(i for i in r["ids"] if i < 256).decode("utf-8", "replace")
         turns = 1 + t.count("</tool_response>\nassistant\n")
-        if turns > 3:
-            bad.append(("turns", t))
+        if turns > 3 or ("turns" in r and r["turns"] != turns):
+            bad.append(("turns", r.get("turns"), turns, t))
+        if "loss_mask" in r and (len(r["loss_mask"]) != len(r["ids"]) or (turns > 1) != (0 in r["loss_mask"])):
+            bad.append(("loss_mask", t))
         for call, resp in re.findall(r"<tool_call>(.*?)</tool_call>\nuser\n<tool_response>\n(.*?)\n</tool_response>", t, re.S):
             multi += 1
             try:
@@ -149,6 +153,17 @@ for line in open(sys.argv[1]):
             bad.append(("reward", r["reward"], want, t))
 print("tool turns:", multi, "problems:", bad[:3])
 sys.exit(0 if multi > 0 and not bad else 1)
+PY
+# the tool metrics of the agent loop are logged, and show trajectories of more than one turn
+$PY - "$W/rl/metrics.jsonl" <<'PY' && ok "rl: num_turns, tool_calls and well_formed_rate logged" || bad "rl: tool metrics" "(above)"
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+tr = [m for m in ms if "num_turns/mean" in m]
+ok = len(tr) == 2 and max(m["num_turns/mean"] for m in tr) > 1 and all(m["tool_calls/mean"] > 0 for m in tr)
+ok = ok and all(0 <= m["tool_calls/well_formed_rate"] <= 1 for m in tr)
+if not ok:
+    print(tr)
+sys.exit(0 if ok else 1)
 PY
 
 finish

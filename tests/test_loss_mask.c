@@ -12,16 +12,26 @@
  *   - exact equivalence: a response whose inserted tokens lead it trains bit-identically to the same
  *     token sequence with those tokens moved into the prompt (same gradients, same metrics), for
  *     every case above;
+ *   - SFT on tool-call demonstrations (the tool_arith rows, ds_row_encode_sft's assistant-turn mask):
+ *     sft_train's train/ce_loss is the mean over the assistant turns' tokens only, and neither the tool
+ *     turns' tokens in the sum nor in the count would give it;
  *   - the packing: masked targets get resp_index −1, compute_logprobs writes 0 there and the same
  *     values elsewhere as without a mask, train_seq_loss_tokens counts the mask-1 targets. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "base/common.h"
+#include "data/dataset.h"
+#include "data/tasks.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "rl/rl.h"
+#include "rl/sft.h"
 #include "rl_fixture.h"
 #include "test.h"
 #include "train/train.h"
@@ -365,10 +375,127 @@ static void test_packing(void) {
     model_free(&m);
 }
 
+/* ------------------------------------------------------------------ SFT */
+
+/* The ce of a tool-use demonstration batch as sft_train reports it (train/ce_loss of its one step at
+ * lr 0, read back from its metrics file) against the cross-entropy over the assistant turns' tokens
+ * only, computed here from compute_logprobs on the same encoding (ds_row_encode_sft) and model; the
+ * control: the mean over every response token (tool turns included) is far from it. */
+static double sft_metric_ce(const char *path) {
+    FILE *f = fopen(path, "r");
+    double ce = NAN;
+    char line[8192];
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        const json_t *v = j ? json_object_get(j, "train/ce_loss") : NULL;
+        if (v && json_is_number(v)) ce = json_number_value(v);
+        json_decref(j);
+    }
+    if (f) fclose(f);
+    return ce;
+}
+
+static void test_sft_mask(void) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/test_loss_mask_XXXXXX", testdata());
+    MOERL_ASSERT(moerl_mkdirs(testdata()) == MOERL_OK && mkdtemp(dir) != NULL);
+    char tr[4200], te[4200], mp[4200];
+    snprintf(tr, sizeof tr, "%s/train.jsonl", dir);
+    snprintf(te, sizeof te, "%s/test.jsonl", dir);
+    snprintf(mp, sizeof mp, "%s/metrics.jsonl", dir);
+    task_opts to;
+    task_opts_default(&to);
+    to.n_train = 4;
+    to.n_test = 1;
+    to.seed = 5;
+    tokenizer *t = tokenizer_new_bytes();
+    CHECK(tokenizer_set_chat_template(t, "examples/tool_use/chat_template.jinja", true, "data.chat_template") ==
+              MOERL_OK, "template: %s", moerl_last_error());
+    tok_set_current(t);
+    dataset ds = {0};
+    if (task_generate("tool_arith", &to, tr, te) != MOERL_OK || dataset_load(&ds, tr) != MOERL_OK) {
+        CHECK(0, "tool_arith rows: %s", moerl_last_error());
+        tok_set_current(NULL);
+        tokenizer_free(t);
+        return;
+    }
+    moe_model m;
+    rl_tiny_model(&m, 13, 0.0f);
+    /* the reference: the rows' encodings with their masks, logprobs from the model before the step */
+    const int n = (int)dataset_count(&ds);
+    tok_seq *ids = xcalloc(n, sizeof(tok_seq));
+    uint8_t **mk = xcalloc(n, sizeof(uint8_t *));
+    train_seq *seqs = xcalloc(n, sizeof(train_seq));
+    float **lp = xcalloc(n, sizeof(float *));
+    for (int i = 0; i < n; i++) {
+        int rs = 0;
+        MOERL_ASSERT(ds_row_encode_sft(dataset_row(&ds, i), "ROW", &ids[i], &rs, &mk[i]) == MOERL_OK);
+        CHECK(mk[i] != NULL, "row %d: a demonstration with a tool turn has a loss mask", i);
+        seqs[i] = (train_seq){.tokens = ids[i].ids, .len = (int)ids[i].n, .resp_start = rs, .resp_mask = mk[i]};
+        lp[i] = xmalloc((size_t)(ids[i].n - rs + 1) * sizeof(float));
+    }
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, 1024) == MOERL_OK);
+    MOERL_ASSERT(compute_logprobs(&m, &a, seqs, n, 1024, 1.0f, lp) == MOERL_OK);
+    double s_mask = 0, s_all = 0;
+    int64_t k_mask = 0, k_all = 0, k_masked = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < seqs[i].len - seqs[i].resp_start; k++) {
+            if (mk[i][k]) {
+                s_mask -= lp[i][k];
+                k_mask++;
+            } else {
+                k_masked++;
+            }
+            k_all++;
+        }
+    /* the control's values: the same sequences unmasked (tool turns counted) */
+    for (int i = 0; i < n; i++) seqs[i].resp_mask = NULL;
+    MOERL_ASSERT(compute_logprobs(&m, &a, seqs, n, 1024, 1.0f, lp) == MOERL_OK);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < seqs[i].len - seqs[i].resp_start; k++) s_all -= lp[i][k];
+    const double ce_mask = s_mask / (double)k_mask, ce_all = s_all / (double)k_all;
+    CHECK(k_masked > 0 && k_mask > 0, "the demonstrations hold %lld tool-turn and %lld assistant tokens",
+          (long long)k_masked, (long long)k_mask);
+    /* one SFT step over the whole batch at lr 0: its train/ce_loss is the loss before the step */
+    sft_opts so = {.batch_size = n, .max_tokens = 1024, .total_epochs = 1, .total_steps = 1,
+                   .optim = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .max_grad_norm = 1.0f},
+                   .lr_scheduler = "constant", .val_n = 0, .no_held_out_eval = 1, .max_response_length = 4,
+                   .seed = 1, .label = "sft", .metrics_path = mp};
+    CHECK(sft_train(&m, &ds, &ds, &so, NULL, NULL) == MOERL_OK, "sft: %s", moerl_last_error());
+    const double ce = sft_metric_ce(mp);
+    /* the same fp32 forward of the same sequences (packed in another order), sums in double: 1e-5
+     * relative covers the GEMMs' other row blocking */
+    CHECK(fabs(ce - ce_mask) <= 1e-5 * fabs(ce_mask), "SFT ce %.9g, the assistant tokens' mean %.9g", ce, ce_mask);
+    /* controls, each 10× the tolerance away at least: the tool turns' tokens in the sum, or in the count */
+    const double ce_count_all = s_mask / (double)k_all;
+    CHECK(fabs(ce_all - ce_mask) > 1e-4 * fabs(ce_mask) && fabs(ce_count_all - ce_mask) > 1e-4 * fabs(ce_mask),
+          "controls: the mean over every response token %.9g or the assistant tokens' sum over every token %.9g is "
+          "as close (the check could not tell)", ce_all, ce_count_all);
+    printf("  SFT on %d tool demonstrations: ce %.6f = the %lld assistant tokens' mean %.6f (with the %lld tool-turn "
+           "tokens: %.6f)\n", n, ce, (long long)k_mask, ce_mask, (long long)k_masked, ce_all);
+    for (int i = 0; i < n; i++) {
+        tok_seq_free(&ids[i]);
+        free(mk[i]);
+        free(lp[i]);
+    }
+    free(ids); free(mk); free(seqs); free(lp);
+    model_acts_free(&a);
+    model_free(&m);
+    dataset_free(&ds);
+    tok_set_current(NULL);
+    tokenizer_free(t);
+    unlink(tr);
+    unlink(te);
+    unlink(mp);
+    rmdir(dir);
+}
+
 int main(void) {
     test_packing();
     test_trainer_vs_pytorch();
     test_leading_tokens_equal_prompt();
+    test_sft_mask();
     if (g_have_ref_policy) model_free(&g_ref_policy);
     TEST_MAIN_END();
 }

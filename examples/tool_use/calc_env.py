@@ -4,9 +4,13 @@
 # (the model then reads "Error: ..." as the tool response). Integers with + - * and parentheses only:
 # no names, no calls, no powers, so nothing the model writes can run code or take long.
 import ast
+import hashlib
 import json
+import math
 import operator
+import random
 import sys
+import time
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.USub: operator.neg,
        ast.UAdd: operator.pos}
@@ -42,10 +46,25 @@ def answer(call):
         return {"error": "%s: %s" % (type(e).__name__, e)}
 
 
+def latency(call, median_s, sigma):
+    """A slow tool's latency for this call: log-normal, drawn from the trajectory id (reproducible)."""
+    seed = int.from_bytes(hashlib.sha256(str(call.get("trajectory_id")).encode()).digest()[:8], "little")
+    return random.Random(seed).lognormvariate(math.log(median_s), sigma)
+
+
 def main():
+    # --latency MEDIAN_S SIGMA: answer each call after a log-normal delay (a stand-in for a slow tool: a
+    # sandbox, a search engine), to measure what asynchrony hides (docs/multi-turn.md)
+    median_s = sigma = 0.0
+    if len(sys.argv) == 4 and sys.argv[1] == "--latency":
+        median_s, sigma = float(sys.argv[2]), float(sys.argv[3])
+    elif len(sys.argv) != 1:
+        sys.exit("usage: calc_env.py [--latency MEDIAN_S SIGMA]")
     for line in sys.stdin:
         try:
             call = json.loads(line)
+            if median_s > 0 and isinstance(call, dict):
+                time.sleep(latency(call, median_s, sigma))
             out = answer(call) if isinstance(call, dict) else {"error": "the call is not a JSON object"}
         except ValueError as e:
             out = {"error": "the call is not JSON: %s" % e}

@@ -7,6 +7,7 @@
 #include <wordexp.h>
 
 #include "base/common.h"
+#include "base/utf8.h"
 #include "reward/reward_internal.h"
 
 reward_backend *reward_backend_create(const reward_config *c) {
@@ -51,38 +52,11 @@ void reward_free_argv(char **argv, int argc) {
     free(argv);
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one. */
-static int utf8_len(const unsigned char *s, size_t left) {
-    unsigned c = s[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!n || (size_t)n > left) return 0;
-    unsigned cp = n == 1 ? c : n == 2 ? c & 31 : n == 3 ? c & 15 : c & 7;
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = cp << 6 | (s[i] & 63);
-    }
-    static const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) || (n == 1 && c == 0)) return n == 1 ? 1 : 0;
-    return n;
-}
-
 /* A JSON string of s with each invalid UTF-8 byte replaced by U+FFFD. */
 static json_t *json_text(const char *s) {
     if (!s) s = "";
-    size_t n = strlen(s), o = 0;
-    char *b = xmalloc(3 * n + 1);
-    for (size_t i = 0; i < n;) {
-        int k = utf8_len((const unsigned char *)s + i, n - i);
-        if (k) {
-            memcpy(b + o, s + i, (size_t)k);
-            o += (size_t)k;
-            i += (size_t)k;
-        } else {
-            memcpy(b + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        }
-    }
+    size_t o = 0;
+    char *b = moerl_utf8_repair(s, strlen(s), 1, &o);
     json_t *j = json_stringn(b, o);
     free(b);
     return j;

@@ -4,9 +4,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "base/common.h"
+#include "base/utf8.h"
 #include "base/rng.h"
 #include "data/tool_calls.h"
 #include "rl/agent_loop.h"
@@ -166,28 +166,6 @@ static void hist_push(traj *tr, const char *role, char *content) {
     tr->hist[tr->n_hist++] = (chat_msg){.role = xstrdup(role), .content = content, .msg = NULL};
 }
 
-/* text[0..len) as valid UTF-8: each byte that does not begin a valid sequence becomes U+FFFD (the
- * model may sample any byte token; the chat template renders text). Owned, NUL-terminated. */
-static char *valid_utf8(const char *text, size_t len) {
-    char *o = xmalloc(3 * len + 1);
-    size_t n = 0;
-    for (size_t i = 0; i < len;) {
-        utf8proc_int32_t cp;
-        const utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k > 0 && cp != 0) {
-            memcpy(o + n, text + i, (size_t)k);
-            n += (size_t)k;
-            i += (size_t)k;
-        } else {
-            memcpy(o + n, "\xEF\xBF\xBD", 3);
-            n += 3;
-            i++;
-        }
-    }
-    o[n] = 0;
-    return o;
-}
-
 /* content cut to max characters (UTF-8 code points; a cut never splits one). Owned copy. */
 static char *cut_chars(const char *s, int max) {
     size_t i = 0;
@@ -207,7 +185,7 @@ static char *cut_chars(const char *s, int max) {
  * Returns 1 ended, 0 continued, MOERL_ERR. */
 static int continue_traj(agent_loop *A, engine *e, traj *tr) {
     for (int i = 0; i < tr->n_calls; i++) { /* a parser message may quote the model's stray bytes */
-        char *v = valid_utf8(tr->resp[i], strlen(tr->resp[i]));
+        char *v = moerl_utf8_repair(tr->resp[i], strlen(tr->resp[i]), 0, NULL);
         hist_push(tr, "tool", cut_chars(v, A->m.max_tool_response_length));
         free(v);
         free(tr->resp[i]);
@@ -329,7 +307,8 @@ static int turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t, con
     }
     size_t len = 0;
     char *raw = tok_decode(&r->out_tokens[tr->turn_start], r->n_out - 1 - tr->turn_start, false, &len);
-    char *text = valid_utf8(raw ? raw : "", raw ? len : 0); /* what the template renders for this turn */
+    /* what the template renders for this turn: valid UTF-8 (the sampled ids stay as they are) */
+    char *text = moerl_utf8_repair(raw ? raw : "", raw ? len : 0, 0, NULL);
     free(raw);
     len = strlen(text);
     /* the last turn allowed (max_assistant_turns): its calls are counted, never run (as verl) */

@@ -417,6 +417,7 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->grad_norm += b->grad_norm;
     a->aux_loss += b->aux_loss; a->kl_loss += b->kl_loss; a->reward_mean += b->reward_mean;
     a->reward_std += b->reward_std; a->acc_mean += b->acc_mean; a->response_length_mean += b->response_length_mean;
+    a->loss_tokens_mean += b->loss_tokens_mean;
     a->response_length_max = fmax(a->response_length_max, b->response_length_max);
     a->n_samples += b->n_samples; a->stale_samples += b->stale_samples; a->partial_samples += b->partial_samples;
     a->trained_tokens += b->trained_tokens; a->resp_tokens += b->resp_tokens;
@@ -531,6 +532,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("critic/rewards/mean", w->reward_mean / k);
     PUT("critic/rewards/std", w->reward_std / k);
     PUT("response_length/mean", w->response_length_mean / k);
+    if (J->cfg->multi_turn.enable) PUT("response/loss_tokens_mean", w->loss_tokens_mean / k); /* sampled tokens */
     PUT("response_length/max", w->response_length_max);
     PUT("response_length/clip_ratio", w->response_clip_ratio / k);
     PUT("actor/pg_loss", w->pg_loss / k_loss);

@@ -35,6 +35,9 @@ typedef struct {
     val_score_fn score;        /* the evals' reward (NULL: the rows' built-in rewards); the warm start of
                                   `moerl rl` passes its reward.* backend here */
     void *score_ctx;
+    /* rollout.multi_turn.* (NULL or enable 0: one turn): the evals run each response as a trajectory with
+     * tools (val_run's multi_turn), so that a tool-use task's accuracy is measured as RL measures it */
+    const multi_turn_config *multi_turn;
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
     unsigned metrics_loggers;  /* trainer.logger: METRICS_* sinks of metrics_path (base/log.h); 0 = file only */

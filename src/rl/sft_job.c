@@ -375,6 +375,14 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
         o.score = warm_start_score;
         o.score_ctx = pool;
     }
+    multi_turn_config mt; /* a tool-use task's evals run trajectories with its tools, as RL's validation */
+    if (cfg_has(c, "rollout.multi_turn.enable")) {
+        if (multi_turn_read_config(c, &mt) != MOERL_OK) {
+            reward_pool_free(pool);
+            return MOERL_ERR;
+        }
+        o.multi_turn = &mt;
+    }
     const int trc = sft_train(m, train, test, &o, acc_before, acc_after);
     reward_pool_free(pool);
     if (trc != MOERL_OK) return moerl_error_prefix("sft warm start: ");

@@ -486,9 +486,11 @@ static int sft_eval(sft_run *S, const dataset *ds, int skip, double *acc) {
     int erc;
     const moe_model *f = full_on_root(&S->R, S->m, &erc);
     if (S->R.root && erc == MOERL_OK && skip) *acc = NAN;
-    else if (S->R.root && erc == MOERL_OK && S->o->score) { /* greedy, one response per row: eval_accuracy's */
+    else if (S->R.root && erc == MOERL_OK && (S->o->score || (S->o->multi_turn && S->o->multi_turn->enable))) {
+        /* greedy, one response per row: eval_accuracy's; with tools, a trajectory per row */
         const val_options vo = {.kw = {.n = 1, .top_p = 1.0f, .top_k = -1}, .n_rows = S->o->val_n,
-                                .max_new_tokens = S->o->max_response_length, .max_num_seqs = 64, .seed = S->o->seed};
+                                .max_new_tokens = S->o->max_response_length, .max_num_seqs = 64, .seed = S->o->seed,
+                                .multi_turn = S->o->multi_turn};
         val_report rep;
         erc = val_run(f, ds, &vo, S->o->score, S->o->score_ctx, &rep);
         if (erc == MOERL_OK) {
@@ -577,14 +579,12 @@ static int sft_one_step(sft_run *S, int64_t ep, int64_t b, int64_t step) {
         int i = S->order[b + j];
         S->batch[j] = (train_seq){.tokens = S->seqs[i].ids, .len = (int)S->seqs[i].n, .resp_start = S->resp_start[i],
                                   .resp_mask = S->resp_mask[i]};
-        resp_tokens += S->seqs[i].n - S->resp_start[i];
+        /* the cross-entropy's token mean counts the loss tokens: a row's resp_mask leaves out the tool
+         * turns of a multi-turn demonstration */
+        resp_tokens += train_seq_loss_tokens(&S->batch[j]);
         g_tokens += S->seqs[i].n;
         if (j % R->n_shards == R->shard) S->mine[n_mine++] = S->batch[j]; /* round-robin over the data shards */
     }
-    /* the cross-entropy's token mean counts the loss tokens: a row's resp_mask leaves out the tool turns
-     * of a multi-turn demonstration (train_seq_loss_tokens) */
-    resp_tokens = 0;
-    for (int j = 0; j < S->bs; j++) resp_tokens += train_seq_loss_tokens(&S->batch[j]);
     const int global_aux = S->aux_on && (R->n_shards > 1 || (R->ps && (R->ps->sp || R->ps->pp)) || /* SP / pp */
                                          count_microbatches(S->batch, S->bs, o->max_tokens) > 1);
     float lr = lr_schedule(o->lr_scheduler, step, S->total, o->optim.lr, o->warmup_ratio, o->min_lr_ratio);
