@@ -192,7 +192,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_bool(c, "actor.use_decoupled_loss", false, "AReaL decoupled PPO (proximal = trainer weights before the step)");
     cfg_def_float(c, "actor.behav_imp_weight_cap", 2.0, "cap of the behaviour importance weight (decoupled)");
     cfg_def_float(c, "actor.entropy_coeff", 0.0, "entropy bonus");
-    cfg_def_bool(c, "actor.use_kl_loss", false, "k3 KL to the frozen starting policy");
+    cfg_def_bool(c, "actor.use_kl_loss", false, "KL loss (estimator: actor.kl_loss_type) to the frozen starting policy");
     cfg_def_float(c, "actor.kl_loss_coef", 0.001, "KL loss weight");
     cfg_def_int(c, "actor.ppo_max_token_len_per_gpu", 4096, "tokens per packed micro-batch");
     cfg_def_float(c, "actor.optim.lr", 1e-4, "learning rate");

@@ -1,5 +1,6 @@
 /* RL losses and advantages: GRPO group advantages, PPO clipped policy loss (with dual clip,
- * behaviour-anchored or decoupled), token-mean aggregation, entropy and k3 KL.
+ * behaviour-anchored or decoupled), GSPO's sequence-ratio loss, loss aggregation, entropy, the KL
+ * estimators (k1, abs, k2, k3 and their straight-through '+' forms) and the KL-in-reward controller.
  *
  * Each token-level function returns the loss contribution and its derivative with respect to
  * the current policy's logprob logp (and entropy), so the model's backward (model_backward's

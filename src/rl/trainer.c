@@ -1,6 +1,7 @@
 /* Trainer: rewards (stored by the rollouter's reward pool, shaped here), GRPO advantages, PPO policy loss anchored on the behaviour
- * logprobs from the engine (or AReaL's decoupled loss), optional entropy bonus and k3 KL to a
- * frozen reference, AdamW with clipping, over mini-batches of whole GRPO groups. */
+ * logprobs from the engine (or AReaL's decoupled loss, or GSPO's sequence ratio), optional entropy bonus,
+ * KL loss (actor.kl_loss_type) and KL-in-reward penalty (algorithm.use_kl_in_reward) to a frozen
+ * reference, AdamW with clipping, over mini-batches of whole GRPO groups. */
 #include <math.h>
 #include <string.h>
 
