@@ -105,6 +105,29 @@ void rl_state_free(rl_state *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* The optional fields: dropped_prompts (default 0), last_val_accuracy and kl_ctrl_value (default NaN). */
+static int get_optional(const char *path, const json_t *o, rl_state *out) {
+    out->last_val_accuracy = NAN;
+    out->kl_ctrl_value = NAN;
+    if (json_object_get(o, "dropped_prompts") &&
+        get_int(path, o, "dropped_prompts", 0, out->consumed_prompts, &out->dropped_prompts))
+        return MOERL_ERR;
+    json_t *lv = json_object_get(o, "last_val_accuracy");
+    if (lv && !json_is_null(lv)) {
+        if (!json_is_number(lv) || !(json_number_value(lv) >= 0 && json_number_value(lv) <= 1))
+            return damaged(path, "field 'last_val_accuracy' must be an accuracy in [0, 1] or null, found %s", kind(lv));
+        out->last_val_accuracy = json_number_value(lv);
+    }
+    json_t *kv = json_object_get(o, "kl_ctrl_value");
+    if (kv && !json_is_null(kv)) {
+        if (!json_is_number(kv) || !(json_number_value(kv) >= 0) || !isfinite(json_number_value(kv)))
+            return damaged(path, "field 'kl_ctrl_value' must be a finite number ≥ 0 (the KL-in-reward coefficient) or "
+                           "null, found %s", json_is_number(kv) ? "a negative or non-finite number" : kind(kv));
+        out->kl_ctrl_value = json_number_value(kv);
+    }
+    return MOERL_OK;
+}
+
 int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path, const rl_state_expect *expect) {
     memset(out, 0, sizeof *out);
     json_error_t jerr;
@@ -150,32 +173,7 @@ int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path
         goto done;
     out->seed = (uint64_t)x;
     if (get_int(path, o, "samples_log_bytes", 0, INT64_MAX, &out->samples_log_bytes)) goto done;
-    out->last_val_accuracy = NAN;
-    if (json_object_get(o, "dropped_prompts") &&
-        get_int(path, o, "dropped_prompts", 0, out->consumed_prompts, &out->dropped_prompts))
-        goto done;
-    {
-        json_t *lv = json_object_get(o, "last_val_accuracy");
-        if (lv && !json_is_null(lv)) {
-            if (!json_is_number(lv) || !(json_number_value(lv) >= 0 && json_number_value(lv) <= 1)) {
-                damaged(path, "field 'last_val_accuracy' must be an accuracy in [0, 1] or null, found %s", kind(lv));
-                goto done;
-            }
-            out->last_val_accuracy = json_number_value(lv);
-        }
-    }
-    out->kl_ctrl_value = NAN;
-    {
-        json_t *kv = json_object_get(o, "kl_ctrl_value");
-        if (kv && !json_is_null(kv)) {
-            if (!json_is_number(kv) || !(json_number_value(kv) >= 0) || !isfinite(json_number_value(kv))) {
-                damaged(path, "field 'kl_ctrl_value' must be a finite number ≥ 0 (the KL-in-reward coefficient) or "
-                        "null, found %s", json_is_number(kv) ? "a negative or non-finite number" : kind(kv));
-                goto done;
-            }
-            out->kl_ctrl_value = json_number_value(kv);
-        }
-    }
+    if (get_optional(path, o, out) != MOERL_OK) goto done;
     json_t *fp = json_object_get(o, "data_fingerprint");
     const char *fps = json_string_value(fp);
     size_t fpn = fps ? strlen(fps) : 0;
