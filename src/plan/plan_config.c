@@ -84,7 +84,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->fwd_only_passes = mc->router_aux_loss_coef > 0 && mc->num_experts > 0 ? 1 : 0;
     /* the proximal logprobs, once per step: decoupled loss, or old logprobs recomputed (no bypass) */
     in->logprob_passes = cfg_bool(c, "actor.use_decoupled_loss") || !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
-    in->ref_model = cfg_bool(c, "actor.use_kl_loss"); /* the KL reference (src/rl/trainer.c trainer_init) */
+    in->ref_model = cfg_bool(c, "actor.use_kl_loss") || cfg_bool(c, "algorithm.use_kl_in_reward"); /* the KL
+                                                                 reference (src/rl/trainer.c trainer_init) */
     const char *ppl = cfg_str(c, "plan.pp_params");
     if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;

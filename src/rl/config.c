@@ -42,8 +42,52 @@ void rl_def_algorithm_keys(cfg *c) {
                 "2·median|g|), both with error feedback");
     cfg_def_int(c, "actor.grad_compression_warmup_steps", 10, "exact all-reduce for the first n optimizer steps");
     cfg_def_int(c, "actor.grad_compression_chunk", 256, "onebit: elements per scale");
+    cfg_def_str(c, "actor.policy_loss.loss_mode", "vanilla",
+                "policy loss: vanilla (PPO token ratio) | gspo (sequence ratio exp(mean log ratio), Zheng et al. 2025; "
+                "its pg loss is always aggregated seq-mean-token-mean as verl does, whatever actor.loss_agg_mode; use "
+                "GSPO's clip scale, actor.clip_ratio_low=3e-4 and clip_ratio_high=4e-4; no dual clip)");
+    cfg_def_str(c, "actor.kl_loss_type", "low_var_kl",
+                "KL loss estimator (actor.use_kl_loss): kl (k1) | abs | mse (k2) | low_var_kl (k3); a trailing '+' "
+                "(k1+, k3+, ...) keeps the value and takes k2's gradient (straight-through)");
+    cfg_def_bool(c, "algorithm.use_kl_in_reward", false,
+                 "subtract kl_ctrl's beta times the KL to the frozen starting policy from each response's score");
+    cfg_def_str(c, "algorithm.kl_penalty", "kl",
+                "KL estimator of use_kl_in_reward, on the old logprobs: kl (k1) | abs | mse (k2) | low_var_kl (k3), "
+                "optionally with '+'");
+    cfg_def_str(c, "algorithm.kl_ctrl.type", "fixed", "use_kl_in_reward's coefficient: fixed | adaptive (Ziegler et al. 2019)");
+    cfg_def_float(c, "algorithm.kl_ctrl.kl_coef", 0.001, "use_kl_in_reward: beta (the adaptive controller's initial beta)");
+    cfg_def_float(c, "algorithm.kl_ctrl.target_kl", 0.1, "adaptive: the mean per-token KL the controller steers to");
+    cfg_def_float(c, "algorithm.kl_ctrl.horizon", 10000, "adaptive: responses over which beta moves by at most 20%");
     cfg_def_int(c, "trainer.max_consecutive_skipped_steps", 10,
                 "stop a diverged run after this many consecutive non-finite optimizer steps (0 = never)");
+}
+
+/* actor.policy_loss.loss_mode, actor.kl_loss_type, algorithm.use_kl_in_reward / kl_penalty / kl_ctrl.* */
+static int read_kl_keys(const cfg *c, rl_config *r) {
+    if (policy_loss_mode_parse(cfg_str(c, "actor.policy_loss.loss_mode"), &r->loss_mode) != MOERL_OK ||
+        kl_type_parse("actor.kl_loss_type", cfg_str(c, "actor.kl_loss_type"), &r->kl_loss_type) != MOERL_OK ||
+        kl_type_parse("algorithm.kl_penalty", cfg_str(c, "algorithm.kl_penalty"), &r->kl_penalty) != MOERL_OK)
+        return MOERL_ERR;
+    if (r->loss_mode == POLICY_LOSS_GSPO && r->ppo.decoupled)
+        return moerl_errorf("actor.policy_loss.loss_mode=gspo with actor.use_decoupled_loss=true: GSPO has no "
+                            "decoupled form (verl's compute_policy_loss_gspo); use one of them");
+    r->use_kl_in_reward = cfg_bool(c, "algorithm.use_kl_in_reward");
+    const char *kt = cfg_str(c, "algorithm.kl_ctrl.type");
+    if (!strcmp(kt, "fixed")) r->kl_ctrl.adaptive = 0;
+    else if (!strcmp(kt, "adaptive")) r->kl_ctrl.adaptive = 1;
+    else return moerl_errorf("algorithm.kl_ctrl.type: '%s' is not one of fixed, adaptive", kt);
+    r->kl_ctrl.value = cfg_float(c, "algorithm.kl_ctrl.kl_coef");
+    r->kl_ctrl.target = cfg_float(c, "algorithm.kl_ctrl.target_kl");
+    r->kl_ctrl.horizon = cfg_float(c, "algorithm.kl_ctrl.horizon");
+    if (!(r->kl_ctrl.value >= 0) || !isfinite(r->kl_ctrl.value))
+        return moerl_errorf("algorithm.kl_ctrl.kl_coef must be a finite number ≥ 0, got %g", r->kl_ctrl.value);
+    if (r->kl_ctrl.adaptive && !(r->kl_ctrl.horizon > 0 && isfinite(r->kl_ctrl.horizon)))
+        return moerl_errorf("algorithm.kl_ctrl.horizon must be a finite number > 0 for kl_ctrl.type=adaptive, got %g",
+                            r->kl_ctrl.horizon);
+    if (r->kl_ctrl.adaptive && !(r->kl_ctrl.target > 0 && isfinite(r->kl_ctrl.target)))
+        return moerl_errorf("algorithm.kl_ctrl.target_kl must be a finite number > 0 for kl_ctrl.type=adaptive, got %g",
+                            r->kl_ctrl.target);
+    return MOERL_OK;
 }
 
 int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
@@ -58,6 +102,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     else if (!strcmp(est, "reinforce_plus_plus_baseline")) r->adv_estimator = RL_ADV_REINFORCE_PP_BASELINE;
     else
         return moerl_errorf("algorithm.adv_estimator: '%s' is not one of grpo, rloo, reinforce_plus_plus_baseline", est);
+    if (read_kl_keys(c, r) != MOERL_OK) return MOERL_ERR;
     r->norm_adv_by_std = cfg_bool(c, "algorithm.norm_adv_by_std_in_grpo");
     r->recompute_old = !cfg_bool(c, "algorithm.rollout_correction.bypass_mode");
     const char *is = cfg_str(c, "algorithm.rollout_correction.rollout_is");
@@ -147,7 +192,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_bool(c, "actor.use_decoupled_loss", false, "AReaL decoupled PPO (proximal = trainer weights before the step)");
     cfg_def_float(c, "actor.behav_imp_weight_cap", 2.0, "cap of the behaviour importance weight (decoupled)");
     cfg_def_float(c, "actor.entropy_coeff", 0.0, "entropy bonus");
-    cfg_def_bool(c, "actor.use_kl_loss", false, "k3 KL to the frozen starting policy");
+    cfg_def_bool(c, "actor.use_kl_loss", false, "KL loss (estimator: actor.kl_loss_type) to the frozen starting policy");
     cfg_def_float(c, "actor.kl_loss_coef", 0.001, "KL loss weight");
     cfg_def_int(c, "actor.ppo_max_token_len_per_gpu", 4096, "tokens per packed micro-batch");
     cfg_def_float(c, "actor.optim.lr", 1e-4, "learning rate");
@@ -346,6 +391,12 @@ int rl_read_config(const cfg *c, rl_config *r) {
     if (multi_turn_read_config(c, &r->multi_turn) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
      * model once the model is known) */
+    const int64_t sp = cfg_int(c, "actor.ulysses_sequence_parallel_size");
+    if (r->loss_mode == POLICY_LOSS_GSPO && sp > 1)
+        return moerl_errorf("actor.policy_loss.loss_mode=gspo with actor.ulysses_sequence_parallel_size=%lld: GSPO's "
+                            "sequence ratio needs every token of a sequence on one rank, and Ulysses SP splits each "
+                            "sequence over its ranks; set ulysses_sequence_parallel_size=1 or loss_mode=vanilla",
+                            (long long)sp);
     par_layout L;
     if (par_read_layout(c, r->grad_compression, &L) != MOERL_OK) return MOERL_ERR;
     r->n_trainer_ranks = L.n_trainer_ranks;

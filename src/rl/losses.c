@@ -319,3 +319,150 @@ double overlong_penalty(int resp_len, int max_response_length, int buffer_len, d
     const double p = -exceed / buffer_len * penalty_factor;
     return p < 0 ? p : 0.0;
 }
+
+/* ------------------------------------------------------------------ GSPO */
+
+#define GSPO_LOG_RATIO_MAX 10.0 /* verl compute_policy_loss_gspo: clamp(log s_i,t, max=10) */
+
+void gspo_seq_log_ratio(float *out, const float *logp, const float *old_logp, const int *seq, const float *w, int n,
+                        int n_seq, double *sum, int *cnt) {
+    for (int s = 0; s < n_seq; s++) {
+        sum[s] = 0;
+        cnt[s] = 0;
+    }
+    for (int t = 0; t < n; t++) {
+        MOERL_ASSERT(seq[t] >= 0 && seq[t] < n_seq);
+        if (!(w[t] > 0)) continue;
+        sum[seq[t]] += (double)logp[t] - (double)old_logp[t];
+        cnt[seq[t]]++;
+    }
+    for (int t = 0; t < n; t++) out[t] = cnt[seq[t]] > 0 ? (float)(sum[seq[t]] / cnt[seq[t]]) : 0.0f;
+}
+
+double gspo_token_loss(float *dlogp, const float *logp, const float *old_logp, const float *seq_log_ratio,
+                       const float *adv, const float *is_w, const float *w, int n, const ppo_config *cfg,
+                       ppo_stats *st) {
+    MOERL_ASSERT(cfg != NULL);
+    const double lo = 1.0 - (double)cfg->clip_ratio_low, hi = 1.0 + (double)cfg->clip_ratio_high;
+    double total = 0, loss_sum = 0, clip_sum = 0, kl_sum = 0;
+    int64_t count = 0;
+    for (int i = 0; i < n; i++) {
+        const double wi = w[i];
+        if (!(wi > 0)) {
+            dlogp[i] = 0.0f;
+            continue;
+        }
+        const double A = adv[i], x = seq_log_ratio[i];
+        /* log s_i,t = sg[log s_i] + logp − sg[logp]: its value is log s_i, its derivative 1;
+         * clamp(max = 10) passes the gradient at and below 10 (torch clamp). */
+        const int x_in = x <= GSPO_LOG_RATIO_MAX;
+        const double r = exp(x_in ? x : GSPO_LOG_RATIO_MAX), drdl = x_in ? r : 0.0;
+        const double l1 = -A * r, rc = r < lo ? lo : (r > hi ? hi : r), l2 = -A * rc;
+        const int clipped = l2 > l1; /* then r is strictly outside [lo, hi]: clip() passes no gradient */
+        double L = clipped ? l2 : l1, dLdl = clipped ? 0.0 : -A * drdl;
+        if (is_w) {
+            L *= (double)is_w[i];
+            dLdl *= (double)is_w[i];
+        }
+        dlogp[i] = (float)(wi * dLdl);
+        total += wi * L;
+        loss_sum += L;
+        clip_sum += clipped;
+        kl_sum += (double)old_logp[i] - (double)logp[i]; /* verl: masked_mean(−(logp − old)), unclamped */
+        count++;
+    }
+    if (st) {
+        st->loss_sum += loss_sum;
+        st->clipfrac_sum += clip_sum;
+        st->kl_sum += kl_sum;
+        st->n_tokens += count;
+    }
+    return total;
+}
+
+int policy_loss_mode_parse(const char *name, policy_loss_mode *out) {
+    if (name && !strcmp(name, "vanilla")) *out = POLICY_LOSS_VANILLA;
+    else if (name && !strcmp(name, "gspo")) *out = POLICY_LOSS_GSPO;
+    else
+        return moerl_errorf("actor.policy_loss.loss_mode: '%s' is not one of vanilla, gspo", name ? name : "(null)");
+    return MOERL_OK;
+}
+
+/* ------------------------------------------------------------------ KL estimators */
+
+int kl_type_parse(const char *key, const char *name, kl_type *out) {
+    static const struct { const char *name; kl_estimator est; } NAMES[] = {
+        {"kl", KL_K1}, {"k1", KL_K1}, {"abs", KL_ABS}, {"mse", KL_K2}, {"k2", KL_K2}, {"low_var_kl", KL_K3}, {"k3", KL_K3}};
+    const size_t len = name ? strlen(name) : 0;
+    const int plus = len > 1 && name[len - 1] == '+';
+    for (size_t i = 0; name && i < sizeof NAMES / sizeof NAMES[0]; i++)
+        if (strlen(NAMES[i].name) == len - (size_t)plus && !strncmp(name, NAMES[i].name, len - (size_t)plus)) {
+            out->est = NAMES[i].est;
+            out->straight_through = plus && NAMES[i].est != KL_K2;
+            return MOERL_OK;
+        }
+    return moerl_errorf("%s: '%s' is not one of kl (k1), abs, mse (k2), low_var_kl (k3), each optionally with '+' "
+                        "(straight-through: its value, k2's gradient); 'full' is not offered",
+                        key, name ? name : "(null)");
+}
+
+double kl_value(kl_type t, float logp, float ref_logp, double *grad) {
+    const double d = (double)logp - (double)ref_logp;
+    double v, g;
+    switch (t.est) {
+    case KL_K1: v = d; g = 1.0; break;
+    case KL_ABS: v = fabs(d); g = d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0); break;
+    case KL_K2: v = 0.5 * d * d; g = d; break;
+    default: { /* k3, verl low_var_kl: δ = clamp(ref − logp, ±20), kl = clamp(e^δ − δ − 1, ±10) */
+        const double x = -d;
+        const int x_in = x >= -K3_DELTA_CLAMP && x <= K3_DELTA_CLAMP;
+        const double dc = x_in ? x : (x < 0 ? -K3_DELTA_CLAMP : K3_DELTA_CLAMP), e = exp(dc);
+        v = e - dc - 1.0;
+        g = x_in ? 1.0 - e : 0.0;
+        if (v > K3_VALUE_CLAMP) {
+            v = K3_VALUE_CLAMP;
+            g = 0.0;
+        }
+        break;
+    }
+    }
+    if (t.straight_through) g = d; /* the gradient of k2 = d²/2 */
+    if (grad) *grad = g;
+    return v;
+}
+
+double kl_token_loss(float *dlogp, const float *logp, const float *ref_logp, const float *w, int n, float coef,
+                     kl_type t) {
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const double wi = w[i];
+        if (!(wi > 0)) continue;
+        double g;
+        const double kl = kl_value(t, logp[i], ref_logp[i], &g);
+        dlogp[i] = (float)((double)dlogp[i] + (double)coef * wi * g);
+        total += wi * kl;
+    }
+    return total;
+}
+
+/* ------------------------------------------------------------------ KL in the reward */
+
+void kl_controller_update(kl_controller *k, double current_kl, int64_t n_steps) {
+    if (!k->adaptive) return;
+    double e = current_kl / k->target - 1.0;
+    e = e < -0.2 ? -0.2 : (e > 0.2 ? 0.2 : e);
+    k->value *= 1.0 + e * (double)n_steps / k->horizon;
+}
+
+double kl_response_sum(kl_type t, const float *old_logp, const float *ref_logp, const unsigned char *mask, int n,
+                       double *mean) {
+    double s = 0;
+    int cnt = 0;
+    for (int i = 0; i < n; i++)
+        if (!mask || mask[i]) {
+            s += kl_value(t, old_logp[i], ref_logp[i], NULL);
+            cnt++;
+        }
+    if (mean) *mean = s / ((double)cnt + 1e-8); /* verl masked_mean: Σ/(Σ mask + 1e-8) */
+    return s;
+}

@@ -1,5 +1,6 @@
 /* RL losses and advantages: GRPO group advantages, PPO clipped policy loss (with dual clip,
- * behaviour-anchored or decoupled), token-mean aggregation, entropy and k3 KL.
+ * behaviour-anchored or decoupled), GSPO's sequence-ratio loss, loss aggregation, entropy, the KL
+ * estimators (k1, abs, k2, k3 and their straight-through '+' forms) and the KL-in-reward controller.
  *
  * Each token-level function returns the loss contribution and its derivative with respect to
  * the current policy's logprob logp (and entropy), so the model's backward (model_backward's
@@ -112,9 +113,82 @@ void reinforce_pp_whiten(float *adv, int n, const double mom[3]);
  * min(0, −(L − expected)/buffer_len · penalty_factor) added to its reward. */
 double overlong_penalty(int resp_len, int max_response_length, int buffer_len, double penalty_factor);
 
-/* k3 KL to a reference: δ = ref − logp, kl = exp(δ) − δ − 1 (≥ 0), clamped as verl to [−10, 10].
+/* k3 KL to a reference (kl_token_loss with k3; kept for its callers): δ = ref − logp, kl = exp(δ) − δ − 1 (≥ 0), clamped as verl to [−10, 10].
  * Adds coef·w[i]·∂kl/∂logp into dlogp[i] (ACCUMULATES); returns Σ w[i]·kl_i. */
 double kl_k3_token_loss(float *dlogp, const float *logp, const float *ref_logp, const float *w, int n, float coef);
+
+/* ------------------------------------------------------------------ GSPO (actor.policy_loss.loss_mode=gspo)
+ * Zheng et al. 2025 (arXiv 2507.18071), verl core_algos.compute_policy_loss_gspo. For sequence i with
+ * loss tokens T_i: log s_i = (1/|T_i|) Σ_{t∈T_i} (logp_t − old_t) (unclamped); per token the detached
+ * value is sg[log s_i] + logp_t − sg[logp_t], clamped above at 10 (verl), so
+ *   s_i,t = exp(min(log s_i, 10)), ∂s_i,t/∂logp_t = s_i,t when log s_i ≤ 10, else 0;
+ *   L = max(−A·s_i,t, −A·clip(s_i,t, 1−ε_low, 1+ε_high)) (no dual clip, no decoupled weight: verl has
+ *   neither for GSPO), then L ← L·is_w[t] (rollout IS weights, detached; NULL = 1).
+ * gspo_seq_log_ratio: for n tokens with sequence ids seq[t] ∈ [0, n_seq) and weights w[t] (tokens with
+ * w[t] ≤ 0 are outside the loss and left out of the mean), writes out[t] = log s_{seq[t]} for every
+ * token (0 for a sequence without a loss token). Needs every loss token of each sequence: the
+ * trainer's micro-batches hold whole sequences (train.c pack_microbatches), and gspo is refused with
+ * Ulysses SP (a sequence split over ranks). sum/cnt are scratch of n_seq entries.
+ * gspo_token_loss: as ppo_token_loss (dlogp OVERWRITTEN with w[t]·∂L/∂logp_t; returns Σ w·L; st
+ * gets loss, clipfrac — tokens where the clipped branch is strictly larger —, ppo_kl = Σ (old − logp)
+ * unclamped as verl, token count; dual_clip_sum and behav_dropped_sum stay 0). cfg's clip_ratio_c,
+ * decoupled and behav_imp_weight_cap are not used (the config refuses gspo with the decoupled loss). */
+void gspo_seq_log_ratio(float *out, const float *logp, const float *old_logp, const int *seq, const float *w, int n,
+                        int n_seq, double *sum, int *cnt);
+double gspo_token_loss(float *dlogp, const float *logp, const float *old_logp, const float *seq_log_ratio,
+                       const float *adv, const float *is_w, const float *w, int n, const ppo_config *cfg,
+                       ppo_stats *st);
+
+/* Policy loss modes (verl actor.policy_loss.loss_mode). */
+typedef enum { POLICY_LOSS_VANILLA = 0, POLICY_LOSS_GSPO } policy_loss_mode;
+/* Parse "vanilla" | "gspo"; MOERL_ERR (message names actor.policy_loss.loss_mode) otherwise. */
+int policy_loss_mode_parse(const char *name, policy_loss_mode *out);
+
+/* ------------------------------------------------------------------ KL estimators
+ * verl core_algos.kl_penalty / kl_penalty_forward (Schulman 2020, "Approximating KL divergence"),
+ * d = logp − ref:
+ *   k1 ("kl"):          kl = d                                     ∂/∂logp = 1
+ *   abs:                kl = |d|                                   ∂ = sign(d) (0 at d = 0, torch)
+ *   k2 ("mse"):         kl = d²/2                                  ∂ = d
+ *   k3 ("low_var_kl"):  δ = clamp(−d, ±20), kl = clamp(e^δ − δ − 1, ±10)   ∂ = 1 − e^δ inside both clamps, else 0
+ *   "<name>+" (k1+, kl+, abs+, k3+, low_var_kl+): straight-through — the value of <name>, the gradient of
+ *   k2 (d, never clamped): k2's gradient is the unbiased one (verl's docstring). k2+ / mse+ are k2.
+ * (verl's kl_penalty passes the name with its '+' on to kl_penalty_forward, which raises for it: the
+ * documented intent — value of the base estimator, gradient of k2 — is what is implemented here.)
+ * "full" (the whole-vocabulary KL) is not offered. */
+typedef enum { KL_K1 = 0, KL_ABS, KL_K2, KL_K3 } kl_estimator;
+typedef struct {
+    kl_estimator est;
+    int straight_through; /* the '+' variants: value of est, gradient of k2 */
+} kl_type;
+/* Parse one of kl, k1, abs, mse, k2, low_var_kl, k3, each with an optional '+'. key names the config
+ * key in the error (actor.kl_loss_type or algorithm.kl_penalty). */
+int kl_type_parse(const char *key, const char *name, kl_type *out);
+/* The estimator's value at one token and its derivative with respect to logp (*grad). */
+double kl_value(kl_type t, float logp, float ref_logp, double *grad);
+/* Σ w[i]·kl_i over tokens with w[i] > 0; adds coef·w[i]·∂kl_i/∂logp into dlogp[i] (ACCUMULATES). */
+double kl_token_loss(float *dlogp, const float *logp, const float *ref_logp, const float *w, int n, float coef,
+                     kl_type t);
+
+/* ------------------------------------------------------------------ KL in the reward (algorithm.use_kl_in_reward)
+ * verl ray_trainer.apply_kl_penalty with core_algos' Fixed/AdaptiveKLController (Ziegler et al. 2019,
+ * arXiv 1909.08593): per response, kl_t = kl_value(algorithm.kl_penalty, old_t, ref_t) over its loss
+ * tokens, token rewards r_t − β·kl_t; GRPO-family estimators sum the token rewards into the outcome
+ * score (verl compute_grpo_outcome_advantage: scores = token_level_rewards.sum(-1)), so the score
+ * becomes r − β·Σ_t kl_t. current_kl = mean over responses of (mean over its loss tokens of kl_t).
+ * Adaptive update after each step: e = clip(current_kl/target_kl − 1, −0.2, 0.2),
+ * β ← β·(1 + e·n_steps/horizon), n_steps = the step's responses (verl: batch_size). Fixed: β constant. */
+typedef struct {
+    int adaptive;     /* algorithm.kl_ctrl.type: 0 fixed, 1 adaptive */
+    double value;     /* β, starts at algorithm.kl_ctrl.kl_coef */
+    double target;    /* algorithm.kl_ctrl.target_kl */
+    double horizon;   /* algorithm.kl_ctrl.horizon (> 0 for adaptive) */
+} kl_controller;
+void kl_controller_update(kl_controller *k, double current_kl, int64_t n_steps);
+/* Σ over the loss tokens (mask NULL = every token) of kl_value(t, old_t, ref_t): the response's
+ * summed KL; *mean (may be NULL) gets it divided by (loss tokens + 1e-8), verl masked_mean (0 for none). */
+double kl_response_sum(kl_type t, const float *old_logp, const float *ref_logp, const unsigned char *mask, int n,
+                       double *mean);
 
 /* Entropy bonus: loss −= coef·Σ w[i]·H_i. Writes dentropy[i] = −coef·w[i]; returns Σ w[i]·H_i. */
 double entropy_bonus(float *dentropy, const float *entropy, const float *w, int n, float coef);

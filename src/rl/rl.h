@@ -75,6 +75,13 @@ typedef struct {
     float entropy_coeff;
     int use_kl_loss;
     float kl_loss_coef;
+    kl_type kl_loss_type;      /* actor.kl_loss_type (default low_var_kl = k3, verl's) */
+    policy_loss_mode loss_mode; /* actor.policy_loss.loss_mode: vanilla | gspo */
+    /* algorithm.use_kl_in_reward: score − β·Σ_t kl_t with kl = algorithm.kl_penalty(π_old, π_ref) and
+     * β from algorithm.kl_ctrl.* (losses.h kl_controller: its initial state; the trainer's evolves) */
+    int use_kl_in_reward;
+    kl_type kl_penalty;
+    kl_controller kl_ctrl;
     int ppo_max_token_len;     /* tokens per micro-batch */
     loss_agg_mode loss_agg;    /* actor.loss_agg_mode */
     double loss_scale_factor;  /* actor.loss_scale_factor: H of seq-mean-token-sum-norm (0 = max_response_length) */
@@ -257,6 +264,9 @@ typedef struct {
 /* Per-step training statistics (verl metric names in rl_job's output). */
 typedef struct {
     double pg_loss, pg_clipfrac, ppo_kl, grad_norm, aux_loss, entropy, kl_loss;
+    /* algorithm.use_kl_in_reward: verl's actor/reward_kl_penalty (mean over responses of the per-token
+     * mean KL) and actor/reward_kl_penalty_coeff (the β applied this step, before the update) */
+    double reward_kl_penalty, reward_kl_penalty_coeff;
     double reward_mean, reward_std, acc_mean, response_length_mean, response_length_max;
     double loss_tokens_mean;  /* model-sampled tokens per response (multi-turn: without the inserted tool turns) */
     int64_t n_samples, stale_samples, partial_samples, trained_tokens, resp_tokens;
@@ -289,7 +299,8 @@ typedef struct {
     const rl_config *cfg;
     const dataset *train;
     moe_model *m;
-    moe_model *ref;           /* frozen reference for the KL loss, or NULL */
+    moe_model *ref;           /* frozen reference for the KL loss / KL in the reward, or NULL */
+    kl_controller kl_ctrl;    /* algorithm.use_kl_in_reward: β now (adaptive: updated every step; checkpointed) */
     adamw_state opt;
     model_acts acts;
     int version;              /* current parameter version (syncs so far) */

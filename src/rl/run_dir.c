@@ -65,7 +65,8 @@ int rl_restore_start_policy(const cfg *c, moe_model *m, const char *out_dir) {
     char dir[4200], f[4300];
     snprintf(dir, sizeof dir, "%s/sft_checkpoint", out_dir);
     snprintf(f, sizeof f, "%s/model.safetensors", dir);
-    if (!cfg_bool(c, "actor.use_kl_loss") || access(f, R_OK) != 0) return MOERL_OK;
+    if (!(cfg_bool(c, "actor.use_kl_loss") || cfg_bool(c, "algorithm.use_kl_in_reward")) || access(f, R_OK) != 0)
+        return MOERL_OK;
     return model_load_weights(m, dir);
 }
 

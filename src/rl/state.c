@@ -78,6 +78,8 @@ static int check_values(const rl_state *s, const char *path, int (*err)(const ch
         return err(path, "field 'feed_pos' is %" PRId64 ", expected 0..n_rows = %" PRId64, s->feed_pos, s->n_rows);
     if (s->samples_log_bytes < 0)
         return err(path, "field 'samples_log_bytes' is %" PRId64 ", expected ≥ 0", s->samples_log_bytes);
+    if (!isnan(s->kl_ctrl_value) && !(s->kl_ctrl_value >= 0 && isfinite(s->kl_ctrl_value)))
+        return err(path, "field 'kl_ctrl_value' is %g, expected a finite number ≥ 0 or none", s->kl_ctrl_value);
     if (s->dropped_prompts < 0 || s->dropped_prompts > s->consumed_prompts)
         return err(path, "field 'dropped_prompts' is %" PRId64 ", expected 0..consumed_prompts = %" PRId64,
                    s->dropped_prompts, s->consumed_prompts);
@@ -101,6 +103,29 @@ void rl_state_free(rl_state *s) {
     if (!s) return;
     free(s->unconsumed_started);
     memset(s, 0, sizeof *s);
+}
+
+/* The optional fields: dropped_prompts (default 0), last_val_accuracy and kl_ctrl_value (default NaN). */
+static int get_optional(const char *path, const json_t *o, rl_state *out) {
+    out->last_val_accuracy = NAN;
+    out->kl_ctrl_value = NAN;
+    if (json_object_get(o, "dropped_prompts") &&
+        get_int(path, o, "dropped_prompts", 0, out->consumed_prompts, &out->dropped_prompts))
+        return MOERL_ERR;
+    json_t *lv = json_object_get(o, "last_val_accuracy");
+    if (lv && !json_is_null(lv)) {
+        if (!json_is_number(lv) || !(json_number_value(lv) >= 0 && json_number_value(lv) <= 1))
+            return damaged(path, "field 'last_val_accuracy' must be an accuracy in [0, 1] or null, found %s", kind(lv));
+        out->last_val_accuracy = json_number_value(lv);
+    }
+    json_t *kv = json_object_get(o, "kl_ctrl_value");
+    if (kv && !json_is_null(kv)) {
+        if (!json_is_number(kv) || !(json_number_value(kv) >= 0) || !isfinite(json_number_value(kv)))
+            return damaged(path, "field 'kl_ctrl_value' must be a finite number ≥ 0 (the KL-in-reward coefficient) or "
+                           "null, found %s", json_is_number(kv) ? "a negative or non-finite number" : kind(kv));
+        out->kl_ctrl_value = json_number_value(kv);
+    }
+    return MOERL_OK;
 }
 
 int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path, const rl_state_expect *expect) {
@@ -148,20 +173,7 @@ int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path
         goto done;
     out->seed = (uint64_t)x;
     if (get_int(path, o, "samples_log_bytes", 0, INT64_MAX, &out->samples_log_bytes)) goto done;
-    out->last_val_accuracy = NAN;
-    if (json_object_get(o, "dropped_prompts") &&
-        get_int(path, o, "dropped_prompts", 0, out->consumed_prompts, &out->dropped_prompts))
-        goto done;
-    {
-        json_t *lv = json_object_get(o, "last_val_accuracy");
-        if (lv && !json_is_null(lv)) {
-            if (!json_is_number(lv) || !(json_number_value(lv) >= 0 && json_number_value(lv) <= 1)) {
-                damaged(path, "field 'last_val_accuracy' must be an accuracy in [0, 1] or null, found %s", kind(lv));
-                goto done;
-            }
-            out->last_val_accuracy = json_number_value(lv);
-        }
-    }
+    if (get_optional(path, o, out) != MOERL_OK) goto done;
     json_t *fp = json_object_get(o, "data_fingerprint");
     const char *fps = json_string_value(fp);
     size_t fpn = fps ? strlen(fps) : 0;
@@ -258,6 +270,7 @@ static char *state_to_json(const rl_state *s, const char *path) {
     json_object_set_new(o, "samples_log_bytes", json_integer(s->samples_log_bytes));
     json_object_set_new(o, "dropped_prompts", json_integer(s->dropped_prompts));
     json_object_set_new(o, "last_val_accuracy", isnan(s->last_val_accuracy) ? json_null() : json_real(s->last_val_accuracy));
+    json_object_set_new(o, "kl_ctrl_value", isnan(s->kl_ctrl_value) ? json_null() : json_real(s->kl_ctrl_value));
     char *txt = json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!txt) {

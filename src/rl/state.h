@@ -13,7 +13,9 @@
  *   "unconsumed_started": [uid...], uid = epoch·n_rows + row, 0 ≤ uid, uid / n_rows ≤ feed_epoch + 1
  *   "samples_log_bytes": length of samples.jsonl at the checkpoint (≥ 0)
  *   optional: "dropped_prompts": groups dropped by filter_groups among the consumed (0..consumed,
- *   default 0); "last_val_accuracy": the last held-out accuracy (0..1, or null = none; default null)
+ *   default 0); "last_val_accuracy": the last held-out accuracy (0..1, or null = none; default null);
+ *   "kl_ctrl_value": algorithm.use_kl_in_reward's β (kl_controller.value) after the last step, a finite
+ *   number ≥ 0 or null = none (default null: the run starts from algorithm.kl_ctrl.kl_coef)
  * Every field is required and must have its type and range; a file that breaks a rule is
  * "damaged" and the message names the file and the field, the value and what was expected, and
  * says what to do. Source: moerl's own format. */
@@ -41,6 +43,7 @@ typedef struct {
     int64_t samples_log_bytes;
     int64_t dropped_prompts;     /* optional, default 0 */
     double last_val_accuracy;    /* optional, NaN = none */
+    double kl_ctrl_value;        /* optional, NaN = none: the KL-in-reward controller's β (exact resume) */
 } rl_state;
 
 /* What the resuming run has: a state file made for other data or another seed is refused. */

@@ -1,6 +1,7 @@
 /* Trainer: rewards (stored by the rollouter's reward pool, shaped here), GRPO advantages, PPO policy loss anchored on the behaviour
- * logprobs from the engine (or AReaL's decoupled loss), optional entropy bonus and k3 KL to a
- * frozen reference, AdamW with clipping, over mini-batches of whole GRPO groups. */
+ * logprobs from the engine (or AReaL's decoupled loss, or GSPO's sequence ratio), optional entropy bonus,
+ * KL loss (actor.kl_loss_type) and KL-in-reward penalty (algorithm.use_kl_in_reward) to a frozen
+ * reference, AdamW with clipping, over mini-batches of whole GRPO groups. */
 #include <math.h>
 #include <string.h>
 
@@ -21,7 +22,8 @@ int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_mod
     T->replication = 1;
     adamw_init(&T->opt, m, cfg->optim); /* the whole layout; par_adamw_shard cuts it to a rank's part */
     if (model_acts_init(&T->acts, m, cfg->ppo_max_token_len) != MOERL_OK) return MOERL_ERR;
-    if (cfg->use_kl_loss) {
+    T->kl_ctrl = cfg->kl_ctrl; /* algorithm.kl_ctrl: β starts at kl_coef (a resume restores the saved β) */
+    if (cfg->use_kl_loss || cfg->use_kl_in_reward) {
         T->ref = xcalloc(1, sizeof(moe_model));
         if (model_init_inference(T->ref, &m->cfg) != MOERL_OK) return MOERL_ERR;
         memcpy(T->ref->params, m->params, m->n_params * sizeof(float));
@@ -73,9 +75,12 @@ typedef struct {
     float *adv;             /* [n_seqs] of the mini-batch */
     float **anchor, **behav, **ref, **isw; /* per sequence, [response length]; ref/isw may be NULL */
     const double *w;        /* per sequence: aggregation weight of each of its loss tokens (0: masked out) */
+    const double *w_pg;     /* gspo: the policy loss's weights (seq-mean-token-mean, as verl); NULL: w */
     /* scratch [max_tokens] */
-    float *lp, *old, *bh, *ad, *ww, *g, *ent, *dent, *rf, *iw;
-    int *idx;
+    float *lp, *old, *bh, *ad, *ww, *g, *ent, *dent, *rf, *iw, *wp, *slr;
+    int *idx, *sq;
+    double *ssum;           /* gspo: [sequences of the step] */
+    int *scnt, n_seq;       /* n_seq: sequences of the mini-batch (seq_of's range) */
     ppo_stats ps;
     double ent_sum, ent_count, kl_sum;
     double pg_agg;          /* Σ over updates of the aggregated policy loss (Σ w·L) */
@@ -96,6 +101,8 @@ static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const
         c->bh[k] = c->behav[s][i];
         c->ad[k] = c->adv[s];
         c->ww[k] = (float)c->w[s];
+        c->wp[k] = (float)(c->w_pg ? c->w_pg[s] : c->w[s]);
+        c->sq[k] = s;
         if (c->ref) c->rf[k] = c->ref[s][i];
         if (c->isw) c->iw[k] = c->isw[s][i];
         c->ent[k] = a->entropy[n];
@@ -105,11 +112,18 @@ static double ppo_grad(void *vctx, const model_acts *a, const int *seq_of, const
         }
         k++;
     }
-    double loss = ppo_token_loss(c->g, c->lp, c->old, c->bh, c->ad, c->isw ? c->iw : NULL, c->ww, k, &c->cfg->ppo,
-                                 &c->ps);
+    double loss;
+    if (c->cfg->loss_mode == POLICY_LOSS_GSPO) { /* micro-batches hold whole sequences: the mean is exact */
+        gspo_seq_log_ratio(c->slr, c->lp, c->old, c->sq, c->wp, k, c->n_seq, c->ssum, c->scnt);
+        loss = gspo_token_loss(c->g, c->lp, c->old, c->slr, c->ad, c->isw ? c->iw : NULL, c->wp, k, &c->cfg->ppo,
+                               &c->ps);
+    } else {
+        loss = ppo_token_loss(c->g, c->lp, c->old, c->bh, c->ad, c->isw ? c->iw : NULL, c->ww, k, &c->cfg->ppo,
+                              &c->ps);
+    }
     c->pg_agg += loss;
-    if (c->ref) {
-        double kl = kl_k3_token_loss(c->g, c->lp, c->rf, c->ww, k, c->cfg->kl_loss_coef);
+    if (c->ref && c->cfg->use_kl_loss) {
+        double kl = kl_token_loss(c->g, c->lp, c->rf, c->ww, k, c->cfg->kl_loss_coef, c->cfg->kl_loss_type);
         c->kl_sum += kl;
         loss += c->cfg->kl_loss_coef * kl;
     }
@@ -260,7 +274,7 @@ typedef struct {
     float **behav, **prox, **ref, **isw;
     float *rewards, *adv;
     int *resp_len, *n_loss, *loss_mask; /* n_out (the whole output), its loss tokens, in the loss at all */
-    double *w;
+    double *w, *w_pg;       /* w_pg: gspo's policy-loss weights (seq-mean-token-mean), else NULL */
 } step_data;
 
 static void step_data_free(step_data *d) {
@@ -271,7 +285,7 @@ static void step_data_free(step_data *d) {
         if (d->isw) free(d->isw[s]);
     }
     free(d->prox); free(d->ref); free(d->isw); free(d->toks); free(d->behav); free(d->seqs);
-    free(d->rewards); free(d->adv); free(d->resp_len); free(d->n_loss); free(d->loss_mask); free(d->w);
+    free(d->rewards); free(d->adv); free(d->resp_len); free(d->n_loss); free(d->loss_mask); free(d->w); free(d->w_pg);
 }
 
 static float **alloc_resp_arrays(const step_data *d) {
@@ -296,14 +310,9 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
     d->n_loss = xmalloc(nr * sizeof(int));
     d->loss_mask = xmalloc(nr * sizeof(int));
     d->w = xcalloc(nr, sizeof(double));
-    int *sizes = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     for (int g = 0; g < n; g++) {
-        sizes[g] = G;
         MOERL_ASSERT(groups[g]->n == G);
-        if (trainer_group_rewards(T, groups[g], d->rewards + g * G, NULL) != MOERL_OK) {
-            free(sizes);
-            return MOERL_ERR;
-        }
+        if (trainer_group_rewards(T, groups[g], d->rewards + g * G, NULL) != MOERL_OK) return MOERL_ERR;
         for (int j = 0; j < G; j++) {
             const gen_request *r = &groups[g]->reqs[j];
             const int s = g * G + j, L = r->prompt_len + r->n_out;
@@ -318,6 +327,42 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
             d->loss_mask[s] = d->n_loss[s] > 0 && !(cfg->overlong_filter && r->finish == FINISH_LENGTH);
         }
     }
+    return MOERL_OK;
+}
+
+/* algorithm.use_kl_in_reward (verl apply_kl_penalty): each response's score r − β·Σ_t kl_t over its
+ * loss tokens, kl = algorithm.kl_penalty between the old logprobs (the PPO anchor: recomputed, or the
+ * behaviour's in bypass mode) and the reference's; β = the controller's value before this step's
+ * update. The mean KL is summed over the trainer ranks, so every rank updates β alike. */
+static int step_data_kl_reward(trainer *T, step_data *d, train_stats *st) {
+    double acc[2] = {0, (double)d->R};
+    const double beta = T->kl_ctrl.value;
+    for (int s = 0; s < d->R; s++) {
+        const float *old = d->prox ? d->prox[s] : d->behav[s];
+        double mean;
+        const double sum = kl_response_sum(T->cfg->kl_penalty, old, d->ref[s], d->seqs[s].resp_mask, d->resp_len[s],
+                                           &mean);
+        d->rewards[s] = (float)((double)d->rewards[s] - beta * sum);
+        acc[0] += mean;
+    }
+    if (trainers_sum(T, acc, 2) != MOERL_OK) return MOERL_ERR;
+    acc[0] /= T->replication; /* whole sequences on every rank of a Ulysses group */
+    acc[1] /= T->replication;
+    const double current_kl = acc[1] > 0 ? acc[0] / acc[1] : 0.0;
+    st->reward_kl_penalty = current_kl;
+    st->reward_kl_penalty_coeff = beta;
+    kl_controller_update(&T->kl_ctrl, current_kl, (int64_t)acc[1]); /* verl: n_steps = batch size */
+    return MOERL_OK;
+}
+
+/* The advantages of the step's responses (algorithm.adv_estimator), after the KL penalty when
+ * use_kl_in_reward: the GRPO-family estimators take the summed token rewards as the outcome score. */
+static int step_data_advantages(trainer *T, step_data *d, train_stats *st) {
+    const rl_config *cfg = T->cfg;
+    const int n = d->n_groups, R = d->R;
+    if (cfg->use_kl_in_reward && step_data_kl_reward(T, d, st) != MOERL_OK) return MOERL_ERR;
+    int *sizes = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    for (int g = 0; g < n; g++) sizes[g] = cfg->n;
     switch (cfg->adv_estimator) {
     case RL_ADV_GRPO:
         if (cfg->norm_adv_by_std) grpo_advantages(d->adv, d->rewards, sizes, n, 1e-6f);
@@ -385,13 +430,19 @@ static int step_data_weights(trainer *T, step_data *d, const rl_minibatch *mbs, 
     }
     for (int b = 0; b < 2 * n_mb; b++) cnt[b] /= T->replication; /* each sequence once (Ulysses SP) */
     const double H = cfg->loss_scale_factor > 0 ? cfg->loss_scale_factor : cfg->max_response_length;
+    /* GSPO: verl's compute_policy_loss_gspo aggregates its pg loss seq-mean-token-mean whatever
+     * actor.loss_agg_mode says; the KL loss and the entropy bonus keep actor.loss_agg_mode */
+    if (cfg->loss_mode == POLICY_LOSS_GSPO) d->w_pg = xcalloc((size_t)(d->R ? d->R : 1), sizeof(double));
     s0 = 0;
     for (int b = 0; b < n_mb; b++) {
         const int s1 = s0 + mbs[b].n_groups * G;
-        for (int s = s0; s < s1; s++)
-            d->w[s] = d->loss_mask[s] ? loss_agg_weight(cfg->loss_agg, d->n_loss[s], (int64_t)cnt[2 * b],
-                                                        (int64_t)cnt[2 * b + 1], H)
-                                      : 0.0;
+        for (int s = s0; s < s1; s++) {
+            const int64_t T_b = (int64_t)cnt[2 * b], S_b = (int64_t)cnt[2 * b + 1];
+            d->w[s] = d->loss_mask[s] ? loss_agg_weight(cfg->loss_agg, d->n_loss[s], T_b, S_b, H) : 0.0;
+            if (d->w_pg)
+                d->w_pg[s] = d->loss_mask[s] ? loss_agg_weight(LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, d->n_loss[s], T_b, S_b, H)
+                                             : 0.0;
+        }
         s0 = s1;
     }
     free(cnt);
@@ -452,6 +503,8 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     const int E = T->m->cfg.num_experts;
     double *aux_counts = aux_buf, *aux_psum = aux_buf + E;
     c->w = d->w + s0;
+    c->w_pg = d->w_pg ? d->w_pg + s0 : NULL;
+    c->n_seq = s1 - s0;
     c->adv = d->adv + s0;
     c->anchor = (d->prox ? d->prox : d->behav) + s0;
     c->behav = d->behav + s0;
@@ -555,16 +608,19 @@ static void ppo_ctx_alloc(ppo_ctx *c, int mt) {
     c->ad = xmalloc(mt * sizeof(float)); c->ww = xmalloc(mt * sizeof(float)); c->g = xmalloc(mt * sizeof(float));
     c->ent = xmalloc(mt * sizeof(float)); c->dent = xmalloc(mt * sizeof(float)); c->rf = xmalloc(mt * sizeof(float));
     c->iw = xmalloc(mt * sizeof(float)); c->idx = xmalloc(mt * sizeof(int));
+    c->wp = xmalloc(mt * sizeof(float)); c->slr = xmalloc(mt * sizeof(float)); c->sq = xmalloc(mt * sizeof(int));
 }
 
 static void ppo_ctx_free(ppo_ctx *c) {
     free(c->lp); free(c->old); free(c->bh); free(c->ad); free(c->ww); free(c->g); free(c->ent); free(c->dent);
-    free(c->rf); free(c->iw); free(c->idx);
+    free(c->rf); free(c->iw); free(c->idx); free(c->wp); free(c->slr); free(c->sq); free(c->ssum); free(c->scnt);
 }
 
 /* step_data_logprobs's passes: the proximal one, and the reference's (trainer_init made T->ref for
  * use_kl_loss). */
-int rl_fwd_only_passes(const rl_config *cfg) { return (cfg->ppo.decoupled || cfg->recompute_old) + !!cfg->use_kl_loss; }
+int rl_fwd_only_passes(const rl_config *cfg) {
+    return (cfg->ppo.decoupled || cfg->recompute_old) + !!(cfg->use_kl_loss || cfg->use_kl_in_reward);
+}
 
 int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n_mb, train_stats *st) {
     const rl_config *cfg = T->cfg;
@@ -585,9 +641,13 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
         flop_pairs += (int64_t)d.seqs[s].len * (d.seqs[s].len + 1) / 2;
     }
     T->stage = "logprobs";
-    if (step_data_logprobs(T, &d, &is) != MOERL_OK || step_data_weights(T, &d, mbs, n_mb) != MOERL_OK) goto out;
+    if (step_data_logprobs(T, &d, &is) != MOERL_OK || step_data_advantages(T, &d, st) != MOERL_OK ||
+        step_data_weights(T, &d, mbs, n_mb) != MOERL_OK)
+        goto out;
     T->stage = "update";
     ppo_ctx_alloc(&c, cfg->ppo_max_token_len);
+    c.ssum = xmalloc((size_t)(d.R ? d.R : 1) * sizeof(double)); /* a mini-batch has at most the step's sequences */
+    c.scnt = xmalloc((size_t)(d.R ? d.R : 1) * sizeof(int));
     train_step_opts to = {.max_tokens = cfg->ppo_max_token_len, .want_entropy = 1,
                           .temperature = cfg->temperature > 0 ? cfg->temperature : 1.0f,
                           .aux_coef = T->m->cfg.router_aux_loss_coef,
