@@ -94,7 +94,8 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
                    .optimizer_skipped = J->whole_opt.skipped, .consumed_prompts = J->consumed, .feed_epoch = f->epoch,
                    .feed_pos = f->pos, .seed = c->seed, .n_rows = f->n_rows,
                    .data_fingerprint = dataset_fingerprint(J->train), .dropped_prompts = J->dropped,
-                   .last_val_accuracy = isfinite(J->last_val) ? J->last_val : NAN};
+                   .last_val_accuracy = isfinite(J->last_val) ? J->last_val : NAN,
+                   .kl_ctrl_value = c->use_kl_in_reward ? J->T.kl_ctrl.value : NAN};
     /* unconsumed started prompts: redo list left over from an earlier resume, then in-flight, then queued */
     const int qcap = J->queue.cap > 0 ? J->queue.cap : 1;
     void **q = xmalloc((size_t)qcap * sizeof(void *));
@@ -158,6 +159,7 @@ int job_load_checkpoint(job *J, int *resumed) {
     J->consumed = st.consumed_prompts;
     J->dropped = st.dropped_prompts;
     J->resumed_val = st.last_val_accuracy;
+    if (!isnan(st.kl_ctrl_value)) J->T.kl_ctrl.value = st.kl_ctrl_value; /* use_kl_in_reward's β, exact resume */
     J->last_ckpt_step = J->T.step;
     /* the order of the checkpoint's epoch, at its position */
     prompt_feed_seek(fd, st.feed_epoch, st.feed_pos);
@@ -419,6 +421,7 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->aux_loss += b->aux_loss; a->kl_loss += b->kl_loss; a->reward_mean += b->reward_mean;
     a->reward_std += b->reward_std; a->acc_mean += b->acc_mean; a->response_length_mean += b->response_length_mean;
     a->loss_tokens_mean += b->loss_tokens_mean;
+    a->reward_kl_penalty += b->reward_kl_penalty; a->reward_kl_penalty_coeff += b->reward_kl_penalty_coeff;
     a->response_length_max = fmax(a->response_length_max, b->response_length_max);
     a->n_samples += b->n_samples; a->stale_samples += b->stale_samples; a->partial_samples += b->partial_samples;
     a->trained_tokens += b->trained_tokens; a->resp_tokens += b->resp_tokens;
@@ -554,6 +557,10 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
                         ? w->train_flops / (J->win_update * J->sgemm_peak * MOERL_MAX(1, J->n_trainers))
                         : NAN);
     if (cfg->ppo.decoupled) PUT("actor/behav_imp_weight_dropped_frac", w->behav_dropped_frac / k_loss);
+    if (cfg->use_kl_in_reward) { /* verl apply_kl_penalty's metrics, mean over the version's steps */
+        PUT("actor/reward_kl_penalty", w->reward_kl_penalty / k);
+        PUT("actor/reward_kl_penalty_coeff", w->reward_kl_penalty_coeff / k);
+    }
     if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
         PUT("rollout_corr/rollout_is_mean", w->rollout_is_mean / k);
         PUT("rollout_corr/rollout_is_std", w->rollout_is_std / k);

@@ -91,6 +91,7 @@ typedef struct {
     int64_t step, opt_step, opt_skipped;
     uint64_t n_params, chunk_floats;
     int32_t has_ref, pad;
+    double kl_ctrl_value;     /* algorithm.use_kl_in_reward's β (trainer.kl_ctrl.value) */
 } state_header;
 
 /* ------------------------------------------------------------------ small helpers */
@@ -520,6 +521,7 @@ static void recv_state(dist_ctx *ctx, trainer *T) {
     T->step = h.step;
     T->opt.step = h.opt_step;
     T->opt.skipped = h.opt_skipped;
+    T->kl_ctrl.value = h.kl_ctrl_value;
 }
 
 static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
@@ -532,6 +534,7 @@ static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
     h.step = T->step;
     h.opt_step = T->opt.step;
     h.opt_skipped = T->opt.skipped;
+    h.kl_ctrl_value = T->kl_ctrl.value;
     h.n_params = T->m->n_params;
     h.chunk_floats = chunk;
     h.has_ref = T->ref != NULL;
