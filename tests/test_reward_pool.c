@@ -75,7 +75,16 @@ static void test_builtin_equals_direct(const char *family) {
     char **texts = xcalloc((size_t)n, sizeof(char *)), **wheres = xcalloc((size_t)n, sizeof(char *));
     for (int i = 0; i < (int)d.n; i++) {
         const ds_row *r = dataset_row(&d, i);
-        const char *resp[V] = {r->response ? r->response : "", "the answer is 7\n#### 7", "", "= 12345"};
+        /* a response given as messages (tool_arith's demonstrations): the text its trajectory decodes to
+         * (special tokens skipped), tool turns as Qwen3's template writes them */
+        char traj[4096] = "";
+        for (int k = 0, o = 0; k < r->n_resp_msgs; k++)
+            o += snprintf(traj + o, sizeof traj - (size_t)o,
+                          strcmp(r->resp_msgs[k].role, "tool") ? "%s"
+                                                               : "\nuser\n<tool_response>\n%s\n</tool_response>\nassistant\n",
+                          r->resp_msgs[k].content);
+        const char *right = r->n_resp_msgs > 0 ? traj : r->response ? r->response : "";
+        const char *resp[V] = {right, "the answer is 7\n#### 7", "", "= 12345"};
         for (int v = 0; v < V; v++) {
             reward_request *q = &reqs[i * V + v];
             texts[i * V + v] = xstrdup(resp[v]);
