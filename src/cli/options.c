@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/trace.h"
@@ -20,7 +21,13 @@ static void parse_error(const char *fmt, ...) __attribute__((format(printf, 1, 2
 static void parse_error(const char *fmt, ...) {
     int rank;
     cli_launcher_world(&rank);
-    if (rank != 0) return;
+    if (rank != 0) {
+        /* every rank refuses the same command line; rank 0 alone says why. The others wait a moment
+         * before they exit, so that mpirun (which ends the job at the first non-zero exit) does not
+         * kill rank 0 before it has printed the message. */
+        usleep(1500 * 1000);
+        return;
+    }
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
