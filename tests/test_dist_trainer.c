@@ -115,8 +115,12 @@ static void add_tool_turns(rl_group **gs) {
     for (int g = 0; g < N_GROUPS; g++)
         for (int j = 0; j < gs[g]->n; j++) {
             gen_request *r = &gs[g]->reqs[j];
-            if ((g * gs[g]->n + j) % 3 == 2) continue;
-            r->out_mask = xmalloc((size_t)r->n_out + 1);
+            if ((g * gs[g]->n + j) % 3 == 2) { /* no mask: all sampled */
+                free(r->out_mask);
+                r->out_mask = NULL;
+                continue;
+            }
+            if (!r->out_mask) r->out_mask = xmalloc((size_t)r->n_out + 1); /* else the engine's (≥ n_out) */
             for (int t = 0; t < r->n_out; t++) {
                 r->out_mask[t] = !(r->n_out >= 3 && t >= 2 && t <= 4);
                 if (!r->out_mask[t]) r->out_logprobs[t] = 0.0f;
