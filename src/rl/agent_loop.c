@@ -24,7 +24,6 @@ typedef struct {
     char **resp;         /* [n_calls] the tool responses of the current turn (NULL: not yet answered) */
     int n_calls, n_pending;
     int ending;          /* the environment said done: end once every call is answered */
-    int forgotten;       /* aborted: drop answers, free when none is pending */
     double parked_at;
     /* simulation mode */
     int sim_turns;       /* the drawn assistant turns (uncapped) */
@@ -178,7 +177,7 @@ void agent_loop_free(agent_loop *A) {
 
 static traj *find_traj(const agent_loop *A, const gen_request *r) {
     for (int i = 0; i < A->n_live; i++)
-        if (A->live[i]->r == r && !A->live[i]->forgotten) return A->live[i];
+        if (A->live[i]->r == r) return A->live[i];
     return NULL;
 }
 
@@ -402,7 +401,7 @@ static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **do
                  "tool_errors/mean" : "", res->content ? res->content : "");
     pending_call c = take_call(A, res->tag);
     traj *tr = c.tr;
-    if (!tr) return 0; /* its trajectory was forgotten or ended */
+    if (!tr) return 0; /* its trajectory ended */
     tr->resp[c.call] = res->content;
     res->content = NULL;
     tr->t->tool_errors += res->error || res->timed_out;
@@ -414,10 +413,6 @@ static int on_answer(agent_loop *A, engine *e, env_result *res, gen_request **do
     if (--tr->n_pending > 0) return 0;
     A->n_waiting--;
     A->st.tool_wait_s += moerl_now() - tr->parked_at;
-    if (tr->forgotten) {
-        drop_traj(A, tr);
-        return 0;
-    }
     const int rc = continue_traj(A, e, tr);
     if (rc != 1) return rc;
     MOERL_ASSERT(*n_done < cap);
@@ -467,13 +462,6 @@ static int poll(agent_loop *A, engine *e, gen_request **done, int cap, double wa
 }
 
 int agent_loop_waiting(const agent_loop *A) { return A->n_waiting; }
-
-void agent_loop_forget(agent_loop *A, const gen_request *r) {
-    traj *tr = find_traj(A, r);
-    if (!tr) return;
-    if (tr->n_pending > 0) tr->forgotten = 1; /* freed when its last answer comes */
-    else drop_traj(A, tr);
-}
 
 void agent_loop_take_stats(agent_loop *A, agent_stats *out) {
     pthread_mutex_lock(&A->st_mu);
@@ -612,10 +600,6 @@ static int sim_answer(agent_loop *A, engine *e, traj *tr, double now) {
     A->st.tool_wait_s += now - tr->parked_at;
     tr->n_pending = 0;
     A->n_waiting--;
-    if (tr->forgotten) {
-        drop_traj(A, tr);
-        return 0;
-    }
     tr->t->tool_errors += tr->timed_out;
     const int rc = engine_continue(e, tr->r, A->filler, A->sc.response_tokens);
     if (rc < 0) return moerl_error_prefix("trajectory %s: ", tr->id);

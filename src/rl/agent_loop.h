@@ -82,8 +82,6 @@ int agent_loop_turn_end(agent_loop *A, engine *e, gen_request *r, agent_traj *t,
 int agent_loop_poll(agent_loop *A, engine *e, gen_request **done, int cap, double wait_s);
 /* Trajectories parked (waiting for tool answers). */
 int agent_loop_waiting(const agent_loop *A);
-/* Forget r (aborted with its group): its calls' answers are dropped when they come. */
-void agent_loop_forget(agent_loop *A, const gen_request *r);
 /* The totals since the last call, then reset (thread-safe against the loop's thread). */
 void agent_loop_take_stats(agent_loop *A, agent_stats *out);
 
