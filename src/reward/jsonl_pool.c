@@ -44,6 +44,7 @@ typedef struct {
     size_t out_len, out_off;
     double deadline;    /* monotonic seconds */
     int n_answered;     /* answers since this process started */
+    int graced;         /* this worker's first request got the start-up grace (only once) */
     long id;            /* the caller's id of the request in flight */
     char *line;         /* its line (owned), kept for a retry */
     int tries;          /* its failed attempts */
@@ -378,10 +379,13 @@ static int assign(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w, long
     w->req = 1;
     w->id = id;
     w->tries = tries;
-    /* a process's first request also waits for its start-up (imports, loading a model): it gets
+    /* a worker's first request also waits for its process's start-up (imports, loading a model): it gets
      * STARTUP_GRACE_S or timeout_s more, whichever is larger — else a program slower to start than
      * the timeout would be killed and restarted for ever, never answering */
-    const double grace = w->n_answered == 0 ? (pb->timeout_s > STARTUP_GRACE_S ? pb->timeout_s : STARTUP_GRACE_S) : 0;
+    const double grace =
+        w->n_answered == 0 && !w->graced ? (pb->timeout_s > STARTUP_GRACE_S ? pb->timeout_s : STARTUP_GRACE_S) : 0;
+    w->graced |= grace > 0; /* once per worker: a replacement of a timed-out process gets no grace (a hanging tool
+                               would otherwise get grace + timeout on every call) */
     w->deadline = now_s() + pb->timeout_s + grace;
     return MOERL_OK;
 }

@@ -47,8 +47,8 @@ typedef struct {
 typedef struct jsonl_procs jsonl_procs;
 
 /* n_workers processes of argv (copied; argv[0] looked up in PATH), all started now. what: names
- * the program in messages ("reward.command 'X'"); timeout_s: per request (a process's first request
- * after it started gets max(10 s, timeout_s) more, for its start-up), and for a process to exit once
+ * the program in messages ("reward.command 'X'"); timeout_s: per request (each worker's very first
+ * request gets max(10 s, timeout_s) more, for its start-up; not again after a restart), and for a process to exit once
  * its pipes close; timeout_key: the key timeout_s came from, for messages. ready_line:
  * each process first writes a line holding "ready" (the verl adapter); waited for up to
  * timeout_s. NULL with an error naming the program when one cannot start. */
