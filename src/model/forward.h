@@ -152,6 +152,19 @@ typedef struct {
      * (sent to the previous stage) instead of the embedding scatter. aux_counts / aux_psum then sum
      * this stage's MoE layers only (aux_loss is not the model's; n_moe_layers stays the model's). */
     int layer_lo, layer_hi;
+    /* Routing replay (actor.router_replay; R3 = rollout routing replay, arXiv 2510.11370; R2 = the old-logprob
+     * pass's routes replayed by the update). Both NULL by default (model_acts_init); the caller sets them per
+     * micro-batch. Layout of both: [tokens of the micro-batch given to model_forward, n_moe_layers, K] int16,
+     * MoE layers numbered in order (model_moe_layer_index); under Ulysses SP this rank's tokens are
+     * tok0 .. tok0 + N − 1 of that micro-batch.
+     * replay_routes: the experts each MoE layer uses for each token instead of the router's own top-k; the
+     *   gate weights are the CURRENT router probabilities of those experts (renormalised over the K when
+     *   norm_topk_prob), so the router still learns; the load-balancing loss counts the router's native top-k.
+     *   A token whose entries are −1 (no recorded route) uses its native top-k.
+     * routes_out: where the forward writes the router's native top-k of this rank's tokens (before any
+     *   replay): R2's recording and the routing-agreement metrics. */
+    const int16_t *replay_routes;
+    int16_t *routes_out;
 } model_acts;
 
 /* Allocate activations for up to max_tokens tokens per batch (one allocation). */

@@ -43,7 +43,12 @@
  *                      experts [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size) of each MoE layer (its
  *                      stacked expert tensors are [E/ep_size, ...]; the router stays [E, H]) and the
  *                      forward needs a runtime whose MoE dispatch hook is set (model_acts.par, forward.h's model_hooks;
- *                      src/parallel/ep.c fills it). ep_size 0 or 1 = every expert. */
+ *                      src/parallel/ep.c fills it). ep_size 0 or 1 = every expert.
+ *  batch_invariant     rollout.batch_invariant (not a switch of the practice): every kernel reduces each
+ *                      output element in one fixed order whatever the batch's size, composition and split
+ *                      (decode or full-sequence, chunked prefill, micro-batch, layout), so the rollout
+ *                      engine's behaviour logprobs equal the trainer's recomputed ones bit for bit
+ *                      (docs/rl.md, "Bit-for-bit on-policy"). 0 = the fastest kernels. */
 typedef struct {
     int per_expert_loop;
     int separate_permute;
@@ -51,6 +56,7 @@ typedef struct {
     int rebuild_row_idx;
     int no_pack;
     int ep_size, ep_rank;
+    int batch_invariant;
 } moe_exec_opts;
 
 typedef struct {

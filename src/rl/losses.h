@@ -141,6 +141,10 @@ double gspo_token_loss(float *dlogp, const float *logp, const float *old_logp, c
 
 /* Policy loss modes (verl actor.policy_loss.loss_mode). */
 typedef enum { POLICY_LOSS_VANILLA = 0, POLICY_LOSS_GSPO } policy_loss_mode;
+/* actor.router_replay.mode (verl's): DISABLED; R2 = the old-logprob (proximal) pass records its routes and the
+ * update replays them; R3 = the rollout engine's routes (rollout.enable_rollout_routing_replay) are replayed by
+ * every trainer forward of the sample. */
+typedef enum { ROUTER_REPLAY_DISABLED = 0, ROUTER_REPLAY_R2, ROUTER_REPLAY_R3 } router_replay_mode;
 /* Parse "vanilla" | "gspo"; MOERL_ERR (message names actor.policy_loss.loss_mode) otherwise. */
 int policy_loss_mode_parse(const char *name, policy_loss_mode *out);
 

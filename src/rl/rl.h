@@ -62,6 +62,9 @@ typedef struct {
     int max_num_seqs, max_num_batched_tokens;
     int bf16_weights;          /* rollout.dtype bf16: the engine computes from bf16 weights (engine.h) */
     int rollout_ep;            /* rollout.expert_parallel_size: the engine's experts over this many rollout ranks */
+    int rollout_routing_replay; /* rollout.enable_rollout_routing_replay: the engine records every token's routes */
+    int batch_invariant;       /* rollout.batch_invariant: engine and trainer compute bit-identical logprobs
+                                  (moe_exec_opts.batch_invariant on both sides) */
     /* rollout.synthetic_length.*: a benchmark workload — each response's length is drawn from a
      * Pareto(alpha) tail above `min` tokens (capped at max_response_length) and EOS is ignored,
      * to reproduce the heavy-tailed response lengths of reasoning RL. alpha = 0: off. */
@@ -77,6 +80,7 @@ typedef struct {
     float kl_loss_coef;
     kl_type kl_loss_type;      /* actor.kl_loss_type (default low_var_kl = k3, verl's) */
     policy_loss_mode loss_mode; /* actor.policy_loss.loss_mode: vanilla | gspo */
+    router_replay_mode router_replay; /* actor.router_replay.mode: disabled | R2 | R3 (losses.h) */
     /* algorithm.use_kl_in_reward: score − β·Σ_t kl_t with kl = algorithm.kl_penalty(π_old, π_ref) and
      * β from algorithm.kl_ctrl.* (losses.h kl_controller: its initial state; the trainer's evolves) */
     int use_kl_in_reward;

@@ -80,6 +80,13 @@ typedef struct gen_request {
     int n_cached;        /* tokens of prompt ⊕ out already in the KV cache */
     int out_cap;         /* capacity of the output arrays the engine allocated (0: the caller's) */
     int n_sampled;       /* output tokens the model sampled (mask 1) so far: the index into sp.forced */
+    /* Routing record (engine_config.record_routes; rollout routing replay): [(prompt_len + sp.max_tokens) ×
+     * n_moe_layers × K] int16, allocated by the engine: the experts each MoE layer routed token t of
+     * prompt ⊕ output to, in the forward that first computed t (docs/rl.md, "Routing replay", says what a
+     * re-prefill after a pause or an engine_continue keeps). n_routes: tokens recorded so far; the last
+     * sampled token, never forwarded, has none. NULL when not recording. */
+    int16_t *out_routes;
+    int n_routes;
     struct gen_request *next;
     void *user;          /* free for the caller */
 } gen_request;
@@ -93,6 +100,7 @@ typedef struct {
      * (responses then end at their length limit, or at rollout.synthetic_length's). */
     int simulated;
     int bf16_weights;           /* 1: compute from bf16 weights (rollout.dtype bf16, see below) */
+    int record_routes;          /* 1: record every token's routed experts (gen_request.out_routes) */
 } engine_config;
 
 /* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of

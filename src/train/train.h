@@ -21,6 +21,10 @@ typedef struct {
      * demonstrations in SFT) — no loss, no logprob, no entropy; train_pack gives it resp_index −1.
      * NULL: every response token is a loss token. */
     const unsigned char *resp_mask;
+    /* [len, n_moe_layers, K] int16 or NULL: the experts to replay for each token (model_acts.replay_routes;
+     * entries −1 where none was recorded, e.g. the last sampled token, which the engine never forwarded).
+     * train_pack-based passes hand them to the forward when replay is on. */
+    const int16_t *routes;
 } train_seq;
 
 /* Greedy in-order packing: mb_start[0..n_mb] such that micro-batch j holds sequences
