@@ -448,9 +448,12 @@ static void forward_tokens(engine *e, int T, int n_rows) {
             memcpy(vc + off, e->v + (size_t)n * kvrow, kvrow * sizeof(float));
         }
         const double ta = trace_begin();
-        attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        if (c->exec.batch_invariant) /* the trainer's key order (batch_invariant.c) */
+            attention_kvcache_forward_bi(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        else attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
         trace_end("attention (KV cache)", "engine", ta);
-        if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
+        if (c->exec.batch_invariant) linear_forward_bi(e->x, e->att, w->o_proj, T, nh * hd, H, 1);
+        else if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
         else linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward_par(m, l, e->ln, e->mlp_out, &e->mlp, T, e->ep); /* ep NULL: mlp_forward */
@@ -463,7 +466,8 @@ static void forward_tokens(engine *e, int T, int n_rows) {
     for (int r = 0; r < n_rows; r++)
         memcpy(e->hid + (size_t)r * H, e->x + (size_t)e->sample_row[r] * H, H * sizeof(float));
     rmsnorm_forward(e->hid, e->hid_rstd, e->hid, m->p.norm, n_rows, H, c->rms_norm_eps);
-    if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(e->logits, NULL, e->hid, e->bf.lm_head, n_rows, H, e->V, 0);
+    if (c->exec.batch_invariant) linear_forward_bi(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
+    else if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(e->logits, NULL, e->hid, e->bf.lm_head, n_rows, H, e->V, 0);
     else linear_forward(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
 }
 
@@ -541,6 +545,8 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             tok = r->sp.forced[r->n_sampled];
             lp = e->ec.simulated ? 0.0f : token_logprob(lg, e->V, r->sp.temperature, tok);
         }
+        if (e->m.cfg.exec.batch_invariant && !e->ec.simulated) /* the trainer's log-softmax (model_logprobs) */
+            logprob_forward(&lp, NULL, NULL, lg, &tok, 1, e->V, r->sp.temperature > 0 ? r->sp.temperature : 1.0f);
         r->n_sampled++;
         if (r->out_logits && !e->ec.simulated)
             memcpy(r->out_logits + (size_t)r->n_out * e->V, e->logits + (size_t)i * e->V, e->V * sizeof(float));
