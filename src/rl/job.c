@@ -914,6 +914,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     J->train = train;
     J->test = test;
     J->m = m;
+    m->cfg.exec.batch_invariant = cfg->batch_invariant; /* rollout.batch_invariant: the engine's model is made from m's config */
     J->n_trainers = 1;
     J->ops = cfg->mode == RL_MODE_ASYNC ? &ASYNC_OPS : &LOCKSTEP_OPS;
     int rc = MOERL_ERR, thread_started = 0;

@@ -1255,6 +1255,7 @@ int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset
         snprintf(g_role, sizeof g_role, "trainer rank %d of %d", ctx->trainer_rank, ctx->trainer_size);
     }
     if (injected_failure(cfg, ctx, -1) != MOERL_OK && ctx->trainer_rank != 0) die(ctx, "test");
+    m->cfg.exec.batch_invariant = cfg->batch_invariant; /* rollout.batch_invariant: engine and trainer models alike */
     if (ctx->role == DIST_ROLE_ROLLOUT) run_rollout_rank(ctx, cfg, m, train);
     else if (ctx->trainer_rank > 0) run_trainer_follower(ctx, cfg, m, train);
     else run_leader(ctx, cfg, m, train, test, res);

@@ -169,6 +169,12 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
                      ec.max_num_seqs, ec.max_model_len, ec.max_num_batched_tokens);
         return NULL;
     }
+    if (ec.bf16_weights && cfg->exec.batch_invariant) {
+        moerl_errorf("engine: bf16 weights (rollout.dtype=bf16) with batch-invariant kernels "
+                     "(rollout.batch_invariant=true): the engine's products would use bf16-rounded weights and the "
+                     "trainer's fp32 ones, so their logprobs could not agree bit for bit; use fp32 weights");
+        return NULL;
+    }
     if (ec.max_num_batched_tokens < ec.max_num_seqs) ec.max_num_batched_tokens = ec.max_num_seqs;
     engine *e = xcalloc(1, sizeof *e);
     if (model_init_inference(&e->m, cfg) != MOERL_OK) {
