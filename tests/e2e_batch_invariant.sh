@@ -64,4 +64,27 @@ expect_err "rollout.dtype=bf16 with rollout.batch_invariant=true is refused nami
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$W/bf16" rollout.dtype=bf16 \
     rollout.batch_invariant=true
 check "the refused run made no output folder" test ! -e "$W/bf16"
+
+# moerl generate --batch-invariant: sample 0 of a prompt is the same line (tokens and 7-digit logprobs)
+# generated alone (-n 1) and among 12 samples in flight; with the default kernels the lines may differ
+# (printed). Uses the PyTorch reference model of tests/ref/gen_model.py when it is there.
+TD=${MOERL_TESTDATA:-build/testdata}
+if [[ -f $TD/model_b/config.json ]]; then
+    G=("$MOERL" generate --model "$TD/model_b" --prompt-tokens 3,4,5,6,7,8,9,10 --max-new-tokens 10 --temperature 0.8
+       --seed 3)
+    for f in default --batch-invariant; do
+        ff=(); [[ $f == default ]] || ff=("$f")
+        "${G[@]}" -n 1 "${ff[@]}" 2>/dev/null | head -1 >"$W/g1$f"
+        "${G[@]}" -n 12 "${ff[@]}" 2>/dev/null | head -1 >"$W/g12$f"
+    done
+    check "generate --batch-invariant: a response alone = the same response among 12 in flight" \
+        cmp -s "$W/g1--batch-invariant" "$W/g12--batch-invariant"
+    check "generate --batch-invariant: output present" test -s "$W/g1--batch-invariant"
+    if cmp -s "$W/g1default" "$W/g12default"; then echo "generate, default kernels: alone = among 12 (this time)"
+    else echo "generate, default kernels: alone ≠ among 12:"; cut -c1-200 "$W/g1default" "$W/g12default" | sed 's/^/    /'; fi
+    expect_err "generate --batch-invariant --dtype bf16 is refused" "--batch-invariant with --dtype bf16" \
+        "${G[@]}" --dtype bf16 --batch-invariant
+else
+    bad "generate --batch-invariant" "$TD/model_b missing (run tests/ref/gen_model.py $TD)"
+fi
 finish
