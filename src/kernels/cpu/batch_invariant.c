@@ -38,21 +38,64 @@
 /* Below this many multiply-adds a product or attention call stays on the calling thread. */
 #define BI_PAR_MIN_MACS 65536
 
+/* Eight float lanes (GCC/Clang vector extension: lane-wise IEEE operations, the same in every
+ * instruction set; loads through memcpy, so no alignment is assumed). */
+typedef float bi_v8 __attribute__((vector_size(32)));
+static inline bi_v8 bi_load(const float *p) {
+    bi_v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+/* The fixed tree over the eight lanes. */
+static inline float bi_lanes(bi_v8 c) { return ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])); }
+
 /* Σ_i a[i]·b[i] in the fixed order described above. */
 static inline float bi_dot(const float *restrict a, const float *restrict b, int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    bi_v8 c = {0};
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i + 8 <= n; i += 8) c += bi_load(a + i) * bi_load(b + i);
+    float s = bi_lanes(c);
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+/* bi_dot of a with four rows of W at once (s[j] = bi_dot(a, w_j, n)): the same operations in the same
+ * order for each output, interleaved so that four independent chains keep the adders busy. */
+static inline void bi_dot4(float s[4], const float *restrict a, const float *restrict w0, const float *restrict w1,
+                           const float *restrict w2, const float *restrict w3, int n) {
+    bi_v8 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const bi_v8 x = bi_load(a + i);
+        c0 += x * bi_load(w0 + i);
+        c1 += x * bi_load(w1 + i);
+        c2 += x * bi_load(w2 + i);
+        c3 += x * bi_load(w3 + i);
+    }
+    float t0 = bi_lanes(c0), t1 = bi_lanes(c1), t2 = bi_lanes(c2), t3 = bi_lanes(c3);
+    for (; i < n; i++) {
+        t0 += a[i] * w0[i];
+        t1 += a[i] * w1[i];
+        t2 += a[i] * w2[i];
+        t3 += a[i] * w3[i];
+    }
+    s[0] = t0, s[1] = t1, s[2] = t2, s[3] = t3;
 }
 
 void gemm_bi_nt_rows(float *out, int ldo, const float *const *rows, const float *W, int m, int I, int o0, int o1,
                      int accumulate) {
     MOERL_ASSERT(m >= 0 && I >= 0 && o0 >= 0 && o1 >= o0);
-    for (int o = o0; o < o1; o++) {
+    int o = o0;
+    for (; o + 4 <= o1; o += 4) {
+        const float *w = W + (size_t)o * I;
+        for (int r = 0; r < m; r++) {
+            float s[4];
+            bi_dot4(s, rows[r], w, w + I, w + 2 * (size_t)I, w + 3 * (size_t)I, I);
+            float *y = out + (size_t)r * ldo + (o - o0);
+            for (int j = 0; j < 4; j++) y[j] = accumulate ? y[j] + s[j] : s[j];
+        }
+    }
+    for (; o < o1; o++) {
         const float *w = W + (size_t)o * I;
         for (int r = 0; r < m; r++) {
             const float s = bi_dot(rows[r], w, I);
