@@ -82,13 +82,48 @@ static inline void bi_dot4(float s[4], const float *restrict a, const float *res
     s[0] = t0, s[1] = t1, s[2] = t2, s[3] = t3;
 }
 
+/* bi_dot4 for two rows a and b at once (each W vector loaded once for both): sa[j] = bi_dot(a, w_j),
+ * sb[j] = bi_dot(b, w_j), the same operations per output as bi_dot. */
+static inline void bi_dot4x2(float sa[4], float sb[4], const float *restrict a, const float *restrict b,
+                             const float *restrict w0, int ldw, int n) {
+    const float *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+    bi_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const bi_v8 x = bi_load(a + i), y = bi_load(b + i), v0 = bi_load(w0 + i), v1 = bi_load(w1 + i),
+                    v2 = bi_load(w2 + i), v3 = bi_load(w3 + i);
+        a0 += x * v0, a1 += x * v1, a2 += x * v2, a3 += x * v3;
+        b0 += y * v0, b1 += y * v1, b2 += y * v2, b3 += y * v3;
+    }
+    float ta[4] = {bi_lanes(a0), bi_lanes(a1), bi_lanes(a2), bi_lanes(a3)};
+    float tb[4] = {bi_lanes(b0), bi_lanes(b1), bi_lanes(b2), bi_lanes(b3)};
+    const float *w[4] = {w0, w1, w2, w3};
+    for (; i < n; i++)
+        for (int j = 0; j < 4; j++) {
+            ta[j] += a[i] * w[j][i];
+            tb[j] += b[i] * w[j][i];
+        }
+    memcpy(sa, ta, sizeof ta);
+    memcpy(sb, tb, sizeof tb);
+}
+
 void gemm_bi_nt_rows(float *out, int ldo, const float *const *rows, const float *W, int m, int I, int o0, int o1,
                      int accumulate) {
     MOERL_ASSERT(m >= 0 && I >= 0 && o0 >= 0 && o1 >= o0);
     int o = o0;
     for (; o + 4 <= o1; o += 4) {
         const float *w = W + (size_t)o * I;
-        for (int r = 0; r < m; r++) {
+        int r = 0;
+        for (; r + 2 <= m; r += 2) {
+            float s0[4], s1[4];
+            bi_dot4x2(s0, s1, rows[r], rows[r + 1], w, I, I);
+            float *y0 = out + (size_t)r * ldo + (o - o0), *y1 = y0 + ldo;
+            for (int j = 0; j < 4; j++) {
+                y0[j] = accumulate ? y0[j] + s0[j] : s0[j];
+                y1[j] = accumulate ? y1[j] + s1[j] : s1[j];
+            }
+        }
+        for (; r < m; r++) {
             float s[4];
             bi_dot4(s, rows[r], w, w + I, w + 2 * (size_t)I, w + 3 * (size_t)I, I);
             float *y = out + (size_t)r * ldo + (o - o0);
