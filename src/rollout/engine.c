@@ -183,6 +183,7 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     }
     e->ec = ec;
     if (ec.bf16_weights) e->m.cfg.exec.no_pack = 1; /* the bf16 panels replace the fp32 expert panels */
+    if (cfg->exec.batch_invariant) e->m.cfg.exec.no_pack = 1; /* the batch-invariant kernels read W itself */
     const moe_config *c = &e->m.cfg;
     e->L = c->num_hidden_layers; e->H = c->hidden_size; e->V = c->vocab_size;
     e->nh = c->num_attention_heads; e->nkv = c->num_key_value_heads; e->hd = c->head_dim;
