@@ -9,9 +9,13 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/config.h"
+#include "base/rng.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "rl/rl.h"
+#include "rl_fixture.h"
 #include "train/train.h"
 #include "test.h"
 
@@ -243,7 +247,238 @@ static void check_errors(void) {
     fixture_close(&x);
 }
 
+/* ---- the trainer: actor.router_replay.mode and the routing-agreement metrics ---- */
+
+#define G_RESP 4
+static const int g_len[G_RESP] = {7, 11, 5, 9};
+#define G_PROMPT 6
+
+/* One group of G_RESP hand-made responses (random tokens, behaviour logprob −1 each) to a 6-token prompt. */
+static rl_group *make_group(void) {
+    rng_state r;
+    rng_seed(&r, 31);
+    rl_group *g = xcalloc(1, sizeof *g);
+    g->n = g->n_done = G_RESP;
+    for (int i = 0; i < G_PROMPT; i++) tok_seq_push(&g->prompt, 40 + (int)rng_below(&r, 60));
+    g->reqs = xcalloc(G_RESP, sizeof(gen_request));
+    g->rewards = xcalloc(G_RESP, sizeof(reward_result));
+    for (int j = 0; j < G_RESP; j++) {
+        gen_request *q = &g->reqs[j];
+        q->id = j;
+        q->prompt = g->prompt.ids;
+        q->prompt_len = G_PROMPT;
+        q->n_out = g_len[j];
+        q->finish = FINISH_STOP;
+        q->out_tokens = xmalloc((size_t)g_len[j] * sizeof(int));
+        q->out_logprobs = xmalloc((size_t)g_len[j] * sizeof(float));
+        q->out_versions = xcalloc((size_t)g_len[j], sizeof(int));
+        for (int t = 0; t < g_len[j]; t++) {
+            q->out_tokens[t] = 40 + (int)rng_below(&r, 60);
+            q->out_logprobs[t] = -1.0f;
+        }
+        g->rewards[j].score = (float)j;
+        q->user = g;
+    }
+    return g;
+}
+
+static void free_group(rl_group *g) {
+    for (int j = 0; j < g->n; j++) {
+        free(g->reqs[j].out_routes);
+        g->reqs[j].out_routes = NULL;
+    }
+    rl_group_free(g);
+}
+
+/* Rollout routes for the group: the model's native routes (a recording forward, as the engine's would
+ * be with the trainer's weights), the last token unrecorded (n_routes = len − 1); with perturb, the
+ * routes of (token t, MoE layer t mod 2) for t ≡ 0 mod 3 replaced by the complement of the native set
+ * (E = 4, top-2: certainly another set). dis[mi] counts the perturbed pairs per layer, tot the recorded ones. */
+static void attach_rollout_routes(const moe_model *m, rl_group *g, int perturb, double *dis, double *tot) {
+    const int K = m->cfg.num_experts_per_tok, E = m->cfg.num_experts, per = model_moe_layer_count(&m->cfg) * K;
+    MOERL_ASSERT(E == 4 && K == 2 && per == 4);
+    train_seq seqs[G_RESP];
+    int *toks[G_RESP];
+    float *lp[G_RESP];
+    int16_t *rec[G_RESP];
+    for (int j = 0; j < G_RESP; j++) {
+        const gen_request *q = &g->reqs[j];
+        const int L = q->prompt_len + q->n_out;
+        toks[j] = xmalloc((size_t)L * sizeof(int));
+        memcpy(toks[j], q->prompt, (size_t)q->prompt_len * sizeof(int));
+        memcpy(toks[j] + q->prompt_len, q->out_tokens, (size_t)q->n_out * sizeof(int));
+        seqs[j] = (train_seq){.tokens = toks[j], .len = L, .resp_start = q->prompt_len};
+        lp[j] = xmalloc((size_t)L * sizeof(float));
+        rec[j] = xmalloc((size_t)L * per * sizeof(int16_t));
+    }
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, m, 256) == MOERL_OK);
+    train_route_opts ro = {.record = rec};
+    MOERL_ASSERT(compute_logprobs_routes(m, &a, seqs, G_RESP, 256, 1.0f, lp, &ro) == MOERL_OK);
+    model_acts_free(&a);
+    dis[0] = dis[1] = 0;
+    *tot = 0;
+    for (int j = 0; j < G_RESP; j++) {
+        gen_request *q = &g->reqs[j];
+        q->n_routes = seqs[j].len - 1;
+        *tot += 2.0 * q->n_routes;
+        for (int t = 0; perturb && t < q->n_routes; t += 3) {
+            int16_t *x = rec[j] + (size_t)t * per + (t % 2) * K;
+            int16_t y[2], k = 0;
+            for (int e = 0; e < E; e++)
+                if (e != x[0] && e != x[1]) y[k++] = (int16_t)e;
+            x[0] = y[0];
+            x[1] = y[1];
+            dis[t % 2]++;
+        }
+        free(q->out_routes);
+        q->out_routes = rec[j];
+        free(toks[j]);
+        free(lp[j]);
+    }
+}
+
+static rl_config replay_config(router_replay_mode mode, int recompute_old) {
+    rl_config c = rl_test_config();
+    c.n = G_RESP;
+    c.ppo_mini_batch_size = 1;
+    c.ppo_epochs = 1;
+    c.ppo_max_token_len = 256;
+    c.temperature = 1.0f;
+    c.optim.lr = 0.0f;
+    c.optim.max_grad_norm = 0.0f;
+    c.recompute_old = recompute_old;
+    c.rollout_routing_replay = 1;
+    c.router_replay = mode;
+    return c;
+}
+
+/* trainer_step on a fresh copy of the group with routes as asked; the gradient (lr 0) and the statistics. */
+static void replay_step(const moe_model *m0, const rl_config *c, int perturb, float *grads, train_stats *st,
+                        double *dis, double *tot) {
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &m0->cfg) == MOERL_OK);
+    memcpy(m.params, m0->params, m.n_params * sizeof(float));
+    rl_group *g = make_group();
+    if (perturb >= 0) attach_rollout_routes(&m, g, perturb, dis, tot);
+    trainer T;
+    MOERL_ASSERT(trainer_init(&T, c, NULL, &m) == MOERL_OK);
+    const int rc = trainer_step(&T, &g, 1, st);
+    CHECK(rc == MOERL_OK, "trainer_step (mode %d, perturb %d): %s", c->router_replay, perturb, moerl_last_error());
+    memcpy(grads, m.grads, m.n_params * sizeof(float));
+    trainer_free(&T);
+    free_group(g);
+    model_free(&m);
+}
+
+/* disabled / R3 / R2 through trainer_step: R3 replaying the native routes gives the unreplayed gradient bit
+ * for bit and perturbed routes change it; the agreement metrics of a case with known disagreement
+ * (exact: they are ratios of integer counts); R3 without recorded routes refused. */
+static void check_trainer(void) {
+    moe_model m;
+    rl_tiny_model(&m, 5, 0.01f);
+    const size_t P = m.n_params;
+    float *g_off = xmalloc(P * sizeof(float)), *g = xmalloc(P * sizeof(float));
+    double dis[2], tot;
+    train_stats st;
+    rl_config c = replay_config(ROUTER_REPLAY_DISABLED, 0);
+    c.rollout_routing_replay = 0;
+    replay_step(&m, &c, -1, g_off, &st, dis, &tot); /* no routes recorded: no metric */
+    CHECK(st.routing_count == 0 && isnan(st.routing_agreement_min), "no routes: count %g", st.routing_count);
+    /* disabled with perturbed rollout routes: the metrics see the disagreement, the gradient is unchanged */
+    c = replay_config(ROUTER_REPLAY_DISABLED, 0);
+    replay_step(&m, &c, 1, g, &st, dis, &tot);
+    const double want = (tot - dis[0] - dis[1]) / tot;
+    const double per_layer = tot / 2, worst = (per_layer - fmax(dis[0], dis[1])) / per_layer;
+    CHECK(dis[0] > 0 && dis[1] > 0 && st.routing_count == tot && st.routing_agree / st.routing_count == want &&
+              st.routing_agree_native / st.routing_count == want && st.routing_agreement_min == worst,
+          "disabled: count %g (want %g), agreement %.6f native %.6f (want %.6f), min %.6f (want %.6f)", st.routing_count,
+          tot, st.routing_agree / st.routing_count, st.routing_agree_native / st.routing_count, want,
+          st.routing_agreement_min, worst);
+    CHECK(!memcmp(g, g_off, P * sizeof(float)), "disabled: recorded routes changed the gradient");
+    /* R3, native routes: 1.0 and the same gradient bit for bit */
+    c = replay_config(ROUTER_REPLAY_R3, 0);
+    replay_step(&m, &c, 0, g, &st, dis, &tot);
+    CHECK(st.routing_agree == tot && st.routing_agree_native == tot && st.routing_agreement_min == 1.0,
+          "R3 native: agreement %g native %g of %g", st.routing_agree, st.routing_agree_native, tot);
+    CHECK(!memcmp(g, g_off, P * sizeof(float)), "R3 replaying the native routes changed the gradient");
+    /* R3, perturbed: agreement 1.0 by construction, native as above, another gradient */
+    replay_step(&m, &c, 1, g, &st, dis, &tot);
+    CHECK(st.routing_agree == tot && st.routing_agreement_min == 1.0 &&
+              st.routing_agree_native / st.routing_count == want,
+          "R3 perturbed: agreement %g of %g, min %g, native %.6f (want %.6f)", st.routing_agree, tot,
+          st.routing_agreement_min, st.routing_agree_native / st.routing_count, want);
+    double diff = 0;
+    for (size_t i = 0; i < P; i++) diff = fmax(diff, fabs((double)g[i] - g_off[i]));
+    CHECK(diff > 1e-6, "R3 with other routes left the gradient unchanged (max diff %g)", diff);
+    /* R3 and the old-logprob pass: the metrics are counted there (the first forward) */
+    c = replay_config(ROUTER_REPLAY_R3, 1);
+    replay_step(&m, &c, 1, g, &st, dis, &tot);
+    CHECK(st.routing_count == tot && st.routing_agree == tot && st.routing_agree_native / st.routing_count == want,
+          "R3 + recompute: count %g agreement %g native %.6f", st.routing_count, st.routing_agree,
+          st.routing_agree_native / st.routing_count);
+    /* R2: the old-logprob pass records the native routes and the update replays them (lr 0: the same weights,
+     * so the gradient is the unreplayed one bit for bit); its metrics are the native ones */
+    c = replay_config(ROUTER_REPLAY_DISABLED, 1);
+    replay_step(&m, &c, 1, g_off, &st, dis, &tot);
+    c = replay_config(ROUTER_REPLAY_R2, 1);
+    replay_step(&m, &c, 1, g, &st, dis, &tot);
+    CHECK(!memcmp(g, g_off, P * sizeof(float)), "R2 at unchanged weights changed the gradient");
+    CHECK(st.routing_agree / st.routing_count == want && st.routing_agree_native == st.routing_agree,
+          "R2: agreement %.6f native %.6f (want %.6f)", st.routing_agree / st.routing_count,
+          st.routing_agree_native / st.routing_count, want);
+    /* R3 with a response that carries no routes */
+    c = replay_config(ROUTER_REPLAY_R3, 0);
+    {
+        rl_group *gr = make_group();
+        trainer T;
+        MOERL_ASSERT(trainer_init(&T, &c, NULL, &m) == MOERL_OK);
+        CHECK(trainer_step(&T, &gr, 1, &st) == MOERL_ERR && strstr(moerl_last_error(), "carries no recorded routes") &&
+                  strstr(moerl_last_error(), "rollout.enable_rollout_routing_replay"),
+              "R3 without routes: %s", moerl_last_error());
+        trainer_free(&T);
+        free_group(gr);
+    }
+    free(g_off);
+    free(g);
+    model_free(&m);
+}
+
+/* actor.router_replay.mode read by rl_read_config: the values, and what R2 and R3 need. */
+static int read_with(const char *const *kv, int n) {
+    cfg *c = cfg_new();
+    rl_def_keys(c);
+    fx_apply(c, kv, n);
+    rl_config r;
+    const int rc = rl_read_config(c, &r);
+    cfg_free(c);
+    return rc == MOERL_OK ? (int)r.router_replay : -1;
+}
+
+static void check_config_key(void) {
+    const char *off[] = {"actor.router_replay.mode=disabled"};
+    CHECK(read_with(off, 1) == ROUTER_REPLAY_DISABLED, "disabled: %s", moerl_last_error());
+    const char *bad[] = {"actor.router_replay.mode=r3"};
+    CHECK(read_with(bad, 1) == -1 && strstr(moerl_last_error(), "actor.router_replay.mode: 'r3' is not one of "
+                                                                "disabled, R2, R3"),
+          "bad value: %s", moerl_last_error());
+    const char *r3[] = {"actor.router_replay.mode=R3"};
+    CHECK(read_with(r3, 1) == -1 && strstr(moerl_last_error(), "rollout.enable_rollout_routing_replay=true") &&
+              strstr(moerl_last_error(), "mode=R3"),
+          "R3 without the engine's record: %s", moerl_last_error());
+    const char *r2[] = {"actor.router_replay.mode=R2"};
+    CHECK(read_with(r2, 1) == -1 && strstr(moerl_last_error(), "bypass_mode=false") &&
+              strstr(moerl_last_error(), "use_decoupled_loss"),
+          "R2 in bypass mode: %s", moerl_last_error());
+    const char *r2ok[] = {"actor.router_replay.mode=R2", "algorithm.rollout_correction.bypass_mode=false"};
+    CHECK(read_with(r2ok, 2) == ROUTER_REPLAY_R2, "R2 with recomputed old logprobs: %s", moerl_last_error());
+    const char *r2dec[] = {"actor.router_replay.mode=R2", "actor.use_decoupled_loss=true"};
+    CHECK(read_with(r2dec, 2) == ROUTER_REPLAY_R2, "R2 with the decoupled loss: %s", moerl_last_error());
+}
+
 int main(void) {
+    check_config_key();
+    check_trainer();
     check_reference("a");
     check_reference("b");
     check_native_bitwise("a");
