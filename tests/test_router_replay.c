@@ -439,6 +439,18 @@ static void check_trainer(void) {
         trainer_free(&T);
         free_group(gr);
     }
+    { /* a dense model has nothing to replay: refused rather than ignored */
+        const char *kv[] = {"model.num_experts=0", "model.num_hidden_layers=2"};
+        moe_config dc = fx_small_config(kv, FX_N(kv));
+        moe_model dm;
+        MOERL_ASSERT(model_init(&dm, &dc) == MOERL_OK);
+        trainer T;
+        CHECK(trainer_init(&T, &c, NULL, &dm) == MOERL_ERR && strstr(moerl_last_error(), "no MoE layer") &&
+                  strstr(moerl_last_error(), "actor.router_replay.mode=R3"),
+              "R3 on a dense model: %s", moerl_last_error());
+        trainer_free(&T);
+        model_free(&dm);
+    }
     free(g_off);
     free(g);
     model_free(&m);

@@ -20,6 +20,10 @@ int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_mod
     T->train = train;
     T->m = m;
     T->replication = 1;
+    if (cfg->router_replay != ROUTER_REPLAY_DISABLED && model_moe_layer_count(&m->cfg) == 0)
+        return moerl_errorf("actor.router_replay.mode=%s: the model has no MoE layer to replay routes in "
+                            "(num_experts %d); set actor.router_replay.mode=disabled",
+                            cfg->router_replay == ROUTER_REPLAY_R2 ? "R2" : "R3", m->cfg.num_experts);
     adamw_init(&T->opt, m, cfg->optim); /* the whole layout; par_adamw_shard cuts it to a rank's part */
     if (model_acts_init(&T->acts, m, cfg->ppo_max_token_len) != MOERL_OK) return MOERL_ERR;
     T->kl_ctrl = cfg->kl_ctrl; /* algorithm.kl_ctrl: β starts at kl_coef (a resume restores the saved β) */
