@@ -27,34 +27,44 @@ run_rl() {
     shift
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$W/$name" "$@" >"$W/$name.log" 2>&1
 }
-# metrics NAME: per step "ppo_kl pg_clipfrac probs_diff_max" (the last "-" when the run has no such metric)
+# metrics NAME: per step "ppo_kl pg_clipfrac probs_diff_max routing_agreement" ("-" where the run has no
+# such metric: the last two come with the mismatch metrics and the engine's route record)
 metrics() {
     $PY - "$W/$1/metrics.jsonl" <<'EOF'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if "actor/ppo_kl" not in r: continue
-    d = r.get("training/rollout_probs_diff_max")
-    print(repr(r["actor/ppo_kl"]), repr(r["actor/pg_clipfrac"]), "-" if d is None else repr(d))
+    d, a = r.get("training/rollout_probs_diff_max"), r.get("moe/routing_agreement")
+    print(repr(r["actor/ppo_kl"]), repr(r["actor/pg_clipfrac"]), "-" if d is None else repr(d),
+          "-" if a is None else repr(a))
 EOF
 }
+# Where this build records the engine's routes, the batch-invariant run records them too, and the
+# routing agreement without replay must be exactly 1.
+RECORD=()
+if "$MOERL" rl --help 2>&1 | grep -q "rollout.enable_rollout_routing_replay"; then
+    RECORD=(rollout.enable_rollout_routing_replay=true)
+fi
 
-if run_rl bi rollout.batch_invariant=true; then
+if run_rl bi rollout.batch_invariant=true "${RECORD[@]}"; then
     metrics bi >"$W/bi.m"
     n=$(wc -l <"$W/bi.m")
-    echo "batch_invariant: ppo_kl pg_clipfrac rollout_probs_diff_max per step:"; sed 's/^/    /' "$W/bi.m"
+    echo "batch_invariant: ppo_kl pg_clipfrac rollout_probs_diff_max routing_agreement per step:"; sed 's/^/    /' "$W/bi.m"
     check "batch_invariant run: 4 steps with metrics" test "$n" -eq 4
     check "batch_invariant: actor/ppo_kl exactly 0 at every step (PPO ratio exactly 1)" \
         awk '$1 != "0.0" && $1 != "-0.0" { exit 1 }' "$W/bi.m"
     check "batch_invariant: actor/pg_clipfrac exactly 0 at every step" awk '$2 != "0.0" { exit 1 }' "$W/bi.m"
     check "batch_invariant: training/rollout_probs_diff_max exactly 0 where reported" \
         awk '$3 != "-" && $3 != "0.0" { exit 1 }' "$W/bi.m"
+    check "batch_invariant: moe/routing_agreement exactly 1 without replay where reported" \
+        awk '$4 != "-" && $4 != "1.0" { exit 1 }' "$W/bi.m"
 else
     bad "batch_invariant run" "exit $?"; tail -5 "$W/bi.log"
 fi
 if run_rl default; then
     metrics default >"$W/default.m"
-    echo "default kernels: ppo_kl pg_clipfrac rollout_probs_diff_max per step:"; sed 's/^/    /' "$W/default.m"
+    echo "default kernels: ppo_kl pg_clipfrac rollout_probs_diff_max routing_agreement per step:"; sed 's/^/    /' "$W/default.m"
     check "default kernels: some step has actor/ppo_kl ≠ 0 (the check above is not vacuous)" \
         awk '$1 != "0.0" && $1 != "-0.0" { f = 1 } END { exit !f }' "$W/default.m"
 else
