@@ -43,7 +43,7 @@ EOF
 # Where this build records the engine's routes, the batch-invariant run records them too, and the
 # routing agreement without replay must be exactly 1.
 RECORD=()
-if "$MOERL" rl --help 2>&1 | grep -q "rollout.enable_rollout_routing_replay"; then
+if "$MOERL" rl --help 2>&1 | grep -qE "^ +rollout\.enable_rollout_routing_replay "; then
     RECORD=(rollout.enable_rollout_routing_replay=true)
 fi
 
