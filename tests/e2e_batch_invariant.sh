@@ -7,7 +7,7 @@
 # training/rollout_probs_diff_max exactly 0 where the run reports it). The same run with the default
 # kernels reports a nonzero ppo_kl (the check is not vacuous). rollout.dtype=bf16 with
 # batch_invariant is refused naming both keys. The same under mpirun (FSDP 2 trainer ranks + a rollout
-# rank), and `moerl generate --batch-invariant`.
+# rank; rollout EP 2 + a trainer rank), and `moerl generate --batch-invariant`.
 # Usage: tests/e2e_batch_invariant.sh [BUILD_DIR]; ends with "N passed, N failed".
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -76,11 +76,12 @@ expect_err "rollout.dtype=bf16 with rollout.batch_invariant=true is refused nami
     rollout.batch_invariant=true
 check "the refused run made no output folder" test ! -e "$W/bf16"
 
-# Across processes: moerl-mpi rl -np 3 (one rollout rank, two trainer ranks with FSDP 2), the same checks.
-# MPI is part of the setup; MOERL_NO_MPI=1 / NO_MPI=1 (MPI not wanted) skips this part, saying so.
+# Across processes, moerl-mpi rl -np 3: one rollout rank and two trainer ranks with FSDP 2; two rollout
+# ranks splitting the engine's experts (rollout.expert_parallel_size=2) and one trainer rank. The same
+# checks. MPI is part of the setup; MOERL_NO_MPI=1 / NO_MPI=1 (MPI not wanted) skips this part, saying so.
 MM=$BUILD/moerl-mpi
 if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
-    echo "skipped: moerl-mpi rl under FSDP 2 (MPI not wanted: MOERL_NO_MPI / NO_MPI)"
+    echo "skipped: moerl-mpi rl under FSDP 2 and rollout EP 2 (MPI not wanted: MOERL_NO_MPI / NO_MPI)"
 elif ! command -v mpirun >/dev/null || [[ ! -x $MM ]]; then
     bad "moerl-mpi rl" "mpirun or $MM missing (MPI is part of the setup; MOERL_NO_MPI=1 skips)"
 else
@@ -88,21 +89,25 @@ else
     run_mpi_rl() {
         local name=$1
         shift
-        timeout 300 mpirun --oversubscribe -np 3 "$MM" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.n_ranks=2 \
-            actor.fsdp_config.fsdp_size=2 trainer.default_local_dir="$W/$name" "$@" >"$W/$name.log" 2>&1
+        timeout 300 mpirun --oversubscribe -np 3 "$MM" rl --config examples/smoke.yaml "${COMMON[@]}" \
+            trainer.default_local_dir="$W/$name" "$@" >"$W/$name.log" 2>&1
     }
-    if run_mpi_rl mpi_bi rollout.batch_invariant=true && run_mpi_rl mpi_default; then
-        metrics mpi_bi >"$W/mpi_bi.m"
-        metrics mpi_default >"$W/mpi_default.m"
-        echo "mpirun -np 3, fsdp 2: batch_invariant / default ppo_kl pg_clipfrac per step:"
-        paste "$W/mpi_bi.m" "$W/mpi_default.m" | sed 's/^/    /'
-        check "mpirun fsdp 2, batch_invariant: 4 steps, actor/ppo_kl and pg_clipfrac exactly 0 at every step" \
-            awk '$1 != "0.0" && $1 != "-0.0" || $2 != "0.0" { bad = 1 } END { exit bad || NR != 4 }' "$W/mpi_bi.m"
-        check "mpirun fsdp 2, default kernels: some step has actor/ppo_kl ≠ 0" \
-            awk '$1 != "0.0" && $1 != "-0.0" { f = 1 } END { exit !f }' "$W/mpi_default.m"
-    else
-        bad "moerl-mpi rl -np 3" "a run failed"; tail -5 "$W/mpi_bi.log" "$W/mpi_default.log"
-    fi
+    for lay in fsdp ep; do
+        if [[ $lay == fsdp ]]; then L=(trainer.n_ranks=2 actor.fsdp_config.fsdp_size=2); what="trainer fsdp 2"
+        else L=(trainer.n_ranks=1 rollout.expert_parallel_size=2); what="rollout EP 2"; fi
+        if run_mpi_rl "mpi_bi_$lay" "${L[@]}" rollout.batch_invariant=true && run_mpi_rl "mpi_default_$lay" "${L[@]}"; then
+            metrics "mpi_bi_$lay" >"$W/mpi_bi_$lay.m"
+            metrics "mpi_default_$lay" >"$W/mpi_default_$lay.m"
+            echo "mpirun -np 3, $what: batch_invariant | default, per step:"
+            paste "$W/mpi_bi_$lay.m" "$W/mpi_default_$lay.m" | sed 's/^/    /'
+            check "mpirun $what, batch_invariant: 4 steps, actor/ppo_kl and pg_clipfrac exactly 0 at every step" \
+                awk '$1 != "0.0" && $1 != "-0.0" || $2 != "0.0" { bad = 1 } END { exit bad || NR != 4 }' "$W/mpi_bi_$lay.m"
+            check "mpirun $what, default kernels: some step has actor/ppo_kl ≠ 0" \
+                awk '$1 != "0.0" && $1 != "-0.0" { f = 1 } END { exit !f }' "$W/mpi_default_$lay.m"
+        else
+            bad "moerl-mpi rl -np 3, $what" "a run failed"; tail -5 "$W/mpi_bi_$lay.log" "$W/mpi_default_$lay.log"
+        fi
+    done
 fi
 
 # moerl generate --batch-invariant: sample 0 of a prompt is the same line (tokens and 7-digit logprobs)
