@@ -137,6 +137,57 @@ static void test_attention_bi(void) {
     free(q), free(k), free(v), free(out), free(lse), free(ref), free(o2), free(kc), free(vc);
 }
 
+/* grouped_gemm_forward_team with grouped_fuse.invariant: the fused gather (rows of x through
+ * sorted_row) and the SwiGLU epilogue against a double reference (gate_up within 1e-5 relative as
+ * linear_forward_bi; act = silu(g)·u within 2e-5: one more rounding through expf), on groups of 0, 1,
+ * 5, 17 and 38 rows (every item shape: empty groups, partial row blocks, two row blocks), on 2 threads
+ * as the model's teams call it; and each row's bits equal to the same row computed as a group of one. */
+static void test_grouped_bi(void) {
+    enum { E = 5, I = 37, O = 2 * 23, T = 61 };
+    const int counts[E] = {0, 1, 5, 17, 38};
+    int offsets[E + 1] = {0}, M = 0;
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + counts[e];
+    M = offsets[E];
+    float *x = xmalloc(T * I * sizeof(float)), *W = xmalloc((size_t)E * O * I * sizeof(float));
+    float *gu = xmalloc((size_t)M * O * sizeof(float)), *act = xmalloc((size_t)M * (O / 2) * sizeof(float));
+    float *ref_gu = xmalloc((size_t)M * O * sizeof(float)), *ref_act = xmalloc((size_t)M * (O / 2) * sizeof(float));
+    int *sorted_row = xmalloc(M * sizeof(int));
+    fill(x, T * I, 8);
+    fill(W, (size_t)E * O * I, 9);
+    for (int i = 0; i < M; i++) sorted_row[i] = (i * 37 + 11) % (2 * T); /* expanded rows j·T + t, K = 2 */
+    grouped_fuse f = {.gather_x = x, .sorted_row = sorted_row, .n_tokens = T, .swiglu_act = act, .invariant = 1};
+    set_threads(2);
+#pragma omp parallel
+    grouped_gemm_forward_team(gu, NULL, W, offsets, E, I, O, &f);
+    for (int e = 0; e < E; e++)
+        for (int i = offsets[e]; i < offsets[e + 1]; i++) {
+            const float *xr = x + (size_t)(sorted_row[i] % T) * I;
+            double g[O];
+            for (int o = 0; o < O; o++) {
+                g[o] = 0;
+                for (int k = 0; k < I; k++) g[o] += (double)xr[k] * W[((size_t)e * O + o) * I + k];
+                ref_gu[(size_t)i * O + o] = (float)g[o];
+            }
+            for (int c = 0; c < O / 2; c++)
+                ref_act[(size_t)i * (O / 2) + c] = (float)(g[c] / (1.0 + exp(-g[c])) * g[O / 2 + c]);
+        }
+    t_close("grouped_gemm_forward_bi_team gate_up vs double reference", gu, ref_gu, (long)M * O, 1e-5f, 1e-5f);
+    t_close("grouped_gemm_forward_bi_team SwiGLU vs double reference", act, ref_act, (long)M * (O / 2), 2e-5f, 2e-5f);
+    int same = 1;
+    float *one = xmalloc(O * sizeof(float)), *one_act = xmalloc((O / 2) * sizeof(float));
+    for (int e = 0; e < E; e++)
+        for (int i = offsets[e]; i < offsets[e + 1]; i++) {
+            int off1[2] = {0, 1};
+            grouped_fuse f1 = {.gather_x = x, .sorted_row = sorted_row + i, .n_tokens = T, .swiglu_act = one_act,
+                               .invariant = 1};
+            grouped_gemm_forward_team(one, NULL, W + (size_t)e * O * I, off1, 1, I, O, &f1);
+            same &= !memcmp(one, gu + (size_t)i * O, O * sizeof(float)) &&
+                    !memcmp(one_act, act + (size_t)i * (O / 2), (O / 2) * sizeof(float));
+        }
+    CHECK(same, "grouped_gemm_forward_bi_team: a row alone differs from the same row in its group");
+    free(x), free(W), free(gu), free(act), free(ref_gu), free(ref_act), free(sorted_row), free(one), free(one_act);
+}
+
 /* ------------------------------------------------------------------ engine ≡ trainer */
 
 /* Odd sizes everywhere (hidden 36, head_dim 12, vocab 61, expert width 20) so every kernel's tail
@@ -328,6 +379,7 @@ static void test_training_gradients(void) {
 int main(void) {
     test_linear_bi();
     test_attention_bi();
+    test_grouped_bi();
     test_training_gradients();
     test_engine_equals_trainer(0.0f); /* greedy: vLLM issue 57016's case */
     test_engine_equals_trainer(0.8f);
