@@ -179,6 +179,11 @@ void rl_def_keys(cfg *c) {
                 "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
                 "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
                 "rank holds every expert");
+    cfg_def_bool(c, "rollout.enable_rollout_routing_replay", false,
+                 "record the experts every MoE layer routes each prompt and response token to in the rollout "
+                 "engine (R3, arXiv 2510.11370); they travel with the sample to the trainer. Memory: 2·K bytes per "
+                 "MoE layer per token of prompt + data.max_response_length, per response in flight (Qwen3-30B-A3B: "
+                 "768 B per token). Not in moerl simulate (no model runs: nothing to record)");
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
@@ -243,6 +248,7 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
         return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
     r->bf16_weights = !strcmp(rdt, "bf16");
+    r->rollout_routing_replay = cfg_bool(c, "rollout.enable_rollout_routing_replay");
     r->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
     r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
     if (r->synth_alpha < 0 || r->synth_min <= 0)

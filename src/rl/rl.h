@@ -174,6 +174,10 @@ typedef struct rl_group {
     /* [n] what each trajectory did (rollout.multi_turn.enable: turns, tool calls, the environment's
      * reward); NULL for single-turn rollouts */
     agent_traj *traj;
+    /* the shape of the responses' routing records (gen_request.out_routes; rollout.enable_rollout_routing_replay):
+     * route_layers MoE layers × route_k experts per token, ids in [0, route_experts); all 0 when the
+     * responses carry none (engine_route_width) */
+    int route_layers, route_k, route_experts;
 } rl_group;
 void rl_group_free(rl_group *g);
 /* The reward requests of finished group g (a row of train): reqs[j] for response j with its decoded

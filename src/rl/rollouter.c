@@ -130,7 +130,9 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
         return MOERL_ERR;
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens, .simulated = cfg->simulated,
-                        .bf16_weights = cfg->bf16_weights};
+                        .bf16_weights = cfg->bf16_weights,
+                        /* moerl simulate runs no model: there are no routes to record (docs/rl.md) */
+                        .record_routes = cfg->rollout_routing_replay && !cfg->simulated};
     R->eng = engine_create(&m->cfg, ec);
     if (!R->eng) return MOERL_ERR;
     reward_backend *rb = rl_reward_backend(cfg);
@@ -199,6 +201,9 @@ int rollouter_start_uid(rollouter *R, int64_t uid) {
     const ds_row *row = dataset_row(R->train, g->row);
     ds_row_encode_prompt(row, &g->prompt);
     g->reqs = xcalloc(g->n, sizeof(gen_request));
+    /* the routing records' shape (0 when the engine does not record; engine_add allocates them) */
+    if (engine_route_width(R->eng, &g->route_layers, &g->route_k))
+        g->route_experts = engine_model(R->eng)->cfg.num_experts;
     if (R->agent) g->traj = xcalloc(g->n, sizeof(agent_traj));
     for (int j = 0; j < g->n; j++) {
         gen_request *r = &g->reqs[j];

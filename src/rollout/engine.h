@@ -100,7 +100,10 @@ typedef struct {
      * (responses then end at their length limit, or at rollout.synthetic_length's). */
     int simulated;
     int bf16_weights;           /* 1: compute from bf16 weights (rollout.dtype bf16, see below) */
-    int record_routes;          /* 1: record every token's routed experts (gen_request.out_routes) */
+    /* 1: record every forwarded token's routed experts (gen_request.out_routes; rollout routing replay):
+     * 2·n_moe_layers·K bytes per token of prompt ⊕ sp.max_tokens, allocated at engine_add (Qwen3-30B-A3B:
+     * 48 layers × 8 = 768 B per token). Refused with simulated (no model runs) or more than 32767 experts. */
+    int record_routes;
 } engine_config;
 
 /* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of
@@ -192,7 +195,11 @@ int engine_abort(engine *e, gen_request **out, int out_cap);
 int engine_continue(engine *e, gen_request *r, const int *ids, int n);
 /* The RNG seed of assistant turn `turn` of a request seeded with `seed` (turn 0: seed itself). */
 uint64_t engine_turn_seed(uint64_t seed, int turn);
-/* Release a finished request's output buffers. */
+/* The routing record's shape (engine_config.record_routes): n_moe_layers MoE layers (those with a router,
+ * in layer order) × k experts per token; returns their product, the int16 entries per recorded token of
+ * gen_request.out_routes. 0 (and 0, 0) when the engine does not record or the model has no MoE layer. */
+int engine_route_width(const engine *e, int *n_moe_layers, int *k);
+/* Release a finished request's output buffers (out_routes too). */
 void gen_request_free_outputs(gen_request *r);
 
 /* Counters for benchmarks/metrics. */
