@@ -14,7 +14,9 @@
  *   - a simulated engine refuses to record; an engine without recording allocates nothing;
  *   - wire format 4: a group's routes round-trip bit-exactly (alone and inside a train message); an older
  *     format is refused naming both formats; an expert id or n_routes out of range, a bad route shape and
- *     every truncation are refused; the encoder refuses what the decoder would.
+ *     every truncation are refused; the encoder refuses what the decoder would;
+ *   - the trainer's check (rl_group_check_routes) refuses missing routes, a count other than the forwarded
+ *     tokens and another model's shape.
  * Reference: model_forward (the same router code — router_topk_rows — run over the whole sequence as one
  * batch). The engine computes the same fp32 math in other batch shapes, so router probabilities differ
  * by rounding only; a top-k choice may then differ only where two experts' probabilities are within
@@ -417,6 +419,33 @@ static void test_wire(void) {
     rl_group_free(g);
 }
 
+/* The trainer's check (rl_group_check_routes) against the model: the shape, the count per response. */
+static void test_trainer_check(void) {
+    const char *kv[] = {"model.num_hidden_layers=3", "model.mlp_only_layers=[1]", "model.num_experts=8",
+                        "model.num_experts_per_tok=2"};
+    moe_config c = fx_small_config(kv, FX_N(kv));
+    rl_group *g = routed_group();
+    int64_t tok = 0;
+    CHECK(rl_group_check_routes(g, &c, &tok) == MOERL_ERR && strstr(moerl_last_error(), "response 1: 0 tokens"),
+          "a response without its routes is refused: %s", moerl_last_error());
+    g->reqs[1].n_routes = 5 + 0 - 1;
+    tok = 0;
+    CHECK(rl_group_check_routes(g, &c, &tok) == MOERL_OK && tok == 8 + 4 + 10, "a complete group passes (%lld "
+          "tokens): %s", (long long)tok, moerl_last_error());
+    g->reqs[2].n_routes = 11;
+    CHECK(rl_group_check_routes(g, &c, NULL) == MOERL_ERR && strstr(moerl_last_error(), "11 tokens with recorded "
+          "routes, 10 forwarded"), "a count other than the forwarded tokens: %s", moerl_last_error());
+    g->reqs[2].n_routes = 10;
+    c.num_experts_per_tok = 3;
+    CHECK(rl_group_check_routes(g, &c, NULL) == MOERL_ERR && strstr(moerl_last_error(), "another model"),
+          "another model's routes: %s", moerl_last_error());
+    c.num_experts_per_tok = 2;
+    g->route_layers = g->route_k = g->route_experts = 0;
+    CHECK(rl_group_check_routes(g, &c, NULL) == MOERL_ERR && strstr(moerl_last_error(), "recorded none"),
+          "a group without routes: %s", moerl_last_error());
+    rl_group_free(g);
+}
+
 int main(void) {
     const int chunks[3] = {3, 8, 64};
     for (int i = 0; i < 3; i++) test_vs_forward(chunks[i]);
@@ -424,6 +453,7 @@ int main(void) {
     test_continue();
     test_config_refusals();
     test_wire();
+    test_trainer_check();
     printf("top-k mismatches at near ties (probabilities within %g): %d\n", (double)TIE_EPS, n_ties);
     TEST_MAIN_END();
 }

@@ -23,6 +23,27 @@ void rl_group_free(rl_group *g) {
     free(g);
 }
 
+int rl_group_check_routes(const rl_group *g, const moe_config *c, int64_t *tokens) {
+    int n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_moe += moe_config_layer_is_moe(c, l);
+    const int K = n_moe ? c->num_experts_per_tok : 0, E = n_moe ? c->num_experts : 0;
+    if (g->route_layers != n_moe || g->route_k != K || g->route_experts != E)
+        return moerl_errorf("prompt uid %lld: routing records of %d MoE layers × top-%d of %d experts, the trained "
+                            "model has %d × top-%d of %d (rollout.enable_rollout_routing_replay: %s)",
+                            (long long)g->uid, g->route_layers, g->route_k, g->route_experts, n_moe, K, E,
+                            g->route_layers ? "routes of another model" : "the rollout side recorded none");
+    for (int j = 0; n_moe && j < g->n; j++) {
+        const gen_request *r = &g->reqs[j];
+        const int want = r->prompt_len + r->n_out - 1;
+        if (!r->out_routes || r->n_routes != want)
+            return moerl_errorf("prompt uid %lld response %d: %d tokens with recorded routes, %d forwarded (prompt %d + "
+                                "response %d − 1)", (long long)g->uid, j, r->out_routes ? r->n_routes : 0, want,
+                                r->prompt_len, r->n_out);
+        if (tokens) *tokens += r->n_routes;
+    }
+    return MOERL_OK;
+}
+
 /* ------------------------------------------------------------------ reward requests */
 
 static char *prompt_json(const ds_row *row) {
