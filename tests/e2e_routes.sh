@@ -2,6 +2,7 @@
 # End to end: the rollout engine's routing records (rollout.enable_rollout_routing_replay, R3) reach the
 # trainer — in one process through the queue, under mpirun through the wire (rollout rank → trainer rank 0
 # → the other trainer ranks) — and survive a crash and resume. Toy scale (examples/smoke.yaml).
+#   simulate   moerl simulate runs no model: the key is ignored with a warning (samples unchanged)
 #   lengths    every trained response carries routes for every token the engine forwarded: samples.jsonl's
 #              n_routes = prompt + response − 1 (the trainer checks the same on every rank before it trains:
 #              rl_group_check_routes, a mismatch would end the run); the key off: no routes at all
@@ -88,6 +89,18 @@ else bad "one process" "exit $?"; tail_log one; fi
 if run_rl off rollout.enable_rollout_routing_replay=false; then
     if msg=$(check none "$W/off"); then ok "key off: no routes recorded or logged"; else bad "key off" "$msg"; fi
 else bad "key off" "exit $?"; tail_log off; fi
+
+# moerl simulate runs no model: the key is ignored with a warning, the simulated samples are the same
+SIM=(--config examples/bench_async.yaml trainer.total_training_steps=4 data.max_response_length=96
+     model.max_position_embeddings=160 trainer.resume_mode=disable)
+if timeout 120 "$MOERL" simulate "${SIM[@]}" trainer.default_local_dir="$W/sim_on" rollout.enable_rollout_routing_replay=true \
+        >/dev/null 2>"$W/sim_on.log" &&
+    timeout 120 "$MOERL" simulate "${SIM[@]}" trainer.default_local_dir="$W/sim_off" >/dev/null 2>"$W/sim_off.log"; then
+    if grep -q "WARN  rollout.enable_rollout_routing_replay: moerl simulate runs no model" "$W/sim_on.log" &&
+        cmp -s "$W/sim_on/samples.jsonl" "$W/sim_off/samples.jsonl"; then
+        ok "simulate: the key is ignored with a warning, identical simulated samples"
+    else bad "simulate" "no warning, or the samples differ"; fi
+else bad "simulate" "exit $?"; tail_log sim_on; fi
 
 # ---------------------------------------------------------------- mpirun
 if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "rl/rl.h"
 
 void rl_group_free(rl_group *g) {
@@ -154,6 +155,9 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
                         .bf16_weights = cfg->bf16_weights,
                         /* moerl simulate runs no model: there are no routes to record (docs/rl.md) */
                         .record_routes = cfg->rollout_routing_replay && !cfg->simulated};
+    if (cfg->rollout_routing_replay && cfg->simulated)
+        log_warn("rollout.enable_rollout_routing_replay: moerl simulate runs no model, so no routes are recorded "
+                 "(the simulation is the same without the key)");
     R->eng = engine_create(&m->cfg, ec);
     if (!R->eng) return MOERL_ERR;
     reward_backend *rb = rl_reward_backend(cfg);
