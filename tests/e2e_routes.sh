@@ -2,6 +2,7 @@
 # End to end: the rollout engine's routing records (rollout.enable_rollout_routing_replay, R3) reach the
 # trainer — in one process through the queue, under mpirun through the wire (rollout rank → trainer rank 0
 # → the other trainer ranks) — and survive a crash and resume. Toy scale (examples/smoke.yaml).
+#   multi-turn a tool turn inserted between two assistant turns (engine_continue) is recorded as well
 #   simulate   moerl simulate runs no model: the key is ignored with a warning (samples unchanged)
 #   lengths    every trained response carries routes for every token the engine forwarded: samples.jsonl's
 #              n_routes = prompt + response − 1 (the trainer checks the same on every rank before it trains:
@@ -76,6 +77,10 @@ def same(a, b):
     return "ok: %d responses, identical tokens and routes" % len(ra) if not diff else \
         "%d of %d responses differ (first: uid %d response %d)" % (len(diff), len(ra), diff[0][0], diff[0][1])
 
+def two_turns(d):
+    n = sum(r["turns"] == 2 for x in groups(d) for r in x["responses"])
+    return "ok: %d responses with a tool turn" % n if n else "no response with a tool turn (nothing inserted)"
+
 msg = globals()[sys.argv[1]](*sys.argv[2:])
 print(msg)
 sys.exit(0 if msg.startswith("ok") else 1)
@@ -89,6 +94,61 @@ else bad "one process" "exit $?"; tail_log one; fi
 if run_rl off rollout.enable_rollout_routing_replay=false; then
     if msg=$(check none "$W/off"); then ok "key off: no routes recorded or logged"; else bad "key off" "$msg"; fi
 else bad "key off" "exit $?"; tail_log off; fi
+
+# multi-turn (rollout.multi_turn, a calc tool; SFT teaches the tool call): the inserted tool turns are
+# recorded too — every response, of one turn or two, has n_routes = prompt + all its tokens − 1
+"$PY" - "$W" <<'EOF'
+import json, random, sys
+w = sys.argv[1]
+random.seed(3)
+rows, seen = [], set()
+while len(rows) < 56:
+    a, b = random.randint(10, 99), random.randint(10, 99)
+    if (a, b) not in seen:
+        seen.add((a, b))
+        rows.append({"data_source": "arith", "prompt": [{"role": "user", "content": "Compute %d+%d." % (a, b)}],
+                     "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                     "response": '<tool_call>{"name":"calc","arguments":{"expr":"%d+%d"}}</tool_call>' % (a, b)})
+open(w + "/train.jsonl", "w").write("".join(json.dumps(r) + "\n" for r in rows))
+EOF
+cat >"$W/env.py" <<'EOF'
+import json, sys
+for line in sys.stdin:
+    try:
+        a, b = str(json.loads(line)["arguments"].get("expr", "")).split("+")
+        out = {"content": str(int(a) + int(b))}
+    except Exception:
+        out = {"error": "expected an expression a+b"}
+    print(json.dumps(out), flush=True)
+EOF
+cat >"$W/tools.yaml" <<EOF
+- function:
+    name: calc
+    description: Add two integers.
+    parameters: {type: object, properties: {expr: {type: string}}, required: [expr]}
+  command: $PY $W/env.py
+EOF
+cat >"$W/mt.yaml" <<EOF
+model: {hidden_size: 64, intermediate_size: 128, moe_intermediate_size: 64, num_hidden_layers: 2,
+        num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, num_experts: 8, num_experts_per_tok: 2,
+        max_position_embeddings: 256}
+data: {train_files: $W/train.jsonl, max_response_length: 160, chat_template: tests/tools/chat_tools.jinja}
+sft: {total_training_steps: 200, train_batch_size: 16, lr: 3.0e-3}
+rollout:
+  n: 4
+  max_num_seqs: 32
+  multi_turn: {enable: true, tool_config_path: $W/tools.yaml, max_assistant_turns: 2, tool_max_retries: 0,
+               tool_num_workers: 1}
+actor: {ppo_mini_batch_size: 4, optim: {lr: 1.0e-4}}
+async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 1, partial_rollout: true}
+trainer: {total_training_steps: 4, test_freq: 0, save_freq: -1, val_n: 0, watchdog_s: 120, n_threads: 1,
+          resume_mode: disable}
+EOF
+if timeout 120 "$MOERL" rl --config "$W/mt.yaml" trainer.default_local_dir="$W/mt" rollout.enable_rollout_routing_replay=true \
+    >"$W/mt.json" 2>"$W/mt.log"; then
+    if msg=$(check lengths "$W/mt" 4) && msg2=$(check two_turns "$W/mt"); then ok "multi-turn: $msg; $msg2"
+    else bad "multi-turn" "$msg ${msg2:-}"; fi
+else bad "multi-turn" "exit $?"; tail_log mt; fi
 
 # moerl simulate runs no model: the key is ignored with a warning, the simulated samples are the same
 SIM=(--config examples/bench_async.yaml trainer.total_training_steps=4 data.max_response_length=96
