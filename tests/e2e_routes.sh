@@ -2,6 +2,7 @@
 # End to end: the rollout engine's routing records (rollout.enable_rollout_routing_replay, R3) reach the
 # trainer — in one process through the queue, under mpirun through the wire (rollout rank → trainer rank 0
 # → the other trainer ranks) — and survive a crash and resume. Toy scale (examples/smoke.yaml).
+#   partial    responses interrupted at a weight sync and resumed (re-prefilled) keep one route per token
 #   multi-turn a tool turn inserted between two assistant turns (engine_continue) is recorded as well
 #   simulate   moerl simulate runs no model: the key is ignored with a warning (samples unchanged)
 #   lengths    every trained response carries routes for every token the engine forwarded: samples.jsonl's
@@ -77,6 +78,10 @@ def same(a, b):
     return "ok: %d responses, identical tokens and routes" % len(ra) if not diff else \
         "%d of %d responses differ (first: uid %d response %d)" % (len(diff), len(ra), diff[0][0], diff[0][1])
 
+def interrupted(d):
+    n = sum(x["interrupted_responses"] for x in groups(d))
+    return "ok: %d responses interrupted and resumed" % n if n else "no response was interrupted"
+
 def two_turns(d):
     n = sum(r["turns"] == 2 for x in groups(d) for r in x["responses"])
     return "ok: %d responses with a tool turn" % n if n else "no response with a tool turn (nothing inserted)"
@@ -91,6 +96,13 @@ check() { "$PY" "$CHECK" "$@"; }
 if run_rl one; then
     if msg=$(check lengths "$W/one" 4); then ok "one process: $msg"; else bad "one process" "$msg"; fi
 else bad "one process" "exit $?"; tail_log one; fi
+# partial rollout (lockstep: the same interruptions every run): responses interrupted at a weight sync and
+# re-prefilled under the new weights keep one route per forwarded token
+if run_rl partial async_training.mode=lockstep async_training.staleness_threshold=1.0 data.max_response_length=32 \
+    rollout.max_num_seqs=16; then
+    if msg=$(check lengths "$W/partial" 4) && msg2=$(check interrupted "$W/partial"); then ok "partial rollout: $msg; $msg2"
+    else bad "partial rollout" "$msg ${msg2:-}"; fi
+else bad "partial rollout" "exit $?"; tail_log partial; fi
 if run_rl off rollout.enable_rollout_routing_replay=false; then
     if msg=$(check none "$W/off"); then ok "key off: no routes recorded or logged"; else bad "key off" "$msg"; fi
 else bad "key off" "exit $?"; tail_log off; fi

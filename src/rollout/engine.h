@@ -156,7 +156,9 @@ int engine_set_ep(engine *e, void *ep);
 int engine_idle_step(engine *e);
 /* The configuration the engine was created with. */
 engine_config engine_get_config(const engine *e);
-/* Validate and enqueue. Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
+/* Validate and enqueue; allocates the outputs (capacity sp.max_tokens) when r has none, and with
+ * engine_config.record_routes the routing record (gen_request.out_routes) when r has none.
+ * Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
  * a token outside the vocabulary, temperature < 0 or not finite, top_p ∉ (0,1], top_k < 0,
  * max_tokens ≤ 0. */
 int engine_add(engine *e, gen_request *r);
