@@ -10,7 +10,8 @@
 #              rl_group_check_routes, a mismatch would end the run); the key off: no routes at all
 #   one = MPI  sync schedule, DP=1: mpirun (routes over the wire) and the one-process job (the queue) log
 #              identical routes (routes_fnv1a, a digest of the int16 records) for every response; DP=2
-#              (the train message to trainer rank 1): the run passes rank 1's check
+#              (the train message to trainer rank 1): the run passes rank 1's check; so do EP 2, FSDP 2 and
+#              pipeline 2 trainer ranks (the shape is the whole model's on every rank)
 #   rollout EP 2 rollout ranks sharing one engine's experts against 2 plain rollout ranks, lr 0: the same
 #              routes for every response (each rank records its own tokens' top-k, computed before the
 #              dispatch; e2e_mpi_rl.sh shows the responses equal)
@@ -194,6 +195,12 @@ if mpi_rl dp2 3 2; then
     if msg=$(check lengths "$W/dp2" 4); then ok "DP=2 (train message to trainer rank 1, checked there): $msg"
     else bad "DP=2" "$msg"; fi
 else bad "DP=2" "exit $?"; tail_log dp2; fi
+for par in actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.pipeline_parallel_size=2; do
+    if mpi_rl "mp_${par%%=*}" 3 2 "$par"; then
+        if msg=$(check lengths "$W/mp_${par%%=*}" 4); then ok "trainer ranks with $par: $msg"
+        else bad "$par" "$msg"; fi
+    else bad "$par" "exit $?"; tail_log "mp_${par%%=*}"; fi
+done
 
 EPR=(actor.optim.lr=0 async_training.staleness_threshold=0 async_training.partial_rollout=false
      trainer.total_training_steps=6 actor.ppo_mini_batch_size=3 async_training.require_batches=2)
