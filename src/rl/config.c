@@ -30,6 +30,14 @@ void rl_def_algorithm_keys(cfg *c) {
                 "rollout importance sampling (bypass_mode=false): null | token | sequence");
     cfg_def_float(c, "algorithm.rollout_correction.rollout_is_threshold", 2.0,
                   "truncation of the rollout IS weight min(pi_old/mu, threshold)");
+    cfg_def_str(c, "algorithm.rollout_correction.rollout_rs", "null",
+                "rollout rejection sampling (bypass_mode=false): null, or comma-separated options that must all pass, "
+                "of token_k1|token_k2|token_k3 (per token: IcePop is token_k1), seq_sum_k1|k2|k3, seq_mean_k1|k2|k3 "
+                "(geometric: seq_mean_k1), seq_max_k2|k3 (per sequence); k1 = -log(pi_old/mu), k2 = (log r)^2/2, "
+                "k3 = r - 1 - log r; rejected tokens/sequences leave the loss and its normalisation");
+    cfg_def_str(c, "algorithm.rollout_correction.rollout_rs_threshold", "null",
+                "rollout_rs bounds, one for all options or one per option (comma separated): k1 options "
+                "\"lower_upper\" ratio bounds (e.g. 0.5_2.0; a single number u means 1/u_u), k2/k3 one upper bound");
     cfg_def_bool(c, "reward_model.overlong_buffer.enable", false, "DAPO overlong reward shaping");
     cfg_def_int(c, "reward_model.overlong_buffer.len", 0, "DAPO: the last len tokens before max_response_length are penalised");
     cfg_def_float(c, "reward_model.overlong_buffer.penalty_factor", 1.0, "DAPO: penalty at max_response_length");
@@ -121,6 +129,14 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     if (r->rollout_is != ROLLOUT_IS_NONE && r->ppo.decoupled)
         return moerl_errorf("algorithm.rollout_correction.rollout_is and actor.use_decoupled_loss both weight the "
                             "loss by pi_old/mu: choose one");
+    if (rollout_rs_parse(cfg_str(c, "algorithm.rollout_correction.rollout_rs"),
+                         cfg_str(c, "algorithm.rollout_correction.rollout_rs_threshold"), &r->rollout_rs) != MOERL_OK)
+        return MOERL_ERR;
+    if (r->rollout_rs.n > 0 && !r->recompute_old)
+        return moerl_errorf("algorithm.rollout_correction.rollout_rs=%s needs recomputed old logprobs: set "
+                            "algorithm.rollout_correction.bypass_mode=false (moerl rejects against the trainer's "
+                            "pi_old before the update; rejection inside the bypass-mode loss is not offered)",
+                            cfg_str(c, "algorithm.rollout_correction.rollout_rs"));
     r->overlong_enable = cfg_bool(c, "reward_model.overlong_buffer.enable");
     r->overlong_len = (int)cfg_int(c, "reward_model.overlong_buffer.len");
     r->overlong_penalty_factor = cfg_float(c, "reward_model.overlong_buffer.penalty_factor");

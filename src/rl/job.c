@@ -417,6 +417,13 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     add_loss_stat(&a->ppo_kl, b->ppo_kl); add_loss_stat(&a->entropy, b->entropy);
     add_loss_stat(&a->behav_dropped_frac, b->behav_dropped_frac);
     a->empty_steps += b->empty_steps;
+    /* rollout correction: NaN-free sums over the steps that have them, the max diff as a max */
+    a->probs_diff_max = fmax(a->probs_diff_max, b->probs_diff_max);
+    add_loss_stat(&a->probs_diff_mean, b->probs_diff_mean); add_loss_stat(&a->probs_diff_std, b->probs_diff_std);
+    add_loss_stat(&a->probs_pearson, b->probs_pearson);
+    a->mismatch_steps += b->mismatch_steps;
+    for (int i = 0; i < ROLLOUT_RS_MAX_METRICS; i++) add_loss_stat(&a->rs_vals[i], b->rs_vals[i]);
+    a->rs_steps += b->rs_steps;
     a->grad_norm += b->grad_norm;
     a->aux_loss += b->aux_loss; a->kl_loss += b->kl_loss; a->reward_mean += b->reward_mean;
     a->reward_std += b->reward_std; a->acc_mean += b->acc_mean; a->response_length_mean += b->response_length_mean;
@@ -518,8 +525,9 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char **keys = xmalloc((size_t)(112 + J->n_rx) * sizeof(char *));
-    double *vals = xmalloc((size_t)(96 + J->n_rx) * sizeof(double));
+    const char **keys = xmalloc((size_t)(112 + ROLLOUT_RS_MAX_METRICS + J->n_rx) * sizeof(char *));
+    double *vals = xmalloc((size_t)(112 + ROLLOUT_RS_MAX_METRICS + J->n_rx) * sizeof(double));
+    char(*rs_names)[ROLLOUT_RS_NAME_LEN + 16] = xmalloc((size_t)ROLLOUT_RS_MAX_METRICS * (ROLLOUT_RS_NAME_LEN + 16));
     char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;
 #define PUT(key, v) (keys[n] = (key), vals[n] = (v), n++)
@@ -567,6 +575,20 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("rollout_corr/rollout_is_truncated_frac", w->rollout_is_truncated_frac / k);
         PUT("rollout_corr/rollout_is_eff_sample_size", w->rollout_is_ess / k);
     }
+    if (w->mismatch_steps > 0) { /* verl calculate_debug_metrics: mean over the version's steps that had them */
+        PUT("training/rollout_probs_diff_max", w->probs_diff_max);
+        PUT("training/rollout_probs_diff_mean", w->probs_diff_mean / w->mismatch_steps);
+        PUT("training/rollout_probs_diff_std", w->probs_diff_std / w->mismatch_steps);
+        PUT("training/rollout_actor_probs_pearson_corr", w->probs_pearson / w->mismatch_steps);
+    }
+    if (cfg->rollout_rs.n > 0) { /* verl compute_rs_metrics, mean over the steps with a loss token (else null) */
+        char rn[ROLLOUT_RS_MAX_METRICS][ROLLOUT_RS_NAME_LEN];
+        const int nrs = rollout_rs_metrics(&cfg->rollout_rs, NULL, rn, NULL);
+        for (int i = 0; i < nrs; i++) {
+            snprintf(rs_names[i], sizeof rs_names[i], "rollout_corr/%s", rn[i]);
+            PUT(rs_names[i], w->rs_steps > 0 ? w->rs_vals[i] / w->rs_steps : NAN);
+        }
+    }
     if (cfg->filter_groups) {
         const double kept = (double)w->n_samples / cfg->n;
         PUT("filter_groups/dropped_groups", (double)w->dropped_groups);
@@ -595,6 +617,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     free(keys);
     free(vals);
     free(names);
+    free(rs_names);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
              "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
              J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k_loss, w->pg_clipfrac / k_loss,

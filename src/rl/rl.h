@@ -99,6 +99,9 @@ typedef struct {
     int recompute_old;
     rollout_is_level rollout_is;
     float rollout_is_threshold;
+    /* algorithm.rollout_correction.rollout_rs / rollout_rs_threshold: rejection sampling (losses.h), n = 0 off;
+     * needs recompute_old (the rejected tokens leave the loss mask before the advantages and weights) */
+    rollout_rs_config rollout_rs;
     /* reward_model.overlong_buffer.* (DAPO shaping) and actor.overlong_filter (truncated responses masked out) */
     int overlong_enable, overlong_len;
     double overlong_penalty_factor;
@@ -280,6 +283,14 @@ typedef struct {
     double reduce_exposed_s;  /* data parallel: time blocked in dist_reducer_finish (exposed comm.) */
     double behav_dropped_frac;/* decoupled: share of loss tokens filtered out by behav_imp_weight_cap */
     double rollout_is_mean, rollout_is_std, rollout_is_truncated_frac, rollout_is_ess; /* rollout IS weights */
+    /* verl training/rollout_probs_diff_max/_mean/_std, training/rollout_actor_probs_pearson_corr (losses.h
+     * probs_mismatch_*): steps with recomputed old logprobs and a loss token count in mismatch_steps */
+    double probs_diff_max, probs_diff_mean, probs_diff_std, probs_pearson;
+    int64_t mismatch_steps;
+    /* rollout_rs: verl's rollout_corr/rollout_rs_* values in rollout_rs_metrics' order; rs_steps = steps
+     * with a loss token (the others' values are NaN and left out of a window's means) */
+    double rs_vals[ROLLOUT_RS_MAX_METRICS];
+    int64_t rs_steps;
     double response_clip_ratio; /* responses stopped at max_response_length (finish_reason length) */
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
     double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */
