@@ -515,6 +515,29 @@ int job_run_validation(job *J, double *acc) {
     return wrc;
 }
 
+/* The rollout-correction metrics of a version (docs/rl.md): verl's training/rollout_probs_diff_* and
+ * rollout_actor_probs_pearson_corr (mean over the steps that had them; the max diff a max), and the
+ * rollout_corr/rollout_rs_* of algorithm.rollout_correction.rollout_rs (mean over the steps with a loss
+ * token, null when none had one). rs_names holds the composed names. Returns the new count. */
+static int put_rollout_corr(const rl_config *cfg, const train_stats *w, const char **keys, double *vals, int n,
+                            char (*rs_names)[ROLLOUT_RS_NAME_LEN + 16]) {
+    if (w->mismatch_steps > 0) {
+        keys[n] = "training/rollout_probs_diff_max", vals[n++] = w->probs_diff_max;
+        keys[n] = "training/rollout_probs_diff_mean", vals[n++] = w->probs_diff_mean / w->mismatch_steps;
+        keys[n] = "training/rollout_probs_diff_std", vals[n++] = w->probs_diff_std / w->mismatch_steps;
+        keys[n] = "training/rollout_actor_probs_pearson_corr", vals[n++] = w->probs_pearson / w->mismatch_steps;
+    }
+    if (cfg->rollout_rs.n > 0) {
+        char rn[ROLLOUT_RS_MAX_METRICS][ROLLOUT_RS_NAME_LEN];
+        const int nrs = rollout_rs_metrics(&cfg->rollout_rs, NULL, rn, NULL);
+        for (int i = 0; i < nrs; i++) {
+            snprintf(rs_names[i], sizeof rs_names[i], "rollout_corr/%s", rn[i]);
+            keys[n] = rs_names[i], vals[n++] = w->rs_steps > 0 ? w->rs_vals[i] / w->rs_steps : NAN;
+        }
+    }
+    return n;
+}
+
 /* One console line and one JSONL record per version. */
 void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     const rl_config *cfg = J->cfg;
@@ -575,20 +598,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("rollout_corr/rollout_is_truncated_frac", w->rollout_is_truncated_frac / k);
         PUT("rollout_corr/rollout_is_eff_sample_size", w->rollout_is_ess / k);
     }
-    if (w->mismatch_steps > 0) { /* verl calculate_debug_metrics: mean over the version's steps that had them */
-        PUT("training/rollout_probs_diff_max", w->probs_diff_max);
-        PUT("training/rollout_probs_diff_mean", w->probs_diff_mean / w->mismatch_steps);
-        PUT("training/rollout_probs_diff_std", w->probs_diff_std / w->mismatch_steps);
-        PUT("training/rollout_actor_probs_pearson_corr", w->probs_pearson / w->mismatch_steps);
-    }
-    if (cfg->rollout_rs.n > 0) { /* verl compute_rs_metrics, mean over the steps with a loss token (else null) */
-        char rn[ROLLOUT_RS_MAX_METRICS][ROLLOUT_RS_NAME_LEN];
-        const int nrs = rollout_rs_metrics(&cfg->rollout_rs, NULL, rn, NULL);
-        for (int i = 0; i < nrs; i++) {
-            snprintf(rs_names[i], sizeof rs_names[i], "rollout_corr/%s", rn[i]);
-            PUT(rs_names[i], w->rs_steps > 0 ? w->rs_vals[i] / w->rs_steps : NAN);
-        }
-    }
+    n = put_rollout_corr(cfg, w, keys, vals, n, rs_names);
     if (cfg->filter_groups) {
         const double kept = (double)w->n_samples / cfg->n;
         PUT("filter_groups/dropped_groups", (double)w->dropped_groups);
