@@ -4,7 +4,8 @@
 # runs in bf16 (rollout.dtype=bf16), so its behaviour logprobs really differ from the trainer's fp32 ones.
 #   metrics    bypass_mode=false with rollout_rs=token_k1,seq_mean_k1 and rollout_is=token: every
 #              version record has training/rollout_probs_diff_max/_mean/_std,
-#              training/rollout_actor_probs_pearson_corr (diff > 0, correlation in (0.9, 1]) and all
+#              training/rollout_actor_probs_pearson_corr (diff > 0, correlation in (0.9, 1]), verl's
+#              off-policy diagnostics (rollout_corr/kl, k3_kl, ppl, log_ppl_diff, ppl_ratio, chi2) and all
 #              of verl's rollout_corr/rollout_rs_* names (15 per k1 option + 2), some tokens rejected
 #              and not all; the default bypass mode reports no mismatch metrics (none computed)
 #   errors     an unknown option, a threshold k2 cannot take, options without a threshold, and
@@ -45,7 +46,9 @@ def versions(d):
         return [r for r in (json.loads(l) for l in f if l.strip()) if "fully_async/count/current_param_version" in r]
 
 MM = ["training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "training/rollout_probs_diff_std",
-      "training/rollout_actor_probs_pearson_corr"]
+      "training/rollout_actor_probs_pearson_corr"] + ["rollout_corr/" + k for k in (
+      "kl", "k3_kl", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff",
+      "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_token", "chi2_seq")]
 STATS = ["mean", "max", "min", "std", "fraction_high", "fraction_low", "seq_mean", "seq_std", "seq_max", "seq_min",
          "seq_max_deviation", "seq_fraction_high", "seq_fraction_low", "masked_fraction", "seq_masked_fraction"]
 RS_KEYS = ["rollout_corr/rollout_rs_%s_%s" % (o, s) for o in ("token_k1", "seq_mean_k1") for s in STATS] + \

@@ -235,7 +235,8 @@ int main(int argc, char **argv) {
             snprintf(what, sizeof what, "%s: DP=%d pg_loss + aux vs DP=1", vs[v].name, D);
             t_close(what, ld32, lr32, K_STEPS, 1e-6f, 1e-5f);
             if (c.recompute_old) { /* the last step's rollout-correction metrics, reduced over the ranks */
-                float got[4 + ROLLOUT_RS_MAX_METRICS], want[4 + ROLLOUT_RS_MAX_METRICS];
+                float got[4 + ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS],
+                    want[4 + ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS];
                 const double g4[4] = {g_st.probs_diff_max, g_st.probs_diff_mean, g_st.probs_diff_std, g_st.probs_pearson},
                              w4[4] = {st_ref.probs_diff_max, st_ref.probs_diff_mean, st_ref.probs_diff_std,
                                       st_ref.probs_pearson};
@@ -247,11 +248,15 @@ int main(int argc, char **argv) {
                     got[4 + k] = (float)g_st.rs_vals[k];
                     want[4 + k] = (float)st_ref.rs_vals[k];
                 }
+                for (int k = 0; k < OFFPOLICY_N_METRICS; k++) {
+                    got[4 + n_rs + k] = (float)g_st.offpolicy_vals[k];
+                    want[4 + n_rs + k] = (float)st_ref.offpolicy_vals[k];
+                }
                 /* weights agree to ~1e-6 after two AdamW steps (above), so the recomputed logprobs of the
                  * last step do too: 1e-4 relative + 1e-5; counts and shares are exact unless a token sits
                  * on a bound (the fixture's perturbation keeps them ≥ 0.01 away) */
                 snprintf(what, sizeof what, "%s: DP=%d mismatch and rollout_rs metrics vs DP=1", vs[v].name, D);
-                t_close(what, got, want, 4 + n_rs, 1e-5f, 1e-4f);
+                t_close(what, got, want, 4 + n_rs + OFFPOLICY_N_METRICS, 1e-5f, 1e-4f);
             }
         }
         for (int g = 0; g < N_GROUPS; g++) rl_group_free(gs[g]);

@@ -12,7 +12,9 @@
  *       the same step with the rejected tokens masked out of the responses by hand, for every
  *       loss_agg_mode, token and sequence rejection, with rollout_is=token at once and a multi-turn
  *       mask; the controls (no rejection) differ; the metrics of a known case (behaviour = the trainer's
- *       own logprobs: diff exactly 0, correlation 1, nothing rejected; and a known rejected share).
+ *       own logprobs: diff exactly 0, correlation 1, kl 0, ppl ratio 1, chi2 0, nothing rejected; and a
+ *       known rejected share). Off-policy diagnostics (verl compute_offpolicy_metrics) against the
+ *       reference too.
  * Tolerances: (1) C and the reference both compute in double from the same fp32 inputs, the sums in
  * different orders: rtol 1e-9 (the k3 values reach e^20, summed with O(1) ones) + atol 1e-12.
  * (4) gradients compared exactly: the masked-by-hand step runs the same arithmetic on the same tokens. */
@@ -136,8 +138,8 @@ static void test_reference(void) {
     float *old = need(&f, "old", ST_F32, NULL), *behav = need(&f, "behav", ST_F32, NULL),
           *maskf = need(&f, "mask", ST_F32, NULL);
     int *nc = need(&f, "n_cases", ST_I32, NULL);
-    double *mm_ref = need(&f, "mismatch", ST_F64, NULL);
-    if (old && behav && maskf && nc && mm_ref) {
+    double *mm_ref = need(&f, "mismatch", ST_F64, NULL), *op_ref = need(&f, "offpolicy", ST_F64, NULL);
+    if (old && behav && maskf && nc && mm_ref && op_ref) {
         unsigned char mask[RB * RL];
         for (int t = 0; t < RB * RL; t++) mask[t] = maskf[t] > 0.5f;
         CHECK(nc[0] >= 16, "the reference has %d cases", nc[0]);
@@ -150,8 +152,19 @@ static void test_reference(void) {
         const char *what[4] = {"rollout_probs_diff_max", "rollout_probs_diff_mean", "rollout_probs_diff_std",
                                "rollout_actor_probs_pearson_corr"};
         for (int k = 0; k < 4; k++) near(what[k], got[k], mm_ref[k]);
+        offpolicy_stats op;
+        offpolicy_init(&op);
+        for (int b = 0; b < RB; b++) offpolicy_add(&op, old + b * RL, behav + b * RL, mask + b * RL, RL);
+        const char *on[OFFPOLICY_N_METRICS];
+        double ov[OFFPOLICY_N_METRICS];
+        offpolicy_metrics(&op, on, ov);
+        /* row 6's token past the clamp makes k3_kl ~ e^23: still double vs double, same rtol */
+        for (int k = 0; k < OFFPOLICY_N_METRICS; k++) near(on[k], ov[k], op_ref[k]);
+        offpolicy_init(&op);
+        offpolicy_metrics(&op, NULL, ov);
+        CHECK(isnan(ov[0]) && isnan(ov[12]), "off-policy metrics of nothing: NaN");
     }
-    free(old); free(behav); free(maskf); free(nc); free(mm_ref);
+    free(old); free(behav); free(maskf); free(nc); free(mm_ref); free(op_ref);
     st_close(&f);
 }
 
@@ -402,6 +415,11 @@ static void test_trainer(void) {
             CHECK(st.mismatch_steps == 1 && st.probs_diff_max == 0 && st.probs_diff_mean == 0 &&
                       fabs(st.probs_pearson - 1) < 1e-12,
                   "on-policy: diff max %g mean %g corr %.17g", st.probs_diff_max, st.probs_diff_mean, st.probs_pearson);
+            const double *ov = st.offpolicy_vals; /* kl, k3_kl, ..., log_ppl_diff (6), ppl_ratio (10), chi2 (11, 12) */
+            CHECK(ov[0] == 0 && ov[1] == 0 && ov[6] == 0 && ov[7] == 0 && ov[10] == 1 && ov[11] == 0 && ov[12] == 0 &&
+                      ov[2] == ov[4],
+                  "on-policy off-policy metrics: kl %g k3 %g log_ppl_diff %g ppl_ratio %g chi2 %g %g", ov[0], ov[1],
+                  ov[6], ov[10], ov[11], ov[12]);
             const int n = rollout_rs_metrics(&c.rollout_rs, NULL, NULL, NULL);
             CHECK(st.rs_steps == 1 && st.rs_vals[n - 2] == 0 && st.rs_vals[n - 1] == 0, "on-policy: nothing rejected");
         }

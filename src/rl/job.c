@@ -422,6 +422,7 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     add_loss_stat(&a->probs_diff_mean, b->probs_diff_mean); add_loss_stat(&a->probs_diff_std, b->probs_diff_std);
     add_loss_stat(&a->probs_pearson, b->probs_pearson);
     a->mismatch_steps += b->mismatch_steps;
+    for (int i = 0; i < OFFPOLICY_N_METRICS; i++) add_loss_stat(&a->offpolicy_vals[i], b->offpolicy_vals[i]);
     for (int i = 0; i < ROLLOUT_RS_MAX_METRICS; i++) add_loss_stat(&a->rs_vals[i], b->rs_vals[i]);
     a->rs_steps += b->rs_steps;
     a->grad_norm += b->grad_norm;
@@ -516,7 +517,8 @@ int job_run_validation(job *J, double *acc) {
 }
 
 /* The rollout-correction metrics of a version (docs/rl.md): verl's training/rollout_probs_diff_* and
- * rollout_actor_probs_pearson_corr (mean over the steps that had them; the max diff a max), and the
+ * rollout_actor_probs_pearson_corr and rollout_corr/kl ... chi2_seq (verl's off-policy diagnostics; mean
+ * over the steps that had them; the max diff a max), and the
  * rollout_corr/rollout_rs_* of algorithm.rollout_correction.rollout_rs (mean over the steps with a loss
  * token, null when none had one). rs_names holds the composed names. Returns the new count. */
 static int put_rollout_corr(const rl_config *cfg, const train_stats *w, const char **keys, double *vals, int n,
@@ -526,6 +528,12 @@ static int put_rollout_corr(const rl_config *cfg, const train_stats *w, const ch
         keys[n] = "training/rollout_probs_diff_mean", vals[n++] = w->probs_diff_mean / w->mismatch_steps;
         keys[n] = "training/rollout_probs_diff_std", vals[n++] = w->probs_diff_std / w->mismatch_steps;
         keys[n] = "training/rollout_actor_probs_pearson_corr", vals[n++] = w->probs_pearson / w->mismatch_steps;
+        const char *on[OFFPOLICY_N_METRICS];
+        offpolicy_metrics(&(offpolicy_stats){0}, on, NULL);
+        for (int i = 0; i < OFFPOLICY_N_METRICS; i++) {
+            snprintf(rs_names[ROLLOUT_RS_MAX_METRICS + i], sizeof rs_names[0], "rollout_corr/%s", on[i]);
+            keys[n] = rs_names[ROLLOUT_RS_MAX_METRICS + i], vals[n++] = w->offpolicy_vals[i] / w->mismatch_steps;
+        }
     }
     if (cfg->rollout_rs.n > 0) {
         char rn[ROLLOUT_RS_MAX_METRICS][ROLLOUT_RS_NAME_LEN];
@@ -548,9 +556,10 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char **keys = xmalloc((size_t)(112 + ROLLOUT_RS_MAX_METRICS + J->n_rx) * sizeof(char *));
-    double *vals = xmalloc((size_t)(112 + ROLLOUT_RS_MAX_METRICS + J->n_rx) * sizeof(double));
-    char(*rs_names)[ROLLOUT_RS_NAME_LEN + 16] = xmalloc((size_t)ROLLOUT_RS_MAX_METRICS * (ROLLOUT_RS_NAME_LEN + 16));
+    const int n_corr = ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS; /* put_rollout_corr's names */
+    const char **keys = xmalloc((size_t)(112 + n_corr + J->n_rx) * sizeof(char *));
+    double *vals = xmalloc((size_t)(112 + n_corr + J->n_rx) * sizeof(double));
+    char(*rs_names)[ROLLOUT_RS_NAME_LEN + 16] = xmalloc((size_t)n_corr * (ROLLOUT_RS_NAME_LEN + 16));
     char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;
 #define PUT(key, v) (keys[n] = (key), vals[n] = (v), n++)

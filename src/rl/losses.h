@@ -170,6 +170,30 @@ void probs_mismatch_add(probs_mismatch_stats *st, const float *train_logp, const
 void probs_mismatch_finish(const probs_mismatch_stats *st, double *diff_max, double *diff_mean, double *diff_std,
                            double *pearson);
 
+/* verl rollout_corr_helper.compute_offpolicy_metrics (rollout_corr/ + name), over the loss tokens of
+ * the sequences given, lr = old − μ per token, m_old / m_μ a sequence's masked means (Σ/(n + 1e-8)):
+ * kl = token mean of (μ − old); k3_kl = token mean of e^lr − lr − 1 (unclamped);
+ * training_ppl / rollout_ppl = sequence mean of exp(−m_old) / exp(−m_μ), training_log_ppl /
+ * rollout_log_ppl of −m_old / −m_μ; with d = m_μ − m_old per sequence: log_ppl_diff (mean d),
+ * log_ppl_abs_diff (mean |d|), log_ppl_diff_max / _min, ppl_ratio (mean e^d); chi2_token = token mean
+ * of exp(clamp(lr, ±20))² − 1; chi2_seq = sequence mean of exp(2·clamp(Σ lr, ±20)) − 1. Sums (over
+ * ranks) in sum[], max d and −min d in max[]. */
+enum { OFFP_TOK = 0, OFFP_SEQ, OFFP_KL, OFFP_K3, OFFP_RHO2, OFFP_TPPL, OFFP_TLOG, OFFP_RPPL, OFFP_RLOG, OFFP_D,
+       OFFP_ABS_D, OFFP_EXP_D, OFFP_CHI2_SEQ, OFFP_N_SUM };
+#define OFFPOLICY_N_METRICS 13
+typedef struct {
+    double sum[OFFP_N_SUM];
+    double max[2]; /* max d, −min d; −∞ when empty */
+} offpolicy_stats;
+void offpolicy_init(offpolicy_stats *st);
+/* Adds one response (mask NULL = every token; a response without a loss token adds nothing). */
+void offpolicy_add(offpolicy_stats *st, const float *old_logp, const float *behav_logp, const unsigned char *mask,
+                   int n);
+/* The 13 metrics in the order above (kl, k3_kl, training_ppl, training_log_ppl, rollout_ppl,
+ * rollout_log_ppl, log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min, ppl_ratio,
+ * chi2_token, chi2_seq); names (may be NULL) without the prefix. NaN without a token. */
+void offpolicy_metrics(const offpolicy_stats *st, const char **names, double *vals);
+
 /* Advantage estimators (verl algorithm.adv_estimator), outcome rewards, one value per response.
  * rewards/adv laid out group after group with sizes group_size[g].
  * RLOO (verl compute_rloo_outcome_advantage; Ahmadian et al. 2024): A_i = r_i − mean of the

@@ -287,6 +287,7 @@ typedef struct {
      * probs_mismatch_*): steps with recomputed old logprobs and a loss token count in mismatch_steps */
     double probs_diff_max, probs_diff_mean, probs_diff_std, probs_pearson;
     int64_t mismatch_steps;
+    double offpolicy_vals[OFFPOLICY_N_METRICS]; /* verl's rollout_corr/kl ... chi2_seq (offpolicy_metrics' order) */
     /* rollout_rs: verl's rollout_corr/rollout_rs_* values in rollout_rs_metrics' order; rs_steps = steps
      * with a loss token (the others' values are NaN and left out of a window's means) */
     double rs_vals[ROLLOUT_RS_MAX_METRICS];

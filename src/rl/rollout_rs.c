@@ -310,3 +310,59 @@ void probs_mismatch_finish(const probs_mismatch_stats *st, double *diff_max, dou
     *pearson = n > 1 && vx > 0 && vy > 0 ? cxy / sqrt(vx * vy) : NAN;
     if (isfinite(*pearson)) *pearson = fmax(-1.0, fmin(1.0, *pearson)); /* torch.corrcoef clips to [−1, 1] */
 }
+
+/* ------------------------------------------------------------------ off-policy diagnostics */
+
+void offpolicy_init(offpolicy_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->max[0] = st->max[1] = -INFINITY;
+}
+
+void offpolicy_add(offpolicy_stats *st, const float *old_logp, const float *behav_logp, const unsigned char *mask,
+                   int n) {
+    double so = 0, sb = 0, slr = 0, cnt = 0, *s = st->sum;
+    for (int t = 0; t < n; t++) {
+        if (mask && !mask[t]) continue;
+        const double o = old_logp[t], b = behav_logp[t], lr = o - b;
+        const double lrc = lr < -RS_LOG_RATIO_CLAMP ? -RS_LOG_RATIO_CLAMP : (lr > RS_LOG_RATIO_CLAMP ? RS_LOG_RATIO_CLAMP : lr);
+        so += o;
+        sb += b;
+        slr += lr;
+        cnt += 1;
+        s[OFFP_KL] += b - o;
+        s[OFFP_K3] += exp(lr) - lr - 1.0;
+        s[OFFP_RHO2] += exp(2.0 * lrc);
+    }
+    if (cnt == 0) return;
+    const double mo = so / (cnt + 1e-8), mb = sb / (cnt + 1e-8), d = mb - mo;
+    const double sc = slr < -RS_LOG_RATIO_CLAMP ? -RS_LOG_RATIO_CLAMP : (slr > RS_LOG_RATIO_CLAMP ? RS_LOG_RATIO_CLAMP : slr);
+    s[OFFP_TOK] += cnt;
+    s[OFFP_SEQ] += 1;
+    s[OFFP_TPPL] += exp(-mo);
+    s[OFFP_TLOG] += -mo;
+    s[OFFP_RPPL] += exp(-mb);
+    s[OFFP_RLOG] += -mb;
+    s[OFFP_D] += d;
+    s[OFFP_ABS_D] += fabs(d);
+    s[OFFP_EXP_D] += exp(d);
+    s[OFFP_CHI2_SEQ] += exp(2.0 * sc);
+    if (d > st->max[0]) st->max[0] = d;
+    if (-d > st->max[1]) st->max[1] = -d;
+}
+
+void offpolicy_metrics(const offpolicy_stats *st, const char **names, double *vals) {
+    static const char *nm[OFFPOLICY_N_METRICS] = {"kl", "k3_kl", "training_ppl", "training_log_ppl", "rollout_ppl",
+                                                   "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff",
+                                                   "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_token",
+                                                   "chi2_seq"};
+    const double *s = st->sum, N = s[OFFP_TOK], S = s[OFFP_SEQ];
+    const int ok = N > 0 && S > 0;
+    const double v[OFFPOLICY_N_METRICS] = {
+        s[OFFP_KL] / N,      s[OFFP_K3] / N,      s[OFFP_TPPL] / S,      s[OFFP_TLOG] / S,  s[OFFP_RPPL] / S,
+        s[OFFP_RLOG] / S,    s[OFFP_D] / S,       s[OFFP_ABS_D] / S,     st->max[0],        -st->max[1],
+        s[OFFP_EXP_D] / S,   s[OFFP_RHO2] / N - 1.0, s[OFFP_CHI2_SEQ] / S - 1.0};
+    for (int i = 0; i < OFFPOLICY_N_METRICS; i++) {
+        if (names) names[i] = nm[i];
+        if (vals) vals[i] = ok ? v[i] : NAN;
+    }
+}

@@ -279,6 +279,7 @@ typedef struct {
      * mask after rejection sampling (seqs[s].resp_mask points at it), NULL when rollout_rs is off */
     unsigned char **rs_mask;
     probs_mismatch_stats mm;
+    offpolicy_stats offp;
     rollout_rs_stats rs;
 } step_data;
 
@@ -364,11 +365,16 @@ static int step_data_kl_reward(trainer *T, step_data *d, train_stats *st) {
 
 /* verl's training/rollout_probs_diff_* and rollout_actor_probs_pearson_corr: the trainer's logprobs
  * before the step (d->prox) against the behaviour's, over the loss tokens of the sequences in the loss
- * (before rejection sampling, as verl computes them right after the old-logprob pass). */
+ * (before rejection sampling, as verl computes them right after the old-logprob pass); and verl's
+ * off-policy diagnostics (compute_offpolicy_metrics: rollout_corr/kl, k3_kl, ppl, chi2) on the same tokens. */
 static void step_data_mismatch(step_data *d) {
     probs_mismatch_init(&d->mm);
+    offpolicy_init(&d->offp);
     for (int s = 0; s < d->R; s++)
-        if (d->loss_mask[s]) probs_mismatch_add(&d->mm, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+        if (d->loss_mask[s]) {
+            probs_mismatch_add(&d->mm, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+            offpolicy_add(&d->offp, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+        }
 }
 
 /* algorithm.rollout_correction.rollout_rs (verl compute_rollout_rejection_mask, applied as verl's
@@ -675,6 +681,10 @@ static int finish_rollout_corr(trainer *T, step_data *d, train_stats *st) {
         mm->sxy = sums[5]; mm->sd = sums[6]; mm->sdd = sums[7];
         probs_mismatch_finish(mm, &st->probs_diff_max, &st->probs_diff_mean, &st->probs_diff_std, &st->probs_pearson);
         st->mismatch_steps = mm->n > 0;
+        if (trainers_sum(T, d->offp.sum, OFFP_N_SUM) != MOERL_OK || trainers_max(T, d->offp.max, 2) != MOERL_OK)
+            return MOERL_ERR;
+        for (int k = 0; k < OFFP_N_SUM; k++) d->offp.sum[k] /= T->replication;
+        offpolicy_metrics(&d->offp, NULL, st->offpolicy_vals);
     }
     if (cfg->rollout_rs.n > 0) {
         if (trainers_sum(T, d->rs.sum, RS_N_SUMS) != MOERL_OK || trainers_max(T, d->rs.max, RS_N_MAXS) != MOERL_OK)

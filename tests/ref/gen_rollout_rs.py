@@ -12,7 +12,9 @@ not copied. On a padded [B, L] batch with a response mask m and lr = clamp(old �
   keep v ≤ hi; all options must pass. Metrics per option (verl's names), then the overall masked
   fractions (the sequence one over every row, as verl's .mean()).
   Mismatch: p = exp(logp) for the trainer (x) and the behaviour (y) on the mask: max/mean/std (unbiased)
-  of |x − y| and torch.corrcoef(x, y).
+  of |x − y| and torch.corrcoef(x, y). Off-policy diagnostics (verl compute_offpolicy_metrics) over the
+  rows with a loss token: kl, k3_kl (unclamped), training/rollout ppl and log ppl, log_ppl_diff (mean,
+  abs mean, max, min), ppl_ratio, chi2_token (ratio clamped at ±20), chi2_seq (summed log ratio clamped).
 Everything is float64 from the float32 inputs that are stored. The batch holds an empty row, a
 multi-turn row with holes (garbage logprobs under the holes), a one-token row, a row past the ±20
 clamp and a row whose k2 values sit exactly on a threshold (lr = 0.5: k2 = 0.125 exactly).
@@ -161,6 +163,26 @@ def mismatch_ref(old, behav, mask):
     return [float(d.max()), float(d.mean()), float(d.std()), float(corr)]
 
 
+def offpolicy_ref(old, behav, mask):
+    """verl compute_offpolicy_metrics over the rows with a loss token (the trainer passes only those)."""
+    keep = (mask > 0).any(-1)
+    o, b, m = old.to(D)[keep], behav.to(D)[keep], mask.to(D)[keep]
+    cnt = m.sum(-1)
+
+    def mmean(x, axis=None):
+        return (x * m).sum(axis) / (m.sum(axis) + 1e-8)
+
+    mo, mb = mmean(o, -1), mmean(b, -1)
+    lr = o - b
+    d = mb - mo
+    s = torch.clamp((lr * m).sum(-1), -20.0, 20.0)
+    vals = [mmean(b - o), mmean(torch.exp(lr) - lr - 1.0), torch.exp(-mo).mean(), (-mo).mean(),
+            torch.exp(-mb).mean(), (-mb).mean(), d.mean(), d.abs().mean(), d.max(), d.min(), torch.exp(d).mean(),
+            mmean(torch.exp(torch.clamp(lr, -20.0, 20.0)).square()) - 1.0, torch.exp(2.0 * s).mean() - 1.0]
+    assert (cnt > 0).all()
+    return [float(v) for v in vals]
+
+
 def make_batch():
     g = torch.Generator().manual_seed(26)
     lens = [10, 7, 0, 10, 1, 10, 5, 8, 2]
@@ -206,6 +228,7 @@ def main():
         T[f"case{i}.names"] = as_bytes("\n".join(names))
         T[f"case{i}.vals"] = torch.tensor(vals, dtype=D)
     T["mismatch"] = torch.tensor(mismatch_ref(old, behav, mask), dtype=D)
+    T["offpolicy"] = torch.tensor(offpolicy_ref(old, behav, mask), dtype=D)
     # fixture sanity: the cases must reject something without rejecting everything, and the edge holds
     k2 = rs_ref(old, behav, mask, "token_k2", "0.125")[0]
     assert k2[8, 0] == 1 and rs_ref(old, behav, mask, "token_k2", "0.12")[0][8, 0] == 0
