@@ -436,6 +436,10 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     a->max_lag = MOERL_MAX(a->max_lag, b->max_lag);
     a->max_partial_span = MOERL_MAX(a->max_partial_span, b->max_partial_span);
     a->expert_load_max_over_mean += b->expert_load_max_over_mean;
+    a->routing_count += b->routing_count; a->routing_agree += b->routing_agree; /* routing replay: sums */
+    a->routing_agree_native += b->routing_agree_native;
+    if (!(a->routing_agreement_min <= b->routing_agreement_min)) /* the worst layer of the worst step; NaN: none */
+        a->routing_agreement_min = isnan(b->routing_agreement_min) ? a->routing_agreement_min : b->routing_agreement_min;
     a->update_s += b->update_s;
     a->reduce_exposed_s += b->reduce_exposed_s;
     a->rollout_is_mean += b->rollout_is_mean; a->rollout_is_std += b->rollout_is_std;
@@ -588,6 +592,11 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     PUT("actor/empty_steps", (double)w->empty_steps); /* steps of this version without a loss token */
     PUT("moe/aux_loss", w->aux_loss / k);
     PUT("moe/expert_load_max_over_mean", w->expert_load_max_over_mean / k);
+    if (w->routing_count > 0) { /* the rollout's routes were recorded (rollout.enable_rollout_routing_replay) */
+        PUT("moe/routing_agreement", w->routing_agree / w->routing_count);
+        PUT("moe/routing_agreement_min", w->routing_agreement_min);
+        PUT("moe/routing_agreement_native", w->routing_agree_native / w->routing_count);
+    }
     PUT("fully_async/max_staleness", (double)w->max_lag);
     PUT("training/global_step", (double)J->T.step);
     PUT("perf/prompts_per_s", wall > 0 ? (w->n_samples / (double)cfg->n) / wall : 0);

@@ -279,6 +279,12 @@ typedef struct {
     int64_t n_samples, stale_samples, partial_samples, trained_tokens, resp_tokens;
     int max_lag, max_partial_span, min_version;
     double expert_load_max_over_mean; /* mean over MoE layers of max/mean tokens per expert */
+    /* Routing agreement (rollout.enable_rollout_routing_replay; docs/rl.md "Routing replay"), counted in the
+     * step's first trainer forward over the batch, summed over the trainer ranks: routing_count (token, MoE
+     * layer) pairs with a rollout route, routing_agree those whose routes in the forward equal it as sets,
+     * routing_agree_native those whose native top-k does; routing_agreement_min the worst layer's share
+     * (NaN when nothing was counted). */
+    double routing_count, routing_agree, routing_agree_native, routing_agreement_min;
     double update_s;
     double reduce_exposed_s;  /* data parallel: time blocked in dist_reducer_finish (exposed comm.) */
     double behav_dropped_frac;/* decoupled: share of loss tokens filtered out by behav_imp_weight_cap */
