@@ -561,8 +561,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
     const int n_corr = ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS; /* put_rollout_corr's names */
-    const char **keys = xmalloc((size_t)(112 + n_corr + J->n_rx) * sizeof(char *));
-    double *vals = xmalloc((size_t)(112 + n_corr + J->n_rx) * sizeof(double));
+    const char **keys = xmalloc((size_t)(112 + 4 + n_corr + J->n_rx) * sizeof(char *)); /* + training/rollout_* */
+    double *vals = xmalloc((size_t)(112 + 4 + n_corr + J->n_rx) * sizeof(double));
     char(*rs_names)[ROLLOUT_RS_NAME_LEN + 16] = xmalloc((size_t)n_corr * (ROLLOUT_RS_NAME_LEN + 16));
     char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;
