@@ -262,6 +262,11 @@ static void test_keys(void) {
     refused("seq_sum_k3", "inf", 0, KT, "'inf'");
     refused("token_k1,token_k2,token_k3", "1,2", 0, KT, "'1,2'");
     refused("token_k1", "0.5_2", 1, "bypass_mode", "rollout_rs=token_k1");
+    refused(" , ", "2", 0, K, "no option");
+    refused("token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,"
+            "token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,"
+            "token_k1",
+            "2", 0, K, "more than 22");
     cfg *c = cfg_new();
     rl_def_keys(c);
     CHECK(cfg_has(c, K) && cfg_has(c, KT), "the keys are declared");

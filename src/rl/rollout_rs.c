@@ -29,7 +29,7 @@ static const struct {
 
 static int is_null(const char *s) { return !s || !s[0] || !strcmp(s, "null") || !strcmp(s, "none"); }
 
-/* Splits s at commas into trimmed, non-empty parts (at most max, each < cap chars); the count, or −1
+/* Splits s at commas into trimmed, non-empty parts (at most max, each < 64 chars); the count, or −1
  * when there are more parts or one is too long. */
 static int split_list(const char *s, char (*parts)[64], int max) {
     int n = 0;
@@ -106,7 +106,9 @@ int rollout_rs_parse(const char *options, const char *threshold, rollout_rs_conf
     }
     char parts[2 * ROLLOUT_RS_MAX_OPTIONS][64];
     const int np = split_list(options, parts, 2 * ROLLOUT_RS_MAX_OPTIONS);
-    if (np <= 0) return moerl_errorf(RS_KEY_OPTS "='%s': no option (or an option name too long)", options);
+    if (np <= 0)
+        return moerl_errorf(RS_KEY_OPTS "='%s': %s", options,
+                            np == 0 ? "no option" : "more than 22 entries, or an entry of 64 characters or more");
     for (int i = 0; i < np; i++) {
         int which = -1, dup = 0;
         for (int k = 0; k < ROLLOUT_RS_MAX_OPTIONS; k++)
