@@ -4,7 +4,7 @@
 #                 broadcast, header mismatch, point-to-point, small collectives, role errors
 #   test_dist_comm  trainer sub-groups (allgather, reduce-scatter, all-to-all(v), p2p, byte counters) and the grid
 #   test_dist_dp  DP = 2 and 3 against DP = 1 (and DP = 3 + one rollout rank receiving the weights)
-#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss)
+#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss, rollout_rs)
 #                 at DP = 2 and 3 against one rank and one micro-batch
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
@@ -30,6 +30,8 @@
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
 #                 stage-owned: forward-only logprobs on every stage, training through parallel.h, gather
+#   test_dist_replay  routing replay (actor.router_replay) under fsdp 2, ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and
+#                 sp 2 x ep 2 against the one-rank replayed run; the routes' record and agreement counts
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -102,6 +104,13 @@ OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist
 run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 3 (pp 3)" 3 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
+run_mpi "test_dist_replay -np 2 (fsdp 2)" 2 "$T/test_dist_replay" --fsdp 2
+run_mpi "test_dist_replay -np 2 (ep 2)" 2 "$T/test_dist_replay" --ep 2
+run_mpi "test_dist_replay -np 2 (sp 2)" 2 "$T/test_dist_replay" --sp 2
+run_mpi "test_dist_replay -np 2 (pp 2)" 2 "$T/test_dist_replay" --pp 2
+run_mpi "test_dist_replay -np 3 (pp 3: one MoE layer per stage)" 3 "$T/test_dist_replay" --pp 3
+run_mpi "test_dist_replay -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_replay" --ep 2 --fsdp 2
+run_mpi "test_dist_replay -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_replay" --sp 2 --ep 2
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then

@@ -179,7 +179,7 @@ static int fake_accumulate(void *par, moe_model *m, const train_seq *seqs, int n
     return MOERL_OK;
 }
 static int fake_logprobs(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
-                         float temperature, float **out_logp) {
+                         float temperature, float **out_logp, const train_route_opts *ro) {
     ((fake_par *)par)->loop_calls++;
     return MOERL_OK;
 }

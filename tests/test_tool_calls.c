@@ -75,8 +75,8 @@ static void test_config_errors(void) {
     config_error("- {function: {name: a}, command: x, timeout: 3}\n", "unknown key 'timeout'");
     config_error("- {function: {name: a, params: {}}, command: x}\n", "function: unknown key 'params'");
     config_error("- {type: tool, function: {name: a}, command: x}\n", "type must be \"function\"");
-    config_error("- {function: {name: 'a b'}, command: x}\n", "function.name");
-    config_error("- {function: {description: d}, command: x}\n", "function.name");
+    config_error("- {function: {name: 'a b'}, command: x}\n", "function.name must be a name of letters, digits, '_', '-', '.', got 'a b'");
+    config_error("- {function: {description: d}, command: x}\n", "function.name is missing");
     config_error("- {command: x}\n", "'function' must be a mapping");
     config_error("- {function: {name: a, parameters: [1]}, command: x}\n", "tool 0 (a): function.parameters");
     config_error("- {function: {name: a, description: [1]}, command: x}\n", "function.description");

@@ -208,8 +208,11 @@ static int tool_from_json(json_t *j, const char *file, int idx, tool_def *t) {
     }
     json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
            *params = json_object_get(fn, "parameters");
+    if (!name) return moerl_errorf("%s: tool %d: function.name is missing (every tool needs a name)", file, idx);
     if (!json_is_string(name) || !name_ok(json_string_value(name)))
-        return moerl_errorf("%s: tool %d: function.name must be a name of letters, digits, '_', '-', '.'", file, idx);
+        return moerl_errorf("%s: tool %d: function.name must be a name of letters, digits, '_', '-', '.'%s%s%s", file, idx,
+                            json_is_string(name) ? ", got '" : "", json_is_string(name) ? json_string_value(name) : "",
+                            json_is_string(name) ? "'" : "");
     const char *nm = json_string_value(name);
     if (desc && !json_is_string(desc)) return moerl_errorf("%s: tool %d (%s): function.description must be text", file, idx, nm);
     if (params && !json_is_object(params))

@@ -139,6 +139,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     a->lse_head = CF(N);
     a->aux_counts = CF(E ? E : 1);
     a->aux_psum = CF(E ? E : 1);
+    a->route_native = CI(E ? N * K : 1);
     a->d_resid = CF(N * H);
     a->d_tmp = CF(N * H);
     a->d_tmp2 = CF(N * H);
@@ -468,11 +469,48 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
     }
 }
 
+/* Routing replay and recording of one MoE layer (model_acts.replay_routes / routes_out): replay and
+ * out point at this layer's K entries of the rank's first token, token t's at t·stride; native is
+ * [N,K] scratch keeping the router's own top-k for the aux-loss counts. NULL (the engine's path, or
+ * neither set): the native routes only. */
+typedef struct {
+    const int16_t *replay;
+    int16_t *out;
+    size_t stride;
+    int *native;
+} route_io;
+
+/* Rows [r0, r1) after router_topk_rows: record the native top-k (rt->out) and, where the token has
+ * a replayed route (its entries are not −1), keep the native ids in rt->native and use the replayed
+ * experts with their current probabilities as gate weights — summed and divided in router_row's
+ * order, so replaying the native routes gives the native weights bit for bit. */
+static void route_rows(const route_io *rt, mlp_acts *s, int r0, int r1, int E, int K, int norm) {
+    for (int t = r0; t < r1; t++) {
+        int *ids = s->topk_ids + (size_t)t * K;
+        float *w = s->topk_w + (size_t)t * K;
+        if (rt->out)
+            for (int j = 0; j < K; j++) rt->out[(size_t)t * rt->stride + j] = (int16_t)ids[j];
+        if (!rt->replay) continue;
+        memcpy(rt->native + (size_t)t * K, ids, (size_t)K * sizeof(int));
+        const int16_t *rp = rt->replay + (size_t)t * rt->stride;
+        if (rp[0] < 0) continue; /* no recorded route: native (model_forward checked all K are −1) */
+        const float *p = s->probs + (size_t)t * E;
+        float ws = 0.0f;
+        for (int j = 0; j < K; j++) {
+            ids[j] = rp[j];
+            w[j] = p[ids[j]];
+            ws += w[j];
+        }
+        if (norm)
+            for (int j = 0; j < K; j++) w[j] /= ws;
+    }
+}
+
 /* MoE block on x[N,H] → out[N,H] (OVERWRITTEN), called by every thread of a team; this thread's
  * token rows are [r0, r1). counts/psum (NULL: skip) receive the aux-loss statistics.
  * Source: HF Qwen3MoeSparseMoeBlock; the pipeline of Megatron/Ascend (forward.h). */
 static void moe_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1, void *ep) {
+                             float *counts, float *psum, int r0, int r1, void *ep, const route_io *rt) {
     const moe_config *c = &m->cfg;
     const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
@@ -484,6 +522,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
         const int hand_on = !ex->rebuild_row_idx && !ex->per_expert_loop;
         router_topk_rows(s->probs, s->topk_ids, s->topk_w, hand_on ? s->row_idx : NULL, s->router_logits, r0, r1, N,
                          E, K, c->norm_topk_prob);
+        if (rt) route_rows(rt, s, r0, r1, E, K, c->norm_topk_prob);
         if (ex->per_expert_loop) memset(out + (size_t)r0 * H, 0, (size_t)n * H * sizeof(float));
     }
     if (ex->per_expert_weights) moe_stack_weights(m, l, s); /* its loop's barrier also ends the router stage */
@@ -492,7 +531,8 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
     t = SPAN_BEGIN();
 #pragma omp single
     {
-        if (counts) moe_aux_accumulate(counts, psum, s->probs, s->topk_ids, N, E, K);
+        if (counts) /* the load-balancing loss counts the router's own top-k, replayed or not (verl) */
+            moe_aux_accumulate(counts, psum, s->probs, rt && rt->replay ? rt->native : s->topk_ids, N, E, K);
         if (ex->per_expert_loop) {
             moe_scan_index(s, N, E, K);
         } else {
@@ -594,8 +634,8 @@ static void dense_forward_rows(const moe_model *m, int l, const float *x, float 
 
 /* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
 static void mlp_forward_team(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N,
-                             float *counts, float *psum, int r0, int r1, void *ep) {
-    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
+                             float *counts, float *psum, int r0, int r1, void *ep, const route_io *rt) {
+    if (m->p.layers[l].router) moe_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep, rt);
     else dense_forward_rows(m, l, x, out, s, r0, r1);
 }
 
@@ -679,7 +719,7 @@ static void mlp_forward_drive(const moe_model *m, int l, const float *x, float *
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep);
+        mlp_forward_team(m, l, x, out, s, N, counts, psum, r0, r1, ep, NULL);
     }
     blas_team_end(nb);
 }
@@ -721,6 +761,58 @@ static void attn_in_rows(const moe_model *m, model_acts *a, int l, int r0, int r
              a->rope_sin, r0, r1);
 }
 
+int model_moe_layer_index(const moe_config *c, int l) {
+    if (l < 0 || l >= c->num_hidden_layers || !moe_config_layer_is_moe(c, l)) return -1;
+    int k = 0;
+    for (int i = 0; i < l; i++) k += moe_config_layer_is_moe(c, i);
+    return k;
+}
+
+int model_moe_layer_count(const moe_config *c) {
+    int k = 0;
+    for (int i = 0; i < c->num_hidden_layers; i++) k += moe_config_layer_is_moe(c, i);
+    return k;
+}
+
+/* Layer l's replay / recording pointers (route_io) in model_acts' routes layout; 0 when layer l is
+ * dense or neither array is set. */
+static int layer_route_io(const moe_model *m, const model_acts *a, int l, route_io *rt) {
+    const int mi = model_moe_layer_index(&m->cfg, l);
+    if (mi < 0 || (!a->replay_routes && !a->routes_out)) return 0;
+    const int K = m->cfg.num_experts_per_tok;
+    rt->stride = (size_t)model_moe_layer_count(&m->cfg) * K;
+    const size_t off = (size_t)a->tok0 * rt->stride + (size_t)mi * K;
+    rt->replay = a->replay_routes ? a->replay_routes + off : NULL;
+    rt->out = a->routes_out ? a->routes_out + off : NULL;
+    rt->native = a->route_native;
+    return 1;
+}
+
+/* model_forward's check of the replayed routes of this rank's tokens [t0, t0 + n): per (token, MoE
+ * layer) all K entries −1 (native routing) or K distinct experts in [0, E). */
+static int check_replay_routes(const moe_config *c, const int16_t *rr, int t0, int n) {
+    const int Lm = model_moe_layer_count(c), K = c->num_experts_per_tok, E = c->num_experts;
+    for (int t = t0; t < t0 + n; t++)
+        for (int mi = 0; mi < Lm; mi++) {
+            const int16_t *r = rr + ((size_t)t * Lm + mi) * K;
+            int none = 0;
+            for (int j = 0; j < K; j++) {
+                none += r[j] == -1;
+                if (r[j] < -1 || r[j] >= E)
+                    return moerl_errorf("model_forward: replay_routes of token %d, MoE layer %d: expert %d is "
+                                        "outside [0,%d) (−1 = no recorded route)", t, mi, r[j], E);
+                for (int i = 0; i < j && r[j] >= 0; i++)
+                    if (r[i] == r[j])
+                        return moerl_errorf("model_forward: replay_routes of token %d, MoE layer %d names expert "
+                                            "%d twice; expected %d distinct experts", t, mi, r[j], K);
+            }
+            if (none && none != K)
+                return moerl_errorf("model_forward: replay_routes of token %d, MoE layer %d mixes −1 (no recorded "
+                                    "route) with experts; expected all %d entries −1 or all experts", t, mi, K);
+        }
+    return MOERL_OK;
+}
+
 /* Layer l after attention, on token rows [r0, r1) (team): resid_mid = resid_in + o_proj(att),
  * ln2 = RMSNorm(resid_mid), the MLP into the next residual stream plus resid_mid, then the
  * next layer's attention input — or, after the last layer, the final norm and the LM head. */
@@ -738,8 +830,10 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
                         c->rms_norm_eps);
     }
+    route_io rt;
+    const int routed = layer_route_io(m, a, l, &rt);
     mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
-                     moe_dispatch_par(a->par));
+                     moe_dispatch_par(a->par), routed ? &rt : NULL);
     if (n > 0) {
         const float *rm = L->resid_mid + o;
         float *ob = out + o;
@@ -780,6 +874,8 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
                             "activations carry no MoE dispatch hook (model_acts.par: a runtime whose model_hooks has "
                             "moe_forward, e.g. src/parallel's par_state with its ep_state)", c->exec.ep_rank,
                             c->exec.ep_size);
+    if (a->replay_routes && E > 0 && check_replay_routes(c, a->replay_routes, t0, n_loc) != MOERL_OK)
+        return MOERL_ERR;
     if (sp && h->attn_begin(sp, cu_seqlens, B, N) != MOERL_OK) return MOERL_ERR;
     a->N = n_loc;
     a->B = B;

@@ -165,7 +165,15 @@ typedef struct {
      *   replay): R2's recording and the routing-agreement metrics. */
     const int16_t *replay_routes;
     int16_t *routes_out;
+    int *route_native;   /* [N,K] scratch: the native top-k of the layer being replayed (its aux-loss counts) */
 } model_acts;
+
+/* MoE index of decoder layer l (0, 1, ... over the MoE layers in order, the numbering of
+ * model_acts.replay_routes / routes_out and gen_request.out_routes), −1 for a dense layer or an l
+ * outside [0, num_hidden_layers). */
+int model_moe_layer_index(const moe_config *c, int l);
+/* Number of MoE layers of c (the n_moe_layers of a routes array). */
+int model_moe_layer_count(const moe_config *c);
 
 /* Allocate activations for up to max_tokens tokens per batch (one allocation). */
 int model_acts_init(model_acts *a, const moe_model *m, int max_tokens);
@@ -180,8 +188,11 @@ int model_acts_init_rows(model_acts *a, const moe_model *m, int rows, int max_po
 void model_acts_free(model_acts *a);
 
 /* Forward: tokens[N], cu_seqlens[B+1] (cu_seqlens[0]=0, cu_seqlens[B]=N, non-decreasing),
- * positions[N] or NULL (restart at 0 per sequence). Fills a->logits [N,V], a->aux_loss.
- * Errors: N > max_tokens, a token id outside [0,V), a position beyond the RoPE table. */
+ * positions[N] or NULL (restart at 0 per sequence). Fills a->logits [N,V], a->aux_loss, and
+ * a->routes_out when set; replays a->replay_routes when set (see model_acts).
+ * Errors: N > max_tokens, a token id outside [0,V), a position beyond the RoPE table, a replayed
+ * route naming an expert outside [0,E), an expert twice, or mixing −1 with experts (message names
+ * the token and MoE layer). */
 int model_forward(const moe_model *m, model_acts *a, const int *tokens, const int *cu_seqlens,
                   const int *positions, int B, int N);
 /* logp[n] = log softmax(logits[n]/T)[targets[n]] (0 where targets[n] < 0); entropy when asked.

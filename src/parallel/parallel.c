@@ -161,8 +161,8 @@ static int hook_accumulate(void *par, moe_model *m, const train_seq *seqs, int n
     return pp_train_accumulate(((par_state *)par)->pp, m, seqs, n, o, fn, ctx, out);
 }
 static int hook_logprobs(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
-                         float temperature, float **out_logp) {
-    return pp_compute_logprobs(((par_state *)par)->pp, m, seqs, n, max_tokens, temperature, out_logp);
+                         float temperature, float **out_logp, const train_route_opts *ro) {
+    return pp_compute_logprobs(((par_state *)par)->pp, m, seqs, n, max_tokens, temperature, out_logp, ro);
 }
 static int hook_router_counts(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
                               double *counts) {

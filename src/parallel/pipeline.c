@@ -248,6 +248,7 @@ typedef struct {
     model_acts a;
     int *tok, *cu, *tgt, *seq_of, *resp_index;
     float *dlogp, *dent;
+    int16_t *routes, *rec; /* [N, n_moe, K]: the micro-batch's replayed routes, its native routes (routing replay) */
     float *fa, *ba;        /* [2E] counts and probability sums of virtual stages 0..k; [E] the micro-batch's counts */
     int fwd_posted;        /* micro-batch whose input receive is posted into this slot, −1 none */
     int grad_posted;       /* micro-batch whose gradient receive is posted, −1 none */
@@ -305,7 +306,7 @@ static void slots_free_chunk(pp_state *s, int c) {
         pp_slot *sl = &s->slots[c][k];
         if (sl->a.arena) model_acts_free(&sl->a);
         free(sl->tok); free(sl->cu); free(sl->tgt); free(sl->seq_of); free(sl->resp_index);
-        free(sl->dlogp); free(sl->dent); free(sl->fa); free(sl->ba);
+        free(sl->dlogp); free(sl->dent); free(sl->fa); free(sl->ba); free(sl->routes); free(sl->rec);
     }
     free(s->slots[c]);
     s->slots[c] = NULL;
@@ -346,6 +347,9 @@ static int slots_ensure(pp_state *s, const moe_model *m, int max_tokens, const i
             sl->dent = xmalloc(N * sizeof(float));
             sl->fa = xcalloc(2 * E, sizeof(float));
             sl->ba = xcalloc(E, sizeof(float));
+            const size_t per = (size_t)model_moe_layer_count(&m->cfg) * m->cfg.num_experts_per_tok;
+            sl->routes = xmalloc((N * per + 1) * sizeof(int16_t));
+            sl->rec = xmalloc((N * per + 1) * sizeof(int16_t));
         }
     }
     return MOERL_OK;
@@ -588,6 +592,15 @@ static void post_grad(pp_state *s, const pp_run *r, int c, int j) {
     sl->grad_posted = j;
 }
 
+/* Routing replay on a slot: the micro-batch's replayed routes (train_seq.routes; NULL when no sequence
+ * carries any) and, when ro asks for a record or comparison, the native routes' buffer. */
+static void slot_routes(pp_slot *sl, const moe_model *m, const train_seq *seqs, int b0, int b1,
+                        const train_route_opts *ro) {
+    const int per = model_moe_layer_count(&m->cfg) * m->cfg.num_experts_per_tok;
+    sl->a.replay_routes = per > 0 ? train_pack_routes(seqs, b0, b1, sl->routes, per) : NULL;
+    sl->a.routes_out = per > 0 && ro ? sl->rec : NULL;
+}
+
 static void forward_step(pp_state *s, pp_run *r, int c, int j) {
     pp_slot *sl = slot_of(s, c, j);
     const int vs = vstage(s, c), last = vs == s->nv - 1, E = s->E;
@@ -608,8 +621,10 @@ static void forward_step(pp_state *s, pp_run *r, int c, int j) {
     const int b0 = r->mb[j], b1 = r->mb[j + 1];
     const int N = train_pack(r->seqs, b0, b1, sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
     a->par = r->o->par;
+    slot_routes(sl, r->model, r->seqs, b0, b1, r->o->routes);
     if (model_forward(r->model, a, sl->tok, sl->cu, NULL, b1 - b0, N) != MOERL_OK)
         moerl_fatal("pipeline stage %d chunk %d, micro-batch %d: %s", s->stage, c, j, moerl_last_error());
+    train_route_visit(r->model, a, r->seqs, b0, sl->cu, a->routes_out, r->o->routes);
     if (s->aux) { /* running sums of the router statistics over virtual stages 0..vs */
         for (int e = 0; e < E; e++) {
             sl->fa[e] = (vs ? sl->fa[e] : 0.0f) + a->aux_counts[e];
@@ -1028,7 +1043,7 @@ typedef void (*fwd_visit)(pp_state *s, int c, const moe_model *m, model_acts *a,
  * micro-batch j's hidden state from k − 1 (receives posted ahead into the free slots), runs its
  * layers, calls visit, sends the output to k + 1. */
 static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs, const int *mb, const int *Nmb,
-                         int nm, fwd_visit visit, void *ctx) {
+                         int nm, fwd_visit visit, void *ctx, const train_route_opts *ro) {
     const size_t H = (size_t)s->H;
     const int V = s->v;
     s->cur_m = nm;
@@ -1063,9 +1078,11 @@ static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs,
         wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
         const int N = train_pack(seqs, mb[j], mb[j + 1], sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
         a->par = NULL;
+        slot_routes(sl, m, seqs, mb[j], mb[j + 1], ro);
         if (model_forward(m, a, sl->tok, sl->cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK)
             moerl_fatal("pipeline stage %d chunk %d, forward-only micro-batch %d: %s", s->stage, c, j,
                         moerl_last_error());
+        train_route_visit(m, a, seqs, mb[j], sl->cu, a->routes_out, ro);
         visit(s, c, m, a, sl, N, ctx);
         if (!last)
             sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, (size_t)N * H);
@@ -1098,7 +1115,7 @@ static void logp_visit(pp_state *s, int c, const moe_model *m, model_acts *a, co
 }
 
 int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
-                        float temperature, float **out_logp) {
+                        float temperature, float **out_logp, const train_route_opts *ro) {
     int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
     const int nm = plan_forward(s, m, seqs, n, max_tokens, mb, Nmb);
     if (nm < 0) {
@@ -1112,7 +1129,7 @@ int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, 
     for (int i = 0; i < n; i++) off[i + 1] = off[i] + (size_t)MOERL_MAX(0, seqs[i].len - seqs[i].resp_start);
     float *flat = xcalloc(off[n] ? off[n] : 1, sizeof(float));
     logp_ctx c = {.temperature = temperature, .off = off, .flat = flat};
-    forward_only(s, m, seqs, mb, Nmb, nm, logp_visit, &c);
+    forward_only(s, m, seqs, mb, Nmb, nm, logp_visit, &c, ro);
     /* the last stage's values on every stage: the others add zeros (exact) */
     int rc = allreduce_chunks(s->comm, flat, off[n]);
     for (int i = 0; i < n && rc == MOERL_OK; i++) {
@@ -1140,7 +1157,7 @@ int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *s
     int rc = nm < 0 ? MOERL_ERR : MOERL_OK;
     if (rc == MOERL_OK && s->aux) {
         double *acc = xcalloc((size_t)s->E, sizeof(double));
-        forward_only(s, m, seqs, mb, Nmb, nm, counts_visit, acc);
+        forward_only(s, m, seqs, mb, Nmb, nm, counts_visit, acc, NULL);
         /* integer counts (exact in float per micro-batch and in double here): the stages' layers add up */
         rc = dist_comm_allreduce_f64(s->comm, acc, (size_t)s->E);
         for (int e = 0; e < s->E && rc == MOERL_OK; e++) counts[e] += acc[e];

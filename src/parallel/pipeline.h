@@ -259,12 +259,13 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
  * stage's layers in turn, the last stage's model_logprobs at `temperature`; then every stage's
  * out_logp[i][k] (k = target index − resp_start, as compute_logprobs writes) holds the last stage's
  * values (a sum over pp_comm in which the other stages add zeros: bit-identical to one rank running
- * the same micro-batches). Errors (on every stage, before any message): a sequence over max_tokens,
+ * the same micro-batches). ro (NULL: none): each stage records / compares the routes of its own MoE
+ * layers (train_route_opts). Errors (on every stage, before any message): a sequence over max_tokens,
  * a token outside the vocabulary, stages disagreeing on the batch.
  * pp_compute_router_counts: compute_router_counts through the pipeline: counts[E] += the pipeline's
  * top-k counts over every MoE layer, on every stage (integers: exact). Errors as above. */
 int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
-                        float temperature, float **out_logp);
+                        float temperature, float **out_logp, const train_route_opts *ro);
 int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
                              double *counts);
 

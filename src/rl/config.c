@@ -30,6 +30,14 @@ void rl_def_algorithm_keys(cfg *c) {
                 "rollout importance sampling (bypass_mode=false): null | token | sequence");
     cfg_def_float(c, "algorithm.rollout_correction.rollout_is_threshold", 2.0,
                   "truncation of the rollout IS weight min(pi_old/mu, threshold)");
+    cfg_def_str(c, "algorithm.rollout_correction.rollout_rs", "null",
+                "rollout rejection sampling (bypass_mode=false): null, or comma-separated options that must all pass, "
+                "of token_k1|token_k2|token_k3 (per token: IcePop is token_k1), seq_sum_k1|k2|k3, seq_mean_k1|k2|k3 "
+                "(geometric: seq_mean_k1), seq_max_k2|k3 (per sequence); k1 = -log(pi_old/mu), k2 = (log r)^2/2, "
+                "k3 = r - 1 - log r; rejected tokens/sequences leave the loss and its normalisation");
+    cfg_def_str(c, "algorithm.rollout_correction.rollout_rs_threshold", "null",
+                "rollout_rs bounds, one for all options or one per option (comma separated): k1 options "
+                "\"lower_upper\" ratio bounds (e.g. 0.5_2.0; a single number u means 1/u_u), k2/k3 one upper bound");
     cfg_def_bool(c, "reward_model.overlong_buffer.enable", false, "DAPO overlong reward shaping");
     cfg_def_int(c, "reward_model.overlong_buffer.len", 0, "DAPO: the last len tokens before max_response_length are penalised");
     cfg_def_float(c, "reward_model.overlong_buffer.penalty_factor", 1.0, "DAPO: penalty at max_response_length");
@@ -58,6 +66,10 @@ void rl_def_algorithm_keys(cfg *c) {
     cfg_def_float(c, "algorithm.kl_ctrl.kl_coef", 0.001, "use_kl_in_reward: beta (the adaptive controller's initial beta)");
     cfg_def_float(c, "algorithm.kl_ctrl.target_kl", 0.1, "adaptive: the mean per-token KL the controller steers to");
     cfg_def_float(c, "algorithm.kl_ctrl.horizon", 10000, "adaptive: responses over which beta moves by at most 20%");
+    cfg_def_str(c, "actor.router_replay.mode", "disabled",
+                "MoE routing replay (docs/rl.md, Routing replay): disabled | R2 (the old-logprob pass records each "
+                "token's experts, the updates replay them; needs that pass: bypass_mode=false or use_decoupled_loss) | "
+                "R3 (every trainer forward replays the rollout's experts; needs rollout.enable_rollout_routing_replay)");
     cfg_def_int(c, "trainer.max_consecutive_skipped_steps", 10,
                 "stop a diverged run after this many consecutive non-finite optimizer steps (0 = never)");
 }
@@ -87,6 +99,24 @@ static int read_kl_keys(const cfg *c, rl_config *r) {
     if (r->kl_ctrl.adaptive && !(r->kl_ctrl.target > 0 && isfinite(r->kl_ctrl.target)))
         return moerl_errorf("algorithm.kl_ctrl.target_kl must be a finite number > 0 for kl_ctrl.type=adaptive, got %g",
                             r->kl_ctrl.target);
+    return MOERL_OK;
+}
+
+/* actor.router_replay.mode (verl's key and values) and what each mode needs: R3 the engine's record
+ * (rollout.enable_rollout_routing_replay), R2 the old-logprob pass that records. */
+static int read_router_replay(const cfg *c, rl_config *r) {
+    const char *m = cfg_str(c, "actor.router_replay.mode");
+    if (!strcmp(m, "disabled")) r->router_replay = ROUTER_REPLAY_DISABLED;
+    else if (!strcmp(m, "R2")) r->router_replay = ROUTER_REPLAY_R2;
+    else if (!strcmp(m, "R3")) r->router_replay = ROUTER_REPLAY_R3;
+    else return moerl_errorf("actor.router_replay.mode: '%s' is not one of disabled, R2, R3", m);
+    if (r->router_replay == ROUTER_REPLAY_R3 && !r->rollout_routing_replay)
+        return moerl_errorf("actor.router_replay.mode=R3 replays the rollout's routes, which the engine records only "
+                            "with rollout.enable_rollout_routing_replay=true; set it (or use mode R2 or disabled)");
+    if (r->router_replay == ROUTER_REPLAY_R2 && !r->recompute_old && !r->ppo.decoupled)
+        return moerl_errorf("actor.router_replay.mode=R2 records the routes in the old-logprob pass, which runs only "
+                            "with algorithm.rollout_correction.bypass_mode=false or actor.use_decoupled_loss=true; set "
+                            "one of them (or use mode R3 with rollout.enable_rollout_routing_replay=true)");
     return MOERL_OK;
 }
 
@@ -121,6 +151,14 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     if (r->rollout_is != ROLLOUT_IS_NONE && r->ppo.decoupled)
         return moerl_errorf("algorithm.rollout_correction.rollout_is and actor.use_decoupled_loss both weight the "
                             "loss by pi_old/mu: choose one");
+    if (rollout_rs_parse(cfg_str(c, "algorithm.rollout_correction.rollout_rs"),
+                         cfg_str(c, "algorithm.rollout_correction.rollout_rs_threshold"), &r->rollout_rs) != MOERL_OK)
+        return MOERL_ERR;
+    if (r->rollout_rs.n > 0 && !r->recompute_old)
+        return moerl_errorf("algorithm.rollout_correction.rollout_rs=%s needs recomputed old logprobs: set "
+                            "algorithm.rollout_correction.bypass_mode=false (moerl rejects against the trainer's "
+                            "pi_old before the update; rejection inside the bypass-mode loss is not offered)",
+                            cfg_str(c, "algorithm.rollout_correction.rollout_rs"));
     r->overlong_enable = cfg_bool(c, "reward_model.overlong_buffer.enable");
     r->overlong_len = (int)cfg_int(c, "reward_model.overlong_buffer.len");
     r->overlong_penalty_factor = cfg_float(c, "reward_model.overlong_buffer.penalty_factor");
@@ -392,7 +430,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
     read_actor_trainer_keys(c, r);
     if (metrics_read_logger_key(c, "trainer.logger", &r->metrics_loggers) != MOERL_OK) return MOERL_ERR;
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
-    if (rl_read_algorithm_keys(c, r) != MOERL_OK) return MOERL_ERR;
+    if (rl_read_algorithm_keys(c, r) != MOERL_OK || read_router_replay(c, r) != MOERL_OK) return MOERL_ERR;
     if (reward_read_config(c, &r->reward) != MOERL_OK) return MOERL_ERR;
     if (multi_turn_read_config(c, &r->multi_turn) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the

@@ -99,6 +99,9 @@ typedef struct {
     int recompute_old;
     rollout_is_level rollout_is;
     float rollout_is_threshold;
+    /* algorithm.rollout_correction.rollout_rs / rollout_rs_threshold: rejection sampling (losses.h), n = 0 off;
+     * needs recompute_old (the rejected tokens leave the loss mask before the advantages and weights) */
+    rollout_rs_config rollout_rs;
     /* reward_model.overlong_buffer.* (DAPO shaping) and actor.overlong_filter (truncated responses masked out) */
     int overlong_enable, overlong_len;
     double overlong_penalty_factor;
@@ -287,10 +290,25 @@ typedef struct {
     int64_t n_samples, stale_samples, partial_samples, trained_tokens, resp_tokens;
     int max_lag, max_partial_span, min_version;
     double expert_load_max_over_mean; /* mean over MoE layers of max/mean tokens per expert */
+    /* Routing agreement (rollout.enable_rollout_routing_replay; docs/rl.md "Routing replay"), counted in the
+     * step's first trainer forward over the batch, summed over the trainer ranks: routing_count (token, MoE
+     * layer) pairs with a rollout route, routing_agree those whose routes in the forward equal it as sets,
+     * routing_agree_native those whose native top-k does; routing_agreement_min the worst layer's share
+     * (NaN when nothing was counted). */
+    double routing_count, routing_agree, routing_agree_native, routing_agreement_min;
     double update_s;
     double reduce_exposed_s;  /* data parallel: time blocked in dist_reducer_finish (exposed comm.) */
     double behav_dropped_frac;/* decoupled: share of loss tokens filtered out by behav_imp_weight_cap */
     double rollout_is_mean, rollout_is_std, rollout_is_truncated_frac, rollout_is_ess; /* rollout IS weights */
+    /* verl training/rollout_probs_diff_max/_mean/_std, training/rollout_actor_probs_pearson_corr (losses.h
+     * probs_mismatch_*): steps with recomputed old logprobs and a loss token count in mismatch_steps */
+    double probs_diff_max, probs_diff_mean, probs_diff_std, probs_pearson;
+    int64_t mismatch_steps;
+    double offpolicy_vals[OFFPOLICY_N_METRICS]; /* verl's rollout_corr/kl ... chi2_seq (offpolicy_metrics' order) */
+    /* rollout_rs: verl's rollout_corr/rollout_rs_* values in rollout_rs_metrics' order; rs_steps = steps
+     * with a loss token (the others' values are NaN and left out of a window's means) */
+    double rs_vals[ROLLOUT_RS_MAX_METRICS];
+    int64_t rs_steps;
     double response_clip_ratio; /* responses stopped at max_response_length (finish_reason length) */
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
     double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */

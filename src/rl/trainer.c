@@ -20,6 +20,10 @@ int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_mod
     T->train = train;
     T->m = m;
     T->replication = 1;
+    if (cfg->router_replay != ROUTER_REPLAY_DISABLED && model_moe_layer_count(&m->cfg) == 0)
+        return moerl_errorf("actor.router_replay.mode=%s: the model has no MoE layer to replay routes in "
+                            "(num_experts %d); set actor.router_replay.mode=disabled",
+                            cfg->router_replay == ROUTER_REPLAY_R2 ? "R2" : "R3", m->cfg.num_experts);
     adamw_init(&T->opt, m, cfg->optim); /* the whole layout; par_adamw_shard cuts it to a rank's part */
     if (model_acts_init(&T->acts, m, cfg->ppo_max_token_len) != MOERL_OK) return MOERL_ERR;
     T->kl_ctrl = cfg->kl_ctrl; /* algorithm.kl_ctrl: β starts at kl_coef (a resume restores the saved β) */
@@ -275,6 +279,17 @@ typedef struct {
     float *rewards, *adv;
     int *resp_len, *n_loss, *loss_mask; /* n_out (the whole output), its loss tokens, in the loss at all */
     double *w, *w_pg;       /* w_pg: gspo's policy-loss weights (seq-mean-token-mean), else NULL */
+    /* rollout correction (step_data_mismatch, step_data_rejection): rs_mask[s] is sequence s's response
+     * mask after rejection sampling (seqs[s].resp_mask points at it), NULL when rollout_rs is off */
+    unsigned char **rs_mask;
+    probs_mismatch_stats mm;
+    offpolicy_stats offp;
+    rollout_rs_stats rs;
+    /* routing replay: the rollout's routes of each sequence [len, n_moe·K] (−1 rows where none was recorded;
+     * NULL: none recorded), R2's record of the old-logprob pass; the agreement counts [3·n_moe] (NULL: none) */
+    int16_t **rroutes, **r2routes;
+    double *agree;
+    int count_routes;       /* the update's forwards count the agreement (no old-logprob pass, first epoch) */
 } step_data;
 
 static void step_data_free(step_data *d) {
@@ -283,7 +298,14 @@ static void step_data_free(step_data *d) {
         if (d->prox) free(d->prox[s]);
         if (d->ref) free(d->ref[s]);
         if (d->isw) free(d->isw[s]);
+        if (d->rs_mask) free(d->rs_mask[s]);
     }
+    free(d->rs_mask);
+    for (int s = 0; s < d->R; s++) {
+        if (d->rroutes) free(d->rroutes[s]);
+        if (d->r2routes) free(d->r2routes[s]);
+    }
+    free(d->rroutes); free(d->r2routes); free(d->agree);
     free(d->prox); free(d->ref); free(d->isw); free(d->toks); free(d->behav); free(d->seqs);
     free(d->rewards); free(d->adv); free(d->resp_len); free(d->n_loss); free(d->loss_mask); free(d->w); free(d->w_pg);
 }
@@ -293,6 +315,8 @@ static float **alloc_resp_arrays(const step_data *d) {
     for (int s = 0; s < d->R; s++) x[s] = xmalloc((size_t)(d->seqs[s].len - d->seqs[s].resp_start + 1) * sizeof(float));
     return x;
 }
+
+static int step_data_routes(trainer *T, rl_group **groups, step_data *d);
 
 static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
     const rl_config *cfg = T->cfg;
@@ -327,7 +351,76 @@ static int step_data_init(trainer *T, rl_group **groups, int n, step_data *d) {
             d->loss_mask[s] = d->n_loss[s] > 0 && !(cfg->overlong_filter && r->finish == FINISH_LENGTH);
         }
     }
+    return step_data_routes(T, groups, d);
+}
+
+/* Entries a token of the routes arrays holds (n_moe_layers · K); 0 for a dense model. */
+static int route_width(const trainer *T) {
+    return model_moe_layer_count(&T->m->cfg) * T->m->cfg.num_experts_per_tok;
+}
+
+/* The rollout's routes of every sequence (gen_request.out_routes: n_routes recorded tokens of prompt ⊕
+ * output, the rest −1) and, under R3, the replay of every trainer forward. The agreement counts exist
+ * whenever the engine records (a config switch, alike on every trainer rank: their sum is collective).
+ * Errors: R3 and a response without routes, more recorded tokens than the sequence has. */
+static int step_data_routes(trainer *T, rl_group **groups, step_data *d) {
+    const rl_config *cfg = T->cfg;
+    const int per = route_width(T), G = cfg->n;
+    if (per <= 0) return MOERL_OK;
+    if (cfg->rollout_routing_replay) d->agree = xcalloc((size_t)3 * (per / T->m->cfg.num_experts_per_tok), sizeof(double));
+    d->rroutes = xcalloc((size_t)(d->R ? d->R : 1), sizeof(int16_t *));
+    for (int s = 0; s < d->R; s++) {
+        const gen_request *r = &groups[s / G]->reqs[s % G];
+        const int L = d->seqs[s].len;
+        if (!r->out_routes) {
+            if (cfg->router_replay == ROUTER_REPLAY_R3)
+                return moerl_errorf("actor.router_replay.mode=R3: response %lld of the step carries no recorded routes "
+                                    "(rollout.enable_rollout_routing_replay must be on in the engine that generated it)",
+                                    (long long)r->id);
+            continue;
+        }
+        if (r->n_routes < 0 || r->n_routes > L)
+            return moerl_errorf("routing replay: response %lld has %d recorded routes for %d tokens", (long long)r->id,
+                                r->n_routes, L);
+        d->rroutes[s] = xmalloc((size_t)L * per * sizeof(int16_t));
+        memcpy(d->rroutes[s], r->out_routes, (size_t)r->n_routes * per * sizeof(int16_t));
+        for (size_t k = (size_t)r->n_routes * per; k < (size_t)L * per; k++) d->rroutes[s][k] = -1;
+        if (cfg->router_replay == ROUTER_REPLAY_R3) d->seqs[s].routes = d->rroutes[s];
+    }
     return MOERL_OK;
+}
+
+/* The agreement counts of this step's first forward (d->agree: [count, agree, agree_native] per MoE layer),
+ * summed over the trainer ranks, into st. */
+static int finish_route_stats(trainer *T, step_data *d, train_stats *st) {
+    st->routing_agreement_min = NAN;
+    if (!d->agree) return MOERL_OK;
+    const int Lm = route_width(T) / T->m->cfg.num_experts_per_tok;
+    if (trainers_sum(T, d->agree, 3 * Lm) != MOERL_OK) return MOERL_ERR;
+    for (int i = 0; i < Lm; i++) {
+        const double n = d->agree[i], a = d->agree[Lm + i];
+        st->routing_count += n;
+        st->routing_agree += a;
+        st->routing_agree_native += d->agree[2 * Lm + i];
+        if (n > 0 && !(a / n >= st->routing_agreement_min)) st->routing_agreement_min = a / n;
+    }
+    return MOERL_OK;
+}
+
+/* The route options of a pass over sequences [s0, ...) of d: the agreement counts (first forward) and R2's
+ * record (old-logprob pass). NULL when the pass has neither. */
+static const train_route_opts *route_opts(trainer *T, step_data *d, int s0, int count, int record,
+                                          train_route_opts *ro) {
+    const int Lm = route_width(T) / (T->m->cfg.num_experts_per_tok ? T->m->cfg.num_experts_per_tok : 1);
+    memset(ro, 0, sizeof *ro);
+    if (count && d->agree) {
+        ro->compare = (const int16_t *const *)d->rroutes + s0;
+        ro->count = d->agree;
+        ro->agree = d->agree + Lm;
+        ro->agree_native = d->agree + 2 * Lm;
+    }
+    if (record && d->r2routes) ro->record = d->r2routes + s0;
+    return ro->compare || ro->record ? ro : NULL;
 }
 
 /* algorithm.use_kl_in_reward (verl apply_kl_penalty): each response's score r − β·Σ_t kl_t over its
@@ -355,12 +448,49 @@ static int step_data_kl_reward(trainer *T, step_data *d, train_stats *st) {
     return MOERL_OK;
 }
 
+/* verl's training/rollout_probs_diff_* and rollout_actor_probs_pearson_corr: the trainer's logprobs
+ * before the step (d->prox) against the behaviour's, over the loss tokens of the sequences in the loss
+ * (before rejection sampling, as verl computes them right after the old-logprob pass); and verl's
+ * off-policy diagnostics (compute_offpolicy_metrics: rollout_corr/kl, k3_kl, ppl, chi2) on the same tokens. */
+static void step_data_mismatch(step_data *d) {
+    probs_mismatch_init(&d->mm);
+    offpolicy_init(&d->offp);
+    for (int s = 0; s < d->R; s++)
+        if (d->loss_mask[s]) {
+            probs_mismatch_add(&d->mm, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+            offpolicy_add(&d->offp, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+        }
+}
+
+/* algorithm.rollout_correction.rollout_rs (verl compute_rollout_rejection_mask, applied as verl's
+ * ray_trainer does: after the KL-in-reward penalty, before the advantages): each sequence in the loss
+ * gets a new response mask without its rejected tokens, and its loss-token count from it, so the
+ * rejected tokens leave the loss, the entropy bonus, the KL loss and every loss_agg_mode's
+ * normalisation (a sequence rejected whole leaves the sequence count), as verl's modified
+ * response_mask does. Needs d->prox (the config requires bypass_mode=false). */
+static void step_data_rejection(trainer *T, step_data *d) {
+    const rl_config *cfg = T->cfg;
+    rollout_rs_stats_init(&d->rs);
+    if (cfg->rollout_rs.n == 0 || !d->prox) return;
+    d->rs_mask = xcalloc((size_t)(d->R ? d->R : 1), sizeof(unsigned char *));
+    for (int s = 0; s < d->R; s++) {
+        if (!d->loss_mask[s]) continue;
+        d->rs_mask[s] = xmalloc((size_t)d->resp_len[s] + 1);
+        rollout_rs_sequence(&cfg->rollout_rs, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s],
+                            d->rs_mask[s], &d->rs);
+        d->seqs[s].resp_mask = d->rs_mask[s];
+        d->n_loss[s] = (int)train_seq_loss_tokens(&d->seqs[s]);
+        d->loss_mask[s] = d->n_loss[s] > 0;
+    }
+}
+
 /* The advantages of the step's responses (algorithm.adv_estimator), after the KL penalty when
  * use_kl_in_reward: the GRPO-family estimators take the summed token rewards as the outcome score. */
 static int step_data_advantages(trainer *T, step_data *d, train_stats *st) {
     const rl_config *cfg = T->cfg;
     const int n = d->n_groups, R = d->R;
     if (cfg->use_kl_in_reward && step_data_kl_reward(T, d, st) != MOERL_OK) return MOERL_ERR;
+    step_data_rejection(T, d);
     int *sizes = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     for (int g = 0; g < n; g++) sizes[g] = cfg->n;
     switch (cfg->adv_estimator) {
@@ -391,9 +521,20 @@ static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
     const rl_config *cfg = T->cfg;
     if (cfg->ppo.decoupled || cfg->recompute_old) {
         d->prox = alloc_resp_arrays(d);
-        if (compute_logprobs(T->m, &T->acts, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->prox) !=
-            MOERL_OK)
+        const int per = route_width(T);
+        if (cfg->router_replay == ROUTER_REPLAY_R2 && per > 0) { /* R2: this pass records, the updates replay */
+            d->r2routes = xcalloc((size_t)(d->R ? d->R : 1), sizeof(int16_t *));
+            for (int s = 0; s < d->R; s++) {
+                d->r2routes[s] = xmalloc((size_t)d->seqs[s].len * per * sizeof(int16_t));
+                for (size_t k = 0; k < (size_t)d->seqs[s].len * per; k++) d->r2routes[s][k] = -1;
+            }
+        }
+        train_route_opts ro;
+        if (compute_logprobs_routes(T->m, &T->acts, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->prox,
+                                    route_opts(T, d, 0, 1, 1, &ro)) != MOERL_OK)
             return MOERL_ERR;
+        step_data_mismatch(d);
+        for (int s = 0; d->r2routes && s < d->R; s++) d->seqs[s].routes = d->r2routes[s];
         if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
             d->isw = alloc_resp_arrays(d);
             for (int s = 0; s < d->R; s++)
@@ -401,9 +542,16 @@ static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
                                           cfg->rollout_is, cfg->rollout_is_threshold, d->loss_mask[s] ? is : NULL);
         }
     }
-    if (T->ref) {
+    if (T->ref) { /* the frozen reference routes natively: the replayed routes are the policy's */
         d->ref = alloc_resp_arrays(d);
-        if (trainer_ref_logprobs(T, d->seqs, d->R, d->ref) != MOERL_OK) return MOERL_ERR;
+        train_seq *native = xmalloc((size_t)(d->R ? d->R : 1) * sizeof(train_seq));
+        for (int s = 0; s < d->R; s++) {
+            native[s] = d->seqs[s];
+            native[s].routes = NULL;
+        }
+        const int rc = trainer_ref_logprobs(T, native, d->R, d->ref);
+        free(native);
+        if (rc != MOERL_OK) return MOERL_ERR;
     }
     return MOERL_OK;
 }
@@ -533,7 +681,11 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
         T->stage = "update";
     }
     train_step_out so;
-    if (train_accumulate(T->m, &T->acts, d->seqs + s0, s1 - s0, to, ppo_grad, c, &so) != MOERL_OK) return MOERL_ERR;
+    train_route_opts ro; /* no old-logprob pass: the first epoch's forward counts the routing agreement */
+    to->routes = d->count_routes ? route_opts(T, d, s0, 1, 0, &ro) : NULL;
+    const int rc = train_accumulate(T->m, &T->acts, d->seqs + s0, s1 - s0, to, ppo_grad, c, &so);
+    to->routes = NULL;
+    if (rc != MOERL_OK) return MOERL_ERR;
     if (T->par && T->par->pp) pp_window_add(&st->pp, pp_last_stats(T->par->pp)); /* the schedule's bubble */
     double loss = so.loss;
     if (T->dist) { /* gradients and loss summed over the trainer ranks (DP reducer, or FSDP's reduce-scatter) */
@@ -603,6 +755,53 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
     return MOERL_OK;
 }
 
+/* Elementwise max of x[n] over the trainer ranks (each rank's values in its own slot of a summed
+ * buffer: the sum collective is the only one the trainers have); nothing in one process. */
+static int trainers_max(trainer *T, double *x, int n) {
+    if (!T->dist || n <= 0) return MOERL_OK;
+    const int D = T->dist->trainer_size, r = T->dist->trainer_rank;
+    double *buf = xcalloc((size_t)D * (size_t)n, sizeof(double));
+    memcpy(buf + (size_t)r * n, x, (size_t)n * sizeof(double));
+    const int rc = dist_allreduce_sum(T->dist, DIST_TRAINERS, buf, D * n);
+    if (rc == MOERL_OK)
+        for (int i = 0; i < n; i++) {
+            double m = -INFINITY;
+            for (int k = 0; k < D; k++) m = fmax(m, buf[(size_t)k * n + i]);
+            x[i] = m;
+        }
+    free(buf);
+    return rc;
+}
+
+/* The mismatch metrics and rollout_rs's metrics of the step: this rank's sums, summed over the
+ * trainer ranks (whole sequences on each rank of a group sharing a shard: divided by replication),
+ * the maxima maxed; then the ratios. */
+static int finish_rollout_corr(trainer *T, step_data *d, train_stats *st) {
+    const rl_config *cfg = T->cfg;
+    if (d->prox) {
+        probs_mismatch_stats *mm = &d->mm;
+        double sums[8] = {mm->n, mm->sx, mm->sy, mm->sxx, mm->syy, mm->sxy, mm->sd, mm->sdd};
+        if (trainers_sum(T, sums, 8) != MOERL_OK || trainers_max(T, &mm->dmax, 1) != MOERL_OK) return MOERL_ERR;
+        for (int k = 0; k < 8; k++) sums[k] /= T->replication;
+        mm->n = sums[0]; mm->sx = sums[1]; mm->sy = sums[2]; mm->sxx = sums[3]; mm->syy = sums[4];
+        mm->sxy = sums[5]; mm->sd = sums[6]; mm->sdd = sums[7];
+        probs_mismatch_finish(mm, &st->probs_diff_max, &st->probs_diff_mean, &st->probs_diff_std, &st->probs_pearson);
+        st->mismatch_steps = mm->n > 0;
+        if (trainers_sum(T, d->offp.sum, OFFP_N_SUM) != MOERL_OK || trainers_max(T, d->offp.max, 2) != MOERL_OK)
+            return MOERL_ERR;
+        for (int k = 0; k < OFFP_N_SUM; k++) d->offp.sum[k] /= T->replication;
+        offpolicy_metrics(&d->offp, NULL, st->offpolicy_vals);
+    }
+    if (cfg->rollout_rs.n > 0) {
+        if (trainers_sum(T, d->rs.sum, RS_N_SUMS) != MOERL_OK || trainers_max(T, d->rs.max, RS_N_MAXS) != MOERL_OK)
+            return MOERL_ERR;
+        for (int k = 0; k < RS_N_SUMS; k++) d->rs.sum[k] /= T->replication;
+        rollout_rs_metrics(&cfg->rollout_rs, &d->rs, NULL, st->rs_vals);
+        st->rs_steps = d->rs.sum[RS_HEAD_TOK] > 0;
+    }
+    return MOERL_OK;
+}
+
 static void ppo_ctx_alloc(ppo_ctx *c, int mt) {
     c->lp = xmalloc(mt * sizeof(float)); c->old = xmalloc(mt * sizeof(float)); c->bh = xmalloc(mt * sizeof(float));
     c->ad = xmalloc(mt * sizeof(float)); c->ww = xmalloc(mt * sizeof(float)); c->g = xmalloc(mt * sizeof(float));
@@ -653,18 +852,22 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
                           .aux_coef = T->m->cfg.router_aux_loss_coef,
                           .layer_hook = T->reducer ? reducer_hook : NULL, .layer_hook_ctx = T->reducer,
                           .par = T->par};
-    for (int ep = 0; ep < cfg->ppo_epochs; ep++)
+    for (int ep = 0; ep < cfg->ppo_epochs; ep++) {
+        d.count_routes = ep == 0 && !d.prox; /* else the old-logprob pass counted */
         for (int b = 0, s0 = 0; b < n_mb; s0 += mbs[b].n_groups * cfg->n, b++, n_updates++)
             if (update_minibatch(T, &d, &c, &to, &mbs[b], s0, s0 + mbs[b].n_groups * cfg->n, aux_buf, st, &aux_sum,
                                  &tokens_sum) != MOERL_OK)
                 goto out;
+    }
     /* loss statistics: sums over this rank's tokens, then over the trainer ranks */
     double sums[15] = {c.pg_agg, c.ps.clipfrac_sum, c.ps.kl_sum, (double)c.ps.n_tokens, c.ent_sum, c.kl_sum,
                        aux_sum, tokens_sum, c.ent_count, c.ps.behav_dropped_sum, is.w_sum, is.w_sq_sum, is.truncated,
                        (double)is.n_tokens,
                        model_train_flops(&T->m->cfg, flop_tokens, flop_pairs) *
                            (cfg->ppo_epochs + rl_fwd_only_passes(cfg) / 3.0)}; /* a forward is a third (perf.h) */
-    if (finish_stats(T, sums, n_updates, st) != MOERL_OK) goto out;
+    if (finish_stats(T, sums, n_updates, st) != MOERL_OK || finish_rollout_corr(T, &d, st) != MOERL_OK ||
+        finish_route_stats(T, &d, st) != MOERL_OK)
+        goto out;
     st->expert_load_max_over_mean = n > 0 ? expert_load_ratio(T) : 0;
     T->step++;
     rc = MOERL_OK;

@@ -74,7 +74,63 @@ static void zero_masked_logprobs(const train_seq *seqs, int n, float **out_logp)
 typedef struct {
     int *tok, *cu, *tgt, *seq_of, *resp_index;
     float *dlogp, *dent;
+    int16_t *routes, *rec; /* [max_tokens, n_moe, K]: the replayed routes (when a sequence has some), the record */
+    int per_token;         /* n_moe · K */
 } pack_buf;
+
+const int16_t *train_pack_routes(const train_seq *seqs, int b0, int b1, int16_t *buf, int per_token) {
+    int any = 0;
+    for (int i = b0; i < b1; i++) any |= seqs[i].routes != NULL;
+    if (!any) return NULL;
+    size_t o = 0;
+    for (int i = b0; i < b1; i++) {
+        const size_t n = (size_t)seqs[i].len * per_token;
+        if (seqs[i].routes) memcpy(buf + o, seqs[i].routes, n * sizeof(int16_t));
+        else
+            for (size_t k = 0; k < n; k++) buf[o + k] = -1;
+        o += n;
+    }
+    return buf;
+}
+
+/* 1 when the K experts of a (int) equal those of b (int16) as sets (each list holds distinct ids). */
+static int same_route(const int *a, const int16_t *b, int K) {
+    for (int j = 0; j < K; j++) {
+        int found = 0;
+        for (int i = 0; i < K && !found; i++) found = a[j] == b[i];
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+void train_route_visit(const moe_model *m, const model_acts *a, const train_seq *seqs, int b0, const int *cu,
+                       const int16_t *rec, const train_route_opts *r) {
+    if (!r || !rec) return;
+    const moe_config *c = &m->cfg;
+    const int K = c->num_experts_per_tok, per = model_moe_layer_count(c) * K;
+    const int lo = a->layer_lo, hi = a->layer_hi ? a->layer_hi : c->num_hidden_layers;
+    int mi_of[MOERL_MAX_LAYERS];
+    for (int l = lo; l < hi; l++) mi_of[l] = model_moe_layer_index(c, l);
+    int nat[256];
+    MOERL_ASSERT(K <= (int)(sizeof nat / sizeof nat[0]));
+    for (int t = a->tok0, b = 0; t < a->tok0 + a->N; t++) {
+        while (cu[b + 1] <= t) b++;
+        const size_t at = (size_t)(t - cu[b]) * per;
+        const int16_t *cmp = r->compare && r->compare[b0 + b] ? r->compare[b0 + b] + at : NULL;
+        int16_t *dst = r->record && r->record[b0 + b] ? r->record[b0 + b] + at : NULL;
+        for (int l = lo; l < hi; l++) {
+            const int mi = mi_of[l];
+            if (mi < 0) continue;
+            const int16_t *rt = rec + (size_t)t * per + (size_t)mi * K;
+            if (dst) memcpy(dst + (size_t)mi * K, rt, (size_t)K * sizeof(int16_t));
+            if (!cmp || !r->count || cmp[(size_t)mi * K] < 0) continue;
+            for (int j = 0; j < K; j++) nat[j] = rt[j];
+            r->count[mi] += 1;
+            r->agree_native[mi] += same_route(nat, cmp + (size_t)mi * K, K);
+            r->agree[mi] += same_route(a->layers[l].mlp.topk_ids + (size_t)(t - a->tok0) * K, cmp + (size_t)mi * K, K);
+        }
+    }
+}
 
 static void pack_buf_init(pack_buf *p, int max_tokens) {
     p->tok = xmalloc(max_tokens * sizeof(int));
@@ -88,6 +144,32 @@ static void pack_buf_init(pack_buf *p, int max_tokens) {
 
 static void pack_buf_free(pack_buf *p) {
     free(p->tok); free(p->cu); free(p->tgt); free(p->seq_of); free(p->resp_index); free(p->dlogp); free(p->dent);
+    free(p->routes); free(p->rec);
+}
+
+/* The routes buffers of a pass: the replay buffer when a sequence carries routes, the record when r asks
+ * for something. */
+static void pack_buf_routes(pack_buf *p, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
+                            const train_route_opts *r) {
+    p->routes = p->rec = NULL;
+    p->per_token = model_moe_layer_count(&m->cfg) * m->cfg.num_experts_per_tok;
+    if (p->per_token <= 0) return;
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= seqs[i].routes != NULL;
+    const size_t sz = (size_t)max_tokens * p->per_token * sizeof(int16_t);
+    if (any) p->routes = xmalloc(sz);
+    if (r && (r->record || (r->compare && r->count))) p->rec = xmalloc(sz);
+}
+
+/* Micro-batch [b0, b1)'s replayed routes and record buffer onto the activations (before model_forward). */
+static void install_routes(model_acts *a, pack_buf *p, const train_seq *seqs, int b0, int b1) {
+    a->replay_routes = p->routes ? train_pack_routes(seqs, b0, b1, p->routes, p->per_token) : NULL;
+    a->routes_out = p->rec;
+}
+
+static void clear_routes(model_acts *a) {
+    a->replay_routes = NULL;
+    a->routes_out = NULL;
 }
 
 int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, const train_step_opts *o,
@@ -106,16 +188,19 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
     if (o->total_tokens > 0) total = o->total_tokens;
     pack_buf p;
     pack_buf_init(&p, o->max_tokens);
+    pack_buf_routes(&p, m, seqs, n, o->max_tokens, o->routes);
     if (o->par) a->par = o->par; /* model-parallel hooks (forward.h's model_hooks) */
     if (ph && ph->zero_grad) ph->zero_grad(o->par, m);
     else model_zero_grad(m);
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
+        install_routes(a, &p, seqs, mb[j], mb[j + 1]);
         if (model_forward(m, a, p.tok, p.cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK) {
             rc = MOERL_ERR;
             break;
         }
+        train_route_visit(m, a, seqs, mb[j], p.cu, p.rec, o->routes);
         /* Ulysses SP: this rank holds tokens [t0, t0 + a->N) of the micro-batch (a->N == N without SP) */
         const int t0 = a->tok0;
         model_logprobs(m, a, p.tgt + t0, o->temperature, o->want_entropy);
@@ -148,6 +233,7 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
         a->layer_hook_ctx = NULL;
         out->n_tokens += a->N;
     }
+    clear_routes(a);
     out->loss += o->aux_coef * out->aux_loss;
     out->n_microbatches = n_mb;
     pack_buf_free(&p);
@@ -157,9 +243,15 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
 
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp) {
+    return compute_logprobs_routes(m, a, seqs, n, max_tokens, temperature, out_logp, NULL);
+}
+
+int compute_logprobs_routes(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
+                            float temperature, float **out_logp, const train_route_opts *r) {
     const train_par_hooks *ph = train_par_hooks_of(a->par);
     zero_masked_logprobs(seqs, n, out_logp);
-    if (ph && ph->logprobs) return ph->logprobs(a->par, m, seqs, n, max_tokens, temperature, out_logp); /* pipeline */
+    if (ph && ph->logprobs) /* pipeline */
+        return ph->logprobs(a->par, m, seqs, n, max_tokens, temperature, out_logp, r);
     int *mb = xmalloc((n + 1) * sizeof(int));
     int n_mb = pack_microbatches(seqs, n, max_tokens, mb);
     if (n_mb < 0) {
@@ -175,14 +267,17 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
     const int sp_on = ph && ph->seq_allreduce; /* Ulysses SP */
     pack_buf p;
     pack_buf_init(&p, max_tokens);
+    pack_buf_routes(&p, m, seqs, n, max_tokens, r);
     float *full = sp_on ? xmalloc((size_t)max_tokens * sizeof(float)) : NULL;
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb && rc == MOERL_OK; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
+        install_routes(a, &p, seqs, mb[j], mb[j + 1]);
         if (model_forward(m, a, p.tok, p.cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK) {
             rc = MOERL_ERR;
             break;
         }
+        train_route_visit(m, a, seqs, mb[j], p.cu, p.rec, r);
         model_logprobs(m, a, p.tgt + a->tok0, temperature, 0);
         const float *lp = a->logp - a->tok0; /* lp[t]: token t of the micro-batch */
         int t0 = a->tok0, t1 = a->tok0 + a->N;
@@ -201,6 +296,7 @@ int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, i
         for (int t = t0; t < t1; t++)
             if (p.resp_index[t] >= 0) out_logp[p.seq_of[t]][p.resp_index[t]] = lp[t];
     }
+    clear_routes(a);
     if (rc == MOERL_OK && ph && ph->pad_passes) rc = ph->pad_passes(a->par, n_mb, max_mb, 0);
     free(full);
     pack_buf_free(&p);
@@ -220,9 +316,11 @@ int compute_router_counts(const moe_model *m, model_acts *a, const train_seq *se
     }
     pack_buf p;
     pack_buf_init(&p, max_tokens);
+    pack_buf_routes(&p, m, seqs, n, max_tokens, NULL);
     int rc = MOERL_OK;
     for (int j = 0; j < n_mb; j++) {
         int N = pack(seqs, mb[j], mb[j + 1], p.tok, p.cu, p.tgt, p.seq_of, p.resp_index);
+        install_routes(a, &p, seqs, mb[j], mb[j + 1]);
         if (model_forward(m, a, p.tok, p.cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK) {
             rc = MOERL_ERR;
             break;
@@ -230,6 +328,7 @@ int compute_router_counts(const moe_model *m, model_acts *a, const train_seq *se
         if (a->n_moe_layers > 0)
             for (int e = 0; e < m->cfg.num_experts; e++) counts[e] += a->aux_counts[e];
     }
+    clear_routes(a);
     pack_buf_free(&p);
     free(mb);
     return rc;

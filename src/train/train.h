@@ -42,6 +42,35 @@ int train_pack(const train_seq *seqs, int b0, int b1, int *tok, int *cu_seqlens,
  * SFT's token mean). */
 int64_t train_seq_loss_tokens(const train_seq *s);
 
+/* Routing replay in the training passes (docs/rl.md, "Routing replay"). A pass replays the routes of
+ * the sequences that carry train_seq.routes (model_acts.replay_routes of each packed micro-batch;
+ * sequences without get −1: native routing). With a train_route_opts it also records and compares:
+ *   record[i]  (NULL or per sequence [len, n_moe_layers, K] int16): the router's native top-k of
+ *              every (token, MoE layer) THIS rank computes — its Ulysses SP tokens, its pipeline
+ *              stage's layers; other entries are left as they are (initialise them to −1). A later
+ *              pass with the same micro-batch token limit and layout replays them (R2).
+ *   compare[i] (NULL or per sequence, entries may be NULL): the rollout's routes of the sequence in
+ *              the same layout (−1 where none was recorded: not counted).
+ *   count / agree / agree_native [n_moe_layers] (all or none): ADDED per MoE layer, over the (token,
+ *              layer) pairs this rank computes whose compare route is recorded: their number, those
+ *              whose routes used by the forward (replayed or native) equal the compare route as sets,
+ *              and those whose native top-k does. Sum them over the trainer ranks, then divide. */
+typedef struct train_route_opts {
+    int16_t **record;
+    const int16_t *const *compare;
+    double *count, *agree, *agree_native;
+} train_route_opts;
+
+/* The routes of sequences [b0, b1) packed as train_pack packs their tokens, into buf [N, n_moe, K]
+ * (per_token = n_moe·K entries a token; −1 for a sequence without routes). Returns buf when some
+ * sequence carries routes, else NULL (nothing to replay). */
+const int16_t *train_pack_routes(const train_seq *seqs, int b0, int b1, int16_t *buf, int per_token);
+/* After a forward of the micro-batch of sequences [b0, b1) (packed by train_pack, cu its cu_seqlens)
+ * with a->routes_out = rec: records and compares what r asks (train_route_opts) for this rank's
+ * tokens and the MoE layers of a's layer range. */
+void train_route_visit(const moe_model *m, const model_acts *a, const train_seq *seqs, int b0, const int *cu,
+                       const int16_t *rec, const train_route_opts *r);
+
 /* Per-micro-batch callback: after the forward and model_logprobs of the packed micro-batch, the
  * callback reads logp (and entropy if asked) for the response targets and writes
  * dlogp/dentropy [N] (zero outside responses). resp_index[n] = position of token n's target in
@@ -79,6 +108,8 @@ typedef struct train_step_opts {
     /* Model-parallel runtime, NULL = off: an object beginning with a train_par_head (below; src/parallel's
      * par_state is one), installed on the activations (model_acts.par) for every micro-batch. */
     void *par;
+    /* Routing record / agreement of this pass (NULL: none; replay follows train_seq.routes regardless). */
+    const train_route_opts *routes;
 } train_step_opts;
 
 typedef struct train_step_out {
@@ -99,7 +130,7 @@ typedef struct train_par_hooks {
     int (*accumulate)(void *par, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                       token_grad_fn fn, void *ctx, train_step_out *out);
     int (*logprobs)(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens, float temperature,
-                    float **out_logp);
+                    float **out_logp, const train_route_opts *routes);
     int (*router_counts)(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
                          double *counts);
     /* train_accumulate's start: zero the gradients this rank owns (FSDP: its shard). NULL: model_zero_grad. */
@@ -143,6 +174,10 @@ int train_accumulate(moe_model *m, model_acts *a, const train_seq *seqs, int n, 
  * group returns all of them. */
 int compute_logprobs(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
                      float temperature, float **out_logp);
+/* compute_logprobs that also records / compares the routes as r asks (train_route_opts; NULL: as
+ * compute_logprobs). */
+int compute_logprobs_routes(const moe_model *m, model_acts *a, const train_seq *seqs, int n, int max_tokens,
+                            float temperature, float **out_logp, const train_route_opts *r);
 
 /* Forward only over all sequences (micro-batched as train_accumulate packs them): ADDS each MoE
  * layer's top-k selections per expert into counts[E] (the aux loss's f numerator). */
