@@ -2,6 +2,9 @@
 # End to end: the rollout engine's routing records (rollout.enable_rollout_routing_replay, R3) reach the
 # trainer — in one process through the queue, under mpirun through the wire (rollout rank → trainer rank 0
 # → the other trainer ranks) — and survive a crash and resume. Toy scale (examples/smoke.yaml).
+#   R3         actor.router_replay.mode=R3 with a bf16 engine, in one process and under mpirun: the trainer's
+#              moe/routing_agreement (helper R's metric over the tokens with a recorded route) is exactly 1
+#              every version, the native agreement below 1 somewhere — the records arrived, in place
 #   partial    responses interrupted at a weight sync and resumed (re-prefilled) keep one route per token
 #   multi-turn a tool turn inserted between two assistant turns (engine_continue) is recorded as well
 #   simulate   moerl simulate runs no model: the key is ignored with a warning (samples unchanged)
@@ -83,6 +86,18 @@ def interrupted(d):
     n = sum(x["interrupted_responses"] for x in groups(d))
     return "ok: %d responses interrupted and resumed" % n if n else "no response was interrupted"
 
+def replayed(d, versions):
+    with open(d + "/metrics.jsonl") as f:
+        m = [r for r in map(json.loads, f) if "moe/routing_agreement" in r]
+    if len(m) != int(versions):
+        return "moe/routing_agreement in %d version records, want %s" % (len(m), versions)
+    if any(r["moe/routing_agreement"] != 1.0 or r["moe/routing_agreement_min"] != 1.0 for r in m):
+        return "agreement under R3: %s" % [(r["moe/routing_agreement"], r["moe/routing_agreement_min"]) for r in m]
+    native = [r["moe/routing_agreement_native"] for r in m]
+    if not all(0.5 < x <= 1 for x in native) or min(native) == 1.0:
+        return "native agreement %s (want < 1 somewhere: bf16 engine, fp32 trainer)" % native
+    return "ok: moe/routing_agreement 1.0 in all %d versions, native %.4f..%.4f" % (len(m), min(native), max(native))
+
 def two_turns(d):
     n = sum(r["turns"] == 2 for x in groups(d) for r in x["responses"])
     return "ok: %d responses with a tool turn" % n if n else "no response with a tool turn (nothing inserted)"
@@ -104,6 +119,11 @@ if run_rl partial async_training.mode=lockstep async_training.staleness_threshol
     if msg=$(check lengths "$W/partial" 4) && msg2=$(check interrupted "$W/partial"); then ok "partial rollout: $msg; $msg2"
     else bad "partial rollout" "$msg ${msg2:-}"; fi
 else bad "partial rollout" "exit $?"; tail_log partial; fi
+# R3 (actor.router_replay.mode, docs/rl.md): the trainer replays the recorded routes — routing agreement
+# exactly 1 every version — while the trainer's own top-k disagrees with the bf16 engine's somewhere
+if run_rl r3 actor.router_replay.mode=R3 rollout.dtype=bf16; then
+    if msg=$(check replayed "$W/r3" 4); then ok "R3, one process: $msg"; else bad "R3 one process" "$msg"; fi
+else bad "R3 one process" "exit $?"; tail_log r3; fi
 if run_rl off rollout.enable_rollout_routing_replay=false; then
     if msg=$(check none "$W/off"); then ok "key off: no routes recorded or logged"; else bad "key off" "$msg"; fi
 else bad "key off" "exit $?"; tail_log off; fi
@@ -195,6 +215,10 @@ if mpi_rl dp2 3 2; then
     if msg=$(check lengths "$W/dp2" 4); then ok "DP=2 (train message to trainer rank 1, checked there): $msg"
     else bad "DP=2" "$msg"; fi
 else bad "DP=2" "exit $?"; tail_log dp2; fi
+if mpi_rl r3_mpi 2 1 actor.router_replay.mode=R3 rollout.dtype=bf16; then
+    if msg=$(check replayed "$W/r3_mpi" 4); then ok "R3 under mpirun (routes over the wire): $msg"
+    else bad "R3 under mpirun" "$msg"; fi
+else bad "R3 under mpirun" "exit $?"; tail_log r3_mpi; fi
 for par in actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.pipeline_parallel_size=2; do
     if mpi_rl "mp_${par%%=*}" 3 2 "$par"; then
         if msg=$(check lengths "$W/mp_${par%%=*}" 4); then ok "trainer ranks with $par: $msg"
