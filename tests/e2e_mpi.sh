@@ -4,7 +4,7 @@
 #                 broadcast, header mismatch, point-to-point, small collectives, role errors
 #   test_dist_comm  trainer sub-groups (allgather, reduce-scatter, all-to-all(v), p2p, byte counters) and the grid
 #   test_dist_dp  DP = 2 and 3 against DP = 1 (and DP = 3 + one rollout rank receiving the weights)
-#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss)
+#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss, rollout_rs)
 #                 at DP = 2 and 3 against one rank and one micro-batch
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3

@@ -4,7 +4,9 @@
  * (under mpirun; in one process only the micro-batch split runs). Checked for every
  * actor.loss_agg_mode, for REINFORCE++'s batch whitening, with DAPO's overlong filter, with
  * multi-turn loss masks (inserted tool-turn tokens counted nowhere, recomputed old logprobs and
- * sequence-level rollout IS over the sampled tokens only), and with a
+ * sequence-level rollout IS over the sampled tokens only), with rollout rejection sampling (the
+ * rejected tokens leave every rank's normalisation alike; its metrics and the mismatch metrics, summed
+ * and maxed over the ranks, equal DP=1's), and with a
  * large router_aux_loss_coef: HF's load-balancing loss is defined over all tokens of the batch, so
  * the trainer sums routing counts over micro-batches and ranks before forming it (a loss formed per
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
@@ -32,6 +34,7 @@
 static dist_ctx *g_ctx;
 static char g_dir[4096];
 static dataset g_train;
+static train_stats g_st; /* the last step's statistics of the last train() */
 
 
 static rl_config base_config(void) {
@@ -94,6 +97,7 @@ static void train(moe_model *m, const rl_config *c, rl_group **gs, int data_para
         memset(&st, 0, sizeof st);
         CHECK(trainer_update(&T, mine, mbs, nmb, &st) == MOERL_OK, "trainer_update: %s", moerl_last_error());
         loss[k] = st.pg_loss + st.aux_loss;
+        g_st = st;
     }
     if (T.reducer) dist_reducer_free(T.reducer);
     T.reducer = NULL;
@@ -106,6 +110,7 @@ typedef struct {
     rl_adv_estimator est;
     int overlong_filter;
     int multi_turn; /* out_mask with inserted runs (logprob 0), recompute_old and sequence-level rollout IS */
+    const char *rs, *rs_threshold; /* rollout_rs (recompute_old, behaviour logprobs perturbed), or NULL */
 } variant;
 
 /* Responses as multi-turn trajectories: tokens 2..4 of every response of 3 or more tokens inserted
@@ -149,15 +154,19 @@ int main(int argc, char **argv) {
     o.seed = 3;
     MOERL_ASSERT(task_generate("arith", &o, tr, te) == MOERL_OK);
     MOERL_ASSERT(dataset_load(&g_train, tr) == MOERL_OK);
-    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0},
-                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0, 0},
-                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 0},
-                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0, 0},
-                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0, 0},
-                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1, 0},
-                          {"multi-turn mask, token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 1},
+    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL},
+                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0, 0, NULL, NULL},
+                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL},
+                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0, 0, NULL, NULL},
+                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0, 0, NULL, NULL},
+                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1, 0, NULL, NULL},
+                          {"multi-turn mask, token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 1, NULL, NULL},
                           {"multi-turn mask, seq-mean-token-mean + reinforce++", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN,
-                           RL_ADV_REINFORCE_PP_BASELINE, 0, 1}};
+                           RL_ADV_REINFORCE_PP_BASELINE, 0, 1, NULL, NULL},
+                          {"rollout_rs token_k1 + seq_max_k2, multi-turn, seq-mean-token-mean",
+                           LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 1, "token_k1,seq_max_k2", "0.8_1.25,0.1"},
+                          {"rollout_rs seq_mean_k1 (geometric), token-mean + reinforce++", LOSS_AGG_TOKEN_MEAN,
+                           RL_ADV_REINFORCE_PP_BASELINE, 0, 0, "seq_mean_k1", "0.95_1.05"}};
     const int D = g_ctx->trainer_size;
     for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
         /* a large aux coefficient, so that a per-micro-batch or per-rank aux would show */
@@ -173,8 +182,17 @@ int main(int argc, char **argv) {
             c.rollout_is = ROLLOUT_IS_SEQUENCE;
             c.rollout_is_threshold = 2.0f;
         }
+        if (vs[v].rs) {
+            c.recompute_old = 1;
+            MOERL_ASSERT(rollout_rs_parse(vs[v].rs, vs[v].rs_threshold, &c.rollout_rs) == MOERL_OK);
+        }
         make_groups(&m0, &c, gs);
         if (vs[v].multi_turn) add_tool_turns(gs);
+        if (vs[v].rs) /* a deterministic mismatch (the same on every rank), so that some tokens are rejected */
+            for (int g = 0; g < N_GROUPS; g++)
+                for (int j = 0; j < gs[g]->n; j++)
+                    for (int t = 0; t < gs[g]->reqs[j].n_out; t++)
+                        gs[g]->reqs[j].out_logprobs[t] += 0.3f * sinf((float)(7 * g + 3 * j + 5 * t));
         if (c.overlong_filter) /* random weights rarely stop early: let every other response have stopped */
             for (int g = 0; g < N_GROUPS; g++)
                 for (int j = 1; j < gs[g]->n; j += 2) gs[g]->reqs[j].finish = FINISH_STOP;
@@ -186,6 +204,12 @@ int main(int argc, char **argv) {
         memcpy(mic.params, m0.params, m0.n_params * sizeof(float));
         memcpy(dp.params, m0.params, m0.n_params * sizeof(float));
         train(&ref, &c, gs, 0, l_ref);
+        const train_stats st_ref = g_st;
+        const int n_rs = rollout_rs_metrics(&c.rollout_rs, NULL, NULL, NULL);
+        if (vs[v].rs)
+            CHECK(st_ref.rs_steps == 1 && st_ref.rs_vals[n_rs - 2] > 0.02 && st_ref.rs_vals[n_rs - 2] < 0.9,
+                  "%s: rejected share %g (the fixture must reject some tokens, not all)", vs[v].name,
+                  st_ref.rs_vals[n_rs - 2]);
         rl_config cm = c;
         cm.ppo_max_token_len = 64; /* one or two sequences per micro-batch */
         train(&mic, &cm, gs, 0, l_mic);
@@ -210,6 +234,30 @@ int main(int argc, char **argv) {
             t_close(what, dp.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f); /* as above */
             snprintf(what, sizeof what, "%s: DP=%d pg_loss + aux vs DP=1", vs[v].name, D);
             t_close(what, ld32, lr32, K_STEPS, 1e-6f, 1e-5f);
+            if (c.recompute_old) { /* the last step's rollout-correction metrics, reduced over the ranks */
+                float got[4 + ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS],
+                    want[4 + ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS];
+                const double g4[4] = {g_st.probs_diff_max, g_st.probs_diff_mean, g_st.probs_diff_std, g_st.probs_pearson},
+                             w4[4] = {st_ref.probs_diff_max, st_ref.probs_diff_mean, st_ref.probs_diff_std,
+                                      st_ref.probs_pearson};
+                for (int k = 0; k < 4; k++) {
+                    got[k] = (float)g4[k];
+                    want[k] = (float)w4[k];
+                }
+                for (int k = 0; k < n_rs; k++) {
+                    got[4 + k] = (float)g_st.rs_vals[k];
+                    want[4 + k] = (float)st_ref.rs_vals[k];
+                }
+                for (int k = 0; k < OFFPOLICY_N_METRICS; k++) {
+                    got[4 + n_rs + k] = (float)g_st.offpolicy_vals[k];
+                    want[4 + n_rs + k] = (float)st_ref.offpolicy_vals[k];
+                }
+                /* weights agree to ~1e-6 after two AdamW steps (above), so the recomputed logprobs of the
+                 * last step do too: 1e-4 relative + 1e-5; counts and shares are exact unless a token sits
+                 * on a bound (the fixture's perturbation keeps them ≥ 0.01 away) */
+                snprintf(what, sizeof what, "%s: DP=%d mismatch and rollout_rs metrics vs DP=1", vs[v].name, D);
+                t_close(what, got, want, 4 + n_rs + OFFPOLICY_N_METRICS, 1e-5f, 1e-4f);
+            }
         }
         for (int g = 0; g < N_GROUPS; g++) rl_group_free(gs[g]);
         model_free(&ref);

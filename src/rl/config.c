@@ -30,6 +30,14 @@ void rl_def_algorithm_keys(cfg *c) {
                 "rollout importance sampling (bypass_mode=false): null | token | sequence");
     cfg_def_float(c, "algorithm.rollout_correction.rollout_is_threshold", 2.0,
                   "truncation of the rollout IS weight min(pi_old/mu, threshold)");
+    cfg_def_str(c, "algorithm.rollout_correction.rollout_rs", "null",
+                "rollout rejection sampling (bypass_mode=false): null, or comma-separated options that must all pass, "
+                "of token_k1|token_k2|token_k3 (per token: IcePop is token_k1), seq_sum_k1|k2|k3, seq_mean_k1|k2|k3 "
+                "(geometric: seq_mean_k1), seq_max_k2|k3 (per sequence); k1 = -log(pi_old/mu), k2 = (log r)^2/2, "
+                "k3 = r - 1 - log r; rejected tokens/sequences leave the loss and its normalisation");
+    cfg_def_str(c, "algorithm.rollout_correction.rollout_rs_threshold", "null",
+                "rollout_rs bounds, one for all options or one per option (comma separated): k1 options "
+                "\"lower_upper\" ratio bounds (e.g. 0.5_2.0; a single number u means 1/u_u), k2/k3 one upper bound");
     cfg_def_bool(c, "reward_model.overlong_buffer.enable", false, "DAPO overlong reward shaping");
     cfg_def_int(c, "reward_model.overlong_buffer.len", 0, "DAPO: the last len tokens before max_response_length are penalised");
     cfg_def_float(c, "reward_model.overlong_buffer.penalty_factor", 1.0, "DAPO: penalty at max_response_length");
@@ -143,6 +151,14 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     if (r->rollout_is != ROLLOUT_IS_NONE && r->ppo.decoupled)
         return moerl_errorf("algorithm.rollout_correction.rollout_is and actor.use_decoupled_loss both weight the "
                             "loss by pi_old/mu: choose one");
+    if (rollout_rs_parse(cfg_str(c, "algorithm.rollout_correction.rollout_rs"),
+                         cfg_str(c, "algorithm.rollout_correction.rollout_rs_threshold"), &r->rollout_rs) != MOERL_OK)
+        return MOERL_ERR;
+    if (r->rollout_rs.n > 0 && !r->recompute_old)
+        return moerl_errorf("algorithm.rollout_correction.rollout_rs=%s needs recomputed old logprobs: set "
+                            "algorithm.rollout_correction.bypass_mode=false (moerl rejects against the trainer's "
+                            "pi_old before the update; rejection inside the bypass-mode loss is not offered)",
+                            cfg_str(c, "algorithm.rollout_correction.rollout_rs"));
     r->overlong_enable = cfg_bool(c, "reward_model.overlong_buffer.enable");
     r->overlong_len = (int)cfg_int(c, "reward_model.overlong_buffer.len");
     r->overlong_penalty_factor = cfg_float(c, "reward_model.overlong_buffer.penalty_factor");
@@ -201,6 +217,11 @@ void rl_def_keys(cfg *c) {
                 "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
                 "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
                 "rank holds every expert");
+    cfg_def_bool(c, "rollout.enable_rollout_routing_replay", false,
+                 "record the experts every MoE layer routes each prompt and response token to in the rollout "
+                 "engine (R3, arXiv 2510.11370); they travel with the sample to the trainer. Memory: 2·K bytes per "
+                 "MoE layer per token of prompt + data.max_response_length, per response in flight (Qwen3-30B-A3B: "
+                 "768 B per token). Not in moerl simulate (no model runs: nothing to record)");
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
     cfg_def_bool(c, "rollout.batch_invariant", false,
                  "bit-for-bit on-policy: the engine and the trainer compute with batch-invariant kernels (each "
@@ -281,6 +302,7 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
         return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
     r->bf16_weights = !strcmp(rdt, "bf16");
+    r->rollout_routing_replay = cfg_bool(c, "rollout.enable_rollout_routing_replay");
     if (read_batch_invariant_key(c, r) != MOERL_OK) return MOERL_ERR;
     r->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
     r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");

@@ -224,6 +224,14 @@ void job_close_outputs(job *J) {
     J->samples = NULL;
 }
 
+/* FNV-1a 64 over the routing record's bytes (samples.jsonl "routes_fnv1a": runs compare routes by it). */
+static uint64_t routes_digest(const int16_t *p, size_t nb) {
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < nb; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 void job_log_samples(job *J, rl_group **g, int n) {
     for (int i = 0; i < n; i++) {
         int vmin = 1 << 30, vmax = -1, intr = 0;
@@ -272,6 +280,13 @@ void job_log_samples(job *J, rl_group **g, int n) {
             if (x && x->pred) {
                 json_t *ps = json_string(x->pred);
                 if (ps) json_object_set_new(ro, "pred", ps);
+            }
+            if (g[i]->route_layers) { /* routing records: the tokens with a route and a digest of them */
+                const size_t nb = (size_t)r->n_routes * g[i]->route_layers * g[i]->route_k * sizeof(int16_t);
+                char hex[17];
+                snprintf(hex, sizeof hex, "%016llx", (unsigned long long)routes_digest(r->out_routes, nb));
+                json_object_set_new(ro, "n_routes", json_integer(r->n_routes));
+                json_object_set_new(ro, "routes_fnv1a", json_string(hex));
             }
             if (g[i]->traj) { /* multi-turn: the loss mask (1 sampled, 0 inserted) and what the trajectory did */
                 const agent_traj *t = &g[i]->traj[j];
@@ -417,6 +432,14 @@ void job_add_stats(train_stats *a, const train_stats *b, int first) {
     add_loss_stat(&a->ppo_kl, b->ppo_kl); add_loss_stat(&a->entropy, b->entropy);
     add_loss_stat(&a->behav_dropped_frac, b->behav_dropped_frac);
     a->empty_steps += b->empty_steps;
+    /* rollout correction: NaN-free sums over the steps that have them, the max diff as a max */
+    a->probs_diff_max = fmax(a->probs_diff_max, b->probs_diff_max);
+    add_loss_stat(&a->probs_diff_mean, b->probs_diff_mean); add_loss_stat(&a->probs_diff_std, b->probs_diff_std);
+    add_loss_stat(&a->probs_pearson, b->probs_pearson);
+    a->mismatch_steps += b->mismatch_steps;
+    for (int i = 0; i < OFFPOLICY_N_METRICS; i++) add_loss_stat(&a->offpolicy_vals[i], b->offpolicy_vals[i]);
+    for (int i = 0; i < ROLLOUT_RS_MAX_METRICS; i++) add_loss_stat(&a->rs_vals[i], b->rs_vals[i]);
+    a->rs_steps += b->rs_steps;
     a->grad_norm += b->grad_norm;
     a->aux_loss += b->aux_loss; a->kl_loss += b->kl_loss; a->reward_mean += b->reward_mean;
     a->reward_std += b->reward_std; a->acc_mean += b->acc_mean; a->response_length_mean += b->response_length_mean;
@@ -512,6 +535,36 @@ int job_run_validation(job *J, double *acc) {
     return wrc;
 }
 
+/* The rollout-correction metrics of a version (docs/rl.md): verl's training/rollout_probs_diff_* and
+ * rollout_actor_probs_pearson_corr and rollout_corr/kl ... chi2_seq (verl's off-policy diagnostics; mean
+ * over the steps that had them; the max diff a max), and the
+ * rollout_corr/rollout_rs_* of algorithm.rollout_correction.rollout_rs (mean over the steps with a loss
+ * token, null when none had one). rs_names holds the composed names. Returns the new count. */
+static int put_rollout_corr(const rl_config *cfg, const train_stats *w, const char **keys, double *vals, int n,
+                            char (*rs_names)[ROLLOUT_RS_NAME_LEN + 16]) {
+    if (w->mismatch_steps > 0) {
+        keys[n] = "training/rollout_probs_diff_max", vals[n++] = w->probs_diff_max;
+        keys[n] = "training/rollout_probs_diff_mean", vals[n++] = w->probs_diff_mean / w->mismatch_steps;
+        keys[n] = "training/rollout_probs_diff_std", vals[n++] = w->probs_diff_std / w->mismatch_steps;
+        keys[n] = "training/rollout_actor_probs_pearson_corr", vals[n++] = w->probs_pearson / w->mismatch_steps;
+        const char *on[OFFPOLICY_N_METRICS];
+        offpolicy_metrics(&(offpolicy_stats){0}, on, NULL);
+        for (int i = 0; i < OFFPOLICY_N_METRICS; i++) {
+            snprintf(rs_names[ROLLOUT_RS_MAX_METRICS + i], sizeof rs_names[0], "rollout_corr/%s", on[i]);
+            keys[n] = rs_names[ROLLOUT_RS_MAX_METRICS + i], vals[n++] = w->offpolicy_vals[i] / w->mismatch_steps;
+        }
+    }
+    if (cfg->rollout_rs.n > 0) {
+        char rn[ROLLOUT_RS_MAX_METRICS][ROLLOUT_RS_NAME_LEN];
+        const int nrs = rollout_rs_metrics(&cfg->rollout_rs, NULL, rn, NULL);
+        for (int i = 0; i < nrs; i++) {
+            snprintf(rs_names[i], sizeof rs_names[i], "rollout_corr/%s", rn[i]);
+            keys[n] = rs_names[i], vals[n++] = w->rs_steps > 0 ? w->rs_vals[i] / w->rs_steps : NAN;
+        }
+    }
+    return n;
+}
+
 /* One console line and one JSONL record per version. */
 void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     const rl_config *cfg = J->cfg;
@@ -522,8 +575,10 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double wall = job_clock(J) - J->win_t0;
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
-    const char **keys = xmalloc((size_t)(112 + J->n_rx) * sizeof(char *));
-    double *vals = xmalloc((size_t)(96 + J->n_rx) * sizeof(double));
+    const int n_corr = ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS; /* put_rollout_corr's names */
+    const char **keys = xmalloc((size_t)(112 + 4 + n_corr + J->n_rx) * sizeof(char *)); /* + training/rollout_* */
+    double *vals = xmalloc((size_t)(112 + 4 + n_corr + J->n_rx) * sizeof(double));
+    char(*rs_names)[ROLLOUT_RS_NAME_LEN + 16] = xmalloc((size_t)n_corr * (ROLLOUT_RS_NAME_LEN + 16));
     char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;
 #define PUT(key, v) (keys[n] = (key), vals[n] = (v), n++)
@@ -576,6 +631,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("rollout_corr/rollout_is_truncated_frac", w->rollout_is_truncated_frac / k);
         PUT("rollout_corr/rollout_is_eff_sample_size", w->rollout_is_ess / k);
     }
+    n = put_rollout_corr(cfg, w, keys, vals, n, rs_names);
     if (cfg->filter_groups) {
         const double kept = (double)w->n_samples / cfg->n;
         PUT("filter_groups/dropped_groups", (double)w->dropped_groups);
@@ -604,6 +660,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     free(keys);
     free(vals);
     free(names);
+    free(rs_names);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
              "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
              J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k_loss, w->pg_clipfrac / k_loss,

@@ -678,6 +678,8 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
         }
         train_stats st;
         memset(&st, 0, sizeof st);
+        for (int i = 0; T->cfg->rollout_routing_replay && i < msg.n_groups; i++) /* routing records off the wire */
+            CHECK_OK(rl_group_check_routes(msg.groups[i], &T->m->cfg, NULL), "train message");
         CHECK_OK(trainer_update(T, msg.groups, msg.mbs, msg.n_mb, &st), "trainer step");
         rl_train_msg_free(&msg);
         CHECK_OK(injected_failure(T->cfg, ctx, T->version), "test");

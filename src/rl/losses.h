@@ -89,6 +89,111 @@ void rollout_is_weights(float *w, const float *old_logp, const float *behav_logp
 void rollout_is_weights_masked(float *w, const float *old_logp, const float *behav_logp, const unsigned char *mask,
                                int n, rollout_is_level level, float threshold, rollout_is_stats *st);
 
+/* ------------------------------------------------------------------ rollout rejection sampling
+ * verl algorithm.rollout_correction.rollout_rs / rollout_rs_threshold (rollout_corr_helper's
+ * compute_rollout_rejection_mask and compute_rs_metrics; the field's "Geo-RS" is seq_mean_k1, "Seq-MIS"
+ * seq_sum_k1, IcePop's token masking token_k1). With the log ratio lr = clamp(old − μ, ±20) of each
+ * loss token (old = the trainer's recomputed logprob, μ = the behaviour's):
+ *   k1 = −lr, k2 = lr²/2, k3 = e^lr − 1 − lr;
+ * token_kK rejects a token by its own value, seq_sum_kK / seq_mean_kK / seq_max_kK (max: k2, k3) a whole
+ * sequence by the sum / mean (sum / (tokens + 1e-8)) / max of its tokens' values. k1 keeps
+ * log(lower) ≤ value ≤ log(upper); k2/k3 keep value ≤ upper. Several options (comma separated) must
+ * all pass. A rejected token leaves the loss as if its response mask were 0. */
+#define ROLLOUT_RS_MAX_OPTIONS 11
+typedef enum { RS_AGG_TOKEN = 0, RS_AGG_SEQ_SUM, RS_AGG_SEQ_MEAN, RS_AGG_SEQ_MAX } rollout_rs_agg;
+typedef struct {
+    char name[16];        /* verl's option name, e.g. "seq_mean_k1" */
+    rollout_rs_agg agg;
+    int k;                /* estimator 1, 2 or 3 */
+    double lower, upper;  /* bounds on the statistic: k1 log(lower), log(upper); k2/k3 upper (lower 0) */
+} rollout_rs_option;
+typedef struct {
+    int n;                /* 0: rejection sampling off */
+    rollout_rs_option opt[ROLLOUT_RS_MAX_OPTIONS];
+} rollout_rs_config;
+/* Parse rollout_rs (null | none | "" = off, else comma-separated options, repeats dropped) and
+ * rollout_rs_threshold (one entry for every option or one per option, comma separated; a k1 entry is
+ * "lower_upper" or a single upper bound whose reciprocal is the lower one; k2/k3 entries are one upper
+ * bound; every bound a finite number > 0, and lower ≤ upper). "null" thresholds only with rs off.
+ * MOERL_ERR with a message naming the key and the value otherwise. */
+int rollout_rs_parse(const char *options, const char *threshold, rollout_rs_config *out);
+
+/* The statistics behind verl's rollout_corr/rollout_rs_* metrics, as sums (summed over trainer
+ * ranks) and maxima (maxed over ranks; minima stored negated). sum[] starts with RS_HEAD entries:
+ * valid tokens, sequences with a valid token, sequences, tokens rejected by any option, sequences
+ * with a rejected token; then RS_N_SUM entries per option, max[] RS_N_MAX per option. */
+enum { RS_HEAD_TOK = 0, RS_HEAD_SEQ_VALID, RS_HEAD_SEQ, RS_HEAD_MASKED_TOK, RS_HEAD_MASKED_SEQ, RS_HEAD };
+enum { RS_S_STAT = 0, RS_S_HIGH, RS_S_LOW, RS_S_CLAMP, RS_S_CLAMP_SQ, RS_S_SEQ, RS_S_SEQ_SQ, RS_S_SEQ_HIGH,
+       RS_S_SEQ_LOW, RS_S_MASKED_TOK, RS_S_MASKED_SEQ, RS_N_SUM };
+enum { RS_M_TOK_MAX = 0, RS_M_TOK_NEG_MIN, RS_M_SEQ_MAX, RS_M_SEQ_NEG_MIN, RS_M_SEQ_ABS, RS_N_MAX };
+#define RS_N_SUMS (RS_HEAD + ROLLOUT_RS_MAX_OPTIONS * RS_N_SUM)
+#define RS_N_MAXS (ROLLOUT_RS_MAX_OPTIONS * RS_N_MAX)
+typedef struct {
+    double sum[RS_N_SUMS];
+    double max[RS_N_MAXS];
+} rollout_rs_stats;
+/* Zero sums, −∞ maxima. */
+void rollout_rs_stats_init(rollout_rs_stats *st);
+/* One sequence's n response tokens: old/behav logprobs, mask (train_seq.resp_mask; NULL = every
+ * token; mask-0 tokens are neither counted nor rejected). Writes keep[t] = 1 for a loss token every
+ * option keeps, 0 otherwise (the sequence's new response mask), accumulates into st (may be NULL).
+ * Returns the loss tokens rejected. n = 0 (an empty response) counts as a sequence and nothing else. */
+int rollout_rs_sequence(const rollout_rs_config *c, const float *old_logp, const float *behav_logp,
+                        const unsigned char *mask, int n, unsigned char *keep, rollout_rs_stats *st);
+/* verl's metric names (without the "rollout_corr/" prefix) and values from reduced statistics, in one
+ * order: per option _mean, _max, _min, _std, _fraction_high, _fraction_low, _seq_mean, _seq_std,
+ * _seq_max, _seq_min, _seq_max_deviation, _seq_fraction_high, (k1 only) _seq_fraction_low,
+ * _masked_fraction, _seq_masked_fraction; then rollout_rs_masked_fraction and
+ * rollout_rs_seq_masked_fraction. names (ROLLOUT_RS_NAME_LEN each) and vals may be NULL. No valid token
+ * at all gives NaN values (verl raises). Returns the metric count (≤ ROLLOUT_RS_MAX_METRICS). */
+#define ROLLOUT_RS_MAX_METRICS (ROLLOUT_RS_MAX_OPTIONS * 15 + 2)
+#define ROLLOUT_RS_NAME_LEN 64
+int rollout_rs_metrics(const rollout_rs_config *c, const rollout_rs_stats *st, char (*names)[ROLLOUT_RS_NAME_LEN],
+                       double *vals);
+
+/* ------------------------------------------------------------------ training/rollout mismatch
+ * verl utils/debug/metrics.calculate_debug_metrics on the loss tokens: p = exp(logp) under the
+ * trainer's weights (x, the recomputed old logprobs) and the behaviour policy's (y):
+ * training/rollout_probs_diff_max / _mean / _std (|x − y|; std unbiased, torch.std) and
+ * training/rollout_actor_probs_pearson_corr (torch.corrcoef of x and y). Kept as sums so trainer
+ * ranks add them before the ratios; dmax is maxed over ranks. */
+typedef struct {
+    double n, sx, sy, sxx, syy, sxy, sd, sdd; /* summed over ranks */
+    double dmax;                              /* maxed over ranks; −∞ when empty */
+} probs_mismatch_stats;
+void probs_mismatch_init(probs_mismatch_stats *st);
+/* Adds the tokens of one response (mask NULL = all) to st. */
+void probs_mismatch_add(probs_mismatch_stats *st, const float *train_logp, const float *rollout_logp,
+                        const unsigned char *mask, int n);
+/* The four metrics; NaN where undefined (no token; std and the correlation need 2 tokens and, for
+ * the correlation, non-zero variance of both, as torch gives NaN there). */
+void probs_mismatch_finish(const probs_mismatch_stats *st, double *diff_max, double *diff_mean, double *diff_std,
+                           double *pearson);
+
+/* verl rollout_corr_helper.compute_offpolicy_metrics (rollout_corr/ + name), over the loss tokens of
+ * the sequences given, lr = old − μ per token, m_old / m_μ a sequence's masked means (Σ/(n + 1e-8)):
+ * kl = token mean of (μ − old); k3_kl = token mean of e^lr − lr − 1 (unclamped);
+ * training_ppl / rollout_ppl = sequence mean of exp(−m_old) / exp(−m_μ), training_log_ppl /
+ * rollout_log_ppl of −m_old / −m_μ; with d = m_μ − m_old per sequence: log_ppl_diff (mean d),
+ * log_ppl_abs_diff (mean |d|), log_ppl_diff_max / _min, ppl_ratio (mean e^d); chi2_token = token mean
+ * of exp(clamp(lr, ±20))² − 1; chi2_seq = sequence mean of exp(2·clamp(Σ lr, ±20)) − 1. Sums (over
+ * ranks) in sum[], max d and −min d in max[]. */
+enum { OFFP_TOK = 0, OFFP_SEQ, OFFP_KL, OFFP_K3, OFFP_RHO2, OFFP_TPPL, OFFP_TLOG, OFFP_RPPL, OFFP_RLOG, OFFP_D,
+       OFFP_ABS_D, OFFP_EXP_D, OFFP_CHI2_SEQ, OFFP_N_SUM };
+#define OFFPOLICY_N_METRICS 13
+typedef struct {
+    double sum[OFFP_N_SUM];
+    double max[2]; /* max d, −min d; −∞ when empty */
+} offpolicy_stats;
+void offpolicy_init(offpolicy_stats *st);
+/* Adds one response (mask NULL = every token; a response without a loss token adds nothing). */
+void offpolicy_add(offpolicy_stats *st, const float *old_logp, const float *behav_logp, const unsigned char *mask,
+                   int n);
+/* The 13 metrics in the order above (kl, k3_kl, training_ppl, training_log_ppl, rollout_ppl,
+ * rollout_log_ppl, log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min, ppl_ratio,
+ * chi2_token, chi2_seq); names (may be NULL) without the prefix. NaN without a token. */
+void offpolicy_metrics(const offpolicy_stats *st, const char **names, double *vals);
+
 /* Advantage estimators (verl algorithm.adv_estimator), outcome rewards, one value per response.
  * rewards/adv laid out group after group with sizes group_size[g].
  * RLOO (verl compute_rloo_outcome_advantage; Ahmadian et al. 2024): A_i = r_i − mean of the

@@ -99,6 +99,9 @@ typedef struct {
     int recompute_old;
     rollout_is_level rollout_is;
     float rollout_is_threshold;
+    /* algorithm.rollout_correction.rollout_rs / rollout_rs_threshold: rejection sampling (losses.h), n = 0 off;
+     * needs recompute_old (the rejected tokens leave the loss mask before the advantages and weights) */
+    rollout_rs_config rollout_rs;
     /* reward_model.overlong_buffer.* (DAPO shaping) and actor.overlong_filter (truncated responses masked out) */
     int overlong_enable, overlong_len;
     double overlong_penalty_factor;
@@ -174,8 +177,19 @@ typedef struct rl_group {
     /* [n] what each trajectory did (rollout.multi_turn.enable: turns, tool calls, the environment's
      * reward); NULL for single-turn rollouts */
     agent_traj *traj;
+    /* the shape of the responses' routing records (gen_request.out_routes; rollout.enable_rollout_routing_replay):
+     * route_layers MoE layers × route_k experts per token, ids in [0, route_experts); all 0 when the
+     * responses carry none (engine_route_width) */
+    int route_layers, route_k, route_experts;
 } rl_group;
 void rl_group_free(rl_group *g);
+/* The trainer's check of a finished group's routing records (rollout.enable_rollout_routing_replay) against
+ * its model c: the route shape is c's (MoE layers in order, num_experts_per_tok, num_experts; all 0 when c
+ * has no MoE layer) and every response has a route for every token the engine forwarded — n_routes =
+ * prompt_len + n_out − 1 (the last sampled token is never forwarded). *tokens (optional) += Σ n_routes.
+ * Errors name the uid, the response and the values: routes missing (the rollout side did not record),
+ * another shape (another model), a count other than the forwarded tokens. */
+int rl_group_check_routes(const rl_group *g, const moe_config *c, int64_t *tokens);
 /* The reward requests of finished group g (a row of train): reqs[j] for response j with its decoded
  * text, the row's data_source, ground truth, extra_info, prompt messages (JSON) and "FILE:LINE".
  * The strings live in *store (free with rl_reward_store_free after the requests are used). */
@@ -286,6 +300,15 @@ typedef struct {
     double reduce_exposed_s;  /* data parallel: time blocked in dist_reducer_finish (exposed comm.) */
     double behav_dropped_frac;/* decoupled: share of loss tokens filtered out by behav_imp_weight_cap */
     double rollout_is_mean, rollout_is_std, rollout_is_truncated_frac, rollout_is_ess; /* rollout IS weights */
+    /* verl training/rollout_probs_diff_max/_mean/_std, training/rollout_actor_probs_pearson_corr (losses.h
+     * probs_mismatch_*): steps with recomputed old logprobs and a loss token count in mismatch_steps */
+    double probs_diff_max, probs_diff_mean, probs_diff_std, probs_pearson;
+    int64_t mismatch_steps;
+    double offpolicy_vals[OFFPOLICY_N_METRICS]; /* verl's rollout_corr/kl ... chi2_seq (offpolicy_metrics' order) */
+    /* rollout_rs: verl's rollout_corr/rollout_rs_* values in rollout_rs_metrics' order; rs_steps = steps
+     * with a loss token (the others' values are NaN and left out of a window's means) */
+    double rs_vals[ROLLOUT_RS_MAX_METRICS];
+    int64_t rs_steps;
     double response_clip_ratio; /* responses stopped at max_response_length (finish_reason length) */
     int64_t dropped_groups;   /* DAPO filter_groups: groups dropped before this step (all rewards equal) */
     double grad_bytes_sent, grad_bytes_raw; /* data parallel: gradient payload this rank sent / exact all-reduce's */

@@ -279,6 +279,12 @@ typedef struct {
     float *rewards, *adv;
     int *resp_len, *n_loss, *loss_mask; /* n_out (the whole output), its loss tokens, in the loss at all */
     double *w, *w_pg;       /* w_pg: gspo's policy-loss weights (seq-mean-token-mean), else NULL */
+    /* rollout correction (step_data_mismatch, step_data_rejection): rs_mask[s] is sequence s's response
+     * mask after rejection sampling (seqs[s].resp_mask points at it), NULL when rollout_rs is off */
+    unsigned char **rs_mask;
+    probs_mismatch_stats mm;
+    offpolicy_stats offp;
+    rollout_rs_stats rs;
     /* routing replay: the rollout's routes of each sequence [len, n_moe·K] (−1 rows where none was recorded;
      * NULL: none recorded), R2's record of the old-logprob pass; the agreement counts [3·n_moe] (NULL: none) */
     int16_t **rroutes, **r2routes;
@@ -292,7 +298,9 @@ static void step_data_free(step_data *d) {
         if (d->prox) free(d->prox[s]);
         if (d->ref) free(d->ref[s]);
         if (d->isw) free(d->isw[s]);
+        if (d->rs_mask) free(d->rs_mask[s]);
     }
+    free(d->rs_mask);
     for (int s = 0; s < d->R; s++) {
         if (d->rroutes) free(d->rroutes[s]);
         if (d->r2routes) free(d->r2routes[s]);
@@ -440,12 +448,49 @@ static int step_data_kl_reward(trainer *T, step_data *d, train_stats *st) {
     return MOERL_OK;
 }
 
+/* verl's training/rollout_probs_diff_* and rollout_actor_probs_pearson_corr: the trainer's logprobs
+ * before the step (d->prox) against the behaviour's, over the loss tokens of the sequences in the loss
+ * (before rejection sampling, as verl computes them right after the old-logprob pass); and verl's
+ * off-policy diagnostics (compute_offpolicy_metrics: rollout_corr/kl, k3_kl, ppl, chi2) on the same tokens. */
+static void step_data_mismatch(step_data *d) {
+    probs_mismatch_init(&d->mm);
+    offpolicy_init(&d->offp);
+    for (int s = 0; s < d->R; s++)
+        if (d->loss_mask[s]) {
+            probs_mismatch_add(&d->mm, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+            offpolicy_add(&d->offp, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s]);
+        }
+}
+
+/* algorithm.rollout_correction.rollout_rs (verl compute_rollout_rejection_mask, applied as verl's
+ * ray_trainer does: after the KL-in-reward penalty, before the advantages): each sequence in the loss
+ * gets a new response mask without its rejected tokens, and its loss-token count from it, so the
+ * rejected tokens leave the loss, the entropy bonus, the KL loss and every loss_agg_mode's
+ * normalisation (a sequence rejected whole leaves the sequence count), as verl's modified
+ * response_mask does. Needs d->prox (the config requires bypass_mode=false). */
+static void step_data_rejection(trainer *T, step_data *d) {
+    const rl_config *cfg = T->cfg;
+    rollout_rs_stats_init(&d->rs);
+    if (cfg->rollout_rs.n == 0 || !d->prox) return;
+    d->rs_mask = xcalloc((size_t)(d->R ? d->R : 1), sizeof(unsigned char *));
+    for (int s = 0; s < d->R; s++) {
+        if (!d->loss_mask[s]) continue;
+        d->rs_mask[s] = xmalloc((size_t)d->resp_len[s] + 1);
+        rollout_rs_sequence(&cfg->rollout_rs, d->prox[s], d->behav[s], d->seqs[s].resp_mask, d->resp_len[s],
+                            d->rs_mask[s], &d->rs);
+        d->seqs[s].resp_mask = d->rs_mask[s];
+        d->n_loss[s] = (int)train_seq_loss_tokens(&d->seqs[s]);
+        d->loss_mask[s] = d->n_loss[s] > 0;
+    }
+}
+
 /* The advantages of the step's responses (algorithm.adv_estimator), after the KL penalty when
  * use_kl_in_reward: the GRPO-family estimators take the summed token rewards as the outcome score. */
 static int step_data_advantages(trainer *T, step_data *d, train_stats *st) {
     const rl_config *cfg = T->cfg;
     const int n = d->n_groups, R = d->R;
     if (cfg->use_kl_in_reward && step_data_kl_reward(T, d, st) != MOERL_OK) return MOERL_ERR;
+    step_data_rejection(T, d);
     int *sizes = xmalloc((size_t)(n ? n : 1) * sizeof(int));
     for (int g = 0; g < n; g++) sizes[g] = cfg->n;
     switch (cfg->adv_estimator) {
@@ -488,6 +533,7 @@ static int step_data_logprobs(trainer *T, step_data *d, rollout_is_stats *is) {
         if (compute_logprobs_routes(T->m, &T->acts, d->seqs, d->R, cfg->ppo_max_token_len, cfg->temperature, d->prox,
                                     route_opts(T, d, 0, 1, 1, &ro)) != MOERL_OK)
             return MOERL_ERR;
+        step_data_mismatch(d);
         for (int s = 0; d->r2routes && s < d->R; s++) d->seqs[s].routes = d->r2routes[s];
         if (cfg->recompute_old && cfg->rollout_is != ROLLOUT_IS_NONE) {
             d->isw = alloc_resp_arrays(d);
@@ -709,6 +755,53 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
     return MOERL_OK;
 }
 
+/* Elementwise max of x[n] over the trainer ranks (each rank's values in its own slot of a summed
+ * buffer: the sum collective is the only one the trainers have); nothing in one process. */
+static int trainers_max(trainer *T, double *x, int n) {
+    if (!T->dist || n <= 0) return MOERL_OK;
+    const int D = T->dist->trainer_size, r = T->dist->trainer_rank;
+    double *buf = xcalloc((size_t)D * (size_t)n, sizeof(double));
+    memcpy(buf + (size_t)r * n, x, (size_t)n * sizeof(double));
+    const int rc = dist_allreduce_sum(T->dist, DIST_TRAINERS, buf, D * n);
+    if (rc == MOERL_OK)
+        for (int i = 0; i < n; i++) {
+            double m = -INFINITY;
+            for (int k = 0; k < D; k++) m = fmax(m, buf[(size_t)k * n + i]);
+            x[i] = m;
+        }
+    free(buf);
+    return rc;
+}
+
+/* The mismatch metrics and rollout_rs's metrics of the step: this rank's sums, summed over the
+ * trainer ranks (whole sequences on each rank of a group sharing a shard: divided by replication),
+ * the maxima maxed; then the ratios. */
+static int finish_rollout_corr(trainer *T, step_data *d, train_stats *st) {
+    const rl_config *cfg = T->cfg;
+    if (d->prox) {
+        probs_mismatch_stats *mm = &d->mm;
+        double sums[8] = {mm->n, mm->sx, mm->sy, mm->sxx, mm->syy, mm->sxy, mm->sd, mm->sdd};
+        if (trainers_sum(T, sums, 8) != MOERL_OK || trainers_max(T, &mm->dmax, 1) != MOERL_OK) return MOERL_ERR;
+        for (int k = 0; k < 8; k++) sums[k] /= T->replication;
+        mm->n = sums[0]; mm->sx = sums[1]; mm->sy = sums[2]; mm->sxx = sums[3]; mm->syy = sums[4];
+        mm->sxy = sums[5]; mm->sd = sums[6]; mm->sdd = sums[7];
+        probs_mismatch_finish(mm, &st->probs_diff_max, &st->probs_diff_mean, &st->probs_diff_std, &st->probs_pearson);
+        st->mismatch_steps = mm->n > 0;
+        if (trainers_sum(T, d->offp.sum, OFFP_N_SUM) != MOERL_OK || trainers_max(T, d->offp.max, 2) != MOERL_OK)
+            return MOERL_ERR;
+        for (int k = 0; k < OFFP_N_SUM; k++) d->offp.sum[k] /= T->replication;
+        offpolicy_metrics(&d->offp, NULL, st->offpolicy_vals);
+    }
+    if (cfg->rollout_rs.n > 0) {
+        if (trainers_sum(T, d->rs.sum, RS_N_SUMS) != MOERL_OK || trainers_max(T, d->rs.max, RS_N_MAXS) != MOERL_OK)
+            return MOERL_ERR;
+        for (int k = 0; k < RS_N_SUMS; k++) d->rs.sum[k] /= T->replication;
+        rollout_rs_metrics(&cfg->rollout_rs, &d->rs, NULL, st->rs_vals);
+        st->rs_steps = d->rs.sum[RS_HEAD_TOK] > 0;
+    }
+    return MOERL_OK;
+}
+
 static void ppo_ctx_alloc(ppo_ctx *c, int mt) {
     c->lp = xmalloc(mt * sizeof(float)); c->old = xmalloc(mt * sizeof(float)); c->bh = xmalloc(mt * sizeof(float));
     c->ad = xmalloc(mt * sizeof(float)); c->ww = xmalloc(mt * sizeof(float)); c->g = xmalloc(mt * sizeof(float));
@@ -772,7 +865,9 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
                        (double)is.n_tokens,
                        model_train_flops(&T->m->cfg, flop_tokens, flop_pairs) *
                            (cfg->ppo_epochs + rl_fwd_only_passes(cfg) / 3.0)}; /* a forward is a third (perf.h) */
-    if (finish_stats(T, sums, n_updates, st) != MOERL_OK || finish_route_stats(T, &d, st) != MOERL_OK) goto out;
+    if (finish_stats(T, sums, n_updates, st) != MOERL_OK || finish_rollout_corr(T, &d, st) != MOERL_OK ||
+        finish_route_stats(T, &d, st) != MOERL_OK)
+        goto out;
     st->expert_load_max_over_mean = n > 0 ? expert_load_ratio(T) : 0;
     T->step++;
     rc = MOERL_OK;

@@ -7,7 +7,7 @@ import struct
 import torch
 
 _DT = {torch.float32: ("F32", 4), torch.bfloat16: ("BF16", 2), torch.float16: ("F16", 2),
-       torch.int64: ("I64", 8), torch.int32: ("I32", 4)}
+       torch.float64: ("F64", 8), torch.int64: ("I64", 8), torch.int32: ("I32", 4)}
 _RDT = {v[0]: k for k, v in _DT.items()}
 
 
