@@ -72,7 +72,8 @@ else
 fi
 # Rollout importance sampling (bypass_mode=false, rollout_is=token): the trainer recomputes the old
 # logprobs and weights each token by π_old/μ; with batch invariance every weight is exactly 1 (mean exactly
-# 1, std exactly 0), with the default kernels they are not.
+# 1, std exactly 0) and the mismatch metrics read exactly 0 (training/rollout_probs_diff_max,
+# rollout_corr/kl); with the default kernels they do not.
 ISK=(algorithm.rollout_correction.bypass_mode=false algorithm.rollout_correction.rollout_is=token)
 is_stats() {
     $PY - "$W/$1/metrics.jsonl" <<'EOF'
@@ -80,15 +81,20 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if "rollout_corr/rollout_is_mean" in r:
-        print(repr(r["rollout_corr/rollout_is_mean"]), repr(r["rollout_corr/rollout_is_std"]))
+        print(repr(r["rollout_corr/rollout_is_mean"]), repr(r["rollout_corr/rollout_is_std"]),
+              repr(r["training/rollout_probs_diff_max"]), repr(r["rollout_corr/kl"]))
 EOF
 }
 if run_rl is_bi "${ISK[@]}" rollout.batch_invariant=true && run_rl is_default "${ISK[@]}"; then
     is_stats is_bi >"$W/is_bi.m"
     is_stats is_default >"$W/is_default.m"
-    echo "rollout IS weights, mean std per step: batch_invariant | default"; paste "$W/is_bi.m" "$W/is_default.m" | sed 's/^/    /'
+    echo "rollout IS weights mean, std, training/rollout_probs_diff_max, rollout_corr/kl per step: batch_invariant | default"; paste "$W/is_bi.m" "$W/is_default.m" | sed 's/^/    /'
     check "batch_invariant: rollout IS weights exactly 1 (mean 1.0, std 0.0) at every step of 4" \
         awk '$1 != "1.0" || $2 != "0.0" { bad = 1 } END { exit bad || NR != 4 }' "$W/is_bi.m"
+    check "batch_invariant: training/rollout_probs_diff_max and rollout_corr/kl exactly 0 at every step" \
+        awk '$3 != "0.0" || ($4 != "0.0" && $4 != "-0.0") { bad = 1 } END { exit bad || NR != 4 }' "$W/is_bi.m"
+    check "default kernels: some step has training/rollout_probs_diff_max > 0" \
+        awk '$3 != "0.0" { f = 1 } END { exit !f }' "$W/is_default.m"
     check "default kernels: some step's rollout IS weights are not all 1" \
         awk '$1 != "1.0" || $2 != "0.0" { f = 1 } END { exit !f }' "$W/is_default.m"
 else
