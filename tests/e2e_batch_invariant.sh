@@ -105,6 +105,9 @@ expect_err "rollout.dtype=bf16 with rollout.batch_invariant=true is refused nami
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$W/bf16" rollout.dtype=bf16 \
     rollout.batch_invariant=true
 check "the refused run made no output folder" test ! -e "$W/bf16"
+expect_err "moerl simulate refuses rollout.batch_invariant=true (not modelled) rather than ignoring it" \
+    "rollout.batch_invariant=true: moerl simulate does not model" \
+    "$MOERL" simulate --config examples/smoke.yaml rollout.batch_invariant=true
 
 # Across processes, moerl-mpi rl -np 3: one rollout rank and two trainer ranks with FSDP 2; two rollout
 # ranks splitting the engine's experts (rollout.expert_parallel_size=2) and one trainer rank. The same
