@@ -18,7 +18,7 @@
 #    warm start, validation and checkpoints; STEPS trainer steps) under MOERL_ALLOC=malloc|pool|jemalloc,
 #    ROUNDS rounds with the allocators interleaved; prints medians over rounds of the median trainer
 #    update time per step (metrics timing_s/update) and of the run's wall time per step, with the ratio
-#    against malloc measured in the same rounds. No thresholds: a benchmark, not a test. Run it on a quiet
+#    against malloc measured in the same rounds, and every round's values (the spread shows the noise). No thresholds: a benchmark, not a test. Run it on a quiet
 #    machine: other processes' load moves these times by more than the 2% the issue asks about.
 # Usage: bash bench/run_alloc.sh [BUILD_DIR]
 #   env: ROUNDS=7 STEPS=30 OMP_NUM_THREADS=1 SYNTH_RES=10 DEMO_ARGS=""; ROUNDS=0 skips step 3,
@@ -86,6 +86,8 @@ for a in ["malloc", "pool", "jemalloc"]:
                           [l for l in open(d + ".log") if l.startswith('{"accuracy_sft"')][-1])
         wall.append(summ["wall_s"] / summ["steps"])
     res[a] = (st.median(upd), st.median(wall))
+    print("%-9s per round: update_ms %s  wall_ms %s" % (a, " ".join("%.1f" % (1e3 * x) for x in upd),
+                                                     " ".join("%.1f" % (1e3 * x) for x in wall)))
 print("%-9s %16s %10s %16s %10s" % ("allocator", "update_ms/step", "vs malloc", "wall_ms/step", "vs malloc"))
 for a, (u, wl) in res.items():
     print("%-9s %16.2f %+9.1f%% %16.2f %+9.1f%%" % (a, 1e3 * u, 100 * (u / res["malloc"][0] - 1), 1e3 * wl,
