@@ -31,8 +31,8 @@
  *   peak_rss — the most resident memory above the replay's start (the pool's own tables included);
  *   fp/glibc_rss — the allocator's peak footprint over glibc's peak resident memory: issue 29's "peak
  *     reserved ≤ glibc malloc's peak resident for the same trace" holds for the pool when it is ≤ 1.
- *   The touch costs page faults (the synthetic trace's 200 steps touch some 200 GiB), so run the
- *   synthetic trace with --resident at fewer steps. Timed replays never touch.
+ *   The touch costs page faults (the synthetic trace touches some 130 GiB per allocator in 200
+ *   steps), so run the synthetic trace with --resident at fewer steps. Timed replays never touch.
  */
 #include <fcntl.h>
 #include <getopt.h>

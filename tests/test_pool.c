@@ -2,8 +2,8 @@
  * alignment, contents kept, statistics consistent, everything returned and merged back), a shadow
  * model holding every byte of every live block, best fit, splitting, coalescing, the size classes,
  * the reserve, the expandable segment's growth in place (committed peak = peak in use), exhaustion
- * and oversize errors, bad input, threads, and the job-wide buffer layer (MOERL_ALLOC=pool with its
- * malloc fallback). */
+ * and oversize errors (the out-of-memory message), zero-size requests, bad input, threads, and the
+ * job-wide buffer layer (MOERL_ALLOC=pool with its malloc fallback). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
