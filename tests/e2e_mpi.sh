@@ -9,7 +9,8 @@
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
 #   test_dist_fsdp  FSDP (ZeRO-3) fsdp 2, 3, 4 and fsdp 2 × 2 replicas (HSDP) against one process: losses,
-#                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula
+#                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula; each
+#                 with actor.fsdp_config.reshard_after_forward true and false (same weights, its bytes and peak)
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2), Ulysses
 #                 (-np 2 sp 2, -np 4 sp 2 × dp 2) and expert parallel (-np 2 ep 2 with each dispatcher, bit-identical;
 #                 -np 4 ep 2 × dp 2; -np 4 ep 4; small micro-batches with idle passes and spills; N -> M resume
