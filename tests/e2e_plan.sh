@@ -195,6 +195,8 @@ PY
     # all-reduce over grid.stage_comm, with tied embeddings the exchange between first and last
     # stage), and once replicated (pp_state_new alone, the bubble benchmark's). EP with the
     # all-to-all dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
+    # FSDP also with actor.fsdp_config.reshard_after_forward=false (units kept, one reduce-scatter per
+    # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -232,6 +234,13 @@ PY
 4|actor.ulysses_sequence_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2
 4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2
+2|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+3|actor.fsdp_config.fsdp_size=3 actor.fsdp_config.reshard_after_forward=false
+4|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+4|actor.fsdp_config.fsdp_size=4 model.tie_word_embeddings=true
+4|actor.fsdp_config.fsdp_size=4 model.tie_word_embeddings=true actor.fsdp_config.reshard_after_forward=false
+4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2 actor.fsdp_config.reshard_after_forward=false
 LAYOUTS
     fi
 fi

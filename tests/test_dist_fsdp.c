@@ -187,11 +187,6 @@ static void run(int fsdp, int tied, int keep, float **final) {
         if (s % nd == me) mine[n++] = g_seqs[s];
     double A, B, s1;
     unit_sums(ps.fsdp, L, &A, &B, &s1);
-    /* the units the pre-pass's last forward region leaves gathered (fsdp.c region_params: layer L−1's
-     * rest, the final norm / head, and the tied embedding): a held mini-batch does not gather them again */
-    double held = (double)fsdp_unit_shard(ps.fsdp, L, NULL) + (double)fsdp_unit_shard(ps.fsdp, L + 1, NULL);
-    const double s_last = held; /* units L and L+1 */
-    if (tied) held += (double)fsdp_unit_shard(ps.fsdp, 0, NULL);
     double max_loss_rel = 0, max_gn_rel = 0, ag_prev = 0, rs_prev = 0, rep_prev = 0;
     int bytes_ok = 1;
     for (int k = 0; k < K_STEPS; k++) {
@@ -206,11 +201,10 @@ static void run(int fsdp, int tied, int keep, float **final) {
         fsdp_get_stats(ps.fsdp, &st);
         const int b = mb_f;
         const double ag = st.allgather_bytes - ag_prev, rs = st.reduce_scatter_bytes - rs_prev;
-        /* held (keep): the pre-pass as before, then every unit not left gathered by it once; one
-         * reduce-scatter per unit at the end of the mini-batch, however many micro-batches */
-        /* (tied: the pre-pass's first forward gathers the embedding twice, at its start and as the head's
-         * prefetch; later passes find it still gathered) */
-        const double ag_formula = keep ? 4.0 * (P - 1) * (b * A + (tied ? held - s_last : 0) + (A - held) + 1)
+        /* keep: every unit once (the pre-pass's first forward gathers them; nothing is released until the
+         * optimizer step), one reduce-scatter per unit at the end of the mini-batch, however many
+         * micro-batches */
+        const double ag_formula = keep ? 4.0 * (P - 1) * (A + 1)
                                        : 4.0 * (P - 1) * (b * A + (A + B) + (b - 1) * (A - s1 + B) + 1);
         const double rs_formula = keep ? 4.0 * (P - 1) * A : 4.0 * (P - 1) * b * A;
         if ((keep || !tied) && (ag != ag_formula || rs != rs_formula)) {

@@ -40,9 +40,9 @@ struct fsdp_state {
     size_t pack_n;
     double cur_bytes, peak_bytes;
     int rs_order[MOERL_MAX_LAYERS + 2], n_rs; /* units with a reduce-scatter in flight, oldest first */
-    int keep;             /* actor.fsdp_config.reshard_after_forward=false (fsdp_set_reshard_after_forward) */
-    int hold;             /* keep and inside a mini-batch (fsdp_zero_grad .. the optimizer step): nothing is
-                             released, gradients accumulate in the layout and are reduce-scattered at the end */
+    int keep;             /* actor.fsdp_config.reshard_after_forward=false (fsdp_set_reshard_after_forward): no
+                             unit is released by the schedule (only by the optimizer step / fsdp_release_all),
+                             gradients accumulate in the layout and fsdp_finish_grads reduce-scatters them */
 };
 
 /* Reduce-scatters allowed in flight: Open MPI progresses a nonblocking collective only inside MPI
@@ -255,7 +255,7 @@ static int in_set(const int *s, int n, int k) {
 
 void fsdp_layer_event(fsdp_state *fs, model_layer_phase ph, int l) {
     if (ph == MODEL_GRAD_READY) {
-        if (fs->hold) return; /* accumulate: fsdp_finish_grads reduce-scatters once */
+        if (fs->keep) return; /* accumulate: fsdp_finish_grads reduce-scatters once */
         grad_ready(fs, l < 0 ? 0 : l >= fs->L ? fs->L + 1 : l + 1);
         grad_poll(fs);
         return;
@@ -266,7 +266,7 @@ void fsdp_layer_event(fsdp_state *fs, model_layer_phase ph, int l) {
     if (ph == MODEL_BWD_LAYER && l - 1 >= 0) nx = region_params(fs, ph, l >= fs->L ? fs->L - 1 : l - 1, next);
     for (int i = 0; i < nn; i++) gather_start(fs, need[i]);
     for (int i = 0; i < nx; i++) gather_start(fs, next[i]); /* prefetch */
-    for (int k = 0; k < fs->n_units && !fs->hold; k++)
+    for (int k = 0; k < fs->n_units && !fs->keep; k++)
         if (!in_set(need, nn, k) && !in_set(next, nx, k)) release(fs, k);
     if (ph == MODEL_BWD_LAYER) {
         int g[MAX_NEED], ng = region_grads(fs, l, g);
@@ -293,7 +293,6 @@ void fsdp_idle_pass(fsdp_state *fs, int backward) {
 
 void fsdp_zero_grad(fsdp_state *fs) {
     if (fs->g_shard) memset(fs->g_shard, 0, fs->S * sizeof(float));
-    fs->hold = fs->keep && fs->g_shard; /* a mini-batch starts: keep what gets gathered until the step */
 }
 
 void fsdp_set_reshard_after_forward(fsdp_state *fs, int reshard) { fs->keep = !reshard && fs->g_shard; }
@@ -383,7 +382,6 @@ int fsdp_adamw_step(fsdp_state *fs, adamw_state *os, float lr, float loss, doubl
 }
 
 void fsdp_release_all(fsdp_state *fs) {
-    fs->hold = 0;
     for (int k = 0; k < fs->n_units; k++) release(fs, k);
 }
 

@@ -25,16 +25,17 @@
  * backward, prefetch of the next unit); ZeRO (Rajbhandari et al., 2020), stage 3.
  *
  * Keeping the units for a mini-batch (actor.fsdp_config.reshard_after_forward=false, FSDP2's name;
- * fsdp_set_reshard_after_forward): from fsdp_zero_grad (train_accumulate's start of a mini-batch) to
- * the optimizer step nothing is released — each unit is all-gathered once, when first needed, and
- * stays for every later micro-batch's forward and backward — and the gradient units are not
- * reduce-scattered as each backward finishes them: they stay live in m->grads, accumulate over the
- * micro-batches, and fsdp_finish_grads reduce-scatters each unit once. Fewer collectives (one
- * all-gather and one reduce-scatter per unit and update instead of one per pass) for more memory (the
- * whole model and its whole gradient resident at the end of the mini-batch). Forward-only passes
- * outside that window (the RL trainer's logprob pass, the router-count pre-pass before
- * train_accumulate) reshard as before. Source: PyTorch FSDP2 fully_shard(reshard_after_forward=False)
- * and gradient accumulation without per-micro-batch reduce-scatter (FSDP's no_sync).
+ * fsdp_set_reshard_after_forward): the schedule releases nothing — each unit is all-gathered once,
+ * when first needed, and stays for every later pass (the router-count pre-pass, every micro-batch's
+ * forward and backward) until the optimizer step (fsdp_adamw_step) or fsdp_release_all gives the
+ * units back — and the gradient units are not reduce-scattered as each backward finishes them: they
+ * stay live in m->grads, accumulate over the micro-batches, and fsdp_finish_grads reduce-scatters
+ * each unit once, one at a time from unit 0. Fewer collectives (one all-gather and one
+ * reduce-scatter per unit and update instead of one per pass) for more memory: the whole model and
+ * its whole gradient resident at the end of the mini-batch. A forward-only pass before the update
+ * (the RL trainer's proximal logprobs) leaves the whole model gathered, which the update then uses.
+ * Source: PyTorch FSDP2 fully_shard(reshard_after_forward=False) with gradient accumulation without
+ * per-micro-batch reduce-scatter (FSDP's no_sync).
  *
  * Every function below is collective over the FSDP group unless said otherwise, and must be
  * called in the same order by its members. */
@@ -72,8 +73,7 @@ void fsdp_state_free(fsdp_state *fs);
 /* The layer events of par_layer_hook (parallel.h). Not collective by itself, but every member
  * must see the same sequence of events (par_pad_passes makes it so). */
 void fsdp_layer_event(fsdp_state *fs, model_layer_phase phase, int l);
-/* Zero the owned gradient shard (start of a step); with reshard_after_forward off, the mini-batch
- * window opens here (kept until fsdp_adamw_step / fsdp_release_all). */
+/* Zero the owned gradient shard (start of a step). */
 void fsdp_zero_grad(fsdp_state *fs);
 /* actor.fsdp_config.reshard_after_forward: 1 (default) = release units after each region and reduce-scatter
  * per backward pass; 0 = keep units gathered and gradients accumulated for the mini-batch (above). An
