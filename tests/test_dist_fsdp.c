@@ -29,6 +29,8 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "parallel/fsdp.h"
+#include "dist/compress.h"
+#include "parallel/config.h"
 #include "parallel/parallel.h"
 #include "dist_test.h"
 #include "fixture.h"
@@ -317,6 +319,20 @@ int main(int argc, char **argv) {
         CHECK(par_state_init(&ps, g_ctx, c, &m) == MOERL_ERR &&
                   strstr(moerl_last_error(), "reshard_after_forward=false") && strstr(moerl_last_error(), "fsdp_size=1"),
               "reshard_after_forward=false without FSDP must be refused naming both keys: %s", moerl_last_error());
+        {   /* and before any folder or model exists (par_read_layout, what moerl sft / rl check first) */
+            cfg *lc = cfg_new();
+            par_def_layout_keys(lc);
+            MOERL_ASSERT(cfg_apply_override(lc, "actor.fsdp_config.reshard_after_forward=false") == MOERL_OK);
+            par_layout pl;
+            CHECK(par_read_layout(lc, GRAD_COMPRESSION_NONE, &pl) == MOERL_ERR &&
+                      strstr(moerl_last_error(), "reshard_after_forward=false"),
+                  "par_read_layout refuses reshard_after_forward=false without FSDP: %s", moerl_last_error());
+            MOERL_ASSERT(cfg_apply_override(lc, "trainer.n_ranks=2") == MOERL_OK);
+            MOERL_ASSERT(cfg_apply_override(lc, "actor.fsdp_config.fsdp_size=2") == MOERL_OK);
+            CHECK(par_read_layout(lc, GRAD_COMPRESSION_NONE, &pl) == MOERL_OK && pl.par.fsdp_keep_gathered == 1,
+                  "par_read_layout accepts it with FSDP 2 and reads it: %s", moerl_last_error());
+            cfg_free(lc);
+        }
         cfg_free(c);
         model_free(&m);
         printf("test_dist_fsdp: one process: the refusal only; the sharding runs under mpirun (tests/e2e_mpi.sh)\n");
