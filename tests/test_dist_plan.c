@@ -30,7 +30,11 @@
  *   (pp_held_floats, with a tied last stage's embedding copy) and moments, each within 10% of plan's
  *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact), the FSDP peak
  *   between plan's two replays (gathered_low..gathered) and the rank's FSDP state within 10%, and
- *   plan's stage cut is the pipeline's. */
+ *   plan's stage cut is the pipeline's.
+ * With actor.fsdp_config.reshard_after_forward=false (FSDP keeps its units for the mini-batch) the same
+ * checks run against plan's held rows: the update's all-gathers are plan_traffic.fsdp_allgather_warm
+ * (it follows the logprob pass, which left every unit gathered), the reference's pass is planned
+ * resharding (it always reshards), and the peak is exact (plan's two bounds coincide). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
