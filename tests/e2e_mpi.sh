@@ -34,7 +34,7 @@
 #                 sp 2 x ep 2 against the one-rank replayed run; the routes' record and agreement counts
 #   test_dist_recompute  activation recompute (full and selective, native and replayed routes) under fsdp 2,
 #                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and sp 2 x ep 2: bit-identical CE and weights to the same
-#                 layout without recompute, the same FSDP traffic
+#                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes)
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -116,6 +116,7 @@ run_mpi "test_dist_replay -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_replay" --ep 2 
 run_mpi "test_dist_replay -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_replay" --sp 2 --ep 2
 run_mpi "test_dist_recompute -np 2 (fsdp 2)" 2 "$T/test_dist_recompute" --fsdp 2
 run_mpi "test_dist_recompute -np 2 (ep 2)" 2 "$T/test_dist_recompute" --ep 2
+run_mpi "test_dist_recompute -np 2 (ep 2, idle passes)" 2 "$T/test_dist_recompute" --ep 2 --mb 14
 run_mpi "test_dist_recompute -np 2 (sp 2)" 2 "$T/test_dist_recompute" --sp 2
 run_mpi "test_dist_recompute -np 2 (pp 2)" 2 "$T/test_dist_recompute" --pp 2
 run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3

@@ -9,7 +9,7 @@
  * that gathers it anyway: no extra gathers). EP: ranks with fewer micro-batches run idle passes
  * that mirror the recomputed forward's exchanges (ep_idle_pass). Pipeline: each in-flight slot's
  * arena shrinks to plan_acts_bytes' recompute rows. Usage: test_dist_recompute [--fsdp F] [--ep E]
- * [--sp S] [--pp P]. */
+ * [--sp S] [--pp P] [--mb TOKENS]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,8 @@
 #define TOP_K 2
 #define RANK g_ctx->world_rank
 #define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
-#define MB_TOKENS 24 /* ≥ the longest sequence (14); several micro-batches per shard (the pipeline's 1F1B) */
+static int MB_TOKENS = 24; /* --mb: ≥ the longest sequence (14); several micro-batches per shard (1F1B); 14 gives
+                              the EP ranks different micro-batch counts, so one runs idle passes */
 
 static dist_ctx *g_ctx;
 static int16_t g_routes[FX_N_SEQ * 16 * 2 * TOP_K]; /* [token, 2 MoE layers, K] over the batch */
@@ -75,6 +76,7 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
     for (int k = 0; k < FX_K_STEPS; k++) {
         double counts[64] = {0}, sums[1 + 64] = {0};
         const int passes = count_microbatches(mine, n, MB_TOKENS), most = par_max_passes(&ps, passes);
+        traffic[2] += most - passes; /* idle passes this rank runs */
         MOERL_ASSERT(compute_router_counts(&m, &a, mine, n, MB_TOKENS, counts) == MOERL_OK);
         MOERL_ASSERT(par_pad_passes(&ps, passes, most, 0) == MOERL_OK);
         MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
@@ -95,6 +97,7 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
         MOERL_ASSERT(par_adamw_step(&ps, &m, &os, os.cfg.lr, ce[k], &gn) == 1);
     }
     traffic[0] = traffic[1] = 0;
+    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, traffic + 2, 1) == MOERL_OK);
     if (ps.fsdp) {
         fsdp_stats st;
         fsdp_get_stats(ps.fsdp, &st);
@@ -129,8 +132,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ep")) pc.expert_parallel_size = v;
         else if (!strcmp(argv[i], "--sp")) pc.ulysses_sequence_parallel_size = v;
         else if (!strcmp(argv[i], "--pp")) pc.pipeline_parallel_size = v;
+        else if (!strcmp(argv[i], "--mb") && v >= 14) pc.max_tokens = MB_TOKENS = v;
         else {
-            fprintf(stderr, "usage: test_dist_recompute [--fsdp F] [--ep E] [--sp S] [--pp P]\n");
+            fprintf(stderr, "usage: test_dist_recompute [--fsdp F] [--ep E] [--sp S] [--pp P] [--mb TOKENS ≥ 14]\n");
             return 1;
         }
     }
@@ -151,7 +155,7 @@ int main(int argc, char **argv) {
         if (replay) attach_routes(&b);
         float ce[3][FX_K_STEPS];
         moe_model whole[3];
-        double tr[3][2];
+        double tr[3][3] = {{0}};
         memset(whole, 0, sizeof whole);
         for (int rc = 0; rc < 3; rc++) run_layout(&b, &init, &pc, rc, ce[rc], &whole[rc], tr[rc]);
         for (int rc = 1; rc < 3; rc++) {
@@ -167,6 +171,9 @@ int main(int argc, char **argv) {
                         FX_K_STEPS);
         }
         CHECK_R(fabsf(ce[0][FX_K_STEPS - 1] - ce[0][0]) > 0, "the run trained nothing (CE constant)", RANK);
+        if (RANK == 0 && !replay) printf("idle passes over the ranks: %.0f per run\n", tr[0][2]);
+        if (pc.expert_parallel_size == g_ctx->world_size && MB_TOKENS == 14) /* EP alone: uneven shards */
+            CHECK_R(tr[0][2] > 0, "--mb 14 under EP: no rank ran an idle pass (the case this run is for)", RANK);
         for (int rc = 0; rc < 3; rc++) model_free(&whole[rc]);
     }
     model_free(&init);
