@@ -17,7 +17,9 @@
 
 #include "base/common.h"
 #include "dist/dist.h"
+#include "parallel/ep.h"
 #include "parallel/fsdp.h"
+#include "parallel/ulysses.h"
 #include "parallel/parallel.h"
 #include "par_fixture.h"
 #include "dist_test.h"
@@ -31,6 +33,8 @@ static int MB_TOKENS = 24; /* --mb: ≥ the longest sequence (14); several micro
                               the EP ranks different micro-batch counts, so one runs idle passes */
 
 static dist_ctx *g_ctx;
+
+static int ps_ep(const par_config *pc) { return pc->expert_parallel_size > 1; }
 static int16_t g_routes[FX_N_SEQ * 16 * 2 * TOP_K]; /* [token, 2 MoE layers, K] over the batch */
 
 /* Replayed routes: K distinct experts drawn per (token, MoE layer), every fifth token −1. */
@@ -77,6 +81,7 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
         double counts[64] = {0}, sums[1 + 64] = {0};
         const int passes = count_microbatches(mine, n, MB_TOKENS), most = par_max_passes(&ps, passes);
         traffic[2] += most - passes; /* idle passes this rank runs */
+        traffic[3] += most;          /* training passes (model_backward or an idle pass) this rank runs */
         MOERL_ASSERT(compute_router_counts(&m, &a, mine, n, MB_TOKENS, counts) == MOERL_OK);
         MOERL_ASSERT(par_pad_passes(&ps, passes, most, 0) == MOERL_OK);
         MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
@@ -98,6 +103,8 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
     }
     traffic[0] = traffic[1] = 0;
     MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, traffic + 2, 1) == MOERL_OK);
+    traffic[4] = ps.ep ? (double)ep_get_stats(ps.ep).exchanges : 0;
+    traffic[5] = ps.sp ? (double)sp_get_stats(ps.sp).exchanges : 0;
     if (ps.fsdp) {
         fsdp_stats st;
         fsdp_get_stats(ps.fsdp, &st);
@@ -155,7 +162,7 @@ int main(int argc, char **argv) {
         if (replay) attach_routes(&b);
         float ce[3][FX_K_STEPS];
         moe_model whole[3];
-        double tr[3][3] = {{0}};
+        double tr[3][6] = {{0}};
         memset(whole, 0, sizeof whole);
         for (int rc = 0; rc < 3; rc++) run_layout(&b, &init, &pc, rc, ce[rc], &whole[rc], tr[rc]);
         for (int rc = 1; rc < 3; rc++) {
@@ -171,6 +178,17 @@ int main(int argc, char **argv) {
                         FX_K_STEPS);
         }
         CHECK_R(fabsf(ce[0][FX_K_STEPS - 1] - ce[0][0]) > 0, "the run trained nothing (CE constant)", RANK);
+        /* the exchanges recompute adds (what moerl plan counts): EP, the MoE forward's dispatch + combine again
+         * before each MoE layer's backward (both granularities); Ulysses, the attention's two all-to-alls again
+         * (full only). Per training pass of this rank (tr[.][3], local: traffic[2] was summed, [3] was not). */
+        const double passes = tr[0][3], n_moe = 2, n_layers = c.num_hidden_layers;
+        CHECK_R(tr[1][4] - tr[0][4] == (ps_ep(&pc) ? 2 * n_moe * passes : 0) && tr[2][4] == tr[1][4],
+                "EP exchanges: none %.0f, full %.0f, selective %.0f over %.0f training passes", RANK, tr[0][4],
+                tr[1][4], tr[2][4], passes);
+        CHECK_R(tr[1][5] - tr[0][5] == (pc.ulysses_sequence_parallel_size > 1 ? 2 * n_layers * passes : 0) &&
+                    tr[2][5] == tr[0][5],
+                "SP all-to-alls: none %.0f, full %.0f, selective %.0f over %.0f training passes", RANK, tr[0][5],
+                tr[1][5], tr[2][5], passes);
         if (RANK == 0 && !replay) printf("idle passes over the ranks: %.0f per run\n", tr[0][2]);
         if (pc.expert_parallel_size == g_ctx->world_size && MB_TOKENS == 14) /* EP alone: uneven shards */
             CHECK_R(tr[0][2] > 0, "--mb 14 under EP: no rank ran an idle pass (the case this run is for)", RANK);

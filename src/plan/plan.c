@@ -721,18 +721,23 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     }
     const int n_moe = n_moe_in(c, l0, l1);
     if (ep > 1 && n_moe > 0) {
-        const double El = E / ep, exch = (double)n_moe * (2.0 * (fo + 1) + 2.0) * mb; /* fwd: 2, bwd: 2 per layer */
+        /* fwd: 2, bwd: 2 per layer; activation recompute (either granularity) re-runs the MoE forward's 2
+         * before each layer's backward (forward.c recompute_layer; tests/test_dist_recompute.c counts them) */
+        const int rf = in->recompute ? 1 : 0;
+        const double El = E / ep, exch = (double)n_moe * (2.0 * (fo + 1 + rf) + 2.0) * mb;
         if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
             t->ep_alltoall = exch * (ep - 1) * El * (2.0 + x->cap * H) * db;
         else
-            t->ep_alltoall = exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * (fo + 1) * mb * (ep - 1) * El * 4.0;
+            t->ep_alltoall =
+                exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * (fo + 1 + rf) * mb * (ep - 1) * El * 4.0;
     }
     if (in->sp > 1) {
         const int P = in->sp, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
         const double nr = floor(N * (sp_rank + 1) / P) - floor(N * sp_rank / P);
         const double nh_l = nh / P, nkv_l = nkv >= P ? nkv / P : 1, W = nh_l + 2 * nkv_l;
         const double fwd = hd * ((P - 1) * nr * W + (N - nr) * nh_l), bwd = hd * ((P - 1) * nr * nh_l + (N - nr) * W);
-        t->sp_alltoall = (l1 - l0) * ((fo + 1) * fwd + bwd) * mb * db;
+        const int rf = in->recompute == MODEL_RECOMPUTE_FULL; /* full recompute re-runs the attention's forward */
+        t->sp_alltoall = (l1 - l0) * ((fo + 1 + rf) * fwd + bwd) * mb * db;
     }
     if (in->pp > 1) {
         const int aux = n_moe_in(c, 0, L) > 0;
