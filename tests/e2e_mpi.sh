@@ -35,6 +35,8 @@
 #   test_dist_recompute  activation recompute (full and selective, native and replayed routes) under fsdp 2,
 #                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and sp 2 x ep 2: bit-identical CE and weights to the same
 #                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes)
+#   test_dist_batch_invariant  rollout.batch_invariant: the engine's logprobs equal compute_logprobs bit for bit
+#                 under fsdp 2, ep 2, sp 2 and pp 2 (and differ with the default kernels)
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
 #   edges         build/moerl (no MPI) under mpirun -np 2 stops naming build/moerl-mpi; moerl-mpi sft (data parallel)
 #                 under -np 3 writes as ONE run (rank 0 alone: one checkpoint, one result line, metrics once), a bad
@@ -122,6 +124,9 @@ run_mpi "test_dist_recompute -np 2 (pp 2)" 2 "$T/test_dist_recompute" --pp 2
 run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3
 run_mpi "test_dist_recompute -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_recompute" --ep 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
+for lay in fsdp ep sp pp; do
+    run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"
+done
 
 # fatal on one rank: the others wait in a barrier forever unless MPI_Abort ends the job
 if [[ -x $T/test_dist ]]; then

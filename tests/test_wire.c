@@ -118,9 +118,9 @@ static void test_group_roundtrip(void) {
     void *buf;
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
-    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, per response 16 (with has_mask) + 12·n_out, "scored" 4,
-     * "has_traj" 4 */
-    const size_t want = 40 + 6 * 4 + 4 * 16 + 12 * (0 + 1 + 9 + 40) + 4 + 4;
+    /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, route shape 12, per response 20 (with has_mask and
+     * n_routes) + 12·n_out, "scored" 4, "has_traj" 4 */
+    const size_t want = 40 + 6 * 4 + 12 + 4 * 20 + 12 * (0 + 1 + 9 + 40) + 4 + 4;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     CHECK(memcmp(buf, "MOERLGR1", 8) == 0, "magic on the wire");
     rl_group *d = NULL;
@@ -177,8 +177,8 @@ static const char *patched(size_t off, int32_t v) {
 
 static void test_group_errors(void) {
     /* offsets: magic 0, format 8, start_version 12, uid 16, row 24, epoch 28, n 32, prompt_len 36,
-     * prompt 40..56, response 0: n_out 56, finish 60, n_interruptions 64, tokens 68.., logprobs 80..,
-     * versions 92.. */
+     * prompt 40..56, route shape 56..68, response 0: n_out 68, finish 72, n_interruptions 76, tokens 80..,
+     * logprobs 92.., versions 104.. */
     struct {
         size_t off;
         int32_t v;
@@ -187,20 +187,21 @@ static void test_group_errors(void) {
         {0, 0x4c52454d, "magic"},          /* "MERL" instead of "MOER" */
         {8, 1, "format 1"},
         {8, 2, "format 2"},                /* before the loss mask and trajectories */
-        {8, 4, "format 4"},
+        {8, 3, "format 3"},                /* before the routes */
+        {8, 5, "format 5"},
         {32, 0, "n (responses)"},
         {32, -3, "n (responses)"},
         {32, 1 << 20, "n (responses)"},
         {36, 0, "prompt_len"},
         {36, 1 << 27, "prompt_len"},
         {36, 1000, "truncated"},           /* plausible length, bytes missing */
-        {56, -1, "n_out"},
-        {56, 1000, "truncated"},
-        {60, 9, "finish"},
-        {64, -2, "n_interruptions"},
-        {68, -5, "negative"},              /* a token id */
-        {92, -1, "negative"},              /* a version */
-        {80, 0x7fc00000, "NaN"},           /* a logprob */
+        {68, -1, "n_out"},
+        {68, 1000, "truncated"},
+        {72, 9, "finish"},
+        {76, -2, "n_interruptions"},
+        {80, -5, "negative"},              /* a token id */
+        {104, -1, "negative"},             /* a version */
+        {92, 0x7fc00000, "NaN"},           /* a logprob */
         {12, -1, "start_version"},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -225,7 +226,7 @@ static void test_group_rewards(void) {
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
     /* after the responses: scored 4, then per response score 8 + n_extra 4 + j × (4 + 7 + 8) + pred 4 + bytes
      * (preds: "" for j = 0, none for 1 and 3, "42" for 2) */
-    const size_t resp = 40 + 3 * 4 + 4 * 16 + 12 * (2 + 0 + 5 + 1);
+    const size_t resp = 40 + 3 * 4 + 12 + 4 * 20 + 12 * (2 + 0 + 5 + 1);
     const size_t want = resp + 4 + 4 * 16 + (0 + 1 + 2 + 3) * 19 + 2 + 4; /* + has_traj */
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     rl_group *d = NULL;
@@ -577,9 +578,9 @@ static void test_group_mask_traj(void) {
     void *buf;
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
-    /* responses: 16 + 12·n_out each, + n_out mask bytes when present (responses 0 and 2); scored 4;
-     * has_traj 4 + 3 × (5·4 + 8) */
-    const size_t resp = 40 + 5 * 4 + 3 * 16 + 12 * (7 + 4 + 0) + (7 + 0);
+    /* route shape 12; responses: 20 + 12·n_out each, + n_out mask bytes when present (responses 0 and 2);
+     * scored 4; has_traj 4 + 3 × (5·4 + 8) */
+    const size_t resp = 40 + 5 * 4 + 12 + 3 * 20 + 12 * (7 + 4 + 0) + (7 + 0);
     const size_t want = resp + 4 + 4 + 3 * 28;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     rl_group *d = NULL;
@@ -607,35 +608,35 @@ static void test_group_mask_traj(void) {
     }
     CHECK(trunc_ok, "every truncation of a multi-turn group must be refused");
     free(buf);
-    /* offsets: response 0 starts at 60; its has_mask at 60 + 12 + 12·7 = 156, mask 160..167; response 1
-     * at 167, has_mask at 167 + 12 + 48 = 227; response 2 at 231, has_mask 243; scored 247; has_traj
-     * 251; record 0 at 255: turns, tool_calls 259, tool_errors 263, env_done 267, has_env_reward 271,
-     * env_reward 275; record 1 at 283 */
+    /* offsets: route shape 60..72; response 0 starts at 72; its has_mask at 72 + 12 + 12·7 = 168, mask
+     * 172..179, n_routes 179; response 1 at 183, has_mask at 183 + 12 + 48 = 243, n_routes 247; response 2
+     * at 251, has_mask 263, n_routes 267; scored 271; has_traj 275; record 0 at 279: turns, tool_calls 283,
+     * tool_errors 287, env_done 291, has_env_reward 295, env_reward 299; record 1 at 307 */
     struct {
         size_t off;
         uint64_t v;
         int bytes;
         const char *want;
     } cs[] = {
-        {162, 2, 1, "uid 901 response 0: mask[2] = 2"},
-        {160, 255, 1, "uid 901 response 0: mask[0] = 255"},
-        {156, 2, 4, "has_mask"},
-        {227, (uint32_t)-1, 4, "has_mask"},
-        {227, 1, 4, "uid 901"},            /* a mask announced for response 1: the bytes after it shift */
-        {251, 2, 4, "has_traj"},
-        {255, (uint32_t)-1, 4, "uid 901 response 0: trajectory turns -1"},
-        {263, 4, 4, "tool_errors 4"},      /* more errors than calls */
-        {267, 2, 4, "env_done 2"},
-        {271, 3, 4, "has_env_reward 3"},
-        {275, 0x7ff8000000000000ULL, 8, "env_reward nan"},
-        {283 + 4, (uint32_t)-7, 4, "uid 901 response 1"},
+        {174, 2, 1, "uid 901 response 0: mask[2] = 2"},
+        {172, 255, 1, "uid 901 response 0: mask[0] = 255"},
+        {168, 2, 4, "has_mask"},
+        {243, (uint32_t)-1, 4, "has_mask"},
+        {243, 1, 4, "uid 901"},            /* a mask announced for response 1: the bytes after it shift */
+        {275, 2, 4, "has_traj"},
+        {279, (uint32_t)-1, 4, "uid 901 response 0: trajectory turns -1"},
+        {287, 4, 4, "tool_errors 4"},      /* more errors than calls */
+        {291, 2, 4, "env_done 2"},
+        {295, 3, 4, "has_env_reward 3"},
+        {299, 0x7ff8000000000000ULL, 8, "env_reward nan"},
+        {307 + 4, (uint32_t)-7, 4, "uid 901 response 1"},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const char *msg = mt_patched(cs[i].off, cs[i].v, cs[i].bytes);
         CHECK(strcmp(msg, "OK") != 0 && strstr(msg, cs[i].want) != NULL,
               "mask/traj patch %zu (offset %zu): message '%s' lacks '%s'", i, cs[i].off, msg, cs[i].want);
     }
-    CHECK(strcmp(mt_patched(161, 0, 1), "OK") == 0, "a 0 mask byte where a 1 was still decodes");
+    CHECK(strcmp(mt_patched(173, 0, 1), "OK") == 0, "a 0 mask byte where a 1 was still decodes");
     /* the encoder refuses what the decoder would */
     g->reqs[0].out_mask[3] = 7;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_ERR && strstr(moerl_last_error(), "out_mask[3] = 7"),

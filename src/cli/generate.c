@@ -28,6 +28,7 @@ typedef struct {
     const char *model_dir, *pfile, *ptext, *tpl, *profile, *dtype;
     cli_int_list ptoks;
     int no_thinking;
+    int batch_invariant; /* --batch-invariant: rollout.batch_invariant's kernels */
     int64_t max_new, top_k, seed, nsamp, max_seqs;
     double temp, top_p;
 } gen_args;
@@ -67,6 +68,9 @@ static int gen_parse(int argc, char **argv, gen_args *a, int *code) {
         CLI_OPT_STR("chat-template", &a->tpl, "NAME", 0,
                     "auto (the checkpoint's own) | qwen3 | chatml | the path of a .jinja file"),
         CLI_OPT_FLAG("no-thinking", &a->no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
+        CLI_OPT_FLAG("batch-invariant", &a->batch_invariant,
+                     "batch-invariant kernels (as rollout.batch_invariant): a response and its logprobs do not depend "
+                     "on the other prompts, --max-num-seqs or the thread count; slower; fp32 only"),
         CLI_OPT_STR("profile", &a->profile, "FILE", 0, "write a Chrome trace (Perfetto) of the engine's steps and kernels"),
     };
     const cli_spec spec = {.cmd = "generate", .opts = opts, .n_opts = CLI_NOPTS(opts), .notes = notes,
@@ -158,7 +162,14 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
                         "max_position_embeddings %d\n", max_plen, (int)a->max_new, m->cfg.max_position_embeddings);
         return 1;
     }
-    engine *e = engine_create(&m->cfg, ec);
+    if (a->batch_invariant && ec.bf16_weights) {
+        fprintf(stderr, "moerl generate: --batch-invariant with --dtype bf16: the batch-invariant kernels compute "
+                        "from fp32 weights (as rollout.batch_invariant needs rollout.dtype=fp32); use --dtype fp32\n");
+        return 1;
+    }
+    moe_config mc = m->cfg;
+    mc.exec.batch_invariant = a->batch_invariant;
+    engine *e = engine_create(&mc, ec);
     if (!e || engine_load_weights(e, m->params, m->n_params, version) != MOERL_OK) {
         fprintf(stderr, "moerl generate: %s\n", moerl_last_error());
         engine_free(e);

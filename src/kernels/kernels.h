@@ -213,6 +213,10 @@ typedef struct {
      * kernel: the library GEMM of the HF-style per-expert loop (model.moe per_expert_loop), the
      * baseline the ablation measures against. Decode-sized groups are unaffected. */
     int blas;
+    /* Batch-invariant forward (moe_exec_opts.batch_invariant): grouped_gemm_forward_team hands
+     * the call to grouped_gemm_forward_bi_team (gather and SwiGLU as above; nz, nz16 and blas are
+     * not used). Backward: ignored. */
+    int invariant;
 } grouped_fuse;
 
 /* Team forms: called by EVERY thread of an enclosing OpenMP parallel region (orphaned
@@ -235,6 +239,43 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
                                const grouped_fuse *fuse);
 void grouped_gemm_backward_team(float *da, float *dW, const float *dout, const float *a, const float *W,
                                 const int *offsets, int E, int I, int O, const grouped_fuse *fuse);
+
+/* ---------------------------------------------------------------- batch-invariant forward kernels
+ * (batch_invariant.c; moe_exec_opts.batch_invariant, rollout.batch_invariant). Every output
+ * element is reduced in one fixed order that depends only on its own inputs: the same bits
+ * whatever the row count, the row's place in the batch, the thread count and the column split,
+ * for decode, chunked prefill and full-sequence forwards alike (docs/rl.md, "Bit-for-bit
+ * on-policy"). Products: out[r, o] = Σ_i a[r, i]·W[o, i] as eight interleaved partial sums
+ * (lane l: i ≡ l mod 8, ascending), a fixed tree over the lanes, then the tail ascending;
+ * accumulate adds that sum to out. Source: the batch-invariance semantics of He et al., "Defeating
+ * Nondeterminism in LLM Inference" (Thinking Machines, 2025). */
+
+/* out[r, o − o0] (row stride ldo; = or += per accumulate) = Σ_i rows[r][i]·W[o, i] for r < m,
+ * o in [o0, o1); W[O, I] row-major (only rows [o0, o1) are read). Single-threaded. */
+void gemm_bi_nt_rows(float *out, int ldo, const float *const *rows, const float *W, int m, int I, int o0, int o1,
+                     int accumulate);
+/* linear_forward's contract (out[N,O] (= or +=) x[N,I]·W[O,I]ᵀ) with the fixed-order products.
+ * Opens its own team (blocks of 16 rows × 64 columns) outside any parallel region when the call is
+ * large enough; inside one it runs on the calling thread. */
+void linear_forward_bi(float *out, const float *x, const float *W, int N, int I, int O, int accumulate);
+/* grouped_gemm_forward_team's contract (team form; fuse's gather_x/sorted_row/n_tokens, the copy
+ * into a, and swiglu_act, whose act = silu(gate)·up is computed by the item of those columns) with
+ * the fixed-order products: items of up to 16 rows of one group × 64 output columns (32 activations
+ * with SwiGLU), dynamic schedule. fuse must not be NULL (pass a zero one). */
+void grouped_gemm_forward_bi_team(float *out, float *a, const float *W, const int *offsets, int E, int I, int O,
+                                  const grouped_fuse *fuse);
+/* attention_forward's contract (packed causal GQA; lse[nh, N], may be NULL) and
+ * attention_kvcache_forward's (paged by slot), both reducing one query row at a time over its
+ * keys 0..pos ascending with the same row function: scores q·k·scale (the fixed-order dot over
+ * hd), their max, then Σ e^{s−max} (double) and Σ e^{s−max}·v (float) in key order, out = the
+ * latter / the former. So a token's attention output is the same bits in the engine (any decode
+ * or prefill chunk) and in the trainer (any micro-batch). Open their own team outside a parallel
+ * region over (token, head) rows; a row's scratch is its key count in floats. */
+void attention_forward_bi(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const int *cu_seqlens, int B, int N, int nh, int nkv, int hd, float scale);
+void attention_kvcache_forward_bi(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                  const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
+                                  float scale);
 
 /* ---------------------------------------------------------------- tiled GEMM (gemm_tiled.c) */
 

@@ -388,6 +388,13 @@ static void norm_dw_reduce(float *dw, const float *slots, int C, int nt) {
 
 /* ------------------------------------------------------------------ layer pieces (team) */
 
+/* out[N,O] (= or +=) x[N,I]·Wᵀ: linear_forward, or under moe_exec_opts.batch_invariant the
+ * fixed-order product (linear_forward_bi) so that decode and training compute the same bits. */
+static void lin(const moe_model *m, float *out, const float *x, const float *W, int N, int I, int O, int accumulate) {
+    if (m->cfg.exec.batch_invariant) linear_forward_bi(out, x, W, N, I, O, accumulate);
+    else linear_forward(out, x, W, N, I, O, accumulate);
+}
+
 /* Tokens [r0, r1) of x[N,H]: q_raw/k_raw/v = projections, q/k = RMSNorm per head (rstd saved)
  * then RoPE at pos. Source: HF Qwen3MoeAttention.forward up to the attention itself. */
 static void qkv_rows(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
@@ -399,9 +406,9 @@ static void qkv_rows(const moe_model *m, int l, const float *x, float *q_raw, fl
     const int n = r1 - r0;
     if (n <= 0) return;
     const size_t oq = (size_t)r0 * nh * hd, ok = (size_t)r0 * nkv * hd;
-    linear_forward(q_raw + oq, x + (size_t)r0 * H, w->q_proj, n, H, nh * hd, 0);
-    linear_forward(k_raw + ok, x + (size_t)r0 * H, w->k_proj, n, H, nkv * hd, 0);
-    linear_forward(v + ok, x + (size_t)r0 * H, w->v_proj, n, H, nkv * hd, 0);
+    lin(m, q_raw + oq, x + (size_t)r0 * H, w->q_proj, n, H, nh * hd, 0);
+    lin(m, k_raw + ok, x + (size_t)r0 * H, w->k_proj, n, H, nkv * hd, 0);
+    lin(m, v + ok, x + (size_t)r0 * H, w->v_proj, n, H, nkv * hd, 0);
     rmsnorm_forward(q + oq, q_rstd + (size_t)r0 * nh, q_raw + oq, w->q_norm, n * nh, hd, c->rms_norm_eps);
     rmsnorm_forward(k + ok, k_rstd + (size_t)r0 * nkv, k_raw + ok, w->k_norm, n * nkv, hd, c->rms_norm_eps);
     rope_forward(q + oq, pos + r0, rope_cos, rope_sin, n, nh, hd);
@@ -480,7 +487,8 @@ static void moe_loop_forward_team(const moe_model *m, int l, const float *x, flo
     const moe_config *c = &m->cfg;
     const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
     const float *Wgu = moe_w_gate_up(m, l, s), *Wd = moe_w_down(m, l, s);
-    const grouped_fuse lib = {.blas = 1}; /* the loop's GEMMs are library calls (OpenBLAS), as HF's */
+    /* the loop's GEMMs are library calls (OpenBLAS), as HF's — or the fixed-order ones (batch_invariant) */
+    const grouped_fuse lib = {.blas = 1, .invariant = c->exec.batch_invariant};
     for (int e = 0; e < E; e++) {
         const int r0 = s->offsets[e], r1 = s->offsets[e + 1];
         if (r1 == r0) continue;
@@ -567,7 +575,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
     const int n = r1 - r0, M = N * K;
     double t = SPAN_BEGIN();
     if (n > 0) {
-        linear_forward(s->router_logits + (size_t)r0 * E, x + (size_t)r0 * H, w->router, n, H, E, 0);
+        lin(m, s->router_logits + (size_t)r0 * E, x + (size_t)r0 * H, w->router, n, H, E, 0);
         const int hand_on = !ex->rebuild_row_idx && !ex->per_expert_loop;
         router_topk_rows(s->probs, s->topk_ids, s->topk_w, hand_on ? s->row_idx : NULL, s->router_logits, r0, r1, N,
                          E, K, c->norm_topk_prob);
@@ -616,6 +624,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
     SPAN_END("permute", t);
     t = SPAN_BEGIN();
     fz.swiglu_act = s->act;
+    fz.invariant = ex->batch_invariant;
     if (m->nz && !ex->per_expert_weights) {
         fz.nz = m->nz_gate_up[l];
         fz.nz_stride = gemm_packed_size(2 * I, H);
@@ -629,7 +638,7 @@ static void moe_forward_team(const moe_model *m, int l, const float *x, float *o
                               E, H, 2 * I, &fz);
     SPAN_END("gate_up GEMM + SwiGLU", t);
     t = SPAN_BEGIN();
-    grouped_fuse fd = {0};
+    grouped_fuse fd = {.invariant = ex->batch_invariant};
     if (m->nz && !ex->per_expert_weights) {
         fd.nz = m->nz_down[l];
         fd.nz_stride = gemm_packed_size(H, I);
@@ -676,9 +685,9 @@ static void dense_forward_rows(const moe_model *m, int l, const float *x, float 
     const layer_views *w = &m->p.layers[l];
     const int H = m->cfg.hidden_size, Id = m->cfg.intermediate_size, n = r1 - r0;
     if (n <= 0) return;
-    linear_forward(s->gate_up + (size_t)r0 * 2 * Id, x + (size_t)r0 * H, w->mlp_gate_up, n, H, 2 * Id, 0);
+    lin(m, s->gate_up + (size_t)r0 * 2 * Id, x + (size_t)r0 * H, w->mlp_gate_up, n, H, 2 * Id, 0);
     swiglu_forward(s->act + (size_t)r0 * Id, s->gate_up + (size_t)r0 * 2 * Id, n, Id);
-    linear_forward(out + (size_t)r0 * H, s->act + (size_t)r0 * Id, w->mlp_down, n, Id, H, 0);
+    lin(m, out + (size_t)r0 * H, s->act + (size_t)r0 * Id, w->mlp_down, n, Id, H, 0);
 }
 
 /* MoE or dense MLP of layer l, called by every thread of a team; see mlp_forward. */
@@ -743,6 +752,10 @@ static void qkv_decode(const moe_model *m, int l, const float *x, float *q_raw, 
 void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float *k_raw, float *q_rstd,
                  float *k_rstd, float *q, float *k, float *v, const int *pos, const float *rope_cos,
                  const float *rope_sin, int N) {
+    if (m->cfg.exec.batch_invariant) { /* one kernel family whatever N (each product opens its own team) */
+        qkv_rows(m, l, x, q_raw, k_raw, q_rstd, k_rstd, q, k, v, pos, rope_cos, rope_sin, 0, N);
+        return;
+    }
     const int nd = decode_team_size(m, N);
     if (N <= SKINNY_MAX_ROWS && (nd > 1 || m->bf16)) { /* bf16 weights: their panels, on one thread too */
         qkv_decode(m, l, x, q_raw, k_raw, q_rstd, k_rstd, q, k, v, pos, rope_cos, rope_sin, N, nd);
@@ -876,7 +889,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     const size_t o = (size_t)r0 * H;
     if (n > 0) {
         memcpy(L->resid_mid + o, L->resid_in + o, (size_t)n * H * sizeof(float));
-        linear_forward(L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, n, nhd, H, 1);
+        lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, n, nhd, H, 1);
         rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
                         c->rms_norm_eps);
     }
@@ -895,7 +908,7 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         attn_in_rows(m, a, l + 1, r0, r1);
     } else if (n > 0 && a->logits) { /* a pipeline stage before the last has no head */
         rmsnorm_forward(a->lnf + o, a->lnf_rstd + r0, a->resid_out + o, m->p.norm, n, H, c->rms_norm_eps);
-        linear_forward(a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
+        lin(m, a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
     }
 }
 
@@ -968,6 +981,8 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         layer_acts *L = &a->layers[l];
         const double ta = trace_begin();
         if (sp) h->attn_forward(sp, l, L->att, L->q, L->k, L->v, scale); /* head-sharded (ulysses.c) */
+        else if (c->exec.batch_invariant) /* key order of the engine's KV-cache attention (batch_invariant.c) */
+            attention_forward_bi(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, B, N, nh, nkv, hd, scale);
         trace_end("attention", "model", ta);
         PAR_EVENT(a, MODEL_FWD_LAYER, l);

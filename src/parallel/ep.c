@@ -352,10 +352,10 @@ void ep_moe_forward_team(ep_state *ep, const moe_model *m, int l, const float *x
      * [q·El, (q+1)·El)) are one stretch: block (q, e) is global expert q·El + e */
 #pragma omp single
     dispatch_forward(ep, l, s->permuted, s->offsets, s->tokens_per_expert);
-    grouped_fuse fz = {0};
+    grouped_fuse fz = {.invariant = m->cfg.exec.batch_invariant}, fd = {.invariant = m->cfg.exec.batch_invariant};
     fz.swiglu_act = y->act;
     grouped_gemm_forward_team(y->gu, y->x, w->experts_gate_up, y->eoff, ep->El, H, 2 * I, &fz);
-    grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, ep->El, I, H, NULL);
+    grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, ep->El, I, H, &fd);
 #pragma omp single
     exchange_known(ep, ep->y, y->boff, y->rcnt, s->y, s->offsets, s->tokens_per_expert);
 }
@@ -627,10 +627,10 @@ void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward) {
     const layer_views *w = &m->p.layers[l];
     if (!backward) { /* forward: no rows of our own */
         dispatch_forward(ep, l, dummy, zero, zero);
-        grouped_fuse fz = {0};
+        grouped_fuse fz = {.invariant = m->cfg.exec.batch_invariant}, fd = {.invariant = m->cfg.exec.batch_invariant};
         fz.swiglu_act = y->act;
         grouped_gemm_forward_team(y->gu, y->x, w->experts_gate_up, y->eoff, El, H, 2 * I, &fz);
-        grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, El, I, H, NULL);
+        grouped_gemm_forward_team(ep->y, y->act, w->experts_down, y->eoff, El, I, H, &fd);
         exchange_known(ep, ep->y, y->boff, y->rcnt, dummy, zero, zero);
     } else { /* backward: the local experts' weight gradients accumulate */
         layer_views *gw = &m->g.layers[l];

@@ -14,6 +14,7 @@ struct sp_state {
     dist_comm *comm;
     int P, rank, nh, nkv, hd, L, nh_l, nkv_l, max_tokens;
     int N, B;
+    int batch_invariant; /* moe_exec_opts.batch_invariant at sp_state_new: attention_forward_bi */
     int *cu;          /* [max_tokens + 1] the packed micro-batch's cu_seqlens */
     sp_layer lay[MOERL_MAX_LAYERS];
     float *send, *recv; /* staging, max_tokens · (nh + 2·nkv_l·P) · hd floats each */
@@ -59,6 +60,7 @@ sp_state *sp_state_new(const par_grid *g, const moe_config *c, int max_tokens) {
     sp->hd = c->head_dim;
     sp->L = c->num_hidden_layers;
     sp->nh_l = nh / P;
+    sp->batch_invariant = c->exec.batch_invariant;
     sp->nkv_l = nkv >= P ? nkv / P : 1;
     sp->max_tokens = max_tokens;
     sp->cu = xcalloc((size_t)max_tokens + 1, sizeof(int));
@@ -162,7 +164,8 @@ void sp_attention_forward(sp_state *sp, int l, float *out, const float *q, const
         r += (size_t)nkv_l * hd;
     }
     sp->st.seconds += moerl_now() - t0;
-    attention_forward(y->att, y->lse, y->q, y->k, y->v, sp->cu, sp->B, N, nh_l, nkv_l, hd, scale);
+    if (sp->batch_invariant) attention_forward_bi(y->att, y->lse, y->q, y->k, y->v, sp->cu, sp->B, N, nh_l, nkv_l, hd, scale);
+    else attention_forward(y->att, y->lse, y->q, y->k, y->v, sp->cu, sp->B, N, nh_l, nkv_l, hd, scale);
     const double t1 = moerl_now();
     /* head-sharded → sequence-sharded: rank d's tokens of my heads are one contiguous stretch */
     for (int d = 0; d < P; d++) {

@@ -218,7 +218,17 @@ void rl_def_keys(cfg *c) {
                 "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
                 "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
                 "rank holds every expert");
+    cfg_def_bool(c, "rollout.enable_rollout_routing_replay", false,
+                 "record the experts every MoE layer routes each prompt and response token to in the rollout "
+                 "engine (R3, arXiv 2510.11370); they travel with the sample to the trainer. Memory: 2·K bytes per "
+                 "MoE layer per token of prompt + data.max_response_length, per response in flight (Qwen3-30B-A3B: "
+                 "768 B per token). Not in moerl simulate (no model runs: nothing to record)");
     cfg_def_str(c, "rollout.dtype", "fp32", "weights the rollout engine computes from: fp32 | bf16 (half the bytes per decoded token; the trainer keeps fp32)");
+    cfg_def_bool(c, "rollout.batch_invariant", false,
+                 "bit-for-bit on-policy: the engine and the trainer compute with batch-invariant kernels (each "
+                 "output reduced in one fixed order whatever the batch, chunked-prefill split, micro-batch, thread "
+                 "count or layout), so the behaviour logprobs equal the trainer's recomputed ones exactly; slower "
+                 "(docs/rl.md, \"Bit-for-bit on-policy\"); needs rollout.dtype=fp32");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
     val_def_keys(c); /* rollout.val_kwargs.* (rl/validate.h) */
@@ -266,6 +276,17 @@ void rl_def_keys(cfg *c) {
                 "test only: with debug.test_fail_rank, fail once that rank reaches this policy version (-1 = at startup)");
 }
 
+/* rollout.batch_invariant (after rollout.dtype). bf16 engine weights would round the engine's
+ * operands and not the trainer's, so the pair is refused. */
+static int read_batch_invariant_key(const cfg *c, rl_config *r) {
+    r->batch_invariant = cfg_bool(c, "rollout.batch_invariant");
+    if (r->batch_invariant && r->bf16_weights)
+        return moerl_errorf("rollout.batch_invariant=true with rollout.dtype=bf16: the engine would compute from "
+                            "bf16-rounded weights and the trainer from fp32 ones, so their logprobs cannot agree bit "
+                            "for bit; set rollout.dtype=fp32 (or rollout.batch_invariant=false)");
+    return MOERL_OK;
+}
+
 /* rollout.* and data.max_response_length. */
 static int read_rollout_keys(const cfg *c, rl_config *r) {
     r->n = (int)cfg_int(c, "rollout.n");
@@ -282,6 +303,8 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
         return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);
     r->bf16_weights = !strcmp(rdt, "bf16");
+    r->rollout_routing_replay = cfg_bool(c, "rollout.enable_rollout_routing_replay");
+    if (read_batch_invariant_key(c, r) != MOERL_OK) return MOERL_ERR;
     r->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
     r->synth_min = (int)cfg_int(c, "rollout.synthetic_length.min");
     if (r->synth_alpha < 0 || r->synth_min <= 0)

@@ -224,6 +224,14 @@ void job_close_outputs(job *J) {
     J->samples = NULL;
 }
 
+/* FNV-1a 64 over the routing record's bytes (samples.jsonl "routes_fnv1a": runs compare routes by it). */
+static uint64_t routes_digest(const int16_t *p, size_t nb) {
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < nb; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 void job_log_samples(job *J, rl_group **g, int n) {
     for (int i = 0; i < n; i++) {
         int vmin = 1 << 30, vmax = -1, intr = 0;
@@ -272,6 +280,13 @@ void job_log_samples(job *J, rl_group **g, int n) {
             if (x && x->pred) {
                 json_t *ps = json_string(x->pred);
                 if (ps) json_object_set_new(ro, "pred", ps);
+            }
+            if (g[i]->route_layers) { /* routing records: the tokens with a route and a digest of them */
+                const size_t nb = (size_t)r->n_routes * g[i]->route_layers * g[i]->route_k * sizeof(int16_t);
+                char hex[17];
+                snprintf(hex, sizeof hex, "%016llx", (unsigned long long)routes_digest(r->out_routes, nb));
+                json_object_set_new(ro, "n_routes", json_integer(r->n_routes));
+                json_object_set_new(ro, "routes_fnv1a", json_string(hex));
             }
             if (g[i]->traj) { /* multi-turn: the loss mask (1 sampled, 0 inserted) and what the trajectory did */
                 const agent_traj *t = &g[i]->traj[j];
@@ -965,6 +980,7 @@ int rl_run(const rl_config *cfg, moe_model *m, const dataset *train, const datas
     J->train = train;
     J->test = test;
     J->m = m;
+    m->cfg.exec.batch_invariant = cfg->batch_invariant; /* rollout.batch_invariant: the engine's model is made from m's config */
     J->n_trainers = 1;
     J->ops = cfg->mode == RL_MODE_ASYNC ? &ASYNC_OPS : &LOCKSTEP_OPS;
     int rc = MOERL_ERR, thread_started = 0;

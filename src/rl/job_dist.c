@@ -678,6 +678,8 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
         }
         train_stats st;
         memset(&st, 0, sizeof st);
+        for (int i = 0; T->cfg->rollout_routing_replay && i < msg.n_groups; i++) /* routing records off the wire */
+            CHECK_OK(rl_group_check_routes(msg.groups[i], &T->m->cfg, NULL), "train message");
         CHECK_OK(trainer_update(T, msg.groups, msg.mbs, msg.n_mb, &st), "trainer step");
         rl_train_msg_free(&msg);
         CHECK_OK(injected_failure(T->cfg, ctx, T->version), "test");
@@ -1255,6 +1257,7 @@ int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset
         snprintf(g_role, sizeof g_role, "trainer rank %d of %d", ctx->trainer_rank, ctx->trainer_size);
     }
     if (injected_failure(cfg, ctx, -1) != MOERL_OK && ctx->trainer_rank != 0) die(ctx, "test");
+    m->cfg.exec.batch_invariant = cfg->batch_invariant; /* rollout.batch_invariant: engine and trainer models alike */
     if (ctx->role == DIST_ROLE_ROLLOUT) run_rollout_rank(ctx, cfg, m, train);
     else if (ctx->trainer_rank > 0) run_trainer_follower(ctx, cfg, m, train);
     else run_leader(ctx, cfg, m, train, test, res);

@@ -177,8 +177,19 @@ typedef struct rl_group {
     /* [n] what each trajectory did (rollout.multi_turn.enable: turns, tool calls, the environment's
      * reward); NULL for single-turn rollouts */
     agent_traj *traj;
+    /* the shape of the responses' routing records (gen_request.out_routes; rollout.enable_rollout_routing_replay):
+     * route_layers MoE layers × route_k experts per token, ids in [0, route_experts); all 0 when the
+     * responses carry none (engine_route_width) */
+    int route_layers, route_k, route_experts;
 } rl_group;
 void rl_group_free(rl_group *g);
+/* The trainer's check of a finished group's routing records (rollout.enable_rollout_routing_replay) against
+ * its model c: the route shape is c's (MoE layers in order, num_experts_per_tok, num_experts; all 0 when c
+ * has no MoE layer) and every response has a route for every token the engine forwarded — n_routes =
+ * prompt_len + n_out − 1 (the last sampled token is never forwarded). *tokens (optional) += Σ n_routes.
+ * Errors name the uid, the response and the values: routes missing (the rollout side did not record),
+ * another shape (another model), a count other than the forwarded tokens. */
+int rl_group_check_routes(const rl_group *g, const moe_config *c, int64_t *tokens);
 /* The reward requests of finished group g (a row of train): reqs[j] for response j with its decoded
  * text, the row's data_source, ground truth, extra_info, prompt messages (JSON) and "FILE:LINE".
  * The strings live in *store (free with rl_reward_store_free after the requests are used). */

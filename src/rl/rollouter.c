@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "rl/rl.h"
 
 void rl_group_free(rl_group *g) {
@@ -21,6 +22,27 @@ void rl_group_free(rl_group *g) {
     free(g->reqs);
     tok_seq_free(&g->prompt);
     free(g);
+}
+
+int rl_group_check_routes(const rl_group *g, const moe_config *c, int64_t *tokens) {
+    int n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_moe += moe_config_layer_is_moe(c, l);
+    const int K = n_moe ? c->num_experts_per_tok : 0, E = n_moe ? c->num_experts : 0;
+    if (g->route_layers != n_moe || g->route_k != K || g->route_experts != E)
+        return moerl_errorf("prompt uid %lld: routing records of %d MoE layers × top-%d of %d experts, the trained "
+                            "model has %d × top-%d of %d (rollout.enable_rollout_routing_replay: %s)",
+                            (long long)g->uid, g->route_layers, g->route_k, g->route_experts, n_moe, K, E,
+                            g->route_layers ? "routes of another model" : "the rollout side recorded none");
+    for (int j = 0; n_moe && j < g->n; j++) {
+        const gen_request *r = &g->reqs[j];
+        const int want = r->prompt_len + r->n_out - 1;
+        if (!r->out_routes || r->n_routes != want)
+            return moerl_errorf("prompt uid %lld response %d: %d tokens with recorded routes, %d forwarded (prompt %d + "
+                                "response %d − 1)", (long long)g->uid, j, r->out_routes ? r->n_routes : 0, want,
+                                r->prompt_len, r->n_out);
+        if (tokens) *tokens += r->n_routes;
+    }
+    return MOERL_OK;
 }
 
 /* ------------------------------------------------------------------ reward requests */
@@ -130,7 +152,12 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
         return MOERL_ERR;
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens, .simulated = cfg->simulated,
-                        .bf16_weights = cfg->bf16_weights};
+                        .bf16_weights = cfg->bf16_weights,
+                        /* moerl simulate runs no model: there are no routes to record (docs/rl.md) */
+                        .record_routes = cfg->rollout_routing_replay && !cfg->simulated};
+    if (cfg->rollout_routing_replay && cfg->simulated)
+        log_warn("rollout.enable_rollout_routing_replay: moerl simulate runs no model, so no routes are recorded "
+                 "(the simulation is the same without the key)");
     R->eng = engine_create(&m->cfg, ec);
     if (!R->eng) return MOERL_ERR;
     reward_backend *rb = rl_reward_backend(cfg);
@@ -199,6 +226,9 @@ int rollouter_start_uid(rollouter *R, int64_t uid) {
     const ds_row *row = dataset_row(R->train, g->row);
     ds_row_encode_prompt(row, &g->prompt);
     g->reqs = xcalloc(g->n, sizeof(gen_request));
+    /* the routing records' shape (0 when the engine does not record; engine_add allocates them) */
+    if (engine_route_width(R->eng, &g->route_layers, &g->route_k))
+        g->route_experts = engine_model(R->eng)->cfg.num_experts;
     if (R->agent) g->traj = xcalloc(g->n, sizeof(agent_traj));
     for (int j = 0; j < g->n; j++) {
         gen_request *r = &g->reqs[j];

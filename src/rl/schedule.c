@@ -134,6 +134,8 @@ static int train_step(job *J, rl_group **groups, int n, double waited, int64_t d
     train_stats st;
     memset(&st, 0, sizeof st);
     T->stage = "reward";
+    for (int i = 0; cfg->rollout_routing_replay && i < n; i++) /* routing records: from the queue or the wire */
+        if (rl_group_check_routes(groups[i], &T->m->cfg, NULL) != MOERL_OK) return MOERL_ERR;
     if (trainer_sample_stats(T, groups, n, &st) != MOERL_OK) return MOERL_ERR;
     job_add_reward_extras(J, groups, n);
     /* D data-parallel shards; trainer rank d trains shard shard_of[d] (the ranks of a Ulysses group

@@ -134,6 +134,35 @@ static int traj_write(wbuf *w, const rl_group *g) {
     return MOERL_OK;
 }
 
+/* The group's route shape is all 0 (no routes) or in range (wire.h); 1 when it carries routes. */
+static int routes_shape_ok(int layers, int k, int experts) {
+    if (layers == 0 && k == 0 && experts == 0) return 1;
+    return layers >= 1 && layers <= MOERL_MAX_LAYERS && k >= 1 && k <= experts && experts <= INT16_MAX;
+}
+
+/* Response j's routing record (wire.h: n_routes, routes) checked before anything is written. */
+static int routes_check(const rl_group *g, int j) {
+    const gen_request *r = &g->reqs[j];
+    const size_t w = (size_t)g->route_layers * g->route_k;
+    if (!w) return MOERL_OK; /* routes a group without a route shape has are not sent */
+    if (!r->out_routes || r->n_routes < 0 || r->n_routes > g->prompt.n + r->n_out)
+        return moerl_errorf("group encode: uid %lld response %d: %d recorded routes (%s) for %lld prompt + %d output "
+                            "tokens", (long long)g->uid, j, r->n_routes, r->out_routes ? "array set" : "no array",
+                            (long long)g->prompt.n, r->n_out);
+    for (size_t i = 0; i < (size_t)r->n_routes * w; i++)
+        if (r->out_routes[i] < 0 || r->out_routes[i] >= g->route_experts)
+            return moerl_errorf("group encode: uid %lld response %d: token %zu, MoE layer %zu: expert %d outside [0, "
+                                "%d)", (long long)g->uid, j, i / w, i % w / g->route_k, r->out_routes[i],
+                                g->route_experts);
+    return MOERL_OK;
+}
+
+static void routes_write(wbuf *w, const rl_group *g, const gen_request *r) {
+    const size_t width = (size_t)g->route_layers * g->route_k;
+    w_i32(w, width ? r->n_routes : -1);
+    if (width) w_put(w, r->out_routes, (size_t)r->n_routes * width * sizeof(int16_t));
+}
+
 static int group_write(wbuf *w, const rl_group *g) {
     if (g->n <= 0 || g->n > RL_WIRE_MAX_N)
         return moerl_errorf("group encode: uid %lld has n = %d responses", (long long)g->uid, g->n);
@@ -142,8 +171,13 @@ static int group_write(wbuf *w, const rl_group *g) {
     if (g->prompt.n <= 0 || g->prompt.n > RL_WIRE_MAX_LEN)
         return moerl_errorf("group encode: uid %lld has a prompt of %lld tokens", (long long)g->uid,
                             (long long)g->prompt.n);
+    if (!routes_shape_ok(g->route_layers, g->route_k, g->route_experts))
+        return moerl_errorf("group encode: uid %lld: route shape %d MoE layers × k %d of %d experts (all 0, or 1 ≤ "
+                            "layers ≤ %d and 1 ≤ k ≤ experts ≤ %d expected)", (long long)g->uid, g->route_layers,
+                            g->route_k, g->route_experts, MOERL_MAX_LAYERS, INT16_MAX);
     for (int j = 0; j < g->n; j++) {
         const gen_request *r = &g->reqs[j];
+        if (routes_check(g, j) != MOERL_OK) return MOERL_ERR;
         if (r->n_out < 0 || r->n_out > RL_WIRE_MAX_LEN ||
             (r->n_out > 0 && (!r->out_tokens || !r->out_logprobs || !r->out_versions)))
             return moerl_errorf("group encode: uid %lld response %d has n_out = %d without outputs", (long long)g->uid,
@@ -162,6 +196,9 @@ static int group_write(wbuf *w, const rl_group *g) {
     w_i32(w, g->n);
     w_i32(w, (int32_t)g->prompt.n);
     w_put(w, g->prompt.ids, (size_t)g->prompt.n * 4);
+    w_i32(w, g->route_layers);
+    w_i32(w, g->route_k);
+    w_i32(w, g->route_experts);
     for (int j = 0; j < g->n; j++) {
         const gen_request *r = &g->reqs[j];
         w_i32(w, r->n_out);
@@ -172,6 +209,7 @@ static int group_write(wbuf *w, const rl_group *g) {
         w_put(w, r->out_versions, (size_t)r->n_out * 4);
         w_i32(w, r->out_mask ? 1 : 0);
         if (r->out_mask) w_put(w, r->out_mask, (size_t)r->n_out);
+        routes_write(w, g, r);
     }
     if (rewards_write(w, g) != MOERL_OK) return MOERL_ERR;
     return traj_write(w, g);
@@ -276,6 +314,47 @@ static int mask_read(rbuf *r, gen_request *q, int64_t uid, int j) {
     return MOERL_OK;
 }
 
+/* Response j's routing record (n_routes, then n_routes × route_layers × route_k int16) into q->out_routes
+ * (NULL when the group has no route shape). */
+static int routes_read(rbuf *r, const rl_group *g, gen_request *q, int j) {
+    const size_t w = (size_t)g->route_layers * g->route_k;
+    int32_t nr = 0;
+    if (r_i32(r, &nr, "n_routes")) return MOERL_ERR;
+    if (!w) return r_count(r, nr, -1, -1, "n_routes (the group has no route shape)");
+    const int32_t most = (int32_t)MOERL_MIN((int64_t)INT32_MAX, (int64_t)q->prompt_len + q->n_out);
+    if (r_count(r, nr, 0, most, "n_routes (at most prompt_len + n_out)")) return MOERL_ERR;
+    const size_t bytes = (size_t)nr * w * sizeof(int16_t);
+    if (bytes > r->n - r->off) return r_get(r, NULL, bytes, "routes");
+    q->out_routes = xmalloc(bytes ? bytes : 1);
+    q->n_routes = nr;
+    r_get(r, q->out_routes, bytes, "routes");
+    for (size_t i = 0; i < (size_t)nr * w; i++)
+        if (q->out_routes[i] < 0 || q->out_routes[i] >= g->route_experts) {
+            r->err = 1;
+            return moerl_errorf("%s: uid %lld response %d: token %zu, MoE layer %zu: expert %d outside [0, %d)",
+                                r->what, (long long)g->uid, j, i / w, i % w / g->route_k, q->out_routes[i],
+                                g->route_experts);
+        }
+    return MOERL_OK;
+}
+
+/* The group's route shape after the prompt (wire.h). */
+static int route_shape_read(rbuf *r, rl_group *g) {
+    int32_t v[3] = {0};
+    if (r_i32(r, &v[0], "route_layers") || r_i32(r, &v[1], "route_k") || r_i32(r, &v[2], "route_experts"))
+        return MOERL_ERR;
+    if (!routes_shape_ok(v[0], v[1], v[2])) {
+        r->err = 1;
+        return moerl_errorf("%s: uid %lld: route shape %d MoE layers × k %d of %d experts (all 0, or 1 ≤ layers ≤ %d "
+                            "and 1 ≤ k ≤ experts ≤ %d expected)", r->what, (long long)g->uid, v[0], v[1], v[2],
+                            MOERL_MAX_LAYERS, INT16_MAX);
+    }
+    g->route_layers = v[0];
+    g->route_k = v[1];
+    g->route_experts = v[2];
+    return MOERL_OK;
+}
+
 /* The trajectories' records after the rewards (g->traj stays NULL for single-turn groups). */
 static int traj_read(rbuf *r, rl_group *g) {
     int32_t has = 0;
@@ -340,6 +419,7 @@ static int group_read(rbuf *r, rl_group **out) {
     g->prompt.n = g->prompt.cap = plen;
     int rc = r_get(r, g->prompt.ids, (size_t)plen * 4, "prompt tokens");
     if (rc == MOERL_OK) rc = check_nonneg(r, g->prompt.ids, plen, "prompt", uid, -1);
+    if (rc == MOERL_OK) rc = route_shape_read(r, g);
     for (int j = 0; j < n && rc == MOERL_OK; j++) {
         gen_request *q = &g->reqs[j];
         int32_t n_out = 0, fin = 0, nint = 0;
@@ -382,6 +462,7 @@ static int group_read(rbuf *r, rl_group **out) {
                 break;
             }
         if (rc == MOERL_OK) rc = mask_read(r, q, uid, j);
+        if (rc == MOERL_OK) rc = routes_read(r, g, q, j);
     }
     if (rc == MOERL_OK) rc = rewards_read(r, g);
     if (rc == MOERL_OK) rc = traj_read(r, g);

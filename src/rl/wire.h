@@ -3,11 +3,13 @@
  * share of a trainer step. Byte layouts are fixed (host byte order, like the weight-broadcast header
  * of dist.h: every rank of a job runs on one architecture); integers are little-endian on x86-64.
  *
- * Group ("MOERLGR1", format 3):
- *   char magic[8] "MOERLGR1" | u32 format = 3 | i32 start_version | i64 uid | i32 row | i32 epoch |
+ * Group ("MOERLGR1", format 4):
+ *   char magic[8] "MOERLGR1" | u32 format = 4 | i32 start_version | i64 uid | i32 row | i32 epoch |
  *   i32 n (responses) | i32 prompt_len | i32 prompt[prompt_len] |
+ *   i32 route_layers | i32 route_k | i32 route_experts |
  *   n × { i32 n_out | i32 finish | i32 n_interruptions | i32 tokens[n_out] | f32 logprobs[n_out] |
- *         i32 versions[n_out] | i32 has_mask (0 | 1) | if has_mask: u8 mask[n_out] (0 | 1) } |
+ *         i32 versions[n_out] | i32 has_mask (0 | 1) | if has_mask: u8 mask[n_out] (0 | 1) |
+ *         i32 n_routes (−1: none) | i16 routes[n_routes × route_layers × route_k] } |
  *   i32 scored (0 | 1) | if scored: n × { f64 score | i32 n_extra |
  *         n_extra × { i32 key_len | key bytes | f64 value } | i32 pred_len (−1: no pred) | pred bytes } |
  *   i32 has_traj (0 | 1) | if has_traj: n × { i32 turns | i32 tool_calls | i32 tool_errors | i32 env_done |
@@ -15,9 +17,13 @@
  *   (mask: gen_request.out_mask, 1 = sampled, 0 = a multi-turn rollout's inserted tool-turn token; the
  *   rewards the rollout rank's reward pool computed, rl_group.rewards: scores and extra values finite,
  *   names 1..RL_WIRE_MAX_STR bytes without NUL; traj: rl_group.traj, counts ≥ 0 with tool_errors ≤
- *   tool_calls, flags 0 | 1, env_reward finite. Format 1 had no rewards, format 2 no mask and traj)
- * Train message ("MOERLTB1", format 3), trainer rank 0 → trainer rank t:
- *   char magic[8] "MOERLTB1" | u32 format = 3 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
+ *   tool_calls, flags 0 | 1, env_reward finite; routes: gen_request.out_routes / n_routes and the group's
+ *   route_* shape (rl_group), all three 0 and every n_routes −1 when the group carries no routes, else
+ *   1 ≤ route_layers ≤ MOERL_MAX_LAYERS, 1 ≤ route_k ≤ route_experts ≤ 32767, 0 ≤ n_routes ≤ prompt_len +
+ *   n_out and every id in [0, route_experts). Format 1 had no rewards, format 2 no mask and traj, format 3
+ *   no routes)
+ * Train message ("MOERLTB1", format 4), trainer rank 0 → trainer rank t:
+ *   char magic[8] "MOERLTB1" | u32 format = 4 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
  *   i32 n_mb | n_mb × { i32 n_groups | i64 resp_tokens | i64 tokens } |
  *   Σ n_groups × { u64 length | group bytes (as above) }
  *   resp_tokens / tokens are the mini-batch's GLOBAL counts over all trainer ranks (token-mean loss
@@ -36,7 +42,7 @@
 
 #define RL_WIRE_GROUP_MAGIC "MOERLGR1"
 #define RL_WIRE_TRAIN_MAGIC "MOERLTB1"
-#define RL_WIRE_FORMAT 3
+#define RL_WIRE_FORMAT 4
 #define RL_WIRE_MAX_EXTRA 4096         /* extra reward fields per response a decoder accepts */
 #define RL_WIRE_MAX_STR (1 << 20)      /* bytes of an extra field's name or a pred a decoder accepts */
 #define RL_WIRE_MAX_N 65536            /* responses per group a decoder accepts */
@@ -49,9 +55,11 @@
  * trainer rank 0 (model parallelism; version = 1 when the AdamW moments come too; no groups). */
 enum { RL_TRAIN_CMD_STEP = 1, RL_TRAIN_CMD_STOP = 2, RL_TRAIN_CMD_GATHER = 3 };
 
-/* Serialise a finished group (every response's outputs, out_mask when set, rewards and traj when set)
- * into a new heap buffer *buf (free()) of *len bytes. Errors: n ≤ 0, a response with n_out < 0 or
- * NULL outputs while n_out > 0, a mask byte other than 0 / 1, a trajectory record out of range. */
+/* Serialise a finished group (every response's outputs, out_mask when set, routes when the group has a
+ * route shape, rewards and traj when set) into a new heap buffer *buf (free()) of *len bytes. Errors:
+ * n ≤ 0, a response with n_out < 0 or NULL outputs while n_out > 0, a mask byte other than 0 / 1, a
+ * trajectory record out of range, a route shape out of range, a response without routes (or with
+ * n_routes outside [0, prompt_len + n_out]) in a group with a route shape, an expert id out of range. */
 int rl_group_encode(const rl_group *g, void **buf, size_t *len);
 /* Parse a group written by rl_group_encode into a new rl_group (free with rl_group_free); every
  * response is finished (n_done = n), reqs[j].prompt points at the group's own prompt copy and
@@ -60,8 +68,9 @@ int rl_group_encode(const rl_group *g, void **buf, size_t *len);
  * (prompt: ≥ 1), a uid outside [0, RL_WIRE_MAX_UID], more responses than the bytes left could hold,
  * a negative token id, version or interruption count, an unknown finish reason, a NaN logprob, a
  * mask byte other than 0 / 1 (the message names the uid, response and token), a non-finite score or
- * extra value, a bad string length, a trajectory record out of range, bytes missing or left over.
- * reqs[j].out_mask and traj are NULL when the sender had none. */
+ * extra value, a bad string length, a trajectory record out of range, a route shape, n_routes or expert
+ * id out of range (named with the uid, response, token and layer), bytes missing or left over.
+ * reqs[j].out_mask, out_routes and traj are NULL when the sender had none. */
 int rl_group_decode(const void *buf, size_t len, rl_group **out);
 
 /* A decoded train message (rl_minibatch: rl.h). groups[] concatenates the mini-batches' groups. */

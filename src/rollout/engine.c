@@ -37,6 +37,8 @@ struct engine {
     moe_bf16_weights bf; /* bf16 panels (ec.bf16_weights), else bf.buf == NULL */
     engine_stats st;
     void *ep;             /* expert parallelism over rollout ranks (engine_set_ep: a runtime with the MoE hooks), else NULL */
+    /* routing record (ec.record_routes): moe_of[l] = MoE index of layer l (−1: dense MLP), n_moe of them */
+    int moe_of[MOERL_MAX_LAYERS], n_moe;
 };
 
 /* Rows up to which a step's o_proj and LM head read the bf16 panels (beyond: the fp32 product
@@ -162,11 +164,72 @@ const char *finish_reason_name(finish_reason r) {
     }
 }
 
+/* ------------------------------------------------------------------ routing record (docs/rl.md "Routing replay") */
+
+/* The MoE layers in order (a layer with a router; the numbering of model_acts.replay_routes). */
+static void routes_layout(engine *e) {
+    e->n_moe = 0;
+    for (int l = 0; l < e->L; l++) e->moe_of[l] = e->m.p.layers[l].router ? e->n_moe++ : -1;
+}
+
+int engine_route_width(const engine *e, int *n_moe_layers, int *k) {
+    const int on = e->ec.record_routes && e->n_moe > 0;
+    if (n_moe_layers) *n_moe_layers = on ? e->n_moe : 0;
+    if (k) *k = on ? e->K : 0;
+    return on ? e->n_moe * e->K : 0;
+}
+
+/* The route record of a request the engine admits (engine_add): [(prompt_len + sp.max_tokens) × n_moe × K]. */
+static void routes_alloc(engine *e, gen_request *r) {
+    const int w = engine_route_width(e, NULL, NULL);
+    if (!w || r->out_routes) return;
+    r->out_routes = xmalloc((size_t)(r->prompt_len + r->sp.max_tokens) * w * sizeof(int16_t));
+    r->n_routes = 0;
+}
+
+/* After MoE layer l's router (e->mlp.topk_ids [T, K]): the step's tokens that are recorded for the first
+ * time (position ≥ the request's n_routes) get their top-k; a re-prefilled token keeps its first route. */
+static void routes_record(engine *e, int l, int T) {
+    const int mi = e->moe_of[l], K = e->K, w = e->n_moe * K;
+    if (mi < 0) return;
+    for (int n = 0; n < T; n++) {
+        gen_request *r = e->slots[e->slot_of[n]];
+        if (!r->out_routes || e->pos[n] < r->n_routes) continue;
+        int16_t *dst = r->out_routes + (size_t)e->pos[n] * w + (size_t)mi * K;
+        for (int k = 0; k < K; k++) dst[k] = (int16_t)e->mlp.topk_ids[(size_t)n * K + k];
+    }
+}
+
+/* After the step's forward: every request's n_routes covers the positions it forwarded (they are
+ * contiguous from n_cached ≤ n_routes, so the count only grows by the new ones). */
+static void routes_advance(engine *e, int T) {
+    for (int n = 0; n < T; n++) {
+        gen_request *r = e->slots[e->slot_of[n]];
+        if (r->out_routes && e->pos[n] == r->n_routes) r->n_routes++;
+    }
+}
+
 engine *engine_create(const moe_config *cfg, engine_config ec) {
     if (ec.max_num_seqs <= 0 || ec.max_model_len <= 1 || ec.max_num_batched_tokens <= 0) {
         moerl_errorf("engine: max_num_seqs (%d), max_model_len (%d) and max_num_batched_tokens (%d) must be "
                      "positive (max_model_len ≥ 2)",
                      ec.max_num_seqs, ec.max_model_len, ec.max_num_batched_tokens);
+        return NULL;
+    }
+    if (ec.bf16_weights && cfg->exec.batch_invariant) {
+        moerl_errorf("engine: bf16 weights (rollout.dtype=bf16) with batch-invariant kernels "
+                     "(rollout.batch_invariant=true): the engine's products would use bf16-rounded weights and the "
+                     "trainer's fp32 ones, so their logprobs could not agree bit for bit; use fp32 weights");
+        return NULL;
+    }
+    if (ec.record_routes && ec.simulated) {
+        moerl_errorf("engine: record_routes (rollout.enable_rollout_routing_replay) with a simulated engine: no model "
+                     "runs, so there are no routes to record");
+        return NULL;
+    }
+    if (ec.record_routes && cfg->num_experts > INT16_MAX) {
+        moerl_errorf("engine: record_routes stores expert ids as int16, the model has %d experts (at most %d)",
+                     cfg->num_experts, INT16_MAX);
         return NULL;
     }
     if (ec.max_num_batched_tokens < ec.max_num_seqs) ec.max_num_batched_tokens = ec.max_num_seqs;
@@ -177,10 +240,12 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     }
     e->ec = ec;
     if (ec.bf16_weights) e->m.cfg.exec.no_pack = 1; /* the bf16 panels replace the fp32 expert panels */
+    if (cfg->exec.batch_invariant) e->m.cfg.exec.no_pack = 1; /* the batch-invariant kernels read W itself */
     const moe_config *c = &e->m.cfg;
     e->L = c->num_hidden_layers; e->H = c->hidden_size; e->V = c->vocab_size;
     e->nh = c->num_attention_heads; e->nkv = c->num_key_value_heads; e->hd = c->head_dim;
     e->E = c->num_experts; e->K = c->num_experts_per_tok;
+    routes_layout(e);
     const size_t S = ec.max_num_seqs, Lm = ec.max_model_len, T = ec.max_num_batched_tokens;
     const size_t kvrow = (size_t)e->nkv * e->hd, H = e->H, qrow = (size_t)e->nh * e->hd;
     if (!ec.simulated) {
@@ -357,6 +422,7 @@ int engine_add(engine *e, gen_request *r) {
         r->turn = 0;
         rng_seed(&r->rng, sp->seed);
     }
+    routes_alloc(e, r);
     enqueue(e, r);
     return MOERL_OK;
 }
@@ -406,6 +472,9 @@ void gen_request_free_outputs(gen_request *r) {
     free(r->out_logprobs);
     free(r->out_versions);
     free(r->out_mask);
+    free(r->out_routes);
+    r->out_routes = NULL;
+    r->n_routes = 0;
     r->out_mask = NULL;
     r->out_cap = 0;
     r->out_tokens = NULL;
@@ -448,12 +517,16 @@ static void forward_tokens(engine *e, int T, int n_rows) {
             memcpy(vc + off, e->v + (size_t)n * kvrow, kvrow * sizeof(float));
         }
         const double ta = trace_begin();
-        attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        if (c->exec.batch_invariant) /* the trainer's key order (batch_invariant.c) */
+            attention_kvcache_forward_bi(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+        else attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
         trace_end("attention (KV cache)", "engine", ta);
-        if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
+        if (c->exec.batch_invariant) linear_forward_bi(e->x, e->att, w->o_proj, T, nh * hd, H, 1);
+        else if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
         else linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward_par(m, l, e->ln, e->mlp_out, &e->mlp, T, e->ep); /* ep NULL: mlp_forward */
+        if (e->ec.record_routes) routes_record(e, l, T);
         const size_t TH = (size_t)T * H;
         float *x = e->x;
         const float *mo = e->mlp_out;
@@ -463,7 +536,8 @@ static void forward_tokens(engine *e, int T, int n_rows) {
     for (int r = 0; r < n_rows; r++)
         memcpy(e->hid + (size_t)r * H, e->x + (size_t)e->sample_row[r] * H, H * sizeof(float));
     rmsnorm_forward(e->hid, e->hid_rstd, e->hid, m->p.norm, n_rows, H, c->rms_norm_eps);
-    if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(e->logits, NULL, e->hid, e->bf.lm_head, n_rows, H, e->V, 0);
+    if (c->exec.batch_invariant) linear_forward_bi(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
+    else if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(e->logits, NULL, e->hid, e->bf.lm_head, n_rows, H, e->V, 0);
     else linear_forward(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
 }
 
@@ -526,6 +600,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     double t0 = moerl_now();
     const double tr = trace_begin();
     if (!e->ec.simulated) forward_tokens(e, T, n_rows);
+    if (e->ec.record_routes) routes_advance(e, T);
     trace_end(n_rows == T ? "engine decode forward" : "engine prefill forward", "engine", tr);
     double t1 = moerl_now();
     const double ts = trace_begin();
@@ -541,6 +616,8 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             tok = r->sp.forced[r->n_sampled];
             lp = e->ec.simulated ? 0.0f : token_logprob(lg, e->V, r->sp.temperature, tok);
         }
+        if (e->m.cfg.exec.batch_invariant && !e->ec.simulated) /* the trainer's log-softmax (model_logprobs) */
+            logprob_forward(&lp, NULL, NULL, lg, &tok, 1, e->V, r->sp.temperature > 0 ? r->sp.temperature : 1.0f);
         r->n_sampled++;
         if (r->out_logits && !e->ec.simulated)
             memcpy(r->out_logits + (size_t)r->n_out * e->V, e->logits + (size_t)i * e->V, e->V * sizeof(float));

@@ -100,7 +100,10 @@ typedef struct {
      * (responses then end at their length limit, or at rollout.synthetic_length's). */
     int simulated;
     int bf16_weights;           /* 1: compute from bf16 weights (rollout.dtype bf16, see below) */
-    int record_routes;          /* 1: record every token's routed experts (gen_request.out_routes) */
+    /* 1: record every forwarded token's routed experts (gen_request.out_routes; rollout routing replay):
+     * 2·n_moe_layers·K bytes per token of prompt ⊕ sp.max_tokens, allocated at engine_add (Qwen3-30B-A3B:
+     * 48 layers × 8 = 768 B per token). Refused with simulated (no model runs) or more than 32767 experts. */
+    int record_routes;
 } engine_config;
 
 /* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of
@@ -114,7 +117,10 @@ typedef struct {
 typedef struct engine engine;
 
 /* Create an engine for a model configuration; the engine owns its own weight buffer (filled by
- * engine_load_weights) and its KV cache. Errors: invalid sizes (named). */
+ * engine_load_weights) and its KV cache. With cfg->exec.batch_invariant (rollout.batch_invariant) every
+ * step runs the batch-invariant kernels (kernels.h) and a sampled token's logprob is logprob_forward's
+ * on its logits row, so it equals the trainer's recomputation bit for bit (docs/rl.md, "Bit-for-bit
+ * on-policy"). Errors: invalid sizes (named); bf16_weights with exec.batch_invariant. */
 engine *engine_create(const moe_config *cfg, engine_config ec);
 void engine_free(engine *e);
 /* Copy weights (a parameter-layout buffer of m) into the engine and set the policy version.
@@ -153,7 +159,9 @@ int engine_set_ep(engine *e, void *ep);
 int engine_idle_step(engine *e);
 /* The configuration the engine was created with. */
 engine_config engine_get_config(const engine *e);
-/* Validate and enqueue. Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
+/* Validate and enqueue; allocates the outputs (capacity sp.max_tokens) when r has none, and with
+ * engine_config.record_routes the routing record (gen_request.out_routes) when r has none.
+ * Errors (request untouched): empty prompt, prompt_len ≥ max_model_len,
  * a token outside the vocabulary, temperature < 0 or not finite, top_p ∉ (0,1], top_k < 0,
  * max_tokens ≤ 0. */
 int engine_add(engine *e, gen_request *r);
@@ -192,7 +200,11 @@ int engine_abort(engine *e, gen_request **out, int out_cap);
 int engine_continue(engine *e, gen_request *r, const int *ids, int n);
 /* The RNG seed of assistant turn `turn` of a request seeded with `seed` (turn 0: seed itself). */
 uint64_t engine_turn_seed(uint64_t seed, int turn);
-/* Release a finished request's output buffers. */
+/* The routing record's shape (engine_config.record_routes): n_moe_layers MoE layers (those with a router,
+ * in layer order) × k experts per token; returns their product, the int16 entries per recorded token of
+ * gen_request.out_routes. 0 (and 0, 0) when the engine does not record or the model has no MoE layer. */
+int engine_route_width(const engine *e, int *n_moe_layers, int *k);
+/* Release a finished request's output buffers (out_routes too). */
 void gen_request_free_outputs(gen_request *r);
 
 /* Counters for benchmarks/metrics. */

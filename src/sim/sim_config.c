@@ -151,6 +151,10 @@ int sim_read_setup(const cfg *c, const char *model, int calibrate, int sweep, rl
         if (rl_config_set_mode(&async, RL_MODE_ASYNC) != MOERL_OK) return MOERL_ERR;
     }
     if (read_multi_turn_keys(c, rc, su) != MOERL_OK) return MOERL_ERR;
+    if (rc->batch_invariant) /* refused rather than ignored: its cost is the kernels', and no kernel runs here */
+        return moerl_errorf("rollout.batch_invariant=true: moerl simulate does not model the batch-invariant kernels "
+                            "(its engine and trainer run no model, and the cost model has no figure for them; "
+                            "docs/benchmarks.md, 'Batch-invariant kernels'); leave it at false");
     su->target = target;
     su->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     *n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");

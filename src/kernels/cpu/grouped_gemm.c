@@ -134,6 +134,10 @@ void grouped_gemm_forward_team(float *out, float *a, const float *W, const int *
     MOERL_ASSERT(E > 0 && I > 0 && O > 0);
     const grouped_fuse none = {0};
     const grouped_fuse *f = fuse ? fuse : &none;
+    if (f->invariant) { /* moe_exec_opts.batch_invariant: the fixed-order products (batch_invariant.c) */
+        grouped_gemm_forward_bi_team(out, a, W, offsets, E, I, O, f);
+        return;
+    }
     MOERL_ASSERT(!f->swiglu_act || O % 2 == 0);
     const int nt = gg_team_threads();
     const long M = offsets[E] - offsets[0];
