@@ -146,12 +146,13 @@ static void test_equivalence(int dense_layer) {
         for (int mi = 0; mi < Lm; mi++)
             for (int j = 0; j < K; j++)
                 replay[((size_t)t * Lm + mi) * K + j] = (int16_t)(t % 3 == 0 ? -1 : (t + 3 * j + mi) % c.num_experts);
-    const char *paths[] = {"default", "separate_permute", "per_expert_loop", "per_expert_weights"};
-    for (int p = 0; p < 4; p++) {
+    const char *paths[] = {"default", "separate_permute", "per_expert_loop", "per_expert_weights", "batch_invariant"};
+    for (int p = 0; p < 5; p++) {
         moe_exec_opts ex = {0};
         if (p == 1) ex.separate_permute = 1;
         if (p == 2) ex.per_expert_loop = 1;
         if (p == 3) ex.per_expert_weights = 1;
+        if (p == 4) ex.batch_invariant = 1; /* rollout.batch_invariant's kernels: the recompute must use them too */
         m.cfg.exec = ex;
         for (int rp = 0; rp < 2; rp++) {
             b.replay = rp ? replay : NULL;

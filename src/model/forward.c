@@ -1339,6 +1339,8 @@ static void recompute_layer(const moe_model *m, model_acts *a, int l, int nthr) 
         }
         const float scale = 1.0f / sqrtf((float)hd);
         if (sp) model_par_hooks(sp)->attn_forward(sp, l, L->att, L->q, L->k, L->v, scale);
+        else if (c->exec.batch_invariant) /* model_forward's kernel choice, so the same bits */
+            attention_forward_bi(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, a->B, N, nh, nkv, hd, scale);
         else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, a->B, N, nh, nkv, hd, scale);
     }
     mlp_acts s2 = L->mlp; /* the router writes its native top-k into scratch; the kept routes stay */
@@ -1353,7 +1355,7 @@ static void recompute_layer(const moe_model *m, model_acts *a, int l, int nthr) 
         const size_t o = (size_t)r0 * H;
         if (r1 > r0 && full) {
             memcpy(L->resid_mid + o, L->resid_in + o, (size_t)(r1 - r0) * H * sizeof(float));
-            linear_forward(L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, r1 - r0, nhd, H, 1);
+            lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, r1 - r0, nhd, H, 1);
         }
         if (r1 > r0)
             rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, r1 - r0, H,
