@@ -18,11 +18,17 @@
  * check that both implementations compute the same thing).
  *
  * Usage: bench_train_step [--threads N] [--reps R] [--warmup W] [--batch B] [--seqlen T] [--json]
+ *                         [--recompute none|full|selective] [--demo]
  *   --threads sets omp_set_num_threads and openblas_set_num_threads (default: all cores).
+ *   --recompute: activation recompute (model.enable_gradient_checkpointing + actor.recompute_granularity,
+ *   moe_exec_opts.recompute); the report adds the activation arena's bytes (bench/run_recompute.sh).
+ *   --demo: examples/demo.yaml's model (hidden 128, 2 layers, 4/2 heads of 32, 8 experts top-2, expert
+ *   width 128, the byte vocabulary) instead of the benchmark configuration.
  *   --json prints one JSON line (fields shared with torch_train_step.py) instead of the text.
  */
 #include "base/common.h"
 #include "base/rng.h"
+#include "data/tokenizer.h" /* TOK_VOCAB_SIZE: the demo model's byte vocabulary */
 #include "model/forward.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -42,7 +48,7 @@ static const char *phase_names[N_PH] = {"forward", "logprobs", "backward", "opti
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_train_step [--threads N] [--reps R (>= 1)] [--warmup W] [--batch B] "
-                    "[--seqlen T] [--json]\n");
+                    "[--seqlen T] [--json] [--recompute none|full|selective] [--demo]\n");
     exit(2);
 }
 
@@ -58,16 +64,27 @@ static int parse_int(const char *flag, const char *s, int lo) {
 
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
-    int threads = 0, reps = 10, warmup = 2, B = 4, T = 256, json = 0;
+    int threads = 0, reps = 10, warmup = 2, B = 4, T = 256, json = 0, rc = MODEL_RECOMPUTE_NONE, demo = 0;
+    const char *rc_name = "none";
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--json")) { json = 1; continue; }
+        if (!strcmp(argv[a], "--demo")) { demo = 1; continue; }
         if (a + 1 >= argc) usage();
         if (!strcmp(argv[a], "--threads")) threads = parse_int("--threads", argv[++a], 1);
         else if (!strcmp(argv[a], "--reps")) reps = parse_int("--reps", argv[++a], 1);
         else if (!strcmp(argv[a], "--warmup")) warmup = parse_int("--warmup", argv[++a], 0);
         else if (!strcmp(argv[a], "--batch")) B = parse_int("--batch", argv[++a], 1);
         else if (!strcmp(argv[a], "--seqlen")) T = parse_int("--seqlen", argv[++a], 1);
-        else usage();
+        else if (!strcmp(argv[a], "--recompute")) {
+            rc_name = argv[++a];
+            if (!strcmp(rc_name, "none")) rc = MODEL_RECOMPUTE_NONE;
+            else if (!strcmp(rc_name, "full")) rc = MODEL_RECOMPUTE_FULL;
+            else if (!strcmp(rc_name, "selective")) rc = MODEL_RECOMPUTE_SELECTIVE;
+            else {
+                fprintf(stderr, "bench_train_step: --recompute expects none, full or selective, got '%s'\n", rc_name);
+                return 2;
+            }
+        } else usage();
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
@@ -78,6 +95,17 @@ int main(int argc, char **argv) {
     openblas_set_num_threads(threads);
 
     moe_config c = bench_model_config(T);
+    if (demo) { /* examples/demo.yaml */
+        c.vocab_size = TOK_VOCAB_SIZE;
+        c.hidden_size = 128;
+        c.intermediate_size = 256;
+        c.num_hidden_layers = 2;
+        c.num_attention_heads = 4;
+        c.num_experts = 8;
+        c.num_experts_per_tok = 2;
+        c.rope_theta = 10000.0f;
+    }
+    c.exec.recompute = rc;
 
     moe_model m;
     if (model_init(&m, &c) != MOERL_OK) {
@@ -152,9 +180,9 @@ int main(int argc, char **argv) {
     if (json) {
         printf("{\"impl\":\"moerl\",\"threads\":%d,\"reps\":%d,\"warmup\":%d,\"batch\":%d,\"seqlen\":%d,"
                "\"tokens\":%d,\"params\":%lld,\"first_loss\":%.6f,\"step_ms_median\":%.3f,\"step_ms_min\":%.3f,"
-               "\"step_ms_max\":%.3f,\"tokens_per_s\":%.1f",
+               "\"step_ms_max\":%.3f,\"tokens_per_s\":%.1f,\"recompute\":\"%s\",\"arena_bytes\":%zu",
                threads, reps, warmup, B, T, N, (long long)model_num_params(&m), first_loss, 1e3 * med[PH_STEP],
-               1e3 * lo[PH_STEP], 1e3 * hi[PH_STEP], tps);
+               1e3 * lo[PH_STEP], 1e3 * hi[PH_STEP], tps, rc_name, a.arena_bytes);
         for (int p = 0; p < PH_STEP; p++) printf(",\"%s_ms\":%.3f", phase_names[p], 1e3 * med[p]);
         printf("}\n");
     } else {
@@ -165,7 +193,8 @@ int main(int argc, char **argv) {
         for (int p = 0; p < N_PH; p++)
             printf("  %-9s median %8.2f ms  [min %8.2f  max %8.2f]\n", phase_names[p], 1e3 * med[p], 1e3 * lo[p],
                    1e3 * hi[p]);
-        printf("  tokens/s (median step): %.0f\n", tps);
+        printf("  tokens/s (median step): %.0f\n  recompute %s: activation arena %.2f MiB\n", tps, rc_name,
+               a.arena_bytes / 1048576.0);
     }
     for (int p = 0; p < N_PH; p++) free(t[p]);
     free(tokens);

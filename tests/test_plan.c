@@ -117,6 +117,20 @@ static void test_layout_exact(void) {
                 CK(plan_acts_bytes(&c, Ns[k], 0, c.num_hidden_layers, 0) == (double)model_acts_bytes(&m, Ns[k]));
             CK(plan_acts_bytes(&c, 700, 0, c.num_hidden_layers, 1) < plan_acts_bytes(&c, 700, 0, c.num_hidden_layers, 0) ||
                   c.num_hidden_layers == 1);
+            for (int rc = MODEL_RECOMPUTE_FULL; rc <= MODEL_RECOMPUTE_SELECTIVE; rc++) { /* activation recompute */
+                m.cfg.exec.recompute = rc;
+                for (int k = 0; k < 3; k++)
+                    CK(plan_acts_bytes(&c, Ns[k], 0, c.num_hidden_layers, rc) == (double)model_acts_bytes(&m, Ns[k]));
+                /* moerl plan's row (plan_compute, one rank, micro-batches of 700 tokens) */
+                plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4,
+                                 .micro_tokens = 700, .updates_per_step = 1, .step_tokens = 700, .rollout_tp = 1,
+                                 .max_num_seqs = 1, .max_model_len = 2, .kv_dtype_bytes = 4, .sync_every = 1,
+                                 .recompute = rc};
+                plan_result pr;
+                CK(plan_compute(&c, &in, &pr) == MOERL_OK && pr.acts_recompute == (double)model_acts_bytes(&m, 700) &&
+                   pr.total_recompute - pr.acts_recompute == pr.total - pr.acts);
+                m.cfg.exec.recompute = 0;
+            }
             model_free(&m);
         }
 }

@@ -66,6 +66,67 @@ static void *carve(arena_t *ar, size_t bytes) {
 #define CF(n) ((float *)carve(ar, (size_t)(n) * sizeof(float)))
 #define CI(n) ((int *)carve(ar, (size_t)(n) * sizeof(int)))
 
+/* Whether a buffer of recompute class cls is kept across the forward (else it lives in the one
+ * shared scratch that every layer's recomputed buffers alias): class 0 always (the layer input, the
+ * routes used and the per-expert counts read after the forward), class 1 under selective recompute
+ * (the attention block), class 2 never under recompute (the MLP/MoE sub-layer). */
+static int rc_kept(int recompute, int cls) {
+    return recompute == MODEL_RECOMPUTE_NONE || cls == 0 || (cls == 1 && recompute == MODEL_RECOMPUTE_SELECTIVE);
+}
+
+/* Carve decoder layer l's buffers for N tokens: pass −1 all of them (no recompute), pass 0 only
+ * the kept ones, pass 1 only the recomputed ones (into the shared scratch). */
+static void layer_carve(const moe_config *c, layer_acts *L, int l, size_t N, arena_t *ar, int pass) {
+    const size_t H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim,
+                 E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
+                 Id = c->intermediate_size, M = N * (E > 0 ? K : 0);
+    const int rc = c->exec.recompute;
+#define LF(ptr, cls, n) \
+    if (pass < 0 || pass == !rc_kept(rc, cls)) (ptr) = CF(n)
+#define LI(ptr, cls, n) \
+    if (pass < 0 || pass == !rc_kept(rc, cls)) (ptr) = CI(n)
+    LF(L->resid_in, 0, N * H);
+    LF(L->ln1, 1, N * H);
+    LF(L->ln1_rstd, 1, N);
+    LF(L->q_raw, 1, N * nh * hd);
+    LF(L->k_raw, 1, N * nkv * hd);
+    LF(L->q_rstd, 1, N * nh);
+    LF(L->k_rstd, 1, N * nkv);
+    LF(L->q, 1, N * nh * hd);
+    LF(L->k, 1, N * nkv * hd);
+    LF(L->v, 1, N * nkv * hd);
+    LF(L->att, 1, N * nh * hd);
+    LF(L->lse, 1, N * nh);
+    LF(L->resid_mid, 1, N * H);
+    LF(L->ln2, 2, N * H);
+    LF(L->ln2_rstd, 2, N);
+    mlp_acts *s = &L->mlp;
+    if (moe_config_layer_is_moe(c, l)) {
+        LF(s->router_logits, 2, N * E);
+        LF(s->probs, 2, N * E);
+        LI(s->topk_ids, 0, N * K);
+        LI(s->row_idx, 2, N * K);
+        LF(s->topk_w, 2, N * K);
+        LI(s->sorted_row, 2, M);
+        LI(s->expanded_pos, 2, M);
+        LI(s->tokens_per_expert, 0, E);
+        LI(s->offsets, 2, E + 1);
+        LF(s->permuted, 2, M * H);
+        LF(s->gate_up, 2, M * 2 * I);
+        LF(s->act, 2, M * I);
+        LF(s->y, 2, M * H);
+        if (c->exec.per_expert_weights) {
+            LF(s->w_gu, 2, E * 2 * I * H);
+            LF(s->w_d, 2, E * H * I);
+        }
+    } else {
+        LF(s->gate_up, 2, N * 2 * Id);
+        LF(s->act, 2, N * Id);
+    }
+#undef LF
+#undef LI
+}
+
 static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     const moe_config *c = &m->cfg;
     const size_t N = (size_t)Nmax, H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads,
@@ -84,51 +145,26 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
      * never live across layers, so one buffer serves them all */
     float *yw = c->exec.separate_permute ? CF(M * H) : NULL;
     for (int l = lo; l < hi; l++) {
-        layer_acts *L = &a->layers[l];
-        L->resid_in = CF(N * H);
-        L->ln1 = CF(N * H);
-        L->ln1_rstd = CF(N);
-        L->q_raw = CF(N * nh * hd);
-        L->k_raw = CF(N * nkv * hd);
-        L->q_rstd = CF(N * nh);
-        L->k_rstd = CF(N * nkv);
-        L->q = CF(N * nh * hd);
-        L->k = CF(N * nkv * hd);
-        L->v = CF(N * nkv * hd);
-        L->att = CF(N * nh * hd);
-        L->lse = CF(N * nh);
-        L->resid_mid = CF(N * H);
-        L->ln2 = CF(N * H);
-        L->ln2_rstd = CF(N);
-        mlp_acts *s = &L->mlp;
-        memset(s, 0, sizeof *s);
+        memset(&a->layers[l].mlp, 0, sizeof a->layers[l].mlp);
+        layer_carve(c, &a->layers[l], l, N, ar, c->exec.recompute ? 0 : -1);
         if (moe_config_layer_is_moe(c, l)) {
-            s->router_logits = CF(N * E);
-            s->probs = CF(N * E);
-            s->topk_ids = CI(N * K);
-            s->row_idx = CI(N * K);
-            s->topk_w = CF(N * K);
-            s->sorted_row = CI(M);
-            s->expanded_pos = CI(M);
-            s->tokens_per_expert = CI(E);
-            s->offsets = CI(E + 1);
-            s->permuted = CF(M * H);
-            s->gate_up = CF(M * 2 * I);
-            s->act = CF(M * I);
-            s->y = CF(M * H);
-            s->yw = yw;
-            if (c->exec.per_expert_weights) {
-                s->w_gu = CF(E * 2 * I * H);
-                s->w_d = CF(E * H * I);
-            }
+            a->layers[l].mlp.yw = yw;
             gu_max = MOERL_MAX(gu_max, M * 2 * I);
             act_max = MOERL_MAX(act_max, M * I);
         } else {
-            s->gate_up = CF(N * 2 * Id);
-            s->act = CF(N * Id);
             gu_max = MOERL_MAX(gu_max, N * 2 * Id);
             act_max = MOERL_MAX(act_max, N * Id);
         }
+    }
+    if (c->exec.recompute) { /* one scratch for the recomputed buffers, every layer's aliasing its start */
+        const size_t s0 = ar->used;
+        size_t s1 = s0;
+        for (int l = lo; l < hi; l++) {
+            ar->used = s0;
+            layer_carve(c, &a->layers[l], l, N, ar, 1);
+            s1 = MOERL_MAX(s1, ar->used);
+        }
+        ar->used = s1;
     }
     a->resid_out = CF(N * H);
     a->lnf = CF(N * H);
@@ -486,6 +522,7 @@ typedef struct {
     int16_t *out;
     size_t stride;
     int *native;
+    const int *force; /* recompute (model_backward): [N,K] the routes the forward used, reused as they were */
 } route_io;
 
 /* Rows [r0, r1) after router_topk_rows: record the native top-k (rt->out) and, where the token has
@@ -496,6 +533,18 @@ static void route_rows(const route_io *rt, mlp_acts *s, int r0, int r1, int E, i
     for (int t = r0; t < r1; t++) {
         int *ids = s->topk_ids + (size_t)t * K;
         float *w = s->topk_w + (size_t)t * K;
+        if (rt->force) { /* the recompute: the forward's own experts, weights as the replay's (bit for bit) */
+            const float *p = s->probs + (size_t)t * E;
+            float ws = 0.0f;
+            for (int j = 0; j < K; j++) {
+                ids[j] = rt->force[(size_t)t * K + j];
+                w[j] = p[ids[j]];
+                ws += w[j];
+            }
+            if (norm)
+                for (int j = 0; j < K; j++) w[j] /= ws;
+            continue;
+        }
         if (rt->out)
             for (int j = 0; j < K; j++) rt->out[(size_t)t * rt->stride + j] = (int16_t)ids[j];
         if (!rt->replay) continue;
@@ -792,6 +841,7 @@ int model_moe_layer_count(const moe_config *c) {
 static int layer_route_io(const moe_model *m, const model_acts *a, int l, route_io *rt) {
     const int mi = model_moe_layer_index(&m->cfg, l);
     if (mi < 0 || (!a->replay_routes && !a->routes_out)) return 0;
+    memset(rt, 0, sizeof *rt);
     const int K = m->cfg.num_experts_per_tok;
     rt->stride = (size_t)model_moe_layer_count(&m->cfg) * K;
     const size_t off = (size_t)a->tok0 * rt->stride + (size_t)mi * K;
@@ -1256,7 +1306,149 @@ static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, 
     norm_dw_reduce(m->g.norm, np.hidden, H, np.nt);
 }
 
+/* ------------------------------------------------------------------ activation recompute
+ *
+ * Under moe_exec_opts.recompute the arena keeps, per decoder layer, only what rc_kept names (the
+ * layer input, the routes it used and its per-expert counts; selective: the attention block too);
+ * every other buffer of every layer aliases one shared scratch, overwritten layer after layer in
+ * the forward. The backward recomputes each layer into that scratch just before its backward
+ * (layer l−1's recompute follows layer l's attention backward, inside backward region l, so the
+ * FSDP gathers of that region serve it and the model-parallel collectives of every rank line up):
+ * the same calls on the same rows of the same teams as the forward, and MoE layers route with
+ * the kept routes (route_io.force), so the recomputed buffers — and the gradients — are bit-identical
+ * to a run without recompute. docs/parallelism.md, "Activation recompute". */
+
+/* Recompute layer l's forward into the shared scratch: full, its attention input (ln1, q/k/v),
+ * the attention, o_proj and the residual; both granularities, the post-attention norm and the MLP
+ * (MoE layers on the kept routes, no aux-loss statistics: the forward's stay). The MLP's output
+ * goes to d_tmp (free here): the layer's output is the next layer's kept input. */
+static void recompute_layer(const moe_model *m, model_acts *a, int l, int nthr) {
+    const moe_config *c = &m->cfg;
+    layer_acts *L = &a->layers[l];
+    const layer_views *w = &m->p.layers[l];
+    const int N = a->N, H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads,
+              hd = c->head_dim, nhd = nh * hd, full = c->exec.recompute == MODEL_RECOMPUTE_FULL;
+    void *sp = attn_shard_par(a->par);
+    const double tr = trace_begin();
+    if (full) {
+#pragma omp parallel num_threads(nthr)
+        {
+            int r0, r1;
+            team_share(N, &r0, &r1);
+            attn_in_rows(m, a, l, r0, r1);
+        }
+        const float scale = 1.0f / sqrtf((float)hd);
+        if (sp) model_par_hooks(sp)->attn_forward(sp, l, L->att, L->q, L->k, L->v, scale);
+        else if (c->exec.batch_invariant) /* model_forward's kernel choice, so the same bits */
+            attention_forward_bi(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, a->B, N, nh, nkv, hd, scale);
+        else attention_forward(L->att, L->lse, L->q, L->k, L->v, a->cu_seqlens, a->B, N, nh, nkv, hd, scale);
+    }
+    mlp_acts s2 = L->mlp; /* the router writes its native top-k into scratch; the kept routes stay */
+    route_io rt;
+    memset(&rt, 0, sizeof rt);
+    rt.force = L->mlp.topk_ids;
+    if (w->router) s2.topk_ids = a->route_native;
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        const size_t o = (size_t)r0 * H;
+        if (r1 > r0 && full) {
+            memcpy(L->resid_mid + o, L->resid_in + o, (size_t)(r1 - r0) * H * sizeof(float));
+            lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, r1 - r0, nhd, H, 1);
+        }
+        if (r1 > r0)
+            rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, r1 - r0, H,
+                            c->rms_norm_eps);
+        mlp_forward_team(m, l, L->ln2, a->d_tmp, &s2, N, NULL, NULL, r0, r1, moe_dispatch_par(a->par),
+                         w->router ? &rt : NULL);
+    }
+    trace_end("recompute layer", "model", tr);
+}
+
+/* Attention backward of layer l (its recomputed or kept q, k, v, att, lse). */
+static void attn_backward_layer(model_acts *a, const moe_config *c, int l) {
+    layer_acts *La = &a->layers[l];
+    const int hd = c->head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    void *sp = attn_shard_par(a->par);
+    const double ta = trace_begin();
+    if (sp) model_par_hooks(sp)->attn_backward(sp, l, a->d_q, a->d_k, a->d_v, a->d_att, scale);
+    else attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, La->q, La->k, La->v, La->att, La->lse, a->cu_seqlens,
+                            a->B, a->N, c->num_attention_heads, c->num_key_value_heads, hd, scale);
+    trace_end("bwd attention", "model", ta);
+}
+
+/* The embedding's gradient (team, after a barrier): scatter-add the rows of d_resid; each thread
+ * owns a block of columns (two tokens may share an id), tokens in order. */
+static void embed_backward_team(moe_model *m, model_acts *a) {
+    const int H = m->cfg.hidden_size;
+#pragma omp barrier
+    int h0, h1;
+    team_share(H, &h0, &h1);
+    float *gE = m->g.embed_tokens;
+    for (int n = 0; n < a->N; n++) {
+        float *row = gE + (size_t)a->tokens_in[n] * H;
+        const float *d = a->d_resid + (size_t)n * H;
+        for (int h = h0; h < h1; h++) row[h] += d[h];
+    }
+}
+
+/* model_backward under recompute: the same work, events and hooks in the same order per tensor,
+ * with layer l−1 recomputed between layer l's attention backward and layer l−1's MLP backward
+ * (and the last layer before the head's backward). */
+static void model_backward_recompute(moe_model *m, model_acts *a, const float *dlogp, const float *dentropy,
+                                     float aux_weight) {
+    const int L = m->cfg.num_hidden_layers, N = a->N;
+    const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
+    const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L;
+    if (head) PAR_EVENT(a, MODEL_BWD_LAYER, L);
+    recompute_layer(m, a, hi - 1, nthr);
+#pragma omp parallel num_threads(nthr)
+    {
+        int r0, r1;
+        team_share(N, &r0, &r1);
+        if (head) head_backward_team(m, a, dlogp, dentropy, r0, r1);
+        layer_mlp_backward_team(m, a, hi - 1, aux_weight, r0, r1);
+    }
+    if (head) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, L);
+        PAR_EVENT(a, MODEL_GRAD_READY, L);
+    }
+    for (int l = hi - 1; l >= lo; l--) {
+        attn_backward_layer(a, &m->cfg, l);
+        PAR_EVENT(a, MODEL_BWD_LAYER, l);
+#pragma omp parallel num_threads(nthr)
+        {
+            int r0, r1;
+            team_share(N, &r0, &r1);
+            layer_attn_backward_team(m, a, l, r0, r1);
+            if (l == lo && lo == 0) embed_backward_team(m, a);
+        }
+        if (l > lo) {
+            recompute_layer(m, a, l - 1, nthr);
+#pragma omp parallel num_threads(nthr)
+            {
+                int r0, r1;
+                team_share(N, &r0, &r1);
+                layer_mlp_backward_team(m, a, l - 1, aux_weight, r0, r1);
+            }
+        }
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, l);
+        PAR_EVENT(a, MODEL_GRAD_READY, l);
+    }
+    if (lo == 0) {
+        if (a->layer_hook) a->layer_hook(a->layer_hook_ctx, -1);
+        PAR_EVENT(a, MODEL_GRAD_READY, -1);
+    }
+    blas_team_end(nb);
+}
+
 void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float *dentropy, float aux_weight) {
+    if (m->cfg.exec.recompute) {
+        model_backward_recompute(m, a, dlogp, dentropy, aux_weight);
+        return;
+    }
     const moe_config *c = &m->cfg;
     const int N = a->N, B = a->B, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads,
               nkv = c->num_key_value_heads, L = c->num_hidden_layers;

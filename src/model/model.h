@@ -57,7 +57,14 @@ typedef struct {
     int no_pack;
     int ep_size, ep_rank;
     int batch_invariant;
+    int recompute; /* activation recompute (model_acts' layout, model_backward): MODEL_RECOMPUTE_* */
 } moe_exec_opts;
+
+/* moe_exec_opts.recompute (model.enable_gradient_checkpointing + actor.recompute_granularity; docs/parallelism.md
+ * "Activation recompute"): NONE keeps every layer's activations; FULL keeps each decoder layer's input (and the
+ * routes it used) and recomputes the whole layer in the backward; SELECTIVE keeps the attention block's tensors
+ * as well and recomputes the MLP/MoE sub-layer (post-attention norm, router, permute, expert GEMMs, SwiGLU). */
+enum { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_FULL = 1, MODEL_RECOMPUTE_SELECTIVE = 2 };
 
 typedef struct {
     int vocab_size;

@@ -46,6 +46,34 @@ static void model_apply_moe_switches(const cfg *c, moe_model *m) {
     m->cfg.exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     m->cfg.exec.rebuild_row_idx = !cfg_bool(c, "model.moe.hand_on_row_idx");
     m->cfg.exec.no_pack = !cfg_bool(c, "model.moe.pack_weights");
+    if (cfg_has(c, "model.enable_gradient_checkpointing")) /* the training commands' (model_def_train_keys) */
+        m->cfg.exec.recompute = model_recompute_mode(c);
+}
+
+void model_def_train_keys(cfg *c) {
+    cfg_def_bool(c, "model.enable_gradient_checkpointing", false,
+                 "activation recompute (verl's key): keep layer inputs, recompute in the backward (docs/parallelism.md)");
+    cfg_def_str(c, "actor.recompute_granularity", "full",
+                "with model.enable_gradient_checkpointing: full (recompute each decoder layer from its input) | "
+                "selective (keep the attention block, recompute the MLP/MoE sub-layer) (Megatron's key)");
+}
+
+int model_recompute_mode(const cfg *c) {
+    if (!cfg_has(c, "model.enable_gradient_checkpointing") || !cfg_bool(c, "model.enable_gradient_checkpointing"))
+        return MODEL_RECOMPUTE_NONE;
+    const char *g = cfg_str(c, "actor.recompute_granularity");
+    return !strcmp(g, "selective") ? MODEL_RECOMPUTE_SELECTIVE : MODEL_RECOMPUTE_FULL;
+}
+
+int model_check_train_keys(const cfg *c) {
+    if (!cfg_has(c, "model.enable_gradient_checkpointing")) return MOERL_OK;
+    const char *g = cfg_str(c, "actor.recompute_granularity");
+    if (strcmp(g, "full") && strcmp(g, "selective"))
+        return moerl_errorf("actor.recompute_granularity: '%s' is not full or selective", g);
+    if (!cfg_bool(c, "model.enable_gradient_checkpointing") && strcmp(cfg_origin(c, "actor.recompute_granularity"), "default"))
+        return moerl_errorf("actor.recompute_granularity=%s is set but model.enable_gradient_checkpointing is false: "
+                            "set model.enable_gradient_checkpointing=true to recompute, or drop the granularity", g);
+    return MOERL_OK;
 }
 
 /* The model.* architecture keys against a model loaded from `path` (its config.json), for every
@@ -153,6 +181,7 @@ int model_config_from_keys(const cfg *c, const char *model, moe_config *mc) {
 }
 
 int model_build_from_keys(const cfg *c, moe_model *m) {
+    if (model_check_train_keys(c) != MOERL_OK) return MOERL_ERR;
     const char *path = cfg_str(c, "model.path");
     if (path[0]) {
         if (model_check_arch_keys(c, "model.path", path, cfg_origin(c, "model.path")) != MOERL_OK) return MOERL_ERR;

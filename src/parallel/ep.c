@@ -649,8 +649,14 @@ void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward) {
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward) {
     ep->st.idle_passes++;
     for (int l = 0; l < ep->L; l++) ep_idle_layer(ep, m, l, 0);  /* forward: the MoE layers in order */
-    for (int l = ep->L - 1; backward && l >= 0; l--) ep_idle_layer(ep, m, l, 1); /* backward: in reverse */
+    const moe_model *mm = m ? m : ep->model;
+    for (int l = ep->L - 1; backward && l >= 0; l--) { /* backward: in reverse (recompute: its forward first) */
+        if (mm && mm->cfg.exec.recompute) ep_idle_layer(ep, m, l, 0);
+        ep_idle_layer(ep, m, l, 1);
+    }
 }
+
+int ep_recomputes(const ep_state *ep) { return ep->model && ep->model->cfg.exec.recompute; }
 
 void ep_count_idle_pass(ep_state *ep) { ep->st.idle_passes++; }
 

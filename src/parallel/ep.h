@@ -169,7 +169,8 @@ int ep_slice_in_place(const par_grid *g, moe_model *m);
  * ep_max_passes: the largest `passes` over the EP group (collective over ep_comm; −1 on error).
  * ep_idle_pass: one idle forward (every MoE layer in order) and, with backward, the idle backward
  * (in reverse) — matching one micro-batch's model_forward (+ model_backward) on the other ranks;
- * m NULL: the model of ep_state_attach.
+ * under activation recompute (the model's exec.recompute) each backward layer is preceded by its
+ * recomputed forward's exchange, as model_backward does; m NULL: the model of ep_state_attach.
  * Call outside OpenMP regions. Collective over ep_comm. */
 int ep_max_passes(ep_state *ep, int passes);
 void ep_idle_pass(ep_state *ep, moe_model *m, int backward);
@@ -179,6 +180,9 @@ void ep_idle_pass(ep_state *ep, moe_model *m, int backward);
  * ep_count_idle_pass: count such a pass in ep_stats.idle_passes. */
 void ep_idle_layer(ep_state *ep, moe_model *m, int l, int backward);
 void ep_count_idle_pass(ep_state *ep);
+/* Whether the model of ep_state_attach recomputes activations (exec.recompute): its backward layers
+ * then begin with the recomputed forward's exchange (an idle rank runs ep_idle_layer(l, 0) first). */
+int ep_recomputes(const ep_state *ep);
 
 /* par_state_init's form: ep_slice_in_place(g, m) then ep_state_new(g, &m->cfg, max_tokens), the
  * state remembering m (ep_idle_pass may then take m = NULL). ep_state_detach: the inverse, for

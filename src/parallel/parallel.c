@@ -300,6 +300,7 @@ static void ep_fsdp_idle_pass(par_state *ps, int backward) {
     if (!backward) return;
     for (int l = L; l >= 0; l--) {
         fsdp_layer_event(ps->fsdp, MODEL_BWD_LAYER, l);
+        if (l >= 1 && ep_recomputes(ps->ep)) ep_idle_layer(ps->ep, NULL, l - 1, 0); /* the recomputed forward */
         if (l >= 1) ep_idle_layer(ps->ep, NULL, l - 1, 1);
         fsdp_layer_event(ps->fsdp, MODEL_GRAD_READY, l);
     }

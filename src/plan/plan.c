@@ -20,23 +20,31 @@ static double r64(double elems) {
     return (double)((b + 63u) & ~(uint64_t)63u);
 }
 
-/* Bytes layout() carves for decoder layer l at N tokens (resid_in first). */
-static double layer_bytes(const moe_config *c, double N, int l) {
+/* Bytes layout() carves for decoder layer l at N tokens, split as forward.c's layer_carve does under
+ * activation recompute rc (MODEL_RECOMPUTE_*): *kept stays for the whole pass, *shared lives in the one
+ * scratch every layer's recomputed buffers alias (all of it kept without recompute). Each buffer's
+ * class: 0 always kept (resid_in, topk_ids, tokens_per_expert), 1 kept by selective (the attention
+ * block), 2 recomputed (post-attention norm, the MLP/MoE internals). */
+static void layer_bytes(const moe_config *c, double N, int l, int rc, double *kept, double *shared) {
     const double H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim,
                  E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
                  Id = c->intermediate_size;
     const double M = N * (E > 0 ? K : 0);
-    double b = r64(N * H) + r64(N * H) + r64(N) + r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nh) + r64(N * nkv) +
-               r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nkv * hd) + r64(N * nh * hd) + r64(N * nh) +
-               r64(N * H) + r64(N * H) + r64(N);
+    double b[3] = {0, 0, 0};
+    b[0] = r64(N * H);
+    b[1] = r64(N * H) + r64(N) + r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nh) + r64(N * nkv) +
+           r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nkv * hd) + r64(N * nh * hd) + r64(N * nh) + r64(N * H);
+    b[2] = r64(N * H) + r64(N);
     if (moe_config_layer_is_moe(c, l)) {
-        b += r64(N * E) + r64(N * E) + r64(N * K) + r64(N * K) + r64(N * K) + r64(M) + r64(M) + r64(E) + r64(E + 1) +
-             r64(M * H) + r64(M * 2 * I) + r64(M * I) + r64(M * H);
-        if (c->exec.per_expert_weights) b += r64(E * 2 * I * H) + r64(E * H * I);
+        b[0] += r64(N * K) + r64(E);
+        b[2] += r64(N * E) + r64(N * E) + r64(N * K) + r64(N * K) + r64(M) + r64(M) + r64(E + 1) + r64(M * H) +
+                r64(M * 2 * I) + r64(M * I) + r64(M * H);
+        if (c->exec.per_expert_weights) b[2] += r64(E * 2 * I * H) + r64(E * H * I);
     } else {
-        b += r64(N * 2 * Id) + r64(N * Id);
+        b[2] += r64(N * 2 * Id) + r64(N * Id);
     }
-    return b;
+    *kept = b[0] + (rc == MODEL_RECOMPUTE_FULL ? 0 : b[1]) + (rc ? 0 : b[2]);
+    *shared = b[0] + b[1] + b[2] - *kept;
 }
 
 double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, int recompute) {
@@ -48,11 +56,12 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
     const double rope = (double)(max_tokens > mp ? max_tokens : mp);
     double b = r64(N + 1) + r64(N) + r64(N) + 2 * r64(rope * hd / 2);
     if (c->exec.separate_permute) b += r64(M * H);
-    double gu_max = 0, act_max = 0, layers = 0, biggest = 0;
+    double gu_max = 0, act_max = 0, kept = 0, scratch = 0;
     for (int l = l0; l < l1; l++) {
-        const double lb = layer_bytes(c, N, l);
-        layers += lb;
-        biggest = MOERL_MAX(biggest, lb);
+        double k, sh;
+        layer_bytes(c, N, l, recompute, &k, &sh);
+        kept += k;
+        scratch = MOERL_MAX(scratch, sh); /* recompute: one layer's recomputed buffers live at a time */
         if (moe_config_layer_is_moe(c, l)) {
             gu_max = MOERL_MAX(gu_max, M * 2 * I);
             act_max = MOERL_MAX(act_max, M * I);
@@ -61,12 +70,11 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
             act_max = MOERL_MAX(act_max, N * Id);
         }
     }
-    /* full recompute: every layer keeps only its input [N,H]; the layer being recomputed holds all */
-    if (recompute && l1 > l0) layers = (l1 - l0) * r64(N * H) + (biggest - r64(N * H));
-    b += layers;
+    b += kept + scratch;
     /* the logits and their gradient only where the head is (layout(): a range ending at the last layer) */
     const double logits = l1 == c->num_hidden_layers ? r64(N * V) : 0;
     b += r64(N * H) + r64(N * H) + r64(N) + logits + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
+    b += r64(E > 0 ? N * K : 1); /* route_native: routing replay's native top-k, the recompute's router scratch */
     b += 3 * r64(N * H) + r64(N * nh * hd) + 2 * r64(N * nkv * hd) + r64(N * nh * hd) + logits + 2 * r64(M * H) +
          r64(gu_max) + r64(act_max) + r64(N * K + 1) + 2 * r64(N * E + 1);
     if (c->exec.per_expert_weights && E > 0) b += r64(E * 2 * I * H) + r64(E * H * I);
@@ -738,18 +746,23 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     }
     const int n_moe = n_moe_in(c, l0, l1);
     if (ep > 1 && n_moe > 0) {
-        const double El = E / ep, exch = (double)n_moe * (2.0 * (fo + 1) + 2.0) * mb; /* fwd: 2, bwd: 2 per layer */
+        /* fwd: 2, bwd: 2 per layer; activation recompute (either granularity) re-runs the MoE forward's 2
+         * before each layer's backward (forward.c recompute_layer; tests/test_dist_recompute.c counts them) */
+        const int rf = in->recompute ? 1 : 0;
+        const double El = E / ep, exch = (double)n_moe * (2.0 * (fo + 1 + rf) + 2.0) * mb;
         if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
             t->ep_alltoall = exch * (ep - 1) * El * (2.0 + x->cap * H) * db;
         else
-            t->ep_alltoall = exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * (fo + 1) * mb * (ep - 1) * El * 4.0;
+            t->ep_alltoall =
+                exch * N * K * (ep - 1) / ep * H * db + (double)n_moe * (fo + 1 + rf) * mb * (ep - 1) * El * 4.0;
     }
     if (in->sp > 1) {
         const int P = in->sp, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
         const double nr = floor(N * (sp_rank + 1) / P) - floor(N * sp_rank / P);
         const double nh_l = nh / P, nkv_l = nkv >= P ? nkv / P : 1, W = nh_l + 2 * nkv_l;
         const double fwd = hd * ((P - 1) * nr * W + (N - nr) * nh_l), bwd = hd * ((P - 1) * nr * nh_l + (N - nr) * W);
-        t->sp_alltoall = (l1 - l0) * ((fo + 1) * fwd + bwd) * mb * db;
+        const int rf = in->recompute == MODEL_RECOMPUTE_FULL; /* full recompute re-runs the attention's forward */
+        t->sp_alltoall = (l1 - l0) * ((fo + 1 + rf) * fwd + bwd) * mb * db;
     }
     if (in->pp > 1) {
         const int aux = n_moe_in(c, 0, L) > 0;
@@ -854,10 +867,11 @@ static int fullest_stage(const moe_config *c, const plan_input *in, const plan_c
         } else {
             local = d + e / ep;
         }
-        double acts0 = plan_acts_bytes(c, N, l0, l1, 0), acts1 = plan_acts_bytes(c, N, l0, l1, 1);
+        const int rc = in->recompute ? in->recompute : MODEL_RECOMPUTE_FULL; /* the recompute row's granularity */
+        double acts0 = plan_acts_bytes(c, N, l0, l1, 0), acts1 = plan_acts_bytes(c, N, l0, l1, rc);
         if (in->pp > 1) { /* the schedule's in-flight slots per chunk */
             if (stage_acts(c, in->pp, x->v, s, x->mb, N, 0, &acts0) != MOERL_OK ||
-                stage_acts(c, in->pp, x->v, s, x->mb, N, 1, &acts1) != MOERL_OK)
+                stage_acts(c, in->pp, x->v, s, x->mb, N, rc, &acts1) != MOERL_OK)
                 return MOERL_ERR;
         }
         const double acts = (in->recompute ? acts1 : acts0) * act_scale;

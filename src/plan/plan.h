@@ -61,7 +61,8 @@ typedef struct {
     int dtype_bytes;        /* 4: fp32 everywhere (moerl today); 2: bf16 weights/grads/activations with fp32 master + moments */
     int64_t micro_tokens;   /* actor.ppo_max_token_len_per_gpu: tokens per packed micro-batch (before sp); the
                                traffic assumes every micro-batch full */
-    int recompute;          /* activation recompute (full, per layer) */
+    int recompute;          /* activation recompute: MODEL_RECOMPUTE_* (model.enable_gradient_checkpointing,
+                               actor.recompute_granularity) */
     int micro_batches;      /* micro-batches per optimizer update on a rank (≤ 0: from step_tokens) */
     int updates_per_step;   /* optimizer updates per trainer step: require_batches · ppo_epochs */
     int64_t step_tokens;    /* tokens (prompt + response) trained per trainer step, all ranks, one epoch */
@@ -128,7 +129,8 @@ typedef struct {
     double acts;                 /* model_acts for ⌈micro_tokens/sp⌉ tokens over the stage's layers × in-flight
                                     micro-batches (pp − stage, plan_pp_inflight); interleaved: Σ over the stage's
                                     chunks of pp_slots_needed's slots (pp_schedule's order) × the chunk's layers */
-    double acts_recompute;       /* same with full per-layer recompute: layer inputs + one layer's buffers */
+    double acts_recompute;       /* same with activation recompute at plan_input.recompute's granularity (full when
+                                    off): the kept tensors per layer + one layer's recomputed buffers */
     double ref_weights;          /* actor.use_kl_loss: the reference model, as trainer.c holds it: what the actor's
                                     parameters hold on the rank (FSDP's unit shards of the expert slice, the local
                                     experts, the stage's range + a tied last stage's copy; the whole padded layout
@@ -272,9 +274,12 @@ int plan_pp_inflight(int pp, int stage);
 /* Bytes of moerl's model_acts arena for max_tokens tokens (forward.c's layout(), with 64-byte
  * rounding of every buffer), restricted to decoder layers [l0, l1) with the backward scratch
  * included and the logits [N,V] and their gradient only when l1 is the last layer (a pipeline
- * stage's arena, model_acts_init_range); with recompute only the layer inputs [N,H] of all but one
- * layer are kept.
- * plan_acts_bytes(c, N, 0, L, 0) == model_acts_bytes(m, N) (tested). */
+ * stage's arena, model_acts_init_range). recompute (MODEL_RECOMPUTE_*, model.h): FULL keeps per layer
+ * its input [N,H] and, for MoE layers, the routes it used [N,K] and its per-expert counts [E], plus ONE
+ * scratch as large as the largest layer's other buffers (every layer's recomputed buffers alias it);
+ * SELECTIVE keeps the attention block's buffers per layer too and shares the MLP/MoE sub-layer's.
+ * Equals model_acts_init's arena_bytes byte for byte for every granularity (tests/test_recompute.c,
+ * tests/test_plan.c). */
 double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, int recompute);
 
 /* The rollout engine's tensor parallelism against the model: tp must divide the n_heads attention

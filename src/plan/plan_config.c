@@ -17,13 +17,9 @@ static void def_int(cfg *c, const char *k, int64_t v, const char *h) {
 static void def_str(cfg *c, const char *k, const char *v, const char *h) {
     if (!cfg_has(c, k)) cfg_def_str(c, k, v, h);
 }
-static void def_bool(cfg *c, const char *k, bool v, const char *h) {
-    if (!cfg_has(c, k)) cfg_def_bool(c, k, v, h);
-}
 
 void plan_def_keys(cfg *c) {
     rl_def_keys(c);
-    def_bool(c, "model.enable_gradient_checkpointing", false, "activation recompute (full, per layer)");
     def_int(c, "rollout.n_ranks", 1, "rollout devices");
     def_int(c, "rollout.tensor_model_parallel_size", 1, "devices per rollout engine replica");
     def_str(c, "actor.dtype", "fp32", "trainer weights/grads/activations: fp32 (moerl today) | bf16 (fp32 master + moments)");
@@ -90,7 +86,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (!strcmp(ppl, "stage")) in->pp_params = PLAN_PP_STAGE_LOCAL;
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
     else return moerl_errorf("plan.pp_params: '%s' is not stage or replicated", ppl);
-    in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
+    if (model_check_train_keys(c) != MOERL_OK) return MOERL_ERR;
+    in->recompute = model_recompute_mode(c); /* MODEL_RECOMPUTE_*: the arena's layout (plan_acts_bytes) */
     in->fsdp_keep_gathered = pc.fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false */
     const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
     if (rb * ep > INT32_MAX) /* both fit 32 bits (cfg_check_int32), so the product fits 64 */

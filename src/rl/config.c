@@ -203,6 +203,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
 
 void rl_def_keys(cfg *c) {
     model_def_keys(c);
+    model_def_train_keys(c); /* model.enable_gradient_checkpointing, actor.recompute_granularity */
     data_def_keys(c);
     sft_def_warm_start_keys(c);
     par_def_layout_keys(c); /* trainer.n_ranks, actor.fsdp_config.fsdp_size, ... (src/parallel/config.h) */

@@ -26,6 +26,7 @@ static int sft_save_checkpoint(const moe_model *m, const char *dir, int bf16) {
 
 void sft_def_job_keys(cfg *c) {
     model_def_keys(c);
+    model_def_train_keys(c); /* model.enable_gradient_checkpointing, actor.recompute_granularity */
     data_def_keys(c);
     cfg_def_int(c, "data.train_batch_size", 32, "sequences per optimizer step");
     cfg_def_int(c, "data.max_token_len_per_micro_batch", 2048, "tokens per packed micro-batch");

@@ -1,0 +1,199 @@
+/* Activation recompute under model parallelism (model.enable_gradient_checkpointing,
+ * actor.recompute_granularity; docs/parallelism.md "Activation recompute"): the layout given
+ * (--fsdp F --ep E --sp S --pp P) trains K AdamW steps through parallel.h's entry points (as
+ * tests/test_dist_replay.c) without recompute, with full and with selective recompute — each with
+ * native routing and with replayed routes — and the recompute runs' CE losses and final weights are
+ * BIT-identical to the same layout's run without recompute (the same collectives in the same order
+ * sum the same bits: recompute changes only which buffers the arena keeps). FSDP: the all-gather
+ * and reduce-scatter bytes are the same too (a layer's recompute runs inside the backward region
+ * that gathers it anyway: no extra gathers). EP: ranks with fewer micro-batches run idle passes
+ * that mirror the recomputed forward's exchanges (ep_idle_pass). Pipeline: each in-flight slot's
+ * arena shrinks to plan_acts_bytes' recompute rows. Usage: test_dist_recompute [--fsdp F] [--ep E]
+ * [--sp S] [--pp P] [--mb TOKENS]. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+#include "parallel/ep.h"
+#include "parallel/fsdp.h"
+#include "parallel/ulysses.h"
+#include "parallel/parallel.h"
+#include "par_fixture.h"
+#include "dist_test.h"
+#include "test.h"
+
+#define E_EXPERTS 8
+#define TOP_K 2
+#define RANK g_ctx->world_rank
+#define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
+static int MB_TOKENS = 24; /* --mb: ≥ the longest sequence (14); several micro-batches per shard (1F1B); 14 gives
+                              the EP ranks different micro-batch counts, so one runs idle passes */
+
+static dist_ctx *g_ctx;
+
+static int ps_ep(const par_config *pc) { return pc->expert_parallel_size > 1; }
+static int16_t g_routes[FX_N_SEQ * 16 * 2 * TOP_K]; /* [token, 2 MoE layers, K] over the batch */
+
+/* Replayed routes: K distinct experts drawn per (token, MoE layer), every fifth token −1. */
+static void attach_routes(fx_batch *b) {
+    rng_state r;
+    rng_seed(&r, 77);
+    const int per = 2 * TOP_K;
+    for (int t = 0; t < b->n_tokens; t++)
+        for (int mi = 0; mi < 2; mi++) {
+            int16_t *x = g_routes + (size_t)t * per + mi * TOP_K;
+            if (t % 5 == 4) {
+                x[0] = x[1] = -1;
+                continue;
+            }
+            x[0] = (int16_t)rng_below(&r, E_EXPERTS);
+            do x[1] = (int16_t)rng_below(&r, E_EXPERTS);
+            while (x[1] == x[0]);
+        }
+    for (int s = 0, o = 0; s < FX_N_SEQ; o += b->seqs[s].len, s++) b->seqs[s].routes = g_routes + (size_t)o * per;
+}
+
+/* K steps of the layout at recompute rc: CE losses, the whole model on trainer rank 0 (*whole),
+ * the FSDP traffic (all-gather, reduce-scatter bytes; 0 without FSDP). */
+static void run_layout(const fx_batch *b, const moe_model *init, const par_config *pc, int rc, float *ce,
+                       moe_model *whole, double *traffic) {
+    moe_config c = fx_config(E_EXPERTS, TOP_K, 2);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    memcpy(m.params, init->params, init->n_params * sizeof(float));
+    m.cfg.exec.recompute = rc; /* before par_state_init_cfg: EP slices copy the config */
+    par_state ps;
+    CHECK_R(par_state_init_cfg(&ps, g_ctx, pc, &m) == MOERL_OK, "par_state_init_cfg: %s", RANK, moerl_last_error());
+    CHECK_R(m.cfg.exec.recompute == rc, "the runtime kept exec.recompute %d (got %d)", RANK, rc, m.cfg.exec.recompute);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init_rows(&a, &m, par_acts_rows(&ps, MB_TOKENS), MB_TOKENS) == MOERL_OK);
+    a.par = &ps;
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, fx_opt());
+    train_seq mine[FX_N_SEQ];
+    int idx, cnt;
+    par_data_shard(&ps, &idx, &cnt);
+    const int n = fx_split(b, idx, cnt, mine), E = c.num_experts;
+    for (int k = 0; k < FX_K_STEPS; k++) {
+        double counts[64] = {0}, sums[1 + 64] = {0};
+        const int passes = count_microbatches(mine, n, MB_TOKENS), most = par_max_passes(&ps, passes);
+        traffic[2] += most - passes; /* idle passes this rank runs */
+        traffic[3] += most;          /* training passes (model_backward or an idle pass) this rank runs */
+        MOERL_ASSERT(compute_router_counts(&m, &a, mine, n, MB_TOKENS, counts) == MOERL_OK);
+        MOERL_ASSERT(par_pad_passes(&ps, passes, most, 0) == MOERL_OK);
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
+        for (int e = 0; e < E && ps.grid && ps.grid->pp > 1; e++) counts[e] /= ps.grid->pp; /* as the trainer */
+        fx_ce_ctx cc = {1.0f / (float)b->n_response, 0};
+        train_step_opts o = {.max_tokens = MB_TOKENS, .temperature = 1.0f, .aux_coef = FX_AUX_COEF,
+                             .total_tokens = b->n_tokens, .aux_counts = counts, .aux_psum_out = sums + 1, .par = &ps};
+        train_step_out so;
+        par_zero_grad(&ps, &m);
+        MOERL_ASSERT(train_accumulate(&m, &a, mine, n, &o, fx_ce, &cc, &so) == MOERL_OK);
+        MOERL_ASSERT(par_finish_grads(&ps, passes, most) == MOERL_OK);
+        if (ps.grid && !par_grads_self_reduced(&ps)) /* Ulysses SP: the caller's reducer sums over stage_comm */
+            MOERL_ASSERT(dist_comm_allreduce_f32(ps.grid->stage_comm, m.grads, m.n_params) == MOERL_OK);
+        sums[0] = cc.ce;
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, sums, 1) == MOERL_OK);
+        ce[k] = (float)sums[0];
+        double gn;
+        MOERL_ASSERT(par_adamw_step(&ps, &m, &os, os.cfg.lr, ce[k], &gn) == 1);
+    }
+    traffic[0] = traffic[1] = 0;
+    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, traffic + 2, 1) == MOERL_OK);
+    traffic[4] = ps.ep ? (double)ep_get_stats(ps.ep).exchanges : 0;
+    traffic[5] = ps.sp ? (double)sp_get_stats(ps.sp).exchanges : 0;
+    if (ps.fsdp) {
+        fsdp_stats st;
+        fsdp_get_stats(ps.fsdp, &st);
+        traffic[0] = st.allgather_bytes;
+        traffic[1] = st.reduce_scatter_bytes;
+    }
+    const int keep = g_ctx->trainer_rank == 0;
+    const moe_model *full = par_gather_full(&ps, &m, keep, NULL, NULL);
+    if (keep && full) {
+        MOERL_ASSERT(model_init(whole, &c) == MOERL_OK);
+        memcpy(whole->params, full->params, init->n_params * sizeof(float));
+    }
+    par_release_full(&ps, &m, full, NULL, NULL);
+    adamw_free(&os);
+    model_acts_free(&a);
+    par_state_free(&ps);
+    model_free(&m);
+}
+
+int main(int argc, char **argv) {
+    g_ctx = dist_init(&argc, &argv);
+    if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "test_dist_recompute: %s\n", moerl_last_error());
+        return 1;
+    }
+    par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                     .pipeline_parallel_size = 1, .dispatcher = MOE_DISPATCH_AUTO, .alltoall_max_ep = 16,
+                     .capacity_factor = 1.25, .max_tokens = MB_TOKENS};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--fsdp")) pc.fsdp_size = v;
+        else if (!strcmp(argv[i], "--ep")) pc.expert_parallel_size = v;
+        else if (!strcmp(argv[i], "--sp")) pc.ulysses_sequence_parallel_size = v;
+        else if (!strcmp(argv[i], "--pp")) pc.pipeline_parallel_size = v;
+        else if (!strcmp(argv[i], "--mb") && v >= 14) pc.max_tokens = MB_TOKENS = v;
+        else {
+            fprintf(stderr, "usage: test_dist_recompute [--fsdp F] [--ep E] [--sp S] [--pp P] [--mb TOKENS ≥ 14]\n");
+            return 1;
+        }
+    }
+    if (RANK == 0)
+        printf("test_dist_recompute: backend %s, %d ranks: fsdp %d ep %d sp %d pp %d\n", dist_backend_name(),
+               g_ctx->world_size, pc.fsdp_size, pc.expert_parallel_size, pc.ulysses_sequence_parallel_size,
+               pc.pipeline_parallel_size);
+    (void)fx_hash; /* par_fixture.h's helpers this test does not need */
+    (void)fx_reference;
+    const moe_config c = fx_config(E_EXPERTS, TOP_K, 2);
+    moe_model init;
+    MOERL_ASSERT(model_init(&init, &c) == MOERL_OK);
+    model_init_random(&init, 4242);
+    const char *gran[] = {"none", "full", "selective"};
+    for (int replay = 0; replay < 2; replay++) {
+        fx_batch b;
+        fx_make_batch(&b);
+        if (replay) attach_routes(&b);
+        float ce[3][FX_K_STEPS];
+        moe_model whole[3];
+        double tr[3][6] = {{0}};
+        memset(whole, 0, sizeof whole);
+        for (int rc = 0; rc < 3; rc++) run_layout(&b, &init, &pc, rc, ce[rc], &whole[rc], tr[rc]);
+        for (int rc = 1; rc < 3; rc++) {
+            const char *r = replay ? "replayed routes" : "native routes";
+            CHECK_R(!memcmp(ce[rc], ce[0], sizeof ce[0]), "%s recompute, %s: CE losses %.9g.. vs %.9g.. without", RANK,
+                    gran[rc], r, (double)ce[rc][0], (double)ce[0][0]);
+            CHECK_R(tr[rc][0] == tr[0][0] && tr[rc][1] == tr[0][1],
+                    "%s recompute, %s: FSDP all-gather %.0f B / reduce-scatter %.0f B vs %.0f / %.0f without", RANK,
+                    gran[rc], r, tr[rc][0], tr[rc][1], tr[0][0], tr[0][1]);
+            if (g_ctx->trainer_rank == 0)
+                CHECK_R(!memcmp(whole[rc].params, whole[0].params, init.n_params * sizeof(float)),
+                        "%s recompute, %s: the weights after %d steps differ from the run without", RANK, gran[rc], r,
+                        FX_K_STEPS);
+        }
+        CHECK_R(fabsf(ce[0][FX_K_STEPS - 1] - ce[0][0]) > 0, "the run trained nothing (CE constant)", RANK);
+        /* the exchanges recompute adds (what moerl plan counts): EP, the MoE forward's dispatch + combine again
+         * before each MoE layer's backward (both granularities); Ulysses, the attention's two all-to-alls again
+         * (full only). Per training pass of this rank (tr[.][3], local: traffic[2] was summed, [3] was not). */
+        const double passes = tr[0][3], n_moe = 2, n_layers = c.num_hidden_layers;
+        CHECK_R(tr[1][4] - tr[0][4] == (ps_ep(&pc) ? 2 * n_moe * passes : 0) && tr[2][4] == tr[1][4],
+                "EP exchanges: none %.0f, full %.0f, selective %.0f over %.0f training passes", RANK, tr[0][4],
+                tr[1][4], tr[2][4], passes);
+        CHECK_R(tr[1][5] - tr[0][5] == (pc.ulysses_sequence_parallel_size > 1 ? 2 * n_layers * passes : 0) &&
+                    tr[2][5] == tr[0][5],
+                "SP all-to-alls: none %.0f, full %.0f, selective %.0f over %.0f training passes", RANK, tr[0][5],
+                tr[1][5], tr[2][5], passes);
+        if (RANK == 0 && !replay) printf("idle passes over the ranks: %.0f per run\n", tr[0][2]);
+        if (pc.expert_parallel_size == g_ctx->world_size && MB_TOKENS == 14) /* EP alone: uneven shards */
+            CHECK_R(tr[0][2] > 0, "--mb 14 under EP: no rank ran an idle pass (the case this run is for)", RANK);
+        for (int rc = 0; rc < 3; rc++) model_free(&whole[rc]);
+    }
+    model_free(&init);
+    return dist_test_finish(g_ctx);
+}
