@@ -28,7 +28,7 @@
 
 struct dist_comm;
 
-typedef struct {
+typedef struct onebit_exchange {
     int world, rank;   /* the group of the exchange */
     size_t n;          /* values in the reduced buffer */
     size_t chunk;      /* values per rank's server chunk (onebit_chunk) */
@@ -59,7 +59,7 @@ int onebit_server_reduce(onebit_exchange *x, const int32_t *recv, int32_t *out);
 int onebit_decode(const onebit_exchange *x, const int32_t *gathered, float *v);
 
 /* The whole exchange over a dist group (two dist_comm_alltoall_i32; the group's size and rank must
- * be x->world and x->rank): v[n] in, the compressed average out, the same on every member. Sets
+ * be x->world and x->rank; c may be NULL for a world of 1: the same stages, nothing sent): v[n] in, the compressed average out, the same on every member. Sets
  * x->sent_bytes. Errors: a group that does not match x, a malformed message, a failing collective. */
 int onebit_allreduce_comm(onebit_exchange *x, struct dist_comm *c, float *v);
 
