@@ -7,6 +7,7 @@
 #   resume     a run stopped after the freeze (its checkpoint holds onebit_adam.safetensors) and resumed
 #              equals the uninterrupted run bit for bit: samples.jsonl, model, moments and error buffers —
 #              in one process and under mpirun with 2 trainer ranks
+#   exchange   test_dist_onebit under mpirun -np 2, 3, 4: the MPI exchange = the in-process simulation
 #   refusals   FSDP / EP / pipeline layouts, freeze_step 0, grad_compression together with it, an unknown
 #              name, a checkpoint resumed on another number of trainer ranks: each named
 # Usage: tests/e2e_onebit_adam.sh [BUILD_DIR]; ends with "N passed, N failed", non-zero on failure.
@@ -88,6 +89,11 @@ if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
 elif ! command -v mpirun >/dev/null 2>&1 || [[ ! -x $MOERL_MPI ]]; then
     bad "mpirun cases" "mpirun or $MOERL_MPI missing (set MOERL_NO_MPI=1 to skip)"
 else
+    for np in 2 3 4; do # the exchange over MPI = the simulation checked against the PyTorch reference
+        if out=$(timeout 120 mpirun --oversubscribe -np "$np" "$BUILD/mpi/tests/test_dist_onebit" 2>&1) &&
+            grep -q " 0 failed" <<<"$out"; then ok "test_dist_onebit -np $np: $(tail -1 <<<"$out")"
+        else bad "test_dist_onebit -np $np" "$(tail -4 <<<"$out")"; fi
+    done
     if mpi mp_full 3 2 trainer.total_training_steps=6 "${OB[@]}" &&
         mpi mp_res 3 2 trainer.total_training_steps=4 trainer.resume_mode=disable "${OB[@]}" &&
         mpi mp_res 3 2 trainer.total_training_steps=6 trainer.resume_mode=auto "${OB[@]}" &&
