@@ -14,6 +14,7 @@
 #include "dist/compress.h"
 #include "parallel/config.h"
 #include "rl/multi_turn.h"
+#include "optim/onebit_adam.h"
 #include "rl/rl.h"
 #include "rl/sft_job.h"
 
@@ -249,6 +250,10 @@ void rl_def_keys(cfg *c) {
     cfg_def_float(c, "actor.optim.beta1", 0.9, "AdamW beta1");
     cfg_def_float(c, "actor.optim.beta2", 0.99, "AdamW beta2");
     cfg_def_float(c, "actor.optim.clip_grad", 1.0, "global gradient-norm clip");
+    cfg_def_str(c, "actor.optim.name", "adamw",
+                "adamw | onebit_adam (1-bit Adam, Tang et al. 2021: exact AdamW for freeze_step steps, then the "
+                "variance frozen and the momentum all-reduced at 1 bit per value with error feedback; docs/parallelism.md)");
+    cfg_def_int(c, "actor.optim.freeze_step", 10, "onebit_adam: exact AdamW optimizer steps before the variance freezes (≥ 1)");
     rl_def_algorithm_keys(c);
     cfg_def_float(c, "async_training.staleness_threshold", 0.3, "extra prompts allowed per version, as a share of W");
     cfg_def_int(c, "async_training.trigger_parameter_sync_step", 1, "trainer steps per weight sync");
@@ -442,6 +447,33 @@ static int check_run_values(rl_config *r) {
     return MOERL_OK;
 }
 
+/* actor.optim.name / actor.optim.freeze_step, and the layouts 1-bit Adam refuses: its compressed
+ * exchange replaces the data-parallel all-reduce of whole replicas, which FSDP (reduce-scatter of
+ * shards), expert parallelism, pipeline stages and Ulysses SP (each sums its own) do not use. */
+static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
+    optim_name on;
+    if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
+    r->optim_name = (int)on;
+    r->optim_freeze_step = cfg_int(c, "actor.optim.freeze_step");
+    if (on != OPTIM_ONEBIT_ADAM) return MOERL_OK;
+    if (r->optim_freeze_step < 1)
+        return moerl_errorf("actor.optim.freeze_step=%lld: 1-bit Adam needs at least one exact AdamW step to have a "
+                            "variance to freeze; use freeze_step ≥ 1", (long long)r->optim_freeze_step);
+    if (r->grad_compression != GRAD_COMPRESSION_NONE)
+        return moerl_errorf("actor.optim.name=onebit_adam with actor.grad_compression=%s: 1-bit Adam compresses the "
+                            "momentum itself after the freeze and needs the exact gradient all-reduce before it; set "
+                            "actor.grad_compression=none", grad_compression_name((grad_compression)r->grad_compression));
+    const int fsdp = pc->fsdp_size == -1 ? r->n_trainer_ranks / (pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1)
+                                         : pc->fsdp_size;
+    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->pipeline_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1)
+        return moerl_errorf("actor.optim.name=onebit_adam supports data-parallel trainer ranks only (whole replicas "
+                            "averaging their momenta); actor.fsdp_config.fsdp_size=%d, actor.expert_parallel_size=%d, "
+                            "actor.pipeline_parallel_size=%d, actor.ulysses_sequence_parallel_size=%d split the model "
+                            "or the sequences: set them to 1 or use actor.optim.name=adamw",
+                            fsdp, pc->expert_parallel_size, pc->pipeline_parallel_size, pc->ulysses_sequence_parallel_size);
+    return MOERL_OK;
+}
+
 int rl_read_config(const cfg *c, rl_config *r) {
     memset(r, 0, sizeof *r);
     if (read_rollout_keys(c, r) != MOERL_OK) return MOERL_ERR;
@@ -462,6 +494,7 @@ int rl_read_config(const cfg *c, rl_config *r) {
     par_layout L;
     if (par_read_layout(c, r->grad_compression, &L) != MOERL_OK) return MOERL_ERR;
     r->n_trainer_ranks = L.n_trainer_ranks;
+    if (read_optim_name(c, r, &L.par) != MOERL_OK) return MOERL_ERR;
     r->sync_bucket_mb = L.sync_bucket_mb;
     r->grad_bucket_mb = L.grad_bucket_mb;
     r->par = L.par;

@@ -23,6 +23,8 @@
 #include "rl/job_internal.h"
 #include "rl/rl.h"
 #include "rl/state.h"
+#include "dist/onebit.h"
+#include "rl/trainer_onebit.h"
 #include "train/ckpt.h"
 #include "train/train.h"
 
@@ -60,6 +62,54 @@ void job_whole_end(job *J) {
     if (J->ops && J->ops->whole_done) J->ops->whole_done(J);
     J->whole_m = NULL;
     memset(&J->whole_opt, 0, sizeof J->whole_opt);
+    free(J->onebit_rows);
+    J->onebit_rows = NULL;
+    J->onebit_n_rows = 0;
+}
+
+/* actor.optim.name=onebit_adam past its freeze: every trainer rank's error buffers into
+ * dir/onebit_adam.safetensors (trainer_onebit.h) — gathered by job_ops.whole, or the rows the trainer
+ * holds (after the end, or resumed and not stepped since), or this process's own (one trainer). */
+static int save_onebit_rows(job *J, const char *dir) {
+    if (!trainer_onebit_frozen(&J->T)) return MOERL_OK; /* the error buffers are still zero */
+    char p[4200];
+    snprintf(p, sizeof p, "%s/onebit_adam.safetensors", dir);
+    if (J->onebit_rows) return trainer_onebit_save(J->onebit_rows, J->onebit_n_rows, J->T.m->n_params, p);
+    if (!J->T.onebit && J->T.onebit_rows)
+        return trainer_onebit_save(J->T.onebit_rows, J->T.onebit_n_rows, J->T.m->n_params, p);
+    if (!J->T.onebit) { /* at the freeze, before the first compressed step: the buffers are still zero */
+        const int W = J->T.dist ? J->T.dist->trainer_size : 1;
+        const size_t n = J->T.m->n_params;
+        float *z = xcalloc((size_t)W * (n + onebit_chunk(n, W)), sizeof(float));
+        const int rc = trainer_onebit_save(z, W, n, p);
+        free(z);
+        return rc;
+    }
+    if (J->T.dist && J->T.dist->trainer_size > 1)
+        return moerl_errorf("checkpoint: the 1-bit Adam error buffers of the other trainer ranks were not gathered");
+    float *rows;
+    int n_rows;
+    if (trainer_onebit_gather(&J->T, &rows, &n_rows) != MOERL_OK) return MOERL_ERR;
+    const int rc = trainer_onebit_save(rows, n_rows, J->T.m->n_params, p);
+    free(rows);
+    return rc;
+}
+
+/* Resume: the error buffers of a checkpoint past the freeze into J->T.onebit_rows (zeros, with a
+ * warning, when the checkpoint has none: it was written by actor.optim.name=adamw). */
+static int load_onebit_rows(job *J, const char *dir) {
+    if (!trainer_onebit_frozen(&J->T)) return MOERL_OK;
+    const int W = J->cfg->n_trainer_ranks > 0 ? J->cfg->n_trainer_ranks : 1;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/onebit_adam.safetensors", dir);
+    if (access(p, R_OK) == 0) return trainer_onebit_load(&J->T, p, W);
+    log_warn("%s: not found; the checkpoint is past actor.optim.freeze_step=%lld but was not written by 1-bit Adam: "
+             "its error feedback starts at zero",
+             p, (long long)J->cfg->optim_freeze_step);
+    const size_t n = J->T.m->n_params;
+    J->T.onebit_n_rows = W;
+    J->T.onebit_rows = xcalloc((size_t)W * (n + onebit_chunk(n, W)), sizeof(float));
+    return MOERL_OK;
 }
 
 int job_save_checkpoint(job *J, const int64_t *inflight, int n_inflight) {
@@ -88,7 +138,7 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
     if (model_save_hf(J->whole_m, dir, c->save_bf16, 0) != MOERL_OK) return MOERL_ERR;
     if (tokenizer_save(tok_current(), dir) != MOERL_OK) return MOERL_ERR; /* the files the run started from */
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    if (ckpt_save_optimizer(&J->whole_opt, p) != MOERL_OK) return MOERL_ERR;
+    if (ckpt_save_optimizer(&J->whole_opt, p) != MOERL_OK || save_onebit_rows(J, dir) != MOERL_OK) return MOERL_ERR;
     const prompt_feed *f = J->feed;
     rl_state st = {.version = J->T.version, .trainer_step = J->T.step, .optimizer_step = J->whole_opt.step,
                    .optimizer_skipped = J->whole_opt.skipped, .consumed_prompts = J->consumed, .feed_epoch = f->epoch,
@@ -156,6 +206,10 @@ int job_load_checkpoint(job *J, int *resumed) {
     J->T.step = st.trainer_step;
     J->T.opt.step = st.optimizer_step;
     J->T.opt.skipped = st.optimizer_skipped;
+    if (load_onebit_rows(J, dir) != MOERL_OK) {
+        rl_state_free(&st);
+        return MOERL_ERR;
+    }
     J->consumed = st.consumed_prompts;
     J->dropped = st.dropped_prompts;
     J->resumed_val = st.last_val_accuracy;

@@ -61,6 +61,8 @@
 #include "parallel/ep.h"
 #include "parallel/parallel.h"
 #include "rl/rl.h"
+#include "rl/trainer_onebit.h"
+#include "dist/onebit.h"
 #include "rl/wire.h"
 #include "train/train.h"
 
@@ -522,6 +524,13 @@ static void recv_state(dist_ctx *ctx, trainer *T) {
     T->opt.step = h.opt_step;
     T->opt.skipped = h.opt_skipped;
     T->kl_ctrl.value = h.kl_ctrl_value;
+    if (trainer_onebit_frozen(T)) { /* resumed past 1-bit Adam's freeze: this rank's error buffers */
+        const size_t row = T->m->n_params + onebit_chunk(T->m->n_params, ctx->n_trainers);
+        free(T->onebit_rows);
+        T->onebit_rows = xmalloc(row * sizeof(float));
+        T->onebit_n_rows = 1;
+        recv_floats(ctx, T->onebit_rows, row, h.chunk_floats);
+    }
 }
 
 static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
@@ -543,6 +552,11 @@ static void send_state(dist_ctx *ctx, const trainer *T, int dst) {
     send_floats(ctx, dst, T->opt.m, T->m->n_params, chunk);
     send_floats(ctx, dst, T->opt.v, T->m->n_params, chunk);
     if (T->ref) send_floats(ctx, dst, T->ref->params, T->ref->n_params, chunk);
+    if (trainer_onebit_frozen(T)) { /* the checkpoint's error buffers of that trainer rank (load_onebit_rows) */
+        const size_t row = T->m->n_params + onebit_chunk(T->m->n_params, ctx->n_trainers);
+        MOERL_ASSERT(T->onebit_rows && T->onebit_n_rows == ctx->n_trainers);
+        send_floats(ctx, dst, T->onebit_rows + (size_t)(dst - ctx->first_trainer) * row, row, chunk);
+    }
 }
 
 /* The trainer rank's model-parallel runtime (src/parallel/parallel.h), as `moerl sft` builds it,
@@ -600,6 +614,16 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
  * plain buffers. */
 static void trainer_par_free(trainer *T) {
     dist_ctx *ctx = T->dist;
+    if (trainer_onebit_frozen(T)) { /* 1-bit Adam's error buffers on trainer rank 0, for the last checkpoint */
+        float *rows;
+        int n_rows;
+        CHECK_OK(trainer_onebit_gather(T, &rows, &n_rows), "gathering the 1-bit Adam error buffers");
+        trainer_onebit_free(T);
+        T->onebit_rows = rows;
+        T->onebit_n_rows = n_rows;
+    } else {
+        trainer_onebit_free(T);
+    }
     dist_reducer_free(T->reducer);
     T->reducer = NULL;
     if (!T->par) return;
@@ -664,6 +688,16 @@ static void run_trainer_follower(dist_ctx *ctx, const rl_config *cfg, moe_model 
             break;
         }
         if (msg.cmd == RL_TRAIN_CMD_GATHER) { /* trainer rank 0 assembles the whole model (dist_whole) */
+            if (msg.version && trainer_onebit_frozen(T)) { /* and 1-bit Adam's error buffers */
+                float *rows;
+                int n_rows;
+                CHECK_OK(trainer_onebit_gather(T, &rows, &n_rows), "gathering the 1-bit Adam error buffers");
+                free(rows);
+                if (!par_active(T->par)) {
+                    rl_train_msg_free(&msg);
+                    continue;
+                }
+            }
             adamw_state mo;
             (void)par_gather_full(T->par, T->m, 0, &T->opt, msg.version ? &mo : NULL); /* NULL here by design */
             par_release_full(T->par, T->m, NULL, &T->opt, msg.version ? &mo : NULL);
@@ -1078,6 +1112,19 @@ static int dist_stop(job *J, double *rb, double *ri) {
 static int dist_whole(job *J, int moments) {
     leader *L = (leader *)J;
     dist_ctx *ctx = L->ctx;
+    if (moments && trainer_onebit_frozen(&J->T) && J->T.onebit) { /* 1-bit Adam's error buffers, every rank's */
+        for (int d = 1; !par_active(J->T.par) && d < L->n_trainers; d++) {
+            void *buf;
+            size_t len;
+            if (rl_train_msg_encode(RL_TRAIN_CMD_GATHER, 1, J->T.step, NULL, 0, NULL, &buf, &len) != MOERL_OK)
+                return MOERL_ERR;
+            const int rc = dist_send_msg(ctx, ctx->first_trainer + d, TAG_TRAIN, buf, len);
+            free(buf);
+            if (rc != MOERL_OK) return MOERL_ERR;
+        }
+        if (par_active(J->T.par)) return moerl_errorf("1-bit Adam with a model-parallel layout (refused by the config)");
+        if (trainer_onebit_gather(&J->T, &J->onebit_rows, &J->onebit_n_rows) != MOERL_OK) return MOERL_ERR;
+    }
     if (!par_active(J->T.par)) { /* replicated (or after the end: trainer_par_free made it whole) */
         J->whole_m = J->m;
         J->whole_opt = J->T.opt;

@@ -103,6 +103,9 @@ struct job {
     const moe_model *whole_m;
     adamw_state whole_opt;
     int whole_depth, whole_moments;
+    float *onebit_rows;       /* actor.optim.name=onebit_adam: every trainer rank's error buffers, gathered for a
+                                 checkpoint by job_ops.whole (trainer_onebit_gather); freed by job_whole_end */
+    int onebit_n_rows;
     int n_shards;             /* data-parallel shards of a step over the trainer ranks (0: n_trainers) */
     int *shard_of;            /* [n_trainers] the shard trainer rank d trains (NULL: d) */
     double ls_mark;           /* lockstep / sync: when the rollout side last stopped generating (0: not yet);

@@ -135,6 +135,8 @@ typedef struct {
     double grad_bucket_mb;     /* actor.grad_bucket_mb: gradient-reduction bucket (MiB, DDP's 25) */
     int grad_compression;      /* actor.grad_compression: grad_compression (dist/compress.h) */
     int grad_compression_warmup_steps, grad_compression_chunk;
+    int optim_name;            /* actor.optim.name: optim_name (optim/onebit_adam.h), adamw or onebit_adam */
+    int64_t optim_freeze_step; /* actor.optim.freeze_step: 1-bit Adam's exact-Adam warm-up (optimizer steps) */
     par_config par;            /* actor.fsdp_config.fsdp_size, actor.expert_parallel_size, ... (parallel/grid.h) */
     int simulated;             /* moerl simulate: the rollouter's engine runs no model (engine_config.simulated) */
     /* debug.test_fail_rank / debug.test_fail_version (tests only): test_fail set = a deliberate error on
@@ -346,6 +348,14 @@ typedef struct {
     struct par_state *par;    /* the trainer rank's model-parallel runtime (parallel/parallel.h); NULL: none */
     struct par_state *ref_par;/* the reference's strategies on par's grid (trainer_shard_ref): the reference is
                                  sharded as the actor is; NULL: whole on the rank (one rank, plain DP) */
+    /* actor.optim.name=onebit_adam (src/rl/trainer_onebit.h): the error buffers of the compressed exchange
+     * (made at the first step after the freeze), its group (trainer ranks; NULL in one process), and the
+     * rows a checkpoint brought (onebit_n_rows rows of n + chunk floats: all trainer ranks' on trainer
+     * rank 0, this rank's own elsewhere) until the exchange takes them */
+    struct onebit_exchange *onebit;
+    struct dist_comm *onebit_comm;
+    float *onebit_rows;
+    int onebit_n_rows;
     int replication;          /* trainer ranks holding the same sequences (Ulysses SP: sp; else 1): what is
                                  computed from whole sequences is divided by it after the sum over ranks */
 } trainer;

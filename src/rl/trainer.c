@@ -12,6 +12,7 @@
 #include "data/tasks.h"
 #include "parallel/parallel.h"
 #include "rl/rl.h"
+#include "rl/trainer_onebit.h"
 #include "train/train.h"
 
 int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_model *m) {
@@ -38,6 +39,7 @@ int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_mod
 }
 
 void trainer_free(trainer *T) {
+    trainer_onebit_free(T); /* no group left here: rl_run_dist's trainers freed theirs at the end */
     trainer_unshard_ref(T);
     adamw_free(&T->opt);
     model_acts_free(&T->acts);
@@ -642,6 +644,23 @@ static double aux_value(const trainer *T, const double *counts, const double *ps
     return E * v / (rows * rows) / (T->dist ? T->dist->trainer_size : 1);
 }
 
+/* The end of a mini-batch under 1-bit Adam past its freeze: the compressed step (trainer_onebit.h)
+ * instead of the gradient all-reduce and AdamW; the statistics as update_minibatch keeps them. */
+static int onebit_minibatch_end(trainer *T, double loss, int n_pass, int max_pass, int global_aux, const double *aux_counts, double *aux_psum,
+                                const rl_minibatch *mb, const train_step_out *so, train_stats *st, double *aux_sum,
+                                double *tokens_sum) {
+    T->stage = "update";
+    if (par_finish_grads(T->par, n_pass, max_pass) != MOERL_OK) return MOERL_ERR;
+    if (global_aux && trainers_sum(T, aux_psum, T->m->cfg.num_experts) != MOERL_OK) return MOERL_ERR;
+    double gn;
+    int applied;
+    if (trainer_onebit_step(T, &loss, &gn, &applied, st) != MOERL_OK) return MOERL_ERR;
+    st->grad_norm += gn;
+    *aux_sum += aux_value(T, aux_counts, aux_psum, mb->tokens);
+    *tokens_sum += (double)so->n_tokens;
+    return MOERL_OK;
+}
+
 /* One optimizer update on mini-batch sequences [s0, s1) of d: (the global aux counts first,) the
  * accumulated gradient, its reduction over the trainer ranks, AdamW. aux_buf holds 2E doubles.
  * Adds to st (grad_norm, reduction time and bytes, the pipeline schedule's statistics), *aux_sum and
@@ -681,6 +700,9 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
         T->stage = "update";
     }
     train_step_out so;
+    /* 1-bit Adam past its freeze: no gradient all-reduce during backward (trainer_onebit.h) */
+    const int onebit = trainer_onebit_frozen(T);
+    to->layer_hook = !onebit && T->reducer ? reducer_hook : NULL;
     train_route_opts ro; /* no old-logprob pass: the first epoch's forward counts the routing agreement */
     to->routes = d->count_routes ? route_opts(T, d, s0, 1, 0, &ro) : NULL;
     const int rc = train_accumulate(T->m, &T->acts, d->seqs + s0, s1 - s0, to, ppo_grad, c, &so);
@@ -688,6 +710,7 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     if (rc != MOERL_OK) return MOERL_ERR;
     if (T->par && T->par->pp) pp_window_add(&st->pp, pp_last_stats(T->par->pp)); /* the schedule's bubble */
     double loss = so.loss;
+    if (onebit) return onebit_minibatch_end(T, loss, n_pass, max_pass, global_aux, aux_counts, aux_psum, mb, &so, st, aux_sum, tokens_sum);
     if (T->dist) { /* gradients and loss summed over the trainer ranks (DP reducer, or FSDP's reduce-scatter) */
         T->stage = "grad_reduce";
         const double tr = trace_begin();

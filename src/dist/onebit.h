@@ -1,0 +1,66 @@
+/* The two-stage compressed all-reduce of 1-bit Adam (Tang et al. 2021, "1-bit Adam: Communication
+ * Efficient Large-Scale Training with Adam's Convergence Speed", arXiv 2102.02888, Algorithm 1 and
+ * §4; the semantics of DeepSpeed's compressed_allreduce, read, not copied). It averages a buffer x[n]
+ * (1-bit Adam's momentum) over W ranks, moving one bit per value plus one fp32 scale per message:
+ *
+ *   worker (every rank):  y = x + e_w;  s_w = ‖y‖₂/√n;  send sign(y) (1 bit each) and s_w;
+ *                         e_w ← y − s_w·sign(y)                       (worker error feedback)
+ *   stage 1 (all-to-all): rank r receives chunk r of every rank's signs and every s_w.
+ *   server (rank r, its chunk of c values, c_r of them inside [0, n)):
+ *                         z = (Σ_{i=0..W−1} s_i·sign_i) · (1/W) + e_s   (sum in rank order, fp32)
+ *                         s_s = ‖z‖₂/√c_r;  e_s ← z − s_s·sign(z)       (server error feedback)
+ *   stage 2 (all-gather): every rank receives every chunk's signs and s_s; x[r·c + j] = s_s,r·sign.
+ *
+ * sign(0) = +1 (as DeepSpeed). Scales: the L2 norm in double over the values inside [0, n), then
+ * rounded to fp32 (an empty chunk has scale 0). The chunk c is ceil(n/W) rounded up to a multiple of
+ * 32, so the sign words of a chunk never straddle two ranks; values past n (padding) are 0 and are
+ * never written back.
+ * Message (both stages): 1 + c/32 int32 words: word 0 the scale's fp32 bits, then the signs, element
+ * j of the chunk in bit j%32 of word 1 + j/32, 1 = negative.
+ * Volume per rank and exchange: 2·(W−1)·(4 + c/8) bytes (each stage sends W−1 messages to the other
+ * ranks), against 2·(W−1)/W·4n for a ring all-reduce of fp32: about 32× less for large n.
+ * Every rank ends with the same x (bit for bit). */
+#ifndef MOERL_DIST_ONEBIT_H
+#define MOERL_DIST_ONEBIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct dist_comm;
+
+typedef struct onebit_exchange {
+    int world, rank;   /* the group of the exchange */
+    size_t n;          /* values in the reduced buffer */
+    size_t chunk;      /* values per rank's server chunk (onebit_chunk) */
+    float *worker_err; /* n: the worker's error feedback e_w */
+    float *server_err; /* chunk: this rank's server error feedback e_s for its chunk */
+    double sent_bytes; /* bytes this rank sent in its last exchange (onebit_allreduce_comm) */
+} onebit_exchange;
+
+/* ceil(n/world) rounded up to a multiple of 32 (at least 32). */
+size_t onebit_chunk(size_t n, int world);
+/* int32 words of one message: 1 + chunk/32. */
+size_t onebit_msg_words(size_t chunk);
+/* Bytes one rank sends per exchange: 2·(world−1)·4·onebit_msg_words(chunk). */
+double onebit_sent_bytes(size_t n, int world);
+/* Zeroed error buffers for rank `rank` of `world` (1 ≤ world, 0 ≤ rank < world). */
+void onebit_exchange_init(onebit_exchange *x, size_t n, int world, int rank);
+void onebit_exchange_free(onebit_exchange *x);
+
+/* Worker stage: reads v[n], updates x->worker_err, writes world messages into send[world·words]
+ * (message q for rank q: its chunk of the signs, with this rank's scale). */
+void onebit_worker_compress(onebit_exchange *x, const float *v, int32_t *send);
+/* Server stage: recv[world·words] holds message i from rank i (this rank's chunk); averages, adds
+ * x->server_err, compresses, updates x->server_err and writes this rank's message into out[words].
+ * Error: a scale that is not finite or negative in a received message (named, with the rank). */
+int onebit_server_reduce(onebit_exchange *x, const int32_t *recv, int32_t *out);
+/* Decode: gathered[world·words] holds every rank's server message in rank order; writes v[n].
+ * Error: a scale that is not finite or negative (named, with the rank). */
+int onebit_decode(const onebit_exchange *x, const int32_t *gathered, float *v);
+
+/* The whole exchange over a dist group (two dist_comm_alltoall_i32; the group's size and rank must
+ * be x->world and x->rank; c may be NULL for a world of 1: the same stages, nothing sent): v[n] in, the compressed average out, the same on every member. Sets
+ * x->sent_bytes. Errors: a group that does not match x, a malformed message, a failing collective. */
+int onebit_allreduce_comm(onebit_exchange *x, struct dist_comm *c, float *v);
+
+#endif

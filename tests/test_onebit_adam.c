@@ -1,0 +1,219 @@
+/* 1-bit Adam (src/optim/onebit_adam.h) and its two-stage compressed all-reduce (src/dist/onebit.h)
+ * against tests/ref/gen_onebit_adam.py (a PyTorch implementation of Tang et al. 2021's update): one
+ * worker and 2, 3, 4 simulated workers, steps before and after freeze_step, each step started from
+ * the reference's state.
+ * Tolerances: after the freeze, 0 — every float32 operation is one rounding in the same order on both
+ * sides (these files are built without fused multiply-add; the norms are float64 sums rounded once to
+ * float32, which agree unless a sum lands within 1e-16 of a float32 rounding boundary). Warm-up steps
+ * run adamw_step_ranges, built with the project's flags (fused multiply-add allowed): rtol 1e-6 on
+ * p, m, v (a few float32 roundings of a handful of operations) and atol 1e-9 (v near 0).
+ * Also: the communicated volume per exchange (1 bit per value + one fp32 scale per message),
+ * every worker ending with the same momentum, malformed messages refused with the rank named,
+ * optim_name_parse. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/onebit.h"
+#include "model/safetensors.h"
+#include "optim/onebit_adam.h"
+#include "test.h"
+
+#define N 1000
+#define STEPS 7
+#define FREEZE 3
+
+static const char *testdata(void) {
+    const char *d = getenv("MOERL_TESTDATA");
+    return d ? d : "build/testdata";
+}
+
+static const st_tensor *need(const st_file *f, const char *k, const char *sfx, int64_t numel) {
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s%s", k, sfx);
+    const st_tensor *t = st_find(f, nm);
+    if (!t || t->numel != numel) {
+        CHECK(0, "reference tensor %s missing or of %lld values (expected %lld)", nm, t ? (long long)t->numel : -1LL,
+              (long long)numel);
+        return NULL;
+    }
+    return t;
+}
+
+static adamw_config ref_cfg(void) {
+    return (adamw_config){.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.01f,
+                          .max_grad_norm = 1.0f};
+}
+
+static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+/* One compressed step of W simulated workers from the reference's state (prefix k). */
+static void frozen_step(const st_file *f, const char *k, int W, int t) {
+    const size_t c = onebit_chunk(N, W), words = onebit_msg_words(c);
+    const st_tensor *p = need(f, k, "p", N), *m = need(f, k, "m", N), *v = need(f, k, "v", N),
+                    *we = need(f, k, "we", (int64_t)W * N), *se = need(f, k, "se", (int64_t)W * c),
+                    *g = need(f, k, "g", (int64_t)W * N), *nrm = need(f, k, "norm", W), *p1 = need(f, k, "p1", N),
+                    *m1 = need(f, k, "m1", N), *we1 = need(f, k, "we1", (int64_t)W * N),
+                    *se1 = need(f, k, "se1", (int64_t)W * c);
+    if (!p || !m || !v || !we || !se || !g || !nrm || !p1 || !m1 || !we1 || !se1) return;
+    adamw_state o[4];
+    onebit_exchange x[4];
+    float *pw[4];
+    int32_t *send = xmalloc((size_t)W * W * words * 4), *recv = xmalloc((size_t)W * words * 4),
+            *gath = xmalloc((size_t)W * words * 4);
+    adamw_range r[2] = {{0, N / 2, 1}, {N / 2, N - N / 2, 0}};
+    for (int w = 0; w < W; w++) {
+        adamw_init_shard(&o[w], N, ref_cfg());
+        memcpy(o[w].m, m->data, N * 4);
+        memcpy(o[w].v, v->data, N * 4);
+        o[w].step = t - 1;
+        CHECK(onebit_adam_frozen(&o[w], FREEZE), "step %d follows the freeze", t);
+        onebit_exchange_init(&x[w], N, W, w);
+        memcpy(x[w].worker_err, (const float *)we->data + (size_t)w * N, N * 4);
+        memcpy(x[w].server_err, (const float *)se->data + (size_t)w * c, c * 4);
+        CHECK(onebit_adam_local(&o[w], (const float *)g->data + (size_t)w * N, 0.0f, ((const double *)nrm->data)[w]) == 1,
+              "step applied");
+        onebit_worker_compress(&x[w], o[w].m, send + (size_t)w * W * words);
+    }
+    for (int r_ = 0; r_ < W; r_++) { /* all-to-all: message r_ of every worker to server r_ */
+        for (int i = 0; i < W; i++) memcpy(recv + (size_t)i * words, send + ((size_t)i * W + r_) * words, words * 4);
+        CHECK(onebit_server_reduce(&x[r_], recv, gath + (size_t)r_ * words) == MOERL_OK, "%s", moerl_last_error());
+    }
+    int all_same = 1;
+    for (int w = 0; w < W; w++) {
+        CHECK(onebit_decode(&x[w], gath, o[w].m) == MOERL_OK, "%s", moerl_last_error());
+        pw[w] = xmalloc(N * 4);
+        memcpy(pw[w], p->data, N * 4);
+        onebit_adam_apply(&o[w], FREEZE, pw[w], r, 2, 1e-2f);
+        all_same &= same(pw[w], pw[0], N) && same(o[w].m, o[0].m, N);
+        CHECK(same(x[w].worker_err, (const float *)we1->data + (size_t)w * N, N), "%sworker %d: worker error", k, w);
+        CHECK(same(x[w].server_err, (const float *)se1->data + (size_t)w * c, c), "%sworker %d: server error", k, w);
+    }
+    CHECK(all_same, "%s: every worker ends with the same momentum and parameters", k);
+    CHECK(same(o[0].m, m1->data, N), "%s: the averaged momentum equals the reference bit for bit", k);
+    CHECK(same(pw[0], p1->data, N), "%s: the parameters equal the reference bit for bit", k);
+    if (!same(pw[0], p1->data, N)) t_close(k, pw[0], p1->data, N, 0, 1e-6f);
+    CHECK(same(o[0].v, v->data, N), "%s: the variance stays frozen", k);
+    for (int w = 0; w < W; w++) {
+        adamw_free(&o[w]);
+        onebit_exchange_free(&x[w]);
+        free(pw[w]);
+    }
+    free(send);
+    free(recv);
+    free(gath);
+}
+
+/* A warm-up step: exact AdamW (adamw_step_ranges) on the averaged gradient. */
+static void warmup_step(const st_file *f, const char *k, int W, int t) {
+    const st_tensor *p = need(f, k, "p", N), *m = need(f, k, "m", N), *v = need(f, k, "v", N),
+                    *ga = need(f, k, "gavg", N), *nrm = need(f, k, "norm", W), *p1 = need(f, k, "p1", N),
+                    *m1 = need(f, k, "m1", N), *v1 = need(f, k, "v1", N), *we1 = need(f, k, "we1", (int64_t)W * N);
+    if (!p || !m || !v || !ga || !nrm || !p1 || !m1 || !v1 || !we1) return;
+    adamw_state o;
+    adamw_init_shard(&o, N, ref_cfg());
+    memcpy(o.m, m->data, N * 4);
+    memcpy(o.v, v->data, N * 4);
+    o.step = t - 1;
+    CHECK(!onebit_adam_frozen(&o, FREEZE), "step %d is a warm-up step", t);
+    float *pp = xmalloc(N * 4);
+    memcpy(pp, p->data, N * 4);
+    adamw_range r[2] = {{0, N / 2, 1}, {N / 2, N - N / 2, 0}};
+    CHECK(adamw_step_ranges(&o, pp, ga->data, r, 2, 1e-2f, 0.0f, ((const double *)nrm->data)[0]) == 1, "applied");
+    char what[128];
+    snprintf(what, sizeof what, "%sp (warm-up)", k);
+    t_close(what, pp, p1->data, N, 1e-9f, 1e-6f);
+    snprintf(what, sizeof what, "%sm (warm-up)", k);
+    t_close(what, o.m, m1->data, N, 1e-9f, 1e-6f);
+    snprintf(what, sizeof what, "%sv (warm-up)", k);
+    t_close(what, o.v, v1->data, N, 1e-9f, 1e-6f);
+    float *z = xcalloc((size_t)W * N, 4);
+    CHECK(same(we1->data, z, (size_t)W * N), "%s: no error feedback during warm-up", k);
+    free(z);
+    free(pp);
+    adamw_free(&o);
+}
+
+static void test_reference(void) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/onebit_adam.safetensors", testdata());
+    st_file f;
+    if (st_open(&f, path) != MOERL_OK) {
+        CHECK(0, "cannot open reference %s (run tests/ref/gen_onebit_adam.py %s): %s", path, testdata(),
+              moerl_last_error());
+        return;
+    }
+    for (int W = 1; W <= 4; W++) {
+        for (int t = 1; t <= STEPS; t++) {
+            char k[32];
+            snprintf(k, sizeof k, "w%d.s%d.", W, t);
+            if (t <= FREEZE) warmup_step(&f, k, W, t);
+            else frozen_step(&f, k, W, t);
+        }
+        char k[32];
+        snprintf(k, sizeof k, "w%d.", W);
+        const st_tensor *sent = need(&f, k, "sent", 1);
+        if (sent) /* the volume: the reference counts (1 + c/32) words per message, 2·(W−1) messages */
+            CHECK(onebit_sent_bytes(N, W) == (double)((const int64_t *)sent->data)[0], "W=%d: %g bytes sent, reference %lld",
+                  W, onebit_sent_bytes(N, W), (long long)((const int64_t *)sent->data)[0]);
+    }
+    st_close(&f);
+}
+
+/* The volume: one bit per value plus one fp32 scale per message, against fp32's 32 bits. */
+static void test_volume(void) {
+    const size_t n = 1u << 20;
+    for (int W = 2; W <= 8; W *= 2) {
+        const size_t c = onebit_chunk(n, W);
+        CHECK(c * (size_t)W >= n && c % 32 == 0 && c < n / W + 32, "W=%d: chunk %zu covers n=%zu", W, c, n);
+        const double sent = onebit_sent_bytes(n, W), bits_per_value = 8.0 * (sent - 2.0 * (W - 1) * 4) /
+                                                                      (2.0 * (W - 1) * (double)c);
+        CHECK(bits_per_value == 1.0, "W=%d: %g bits per value besides the scales", W, bits_per_value);
+        const double ring = 2.0 * (W - 1) / W * 4.0 * (double)n; /* fp32 ring all-reduce, bytes per rank */
+        CHECK(ring / sent > 31.9 && ring / sent <= 32.0, "W=%d: %.3f× less than fp32's all-reduce", W, ring / sent);
+    }
+    CHECK(onebit_sent_bytes(1000, 1) == 0, "a group of one sends nothing");
+    CHECK(onebit_chunk(0, 3) == 32 && onebit_chunk(33, 1) == 64 && onebit_msg_words(64) == 3, "chunk sizes");
+}
+
+/* A message whose scale is not finite (a non-finite momentum on the sender, or corruption) is refused
+ * with the sending rank named; error feedback with a zero momentum keeps everything at 0. */
+static void test_errors(void) {
+    onebit_exchange x;
+    onebit_exchange_init(&x, 100, 2, 1);
+    const size_t w = onebit_msg_words(x.chunk);
+    int32_t *msgs = xcalloc(2 * w, 4), out[8];
+    const float bad = NAN;
+    memcpy(&msgs[w], &bad, 4);
+    CHECK(onebit_server_reduce(&x, msgs, out) == MOERL_ERR && strstr(moerl_last_error(), "rank 1"),
+          "NaN scale refused: %s", moerl_last_error());
+    const float neg = -1.0f;
+    memcpy(&msgs[w], &neg, 4);
+    float v[100];
+    CHECK(onebit_decode(&x, msgs, v) == MOERL_ERR && strstr(moerl_last_error(), "rank 1"), "negative scale refused: %s",
+          moerl_last_error());
+    onebit_exchange_free(&x);
+    free(msgs);
+    optim_name o;
+    CHECK(optim_name_parse("onebit_adam", &o) == MOERL_OK && o == OPTIM_ONEBIT_ADAM, "onebit_adam");
+    CHECK(optim_name_parse("adamw", &o) == MOERL_OK && o == OPTIM_ADAMW, "adamw");
+    CHECK(optim_name_parse("adam1bit", &o) == MOERL_ERR && strstr(moerl_last_error(), "actor.optim.name") &&
+              strstr(moerl_last_error(), "onebit_adam"),
+          "unknown name refused: %s", moerl_last_error());
+    /* the skip rule: a non-finite norm or loss changes nothing and counts the step as skipped */
+    adamw_state s;
+    adamw_init_shard(&s, 4, ref_cfg());
+    const float g[4] = {1, 2, 3, 4};
+    CHECK(onebit_adam_local(&s, g, NAN, 1.0) == 0 && onebit_adam_local(&s, g, 0.0f, INFINITY) == 0 && s.step == 0 &&
+              s.skipped == 2 && s.m[0] == 0.0f,
+          "non-finite loss / norm skipped");
+    adamw_free(&s);
+}
+
+int main(void) {
+    test_reference();
+    test_volume();
+    test_errors();
+    TEST_MAIN_END();
+}
