@@ -77,6 +77,8 @@ expect_err "onebit_adam with EP refused" "actor.expert_parallel_size=2" \
 expect_err "freeze_step 0 refused" "actor.optim.freeze_step=0" \
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" actor.optim.name=onebit_adam actor.optim.freeze_step=0 \
     trainer.default_local_dir="$W/r3"
+expect_err "freeze_step without onebit_adam refused" "it applies to onebit_adam only" \
+    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" actor.optim.freeze_step=3 trainer.default_local_dir="$W/r3b"
 expect_err "onebit_adam with grad_compression refused" "actor.grad_compression=none" \
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${OB[@]}" actor.grad_compression=onebit \
     trainer.default_local_dir="$W/r4"

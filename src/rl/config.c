@@ -455,7 +455,13 @@ static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
     if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
     r->optim_name = (int)on;
     r->optim_freeze_step = cfg_int(c, "actor.optim.freeze_step");
-    if (on != OPTIM_ONEBIT_ADAM) return MOERL_OK;
+    if (on != OPTIM_ONEBIT_ADAM) {
+        if (strcmp(cfg_origin(c, "actor.optim.freeze_step"), "default"))
+            return moerl_errorf("actor.optim.freeze_step is set but actor.optim.name=%s: it applies to onebit_adam only; "
+                                "set actor.optim.name=onebit_adam, or leave the key at its default",
+                                cfg_str(c, "actor.optim.name"));
+        return MOERL_OK;
+    }
     if (r->optim_freeze_step < 1)
         return moerl_errorf("actor.optim.freeze_step=%lld: 1-bit Adam needs at least one exact AdamW step to have a "
                             "variance to freeze; use freeze_step ≥ 1", (long long)r->optim_freeze_step);
