@@ -162,11 +162,6 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
                         "max_position_embeddings %d\n", max_plen, (int)a->max_new, m->cfg.max_position_embeddings);
         return 1;
     }
-    if (a->batch_invariant && ec.bf16_weights) {
-        fprintf(stderr, "moerl generate: --batch-invariant with --dtype bf16: the batch-invariant kernels compute "
-                        "from fp32 weights (as rollout.batch_invariant needs rollout.dtype=fp32); use --dtype fp32\n");
-        return 1;
-    }
     moe_config mc = m->cfg;
     mc.exec.batch_invariant = a->batch_invariant;
     engine *e = engine_create(&mc, ec);
