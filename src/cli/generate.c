@@ -70,7 +70,8 @@ static int gen_parse(int argc, char **argv, gen_args *a, int *code) {
         CLI_OPT_FLAG("no-thinking", &a->no_thinking, "the chat template's enable_thinking=false (Qwen3: no thinking)"),
         CLI_OPT_FLAG("batch-invariant", &a->batch_invariant,
                      "batch-invariant kernels (as rollout.batch_invariant): a response and its logprobs do not depend "
-                     "on the other prompts, --max-num-seqs or the thread count; slower; fp32 only"),
+                     "on the other prompts, --max-num-seqs or the thread count; slower (with --dtype bf16: from the "
+                     "bf16-rounded weights)"),
         CLI_OPT_STR("profile", &a->profile, "FILE", 0, "write a Chrome trace (Perfetto) of the engine's steps and kernels"),
     };
     const cli_spec spec = {.cmd = "generate", .opts = opts, .n_opts = CLI_NOPTS(opts), .notes = notes,
