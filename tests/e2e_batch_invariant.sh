@@ -8,7 +8,7 @@
 # kernels reports a nonzero ppo_kl (the check is not vacuous). With rollout.dtype=bf16 the trainer's
 # forwards compute from the bf16-rounded master weights, so the same checks hold (the bf16 engine with
 # the default kernels: nonzero). The same under mpirun (FSDP 2 trainer ranks + a rollout rank, fp32 and
-# bf16; rollout EP 2 + a trainer rank), and `moerl generate --batch-invariant` (fp32 and bf16).
+# bf16; pipeline 2, bf16; rollout EP 2 + a trainer rank), and `moerl generate --batch-invariant` (fp32 and bf16).
 # Usage: tests/e2e_batch_invariant.sh [BUILD_DIR]; ends with "N passed, N failed".
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -143,11 +143,14 @@ else
         timeout 300 mpirun --oversubscribe -np 3 "$MM" rl --config examples/smoke.yaml "${COMMON[@]}" \
             trainer.default_local_dir="$W/$name" "$@" >"$W/$name.log" 2>&1
     }
-    for lay in fsdp fsdp_bf16 ep; do
+    for lay in fsdp fsdp_bf16 pp_bf16 ep; do
         if [[ $lay == fsdp ]]; then L=(trainer.n_ranks=2 actor.fsdp_config.fsdp_size=2); what="trainer fsdp 2"
         elif [[ $lay == fsdp_bf16 ]]; then
             L=(trainer.n_ranks=2 actor.fsdp_config.fsdp_size=2 rollout.dtype=bf16 actor.use_kl_loss=true)
             what="trainer fsdp 2, rollout.dtype=bf16 (KL reference sharded too)"
+        elif [[ $lay == pp_bf16 ]]; then
+            L=(trainer.n_ranks=2 actor.pipeline_parallel_size=2 rollout.dtype=bf16 actor.use_kl_loss=true)
+            what="trainer pipeline 2, rollout.dtype=bf16"
         else L=(trainer.n_ranks=1 rollout.expert_parallel_size=2); what="rollout EP 2"; fi
         if run_mpi_rl "mpi_bi_$lay" "${L[@]}" rollout.batch_invariant=true && run_mpi_rl "mpi_default_$lay" "${L[@]}"; then
             metrics "mpi_bi_$lay" >"$W/mpi_bi_$lay.m"

@@ -23,9 +23,14 @@
  * rounded in any other mode. */
 static int bf16_forward(const trainer *T) { return T->cfg->batch_invariant && T->cfg->bf16_weights; }
 
+/* In place; a value already in bf16 (zeros included) is not written, so a pipeline stage's released
+ * pages of the layout (other stages' parameters) stay released. */
 static void round_bf16(float *p, size_t n) {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const float r = bf16_to_f32(f32_to_bf16(p[i]));
+        if (memcmp(&r, &p[i], sizeof r)) p[i] = r;
+    }
 }
 
 /* Keep the masters, then round the storage the forward reads (gathered FSDP copies are stale). */
@@ -50,7 +55,10 @@ static void params_restore(trainer *T) {
     size_t n;
     float *p = par_param_store(T->par, T->m, &n);
     MOERL_ASSERT(n == T->n_masters);
-    memcpy(p, T->masters, n * sizeof(float));
+    const float *w = T->masters;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) /* only what the rounding changed (as round_bf16) */
+        if (memcmp(&w[i], &p[i], sizeof(float))) p[i] = w[i];
     par_release_gathered(T->par);
     T->rounded = 0;
 }
