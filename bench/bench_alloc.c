@@ -3,6 +3,7 @@
  *   bench_alloc [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT]
  *               [--min-block BYTES] [--reserve FRAC]     (the pool's settings; defaults of pool.h)
  *               [--write-synthetic FILE]                  (also write the synthetic trace as a trace file)
+ *               [--resident]                              (also measure resident memory, below)
  *
  * A trace is the JSONL that MOERL_ALLOC_TRACE=FILE writes (src/base/pool.h): a header line, then
  * {"op":"alloc"|"free","id":n,"size":bytes,...}. --synthetic STEPS generates one modelled on a
@@ -25,7 +26,15 @@
  *   ext_frag (pool only) = 1 − largest free block / free committed bytes (moerl_pool_stats.
  *     fragmentation), the mean and the maximum over the replay's ops.
  * The replay does not touch the memory, so footprint is what each allocator reserved, not resident.
+ * --resident: the measuring replay also writes one byte in every page of every allocation (the pages
+ * moerl_buf_alloc's zero fill makes resident) and reads VmRSS (/proc/self/statm) after every op:
+ *   peak_rss — the most resident memory above the replay's start (the pool's own tables included);
+ *   fp/glibc_rss — the allocator's peak footprint over glibc's peak resident memory: issue 29's "peak
+ *     reserved ≤ glibc malloc's peak resident for the same trace" holds for the pool when it is ≤ 1.
+ *   The touch costs page faults (the synthetic trace touches some 130 GiB per allocator in 200
+ *   steps), so run the synthetic trace with --resident at fewer steps. Timed replays never touch.
  */
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <malloc.h>
@@ -177,10 +186,32 @@ static int have_je;
 
 typedef struct {
     double time_med, time_min, peak_req, peak_fp, req_at_peak, frag_peak, overhead, frag_mean, frag_max;
+    double peak_rss; /* bytes; --resident only: the most resident memory (VmRSS) above the replay's start */
     int failures, ran;
 } result_t;
 
 static moerl_pool_config POOL_CFG;
+static int RESIDENT; /* --resident: the measuring replay writes every page it is given and samples VmRSS */
+static size_t PAGE = 4096;
+
+/* Resident bytes of this process: the second field of /proc/self/statm (pages) × the page size. */
+static size_t resident_bytes(int fd) {
+    char buf[128];
+    const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) moerl_fatal("bench_alloc: cannot read /proc/self/statm");
+    buf[n] = 0;
+    unsigned long long size = 0, res = 0;
+    if (sscanf(buf, "%llu %llu", &size, &res) != 2) moerl_fatal("bench_alloc: /proc/self/statm: '%s'", buf);
+    return (size_t)res * PAGE;
+}
+
+/* Write one byte in every page of [q, q+sz), as moerl_buf_alloc's zero fill does to all of them, so the
+ * pages become resident (one store per page: the same resident set as a full memset, fewer stores). */
+static void touch_pages(void *q, size_t sz) {
+    volatile char *c = q;
+    for (size_t k = 0; k < sz; k += PAGE) c[k] = 1;
+    if (sz) c[sz - 1] = 1;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -209,13 +240,17 @@ static size_t footprint(int a, moerl_pool *p) {
 static double replay(int a, const trace_t *t, int measure, result_t *r) {
     void **ptr = xcalloc((size_t)t->max_id + 1, sizeof(void *));
     size_t *szs = xcalloc((size_t)t->max_id + 1, sizeof(size_t));
+    if (a == A_GLIBC) malloc_trim(0); /* glibc's footprint and resident memory count from its trimmed state */
+    const int rss_fd = measure && RESIDENT ? open("/proc/self/statm", O_RDONLY) : -1;
+    if (measure && RESIDENT && rss_fd < 0) moerl_fatal("bench_alloc: cannot open /proc/self/statm");
+    const size_t rss0 = rss_fd >= 0 ? resident_bytes(rss_fd) : 0; /* the pool's own tables count as its memory */
+    size_t peak_rss = 0;
     moerl_pool *p = NULL;
     if (a == A_POOL) {
         p = moerl_pool_create(&POOL_CFG);
         if (!p) moerl_fatal("%s", moerl_last_error());
     }
     size_t live = 0, peak_req = 0, peak_fp = 0, req_at_peak = 0;
-    if (a == A_GLIBC) malloc_trim(0); /* glibc's footprint counts from its trimmed state */
     const size_t fp0 = measure && a == A_GLIBC ? footprint(a, p) : 0;
     double frag_sum = 0, frag_max = 0;
     long frag_n = 0;
@@ -229,6 +264,7 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
                       : a == A_GLIBC ? aligned_alloc(64, sz)
                                      : JE.mallocx(sz, JE.flags_align64);
             if (!q) fails++;
+            else if (rss_fd >= 0) touch_pages(q, sz);
             ptr[o->id] = q;
             szs[o->id] = sz;
             if (measure) live += sz;
@@ -246,6 +282,10 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
             const size_t fp_now = footprint(a, p), fp = fp_now > fp0 ? fp_now - fp0 : 0;
             if (fp > peak_fp) peak_fp = fp, req_at_peak = live;
             else if (fp == peak_fp && live > req_at_peak) req_at_peak = live;
+            if (rss_fd >= 0) {
+                const size_t rss = resident_bytes(rss_fd);
+                if (rss > rss0 && rss - rss0 > peak_rss) peak_rss = rss - rss0;
+            }
             if (a == A_POOL) {
                 moerl_pool_stats st;
                 moerl_pool_get_stats(p, &st);
@@ -265,7 +305,9 @@ static double replay(int a, const trace_t *t, int measure, result_t *r) {
     free(ptr);
     free(szs);
     moerl_pool_destroy(p);
+    if (rss_fd >= 0) close(rss_fd);
     if (measure) {
+        r->peak_rss = (double)peak_rss;
         r->peak_req = (double)peak_req;
         r->peak_fp = (double)peak_fp;
         r->overhead = peak_fp ? 1.0 - (double)peak_req / (double)peak_fp : 0;
@@ -322,12 +364,15 @@ int main(int argc, char **argv) {
                                          {"min-block", required_argument, 0, 'm'},
                                          {"reserve", required_argument, 0, 'R'},
                                          {"write-synthetic", required_argument, 0, 'w'},
+                                         {"resident", no_argument, 0, 'e'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
     POOL_CFG = moerl_pool_default_config();
+    const long pg = sysconf(_SC_PAGESIZE);
+    if (pg > 0) PAGE = (size_t)pg;
     const char *write_synth = NULL;
-    while ((c = getopt_long(argc, argv, "t:s:r:j:m:R:w:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:s:r:j:m:R:w:eh", opts, NULL)) != -1) {
         switch (c) {
         case 't':
             if (n_traces < 16) traces[n_traces++] = optarg;
@@ -336,6 +381,7 @@ int main(int argc, char **argv) {
         case 'r': reps = atoi(optarg); break;
         case 'j': json_out = optarg; break;
         case 'w': write_synth = optarg; break;
+        case 'e': RESIDENT = 1; break;
         case 'm':
             if (moerl_parse_bytes(optarg, "--min-block", &POOL_CFG.min_block) != MOERL_OK) {
                 fprintf(stderr, "bench_alloc: %s\n", moerl_last_error());
@@ -354,7 +400,7 @@ int main(int argc, char **argv) {
         default:
             fprintf(stderr,
                     "usage: %s [--trace FILE]... [--synthetic STEPS] [--reps N] [--json OUT] [--min-block BYTES] "
-                    "[--reserve FRAC]\n",
+                    "[--reserve FRAC] [--write-synthetic FILE] [--resident]\n",
                     argv[0]);
             return c == 'h' ? 0 : 2;
         }
@@ -393,9 +439,10 @@ int main(int argc, char **argv) {
         size_t n_alloc = 0;
         for (size_t i = 0; i < t.n; i++) n_alloc += t.ops[i].alloc;
         printf("trace %s: %zu ops (%zu allocations), %d reps\n", t.name, t.n, n_alloc, reps);
-        printf("  %-9s %12s %10s %13s %13s %10s %9s %9s %9s %9s\n", "allocator", "time_ms_med", "us_per_op",
-               "peak_req_MiB", "peak_fp_MiB", "fp/glibc", "frag_peak", "overhead", "ext_mean", "ext_max");
-        double glibc_fp = 0;
+        printf("  %-9s %12s %10s %13s %13s %10s %9s %9s %9s %9s %12s %14s\n", "allocator", "time_ms_med", "us_per_op",
+               "peak_req_MiB", "peak_fp_MiB", "fp/glibc", "frag_peak", "overhead", "ext_mean", "ext_max", "peak_rss_MiB",
+               "fp/glibc_rss");
+        double glibc_fp = 0, glibc_rss = 0;
         json_t *jt = json_object();
         json_object_set_new(jt, "trace", json_string(t.name));
         json_object_set_new(jt, "ops", json_integer((json_int_t)t.n));
@@ -416,16 +463,23 @@ int main(int argc, char **argv) {
                 snprintf(fm, sizeof fm, "%.4f", r.frag_mean);
                 snprintf(fx, sizeof fx, "%.4f", r.frag_max);
             }
-            if (a == A_GLIBC) glibc_fp = r.peak_fp;
-            char ratio[16] = "-";
+            if (a == A_GLIBC) glibc_fp = r.peak_fp, glibc_rss = r.peak_rss;
+            char ratio[16] = "-", rss[24] = "-", rratio[16] = "-";
             if (a != A_GLIBC && glibc_fp > 0) snprintf(ratio, sizeof ratio, "%.4f", r.peak_fp / glibc_fp);
-            printf("  %-9s %12.3f %10.3f %13.2f %13.2f %10s %9.4f %9.4f %9s %9s%s\n", ANAME[a], 1e3 * r.time_med,
-                   1e6 * r.time_med / (double)t.n, r.peak_req / MiB, r.peak_fp / MiB, ratio, r.frag_peak, r.overhead,
-                   fm, fx, r.failures ? "  (failures!)" : "");
+            if (RESIDENT) snprintf(rss, sizeof rss, "%.2f", r.peak_rss / MiB);
+            if (RESIDENT && glibc_rss > 0) snprintf(rratio, sizeof rratio, "%.4f", r.peak_fp / glibc_rss);
+            printf("  %-9s %12.3f %10.3f %13.2f %13.2f %10s %9.4f %9.4f %9s %9s %12s %14s%s\n", ANAME[a],
+                   1e3 * r.time_med, 1e6 * r.time_med / (double)t.n, r.peak_req / MiB, r.peak_fp / MiB, ratio,
+                   r.frag_peak, r.overhead, fm, fx, rss, rratio, r.failures ? "  (failures!)" : "");
             json_t *ja = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:i}", "time_s_median", r.time_med,
                                    "peak_requested_bytes", r.peak_req, "peak_footprint_bytes", r.peak_fp,
                                    "requested_at_peak_bytes", r.req_at_peak, "fragmentation_at_peak", r.frag_peak,
                                    "overhead", r.overhead, "failures", r.failures);
+            if (RESIDENT) {
+                json_object_set_new(ja, "peak_resident_bytes", json_real(r.peak_rss));
+                if (glibc_rss > 0)
+                    json_object_set_new(ja, "footprint_over_glibc_resident", json_real(r.peak_fp / glibc_rss));
+            }
             if (a == A_POOL) {
                 json_object_set_new(ja, "ext_fragmentation_mean", json_real(r.frag_mean));
                 json_object_set_new(ja, "ext_fragmentation_max", json_real(r.frag_max));

@@ -9,7 +9,8 @@
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
 #   test_dist_fsdp  FSDP (ZeRO-3) fsdp 2, 3, 4 and fsdp 2 × 2 replicas (HSDP) against one process: losses,
-#                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula
+#                 weights, shard sizes, peak gathered memory, bytes per step vs the schedule's formula; each
+#                 with actor.fsdp_config.reshard_after_forward true and false (same weights, its bytes and peak)
 #   sft           moerl-mpi sft data parallel (-np 2, 3), FSDP (-np 2 fsdp 2, -np 4 fsdp 2 × 2), Ulysses
 #                 (-np 2 sp 2, -np 4 sp 2 × dp 2) and expert parallel (-np 2 ep 2 with each dispatcher, bit-identical;
 #                 -np 4 ep 2 × dp 2; -np 4 ep 4; small micro-batches with idle passes and spills; N -> M resume
@@ -201,13 +202,16 @@ PYEOF
 }
 SFTX=(model.num_hidden_layers=3 model.router_aux_loss_coef=0.01 data.max_token_len_per_micro_batch=160)
 "$M" sft --config "$W/sft.yaml" "${SFTX[@]}" trainer.default_local_dir="$W/r1" >/dev/null 2>"$W/err1"
-for v in "2 1" "3 1" "2 2" "4 2"; do
-    read -r NP FS <<<"$v"
+# (RA false: actor.fsdp_config.reshard_after_forward=false, FSDP's units kept and gradients reduce-scattered
+# once per update: the same sums in another order, the same tolerances)
+for v in "2 1" "3 1" "2 2" "4 2" "2 2 false" "4 2 false"; do
+    read -r NP FS RA <<<"$v"
+    RA=${RA:-true}
     timeout 180 "${MPIRUN[@]}" -np "$NP" "$MM" sft --config "$W/sft.yaml" "${SFTX[@]}" actor.fsdp_config.fsdp_size="$FS" \
-        trainer.default_local_dir="$W/r${NP}f$FS" >"$W/out" 2>"$W/err"
+        actor.fsdp_config.reshard_after_forward="$RA" trainer.default_local_dir="$W/r${NP}f$FS$RA" >"$W/out" 2>"$W/err"
     rc=$?
-    EDGE_WHAT="moerl-mpi sft -np $NP fsdp $FS against one process (rc $rc): $(tail -c 300 "$W/err")"
-    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${NP}f$FS"'
+    EDGE_WHAT="moerl-mpi sft -np $NP fsdp $FS reshard_after_forward=$RA against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r${NP}f$FS$RA"'
 done
 # Ulysses SP in moerl sft (2 query heads over 1 kv head: the kv head replicated) against one process:
 # -np 2 sp 2, and -np 4 sp 2 x dp 2. Losses as above; weights within 5e-5 (the bound of

@@ -386,6 +386,9 @@ pp_metrics_case() { # pp_metrics_case LABEL NAME P V: NAME's metrics carry the p
 if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4 5 4 "${MP[@]}"; then
     mp_case "FSDP 2 (moerl rl)" mp_fsdp2 3 2 mp_dp2 actor.fsdp_config.fsdp_size=2
     mp_case "HSDP 2x2 (moerl rl)" mp_hsdp 5 4 mp_dp4 actor.fsdp_config.fsdp_size=2
+    # FSDP keeping its units for the mini-batch (one reduce-scatter per update): the same tolerance
+    mp_case "FSDP 2, reshard_after_forward=false (moerl rl)" mp_fsdp2k 3 2 mp_dp2 actor.fsdp_config.fsdp_size=2 \
+        actor.fsdp_config.reshard_after_forward=false
     mp_case "Ulysses SP 2 x FSDP 2 (moerl rl)" mp_spfsdp 5 4 mp_dp2 actor.ulysses_sequence_parallel_size=2 \
         actor.fsdp_config.fsdp_size=2
     mp_case "Ulysses SP 2 (moerl rl)" mp_sp2 3 2 mp_dp1 actor.ulysses_sequence_parallel_size=2
@@ -401,6 +404,8 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     else bad "4-layer data-parallel reference" "exit $?"; tail_log mp_dp1_l4; fi
     mp_case "EP 2 (moerl rl)" mp_ep2 3 2 mp_dp2 actor.expert_parallel_size=2
     mp_case "EP 2 x FSDP 2 (moerl rl)" mp_epfsdp 5 4 mp_dp4 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2
+    mp_case "EP 2 x FSDP 2, reshard_after_forward=false (moerl rl)" mp_epfsdpk 5 4 mp_dp4 actor.expert_parallel_size=2 \
+        actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
 else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi
 # ---------------------------------------------------------------- the KL reference under model parallelism
 # actor.use_kl_loss=true: the reference is sharded as the actor (trainer_shard_ref: FSDP's unit shards,

@@ -100,6 +100,22 @@ j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_c
 r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ref_weights_bytes"] == 4 * d["n_params"] and d["ref_pass_bytes_per_step"] == 0)' 2>/dev/null)
 [[ $r == True ]] && ok || fail "plan actor.use_kl_loss=true plain DP: reference weights not 4 × n_params: $(cat "$OUT/err")"
 $M plan --model examples/qwen3_30b_a3b actor.use_kl_loss=true | grep -q "KL reference policy" && ok || fail "plan table has no KL reference line"
+# actor.fsdp_config.reshard_after_forward: with FSDP on, plan gives both settings' rows (the chosen one's
+# figures are the plan's own); false holds one reduce-scatter per update (88 micro-batches on practice A's
+# FSDP-32 layout, the command of docs/plan-and-simulate.md); refused without FSDP, naming the key
+PA=(trainer.n_ranks=32 actor.fsdp_config.fsdp_size=-1 actor.ulysses_sequence_parallel_size=8 actor.dtype=bf16
+    rollout.dtype=bf16 actor.ppo_max_token_len_per_gpu=32768 model.enable_gradient_checkpointing=true rollout.n_ranks=32
+    rollout.tensor_model_parallel_size=2 rollout.max_num_seqs=128 data.max_prompt_length=2048
+    data.max_response_length=20480 rollout.n=16 actor.ppo_mini_batch_size=32 async_training.trigger_parameter_sync_step=4)
+j=$($M plan --model examples/qwen3_30b_a3b --json "${PA[@]}" actor.fsdp_config.reshard_after_forward=false 2>"$OUT/err")
+r=$(echo "$j" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); t, f = d["fsdp_reshard_rows"]
+print(t["reshard_after_forward"] and not f["reshard_after_forward"] and not d["reshard_after_forward"] and f["allgather_bytes_per_update"] == d["allgather_bytes_per_update"] and f["gathered_bytes"] == d["gathered_bytes"] and abs(t["reduce_scatter_bytes_per_update"] - d["micro_batches"] * f["reduce_scatter_bytes_per_update"]) <= 1e-12 * t["reduce_scatter_bytes_per_update"] and t["allgather_bytes_per_update"] > 100 * f["allgather_bytes_per_update"] and f["gathered_bytes"] > t["gathered_bytes"])' 2>/dev/null)
+[[ $r == True ]] && ok || fail "plan practice A reshard_after_forward=false: rows not as expected: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b "${PA[@]}" | grep -c "^| true: per layer\|^| false: kept" | grep -qx 2 && ok ||
+    fail "plan practice A's table lacks the two reshard_after_forward rows"
+$M plan --model examples/qwen3_30b_a3b actor.fsdp_config.reshard_after_forward=false >/dev/null 2>"$OUT/err"
+[[ $? -eq 1 ]] && grep -q "reshard_after_forward=false.*fsdp_size" "$OUT/err" && ok ||
+    fail "plan reshard_after_forward=false without FSDP not refused naming the keys: $(cat "$OUT/err")"
 # interleaved 1F1B is planned (no longer refused): the micro-batch count is the pipeline's own
 # (pp_plan_microbatches' dynamic rule: the update re-packed into 16 micro-batches, aiming at ≥ 64 tokens each, a
 # multiple of pp), not the token budget's 8
@@ -195,6 +211,8 @@ PY
     # all-reduce over grid.stage_comm, with tied embeddings the exchange between first and last
     # stage), and once replicated (pp_state_new alone, the bubble benchmark's). EP with the
     # all-to-all dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
+    # FSDP also with actor.fsdp_config.reshard_after_forward=false (units kept, one reduce-scatter per
+    # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -232,6 +250,13 @@ PY
 4|actor.ulysses_sequence_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2
 4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2
+2|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+3|actor.fsdp_config.fsdp_size=3 actor.fsdp_config.reshard_after_forward=false
+4|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+4|actor.fsdp_config.fsdp_size=4 model.tie_word_embeddings=true
+4|actor.fsdp_config.fsdp_size=4 model.tie_word_embeddings=true actor.fsdp_config.reshard_after_forward=false
+4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2 actor.fsdp_config.reshard_after_forward=false
 LAYOUTS
     fi
 fi

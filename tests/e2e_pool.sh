@@ -106,6 +106,21 @@ if (a["peak_footprint_bytes"], a["peak_requested_bytes"]) != (b["peak_footprint_
 PYEOF
 ); then ok "bench_alloc: pool footprint ≤ glibc's and ≤ 3% lost at the peak (recorded and synthetic traces)"
     else bad "bench_alloc memory figures" "${msg:-$(tail -3 "$WORK/mem.log")}"; fi
+    # --resident: every allocator reports its peak resident memory and the footprint / glibc-resident ratio
+    # (present and positive; no threshold on resident memory, which depends on the machine)
+    if "$BUILD/bench/bench_alloc" --trace "$WORK/lock_pool.trace.jsonl" --synthetic 2 --reps 1 --resident \
+        --json "$WORK/res.json" >"$WORK/res.log" 2>&1 &&
+        msg=$($PY - "$WORK/res.json" <<'PYEOF'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    for a in ("glibc", "pool", "jemalloc"):
+        if a not in r: continue
+        x = r[a]
+        if not x.get("peak_resident_bytes", 0) > 0 or not x.get("footprint_over_glibc_resident", 0) > 0:
+            print("%s %s: %s" % (r["trace"], a, x)); sys.exit(1)
+PYEOF
+); then ok "bench_alloc --resident reports peak resident memory for every allocator"
+    else bad "bench_alloc --resident" "${msg:-$(tail -3 "$WORK/res.log")}"; fi
 fi
 # bad values: refused, named
 expect_bad() {  # NAME PATTERN VAR=VALUE...

@@ -14,7 +14,9 @@
  * par_state_free) match it and are bit-identical on every rank; the owned shard is ~1/F of the
  * layout; the peak of gathered parameters + live gradient units stays below the full parameter
  * buffer (the model is never whole on a rank during training); the all-gather and reduce-scatter
- * bytes of each step equal the formula of the schedule in fsdp.h. */
+ * bytes of each step equal the formula of the schedule in fsdp.h. Each run twice: with
+ * actor.fsdp_config.reshard_after_forward true (the per-layer schedule) and false (units kept and
+ * gradients accumulated for the mini-batch: its bytes, its exact peak, and the same weights as true). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,8 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "parallel/fsdp.h"
+#include "dist/compress.h"
+#include "parallel/config.h"
 #include "parallel/parallel.h"
 #include "dist_test.h"
 #include "fixture.h"
@@ -126,7 +130,10 @@ static void unit_sums(const fsdp_state *fs, int L, double *A, double *B, double 
     *s1 = (double)fsdp_unit_shard(fs, 1, NULL);
 }
 
-static void run(int fsdp, int tied) {
+/* keep = actor.fsdp_config.reshard_after_forward=false (fsdp.h: units kept and gradients accumulated for
+ * the mini-batch, one reduce-scatter per unit at its end). *final (when given) gets a copy of the
+ * weights after the K steps. */
+static void run(int fsdp, int tied, int keep, float **final) {
     const moe_config mc = small_config(tied);
     moe_model ref, m;
     MOERL_ASSERT(model_init(&ref, &mc) == MOERL_OK && model_init(&m, &mc) == MOERL_OK);
@@ -145,6 +152,7 @@ static void run(int fsdp, int tied) {
         ps.ctx = g_ctx;
         ps.grid = &solo;
         ps.fsdp = fsdp_state_new(&m, solo.fsdp_comm, NULL);
+        fsdp_set_reshard_after_forward(ps.fsdp, !keep);
         par_bind_hooks(&ps);
     } else {
         cfg *c = cfg_new();
@@ -152,6 +160,7 @@ static void run(int fsdp, int tied) {
         char kv[64];
         snprintf(kv, sizeof kv, "actor.fsdp_config.fsdp_size=%d", fsdp);
         MOERL_ASSERT(cfg_apply_override(c, kv) == MOERL_OK);
+        if (keep) MOERL_ASSERT(cfg_apply_override(c, "actor.fsdp_config.reshard_after_forward=false") == MOERL_OK);
         CHECK_R(par_state_init(&ps, g_ctx, c, &m) == MOERL_OK, "par_state_init: %s", RANK, moerl_last_error());
         cfg_free(c);
     }
@@ -194,9 +203,13 @@ static void run(int fsdp, int tied) {
         fsdp_get_stats(ps.fsdp, &st);
         const int b = mb_f;
         const double ag = st.allgather_bytes - ag_prev, rs = st.reduce_scatter_bytes - rs_prev;
-        const double ag_formula = 4.0 * (P - 1) * (b * A + (A + B) + (b - 1) * (A - s1 + B) + 1);
-        const double rs_formula = 4.0 * (P - 1) * b * A;
-        if (!tied && (ag != ag_formula || rs != rs_formula)) {
+        /* keep: every unit once (the pre-pass's first forward gathers them; nothing is released until the
+         * optimizer step), one reduce-scatter per unit at the end of the mini-batch, however many
+         * micro-batches */
+        const double ag_formula = keep ? 4.0 * (P - 1) * (A + 1)
+                                       : 4.0 * (P - 1) * (b * A + (A + B) + (b - 1) * (A - s1 + B) + 1);
+        const double rs_formula = keep ? 4.0 * (P - 1) * A : 4.0 * (P - 1) * b * A;
+        if ((keep || !tied) && (ag != ag_formula || rs != rs_formula)) {
             bytes_ok = 0;
             printf("[rank %d] step %d: all-gather %.0f B (formula %.0f), reduce-scatter %.0f B (formula %.0f)\n", RANK,
                    k, ag, ag_formula, rs, rs_formula);
@@ -215,22 +228,39 @@ static void run(int fsdp, int tied) {
     fsdp_get_stats(ps.fsdp, &st);
     /* fp32: the ranks' partial sums are added in another order than the one-process accumulation
      * (reduce-scatter and all-reduce trees vs one running sum); measured ≤ 1e-7 relative */
-    CHECK_R(max_loss_rel < 1e-5, "fsdp %d tied %d: losses match one process (max rel diff %.3g)", RANK, fsdp, tied,
-            max_loss_rel);
-    CHECK_R(max_gn_rel < 1e-4, "fsdp %d tied %d: gradient norms match (max rel diff %.3g)", RANK, fsdp, tied,
-            max_gn_rel);
-    CHECK_R(bytes_ok, "fsdp %d tied %d: bytes per step equal the formula", RANK, fsdp, tied);
+    CHECK_R(max_loss_rel < 1e-5, "fsdp %d tied %d keep %d: losses match one process (max rel diff %.3g)", RANK, fsdp,
+            tied, keep, max_loss_rel);
+    CHECK_R(max_gn_rel < 1e-4, "fsdp %d tied %d keep %d: gradient norms match (max rel diff %.3g)", RANK, fsdp, tied,
+            keep, max_gn_rel);
+    CHECK_R(bytes_ok, "fsdp %d tied %d keep %d: bytes per step equal the formula", RANK, fsdp, tied, keep);
+    if (keep) {
+        /* held: the whole model's parameters and gradients resident at the end of the mini-batch, then
+         * fsdp_finish_grads sends the units one at a time from unit 0: unit k's buffers (a bounce of P·s_k
+         * floats when P·s_k ≠ n_k, else the receive buffer of s_k) while units 0..k−1 have given their
+         * gradient pages back. Exact: fsdp.c accounts whole floats and nothing completes out of order
+         * in a held mini-batch */
+        double extra = 0, sent = 0;
+        for (int u = 0; u < L + 2; u++) {
+            size_t nu, su = fsdp_unit_shard(ps.fsdp, u, &nu);
+            if (nu == 0) continue;
+            extra = fmax(extra, ((size_t)P * su != nu ? (double)P * su : (double)su) - sent);
+            sent += (double)nu;
+        }
+        const double want = 8.0 * (double)n_params + 4.0 * extra;
+        CHECK_R(st.peak_gathered_bytes == want, "fsdp %d tied %d keep: peak gathered %.0f B = whole parameters + "
+                "gradients + the reduce-scatter buffers %.0f B", RANK, fsdp, tied, st.peak_gathered_bytes, want);
+    }
     /* memory: gathered parameters (the layer pair + one prefetched unit, with a bounce buffer while
      * in flight) + gradient units (two being written + two reduce-scatters in flight) + receive
      * buffers stay within 9 units whatever the depth — not the model: below the full parameter
      * buffer of this 10-layer model */
     const double unit_b = (double)st.unit_floats_max * 4;
-    CHECK_R(st.peak_gathered_bytes <= 9 * unit_b && st.peak_gathered_bytes < (double)n_params * 4,
+    CHECK_R(keep || (st.peak_gathered_bytes <= 9 * unit_b && st.peak_gathered_bytes < (double)n_params * 4),
             "fsdp %d tied %d: peak gathered %.0f B ≤ 9 units (%.0f B) and < the parameters (%zu B)", RANK, fsdp, tied,
             st.peak_gathered_bytes, 9 * unit_b, n_params * 4);
     if (RANK == 0)
-        printf("fsdp %d tied %d (P=%d, replicas %d): loss rel diff %.2g, peak gathered %.0f KiB of %.0f KiB params, "
-               "shard %zu of %zu floats\n", fsdp, tied, P, st.replicas, max_loss_rel, st.peak_gathered_bytes / 1024,
+        printf("fsdp %d tied %d keep %d (P=%d, replicas %d): loss rel diff %.2g, peak gathered %.0f KiB of %.0f KiB "
+               "params, shard %zu of %zu floats\n", fsdp, tied, keep, P, st.replicas, max_loss_rel, st.peak_gathered_bytes / 1024,
                n_params * 4 / 1024.0, st.shard_floats, n_params);
     model_acts_free(&fa);
     adamw_free(&fo);
@@ -256,6 +286,10 @@ static void run(int fsdp, int tied) {
     MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, hs, 2) == MOERL_OK);
     const int T = g_ctx->trainer_size;
     CHECK_R(fabs(hs[0] * hs[0] / T - hs[1]) <= 1e-9 * fabs(hs[1]) + 1e-30, "weights identical on every rank", RANK);
+    if (final) {
+        *final = xmalloc(n_params * sizeof(float));
+        memcpy(*final, m.params, n_params * sizeof(float));
+    }
     model_acts_free(&ra);
     adamw_free(&ro);
     model_free(&ref);
@@ -279,6 +313,26 @@ int main(int argc, char **argv) {
         par_state ps;
         CHECK(par_state_init(&ps, g_ctx, c, &m) == MOERL_ERR && strstr(moerl_last_error(), "fsdp_size=2"),
               "fsdp 2 in one process must be refused naming the key: %s", moerl_last_error());
+        /* keeping FSDP's units needs FSDP: the key is refused, not ignored, with FSDP off */
+        MOERL_ASSERT(cfg_apply_override(c, "actor.fsdp_config.fsdp_size=1") == MOERL_OK);
+        MOERL_ASSERT(cfg_apply_override(c, "actor.fsdp_config.reshard_after_forward=false") == MOERL_OK);
+        CHECK(par_state_init(&ps, g_ctx, c, &m) == MOERL_ERR &&
+                  strstr(moerl_last_error(), "reshard_after_forward=false") && strstr(moerl_last_error(), "fsdp_size=1"),
+              "reshard_after_forward=false without FSDP must be refused naming both keys: %s", moerl_last_error());
+        {   /* and before any folder or model exists (par_read_layout, what moerl sft / rl check first) */
+            cfg *lc = cfg_new();
+            par_def_layout_keys(lc);
+            MOERL_ASSERT(cfg_apply_override(lc, "actor.fsdp_config.reshard_after_forward=false") == MOERL_OK);
+            par_layout pl;
+            CHECK(par_read_layout(lc, GRAD_COMPRESSION_NONE, &pl) == MOERL_ERR &&
+                      strstr(moerl_last_error(), "reshard_after_forward=false"),
+                  "par_read_layout refuses reshard_after_forward=false without FSDP: %s", moerl_last_error());
+            MOERL_ASSERT(cfg_apply_override(lc, "trainer.n_ranks=2") == MOERL_OK);
+            MOERL_ASSERT(cfg_apply_override(lc, "actor.fsdp_config.fsdp_size=2") == MOERL_OK);
+            CHECK(par_read_layout(lc, GRAD_COMPRESSION_NONE, &pl) == MOERL_OK && pl.par.fsdp_keep_gathered == 1,
+                  "par_read_layout accepts it with FSDP 2 and reads it: %s", moerl_last_error());
+            cfg_free(lc);
+        }
         cfg_free(c);
         model_free(&m);
         printf("test_dist_fsdp: one process: the refusal only; the sharding runs under mpirun (tests/e2e_mpi.sh)\n");
@@ -286,7 +340,26 @@ int main(int argc, char **argv) {
         TEST_MAIN_END();
     }
     make_batch();
-    run(fsdp, 0);
-    run(fsdp, 1);
+    for (int tied = 0; tied <= 1; tied++) {
+        float *w_reshard = NULL, *w_keep = NULL;
+        run(fsdp, tied, 0, &w_reshard);
+        run(fsdp, tied, 1, &w_keep);
+        /* reshard_after_forward=false against true after K steps: the same gradients summed in another
+         * order (each rank's micro-batches first, then one reduce-scatter of the sum, instead of one
+         * reduce-scatter per micro-batch added into the shard) — fp32 rounding of the sums, amplified
+         * where Adam normalises a tiny gradient, as against one process above: the same 5e-5 */
+        const moe_config mc = small_config(tied);
+        moe_model shape;
+        MOERL_ASSERT(model_init(&shape, &mc) == MOERL_OK);
+        double md = 0;
+        for (size_t i = 0; w_reshard && w_keep && i < shape.n_params; i++)
+            md = fmax(md, fabs((double)w_keep[i] - w_reshard[i]));
+        CHECK_R(w_reshard && w_keep && md < 5e-5, "fsdp %d tied %d: reshard_after_forward=false matches true after %d "
+                "steps (max |diff| %.3g)", RANK, fsdp, tied, K_STEPS, md);
+        if (RANK == 0) printf("fsdp %d tied %d: reshard_after_forward false vs true: max |diff| %.3g\n", fsdp, tied, md);
+        model_free(&shape);
+        free(w_reshard);
+        free(w_keep);
+    }
     return dist_test_finish(g_ctx);
 }

@@ -30,7 +30,11 @@
  *   (pp_held_floats, with a tied last stage's embedding copy) and moments, each within 10% of plan's
  *   figure (the brief's bar; the shard and the pipeline's figures are in fact exact), the FSDP peak
  *   between plan's two replays (gathered_low..gathered) and the rank's FSDP state within 10%, and
- *   plan's stage cut is the pipeline's. */
+ *   plan's stage cut is the pipeline's.
+ * With actor.fsdp_config.reshard_after_forward=false (FSDP keeps its units for the mini-batch) the same
+ * checks run against plan's held rows: the update's all-gathers are plan_traffic.fsdp_allgather_warm
+ * (it follows the logprob pass, which left every unit gathered), the reference's pass is planned
+ * resharding (it always reshards), and the peak is exact (plan's two bounds coincide). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +207,11 @@ int main(int argc, char **argv) {
                      .capacity_factor = ps.cfg.capacity_factor, .n_rollout = 0, .rollout_tp = 1, .max_num_seqs = 1,
                      .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1, .ref_model = 1,
                      .logprob_passes = 1, .logprob_tokens = (int64_t)N_SEQ * MT, /* the reference pass's count */
-                     .vpp = ps.pp ? pp_chunks(ps.pp) : 1};
+                     .vpp = ps.pp ? pp_chunks(ps.pp) : 1,
+                     .fsdp_keep_gathered = ps.cfg.fsdp_keep_gathered}; /* actor.fsdp_config.reshard_after_forward */
+    /* the KL reference always reshards (fsdp.h: an inference state): its pass is planned so */
+    plan_input rin = in;
+    rin.fsdp_keep_gathered = 0;
     const int gv = in.vpp;
     plan_traffic pt;
     plan_result pr;
@@ -272,7 +280,7 @@ int main(int argc, char **argv) {
         int traffic_same = 1;
         if (g) {
             plan_traffic lt;
-            MOERL_ASSERT(plan_traffic_logprob(&mc, &in, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine,
+            MOERL_ASSERT(plan_traffic_logprob(&mc, &rin, stage, sp_rank, g->fsdp_rank, in.micro_batches, resp_mine,
                                               &lt) == MOERL_OK);
             traffic_same = logprob_pass_is_plans(g, ps.pp != NULL, &lt, "KL reference pass", k);
         }
@@ -294,7 +302,7 @@ int main(int argc, char **argv) {
         const int w_same = ps.ep && !ps.fsdp ? rel(ref_w, pr.ref_weights) < 0.10 : ref_w == pr.ref_weights;
         if (!traffic_same || ref_w != act_w || (plan_rank && (!w_same || ref_a != pr.ref_acts)) ||
             held != pr.ref_held || ref_peak != pr.ref_gathered || ref_now != 0 ||
-            fabs(pr.ref_pass - pr.logprob_pass / in.logprob_passes) > 0) {
+            (!in.fsdp_keep_gathered && fabs(pr.ref_pass - pr.logprob_pass / in.logprob_passes) > 0)) {
             ref_ok = 0;
             printf("[rank %d] step %d KL reference: traffic %s plan's, weights %.0f B (actor %.0f, plan %.0f), "
                    "slots %.0f B (plan %.0f), actor's FSDP units held %.0f B (plan %.0f), own peak gathered %.0f B "
@@ -356,7 +364,10 @@ int main(int argc, char **argv) {
         const int applied = par_adamw_step(&ps, &m, &os, oc.lr, (float)so.loss, &gn);
         CHECK_R(applied == 1, "step %d applied (loss %g)", RANK, k, so.loss);
         if (ps.pp) got[9] = dist_comm_bytes(g->pp_comm, DIST_OP_P2P);
-        const double w[N_ROW] = {pt.reducer, pt.fsdp_allgather, pt.fsdp_reduce_scatter, pt.replica_allreduce,
+        /* the update runs right after the step's logprob passes: plan's warm all-gathers (resharding: the
+         * same as a cold update's; reshard_after_forward=false: only the pass count, every unit is still
+         * gathered) */
+        const double w[N_ROW] = {pt.reducer, pt.fsdp_allgather_warm, pt.fsdp_reduce_scatter, pt.replica_allreduce,
                                  pt.ep_alltoall, pt.ep_grad_allreduce, pt.sp_alltoall, pt.pp_grad_allreduce,
                                  pt.pp_p2p, pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb, pt.ep_replica_allreduce};
         memcpy(want, w, sizeof want);

@@ -342,7 +342,40 @@ static void test_limits_and_ref(void) {
     in.ref_model = 0;
 }
 
+/* actor.fsdp_config.reshard_after_forward=false (plan_input.fsdp_keep_gathered): the held schedule's
+ * rows against closed forms of fsdp.h's schedule — every unit gathered and reduce-scattered once per
+ * update whatever the micro-batches (fp32: the all-gather is (P−1)·4·(Σ s_u + 1), the pass-count
+ * float included), the peak the same at either bound (nothing completes early) and at least the
+ * whole layout's parameters and gradients; the update after the logprob pass sends only the pass
+ * count; refused without FSDP. The byte-for-byte check against runs is tests/test_dist_plan.c's. */
+static void test_fsdp_keep(void) {
+    moe_config q = arch(2048, 48, 128, 8, 768, 6144, 32, 4, 128, 151936, 0); /* Qwen3-30B-A3B */
+    plan_input in = {.n_trainer = 8, .fsdp = 8, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 4096,
+                     .updates_per_step = 1, .micro_batches = 12, .fwd_only_passes = 1, .n_rollout = 1,
+                     .rollout_tp = 1, .max_num_seqs = 64, .max_model_len = 528, .kv_dtype_bytes = 4, .sync_every = 1,
+                     .fsdp_keep_gathered = 1};
+    plan_result k12, k3, d12;
+    CK(plan_compute(&q, &in, &k12) == MOERL_OK);
+    in.micro_batches = 3;
+    CK(plan_compute(&q, &in, &k3) == MOERL_OK);
+    in.micro_batches = 12;
+    in.fsdp_keep_gathered = 0;
+    CK(plan_compute(&q, &in, &d12) == MOERL_OK);
+    CK(k12.allgather == k3.allgather && k12.reduce_scatter == k3.reduce_scatter && k12.gathered == k3.gathered);
+    CK(k12.reduce_scatter * 12 == d12.reduce_scatter); /* one reduce-scatter per update instead of per pass */
+    CK(k12.allgather == k12.reduce_scatter + 7.0 * 4); /* Σ s_u once each way, + the pass count's float */
+    CK(k12.gathered == k12.gathered_low && k12.gathered >= 2.0 * 4 * (double)k12.n_params && k12.gathered > d12.gathered);
+    in.fsdp_keep_gathered = 1;
+    plan_traffic t;
+    CK(plan_traffic_rank(&q, &in, 0, 0, 0, &t) == MOERL_OK && t.fsdp_allgather == k12.allgather &&
+       t.fsdp_allgather_warm == 7.0 * 4);
+    in.fsdp = 1;
+    CK(plan_compute(&q, &in, &k3) == MOERL_ERR && strstr(moerl_last_error(), "reshard_after_forward=false") &&
+       strstr(moerl_last_error(), "fsdp_size=1"));
+}
+
 int main(void) {
+    test_fsdp_keep();
     test_limits_and_ref();
     test_layout_exact();
     test_formulas();

@@ -2,8 +2,8 @@
  * alignment, contents kept, statistics consistent, everything returned and merged back), a shadow
  * model holding every byte of every live block, best fit, splitting, coalescing, the size classes,
  * the reserve, the expandable segment's growth in place (committed peak = peak in use), exhaustion
- * and oversize errors, bad input, threads, and the job-wide buffer layer (MOERL_ALLOC=pool with its
- * malloc fallback). */
+ * and oversize errors (the out-of-memory message), zero-size requests, bad input, threads, and the
+ * job-wide buffer layer (MOERL_ALLOC=pool with its malloc fallback). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -496,6 +496,9 @@ static void test_buffer_layer(void) {
     moerl_pool_stats st;
     CHECK(moerl_alloc_pool_stats(&st) == MOERL_OK && st.in_use == 64 * KiB && st.reserved == 4 * MiB,
           "pool stats through the layer: in use %zu", st.in_use);
+    unsigned char *z = moerl_buf_alloc(0, "zero"); /* zero bytes: a valid, aligned buffer of its own */
+    CHECK(z != NULL && z != b && (uintptr_t)z % 64 == 0, "zero-size buffer");
+    moerl_buf_free(z);
     unsigned char *big = moerl_buf_alloc(2 * MiB, "too_big"); /* above the 1 MiB max block: malloc fallback */
     CHECK(big != NULL && big[2 * MiB - 1] == 0, "fallback served and zeroed");
     moerl_alloc_pool_stats(&st);
@@ -507,6 +510,48 @@ static void test_buffer_layer(void) {
     CHECK(st.in_use == 0, "all returned through the layer");
 }
 
+/* Zero-size requests take one granule each (distinct, aligned, writable); a full reservation refuses
+ * the next request with a message naming both sizes, what is in use and the variable to raise, changes
+ * nothing, and serves the same request again once memory is freed. 2 MiB reserved with a 1 MiB max
+ * block: the small class's chunk is 1 MiB (small requests: up to 512 KiB), the large class the other. */
+static void test_zero_size_and_exhaustion(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 1 * MiB, 2 * MiB, 0.3});
+    CHECK(p != NULL, "create: %s", moerl_last_error());
+    if (!p) return;
+    unsigned char *z1 = moerl_pool_alloc(p, 0), *z2 = moerl_pool_alloc(p, 0);
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    CHECK(z1 && z2 && z1 != z2 && (uintptr_t)z1 % u == 0 && (uintptr_t)z2 % u == 0,
+          "zero-size: two distinct granule-aligned blocks");
+    if (z1 && z2) z1[0] = z2[u - 1] = 7; /* writable over the whole granule */
+    CHECK(st.in_use == 2 * u && st.requested == 2, "zero-size counts one granule, one byte: in use %zu req %zu",
+          st.in_use, st.requested);
+    void *s1 = moerl_pool_alloc(p, 7 * u), *s2 = moerl_pool_alloc(p, 7 * u); /* the small chunk is full */
+    void *big = moerl_pool_alloc(p, 1 * MiB);                                  /* the large MiB is taken */
+    CHECK(s1 && s2 && big, "the whole reservation handed out: %s", moerl_last_error());
+    moerl_pool_get_stats(p, &st);
+    const size_t committed = st.committed;
+    CHECK(moerl_pool_alloc(p, 100) == NULL, "a full pool refuses");
+    const char *e = moerl_last_error();
+    CHECK(strstr(e, "exhausted") && strstr(e, "no free block of 65536 bytes") &&
+              strstr(e, "request of 100 bytes") && strstr(e, "2097152 of 2097152 reserved") &&
+              strstr(e, "MOERL_POOL_CAPACITY"),
+          "out-of-memory message names the sizes, the use and the variable: %s", e);
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.failures == 1 && st.committed == committed && moerl_pool_check(p) == MOERL_OK,
+          "refusal counted, nothing changed: %s", moerl_last_error());
+    moerl_pool_free(p, z2);
+    void *again = moerl_pool_alloc(p, 100);
+    CHECK(again == z2, "the freed granule serves the refused request");
+    void *pp[4] = {again, z1, s1, s2};
+    for (int i = 0; i < 4; i++) moerl_pool_free(p, pp[i]);
+    moerl_pool_free(p, big);
+    moerl_pool_get_stats(p, &st);
+    CHECK(st.in_use == 0 && moerl_pool_check(p) == MOERL_OK, "all returned and merged: %s", moerl_last_error());
+    moerl_pool_destroy(p);
+}
+
 int main(void) {
     test_errors();
     test_random_sequences();
@@ -516,6 +561,7 @@ int main(void) {
     test_best_fit_split_coalesce();
     test_size_classes();
     test_growth_peak();
+    test_zero_size_and_exhaustion();
     test_shadow_model();
     test_threads();
     test_buffer_layer();

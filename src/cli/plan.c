@@ -5,6 +5,7 @@
  * async_training.require_batches, ...) plus the layout keys, verl's names:
  *   actor.fsdp_config.fsdp_size, actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
  *   actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size, model.enable_gradient_checkpointing,
+ *   actor.fsdp_config.reshard_after_forward (with FSDP on, both settings' traffic and peak are printed),
  *   data.max_prompt_length (0, rl's "no limit", is planned as 512), rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
  *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
  *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (model_config_from_keys),
@@ -34,6 +35,35 @@ static double g_unit_bytes = 1024.0 * 1024.0 * 1024.0;
 static const char *g_unit = "GiB";
 static double gib(double b) { return b / g_unit_bytes; }
 
+/* FSDP's two settings of actor.fsdp_config.reshard_after_forward side by side: res[0] true (reshard per
+ * layer, the default), res[1] false (units and gradients kept for the mini-batch). */
+static json_t *fsdp_rows_json(const plan_result res[2]) {
+    json_t *a = json_array();
+    for (int k = 0; k < 2; k++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "reshard_after_forward", json_boolean(k == 0));
+        json_object_set_new(o, "allgather_bytes_per_update", json_real(res[k].allgather));
+        json_object_set_new(o, "reduce_scatter_bytes_per_update", json_real(res[k].reduce_scatter));
+        json_object_set_new(o, "gathered_bytes", json_real(res[k].gathered));
+        json_object_set_new(o, "gathered_low_bytes", json_real(res[k].gathered_low));
+        json_object_set_new(o, "trainer_total_no_recompute_bytes", json_real(res[k].total));
+        json_object_set_new(o, "trainer_total_recompute_bytes", json_real(res[k].total_recompute));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
+static void print_fsdp_rows(const plan_input *in, const plan_result res[2]) {
+    printf("| FSDP actor.fsdp_config.reshard_after_forward | all-gather per update (%s) | reduce-scatter per update "
+           "(%s) | peak gathered + live gradients (%s) | trainer total, no recompute / recompute (%s) |\n"
+           "|---|---|---|---|---|\n", g_unit, g_unit, g_unit, g_unit);
+    for (int k = 0; k < 2; k++)
+        printf("| %s%s | %.3f | %.3f | %.3f | %.3f / %.3f |\n",
+               k == 0 ? "true: per layer, reduce-scatter per pass" : "false: kept for the mini-batch, one reduce-scatter",
+               (k == 1) == (in->fsdp_keep_gathered != 0) ? " (this plan)" : "", gib(res[k].allgather),
+               gib(res[k].reduce_scatter), gib(res[k].gathered), gib(res[k].total), gib(res[k].total_recompute));
+}
+
 static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_result *r) {
     json_t *o = json_object();
 #define I(k, v) json_object_set_new(o, k, json_integer(v))
@@ -46,6 +76,7 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     I("fullest_stage", r->fullest_stage); I("dtype_bytes", in->dtype_bytes);
     I("micro_tokens", in->micro_tokens); I("micro_batches", r->micro_batches);
     I("fwd_only_passes", in->fwd_only_passes);
+    json_object_set_new(o, "reshard_after_forward", json_boolean(!in->fsdp_keep_gathered));
     json_object_set_new(o, "pp_params", json_string(in->pp_params == PLAN_PP_REPLICATED ? "replicated" : "stage"));
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
     R("moments_bytes", r->moments); R("gathered_bytes", r->gathered);
@@ -176,8 +207,22 @@ int cmd_plan(int argc, char **argv) {
     plan_input in;
     plan_result r;
     if (plan_read_input(c, model, &mc, &in) != MOERL_OK || plan_compute(&mc, &in, &r) != MOERL_OK) goto fail;
-    if (as_json) cli_print_json(plan_json(&mc, &in, &r), 17);
-    else plan_print_table(&mc, &in, &r);
+    /* FSDP: both settings of actor.fsdp_config.reshard_after_forward (the other one planned beside) */
+    plan_result both[2];
+    if (r.fsdp > 1) {
+        plan_input other = in;
+        other.fsdp_keep_gathered = !in.fsdp_keep_gathered;
+        if (plan_compute(&mc, &other, &both[other.fsdp_keep_gathered ? 1 : 0]) != MOERL_OK) goto fail;
+        both[in.fsdp_keep_gathered ? 1 : 0] = r;
+    }
+    if (as_json) {
+        json_t *o = plan_json(&mc, &in, &r);
+        if (r.fsdp > 1) json_object_set_new(o, "fsdp_reshard_rows", fsdp_rows_json(both));
+        cli_print_json(o, 17);
+    } else {
+        plan_print_table(&mc, &in, &r);
+        if (r.fsdp > 1) print_fsdp_rows(&in, both);
+    }
     cli_overrides_free(&ov);
     cfg_free(c);
     return 0;

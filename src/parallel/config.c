@@ -26,6 +26,10 @@ static int check_model_parallel(const par_layout *L, int grad_compression) {
                             "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp, T);
     if (par_check_pp_alone(pc, T) != MOERL_OK) return MOERL_ERR;
+    if (pc->fsdp_keep_gathered && fsdp <= 1) /* nothing to keep: refused, not ignored (parallel.c says the same) */
+        return moerl_errorf("actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs FSDP "
+                            "on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d over %d trainer rank%s",
+                            pc->fsdp_size, T, moerl_plural(T));
     if ((fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1) && grad_compression != GRAD_COMPRESSION_NONE) {
         char key[96];
         if (fsdp > 1) snprintf(key, sizeof key, "actor.fsdp_config.fsdp_size=%d (FSDP reduce-scatters)", fsdp);

@@ -40,6 +40,9 @@ struct fsdp_state {
     size_t pack_n;
     double cur_bytes, peak_bytes;
     int rs_order[MOERL_MAX_LAYERS + 2], n_rs; /* units with a reduce-scatter in flight, oldest first */
+    int keep;             /* actor.fsdp_config.reshard_after_forward=false (fsdp_set_reshard_after_forward): no
+                             unit is released by the schedule (only by the optimizer step / fsdp_release_all),
+                             gradients accumulate in the layout and fsdp_finish_grads reduce-scatters them */
 };
 
 /* Reduce-scatters allowed in flight: Open MPI progresses a nonblocking collective only inside MPI
@@ -252,6 +255,7 @@ static int in_set(const int *s, int n, int k) {
 
 void fsdp_layer_event(fsdp_state *fs, model_layer_phase ph, int l) {
     if (ph == MODEL_GRAD_READY) {
+        if (fs->keep) return; /* accumulate: fsdp_finish_grads reduce-scatters once */
         grad_ready(fs, l < 0 ? 0 : l >= fs->L ? fs->L + 1 : l + 1);
         grad_poll(fs);
         return;
@@ -262,7 +266,7 @@ void fsdp_layer_event(fsdp_state *fs, model_layer_phase ph, int l) {
     if (ph == MODEL_BWD_LAYER && l - 1 >= 0) nx = region_params(fs, ph, l >= fs->L ? fs->L - 1 : l - 1, next);
     for (int i = 0; i < nn; i++) gather_start(fs, need[i]);
     for (int i = 0; i < nx; i++) gather_start(fs, next[i]); /* prefetch */
-    for (int k = 0; k < fs->n_units; k++)
+    for (int k = 0; k < fs->n_units && !fs->keep; k++)
         if (!in_set(need, nn, k) && !in_set(next, nx, k)) release(fs, k);
     if (ph == MODEL_BWD_LAYER) {
         int g[MAX_NEED], ng = region_grads(fs, l, g);
@@ -290,6 +294,8 @@ void fsdp_idle_pass(fsdp_state *fs, int backward) {
 void fsdp_zero_grad(fsdp_state *fs) {
     if (fs->g_shard) memset(fs->g_shard, 0, fs->S * sizeof(float));
 }
+
+void fsdp_set_reshard_after_forward(fsdp_state *fs, int reshard) { fs->keep = !reshard && fs->g_shard; }
 
 void fsdp_set_expert_groups(fsdp_state *fs, dist_comm *expert_replicas, dist_comm *ep) {
     fs->erep = expert_replicas;
@@ -325,8 +331,11 @@ static int replica_sum_kind(fsdp_state *fs, int expert, dist_comm *c) {
 
 int fsdp_finish_grads(fsdp_state *fs) {
     const double t = trace_begin();
+    /* held mini-batch: every unit's accumulated gradient is live here and goes out now, one unit at a
+     * time (reduce-scatter, wait, add into the shard, give the pages back); otherwise only a unit whose
+     * pass ended without its hook (not expected) */
     for (int k = 0; k < fs->n_units; k++) {
-        if (fs->u[k].g_live) grad_ready(fs, k); /* a pass ended without its hook (not expected) */
+        if (fs->u[k].g_live) grad_ready(fs, k);
         grad_wait(fs, k);
     }
     int rc = MOERL_OK;

@@ -24,6 +24,19 @@
  * Source: PyTorch FSDP (FULL_SHARD: all-gather before forward and backward, reduce-scatter after
  * backward, prefetch of the next unit); ZeRO (Rajbhandari et al., 2020), stage 3.
  *
+ * Keeping the units for a mini-batch (actor.fsdp_config.reshard_after_forward=false, FSDP2's name;
+ * fsdp_set_reshard_after_forward): the schedule releases nothing — each unit is all-gathered once,
+ * when first needed, and stays for every later pass (the router-count pre-pass, every micro-batch's
+ * forward and backward) until the optimizer step (fsdp_adamw_step) or fsdp_release_all gives the
+ * units back — and the gradient units are not reduce-scattered as each backward finishes them: they
+ * stay live in m->grads, accumulate over the micro-batches, and fsdp_finish_grads reduce-scatters
+ * each unit once, one at a time from unit 0. Fewer collectives (one all-gather and one
+ * reduce-scatter per unit and update instead of one per pass) for more memory: the whole model and
+ * its whole gradient resident at the end of the mini-batch. A forward-only pass before the update
+ * (the RL trainer's proximal logprobs) leaves the whole model gathered, which the update then uses.
+ * Source: PyTorch FSDP2 fully_shard(reshard_after_forward=False) with gradient accumulation without
+ * per-micro-batch reduce-scatter (FSDP's no_sync).
+ *
  * Every function below is collective over the FSDP group unless said otherwise, and must be
  * called in the same order by its members. */
 #ifndef MOERL_FSDP_H
@@ -62,6 +75,11 @@ void fsdp_state_free(fsdp_state *fs);
 void fsdp_layer_event(fsdp_state *fs, model_layer_phase phase, int l);
 /* Zero the owned gradient shard (start of a step). */
 void fsdp_zero_grad(fsdp_state *fs);
+/* actor.fsdp_config.reshard_after_forward: 1 (default) = release units after each region and reduce-scatter
+ * per backward pass; 0 = keep units gathered and gradients accumulated for the mini-batch (above). An
+ * inference state (no gradient shard) always reshards. Not collective, but every member must set the
+ * same value. */
+void fsdp_set_reshard_after_forward(fsdp_state *fs, int reshard);
 /* One pass with no tokens: the events of a forward (and with backward, of a backward) with zero
  * gradients, so the collectives match a member that runs one more micro-batch. */
 void fsdp_idle_pass(fsdp_state *fs, int backward);

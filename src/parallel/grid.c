@@ -8,6 +8,11 @@
 void par_def_keys(cfg *c) {
     cfg_def_int(c, "actor.fsdp_config.fsdp_size", 1,
                 "FSDP (ZeRO-3) shard group size within a pipeline stage: 1 = off, -1 = all ranks of the stage");
+    cfg_def_bool(c, "actor.fsdp_config.reshard_after_forward", true,
+                 "FSDP: true = free each layer's gathered parameters after use and reduce-scatter gradients after "
+                 "every backward pass (least memory); false = keep every gathered layer and the full gradients for "
+                 "the whole mini-batch, one all-gather and one reduce-scatter per update (fewer collectives, the "
+                 "whole model and gradient resident)");
     cfg_def_int(c, "actor.expert_parallel_size", 1, "experts of each MoE layer split over this many trainer ranks");
     cfg_def_int(c, "actor.ulysses_sequence_parallel_size", 1,
                 "Ulysses sequence parallelism: tokens split over this many ranks, attention head-sharded");
@@ -29,6 +34,7 @@ const char *moe_dispatcher_name(moe_dispatcher d) {
 int par_read_keys(const cfg *c, par_config *pc) {
     memset(pc, 0, sizeof *pc);
     pc->fsdp_size = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
+    pc->fsdp_keep_gathered = !cfg_bool(c, "actor.fsdp_config.reshard_after_forward");
     pc->expert_parallel_size = (int)cfg_int(c, "actor.expert_parallel_size");
     pc->ulysses_sequence_parallel_size = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
     pc->pipeline_parallel_size = (int)cfg_int(c, "actor.pipeline_parallel_size");

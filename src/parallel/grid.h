@@ -43,6 +43,8 @@ typedef struct {
     int alltoall_max_ep;      /* auto: all-to-all while ep ≤ this, all-to-all-v above */
     double capacity_factor;   /* all-to-all capacity per expert = ceil(factor · tokens · K / E) */
     int max_tokens;           /* micro-batch token limit (EP / SP buffers); set by par_state_init, 0 = unknown */
+    int fsdp_keep_gathered;   /* actor.fsdp_config.reshard_after_forward=false: FSDP keeps its units gathered and
+                                 its gradients unreduced for a whole mini-batch (fsdp.h); 0 = reshard (default) */
 } par_config;
 
 typedef struct {

@@ -35,6 +35,10 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
     const int fsdp = pc->fsdp_size == -1 ? T / pc->pipeline_parallel_size : pc->fsdp_size;
     const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
                     pc->pipeline_parallel_size > 1;
+    if (pc->fsdp_keep_gathered && fsdp <= 1)
+        return moerl_errorf("actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs FSDP "
+                            "on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d over %d trainer rank%s",
+                            pc->fsdp_size, T, moerl_plural(T));
     if (!any) { /* replicated model: plain data parallel (or one rank) */
         par_bind_hooks(ps);
         return MOERL_OK;
@@ -95,6 +99,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     if (g->fsdp > 1) {
         ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
         if (!ps->fsdp) goto fail;
+        fsdp_set_reshard_after_forward(ps->fsdp, !ps->cfg.fsdp_keep_gathered); /* a reference (no grads) reshards */
         if (ps->ep) fsdp_set_expert_groups(ps->fsdp, g->ep_replica_comm, g->ep_comm);
     }
     /* ---- expert parallel alone ---- */

@@ -329,6 +329,9 @@ typedef struct {
     char *glive;        /* gradient unit being written */
     int rs[PLAN_RS_IN_FLIGHT + 2], n_rs; /* reduce-scatters in flight, oldest first */
     int eager;          /* every reduce-scatter completes as soon as it starts (the lower bound) */
+    int keep;           /* actor.fsdp_config.reshard_after_forward=false (fsdp.h): nothing released, no
+                           reduce-scatter until fsdp_finish_grads */
+    int hold;           /* keep, until the step's fsdp_finish_grads runs */
     double gathered;    /* Σ s_u over the all-gathers started (with `skipped`: the passes fast-forwarded, kept
                            apart so that the replayed passes add exact small integers) */
     double skipped;
@@ -389,7 +392,7 @@ static void grad_touch_r(fsdp_replay *r, int u) {
 }
 
 static void replay_ready(fsdp_replay *r, int u) {
-    if (!r->glive[u]) return;
+    if (!r->glive[u] || r->hold) return; /* held: the gradient accumulates until the mini-batch's end */
     r->glive[u] = 0;
     if (bounced(r, u)) {
         acc(r, r->P * r->s[u]);
@@ -406,7 +409,7 @@ static void replay_event(fsdp_replay *r, int bwd, int l) {
     if (bwd && l - 1 >= 0) nx = fsdp_region(r->L, r->tied, 1, l >= r->L ? r->L - 1 : l - 1, next);
     for (int i = 0; i < nn; i++) g_start(r, need[i]);
     for (int i = 0; i < nx; i++) g_start(r, next[i]); /* prefetch */
-    for (int u = 0; u < r->U; u++)
+    for (int u = 0; u < r->U && !r->hold; u++)
         if (!in_list(need, nn, u) && !in_list(next, nx, u)) g_release(r, u);
     if (bwd) { /* region_grads: the units whose gradients this region writes */
         const int g[3] = {l >= r->L ? r->L + 1 : l + 1, l >= r->L ? r->L : (l >= 1 ? l : 0), 0};
@@ -466,8 +469,16 @@ static void replay_passes(fsdp_replay *r, double n, int train) {
 /* One step's passes from a cold start (the optimizer step releases every unit): fwd_only forward
  * passes, then train forward+backward passes, then fsdp_finish_grads. */
 static void replay_step(fsdp_replay *r, double fwd_only, double train) {
+    r->hold = r->keep;
     replay_passes(r, fwd_only, 0);
     replay_passes(r, train, 1);
+    if (r->hold) { /* fsdp_finish_grads: each unit's accumulated gradient reduce-scattered, one at a time */
+        r->hold = 0;
+        for (int u = 0; u < r->U; u++) {
+            replay_ready(r, u);
+            rs_complete(r, u);
+        }
+    }
     while (r->n_rs > 0) rs_complete(r, r->rs[0]);
     r->gathered += r->skipped;
     r->skipped = 0;
@@ -476,7 +487,7 @@ static void replay_step(fsdp_replay *r, double fwd_only, double train) {
 /* One rank's replay from a cold start (units of the rank's expert slice under EP, shards over P):
  * fwd_only forward passes then train training passes; the all-gathered floats, the peak and the
  * floats still held at the end (the units the last region keeps gathered). */
-static void replay_rank(const moe_config *c, int ep, int P, int eager, double fwd_only, double train,
+static void replay_rank(const moe_config *c, int ep, int P, int eager, int keep, double fwd_only, double train,
                         double *gathered, double *peak, double *held) {
     const int L = c->num_hidden_layers;
     double n[MOERL_MAX_LAYERS + 2], sh[MOERL_MAX_LAYERS + 2];
@@ -484,7 +495,7 @@ static void replay_rank(const moe_config *c, int ep, int P, int eager, double fw
     fsdp_units(c, ep, n);
     for (int u = 0; u < L + 2; u++) sh[u] = n[u] > 0 ? fsdp_shard(n[u], P) : 0;
     fsdp_replay r = {.n = n, .s = sh, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = P, .pst = pst,
-                     .glive = glive, .eager = eager};
+                     .glive = glive, .eager = eager, .keep = keep};
     replay_step(&r, fwd_only, train);
     if (gathered) *gathered = r.gathered;
     if (peak) *peak = r.peak;
@@ -519,6 +530,9 @@ static int check_layout(const moe_config *c, const plan_input *in, plan_ctx *x) 
     if (x->S % x->fsdp)
         return moerl_errorf("plan: actor.fsdp_config.fsdp_size %d does not divide the %d rank%s of a pipeline stage "
                             "(trainer.n_ranks / actor.pipeline_parallel_size)", x->fsdp, x->S, moerl_plural(x->S));
+    if (in->fsdp_keep_gathered && x->fsdp <= 1)
+        return moerl_errorf("plan: actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs "
+                            "FSDP on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d", x->fsdp);
     const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
     if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
@@ -675,11 +689,22 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
             S += s[u];
         }
         fsdp_replay r = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = U, .P = fsdp, .pst = pst,
-                         .glive = glive};
+                         .glive = glive, .keep = in->fsdp_keep_gathered};
         replay_step(&r, (double)fo * mb, mb);
         /* + par_max_passes' one-float all-gather, which EP × FSDP runs over the stage instead */
         t->fsdp_allgather = (fsdp - 1) * (r.gathered * db + (ep > 1 ? 0.0 : 4.0));
-        t->fsdp_reduce_scatter = (double)(fsdp - 1) * S * db * mb;
+        /* the same update right after a forward-only logprob pass, from the state that pass leaves (keep:
+         * every unit gathered, so only the pass count; resharding: the last region's units, which the
+         * pre-pass's first forward then need not gather again) */
+        char pst2[MOERL_MAX_LAYERS + 2] = {0}, glive2[MOERL_MAX_LAYERS + 2] = {0};
+        fsdp_replay w = {.n = n, .s = s, .L = L, .tied = c->tie_word_embeddings, .U = U, .P = fsdp, .pst = pst2,
+                         .glive = glive2, .keep = in->fsdp_keep_gathered, .hold = in->fsdp_keep_gathered};
+        replay_passes(&w, 1, 0);
+        const double g0 = w.gathered;
+        replay_step(&w, (double)fo * mb, mb);
+        t->fsdp_allgather_warm = (fsdp - 1) * ((w.gathered - g0) * db + (ep > 1 ? 0.0 : 4.0));
+        /* one reduce-scatter per unit and backward pass; held: one per unit at the mini-batch's end */
+        t->fsdp_reduce_scatter = (double)(fsdp - 1) * S * db * (in->fsdp_keep_gathered ? 1 : mb);
         const int R = x->S / fsdp; /* replica_comm: the stage's ranks with this fsdp_rank */
         if (ep > 1) {              /* fp32 sums of the owned pieces by kind (fsdp.c replica_sum_kind) */
             double od = 0, oe = 0;
@@ -757,9 +782,9 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
     int layers;
     if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
         return MOERL_ERR;
-    if (fsdp > 1) { /* every pass regathers: n_mb forward-only passes from a cold start */
+    if (fsdp > 1) { /* every pass regathers (keep: each unit once): n_mb forward-only passes from a cold start */
         double gathered;
-        replay_rank(c, ep, fsdp, 0, n_mb, 0, &gathered, NULL, NULL);
+        replay_rank(c, ep, fsdp, 0, in->fsdp_keep_gathered, n_mb, 0, &gathered, NULL, NULL);
         t->fsdp_allgather = (fsdp - 1) * (gathered * db + (ep > 1 ? 0.0 : 4.0));
     }
     const int n_moe = n_moe_in(c, l0, l1);
@@ -852,8 +877,9 @@ static int fullest_stage(const moe_config *c, const plan_input *in, const plan_c
             o->gathered = 0;
             if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units: both bounds */
                 double hi, lo;
-                replay_rank(c, in->ep, fsdp, 0, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &hi, NULL);
-                replay_rank(c, in->ep, fsdp, 1, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &lo, NULL);
+                const int keep = in->fsdp_keep_gathered; /* held: nothing completes early, lo == hi */
+                replay_rank(c, in->ep, fsdp, 0, keep, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &hi, NULL);
+                replay_rank(c, in->ep, fsdp, 1, keep, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &lo, NULL);
                 o->gathered = hi * db;
                 o->gathered_low = lo * db;
             }
@@ -894,6 +920,8 @@ static int plan_step_traffic(const moe_config *c, const plan_input *in, const pl
     }
     o->per_step = (o->allreduce + o->allgather + o->reduce_scatter + o->alltoall_ep + o->alltoall_sp + o->p2p_pp) *
                   in->updates_per_step;
+    if (in->logprob_passes > 0) /* keep: the step's first update finds the logprob pass's units gathered */
+        o->per_step -= t.fsdp_allgather - t.fsdp_allgather_warm;
     if (in->logprob_passes > 0 || in->ref_model) { /* forward-only passes over the step's data: the proximal
                                                     * logprobs (logprob_passes) and the sharded reference's */
         plan_traffic tl;
@@ -903,7 +931,17 @@ static int plan_step_traffic(const moe_config *c, const plan_input *in, const pl
         const double one = tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall + tl.sp_logprob_allreduce +
                            tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce;
         o->logprob_pass = in->logprob_passes * one;
-        o->ref_pass = in->ref_model ? one : 0; /* the same collectives on the same groups (test_dist_plan) */
+        /* the same collectives on the same groups (test_dist_plan), but the reference always reshards (it
+         * has no optimizer step to end a kept window): its gathers are those of resharding */
+        plan_input rin = *in;
+        rin.fsdp_keep_gathered = 0;
+        if (in->fsdp_keep_gathered &&
+            logprob_traffic(c, &rin, x, best_s, in->sp - 1, 0, n_mb_lp, rank_tokens * in->resp_fraction, &tl) !=
+                MOERL_OK)
+            return MOERL_ERR;
+        const double ref_one = tl.fsdp_allgather + tl.ep_alltoall + tl.sp_alltoall + tl.sp_logprob_allreduce +
+                               tl.pp_p2p_fwd_only + tl.pp_logprob_allreduce;
+        o->ref_pass = in->ref_model ? ref_one : 0;
         o->per_step += o->logprob_pass + o->ref_pass;
     }
     return MOERL_OK;
@@ -950,10 +988,10 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
         }
         if (fsdp > 1) {
             double held = 0, peak;
-            if (in->logprob_passes > 0) /* the proximal pass ran just before: its last region stays */
-                replay_rank(c, in->ep, fsdp, 0, 1, 0, NULL, NULL, &held);
+            if (in->logprob_passes > 0) /* the proximal pass ran just before: its last region stays (keep: all) */
+                replay_rank(c, in->ep, fsdp, 0, in->fsdp_keep_gathered, n_mb_lp, 0, NULL, NULL, &held);
             o->ref_held = held * db;
-            replay_rank(c, in->ep, fsdp, 0, n_mb_lp, 0, NULL, &peak, NULL); /* the reference's own units */
+            replay_rank(c, in->ep, fsdp, 0, 0, n_mb_lp, 0, NULL, &peak, NULL); /* the reference's own units */
             o->ref_gathered = peak * sizeof(float);
         }
     }

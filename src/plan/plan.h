@@ -54,6 +54,10 @@ typedef struct {
     int ep;                 /* actor.expert_parallel_size */
     int sp;                 /* actor.ulysses_sequence_parallel_size */
     int pp;                 /* actor.pipeline_parallel_size */
+    int fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false (fsdp.h): the training passes keep every
+                               unit gathered and the gradients unreduced for the mini-batch — one all-gather of
+                               the units the pre-pass left released, one reduce-scatter per unit and update; the
+                               peak holds the whole (sliced) model and its gradient. 0: reshard (default) */
     int dtype_bytes;        /* 4: fp32 everywhere (moerl today); 2: bf16 weights/grads/activations with fp32 master + moments */
     int64_t micro_tokens;   /* actor.ppo_max_token_len_per_gpu: tokens per packed micro-batch (before sp); the
                                traffic assumes every micro-batch full */
@@ -148,8 +152,9 @@ typedef struct {
      * it: the bucketed reducer's payload, every dist_comm collective as the bytes a rank sends */
     double allreduce;            /* gradient sums: reducer payload + HSDP replica all-reduce + EP gradient all-reduces
                                     + the pipeline stage's all-reduce over its dp ranks */
-    double allgather;            /* FSDP parameter all-gathers (every pass, as moerl's schedule gathers) */
-    double reduce_scatter;       /* FSDP gradient reduce-scatters (every backward pass) */
+    double allgather;            /* FSDP parameter all-gathers (every pass, as moerl's schedule gathers; held: the
+                                    training passes gather each unit once) */
+    double reduce_scatter;       /* FSDP gradient reduce-scatters (every backward pass; held: once per update) */
     double alltoall_ep;          /* EP dispatch/combine, forward and backward */
     double alltoall_sp;          /* Ulysses q|k|v and output exchanges, forward and backward */
     double p2p_pp;               /* PP sends of the busiest stage: activations forward and their gradients back (+ the
@@ -159,8 +164,11 @@ typedef struct {
                                     rank's ⌈logprob_tokens/dp/micro_tokens⌉ micro-batches), all groups, × logprob_passes */
     double ref_pass;             /* actor.use_kl_loss: the reference logprob pass's traffic per step: the sharded
                                     reference runs the collectives of one forward-only logprob pass (those of
-                                    logprob_pass / logprob_passes) on the actor's groups; 0 with plain DP */
-    double per_step;             /* sum of the above × updates_per_step, + logprob_pass + ref_pass */
+                                    logprob_pass / logprob_passes, as when resharding: the reference always
+                                    reshards) on the actor's groups; 0 with plain DP */
+    double per_step;             /* sum of the above × updates_per_step, + logprob_pass + ref_pass (fsdp_keep_gathered
+                                    with a logprob pass: the step's first update gathers
+                                    plan_traffic.fsdp_allgather_warm, not allgather) */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
     int vpp;                     /* chunks per stage (resolved, ≥ 1) */
@@ -176,7 +184,7 @@ typedef struct {
  *                     rank's expert slice under EP), the gathers counted by replaying fsdp.c's schedule
  *                     (region, prefetch, release) over the passes, + the pass-count all-gather (one
  *                     float) of par_max_passes (EP × FSDP runs that one over stage_comm);
- *   fsdp_reduce_scatter (P−1)·Σ_u s_u·dtype per backward pass; s_u = ⌈n_u/P⌉ rounded up to 16 floats;
+ *   fsdp_reduce_scatter (P−1)·Σ_u s_u·dtype per backward pass (fsdp_keep_gathered: once per update); s_u = ⌈n_u/P⌉ rounded up to 16 floats;
  *   replica_allreduce dist_comm_bytes(replica_comm, ALLREDUCE): 2(R−1)/R · Σ s_u · 4 (HSDP), R = D/fsdp;
  *                     EP × FSDP: 2(R−1)/R · 4 · the replicated tensors' floats in FSDP rank fsdp_rank's
  *                     pieces of the units (fsdp.c's ranges, unpadded tensor extents);
@@ -209,6 +217,11 @@ typedef struct {
  *                     pp_p2p + pp_p2p_fwd_only + pp_p2p_emb.
  * Errors: as plan_compute; stage, sp_rank or fsdp_rank out of range. */
 typedef struct {
+    double fsdp_allgather_warm; /* fsdp_allgather of an update run right after the step's forward-only logprob
+                                   pass (plan_traffic_rank), replayed from the state that pass leaves:
+                                   fsdp_keep_gathered finds every unit gathered and sends only the pass count;
+                                   resharding finds the last region's units (with tied embeddings the first
+                                   forward then gathers the embedding once, not twice) */
     double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_replica_allreduce, ep_alltoall,
         ep_grad_allreduce, sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
     double sp_logprob_allreduce, pp_logprob_allreduce; /* plan_traffic_logprob only */

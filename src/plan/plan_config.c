@@ -91,6 +91,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     else if (!strcmp(ppl, "replicated")) in->pp_params = PLAN_PP_REPLICATED;
     else return moerl_errorf("plan.pp_params: '%s' is not stage or replicated", ppl);
     in->recompute = cfg_bool(c, "model.enable_gradient_checkpointing");
+    in->fsdp_keep_gathered = pc.fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false */
     const int64_t rb = cfg_int(c, "async_training.require_batches"), ep = cfg_int(c, "actor.ppo_epochs");
     if (rb * ep > INT32_MAX) /* both fit 32 bits (cfg_check_int32), so the product fits 64 */
         return moerl_errorf("async_training.require_batches × actor.ppo_epochs = %lld × %lld optimizer updates per "
