@@ -5,9 +5,10 @@
 # batch-invariant kernels the trainer's logprobs equal the engine's bit for bit, so the ratio is exactly
 # 1 on every token: actor/ppo_kl is exactly 0 and actor/pg_clipfrac exactly 0 at every step (and
 # training/rollout_probs_diff_max exactly 0 where the run reports it). The same run with the default
-# kernels reports a nonzero ppo_kl (the check is not vacuous). rollout.dtype=bf16 with
-# batch_invariant is refused naming both keys. The same under mpirun (FSDP 2 trainer ranks + a rollout
-# rank; rollout EP 2 + a trainer rank), and `moerl generate --batch-invariant`.
+# kernels reports a nonzero ppo_kl (the check is not vacuous). With rollout.dtype=bf16 the trainer's
+# forwards compute from the bf16-rounded master weights, so the same checks hold (the bf16 engine with
+# the default kernels: nonzero). The same under mpirun (FSDP 2 trainer ranks + a rollout rank, fp32 and
+# bf16; pipeline 2, bf16; rollout EP 2 + a trainer rank), and `moerl generate --batch-invariant` (fp32 and bf16).
 # Usage: tests/e2e_batch_invariant.sh [BUILD_DIR]; ends with "N passed, N failed".
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -100,11 +101,28 @@ if run_rl is_bi "${ISK[@]}" rollout.batch_invariant=true && run_rl is_default "$
 else
     bad "rollout IS runs" "a run failed"; tail -5 "$W/is_bi.log" "$W/is_default.log"
 fi
-expect_err "rollout.dtype=bf16 with rollout.batch_invariant=true is refused naming both keys" \
-    "rollout.batch_invariant=true with rollout.dtype=bf16" \
-    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$W/bf16" rollout.dtype=bf16 \
-    rollout.batch_invariant=true
-check "the refused run made no output folder" test ! -e "$W/bf16"
+# rollout.dtype=bf16: the engine computes from bf16-rounded weights, the trainer's forwards (the
+# reference's too: actor.use_kl_loss) from the same rounded values of its fp32 masters. The same exact
+# zeros, with the IS weights exactly 1; the bf16 engine with the default kernels differs.
+BF=(rollout.dtype=bf16 actor.use_kl_loss=true)
+if run_rl bf16_bi "${BF[@]}" rollout.batch_invariant=true "${RECORD[@]}" &&
+    run_rl bf16_is "${BF[@]}" "${ISK[@]}" rollout.batch_invariant=true && run_rl bf16_default "${BF[@]}"; then
+    metrics bf16_bi >"$W/bf16_bi.m"
+    metrics bf16_default >"$W/bf16_default.m"
+    is_stats bf16_is >"$W/bf16_is.m"
+    echo "rollout.dtype=bf16: batch_invariant | default kernels, per step:"; paste "$W/bf16_bi.m" "$W/bf16_default.m" | sed 's/^/    /'
+    echo "rollout.dtype=bf16, batch_invariant, rollout IS:"; sed 's/^/    /' "$W/bf16_is.m"
+    check "bf16 batch_invariant: 4 steps, actor/ppo_kl and pg_clipfrac exactly 0 at every step" \
+        awk '$1 != "0.0" && $1 != "-0.0" || $2 != "0.0" { bad = 1 } END { exit bad || NR != 4 }' "$W/bf16_bi.m"
+    check "bf16 batch_invariant: moe/routing_agreement exactly 1 without replay where reported" \
+        awk '$4 != "-" && $4 != "1.0" { exit 1 }' "$W/bf16_bi.m"
+    check "bf16 batch_invariant: rollout IS weights exactly 1, rollout_probs_diff_max and rollout_corr/kl exactly 0" \
+        awk '$1 != "1.0" || $2 != "0.0" || $3 != "0.0" || ($4 != "0.0" && $4 != "-0.0") { bad = 1 } END { exit bad || NR != 4 }' "$W/bf16_is.m"
+    check "bf16 default kernels: some step has actor/ppo_kl ≠ 0" \
+        awk '$1 != "0.0" && $1 != "-0.0" { f = 1 } END { exit !f }' "$W/bf16_default.m"
+else
+    bad "rollout.dtype=bf16 runs" "a run failed"; tail -5 "$W/bf16_bi.log" "$W/bf16_is.log" "$W/bf16_default.log"
+fi
 expect_err "moerl simulate refuses rollout.batch_invariant=true (not modelled) rather than ignoring it" \
     "rollout.batch_invariant=true: moerl simulate does not model" \
     "$MOERL" simulate --config examples/smoke.yaml rollout.batch_invariant=true
@@ -125,8 +143,14 @@ else
         timeout 300 mpirun --oversubscribe -np 3 "$MM" rl --config examples/smoke.yaml "${COMMON[@]}" \
             trainer.default_local_dir="$W/$name" "$@" >"$W/$name.log" 2>&1
     }
-    for lay in fsdp ep; do
+    for lay in fsdp fsdp_bf16 pp_bf16 ep; do
         if [[ $lay == fsdp ]]; then L=(trainer.n_ranks=2 actor.fsdp_config.fsdp_size=2); what="trainer fsdp 2"
+        elif [[ $lay == fsdp_bf16 ]]; then
+            L=(trainer.n_ranks=2 actor.fsdp_config.fsdp_size=2 rollout.dtype=bf16 actor.use_kl_loss=true)
+            what="trainer fsdp 2, rollout.dtype=bf16 (KL reference sharded too)"
+        elif [[ $lay == pp_bf16 ]]; then
+            L=(trainer.n_ranks=2 actor.pipeline_parallel_size=2 rollout.dtype=bf16 actor.use_kl_loss=true)
+            what="trainer pipeline 2, rollout.dtype=bf16"
         else L=(trainer.n_ranks=1 rollout.expert_parallel_size=2); what="rollout EP 2"; fi
         if run_mpi_rl "mpi_bi_$lay" "${L[@]}" rollout.batch_invariant=true && run_mpi_rl "mpi_default_$lay" "${L[@]}"; then
             metrics "mpi_bi_$lay" >"$W/mpi_bi_$lay.m"
@@ -144,7 +168,7 @@ else
 fi
 
 # moerl generate --batch-invariant: sample 0 of a prompt is the same line (tokens and 7-digit logprobs)
-# generated alone (-n 1) and among 12 samples in flight; with the default kernels the lines may differ
+# generated alone (-n 1) and among 12 samples in flight (with --dtype fp32 and bf16); with the default kernels the lines may differ
 # (printed). Uses the PyTorch reference model of tests/ref/gen_model.py when it is there.
 TD=${MOERL_TESTDATA:-build/testdata}
 if [[ -f $TD/model_b/config.json ]]; then
@@ -160,8 +184,10 @@ if [[ -f $TD/model_b/config.json ]]; then
     check "generate --batch-invariant: output present" test -s "$W/g1--batch-invariant"
     if cmp -s "$W/g1default" "$W/g12default"; then echo "generate, default kernels: alone = among 12 (this time)"
     else echo "generate, default kernels: alone ≠ among 12:"; cut -c1-200 "$W/g1default" "$W/g12default" | sed 's/^/    /'; fi
-    expect_err "generate --batch-invariant --dtype bf16 is refused" "--batch-invariant with --dtype bf16" \
-        "${G[@]}" --dtype bf16 --batch-invariant
+    "${G[@]}" -n 1 --dtype bf16 --batch-invariant 2>/dev/null | head -1 >"$W/g1bf16"
+    "${G[@]}" -n 12 --dtype bf16 --batch-invariant 2>/dev/null | head -1 >"$W/g12bf16"
+    check "generate --batch-invariant --dtype bf16: output present, alone = among 12 in flight" \
+        bash -c '[[ -s $0 ]] && cmp -s "$0" "$1"' "$W/g1bf16" "$W/g12bf16"
 else
     bad "generate --batch-invariant" "$TD/model_b missing (run tests/ref/gen_model.py $TD)"
 fi

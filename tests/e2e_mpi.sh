@@ -4,8 +4,8 @@
 #                 broadcast, header mismatch, point-to-point, small collectives, role errors
 #   test_dist_comm  trainer sub-groups (allgather, reduce-scatter, all-to-all(v), p2p, byte counters) and the grid
 #   test_dist_dp  DP = 2 and 3 against DP = 1 (and DP = 3 + one rollout rank receiving the weights)
-#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss, rollout_rs)
-#                 at DP = 2 and 3 against one rank and one micro-batch
+#   test_dist_trainer  the RL trainer (every loss_agg_mode, reinforce++, overlong filter, global aux loss, rollout_rs,
+#                 GSPO) at DP = 2 and 3 against one rank and one micro-batch; GSPO under fsdp 2, ep 2 and pp 2
 #   test_dist_compress  compressed all-reduce (threshold, onebit; error feedback) against a simulation of
 #                 the exchange, bit for bit, at DP = 2 and 3
 #   test_dist_fsdp  FSDP (ZeRO-3) fsdp 2, 3, 4 and fsdp 2 × 2 replicas (HSDP) against one process: losses,
@@ -89,6 +89,9 @@ run_mpi "test_dist_dp -np 3 (DP=3)" 3 "$T/test_dist_dp"
 run_mpi "test_dist_dp -np 4 (DP=3 + rollout)" 4 "$T/test_dist_dp" --trainers 3
 run_mpi "test_dist_trainer -np 2 (DP=2)" 2 "$T/test_dist_trainer"
 run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
+run_mpi "test_dist_trainer -np 2 (GSPO under fsdp 2)" 2 "$T/test_dist_trainer" --fsdp 2
+run_mpi "test_dist_trainer -np 2 (GSPO under ep 2)" 2 "$T/test_dist_trainer" --ep 2
+run_mpi "test_dist_trainer -np 2 (GSPO under pp 2)" 2 "$T/test_dist_trainer" --pp 2
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2

@@ -3,7 +3,9 @@
  * prompt alone and in a batch of 200 others (greedy tokens identical too: vLLM issue 57016's case),
  * for several chunked-prefill budgets (max_num_batched_tokens), several micro-batch sizes, and 1 vs 2
  * OpenMP threads. The same cases without batch_invariant are run too and their largest difference is
- * printed and required to be nonzero, so the equality above is not vacuous. The kernels themselves
+ * printed and required to be nonzero, so the equality above is not vacuous. With a bf16 engine
+ * (rollout.dtype=bf16) the trainer's recomputation from the bf16-rounded weights equals the engine's
+ * bit for bit, and from the unrounded ones it does not. The kernels themselves
  * are checked against double-precision references (tolerances below) and for row invariance. */
 #include <math.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "rollout/engine.h"
 #include "train/train.h"
 #include "test.h"
@@ -228,10 +231,13 @@ static void req_init(req_t *q, int64_t id, int plen, uint64_t seed, float temp) 
     q->r.sp.ignore_eos = 1;
 }
 
+static int g_bf16; /* generate: engine_config.bf16_weights (rollout.dtype=bf16) */
+
 /* Generate the target (prompt of 30 tokens) with `others` other requests in the same engine. */
 static void generate(const moe_model *m, int bi, int budget, int others, float temp, req_t *target, req_t *rest) {
     moe_config c = bi_config(bi);
-    engine_config ec = {.max_num_seqs = others + 1, .max_model_len = 64, .max_num_batched_tokens = budget};
+    engine_config ec = {.max_num_seqs = others + 1, .max_model_len = 64, .max_num_batched_tokens = budget,
+                        .bf16_weights = g_bf16};
     engine *e = engine_create(&c, ec);
     MOERL_ASSERT(e && engine_load_weights(e, m->params, m->n_params, 0) == MOERL_OK);
     req_init(target, 0, 30, 7, temp);
@@ -349,6 +355,49 @@ static void test_engine_equals_trainer(float temp) {
     CHECK(off > 0.0f, "default kernels show no difference: the equality above would be vacuous");
 }
 
+/* rollout.dtype=bf16 with batch_invariant: the engine rounds its weights to bf16 (nearest even) and the
+ * batch-invariant kernels read those values; the trainer's recomputation from the bf16-rounded values
+ * of the fp32 weights (what rl/trainer.c's params_round gives the forward) equals the engine's
+ * logprobs bit for bit, batched among 24 others or alone, and the engine's batch (200 others) changes
+ * nothing; the recomputation from the unrounded fp32 weights differs (the rounding is what matters). */
+static void test_engine_bf16(float temp) {
+    moe_config c = bi_config(1);
+    moe_model m, r;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK && model_init(&r, &c) == MOERL_OK);
+    model_init_random(&m, 21);
+    for (size_t i = 0; i < m.n_params; i++) r.params[i] = bf16_to_f32(f32_to_bf16(m.params[i]));
+    req_t *rest = xcalloc(N_OTHERS, sizeof *rest);
+    req_t solo, again;
+    float lp[RESP];
+    set_threads(2);
+    g_bf16 = 1;
+    generate(&m, 1, 64, 0, temp, &solo, rest);
+    generate(&m, 1, 256, N_OTHERS, temp, &again, rest);
+    CHECK(solo.r.n_out == RESP && again.r.n_out == RESP && !memcmp(again.r.out_tokens, solo.r.out_tokens, sizeof(int) * RESP) &&
+              !memcmp(again.r.out_logprobs, solo.r.out_logprobs, sizeof lp),
+          "T=%g bf16: the engine's output alone differs from among %d others", (double)temp, N_OTHERS);
+    for (int j = 24; j < N_OTHERS; j++) gen_request_free_outputs(&rest[j].r);
+    g_bf16 = 0;
+    for (int n_rest = 0; n_rest <= 24; n_rest += 24) {
+        recompute(&r, &solo, rest, n_rest, 1000, temp, lp);
+        CHECK(!memcmp(lp, solo.r.out_logprobs, sizeof lp),
+              "T=%g bf16: trainer on rounded weights (%d others) vs engine: max |diff| %.3g", (double)temp, n_rest,
+              (double)max_diff(lp, solo.r.out_logprobs, RESP));
+    }
+    recompute(&m, &solo, rest, 24, 1000, temp, lp);
+    const float d = max_diff(lp, solo.r.out_logprobs, RESP);
+    printf("T=%g bf16 engine: trainer on fp32 (unrounded) weights differs by %.3g (on the rounded ones: 0)\n",
+           (double)temp, (double)d);
+    CHECK(d > 0.0f, "T=%g bf16: the unrounded weights give the same logprobs: the check above would be vacuous",
+          (double)temp);
+    for (int j = 0; j < 24; j++) gen_request_free_outputs(&rest[j].r);
+    gen_request_free_outputs(&solo.r);
+    gen_request_free_outputs(&again.r);
+    free(rest);
+    model_free(&m);
+    model_free(&r);
+}
+
 /* Training under batch_invariant: the forward's logits within 1e-5 of the default kernels' (fp32 sums
  * in another order through 3 layers, logits of magnitude ≲ 3) and model_backward's gradients from the
  * activations the invariant forward saved within 1e-4 absolute + 1e-3 relative of the default's (the
@@ -383,5 +432,7 @@ int main(void) {
     test_training_gradients();
     test_engine_equals_trainer(0.0f); /* greedy: vLLM issue 57016's case */
     test_engine_equals_trainer(0.8f);
+    test_engine_bf16(0.0f);
+    test_engine_bf16(0.8f);
     TEST_MAIN_END();
 }

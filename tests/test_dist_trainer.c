@@ -7,12 +7,17 @@
  * sequence-level rollout IS over the sampled tokens only), with rollout rejection sampling (the
  * rejected tokens leave every rank's normalisation alike; its metrics and the mismatch metrics, summed
  * and maxed over the ranks, equal DP=1's), and with a
- * large router_aux_loss_coef: HF's load-balancing loss is defined over all tokens of the batch, so
+ * large router_aux_loss_coef, and for GSPO (actor.policy_loss.loss_mode=gspo: each sequence's ratio is
+ * the exp of the mean log ratio over its whole response, so a sequence must never be split; with
+ * --fsdp F / --ep E / --pp P under mpirun only the GSPO variants run, under that layout, against one
+ * rank; the GSPO weights are required to differ from vanilla PPO's, so the checks can tell); HF's
+ * load-balancing loss is defined over all tokens of the batch, so
  * the trainer sums routing counts over micro-batches and ranks before forming it (a loss formed per
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
  * when this test was written).
  * Groups: generated once by a rollouter from a tiny random model (same seeds on every rank, so
- * every rank holds the same groups). Usage: test_dist_trainer (every rank is a trainer). */
+ * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] (every
+ * rank is a trainer). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +28,7 @@
 #include "data/tasks.h"
 #include "dist/dist.h"
 #include "model/model.h"
+#include "parallel/parallel.h"
 #include "rl/queue.h"
 #include "rl/rl.h"
 #include "rl_fixture.h"
@@ -64,13 +70,41 @@ static void make_groups(const moe_model *m, const rl_config *c, rl_group **gs) {
     rl_queue_destroy(&q);
 }
 
+/* The trainer's model-parallel runtime as rl_run_dist's trainer_par_setup builds it (pc: the layout):
+ * this rank's data shard *me of *D, and a DP reducer unless the strategy sums its gradients itself. */
+static void par_setup(trainer *T, moe_model *m, const rl_config *c, const par_config *layout, int *D, int *me) {
+    T->dist = g_ctx;
+    T->par = xcalloc(1, sizeof *T->par);
+    par_config pc = *layout;
+    pc.max_tokens = c->ppo_max_token_len;
+    CHECK(par_state_init_cfg(T->par, g_ctx, &pc, m) == MOERL_OK, "par_state_init_cfg: %s", moerl_last_error());
+    par_adamw_shard(T->par, m, &T->opt);
+    const int rows = par_acts_rows(T->par, c->ppo_max_token_len);
+    if (rows != c->ppo_max_token_len) {
+        model_acts_free(&T->acts);
+        MOERL_ASSERT(model_acts_init_rows(&T->acts, m, rows, c->ppo_max_token_len) == MOERL_OK);
+    }
+    T->acts.par = par_active(T->par) ? T->par : NULL;
+    par_data_shard(T->par, me, D);
+    T->replication = g_ctx->trainer_size / *D;
+    if (!par_grads_self_reduced(T->par)) {
+        const par_grid *g = T->par->grid;
+        T->reducer = g ? dist_reducer_new_on(g_ctx, g->stage_comm, m, 0.01, DIST_OVERLAP_THREAD)
+                       : dist_reducer_new(g_ctx, m, 0.01, DIST_OVERLAP_THREAD);
+        MOERL_ASSERT(T->reducer != NULL);
+    }
+}
+
 /* K steps of trainer_update on the groups; with ranks > 1 each mini-batch is split as the job
- * splits it and only this rank's share is passed. */
-static void train(moe_model *m, const rl_config *c, rl_group **gs, int data_parallel, double *loss) {
+ * splits it and only this rank's share is passed. layout (NULL: none) runs the steps under that
+ * model-parallel layout; afterwards m holds the whole model on every rank. */
+static void train_on(moe_model *m, const rl_config *c, rl_group **gs, int data_parallel, const par_config *layout,
+                     double *loss) {
     trainer T;
     MOERL_ASSERT(trainer_init(&T, c, &g_train, m) == MOERL_OK);
-    const int D = data_parallel ? g_ctx->trainer_size : 1, me = data_parallel ? g_ctx->trainer_rank : 0;
-    if (data_parallel) {
+    int D = data_parallel ? g_ctx->trainer_size : 1, me = data_parallel ? g_ctx->trainer_rank : 0;
+    if (layout) par_setup(&T, m, c, layout, &D, &me);
+    else if (data_parallel) {
         T.dist = g_ctx;
         T.reducer = dist_reducer_new(g_ctx, m, 0.01, DIST_OVERLAP_THREAD);
         MOERL_ASSERT(T.reducer != NULL);
@@ -101,7 +135,17 @@ static void train(moe_model *m, const rl_config *c, rl_group **gs, int data_para
     }
     if (T.reducer) dist_reducer_free(T.reducer);
     T.reducer = NULL;
+    if (T.par) {
+        trainer_unshard_ref(&T);
+        par_state_free(T.par); /* the whole model back in m */
+        free(T.par);
+        T.par = NULL;
+    }
     trainer_free(&T);
+}
+
+static void train(moe_model *m, const rl_config *c, rl_group **gs, int data_parallel, double *loss) {
+    train_on(m, c, gs, data_parallel, NULL, loss);
 }
 
 typedef struct {
@@ -111,6 +155,8 @@ typedef struct {
     int overlong_filter;
     int multi_turn; /* out_mask with inserted runs (logprob 0), recompute_old and sequence-level rollout IS */
     const char *rs, *rs_threshold; /* rollout_rs (recompute_old, behaviour logprobs perturbed), or NULL */
+    int gspo;                      /* actor.policy_loss.loss_mode=gspo (the sequence ratio); 2: every third
+                                      response cut to 5 tokens (stopped) */
 } variant;
 
 /* Responses as multi-turn trajectories: tokens 2..4 of every response of 3 or more tokens inserted
@@ -133,12 +179,48 @@ static void add_tool_turns(rl_group **gs) {
         }
 }
 
+/* GSPO at the clip range of the PPO tests (0.2 / 0.28) rather than its own 3e-4 / 4e-4, so that few
+ * sequences are clipped and the updates move the weights: the comparisons below then see the whole
+ * sequence-ratio gradient, not mostly zeros. */
+static void gspo_config(rl_config *c) {
+    c->loss_mode = POLICY_LOSS_GSPO;
+    c->ppo.clip_ratio_low = 0.2f;
+    c->ppo.clip_ratio_high = 0.28f;
+}
+
+/* --fsdp F --ep E --pp P (mpirun): the layout under which the GSPO variants run against DP=1. */
+static int parse_layout(int argc, char **argv, par_config *pc) {
+    *pc = (par_config){.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                       .pipeline_parallel_size = 1, .dispatcher = MOE_DISPATCH_AUTO, .alltoall_max_ep = 16,
+                       .capacity_factor = 1.25};
+    int on = 0;
+    for (int i = 1; i < argc; i++) {
+        const int v = i + 1 < argc ? atoi(argv[i + 1]) : 0;
+        if (!strcmp(argv[i], "--fsdp")) pc->fsdp_size = v;
+        else if (!strcmp(argv[i], "--ep")) pc->expert_parallel_size = v;
+        else if (!strcmp(argv[i], "--pp")) pc->pipeline_parallel_size = v;
+        else {
+            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P]\n");
+            exit(2);
+        }
+        if (v < 1) {
+            fprintf(stderr, "test_dist_trainer: %s %s: expected a size >= 1\n", argv[i], argv[i + 1]);
+            exit(2);
+        }
+        on |= v > 1;
+        i++;
+    }
+    return on;
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
         fprintf(stderr, "test_dist_trainer: %s\n", moerl_last_error());
         return 1;
     }
+    par_config layout;
+    const int layout_on = parse_layout(argc, argv, &layout);
     const char *base = getenv("MOERL_TESTDATA");
     if (!base || !base[0]) base = "/tmp";
     MOERL_ASSERT(moerl_mkdirs(base) == MOERL_OK);
@@ -154,21 +236,24 @@ int main(int argc, char **argv) {
     o.seed = 3;
     MOERL_ASSERT(task_generate("arith", &o, tr, te) == MOERL_OK);
     MOERL_ASSERT(dataset_load(&g_train, tr) == MOERL_OK);
-    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL},
-                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0, 0, NULL, NULL},
-                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL},
-                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0, 0, NULL, NULL},
-                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0, 0, NULL, NULL},
-                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1, 0, NULL, NULL},
-                          {"multi-turn mask, token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 1, NULL, NULL},
+    const variant vs[] = {{"token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL, 0},
+                          {"seq-mean-token-sum", LOSS_AGG_SEQ_MEAN_TOKEN_SUM, RL_ADV_GRPO, 0, 0, NULL, NULL, 0},
+                          {"seq-mean-token-mean", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL, 0},
+                          {"seq-mean-token-sum-norm", LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_ADV_GRPO, 0, 0, NULL, NULL, 0},
+                          {"reinforce++ baseline", LOSS_AGG_TOKEN_MEAN, RL_ADV_REINFORCE_PP_BASELINE, 0, 0, NULL, NULL, 0},
+                          {"overlong filter", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 1, 0, NULL, NULL, 0},
+                          {"multi-turn mask, token-mean", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 1, NULL, NULL, 0},
                           {"multi-turn mask, seq-mean-token-mean + reinforce++", LOSS_AGG_SEQ_MEAN_TOKEN_MEAN,
-                           RL_ADV_REINFORCE_PP_BASELINE, 0, 1, NULL, NULL},
+                           RL_ADV_REINFORCE_PP_BASELINE, 0, 1, NULL, NULL, 0},
                           {"rollout_rs token_k1 + seq_max_k2, multi-turn, seq-mean-token-mean",
-                           LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 1, "token_k1,seq_max_k2", "0.8_1.25,0.1"},
+                           LOSS_AGG_SEQ_MEAN_TOKEN_MEAN, RL_ADV_GRPO, 0, 1, "token_k1,seq_max_k2", "0.8_1.25,0.1", 0},
                           {"rollout_rs seq_mean_k1 (geometric), token-mean + reinforce++", LOSS_AGG_TOKEN_MEAN,
-                           RL_ADV_REINFORCE_PP_BASELINE, 0, 0, "seq_mean_k1", "0.95_1.05"}};
+                           RL_ADV_REINFORCE_PP_BASELINE, 0, 0, "seq_mean_k1", "0.95_1.05", 0},
+                          {"gspo", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL, 1},
+                          {"gspo, responses of unequal lengths", LOSS_AGG_TOKEN_MEAN, RL_ADV_GRPO, 0, 0, NULL, NULL, 2}};
     const int D = g_ctx->trainer_size;
     for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
+        if (layout_on && !vs[v].gspo) continue; /* a layout run checks GSPO (the other modes: their own tests) */
         /* a large aux coefficient, so that a per-micro-batch or per-rank aux would show */
         moe_model m0;
         rl_tiny_model(&m0, 23, 0.5f);
@@ -176,6 +261,7 @@ int main(int argc, char **argv) {
         c.loss_agg = vs[v].agg;
         c.adv_estimator = vs[v].est;
         c.overlong_filter = vs[v].overlong_filter;
+        if (vs[v].gspo) gspo_config(&c);
         rl_group *gs[N_GROUPS];
         if (vs[v].multi_turn) {
             c.recompute_old = 1;
@@ -193,6 +279,19 @@ int main(int argc, char **argv) {
                 for (int j = 0; j < gs[g]->n; j++)
                     for (int t = 0; t < gs[g]->reqs[j].n_out; t++)
                         gs[g]->reqs[j].out_logprobs[t] += 0.3f * sinf((float)(7 * g + 3 * j + 5 * t));
+        if (vs[v].gspo) /* behaviour logprobs off the policy's (the same on every rank): ratios away from 1, so
+                         * the sequence ratio (GSPO) and the token ratios (vanilla) give other updates; scores
+                         * that differ within each group (a random model answers nothing right: all 0) */
+            for (int g = 0; g < N_GROUPS; g++)
+                for (int j = 0; j < gs[g]->n; j++) {
+                    gen_request *r = &gs[g]->reqs[j];
+                    gs[g]->rewards[j].score = (double)((g + 2 * j) % 3);
+                    for (int t = 0; t < r->n_out; t++) r->out_logprobs[t] += 0.3f * sinf((float)(5 * g + 3 * j + 7 * t));
+                    if (vs[v].gspo == 2 && (g * gs[g]->n + j) % 3 == 0 && r->n_out > 5) {
+                        r->n_out = 5;
+                        r->finish = FINISH_STOP;
+                    }
+                }
         if (c.overlong_filter) /* random weights rarely stop early: let every other response have stopped */
             for (int g = 0; g < N_GROUPS; g++)
                 for (int j = 1; j < gs[g]->n; j += 2) gs[g]->reqs[j].finish = FINISH_STOP;
@@ -210,6 +309,34 @@ int main(int argc, char **argv) {
             CHECK(st_ref.rs_steps == 1 && st_ref.rs_vals[n_rs - 2] > 0.02 && st_ref.rs_vals[n_rs - 2] < 0.9,
                   "%s: rejected share %g (the fixture must reject some tokens, not all)", vs[v].name,
                   st_ref.rs_vals[n_rs - 2]);
+        if (layout_on) { /* GSPO under the layout: every sequence's ratio from its whole response */
+            train_on(&dp, &c, gs, 1, &layout, l_dp);
+            char what[200];
+            snprintf(what, sizeof what, "%s: fsdp %d ep %d pp %d (%d ranks) weights vs one rank", vs[v].name,
+                     layout.fsdp_size, layout.expert_parallel_size, layout.pipeline_parallel_size, D);
+            t_close(what, dp.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f); /* as the DP check below */
+            float d_moved = 0;
+            for (size_t i = 0; i < m0.n_params; i++) d_moved = fmaxf(d_moved, fabsf(ref.params[i] - m0.params[i]));
+            CHECK(d_moved > 1e-3f, "%s: the updates moved the weights by at most %g: the comparison is vacuous",
+                  vs[v].name, (double)d_moved);
+            goto next;
+        }
+        if (vs[v].gspo) { /* the sequence ratio matters: the token ratio (vanilla) ends elsewhere */
+            moe_model van;
+            double l_van[K_STEPS];
+            MOERL_ASSERT(model_init(&van, &m0.cfg) == MOERL_OK);
+            memcpy(van.params, m0.params, m0.n_params * sizeof(float));
+            rl_config cv = c;
+            cv.loss_mode = POLICY_LOSS_VANILLA;
+            train(&van, &cv, gs, 0, l_van);
+            float dv = 0, dm = 0;
+            for (size_t i = 0; i < m0.n_params; i++) dv = fmaxf(dv, fabsf(van.params[i] - ref.params[i]));
+            for (size_t i = 0; i < m0.n_params; i++) dm = fmaxf(dm, fabsf(m0.params[i] - ref.params[i]));
+            printf("%s: max |weight change| %.3g, max |GSPO - vanilla| %.3g\n", vs[v].name, (double)dm, (double)dv);
+            CHECK(dv > 1e-3f, "%s: vanilla PPO ends within %g of GSPO: the equivalence checks could not tell them apart",
+                  vs[v].name, (double)dv);
+            model_free(&van);
+        }
         rl_config cm = c;
         cm.ppo_max_token_len = 64; /* one or two sequences per micro-batch */
         train(&mic, &cm, gs, 0, l_mic);
@@ -259,6 +386,7 @@ int main(int argc, char **argv) {
                 t_close(what, got, want, 4 + n_rs + OFFPOLICY_N_METRICS, 1e-5f, 1e-4f);
             }
         }
+    next:
         for (int g = 0; g < N_GROUPS; g++) rl_group_free(gs[g]);
         model_free(&ref);
         model_free(&mic);

@@ -381,6 +381,11 @@ int fsdp_adamw_step(fsdp_state *fs, adamw_state *os, float lr, float loss, doubl
     return applied;
 }
 
+float *fsdp_param_shard(fsdp_state *fs, size_t *n) {
+    *n = fs->S;
+    return fs->p_shard;
+}
+
 void fsdp_release_all(fsdp_state *fs) {
     for (int k = 0; k < fs->n_units; k++) release(fs, k);
 }

@@ -99,6 +99,8 @@ int fsdp_adamw_step(fsdp_state *fs, adamw_state *os, float lr, float loss, doubl
  * gathered until fsdp_release_all or the next optimizer step. */
 int fsdp_gather_full(fsdp_state *fs, int keep);
 void fsdp_release_all(fsdp_state *fs);
+/* The rank's parameter shard (what the optimizer updates and the gathers read): p_shard[*n]. */
+float *fsdp_param_shard(fsdp_state *fs, size_t *n);
 /* m->params has been overwritten with a whole model on this rank (e.g. model_load_weights): take
  * this rank's shard from it and release every page. Not collective. */
 void fsdp_take_shard(fsdp_state *fs);

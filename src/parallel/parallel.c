@@ -252,6 +252,12 @@ void par_release_gathered(par_state *ps) {
     if (ps && ps->fsdp) fsdp_release_all(ps->fsdp);
 }
 
+float *par_param_store(par_state *ps, moe_model *m, size_t *n) {
+    if (ps && ps->fsdp) return fsdp_param_shard(ps->fsdp, n);
+    *n = m->n_params;
+    return m->params;
+}
+
 int par_acts_rows(const par_state *ps, int max_tokens) {
     if (!ps) return max_tokens;
     if (ps->pp) return 1;

@@ -91,6 +91,10 @@ size_t par_held_floats(const par_state *ps, const moe_model *m);
 /* Give back the units a forward-only pass left gathered (FSDP: fsdp_release_all); no-op otherwise.
  * Not collective. */
 void par_release_gathered(par_state *ps);
+/* The storage of m's parameters that the optimizer updates and every forward reads (directly, or
+ * through FSDP's gathers): FSDP's shard, else m->params (the whole layout; a pipeline stage or an
+ * expert-parallel rank uses its own part of it). *n: its floats. ps NULL: m->params. */
+float *par_param_store(par_state *ps, moe_model *m, size_t *n);
 /* Free the strategies (FSDP first gathers the whole model back into ordinary buffers of m on EVERY
  * trainer rank, so m is a plain model afterwards) and the grid. Collective like par_state_init.
  * A zeroed par_state is a no-op. */

@@ -229,7 +229,7 @@ void rl_def_keys(cfg *c) {
                  "bit-for-bit on-policy: the engine and the trainer compute with batch-invariant kernels (each "
                  "output reduced in one fixed order whatever the batch, chunked-prefill split, micro-batch, thread "
                  "count or layout), so the behaviour logprobs equal the trainer's recomputed ones exactly; slower "
-                 "(docs/rl.md, \"Bit-for-bit on-policy\"); needs rollout.dtype=fp32");
+                 "(docs/rl.md, \"Bit-for-bit on-policy\"); with rollout.dtype=bf16 the trainer's forwards compute from the bf16-rounded values of its fp32 master weights");
     cfg_def_float(c, "rollout.synthetic_length.alpha", 0.0, "benchmark workload: Pareto tail index of response lengths (0 = off; EOS ignored when on)");
     cfg_def_int(c, "rollout.synthetic_length.min", 8, "benchmark workload: shortest response");
     val_def_keys(c); /* rollout.val_kwargs.* (rl/validate.h) */
@@ -281,14 +281,10 @@ void rl_def_keys(cfg *c) {
                 "test only: with debug.test_fail_rank, fail once that rank reaches this policy version (-1 = at startup)");
 }
 
-/* rollout.batch_invariant (after rollout.dtype). bf16 engine weights would round the engine's
- * operands and not the trainer's, so the pair is refused. */
+/* rollout.batch_invariant. With rollout.dtype=bf16 the trainer's forwards compute from the
+ * bf16-rounded values of its master weights, as the engine does (trainer.c, params_round). */
 static int read_batch_invariant_key(const cfg *c, rl_config *r) {
     r->batch_invariant = cfg_bool(c, "rollout.batch_invariant");
-    if (r->batch_invariant && r->bf16_weights)
-        return moerl_errorf("rollout.batch_invariant=true with rollout.dtype=bf16: the engine would compute from "
-                            "bf16-rounded weights and the trainer from fp32 ones, so their logprobs cannot agree bit "
-                            "for bit; set rollout.dtype=fp32 (or rollout.batch_invariant=false)");
     return MOERL_OK;
 }
 

@@ -358,6 +358,12 @@ typedef struct {
     int onebit_n_rows;
     int replication;          /* trainer ranks holding the same sequences (Ulysses SP: sp; else 1): what is
                                  computed from whole sequences is divided by it after the sum over ranks */
+    /* rollout.batch_invariant with rollout.dtype=bf16 (docs/rl.md, "Bit-for-bit on-policy"): during
+     * trainer_update the parameter storage the forward reads (par_param_store) holds the bf16-rounded
+     * values and masters[n_masters] the fp32 master weights, restored around every optimizer step */
+    float *masters;
+    size_t n_masters;
+    int rounded;              /* 1 while the storage holds the rounded values */
 } trainer;
 
 /* The RL algorithm's keys (src/rl/config.c): definitions with defaults and help, and their reading

@@ -10,10 +10,59 @@
 #include "model/perf.h"
 #include "base/trace.h"
 #include "data/tasks.h"
+#include "model/safetensors.h"
 #include "parallel/parallel.h"
 #include "rl/rl.h"
 #include "rl/trainer_onebit.h"
 #include "train/train.h"
+
+/* rollout.batch_invariant with rollout.dtype=bf16: the engine computes from the bf16-rounded weights
+ * (nearest-even, engine_load_weights), so the trainer's forwards — the old-logprob pass, the update's
+ * forward and backward, the reference's pass — compute from the same rounded values of its fp32
+ * master weights, as mixed-precision training does: the gradients are those w.r.t. the rounded
+ * weights, and the optimizer applies them to the masters (restored before each step). Nothing is
+ * rounded in any other mode. */
+static int bf16_forward(const trainer *T) { return T->cfg->batch_invariant && T->cfg->bf16_weights; }
+
+/* In place; a value already in bf16 (zeros included) is not written, so a pipeline stage's released
+ * pages of the layout (other stages' parameters) stay released. */
+static void round_bf16(float *p, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const float r = bf16_to_f32(f32_to_bf16(p[i]));
+        if (memcmp(&r, &p[i], sizeof r)) p[i] = r;
+    }
+}
+
+/* Keep the masters, then round the storage the forward reads (gathered FSDP copies are stale). */
+static void params_round(trainer *T) {
+    if (!bf16_forward(T) || T->rounded) return;
+    size_t n;
+    float *p = par_param_store(T->par, T->m, &n);
+    if (T->n_masters != n) {
+        free(T->masters);
+        T->masters = xmalloc((n ? n : 1) * sizeof(float));
+        T->n_masters = n;
+    }
+    memcpy(T->masters, p, n * sizeof(float));
+    round_bf16(p, n);
+    par_release_gathered(T->par);
+    T->rounded = 1;
+}
+
+/* The masters back into the storage (before an optimizer step, and when trainer_update ends). */
+static void params_restore(trainer *T) {
+    if (!T->rounded) return;
+    size_t n;
+    float *p = par_param_store(T->par, T->m, &n);
+    MOERL_ASSERT(n == T->n_masters);
+    const float *w = T->masters;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) /* only what the rounding changed (as round_bf16) */
+        if (memcmp(&w[i], &p[i], sizeof(float))) p[i] = w[i];
+    par_release_gathered(T->par);
+    T->rounded = 0;
+}
 
 int trainer_init(trainer *T, const rl_config *cfg, const dataset *train, moe_model *m) {
     memset(T, 0, sizeof *T);
@@ -43,6 +92,8 @@ void trainer_free(trainer *T) {
     trainer_unshard_ref(T);
     adamw_free(&T->opt);
     model_acts_free(&T->acts);
+    free(T->masters);
+    T->masters = NULL;
     if (T->ref) {
         model_free(T->ref);
         free(T->ref);
@@ -70,6 +121,12 @@ void trainer_unshard_ref(trainer *T) {
 int trainer_ref_logprobs(trainer *T, const train_seq *seqs, int n, float **out) {
     struct par_state *actor = T->acts.par;
     T->acts.par = par_active(T->ref_par) ? T->ref_par : NULL;
+    if (bf16_forward(T)) { /* the frozen reference: its stored values rounded once for all (idempotent) */
+        size_t nr;
+        float *p = par_param_store(T->acts.par, T->ref, &nr);
+        round_bf16(p, nr);
+        par_release_gathered(T->ref_par);
+    }
     const int rc = compute_logprobs(T->ref, &T->acts, seqs, n, T->cfg->ppo_max_token_len, T->cfg->temperature, out);
     T->acts.par = actor;
     par_release_gathered(T->ref_par);
@@ -728,7 +785,9 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     }
     if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) return MOERL_ERR;
     double gn;
+    params_restore(T); /* bf16 × batch_invariant: the step updates the fp32 masters */
     par_adamw_step(T->par, T->m, &T->opt, T->cfg->optim.lr, (float)loss, &gn);
+    params_round(T);
     st->grad_norm += gn;
     *aux_sum += aux_value(T, aux_counts, aux_psum, mb->tokens);
     *tokens_sum += (double)so.n_tokens;
@@ -863,6 +922,7 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
         flop_pairs += (int64_t)d.seqs[s].len * (d.seqs[s].len + 1) / 2;
     }
     T->stage = "logprobs";
+    params_round(T); /* bf16 × batch_invariant: the forwards read the rounded values (no-op otherwise) */
     if (step_data_logprobs(T, &d, &is) != MOERL_OK || step_data_advantages(T, &d, st) != MOERL_OK ||
         step_data_weights(T, &d, mbs, n_mb) != MOERL_OK)
         goto out;
@@ -895,6 +955,7 @@ int trainer_update(trainer *T, rl_group **groups, const rl_minibatch *mbs, int n
     T->step++;
     rc = MOERL_OK;
 out:
+    params_restore(T);
     ppo_ctx_free(&c);
     free(aux_buf);
     if (d.seqs) step_data_free(&d);

@@ -216,12 +216,6 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
                      ec.max_num_seqs, ec.max_model_len, ec.max_num_batched_tokens);
         return NULL;
     }
-    if (ec.bf16_weights && cfg->exec.batch_invariant) {
-        moerl_errorf("engine: bf16 weights (rollout.dtype=bf16) with batch-invariant kernels "
-                     "(rollout.batch_invariant=true): the engine's products would use bf16-rounded weights and the "
-                     "trainer's fp32 ones, so their logprobs could not agree bit for bit; use fp32 weights");
-        return NULL;
-    }
     if (ec.record_routes && ec.simulated) {
         moerl_errorf("engine: record_routes (rollout.enable_rollout_routing_replay) with a simulated engine: no model "
                      "runs, so there are no routes to record");

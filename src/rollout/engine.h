@@ -120,7 +120,9 @@ typedef struct engine engine;
  * engine_load_weights) and its KV cache. With cfg->exec.batch_invariant (rollout.batch_invariant) every
  * step runs the batch-invariant kernels (kernels.h) and a sampled token's logprob is logprob_forward's
  * on its logits row, so it equals the trainer's recomputation bit for bit (docs/rl.md, "Bit-for-bit
- * on-policy"). Errors: invalid sizes (named); bf16_weights with exec.batch_invariant. */
+ * on-policy"). With bf16_weights too, those kernels read the bf16-rounded weights widened to fp32
+ * (exact), so a forward from the same rounded values (the trainer's, rl/trainer.c) agrees bit for bit.
+ * Errors: invalid sizes (named). */
 engine *engine_create(const moe_config *cfg, engine_config ec);
 void engine_free(engine *e);
 /* Copy weights (a parameter-layout buffer of m) into the engine and set the policy version.
