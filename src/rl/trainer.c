@@ -711,7 +711,10 @@ static int onebit_minibatch_end(trainer *T, double loss, int n_pass, int max_pas
     if (global_aux && trainers_sum(T, aux_psum, T->m->cfg.num_experts) != MOERL_OK) return MOERL_ERR;
     double gn;
     int applied;
-    if (trainer_onebit_step(T, &loss, &gn, &applied, st) != MOERL_OK) return MOERL_ERR;
+    params_restore(T); /* bf16 × batch_invariant: the step updates the fp32 masters, as update_minibatch's */
+    const int rc = trainer_onebit_step(T, &loss, &gn, &applied, st);
+    params_round(T);
+    if (rc != MOERL_OK) return MOERL_ERR;
     st->grad_norm += gn;
     *aux_sum += aux_value(T, aux_counts, aux_psum, mb->tokens);
     *tokens_sum += (double)so->n_tokens;
