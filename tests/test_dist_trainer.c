@@ -279,13 +279,15 @@ int main(int argc, char **argv) {
                 for (int j = 0; j < gs[g]->n; j++)
                     for (int t = 0; t < gs[g]->reqs[j].n_out; t++)
                         gs[g]->reqs[j].out_logprobs[t] += 0.3f * sinf((float)(7 * g + 3 * j + 5 * t));
+        /* scores that differ within each group (a random model answers nothing right: all 0, so every
+         * advantage would be 0 and only the aux loss would move the weights) */
+        for (int g = 0; g < N_GROUPS; g++)
+            for (int j = 0; j < gs[g]->n; j++) gs[g]->rewards[j].score = (double)((g + 2 * j) % 3);
         if (vs[v].gspo) /* behaviour logprobs off the policy's (the same on every rank): ratios away from 1, so
-                         * the sequence ratio (GSPO) and the token ratios (vanilla) give other updates; scores
-                         * that differ within each group (a random model answers nothing right: all 0) */
+                         * the sequence ratio (GSPO) and the token ratios (vanilla) give other updates */
             for (int g = 0; g < N_GROUPS; g++)
                 for (int j = 0; j < gs[g]->n; j++) {
                     gen_request *r = &gs[g]->reqs[j];
-                    gs[g]->rewards[j].score = (double)((g + 2 * j) % 3);
                     for (int t = 0; t < r->n_out; t++) r->out_logprobs[t] += 0.3f * sinf((float)(5 * g + 3 * j + 7 * t));
                     if (vs[v].gspo == 2 && (g * gs[g]->n + j) % 3 == 0 && r->n_out > 5) {
                         r->n_out = 5;
@@ -336,6 +338,22 @@ int main(int argc, char **argv) {
             CHECK(dv > 1e-3f, "%s: vanilla PPO ends within %g of GSPO: the equivalence checks could not tell them apart",
                   vs[v].name, (double)dv);
             model_free(&van);
+        }
+        { /* the policy gradient takes part: every score negated (advantages flipped) ends elsewhere */
+            moe_model flip;
+            double l_flip[K_STEPS];
+            MOERL_ASSERT(model_init(&flip, &m0.cfg) == MOERL_OK);
+            memcpy(flip.params, m0.params, m0.n_params * sizeof(float));
+            for (int g = 0; g < N_GROUPS; g++)
+                for (int j = 0; j < gs[g]->n; j++) gs[g]->rewards[j].score = -gs[g]->rewards[j].score;
+            train(&flip, &c, gs, 0, l_flip);
+            for (int g = 0; g < N_GROUPS; g++)
+                for (int j = 0; j < gs[g]->n; j++) gs[g]->rewards[j].score = -gs[g]->rewards[j].score;
+            float df = 0;
+            for (size_t i = 0; i < m0.n_params; i++) df = fmaxf(df, fabsf(flip.params[i] - ref.params[i]));
+            CHECK(df > 1e-3f, "%s: negated scores end within %g of the run: the advantages do not reach the update",
+                  vs[v].name, (double)df);
+            model_free(&flip);
         }
         rl_config cm = c;
         cm.ppo_max_token_len = 64; /* one or two sequences per micro-batch */
