@@ -109,10 +109,12 @@ else
         elif msg=$(same_ckpt mp_full mp_res onebit_adam.safetensors); then
             ok "1-bit Adam, 2 trainer ranks: stopped at step 4, resumed to 6 = uninterrupted bit for bit"
         else bad "1-bit Adam resume (mpirun)" "$msg"; fi
+        cfg_before=$(md5sum < "$W/mp_res/config.yaml")
         expect_err "a 2-rank checkpoint resumed on 1 trainer rank refused" "trainer.n_ranks is 1" \
             timeout 300 mpirun --oversubscribe -np 2 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
             trainer.default_local_dir="$W/mp_res" trainer.n_ranks=1 trainer.total_training_steps=8 \
             trainer.resume_mode=auto "${OB[@]}"
+        check "the refused resume left the run's config.yaml as it was" test "$cfg_before" = "$(md5sum < "$W/mp_res/config.yaml")"
     else bad "1-bit Adam under mpirun" "exit $? or no 'resumed from'"; tail_log mp_full; tail_log mp_res; fi
 fi
 finish

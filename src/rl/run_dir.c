@@ -1,6 +1,7 @@
 /* A run's output folder (see run_dir.h): what `moerl rl` checks, clears and writes there, the resume
  * probe, and what `moerl simulate --sweep` leaves (so that a run can replace it). */
 #include "rl/run_dir.h"
+#include "rl/trainer_onebit.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "base/outdir.h"
+#include "optim/onebit_adam.h"
 #include "rl/state.h"
 
 /* moerl simulate --sweep's sub-folders, in sweep order: [0] sync, [1..4] staleness 0/0.1/0.3/0.5 with partial
@@ -204,6 +206,12 @@ int rl_check_resume_state(const cfg *c, const rl_config *rc, const dataset *trai
         return moerl_errorf("%s; resuming needs the checkpoint's model: keep its model.* values (or set model.path), or "
                             "use a new trainer.default_local_dir, or trainer.resume_mode=disable "
                             "trainer.overwrite_output_dir=true", moerl_last_error());
+    /* 1-bit Adam's error feedback is per trainer rank: the job's load refuses another rank count, so refuse
+     * it here, before the folder changes */
+    snprintf(p, sizeof p, "%s/onebit_adam.safetensors", dir);
+    if (rc->optim_name == OPTIM_ONEBIT_ADAM && access(p, R_OK) == 0 &&
+        trainer_onebit_check(p, m->n_params, rc->n_trainer_ranks > 0 ? rc->n_trainer_ranks : 1) != MOERL_OK)
+        return MOERL_ERR;
     return MOERL_OK;
 }
 

@@ -106,25 +106,41 @@ int trainer_onebit_save(const float *rows, int n_rows, size_t n, const char *pat
     return rc;
 }
 
-int trainer_onebit_load(trainer *T, const char *path, int n_ranks) {
-    st_file f;
-    if (st_open(&f, path) != MOERL_OK) return MOERL_ERR;
-    const size_t n = T->m->n_params;
-    const st_tensor *we = st_find(&f, "onebit.worker_err"), *se = st_find(&f, "onebit.server_err");
+/* The checks of trainer_onebit_check on an open file f (closed on error). */
+static int onebit_file_check(st_file *f, const char *path, size_t n, int n_ranks) {
+    const st_tensor *we = st_find(f, "onebit.worker_err"), *se = st_find(f, "onebit.server_err");
     if (!we || !se || we->ndim != 2 || se->ndim != 2 || we->dtype != ST_F32 || se->dtype != ST_F32 ||
         we->shape[1] != (int64_t)n || se->shape[0] != we->shape[0] ||
         se->shape[1] != (int64_t)onebit_chunk(n, (int)we->shape[0])) {
-        st_close(&f);
+        st_close(f);
         return moerl_errorf("%s: expected fp32 tensors onebit.worker_err [ranks, %zu] and onebit.server_err [ranks, "
                             "chunk] (1-bit Adam's error feedback, written by actor.optim.name=onebit_adam)", path, n);
     }
     const int rows = (int)we->shape[0];
     if (rows != n_ranks) {
-        st_close(&f);
+        st_close(f);
         return moerl_errorf("%s holds 1-bit Adam error feedback of %d trainer rank(s), and trainer.n_ranks is %d: each "
                             "rank's error buffers are its own, so resume on %d trainer rank(s) (or start anew)",
                             path, rows, n_ranks, rows);
     }
+    return MOERL_OK;
+}
+
+int trainer_onebit_check(const char *path, size_t n, int n_ranks) {
+    st_file f;
+    if (st_open(&f, path) != MOERL_OK) return MOERL_ERR;
+    if (onebit_file_check(&f, path, n, n_ranks) != MOERL_OK) return MOERL_ERR;
+    st_close(&f);
+    return MOERL_OK;
+}
+
+int trainer_onebit_load(trainer *T, const char *path, int n_ranks) {
+    st_file f;
+    if (st_open(&f, path) != MOERL_OK) return MOERL_ERR;
+    const size_t n = T->m->n_params;
+    if (onebit_file_check(&f, path, n, n_ranks) != MOERL_OK) return MOERL_ERR;
+    const st_tensor *we = st_find(&f, "onebit.worker_err"), *se = st_find(&f, "onebit.server_err");
+    const int rows = (int)we->shape[0];
     const size_t c = (size_t)se->shape[1];
     free(T->onebit_rows);
     T->onebit_rows = xmalloc((size_t)rows * (n + c) * sizeof(float));

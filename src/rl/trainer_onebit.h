@@ -31,6 +31,9 @@ int trainer_onebit_save(const float *rows, int n_rows, size_t n, const char *pat
 /* Read path into T->onebit_rows (all rows); errors: missing tensors, wrong shapes, rows ≠ n_ranks
  * (named, with trainer.n_ranks). */
 int trainer_onebit_load(trainer *T, const char *path, int n_ranks);
+/* trainer_onebit_load's checks alone, reading no buffer into a trainer (a resume's checks before the run
+ * folder changes, rl_check_resume_state): n = the model's parameter count. */
+int trainer_onebit_check(const char *path, size_t n, int n_ranks);
 /* Free the exchange and its group (collective over the trainer ranks when a group exists). */
 void trainer_onebit_free(trainer *T);
 
