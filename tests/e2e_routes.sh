@@ -7,7 +7,7 @@
 #              every version, the native agreement below 1 somewhere — the records arrived, in place
 #   partial    responses interrupted at a weight sync and resumed (re-prefilled) keep one route per token
 #   multi-turn a tool turn inserted between two assistant turns (engine_continue) is recorded as well
-#   simulate   moerl simulate runs no model: the key is ignored with a warning (samples unchanged)
+#   simulate   moerl simulate runs no model: the keys (recording, R3) are ignored with a warning (samples unchanged)
 #   lengths    every trained response carries routes for every token the engine forwarded: samples.jsonl's
 #              n_routes = prompt + response − 1 (the trainer checks the same on every rank before it trains:
 #              rl_group_check_routes, a mismatch would end the run); the key off: no routes at all
@@ -187,9 +187,10 @@ else bad "multi-turn" "exit $?"; tail_log mt; fi
 SIM=(--config examples/bench_async.yaml trainer.total_training_steps=4 data.max_response_length=96
      model.max_position_embeddings=160 trainer.resume_mode=disable)
 if timeout 120 "$MOERL" simulate "${SIM[@]}" trainer.default_local_dir="$W/sim_on" rollout.enable_rollout_routing_replay=true \
-        >/dev/null 2>"$W/sim_on.log" &&
+        actor.router_replay.mode=R3 >/dev/null 2>"$W/sim_on.log" &&
     timeout 120 "$MOERL" simulate "${SIM[@]}" trainer.default_local_dir="$W/sim_off" >/dev/null 2>"$W/sim_off.log"; then
     if grep -q "WARN  rollout.enable_rollout_routing_replay: moerl simulate runs no model" "$W/sim_on.log" &&
+        grep -q "WARN  actor.router_replay.mode=R3: moerl simulate runs no model" "$W/sim_on.log" &&
         cmp -s "$W/sim_on/samples.jsonl" "$W/sim_off/samples.jsonl"; then
         ok "simulate: the key is ignored with a warning, identical simulated samples"
     else bad "simulate" "no warning, or the samples differ"; fi

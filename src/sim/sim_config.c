@@ -155,6 +155,12 @@ int sim_read_setup(const cfg *c, const char *model, int calibrate, int sweep, rl
         return moerl_errorf("rollout.batch_invariant=true: moerl simulate does not model the batch-invariant kernels "
                             "(its engine and trainer run no model, and the cost model has no figure for them; "
                             "docs/benchmarks.md, 'Batch-invariant kernels'); leave it at false");
+    if (rc->router_replay != ROUTER_REPLAY_DISABLED) { /* the trainer runs no model here: nothing to replay */
+        log_warn("actor.router_replay.mode=%s: moerl simulate runs no model, so no routes are replayed (replay costs "
+                 "no extra step time in the cost model; the simulation is the same without the key)",
+                 rc->router_replay == ROUTER_REPLAY_R2 ? "R2" : "R3");
+        rc->router_replay = ROUTER_REPLAY_DISABLED;
+    }
     su->target = target;
     su->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     *n_roll_dev = (int)cfg_int(c, "sim.rollout_devices");
