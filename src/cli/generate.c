@@ -145,7 +145,7 @@ static void gen_emit(void *ctx, const gen_request *r, int prompt_index, int samp
         free(txt);
     }
     json_object_set_new(o, "finish_reason", json_string(finish_reason_name(r->finish)));
-    char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(7) | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER);
+    char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9) | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER);
     printf("%s\n", line);
     fflush(stdout);
     free(line);

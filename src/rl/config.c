@@ -157,8 +157,9 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
         return MOERL_ERR;
     if (r->rollout_rs.n > 0 && !r->recompute_old)
         return moerl_errorf("algorithm.rollout_correction.rollout_rs=%s needs recomputed old logprobs: set "
-                            "algorithm.rollout_correction.bypass_mode=false (moerl rejects against the trainer's "
-                            "pi_old before the update; rejection inside the bypass-mode loss is not offered)",
+                            "algorithm.rollout_correction.bypass_mode=false, also with actor.use_decoupled_loss=true (moerl "
+                            "rejects against the rollout correction's pi_old before the update; rejection inside the "
+                            "bypass-mode loss is not offered)",
                             cfg_str(c, "algorithm.rollout_correction.rollout_rs"));
     r->overlong_enable = cfg_bool(c, "reward_model.overlong_buffer.enable");
     r->overlong_len = (int)cfg_int(c, "reward_model.overlong_buffer.len");

@@ -819,7 +819,8 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
     } else {
         st->pg_loss = st->pg_clipfrac = st->ppo_kl = st->behav_dropped_frac = NAN;
         log_warn("trainer step %lld: no response token carries loss (actor.overlong_filter masked every response, "
-                 "every response is empty, or holds only tool-turn tokens): nothing was learned from this step; its "
+                 "every response is empty, or holds only tool-turn tokens, or algorithm.rollout_correction.rollout_rs "
+                 "rejected every token): nothing was learned from this step; its "
                  "actor/pg_loss, pg_clipfrac, ppo_kl and entropy are left out of the version's means and it is counted "
                  "in actor/empty_steps",
                  (long long)T->step + 1);
