@@ -260,4 +260,18 @@ PY
 LAYOUTS
     fi
 fi
+# routing replay: the engine's routing record is planned per rollout device (max_num_seqs · max_model_len · MoE
+# layers · K · 2 bytes: the smoke model has 2 MoE layers, top-2); R3 without the record is refused as rl refuses it
+rr=$($M plan --config examples/smoke.yaml --json rollout.enable_rollout_routing_replay=true 2>/dev/null | json_field routing_record_bytes 2>/dev/null)
+seqs=$($M plan --config examples/smoke.yaml --json 2>/dev/null | json_field max_num_seqs 2>/dev/null)
+len=$(mml)
+want=$((seqs * len * 2 * 2 * 2))
+[[ -n "$rr" && "${rr%.*}" == "$want" ]] && ok || fail "plan's routing record: ${rr:-missing} bytes, want $want (max_num_seqs $seqs × $len tokens × 2 MoE layers × top-2 × 2 bytes)"
+$M plan --config examples/smoke.yaml actor.router_replay.mode=R3 >/dev/null 2>"$OUT/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -qF "use it with rollout.enable_rollout_routing_replay=true" "$OUT/err" && ok ||
+    fail "plan actor.router_replay.mode=R3 without the record: exit $rc, $(cat "$OUT/err")"
+$M plan --config examples/smoke.yaml actor.optim.name=onebit_adam trainer.n_ranks=2 >/dev/null 2>"$OUT/err"
+grep -qF "moerl plan does not model compressed exchanges" "$OUT/err" && ok || fail "plan with onebit_adam: no warning ($(cat "$OUT/err"))"
+
 finish

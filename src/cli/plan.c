@@ -88,7 +88,7 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("trainer_total_no_recompute_bytes", r->total); R("trainer_total_recompute_bytes", r->total_recompute);
     I("rollout_ranks", in->n_rollout); I("rollout_tp", in->rollout_tp); I("max_num_seqs", in->max_num_seqs);
     I("max_model_len", in->max_model_len);
-    R("rollout_weights_bytes", r->rollout_weights); R("kv_cache_bytes", r->kv_cache);
+    R("rollout_weights_bytes", r->rollout_weights); R("kv_cache_bytes", r->kv_cache); R("routing_record_bytes", r->routing_record);
     R("rollout_total_bytes", r->rollout_total);
     R("allreduce_bytes_per_update", r->allreduce); R("allgather_bytes_per_update", r->allgather);
     R("reduce_scatter_bytes_per_update", r->reduce_scatter); R("alltoall_ep_bytes_per_update", r->alltoall_ep);
@@ -153,8 +153,11 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     printf("rollout: %d device%s, %d per replica; %d sequence%s × %d tokens per replica; %s\n", in->n_rollout,
            moerl_plural(in->n_rollout), in->rollout_tp, in->max_num_seqs, moerl_plural(in->max_num_seqs),
            in->max_model_len, in->kv_dtype_bytes == 4 ? "fp32" : "bf16");
-    printf("| per rollout device | %s |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n| **total** | **%.3f** |\n",
-           g_unit, gib(r->rollout_weights), gib(r->kv_cache), gib(r->rollout_total));
+    printf("| per rollout device | %s |\n|---|---|\n| weights | %.3f |\n| KV cache | %.3f |\n", g_unit,
+           gib(r->rollout_weights), gib(r->kv_cache));
+    if (in->record_routes)
+        printf("| routing record (rollout.enable_rollout_routing_replay) | %.3f |\n", gib(r->routing_record));
+    printf("| **total** | **%.3f** |\n", gib(r->rollout_total));
     printf("| communication per trainer rank | %s per update | %s per step (%d updates) |\n|---|---|---|\n",
            g_unit, g_unit, in->updates_per_step);
     const char *names[] = {"gradient all-reduce", "FSDP all-gather", "FSDP reduce-scatter", "EP all-to-all",

@@ -1019,7 +1019,10 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     const int kv_split = MOERL_MIN(in->rollout_tp, c->num_key_value_heads);
     o->kv_cache = 2.0 * L * in->max_num_seqs * (double)in->max_model_len * c->num_key_value_heads * c->head_dim * rdb /
                   kv_split;
-    o->rollout_total = o->rollout_weights + o->kv_cache;
+    o->routing_record = in->record_routes ? (double)in->max_num_seqs * in->max_model_len * model_moe_layer_count(c) *
+                                                c->num_experts_per_tok * 2.0
+                                          : 0.0;
+    o->rollout_total = o->rollout_weights + o->kv_cache + o->routing_record;
 
     if (plan_step_traffic(c, in, &x, best_s, n_mb_lp, rank_tokens, o) != MOERL_OK) return MOERL_ERR;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;

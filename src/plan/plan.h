@@ -88,6 +88,7 @@ typedef struct {
     int n_rollout;          /* rollout devices */
     int rollout_tp;         /* devices per engine replica (tensor parallel) */
     int max_num_seqs;       /* rollout.max_num_seqs per replica */
+    int record_routes;      /* rollout.enable_rollout_routing_replay: the engine records every token's experts */
     int max_model_len;      /* prompt + response tokens per sequence (the engine's max_model_len) */
     int kv_dtype_bytes;     /* 4 (moerl's engine) or 2 */
     int sync_every;         /* trainer steps per weight sync (trigger_parameter_sync_step) */
@@ -148,6 +149,8 @@ typedef struct {
     /* per rollout device, bytes */
     double rollout_weights;      /* all parameters × dtype / rollout_tp */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
+    double routing_record;       /* record_routes: max_num_seqs · max_model_len · MoE layers · K · 2 (int16; engine.h
+                                    gen_request.out_routes), else 0 */
     double rollout_total;
     /* traffic per rank per optimizer update (the fullest rank: plan_traffic_rank of the first stage
      * holding the most bytes, the last Ulysses rank), in the convention of the counter moerl keeps for

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "data/data_config.h"
 #include "model/model_config.h"
 #include "parallel/grid.h"
@@ -119,6 +120,14 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->n_rollout = (int)cfg_int(c, "rollout.n_ranks");
     in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
+    in->record_routes = cfg_bool(c, "rollout.enable_rollout_routing_replay");
+    if (!strcmp(cfg_str(c, "actor.router_replay.mode"), "R3") && !in->record_routes)
+        return moerl_errorf("actor.router_replay.mode=R3 replays the routes the rollout engine records: use it with "
+                            "rollout.enable_rollout_routing_replay=true (as moerl rl requires)");
+    if (strcmp(cfg_str(c, "actor.optim.name"), "adamw") || strcmp(cfg_str(c, "actor.grad_compression"), "none"))
+        log_warn("actor.optim.name=%s, actor.grad_compression=%s: moerl plan does not model compressed exchanges; its "
+                 "gradient all-reduce row is the uncompressed fp32 volume (perf/grad_compression_ratio of a run gives "
+                 "the reduction)", cfg_str(c, "actor.optim.name"), cfg_str(c, "actor.grad_compression"));
     in->max_model_len = (int)(plen + rlen);
     /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
      * data.max_prompt_length */
