@@ -62,6 +62,15 @@ if one ob_full trainer.total_training_steps=6 "${OB[@]}" &&
     elif msg=$(same_ckpt ob_full ob_res onebit_adam.safetensors); then
         ok "1-bit Adam, one process: stopped at step 4 (past the freeze), resumed to 6 = uninterrupted bit for bit"
     else bad "1-bit Adam resume (one process)" "$msg"; fi
+    # the optimizer is recorded in trainer_state.json: resuming with another one is refused, the folder untouched
+    cfg_before=$(md5sum < "$W/ob_full/config.yaml")
+    expect_err "a 1-bit Adam checkpoint resumed with adamw refused" "written with actor.optim.name=onebit_adam actor.optim.freeze_step=4" \
+        "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" async_training.mode=lockstep trainer.default_local_dir="$W/ob_full" \
+        trainer.total_training_steps=8 trainer.resume_mode=auto
+    expect_err "a 1-bit Adam checkpoint resumed with another freeze_step refused" "this run has actor.optim.name=onebit_adam actor.optim.freeze_step=9" \
+        "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" async_training.mode=lockstep trainer.default_local_dir="$W/ob_full" \
+        trainer.total_training_steps=8 trainer.resume_mode=auto actor.optim.name=onebit_adam actor.optim.freeze_step=9
+    check "the refused resumes left config.yaml as it was" test "$cfg_before" = "$(md5sum < "$W/ob_full/config.yaml")"
     if one adamw6 trainer.total_training_steps=6 && ! cmp -s "$W/adamw6/checkpoint/model.safetensors" \
         "$W/ob_full/checkpoint/model.safetensors"; then ok "past the freeze the update differs from AdamW's"
     else bad "1-bit Adam past the freeze" "the model equals AdamW's (compression not applied?)"; fi

@@ -20,6 +20,7 @@
 #include "base/pool.h"
 #include "data/tokenizer.h"
 #include "model/safetensors.h"
+#include "optim/onebit_adam.h"
 #include "rl/job_internal.h"
 #include "rl/rl.h"
 #include "rl/state.h"
@@ -145,7 +146,9 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
                    .feed_pos = f->pos, .seed = c->seed, .n_rows = f->n_rows,
                    .data_fingerprint = dataset_fingerprint(J->train), .dropped_prompts = J->dropped,
                    .last_val_accuracy = isfinite(J->last_val) ? J->last_val : NAN,
-                   .kl_ctrl_value = c->use_kl_in_reward ? J->T.kl_ctrl.value : NAN};
+                   .kl_ctrl_value = c->use_kl_in_reward ? J->T.kl_ctrl.value : NAN,
+                   .optimizer_freeze_step = c->optim_name == OPTIM_ONEBIT_ADAM ? c->optim_freeze_step : 0};
+    snprintf(st.optimizer, sizeof st.optimizer, "%s", c->optim_name == OPTIM_ONEBIT_ADAM ? "onebit_adam" : "adamw");
     /* unconsumed started prompts: redo list left over from an earlier resume, then in-flight, then queued */
     const int qcap = J->queue.cap > 0 ? J->queue.cap : 1;
     void **q = xmalloc((size_t)qcap * sizeof(void *));

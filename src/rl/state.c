@@ -125,7 +125,32 @@ static int get_optional(const char *path, const json_t *o, rl_state *out) {
                            "null, found %s", json_is_number(kv) ? "a negative or non-finite number" : kind(kv));
         out->kl_ctrl_value = json_number_value(kv);
     }
+    json_t *on = json_object_get(o, "optimizer");
+    if (on) {
+        if (!json_is_string(on) || !json_string_length(on) || json_string_length(on) >= sizeof out->optimizer)
+            return damaged(path, "field 'optimizer' must be an optimizer name (actor.optim.name), found %s", kind(on));
+        snprintf(out->optimizer, sizeof out->optimizer, "%s", json_string_value(on));
+    }
+    if (json_object_get(o, "optimizer_freeze_step") &&
+        get_int(path, o, "optimizer_freeze_step", 1, INT64_MAX, &out->optimizer_freeze_step))
+        return MOERL_ERR;
     return MOERL_OK;
+}
+
+/* expect's optimizer against the file's (when both are known). */
+static int check_optimizer(const rl_state *s, const char *path, const rl_state_expect *e) {
+    if (!e || !e->optimizer || !s->optimizer[0]) return MOERL_OK;
+    if (!strcmp(s->optimizer, e->optimizer) && s->optimizer_freeze_step == e->optimizer_freeze_step) return MOERL_OK;
+    /* AdamW's moments are what 1-bit Adam's warm-up builds: an adamw checkpoint may continue as onebit_adam
+     * (its error feedback then starts at zero, with a warning at load) */
+    if (!strcmp(s->optimizer, "adamw") && !strcmp(e->optimizer, "onebit_adam")) return MOERL_OK;
+    char was[64] = "", now[64] = "";
+    if (s->optimizer_freeze_step) snprintf(was, sizeof was, " actor.optim.freeze_step=%" PRId64, s->optimizer_freeze_step);
+    if (e->optimizer_freeze_step) snprintf(now, sizeof now, " actor.optim.freeze_step=%" PRId64, e->optimizer_freeze_step);
+    return moerl_errorf("%s: the checkpoint was written with actor.optim.name=%s%s, this run has actor.optim.name=%s%s: "
+                        "resume with the checkpoint's optimizer settings (its moments, frozen variance and error "
+                        "feedback belong to them), or use a new trainer.default_local_dir or trainer.resume_mode=disable",
+                        path, s->optimizer, was, e->optimizer, now);
 }
 
 int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path, const rl_state_expect *expect) {
@@ -217,6 +242,7 @@ int rl_state_parse(rl_state *out, const char *text, size_t len, const char *path
                      "trainer.resume_mode=disable", path, out->seed, expect->seed);
         goto done;
     }
+    if (check_optimizer(out, path, expect) != MOERL_OK) goto done;
     rc = MOERL_OK;
 done:
     json_decref(o);
@@ -271,6 +297,8 @@ static char *state_to_json(const rl_state *s, const char *path) {
     json_object_set_new(o, "dropped_prompts", json_integer(s->dropped_prompts));
     json_object_set_new(o, "last_val_accuracy", isnan(s->last_val_accuracy) ? json_null() : json_real(s->last_val_accuracy));
     json_object_set_new(o, "kl_ctrl_value", isnan(s->kl_ctrl_value) ? json_null() : json_real(s->kl_ctrl_value));
+    if (s->optimizer[0]) json_object_set_new(o, "optimizer", json_string(s->optimizer));
+    if (s->optimizer_freeze_step > 0) json_object_set_new(o, "optimizer_freeze_step", json_integer(s->optimizer_freeze_step));
     char *txt = json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!txt) {

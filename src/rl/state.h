@@ -15,7 +15,9 @@
  *   optional: "dropped_prompts": groups dropped by filter_groups among the consumed (0..consumed,
  *   default 0); "last_val_accuracy": the last held-out accuracy (0..1, or null = none; default null);
  *   "kl_ctrl_value": algorithm.use_kl_in_reward's β (kl_controller.value) after the last step, a finite
- *   number ≥ 0 or null = none (default null: the run starts from algorithm.kl_ctrl.kl_coef)
+ *   number ≥ 0 or null = none (default null: the run starts from algorithm.kl_ctrl.kl_coef);
+ *   "optimizer": actor.optim.name (absent in older files: not checked); "optimizer_freeze_step":
+ *   onebit_adam's actor.optim.freeze_step (≥ 1; absent for adamw)
  * Every field is required and must have its type and range; a file that breaks a rule is
  * "damaged" and the message names the file and the field, the value and what was expected, and
  * says what to do. Source: moerl's own format. */
@@ -44,6 +46,8 @@ typedef struct {
     int64_t dropped_prompts;     /* optional, default 0 */
     double last_val_accuracy;    /* optional, NaN = none */
     double kl_ctrl_value;        /* optional, NaN = none: the KL-in-reward controller's β (exact resume) */
+    char optimizer[32];          /* optional, "" = not recorded (older files): actor.optim.name */
+    int64_t optimizer_freeze_step; /* optional, 0 = none: actor.optim.freeze_step of onebit_adam */
 } rl_state;
 
 /* What the resuming run has: a state file made for other data or another seed is refused. */
@@ -51,6 +55,11 @@ typedef struct {
     int64_t n_rows;
     uint64_t seed;
     uint64_t data_fingerprint;
+    /* actor.optim.name and (onebit_adam) actor.optim.freeze_step of the resuming run; NULL = not checked. A file
+     * that records another optimizer or freeze step is refused (its moments, frozen variance and error feedback
+     * belong to that optimizer), except adamw continued as onebit_adam (AdamW's moments are its warm-up's). */
+    const char *optimizer;
+    int64_t optimizer_freeze_step;
 } rl_state_expect;
 
 /* Parse and validate the JSON text of a trainer_state.json (len bytes, no NUL needed) into *out
