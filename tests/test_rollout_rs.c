@@ -262,7 +262,11 @@ static void test_keys(void) {
     refused("seq_sum_k3", "inf", 0, KT, "'inf'");
     refused("token_k1,token_k2,token_k3", "1,2", 0, KT, "'1,2'");
     refused("token_k1", "0.5_2", 1, "bypass_mode", "rollout_rs=token_k1");
-    refused(" , ", "2", 0, K, "no option");
+    refused(" , ", "2", 0, K, "an empty entry");
+    refused("token_k1,,seq_mean_k1", "2", 0, K, "an empty entry");
+    refused("token_k1,", "2", 0, K, "an empty entry");
+    refused("token_k1,seq_mean_k1", "2,", 0, KT, "an empty entry");
+    refused("token_k2", "0x10", 0, KT, "'0x10'"); /* decimal numbers only (strtod would read hex) */
     refused("token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,"
             "token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,token_k1,"
             "token_k1",

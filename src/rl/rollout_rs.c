@@ -29,8 +29,8 @@ static const struct {
 
 static int is_null(const char *s) { return !s || !s[0] || !strcmp(s, "null") || !strcmp(s, "none"); }
 
-/* Splits s at commas into trimmed, non-empty parts (at most max, each < 64 chars); the count, or −1
- * when there are more parts or one is too long. */
+/* Splits s at commas into trimmed parts (at most max, each < 64 chars); the count, −1 when there are
+ * more parts or one is too long, −2 when a part is empty ("a,,b", a trailing comma). */
 static int split_list(const char *s, char (*parts)[64], int max) {
     int n = 0;
     const char *p = s;
@@ -40,13 +40,13 @@ static int split_list(const char *s, char (*parts)[64], int max) {
         const char *a = p, *b = e;
         while (a < b && (*a == ' ' || *a == '\t')) a++;
         while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
-        if (b > a) {
-            if (n >= max || b - a >= 64) return -1;
-            memcpy(parts[n], a, (size_t)(b - a));
-            parts[n][b - a] = 0;
-            n++;
-        }
+        if (b == a) return -2;
+        if (n >= max || b - a >= 64) return -1;
+        memcpy(parts[n], a, (size_t)(b - a));
+        parts[n][b - a] = 0;
+        n++;
         p = *e ? e + 1 : e;
+        if (!*p && e[0] == ',') return -2; /* a trailing comma */
     }
     return n;
 }
@@ -56,7 +56,7 @@ static int parse_positive(const char *s, double *out) {
     char *end;
     errno = 0;
     const double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v) || !(v > 0)) return MOERL_ERR;
+    if (end == s || *end || errno || !isfinite(v) || !(v > 0) || strpbrk(s, "xX")) return MOERL_ERR; /* decimal only */
     *out = v;
     return MOERL_OK;
 }
@@ -108,7 +108,9 @@ int rollout_rs_parse(const char *options, const char *threshold, rollout_rs_conf
     const int np = split_list(options, parts, 2 * ROLLOUT_RS_MAX_OPTIONS);
     if (np <= 0)
         return moerl_errorf(RS_KEY_OPTS "='%s': %s", options,
-                            np == 0 ? "no option" : "more than 22 entries, or an entry of 64 characters or more");
+                            np == 0    ? "no option"
+                            : np == -2 ? "an empty entry (two commas in a row, or a trailing comma)"
+                                       : "more than 22 entries, or an entry of 64 characters or more");
     for (int i = 0; i < np; i++) {
         int which = -1, dup = 0;
         for (int k = 0; k < ROLLOUT_RS_MAX_OPTIONS; k++)
@@ -129,6 +131,8 @@ int rollout_rs_parse(const char *options, const char *threshold, rollout_rs_conf
                             "ratio bounds (e.g. 0.5_2.0), k2/k3 options one upper bound (e.g. 0.01)", options);
     char specs[2 * ROLLOUT_RS_MAX_OPTIONS][64];
     const int ns = split_list(threshold, specs, 2 * ROLLOUT_RS_MAX_OPTIONS);
+    if (ns == -2)
+        return moerl_errorf(RS_KEY_THR "='%s': an empty entry (two commas in a row, or a trailing comma)", threshold);
     if (ns != 1 && ns != out->n)
         return moerl_errorf(RS_KEY_THR "='%s': %d entries for %d options of " RS_KEY_OPTS "='%s' (give one for all, "
                             "or one per option, comma separated)", threshold, ns, out->n, options);
