@@ -10,9 +10,11 @@
 #include "base/common.h"
 #include "base/trace.h"
 
+const char *optim_name_str(optim_name n) { return n == OPTIM_ONEBIT_ADAM ? "onebit_adam" : "adamw"; }
+
 int optim_name_parse(const char *name, optim_name *out) {
-    if (name && !strcmp(name, "adamw")) *out = OPTIM_ADAMW;
-    else if (name && !strcmp(name, "onebit_adam")) *out = OPTIM_ONEBIT_ADAM;
+    if (name && !strcmp(name, optim_name_str(OPTIM_ADAMW))) *out = OPTIM_ADAMW;
+    else if (name && !strcmp(name, optim_name_str(OPTIM_ONEBIT_ADAM))) *out = OPTIM_ONEBIT_ADAM;
     else return moerl_errorf("actor.optim.name: unknown optimizer '%s' (expected adamw or onebit_adam)", name ? name : "");
     return MOERL_OK;
 }

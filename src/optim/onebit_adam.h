@@ -25,6 +25,8 @@
 typedef enum { OPTIM_ADAMW = 0, OPTIM_ONEBIT_ADAM = 1 } optim_name;
 /* Parse a name; MOERL_ERR naming the accepted values otherwise. */
 int optim_name_parse(const char *name, optim_name *out);
+/* The key value of n ("adamw", "onebit_adam"): what optim_name_parse reads and trainer_state.json records. */
+const char *optim_name_str(optim_name n);
 
 /* 1 when the next step is a compression step (s->step ≥ freeze_step), else 0 (an exact AdamW step). */
 int onebit_adam_frozen(const adamw_state *s, int64_t freeze_step);
