@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "data/data_config.h"
 #include "model/model_config.h"
+#include "optim/onebit_adam.h"
 #include "parallel/grid.h"
 #include "rl/rl.h" /* rl_def_keys: every key of `moerl rl` */
 
@@ -124,7 +125,13 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (!strcmp(cfg_str(c, "actor.router_replay.mode"), "R3") && !in->record_routes)
         return moerl_errorf("actor.router_replay.mode=R3 replays the routes the rollout engine records: use it with "
                             "rollout.enable_rollout_routing_replay=true (as moerl rl requires)");
-    if (strcmp(cfg_str(c, "actor.optim.name"), "adamw") || strcmp(cfg_str(c, "actor.grad_compression"), "none"))
+    if (!strcmp(cfg_str(c, "actor.router_replay.mode"), "R2") && !in->logprob_passes)
+        return moerl_errorf("actor.router_replay.mode=R2 records the old-logprob pass's routes: set "
+                            "algorithm.rollout_correction.bypass_mode=false or actor.use_decoupled_loss=true (as moerl rl "
+                            "requires)");
+    optim_name on;
+    if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
+    if (on != OPTIM_ADAMW || strcmp(cfg_str(c, "actor.grad_compression"), "none"))
         log_warn("actor.optim.name=%s, actor.grad_compression=%s: moerl plan does not model compressed exchanges; its "
                  "gradient all-reduce row is the uncompressed fp32 volume (perf/grad_compression_ratio of a run gives "
                  "the reduction)", cfg_str(c, "actor.optim.name"), cfg_str(c, "actor.grad_compression"));
