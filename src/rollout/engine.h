@@ -104,6 +104,19 @@ typedef struct {
      * 2·n_moe_layers·K bytes per token of prompt ⊕ sp.max_tokens, allocated at engine_add (Qwen3-30B-A3B:
      * 48 layers × 8 = 768 B per token). Refused with simulated (no model runs) or more than 32767 experts. */
     int record_routes;
+    /* Paged KV cache (vLLM's PagedAttention; issue 28). KV memory is a pool of blocks of block_size
+     * tokens (all layers' K and V of those positions); a sequence holds a block table, is admitted when
+     * the free blocks cover its next chunk (not its worst-case length), and is preempted (blocks freed,
+     * re-prefilled later: vLLM's recompute mode) when a running sequence needs a block and none is free.
+     * block_size: tokens per block (rollout.block_size; 0 = 16). kv_cache_bytes: the budget in bytes
+     * (rollout.kv_cache_bytes, or rollout.gpu_memory_utilization resolved by the caller; 0 = room for
+     * max_num_seqs × max_model_len tokens, the reservation of the slot engine, so nothing is ever
+     * preempted). enable_prefix_caching (vLLM's key): requests whose prompts share a prefix under the same
+     * policy version share its full blocks (one prefill per GRPO group); KV computed under an older
+     * version is never reused. */
+    int block_size;
+    int64_t kv_cache_bytes;
+    int enable_prefix_caching;
 } engine_config;
 
 /* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of
@@ -214,6 +227,9 @@ typedef struct {
     int64_t steps, prefill_tokens, decode_tokens, generated_tokens;
     int64_t kv_reads;   /* Σ over forwarded tokens of the positions each attends (pos + 1): KV rows read */
     double forward_s, sample_s;
+    /* paged KV cache: blocks in the pool, the most held at once, preemptions (a running sequence
+     * giving its blocks back to be re-prefilled later), prompt tokens served from shared blocks */
+    int64_t kv_blocks_total, kv_blocks_peak, preemptions, prefix_hit_tokens;
 } engine_stats;
 engine_stats engine_get_stats(const engine *e);
 
