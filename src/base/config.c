@@ -58,7 +58,7 @@ static const char *type_name(cfg_type t) {
 
 static const char *type_expect(cfg_type t) {
     switch (t) {
-    case CFG_INT: return "an integer such as 4 or -1";
+    case CFG_INT: return "an integer such as 4";
     case CFG_FLOAT: return "a number such as 0.2, 3 or 1e-6";
     case CFG_BOOL: return "true or false";
     case CFG_STR: return "a string";
