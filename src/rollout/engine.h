@@ -70,6 +70,7 @@ typedef struct gen_request {
     int n_out;
     int turn;            /* assistant turn being generated: 0, then +1 per engine_continue */
     int n_interruptions; /* times this request was interrupted and resumed */
+    int n_preemptions;   /* times the engine preempted it for KV blocks (re-prefilled at readmission) */
     float *out_logits;   /* optional, caller-allocated [sp.max_tokens][V]: the raw logits each
                             token was sampled from (debugging and tests); rows of inserted tokens
                             are zero; NULL to skip */
@@ -117,6 +118,11 @@ typedef struct {
     int block_size;
     int64_t kv_cache_bytes;
     int enable_prefix_caching;
+    /* vLLM's gpu_memory_utilization, used when kv_cache_bytes is 0 and this is > 0: the budget is this
+     * fraction of the memory available once the engine's weights are allocated (on a CPU host:
+     * /proc/meminfo's MemAvailable, else sysconf's free pages). engine_create writes the resolved
+     * block_size and kv_cache_bytes (whole blocks) back: engine_get_config reports them. */
+    double gpu_memory_utilization;
 } engine_config;
 
 /* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of
