@@ -799,6 +799,8 @@ static void admit(engine *e) {
         }
         e->n_tbl[s] = e->reg_upto[s] = nh;
         e->st.prefix_hit_tokens += c0;
+        ensure_blocks(e, s, c0 + chunk); /* its prompt blocks registered now: a request behind it with the same
+                                            prefix waits for them rather than computing them again */
         const int w = engine_route_width(e, NULL, NULL);
         if (r->out_routes && e->blk_routes && r->n_routes < c0) {
             for (int p = r->n_routes; p < c0; p++)
