@@ -453,6 +453,13 @@ int engine_idle_step(engine *e) {
 
 engine_config engine_get_config(const engine *e) { return e->ec; }
 engine_stats engine_get_stats(const engine *e) { return e->st; }
+void engine_kv_usage(const engine *e, int64_t *blocks_held, int64_t *tokens_cached) {
+    int64_t t = 0;
+    for (int s = 0; s < e->ec.max_num_seqs; s++)
+        if (e->slots[s]) t += e->slots[s]->n_cached;
+    if (blocks_held) *blocks_held = e->kb.n_blocks - e->kb.n_free;
+    if (tokens_cached) *tokens_cached = t;
+}
 
 static void list_push_back(gen_request **head, gen_request **tail, gen_request *r) {
     r->next = NULL;

@@ -238,6 +238,10 @@ typedef struct {
     int64_t kv_blocks_total, kv_blocks_peak, preemptions, prefix_hit_tokens;
 } engine_stats;
 engine_stats engine_get_stats(const engine *e);
+/* The paged KV cache now: blocks held by running sequences (shared ones once) and the positions their
+ * K/V rows fill (Σ over running sequences of the tokens cached; a shared block counts once per
+ * sharer, so with sharing the second can exceed the first × block_size). */
+void engine_kv_usage(const engine *e, int64_t *blocks_held, int64_t *tokens_cached);
 
 /* Sample one token from logits[V] with the request's parameters and RNG; returns the token and
  * writes its behaviour logprob (definition above). Exposed for tests. scratch: [2V] floats. */
