@@ -10,9 +10,11 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/config.h"
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "rl/rl.h"
 #include "rollout/engine.h"
 #include "test.h"
 
@@ -335,7 +337,37 @@ static void test_refusals(void) {
     engine_free(e);
 }
 
+/* rl_read_config of the defaults plus one override: the error (NULL when accepted) and r. */
+static const char *read_key(const char *kv, rl_config *r) {
+    cfg *c = cfg_new();
+    rl_def_keys(c);
+    int rc = kv ? cfg_apply_override(c, kv) : MOERL_OK;
+    if (rc == MOERL_OK) rc = rl_read_config(c, r);
+    cfg_free(c);
+    return rc == MOERL_OK ? NULL : moerl_last_error();
+}
+
+/* The rollout keys: defaults (vLLM's), values read through, bad ones refused naming key and value. */
+static void test_keys(void) {
+    rl_config r;
+    const char *err = read_key(NULL, &r);
+    CHECK(!err && r.block_size == 16 && r.kv_cache_bytes == 0 && r.gpu_memory_utilization == 0 && r.enable_prefix_caching == 1,
+          "defaults: %s", err ? err : "");
+    err = read_key("rollout.kv_cache_bytes=1048576", &r);
+    CHECK(!err && r.kv_cache_bytes == 1048576, "kv_cache_bytes read: %s", err ? err : "");
+    err = read_key("rollout.enable_prefix_caching=false", &r);
+    CHECK(!err && r.enable_prefix_caching == 0, "enable_prefix_caching=false read");
+    const char *bad[][2] = {{"rollout.block_size=0", "rollout.block_size must be in [1, 65536] tokens, got 0"},
+                            {"rollout.kv_cache_bytes=-5", "rollout.kv_cache_bytes must be ≥ 0"},
+                            {"rollout.gpu_memory_utilization=1.2", "rollout.gpu_memory_utilization must be a fraction in [0, 1]"}};
+    for (int i = 0; i < 3; i++) {
+        err = read_key(bad[i][0], &r);
+        CHECK(err && strstr(err, bad[i][1]), "%s refused: %s", bad[i][0], err ? err : "(accepted)");
+    }
+}
+
 int main(void) {
+    test_keys();
     test_kernels();
     test_refusals();
     test_grpo(1);

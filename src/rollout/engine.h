@@ -7,13 +7,14 @@
  * model_forward, over all tokens of the step as one batch; only attention differs (it reads the
  * KV cache: attention_kvcache_forward).
  *
- * Scheduling (continuous batching): up to max_num_seqs sequences hold a KV slot each. Every
- * engine_step: (1) waiting requests are admitted into free slots, FIFO (interrupted requests are
- * put at the front of the queue by engine_resume); (2) the step's batch is one decode token for
- * every running sequence plus prefill chunks of newly admitted sequences, within
- * max_num_batched_tokens; (3) one forward over the batch; (4) every sequence whose input is
- * complete samples one token with its own RNG; (5) finished sequences free their slot at once.
- * KV memory is allocated once at engine_create for max_num_seqs × max_model_len.
+ * Scheduling (continuous batching): up to max_num_seqs sequences run at once, each with a block
+ * table into the paged KV cache (docs/engine.md). Every engine_step: (1) every decoding sequence gets
+ * the block of its next position, oldest first, preempting the newest running sequence when none is
+ * free; (2) waiting requests are admitted, FIFO, while the free blocks cover their next chunk
+ * (interrupted and preempted requests are at the front of the queue); (3) the step's batch is one
+ * decode token for every running sequence plus prefill chunks, within max_num_batched_tokens and the
+ * free blocks; (4) one forward over the batch; (5) every sequence whose input is complete samples one
+ * token with its own RNG; (6) finished sequences give their blocks back at once.
  *
  * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
  * log_softmax(logits)[token] for greedy (T = 0), computed before top-k/top-p filtering — the
