@@ -680,7 +680,10 @@ static void register_blocks(engine *e, int s) {
     const gen_request *r = e->slots[s];
     const int *t = tbl_of(e, s), bs = e->bs;
     int adv = 1;
-    for (int i = e->reg_upto[s]; i < e->n_tbl[s] && (i + 1) * bs <= seq_len(r); i++) {
+    /* simulated (no model: every sampled token is 0): only prompt blocks, as output blocks of zeros would
+     * match each other where real outputs differ */
+    const int known = e->ec.simulated ? r->prompt_len : seq_len(r);
+    for (int i = e->reg_upto[s]; i < e->n_tbl[s] && (i + 1) * bs <= known; i++) {
         const int b = t[i], parent = i ? t[i - 1] : -1, filled = r->n_cached >= (i + 1) * bs;
         if (e->kb.reg[b]) {
             if (filled) e->kb.filled[b] = 1;
