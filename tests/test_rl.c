@@ -395,6 +395,7 @@ static void test_partial_rollout_on(void) {
     c.max_num_seqs = 8;
     c.max_num_batched_tokens = 40; /* about one prompt's prefill per step: a group's responses start
                                       (and so finish) on different steps, and syncs hit mid-group */
+    c.enable_prefix_caching = 0;   /* with it a group's samples wait for the shared prompt and start together */
     c.staleness_threshold = 1.0;   /* W 2, max 4: groups keep running across syncs */
     const int64_t total = 24;
     rl_queue q;

@@ -31,6 +31,9 @@ typedef struct {
     int batch_invariant; /* --batch-invariant: rollout.batch_invariant's kernels */
     int64_t max_new, top_k, seed, nsamp, max_seqs;
     double temp, top_p;
+    int64_t block_size, kv_bytes; /* the paged KV cache (engine.h, docs/engine.md) */
+    double mem_util;
+    int prefix_caching;
 } gen_args;
 
 static const char gen_notes[] = /* %d: the byte tokenizer's vocabulary */
@@ -72,6 +75,16 @@ static int gen_parse(int argc, char **argv, gen_args *a, int *code) {
                      "batch-invariant kernels (as rollout.batch_invariant): a response and its logprobs do not depend "
                      "on the other prompts, --max-num-seqs or the thread count; slower (with --dtype bf16: from the "
                      "bf16-rounded weights)"),
+        CLI_OPT_INT("block-size", &a->block_size, "N", 1, 65536, "tokens per KV-cache block (as rollout.block_size)"),
+        CLI_OPT_INT("kv-cache-bytes", &a->kv_bytes, "B", 0, INT64_MAX,
+                    "KV-cache budget in bytes (as rollout.kv_cache_bytes; 0 = room for --max-num-seqs full-length "
+                    "sequences); sequences that do not fit wait, the newest are preempted when blocks run out"),
+        CLI_OPT_FLOAT("gpu-memory-utilization", &a->mem_util, "F", 0, 1,
+                      "with --kv-cache-bytes 0: the KV budget is this fraction of the memory available after the "
+                      "weights (as rollout.gpu_memory_utilization; MemAvailable on a CPU host)"),
+        CLI_OPT_FLAG("enable-prefix-caching", &a->prefix_caching,
+                     "share the KV blocks of common prompt prefixes: the -n samples of a prompt prefill it once (as "
+                     "rollout.enable_prefix_caching)"),
         CLI_OPT_STR("profile", &a->profile, "FILE", 0, "write a Chrome trace (Perfetto) of the engine's steps and kernels"),
     };
     const cli_spec spec = {.cmd = "generate", .opts = opts, .n_opts = CLI_NOPTS(opts), .notes = notes,
@@ -157,7 +170,9 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
     int max_plen = 0;
     for (int i = 0; i < n; i++) max_plen = MOERL_MAX(max_plen, plens[i]);
     engine_config ec = {.max_num_seqs = (int)a->max_seqs, .max_model_len = max_plen + (int)a->max_new,
-                        .max_num_batched_tokens = MOERL_MAX(256, (int)a->max_seqs), .bf16_weights = !strcmp(a->dtype, "bf16")};
+                        .max_num_batched_tokens = MOERL_MAX(256, (int)a->max_seqs), .bf16_weights = !strcmp(a->dtype, "bf16"),
+                        .block_size = (int)a->block_size, .kv_cache_bytes = a->kv_bytes,
+                        .gpu_memory_utilization = a->mem_util, .enable_prefix_caching = a->prefix_caching};
     if (m->cfg.max_position_embeddings > 0 && ec.max_model_len > m->cfg.max_position_embeddings) {
         fprintf(stderr, "moerl generate: prompt (%d tokens) + --max-new-tokens %d exceeds the model's context "
                         "max_position_embeddings %d\n", max_plen, (int)a->max_new, m->cfg.max_position_embeddings);
@@ -188,6 +203,13 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
             total, moerl_plural(total), (long long)st.generated_tokens, moerl_plural(st.generated_tokens), dt,
             st.generated_tokens / (dt > 0 ? dt : 1e-9), (long long)st.prefill_tokens, moerl_plural(st.prefill_tokens),
             (long long)st.steps, moerl_plural(st.steps));
+    const engine_config rc_ = engine_get_config(e);
+    fprintf(stderr,
+            "moerl generate: KV cache %lld blocks of %d tokens (%.1f MiB), peak %lld in use; %lld preemption%s; %lld "
+            "prompt token%s from shared prefix blocks\n",
+            (long long)st.kv_blocks_total, rc_.block_size, rc_.kv_cache_bytes / 1048576.0, (long long)st.kv_blocks_peak,
+            (long long)st.preemptions, moerl_plural(st.preemptions), (long long)st.prefix_hit_tokens,
+            moerl_plural(st.prefix_hit_tokens));
     engine_free(e);
     return rc == MOERL_OK && emitted == total ? 0 : 1;
 }

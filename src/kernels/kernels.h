@@ -80,6 +80,15 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 void attention_kvcache_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
                                const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
                                float scale);
+/* The same over a paged KV cache (the engine's; vLLM's PagedAttention): one layer's cache is
+ * k_cache/v_cache [n_blocks][block_size][nkv·hd]; token n belongs to sequence seq[n], whose block
+ * table is block_tables[seq[n]·max_blocks ..] (position p lives in block table[p / block_size], row
+ * p mod block_size; entries up to pos[n] / block_size must be valid blocks). Same arithmetic in the
+ * same order as the slot layout (a block's V rows are gathered when not contiguous), so equal K/V
+ * values give the same bits. */
+void attention_kvcache_paged_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                     const int *block_tables, int max_blocks, const int *seq, const int *pos, int N,
+                                     int nh, int nkv, int hd, int block_size, float scale);
 
 /* ---------------------------------------------------------------- SwiGLU */
 
@@ -276,6 +285,11 @@ void attention_forward_bi(float *out, float *lse, const float *q, const float *k
 void attention_kvcache_forward_bi(float *out, const float *q, const float *k_cache, const float *v_cache,
                                   const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
                                   float scale);
+/* attention_kvcache_paged_forward's contract with attention_kvcache_forward_bi's row function (a
+ * token's K/V rows gathered into contiguous scratch first): the same bits as the slot layout. */
+void attention_kvcache_paged_forward_bi(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                        const int *block_tables, int max_blocks, const int *seq, const int *pos,
+                                        int N, int nh, int nkv, int hd, int block_size, float scale);
 
 /* ---------------------------------------------------------------- tiled GEMM (gemm_tiled.c) */
 

@@ -203,6 +203,38 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
     return MOERL_OK;
 }
 
+/* rollout.block_size, kv_cache_bytes, gpu_memory_utilization, enable_prefix_caching: the paged KV cache
+ * (vLLM's names; engine.h, docs/engine.md). */
+static void rollout_kv_def_keys(cfg *c) {
+    cfg_def_int(c, "rollout.block_size", 16, "tokens per KV-cache block of the paged engine (vLLM's block_size)");
+    cfg_def_int(c, "rollout.kv_cache_bytes", 0,
+                "KV-cache budget in bytes (blocks of rollout.block_size tokens × all layers' K and V); sequences are "
+                "admitted by free blocks and the newest preempted (re-prefilled later) when blocks run out. 0 = "
+                "rollout.gpu_memory_utilization's, or when that is 0 room for rollout.max_num_seqs × the longest "
+                "prompt + data.max_response_length (never preempts)");
+    cfg_def_float(c, "rollout.gpu_memory_utilization", 0.0,
+                  "vLLM's meaning for the KV budget when rollout.kv_cache_bytes is 0: this fraction of the memory "
+                  "free once the engine's weights are allocated (on a CPU host /proc/meminfo's MemAvailable); 0 = off");
+    cfg_def_bool(c, "rollout.enable_prefix_caching", true,
+                 "share the KV blocks of a common prompt prefix between requests under the same policy version "
+                 "(a GRPO group of rollout.n samples prefills its prompt once); KV from older weights is never reused");
+}
+
+/* The paged-KV keys into r, validated. */
+static int rollout_kv_read(const cfg *c, rl_config *r) {
+    const int64_t bs = cfg_int(c, "rollout.block_size"), bytes = cfg_int(c, "rollout.kv_cache_bytes");
+    const double u = cfg_float(c, "rollout.gpu_memory_utilization");
+    if (bs < 1 || bs > 65536) return moerl_errorf("rollout.block_size must be in [1, 65536] tokens, got %lld", (long long)bs);
+    if (bytes < 0) return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = see rollout.gpu_memory_utilization), got %lld", (long long)bytes);
+    if (!(u >= 0 && u <= 1))
+        return moerl_errorf("rollout.gpu_memory_utilization must be a fraction in [0, 1] (0 = off), got %g", u);
+    r->block_size = (int)bs;
+    r->kv_cache_bytes = bytes;
+    r->gpu_memory_utilization = u;
+    r->enable_prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching");
+    return MOERL_OK;
+}
+
 void rl_def_keys(cfg *c) {
     model_def_keys(c);
     model_def_train_keys(c); /* model.enable_gradient_checkpointing, actor.recompute_granularity */
@@ -216,6 +248,7 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "rollout.top_k", 0, "top-k sampling (0 = off)");
     cfg_def_int(c, "rollout.max_num_seqs", 64, "sequences in flight in the engine");
     cfg_def_int(c, "rollout.max_num_batched_tokens", 1024, "tokens per engine step");
+    rollout_kv_def_keys(c);
     cfg_def_int(c, "rollout.expert_parallel_size", 1,
                 "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
                 "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
@@ -298,6 +331,7 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     r->max_response_length = (int)cfg_int(c, "data.max_response_length");
     r->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     r->max_num_batched_tokens = (int)cfg_int(c, "rollout.max_num_batched_tokens");
+    if (rollout_kv_read(c, r) != MOERL_OK) return MOERL_ERR;
     r->rollout_ep = (int)cfg_int(c, "rollout.expert_parallel_size");
     if (r->rollout_ep < 1)
         return moerl_errorf("rollout.expert_parallel_size must be ≥ 1, got %d", r->rollout_ep);

@@ -633,8 +633,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     double t_idle = wall > 0 ? J->win_gen_wait / wall : 0;
     double r_idle = rollouter_busy + rollouter_idle > 0 ? rollouter_idle / (rollouter_busy + rollouter_idle) : 0;
     const int n_corr = ROLLOUT_RS_MAX_METRICS + OFFPOLICY_N_METRICS; /* put_rollout_corr's names */
-    const char **keys = xmalloc((size_t)(112 + 4 + n_corr + J->n_rx) * sizeof(char *)); /* + training/rollout_* */
-    double *vals = xmalloc((size_t)(112 + 4 + n_corr + J->n_rx) * sizeof(double));
+    const char **keys = xmalloc((size_t)(112 + 4 + 8 + n_corr + J->n_rx) * sizeof(char *)); /* + training/rollout_*, rollout/ (paged KV) */
+    double *vals = xmalloc((size_t)(112 + 4 + 8 + n_corr + J->n_rx) * sizeof(double));
     char(*rs_names)[ROLLOUT_RS_NAME_LEN + 16] = xmalloc((size_t)n_corr * (ROLLOUT_RS_NAME_LEN + 16));
     char(*names)[300] = xmalloc((size_t)(J->n_rx + 1) * 300);
     int n = 0;
@@ -703,6 +703,16 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);
     }
     n += pp_window_metrics(&w->pp, keys + n, vals + n); /* perf/pipeline_bubble, ...: the window's schedules */
+    if (J->R.eng) { /* the paged KV cache, since the start (docs/engine.md) */
+        const engine_stats es = engine_get_stats(J->R.eng);
+        PUT("rollout/preemptions", (double)es.preemptions);
+        PUT("rollout/kv_blocks_total", (double)es.kv_blocks_total);
+        PUT("rollout/kv_blocks_peak", (double)es.kv_blocks_peak);
+        PUT("rollout/prefix_hit_tokens", (double)es.prefix_hit_tokens);
+        PUT("rollout/prefix_cache_hit_rate", es.prefix_hit_tokens + es.prefill_tokens > 0
+                                                 ? (double)es.prefix_hit_tokens / (es.prefix_hit_tokens + es.prefill_tokens)
+                                                 : 0.0);
+    }
     moerl_pool_stats ps; /* MOERL_ALLOC=pool only (src/base/pool.h) */
     if (moerl_alloc_pool_stats(&ps) == MOERL_OK) {
         PUT("memory/pool_reserved_bytes", (double)ps.reserved);

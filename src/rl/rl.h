@@ -60,6 +60,11 @@ typedef struct {
     int top_k;
     int max_response_length;
     int max_num_seqs, max_num_batched_tokens;
+    /* rollout.block_size / kv_cache_bytes / gpu_memory_utilization / enable_prefix_caching: the engine's
+     * paged KV cache (engine_config's fields of the same names; docs/engine.md) */
+    int block_size, enable_prefix_caching;
+    int64_t kv_cache_bytes;
+    double gpu_memory_utilization;
     int bf16_weights;          /* rollout.dtype bf16: the engine computes from bf16 weights (engine.h) */
     int rollout_ep;            /* rollout.expert_parallel_size: the engine's experts over this many rollout ranks */
     int rollout_routing_replay; /* rollout.enable_rollout_routing_replay: the engine records every token's routes */

@@ -153,6 +153,9 @@ int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *b
     engine_config ec = {.max_num_seqs = cfg->max_num_seqs, .max_model_len = max_plen + cfg->max_response_length,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens, .simulated = cfg->simulated,
                         .bf16_weights = cfg->bf16_weights,
+                        .block_size = cfg->block_size, .kv_cache_bytes = cfg->kv_cache_bytes,
+                        .gpu_memory_utilization = cfg->gpu_memory_utilization,
+                        .enable_prefix_caching = cfg->enable_prefix_caching,
                         /* moerl simulate runs no model: there are no routes to record (docs/rl.md) */
                         .record_routes = cfg->rollout_routing_replay && !cfg->simulated};
     if (cfg->rollout_routing_replay && cfg->simulated)

@@ -1,8 +1,10 @@
-/* Rollout engine: continuous batching over a slot-per-sequence KV cache. See engine.h. */
+/* Rollout engine: continuous batching over a paged KV cache (blocks: kv_blocks.h). See engine.h. */
 #include "rollout/engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "base/pool.h"
@@ -11,6 +13,7 @@
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
+#include "rollout/kv_blocks.h"
 
 /* Element-wise loops below this size stay on one thread (decode steps: a parallel region would
  * cost more than the loop). */
@@ -21,7 +24,16 @@ struct engine {
     engine_config ec;
     int version;
     int L, H, V, nh, nkv, hd, E, K;
-    float *k_cache, *v_cache; /* [L][slots][max_len][nkv·hd] */
+    float *k_cache, *v_cache; /* [L][n_blocks][block_size][nkv·hd] */
+    /* paged KV: the block manager; slot s's block table tables[s·max_blocks ..] holding n_tbl[s] blocks,
+     * of which the first reg_upto[s] are registered and filled in the prefix cache; age[s]: admission
+     * order (preemption takes the newest) */
+    kv_blocks kb;
+    int bs, max_blocks;
+    int *tables, *n_tbl, *reg_upto, *tokbuf, *hit;
+    int64_t *age, n_admitted;
+    int16_t *blk_routes; /* [n_blocks][bs][n_moe·K]: routes of the forward that computed each block row
+                            (record_routes with prefix caching), copied to a request served from it */
     gen_request **slots;
     gen_request *wait_head, *wait_tail, *paused_head, *paused_tail;
     int n_waiting, n_paused;
@@ -198,6 +210,12 @@ static void routes_record(engine *e, int l, int T) {
         int16_t *dst = r->out_routes + (size_t)e->pos[n] * w + (size_t)mi * K;
         for (int k = 0; k < K; k++) dst[k] = (int16_t)e->mlp.topk_ids[(size_t)n * K + k];
     }
+    if (e->blk_routes) /* the block keeps the routes of the forward that computed its rows */
+        for (int n = 0; n < T; n++) {
+            const int p = e->pos[n], b = e->tables[(size_t)e->slot_of[n] * e->max_blocks + p / e->bs];
+            int16_t *dst = e->blk_routes + ((size_t)b * e->bs + p % e->bs) * w + (size_t)mi * K;
+            for (int k = 0; k < K; k++) dst[k] = (int16_t)e->mlp.topk_ids[(size_t)n * K + k];
+        }
 }
 
 /* After the step's forward: every request's n_routes covers the positions it forwarded (they are
@@ -207,6 +225,72 @@ static void routes_advance(engine *e, int T) {
         gen_request *r = e->slots[e->slot_of[n]];
         if (r->out_routes && e->pos[n] == r->n_routes) r->n_routes++;
     }
+}
+
+/* Bytes of memory available now (Linux: /proc/meminfo's MemAvailable; else the free pages of
+ * sysconf), the base of rollout.gpu_memory_utilization on a CPU. 0 when unknown. */
+static int64_t mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        long long kb = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+        fclose(f);
+        if (kb >= 0) return (int64_t)kb * 1024;
+    }
+    const long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
+}
+
+/* Bytes of one KV block: all layers' K and V rows of block_size positions, fp32. */
+static int64_t kv_block_bytes(const engine *e) {
+    return 2 * (int64_t)e->L * e->bs * e->nkv * e->hd * (int64_t)sizeof(float);
+}
+
+/* The paged KV cache's size (engine_config's block_size, kv_cache_bytes, gpu_memory_utilization):
+ * resolves the budget into whole blocks, writes the resolved figures back to e->ec and sets up the
+ * block manager and tables. Errors: a negative key, a budget under one block. */
+static int kv_setup(engine *e) {
+    engine_config *ec = &e->ec;
+    if (ec->block_size < 0 || ec->kv_cache_bytes < 0 || !(ec->gpu_memory_utilization >= 0) ||
+        ec->gpu_memory_utilization > 1)
+        return moerl_errorf("engine: block_size (%d) and kv_cache_bytes (%lld) must be ≥ 0 and gpu_memory_utilization "
+                            "(%g) in [0, 1]",
+                            ec->block_size, (long long)ec->kv_cache_bytes, ec->gpu_memory_utilization);
+    e->bs = ec->block_size ? ec->block_size : 16;
+    e->max_blocks = (ec->max_model_len + e->bs - 1) / e->bs;
+    const int64_t bb = kv_block_bytes(e);
+    int64_t bytes = ec->kv_cache_bytes, n;
+    if (!bytes && ec->gpu_memory_utilization > 0) bytes = (int64_t)(ec->gpu_memory_utilization * mem_available_bytes());
+    if (bytes) {
+        n = bytes / bb;
+        if (n < 1)
+            return moerl_errorf("engine: a KV budget of %lld bytes holds no block of %d tokens (%lld bytes: %d layers × "
+                                "K and V × %d positions × %d floats)",
+                                (long long)bytes, e->bs, (long long)bb, e->L, e->bs, e->nkv * e->hd);
+        if (n > INT32_MAX / 2) n = INT32_MAX / 2;
+    } else {
+        n = (int64_t)ec->max_num_seqs * e->max_blocks; /* the slot engine's reservation: nothing is preempted */
+    }
+    ec->block_size = e->bs;
+    ec->kv_cache_bytes = n * bb;
+    kvb_init(&e->kb, (int)n, e->bs);
+    const size_t S = ec->max_num_seqs;
+    e->tables = xmalloc(S * e->max_blocks * sizeof(int));
+    e->n_tbl = xcalloc(S, sizeof(int));
+    e->reg_upto = xcalloc(S, sizeof(int));
+    e->age = xcalloc(S, sizeof(int64_t));
+    e->tokbuf = xmalloc((size_t)e->bs * sizeof(int));
+    e->hit = xmalloc((size_t)e->max_blocks * sizeof(int));
+    e->st.kv_blocks_total = n;
+    const int w = engine_route_width(e, NULL, NULL);
+    if (w && ec->enable_prefix_caching) e->blk_routes = xmalloc((size_t)n * e->bs * w * sizeof(int16_t));
+    if (!ec->simulated) {
+        e->k_cache = moerl_buf_alloc((size_t)(n * bb / 2), "kv_cache");
+        e->v_cache = moerl_buf_alloc((size_t)(n * bb / 2), "kv_cache");
+    }
+    return MOERL_OK;
 }
 
 engine *engine_create(const moe_config *cfg, engine_config ec) {
@@ -242,9 +326,10 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     routes_layout(e);
     const size_t S = ec.max_num_seqs, Lm = ec.max_model_len, T = ec.max_num_batched_tokens;
     const size_t kvrow = (size_t)e->nkv * e->hd, H = e->H, qrow = (size_t)e->nh * e->hd;
-    if (!ec.simulated) {
-        e->k_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
-        e->v_cache = moerl_buf_alloc((size_t)e->L * S * Lm * kvrow * sizeof(float), "kv_cache");
+    if (kv_setup(e) != MOERL_OK) {
+        model_free(&e->m);
+        free(e);
+        return NULL;
     }
     e->slots = xcalloc(S, sizeof(gen_request *));
     e->tok = xmalloc(T * sizeof(int));
@@ -275,8 +360,19 @@ void engine_free(engine *e) {
                     e->sample_row, e->sample_req, e->hid, e->hid_rstd, e->logits, e->sample_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     mlp_acts_free(&e->mlp);
+    kvb_free(&e->kb);
+    void *kv[] = {e->tables, e->n_tbl, e->reg_upto, e->age, e->tokbuf, e->hit, e->blk_routes};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) free(kv[i]);
     free(e->bf.buf);
     free(e);
+}
+
+/* A weight load: KV computed under the old weights is never reused (the prefix cache forgets every
+ * block, and a running sequence's blocks computed so far never register). */
+static void kv_weights_changed(engine *e) {
+    kvb_clear(&e->kb);
+    for (int s = 0; s < e->ec.max_num_seqs; s++)
+        if (e->slots[s]) e->reg_upto[s] = (e->slots[s]->n_cached + e->bs - 1) / e->bs;
 }
 
 int engine_load_weights(engine *e, const float *params, size_t n_params, int version) {
@@ -293,6 +389,7 @@ int engine_load_weights(engine *e, const float *params, size_t n_params, int ver
         memcpy(e->m.params, params, n_params * sizeof(float));
         model_pack_experts(&e->m); /* the NZ switch: expert weights in the decode kernel's panel layout (or none) */
     }
+    kv_weights_changed(e);
     e->version = version;
     return MOERL_OK;
 }
@@ -302,6 +399,7 @@ float *engine_weight_buffer(engine *e) { return e->m.params; }
 void engine_set_version(engine *e, int version) {
     model_pack_experts(&e->m); /* the buffer was filled in place: derived layouts follow, as in engine_load_weights */
     if (e->ec.bf16_weights) bf16_build(e);
+    kv_weights_changed(e);
     e->version = version;
 }
 
@@ -322,6 +420,7 @@ int engine_set_version_bf16(engine *e, int version) {
     model_pack_experts(&e->m); /* no_pack in this mode (a no-op), as in engine_load_weights */
     bf16_pack_all(e, w); /* the panels straight from the bf16 values, before widening overwrites them */
     bf16_widen_in_place(e->m.params, e->m.n_params);
+    kv_weights_changed(e);
     e->version = version;
     return MOERL_OK;
 }
@@ -354,6 +453,13 @@ int engine_idle_step(engine *e) {
 
 engine_config engine_get_config(const engine *e) { return e->ec; }
 engine_stats engine_get_stats(const engine *e) { return e->st; }
+void engine_kv_usage(const engine *e, int64_t *blocks_held, int64_t *tokens_cached) {
+    int64_t t = 0;
+    for (int s = 0; s < e->ec.max_num_seqs; s++)
+        if (e->slots[s]) t += e->slots[s]->n_cached;
+    if (blocks_held) *blocks_held = e->kb.n_blocks - e->kb.n_free;
+    if (tokens_cached) *tokens_cached = t;
+}
 
 static void list_push_back(gen_request **head, gen_request **tail, gen_request *r) {
     r->next = NULL;
@@ -400,6 +506,15 @@ int engine_add(engine *e, gen_request *r) {
             return moerl_errorf("request %lld: prompt token %d at index %d outside the vocabulary [0,%d)",
                                 (long long)r->id, r->prompt[i], i, e->V);
     if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
+    /* KV positions the request can ever hold: prompt ⊕ output but the last sampled token (never forwarded) */
+    const int64_t pos_max = MOERL_MIN((int64_t)r->prompt_len + sp->max_tokens, (int64_t)e->ec.max_model_len) - 1,
+                  need = (pos_max + e->bs - 1) / e->bs;
+    if (need > e->kb.n_blocks)
+        return moerl_errorf("request %lld: prompt %d + max_tokens %d needs %lld KV blocks of %d tokens (%lld bytes), "
+                            "the whole KV budget is %d blocks (%lld bytes, rollout.kv_cache_bytes / "
+                            "gpu_memory_utilization): it could never run",
+                            (long long)r->id, r->prompt_len, sp->max_tokens, (long long)need, e->bs,
+                            (long long)(need * kv_block_bytes(e)), e->kb.n_blocks, (long long)e->ec.kv_cache_bytes);
     for (int i = 0; i < sp->n_forced; i++)
         if (sp->forced[i] < 0 || sp->forced[i] >= e->V)
             return moerl_errorf("request %lld: forced token %d at index %d outside the vocabulary [0,%d)",
@@ -413,6 +528,7 @@ int engine_add(engine *e, gen_request *r) {
         r->n_out = 0;
         r->n_sampled = 0;
         r->n_interruptions = 0;
+        r->n_preemptions = 0;
         r->turn = 0;
         rng_seed(&r->rng, sp->seed);
     }
@@ -495,25 +611,28 @@ static int at_length_limit(const engine *e, const gen_request *r) {
 static void forward_tokens(engine *e, int T, int n_rows) {
     const moe_model *m = &e->m;
     const moe_config *c = &m->cfg;
-    const int H = e->H, nh = e->nh, nkv = e->nkv, hd = e->hd, Lm = e->ec.max_model_len, S = e->ec.max_num_seqs;
-    const size_t kvrow = (size_t)nkv * hd;
+    const int H = e->H, nh = e->nh, nkv = e->nkv, hd = e->hd, bs = e->bs, mb = e->max_blocks;
+    const size_t kvrow = (size_t)nkv * hd, layer = (size_t)e->kb.n_blocks * bs * kvrow;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int n = 0; n < T; n++) memcpy(e->x + (size_t)n * H, m->p.embed_tokens + (size_t)e->tok[n] * H, H * sizeof(float));
     for (int l = 0; l < e->L; l++) {
         const layer_views *w = &m->p.layers[l];
-        float *kc = e->k_cache + (size_t)l * S * Lm * kvrow, *vc = e->v_cache + (size_t)l * S * Lm * kvrow;
+        float *kc = e->k_cache + (size_t)l * layer, *vc = e->v_cache + (size_t)l * layer;
         rmsnorm_forward(e->ln, e->mid /* rstd scratch */, e->x, w->input_layernorm, T, H, c->rms_norm_eps);
         qkv_forward(m, l, e->ln, e->q_raw, e->k_raw, e->q_rstd, e->k_rstd, e->q, e->k, e->v, e->pos, e->rope_cos,
                     e->rope_sin, T);
         for (int n = 0; n < T; n++) {
-            size_t off = ((size_t)e->slot_of[n] * Lm + e->pos[n]) * kvrow;
+            const int p = e->pos[n];
+            const size_t off = ((size_t)e->tables[(size_t)e->slot_of[n] * mb + p / bs] * bs + p % bs) * kvrow;
             memcpy(kc + off, e->k + (size_t)n * kvrow, kvrow * sizeof(float));
             memcpy(vc + off, e->v + (size_t)n * kvrow, kvrow * sizeof(float));
         }
         const double ta = trace_begin();
         if (c->exec.batch_invariant) /* the trainer's key order (batch_invariant.c) */
-            attention_kvcache_forward_bi(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
-        else attention_kvcache_forward(e->att, e->q, kc, vc, e->slot_of, e->pos, T, nh, nkv, hd, Lm, scale);
+            attention_kvcache_paged_forward_bi(e->att, e->q, kc, vc, e->tables, mb, e->slot_of, e->pos, T, nh, nkv, hd,
+                                               bs, scale);
+        else attention_kvcache_paged_forward(e->att, e->q, kc, vc, e->tables, mb, e->slot_of, e->pos, T, nh, nkv, hd, bs,
+                                             scale);
         trace_end("attention (KV cache)", "engine", ta);
         if (c->exec.batch_invariant) linear_forward_bi(e->x, e->att, w->o_proj, T, nh * hd, H, 1);
         else if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
@@ -543,22 +662,174 @@ static int is_stop(const engine *e, const gen_request *r, int tok) {
     return 0;
 }
 
-int engine_step(engine *e, gen_request **done, int done_cap) {
+/* ------------------------------------------------------------------ paged KV: block tables, prefix cache, preemption */
+
+static int *tbl_of(engine *e, int s) { return e->tables + (size_t)s * e->max_blocks; }
+
+/* The token ids of block i of r's sequence (prompt ⊕ output) → e->tokbuf. */
+static void block_tokens(engine *e, const gen_request *r, int i) {
+    for (int j = 0; j < e->bs; j++) e->tokbuf[j] = seq_token(r, i * e->bs + j);
+}
+
+/* Prefix cache: register slot s's blocks whose tokens are all known (prompt blocks when allocated,
+ * so that a request with the same prefix waits for them; output blocks once full), marking them
+ * filled once their rows are computed (n_cached). A block whose parent is not registered, or whose
+ * key another block already holds, ends the chain. reg_upto advances over the filled ones. */
+static void register_blocks(engine *e, int s) {
+    if (!e->ec.enable_prefix_caching) return;
+    const gen_request *r = e->slots[s];
+    const int *t = tbl_of(e, s), bs = e->bs;
+    int adv = 1;
+    /* simulated (no model: every sampled token is 0): only prompt blocks, as output blocks of zeros would
+     * match each other where real outputs differ */
+    const int known = e->ec.simulated ? r->prompt_len : seq_len(r);
+    for (int i = e->reg_upto[s]; i < e->n_tbl[s] && (i + 1) * bs <= known; i++) {
+        const int b = t[i], parent = i ? t[i - 1] : -1, filled = r->n_cached >= (i + 1) * bs;
+        if (e->kb.reg[b]) {
+            if (filled) e->kb.filled[b] = 1;
+        } else {
+            if (parent >= 0 && !e->kb.reg[parent]) break;
+            block_tokens(e, r, i);
+            if (kvb_lookup(&e->kb, parent, e->version, e->tokbuf) >= 0) break;
+            kvb_register(&e->kb, b, parent, e->version, e->tokbuf, filled);
+        }
+        adv = adv && filled;
+        if (adv) e->reg_upto[s] = i + 1;
+    }
+}
+
+/* Grow slot s's block table to cover positions < upto, as far as free blocks allow; returns the
+ * positions covered (≤ upto). */
+static int ensure_blocks(engine *e, int s, int upto) {
+    int *t = tbl_of(e, s);
+    const int need = (upto + e->bs - 1) / e->bs;
+    int grew = 0;
+    while (e->n_tbl[s] < need) {
+        const int b = kvb_alloc(&e->kb);
+        if (b < 0) break;
+        t[e->n_tbl[s]++] = b;
+        grew = 1;
+    }
+    const int64_t held = e->kb.n_blocks - e->kb.n_free;
+    if (held > e->st.kv_blocks_peak) e->st.kv_blocks_peak = held;
+    if (grew) register_blocks(e, s);
+    return MOERL_MIN(upto, e->n_tbl[s] * e->bs);
+}
+
+/* Give slot s's blocks back, the last first (so a sequence's tail is evicted before its head). */
+static void release_blocks(engine *e, int s) {
+    const int *t = tbl_of(e, s);
+    for (int i = e->n_tbl[s] - 1; i >= 0; i--) kvb_release(&e->kb, t[i]);
+    e->n_tbl[s] = e->reg_upto[s] = 0;
+}
+
+/* vLLM's recompute-mode preemption: slot s gives its blocks back and its request goes to the front of
+ * the waiting queue with everything it produced (tokens, logprobs, versions, mask, routes, RNG state);
+ * it is re-prefilled at its readmission. */
+static void preempt(engine *e, int s) {
+    gen_request *r = e->slots[s];
+    release_blocks(e, s);
+    e->slots[s] = NULL;
+    r->slot = -1;
+    r->n_cached = 0;
+    r->n_preemptions++;
+    e->st.preemptions++;
+    r->next = e->wait_head;
+    e->wait_head = r;
+    if (!e->wait_tail) e->wait_tail = r;
+    e->n_waiting++;
+}
+
+/* The running sequence admitted last (−1: none). */
+static int newest_running(const engine *e) {
+    int v = -1;
+    for (int s = 0; s < e->ec.max_num_seqs; s++)
+        if (e->slots[s] && (v < 0 || e->age[s] > e->age[v])) v = s;
+    return v;
+}
+
+/* Step 1: every running sequence that decodes gets the block of its next position, oldest first;
+ * when none is free the newest running sequence is preempted (itself, if it is the newest). */
+static void reserve_decodes(engine *e) {
     const int S = e->ec.max_num_seqs;
-    int n_done = 0;
-    /* 1. admission, FIFO */
+    for (;;) { /* the oldest running decoder not yet covered */
+        int s = -1;
+        for (int x = 0; x < S; x++) {
+            const gen_request *r = e->slots[x];
+            if (r && seq_len(r) - r->n_cached == 1 && e->n_tbl[x] * e->bs <= r->n_cached && (s < 0 || e->age[x] < e->age[s]))
+                s = x;
+        }
+        if (s < 0) return;
+        const int want = e->slots[s]->n_cached + 1;
+        while (e->slots[s] && ensure_blocks(e, s, want) < want) preempt(e, newest_running(e));
+    }
+}
+
+/* Prefix-cache hits of r: its leading full blocks found in the cache (never the block of its last
+ * token, which must be forwarded to sample from) → e->hit; returns their count, or −1 when one of
+ * them is still being computed by a running sequence (r then waits for it: one prefill per group). */
+static int prefix_match(engine *e, const gen_request *r) {
+    if (!e->ec.enable_prefix_caching) return 0;
+    int n = 0;
+    for (const int nb = (seq_len(r) - 1) / e->bs; n < nb; n++) {
+        block_tokens(e, r, n);
+        const int b = kvb_lookup(&e->kb, n ? e->hit[n - 1] : -1, e->version, e->tokbuf);
+        if (b < 0) break;
+        if (!e->kb.filled[b]) return -1;
+        e->hit[n] = b;
+    }
+    return n;
+}
+
+/* Step 2: admit waiting requests into free slots, FIFO, while the free blocks cover each one's next
+ * chunk (after its prefix-cache hits); the first that does not fit, or waits for a block being
+ * computed, stops admission. A request served from cached blocks gets their routes (record_routes). */
+static void admit(engine *e) {
+    const int S = e->ec.max_num_seqs, bs = e->bs;
     for (int s = 0; s < S && e->wait_head; s++) {
         if (e->slots[s]) continue;
         gen_request *r = e->wait_head;
+        const int nh = prefix_match(e, r);
+        if (nh < 0) return;
+        const int c0 = nh * bs, chunk = MOERL_MIN(seq_len(r) - c0, e->ec.max_num_batched_tokens);
+        int avail = e->kb.n_free;
+        for (int i = 0; i < nh; i++) avail -= e->kb.ref[e->hit[i]] == 0;
+        if (avail < (c0 + chunk + bs - 1) / bs - nh) return;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
         e->n_waiting--;
         r->next = NULL;
         r->slot = s;
-        r->n_cached = 0;
+        r->n_cached = c0;
         e->slots[s] = r;
+        e->age[s] = e->n_admitted++;
+        for (int i = 0; i < nh; i++) {
+            kvb_ref(&e->kb, e->hit[i]);
+            tbl_of(e, s)[i] = e->hit[i];
+        }
+        e->n_tbl[s] = e->reg_upto[s] = nh;
+        e->st.prefix_hit_tokens += c0;
+        ensure_blocks(e, s, c0 + chunk); /* its prompt blocks registered now: a request behind it with the same
+                                            prefix waits for them rather than computing them again */
+        const int w = engine_route_width(e, NULL, NULL);
+        if (r->out_routes && e->blk_routes && r->n_routes < c0) {
+            for (int p = r->n_routes; p < c0; p++)
+                memcpy(r->out_routes + (size_t)p * w, e->blk_routes + ((size_t)e->hit[p / bs] * bs + p % bs) * w,
+                       (size_t)w * sizeof(int16_t));
+            r->n_routes = c0;
+        }
     }
-    /* 2. build the batch: decode tokens first, then prefill chunks within the token budget */
+}
+
+int engine_step(engine *e, gen_request **done, int done_cap) {
+    const int S = e->ec.max_num_seqs;
+    int n_done = 0;
+    /* 1. blocks for the running decoders (preempting the newest when none is free); 2. admission */
+    const int64_t preempted = e->st.preemptions;
+    reserve_decodes(e);
+    if (e->st.preemptions == preempted) admit(e); /* not in a step that preempted (it would thrash) */
+    /* 3. build the batch: decode tokens first, then prefill chunks within the token budget and the
+     * free blocks */
     int T = 0, n_rows = 0, budget = e->ec.max_num_batched_tokens;
     int fed[S > 0 ? S : 1];
     memset(fed, 0, sizeof fed);
@@ -569,6 +840,8 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             int need = seq_len(r) - r->n_cached;
             if ((pass == 0) != (need == 1)) continue;
             int take = MOERL_MIN(need, budget - T);
+            if (take <= 0) continue;
+            take = ensure_blocks(e, s, r->n_cached + take) - r->n_cached;
             if (take <= 0) continue;
             for (int i = 0; i < take; i++) {
                 e->tok[T] = seq_token(r, r->n_cached + i);
@@ -588,6 +861,8 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
         }
     }
     if (T == 0) { /* nothing to feed; under EP the group still expects this step's exchanges */
+        const int v = newest_running(e);
+        if (v >= 0) preempt(e, v); /* running prefills hold every block: the newest makes room */
         if (e->ep) engine_idle_step(e);
         return 0;
     }
@@ -599,7 +874,10 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
     double t1 = moerl_now();
     const double ts = trace_begin();
     for (int s = 0; s < S; s++)
-        if (e->slots[s]) e->slots[s]->n_cached += fed[s];
+        if (e->slots[s]) {
+            e->slots[s]->n_cached += fed[s];
+            if (fed[s]) register_blocks(e, s);
+        }
     /* 4. sample */
     for (int i = 0; i < n_rows; i++) {
         gen_request *r = e->sample_req[i];
@@ -624,6 +902,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
         if (is_stop(e, r, tok)) r->finish = FINISH_STOP;
         else if (at_length_limit(e, r)) r->finish = FINISH_LENGTH;
         if (r->finish != FINISH_NONE) {
+            release_blocks(e, r->slot);
             e->slots[r->slot] = NULL;
             r->slot = -1;
             MOERL_ASSERT(n_done < done_cap);
@@ -642,6 +921,7 @@ int engine_pause(engine *e, gen_request **out, int out_cap) {
     for (int s = 0; s < e->ec.max_num_seqs; s++) {
         gen_request *r = e->slots[s];
         if (!r) continue;
+        release_blocks(e, s);
         e->slots[s] = NULL;
         r->slot = -1;
         r->n_cached = 0; /* the KV cache is stale after a weight swap: re-prefill on resume */

@@ -7,13 +7,14 @@
  * model_forward, over all tokens of the step as one batch; only attention differs (it reads the
  * KV cache: attention_kvcache_forward).
  *
- * Scheduling (continuous batching): up to max_num_seqs sequences hold a KV slot each. Every
- * engine_step: (1) waiting requests are admitted into free slots, FIFO (interrupted requests are
- * put at the front of the queue by engine_resume); (2) the step's batch is one decode token for
- * every running sequence plus prefill chunks of newly admitted sequences, within
- * max_num_batched_tokens; (3) one forward over the batch; (4) every sequence whose input is
- * complete samples one token with its own RNG; (5) finished sequences free their slot at once.
- * KV memory is allocated once at engine_create for max_num_seqs × max_model_len.
+ * Scheduling (continuous batching): up to max_num_seqs sequences run at once, each with a block
+ * table into the paged KV cache (docs/engine.md). Every engine_step: (1) every decoding sequence gets
+ * the block of its next position, oldest first, preempting the newest running sequence when none is
+ * free; (2) waiting requests are admitted, FIFO, while the free blocks cover their next chunk
+ * (interrupted and preempted requests are at the front of the queue); (3) the step's batch is one
+ * decode token for every running sequence plus prefill chunks, within max_num_batched_tokens and the
+ * free blocks; (4) one forward over the batch; (5) every sequence whose input is complete samples one
+ * token with its own RNG; (6) finished sequences give their blocks back at once.
  *
  * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
  * log_softmax(logits)[token] for greedy (T = 0), computed before top-k/top-p filtering — the
@@ -70,6 +71,7 @@ typedef struct gen_request {
     int n_out;
     int turn;            /* assistant turn being generated: 0, then +1 per engine_continue */
     int n_interruptions; /* times this request was interrupted and resumed */
+    int n_preemptions;   /* times the engine preempted it for KV blocks (re-prefilled at readmission) */
     float *out_logits;   /* optional, caller-allocated [sp.max_tokens][V]: the raw logits each
                             token was sampled from (debugging and tests); rows of inserted tokens
                             are zero; NULL to skip */
@@ -117,6 +119,11 @@ typedef struct {
     int block_size;
     int64_t kv_cache_bytes;
     int enable_prefix_caching;
+    /* vLLM's gpu_memory_utilization, used when kv_cache_bytes is 0 and this is > 0: the budget is this
+     * fraction of the memory available once the engine's weights are allocated (on a CPU host:
+     * /proc/meminfo's MemAvailable, else sysconf's free pages). engine_create writes the resolved
+     * block_size and kv_cache_bytes (whole blocks) back: engine_get_config reports them. */
+    double gpu_memory_utilization;
 } engine_config;
 
 /* bf16 weights (engine_config.bf16_weights): at every weight load the engine rounds its copy of
@@ -232,6 +239,10 @@ typedef struct {
     int64_t kv_blocks_total, kv_blocks_peak, preemptions, prefix_hit_tokens;
 } engine_stats;
 engine_stats engine_get_stats(const engine *e);
+/* The paged KV cache now: blocks held by running sequences (shared ones once) and the positions their
+ * K/V rows fill (Σ over running sequences of the tokens cached; a shared block counts once per
+ * sharer, so with sharing the second can exceed the first × block_size). */
+void engine_kv_usage(const engine *e, int64_t *blocks_held, int64_t *tokens_cached);
 
 /* Sample one token from logits[V] with the request's parameters and RNG; returns the token and
  * writes its behaviour logprob (definition above). Exposed for tests. scratch: [2V] floats. */

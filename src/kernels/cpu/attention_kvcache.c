@@ -13,8 +13,10 @@
  * chunk's last block(s), and e^x is a vectorisable polynomial.
  * Small calls (batch-1 decode) run on the calling thread: a parallel region costs more than
  * the work, and far more when other processes hold the cores.
- * Source: vLLM paged attention semantics (one page per slot), FlashAttention-2's blocked
- * forward (Dao 2023) for the block structure.
+ * Paged (attention_kvcache_paged_forward): keys are found through the sequence's block table;
+ * the arithmetic and its order are those of the slot layout, so both give the same bits.
+ * Source: vLLM PagedAttention semantics (Kwon et al. 2023), FlashAttention-2's blocked forward
+ * (Dao 2023) for the block structure.
  */
 #include <math.h>
 #include <stdint.h>
@@ -82,19 +84,45 @@ static void kv_matmul(int M, int Nc, int Kd, const float *A, long lda, const flo
     if (M - i >= 1) kv_rows(1, Nc, Kd, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
 }
 
+/* Where the K/V rows of one sequence and KV head live: position p at
+ * base + (tbl[p / bs]·bs + p mod bs)·row (paged), or base + p·row when tbl is NULL (one
+ * contiguous run, the slot layout). */
+typedef struct {
+    const float *k, *v; /* block 0 (paged) or the sequence's position 0 (contiguous), at this KV head */
+    const int *tbl;
+    int bs;
+    long row;
+} kv_view;
+
+static inline long kv_off(const kv_view *w, int p) {
+    return w->tbl ? ((long)w->tbl[p / w->bs] * w->bs + p % w->bs) * w->row : (long)p * w->row;
+}
+
+/* Whether positions p .. p+n−1 are consecutive rows in memory (contiguous layout, or their
+ * blocks are adjacent ones in order). */
+static inline int kv_contiguous(const kv_view *w, int p, int n) {
+    if (!w->tbl) return 1;
+    for (int b = p / w->bs + 1; b <= (p + n - 1) / w->bs; b++)
+        if (w->tbl[b] != w->tbl[b - 1] + 1) return 0;
+    return 1;
+}
+
 /* One work item: a chunk of T consecutive tokens of one sequence (positions p0 .. p0+T−1) and
  * one KV head, i.e. R = T·G query rows. Row r = t·G + g is token t's query head g; q/out point
- * at token 0's first head of this KV head, tokens tq floats apart. kb/vb point at position 0 of
- * the KV head, rows `row` floats apart. Token t sees keys 0 .. p0+t (causal), so only the
- * chunk's last key block(s) need masking. With T = 1 (decode) q and out are used in place;
- * otherwise the rows are packed into qp/op first. */
-static void attend_chunk(float *out, const float *q, long tq, const float *kb, const float *vb, long row, int p0,
-                         int T, int G, int hd, float scale) {
+ * at token 0's first head of this KV head, tokens tq floats apart. Token t sees keys 0 .. p0+t
+ * (causal), so only the chunk's last key block(s) need masking. With T = 1 (decode) q and out
+ * are used in place; otherwise the rows are packed into qp/op first. A key block's V rows are
+ * read in place when they are contiguous in memory, else gathered into vg first: the same
+ * values in the same order, so the result does not depend on the paging. */
+static void attend_chunk(float *out, const float *q, long tq, const kv_view *w, int p0, int T, int G, int hd,
+                         float scale) {
     const int R = T * G, P = p0 + T;
+    const long row = w->row;
     float kt[hd * KV_BK]; /* Kᵀ of the block: [hd][KV_BK] */
     float s[R * KV_BK];   /* scores, then probabilities: [R][KV_BK] */
     float m[R], l[R];
     float qp[T > 1 ? R * hd : 1], op[T > 1 ? R * hd : 1];
+    float vg[w->tbl ? KV_BK * hd : 1];
     const float *Q = q;
     float *O = out;
     if (T > 1) {
@@ -107,7 +135,7 @@ static void attend_chunk(float *out, const float *q, long tq, const float *kb, c
     for (int j0 = 0; j0 < P; j0 += KV_BK) {
         const int nb = MOERL_MIN(KV_BK, P - j0), nbp = (nb + 15) & ~15;
         for (int j = 0; j < nb; j++) {
-            const float *kj = kb + (long)(j0 + j) * row;
+            const float *kj = w->k + kv_off(w, j0 + j);
             for (int d = 0; d < hd; d++) kt[d * KV_BK + j] = kj[d];
         }
         for (int d = 0; d < hd; d++)
@@ -139,7 +167,13 @@ static void attend_chunk(float *out, const float *q, long tq, const float *kb, c
             }
             m[r] = mx;
         }
-        kv_matmul(R, hd, nb, s, KV_BK, vb + (long)j0 * row, row, O, hd, 1);
+        const long o0 = kv_off(w, j0);
+        if (kv_contiguous(w, j0, nb)) {
+            kv_matmul(R, hd, nb, s, KV_BK, w->v + o0, row, O, hd, 1);
+        } else {
+            for (int j = 0; j < nb; j++) memcpy(vg + (long)j * hd, w->v + kv_off(w, j0 + j), (size_t)hd * sizeof(float));
+            kv_matmul(R, hd, nb, s, KV_BK, vg, hd, O, hd, 1);
+        }
     }
     for (int r = 0; r < R; r++) {
         const float inv = 1.0f / l[r];
@@ -151,24 +185,26 @@ static void attend_chunk(float *out, const float *q, long tq, const float *kb, c
         for (int t = 0; t < T; t++) memcpy(out + t * tq, op + (long)t * G * hd, (size_t)G * hd * sizeof(float));
 }
 
-void attention_kvcache_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
-                               const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
-                               float scale) {
+/* Both entry points: tables NULL = the slot layout (sequence s's run starts at s·span rows). */
+static void kvcache_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
+                            const int *tables, int max_blocks, const int *seq, const int *pos, int N, int nh,
+                            int nkv, int hd, int bs, int span, float scale) {
     MOERL_ASSERT(N >= 0 && nkv > 0 && nh % nkv == 0 && hd > 0);
     if (N == 0) return;
     const int G = nh / nkv;
     const long row = (long)nkv * hd;
+    const int max_pos = tables ? max_blocks * bs : span;
     /* tokens per chunk: at most KV_MAX_ROWS query rows, and R·hd ≤ KV_MAX_ROW_FLOATS */
     const int qb = MOERL_MAX(1, MOERL_MIN(KV_MAX_ROWS, KV_MAX_ROW_FLOATS / hd) / G);
-    /* Chunks: maximal runs of tokens of one slot at consecutive positions, cut every qb tokens;
+    /* Chunks: maximal runs of tokens of one sequence at consecutive positions, cut every qb tokens;
      * chunk c covers tokens start[c] .. start[c+1]−1 (N + 1 ints on the stack: N is one engine
      * step's token budget). */
     int start[N + 1], nc = 0;
     long macs = 0;
     for (int n = 0; n < N; n++) {
-        MOERL_ASSERT(pos[n] >= 0 && pos[n] < max_len);
+        MOERL_ASSERT(pos[n] >= 0 && pos[n] < max_pos);
         macs += (long)(pos[n] + 1) * nh * hd;
-        const int cont = n > 0 && slot[n] == slot[n - 1] && pos[n] == pos[n - 1] + 1 && n - start[nc - 1] < qb;
+        const int cont = n > 0 && seq[n] == seq[n - 1] && pos[n] == pos[n - 1] + 1 && n - start[nc - 1] < qb;
         if (!cont) start[nc++] = n;
     }
     start[nc] = N;
@@ -177,10 +213,25 @@ void attention_kvcache_forward(float *out, const float *q, const float *k_cache,
     for (int c = 0; c < nc; c++) {
         for (int kvh = 0; kvh < nkv; kvh++) {
             const int n0 = start[c];
-            const long base = (long)slot[n0] * max_len * row + (long)kvh * hd;
+            const long base = (tables ? 0 : (long)seq[n0] * span * row) + (long)kvh * hd;
+            const kv_view w = {k_cache + base, v_cache + base, tables ? tables + (long)seq[n0] * max_blocks : NULL,
+                               bs, row};
             const long qo = ((long)n0 * nh + (long)kvh * G) * hd;
-            attend_chunk(out + qo, q + qo, (long)nh * hd, k_cache + base, v_cache + base, row, pos[n0],
-                         start[c + 1] - n0, G, hd, scale);
+            attend_chunk(out + qo, q + qo, (long)nh * hd, &w, pos[n0], start[c + 1] - n0, G, hd, scale);
         }
     }
+}
+
+void attention_kvcache_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
+                               const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
+                               float scale) {
+    kvcache_forward(out, q, k_cache, v_cache, NULL, 0, slot, pos, N, nh, nkv, hd, max_len, max_len, scale);
+}
+
+void attention_kvcache_paged_forward(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                     const int *block_tables, int max_blocks, const int *seq, const int *pos, int N,
+                                     int nh, int nkv, int hd, int block_size, float scale) {
+    MOERL_ASSERT(block_tables && block_size > 0 && max_blocks > 0);
+    kvcache_forward(out, q, k_cache, v_cache, block_tables, max_blocks, seq, pos, N, nh, nkv, hd, block_size, 0,
+                    scale);
 }

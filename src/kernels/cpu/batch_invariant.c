@@ -271,28 +271,68 @@ void attention_forward_bi(float *out, float *lse, const float *q, const float *k
     }
 }
 
-void attention_kvcache_forward_bi(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                  const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
-                                  float scale) {
+/* Both KV-cache entry points: tables NULL = the slot layout (sequence s's rows start at s·span);
+ * paged, a (token, KV head) item gathers its keys' K and V rows into contiguous scratch first (the
+ * same values in the same order, so the same bits) and attends its G query heads from there. */
+static void kvcache_bi(float *out, const float *q, const float *k_cache, const float *v_cache, const int *tables,
+                       int max_blocks, const int *seq, const int *pos, int N, int nh, int nkv, int hd, int bs,
+                       int span, float scale) {
     MOERL_ASSERT(N >= 0 && nkv > 0 && nh % nkv == 0 && hd > 0);
     if (N == 0) return;
-    const int G = nh / nkv;
+    const int G = nh / nkv, max_pos = tables ? max_blocks * bs : span;
     const long ld = (long)nkv * hd;
     long macs = 0;
+    int keys = 1; /* the most keys a token of this call attends */
     for (int n = 0; n < N; n++) {
-        MOERL_ASSERT(pos[n] >= 0 && pos[n] < max_len);
+        MOERL_ASSERT(pos[n] >= 0 && pos[n] < max_pos);
         macs += (long)(pos[n] + 1) * nh * hd;
+        keys = MOERL_MAX(keys, pos[n] + 1);
+    }
+    if (!tables) {
+#pragma omp parallel if (kpar(macs, BI_PAR_MIN_MACS))
+        {
+            float *s = xmalloc((size_t)span * sizeof(float));
+#pragma omp for schedule(dynamic, 16)
+            for (long rh = 0; rh < (long)N * nh; rh++) {
+                const int n = (int)(rh / nh), h = (int)(rh % nh);
+                const size_t base = (size_t)seq[n] * span * ld + (size_t)(h / G) * hd;
+                bi_attend_row(out + ((size_t)n * nh + h) * hd, q + ((size_t)n * nh + h) * hd, k_cache + base,
+                              v_cache + base, ld, pos[n] + 1, hd, scale, s);
+            }
+            free(s);
+        }
+        return;
     }
 #pragma omp parallel if (kpar(macs, BI_PAR_MIN_MACS))
     {
-        float *s = xmalloc((size_t)max_len * sizeof(float));
-#pragma omp for schedule(dynamic, 16)
-        for (long rh = 0; rh < (long)N * nh; rh++) {
-            const int n = (int)(rh / nh), h = (int)(rh % nh);
-            const size_t base = (size_t)slot[n] * max_len * ld + (size_t)(h / G) * hd;
-            bi_attend_row(out + ((size_t)n * nh + h) * hd, q + ((size_t)n * nh + h) * hd, k_cache + base,
-                          v_cache + base, ld, pos[n] + 1, hd, scale, s);
+        float *s = xmalloc((size_t)keys * (1 + 2 * (size_t)hd) * sizeof(float));
+        float *kg = s + keys, *vg = kg + (size_t)keys * hd;
+#pragma omp for schedule(dynamic, 4)
+        for (long it = 0; it < (long)N * nkv; it++) {
+            const int n = (int)(it / nkv), g = (int)(it % nkv), P = pos[n] + 1;
+            const int *tbl = tables + (size_t)seq[n] * max_blocks;
+            for (int j = 0; j < P; j++) {
+                const size_t o = ((size_t)tbl[j / bs] * bs + j % bs) * ld + (size_t)g * hd;
+                memcpy(kg + (size_t)j * hd, k_cache + o, (size_t)hd * sizeof(float));
+                memcpy(vg + (size_t)j * hd, v_cache + o, (size_t)hd * sizeof(float));
+            }
+            for (int h = g * G; h < (g + 1) * G; h++)
+                bi_attend_row(out + ((size_t)n * nh + h) * hd, q + ((size_t)n * nh + h) * hd, kg, vg, hd, P, hd,
+                              scale, s);
         }
         free(s);
     }
+}
+
+void attention_kvcache_forward_bi(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                  const int *slot, const int *pos, int N, int nh, int nkv, int hd, int max_len,
+                                  float scale) {
+    kvcache_bi(out, q, k_cache, v_cache, NULL, 0, slot, pos, N, nh, nkv, hd, max_len, max_len, scale);
+}
+
+void attention_kvcache_paged_forward_bi(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                        const int *block_tables, int max_blocks, const int *seq, const int *pos,
+                                        int N, int nh, int nkv, int hd, int block_size, float scale) {
+    MOERL_ASSERT(block_tables && block_size > 0 && max_blocks > 0);
+    kvcache_bi(out, q, k_cache, v_cache, block_tables, max_blocks, seq, pos, N, nh, nkv, hd, block_size, 0, scale);
 }
