@@ -11,7 +11,12 @@
  *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (model_config_from_keys),
  *   data.* keys that exclude each other (data_check_keys: data.filter_overlong_prompts=true without
  *   data.max_prompt_length, data.task beside data files),
- *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute). */
+ *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute).
+ * Beside the reservation it prints the paged KV cache's expectation (plan/plan_kv.h: rollout.block_size,
+ * rollout.kv_cache_bytes, rollout.gpu_memory_utilization with plan.rollout_device_memory,
+ * rollout.enable_prefix_caching, rollout.synthetic_length.* or plan.mean_response_length) and where gradient
+ * compression pays (plan/plan_xchg.h: plan.link_bandwidth, plan.train_flops, plan.codec.*), with the 8×A100
+ * practice's worked row. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>

@@ -16,7 +16,9 @@
  *                 touched-expert count is the expectation for b tokens routed uniformly
  *                 (each of E experts missed with probability (1 − K/E)^b);
  *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · (ppo_epochs + f / 3) / n_trainer
- *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update,
+ *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · dtype·n_params / link_bw : 0) per update
+ *                 (after the warm-up of actor.grad_compression / actor.optim.name=onebit_adam: the scheme's codec
+ *                 + bytes instead, plan/plan_xchg.h, with the sim.codec.* costs),
  *                 f = rl_fwd_only_passes: the step's forward-only passes (a third of a training pass
  *                 each) — the proximal logprobs (decoupled loss or no bypass) and the KL reference's
  *                 logprobs (actor.use_kl_loss), as trainer_update runs them once per step;
