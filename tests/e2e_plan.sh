@@ -211,6 +211,11 @@ print("ok" if not bad else bad)
 PY
 )
 [[ $r == ok ]] && ok || fail "compression rows against the hand formulas: $r"
+# the compute per update is the update's FLOPs shared by the trainer devices: half as long on twice the ranks
+cs() { $M plan --model examples/qwen3_30b_a3b --json plan.train_flops=1e14 "$@" 2>/dev/null |
+    /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["grad_exchange"]["compute_s"])'; }
+r=$(/usr/bin/python3 -c "a, b = $(cs trainer.n_ranks=4), $(cs trainer.n_ranks=8); print(a > 0 and abs(a - 2 * b) <= 1e-12 * a)")
+[[ $r == True ]] && ok || fail "plan's compute per update on 4 vs 8 ranks: $r"
 $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 >"$OUT/x.txt" 2>&1
 grep -qF "| onebit_adam | 0.2188 | 32× |" "$OUT/x.txt" && grep -qF "the 8×A100 practice" "$OUT/x.txt" &&
     grep -qF "rule of thumb (compress above 1 MB and when communication exceeds 20% of compute)" "$OUT/x.txt" &&

@@ -267,9 +267,9 @@ int plan_read_xchg(const cfg *c, const moe_config *mc, const plan_input *in, con
         return moerl_errorf("plan.train_flops must be ≥ 0 FLOP/s (0 = not given), got %g", fl);
     x->elements = (double)r->n_params; /* the bucketed reducer's payload: the whole padded layout, 4 B each */
     x->ranks = r->dp;
-    if (fl > 0) { /* one update's forward + backward on a rank, every sequence at full length */
-        const double L = in->max_model_len, seqs = (double)in->step_tokens / L / in->updates_per_step / r->dp;
-        x->compute_s = model_train_flops(mc, (int64_t)(seqs * L), (int64_t)(seqs * L * (L + 1) / 2)) / fl;
+    if (fl > 0) { /* one update's forward + backward, every sequence at full length, shared by the trainer devices */
+        const double L = in->max_model_len, seqs = (double)in->step_tokens / L / in->updates_per_step;
+        x->compute_s = model_train_flops(mc, (int64_t)(seqs * L), (int64_t)(seqs * L * (L + 1) / 2)) / in->n_trainer / fl;
     }
     return MOERL_OK;
 }

@@ -35,7 +35,7 @@ void plan_paged_def_keys(cfg *c);
  * without plan.rollout_device_memory, a device too small for its weights, negative values. */
 int plan_read_paged(const cfg *c, const moe_config *mc, const plan_input *in, const plan_result *r, plan_kv_input *kv);
 /* The gradient exchange of the plan (in, r): the DDP reducer's n_params floats over the dp ranks, the link
- * (plan.link_bandwidth, bytes/s), compute per update (the update's FLOPs at full length per dp rank, model_train_flops,
+ * (plan.link_bandwidth, bytes/s), compute per update (the update's FLOPs at full length over the trainer devices, model_train_flops,
  * over plan.train_flops) and the codec keys plan.codec.*. Errors name the key and value. */
 int plan_read_xchg(const cfg *c, const moe_config *mc, const plan_input *in, const plan_result *r, plan_xchg_input *x,
                    plan_codec *k);
