@@ -249,7 +249,9 @@ static void print_xchg_table(const char *title, const plan_xchg_input *in, const
         char ex[32] = "—", fr[32] = "—", cx[48] = "—";
         if (in->link_bw > 0) snprintf(ex, sizeof ex, "%.4g%s", r->exchange_s, r->shortens ? " (shorter)" : "");
         if (in->link_bw > 0 && in->compute_s > 0) snprintf(fr, sizeof fr, "%.1f%%", 100 * r->exchange_s / in->compute_s);
-        if (s > 0) {
+        if (s > 0 && in->ranks < 2) {
+            snprintf(cx, sizeof cx, "no exchange on one rank");
+        } else if (s > 0) {
             if (r->crossover_bw <= 0) snprintf(cx, sizeof cx, "never (sends no fewer bytes)");
             else snprintf(cx, sizeof cx, "%.4g", r->crossover_bw * 8 / 1e9);
         }
