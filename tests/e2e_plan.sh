@@ -213,7 +213,7 @@ PY
 [[ $r == ok ]] && ok || fail "compression rows against the hand formulas: $r"
 # one trainer rank exchanges nothing: no crossover claimed
 $M plan --config examples/smoke.yaml 2>/dev/null | grep -qF "| onebit | 0 | 1× | 0 | — | — | no exchange on one rank |" && ok ||
-    fail "plan on one trainer rank: $(build/moerl plan --config examples/smoke.yaml 2>&1 | grep onebit)"
+    fail "plan on one trainer rank: $($M plan --config examples/smoke.yaml 2>&1 | grep onebit)"
 # the compute per update is the update's FLOPs shared by the trainer devices: half as long on twice the ranks
 cs() { $M plan --model examples/qwen3_30b_a3b --json plan.train_flops=1e14 "$@" 2>/dev/null |
     /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["grad_exchange"]["compute_s"])'; }
