@@ -453,6 +453,15 @@ want=$(pgf "$OUT/pg_default.json" prompts_trained 2>&1)
 if grep -q "kv_blocks_total" src/rollout/engine.c; then
     r=$(pgf "$OUT/pg_budget.json" kv_blocks_total 2>&1)
     [[ $r == 30 ]] && ok || fail "the paged engine's pool under simulate: $r blocks (want 30)"
+    # 12 blocks (393,216 B) for sequences of up to 129 tokens (9 blocks): the engine must preempt, and the
+    # same prompts are trained; groups of rollout.n=4 share their prompts' full blocks unless caching is off
+    pg pg_tight rollout.kv_cache_bytes=393216
+    r=$(pgf "$OUT/pg_tight.json" preemptions prompts_trained kv_blocks_peak 2>&1)
+    read -r pre pt peak <<<"$r"
+    [[ $pre -gt 0 && $pt == "$want" && $peak -le 12 ]] && ok || fail "simulate on 12 blocks: preemptions, prompts, peak '$r' (want > 0, $want, ≤ 12)"
+    pg pg_nocache rollout.enable_prefix_caching=false
+    r=$(pgf "$OUT/pg_default.json" prefix_hit_tokens 2>&1) r2=$(pgf "$OUT/pg_nocache.json" prefix_hit_tokens 2>&1)
+    [[ $r -gt 0 && $r2 == 0 ]] && ok || fail "prefix_hit_tokens with / without prefix caching: $r / $r2 (want > 0 / 0)"
 fi
 # gpu_memory_utilization: h200 (141e9 B, bf16: 1024 B per token): 0.5 × (141e9 − the bf16 weights (HF count × 2))
 pg pg_util sim.device=h200 rollout.gpu_memory_utilization=0.5
