@@ -422,6 +422,13 @@ static void test_paged_kv_hand(void) {
     q = in;
     q.group_size = 1;
     CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.paged_bytes, 4 * 3.8 * 80), "n=1");
+    /* groups of 8 in a batch of 4 sequences: 4 of a group share, 3.8 − 2·3/4 as with n = 4 */
+    q = in;
+    q.group_size = 8;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 2.3), "n=8 in 4: %g", r.blocks_per_seq_shared);
+    q.max_num_seqs = 2; /* pairs: 3.8 − 2·1/2 = 2.8; reservation 2·29·10 = 580 B = 7 blocks */
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 2.8) && r.budget_blocks == 7, "n=8 in 2: %g",
+          r.blocks_per_seq_shared);
     /* a fixed response (no distribution): ⌈(19 + 6)/8⌉ = 4 blocks; the budget given: 1000 B = 12 blocks */
     q = in;
     q.synth_alpha = 0;

@@ -73,7 +73,8 @@ int plan_kv_expected_blocks(const plan_kv_input *in, double *blocks, double *mea
 int plan_kv_compute(const plan_kv_input *in, plan_kv_result *out) {
     plan_kv_result r = {0};
     if (plan_kv_expected_blocks(in, &r.blocks_per_seq, &r.mean_response, &r.p_cap) != MOERL_OK) return MOERL_ERR;
-    const int B = in->block_size, n = in->group_size;
+    /* a batch of max_num_seqs holds groups of at most that many sequences sharing a prompt */
+    const int B = in->block_size, n = MOERL_MIN(in->group_size, in->max_num_seqs);
     r.mean_tokens = in->prompt_len + r.mean_response;
     r.shared_blocks = in->prefix_caching && n > 1 ? in->prompt_len / B : 0;
     r.blocks_per_seq_shared = r.blocks_per_seq - r.shared_blocks * (double)(n - 1) / n;

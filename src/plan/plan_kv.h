@@ -8,7 +8,8 @@
  * m ≤ k < cap and R = cap with probability (m/(cap − 1))^α), or — with no distribution configured
  * (alpha = 0) — a fixed length (plan.mean_response_length, default the cap). With prefix sharing the
  * rollout.n sequences of a GRPO group share their prompt's ⌊P/B⌋ full blocks (the last partial block is
- * each sequence's own: copy-on-write), so a group holds ⌊P/B⌋ + n · E[⌈(P + R)/B⌉ − ⌊P/B⌋] blocks.
+ * each sequence's own: copy-on-write), so a group holds ⌊P/B⌋ + n · E[⌈(P + R)/B⌉ − ⌊P/B⌋] blocks
+ * (n = min(rollout.n, max_num_seqs): a batch never holds more of a group than it has sequences).
  * Expectations are exact sums over the distribution (no sampling). */
 #ifndef MOERL_PLAN_KV_H
 #define MOERL_PLAN_KV_H
