@@ -428,4 +428,88 @@ wait $pid
 rc=$?
 if [[ $had == yes && $rc -eq 130 && ! -e "$OUT/resweep/sweep.md" && ! -e "$OUT/resweep/sweep.png" ]]; then ok
 else fail "re-sweep stopped early: first sweep.md $had, exit $rc, $(ls "$OUT/resweep" | tr '\n' ' ')"; fi
+
+# --- the paged KV cache (issue 28): simulate builds the engine with rollout.block_size, the budget in the
+# simulated model's blocks and prefix caching, and reports the engine's counters. The bench model's KV is
+# 2 (K, V) · 4 layers · 2 kv heads · 32 · 4 B (cpu: fp32) = 2048 B per token, 32768 B per 16-token block.
+PG=(--config $CFG --json trainer.resume_mode=disable "${BASE[@]}")
+pg() { local d=$1; shift; rm -rf "$OUT/$d"; $M simulate "${PG[@]}" trainer.default_local_dir="$OUT/$d" "$@" >"$OUT/$d.json" 2>"$OUT/$d.log"; }
+pgf() { /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(str(d[k]) for k in sys.argv[2:]))' "$@"; }
+pg pg_default
+r=$(pgf "$OUT/pg_default.json" block_size kv_budget_blocks_per_replica 2>&1)
+[[ $r == "16 0" ]] && ok || fail "simulate's default paged fields (block 16, the reservation): $r, $(tail -c 300 "$OUT/pg_default.log")"
+for k in preemptions kv_blocks_total kv_blocks_peak prefix_hit_tokens kv_peak_bytes_per_device; do
+    v=$(pgf "$OUT/pg_default.json" $k 2>/dev/null)
+    [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] && ok || fail "simulate --json has no counter $k ($v)"
+done
+# a budget of 1,000,000 B per replica: ⌊1e6 / 32768⌋ = 30 blocks; 2 replicas of tp 2 (min(tp, 2 kv heads) = 2:
+# 1024 B per token and device, so ⌊5e5 / 16384⌋ = 30 blocks per replica again); the same prompts trained
+pg pg_budget rollout.kv_cache_bytes=1000000
+pg pg_budget2 rollout.kv_cache_bytes=1000000 sim.rollout_devices=4 rollout.tensor_model_parallel_size=2
+r=$(pgf "$OUT/pg_budget.json" kv_budget_blocks_per_replica prompts_trained 2>&1) r2=$(pgf "$OUT/pg_budget2.json" kv_budget_blocks_per_replica 2>&1)
+want=$(pgf "$OUT/pg_default.json" prompts_trained 2>&1)
+[[ $r == "30 $want" && $r2 == 30 ]] && ok || fail "simulate with rollout.kv_cache_bytes=1e6: '$r' / '$r2' (want '30 $want' / 30), $(tail -c 300 "$OUT/pg_budget.log")"
+# once the paged engine is in this build (engine.c counts the pool), its pool is the budget: 30 blocks
+if grep -q "kv_blocks_total" src/rollout/engine.c; then
+    r=$(pgf "$OUT/pg_budget.json" kv_blocks_total 2>&1)
+    [[ $r == 30 ]] && ok || fail "the paged engine's pool under simulate: $r blocks (want 30)"
+    # 12 blocks (393,216 B) for sequences of up to 129 tokens (9 blocks): the engine must preempt, and the
+    # same prompts are trained; groups of rollout.n=4 share their prompts' full blocks unless caching is off
+    pg pg_tight rollout.kv_cache_bytes=393216
+    r=$(pgf "$OUT/pg_tight.json" preemptions prompts_trained kv_blocks_peak 2>&1)
+    read -r pre pt peak <<<"$r"
+    [[ $pre -gt 0 && $pt == "$want" && $peak -le 12 ]] && ok || fail "simulate on 12 blocks: preemptions, prompts, peak '$r' (want > 0, $want, ≤ 12)"
+    pg pg_nocache rollout.enable_prefix_caching=false
+    r=$(pgf "$OUT/pg_default.json" prefix_hit_tokens 2>&1) r2=$(pgf "$OUT/pg_nocache.json" prefix_hit_tokens 2>&1)
+    [[ $r -gt 0 && $r2 == 0 ]] && ok || fail "prefix_hit_tokens with / without prefix caching: $r / $r2 (want > 0 / 0)"
+fi
+# gpu_memory_utilization: h200 (141e9 B, bf16: 1024 B per token): 0.5 × (141e9 − the bf16 weights (HF count × 2))
+pg pg_util sim.device=h200 rollout.gpu_memory_utilization=0.5
+hf=$($M plan --config $CFG --json "${BASE[@]}" 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["n_params_hf"])')
+r=$(pgf "$OUT/pg_util.json" kv_budget_blocks_per_replica 2>&1)
+[[ -n $hf && $r == $(/usr/bin/python3 -c "import math; print(math.floor(0.5 * (141e9 - $hf * 2) / (16 * 1024)))") ]] && ok ||
+    fail "simulate gpu_memory_utilization=0.5 on h200: $r blocks (hf $hf), $(tail -c 300 "$OUT/pg_util.log")"
+# refusals naming the key and value
+for bad in "rollout.block_size=0:rollout.block_size must be in 1..1048576 tokens, got 0" \
+    "rollout.kv_cache_bytes=-5:rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got -5" \
+    "rollout.kv_cache_bytes=1000:holds no block of 16 tokens" \
+    "rollout.kv_cache_bytes=98304:the KV budget holds 3 blocks of 16 tokens per replica" \
+    "rollout.gpu_memory_utilization=2:rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got 2" \
+    "rollout.kv_cache_bytes=1e6 rollout.gpu_memory_utilization=0.5:both give the KV budget" \
+    "sim.device_memory=8e10:sim.device_memory=8e+10 is set but rollout.gpu_memory_utilization is 0" \
+    "sim.codec.onebit.encode_ns=1:sim.codec.onebit.encode_ns is set, but the gradient exchange is exact" \
+    "actor.grad_compression=threshold sim.codec.threshold.ratio=1:sim.codec.threshold.ratio must be > 1"; do
+    IFS=: read -r kv want <<<"$bad"
+    # shellcheck disable=SC2086
+    pg pg_bad $kv
+    [[ $? -eq 1 ]] && grep -qF -- "$want" "$OUT/pg_bad.log" && ok || fail "simulate $kv not refused with '$want': $(tail -c 300 "$OUT/pg_bad.log")"
+done
+
+# --- the gradient exchange (issue 29) follows actor.grad_compression / actor.optim.name: over 2 trainers on the
+# cpu device's 5e9 B/s link, n = the padded parameters; exact ring 2·(1/2)·4n/link per update during the warm-up,
+# then onebit n·(8.9 + 2·8.1) ns + n·(1/8 + 4/256)/link, onebit_adam n·(8.9·1.5 + 2·8.1) ns + n/8/link, threshold
+# with a free codec n·(4/11.3)/link — shorter than exact, and the step with it
+n=$($M plan --config $CFG --json "${BASE[@]}" 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["n_params"])')
+for case in "none::0:4" "onebit:actor.grad_compression=onebit actor.grad_compression_warmup_steps=1:1:4" \
+    "onebit_adam:actor.optim.name=onebit_adam actor.optim.freeze_step=1:1:4" \
+    "threshold:actor.grad_compression=threshold actor.grad_compression_warmup_steps=0 sim.codec.threshold.encode_ns=0 sim.codec.threshold.decode_ns=0:0:4"; do
+    IFS=: read -r sc keys exact total <<<"$case"
+    # shellcheck disable=SC2086
+    pg pg_x_$sc trainer.n_ranks=2 $keys
+    r=$(/usr/bin/python3 - "$OUT/pg_x_$sc.json" "$n" "$sc" "$exact" "$total" <<'PY' 2>&1
+import json, sys
+d = json.load(open(sys.argv[1])); n = float(sys.argv[2]); sc = sys.argv[3]; ex, tot = int(sys.argv[4]), int(sys.argv[5])
+bw, exact = 5e9, 4 * n / 5e9
+comp = {"none": exact, "onebit": n * 25.1e-9 + n * (1 / 8 + 4 / 256) / bw,
+        "onebit_adam": n * (8.9 * 1.5 + 2 * 8.1) * 1e-9 + n / 8 / bw, "threshold": n * (4 / 11.3) / bw}[sc]
+want = ex * exact + (tot - ex) * comp if sc != "none" else tot * exact
+ok = d["grad_exchange"] == sc and d["steps"] == tot and abs(d["grad_exchange_s"] - want) <= 1e-9 * want and \
+    d["compressed_updates"] == (0 if sc == "none" else tot - ex)
+print("ok" if ok else (d["grad_exchange"], d["grad_exchange_s"], want, d["compressed_updates"]))
+PY
+)
+    [[ $r == ok ]] && ok || fail "simulate's exchange with $sc: $r $(tail -c 200 "$OUT/pg_x_$sc.log")"
+done
+r=$(/usr/bin/python3 -c 'import json,sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print(b["wall_s"] < a["wall_s"])' "$OUT/pg_x_none.json" "$OUT/pg_x_threshold.json" 2>&1)
+[[ $r == True ]] && ok || fail "a cheaper exchange (threshold, free codec) did not shorten the simulated run: $r"
 finish

@@ -34,6 +34,8 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "model/forward.h"
 #include "optim/adamw.h"
 #include "plan/plan.h"
+#include "plan/plan_kv.h"
+#include "plan/plan_xchg.h"
 #include "rollout/engine.h"
 #include "test.h"
 
@@ -388,7 +390,150 @@ static void test_fsdp_keep(void) {
        strstr(moerl_last_error(), "fsdp_size=1"));
 }
 
+
+/* The paged KV model against a case computed by hand (exact fractions): prompt P = 19, blocks of B = 8,
+ * responses ⌈4 · U^(−1)⌉ capped at 10 (alpha 1, min 4), groups of n = 4 sharing ⌊19/8⌋ = 2 blocks.
+ * P(R = k) = 4/(k − 1) − 4/k: k = 5..9 → 1/5, 2/15, 2/21, 1/14, 1/18; P(R = 10) = 4/9.
+ * Blocks ⌈(19 + k)/8⌉: 3 for k = 5, 4 for k = 6..10, so E = 3·1/5 + 4·4/5 = 3.8; shared: 3.8 − 2·3/4 = 2.3.
+ * E[R] = 1 + 4/5 + 2/3 + 4/7 + 1/2 + 40/9 = 5029/630. 10 bytes a token: block 80 B; reservation
+ * 4 · 29 · 10 = 1160 B = 14 blocks (14.5 rounded down); paged 4 · 2.3 · 80 = 736 B. Tolerance 1e-12
+ * relative: the sums are a few double operations on these fractions. */
+static void test_paged_kv_hand(void) {
+    plan_kv_input in = {.prompt_len = 19, .max_response = 10, .synth_alpha = 1, .synth_min = 4, .block_size = 8,
+                        .group_size = 4, .prefix_caching = 1, .max_num_seqs = 4, .max_model_len = 29, .token_bytes = 10};
+    plan_kv_result r;
+#define NEAR(a, b) (fabs((double)(a) - (double)(b)) <= 1e-12 * fmax(1, fabs((double)(b))))
+    CHECK(plan_kv_compute(&in, &r) == MOERL_OK, "%s", moerl_last_error());
+    CHECK(NEAR(r.blocks_per_seq, 3.8), "E blocks %.15g", r.blocks_per_seq);
+    CHECK(r.shared_blocks == 2, "shared %d", r.shared_blocks);
+    CHECK(NEAR(r.blocks_per_seq_shared, 2.3), "shared blocks/seq %.15g", r.blocks_per_seq_shared);
+    CHECK(NEAR(r.mean_response, 5029.0 / 630), "E[R] %.15g", r.mean_response);
+    CHECK(NEAR(r.p_cap, 4.0 / 9), "P(cap) %.15g", r.p_cap);
+    CHECK(NEAR(r.reserved_bytes, 1160) && NEAR(r.paged_bytes, 736) && NEAR(r.block_bytes, 80), "%g %g %g",
+          r.reserved_bytes, r.paged_bytes, r.block_bytes);
+    CHECK(r.budget_blocks == 14 && NEAR(r.seqs_reserved, 4) && NEAR(r.seqs_paged, 14 / 2.3), "%lld %g %g",
+          (long long)r.budget_blocks, r.seqs_reserved, r.seqs_paged);
+    CHECK(NEAR(r.waste_reserved, 1 - (19 + 5029.0 / 630) / 29), "waste reserved %.15g", r.waste_reserved);
+    CHECK(NEAR(r.waste_paged, 1 - (19 + 5029.0 / 630) / (8 * 3.8)), "waste paged %.15g", r.waste_paged);
+    /* no sharing: prefix caching off, or groups of one */
+    plan_kv_input q = in;
+    q.prefix_caching = 0;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.blocks_per_seq_shared, 3.8), "off");
+    q = in;
+    q.group_size = 1;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.paged_bytes, 4 * 3.8 * 80), "n=1");
+    /* groups of 8 in a batch of 4 sequences: 4 of a group share, 3.8 − 2·3/4 as with n = 4 */
+    q = in;
+    q.group_size = 8;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 2.3), "n=8 in 4: %g", r.blocks_per_seq_shared);
+    q.max_num_seqs = 2; /* pairs: 3.8 − 2·1/2 = 2.8; reservation 2·29·10 = 580 B = 7 blocks */
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 2.8) && r.budget_blocks == 7, "n=8 in 2: %g",
+          r.blocks_per_seq_shared);
+    /* a fixed response (no distribution): ⌈(19 + 6)/8⌉ = 4 blocks; the budget given: 1000 B = 12 blocks */
+    q = in;
+    q.synth_alpha = 0;
+    q.fixed_response = 6;
+    q.budget_bytes = 1000;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq, 4) && NEAR(r.mean_response, 6) &&
+              r.budget_blocks == 12 && NEAR(r.seqs_reserved, 3) && NEAR(r.seqs_paged, 12 / (4 - 2 * 0.75)),
+          "fixed: %g %lld %g", r.blocks_per_seq, (long long)r.budget_blocks, r.seqs_paged);
+    /* min at the cap: every response at the cap, ⌈29/8⌉ = 4 */
+    q = in;
+    q.synth_min = 9;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq, 4) && r.p_cap == 1, "min ≥ cap − 1");
+    /* refusals, with the numbers */
+    q = in;
+    q.budget_bytes = 300; /* 3 blocks < the 4 of one sequence at full length */
+    CHECK(plan_kv_compute(&q, &r) == MOERL_ERR && strstr(moerl_last_error(), "3 blocks") &&
+              strstr(moerl_last_error(), "4 blocks"), "%s", moerl_last_error());
+    q = in;
+    q.block_size = 0;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_ERR && strstr(moerl_last_error(), "rollout.block_size") &&
+              strstr(moerl_last_error(), "got 0"), "%s", moerl_last_error());
+    q = in;
+    q.synth_alpha = 0;
+    q.fixed_response = 11;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_ERR && strstr(moerl_last_error(), "plan.mean_response_length=11"), "%s",
+          moerl_last_error());
+#undef NEAR
+}
+
+/* The expectation against the rollouter's own draw (rollouter.c: ⌈m · u^(−1/α)⌉ capped, u in (0, 1])
+ * sampled 400,000 times at alpha 1.5, m 32, cap 1000, P 100, B 16: the blocks' standard deviation is
+ * under 20, so the sample mean's is under 0.032; tolerance 0.2 (over 6 sigma; a fixed seed, so the
+ * same draw every run). */
+static void test_paged_kv_sampled(void) {
+    plan_kv_input in = {.prompt_len = 100, .max_response = 1000, .synth_alpha = 1.5, .synth_min = 32, .block_size = 16,
+                        .group_size = 1, .max_num_seqs = 1, .max_model_len = 1100, .token_bytes = 1};
+    double eb, er, pc;
+    CHECK(plan_kv_expected_blocks(&in, &eb, &er, &pc) == MOERL_OK, "%s", moerl_last_error());
+    rng_state g;
+    rng_seed(&g, 12345);
+    double sb = 0, sr = 0;
+    const int N = 400000;
+    for (int i = 0; i < N; i++) {
+        const double u = 1.0 - rng_uniform_double(&g), len = 32 * pow(u, -1.0 / 1.5);
+        const int R = len >= 1000 ? 1000 : (int)ceil(len);
+        sb += (100 + R + 15) / 16;
+        sr += R;
+    }
+    CHECK(fabs(sb / N - eb) < 0.2, "sampled blocks %.4f vs expected %.4f", sb / N, eb);
+    CHECK(fabs(sr / N - er) < 3.0, "sampled E[R] %.3f vs %.3f (sd < 300, tolerance over 6 sigma)", sr / N, er);
+}
+
+/* The compression crossover against hand-computed figures: D = 2 ranks, 1e6 elements, 1 GB/s, the
+ * default codec costs (onebit 8.9 + 2·8.1 = 25.1 ns, threshold 22.9 + 2·5.4 = 33.7 ns, onebit_adam
+ * 8.9·1.5 + 2·8.1 = 29.55 ns), chunk 256, threshold ratio 11.3. Bytes per element: none 4, onebit
+ * 1/8 + 4/256 = 0.140625, threshold 4/11.3, onebit_adam 1/8. Tolerance 1e-12 relative (a few operations). */
+static void test_xchg_hand(void) {
+    plan_codec k = {.encode_ns = {0, 8.9, 22.9, 8.9}, .decode_ns = {0, 8.1, 5.4, 8.1}, .threshold_ratio = 11.3,
+                    .onebit_chunk = 256};
+    plan_xchg_input in = {.elements = 1e6, .ranks = 2, .link_bw = 1e9, .compute_s = 0.01};
+    plan_xchg_row r[PLAN_XCHG_N];
+    for (int s = 0; s < PLAN_XCHG_N; s++) CHECK(plan_xchg_row_compute(&in, &k, s, &r[s]) == MOERL_OK, "scheme %d", s);
+#define NEAR(a, b) (fabs((double)(a) - (double)(b)) <= 1e-12 * fmax(1e-30, fabs((double)(b))))
+    CHECK(NEAR(r[0].bytes_per_element, 4) && NEAR(r[0].exchange_s, 4e-3) && r[0].crossover_bw == 0, "none");
+    CHECK(NEAR(r[1].bytes_per_element, 0.140625) && NEAR(r[1].codec_s, 25.1e-3) &&
+              NEAR(r[1].exchange_s, 25.1e-3 + 0.140625e-3) && NEAR(r[1].crossover_bw, (4 - 0.140625) / 25.1e-9) &&
+              !r[1].shortens, "onebit %g %g", r[1].exchange_s, r[1].crossover_bw);
+    CHECK(NEAR(r[2].bytes_per_element, 4 / 11.3) && NEAR(r[2].crossover_bw, (4 - 4 / 11.3) / 33.7e-9), "threshold %g",
+          r[2].crossover_bw);
+    CHECK(NEAR(r[3].bytes_per_element, 0.125) && NEAR(r[3].ratio, 32) && NEAR(r[3].codec_s, 29.55e-3) &&
+              NEAR(r[3].crossover_bw, 3.875 / 29.55e-9), "onebit_adam %g %g", r[3].codec_s, r[3].crossover_bw);
+    /* the practice's rule: 4 MB of gradients, exchange 4 ms against 10 ms of compute (40% > 20%) */
+    CHECK(plan_xchg_rule(&in, &r[0]) == 1, "rule");
+    in.compute_s = 0.1; /* 4% */
+    CHECK(plan_xchg_rule(&in, &r[0]) == 0, "rule 4%%");
+    in.compute_s = 0;
+    CHECK(plan_xchg_rule(&in, &r[0]) == -1, "rule unknown");
+    in.elements = 2e5; /* 0.8 MB: under the practice's 1 MB */
+    CHECK(plan_xchg_rule(&in, &r[0]) == 0, "rule small");
+    /* a slow link: 0.1 GB/s is below onebit's crossover 0.1537 GB/s, so onebit shortens the exchange */
+    in = (plan_xchg_input){.elements = 1e6, .ranks = 2, .link_bw = 1e8};
+    CHECK(plan_xchg_row_compute(&in, &k, PLAN_XCHG_ONEBIT, &r[1]) == MOERL_OK && r[1].shortens &&
+              plan_xchg_row_compute(&in, &k, PLAN_XCHG_NONE, &r[0]) == MOERL_OK && r[1].exchange_s < r[0].exchange_s,
+          "slow link %g vs %g", r[1].exchange_s, r[0].exchange_s);
+    /* threshold at ratio 2 over 8 ranks gathers 7·2 = 14 B per element, more than the ring's 7: never pays */
+    k.threshold_ratio = 2;
+    in.ranks = 8;
+    CHECK(plan_xchg_row_compute(&in, &k, PLAN_XCHG_THRESHOLD, &r[2]) == MOERL_OK && r[2].crossover_bw == 0 &&
+              NEAR(r[2].bytes_per_element, 14), "never");
+    /* one rank: nothing to exchange */
+    in.ranks = 1;
+    CHECK(plan_xchg_row_compute(&in, &k, PLAN_XCHG_ONEBIT, &r[1]) == MOERL_OK && r[1].exchange_s == 0, "one rank");
+    /* the practice's worked row: 30 GB over 8 GPUs takes its measured 420 ms exact */
+    plan_xchg_practice(&in);
+    CHECK(plan_xchg_row_compute(&in, &k, PLAN_XCHG_NONE, &r[0]) == MOERL_OK && NEAR(r[0].exchange_s, 0.42) &&
+              NEAR(in.compute_s, 1.0) && plan_xchg_rule(&in, &r[0]) == 1, "practice %g", r[0].exchange_s);
+    in.ranks = 0;
+    CHECK(plan_xchg_row_compute(&in, &k, PLAN_XCHG_NONE, &r[0]) == MOERL_ERR, "ranks 0 refused");
+#undef NEAR
+}
+
 int main(void) {
+    test_paged_kv_hand();
+    test_paged_kv_sampled();
+    test_xchg_hand();
     test_fsdp_keep();
     test_limits_and_ref();
     test_layout_exact();

@@ -2,6 +2,7 @@
  * plan_input (see plan_config.h). */
 #include "plan/plan_config.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -9,6 +10,7 @@
 #include "base/log.h"
 #include "data/data_config.h"
 #include "model/model_config.h"
+#include "model/perf.h"
 #include "optim/onebit_adam.h"
 #include "parallel/grid.h"
 #include "rl/rl.h" /* rl_def_keys: every key of `moerl rl` */
@@ -29,6 +31,37 @@ void plan_def_keys(cfg *c) {
     def_str(c, "plan.pp_params", "stage",
             "pipeline parameter layout: stage (each stage holds its own layers, Megatron: moerl's pipeline) | "
             "replicated (every rank holds every stage: pp_state_new alone, the bubble benchmark's)");
+    plan_paged_def_keys(c);
+    def_int(c, "plan.mean_response_length", 0,
+            "paged KV model without rollout.synthetic_length: the response length assumed (0 = "
+            "data.max_response_length, every response at the cap)");
+    if (!cfg_has(c, "plan.rollout_device_memory"))
+        cfg_def_float(c, "plan.rollout_device_memory", 0,
+                      "bytes of memory per rollout device, for rollout.gpu_memory_utilization (0 = not given)");
+    if (!cfg_has(c, "plan.link_bandwidth"))
+        cfg_def_float(c, "plan.link_bandwidth", 0,
+                      "gradient link per trainer rank, bytes/s (as sim.link_bandwidth), for the compression "
+                      "crossover's exchange times (0 = not given: only the crossovers print)");
+    if (!cfg_has(c, "plan.train_flops"))
+        cfg_def_float(c, "plan.train_flops", 0,
+                      "effective training FLOP/s per trainer device (as sim.train_flops), for the exchange's share of "
+                      "compute (0 = not given)");
+    plan_codec_def_keys(c, "plan");
+}
+
+void plan_paged_def_keys(cfg *c) {
+    def_int(c, "rollout.block_size", 16, "paged KV cache: tokens per block (vLLM's block_size)");
+    if (!cfg_has(c, "rollout.kv_cache_bytes")) /* a float: budgets pass 2^31 bytes, which int keys may not */
+        cfg_def_float(c, "rollout.kv_cache_bytes", 0,
+                      "paged KV cache: the engine's KV budget in bytes, e.g. 40e9 (0 = max_num_seqs × max_model_len, "
+                      "the slot engine's reservation, unless rollout.gpu_memory_utilization is set)");
+    if (!cfg_has(c, "rollout.gpu_memory_utilization"))
+        cfg_def_float(c, "rollout.gpu_memory_utilization", 0,
+                      "paged KV cache: the KV budget as this fraction of the memory free after the weights (vLLM's "
+                      "meaning; 0 = off)");
+    if (!cfg_has(c, "rollout.enable_prefix_caching"))
+        cfg_def_bool(c, "rollout.enable_prefix_caching", true,
+                     "paged KV cache: a GRPO group's samples share their prompt's full blocks (one prefill per group)");
 }
 
 static int dtype_bytes(const cfg *c, const char *key, int *out) {
@@ -36,6 +69,19 @@ static int dtype_bytes(const cfg *c, const char *key, int *out) {
     if (!strcmp(s, "fp32") || !strcmp(s, "float32")) *out = 4;
     else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = 2;
     else return moerl_errorf("%s: '%s' is not fp32 or bf16", key, s);
+    return MOERL_OK;
+}
+
+/* actor.optim.name as moerl rl parses it; a compressed exchange is warned about (the traffic rows are exact). */
+static int check_optim(const cfg *c) {
+    optim_name on;
+    if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
+    if (on != OPTIM_ADAMW || strcmp(cfg_str(c, "actor.grad_compression"), "none"))
+        log_warn("actor.optim.name=%s, actor.grad_compression=%s: moerl plan does not model compressed exchanges in "
+                 "its traffic rows (the gradient all-reduce row is the uncompressed fp32 volume); the gradient exchange "
+                 "table below gives each scheme's bytes and time (perf/grad_compression_ratio of a run gives the "
+                 "measured reduction)",
+                 cfg_str(c, "actor.optim.name"), cfg_str(c, "actor.grad_compression"));
     return MOERL_OK;
 }
 
@@ -129,12 +175,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
         return moerl_errorf("actor.router_replay.mode=R2 records the old-logprob pass's routes: set "
                             "algorithm.rollout_correction.bypass_mode=false or actor.use_decoupled_loss=true (as moerl rl "
                             "requires)");
-    optim_name on;
-    if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
-    if (on != OPTIM_ADAMW || strcmp(cfg_str(c, "actor.grad_compression"), "none"))
-        log_warn("actor.optim.name=%s, actor.grad_compression=%s: moerl plan does not model compressed exchanges; its "
-                 "gradient all-reduce row is the uncompressed fp32 volume (perf/grad_compression_ratio of a run gives "
-                 "the reduction)", cfg_str(c, "actor.optim.name"), cfg_str(c, "actor.grad_compression"));
+    if (check_optim(c) != MOERL_OK) return MOERL_ERR;
     in->max_model_len = (int)(plen + rlen);
     /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
      * data.max_prompt_length */
@@ -160,5 +201,75 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->min_seq_len = (int)plen;
     in->seq_len_src = len_src;
     in->sync_every = (int)cfg_int(c, "async_training.trigger_parameter_sync_step");
+    return MOERL_OK;
+}
+
+int plan_read_paged(const cfg *c, const moe_config *mc, const plan_input *in, const plan_result *r, plan_kv_input *kv) {
+    memset(kv, 0, sizeof *kv);
+    kv->prompt_len = in->min_seq_len; /* data.max_prompt_length, or plan's 512 */
+    kv->max_response = in->max_model_len - in->min_seq_len;
+    kv->synth_alpha = cfg_float(c, "rollout.synthetic_length.alpha");
+    kv->synth_min = (int)MOERL_MIN(cfg_int(c, "rollout.synthetic_length.min"), INT32_MAX);
+    const int64_t mr = cfg_int(c, "plan.mean_response_length");
+    if (mr < 0 || mr > kv->max_response)
+        return moerl_errorf("plan.mean_response_length must be in 0..data.max_response_length (%d; 0 = the cap), got "
+                            "%lld", kv->max_response, (long long)mr);
+    if (mr > 0 && kv->synth_alpha > 0)
+        return moerl_errorf("plan.mean_response_length=%lld and rollout.synthetic_length.alpha=%g both give the "
+                            "response lengths: set one of them", (long long)mr, kv->synth_alpha);
+    kv->fixed_response = mr > 0 ? (int)mr : kv->max_response;
+    const int64_t bs = cfg_int(c, "rollout.block_size");
+    if (bs < 1 || bs > (1 << 20)) return moerl_errorf("rollout.block_size must be in 1..%d tokens, got %lld", 1 << 20, (long long)bs);
+    kv->block_size = (int)bs;
+    kv->group_size = in->group_size;
+    kv->prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching");
+    kv->max_num_seqs = in->max_num_seqs;
+    kv->max_model_len = in->max_model_len;
+    kv->token_bytes = r->kv_cache / ((double)in->max_num_seqs * in->max_model_len);
+    const double kb = cfg_float(c, "rollout.kv_cache_bytes");
+    const double util = cfg_float(c, "rollout.gpu_memory_utilization"), mem = cfg_float(c, "plan.rollout_device_memory");
+    if (!(kb >= 0) || !isfinite(kb))
+        return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got %g", kb);
+    if (!(util >= 0 && util <= 1))
+        return moerl_errorf("rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got %g", util);
+    if (!(mem >= 0) || !isfinite(mem))
+        return moerl_errorf("plan.rollout_device_memory must be ≥ 0 bytes, got %g", mem);
+    if (kb > 0 && util > 0)
+        return moerl_errorf("rollout.kv_cache_bytes=%g and rollout.gpu_memory_utilization=%g both give the KV "
+                            "budget: set one of them", kb, util);
+    const int split = MOERL_MIN(in->rollout_tp, mc->num_key_value_heads); /* devices sharing an engine's KV */
+    if (kb > 0) kv->budget_bytes = kb / MOERL_MAX(split, 1);
+    if (util > 0) {
+        if (mem <= 0)
+            return moerl_errorf("rollout.gpu_memory_utilization=%g needs the rollout device's memory: give "
+                                "plan.rollout_device_memory=BYTES (e.g. 141e9 for an H200)", util);
+        const double held = r->rollout_weights + r->routing_record;
+        if (mem <= held)
+            return moerl_errorf("plan.rollout_device_memory=%.4g bytes does not hold the rollout device's weights and "
+                                "routing record (%.4g bytes): nothing is left for the KV cache", mem, held);
+        kv->budget_bytes = util * (mem - held);
+    } else if (strcmp(cfg_origin(c, "plan.rollout_device_memory"), "default")) {
+        return moerl_errorf("plan.rollout_device_memory=%g is set but rollout.gpu_memory_utilization is 0: it sizes "
+                            "only that budget", mem);
+    }
+    return MOERL_OK;
+}
+
+int plan_read_xchg(const cfg *c, const moe_config *mc, const plan_input *in, const plan_result *r, plan_xchg_input *x,
+                   plan_codec *k) {
+    memset(x, 0, sizeof *x);
+    if (plan_codec_read(c, "plan", k) != MOERL_OK) return MOERL_ERR;
+    x->link_bw = cfg_float(c, "plan.link_bandwidth");
+    const double fl = cfg_float(c, "plan.train_flops");
+    if (!(x->link_bw >= 0) || !isfinite(x->link_bw))
+        return moerl_errorf("plan.link_bandwidth must be ≥ 0 bytes/s (0 = not given), got %g", x->link_bw);
+    if (!(fl >= 0) || !isfinite(fl))
+        return moerl_errorf("plan.train_flops must be ≥ 0 FLOP/s (0 = not given), got %g", fl);
+    x->elements = (double)r->n_params; /* the bucketed reducer's payload: the whole padded layout, 4 B each */
+    x->ranks = r->dp;
+    if (fl > 0) { /* one update's forward + backward, every sequence at full length, shared by the trainer devices */
+        const double L = in->max_model_len, seqs = (double)in->step_tokens / L / in->updates_per_step;
+        x->compute_s = model_train_flops(mc, (int64_t)(seqs * L), (int64_t)(seqs * L * (L + 1) / 2)) / in->n_trainer / fl;
+    }
     return MOERL_OK;
 }

@@ -25,11 +25,11 @@ int sim_device_named(const char *name, sim_device *d) {
     snprintf(d->name, sizeof d->name, "%s", name);
     double bw, fl, mfu, bw_eff = 0.6, fl_eff = 0.5;
     if (!strcmp(name, "h200")) {
-        bw = 4.8e12, fl = 989e12, mfu = 0.30, d->link_bw = 50e9, d->c_step = 0.004;
+        bw = 4.8e12, fl = 989e12, mfu = 0.30, d->link_bw = 50e9, d->c_step = 0.004, d->mem_bytes = 141e9;
     } else if (!strcmp(name, "a100")) {
-        bw = 2.0e12, fl = 312e12, mfu = 0.30, d->link_bw = 25e9, d->c_step = 0.005;
+        bw = 2.0e12, fl = 312e12, mfu = 0.30, d->link_bw = 25e9, d->c_step = 0.005, d->mem_bytes = 80e9;
     } else if (!strcmp(name, "ascend910b")) {
-        bw = 1.6e12, fl = 313e12, mfu = 0.25, d->link_bw = 25e9, d->c_step = 0.008;
+        bw = 1.6e12, fl = 313e12, mfu = 0.25, d->link_bw = 25e9, d->c_step = 0.008, d->mem_bytes = 64e9;
     } else if (!strcmp(name, "cpu")) { /* a placeholder: calibrate instead (--calibrate) */
         bw = 20e9, fl = 100e9, mfu = 0.5, d->link_bw = 5e9, d->c_step = 1e-4, bw_eff = fl_eff = 1;
         d->dtype_bytes = 4;

@@ -16,7 +16,9 @@
  *                 touched-expert count is the expectation for b tokens routed uniformly
  *                 (each of E experts missed with probability (1 − K/E)^b);
  *   PPO update    t = s_flop · model_train_flops(tokens, causal pairs) · (ppo_epochs + f / 3) / n_trainer
- *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · 4·n_params / link_bw : 0) per update,
+ *                     + c_update + (n_trainer > 1 ? 2·(n−1)/n · dtype·n_params / link_bw : 0) per update
+ *                 (after the warm-up of actor.grad_compression / actor.optim.name=onebit_adam: the scheme's codec
+ *                 + bytes instead, plan/plan_xchg.h, with the sim.codec.* costs),
  *                 f = rl_fwd_only_passes: the step's forward-only passes (a third of a training pass
  *                 each) — the proximal logprobs (decoupled loss or no bypass) and the KL reference's
  *                 logprobs (actor.use_kl_loss), as trainer_update runs them once per step;
@@ -40,6 +42,7 @@
 
 #include "data/dataset.h"
 #include "model/model.h"
+#include "plan/plan_xchg.h"
 #include "rl/agent_loop.h"
 #include "rl/rl.h"
 
@@ -53,6 +56,8 @@ typedef struct {
     double link_bw;      /* bytes/s of the weight-sync / gradient link */
     double c_sync;       /* s per weight sync besides the transfer (pause, load, resume) */
     int dtype_bytes;     /* bytes per weight / KV element in the rollout engine */
+    double mem_bytes;    /* memory per rollout device, for rollout.gpu_memory_utilization (0: this machine's
+                            available memory, as the engine reads it on CPU) */
 } sim_device;
 
 /* Cost keys of a named device: h200, a100, ascend910b (datasheet bandwidth and FLOP rate with the
@@ -88,6 +93,21 @@ typedef struct {
     /* rollout.multi_turn.enable: the sim.multi_turn.* distributions of the simulated trajectories
      * (rl/agent_loop.h's simulation mode; eos_id / filler_id are set by sim_run from the stand-in model) */
     agent_sim_config multi_turn;
+    /* The paged KV cache (issue 28) in the simulated model's terms: the engine's admission and preemption
+     * run on kv_blocks blocks of block_size tokens per replica (sim_run converts them into the stand-in
+     * model's bytes), prefix sharing on or off. kv_blocks 0: the slot engine's reservation. */
+    int block_size;              /* rollout.block_size */
+    int prefix_caching;          /* rollout.enable_prefix_caching */
+    int64_t kv_blocks;           /* per replica: the budget (rollout.kv_cache_bytes per replica, or
+                                    rollout.gpu_memory_utilization × (device memory − weights) per device) over
+                                    block_size × kv_token_bytes; 0 = the reservation */
+    double kv_token_bytes;       /* KV bytes of one token on one rollout device: 2·L·nkv·hd·dtype / min(tp, nkv) */
+    /* The gradient exchange (issue 29): the scheme actor.grad_compression / actor.optim.name selects, its
+     * codec costs (sim.codec.*), and the first optimizer updates that still exchange exactly
+     * (actor.grad_compression_warmup_steps, or 1-bit Adam's actor.optim.freeze_step) */
+    plan_codec codec;
+    plan_xchg_scheme xchg;
+    int64_t xchg_exact_updates;
 } sim_setup;
 
 typedef struct {
@@ -104,6 +124,11 @@ typedef struct {
     int64_t interrupted_responses; /* trained responses that were interrupted at least once */
     int64_t stale_hist[8];       /* trained groups by lag (T.version − oldest token version), last bin ≥ 7 */
     int64_t engine_steps;
+    /* the paged engine's counters (engine_stats, all replicas' merged engine): blocks in the pool, the most
+     * held at once, preemptions, prompt tokens served from shared blocks */
+    int64_t kv_blocks_total, kv_blocks_peak, preemptions, prefix_hit_tokens;
+    double exchange_s;           /* Σ over optimizer updates of the gradient exchange (scheme and codec included) */
+    int64_t compressed_updates;  /* updates that exchanged with the compressed scheme (after the exact ones) */
 } sim_result;
 
 /* Run the job of cfg (cfg->mode async | lockstep | sync as in `moerl rl`; val_n, save_freq and the

@@ -10,7 +10,10 @@
 #include "data/tokenizer.h"
 #include "model/model_config.h"
 #include "parallel/grid.h"
+#include "dist/compress.h"
+#include "optim/onebit_adam.h"
 #include "plan/plan.h"
+#include "plan/plan_config.h"
 
 void sim_def_keys(cfg *c) {
     rl_def_keys(c);
@@ -40,6 +43,11 @@ void sim_def_keys(cfg *c) {
     cfg_def_float(c, "sim.multi_turn.tool_latency_sigma", 1,
                   "with rollout.multi_turn.enable: sigma of the log of a tool call's latency (0 = every call takes the "
                   "median)");
+    plan_paged_def_keys(c); /* rollout.block_size, kv_cache_bytes, gpu_memory_utilization, enable_prefix_caching */
+    cfg_def_float(c, "sim.device_memory", 0,
+                  "bytes of memory per rollout device, for rollout.gpu_memory_utilization (0 = the device's: h200 141e9, "
+                  "a100 80e9, ascend910b 64e9, cpu this machine's available memory)");
+    plan_codec_def_keys(c, "sim");
     cfg_def_int(c, "sim.multi_turn.tool_response_tokens", 32,
                 "with rollout.multi_turn.enable: token ids inserted per tool turn (the tool message with its template "
                 "text)");
@@ -135,6 +143,71 @@ static int read_cost_keys(const cfg *c, const rl_config *rc, sim_setup *su) {
     return MOERL_OK;
 }
 
+/* The paged KV budget in the simulated model's blocks per replica (sim.h sim_setup.kv_blocks). */
+static int read_paged_keys(const cfg *c, const moe_config *t, sim_setup *su) {
+    const int64_t bs = cfg_int(c, "rollout.block_size");
+    if (bs < 1 || bs > (1 << 20)) return moerl_errorf("rollout.block_size must be in 1..%d tokens, got %lld", 1 << 20, (long long)bs);
+    su->block_size = (int)bs;
+    su->prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching");
+    const int split = MOERL_MAX(1, MOERL_MIN(su->rollout_tp, t->num_key_value_heads));
+    su->kv_token_bytes = 2.0 * t->num_hidden_layers * t->num_key_value_heads * t->head_dim * su->dev.dtype_bytes / split;
+    const double kb = cfg_float(c, "rollout.kv_cache_bytes"), util = cfg_float(c, "rollout.gpu_memory_utilization"),
+                 dm = cfg_float(c, "sim.device_memory");
+    if (!(kb >= 0) || !isfinite(kb)) return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got %g", kb);
+    if (!(util >= 0 && util <= 1)) return moerl_errorf("rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got %g", util);
+    if (!(dm >= 0) || !isfinite(dm)) return moerl_errorf("sim.device_memory must be ≥ 0 bytes, got %g", dm);
+    if (kb > 0 && util > 0)
+        return moerl_errorf("rollout.kv_cache_bytes=%g and rollout.gpu_memory_utilization=%g both give the KV budget: "
+                            "set one of them", kb, util);
+    if (dm > 0 && !(util > 0))
+        return moerl_errorf("sim.device_memory=%g is set but rollout.gpu_memory_utilization is 0: it sizes only that "
+                            "budget", dm);
+    double dev_budget = 0;
+    if (kb > 0) dev_budget = kb / split;
+    if (util > 0) {
+        const double mem = dm > 0 ? dm : su->dev.mem_bytes > 0 ? su->dev.mem_bytes : (double)moerl_mem_available();
+        int64_t tot, dense, expert, hf;
+        plan_param_counts(t, &tot, &dense, &expert, &hf);
+        const double w = (su->dev.dtype_bytes == 4 ? (double)tot * 4 : (double)hf * su->dev.dtype_bytes) / su->rollout_tp;
+        if (mem <= w)
+            return moerl_errorf("rollout.gpu_memory_utilization=%g: the rollout device's %.4g bytes (sim.device_memory or "
+                                "sim.device=%s) do not hold its weights (%.4g bytes)", util, mem, su->dev.name, w);
+        dev_budget = util * (mem - w);
+    }
+    su->kv_blocks = dev_budget > 0 ? (int64_t)floor(dev_budget / (su->block_size * su->kv_token_bytes)) : 0;
+    if (dev_budget > 0 && su->kv_blocks < 1)
+        return moerl_errorf("the KV budget of %.4g bytes per rollout device holds no block of %d tokens (%.4g bytes)",
+                            dev_budget, su->block_size, su->block_size * su->kv_token_bytes);
+    return MOERL_OK;
+}
+
+/* The gradient exchange's scheme and codec (sim.h sim_setup.xchg). */
+static int read_xchg_keys(const cfg *c, const rl_config *rc, sim_setup *su) {
+    if (plan_codec_read(c, "sim", &su->codec) != MOERL_OK) return MOERL_ERR;
+    su->xchg = PLAN_XCHG_NONE;
+    su->xchg_exact_updates = 0;
+    if (rc->optim_name == OPTIM_ONEBIT_ADAM) {
+        su->xchg = PLAN_XCHG_ONEBIT_ADAM;
+        su->xchg_exact_updates = rc->optim_freeze_step;
+    } else if (rc->grad_compression != GRAD_COMPRESSION_NONE) {
+        su->xchg = rc->grad_compression == GRAD_COMPRESSION_ONEBIT ? PLAN_XCHG_ONEBIT : PLAN_XCHG_THRESHOLD;
+        su->xchg_exact_updates = rc->grad_compression_warmup_steps;
+    }
+    if (su->xchg == PLAN_XCHG_NONE) { /* the codec keys time a compressed exchange: refused when none runs */
+        static const char *const sch[3] = {"onebit", "threshold", "onebit_adam"}, *const fld[2] = {"encode_ns", "decode_ns"};
+        char key[96];
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) {
+                if (j == 2 && i != 1) continue;
+                snprintf(key, sizeof key, "sim.codec.%s.%s", sch[i], j < 2 ? fld[j] : "ratio");
+                if (strcmp(cfg_origin(c, key), "default"))
+                    return moerl_errorf("%s is set, but the gradient exchange is exact (actor.grad_compression=none, "
+                                        "actor.optim.name=adamw): the codec keys time a compressed exchange only", key);
+            }
+    }
+    return MOERL_OK;
+}
+
 /* The configuration (moerl rl's reader), the simulated model, the devices and their costs, checked as
  * moerl rl and moerl plan check them; *n_roll_dev: sim.rollout_devices. */
 int sim_read_setup(const cfg *c, const char *model, int calibrate, int sweep, rl_config *rc, sim_setup *su,
@@ -189,7 +262,9 @@ int sim_read_setup(const cfg *c, const char *model, int calibrate, int sweep, rl
     } else if (sim_device_named(cfg_str(c, "sim.device"), &su->dev) != MOERL_OK) {
         return MOERL_ERR;
     }
-    if (read_cost_keys(c, rc, su) != MOERL_OK) return MOERL_ERR;
+    if (read_cost_keys(c, rc, su) != MOERL_OK || read_paged_keys(c, target, su) != MOERL_OK ||
+        read_xchg_keys(c, rc, su) != MOERL_OK)
+        return MOERL_ERR;
     return data_use_tokenizer(NULL, TOK_VOCAB_SIZE, cfg_str(c, "data.chat_template"), cfg_bool(c, "data.enable_thinking"),
                               "data.chat_template");
 }

@@ -13,7 +13,8 @@
  * rollout.tensor_model_parallel_size (unless declared), the cost keys sim.mem_bandwidth, sim.flops,
  * sim.train_flops, sim.link_bandwidth, sim.*_overhead_s, the scales sim.gen_scale / sim.train_scale
  * sim.host_cores and the multi-turn distributions sim.multi_turn.* (turns_mean, tool_latency_median_s,
- * tool_latency_sigma, tool_response_tokens; read with rollout.multi_turn.enable, refused without). */
+ * tool_latency_sigma, tool_response_tokens; read with rollout.multi_turn.enable, refused without), the paged
+ * KV keys (plan_paged_def_keys) with sim.device_memory, and the codec costs sim.codec.* (plan_codec_def_keys). */
 void sim_def_keys(cfg *c);
 /* Read the configuration: rl_read_config into *rc (sweep: the async rows' budget checked too), the
  * simulated model's architecture into *target (model: --model, or NULL for model.path / model.*),

@@ -51,6 +51,7 @@ typedef struct {
     double step_b;             /* busy replicas of the rollout step ending at t_roll (host sharing) */
     double horizon;            /* a tool wait jumps t_roll at most to here (the step loop's next event) */
     int64_t steps_engine;
+    int64_t updates;           /* optimizer updates so far (the exact exchange's warm-up counts them) */
     sim_result *res;
 } sim_state;
 
@@ -291,6 +292,28 @@ static int train_shared(job *J, double work, double nt) {
     return MOERL_OK;
 }
 
+/* The gradient exchange of the next optimizer update: the exact ring all-reduce of the fp32-or-bf16 gradients
+ * during the scheme's warm-up (su->xchg_exact_updates) or without compression, else the compressed scheme's
+ * codec + bytes (plan_xchg_row_compute over the padded parameters). One trainer exchanges nothing. */
+static double exchange_s(sim_state *s) {
+    const sim_setup *su = s->su;
+    if (su->n_trainer < 2) return 0;
+    const double nt = su->n_trainer;
+    int64_t tot, dense, expert, hf;
+    plan_param_counts(su->target, &tot, &dense, &expert, &hf);
+    double t = 2.0 * (nt - 1) / nt * (double)tot * su->dev.dtype_bytes / su->dev.link_bw;
+    if (su->xchg != PLAN_XCHG_NONE && s->updates >= su->xchg_exact_updates) {
+        const plan_xchg_input in = {.elements = (double)tot, .ranks = su->n_trainer, .link_bw = su->dev.link_bw};
+        plan_xchg_row row;
+        if (plan_xchg_row_compute(&in, &su->codec, su->xchg, &row) == MOERL_OK) { /* inputs checked at setup */
+            t = row.exchange_s;
+            s->res->compressed_updates++;
+        }
+    }
+    s->res->exchange_s += t;
+    return t;
+}
+
 static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb, train_stats *st) {
     sim_state *s = ST(J);
     const rl_config *c = J->cfg;
@@ -318,12 +341,8 @@ static int sim_update(job *J, rl_group **part, const rl_minibatch *mbs, int n_mb
     const int updates = n_mb * c->ppo_epochs;
     const double nt = su->n_trainer;
     double comm = 0;
-    if (su->n_trainer > 1) { /* ring all-reduce of the fp32-or-bf16 gradients per update */
-        int64_t tot, dense, expert, hf;
-        plan_param_counts(su->target, &tot, &dense, &expert, &hf);
-        comm = 2.0 * (nt - 1) / nt * (double)tot * su->dev.dtype_bytes / su->dev.link_bw;
-    }
-    double dt = flops * su->dev.s_flop / nt + updates * (su->dev.c_update + comm);
+    for (int u = 0; u < updates; u++, s->updates++) comm += exchange_s(s);
+    double dt = flops * su->dev.s_flop / nt + updates * su->dev.c_update + comm;
     const double t_start = s->t_train;
     s->train_work += dt * nt;
     if (su->host_cores > 0 && s->async) {
@@ -406,6 +425,31 @@ static void sim_abort(job *J, const char *msg) {
     _exit(3);
 }
 
+/* The rollouter's engine again with the paged fields of su (sim.h): the budget of kv_blocks blocks per replica,
+ * in the simulated model's terms, becomes as many blocks of the stand-in model's KV (fp32 K and V of its
+ * layers), so admission and preemption see the target's block counts. kv_blocks 0: the reservation. Errors:
+ * a budget smaller than one sequence at the engine's max_model_len (as the engine refuses it, with the
+ * target's numbers). */
+static int paged_engine(rollouter *R, const sim_setup *su, const moe_model *tiny) {
+    engine_config ec = engine_get_config(R->eng);
+    const int B = su->block_size;
+    const int64_t need = ((int64_t)ec.max_model_len + B - 1) / B;
+    if (su->kv_blocks > 0 && su->kv_blocks < need)
+        return moerl_errorf("the KV budget holds %lld blocks of %d tokens per replica (%.4g bytes each on a rollout "
+                            "device), fewer than one sequence at full length needs (%d tokens = %lld blocks): raise "
+                            "rollout.kv_cache_bytes / rollout.gpu_memory_utilization",
+                            (long long)su->kv_blocks, B, B * su->kv_token_bytes, ec.max_model_len, (long long)need);
+    const moe_config *t = &tiny->cfg;
+    const double tiny_token = 2.0 * t->num_hidden_layers * t->num_key_value_heads * t->head_dim * sizeof(float);
+    ec.block_size = B;
+    ec.enable_prefix_caching = su->prefix_caching;
+    ec.kv_cache_bytes = su->kv_blocks > 0 ? (int64_t)((double)su->kv_blocks * su->n_rollout_replicas * B * tiny_token) : 0;
+    engine_free(R->eng);
+    R->eng = engine_create(t, ec);
+    if (!R->eng) return MOERL_ERR;
+    return engine_load_weights(R->eng, tiny->params, tiny->n_params, 0);
+}
+
 int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const dataset *train, sim_result *res) {
     rl_config cfg = *cfg_in;
     cfg.val_n = 0;
@@ -440,6 +484,7 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
     if (moerl_mkdirs(cfg.out_dir) != MOERL_OK) goto out;
     rl_queue_init(&J->queue, b.max_required_samples);
     if (rollouter_init(&J->R, &cfg, &b, train, tiny, &J->queue, J->total_prompts) != MOERL_OK) goto out;
+    if (paged_engine(&J->R, su, tiny) != MOERL_OK) goto out;
     if (cfg.multi_turn.enable) { /* the agent loop in simulation mode, on the rollout side's clock */
         agent_sim_config mt = su->multi_turn;
         mt.eos_id = tiny->cfg.eos_token_id;
@@ -475,6 +520,11 @@ int sim_run(const rl_config *cfg_in, const sim_setup *su, moe_model *tiny, const
         res->sync_s = S.sync_s;
         res->max_staleness = rr.max_lag_seen;
         res->engine_steps = S.steps_engine;
+        const engine_stats es = engine_get_stats(J->R.eng);
+        res->kv_blocks_total = es.kv_blocks_total;
+        res->kv_blocks_peak = es.kv_blocks_peak;
+        res->preemptions = es.preemptions;
+        res->prefix_hit_tokens = es.prefix_hit_tokens;
     }
 out:
     for (int i = 0; i < S.n_pending; i++) rl_group_free(S.pending[i]);

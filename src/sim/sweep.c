@@ -48,6 +48,19 @@ json_t *sim_result_json(const sim_result *r, const sim_setup *su) {
     for (int i = 0; i < 8; i++) json_array_append_new(h, json_integer(r->stale_hist[i]));
     json_object_set_new(o, "staleness_histogram", h);
     json_object_set_new(o, "engine_steps", json_integer(r->engine_steps));
+    /* the paged engine (issue 28): its counters over all replicas, the peak as bytes per rollout device */
+    json_object_set_new(o, "preemptions", json_integer(r->preemptions));
+    json_object_set_new(o, "kv_blocks_total", json_integer(r->kv_blocks_total));
+    json_object_set_new(o, "kv_blocks_peak", json_integer(r->kv_blocks_peak));
+    json_object_set_new(o, "prefix_hit_tokens", json_integer(r->prefix_hit_tokens));
+    json_object_set_new(o, "block_size", json_integer(su->block_size));
+    json_object_set_new(o, "kv_budget_blocks_per_replica", json_integer(su->kv_blocks)); /* 0: the reservation */
+    json_object_set_new(o, "kv_peak_bytes_per_device",
+                        json_real((double)r->kv_blocks_peak / su->n_rollout_replicas * su->block_size * su->kv_token_bytes));
+    /* the gradient exchange (issue 29): the scheme, its updates after the exact warm-up, the time in all */
+    json_object_set_new(o, "grad_exchange", json_string(plan_xchg_name(su->xchg)));
+    json_object_set_new(o, "grad_exchange_s", json_real(r->exchange_s));
+    json_object_set_new(o, "compressed_updates", json_integer(r->compressed_updates));
     json_object_set_new(o, "rollout_replicas", json_integer(su->n_rollout_replicas));
     json_object_set_new(o, "rollout_tp", json_integer(su->rollout_tp));
     json_object_set_new(o, "trainer_devices", json_integer(su->n_trainer));
