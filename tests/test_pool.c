@@ -570,7 +570,31 @@ static void test_zero_size_and_exhaustion(void) {
     moerl_pool_destroy(p);
 }
 
+/* moerl_pool_alloc_zeroed: a block over cached (dirty, committed) pages and fresh ones reads as zero
+ * throughout; the fresh pages are committed, the cached ones reused. */
+static void test_alloc_zeroed(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 4 * MiB, 16 * MiB, 1.0}); /* keep what is freed */
+    CHECK(p != NULL, "create: %s", moerl_last_error());
+    if (!p) return;
+    unsigned char *a = moerl_pool_alloc(p, 3 * u);
+    memset(a, 0xAB, 3 * u);
+    moerl_pool_free(p, a);
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    const size_t committed = st.committed;
+    unsigned char *b = moerl_pool_alloc_zeroed(p, 5 * u);
+    int zero = 1;
+    for (size_t i = 0; i < 5 * u; i++) zero &= b[i] == 0;
+    moerl_pool_get_stats(p, &st);
+    CHECK(b == a && zero, "dirty cached pages and fresh ones read zero");
+    CHECK(committed == 3 * u && st.committed == 5 * u && moerl_pool_check(p) == MOERL_OK,
+          "3 units reused, 2 committed: %zu → %zu", committed, st.committed);
+    moerl_pool_destroy(p);
+}
+
 int main(void) {
+    test_alloc_zeroed();
     test_errors();
     test_random_sequences();
     test_reserve();

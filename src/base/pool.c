@@ -391,7 +391,28 @@ static blk *take(moerl_pool *p, size_t size) {
     return b;
 }
 
-void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
+/* Zero the units of [u, u+n) that are committed (lock held): the others are committed fresh, and memory
+ * never touched since its commit (mprotect of untouched or MADV_DONTNEED'ed pages) reads as zero. */
+static void zero_committed(moerl_pool *p, int64_t u, int64_t n) {
+    const int64_t e = u + n < p->top ? u + n : p->top;
+    for (int64_t i = u; i < e;) {
+        const uint8_t *one = memchr(p->commit + i, 1, (size_t)(e - i));
+        if (!one) break;
+        i = one - p->commit;
+        const uint8_t *zero = memchr(p->commit + i, 0, (size_t)(e - i));
+        const int64_t j = zero ? zero - p->commit : e;
+        memset(p->base + (size_t)i * p->gran, 0, (size_t)(j - i) * p->gran);
+        i = j;
+    }
+}
+
+static void *pool_alloc(moerl_pool *p, size_t bytes, int zero);
+
+void *moerl_pool_alloc(moerl_pool *p, size_t bytes) { return pool_alloc(p, bytes, 0); }
+
+void *moerl_pool_alloc_zeroed(moerl_pool *p, size_t bytes) { return pool_alloc(p, bytes, 1); }
+
+static void *pool_alloc(moerl_pool *p, size_t bytes, int zero) {
     if (!bytes) bytes = 1;
     if (bytes > p->max_block) {
         pthread_mutex_lock(&p->mu);
@@ -408,6 +429,7 @@ void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
     b->used = 1;
     const int64_t u = (int64_t)(b->off / p->gran), n = (int64_t)(size / p->gran);
     const int64_t have = committed_units(p, u, n), need = n - have;
+    if (zero && have > 0) zero_committed(p, u, n); /* before the commit below: only the reused pages */
     /* Grow only when no cached memory is left: release as much cached free memory elsewhere as
      * this block needs committed, so the committed total stays at most the peak in use. */
     const int64_t cached = (int64_t)((p->st.committed - p->st.in_use) / p->gran) - have; /* outside b */
@@ -919,11 +941,8 @@ void *moerl_buf_alloc_at(size_t n, const char *tag, const char *file, int line) 
     const size_t sz = n ? (n + 63) & ~(size_t)63 : 64;
     void *p = NULL;
     if (k == MOERL_ALLOC_POOL) {
-        p = moerl_pool_alloc(G.pool, sz + G.colour);
-        if (p) {
-            p = (char *)p + G.colour;
-            memset(p, 0, sz);
-        }
+        p = moerl_pool_alloc_zeroed(G.pool, sz + G.colour); /* writes only reused pages: fresh ones are zero */
+        if (p) p = (char *)p + G.colour;
         else {
             pthread_mutex_lock(&G.tmu);
             G.fallbacks++;

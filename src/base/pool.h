@@ -119,6 +119,12 @@ void moerl_pool_destroy(moerl_pool *p);
  * first bins that fit), plus O(blocks) when it must commit new memory. */
 void *moerl_pool_alloc(moerl_pool *p, size_t bytes);
 
+/* As moerl_pool_alloc, the block zero-filled: only its pages that were committed before the call are
+ * written (cached free memory); the pages it commits anew are zero already (never touched, or released
+ * with MADV_DONTNEED) and stay untouched — not resident — until the caller writes them, as with a fresh
+ * mmap. */
+void *moerl_pool_alloc_zeroed(moerl_pool *p, size_t bytes);
+
 /* Return a block from moerl_pool_alloc, merging it with its free neighbours. MOERL_ERR with a message (and nothing
  * changed) when ptr is not the start of a live block of this pool. NULL is a no-op. Thread-safe. */
 int moerl_pool_free(moerl_pool *p, void *ptr);
