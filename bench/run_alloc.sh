@@ -17,9 +17,13 @@
 # 3. Step time of the demo (examples/demo.yaml as the demo runs it, fully asynchronous, without the SFT
 #    warm start, validation and checkpoints; STEPS trainer steps) under MOERL_ALLOC=malloc|pool|jemalloc,
 #    ROUNDS rounds with the allocators interleaved; prints medians over rounds of the median trainer
-#    update time per step (metrics timing_s/update) and of the run's wall time per step, with the ratio
-#    against malloc measured in the same rounds, and every round's values (the spread shows the noise). No thresholds: a benchmark, not a test. Run it on a quiet
-#    machine: other processes' load moves these times by more than the 2% the issue asks about.
+#    update time per step (metrics timing_s/update), of the run's wall time per step and of its user CPU time
+#    per step (/usr/bin/time, the whole run over its steps: less sensitive to other processes than wall
+#    time, though not immune: they share the caches), with the ratio against malloc measured in the same
+#    rounds, every round's values (the spread shows the noise) and the load average at the start and the
+#    end. The allocator is chosen with the config key trainer.allocator. No thresholds: a benchmark, not a
+#    test. Run it on a quiet machine: other processes' load moves these times by more than the 2% the
+#    issue asks about.
 # Usage: bash bench/run_alloc.sh [BUILD_DIR]
 #   env: ROUNDS=7 STEPS=30 OMP_NUM_THREADS=1 SYNTH_RES=10 DEMO_ARGS=""; ROUNDS=0 skips step 3,
 #        ONLY_STEP_TIME=1 runs step 3 alone.
@@ -62,13 +66,14 @@ echo "== 2. replay (bench_alloc)"
 fi
 if [[ $ROUNDS -eq 0 ]]; then rm -rf "$W"; exit 0; fi
 echo "== 3. step time of the demo, $ROUNDS rounds x {malloc, pool, jemalloc}, $STEPS trainer steps each"
-uptime
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 DEMO=(sft.total_training_steps=0 trainer.val_n=0 trainer.test_freq=0 trainer.resume_mode=disable
       trainer.save_freq=0 trainer.total_training_steps=$STEPS)
 for r in $(seq 1 "$ROUNDS"); do
     for a in malloc pool jemalloc; do
-        MOERL_ALLOC=$a "$BUILD/moerl" rl --config examples/demo.yaml "${DEMO[@]}" \
-            trainer.default_local_dir="$W/r${r}_$a" >"$W/r${r}_$a.log" 2>&1 || { echo "run $a failed"; tail -3 "$W/r${r}_$a.log"; exit 1; }
+        /usr/bin/time -f "%U %S" -o "$W/r${r}_$a.cpu" "$BUILD/moerl" rl --config examples/demo.yaml "${DEMO[@]}" \
+            trainer.allocator=$a trainer.default_local_dir="$W/r${r}_$a" >"$W/r${r}_$a.log" 2>&1 ||
+            { echo "run $a failed"; tail -3 "$W/r${r}_$a.log"; exit 1; }
     done
 done
 /usr/bin/python3 - "$W" "$ROUNDS" <<'PYEOF'
@@ -76,7 +81,7 @@ import json, statistics as st, sys
 w, rounds = sys.argv[1], int(sys.argv[2])
 res = {}
 for a in ["malloc", "pool", "jemalloc"]:
-    upd, wall = [], []
+    upd, wall, cpu = [], [], []
     for r in range(1, rounds + 1):
         d = w + "/r%d_%s" % (r, a)
         rows = [json.loads(l) for l in open(d + "/metrics.jsonl") if l.strip()]
@@ -85,12 +90,18 @@ for a in ["malloc", "pool", "jemalloc"]:
         summ = json.loads(open(d + ".log").read().strip().splitlines()[-1] if False else
                           [l for l in open(d + ".log") if l.startswith('{"accuracy_sft"')][-1])
         wall.append(summ["wall_s"] / summ["steps"])
-    res[a] = (st.median(upd), st.median(wall))
-    print("%-9s per round: update_ms %s  wall_ms %s" % (a, " ".join("%.1f" % (1e3 * x) for x in upd),
-                                                     " ".join("%.1f" % (1e3 * x) for x in wall)))
-print("%-9s %16s %10s %16s %10s" % ("allocator", "update_ms/step", "vs malloc", "wall_ms/step", "vs malloc"))
-for a, (u, wl) in res.items():
-    print("%-9s %16.2f %+9.1f%% %16.2f %+9.1f%%" % (a, 1e3 * u, 100 * (u / res["malloc"][0] - 1), 1e3 * wl,
-                                                  100 * (wl / res["malloc"][1] - 1)))
+        us = open(d + ".cpu").read().split()[-2:]  # /usr/bin/time: user and system seconds of the whole run
+        cpu.append(float(us[0]) / summ["steps"])
+    res[a] = (st.median(upd), st.median(wall), st.median(cpu))
+    print("%-9s per round: update_ms %s  wall_ms %s  user_cpu_ms %s" % (
+        a, " ".join("%.1f" % (1e3 * x) for x in upd), " ".join("%.1f" % (1e3 * x) for x in wall),
+        " ".join("%.1f" % (1e3 * x) for x in cpu)))
+print("%-9s %16s %10s %16s %10s %16s %10s" % ("allocator", "update_ms/step", "vs malloc", "wall_ms/step", "vs malloc",
+                                               "user_cpu_ms/step", "vs malloc"))
+m = res["malloc"]
+for a, (u, wl, c) in res.items():
+    print("%-9s %16.2f %+9.1f%% %16.2f %+9.1f%% %16.2f %+9.1f%%" % (
+        a, 1e3 * u, 100 * (u / m[0] - 1), 1e3 * wl, 100 * (wl / m[1] - 1), 1e3 * c, 100 * (c / m[2] - 1)))
 PYEOF
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$W"

@@ -3,8 +3,11 @@
 # config with MOERL_ALLOC=pool (the pool's statistics at exit and in metrics.jsonl, an allocation trace
 # whose allocations are all freed, the trace replays in bench_alloc), with jemalloc when the build has it
 # (both documented starts: loaded by moerl under GLIBC_TUNABLES, and LD_PRELOAD), and the same lockstep
-# run giving byte-identical checkpoints under malloc, pool and jemalloc; bad values of MOERL_ALLOC and
-# MOERL_POOL_* are refused with a message naming the variable, and so is jemalloc started without either.
+# run giving byte-identical checkpoints under malloc, pool and jemalloc, each selected by the config key
+# trainer.allocator; MOERL_ALLOC alone still selects it, the key wins over it with a warning;
+# trainer.allocator_reserve reaches the pool; moerl sft (and every rank under mpirun) takes the key; bad
+# values of the keys, of MOERL_ALLOC and MOERL_POOL_* are refused with a message naming the key or
+# variable, and so is jemalloc started without either of its two ways.
 # Usage: tests/e2e_pool.sh [BUILD_DIR]. Ends with "N passed, N failed"; non-zero on any failure.
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -24,8 +27,8 @@ run() {  # NAME ALLOC [key=value ...]; ALLOC jemalloc: dlopen'ed by moerl (GLIBC
     jemalloc) pre=(GLIBC_TUNABLES=$JE_TLS) ;;
     jemalloc_preload) alloc=jemalloc pre=(LD_PRELOAD=libjemalloc.so.2) ;;
     esac
-    env "${pre[@]}" MOERL_ALLOC=$alloc MOERL_ALLOC_TRACE=$WORK/$name.trace.jsonl "$MOERL" rl --config examples/smoke.yaml \
-        trainer.default_local_dir="$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
+    env "${pre[@]}" MOERL_ALLOC_TRACE=$WORK/$name.trace.jsonl "$MOERL" rl --config examples/smoke.yaml \
+        trainer.allocator=$alloc trainer.default_local_dir="$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
 }
 allocs=(malloc pool)
 if [[ -f /usr/include/jemalloc/jemalloc.h ]]; then  # the Makefile's detection
@@ -34,14 +37,55 @@ else
     echo "note: this build has no jemalloc: skipping MOERL_ALLOC=jemalloc"
 fi
 for a in "${allocs[@]}"; do
-    if run "lock_$a" "$a" "${LOCK[@]}"; then ok "MOERL_ALLOC=$a: lockstep smoke run"
-    else bad "MOERL_ALLOC=$a run" "exit $?"; tail -5 "$WORK/lock_$a.log"; fi
+    if run "lock_$a" "$a" "${LOCK[@]}"; then ok "trainer.allocator=$a: lockstep smoke run"
+    else bad "trainer.allocator=$a run" "exit $?"; tail -5 "$WORK/lock_$a.log"; fi
 done
 for a in "${allocs[@]:1}"; do
     if cmp -s "$WORK/lock_malloc/checkpoint/model.safetensors" "$WORK/lock_$a/checkpoint/model.safetensors"; then
-        ok "MOERL_ALLOC=$a: checkpoint identical to malloc's"
-    else bad "MOERL_ALLOC=$a checkpoint" "differs from malloc's (or missing)"; fi
+        ok "trainer.allocator=$a: checkpoint identical to malloc's"
+    else bad "trainer.allocator=$a checkpoint" "differs from malloc's (or missing)"; fi
 done
+# the environment variable alone still selects the allocator (measurements); the key, when given, wins over
+# it with a warning naming both
+if MOERL_ALLOC=pool "$MOERL" rl --config examples/smoke.yaml "${LOCK[@]}" trainer.default_local_dir="$WORK/env_pool" \
+    >"$WORK/env_pool.log" 2>&1 && grep -q "moerl: memory pool: reserved" "$WORK/env_pool.log" &&
+    cmp -s "$WORK/lock_malloc/checkpoint/model.safetensors" "$WORK/env_pool/checkpoint/model.safetensors"; then
+    ok "MOERL_ALLOC=pool without the key: the pool runs, same checkpoint"
+else bad "MOERL_ALLOC=pool alone" "$(tail -3 "$WORK/env_pool.log")"; fi
+if MOERL_ALLOC=pool "$MOERL" rl --config examples/smoke.yaml "${LOCK[@]}" trainer.allocator=malloc \
+    trainer.default_local_dir="$WORK/key_wins" >"$WORK/key_wins.log" 2>&1 &&
+    grep -qF "trainer.allocator=malloc overrides the environment's MOERL_ALLOC=pool" "$WORK/key_wins.log" &&
+    ! grep -q "moerl: memory pool:" "$WORK/key_wins.log"; then
+    ok "trainer.allocator=malloc wins over MOERL_ALLOC=pool, with a warning"
+else bad "key over env" "$(tail -3 "$WORK/key_wins.log")"; fi
+# trainer.allocator_reserve reaches the pool: reserve 0 decommits every freed page, the default 0.3 keeps some
+if "$MOERL" rl --config examples/smoke.yaml "${LOCK[@]}" trainer.allocator=pool trainer.allocator_reserve=0 \
+    trainer.default_local_dir="$WORK/res0" >"$WORK/res0.log" 2>&1 &&
+    c0=$(grep -oE "moerl: memory pool: reserved [0-9]+ MiB, committed [0-9.]+ MiB" "$WORK/res0.log" | grep -oE "[0-9.]+ MiB$") &&
+    c3=$(grep -oE "moerl: memory pool: reserved [0-9]+ MiB, committed [0-9.]+ MiB" "$WORK/lock_pool.log" | grep -oE "[0-9.]+ MiB$") &&
+    [[ ${c0% MiB} == 0.0 ]] && awk -v c="${c3% MiB}" 'BEGIN { exit !(c > 0) }'; then
+    ok "trainer.allocator_reserve=0: nothing left committed at exit (${c0}; reserve 0.3: ${c3})"
+else bad "trainer.allocator_reserve=0" "committed at exit '${c0:-?}' (0.3: '${c3:-?}')"; tail -3 "$WORK/res0.log"; fi
+# moerl sft takes the key too: the pool serves its buffers, the checkpoint matches malloc's
+SFTK=(--config examples/sft.yaml trainer.total_training_steps=6 trainer.test_freq=0 trainer.val_n=8 data.n_test=8
+      trainer.n_threads=1)
+for a in malloc pool; do
+    "$MOERL" sft "${SFTK[@]}" trainer.allocator=$a trainer.default_local_dir="$WORK/sft_$a" >"$WORK/sft_$a.log" 2>&1 ||
+        bad "sft trainer.allocator=$a" "$(tail -3 "$WORK/sft_$a.log")"
+done
+if grep -q "moerl: memory pool: reserved" "$WORK/sft_pool.log" && ! grep -q "moerl: memory pool:" "$WORK/sft_malloc.log" &&
+    cmp -s "$WORK/sft_malloc/checkpoint/model.safetensors" "$WORK/sft_pool/checkpoint/model.safetensors"; then
+    ok "moerl sft trainer.allocator=pool: the pool serves it, checkpoint identical to malloc's"
+else bad "sft with trainer.allocator" "pool line / checkpoint"; fi
+# under mpirun every rank applies the key (each rank prints its pool's line at exit)
+if [[ -x $BUILD/moerl-mpi ]] && command -v mpirun >/dev/null; then
+    if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        mpirun --oversubscribe -np 2 "$BUILD/moerl-mpi" sft "${SFTK[@]}" trainer.allocator=pool \
+        trainer.default_local_dir="$WORK/sft_mpi" >"$WORK/sft_mpi.log" 2>&1 &&
+        [[ $(grep -c "moerl: memory pool: reserved" "$WORK/sft_mpi.log") -eq 2 ]]; then
+        ok "mpirun -np 2 moerl-mpi sft trainer.allocator=pool: both ranks use the pool"
+    else bad "mpirun with trainer.allocator=pool" "$(tail -3 "$WORK/sft_mpi.log")"; fi
+fi
 # the pool's statistics: printed at exit, and in every metrics record
 if grep -qE "moerl: memory pool: reserved [0-9]+ MiB, .*fragmentation [0-9.]+, [1-9][0-9]* allocations, [0-9]+ frees, 0 failures" "$WORK/lock_pool.log"; then
     ok "pool statistics printed at exit"
@@ -123,16 +167,29 @@ PYEOF
     else bad "bench_alloc --resident" "${msg:-$(tail -3 "$WORK/res.log")}"; fi
 fi
 # bad values: refused, named
-expect_bad() {  # NAME PATTERN VAR=VALUE...
-    local name=$1 pat=$2
+expect_bad() {  # NAME PATTERN {VAR=VALUE | -u VAR | key=value}...: the environment's first, then the keys
+    local name=$1 pat=$2 envs=() keys=()
     shift 2
-    env "$@" "$MOERL" rl --config examples/smoke.yaml "${LOCK[@]}" trainer.default_local_dir="$WORK/$name" \
-        >"$WORK/$name.log" 2>&1
+    while (($#)); do
+        case $1 in
+        -u) envs+=("$1" "$2"); shift ;;
+        [A-Z]*=*) envs+=("$1") ;;
+        *) keys+=("$1") ;;
+        esac
+        shift
+    done
+    env "${envs[@]}" "$MOERL" rl --config examples/smoke.yaml "${LOCK[@]}" trainer.default_local_dir="$WORK/$name" \
+        "${keys[@]}" >"$WORK/$name.log" 2>&1
     local rc=$?
     if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -qF -- "$pat" "$WORK/$name.log"; then ok "bad $name refused: exit $rc"
     else bad "bad $name" "exit $rc, output lacks '$pat'"; tail -3 "$WORK/$name.log"; fi
 }
 expect_bad alloc "MOERL_ALLOC='bogus'" MOERL_ALLOC=bogus
+expect_bad key "trainer.allocator: 'bogus' (override) is not malloc, pool or jemalloc" trainer.allocator=bogus
+expect_bad key_reserve "trainer.allocator_reserve: 1.5 (override) is not a fraction in [0, 1]" \
+    trainer.allocator=pool trainer.allocator_reserve=1.5
+expect_bad reserve_not_pool "trainer.allocator_reserve=0.5 applies to the pool only, but the buffer allocator is malloc" \
+    trainer.allocator_reserve=0.5
 expect_bad min_block "MOERL_POOL_MIN_BLOCK" MOERL_ALLOC=pool MOERL_POOL_MIN_BLOCK=4X
 expect_bad max_block "max_block must be a power of two" MOERL_ALLOC=pool MOERL_POOL_MAX_BLOCK=3M
 expect_bad reserve "MOERL_POOL_RESERVE" MOERL_ALLOC=pool MOERL_POOL_RESERVE=2

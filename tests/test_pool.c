@@ -487,12 +487,15 @@ static void test_buffer_layer(void) {
     int zero = 1;
     for (int i = 0; i < 1000; i++) zero &= a[i] == 0;
     CHECK(zero && (uintptr_t)a % 64 == 0, "zero-filled, aligned");
+    /* placed as glibc places its mmapped buffers: 64 bytes (MOERL_POOL_COLOUR's default) past the block's
+     * start, which is granule-aligned */
+    CHECK((uintptr_t)a % (64 * KiB) == 64, "buffer 64 bytes past its block's start: %p", (void *)a);
     memset(a, 1, 1000);
     moerl_buf_free(a);
     unsigned char *b = moerl_buf_alloc(1000, "test"); /* same block again: zeroed by the layer */
     zero = 1;
     for (int i = 0; i < 1000; i++) zero &= b[i] == 0;
-    CHECK(zero, "reused block zero-filled");
+    CHECK(zero && b == a, "reused block zero-filled");
     moerl_pool_stats st;
     CHECK(moerl_alloc_pool_stats(&st) == MOERL_OK && st.in_use == 64 * KiB && st.reserved == 4 * MiB,
           "pool stats through the layer: in use %zu", st.in_use);
@@ -508,6 +511,21 @@ static void test_buffer_layer(void) {
     moerl_buf_free(NULL);
     moerl_alloc_pool_stats(&st);
     CHECK(st.in_use == 0, "all returned through the layer");
+    /* a job's choice after the first buffer: accepted when it agrees, refused naming the key when not */
+    moerl_alloc_choice ch = {MOERL_ALLOC_MALLOC, -1, "trainer.allocator", "trainer.allocator_reserve"};
+    CHECK(moerl_alloc_select(&ch) == MOERL_ERR &&
+              strstr(moerl_last_error(), "trainer.allocator=malloc: this process already allocates its buffers with pool"),
+          "select after first use, other kind: %s", moerl_last_error());
+    ch.kind = MOERL_ALLOC_POOL;
+    ch.reserve_frac = 0.3; /* MOERL_POOL_RESERVE unset: the pool's default */
+    CHECK(moerl_alloc_select(&ch) == MOERL_OK, "select agreeing with the allocator in use: %s", moerl_last_error());
+    ch.reserve_frac = 0.5;
+    CHECK(moerl_alloc_select(&ch) == MOERL_ERR && strstr(moerl_last_error(), "trainer.allocator_reserve=0.5") &&
+              strstr(moerl_last_error(), "another reserve"),
+          "select with another reserve: %s", moerl_last_error());
+    ch.reserve_frac = 1.5;
+    CHECK(moerl_alloc_select(&ch) == MOERL_ERR && strstr(moerl_last_error(), "expected a fraction in [0, 1]"),
+          "reserve out of range: %s", moerl_last_error());
 }
 
 /* Zero-size requests take one granule each (distinct, aligned, writable); a full reservation refuses
@@ -552,7 +570,31 @@ static void test_zero_size_and_exhaustion(void) {
     moerl_pool_destroy(p);
 }
 
+/* moerl_pool_alloc_zeroed: a block over cached (dirty, committed) pages and fresh ones reads as zero
+ * throughout; the fresh pages are committed, the cached ones reused. */
+static void test_alloc_zeroed(void) {
+    const size_t u = 64 * KiB;
+    moerl_pool *p = moerl_pool_create(&(moerl_pool_config){u, 4 * MiB, 16 * MiB, 1.0}); /* keep what is freed */
+    CHECK(p != NULL, "create: %s", moerl_last_error());
+    if (!p) return;
+    unsigned char *a = moerl_pool_alloc(p, 3 * u);
+    memset(a, 0xAB, 3 * u);
+    moerl_pool_free(p, a);
+    moerl_pool_stats st;
+    moerl_pool_get_stats(p, &st);
+    const size_t committed = st.committed;
+    unsigned char *b = moerl_pool_alloc_zeroed(p, 5 * u);
+    int zero = 1;
+    for (size_t i = 0; i < 5 * u; i++) zero &= b[i] == 0;
+    moerl_pool_get_stats(p, &st);
+    CHECK(b == a && zero, "dirty cached pages and fresh ones read zero");
+    CHECK(committed == 3 * u && st.committed == 5 * u && moerl_pool_check(p) == MOERL_OK,
+          "3 units reused, 2 committed: %zu → %zu", committed, st.committed);
+    moerl_pool_destroy(p);
+}
+
 int main(void) {
+    test_alloc_zeroed();
     test_errors();
     test_random_sequences();
     test_reserve();

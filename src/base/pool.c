@@ -391,7 +391,28 @@ static blk *take(moerl_pool *p, size_t size) {
     return b;
 }
 
-void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
+/* Zero the units of [u, u+n) that are committed (lock held): the others are committed fresh, and memory
+ * never touched since its commit (mprotect of untouched or MADV_DONTNEED'ed pages) reads as zero. */
+static void zero_committed(moerl_pool *p, int64_t u, int64_t n) {
+    const int64_t e = u + n < p->top ? u + n : p->top;
+    for (int64_t i = u; i < e;) {
+        const uint8_t *one = memchr(p->commit + i, 1, (size_t)(e - i));
+        if (!one) break;
+        i = one - p->commit;
+        const uint8_t *zero = memchr(p->commit + i, 0, (size_t)(e - i));
+        const int64_t j = zero ? zero - p->commit : e;
+        memset(p->base + (size_t)i * p->gran, 0, (size_t)(j - i) * p->gran);
+        i = j;
+    }
+}
+
+static void *pool_alloc(moerl_pool *p, size_t bytes, int zero);
+
+void *moerl_pool_alloc(moerl_pool *p, size_t bytes) { return pool_alloc(p, bytes, 0); }
+
+void *moerl_pool_alloc_zeroed(moerl_pool *p, size_t bytes) { return pool_alloc(p, bytes, 1); }
+
+static void *pool_alloc(moerl_pool *p, size_t bytes, int zero) {
     if (!bytes) bytes = 1;
     if (bytes > p->max_block) {
         pthread_mutex_lock(&p->mu);
@@ -408,6 +429,7 @@ void *moerl_pool_alloc(moerl_pool *p, size_t bytes) {
     b->used = 1;
     const int64_t u = (int64_t)(b->off / p->gran), n = (int64_t)(size / p->gran);
     const int64_t have = committed_units(p, u, n), need = n - have;
+    if (zero && have > 0) zero_committed(p, u, n); /* before the commit below: only the reused pages */
     /* Grow only when no cached memory is left: release as much cached free memory elsewhere as
      * this block needs committed, so the committed total stays at most the peak in use. */
     const int64_t cached = (int64_t)((p->st.committed - p->st.in_use) / p->gran) - have; /* outside b */
@@ -588,6 +610,7 @@ static struct {
     pthread_once_t once;
     moerl_alloc_kind kind;
     moerl_pool *pool;
+    size_t colour; /* bytes between a pool block's start and the buffer handed out (MOERL_POOL_COLOUR) */
     int warned_fallback;
     uint64_t fallbacks;
     moerl_jemalloc_api je;
@@ -679,28 +702,100 @@ static size_t env_bytes(const char *name, size_t dflt) {
     return out;
 }
 
-static void alloc_init(void) {
+/* A job's choice (moerl_alloc_select), read by alloc_init; sel_err holds why applying it failed. */
+static struct {
+    int set, failed, inited;
+    moerl_alloc_choice ch;
+    char kind_key[64], reserve_key[64];
+    char err[1024];
+} SEL;
+
+static double env_reserve(double dflt) {
+    const char *r = getenv("MOERL_POOL_RESERVE");
+    if (!r || !*r) return dflt;
+    char *end;
+    const double v = strtod(r, &end);
+    if (end == r || *end || !(v >= 0 && v <= 1))
+        moerl_fatal("MOERL_POOL_RESERVE='%s': expected a fraction in [0, 1] (default 0.3)", r);
+    return v;
+}
+
+/* The allocator kind: the job's choice when it names one (a differing MOERL_ALLOC is overridden, with a
+ * warning), else MOERL_ALLOC (a bad value is fatal: nothing overrides it), else malloc. */
+static moerl_alloc_kind resolve_kind(void) {
     const char *a = getenv("MOERL_ALLOC");
-    if (!a || !*a || !strcmp(a, "malloc")) G.kind = MOERL_ALLOC_MALLOC;
-    else if (!strcmp(a, "pool")) G.kind = MOERL_ALLOC_POOL;
-    else if (!strcmp(a, "jemalloc")) G.kind = MOERL_ALLOC_JEMALLOC;
-    else moerl_fatal("MOERL_ALLOC='%s': expected malloc (the default), pool or jemalloc", a);
-    if (G.kind == MOERL_ALLOC_POOL) {
-        moerl_pool_config c = moerl_pool_default_config();
-        c.min_block = env_bytes("MOERL_POOL_MIN_BLOCK", c.min_block);
-        c.max_block = env_bytes("MOERL_POOL_MAX_BLOCK", c.max_block);
-        c.capacity = env_bytes("MOERL_POOL_CAPACITY", 0);
-        const char *r = getenv("MOERL_POOL_RESERVE");
-        if (r && *r) {
-            char *end;
-            c.reserve_frac = strtod(r, &end);
-            if (end == r || *end || !(c.reserve_frac >= 0 && c.reserve_frac <= 1))
-                moerl_fatal("MOERL_POOL_RESERVE='%s': expected a fraction in [0, 1] (default 0.3)", r);
-        }
-        G.pool = moerl_pool_create(&c);
-        if (!G.pool) moerl_fatal("MOERL_ALLOC=pool: %s", moerl_last_error());
-    } else if (G.kind == MOERL_ALLOC_JEMALLOC) {
-        if (moerl_jemalloc_load(&G.je) != MOERL_OK) moerl_fatal("MOERL_ALLOC=jemalloc: %s", moerl_last_error());
+    const int env_set = a && *a;
+    moerl_alloc_kind env_kind = MOERL_ALLOC_MALLOC;
+    const int env_ok = !env_set || moerl_alloc_parse(a, &env_kind) == MOERL_OK;
+    if (SEL.set && SEL.ch.kind >= 0) {
+        const moerl_alloc_kind k = (moerl_alloc_kind)SEL.ch.kind;
+        if (env_set && (!env_ok || env_kind != k))
+            fprintf(stderr, "moerl: warning: %s=%s overrides the environment's MOERL_ALLOC=%s (the config key wins)\n",
+                    SEL.kind_key, moerl_alloc_name(k), a);
+        return k;
+    }
+    if (!env_ok) moerl_fatal("MOERL_ALLOC='%s': expected malloc (the default), pool or jemalloc", a);
+    return env_kind;
+}
+
+/* The pool's reserve: the job's choice (only with the pool; a differing MOERL_POOL_RESERVE is
+ * overridden, with a warning), else MOERL_POOL_RESERVE, else 0.3. MOERL_ERR (SEL.err) on a choice
+ * that does not apply. */
+static int resolve_reserve(moerl_alloc_kind kind, double *out) {
+    if (!(SEL.set && SEL.ch.reserve_frac >= 0)) {
+        if (kind == MOERL_ALLOC_POOL) *out = env_reserve(*out);
+        return MOERL_OK;
+    }
+    if (kind != MOERL_ALLOC_POOL) {
+        snprintf(SEL.err, sizeof SEL.err,
+                 "%s=%g applies to the pool only, but the buffer allocator is %s (%s, or MOERL_ALLOC; "
+                 "set %s=pool or drop %s)",
+                 SEL.reserve_key, SEL.ch.reserve_frac, moerl_alloc_name(kind), SEL.kind_key, SEL.kind_key,
+                 SEL.reserve_key);
+        return MOERL_ERR;
+    }
+    const char *r = getenv("MOERL_POOL_RESERVE");
+    if (r && *r && strtod(r, NULL) != SEL.ch.reserve_frac)
+        fprintf(stderr, "moerl: warning: %s=%g overrides the environment's MOERL_POOL_RESERVE=%s (the config key wins)\n",
+                SEL.reserve_key, SEL.ch.reserve_frac, r);
+    *out = SEL.ch.reserve_frac;
+    return MOERL_OK;
+}
+
+/* Create the process pool from the environment's settings and the resolved reserve. */
+static int setup_pool(double reserve) {
+    moerl_pool_config c = moerl_pool_default_config();
+    c.min_block = env_bytes("MOERL_POOL_MIN_BLOCK", c.min_block);
+    c.max_block = env_bytes("MOERL_POOL_MAX_BLOCK", c.max_block);
+    c.capacity = env_bytes("MOERL_POOL_CAPACITY", 0);
+    c.reserve_frac = reserve;
+    G.colour = env_bytes("MOERL_POOL_COLOUR", 64);
+    if (G.colour % 64 || G.colour >= c.min_block)
+        moerl_fatal("MOERL_POOL_COLOUR=%zu: expected a multiple of 64 bytes below the pool's block granule (%zu)",
+                    G.colour, c.min_block);
+    G.pool = moerl_pool_create(&c);
+    return G.pool ? MOERL_OK : MOERL_ERR;
+}
+
+/* Runs once (pthread_once): the allocator, its pool or library, the trace. Failures of a job's choice
+ * leave malloc in place and are reported by moerl_alloc_select; the environment's alone are fatal. */
+static void alloc_init(void) {
+    __atomic_store_n(&SEL.inited, 1, __ATOMIC_RELEASE);
+    G.kind = resolve_kind();
+    const char *who = SEL.set && SEL.ch.kind >= 0 ? SEL.kind_key : "MOERL_ALLOC";
+    double reserve = moerl_pool_default_config().reserve_frac;
+    int rc = resolve_reserve(G.kind, &reserve);
+    if (rc == MOERL_OK && G.kind == MOERL_ALLOC_POOL) {
+        rc = setup_pool(reserve);
+        if (rc != MOERL_OK) snprintf(SEL.err, sizeof SEL.err, "%s=pool: %s", who, moerl_last_error());
+    } else if (rc == MOERL_OK && G.kind == MOERL_ALLOC_JEMALLOC) {
+        rc = moerl_jemalloc_load(&G.je);
+        if (rc != MOERL_OK) snprintf(SEL.err, sizeof SEL.err, "%s=jemalloc: %s", who, moerl_last_error());
+    }
+    if (rc != MOERL_OK) {
+        if (!SEL.set) moerl_fatal("%s", SEL.err);
+        SEL.failed = 1;
+        G.kind = MOERL_ALLOC_MALLOC; /* moerl_alloc_select reports it; the job stops */
     }
     const char *t = getenv("MOERL_ALLOC_TRACE");
     if (t && *t) {
@@ -713,6 +808,54 @@ static void alloc_init(void) {
         G.t0 = moerl_now();
     }
     if (G.trace_path || G.kind == MOERL_ALLOC_POOL) atexit(at_exit);
+}
+
+int moerl_alloc_parse(const char *s, moerl_alloc_kind *out) {
+    if (!s) return MOERL_ERR;
+    if (!strcmp(s, "malloc")) *out = MOERL_ALLOC_MALLOC;
+    else if (!strcmp(s, "pool")) *out = MOERL_ALLOC_POOL;
+    else if (!strcmp(s, "jemalloc")) *out = MOERL_ALLOC_JEMALLOC;
+    else return MOERL_ERR;
+    return MOERL_OK;
+}
+
+/* The allocator was set up before this choice (an earlier buffer or call): it must agree. */
+static int select_check_current(const moerl_alloc_choice *ch) {
+    if (SEL.failed) return moerl_errorf("%s", SEL.err);
+    if (ch->kind >= 0 && ch->kind != (int)G.kind)
+        return moerl_errorf("%s=%s: this process already allocates its buffers with %s (chosen before the key was "
+                            "applied); the allocator is chosen once per process, before its first buffer",
+                            ch->kind_key, moerl_alloc_name((moerl_alloc_kind)ch->kind), moerl_alloc_name(G.kind));
+    if (ch->reserve_frac >= 0 && (G.kind != MOERL_ALLOC_POOL || G.pool->reserve_frac != ch->reserve_frac))
+        return moerl_errorf("%s=%g: this process's buffer allocator (%s) is already set up%s; the allocator is chosen "
+                            "once per process, before its first buffer",
+                            ch->reserve_key, ch->reserve_frac, moerl_alloc_name(G.kind),
+                            G.kind == MOERL_ALLOC_POOL ? " with another reserve" : ", and the reserve is the pool's");
+    return MOERL_OK;
+}
+
+int moerl_alloc_select(const moerl_alloc_choice *ch) {
+    const char *kk = ch->kind_key ? ch->kind_key : "allocator", *rk = ch->reserve_key ? ch->reserve_key : "reserve";
+    if (ch->kind > MOERL_ALLOC_JEMALLOC)
+        return moerl_errorf("%s: unknown allocator kind %d (expected malloc, pool or jemalloc)", kk, ch->kind);
+    if (ch->reserve_frac >= 0 && !(ch->reserve_frac <= 1))
+        return moerl_errorf("%s=%g: expected a fraction in [0, 1] (the share of the peak in use the pool keeps "
+                            "committed when freed)", rk, ch->reserve_frac);
+    moerl_alloc_choice c = *ch;
+    c.kind_key = kk;
+    c.reserve_key = rk;
+    if (__atomic_load_n(&SEL.inited, __ATOMIC_ACQUIRE)) {
+        pthread_once(&G.once, alloc_init); /* wait until it has finished */
+        return select_check_current(&c);
+    }
+    SEL.set = 1;
+    SEL.ch = c;
+    snprintf(SEL.kind_key, sizeof SEL.kind_key, "%s", kk);
+    snprintf(SEL.reserve_key, sizeof SEL.reserve_key, "%s", rk);
+    SEL.ch.kind_key = SEL.kind_key;
+    SEL.ch.reserve_key = SEL.reserve_key;
+    pthread_once(&G.once, alloc_init);
+    return SEL.failed ? moerl_errorf("%s", SEL.err) : MOERL_OK;
 }
 
 static pthread_once_t je_once = PTHREAD_ONCE_INIT;
@@ -798,8 +941,8 @@ void *moerl_buf_alloc_at(size_t n, const char *tag, const char *file, int line) 
     const size_t sz = n ? (n + 63) & ~(size_t)63 : 64;
     void *p = NULL;
     if (k == MOERL_ALLOC_POOL) {
-        p = moerl_pool_alloc(G.pool, sz);
-        if (p) memset(p, 0, sz);
+        p = moerl_pool_alloc_zeroed(G.pool, sz + G.colour); /* writes only reused pages: fresh ones are zero */
+        if (p) p = (char *)p + G.colour;
         else {
             pthread_mutex_lock(&G.tmu);
             G.fallbacks++;
@@ -826,7 +969,7 @@ void moerl_buf_free(void *ptr) {
     const moerl_alloc_kind k = moerl_alloc_current();
     if (G.trace_path) trace_op('f', ptr, 0, NULL);
     if (k == MOERL_ALLOC_POOL && moerl_pool_owns(G.pool, ptr)) {
-        if (moerl_pool_free(G.pool, ptr) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+        if (moerl_pool_free(G.pool, (char *)ptr - G.colour) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
     } else if (k == MOERL_ALLOC_JEMALLOC) {
         G.je.dallocx(ptr, 0);
     } else {

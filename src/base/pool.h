@@ -32,7 +32,8 @@
  *
  * 2. moerl_buf_alloc / moerl_buf_free: where moerl's large long-lived buffers come from (the
  *    activation arena, the engine's KV cache, the gradient reducer's compression buffers and
- *    residual). The environment variable MOERL_ALLOC picks the allocator for the whole process:
+ *    residual). A job's config key trainer.allocator (moerl_alloc_select, below) or else the
+ *    environment variable MOERL_ALLOC picks the allocator for the whole process:
  *      malloc   (default) glibc aligned_alloc + zero fill — exactly xalloc_aligned;
  *      pool     the caching pool above (one per process, created on first use);
  *      jemalloc Debian's libjemalloc, mallocx/dallocx; needs a build that found jemalloc/jemalloc.h
@@ -48,7 +49,12 @@
  *               both (the process is never re-executed behind the user's back).
  *    Pool settings: MOERL_POOL_MIN_BLOCK, MOERL_POOL_MAX_BLOCK, MOERL_POOL_CAPACITY (bytes, with an
  *    optional K/M/G suffix, powers of 1024; capacity default = physical RAM), MOERL_POOL_RESERVE
- *    (fraction in [0, 1]). Bad values stop the process with a message naming the variable.
+ *    (fraction in [0, 1]; the key trainer.allocator_reserve when given), MOERL_POOL_COLOUR (bytes, a
+ *    multiple of 64 below min_block, default 64): each buffer starts that far past its block's
+ *    granule-aligned start (the block is that much larger), placed as glibc places its mmapped buffers
+ *    (64 bytes past a page: its chunk header rounded to the 64-byte alignment) rather than at offset 0
+ *    of a page (docs/benchmarks.md, "Memory"); 0 hands out the block's start. Bad values stop the
+ *    process with a message naming the variable.
  *    Fallback: a request the pool refuses (above max_block, or exhausted) is served by the malloc
  *    path with one warning on stderr and counted in moerl_pool_stats.fallbacks, so switching the
  *    pool on never makes a run fail that would run under malloc.
@@ -113,6 +119,12 @@ void moerl_pool_destroy(moerl_pool *p);
  * first bins that fit), plus O(blocks) when it must commit new memory. */
 void *moerl_pool_alloc(moerl_pool *p, size_t bytes);
 
+/* As moerl_pool_alloc, the block zero-filled: only its pages that were committed before the call are
+ * written (cached free memory); the pages it commits anew are zero already (never touched, or released
+ * with MADV_DONTNEED) and stay untouched — not resident — until the caller writes them, as with a fresh
+ * mmap. */
+void *moerl_pool_alloc_zeroed(moerl_pool *p, size_t bytes);
+
 /* Return a block from moerl_pool_alloc, merging it with its free neighbours. MOERL_ERR with a message (and nothing
  * changed) when ptr is not the start of a live block of this pool. NULL is a no-op. Thread-safe. */
 int moerl_pool_free(moerl_pool *p, void *ptr);
@@ -137,9 +149,30 @@ int moerl_pool_check(moerl_pool *p);
 
 typedef enum { MOERL_ALLOC_MALLOC = 0, MOERL_ALLOC_POOL = 1, MOERL_ALLOC_JEMALLOC = 2 } moerl_alloc_kind;
 
-/* The allocator MOERL_ALLOC selected (read once, on first use). */
+/* The process's buffer allocator: the one moerl_alloc_select chose, else the one MOERL_ALLOC names (read
+ * once, on first use; malloc when unset). */
 moerl_alloc_kind moerl_alloc_current(void);
 const char *moerl_alloc_name(moerl_alloc_kind k);
+/* "malloc" | "pool" | "jemalloc" → *out; MOERL_ERR (no message) on anything else. */
+int moerl_alloc_parse(const char *s, moerl_alloc_kind *out);
+
+/* A job's choice of buffer allocator (the config keys trainer.allocator / trainer.allocator_reserve). */
+typedef struct {
+    int kind;            /* a moerl_alloc_kind, or -1: the environment decides (MOERL_ALLOC, else malloc) */
+    double reserve_frac; /* the pool's reserve in [0, 1], or < 0: MOERL_POOL_RESERVE (else 0.3) decides */
+    const char *kind_key, *reserve_key; /* what the two settings are called in messages */
+} moerl_alloc_choice;
+
+/* Select the process's buffer allocator before its first buffer allocation (moerl rl and moerl sft call
+ * it on every rank before building anything). Precedence: a setting given here wins over the
+ * environment variable for the same thing (MOERL_ALLOC, MOERL_POOL_RESERVE), with one warning on stderr
+ * naming both when they differ; the pool's other settings (MOERL_POOL_MIN_BLOCK, _MAX_BLOCK, _CAPACITY)
+ * come from the environment only. Errors (MOERL_ERR, message naming the key and value): a reserve given
+ * when the resolved allocator is not the pool; a reserve outside [0, 1]; an allocator already in use
+ * in this process that differs (a buffer was allocated before the call, or a second call disagrees);
+ * the pool cannot be created or jemalloc cannot be loaded (the MOERL_ALLOC=jemalloc conditions). Bad
+ * MOERL_ALLOC / MOERL_POOL_* values the choice does not override stop the process as without it. */
+int moerl_alloc_select(const moerl_alloc_choice *ch);
 /* 1 when this build can load jemalloc (found jemalloc/jemalloc.h at build time). */
 int moerl_alloc_have_jemalloc(void);
 

@@ -9,6 +9,7 @@
 #include "base/common.h"
 #include "base/log.h"
 #include "base/outdir.h"
+#include "base/pool.h"
 #include "data/data_config.h"
 #include "model/model_config.h"
 #include "dist/compress.h"
@@ -235,8 +236,39 @@ static int rollout_kv_read(const cfg *c, rl_config *r) {
     return MOERL_OK;
 }
 
+/* ---- trainer.allocator (issue 29): the buffer allocator of moerl rl and moerl sft (src/base/pool.h) */
+
+void rl_def_allocator_keys(cfg *c) {
+    cfg_def_str(c, "trainer.allocator", "malloc",
+                "allocator of the large buffers (activation arena, KV cache, gradient-compression buffers): malloc "
+                "(glibc) | pool (moerl's caching pool) | jemalloc (docs/benchmarks.md, \"Memory\"); when given it "
+                "wins over the environment's MOERL_ALLOC (a warning names both), else MOERL_ALLOC decides");
+    cfg_def_float(c, "trainer.allocator_reserve", 0.3,
+                  "trainer.allocator=pool: freed memory the pool keeps committed, as a share of the peak in use, "
+                  "in [0, 1] (0 = return every freed page at once); when given it wins over MOERL_POOL_RESERVE");
+}
+
+int rl_select_allocator(const cfg *c) {
+    const char *a = cfg_str(c, "trainer.allocator");
+    moerl_alloc_kind k = MOERL_ALLOC_MALLOC;
+    if (moerl_alloc_parse(a, &k) != MOERL_OK)
+        return moerl_errorf("trainer.allocator: '%s' (%s) is not malloc, pool or jemalloc", a,
+                            cfg_origin(c, "trainer.allocator"));
+    const double r = cfg_float(c, "trainer.allocator_reserve");
+    const int r_given = strcmp(cfg_origin(c, "trainer.allocator_reserve"), "default") != 0;
+    if (r_given && !(r >= 0 && r <= 1))
+        return moerl_errorf("trainer.allocator_reserve: %g (%s) is not a fraction in [0, 1]", r,
+                            cfg_origin(c, "trainer.allocator_reserve"));
+    moerl_alloc_choice ch = {.kind = strcmp(cfg_origin(c, "trainer.allocator"), "default") ? (int)k : -1,
+                             .reserve_frac = r_given ? r : -1.0,
+                             .kind_key = "trainer.allocator",
+                             .reserve_key = "trainer.allocator_reserve"};
+    return moerl_alloc_select(&ch);
+}
+
 void rl_def_keys(cfg *c) {
     model_def_keys(c);
+    rl_def_allocator_keys(c); /* trainer.allocator, trainer.allocator_reserve */
     model_def_train_keys(c); /* model.enable_gradient_checkpointing, actor.recompute_granularity */
     data_def_keys(c);
     sft_def_warm_start_keys(c);

@@ -156,6 +156,16 @@ typedef struct {
  * the warm start's sft.* (sft_def_warm_start_keys), the layout (par_def_layout_keys), rollout.*,
  * actor.*, async_training.*, trainer.*, the algorithm's keys and debug.* (tests only). */
 void rl_def_keys(cfg *c);
+/* Declare trainer.allocator (malloc | pool | jemalloc, default malloc) and trainer.allocator_reserve (the
+ * pool's reserve, default 0.3): part of rl_def_keys and of moerl sft's keys (sft_def_job_keys). */
+void rl_def_allocator_keys(cfg *c);
+/* Check them and select the process's buffer allocator (moerl_alloc_select, src/base/pool.h): call before
+ * the job allocates any buffer, on every rank. A key given (in the file or as an override) wins over the
+ * environment's MOERL_ALLOC / MOERL_POOL_RESERVE; a key left at its default lets the environment decide.
+ * Errors name the key, its value and where it came from: an unknown allocator, a reserve outside [0, 1]
+ * or given with an allocator other than the pool, an allocator already in use, a pool or jemalloc that
+ * cannot be set up. */
+int rl_select_allocator(const cfg *c);
 /* Read and check them into r (the model.* and data.* keys are read by their modules): every value
  * against its range, the sync mode's rule (rl_config_set_mode) and the staleness budget's checks, the
  * layout keys (par_read_layout). Errors name the key, the value and what is accepted. */

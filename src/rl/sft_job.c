@@ -27,6 +27,7 @@ static int sft_save_checkpoint(const moe_model *m, const char *dir, int bf16) {
 void sft_def_job_keys(cfg *c) {
     model_def_keys(c);
     model_def_train_keys(c); /* model.enable_gradient_checkpointing, actor.recompute_granularity */
+    rl_def_allocator_keys(c); /* trainer.allocator, trainer.allocator_reserve (src/rl/config.c) */
     data_def_keys(c);
     cfg_def_int(c, "data.train_batch_size", 32, "sequences per optimizer step");
     cfg_def_int(c, "data.max_token_len_per_micro_batch", 2048, "tokens per packed micro-batch");
@@ -136,7 +137,8 @@ static const char *k_sft_why_test = "moerl sft evaluates on them before and afte
 static int sft_job_setup(sft_job *J) {
     const cfg *c = J->c;
     static const char *subdirs[] = {"checkpoint"};
-    int rc = check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler"));
+    int rc = rl_select_allocator(c); /* trainer.allocator: before any buffer */
+    if (rc == MOERL_OK) rc = check_sched("optim.lr_scheduler", cfg_str(c, "optim.lr_scheduler"));
     if (rc == MOERL_OK) rc = moerl_outdir_check_subdirs(J->out, subdirs, 1);
     if (rc == MOERL_OK) rc = sft_check_not_rl_run(J->out);
     if (rc == MOERL_OK) rc = data_check_keys(c, k_sft_why_test);
