@@ -295,6 +295,11 @@ struct pp_state {
     adamw_range *ranges;    /* this stage's tensors, chunk c's in [r0[c], r0[c+1]), offsets relative to its range */
     int r0[PP_MAX_CHUNKS + 1];
     grad_sum gs;
+    /* pipeline × FSDP (pp_set_sharded): FSDP owns the stage's memory and gradient sums */
+    moe_model *lay_m;       /* the model whose layout st_lo / st_hi describe (pp_exchange_layout) */
+    void *fwd_par;          /* model_acts.par of the forward-only passes (the FSDP gathers); NULL: none */
+    dist_comm *uniform;     /* the ranks whose schedules must match pass for pass (grid.stage_comm); NULL: none */
+    int ext_grads;          /* 1: pp_zero_grad leaves the gradients to FSDP */
 };
 
 static int vstage(const pp_state *s, int c) { return c * s->pp + s->stage; }
@@ -816,6 +821,48 @@ static int check_agreement(pp_state *s, int ok, int n, int64_t tokens, int m) {
     return MOERL_OK;
 }
 
+/* Pipeline × FSDP: the FSDP group's members sit in one stage of different pipelines and must run the
+ * same layer events pass for pass, so every pipeline runs the same micro-batch count: the most any
+ * pipeline planned (an all-gather over grid.stage_comm; the stages of one pipeline plan the same count,
+ * so every stage finds the same most). A pipeline with fewer re-packs its sequences into exactly that
+ * many (pack_exact: contiguous, ≤ max_tokens each); one with fewer sequences than the count cannot and
+ * the batch is refused on every rank (a second all-gather of the verdicts), so none waits in a pass.
+ * ok: this rank's plan succeeded; *nm, mb: its plan, replaced. Returns the agreed ok (0 with a message). */
+static int agree_count(pp_state *s, const train_seq *seqs, int n, int max_tokens, int ok, int *nm, int *mb) {
+    if (!s->uniform || dist_comm_size(s->uniform) <= 1) return ok;
+    const int D = dist_comm_size(s->uniform);
+    float mine = ok ? (float)*nm : -1.0f, *all = xmalloc((size_t)D * sizeof(float));
+    if (dist_comm_allgather_f32(s->uniform, &mine, 1, all) != MOERL_OK) {
+        free(all);
+        return 0;
+    }
+    int M = 0, bad = 0;
+    for (int d = 0; d < D; d++) {
+        bad |= all[d] < 0;
+        M = MOERL_MAX(M, (int)all[d]);
+    }
+    if (ok && !bad && *nm < M) {
+        if (n < M) {
+            ok = 0;
+            moerl_errorf("pipeline with FSDP: every data-parallel pipeline must run the same micro-batch count (its "
+                         "FSDP group gathers pass for pass), %d here, but this rank's share has %d sequence%s: give "
+                         "each data-parallel rank at least %d sequences (data.train_batch_size / "
+                         "actor.ppo_mini_batch_size)", M, n, moerl_plural(n), M);
+        } else {
+            int longest = 1;
+            for (int i = 0; i < n; i++) longest = MOERL_MAX(longest, seqs[i].len);
+            pack_exact(seqs, n, longest, max_tokens, M, mb);
+            *nm = M;
+        }
+    }
+    mine = ok && !bad ? 1.0f : 0.0f;
+    int rc = dist_comm_allgather_f32(s->uniform, &mine, 1, all), all_ok = rc == MOERL_OK;
+    for (int d = 0; d < D && all_ok; d++) all_ok = all[d] != 0.0f;
+    free(all);
+    if (ok && !all_ok) moerl_errorf("pipeline: another data-parallel pipeline of this stage refused its batch (see its message)");
+    return ok && all_ok;
+}
+
 /* This stage's checks before a schedule: the token limit, every token in the vocabulary. 1 when all
  * hold (0 with a message). */
 static int check_inputs(const moe_model *m, const train_seq *seqs, int n, int max_tokens) {
@@ -957,6 +1004,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     for (int i = 0; i < n; i++) total += seqs[i].len;
     int ok = check_inputs(m, seqs, n, o->max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
+    ok = agree_count(s, seqs, n, o->max_tokens, ok, &nm, mb);
     if (ok && slots_for(s, m, o->max_tokens, nm, 0) != MOERL_OK) ok = 0;
     pp_zero_grad(s, m);
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
@@ -1026,6 +1074,7 @@ static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, 
     for (int i = 0; i < n; i++) total += seqs[i].len;
     int ok = check_inputs(m, seqs, n, max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pack_microbatches(seqs, n, max_tokens, mb)) < 0) ok = 0;
+    ok = agree_count(s, seqs, n, max_tokens, ok, &nm, mb);
     if (ok && slots_for(s, m, max_tokens, nm, 1) != MOERL_OK) ok = 0;
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) return MOERL_ERR;
     for (int j = 0; j < nm; j++) {
@@ -1077,7 +1126,7 @@ static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs,
         if (vs > 0) wait_idle(s, &sl->rq_h);
         wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
         const int N = train_pack(seqs, mb[j], mb[j + 1], sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
-        a->par = NULL;
+        a->par = s->fwd_par; /* pipeline × FSDP: the stage's gathers; NULL otherwise */
         slot_routes(sl, m, seqs, mb[j], mb[j + 1], ro);
         if (model_forward(m, a, sl->tok, sl->cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK)
             moerl_fatal("pipeline stage %d chunk %d, forward-only micro-batch %d: %s", s->stage, c, j,
@@ -1272,12 +1321,43 @@ void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, 
 }
 
 
-int pp_own_stage(pp_state *s, moe_model *m) {
-    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
-    if (!m->params) return moerl_errorf("pipeline: a stage-owned model needs parameters (none were given)");
+/* Every virtual stage's layout range of m (st_lo / st_hi, the embedding's), once. */
+static void layout_ranges(pp_state *s, const moe_model *m) {
+    if (s->st_lo) return;
     s->st_lo = xmalloc((size_t)s->nv * sizeof(size_t));
     s->st_hi = xmalloc((size_t)s->nv * sizeof(size_t));
     pp_stage_ranges(m, s->bounds, s->nv, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
+}
+
+void pp_stage_units(const pp_state *s, unsigned char *on) {
+    memset(on, 0, (size_t)s->L + 2);
+    for (int c = 0; c < s->v; c++) {
+        const int vs = vstage(s, c);
+        for (int l = s->bounds[vs]; l < s->bounds[vs + 1]; l++) on[l + 1] = 1;
+        if (vs == 0) on[0] = 1;
+        if (vs == s->nv - 1) on[s->L + 1] = 1;
+    }
+}
+
+void pp_set_sharded(pp_state *s, moe_model *m, void *par) {
+    layout_ranges(s, m);
+    s->lay_m = m;
+    s->fwd_par = par;
+    s->uniform = s->stage_comm;
+    s->ext_grads = 1;
+}
+
+moe_model *pp_sharded_model(const pp_state *s) { return s ? s->lay_m : NULL; }
+
+int pp_exchange_layout(pp_state *s, float *buf, int to) {
+    if (!s->st_lo) return moerl_errorf("pp_exchange_layout: the pipeline has no layout (pp_set_sharded)");
+    return exchange_ranges(s, buf, 0, to < 0 || to == s->stage ? buf : NULL, to);
+}
+
+int pp_own_stage(pp_state *s, moe_model *m) {
+    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
+    if (!m->params) return moerl_errorf("pipeline: a stage-owned model needs parameters (none were given)");
+    layout_ranges(s, m);
     s->own_lo = piece_lo(s, 0);
     s->own_hi = s->st_hi[vstage(s, s->v - 1)];
     s->own_n = 0;
@@ -1362,6 +1442,7 @@ size_t pp_held_floats(const pp_state *s) {
 }
 
 void pp_zero_grad(pp_state *s, moe_model *m) {
+    if (s && s->ext_grads) return; /* pipeline × FSDP: the shard is FSDP's (zeroed by the par hook) */
     if (!s || !s->own_m) {
         model_zero_grad(m);
         return;

@@ -1,0 +1,410 @@
+/* Composed layouts (issue 27): the pipeline with FSDP (src/parallel/parallel.c pp_fsdp_init) against
+ * plain data parallelism run on one rank.
+ *   Model: the pipeline test's (4 layers: three MoE, one dense; untied head; aux coefficient 0.02).
+ *   Batch: 12 sequences (5..16 tokens), SFT loss (−logp of the response tokens / their global count),
+ *   micro-batches of at most 24 tokens (fixed packing), the global load-balancing loss (the whole
+ *   batch's top-k counts from compute_router_counts, so the pipeline's own micro-batch split — which
+ *   pipeline × FSDP re-packs to a count every pipeline of a stage shares — does not change the loss).
+ *   Layout (argv): --pp P --fsdp F [--keep] [--vpp V] on T ranks: P stages, D = T/P ranks per stage,
+ *   each its own pipeline (data-parallel rank d of D); each stage's units sharded over FSDP groups of F
+ *   consecutive ranks (HSDP replicas when F < D); --keep = actor.fsdp_config.reshard_after_forward=false.
+ *   Reference (every rank, alone): train_accumulate without par on the D shards, gradients added in
+ *   shard order (what D data-parallel ranks sum), plain AdamW, K steps.
+ *   Checks, all through parallel.h's entry points as `moerl sft` / `moerl rl` call them:
+ *     forward-only compute_logprobs through the stages equals one rank's on every stage;
+ *     K AdamW steps: losses, the gradient norm of every step, the weights and AdamW moments par_gather_full
+ *       assembles on one keeper (rank 0, then the last rank: a keeper on another stage), the weights
+ *       par_state_free leaves on every rank, against the reference (tolerances at each check);
+ *     memory: par_held_floats = the stage's units / F (rounded up to FSDP's 16-float pieces), and
+ *       after the optimizer step no gathered page of the parameter map stays resident beyond the
+ *       pages straddling unit ends;
+ *     resume: the whole weights and the reference's moments (a checkpoint's) loaded into a new
+ *       par_state (par_take_full, par_adamw_shard) and one more step equals the reference's step K+1;
+ *     a pipeline whose share cannot fill the agreed micro-batch count: refused on every rank, none hangs. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "base/rng.h"
+#include "dist/dist.h"
+#include "dist_test.h"
+#include "fixture.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
+#include "test.h"
+#include "train/train.h"
+
+#define K_STEPS 3
+#define N_SEQ 12
+#define MAX_TOK 24
+static const int seq_len[N_SEQ] = {11, 6, 9, 14, 5, 8, 12, 16, 7, 10, 13, 6};
+static const int prompt_len[N_SEQ] = {3, 2, 4, 5, 1, 3, 4, 6, 2, 3, 5, 2};
+
+static dist_ctx *g_ctx;
+static int g_tokens[N_SEQ][16];
+static double g_inv_resp;
+#define RANK g_ctx->world_rank
+#define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
+
+static moe_config cfg_model(void) {
+    const char *kv[] = {"model.num_hidden_layers=4", "model.num_key_value_heads=2", "model.num_experts=4",
+                        "model.num_experts_per_tok=2", "model.mlp_only_layers=[2]", "model.router_aux_loss_coef=0.02",
+                        "model.tie_word_embeddings=false"};
+    return fx_small_config(kv, FX_N(kv));
+}
+
+static int shard(int d, int D, train_seq *out) {
+    int k = 0;
+    for (int s = d; s < N_SEQ; s += D)
+        out[k++] = (train_seq){.tokens = g_tokens[s], .len = seq_len[s], .resp_start = prompt_len[s]};
+    return k;
+}
+
+static double sft_cb(void *ctx, const model_acts *a, const int *seq_of, const int *resp_index, float *dlogp,
+                     float *dent) {
+    (void)ctx, (void)seq_of, (void)dent;
+    double loss = 0;
+    for (int t = 0; t < a->N; t++)
+        if (resp_index[t] >= 0) {
+            dlogp[t] = (float)-g_inv_resp;
+            loss -= a->logp[t] * g_inv_resp;
+        }
+    return loss;
+}
+
+static adamw_config opt_config(void) {
+    return (adamw_config){.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                          .max_grad_norm = 1.0f};
+}
+
+static int64_t total_tokens(void) {
+    int64_t t = 0;
+    for (int s = 0; s < N_SEQ; s++) t += seq_len[s];
+    return t;
+}
+
+/* One rank: `steps` steps of D shards each (gradients added in shard order), plain AdamW. os_at[k]
+ * (k < steps, may be NULL) receives copies of the moments after step k+1 is not needed: only the
+ * final state (os_out) and, per step, the loss and gradient norm. */
+static void reference(int D, int steps, float *losses, double *gn, moe_model *m, adamw_state *os_out) {
+    const moe_config c = cfg_model();
+    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
+    model_init_random(m, 4242);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, m, MAX_TOK) == MOERL_OK);
+    float *sum = xcalloc(m->n_params, sizeof(float));
+    train_seq seqs[N_SEQ];
+    adamw_state os;
+    adamw_init(&os, m, opt_config());
+    train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                          .total_tokens = total_tokens()};
+    double counts[8];
+    for (int k = 0; k < steps; k++) {
+        double loss = 0;
+        memset(counts, 0, sizeof counts);
+        train_seq all[N_SEQ];
+        MOERL_ASSERT(compute_router_counts(m, &a, all, shard(0, 1, all), MAX_TOK, counts) == MOERL_OK);
+        to.aux_counts = counts;
+        for (int d = 0; d < D; d++) {
+            const int n = shard(d, D, seqs);
+            train_step_out so;
+            MOERL_ASSERT(train_accumulate(m, &a, seqs, n, &to, sft_cb, NULL, &so) == MOERL_OK);
+            loss += so.loss;
+            for (size_t i = 0; i < m->n_params; i++) sum[i] = d ? sum[i] + m->grads[i] : m->grads[i];
+        }
+        memcpy(m->grads, sum, m->n_params * sizeof(float));
+        losses[k] = (float)loss;
+        MOERL_ASSERT(adamw_step(&os, m, os.cfg.lr, losses[k], &gn[k]) == 1);
+    }
+    *os_out = os;
+    model_acts_free(&a);
+    free(sum);
+}
+
+static par_config layout(int pp, int fsdp, int keep, int vpp) {
+    par_config pc;
+    memset(&pc, 0, sizeof pc);
+    pc.fsdp_size = fsdp;
+    pc.expert_parallel_size = pc.ulysses_sequence_parallel_size = 1;
+    pc.pipeline_parallel_size = pp;
+    pc.virtual_pipeline_parallel_size = vpp;
+    pc.alltoall_max_ep = 16;
+    pc.capacity_factor = 1.25;
+    pc.max_tokens = MAX_TOK;
+    pc.fsdp_keep_gathered = keep;
+    return pc;
+}
+
+/* par_state_init_cfg as the commands build it, with the test's fixed packing. m holds the whole model
+ * (whole = NULL: the random initial weights). */
+static int compose_init(par_state *ps, moe_model *m, const par_config *pc, const float *whole) {
+    const moe_config c = cfg_model();
+    MOERL_ASSERT(model_init(m, &c) == MOERL_OK);
+    model_init_random(m, 4242);
+    if (whole) memcpy(m->params, whole, m->n_params * sizeof(float));
+    if (par_state_init_cfg(ps, g_ctx, pc, m) != MOERL_OK) return MOERL_ERR;
+    pp_options po = pp_options_default();
+    po.dynamic = 0;
+    po.balance_seq_len = MAX_TOK;
+    pp_set_options(ps->pp, &po);
+    return MOERL_OK;
+}
+
+static size_t resident_bytes(const void *p, size_t len) {
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = (len + ps - 1) / ps;
+    unsigned char *v = xmalloc(np ? np : 1);
+    size_t r = 0;
+    if (mincore((void *)p, len, v) == 0)
+        for (size_t i = 0; i < np; i++) r += (v[i] & 1) ? ps : 0;
+    free(v);
+    return r;
+}
+
+/* One training step through parallel.h (what sft_train.c does per mini-batch). */
+static int step(par_state *ps, moe_model *m, model_acts *a, adamw_state *os, const train_seq *seqs, int n, float *loss,
+                double *gn) {
+    const moe_config c = cfg_model();
+    double counts[8] = {0};
+    if (compute_router_counts(m, a, seqs, n, MAX_TOK, counts) != MOERL_OK) return MOERL_ERR;
+    dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, c.num_experts);
+    for (int e = 0; e < c.num_experts; e++) counts[e] /= ps->grid->pp; /* every stage reports its pipeline's */
+    train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = c.router_aux_loss_coef,
+                          .total_tokens = total_tokens(), .par = ps, .aux_counts = counts};
+    train_step_out so;
+    const int passes = 1, mx = par_max_passes(ps, passes);
+    if (train_accumulate(m, NULL, seqs, n, &to, sft_cb, NULL, &so) != MOERL_OK) return MOERL_ERR;
+    if (par_finish_grads(ps, passes, mx) != MOERL_OK) return MOERL_ERR;
+    double l = so.loss;
+    dist_allreduce_sum(g_ctx, DIST_TRAINERS, &l, 1);
+    *loss = (float)l;
+    return par_adamw_step(ps, m, os, os->cfg.lr, *loss, gn) == 1 ? MOERL_OK : MOERL_ERR;
+}
+
+/* Floats of the stage's units (its chunks' layout ranges) and the shard FSDP should hold of them. */
+static void stage_floats(const par_state *ps, const moe_model *m, size_t *stage_n, size_t *shard_max) {
+    const int nv = ps->grid->pp * pp_chunks(ps->pp);
+    size_t *lo = xmalloc((size_t)nv * sizeof(size_t)), *hi = xmalloc((size_t)nv * sizeof(size_t));
+    pp_stage_ranges(m, pp_bounds(ps->pp), nv, lo, hi, NULL, NULL);
+    *stage_n = 0;
+    for (int k = ps->grid->stage; k < nv; k += ps->grid->pp) *stage_n += hi[k] - lo[k];
+    /* FSDP pieces: ⌈unit / F⌉ rounded up to 16 floats, per unit (at most L + 2 units) */
+    *shard_max = *stage_n / (size_t)ps->grid->fsdp + (size_t)(m->cfg.num_hidden_layers + 2) * 16;
+    free(lo);
+    free(hi);
+}
+
+static void test_compose(int pp, int fsdp, int keep, int vpp) {
+    const int T = g_ctx->world_size, D = T / pp;
+    char what[160], tag[96];
+    snprintf(tag, sizeof tag, "pp %d x fsdp %d (dp %d%s%s)", pp, fsdp, D, keep ? ", reshard_after_forward=false" : "",
+             vpp > 1 ? ", v 2" : "");
+    float ref_loss[K_STEPS + 1], loss[K_STEPS] = {0};
+    double ref_gn[K_STEPS + 1];
+    moe_model ref, m;
+    adamw_state ref_os;
+    reference(D, K_STEPS, ref_loss, ref_gn, &ref, &ref_os);
+    const par_config pc = layout(pp, fsdp, keep, vpp);
+    par_state ps;
+    CHECK_R(compose_init(&ps, &m, &pc, NULL) == MOERL_OK, "%s: par_state_init_cfg: %s", RANK, tag, moerl_last_error());
+    if (!ps.pp) return;
+    CHECK_R(ps.fsdp != NULL && ps.grid->fsdp == fsdp && ps.grid->dp == D, "%s: FSDP not composed", RANK, tag);
+    size_t stage_n, shard_max;
+    stage_floats(&ps, &m, &stage_n, &shard_max);
+    const size_t held = par_held_floats(&ps, &m);
+    CHECK_R(held >= stage_n / (size_t)fsdp && held <= shard_max, "%s stage %d: holds %zu floats, the stage's %zu / %d",
+            RANK, tag, ps.grid->stage, held, stage_n, fsdp);
+    train_seq seqs[N_SEQ];
+    const int n = shard(ps.grid->dp_rank, D, seqs);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, MAX_TOK) == MOERL_OK);
+    a.par = &ps;
+    /* forward-only through the stages with the stage's units gathered by FSDP: one rank's values
+     * (the same kernels on the same micro-batches; the sum handing them on adds exact zeros) */
+    {
+        moe_model r0;
+        const moe_config c = cfg_model();
+        MOERL_ASSERT(model_init(&r0, &c) == MOERL_OK);
+        model_init_random(&r0, 4242);
+        model_acts ra;
+        MOERL_ASSERT(model_acts_init(&ra, &r0, MAX_TOK) == MOERL_OK);
+        float *lp[N_SEQ], *lr[N_SEQ];
+        for (int i = 0; i < n; i++) lp[i] = xcalloc(16, sizeof(float)), lr[i] = xcalloc(16, sizeof(float));
+        MOERL_ASSERT(compute_logprobs(&r0, &ra, seqs, n, MAX_TOK, 1.0f, lr) == MOERL_OK);
+        const int rc = compute_logprobs(&m, &a, seqs, n, MAX_TOK, 1.0f, lp);
+        par_release_gathered(&ps);
+        int same = rc == MOERL_OK;
+        for (int i = 0; i < n; i++) {
+            same &= !memcmp(lp[i], lr[i], 16 * sizeof(float));
+            free(lp[i]);
+            free(lr[i]);
+        }
+        CHECK_R(same, "%s stage %d: forward-only logprobs differ from one rank's (rc %d: %s)", RANK, tag,
+                ps.grid->stage, rc, rc ? moerl_last_error() : "");
+        model_acts_free(&ra);
+        model_free(&r0);
+    }
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, opt_config());
+    for (int k = 0; k < K_STEPS; k++) {
+        double gn = 0;
+        const int rc = step(&ps, &m, &a, &os, seqs, n, &loss[k], &gn);
+        CHECK_R(rc == MOERL_OK, "%s step %d: %s", RANK, tag, k, moerl_last_error());
+        if (rc != MOERL_OK) break;
+        /* the whole model's norm (squares summed over the FSDP group, then over the stages) against one
+         * rank's single pass: summation order only, 1e-5 relative (a lost or doubled shard moves it by
+         * its share, far more) */
+        CHECK_R(fabs(gn - ref_gn[k]) <= 1e-5 * ref_gn[k], "%s step %d: gradient norm %.9g, one rank %.9g", RANK, tag,
+                k, gn, ref_gn[k]);
+    }
+    /* the optimizer step released every gathered unit: at most the pages straddling unit ends stay
+     * (two per unit of the stage) */
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), rp = resident_bytes(m.params, m.n_params * 4);
+    CHECK_R(rp <= 2 * (size_t)(m.cfg.num_hidden_layers + 2) * pg, "%s stage %d: %zu bytes of the parameter map "
+            "resident after the step", RANK, tag, ps.grid->stage, rp);
+    /* losses: per-micro-batch sums in another grouping than one rank's: 1e-5 relative */
+    snprintf(what, sizeof what, "%s losses vs data parallel", tag);
+    t_close(what, loss, ref_loss, K_STEPS, 1e-6f, 1e-5f);
+    /* the whole model and moments on a keeper: rank 0 (stage 0), then the last rank (the last stage) */
+    for (int kk = 0; kk < 2; kk++) {
+        const int keeper = kk ? T - 1 : 0;
+        adamw_state mom;
+        const moe_model *full = par_gather_full(&ps, &m, RANK == keeper, &os, &mom);
+        CHECK_R((RANK == keeper) == (full != NULL), "%s gather on %d: %s", RANK, tag, keeper, moerl_last_error());
+        if (full) {
+            /* weights: gradient sums over the FSDP group / pipelines in another order than one rank's, and
+             * the clip factor's last bit: ≈ 1e-7 relative of an update of ≈ lr = 3e-3 per step; 1e-6
+             * absolute on weights of scale 0.02 keeps a lost shard or a wrong range (~lr per step) out */
+            snprintf(what, sizeof what, "%s gathered weights on rank %d vs data parallel", tag, keeper);
+            t_close(what, full->params, ref.params, (long)ref.n_params, 1e-6f, 0.0f);
+            /* moments: m ≈ 0.1·g (scale 1e-3), v ≈ 0.05·g² (scale 1e-6): the same last bits, 1e-4 relative
+             * with floors 1e-8 / 1e-11 for entries whose gradient sums nearly cancel */
+            snprintf(what, sizeof what, "%s gathered moments m on rank %d", tag, keeper);
+            t_close(what, mom.m, ref_os.m, (long)ref.n_params, 1e-8f, 1e-4f);
+            snprintf(what, sizeof what, "%s gathered moments v on rank %d", tag, keeper);
+            t_close(what, mom.v, ref_os.v, (long)ref.n_params, 1e-11f, 1e-4f);
+            CHECK(mom.n == ref.n_params && mom.step == K_STEPS, "%s: gathered moments n %zu step %lld", tag, mom.n,
+                  (long long)mom.step);
+        }
+        par_release_full(&ps, &m, full, &os, &mom);
+        const size_t r2 = resident_bytes(m.params, m.n_params * 4);
+        CHECK_R(r2 <= 2 * (size_t)(m.cfg.num_hidden_layers + 2) * pg, "%s: %zu bytes resident after par_release_full",
+                RANK, tag, r2);
+    }
+    adamw_free(&os);
+    model_acts_free(&a);
+    par_state_free(&ps); /* the whole model back in m on every rank */
+    snprintf(what, sizeof what, "%s weights after par_state_free (rank %d)", tag, RANK);
+    CHECK_R(t_close(what, m.params, ref.params, (long)ref.n_params, 1e-6f, 0.0f), "%s", RANK, what);
+
+    /* resume: the whole weights (this run's) and whole moments (a checkpoint's: the reference's, the
+     * same within the tolerances above) into a new par_state, one more step against the reference's
+     * step K + 1 (same tolerances) */
+    par_state ps2;
+    moe_model m2;
+    CHECK_R(compose_init(&ps2, &m2, &pc, m.params) == MOERL_OK, "%s resume: %s", RANK, tag, moerl_last_error());
+    adamw_state os2;
+    adamw_init(&os2, &m2, opt_config()); /* layout-sized, as a checkpoint's moments are read */
+    memcpy(os2.m, ref_os.m, ref.n_params * sizeof(float));
+    memcpy(os2.v, ref_os.v, ref.n_params * sizeof(float));
+    os2.step = ref_os.step;
+    par_adamw_shard(&ps2, &m2, &os2);
+    CHECK_R(os2.n == par_held_floats(&ps2, &m2), "%s resume: moments %zu floats, shard %zu", RANK, tag, os2.n,
+            par_held_floats(&ps2, &m2));
+    model_acts a2;
+    MOERL_ASSERT(model_acts_init(&a2, &m2, MAX_TOK) == MOERL_OK);
+    a2.par = &ps2;
+    float l2 = 0;
+    double g2 = 0;
+    CHECK_R(step(&ps2, &m2, &a2, &os2, seqs, n, &l2, &g2) == MOERL_OK, "%s resumed step: %s", RANK, tag,
+            moerl_last_error());
+    model_free(&ref);
+    adamw_free(&ref_os);
+    reference(D, K_STEPS + 1, ref_loss, ref_gn, &ref, &ref_os);
+    snprintf(what, sizeof what, "%s resumed step %d loss", tag, K_STEPS + 1);
+    t_close(what, &l2, &ref_loss[K_STEPS], 1, 1e-6f, 1e-5f);
+    adamw_free(&os2);
+    model_acts_free(&a2);
+    par_state_free(&ps2);
+    snprintf(what, sizeof what, "%s resumed weights after step %d (rank %d)", tag, K_STEPS + 1, RANK);
+    CHECK_R(t_close(what, m2.params, ref.params, (long)ref.n_params, 2e-6f, 0.0f), "%s", RANK, what);
+    if (RANK == 0)
+        for (int k = 0; k < K_STEPS; k++)
+            printf("  %s step %d loss %.8f  data parallel %.8f\n", tag, k, loss[k], ref_loss[k]);
+    model_free(&m2);
+    adamw_free(&ref_os);
+    model_free(&ref);
+    model_free(&m);
+}
+
+/* One pipeline's share too small for the count the others agree on: pipeline 0 gets all 12 sequences
+ * (≥ 5 micro-batches), the others two sequences each: refused on every rank (the short pipelines naming
+ * the count, pipeline 0 pointing at them), and no rank waits in a pass. */
+static void test_refused(int pp, int fsdp) {
+    const int T = g_ctx->world_size, D = T / pp;
+    if (D < 2 || pp > 2) return; /* two sequences fill at most 2 stages */
+    const par_config pc = layout(pp, fsdp, 0, 1);
+    par_state ps;
+    moe_model m;
+    CHECK_R(compose_init(&ps, &m, &pc, NULL) == MOERL_OK, "refusal fixture: %s", RANK, moerl_last_error());
+    if (!ps.pp) return;
+    train_seq seqs[N_SEQ];
+    int n = 0;
+    if (ps.grid->dp_rank == 0) n = shard(0, 1, seqs); /* all 12: ≥ 5 micro-batches of ≤ 24 tokens */
+    else /* sequences 7 and 3 (16 + 14 tokens): two micro-batches, enough for 2 stages, fewer than the agreed */
+        for (int s = 7; s >= 3; s -= 4)
+            seqs[n++] = (train_seq){.tokens = g_tokens[s], .len = seq_len[s], .resp_start = prompt_len[s]};
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, MAX_TOK) == MOERL_OK);
+    a.par = &ps;
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, opt_config());
+    float l;
+    double gn;
+    const int rc = step(&ps, &m, &a, &os, seqs, n, &l, &gn);
+    const char *e = moerl_last_error();
+    CHECK_R(rc == MOERL_ERR && (ps.grid->dp_rank == 0 ? strstr(e, "refused its batch") != NULL
+                                                      : strstr(e, "micro-batch count") != NULL),
+            "pp %d x fsdp %d, pipeline %d: rc %d, '%s'", RANK, pp, fsdp, ps.grid->dp_rank, rc, e);
+    adamw_free(&os);
+    model_acts_free(&a);
+    par_state_free(&ps);
+    model_free(&m);
+}
+
+int main(int argc, char **argv) {
+    g_ctx = dist_init(&argc, &argv);
+    if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "test_dist_compose: %s\n", moerl_last_error());
+        return 1;
+    }
+    int pp = 2, fsdp = 2, keep = 0, vpp = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--pp") && i + 1 < argc) pp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fsdp") && i + 1 < argc) fsdp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--vpp") && i + 1 < argc) vpp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--keep")) keep = 1;
+        else {
+            fprintf(stderr, "test_dist_compose: unknown argument '%s' (--pp P --fsdp F [--vpp V] [--keep])\n", argv[i]);
+            return 2;
+        }
+    }
+    rng_state r;
+    rng_seed(&r, 77);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int t = 0; t < seq_len[s]; t++) g_tokens[s][t] = (int)rng_below(&r, 64);
+    int resp = 0;
+    for (int s = 0; s < N_SEQ; s++) resp += seq_len[s] - prompt_len[s];
+    g_inv_resp = 1.0 / resp;
+    if (RANK == 0) printf("test_dist_compose: backend %s, %d ranks\n", dist_backend_name(), g_ctx->world_size);
+    if (g_ctx->world_size >= 4 && g_ctx->world_size % pp == 0) {
+        test_compose(pp, fsdp, keep, vpp);
+        test_refused(pp, fsdp);
+    }
+    return dist_test_finish(g_ctx);
+}
