@@ -136,7 +136,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
     if (g->pp > 1 && !ps->pp) {
-        if (par_check_pp_alone(&ps->cfg, g->T) != MOERL_OK) goto fail; /* EP, SP: not with the pipeline yet */
+        if (par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail; /* EP, SP: not with the pipeline yet */
         pp_options po = pp_options_default();
         po.quiet = ps->grid_borrowed; /* a second state on the grid (a reference): the partition is logged once */
         ps->pp = pp_state_new(g, m, &po);
