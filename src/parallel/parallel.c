@@ -523,12 +523,16 @@ static const moe_model *pp_fsdp_gather(par_state *ps, moe_model *m, int keep, co
     const int holder = g->d == keep_d; /* the keeper's pipeline */
     const size_t n = m->n_params, bytes = n * sizeof(float);
     float *mv[2] = {NULL, NULL};
-    for (int k = 0; k < 2 && moments && holder; k++) mv[k] = keep ? xcalloc(n ? n : 1, sizeof(float)) : moerl_map_sparse(bytes);
     int rc = MOERL_OK;
+    for (int k = 0; k < 2 && moments && holder; k++) {
+        mv[k] = keep ? xcalloc(n ? n : 1, sizeof(float)) : moerl_map_sparse(bytes);
+        if (!mv[k]) /* out of memory: ending the job beats a pipeline waiting on this stage's ranges */
+            moerl_fatal("par_gather_full: out of memory mapping %zu bytes for a stage's moments", bytes);
+    }
     if (moments && (fsdp_gather_vec(ps->fsdp, os->m, mv[0]) != MOERL_OK ||
                     fsdp_gather_vec(ps->fsdp, os->v, mv[1]) != MOERL_OK))
         rc = MOERL_ERR;
-    if (rc == MOERL_OK) rc = fsdp_gather_full(ps->fsdp, holder);
+    if (fsdp_gather_full(ps->fsdp, holder) != MOERL_OK) rc = MOERL_ERR;
     for (int k = 0; k < 2 && rc == MOERL_OK && moments && holder; k++) rc = pp_exchange_layout(ps->pp, mv[k], keep_stage);
     if (rc == MOERL_OK && holder) rc = pp_exchange_layout(ps->pp, m->params, keep_stage);
     if (keep && moments && rc == MOERL_OK) {
