@@ -25,7 +25,9 @@
  *     resume: the whole weights and the reference's moments (a checkpoint's) loaded into a new
  *       par_state (par_take_full, par_adamw_shard) and one more step equals the reference's step K+1;
  *     uneven shares (one pipeline with all sequences, the others with two or none): the short pipelines
- *       run empty micro-batches (FSDP's collectives only); the gradient norm against one rank's. */
+ *       run empty micro-batches (FSDP's collectives only); the gradient norm against one rank's;
+ *     what does not compose yet (pipeline × EP, × SP, pipeline × FSDP with tied embeddings) refused
+ *       naming the keys (4 ranks, pp 2). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -434,6 +436,38 @@ static void test_uneven(int pp, int fsdp, int others_none) {
     model_free(&m);
 }
 
+/* What does not compose yet is refused by par_state_init naming the keys, on every rank, with the model
+ * unchanged: the pipeline with EP, with Ulysses SP, and pipeline × FSDP on tied embeddings. */
+static void test_refusals(int pp) {
+    struct {
+        int ep, sp, fsdp, tied;
+        const char *want;
+    } cases[] = {{2, 1, 1, 0, "actor.expert_parallel_size (2)"},
+                 {1, 2, 1, 0, "actor.ulysses_sequence_parallel_size (2)"},
+                 {1, 1, 2, 1, "tie_word_embeddings"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *tie = cases[i].tied ? "model.tie_word_embeddings=true" : "model.tie_word_embeddings=false";
+        const char *kv[] = {"model.num_hidden_layers=4", "model.num_key_value_heads=2", "model.num_experts=4",
+                            "model.num_experts_per_tok=2", "model.mlp_only_layers=[2]", tie};
+        const moe_config c = fx_small_config(kv, FX_N(kv));
+        moe_model m;
+        MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+        model_init_random(&m, 4242);
+        const size_t n0 = m.n_params;
+        par_config pc = layout(pp, cases[i].fsdp, 0, 1);
+        pc.expert_parallel_size = cases[i].ep;
+        pc.ulysses_sequence_parallel_size = cases[i].sp;
+        par_state ps;
+        const int rc = par_state_init_cfg(&ps, g_ctx, &pc, &m);
+        CHECK_R(rc == MOERL_ERR && strstr(moerl_last_error(), cases[i].want) &&
+                    strstr(moerl_last_error(), "actor.pipeline_parallel_size") && m.n_params == n0 && !par_active(&ps),
+                "pp %d with ep %d sp %d fsdp %d tied %d: rc %d, '%s' (want '%s')", RANK, pp, cases[i].ep, cases[i].sp,
+                cases[i].fsdp, cases[i].tied, rc, moerl_last_error(), cases[i].want);
+        if (rc == MOERL_OK) par_state_free(&ps);
+        model_free(&m);
+    }
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -466,6 +500,7 @@ int main(int argc, char **argv) {
         test_compose(pp, fsdp, keep, vpp);
         test_uneven(pp, fsdp, 0);
         test_uneven(pp, fsdp, 1);
+        if (pp == 2 && g_ctx->world_size == 4 && !keep && vpp == 1) test_refusals(pp);
     }
     return dist_test_finish(g_ctx);
 }

@@ -110,6 +110,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
      * the all-to-all capacity) by the micro-batch token limit of the command */
     const int max_tokens = ps->cfg.max_tokens;
+    /* what the pipeline does not compose with (EP, SP) is refused before anything is built */
+    if (g->pp > 1 && par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail;
     /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
      * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */
     if (g->ep > 1 && g->fsdp > 1) {
@@ -136,7 +138,6 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
     if (g->pp > 1 && !ps->pp) {
-        if (par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail; /* EP, SP: not with the pipeline yet */
         pp_options po = pp_options_default();
         po.quiet = ps->grid_borrowed; /* a second state on the grid (a reference): the partition is logged once */
         ps->pp = pp_state_new(g, m, &po);
