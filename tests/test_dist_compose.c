@@ -19,6 +19,8 @@
  *     K AdamW steps: the cross-entropy losses, the gradient norm of every step, the weights and AdamW moments par_gather_full
  *       assembles on one keeper (rank 0, then the last rank: a keeper on another stage), the weights
  *       par_state_free leaves on every rank, against the reference (tolerances at each check);
+ *     traffic with --keep: each of the stage's units all-gathered and reduce-scattered exactly once per
+ *       update (the counted bytes against the units' shards);
  *     memory: par_held_floats = the stage's units / F (rounded up to FSDP's 16-float pieces), and
  *       after the optimizer step no gathered page of the parameter map stays resident beyond the
  *       pages straddling unit ends;
@@ -42,6 +44,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/fsdp.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "test.h"
@@ -272,9 +275,30 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
     }
     adamw_state os;
     par_adamw_init(&ps, &m, &os, opt_config());
+    /* reshard_after_forward=false: each of the stage's units all-gathered once per update (by the router
+     * counts' forward-only pass, then kept for every micro-batch) and reduce-scattered once: (F − 1)·s_u
+     * floats sent per unit (dist.h's ring volume), exactly, whatever the schedule */
+    double unit_bytes = 0;
+    for (int u = 0; u < m.cfg.num_hidden_layers + 2; u++) {
+        size_t un;
+        const size_t su = fsdp_unit_shard(ps.fsdp, u, &un);
+        if (un > 0) unit_bytes += (double)(fsdp - 1) * (double)su * 4.0;
+    }
     for (int k = 0; k < K_STEPS; k++) {
         double gn = 0;
+        fsdp_stats s0, s1;
+        fsdp_get_stats(ps.fsdp, &s0);
         const int rc = step(&ps, &m, &a, &os, seqs, n, &loss[k], &gn);
+        fsdp_get_stats(ps.fsdp, &s1);
+        CHECK_R(!keep || (s1.allgather_bytes - s0.allgather_bytes == unit_bytes &&
+                          s1.reduce_scatter_bytes - s0.reduce_scatter_bytes == unit_bytes),
+                "%s step %d stage %d: all-gather %.0f B, reduce-scatter %.0f B; once per unit and update is %.0f B",
+                RANK, tag, k, ps.grid->stage, s1.allgather_bytes - s0.allgather_bytes,
+                s1.reduce_scatter_bytes - s0.reduce_scatter_bytes, unit_bytes);
+        if (RANK == 0 && k == 0)
+            printf("  %s stage 0: step all-gather %.0f B, reduce-scatter %.0f B (units once: %.0f B)\n", tag,
+                   s1.allgather_bytes - s0.allgather_bytes, s1.reduce_scatter_bytes - s0.reduce_scatter_bytes,
+                   unit_bytes);
         CHECK_R(rc == MOERL_OK, "%s step %d: %s", RANK, tag, k, moerl_last_error());
         if (rc != MOERL_OK) break;
         /* the whole model's norm (squares summed over the FSDP group, then over the stages) against one
