@@ -19,7 +19,9 @@
 #                 (pp 2, pp 3, dp 2 x pp 2; the m < pp guard; N -> M resume dp 2 x pp 2 -> pp 3 and one
 #                 process; interleaved v 2: pp 2, dp 2 x pp 2, too few layers refused, pp 2 v 2 -> one
 #                 process; dp 2 x pp 2 with a batch one pipeline cannot schedule refused once, at the start
-#                 and — that check skipped — in the step, agreed by every rank instead of a hang) against
+#                 and — that check skipped — in the step, agreed by every rank instead of a hang; pipeline
+#                 × FSDP -np 4 pp 2 x fsdp 2, reshard_after_forward true and false, resumed on -np 4 pp 2 x
+#                 fsdp 2 and on one process) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
@@ -27,6 +29,8 @@
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
+#   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
+#                 HSDP replicas, fsdp 4) against data parallelism on one rank: weights, moments, resume
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
@@ -92,6 +96,7 @@ run_mpi "test_dist_trainer -np 3 (DP=3)" 3 "$T/test_dist_trainer"
 run_mpi "test_dist_trainer -np 2 (GSPO under fsdp 2)" 2 "$T/test_dist_trainer" --fsdp 2
 run_mpi "test_dist_trainer -np 2 (GSPO under ep 2)" 2 "$T/test_dist_trainer" --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under pp 2)" 2 "$T/test_dist_trainer" --pp 2
+run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x fsdp 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --fsdp 2
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
@@ -113,12 +118,20 @@ OMP_NUM_THREADS=2 run_mpi "test_dist_sp -np 2 (SP=2, 2 threads)" 2 "$T/test_dist
 run_mpi "test_dist_pp -np 2 (pp 2)" 2 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 3 (pp 3)" 3 "$T/test_dist_pp"
 run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
+# composed layouts (issue 27): pipeline × FSDP against data parallelism on one rank
+run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2
+run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, reshard_after_forward=false)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --keep
+run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --vpp 2 --dynamic
+run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
+run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
+run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 4, reshard_after_forward=false, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 4 --keep --dynamic
 run_mpi "test_dist_replay -np 2 (fsdp 2)" 2 "$T/test_dist_replay" --fsdp 2
 run_mpi "test_dist_replay -np 2 (ep 2)" 2 "$T/test_dist_replay" --ep 2
 run_mpi "test_dist_replay -np 2 (sp 2)" 2 "$T/test_dist_replay" --sp 2
 run_mpi "test_dist_replay -np 2 (pp 2)" 2 "$T/test_dist_replay" --pp 2
 run_mpi "test_dist_replay -np 3 (pp 3: one MoE layer per stage)" 3 "$T/test_dist_replay" --pp 3
 run_mpi "test_dist_replay -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_replay" --ep 2 --fsdp 2
+run_mpi "test_dist_replay -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_replay" --pp 2 --fsdp 2
 run_mpi "test_dist_replay -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_replay" --sp 2 --ep 2
 run_mpi "test_dist_recompute -np 2 (fsdp 2)" 2 "$T/test_dist_recompute" --fsdp 2
 run_mpi "test_dist_recompute -np 2 (ep 2)" 2 "$T/test_dist_recompute" --ep 2
@@ -127,6 +140,7 @@ run_mpi "test_dist_recompute -np 2 (sp 2)" 2 "$T/test_dist_recompute" --sp 2
 run_mpi "test_dist_recompute -np 2 (pp 2)" 2 "$T/test_dist_recompute" --pp 2
 run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3
 run_mpi "test_dist_recompute -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_recompute" --ep 2 --fsdp 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_recompute" --pp 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
 for lay in fsdp ep sp pp; do
     run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"
@@ -380,6 +394,20 @@ first_steps 4 "$W/p4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2
 resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on -np 3 pp 3" 3 "$W/p4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.pipeline_parallel_size=3
 resumed "checkpoint of -np 4 dp 2 x pp 2 resumed on one process" 1 "$W/p4b" "$W/c1" 2e-5 "${SFTX[@]}"
+# pipeline × FSDP (issue 27): -np 4 pp 2 x fsdp 2 (each stage's units sharded over its 2 ranks), with
+# reshard_after_forward true and false, against one process (same tolerances as FSDP alone: the same
+# sums in another order); its checkpoint (gathered through both) resumed on -np 4 pp 2 x fsdp 2 and on
+# one process against the uninterrupted run
+for RA in true false; do
+    mpi_sft 4 "$W/r4p2f2$RA" 180 "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2 \
+        actor.fsdp_config.reshard_after_forward="$RA"
+    EDGE_WHAT="moerl-mpi sft -np 4 pp 2 x fsdp 2 reshard_after_forward=$RA against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r4p2f2$RA" && grep -q "pipeline partition (2 stages" "$W/err"'
+done
+first_steps 4 "$W/pf4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
+resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on -np 4 pp 2 x fsdp 2" 4 "$W/pf4" "$W/c1" 2e-5 "${SFTX[@]}" \
+    actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
+resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on one process" 1 "$W/pf4b" "$W/c1" 2e-5 "${SFTX[@]}"
 # interleaved 1F1B (actor.virtual_pipeline_parallel_size=2, 4 layers = 4 chunks of one layer): -np 2
 # pp 2 against the plain 1F1B pp 2 on the same model (the same micro-batches through the same kernels:
 # bit-identical weights, tolerance 0) and against one process, -np 4 dp 2 x pp 2 against one process;

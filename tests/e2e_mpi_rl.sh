@@ -396,6 +396,8 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     pp_metrics_case "pipeline 2 (moerl rl)" mp_pp2 2 1
     mp_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 5 4 mp_dp2 actor.pipeline_parallel_size=2
     pp_metrics_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 2 1
+    # pipeline × FSDP (issue 27): each stage's layers sharded over its 2 ranks, against DP 2 on the same batch
+    mp_case "pipeline 2 x FSDP 2 (moerl rl)" mp_ppfsdp 5 4 mp_dp2 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
     # interleaved: 2 chunks per stage need pp·v = 4 layers (the smoke model has 2): its own DP reference
     if mpi_rl mp_dp1_l4 2 1 "${MP[@]}" model.num_hidden_layers=4; then
         mp_case "pipeline 2 x virtual 2 (moerl rl)" mp_vpp 3 2 mp_dp1_l4 model.num_hidden_layers=4 \
@@ -446,6 +448,15 @@ if mpi_rl kl_dp1 2 1 "${MP[@]}" "${KL[@]}" && mpi_rl kl_dp2 3 2 "${MP[@]}" "${KL
         elif msg=$(check kl_zero "$WORK/kl_pp2_lr0" 1e-7); then ok "KL reference, pipeline 2, lr 0: same samples, $msg"
         else bad "KL reference, pipeline 2, lr 0" "$msg"; fi
     else bad "KL reference, pipeline 2, lr 0" "exit $?"; tail_log kl_pp2_lr0; fi
+    # pipeline × FSDP: the reference sharded the same way (each stage's units over its FSDP group); lr 0,
+    # so the policy is its own reference: |kl_loss| ≤ 1e-7 as for pipeline 2 above (observed 2.8e-14)
+    if mpi_rl kl_ppfsdp_lr0 5 4 "${MP[@]}" "${KL[@]}" actor.optim.lr=0 actor.pipeline_parallel_size=2 \
+        actor.fsdp_config.fsdp_size=2; then
+        if ! grep -q "KL reference sharded as the actor" "$WORK/kl_ppfsdp_lr0.log"; then
+            bad "KL reference, pipeline 2 x FSDP 2, lr 0" "no 'KL reference sharded as the actor' line"
+        elif msg=$(check kl_zero "$WORK/kl_ppfsdp_lr0" 1e-7); then ok "KL reference, pipeline 2 x FSDP 2, lr 0: $msg"
+        else bad "KL reference, pipeline 2 x FSDP 2, lr 0" "$msg"; fi
+    else bad "KL reference, pipeline 2 x FSDP 2, lr 0" "exit $?"; tail_log kl_ppfsdp_lr0; fi
     kl_case "KL reference, EP 2 (moerl rl)" kl_ep2 3 2 kl_dp2 "${KL[@]}" actor.expert_parallel_size=2
     for to in 2:fsdp 1:one; do
         t=${to%%:*} name=kl_res_${to##*:}

@@ -965,8 +965,9 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int l = 0; l < c->num_hidden_layers; l++) a->n_moe_layers += m->p.layers[l].router != NULL;
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
-    PAR_EVENT(a, MODEL_FWD_LAYER, -1);
-    /* embedding rows and layer 0's attention input */
+    /* embedding rows and layer 0's attention input; a later pipeline stage: layer lo's attention input
+     * (the event of the region "layer lo−1's rest + layer lo's attention input", FSDP's units lo, lo+1) */
+    PAR_EVENT(a, MODEL_FWD_LAYER, a->layer_lo - 1);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
@@ -1402,7 +1403,7 @@ static void model_backward_recompute(moe_model *m, model_acts *a, const float *d
     const int L = m->cfg.num_hidden_layers, N = a->N;
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L;
-    if (head) PAR_EVENT(a, MODEL_BWD_LAYER, L);
+    PAR_EVENT(a, MODEL_BWD_LAYER, hi); /* hi < L: a pipeline stage's region "layer hi−1's MLP" (FSDP unit hi) */
     recompute_layer(m, a, hi - 1, nthr);
 #pragma omp parallel num_threads(nthr)
     {
@@ -1456,7 +1457,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
     void *sp = attn_shard_par(a->par);
-    if (head) PAR_EVENT(a, MODEL_BWD_LAYER, L);
+    PAR_EVENT(a, MODEL_BWD_LAYER, hi); /* hi < L: a pipeline stage's region "layer hi−1's MLP" (FSDP unit hi) */
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;

@@ -57,7 +57,10 @@ typedef struct {
 /* Layer events: MODEL_FWD_LAYER l before the forward work of layer l (l = −1: the embedding and
  * layer 0's attention input), MODEL_BWD_LAYER l before the backward work of layer l (l = L: the LM
  * head and layer L−1's MLP), MODEL_GRAD_READY g when backward group g's gradients are final
- * (numbering of dist_tensor_group: L, L−1, ..., 0, −1). Every micro-batch, not only the last. */
+ * (numbering of dist_tensor_group: L, L−1, ..., 0, −1). Every micro-batch, not only the last.
+ * A pipeline stage's pass over layers [lo, hi) (model_acts.layer_lo / layer_hi): its forward starts
+ * with MODEL_FWD_LAYER lo − 1 (layer lo's attention input), its backward with MODEL_BWD_LAYER hi
+ * (layer hi − 1's MLP; hi = L: the LM head as above). */
 typedef enum { MODEL_FWD_LAYER = 0, MODEL_BWD_LAYER, MODEL_GRAD_READY } model_layer_phase;
 
 typedef struct model_hooks {

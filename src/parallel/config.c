@@ -25,7 +25,7 @@ static int check_model_parallel(const par_layout *L, int grad_compression) {
                             "actor.ulysses_sequence_parallel_size=%d, actor.pipeline_parallel_size=%d) splits the "
                             "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp, T);
-    if (par_check_pp_alone(pc, T) != MOERL_OK) return MOERL_ERR;
+    if (par_check_pp_compose(pc) != MOERL_OK) return MOERL_ERR; /* pipeline with FSDP, not EP / SP */
     if (pc->fsdp_keep_gathered && fsdp <= 1) /* nothing to keep: refused, not ignored (parallel.c says the same) */
         return moerl_errorf("actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs FSDP "
                             "on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d over %d trainer rank%s",

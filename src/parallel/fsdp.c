@@ -40,6 +40,7 @@ struct fsdp_state {
     size_t pack_n;
     double cur_bytes, peak_bytes;
     int rs_order[MOERL_MAX_LAYERS + 2], n_rs; /* units with a reduce-scatter in flight, oldest first */
+    dist_comm *norm_extra; /* pipeline × FSDP (fsdp_set_norm_group): the other stages' squares join the norm */
     int keep;             /* actor.fsdp_config.reshard_after_forward=false (fsdp_set_reshard_after_forward): no
                              unit is released by the schedule (only by the optimizer step / fsdp_release_all),
                              gradients accumulate in the layout and fsdp_finish_grads reduce-scatters them */
@@ -360,7 +361,9 @@ double fsdp_grad_norm(fsdp_state *fs) {
         }
         MOERL_ASSERT(dist_comm_allreduce_f64(fs->comm, ss, 2) == MOERL_OK);
         MOERL_ASSERT(dist_comm_allreduce_f64(fs->ep, &ss[1], 1) == MOERL_OK);
-        return sqrt(ss[0] + ss[1]);
+        double t = ss[0] + ss[1];
+        if (fs->norm_extra) MOERL_ASSERT(dist_comm_allreduce_f64(fs->norm_extra, &t, 1) == MOERL_OK);
+        return sqrt(t);
     }
     double ss = 0;
     const float *g = fs->g_shard;
@@ -368,8 +371,11 @@ double fsdp_grad_norm(fsdp_state *fs) {
 #pragma omp parallel for reduction(+ : ss) schedule(static)
     for (size_t i = 0; i < n; i++) ss += (double)g[i] * (double)g[i];
     MOERL_ASSERT(dist_comm_allreduce_f64(fs->comm, &ss, 1) == MOERL_OK);
+    if (fs->norm_extra) MOERL_ASSERT(dist_comm_allreduce_f64(fs->norm_extra, &ss, 1) == MOERL_OK);
     return sqrt(ss);
 }
+
+void fsdp_set_norm_group(fsdp_state *fs, dist_comm *stages) { fs->norm_extra = stages; }
 
 void fsdp_adamw_init(fsdp_state *fs, adamw_state *os, adamw_config cfg) { adamw_init_shard(os, fs->S, cfg); }
 
@@ -438,6 +444,10 @@ int fsdp_gather_vec(fsdp_state *fs, const float *shard_vec, float *full) {
 /* ------------------------------------------------------------------ setup */
 
 fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) {
+    return fsdp_state_new_units(m, shard, replicas, NULL);
+}
+
+fsdp_state *fsdp_state_new_units(moe_model *m, dist_comm *shard, dist_comm *replicas, const unsigned char *unit_on) {
     fsdp_state *fs = xcalloc(1, sizeof *fs);
     fs->m = m;
     fs->comm = shard;
@@ -466,7 +476,7 @@ fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas) 
     size_t sh = 0;
     for (int k = 0; k < fs->n_units; k++) {
         fsdp_unit *u = &fs->u[k];
-        if (u->off == SIZE_MAX) u->off = 0, u->n = 0;
+        if (u->off == SIZE_MAX || (unit_on && !unit_on[k])) u->off = 0, u->n = 0; /* absent, or not this stage's */
         u->s = ((u->n + (size_t)fs->P - 1) / (size_t)fs->P + 15) & ~(size_t)15;
         u->sh = sh;
         sh += u->s;

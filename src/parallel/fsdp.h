@@ -59,6 +59,17 @@ typedef struct fsdp_state fsdp_state;
  * reference of par_state_init_like) gets no gradient shard and runs forward passes only.
  * Errors: mmap failing. */
 fsdp_state *fsdp_state_new(moe_model *m, dist_comm *shard, dist_comm *replicas);
+/* Pipeline × FSDP: the same over the units with unit_on[u] != 0 only (unit_on[L+2]: 0 the embedding,
+ * l+1 decoder layer l, L+1 the final norm and LM head; NULL = every unit, fsdp_state_new): a pipeline
+ * stage shards only its own units over its FSDP group; the other units get no shard (zero floats), are
+ * never gathered and their layout region is never touched, so a layer event of another stage's unit
+ * is a no-op. fsdp_gather_vec / fsdp_state_free fill only the units on (the rest of the layout stays
+ * zero: the pipeline assembles the stages, pp_exchange_layout). Errors as fsdp_state_new. */
+fsdp_state *fsdp_state_new_units(moe_model *m, dist_comm *shard, dist_comm *replicas, const unsigned char *unit_on);
+/* Pipeline × FSDP: fsdp_grad_norm also sums the squares over `stages` (grid.pp_comm: the ranks with the
+ * same position in the other stages, which own the other units' same shards), so the norm is the whole
+ * model's. NULL: off. Not collective. */
+void fsdp_set_norm_group(fsdp_state *fs, dist_comm *stages);
 /* EP × FSDP (src/parallel/grid.h): m is one rank's expert slice (exec.ep_size), the shard group
  * holds the same experts. After this call fsdp_finish_grads sums the owned pieces of replicated
  * tensors over `replicas` (fsdp_state_new's: every rank with this fsdp_rank, across the EP group

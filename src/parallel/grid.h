@@ -73,12 +73,17 @@ int par_read_keys(const cfg *c, par_config *pc);
  * pp·D = T, sp | D, fsdp | D, ep | D, ep | E, sp | nkv or nkv | sp with sp | nh (Ulysses with
  * GQA), pp ≤ L. The message names the key, its value and what would fit. */
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
-/* The layouts the pipeline combines with in this build: actor.pipeline_parallel_size > 1 needs
- * FSDP (fsdp_size, -1 = the T/pp ranks of a stage), EP and Ulysses SP all 1 (par_state_init builds
- * no other; `moerl rl` and `moerl plan` refuse the rest with this before any work). Not part of
- * par_check: the grid itself (par_grid_init) lays out any combination. T: trainer ranks. Errors name
- * every key with its value. */
+/* The layouts `moerl plan` models with the pipeline: actor.pipeline_parallel_size > 1 needs FSDP
+ * (fsdp_size, -1 = the T/pp ranks of a stage), EP and Ulysses SP all 1 (plan refuses the rest with
+ * this before any work; the runtime's wider rule is par_check_pp_compose). Not part of par_check: the
+ * grid itself (par_grid_init) lays out any combination. T: trainer ranks. Errors name every key with
+ * its value. */
 int par_check_pp_alone(const par_config *pc, int T);
+/* The layouts the pipeline combines with in this build (par_state_init builds them; `moerl rl` refuses
+ * the rest with this before any work): data parallelism and FSDP (each stage's units sharded over its
+ * FSDP group, parallel.c); actor.expert_parallel_size and actor.ulysses_sequence_parallel_size must be 1
+ * with actor.pipeline_parallel_size > 1. Errors name the keys with their values. */
+int par_check_pp_compose(const par_config *pc);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
  * dist_comm_split in one fixed order). On error nothing is left allocated. */
 int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);

@@ -3,6 +3,7 @@
 #include "parallel/parallel.h"
 
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/common.h"
 #include "parallel/ep.h"
@@ -75,6 +76,32 @@ int par_state_init_like(par_state *ps, const par_state *like, moe_model *m) {
     return MOERL_OK;
 }
 
+/* Pipeline × FSDP: the pipeline's state first (its cut names the stage's units), then FSDP over those
+ * units only, on the stage's FSDP group (and HSDP replicas inside the stage); the gradient norm also
+ * sums over pp_comm (the other stages' units). The forward-only passes run FSDP's gathers through
+ * ps's hooks. Tied embeddings are refused: the last stage's copy of the embedding would need its shard
+ * summed into stage 0's and sent back (the stage-owned pipeline does that unsharded). */
+static int pp_fsdp_init(par_state *ps, moe_model *m) {
+    const par_grid *g = ps->grid;
+    if (m->cfg.tie_word_embeddings)
+        return moerl_errorf("actor.pipeline_parallel_size=%d with actor.fsdp_config.fsdp_size=%d: a model with tied "
+                            "embeddings (config.json tie_word_embeddings=true) is not supported with this layout: use "
+                            "actor.fsdp_config.fsdp_size=1 (the pipeline alone holds the embedding's copy)",
+                            g->pp, g->fsdp);
+    pp_options po = pp_options_default();
+    po.quiet = ps->grid_borrowed;
+    if (!(ps->pp = pp_state_new(g, m, &po))) return MOERL_ERR;
+    unsigned char *on = xmalloc((size_t)m->cfg.num_hidden_layers + 2);
+    pp_stage_units(ps->pp, on);
+    ps->fsdp = fsdp_state_new_units(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL, on);
+    free(on);
+    if (!ps->fsdp) return MOERL_ERR;
+    fsdp_set_reshard_after_forward(ps->fsdp, !ps->cfg.fsdp_keep_gathered);
+    fsdp_set_norm_group(ps->fsdp, g->pp_comm);
+    pp_set_sharded(ps->pp, m, &ps->head);
+    return MOERL_OK;
+}
+
 /* Each strategy's state over ps->grid for model m (a trainable model or an inference one): the body
  * shared by par_state_init_cfg and par_state_init_like. On error the states built so far stay in ps
  * for the caller's par_state_free. */
@@ -83,6 +110,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
      * the all-to-all capacity) by the micro-batch token limit of the command */
     const int max_tokens = ps->cfg.max_tokens;
+    /* what the pipeline does not compose with (EP, SP) is refused before anything is built */
+    if (g->pp > 1 && par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail;
     /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
      * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */
     if (g->ep > 1 && g->fsdp > 1) {
@@ -95,8 +124,10 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         }
         if (!(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
     }
+    /* ---- pipeline × FSDP: the stage's units sharded over its FSDP group (pp_fsdp_init) ---- */
+    if (g->pp > 1 && g->fsdp > 1 && g->ep == 1 && g->sp == 1 && pp_fsdp_init(ps, m) != MOERL_OK) goto fail;
     /* ---- FSDP (src/parallel/fsdp.c) ---- */
-    if (g->fsdp > 1) {
+    if (g->fsdp > 1 && !ps->fsdp) {
         ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
         if (!ps->fsdp) goto fail;
         fsdp_set_reshard_after_forward(ps->fsdp, !ps->cfg.fsdp_keep_gathered); /* a reference (no grads) reshards */
@@ -106,13 +137,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
-    if (g->pp > 1) {
-        if (g->fsdp > 1 || g->ep > 1 || g->sp > 1) {
-            moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism in this build: "
-                         "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
-                         "actor.ulysses_sequence_parallel_size (%d) must be 1 with it", g->pp, g->fsdp, g->ep, g->sp);
-            goto fail;
-        }
+    if (g->pp > 1 && !ps->pp) {
         pp_options po = pp_options_default();
         po.quiet = ps->grid_borrowed; /* a second state on the grid (a reference): the partition is logged once */
         ps->pp = pp_state_new(g, m, &po);
@@ -163,7 +188,9 @@ static void hook_attn_backward(void *par, int l, float *dq, float *dk, float *dv
 }
 static int hook_accumulate(void *par, moe_model *m, const train_seq *seqs, int n, const train_step_opts *o,
                            token_grad_fn fn, void *ctx, train_step_out *out) {
-    return pp_train_accumulate(((par_state *)par)->pp, m, seqs, n, o, fn, ctx, out);
+    par_state *ps = par;
+    if (ps->fsdp) fsdp_zero_grad(ps->fsdp); /* pipeline × FSDP: the shard (pp_zero_grad leaves it) */
+    return pp_train_accumulate(ps->pp, m, seqs, n, o, fn, ctx, out);
 }
 static int hook_logprobs(void *par, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
                          float temperature, float **out_logp, const train_route_opts *ro) {
@@ -217,6 +244,13 @@ void par_bind_hooks(par_state *ps) {
 
 void par_state_free(par_state *ps) {
     if (!ps) return;
+    if (ps->pp && ps->fsdp) { /* pipeline × FSDP: each stage's units back, then the stages to every rank */
+        moe_model *m = pp_sharded_model(ps->pp);
+        fsdp_state_free(ps->fsdp);
+        ps->fsdp = NULL;
+        if (m && pp_exchange_layout(ps->pp, m->params, -1) != MOERL_OK)
+            moerl_fatal("par_state_free: assembling the pipeline's stages: %s", moerl_last_error());
+    }
     /* the other strategies' destructors go here, in reverse order of construction */
     sp_state_free(ps->sp);
     ps->sp = NULL;
@@ -314,6 +348,7 @@ static void ep_fsdp_idle_pass(par_state *ps, int backward) {
 }
 
 int par_max_passes(par_state *ps, int passes) {
+    if (ps && ps->pp) return passes; /* the pipeline agrees on its own counts (pp_train_accumulate) */
     if (ps && ps->ep && !ps->fsdp) return ep_max_passes(ps->ep, passes);
     if (!ps || !ps->fsdp) return passes;
     /* EP × FSDP: the EP groups and the (strided) FSDP groups chain every rank of a block: the stage */
@@ -327,7 +362,7 @@ int par_max_passes(par_state *ps, int passes) {
 }
 
 int par_pad_passes(par_state *ps, int passes, int max, int backward) {
-    if (!ps || (!ps->fsdp && !ps->ep)) return MOERL_OK;
+    if (!ps || ps->pp || (!ps->fsdp && !ps->ep)) return MOERL_OK;
     if (max < passes) return moerl_errorf("par_pad_passes: %d passes, more than the group's most %d", passes, max);
     if (ps->ep && ps->fsdp) {
         for (int i = passes; i < max; i++) ep_fsdp_idle_pass(ps, backward);
@@ -473,8 +508,54 @@ static const moe_model *ep_fsdp_gather_full(par_state *ps, moe_model *m, int kee
     return whole;
 }
 
+/* Pipeline × FSDP: agree on the keeper as pp_gather does; in every stage the FSDP group of the keeper's
+ * pipeline (d in the keeper's block) gathers its stage's units (weights and moments) onto the member of
+ * that pipeline, which sends them to the keeper's stage (pp_exchange_layout). */
+static const moe_model *pp_fsdp_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                       adamw_state *moments) {
+    if (moments) memset(moments, 0, sizeof *moments);
+    double v[2] = {keep ? 1 : 0, keep ? ps->ctx->trainer_rank : 0};
+    if (dist_allreduce_sum(ps->ctx, DIST_TRAINERS, v, 2) != MOERL_OK) return NULL;
+    if (v[0] > 1) return moerl_errorf("par_gather_full: %d trainer ranks asked to keep the model, expected one",
+                                      (int)v[0]), NULL;
+    const par_grid *g = ps->grid;
+    const int keeper = (int)v[1], keep_d = keeper % g->D, keep_stage = keeper / g->D;
+    if (v[0] == 0 || g->d / g->fsdp != keep_d / g->fsdp) return NULL; /* another FSDP group gathers */
+    const int holder = g->d == keep_d; /* the keeper's pipeline */
+    const size_t n = m->n_params, bytes = n * sizeof(float);
+    float *mv[2] = {NULL, NULL};
+    int rc = MOERL_OK;
+    for (int k = 0; k < 2 && moments && holder; k++) {
+        mv[k] = keep ? xcalloc(n ? n : 1, sizeof(float)) : moerl_map_sparse(bytes);
+        if (!mv[k]) /* out of memory: ending the job beats a pipeline waiting on this stage's ranges */
+            moerl_fatal("par_gather_full: out of memory mapping %zu bytes for a stage's moments", bytes);
+    }
+    if (moments && (fsdp_gather_vec(ps->fsdp, os->m, mv[0]) != MOERL_OK ||
+                    fsdp_gather_vec(ps->fsdp, os->v, mv[1]) != MOERL_OK))
+        rc = MOERL_ERR;
+    if (fsdp_gather_full(ps->fsdp, holder) != MOERL_OK) rc = MOERL_ERR;
+    for (int k = 0; k < 2 && rc == MOERL_OK && moments && holder; k++) rc = pp_exchange_layout(ps->pp, mv[k], keep_stage);
+    if (rc == MOERL_OK && holder) rc = pp_exchange_layout(ps->pp, m->params, keep_stage);
+    if (keep && moments && rc == MOERL_OK) {
+        *moments = *os;
+        moments->n = n;
+        moments->m = mv[0];
+        moments->v = mv[1];
+        return m;
+    }
+    for (int k = 0; k < 2; k++) {
+        if (keep) free(mv[k]);
+        else if (mv[k]) munmap(mv[k], bytes);
+    }
+    return rc == MOERL_OK && keep ? m : NULL;
+}
+
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
+    if (ps && ps->pp && ps->fsdp) {
+        if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
+        return pp_fsdp_gather(ps, m, keep, os, moments);
+    }
     if (ps && ps->pp && pp_is_owned(ps->pp)) {
         if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
         return pp_gather(ps, m, keep, os, moments);
@@ -520,6 +601,16 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
     (void)m;
     if (ps && ps->pp && pp_is_owned(ps->pp)) {
         pp_release_full(ps->pp, full != NULL, moments);
+        return;
+    }
+    if (ps && ps->pp && ps->fsdp) { /* pipeline × FSDP: the units, the moments, the other stages' pages */
+        fsdp_release_all(ps->fsdp);
+        if (moments && moments->m && (!os || moments->m != os->m)) {
+            free(moments->m);
+            free(moments->v);
+        }
+        if (moments) memset(moments, 0, sizeof *moments);
+        if (full == m) moerl_drop_pages(m->params, 0, m->n_params);
         return;
     }
     if (!ps || (!ps->fsdp && !ps->ep)) return;

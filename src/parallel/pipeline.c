@@ -295,6 +295,11 @@ struct pp_state {
     adamw_range *ranges;    /* this stage's tensors, chunk c's in [r0[c], r0[c+1]), offsets relative to its range */
     int r0[PP_MAX_CHUNKS + 1];
     grad_sum gs;
+    /* pipeline × FSDP (pp_set_sharded): FSDP owns the stage's memory and gradient sums */
+    moe_model *lay_m;       /* the model whose layout st_lo / st_hi describe (pp_exchange_layout) */
+    void *fwd_par;          /* model_acts.par of the forward-only passes (the FSDP gathers); NULL: none */
+    dist_comm *uniform;     /* the ranks whose schedules must match pass for pass (grid.stage_comm); NULL: none */
+    int ext_grads;          /* 1: pp_zero_grad leaves the gradients to FSDP */
 };
 
 static int vstage(const pp_state *s, int c) { return c * s->pp + s->stage; }
@@ -601,6 +606,8 @@ static void slot_routes(pp_slot *sl, const moe_model *m, const train_seq *seqs, 
     sl->a.routes_out = per > 0 && ro ? sl->rec : NULL;
 }
 
+static void idle_events(const pp_state *s, void *par, int vs, int backward);
+
 static void forward_step(pp_state *s, pp_run *r, int c, int j) {
     pp_slot *sl = slot_of(s, c, j);
     const int vs = vstage(s, c), last = vs == s->nv - 1, E = s->E;
@@ -619,6 +626,19 @@ static void forward_step(pp_state *s, pp_run *r, int c, int j) {
     wait_idle(s, &sl->sq_ba);
     const double t0 = moerl_now();
     const int b0 = r->mb[j], b1 = r->mb[j + 1];
+    if (b0 == b1) { /* an empty micro-batch (agree_count): the layer events, no rows; the counts pass on */
+        idle_events(s, r->o->par, vs, 0);
+        for (int e = 0; e < 2 * E && s->aux && vs == 0; e++) sl->fa[e] = 0.0f;
+        if (last) {
+            if (s->aux) memcpy(sl->ba, sl->fa, E * sizeof(float));
+            return;
+        }
+        sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, 0);
+        if (s->aux)
+            sl->sq_fa = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 1), sl->fa, 2 * (size_t)E);
+        if (s->opt.prefetch) post_grad(s, r, c, j);
+        return;
+    }
     const int N = train_pack(r->seqs, b0, b1, sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
     a->par = r->o->par;
     slot_routes(sl, r->model, r->seqs, b0, b1, r->o->routes);
@@ -685,7 +705,8 @@ static void backward_step(pp_state *s, pp_run *r, int c, int j) {
         for (int e = 0; e < E; e++) a->aux_counts[e] = (float)o->aux_counts[e];
         aux_w = o->aux_coef * share * share;
     }
-    model_backward(r->model, a, last ? sl->dlogp : NULL, last && o->want_entropy ? sl->dent : NULL, (float)aux_w);
+    if (r->N[j] == 0) idle_events(s, o->par, vs, 1); /* an empty micro-batch (agree_count) */
+    else model_backward(r->model, a, last ? sl->dlogp : NULL, last && o->want_entropy ? sl->dent : NULL, (float)aux_w);
     s->busy_s += moerl_now() - t0;
     /* a chunk's backwards run in micro-batch order: after the last one its gradients are final */
     if (++s->done_c[c] == r->m) grad_sum_push(s, c);
@@ -814,6 +835,58 @@ static int check_agreement(pp_state *s, int ok, int n, int64_t tokens, int m) {
                                 "micro-batch counts differ): every stage of a pipeline must get the same sequences",
                                 s->stage);
     return MOERL_OK;
+}
+
+/* Pipeline × FSDP: the FSDP group's members sit in one stage of different pipelines and must run the
+ * same layer events pass for pass, so every pipeline runs the same micro-batch count: the most any
+ * pipeline planned (an all-gather over grid.stage_comm; the stages of one pipeline plan the same count,
+ * so every stage finds the same most). A pipeline with fewer keeps its own packing and appends empty
+ * micro-batches (0 tokens): their passes run the layer events only (idle_events: FSDP's gathers and
+ * zero reduce-scatters, as fsdp_idle_pass) and their messages carry no hidden rows. A refusal on any
+ * pipeline (ok = 0 there) is every rank's, so none waits in a pass. *mb and *Nmb grow to the count
+ * (+ 1 entries). Returns the agreed ok (0 with a message). */
+static int agree_count(pp_state *s, int n, int ok, int *nm, int **mb, int **Nmb) {
+    if (!s->uniform || dist_comm_size(s->uniform) <= 1) return ok;
+    const int D = dist_comm_size(s->uniform);
+    float mine = ok ? (float)*nm : -1.0f, *all = xmalloc((size_t)D * sizeof(float));
+    const int rc = dist_comm_allgather_f32(s->uniform, &mine, 1, all);
+    int M = 0, bad = rc != MOERL_OK;
+    for (int d = 0; d < D && !bad; d++) {
+        bad |= all[d] < 0;
+        M = MOERL_MAX(M, (int)all[d]);
+    }
+    free(all);
+    if (!ok) return 0; /* this rank's own message stands */
+    if (bad) return moerl_errorf("pipeline: another data-parallel pipeline of this stage refused its batch (see its "
+                                 "message)"), 0;
+    if (*nm == 0) (*mb)[0] = 0; /* no sequences here */
+    if (*nm < M) {
+        *mb = xrealloc(*mb, ((size_t)M + 1) * sizeof(int));
+        *Nmb = xrealloc(*Nmb, ((size_t)M + 1) * sizeof(int));
+        for (int j = *nm + 1; j <= M; j++) (*mb)[j] = n; /* empty: [n, n) */
+        *nm = M;
+    }
+    return 1;
+}
+
+/* The layer events of an empty micro-batch's pass over virtual stage vs's layers [lo, hi), in
+ * model_forward / model_backward's order (forward.h), through the model hooks of par: the collectives
+ * a pass of the stage's FSDP group runs, with nothing computed. */
+static void idle_events(const pp_state *s, void *par, int vs, int backward) {
+    const model_hooks *h = model_par_hooks(par);
+    if (!h || !h->layer_event) return;
+    const int lo = s->bounds[vs], hi = s->bounds[vs + 1], head = hi == s->L;
+    if (!backward) {
+        for (int l = lo - 1; l < hi; l++) h->layer_event(par, MODEL_FWD_LAYER, l);
+        return;
+    }
+    h->layer_event(par, MODEL_BWD_LAYER, hi);
+    if (head) h->layer_event(par, MODEL_GRAD_READY, s->L);
+    for (int l = hi - 1; l >= lo; l--) {
+        h->layer_event(par, MODEL_BWD_LAYER, l);
+        h->layer_event(par, MODEL_GRAD_READY, l);
+    }
+    if (lo == 0) h->layer_event(par, MODEL_GRAD_READY, -1);
 }
 
 /* This stage's checks before a schedule: the token limit, every token in the vocabulary. 1 when all
@@ -957,6 +1030,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     for (int i = 0; i < n; i++) total += seqs[i].len;
     int ok = check_inputs(m, seqs, n, o->max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pp_plan_microbatches(seqs, n, o->max_tokens, P, &s->opt, mb)) < 0) ok = 0;
+    ok = agree_count(s, n, ok, &nm, &mb, &Nmb);
     if (ok && slots_for(s, m, o->max_tokens, nm, 0) != MOERL_OK) ok = 0;
     pp_zero_grad(s, m);
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) {
@@ -966,7 +1040,7 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
     }
     memset(s->done_c, 0, V * sizeof(int));
     grad_sum_start(s);
-    if (n == 0) { /* a data-parallel pipeline without sequences: zero gradients, as train_accumulate */
+    if (nm == 0) { /* a data-parallel pipeline without sequences: zero gradients, as train_accumulate */
         free(mb);
         free(Nmb);
         memset(&s->st, 0, sizeof s->st);
@@ -1020,12 +1094,16 @@ int pp_train_accumulate(pp_state *s, moe_model *m, const train_seq *seqs, int n,
 /* A forward-only pass's start, on every stage alike: the checks of pp_train_accumulate, the packing
  * of train_accumulate (pack_microbatches: the same micro-batches as one rank), the agreement. mb and
  * Nmb need n + 1 entries. Returns the micro-batch count or MOERL_ERR (on every stage). */
-static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens, int *mb,
-                        int *Nmb) {
+static int plan_forward(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens, int **mbp,
+                        int **Nmbp) {
+    int *mb = *mbp;
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += seqs[i].len;
     int ok = check_inputs(m, seqs, n, max_tokens), nm = 0;
     if (ok && n > 0 && (nm = pack_microbatches(seqs, n, max_tokens, mb)) < 0) ok = 0;
+    ok = agree_count(s, n, ok, &nm, mbp, Nmbp);
+    mb = *mbp;
+    int *Nmb = *Nmbp;
     if (ok && slots_for(s, m, max_tokens, nm, 1) != MOERL_OK) ok = 0;
     if (check_agreement(s, ok, n, total, ok ? nm : 0) != MOERL_OK) return MOERL_ERR;
     for (int j = 0; j < nm; j++) {
@@ -1076,16 +1154,21 @@ static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs,
         model_acts *a = &sl->a;
         if (vs > 0) wait_idle(s, &sl->rq_h);
         wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
-        const int N = train_pack(seqs, mb[j], mb[j + 1], sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
-        a->par = NULL;
-        slot_routes(sl, m, seqs, mb[j], mb[j + 1], ro);
-        if (model_forward(m, a, sl->tok, sl->cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK)
-            moerl_fatal("pipeline stage %d chunk %d, forward-only micro-batch %d: %s", s->stage, c, j,
-                        moerl_last_error());
-        train_route_visit(m, a, seqs, mb[j], sl->cu, a->routes_out, ro);
-        visit(s, c, m, a, sl, N, ctx);
-        if (!last)
-            sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, (size_t)N * H);
+        if (mb[j] == mb[j + 1]) { /* an empty micro-batch (agree_count): the layer events only */
+            idle_events(s, s->fwd_par, vs, 0);
+            if (!last) sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, 0);
+        } else {
+            const int N = train_pack(seqs, mb[j], mb[j + 1], sl->tok, sl->cu, sl->tgt, sl->seq_of, sl->resp_index);
+            a->par = s->fwd_par; /* pipeline × FSDP: the stage's gathers; NULL otherwise */
+            slot_routes(sl, m, seqs, mb[j], mb[j + 1], ro);
+            if (model_forward(m, a, sl->tok, sl->cu, NULL, mb[j + 1] - mb[j], N) != MOERL_OK)
+                moerl_fatal("pipeline stage %d chunk %d, forward-only micro-batch %d: %s", s->stage, c, j,
+                            moerl_last_error());
+            train_route_visit(m, a, seqs, mb[j], sl->cu, a->routes_out, ro);
+            visit(s, c, m, a, sl, N, ctx);
+            if (!last)
+                sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, (size_t)N * H);
+        }
         const int jn = j + s->n_slots[c];
         if (vs > 0 && jn < nm) /* the input buffer is free again */
             sl->rq_h = dist_comm_irecv_f32(s->comm, prev_rank(s), tag_of(s, vs, jn, 0), a->layers[s->bounds[vs]].resid_in,
@@ -1117,7 +1200,7 @@ static void logp_visit(pp_state *s, int c, const moe_model *m, model_acts *a, co
 int pp_compute_logprobs(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
                         float temperature, float **out_logp, const train_route_opts *ro) {
     int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
-    const int nm = plan_forward(s, m, seqs, n, max_tokens, mb, Nmb);
+    const int nm = plan_forward(s, m, seqs, n, max_tokens, &mb, &Nmb);
     if (nm < 0) {
         free(mb);
         free(Nmb);
@@ -1153,7 +1236,7 @@ static void counts_visit(pp_state *s, int c, const moe_model *m, model_acts *a, 
 int pp_compute_router_counts(pp_state *s, const moe_model *m, const train_seq *seqs, int n, int max_tokens,
                              double *counts) {
     int *mb = xmalloc((n + 1) * sizeof(int)), *Nmb = xmalloc((n + 1) * sizeof(int));
-    const int nm = plan_forward(s, m, seqs, n, max_tokens, mb, Nmb);
+    const int nm = plan_forward(s, m, seqs, n, max_tokens, &mb, &Nmb);
     int rc = nm < 0 ? MOERL_ERR : MOERL_OK;
     if (rc == MOERL_OK && s->aux) {
         double *acc = xcalloc((size_t)s->E, sizeof(double));
@@ -1272,12 +1355,43 @@ void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, 
 }
 
 
-int pp_own_stage(pp_state *s, moe_model *m) {
-    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
-    if (!m->params) return moerl_errorf("pipeline: a stage-owned model needs parameters (none were given)");
+/* Every virtual stage's layout range of m (st_lo / st_hi, the embedding's), once. */
+static void layout_ranges(pp_state *s, const moe_model *m) {
+    if (s->st_lo) return;
     s->st_lo = xmalloc((size_t)s->nv * sizeof(size_t));
     s->st_hi = xmalloc((size_t)s->nv * sizeof(size_t));
     pp_stage_ranges(m, s->bounds, s->nv, s->st_lo, s->st_hi, &s->emb_lo, &s->emb_hi);
+}
+
+void pp_stage_units(const pp_state *s, unsigned char *on) {
+    memset(on, 0, (size_t)s->L + 2);
+    for (int c = 0; c < s->v; c++) {
+        const int vs = vstage(s, c);
+        for (int l = s->bounds[vs]; l < s->bounds[vs + 1]; l++) on[l + 1] = 1;
+        if (vs == 0) on[0] = 1;
+        if (vs == s->nv - 1) on[s->L + 1] = 1;
+    }
+}
+
+void pp_set_sharded(pp_state *s, moe_model *m, void *par) {
+    layout_ranges(s, m);
+    s->lay_m = m;
+    s->fwd_par = par;
+    s->uniform = s->stage_comm;
+    s->ext_grads = 1;
+}
+
+moe_model *pp_sharded_model(const pp_state *s) { return s ? s->lay_m : NULL; }
+
+int pp_exchange_layout(pp_state *s, float *buf, int to) {
+    if (!s->st_lo) return moerl_errorf("pp_exchange_layout: the pipeline has no layout (pp_set_sharded)");
+    return exchange_ranges(s, buf, 0, to < 0 || to == s->stage ? buf : NULL, to);
+}
+
+int pp_own_stage(pp_state *s, moe_model *m) {
+    if (s->own_m) return moerl_errorf("pipeline stage %d: the model is already stage-owned", s->stage);
+    if (!m->params) return moerl_errorf("pipeline: a stage-owned model needs parameters (none were given)");
+    layout_ranges(s, m);
     s->own_lo = piece_lo(s, 0);
     s->own_hi = s->st_hi[vstage(s, s->v - 1)];
     s->own_n = 0;
@@ -1362,6 +1476,7 @@ size_t pp_held_floats(const pp_state *s) {
 }
 
 void pp_zero_grad(pp_state *s, moe_model *m) {
+    if (s && s->ext_grads) return; /* pipeline × FSDP: the shard is FSDP's (zeroed by the par hook) */
     if (!s || !s->own_m) {
         model_zero_grad(m);
         return;

@@ -284,6 +284,23 @@ void pp_stage_ranges(const moe_model *m, const int *bounds, int pp, size_t *lo, 
  * par_state_init_like) keeps no gradients and runs the forward-only passes only. Errors: already
  * owned, m without parameters, mmap failing. */
 int pp_own_stage(pp_state *s, moe_model *m);
+/* ---- pipeline × FSDP (parallel.c composes them): FSDP shards each stage's units over the stage's
+ * FSDP group and owns the memory, the gradient sums and the optimizer; the pipeline runs the schedule.
+ * pp_stage_units: on[L+2] (FSDP's units: 0 the embedding, l+1 layer l, L+1 the final norm and LM head)
+ * = 1 for this stage's units (its chunks' layers, the embedding on stage 0, the head on the last).
+ * pure. pp_set_sharded: the state runs on m sharded by FSDP (instead of pp_own_stage): the layout
+ * ranges of m for pp_exchange_layout; par is model_acts.par of the forward-only passes (so FSDP gathers
+ * there too); the micro-batch count is agreed over grid.stage_comm before every schedule (each FSDP
+ * group's members run the same passes: a pipeline with fewer micro-batches re-packs into the most, one
+ * with fewer sequences than that refuses the batch on every rank); pp_zero_grad leaves the gradients
+ * alone (FSDP zeroes its shard). Not collective. pp_exchange_layout: buf (layout-sized, on every stage
+ * of this pipeline) holds this stage's ranges; afterwards stage `to` (−1: every stage) holds every
+ * stage's at their layout offsets. Collective over pp_comm. Errors: no layout, MPI failures. */
+void pp_stage_units(const pp_state *s, unsigned char *on);
+void pp_set_sharded(pp_state *s, moe_model *m, void *par);
+int pp_exchange_layout(pp_state *s, float *buf, int to);
+/* The model pp_set_sharded was given (NULL: none). */
+moe_model *pp_sharded_model(const pp_state *s);
 /* The whole model back in ordinary heap buffers of m on EVERY stage (grads zeroed); collective over
  * pp_comm. A replicated state: no-op. */
 int pp_release_stage(pp_state *s);
