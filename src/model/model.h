@@ -58,6 +58,12 @@ typedef struct {
     int ep_size, ep_rank;
     int batch_invariant;
     int recompute; /* activation recompute (model_acts' layout, model_backward): MODEL_RECOMPUTE_* */
+    /* Tensor parallelism (src/parallel/tp.h, Megatron's column/row split): the config's sizes are this rank's
+     * slice — num_attention_heads nh/tp, num_key_value_heads nkv/tp, intermediate_size Id/tp, vocab_size V/tp
+     * (token ids [tp_rank·V/tp, (tp_rank+1)·V/tp)), moe_intermediate_size I/tp when tp_experts (expert-TP;
+     * 0: every expert whole on every TP rank) — and the forward needs a runtime whose model_hooks has
+     * tp_allreduce. tp_size 0 or 1 = no TP. */
+    int tp_size, tp_rank, tp_experts;
 } moe_exec_opts;
 
 /* moe_exec_opts.recompute (model.enable_gradient_checkpointing + actor.recompute_granularity; docs/parallelism.md
