@@ -11,8 +11,9 @@
  * backward included) matches the whole model's gradient sliced (tp_slice_vec); a checkpoint of the gathered
  * model loads into the slices (tp_load_weights) bit for bit as the slice of the whole; refusals (sizes that do
  * not divide, TP with FSDP / pipeline / EP / Ulysses, sequence_parallel, recompute, a slice without hooks).
- * --etp 1: experts whole on every TP rank (actor.megatron.expert_tensor_parallel_size=1).
- * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1]. */
+ * --etp 1: experts whole on every TP rank (actor.megatron.expert_tensor_parallel_size=1); --vocab 67: a
+ * vocabulary that is not a multiple of the TP size (the last slice padded, the padding outside the softmax).
+ * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V]. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -77,8 +78,9 @@ static void check_refusals(void) {
     CHECK(tp_config_apply(&c, 2, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "enable_gradient_checkpointing"),
           "TP with recompute: %s", moerl_last_error());
     c = fx_config(E_EXPERTS, TOP_K, 2);
+    c.vocab_size = 67; /* padded to 2 × 34 */
     CHECK(tp_config_apply(&c, 2, 1, 1) == MOERL_OK && c.num_attention_heads == 2 && c.num_key_value_heads == 1 &&
-              c.vocab_size == 32 && c.moe_intermediate_size == 8 && c.intermediate_size == 16,
+              c.vocab_size == 34 && c.exec.tp_vocab == 67 && c.moe_intermediate_size == 8 && c.intermediate_size == 16,
           "TP 2's local config: nh %d nkv %d V %d I %d Id %d", c.num_attention_heads, c.num_key_value_heads,
           c.vocab_size, c.moe_intermediate_size, c.intermediate_size);
     /* a slice without its runtime refuses to run */
@@ -157,18 +159,21 @@ int main(int argc, char **argv) {
         dist_finalize(g_ctx);
         TEST_MAIN_END();
     }
-    int tp = g_ctx->world_size, nkv = 2, etp = -1;
-    static const struct option lo[] = {{"tp", 1, 0, 't'}, {"nkv", 1, 0, 'k'}, {"etp", 1, 0, 'e'}, {0, 0, 0, 0}};
+    int tp = g_ctx->world_size, nkv = 2, etp = -1, vocab = 64;
+    static const struct option lo[] = {{"tp", 1, 0, 't'}, {"nkv", 1, 0, 'k'}, {"etp", 1, 0, 'e'}, {"vocab", 1, 0, 'v'},
+                                       {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (o == 't') tp = atoi(optarg);
         else if (o == 'k') nkv = atoi(optarg);
         else if (o == 'e') etp = atoi(optarg);
+        else if (o == 'v') vocab = atoi(optarg);
         else {
-            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1]\n");
+            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64]\n");
             return 1;
         }
     }
-    const moe_config c = fx_config(E_EXPERTS, TOP_K, nkv);
+    moe_config c = fx_config(E_EXPERTS, TOP_K, nkv);
+    c.vocab_size = vocab; /* e.g. 67: not a multiple of tp, the last slice padded */
     fx_batch b;
     fx_make_batch(&b);
     float ref_ce[FX_K_STEPS], ref_aux[FX_K_STEPS];

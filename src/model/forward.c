@@ -964,7 +964,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int b = 0; b < B; b++)
         if (cu_seqlens[b + 1] < cu_seqlens[b])
             return moerl_errorf("model_forward: cu_seqlens decreases at sequence %d", b);
-    const int Vw = c->exec.tp_size > 1 ? V * c->exec.tp_size : V; /* TP: the whole vocabulary */
+    const int Vw = c->exec.tp_size > 1 ? c->exec.tp_vocab : V; /* TP: the whole vocabulary */
     for (int n = 0; n < N; n++)
         if (tokens[n] < 0 || tokens[n] >= Vw)
             return moerl_errorf("model_forward: token %d at position %d outside the vocabulary [0,%d)", tokens[n],

@@ -52,12 +52,14 @@ static void tp_copy(const tensor_info *lt, float *lv, const tensor_info *wt, flo
     const int nd = lt->ndim;
     const int64_t C = wt->shape[nd - 1], R = wt->shape[nd - 2], B = wt->numel / (R * C);
     const int64_t Rl = lt->shape[nd - 2], Cl = lt->shape[nd - 1];
+    if (kind == TP_ROWS && to_local) memset(L, 0, (size_t)lt->numel * sizeof(float)); /* the vocabulary's padding */
     for (int64_t b = 0; b < B; b++)
         for (int64_t r = 0; r < Rl; r++) {
             int64_t wr = r, wc = 0;
             if (kind == TP_ROWS) wr = q * Rl + r;
             else if (kind == TP_ROWS2) wr = r < Rl / 2 ? q * (Rl / 2) + r : R / 2 + q * (Rl / 2) + (r - Rl / 2);
             else wc = q * Cl;
+            if (wr >= R) continue; /* a padding row of the vocabulary (V not a multiple of P) */
             float *l = L + (b * Rl + r) * Cl, *w = W + (b * R + wr) * C + wc;
             if (to_local) memcpy(l, w, (size_t)Cl * sizeof(float));
             else memcpy(w, l, (size_t)Cl * sizeof(float));
@@ -71,7 +73,6 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
     } div[] = {{c->num_attention_heads, "num_attention_heads"},
                {c->num_key_value_heads, "num_key_value_heads"},
                {c->intermediate_size, "intermediate_size"},
-               {c->vocab_size, "vocab_size"},
                {experts_split && c->num_experts > 0 ? c->moe_intermediate_size : P, "moe_intermediate_size"}};
     for (size_t i = 0; i < sizeof div / sizeof *div; i++)
         if (div[i].v % P)
@@ -92,7 +93,8 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
     c->num_attention_heads /= P;
     c->num_key_value_heads /= P;
     c->intermediate_size /= P;
-    c->vocab_size /= P;
+    c->exec.tp_vocab = c->vocab_size;
+    c->vocab_size = (c->vocab_size + P - 1) / P; /* padded to a multiple of P (Megatron): tp_vocab marks the end */
     if (experts_split) c->moe_intermediate_size /= P;
     c->bos_token_id = c->eos_token_id = -1;
     c->exec.tp_size = P;

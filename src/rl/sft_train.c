@@ -438,9 +438,9 @@ static int sft_encode_rows(sft_run *S) {
                               &S->resp_mask[i]) != MOERL_OK)
             return MOERL_ERR;
         for (int64_t t = 0; t < q->n; t++)
-            if (q->ids[t] >= S->m->cfg.vocab_size)
+            if (q->ids[t] >= moe_config_vocab(&S->m->cfg))
                 return moerl_errorf("%s: token %d outside the model's vocabulary %d",
-                                    dataset_where(train, r->line, where, sizeof where), q->ids[t], S->m->cfg.vocab_size);
+                                    dataset_where(train, r->line, where, sizeof where), q->ids[t], moe_config_vocab(&S->m->cfg));
         if (q->n > S->o->max_tokens)
             return moerl_errorf("%s: the row has %lld tokens, more than a micro-batch holds (%d): raise "
                                 "data.max_token_len_per_micro_batch (actor.ppo_max_token_len_per_gpu for the warm start)",
