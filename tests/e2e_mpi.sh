@@ -23,7 +23,8 @@
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #                 tensor parallelism: -np 2 tp 2, -np 4 tp 2 x dp 2 against one process, resumed tp 2 -> one
-#                 process and -> tp 2 x dp 2, refusals (one kv head, tp x fsdp); test_dist_tp -np 2 / 4
+#                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
+#                 test_dist_tp -np 2 / 4
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
@@ -120,6 +121,8 @@ run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 run_mpi "test_dist_tp -np 2 (TP=2)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_tp -np 2 (TP=2, vocab 67 padded, experts whole)" 2 "$T/test_dist_tp" --vocab 67 --etp 1
 run_mpi "test_dist_tp -np 4 (TP=2 x DP=2)" 4 "$T/test_dist_tp" --tp 2
+run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" --nkv 1
+run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
 run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67
 OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2, 2 threads)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_replay -np 2 (fsdp 2)" 2 "$T/test_dist_replay" --fsdp 2
@@ -408,9 +411,13 @@ first_steps 2 "$W/t2" copy "${SFTT[@]}" actor.megatron.tensor_model_parallel_siz
 resumed "checkpoint of -np 2 tp 2 resumed on one process" 1 "$W/t2" "$W/ct1" 5e-5 "${SFTT[@]}"
 resumed "checkpoint of -np 2 tp 2 resumed on -np 4 tp 2 x dp 2" 4 "$W/t2b" "$W/ct1" 5e-5 "${SFTT[@]}" \
     actor.megatron.tensor_model_parallel_size=2
-mpi_sft 2 "$W/tkv1" 60 "${SFTX[@]}" actor.megatron.tensor_model_parallel_size=2
-EDGE_WHAT="moerl-mpi sft -np 2 tp 2 with one kv head must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "tensor_model_parallel_size=2 must divide the model.s num_key_value_heads (1)" "$W/err"'
+# one kv head replicated on both TP ranks (Megatron): its gradient summed over its holders, counted once in the norm
+mpi_sft 2 "$W/tkv1" 180 "${SFTX[@]}" actor.megatron.tensor_model_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 2 tp 2, one kv head replicated, against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/tkv1" 5e-5'
+mpi_sft 3 "$W/th3" 60 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=3
+EDGE_WHAT="moerl-mpi sft -np 3 tp 3 with 2 heads must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "tensor_model_parallel_size=3 must divide the model.s num_attention_heads (2)" "$W/err" && [[ ! -e $W/th3/checkpoint ]]'
 mpi_sft 4 "$W/tf2" 60 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.fsdp_config.fsdp_size=2
 EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x fsdp 2 must be refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "combines only with data parallelism in this build: actor.fsdp_config.fsdp_size (2)" "$W/err" && [[ ! -e $W/tf2/checkpoint ]]'

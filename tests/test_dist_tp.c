@@ -66,13 +66,18 @@ static void check_refusals(void) {
     pc = tp_pc(2, -1);
     CHECK(par_check_tp(&pc, 3) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 3 trainer"),
           "TP 2 over 3 ranks: %s", moerl_last_error());
-    moe_config c = fx_config(E_EXPERTS, TOP_K, 1), c0 = c;
-    CHECK(tp_config_apply(&c, 2, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "num_key_value_heads (1)") &&
-              c.num_attention_heads == c0.num_attention_heads,
-          "TP 2 with one kv head: %s", moerl_last_error());
+    moe_config c = fx_config(E_EXPERTS, TOP_K, 1);
+    CHECK(tp_config_apply(&c, 2, 1, 1) == MOERL_OK && c.num_key_value_heads == 1 && c.num_attention_heads == 2,
+          "TP 2 with one kv head (replicated): %s", moerl_last_error());
     c = fx_config(E_EXPERTS, TOP_K, 4);
-    CHECK(tp_config_apply(&c, 8, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "num_attention_heads (4)"),
+    const moe_config c0 = c;
+    CHECK(tp_config_apply(&c, 8, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "num_attention_heads (4)") &&
+              c.num_attention_heads == c0.num_attention_heads,
           "TP 8 with 4 heads: %s", moerl_last_error());
+    c = fx_config(E_EXPERTS, TOP_K, 2);
+    c.num_attention_heads = 6; /* TP 3 divides the 6 heads but neither divides nor is a multiple of 2 kv heads */
+    CHECK(tp_config_apply(&c, 3, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "num_key_value_heads (2)"),
+          "TP 3 with 2 kv heads: %s", moerl_last_error());
     c = fx_config(E_EXPERTS, TOP_K, 2);
     c.exec.recompute = MODEL_RECOMPUTE_FULL;
     CHECK(tp_config_apply(&c, 2, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "enable_gradient_checkpointing"),

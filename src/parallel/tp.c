@@ -15,22 +15,24 @@ struct tp_state {
     dist_comm *comm; /* the TP group */
     dist_comm *dp;   /* the ranks holding the same slice (NULL or size 1: none) */
     int P, rank;
+    int kv_rep; /* nkv < P: key/value heads replicated over P / nkv ranks each */
     moe_model whole; /* the whole config's tensor table (no buffers) */
     moe_model *model;
 };
 
 /* How a tensor is split: kept whole, by rows (dim −2), by rows in two halves (gate / up), by columns (dim −1). */
-enum { TP_REPL = 0, TP_ROWS, TP_ROWS2, TP_COLS };
+enum { TP_REPL = 0, TP_ROWS, TP_ROWS2, TP_COLS, TP_KV };
 
 static int ends_with(const char *s, const char *suf) {
     const size_t n = strlen(s), k = strlen(suf);
     return n >= k && !strcmp(s + n - k, suf);
 }
 
-static int tp_kind(const tensor_info *t, int experts_split) {
+/* kv_rep: the key/value heads are replicated (nkv < P: each rank holds the one its query heads use, Megatron) */
+static int tp_kind_kv(const tensor_info *t, int experts_split, int kv_rep) {
     const char *n = t->name;
-    if (ends_with(n, "embed_tokens.weight") || !strcmp(n, "lm_head.weight") || ends_with(n, "q_proj.weight") ||
-        ends_with(n, "k_proj.weight") || ends_with(n, "v_proj.weight"))
+    if (ends_with(n, "k_proj.weight") || ends_with(n, "v_proj.weight")) return kv_rep ? TP_KV : TP_ROWS;
+    if (ends_with(n, "embed_tokens.weight") || !strcmp(n, "lm_head.weight") || ends_with(n, "q_proj.weight"))
         return TP_ROWS;
     if (ends_with(n, "o_proj.weight") || ends_with(n, "mlp.down_proj")) return TP_COLS;
     if (ends_with(n, "mlp.gate_up_proj")) return TP_ROWS2;
@@ -38,6 +40,8 @@ static int tp_kind(const tensor_info *t, int experts_split) {
     if (ends_with(n, "mlp.experts.down")) return experts_split ? TP_COLS : TP_REPL;
     return TP_REPL;
 }
+
+#define tp_kind(t, split) tp_kind_kv((t), (split), ts->kv_rep)
 
 /* Copy between rank q's slice (local tensor lt of vector lv) and the whole tensor wt of wv: to_local 1 copies
  * whole → slice, 0 slice → whole. Shapes: [B][R][C] with B the leading dims (experts) of a 3-D tensor. */
@@ -57,6 +61,7 @@ static void tp_copy(const tensor_info *lt, float *lv, const tensor_info *wt, flo
         for (int64_t r = 0; r < Rl; r++) {
             int64_t wr = r, wc = 0;
             if (kind == TP_ROWS) wr = q * Rl + r;
+            else if (kind == TP_KV) wr = (int64_t)q * (R / Rl) / P * Rl + r; /* the kv head rank q's query heads use */
             else if (kind == TP_ROWS2) wr = r < Rl / 2 ? q * (Rl / 2) + r : R / 2 + q * (Rl / 2) + (r - Rl / 2);
             else wc = q * Cl;
             if (wr >= R) continue; /* a padding row of the vocabulary (V not a multiple of P) */
@@ -67,19 +72,21 @@ static void tp_copy(const tensor_info *lt, float *lv, const tensor_info *wt, flo
 }
 
 int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
+    const int nkv = c->num_key_value_heads;
     struct {
-        int v;
+        int v, bad; /* the model's value; whether P fails it */
         const char *field;
-    } div[] = {{c->num_attention_heads, "num_attention_heads"},
-               {c->num_key_value_heads, "num_key_value_heads"},
-               {c->intermediate_size, "intermediate_size"},
-               {experts_split && c->num_experts > 0 ? c->moe_intermediate_size : P, "moe_intermediate_size"}};
+    } div[] = {{c->num_attention_heads, c->num_attention_heads % P, "num_attention_heads"},
+               {nkv, nkv < P ? P % nkv : nkv % P, "num_key_value_heads"},
+               {c->intermediate_size, c->intermediate_size % P, "intermediate_size"},
+               {c->moe_intermediate_size, experts_split && c->num_experts > 0 && c->moe_intermediate_size % P,
+                "moe_intermediate_size"}};
     for (size_t i = 0; i < sizeof div / sizeof *div; i++)
-        if (div[i].v % P)
+        if (div[i].bad)
             return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d must divide the model's %s (%d)%s", P,
                                 div[i].field, div[i].v,
-                                i == 1 ? ": replicating key/value heads over a TP group is not in this build"
-                                : i == 4 ? " (or set actor.megatron.expert_tensor_parallel_size=1: experts whole)"
+                                i == 1 ? " or be a multiple of it (each key/value head then replicated over P / nkv ranks)"
+                                : i == 3 ? " (or set actor.megatron.expert_tensor_parallel_size=1: experts whole)"
                                          : "");
     if (c->exec.recompute)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with activation recompute "
@@ -91,7 +98,7 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
         return moerl_errorf("tp_config_apply: the config is already sliced (ep_size %d, tp_size %d)", c->exec.ep_size,
                             c->exec.tp_size);
     c->num_attention_heads /= P;
-    c->num_key_value_heads /= P;
+    c->num_key_value_heads = c->num_key_value_heads < P ? 1 : c->num_key_value_heads / P;
     c->intermediate_size /= P;
     c->exec.tp_vocab = c->vocab_size;
     c->vocab_size = (c->vocab_size + P - 1) / P; /* padded to a multiple of P (Megatron): tp_vocab marks the end */
@@ -124,6 +131,7 @@ tp_state *tp_state_attach(const par_grid *g, moe_model *m) {
     ts->dp = g->dp > 1 ? g->dp_comm : NULL;
     ts->P = P;
     ts->rank = g->tp_rank;
+    ts->kv_rep = m->cfg.num_key_value_heads < P;
     moe_model loc;
     if (model_init_layout(&ts->whole, &m->cfg, 0) != MOERL_OK ||
         (m->grads ? model_init(&loc, &lc) : model_init_inference(&loc, &lc)) != MOERL_OK) {
@@ -168,10 +176,35 @@ void tp_allreduce_f32(tp_state *ts, float *x, size_t n) {
     if (dist_comm_allreduce_f32(ts->comm, x, n) != MOERL_OK) moerl_fatal("tensor-parallel all-reduce: %s", moerl_last_error());
 }
 
+/* Replicated key/value heads (nkv < P): each holder's k/v gradient covers its own query heads; the sum over
+ * the P / nkv ranks holding the same head (an all-gather over the group, then each adds its head's copies). */
+static int tp_sum_kv_grads(tp_state *ts) {
+    moe_model *m = ts->model;
+    const int nkv = ts->whole.cfg.num_key_value_heads, rep = ts->P / nkv;
+    const size_t n = (size_t)m->cfg.head_dim * m->cfg.hidden_size; /* one head of k_proj (and of v_proj) */
+    float *mine = xmalloc(2 * n * sizeof(float)), *all = xmalloc((size_t)ts->P * 2 * n * sizeof(float));
+    int rc = MOERL_OK;
+    for (int l = 0; l < m->cfg.num_hidden_layers && rc == MOERL_OK; l++) {
+        layer_views *g = &m->g.layers[l];
+        memcpy(mine, g->k_proj, n * sizeof(float));
+        memcpy(mine + n, g->v_proj, n * sizeof(float));
+        if ((rc = dist_comm_allgather_f32(ts->comm, mine, 2 * n, all)) != MOERL_OK) break;
+        memset(mine, 0, 2 * n * sizeof(float));
+        for (int q = ts->rank / rep * rep; q < (ts->rank / rep + 1) * rep; q++) /* in rank order: the same sum */
+            for (size_t i = 0; i < 2 * n; i++) mine[i] += all[(size_t)q * 2 * n + i];
+        memcpy(g->k_proj, mine, n * sizeof(float));
+        memcpy(g->v_proj, mine + n, n * sizeof(float));
+    }
+    free(mine);
+    free(all);
+    return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("tensor-parallel key/value gradient sum: ");
+}
+
 int tp_reduce_grads(tp_state *ts) {
     moe_model *m = ts->model;
     if (ts->dp && dist_comm_size(ts->dp) > 1 && dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
         return moerl_error_prefix("tensor-parallel data-parallel gradient sum: ");
+    if (ts->kv_rep && tp_sum_kv_grads(ts) != MOERL_OK) return MOERL_ERR;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) { /* each rank's heads' share of the q/k norms */
         const int hd = m->cfg.head_dim;
         float buf[2 * 1024];
@@ -188,16 +221,18 @@ int tp_reduce_grads(tp_state *ts) {
 
 int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm) {
     moe_model *m = ts->model;
-    double ss[2] = {0, 0}; /* replicated (the same on every member: counted once), split */
+    double ss[3] = {0, 0, 0}; /* replicated (the same on every member: counted once), split, replicated kv heads */
     for (int i = 0; i < m->n_tensors; i++) {
         const tensor_info *t = &m->tensors[i];
         const float *g = m->grads + t->offset;
         double v = 0;
         for (int64_t j = 0; j < t->numel; j++) v += (double)g[j] * (double)g[j];
-        ss[tp_kind(t, experts_split(ts)) != TP_REPL] += v;
+        const int k = tp_kind(t, experts_split(ts));
+        ss[k == TP_KV ? 2 : k != TP_REPL] += v;
     }
-    if (dist_comm_allreduce_f64(ts->comm, &ss[1], 1) != MOERL_OK) return moerl_error_prefix("tensor-parallel norm: ");
-    const double norm = sqrt(ss[0] + ss[1]);
+    if (dist_comm_allreduce_f64(ts->comm, &ss[1], 2) != MOERL_OK) return moerl_error_prefix("tensor-parallel norm: ");
+    /* each kv head is held by P / nkv members: counted once */
+    const double norm = sqrt(ss[0] + ss[1] + ss[2] * ts->whole.cfg.num_key_value_heads / ts->P);
     if (grad_norm) *grad_norm = norm;
     if (!isfinite(norm) || !isfinite(loss)) {
         s->skipped++;

@@ -4,6 +4,9 @@
  *
  * The split (tp_rank r of P, the local config of tp_config_apply):
  *   q_proj, k_proj, v_proj  column-parallel: heads [r·nh/P, (r+1)·nh/P) and kv heads [r·nkv/P, ...) (rows);
+ *                           nkv < P (P a multiple of nkv): each rank holds the one kv head its query heads use,
+ *                           replicated over P / nkv ranks as Megatron does, whose k/v gradients tp_reduce_grads sums
+ *                           over its holders (and the norm counts once);
  *   o_proj                  row-parallel: the same heads' columns; its output summed over the group;
  *   dense gate_up / down    column / row-parallel over the width Id (gate rows and up rows each split);
  *   experts gate_up / down  the same over each expert's I (expert-TP, actor.megatron.expert_tensor_parallel_size
@@ -18,8 +21,8 @@
  * Data parallelism on top: par_grid.dp_comm joins the ranks holding the same slice; tp_reduce_grads sums over it
  * (the caller runs no DDP reducer: par_grads_self_reduced). Checkpoints are whole (tp_gather_full) and load on
  * any TP size (tp_slice_vec of the whole model).
- * This build: TP × DP only (FSDP, pipeline, EP, Ulysses refused by par_check_tp), nkv divisible by P, no
- * sequence parallelism, no activation recompute. */
+ * This build: TP × DP only (FSDP, pipeline, EP, Ulysses refused by par_check_tp), no sequence parallelism, no
+ * activation recompute. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
 
