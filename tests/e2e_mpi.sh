@@ -24,6 +24,9 @@
 #                 fsdp 2 and on one process) against
 #                 one process: the same losses and final weights; a checkpoint written by -np 4 fsdp 4
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
+#                 tensor parallelism: -np 2 tp 2, -np 4 tp 2 x dp 2 against one process, resumed tp 2 -> one
+#                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
+#                 test_dist_tp -np 2 / 4
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
@@ -97,6 +100,8 @@ run_mpi "test_dist_trainer -np 2 (GSPO under fsdp 2)" 2 "$T/test_dist_trainer" -
 run_mpi "test_dist_trainer -np 2 (GSPO under ep 2)" 2 "$T/test_dist_trainer" --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under pp 2)" 2 "$T/test_dist_trainer" --pp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x fsdp 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --fsdp 2
+run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --tp 2
+run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
@@ -125,6 +130,13 @@ run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test
 run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 4, reshard_after_forward=false, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 4 --keep --dynamic
+run_mpi "test_dist_tp -np 2 (TP=2)" 2 "$T/test_dist_tp"
+run_mpi "test_dist_tp -np 2 (TP=2, vocab 67 padded, experts whole)" 2 "$T/test_dist_tp" --vocab 67 --etp 1
+run_mpi "test_dist_tp -np 4 (TP=2 x DP=2)" 4 "$T/test_dist_tp" --tp 2
+run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" --nkv 1
+run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
+run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67
+OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2, 2 threads)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_replay -np 2 (fsdp 2)" 2 "$T/test_dist_replay" --fsdp 2
 run_mpi "test_dist_replay -np 2 (ep 2)" 2 "$T/test_dist_replay" --ep 2
 run_mpi "test_dist_replay -np 2 (sp 2)" 2 "$T/test_dist_replay" --sp 2
@@ -408,6 +420,35 @@ first_steps 4 "$W/pf4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.fs
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on -np 4 pp 2 x fsdp 2" 4 "$W/pf4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on one process" 1 "$W/pf4b" "$W/c1" 2e-5 "${SFTX[@]}"
+# tensor parallelism (actor.megatron.tensor_model_parallel_size; 2 kv heads so that each TP rank holds one):
+# -np 2 tp 2 and -np 4 tp 2 x dp 2 against one process (vocabulary 259 padded to 2 x 130). Weights within
+# 5e-5 (tests/test_dist_tp.c's bound, ≈ lr/60): o_proj's, the MLP's and the embedding's outputs are partial
+# sums over the TP ranks added in another fp32 order (measured ≤ 8e-6 after 3 steps); a missing all-reduce or
+# a wrong slice moves whole tensors by ~lr. Then N -> M: 2 steps on -np 2 tp 2 (the checkpoint whole, HF
+# layout) resumed to 4 on one process and on -np 4 tp 2 x dp 2; refusals naming the keys.
+SFTT=("${SFTX[@]}" model.num_key_value_heads=2)
+"$M" sft --config "$W/sft.yaml" "${SFTT[@]}" trainer.default_local_dir="$W/rt1" >/dev/null 2>&1
+for np in 2 4; do
+    mpi_sft "$np" "$W/rt$np" 180 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2
+    EDGE_WHAT="moerl-mpi sft -np $np tp 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rt$np" 5e-5'
+done
+"$M" sft --config "$W/sft.yaml" "${SFTT[@]}" "${RES[@]}" trainer.total_training_steps=4 \
+    trainer.default_local_dir="$W/ct1" >/dev/null 2>&1
+first_steps 2 "$W/t2" copy "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2
+resumed "checkpoint of -np 2 tp 2 resumed on one process" 1 "$W/t2" "$W/ct1" 5e-5 "${SFTT[@]}"
+resumed "checkpoint of -np 2 tp 2 resumed on -np 4 tp 2 x dp 2" 4 "$W/t2b" "$W/ct1" 5e-5 "${SFTT[@]}" \
+    actor.megatron.tensor_model_parallel_size=2
+# one kv head replicated on both TP ranks (Megatron): its gradient summed over its holders, counted once in the norm
+mpi_sft 2 "$W/tkv1" 180 "${SFTX[@]}" actor.megatron.tensor_model_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 2 tp 2, one kv head replicated, against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/tkv1" 5e-5'
+mpi_sft 3 "$W/th3" 60 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=3
+EDGE_WHAT="moerl-mpi sft -np 3 tp 3 with 2 heads must be refused naming the key (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "tensor_model_parallel_size=3 must divide the model.s num_attention_heads (2)" "$W/err" && [[ ! -e $W/th3/checkpoint ]]'
+mpi_sft 4 "$W/tf2" 60 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.fsdp_config.fsdp_size=2
+EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x fsdp 2 must be refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "combines only with data parallelism in this build: actor.fsdp_config.fsdp_size (2)" "$W/err" && [[ ! -e $W/tf2/checkpoint ]]'
 # interleaved 1F1B (actor.virtual_pipeline_parallel_size=2, 4 layers = 4 chunks of one layer): -np 2
 # pp 2 against the plain 1F1B pp 2 on the same model (the same micro-batches through the same kernels:
 # bit-identical weights, tolerance 0) and against one process, -np 4 dp 2 x pp 2 against one process;

@@ -9,14 +9,14 @@
  * and maxed over the ranks, equal DP=1's), and with a
  * large router_aux_loss_coef, and for GSPO (actor.policy_loss.loss_mode=gspo: each sequence's ratio is
  * the exp of the mean log ratio over its whole response, so a sequence must never be split; with
- * --fsdp F / --ep E / --pp P under mpirun only the GSPO variants run, under that layout, against one
+ * --fsdp F / --ep E / --pp P / --tp T under mpirun only the GSPO variants run, under that layout, against one
  * rank; the GSPO weights are required to differ from vanilla PPO's, so the checks can tell); HF's
  * load-balancing loss is defined over all tokens of the batch, so
  * the trainer sums routing counts over micro-batches and ranks before forming it (a loss formed per
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
  * when this test was written).
  * Groups: generated once by a rollouter from a tiny random model (same seeds on every rank, so
- * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] (every
+ * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] (every
  * rank is a trainer). */
 #include <math.h>
 #include <stdlib.h>
@@ -188,7 +188,7 @@ static void gspo_config(rl_config *c) {
     c->ppo.clip_ratio_high = 0.28f;
 }
 
-/* --fsdp F --ep E --pp P (mpirun): the layout under which the GSPO variants run against DP=1. */
+/* --fsdp F --ep E --pp P --tp T (mpirun): the layout under which the GSPO variants run against DP=1. */
 static int parse_layout(int argc, char **argv, par_config *pc) {
     *pc = (par_config){.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
                        .pipeline_parallel_size = 1, .dispatcher = MOE_DISPATCH_AUTO, .alltoall_max_ep = 16,
@@ -199,8 +199,9 @@ static int parse_layout(int argc, char **argv, par_config *pc) {
         if (!strcmp(argv[i], "--fsdp")) pc->fsdp_size = v;
         else if (!strcmp(argv[i], "--ep")) pc->expert_parallel_size = v;
         else if (!strcmp(argv[i], "--pp")) pc->pipeline_parallel_size = v;
+        else if (!strcmp(argv[i], "--tp")) pc->tensor_model_parallel_size = v;
         else {
-            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P]\n");
+            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T]\n");
             exit(2);
         }
         if (v < 1) {
@@ -314,8 +315,9 @@ int main(int argc, char **argv) {
         if (layout_on) { /* GSPO under the layout: every sequence's ratio from its whole response */
             train_on(&dp, &c, gs, 1, &layout, l_dp);
             char what[200];
-            snprintf(what, sizeof what, "%s: fsdp %d ep %d pp %d (%d ranks) weights vs one rank", vs[v].name,
-                     layout.fsdp_size, layout.expert_parallel_size, layout.pipeline_parallel_size, D);
+            snprintf(what, sizeof what, "%s: fsdp %d ep %d pp %d tp %d (%d ranks) weights vs one rank", vs[v].name,
+                     layout.fsdp_size, layout.expert_parallel_size, layout.pipeline_parallel_size,
+                     layout.tensor_model_parallel_size, D);
             t_close(what, dp.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f); /* as the DP check below */
             float d_moved = 0;
             for (size_t i = 0; i < m0.n_params; i++) d_moved = fmaxf(d_moved, fabsf(ref.params[i] - m0.params[i]));

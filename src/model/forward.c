@@ -45,12 +45,32 @@
 #include "base/pool.h"
 #include "base/trace.h"
 #include "kernels/kernels.h"
+#include "model/vocab_parallel.h"
 /* Model-parallel layer events (forward.h's model_hooks: FSDP gathers parameters / reduces gradients here). */
 #define PAR_EVENT(a, phase, l) \
     do { \
         const model_hooks *h_ = model_par_hooks((a)->par); \
         if (h_ && h_->layer_event) h_->layer_event((a)->par, (phase), (l)); \
     } while (0)
+
+/* Tensor parallelism (moe_exec_opts.tp_size > 1, src/parallel/tp.c): par when its table has the TP
+ * all-reduce, else NULL. tp_sum_team: x[n] summed over the TP group, called by every thread of a team
+ * (barrier, thread 0's all-reduce, barrier); a NULL tp is a no-op. */
+static void *tp_par(void *par) {
+    const model_hooks *h = model_par_hooks(par);
+    return h && h->tp_allreduce_f32 ? par : NULL;
+}
+static void tp_sum_team(void *tp, float *x, size_t n) {
+    if (!tp) return;
+#pragma omp barrier
+#pragma omp master
+    model_par_hooks(tp)->tp_allreduce_f32(tp, x, n);
+#pragma omp barrier
+}
+/* The TP runtime when the experts are split over it (expert-TP: their outputs are partial sums), else NULL. */
+static void *tp_expert_par(const moe_model *m, void *par) { return m->cfg.exec.tp_experts ? tp_par(par) : NULL; }
+/* The first vocabulary row this rank holds (vocab-parallel embedding and LM head; 0 without TP). */
+static int tp_vocab_lo(const moe_config *c) { return c->exec.tp_size > 1 ? c->exec.tp_rank * c->vocab_size : 0; }
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -876,6 +896,17 @@ static int check_replay_routes(const moe_config *c, const int16_t *rr, int t0, i
     return MOERL_OK;
 }
 
+/* Row-parallel output (team, TP): out[N,H] = Σ over the TP group of x[N,In]·Wᵀ (this rank's columns of W),
+ * then + resid (rows [r0, r1) each). */
+static void tp_row_parallel_out(const moe_model *m, model_acts *a, void *tp, float *out, const float *x,
+                                const float *W, const float *resid, int r0, int r1, int In) {
+    const int H = m->cfg.hidden_size, n = r1 - r0;
+    if (n > 0) lin(m, out + (size_t)r0 * H, x + (size_t)r0 * In, W, n, In, H, 0);
+    tp_sum_team(tp, out, (size_t)a->N * H);
+    const size_t nH = (size_t)n * H, o = (size_t)r0 * H;
+    for (size_t i = 0; i < nH; i++) out[o + i] += resid[o + i];
+}
+
 /* Layer l after attention, on token rows [r0, r1) (team): resid_mid = resid_in + o_proj(att),
  * ln2 = RMSNorm(resid_mid), the MLP into the next residual stream plus resid_mid, then the
  * next layer's attention input — or, after the last layer, the final norm and the LM head. */
@@ -887,16 +918,21 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     const int last = l + 1 == a->layer_hi; /* the last layer of this stage (of the model without pipeline) */
     float *out = last ? a->resid_out : a->layers[l + 1].resid_in;
     const size_t o = (size_t)r0 * H;
-    if (n > 0) {
+    void *tp = tp_par(a->par);
+    if (tp) /* row-parallel o_proj: this rank's heads' partial sum, all-reduced, then the residual */
+        tp_row_parallel_out(m, a, tp, L->resid_mid, L->att, w->o_proj, L->resid_in, r0, r1, nhd);
+    else if (n > 0) {
         memcpy(L->resid_mid + o, L->resid_in + o, (size_t)n * H * sizeof(float));
         lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, n, nhd, H, 1);
+    }
+    if (n > 0)
         rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
                         c->rms_norm_eps);
-    }
     route_io rt;
     const int routed = layer_route_io(m, a, l, &rt);
     mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
                      moe_dispatch_par(a->par), routed ? &rt : NULL);
+    tp_sum_team(w->router ? tp_expert_par(m, a->par) : tp, out, (size_t)N * H); /* row-parallel down projections */
     if (n > 0) {
         const float *rm = L->resid_mid + o;
         float *ob = out + o;
@@ -928,10 +964,19 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     for (int b = 0; b < B; b++)
         if (cu_seqlens[b + 1] < cu_seqlens[b])
             return moerl_errorf("model_forward: cu_seqlens decreases at sequence %d", b);
+    const int Vw = c->exec.tp_size > 1 ? c->exec.tp_vocab : V; /* TP: the whole vocabulary */
     for (int n = 0; n < N; n++)
-        if (tokens[n] < 0 || tokens[n] >= V)
+        if (tokens[n] < 0 || tokens[n] >= Vw)
             return moerl_errorf("model_forward: token %d at position %d outside the vocabulary [0,%d)", tokens[n],
-                                n, V);
+                                n, Vw);
+    if (c->exec.tp_size > 1 && !tp_par(a->par))
+        return moerl_errorf("model_forward: the model holds a tensor-parallel slice (rank %d of %d) but the "
+                            "activations carry no TP all-reduce hook (model_acts.par: src/parallel's par_state with "
+                            "its tp_state)", c->exec.tp_rank, c->exec.tp_size);
+    if (c->exec.tp_size > 1 && c->exec.recompute)
+        return moerl_errorf("model_forward: activation recompute (model.enable_gradient_checkpointing) does not combine "
+                            "with tensor parallelism (actor.megatron.tensor_model_parallel_size=%d) in this build",
+                            c->exec.tp_size);
     if (c->exec.ep_size > 1 && !moe_dispatch_par(a->par))
         return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
                             "activations carry no MoE dispatch hook (model_acts.par: a runtime whose model_hooks has "
@@ -973,9 +1018,18 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         int r0, r1;
         team_share(N, &r0, &r1);
         float *x = a->layers[0].resid_in;
-        if (a->layer_lo == 0) /* a later pipeline stage's input was filled by the caller */
+        if (a->layer_lo == 0 && !tp_par(a->par)) /* a later pipeline stage's input was filled by the caller */
             for (int n = r0; n < r1; n++)
                 memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
+        else if (a->layer_lo == 0) { /* vocab-parallel embedding: this rank's rows, zero elsewhere, summed */
+            const int v0 = tp_vocab_lo(c);
+            for (int n = r0; n < r1; n++) {
+                const int v = a->tokens_in[n] - v0;
+                if (v >= 0 && v < V) memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)v * H, H * sizeof(float));
+                else memset(x + (size_t)n * H, 0, H * sizeof(float));
+            }
+            tp_sum_team(tp_par(a->par), x, (size_t)N * H);
+        }
         attn_in_rows(m, a, a->layer_lo, r0, r1);
     }
     for (int l = a->layer_lo; l < a->layer_hi; l++) {
@@ -1004,6 +1058,10 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
 void model_logprobs(const moe_model *m, model_acts *a, const int *targets, float temperature, int want_entropy) {
     a->targets = targets;
     a->temperature = temperature;
+    if (tp_par(a->par)) { /* vocab-parallel: statistics reduced over the TP group (vocab_parallel.c) */
+        vp_logprob_forward(m, a, tp_vocab_lo(&m->cfg), want_entropy);
+        return;
+    }
     logprob_forward(a->logp, want_entropy ? a->entropy : NULL, a->lse_head, a->logits, targets, a->N,
                     m->cfg.vocab_size, temperature);
 }
@@ -1127,6 +1185,7 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
         moe_unpermute_backward(ep_on ? a->d_y : NULL, a->d_topk_w + (size_t)r0 * K, dout + (size_t)r0 * H, s->y,
                                s->topk_w + (size_t)r0 * K, s->expanded_pos + (size_t)r0 * K, n, K, H);
     }
+    tp_sum_team(tp_expert_par(m, a->par), a->d_topk_w, (size_t)N * K); /* expert-TP: partial expert outputs */
     if (n > 0) {
         const float *dprobs = NULL;
         if (aux_weight != 0.0f) {
@@ -1196,6 +1255,7 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
             }
         }
     }
+    tp_sum_team(tp_expert_par(m, a->par), dx, (size_t)N * H); /* expert-TP: the experts' input gradient */
     if (n > 0)
         linear_backward(dx + (size_t)r0 * H, NULL, a->d_router_logits + (size_t)r0 * E, NULL, w->router, n, H, E, 1);
     SPAN_END("bwd permute + router wgrad", t);
@@ -1221,6 +1281,7 @@ static void dense_backward_team(moe_model *m, model_acts *a, int l, const float 
     wgrad_team(gw->mlp_down, dout, s->act, N, Id, H);
     wgrad_team(gw->mlp_gate_up, a->d_gate_up, x, N, H, 2 * Id);
 #pragma omp barrier
+    tp_sum_team(tp_par(a->par), dx, (size_t)N * H); /* column-parallel gate_up: partial input gradient */
 }
 
 /* Layer l from its output back to resid_mid and through o_proj (team): on entry d_resid holds
@@ -1274,6 +1335,10 @@ static void layer_attn_backward_team(moe_model *m, model_acts *a, int l, int r0,
         linear_backward(a->d_tmp + o, NULL, a->d_q + oq, NULL, w->q_proj, n, H, nh * hd, 0);
         linear_backward(a->d_tmp + o, NULL, a->d_k + ok, NULL, w->k_proj, n, H, nkv * hd, 1);
         linear_backward(a->d_tmp + o, NULL, a->d_v + ok, NULL, w->v_proj, n, H, nkv * hd, 1);
+    }
+    tp_sum_team(tp_par(a->par), a->d_tmp, (size_t)N * H); /* column-parallel q/k/v: partial input gradient */
+    if (n > 0) {
+        const size_t o = (size_t)r0 * H;
         rmsnorm_backward(a->d_resid + o, dw1, a->d_tmp + o, L->resid_in + o, w->input_layernorm, L->ln1_rstd + r0, n,
                          H, 1);
     }
@@ -1297,9 +1362,14 @@ static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, 
     float *dw = norm_dw_slot(np.hidden, m->g.norm, H, np.nt);
     if (n > 0) {
         const size_t o = (size_t)r0 * H, ov = (size_t)r0 * V;
-        logprob_backward(a->d_logits + ov, dlogp + r0, dentropy ? dentropy + r0 : NULL, a->logits + ov,
-                         a->targets + r0, n, V, a->temperature);
+        if (!tp_par(a->par)) /* TP: vp_logprob_backward filled d_logits before the team */
+            logprob_backward(a->d_logits + ov, dlogp + r0, dentropy ? dentropy + r0 : NULL, a->logits + ov,
+                             a->targets + r0, n, V, a->temperature);
         linear_backward(a->d_tmp + o, NULL, a->d_logits + ov, NULL, m->p.lm_head, n, H, V, 0);
+    }
+    tp_sum_team(tp_par(a->par), a->d_tmp, (size_t)N * H); /* vocab-parallel head: partial input gradient */
+    if (n > 0) {
+        const size_t o = (size_t)r0 * H;
         rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, a->resid_out + o, m->p.norm, a->lnf_rstd + r0, n, H, 0);
     }
 #pragma omp barrier
@@ -1388,8 +1458,10 @@ static void embed_backward_team(moe_model *m, model_acts *a) {
     int h0, h1;
     team_share(H, &h0, &h1);
     float *gE = m->g.embed_tokens;
+    const int v0 = tp_vocab_lo(&m->cfg), V = m->cfg.vocab_size;
     for (int n = 0; n < a->N; n++) {
-        float *row = gE + (size_t)a->tokens_in[n] * H;
+        if (a->tokens_in[n] < v0 || a->tokens_in[n] - v0 >= V) continue; /* TP: another rank's row */
+        float *row = gE + (size_t)(a->tokens_in[n] - v0) * H;
         const float *d = a->d_resid + (size_t)n * H;
         for (int h = h0; h < h1; h++) row[h] += d[h];
     }
@@ -1458,6 +1530,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
     void *sp = attn_shard_par(a->par);
     PAR_EVENT(a, MODEL_BWD_LAYER, hi); /* hi < L: a pipeline stage's region "layer hi−1's MLP" (FSDP unit hi) */
+    if (head && tp_par(a->par)) vp_logprob_backward(m, a, tp_vocab_lo(c), dlogp, dentropy);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;
@@ -1491,8 +1564,10 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
                 int h0, h1;
                 team_share(H, &h0, &h1);
                 float *gE = m->g.embed_tokens;
+                const int v0 = tp_vocab_lo(c), V = c->vocab_size;
                 for (int n = 0; n < N; n++) {
-                    float *row = gE + (size_t)a->tokens_in[n] * H;
+                    if (a->tokens_in[n] < v0 || a->tokens_in[n] - v0 >= V) continue; /* TP: another rank's row */
+                    float *row = gE + (size_t)(a->tokens_in[n] - v0) * H;
                     const float *d = a->d_resid + (size_t)n * H;
                     for (int h = h0; h < h1; h++) row[h] += d[h];
                 }

@@ -90,6 +90,11 @@ typedef struct model_hooks {
     int (*attn_begin)(void *par, const int *cu_seqlens, int B, int N);
     void (*attn_forward)(void *par, int l, float *out, const float *q, const float *k, const float *v, float scale);
     void (*attn_backward)(void *par, int l, float *dq, float *dk, float *dv, const float *dout, float scale);
+    /* Tensor parallelism (src/parallel/tp.c; the model holds a TP slice, moe_exec_opts.tp_size): x[n] summed
+     * (max = 0) or maximised (max = 1) over the TP group, in place. Called by ONE thread (forward.c brackets it
+     * with team barriers) or outside any team; every rank of the group calls it at the same points. */
+    void (*tp_allreduce)(void *par, double *x, size_t n, int max);
+    void (*tp_allreduce_f32)(void *par, float *x, size_t n);
 } model_hooks;
 
 /* What model_acts.par points to begins with this: the runtime's hook table (NULL: none). */

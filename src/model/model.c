@@ -77,6 +77,8 @@ static int model_init_impl(moe_model *m, const moe_config *cfg, int with_grads, 
     return MOERL_OK;
 }
 
+int moe_config_vocab(const moe_config *c) { return c->exec.tp_size > 1 ? c->exec.tp_vocab : c->vocab_size; }
+
 int model_init(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 1, 1); }
 int model_init_inference(moe_model *m, const moe_config *cfg) { return model_init_impl(m, cfg, 0, 1); }
 int model_init_layout(moe_model *m, const moe_config *cfg, int with_grads) {

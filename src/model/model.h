@@ -58,6 +58,13 @@ typedef struct {
     int ep_size, ep_rank;
     int batch_invariant;
     int recompute; /* activation recompute (model_acts' layout, model_backward): MODEL_RECOMPUTE_* */
+    /* Tensor parallelism (src/parallel/tp.h, Megatron's column/row split): the config's sizes are this rank's
+     * slice — num_attention_heads nh/tp, num_key_value_heads nkv/tp, intermediate_size Id/tp, vocab_size
+     * Vl = ⌈V/tp⌉ (token ids [tp_rank·Vl, tp_rank·Vl + Vl), Megatron's vocabulary padded to a multiple of tp:
+     * rows past tp_vocab are padding, zero and outside every softmax), moe_intermediate_size I/tp when
+     * tp_experts (expert-TP; 0: every expert whole on every TP rank) — and the forward needs a runtime whose
+     * model_hooks has tp_allreduce. tp_size 0 or 1 = no TP. tp_vocab: the whole vocabulary V. */
+    int tp_size, tp_rank, tp_experts, tp_vocab;
 } moe_exec_opts;
 
 /* moe_exec_opts.recompute (model.enable_gradient_checkpointing + actor.recompute_granularity; docs/parallelism.md
@@ -94,6 +101,9 @@ typedef struct {
 /* Experts this model holds (exec.ep_size / ep_rank): returns their count and sets *lo to the first
  * one's global index (E and 0 without expert parallelism). */
 int moe_config_local_experts(const moe_config *c, int *lo);
+/* The whole model's vocabulary size: vocab_size, or exec.tp_vocab for a tensor-parallel slice (token ids are
+ * always whole-vocabulary ids). */
+int moe_config_vocab(const moe_config *c);
 /* Layer l is MoE iff l ∉ mlp_only_layers, num_experts > 0 and (l+1) % decoder_sparse_step == 0. */
 int moe_config_layer_is_moe(const moe_config *c, int l);
 /* Parse a HF config.json (model_type must be "qwen3_moe"). Missing optional fields take HF

@@ -19,13 +19,21 @@ static int check_model_parallel(const par_layout *L, int grad_compression) {
     const par_config *pc = &L->par;
     const int T = L->n_trainer_ranks;
     const int pp = pc->pipeline_parallel_size, fsdp = pc->fsdp_size == -1 ? T / pp : pc->fsdp_size;
-    const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 || pp > 1;
+    const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 || pp > 1 ||
+                    pc->tensor_model_parallel_size > 1;
     if (any && T < 2)
         return moerl_errorf("model parallelism (actor.fsdp_config.fsdp_size=%d, actor.expert_parallel_size=%d, "
-                            "actor.ulysses_sequence_parallel_size=%d, actor.pipeline_parallel_size=%d) splits the "
-                            "model over trainer ranks: run under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
-                            pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp, T);
-    if (par_check_pp_compose(pc) != MOERL_OK) return MOERL_ERR; /* pipeline with FSDP, not EP / SP */
+                            "actor.ulysses_sequence_parallel_size=%d, actor.pipeline_parallel_size=%d, "
+                            "actor.megatron.tensor_model_parallel_size=%d) splits the model over trainer ranks: run "
+                            "under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
+                            pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
+                            pc->tensor_model_parallel_size, T);
+    if (par_check_pp_compose(pc) != MOERL_OK || par_check_tp(pc, T) != MOERL_OK) return MOERL_ERR; /* pipeline with FSDP, not EP / SP; TP with DP */
+    const int tp = pc->tensor_model_parallel_size;
+    if (tp > 1 && grad_compression != GRAD_COMPRESSION_NONE)
+        return moerl_errorf("actor.grad_compression compresses the data-parallel reducer's all-reduce, which "
+                            "actor.megatron.tensor_model_parallel_size=%d (TP sums its own slices) does not use: set "
+                            "actor.grad_compression=none", tp);
     if (pc->fsdp_keep_gathered && fsdp <= 1) /* nothing to keep: refused, not ignored (parallel.c says the same) */
         return moerl_errorf("actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs FSDP "
                             "on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d over %d trainer rank%s",

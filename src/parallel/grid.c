@@ -5,6 +5,50 @@
 #include "base/common.h"
 #include "parallel/grid.h"
 
+/* Tensor parallelism's keys (verl's Megatron names; tp.h). */
+static void par_def_tp_keys(cfg *c) {
+    cfg_def_int(c, "actor.megatron.tensor_model_parallel_size", 1,
+                "tensor parallelism (Megatron's column/row split of q/k/v and o, the MLP and experts, the vocabulary): "
+                "the model split over this many consecutive trainer ranks; 1 = off");
+    cfg_def_int(c, "actor.megatron.expert_tensor_parallel_size", -1,
+                "expert-TP: -1 = the tensor_model_parallel_size (every expert's intermediate split over the TP group); "
+                "1 = every expert whole on each TP rank");
+    cfg_def_bool(c, "actor.megatron.sequence_parallel", false,
+                 "Megatron sequence parallelism (norms and residual on a 1/tp slice of the tokens): not in this build, "
+                 "refused when true");
+}
+
+/* Read and check them (the sizes against the other strategies: par_check_tp). */
+static int par_read_tp_keys(const cfg *c, par_config *pc) {
+    pc->tensor_model_parallel_size = (int)cfg_int(c, "actor.megatron.tensor_model_parallel_size");
+    pc->expert_tensor_parallel_size = (int)cfg_int(c, "actor.megatron.expert_tensor_parallel_size");
+    pc->sequence_parallel = cfg_bool(c, "actor.megatron.sequence_parallel");
+    const int tp = pc->tensor_model_parallel_size, etp = pc->expert_tensor_parallel_size;
+    if (tp < 1) return moerl_errorf("actor.megatron.tensor_model_parallel_size must be ≥ 1, got %d", tp);
+    if (etp != -1 && etp != 1 && etp != tp)
+        return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expected -1 (the tensor_model_parallel_size "
+                            "%d), 1 (experts whole on each TP rank) or %d", etp, tp, tp);
+    if (pc->sequence_parallel)
+        return moerl_errorf("actor.megatron.sequence_parallel=true: Megatron sequence parallelism is not part of this "
+                            "build; set it to false (tensor parallelism all-reduces the full token rows)");
+    return MOERL_OK;
+}
+
+int par_check_tp(const par_config *pc, int T) {
+    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size;
+    if (tp <= 1) return MOERL_OK;
+    const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
+    if (fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism in this "
+                            "build: actor.fsdp_config.fsdp_size (%d), actor.pipeline_parallel_size (%d), "
+                            "actor.expert_parallel_size (%d) and actor.ulysses_sequence_parallel_size (%d) must be 1 "
+                            "with it", tp, fsdp, pp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+    if (T % tp)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
+                            moerl_plural(T));
+    return MOERL_OK;
+}
+
 void par_def_keys(cfg *c) {
     cfg_def_int(c, "actor.fsdp_config.fsdp_size", 1,
                 "FSDP (ZeRO-3) shard group size within a pipeline stage: 1 = off, -1 = all ranks of the stage");
@@ -20,6 +64,7 @@ void par_def_keys(cfg *c) {
     cfg_def_int(c, "actor.virtual_pipeline_parallel_size", 1,
                 "model chunks per pipeline stage (interleaved 1F1B, Megatron's virtual stages): 1 = the plain 1F1B; "
                 "> 1 needs actor.pipeline_parallel_size ≥ 2 and a micro-batch count that is a multiple of it");
+    par_def_tp_keys(c);
     cfg_def_str(c, "actor.moe.dispatcher", "auto",
                 "expert-parallel token exchange: alltoall (fixed capacity) | alltoallv (exact counts) | auto");
     cfg_def_int(c, "actor.moe.alltoall_max_ep", 16, "dispatcher=auto: all-to-all up to this EP size, all-to-all-v above");
@@ -55,6 +100,7 @@ int par_read_keys(const cfg *c, par_config *pc) {
         return moerl_errorf("actor.virtual_pipeline_parallel_size=%d interleaves the chunks of a pipeline: it needs "
                             "actor.pipeline_parallel_size ≥ 2 (it is %d)", pc->virtual_pipeline_parallel_size,
                             pc->pipeline_parallel_size);
+    if (par_read_tp_keys(c, pc) != MOERL_OK) return MOERL_ERR;
     const char *d = cfg_str(c, "actor.moe.dispatcher");
     if (!strcmp(d, "auto")) pc->dispatcher = MOE_DISPATCH_AUTO;
     else if (!strcmp(d, "alltoall")) pc->dispatcher = MOE_DISPATCH_ALLTOALL;
@@ -107,6 +153,7 @@ int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L) {
         return moerl_errorf("actor.virtual_pipeline_parallel_size=%d × actor.pipeline_parallel_size=%d = %ld model chunks "
                             "exceed the model's %d layer%s (a chunk needs ≥ 1 layer): use at most %d chunk%s per stage",
                             vpp, pp, (long)pp * vpp, L, moerl_plural(L), L / pp, moerl_plural(L / pp));
+    if (par_check_tp(pc, T) != MOERL_OK) return MOERL_ERR;
     const int D = T / pp, sp = pc->ulysses_sequence_parallel_size, ep = pc->expert_parallel_size;
     const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
     if (D % sp)
@@ -132,7 +179,7 @@ moe_dispatcher par_dispatcher(const par_grid *g) {
 }
 
 void par_grid_free(par_grid *g) {
-    dist_comm **all[] = {&g->ep_replica_comm, &g->ep_dp_comm, &g->ep_comm, &g->replica_comm, &g->fsdp_comm,
+    dist_comm **all[] = {&g->tp_comm, &g->ep_replica_comm, &g->ep_dp_comm, &g->ep_comm, &g->replica_comm, &g->fsdp_comm,
                          &g->sp_comm,         &g->dp_comm,    &g->pp_comm, &g->stage_comm};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         dist_comm_free(*all[i]);
@@ -160,6 +207,12 @@ int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int n
     g->fsdp_rank = g->d % g->fsdp;
     g->replica_rank = g->d / g->fsdp;
     g->ep_rank = g->d % g->ep;
+    g->tp = pc->tensor_model_parallel_size > 1 ? pc->tensor_model_parallel_size : 1;
+    g->tp_rank = g->d % g->tp;
+    if (g->tp > 1) { /* TP × DP (par_check_tp): consecutive TP groups, the batch sharded over dp = D / tp */
+        g->dp = g->D / g->tp;
+        g->dp_rank = g->d / g->tp;
+    }
     /* EP × FSDP (both > 1, ep·fsdp | D): blocks of ep·fsdp consecutive ranks; inside a block the EP
      * groups stay consecutive and each FSDP group joins the fsdp ranks holding the same experts
      * (stride ep), so FSDP shards identical expert slices (see grid.h) */
@@ -178,13 +231,14 @@ int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int n
     } splits[] = {
         {&g->stage_comm, g->stage, g->d},
         {&g->pp_comm, g->d, g->stage},
-        {&g->dp_comm, g->stage * g->sp + g->sp_rank, g->dp_rank},
+        {&g->dp_comm, (g->stage * g->sp + g->sp_rank) * g->tp + g->tp_rank, g->dp_rank},
         {&g->sp_comm, g->stage * g->dp + g->dp_rank, g->sp_rank},
         {&g->fsdp_comm, fsdp_color, g->fsdp_rank},
         {&g->replica_comm, g->stage * g->fsdp + g->fsdp_rank, g->replica_rank},
         {&g->ep_comm, g->stage * (g->D / g->ep) + g->d / g->ep, g->ep_rank},
         {&g->ep_dp_comm, g->stage * g->ep + g->ep_rank, g->d / g->ep},
         {&g->ep_replica_comm, (g->stage * g->fsdp + g->fsdp_rank) * g->ep + g->ep_rank, g->d},
+        {&g->tp_comm, g->stage * (g->D / g->tp) + g->d / g->tp, g->tp_rank},
     };
     for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) {
         *splits[i].out = dist_comm_split(ctx, splits[i].color, splits[i].key);

@@ -43,6 +43,10 @@ typedef struct {
     int alltoall_max_ep;      /* auto: all-to-all while ep ≤ this, all-to-all-v above */
     double capacity_factor;   /* all-to-all capacity per expert = ceil(factor · tokens · K / E) */
     int max_tokens;           /* micro-batch token limit (EP / SP buffers); set by par_state_init, 0 = unknown */
+    int tensor_model_parallel_size;   /* actor.megatron.tensor_model_parallel_size: TP group size (tp.h); 1 = off */
+    int expert_tensor_parallel_size;  /* actor.megatron.expert_tensor_parallel_size: 0 = the TP size (experts split
+                                         I/tp), 1 = every expert whole on each TP rank */
+    int sequence_parallel;            /* actor.megatron.sequence_parallel (refused in this build when set) */
     int fsdp_keep_gathered;   /* actor.fsdp_config.reshard_after_forward=false: FSDP keeps its units gathered and
                                  its gradients unreduced for a whole mini-batch (fsdp.h); 0 = reshard (default) */
 } par_config;
@@ -61,6 +65,11 @@ typedef struct {
     dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
     dist_comm *ep_comm;       /* this rank's expert-parallel group */
     dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
+    /* Tensor parallelism (TP × DP only in this build; tp.h): the tp consecutive ranks of d / tp form a TP group
+     * (tp_comm), dp = D / tp, dp_rank = d / tp; dp_comm then joins the ranks with the same tp_rank (the
+     * gradient sum of one slice). */
+    int tp, tp_rank;
+    dist_comm *tp_comm;
     dist_comm *ep_replica_comm; /* ranks of this stage with the same fsdp_rank and ep_rank (EP × FSDP:
                                  * the expert shards' sum over HSDP replicas) */
 } par_grid;
@@ -84,6 +93,10 @@ int par_check_pp_alone(const par_config *pc, int T);
  * FSDP group, parallel.c); actor.expert_parallel_size and actor.ulysses_sequence_parallel_size must be 1
  * with actor.pipeline_parallel_size > 1. Errors name the keys with their values. */
 int par_check_pp_compose(const par_config *pc);
+/* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
+ * when > 1, every other model-parallel size is 1 (TP × DP only in this build). The model's sizes (heads,
+ * widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
+int par_check_tp(const par_config *pc, int T);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
  * dist_comm_split in one fixed order). On error nothing is left allocated. */
 int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);

@@ -10,8 +10,9 @@
 #include "parallel/fsdp.h"
 #include "parallel/ulysses.h"
 #include "parallel/pipeline.h"
+#include "parallel/tp.h"
 
-int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp); }
+int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp || ps->tp); }
 
 static int par_strategies_init(par_state *ps, moe_model *m);
 
@@ -35,7 +36,7 @@ int par_state_init_cfg(par_state *ps, dist_ctx *ctx, const par_config *pcfg, moe
     const int T = ctx && ctx->trainer_size > 0 ? ctx->trainer_size : 1;
     const int fsdp = pc->fsdp_size == -1 ? T / pc->pipeline_parallel_size : pc->fsdp_size;
     const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 ||
-                    pc->pipeline_parallel_size > 1;
+                    pc->pipeline_parallel_size > 1 || pc->tensor_model_parallel_size > 1;
     if (pc->fsdp_keep_gathered && fsdp <= 1)
         return moerl_errorf("actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs FSDP "
                             "on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d over %d trainer rank%s",
@@ -145,6 +146,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
         if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
     }
+    /* ---- tensor parallel (src/parallel/tp.c; TP × DP only: par_check_tp) ---- */
+    if (g->tp > 1 && !(ps->tp = tp_state_attach(g, m))) goto fail;
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
         goto fail;
@@ -205,6 +208,8 @@ static int hook_max_passes(void *par, int passes) { return par_max_passes(par, p
 static int hook_pad_passes(void *par, int passes, int max, int backward) {
     return par_pad_passes(par, passes, max, backward);
 }
+static void hook_tp_allreduce(void *par, double *x, size_t n, int max) { tp_allreduce(((par_state *)par)->tp, x, n, max); }
+static void hook_tp_allreduce_f32(void *par, float *x, size_t n) { tp_allreduce_f32(((par_state *)par)->tp, x, n); }
 static int hook_seq_allreduce(void *par, float *x, size_t n) {
     return dist_comm_allreduce_f32(((par_state *)par)->grid->sp_comm, x, n);
 }
@@ -230,6 +235,10 @@ void par_bind_hooks(par_state *ps) {
         mh->attn_backward = hook_attn_backward;
         if (ps->grid) th->seq_allreduce = hook_seq_allreduce;
     }
+    if (ps->tp) {
+        mh->tp_allreduce = hook_tp_allreduce;
+        mh->tp_allreduce_f32 = hook_tp_allreduce_f32;
+    }
     th->zero_grad = hook_zero_grad;
     th->max_passes = hook_max_passes;
     th->pad_passes = hook_pad_passes;
@@ -252,6 +261,9 @@ void par_state_free(par_state *ps) {
             moerl_fatal("par_state_free: assembling the pipeline's stages: %s", moerl_last_error());
     }
     /* the other strategies' destructors go here, in reverse order of construction */
+    if (ps->tp && tp_state_detach(ps->tp) != MOERL_OK) /* the whole model back in m */
+        moerl_fatal("par_state_free: assembling the tensor-parallel model: %s", moerl_last_error());
+    ps->tp = NULL;
     sp_state_free(ps->sp);
     ps->sp = NULL;
     if (ps->ep && ps->fsdp) { /* EP × FSDP: the slice back in plain buffers first, then the whole model */
@@ -386,6 +398,7 @@ void par_adamw_init(par_state *ps, const moe_model *m, adamw_state *os, adamw_co
 
 size_t par_whole_params(const par_state *ps, const moe_model *m) {
     if (ps && ps->ep) return ep_whole_params(ps->ep); /* m holds this rank's experts only */
+    if (ps && ps->tp) return tp_whole_params(ps->tp); /* m holds this rank's slice */
     return m->n_params;                               /* FSDP keeps the whole layout in m */
 }
 
@@ -397,11 +410,14 @@ void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float 
         free(slice);
     } else if (ps && ps->fsdp) fsdp_slice_vec(ps->fsdp, whole, local);
     else if (ps && ps->ep) ep_slice_vec(ps->ep, m, whole, local);
+    else if (ps && ps->tp) tp_slice_vec(ps->tp, whole, local);
     else if (ps && ps->pp && pp_is_owned(ps->pp)) pp_slice_vec(ps->pp, whole, local);
     else memcpy(local, whole, m->n_params * sizeof(float));
 }
 
-int par_grads_self_reduced(const par_state *ps) { return ps && (ps->fsdp || ps->ep || (ps->pp && pp_is_owned(ps->pp))); }
+int par_grads_self_reduced(const par_state *ps) {
+    return ps && (ps->fsdp || ps->ep || ps->tp || (ps->pp && pp_is_owned(ps->pp)));
+}
 
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
     if (ps && ps->pp && pp_is_owned(ps->pp)) { /* the stage's range */
@@ -416,7 +432,7 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
         *os = sh;
         return;
     }
-    if (!ps || (!ps->fsdp && !ps->ep)) return;
+    if (!ps || (!ps->fsdp && !ps->ep && !ps->tp)) return;
     MOERL_ASSERT(os->n == par_whole_params(ps, m));
     adamw_state sh;
     par_adamw_init(ps, m, &sh, os->cfg);
@@ -432,6 +448,7 @@ int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_adamw_step(ps->pp, os, lr, loss, grad_norm);
     if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);
+    if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
 }
 
@@ -440,6 +457,7 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
     if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
+    if (ps && ps->tp) return tp_reduce_grads(ps->tp);
     return MOERL_OK;
 }
 
@@ -561,6 +579,15 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
         return pp_gather(ps, m, keep, os, moments);
     }
     if (ps && ps->ep && ps->fsdp) return ep_fsdp_gather_full(ps, m, keep, os, moments);
+    if (ps && ps->tp) { /* tensor parallel: an assembled copy on the keeper (tp_gather_full) */
+        moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+        if (moments) memset(moments, 0, sizeof *moments);
+        if (tp_gather_full(ps->tp, os, keep, whole, moments) != MOERL_OK) {
+            free(whole);
+            return NULL;
+        }
+        return whole;
+    }
     if (ps && ps->ep) { /* expert parallel: an assembled copy on the keeper (ep_gather_full) */
         moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
         if (moments) memset(moments, 0, sizeof *moments);
@@ -613,7 +640,7 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
         if (full == m) moerl_drop_pages(m->params, 0, m->n_params);
         return;
     }
-    if (!ps || (!ps->fsdp && !ps->ep)) return;
+    if (!ps || (!ps->fsdp && !ps->ep && !ps->tp)) return;
     if (full && full != m) { /* an assembled copy (expert parallel) */
         model_free((moe_model *)full);
         free((moe_model *)full);
@@ -625,6 +652,13 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
     }
     if (moments) memset(moments, 0, sizeof *moments);
 }
+
+int par_load_weights(par_state *ps, moe_model *m, const char *dir) {
+    if (ps && ps->tp) return tp_load_weights(ps->tp, dir);
+    return model_load_weights(m, dir);
+}
+
+int par_batch_copies(const par_state *ps) { return ps && ps->tp && ps->grid ? ps->grid->tp : 1; }
 
 void par_take_full(par_state *ps, moe_model *m) {
     (void)m;

@@ -44,6 +44,7 @@ struct fsdp_state;
 struct ep_state;
 struct sp_state;
 struct pp_state;
+struct tp_state;
 
 typedef struct par_state {
     /* FIRST: the hook tables the model and the training loop call (model/forward.h, train/train.h),
@@ -59,6 +60,7 @@ typedef struct par_state {
     struct ep_state *ep;      /* NULL: every rank holds every expert */
     struct sp_state *sp;      /* NULL: whole sequences per rank */
     struct pp_state *pp;      /* NULL: one stage */
+    struct tp_state *tp;      /* NULL: no tensor parallelism (src/parallel/tp.h) */
     int grid_borrowed;        /* grid is another par_state's (par_state_init_like): not freed here */
 } par_state;
 
@@ -186,6 +188,13 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
  * gives back the other stages' pages). Not collective. full: what par_gather_full returned here. */
 void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
                       adamw_state *moments);
+/* Load DIR's whole checkpoint (model_load_weights) into m, whatever this rank holds of it: under tensor
+ * parallelism its slice (tp_load_weights); otherwise model_load_weights (expert parallel: its experts), the
+ * caller then giving FSDP / a pipeline their part (par_take_full). Not collective. */
+int par_load_weights(par_state *ps, moe_model *m, const char *dir);
+/* How many trainer ranks compute the same sequences' losses and router counts, so that a sum over all trainer
+ * ranks counts each once after dividing by it: the TP size under tensor parallelism, else 1. */
+int par_batch_copies(const par_state *ps);
 /* m->params has been overwritten with the whole model on this rank (model_load_weights of a
  * checkpoint, any rank count): keep only what this rank owns (FSDP: its shard; pp: its stage's
  * range) and give the rest of the memory back. Not collective. No-op when nothing is sharded. */

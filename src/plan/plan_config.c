@@ -112,6 +112,9 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
+    if (pc.tensor_model_parallel_size != 1)
+        return moerl_errorf("moerl plan does not model actor.megatron.tensor_model_parallel_size (got %d) yet: plan "
+                            "it at 1", pc.tensor_model_parallel_size);
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");

@@ -534,6 +534,10 @@ static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
                             "actor.grad_compression=none", grad_compression_name((grad_compression)r->grad_compression));
     const int fsdp = pc->fsdp_size == -1 ? r->n_trainer_ranks / (pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1)
                                          : pc->fsdp_size;
+    if (pc->tensor_model_parallel_size > 1)
+        return moerl_errorf("actor.optim.name=onebit_adam supports data-parallel trainer ranks only (whole replicas "
+                            "averaging their momenta); actor.megatron.tensor_model_parallel_size=%d splits the model: set "
+                            "it to 1 or use actor.optim.name=adamw", pc->tensor_model_parallel_size);
     if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->pipeline_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1)
         return moerl_errorf("actor.optim.name=onebit_adam supports data-parallel trainer ranks only (whole replicas "
                             "averaging their momenta); actor.fsdp_config.fsdp_size=%d, actor.expert_parallel_size=%d, "

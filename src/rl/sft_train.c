@@ -244,7 +244,7 @@ static int sft_load_state(const sft_ranks *R, moe_model *m, adamw_state *os, con
                                 "trainer.default_local_dir, or trainer.resume_mode=disable", p, what);
         }
     }
-    if (model_load_weights(m, dir) != MOERL_OK) { /* expert parallel: this rank's experts only */
+    if (par_load_weights(R->ps, m, dir) != MOERL_OK) { /* expert parallel: its experts only; TP: its slice */
         json_decref(s);
         return MOERL_ERR;
     }
@@ -312,6 +312,7 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
         if (par_pad_passes(R->ps, n_mb, max_mb, 0) != MOERL_OK || ranks_sum(R, counts, E) != MOERL_OK) goto out;
         if (R->ps && R->ps->pp) /* every stage of a pipeline counted its shard: count it once (pipeline.h) */
             for (int e = 0; e < E; e++) counts[e] /= R->ps->grid->pp;
+        for (int e = 0; e < E; e++) counts[e] /= par_batch_copies(R->ps); /* TP: every member counted the same */
         to.aux_counts = counts;
         to.aux_psum_out = psum;
     }
@@ -324,6 +325,8 @@ static int sft_step(const sft_ranks *R, dist_grad_reducer *red, moe_model *m, mo
     sums[1] = (double)so.n_tokens;
     sums[2] = so.aux_loss;
     if (ranks_sum(R, sums, 3) != MOERL_OK || (global_aux && ranks_sum(R, psum, E) != MOERL_OK)) goto out;
+    for (int i = 0; i < 3; i++) sums[i] /= par_batch_copies(R->ps); /* TP: every member has the same sums */
+    for (int e = 0; global_aux && e < E; e++) psum[e] /= par_batch_copies(R->ps);
     out->ce = sums[0];
     out->tokens = sums[1];
     out->aux = sums[2]; /* token-weighted mean of the micro-batches' own aux losses */
@@ -435,9 +438,9 @@ static int sft_encode_rows(sft_run *S) {
                               &S->resp_mask[i]) != MOERL_OK)
             return MOERL_ERR;
         for (int64_t t = 0; t < q->n; t++)
-            if (q->ids[t] >= S->m->cfg.vocab_size)
+            if (q->ids[t] >= moe_config_vocab(&S->m->cfg))
                 return moerl_errorf("%s: token %d outside the model's vocabulary %d",
-                                    dataset_where(train, r->line, where, sizeof where), q->ids[t], S->m->cfg.vocab_size);
+                                    dataset_where(train, r->line, where, sizeof where), q->ids[t], moe_config_vocab(&S->m->cfg));
         if (q->n > S->o->max_tokens)
             return moerl_errorf("%s: the row has %lld tokens, more than a micro-batch holds (%d): raise "
                                 "data.max_token_len_per_micro_batch (actor.ppo_max_token_len_per_gpu for the warm start)",

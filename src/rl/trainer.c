@@ -755,6 +755,7 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
             return MOERL_ERR;
         if (T->par && T->par->pp) /* every stage of a pipeline counted its sequences: count them once */
             for (int e = 0; e < E; e++) aux_counts[e] /= T->par->grid->pp;
+        for (int e = 0; e < E; e++) aux_counts[e] /= par_batch_copies(T->par); /* TP: each member counted them */
         to->aux_counts = aux_counts;
         to->aux_counts_out = NULL;
         T->stage = "update";
@@ -784,9 +785,11 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
         }
         trace_end("grad_reduce_wait", "dist", tr);
         if (dist_allreduce_sum(T->dist, DIST_TRAINERS, &loss, 1) != MOERL_OK) return MOERL_ERR;
+        loss /= par_batch_copies(T->par); /* TP: every member has the whole loss */
         T->stage = "update";
     }
     if (global_aux && trainers_sum(T, aux_psum, E) != MOERL_OK) return MOERL_ERR;
+    for (int e = 0; global_aux && e < E; e++) aux_psum[e] /= par_batch_copies(T->par);
     double gn;
     params_restore(T); /* bf16 × batch_invariant: the step updates the fp32 masters */
     par_adamw_step(T->par, T->m, &T->opt, T->cfg->optim.lr, (float)loss, &gn);
@@ -809,6 +812,7 @@ static int finish_stats(trainer *T, double *sums, int n_updates, train_stats *st
     /* per-token sums (0–9) are split over a Ulysses group's ranks; the importance-weight statistics
      * and the FLOPs (10–14) come from whole sequences, present on each of its ranks */
     for (int k = 10; k < 15; k++) sums[k] /= T->replication;
+    for (int k = 0; k < 10; k++) sums[k] /= par_batch_copies(T->par); /* TP: the whole tokens on every member */
     const int nu = n_updates ? n_updates : 1;
     st->empty_steps = sums[3] > 0 ? 0 : 1;
     if (sums[3] > 0) {

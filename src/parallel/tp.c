@@ -1,0 +1,339 @@
+/* Tensor parallelism of the trainer (see tp.h). Sources of the method (semantics only): Megatron-LM
+ * megatron/core/tensor_parallel/layers.py (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding),
+ * cross_entropy.py (vocab-parallel cross entropy). */
+#include "parallel/tp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "model/forward.h"
+
+struct tp_state {
+    const par_grid *g;
+    dist_comm *comm; /* the TP group */
+    dist_comm *dp;   /* the ranks holding the same slice (NULL or size 1: none) */
+    int P, rank;
+    int kv_rep; /* nkv < P: key/value heads replicated over P / nkv ranks each */
+    moe_model whole; /* the whole config's tensor table (no buffers) */
+    moe_model *model;
+};
+
+/* How a tensor is split: kept whole, by rows (dim −2), by rows in two halves (gate / up), by columns (dim −1). */
+enum { TP_REPL = 0, TP_ROWS, TP_ROWS2, TP_COLS, TP_KV };
+
+static int ends_with(const char *s, const char *suf) {
+    const size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+/* kv_rep: the key/value heads are replicated (nkv < P: each rank holds the one its query heads use, Megatron) */
+static int tp_kind_kv(const tensor_info *t, int experts_split, int kv_rep) {
+    const char *n = t->name;
+    if (ends_with(n, "k_proj.weight") || ends_with(n, "v_proj.weight")) return kv_rep ? TP_KV : TP_ROWS;
+    if (ends_with(n, "embed_tokens.weight") || !strcmp(n, "lm_head.weight") || ends_with(n, "q_proj.weight"))
+        return TP_ROWS;
+    if (ends_with(n, "o_proj.weight") || ends_with(n, "mlp.down_proj")) return TP_COLS;
+    if (ends_with(n, "mlp.gate_up_proj")) return TP_ROWS2;
+    if (ends_with(n, "mlp.experts.gate_up")) return experts_split ? TP_ROWS2 : TP_REPL;
+    if (ends_with(n, "mlp.experts.down")) return experts_split ? TP_COLS : TP_REPL;
+    return TP_REPL;
+}
+
+#define tp_kind(t, split) tp_kind_kv((t), (split), ts->kv_rep)
+
+/* Copy between rank q's slice (local tensor lt of vector lv) and the whole tensor wt of wv: to_local 1 copies
+ * whole → slice, 0 slice → whole. Shapes: [B][R][C] with B the leading dims (experts) of a 3-D tensor. */
+static void tp_copy(const tensor_info *lt, float *lv, const tensor_info *wt, float *wv, int kind, int q, int P,
+                    int to_local) {
+    float *L = lv + lt->offset, *W = wv + wt->offset;
+    if (kind == TP_REPL) {
+        if (to_local) memcpy(L, W, (size_t)lt->numel * sizeof(float));
+        else memcpy(W, L, (size_t)lt->numel * sizeof(float));
+        return;
+    }
+    const int nd = lt->ndim;
+    const int64_t C = wt->shape[nd - 1], R = wt->shape[nd - 2], B = wt->numel / (R * C);
+    const int64_t Rl = lt->shape[nd - 2], Cl = lt->shape[nd - 1];
+    if (kind == TP_ROWS && to_local) memset(L, 0, (size_t)lt->numel * sizeof(float)); /* the vocabulary's padding */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < Rl; r++) {
+            int64_t wr = r, wc = 0;
+            if (kind == TP_ROWS) wr = q * Rl + r;
+            else if (kind == TP_KV) wr = (int64_t)q * (R / Rl) / P * Rl + r; /* the kv head rank q's query heads use */
+            else if (kind == TP_ROWS2) wr = r < Rl / 2 ? q * (Rl / 2) + r : R / 2 + q * (Rl / 2) + (r - Rl / 2);
+            else wc = q * Cl;
+            if (wr >= R) continue; /* a padding row of the vocabulary (V not a multiple of P) */
+            float *l = L + (b * Rl + r) * Cl, *w = W + (b * R + wr) * C + wc;
+            if (to_local) memcpy(l, w, (size_t)Cl * sizeof(float));
+            else memcpy(w, l, (size_t)Cl * sizeof(float));
+        }
+}
+
+int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
+    const int nkv = c->num_key_value_heads;
+    struct {
+        int v, bad; /* the model's value; whether P fails it */
+        const char *field;
+    } div[] = {{c->num_attention_heads, c->num_attention_heads % P, "num_attention_heads"},
+               {nkv, nkv < P ? P % nkv : nkv % P, "num_key_value_heads"},
+               {c->intermediate_size, c->intermediate_size % P, "intermediate_size"},
+               {c->moe_intermediate_size, experts_split && c->num_experts > 0 && c->moe_intermediate_size % P,
+                "moe_intermediate_size"}};
+    for (size_t i = 0; i < sizeof div / sizeof *div; i++)
+        if (div[i].bad)
+            return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d must divide the model's %s (%d)%s", P,
+                                div[i].field, div[i].v,
+                                i == 1 ? " or be a multiple of it (each key/value head then replicated over P / nkv ranks)"
+                                : i == 3 ? " (or set actor.megatron.expert_tensor_parallel_size=1: experts whole)"
+                                         : "");
+    if (c->exec.recompute)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with activation recompute "
+                            "(model.enable_gradient_checkpointing=true): not combined in this build", P);
+    if (c->exec.per_expert_loop || c->exec.separate_permute)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d runs the fused MoE path only: set "
+                            "model.moe.per_expert_loop and model.moe.separate_permute to false", P);
+    if (c->exec.ep_size > 1 || c->exec.tp_size > 1)
+        return moerl_errorf("tp_config_apply: the config is already sliced (ep_size %d, tp_size %d)", c->exec.ep_size,
+                            c->exec.tp_size);
+    c->num_attention_heads /= P;
+    c->num_key_value_heads = c->num_key_value_heads < P ? 1 : c->num_key_value_heads / P;
+    c->intermediate_size /= P;
+    c->exec.tp_vocab = c->vocab_size;
+    c->vocab_size = (c->vocab_size + P - 1) / P; /* padded to a multiple of P (Megatron): tp_vocab marks the end */
+    if (experts_split) c->moe_intermediate_size /= P;
+    c->bos_token_id = c->eos_token_id = -1;
+    c->exec.tp_size = P;
+    c->exec.tp_rank = rank;
+    c->exec.tp_experts = experts_split;
+    return MOERL_OK;
+}
+
+static int experts_split(const tp_state *ts) { return ts->model->cfg.exec.tp_experts; }
+
+void tp_slice_vec(const tp_state *ts, const float *whole_vec, float *local_vec) {
+    const moe_model *m = ts->model;
+    for (int i = 0; i < m->n_tensors; i++)
+        tp_copy(&m->tensors[i], local_vec, &ts->whole.tensors[i], (float *)whole_vec,
+                tp_kind(&m->tensors[i], experts_split(ts)), ts->rank, ts->P, 1);
+}
+
+size_t tp_whole_params(const tp_state *ts) { return ts->whole.n_params; }
+
+tp_state *tp_state_attach(const par_grid *g, moe_model *m) {
+    const int P = g->tp, split = g->cfg.expert_tensor_parallel_size != 1;
+    moe_config lc = m->cfg;
+    if (tp_config_apply(&lc, P, g->tp_rank, split && m->cfg.num_experts > 0) != MOERL_OK) return NULL;
+    tp_state *ts = xcalloc(1, sizeof *ts);
+    ts->g = g;
+    ts->comm = g->tp_comm;
+    ts->dp = g->dp > 1 ? g->dp_comm : NULL;
+    ts->P = P;
+    ts->rank = g->tp_rank;
+    ts->kv_rep = m->cfg.num_key_value_heads < P;
+    moe_model loc;
+    if (model_init_layout(&ts->whole, &m->cfg, 0) != MOERL_OK ||
+        (m->grads ? model_init(&loc, &lc) : model_init_inference(&loc, &lc)) != MOERL_OK) {
+        model_free(&ts->whole);
+        free(ts);
+        return NULL;
+    }
+    ts->model = &loc;
+    tp_slice_vec(ts, m->params, loc.params);
+    model_free(m);
+    *m = loc; /* the views point into the heap buffers, so the struct moves as a whole */
+    ts->model = m;
+    return ts;
+}
+
+void tp_allreduce(tp_state *ts, double *x, size_t n, int max) {
+    if (!max) {
+        if (dist_comm_allreduce_f64(ts->comm, x, n) != MOERL_OK) moerl_fatal("tensor-parallel all-reduce: %s", moerl_last_error());
+        return;
+    }
+    /* max: gather every member's values (n small: one per token) */
+    float *f = xmalloc((size_t)ts->P * n * 2 * sizeof(float)), *mine = xmalloc(n * 2 * sizeof(float));
+    for (size_t i = 0; i < n; i++) { /* a double as two floats: its high part and the remainder */
+        mine[2 * i] = (float)x[i];
+        mine[2 * i + 1] = (float)(x[i] - (double)(float)x[i]);
+    }
+    if (dist_comm_allgather_f32(ts->comm, mine, n * 2, f) != MOERL_OK)
+        moerl_fatal("tensor-parallel all-gather: %s", moerl_last_error());
+    for (size_t i = 0; i < n; i++) {
+        double v = -INFINITY;
+        for (int q = 0; q < ts->P; q++) {
+            const double w = (double)f[(size_t)q * n * 2 + 2 * i] + (double)f[(size_t)q * n * 2 + 2 * i + 1];
+            v = w > v ? w : v;
+        }
+        x[i] = v;
+    }
+    free(f);
+    free(mine);
+}
+
+void tp_allreduce_f32(tp_state *ts, float *x, size_t n) {
+    if (dist_comm_allreduce_f32(ts->comm, x, n) != MOERL_OK) moerl_fatal("tensor-parallel all-reduce: %s", moerl_last_error());
+}
+
+/* Replicated key/value heads (nkv < P): each holder's k/v gradient covers its own query heads; the sum over
+ * the P / nkv ranks holding the same head (an all-gather over the group, then each adds its head's copies). */
+static int tp_sum_kv_grads(tp_state *ts) {
+    moe_model *m = ts->model;
+    const int nkv = ts->whole.cfg.num_key_value_heads, rep = ts->P / nkv;
+    const size_t n = (size_t)m->cfg.head_dim * m->cfg.hidden_size; /* one head of k_proj (and of v_proj) */
+    float *mine = xmalloc(2 * n * sizeof(float)), *all = xmalloc((size_t)ts->P * 2 * n * sizeof(float));
+    int rc = MOERL_OK;
+    for (int l = 0; l < m->cfg.num_hidden_layers && rc == MOERL_OK; l++) {
+        layer_views *g = &m->g.layers[l];
+        memcpy(mine, g->k_proj, n * sizeof(float));
+        memcpy(mine + n, g->v_proj, n * sizeof(float));
+        if ((rc = dist_comm_allgather_f32(ts->comm, mine, 2 * n, all)) != MOERL_OK) break;
+        memset(mine, 0, 2 * n * sizeof(float));
+        for (int q = ts->rank / rep * rep; q < (ts->rank / rep + 1) * rep; q++) /* in rank order: the same sum */
+            for (size_t i = 0; i < 2 * n; i++) mine[i] += all[(size_t)q * 2 * n + i];
+        memcpy(g->k_proj, mine, n * sizeof(float));
+        memcpy(g->v_proj, mine + n, n * sizeof(float));
+    }
+    free(mine);
+    free(all);
+    return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("tensor-parallel key/value gradient sum: ");
+}
+
+int tp_reduce_grads(tp_state *ts) {
+    moe_model *m = ts->model;
+    if (ts->dp && dist_comm_size(ts->dp) > 1 && dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
+        return moerl_error_prefix("tensor-parallel data-parallel gradient sum: ");
+    if (ts->kv_rep && tp_sum_kv_grads(ts) != MOERL_OK) return MOERL_ERR;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) { /* each rank's heads' share of the q/k norms */
+        const int hd = m->cfg.head_dim;
+        float buf[2 * 1024];
+        if (hd > 1024) return moerl_errorf("tp_reduce_grads: head_dim %d above 1024", hd);
+        memcpy(buf, m->g.layers[l].q_norm, hd * sizeof(float));
+        memcpy(buf + hd, m->g.layers[l].k_norm, hd * sizeof(float));
+        if (dist_comm_allreduce_f32(ts->comm, buf, 2 * (size_t)hd) != MOERL_OK)
+            return moerl_error_prefix("tensor-parallel q/k-norm gradient sum: ");
+        memcpy(m->g.layers[l].q_norm, buf, hd * sizeof(float));
+        memcpy(m->g.layers[l].k_norm, buf + hd, hd * sizeof(float));
+    }
+    return MOERL_OK;
+}
+
+int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm) {
+    moe_model *m = ts->model;
+    double ss[3] = {0, 0, 0}; /* replicated (the same on every member: counted once), split, replicated kv heads */
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        const float *g = m->grads + t->offset;
+        double v = 0;
+        for (int64_t j = 0; j < t->numel; j++) v += (double)g[j] * (double)g[j];
+        const int k = tp_kind(t, experts_split(ts));
+        ss[k == TP_KV ? 2 : k != TP_REPL] += v;
+    }
+    if (dist_comm_allreduce_f64(ts->comm, &ss[1], 2) != MOERL_OK) return moerl_error_prefix("tensor-parallel norm: ");
+    /* each kv head is held by P / nkv members: counted once */
+    const double norm = sqrt(ss[0] + ss[1] + ss[2] * ts->whole.cfg.num_key_value_heads / ts->P);
+    if (grad_norm) *grad_norm = norm;
+    if (!isfinite(norm) || !isfinite(loss)) {
+        s->skipped++;
+        return 0;
+    }
+    const float max_norm = s->cfg.max_grad_norm;
+    if (max_norm > 0) {
+        const double coef = max_norm / (norm + 1e-6); /* torch clip_grad_norm_, as adamw_step */
+        if (coef < 1.0)
+            for (size_t i = 0; i < m->n_params; i++) m->grads[i] *= (float)coef;
+    }
+    s->cfg.max_grad_norm = 0;
+    const int r = adamw_step(s, m, lr, loss, NULL);
+    s->cfg.max_grad_norm = max_norm;
+    return r;
+}
+
+/* The whole vector on the member `root` from every member's slice (an all-gather of the slices). */
+static int gather_vec(tp_state *ts, const float *local_vec, float *whole_vec, int root) {
+    const moe_model *m = ts->model;
+    float *all = xalloc_aligned(((size_t)ts->P * m->n_params + 1) * sizeof(float));
+    int rc = dist_comm_allgather_f32(ts->comm, local_vec, m->n_params, all);
+    if (rc == MOERL_OK && ts->rank == root)
+        for (int q = 0; q < ts->P; q++)
+            for (int i = 0; i < m->n_tensors; i++) {
+                const int kind = tp_kind(&m->tensors[i], experts_split(ts));
+                if (kind == TP_REPL && q != root) continue;
+                tp_copy(&m->tensors[i], all + (size_t)q * m->n_params, &ts->whole.tensors[i], whole_vec, kind, q,
+                        ts->P, 0);
+            }
+    free(all);
+    return rc;
+}
+
+int tp_gather_full(tp_state *ts, const adamw_state *os, int keep, moe_model *whole, adamw_state *moments) {
+    float mine = keep ? 1.0f : 0.0f, *all = xmalloc((size_t)ts->P * sizeof(float));
+    if (dist_comm_allgather_f32(ts->comm, &mine, 1, all) != MOERL_OK) {
+        free(all);
+        return MOERL_ERR;
+    }
+    int root = -1, nk = 0;
+    for (int q = 0; q < ts->P; q++)
+        if (all[q] != 0.0f) root = q, nk++;
+    free(all);
+    if (nk > 1) return moerl_errorf("tp_gather_full: %d members of a TP group asked to keep the model, expected one", nk);
+    if (nk == 0) return MOERL_OK;
+    if (keep) {
+        memset(whole, 0, sizeof *whole);
+        if (model_init_inference(whole, &ts->whole.cfg) != MOERL_OK) return MOERL_ERR;
+        if (moments) {
+            *moments = *os;
+            moments->n = whole->n_params;
+            moments->m = xalloc_aligned((whole->n_params + 1) * sizeof(float));
+            moments->v = xalloc_aligned((whole->n_params + 1) * sizeof(float));
+        }
+    }
+    int rc = gather_vec(ts, ts->model->params, keep ? whole->params : NULL, root);
+    if (rc == MOERL_OK && moments) rc = gather_vec(ts, os->m, keep ? moments->m : NULL, root);
+    if (rc == MOERL_OK && moments) rc = gather_vec(ts, os->v, keep ? moments->v : NULL, root);
+    if (rc != MOERL_OK && keep) {
+        model_free(whole);
+        if (moments) {
+            free(moments->m);
+            free(moments->v);
+            memset(moments, 0, sizeof *moments);
+        }
+    }
+    return rc;
+}
+
+int tp_load_weights(tp_state *ts, const char *dir) {
+    moe_model w;
+    if (model_init_inference(&w, &ts->whole.cfg) != MOERL_OK) return MOERL_ERR;
+    if (model_load_weights(&w, dir) != MOERL_OK) {
+        model_free(&w);
+        return MOERL_ERR;
+    }
+    tp_slice_vec(ts, w.params, ts->model->params);
+    model_free(&w);
+    return MOERL_OK;
+}
+
+int tp_state_detach(tp_state *ts) {
+    if (!ts) return MOERL_OK;
+    moe_model *m = ts->model;
+    const int with_grads = m->grads != NULL;
+    /* every member assembles the whole model (each is its own root in turn: P gathers) */
+    moe_model full = {0};
+    int rc = MOERL_OK;
+    for (int q = 0; q < ts->P && rc == MOERL_OK; q++) {
+        const int me = q == ts->rank;
+        if (me) rc = with_grads ? model_init(&full, &ts->whole.cfg) : model_init_inference(&full, &ts->whole.cfg);
+        if (rc == MOERL_OK) rc = gather_vec(ts, m->params, me ? full.params : NULL, q);
+    }
+    if (rc == MOERL_OK) {
+        model_free(m);
+        *m = full;
+    } else if (full.params) {
+        model_free(&full);
+    }
+    model_free(&ts->whole);
+    free(ts);
+    return rc;
+}

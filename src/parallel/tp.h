@@ -1,0 +1,66 @@
+/* Tensor parallelism of the trainer (Megatron-LM's tensor_parallel layers; verl's
+ * actor.megatron.tensor_model_parallel_size): the tp consecutive ranks of a TP group (par_grid.tp_comm) hold one
+ * slice each of every matrix and compute the same tokens.
+ *
+ * The split (tp_rank r of P, the local config of tp_config_apply):
+ *   q_proj, k_proj, v_proj  column-parallel: heads [r·nh/P, (r+1)·nh/P) and kv heads [r·nkv/P, ...) (rows);
+ *                           nkv < P (P a multiple of nkv): each rank holds the one kv head its query heads use,
+ *                           replicated over P / nkv ranks as Megatron does, whose k/v gradients tp_reduce_grads sums
+ *                           over its holders (and the norm counts once);
+ *   o_proj                  row-parallel: the same heads' columns; its output summed over the group;
+ *   dense gate_up / down    column / row-parallel over the width Id (gate rows and up rows each split);
+ *   experts gate_up / down  the same over each expert's I (expert-TP, actor.megatron.expert_tensor_parallel_size
+ *                           -1 = P), or every expert whole on every rank (1); the router is replicated;
+ *   embed_tokens, lm_head   vocab-parallel: rows [r·V/P, (r+1)·V/P); the embedding's output summed over the group,
+ *                           the log-probabilities from statistics reduced over it (src/model/vocab_parallel.c);
+ *   norms, q_norm, k_norm,  replicated; q_norm / k_norm's gradients are partial (each rank's heads) and summed
+ *   router                  over the group by tp_reduce_grads, the others come out equal on every rank.
+ * The model calls model_hooks.tp_allreduce / tp_allreduce_f32 at the collective points (forward.c): the
+ * embedding, o_proj's and the MLP's outputs (forward), the input gradients of q/k/v, gate_up and the head, the
+ * expert outputs' routing-weight gradient (backward).
+ * Data parallelism on top: par_grid.dp_comm joins the ranks holding the same slice; tp_reduce_grads sums over it
+ * (the caller runs no DDP reducer: par_grads_self_reduced). Checkpoints are whole (tp_gather_full) and load on
+ * any TP size (tp_slice_vec of the whole model).
+ * This build: TP × DP only (FSDP, pipeline, EP, Ulysses refused by par_check_tp), no sequence parallelism, no
+ * activation recompute. */
+#ifndef MOERL_PARALLEL_TP_H
+#define MOERL_PARALLEL_TP_H
+
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "parallel/grid.h"
+
+typedef struct tp_state tp_state;
+
+/* The local config of TP rank `rank` of P from the whole one c (in place): heads, widths and vocabulary divided
+ * (see above), exec.tp_size / tp_rank / tp_experts set, bos/eos unset (they index the whole vocabulary).
+ * experts_split: expert-TP. Errors (c unchanged): a size P does not divide, naming the key and the model's
+ * field; recompute or an MoE ablation switch that TP does not combine with. */
+int tp_config_apply(moe_config *c, int P, int rank, int experts_split);
+/* Replace the whole model m by this rank's slice (g->tp > 1) and return the state remembering m. NULL with
+ * moerl_errorf on error (m unchanged). Not collective. */
+tp_state *tp_state_attach(const par_grid *g, moe_model *m);
+/* Assemble the whole model back into m on every rank of the TP group (collective) and free ts. */
+int tp_state_detach(tp_state *ts);
+/* The TP group's all-reduce of the model hooks (model_hooks.tp_allreduce: doubles, sum or max; _f32: sum). */
+void tp_allreduce(tp_state *ts, double *x, size_t n, int max);
+void tp_allreduce_f32(tp_state *ts, float *x, size_t n);
+/* The gradient sums of a step: every tensor over dp_comm (the ranks holding the same slice), the partial
+ * replicated ones (q_norm, k_norm) over tp_comm. Collective over the stage. */
+int tp_reduce_grads(tp_state *ts);
+/* adamw_step with global-norm clipping over the whole model: the split tensors' squares summed over the TP
+ * group, each replicated tensor counted once. Collective over tp_comm. */
+int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm);
+/* Floats of the whole model's layout. */
+size_t tp_whole_params(const tp_state *ts);
+/* This rank's slice of a vector in the whole layout (weights, AdamW moments) into local_vec [n_params]. */
+void tp_slice_vec(const tp_state *ts, const float *whole_vec, float *local_vec);
+/* The whole model (and, moments != NULL, os's moments in the whole layout) on the member with keep = 1 of each
+ * TP group: *whole := a new inference model of the whole config (free with model_free). Members with keep = 0
+ * only send; a group without a keeper does nothing. Collective over tp_comm. Errors: two keepers in a group. */
+int tp_gather_full(tp_state *ts, const adamw_state *os, int keep, moe_model *whole, adamw_state *moments);
+/* Load DIR's whole checkpoint (any TP size wrote it: it is whole) into the slice m (model_load_weights on a
+ * whole model of the same config, then tp_slice_vec). Not collective. */
+int tp_load_weights(tp_state *ts, const char *dir);
+
+#endif

@@ -1,0 +1,308 @@
+/* Tensor parallelism against one rank (src/parallel/tp.h). Every world rank is a trainer; the grid has
+ * actor.megatron.tensor_model_parallel_size = --tp (default: the world size) and is data parallel over the
+ * rest (dp = world / tp, the TP groups consecutive). Model: tests/par_fixture.h (E = 8 top-2, two MoE layers
+ * and a dense one, nh 4 over --nkv key/value heads, vocabulary 64), the global aux loss on.
+ * Run: K = 4 AdamW steps through parallel.h's entry points (par_state_init_cfg slices the model,
+ * train_accumulate with the TP hooks, par_finish_grads, par_adamw_step with the norm counted once,
+ * par_gather_full assembles the whole model on each group's TP rank 0).
+ * Checks: CE and aux losses and the assembled weights match the one-rank reference within written fp32
+ * tolerances; the whole model is bit-identical on every keeper; vocab-parallel log-probabilities and entropy
+ * of the initial slice match the whole model's, and the gradient of Σ a·logp + b·entropy (the entropy term's
+ * backward included) matches the whole model's gradient sliced (tp_slice_vec); a checkpoint of the gathered
+ * model loads into the slices (tp_load_weights) bit for bit as the slice of the whole; refusals (sizes that do
+ * not divide, TP with FSDP / pipeline / EP / Ulysses, sequence_parallel, recompute, a slice without hooks).
+ * --etp 1: experts whole on every TP rank (actor.megatron.expert_tensor_parallel_size=1); --vocab 67: a
+ * vocabulary that is not a multiple of the TP size (the last slice padded, the padding outside the softmax).
+ * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V]. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+#include "parallel/parallel.h"
+#include "parallel/tp.h"
+#include "train/ckpt.h"
+#include "par_fixture.h"
+#include "dist_test.h"
+#include "test.h"
+
+#define E_EXPERTS 8
+#define TOP_K 2
+
+static dist_ctx *g_ctx;
+#define RANK g_ctx->world_rank
+#define CHECK_R(cond, ...) CHECK(cond, "[rank %d] " __VA_ARGS__)
+
+static par_config tp_pc(int tp, int etp) {
+    par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
+                     .pipeline_parallel_size = 1, .alltoall_max_ep = 16, .capacity_factor = 1.25,
+                     .max_tokens = FX_MAX_TOKENS, .tensor_model_parallel_size = tp,
+                     .expert_tensor_parallel_size = etp};
+    return pc;
+}
+
+/* Refusals that need no communication (any process count). */
+static void check_refusals(void) {
+    par_config pc = tp_pc(2, -1);
+    pc.fsdp_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.fsdp_config.fsdp_size (2)"),
+          "TP with FSDP: %s", moerl_last_error());
+    pc = tp_pc(2, -1);
+    pc.expert_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.expert_parallel_size (2)"),
+          "TP with EP: %s", moerl_last_error());
+    pc = tp_pc(2, -1);
+    pc.pipeline_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.pipeline_parallel_size (2)"),
+          "TP with the pipeline: %s", moerl_last_error());
+    pc = tp_pc(2, -1);
+    pc.ulysses_sequence_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "ulysses_sequence_parallel_size (2)"),
+          "TP with Ulysses: %s", moerl_last_error());
+    pc = tp_pc(2, -1);
+    CHECK(par_check_tp(&pc, 3) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 3 trainer"),
+          "TP 2 over 3 ranks: %s", moerl_last_error());
+    moe_config c = fx_config(E_EXPERTS, TOP_K, 1);
+    CHECK(tp_config_apply(&c, 2, 1, 1) == MOERL_OK && c.num_key_value_heads == 1 && c.num_attention_heads == 2,
+          "TP 2 with one kv head (replicated): %s", moerl_last_error());
+    c = fx_config(E_EXPERTS, TOP_K, 4);
+    const moe_config c0 = c;
+    CHECK(tp_config_apply(&c, 8, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "num_attention_heads (4)") &&
+              c.num_attention_heads == c0.num_attention_heads,
+          "TP 8 with 4 heads: %s", moerl_last_error());
+    c = fx_config(E_EXPERTS, TOP_K, 2);
+    c.num_attention_heads = 6; /* TP 3 divides the 6 heads but neither divides nor is a multiple of 2 kv heads */
+    CHECK(tp_config_apply(&c, 3, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "num_key_value_heads (2)"),
+          "TP 3 with 2 kv heads: %s", moerl_last_error());
+    c = fx_config(E_EXPERTS, TOP_K, 2);
+    c.exec.recompute = MODEL_RECOMPUTE_FULL;
+    CHECK(tp_config_apply(&c, 2, 0, 1) == MOERL_ERR && strstr(moerl_last_error(), "enable_gradient_checkpointing"),
+          "TP with recompute: %s", moerl_last_error());
+    c = fx_config(E_EXPERTS, TOP_K, 2);
+    c.vocab_size = 67; /* padded to 2 × 34 */
+    CHECK(tp_config_apply(&c, 2, 1, 1) == MOERL_OK && c.num_attention_heads == 2 && c.num_key_value_heads == 1 &&
+              c.vocab_size == 34 && c.exec.tp_vocab == 67 && c.moe_intermediate_size == 8 && c.intermediate_size == 16,
+          "TP 2's local config: nh %d nkv %d V %d I %d Id %d", c.num_attention_heads, c.num_key_value_heads,
+          c.vocab_size, c.moe_intermediate_size, c.intermediate_size);
+    /* a slice without its runtime refuses to run */
+    moe_model s;
+    MOERL_ASSERT(model_init(&s, &c) == MOERL_OK);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &s, 16) == MOERL_OK);
+    const int tk[2] = {1, 2}, cu[2] = {0, 2};
+    CHECK(model_forward(&s, &a, tk, cu, NULL, 1, 2) == MOERL_ERR && strstr(moerl_last_error(), "tensor-parallel"),
+          "a TP slice without hooks: %s", moerl_last_error());
+    model_acts_free(&a);
+    model_free(&s);
+    cfg *k = cfg_new();
+    par_def_keys(k);
+    par_config rd;
+    MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.sequence_parallel=true") == MOERL_OK);
+    CHECK(par_read_keys(k, &rd) == MOERL_ERR && strstr(moerl_last_error(), "actor.megatron.sequence_parallel=true"),
+          "sequence_parallel: %s", moerl_last_error());
+    MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.sequence_parallel=false") == MOERL_OK);
+    MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.expert_tensor_parallel_size=3") == MOERL_OK);
+    CHECK(par_read_keys(k, &rd) == MOERL_ERR && strstr(moerl_last_error(), "expert_tensor_parallel_size=3"),
+          "expert_tensor_parallel_size 3 with tp 1: %s", moerl_last_error());
+    cfg_free(k);
+}
+
+/* Forward, vocab-parallel logp / entropy and the backward of Σ a·logp + b·entropy on the slice, against the
+ * whole model (same weights): logp and entropy close, the slice's gradient close to the whole gradient's slice.
+ * Collective over the TP group; every rank uses the same sequences. */
+static void check_vocab_parallel(par_state *ps, moe_model *m, const moe_model *whole0, const fx_batch *b) {
+    moe_model w;
+    MOERL_ASSERT(model_init(&w, &whole0->cfg) == MOERL_OK);
+    memcpy(w.params, whole0->params, w.n_params * sizeof(float));
+    model_acts aw, as;
+    MOERL_ASSERT(model_acts_init(&aw, &w, FX_MAX_TOKENS) == MOERL_OK && model_acts_init(&as, m, FX_MAX_TOKENS) == MOERL_OK);
+    as.par = ps;
+    const int N = b->n_tokens, cu[2] = {0, N};
+    int tgt[FX_N_SEQ * 16];
+    float dl[FX_N_SEQ * 16], de[FX_N_SEQ * 16];
+    for (int n = 0; n < N; n++) {
+        tgt[n] = n % 7 == 3 ? -1 : b->tok[(n + 1) % N]; /* some masked rows */
+        dl[n] = 0.01f * (float)(n % 5) - 0.02f;
+        de[n] = 0.003f * (float)(n % 3) - 0.002f;
+    }
+    MOERL_ASSERT(model_forward(&w, &aw, b->tok, cu, NULL, 1, N) == MOERL_OK);
+    CHECK_R(model_forward(m, &as, b->tok, cu, NULL, 1, N) == MOERL_OK, "TP forward: %s", RANK, moerl_last_error());
+    model_logprobs(&w, &aw, tgt, 0.7f, 1);
+    model_logprobs(m, &as, tgt, 0.7f, 1);
+    /* fp32 sums in another order (o_proj / down / embedding partial sums, exp over vocab halves): 2e-5 abs + rel
+     * on log-probabilities of size ~4 */
+    t_close("TP logp vs whole (T 0.7)", as.logp, aw.logp, N, 2e-5f, 2e-5f);
+    t_close("TP entropy vs whole (T 0.7)", as.entropy, aw.entropy, N, 2e-5f, 2e-5f);
+    model_zero_grad(&w);
+    model_zero_grad(m);
+    model_backward(&w, &aw, dl, de, 0.05f);
+    model_backward(m, &as, dl, de, 0.05f);
+    MOERL_ASSERT(par_finish_grads(ps, 1, 1) == MOERL_OK); /* q/k-norm sums (dp 1 here) */
+    float *ws = xalloc_aligned((m->n_params + 1) * sizeof(float));
+    tp_slice_vec(ps->tp, w.grads, ws);
+    /* gradients ~1e-2..1e-4: 1e-6 absolute + 1e-4 relative (another summation order; no Adam amplification) */
+    t_close("TP gradient (logp + entropy + aux) vs whole, sliced", m->grads, ws, (long)m->n_params, 1e-6f, 1e-4f);
+    free(ws);
+    model_acts_free(&aw);
+    model_acts_free(&as);
+    model_free(&w);
+}
+
+int main(int argc, char **argv) {
+    g_ctx = dist_init(&argc, &argv);
+    if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
+        fprintf(stderr, "test_dist_tp: %s\n", moerl_last_error());
+        return 1;
+    }
+    check_refusals();
+    if (g_ctx->world_size == 1) { /* one process (tests/run.sh): the refusals only */
+        printf("test_dist_tp: one process: refusals only; TP runs under mpirun (tests/e2e_mpi.sh)\n");
+        dist_finalize(g_ctx);
+        TEST_MAIN_END();
+    }
+    int tp = g_ctx->world_size, nkv = 2, etp = -1, vocab = 64;
+    static const struct option lo[] = {{"tp", 1, 0, 't'}, {"nkv", 1, 0, 'k'}, {"etp", 1, 0, 'e'}, {"vocab", 1, 0, 'v'},
+                                       {0, 0, 0, 0}};
+    for (int o; (o = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
+        if (o == 't') tp = atoi(optarg);
+        else if (o == 'k') nkv = atoi(optarg);
+        else if (o == 'e') etp = atoi(optarg);
+        else if (o == 'v') vocab = atoi(optarg);
+        else {
+            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64]\n");
+            return 1;
+        }
+    }
+    moe_config c = fx_config(E_EXPERTS, TOP_K, nkv);
+    c.vocab_size = vocab; /* e.g. 67: not a multiple of tp, the last slice padded */
+    fx_batch b;
+    fx_make_batch(&b);
+    float ref_ce[FX_K_STEPS], ref_aux[FX_K_STEPS];
+    moe_model ref, init;
+    fx_reference(&c, &b, ref_ce, ref_aux, &ref);
+    MOERL_ASSERT(model_init(&init, &c) == MOERL_OK);
+    model_init_random(&init, 4242);
+
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    memcpy(m.params, init.params, m.n_params * sizeof(float));
+    par_config pc = tp_pc(tp, etp);
+    par_state ps;
+    CHECK_R(par_state_init_cfg(&ps, g_ctx, &pc, &m) == MOERL_OK, "par_state_init_cfg (tp %d): %s", RANK, tp,
+            moerl_last_error());
+    if (!ps.tp) return dist_test_finish(g_ctx);
+    const par_grid *g = ps.grid;
+    CHECK_R(m.cfg.exec.tp_size == tp && m.n_params < init.n_params && par_grads_self_reduced(&ps) &&
+                par_whole_params(&ps, &m) == init.n_params && par_batch_copies(&ps) == tp,
+            "the slice: tp_size %d, %zu of %zu floats", RANK, m.cfg.exec.tp_size, m.n_params, init.n_params);
+    if (g->dp == 1) check_vocab_parallel(&ps, &m, &init, &b);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, FX_MAX_TOKENS) == MOERL_OK);
+    a.par = &ps;
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, fx_opt());
+    int shard, n_shards;
+    par_data_shard(&ps, &shard, &n_shards);
+    CHECK_R(n_shards == g->dp && shard == g->dp_rank, "data shard %d of %d (dp %d)", RANK, shard, n_shards, g->dp);
+    train_seq mine[FX_N_SEQ];
+    const int n = fx_split(&b, shard, n_shards, mine), E = c.num_experts;
+    float ce[FX_K_STEPS], aux[FX_K_STEPS];
+    for (int k = 0; k < FX_K_STEPS; k++) {
+        double counts[64] = {0}, sums[1 + 64] = {0};
+        MOERL_ASSERT(compute_router_counts(&m, &a, mine, n, FX_MAX_TOKENS, counts) == MOERL_OK);
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
+        for (int e = 0; e < E; e++) counts[e] /= par_batch_copies(&ps);
+        fx_ce_ctx cc = {1.0f / (float)b.n_response, 0};
+        train_step_opts o = {.max_tokens = FX_MAX_TOKENS, .temperature = 1.0f, .aux_coef = FX_AUX_COEF,
+                             .total_tokens = b.n_tokens, .aux_counts = counts, .aux_psum_out = sums + 1, .par = &ps};
+        train_step_out so;
+        MOERL_ASSERT(train_accumulate(&m, &a, mine, n, &o, fx_ce, &cc, &so) == MOERL_OK);
+        MOERL_ASSERT(par_finish_grads(&ps, 1, 1) == MOERL_OK);
+        sums[0] = cc.ce;
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, sums, 1 + E) == MOERL_OK);
+        for (int i = 0; i < 1 + E; i++) sums[i] /= par_batch_copies(&ps);
+        ce[k] = (float)sums[0];
+        aux[k] = fx_aux_value(counts, sums + 1, E, (int64_t)a.n_moe_layers * b.n_tokens);
+        double gn;
+        CHECK_R(par_adamw_step(&ps, &m, &os, os.cfg.lr, ce[k], &gn) == 1, "step %d not applied", RANK, k);
+    }
+    /* losses: fp32 partial sums in another order at weights drifting by earlier steps' rounding (as
+     * tests/test_dist_dp.c): 1e-6 absolute + 1e-5 relative */
+    t_close("TP CE losses vs one rank", ce, ref_ce, FX_K_STEPS, 1e-6f, 1e-5f);
+    t_close("TP aux losses vs one rank", aux, ref_aux, FX_K_STEPS, 1e-6f, 1e-5f);
+    adamw_state mo;
+    const int keep = g->tp_rank == 0;
+    const moe_model *full = par_gather_full(&ps, &m, keep, &os, &mo);
+    CHECK_R(!keep || (full && full->n_params == ref.n_params && mo.n == ref.n_params), "par_gather_full: %s", RANK,
+            moerl_last_error());
+    uint64_t h = 0;
+    if (keep && full) {
+        /* weights: gradients summed over TP partial sums and DP ranks in another fp32 order, passed on by Adam to
+         * elements whose gradient is mostly noise; same bound and reasoning as tests/test_dist_dp.c: atol 5e-5
+         * (≈ lr/60) + rtol 1e-4; a missing all-reduce or a wrong slice moves weights by ~lr per step */
+        t_close("TP weights vs one rank", full->params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f);
+        double worst = 0;
+        for (size_t i = 0; i < ref.n_params; i++) worst = fmax(worst, fabs((double)full->params[i] - ref.params[i]));
+        if (RANK == 0) {
+            for (int k = 0; k < FX_K_STEPS; k++)
+                printf("  step %d  CE TP %.7f one rank %.7f  aux TP %.7f one rank %.7f\n", k, ce[k], ref_ce[k], aux[k],
+                       ref_aux[k]);
+            printf("  tp %d dp %d: max |w_TP − w_one rank| = %.3g; %zu of %zu parameters per rank\n", g->tp, g->dp,
+                   worst, m.n_params, ref.n_params);
+        }
+        h = fx_hash(full->params, full->n_params);
+    }
+    /* every keeper (one per TP group) holds the same bits: the DP replicas stepped identically */
+    double hv[2] = {keep ? (double)(h >> 32) : 0, keep ? (double)(h & 0xffffffffu) : 0}, cnt = keep;
+    double *all = xcalloc((size_t)3 * g_ctx->world_size, sizeof(double));
+    all[3 * RANK] = hv[0], all[3 * RANK + 1] = hv[1], all[3 * RANK + 2] = cnt;
+    MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_WORLD, all, 3 * g_ctx->world_size) == MOERL_OK);
+    int same = 1, first = -1;
+    for (int r = 0; r < g_ctx->world_size; r++)
+        if (all[3 * r + 2] > 0) {
+            if (first < 0) first = r;
+            same &= all[3 * r] == all[3 * first] && all[3 * r + 1] == all[3 * first + 1];
+        }
+    free(all);
+    CHECK_R(same, "the assembled weights must be bit-identical on every TP group's keeper", RANK);
+    /* checkpoint: the whole model saved (HF layout) loads into each rank's slice as the slice of the whole */
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/moerl_test_tp_%d_%d", (int)getppid(), g->dp_rank);
+    if (keep && full) MOERL_ASSERT(model_save_hf(full, dir, 0, 0) == MOERL_OK);
+    MOERL_ASSERT(dist_barrier(g_ctx, DIST_WORLD) == MOERL_OK);
+    float *before = xalloc_aligned((m.n_params + 1) * sizeof(float)), *want = xalloc_aligned((m.n_params + 1) * sizeof(float));
+    memcpy(before, m.params, m.n_params * sizeof(float));
+    memset(m.params, 0, m.n_params * sizeof(float));
+    CHECK_R(par_load_weights(&ps, &m, dir) == MOERL_OK, "par_load_weights: %s", RANK, moerl_last_error());
+    CHECK_R(memcmp(m.params, before, m.n_params * sizeof(float)) == 0, "the reloaded slice differs from the trained one",
+            RANK);
+    if (keep && full) { /* and into a one-rank model (another TP size) bit for bit */
+        moe_model one;
+        MOERL_ASSERT(model_init(&one, &c) == MOERL_OK);
+        CHECK_R(model_load_weights(&one, dir) == MOERL_OK &&
+                    memcmp(one.params, full->params, one.n_params * sizeof(float)) == 0,
+                "the TP checkpoint on one rank: %s", RANK, moerl_last_error());
+        tp_slice_vec(ps.tp, one.params, want);
+        CHECK_R(memcmp(want, before, m.n_params * sizeof(float)) == 0, "tp_slice_vec of the whole != the slice", RANK);
+        model_free(&one);
+    }
+    MOERL_ASSERT(dist_barrier(g_ctx, DIST_WORLD) == MOERL_OK);
+    if (keep && full) ckpt_remove_flat_dir(dir);
+    free(before);
+    free(want);
+    par_release_full(&ps, &m, full, &os, &mo);
+    adamw_free(&os);
+    model_acts_free(&a);
+    par_state_free(&ps); /* assembles the whole model back into m on every rank */
+    CHECK_R(m.n_params == ref.n_params && m.cfg.exec.tp_size == 0, "par_state_free: the whole model back (%zu floats)",
+            RANK, m.n_params);
+    t_close("TP model after par_state_free vs one rank", m.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f);
+    model_free(&m);
+    model_free(&init);
+    model_free(&ref);
+    return dist_test_finish(g_ctx);
+}
