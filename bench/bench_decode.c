@@ -47,7 +47,9 @@
  * --bf16: a second engine on the same weights with engine_config.bf16_weights (rollout.dtype bf16)
  * decodes right after the fp32 one at every batch size of every repetition; printed: its tokens/s
  * and the median over repetitions of bf16 / fp32 tokens/s (each ratio from one back-to-back pair),
- * and the bf16 engine's weight load: fp32 weights rounded on load (engine_load_weights) against bf16
+ * its bandwidth bound (the same formula with the bytes the bf16 engine reads: the q/k/v/o projections,
+ * the experts and the LM head at 2 bytes a weight — the bf16 panels — and the rest, norms, router and
+ * the embedding row, at 4; batch 1: "bf16 batch-1 ... of the bound"), and the bf16 engine's weight load: fp32 weights rounded on load (engine_load_weights) against bf16
  * weights loaded in place (engine_weight_buffer_bf16 + engine_set_version_bf16, what a rollout rank
  * does after a bf16 weight broadcast; the copy into the buffer, the broadcast's part, is not timed).
  *
@@ -177,6 +179,31 @@ static double decode_bytes_per_step(const moe_model *m, int b, double *total_byt
     return fl * sizeof(float);
 }
 
+/* The matrices the bf16 engine reads as bf16 panels (engine.c bf16_pack_all): the attention
+ * projections, the experts and the LM head. */
+static int read_as_bf16(const tensor_info *t) {
+    if (t->flags & TF_EXPERT) return 1;
+    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "lm_head"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+        if (strstr(t->name, names[k])) return 1;
+    return 0;
+}
+
+/* decode_bytes_per_step for the bf16 engine: its panel matrices at 2 bytes a weight, the rest at 4. */
+static double decode_bytes_per_step16(const moe_model *m, int b) {
+    const moe_config *c = &m->cfg;
+    const double active = c->num_experts ? 1.0 - pow(1.0 - (double)c->num_experts_per_tok / c->num_experts, b) : 0;
+    double bytes = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        const double w = read_as_bf16(t) ? 2 : 4;
+        if (t->flags & TF_EXPERT) bytes += w * (double)t->numel * active;
+        else if (t->flags & TF_EMBED) bytes += w * ((double)b * c->hidden_size + (c->tie_word_embeddings ? (double)t->numel : 0));
+        else bytes += w * (double)t->numel;
+    }
+    return bytes;
+}
+
 /* ------------------------------------------------------------------ engine runs */
 
 static engine *engine_for(const moe_model *m, int seqs, int max_len, int budget, int bf16) {
@@ -299,6 +326,7 @@ typedef struct {
     double of_traffic;  /* median of tokens/s ÷ (bandwidth · b / bytes_step), per repetition */
     stat3 tok_s16;      /* --bf16: decode tokens/s of the bf16-weight engine */
     stat3 ratio16;      /* --bf16: bf16 tokens/s ÷ fp32 tokens/s, per repetition */
+    double bytes_step16, of_traffic16; /* --bf16: the bf16 engine's bytes per step and share of its bound */
     double step_ms16, sample_frac16;
 } decode_result;
 
@@ -309,6 +337,7 @@ typedef struct {
     decode_result dec[MAX_BATCHES];
     stat3 prefill;
     stat3 bound_tok_s, ratio, b32_over_b1; /* medians of per-repetition values (zero if not measured) */
+    stat3 bound16, ratio16;                /* --bf16: the bf16 engine's batch-1 bound and share of it */
 } model_result;
 
 int main(int argc, char **argv) {
@@ -404,7 +433,9 @@ int main(int argc, char **argv) {
          * right after the fp32 one at every batch size of every repetition */
         engine *e16 = bf16 ? engine_for(&m, maxb, plen + max_tokens + 1, maxb * plen, 1) : NULL;
         double *ts16 = xcalloc((size_t)nb * reps, sizeof(double)), *rt16 = xcalloc((size_t)nb * reps, sizeof(double)),
-               *sm16 = xcalloc((size_t)nb * reps, sizeof(double)), *sf16 = xcalloc((size_t)nb * reps, sizeof(double));
+               *sm16 = xcalloc((size_t)nb * reps, sizeof(double)), *sf16 = xcalloc((size_t)nb * reps, sizeof(double)),
+               *oft16 = xcalloc((size_t)nb * reps, sizeof(double)), *bound16 = xcalloc(reps, sizeof(double)),
+               *ratio16 = xcalloc(reps, sizeof(double));
         gen_request *rq = xcalloc(maxb, sizeof *rq), **done = xmalloc(maxb * sizeof *done);
         int *prompts = xmalloc((size_t)maxb * plen * sizeof(int));
         double *ts = xmalloc((size_t)nb * reps * sizeof(double)), *sf = xmalloc((size_t)nb * reps * sizeof(double)),
@@ -412,7 +443,9 @@ int main(int argc, char **argv) {
                *ratio = xmalloc(reps * sizeof(double)), *r32 = xmalloc(reps * sizeof(double)),
                *oft = xmalloc((size_t)nb * reps * sizeof(double));
         double bytes_step[MAX_BATCHES];
+        double bytes_step16[MAX_BATCHES];
         for (int i = 0; i < nb; i++) bytes_step[i] = decode_bytes_per_step(&m, batches[i], NULL);
+        for (int i = 0; i < nb; i++) bytes_step16[i] = decode_bytes_per_step16(&m, batches[i]);
         for (int rep = -1; rep < reps; rep++) { /* rep −1 warms caches and thread pools */
             const double bw = read_bandwidth_once(a, n); /* GB/s */
             for (int i = 0; i < nb; i++) {
@@ -431,12 +464,15 @@ int main(int argc, char **argv) {
                     rt16[(size_t)i * reps + rep] = tok16 / tok;
                     sm16[(size_t)i * reps + rep] = st;
                     sf16[(size_t)i * reps + rep] = f;
+                    oft16[(size_t)i * reps + rep] = tok16 / (bw * 1e9 * batches[i] / bytes_step16[i]);
                 }
             }
             if (rep < 0) continue;
             if (i1 >= 0) {
                 bound[rep] = bw * 1e9 / R->bytes_tok;
                 ratio[rep] = ts[(size_t)i1 * reps + rep] / bound[rep];
+                bound16[rep] = bw * 1e9 / bytes_step16[i1];
+                ratio16[rep] = ts16[(size_t)i1 * reps + rep] / bound16[rep];
             }
             if (i1 >= 0 && i32 >= 0) r32[rep] = ts[(size_t)i32 * reps + rep] / ts[(size_t)i1 * reps + rep];
         }
@@ -458,10 +494,12 @@ int main(int argc, char **argv) {
                 d->ratio16 = stats_of(rt16 + (size_t)i * reps, reps);
                 d->step_ms16 = stats_of(sm16 + (size_t)i * reps, reps).med;
                 d->sample_frac16 = stats_of(sf16 + (size_t)i * reps, reps).med;
+                d->bytes_step16 = bytes_step16[i];
+                d->of_traffic16 = stats_of(oft16 + (size_t)i * reps, reps).med;
                 fprintf(o, "     bf16 weights %3d: %9.1f tokens/s (%.1f-%.1f), %.3f ms/step, sampling %4.1f%%; bf16 / "
-                           "fp32 %.2fx (%.2f-%.2f, per repetition)\n",
+                           "fp32 %.2fx (%.2f-%.2f, per repetition); weights/step %.1f MB, %5.1f%% of their bound\n",
                         d->batch, d->tok_s16.med, d->tok_s16.lo, d->tok_s16.hi, d->step_ms16, 100 * d->sample_frac16,
-                        d->ratio16.med, d->ratio16.lo, d->ratio16.hi);
+                        d->ratio16.med, d->ratio16.lo, d->ratio16.hi, d->bytes_step16 / 1e6, 100 * d->of_traffic16);
             }
         }
         if (e16) { /* weight load: fp32 weights rounded on load vs bf16 weights loaded directly */
@@ -485,8 +523,12 @@ int main(int argc, char **argv) {
                     a32.med, a32.lo, a32.hi, a16.med, a16.lo, a16.hi);
             free(tl); free(tl16); free(w16);
         }
+        if (e16 && i1 >= 0) {
+            R->bound16 = stats_of(bound16, reps);
+            R->ratio16 = stats_of(ratio16, reps);
+        }
         engine_free(e16);
-        free(ts16); free(rt16); free(sm16); free(sf16);
+        free(ts16); free(rt16); free(sm16); free(sf16); free(oft16); free(bound16); free(ratio16);
         if (i1 >= 0) {
             R->bound_tok_s = stats_of(bound, reps);
             R->ratio = stats_of(ratio, reps);
@@ -506,6 +548,11 @@ int main(int argc, char **argv) {
                     l3 > 0 && R->total_bytes < (double)l3 ? "\n    note: the weights fit in L3, so the DRAM bound does "
                                                             "not bind and the ratio can exceed 100%"
                                                           : "");
+        if (i1 >= 0 && bf16)
+            fprintf(o, "  bf16 batch-1: %.1f tokens/s, bandwidth bound %.1f tokens/s (%.1f-%.1f; %.2f MB per token), "
+                       "%.1f%% of the bound (%.1f-%.1f)\n",
+                    R->dec[i1].tok_s16.med, R->bound16.med, R->bound16.lo, R->bound16.hi, R->dec[i1].bytes_step16 / 1e6,
+                    100 * R->ratio16.med, 100 * R->ratio16.lo, 100 * R->ratio16.hi);
         if (i1 >= 0 && i32 >= 0)
             fprintf(o, "  batch-32 aggregate / batch-1: %.2fx (%.2f-%.2f; target >= 8x); if both were at their "
                        "bandwidth bound: %.2fx\n",
@@ -540,8 +587,12 @@ int main(int argc, char **argv) {
             }
             printf("],\n   \"prefill\":{\"seqs\":%d,\"len\":%d,\"tokens_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f},\n", pf_seqs,
                    pf_len, R->prefill.med, R->prefill.lo, R->prefill.hi);
-            printf("   \"bound_tokens_per_s\":%.3f,\"batch1_over_bound\":%.4f,\"batch32_over_batch1\":%.4f}",
+            printf("   \"bound_tokens_per_s\":%.3f,\"batch1_over_bound\":%.4f,\"batch32_over_batch1\":%.4f",
                    R->bound_tok_s.med, R->ratio.med, R->b32_over_b1.med);
+            if (bf16)
+                printf(",\n   \"bf16_bound_tokens_per_s\":%.3f,\"bf16_batch1_over_bound\":%.4f", R->bound16.med,
+                       R->ratio16.med);
+            printf("}");
         }
         printf("]}\n");
     }

@@ -16,9 +16,11 @@
  *   b·(max_tokens − 1) decode tokens in max_tokens − 1 steps of b tokens. moerl: the rollout
  *   engine (engine_step), as bench_decode. llama.cpp: one llama_decode per step over a batch of
  *   b tokens (one per sequence, seq_id = sequence, every token an output), the same number of
- *   threads (OMP_NUM_THREADS; llama.cpp's n_threads = n_threads_batch), fp32 KV cache like
- *   moerl's (type_k = type_v = F32), one KV stream per sequence (kv_unified false), flash
- *   attention left on llama.cpp's default (auto). Each repetition runs every batch size on both
+ *   threads (OMP_NUM_THREADS; llama.cpp's n_threads = n_threads_batch), and otherwise llama.cpp
+ *   at its defaults, never handicapped: its default KV cache type (f16, half the bytes of
+ *   moerl's fp32 cache), its default KV layout (llama_context_default_params' kv_unified) and
+ *   flash attention on its default (auto; MOERL_LLAMA_FLASH_ATTN=on|off overrides it). Parity
+ *   mode keeps an fp32 cache in one stream per sequence, moerl's layout. Each repetition runs every batch size on both
  *   sides, interleaved, after one warm-up repetition; printed: medians (min–max) over --reps
  *   repetitions and the ratio moerl/llama.cpp taken per repetition (so load from other processes
  *   hits both numbers of a ratio alike). --moerl-bf16 adds a third engine on the same weights with
@@ -88,7 +90,9 @@ typedef struct {
     struct llama_batch batch;
 } llama_side;
 
-static void llama_open(llama_side *L, const char *gguf, int n_seq, int per_seq_ctx, int max_batch) {
+/* parity: an fp32 KV cache, one stream per sequence (moerl's layout, so the logits compare to 1e-5);
+ * else (bench) llama.cpp's own defaults for the KV cache type (f16) and layout (kv_unified). */
+static void llama_open(llama_side *L, const char *gguf, int n_seq, int per_seq_ctx, int max_batch, int parity) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
     mp.load_mode = LLAMA_LOAD_MODE_NONE; /* weights read into memory, as moerl's engine holds them (no mmap) */
@@ -99,8 +103,10 @@ static void llama_open(llama_side *L, const char *gguf, int n_seq, int per_seq_c
     cp.n_ctx = (uint32_t)(n_seq * per_seq_ctx);
     cp.n_batch = cp.n_ubatch = (uint32_t)max_batch;
     cp.n_threads = cp.n_threads_batch = n_threads();
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
-    cp.kv_unified = false;
+    if (parity) {
+        cp.type_k = cp.type_v = GGML_TYPE_F32;
+        cp.kv_unified = false;
+    }
     const char *fa = getenv("MOERL_LLAMA_FLASH_ATTN"); /* on | off | (unset) auto */
     if (fa) cp.flash_attn_type = !strcmp(fa, "on") ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.no_perf = true;
@@ -263,7 +269,7 @@ static int run_parity(const char *model_dir, const char *gguf, const int *prompt
         if (engine_step(e, done, 1) < 0) moerl_fatal("parity: %s", moerl_last_error());
 
     llama_side L;
-    llama_open(&L, gguf, 1, plen + steps + 8, plen + 1);
+    llama_open(&L, gguf, 1, plen + steps + 8, plen + 1, 1);
     if (L.n_vocab != V) moerl_fatal("parity: llama.cpp vocabulary %d, moerl %d", L.n_vocab, V);
     int bad = 0;
     double worst = 0;
@@ -311,7 +317,8 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
     for (int i = 0; i < nb; i++) maxb = MOERL_MAX(maxb, batches[i]);
     const int V = cfg.vocab_size, per_seq = plen + max_tokens + 16;
     llama_side L;
-    llama_open(&L, gguf, maxb, per_seq, maxb * plen);
+    llama_open(&L, gguf, maxb, per_seq, maxb * plen, 0);
+    const struct llama_context_params dp = llama_context_default_params();
     unlink(gguf);
     engine_config ec = {.max_num_seqs = maxb, .max_model_len = plen + max_tokens + 1, .max_num_batched_tokens = maxb * plen};
     engine *e = engine_create(&cfg, ec), *e16 = NULL;
@@ -331,9 +338,11 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
     double load0[3] = {0};
     if (getloadavg(load0, 3) < 1) load0[0] = -1;
     printf("llamacpp_decode: model B (H 512, 8 layers, 32 experts top-4, V 2048; %.0f MB fp32 in moerl, GGUF %s), "
-           "%d threads, prompt %d, %d tokens per sequence, %d repetitions (median, min-max), load average %.2f at start\n",
+           "%d threads, prompt %d, %d tokens per sequence, %d repetitions (median, min-max), load average %.2f at start; "
+           "llama.cpp with its defaults: KV cache %s, kv_unified %d, flash attention %s\n",
            (double)m.n_params * 4 / 1e6, gdt == GGUF_EXPORT_BF16 ? "bf16" : "f32", n_threads(), plen, max_tokens, reps,
-           load0[0]);
+           load0[0], ggml_type_name(dp.type_k), (int)dp.kv_unified,
+           getenv("MOERL_LLAMA_FLASH_ATTN") ? getenv("MOERL_LLAMA_FLASH_ATTN") : "auto");
     for (int rep = -1; rep < reps; rep++) {
         for (int i = 0; i < nb; i++) {
             const int b = batches[i];

@@ -367,6 +367,11 @@ uint16_t gemm_packed16_get(const uint16_t *P, int I, int o, int i);
 void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
                            int o1);
 void gemm_packed16_nt(float *out, int ldo, const float *a, const uint16_t *P, int m, int I, int o0, int o1);
+/* Row count up to which the rollout engine's bf16 mode reads the bf16 panels for q/k/v, o_proj and
+ * the LM head (beyond: the fp32 product on the same bf16-rounded values). Above SKINNY_MAX_ROWS
+ * because the panel kernel re-reads a group of panels from the cache for every block of rows
+ * (gemm_packed.c), so a batch of 32 decode tokens still streams half the bytes of the fp32 sgemm. */
+#define BF16_PANEL_MAX_ROWS 64
 
 /* ---------------------------------------------------------------- MoE layer, naive oracle */
 

@@ -777,7 +777,7 @@ void qkv_forward(const moe_model *m, int l, const float *x, float *q_raw, float 
         return;
     }
     const int nd = decode_team_size(m, N);
-    if (N <= SKINNY_MAX_ROWS && (nd > 1 || m->bf16)) { /* bf16 weights: their panels, on one thread too */
+    if ((N <= SKINNY_MAX_ROWS && nd > 1) || (m->bf16 && N <= BF16_PANEL_MAX_ROWS)) { /* bf16: their panels, 1 thread too */
         qkv_decode(m, l, x, q_raw, k_raw, q_rstd, k_rstd, q, k, v, pos, rope_cos, rope_sin, N, nd);
         return;
     }

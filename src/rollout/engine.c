@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "base/common.h"
 #include "base/pool.h"
@@ -54,9 +57,8 @@ struct engine {
 };
 
 /* Rows up to which a step's o_proj and LM head read the bf16 panels (beyond: the fp32 product
- * on the same bf16-rounded values, as qkv_forward and the experts' larger groups do): the
- * decode-sized limit of the other kernels. */
-#define ENGINE_BF16_MAX_ROWS SKINNY_MAX_ROWS
+ * on the same bf16-rounded values, as qkv_forward and the experts' larger groups do). */
+#define ENGINE_BF16_MAX_ROWS BF16_PANEL_MAX_ROWS
 
 /* Allocate e->bf's panels (once) and lay out the pointers. */
 static void bf16_layout(engine *e) {
@@ -157,12 +159,21 @@ static void bf16_widen_in_place(float *p, size_t n) {
 }
 
 /* out[N, O] (= or += per accumulate) = x[N, I] · Wᵀ from W's bf16 panels P, output columns split
- * in 16-wide blocks over the threads; tmp: [N, O] scratch for accumulate. */
+ * in one contiguous run of 16-wide blocks per thread (one kernel call each, so it keeps several
+ * panels in flight); tmp: [N, O] scratch for accumulate. */
 static void linear16(float *out, float *tmp, const float *x, const uint16_t *P, int N, int I, int O, int accumulate) {
     float *dst = accumulate ? tmp : out;
     const int units = (O + 15) / 16;
-#pragma omp parallel for schedule(static)
-    for (int u = 0; u < units; u++) gemm_packed16_nt(dst + (size_t)u * 16, O, x, P, N, I, u * 16, MOERL_MIN(O, u * 16 + 16));
+#pragma omp parallel
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int u0 = (int)((long)units * t / nt), u1 = (int)((long)units * (t + 1) / nt);
+        if (u1 > u0) gemm_packed16_nt(dst + (size_t)u0 * 16, O, x, P, N, I, u0 * 16, MOERL_MIN(O, u1 * 16));
+    }
     if (accumulate)
         for (size_t i = 0; i < (size_t)N * O; i++) out[i] += tmp[i];
 }

@@ -164,13 +164,64 @@ static inline void bf16x16_load(const uint16_t *p, v8f *lo, v8f *hi) {
 #endif
 }
 
+#ifdef __AVX512F__
+/* AVX-512: one panel row of 16 bf16 weights → one zmm of 16 fp32 lanes in output order, with no
+ * shuffle: the 32 bytes are broadcast into both 256-bit halves (part of the load), the upper half
+ * keeps the high 16 bits of each word (lanes 8..15), the lower half shifts the low 16 bits up
+ * (lanes 0..7; a masked shift over the masked copy). */
+static inline __m512 bf16x16_zmm(const uint16_t *p) {
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+    const __m512i hi = _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u));
+    return _mm512_castsi512_ps(_mm512_mask_slli_epi32(hi, (__mmask16)0x00ff, v, 16));
+}
+
+/* NR rows (1..8) against NP consecutive panels (1, 2, 4 or 8; NP·NR ≤ 16) at once, pb[k] =
+ * panel k: out[k][r][0..15] = Σ_i rows[r][i]·panel_k[i][0..15], one zmm accumulator per (panel,
+ * row), a multiply then an add (no FMA: the same rounding as the fp32 panel kernel). NP and NR
+ * are compile-time constants at every call (always inlined): the accumulators live in registers. */
+static inline __attribute__((always_inline)) void panels16_rows(float out[8][8][NZ_W], const float *const *rows,
+                                                                const int NR, const uint16_t *const *pb,
+                                                                const int NP, int I) {
+    __m512 acc[8][8];
+    for (int k = 0; k < NP; k++)
+        for (int r = 0; r < NR; r++) acc[k][r] = _mm512_setzero_ps();
+    for (int i = 0; i < I; i++) {
+        __m512 w[8];
+        for (int k = 0; k < NP; k++) w[k] = bf16x16_zmm(pb[k] + (size_t)i * NZ_W);
+        for (int r = 0; r < NR; r++) {
+            const __m512 x = _mm512_set1_ps(rows[r][i]);
+            for (int k = 0; k < NP; k++) acc[k][r] = _mm512_add_ps(acc[k][r], _mm512_mul_ps(x, w[k]));
+        }
+    }
+    for (int k = 0; k < NP; k++)
+        for (int r = 0; r < NR; r++) _mm512_storeu_ps(out[k][r], acc[k][r]);
+}
+#define P16_MAX_ROWS 8   /* rows per pass */
+#define P16_MAX_PANELS 8 /* panels per pass */
+/* Panels per pass for nr rows: 8 for one row, 4 for 2..4, 2 for 5..8 (8 to 16 accumulators of
+ * the 32 zmm registers; several panels in flight give one row independent add chains). */
+static inline int p16_want(int nr) { return nr == 1 ? 8 : nr <= 4 ? 4 : 2; }
+#define P16_CASE(NR, NP) case (NP) * 16 + (NR): panels16_rows(acc, rr, NR, pb, NP, I); break
+static void panels16_dispatch(float acc[8][8][NZ_W], const float *const *rr, int nr, const uint16_t *const *pb, int np,
+                              int I) {
+    switch (np * 16 + nr) { /* one instantiation per shape */
+    P16_CASE(1, 1); P16_CASE(2, 1); P16_CASE(3, 1); P16_CASE(4, 1);
+    P16_CASE(5, 1); P16_CASE(6, 1); P16_CASE(7, 1); P16_CASE(8, 1);
+    P16_CASE(1, 2); P16_CASE(2, 2); P16_CASE(3, 2); P16_CASE(4, 2);
+    P16_CASE(5, 2); P16_CASE(6, 2); P16_CASE(7, 2); P16_CASE(8, 2);
+    P16_CASE(1, 4); P16_CASE(2, 4); P16_CASE(3, 4); P16_CASE(4, 4);
+    P16_CASE(1, 8);
+    default: MOERL_ASSERT(0 && "panels16: unexpected shape");
+    }
+}
+#else
 /* NR rows (1..4) against NP consecutive panels (1, 2 or 4; NP·NR ≤ 4) at once, pb[k] = panel k:
  * out[k][r][0..15] = Σ_i rows[r][i]·panel_k[i][0..15]. Several panels in flight give one row
  * 2·NP independent accumulators instead of 2 (a single row's two dependency chains of adds
  * otherwise bound the loop at one 16-weight row per add latency, below what the caches deliver
  * at half the bytes). NP and NR are compile-time constants at every call (always inlined), so
  * the accumulator array lives in registers. */
-static inline __attribute__((always_inline)) void panels16_rows(float out[4][4][NZ_W], const float *const *rows,
+static inline __attribute__((always_inline)) void panels16_rows(float out[8][8][NZ_W], const float *const *rows,
                                                                 const int NR, const uint16_t *const *pb,
                                                                 const int NP, int I) {
     v8f acc[4][4][2];
@@ -193,37 +244,52 @@ static inline __attribute__((always_inline)) void panels16_rows(float out[4][4][
             memcpy(out[k][r] + 8, &acc[k][r][1], sizeof acc[k][r][1]);
         }
 }
+#define P16_MAX_ROWS 4
+#define P16_MAX_PANELS 4
+/* panels per pass: 4 for one row, 2 for two, else 1 (≤ 8 accumulators, no spills) */
+static inline int p16_want(int nr) { return nr == 1 ? 4 : nr == 2 ? 2 : 1; }
+static void panels16_dispatch(float acc[8][8][NZ_W], const float *const *rr, int nr, const uint16_t *const *pb, int np,
+                              int I) {
+    switch (np * 8 + nr) { /* one instantiation per shape keeps the accumulators in registers */
+    case 8 + 1: panels16_rows(acc, rr, 1, pb, 1, I); break;
+    case 8 + 2: panels16_rows(acc, rr, 2, pb, 1, I); break;
+    case 8 + 3: panels16_rows(acc, rr, 3, pb, 1, I); break;
+    case 8 + 4: panels16_rows(acc, rr, 4, pb, 1, I); break;
+    case 16 + 1: panels16_rows(acc, rr, 1, pb, 2, I); break;
+    case 16 + 2: panels16_rows(acc, rr, 2, pb, 2, I); break;
+    default: panels16_rows(acc, rr, 1, pb, 4, I); break; /* 32 + 1 */
+    }
+}
+#endif
+
+/* Panel groups of P16_GROUP panels are the outer loop and row blocks the inner one, so a group's
+ * weights (P16_GROUP · I · 32 bytes: 256 KB at I = 1,024) come from memory once per call and
+ * from the cache for every further row block. */
+#define P16_GROUP 8
 
 void gemm_packed16_nt_rows(float *out, int ldo, const float *const *rows, const uint16_t *P, int m, int I, int o0,
                            int o1) {
     MOERL_ASSERT(m >= 0 && I >= 0 && o0 >= 0 && o0 % NZ_W == 0 && o1 >= o0);
-    float acc[4][4][NZ_W];
+    float acc[8][8][NZ_W] __attribute__((aligned(64)));
     const size_t pstride = (size_t)I * NZ_W;
-    for (int r0 = 0; r0 < m; r0 += 4) {
-        const int nr = MOERL_MIN(4, m - r0);
-        /* panels per pass: 4 for one row, 2 for two, else 1 (≤ 8 accumulators, no spills) */
-        const int want = nr == 1 ? 4 : nr == 2 ? 2 : 1;
-        for (int o = o0; o < o1;) {
-            const int left = (o1 - o + NZ_W - 1) / NZ_W;
-            const int np = left >= want ? want : left >= 2 && want >= 2 ? 2 : 1;
-            const uint16_t *pb[4];
-            for (int k = 0; k < np; k++) pb[k] = P + (size_t)(o / NZ_W + k) * pstride;
-            const float *const *rr = rows + r0;
-            switch (np * 8 + nr) { /* one instantiation per shape keeps the accumulators in registers */
-            case 8 + 1: panels16_rows(acc, rr, 1, pb, 1, I); break;
-            case 8 + 2: panels16_rows(acc, rr, 2, pb, 1, I); break;
-            case 8 + 3: panels16_rows(acc, rr, 3, pb, 1, I); break;
-            case 8 + 4: panels16_rows(acc, rr, 4, pb, 1, I); break;
-            case 16 + 1: panels16_rows(acc, rr, 1, pb, 2, I); break;
-            case 16 + 2: panels16_rows(acc, rr, 2, pb, 2, I); break;
-            default: panels16_rows(acc, rr, 1, pb, 4, I); break; /* 32 + 1 */
+    for (int g0 = o0; g0 < o1; g0 += P16_GROUP * NZ_W) {
+        const int g1 = MOERL_MIN(o1, g0 + P16_GROUP * NZ_W);
+        for (int r0 = 0; r0 < m; r0 += P16_MAX_ROWS) {
+            const int nr = MOERL_MIN(P16_MAX_ROWS, m - r0), want = p16_want(nr);
+            for (int o = g0; o < g1;) {
+                const int left = (g1 - o + NZ_W - 1) / NZ_W;
+                int np = 1;
+                while (np * 2 <= want && np * 2 <= left) np *= 2;
+                const uint16_t *pb[P16_MAX_PANELS];
+                for (int k = 0; k < np; k++) pb[k] = P + (size_t)(o / NZ_W + k) * pstride;
+                panels16_dispatch(acc, rows + r0, nr, pb, np, I);
+                for (int k = 0; k < np; k++) {
+                    const int ok = o + k * NZ_W, lanes = MOERL_MIN(NZ_W, o1 - ok);
+                    for (int r = 0; r < nr; r++)
+                        memcpy(out + (size_t)(r0 + r) * ldo + (ok - o0), acc[k][r], (size_t)lanes * sizeof(float));
+                }
+                o += np * NZ_W;
             }
-            for (int k = 0; k < np; k++) {
-                const int ok = o + k * NZ_W, lanes = MOERL_MIN(NZ_W, o1 - ok);
-                for (int r = 0; r < nr; r++)
-                    memcpy(out + (size_t)(r0 + r) * ldo + (ok - o0), acc[k][r], (size_t)lanes * sizeof(float));
-            }
-            o += np * NZ_W;
         }
     }
 }
