@@ -936,11 +936,22 @@ void cfg_print_help(const cfg *c, FILE *out) {
     free(ord);
 }
 
+/* Whether key ends in one of the comma-separated suffixes of list (NULL: none). */
+static bool key_has_suffix(const char *key, const char *list) {
+    const size_t kl = strlen(key);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        const size_t sl = end ? (size_t)(end - p) : strlen(p);
+        if (sl && kl >= sl && !strncmp(key + kl - sl, p, sl)) return true;
+        p = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
 int cfg_check_int32(const cfg *c, const char *exempt_suffix) {
     for (int i = 0; i < c->n; i++) {
         const cfg_entry *e = &c->e[i];
-        size_t kl = strlen(e->key), sl = exempt_suffix ? strlen(exempt_suffix) : 0;
-        if (sl && kl >= sl && !strcmp(e->key + kl - sl, exempt_suffix)) continue;
+        if (key_has_suffix(e->key, exempt_suffix)) continue;
         if (e->type == CFG_INT && (e->val.i < INT32_MIN || e->val.i > INT32_MAX))
             return moerl_errorf("key '%s' (from %s): value %lld does not fit a 32-bit integer", e->key, e->origin,
                                 (long long)e->val.i);

@@ -94,8 +94,9 @@ const int64_t *cfg_int_list(const cfg *c, const char *key, int *n);
 /* The items (NULL when empty), their count in *n. Owned by the registry. */
 const char *const *cfg_str_list(const cfg *c, const char *key, int *n);
 
-/* Every int (and int-list item) must fit 32 bits, except keys ending in exempt_suffix (e.g.
- * "seed"); the error names the key, where its value came from, and the value. */
+/* Every int (and int-list item) must fit 32 bits, except keys ending in one of the comma-separated
+ * suffixes of exempt_suffix (e.g. "seed,_bytes": seeds and byte budgets are 64-bit); the error names the
+ * key, where its value came from, and the value. */
 int cfg_check_int32(const cfg *c, const char *exempt_suffix);
 
 /* Whether `key` is declared. */

@@ -372,7 +372,7 @@ int cli_parse_config_args(cfg *c, int argc, char **argv, const char *cmd, int *e
         parse_error("moerl %s: --config FILE is required (see --help; examples/ has configs)\n", cmd);
         rc = *exit_code = 2;
     } else if (cfg_load_yaml(c, path) != MOERL_OK || cli_apply_overrides(c, &ov) != MOERL_OK ||
-               cfg_check_int32(c, "seed") != MOERL_OK) {
+               cfg_check_int32(c, "seed,_bytes") != MOERL_OK) {
         parse_error("moerl %s: %s\n", cmd, moerl_last_error());
     } else if (profile && trace_open(profile) != MOERL_OK) { /* Chrome trace, written at exit (base/trace.h) */
         parse_error("moerl %s: --profile: %s\n", cmd, moerl_last_error());

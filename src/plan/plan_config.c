@@ -51,10 +51,10 @@ void plan_def_keys(cfg *c) {
 
 void plan_paged_def_keys(cfg *c) {
     def_int(c, "rollout.block_size", 16, "paged KV cache: tokens per block (vLLM's block_size)");
-    if (!cfg_has(c, "rollout.kv_cache_bytes")) /* a float: budgets pass 2^31 bytes, which int keys may not */
-        cfg_def_float(c, "rollout.kv_cache_bytes", 0,
-                      "paged KV cache: the engine's KV budget in bytes, e.g. 40e9 (0 = max_num_seqs × max_model_len, "
-                      "the slot engine's reservation, unless rollout.gpu_memory_utilization is set)");
+    if (!cfg_has(c, "rollout.kv_cache_bytes")) /* a 64-bit int: cfg_check_int32 exempts keys ending in _bytes */
+        cfg_def_int(c, "rollout.kv_cache_bytes", 0,
+                    "paged KV cache: the engine's KV budget in bytes, e.g. 40000000000 (0 = max_num_seqs × "
+                    "max_model_len, the slot engine's reservation, unless rollout.gpu_memory_utilization is set)");
     if (!cfg_has(c, "rollout.gpu_memory_utilization"))
         cfg_def_float(c, "rollout.gpu_memory_utilization", 0,
                       "paged KV cache: the KV budget as this fraction of the memory free after the weights (vLLM's "
@@ -90,7 +90,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
-    if (cfg_check_int32(c, "seed") != MOERL_OK) return MOERL_ERR;
+    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK) return MOERL_ERR;
     /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
      * data.max_prompt_length > 0); plan reads no data, so no held-out evaluation is checked */
     if (data_check_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
@@ -229,7 +229,7 @@ int plan_read_paged(const cfg *c, const moe_config *mc, const plan_input *in, co
     kv->max_num_seqs = in->max_num_seqs;
     kv->max_model_len = in->max_model_len;
     kv->token_bytes = r->kv_cache / ((double)in->max_num_seqs * in->max_model_len);
-    const double kb = cfg_float(c, "rollout.kv_cache_bytes");
+    const double kb = (double)cfg_int(c, "rollout.kv_cache_bytes");
     const double util = cfg_float(c, "rollout.gpu_memory_utilization"), mem = cfg_float(c, "plan.rollout_device_memory");
     if (!(kb >= 0) || !isfinite(kb))
         return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got %g", kb);

@@ -229,6 +229,9 @@ static int rollout_kv_read(const cfg *c, rl_config *r) {
     if (bytes < 0) return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = see rollout.gpu_memory_utilization), got %lld", (long long)bytes);
     if (!(u >= 0 && u <= 1))
         return moerl_errorf("rollout.gpu_memory_utilization must be a fraction in [0, 1] (0 = off), got %g", u);
+    if (bytes > 0 && u > 0) /* as moerl plan and simulate: one budget, not a silent precedence */
+        return moerl_errorf("rollout.kv_cache_bytes=%lld and rollout.gpu_memory_utilization=%g both give the KV budget: "
+                            "set one of them (the other 0)", (long long)bytes, u);
     r->block_size = (int)bs;
     r->kv_cache_bytes = bytes;
     r->gpu_memory_utilization = u;

@@ -151,7 +151,7 @@ static int read_paged_keys(const cfg *c, const moe_config *t, sim_setup *su) {
     su->prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching");
     const int split = MOERL_MAX(1, MOERL_MIN(su->rollout_tp, t->num_key_value_heads));
     su->kv_token_bytes = 2.0 * t->num_hidden_layers * t->num_key_value_heads * t->head_dim * su->dev.dtype_bytes / split;
-    const double kb = cfg_float(c, "rollout.kv_cache_bytes"), util = cfg_float(c, "rollout.gpu_memory_utilization"),
+    const double kb = (double)cfg_int(c, "rollout.kv_cache_bytes"), util = cfg_float(c, "rollout.gpu_memory_utilization"),
                  dm = cfg_float(c, "sim.device_memory");
     if (!(kb >= 0) || !isfinite(kb)) return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got %g", kb);
     if (!(util >= 0 && util <= 1)) return moerl_errorf("rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got %g", util);
