@@ -164,10 +164,10 @@ r=$($M plan "${PA[@]}" --json rollout.gpu_memory_utilization=0.9 plan.rollout_de
     /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(abs(d["paged_kv"]["budget_bytes"] - 0.9 * (141e9 - d["rollout_weights_bytes"])) < 1)')
 [[ $r == True ]] && ok || fail "gpu_memory_utilization=0.9 of 141e9 less the weights: $r"
 # refusals naming the key and the value
-for bad in "rollout.block_size=0:rollout.block_size must be in 1..1048576 tokens, got 0" \
+for bad in "rollout.block_size=0:rollout.block_size must be in [1, 65536] tokens, got 0" \
     "rollout.kv_cache_bytes=-1:rollout.kv_cache_bytes must be ≥ 0" \
     "rollout.kv_cache_bytes=1000000:holds 0 blocks of 16 tokens" \
-    "rollout.gpu_memory_utilization=1.5:rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got 1.5" \
+    "rollout.gpu_memory_utilization=1.5:rollout.gpu_memory_utilization must be a fraction in [0, 1] (0 = off), got 1.5" \
     "rollout.gpu_memory_utilization=0.9:needs the rollout device's memory: give plan.rollout_device_memory" \
     "plan.rollout_device_memory=1e9 rollout.gpu_memory_utilization=0.9:plan.rollout_device_memory=1e+09 bytes does not hold" \
     "plan.rollout_device_memory=141e9:plan.rollout_device_memory=1.41e+11 is set but rollout.gpu_memory_utilization is 0" \

@@ -470,12 +470,12 @@ r=$(pgf "$OUT/pg_util.json" kv_budget_blocks_per_replica 2>&1)
 [[ -n $hf && $r == $(/usr/bin/python3 -c "import math; print(math.floor(0.5 * (141e9 - $hf * 2) / (16 * 1024)))") ]] && ok ||
     fail "simulate gpu_memory_utilization=0.5 on h200: $r blocks (hf $hf), $(tail -c 300 "$OUT/pg_util.log")"
 # refusals naming the key and value
-for bad in "rollout.block_size=0:rollout.block_size must be in 1..1048576 tokens, got 0" \
-    "rollout.kv_cache_bytes=-5:rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got -5" \
+for bad in "rollout.block_size=0:rollout.block_size must be in [1, 65536] tokens, got 0" \
+    "rollout.kv_cache_bytes=-5:rollout.kv_cache_bytes must be ≥ 0 (0 = see rollout.gpu_memory_utilization), got -5" \
     "rollout.kv_cache_bytes=1000:holds no block of 16 tokens" \
     "rollout.kv_cache_bytes=98304:the KV budget holds 3 blocks of 16 tokens per replica" \
-    "rollout.gpu_memory_utilization=2:rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got 2" \
-    "rollout.kv_cache_bytes=1e6 rollout.gpu_memory_utilization=0.5:both give the KV budget" \
+    "rollout.gpu_memory_utilization=2:rollout.gpu_memory_utilization must be a fraction in [0, 1] (0 = off), got 2" \
+    "rollout.kv_cache_bytes=1000000 rollout.gpu_memory_utilization=0.5:both give the KV budget" \
     "sim.device_memory=8e10:sim.device_memory=8e+10 is set but rollout.gpu_memory_utilization is 0" \
     "sim.codec.onebit.encode_ns=1:sim.codec.onebit.encode_ns is set, but the gradient exchange is exact" \
     "actor.grad_compression=threshold sim.codec.threshold.ratio=1:sim.codec.threshold.ratio must be > 1"; do

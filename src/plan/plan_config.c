@@ -222,7 +222,7 @@ int plan_read_paged(const cfg *c, const moe_config *mc, const plan_input *in, co
                             "response lengths: set one of them", (long long)mr, kv->synth_alpha);
     kv->fixed_response = mr > 0 ? (int)mr : kv->max_response;
     const int64_t bs = cfg_int(c, "rollout.block_size");
-    if (bs < 1 || bs > (1 << 20)) return moerl_errorf("rollout.block_size must be in 1..%d tokens, got %lld", 1 << 20, (long long)bs);
+    if (bs < 1 || bs > 65536) return moerl_errorf("rollout.block_size must be in [1, 65536] tokens, got %lld", (long long)bs);
     kv->block_size = (int)bs;
     kv->group_size = in->group_size;
     kv->prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching");
@@ -232,9 +232,9 @@ int plan_read_paged(const cfg *c, const moe_config *mc, const plan_input *in, co
     const double kb = (double)cfg_int(c, "rollout.kv_cache_bytes");
     const double util = cfg_float(c, "rollout.gpu_memory_utilization"), mem = cfg_float(c, "plan.rollout_device_memory");
     if (!(kb >= 0) || !isfinite(kb))
-        return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got %g", kb);
+        return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = see rollout.gpu_memory_utilization), got %g", kb);
     if (!(util >= 0 && util <= 1))
-        return moerl_errorf("rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got %g", util);
+        return moerl_errorf("rollout.gpu_memory_utilization must be a fraction in [0, 1] (0 = off), got %g", util);
     if (!(mem >= 0) || !isfinite(mem))
         return moerl_errorf("plan.rollout_device_memory must be ≥ 0 bytes, got %g", mem);
     if (kb > 0 && util > 0)

@@ -146,15 +146,15 @@ static int read_cost_keys(const cfg *c, const rl_config *rc, sim_setup *su) {
 /* The paged KV budget in the simulated model's blocks per replica (sim.h sim_setup.kv_blocks). */
 static int read_paged_keys(const cfg *c, const moe_config *t, sim_setup *su) {
     const int64_t bs = cfg_int(c, "rollout.block_size");
-    if (bs < 1 || bs > (1 << 20)) return moerl_errorf("rollout.block_size must be in 1..%d tokens, got %lld", 1 << 20, (long long)bs);
+    if (bs < 1 || bs > 65536) return moerl_errorf("rollout.block_size must be in [1, 65536] tokens, got %lld", (long long)bs);
     su->block_size = (int)bs;
     su->prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching");
     const int split = MOERL_MAX(1, MOERL_MIN(su->rollout_tp, t->num_key_value_heads));
     su->kv_token_bytes = 2.0 * t->num_hidden_layers * t->num_key_value_heads * t->head_dim * su->dev.dtype_bytes / split;
     const double kb = (double)cfg_int(c, "rollout.kv_cache_bytes"), util = cfg_float(c, "rollout.gpu_memory_utilization"),
                  dm = cfg_float(c, "sim.device_memory");
-    if (!(kb >= 0) || !isfinite(kb)) return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = the reservation), got %g", kb);
-    if (!(util >= 0 && util <= 1)) return moerl_errorf("rollout.gpu_memory_utilization must be in (0, 1] (0 = off), got %g", util);
+    if (!(kb >= 0) || !isfinite(kb)) return moerl_errorf("rollout.kv_cache_bytes must be ≥ 0 (0 = see rollout.gpu_memory_utilization), got %g", kb);
+    if (!(util >= 0 && util <= 1)) return moerl_errorf("rollout.gpu_memory_utilization must be a fraction in [0, 1] (0 = off), got %g", util);
     if (!(dm >= 0) || !isfinite(dm)) return moerl_errorf("sim.device_memory must be ≥ 0 bytes, got %g", dm);
     if (kb > 0 && util > 0)
         return moerl_errorf("rollout.kv_cache_bytes=%g and rollout.gpu_memory_utilization=%g both give the KV budget: "
