@@ -115,6 +115,7 @@ static void frozen_step(const st_file *f, const char *k, int W, int t, int seg) 
         memcpy(x[w].server_err, (const float *)se->data + (size_t)w * c, c * 4);
         CHECK(onebit_adam_local(&o[w], (const float *)g->data + (size_t)w * N, 0.0f, ((const double *)nrm->data)[w]) == 1,
               "step applied");
+        if (seg) onebit_adam_to_update(&o[w], FREEZE, o[w].m); /* the trainer's exchange: in the update's units */
         onebit_worker_compress(&x[w], o[w].m, send + (size_t)w * W * words);
     }
     for (int r_ = 0; r_ < W; r_++) { /* all-to-all: message r_ of every worker to server r_ */
@@ -124,6 +125,7 @@ static void frozen_step(const st_file *f, const char *k, int W, int t, int seg) 
     int all_same = 1;
     for (int w = 0; w < W; w++) {
         CHECK(onebit_decode(&x[w], gath, o[w].m) == MOERL_OK, "%s", moerl_last_error());
+        if (seg) onebit_adam_from_update(&o[w], FREEZE, o[w].m);
         pw[w] = xmalloc(N * 4);
         memcpy(pw[w], p->data, N * 4);
         onebit_adam_apply(&o[w], FREEZE, pw[w], r, 2, 1e-2f);
@@ -221,6 +223,37 @@ static void test_reference(void) {
     st_close(&f);
 }
 
+/* Per-tensor scales on their own: two segments whose values differ by 1000× each decode to their own
+ * magnitude (with one scale for the buffer both would get its RMS, ≈ 0.707); a masked value decodes to
+ * 0 and counts in no scale. */
+static void test_segment_scales(void) {
+    enum { M = 200 };
+    float v[M];
+    for (int i = 0; i < M; i++) v[i] = (i % 3 ? 1.0f : -1.0f) * (i < 100 ? 1.0f : 1e-3f);
+    const size_t b[3] = {0, 100, M};
+    onebit_exchange x;
+    onebit_exchange_init_segments(&x, M, 1, 0, b, 2);
+    uint8_t act[M];
+    for (int i = 0; i < M; i++) act[i] = i != 150;
+    onebit_exchange_set_active(&x, act);
+    float in[M];
+    memcpy(in, v, sizeof v);
+    in[150] = 1e6f; /* masked: must not leak into the tensor's scale */
+    CHECK(onebit_allreduce_comm(&x, NULL, in) == MOERL_OK, "%s", moerl_last_error());
+    int ok = 1;
+    for (int i = 0; i < M; i++) ok &= i == 150 ? in[i] == 0.0f : fabsf(in[i] - v[i]) <= 1e-6f * fabsf(v[i]);
+    CHECK(ok, "each segment decodes to its own scale (in[0] %g, in[120] %g), the masked value to 0 (%g)", in[0],
+          in[120], in[150]);
+    CHECK(x.pieces == 2 && x.n_masked == 1 && onebit_exchange_words(&x) == 2 + x.chunk / 32, "2 scales per message");
+    onebit_exchange_free(&x);
+    onebit_exchange y;
+    onebit_exchange_init(&y, M, 1, 0);
+    memcpy(in, v, sizeof v);
+    CHECK(onebit_allreduce_comm(&y, NULL, in) == MOERL_OK && fabsf(in[120]) > 0.7f,
+          "one scale for the buffer gives the small tensor the large one's magnitude (%g)", in[120]);
+    onebit_exchange_free(&y);
+}
+
 /* The volume: one bit per value plus one fp32 scale per message, against fp32's 32 bits. */
 static void test_volume(void) {
     const size_t n = 1u << 20;
@@ -273,6 +306,7 @@ static void test_errors(void) {
 
 int main(void) {
     test_reference();
+    test_segment_scales();
     test_volume();
     test_errors();
     TEST_MAIN_END();

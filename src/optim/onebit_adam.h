@@ -41,6 +41,17 @@ int onebit_adam_local(adamw_state *s, const float *g, float loss, double norm);
 void onebit_adam_apply(const adamw_state *s, int64_t freeze_step, float *p, const adamw_range *r, int n_ranges,
                        float lr);
 
+/* The exchange in preconditioned units (issue 29): the variance is frozen and the same on every
+ * rank, so averaging m_w/d over the workers, d = √v/√(1 − β2^T) + eps, equals averaging m_w and
+ * dividing by d — but the 1-bit compressor then gives each value a magnitude s·d proportional to its
+ * own denominator instead of one s for all, and its error feedback is measured in the units of the
+ * update. With one s for all, values whose frozen √v is far below the tensor's typical one move by
+ * lr·s/d ≫ lr on the first compressed step (the demo's collapse at step freeze_step + 2).
+ * onebit_adam_to_update: x[i] ← x[i] / d_i over all s->n values; onebit_adam_from_update: x[i] ←
+ * x[i] · d_i (the inverse up to rounding). freeze_step ≥ 1. */
+void onebit_adam_to_update(const adamw_state *s, int64_t freeze_step, float *x);
+void onebit_adam_from_update(const adamw_state *s, int64_t freeze_step, float *x);
+
 /* The ranges of a whole model (one per tensor, decay from TF_DECAY); caller frees. */
 adamw_range *onebit_adam_model_ranges(const moe_model *m);
 

@@ -102,7 +102,9 @@ int trainer_onebit_step(trainer *T, double *loss, double *grad_norm, int *applie
     *applied = onebit_adam_local(&T->opt, g, (float)*loss, norm);
     if (!*applied) return MOERL_OK;
     ensure_mask(T);
+    onebit_adam_to_update(&T->opt, T->cfg->optim_freeze_step, T->opt.m); /* exchanged in the update's units */
     if (onebit_allreduce_comm(T->onebit, T->onebit_comm, T->opt.m) != MOERL_OK) return MOERL_ERR;
+    onebit_adam_from_update(&T->opt, T->cfg->optim_freeze_step, T->opt.m);
     adamw_range *r = onebit_adam_model_ranges(T->m);
     onebit_adam_apply(&T->opt, T->cfg->optim_freeze_step, T->m->params, r, T->m->n_tensors, T->cfg->optim.lr);
     free(r);

@@ -20,8 +20,10 @@ gradients, .gavg: their mean for warm-up, .norm: float64 norms the clip uses) an
 Cases sw{W}.*: the exchange with per-tensor scales and the zero-variance mask (issue 29; onebit.h):
   segments (tensors) each with its own worker scale, each server chunk's pieces (segment ∩ chunk)
   their own server scale; values whose frozen variance is exactly 0 are left out of every scale and
-  every error buffer and decode to momentum 0 (so only weight decay moves them). Message words:
-  P + c/32 (P = the most pieces in any chunk).
+  every error buffer and decode to momentum 0 (so only weight decay moves them); and, as the trainer
+  runs it, the exchange in the update's units: each worker sends m_w / d (d = √v/√(1 − β2^T) + eps,
+  the frozen denominator, the same on every rank), the averaged result is multiplied back by d.
+  Message words: P + c/32 (P = the most pieces in any chunk).
 """
 import math
 import os
@@ -126,8 +128,8 @@ def grads(gen, W, n, t, seg_scale, zero):
 
 def run(W, gen, tensors, prefix="w", bounds=None, seg_scale=None, zero=None):
     """One case: W workers, STEPS steps. bounds: segment bounds (None: one segment, no mask — the
-    exchange of onebit_exchange_init); with bounds, the mask is the frozen variance ≠ 0, as the trainer
-    sets it; seg_scale: per-value gradient multiplier; zero: values with no warm-up gradient."""
+    exchange of onebit_exchange_init); with bounds, the trainer's exchange: the mask is the frozen
+    variance ≠ 0 and the momenta are exchanged divided by d; seg_scale: per-value gradient multiplier; zero: values with no warm-up gradient."""
     n = N
     c = chunk_of(n, W)
     seg_scale = torch.ones(n) if seg_scale is None else seg_scale
@@ -154,10 +156,15 @@ def run(W, gen, tensors, prefix="w", bounds=None, seg_scale=None, zero=None):
             tensors[k + "norm"] = torch.tensor(norms, dtype=torch.float64)
             ms = [f(B1) * m + (f(1.0) - f(B1)) * (g[w] * clip_coef(norms[w])) for w in range(W)]
             act = v != 0 if masked else torch.ones(n, dtype=torch.bool)
+            inv_bc2 = f(1.0 / math.sqrt(1.0 - float(f(B2)) ** FREEZE))
+            d = torch.sqrt(v) * inv_bc2 + f(EPS)  # the frozen denominator
+            if masked:  # the trainer's exchange: in the update's units, m_w / d
+                ms = [x / d for x in ms]
             m, we, se, P = exchange(ms, we, se, n, W, bounds, act)
+            if masked:
+                m = m * d
             decay = torch.where(decay_mask(n), f(1.0) - f(LR) * f(WD), f(1.0))
             step_size = f(float(f(LR)) / (1.0 - float(f(B1)) ** t))
-            inv_bc2 = f(1.0 / math.sqrt(1.0 - float(f(B2)) ** FREEZE))
             p = p * decay
             p = p - step_size * m / (torch.sqrt(v) * inv_bc2 + f(EPS))
         tensors.update({k + "p1": p, k + "m1": m, k + "v1": v, k + "we1": torch.stack(we), k + "se1": torch.stack(se)})
