@@ -103,17 +103,18 @@ void onebit_exchange_free(onebit_exchange *x) {
     memset(x, 0, sizeof *x);
 }
 
-/* RMS of the active values of y[cnt] (act: their flags, NULL = all): ‖y‖₂/√count in double, rounded
- * to fp32; 0 when none. */
-static float rms_scale(const float *y, const uint8_t *act, size_t cnt) {
-    double ss = 0.0;
+/* The scale of the active values of y[cnt] (act: their flags, NULL = all): their mean |y|, ‖y‖₁/count,
+ * summed in double and rounded to fp32; 0 when none. The mean |y| is the s that minimises
+ * ‖y − s·sign(y)‖₂ (the error the feedback must carry); see onebit.h for why not ‖y‖₂/√count. */
+static float mean_abs_scale(const float *y, const uint8_t *act, size_t cnt) {
+    double sa = 0.0;
     size_t m = 0;
     for (size_t i = 0; i < cnt; i++)
         if (!act || act[i]) {
-            ss += (double)y[i] * (double)y[i];
+            sa += fabs((double)y[i]);
             m++;
         }
-    return m ? (float)sqrt(ss / (double)m) : 0.0f;
+    return m ? (float)(sa / (double)m) : 0.0f;
 }
 
 static int32_t f32_bits(float f) {
@@ -145,7 +146,7 @@ void onebit_worker_compress(onebit_exchange *x, const float *v, int32_t *send) {
     for (size_t i = 0; i < x->n; i++)
         if (!act || act[i]) e[i] += v[i]; /* y = x + e_w, kept in e_w until the residual is known */
     float *s = xmalloc((size_t)x->n_seg * sizeof(float));
-    for (int k = 0; k < x->n_seg; k++) s[k] = rms_scale(e + x->seg[k], act_at(x, x->seg[k]), x->seg[k + 1] - x->seg[k]);
+    for (int k = 0; k < x->n_seg; k++) s[k] = mean_abs_scale(e + x->seg[k], act_at(x, x->seg[k]), x->seg[k + 1] - x->seg[k]);
     for (int q = 0; q < x->world; q++) {
         const size_t lo = (size_t)q * x->chunk;
         int32_t *msg = send + (size_t)q * W;
@@ -197,7 +198,7 @@ int onebit_server_reduce(onebit_exchange *x, const int32_t *recv, int32_t *out) 
     for (int j = 0; piece(x, x->rank, j, &k, &a, &b); j++) {
         for (size_t t = a; t < b; t++)
             if (!act || act[t]) z[t] = acc[t] * inv_w + z[t]; /* z = mean + e_s, kept in e_s */
-        const float s = rms_scale(z + a, act ? act + a : NULL, b - a);
+        const float s = mean_abs_scale(z + a, act ? act + a : NULL, b - a);
         out[j] = f32_bits(s);
         pack_signs(z, act, a, b, out + P);
         for (size_t t = a; t < b; t++)

@@ -3,16 +3,22 @@
  * §4; the semantics of DeepSpeed's compressed_allreduce, read, not copied). It averages a buffer x[n]
  * (1-bit Adam's momentum) over W ranks, moving one bit per value plus one fp32 scale per message:
  *
- *   worker (every rank):  y = x + e_w;  s_w = ‖y‖₂/√n;  send sign(y) (1 bit each) and s_w;
+ *   worker (every rank):  y = x + e_w;  s_w = ‖y‖₁/n;  send sign(y) (1 bit each) and s_w;
  *                         e_w ← y − s_w·sign(y)                       (worker error feedback)
  *   stage 1 (all-to-all): rank r receives chunk r of every rank's signs and every s_w.
  *   server (rank r, its chunk of c values, c_r of them inside [0, n)):
  *                         z = (Σ_{i=0..W−1} s_i·sign_i) · (1/W) + e_s   (sum in rank order, fp32)
- *                         s_s = ‖z‖₂/√c_r;  e_s ← z − s_s·sign(z)       (server error feedback)
+ *                         s_s = ‖z‖₁/c_r;  e_s ← z − s_s·sign(z)        (server error feedback)
  *   stage 2 (all-gather): every rank receives every chunk's signs and s_s; x[r·c + j] = s_s,r·sign.
  *
- * sign(0) = +1 (as DeepSpeed). Scales: the L2 norm in double over the values inside [0, n), then
- * rounded to fp32 (an empty chunk has scale 0). The chunk c is ceil(n/W) rounded up to a multiple of
+ * sign(0) = +1 (as DeepSpeed). Scales: the mean |y| summed in double over the values inside [0, n),
+ * then rounded to fp32 (an empty chunk has scale 0). DeepSpeed (and this file before issue 29) uses
+ * ‖y‖₂/√n, which keeps ‖s·sign(y)‖₂ = ‖y‖₂; the mean |y| is instead the s that minimises the
+ * compression error ‖y − s·sign(y)‖₂ that the error feedback must carry (the scaled sign of
+ * Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"), and a few large values raise it far less:
+ * with ‖y‖₂/√n they set the magnitude every value of the buffer moves by (issue 29: the demo's
+ * 1-bit Adam still collapsed after 80 versions with the RMS scale, not with the mean; see
+ * docs/parallelism.md). The chunk c is ceil(n/W) rounded up to a multiple of
  * 32, so the sign words of a chunk never straddle two ranks; values past n (padding) are 0 and are
  * never written back.
  * Message (both stages): P + c/32 int32 words: words 0..P−1 the scales' fp32 bits (P = 1 without

@@ -7,9 +7,9 @@ onebit_adam.h (not from the C code): W simulated workers, each with its own loca
   warm-up (step t ≤ T = freeze_step): exact AdamW (torch.optim.AdamW's order, bias-corrected) on the
     averaged gradient.
   compression (t > T): m_w = β1·m + (1 − β1)·clip_w·g_w (each worker its local gradient);
-    worker: y = m_w + e_w; s = ‖y‖/√n; e_w = y − s·sign(y) (sign(0) = +1);
+    worker: y = m_w + e_w; s = ‖y‖₁/n (mean |y|); e_w = y − s·sign(y) (sign(0) = +1);
     server r (chunk r of c = ceil(n/W) rounded up to 32): z = (Σ_i s_i·sign_i) · (1/W) + e_s,r;
-      s_r = ‖z‖/√c_r; e_s,r = z − s_r·sign(z); m = concat_r(s_r·sign(z_r));
+      s_r = ‖z‖₁/c_r; e_s,r = z − s_r·sign(z); m = concat_r(s_r·sign(z_r));
     p = p·(1 − lr·wd) on decayed ranges; p = p − lr/(1 − β1^t) · m / (√v/√(1 − β2^T) + eps).
 Every float32 operation is one torch float32 op (one rounding each), the norms in float64, the bias corrections in float64 from the float32 β (as the C config holds
 them), so the C
@@ -49,9 +49,10 @@ def clip_coef(norm):
 
 
 def rms(y):
+    """The compressor's scale: mean |y| (sum in float64, one rounding to float32); 0 when empty."""
     if y.numel() == 0:
         return f(0.0)
-    return f(math.sqrt(float((y.double() ** 2).sum()) / y.numel()))
+    return f(float(y.double().abs().sum()) / y.numel())
 
 
 def sign(y):
