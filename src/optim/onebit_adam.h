@@ -5,7 +5,8 @@
  *     worker updates the momentum from its LOCAL gradient, m ← β1·m + (1 − β1)·g_local, the momenta
  *     are averaged by the two-stage 1-bit all-reduce with worker and server error feedback
  *     (dist/onebit.h, done by the caller between the two calls below), and the parameter moves with
- *     the frozen variance:
+ *     the frozen variance (the trainer exchanges m/d, d the update's denominator below, and leaves
+ *     out the values whose frozen v is 0: onebit_adam_to_update and rl/trainer_onebit.c, issue 29):
  *         p ← p·(1 − lr·wd)            (TF_DECAY tensors; AdamW's decoupled decay, as adamw.h)
  *         p ← p − lr/(1 − β1^t) · m / (√v · 1/√(1 − β2^T) + eps)      T = freeze_step, t = step
  * Bias correction: DeepSpeed's OnebitAdam applies none (its bias_correction flag is unused), the paper
