@@ -48,9 +48,46 @@ static adamw_config ref_cfg(void) {
 
 static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
 
-/* One compressed step of W simulated workers from the reference's state (prefix k). */
-static void frozen_step(const st_file *f, const char *k, int W, int t) {
-    const size_t c = onebit_chunk(N, W), words = onebit_msg_words(c);
+/* The segmented case sw* of the reference (gen_onebit_adam.py SEG_BOUNDS, ZERO): tensor bounds,
+ * and the values with no gradient through the warm-up, 10 decayed ([100, 110)), 30 not ([520, 550)). */
+static const size_t seg_bounds[5] = {0, 250, 260, 600, 1000};
+
+/* Per-tensor scales and the zero-variance mask as the trainer sets them (trainer_onebit.c): one
+ * segment per tensor, active = frozen variance ≠ 0. */
+static void seg_init(onebit_exchange *x, int W, int w, const float *v) {
+    onebit_exchange_init_segments(x, N, W, w, seg_bounds, 4);
+    uint8_t act[N];
+    for (int i = 0; i < N; i++) act[i] = v[i] != 0.0f;
+    onebit_exchange_set_active(x, act);
+}
+
+/* What the segmented case must show beyond equality with the reference: values with no warm-up
+ * gradient have momentum 0, do not move where undecayed and only decay where decayed (p·(1 − lr·wd)),
+ * and take no error feedback; the ×1e-3 tensor [250, 260) gets its own small scale, not the others'. */
+static void seg_checks(const char *k, int W, const onebit_exchange *x, const float *m, const float *p1,
+                       const float *p0) {
+    const float decay = 1.0f - 1e-2f * ref_cfg().weight_decay;
+    int zero_ok = 1;
+    for (int i = 100; i < 110; i++) zero_ok &= m[i] == 0.0f && p1[i] == p0[i] * decay;
+    for (int i = 520; i < 550; i++) zero_ok &= m[i] == 0.0f && p1[i] == p0[i];
+    for (int w = 0; w < W; w++) {
+        for (int i = 520; i < 550; i++) zero_ok &= x[w].worker_err[i] == 0.0f;
+        CHECK(x[w].n_masked == 40, "%s: worker %d masks %zu values (expected the 40 with no warm-up gradient)", k, w,
+              x[w].n_masked);
+    }
+    CHECK(zero_ok, "%s: values with no warm-up gradient keep momentum 0, only decay, no error feedback", k);
+    double big = 0, small = 0;
+    for (int i = 0; i < 250; i++) big += (double)m[i] * m[i];
+    for (int i = 250; i < 260; i++) small = fmax(small, fabs(m[i]));
+    big = sqrt(big / 250);
+    CHECK(small > 0 && small < 0.01 * big, "%s: the ×1e-3 tensor's momentum %g is its own (the ×1 tensor's RMS %g)", k,
+          small, big);
+}
+
+/* One compressed step of W simulated workers from the reference's state (prefix k); seg: the
+ * segmented, masked exchange. */
+static void frozen_step(const st_file *f, const char *k, int W, int t, int seg) {
+    const size_t c = onebit_chunk(N, W);
     const st_tensor *p = need(f, k, "p", N), *m = need(f, k, "m", N), *v = need(f, k, "v", N),
                     *we = need(f, k, "we", (int64_t)W * N), *se = need(f, k, "se", (int64_t)W * c),
                     *g = need(f, k, "g", (int64_t)W * N), *nrm = need(f, k, "norm", W), *p1 = need(f, k, "p1", N),
@@ -60,6 +97,11 @@ static void frozen_step(const st_file *f, const char *k, int W, int t) {
     adamw_state o[4];
     onebit_exchange x[4];
     float *pw[4];
+    for (int w = 0; w < W; w++) {
+        if (seg) seg_init(&x[w], W, w, v->data);
+        else onebit_exchange_init(&x[w], N, W, w);
+    }
+    const size_t words = onebit_exchange_words(&x[0]);
     int32_t *send = xmalloc((size_t)W * W * words * 4), *recv = xmalloc((size_t)W * words * 4),
             *gath = xmalloc((size_t)W * words * 4);
     adamw_range r[2] = {{0, N / 2, 1}, {N / 2, N - N / 2, 0}};
@@ -69,11 +111,11 @@ static void frozen_step(const st_file *f, const char *k, int W, int t) {
         memcpy(o[w].v, v->data, N * 4);
         o[w].step = t - 1;
         CHECK(onebit_adam_frozen(&o[w], FREEZE), "step %d follows the freeze", t);
-        onebit_exchange_init(&x[w], N, W, w);
         memcpy(x[w].worker_err, (const float *)we->data + (size_t)w * N, N * 4);
         memcpy(x[w].server_err, (const float *)se->data + (size_t)w * c, c * 4);
         CHECK(onebit_adam_local(&o[w], (const float *)g->data + (size_t)w * N, 0.0f, ((const double *)nrm->data)[w]) == 1,
               "step applied");
+        if (seg) onebit_adam_to_update(&o[w], FREEZE, o[w].m); /* the trainer's exchange: in the update's units */
         onebit_worker_compress(&x[w], o[w].m, send + (size_t)w * W * words);
     }
     for (int r_ = 0; r_ < W; r_++) { /* all-to-all: message r_ of every worker to server r_ */
@@ -83,6 +125,7 @@ static void frozen_step(const st_file *f, const char *k, int W, int t) {
     int all_same = 1;
     for (int w = 0; w < W; w++) {
         CHECK(onebit_decode(&x[w], gath, o[w].m) == MOERL_OK, "%s", moerl_last_error());
+        if (seg) onebit_adam_from_update(&o[w], FREEZE, o[w].m);
         pw[w] = xmalloc(N * 4);
         memcpy(pw[w], p->data, N * 4);
         onebit_adam_apply(&o[w], FREEZE, pw[w], r, 2, 1e-2f);
@@ -95,6 +138,7 @@ static void frozen_step(const st_file *f, const char *k, int W, int t) {
     CHECK(same(pw[0], p1->data, N), "%s: the parameters equal the reference bit for bit", k);
     if (!same(pw[0], p1->data, N)) t_close(k, pw[0], p1->data, N, 0, 1e-6f);
     CHECK(same(o[0].v, v->data, N), "%s: the variance stays frozen", k);
+    if (seg) seg_checks(k, W, x, o[0].m, pw[0], p->data);
     for (int w = 0; w < W; w++) {
         adamw_free(&o[w]);
         onebit_exchange_free(&x[w]);
@@ -149,7 +193,7 @@ static void test_reference(void) {
             char k[32];
             snprintf(k, sizeof k, "w%d.s%d.", W, t);
             if (t <= FREEZE) warmup_step(&f, k, W, t);
-            else frozen_step(&f, k, W, t);
+            else frozen_step(&f, k, W, t, 0);
         }
         char k[32];
         snprintf(k, sizeof k, "w%d.", W);
@@ -158,7 +202,56 @@ static void test_reference(void) {
             CHECK(onebit_sent_bytes(N, W) == (double)((const int64_t *)sent->data)[0], "W=%d: %g bytes sent, reference %lld",
                   W, onebit_sent_bytes(N, W), (long long)((const int64_t *)sent->data)[0]);
     }
+    for (int W = 1; W <= 3; W++) { /* per-tensor scales and the zero-variance mask */
+        for (int t = 1; t <= STEPS; t++) {
+            char k[32];
+            snprintf(k, sizeof k, "sw%d.s%d.", W, t);
+            if (t <= FREEZE) warmup_step(&f, k, W, t);
+            else frozen_step(&f, k, W, t, 1);
+        }
+        char k[32];
+        snprintf(k, sizeof k, "sw%d.", W);
+        const st_tensor *sent = need(&f, k, "sent", 1);
+        onebit_exchange x;
+        onebit_exchange_init_segments(&x, N, W, 0, seg_bounds, 4);
+        if (sent) /* the reference counts (P + c/32) words per message: P scales, one per piece */
+            CHECK(onebit_exchange_bytes(&x) == (double)((const int64_t *)sent->data)[0],
+                  "segmented W=%d: %g bytes sent (%d scales per message), reference %lld", W, onebit_exchange_bytes(&x),
+                  x.pieces, (long long)((const int64_t *)sent->data)[0]);
+        onebit_exchange_free(&x);
+    }
     st_close(&f);
+}
+
+/* Per-tensor scales on their own: two segments whose values differ by 1000× each decode to their own
+ * magnitude (with one scale for the buffer both would get its mean |v|, ≈ 0.5); a masked value decodes to
+ * 0 and counts in no scale. */
+static void test_segment_scales(void) {
+    enum { M = 200 };
+    float v[M];
+    for (int i = 0; i < M; i++) v[i] = (i % 3 ? 1.0f : -1.0f) * (i < 100 ? 1.0f : 1e-3f);
+    const size_t b[3] = {0, 100, M};
+    onebit_exchange x;
+    onebit_exchange_init_segments(&x, M, 1, 0, b, 2);
+    uint8_t act[M];
+    for (int i = 0; i < M; i++) act[i] = i != 150;
+    onebit_exchange_set_active(&x, act);
+    float in[M];
+    memcpy(in, v, sizeof v);
+    in[150] = 1e6f; /* masked: must not leak into the tensor's scale */
+    CHECK(onebit_allreduce_comm(&x, NULL, in) == MOERL_OK, "%s", moerl_last_error());
+    int ok = 1;
+    for (int i = 0; i < M; i++) ok &= i == 150 ? in[i] == 0.0f : fabsf(in[i] - v[i]) <= 1e-6f * fabsf(v[i]);
+    CHECK(ok, "each segment decodes to its own scale (in[0] %g, in[120] %g), the masked value to 0 (%g)", in[0],
+          in[120], in[150]);
+    CHECK(x.pieces == 2 && x.n_masked == 1 && onebit_exchange_words(&x) == 2 + x.chunk / 32, "2 scales per message");
+    onebit_exchange_free(&x);
+    onebit_exchange y;
+    onebit_exchange_init(&y, M, 1, 0);
+    memcpy(in, v, sizeof v);
+    CHECK(onebit_allreduce_comm(&y, NULL, in) == MOERL_OK && fabsf(in[120]) > 0.5f,
+          "one scale for the buffer gives the small tensor the large one's magnitude (%g)", in[120]);
+    onebit_exchange_free(&y);
 }
 
 /* The volume: one bit per value plus one fp32 scale per message, against fp32's 32 bits. */
@@ -213,6 +306,7 @@ static void test_errors(void) {
 
 int main(void) {
     test_reference();
+    test_segment_scales();
     test_volume();
     test_errors();
     TEST_MAIN_END();

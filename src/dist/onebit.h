@@ -3,23 +3,38 @@
  * §4; the semantics of DeepSpeed's compressed_allreduce, read, not copied). It averages a buffer x[n]
  * (1-bit Adam's momentum) over W ranks, moving one bit per value plus one fp32 scale per message:
  *
- *   worker (every rank):  y = x + e_w;  s_w = ‖y‖₂/√n;  send sign(y) (1 bit each) and s_w;
+ *   worker (every rank):  y = x + e_w;  s_w = ‖y‖₁/n;  send sign(y) (1 bit each) and s_w;
  *                         e_w ← y − s_w·sign(y)                       (worker error feedback)
  *   stage 1 (all-to-all): rank r receives chunk r of every rank's signs and every s_w.
  *   server (rank r, its chunk of c values, c_r of them inside [0, n)):
  *                         z = (Σ_{i=0..W−1} s_i·sign_i) · (1/W) + e_s   (sum in rank order, fp32)
- *                         s_s = ‖z‖₂/√c_r;  e_s ← z − s_s·sign(z)       (server error feedback)
+ *                         s_s = ‖z‖₁/c_r;  e_s ← z − s_s·sign(z)        (server error feedback)
  *   stage 2 (all-gather): every rank receives every chunk's signs and s_s; x[r·c + j] = s_s,r·sign.
  *
- * sign(0) = +1 (as DeepSpeed). Scales: the L2 norm in double over the values inside [0, n), then
- * rounded to fp32 (an empty chunk has scale 0). The chunk c is ceil(n/W) rounded up to a multiple of
+ * sign(0) = +1 (as DeepSpeed). Scales: the mean |y| summed in double over the values inside [0, n),
+ * then rounded to fp32 (an empty chunk has scale 0). DeepSpeed (and this file before issue 29) uses
+ * ‖y‖₂/√n, which keeps ‖s·sign(y)‖₂ = ‖y‖₂; the mean |y| is instead the s that minimises the
+ * compression error ‖y − s·sign(y)‖₂ that the error feedback must carry (the scaled sign of
+ * Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"), and a few large values raise it far less:
+ * with ‖y‖₂/√n they set the magnitude every value of the buffer moves by (issue 29: the demo's
+ * 1-bit Adam still collapsed after 80 versions with the RMS scale, not with the mean; see
+ * docs/parallelism.md). The chunk c is ceil(n/W) rounded up to a multiple of
  * 32, so the sign words of a chunk never straddle two ranks; values past n (padding) are 0 and are
  * never written back.
- * Message (both stages): 1 + c/32 int32 words: word 0 the scale's fp32 bits, then the signs, element
- * j of the chunk in bit j%32 of word 1 + j/32, 1 = negative.
+ * Message (both stages): P + c/32 int32 words: words 0..P−1 the scales' fp32 bits (P = 1 without
+ * segments, below), then the signs, element j of the chunk in bit j%32 of word P + j/32, 1 = negative.
  * Volume per rank and exchange: 2·(W−1)·(4 + c/8) bytes (each stage sends W−1 messages to the other
  * ranks), against 2·(W−1)/W·4n for a ring all-reduce of fp32: about 32× less for large n.
- * Every rank ends with the same x (bit for bit). */
+ * Every rank ends with the same x (bit for bit).
+ *
+ * Per-tensor scales (issue 29; DeepSpeed calls its compressed_allreduce once per parameter tensor,
+ * scale ‖t‖₂/√numel of that tensor): onebit_exchange_init_segments splits [0, n) into segments (the
+ * model's tensors); the worker's scale s_w is then one per segment, and the server's s_s one per
+ * piece = segment ∩ server chunk, so a tensor with small momenta is not sent the large tensors'
+ * magnitude. A message then carries P scale words (P = the most pieces any chunk has; unused ones 0)
+ * before the signs: 4·P + c/8 bytes. One segment gives P = 1, the layout above.
+ * Mask (DeepSpeed's exp_avg_mask): values with active[i] = 0 take no part — they count in no scale,
+ * their sign bits are 0 and unread, their error feedback stays 0 and they decode to exactly 0. */
 #ifndef MOERL_DIST_ONEBIT_H
 #define MOERL_DIST_ONEBIT_H
 
@@ -35,6 +50,11 @@ typedef struct onebit_exchange {
     float *worker_err; /* n: the worker's error feedback e_w */
     float *server_err; /* chunk: this rank's server error feedback e_s for its chunk */
     double sent_bytes; /* bytes this rank sent in its last exchange (onebit_allreduce_comm) */
+    int n_seg;         /* segments with their own scale (1: the whole buffer) */
+    size_t *seg;       /* n_seg + 1 increasing bounds, seg[0] = 0, seg[n_seg] = n */
+    int pieces;        /* P: scale words per message (the most segments any chunk meets, ≥ 1) */
+    uint8_t *active;   /* n flags, 0 = masked (onebit_exchange_set_active); NULL: all take part */
+    size_t n_masked;   /* values with active[i] = 0 */
 } onebit_exchange;
 
 /* ceil(n/world) rounded up to a multiple of 32 (at least 32). */
@@ -43,11 +63,22 @@ size_t onebit_chunk(size_t n, int world);
 size_t onebit_msg_words(size_t chunk);
 /* Bytes one rank sends per exchange: 2·(world−1)·4·onebit_msg_words(chunk). */
 double onebit_sent_bytes(size_t n, int world);
-/* Zeroed error buffers for rank `rank` of `world` (1 ≤ world, 0 ≤ rank < world). */
+/* Zeroed error buffers for rank `rank` of `world` (1 ≤ world, 0 ≤ rank < world), one segment. */
 void onebit_exchange_init(onebit_exchange *x, size_t n, int world, int rank);
+/* The same with n_seg segments given by bounds[n_seg + 1] (copied): bounds[0] = 0, strictly
+ * increasing, bounds[n_seg] = n (asserted). Each segment gets its own scale (see above). */
+void onebit_exchange_init_segments(onebit_exchange *x, size_t n, int world, int rank, const size_t *bounds,
+                                   int n_seg);
+/* Masks values: active[n] (copied; 0 = masked, see above), or NULL to clear the mask. The mask must
+ * be the same on every rank of the group, and stay fixed while the error buffers live. */
+void onebit_exchange_set_active(onebit_exchange *x, const uint8_t *active);
+/* int32 words of one message of x: x->pieces + chunk/32. */
+size_t onebit_exchange_words(const onebit_exchange *x);
+/* Bytes one rank sends per exchange of x: 2·(world−1)·4·onebit_exchange_words(x). */
+double onebit_exchange_bytes(const onebit_exchange *x);
 void onebit_exchange_free(onebit_exchange *x);
 
-/* Worker stage: reads v[n], updates x->worker_err, writes world messages into send[world·words]
+/* Worker stage (words = onebit_exchange_words(x) below): reads v[n], updates x->worker_err, writes world messages into send[world·words]
  * (message q for rank q: its chunk of the signs, with this rank's scale). */
 void onebit_worker_compress(onebit_exchange *x, const float *v, int32_t *send);
 /* Server stage: recv[world·words] holds message i from rank i (this rank's chunk); averages, adds

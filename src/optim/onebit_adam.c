@@ -61,6 +61,30 @@ void onebit_adam_apply(const adamw_state *s, int64_t freeze_step, float *p, cons
     trace_end("optimizer (1-bit Adam)", "optim", tr);
 }
 
+/* x[i] ← x[i] / d_i (divide) or x[i] · d_i, d_i = √v_i·1/√(1 − β2^T) + eps (as in onebit_adam_apply). */
+static void scale_by_denominator(const adamw_state *s, int64_t freeze_step, float *x, int divide) {
+    MOERL_ASSERT(freeze_step >= 1);
+    const float inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(s->cfg.beta2, (double)freeze_step)));
+    const float eps = s->cfg.eps;
+    const float *v = s->v;
+    const int64_t n = (int64_t)s->n;
+    if (divide) {
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < n; i++) x[i] = x[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + eps);
+    } else {
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < n; i++) x[i] = x[i] * (sqrtf(v[i]) * inv_sqrt_bc2 + eps);
+    }
+}
+
+void onebit_adam_to_update(const adamw_state *s, int64_t freeze_step, float *x) {
+    scale_by_denominator(s, freeze_step, x, 1);
+}
+
+void onebit_adam_from_update(const adamw_state *s, int64_t freeze_step, float *x) {
+    scale_by_denominator(s, freeze_step, x, 0);
+}
+
 adamw_range *onebit_adam_model_ranges(const moe_model *m) {
     adamw_range *r = xmalloc((size_t)(m->n_tensors ? m->n_tensors : 1) * sizeof *r);
     for (int ti = 0; ti < m->n_tensors; ti++) {

@@ -5,7 +5,8 @@
  *     worker updates the momentum from its LOCAL gradient, m ← β1·m + (1 − β1)·g_local, the momenta
  *     are averaged by the two-stage 1-bit all-reduce with worker and server error feedback
  *     (dist/onebit.h, done by the caller between the two calls below), and the parameter moves with
- *     the frozen variance:
+ *     the frozen variance (the trainer exchanges m/d, d the update's denominator below, and leaves
+ *     out the values whose frozen v is 0: onebit_adam_to_update and rl/trainer_onebit.c, issue 29):
  *         p ← p·(1 − lr·wd)            (TF_DECAY tensors; AdamW's decoupled decay, as adamw.h)
  *         p ← p − lr/(1 − β1^t) · m / (√v · 1/√(1 − β2^T) + eps)      T = freeze_step, t = step
  * Bias correction: DeepSpeed's OnebitAdam applies none (its bias_correction flag is unused), the paper
@@ -40,6 +41,17 @@ int onebit_adam_local(adamw_state *s, const float *g, float loss, double norm);
  * on the listed ranges of p (same layout as s->m, s->v). freeze_step ≥ 1. */
 void onebit_adam_apply(const adamw_state *s, int64_t freeze_step, float *p, const adamw_range *r, int n_ranges,
                        float lr);
+
+/* The exchange in preconditioned units (issue 29): the variance is frozen and the same on every
+ * rank, so averaging m_w/d over the workers, d = √v/√(1 − β2^T) + eps, equals averaging m_w and
+ * dividing by d — but the 1-bit compressor then gives each value a magnitude s·d proportional to its
+ * own denominator instead of one s for all, and its error feedback is measured in the units of the
+ * update. With one s for all, values whose frozen √v is far below the tensor's typical one move by
+ * lr·s/d ≫ lr on the first compressed step (the demo's collapse at step freeze_step + 2).
+ * onebit_adam_to_update: x[i] ← x[i] / d_i over all s->n values; onebit_adam_from_update: x[i] ←
+ * x[i] · d_i (the inverse up to rounding). freeze_step ≥ 1. */
+void onebit_adam_to_update(const adamw_state *s, int64_t freeze_step, float *x);
+void onebit_adam_from_update(const adamw_state *s, int64_t freeze_step, float *x);
 
 /* The ranges of a whole model (one per tensor, decay from TF_DECAY); caller frees. */
 adamw_range *onebit_adam_model_ranges(const moe_model *m);

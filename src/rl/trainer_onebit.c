@@ -2,6 +2,7 @@
 #include "rl/trainer_onebit.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -17,6 +18,44 @@ int trainer_onebit_frozen(const trainer *T) {
 
 static int n_workers(const trainer *T) { return T->dist ? T->dist->trainer_size : 1; }
 
+static int cmp_size(const void *a, const void *b) {
+    const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Segment bounds of the model's flat buffer, one segment per tensor (each its own 1-bit scale, as
+ * DeepSpeed compresses each parameter tensor on its own); caller frees. Returns the segment count. */
+static int tensor_bounds(const moe_model *m, size_t **out) {
+    size_t *b = xmalloc((size_t)(m->n_tensors + 2) * sizeof(size_t));
+    int nb = 0;
+    b[nb++] = 0;
+    for (int ti = 0; ti < m->n_tensors; ti++)
+        if (m->tensors[ti].numel > 0 && m->tensors[ti].offset < m->n_params) b[nb++] = m->tensors[ti].offset;
+    qsort(b, (size_t)nb, sizeof(size_t), cmp_size);
+    int k = 0;
+    for (int i = 0; i < nb; i++)
+        if (i == 0 || b[i] != b[k - 1]) b[k++] = b[i];
+    b[k++] = m->n_params; /* every offset is below it, so no repeat (n_params 0: one empty segment) */
+    *out = b;
+    return k - 1;
+}
+
+/* The mask of the compression phase (DeepSpeed's exp_avg_mask, made automatically): a value whose
+ * frozen variance is exactly 0 had a zero gradient on every warm-up step; 1-bit signs cannot carry
+ * its zero momentum (each step would move it by lr·s/eps), so it is left out of the exchange, its
+ * momentum stays 0 and only weight decay moves it. Set once, at the first compression step (the
+ * variance is frozen from then on, and a resume rebuilds the same mask from the saved variance). */
+static void ensure_mask(trainer *T) {
+    if (T->onebit->active) return;
+    const size_t n = T->onebit->n;
+    uint8_t *act = xmalloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++) act[i] = T->opt.v[i] != 0.0f;
+    onebit_exchange_set_active(T->onebit, act);
+    free(act);
+    log_info("1-bit Adam: %zu of %zu values had a zero gradient through the warm-up (frozen variance 0): masked, "
+             "their momentum stays 0", T->onebit->n_masked, n);
+}
+
 /* The exchange and its group, made once (collective over the trainer ranks), seeded from a
  * checkpoint's rows when a resume brought them. */
 static int ensure_exchange(trainer *T) {
@@ -27,7 +66,10 @@ static int ensure_exchange(trainer *T) {
         if (!T->onebit_comm) return MOERL_ERR;
     }
     T->onebit = xcalloc(1, sizeof *T->onebit);
-    onebit_exchange_init(T->onebit, T->m->n_params, W, rank);
+    size_t *bounds;
+    const int n_seg = tensor_bounds(T->m, &bounds);
+    onebit_exchange_init_segments(T->onebit, T->m->n_params, W, rank, bounds, n_seg);
+    free(bounds);
     if (T->onebit_rows) {
         const size_t n = T->onebit->n, c = T->onebit->chunk;
         const float *row = T->onebit_rows + (size_t)(T->onebit_n_rows == W ? rank : 0) * (n + c);
@@ -59,7 +101,10 @@ int trainer_onebit_step(trainer *T, double *loss, double *grad_norm, int *applie
     const double norm = isfinite(sums[0]) ? sqrt(ss) : NAN;
     *applied = onebit_adam_local(&T->opt, g, (float)*loss, norm);
     if (!*applied) return MOERL_OK;
+    ensure_mask(T);
+    onebit_adam_to_update(&T->opt, T->cfg->optim_freeze_step, T->opt.m); /* exchanged in the update's units */
     if (onebit_allreduce_comm(T->onebit, T->onebit_comm, T->opt.m) != MOERL_OK) return MOERL_ERR;
+    onebit_adam_from_update(&T->opt, T->cfg->optim_freeze_step, T->opt.m);
     adamw_range *r = onebit_adam_model_ranges(T->m);
     onebit_adam_apply(&T->opt, T->cfg->optim_freeze_step, T->m->params, r, T->m->n_tensors, T->cfg->optim.lr);
     free(r);
