@@ -85,6 +85,27 @@ static int check_optim(const cfg *c) {
     return MOERL_OK;
 }
 
+/* The layout keys as moerl reads them (dispatcher, capacity factor), whether they fit the model, and the
+ * layouts plan does not model yet, refused rather than planned as if the key were absent. */
+static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_out) {
+    par_config pc = {0};
+    if (par_read_keys(c, &pc) != MOERL_OK ||
+        par_check(&pc, (int)cfg_int(c, "trainer.n_ranks"), mc->num_experts, mc->num_attention_heads,
+                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK ||
+        par_check_pp_alone(&pc, (int)cfg_int(c, "trainer.n_ranks")) != MOERL_OK) /* moerl rl's rule */
+        return MOERL_ERR;
+    if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
+        return MOERL_ERR;
+    if (cfg_int(c, "rollout.expert_parallel_size") != 1)
+        return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
+                            (long long)cfg_int(c, "rollout.expert_parallel_size"));
+    if (pc.tensor_model_parallel_size != 1)
+        return moerl_errorf("moerl plan does not model actor.megatron.tensor_model_parallel_size (got %d) yet: plan "
+                            "it at 1", pc.tensor_model_parallel_size);
+    *pc_out = pc;
+    return MOERL_OK;
+}
+
 int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input *in) {
     if (model_config_from_keys(c, model, mc) != MOERL_OK) return MOERL_ERR;
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
@@ -99,22 +120,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
                          "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};
     for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
         if (cfg_int(c, pos[i]) < 1) return moerl_errorf("%s must be ≥ 1, got %lld", pos[i], (long long)cfg_int(c, pos[i]));
-    /* the layout keys as moerl reads them (dispatcher, capacity factor), and whether they fit the model */
-    par_config pc;
-    if (par_read_keys(c, &pc) != MOERL_OK ||
-        par_check(&pc, (int)cfg_int(c, "trainer.n_ranks"), mc->num_experts, mc->num_attention_heads,
-                  mc->num_key_value_heads, mc->num_hidden_layers) != MOERL_OK ||
-        par_check_pp_alone(&pc, (int)cfg_int(c, "trainer.n_ranks")) != MOERL_OK) /* moerl rl's rule */
-        return MOERL_ERR;
-    if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
-        return MOERL_ERR;
-    /* layouts plan does not model yet: refused rather than planned as if the key were absent */
-    if (cfg_int(c, "rollout.expert_parallel_size") != 1)
-        return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
-                            (long long)cfg_int(c, "rollout.expert_parallel_size"));
-    if (pc.tensor_model_parallel_size != 1)
-        return moerl_errorf("moerl plan does not model actor.megatron.tensor_model_parallel_size (got %d) yet: plan "
-                            "it at 1", pc.tensor_model_parallel_size);
+    par_config pc = {0};
+    if (plan_read_layout(c, mc, &pc) != MOERL_OK) return MOERL_ERR;
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
