@@ -461,18 +461,26 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     return MOERL_OK;
 }
 
+/* The trainer rank that keeps the whole model, agreed over the trainers (one at most): 1 with *keeper set,
+ * 0 when no rank keeps, MOERL_ERR on a failed exchange or more than one keeper. Zeroes *moments first. */
+static int agree_keeper(par_state *ps, int keep, adamw_state *moments, int *keeper) {
+    if (moments) memset(moments, 0, sizeof *moments);
+    double v[2] = {keep ? 1 : 0, keep ? ps->ctx->trainer_rank : 0};
+    if (dist_allreduce_sum(ps->ctx, DIST_TRAINERS, v, 2) != MOERL_OK) return MOERL_ERR;
+    if (v[0] > 1)
+        return moerl_errorf("par_gather_full: %d trainer ranks asked to keep the model, expected one", (int)v[0]);
+    *keeper = (int)v[1];
+    return v[0] > 0;
+}
+
 /* Pipeline: which trainer rank keeps (one at most, agreed over the trainers); then the keeper's
  * pipeline assembles the model on the keeper's stage. */
 static const moe_model *pp_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                   adamw_state *moments) {
-    if (moments) memset(moments, 0, sizeof *moments);
-    double v[2] = {keep ? 1 : 0, keep ? ps->ctx->trainer_rank : 0};
-    if (dist_allreduce_sum(ps->ctx, DIST_TRAINERS, v, 2) != MOERL_OK) return NULL;
-    if (v[0] > 1) return moerl_errorf("par_gather_full: %d trainer ranks asked to keep the model, expected one",
-                                      (int)v[0]), NULL;
-    if (v[0] == 0) return NULL;
+    int keeper = 0;
+    if (agree_keeper(ps, keep, moments, &keeper) != 1) return NULL;
     const par_grid *g = ps->grid;
-    const int keeper = (int)v[1], keep_d = keeper % g->D, keep_stage = keeper / g->D;
+    const int keep_d = keeper % g->D, keep_stage = keeper / g->D;
     if (g->d != keep_d) return NULL; /* another pipeline keeps it */
     if (pp_gather_full(ps->pp, keep_stage, os, moments) != MOERL_OK) return NULL;
     return keep ? m : NULL;
@@ -531,14 +539,12 @@ static const moe_model *ep_fsdp_gather_full(par_state *ps, moe_model *m, int kee
  * that pipeline, which sends them to the keeper's stage (pp_exchange_layout). */
 static const moe_model *pp_fsdp_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                        adamw_state *moments) {
-    if (moments) memset(moments, 0, sizeof *moments);
-    double v[2] = {keep ? 1 : 0, keep ? ps->ctx->trainer_rank : 0};
-    if (dist_allreduce_sum(ps->ctx, DIST_TRAINERS, v, 2) != MOERL_OK) return NULL;
-    if (v[0] > 1) return moerl_errorf("par_gather_full: %d trainer ranks asked to keep the model, expected one",
-                                      (int)v[0]), NULL;
+    int keeper = 0;
+    const int agreed = agree_keeper(ps, keep, moments, &keeper);
+    if (agreed < 0) return NULL;
     const par_grid *g = ps->grid;
-    const int keeper = (int)v[1], keep_d = keeper % g->D, keep_stage = keeper / g->D;
-    if (v[0] == 0 || g->d / g->fsdp != keep_d / g->fsdp) return NULL; /* another FSDP group gathers */
+    const int keep_d = keeper % g->D, keep_stage = keeper / g->D;
+    if (agreed == 0 || g->d / g->fsdp != keep_d / g->fsdp) return NULL; /* another FSDP group gathers */
     const int holder = g->d == keep_d; /* the keeper's pipeline */
     const size_t n = m->n_params, bytes = n * sizeof(float);
     float *mv[2] = {NULL, NULL};
