@@ -93,6 +93,13 @@ static int gen_parse(int argc, char **argv, gen_args *a, int *code) {
                            .about = "Samples responses with the rollout engine: one JSON line per response on stdout."};
     if (cli_parse(&spec, argc, argv, code)) return 1;
     if (a->top_k < 0) a->top_k = 0; /* -1 = off, as in vLLM */
+    if (a->kv_bytes > 0 && a->mem_util > 0) { /* one budget, as rollout.* refuses both */
+        free(a->ptoks.v);
+        fprintf(stderr, "moerl generate: --kv-cache-bytes %lld and --gpu-memory-utilization %g both give the KV budget: "
+                        "give one of them\n", (long long)a->kv_bytes, a->mem_util);
+        *code = 2;
+        return 1;
+    }
     if ((!!a->ptoks.v + !!a->pfile + !!a->ptext) != 1) {
         fprintf(stderr, "moerl generate: --model and exactly one of --prompt / --prompts / --prompt-tokens are required\n");
         free(a->ptoks.v);
@@ -215,7 +222,8 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
 }
 
 int cmd_generate(int argc, char **argv) {
-    gen_args a = {.tpl = "auto", .dtype = "fp32", .max_new = 64, .temp = 1.0, .top_p = 1.0, .nsamp = 1, .max_seqs = 32};
+    gen_args a = {.tpl = "auto", .dtype = "fp32", .max_new = 64, .temp = 1.0, .top_p = 1.0, .nsamp = 1, .max_seqs = 32,
+                .block_size = 16};
     int code;
     if (gen_parse(argc, argv, &a, &code)) return code;
     moe_model m;

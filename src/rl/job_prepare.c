@@ -1,4 +1,5 @@
 /* The checked set-up of `moerl rl` for the embedded and the MPI job (see job_prepare.h). */
+#include "parallel/tp.h"
 #include "rl/job_prepare.h"
 
 #include <math.h>
@@ -71,6 +72,12 @@ static int check_layout(const rl_job *J) {
     if (par_check(&rc->par, rc->n_trainer_ranks, mc->num_experts, mc->num_attention_heads, mc->num_key_value_heads,
                   mc->num_hidden_layers) != MOERL_OK)
         return MOERL_ERR;
+    const int tp = rc->par.tensor_model_parallel_size;
+    if (tp > 1) { /* the model's sizes and switches against TP, as tp_state_attach checks them after the warm start */
+        moe_config lc = *mc;
+        if (tp_config_apply(&lc, tp, 0, rc->par.expert_tensor_parallel_size != 1 && mc->num_experts > 0) != MOERL_OK)
+            return MOERL_ERR;
+    }
     if (rc->rollout_ep > 1 && n_rollout % rc->rollout_ep)
         return moerl_errorf("rollout.expert_parallel_size=%d does not divide the %d rollout rank%s (mpirun -np "
                             "minus trainer.n_ranks)", rc->rollout_ep, n_rollout, moerl_plural(n_rollout));

@@ -281,6 +281,12 @@ static int kv_setup(engine *e) {
                                 "K and V × %d positions × %d floats)",
                                 (long long)bytes, e->bs, (long long)bb, e->L, e->bs, e->nkv * e->hd);
         if (n > INT32_MAX / 2) n = INT32_MAX / 2;
+        /* running sequences can never hold more than the slot engine's reservation: a larger budget (a large
+         * rollout.gpu_memory_utilization on a host with much free memory, or a kv_cache_bytes beyond the run's
+         * needs) is capped there rather than committed and zeroed for nothing (the simulated engine allocates no
+         * KV and keeps the budget it was given, as moerl simulate plans it) */
+        const int64_t cap = (int64_t)ec->max_num_seqs * e->max_blocks;
+        if (!ec->simulated && n > cap) n = cap;
     } else {
         n = (int64_t)ec->max_num_seqs * e->max_blocks; /* the slot engine's reservation: nothing is preempted */
     }
