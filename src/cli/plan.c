@@ -130,9 +130,11 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     const char *pn = r->n_params_hf < 1e8 ? "M" : "B";
     printf("parameters: %.3f %s (HF count), %.3f %s expert, %.3f %s active matmul per token\n", r->n_params_hf / pu, pn,
            r->n_params_expert / pu, pn, r->n_active / pu, pn);
-    printf("trainer: %d rank%s = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
+    char tpf[32] = "";
+    if (r->tp > 1) snprintf(tpf, sizeof tpf, " × tp %d", r->tp);
+    printf("trainer: %d rank%s = pp %d × sp %d × dp %d%s; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
            "after sp); fullest stage %d (%d layer%s)\n",
-           in->n_trainer, moerl_plural(in->n_trainer), in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
+           in->n_trainer, moerl_plural(in->n_trainer), in->pp, in->sp, r->dp, tpf, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
            r->stage_layers, moerl_plural(r->stage_layers));
     if (r->tp > 1)

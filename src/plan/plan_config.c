@@ -277,6 +277,7 @@ int plan_read_xchg(const cfg *c, const moe_config *mc, const plan_input *in, con
     if (!(fl >= 0) || !isfinite(fl))
         return moerl_errorf("plan.train_flops must be ≥ 0 FLOP/s (0 = not given), got %g", fl);
     x->elements = (double)r->n_params; /* the bucketed reducer's payload: the whole padded layout, 4 B each */
+    if (r->tp > 1) x->elements = r->grads / in->dtype_bytes; /* TP: each rank sums its slice over its dp ranks */
     x->ranks = r->dp;
     if (fl > 0) { /* one update's forward + backward, every sequence at full length, shared by the trainer devices */
         const double L = in->max_model_len, seqs = (double)in->step_tokens / L / in->updates_per_step;
