@@ -333,6 +333,8 @@ PY
     # all-to-all dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
     # FSDP also with actor.fsdp_config.reshard_after_forward=false (units kept, one reduce-scatter per
     # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
+    # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
+    # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -377,6 +379,10 @@ PY
 4|actor.fsdp_config.fsdp_size=4 model.tie_word_embeddings=true actor.fsdp_config.reshard_after_forward=false
 4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
 4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2 actor.fsdp_config.reshard_after_forward=false
+2|actor.megatron.tensor_model_parallel_size=2
+4|actor.megatron.tensor_model_parallel_size=2
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
+4|actor.megatron.tensor_model_parallel_size=4
 LAYOUTS
     fi
 fi

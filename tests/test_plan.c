@@ -562,10 +562,11 @@ static void test_tp_hand(void) {
     /* traffic per update, f = 2(P−1)/P = 1, N = 32, 3 micro-batches, one forward-only pre-pass each:
      * forward floats N·H (embedding) + 2 layers × (o_proj N·H + experts' down N·H) = 10240;
      * backward N·H (head) + 2 × (q/k/v N·H + experts N·H + routing weights N·K) = 10368;
-     * 3 × (10240 + 10368) + 3 × 10240 floats × 4 bytes, + 3 × 4N doubles of logprob statistics,
+     * 3 × (10240 + 10368) + 3 × 10240 floats × 4 bytes, + 3 × 2 × 4N doubles of logprob statistics (the
+     * backward recomputes them),
      * + q/k-norm gradients 2 layers × 2·16 floats, + the clipping norm's 2 doubles */
-    const double act = 4.0 * (3 * (10240 + 10368) + 3 * 10240) + 3 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
-    const double gather = 3 * 2 * 32 * 4; /* the vocabulary max: 2N floats per training pass */
+    const double act = 4.0 * (3 * (10240 + 10368) + 3 * 10240) + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
+    const double gather = 3 * 2 * (2 * 32 * 4); /* the vocabulary max: 2N floats, forward and backward */
     CK(r.tp_allreduce == act + gather);
     CK(r.allreduce == 2.0 * 1 / 2 * slice * 4); /* the slice's gradient over the 2 ranks holding it */
     CK(r.allgather == 0 && r.reduce_scatter == 0 && r.alltoall_ep == 0 && r.p2p_pp == 0);
@@ -579,7 +580,7 @@ static void test_tp_hand(void) {
     CK(plan_compute(&c, &in, &r) == MOERL_OK);
     const double slice1 = slice + 2 * (8192.0 + 4096); /* gate_up 4·2·32·64, down 4·64·32 per layer */
     CK(r.weights == slice1 * 4);
-    const double act1 = 4.0 * (3 * (6144 + 6144) + 3 * 6144) + 3 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
+    const double act1 = 4.0 * (3 * (6144 + 6144) + 3 * 6144) + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
     CK(r.tp_allreduce == act1 + gather);
     /* one kv head over TP 2: replicated; its holders sum the k/v gradients (all-gather of 2 × 16·64 floats per
      * layer); the per-rank k/v are the one head */

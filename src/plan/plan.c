@@ -1150,9 +1150,11 @@ static void tp_update_traffic(const moe_config *lc, const plan_input *li, const 
     const int L = lc->num_hidden_layers, D = li->n_trainer;
     const double hd = lc->head_dim, H = lc->hidden_size;
     t->tp_act_allreduce = f * db * (mb * (tp_fwd_floats(lc, N) + tp_bwd_floats(lc, N)) + fo * mb * tp_fwd_floats(lc, N));
-    t->tp_act_allreduce += f * mb * 4 * N * 8; /* the logprob statistics: [Σe, Σe·z, z_target, ·] per token, doubles */
+    /* the logprob statistics (4N doubles) and the vocabulary max, twice per training pass: vp_logprob_backward
+     * recomputes them (vocab_parallel.c) rather than keeping them */
+    t->tp_act_allreduce += f * mb * 2 * 4 * N * 8;
     t->tp_act_allreduce += f * L * 2 * hd * db + f * 2 * 8; /* q/k-norm gradients; the clipping norm's 2 doubles */
-    t->tp_allgather = (P - 1) * mb * 2 * N * 4; /* the vocabulary max: each double as two floats */
+    t->tp_allgather = (P - 1) * mb * 2 * (2 * N * 4); /* the vocabulary max: each double as two floats */
     if (kv_rep) /* nkv < P: each rank's one kv head; its holders sum k/v gradients by an all-gather per layer */
         t->tp_allgather += (P - 1.0) * L * 2 * hd * H * db;
     t->reducer = 0;

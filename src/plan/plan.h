@@ -247,13 +247,15 @@ typedef struct {
      * n_trainer/tp data replicas, reducer 0):
      *   tp_act_allreduce  dist_comm_bytes(tp_comm, ALLREDUCE) of the passes, 2(P−1)/P · bytes: per training pass
      *                     forward N·H (vocab-parallel embedding) + per layer N·H (o_proj) + N·H (the dense MLP's or
-     *                     expert-TP's down projections), the logprob statistics 4N doubles; backward per layer N·H
+     *                     expert-TP's down projections), the logprob statistics 4N doubles (again in the backward, which
+     *                     recomputes them: vp_logprob_backward); backward per layer N·H
      *                     (q/k/v input gradient) + N·H (dense gate_up, or expert-TP's experts) + N·K (expert-TP's
      *                     routing-weight gradient), N·H for the head; per forward-only pre-pass the forward's
      *                     [N,H] rows; per update the q/k-norm gradient sum (L · 2·head_dim floats) and the
      *                     clipping norm (2 doubles);
-     *   tp_allgather      dist_comm_bytes(tp_comm, ALLGATHER): the vocabulary max per training pass ((P−1)·2N
-     *                     floats: a double as two floats) + with nkv < P the replicated k/v heads' gradient sum per
+     *   tp_allgather      dist_comm_bytes(tp_comm, ALLGATHER): the vocabulary max, twice per training pass
+     *                     (forward and backward) and once per forward-only logprob pass ((P−1)·2N floats: a
+     *                     double as two floats) + with nkv < P the replicated k/v heads' gradient sum per
      *                     update ((P−1)·L·2·head_dim·H floats);
      *   tp_dp_allreduce   dist_comm_bytes(dp_comm, ALLREDUCE): the slice's gradient sum over the D = n_trainer/P
      *                     ranks holding it, 2(D−1)/D · n_slice · dtype (0 when D = 1).
