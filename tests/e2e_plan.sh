@@ -36,6 +36,29 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
     $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
     [[ $? -eq 1 ]] && grep -q -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
+# replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
+# (TP with EP — practice B's tp × ep —, FSDP, Ulysses, pipeline) plan refuses, naming the keys
+j1=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 2>"$OUT/err") || fail "plan dp 8: $(cat "$OUT/err")"
+j2=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    2>"$OUT/err") || fail "plan tp 2 × dp 4: $(cat "$OUT/err")"
+python3 - "$j1" "$j2" <<'PY' && ok || fail "tp 2 × dp 4 against dp 8: $j2"
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert b["tp"] == 2 and b["dp"] == 4 and a["tp"] == 1, (a["tp"], b["tp"], b["dp"])
+r = b["weights_bytes"] / a["weights_bytes"]
+assert 0.5 <= r < 0.501, r  # the norms and routers (< 0.1% of the 30B) stay whole
+assert b["tp_bytes_per_update"] > 0 and a["tp_bytes_per_update"] == 0
+PY
+for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
+    "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
+    "model.enable_gradient_checkpointing=true:recompute"; do
+    IFS=: read -r kv want <<<"$bad"
+    # shellcheck disable=SC2086
+    $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv \
+        >/dev/null 2>"$OUT/err"
+    [[ $? -eq 1 ]] && grep -qF -- "$want" "$OUT/err" && ok || fail "plan tp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
+done
 # data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
 # and rl's "no limit" (0, the default) is planned as 512
 mml() { $M plan --config examples/smoke.yaml --json "$@" 2>/dev/null |
@@ -310,6 +333,8 @@ PY
     # all-to-all dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
     # FSDP also with actor.fsdp_config.reshard_after_forward=false (units kept, one reduce-scatter per
     # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
+    # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
+    # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -354,6 +379,10 @@ PY
 4|actor.fsdp_config.fsdp_size=4 model.tie_word_embeddings=true actor.fsdp_config.reshard_after_forward=false
 4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
 4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2 actor.fsdp_config.reshard_after_forward=false
+2|actor.megatron.tensor_model_parallel_size=2
+4|actor.megatron.tensor_model_parallel_size=2
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
+4|actor.megatron.tensor_model_parallel_size=4
 LAYOUTS
     fi
 fi

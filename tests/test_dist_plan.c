@@ -129,6 +129,83 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
     return ok;
 }
 
+/* Tensor parallelism (actor.megatron.tensor_model_parallel_size, TP × DP): K_STEPS steps of a logprob pass, the
+ * router-count pre-pass, the training passes, the gradient sums and the optimizer step on the TP slice; the
+ * bytes tp_comm and dp_comm counted per operation against plan's tp rows (plan_traffic_rank /
+ * plan_traffic_logprob), and the slice's floats against plan's weights. Exact: every count is an integer
+ * number of floats times a power-of-two factor. */
+static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
+    par_grid *g = ps->grid;
+    const int T = g_ctx->trainer_size;
+    int me, nd;
+    par_data_shard(ps, &me, &nd);
+    plan_input in = {.n_trainer = T, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = g->tp,
+                     .tp_experts = g->cfg.expert_tensor_parallel_size != 1, .dtype_bytes = 4, .micro_tokens = MT,
+                     .micro_batches = (N_SEQ + nd - 1) / nd, .updates_per_step = 1,
+                     .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .n_rollout = 0, .rollout_tp = 1,
+                     .max_num_seqs = 1, .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_traffic pt, lt;
+    plan_result pr;
+    const int planned = plan_traffic_rank(mc, &in, 0, 0, 0, &pt) == MOERL_OK && plan_compute(mc, &in, &pr) == MOERL_OK &&
+                        plan_traffic_logprob(mc, &in, 0, 0, 0, in.micro_batches, 0, &lt) == MOERL_OK;
+    CHECK_R(planned, "plan (tp %d): %s", RANK, g->tp, planned ? "" : moerl_last_error());
+    if (!planned) return;
+    CHECK_R((double)m->n_params * 4 == pr.weights, "TP slice: %zu floats, plan %.0f", RANK, m->n_params,
+            pr.weights / 4);
+    model_acts acts;
+    MOERL_ASSERT(model_acts_init(&acts, m, MT) == MOERL_OK);
+    acts.par = ps;
+    CHECK_R(acts.arena_bytes == pr.acts, "TP slice's arena %zu B, plan %.0f", RANK, acts.arena_bytes, pr.acts);
+    adamw_config oc = adamw_default_config();
+    oc.lr = 1e-3f;
+    adamw_state os;
+    par_adamw_init(ps, m, &os, oc);
+    train_seq mine[N_SEQ];
+    float *lp_buf[N_SEQ];
+    int n = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        if (s % nd == me) mine[n++] = g_seqs[s];
+    for (int i = 0; i < n; i++) lp_buf[i] = xcalloc((size_t)(mine[i].len - mine[i].resp_start + 1), sizeof(float));
+    const int E = mc->num_experts;
+    for (int k = 0; k < K_STEPS; k++) {
+        dist_comm_reset_bytes(g->tp_comm);
+        if (g->dp_comm) dist_comm_reset_bytes(g->dp_comm);
+        MOERL_ASSERT(compute_logprobs(m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
+        const double lg[2] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
+                              dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER)};
+        CHECK_R(lg[0] == lt.tp_act_allreduce && lg[1] == lt.tp_allgather,
+                "step %d logprob pass: TP all-reduce %.0f B (plan %.0f), all-gather %.0f B (plan %.0f)", RANK, k, lg[0],
+                lt.tp_act_allreduce, lg[1], lt.tp_allgather);
+        dist_comm_reset_bytes(g->tp_comm);
+        double counts[16] = {0}, psum[16] = {0};
+        train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc->router_aux_loss_coef,
+                              .total_tokens = (int64_t)N_SEQ * MT, .par = ps, .aux_counts = counts,
+                              .aux_psum_out = psum};
+        const int n_mb = count_microbatches(mine, n, MT);
+        MOERL_ASSERT(compute_router_counts(m, &acts, mine, n, MT, counts) == MOERL_OK);
+        MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
+        for (int e = 0; e < E; e++) counts[e] /= g->tp; /* every TP rank counted the same tokens */
+        train_step_out so;
+        MOERL_ASSERT(train_accumulate(m, &acts, mine, n, &to, ce_grad, NULL, &so) == MOERL_OK);
+        MOERL_ASSERT(par_finish_grads(ps, n_mb, n_mb) == MOERL_OK);
+        double gn;
+        MOERL_ASSERT(par_adamw_step(ps, m, &os, 1e-3f, (float)so.loss, &gn) == 1); /* 1: applied */
+        const double got[3] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
+                               dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER),
+                               g->dp > 1 ? dist_comm_bytes(g->dp_comm, DIST_OP_ALLREDUCE) : 0};
+        const double want[3] = {pt.tp_act_allreduce, pt.tp_allgather, pt.tp_dp_allreduce};
+        const char *what[3] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice"};
+        for (int i = 0; i < 3; i++)
+            CHECK_R(got[i] == want[i], "step %d %s: counted %.0f B, plan %.0f", RANK, k, what[i], got[i], want[i]);
+        if (k == 0 && RANK == 0)
+            printf("tp %d x dp %d: TP all-reduce %.0f B, all-gather %.0f B, DP all-reduce %.0f B per update (plan %.0f, "
+                   "%.0f, %.0f)\n", g->tp, g->dp, got[0], got[1], got[2], want[0], want[1], want[2]);
+    }
+    for (int i = 0; i < n; i++) free(lp_buf[i]);
+    adamw_free(&os);
+    model_acts_free(&acts);
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -184,6 +261,10 @@ int main(int argc, char **argv) {
     const int ok = par_state_init(&ps, g_ctx, kc, &m) == MOERL_OK;
     CHECK_R(ok, "par_state_init: %s", RANK, ok ? "" : moerl_last_error());
     if (!ok) return dist_test_finish(g_ctx);
+    if (ps.tp) { /* TP × DP: its own steps and rows (tp_case) */
+        tp_case(&ps, &m, &mc);
+        return dist_test_finish(g_ctx);
+    }
     /* the reference sharded as the actor, as src/rl/job_dist.c's trainer_par_setup does */
     kl_T.par = &ps;
     CHECK_R(trainer_shard_ref(&kl_T) == MOERL_OK, "trainer_shard_ref: %s", RANK, moerl_last_error());

@@ -33,6 +33,7 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "base/rng.h"
 #include "model/forward.h"
 #include "optim/adamw.h"
+#include "parallel/tp.h"
 #include "plan/plan.h"
 #include "plan/plan_kv.h"
 #include "plan/plan_xchg.h"
@@ -530,7 +531,86 @@ static void test_xchg_hand(void) {
 #undef NEAR
 }
 
+/* Trainer tensor parallelism (TP × DP), counted by hand on a toy model whose every tensor is a multiple of 16
+ * floats (so the layout's padding adds nothing): H 64, 2 MoE layers of 4 experts top-2 (I 32), 4 heads / 2 kv
+ * × 16, vocab 100 (untied). TP 2 on 4 ranks (dp 2), expert-TP: a rank holds heads 2, kv 1, vocab 50, I 16. */
+static void test_tp_hand(void) {
+    moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
+    plan_input in = {.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
+                     .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
+                     .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4, .max_model_len = 32,
+                     .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_result r;
+    CK(plan_compute(&c, &in, &r) == MOERL_OK);
+    /* per layer: norms 64 + 64, q 2·16·64, k and v 1·16·64 each, o 64·2·16, q/k norms 16 + 16, router 4·64,
+     * experts gate_up 4·2·16·64 and down 4·64·16 = 18848; + embedding 50·64, final norm 64, head 50·64 */
+    const double slice = 2 * 18848.0 + 3200 + 64 + 3200;
+    CK(r.tp == 2 && r.dp == 2);
+    CK(r.weights == slice * 4 && r.grads == slice * 4 && r.moments == slice * 8 && r.master == 0);
+    /* the runtime's slice: tp_config_apply's config as model_init lays it out, its arena for 32 tokens */
+    moe_config lc = c;
+    CK(tp_config_apply(&lc, 2, 0, 1) == MOERL_OK);
+    moe_model m;
+    CK(model_init_layout(&m, &lc, 0) == MOERL_OK);
+    CK((double)m.n_params == slice);
+    CK(r.acts == (double)model_acts_bytes(&m, 32));
+    model_free(&m);
+    /* the whole model's counts and the rollout rows are the whole model's */
+    int64_t tot, d, e, hf;
+    plan_param_counts(&c, &tot, &d, &e, &hf);
+    CK(r.n_params == tot && r.rollout_weights == (double)tot * 4);
+    /* traffic per update, f = 2(P−1)/P = 1, N = 32, 3 micro-batches, one forward-only pre-pass each:
+     * forward floats N·H (embedding) + 2 layers × (o_proj N·H + experts' down N·H) = 10240;
+     * backward N·H (head) + 2 × (q/k/v N·H + experts N·H + routing weights N·K) = 10368;
+     * 3 × (10240 + 10368) + 3 × 10240 floats × 4 bytes, + 3 × 2 × 4N doubles of logprob statistics (the
+     * backward recomputes them),
+     * + q/k-norm gradients 2 layers × 2·16 floats, + the clipping norm's 2 doubles */
+    const double act = 4.0 * (3 * (10240 + 10368) + 3 * 10240) + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
+    const double gather = 3 * 2 * (2 * 32 * 4); /* the vocabulary max: 2N floats, forward and backward */
+    CK(r.tp_allreduce == act + gather);
+    CK(r.allreduce == 2.0 * 1 / 2 * slice * 4); /* the slice's gradient over the 2 ranks holding it */
+    CK(r.allgather == 0 && r.reduce_scatter == 0 && r.alltoall_ep == 0 && r.p2p_pp == 0);
+    CK(r.per_step == act + gather + slice * 4);
+    plan_traffic t;
+    CK(plan_traffic_rank(&c, &in, 0, 0, 0, &t) == MOERL_OK);
+    CK(t.reducer == 0 && t.tp_act_allreduce == act && t.tp_allgather == gather && t.tp_dp_allreduce == slice * 4);
+    /* experts whole on every TP rank (expert_tensor_parallel_size=1): experts 2 × larger, their outputs and
+     * input gradients need no sum */
+    in.tp_experts = 0;
+    CK(plan_compute(&c, &in, &r) == MOERL_OK);
+    const double slice1 = slice + 2 * (8192.0 + 4096); /* gate_up 4·2·32·64, down 4·64·32 per layer */
+    CK(r.weights == slice1 * 4);
+    const double act1 = 4.0 * (3 * (6144 + 6144) + 3 * 6144) + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
+    CK(r.tp_allreduce == act1 + gather);
+    /* one kv head over TP 2: replicated; its holders sum the k/v gradients (all-gather of 2 × 16·64 floats per
+     * layer); the per-rank k/v are the one head */
+    moe_config c1 = arch(64, 2, 4, 2, 32, 128, 4, 1, 16, 100, 0);
+    CK(plan_compute(&c1, &in, &r) == MOERL_OK);
+    CK(r.weights == slice1 * 4);
+    CK(r.tp_allreduce == act1 + gather + 1.0 * 2 * 2 * 16 * 64 * 4);
+    /* what moerl rl refuses is refused, naming the key */
+    in.fsdp = 2;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "tensor_model_parallel_size=2"));
+    in.fsdp = -1; /* all ranks: FSDP over 4 */
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "fsdp_size (4)"));
+    in.fsdp = 1;
+    in.ep = 2;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2)"));
+    in.ep = 1;
+    in.tp = 3;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 4 trainer ranks"));
+    in.tp = 4;
+    in.n_trainer = 8;
+    CK(plan_compute(&c, &in, &r) == MOERL_OK); /* 4 heads over 4, 2 kv heads replicated twice */
+    in.tp = 8;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "num_attention_heads (4)"));
+    in.tp = 2;
+    in.recompute = MODEL_RECOMPUTE_FULL;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
+}
+
 int main(void) {
+    test_tp_hand();
     test_paged_kv_hand();
     test_paged_kv_sampled();
     test_xchg_hand();

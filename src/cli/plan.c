@@ -101,6 +101,8 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("allreduce_bytes_per_update", r->allreduce); R("allgather_bytes_per_update", r->allgather);
     R("reduce_scatter_bytes_per_update", r->reduce_scatter); R("alltoall_ep_bytes_per_update", r->alltoall_ep);
     R("alltoall_sp_bytes_per_update", r->alltoall_sp); R("p2p_pp_bytes_per_update", r->p2p_pp);
+    I("tp", r->tp > 1 ? r->tp : 1); I("tp_experts", r->tp > 1 ? in->tp_experts : 0);
+    R("tp_bytes_per_update", r->tp_allreduce);
     I("updates_per_step", in->updates_per_step);
     I("logprob_passes", in->logprob_passes); R("logprob_pass_bytes_per_step", r->logprob_pass);
     R("comm_bytes_per_step", r->per_step); R("weight_bcast_bytes_per_sync", r->weight_bcast);
@@ -128,11 +130,17 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     const char *pn = r->n_params_hf < 1e8 ? "M" : "B";
     printf("parameters: %.3f %s (HF count), %.3f %s expert, %.3f %s active matmul per token\n", r->n_params_hf / pu, pn,
            r->n_params_expert / pu, pn, r->n_active / pu, pn);
-    printf("trainer: %d rank%s = pp %d × sp %d × dp %d; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
+    char tpf[32] = "";
+    if (r->tp > 1) snprintf(tpf, sizeof tpf, " × tp %d", r->tp);
+    printf("trainer: %d rank%s = pp %d × sp %d × dp %d%s; fsdp %d, ep %d; %s; micro-batch %lld tokens (%lld per rank "
            "after sp); fullest stage %d (%d layer%s)\n",
-           in->n_trainer, moerl_plural(in->n_trainer), in->pp, in->sp, r->dp, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
+           in->n_trainer, moerl_plural(in->n_trainer), in->pp, in->sp, r->dp, tpf, r->fsdp, in->ep, in->dtype_bytes == 4 ? "fp32" : "bf16 + fp32 master",
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
            r->stage_layers, moerl_plural(r->stage_layers));
+    if (r->tp > 1)
+        printf("tensor parallel: tp %d × dp %d; each rank holds 1/%d of the attention heads, the dense MLP width, the "
+               "vocabulary (padded to a multiple of %d)%s; norms and router whole\n", r->tp, r->dp, r->tp, r->tp,
+               in->tp_experts ? " and each expert's width (expert-TP)" : ", every expert whole");
     if (in->pp > 1)
         printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
                in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
@@ -145,8 +153,11 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                gib(r->gathered_low), gib(r->gathered));
     else
         printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
-    printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
-           gib(r->acts_recompute));
+    if (r->tp > 1) /* TP runs without recompute in this build: one row */
+        printf("| activations (TP slice; no recompute with TP) | %.3f |\n", gib(r->acts));
+    else
+        printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
+               gib(r->acts_recompute));
     if (in->ref_model) {
         printf("| KL reference policy (actor.use_kl_loss: fp32, sharded as the actor's weights) | %.3f |\n",
                gib(r->ref_weights));
@@ -172,6 +183,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                            "SP all-to-all", "PP p2p"};
     const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};
     for (int i = 0; i < 6; i++) printf("| %s | %.3f | %.3f |\n", names[i], gib(v[i]), gib(v[i] * in->updates_per_step));
+    if (r->tp > 1)
+        printf("| TP all-reduces (activations, logprob statistics, q/k-norm and kv-head gradients) | %.3f | %.3f |\n",
+               gib(r->tp_allreduce), gib(r->tp_allreduce * in->updates_per_step));
     if (in->logprob_passes > 0)
         printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
                gib(r->logprob_pass));

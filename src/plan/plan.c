@@ -8,6 +8,7 @@
 #include "model/perf.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "parallel/tp.h"
 #include "rl/rl.h"
 #include "train/train.h"
 
@@ -825,9 +826,24 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
     return MOERL_OK;
 }
 
+static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li);
+static void tp_update_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int kv_rep,
+                              plan_traffic *t);
+static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                               plan_traffic *t);
+
 int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
                          double resp_tokens, plan_traffic *t) {
     plan_ctx x;
+    if (in->tp > 1) { /* the slice's model on the dp replicas, + the TP group's collectives */
+        moe_config lc;
+        plan_input li;
+        if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK ||
+            logprob_traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t) != MOERL_OK)
+            return MOERL_ERR;
+        tp_logprob_traffic(&lc, &li, &x, in->tp, n_mb, t);
+        return MOERL_OK;
+    }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
     return logprob_traffic(c, in, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t);
 }
@@ -835,6 +851,15 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
                       plan_traffic *t) {
     plan_ctx x;
+    if (in->tp > 1) {
+        moe_config lc;
+        plan_input li;
+        if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK ||
+            traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, t) != MOERL_OK)
+            return MOERL_ERR;
+        tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, t);
+        return MOERL_OK;
+    }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
     return traffic(c, in, &x, stage, sp_rank, fsdp_rank, t);
 }
@@ -961,11 +986,29 @@ static int plan_step_traffic(const moe_config *c, const plan_input *in, const pl
     return MOERL_OK;
 }
 
+/* The rollout rows of plan_compute (the whole model c: TP of the trainer does not change the engine). */
+static void plan_rollout(const moe_config *c, const plan_input *in, plan_result *o) {
+    /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors */
+    const double rdb = in->kv_dtype_bytes;
+    o->rollout_weights = (in->kv_dtype_bytes == 4 ? (double)o->n_params : (double)o->n_params_hf) * rdb / in->rollout_tp;
+    const int kv_split = MOERL_MIN(in->rollout_tp, c->num_key_value_heads);
+    o->kv_cache = 2.0 * c->num_hidden_layers * in->max_num_seqs * (double)in->max_model_len * c->num_key_value_heads *
+                  c->head_dim * rdb / kv_split;
+    o->routing_record = in->record_routes ? (double)in->max_num_seqs * in->max_model_len * model_moe_layer_count(c) *
+                                                c->num_experts_per_tok * 2.0
+                                          : 0.0;
+    o->rollout_total = o->rollout_weights + o->kv_cache + o->routing_record;
+    o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
+}
+
+static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o);
+
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     memset(o, 0, sizeof *o);
+    if (in->tp > 1) return plan_compute_tp(c, in, o);
     plan_ctx x;
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
-    const int L = c->num_hidden_layers, fsdp = x.fsdp;
+    const int fsdp = x.fsdp;
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
     o->fsdp = fsdp;
@@ -1013,20 +1056,120 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->total = o->weights + o->grads + o->master + o->moments + o->ref_weights + live + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
-    /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors */
-    const double rdb = in->kv_dtype_bytes;
-    o->rollout_weights = (in->kv_dtype_bytes == 4 ? (double)o->n_params : (double)o->n_params_hf) * rdb / in->rollout_tp;
-    const int kv_split = MOERL_MIN(in->rollout_tp, c->num_key_value_heads);
-    o->kv_cache = 2.0 * L * in->max_num_seqs * (double)in->max_model_len * c->num_key_value_heads * c->head_dim * rdb /
-                  kv_split;
-    o->routing_record = in->record_routes ? (double)in->max_num_seqs * in->max_model_len * model_moe_layer_count(c) *
-                                                c->num_experts_per_tok * 2.0
-                                          : 0.0;
-    o->rollout_total = o->rollout_weights + o->kv_cache + o->routing_record;
+    plan_rollout(c, in, o);
+    return plan_step_traffic(c, in, &x, best_s, n_mb_lp, rank_tokens, o);
+}
 
-    if (plan_step_traffic(c, in, &x, best_s, n_mb_lp, rank_tokens, o) != MOERL_OK) return MOERL_ERR;
-    o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
+/* ------------------------------------------------------------------ tensor parallelism (TP × DP) */
+
+/* plan_compute under TP × DP: the slice's model (tp_config_apply) planned on the dp replicas gives the per-rank
+ * memory and the data-parallel rows; the TP group's collectives are added (tp_update_traffic), the whole model's
+ * counts and the rollout rows (TP of the trainer leaves the engine as it is) put back. */
+static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o) {
+    moe_config lc;
+    plan_input li;
+    plan_ctx x;
+    if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
+        plan_check(&lc, &li, &x) != MOERL_OK)
+        return MOERL_ERR;
+    plan_traffic t, tl;
+    if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
+    tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, &t);
+    const double n_lp = ceil((double)in->logprob_tokens / li.n_trainer / (double)in->micro_tokens);
+    tp_logprob_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), &tl);
+    o->tp = in->tp;
+    o->allreduce = t.tp_dp_allreduce; /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sum */
+    o->tp_allreduce = t.tp_act_allreduce + t.tp_allgather;
+    const double one = tl.tp_act_allreduce + tl.tp_allgather;
+    o->logprob_pass = in->logprob_passes * one;
+    o->ref_pass = in->ref_model ? one : 0;
+    o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
+    o->acts_recompute = o->acts; /* TP runs without activation recompute in this build (tp_local refuses it) */
+    o->total_recompute = o->total;
+    plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
+    o->n_active = model_active_matmul_params(c);
+    plan_rollout(c, in, o);
     return MOERL_OK;
+}
+
+
+/* The slice a TP rank holds and the layout it runs on: *lc = tp_config_apply's config of rank 0 (every rank's
+ * slice has the same sizes), *li = in over the dp = n_trainer/tp data replicas, tp off. Refuses what moerl rl
+ * refuses (par_check_tp: TP with DP only; recompute; tp_config_apply's divisibility), naming the key. */
+static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
+    const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
+                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
+                           .tensor_model_parallel_size = in->tp};
+    if (in->n_trainer <= 0)
+        return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
+    if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
+    if (in->recompute)
+        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d with activation recompute "
+                            "(model.enable_gradient_checkpointing=true): not combined in this build", in->tp);
+    *lc = *c;
+    lc->exec.recompute = 0;
+    if (tp_config_apply(lc, in->tp, 0, in->tp_experts && c->num_experts > 0) != MOERL_OK)
+        return moerl_error_prefix("plan: ");
+    *li = *in;
+    li->tp = 1;
+    li->tp_experts = 0;
+    li->n_trainer = in->n_trainer / in->tp;
+    li->fsdp = 1;
+    return MOERL_OK;
+}
+
+/* Floats the TP group all-reduces in one forward pass of N tokens over the slice lc (forward.c's tp_sum_team
+ * calls): the vocab-parallel embedding, each layer's o_proj, each dense MLP's (and expert-TP's) down
+ * projections. */
+static double tp_fwd_floats(const moe_config *lc, double N) {
+    const double H = lc->hidden_size;
+    double f = N * H;
+    for (int l = 0; l < lc->num_hidden_layers; l++)
+        f += N * H + (!moe_config_layer_is_moe(lc, l) || lc->exec.tp_experts ? N * H : 0);
+    return f;
+}
+
+/* The same for one backward pass: per layer q/k/v's input gradient, the dense gate_up's (or expert-TP's
+ * experts' input gradient and routing-weight gradient [N,K]); the vocab-parallel head's input gradient. */
+static double tp_bwd_floats(const moe_config *lc, double N) {
+    const double H = lc->hidden_size, K = lc->num_experts_per_tok;
+    double f = N * H;
+    for (int l = 0; l < lc->num_hidden_layers; l++) {
+        f += N * H;
+        if (!moe_config_layer_is_moe(lc, l)) f += N * H;
+        else if (lc->exec.tp_experts) f += N * H + N * K;
+    }
+    return f;
+}
+
+/* One update's TP collectives (plan.h plan_traffic tp_*) on top of traffic()'s rows of the slice: the data-
+ * parallel gradient sum moves from the reducer to tp_reduce_grads' all-reduce over dp_comm. */
+static void tp_update_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int kv_rep,
+                              plan_traffic *t) {
+    const double db = li->dtype_bytes, N = (double)x->N, mb = x->mb, fo = li->fwd_only_passes, f = 2.0 * (P - 1) / P;
+    const int L = lc->num_hidden_layers, D = li->n_trainer;
+    const double hd = lc->head_dim, H = lc->hidden_size;
+    t->tp_act_allreduce = f * db * (mb * (tp_fwd_floats(lc, N) + tp_bwd_floats(lc, N)) + fo * mb * tp_fwd_floats(lc, N));
+    /* the logprob statistics (4N doubles) and the vocabulary max, twice per training pass: vp_logprob_backward
+     * recomputes them (vocab_parallel.c) rather than keeping them */
+    t->tp_act_allreduce += f * mb * 2 * 4 * N * 8;
+    t->tp_act_allreduce += f * L * 2 * hd * db + f * 2 * 8; /* q/k-norm gradients; the clipping norm's 2 doubles */
+    t->tp_allgather = (P - 1) * mb * 2 * (2 * N * 4); /* the vocabulary max: each double as two floats */
+    if (kv_rep) /* nkv < P: each rank's one kv head; its holders sum k/v gradients by an all-gather per layer */
+        t->tp_allgather += (P - 1.0) * L * 2 * hd * H * db;
+    t->reducer = 0;
+    int64_t tot, d, e, hf;
+    plan_param_counts(lc, &tot, &d, &e, &hf);
+    t->tp_dp_allreduce = D > 1 ? 2.0 * (D - 1) / D * (double)tot * db : 0;
+}
+
+/* The forward-only logprob pass's TP collectives over n_mb micro-batches: the forward's rows and the logprob
+ * statistics per micro-batch. */
+static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                               plan_traffic *t) {
+    const double db = li->dtype_bytes, N = (double)x->N, f = 2.0 * (P - 1) / P;
+    t->tp_act_allreduce = n_mb * (f * db * tp_fwd_floats(lc, N) + f * 4 * N * 8);
+    t->tp_allgather = (double)(P - 1) * n_mb * 2 * N * 4;
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {

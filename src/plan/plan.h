@@ -54,6 +54,12 @@ typedef struct {
     int ep;                 /* actor.expert_parallel_size */
     int sp;                 /* actor.ulysses_sequence_parallel_size */
     int pp;                 /* actor.pipeline_parallel_size */
+    int tp;                 /* actor.megatron.tensor_model_parallel_size (≤ 1: off). TP × DP only (par_check_tp):
+                               every rank holds tp_config_apply's slice (heads, kv heads — replicated when
+                               nkv < tp —, the dense MLP width, the vocabulary padded to a multiple of tp, the
+                               experts' I with tp_experts) and the TP group all-reduces activations (tp.h) */
+    int tp_experts;         /* expert-TP: actor.megatron.expert_tensor_parallel_size ≠ 1 (each expert's I split);
+                               0: every expert whole on every TP rank */
     int fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false (fsdp.h): the training passes keep every
                                unit gathered and the gradients unreduced for the mini-batch — one all-gather of
                                the units the pre-pass left released, one reduce-scatter per unit and update; the
@@ -176,6 +182,13 @@ typedef struct {
                                     plan_traffic.fsdp_allgather_warm, not allgather) */
     double weight_bcast;         /* per sync, the root sends all parameters: n_params · 4 (moerl, fp32) or n_params_hf · 2 (bf16) */
     int micro_batches;           /* resolved micro-batches per update on a rank */
+    int tp;                      /* actor.megatron.tensor_model_parallel_size (1: off). With TP the per-rank rows
+                                    above are those of the rank's slice (tp_config_apply's config: weights, grads,
+                                    moments and activations), allreduce holds the data-parallel gradient sum of the
+                                    slice over dp_comm (tp_reduce_grads: 2(D−1)/D · n_slice · dtype) and the TP
+                                    group's gradient sums, tp_allreduce the activation all-reduces */
+    double tp_allreduce;         /* TP: per update, the TP group's activation collectives of the training passes
+                                    (plan_traffic tp_act_allreduce + tp_allgather less the step's gradient part) */
     int vpp;                     /* chunks per stage (resolved, ≥ 1) */
     double bubble_theory;        /* pp > 1: (pp − 1)/(v·m + pp − 1), m = micro_batches (pp_stats.theory_interleaved) */
 } plan_result;
@@ -230,6 +243,24 @@ typedef struct {
     double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_replica_allreduce, ep_alltoall,
         ep_grad_allreduce, sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
     double sp_logprob_allreduce, pp_logprob_allreduce; /* plan_traffic_logprob only */
+    /* tensor parallelism (plan_input.tp > 1; the other fields are then those of the slice's model on the dp =
+     * n_trainer/tp data replicas, reducer 0):
+     *   tp_act_allreduce  dist_comm_bytes(tp_comm, ALLREDUCE) of the passes, 2(P−1)/P · bytes: per training pass
+     *                     forward N·H (vocab-parallel embedding) + per layer N·H (o_proj) + N·H (the dense MLP's or
+     *                     expert-TP's down projections), the logprob statistics 4N doubles (again in the backward, which
+     *                     recomputes them: vp_logprob_backward); backward per layer N·H
+     *                     (q/k/v input gradient) + N·H (dense gate_up, or expert-TP's experts) + N·K (expert-TP's
+     *                     routing-weight gradient), N·H for the head; per forward-only pre-pass the forward's
+     *                     [N,H] rows; per update the q/k-norm gradient sum (L · 2·head_dim floats) and the
+     *                     clipping norm (2 doubles);
+     *   tp_allgather      dist_comm_bytes(tp_comm, ALLGATHER): the vocabulary max, twice per training pass
+     *                     (forward and backward) and once per forward-only logprob pass ((P−1)·2N floats: a
+     *                     double as two floats) + with nkv < P the replicated k/v heads' gradient sum per
+     *                     update ((P−1)·L·2·head_dim·H floats);
+     *   tp_dp_allreduce   dist_comm_bytes(dp_comm, ALLREDUCE): the slice's gradient sum over the D = n_trainer/P
+     *                     ranks holding it, 2(D−1)/D · n_slice · dtype (0 when D = 1).
+     * plan_traffic_logprob under TP: per micro-batch the forward's rows and the logprob statistics. */
+    double tp_act_allreduce, tp_allgather, tp_dp_allreduce;
 } plan_traffic;
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
                       plan_traffic *t);

@@ -99,9 +99,8 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
-    if (pc.tensor_model_parallel_size != 1)
-        return moerl_errorf("moerl plan does not model actor.megatron.tensor_model_parallel_size (got %d) yet: plan "
-                            "it at 1", pc.tensor_model_parallel_size);
+    /* TP: par_check ran par_check_tp (TP with data parallelism only, as moerl rl); plan_compute checks the
+     * model's sizes against it (tp_config_apply) */
     *pc_out = pc;
     return MOERL_OK;
 }
@@ -127,6 +126,8 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
     in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
     in->pp = (int)cfg_int(c, "actor.pipeline_parallel_size");
+    in->tp = (int)cfg_int(c, "actor.megatron.tensor_model_parallel_size");
+    in->tp_experts = cfg_int(c, "actor.megatron.expert_tensor_parallel_size") != 1;
     in->vpp = pc.virtual_pipeline_parallel_size; /* interleaved 1F1B's chunks per stage */
     if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
     if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
@@ -276,6 +277,7 @@ int plan_read_xchg(const cfg *c, const moe_config *mc, const plan_input *in, con
     if (!(fl >= 0) || !isfinite(fl))
         return moerl_errorf("plan.train_flops must be ≥ 0 FLOP/s (0 = not given), got %g", fl);
     x->elements = (double)r->n_params; /* the bucketed reducer's payload: the whole padded layout, 4 B each */
+    if (r->tp > 1) x->elements = r->grads / in->dtype_bytes; /* TP: each rank sums its slice over its dp ranks */
     x->ranks = r->dp;
     if (fl > 0) { /* one update's forward + backward, every sequence at full length, shared by the trainer devices */
         const double L = in->max_model_len, seqs = (double)in->step_tokens / L / in->updates_per_step;
