@@ -707,8 +707,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);
     }
     n += pp_window_metrics(&w->pp, keys + n, vals + n); /* perf/pipeline_bubble, ...: the window's schedules */
-    if (J->R.eng) { /* the paged KV cache, since the start (docs/engine.md) */
-        const engine_stats es = engine_get_stats(J->R.eng);
+    if (J->R.eng || J->has_rollout_kv) { /* the paged KV cache, since the start (docs/engine.md); MPI: summed */
+        const engine_stats es = J->R.eng ? engine_get_stats(J->R.eng) : J->rollout_kv;
         PUT("rollout/preemptions", (double)es.preemptions);
         PUT("rollout/kv_blocks_total", (double)es.kv_blocks_total);
         PUT("rollout/kv_blocks_peak", (double)es.kv_blocks_peak);
