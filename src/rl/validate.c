@@ -561,7 +561,7 @@ static int generate(engine *e, const dataset *ds, tok_seq *prompts, const val_op
                 added++;
             }
         }
-    val_agent v;
+    val_agent v = {0}; /* zero when a request was refused above: nothing to open or close */
     if (rc == MOERL_OK && val_agent_open(&v, o->multi_turn) != MOERL_OK) {
         rc = MOERL_ERR;
         v.A = NULL;
