@@ -150,6 +150,10 @@ expect_err "eval: a budget no prompt fits" "could never run" \
 # and validation's engine in moerl rl (the start validation runs before any rollout)
 expect_err "rl validation: a budget no prompt fits" "validation, row" "$MOERL" rl --config examples/smoke.yaml \
     "${COMMON[@]}" trainer.default_local_dir="$W/kvval" rollout.block_size=4 rollout.kv_cache_bytes=8192
+# and the SFT warm start's evals (their engine is built before the warm start trains)
+expect_err "rl warm start evals: a budget no prompt fits" "sft warm start: request 0: prompt" "$MOERL" rl \
+    --config examples/smoke.yaml "${COMMON[@]}" sft.total_training_steps=2 trainer.default_local_dir="$W/kvsft" \
+    rollout.block_size=4 rollout.kv_cache_bytes=8192
 expect_err "eval: --samples 4 without a temperature" "--samples 4 needs --temperature > 0" \
     "$MOERL" eval --model "$CK" --data "$TEST" --samples 4
 
