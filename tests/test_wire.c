@@ -204,6 +204,7 @@ static void test_group_errors(void) {
         {104, -1, "negative"},             /* a version */
         {92, 0x7fc00000, "NaN"},           /* a logprob */
         {12, -1, "start_version"},
+        {180, -1, "n_preemptions"},        /* the last response's: scored 168, has_traj 172, then 2 × i32 */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const char *msg = patched(cs[i].off, cs[i].v);
