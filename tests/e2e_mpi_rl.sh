@@ -6,6 +6,8 @@
 #              one metrics record per version with version +1 per trigger_parameter_sync_step steps
 #   staleness  staleness 0 + trigger 1: every sample generated entirely by the version that trains it
 #   epochs     every prompt of each epoch trained exactly once over exactly 2 epochs (2 rollout ranks)
+#   paged KV   a KV budget that preempts on 2 rollout ranks: rollout/preemptions, kv_blocks_* and the
+#              prefix-cache hits summed over them in metrics.jsonl, n_preemptions per response in samples.jsonl
 #   DP         DP=2 vs DP=1 on the same job. End to end the samples of a learning run may differ:
 #              DP=2 sums gradients in another fp32 order, the weights then differ by rounding and a
 #              sampled token can flip. So: (a) with lr = 0 (weights fixed, staleness 0, partial off,
@@ -284,6 +286,25 @@ if mpi_rl s21 3 1 data.n_train=32 trainer.total_training_steps=0 trainer.total_e
     else bad "2:1 versions" "$msg"; fi
 else
     bad "2:1" "exit $?"; tail_log s21
+fi
+# 2:1 with a paged KV budget of 12 blocks of 4 tokens per rollout rank (smoke model: 2 KB a block; a
+# prompt of ~33 tokens + 8 needs 10): the rollout ranks preempt, and their rollout/ metrics (summed over
+# the 2 ranks, docs/engine.md) and each response's samples.jsonl n_preemptions reach trainer rank 0
+if mpi_rl kv21 3 1 trainer.total_training_steps=2 rollout.block_size=4 rollout.kv_cache_bytes=24576; then
+    if msg=$($PY -c "
+import json, sys
+d = sys.argv[1]
+m = [json.loads(l) for l in open(d + '/metrics.jsonl') if 'rollout/preemptions' in l]
+n = [x['n_preemptions'] for l in open(d + '/samples.jsonl') for x in json.loads(l)['responses']]
+ok = m and all(r['rollout/kv_blocks_total'] == 24 and r['rollout/kv_blocks_peak'] <= 24 for r in m)
+ok = ok and m[-1]['rollout/preemptions'] > 0 and 0 < sum(n) <= m[-1]['rollout/preemptions']
+ok = ok and m[-1]['rollout/prefix_hit_tokens'] > 0 and 0 < m[-1]['rollout/prefix_cache_hit_rate'] < 1
+print('%d version rows, %g preemptions, %d in the trained samples, blocks %g' % (len(m), m[-1]['rollout/preemptions'] if m else -1, sum(n), m[-1]['rollout/kv_blocks_total'] if m else -1))
+sys.exit(0 if ok else 1)
+" "$WORK/kv21"); then ok "2:1 paged KV: rollout/ metrics summed over the rollout ranks, n_preemptions: $msg"
+    else bad "2:1 paged KV metrics" "$msg"; fi
+else
+    bad "2:1 paged KV" "exit $?"; tail_log kv21
 fi
 # 1:2, two data-parallel trainer ranks, mini-batches split over them, on-policy
 if mpi_rl s12 3 2 async_training.staleness_threshold=0 trainer.total_training_steps=6 actor.ppo_mini_batch_size=3 \

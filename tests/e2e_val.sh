@@ -5,7 +5,9 @@
 # every trainer.test_freq versions and the end, reproducibly; the default (greedy, N = 1) writes
 # mean@1 = val/accuracy as before; a resumed run keeps its start accuracy and goes on writing them; bad
 # rollout.val_kwargs.* values are refused naming the key. (The values themselves are checked against a
-# numpy reference in tests/test_validate.c.) `moerl eval --samples N --temperature T` reports the same metrics.
+# numpy reference in tests/test_validate.c.) `moerl eval --samples N --temperature T` reports the same metrics,
+# unchanged by the paged KV cache's rollout.* keys (prefix sharing, a budget that preempts), which reach
+# eval's and validation's engines.
 # Usage: tests/e2e_val.sh [BUILD_DIR]   (default build; uses BUILD_DIR/moerl)
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -124,6 +126,34 @@ for k in ("val-core/arith/reward/mean@4", "val-core/arith/reward/best@4/mean", "
 assert abs(m4["val-core/arith/reward/mean@4"] - e4["accuracy"]) < 1e-6, e4
 assert e4 == e4b, (e4, e4b)
 PYEOF
+# the paged KV cache's keys reach eval's engine (docs/engine.md): the 4 samples of a prompt share its
+# prompt blocks (prefix caching, on by default as in moerl rl), a budget of 12 blocks of 4 tokens (smoke
+# model: 2 KB a block, a prompt + 8 tokens needs ~10) preempts, and neither changes the responses' metrics
+"$MOERL" eval --model "$CK" --data "$TEST" --n 8 --max-new-tokens 8 --samples 4 --temperature 1 \
+    rollout.enable_prefix_caching=false >"$W/eval4off.json" 2>/dev/null
+"$MOERL" eval --model "$CK" --data "$TEST" --n 8 --max-new-tokens 8 --samples 4 --temperature 1 \
+    rollout.block_size=4 rollout.kv_cache_bytes=24576 >"$W/eval4kv.json" 2>"$W/eval4kv.err"
+check "eval: prefix caching and preemption (rollout.* keys) leave the metrics as they are" "$PY" - "$W" <<'PYEOF'
+import json, sys
+w = sys.argv[1]
+e4, off, kv = (json.load(open(w + f)) for f in ("/eval4.json", "/eval4off.json", "/eval4kv.json"))
+assert e4["prefix_hit_tokens"] > 0 and e4["preemptions"] == 0, e4
+assert off["prefix_hit_tokens"] == 0 and off["preemptions"] == 0, off
+assert kv["preemptions"] > 0, kv
+for e in (off, kv):
+    assert e["metrics"] == e4["metrics"] and e["accuracy"] == e4["accuracy"], (e, e4)
+PYEOF
+expect_err "eval: a negative rollout.kv_cache_bytes" "rollout.kv_cache_bytes must be ≥ 0" \
+    "$MOERL" eval --model "$CK" --data "$TEST" rollout.kv_cache_bytes=-1
+expect_err "eval: a budget no prompt fits" "could never run" \
+    "$MOERL" eval --model "$CK" --data "$TEST" rollout.block_size=4 rollout.kv_cache_bytes=8192
+# and validation's engine in moerl rl (the start validation runs before any rollout)
+expect_err "rl validation: a budget no prompt fits" "validation, row" "$MOERL" rl --config examples/smoke.yaml \
+    "${COMMON[@]}" trainer.default_local_dir="$W/kvval" rollout.block_size=4 rollout.kv_cache_bytes=8192
+# and the SFT warm start's evals (their engine is built before the warm start trains)
+expect_err "rl warm start evals: a budget no prompt fits" "sft warm start: request 0: prompt" "$MOERL" rl \
+    --config examples/smoke.yaml "${COMMON[@]}" sft.total_training_steps=2 trainer.default_local_dir="$W/kvsft" \
+    rollout.block_size=4 rollout.kv_cache_bytes=8192
 expect_err "eval: --samples 4 without a temperature" "--samples 4 needs --temperature > 0" \
     "$MOERL" eval --model "$CK" --data "$TEST" --samples 4
 

@@ -387,10 +387,81 @@ static void test_run(void) {
     model_free(&m);
 }
 
+/* The paged KV cache's keys reach validation's engine (val_options.block_size, kv_cache_bytes,
+ * enable_prefix_caching): with prefix caching the N = 4 samples of a prompt prefill its full blocks once —
+ * exactly (N − 1) × block_size × floor((P − 1) / block_size) positions per prompt of P tokens
+ * (docs/engine.md), plus the leading blocks a prompt shares with an earlier row's (the chat template's) — and a budget too small for the 16 requests preempts; the responses stay those of
+ * the default reservation (the re-prefill recomputes the same KV; a different batch shape moves fp32
+ * logits by ~1e-6 at most, far from flipping a seeded sample on this model: the texts are compared
+ * exactly, as test_paged_engine compares tokens). */
+static void test_run_paged(void) {
+    moe_model m;
+    rl_tiny_model(&m, 11, 0);
+    dataset ds;
+    if (dataset_load_string(&ds, ROWS, strlen(ROWS), "val.jsonl") != MOERL_OK) {
+        CHECK(0, "dataset: %s", moerl_last_error());
+        model_free(&m);
+        return;
+    }
+    val_options o = {.kw = {.n = 4, .temperature = 1, .top_p = 1, .top_k = -1, .do_sample = 1}, .max_new_tokens = 12,
+                     .max_num_seqs = 16, .seed = 5};
+    recorder ref = {.nan_at = -1}, shared = {.nan_at = -1}, tight = {.nan_at = -1};
+    val_report rep;
+    CHECK(val_run(&m, &ds, &o, record_score, &ref, &rep) == MOERL_OK, "default engine: %s", moerl_last_error());
+    CHECK(rep.preemptions == 0 && rep.prefix_hit_tokens == 0, "the reservation without sharing: %lld preemptions, "
+          "%lld shared", (long long)rep.preemptions, (long long)rep.prefix_hit_tokens);
+    val_report_free(&rep);
+    const int bs = 4, rows = (int)dataset_count(&ds);
+    int64_t want_hits = 0, max_len = 0;
+    tok_seq p[8] = {{0}};
+    MOERL_ASSERT(rows <= 8);
+    for (int i = 0; i < rows; i++) {
+        ds_row_encode_prompt(dataset_row(&ds, i), &p[i]);
+        max_len = MOERL_MAX(max_len, p[i].n + o.max_new_tokens);
+        for (int64_t b = 0; b < (p[i].n - 1) / bs; b++) { /* the leading full blocks, never the last token's */
+            int earlier = 0; /* an earlier row's prompt has the same first (b + 1) blocks: chat-template prefix */
+            for (int k = 0; k < i && !earlier; k++)
+                earlier = (p[k].n - 1) / bs > b && !memcmp(p[k].ids, p[i].ids, (size_t)(b + 1) * bs * sizeof(int32_t));
+            want_hits += (int64_t)bs * (o.kw.n - 1 + earlier);
+        }
+    }
+    for (int i = 0; i < rows; i++) tok_seq_free(&p[i]);
+    o.block_size = bs;
+    o.enable_prefix_caching = 1;
+    CHECK(val_run(&m, &ds, &o, record_score, &shared, &rep) == MOERL_OK, "prefix caching: %s", moerl_last_error());
+    CHECK(rep.prefix_hit_tokens == want_hits && want_hits > 0 && rep.preemptions == 0,
+          "prefix caching: %lld positions from shared blocks, want %lld; %lld preemptions",
+          (long long)rep.prefix_hit_tokens, (long long)want_hits, (long long)rep.preemptions);
+    val_report_free(&rep);
+    /* room for two of the longest sequences: the 16 requests cannot all run */
+    const int64_t block_bytes = 2LL * m.cfg.num_hidden_layers * bs * m.cfg.num_key_value_heads * m.cfg.head_dim * 4;
+    o.kv_cache_bytes = block_bytes * 2 * ((max_len + bs - 1) / bs);
+    CHECK(val_run(&m, &ds, &o, record_score, &tight, &rep) == MOERL_OK, "tight budget: %s", moerl_last_error());
+    CHECK(rep.preemptions > 0 && rep.kv_blocks_total == 2 * ((max_len + bs - 1) / bs) &&
+              rep.kv_blocks_peak <= rep.kv_blocks_total,
+          "tight budget: %lld preemptions, %lld blocks (peak %lld)", (long long)rep.preemptions,
+          (long long)rep.kv_blocks_total, (long long)rep.kv_blocks_peak);
+    val_report_free(&rep);
+    int same = ref.n_reqs == 16 && shared.n_reqs == 16 && tight.n_reqs == 16;
+    for (int t = 0; same && t < 16; t++) same = !strcmp(ref.texts[t], shared.texts[t]) && !strcmp(ref.texts[t], tight.texts[t]);
+    CHECK(same, "the responses do not depend on the KV cache's layout");
+    /* a budget below one sequence is refused, naming the blocks */
+    o.kv_cache_bytes = block_bytes;
+    CHECK(val_run(&m, &ds, &o, NULL, NULL, &rep) == MOERL_ERR && has(moerl_last_error(), "val.jsonl:1") &&
+              has(moerl_last_error(), "block"),
+          "a budget of one block: %s", moerl_last_error());
+    recorder_free(&ref);
+    recorder_free(&shared);
+    recorder_free(&tight);
+    dataset_free(&ds);
+    model_free(&m);
+}
+
 int main(void) {
     test_reference();
     test_properties();
     test_keys();
     test_run();
+    test_run_paged();
     TEST_MAIN_END();
 }

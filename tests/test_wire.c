@@ -43,6 +43,7 @@ static rl_group *make_group(int64_t uid, int n_rows, int plen, int n, const int 
         r->n_out = lens[j];
         r->finish = (finish_reason)(1 + j % 3);
         r->n_interruptions = j % 4;
+        r->n_preemptions = (j * 5) % 7; /* travels after the trajectories (samples.jsonl n_preemptions) */
         r->out_tokens = xmalloc((lens[j] + 1) * sizeof(int));
         r->out_logprobs = xmalloc((lens[j] + 1) * sizeof(float));
         r->out_versions = xmalloc((lens[j] + 1) * sizeof(int));
@@ -65,7 +66,7 @@ static int same_group(const rl_group *a, const rl_group *b) {
     for (int j = 0; j < a->n; j++) {
         const gen_request *x = &a->reqs[j], *y = &b->reqs[j];
         if (x->n_out != y->n_out || x->finish != y->finish || x->n_interruptions != y->n_interruptions ||
-            x->prompt_len != y->prompt_len || memcmp(x->prompt, y->prompt, x->prompt_len * sizeof(int)) ||
+            x->n_preemptions != y->n_preemptions || x->prompt_len != y->prompt_len || memcmp(x->prompt, y->prompt, x->prompt_len * sizeof(int)) ||
             memcmp(x->out_tokens, y->out_tokens, x->n_out * sizeof(int)) ||
             memcmp(x->out_logprobs, y->out_logprobs, x->n_out * sizeof(float)) ||
             memcmp(x->out_versions, y->out_versions, x->n_out * sizeof(int)) || !x->out_mask != !y->out_mask ||
@@ -119,8 +120,8 @@ static void test_group_roundtrip(void) {
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
     /* header 8+4+4+8+4·4 = 40 bytes, prompt 24, route shape 12, per response 20 (with has_mask and
-     * n_routes) + 12·n_out, "scored" 4, "has_traj" 4 */
-    const size_t want = 40 + 6 * 4 + 12 + 4 * 20 + 12 * (0 + 1 + 9 + 40) + 4 + 4;
+     * n_routes) + 12·n_out, "scored" 4, "has_traj" 4, n_preemptions 4 per response */
+    const size_t want = 40 + 6 * 4 + 12 + 4 * 20 + 12 * (0 + 1 + 9 + 40) + 4 + 4 + 4 * 4;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     CHECK(memcmp(buf, "MOERLGR1", 8) == 0, "magic on the wire");
     rl_group *d = NULL;
@@ -203,6 +204,7 @@ static void test_group_errors(void) {
         {104, -1, "negative"},             /* a version */
         {92, 0x7fc00000, "NaN"},           /* a logprob */
         {12, -1, "start_version"},
+        {180, -1, "n_preemptions"},        /* the last response's: scored 168, has_traj 172, then 2 × i32 */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const char *msg = patched(cs[i].off, cs[i].v);
@@ -227,7 +229,7 @@ static void test_group_rewards(void) {
     /* after the responses: scored 4, then per response score 8 + n_extra 4 + j × (4 + 7 + 8) + pred 4 + bytes
      * (preds: "" for j = 0, none for 1 and 3, "42" for 2) */
     const size_t resp = 40 + 3 * 4 + 12 + 4 * 20 + 12 * (2 + 0 + 5 + 1);
-    const size_t want = resp + 4 + 4 * 16 + (0 + 1 + 2 + 3) * 19 + 2 + 4; /* + has_traj */
+    const size_t want = resp + 4 + 4 * 16 + (0 + 1 + 2 + 3) * 19 + 2 + 4 + 4 * 4; /* + has_traj, n_preemptions */
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     rl_group *d = NULL;
     CHECK(rl_group_decode(buf, len, &d) == MOERL_OK, "decode: %s", moerl_last_error());
@@ -579,9 +581,9 @@ static void test_group_mask_traj(void) {
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
     /* route shape 12; responses: 20 + 12·n_out each, + n_out mask bytes when present (responses 0 and 2);
-     * scored 4; has_traj 4 + 3 × (5·4 + 8) */
+     * scored 4; has_traj 4 + 3 × (5·4 + 8); n_preemptions 3 × 4 */
     const size_t resp = 40 + 5 * 4 + 12 + 3 * 20 + 12 * (7 + 4 + 0) + (7 + 0);
-    const size_t want = resp + 4 + 4 + 3 * 28;
+    const size_t want = resp + 4 + 4 + 3 * 28 + 3 * 4;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     rl_group *d = NULL;
     CHECK(rl_group_decode(buf, len, &d) == MOERL_OK, "decode: %s", moerl_last_error());

@@ -10,7 +10,9 @@
  *            [--top-p P] [--top-k K] [--seed S]]
  *   held-out accuracy with the row's reward function (greedy by default), and verl's validation
  *   metrics (rl/validate.h: val_run); prints one JSON object {"accuracy", "n", "samples",
- *   "mean_response_length", "max_new_tokens", "data", "metrics": {"val-core/...", ...}}. */
+ *   "mean_response_length", "max_new_tokens", "data", "preemptions", "prefix_hit_tokens", "metrics":
+ *   {"val-core/...", ...}}; rollout.block_size=N rollout.kv_cache_bytes=B rollout.gpu_memory_utilization=F
+ *   rollout.enable_prefix_caching=BOOL size the engine's paged KV cache as in moerl rl (docs/engine.md). */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +29,7 @@
 #include "model/model.h"
 #include "reward/reward.h"
 #include "rl/multi_turn.h"
+#include "rl/rl.h"
 #include "rl/validate.h"
 
 /* moerl tasks --from-gsm8k FILE --out DIR */
@@ -157,6 +160,8 @@ static void eval_print(const val_report *rep, const val_options *o, const datase
     json_object_set_new(j, "mean_response_length", cli_json_real(rep->mean_len));
     json_object_set_new(j, "max_new_tokens", json_integer(o->max_new_tokens));
     json_object_set_new(j, "data", cli_json_text(data, strlen(data)));
+    json_object_set_new(j, "preemptions", json_integer(rep->preemptions)); /* the paged KV cache (docs/engine.md) */
+    json_object_set_new(j, "prefix_hit_tokens", json_integer(rep->prefix_hit_tokens));
     json_t *m = json_object();
     for (int i = 0; i < rep->metrics.n; i++) json_object_set_new(m, rep->metrics.keys[i], cli_json_real(rep->metrics.vals[i]));
     json_object_set_new(j, "metrics", m);
@@ -193,19 +198,24 @@ int cmd_eval(int argc, char **argv) {
     cfg *keys = cfg_new(); /* reward.*=value: score with a reward file, command or server as `moerl rl` does */
     reward_def_keys(keys);
     multi_turn_def_keys(keys); /* rollout.multi_turn.*=value: trajectories with tools, as `moerl rl` runs them */
+    rollout_kv_def_keys(keys); /* rollout.block_size, kv_cache_bytes, ...: the engine's paged KV cache, as rl's */
     cli_overrides ov = {0};
     const cli_spec spec = {.cmd = "eval", .opts = opts, .n_opts = CLI_NOPTS(opts), .overrides = &ov, .keys = keys,
                            .synopsis = "--model DIR --data FILE.jsonl [--n N] [--max-new-tokens N] [--samples N "
                                        "--temperature T [--top-p P] [--top-k K] [--seed S]] "
                                        "[--chat-template auto|qwen3|chatml|FILE.jinja] [--no-thinking] [reward.*=VALUE ...] "
-                                       "[rollout.multi_turn.*=VALUE ...]",
+                                       "[rollout.multi_turn.*=VALUE ...] [rollout.block_size|kv_cache_bytes|gpu_memory_utilization|"
+                                       "enable_prefix_caching=VALUE ...]",
                            .about = "Held-out accuracy with each row's reward function (greedy unless --temperature), "
                                     "and verl's validation metrics; prints {\"accuracy\", \"n\", \"samples\", "
                                     "\"mean_response_length\", \"max_new_tokens\", \"data\", \"metrics\"}. "
                                     "reward.custom_reward_function.path=F.py, reward.command=CMD or reward.url=URL "
                                     "score with your own reward instead of the built-in rules (docs/rewards.md). "
                                     "rollout.multi_turn.enable=true rollout.multi_turn.tool_config_path=T.yaml runs each "
-                                    "response as a trajectory with tools (docs/multi-turn.md)."};
+                                    "response as a trajectory with tools (docs/multi-turn.md). rollout.block_size, "
+                                    "rollout.kv_cache_bytes, rollout.gpu_memory_utilization and "
+                                    "rollout.enable_prefix_caching size the engine's paged KV cache as in moerl rl "
+                                    "(docs/engine.md)."};
     int code;
     if (cli_parse(&spec, argc, argv, &code)) {
         cfg_free(keys);
@@ -213,9 +223,10 @@ int cmd_eval(int argc, char **argv) {
     }
     reward_config rcfg;
     multi_turn_config mt;
+    rl_config kv = {0}; /* the rollout.* paged-KV keys only */
     reward_pool *pool = NULL;
     const int outside = cli_apply_overrides(keys, &ov) == MOERL_OK && reward_read_config(keys, &rcfg) == MOERL_OK &&
-                                multi_turn_read_config(keys, &mt) == MOERL_OK
+                                multi_turn_read_config(keys, &mt) == MOERL_OK && rollout_kv_read(keys, &kv) == MOERL_OK
                             ? rcfg.kind != REWARD_BUILTIN
                             : -1;
     cli_overrides_free(&ov);
@@ -232,7 +243,9 @@ int cmd_eval(int argc, char **argv) {
     const val_options o = {.kw = {.n = (int)samples, .temperature = (float)temp, .top_p = (float)top_p,
                                   .top_k = (int)top_k, .do_sample = temp > 0},
                            .n_rows = n, .max_new_tokens = (int)max_new, .max_num_seqs = 64, .seed = (uint64_t)seed,
-                           .multi_turn = &mt};
+                           .multi_turn = &mt, .block_size = kv.block_size, .kv_cache_bytes = kv.kv_cache_bytes,
+                           .gpu_memory_utilization = kv.gpu_memory_utilization,
+                           .enable_prefix_caching = kv.enable_prefix_caching};
     if (samples > 1 && temp == 0) {
         moerl_errorf("--samples %lld needs --temperature > 0: greedy responses would all be the same", (long long)samples);
         goto fail;

@@ -206,7 +206,7 @@ int rl_read_algorithm_keys(const cfg *c, rl_config *r) {
 
 /* rollout.block_size, kv_cache_bytes, gpu_memory_utilization, enable_prefix_caching: the paged KV cache
  * (vLLM's names; engine.h, docs/engine.md). */
-static void rollout_kv_def_keys(cfg *c) {
+void rollout_kv_def_keys(cfg *c) {
     cfg_def_int(c, "rollout.block_size", 16, "tokens per KV-cache block of the paged engine (vLLM's block_size)");
     cfg_def_int(c, "rollout.kv_cache_bytes", 0,
                 "KV-cache budget in bytes (blocks of rollout.block_size tokens × all layers' K and V); sequences are "
@@ -222,7 +222,7 @@ static void rollout_kv_def_keys(cfg *c) {
 }
 
 /* The paged-KV keys into r, validated. */
-static int rollout_kv_read(const cfg *c, rl_config *r) {
+int rollout_kv_read(const cfg *c, rl_config *r) {
     const int64_t bs = cfg_int(c, "rollout.block_size"), bytes = cfg_int(c, "rollout.kv_cache_bytes");
     const double u = cfg_float(c, "rollout.gpu_memory_utilization");
     if (bs < 1 || bs > 65536) return moerl_errorf("rollout.block_size must be in [1, 65536] tokens, got %lld", (long long)bs);

@@ -356,6 +356,7 @@ void job_log_samples(job *J, rl_group **g, int n) {
                 json_object_set_new(ro, "finish", json_string(finish_reason_name(r->finish)));
                 if (t->has_env_reward) json_object_set_new(ro, "env_reward", json_real(t->env_reward));
             }
+            json_object_set_new(ro, "n_preemptions", json_integer(r->n_preemptions)); /* paged KV (docs/engine.md) */
             json_array_append_new(resp, ro);
         }
         free(rw);
@@ -560,7 +561,10 @@ static void log_validation(const job *J, const val_report *rep) {
 int job_run_validation(job *J, double *acc) {
     const rl_config *c = J->cfg;
     const val_options o = {.kw = c->val_kwargs, .n_rows = c->val_n, .max_new_tokens = c->max_response_length,
-                           .max_num_seqs = c->max_num_seqs, .seed = c->seed, .multi_turn = &c->multi_turn};
+                           .max_num_seqs = c->max_num_seqs, .seed = c->seed, .multi_turn = &c->multi_turn,
+                           .block_size = c->block_size, .kv_cache_bytes = c->kv_cache_bytes,
+                           .gpu_memory_utilization = c->gpu_memory_utilization,
+                           .enable_prefix_caching = c->enable_prefix_caching};
     /* The one place validation responses are scored: through the job's reward backend (reward.*:
      * built-in rules, a reward program or a server), the rollouter's pool or one of its own. */
     val_score_fn score_fn = job_reward_score;
@@ -703,8 +707,8 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
         PUT("perf/weight_bcast_GBps", J->win_bcast_s > 0 ? J->bcast_bytes / J->win_bcast_s / 1e9 : 0);
     }
     n += pp_window_metrics(&w->pp, keys + n, vals + n); /* perf/pipeline_bubble, ...: the window's schedules */
-    if (J->R.eng) { /* the paged KV cache, since the start (docs/engine.md) */
-        const engine_stats es = engine_get_stats(J->R.eng);
+    if (J->R.eng || J->has_rollout_kv) { /* the paged KV cache, since the start (docs/engine.md); MPI: summed */
+        const engine_stats es = J->R.eng ? engine_get_stats(J->R.eng) : J->rollout_kv;
         PUT("rollout/preemptions", (double)es.preemptions);
         PUT("rollout/kv_blocks_total", (double)es.kv_blocks_total);
         PUT("rollout/kv_blocks_peak", (double)es.kv_blocks_peak);

@@ -83,6 +83,8 @@ typedef struct {
     double busy_s, idle_s;/* cumulative rollout busy / idle seconds */
     double reward_s;      /* cumulative seconds of the rank's reward pool in backend->score */
     int64_t reward_backlog; /* reward requests waiting on the rank */
+    /* the paged KV cache since the start (engine_stats; docs/engine.md) */
+    int64_t preemptions, kv_blocks_total, kv_blocks_peak, prefix_hit_tokens, prefill_tokens;
 } ack_msg;
 
 #define STATE_MAGIC "MOERLTS1"
@@ -330,7 +332,10 @@ static void send_ack(rollout_rank *W, int kind) {
     engine_stats es = engine_get_stats(W->R.eng);
     ack_msg a = {.kind = kind, .in_flight = W->R.n_inflight, .groups_sent = W->sent,
                  .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s,
-                 .reward_s = reward_pool_busy_s(W->R.pool), .reward_backlog = reward_pool_backlog(W->R.pool)};
+                 .reward_s = reward_pool_busy_s(W->R.pool), .reward_backlog = reward_pool_backlog(W->R.pool),
+                 .preemptions = es.preemptions, .kv_blocks_total = es.kv_blocks_total,
+                 .kv_blocks_peak = es.kv_blocks_peak, .prefix_hit_tokens = es.prefix_hit_tokens,
+                 .prefill_tokens = es.prefill_tokens};
     dist_ctx *ctx = W->ctx;
     CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ACK, &a, sizeof a), "sending an acknowledgement");
 }
@@ -1013,14 +1018,27 @@ static int64_t *dist_inflight_uids(job *J, int *n) {
 }
 
 /* The window's reward figures for job_emit_version from the acknowledgements (mu held or the server
- * stopped): pool seconds over all rollout ranks, requests waiting on them. */
+ * stopped): pool seconds over all rollout ranks, requests waiting on them; and the paged KV cache's
+ * counters since the start (rollout/preemptions, ...), summed over the rollout ranks as their
+ * generated tokens are (each rank's engine has a pool of its own: blocks and peaks add up). */
 static void reward_window(leader *L) {
     job *J = &L->J;
     J->win_reward_s = L->win_reward;
     L->win_reward = 0;
     int64_t backlog = 0;
-    for (int r = 0; r < L->n_rollout; r++) backlog += L->ack[r].reward_backlog;
+    engine_stats kv = {0};
+    for (int r = 0; r < L->n_rollout; r++) {
+        const ack_msg *a = &L->ack[r];
+        backlog += a->reward_backlog;
+        kv.preemptions += a->preemptions;
+        kv.kv_blocks_total += a->kv_blocks_total;
+        kv.kv_blocks_peak += a->kv_blocks_peak;
+        kv.prefix_hit_tokens += a->prefix_hit_tokens;
+        kv.prefill_tokens += a->prefill_tokens;
+    }
     J->reward_backlog = (int)backlog;
+    J->rollout_kv = kv;
+    J->has_rollout_kv = 1;
 }
 
 /* The parameter sync of trainer rank 0 (order in the file header). */

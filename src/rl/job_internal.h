@@ -116,6 +116,11 @@ struct job {
      * over the window's responses (reward/<field>/mean) */
     double win_reward_s, reward_busy_snap;
     int reward_backlog;
+    /* MPI: the rollout ranks' paged-KV counters summed (engine_stats' preemptions, kv_blocks_total,
+     * kv_blocks_peak, prefix_hit_tokens, prefill_tokens), set with the reward figures; the embedded job
+     * reads J->R.eng's */
+    engine_stats rollout_kv;
+    int has_rollout_kv;
     int n_rx, cap_rx;
     char **rx_keys;
     double *rx_sum;

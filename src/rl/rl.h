@@ -159,6 +159,14 @@ void rl_def_keys(cfg *c);
 /* Declare trainer.allocator (malloc | pool | jemalloc, default malloc) and trainer.allocator_reserve (the
  * pool's reserve, default 0.3): part of rl_def_keys and of moerl sft's keys (sft_def_job_keys). */
 void rl_def_allocator_keys(cfg *c);
+/* Declare the paged KV cache's keys (part of rl_def_keys; moerl eval declares them too): rollout.block_size
+ * (16 tokens), rollout.kv_cache_bytes (0), rollout.gpu_memory_utilization (0 = off),
+ * rollout.enable_prefix_caching (true); docs/engine.md. */
+void rollout_kv_def_keys(cfg *c);
+/* Read and check them into r->block_size, kv_cache_bytes, gpu_memory_utilization, enable_prefix_caching
+ * (nothing else of r is touched). Errors name the key and value: block_size outside [1, 65536], a negative
+ * kv_cache_bytes, a utilization outside [0, 1], both budgets given. */
+int rollout_kv_read(const cfg *c, rl_config *r);
 /* Check them and select the process's buffer allocator (moerl_alloc_select, src/base/pool.h): call before
  * the job allocates any buffer, on every rank. A key given (in the file or as an override) wins over the
  * environment's MOERL_ALLOC / MOERL_POOL_RESERVE; a key left at its default lets the environment decide.

@@ -38,6 +38,12 @@ typedef struct {
     /* rollout.multi_turn.* (NULL or enable 0: one turn): the evals run each response as a trajectory with
      * tools (val_run's multi_turn), so that a tool-use task's accuracy is measured as RL measures it */
     const multi_turn_config *multi_turn;
+    /* the evals' engine: its paged KV cache (engine_config's block_size, kv_cache_bytes,
+     * gpu_memory_utilization, enable_prefix_caching; docs/engine.md) — the warm start of `moerl rl` passes
+     * the rollout.* keys; zero (moerl sft): the reservation without sharing */
+    int eval_block_size, eval_prefix_caching;
+    int64_t eval_kv_cache_bytes;
+    double eval_gpu_memory_utilization;
     uint64_t seed;             /* shuffling */
     const char *metrics_path;  /* NULL: no metrics file */
     unsigned metrics_loggers;  /* trainer.logger: METRICS_* sinks of metrics_path (base/log.h); 0 = file only */

@@ -357,6 +357,11 @@ int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const datas
                   .metrics_path = mpath,
                   .label = "sft warm start",
                   .steps_key = "sft.total_training_steps",
+                  /* the rollout.* paged-KV keys (checked by rl_read_config) size the evals' engine too */
+                  .eval_block_size = (int)cfg_int(c, "rollout.block_size"),
+                  .eval_prefix_caching = cfg_bool(c, "rollout.enable_prefix_caching"),
+                  .eval_kv_cache_bytes = cfg_int(c, "rollout.kv_cache_bytes"),
+                  .eval_gpu_memory_utilization = cfg_float(c, "rollout.gpu_memory_utilization"),
                   .state_dir = NULL};
     char state[4200];
     snprintf(state, sizeof state, "%s/sft_checkpoint", out_dir);

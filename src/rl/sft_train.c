@@ -493,7 +493,10 @@ static int sft_eval(sft_run *S, const dataset *ds, int skip, double *acc) {
         /* greedy, one response per row: eval_accuracy's; with tools, a trajectory per row */
         const val_options vo = {.kw = {.n = 1, .top_p = 1.0f, .top_k = -1}, .n_rows = S->o->val_n,
                                 .max_new_tokens = S->o->max_response_length, .max_num_seqs = 64, .seed = S->o->seed,
-                                .multi_turn = S->o->multi_turn};
+                                .multi_turn = S->o->multi_turn, .block_size = S->o->eval_block_size,
+                                .kv_cache_bytes = S->o->eval_kv_cache_bytes,
+                                .gpu_memory_utilization = S->o->eval_gpu_memory_utilization,
+                                .enable_prefix_caching = S->o->eval_prefix_caching};
         val_report rep;
         erc = val_run(f, ds, &vo, S->o->score, S->o->score_ctx, &rep);
         if (erc == MOERL_OK) {
@@ -502,7 +505,12 @@ static int sft_eval(sft_run *S, const dataset *ds, int skip, double *acc) {
             val_report_free(&rep);
         }
     } else if (S->R.root && erc == MOERL_OK)
-        erc = eval_accuracy(f, ds, S->o->val_n, S->o->max_response_length, 64, acc, &S->mlen);
+        erc = eval_accuracy_paged(f, ds, S->o->val_n, S->o->max_response_length,
+                                  &(engine_config){.max_num_seqs = 64, .block_size = S->o->eval_block_size,
+                                                   .kv_cache_bytes = S->o->eval_kv_cache_bytes,
+                                                   .gpu_memory_utilization = S->o->eval_gpu_memory_utilization,
+                                                   .enable_prefix_caching = S->o->eval_prefix_caching},
+                                  acc, &S->mlen);
     full_done(&S->R, S->m, f);
     if (ranks_agree(&S->R, erc) != MOERL_OK || ranks_from_root(&S->R, acc) != MOERL_OK) return MOERL_ERR;
     return MOERL_OK;

@@ -489,6 +489,7 @@ typedef struct {
     int *len;
     agent_traj *traj; /* multi-turn: what each trajectory did; NULL: one turn */
     int round;        /* this process's validation count (trajectory ids "valROUND-ID") */
+    int64_t preemptions, prefix_hit_tokens, kv_blocks_total, kv_blocks_peak; /* the engine's, at the end */
 } val_gen;
 
 static void val_gen_free(val_gen *g) {
@@ -560,7 +561,7 @@ static int generate(engine *e, const dataset *ds, tok_seq *prompts, const val_op
                 added++;
             }
         }
-    val_agent v;
+    val_agent v = {0}; /* zero when a request was refused above: nothing to open or close */
     if (rc == MOERL_OK && val_agent_open(&v, o->multi_turn) != MOERL_OK) {
         rc = MOERL_ERR;
         v.A = NULL;
@@ -613,10 +614,21 @@ static int run_engine(const moe_model *m, const dataset *ds, const val_options *
         goto out;
     }
     engine_config ec = {.max_num_seqs = o->max_num_seqs, .max_model_len = max_plen + o->max_new_tokens,
-                        .max_num_batched_tokens = MOERL_MAX(512, o->max_num_seqs)};
+                        .max_num_batched_tokens = MOERL_MAX(512, o->max_num_seqs), .block_size = o->block_size,
+                        .kv_cache_bytes = o->kv_cache_bytes, .gpu_memory_utilization = o->gpu_memory_utilization,
+                        .enable_prefix_caching = o->enable_prefix_caching};
     e = engine_create(&m->cfg, ec);
-    if (!e || engine_load_weights(e, m->params, m->n_params, 0) != MOERL_OK) goto out;
+    if (!e) {
+        moerl_error_prefix("validation: ");
+        goto out;
+    }
+    if (engine_load_weights(e, m->params, m->n_params, 0) != MOERL_OK) goto out;
     rc = generate(e, ds, prompts, o, g);
+    const engine_stats es = engine_get_stats(e);
+    g->preemptions = es.preemptions;
+    g->prefix_hit_tokens = es.prefix_hit_tokens;
+    g->kv_blocks_total = es.kv_blocks_total;
+    g->kv_blocks_peak = es.kv_blocks_peak;
 out:
     for (int64_t i = 0; i < g->rows; i++) tok_seq_free(&prompts[i]);
     free(prompts);
@@ -720,6 +732,10 @@ int val_run(const moe_model *m, const dataset *ds, const val_options *o, val_sco
     g.len = xcalloc((size_t)(rows * g.N), sizeof(int));
     int rc = run_engine(m, ds, o, &g);
     if (rc == MOERL_OK) rc = score_all(ds, &g, score, ctx, out);
+    out->preemptions = g.preemptions;
+    out->prefix_hit_tokens = g.prefix_hit_tokens;
+    out->kv_blocks_total = g.kv_blocks_total;
+    out->kv_blocks_peak = g.kv_blocks_peak;
     val_gen_free(&g);
     if (rc != MOERL_OK) val_report_free(out);
     return rc;

@@ -142,6 +142,14 @@ typedef struct {
      * loop of its own (rl/agent_loop.h: its own environment programs), the environment's reward being
      * its score where it gives one; NULL or enable 0: one turn */
     const multi_turn_config *multi_turn;
+    /* the engine's paged KV cache (engine_config's fields, docs/engine.md): rollout.block_size (0 = 16),
+     * rollout.kv_cache_bytes (0 = gpu_memory_utilization's budget, or when that is 0 room for
+     * max_num_seqs × the longest prompt + max_new_tokens: never preempts), rollout.gpu_memory_utilization,
+     * rollout.enable_prefix_caching (the val_kwargs.n responses of a prompt prefill its full blocks once) */
+    int block_size;
+    int64_t kv_cache_bytes;
+    double gpu_memory_utilization;
+    int enable_prefix_caching;
 } val_options;
 
 typedef struct {
@@ -152,6 +160,9 @@ typedef struct {
      * written that were well-formed (NaN without calls); 0 / NaN otherwise */
     double mean_turns, well_formed_rate;
     int64_t n_responses;
+    /* the engine's paged KV cache over the run (engine_stats): sequences preempted, prompt positions served
+     * from shared blocks, blocks in the pool and the most held at once */
+    int64_t preemptions, prefix_hit_tokens, kv_blocks_total, kv_blocks_peak;
     val_metrics metrics; /* val-core/..., val-aux/... */
 } val_report;
 void val_report_free(val_report *r);

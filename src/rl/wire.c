@@ -212,7 +212,9 @@ static int group_write(wbuf *w, const rl_group *g) {
         routes_write(w, g, r);
     }
     if (rewards_write(w, g) != MOERL_OK) return MOERL_ERR;
-    return traj_write(w, g);
+    if (traj_write(w, g) != MOERL_OK) return MOERL_ERR;
+    for (int j = 0; j < g->n; j++) w_i32(w, g->reqs[j].n_preemptions);
+    return MOERL_OK;
 }
 
 int rl_group_encode(const rl_group *g, void **buf, size_t *len) {
@@ -466,6 +468,11 @@ static int group_read(rbuf *r, rl_group **out) {
     }
     if (rc == MOERL_OK) rc = rewards_read(r, g);
     if (rc == MOERL_OK) rc = traj_read(r, g);
+    for (int j = 0; j < n && rc == MOERL_OK; j++) {
+        int32_t np = 0;
+        if (r_i32(r, &np, "n_preemptions") || r_count(r, np, 0, INT32_MAX, "n_preemptions")) rc = MOERL_ERR;
+        else g->reqs[j].n_preemptions = np;
+    }
     if (rc != MOERL_OK) {
         rl_group_free(g);
         return MOERL_ERR;

@@ -13,11 +13,13 @@
  *   i32 scored (0 | 1) | if scored: n × { f64 score | i32 n_extra |
  *         n_extra × { i32 key_len | key bytes | f64 value } | i32 pred_len (−1: no pred) | pred bytes } |
  *   i32 has_traj (0 | 1) | if has_traj: n × { i32 turns | i32 tool_calls | i32 tool_errors | i32 env_done |
- *         i32 has_env_reward | f64 env_reward }
+ *         i32 has_env_reward | f64 env_reward } |
+ *   n × { i32 n_preemptions }
  *   (mask: gen_request.out_mask, 1 = sampled, 0 = a multi-turn rollout's inserted tool-turn token; the
  *   rewards the rollout rank's reward pool computed, rl_group.rewards: scores and extra values finite,
  *   names 1..RL_WIRE_MAX_STR bytes without NUL; traj: rl_group.traj, counts ≥ 0 with tool_errors ≤
- *   tool_calls, flags 0 | 1, env_reward finite; routes: gen_request.out_routes / n_routes and the group's
+ *   tool_calls, flags 0 | 1, env_reward finite; n_preemptions: gen_request.n_preemptions ≥ 0, the times the
+ *   paged engine preempted the response (samples.jsonl); routes: gen_request.out_routes / n_routes and the group's
  *   route_* shape (rl_group), all three 0 and every n_routes −1 when the group carries no routes, else
  *   1 ≤ route_layers ≤ MOERL_MAX_LAYERS, 1 ≤ route_k ≤ route_experts ≤ 32767, 0 ≤ n_routes ≤ prompt_len +
  *   n_out and every id in [0, route_experts). Format 1 had no rewards, format 2 no mask and traj, format 3

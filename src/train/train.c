@@ -355,6 +355,13 @@ float lr_schedule(const char *style, int64_t step, int64_t total, float lr, floa
 
 int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int max_new_tokens, int max_num_seqs,
                   double *accuracy, double *mean_len) {
+    return eval_accuracy_paged(m, ds, n_limit, max_new_tokens, &(engine_config){.max_num_seqs = max_num_seqs},
+                               accuracy, mean_len);
+}
+
+int eval_accuracy_paged(const moe_model *m, const dataset *ds, int64_t n_limit, int max_new_tokens,
+                        const engine_config *kv, double *accuracy, double *mean_len) {
+    const int max_num_seqs = kv->max_num_seqs;
     int64_t n = dataset_count(ds);
     if (n_limit > 0 && n_limit < n) n = n_limit;
     if (n == 0) return moerl_errorf("eval: dataset '%s' is empty", ds->path ? ds->path : "?");
@@ -373,7 +380,9 @@ int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int ma
                             m->cfg.max_position_embeddings);
     }
     engine_config ec = {.max_num_seqs = max_num_seqs, .max_model_len = max_plen + max_new_tokens,
-                        .max_num_batched_tokens = MOERL_MAX(512, max_num_seqs)};
+                        .max_num_batched_tokens = MOERL_MAX(512, max_num_seqs), .block_size = kv->block_size,
+                        .kv_cache_bytes = kv->kv_cache_bytes, .gpu_memory_utilization = kv->gpu_memory_utilization,
+                        .enable_prefix_caching = kv->enable_prefix_caching};
     engine *e = engine_create(&m->cfg, ec);
     int rc = MOERL_ERR;
     gen_request *reqs = xcalloc(n, sizeof(gen_request));

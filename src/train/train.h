@@ -9,6 +9,7 @@
 #include "data/dataset.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "rollout/engine.h" /* engine_config: eval_accuracy_paged (train.c already runs the engine) */
 
 /* A sequence to train on: tokens[len]; the loss reads logp[t] = log p(tokens[t+1] | ≤ t) for
  * t < len−1. Only tokens t with t+1 ≥ resp_start are response targets. */
@@ -197,5 +198,11 @@ float lr_schedule(const char *style, int64_t step, int64_t total, float lr, floa
  * data_source or an engine error. */
 int eval_accuracy(const moe_model *m, const dataset *ds, int64_t n_limit, int max_new_tokens, int max_num_seqs,
                   double *accuracy, double *mean_response_len);
+/* eval_accuracy with the engine's paged KV cache given: kv->max_num_seqs, block_size, kv_cache_bytes,
+ * gpu_memory_utilization, enable_prefix_caching (engine_config's meanings, docs/engine.md; the other
+ * fields are eval's own). Errors as eval_accuracy's, and the engine's refusal of a request that could
+ * never fit the budget. */
+int eval_accuracy_paged(const moe_model *m, const dataset *ds, int64_t n_limit, int max_new_tokens,
+                        const engine_config *kv, double *accuracy, double *mean_response_len);
 
 #endif
