@@ -363,7 +363,7 @@ static void test_wire(void) {
         int bytes;
         const char *want;
     } cs[] = {
-        {8, 3, 4, "format 3, this build reads format 4"},
+        {8, 3, 4, "format 3, this build reads format 5"},
         {60, 0, 4, "route shape 0 MoE layers"},
         {64, 9, 4, "k 9 of 8 experts"},
         {68, 40000, 4, "40000 experts"},

@@ -189,7 +189,8 @@ static void test_group_errors(void) {
         {8, 1, "format 1"},
         {8, 2, "format 2"},                /* before the loss mask and trajectories */
         {8, 3, "format 3"},                /* before the routes */
-        {8, 5, "format 5"},
+        {8, 4, "format 4"},                /* before n_preemptions */
+        {8, 6, "format 6"},
         {32, 0, "n (responses)"},
         {32, -3, "n (responses)"},
         {32, 1 << 20, "n (responses)"},

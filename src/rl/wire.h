@@ -3,8 +3,8 @@
  * share of a trainer step. Byte layouts are fixed (host byte order, like the weight-broadcast header
  * of dist.h: every rank of a job runs on one architecture); integers are little-endian on x86-64.
  *
- * Group ("MOERLGR1", format 4):
- *   char magic[8] "MOERLGR1" | u32 format = 4 | i32 start_version | i64 uid | i32 row | i32 epoch |
+ * Group ("MOERLGR1", format 5):
+ *   char magic[8] "MOERLGR1" | u32 format = 5 | i32 start_version | i64 uid | i32 row | i32 epoch |
  *   i32 n (responses) | i32 prompt_len | i32 prompt[prompt_len] |
  *   i32 route_layers | i32 route_k | i32 route_experts |
  *   n × { i32 n_out | i32 finish | i32 n_interruptions | i32 tokens[n_out] | f32 logprobs[n_out] |
@@ -23,9 +23,9 @@
  *   route_* shape (rl_group), all three 0 and every n_routes −1 when the group carries no routes, else
  *   1 ≤ route_layers ≤ MOERL_MAX_LAYERS, 1 ≤ route_k ≤ route_experts ≤ 32767, 0 ≤ n_routes ≤ prompt_len +
  *   n_out and every id in [0, route_experts). Format 1 had no rewards, format 2 no mask and traj, format 3
- *   no routes)
- * Train message ("MOERLTB1", format 4), trainer rank 0 → trainer rank t:
- *   char magic[8] "MOERLTB1" | u32 format = 4 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
+ *   no routes, format 4 no n_preemptions)
+ * Train message ("MOERLTB1", format 5), trainer rank 0 → trainer rank t:
+ *   char magic[8] "MOERLTB1" | u32 format = 5 | i32 cmd (RL_TRAIN_CMD_*) | i32 version | i64 step |
  *   i32 n_mb | n_mb × { i32 n_groups | i64 resp_tokens | i64 tokens } |
  *   Σ n_groups × { u64 length | group bytes (as above) }
  *   resp_tokens / tokens are the mini-batch's GLOBAL counts over all trainer ranks (token-mean loss
@@ -44,7 +44,7 @@
 
 #define RL_WIRE_GROUP_MAGIC "MOERLGR1"
 #define RL_WIRE_TRAIN_MAGIC "MOERLTB1"
-#define RL_WIRE_FORMAT 4
+#define RL_WIRE_FORMAT 5
 #define RL_WIRE_MAX_EXTRA 4096         /* extra reward fields per response a decoder accepts */
 #define RL_WIRE_MAX_STR (1 << 20)      /* bytes of an extra field's name or a pred a decoder accepts */
 #define RL_WIRE_MAX_N 65536            /* responses per group a decoder accepts */
