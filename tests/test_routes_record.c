@@ -348,8 +348,9 @@ static void test_wire(void) {
     void *buf;
     size_t len;
     CHECK(rl_group_encode(g, &buf, &len) == MOERL_OK, "encode: %s", moerl_last_error());
-    /* header 40, prompt 20, route shape 12, responses 20 + 12·n_out + 8·n_routes (2 × 2 int16), scored 4, has_traj 4 */
-    const size_t want = 40 + 20 + 12 + 3 * 20 + 12 * (4 + 0 + 6) + 8 * (8 + 0 + 10) + 4 + 4;
+    /* header 40, prompt 20, route shape 12, responses 20 + 12·n_out + 8·n_routes (2 × 2 int16), scored 4, has_traj 4,
+     * n_preemptions 4 per response (format 5) */
+    const size_t want = 40 + 20 + 12 + 3 * 20 + 12 * (4 + 0 + 6) + 8 * (8 + 0 + 10) + 4 + 4 + 3 * 4;
     CHECK(len == want, "encoded %zu bytes, layout says %zu", len, want);
     rl_group *d = NULL;
     CHECK(rl_group_decode(buf, len, &d) == MOERL_OK && same_routes(g, d), "routes round trip: %s",
