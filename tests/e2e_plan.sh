@@ -399,5 +399,15 @@ rc=$?
     fail "plan actor.router_replay.mode=R3 without the record: exit $rc, $(cat "$OUT/err")"
 $M plan --config examples/smoke.yaml actor.optim.name=onebit_adam trainer.n_ranks=2 >/dev/null 2>"$OUT/err"
 grep -qF "moerl plan does not model compressed exchanges" "$OUT/err" && ok || fail "plan with onebit_adam: no warning ($(cat "$OUT/err"))"
+# 1-bit Adam's combinations moerl rl refuses, refused by plan with rl's messages (rl_check_optim_keys)
+for bad in "actor.grad_compression=onebit:set actor.grad_compression=none" \
+    "actor.optim.freeze_step=0:use freeze_step ≥ 1" \
+    "actor.fsdp_config.fsdp_size=2:supports data-parallel trainer ranks only"; do
+    $M plan --config examples/smoke.yaml actor.optim.name=onebit_adam trainer.n_ranks=2 data.max_prompt_length=40 \
+        "${bad%%:*}" >/dev/null 2>"$OUT/err"
+    rc=$?
+    [[ $rc -ne 0 ]] && grep -qF "${bad#*:}" "$OUT/err" && ok ||
+        fail "plan onebit_adam ${bad%%:*}: rc $rc, want a refusal with '${bad#*:}' ($(cat "$OUT/err"))"
+done
 
 finish

@@ -73,9 +73,10 @@ static int dtype_bytes(const cfg *c, const char *key, int *out) {
 }
 
 /* actor.optim.name as moerl rl parses it; a compressed exchange is warned about (the traffic rows are exact). */
-static int check_optim(const cfg *c) {
+static int check_optim(const cfg *c, const par_config *pc) {
     optim_name on;
     if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
+    if (rl_check_optim_keys(c, (int)cfg_int(c, "trainer.n_ranks"), pc) != MOERL_OK) return MOERL_ERR; /* as rl */
     if (on != OPTIM_ADAMW || strcmp(cfg_str(c, "actor.grad_compression"), "none"))
         log_warn("actor.optim.name=%s, actor.grad_compression=%s: moerl plan does not model compressed exchanges in "
                  "its traffic rows (the gradient all-reduce row is the uncompressed fp32 volume); the gradient exchange "
@@ -186,7 +187,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
         return moerl_errorf("actor.router_replay.mode=R2 records the old-logprob pass's routes: set "
                             "algorithm.rollout_correction.bypass_mode=false or actor.use_decoupled_loss=true (as moerl rl "
                             "requires)");
-    if (check_optim(c) != MOERL_OK) return MOERL_ERR;
+    if (check_optim(c, &pc) != MOERL_OK) return MOERL_ERR;
     in->max_model_len = (int)(plen + rlen);
     /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
      * data.max_prompt_length */

@@ -550,6 +550,14 @@ static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
     return MOERL_OK;
 }
 
+int rl_check_optim_keys(const cfg *c, int n_trainer_ranks, const par_config *pc) {
+    rl_config r = {.n_trainer_ranks = n_trainer_ranks};
+    grad_compression gc;
+    if (grad_compression_parse(cfg_str(c, "actor.grad_compression"), &gc) != MOERL_OK) return MOERL_ERR;
+    r.grad_compression = (int)gc;
+    return read_optim_name(c, &r, pc);
+}
+
 int rl_read_config(const cfg *c, rl_config *r) {
     memset(r, 0, sizeof *r);
     if (read_rollout_keys(c, r) != MOERL_OK) return MOERL_ERR;

@@ -595,4 +595,9 @@ int rl_run_dist(const rl_config *cfg, dist_ctx *ctx, moe_model *m, const dataset
  * MOERL_ERR when called elsewhere or a send fails. */
 int rl_run_dist_cancel(dist_ctx *ctx);
 
+/* The optimizer keys (actor.optim.name, actor.optim.freeze_step) against actor.grad_compression and the
+ * layout pc over n_trainer_ranks, exactly as moerl rl checks them (moerl plan and simulate refuse the same).
+ * Errors name the keys and values. */
+int rl_check_optim_keys(const cfg *c, int n_trainer_ranks, const par_config *pc);
+
 #endif
