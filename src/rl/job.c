@@ -708,7 +708,12 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     }
     n += pp_window_metrics(&w->pp, keys + n, vals + n); /* perf/pipeline_bubble, ...: the window's schedules */
     if (J->R.eng || J->has_rollout_kv) { /* the paged KV cache, since the start (docs/engine.md); MPI: summed */
-        const engine_stats es = J->R.eng ? engine_get_stats(J->R.eng) : J->rollout_kv;
+        engine_stats es = J->rollout_kv;
+        if (J->R.eng) { /* the rollouter thread's snapshot: the engine itself may be stepping (async mode) */
+            pthread_mutex_lock(&J->R.mu);
+            es = J->R.eng_stats;
+            pthread_mutex_unlock(&J->R.mu);
+        }
         PUT("rollout/preemptions", (double)es.preemptions);
         PUT("rollout/kv_blocks_total", (double)es.kv_blocks_total);
         PUT("rollout/kv_blocks_peak", (double)es.kv_blocks_peak);

@@ -286,6 +286,8 @@ typedef struct {
     /* busy: added by the rollouter thread outside mu; both read and reset by the trainer: atomic */
     _Atomic double busy_s, idle_s;
     int64_t gen_tokens;
+    engine_stats eng_stats; /* the engine's counters after its last step: written by the rollouter under mu,
+                               read by the trainer under mu (job_emit_version's rollout/ metrics) */
     /* handshake with the trainer (async mode) */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -470,6 +470,10 @@ int rollouter_step(rollouter *R) {
     double t0 = moerl_now();
     int k = engine_step(R->eng, R->done_buf, c->max_num_seqs * 2 + 64);
     if (k < 0) return MOERL_ERR;
+    const engine_stats es = engine_get_stats(R->eng); /* a snapshot the trainer thread may read (under mu) */
+    pthread_mutex_lock(&R->mu);
+    R->eng_stats = es;
+    pthread_mutex_unlock(&R->mu);
     R->stage = "queue";
     if (finish_requests(R, k) != MOERL_OK) return MOERL_ERR;
     if (collect_after_step(R) != MOERL_OK) return MOERL_ERR;
