@@ -550,6 +550,17 @@ if [[ -d $WORK/mp_fsdp2/checkpoint ]] && mpi_rl mp_fsdp2 2 1 "${MP[@]}" trainer.
     ok "an FSDP-2 checkpoint of moerl rl resumes on 1 trainer rank and reaches step 8"
 else bad "FSDP checkpoint resume on 1 rank" "exit or log"; tail_log mp_fsdp2; fi
 
+# a refused resume under mpirun (another trainer.seed): exit non-zero, the refusal named, and no rank's staged
+# data left in the folder (ranks ended by the leader's abort had finished and removed theirs: data_prepare_staged)
+if [[ -d $WORK/mp_fsdp2/checkpoint ]]; then
+    mpi_rl mp_fsdp2 3 1 "${MP[@]}" trainer.total_training_steps=10 trainer.resume_mode=auto trainer.seed=99
+    rc=$?
+    left=$(find "$WORK/mp_fsdp2" -name '*.staged-*' | head -3)
+    if [[ $rc -ne 0 ]] && grep -q "trainer.seed" "$WORK/mp_fsdp2.log" && [[ -z $left ]]; then
+        ok "a refused resume under mpirun (trainer.seed changed): exit $rc, named, no staged data left behind"
+    else bad "refused resume under mpirun" "exit $rc, left: ${left:-none}"; tail_log mp_fsdp2; fi
+fi
+
 # ---------------------------------------------------------------- SIGTERM to mpirun: checkpoint, resume
 # mpirun forwards SIGTERM to every rank; trainer rank 0 stops at the next step boundary, stops the
 # other ranks, writes a checkpoint and exits 143 (the others leave with it); the same command resumes.

@@ -149,9 +149,10 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
         free(msg);
         return RL_JOB_REFUSED;
     }
-    if (J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK) return job_fail(J);
-    /* every rank is done writing the data: a warm start that fails can remove the folder */
+    /* every rank is done writing (and, but for the leader, removing) its staged data: a refused resume or a
+     * warm start that fails can remove the folder, and the ranks the leader's abort ends leave no file behind */
     if (J->dist && dist_barrier(J->ctx, DIST_WORLD) != MOERL_OK) return job_fail(J);
+    if (J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK) return job_fail(J);
     return RL_JOB_READY;
 }
 
