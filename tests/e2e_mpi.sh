@@ -27,6 +27,9 @@
 #                 tensor parallelism: -np 2 tp 2, -np 4 tp 2 x dp 2 against one process, resumed tp 2 -> one
 #                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
 #                 test_dist_tp -np 2 / 4
+#   test_dist_rollout_tp  rollout TP 2 and 4 (padded vocabulary, one or replicated kv heads, 2 threads): greedy
+#                 tokens equal the whole engine's, logprobs and logits within 1e-4, every rank draws the same
+#                 sampled tokens, fp32 and bf16; KV per rank = whole / P
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
@@ -137,6 +140,11 @@ run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" 
 run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
 run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67
 OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2, 2 threads)" 2 "$T/test_dist_tp"
+# rollout TP (rollout.tensor_model_parallel_size): the engine's slice against the whole engine
+run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2)" 2 "$T/test_dist_rollout_tp"
+run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2, vocab 67 padded, one kv head)" 2 "$T/test_dist_rollout_tp" --vocab 67 --nkv 1
+run_mpi "test_dist_rollout_tp -np 4 (rollout TP 4, kv heads replicated)" 4 "$T/test_dist_rollout_tp"
+OMP_NUM_THREADS=2 run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2, 2 threads)" 2 "$T/test_dist_rollout_tp"
 run_mpi "test_dist_replay -np 2 (fsdp 2)" 2 "$T/test_dist_replay" --fsdp 2
 run_mpi "test_dist_replay -np 2 (ep 2)" 2 "$T/test_dist_replay" --ep 2
 run_mpi "test_dist_replay -np 2 (sp 2)" 2 "$T/test_dist_replay" --sp 2
