@@ -425,6 +425,17 @@ first_steps 4 "$W/pf4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.fs
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on -np 4 pp 2 x fsdp 2" 4 "$W/pf4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on one process" 1 "$W/pf4b" "$W/c1" 2e-5 "${SFTX[@]}"
+# pipeline × EP (issue 27): -np 4 pp 2 x ep 2 (each stage's experts split over its 2 ranks, one pipeline each)
+# against one process (EP's tolerance, 5e-5: the experts' GEMMs sum both pipelines' rows in one pass); its
+# checkpoint (the stages gathered onto the keeper's stage, then its expert group's experts onto the keeper)
+# resumed on -np 4 pp 2 x ep 2 and on one process against the uninterrupted run
+mpi_sft 4 "$W/r4p2e2" 180 "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 4 pp 2 x ep 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r4p2e2" 5e-5 && grep -q "pipeline partition (2 stages" "$W/err"'
+first_steps 4 "$W/pe4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 pp 2 x ep 2 resumed on -np 4 pp 2 x ep 2" 4 "$W/pe4" "$W/c1" 5e-5 "${SFTX[@]}" \
+    actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 pp 2 x ep 2 resumed on one process" 1 "$W/pe4b" "$W/c1" 5e-5 "${SFTX[@]}"
 # tensor parallelism (actor.megatron.tensor_model_parallel_size; 2 kv heads so that each TP rank holds one):
 # -np 2 tp 2 and -np 4 tp 2 x dp 2 against one process (vocabulary 259 padded to 2 x 130). Weights within
 # 5e-5 (tests/test_dist_tp.c's bound, ≈ lr/60): o_proj's, the MLP's and the embedding's outputs are partial
