@@ -120,7 +120,7 @@ int par_check_pp_alone(const par_config *pc, int T) {
     const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
     if (pp > 1 && (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1))
         return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism in moerl plan's "
-                            "model (moerl sft and moerl rl also run it with FSDP): "
+                            "model (moerl sft and moerl rl also run it with FSDP or EP): "
                             "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
                             "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
                             pp, fsdp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
