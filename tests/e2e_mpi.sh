@@ -36,7 +36,8 @@
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
-#                 HSDP replicas, fsdp 4) against data parallelism on one rank: weights, moments, resume
+#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage)
+#                 against data parallelism on one rank: weights, moments, resume, uneven shares
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
@@ -103,6 +104,7 @@ run_mpi "test_dist_trainer -np 2 (GSPO under fsdp 2)" 2 "$T/test_dist_trainer" -
 run_mpi "test_dist_trainer -np 2 (GSPO under ep 2)" 2 "$T/test_dist_trainer" --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under pp 2)" 2 "$T/test_dist_trainer" --pp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x fsdp 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --fsdp 2
+run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x ep 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
@@ -129,6 +131,9 @@ run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 # composed layouts (issue 27): pipeline × FSDP against data parallelism on one rank
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, reshard_after_forward=false)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --keep
+run_mpi "test_dist_compose -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, 2 threads)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
+run_mpi "test_dist_compose -np 8 (pp 2 x ep 2 x 2 expert groups per stage, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --dynamic
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
@@ -428,6 +433,17 @@ first_steps 4 "$W/pf4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.fs
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on -np 4 pp 2 x fsdp 2" 4 "$W/pf4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on one process" 1 "$W/pf4b" "$W/c1" 2e-5 "${SFTX[@]}"
+# pipeline × EP (issue 27): -np 4 pp 2 x ep 2 (each stage's experts split over its 2 ranks, one pipeline each)
+# against one process (EP's tolerance, 5e-5: the experts' GEMMs sum both pipelines' rows in one pass); its
+# checkpoint (the stages gathered onto the keeper's stage, then its expert group's experts onto the keeper)
+# resumed on -np 4 pp 2 x ep 2 and on one process against the uninterrupted run
+mpi_sft 4 "$W/r4p2e2" 180 "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 4 pp 2 x ep 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r4p2e2" 5e-5 && grep -q "pipeline partition (2 stages" "$W/err"'
+first_steps 4 "$W/pe4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 pp 2 x ep 2 resumed on -np 4 pp 2 x ep 2" 4 "$W/pe4" "$W/c1" 5e-5 "${SFTX[@]}" \
+    actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 pp 2 x ep 2 resumed on one process" 1 "$W/pe4b" "$W/c1" 5e-5 "${SFTX[@]}"
 # tensor parallelism (actor.megatron.tensor_model_parallel_size; 2 kv heads so that each TP rank holds one):
 # -np 2 tp 2 and -np 4 tp 2 x dp 2 against one process (vocabulary 259 padded to 2 x 130). Weights within
 # 5e-5 (tests/test_dist_tp.c's bound, ≈ lr/60): o_proj's, the MLP's and the embedding's outputs are partial

@@ -543,7 +543,8 @@ static int check_layout(const moe_config *c, const plan_input *in, plan_ctx *x) 
         return moerl_errorf("plan: actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs "
                             "FSDP on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d", x->fsdp);
     const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
-                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
+                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
+                           .virtual_pipeline_parallel_size = in->vpp};
     if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d rank%s of a pipeline stage",
@@ -724,6 +725,16 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         } else if (R > 1) {
             t->replica_allreduce = 2.0 * (R - 1) / R * S * 4; /* fp32 gradient shard */
         }
+    } else if (ep > 1 && pp_local) {
+        /* pipeline × EP: pp_finish_grads sums the stage's replicated tensors over its D ranks and its expert
+         * slices over the D/ep ranks holding the same experts (pipeline.c expert_runs: padded tensors) */
+        const int D = x->S, Dx = x->S / ep;
+        if (D > 1) {
+            const double f = 2.0 * (D - 1) / D, tied = plan_pp_tied_copy(c, in->pp, in->pp_params, stage);
+            t->pp_grad_allreduce = f * dense * db;
+            if (tied > 0) t->pp_grad_allreduce += f * tied * db;
+        }
+        if (Dx > 1) t->ep_grad_allreduce = 2.0 * (Dx - 1) / Dx * (expert / ep) * db;
     } else if (ep > 1) {
         int64_t tot, dn, ex, hf;
         plan_param_counts(c, &tot, &dn, &ex, &hf);
