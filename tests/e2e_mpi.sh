@@ -33,7 +33,7 @@
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
-#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage)
+#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage; v 2)
 #                 against data parallelism on one rank: weights, moments, resume, uneven shares
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
@@ -131,6 +131,7 @@ run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, reshard_after_forward=false)" 4
 run_mpi "test_dist_compose -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, 2 threads)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
 run_mpi "test_dist_compose -np 8 (pp 2 x ep 2 x 2 expert groups per stage, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --dynamic
+run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
