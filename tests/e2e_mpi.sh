@@ -159,6 +159,9 @@ run_mpi "test_dist_recompute -np 2 (pp 2)" 2 "$T/test_dist_recompute" --pp 2
 run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3
 run_mpi "test_dist_recompute -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_recompute" --ep 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_recompute" --pp 2 --fsdp 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_recompute" --pp 2 --ep 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2, empty micro-batches)" 4 "$T/test_dist_recompute" --pp 2 --ep 2 --mb 14
+run_mpi "test_dist_replay -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_replay" --pp 2 --ep 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
 for lay in fsdp ep sp pp; do
     run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"
