@@ -42,7 +42,7 @@
 #   test_dist_replay  routing replay (actor.router_replay) under fsdp 2, ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and
 #                 sp 2 x ep 2 against the one-rank replayed run; the routes' record and agreement counts
 #   test_dist_recompute  activation recompute (full and selective, native and replayed routes) under fsdp 2,
-#                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and sp 2 x ep 2: bit-identical CE and weights to the same
+#                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2, sp 2 x ep 2 and pp 2 x ep 2: bit-identical CE and weights to the same
 #                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes)
 #   test_dist_batch_invariant  rollout.batch_invariant: the engine's logprobs equal compute_logprobs bit for bit
 #                 under fsdp 2, ep 2, sp 2 and pp 2 (and differ with the default kernels)
@@ -160,7 +160,7 @@ run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3
 run_mpi "test_dist_recompute -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_recompute" --ep 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_recompute" --pp 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_recompute" --pp 2 --ep 2
-run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2, empty micro-batches)" 4 "$T/test_dist_recompute" --pp 2 --ep 2 --mb 14
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2, micro-batches of 14)" 4 "$T/test_dist_recompute" --pp 2 --ep 2 --mb 14
 run_mpi "test_dist_replay -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_replay" --pp 2 --ep 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
 for lay in fsdp ep sp pp; do
