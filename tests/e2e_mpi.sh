@@ -36,7 +36,7 @@
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
-#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage)
+#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage; v 2)
 #                 against data parallelism on one rank: weights, moments, resume, uneven shares
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
@@ -45,7 +45,7 @@
 #   test_dist_replay  routing replay (actor.router_replay) under fsdp 2, ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and
 #                 sp 2 x ep 2 against the one-rank replayed run; the routes' record and agreement counts
 #   test_dist_recompute  activation recompute (full and selective, native and replayed routes) under fsdp 2,
-#                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and sp 2 x ep 2: bit-identical CE and weights to the same
+#                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2, sp 2 x ep 2 and pp 2 x ep 2: bit-identical CE and weights to the same
 #                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes)
 #   test_dist_batch_invariant  rollout.batch_invariant: the engine's logprobs equal compute_logprobs bit for bit
 #                 under fsdp 2, ep 2, sp 2 and pp 2 (and differ with the default kernels)
@@ -134,6 +134,7 @@ run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, reshard_after_forward=false)" 4
 run_mpi "test_dist_compose -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
 OMP_NUM_THREADS=2 run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, 2 threads)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
 run_mpi "test_dist_compose -np 8 (pp 2 x ep 2 x 2 expert groups per stage, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --dynamic
+run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
@@ -166,6 +167,9 @@ run_mpi "test_dist_recompute -np 2 (pp 2)" 2 "$T/test_dist_recompute" --pp 2
 run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3
 run_mpi "test_dist_recompute -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_recompute" --ep 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_recompute" --pp 2 --fsdp 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_recompute" --pp 2 --ep 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2, micro-batches of 14)" 4 "$T/test_dist_recompute" --pp 2 --ep 2 --mb 14
+run_mpi "test_dist_replay -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_replay" --pp 2 --ep 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
 for lay in fsdp ep sp pp; do
     run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"

@@ -419,6 +419,8 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     pp_metrics_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 2 1
     # pipeline × FSDP (issue 27): each stage's layers sharded over its 2 ranks, against DP 2 on the same batch
     mp_case "pipeline 2 x FSDP 2 (moerl rl)" mp_ppfsdp 5 4 mp_dp2 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
+    # pipeline × EP (issue 27): each stage's experts split over its 2 ranks (two pipelines), against DP 2
+    mp_case "pipeline 2 x EP 2 (moerl rl)" mp_ppep 5 4 mp_dp2 actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
     # interleaved: 2 chunks per stage need pp·v = 4 layers (the smoke model has 2): its own DP reference
     if mpi_rl mp_dp1_l4 2 1 "${MP[@]}" model.num_hidden_layers=4; then
         mp_case "pipeline 2 x virtual 2 (moerl rl)" mp_vpp 3 2 mp_dp1_l4 model.num_hidden_layers=4 \

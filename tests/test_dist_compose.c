@@ -32,8 +32,8 @@
  *       par_state (par_take_full, par_adamw_shard) and one more step equals the reference's step K+1;
  *     uneven shares (one pipeline with all sequences, the others with two or none): the short pipelines
  *       run empty micro-batches (FSDP's collectives only); the gradient norm against one rank's;
- *     what does not compose yet (pipeline × SP, pipeline × EP × FSDP, pipeline × EP interleaved, pipeline ×
- *       FSDP with tied embeddings) refused naming the keys (4 ranks, pp 2). */
+ *     what does not compose yet (pipeline × SP, pipeline × EP × FSDP, pipeline × FSDP with tied embeddings)
+ *       refused naming the keys (4 ranks, pp 2). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,7 +233,9 @@ static void stage_floats(const par_state *ps, const moe_model *m, size_t *stage_
 static void test_compose(int pp, int fsdp, int keep, int vpp) {
     const int T = g_ctx->world_size, D = T / pp;
     char what[160], tag[96];
-    if (g_ep > 1) snprintf(tag, sizeof tag, "pp %d x ep %d (dp %d%s)", pp, g_ep, D, g_dynamic ? ", dynamic count" : "");
+    if (g_ep > 1)
+        snprintf(tag, sizeof tag, "pp %d x ep %d (dp %d%s%s)", pp, g_ep, D, vpp > 1 ? ", v 2" : "",
+                 g_dynamic ? ", dynamic count" : "");
     else
         snprintf(tag, sizeof tag, "pp %d x fsdp %d (dp %d%s%s%s)", pp, fsdp, D, keep ? ", reshard_after_forward=false" : "",
                  vpp > 1 ? ", v 2" : "", g_dynamic ? ", dynamic count" : "");
@@ -481,14 +483,13 @@ static void test_uneven(int pp, int fsdp, int others_none) {
 }
 
 /* What does not compose yet is refused by par_state_init naming the keys, on every rank, with the model
- * unchanged: the pipeline with EP and FSDP together, with EP interleaved, with Ulysses SP, and pipeline ×
- * FSDP on tied embeddings. */
+ * unchanged: the pipeline with EP and FSDP together, with Ulysses SP, and pipeline × FSDP on tied
+ * embeddings. */
 static void test_refusals(int pp) {
     struct {
         int ep, sp, fsdp, tied, vpp;
         const char *want;
     } cases[] = {{2, 1, 2, 0, 1, "actor.fsdp_config.fsdp_size (2)"},
-                 {2, 1, 1, 0, 2, "actor.virtual_pipeline_parallel_size (2)"},
                  {1, 2, 1, 0, 1, "actor.ulysses_sequence_parallel_size (2)"},
                  {1, 1, 2, 1, 1, "tie_word_embeddings"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

@@ -327,8 +327,11 @@ static void test_limits_and_ref(void) {
     in.fsdp = 1;
     in.ep = 2; /* pipeline × EP: planned (the stage's experts over its expert groups; tests/test_dist_plan.c) */
     CK(plan_compute(&q, &in, &r) == MOERL_OK && r.weights > 0);
-    in.vpp = 2; /* but not interleaved, as moerl refuses it (par_check_pp_compose) */
-    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "actor.virtual_pipeline_parallel_size (2)"));
+    in.vpp = 2; /* interleaved too (each chunk's MoE layers exchange) */
+    CK(plan_compute(&q, &in, &r) == MOERL_OK && r.vpp == 2);
+    in.fsdp = 2; /* but not with FSDP as well, as moerl refuses it */
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "actor.fsdp_config.fsdp_size (2)"));
+    in.fsdp = 1;
     in.vpp = 1;
     in.ep = 1;
     in.sp = 2;

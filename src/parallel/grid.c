@@ -137,10 +137,6 @@ int par_check_pp_compose(const par_config *pc) {
         return moerl_errorf("actor.pipeline_parallel_size=%d with actor.expert_parallel_size (%d): the pipeline "
                             "combines with FSDP or with EP, not both: actor.fsdp_config.fsdp_size (%d) must be 1 "
                             "with them", pp, ep, pc->fsdp_size);
-    if (pp > 1 && ep > 1 && pc->virtual_pipeline_parallel_size > 1)
-        return moerl_errorf("actor.pipeline_parallel_size=%d with actor.expert_parallel_size (%d) runs the plain "
-                            "1F1B schedule: actor.virtual_pipeline_parallel_size (%d) must be 1 with them",
-                            pp, ep, pc->virtual_pipeline_parallel_size);
     return MOERL_OK;
 }
 

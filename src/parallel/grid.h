@@ -90,10 +90,10 @@ int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
 int par_check_pp_alone(const par_config *pc, int T);
 /* The layouts the pipeline combines with in this build (par_state_init builds them; `moerl rl` refuses
  * the rest with this before any work): data parallelism, FSDP (each stage's units sharded over its
- * FSDP group, parallel.c) and EP (each stage's experts split over its expert groups, plain 1F1B, without
- * FSDP); actor.ulysses_sequence_parallel_size must be 1 with actor.pipeline_parallel_size > 1, and with
- * actor.expert_parallel_size > 1 actor.fsdp_config.fsdp_size and actor.virtual_pipeline_parallel_size must
- * be 1. Errors name the keys with their values. */
+ * FSDP group, parallel.c) and EP (each stage's experts split over its expert groups, plain or interleaved
+ * 1F1B, without FSDP); actor.ulysses_sequence_parallel_size must be 1 with actor.pipeline_parallel_size > 1,
+ * and with actor.expert_parallel_size > 1 actor.fsdp_config.fsdp_size must be 1. Errors name the keys with
+ * their values. */
 int par_check_pp_compose(const par_config *pc);
 /* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
  * when > 1, every other model-parallel size is 1 (TP × DP only in this build). The model's sizes (heads,

@@ -113,7 +113,7 @@ static void pp_ep_idle(void *ctx, int l, int backward) {
     ep_idle_layer(ps->ep, NULL, l, backward);
 }
 
-/* Pipeline × EP (par_check_pp_compose refused FSDP, SP and the interleaved schedule with it): EP slices the
+/* Pipeline × EP (par_check_pp_compose refused FSDP and SP with it): EP slices the
  * experts first (ep_state_attach), then the pipeline owns its stage of the sliced layout (pp_own_stage) and
  * sums / norms the expert tensors over the expert groups (pp_set_experts). */
 static int pp_ep_init(par_state *ps, moe_model *m) {
@@ -134,7 +134,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
      * the all-to-all capacity) by the micro-batch token limit of the command */
     const int max_tokens = ps->cfg.max_tokens;
-    /* what the pipeline does not compose with (SP; EP with FSDP or interleaving) is refused before anything is built */
+    /* what the pipeline does not compose with (SP; EP with FSDP) is refused before anything is built */
     if (g->pp > 1 && par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail;
     /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
      * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */

@@ -311,7 +311,8 @@ int pp_exchange_layout(pp_state *s, float *buf, int to);
  * empty) of a micro-batch on activation slot `slot` of n_slots (chunks' slots numbered one after the other:
  * the expert side keeps one saved state per in-flight micro-batch); idle_layer(ctx, l, backward) for each
  * layer of an empty micro-batch's pass, in the order model_forward / model_backward run them (forward
- * lo..hi−1, backward hi−1..lo). The overlapped gradient sum (pp_options.overlap_grads) is not used.
+ * lo..hi−1, backward hi−1..lo). The overlapped gradient sum (pp_options.overlap_grads) is not used (its
+ * thread's collectives would interleave with EP's in an order that differs between members).
  * Not collective. Errors: the state not stage-owned, the layout's tensors out of offset order. */
 typedef struct {
     void *ctx;
