@@ -26,7 +26,7 @@
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #                 tensor parallelism: -np 2 tp 2, -np 4 tp 2 x dp 2 against one process, resumed tp 2 -> one
 #                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
-#                 test_dist_tp -np 2 / 4
+#                 test_dist_tp -np 2 / 4; TP 2 x EP 2 on 4 ranks (experts whole, the tokens split over TP)
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
@@ -133,6 +133,7 @@ run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 4, reshard_after_forward=false, dy
 run_mpi "test_dist_tp -np 2 (TP=2)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_tp -np 2 (TP=2, vocab 67 padded, experts whole)" 2 "$T/test_dist_tp" --vocab 67 --etp 1
 run_mpi "test_dist_tp -np 4 (TP=2 x DP=2)" 4 "$T/test_dist_tp" --tp 2
+run_mpi "test_dist_tp -np 4 (TP=2 x EP=2, experts whole)" 4 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1
 run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" --nkv 1
 run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
 run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67
