@@ -335,6 +335,7 @@ PY
     # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
     # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
+    # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -383,6 +384,7 @@ PY
 4|actor.megatron.tensor_model_parallel_size=2
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
 4|actor.megatron.tensor_model_parallel_size=4
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 LAYOUTS
     fi
 fi

@@ -144,7 +144,10 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         if (ps->ep) fsdp_set_expert_groups(ps->fsdp, g->ep_replica_comm, g->ep_comm);
     }
     /* ---- expert parallel alone ---- */
-    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
+    /* (TP × EP: each rank dispatches its 1/tp of a micro-batch's tokens, so the all-to-all's capacity is sized
+     * by that share; tp_ep.h) */
+    const int ep_tokens = g->tp > 1 ? (max_tokens + g->tp - 1) / g->tp : max_tokens;
+    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, ep_tokens))) goto fail;
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
     if (g->pp > 1 && !ps->pp) {
