@@ -62,10 +62,11 @@ int par_check_tp(const par_config *pc, int T) {
     if (tp <= 1) return MOERL_OK;
     const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
     if (fsdp > 1 || pp > 1 || pc->ulysses_sequence_parallel_size > 1)
-        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism and "
-                            "expert parallelism in this build: actor.fsdp_config.fsdp_size (%d), "
-                            "actor.pipeline_parallel_size (%d) and actor.ulysses_sequence_parallel_size (%d) must be 1 "
-                            "with it (actor.expert_parallel_size is %d)", tp, fsdp, pp,
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism in this "
+                            "build: actor.fsdp_config.fsdp_size (%d), actor.pipeline_parallel_size (%d) and "
+                            "actor.ulysses_sequence_parallel_size (%d) must be 1 with it (expert parallelism, "
+                            "actor.expert_parallel_size %d, combines with it when "
+                            "actor.megatron.expert_tensor_parallel_size=1)", tp, fsdp, pp,
                             pc->ulysses_sequence_parallel_size, pc->expert_parallel_size);
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
