@@ -443,14 +443,17 @@ resumed "checkpoint of -np 2 tp 2 resumed on -np 4 tp 2 x dp 2" 4 "$W/t2b" "$W/c
     actor.megatron.tensor_model_parallel_size=2
 # TP × EP (experts whole, split over EP groups of ranks with the same TP rank; at each MoE layer each TP rank
 # dispatches its half of the tokens over its EP group and the TP group all-gathers the rows: src/parallel/tp_ep.h):
-# -np 4 tp 2 x ep 2 against one process (the same 5e-5: measured 7e-6 after 3 steps), and its whole checkpoint
-# resumed on one process
+# -np 4 tp 2 x ep 2 against one process (the same 5e-5: measured 7e-6 after 3 steps), its whole checkpoint
+# resumed on one process, and one process's checkpoint resumed on tp 2 x ep 2 (measured 6e-8)
 TPEP=(actor.megatron.tensor_model_parallel_size=2 actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1)
 mpi_sft 4 "$W/rte4" 300 "${SFTT[@]}" "${TPEP[@]}"
 EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x ep 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rte4" 5e-5'
 first_steps 4 "$W/te4" once "${SFTT[@]}" "${TPEP[@]}"
 resumed "checkpoint of -np 4 tp 2 x ep 2 resumed on one process" 1 "$W/te4" "$W/ct1" 5e-5 "${SFTT[@]}"
+"$M" sft --config "$W/sft.yaml" "${SFTT[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    trainer.default_local_dir="$W/to1" >/dev/null 2>&1
+resumed "one process's checkpoint resumed on -np 4 tp 2 x ep 2" 4 "$W/to1" "$W/ct1" 5e-5 "${SFTT[@]}" "${TPEP[@]}"
 # one kv head replicated on both TP ranks (Megatron): its gradient summed over its holders, counted once in the norm
 mpi_sft 2 "$W/tkv1" 180 "${SFTX[@]}" actor.megatron.tensor_model_parallel_size=2
 EDGE_WHAT="moerl-mpi sft -np 2 tp 2, one kv head replicated, against one process (rc $rc): $(tail -c 300 "$W/err")"
