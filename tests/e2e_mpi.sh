@@ -135,6 +135,7 @@ run_mpi "test_dist_tp -np 2 (TP=2)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_tp -np 2 (TP=2, vocab 67 padded, experts whole)" 2 "$T/test_dist_tp" --vocab 67 --etp 1
 run_mpi "test_dist_tp -np 4 (TP=2 x DP=2)" 4 "$T/test_dist_tp" --tp 2
 run_mpi "test_dist_tp -np 4 (TP=2 x EP=2, experts whole)" 4 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1
+run_mpi "test_dist_tp -np 8 (TP=2 x EP=2 x two EP blocks)" 8 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1
 run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" --nkv 1
 run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
 run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67

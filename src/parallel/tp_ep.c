@@ -1,6 +1,7 @@
 /* TP × EP: the MoE layer's token split over the TP group around the EP exchange (see tp_ep.h). */
 #include "parallel/tp_ep.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -118,13 +119,13 @@ static void tpe_gather(tp_ep_state *st, const tpe_layer *y, const mlp_acts *s, c
         moerl_fatal("tensor × expert-parallel all-gather of the expert rows: %s", moerl_last_error());
     st->st.gathers++;
     st->st.floats_sent += (double)rows * H;
-    int next[64] = {0}, q = 0;
-    MOERL_ASSERT(st->T <= 64);
+    int *next = xcalloc((size_t)st->T, sizeof(int)), q = 0; /* rows taken so far from each rank */
     for (int i = 0; i < M; i++) {
         const int t = s->sorted_row[i] % N;
         for (q = 0; q + 1 < st->T && t >= share_lo(q + 1, st->T, N);) q++;
         memcpy(out + (size_t)i * H, st->all + ((size_t)q * rows + (size_t)next[q]++) * H, (size_t)H * sizeof(float));
     }
+    free(next);
 }
 
 /* The sub-problem of layer l as the mlp_acts ep.c reads (index, counts, offsets; permuted / y: scratch). */
