@@ -158,7 +158,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
         if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
     }
-    /* ---- tensor parallel (src/parallel/tp.c; TP × DP only: par_check_tp) ---- */
+    /* ---- tensor parallel (src/parallel/tp.c; TP × DP, TP × EP with experts whole: par_check_tp) ---- */
     if (g->tp > 1 && !(ps->tp = tp_state_attach(g, m))) goto fail;
     if (ps->tp && ps->ep && tp_ep_attach(ps, m) != MOERL_OK) goto fail; /* TP × EP (tp_ep.h) */
     if (g->ep > 1 && !ps->ep) {

@@ -1103,7 +1103,8 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 
 /* The slice a TP rank holds and the layout it runs on: *lc = tp_config_apply's config of rank 0 (every rank's
  * slice has the same sizes), *li = in over the dp = n_trainer/tp data replicas, tp off. Refuses what moerl rl
- * refuses (par_check_tp: TP with DP only; recompute; tp_config_apply's divisibility), naming the key. */
+ * refuses (par_check_tp: TP with DP, and with EP only with the experts whole; recompute; tp_config_apply's
+ * divisibility), naming the key. Under TP × EP *li keeps the EP size over the dp ranks (tp_ep_traffic). */
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
     const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
