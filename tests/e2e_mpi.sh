@@ -26,7 +26,7 @@
 #                 resumed on -np 2 fsdp 2 and on one process matches the uninterrupted run
 #                 tensor parallelism: -np 2 tp 2, -np 4 tp 2 x dp 2 against one process, resumed tp 2 -> one
 #                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
-#                 test_dist_tp -np 2 / 4
+#                 test_dist_tp -np 2 / 4; TP 2 x EP 2 on 4 ranks (experts whole, the tokens split over TP)
 #   test_dist_rollout_tp  rollout TP 2 and 4 (padded vocabulary, one or replicated kv heads, 2 threads): greedy
 #                 tokens equal the whole engine's, logprobs and logits within 1e-4, every rank draws the same
 #                 sampled tokens, fp32 and bf16; KV per rank = whole / P
@@ -107,6 +107,7 @@ run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x fsdp 2: moerl rl's trainer r
 run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x ep 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
+run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x ep 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --tp 2 --ep 2 --etp 1
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
@@ -142,6 +143,8 @@ run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 4, reshard_after_forward=false, dy
 run_mpi "test_dist_tp -np 2 (TP=2)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_tp -np 2 (TP=2, vocab 67 padded, experts whole)" 2 "$T/test_dist_tp" --vocab 67 --etp 1
 run_mpi "test_dist_tp -np 4 (TP=2 x DP=2)" 4 "$T/test_dist_tp" --tp 2
+run_mpi "test_dist_tp -np 4 (TP=2 x EP=2, experts whole)" 4 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1
+run_mpi "test_dist_tp -np 8 (TP=2 x EP=2 x two EP blocks)" 8 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1
 run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" --nkv 1
 run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
 run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67
@@ -467,6 +470,19 @@ first_steps 2 "$W/t2" copy "${SFTT[@]}" actor.megatron.tensor_model_parallel_siz
 resumed "checkpoint of -np 2 tp 2 resumed on one process" 1 "$W/t2" "$W/ct1" 5e-5 "${SFTT[@]}"
 resumed "checkpoint of -np 2 tp 2 resumed on -np 4 tp 2 x dp 2" 4 "$W/t2b" "$W/ct1" 5e-5 "${SFTT[@]}" \
     actor.megatron.tensor_model_parallel_size=2
+# TP × EP (experts whole, split over EP groups of ranks with the same TP rank; at each MoE layer each TP rank
+# dispatches its half of the tokens over its EP group and the TP group all-gathers the rows: src/parallel/tp_ep.h):
+# -np 4 tp 2 x ep 2 against one process (the same 5e-5: measured 7e-6 after 3 steps), its whole checkpoint
+# resumed on one process, and one process's checkpoint resumed on tp 2 x ep 2 (measured 6e-8)
+TPEP=(actor.megatron.tensor_model_parallel_size=2 actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1)
+mpi_sft 4 "$W/rte4" 300 "${SFTT[@]}" "${TPEP[@]}"
+EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x ep 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rte4" 5e-5'
+first_steps 4 "$W/te4" once "${SFTT[@]}" "${TPEP[@]}"
+resumed "checkpoint of -np 4 tp 2 x ep 2 resumed on one process" 1 "$W/te4" "$W/ct1" 5e-5 "${SFTT[@]}"
+"$M" sft --config "$W/sft.yaml" "${SFTT[@]}" "${RES[@]}" trainer.total_training_steps=2 \
+    trainer.default_local_dir="$W/to1" >/dev/null 2>&1
+resumed "one process's checkpoint resumed on -np 4 tp 2 x ep 2" 4 "$W/to1" "$W/ct1" 5e-5 "${SFTT[@]}" "${TPEP[@]}"
 # one kv head replicated on both TP ranks (Megatron): its gradient summed over its holders, counted once in the norm
 mpi_sft 2 "$W/tkv1" 180 "${SFTX[@]}" actor.megatron.tensor_model_parallel_size=2
 EDGE_WHAT="moerl-mpi sft -np 2 tp 2, one kv head replicated, against one process (rc $rc): $(tail -c 300 "$W/err")"

@@ -601,7 +601,9 @@ static void test_tp_hand(void) {
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "fsdp_size (4)"));
     in.fsdp = 1;
     in.ep = 2;
+    in.tp_experts = 1; /* TP × EP runs with the experts whole only (expert_tensor_parallel_size=1) */
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2)"));
+    in.tp_experts = 0;
     in.ep = 1;
     in.tp = 3;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 4 trainer ranks"));

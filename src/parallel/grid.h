@@ -16,6 +16,12 @@
  * blocks) then sums the replicated tensors' shards, ep_replica_comm (same fsdp_rank and ep_rank:
  * the other blocks) the expert shards (src/parallel/fsdp.c, fsdp_set_expert_groups). When ep·fsdp
  * does not divide D the groups are laid out as without EP (parallel.c refuses that combination).
+ * TP × EP (tp > 1 and ep > 1, actor.megatron.expert_tensor_parallel_size=1; par_grid_tp_ep in grid.c, as
+ * Megatron-LM's expert groups with expert_tensor_parallel_size 1): d = dp_rank · tp + tp_rank, the TP groups
+ * consecutive as under TP × DP; an EP group joins the ep ranks with the same tp_rank and consecutive dp_rank
+ * (stride tp in d: dp_rank / ep equal), ep_rank = dp_rank mod ep, so ep divides dp = D / tp. ep_dp_comm joins
+ * every rank with the same ep_rank (every tp_rank, every EP block): the ranks holding the same experts, over
+ * which the expert gradients are summed; dp_comm (same tp_rank) sums the other tensors' slices.
  *
  * Config keys (verl names): actor.fsdp_config.fsdp_size (−1 = all D ranks of a stage, verl's
  * default; 1 = off), actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
@@ -65,7 +71,7 @@ typedef struct {
     dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
     dist_comm *ep_comm;       /* this rank's expert-parallel group */
     dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
-    /* Tensor parallelism (TP × DP only in this build; tp.h): the tp consecutive ranks of d / tp form a TP group
+    /* Tensor parallelism (TP × DP and TP × EP × DP; tp.h): the tp consecutive ranks of d / tp form a TP group
      * (tp_comm), dp = D / tp, dp_rank = d / tp; dp_comm then joins the ranks with the same tp_rank (the
      * gradient sum of one slice). */
     int tp, tp_rank;
@@ -96,9 +102,13 @@ int par_check_pp_alone(const par_config *pc, int T);
  * their values. */
 int par_check_pp_compose(const par_config *pc);
 /* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
- * when > 1, every other model-parallel size is 1 (TP × DP only in this build). The model's sizes (heads,
+ * when > 1, every other model-parallel size but EP is 1 (TP × DP, TP × EP × DP: par_check_tp_ep). The model's sizes (heads,
  * widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
 int par_check_tp(const par_config *pc, int T);
+/* TP × EP's rule (part of par_check_tp): with tensor_model_parallel_size > 1 and expert_parallel_size > 1,
+ * actor.megatron.expert_tensor_parallel_size must be 1 (experts whole, split over EP) and the EP size must
+ * divide the T / pp / tp data-parallel ranks. Errors name the keys and their values. */
+int par_check_tp_ep(const par_config *pc, int T);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
  * dist_comm_split in one fixed order). On error nothing is left allocated. */
 int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);

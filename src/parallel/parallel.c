@@ -11,6 +11,7 @@
 #include "parallel/ulysses.h"
 #include "parallel/pipeline.h"
 #include "parallel/tp.h"
+#include "parallel/tp_ep.h"
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp || ps->tp); }
 
@@ -126,6 +127,14 @@ static int pp_ep_init(par_state *ps, moe_model *m) {
     return pp_set_experts(ps->pp, g->ep_dp_comm, g->ep_comm, &ps->head, &h);
 }
 
+/* TP × EP: the model is the TP slice of this rank's EP slice; the experts' gradients and norm go over the
+ * ranks holding them (tp_set_expert_groups), the MoE layers through tp_ep.h's token split. */
+static int tp_ep_attach(par_state *ps, const moe_model *m) {
+    const par_grid *g = ps->grid;
+    tp_set_expert_groups(ps->tp, g->ep_dp_comm, g->ep_comm);
+    return (ps->tpep = tp_ep_new(g, ps->ep, &m->cfg)) ? MOERL_OK : MOERL_ERR;
+}
+
 /* Each strategy's state over ps->grid for model m (a trainable model or an inference one): the body
  * shared by par_state_init_cfg and par_state_init_like. On error the states built so far stay in ps
  * for the caller's par_state_free. */
@@ -160,7 +169,10 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         if (ps->ep) fsdp_set_expert_groups(ps->fsdp, g->ep_replica_comm, g->ep_comm);
     }
     /* ---- expert parallel alone ---- */
-    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
+    /* (TP × EP: each rank dispatches its 1/tp of a micro-batch's tokens, so the all-to-all's capacity is sized
+     * by that share; tp_ep.h) */
+    const int ep_tokens = g->tp > 1 ? (max_tokens + g->tp - 1) / g->tp : max_tokens;
+    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, ep_tokens))) goto fail;
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
     if (g->pp > 1 && !ps->pp) {
@@ -171,8 +183,9 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
         if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
     }
-    /* ---- tensor parallel (src/parallel/tp.c; TP × DP only: par_check_tp) ---- */
+    /* ---- tensor parallel (src/parallel/tp.c; TP × DP, TP × EP with experts whole: par_check_tp) ---- */
     if (g->tp > 1 && !(ps->tp = tp_state_attach(g, m))) goto fail;
+    if (ps->tp && ps->ep && tp_ep_attach(ps, m) != MOERL_OK) goto fail; /* TP × EP (tp_ep.h) */
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
         goto fail;
@@ -196,11 +209,13 @@ fail:
 
 static void hook_layer_event(void *par, model_layer_phase phase, int l) { par_layer_hook(par, phase, l); }
 static void hook_moe_forward(void *par, const moe_model *m, int l, const float *x, mlp_acts *s, int N) {
-    ep_model_hooks.moe_forward(((par_state *)par)->ep, m, l, x, s, N);
+    if (((par_state *)par)->tpep) tp_ep_moe_forward_team(((par_state *)par)->tpep, m, l, x, s, N);
+    else ep_model_hooks.moe_forward(((par_state *)par)->ep, m, l, x, s, N);
 }
 static void hook_moe_backward(void *par, const moe_model *m, int l, const mlp_acts *s, const float *d_y,
                               float *d_permuted, float *dWgu, float *dWd) {
-    ep_model_hooks.moe_backward(((par_state *)par)->ep, m, l, s, d_y, d_permuted, dWgu, dWd);
+    if (((par_state *)par)->tpep) tp_ep_moe_backward_team(((par_state *)par)->tpep, m, l, s, d_y, d_permuted, dWgu, dWd);
+    else ep_model_hooks.moe_backward(((par_state *)par)->ep, m, l, s, d_y, d_permuted, dWgu, dWd);
 }
 static void hook_moe_idle(void *par, moe_model *m, int backward) { ep_idle_pass(((par_state *)par)->ep, m, backward); }
 static void hook_attn_tokens(void *par, int N, int *t0, int *n) { sp_token_range(((par_state *)par)->sp, N, t0, n); }
@@ -286,6 +301,8 @@ void par_state_free(par_state *ps) {
             moerl_fatal("par_state_free: assembling the pipeline's stages: %s", moerl_last_error());
     }
     /* the other strategies' destructors go here, in reverse order of construction */
+    tp_ep_free(ps->tpep);
+    ps->tpep = NULL;
     if (ps->tp && tp_state_detach(ps->tp) != MOERL_OK) /* the whole model back in m */
         moerl_fatal("par_state_free: assembling the tensor-parallel model: %s", moerl_last_error());
     ps->tp = NULL;
@@ -440,6 +457,12 @@ void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float 
         ep_slice_vec(ps->ep, m, whole, slice);
         fsdp_slice_vec(ps->fsdp, slice, local);
         free(slice);
+    } else if (ps && ps->ep && ps->tp) { /* TP × EP: the expert slice, then its TP slice */
+        const moe_model *lay = tp_whole_layout(ps->tp);
+        float *slice = xalloc_aligned((lay->n_params + 1) * sizeof(float));
+        ep_slice_vec(ps->ep, lay, whole, slice);
+        tp_slice_vec(ps->tp, slice, local);
+        free(slice);
     } else if (ps && ps->fsdp) fsdp_slice_vec(ps->fsdp, whole, local);
     else if (ps && ps->ep) ep_slice_vec(ps->ep, m, whole, local);
     else if (ps && ps->tp) tp_slice_vec(ps->tp, whole, local);
@@ -479,6 +502,7 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_adamw_step(ps->pp, os, lr, loss, grad_norm);
+    if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);
     if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
@@ -488,6 +512,7 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (par_pad_passes(ps, passes, max_passes, 1) != MOERL_OK) return MOERL_ERR;
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
+    if (ps && ps->tp) return tp_reduce_grads(ps->tp); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
     if (ps && ps->tp) return tp_reduce_grads(ps->tp);
     return MOERL_OK;
@@ -628,6 +653,36 @@ static const moe_model *pp_ep_gather(par_state *ps, moe_model *m, int keep, cons
     return whole;
 }
 
+/* TP × EP: in the keeper's block of ep · tp ranks (its EP group's data-parallel ranks, every TP rank), each TP
+ * group assembles its EP slice (weights and moments) on its member with the keeper's tp_rank — those members
+ * form the keeper's EP group — which then assemble the whole model on the keeper (ep_gather_full). One keeper
+ * over the trainers (agree_keeper). */
+static const moe_model *tp_ep_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                          adamw_state *moments) {
+    (void)m;
+    int keeper = 0;
+    if (agree_keeper(ps, keep, moments, &keeper) != 1) return NULL;
+    const par_grid *g = ps->grid;
+    const int kd = keeper % g->D, k_tp = kd % g->tp, k_blk = (kd / g->tp) / g->ep;
+    if (keeper / g->D != g->stage || g->dp_rank / g->ep != k_blk) return NULL; /* not the keeper's block */
+    const int helper = g->tp_rank == k_tp;
+    moe_model slice = {0};
+    adamw_state sm = {0};
+    int rc = tp_gather_full(ps->tp, os, helper, &slice, moments ? &sm : NULL);
+    moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+    if (rc == MOERL_OK && helper) rc = ep_gather_full(ps->ep, &slice, moments ? &sm : NULL, keep, whole, moments);
+    if (helper) {
+        model_free(&slice);
+        free(sm.m);
+        free(sm.v);
+    }
+    if (rc != MOERL_OK || !keep) {
+        free(whole);
+        return NULL;
+    }
+    return whole;
+}
+
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
     if (ps && ps->pp && ps->ep) {
@@ -643,6 +698,7 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
         return pp_gather(ps, m, keep, os, moments);
     }
     if (ps && ps->ep && ps->fsdp) return ep_fsdp_gather_full(ps, m, keep, os, moments);
+    if (ps && ps->ep && ps->tp) return tp_ep_gather_full(ps, m, keep, os, moments);
     if (ps && ps->tp) { /* tensor parallel: an assembled copy on the keeper (tp_gather_full) */
         moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
         if (moments) memset(moments, 0, sizeof *moments);

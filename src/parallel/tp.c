@@ -16,6 +16,7 @@ struct tp_state {
     dist_comm *dp;   /* the ranks holding the same slice (NULL or size 1: none) */
     int P, rank;
     int kv_rep; /* nkv < P: key/value heads replicated over P / nkv ranks each */
+    dist_comm *expert_dp, *expert_ep; /* TP × EP (tp_set_expert_groups): the experts' gradient sum / norm groups */
     moe_model whole; /* the whole config's tensor table (no buffers) */
     moe_model *model;
 };
@@ -94,7 +95,7 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
     if (c->exec.per_expert_loop || c->exec.separate_permute)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d runs the fused MoE path only: set "
                             "model.moe.per_expert_loop and model.moe.separate_permute to false", P);
-    if (c->exec.ep_size > 1 || c->exec.tp_size > 1)
+    if ((c->exec.ep_size > 1 && experts_split) || c->exec.tp_size > 1) /* TP × EP: experts whole only */
         return moerl_errorf("tp_config_apply: the config is already sliced (ep_size %d, tp_size %d)", c->exec.ep_size,
                             c->exec.tp_size);
     c->num_attention_heads /= P;
@@ -200,9 +201,45 @@ static int tp_sum_kv_grads(tp_state *ts) {
     return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("tensor-parallel key/value gradient sum: ");
 }
 
+void tp_set_expert_groups(tp_state *ts, dist_comm *expert_dp, dist_comm *ep) {
+    ts->expert_dp = expert_dp;
+    ts->expert_ep = ep;
+}
+
+const moe_model *tp_whole_layout(const tp_state *ts) { return &ts->whole; }
+
+/* Sum the gradients of the tensors with (flags & TF_EXPERT) == want_expert over c (packed in one buffer). */
+static int tp_sum_kind(tp_state *ts, int want_expert, dist_comm *c) {
+    moe_model *m = ts->model;
+    if (!c || dist_comm_size(c) <= 1) return MOERL_OK;
+    size_t n = 0, o = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!!(m->tensors[i].flags & TF_EXPERT) == want_expert) n += (size_t)m->tensors[i].numel;
+    float *buf = xalloc_aligned((n + 1) * sizeof(float));
+    for (int pass = 0; pass < 2; pass++, o = 0) /* pass 0 packs, pass 1 unpacks after the sum */
+        for (int i = 0; i < m->n_tensors; i++) {
+            const tensor_info *t = &m->tensors[i];
+            if (!!(t->flags & TF_EXPERT) != want_expert) continue;
+            float *g = m->grads + t->offset;
+            if (pass) memcpy(g, buf + o, (size_t)t->numel * sizeof(float));
+            else memcpy(buf + o, g, (size_t)t->numel * sizeof(float));
+            o += (size_t)t->numel;
+            if (!pass && o == n && dist_comm_allreduce_f32(c, buf, n) != MOERL_OK) {
+                free(buf);
+                return MOERL_ERR;
+            }
+        }
+    free(buf);
+    return MOERL_OK;
+}
+
 int tp_reduce_grads(tp_state *ts) {
     moe_model *m = ts->model;
-    if (ts->dp && dist_comm_size(ts->dp) > 1 && dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
+    if (ts->expert_dp) { /* TP × EP: the experts over the ranks holding them, the rest over dp */
+        if (tp_sum_kind(ts, 0, ts->dp) != MOERL_OK || tp_sum_kind(ts, 1, ts->expert_dp) != MOERL_OK)
+            return moerl_error_prefix("tensor × expert-parallel gradient sum: ");
+    } else if (ts->dp && dist_comm_size(ts->dp) > 1 &&
+               dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
         return moerl_error_prefix("tensor-parallel data-parallel gradient sum: ");
     if (ts->kv_rep && tp_sum_kv_grads(ts) != MOERL_OK) return MOERL_ERR;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) { /* each rank's heads' share of the q/k norms */
@@ -221,16 +258,20 @@ int tp_reduce_grads(tp_state *ts) {
 
 int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm) {
     moe_model *m = ts->model;
-    double ss[3] = {0, 0, 0}; /* replicated (the same on every member: counted once), split, replicated kv heads */
+    double ss[3] = {0, 0, 0}, sse = 0; /* replicated (counted once), split, replicated kv heads; TP × EP's experts */
     for (int i = 0; i < m->n_tensors; i++) {
         const tensor_info *t = &m->tensors[i];
         const float *g = m->grads + t->offset;
         double v = 0;
         for (int64_t j = 0; j < t->numel; j++) v += (double)g[j] * (double)g[j];
         const int k = tp_kind(t, experts_split(ts));
-        ss[k == TP_KV ? 2 : k != TP_REPL] += v;
+        if (ts->expert_ep && (t->flags & TF_EXPERT)) sse += v;
+        else ss[k == TP_KV ? 2 : k != TP_REPL] += v;
     }
     if (dist_comm_allreduce_f64(ts->comm, &ss[1], 2) != MOERL_OK) return moerl_error_prefix("tensor-parallel norm: ");
+    if (ts->expert_ep && dist_comm_allreduce_f64(ts->expert_ep, &sse, 1) != MOERL_OK) /* each EP rank's experts */
+        return moerl_error_prefix("tensor × expert-parallel norm: ");
+    ss[0] += sse;
     /* each kv head is held by P / nkv members: counted once */
     const double norm = sqrt(ss[0] + ss[1] + ss[2] * ts->whole.cfg.num_key_value_heads / ts->P);
     if (grad_norm) *grad_norm = norm;

@@ -21,8 +21,10 @@
  * Data parallelism on top: par_grid.dp_comm joins the ranks holding the same slice; tp_reduce_grads sums over it
  * (the caller runs no DDP reducer: par_grads_self_reduced). Checkpoints are whole (tp_gather_full) and load on
  * any TP size (tp_slice_vec of the whole model).
- * This build: TP × DP only (FSDP, pipeline, EP, Ulysses refused by par_check_tp), no sequence parallelism, no
- * activation recompute. */
+ * TP × EP × DP (actor.expert_parallel_size > 1 with expert_tensor_parallel_size=1; src/parallel/tp_ep.h): the
+ * model is first cut to this rank's experts (ep_state_attach), then TP slices that; the MoE layers run through
+ * tp_ep.h's token split. This build: FSDP, pipeline, Ulysses refused with TP by par_check_tp; no activation
+ * recompute. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
 
@@ -48,6 +50,13 @@ void tp_allreduce_f32(tp_state *ts, float *x, size_t n);
 /* The gradient sums of a step: every tensor over dp_comm (the ranks holding the same slice), the partial
  * replicated ones (q_norm, k_norm) over tp_comm. Collective over the stage. */
 int tp_reduce_grads(tp_state *ts);
+/* TP × EP (grid.h): the expert tensors (TF_EXPERT, whole experts of this rank's EP slice) sum their gradients
+ * over expert_dp (grid.ep_dp_comm: every rank holding the same experts) instead of dp_comm, and their squares in
+ * the global norm over ep (grid.ep_comm: the EP group's other experts) instead of once. Not collective. */
+void tp_set_expert_groups(tp_state *ts, dist_comm *expert_dp, dist_comm *ep);
+/* The tensor table (no buffers) of the model the slices are cut from: the whole model, or under TP × EP this
+ * rank's EP slice (its experts whole). */
+const moe_model *tp_whole_layout(const tp_state *ts);
 /* adamw_step with global-norm clipping over the whole model: the split tensors' squares summed over the TP
  * group, each replicated tensor counted once. Collective over tp_comm. */
 int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm);

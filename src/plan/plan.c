@@ -856,6 +856,8 @@ static void tp_update_traffic(const moe_config *lc, const plan_input *li, const 
                               plan_traffic *t);
 static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
                                plan_traffic *t);
+static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                          int update, plan_traffic *t);
 
 int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
                          double resp_tokens, plan_traffic *t) {
@@ -867,6 +869,7 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
             logprob_traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t) != MOERL_OK)
             return MOERL_ERR;
         tp_logprob_traffic(&lc, &li, &x, in->tp, n_mb, t);
+        tp_ep_traffic(&lc, &li, &x, in->tp, n_mb, 0, t);
         return MOERL_OK;
     }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -883,6 +886,7 @@ int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int 
             traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, t) != MOERL_OK)
             return MOERL_ERR;
         tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, t);
+        tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, t);
         return MOERL_OK;
     }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -1092,7 +1096,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
  * counts and the rollout rows (TP of the trainer leaves the engine as it is) put back. */
 static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o) {
     moe_config lc;
-    plan_input li;
+    plan_input li = {0}; /* set by tp_local (zeroed: the compiler cannot see it through the recursion) */
     plan_ctx x;
     if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
         plan_check(&lc, &li, &x) != MOERL_OK)
@@ -1100,12 +1104,16 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     plan_traffic t, tl;
     if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
     tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, &t);
+    tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, &t);
     const double n_lp = ceil((double)in->logprob_tokens / li.n_trainer / (double)in->micro_tokens);
     tp_logprob_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), &tl);
+    tp_ep_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), 0, &tl);
     o->tp = in->tp;
-    o->allreduce = t.tp_dp_allreduce; /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sum */
+    /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sums (TP × EP: the experts' too) */
+    o->allreduce = t.tp_dp_allreduce + t.tp_ep_allreduce;
     o->tp_allreduce = t.tp_act_allreduce + t.tp_allgather;
-    const double one = tl.tp_act_allreduce + tl.tp_allgather;
+    o->alltoall_ep = t.ep_alltoall;
+    const double one = tl.tp_act_allreduce + tl.tp_allgather + tl.ep_alltoall;
     o->logprob_pass = in->logprob_passes * one;
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
@@ -1120,11 +1128,13 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 
 /* The slice a TP rank holds and the layout it runs on: *lc = tp_config_apply's config of rank 0 (every rank's
  * slice has the same sizes), *li = in over the dp = n_trainer/tp data replicas, tp off. Refuses what moerl rl
- * refuses (par_check_tp: TP with DP only; recompute; tp_config_apply's divisibility), naming the key. */
+ * refuses (par_check_tp: TP with DP, and with EP only with the experts whole; recompute; tp_config_apply's
+ * divisibility), naming the key. Under TP × EP *li keeps the EP size over the dp ranks (tp_ep_traffic). */
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
     const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
-                           .tensor_model_parallel_size = in->tp};
+                           .tensor_model_parallel_size = in->tp,
+                           .expert_tensor_parallel_size = in->tp_experts ? -1 : 1};
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
     if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
@@ -1195,6 +1205,40 @@ static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const
     const double db = li->dtype_bytes, N = (double)x->N, f = 2.0 * (P - 1) / P;
     t->tp_act_allreduce = n_mb * (f * db * tp_fwd_floats(lc, N) + f * 4 * N * 8);
     t->tp_allgather = (double)(P - 1) * n_mb * 2 * N * 4;
+}
+
+/* TP × EP (li->ep > 1, experts whole: tp_ep.h) on top of the TP rows of the slice planned over the dp replicas
+ * with EP: each TP rank dispatches only its ⌊N/P⌋–⌈N/P⌉ tokens (the all-to-all-v rows scale by 1/P) and the
+ * TP group all-gathers the expert rows, ⌈N/P⌉·K·H
+ * per rank and MoE layer in every forward and backward pass; the all-to-all's capacity is sized by ⌈N/P⌉ tokens
+ * (ceil(capacity_factor · ⌈N/P⌉ · K / E) rows per block, at most ⌈N/P⌉). update = 1: one update's passes (the forward-only
+ * pre-passes, the training passes) and the gradient sums — the slice's non-expert tensors over dp_comm
+ * (tp_dp_allreduce), its E/ep whole experts over ep_dp_comm (tp·D/ep ranks) with the clipping norm's double
+ * over ep_comm (tp_ep_allreduce); update = 0: n_mb forward-only logprob passes. No-op without EP. */
+static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                          int update, plan_traffic *t) {
+    const int ep = li->ep, L = lc->num_hidden_layers, n_moe = n_moe_in(lc, 0, L);
+    if (ep <= 1 || n_moe == 0) return;
+    const double db = li->dtype_bytes, N = (double)x->N, K = lc->num_experts_per_tok, H = lc->hidden_size;
+    const double fo = li->fwd_only_passes, mb = x->mb, share = ceil(N / P) * K * H;
+    const double gathers = update ? (fo + 2.0) * mb : (double)n_mb, exch = update ? (2.0 * (fo + 1) + 2.0) * mb : 2.0 * n_mb;
+    t->tp_allgather += gathers * n_moe * (P - 1.0) * share * db;
+    if (x->dispatcher != MOE_DISPATCH_ALLTOALL) { /* all-to-all-v: the rows are this rank's share of the tokens */
+        t->ep_alltoall -= n_moe * exch * N * K * (ep - 1) / ep * H * db * (1.0 - 1.0 / P);
+    } else { /* the fixed capacity sized by the share ⌈N/P⌉ (parallel.c: ep_state_attach's max_tokens) */
+        const double Nt = ceil(N / P), E = lc->num_experts;
+        const double cf = li->capacity_factor > 0 ? li->capacity_factor : 1.25; /* plan_check's default */
+        const double cap = MOERL_MAX(1.0, MOERL_MIN(ceil(cf * Nt * K / E), Nt));
+        t->ep_alltoall = n_moe * exch * (ep - 1) * (E / ep) * (2.0 + cap * H) * db;
+    }
+    if (!update) return;
+    int64_t tot, dn, ex, hf;
+    plan_param_counts(lc, &tot, &dn, &ex, &hf);
+    const double hf_expert = (double)n_moe * 3.0 * lc->num_experts * lc->moe_intermediate_size * H;
+    const int D = li->n_trainer, Q = P * D / ep; /* dp_comm; ep_dp_comm: every rank holding the same experts */
+    t->ep_grad_allreduce = 0;
+    t->tp_dp_allreduce = D > 1 ? 2.0 * (D - 1) / D * ((double)hf - hf_expert) * db : 0;
+    t->tp_ep_allreduce = (Q > 1 ? 2.0 * (Q - 1) / Q * hf_expert / ep * db : 0) + 2.0 * (ep - 1) / ep * 8;
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {
