@@ -8,10 +8,10 @@
  *   llamacpp_grpo --lib-dir DIR [--groups 8] [--n 8] [--prompt-min 256] [--prompt-max 512]
  *                 [--alpha 1.0] [--resp-min 4] [--resp-max 256] [--max-seqs G·n]
  *                 [--max-batched-tokens 2048] [--dtype f32|bf16] [--reps 3] [--seed 2026]
- *                 [--llama-kv default|unified|split|both] [--greedy] [--workload-out FILE] [--tmp DIR]
+ *                 [--llama-kv default|unified|split|both] [--greedy] [--workload-out FILE] [--workload FILE] [--tmp DIR]
  *
  * Workload (drawn once from --seed; every repetition and every side runs exactly it): G prompts
- * of uniform length in [prompt-min, prompt-max] with uniform token ids, n samples each; every
+ * of uniform length in [prompt-min, prompt-max] with uniform token ids in [0, 512), n samples each; every
  * sample's response length is forced (EOS ignored, the sequence stops at its drawn length), drawn
  * from the heavy tail of bench/run_async.sh (rollout.synthetic_length: min · u^(−1/alpha), rounded
  * up, capped at resp-max). Sampling: temperature 1 (--greedy: 0), no top-k/top-p, every sequence
@@ -48,7 +48,8 @@
  * drawn length, moerl's prefilled + shared prompt tokens cover every sequence's prompt; and
  * reported: the prompt tokens each side forwarded, and per side pair the sequences whose first 8
  * tokens agree (same seeds: they agree until the two sides' logits differ enough to move a draw).
- * --workload-out writes the workload (a text file; format in write_workload).
+ * --workload-out writes the drawn workload to a file (bench/grpo_workload.h: the format), which
+ * bench_paged --workload and llamacpp_grpo --workload read (then it replaces the draw).
  *
  * Threads: OMP_NUM_THREADS (moerl) = llama.cpp's n_threads = n_threads_batch.
  */
@@ -58,6 +59,7 @@
 #include "model/model.h"
 #include "rollout/engine.h"
 
+#include "grpo_workload.h"
 #include "llamacpp_common.h"
 
 #include <math.h>
@@ -67,15 +69,6 @@
 
 #define AGREE_K 8     /* leading tokens compared between sides */
 #define MAX_SIDES 4   /* moerl on, moerl off, llama.cpp × (default | unified | split) up to two */
-
-typedef struct {
-    int G, n, n_seq;   /* groups, samples per group, G·n sequences */
-    int *plen;         /* [G] prompt lengths */
-    int **prompt;      /* [G][plen[g]] token ids */
-    int *rlen;         /* [n_seq] forced response lengths; sequence i belongs to group i / n */
-    int max_plen, max_rlen;
-    int64_t prompt_tokens, gen_tokens; /* Σ over sequences of plen and of rlen */
-} workload;
 
 typedef struct {
     int G, n, pmin, pmax, rmin, rmax, max_seqs, max_batched, reps, greedy;
@@ -93,68 +86,6 @@ typedef struct {
 } run_result;
 
 static uint64_t seq_seed(uint64_t seed, int i) { return seed * 1000003ULL + (uint64_t)i; }
-
-/* rollout.synthetic_length's draw (src/rl/rollouter.c): min · u^(−1/alpha), u ∈ (0, 1], rounded up, capped. */
-static int heavy_tail_len(rng_state *g, double alpha, int min, int cap) {
-    const double u = 1.0 - rng_uniform_double(g);
-    const double len = min * pow(u, -1.0 / alpha);
-    return len >= cap ? cap : (int)ceil(len);
-}
-
-static workload make_workload(const grpo_opts *o, int V) {
-    workload w = {.G = o->G, .n = o->n, .n_seq = o->G * o->n};
-    rng_state g;
-    rng_seed(&g, o->seed);
-    w.plen = xmalloc((size_t)w.G * sizeof(int));
-    w.prompt = xmalloc((size_t)w.G * sizeof(int *));
-    w.rlen = xmalloc((size_t)w.n_seq * sizeof(int));
-    for (int k = 0; k < w.G; k++) {
-        w.plen[k] = o->pmin + (int)(rng_uniform_double(&g) * (o->pmax - o->pmin + 1));
-        w.prompt[k] = xmalloc((size_t)w.plen[k] * sizeof(int));
-        for (int j = 0; j < w.plen[k]; j++) w.prompt[k][j] = (int)(rng_uniform_double(&g) * V) % V;
-        w.max_plen = MOERL_MAX(w.max_plen, w.plen[k]);
-    }
-    for (int i = 0; i < w.n_seq; i++) {
-        w.rlen[i] = heavy_tail_len(&g, o->alpha, o->rmin, o->rmax);
-        w.max_rlen = MOERL_MAX(w.max_rlen, w.rlen[i]);
-        w.prompt_tokens += w.plen[i / w.n];
-        w.gen_tokens += w.rlen[i];
-    }
-    return w;
-}
-
-/* The first `groups` groups of w (a view: same arrays). */
-static workload workload_head(const workload *w, int groups) {
-    workload h = *w;
-    h.G = groups;
-    h.n_seq = groups * w->n;
-    h.prompt_tokens = h.gen_tokens = 0;
-    for (int i = 0; i < h.n_seq; i++) {
-        h.prompt_tokens += w->plen[i / w->n];
-        h.gen_tokens += w->rlen[i];
-    }
-    return h;
-}
-
-static void free_workload(workload *w) {
-    for (int k = 0; k < w->G; k++) free(w->prompt[k]);
-    free(w->prompt); free(w->plen); free(w->rlen);
-}
-
-/* Text: "grpo_workload G n", then per group "prompt P id…" and "lengths r_0 … r_{n−1}". */
-static void write_workload(const workload *w, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) moerl_fatal("--workload-out: cannot write '%s'", path);
-    fprintf(f, "grpo_workload %d %d\n", w->G, w->n);
-    for (int k = 0; k < w->G; k++) {
-        fprintf(f, "prompt %d", w->plen[k]);
-        for (int j = 0; j < w->plen[k]; j++) fprintf(f, " %d", w->prompt[k][j]);
-        fprintf(f, "\nlengths");
-        for (int j = 0; j < w->n; j++) fprintf(f, " %d", w->rlen[k * w->n + j]);
-        fputc('\n', f);
-    }
-    if (fclose(f) != 0) moerl_fatal("--workload-out: error writing '%s'", path);
-}
 
 static void sampling_of(sampling_params *sp, const grpo_opts *o, const workload *w, int i) {
     memset(sp, 0, sizeof *sp);
@@ -393,33 +324,49 @@ static void llama_tweak(struct llama_context_params *cp, void *arg) {
     if ((uint32_t)k->max_batched > cp->n_batch) cp->n_batch = (uint32_t)k->max_batched;
 }
 
-static void print_header(const grpo_opts *o, const workload *w, const moe_model *m, int bf16) {
+static void print_header(const grpo_opts *o, const workload *w, const moe_model *m, int bf16, const char *file) {
     const struct llama_context_params dp = llama_context_default_params();
     double load[3] = {0};
     if (getloadavg(load, 3) < 1) load[0] = -1;
     printf("llamacpp_grpo: model B (H 512, 8 layers, 32 experts top-4, V 2048; %.0f MB fp32), %s weights on both sides, "
            "%d threads, load average %.2f at start\n", (double)m->n_params * 4 / 1e6, bf16 ? "bf16" : "f32", n_threads(),
            load[0]);
-    printf("workload: %d prompts of %d-%d tokens (mean %.0f) x n = %d; responses min*u^(-1/%.2g), min %d, cap %d "
-           "(mean %.1f, longest %d), EOS ignored; %s; %lld prompt + %lld generated tokens per run\n", w->G, o->pmin, o->pmax,
-           (double)w->prompt_tokens / w->n_seq, w->n, o->alpha, o->rmin, o->rmax, (double)w->gen_tokens / w->n_seq,
-           w->max_rlen, o->greedy ? "greedy" : "temperature 1", (long long)w->prompt_tokens, (long long)w->gen_tokens);
+    if (file)
+        printf("workload from %s: %d prompts (mean %.0f tokens, longest %d) x n = %d; ", file, w->G,
+               (double)w->prompt_tokens / w->n_seq, w->max_plen, w->n);
+    else
+        printf("workload: %d prompts of %d-%d tokens (mean %.0f) x n = %d; responses min*u^(-1/%.2g), min %d, cap %d, ",
+               w->G, o->pmin, o->pmax, (double)w->prompt_tokens / w->n_seq, w->n, o->alpha, o->rmin, o->rmax);
+    printf("responses mean %.1f, longest %d, EOS ignored; %s; %lld prompt + %lld generated tokens per run\n",
+           (double)w->gen_tokens / w->n_seq, w->max_rlen, o->greedy ? "greedy" : "temperature 1",
+           (long long)w->prompt_tokens, (long long)w->gen_tokens);
     printf("max concurrent sequences %d, %d tokens per step; %d repetitions after one warm-up (group 1) per side; "
            "llama.cpp defaults: KV cache %s, kv_unified %d, flash attention %s, n_batch %u, n_ubatch %u\n",
            o->max_seqs, o->max_batched, o->reps, ggml_type_name(dp.type_k), (int)dp.kv_unified,
            getenv("MOERL_LLAMA_FLASH_ATTN") ? getenv("MOERL_LLAMA_FLASH_ATTN") : "auto", dp.n_batch, dp.n_ubatch);
 }
 
-static int run_grpo(const grpo_opts *o, int bf16, const int *llama_kv, int n_llama, const char *tmpdir,
-                    const char *workload_out) {
+static int run_grpo(const grpo_opts *opts, int bf16, const int *llama_kv, int n_llama, const char *tmpdir,
+                    const char *workload_in, const char *workload_out) {
     moe_config cfg = config_B();
     moe_model m;
     if (model_init_inference(&m, &cfg) != MOERL_OK) moerl_fatal("model: %s", moerl_last_error());
     model_init_random(&m, 1235); /* bench_decode's model B seed (1234 + 1) */
-    workload w = make_workload(o, cfg.vocab_size);
+    workload w;
+    grpo_opts oo = *opts; /* --max-seqs 0: every sequence of the workload (at most llama.cpp's 256) */
+    const grpo_opts *o = &oo;
+    if (workload_in) {
+        if (workload_read(&w, workload_in, cfg.vocab_size, cfg.max_position_embeddings - 1) != MOERL_OK)
+            moerl_fatal("%s", moerl_last_error());
+    } else {
+        w = workload_draw(o->G, o->n, o->pmin, o->pmax, o->alpha, o->rmin, o->rmax, cfg.vocab_size, o->seed);
+    }
     if (w.max_plen + w.max_rlen + 1 > cfg.max_position_embeddings)
         moerl_fatal("--prompt-max %d + --resp-max %d exceed model B's %d positions", o->pmax, o->rmax, cfg.max_position_embeddings);
-    if (workload_out) write_workload(&w, workload_out);
+    if (!oo.max_seqs) oo.max_seqs = MOERL_MIN(w.n_seq, 256);
+    if (oo.max_seqs < w.n || oo.max_batched < oo.max_seqs)
+        moerl_fatal("--max-seqs %d must hold a group (n %d) and fit in --max-batched-tokens %d", oo.max_seqs, w.n, oo.max_batched);
+    if (workload_out && workload_write(&w, workload_out) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
     char gguf[4200];
     snprintf(gguf, sizeof gguf, "%s/moerl_grpo_B.%d.gguf", tmpdir, (int)getpid());
     if (model_export_gguf(&m, gguf, bf16 ? GGUF_EXPORT_BF16 : GGUF_EXPORT_F32) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
@@ -438,7 +385,7 @@ static int run_grpo(const grpo_opts *o, int bf16, const int *llama_kv, int n_lla
         sd[ns].name = llama_kv[k] < 0 ? "llama.cpp, seq_cp" : llama_kv[k] ? "llama.cpp, seq_cp, unified KV" : "llama.cpp, seq_cp, split KV";
         llama_ctx_open(&sd[ns++].L, lm, o->max_seqs, o->max_seqs * per, MOERL_MAX(o->max_batched, o->max_seqs), llama_tweak, &lo);
     }
-    print_header(o, &w, &m, bf16);
+    print_header(o, &w, &m, bf16, workload_in);
     const workload warm = workload_head(&w, 1);
     for (int s = 0; s < ns; s++) {
         sd[s].wall = xmalloc((size_t)o->reps * sizeof(double));
@@ -471,7 +418,7 @@ static int run_grpo(const grpo_opts *o, int bf16, const int *llama_kv, int n_lla
         free(sd[s].last.head);
     }
     llama_model_free(lm);
-    free_workload(&w);
+    workload_free(&w);
     model_free(&m);
     return bad;
 }
@@ -480,7 +427,7 @@ static void usage(void) {
     fprintf(stderr, "usage: llamacpp_grpo --lib-dir DIR [--groups 8] [--n 8] [--prompt-min 256] [--prompt-max 512] "
                     "[--alpha 1.0] [--resp-min 4] [--resp-max 256] [--max-seqs G*n] [--max-batched-tokens 2048] "
                     "[--dtype f32|bf16] [--reps 3] [--seed 2026] [--llama-kv default|unified|split|both] [--greedy] "
-                    "[--workload-out FILE] [--tmp DIR]\n");
+                    "[--workload-out FILE] [--workload FILE] [--tmp DIR]\n");
     exit(2);
 }
 
@@ -496,7 +443,7 @@ static int int_arg(const char *k, const char *v, int lo, int hi) {
 
 int main(int argc, char **argv) {
     moerl_blas_coretype_init(argv);
-    const char *lib_dir = NULL, *tmpdir = "/tmp", *wout = NULL;
+    const char *lib_dir = NULL, *tmpdir = "/tmp", *wout = NULL, *win = NULL;
     grpo_opts o = {.G = 8, .n = 8, .pmin = 256, .pmax = 512, .rmin = 4, .rmax = 256, .max_seqs = 0, .max_batched = 2048,
                    .reps = 3, .alpha = 1.0, .seed = 2026};
     int bf16 = 0, kv[2] = {-1}, n_kv = 1;
@@ -507,6 +454,7 @@ int main(int argc, char **argv) {
         if (!strcmp(k, "--lib-dir")) lib_dir = v;
         else if (!strcmp(k, "--tmp")) tmpdir = v;
         else if (!strcmp(k, "--workload-out")) wout = v;
+        else if (!strcmp(k, "--workload")) win = v;
         else if (!strcmp(k, "--groups")) o.G = int_arg(k, v, 1, 4096);
         else if (!strcmp(k, "--n")) o.n = int_arg(k, v, 1, 256);
         else if (!strcmp(k, "--prompt-min")) o.pmin = int_arg(k, v, 1, 4000);
@@ -532,14 +480,13 @@ int main(int argc, char **argv) {
             else { fprintf(stderr, "llamacpp_grpo: --llama-kv '%s': expected default, unified, split or both\n", v); exit(2); }
         } else usage();
     }
-    if (!o.max_seqs) o.max_seqs = MOERL_MIN(o.G * o.n, 256);
     if (!lib_dir) usage();
     if (o.pmin > o.pmax || o.rmin > o.rmax) {
         fprintf(stderr, "llamacpp_grpo: need --prompt-min ≤ --prompt-max and --resp-min ≤ --resp-max (got %d > %d or %d > %d)\n",
                 o.pmin, o.pmax, o.rmin, o.rmax);
         return 2;
     }
-    if (o.max_seqs < o.n || o.max_batched < o.max_seqs) {
+    if ((!win && o.max_seqs && o.max_seqs < o.n) || o.max_batched < o.max_seqs) {
         fprintf(stderr, "llamacpp_grpo: --max-seqs %d must hold a group (--n %d) and fit in --max-batched-tokens %d "
                         "(one decode token per sequence per step)\n", o.max_seqs, o.n, o.max_batched);
         return 2;
@@ -547,7 +494,7 @@ int main(int argc, char **argv) {
     llama_log_set(quiet_log, NULL);
     ggml_backend_load_all_from_path(lib_dir);
     llama_backend_init();
-    const int rc = run_grpo(&o, bf16, kv, n_kv, tmpdir, wout);
+    const int rc = run_grpo(&o, bf16, kv, n_kv, tmpdir, win, wout);
     llama_backend_free();
     return rc;
 }
