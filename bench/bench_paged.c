@@ -10,7 +10,10 @@
  * 2. Rollout throughput on a GRPO workload with prefix caching on vs off: the benchmark model
  *    (bench_util.h, random weights), G prompts of 256–1024 tokens × n = 8, heavy-tailed response
  *    lengths (as 1., capped at --max-new), EOS ignored.
- * Usage: bench_paged [--groups G] [--max-new N] [--threads T] */
+ *    --workload FILE (bench/grpo_workload.h's format; bench/llamacpp_grpo.c --workload-out writes one):
+ *    part 2 runs that workload instead of its draw: its prompts, its n and its forced response
+ *    lengths (with llamacpp_grpo's per-sequence seeds), prefix caching off then on.
+ * Usage: bench_paged [--groups G] [--max-new N] [--threads T] [--workload FILE] */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -20,6 +23,7 @@
 #include "base/common.h"
 #include "base/rng.h"
 #include "bench_util.h"
+#include "grpo_workload.h"
 #include "rollout/engine.h"
 
 #define S_OLD 16
@@ -103,15 +107,58 @@ static void grpo(const moe_config *c, const moe_model *m, int G, int max_new, in
     engine_free(e);
 }
 
+/* Part 2 on a workload file: the file's groups × n with its forced lengths, caching off then on. */
+static void grpo_from_file(moe_config c, workload w, const char *path, int threads) {
+    c.max_position_embeddings = MOERL_MAX(c.max_position_embeddings, w.max_plen + w.max_rlen + 16);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 1);
+    printf("2. GRPO from %s: %d prompts (longest %d) x n = %d, %lld prompt + %lld generated tokens, %d threads\n", path,
+           w.G, w.max_plen, w.n, (long long)w.prompt_tokens, (long long)w.gen_tokens, threads);
+    for (int caching = 0; caching <= 1; caching++) {
+        engine_config ec = {.max_num_seqs = w.n_seq, .max_model_len = w.max_plen + w.max_rlen + 1,
+                            .max_num_batched_tokens = 2048, .enable_prefix_caching = caching};
+        engine *e = engine_create(&c, ec);
+        MOERL_ASSERT(e && engine_load_weights(e, m.params, m.n_params, 0) == MOERL_OK);
+        gen_request *r = xcalloc(w.n_seq, sizeof *r), **done = xmalloc((size_t)w.n_seq * sizeof *done);
+        const double t0 = moerl_now();
+        for (int i = 0; i < w.n_seq; i++) {
+            r[i].id = i; r[i].prompt = w.prompt[i / w.n]; r[i].prompt_len = w.plen[i / w.n];
+            r[i].sp.temperature = 1; r[i].sp.top_p = 1; r[i].sp.ignore_eos = 1; r[i].sp.max_tokens = w.rlen[i];
+            r[i].sp.seed = 2026 * 1000003ULL + (uint64_t)i; /* llamacpp_grpo's seq_seed at its default --seed */
+            MOERL_ASSERT(engine_add(e, &r[i]) == MOERL_OK);
+        }
+        while (engine_num_unfinished(e) > 0) MOERL_ASSERT(engine_step(e, done, w.n_seq) >= 0);
+        const double dt = moerl_now() - t0;
+        const engine_stats st = engine_get_stats(e);
+        MOERL_ASSERT(st.generated_tokens == w.gen_tokens);
+        printf("  prefix caching %-3s: %.2f s, %.1f tokens/s (prompt + generated), %lld generated tokens, %lld prefill "
+               "tokens, %lld from shared blocks\n", caching ? "on" : "off", dt, (w.prompt_tokens + w.gen_tokens) / dt,
+               (long long)st.generated_tokens, (long long)st.prefill_tokens, (long long)st.prefix_hit_tokens);
+        for (int i = 0; i < w.n_seq; i++) gen_request_free_outputs(&r[i]);
+        free(r); free(done);
+        engine_free(e);
+    }
+    model_free(&m);
+    workload_free(&w);
+}
+
 int main(int argc, char **argv) {
     int G = 8, max_new = 256, threads = 2;
+    const char *wfile = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--groups")) G = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--workload")) wfile = argv[i + 1];
+        else if (!strcmp(argv[i], "--groups")) G = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-new")) max_new = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     }
     omp_set_num_threads(threads);
     moe_config c = bench_model_config(1024 + MAX_NEW_TAIL + 16);
+    workload w = {0};
+    if (wfile && workload_read(&w, wfile, c.vocab_size, 8192) != MOERL_OK) { /* before part 1: a bad file fails at once */
+        fprintf(stderr, "bench_paged --workload: %s\n", moerl_last_error());
+        return 2;
+    }
     rng_state g;
     rng_seed(&g, 2026);
     enum { N = 512 };
@@ -130,6 +177,10 @@ int main(int argc, char **argv) {
     concurrency(&c, 1, budget, max_len, N, plen, rlen, &in_new, &w_new);
     printf("  reservation: %.1f sequences in flight, KV waste %.1f%%\n", in_old, 100 * w_old);
     printf("  paged:       %.1f sequences in flight (%.2fx), KV waste %.1f%%\n", in_new, in_new / in_old, 100 * w_new);
+    if (wfile) {
+        grpo_from_file(c, w, wfile, threads);
+        return 0;
+    }
     moe_model m;
     c.max_position_embeddings = 1024 + max_new + 16;
     MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);

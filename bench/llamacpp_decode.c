@@ -45,98 +45,34 @@
 #include "model/model.h"
 #include "rollout/engine.h"
 
-#include <ggml-backend.h>
-#include <llama.h>
+#include "llamacpp_common.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define MAX_BATCHES 8
 
-static int n_threads(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
-    (void)ud;
-    if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-typedef struct { double med, lo, hi; } stat3;
-static stat3 stats_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
-    return s;
-}
-
 /* ------------------------------------------------------------------ llama.cpp side */
-
-typedef struct {
-    struct llama_model *model;
-    struct llama_context *ctx;
-    int n_seq, n_vocab;
-    struct llama_batch batch;
-} llama_side;
 
 /* parity: an fp32 KV cache, one stream per sequence (moerl's layout, so the logits compare to 1e-5);
  * else (bench) llama.cpp's own defaults for the KV cache type (f16) and layout (kv_unified). */
-static void llama_open(llama_side *L, const char *gguf, int n_seq, int per_seq_ctx, int max_batch, int parity) {
-    struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    mp.load_mode = LLAMA_LOAD_MODE_NONE; /* weights read into memory, as moerl's engine holds them (no mmap) */
-    L->model = llama_model_load_from_file(gguf, mp);
-    if (!L->model) moerl_fatal("llama.cpp: cannot load '%s'", gguf);
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_seq_max = (uint32_t)n_seq;
-    cp.n_ctx = (uint32_t)(n_seq * per_seq_ctx);
-    cp.n_batch = cp.n_ubatch = (uint32_t)max_batch;
-    cp.n_threads = cp.n_threads_batch = n_threads();
-    if (parity) {
-        cp.type_k = cp.type_v = GGML_TYPE_F32;
-        cp.kv_unified = false;
+typedef struct { int max_batch, parity; } open_opts;
+static void open_tweak(struct llama_context_params *cp, void *arg) {
+    const open_opts *o = arg;
+    cp->n_batch = cp->n_ubatch = (uint32_t)o->max_batch;
+    if (o->parity) {
+        cp->type_k = cp->type_v = GGML_TYPE_F32;
+        cp->kv_unified = false;
     }
-    const char *fa = getenv("MOERL_LLAMA_FLASH_ATTN"); /* on | off | (unset) auto */
-    if (fa) cp.flash_attn_type = !strcmp(fa, "on") ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.no_perf = true;
-    L->ctx = llama_init_from_model(L->model, cp);
-    if (!L->ctx) moerl_fatal("llama.cpp: cannot create a context (n_seq %d, n_ctx %u)", n_seq, cp.n_ctx);
-    L->n_seq = n_seq;
-    L->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(L->model));
-    L->batch = llama_batch_init(max_batch, 0, 1);
+}
+static void llama_open(llama_side *L, const char *gguf, int n_seq, int per_seq_ctx, int max_batch, int parity) {
+    open_opts o = {max_batch, parity};
+    llama_ctx_open(L, llama_load_gguf(gguf), n_seq, n_seq * per_seq_ctx, max_batch, open_tweak, &o);
+    L->own_model = 1;
 }
 
-static void llama_close(llama_side *L) {
-    llama_batch_free(L->batch);
-    llama_free(L->ctx);
-    llama_model_free(L->model);
-}
-
-static void batch_add(struct llama_batch *b, int tok, int pos, int seq, int out) {
-    const int i = b->n_tokens++;
-    b->token[i] = tok;
-    b->pos[i] = pos;
-    b->n_seq_id[i] = 1;
-    b->seq_id[i][0] = seq;
-    b->logits[i] = (int8_t)out;
-}
-
-static void llama_run(llama_side *L) {
-    if (llama_decode(L->ctx, L->batch) != 0) moerl_fatal("llama.cpp: llama_decode failed (%d tokens)", L->batch.n_tokens);
-}
-
-/* One decode repetition at batch b on llama.cpp; returns decode tokens/s (see the header). */
 static double llama_decode_once(llama_side *L, int b, int plen, int max_tokens, uint64_t seed, int *prompts,
                                 float *scratch) {
     const int V = L->n_vocab;
@@ -167,31 +103,6 @@ static double llama_decode_once(llama_side *L, int b, int plen, int max_tokens, 
 }
 
 /* ------------------------------------------------------------------ moerl side */
-
-static moe_config config_B(void) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 2048;
-    c.hidden_size = 512;
-    c.moe_intermediate_size = 256;
-    c.intermediate_size = 4 * c.moe_intermediate_size;
-    c.num_hidden_layers = 8;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 2;
-    c.head_dim = 64;
-    c.num_experts = 32;
-    c.num_experts_per_tok = 4;
-    c.decoder_sparse_step = 1;
-    c.norm_topk_prob = 1;
-    c.max_position_embeddings = 4096;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1e6f;
-    c.router_aux_loss_coef = 0.001f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = -1;
-    c.eos_token_id = -1;
-    return c;
-}
 
 static void make_prompts(int *prompts, int n, int plen, int V, uint64_t seed) {
     for (int i = 0; i < n; i++)
