@@ -337,3 +337,5 @@ int tp_state_detach(tp_state *ts) {
     free(ts);
     return rc;
 }
+
+moe_model *tp_state_model(tp_state *ts) { return ts->model; }

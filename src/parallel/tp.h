@@ -21,8 +21,8 @@
  * Data parallelism on top: par_grid.dp_comm joins the ranks holding the same slice; tp_reduce_grads sums over it
  * (the caller runs no DDP reducer: par_grads_self_reduced). Checkpoints are whole (tp_gather_full) and load on
  * any TP size (tp_slice_vec of the whole model).
- * This build: TP × DP only (FSDP, pipeline, EP, Ulysses refused by par_check_tp), no sequence parallelism, no
- * activation recompute. */
+ * Megatron sequence parallelism (actor.megatron.sequence_parallel): tp_sp.h.
+ * This build: TP × DP only (FSDP, pipeline, EP, Ulysses refused by par_check_tp), no activation recompute. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
 
@@ -62,5 +62,7 @@ int tp_gather_full(tp_state *ts, const adamw_state *os, int keep, moe_model *who
 /* Load DIR's whole checkpoint (any TP size wrote it: it is whole) into the slice m (model_load_weights on a
  * whole model of the same config, then tp_slice_vec). Not collective. */
 int tp_load_weights(tp_state *ts, const char *dir);
+/* The slice model ts works on (the m of tp_state_attach). */
+moe_model *tp_state_model(tp_state *ts);
 
 #endif
