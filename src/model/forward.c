@@ -80,21 +80,19 @@ static void *tp_sp_par(void *par) {
     return h && h->tp_reduce_scatter ? par : NULL;
 }
 /* Team collectives of SP (every thread calls; barrier, thread 0's hook, barrier; a NULL sp is a no-op):
- * x[N,H]'s rows gathered from their owners / partial rows reduce-scattered to this rank's rows. */
-static void sp_gather_team(void *sp, float *x, int N, int H) {
+ * x[N,H]'s rows gathered from their owners (gather 1) / partial rows reduce-scattered to this rank's rows (0). */
+static void sp_collective_team(void *sp, float *x, int N, int H, int gather) {
     if (!sp) return;
 #pragma omp barrier
 #pragma omp master
-    model_par_hooks(sp)->tp_all_gather(sp, x, N, H);
+    {
+        const model_hooks *h = model_par_hooks(sp);
+        (gather ? h->tp_all_gather : h->tp_reduce_scatter)(sp, x, N, H);
+    }
 #pragma omp barrier
 }
-static void sp_scatter_team(void *sp, float *x, int N, int H) {
-    if (!sp) return;
-#pragma omp barrier
-#pragma omp master
-    model_par_hooks(sp)->tp_reduce_scatter(sp, x, N, H);
-#pragma omp barrier
-}
+#define sp_gather_team(sp, x, N, H) sp_collective_team((sp), (x), (N), (H), 1)
+#define sp_scatter_team(sp, x, N, H) sp_collective_team((sp), (x), (N), (H), 0)
 /* x[N,H]'s partial rows summed over the TP group tp (NULL: nothing to sum): all-reduced, or under SP
  * reduce-scattered to this rank's rows (Megatron's row-parallel output with sequence_parallel). */
 static void tp_sum_rows_team(void *tp, float *x, int N, int H) {
