@@ -103,6 +103,7 @@ run_mpi "test_dist_trainer -np 2 (GSPO under pp 2)" 2 "$T/test_dist_trainer" --p
 run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x fsdp 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --fsdp 2
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
+run_mpi "test_dist_trainer -np 2 (GSPO under tp 2 + Megatron sequence parallelism)" 2 "$T/test_dist_trainer" --tp 2 --sp
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2

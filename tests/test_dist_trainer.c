@@ -16,7 +16,7 @@
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
  * when this test was written).
  * Groups: generated once by a rollouter from a tiny random model (same seeds on every rank, so
- * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] (every
+ * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T [--sp]] (every
  * rank is a trainer). */
 #include <math.h>
 #include <stdlib.h>
@@ -188,20 +188,25 @@ static void gspo_config(rl_config *c) {
     c->ppo.clip_ratio_high = 0.28f;
 }
 
-/* --fsdp F --ep E --pp P --tp T (mpirun): the layout under which the GSPO variants run against DP=1. */
+/* --fsdp F --ep E --pp P --tp T [--sp] (mpirun): the layout under which the GSPO variants run against DP=1
+ * (--sp: actor.megatron.sequence_parallel on the TP group). */
 static int parse_layout(int argc, char **argv, par_config *pc) {
     *pc = (par_config){.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
                        .pipeline_parallel_size = 1, .dispatcher = MOE_DISPATCH_AUTO, .alltoall_max_ep = 16,
                        .capacity_factor = 1.25};
     int on = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--sp")) { /* Megatron sequence parallelism on the TP group (with --tp) */
+            pc->sequence_parallel = 1;
+            continue;
+        }
         const int v = i + 1 < argc ? atoi(argv[i + 1]) : 0;
         if (!strcmp(argv[i], "--fsdp")) pc->fsdp_size = v;
         else if (!strcmp(argv[i], "--ep")) pc->expert_parallel_size = v;
         else if (!strcmp(argv[i], "--pp")) pc->pipeline_parallel_size = v;
         else if (!strcmp(argv[i], "--tp")) pc->tensor_model_parallel_size = v;
         else {
-            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T]\n");
+            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T [--sp]]\n");
             exit(2);
         }
         if (v < 1) {
