@@ -28,13 +28,17 @@
 #                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
 #                 test_dist_tp -np 2 / 4; Megatron sequence parallelism: sft -np 2 / 4 tp 2 + SP against one
 #                 process, SP without TP refused, test_dist_tp --sp -np 2 / 4
+#   test_dist_rollout_tp  rollout TP 2 and 4 (padded vocabulary, one or replicated kv heads, 2 threads): greedy
+#                 tokens equal the whole engine's, logprobs and logits within 1e-4, every rank draws the same
+#                 sampled tokens, fp32 and bf16; KV per rank = whole / P
 #   test_dist_ep  expert parallelism (EP=2, EP=4, EP=2 x DP=2; 2 OpenMP threads) against one rank, both
 #                 dispatchers bit-identical, the all-to-all's overflow spill, bytes vs formula, sliced checkpoints,
 #                 parallel.h's entry points; EP=2 x FSDP=2 on 4 ranks and on 8 (two HSDP blocks) against one rank
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
-#                 HSDP replicas, fsdp 4) against data parallelism on one rank: weights, moments, resume
+#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage; v 2)
+#                 against data parallelism on one rank: weights, moments, resume, uneven shares
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
@@ -42,7 +46,7 @@
 #   test_dist_replay  routing replay (actor.router_replay) under fsdp 2, ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and
 #                 sp 2 x ep 2 against the one-rank replayed run; the routes' record and agreement counts
 #   test_dist_recompute  activation recompute (full and selective, native and replayed routes) under fsdp 2,
-#                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2 and sp 2 x ep 2: bit-identical CE and weights to the same
+#                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2, sp 2 x ep 2 and pp 2 x ep 2: bit-identical CE and weights to the same
 #                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes)
 #   test_dist_batch_invariant  rollout.batch_invariant: the engine's logprobs equal compute_logprobs bit for bit
 #                 under fsdp 2, ep 2, sp 2 and pp 2 (and differ with the default kernels)
@@ -101,6 +105,7 @@ run_mpi "test_dist_trainer -np 2 (GSPO under fsdp 2)" 2 "$T/test_dist_trainer" -
 run_mpi "test_dist_trainer -np 2 (GSPO under ep 2)" 2 "$T/test_dist_trainer" --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under pp 2)" 2 "$T/test_dist_trainer" --pp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x fsdp 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --fsdp 2
+run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x ep 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --pp 2 --ep 2
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2 + Megatron sequence parallelism)" 2 "$T/test_dist_trainer" --tp 2 --sp
@@ -128,6 +133,10 @@ run_mpi "test_dist_pp -np 4 (pp 4; dp 2 x pp 2)" 4 "$T/test_dist_pp"
 # composed layouts (issue 27): pipeline × FSDP against data parallelism on one rank
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, reshard_after_forward=false)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --keep
+run_mpi "test_dist_compose -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
+OMP_NUM_THREADS=2 run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, 2 threads)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2
+run_mpi "test_dist_compose -np 8 (pp 2 x ep 2 x 2 expert groups per stage, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --dynamic
+run_mpi "test_dist_compose -np 4 (pp 2 x ep 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 1 --ep 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test_dist_compose" --pp 2 --fsdp 2 --vpp 2 --dynamic
 run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
@@ -145,6 +154,11 @@ run_mpi "test_dist_tp -np 2 (TP=2 + SP, experts whole, vocab 67)" 2 "$T/test_dis
 run_mpi "test_dist_tp -np 4 (TP=2 + SP x DP=2)" 4 "$T/test_dist_tp" --tp 2 --sp
 run_mpi "test_dist_tp -np 4 (TP=4 + SP, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67 --sp
 OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2 + SP, 2 threads)" 2 "$T/test_dist_tp" --sp
+# rollout TP (rollout.tensor_model_parallel_size): the engine's slice against the whole engine
+run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2)" 2 "$T/test_dist_rollout_tp"
+run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2, vocab 67 padded, one kv head)" 2 "$T/test_dist_rollout_tp" --vocab 67 --nkv 1
+run_mpi "test_dist_rollout_tp -np 4 (rollout TP 4, kv heads replicated)" 4 "$T/test_dist_rollout_tp"
+OMP_NUM_THREADS=2 run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2, 2 threads)" 2 "$T/test_dist_rollout_tp"
 run_mpi "test_dist_replay -np 2 (fsdp 2)" 2 "$T/test_dist_replay" --fsdp 2
 run_mpi "test_dist_replay -np 2 (ep 2)" 2 "$T/test_dist_replay" --ep 2
 run_mpi "test_dist_replay -np 2 (sp 2)" 2 "$T/test_dist_replay" --sp 2
@@ -161,6 +175,9 @@ run_mpi "test_dist_recompute -np 2 (pp 2)" 2 "$T/test_dist_recompute" --pp 2
 run_mpi "test_dist_recompute -np 3 (pp 3)" 3 "$T/test_dist_recompute" --pp 3
 run_mpi "test_dist_recompute -np 4 (ep 2 x fsdp 2)" 4 "$T/test_dist_recompute" --ep 2 --fsdp 2
 run_mpi "test_dist_recompute -np 4 (pp 2 x fsdp 2)" 4 "$T/test_dist_recompute" --pp 2 --fsdp 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_recompute" --pp 2 --ep 2
+run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2, micro-batches of 14)" 4 "$T/test_dist_recompute" --pp 2 --ep 2 --mb 14
+run_mpi "test_dist_replay -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_replay" --pp 2 --ep 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
 for lay in fsdp ep sp pp; do
     run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"
@@ -428,6 +445,17 @@ first_steps 4 "$W/pf4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.fs
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on -np 4 pp 2 x fsdp 2" 4 "$W/pf4" "$W/c1" 2e-5 "${SFTX[@]}" \
     actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
 resumed "checkpoint of -np 4 pp 2 x fsdp 2 resumed on one process" 1 "$W/pf4b" "$W/c1" 2e-5 "${SFTX[@]}"
+# pipeline × EP (issue 27): -np 4 pp 2 x ep 2 (each stage's experts split over its 2 ranks, one pipeline each)
+# against one process (EP's tolerance, 5e-5: the experts' GEMMs sum both pipelines' rows in one pass); its
+# checkpoint (the stages gathered onto the keeper's stage, then its expert group's experts onto the keeper)
+# resumed on -np 4 pp 2 x ep 2 and on one process against the uninterrupted run
+mpi_sft 4 "$W/r4p2e2" 180 "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 4 pp 2 x ep 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/r1" "$W/r4p2e2" 5e-5 && grep -q "pipeline partition (2 stages" "$W/err"'
+first_steps 4 "$W/pe4" copy "${SFTX[@]}" actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 pp 2 x ep 2 resumed on -np 4 pp 2 x ep 2" 4 "$W/pe4" "$W/c1" 5e-5 "${SFTX[@]}" \
+    actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
+resumed "checkpoint of -np 4 pp 2 x ep 2 resumed on one process" 1 "$W/pe4b" "$W/c1" 5e-5 "${SFTX[@]}"
 # tensor parallelism (actor.megatron.tensor_model_parallel_size; 2 kv heads so that each TP rank holds one):
 # -np 2 tp 2 and -np 4 tp 2 x dp 2 against one process (vocabulary 259 padded to 2 x 130). Weights within
 # 5e-5 (tests/test_dist_tp.c's bound, ≈ lr/60): o_proj's, the MLP's and the embedding's outputs are partial

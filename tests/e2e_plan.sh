@@ -94,11 +94,11 @@ rc=$?
 $M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
 grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&
     grep -q "every 1 step)" "$OUT/one" && ok || fail "plan's singular counts: $(grep -E '^model|^trainer' "$OUT/one")"
-# layouts moerl refuses (the pipeline combines only with data parallelism: par_check_pp_alone),
+# layouts moerl refuses (the pipeline combines only with data parallelism and EP: par_check_pp_alone),
 # model.* beside --model (the architecture is the config.json's: they would be dropped), and batch
 # or length values whose tokens per step overflow or whose FSDP replay would not end
 for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combines only with data parallelism" \
-    "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2:actor.expert_parallel_size (2)" \
+    "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
     "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1:actor.fsdp_config.fsdp_size (2)" \
     "model.num_experts=64:model.num_experts (command line)" \
@@ -374,6 +374,10 @@ PY
 4|actor.ulysses_sequence_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2
 4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2
+4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+8|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.virtual_pipeline_parallel_size=3 actor.moe.capacity_factor=2
 2|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
 3|actor.fsdp_config.fsdp_size=3 actor.fsdp_config.reshard_after_forward=false
 4|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false

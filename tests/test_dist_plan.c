@@ -433,7 +433,8 @@ int main(int argc, char **argv) {
             got[3] = g->replicas > 1 ? dist_comm_bytes(g->replica_comm, DIST_OP_ALLREDUCE) : 0;
             got[4] = dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL);
             got[10] = ps.ep && ps.fsdp && g->ep_replica_comm ? dist_comm_bytes(g->ep_replica_comm, DIST_OP_ALLREDUCE) : 0;
-            got[5] = ps.ep && !ps.fsdp ? dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE) +
+            /* (pipeline × EP: the stage's all-reduce is row 7's, the expert slices' over ep_dp_comm row 5's) */
+            got[5] = ps.ep && !ps.fsdp ? (pp_owned ? 0 : dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE)) +
                                  (g->ep_dp_comm != g->stage_comm ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) : 0)
                            : 0;
             got[6] = dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL);
@@ -525,6 +526,9 @@ int main(int argc, char **argv) {
             int l0, l1;
             MOERL_ASSERT(plan_pp_chunk_params(&mc, gpp, gv, PLAN_PP_STAGE_LOCAL, vs % gpp, vs / gpp, &d, &e, &l0, &l1) ==
                          MOERL_OK);
+            /* pipeline × EP: the stage of the sliced layout holds 1/ep of the experts (plan's e / ep: exact here,
+             * the test model's expert tensors being multiples of 16·ep floats, so each slice pads as its share) */
+            e /= gep;
             if ((double)(shi[vs] - slo[vs]) != d + e) {
                 ranges_ok = 0;
                 printf("[rank %d] virtual stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, vs,

@@ -83,15 +83,17 @@ int par_read_keys(const cfg *c, par_config *pc);
  * GQA), pp ≤ L. The message names the key, its value and what would fit. */
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
 /* The layouts `moerl plan` models with the pipeline: actor.pipeline_parallel_size > 1 needs FSDP
- * (fsdp_size, -1 = the T/pp ranks of a stage), EP and Ulysses SP all 1 (plan refuses the rest with
- * this before any work; the runtime's wider rule is par_check_pp_compose). Not part of par_check: the
+ * (fsdp_size, -1 = the T/pp ranks of a stage) and Ulysses SP 1; EP as par_check_pp_compose allows it
+ * (plan refuses the rest with this before any work; the runtime's wider rule is par_check_pp_compose). Not part of par_check: the
  * grid itself (par_grid_init) lays out any combination. T: trainer ranks. Errors name every key with
  * its value. */
 int par_check_pp_alone(const par_config *pc, int T);
 /* The layouts the pipeline combines with in this build (par_state_init builds them; `moerl rl` refuses
- * the rest with this before any work): data parallelism and FSDP (each stage's units sharded over its
- * FSDP group, parallel.c); actor.expert_parallel_size and actor.ulysses_sequence_parallel_size must be 1
- * with actor.pipeline_parallel_size > 1. Errors name the keys with their values. */
+ * the rest with this before any work): data parallelism, FSDP (each stage's units sharded over its
+ * FSDP group, parallel.c) and EP (each stage's experts split over its expert groups, plain or interleaved
+ * 1F1B, without FSDP); actor.ulysses_sequence_parallel_size must be 1 with actor.pipeline_parallel_size > 1,
+ * and with actor.expert_parallel_size > 1 actor.fsdp_config.fsdp_size must be 1. Errors name the keys with
+ * their values. */
 int par_check_pp_compose(const par_config *pc);
 /* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
  * when > 1, every other model-parallel size is 1 (TP × DP only in this build). The model's sizes (heads,

@@ -104,6 +104,29 @@ static int pp_fsdp_init(par_state *ps, moe_model *m) {
     return MOERL_OK;
 }
 
+/* Pipeline × EP: the expert side keeps a saved state per activation slot of the pipeline, and an empty
+ * micro-batch's layers run the idle exchanges (under recompute each backward layer first repeats its
+ * forward's, as model_backward does). */
+static void pp_ep_slot(void *ctx, int slot, int n) { ep_use_bank(((par_state *)ctx)->ep, slot, n); }
+static void pp_ep_idle(void *ctx, int l, int backward) {
+    par_state *ps = ctx;
+    if (backward && ep_recomputes(ps->ep)) ep_idle_layer(ps->ep, NULL, l, 0);
+    ep_idle_layer(ps->ep, NULL, l, backward);
+}
+
+/* Pipeline × EP (par_check_pp_compose refused FSDP and SP with it): EP slices the
+ * experts first (ep_state_attach), then the pipeline owns its stage of the sliced layout (pp_own_stage) and
+ * sums / norms the expert tensors over the expert groups (pp_set_experts). */
+static int pp_ep_init(par_state *ps, moe_model *m) {
+    const par_grid *g = ps->grid;
+    if (!(ps->ep = ep_state_attach(g, m, ps->cfg.max_tokens))) return MOERL_ERR;
+    pp_options po = pp_options_default();
+    po.quiet = ps->grid_borrowed;
+    if (!(ps->pp = pp_state_new(g, m, &po)) || pp_own_stage(ps->pp, m) != MOERL_OK) return MOERL_ERR;
+    const pp_expert_hooks h = {.ctx = ps, .use_slot = pp_ep_slot, .idle_layer = pp_ep_idle};
+    return pp_set_experts(ps->pp, g->ep_dp_comm, g->ep_comm, &ps->head, &h);
+}
+
 /* Each strategy's state over ps->grid for model m (a trainable model or an inference one): the body
  * shared by par_state_init_cfg and par_state_init_like. On error the states built so far stay in ps
  * for the caller's par_state_free. */
@@ -112,7 +135,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
      * the all-to-all capacity) by the micro-batch token limit of the command */
     const int max_tokens = ps->cfg.max_tokens;
-    /* what the pipeline does not compose with (EP, SP) is refused before anything is built */
+    /* what the pipeline does not compose with (SP; EP with FSDP) is refused before anything is built */
     if (g->pp > 1 && par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail;
     /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
      * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */
@@ -128,6 +151,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     }
     /* ---- pipeline × FSDP: the stage's units sharded over its FSDP group (pp_fsdp_init) ---- */
     if (g->pp > 1 && g->fsdp > 1 && g->ep == 1 && g->sp == 1 && pp_fsdp_init(ps, m) != MOERL_OK) goto fail;
+    /* ---- pipeline × EP: each stage's experts split over its expert groups (pp_ep_init) ---- */
+    if (g->pp > 1 && g->ep > 1 && pp_ep_init(ps, m) != MOERL_OK) goto fail;
     /* ---- FSDP (src/parallel/fsdp.c) ---- */
     if (g->fsdp > 1 && !ps->fsdp) {
         ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
@@ -275,6 +300,8 @@ void par_state_free(par_state *ps) {
     ps->tp = NULL;
     sp_state_free(ps->sp);
     ps->sp = NULL;
+    if (ps->pp && ps->ep && pp_release_stage(ps->pp) != MOERL_OK) /* pipeline × EP: the stages, then the experts */
+        moerl_fatal("par_state_free: assembling the pipeline's stages: %s", moerl_last_error());
     if (ps->ep && ps->fsdp) { /* EP × FSDP: the slice back in plain buffers first, then the whole model */
         fsdp_state_free(ps->fsdp);
         ps->fsdp = NULL;
@@ -412,7 +439,12 @@ size_t par_whole_params(const par_state *ps, const moe_model *m) {
 }
 
 void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float *local) {
-    if (ps && ps->ep && ps->fsdp) { /* EP × FSDP: the expert slice, then its FSDP shard */
+    if (ps && ps->pp && ps->ep) { /* pipeline × EP: the expert slice, then the stage's range of it */
+        float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
+        ep_slice_vec(ps->ep, m, whole, slice);
+        pp_slice_vec(ps->pp, slice, local);
+        free(slice);
+    } else if (ps && ps->ep && ps->fsdp) { /* EP × FSDP: the expert slice, then its FSDP shard */
         float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
         ep_slice_vec(ps->ep, m, whole, slice);
         fsdp_slice_vec(ps->fsdp, slice, local);
@@ -429,7 +461,7 @@ int par_grads_self_reduced(const par_state *ps) {
 }
 
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
-    if (ps && ps->pp && pp_is_owned(ps->pp)) { /* the stage's range */
+    if (ps && ps->pp && pp_is_owned(ps->pp) && !ps->ep) { /* the stage's range (pipeline × EP: below) */
         MOERL_ASSERT(os->n == m->n_params);
         adamw_state sh;
         pp_adamw_init(ps->pp, &sh, os->cfg);
@@ -584,8 +616,34 @@ static const moe_model *pp_fsdp_gather(par_state *ps, moe_model *m, int keep, co
     return rc == MOERL_OK && keep ? m : NULL;
 }
 
+/* Pipeline × EP: agree on the keeper as pp_gather does; the pipelines of the keeper's expert group assemble
+ * their (sliced) stages on the keeper's stage (pp_gather_full), whose expert group then assembles the whole
+ * model on the keeper (ep_gather_full); the stages' pages and moments are given back at once. */
+static const moe_model *pp_ep_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                     adamw_state *moments) {
+    int keeper = 0;
+    if (agree_keeper(ps, keep, moments, &keeper) != 1) return NULL;
+    const par_grid *g = ps->grid;
+    const int keep_d = keeper % g->D, keep_stage = keeper / g->D, on = g->stage == keep_stage;
+    if (g->d / g->ep != keep_d / g->ep) return NULL; /* another expert group's pipelines */
+    adamw_state lm = {0};
+    int rc = pp_gather_full(ps->pp, keep_stage, os, moments ? &lm : NULL);
+    moe_model *whole = on && keep ? xcalloc(1, sizeof *whole) : NULL;
+    if (on && rc == MOERL_OK) rc = ep_gather_full(ps->ep, m, moments ? &lm : NULL, keep, whole, moments);
+    pp_release_full(ps->pp, on, moments ? &lm : NULL);
+    if (rc != MOERL_OK || !keep) {
+        free(whole);
+        return NULL;
+    }
+    return whole;
+}
+
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
+    if (ps && ps->pp && ps->ep) {
+        if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
+        return pp_ep_gather(ps, m, keep, os, moments);
+    }
     if (ps && ps->pp && ps->fsdp) {
         if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
         return pp_fsdp_gather(ps, m, keep, os, moments);
@@ -642,6 +700,18 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
 void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
                       adamw_state *moments) {
     (void)m;
+    if (ps && ps->pp && ps->ep) { /* pipeline × EP: the assembled copy and its moments (the stages gave theirs back) */
+        if (full && full != m) {
+            model_free((moe_model *)full);
+            free((moe_model *)full);
+        }
+        if (moments && moments->m && (!os || moments->m != os->m)) {
+            free(moments->m);
+            free(moments->v);
+        }
+        if (moments) memset(moments, 0, sizeof *moments);
+        return;
+    }
     if (ps && ps->pp && pp_is_owned(ps->pp)) {
         pp_release_full(ps->pp, full != NULL, moments);
         return;

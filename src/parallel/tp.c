@@ -338,4 +338,59 @@ int tp_state_detach(tp_state *ts) {
     return rc;
 }
 
+/* ---- The streaming slice (rollout TP's weight sync) ---- */
+
+/* Whole row wr of a tensor of R rows → the local row of rank q (kind as tp_kind_kv; Rl local rows), −1 when
+ * q does not hold it. */
+static int64_t tp_local_row(int kind, int64_t wr, int64_t R, int64_t Rl, int q, int P) {
+    if (kind == TP_REPL || kind == TP_COLS) return wr;
+    if (kind == TP_ROWS) return wr / Rl == q ? wr - (int64_t)q * Rl : -1;
+    if (kind == TP_KV) return wr / Rl == (int64_t)q * (R / Rl) / P ? wr % Rl : -1;
+    const int64_t h = Rl / 2, w2 = wr < R / 2 ? wr : wr - R / 2; /* TP_ROWS2: gate rows, then up rows */
+    if (w2 / h != q) return -1;
+    return (wr < R / 2 ? 0 : h) + w2 - (int64_t)q * h;
+}
+
+int tp_slice_range(const moe_model *full, const moe_model *local, size_t off, const void *vals, size_t cnt, size_t esz,
+                   void *local_vec) {
+    const moe_config *lc = &local->cfg;
+    const int P = lc->exec.tp_size, q = lc->exec.tp_rank, split = lc->exec.tp_experts;
+    if (P <= 1 || full->n_tensors != local->n_tensors || full->cfg.exec.tp_size > 1 ||
+        lc->exec.tp_vocab != full->cfg.vocab_size)
+        return moerl_errorf("tp_slice_range: the source is not the whole model of the slice's config");
+    if (esz != 2 && esz != 4) return moerl_errorf("tp_slice_range: values of %zu bytes (fp32: 4, bf16: 2)", esz);
+    if (off > full->n_params || cnt > full->n_params - off)
+        return moerl_errorf("tp_slice_range: values [%zu, %zu) past the model's %zu", off, off + cnt, full->n_params);
+    const int kv_rep = full->cfg.num_key_value_heads < P;
+    const char *src = vals;
+    char *dst = local_vec;
+    for (int i = 0; i < local->n_tensors; i++) { /* tensors in layout order: stop past the range */
+        const tensor_info *t = &local->tensors[i], *f = &full->tensors[i];
+        if ((size_t)f->offset >= off + cnt) break;
+        if ((size_t)(f->offset + f->numel) <= off) continue;
+        const int kind = tp_kind_kv(t, split, kv_rep), nd = t->ndim;
+        const int64_t C = f->shape[nd - 1], R = nd > 1 ? f->shape[nd - 2] : 1;
+        const int64_t Rl = nd > 1 ? t->shape[nd - 2] : 1, Cl = t->shape[nd - 1];
+        const int64_t c0 = kind == TP_COLS ? (int64_t)q * Cl : 0; /* the columns this rank keeps */
+        const int64_t r_lo = ((int64_t)MOERL_MAX(off, (size_t)f->offset) - f->offset) / C,
+                      r_hi = ((int64_t)MOERL_MIN(off + cnt, (size_t)(f->offset + f->numel)) - f->offset + C - 1) / C;
+        for (int64_t br = r_lo; br < r_hi; br++) { /* whole rows (b, wr) = br over every leading index b */
+            const int64_t b = br / R, wr = br % R, lr = tp_local_row(kind, wr, R, Rl, q, P);
+            if (lr < 0) continue;
+            const size_t w0 = f->offset + (size_t)(br * C + c0), a = MOERL_MAX(w0, off),
+                         z = MOERL_MIN(w0 + (size_t)Cl, off + cnt);
+            if (z <= a) continue;
+            const size_t l0 = t->offset + (size_t)((b * Rl + lr) * Cl) + (a - w0);
+            memcpy(dst + l0 * esz, src + (a - off) * esz, (z - a) * esz);
+        }
+    }
+    return MOERL_OK;
+}
+
+void tp_state_free(tp_state *ts) {
+    if (!ts) return;
+    model_free(&ts->whole);
+    free(ts);
+}
+
 moe_model *tp_state_model(tp_state *ts) { return ts->model; }

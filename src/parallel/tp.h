@@ -65,4 +65,16 @@ int tp_load_weights(tp_state *ts, const char *dir);
 /* The slice model ts works on (the m of tp_state_attach). */
 moe_model *tp_state_model(tp_state *ts);
 
+/* Free ts without reassembling (the model keeps its slice). Not collective. */
+void tp_state_free(tp_state *ts);
+/* The streaming form of tp_slice_vec, for a weight broadcast received bucket by bucket (rollout TP:
+ * dist_recv_weights_stream): the part of a whole-model vector in [off, off + cnt) — vals, values of esz bytes
+ * (4 fp32, 2 bf16) at whole-layout offsets — copied to local_vec in local's layout wherever local (a slice of
+ * tp_config_apply, exec.tp_size / tp_rank / tp_experts) holds it; the vocabulary's padding rows are not
+ * written (the caller zeroes them once). Handing every range of [0, full->n_params) once fills local_vec as
+ * tp_slice_vec does. Not collective. Errors: full is not the whole model of local's config, the range past
+ * full->n_params, esz not 2 or 4. */
+int tp_slice_range(const moe_model *full, const moe_model *local, size_t off, const void *vals, size_t cnt, size_t esz,
+                   void *local_vec);
+
 #endif

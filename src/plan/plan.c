@@ -193,7 +193,7 @@ static int stage_params_v(const moe_config *c, int pp, int v, plan_pp_params lay
         *layers = *l1 - *l0;
         if (v > 1) { /* the replicated state holds everything; the layers it computes are its chunks' */
             double d, e;
-            int a, b;
+            int a = 0, b = 0;
             *layers = 0;
             for (int k = 0; k < v; k++) {
                 if (plan_pp_chunk_params(c, pp, v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) != MOERL_OK)
@@ -543,7 +543,8 @@ static int check_layout(const moe_config *c, const plan_input *in, plan_ctx *x) 
         return moerl_errorf("plan: actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs "
                             "FSDP on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d", x->fsdp);
     const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
-                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
+                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
+                           .virtual_pipeline_parallel_size = in->vpp};
     if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d rank%s of a pipeline stage",
@@ -670,6 +671,20 @@ static int n_moe_in(const moe_config *c, int l0, int l1) {
     return n;
 }
 
+/* The MoE layers stage `stage` computes: chunk 0's [l0, l1), and with v > 1 chunks every chunk's (interleaved
+ * pipeline × EP: each chunk's MoE layers run their all-to-alls). */
+static int stage_n_moe(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int l0, int l1) {
+    if (x->v <= 1) return n_moe_in(c, l0, l1);
+    int n = 0;
+    for (int k = 0; k < x->v; k++) {
+        double d, e;
+        int a, b;
+        if (plan_pp_chunk_params(c, in->pp, x->v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) == MOERL_OK)
+            n += n_moe_in(c, a, b);
+    }
+    return n;
+}
+
 static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int sp_rank,
                    int fsdp_rank, plan_traffic *t) {
     memset(t, 0, sizeof *t);
@@ -724,6 +739,16 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         } else if (R > 1) {
             t->replica_allreduce = 2.0 * (R - 1) / R * S * 4; /* fp32 gradient shard */
         }
+    } else if (ep > 1 && pp_local) {
+        /* pipeline × EP: pp_finish_grads sums the stage's replicated tensors over its D ranks and its expert
+         * slices over the D/ep ranks holding the same experts (pipeline.c expert_runs: padded tensors) */
+        const int D = x->S, Dx = x->S / ep;
+        if (D > 1) {
+            const double f = 2.0 * (D - 1) / D, tied = plan_pp_tied_copy(c, in->pp, in->pp_params, stage);
+            t->pp_grad_allreduce = f * dense * db;
+            if (tied > 0) t->pp_grad_allreduce += f * tied * db;
+        }
+        if (Dx > 1) t->ep_grad_allreduce = 2.0 * (Dx - 1) / Dx * (expert / ep) * db;
     } else if (ep > 1) {
         int64_t tot, dn, ex, hf;
         plan_param_counts(c, &tot, &dn, &ex, &hf);
@@ -745,7 +770,7 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     } else if (sum_group > 1) {
         t->reducer = (dense + expert) * db;
     }
-    const int n_moe = n_moe_in(c, l0, l1);
+    const int n_moe = stage_n_moe(c, in, x, stage, l0, l1);
     if (ep > 1 && n_moe > 0) {
         /* fwd: 2, bwd: 2 per layer; activation recompute (either granularity) re-runs the MoE forward's 2
          * before each layer's backward (forward.c recompute_layer; tests/test_dist_recompute.c counts them) */
@@ -801,7 +826,7 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
         replay_rank(c, ep, fsdp, 0, in->fsdp_keep_gathered, n_mb, 0, &gathered, NULL, NULL);
         t->fsdp_allgather = (fsdp - 1) * (gathered * db + (ep > 1 ? 0.0 : 4.0));
     }
-    const int n_moe = n_moe_in(c, l0, l1);
+    const int n_moe = stage_n_moe(c, in, x, stage, l0, l1);
     if (ep > 1 && n_moe > 0) { /* dispatch and combine per MoE layer and micro-batch */
         const double El = E / ep, exch = 2.0 * n_moe * n_mb;
         if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
