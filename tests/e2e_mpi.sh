@@ -27,6 +27,8 @@
 #                 tensor parallelism: -np 2 tp 2, -np 4 tp 2 x dp 2 against one process, resumed tp 2 -> one
 #                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
 #                 test_dist_tp -np 2 / 4; TP 2 x EP 2 on 4 ranks (experts whole, the tokens split over TP)
+#                 Megatron sequence parallelism: sft -np 2 / 4 tp 2 + SP against one
+#                 process, SP without TP refused, test_dist_tp --sp -np 2 / 4
 #   test_dist_rollout_tp  rollout TP 2 and 4 (padded vocabulary, one or replicated kv heads, 2 threads): greedy
 #                 tokens equal the whole engine's, logprobs and logits within 1e-4, every rank draws the same
 #                 sampled tokens, fp32 and bf16; KV per rank = whole / P
@@ -108,6 +110,7 @@ run_mpi "test_dist_trainer -np 4 (GSPO under pp 2 x ep 2: moerl rl's trainer ran
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x ep 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --tp 2 --ep 2 --etp 1
+run_mpi "test_dist_trainer -np 2 (GSPO under tp 2 + Megatron sequence parallelism)" 2 "$T/test_dist_trainer" --tp 2 --sp
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
@@ -149,6 +152,12 @@ run_mpi "test_dist_tp -np 2 (TP=2, one kv head replicated)" 2 "$T/test_dist_tp" 
 run_mpi "test_dist_tp -np 4 (TP=4, 2 kv heads replicated)" 4 "$T/test_dist_tp" --tp 4 --nkv 2
 run_mpi "test_dist_tp -np 4 (TP=4, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67
 OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2, 2 threads)" 2 "$T/test_dist_tp"
+# Megatron sequence parallelism (actor.megatron.sequence_parallel): against one rank, against TP without SP, bytes
+run_mpi "test_dist_tp -np 2 (TP=2 + SP)" 2 "$T/test_dist_tp" --sp
+run_mpi "test_dist_tp -np 2 (TP=2 + SP, experts whole, vocab 67)" 2 "$T/test_dist_tp" --sp --etp 1 --vocab 67
+run_mpi "test_dist_tp -np 4 (TP=2 + SP x DP=2)" 4 "$T/test_dist_tp" --tp 2 --sp
+run_mpi "test_dist_tp -np 4 (TP=4 + SP, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67 --sp
+OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2 + SP, 2 threads)" 2 "$T/test_dist_tp" --sp
 # rollout TP (rollout.tensor_model_parallel_size): the engine's slice against the whole engine
 run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2)" 2 "$T/test_dist_rollout_tp"
 run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2, vocab 67 padded, one kv head)" 2 "$T/test_dist_rollout_tp" --vocab 67 --nkv 1
@@ -464,6 +473,17 @@ for np in 2 4; do
     EDGE_WHAT="moerl-mpi sft -np $np tp 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
     edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rt$np" 5e-5'
 done
+# Megatron sequence parallelism on top (norms and residual on half of each micro-batch's tokens): the same
+# run within the same bound (the same products; row sums by reduce-scatter instead of all-reduce, the norms'
+# gradients summed from the halves: another fp32 order); without TP it is refused naming both keys
+for np in 2 4; do
+    mpi_sft "$np" "$W/rts$np" 180 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true
+    EDGE_WHAT="moerl-mpi sft -np $np tp 2 + sequence_parallel against one process (rc $rc): $(tail -c 300 "$W/err")"
+    edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rts$np" 5e-5'
+done
+mpi_sft 2 "$W/ts1" 60 "${SFTT[@]}" actor.megatron.sequence_parallel=true
+EDGE_WHAT="moerl-mpi sft -np 2 sequence_parallel without TP must be refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "sequence_parallel=true needs actor.megatron.tensor_model_parallel_size ≥ 2 (got 1)" "$W/err" && [[ ! -e $W/ts1/checkpoint ]]'
 "$M" sft --config "$W/sft.yaml" "${SFTT[@]}" "${RES[@]}" trainer.total_training_steps=4 \
     trainer.default_local_dir="$W/ct1" >/dev/null 2>&1
 first_steps 2 "$W/t2" copy "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2

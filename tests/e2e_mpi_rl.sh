@@ -439,6 +439,9 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     # with the same TP rank; src/parallel/tp_ep.h): dp 2 as TP 2 x DP 2, against DP 2 on the same batch
     mp_case "TP 2 x EP 2 (moerl rl)" mp_tpep 5 4 mp_dp2 actor.megatron.tensor_model_parallel_size=2 \
         actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
+    # Megatron sequence parallelism on the TP group (norms and residual on half the tokens): the same bound
+    mp_case "TP 2 + sequence parallel (moerl rl)" mp_tpsp 3 2 mp_dp1 actor.megatron.tensor_model_parallel_size=2 \
+        actor.megatron.sequence_parallel=true
 else bad "model-parallel references" "a data-parallel run failed"; tail_log mp_dp2; tail_log mp_dp4; fi
 # ---------------------------------------------------------------- the KL reference under model parallelism
 # actor.use_kl_loss=true: the reference is sharded as the actor (trainer_shard_ref: FSDP's unit shards,

@@ -38,7 +38,8 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
 done
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
-# (TP with EP and expert-TP, FSDP, Ulysses, pipeline) plan refuses, naming the keys
+# (TP with EP and expert-TP, FSDP, Ulysses, pipeline) plan refuses, naming the keys; Megatron sequence
+# parallelism runs but plan does not model its rows: refused too, naming the key
 j1=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 2>"$OUT/err") || fail "plan dp 8: $(cat "$OUT/err")"
 j2=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     2>"$OUT/err") || fail "plan tp 2 × dp 4: $(cat "$OUT/err")"
@@ -67,7 +68,8 @@ assert c["tp_bytes_per_update"] > b["tp_bytes_per_update"] > 0  # + the expert r
 PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
-    "model.enable_gradient_checkpointing=true:recompute"; do
+    "model.enable_gradient_checkpointing=true:recompute" \
+    "actor.megatron.sequence_parallel=true:moerl plan does not model actor.megatron.sequence_parallel=true"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
     $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv \

@@ -16,7 +16,12 @@
  * --ep 2 (with --etp 1): TP × EP × DP (src/parallel/tp_ep.h): the experts split over EP groups of ranks with the
  * same TP rank, each TP rank's share of the tokens dispatched over its EP group; one keeper (rank 0) assembles
  * the whole model, the checkpoint loads into every rank's slice (par_slice_vec of the whole) and on one rank.
- * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V] [--ep N]. */
+ * --sp: Megatron sequence parallelism (actor.megatron.sequence_parallel, src/parallel/tp_sp.h) on: the same
+ * checks against one rank, and (dp 1) check_sp_vs_tp: one forward + backward of N and of N − 1 tokens (one of
+ * them not a multiple of the TP size) with SP and with a second grid without it, logp / entropy / gradients
+ * compared, and the bytes the TP group sent counted per operation against the formula of tp_sp.h (reduce-scatter
+ * and all-gather of ⌈N/P⌉·H floats per row-parallel output / column-parallel input instead of all-reduces).
+ * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V] [--ep N | --sp]. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -114,8 +119,13 @@ static void check_refusals(void) {
     par_def_keys(k);
     par_config rd;
     MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.sequence_parallel=true") == MOERL_OK);
-    CHECK(par_read_keys(k, &rd) == MOERL_ERR && strstr(moerl_last_error(), "actor.megatron.sequence_parallel=true"),
-          "sequence_parallel: %s", moerl_last_error());
+    CHECK(par_read_keys(k, &rd) == MOERL_ERR && strstr(moerl_last_error(), "actor.megatron.sequence_parallel=true") &&
+              strstr(moerl_last_error(), "tensor_model_parallel_size ≥ 2 (got 1)"),
+          "sequence_parallel without TP: %s", moerl_last_error());
+    MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.tensor_model_parallel_size=2") == MOERL_OK);
+    CHECK(par_read_keys(k, &rd) == MOERL_OK && rd.sequence_parallel == 1 && rd.tensor_model_parallel_size == 2,
+          "sequence_parallel with tp 2 accepted: %s", moerl_last_error());
+    MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.tensor_model_parallel_size=1") == MOERL_OK);
     MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.sequence_parallel=false") == MOERL_OK);
     MOERL_ASSERT(cfg_apply_override(k, "actor.megatron.expert_tensor_parallel_size=3") == MOERL_OK);
     CHECK(par_read_keys(k, &rd) == MOERL_ERR && strstr(moerl_last_error(), "expert_tensor_parallel_size=3"),
@@ -164,6 +174,95 @@ static void check_vocab_parallel(par_state *ps, moe_model *m, const moe_model *w
     model_free(&w);
 }
 
+/* One forward, vocab-parallel logp / entropy and backward of the first N tokens of b on model m under par (a
+ * par_state): fills logp, ent [N] and m's gradients (par_finish_grads); bytes[DIST_OP_COUNT] = what the TP group
+ * sent during forward + logprobs + backward. */
+static void sp_pass(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent, double *bytes) {
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, m, FX_MAX_TOKENS) == MOERL_OK);
+    a.par = ps;
+    const int cu[2] = {0, N};
+    int tgt[FX_N_SEQ * 16];
+    float dl[FX_N_SEQ * 16], de[FX_N_SEQ * 16];
+    for (int n = 0; n < N; n++) {
+        tgt[n] = n % 7 == 3 ? -1 : b->tok[(n + 1) % N];
+        dl[n] = 0.01f * (float)(n % 5) - 0.02f;
+        de[n] = 0.003f * (float)(n % 3) - 0.002f;
+    }
+    dist_comm *tc = ps->grid->tp_comm;
+    dist_comm_reset_bytes(tc);
+    model_zero_grad(m);
+    CHECK_R(model_forward(m, &a, b->tok, cu, NULL, 1, N) == MOERL_OK, "forward (N %d): %s", RANK, N, moerl_last_error());
+    model_logprobs(m, &a, tgt, 0.7f, 1);
+    model_backward(m, &a, dl, de, 0.05f);
+    for (int op = 0; op < DIST_OP_COUNT; op++) bytes[op] = dist_comm_bytes(tc, (dist_op)op);
+    MOERL_ASSERT(par_finish_grads(ps, 1, 1) == MOERL_OK); /* q/k-norm sums; with SP the RMSNorms' too */
+    memcpy(logp, a.logp, (size_t)N * sizeof(float));
+    memcpy(ent, a.entropy, (size_t)N * sizeof(float));
+    model_acts_free(&a);
+}
+
+/* SP against TP without SP on the same slice weights (dp 1): log-probabilities, entropy and gradients of one
+ * pass, and the bytes each moved (tp_sp.h), for N tokens and N − 1. Collective over the world. */
+static void check_sp_vs_tp(par_state *ps, moe_model *m, const moe_model *whole0, const fx_batch *b, int etp) {
+    moe_model m2;
+    MOERL_ASSERT(model_init(&m2, &whole0->cfg) == MOERL_OK);
+    memcpy(m2.params, whole0->params, m2.n_params * sizeof(float));
+    par_config pc2 = ps->grid->cfg;
+    pc2.sequence_parallel = 0;
+    par_state ps2;
+    CHECK_R(par_state_init_cfg(&ps2, g_ctx, &pc2, &m2) == MOERL_OK, "the grid without SP: %s", RANK, moerl_last_error());
+    CHECK_R(memcmp(m2.params, m->params, m->n_params * sizeof(float)) == 0, "the two slices differ", RANK);
+    const moe_config *c = &m->cfg;
+    const int P = ps->grid->tp, L = c->num_hidden_layers;
+    int n_mlp = 0; /* row-parallel MLP outputs: dense layers, and MoE layers under expert-TP */
+    for (int l = 0; l < L; l++) n_mlp += !moe_config_layer_is_moe(c, l) || etp != 1;
+    int n_moe = 0;
+    for (int l = 0; l < L; l++) n_moe += moe_config_layer_is_moe(c, l);
+    float *g1 = xalloc_aligned((m->n_params + 1) * sizeof(float));
+    for (int N = b->n_tokens; N >= b->n_tokens - 1; N--) {
+        float lp1[FX_N_SEQ * 16], en1[FX_N_SEQ * 16], lp2[FX_N_SEQ * 16], en2[FX_N_SEQ * 16];
+        double by1[DIST_OP_COUNT], by2[DIST_OP_COUNT];
+        sp_pass(ps, m, b, N, lp1, en1, by1);
+        memcpy(g1, m->grads, m->n_params * sizeof(float));
+        sp_pass(&ps2, &m2, b, N, lp2, en2, by2);
+        /* the same products; the row sums over the group (reduce-scatter vs all-reduce) and the norms' gradient
+         * (partial over each rank's rows, then summed) in another fp32 order: as check_vocab_parallel's bounds */
+        t_close("SP logp vs TP without SP", lp1, lp2, N, 2e-5f, 2e-5f);
+        t_close("SP entropy vs TP without SP", en1, en2, N, 2e-5f, 2e-5f);
+        t_close("SP gradients vs TP without SP", g1, m2.grads, (long)m->n_params, 1e-6f, 1e-4f);
+        /* bytes (dist.h's convention): rows of H floats; c = ⌈N/P⌉ rows a rank; the vocab-parallel statistics
+         * (two passes: forward, and vp_logprob_backward's recompute) and expert-TP's routing-weight gradient are
+         * the same with and without SP */
+        const double H = c->hidden_size, rows = (double)((N + P - 1) / P), f = 2.0 * (P - 1) / P;
+        const double n_rs = 2 + 2 * L + 2 * n_mlp, n_ag = 4 * L + 2, n_ar = n_rs;
+        const double stats_ar = 2 * f * 4 * N * 8, stats_ag = 2 * (P - 1) * 2.0 * N * 4;
+        const double topk_ar = etp != 1 ? f * 4.0 * N * c->num_experts_per_tok * n_moe : 0;
+        const double want_rs = n_rs * (P - 1) * rows * H * 4, want_ag = n_ag * (P - 1) * rows * H * 4 + stats_ag;
+        const double want_ar_tp = n_ar * f * N * H * 4 + stats_ar + topk_ar;
+        CHECK_R(by1[DIST_OP_REDUCE_SCATTER] == want_rs && by1[DIST_OP_ALLGATHER] == want_ag &&
+                    by1[DIST_OP_ALLREDUCE] == stats_ar + topk_ar,
+                "SP bytes (N %d): reduce-scatter %.0f (want %.0f), all-gather %.0f (want %.0f), all-reduce %.0f "
+                "(want %.0f)", RANK, N, by1[DIST_OP_REDUCE_SCATTER], want_rs, by1[DIST_OP_ALLGATHER], want_ag,
+                by1[DIST_OP_ALLREDUCE], stats_ar + topk_ar);
+        CHECK_R(by2[DIST_OP_ALLREDUCE] == want_ar_tp && by2[DIST_OP_REDUCE_SCATTER] == 0 && by2[DIST_OP_ALLGATHER] == stats_ag,
+                "TP bytes (N %d): all-reduce %.0f (want %.0f)", RANK, N, by2[DIST_OP_ALLREDUCE], want_ar_tp);
+        /* Korthikanti et al.: with N a multiple of P and every row-parallel output reduce-scattered (expert-TP)
+         * SP moves exactly the bytes of the all-reduces it replaces */
+        if (N % P == 0 && etp != 1)
+            CHECK_R(fabs((by1[DIST_OP_REDUCE_SCATTER] + by1[DIST_OP_ALLGATHER] - stats_ag) -
+                         (by2[DIST_OP_ALLREDUCE] - stats_ar - topk_ar)) < 0.5,
+                    "SP's reduce-scatter + all-gather bytes != TP's all-reduce bytes (N %d)", RANK, N);
+        if (RANK == 0)
+            printf("  N %d tp %d: SP reduce-scatter %.0f + all-gather %.0f B (rows), TP all-reduce %.0f B (rows)\n", N,
+                   P, by1[DIST_OP_REDUCE_SCATTER], by1[DIST_OP_ALLGATHER] - stats_ag,
+                   by2[DIST_OP_ALLREDUCE] - stats_ar - topk_ar);
+    }
+    free(g1);
+    par_state_free(&ps2);
+    model_free(&m2);
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -176,17 +275,18 @@ int main(int argc, char **argv) {
         dist_finalize(g_ctx);
         TEST_MAIN_END();
     }
-    int tp = g_ctx->world_size, nkv = 2, etp = -1, vocab = 64, ep = 1;
+    int tp = g_ctx->world_size, nkv = 2, etp = -1, vocab = 64, ep = 1, sp = 0;
     static const struct option lo[] = {{"tp", 1, 0, 't'}, {"nkv", 1, 0, 'k'}, {"etp", 1, 0, 'e'}, {"vocab", 1, 0, 'v'},
-                                       {"ep", 1, 0, 'p'}, {0, 0, 0, 0}};
+                                       {"ep", 1, 0, 'p'}, {"sp", 0, 0, 's'}, {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (o == 't') tp = atoi(optarg);
         else if (o == 'k') nkv = atoi(optarg);
         else if (o == 'e') etp = atoi(optarg);
         else if (o == 'v') vocab = atoi(optarg);
         else if (o == 'p') ep = atoi(optarg);
+        else if (o == 's') sp = 1;
         else {
-            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64] [--ep N]\n");
+            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64] [--ep N | --sp]\n");
             return 1;
         }
     }
@@ -205,6 +305,7 @@ int main(int argc, char **argv) {
     memcpy(m.params, init.params, m.n_params * sizeof(float));
     par_config pc = tp_pc(tp, etp);
     pc.expert_parallel_size = ep;
+    pc.sequence_parallel = sp;
     par_state ps;
     CHECK_R(par_state_init_cfg(&ps, g_ctx, &pc, &m) == MOERL_OK, "par_state_init_cfg (tp %d): %s", RANK, tp,
             moerl_last_error());
@@ -214,6 +315,7 @@ int main(int argc, char **argv) {
                 par_whole_params(&ps, &m) == init.n_params && par_batch_copies(&ps) == tp,
             "the slice: tp_size %d, %zu of %zu floats", RANK, m.cfg.exec.tp_size, m.n_params, init.n_params);
     if (g->dp == 1) check_vocab_parallel(&ps, &m, &init, &b);
+    if (g->dp == 1 && sp) check_sp_vs_tp(&ps, &m, &init, &b, etp);
     model_acts a;
     MOERL_ASSERT(model_acts_init(&a, &m, FX_MAX_TOKENS) == MOERL_OK);
     a.par = &ps;

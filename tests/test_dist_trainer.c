@@ -16,7 +16,7 @@
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
  * when this test was written).
  * Groups: generated once by a rollouter from a tiny random model (same seeds on every rank, so
- * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] [--etp 1]
+ * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T [--sp]] [--etp 1]
  * (every rank is a trainer; --tp 2 --ep 2 --etp 1: TP × EP with the experts whole). */
 #include <math.h>
 #include <stdlib.h>
@@ -188,13 +188,18 @@ static void gspo_config(rl_config *c) {
     c->ppo.clip_ratio_high = 0.28f;
 }
 
-/* --fsdp F --ep E --pp P --tp T (mpirun): the layout under which the GSPO variants run against DP=1. */
+/* --fsdp F --ep E --pp P --tp T [--sp] (mpirun): the layout under which the GSPO variants run against DP=1
+ * (--sp: actor.megatron.sequence_parallel on the TP group). */
 static int parse_layout(int argc, char **argv, par_config *pc) {
     *pc = (par_config){.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
                        .pipeline_parallel_size = 1, .dispatcher = MOE_DISPATCH_AUTO, .alltoall_max_ep = 16,
                        .capacity_factor = 1.25};
     int on = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--sp")) { /* Megatron sequence parallelism on the TP group (with --tp) */
+            pc->sequence_parallel = 1;
+            continue;
+        }
         const int v = i + 1 < argc ? atoi(argv[i + 1]) : 0;
         if (!strcmp(argv[i], "--fsdp")) pc->fsdp_size = v;
         else if (!strcmp(argv[i], "--ep")) pc->expert_parallel_size = v;
@@ -202,7 +207,7 @@ static int parse_layout(int argc, char **argv, par_config *pc) {
         else if (!strcmp(argv[i], "--tp")) pc->tensor_model_parallel_size = v;
         else if (!strcmp(argv[i], "--etp")) pc->expert_tensor_parallel_size = v; /* 1: experts whole (TP × EP) */
         else {
-            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] [--etp 1]\n");
+            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T [--sp]] [--etp 1]\n");
             exit(2);
         }
         if (v < 1) {

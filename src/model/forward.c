@@ -71,6 +71,39 @@ static void tp_sum_team(void *tp, float *x, size_t n) {
 static void *tp_expert_par(const moe_model *m, void *par) { return m->cfg.exec.tp_experts ? tp_par(par) : NULL; }
 /* The first vocabulary row this rank holds (vocab-parallel embedding and LM head; 0 without TP). */
 static int tp_vocab_lo(const moe_config *c) { return c->exec.tp_size > 1 ? c->exec.tp_rank * c->vocab_size : 0; }
+
+/* Megatron sequence parallelism (model_hooks.tp_reduce_scatter / tp_all_gather; src/parallel/tp_sp.c): par when
+ * its table has them, else NULL. Under it the residual stream and the RMSNorms of a TP rank cover its rows
+ * [s0, s1) of the micro-batch (model_sp_rows); every token-parallel matrix product still covers all N rows. */
+static void *tp_sp_par(void *par) {
+    const model_hooks *h = model_par_hooks(par);
+    return h && h->tp_reduce_scatter ? par : NULL;
+}
+/* Team collectives of SP (every thread calls; barrier, thread 0's hook, barrier; a NULL sp is a no-op):
+ * x[N,H]'s rows gathered from their owners (gather 1) / partial rows reduce-scattered to this rank's rows (0). */
+static void sp_collective_team(void *sp, float *x, int N, int H, int gather) {
+    if (!sp) return;
+#pragma omp barrier
+#pragma omp master
+    {
+        const model_hooks *h = model_par_hooks(sp);
+        (gather ? h->tp_all_gather : h->tp_reduce_scatter)(sp, x, N, H);
+    }
+#pragma omp barrier
+}
+#define sp_gather_team(sp, x, N, H) sp_collective_team((sp), (x), (N), (H), 1)
+#define sp_scatter_team(sp, x, N, H) sp_collective_team((sp), (x), (N), (H), 0)
+/* x[N,H]'s partial rows summed over the TP group tp (NULL: nothing to sum): all-reduced, or under SP
+ * reduce-scattered to this rank's rows (Megatron's row-parallel output with sequence_parallel). */
+static void tp_sum_rows_team(void *tp, float *x, int N, int H) {
+    if (tp && tp_sp_par(tp)) sp_scatter_team(tp, x, N, H);
+    else tp_sum_team(tp, x, (size_t)N * H);
+}
+/* A team barrier under SP (a NULL sp: none): a thread's slice rows were written as other threads' token rows. */
+static void sp_sync_team(void *sp) {
+    if (!sp) return;
+#pragma omp barrier
+}
 /* ------------------------------------------------------------------ activation arena */
 
 typedef struct {
@@ -337,6 +370,17 @@ static void team_share(int n, int *i0, int *i1) {
     const long t = team_thread(), nt = team_threads();
     *i0 = (int)(n * t / nt);
     *i1 = (int)(n * (t + 1) / nt);
+}
+
+/* The rows of the residual stream and the RMSNorms this thread computes: its token rows [r0, r1), or under
+ * Megatron sequence parallelism its share of this rank's slice of the a->N tokens (model_sp_rows). */
+static void resid_rows(const moe_model *m, const model_acts *a, int r0, int r1, int *q0, int *q1) {
+    *q0 = r0, *q1 = r1;
+    if (!tp_sp_par(a->par)) return;
+    int s0, s1;
+    model_sp_rows(a->N, m->cfg.exec.tp_size, m->cfg.exec.tp_rank, &s0, &s1);
+    team_share(s1 - s0, q0, q1);
+    *q0 += s0, *q1 += s0;
 }
 
 /* OpenBLAS must be single-threaded inside a team. OpenMP builds (openblas_get_parallel() == 2)
@@ -836,9 +880,13 @@ void mlp_forward_par(const moe_model *m, int l, const float *x, float *out, mlp_
 static void attn_in_rows(const moe_model *m, model_acts *a, int l, int r0, int r1) {
     layer_acts *L = &a->layers[l];
     const int H = m->cfg.hidden_size;
+    int q0, q1; /* SP: ln1 of this rank's rows, then all-gathered (the column-parallel q/k/v input) */
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    if (q1 > q0)
+        rmsnorm_forward(L->ln1 + (size_t)q0 * H, L->ln1_rstd + q0, L->resid_in + (size_t)q0 * H,
+                        m->p.layers[l].input_layernorm, q1 - q0, H, m->cfg.rms_norm_eps);
+    sp_gather_team(tp_sp_par(a->par), L->ln1, a->N, H);
     if (r1 <= r0) return;
-    rmsnorm_forward(L->ln1 + (size_t)r0 * H, L->ln1_rstd + r0, L->resid_in + (size_t)r0 * H,
-                    m->p.layers[l].input_layernorm, r1 - r0, H, m->cfg.rms_norm_eps);
     qkv_rows(m, l, L->ln1, L->q_raw, L->k_raw, L->q_rstd, L->k_rstd, L->q, L->k, L->v, a->pos, a->rope_cos,
              a->rope_sin, r0, r1);
 }
@@ -902,8 +950,10 @@ static void tp_row_parallel_out(const moe_model *m, model_acts *a, void *tp, flo
                                 const float *W, const float *resid, int r0, int r1, int In) {
     const int H = m->cfg.hidden_size, n = r1 - r0;
     if (n > 0) lin(m, out + (size_t)r0 * H, x + (size_t)r0 * In, W, n, In, H, 0);
-    tp_sum_team(tp, out, (size_t)a->N * H);
-    const size_t nH = (size_t)n * H, o = (size_t)r0 * H;
+    tp_sum_rows_team(tp, out, a->N, H); /* SP: reduce-scattered, the residual on this rank's rows */
+    int q0, q1;
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    const size_t nH = (size_t)(q1 - q0) * H, o = (size_t)q0 * H;
     for (size_t i = 0; i < nH; i++) out[o + i] += resid[o + i];
 }
 
@@ -917,7 +967,9 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
     const int last = l + 1 == a->layer_hi; /* the last layer of this stage (of the model without pipeline) */
     float *out = last ? a->resid_out : a->layers[l + 1].resid_in;
-    const size_t o = (size_t)r0 * H;
+    int q0, q1; /* the residual and norm rows (SP: this rank's slice) */
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    const size_t o = (size_t)r0 * H, oq = (size_t)q0 * H;
     void *tp = tp_par(a->par);
     if (tp) /* row-parallel o_proj: this rank's heads' partial sum, all-reduced, then the residual */
         tp_row_parallel_out(m, a, tp, L->resid_mid, L->att, w->o_proj, L->resid_in, r0, r1, nhd);
@@ -925,26 +977,29 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         memcpy(L->resid_mid + o, L->resid_in + o, (size_t)n * H * sizeof(float));
         lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, n, nhd, H, 1);
     }
-    if (n > 0)
-        rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, n, H,
+    if (q1 > q0)
+        rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + q0, L->resid_mid + oq, w->post_attention_layernorm, q1 - q0, H,
                         c->rms_norm_eps);
+    sp_gather_team(tp_sp_par(a->par), L->ln2, N, H); /* SP: the MLP's input, every row (gather, then route) */
     route_io rt;
     const int routed = layer_route_io(m, a, l, &rt);
     mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
                      moe_dispatch_par(a->par), routed ? &rt : NULL);
-    tp_sum_team(w->router ? tp_expert_par(m, a->par) : tp, out, (size_t)N * H); /* row-parallel down projections */
-    if (n > 0) {
-        const float *rm = L->resid_mid + o;
-        float *ob = out + o;
-        const size_t nH = (size_t)n * H;
+    tp_sum_rows_team(w->router ? tp_expert_par(m, a->par) : tp, out, N, H); /* row-parallel down projections */
+    sp_sync_team(tp_sp_par(a->par)); /* SP with experts whole: no reduce-scatter, the rows are complete */
+    if (q1 > q0) {
+        const float *rm = L->resid_mid + oq;
+        float *ob = out + oq;
+        const size_t nH = (size_t)(q1 - q0) * H;
 #pragma omp simd
         for (size_t i = 0; i < nH; i++) ob[i] += rm[i];
     }
     if (!last) {
         attn_in_rows(m, a, l + 1, r0, r1);
-    } else if (n > 0 && a->logits) { /* a pipeline stage before the last has no head */
-        rmsnorm_forward(a->lnf + o, a->lnf_rstd + r0, a->resid_out + o, m->p.norm, n, H, c->rms_norm_eps);
-        lin(m, a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
+    } else if (a->logits) { /* a pipeline stage before the last has no head */
+        if (q1 > q0) rmsnorm_forward(a->lnf + oq, a->lnf_rstd + q0, a->resid_out + oq, m->p.norm, q1 - q0, H, c->rms_norm_eps);
+        sp_gather_team(tp_sp_par(a->par), a->lnf, N, H); /* SP: the vocab-parallel head's input, every row */
+        if (n > 0) lin(m, a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
     }
 }
 
@@ -976,6 +1031,10 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
     if (c->exec.tp_size > 1 && c->exec.recompute)
         return moerl_errorf("model_forward: activation recompute (model.enable_gradient_checkpointing) does not combine "
                             "with tensor parallelism (actor.megatron.tensor_model_parallel_size=%d) in this build",
+                            c->exec.tp_size);
+    if (tp_sp_par(a->par) && (c->exec.tp_size < 2 || sp || a->layer_lo > 0 || a->layer_hi < c->num_hidden_layers))
+        return moerl_errorf("model_forward: Megatron sequence parallelism (model_hooks.tp_reduce_scatter) needs a "
+                            "tensor-parallel slice (tp_size %d) of the whole model without Ulysses or a pipeline stage",
                             c->exec.tp_size);
     if (c->exec.ep_size > 1 && !moe_dispatch_par(a->par))
         return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
@@ -1028,7 +1087,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
                 if (v >= 0 && v < V) memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)v * H, H * sizeof(float));
                 else memset(x + (size_t)n * H, 0, H * sizeof(float));
             }
-            tp_sum_team(tp_par(a->par), x, (size_t)N * H);
+            tp_sum_rows_team(tp_par(a->par), x, N, H); /* SP: reduce-scattered to this rank's rows */
         }
         attn_in_rows(m, a, a->layer_lo, r0, r1);
     }
@@ -1255,7 +1314,7 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
             }
         }
     }
-    tp_sum_team(tp_expert_par(m, a->par), dx, (size_t)N * H); /* expert-TP: the experts' input gradient */
+    tp_sum_rows_team(tp_expert_par(m, a->par), dx, N, H); /* expert-TP: the experts' input gradient */
     if (n > 0)
         linear_backward(dx + (size_t)r0 * H, NULL, a->d_router_logits + (size_t)r0 * E, NULL, w->router, n, H, E, 1);
     SPAN_END("bwd permute + router wgrad", t);
@@ -1281,7 +1340,7 @@ static void dense_backward_team(moe_model *m, model_acts *a, int l, const float 
     wgrad_team(gw->mlp_down, dout, s->act, N, Id, H);
     wgrad_team(gw->mlp_gate_up, a->d_gate_up, x, N, H, 2 * Id);
 #pragma omp barrier
-    tp_sum_team(tp_par(a->par), dx, (size_t)N * H); /* column-parallel gate_up: partial input gradient */
+    tp_sum_rows_team(tp_par(a->par), dx, N, H); /* column-parallel gate_up: partial input gradient */
 }
 
 /* Layer l from its output back to resid_mid and through o_proj (team): on entry d_resid holds
@@ -1295,16 +1354,21 @@ static void layer_mlp_backward_team(moe_model *m, model_acts *a, int l, float au
     const layer_views *w = &m->p.layers[l];
     layer_views *gw = &m->g.layers[l];
     const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
+    void *sp = tp_sp_par(a->par);
+    int q0, q1; /* SP: the norm's rows are this rank's slice; ∂out and ∂resid_mid all-gathered for the products */
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    sp_gather_team(sp, a->d_resid, N, H);
     if (w->router) moe_backward_team(m, a, l, L->ln2, a->d_resid, a->d_tmp, aux_weight, r0, r1);
     else dense_backward_team(m, a, l, L->ln2, a->d_resid, a->d_tmp, r0, r1);
+    sp_sync_team(sp);
     norm_partials np = norm_partials_for(m, a);
     float *dw = norm_dw_slot(np.hidden, gw->post_attention_layernorm, H, np.nt);
-    if (n > 0) {
-        const size_t o = (size_t)r0 * H;
-        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, L->resid_mid + o, w->post_attention_layernorm,
-                         L->ln2_rstd + r0, n, H, 1);
-        linear_backward(a->d_att + (size_t)r0 * nhd, NULL, a->d_resid + o, NULL, w->o_proj, n, nhd, H, 0);
-    }
+    if (q1 > q0)
+        rmsnorm_backward(a->d_resid + (size_t)q0 * H, dw, a->d_tmp + (size_t)q0 * H, L->resid_mid + (size_t)q0 * H,
+                         w->post_attention_layernorm, L->ln2_rstd + q0, q1 - q0, H, 1);
+    sp_gather_team(sp, a->d_resid, N, H);
+    if (n > 0)
+        linear_backward(a->d_att + (size_t)r0 * nhd, NULL, a->d_resid + (size_t)r0 * H, NULL, w->o_proj, n, nhd, H, 0);
 #pragma omp barrier
     wgrad_team(gw->o_proj, a->d_resid, L->att, N, nhd, H);
     norm_dw_reduce(gw->post_attention_layernorm, np.hidden, H, np.nt);
@@ -1336,11 +1400,13 @@ static void layer_attn_backward_team(moe_model *m, model_acts *a, int l, int r0,
         linear_backward(a->d_tmp + o, NULL, a->d_k + ok, NULL, w->k_proj, n, H, nkv * hd, 1);
         linear_backward(a->d_tmp + o, NULL, a->d_v + ok, NULL, w->v_proj, n, H, nkv * hd, 1);
     }
-    tp_sum_team(tp_par(a->par), a->d_tmp, (size_t)N * H); /* column-parallel q/k/v: partial input gradient */
-    if (n > 0) {
-        const size_t o = (size_t)r0 * H;
-        rmsnorm_backward(a->d_resid + o, dw1, a->d_tmp + o, L->resid_in + o, w->input_layernorm, L->ln1_rstd + r0, n,
-                         H, 1);
+    tp_sum_rows_team(tp_par(a->par), a->d_tmp, N, H); /* column-parallel q/k/v: partial input gradient */
+    int q0, q1; /* SP: reduce-scattered, the input norm on this rank's rows */
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    if (q1 > q0) {
+        const size_t o = (size_t)q0 * H;
+        rmsnorm_backward(a->d_resid + o, dw1, a->d_tmp + o, L->resid_in + o, w->input_layernorm, L->ln1_rstd + q0,
+                         q1 - q0, H, 1);
     }
 #pragma omp barrier
     wgrad_team(gw->q_proj, a->d_q, L->ln1, N, H, nh * hd);
@@ -1367,10 +1433,13 @@ static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, 
                              a->targets + r0, n, V, a->temperature);
         linear_backward(a->d_tmp + o, NULL, a->d_logits + ov, NULL, m->p.lm_head, n, H, V, 0);
     }
-    tp_sum_team(tp_par(a->par), a->d_tmp, (size_t)N * H); /* vocab-parallel head: partial input gradient */
-    if (n > 0) {
-        const size_t o = (size_t)r0 * H;
-        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, a->resid_out + o, m->p.norm, a->lnf_rstd + r0, n, H, 0);
+    tp_sum_rows_team(tp_par(a->par), a->d_tmp, N, H); /* vocab-parallel head: partial input gradient */
+    int q0, q1; /* SP: reduce-scattered, the final norm on this rank's rows */
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    if (q1 > q0) {
+        const size_t o = (size_t)q0 * H;
+        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, a->resid_out + o, m->p.norm, a->lnf_rstd + q0, q1 - q0, H,
+                         0);
     }
 #pragma omp barrier
     wgrad_team(m->g.lm_head, a->d_logits, a->lnf, N, H, V);
@@ -1528,7 +1597,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
     const float scale = 1.0f / sqrtf((float)hd);
     const int nthr = team_size(m, N), nb = blas_team_begin(nthr);
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L; /* pipeline stage: see model_acts */
-    void *sp = attn_shard_par(a->par);
+    void *sp = attn_shard_par(a->par), *sp_tp = tp_sp_par(a->par);
     PAR_EVENT(a, MODEL_BWD_LAYER, hi); /* hi < L: a pipeline stage's region "layer hi−1's MLP" (FSDP unit hi) */
     if (head && tp_par(a->par)) vp_logprob_backward(m, a, tp_vocab_lo(c), dlogp, dentropy);
 #pragma omp parallel num_threads(nthr)
@@ -1560,6 +1629,7 @@ void model_backward(moe_model *m, model_acts *a, const float *dlogp, const float
             } else if (lo == 0) { /* a later pipeline stage leaves ∂loss/∂resid_in in d_resid */
                 /* embedding: scatter-add rows; each thread owns a block of columns (two tokens
                  * may share an id), tokens in order */
+                sp_gather_team(sp_tp, a->d_resid, N, H); /* SP: every row's ∂resid_in (the reduce-scatter's) */
 #pragma omp barrier
                 int h0, h1;
                 team_share(H, &h0, &h1);

@@ -95,7 +95,24 @@ typedef struct model_hooks {
      * with team barriers) or outside any team; every rank of the group calls it at the same points. */
     void (*tp_allreduce)(void *par, double *x, size_t n, int max);
     void (*tp_allreduce_f32)(void *par, float *x, size_t n);
+    /* Megatron sequence parallelism over the TP group (actor.megatron.sequence_parallel; src/parallel/tp_sp.c),
+     * both set or both NULL: the residual stream and the RMSNorms live on this rank's rows [s0, s1) of the N
+     * tokens (model_sp_rows). tp_reduce_scatter: x[N,H] holds this rank's partial sums of every row; on return
+     * rows [s0, s1) hold the sums over the group (the other rows are left as they are). tp_all_gather: rows
+     * [s0, s1) of x[N,H] are this rank's; on return every row holds its owner's values. Called as tp_allreduce
+     * (one thread, every rank of the group at the same points). */
+    void (*tp_reduce_scatter)(void *par, float *x, int N, int H);
+    void (*tp_all_gather)(void *par, float *x, int N, int H);
 } model_hooks;
+
+/* Megatron sequence parallelism's token slice of TP rank r of P over N tokens: rows [*s0, *s1) with
+ * ⌈N/P⌉ rows per rank, the last ranks short (N not a multiple of P: the collectives pad to P·⌈N/P⌉ rows;
+ * a rank may hold none). */
+static inline void model_sp_rows(int N, int P, int r, int *s0, int *s1) {
+    const int c = (N + P - 1) / P;
+    *s0 = r * c < N ? r * c : N;
+    *s1 = (r + 1) * c < N ? (r + 1) * c : N;
+}
 
 /* What model_acts.par points to begins with this: the runtime's hook table (NULL: none). */
 typedef struct model_par_head {

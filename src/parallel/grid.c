@@ -14,8 +14,9 @@ static void par_def_tp_keys(cfg *c) {
                 "expert-TP: -1 = the tensor_model_parallel_size (every expert's intermediate split over the TP group); "
                 "1 = every expert whole on each TP rank");
     cfg_def_bool(c, "actor.megatron.sequence_parallel", false,
-                 "Megatron sequence parallelism (norms and residual on a 1/tp slice of the tokens): not in this build, "
-                 "refused when true");
+                 "Megatron sequence parallelism: between the row-parallel outputs and the column-parallel inputs the "
+                 "residual stream and the RMSNorms hold a 1/tp slice of each micro-batch's tokens (reduce-scatter and "
+                 "all-gather instead of all-reduce); needs tensor_model_parallel_size ≥ 2");
 }
 
 /* Read and check them (the sizes against the other strategies: par_check_tp). */
@@ -28,9 +29,9 @@ static int par_read_tp_keys(const cfg *c, par_config *pc) {
     if (etp != -1 && etp != 1 && etp != tp)
         return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expected -1 (the tensor_model_parallel_size "
                             "%d), 1 (experts whole on each TP rank) or %d", etp, tp, tp);
-    if (pc->sequence_parallel)
-        return moerl_errorf("actor.megatron.sequence_parallel=true: Megatron sequence parallelism is not part of this "
-                            "build; set it to false (tensor parallelism all-reduces the full token rows)");
+    if (pc->sequence_parallel && tp < 2)
+        return moerl_errorf("actor.megatron.sequence_parallel=true needs actor.megatron.tensor_model_parallel_size ≥ 2 "
+                            "(got %d): it splits the tokens over the tensor-parallel group", tp);
     return MOERL_OK;
 }
 
@@ -68,6 +69,10 @@ int par_check_tp(const par_config *pc, int T) {
                             "actor.expert_parallel_size %d, combines with it when "
                             "actor.megatron.expert_tensor_parallel_size=1)", tp, fsdp, pp,
                             pc->ulysses_sequence_parallel_size, pc->expert_parallel_size);
+    if (pc->sequence_parallel && pc->expert_parallel_size > 1) /* tp_sp.h and tp_ep.h each own the MoE's token rows */
+        return moerl_errorf("actor.megatron.sequence_parallel=true with actor.expert_parallel_size=%d: Megatron sequence "
+                            "parallelism combines with TP × DP only in this build (set sequence_parallel=false for "
+                            "TP × EP)", pc->expert_parallel_size);
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
                             moerl_plural(T));

@@ -52,7 +52,7 @@ typedef struct {
     int tensor_model_parallel_size;   /* actor.megatron.tensor_model_parallel_size: TP group size (tp.h); 1 = off */
     int expert_tensor_parallel_size;  /* actor.megatron.expert_tensor_parallel_size: 0 = the TP size (experts split
                                          I/tp), 1 = every expert whole on each TP rank */
-    int sequence_parallel;            /* actor.megatron.sequence_parallel (refused in this build when set) */
+    int sequence_parallel;            /* actor.megatron.sequence_parallel (needs tensor_model_parallel_size ≥ 2; tp_sp.h) */
     int fsdp_keep_gathered;   /* actor.fsdp_config.reshard_after_forward=false: FSDP keeps its units gathered and
                                  its gradients unreduced for a whole mini-batch (fsdp.h); 0 = reshard (default) */
 } par_config;

@@ -12,6 +12,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/tp.h"
 #include "parallel/tp_ep.h"
+#include "parallel/tp_sp.h"
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp || ps->tp); }
 
@@ -250,6 +251,13 @@ static int hook_pad_passes(void *par, int passes, int max, int backward) {
 }
 static void hook_tp_allreduce(void *par, double *x, size_t n, int max) { tp_allreduce(((par_state *)par)->tp, x, n, max); }
 static void hook_tp_allreduce_f32(void *par, float *x, size_t n) { tp_allreduce_f32(((par_state *)par)->tp, x, n); }
+/* Megatron sequence parallelism's collectives over the TP group (tp_sp.h); an MPI failure aborts, as tp_allreduce. */
+static void hook_tp_reduce_scatter(void *par, float *x, int N, int H) {
+    if (tp_sp_reduce_scatter(((par_state *)par)->grid->tp_comm, x, N, H) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+}
+static void hook_tp_all_gather(void *par, float *x, int N, int H) {
+    if (tp_sp_all_gather(((par_state *)par)->grid->tp_comm, x, N, H) != MOERL_OK) moerl_fatal("%s", moerl_last_error());
+}
 static int hook_seq_allreduce(void *par, float *x, size_t n) {
     return dist_comm_allreduce_f32(((par_state *)par)->grid->sp_comm, x, n);
 }
@@ -278,6 +286,7 @@ void par_bind_hooks(par_state *ps) {
     if (ps->tp) {
         mh->tp_allreduce = hook_tp_allreduce;
         mh->tp_allreduce_f32 = hook_tp_allreduce_f32;
+        if (ps->grid->cfg.sequence_parallel) mh->tp_reduce_scatter = hook_tp_reduce_scatter, mh->tp_all_gather = hook_tp_all_gather;
     }
     th->zero_grad = hook_zero_grad;
     th->max_passes = hook_max_passes;
@@ -514,7 +523,8 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
     if (ps && ps->tp) return tp_reduce_grads(ps->tp); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
-    if (ps && ps->tp) return tp_reduce_grads(ps->tp);
+    if (ps && ps->tp && tp_reduce_grads(ps->tp) != MOERL_OK) return MOERL_ERR;
+    if (ps && ps->tp && ps->grid->cfg.sequence_parallel) return tp_sp_reduce_norm_grads(ps->grid->tp_comm, tp_state_model(ps->tp));
     return MOERL_OK;
 }
 

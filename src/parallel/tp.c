@@ -433,3 +433,5 @@ void tp_state_free(tp_state *ts) {
     model_free(&ts->whole);
     free(ts);
 }
+
+moe_model *tp_state_model(tp_state *ts) { return ts->model; }

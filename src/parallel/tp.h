@@ -24,7 +24,8 @@
  * TP × EP × DP (actor.expert_parallel_size > 1 with expert_tensor_parallel_size=1; src/parallel/tp_ep.h): the
  * model is first cut to this rank's experts (ep_state_attach), then TP slices that; the MoE layers run through
  * tp_ep.h's token split. This build: FSDP, pipeline, Ulysses refused with TP by par_check_tp; no activation
- * recompute. */
+ * recompute.
+ * Megatron sequence parallelism (actor.megatron.sequence_parallel, TP × DP only): tp_sp.h. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
 
@@ -71,6 +72,8 @@ int tp_gather_full(tp_state *ts, const adamw_state *os, int keep, moe_model *who
 /* Load DIR's whole checkpoint (any TP size wrote it: it is whole) into the slice m (model_load_weights on a
  * whole model of the same config, then tp_slice_vec). Not collective. */
 int tp_load_weights(tp_state *ts, const char *dir);
+/* The slice model ts works on (the m of tp_state_attach). */
+moe_model *tp_state_model(tp_state *ts);
 
 /* Free ts without reassembling (the model keeps its slice). Not collective. */
 void tp_state_free(tp_state *ts);
