@@ -8,7 +8,9 @@
 #              equals the uninterrupted run bit for bit: samples.jsonl, model, moments and error buffers —
 #              in one process and under mpirun with 2 trainer ranks
 #   exchange   test_dist_onebit under mpirun -np 2, 3, 4: the MPI exchange = the in-process simulation
-#   refusals   FSDP / EP / pipeline layouts, freeze_step 0, grad_compression together with it, an unknown
+#   variance   actor.optim.var_update_interval=2: exact steps interleaved after the freeze (the compression
+#              ratio per trainer step ~2), resumed exactly across an exact step
+#   refusals   FSDP / EP / pipeline layouts, freeze_step 0, var_update_interval < 0 or without onebit_adam, grad_compression together with it, an unknown
 #              name, a checkpoint resumed on another number of trainer ranks: each named
 # Usage: tests/e2e_onebit_adam.sh [BUILD_DIR]; ends with "N passed, N failed", non-zero on failure.
 source "$(dirname "$0")/lib.sh"
@@ -36,6 +38,23 @@ mpi() {
     shift 3
     timeout 300 mpirun --oversubscribe -np "$np" "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
         trainer.default_local_dir="$W/$name" trainer.n_ranks="$t" "$@" >"$W/$name.json" 2>"$W/$name.log"
+}
+# full_and_resumed FULL RES [key=value ...]: under mpirun (1 rollout + 2 trainer ranks) FULL runs 6 trainer
+# steps; RES stops at 4 and resumes to 6
+full_and_resumed() {
+    local full=$1 res=$2
+    shift 2
+    mpi "$full" 3 2 trainer.total_training_steps=6 "$@" &&
+        mpi "$res" 3 2 trainer.total_training_steps=4 trainer.resume_mode=disable "$@" &&
+        mpi "$res" 3 2 trainer.total_training_steps=6 trainer.resume_mode=auto "$@" && grep -q "resumed from" "$W/$res.log"
+}
+# resumed_same FULL RES WHAT: the resumed run equals the uninterrupted one bit for bit (samples, model,
+# moments, error buffers)
+resumed_same() {
+    local msg
+    if ! cmp -s "$W/$1/samples.jsonl" "$W/$2/samples.jsonl"; then bad "$3" "samples.jsonl differ from the uninterrupted run"
+    elif msg=$(same_ckpt "$1" "$2" onebit_adam.safetensors); then ok "$3 = uninterrupted bit for bit"
+    else bad "$3" "$msg"; fi
 }
 tail_log() { tail -6 "$W/$1.log" | sed 's/^/    | /'; }
 # same_ckpt A B: the two runs' checkpoints hold the same files, byte for byte (trainer_state.json aside)
@@ -88,6 +107,11 @@ expect_err "freeze_step 0 refused" "actor.optim.freeze_step=0" \
     trainer.default_local_dir="$W/r3"
 expect_err "freeze_step without onebit_adam refused" "it applies to onebit_adam only" \
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" actor.optim.freeze_step=3 trainer.default_local_dir="$W/r3b"
+expect_err "var_update_interval without onebit_adam refused" "actor.optim.var_update_interval is set but actor.optim.name=adamw" \
+    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" actor.optim.var_update_interval=2 trainer.default_local_dir="$W/r3c"
+expect_err "a negative var_update_interval refused" "actor.optim.var_update_interval=-1" \
+    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${OB[@]}" actor.optim.var_update_interval=-1 \
+    trainer.default_local_dir="$W/r3d"
 expect_err "onebit_adam with grad_compression refused" "actor.grad_compression=none" \
     "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" "${OB[@]}" actor.grad_compression=onebit \
     trainer.default_local_dir="$W/r4"
@@ -105,19 +129,12 @@ else
             grep -q " 0 failed" <<<"$out"; then ok "test_dist_onebit -np $np: $(tail -1 <<<"$out")"
         else bad "test_dist_onebit -np $np" "$(tail -4 <<<"$out")"; fi
     done
-    if mpi mp_full 3 2 trainer.total_training_steps=6 "${OB[@]}" &&
-        mpi mp_res 3 2 trainer.total_training_steps=4 trainer.resume_mode=disable "${OB[@]}" &&
-        mpi mp_res 3 2 trainer.total_training_steps=6 trainer.resume_mode=auto "${OB[@]}" &&
-        grep -q "resumed from" "$W/mp_res.log"; then
+    if full_and_resumed mp_full mp_res "${OB[@]}"; then
         ratio=$(grep -o '"perf/grad_compression_ratio": *[0-9.e+]*' "$W/mp_full/metrics.jsonl" | tail -1 | sed 's/.*: *//')
         if $PY -c "import sys; sys.exit(0 if float('${ratio:-0}') > 20 else 1)"; then
             ok "2 trainer ranks: the momentum exchange sends ${ratio}× less than an fp32 all-reduce"
         else bad "1-bit Adam volume" "perf/grad_compression_ratio ${ratio:-missing}, expected > 20"; fi
-        if ! cmp -s "$W/mp_full/samples.jsonl" "$W/mp_res/samples.jsonl"; then
-            bad "1-bit Adam resume (mpirun)" "samples.jsonl differ from the uninterrupted run"
-        elif msg=$(same_ckpt mp_full mp_res onebit_adam.safetensors); then
-            ok "1-bit Adam, 2 trainer ranks: stopped at step 4, resumed to 6 = uninterrupted bit for bit"
-        else bad "1-bit Adam resume (mpirun)" "$msg"; fi
+        resumed_same mp_full mp_res "1-bit Adam, 2 trainer ranks: stopped at step 4, resumed to 6"
         cfg_before=$(md5sum < "$W/mp_res/config.yaml")
         expect_err "a 2-rank checkpoint resumed on 1 trainer rank refused" "trainer.n_ranks is 1" \
             timeout 300 mpirun --oversubscribe -np 2 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
@@ -125,5 +142,19 @@ else
             trainer.resume_mode=auto "${OB[@]}"
         check "the refused resume left the run's config.yaml as it was" test "$cfg_before" = "$(md5sum < "$W/mp_res/config.yaml")"
     else bad "1-bit Adam under mpirun" "exit $? or no 'resumed from'"; tail_log mp_full; tail_log mp_res; fi
+    # variance updates: freeze 4, interval 2 -> optimizer steps 6, 8, 10, 12 exact (v moves), 5, 7, 9, 11
+    # compressed: each trainer step from 3 on holds one of each (ratio ~2 instead of ~32); stopped at trainer
+    # step 4 (= optimizer step 8, an exact one: the saved error buffers are the ones before the restart)
+    VU=(actor.optim.var_update_interval=2)
+    if full_and_resumed mv_full mv_res "${OB[@]}" "${VU[@]}"; then
+        ratios=$(grep -o '"perf/grad_compression_ratio": *[0-9.e+]*' "$W/mv_full/metrics.jsonl" | sed 's/.*: *//' | tr '\n' ' ')
+        if $PY -c "import sys; r=[float(x) for x in '$ratios'.split()]; sys.exit(0 if len(r)==6 and r[:2]==[1.0,1.0] and all(1.5<x<2.5 for x in r[2:]) else 1)"; then
+            ok "var_update_interval=2: every other optimizer step after the freeze exact (ratio per trainer step: $ratios)"
+        else bad "var_update_interval=2" "perf/grad_compression_ratio per trainer step: $ratios (expected 1 1 then ~2)"; fi
+        resumed_same mv_full mv_res "var_update_interval=2, 2 trainer ranks: stopped at an exact step, resumed"
+        if ! cmp -s "$W/mv_full/checkpoint/model.safetensors" "$W/mp_full/checkpoint/model.safetensors"; then
+            ok "var_update_interval=2 changes the trajectory (the exact steps run)"
+        else bad "var_update_interval=2" "the model equals the run without it"; fi
+    else bad "var_update_interval under mpirun" "exit $? or no 'resumed from'"; tail_log mv_full; tail_log mv_res; fi
 fi
 finish

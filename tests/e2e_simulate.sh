@@ -488,10 +488,12 @@ done
 # --- the gradient exchange (issue 29) follows actor.grad_compression / actor.optim.name: over 2 trainers on the
 # cpu device's 5e9 B/s link, n = the padded parameters; exact ring 2·(1/2)·4n/link per update during the warm-up,
 # then onebit n·(8.9 + 2·8.1) ns + n·(1/8 + 4/256)/link, onebit_adam n·(8.9·1.5 + 2·8.1) ns + n/8/link, threshold
-# with a free codec n·(4/11.3)/link — shorter than exact, and the step with it
+# with a free codec n·(4/11.3)/link — shorter than exact, and the step with it; 1-bit Adam with
+# var_update_interval=2 from freeze_step 1: updates 1 and 3 exact, 2 and 4 compressed
 n=$($M plan --config $CFG --json "${BASE[@]}" 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["n_params"])')
 for case in "none::0:4" "onebit:actor.grad_compression=onebit actor.grad_compression_warmup_steps=1:1:4" \
     "onebit_adam:actor.optim.name=onebit_adam actor.optim.freeze_step=1:1:4" \
+    "onebit_adam:actor.optim.name=onebit_adam actor.optim.freeze_step=1 actor.optim.var_update_interval=2:2:4" \
     "threshold:actor.grad_compression=threshold actor.grad_compression_warmup_steps=0 sim.codec.threshold.encode_ns=0 sim.codec.threshold.decode_ns=0:0:4"; do
     IFS=: read -r sc keys exact total <<<"$case"
     # shellcheck disable=SC2086

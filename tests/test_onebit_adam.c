@@ -18,6 +18,7 @@
 #include "dist/onebit.h"
 #include "model/safetensors.h"
 #include "optim/onebit_adam.h"
+#include "rl/trainer_onebit.h"
 #include "test.h"
 
 #define N 1000
@@ -304,7 +305,24 @@ static void test_errors(void) {
     adamw_free(&s);
 }
 
+/* actor.optim.var_update_interval: the step whose variance the compressed steps use (the freeze, then
+ * every interval-th step after it, each an exact AdamW step). */
+static void test_var_step(void) {
+    const int64_t F = 10;
+    for (int64_t t = 0; t <= 40; t++)
+        CHECK(trainer_onebit_var_step(t, F, 0) == F, "interval 0 (as published): the freeze step at step %lld", (long long)t);
+    const int64_t want[][2] = {{5, 10}, {10, 10}, {11, 10}, {19, 10}, {20, 20}, {21, 20}, {29, 20}, {30, 30}, {35, 30}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECK(trainer_onebit_var_step(want[i][0], F, 10) == want[i][1], "interval 10: after step %lld the variance of "
+              "step %lld (got %lld)", (long long)want[i][0], (long long)want[i][1],
+              (long long)trainer_onebit_var_step(want[i][0], F, 10));
+    CHECK(trainer_onebit_var_step(13, 4, 3) == 13 && trainer_onebit_var_step(12, 4, 3) == 10 &&
+              trainer_onebit_var_step(7, 4, 1) == 7,
+          "interval 3 from freeze 4: steps 7, 10, 13 update the variance; interval 1: every step");
+}
+
 int main(void) {
+    test_var_step();
     test_reference();
     test_segment_scales();
     test_volume();

@@ -328,6 +328,10 @@ void rl_def_keys(cfg *c) {
                 "adamw | onebit_adam (1-bit Adam, Tang et al. 2021: exact AdamW for freeze_step steps, then the "
                 "variance frozen and the momentum all-reduced at 1 bit per value with error feedback; docs/parallelism.md)");
     cfg_def_int(c, "actor.optim.freeze_step", 10, "onebit_adam: exact AdamW optimizer steps before the variance freezes (≥ 1)");
+    cfg_def_int(c, "actor.optim.var_update_interval", 0,
+                "onebit_adam: every n-th optimizer step after freeze_step is an exact AdamW step (full-precision "
+                "all-reduce) that moves the frozen variance and restarts the error feedback (0/1 Adam's variance "
+                "updates, Lu et al. 2022, at a fixed interval); 0 = never, 1-bit Adam as published");
     rl_def_algorithm_keys(c);
     cfg_def_float(c, "async_training.staleness_threshold", 0.3, "extra prompts allowed per version, as a share of W");
     cfg_def_int(c, "async_training.trigger_parameter_sync_step", 1, "trainer steps per weight sync");
@@ -529,13 +533,20 @@ static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
     if (optim_name_parse(cfg_str(c, "actor.optim.name"), &on) != MOERL_OK) return MOERL_ERR;
     r->optim_name = (int)on;
     r->optim_freeze_step = cfg_int(c, "actor.optim.freeze_step");
+    r->optim_var_update_interval = cfg_int(c, "actor.optim.var_update_interval");
     if (on != OPTIM_ONEBIT_ADAM) {
-        if (strcmp(cfg_origin(c, "actor.optim.freeze_step"), "default"))
-            return moerl_errorf("actor.optim.freeze_step is set but actor.optim.name=%s: it applies to onebit_adam only; "
-                                "set actor.optim.name=onebit_adam, or leave the key at its default",
-                                cfg_str(c, "actor.optim.name"));
+        for (int k = 0; k < 2; k++) {
+            const char *key = k ? "actor.optim.var_update_interval" : "actor.optim.freeze_step";
+            if (strcmp(cfg_origin(c, key), "default"))
+                return moerl_errorf("%s is set but actor.optim.name=%s: it applies to onebit_adam only; set "
+                                    "actor.optim.name=onebit_adam, or leave the key at its default", key,
+                                    cfg_str(c, "actor.optim.name"));
+        }
         return MOERL_OK;
     }
+    if (r->optim_var_update_interval < 0)
+        return moerl_errorf("actor.optim.var_update_interval=%lld: expected 0 (never) or a positive number of "
+                            "optimizer steps", (long long)r->optim_var_update_interval);
     if (r->optim_freeze_step < 1)
         return moerl_errorf("actor.optim.freeze_step=%lld: 1-bit Adam needs at least one exact AdamW step to have a "
                             "variance to freeze; use freeze_step ≥ 1", (long long)r->optim_freeze_step);

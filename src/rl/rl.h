@@ -143,6 +143,7 @@ typedef struct {
     int grad_compression_warmup_steps, grad_compression_chunk;
     int optim_name;            /* actor.optim.name: optim_name (optim/onebit_adam.h), adamw or onebit_adam */
     int64_t optim_freeze_step; /* actor.optim.freeze_step: 1-bit Adam's exact-Adam warm-up (optimizer steps) */
+    int64_t optim_var_update_interval; /* actor.optim.var_update_interval: exact step every n after the freeze (0 never) */
     par_config par;            /* actor.fsdp_config.fsdp_size, actor.expert_parallel_size, ... (parallel/grid.h) */
     int simulated;             /* moerl simulate: the rollouter's engine runs no model (engine_config.simulated) */
     /* debug.test_fail_rank / debug.test_fail_version (tests only): test_fail set = a deliberate error on

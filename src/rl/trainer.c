@@ -762,7 +762,7 @@ static int update_minibatch(trainer *T, step_data *d, ppo_ctx *c, train_step_opt
     }
     train_step_out so;
     /* 1-bit Adam past its freeze: no gradient all-reduce during backward (trainer_onebit.h) */
-    const int onebit = trainer_onebit_frozen(T);
+    const int onebit = trainer_onebit_compress_next(T);
     to->layer_hook = !onebit && T->reducer ? reducer_hook : NULL;
     train_route_opts ro; /* no old-logprob pass: the first epoch's forward counts the routing agreement */
     to->routes = d->count_routes ? route_opts(T, d, s0, 1, 0, &ro) : NULL;

@@ -108,6 +108,7 @@ typedef struct {
     plan_codec codec;
     plan_xchg_scheme xchg;
     int64_t xchg_exact_updates;
+    int64_t xchg_var_interval; /* onebit_adam: actor.optim.var_update_interval (updates F + jK exact), 0 none */
 } sim_setup;
 
 typedef struct {

@@ -186,9 +186,11 @@ static int read_xchg_keys(const cfg *c, const rl_config *rc, sim_setup *su) {
     if (plan_codec_read(c, "sim", &su->codec) != MOERL_OK) return MOERL_ERR;
     su->xchg = PLAN_XCHG_NONE;
     su->xchg_exact_updates = 0;
+    su->xchg_var_interval = 0;
     if (rc->optim_name == OPTIM_ONEBIT_ADAM) {
         su->xchg = PLAN_XCHG_ONEBIT_ADAM;
         su->xchg_exact_updates = rc->optim_freeze_step;
+        su->xchg_var_interval = rc->optim_var_update_interval;
     } else if (rc->grad_compression != GRAD_COMPRESSION_NONE) {
         su->xchg = rc->grad_compression == GRAD_COMPRESSION_ONEBIT ? PLAN_XCHG_ONEBIT : PLAN_XCHG_THRESHOLD;
         su->xchg_exact_updates = rc->grad_compression_warmup_steps;

@@ -293,7 +293,8 @@ static int train_shared(job *J, double work, double nt) {
 }
 
 /* The gradient exchange of the next optimizer update: the exact ring all-reduce of the fp32-or-bf16 gradients
- * during the scheme's warm-up (su->xchg_exact_updates) or without compression, else the compressed scheme's
+ * during the scheme's warm-up (su->xchg_exact_updates), on 1-bit Adam's variance updates (xchg_var_interval) or
+ * without compression, else the compressed scheme's
  * codec + bytes (plan_xchg_row_compute over the padded parameters). One trainer exchanges nothing. */
 static double exchange_s(sim_state *s) {
     const sim_setup *su = s->su;
@@ -302,7 +303,8 @@ static double exchange_s(sim_state *s) {
     int64_t tot, dense, expert, hf;
     plan_param_counts(su->target, &tot, &dense, &expert, &hf);
     double t = 2.0 * (nt - 1) / nt * (double)tot * su->dev.dtype_bytes / su->dev.link_bw;
-    if (su->xchg != PLAN_XCHG_NONE && s->updates >= su->xchg_exact_updates) {
+    const int64_t K = su->xchg_var_interval, after = s->updates + 1 - su->xchg_exact_updates; /* > 0: past */
+    if (su->xchg != PLAN_XCHG_NONE && after > 0 && (K <= 0 || after % K != 0)) { /* 1-bit Adam's variance updates exact */
         const plan_xchg_input in = {.elements = (double)tot, .ranks = su->n_trainer, .link_bw = su->dev.link_bw};
         plan_xchg_row row;
         if (plan_xchg_row_compute(&in, &su->codec, su->xchg, &row) == MOERL_OK) { /* inputs checked at setup */
