@@ -89,6 +89,10 @@ if one ob_full trainer.total_training_steps=6 "${OB[@]}" &&
     expect_err "a 1-bit Adam checkpoint resumed with another freeze_step refused" "this run has actor.optim.name=onebit_adam actor.optim.freeze_step=9" \
         "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" async_training.mode=lockstep trainer.default_local_dir="$W/ob_full" \
         trainer.total_training_steps=8 trainer.resume_mode=auto actor.optim.name=onebit_adam actor.optim.freeze_step=9
+    expect_err "a 1-bit Adam checkpoint resumed with another var_update_interval refused" \
+        "this run has actor.optim.name=onebit_adam actor.optim.freeze_step=4 actor.optim.var_update_interval=3" \
+        "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" async_training.mode=lockstep trainer.default_local_dir="$W/ob_full" \
+        trainer.total_training_steps=8 trainer.resume_mode=auto "${OB[@]}" actor.optim.var_update_interval=3
     check "the refused resumes left config.yaml as it was" test "$cfg_before" = "$(md5sum < "$W/ob_full/config.yaml")"
     if one adamw6 trainer.total_training_steps=6 && ! cmp -s "$W/adamw6/checkpoint/model.safetensors" \
         "$W/ob_full/checkpoint/model.safetensors"; then ok "past the freeze the update differs from AdamW's"

@@ -147,7 +147,8 @@ static int write_checkpoint_files(job *J, const char *dir, const int64_t *inflig
                    .data_fingerprint = dataset_fingerprint(J->train), .dropped_prompts = J->dropped,
                    .last_val_accuracy = isfinite(J->last_val) ? J->last_val : NAN,
                    .kl_ctrl_value = c->use_kl_in_reward ? J->T.kl_ctrl.value : NAN,
-                   .optimizer_freeze_step = c->optim_name == OPTIM_ONEBIT_ADAM ? c->optim_freeze_step : 0};
+                   .optimizer_freeze_step = c->optim_name == OPTIM_ONEBIT_ADAM ? c->optim_freeze_step : 0,
+                   .optimizer_var_update_interval = c->optim_name == OPTIM_ONEBIT_ADAM ? c->optim_var_update_interval : 0};
     snprintf(st.optimizer, sizeof st.optimizer, "%s", optim_name_str((optim_name)c->optim_name));
     /* unconsumed started prompts: redo list left over from an earlier resume, then in-flight, then queued */
     const int qcap = J->queue.cap > 0 ? J->queue.cap : 1;

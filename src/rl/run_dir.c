@@ -198,7 +198,9 @@ int rl_check_resume_state(const cfg *c, const rl_config *rc, const dataset *trai
     const rl_state_expect want = {.n_rows = dataset_count(train), .seed = rc->seed,
                                   .data_fingerprint = dataset_fingerprint(train),
                                   .optimizer = optim_name_str((optim_name)rc->optim_name),
-                                  .optimizer_freeze_step = rc->optim_name == OPTIM_ONEBIT_ADAM ? rc->optim_freeze_step : 0};
+                                  .optimizer_freeze_step = rc->optim_name == OPTIM_ONEBIT_ADAM ? rc->optim_freeze_step : 0,
+                                  .optimizer_var_update_interval =
+                                      rc->optim_name == OPTIM_ONEBIT_ADAM ? rc->optim_var_update_interval : 0};
     rl_state st;
     int r = rl_state_load(&st, p, &want);
     rl_state_free(&st);

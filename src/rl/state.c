@@ -134,19 +134,28 @@ static int get_optional(const char *path, const json_t *o, rl_state *out) {
     if (json_object_get(o, "optimizer_freeze_step") &&
         get_int(path, o, "optimizer_freeze_step", 1, INT64_MAX, &out->optimizer_freeze_step))
         return MOERL_ERR;
+    if (json_object_get(o, "optimizer_var_update_interval") &&
+        get_int(path, o, "optimizer_var_update_interval", 1, INT64_MAX, &out->optimizer_var_update_interval))
+        return MOERL_ERR;
     return MOERL_OK;
 }
 
 /* expect's optimizer against the file's (when both are known). */
 static int check_optimizer(const rl_state *s, const char *path, const rl_state_expect *e) {
     if (!e || !e->optimizer || !s->optimizer[0]) return MOERL_OK;
-    if (!strcmp(s->optimizer, e->optimizer) && s->optimizer_freeze_step == e->optimizer_freeze_step) return MOERL_OK;
+    if (!strcmp(s->optimizer, e->optimizer) && s->optimizer_freeze_step == e->optimizer_freeze_step &&
+        s->optimizer_var_update_interval == e->optimizer_var_update_interval)
+        return MOERL_OK;
     /* AdamW's moments are what 1-bit Adam's warm-up builds: an adamw checkpoint may continue as onebit_adam
      * (its error feedback then starts at zero, with a warning at load) */
     if (!strcmp(s->optimizer, "adamw") && !strcmp(e->optimizer, "onebit_adam")) return MOERL_OK;
-    char was[64] = "", now[64] = "";
-    if (s->optimizer_freeze_step) snprintf(was, sizeof was, " actor.optim.freeze_step=%" PRId64, s->optimizer_freeze_step);
-    if (e->optimizer_freeze_step) snprintf(now, sizeof now, " actor.optim.freeze_step=%" PRId64, e->optimizer_freeze_step);
+    char was[128] = "", now[128] = "";
+    if (s->optimizer_freeze_step)
+        snprintf(was, sizeof was, " actor.optim.freeze_step=%" PRId64 " actor.optim.var_update_interval=%" PRId64,
+                 s->optimizer_freeze_step, s->optimizer_var_update_interval);
+    if (e->optimizer_freeze_step)
+        snprintf(now, sizeof now, " actor.optim.freeze_step=%" PRId64 " actor.optim.var_update_interval=%" PRId64,
+                 e->optimizer_freeze_step, e->optimizer_var_update_interval);
     return moerl_errorf("%s: the checkpoint was written with actor.optim.name=%s%s, this run has actor.optim.name=%s%s: "
                         "resume with the checkpoint's optimizer settings (its moments, frozen variance and error "
                         "feedback belong to them), or use a new trainer.default_local_dir or trainer.resume_mode=disable",
@@ -299,6 +308,8 @@ static char *state_to_json(const rl_state *s, const char *path) {
     json_object_set_new(o, "kl_ctrl_value", isnan(s->kl_ctrl_value) ? json_null() : json_real(s->kl_ctrl_value));
     if (s->optimizer[0]) json_object_set_new(o, "optimizer", json_string(s->optimizer));
     if (s->optimizer_freeze_step > 0) json_object_set_new(o, "optimizer_freeze_step", json_integer(s->optimizer_freeze_step));
+    if (s->optimizer_var_update_interval > 0)
+        json_object_set_new(o, "optimizer_var_update_interval", json_integer(s->optimizer_var_update_interval));
     char *txt = json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!txt) {

@@ -17,7 +17,8 @@
  *   "kl_ctrl_value": algorithm.use_kl_in_reward's β (kl_controller.value) after the last step, a finite
  *   number ≥ 0 or null = none (default null: the run starts from algorithm.kl_ctrl.kl_coef);
  *   "optimizer": actor.optim.name (absent in older files: not checked); "optimizer_freeze_step":
- *   onebit_adam's actor.optim.freeze_step (≥ 1; absent for adamw)
+ *   onebit_adam's actor.optim.freeze_step (≥ 1; absent for adamw); "optimizer_var_update_interval": onebit_adam's
+ *   actor.optim.var_update_interval (≥ 1; absent when 0, 1-bit Adam as published)
  * Every field is required and must have its type and range; a file that breaks a rule is
  * "damaged" and the message names the file and the field, the value and what was expected, and
  * says what to do. Source: moerl's own format. */
@@ -48,6 +49,7 @@ typedef struct {
     double kl_ctrl_value;        /* optional, NaN = none: the KL-in-reward controller's β (exact resume) */
     char optimizer[32];          /* optional, "" = not recorded (older files): actor.optim.name */
     int64_t optimizer_freeze_step; /* optional, 0 = none: actor.optim.freeze_step of onebit_adam */
+    int64_t optimizer_var_update_interval; /* optional, 0 = none: actor.optim.var_update_interval of onebit_adam */
 } rl_state;
 
 /* What the resuming run has: a state file made for other data or another seed is refused. */
@@ -60,6 +62,7 @@ typedef struct {
      * belong to that optimizer), except adamw continued as onebit_adam (AdamW's moments are its warm-up's). */
     const char *optimizer;
     int64_t optimizer_freeze_step;
+    int64_t optimizer_var_update_interval; /* onebit_adam's actor.optim.var_update_interval (0: none), as the freeze step */
 } rl_state_expect;
 
 /* Parse and validate the JSON text of a trainer_state.json (len bytes, no NUL needed) into *out
