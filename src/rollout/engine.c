@@ -259,6 +259,21 @@ static int64_t kv_block_bytes(const engine *e) {
     return 2 * (int64_t)e->L * e->bs * e->nkv * e->hd * (int64_t)sizeof(float);
 }
 
+int engine_check_kv_budget(const moe_config *c, int block_size, int64_t kv_cache_bytes, int64_t len, const char *key,
+                           const char *what) {
+    if (kv_cache_bytes <= 0) return MOERL_OK;
+    const int bs = block_size > 0 ? block_size : 16;
+    /* kv_block_bytes of an engine of this model */
+    const int64_t bb = 2 * (int64_t)c->num_hidden_layers * bs * c->num_key_value_heads * c->head_dim * (int64_t)sizeof(float),
+                  have = kv_cache_bytes / bb, need = kvb_seq_blocks(len, bs);
+    if (have >= need) return MOERL_OK;
+    return moerl_errorf("%s=%lld holds %lld KV blocks of %d tokens (%lld bytes each), and %s (%lld tokens, the last "
+                        "never forwarded) needs %lld blocks (%lld bytes): no request that long could ever run; raise %s "
+                        "to at least %lld",
+                        key, (long long)kv_cache_bytes, (long long)have, bs, (long long)bb, what, (long long)len,
+                        (long long)need, (long long)(need * bb), key, (long long)(need * bb));
+}
+
 /* The paged KV cache's size (engine_config's block_size, kv_cache_bytes, gpu_memory_utilization):
  * resolves the budget into whole blocks, writes the resolved figures back to e->ec and sets up the
  * block manager and tables. Errors: a negative key, a budget under one block. */
@@ -524,8 +539,8 @@ int engine_add(engine *e, gen_request *r) {
                                 (long long)r->id, r->prompt[i], i, e->V);
     if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
     /* KV positions the request can ever hold: prompt ⊕ output but the last sampled token (never forwarded) */
-    const int64_t pos_max = MOERL_MIN((int64_t)r->prompt_len + sp->max_tokens, (int64_t)e->ec.max_model_len) - 1,
-                  need = (pos_max + e->bs - 1) / e->bs;
+    const int64_t need =
+        kvb_seq_blocks(MOERL_MIN((int64_t)r->prompt_len + sp->max_tokens, (int64_t)e->ec.max_model_len), e->bs);
     if (need > e->kb.n_blocks)
         return moerl_errorf("request %lld: prompt %d + max_tokens %d needs %lld KV blocks of %d tokens (%lld bytes), "
                             "the whole KV budget is %d blocks (%lld bytes, rollout.kv_cache_bytes / "
@@ -788,7 +803,7 @@ static void reserve_decodes(engine *e) {
 static int prefix_match(engine *e, const gen_request *r) {
     if (!e->ec.enable_prefix_caching) return 0;
     int n = 0;
-    for (const int nb = (seq_len(r) - 1) / e->bs; n < nb; n++) {
+    for (const int nb = (int)kvb_prefix_blocks(seq_len(r), e->bs); n < nb; n++) {
         block_tokens(e, r, n);
         const int b = kvb_lookup(&e->kb, n ? e->hit[n - 1] : -1, e->version, e->tokbuf);
         if (b < 0) break;

@@ -244,6 +244,15 @@ engine_stats engine_get_stats(const engine *e);
  * sharer, so with sharing the second can exceed the first × block_size). */
 void engine_kv_usage(const engine *e, int64_t *blocks_held, int64_t *tokens_cached);
 
+/* Before any engine exists: refuses a KV budget of kv_cache_bytes (> 0; 0 = the reservation or
+ * gpu_memory_utilization, resolved when the engine is created, so not checked here) that cannot hold one
+ * request of len tokens (its longest prompt ⊕ max_tokens) in blocks of block_size (0 = 16) positions of
+ * model c — the refusal engine_add would make, with the same count (kvb_seq_blocks). key names the
+ * budget's configuration key and what says where len comes from; the error gives the budget and the
+ * need in blocks and bytes, and the bytes that would do. */
+int engine_check_kv_budget(const moe_config *c, int block_size, int64_t kv_cache_bytes, int64_t len, const char *key,
+                           const char *what);
+
 /* Sample one token from logits[V] with the request's parameters and RNG; returns the token and
  * writes its behaviour logprob (definition above). Exposed for tests. scratch: [2V] floats. */
 int sample_token(const float *logits, int V, const sampling_params *sp, rng_state *rng, float *logprob,
