@@ -10,10 +10,12 @@
  * Scheduling (continuous batching): up to max_num_seqs sequences run at once, each with a block
  * table into the paged KV cache (docs/engine.md). Every engine_step: (1) every decoding sequence gets
  * the block of its next position, oldest first, preempting the newest running sequence when none is
- * free; (2) waiting requests are admitted, FIFO, while the free blocks cover their next chunk
- * (interrupted and preempted requests are at the front of the queue); (3) the step's batch is one
- * decode token for every running sequence plus prefill chunks, within max_num_batched_tokens and the
- * free blocks; (4) one forward over the batch; (5) every sequence whose input is complete samples one
+ * free; (2) the running sequences are scheduled: one decode token each, then the running prefills'
+ * chunks in slot order, within max_num_batched_tokens and the free blocks; (3) waiting requests are
+ * admitted, FIFO, with what is left of the token budget, while the free blocks cover that chunk
+ * (interrupted and preempted requests are at the front of the queue) — blocks are allocated only for
+ * the tokens scheduled in the step (vLLM's scheduler); (4) one forward over the batch (decode tokens
+ * first, then prefill chunks, in slot order); (5) every sequence whose input is complete samples one
  * token with its own RNG; (6) finished sequences give their blocks back at once.
  *
  * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
