@@ -7,9 +7,9 @@
 #   after  = BUILD/moerl with the rl defaults (paged, prefix caching on, the reservation-sized budget)
 #   before = BEFORE/moerl when BEFORE is a build folder of the engine before the paged cache (the parent
 #            of the first paged-cache commit, built in a scratch worktree), else the same binary with
-#            rollout.enable_prefix_caching=false and rollout.kv_cache_bytes=0: the reservation's
-#            budget, nothing shared, nothing preempted (an approximation: the paged kernels and the
-#            scheduler that allocates blocks per step still run; the label says which).
+#            rollout.enable_prefix_caching=false and rollout.kv_cache_bytes=0: the same
+#            reservation-sized budget as after (rl's default), nothing shared, so the pair differs only
+#            in prefix sharing (the paged kernels and per-step allocation run in both; the label says which).
 # Usage: bash bench/run_paged_e2e.sh [ROUNDS [STEPS]]   env: BUILD (build), BEFORE (unset),
 #        THREADS (nproc)
 set -euo pipefail
