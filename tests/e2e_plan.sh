@@ -170,7 +170,8 @@ $M plan --model examples/qwen3_30b_a3b | grep -q "KV cache" && ok || fail "plan 
 # --- the paged KV model (issue 28) on practice A's rollout (Qwen3-30B-A3B, bf16, tp 2, 128 × (2048 + 20480) tokens,
 # rollout.n 16, the Pareto(1) tail from 1024 tokens of examples/sim_ascend_qwen3_30b.yaml): the 132 GiB
 # reservation, and the paged expectation against an independent Python sum over the rollouter's draw
-# ⌈m·u^(−1/α)⌉ capped (P(R ≤ k) = 1 − (m/k)^α), with the group's 128 full prompt blocks counted once
+# ⌈m·u^(−1/α)⌉ capped (P(R ≤ k) = 1 − (m/k)^α), as the engine allocates: ⌈(P + R − 1)/B⌉ blocks a sequence (the
+# last sampled token's K/V is never written), the group's ⌊(P − 1)/B⌋ = 127 full prompt blocks counted once
 PA=(--model examples/qwen3_30b_a3b trainer.n_ranks=32 actor.fsdp_config.fsdp_size=-1 actor.ulysses_sequence_parallel_size=8
     actor.dtype=bf16 rollout.dtype=bf16 actor.ppo_max_token_len_per_gpu=32768 rollout.n_ranks=32
     rollout.tensor_model_parallel_size=2 rollout.max_num_seqs=128 data.max_prompt_length=2048 data.max_response_length=20480
@@ -183,18 +184,18 @@ P, B, cap, m, a, n = 2048, 16, 20480, 1024, 1.0, 16
 tok = 2 * 48 * 4 * 128 * 2 / 2          # K and V, 48 layers, 4 kv heads of 128, bf16, over tp 2
 probs = {kk: (m / (kk - 1)) ** a - (m / kk) ** a for kk in range(m + 1, cap)}
 probs[cap] = (m / (cap - 1)) ** a
-eb = sum(p * math.ceil((P + kk) / B) for kk, p in probs.items())
-shared = eb - (P // B) * (n - 1) / n
+eb = sum(p * math.ceil((P + kk - 1) / B) for kk, p in probs.items())
+shared = eb - ((P - 1) // B) * (n - 1) / n
 want = {"reserved_bytes": 128 * 22528 * tok, "blocks_per_seq": eb, "blocks_per_seq_shared": shared,
         "paged_bytes": 128 * shared * B * tok, "budget_blocks": 128 * 22528 * tok // (B * tok),
         "mean_response": sum(p * kk for kk, p in probs.items())}
 bad = [f"{x}: {k[x]} vs {v}" for x, v in want.items() if abs(k[x] - v) > 1e-9 * abs(v)]  # summation order only
-print("ok" if not bad and k["shared_blocks"] == 128 and abs(k["reserved_bytes"] / 2**30 - 132) < 1e-12 else bad)
+print("ok" if not bad and k["shared_blocks"] == 127 and abs(k["reserved_bytes"] / 2**30 - 132) < 1e-12 else bad)
 PY
 )
 [[ $r == ok ]] && ok || fail "practice A's paged KV rows against the Python sum: $r"
 $M plan "${PA[@]}" >"$OUT/pa.txt" 2>"$OUT/err"
-grep -qF "| reserved (slot engine): 128 × 22528 tokens | 132.000 |" "$OUT/pa.txt" && grep -qF "paged, expected: 128 × 264.20 blocks of 16 tokens (prefix sharing)" "$OUT/pa.txt" &&
+grep -qF "| reserved (slot engine): 128 × 22528 tokens | 132.000 |" "$OUT/pa.txt" && grep -qF "paged, expected: 128 × 265.08 blocks of 16 tokens (prefix sharing)" "$OUT/pa.txt" &&
     ok || fail "practice A's table rows: $(grep -F "KV" "$OUT/pa.txt")"
 # the budget: rollout.kv_cache_bytes is an engine replica's (tp 2: half per device); gpu_memory_utilization takes
 # that fraction of the device's memory less its weights

@@ -147,13 +147,20 @@ expect_err "eval: a negative rollout.kv_cache_bytes" "rollout.kv_cache_bytes mus
     "$MOERL" eval --model "$CK" --data "$TEST" rollout.kv_cache_bytes=-1
 expect_err "eval: a budget no prompt fits" "could never run" \
     "$MOERL" eval --model "$CK" --data "$TEST" rollout.block_size=4 rollout.kv_cache_bytes=8192
-# and validation's engine in moerl rl (the start validation runs before any rollout)
-expect_err "rl validation: a budget no prompt fits" "validation, row" "$MOERL" rl --config examples/smoke.yaml \
-    "${COMMON[@]}" trainer.default_local_dir="$W/kvval" rollout.block_size=4 rollout.kv_cache_bytes=8192
-# and the SFT warm start's evals (their engine is built before the warm start trains)
-expect_err "rl warm start evals: a budget no prompt fits" "sft warm start: request 0: prompt" "$MOERL" rl \
-    --config examples/smoke.yaml "${COMMON[@]}" sft.total_training_steps=2 trainer.default_local_dir="$W/kvsft" \
-    rollout.block_size=4 rollout.kv_cache_bytes=8192
+# and moerl rl: the budget against the longest request of every engine it builds (the rollout's, the warm
+# start's evals, validation's), checked before the warm start, validation or any rollout (docs/engine.md),
+# naming the key, the budget and the need (smoke model: 2,048 bytes a block of 4 tokens; prompts of at most
+# 33 tokens + 8 new: ⌈40/4⌉ = 10 blocks); exactly the need runs
+expect_err "rl: a budget no prompt fits, before validation" "rollout.kv_cache_bytes=8192 holds 4 KV blocks of 4 tokens" \
+    "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" trainer.default_local_dir="$W/kvval" rollout.block_size=4 \
+    rollout.kv_cache_bytes=8192
+check "rl: the refusal gives the need" grep -qF "needs 10 blocks (20480 bytes)" "$W/err"
+expect_err "rl warm start: a budget no prompt fits, before the warm start trains" \
+    "raise rollout.kv_cache_bytes to at least 20480" "$MOERL" rl --config examples/smoke.yaml "${COMMON[@]}" \
+    sft.total_training_steps=2 trainer.default_local_dir="$W/kvsft" rollout.block_size=4 rollout.kv_cache_bytes=20479
+check "rl warm start: refused before its first step" bash -c '! grep -q "sft warm start" "$1"' _ "$W/err"
+run_rl kvexact sft.total_training_steps=2 trainer.total_training_steps=1 rollout.block_size=4 rollout.kv_cache_bytes=20480
+check "rl: a budget of exactly the need runs (warm start, validation, rollout)" grep -q "RL done: 1 step" "$W/kvexact.log"
 expect_err "eval: --samples 4 without a temperature" "--samples 4 needs --temperature > 0" \
     "$MOERL" eval --model "$CK" --data "$TEST" --samples 4
 

@@ -14,6 +14,7 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "plan/plan_kv.h"
 #include "rl/rl.h"
 #include "rollout/engine.h"
 #include "test.h"
@@ -337,6 +338,71 @@ static void test_refusals(void) {
     engine_free(e);
 }
 
+/* moerl plan counts the blocks the engine allocates (kvb_seq_blocks, kvb_prefix_blocks): a group of 4 samples
+ * of a 16-token prompt, 9 new tokens each, 8-token blocks. Each holds ⌈(16 + 9 − 1)/8⌉ = 3 blocks at its
+ * longest and the group shares ⌊15/8⌋ = 1, so 1 + 4·2 = 9 blocks at once (the old count, ⌈25/8⌉ and ⌊16/8⌋,
+ * said 10). A budget of exactly 9 runs with no preemption and a peak of 9; 8 preempts, with the same outputs
+ * (batch-invariant kernels: exact). One sequence of 25 tokens: 3 blocks pass plan and run, 2 are refused by
+ * both, naming the blocks. */
+static void test_plan_boundary(void) {
+    moe_config c = small_config(1);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 11);
+    const int64_t bb = 2LL * c.num_hidden_layers * 8 * c.num_key_value_heads * c.head_dim * 4;
+    plan_kv_input in = {.prompt_len = 16, .max_response = 9, .fixed_response = 9, .block_size = 8, .group_size = 4,
+                        .prefix_caching = 1, .max_num_seqs = 4, .max_model_len = 25, .token_bytes = bb / 8.0};
+    plan_kv_result pr;
+    CHECK(plan_kv_compute(&in, &pr) == MOERL_OK && pr.blocks_per_seq == 3 && pr.shared_blocks == 1 &&
+              fabs(pr.paged_bytes / pr.block_bytes - 9) < 1e-12,
+          "plan: %g blocks a sequence, %d shared, %g a group (want 3, 1, 9): %s", pr.blocks_per_seq, pr.shared_blocks,
+          pr.paged_bytes / pr.block_bytes, moerl_last_error());
+    static int prompt[16];
+    for (int j = 0; j < 16; j++) prompt[j] = (j * 11 + 5) % c.vocab_size;
+    workload w = {.n = 4, .temp = 1.0f};
+    for (int i = 0; i < 4; i++) {
+        w.plen[i] = 16;
+        w.max_tokens[i] = 9;
+        w.prompt[i] = prompt;
+    }
+    engine_config ec = {.max_num_seqs = 4, .max_model_len = 25, .max_num_batched_tokens = 64, .block_size = 8,
+                        .enable_prefix_caching = 1, .kv_cache_bytes = 9 * bb};
+    outcome exact, less;
+    run(&c, &m, ec, &w, &exact);
+    ec.kv_cache_bytes = 8 * bb;
+    run(&c, &m, ec, &w, &less);
+    CHECK(exact.st.preemptions == 0 && exact.st.kv_blocks_peak == 9 && exact.n_out[3] == 9,
+          "plan's 9 blocks: %lld preemptions, peak %lld (want 0, 9)", (long long)exact.st.preemptions,
+          (long long)exact.st.kv_blocks_peak);
+    CHECK(less.st.preemptions > 0 && less.st.kv_blocks_peak == 8, "one block less: %lld preemptions, peak %lld",
+          (long long)less.st.preemptions, (long long)less.st.kv_blocks_peak);
+    same(&w, &exact, &less, 0, "plan boundary: 8 blocks vs 9");
+    /* one sequence at the cap */
+    in.group_size = in.max_num_seqs = 1;
+    in.budget_bytes = (double)(3 * bb);
+    CHECK(plan_kv_compute(&in, &pr) == MOERL_OK && pr.budget_blocks == 3, "plan refuses the engine's 3 blocks: %s",
+          moerl_last_error());
+    engine_config one = {.max_num_seqs = 1, .max_model_len = 25, .max_num_batched_tokens = 64, .block_size = 8,
+                         .kv_cache_bytes = 3 * bb};
+    w.n = 1;
+    run(&c, &m, one, &w, &exact);
+    CHECK(exact.n_out[0] == 9 && exact.st.kv_blocks_peak == 3, "3 blocks: %d tokens, peak %lld", exact.n_out[0],
+          (long long)exact.st.kv_blocks_peak);
+    in.budget_bytes = (double)(3 * bb - 1);
+    CHECK(plan_kv_compute(&in, &pr) == MOERL_ERR && strstr(moerl_last_error(), "holds 2 blocks") &&
+              strstr(moerl_last_error(), "25 tokens = 3 blocks"), "plan with 2 blocks: %s", moerl_last_error());
+    one.kv_cache_bytes = 3 * bb - 1;
+    engine *e = engine_create(&c, one);
+    MOERL_ASSERT(e);
+    gen_request r = {0};
+    r.prompt = prompt; r.prompt_len = 16; r.sp.top_p = 1; r.sp.max_tokens = 9;
+    CHECK(engine_add(e, &r) == MOERL_ERR && strstr(moerl_last_error(), "needs 3 KV blocks of 8 tokens") &&
+              strstr(moerl_last_error(), "budget is 2 blocks"), "engine with 2 blocks: %s", moerl_last_error());
+    engine_free(e);
+    free_outcome(&exact); free_outcome(&less);
+    model_free(&m);
+}
+
 /* rl_read_config of the defaults plus one override: the error (NULL when accepted) and r. */
 static const char *read_key(const char *kv, rl_config *r) {
     cfg *c = cfg_new();
@@ -370,6 +436,7 @@ int main(void) {
     test_keys();
     test_kernels();
     test_refusals();
+    test_plan_boundary();
     test_grpo(1);
     test_grpo(0);
     test_weight_swap();

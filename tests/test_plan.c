@@ -399,11 +399,12 @@ static void test_fsdp_keep(void) {
 
 
 /* The paged KV model against a case computed by hand (exact fractions): prompt P = 19, blocks of B = 8,
- * responses ⌈4 · U^(−1)⌉ capped at 10 (alpha 1, min 4), groups of n = 4 sharing ⌊19/8⌋ = 2 blocks.
+ * responses ⌈4 · U^(−1)⌉ capped at 10 (alpha 1, min 4), groups of n = 4 sharing ⌊(19 − 1)/8⌋ = 2 blocks.
  * P(R = k) = 4/(k − 1) − 4/k: k = 5..9 → 1/5, 2/15, 2/21, 1/14, 1/18; P(R = 10) = 4/9.
- * Blocks ⌈(19 + k)/8⌉: 3 for k = 5, 4 for k = 6..10, so E = 3·1/5 + 4·4/5 = 3.8; shared: 3.8 − 2·3/4 = 2.3.
+ * Blocks as the engine allocates them, ⌈(19 + k − 1)/8⌉ (the last sampled token's K/V is never written):
+ * 3 for k = 5, 6 (probability 1/3), 4 for k = 7..10 (2/3), so E = 11/3; shared: 11/3 − 2·3/4 = 13/6.
  * E[R] = 1 + 4/5 + 2/3 + 4/7 + 1/2 + 40/9 = 5029/630. 10 bytes a token: block 80 B; reservation
- * 4 · 29 · 10 = 1160 B = 14 blocks (14.5 rounded down); paged 4 · 2.3 · 80 = 736 B. Tolerance 1e-12
+ * 4 · 29 · 10 = 1160 B = 14 blocks (14.5 rounded down); paged 4 · 13/6 · 80 B. Tolerance 1e-12
  * relative: the sums are a few double operations on these fractions. */
 static void test_paged_kv_hand(void) {
     plan_kv_input in = {.prompt_len = 19, .max_response = 10, .synth_alpha = 1, .synth_min = 4, .block_size = 8,
@@ -411,48 +412,60 @@ static void test_paged_kv_hand(void) {
     plan_kv_result r;
 #define NEAR(a, b) (fabs((double)(a) - (double)(b)) <= 1e-12 * fmax(1, fabs((double)(b))))
     CHECK(plan_kv_compute(&in, &r) == MOERL_OK, "%s", moerl_last_error());
-    CHECK(NEAR(r.blocks_per_seq, 3.8), "E blocks %.15g", r.blocks_per_seq);
+    CHECK(NEAR(r.blocks_per_seq, 11.0 / 3), "E blocks %.15g", r.blocks_per_seq);
     CHECK(r.shared_blocks == 2, "shared %d", r.shared_blocks);
-    CHECK(NEAR(r.blocks_per_seq_shared, 2.3), "shared blocks/seq %.15g", r.blocks_per_seq_shared);
+    CHECK(NEAR(r.blocks_per_seq_shared, 13.0 / 6), "shared blocks/seq %.15g", r.blocks_per_seq_shared);
     CHECK(NEAR(r.mean_response, 5029.0 / 630), "E[R] %.15g", r.mean_response);
     CHECK(NEAR(r.p_cap, 4.0 / 9), "P(cap) %.15g", r.p_cap);
-    CHECK(NEAR(r.reserved_bytes, 1160) && NEAR(r.paged_bytes, 736) && NEAR(r.block_bytes, 80), "%g %g %g",
-          r.reserved_bytes, r.paged_bytes, r.block_bytes);
-    CHECK(r.budget_blocks == 14 && NEAR(r.seqs_reserved, 4) && NEAR(r.seqs_paged, 14 / 2.3), "%lld %g %g",
+    CHECK(NEAR(r.reserved_bytes, 1160) && NEAR(r.paged_bytes, 4 * 13.0 / 6 * 80) && NEAR(r.block_bytes, 80),
+          "%g %g %g", r.reserved_bytes, r.paged_bytes, r.block_bytes);
+    CHECK(r.budget_blocks == 14 && NEAR(r.seqs_reserved, 4) && NEAR(r.seqs_paged, 14 / (13.0 / 6)), "%lld %g %g",
           (long long)r.budget_blocks, r.seqs_reserved, r.seqs_paged);
     CHECK(NEAR(r.waste_reserved, 1 - (19 + 5029.0 / 630) / 29), "waste reserved %.15g", r.waste_reserved);
-    CHECK(NEAR(r.waste_paged, 1 - (19 + 5029.0 / 630) / (8 * 3.8)), "waste paged %.15g", r.waste_paged);
+    CHECK(NEAR(r.waste_paged, 1 - (18 + 5029.0 / 630) / (8 * 11.0 / 3)), "waste paged %.15g", r.waste_paged);
     /* no sharing: prefix caching off, or groups of one */
     plan_kv_input q = in;
     q.prefix_caching = 0;
-    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.blocks_per_seq_shared, 3.8), "off");
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.blocks_per_seq_shared, 11.0 / 3), "off");
     q = in;
     q.group_size = 1;
-    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.paged_bytes, 4 * 3.8 * 80), "n=1");
-    /* groups of 8 in a batch of 4 sequences: 4 of a group share, 3.8 − 2·3/4 as with n = 4 */
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.shared_blocks == 0 && NEAR(r.paged_bytes, 4 * 11.0 / 3 * 80), "n=1");
+    /* groups of 8 in a batch of 4 sequences: 4 of a group share, 11/3 − 2·3/4 as with n = 4 */
     q = in;
     q.group_size = 8;
-    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 2.3), "n=8 in 4: %g", r.blocks_per_seq_shared);
-    q.max_num_seqs = 2; /* pairs: 3.8 − 2·1/2 = 2.8; reservation 2·29·10 = 580 B = 7 blocks */
-    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 2.8) && r.budget_blocks == 7, "n=8 in 2: %g",
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 13.0 / 6), "n=8 in 4: %g",
           r.blocks_per_seq_shared);
-    /* a fixed response (no distribution): ⌈(19 + 6)/8⌉ = 4 blocks; the budget given: 1000 B = 12 blocks */
+    q.max_num_seqs = 2; /* pairs: 11/3 − 2·1/2 = 8/3; reservation 2·29·10 = 580 B = 7 blocks */
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq_shared, 8.0 / 3) && r.budget_blocks == 7,
+          "n=8 in 2: %g", r.blocks_per_seq_shared);
+    /* a fixed response (no distribution): ⌈(19 + 6 − 1)/8⌉ = 3 blocks; the budget given: 1000 B = 12 blocks */
     q = in;
     q.synth_alpha = 0;
     q.fixed_response = 6;
     q.budget_bytes = 1000;
-    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq, 4) && NEAR(r.mean_response, 6) &&
-              r.budget_blocks == 12 && NEAR(r.seqs_reserved, 3) && NEAR(r.seqs_paged, 12 / (4 - 2 * 0.75)),
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq, 3) && NEAR(r.mean_response, 6) &&
+              r.budget_blocks == 12 && NEAR(r.seqs_reserved, 3) && NEAR(r.seqs_paged, 12 / (3 - 2 * 0.75)),
           "fixed: %g %lld %g", r.blocks_per_seq, (long long)r.budget_blocks, r.seqs_paged);
-    /* min at the cap: every response at the cap, ⌈29/8⌉ = 4 */
+    /* min at the cap: every response at the cap, ⌈28/8⌉ = 4 */
     q = in;
     q.synth_min = 9;
     CHECK(plan_kv_compute(&q, &r) == MOERL_OK && NEAR(r.blocks_per_seq, 4) && r.p_cap == 1, "min ≥ cap − 1");
     /* refusals, with the numbers */
     q = in;
-    q.budget_bytes = 300; /* 3 blocks < the 4 of one sequence at full length */
+    q.budget_bytes = 300; /* 3 blocks < the ⌈28/8⌉ = 4 of one sequence at full length */
     CHECK(plan_kv_compute(&q, &r) == MOERL_ERR && strstr(moerl_last_error(), "3 blocks") &&
               strstr(moerl_last_error(), "4 blocks"), "%s", moerl_last_error());
+    /* the boundary where ⌈(P + R)/B⌉ and the engine's ⌈(P + R − 1)/B⌉ differ: 19 + 6 tokens hold 3 blocks
+     * (the engine runs such a request in 3, tests/test_paged_engine.c), so 240 B passes, 239 B (2 blocks) not */
+    q = in;
+    q.max_response = 6;
+    q.max_model_len = 25;
+    q.budget_bytes = 240;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_OK && r.budget_blocks == 3, "exactly the engine's 3 blocks: %s",
+          moerl_last_error());
+    q.budget_bytes = 239;
+    CHECK(plan_kv_compute(&q, &r) == MOERL_ERR && strstr(moerl_last_error(), "holds 2 blocks") &&
+              strstr(moerl_last_error(), "25 tokens = 3 blocks"), "one block less: %s", moerl_last_error());
     q = in;
     q.block_size = 0;
     CHECK(plan_kv_compute(&q, &r) == MOERL_ERR && strstr(moerl_last_error(), "rollout.block_size") &&
@@ -481,7 +494,7 @@ static void test_paged_kv_sampled(void) {
     for (int i = 0; i < N; i++) {
         const double u = 1.0 - rng_uniform_double(&g), len = 32 * pow(u, -1.0 / 1.5);
         const int R = len >= 1000 ? 1000 : (int)ceil(len);
-        sb += (100 + R + 15) / 16;
+        sb += (100 + R - 1 + 15) / 16; /* the engine's ⌈(P + R − 1)/B⌉ */
         sr += R;
     }
     CHECK(fabs(sb / N - eb) < 0.2, "sampled blocks %.4f vs expected %.4f", sb / N, eb);

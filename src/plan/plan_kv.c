@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "base/common.h"
+#include "rollout/kv_blocks.h"
 
 /* The longest response plan sums the distribution over, term by term (2^24 tokens: a fraction of a
  * second of pow() calls). */
@@ -41,14 +42,14 @@ int plan_kv_expected_blocks(const plan_kv_input *in, double *blocks, double *mea
     const int64_t P = in->prompt_len, B = in->block_size, cap = in->max_response;
     if (in->synth_alpha == 0) { /* one length for every response */
         const int64_t R = in->fixed_response;
-        *blocks = (double)((P + R + B - 1) / B);
+        *blocks = (double)kvb_seq_blocks(P + R, (int)B);
         *mean_response = (double)R;
         *p_cap = R == cap ? 1 : 0;
         return MOERL_OK;
     }
     const double m = in->synth_min, a = in->synth_alpha;
     if (m >= cap - 1) { /* ⌈m · U^(−1/α)⌉ ≥ m > cap − 1: every response reaches the cap */
-        *blocks = (double)((P + cap + B - 1) / B);
+        *blocks = (double)kvb_seq_blocks(P + cap, (int)B);
         *mean_response = (double)cap;
         *p_cap = 1;
         return MOERL_OK;
@@ -58,11 +59,11 @@ int plan_kv_expected_blocks(const plan_kv_input *in, double *blocks, double *mea
     double eb = 0, er = 0, s_prev = 1; /* S(m) = 1 */
     for (int64_t k = k0 + 1; k < cap; k++) {
         const double s = pow(m / (double)k, a), p = s_prev - s;
-        eb += p * (double)((P + k + B - 1) / B);
+        eb += p * (double)kvb_seq_blocks(P + k, (int)B);
         er += p * (double)k;
         s_prev = s;
     }
-    eb += s_prev * (double)((P + cap + B - 1) / B);
+    eb += s_prev * (double)kvb_seq_blocks(P + cap, (int)B);
     er += s_prev * (double)cap;
     *blocks = eb;
     *mean_response = er;
@@ -76,14 +77,14 @@ int plan_kv_compute(const plan_kv_input *in, plan_kv_result *out) {
     /* a batch of max_num_seqs holds groups of at most that many sequences sharing a prompt */
     const int B = in->block_size, n = MOERL_MIN(in->group_size, in->max_num_seqs);
     r.mean_tokens = in->prompt_len + r.mean_response;
-    r.shared_blocks = in->prefix_caching && n > 1 ? in->prompt_len / B : 0;
+    r.shared_blocks = in->prefix_caching && n > 1 ? (int)kvb_prefix_blocks(in->prompt_len, B) : 0;
     r.blocks_per_seq_shared = r.blocks_per_seq - r.shared_blocks * (double)(n - 1) / n;
     r.block_bytes = B * in->token_bytes;
     r.reserved_bytes = (double)in->max_num_seqs * in->max_model_len * in->token_bytes;
     r.paged_bytes = in->max_num_seqs * r.blocks_per_seq_shared * r.block_bytes;
     r.budget_bytes = in->budget_bytes > 0 ? in->budget_bytes : r.reserved_bytes;
     r.budget_blocks = (int64_t)floor(r.budget_bytes / r.block_bytes);
-    const int64_t need = ((int64_t)in->max_model_len + B - 1) / B;
+    const int64_t need = kvb_seq_blocks(in->max_model_len, B); /* the engine's engine_add count */
     if (r.budget_blocks < need) /* as the engine refuses a request that cannot fit alone */
         return moerl_errorf("the KV budget of %.4g bytes per rollout device holds %lld blocks of %d tokens (%.4g bytes "
                             "each), fewer than one sequence at full length needs (%d tokens = %lld blocks): raise "
@@ -93,7 +94,7 @@ int plan_kv_compute(const plan_kv_input *in, plan_kv_result *out) {
     r.seqs_reserved = floor(r.budget_bytes / ((double)in->max_model_len * in->token_bytes));
     r.seqs_paged = (double)r.budget_blocks / r.blocks_per_seq_shared;
     r.waste_reserved = 1 - r.mean_tokens / in->max_model_len;
-    r.waste_paged = 1 - r.mean_tokens / (B * r.blocks_per_seq);
+    r.waste_paged = 1 - (r.mean_tokens - 1) / (B * r.blocks_per_seq); /* K/V rows written: all but the last token */
     *out = r;
     return MOERL_OK;
 }

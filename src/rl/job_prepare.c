@@ -15,6 +15,7 @@
 #include "parallel/grid.h"
 #include "rl/run_dir.h"
 #include "rl/sft_job.h"
+#include "rollout/engine.h"
 
 /* A failure of this rank after the folder may exist: remove what the set-up made. Under mpirun the
  * caller then ends every rank. */
@@ -155,6 +156,31 @@ static rl_job_status prepare_checks(rl_job *J, const char *why) {
     return RL_JOB_READY;
 }
 
+/* rollout.kv_cache_bytes against the longest request of each engine the run builds — the rollout's (the
+ * training prompts), the SFT warm start's evals (its validation split, and the held-out split) and
+ * validation's (the held-out split, when trainer.val_n evaluates) — each with data.max_response_length new
+ * tokens: before the warm start or any rollout, the refusal engine_add would make later, with the numbers. */
+static int check_kv_budgets(const rl_job *J) {
+    const rl_config *rc = J->rc;
+    const dataset *sets[3] = {&J->train, &J->val, rc->val_n != 0 ? &J->test : NULL};
+    const char *engines[3] = {"the rollout engine", "the SFT warm start's evaluation",
+                              "the held-out evaluation (validation, and the warm start's)"},
+               *names[3] = {"the training data", "the warm start's validation split", "the held-out data"};
+    for (int i = 0; i < 3; i++) {
+        if (!sets[i] || dataset_count(sets[i]) == 0) continue;
+        int longest;
+        rl_prompt_lengths(sets[i], NULL, &longest);
+        char what[800];
+        snprintf(what, sizeof what, "%s, longest request: the longest prompt of %s (%d tokens) + data.max_response_length %d",
+                 engines[i], sets[i]->path ? sets[i]->path : names[i], longest, rc->max_response_length);
+        if (engine_check_kv_budget(&J->m.cfg, rc->block_size, rc->kv_cache_bytes,
+                                   (int64_t)longest + rc->max_response_length, "rollout.kv_cache_bytes",
+                                   what) != MOERL_OK)
+            return MOERL_ERR;
+    }
+    return MOERL_OK;
+}
+
 /* The folder (the leader makes it before any rank writes data into it: moerl_outdir_abandon removes
  * only a folder this run created), the data and the checks on them. */
 static rl_job_status prepare_data(rl_job *J, const char *why) {
@@ -180,7 +206,8 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
     /* before the warm start; the same verdict on every rank (config and data); the context is the
      * rollout's (rollouter_init checks it again) */
     if (rl_check_update_sizes(rc, &J->train, 1) != MOERL_OK ||
-        rl_check_context(&J->train, rc->max_response_length, J->m.cfg.max_position_embeddings, NULL) != MOERL_OK) {
+        rl_check_context(&J->train, rc->max_response_length, J->m.cfg.max_position_embeddings, NULL) != MOERL_OK ||
+        check_kv_budgets(J) != MOERL_OK) {
         if (!J->dist) return job_fail(J);
         char *msg = xstrdup(moerl_last_error()); /* said once by rank 0 after the folder is gone */
         dist_barrier(J->ctx, DIST_WORLD);         /* every rank is done writing the data before the folder goes, */

@@ -262,6 +262,21 @@ static int64_t kv_block_bytes(const engine *e) {
     return 2 * (int64_t)e->L * e->bs * e->nkv * e->hd * (int64_t)sizeof(float);
 }
 
+int engine_check_kv_budget(const moe_config *c, int block_size, int64_t kv_cache_bytes, int64_t len, const char *key,
+                           const char *what) {
+    if (kv_cache_bytes <= 0) return MOERL_OK;
+    const int bs = block_size > 0 ? block_size : 16;
+    /* kv_block_bytes of an engine of this model */
+    const int64_t bb = 2 * (int64_t)c->num_hidden_layers * bs * c->num_key_value_heads * c->head_dim * (int64_t)sizeof(float),
+                  have = kv_cache_bytes / bb, need = kvb_seq_blocks(len, bs);
+    if (have >= need) return MOERL_OK;
+    return moerl_errorf("%s=%lld holds %lld KV blocks of %d tokens (%lld bytes each), and %s (%lld tokens, the last "
+                        "never forwarded) needs %lld blocks (%lld bytes): no request that long could ever run; raise %s "
+                        "to at least %lld",
+                        key, (long long)kv_cache_bytes, (long long)have, bs, (long long)bb, what, (long long)len,
+                        (long long)need, (long long)(need * bb), key, (long long)(need * bb));
+}
+
 /* The paged KV cache's size (engine_config's block_size, kv_cache_bytes, gpu_memory_utilization):
  * resolves the budget into whole blocks, writes the resolved figures back to e->ec and sets up the
  * block manager and tables. Errors: a negative key, a budget under one block. */
@@ -555,8 +570,8 @@ int engine_add(engine *e, gen_request *r) {
                                 (long long)r->id, r->prompt[i], i, e->V);
     if (check_sampling(r) != MOERL_OK) return MOERL_ERR;
     /* KV positions the request can ever hold: prompt ⊕ output but the last sampled token (never forwarded) */
-    const int64_t pos_max = MOERL_MIN((int64_t)r->prompt_len + sp->max_tokens, (int64_t)e->ec.max_model_len) - 1,
-                  need = (pos_max + e->bs - 1) / e->bs;
+    const int64_t need =
+        kvb_seq_blocks(MOERL_MIN((int64_t)r->prompt_len + sp->max_tokens, (int64_t)e->ec.max_model_len), e->bs);
     if (need > e->kb.n_blocks)
         return moerl_errorf("request %lld: prompt %d + max_tokens %d needs %lld KV blocks of %d tokens (%lld bytes), "
                             "the whole KV budget is %d blocks (%lld bytes, rollout.kv_cache_bytes / "
@@ -870,7 +885,7 @@ static void reserve_decodes(engine *e) {
 static int prefix_match(engine *e, const gen_request *r) {
     if (!e->ec.enable_prefix_caching) return 0;
     int n = 0;
-    for (const int nb = (seq_len(r) - 1) / e->bs; n < nb; n++) {
+    for (const int nb = (int)kvb_prefix_blocks(seq_len(r), e->bs); n < nb; n++) {
         block_tokens(e, r, n);
         const int b = kvb_lookup(&e->kb, n ? e->hit[n - 1] : -1, e->version, e->tokbuf);
         if (b < 0) break;
@@ -880,20 +895,45 @@ static int prefix_match(engine *e, const gen_request *r) {
     return n;
 }
 
-/* Step 2: admit waiting requests into free slots, FIFO, while the free blocks cover each one's next
- * chunk (after its prefix-cache hits); the first that does not fit, or waits for a block being
- * computed, stops admission. A request served from cached blocks gets their routes (record_routes). */
-static void admit(engine *e) {
-    const int S = e->ec.max_num_seqs, bs = e->bs;
-    for (int s = 0; s < S && e->wait_head; s++) {
+/* Step 2: the running sequences' tokens of this step — every decoder 1 (its block reserved in step 1),
+ * then the running prefills in slot order, each as far as the token budget and the free blocks allow —
+ * with blocks for exactly those tokens, none for a later chunk (vLLM's scheduler: running requests
+ * first, blocks only for the tokens scheduled now). fed[s]: slot s's tokens; returns their sum. */
+static int schedule_running(engine *e, int *fed) {
+    const int S = e->ec.max_num_seqs, budget = e->ec.max_num_batched_tokens;
+    int T = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int s = 0; s < S; s++) {
+            const gen_request *r = e->slots[s];
+            if (!r || fed[s]) continue;
+            const int need = seq_len(r) - r->n_cached;
+            if ((pass == 0) != (need == 1)) continue;
+            const int take = MOERL_MIN(need, budget - T);
+            if (take <= 0) continue;
+            const int got = ensure_blocks(e, s, r->n_cached + take) - r->n_cached;
+            if (got <= 0) continue;
+            fed[s] = got;
+            T += got;
+        }
+    return T;
+}
+
+/* Step 3: admit waiting requests into free slots, FIFO, with what is left of the token budget (T
+ * tokens scheduled so far): each gets its next chunk, as much of prompt ⊕ output past its prefix-cache
+ * hits as the budget leaves, and blocks for exactly that chunk; the first whose chunk the free blocks do
+ * not cover, or that waits for a block being computed, stops admission, as does a spent budget. A
+ * request served from cached blocks gets their routes (record_routes). Returns the tokens scheduled. */
+static int admit(engine *e, int *fed, int T) {
+    const int S = e->ec.max_num_seqs, bs = e->bs, budget = e->ec.max_num_batched_tokens;
+    for (int s = 0; s < S && e->wait_head && T < budget; s++) {
         if (e->slots[s]) continue;
         gen_request *r = e->wait_head;
         const int nh = prefix_match(e, r);
-        if (nh < 0) return;
-        const int c0 = nh * bs, chunk = MOERL_MIN(seq_len(r) - c0, e->ec.max_num_batched_tokens);
+        if (nh < 0) return T;
+        const int c0 = nh * bs, chunk = MOERL_MIN(seq_len(r) - c0, budget - T);
         int avail = e->kb.n_free;
         for (int i = 0; i < nh; i++) avail -= e->kb.ref[e->hit[i]] == 0;
-        if (avail < (c0 + chunk + bs - 1) / bs - nh) return;
+        if (avail < (c0 + chunk + bs - 1) / bs - nh) return T;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
         e->n_waiting--;
@@ -910,6 +950,8 @@ static void admit(engine *e) {
         e->st.prefix_hit_tokens += c0;
         ensure_blocks(e, s, c0 + chunk); /* its prompt blocks registered now: a request behind it with the same
                                             prefix waits for them rather than computing them again */
+        fed[s] = chunk;
+        T += chunk;
         const int w = engine_route_width(e, NULL, NULL);
         if (r->out_routes && e->blk_routes && r->n_routes < c0) {
             for (int p = r->n_routes; p < c0; p++)
@@ -918,30 +960,29 @@ static void admit(engine *e) {
             r->n_routes = c0;
         }
     }
+    return T;
 }
 
 int engine_step(engine *e, gen_request **done, int done_cap) {
     const int S = e->ec.max_num_seqs;
     int n_done = 0;
-    /* 1. blocks for the running decoders (preempting the newest when none is free); 2. admission */
-    const int64_t preempted = e->st.preemptions;
-    reserve_decodes(e);
-    if (e->st.preemptions == preempted) admit(e); /* not in a step that preempted (it would thrash) */
-    /* 3. build the batch: decode tokens first, then prefill chunks within the token budget and the
-     * free blocks */
-    int T = 0, n_rows = 0, budget = e->ec.max_num_batched_tokens;
+    /* 1. blocks for the running decoders (preempting the newest when none is free); 2. the running
+     * sequences' tokens; 3. admission with the rest of the token budget */
     int fed[S > 0 ? S : 1];
     memset(fed, 0, sizeof fed);
+    const int64_t preempted = e->st.preemptions;
+    reserve_decodes(e);
+    int T = schedule_running(e, fed);
+    if (e->st.preemptions == preempted) T = admit(e, fed, T); /* not in a step that preempted (it would thrash) */
+    /* 4. the batch: decode tokens first, then prefill chunks, in slot order */
+    int n_rows = 0;
+    T = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int s = 0; s < S; s++) {
             gen_request *r = e->slots[s];
-            if (!r || fed[s]) continue;
-            int need = seq_len(r) - r->n_cached;
+            if (!r || !fed[s]) continue;
+            const int need = seq_len(r) - r->n_cached, take = fed[s];
             if ((pass == 0) != (need == 1)) continue;
-            int take = MOERL_MIN(need, budget - T);
-            if (take <= 0) continue;
-            take = ensure_blocks(e, s, r->n_cached + take) - r->n_cached;
-            if (take <= 0) continue;
             for (int i = 0; i < take; i++) {
                 e->tok[T] = seq_token(r, r->n_cached + i);
                 e->slot_of[T] = s;
@@ -949,7 +990,6 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
                 e->st.kv_reads += r->n_cached + i + 1;
                 T++;
             }
-            fed[s] = take;
             if (take == need) {
                 e->sample_row[n_rows] = T - 1;
                 e->sample_req[n_rows] = r;
@@ -977,7 +1017,7 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             e->slots[s]->n_cached += fed[s];
             if (fed[s]) register_blocks(e, s);
         }
-    /* 4. sample */
+    /* 5. sample */
     for (int i = 0; i < n_rows; i++) {
         gen_request *r = e->sample_req[i];
         float lp = 0;

@@ -10,10 +10,12 @@
  * Scheduling (continuous batching): up to max_num_seqs sequences run at once, each with a block
  * table into the paged KV cache (docs/engine.md). Every engine_step: (1) every decoding sequence gets
  * the block of its next position, oldest first, preempting the newest running sequence when none is
- * free; (2) waiting requests are admitted, FIFO, while the free blocks cover their next chunk
- * (interrupted and preempted requests are at the front of the queue); (3) the step's batch is one
- * decode token for every running sequence plus prefill chunks, within max_num_batched_tokens and the
- * free blocks; (4) one forward over the batch; (5) every sequence whose input is complete samples one
+ * free; (2) the running sequences are scheduled: one decode token each, then the running prefills'
+ * chunks in slot order, within max_num_batched_tokens and the free blocks; (3) waiting requests are
+ * admitted, FIFO, with what is left of the token budget, while the free blocks cover that chunk
+ * (interrupted and preempted requests are at the front of the queue) — blocks are allocated only for
+ * the tokens scheduled in the step (vLLM's scheduler); (4) one forward over the batch (decode tokens
+ * first, then prefill chunks, in slot order); (5) every sequence whose input is complete samples one
  * token with its own RNG; (6) finished sequences give their blocks back at once.
  *
  * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
@@ -254,6 +256,15 @@ engine_stats engine_get_stats(const engine *e);
  * K/V rows fill (Σ over running sequences of the tokens cached; a shared block counts once per
  * sharer, so with sharing the second can exceed the first × block_size). */
 void engine_kv_usage(const engine *e, int64_t *blocks_held, int64_t *tokens_cached);
+
+/* Before any engine exists: refuses a KV budget of kv_cache_bytes (> 0; 0 = the reservation or
+ * gpu_memory_utilization, resolved when the engine is created, so not checked here) that cannot hold one
+ * request of len tokens (its longest prompt ⊕ max_tokens) in blocks of block_size (0 = 16) positions of
+ * model c — the refusal engine_add would make, with the same count (kvb_seq_blocks). key names the
+ * budget's configuration key and what says where len comes from; the error gives the budget and the
+ * need in blocks and bytes, and the bytes that would do. */
+int engine_check_kv_budget(const moe_config *c, int block_size, int64_t kv_cache_bytes, int64_t len, const char *key,
+                           const char *what);
 
 /* Sample one token from logits[V] with the request's parameters and RNG; returns the token and
  * writes its behaviour logprob (definition above). Exposed for tests. scratch: [2V] floats. */

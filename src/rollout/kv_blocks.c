@@ -134,3 +134,7 @@ void kvb_clear(kv_blocks *k) {
     for (int b = 0; b < k->n_blocks; b++) k->reg[b] = k->filled[b] = 0;
     for (int i = 0; i < k->n_buckets; i++) k->bucket[i] = -1;
 }
+
+int64_t kvb_seq_blocks(int64_t len, int bs) { return len <= 1 ? 0 : (len - 1 + bs - 1) / bs; }
+
+int64_t kvb_prefix_blocks(int64_t len, int bs) { return len <= 1 ? 0 : (len - 1) / bs; }

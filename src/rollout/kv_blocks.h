@@ -48,4 +48,15 @@ void kvb_register(kv_blocks *k, int b, int parent, int version, const int *token
 /* Forget every key (a weight swap: no KV computed under the old weights is reused). */
 void kvb_clear(kv_blocks *k);
 
+/* The engine's block arithmetic, in one place for the engine (src/rollout/engine.c) and moerl plan
+ * (src/plan/plan_kv.c), so that plan counts exactly what the engine allocates.
+ *
+ * kvb_seq_blocks: blocks of bs positions a sequence of len tokens (prompt ⊕ output, len ≥ 1) holds at
+ * its longest, ⌈(len − 1)/bs⌉: the last sampled token is never forwarded, so its K/V is never written.
+ * kvb_prefix_blocks: full blocks of a sequence of len tokens that it can take from the prefix cache,
+ * ⌊(len − 1)/bs⌋: never the block of its last token, which is forwarded again to sample from (for a
+ * P-token prompt, the blocks a GRPO group's samples share). Both return 0 for len ≤ 1; bs ≥ 1. */
+int64_t kvb_seq_blocks(int64_t len, int bs);
+int64_t kvb_prefix_blocks(int64_t len, int bs);
+
 #endif
