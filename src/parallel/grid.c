@@ -35,17 +35,33 @@ static int par_read_tp_keys(const cfg *c, par_config *pc) {
 }
 
 int par_check_tp(const par_config *pc, int T) {
-    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size;
+    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1;
     if (tp <= 1) return MOERL_OK;
-    const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
-    if (fsdp > 1 || pp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1)
-        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism in this "
-                            "build: actor.fsdp_config.fsdp_size (%d), actor.pipeline_parallel_size (%d), "
-                            "actor.expert_parallel_size (%d) and actor.ulysses_sequence_parallel_size (%d) must be 1 "
-                            "with it", tp, fsdp, pp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+    const int fsdp = pc->fsdp_size == -1 ? T / pp : pc->fsdp_size;
+    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism and the "
+                            "pipeline in this build: actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) "
+                            "and actor.ulysses_sequence_parallel_size (%d) must be 1 with it", tp, fsdp,
+                            pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+    if (pp > 1 && par_check_tp_pp(pc, T) != MOERL_OK) return MOERL_ERR;
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
                             moerl_plural(T));
+    return MOERL_OK;
+}
+
+int par_check_tp_pp(const par_config *pc, int T) {
+    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size;
+    const int vpp = pc->virtual_pipeline_parallel_size > 0 ? pc->virtual_pipeline_parallel_size : 1;
+    if (tp <= 1 || pp <= 1) return MOERL_OK;
+    if (vpp > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d runs the "
+                            "plain 1F1B schedule only in this build: actor.virtual_pipeline_parallel_size (%d) must be 1",
+                            tp, pp, vpp);
+    if (T % pp || (T / pp) % tp)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d × actor.pipeline_parallel_size=%d does not "
+                            "divide the %d trainer rank%s (each stage holds whole TP groups: %d ranks per stage)",
+                            tp, pp, T, moerl_plural(T), T % pp ? 0 : T / pp);
     return MOERL_OK;
 }
 

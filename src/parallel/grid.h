@@ -65,7 +65,7 @@ typedef struct {
     dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
     dist_comm *ep_comm;       /* this rank's expert-parallel group */
     dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
-    /* Tensor parallelism (TP × DP only in this build; tp.h): the tp consecutive ranks of d / tp form a TP group
+    /* Tensor parallelism (TP × DP, TP × pipeline × DP; tp.h): the tp consecutive ranks of d / tp form a TP group
      * (tp_comm), dp = D / tp, dp_rank = d / tp; dp_comm then joins the ranks with the same tp_rank (the
      * gradient sum of one slice). */
     int tp, tp_rank;
@@ -94,9 +94,14 @@ int par_check_pp_alone(const par_config *pc, int T);
  * with actor.pipeline_parallel_size > 1. Errors name the keys with their values. */
 int par_check_pp_compose(const par_config *pc);
 /* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
- * when > 1, every other model-parallel size is 1 (TP × DP only in this build). The model's sizes (heads,
+ * when > 1, FSDP, EP and Ulysses are 1 (TP × DP, and TP × pipeline × DP: par_check_tp_pp). The model's sizes (heads,
  * widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
 int par_check_tp(const par_config *pc, int T);
+/* TP × pipeline (Megatron's layout: TP innermost, then DP, then the stages; par_grid_init): each stage's D = T / pp
+ * ranks hold D / tp whole TP groups, and a TP rank's pipeline (pp_comm) joins the ranks with its tp_rank and dp
+ * position in every stage. Checked: tp · pp divides T, and the plain 1F1B only
+ * (actor.virtual_pipeline_parallel_size 1). Part of par_check_tp. Errors name the keys with their values. */
+int par_check_tp_pp(const par_config *pc, int T);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
  * dist_comm_split in one fixed order). On error nothing is left allocated. */
 int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);
