@@ -450,6 +450,16 @@ edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "tensor_model_parallel_size
 mpi_sft 4 "$W/tf2" 60 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.fsdp_config.fsdp_size=2
 EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x fsdp 2 must be refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "combines only with data parallelism and the pipeline in this build: actor.fsdp_config.fsdp_size (2)" "$W/err" && [[ ! -e $W/tf2/checkpoint ]]'
+# TP × pipeline (issue 27): -np 4 tp 2 x pp 2 against one process, the same 5e-5 as TP's above (TP's partial sums
+# in another fp32 order; the global aux loss makes the pipeline's own micro-batch split irrelevant); N -> M: 2
+# steps on tp 2 x pp 2 (the checkpoint whole) resumed to 4 on one process and on -np 4 tp 2 x pp 2 (measured 3.8e-6 each)
+mpi_sft 4 "$W/rtp4" 240 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x pp 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rtp4" 5e-5 && grep -q "pipeline partition (2 stages" "$W/err"'
+first_steps 4 "$W/ttp" copy "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
+resumed "checkpoint of -np 4 tp 2 x pp 2 resumed on one process" 1 "$W/ttp" "$W/ct1" 5e-5 "${SFTT[@]}"
+resumed "checkpoint of -np 4 tp 2 x pp 2 resumed on -np 4 tp 2 x pp 2" 4 "$W/ttpb" "$W/ct1" 5e-5 "${SFTT[@]}" \
+    actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
 # interleaved 1F1B (actor.virtual_pipeline_parallel_size=2, 4 layers = 4 chunks of one layer): -np 2
 # pp 2 against the plain 1F1B pp 2 on the same model (the same micro-batches through the same kernels:
 # bit-identical weights, tolerance 0) and against one process, -np 4 dp 2 x pp 2 against one process;
