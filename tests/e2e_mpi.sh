@@ -33,7 +33,8 @@
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
-#                 HSDP replicas, fsdp 4) against data parallelism on one rank: weights, moments, resume
+#                 HSDP replicas, fsdp 4) and TP × pipeline (tp 2 x pp 2) against data parallelism on one rank:
+#                 weights, moments, resume
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
