@@ -210,6 +210,46 @@ static int step(par_state *ps, moe_model *m, model_acts *a, adamw_state *os, con
     return par_adamw_step(ps, m, os, os->cfg.lr, *loss, gn) == 1 ? MOERL_OK : MOERL_ERR;
 }
 
+/* Resume: the whole weights `whole` (a run's) and the whole moments of *ref_os (a checkpoint's: the reference's
+ * after K_STEPS steps, within the runs' tolerances) into a new par_state of layout pc (par_take_full's and
+ * par_adamw_shard's path), one more step against the reference's step K + 1, which replaces *ref / *ref_os /
+ * ref_loss / ref_gn: the loss within 1e-6 + 1e-5 relative, the weights par_state_free leaves within wabs + wrel
+ * relative (the caller's tolerance for one step more). */
+static void resume_check(const par_config *pc, const float *whole, int D, const train_seq *seqs, int n,
+                         const char *tag, float wabs, float wrel, moe_model *ref, adamw_state *ref_os,
+                         float *ref_loss, double *ref_gn) {
+    char what[200];
+    par_state ps2;
+    moe_model m2;
+    CHECK_R(compose_init(&ps2, &m2, pc, whole) == MOERL_OK, "%s resume: %s", RANK, tag, moerl_last_error());
+    adamw_state os2;
+    adamw_init(&os2, ref, opt_config()); /* layout-sized, as a checkpoint's moments are read */
+    memcpy(os2.m, ref_os->m, ref->n_params * sizeof(float));
+    memcpy(os2.v, ref_os->v, ref->n_params * sizeof(float));
+    os2.step = ref_os->step;
+    par_adamw_shard(&ps2, &m2, &os2);
+    CHECK_R(os2.n == par_held_floats(&ps2, &m2), "%s resume: moments %zu floats, held %zu", RANK, tag, os2.n,
+            par_held_floats(&ps2, &m2));
+    model_acts a2;
+    MOERL_ASSERT(model_acts_init(&a2, &m2, MAX_TOK) == MOERL_OK);
+    a2.par = &ps2;
+    float l2 = 0;
+    double g2 = 0;
+    CHECK_R(step(&ps2, &m2, &a2, &os2, seqs, n, &l2, &g2) == MOERL_OK, "%s resumed step: %s", RANK, tag,
+            moerl_last_error());
+    model_free(ref);
+    adamw_free(ref_os);
+    reference(D, K_STEPS + 1, ref_loss, ref_gn, ref, ref_os);
+    snprintf(what, sizeof what, "%s resumed step %d loss", tag, K_STEPS + 1);
+    t_close(what, &l2, &ref_loss[K_STEPS], 1, 1e-6f, 1e-5f);
+    adamw_free(&os2);
+    model_acts_free(&a2);
+    par_state_free(&ps2);
+    snprintf(what, sizeof what, "%s resumed weights after step %d (rank %d)", tag, K_STEPS + 1, RANK);
+    CHECK_R(t_close(what, m2.params, ref->params, (long)ref->n_params, wabs, wrel), "%s", RANK, what);
+    model_free(&m2);
+}
+
 /* TP × pipeline (parallel.c tp_pp_init): --tp T with --pp P on T·P·dp ranks, against one rank running the dp
  * shards (fixed packing: each pipeline packs its shard as one rank does). Checks: the slice and the stage (the
  * held floats = the stage's range of the TP slice's layout), forward-only logprobs on every stage, K steps'
@@ -319,35 +359,7 @@ static void test_tp_pp(int pp, int tp) {
     CHECK_R(m.n_params == ref.n_params && t_close(what, m.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f), "%s",
             RANK, what);
     /* resume: whole weights and whole moments (a checkpoint's, any layout's: the reference's) */
-    par_state ps2;
-    moe_model m2;
-    CHECK_R(compose_init(&ps2, &m2, &pc, m.params) == MOERL_OK, "%s resume: %s", RANK, tag, moerl_last_error());
-    adamw_state os2;
-    adamw_init(&os2, &ref, opt_config()); /* whole-layout moments, as a checkpoint's are read */
-    memcpy(os2.m, ref_os.m, ref.n_params * sizeof(float));
-    memcpy(os2.v, ref_os.v, ref.n_params * sizeof(float));
-    os2.step = ref_os.step;
-    par_adamw_shard(&ps2, &m2, &os2);
-    CHECK_R(os2.n == par_held_floats(&ps2, &m2), "%s resume: moments %zu floats, the stage's slice %zu", RANK, tag,
-            os2.n, par_held_floats(&ps2, &m2));
-    model_acts a2;
-    MOERL_ASSERT(model_acts_init(&a2, &m2, MAX_TOK) == MOERL_OK);
-    a2.par = &ps2;
-    float l2 = 0;
-    double g2 = 0;
-    CHECK_R(step(&ps2, &m2, &a2, &os2, seqs, n, &l2, &g2) == MOERL_OK, "%s resumed step: %s", RANK, tag,
-            moerl_last_error());
-    model_free(&ref);
-    adamw_free(&ref_os);
-    reference(dp, K_STEPS + 1, ref_loss, ref_gn, &ref, &ref_os);
-    snprintf(what, sizeof what, "%s resumed step %d loss", tag, K_STEPS + 1);
-    t_close(what, &l2, &ref_loss[K_STEPS], 1, 1e-6f, 1e-5f);
-    adamw_free(&os2);
-    model_acts_free(&a2);
-    par_state_free(&ps2);
-    snprintf(what, sizeof what, "%s resumed weights after step %d (rank %d)", tag, K_STEPS + 1, RANK);
-    CHECK_R(t_close(what, m2.params, ref.params, (long)ref.n_params, 1e-4f, 1e-4f), "%s", RANK, what);
-    model_free(&m2);
+    resume_check(&pc, m.params, dp, seqs, n, tag, 1e-4f, 1e-4f, &ref, &ref_os, ref_loss, ref_gn);
     adamw_free(&ref_os);
     model_free(&ref);
     model_free(&m);
@@ -517,38 +529,10 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
     /* resume: the whole weights (this run's) and whole moments (a checkpoint's: the reference's, the
      * same within the tolerances above) into a new par_state, one more step against the reference's
      * step K + 1 (same tolerances) */
-    par_state ps2;
-    moe_model m2;
-    CHECK_R(compose_init(&ps2, &m2, &pc, m.params) == MOERL_OK, "%s resume: %s", RANK, tag, moerl_last_error());
-    adamw_state os2;
-    adamw_init(&os2, &m2, opt_config()); /* layout-sized, as a checkpoint's moments are read */
-    memcpy(os2.m, ref_os.m, ref.n_params * sizeof(float));
-    memcpy(os2.v, ref_os.v, ref.n_params * sizeof(float));
-    os2.step = ref_os.step;
-    par_adamw_shard(&ps2, &m2, &os2);
-    CHECK_R(os2.n == par_held_floats(&ps2, &m2), "%s resume: moments %zu floats, shard %zu", RANK, tag, os2.n,
-            par_held_floats(&ps2, &m2));
-    model_acts a2;
-    MOERL_ASSERT(model_acts_init(&a2, &m2, MAX_TOK) == MOERL_OK);
-    a2.par = &ps2;
-    float l2 = 0;
-    double g2 = 0;
-    CHECK_R(step(&ps2, &m2, &a2, &os2, seqs, n, &l2, &g2) == MOERL_OK, "%s resumed step: %s", RANK, tag,
-            moerl_last_error());
-    model_free(&ref);
-    adamw_free(&ref_os);
-    reference(D, K_STEPS + 1, ref_loss, ref_gn, &ref, &ref_os);
-    snprintf(what, sizeof what, "%s resumed step %d loss", tag, K_STEPS + 1);
-    t_close(what, &l2, &ref_loss[K_STEPS], 1, 1e-6f, 1e-5f);
-    adamw_free(&os2);
-    model_acts_free(&a2);
-    par_state_free(&ps2);
-    snprintf(what, sizeof what, "%s resumed weights after step %d (rank %d)", tag, K_STEPS + 1, RANK);
-    CHECK_R(t_close(what, m2.params, ref.params, (long)ref.n_params, 2 * g_wtol, 0.0f), "%s", RANK, what);
+    resume_check(&pc, m.params, D, seqs, n, tag, 2 * g_wtol, 0.0f, &ref, &ref_os, ref_loss, ref_gn);
     if (RANK == 0)
         for (int k = 0; k < K_STEPS; k++)
             printf("  %s step %d loss %.8f  data parallel %.8f\n", tag, k, loss[k], ref_loss[k]);
-    model_free(&m2);
     adamw_free(&ref_os);
     model_free(&ref);
     model_free(&m);
