@@ -250,6 +250,33 @@ static void resume_check(const par_config *pc, const float *whole, int D, const 
     model_free(&m2);
 }
 
+/* The largest |logp − one rank's| of compute_logprobs through ps over seqs (a NaN is kept), *rc its return; the
+ * gathered units (FSDP) given back. */
+static float logprobs_off(par_state *ps, moe_model *m, model_acts *a, const train_seq *seqs, int n, int *rc) {
+    moe_model r0;
+    const moe_config c = cfg_model();
+    MOERL_ASSERT(model_init(&r0, &c) == MOERL_OK);
+    model_init_random(&r0, 4242);
+    model_acts ra;
+    MOERL_ASSERT(model_acts_init(&ra, &r0, MAX_TOK) == MOERL_OK);
+    float *lp[N_SEQ], *lr[N_SEQ], worst = 0;
+    for (int i = 0; i < n; i++) lp[i] = xcalloc(16, sizeof(float)), lr[i] = xcalloc(16, sizeof(float));
+    MOERL_ASSERT(compute_logprobs(&r0, &ra, seqs, n, MAX_TOK, 1.0f, lr) == MOERL_OK);
+    *rc = compute_logprobs(m, a, seqs, n, MAX_TOK, 1.0f, lp);
+    par_release_gathered(ps);
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 16; k++) {
+            const float d = fabsf(lp[i][k] - lr[i][k]);
+            if (isnan(d) || d > worst) worst = d;
+        }
+        free(lp[i]);
+        free(lr[i]);
+    }
+    model_acts_free(&ra);
+    model_free(&r0);
+    return worst;
+}
+
 /* TP × pipeline (parallel.c tp_pp_init): --tp T with --pp P on T·P·dp ranks, against one rank running the dp
  * shards (fixed packing: each pipeline packs its shard as one rank does). Checks: the slice and the stage (the
  * held floats = the stage's range of the TP slice's layout), forward-only logprobs on every stage, K steps'
@@ -261,29 +288,6 @@ static void resume_check(const par_config *pc, const float *whole, int D, const 
  * weights 5e-5 + 1e-4 relative (test_dist_tp.c's bound, ≈ lr/60: Adam passes the order's last bits on to
  * elements whose gradient is mostly noise; a missing all-reduce or a wrong slice moves whole tensors by ~lr =
  * 3e-3 per step). */
-static void tp_pp_logprobs(par_state *ps, moe_model *m, model_acts *a, const train_seq *seqs, int n, const char *tag) {
-    moe_model r0;
-    const moe_config c = cfg_model();
-    MOERL_ASSERT(model_init(&r0, &c) == MOERL_OK);
-    model_init_random(&r0, 4242);
-    model_acts ra;
-    MOERL_ASSERT(model_acts_init(&ra, &r0, MAX_TOK) == MOERL_OK);
-    float *lp[N_SEQ], *lr[N_SEQ], worst = 0;
-    for (int i = 0; i < n; i++) lp[i] = xcalloc(16, sizeof(float)), lr[i] = xcalloc(16, sizeof(float));
-    MOERL_ASSERT(compute_logprobs(&r0, &ra, seqs, n, MAX_TOK, 1.0f, lr) == MOERL_OK);
-    const int rc = compute_logprobs(m, a, seqs, n, MAX_TOK, 1.0f, lp);
-    for (int i = 0; i < n; i++) {
-        for (int k = 0; k < 16; k++) worst = fmaxf(worst, fabsf(lp[i][k] - lr[i][k]));
-        free(lp[i]);
-        free(lr[i]);
-    }
-    /* logprobs of scale ~4 through the TP partial sums in another order: 2e-5 (as test_dist_tp.c) */
-    CHECK_R(rc == MOERL_OK && worst <= 2e-5f, "%s stage %d: forward-only logprobs off by %g from one rank's (rc %d: %s)",
-            RANK, tag, ps->grid->stage, worst, rc, rc ? moerl_last_error() : "");
-    model_acts_free(&ra);
-    model_free(&r0);
-}
-
 static void tp_pp_gathers(par_state *ps, moe_model *m, adamw_state *os, const moe_model *ref, const adamw_state *ref_os,
                           const char *tag) {
     const int T = g_ctx->world_size;
@@ -337,7 +341,11 @@ static void test_tp_pp(int pp, int tp) {
     model_acts a;
     MOERL_ASSERT(model_acts_init(&a, &m, MAX_TOK) == MOERL_OK);
     a.par = &ps;
-    tp_pp_logprobs(&ps, &m, &a, seqs, n, tag);
+    int lrc;
+    const float off = logprobs_off(&ps, &m, &a, seqs, n, &lrc);
+    /* logprobs of scale ~4 through the TP partial sums in another order: 2e-5 (as test_dist_tp.c) */
+    CHECK_R(lrc == MOERL_OK && off <= 2e-5f, "%s stage %d: forward-only logprobs off by %g from one rank's (rc %d: %s)",
+            RANK, tag, g->stage, off, lrc, lrc ? moerl_last_error() : "");
     adamw_state os;
     par_adamw_init(&ps, &m, &os, opt_config());
     for (int k = 0; k < K_STEPS; k++) {
@@ -427,30 +435,14 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
     /* forward-only through the stages with the stage's units gathered by FSDP: one rank's values
      * (the same kernels on the same micro-batches; the sum handing them on adds exact zeros) */
     {
-        moe_model r0;
-        const moe_config c = cfg_model();
-        MOERL_ASSERT(model_init(&r0, &c) == MOERL_OK);
-        model_init_random(&r0, 4242);
-        model_acts ra;
-        MOERL_ASSERT(model_acts_init(&ra, &r0, MAX_TOK) == MOERL_OK);
-        float *lp[N_SEQ], *lr[N_SEQ];
-        for (int i = 0; i < n; i++) lp[i] = xcalloc(16, sizeof(float)), lr[i] = xcalloc(16, sizeof(float));
-        MOERL_ASSERT(compute_logprobs(&r0, &ra, seqs, n, MAX_TOK, 1.0f, lr) == MOERL_OK);
-        const int rc = compute_logprobs(&m, &a, seqs, n, MAX_TOK, 1.0f, lp);
-        par_release_gathered(&ps);
+        int rc;
+        const float off = logprobs_off(&ps, &m, &a, seqs, n, &rc);
         /* the same kernels on the micro-batches the stage agreed on (a pipeline re-packs to the most any
          * pipeline of the stage planned, so its GEMMs may run on other row counts than one rank's): 1e-5
          * absolute on logprobs of scale ~4 (bit-identical when the packing is one rank's) */
-        int same = rc == MOERL_OK;
-        for (int i = 0; i < n; i++) {
-            for (int k = 0; k < 16; k++) same &= fabsf(lp[i][k] - lr[i][k]) <= 1e-5f;
-            free(lp[i]);
-            free(lr[i]);
-        }
+        const int same = rc == MOERL_OK && off <= 1e-5f;
         CHECK_R(same, "%s stage %d: forward-only logprobs differ from one rank's (rc %d: %s)", RANK, tag,
                 ps.grid->stage, rc, rc ? moerl_last_error() : "");
-        model_acts_free(&ra);
-        model_free(&r0);
     }
     adamw_state os;
     par_adamw_init(&ps, &m, &os, opt_config());
