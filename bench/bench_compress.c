@@ -3,6 +3,12 @@
  * repetitions, for onebit and threshold on two synthetic gradient shapes — Gaussian and Student-t
  * with 3 degrees of freedom (heavy-tailed, like real gradients: more elements above 2·median) —
  * plus the payload ratio (raw 4n bytes / payload). Each repetition starts from the same residual.
+ * Then 1-bit Adam's codec (src/dist/onebit.h) on the same buffers, as `moerl plan` prices it
+ * (plan.codec.onebit_adam.*: t_enc·(1 + 1/D) + 2·t_dec per element): the worker stage
+ * (onebit_worker_compress: error feedback, scale, signs of all n values) as encode, onebit_decode of
+ * the gathered messages as decode, and the server stage of one rank (onebit_server_reduce: D messages
+ * of its n/D-value chunk averaged, error feedback, re-encoded), for D = 8 ranks (the practice's), one
+ * segment. The exchange itself runs in one process: the messages of the other ranks are copies.
  * Usage: bench_compress [N_FLOATS (default 6553600 = a 25 MiB bucket)] [REPS (default 7)]. */
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +19,7 @@
 #include "base/rng.h"
 #include "bench_util.h"
 #include "dist/compress.h"
+#include "dist/onebit.h"
 
 static double gauss(rng_state *r) {
     const double u = rng_uniform_double(r) + 1e-12, v = rng_uniform_double(r);
@@ -34,6 +41,41 @@ static void fill(float *g, size_t n, int heavy, uint64_t seed) {
         }
         g[i] = (float)(z * 1e-4);
     }
+}
+
+/* 1-bit Adam's two-stage codec on g[n] (the header's method; te, td: reps scratch). */
+static void bench_onebit_adam(size_t n, int reps, const float *g, double *te, double *td) {
+    const int W = 8;
+    onebit_exchange x;
+    onebit_exchange_init(&x, n, W, 0);
+    const size_t words = onebit_exchange_words(&x);
+    int32_t *send = xmalloc((size_t)W * words * 4), *recv = xmalloc((size_t)W * words * 4);
+    int32_t *out = xmalloc(words * 4), *gathered = xmalloc((size_t)W * words * 4);
+    float *v = xmalloc(n * 4);
+    double *ts = xmalloc((size_t)reps * sizeof(double));
+    for (int r = 0; r < reps; r++) {
+        memset(x.worker_err, 0, n * 4);
+        memset(x.server_err, 0, x.chunk * 4);
+        double t0 = moerl_now();
+        onebit_worker_compress(&x, g, send);
+        te[r] = moerl_now() - t0;
+        for (int q = 0; q < W; q++) memcpy(recv + (size_t)q * words, send, words * 4); /* rank q's chunk-0 message */
+        t0 = moerl_now();
+        MOERL_ASSERT(onebit_server_reduce(&x, recv, out) == MOERL_OK);
+        ts[r] = moerl_now() - t0;
+        for (int q = 0; q < W; q++) memcpy(gathered + (size_t)q * words, send + (size_t)q * words, words * 4);
+        t0 = moerl_now();
+        MOERL_ASSERT(onebit_decode(&x, gathered, v) == MOERL_OK);
+        td[r] = moerl_now() - t0;
+    }
+    const double me = bench_median(te, reps), ms = bench_median(ts, reps), md = bench_median(td, reps);
+    printf("onebit_adam (D = %d, Student-t3 buffer): worker encode %.1f ms (%.2f ns/elem), server stage of one rank "
+           "%.1f ms (%.2f ns per value of the whole buffer), decode %.1f ms (%.2f ns/elem), ratio %.2f "
+           "(raw 4n bytes / 2·(D−1) messages)\n",
+           W, me * 1e3, me * 1e9 / (double)n, ms * 1e3, ms * 1e9 / (double)n, md * 1e3, md * 1e9 / (double)n,
+           4.0 * (double)n / onebit_exchange_bytes(&x));
+    onebit_exchange_free(&x);
+    free(send); free(recv); free(out); free(gathered); free(v); free(ts);
 }
 
 int main(int argc, char **argv) {
@@ -66,6 +108,7 @@ int main(int argc, char **argv) {
                    4.0 * (double)n / (double)len);
         }
     }
+    bench_onebit_adam(n, reps, g, te, td);
     free(g); free(e0); free(e); free(acc); free(buf); free(te); free(td);
     return 0;
 }

@@ -419,6 +419,8 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     pp_metrics_case "dp 2 x pipeline 2 (moerl rl)" mp_dppp 2 1
     # pipeline × FSDP (issue 27): each stage's layers sharded over its 2 ranks, against DP 2 on the same batch
     mp_case "pipeline 2 x FSDP 2 (moerl rl)" mp_ppfsdp 5 4 mp_dp2 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
+    # pipeline × EP (issue 27): each stage's experts split over its 2 ranks (two pipelines), against DP 2
+    mp_case "pipeline 2 x EP 2 (moerl rl)" mp_ppep 5 4 mp_dp2 actor.pipeline_parallel_size=2 actor.expert_parallel_size=2
     # interleaved: 2 chunks per stage need pp·v = 4 layers (the smoke model has 2): its own DP reference
     if mpi_rl mp_dp1_l4 2 1 "${MP[@]}" model.num_hidden_layers=4; then
         mp_case "pipeline 2 x virtual 2 (moerl rl)" mp_vpp 3 2 mp_dp1_l4 model.num_hidden_layers=4 \
@@ -433,6 +435,10 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     # data-parallel shard, so TP 2 compares with DP 1 and TP 2 x DP 2 with DP 2 (observed ≤ 1.1e-5)
     mp_case "TP 2 (moerl rl)" mp_tp2 3 2 mp_dp1 actor.megatron.tensor_model_parallel_size=2
     mp_case "TP 2 x DP 2 (moerl rl)" mp_tpdp 5 4 mp_dp2 actor.megatron.tensor_model_parallel_size=2
+    # TP × EP (issue 27, experts whole: each TP rank dispatches its half of the tokens over its EP group of ranks
+    # with the same TP rank; src/parallel/tp_ep.h): dp 2 as TP 2 x DP 2, against DP 2 on the same batch
+    mp_case "TP 2 x EP 2 (moerl rl)" mp_tpep 5 4 mp_dp2 actor.megatron.tensor_model_parallel_size=2 \
+        actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
     # TP × pipeline (issue 27): each stage's layers TP-split over 2 ranks, 2 stages, against DP 1 (observed 9.5e-6)
     mp_case "TP 2 x pipeline 2 (moerl rl)" mp_tppp 5 4 mp_dp1 actor.megatron.tensor_model_parallel_size=2 \
         actor.pipeline_parallel_size=2
@@ -545,6 +551,47 @@ if mpi_rl rep_async 3 1 rollout.expert_parallel_size=2 async_training.staleness_
         "$WORK/rep_async/samples.jsonl") && [[ $n -gt 0 ]]; then
     ok "rollout EP 2, async with partial rollout and bf16: 16 steps, $n interrupted-and-resumed responses"
 else bad "rollout EP 2 async" "exit or no interrupted response"; tail_log rep_async; fi
+# rollout TP (rollout.tensor_model_parallel_size=2): one engine replica split over the 2 rollout ranks (heads,
+# widths, experts' widths and vocabulary halved; the logits gathered) against 2 plain rollout ranks, lr 0 as
+# above: every group's response tokens the same. The TP sums add the two halves' fp32 partial products in
+# another order (~1e-7 relative on the logits), which could in principle move a sampled token across a CDF
+# boundary; the run is deterministic (one thread per rank, two-rank all-reduce), so a pass is stable.
+rtp_case() { # rtp_case LABEL NAME REF NP [key=value ...]: NAME under rollout TP 2 has REF's responses
+    local label=$1 name=$2 ref=$3 np=$4
+    shift 4
+    if mpi_rl "$name" "$np" 1 "${EPR[@]}" rollout.tensor_model_parallel_size=2 "$@" &&
+        grep -q "rollout TP: ranks 0..1 hold one replica" "$WORK/$name.log" &&
+        msg=$(check same_responses "$WORK/$name" "$WORK/$ref"); then ok "$label: $msg"
+    else bad "$label" "${msg:-exit or no TP line}"; tail_log "$name"; fi
+}
+if [[ -f $WORK/rep_ref/samples.jsonl ]]; then rtp_case "rollout TP 2 = 2 plain rollout ranks (fp32)" rep_tp rep_ref 3
+else bad "rollout TP 2" "no rollout reference run"; fi
+if [[ -f $WORK/rep_ref16/samples.jsonl ]]; then
+    rtp_case "rollout TP 2, bf16 weights sliced bucket by bucket = 2 bf16 rollout ranks" rep_tp16 rep_ref16 3 \
+        rollout.dtype=bf16 async_training.sync_bucket_mb=0.01
+else bad "rollout TP 2 bf16" "no bf16 rollout reference run"; fi
+# two TP replicas (4 rollout ranks) and the asynchronous schedule with partial rollout: syncs interrupt both
+# replicas mid-generation, every rank of a replica at the same step; a checkpoint every 4 versions
+if mpi_rl rep_tp_async 5 1 rollout.tensor_model_parallel_size=2 async_training.staleness_threshold=1 \
+    async_training.partial_rollout=true trainer.total_training_steps=12 trainer.save_freq=4 rollout.dtype=bf16 \
+    data.max_response_length=48 rollout.synthetic_length.alpha=1 &&
+    grep -q "rollout TP: ranks 2..3 hold one replica" "$WORK/rep_tp_async.log" &&
+    n=$($PY -c "import json,sys; print(sum(json.loads(l)['interrupted_responses'] for l in open(sys.argv[1])))" \
+        "$WORK/rep_tp_async/samples.jsonl") && [[ $n -gt 0 ]]; then
+    ok "rollout TP 2 x 2 replicas, async with partial rollout and bf16: 12 steps, $n interrupted-and-resumed responses"
+else bad "rollout TP 2 async" "exit or no interrupted response"; tail_log rep_tp_async; fi
+# refusals, once, before any folder: a size that does not divide the rollout ranks, TP with rollout EP
+for case in "rtp3:rollout.tensor_model_parallel_size=3:does not divide the 2 rollout ranks" \
+    "rtpep:rollout.tensor_model_parallel_size=2 rollout.expert_parallel_size=2:either tensor- or expert-parallel"; do
+    IFS=: read -r nm keys pat <<<"$case"
+    # shellcheck disable=SC2086
+    timeout 60 mpirun --oversubscribe -np 3 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
+        trainer.default_local_dir="$WORK/$nm" trainer.n_ranks=1 $keys >/dev/null 2>"$WORK/$nm.log"
+    rc=$?
+    n=$(grep -c -- "$pat" "$WORK/$nm.log")
+    if [[ $rc -ne 0 && $rc -ne 124 && $n -eq 1 && ! -e $WORK/$nm ]]; then ok "$keys: refused once (exit $rc): $pat"
+    else bad "$keys refused" "exit $rc, $n messages"; tail_log "$nm"; fi
+done
 
 # the FSDP run's checkpoint resumes on another number of trainer ranks (2 → 1) and trains on
 if [[ -d $WORK/mp_fsdp2/checkpoint ]] && mpi_rl mp_fsdp2 2 1 "${MP[@]}" trainer.total_training_steps=8 \
@@ -553,6 +600,17 @@ if [[ -d $WORK/mp_fsdp2/checkpoint ]] && mpi_rl mp_fsdp2 2 1 "${MP[@]}" trainer.
         "$WORK/mp_fsdp2/metrics.jsonl"; then
     ok "an FSDP-2 checkpoint of moerl rl resumes on 1 trainer rank and reaches step 8"
 else bad "FSDP checkpoint resume on 1 rank" "exit or log"; tail_log mp_fsdp2; fi
+
+# a refused resume under mpirun (another trainer.seed): exit non-zero, the refusal named, and no rank's staged
+# data left in the folder (ranks ended by the leader's abort had finished and removed theirs: data_prepare_staged)
+if [[ -d $WORK/mp_fsdp2/checkpoint ]]; then
+    mpi_rl mp_fsdp2 3 1 "${MP[@]}" trainer.total_training_steps=10 trainer.resume_mode=auto trainer.seed=99
+    rc=$?
+    left=$(find "$WORK/mp_fsdp2" -name '*.staged-*' | head -3)
+    if [[ $rc -ne 0 ]] && grep -q "trainer.seed" "$WORK/mp_fsdp2.log" && [[ -z $left ]]; then
+        ok "a refused resume under mpirun (trainer.seed changed): exit $rc, named, no staged data left behind"
+    else bad "refused resume under mpirun" "exit $rc, left: ${left:-none}"; tail_log mp_fsdp2; fi
+fi
 
 # ---------------------------------------------------------------- SIGTERM to mpirun: checkpoint, resume
 # mpirun forwards SIGTERM to every rank; trainer rank 0 stops at the next step boundary, stops the

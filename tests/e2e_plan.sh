@@ -38,7 +38,7 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
 done
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
-# (TP with EP — practice B's tp × ep —, FSDP, Ulysses, pipeline) plan refuses, naming the keys
+# (TP with EP and expert-TP, FSDP, Ulysses, pipeline) plan refuses, naming the keys
 j1=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 2>"$OUT/err") || fail "plan dp 8: $(cat "$OUT/err")"
 j2=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     2>"$OUT/err") || fail "plan tp 2 × dp 4: $(cat "$OUT/err")"
@@ -49,6 +49,21 @@ assert b["tp"] == 2 and b["dp"] == 4 and a["tp"] == 1, (a["tp"], b["tp"], b["dp"
 r = b["weights_bytes"] / a["weights_bytes"]
 assert 0.5 <= r < 0.501, r  # the norms and routers (< 0.1% of the 30B) stay whole
 assert b["tp_bytes_per_update"] > 0 and a["tp_bytes_per_update"] == 0
+PY
+# practice B's tp × ep variant (experts whole, split over EP groups of ranks with the same TP rank): planned, each
+# rank's experts a quarter of dp 8's, the attention and vocabulary halved as under tp 2; the EP all-to-all rows
+# only a TP rank's half of the tokens (tests/test_dist_plan.c checks the rows byte for byte against a run)
+j3=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    actor.expert_parallel_size=4 actor.megatron.expert_tensor_parallel_size=1 2>"$OUT/err") ||
+    fail "plan tp 2 × ep 4: $(cat "$OUT/err")"
+j4=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.expert_parallel_size=4 2>"$OUT/err") ||
+    fail "plan ep 4: $(cat "$OUT/err")"
+python3 - "$j1" "$j2" "$j3" "$j4" <<'PY' && ok || fail "tp 2 × ep 4 against dp 8, tp 2 and ep 4: $j3"
+import json, sys
+a, b, c, d = (json.loads(x) for x in sys.argv[1:5])
+assert c["tp"] == 2 and c["dp"] == 4 and c["ep"] == 4, (c["tp"], c["dp"], c["ep"])
+assert c["weights_bytes"] < b["weights_bytes"] and c["weights_bytes"] < d["weights_bytes"], (c["weights_bytes"], b["weights_bytes"], d["weights_bytes"])
+assert c["tp_bytes_per_update"] > b["tp_bytes_per_update"] > 0  # + the expert rows' all-gathers
 PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
@@ -92,11 +107,11 @@ rc=$?
 $M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
 grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&
     grep -q "every 1 step)" "$OUT/one" && ok || fail "plan's singular counts: $(grep -E '^model|^trainer' "$OUT/one")"
-# layouts moerl refuses (the pipeline combines only with data parallelism: par_check_pp_alone),
+# layouts moerl refuses (the pipeline combines only with data parallelism and EP: par_check_pp_alone),
 # model.* beside --model (the architecture is the config.json's: they would be dropped), and batch
 # or length values whose tokens per step overflow or whose FSDP replay would not end
 for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combines only with data parallelism" \
-    "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2:actor.expert_parallel_size (2)" \
+    "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
     "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.megatron.tensor_model_parallel_size=2:does not model TP × pipeline" \
@@ -336,6 +351,7 @@ PY
     # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
     # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
+    # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -373,6 +389,10 @@ PY
 4|actor.ulysses_sequence_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.ulysses_sequence_parallel_size=2 actor.fsdp_config.fsdp_size=2
 4|actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.moe.capacity_factor=2
+4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+8|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2 model.tie_word_embeddings=true
+4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.virtual_pipeline_parallel_size=3 actor.moe.capacity_factor=2
 2|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
 3|actor.fsdp_config.fsdp_size=3 actor.fsdp_config.reshard_after_forward=false
 4|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
@@ -384,6 +404,7 @@ PY
 4|actor.megatron.tensor_model_parallel_size=2
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
 4|actor.megatron.tensor_model_parallel_size=4
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 LAYOUTS
     fi
 fi

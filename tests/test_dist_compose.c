@@ -1,5 +1,5 @@
-/* Composed layouts (issue 27): the pipeline with FSDP (src/parallel/parallel.c pp_fsdp_init) against
- * plain data parallelism run on one rank.
+/* Composed layouts (issue 27): the pipeline with FSDP (src/parallel/parallel.c pp_fsdp_init) and with
+ * expert parallelism (pp_ep_init) against plain data parallelism run on one rank.
  *   Model: the pipeline test's (4 layers: three MoE, one dense; untied head; aux coefficient 0.02).
  *   Batch: 12 sequences (5..16 tokens), SFT loss (−logp of the response tokens / their global count),
  *   micro-batches of at most 24 tokens. Fixed packing (pp_options.dynamic = 0: each pipeline packs its
@@ -12,6 +12,10 @@
  *   Layout (argv): --pp P --fsdp F [--keep] [--vpp V] on T ranks: P stages, D = T/P ranks per stage,
  *   each its own pipeline (data-parallel rank d of D); each stage's units sharded over FSDP groups of F
  *   consecutive ranks (HSDP replicas when F < D); --keep = actor.fsdp_config.reshard_after_forward=false.
+ *   Or --pp P --fsdp 1 --ep E: each stage's experts split over expert groups of E consecutive ranks (E
+ *   pipelines whose stage s all-to-all their MoE rows); the FSDP-only checks (traffic, resident pages) are
+ *   replaced by: the stage holds its layers' slice of the experts (par_held_floats = the stage's range of
+ *   the sliced layout) and its MoE layers ran exchanges.
  *   Reference (every rank, alone): train_accumulate without par on the D shards, gradients added in
  *   shard order (what D data-parallel ranks sum), plain AdamW, K steps.
  *   Checks, all through parallel.h's entry points as `moerl sft` / `moerl rl` call them:
@@ -28,8 +32,8 @@
  *       par_state (par_take_full, par_adamw_shard) and one more step equals the reference's step K+1;
  *     uneven shares (one pipeline with all sequences, the others with two or none): the short pipelines
  *       run empty micro-batches (FSDP's collectives only); the gradient norm against one rank's;
- *     what does not compose yet (pipeline × EP, × SP, pipeline × FSDP with tied embeddings) refused
- *       naming the keys (4 ranks, pp 2).
+ *     what does not compose yet (pipeline × SP, pipeline × EP × FSDP, pipeline × FSDP with tied embeddings)
+ *       refused naming the keys (4 ranks, pp 2).
  *   --tp T --pp P: TP × pipeline (test_tp_pp: T·P·dp ranks against one rank running the dp shards; its checks
  *     and tolerances at the function) and its refusals. */
 #include <math.h>
@@ -46,6 +50,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
@@ -61,12 +66,16 @@ static const int prompt_len[N_SEQ] = {3, 2, 4, 5, 1, 3, 4, 6, 2, 3, 5, 2};
 static dist_ctx *g_ctx;
 static int g_dynamic;     /* --dynamic: the pipeline's dynamic micro-batch count, aux loss off (see main) */
 static float g_aux_coef;  /* the load-balancing loss coefficient of the runs and the reference */
+static int g_ep = 1;      /* --ep: actor.expert_parallel_size of the composed runs */
 /* Weight tolerance (absolute, weights of scale 0.02). Fixed packing: the same micro-batches as one rank,
  * only the order of the sums over the FSDP group / pipelines and the clip factor's last bit differ
  * (≈ 1e-7 relative of an update of ≈ lr = 3e-3 per step): 1e-6. --dynamic: other micro-batches than one
  * rank's, so the GEMMs block other row counts (≈ 1e-7 relative in each gradient), which AdamW's m/√v
  * amplifies where a gradient is near zero (its sign decides a ±lr step): measured ≤ 6e-6 after 3 steps,
- * 2e-5 allowed. Either keeps a lost shard or a wrong range (weights off by ~lr = 3e-3 per step) out. */
+ * 2e-5 allowed. --ep: an expert's grouped GEMM sums the rows of every pipeline of its expert group in one
+ * weight-gradient GEMM (one rank sums each shard's GEMM, then the shards), the same ≈ 1e-7 relative reordering
+ * and the same AdamW amplification: measured 1.6e-6 with 2 OpenMP threads, 2e-5 allowed. Either keeps a lost
+ * shard or a wrong range (weights off by ~lr = 3e-3 per step) out. */
 static float g_wtol = 1e-6f;
 static int g_tokens[N_SEQ][16];
 static double g_inv_resp;
@@ -152,7 +161,8 @@ static par_config layout(int pp, int fsdp, int keep, int vpp) {
     par_config pc;
     memset(&pc, 0, sizeof pc);
     pc.fsdp_size = fsdp;
-    pc.expert_parallel_size = pc.ulysses_sequence_parallel_size = 1;
+    pc.expert_parallel_size = g_ep;
+    pc.ulysses_sequence_parallel_size = 1;
     pc.pipeline_parallel_size = pp;
     pc.virtual_pipeline_parallel_size = vpp;
     pc.alltoall_max_ep = 16;
@@ -410,8 +420,12 @@ static void stage_floats(const par_state *ps, const moe_model *m, size_t *stage_
 static void test_compose(int pp, int fsdp, int keep, int vpp) {
     const int T = g_ctx->world_size, D = T / pp;
     char what[160], tag[96];
-    snprintf(tag, sizeof tag, "pp %d x fsdp %d (dp %d%s%s%s)", pp, fsdp, D, keep ? ", reshard_after_forward=false" : "",
-             vpp > 1 ? ", v 2" : "", g_dynamic ? ", dynamic count" : "");
+    if (g_ep > 1)
+        snprintf(tag, sizeof tag, "pp %d x ep %d (dp %d%s%s)", pp, g_ep, D, vpp > 1 ? ", v 2" : "",
+                 g_dynamic ? ", dynamic count" : "");
+    else
+        snprintf(tag, sizeof tag, "pp %d x fsdp %d (dp %d%s%s%s)", pp, fsdp, D, keep ? ", reshard_after_forward=false" : "",
+                 vpp > 1 ? ", v 2" : "", g_dynamic ? ", dynamic count" : "");
     float ref_loss[K_STEPS + 1], loss[K_STEPS] = {0};
     double ref_gn[K_STEPS + 1];
     moe_model ref, m;
@@ -421,7 +435,10 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
     par_state ps;
     CHECK_R(compose_init(&ps, &m, &pc, NULL) == MOERL_OK, "%s: par_state_init_cfg: %s", RANK, tag, moerl_last_error());
     if (!ps.pp) return;
-    CHECK_R(ps.fsdp != NULL && ps.grid->fsdp == fsdp && ps.grid->dp == D, "%s: FSDP not composed", RANK, tag);
+    if (fsdp > 1) CHECK_R(ps.fsdp != NULL && ps.grid->fsdp == fsdp && ps.grid->dp == D, "%s: FSDP not composed", RANK, tag);
+    if (g_ep > 1) /* EP's slice: the stage's model holds E / ep experts of each MoE layer */
+        CHECK_R(ps.ep != NULL && ps.grid->ep == g_ep && ps.grid->dp == D && m.n_params < par_whole_params(&ps, &m),
+                "%s: EP not composed (sliced %zu floats, whole %zu)", RANK, tag, m.n_params, par_whole_params(&ps, &m));
     size_t stage_n, shard_max;
     stage_floats(&ps, &m, &stage_n, &shard_max);
     const size_t held = par_held_floats(&ps, &m);
@@ -450,23 +467,23 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
      * counts' forward-only pass, then kept for every micro-batch) and reduce-scattered once: (F − 1)·s_u
      * floats sent per unit (dist.h's ring volume), exactly, whatever the schedule */
     double unit_bytes = 0;
-    for (int u = 0; u < m.cfg.num_hidden_layers + 2; u++) {
+    for (int u = 0; u < m.cfg.num_hidden_layers + 2 && ps.fsdp; u++) {
         size_t un;
         const size_t su = fsdp_unit_shard(ps.fsdp, u, &un);
         if (un > 0) unit_bytes += (double)(fsdp - 1) * (double)su * 4.0;
     }
     for (int k = 0; k < K_STEPS; k++) {
         double gn = 0;
-        fsdp_stats s0, s1;
-        fsdp_get_stats(ps.fsdp, &s0);
+        fsdp_stats s0 = {0}, s1 = {0};
+        if (ps.fsdp) fsdp_get_stats(ps.fsdp, &s0);
         const int rc = step(&ps, &m, &a, &os, seqs, n, &loss[k], &gn);
-        fsdp_get_stats(ps.fsdp, &s1);
+        if (ps.fsdp) fsdp_get_stats(ps.fsdp, &s1);
         CHECK_R(!keep || (s1.allgather_bytes - s0.allgather_bytes == unit_bytes &&
                           s1.reduce_scatter_bytes - s0.reduce_scatter_bytes == unit_bytes),
                 "%s step %d stage %d: all-gather %.0f B, reduce-scatter %.0f B; once per unit and update is %.0f B",
                 RANK, tag, k, ps.grid->stage, s1.allgather_bytes - s0.allgather_bytes,
                 s1.reduce_scatter_bytes - s0.reduce_scatter_bytes, unit_bytes);
-        if (RANK == 0 && k == 0)
+        if (RANK == 0 && k == 0 && ps.fsdp)
             printf("  %s stage 0: step all-gather %.0f B, reduce-scatter %.0f B (units once: %.0f B)\n", tag,
                    s1.allgather_bytes - s0.allgather_bytes, s1.reduce_scatter_bytes - s0.reduce_scatter_bytes,
                    unit_bytes);
@@ -478,9 +495,14 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
         CHECK_R(fabs(gn - ref_gn[k]) <= 1e-5 * ref_gn[k], "%s step %d: gradient norm %.9g, one rank %.9g", RANK, tag,
                 k, gn, ref_gn[k]);
     }
+    /* pipeline × EP: every stage has MoE layers (layer 2 is the only dense one), whose rows went through the
+     * expert group's exchanges */
+    if (ps.ep)
+        CHECK_R(ep_get_stats(ps.ep).exchanges > 0, "%s stage %d: no expert-parallel exchange ran", RANK, tag,
+                ps.grid->stage);
     /* the optimizer step released every gathered unit: at most the pages straddling unit ends stay
      * (two per unit of the stage) */
-    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), rp = resident_bytes(m.params, m.n_params * 4);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), rp = ps.fsdp ? resident_bytes(m.params, m.n_params * 4) : 0;
     CHECK_R(rp <= 2 * (size_t)(m.cfg.num_hidden_layers + 2) * pg, "%s stage %d: %zu bytes of the parameter map "
             "resident after the step", RANK, tag, ps.grid->stage, rp);
     /* losses: per-micro-batch sums in another grouping than one rank's: 1e-5 relative */
@@ -508,7 +530,7 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
                   (long long)mom.step);
         }
         par_release_full(&ps, &m, full, &os, &mom);
-        const size_t r2 = resident_bytes(m.params, m.n_params * 4);
+        const size_t r2 = ps.fsdp ? resident_bytes(m.params, m.n_params * 4) : 0;
         CHECK_R(r2 <= 2 * (size_t)(m.cfg.num_hidden_layers + 2) * pg, "%s: %zu bytes resident after par_release_full",
                 RANK, tag, r2);
     }
@@ -591,12 +613,12 @@ static void test_uneven(int pp, int fsdp, int others_none) {
     double gn = 0;
     const int rc = step(&ps, &m, &a, &os, seqs, n, &l, &gn);
     CHECK_R(rc == MOERL_OK && fabs(gn - ref_gn) <= 1e-5 * ref_gn,
-            "pp %d x fsdp %d, uneven shares (others %s), pipeline %d: rc %d (%s), gradient norm %.9g, one rank %.9g",
-            RANK, pp, fsdp, others_none ? "none" : "two", ps.grid->dp_rank, rc, rc ? moerl_last_error() : "", gn,
+            "pp %d x fsdp %d x ep %d, uneven shares (others %s), pipeline %d: rc %d (%s), gradient norm %.9g, one rank %.9g",
+            RANK, pp, fsdp, g_ep, others_none ? "none" : "two", ps.grid->dp_rank, rc, rc ? moerl_last_error() : "", gn,
             ref_gn);
     if (RANK == 0)
-        printf("  pp %d x fsdp %d, uneven shares (others %s): gradient norm %.9f, one rank %.9f\n", pp, fsdp,
-               others_none ? "none" : "two sequences", gn, ref_gn);
+        printf("  pp %d x fsdp %d x ep %d, uneven shares (others %s): gradient norm %.9f, one rank %.9f\n", pp, fsdp,
+               g_ep, others_none ? "none" : "two sequences", gn, ref_gn);
     adamw_free(&os);
     model_acts_free(&a);
     par_state_free(&ps);
@@ -604,14 +626,15 @@ static void test_uneven(int pp, int fsdp, int others_none) {
 }
 
 /* What does not compose yet is refused by par_state_init naming the keys, on every rank, with the model
- * unchanged: the pipeline with EP, with Ulysses SP, and pipeline × FSDP on tied embeddings. */
+ * unchanged: the pipeline with EP and FSDP together, with Ulysses SP, and pipeline × FSDP on tied
+ * embeddings. */
 static void test_refusals(int pp) {
     struct {
-        int ep, sp, fsdp, tied;
+        int ep, sp, fsdp, tied, vpp;
         const char *want;
-    } cases[] = {{2, 1, 1, 0, "actor.expert_parallel_size (2)"},
-                 {1, 2, 1, 0, "actor.ulysses_sequence_parallel_size (2)"},
-                 {1, 1, 2, 1, "tie_word_embeddings"}};
+    } cases[] = {{2, 1, 2, 0, 1, "actor.fsdp_config.fsdp_size (2)"},
+                 {1, 2, 1, 0, 1, "actor.ulysses_sequence_parallel_size (2)"},
+                 {1, 1, 2, 1, 1, "tie_word_embeddings"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *tie = cases[i].tied ? "model.tie_word_embeddings=true" : "model.tie_word_embeddings=false";
         const char *kv[] = {"model.num_hidden_layers=4", "model.num_key_value_heads=2", "model.num_experts=4",
@@ -621,7 +644,7 @@ static void test_refusals(int pp) {
         MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
         model_init_random(&m, 4242);
         const size_t n0 = m.n_params;
-        par_config pc = layout(pp, cases[i].fsdp, 0, 1);
+        par_config pc = layout(pp, cases[i].fsdp, 0, cases[i].vpp);
         pc.expert_parallel_size = cases[i].ep;
         pc.ulysses_sequence_parallel_size = cases[i].sp;
         par_state ps;
@@ -646,16 +669,17 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--pp") && i + 1 < argc) pp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fsdp") && i + 1 < argc) fsdp = atoi(argv[++i]), fsdp_given = 1;
         else if (!strcmp(argv[i], "--vpp") && i + 1 < argc) vpp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ep") && i + 1 < argc) g_ep = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc) tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--keep")) keep = 1;
         else if (!strcmp(argv[i], "--dynamic")) g_dynamic = 1;
         else {
-            fprintf(stderr, "test_dist_compose: unknown argument '%s' (--pp P --fsdp F [--vpp V] [--keep] [--dynamic] | --tp T --pp P)\n", argv[i]);
+            fprintf(stderr, "test_dist_compose: unknown argument '%s' (--pp P --fsdp F [--ep E] [--vpp V] [--keep] [--dynamic] | --tp T --pp P)\n", argv[i]);
             return 2;
         }
     }
     g_aux_coef = g_dynamic ? 0.0f : cfg_model().router_aux_loss_coef;
-    if (g_dynamic) g_wtol = 2e-5f;
+    if (g_dynamic || g_ep > 1) g_wtol = 2e-5f;
     rng_state r;
     rng_seed(&r, 77);
     for (int s = 0; s < N_SEQ; s++)
@@ -664,8 +688,8 @@ int main(int argc, char **argv) {
     for (int s = 0; s < N_SEQ; s++) resp += seq_len[s] - prompt_len[s];
     g_inv_resp = 1.0 / resp;
     if (RANK == 0) printf("test_dist_compose: backend %s, %d ranks\n", dist_backend_name(), g_ctx->world_size);
-    if (tp > 1 && (fsdp_given || keep || vpp > 1 || g_dynamic)) {
-        fprintf(stderr, "test_dist_compose: --tp runs TP x pipeline alone: no --fsdp, --keep, --vpp or --dynamic\n");
+    if (tp > 1 && (fsdp_given || keep || vpp > 1 || g_dynamic || g_ep > 1)) {
+        fprintf(stderr, "test_dist_compose: --tp runs TP x pipeline alone: no --fsdp, --ep, --keep, --vpp or --dynamic\n");
         return 2;
     }
     if (tp > 1) { /* TP × pipeline (--tp T --pp P) */
@@ -677,7 +701,7 @@ int main(int argc, char **argv) {
         test_compose(pp, fsdp, keep, vpp);
         test_uneven(pp, fsdp, 0);
         test_uneven(pp, fsdp, 1);
-        if (pp == 2 && g_ctx->world_size == 4 && !keep && vpp == 1) test_refusals(pp);
+        if (pp == 2 && g_ctx->world_size == 4 && !keep && vpp == 1 && g_ep == 1) test_refusals(pp);
     }
     return dist_test_finish(g_ctx);
 }

@@ -133,13 +133,18 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * router-count pre-pass, the training passes, the gradient sums and the optimizer step on the TP slice; the
  * bytes tp_comm and dp_comm counted per operation against plan's tp rows (plan_traffic_rank /
  * plan_traffic_logprob), and the slice's floats against plan's weights. Exact: every count is an integer
- * number of floats times a power-of-two factor. */
+ * number of floats times a power-of-two factor. TP × EP (actor.expert_parallel_size > 1 with
+ * expert_tensor_parallel_size=1): also ep_comm's all-to-alls against plan's ep_alltoall and the expert gradient
+ * sum (ep_dp_comm) with the norm's double (ep_comm) against tp_ep_allreduce; the expert-row all-gathers are in
+ * tp_comm's. */
 static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     par_grid *g = ps->grid;
     const int T = g_ctx->trainer_size;
     int me, nd;
     par_data_shard(ps, &me, &nd);
-    plan_input in = {.n_trainer = T, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = g->tp,
+    plan_input in = {.n_trainer = T, .fsdp = 1, .ep = g->ep, .sp = 1, .pp = 1, .tp = g->tp,
+                     .dispatcher = (int)ps->cfg.dispatcher, .alltoall_max_ep = ps->cfg.alltoall_max_ep,
+                     .capacity_factor = ps->cfg.capacity_factor,
                      .tp_experts = g->cfg.expert_tensor_parallel_size != 1, .dtype_bytes = 4, .micro_tokens = MT,
                      .micro_batches = (N_SEQ + nd - 1) / nd, .updates_per_step = 1,
                      .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .n_rollout = 0, .rollout_tp = 1,
@@ -168,14 +173,16 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     for (int i = 0; i < n; i++) lp_buf[i] = xcalloc((size_t)(mine[i].len - mine[i].resp_start + 1), sizeof(float));
     const int E = mc->num_experts;
     for (int k = 0; k < K_STEPS; k++) {
+        reset_group_bytes(g);
         dist_comm_reset_bytes(g->tp_comm);
-        if (g->dp_comm) dist_comm_reset_bytes(g->dp_comm);
         MOERL_ASSERT(compute_logprobs(m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
-        const double lg[2] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
-                              dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER)};
-        CHECK_R(lg[0] == lt.tp_act_allreduce && lg[1] == lt.tp_allgather,
-                "step %d logprob pass: TP all-reduce %.0f B (plan %.0f), all-gather %.0f B (plan %.0f)", RANK, k, lg[0],
-                lt.tp_act_allreduce, lg[1], lt.tp_allgather);
+        const double lg[3] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
+                              dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER),
+                              g->ep > 1 ? dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL) : 0};
+        CHECK_R(lg[0] == lt.tp_act_allreduce && lg[1] == lt.tp_allgather && lg[2] == lt.ep_alltoall,
+                "step %d logprob pass: TP all-reduce %.0f B (plan %.0f), all-gather %.0f B (plan %.0f), EP all-to-all "
+                "%.0f B (plan %.0f)", RANK, k, lg[0], lt.tp_act_allreduce, lg[1], lt.tp_allgather, lg[2], lt.ep_alltoall);
+        reset_group_bytes(g);
         dist_comm_reset_bytes(g->tp_comm);
         double counts[16] = {0}, psum[16] = {0};
         train_step_opts to = {.max_tokens = MT, .temperature = 1.0f, .aux_coef = mc->router_aux_loss_coef,
@@ -190,13 +197,24 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
         MOERL_ASSERT(par_finish_grads(ps, n_mb, n_mb) == MOERL_OK);
         double gn;
         MOERL_ASSERT(par_adamw_step(ps, m, &os, 1e-3f, (float)so.loss, &gn) == 1); /* 1: applied */
-        const double got[3] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
+        const int tpep = g->ep > 1;
+        const double got[5] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
                                dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER),
-                               g->dp > 1 ? dist_comm_bytes(g->dp_comm, DIST_OP_ALLREDUCE) : 0};
-        const double want[3] = {pt.tp_act_allreduce, pt.tp_allgather, pt.tp_dp_allreduce};
-        const char *what[3] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice"};
-        for (int i = 0; i < 3; i++)
-            CHECK_R(got[i] == want[i], "step %d %s: counted %.0f B, plan %.0f", RANK, k, what[i], got[i], want[i]);
+                               g->dp > 1 ? dist_comm_bytes(g->dp_comm, DIST_OP_ALLREDUCE) : 0,
+                               tpep ? dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL) : 0,
+                               tpep ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) +
+                                          dist_comm_bytes(g->ep_comm, DIST_OP_ALLREDUCE)
+                                    : 0};
+        const double want[5] = {pt.tp_act_allreduce, pt.tp_allgather, pt.tp_dp_allreduce, pt.ep_alltoall,
+                                pt.tp_ep_allreduce};
+        const char *what[5] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice", "EP all-to-all",
+                               "expert gradient and norm all-reduce"};
+        for (int i = 0; i < 5; i++) /* the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
+            CHECK_R(got[i] == want[i] || (i >= 3 && rel(got[i], want[i]) < 1e-12), "step %d %s: counted %.0f B, plan %.0f", RANK, k,
+                    what[i], got[i], want[i]);
+        if (k == 0 && RANK == 0 && tpep)
+            printf("tp %d x ep %d x dp %d: EP all-to-all %.0f B, expert all-reduce %.0f B per update (plan %.0f, %.0f)\n",
+                   g->tp, g->ep, g->dp, got[3], got[4], want[3], want[4]);
         if (k == 0 && RANK == 0)
             printf("tp %d x dp %d: TP all-reduce %.0f B, all-gather %.0f B, DP all-reduce %.0f B per update (plan %.0f, "
                    "%.0f, %.0f)\n", g->tp, g->dp, got[0], got[1], got[2], want[0], want[1], want[2]);
@@ -433,7 +451,8 @@ int main(int argc, char **argv) {
             got[3] = g->replicas > 1 ? dist_comm_bytes(g->replica_comm, DIST_OP_ALLREDUCE) : 0;
             got[4] = dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL);
             got[10] = ps.ep && ps.fsdp && g->ep_replica_comm ? dist_comm_bytes(g->ep_replica_comm, DIST_OP_ALLREDUCE) : 0;
-            got[5] = ps.ep && !ps.fsdp ? dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE) +
+            /* (pipeline × EP: the stage's all-reduce is row 7's, the expert slices' over ep_dp_comm row 5's) */
+            got[5] = ps.ep && !ps.fsdp ? (pp_owned ? 0 : dist_comm_bytes(g->stage_comm, DIST_OP_ALLREDUCE)) +
                                  (g->ep_dp_comm != g->stage_comm ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) : 0)
                            : 0;
             got[6] = dist_comm_bytes(g->sp_comm, DIST_OP_ALLTOALL);
@@ -525,6 +544,9 @@ int main(int argc, char **argv) {
             int l0, l1;
             MOERL_ASSERT(plan_pp_chunk_params(&mc, gpp, gv, PLAN_PP_STAGE_LOCAL, vs % gpp, vs / gpp, &d, &e, &l0, &l1) ==
                          MOERL_OK);
+            /* pipeline × EP: the stage of the sliced layout holds 1/ep of the experts (plan's e / ep: exact here,
+             * the test model's expert tensors being multiples of 16·ep floats, so each slice pads as its share) */
+            e /= gep;
             if ((double)(shi[vs] - slo[vs]) != d + e) {
                 ranges_ok = 0;
                 printf("[rank %d] virtual stage %d: pp_stage_ranges %zu floats, plan %.0f\n", RANK, vs,

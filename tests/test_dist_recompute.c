@@ -21,6 +21,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/ulysses.h"
 #include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "par_fixture.h"
 #include "dist_test.h"
 #include "test.h"
@@ -92,6 +93,7 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
         train_step_out so;
         par_zero_grad(&ps, &m);
         MOERL_ASSERT(train_accumulate(&m, &a, mine, n, &o, fx_ce, &cc, &so) == MOERL_OK);
+        if (ps.pp) traffic[3] += pp_last_stats(ps.pp)->microbatches - most; /* the pipeline's own (agreed) count */
         MOERL_ASSERT(par_finish_grads(&ps, passes, most) == MOERL_OK);
         if (ps.grid && !par_grads_self_reduced(&ps)) /* Ulysses SP: the caller's reducer sums over stage_comm */
             MOERL_ASSERT(dist_comm_allreduce_f32(ps.grid->stage_comm, m.grads, m.n_params) == MOERL_OK);
@@ -105,6 +107,12 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
     MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, traffic + 2, 1) == MOERL_OK);
     traffic[4] = ps.ep ? (double)ep_get_stats(ps.ep).exchanges : 0;
     traffic[5] = ps.sp ? (double)sp_get_stats(ps.sp).exchanges : 0;
+    traffic[6] = 0; /* the MoE layers this rank's passes run: its stage's under a pipeline (pipeline × EP) */
+    for (int k = 0; k < (ps.pp ? pp_chunks(ps.pp) : 1); k++) {
+        int lo = 0, hi = c.num_hidden_layers;
+        if (ps.pp) pp_chunk_layers(ps.pp, k, &lo, &hi);
+        for (int l = lo; l < hi; l++) traffic[6] += moe_config_layer_is_moe(&c, l);
+    }
     if (ps.fsdp) {
         fsdp_stats st;
         fsdp_get_stats(ps.fsdp, &st);
@@ -162,7 +170,7 @@ int main(int argc, char **argv) {
         if (replay) attach_routes(&b);
         float ce[3][FX_K_STEPS];
         moe_model whole[3];
-        double tr[3][6] = {{0}};
+        double tr[3][7] = {{0}};
         memset(whole, 0, sizeof whole);
         for (int rc = 0; rc < 3; rc++) run_layout(&b, &init, &pc, rc, ce[rc], &whole[rc], tr[rc]);
         for (int rc = 1; rc < 3; rc++) {
@@ -181,7 +189,7 @@ int main(int argc, char **argv) {
         /* the exchanges recompute adds (what moerl plan counts): EP, the MoE forward's dispatch + combine again
          * before each MoE layer's backward (both granularities); Ulysses, the attention's two all-to-alls again
          * (full only). Per training pass of this rank (tr[.][3], local: traffic[2] was summed, [3] was not). */
-        const double passes = tr[0][3], n_moe = 2, n_layers = c.num_hidden_layers;
+        const double passes = tr[0][3], n_moe = tr[0][6], n_layers = c.num_hidden_layers;
         CHECK_R(tr[1][4] - tr[0][4] == (ps_ep(&pc) ? 2 * n_moe * passes : 0) && tr[2][4] == tr[1][4],
                 "EP exchanges: none %.0f, full %.0f, selective %.0f over %.0f training passes", RANK, tr[0][4],
                 tr[1][4], tr[2][4], passes);

@@ -14,7 +14,10 @@
  * hooks).
  * --etp 1: experts whole on every TP rank (actor.megatron.expert_tensor_parallel_size=1); --vocab 67: a
  * vocabulary that is not a multiple of the TP size (the last slice padded, the padding outside the softmax).
- * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V]. */
+ * --ep 2 (with --etp 1): TP × EP × DP (src/parallel/tp_ep.h): the experts split over EP groups of ranks with the
+ * same TP rank, each TP rank's share of the tokens dispatched over its EP group; one keeper (rank 0) assembles
+ * the whole model, the checkpoint loads into every rank's slice (par_slice_vec of the whole) and on one rank.
+ * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V] [--ep N]. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -66,6 +69,15 @@ static void check_refusals(void) {
     pc.ulysses_sequence_parallel_size = 2;
     CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "ulysses_sequence_parallel_size (2)"),
           "TP with Ulysses: %s", moerl_last_error());
+    pc = tp_pc(2, 1); /* TP × EP with experts whole: accepted when ep divides the dp = T / tp ranks */
+    pc.expert_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_OK, "TP 2 × EP 2 (expert_tensor_parallel_size=1) on 4 ranks: %s",
+          moerl_last_error());
+    CHECK(par_check_tp(&pc, 2) == MOERL_ERR && strstr(moerl_last_error(), "actor.expert_parallel_size=2 must divide"),
+          "TP 2 × EP 2 on 2 ranks: %s", moerl_last_error());
+    pc.expert_tensor_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "expert_tensor_parallel_size=1"),
+          "TP 2 × EP 2 with expert-TP: %s", moerl_last_error());
     pc = tp_pc(2, -1);
     CHECK(par_check_tp(&pc, 3) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 3 trainer"),
           "TP 2 over 3 ranks: %s", moerl_last_error());
@@ -167,16 +179,17 @@ int main(int argc, char **argv) {
         dist_finalize(g_ctx);
         TEST_MAIN_END();
     }
-    int tp = g_ctx->world_size, nkv = 2, etp = -1, vocab = 64;
+    int tp = g_ctx->world_size, nkv = 2, etp = -1, vocab = 64, ep = 1;
     static const struct option lo[] = {{"tp", 1, 0, 't'}, {"nkv", 1, 0, 'k'}, {"etp", 1, 0, 'e'}, {"vocab", 1, 0, 'v'},
-                                       {0, 0, 0, 0}};
+                                       {"ep", 1, 0, 'p'}, {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         if (o == 't') tp = atoi(optarg);
         else if (o == 'k') nkv = atoi(optarg);
         else if (o == 'e') etp = atoi(optarg);
         else if (o == 'v') vocab = atoi(optarg);
+        else if (o == 'p') ep = atoi(optarg);
         else {
-            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64]\n");
+            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64] [--ep N]\n");
             return 1;
         }
     }
@@ -194,6 +207,7 @@ int main(int argc, char **argv) {
     MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
     memcpy(m.params, init.params, m.n_params * sizeof(float));
     par_config pc = tp_pc(tp, etp);
+    pc.expert_parallel_size = ep;
     par_state ps;
     CHECK_R(par_state_init_cfg(&ps, g_ctx, &pc, &m) == MOERL_OK, "par_state_init_cfg (tp %d): %s", RANK, tp,
             moerl_last_error());
@@ -238,7 +252,7 @@ int main(int argc, char **argv) {
     t_close("TP CE losses vs one rank", ce, ref_ce, FX_K_STEPS, 1e-6f, 1e-5f);
     t_close("TP aux losses vs one rank", aux, ref_aux, FX_K_STEPS, 1e-6f, 1e-5f);
     adamw_state mo;
-    const int keep = g->tp_rank == 0;
+    const int keep = ep > 1 ? RANK == 0 : g->tp_rank == 0; /* TP × EP: one keeper assembles the whole model */
     const moe_model *full = par_gather_full(&ps, &m, keep, &os, &mo);
     CHECK_R(!keep || (full && full->n_params == ref.n_params && mo.n == ref.n_params), "par_gather_full: %s", RANK,
             moerl_last_error());
@@ -274,7 +288,7 @@ int main(int argc, char **argv) {
     CHECK_R(same, "the assembled weights must be bit-identical on every TP group's keeper", RANK);
     /* checkpoint: the whole model saved (HF layout) loads into each rank's slice as the slice of the whole */
     char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/moerl_test_tp_%d_%d", (int)getppid(), g->dp_rank);
+    snprintf(dir, sizeof dir, "/tmp/moerl_test_tp_%d_%d", (int)getppid(), ep > 1 ? 0 : g->dp_rank);
     if (keep && full) MOERL_ASSERT(model_save_hf(full, dir, 0, 0) == MOERL_OK);
     MOERL_ASSERT(dist_barrier(g_ctx, DIST_WORLD) == MOERL_OK);
     float *before = xalloc_aligned((m.n_params + 1) * sizeof(float)), *want = xalloc_aligned((m.n_params + 1) * sizeof(float));
@@ -289,7 +303,8 @@ int main(int argc, char **argv) {
         CHECK_R(model_load_weights(&one, dir) == MOERL_OK &&
                     memcmp(one.params, full->params, one.n_params * sizeof(float)) == 0,
                 "the TP checkpoint on one rank: %s", RANK, moerl_last_error());
-        tp_slice_vec(ps.tp, one.params, want);
+        if (ep > 1) par_slice_vec(&ps, &m, one.params, want); /* the expert slice, then its TP slice */
+        else tp_slice_vec(ps.tp, one.params, want);
         CHECK_R(memcmp(want, before, m.n_params * sizeof(float)) == 0, "tp_slice_vec of the whole != the slice", RANK);
         model_free(&one);
     }
@@ -301,7 +316,7 @@ int main(int argc, char **argv) {
     adamw_free(&os);
     model_acts_free(&a);
     par_state_free(&ps); /* assembles the whole model back into m on every rank */
-    CHECK_R(m.n_params == ref.n_params && m.cfg.exec.tp_size == 0, "par_state_free: the whole model back (%zu floats)",
+    CHECK_R(m.n_params == ref.n_params && m.cfg.exec.tp_size == 0 && m.cfg.exec.ep_size <= 1, "par_state_free: the whole model back (%zu floats)",
             RANK, m.n_params);
     t_close("TP model after par_state_free vs one rank", m.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f);
     model_free(&m);

@@ -16,8 +16,8 @@
  * micro-batch or per rank differs from the reference by far more than the tolerance — checked by hand
  * when this test was written).
  * Groups: generated once by a rollouter from a tiny random model (same seeds on every rank, so
- * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] (every
- * rank is a trainer). */
+ * every rank holds the same groups). Usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] [--etp 1]
+ * (every rank is a trainer; --tp 2 --ep 2 --etp 1: TP × EP with the experts whole). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,8 +200,9 @@ static int parse_layout(int argc, char **argv, par_config *pc) {
         else if (!strcmp(argv[i], "--ep")) pc->expert_parallel_size = v;
         else if (!strcmp(argv[i], "--pp")) pc->pipeline_parallel_size = v;
         else if (!strcmp(argv[i], "--tp")) pc->tensor_model_parallel_size = v;
+        else if (!strcmp(argv[i], "--etp")) pc->expert_tensor_parallel_size = v; /* 1: experts whole (TP × EP) */
         else {
-            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T]\n");
+            fprintf(stderr, "usage: test_dist_trainer [--fsdp F] [--ep E] [--pp P] [--tp T] [--etp 1]\n");
             exit(2);
         }
         if (v < 1) {

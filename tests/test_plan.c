@@ -320,13 +320,19 @@ static void test_limits_and_ref(void) {
     in.micro_tokens = 4096;
     in.step_tokens = 0;
     in.micro_batches = 4;
-    /* the pipeline combines only with data parallelism (moerl's par_check_pp_alone) */
+    /* the pipeline combines only with data parallelism and EP in plan's model (moerl's par_check_pp_alone) */
     in.pp = 2;
     in.fsdp = 4;
     CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "combines only with data parallelism"));
     in.fsdp = 1;
-    in.ep = 2;
-    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "actor.expert_parallel_size (2)"));
+    in.ep = 2; /* pipeline × EP: planned (the stage's experts over its expert groups; tests/test_dist_plan.c) */
+    CK(plan_compute(&q, &in, &r) == MOERL_OK && r.weights > 0);
+    in.vpp = 2; /* interleaved too (each chunk's MoE layers exchange) */
+    CK(plan_compute(&q, &in, &r) == MOERL_OK && r.vpp == 2);
+    in.fsdp = 2; /* but not with FSDP as well, as moerl refuses it */
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "actor.fsdp_config.fsdp_size (2)"));
+    in.fsdp = 1;
+    in.vpp = 1;
     in.ep = 1;
     in.sp = 2;
     CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "ulysses_sequence_parallel_size (2)"));
@@ -595,7 +601,9 @@ static void test_tp_hand(void) {
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "fsdp_size (4)"));
     in.fsdp = 1;
     in.ep = 2;
+    in.tp_experts = 1; /* TP × EP runs with the experts whole only (expert_tensor_parallel_size=1) */
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2)"));
+    in.tp_experts = 0;
     in.ep = 1;
     in.pp = 2; /* TP × pipeline runs (moerl sft / rl) but plan does not model it: refused, not planned as TP × DP */
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not model TP × pipeline"));

@@ -184,8 +184,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};
     for (int i = 0; i < 6; i++) printf("| %s | %.3f | %.3f |\n", names[i], gib(v[i]), gib(v[i] * in->updates_per_step));
     if (r->tp > 1)
-        printf("| TP all-reduces (activations, logprob statistics, q/k-norm and kv-head gradients) | %.3f | %.3f |\n",
-               gib(r->tp_allreduce), gib(r->tp_allreduce * in->updates_per_step));
+        printf("| TP all-reduces (activations, logprob statistics, q/k-norm and kv-head gradients%s) | %.3f | %.3f |\n",
+               in->ep > 1 ? "; TP × EP's expert-row all-gathers" : "", gib(r->tp_allreduce),
+               gib(r->tp_allreduce * in->updates_per_step));
     if (in->logprob_passes > 0)
         printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",
                gib(r->logprob_pass));

@@ -28,7 +28,7 @@ static int check_model_parallel(const par_layout *L, int grad_compression) {
                             "under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
                             pc->tensor_model_parallel_size, T);
-    if (par_check_pp_compose(pc) != MOERL_OK || par_check_tp(pc, T) != MOERL_OK) return MOERL_ERR; /* pipeline with FSDP, not EP / SP; TP with DP */
+    if (par_check_pp_compose(pc) != MOERL_OK || par_check_tp(pc, T) != MOERL_OK) return MOERL_ERR; /* pipeline with FSDP or EP, not SP; TP with DP */
     const int tp = pc->tensor_model_parallel_size;
     if (tp > 1 && grad_compression != GRAD_COMPRESSION_NONE)
         return moerl_errorf("actor.grad_compression compresses the data-parallel reducer's all-reduce, which "

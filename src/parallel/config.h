@@ -19,7 +19,7 @@ typedef struct {
 void par_def_layout_keys(cfg *c);
 /* Read and check them, before any folder or model exists: trainer.n_ranks ≥ 1, buckets in
  * (0, 1024] MiB, par_read_keys' checks; model parallelism (any size above 1) needs trainer.n_ranks
- * ≥ 2; the pipeline combines with data parallelism and FSDP only (par_check_pp_compose); a gradient
+ * ≥ 2; the pipeline combines with data parallelism, FSDP and EP (par_check_pp_compose); a gradient
  * compression (grad_compression, dist/compress.h: GRAD_COMPRESSION_NONE = off) needs the plain
  * data-parallel reducer (no FSDP, pipeline or EP). The sizes against the ranks and the model are
  * par_check's, once the model is known. Errors name the keys and their values. */

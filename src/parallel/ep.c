@@ -37,6 +37,8 @@ struct ep_state {
     moe_model *model; /* ep_state_attach's model (NULL with ep_state_new) */
     moe_model whole;  /* the unsliced model's tensor table (no buffers): ep_slice_vec / ep_gather_full */
     ep_stats st;
+    ep_layer *bank;   /* ep_use_bank: [n_banks·L] the saved states of the banks not in use (cur's entries empty) */
+    int n_banks, cur_bank;
 };
 
 /* Grow *p to at least n floats (contents not kept). */
@@ -123,12 +125,44 @@ ep_state *ep_state_new(const par_grid *g, const moe_config *c, int max_tokens) {
     return ep;
 }
 
+/* A layer's saved-state buffers. */
+static void layer_free(ep_layer *y) {
+    free(y->rcnt); free(y->boff); free(y->eoff); free(y->x); free(y->gu); free(y->act);
+}
+
+void ep_use_bank(ep_state *ep, int k, int n) {
+    const int L = ep->L;
+    if (n > ep->n_banks) { /* new banks: empty saved states of the MoE layers */
+        const int old = ep->n_banks > 0 ? ep->n_banks : 1;
+        ep->bank = xrealloc(ep->bank, (size_t)n * L * sizeof(ep_layer));
+        memset(ep->bank + (size_t)(ep->n_banks > 0 ? ep->n_banks : 0) * L, 0,
+               (size_t)(n - (ep->n_banks > 0 ? ep->n_banks : 0)) * L * sizeof(ep_layer));
+        for (int b = old; b < n; b++)
+            for (int l = 0; l < L; l++) {
+                if (!moe_config_layer_is_moe(&ep->whole.cfg, l)) continue;
+                ep_layer *y = &ep->bank[(size_t)b * L + l];
+                y->rcnt = xcalloc((size_t)ep->P * ep->El, sizeof(int));
+                y->boff = xcalloc((size_t)ep->P * ep->El, sizeof(int));
+                y->eoff = xcalloc((size_t)ep->El + 1, sizeof(int));
+            }
+        ep->n_banks = n;
+    }
+    MOERL_ASSERT(k >= 0 && k < ep->n_banks);
+    if (k == ep->cur_bank) return;
+    for (int l = 0; l < L; l++) {
+        ep->bank[(size_t)ep->cur_bank * L + l] = ep->lay[l];
+        ep->lay[l] = ep->bank[(size_t)k * L + l];
+        memset(&ep->bank[(size_t)k * L + l], 0, sizeof(ep_layer));
+    }
+    ep->cur_bank = k;
+}
+
 void ep_state_free(ep_state *ep) {
     if (!ep) return;
-    for (int l = 0; l < ep->L; l++) {
-        ep_layer *y = &ep->lay[l];
-        free(y->rcnt); free(y->boff); free(y->eoff); free(y->x); free(y->gu); free(y->act);
-    }
+    for (int b = 0; b < ep->n_banks; b++)
+        for (int l = 0; l < ep->L && b != ep->cur_bank; l++) layer_free(&ep->bank[(size_t)b * ep->L + l]);
+    free(ep->bank);
+    for (int l = 0; l < ep->L; l++) layer_free(&ep->lay[l]);
     free(ep->y); free(ep->dy); free(ep->dgu); free(ep->dact); free(ep->dx);
     free(ep->buf_a); free(ep->buf_b); free(ep->red);
     model_free(&ep->whole);

@@ -184,6 +184,12 @@ void ep_count_idle_pass(ep_state *ep);
  * then begin with the recomputed forward's exchange (an idle rank runs ep_idle_layer(l, 0) first). */
 int ep_recomputes(const ep_state *ep);
 
+/* Several passes in flight (pipeline × EP: a stage's 1F1B keeps up to pp − stage micro-batches between their
+ * forward and backward): the expert side's saved state of every MoE layer (the rows received, their counts and
+ * activations, which the backward reuses) is kept per bank; ep_use_bank makes bank k of n the one the next
+ * passes use (banks [old n, n) are created empty; k < n). Bank 0 is the state's own. Not collective. */
+void ep_use_bank(ep_state *ep, int k, int n);
+
 /* par_state_init's form: ep_slice_in_place(g, m) then ep_state_new(g, &m->cfg, max_tokens), the
  * state remembering m (ep_idle_pass may then take m = NULL). ep_state_detach: the inverse, for
  * par_state_free — the whole model assembled back into m on every rank of the EP group (collective

@@ -34,26 +34,55 @@ static int par_read_tp_keys(const cfg *c, par_config *pc) {
     return MOERL_OK;
 }
 
+int par_check_tp_ep(const par_config *pc, int T) {
+    const int tp = pc->tensor_model_parallel_size, ep = pc->expert_parallel_size;
+    if (tp <= 1 || ep <= 1) return MOERL_OK;
+    if (pc->expert_tensor_parallel_size != 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with actor.expert_parallel_size (%d) needs "
+                            "actor.megatron.expert_tensor_parallel_size=1 (every expert whole, the experts split over "
+                            "EP), got %d: expert-TP under EP is not part of this build", tp, ep,
+                            pc->expert_tensor_parallel_size);
+    const int pp = pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1, D = T / pp;
+    if ((D / tp) % ep)
+        return moerl_errorf("actor.expert_parallel_size=%d must divide the %d data-parallel rank%s of a TP layout (%d "
+                            "trainer ranks / actor.megatron.tensor_model_parallel_size %d): an EP group joins ranks "
+                            "with the same TP rank", ep, D / tp, moerl_plural(D / tp), D, tp);
+    return MOERL_OK;
+}
+
+/* TP × EP (grid.h): the EP groups join the ranks with the same tp_rank, ep consecutive data-parallel indices
+ * (stride tp in d); ep_rank = dp_rank mod ep. Sets g->ep_rank and *ep_color (the ep_comm split's color). */
+static void par_grid_tp_ep(par_grid *g, int *ep_color) {
+    g->ep_rank = g->dp_rank % g->ep;
+    *ep_color = (g->stage * (g->dp / g->ep) + g->dp_rank / g->ep) * g->tp + g->tp_rank;
+}
+
 int par_check_tp(const par_config *pc, int T) {
     const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1;
     if (tp <= 1) return MOERL_OK;
     const int fsdp = pc->fsdp_size == -1 ? T / pp : pc->fsdp_size;
-    if (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1)
-        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism and the "
-                            "pipeline in this build: actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) "
-                            "and actor.ulysses_sequence_parallel_size (%d) must be 1 with it", tp, fsdp,
-                            pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+    if (fsdp > 1 || pc->ulysses_sequence_parallel_size > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism, the "
+                            "pipeline and expert parallelism in this build: actor.fsdp_config.fsdp_size (%d) and "
+                            "actor.ulysses_sequence_parallel_size (%d) must be 1 with it (expert parallelism, "
+                            "actor.expert_parallel_size %d, combines with it when "
+                            "actor.megatron.expert_tensor_parallel_size=1, without the pipeline)", tp, fsdp,
+                            pc->ulysses_sequence_parallel_size, pc->expert_parallel_size);
     if (pp > 1 && par_check_tp_pp(pc, T) != MOERL_OK) return MOERL_ERR;
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
                             moerl_plural(T));
-    return MOERL_OK;
+    return par_check_tp_ep(pc, T);
 }
 
 int par_check_tp_pp(const par_config *pc, int T) {
     const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size;
     const int vpp = pc->virtual_pipeline_parallel_size > 0 ? pc->virtual_pipeline_parallel_size : 1;
     if (tp <= 1 || pp <= 1) return MOERL_OK;
+    if (pc->expert_parallel_size > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d: "
+                            "actor.expert_parallel_size (%d) must be 1 with it (TP × pipeline × EP is not part of this "
+                            "build)", tp, pp, pc->expert_parallel_size);
     if (vpp > 1)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d runs the "
                             "plain 1F1B schedule only in this build: actor.virtual_pipeline_parallel_size (%d) must be 1",
@@ -132,24 +161,27 @@ int par_read_keys(const cfg *c, par_config *pc) {
 }
 
 int par_check_pp_alone(const par_config *pc, int T) {
-    const int pp = pc->pipeline_parallel_size;
+    const int pp = pc->pipeline_parallel_size, ep = pc->expert_parallel_size;
     const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
-    if (pp > 1 && (fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1))
-        return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism in moerl plan's "
-                            "model (moerl sft and moerl rl also run it with FSDP): "
-                            "actor.fsdp_config.fsdp_size (%d), actor.expert_parallel_size (%d) and "
-                            "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
-                            pp, fsdp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
-    return MOERL_OK;
+    if (pp > 1 && (fsdp > 1 || pc->ulysses_sequence_parallel_size > 1))
+        return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism and expert "
+                            "parallelism in moerl plan's model (moerl sft and moerl rl also run it with FSDP): "
+                            "actor.fsdp_config.fsdp_size (%d) and actor.ulysses_sequence_parallel_size (%d) must be 1 "
+                            "with it", pp, fsdp, pc->ulysses_sequence_parallel_size);
+    return pp > 1 && ep > 1 ? par_check_pp_compose(pc) : MOERL_OK; /* pipeline × EP: moerl's own rule */
 }
 
 int par_check_pp_compose(const par_config *pc) {
-    const int pp = pc->pipeline_parallel_size;
-    if (pp > 1 && (pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1))
-        return moerl_errorf("actor.pipeline_parallel_size=%d combines with data parallelism and FSDP "
-                            "(actor.fsdp_config.fsdp_size) only: actor.expert_parallel_size (%d) and "
+    const int pp = pc->pipeline_parallel_size, ep = pc->expert_parallel_size;
+    if (pp > 1 && pc->ulysses_sequence_parallel_size > 1)
+        return moerl_errorf("actor.pipeline_parallel_size=%d combines with data parallelism, FSDP "
+                            "(actor.fsdp_config.fsdp_size) and expert parallelism only: "
                             "actor.ulysses_sequence_parallel_size (%d) must be 1 with it",
-                            pp, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size);
+                            pp, pc->ulysses_sequence_parallel_size);
+    if (pp > 1 && ep > 1 && pc->fsdp_size != 1)
+        return moerl_errorf("actor.pipeline_parallel_size=%d with actor.expert_parallel_size (%d): the pipeline "
+                            "combines with FSDP or with EP, not both: actor.fsdp_config.fsdp_size (%d) must be 1 "
+                            "with them", pp, ep, pc->fsdp_size);
     return MOERL_OK;
 }
 
@@ -232,6 +264,8 @@ int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int n
     /* EP × FSDP (both > 1, ep·fsdp | D): blocks of ep·fsdp consecutive ranks; inside a block the EP
      * groups stay consecutive and each FSDP group joins the fsdp ranks holding the same experts
      * (stride ep), so FSDP shards identical expert slices (see grid.h) */
+    int ep_color = g->stage * (g->D / g->ep) + g->d / g->ep;
+    if (g->tp > 1 && g->ep > 1) par_grid_tp_ep(g, &ep_color);
     const int ep_fsdp = g->ep > 1 && g->fsdp > 1 && g->D % (g->ep * g->fsdp) == 0;
     int fsdp_color = g->stage * g->replicas + g->replica_rank;
     if (ep_fsdp) {
@@ -251,7 +285,7 @@ int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int n
         {&g->sp_comm, g->stage * g->dp + g->dp_rank, g->sp_rank},
         {&g->fsdp_comm, fsdp_color, g->fsdp_rank},
         {&g->replica_comm, g->stage * g->fsdp + g->fsdp_rank, g->replica_rank},
-        {&g->ep_comm, g->stage * (g->D / g->ep) + g->d / g->ep, g->ep_rank},
+        {&g->ep_comm, ep_color, g->ep_rank},
         {&g->ep_dp_comm, g->stage * g->ep + g->ep_rank, g->d / g->ep},
         {&g->ep_replica_comm, (g->stage * g->fsdp + g->fsdp_rank) * g->ep + g->ep_rank, g->d},
         {&g->tp_comm, g->stage * (g->D / g->tp) + g->d / g->tp, g->tp_rank},

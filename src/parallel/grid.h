@@ -16,6 +16,12 @@
  * blocks) then sums the replicated tensors' shards, ep_replica_comm (same fsdp_rank and ep_rank:
  * the other blocks) the expert shards (src/parallel/fsdp.c, fsdp_set_expert_groups). When ep·fsdp
  * does not divide D the groups are laid out as without EP (parallel.c refuses that combination).
+ * TP × EP (tp > 1 and ep > 1, actor.megatron.expert_tensor_parallel_size=1; par_grid_tp_ep in grid.c, as
+ * Megatron-LM's expert groups with expert_tensor_parallel_size 1): d = dp_rank · tp + tp_rank, the TP groups
+ * consecutive as under TP × DP; an EP group joins the ep ranks with the same tp_rank and consecutive dp_rank
+ * (stride tp in d: dp_rank / ep equal), ep_rank = dp_rank mod ep, so ep divides dp = D / tp. ep_dp_comm joins
+ * every rank with the same ep_rank (every tp_rank, every EP block): the ranks holding the same experts, over
+ * which the expert gradients are summed; dp_comm (same tp_rank) sums the other tensors' slices.
  *
  * Config keys (verl names): actor.fsdp_config.fsdp_size (−1 = all D ranks of a stage, verl's
  * default; 1 = off), actor.expert_parallel_size, actor.ulysses_sequence_parallel_size,
@@ -65,7 +71,8 @@ typedef struct {
     dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
     dist_comm *ep_comm;       /* this rank's expert-parallel group */
     dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
-    /* Tensor parallelism (TP × DP, TP × pipeline × DP; tp.h): the tp consecutive ranks of d / tp form a TP group
+    /* Tensor parallelism (TP × DP, TP × EP × DP and TP × pipeline × DP; tp.h): the tp consecutive ranks of d / tp
+     * form a TP group
      * (tp_comm), dp = D / tp, dp_rank = d / tp; dp_comm then joins the ranks with the same tp_rank (the
      * gradient sum of one slice). */
     int tp, tp_rank;
@@ -83,23 +90,29 @@ int par_read_keys(const cfg *c, par_config *pc);
  * GQA), pp ≤ L. The message names the key, its value and what would fit. */
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
 /* The layouts `moerl plan` models with the pipeline: actor.pipeline_parallel_size > 1 needs FSDP
- * (fsdp_size, -1 = the T/pp ranks of a stage), EP and Ulysses SP all 1 (plan refuses the rest with
- * this before any work; the runtime's wider rule is par_check_pp_compose). Not part of par_check: the
+ * (fsdp_size, -1 = the T/pp ranks of a stage) and Ulysses SP 1; EP as par_check_pp_compose allows it
+ * (plan refuses the rest with this before any work; the runtime's wider rule is par_check_pp_compose). Not part of par_check: the
  * grid itself (par_grid_init) lays out any combination. T: trainer ranks. Errors name every key with
  * its value. */
 int par_check_pp_alone(const par_config *pc, int T);
 /* The layouts the pipeline combines with in this build (par_state_init builds them; `moerl rl` refuses
- * the rest with this before any work): data parallelism and FSDP (each stage's units sharded over its
- * FSDP group, parallel.c); actor.expert_parallel_size and actor.ulysses_sequence_parallel_size must be 1
- * with actor.pipeline_parallel_size > 1. Errors name the keys with their values. */
+ * the rest with this before any work): data parallelism, FSDP (each stage's units sharded over its
+ * FSDP group, parallel.c) and EP (each stage's experts split over its expert groups, plain or interleaved
+ * 1F1B, without FSDP); actor.ulysses_sequence_parallel_size must be 1 with actor.pipeline_parallel_size > 1,
+ * and with actor.expert_parallel_size > 1 actor.fsdp_config.fsdp_size must be 1. Errors name the keys with
+ * their values. */
 int par_check_pp_compose(const par_config *pc);
 /* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
- * when > 1, FSDP, EP and Ulysses are 1 (TP × DP, and TP × pipeline × DP: par_check_tp_pp). The model's sizes (heads,
- * widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
+ * when > 1, FSDP and Ulysses are 1 (TP × DP, TP × EP × DP: par_check_tp_ep, TP × pipeline × DP: par_check_tp_pp).
+ * The model's sizes (heads, widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
 int par_check_tp(const par_config *pc, int T);
+/* TP × EP's rule (part of par_check_tp): with tensor_model_parallel_size > 1 and expert_parallel_size > 1,
+ * actor.megatron.expert_tensor_parallel_size must be 1 (experts whole, split over EP) and the EP size must
+ * divide the T / pp / tp data-parallel ranks. Errors name the keys and their values. */
+int par_check_tp_ep(const par_config *pc, int T);
 /* TP × pipeline (Megatron's layout: TP innermost, then DP, then the stages; par_grid_init): each stage's D = T / pp
  * ranks hold D / tp whole TP groups, and a TP rank's pipeline (pp_comm) joins the ranks with its tp_rank and dp
- * position in every stage. Checked: tp · pp divides T, and the plain 1F1B only
+ * position in every stage. Checked: tp · pp divides T, EP 1, and the plain 1F1B only
  * (actor.virtual_pipeline_parallel_size 1). Part of par_check_tp. Errors name the keys with their values. */
 int par_check_tp_pp(const par_config *pc, int T);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by

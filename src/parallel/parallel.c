@@ -11,6 +11,7 @@
 #include "parallel/ulysses.h"
 #include "parallel/pipeline.h"
 #include "parallel/tp.h"
+#include "parallel/tp_ep.h"
 
 int par_active(const par_state *ps) { return ps && (ps->fsdp || ps->ep || ps->sp || ps->pp || ps->tp); }
 
@@ -133,6 +134,37 @@ static int tp_pp_init(par_state *ps, moe_model *m) {
     return MOERL_OK;
 }
 
+/* Pipeline × EP: the expert side keeps a saved state per activation slot of the pipeline, and an empty
+ * micro-batch's layers run the idle exchanges (under recompute each backward layer first repeats its
+ * forward's, as model_backward does). */
+static void pp_ep_slot(void *ctx, int slot, int n) { ep_use_bank(((par_state *)ctx)->ep, slot, n); }
+static void pp_ep_idle(void *ctx, int l, int backward) {
+    par_state *ps = ctx;
+    if (backward && ep_recomputes(ps->ep)) ep_idle_layer(ps->ep, NULL, l, 0);
+    ep_idle_layer(ps->ep, NULL, l, backward);
+}
+
+/* Pipeline × EP (par_check_pp_compose refused FSDP and SP with it): EP slices the
+ * experts first (ep_state_attach), then the pipeline owns its stage of the sliced layout (pp_own_stage) and
+ * sums / norms the expert tensors over the expert groups (pp_set_experts). */
+static int pp_ep_init(par_state *ps, moe_model *m) {
+    const par_grid *g = ps->grid;
+    if (!(ps->ep = ep_state_attach(g, m, ps->cfg.max_tokens))) return MOERL_ERR;
+    pp_options po = pp_options_default();
+    po.quiet = ps->grid_borrowed;
+    if (!(ps->pp = pp_state_new(g, m, &po)) || pp_own_stage(ps->pp, m) != MOERL_OK) return MOERL_ERR;
+    const pp_expert_hooks h = {.ctx = ps, .use_slot = pp_ep_slot, .idle_layer = pp_ep_idle};
+    return pp_set_experts(ps->pp, g->ep_dp_comm, g->ep_comm, &ps->head, &h);
+}
+
+/* TP × EP: the model is the TP slice of this rank's EP slice; the experts' gradients and norm go over the
+ * ranks holding them (tp_set_expert_groups), the MoE layers through tp_ep.h's token split. */
+static int tp_ep_attach(par_state *ps, const moe_model *m) {
+    const par_grid *g = ps->grid;
+    tp_set_expert_groups(ps->tp, g->ep_dp_comm, g->ep_comm);
+    return (ps->tpep = tp_ep_new(g, ps->ep, &m->cfg)) ? MOERL_OK : MOERL_ERR;
+}
+
 /* Each strategy's state over ps->grid for model m (a trainable model or an inference one): the body
  * shared by par_state_init_cfg and par_state_init_like. On error the states built so far stay in ps
  * for the caller's par_state_free. */
@@ -141,7 +173,7 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     /* expert parallel (src/parallel/ep.c) and Ulysses (src/parallel/ulysses.c) size their buffers (and
      * the all-to-all capacity) by the micro-batch token limit of the command */
     const int max_tokens = ps->cfg.max_tokens;
-    /* what the pipeline does not compose with (EP, SP) is refused before anything is built */
+    /* what the pipeline does not compose with (SP; EP with FSDP) is refused before anything is built */
     if (g->pp > 1 && par_check_pp_compose(&ps->cfg) != MOERL_OK) goto fail;
     /* ---- EP × FSDP: the experts are sliced first, then FSDP shards the slice over the ranks holding
      * the same experts (grid.h); the replicated tensors' shards are summed over every replica ---- */
@@ -157,6 +189,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     }
     /* ---- pipeline × FSDP: the stage's units sharded over its FSDP group (pp_fsdp_init) ---- */
     if (g->pp > 1 && g->fsdp > 1 && g->ep == 1 && g->sp == 1 && pp_fsdp_init(ps, m) != MOERL_OK) goto fail;
+    /* ---- pipeline × EP: each stage's experts split over its expert groups (pp_ep_init) ---- */
+    if (g->pp > 1 && g->ep > 1 && pp_ep_init(ps, m) != MOERL_OK) goto fail;
     /* ---- FSDP (src/parallel/fsdp.c) ---- */
     if (g->fsdp > 1 && !ps->fsdp) {
         ps->fsdp = fsdp_state_new(m, g->fsdp_comm, g->replicas > 1 ? g->replica_comm : NULL);
@@ -165,7 +199,10 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         if (ps->ep) fsdp_set_expert_groups(ps->fsdp, g->ep_replica_comm, g->ep_comm);
     }
     /* ---- expert parallel alone ---- */
-    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, max_tokens))) goto fail;
+    /* (TP × EP: each rank dispatches its 1/tp of a micro-batch's tokens, so the all-to-all's capacity is sized
+     * by that share; tp_ep.h) */
+    const int ep_tokens = g->tp > 1 ? (max_tokens + g->tp - 1) / g->tp : max_tokens;
+    if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, ep_tokens))) goto fail;
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
     /* ---- TP × pipeline: the slice cut into stages (tp_pp_init) ---- */
     if (g->pp > 1 && g->tp > 1 && !ps->pp && tp_pp_init(ps, m) != MOERL_OK) goto fail;
@@ -178,8 +215,9 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
         if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
     }
-    /* ---- tensor parallel (src/parallel/tp.c; TP × DP only: par_check_tp) ---- */
+    /* ---- tensor parallel (src/parallel/tp.c; TP × DP, TP × EP with experts whole; TP × pipeline above) ---- */
     if (g->tp > 1 && !ps->tp && !(ps->tp = tp_state_attach(g, m))) goto fail;
+    if (ps->tp && ps->ep && tp_ep_attach(ps, m) != MOERL_OK) goto fail; /* TP × EP (tp_ep.h) */
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
         goto fail;
@@ -203,11 +241,13 @@ fail:
 
 static void hook_layer_event(void *par, model_layer_phase phase, int l) { par_layer_hook(par, phase, l); }
 static void hook_moe_forward(void *par, const moe_model *m, int l, const float *x, mlp_acts *s, int N) {
-    ep_model_hooks.moe_forward(((par_state *)par)->ep, m, l, x, s, N);
+    if (((par_state *)par)->tpep) tp_ep_moe_forward_team(((par_state *)par)->tpep, m, l, x, s, N);
+    else ep_model_hooks.moe_forward(((par_state *)par)->ep, m, l, x, s, N);
 }
 static void hook_moe_backward(void *par, const moe_model *m, int l, const mlp_acts *s, const float *d_y,
                               float *d_permuted, float *dWgu, float *dWd) {
-    ep_model_hooks.moe_backward(((par_state *)par)->ep, m, l, s, d_y, d_permuted, dWgu, dWd);
+    if (((par_state *)par)->tpep) tp_ep_moe_backward_team(((par_state *)par)->tpep, m, l, s, d_y, d_permuted, dWgu, dWd);
+    else ep_model_hooks.moe_backward(((par_state *)par)->ep, m, l, s, d_y, d_permuted, dWgu, dWd);
 }
 static void hook_moe_idle(void *par, moe_model *m, int backward) { ep_idle_pass(((par_state *)par)->ep, m, backward); }
 static void hook_attn_tokens(void *par, int N, int *t0, int *n) { sp_token_range(((par_state *)par)->sp, N, t0, n); }
@@ -297,11 +337,15 @@ void par_state_free(par_state *ps) {
         pp_state_free(ps->pp);
         ps->pp = NULL;
     }
+    tp_ep_free(ps->tpep);
+    ps->tpep = NULL;
     if (ps->tp && tp_state_detach(ps->tp) != MOERL_OK) /* the whole model back in m */
         moerl_fatal("par_state_free: assembling the tensor-parallel model: %s", moerl_last_error());
     ps->tp = NULL;
     sp_state_free(ps->sp);
     ps->sp = NULL;
+    if (ps->pp && ps->ep && pp_release_stage(ps->pp) != MOERL_OK) /* pipeline × EP: the stages, then the experts */
+        moerl_fatal("par_state_free: assembling the pipeline's stages: %s", moerl_last_error());
     if (ps->ep && ps->fsdp) { /* EP × FSDP: the slice back in plain buffers first, then the whole model */
         fsdp_state_free(ps->fsdp);
         ps->fsdp = NULL;
@@ -439,7 +483,12 @@ size_t par_whole_params(const par_state *ps, const moe_model *m) {
 }
 
 void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float *local) {
-    if (ps && ps->ep && ps->fsdp) { /* EP × FSDP: the expert slice, then its FSDP shard */
+    if (ps && ps->pp && ps->ep) { /* pipeline × EP: the expert slice, then the stage's range of it */
+        float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
+        ep_slice_vec(ps->ep, m, whole, slice);
+        pp_slice_vec(ps->pp, slice, local);
+        free(slice);
+    } else if (ps && ps->ep && ps->fsdp) { /* EP × FSDP: the expert slice, then its FSDP shard */
         float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
         ep_slice_vec(ps->ep, m, whole, slice);
         fsdp_slice_vec(ps->fsdp, slice, local);
@@ -448,6 +497,12 @@ void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float 
         float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
         tp_slice_vec(ps->tp, whole, slice);
         pp_slice_vec(ps->pp, slice, local);
+        free(slice);
+    } else if (ps && ps->ep && ps->tp) { /* TP × EP: the expert slice, then its TP slice */
+        const moe_model *lay = tp_whole_layout(ps->tp);
+        float *slice = xalloc_aligned((lay->n_params + 1) * sizeof(float));
+        ep_slice_vec(ps->ep, lay, whole, slice);
+        tp_slice_vec(ps->tp, slice, local);
         free(slice);
     } else if (ps && ps->fsdp) fsdp_slice_vec(ps->fsdp, whole, local);
     else if (ps && ps->ep) ep_slice_vec(ps->ep, m, whole, local);
@@ -461,7 +516,8 @@ int par_grads_self_reduced(const par_state *ps) {
 }
 
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
-    if (ps && ps->pp && !ps->tp && pp_is_owned(ps->pp)) { /* the stage's range (TP × pipeline: below) */
+    if (ps && ps->pp && pp_is_owned(ps->pp) && !ps->ep && !ps->tp) { /* the stage's range (pipeline × EP, TP ×
+                                                                      * pipeline: below) */
         MOERL_ASSERT(os->n == m->n_params);
         adamw_state sh;
         pp_adamw_init(ps->pp, &sh, os->cfg);
@@ -488,6 +544,7 @@ void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
 int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (ps && ps->fsdp) return fsdp_adamw_step(ps->fsdp, os, lr, loss, grad_norm);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_adamw_step(ps->pp, os, lr, loss, grad_norm);
+    if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);
     if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
@@ -500,6 +557,7 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
     if (ps && ps->tp && ps->pp) return tp_pp_finish_grads(ps);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
+    if (ps && ps->tp) return tp_reduce_grads(ps->tp); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
     if (ps && ps->tp) return tp_reduce_grads(ps->tp);
     return MOERL_OK;
@@ -654,8 +712,64 @@ static const moe_model *pp_fsdp_gather(par_state *ps, moe_model *m, int keep, co
     return rc == MOERL_OK && keep ? m : NULL;
 }
 
+/* Pipeline × EP: agree on the keeper as pp_gather does; the pipelines of the keeper's expert group assemble
+ * their (sliced) stages on the keeper's stage (pp_gather_full), whose expert group then assembles the whole
+ * model on the keeper (ep_gather_full); the stages' pages and moments are given back at once. */
+static const moe_model *pp_ep_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                     adamw_state *moments) {
+    int keeper = 0;
+    if (agree_keeper(ps, keep, moments, &keeper) != 1) return NULL;
+    const par_grid *g = ps->grid;
+    const int keep_d = keeper % g->D, keep_stage = keeper / g->D, on = g->stage == keep_stage;
+    if (g->d / g->ep != keep_d / g->ep) return NULL; /* another expert group's pipelines */
+    adamw_state lm = {0};
+    int rc = pp_gather_full(ps->pp, keep_stage, os, moments ? &lm : NULL);
+    moe_model *whole = on && keep ? xcalloc(1, sizeof *whole) : NULL;
+    if (on && rc == MOERL_OK) rc = ep_gather_full(ps->ep, m, moments ? &lm : NULL, keep, whole, moments);
+    pp_release_full(ps->pp, on, moments ? &lm : NULL);
+    if (rc != MOERL_OK || !keep) {
+        free(whole);
+        return NULL;
+    }
+    return whole;
+}
+
+/* TP × EP: in the keeper's block of ep · tp ranks (its EP group's data-parallel ranks, every TP rank), each TP
+ * group assembles its EP slice (weights and moments) on its member with the keeper's tp_rank — those members
+ * form the keeper's EP group — which then assemble the whole model on the keeper (ep_gather_full). One keeper
+ * over the trainers (agree_keeper). */
+static const moe_model *tp_ep_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                          adamw_state *moments) {
+    (void)m;
+    int keeper = 0;
+    if (agree_keeper(ps, keep, moments, &keeper) != 1) return NULL;
+    const par_grid *g = ps->grid;
+    const int kd = keeper % g->D, k_tp = kd % g->tp, k_blk = (kd / g->tp) / g->ep;
+    if (keeper / g->D != g->stage || g->dp_rank / g->ep != k_blk) return NULL; /* not the keeper's block */
+    const int helper = g->tp_rank == k_tp;
+    moe_model slice = {0};
+    adamw_state sm = {0};
+    int rc = tp_gather_full(ps->tp, os, helper, &slice, moments ? &sm : NULL);
+    moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+    if (rc == MOERL_OK && helper) rc = ep_gather_full(ps->ep, &slice, moments ? &sm : NULL, keep, whole, moments);
+    if (helper) {
+        model_free(&slice);
+        free(sm.m);
+        free(sm.v);
+    }
+    if (rc != MOERL_OK || !keep) {
+        free(whole);
+        return NULL;
+    }
+    return whole;
+}
+
 const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const adamw_state *os,
                                  adamw_state *moments) {
+    if (ps && ps->pp && ps->ep) {
+        if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
+        return pp_ep_gather(ps, m, keep, os, moments);
+    }
     if (ps && ps->pp && ps->fsdp) {
         if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
         return pp_fsdp_gather(ps, m, keep, os, moments);
@@ -666,6 +780,7 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
         return pp_gather(ps, m, keep, os, moments);
     }
     if (ps && ps->ep && ps->fsdp) return ep_fsdp_gather_full(ps, m, keep, os, moments);
+    if (ps && ps->ep && ps->tp) return tp_ep_gather_full(ps, m, keep, os, moments);
     if (ps && ps->tp) { /* tensor parallel: an assembled copy on the keeper (tp_gather_full) */
         moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
         if (moments) memset(moments, 0, sizeof *moments);
@@ -713,6 +828,18 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
 void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const adamw_state *os,
                       adamw_state *moments) {
     (void)m;
+    if (ps && ps->pp && ps->ep) { /* pipeline × EP: the assembled copy and its moments (the stages gave theirs back) */
+        if (full && full != m) {
+            model_free((moe_model *)full);
+            free((moe_model *)full);
+        }
+        if (moments && moments->m && (!os || moments->m != os->m)) {
+            free(moments->m);
+            free(moments->v);
+        }
+        if (moments) memset(moments, 0, sizeof *moments);
+        return;
+    }
     if (ps && ps->pp && !ps->tp && pp_is_owned(ps->pp)) { /* TP × pipeline: an assembled copy, freed below */
         pp_release_full(ps->pp, full != NULL, moments);
         return;

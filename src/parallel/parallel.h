@@ -45,6 +45,7 @@ struct ep_state;
 struct sp_state;
 struct pp_state;
 struct tp_state;
+struct tp_ep_state;
 
 typedef struct par_state {
     /* FIRST: the hook tables the model and the training loop call (model/forward.h, train/train.h),
@@ -61,6 +62,7 @@ typedef struct par_state {
     struct sp_state *sp;      /* NULL: whole sequences per rank */
     struct pp_state *pp;      /* NULL: one stage */
     struct tp_state *tp;      /* NULL: no tensor parallelism (src/parallel/tp.h) */
+    struct tp_ep_state *tpep; /* TP × EP: the MoE layers' token split over the TP group (tp_ep.h); else NULL */
     int grid_borrowed;        /* grid is another par_state's (par_state_init_like): not freed here */
 } par_state;
 

@@ -303,6 +303,11 @@ struct pp_state {
     /* TP × pipeline (pp_set_norm_squares): this stage's share of the squared gradient norm; NULL: its ranges' */
     double (*sq_fn)(void *ctx);
     void *sq_ctx;
+    /* pipeline × EP (pp_set_experts) */
+    int experts;            /* 1: expert tensors summed over ex_dp, their squares over ex_group */
+    dist_comm *ex_dp, *ex_group;
+    pp_expert_hooks xh;
+    unsigned char *rexp;    /* [ranges]: the tensor is an expert's (TF_EXPERT) */
 };
 
 static int vstage(const pp_state *s, int c) { return c * s->pp + s->stage; }
@@ -442,6 +447,7 @@ void pp_state_free(pp_state *s) {
     free(s->st_lo);
     free(s->st_hi);
     free(s->ranges);
+    free(s->rexp);
     slots_free(s);
     free(s->bounds);
     free(s->done_c);
@@ -575,6 +581,17 @@ typedef struct {
 
 static pp_slot *slot_of(pp_state *s, int c, int j) { return &s->slots[c][j % s->n_slots[c]]; }
 
+/* Pipeline × EP: the expert side's saved state for micro-batch j's pass on chunk c (its slot). */
+static void stage_slot(const pp_state *s, int c, int j) {
+    if (!s->xh.use_slot) return;
+    int k = 0, n = 0;
+    for (int i = 0; i < s->v; i++) {
+        if (i < c) k += s->n_slots[i];
+        n += s->n_slots[i];
+    }
+    s->xh.use_slot(s->xh.ctx, k + j % s->n_slots[c], n);
+}
+
 /* Post the receive of micro-batch j's input to chunk c (all virtual stages but the first). */
 static void post_input(pp_state *s, const pp_run *r, int c, int j) {
     pp_slot *sl = slot_of(s, c, j);
@@ -629,6 +646,7 @@ static void forward_step(pp_state *s, pp_run *r, int c, int j) {
     wait_idle(s, &sl->sq_ba);
     const double t0 = moerl_now();
     const int b0 = r->mb[j], b1 = r->mb[j + 1];
+    stage_slot(s, c, j);
     if (b0 == b1) { /* an empty micro-batch (agree_count): the layer events, no rows; the counts pass on */
         idle_events(s, r->o->par, vs, 0);
         for (int e = 0; e < 2 * E && s->aux && vs == 0; e++) sl->fa[e] = 0.0f;
@@ -708,6 +726,7 @@ static void backward_step(pp_state *s, pp_run *r, int c, int j) {
         for (int e = 0; e < E; e++) a->aux_counts[e] = (float)o->aux_counts[e];
         aux_w = o->aux_coef * share * share;
     }
+    stage_slot(s, c, j);
     if (r->N[j] == 0) idle_events(s, o->par, vs, 1); /* an empty micro-batch (agree_count) */
     else model_backward(r->model, a, last ? sl->dlogp : NULL, last && o->want_entropy ? sl->dent : NULL, (float)aux_w);
     s->busy_s += moerl_now() - t0;
@@ -754,7 +773,8 @@ static int allreduce_chunks(dist_comm *c, float *x, size_t n) {
  * last backward is done. Both make the same calls on the same buffers: the sums are bit-identical. */
 static int grad_sum_overlapped(const pp_state *s) {
     /* v = 1: the one chunk finishes with the last backward, there is nothing to overlap */
-    return s->own_m && s->opt.overlap_grads && s->v > 1 && s->stage_comm && dist_comm_size(s->stage_comm) > 1;
+    return s->own_m && !s->experts && s->opt.overlap_grads && s->v > 1 && s->stage_comm &&
+           dist_comm_size(s->stage_comm) > 1;
 }
 
 static void *grad_sum_main(void *p) {
@@ -877,19 +897,25 @@ static int agree_count(pp_state *s, int n, int ok, int *nm, int **mb, int **Nmb)
  * a pass of the stage's FSDP group runs, with nothing computed. */
 static void idle_events(const pp_state *s, void *par, int vs, int backward) {
     const model_hooks *h = model_par_hooks(par);
-    if (!h || !h->layer_event) return;
+    void (*ev)(void *, model_layer_phase, int) = h ? h->layer_event : NULL;
+    void (*idle)(void *, int, int) = s->xh.idle_layer; /* pipeline × EP: each layer's exchanges */
+    if (!ev && !idle) return;
     const int lo = s->bounds[vs], hi = s->bounds[vs + 1], head = hi == s->L;
     if (!backward) {
-        for (int l = lo - 1; l < hi; l++) h->layer_event(par, MODEL_FWD_LAYER, l);
+        for (int l = lo - 1; l < hi; l++) {
+            if (ev) ev(par, MODEL_FWD_LAYER, l);
+            if (idle && l >= lo) idle(s->xh.ctx, l, 0);
+        }
         return;
     }
-    h->layer_event(par, MODEL_BWD_LAYER, hi);
-    if (head) h->layer_event(par, MODEL_GRAD_READY, s->L);
+    if (ev) ev(par, MODEL_BWD_LAYER, hi);
+    if (ev && head) ev(par, MODEL_GRAD_READY, s->L);
     for (int l = hi - 1; l >= lo; l--) {
-        h->layer_event(par, MODEL_BWD_LAYER, l);
-        h->layer_event(par, MODEL_GRAD_READY, l);
+        if (ev) ev(par, MODEL_BWD_LAYER, l);
+        if (idle) idle(s->xh.ctx, l, 1);
+        if (ev) ev(par, MODEL_GRAD_READY, l);
     }
-    if (lo == 0) h->layer_event(par, MODEL_GRAD_READY, -1);
+    if (ev && lo == 0) ev(par, MODEL_GRAD_READY, -1);
 }
 
 /* This stage's checks before a schedule: the token limit, every token in the vocabulary. 1 when all
@@ -1157,6 +1183,7 @@ static void forward_only(pp_state *s, const moe_model *m, const train_seq *seqs,
         model_acts *a = &sl->a;
         if (vs > 0) wait_idle(s, &sl->rq_h);
         wait_idle(s, &sl->sq_h); /* resid_out of the slot's previous micro-batch has left */
+        stage_slot(s, c, j);
         if (mb[j] == mb[j + 1]) { /* an empty micro-batch (agree_count): the layer events only */
             idle_events(s, s->fwd_par, vs, 0);
             if (!last) sl->sq_h = dist_comm_isend_f32(s->comm, next_rank(s), tag_of(s, vs + 1, j, 0), a->resid_out, 0);
@@ -1405,6 +1432,7 @@ int pp_own_stage(pp_state *s, moe_model *m) {
     s->coff[s->v] = s->own_n;
     s->tied = m->cfg.tie_word_embeddings && s->pp > 1;
     s->ranges = xcalloc((size_t)m->n_tensors + 1, sizeof(adamw_range));
+    s->rexp = xcalloc((size_t)m->n_tensors + 1, 1);
     int nr = 0;
     for (int c = 0; c < s->v; c++) {
         const size_t lo = piece_lo(s, c), hi = lo + piece_n(s, c);
@@ -1412,6 +1440,7 @@ int pp_own_stage(pp_state *s, moe_model *m) {
         for (int i = 0; i < m->n_tensors; i++) {
             const tensor_info *t = &m->tensors[i];
             if (t->offset < lo || t->offset >= hi) continue;
+            s->rexp[nr] = (t->flags & TF_EXPERT) != 0;
             s->ranges[nr++] = (adamw_range){.offset = t->offset - lo, .n = (size_t)t->numel,
                                             .decay = (t->flags & TF_DECAY) != 0};
         }
@@ -1494,6 +1523,57 @@ static int need_owned(const pp_state *s, const char *fn) {
                         "every trainer rank and step plain AdamW instead", fn);
 }
 
+/* Pipeline × EP: chunk c's gradient range in runs of one kind (expert tensors or the others; the padding
+ * after a tensor joins its run, the floats before the first tensor the first run): fn(s, g, n, expert, ctx)
+ * on each, in layout order; stops at the first error. */
+typedef int (*run_fn)(pp_state *s, float *g, size_t n, int expert, void *ctx);
+static int expert_runs(pp_state *s, int c, run_fn fn, void *ctx) {
+    float *g = s->own_m->grads + piece_lo(s, c);
+    const size_t n = piece_n(s, c);
+    size_t start = 0;
+    int kind = -1;
+    for (int r = s->r0[c]; r < s->r0[c + 1]; r++) {
+        if (kind >= 0 && s->rexp[r] != kind) {
+            if (fn(s, g + start, s->ranges[r].offset - start, kind, ctx) != MOERL_OK) return MOERL_ERR;
+            start = s->ranges[r].offset;
+        }
+        kind = s->rexp[r];
+    }
+    return start < n ? fn(s, g + start, n - start, kind > 0, ctx) : MOERL_OK;
+}
+
+/* The sum of a run over the ranks holding the same tensor: the expert group's data-parallel ranks or the stage. */
+static int sum_run(pp_state *s, float *g, size_t n, int expert, void *ctx) {
+    (void)ctx;
+    dist_comm *c = expert ? s->ex_dp : s->stage_comm;
+    return c && dist_comm_size(c) > 1 ? allreduce_chunks(c, g, n) : MOERL_OK;
+}
+
+/* A run's squares into ss[expert]. */
+static int square_run(pp_state *s, float *g, size_t n, int expert, void *ctx) {
+    (void)s;
+    double sc = 0;
+#pragma omp parallel for reduction(+ : sc) schedule(static)
+    for (long i = 0; i < (long)n; i++) sc += (double)g[i] * (double)g[i];
+    ((double *)ctx)[expert] += sc;
+    return MOERL_OK;
+}
+
+int pp_set_experts(pp_state *s, dist_comm *expert_dp, dist_comm *expert_group, void *par, const pp_expert_hooks *h) {
+    if (!s->own_m) return moerl_errorf("pp_set_experts: the pipeline's model is not stage-owned (pp_own_stage first)");
+    for (int c = 0; c < s->v; c++)
+        for (int r = s->r0[c] + 1; r < s->r0[c + 1]; r++)
+            if (s->ranges[r].offset < s->ranges[r - 1].offset + s->ranges[r - 1].n)
+                return moerl_errorf("pp_set_experts: the layout's tensors are not in offset order (tensor range %d)", r);
+    s->experts = 1;
+    s->ex_dp = expert_dp;
+    s->ex_group = expert_group;
+    s->fwd_par = par;
+    s->uniform = s->stage_comm;
+    s->xh = *h;
+    return MOERL_OK;
+}
+
 int pp_finish_grads(pp_state *s) {
     if (need_owned(s, "pp_finish_grads") != MOERL_OK) return MOERL_ERR;
     float *g = s->own_m->grads;
@@ -1503,6 +1583,9 @@ int pp_finish_grads(pp_state *s) {
     if (s->gs.started) {
         s->gs.started = 0;
         if (grad_sum_join(s) != MOERL_OK) return MOERL_ERR;
+    } else if (s->experts) { /* pipeline × EP: the expert tensors over the ranks holding the same experts */
+        for (int c = s->v - 1; c >= 0; c--)
+            if (expert_runs(s, c, sum_run, NULL) != MOERL_OK) return MOERL_ERR;
     } else {
         for (int c = s->v - 1; c >= 0; c--)
             if (allreduce_chunks(s->stage_comm, g + piece_lo(s, c), piece_n(s, c)) != MOERL_OK) return MOERL_ERR;
@@ -1539,8 +1622,13 @@ void pp_slice_vec(const pp_state *s, const float *full, float *own) {
 int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (need_owned(s, "pp_adamw_step") != MOERL_OK) moerl_fatal("%s", moerl_last_error());
     moe_model *m = s->own_m;
-    double ss = s->sq_fn ? s->sq_fn(s->sq_ctx) : 0;
-    for (int c = 0; c < s->v && !s->sq_fn; c++) {
+    double ss = s->sq_fn ? s->sq_fn(s->sq_ctx) : 0, kind[2] = {0, 0}; /* sq_fn: TP × pipeline's share */
+    for (int c = 0; c < s->v && s->experts; c++) expert_runs(s, c, square_run, kind);
+    /* pipeline × EP: the expert group's other experts' squares (the replicated tensors' are the same on every member) */
+    if (s->experts && dist_comm_size(s->ex_group) > 1 && dist_comm_allreduce_f64(s->ex_group, &kind[1], 1) != MOERL_OK)
+        moerl_fatal("pipeline stage %d: expert gradient norm: %s", s->stage, moerl_last_error());
+    if (s->experts) ss = kind[0] + kind[1];
+    for (int c = 0; c < s->v && !s->experts && !s->sq_fn; c++) {
         const float *g = m->grads + piece_lo(s, c);
         const long n = (long)piece_n(s, c);
         double sc = 0;

@@ -299,6 +299,27 @@ int pp_own_stage(pp_state *s, moe_model *m);
 void pp_stage_units(const pp_state *s, unsigned char *on);
 void pp_set_sharded(pp_state *s, moe_model *m, void *par);
 int pp_exchange_layout(pp_state *s, float *buf, int to);
+/* ---- pipeline × EP (parallel.c composes them): each stage's MoE layers dispatch over the expert group
+ * inside the stage (every member holds the same layers of a different pipeline); the model is EP's slice,
+ * stage-owned as usual (pp_own_stage first). pp_set_experts: the expert tensors' gradients are summed over
+ * expert_dp (grid.ep_dp_comm: the stage's ranks holding the same experts) and the other tensors' over
+ * grid.stage_comm (pp_finish_grads); the gradient norm adds the expert tensors' squares over expert_group
+ * (grid.ep_comm) before the sum over the stages (pp_adamw_step); the micro-batch count is agreed over
+ * grid.stage_comm before every schedule (as pipeline × FSDP: a shorter pipeline appends empty micro-batches,
+ * so every member of an expert group runs the same passes, pass for pass); par is model_acts.par of the
+ * forward-only passes. Hooks (h, copied): use_slot(ctx, slot, n_slots) before every pass (forward, backward,
+ * empty) of a micro-batch on activation slot `slot` of n_slots (chunks' slots numbered one after the other:
+ * the expert side keeps one saved state per in-flight micro-batch); idle_layer(ctx, l, backward) for each
+ * layer of an empty micro-batch's pass, in the order model_forward / model_backward run them (forward
+ * lo..hi−1, backward hi−1..lo). The overlapped gradient sum (pp_options.overlap_grads) is not used (its
+ * thread's collectives would interleave with EP's in an order that differs between members).
+ * Not collective. Errors: the state not stage-owned, the layout's tensors out of offset order. */
+typedef struct {
+    void *ctx;
+    void (*use_slot)(void *ctx, int slot, int n_slots);
+    void (*idle_layer)(void *ctx, int layer, int backward);
+} pp_expert_hooks;
+int pp_set_experts(pp_state *s, dist_comm *expert_dp, dist_comm *expert_group, void *par, const pp_expert_hooks *h);
 /* The model pp_set_sharded was given (NULL: none). */
 moe_model *pp_sharded_model(const pp_state *s);
 /* The whole model back in ordinary heap buffers of m on EVERY stage (grads zeroed); collective over

@@ -16,6 +16,7 @@ struct tp_state {
     dist_comm *dp;   /* the ranks holding the same slice (NULL or size 1: none) */
     int P, rank;
     int kv_rep; /* nkv < P: key/value heads replicated over P / nkv ranks each */
+    dist_comm *expert_dp, *expert_ep; /* TP × EP (tp_set_expert_groups): the experts' gradient sum / norm groups */
     moe_model whole; /* the whole config's tensor table (no buffers) */
     moe_model *model;
 };
@@ -94,7 +95,7 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
     if (c->exec.per_expert_loop || c->exec.separate_permute)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d runs the fused MoE path only: set "
                             "model.moe.per_expert_loop and model.moe.separate_permute to false", P);
-    if (c->exec.ep_size > 1 || c->exec.tp_size > 1)
+    if ((c->exec.ep_size > 1 && experts_split) || c->exec.tp_size > 1) /* TP × EP: experts whole only */
         return moerl_errorf("tp_config_apply: the config is already sliced (ep_size %d, tp_size %d)", c->exec.ep_size,
                             c->exec.tp_size);
     c->num_attention_heads /= P;
@@ -200,9 +201,45 @@ static int tp_sum_kv_grads(tp_state *ts, int lo, int hi) {
     return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("tensor-parallel key/value gradient sum: ");
 }
 
+void tp_set_expert_groups(tp_state *ts, dist_comm *expert_dp, dist_comm *ep) {
+    ts->expert_dp = expert_dp;
+    ts->expert_ep = ep;
+}
+
+const moe_model *tp_whole_layout(const tp_state *ts) { return &ts->whole; }
+
+/* Sum the gradients of the tensors with (flags & TF_EXPERT) == want_expert over c (packed in one buffer). */
+static int tp_sum_kind(tp_state *ts, int want_expert, dist_comm *c) {
+    moe_model *m = ts->model;
+    if (!c || dist_comm_size(c) <= 1) return MOERL_OK;
+    size_t n = 0, o = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!!(m->tensors[i].flags & TF_EXPERT) == want_expert) n += (size_t)m->tensors[i].numel;
+    float *buf = xalloc_aligned((n + 1) * sizeof(float));
+    for (int pass = 0; pass < 2; pass++, o = 0) /* pass 0 packs, pass 1 unpacks after the sum */
+        for (int i = 0; i < m->n_tensors; i++) {
+            const tensor_info *t = &m->tensors[i];
+            if (!!(t->flags & TF_EXPERT) != want_expert) continue;
+            float *g = m->grads + t->offset;
+            if (pass) memcpy(g, buf + o, (size_t)t->numel * sizeof(float));
+            else memcpy(buf + o, g, (size_t)t->numel * sizeof(float));
+            o += (size_t)t->numel;
+            if (!pass && o == n && dist_comm_allreduce_f32(c, buf, n) != MOERL_OK) {
+                free(buf);
+                return MOERL_ERR;
+            }
+        }
+    free(buf);
+    return MOERL_OK;
+}
+
 int tp_reduce_grads(tp_state *ts) {
     moe_model *m = ts->model;
-    if (ts->dp && dist_comm_size(ts->dp) > 1 && dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
+    if (ts->expert_dp) { /* TP × EP: the experts over the ranks holding them, the rest over dp */
+        if (tp_sum_kind(ts, 0, ts->dp) != MOERL_OK || tp_sum_kind(ts, 1, ts->expert_dp) != MOERL_OK)
+            return moerl_error_prefix("tensor × expert-parallel gradient sum: ");
+    } else if (ts->dp && dist_comm_size(ts->dp) > 1 &&
+               dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
         return moerl_error_prefix("tensor-parallel data-parallel gradient sum: ");
     return tp_reduce_layer_grads(ts, 0, m->cfg.num_hidden_layers);
 }
@@ -245,16 +282,20 @@ double tp_norm_squares(tp_state *ts, const size_t *lo, const size_t *hi, int nr)
 
 int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm) {
     moe_model *m = ts->model;
-    double ss[3] = {0, 0, 0}; /* replicated (the same on every member: counted once), split, replicated kv heads */
+    double ss[3] = {0, 0, 0}, sse = 0; /* replicated (counted once), split, replicated kv heads; TP × EP's experts */
     for (int i = 0; i < m->n_tensors; i++) {
         const tensor_info *t = &m->tensors[i];
         const float *g = m->grads + t->offset;
         double v = 0;
         for (int64_t j = 0; j < t->numel; j++) v += (double)g[j] * (double)g[j];
         const int k = tp_kind(t, experts_split(ts));
-        ss[k == TP_KV ? 2 : k != TP_REPL] += v;
+        if (ts->expert_ep && (t->flags & TF_EXPERT)) sse += v;
+        else ss[k == TP_KV ? 2 : k != TP_REPL] += v;
     }
     if (dist_comm_allreduce_f64(ts->comm, &ss[1], 2) != MOERL_OK) return moerl_error_prefix("tensor-parallel norm: ");
+    if (ts->expert_ep && dist_comm_allreduce_f64(ts->expert_ep, &sse, 1) != MOERL_OK) /* each EP rank's experts */
+        return moerl_error_prefix("tensor × expert-parallel norm: ");
+    ss[0] += sse;
     /* each kv head is held by P / nkv members: counted once */
     const double norm = sqrt(ss[0] + ss[1] + ss[2] * ts->whole.cfg.num_key_value_heads / ts->P);
     if (grad_norm) *grad_norm = norm;
@@ -360,4 +401,59 @@ int tp_state_detach(tp_state *ts) {
     model_free(&ts->whole);
     free(ts);
     return rc;
+}
+
+/* ---- The streaming slice (rollout TP's weight sync) ---- */
+
+/* Whole row wr of a tensor of R rows → the local row of rank q (kind as tp_kind_kv; Rl local rows), −1 when
+ * q does not hold it. */
+static int64_t tp_local_row(int kind, int64_t wr, int64_t R, int64_t Rl, int q, int P) {
+    if (kind == TP_REPL || kind == TP_COLS) return wr;
+    if (kind == TP_ROWS) return wr / Rl == q ? wr - (int64_t)q * Rl : -1;
+    if (kind == TP_KV) return wr / Rl == (int64_t)q * (R / Rl) / P ? wr % Rl : -1;
+    const int64_t h = Rl / 2, w2 = wr < R / 2 ? wr : wr - R / 2; /* TP_ROWS2: gate rows, then up rows */
+    if (w2 / h != q) return -1;
+    return (wr < R / 2 ? 0 : h) + w2 - (int64_t)q * h;
+}
+
+int tp_slice_range(const moe_model *full, const moe_model *local, size_t off, const void *vals, size_t cnt, size_t esz,
+                   void *local_vec) {
+    const moe_config *lc = &local->cfg;
+    const int P = lc->exec.tp_size, q = lc->exec.tp_rank, split = lc->exec.tp_experts;
+    if (P <= 1 || full->n_tensors != local->n_tensors || full->cfg.exec.tp_size > 1 ||
+        lc->exec.tp_vocab != full->cfg.vocab_size)
+        return moerl_errorf("tp_slice_range: the source is not the whole model of the slice's config");
+    if (esz != 2 && esz != 4) return moerl_errorf("tp_slice_range: values of %zu bytes (fp32: 4, bf16: 2)", esz);
+    if (off > full->n_params || cnt > full->n_params - off)
+        return moerl_errorf("tp_slice_range: values [%zu, %zu) past the model's %zu", off, off + cnt, full->n_params);
+    const int kv_rep = full->cfg.num_key_value_heads < P;
+    const char *src = vals;
+    char *dst = local_vec;
+    for (int i = 0; i < local->n_tensors; i++) { /* tensors in layout order: stop past the range */
+        const tensor_info *t = &local->tensors[i], *f = &full->tensors[i];
+        if ((size_t)f->offset >= off + cnt) break;
+        if ((size_t)(f->offset + f->numel) <= off) continue;
+        const int kind = tp_kind_kv(t, split, kv_rep), nd = t->ndim;
+        const int64_t C = f->shape[nd - 1], R = nd > 1 ? f->shape[nd - 2] : 1;
+        const int64_t Rl = nd > 1 ? t->shape[nd - 2] : 1, Cl = t->shape[nd - 1];
+        const int64_t c0 = kind == TP_COLS ? (int64_t)q * Cl : 0; /* the columns this rank keeps */
+        const int64_t r_lo = ((int64_t)MOERL_MAX(off, (size_t)f->offset) - f->offset) / C,
+                      r_hi = ((int64_t)MOERL_MIN(off + cnt, (size_t)(f->offset + f->numel)) - f->offset + C - 1) / C;
+        for (int64_t br = r_lo; br < r_hi; br++) { /* whole rows (b, wr) = br over every leading index b */
+            const int64_t b = br / R, wr = br % R, lr = tp_local_row(kind, wr, R, Rl, q, P);
+            if (lr < 0) continue;
+            const size_t w0 = f->offset + (size_t)(br * C + c0), a = MOERL_MAX(w0, off),
+                         z = MOERL_MIN(w0 + (size_t)Cl, off + cnt);
+            if (z <= a) continue;
+            const size_t l0 = t->offset + (size_t)((b * Rl + lr) * Cl) + (a - w0);
+            memcpy(dst + l0 * esz, src + (a - off) * esz, (z - a) * esz);
+        }
+    }
+    return MOERL_OK;
+}
+
+void tp_state_free(tp_state *ts) {
+    if (!ts) return;
+    model_free(&ts->whole);
+    free(ts);
 }

@@ -21,11 +21,14 @@
  * Data parallelism on top: par_grid.dp_comm joins the ranks holding the same slice; tp_reduce_grads sums over it
  * (the caller runs no DDP reducer: par_grads_self_reduced). Checkpoints are whole (tp_gather_full) and load on
  * any TP size (tp_slice_vec of the whole model).
+ * TP × EP × DP (actor.expert_parallel_size > 1 with expert_tensor_parallel_size=1; src/parallel/tp_ep.h): the
+ * model is first cut to this rank's experts (ep_state_attach), then TP slices that; the MoE layers run through
+ * tp_ep.h's token split.
  * TP × pipeline (parallel.c): the model is sliced first, then the pipeline makes the slice stage-owned; pp_comm
  * joins each TP rank to its counterparts (same tp_rank) in the other stages, so the hidden [N,H] each member of a
  * TP group holds whole travels between counterparts; the gradient sums are the pipeline's over grid.dp_comm plus
  * tp_reduce_layer_grads over the stage's layers; the norm is tp_norm_squares over the stage's ranges, summed
- * over the stages. This build: FSDP, EP, Ulysses refused with TP (par_check_tp), no sequence parallelism, no
+ * over the stages. This build: FSDP and Ulysses refused with TP, TP × pipeline × EP too (par_check_tp); no
  * activation recompute. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
@@ -61,6 +64,13 @@ int tp_reduce_layer_grads(tp_state *ts, int lo, int hi);
  * tensor once, a replicated kv head once over its holders — the same value on every member. Collective over
  * tp_comm (an MPI failure is fatal: the members would otherwise disagree on the step). */
 double tp_norm_squares(tp_state *ts, const size_t *lo, const size_t *hi, int nr);
+/* TP × EP (grid.h): the expert tensors (TF_EXPERT, whole experts of this rank's EP slice) sum their gradients
+ * over expert_dp (grid.ep_dp_comm: every rank holding the same experts) instead of dp_comm, and their squares in
+ * the global norm over ep (grid.ep_comm: the EP group's other experts) instead of once. Not collective. */
+void tp_set_expert_groups(tp_state *ts, dist_comm *expert_dp, dist_comm *ep);
+/* The tensor table (no buffers) of the model the slices are cut from: the whole model, or under TP × EP this
+ * rank's EP slice (its experts whole). */
+const moe_model *tp_whole_layout(const tp_state *ts);
 /* adamw_step with global-norm clipping over the whole model: the split tensors' squares summed over the TP
  * group, each replicated tensor counted once. Collective over tp_comm. */
 int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm);
@@ -75,5 +85,17 @@ int tp_gather_full(tp_state *ts, const adamw_state *os, int keep, moe_model *who
 /* Load DIR's whole checkpoint (any TP size wrote it: it is whole) into the slice m (model_load_weights on a
  * whole model of the same config, then tp_slice_vec). Not collective. */
 int tp_load_weights(tp_state *ts, const char *dir);
+
+/* Free ts without reassembling (the model keeps its slice). Not collective. */
+void tp_state_free(tp_state *ts);
+/* The streaming form of tp_slice_vec, for a weight broadcast received bucket by bucket (rollout TP:
+ * dist_recv_weights_stream): the part of a whole-model vector in [off, off + cnt) — vals, values of esz bytes
+ * (4 fp32, 2 bf16) at whole-layout offsets — copied to local_vec in local's layout wherever local (a slice of
+ * tp_config_apply, exec.tp_size / tp_rank / tp_experts) holds it; the vocabulary's padding rows are not
+ * written (the caller zeroes them once). Handing every range of [0, full->n_params) once fills local_vec as
+ * tp_slice_vec does. Not collective. Errors: full is not the whole model of local's config, the range past
+ * full->n_params, esz not 2 or 4. */
+int tp_slice_range(const moe_model *full, const moe_model *local, size_t off, const void *vals, size_t cnt, size_t esz,
+                   void *local_vec);
 
 #endif

@@ -193,7 +193,7 @@ static int stage_params_v(const moe_config *c, int pp, int v, plan_pp_params lay
         *layers = *l1 - *l0;
         if (v > 1) { /* the replicated state holds everything; the layers it computes are its chunks' */
             double d, e;
-            int a, b;
+            int a = 0, b = 0;
             *layers = 0;
             for (int k = 0; k < v; k++) {
                 if (plan_pp_chunk_params(c, pp, v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) != MOERL_OK)
@@ -543,7 +543,8 @@ static int check_layout(const moe_config *c, const plan_input *in, plan_ctx *x) 
         return moerl_errorf("plan: actor.fsdp_config.reshard_after_forward=false keeps FSDP's gathered units: it needs "
                             "FSDP on (actor.fsdp_config.fsdp_size > 1), got fsdp_size=%d", x->fsdp);
     const par_config pc = {.fsdp_size = x->fsdp, .expert_parallel_size = in->ep,
-                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp};
+                           .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
+                           .virtual_pipeline_parallel_size = in->vpp};
     if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d rank%s of a pipeline stage",
@@ -670,6 +671,20 @@ static int n_moe_in(const moe_config *c, int l0, int l1) {
     return n;
 }
 
+/* The MoE layers stage `stage` computes: chunk 0's [l0, l1), and with v > 1 chunks every chunk's (interleaved
+ * pipeline × EP: each chunk's MoE layers run their all-to-alls). */
+static int stage_n_moe(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int l0, int l1) {
+    if (x->v <= 1) return n_moe_in(c, l0, l1);
+    int n = 0;
+    for (int k = 0; k < x->v; k++) {
+        double d, e;
+        int a, b;
+        if (plan_pp_chunk_params(c, in->pp, x->v, PLAN_PP_STAGE_LOCAL, stage, k, &d, &e, &a, &b) == MOERL_OK)
+            n += n_moe_in(c, a, b);
+    }
+    return n;
+}
+
 static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x, int stage, int sp_rank,
                    int fsdp_rank, plan_traffic *t) {
     memset(t, 0, sizeof *t);
@@ -724,6 +739,16 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
         } else if (R > 1) {
             t->replica_allreduce = 2.0 * (R - 1) / R * S * 4; /* fp32 gradient shard */
         }
+    } else if (ep > 1 && pp_local) {
+        /* pipeline × EP: pp_finish_grads sums the stage's replicated tensors over its D ranks and its expert
+         * slices over the D/ep ranks holding the same experts (pipeline.c expert_runs: padded tensors) */
+        const int D = x->S, Dx = x->S / ep;
+        if (D > 1) {
+            const double f = 2.0 * (D - 1) / D, tied = plan_pp_tied_copy(c, in->pp, in->pp_params, stage);
+            t->pp_grad_allreduce = f * dense * db;
+            if (tied > 0) t->pp_grad_allreduce += f * tied * db;
+        }
+        if (Dx > 1) t->ep_grad_allreduce = 2.0 * (Dx - 1) / Dx * (expert / ep) * db;
     } else if (ep > 1) {
         int64_t tot, dn, ex, hf;
         plan_param_counts(c, &tot, &dn, &ex, &hf);
@@ -745,7 +770,7 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
     } else if (sum_group > 1) {
         t->reducer = (dense + expert) * db;
     }
-    const int n_moe = n_moe_in(c, l0, l1);
+    const int n_moe = stage_n_moe(c, in, x, stage, l0, l1);
     if (ep > 1 && n_moe > 0) {
         /* fwd: 2, bwd: 2 per layer; activation recompute (either granularity) re-runs the MoE forward's 2
          * before each layer's backward (forward.c recompute_layer; tests/test_dist_recompute.c counts them) */
@@ -801,7 +826,7 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
         replay_rank(c, ep, fsdp, 0, in->fsdp_keep_gathered, n_mb, 0, &gathered, NULL, NULL);
         t->fsdp_allgather = (fsdp - 1) * (gathered * db + (ep > 1 ? 0.0 : 4.0));
     }
-    const int n_moe = n_moe_in(c, l0, l1);
+    const int n_moe = stage_n_moe(c, in, x, stage, l0, l1);
     if (ep > 1 && n_moe > 0) { /* dispatch and combine per MoE layer and micro-batch */
         const double El = E / ep, exch = 2.0 * n_moe * n_mb;
         if (x->dispatcher == MOE_DISPATCH_ALLTOALL)
@@ -831,6 +856,8 @@ static void tp_update_traffic(const moe_config *lc, const plan_input *li, const 
                               plan_traffic *t);
 static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
                                plan_traffic *t);
+static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                          int update, plan_traffic *t);
 
 int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
                          double resp_tokens, plan_traffic *t) {
@@ -842,6 +869,7 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
             logprob_traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t) != MOERL_OK)
             return MOERL_ERR;
         tp_logprob_traffic(&lc, &li, &x, in->tp, n_mb, t);
+        tp_ep_traffic(&lc, &li, &x, in->tp, n_mb, 0, t);
         return MOERL_OK;
     }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -858,6 +886,7 @@ int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int 
             traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, t) != MOERL_OK)
             return MOERL_ERR;
         tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, t);
+        tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, t);
         return MOERL_OK;
     }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -1067,7 +1096,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
  * counts and the rollout rows (TP of the trainer leaves the engine as it is) put back. */
 static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o) {
     moe_config lc;
-    plan_input li;
+    plan_input li = {0}; /* set by tp_local (zeroed: the compiler cannot see it through the recursion) */
     plan_ctx x;
     if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
         plan_check(&lc, &li, &x) != MOERL_OK)
@@ -1075,12 +1104,16 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     plan_traffic t, tl;
     if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
     tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, &t);
+    tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, &t);
     const double n_lp = ceil((double)in->logprob_tokens / li.n_trainer / (double)in->micro_tokens);
     tp_logprob_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), &tl);
+    tp_ep_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), 0, &tl);
     o->tp = in->tp;
-    o->allreduce = t.tp_dp_allreduce; /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sum */
+    /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sums (TP × EP: the experts' too) */
+    o->allreduce = t.tp_dp_allreduce + t.tp_ep_allreduce;
     o->tp_allreduce = t.tp_act_allreduce + t.tp_allgather;
-    const double one = tl.tp_act_allreduce + tl.tp_allgather;
+    o->alltoall_ep = t.ep_alltoall;
+    const double one = tl.tp_act_allreduce + tl.tp_allgather + tl.ep_alltoall;
     o->logprob_pass = in->logprob_passes * one;
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
@@ -1095,11 +1128,13 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 
 /* The slice a TP rank holds and the layout it runs on: *lc = tp_config_apply's config of rank 0 (every rank's
  * slice has the same sizes), *li = in over the dp = n_trainer/tp data replicas, tp off. Refuses what moerl rl
- * refuses (par_check_tp: TP with DP only; recompute; tp_config_apply's divisibility), naming the key. */
+ * refuses (par_check_tp: TP with DP, and with EP only with the experts whole; recompute; tp_config_apply's
+ * divisibility), naming the key. Under TP × EP *li keeps the EP size over the dp ranks (tp_ep_traffic). */
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
     const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
-                           .tensor_model_parallel_size = in->tp};
+                           .tensor_model_parallel_size = in->tp,
+                           .expert_tensor_parallel_size = in->tp_experts ? -1 : 1};
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
     if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
@@ -1174,6 +1209,40 @@ static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const
     const double db = li->dtype_bytes, N = (double)x->N, f = 2.0 * (P - 1) / P;
     t->tp_act_allreduce = n_mb * (f * db * tp_fwd_floats(lc, N) + f * 4 * N * 8);
     t->tp_allgather = (double)(P - 1) * n_mb * 2 * N * 4;
+}
+
+/* TP × EP (li->ep > 1, experts whole: tp_ep.h) on top of the TP rows of the slice planned over the dp replicas
+ * with EP: each TP rank dispatches only its ⌊N/P⌋–⌈N/P⌉ tokens (the all-to-all-v rows scale by 1/P) and the
+ * TP group all-gathers the expert rows, ⌈N/P⌉·K·H
+ * per rank and MoE layer in every forward and backward pass; the all-to-all's capacity is sized by ⌈N/P⌉ tokens
+ * (ceil(capacity_factor · ⌈N/P⌉ · K / E) rows per block, at most ⌈N/P⌉). update = 1: one update's passes (the forward-only
+ * pre-passes, the training passes) and the gradient sums — the slice's non-expert tensors over dp_comm
+ * (tp_dp_allreduce), its E/ep whole experts over ep_dp_comm (tp·D/ep ranks) with the clipping norm's double
+ * over ep_comm (tp_ep_allreduce); update = 0: n_mb forward-only logprob passes. No-op without EP. */
+static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                          int update, plan_traffic *t) {
+    const int ep = li->ep, L = lc->num_hidden_layers, n_moe = n_moe_in(lc, 0, L);
+    if (ep <= 1 || n_moe == 0) return;
+    const double db = li->dtype_bytes, N = (double)x->N, K = lc->num_experts_per_tok, H = lc->hidden_size;
+    const double fo = li->fwd_only_passes, mb = x->mb, share = ceil(N / P) * K * H;
+    const double gathers = update ? (fo + 2.0) * mb : (double)n_mb, exch = update ? (2.0 * (fo + 1) + 2.0) * mb : 2.0 * n_mb;
+    t->tp_allgather += gathers * n_moe * (P - 1.0) * share * db;
+    if (x->dispatcher != MOE_DISPATCH_ALLTOALL) { /* all-to-all-v: the rows are this rank's share of the tokens */
+        t->ep_alltoall -= n_moe * exch * N * K * (ep - 1) / ep * H * db * (1.0 - 1.0 / P);
+    } else { /* the fixed capacity sized by the share ⌈N/P⌉ (parallel.c: ep_state_attach's max_tokens) */
+        const double Nt = ceil(N / P), E = lc->num_experts;
+        const double cf = li->capacity_factor > 0 ? li->capacity_factor : 1.25; /* plan_check's default */
+        const double cap = MOERL_MAX(1.0, MOERL_MIN(ceil(cf * Nt * K / E), Nt));
+        t->ep_alltoall = n_moe * exch * (ep - 1) * (E / ep) * (2.0 + cap * H) * db;
+    }
+    if (!update) return;
+    int64_t tot, dn, ex, hf;
+    plan_param_counts(lc, &tot, &dn, &ex, &hf);
+    const double hf_expert = (double)n_moe * 3.0 * lc->num_experts * lc->moe_intermediate_size * H;
+    const int D = li->n_trainer, Q = P * D / ep; /* dp_comm; ep_dp_comm: every rank holding the same experts */
+    t->ep_grad_allreduce = 0;
+    t->tp_dp_allreduce = D > 1 ? 2.0 * (D - 1) / D * ((double)hf - hf_expert) * db : 0;
+    t->tp_ep_allreduce = (Q > 1 ? 2.0 * (Q - 1) / Q * hf_expert / ep * db : 0) + 2.0 * (ep - 1) / ep * 8;
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {

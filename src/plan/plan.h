@@ -54,7 +54,8 @@ typedef struct {
     int ep;                 /* actor.expert_parallel_size */
     int sp;                 /* actor.ulysses_sequence_parallel_size */
     int pp;                 /* actor.pipeline_parallel_size */
-    int tp;                 /* actor.megatron.tensor_model_parallel_size (≤ 1: off). TP × DP only (par_check_tp):
+    int tp;                 /* actor.megatron.tensor_model_parallel_size (≤ 1: off). TP × DP, and TP × EP × DP with
+                               tp_experts 0 (par_check_tp; the slice planned with EP over the dp ranks, tp_ep.h):
                                every rank holds tp_config_apply's slice (heads, kv heads — replicated when
                                nkv < tp —, the dense MLP width, the vocabulary padded to a multiple of tp, the
                                experts' I with tp_experts) and the TP group all-reduces activations (tp.h) */
@@ -261,6 +262,15 @@ typedef struct {
      *                     ranks holding it, 2(D−1)/D · n_slice · dtype (0 when D = 1).
      * plan_traffic_logprob under TP: per micro-batch the forward's rows and the logprob statistics. */
     double tp_act_allreduce, tp_allgather, tp_dp_allreduce;
+    /* TP × EP (ep > 1 with tp_experts 0: src/parallel/tp_ep.h): tp_allgather adds the expert rows, (P−1)·⌈N/P⌉·K·H
+     * floats per MoE layer in every forward and backward pass (per logprob micro-batch: its forward's);
+     * ep_alltoall is the slice's EP row with each rank dispatching its 1/P share of the tokens (the fixed-capacity
+     * all-to-all's blocks sized by ⌈N/P⌉ tokens); tp_dp_allreduce covers the non-expert tensors only (HF counts, unpadded) and
+     *   tp_ep_allreduce   dist_comm_bytes(ep_dp_comm, ALLREDUCE) + dist_comm_bytes(ep_comm, ALLREDUCE): the
+     *                     E/ep whole experts' gradient over the Q = P·D/ep ranks holding them, 2(Q−1)/Q ·
+     *                     n_expert/ep · dtype, and the clipping norm's double over the EP group, 2(ep−1)/ep · 8;
+     *                     ep_grad_allreduce is 0. */
+    double tp_ep_allreduce;
 } plan_traffic;
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
                       plan_traffic *t);

@@ -100,8 +100,8 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
-    /* TP: par_check ran par_check_tp (TP with data parallelism only, as moerl rl); plan_compute checks the
-     * model's sizes against it (tp_config_apply) */
+    /* TP: par_check ran par_check_tp (TP with data parallelism, and with EP when the experts are whole, as moerl
+     * rl); plan_compute checks the model's sizes against it (tp_config_apply) */
     *pc_out = pc;
     return MOERL_OK;
 }

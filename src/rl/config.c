@@ -288,6 +288,11 @@ void rl_def_keys(cfg *c) {
                 "experts of the rollout engine split over this many rollout ranks (EP for inference; the "
                 "routed rows go through actor.moe.dispatcher's all-to-all / all-to-all-v); 1 = every rollout "
                 "rank holds every expert");
+    cfg_def_int(c, "rollout.tensor_model_parallel_size", 1,
+                "rollout ranks one engine replica is split over (vLLM's tensor_parallel_size; Megatron's split: "
+                "heads, dense and expert widths and the vocabulary divided, one all-reduce after attention and one "
+                "after the MLP per layer, the logits gathered so every rank samples the same token); the rollout "
+                "ranks form rollout ranks / this replicas. 1 = one replica per rollout rank");
     cfg_def_bool(c, "rollout.enable_rollout_routing_replay", false,
                  "record the experts every MoE layer routes each prompt and response token to in the rollout "
                  "engine (R3, arXiv 2510.11370); they travel with the sample to the trainer. Memory: 2·K bytes per "
@@ -370,6 +375,9 @@ static int read_rollout_keys(const cfg *c, rl_config *r) {
     r->rollout_ep = (int)cfg_int(c, "rollout.expert_parallel_size");
     if (r->rollout_ep < 1)
         return moerl_errorf("rollout.expert_parallel_size must be ≥ 1, got %d", r->rollout_ep);
+    r->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
+    if (r->rollout_tp < 1)
+        return moerl_errorf("rollout.tensor_model_parallel_size must be ≥ 1, got %d", r->rollout_tp);
     const char *rdt = cfg_str(c, "rollout.dtype");
     if (strcmp(rdt, "fp32") && strcmp(rdt, "bf16"))
         return moerl_errorf("rollout.dtype: '%s' is not a weight type the engine computes from (expected fp32 or bf16)", rdt);

@@ -60,6 +60,8 @@
 #include "rl/job_internal.h"
 #include "parallel/ep.h"
 #include "parallel/parallel.h"
+#include "parallel/tp.h"
+#include "parallel/tp_rollout.h"
 #include "rl/rl.h"
 #include "rl/trainer_onebit.h"
 #include "dist/onebit.h"
@@ -198,6 +200,11 @@ typedef struct {
     dist_comm *ep_comm;
     par_grid ep_grid;
     ep_state *ep;
+    /* rollout.tensor_model_parallel_size > 1: this rank's replica group, its runtime, whether it is the
+     * replica's first rank (it alone requests admissions, scores and sends groups: the others mirror it) */
+    dist_comm *tp_comm;
+    tp_rollout *tp;
+    int tp_lead;
 } rollout_rank;
 
 /* Expert parallelism of the rollout engine (rollout.expert_parallel_size = P): consecutive rollout
@@ -231,6 +238,101 @@ static void rollout_ep_setup(rollout_rank *W) {
                  moe_dispatcher_name(ep_dispatcher(W->ep)));
 }
 
+/* Rollout TP: the replica's ranks agree on the KV pool (rollout.gpu_memory_utilization reads each host's free
+ * memory): every engine of the group is rebuilt with the smallest block count, so that their schedulers — and
+ * their preemptions — stay identical. */
+static void tp_agree_kv(rollout_rank *W, const moe_config *c, engine_config ec) {
+    dist_ctx *ctx = W->ctx;
+    const int P = W->cfg->rollout_tp;
+    const int64_t n = engine_get_stats(W->R.eng).kv_blocks_total, bb = engine_get_config(W->R.eng).kv_cache_bytes / n;
+    float mine[2] = {(float)(n >> 12), (float)(n & 4095)}, *all = xmalloc((size_t)2 * P * sizeof(float));
+    CHECK_OK(dist_comm_allgather_f32(W->tp_comm, mine, 2, all), "rollout TP: the KV pool");
+    int64_t lo = n;
+    for (int q = 0; q < P; q++) lo = MOERL_MIN(lo, ((int64_t)all[2 * q] << 12) + (int64_t)all[2 * q + 1]);
+    free(all);
+    if (lo == n) return;
+    ec.kv_cache_bytes = lo * bb;
+    engine_free(W->R.eng);
+    W->R.eng = engine_create(c, ec);
+    if (!W->R.eng) die(ctx, "creating the tensor-parallel rollout engine");
+}
+
+/* Tensor parallelism of the rollout engine (rollout.tensor_model_parallel_size = P, vLLM's tensor_parallel_size):
+ * consecutive rollout ranks form replicas of P; each engine holds tp_config_apply's slice (experts split) and
+ * sums over the group through a tp_rollout runtime (engine_set_tp). Every rank of a replica runs the same
+ * rollouter on the same prompts in the same steps: the first rank requests admissions and shares each grant
+ * (tp_round), the others mirror it (their groups are neither scored nor sent). A weight broadcast is sliced as
+ * it arrives (receive_weights: tp_slice_range). */
+static void rollout_tp_setup(rollout_rank *W) {
+    dist_ctx *ctx = W->ctx;
+    const int P = W->cfg->rollout_tp, r = ctx->world_rank; /* rollout ranks are world ranks 0 .. n_rollout−1 */
+    W->tp_comm = dist_comm_split_rollout(ctx, r / P, r);
+    if (!W->tp_comm) die(ctx, "rollout tensor parallelism");
+    const int q = dist_comm_rank(W->tp_comm);
+    moe_config c = W->m->cfg;
+    CHECK_OK(tp_config_apply(&c, P, q, c.num_experts > 0), "rollout.tensor_model_parallel_size");
+    const engine_config ec = engine_get_config(W->R.eng);
+    engine_free(W->R.eng);
+    W->R.eng = engine_create(&c, ec);
+    if (!W->R.eng) die(ctx, "creating the tensor-parallel rollout engine");
+    tp_agree_kv(W, &c, ec);
+    /* the vocabulary's padding rows stay zero: the broadcasts never write them */
+    memset(W->cfg->bf16_weights ? (void *)engine_weight_buffer_bf16(W->R.eng) : (void *)engine_weight_buffer(W->R.eng),
+           0, engine_model(W->R.eng)->n_params * (W->cfg->bf16_weights ? 2 : 4));
+    W->tp = tp_rollout_new(W->tp_comm);
+    if (!W->tp) die(ctx, "rollout tensor parallelism");
+    CHECK_OK(engine_set_tp(W->R.eng, W->tp), "rollout tensor parallelism");
+    W->tp_lead = q == 0;
+    W->R.mirror = !W->tp_lead;
+    const moe_model *lm = engine_model(W->R.eng);
+    if (W->tp_lead)
+        log_info("rollout TP: ranks %d..%d hold one replica, %zu of %zu weights and %lld KV bytes each", r, r + P - 1,
+                 lm->n_params, W->m->n_params, (long long)engine_get_config(W->R.eng).kv_cache_bytes);
+}
+
+/* A rollout TP follower's finished group: its replica's first rank sends the same group. */
+static int drop_group(void *vctx, rl_group *g) {
+    (void)vctx;
+    rl_group_free(g);
+    return MOERL_OK;
+}
+
+/* One round of a rollout TP replica (collective over tp_comm): the first rank's grant — taken now when it has
+ * arrived, or waited for when `wait` (a sync or the stop: the leader answers every pending request) — reaches
+ * every rank, which all start its uids in the same order; returns 1 on every rank when every rank has a
+ * command of trainer rank 0 waiting. */
+static int tp_round(rollout_rank *W, int wait) {
+    dist_ctx *ctx = W->ctx;
+    const int cap = W->cfg->max_num_seqs + 1;
+    double *x = xcalloc((size_t)cap + 2, sizeof(double)); /* [has a command, grant uids, uids ...] */
+    x[0] = dist_iprobe(ctx, TAG_CMD) > 0;
+    if (W->tp_lead && W->req_out && (wait || dist_iprobe(ctx, TAG_ADMIT_GRANT) > 0)) {
+        void *buf;
+        size_t len;
+        CHECK_OK(dist_recv_msg_any(ctx, TAG_ADMIT_GRANT, NULL, &buf, &len), "receiving an admission grant");
+        int32_t count = -1;
+        if (len >= 8) memcpy(&count, buf, 4);
+        if (count < 0 || count > cap || len != 8 + (size_t)count * 8) {
+            free(buf);
+            moerl_errorf("admission grant of %zu bytes announcing %d uids (at most %d)", len, count, cap);
+            die(ctx, "protocol");
+        }
+        x[1] = count;
+        for (int i = 0; i < count; i++) {
+            int64_t uid;
+            memcpy(&uid, (char *)buf + 8 + 8 * i, 8);
+            x[2 + i] = (double)uid; /* exact: uids stay far below 2^53 */
+        }
+        free(buf);
+        W->req_out = 0;
+    }
+    CHECK_OK(dist_comm_allreduce_f64(W->tp_comm, x, (size_t)cap + 2), "rollout TP round");
+    for (int i = 0; i < (int)x[1]; i++) CHECK_OK(rollouter_start_uid(&W->R, (int64_t)x[2 + i]), "starting a granted prompt");
+    const int all = x[0] == (double)W->cfg->rollout_tp;
+    free(x);
+    return all;
+}
+
 /* 1 on every rank of the EP group when x is nonzero on all of them (without EP: x != 0). */
 static int ep_all(rollout_rank *W, int x) {
     dist_ctx *ctx = W->ctx;
@@ -246,7 +348,7 @@ static int ep_all(rollout_rank *W, int x) {
  * usual. Under rollout EP the group steps together: the job ends here. */
 static void report_reward_failure(rollout_rank *W) {
     dist_ctx *ctx = W->ctx;
-    if (W->ep) die(ctx, "rewards");
+    if (W->ep || W->tp) die(ctx, "rewards");
     W->failed = 1;
     engine_abort(W->R.eng, NULL, 0);
     char msg[2048];
@@ -328,9 +430,19 @@ static void take_grant(rollout_rank *W) {
     W->req_out = 0;
 }
 
+/* The answer to the outstanding request taken (a sync or the stop); under rollout TP with the whole replica. */
+static void settle_grant(rollout_rank *W) {
+    if (W->tp) tp_round(W, 1);
+    else if (W->req_out) take_grant(W);
+}
+
 static void send_ack(rollout_rank *W, int kind) {
     engine_stats es = engine_get_stats(W->R.eng);
-    ack_msg a = {.kind = kind, .in_flight = W->R.n_inflight, .groups_sent = W->sent,
+    if (W->tp && !W->tp_lead) { /* a rollout TP follower: the replica's first rank counts its groups and tokens */
+        const engine_stats z = {0};
+        es = z;
+    }
+    ack_msg a = {.kind = kind, .in_flight = W->tp && !W->tp_lead ? 0 : W->R.n_inflight, .groups_sent = W->sent,
                  .gen_tokens = es.generated_tokens, .busy_s = W->R.busy_s, .idle_s = W->R.idle_s,
                  .reward_s = reward_pool_busy_s(W->R.pool), .reward_backlog = reward_pool_backlog(W->R.pool),
                  .preemptions = es.preemptions, .kv_blocks_total = es.kv_blocks_total,
@@ -340,15 +452,17 @@ static void send_ack(rollout_rank *W, int kind) {
     CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ACK, &a, sizeof a), "sending an acknowledgement");
 }
 
-/* Under rollout EP: each bucket of the broadcast, as it arrives, sliced into the engine's buffer. */
+/* Under rollout EP or TP: each bucket of the broadcast, as it arrives, sliced into the engine's buffer. */
 typedef struct {
     const moe_model *full, *local;
     void *dst;
     size_t esz;
+    int tp;
 } slice_sink;
 
 static int slice_bucket(void *arg, size_t off, const void *vals, size_t cnt) {
     const slice_sink *s = arg;
+    if (s->tp) return tp_slice_range(s->full, s->local, off, vals, cnt, s->esz, s->dst);
     return ep_slice_range(s->full, s->local, off, vals, cnt, s->esz, s->dst);
 }
 
@@ -362,11 +476,11 @@ static void receive_weights(rollout_rank *W, int version) {
      * a ring of buckets, no whole-model copy). */
     const int bf16 = W->cfg->bf16_weights;
     void *buf = bf16 ? (void *)engine_weight_buffer_bf16(W->R.eng) : (void *)engine_weight_buffer(W->R.eng);
-    if (W->ep) {
-        slice_sink s = {.full = W->m, .local = engine_model(W->R.eng), .dst = buf, .esz = bf16 ? 2 : 4};
+    if (W->ep || W->tp) {
+        slice_sink s = {.full = W->m, .local = engine_model(W->R.eng), .dst = buf, .esz = bf16 ? 2 : 4, .tp = !!W->tp};
         CHECK_OK(dist_recv_weights_stream(ctx, bf16 ? DIST_WDTYPE_BF16 : DIST_WDTYPE_F32, W->m->n_params, &v,
                                           slice_bucket, &s, NULL),
-                 "receiving the weights (expert slice)");
+                 W->tp ? "receiving the weights (tensor-parallel slice)" : "receiving the weights (expert slice)");
     } else {
         CHECK_OK(bf16 ? dist_bcast_weights_bf16(ctx, NULL, buf, W->m->n_params, &v, 2, NULL)
                       : dist_bcast_weights(ctx, buf, W->m->n_params, &v, 1, NULL),
@@ -383,7 +497,7 @@ static void receive_weights(rollout_rank *W, int version) {
 static void rollout_sync(rollout_rank *W, const cmd_msg *c) {
     dist_ctx *ctx = W->ctx;
     W->R.stage = "param_sync";
-    if (W->req_out) take_grant(W); /* the leader answers pending requests once grants are blocked */
+    settle_grant(W); /* the leader answers pending requests once grants are blocked */
     if (c->partial) {
         engine_pause(W->R.eng, NULL, 0);
     } else { /* let in-flight responses finish under the old weights */
@@ -410,6 +524,8 @@ static void rollout_rank_free(rollout_rank *W, rl_queue *unused) {
     rollouter_free(&W->R);
     ep_state_free(W->ep);
     dist_comm_free(W->ep_comm);
+    tp_rollout_free(W->tp);
+    dist_comm_free(W->tp_comm);
     rl_queue_destroy(unused);
     free(W);
 }
@@ -430,10 +546,11 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
      * gradients); the layout (m->n_params, tensor table) stays for the size checks and, under
      * rollout EP, for taking this rank's slice of each broadcast */
     if (cfg->rollout_ep > 1) rollout_ep_setup(W);
+    if (cfg->rollout_tp > 1) rollout_tp_setup(W);
     model_free_params(m);
     free(m->grads);
     m->grads = NULL;
-    W->R.on_group_done = send_group;
+    W->R.on_group_done = W->tp && !W->tp_lead ? drop_group : send_group;
     W->R.on_group_done_ctx = W;
     W->R.wait_rewards = 0; /* this rank scores its own groups beside generation, then sends them */
     cmd_msg c = recv_cmd(ctx);
@@ -448,7 +565,8 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
     receive_weights(W, c.version);
     long wait_us = 0;
     for (;;) {
-        if (ep_all(W, dist_iprobe(ctx, TAG_CMD) > 0)) { /* under rollout EP: once the whole group has it */
+        /* under rollout EP or TP: once the whole group has it (TP: the replica's grant shared in the same round) */
+        if (W->tp ? tp_round(W, 0) : ep_all(W, dist_iprobe(ctx, TAG_CMD) > 0)) {
             c = recv_cmd(ctx);
             if (c.cmd == CMD_SYNC) {
                 rollout_sync(W, &c);
@@ -459,11 +577,11 @@ static void run_rollout_rank(dist_ctx *ctx, const rl_config *cfg, moe_model *m, 
                 moerl_errorf("unexpected command %d while generating", c.cmd);
                 die(ctx, "protocol");
             }
-            if (W->req_out) take_grant(W);
+            settle_grant(W);
             break;
         }
-        if (W->req_out && dist_iprobe(ctx, TAG_ADMIT_GRANT) > 0) take_grant(W);
-        if (!W->req_out && !W->failed) {
+        if (!W->tp && W->req_out && dist_iprobe(ctx, TAG_ADMIT_GRANT) > 0) take_grant(W);
+        if (!W->req_out && !W->failed && (!W->tp || W->tp_lead)) {
             const int32_t k = rollouter_room(&W->R);
             if (k > 0) {
                 CHECK_OK(dist_send_msg(ctx, W->leader, TAG_ADMIT_REQ, &k, sizeof k), "requesting admissions");

@@ -37,6 +37,12 @@ static rl_job_status prepare_ranks(rl_job *J) {
                          rc->n_trainer_ranks);
             return RL_JOB_FAILED;
         }
+        if (rc->rollout_tp > 1) {
+            moerl_errorf("rollout.tensor_model_parallel_size=%d splits one engine replica over rollout ranks, and one "
+                         "process has none: run under mpirun with build/moerl-mpi and at least %d rollout ranks",
+                         rc->rollout_tp, rc->rollout_tp);
+            return RL_JOB_FAILED;
+        }
         if (rc->rollout_ep > 1) {
             moerl_errorf("rollout.expert_parallel_size=%d splits the engine's experts over rollout ranks, and one "
                          "process has none: run under mpirun with build/moerl-mpi and at least %d rollout ranks",
@@ -63,6 +69,41 @@ static rl_job_status prepare_ranks(rl_job *J) {
     return RL_JOB_READY;
 }
 
+/* rollout.tensor_model_parallel_size = P against the rollout ranks, the model and the other rollout keys (the
+ * engine's slice is tp_config_apply's with the experts split, engine_set_tp). */
+static int check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout) {
+    const int P = rc->rollout_tp, nkv = mc->num_key_value_heads;
+    if (P <= 1) return MOERL_OK;
+    if (n_rollout % P)
+        return moerl_errorf("rollout.tensor_model_parallel_size=%d does not divide the %d rollout rank%s (mpirun -np "
+                            "minus trainer.n_ranks)", P, n_rollout, moerl_plural(n_rollout));
+    if (rc->rollout_ep > 1)
+        return moerl_errorf("rollout.tensor_model_parallel_size=%d with rollout.expert_parallel_size=%d: a rollout "
+                            "replica is either tensor- or expert-parallel in this build (set one of them to 1)", P,
+                            rc->rollout_ep);
+    if (rc->multi_turn.enable || rc->batch_invariant)
+        return moerl_errorf("rollout.tensor_model_parallel_size=%d with %s: not combined in this build", P,
+                            rc->multi_turn.enable ? "rollout.multi_turn.enable=true (every rank of a replica would "
+                                                    "need the same tool answers)"
+                                                  : "rollout.batch_invariant=true (the group's sums change the order)");
+    const struct {
+        int v, bad;
+        const char *field;
+    } div[] = {{mc->num_attention_heads, mc->num_attention_heads % P, "num_attention_heads"},
+               {nkv, nkv < P ? P % nkv : nkv % P, "num_key_value_heads"},
+               {mc->intermediate_size, mc->intermediate_size % P, "intermediate_size"},
+               {mc->moe_intermediate_size, mc->num_experts > 0 && mc->moe_intermediate_size % P, "moe_intermediate_size"}};
+    for (size_t i = 0; i < sizeof div / sizeof *div; i++)
+        if (div[i].bad)
+            return moerl_errorf("rollout.tensor_model_parallel_size=%d must divide the model's %s (%d)%s", P,
+                                div[i].field, div[i].v,
+                                i == 1 ? " or be a multiple of it (each key/value head then held by P / nkv ranks)" : "");
+    moe_config lc = *mc; /* the model's execution switches (tp_config_apply refuses the MoE ablations) */
+    if (tp_config_apply(&lc, P, 0, mc->num_experts > 0) != MOERL_OK)
+        return moerl_error_prefix("rollout.tensor_model_parallel_size=%d: ", P);
+    return MOERL_OK;
+}
+
 /* The layout against the ranks and the model: the same verdict on every rank (config, world size and
  * model shape only) — before any folder exists. */
 static int check_layout(const rl_job *J) {
@@ -84,7 +125,7 @@ static int check_layout(const rl_job *J) {
     if (rc->rollout_ep > 1 && mc->num_experts % rc->rollout_ep)
         return moerl_errorf("rollout.expert_parallel_size=%d does not divide the model's %d experts", rc->rollout_ep,
                             mc->num_experts);
-    return MOERL_OK;
+    return check_rollout_tp(rc, mc, n_rollout);
 }
 
 /* Why the run evaluates on the held-out split (for data_check_keys), or NULL when it does not
@@ -149,9 +190,10 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
         free(msg);
         return RL_JOB_REFUSED;
     }
-    if (J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK) return job_fail(J);
-    /* every rank is done writing the data: a warm start that fails can remove the folder */
+    /* every rank is done writing (and, but for the leader, removing) its staged data: a refused resume or a
+     * warm start that fails can remove the folder, and the ranks the leader's abort ends leave no file behind */
     if (J->dist && dist_barrier(J->ctx, DIST_WORLD) != MOERL_OK) return job_fail(J);
+    if (J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK) return job_fail(J);
     return RL_JOB_READY;
 }
 

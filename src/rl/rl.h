@@ -67,6 +67,7 @@ typedef struct {
     double gpu_memory_utilization;
     int bf16_weights;          /* rollout.dtype bf16: the engine computes from bf16 weights (engine.h) */
     int rollout_ep;            /* rollout.expert_parallel_size: the engine's experts over this many rollout ranks */
+    int rollout_tp;            /* rollout.tensor_model_parallel_size: one engine replica over this many rollout ranks */
     int rollout_routing_replay; /* rollout.enable_rollout_routing_replay: the engine records every token's routes */
     int batch_invariant;       /* rollout.batch_invariant: engine and trainer compute bit-identical logprobs
                                   (moe_exec_opts.batch_invariant on both sides) */
@@ -277,6 +278,8 @@ typedef struct {
      * order. 0: rewards beside generation (the async job's rollouter thread and MPI rollout ranks set
      * it): the engine never waits for the pool. */
     int wait_rewards;
+    int mirror;               /* a rollout TP follower (job_dist.c): its groups are not scored (zero rewards, handed to
+                                 on_group_done at once); the replica's first rank scores and sends them */
     _Atomic double reward_wait_s; /* seconds spent scoring in line (wait_rewards), read and reset by the job */
     int reward_failed;        /* an outside program failed — the pool's reward backend, or (env_failed too)
                                  the tool environment: the job checkpoints and stops (the message is in

@@ -294,10 +294,10 @@ static int submit_group(rollouter *R, rl_group *g) {
         if (!(g->traj && g->traj[j].has_env_reward)) reqs[m++] = reqs[j];
     int rc = MOERL_OK;
     reward_done d = {.tag = (uint64_t)(uintptr_t)g, .n = m, .results = NULL};
-    if (R->wait_rewards || m == 0) {
+    if (R->wait_rewards || m == 0 || R->mirror) {
         d.results = xcalloc((size_t)(m ? m : 1), sizeof(reward_result));
         const double t0 = moerl_now();
-        if (m > 0) rc = reward_pool_score(R->pool, reqs, m, d.results);
+        if (m > 0 && !R->mirror) rc = reward_pool_score(R->pool, reqs, m, d.results);
         rl_atomic_add(&R->reward_wait_s, moerl_now() - t0);
         if (rc != MOERL_OK) free(d.results);
     } else {
@@ -307,7 +307,7 @@ static int submit_group(rollouter *R, rl_group *g) {
     free(reqs);
     if (rc != MOERL_OK) return reward_failure(R);
     R->n_scoring++;
-    return R->wait_rewards || m == 0 ? deliver(R, &d) : MOERL_OK;
+    return R->wait_rewards || m == 0 || R->mirror ? deliver(R, &d) : MOERL_OK;
 }
 
 /* A trajectory ended (single turn: its request finished): its group is complete when all n are. */

@@ -27,6 +27,7 @@ struct engine {
     engine_config ec;
     int version;
     int L, H, V, nh, nkv, hd, E, K;
+    int Vl; /* rows of the LM head this engine holds: V, or ⌈V/P⌉ under rollout TP (V: the whole vocabulary) */
     float *k_cache, *v_cache; /* [L][n_blocks][block_size][nkv·hd] */
     /* paged KV: the block manager; slot s's block table tables[s·max_blocks ..] holding n_tbl[s] blocks,
      * of which the first reg_upto[s] are registered and filled in the prefix cache; age[s]: admission
@@ -52,6 +53,8 @@ struct engine {
     moe_bf16_weights bf; /* bf16 panels (ec.bf16_weights), else bf.buf == NULL */
     engine_stats st;
     void *ep;             /* expert parallelism over rollout ranks (engine_set_ep: a runtime with the MoE hooks), else NULL */
+    void *tp;             /* tensor parallelism (engine_set_tp: a runtime with tp_allreduce_f32), else NULL */
+    float *tp_logits;     /* rollout TP: [S][P·Vl], this rank's head columns in place, the others zero, then summed */
     /* routing record (ec.record_routes): moe_of[l] = MoE index of layer l (−1: dense MLP), n_moe of them */
     int moe_of[MOERL_MAX_LAYERS], n_moe;
 };
@@ -68,7 +71,7 @@ static void bf16_layout(engine *e) {
     const int H = e->H, E = e->E ? moe_config_local_experts(c, &e_lo) : 0, I = c->moe_intermediate_size, qo = e->nh * e->hd, ko = e->nkv * e->hd;
     const size_t sq = gemm_packed_size(qo, H), sk = gemm_packed_size(ko, H), so = gemm_packed_size(H, qo),
                  sgu = E ? gemm_packed_size(2 * I, H) : 0, sd = E ? gemm_packed_size(H, I) : 0;
-    size_t total = gemm_packed_size(e->V, H);
+    size_t total = gemm_packed_size(e->Vl, H);
     for (int l = 0; l < e->L; l++)
         total += sq + 2 * sk + so + (e->m.p.layers[l].router ? (size_t)E * (sgu + sd) : 0);
     uint16_t *q = e->bf.buf = xalloc_aligned(total * sizeof(uint16_t));
@@ -105,7 +108,7 @@ static void bf16_pack_all(engine *e, const uint16_t *w16) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int it = 0; it < items; it++) {
         if (it == items - 1) {
-            PACK(e->bf.lm_head, e->m.p.lm_head, e->V, H);
+            PACK(e->bf.lm_head, e->m.p.lm_head, e->Vl, H);
             continue;
         }
         const int l = it / per_layer, j = it % per_layer;
@@ -337,7 +340,8 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     if (ec.bf16_weights) e->m.cfg.exec.no_pack = 1; /* the bf16 panels replace the fp32 expert panels */
     if (cfg->exec.batch_invariant) e->m.cfg.exec.no_pack = 1; /* the batch-invariant kernels read W itself */
     const moe_config *c = &e->m.cfg;
-    e->L = c->num_hidden_layers; e->H = c->hidden_size; e->V = c->vocab_size;
+    e->L = c->num_hidden_layers; e->H = c->hidden_size; e->Vl = c->vocab_size;
+    e->V = c->exec.tp_size > 1 ? c->exec.tp_vocab : c->vocab_size; /* rollout TP: tokens index the whole vocabulary */
     e->nh = c->num_attention_heads; e->nkv = c->num_key_value_heads; e->hd = c->head_dim;
     e->E = c->num_experts; e->K = c->num_experts_per_tok;
     routes_layout(e);
@@ -362,6 +366,7 @@ engine *engine_create(const moe_config *cfg, engine_config ec) {
     e->sample_row = xmalloc(S * sizeof(int));
     e->sample_req = xmalloc(S * sizeof(gen_request *));
     e->hid = FA(S * H); e->hid_rstd = FA(S); e->logits = FA(S * e->V); e->sample_scratch = FA(2 * (size_t)e->V);
+    if (c->exec.tp_size > 1) e->tp_logits = FA(S * (size_t)c->exec.tp_size * e->Vl);
 #undef FA
     return e;
 }
@@ -374,7 +379,7 @@ void engine_free(engine *e) {
     e->k_cache = e->v_cache = NULL;
     void *bufs[] = {e->k_cache, e->v_cache, e->slots, e->tok, e->slot_of, e->pos, e->x, e->ln, e->mid, e->mlp_out,
                     e->q_raw, e->q, e->att, e->q_rstd, e->k_raw, e->k, e->v, e->k_rstd, e->rope_cos, e->rope_sin,
-                    e->sample_row, e->sample_req, e->hid, e->hid_rstd, e->logits, e->sample_scratch};
+                    e->sample_row, e->sample_req, e->hid, e->hid_rstd, e->logits, e->sample_scratch, e->tp_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     mlp_acts_free(&e->mlp);
     kvb_free(&e->kb);
@@ -459,6 +464,32 @@ int engine_set_ep(engine *e, void *ep) {
     if (ep && !(h && h->moe_forward && h->moe_idle))
         return moerl_errorf("engine_set_ep: the runtime has no MoE dispatch hooks (model_hooks.moe_forward / moe_idle)");
     e->ep = ep;
+    return MOERL_OK;
+}
+
+int engine_set_tp(engine *e, void *tp) {
+    const model_hooks *h = model_par_hooks(tp);
+    const moe_config *c = &e->m.cfg;
+    if (!tp) {
+        if (c->exec.tp_size > 1)
+            return moerl_errorf("engine_set_tp: the engine holds a tensor-parallel slice (rank %d of %d): it needs its "
+                                "group's all-reduce", c->exec.tp_rank, c->exec.tp_size);
+        e->tp = NULL;
+        return MOERL_OK;
+    }
+    if (!(h && h->tp_allreduce_f32))
+        return moerl_errorf("engine_set_tp: the runtime has no tensor-parallel all-reduce (model_hooks.tp_allreduce_f32)");
+    if (c->exec.tp_size <= 1)
+        return moerl_errorf("engine_set_tp: the engine was created from a whole config (exec.tp_size %d): create it "
+                            "from tp_config_apply's slice", c->exec.tp_size);
+    if (!c->exec.tp_experts && c->num_experts > 0)
+        return moerl_errorf("engine_set_tp: the rollout engine splits every expert over the group (expert-TP); the "
+                            "config keeps the experts whole");
+    if (c->exec.batch_invariant || e->ep)
+        return moerl_errorf("engine_set_tp: tensor parallelism does not combine with %s in the rollout engine",
+                            e->ep ? "expert parallelism (rollout.expert_parallel_size)"
+                                  : "batch-invariant kernels (rollout.batch_invariant)");
+    e->tp = tp;
     return MOERL_OK;
 }
 
@@ -623,6 +654,52 @@ static int at_length_limit(const engine *e, const gen_request *r) {
     return r->n_out >= r->sp.max_tokens || seq_len(r) >= e->ec.max_model_len;
 }
 
+/* ---- Rollout tensor parallelism (engine_set_tp; Megatron's split, vLLM's tensor_parallel_size): this rank
+ * holds a slice of every matrix (tp_config_apply's layout) and every rank of the group runs the same batch. */
+
+/* x[n] summed over the TP group (every rank gets the same sums: the runtime's all-reduce). */
+static void tp_sum(engine *e, float *x, size_t n) { model_par_hooks(e->tp)->tp_allreduce_f32(e->tp, x, n); }
+
+/* Vocab-parallel embedding: the rows of this rank's tokens [rank·Vl, rank·Vl + Vl), zero for the others,
+ * summed over the group. */
+static void tp_embed(engine *e, int T) {
+    const int H = e->H, v0 = e->m.cfg.exec.tp_rank * e->Vl;
+    for (int n = 0; n < T; n++) {
+        const int t = e->tok[n] - v0;
+        float *x = e->x + (size_t)n * H;
+        if (t >= 0 && t < e->Vl) memcpy(x, e->m.p.embed_tokens + (size_t)t * H, H * sizeof(float));
+        else memset(x, 0, H * sizeof(float));
+    }
+    tp_sum(e, e->x, (size_t)T * H);
+}
+
+/* Row-parallel o_proj: this rank's heads' partial product (into mlp_out, free until the MLP), summed over the
+ * group, then added to the residual x. */
+static void tp_o_proj(engine *e, int l, int T) {
+    const int H = e->H, In = e->nh * e->hd;
+    if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->mlp_out, NULL, e->att, e->bf.o[l], T, In, H, 0);
+    else linear_forward(e->mlp_out, e->att, e->m.p.layers[l].o_proj, T, In, H, 0);
+    const size_t TH = (size_t)T * H;
+    tp_sum(e, e->mlp_out, TH);
+    float *x = e->x;
+    const float *p = e->mlp_out;
+#pragma omp parallel for simd schedule(static) if (TH >= ENGINE_PAR_MIN_ELEMS)
+    for (size_t i = 0; i < TH; i++) x[i] += p[i];
+}
+
+/* The full logits on every rank: each rank's Vl columns lg[n_rows, Vl] (in e->logits) placed at [rank·Vl, ..) of a zeroed
+ * [n_rows, P·Vl] row and summed over the group (an all-gather through the all-reduce: x + 0 is exact), then
+ * the first V columns (the padding of the last slice dropped) → e->logits [n_rows, V]. Every rank then
+ * samples the same token from the same logits with the request's own RNG. */
+static void tp_gather_logits(engine *e, const float *lg, int n_rows) {
+    const int P = e->m.cfg.exec.tp_size, Vl = e->Vl, W = P * Vl, q = e->m.cfg.exec.tp_rank;
+    float *g = e->tp_logits;
+    memset(g, 0, (size_t)n_rows * W * sizeof(float));
+    for (int r = 0; r < n_rows; r++) memcpy(g + (size_t)r * W + (size_t)q * Vl, lg + (size_t)r * Vl, Vl * sizeof(float));
+    tp_sum(e, g, (size_t)n_rows * W);
+    for (int r = 0; r < n_rows; r++) memcpy(e->logits + (size_t)r * e->V, g + (size_t)r * W, e->V * sizeof(float));
+}
+
 /* Forward T tokens (tok, slot_of, pos) through all layers, writing K/V into the cache; then
  * the final norm + LM head for the n_rows rows in sample_row → e->logits. */
 static void forward_tokens(engine *e, int T, int n_rows) {
@@ -631,7 +708,8 @@ static void forward_tokens(engine *e, int T, int n_rows) {
     const int H = e->H, nh = e->nh, nkv = e->nkv, hd = e->hd, bs = e->bs, mb = e->max_blocks;
     const size_t kvrow = (size_t)nkv * hd, layer = (size_t)e->kb.n_blocks * bs * kvrow;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int n = 0; n < T; n++) memcpy(e->x + (size_t)n * H, m->p.embed_tokens + (size_t)e->tok[n] * H, H * sizeof(float));
+    if (e->tp) tp_embed(e, T);
+    else for (int n = 0; n < T; n++) memcpy(e->x + (size_t)n * H, m->p.embed_tokens + (size_t)e->tok[n] * H, H * sizeof(float));
     for (int l = 0; l < e->L; l++) {
         const layer_views *w = &m->p.layers[l];
         float *kc = e->k_cache + (size_t)l * layer, *vc = e->v_cache + (size_t)l * layer;
@@ -651,11 +729,13 @@ static void forward_tokens(engine *e, int T, int n_rows) {
         else attention_kvcache_paged_forward(e->att, e->q, kc, vc, e->tables, mb, e->slot_of, e->pos, T, nh, nkv, hd, bs,
                                              scale);
         trace_end("attention (KV cache)", "engine", ta);
-        if (c->exec.batch_invariant) linear_forward_bi(e->x, e->att, w->o_proj, T, nh * hd, H, 1);
+        if (e->tp) tp_o_proj(e, l, T);
+        else if (c->exec.batch_invariant) linear_forward_bi(e->x, e->att, w->o_proj, T, nh * hd, H, 1);
         else if (e->bf.buf && T <= ENGINE_BF16_MAX_ROWS) linear16(e->x, e->mlp_out, e->att, e->bf.o[l], T, nh * hd, H, 1);
         else linear_forward(e->x, e->att, w->o_proj, T, nh * hd, H, 1); /* x ← x + o_proj(att): the residual */
         rmsnorm_forward(e->ln, e->mid, e->x, w->post_attention_layernorm, T, H, c->rms_norm_eps);
         mlp_forward_par(m, l, e->ln, e->mlp_out, &e->mlp, T, e->ep); /* ep NULL: mlp_forward */
+        if (e->tp) tp_sum(e, e->mlp_out, (size_t)T * H); /* row-parallel down projections (dense and experts) */
         if (e->ec.record_routes) routes_record(e, l, T);
         const size_t TH = (size_t)T * H;
         float *x = e->x;
@@ -666,9 +746,11 @@ static void forward_tokens(engine *e, int T, int n_rows) {
     for (int r = 0; r < n_rows; r++)
         memcpy(e->hid + (size_t)r * H, e->x + (size_t)e->sample_row[r] * H, H * sizeof(float));
     rmsnorm_forward(e->hid, e->hid_rstd, e->hid, m->p.norm, n_rows, H, c->rms_norm_eps);
-    if (c->exec.batch_invariant) linear_forward_bi(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
-    else if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(e->logits, NULL, e->hid, e->bf.lm_head, n_rows, H, e->V, 0);
-    else linear_forward(e->logits, e->hid, m->p.lm_head, n_rows, H, e->V, 0);
+    float *lg = e->logits; /* rollout TP: this rank's Vl columns [n_rows, Vl] first, then the gathered rows */
+    if (c->exec.batch_invariant) linear_forward_bi(lg, e->hid, m->p.lm_head, n_rows, H, e->Vl, 0);
+    else if (e->bf.buf && n_rows <= ENGINE_BF16_MAX_ROWS) linear16(lg, NULL, e->hid, e->bf.lm_head, n_rows, H, e->Vl, 0);
+    else linear_forward(lg, e->hid, m->p.lm_head, n_rows, H, e->Vl, 0);
+    if (e->tp) tp_gather_logits(e, lg, n_rows);
 }
 
 static int is_stop(const engine *e, const gen_request *r, int tok) {

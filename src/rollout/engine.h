@@ -178,6 +178,17 @@ const moe_model *engine_model(const engine *e);
  * together: engine_step on the ranks with work, engine_idle_step (the exchanges with no rows of its
  * own: moe_idle) on the others. NULL turns it off. Errors: a runtime without those hooks. */
 int engine_set_ep(engine *e, void *ep);
+/* Tensor parallelism over rollout ranks (rollout.tensor_model_parallel_size, vLLM's tensor_parallel_size): the
+ * engine was created from tp_config_apply's slice (src/parallel/tp.h, experts split: heads, kv heads, the dense
+ * and every expert's width, the vocabulary over P), its weights are that slice (tp_slice_range), and tp is an
+ * object beginning with a model_par_head whose table has tp_allreduce_f32 over the P ranks of the replica
+ * (src/parallel/tp_rollout.h). Every step then sums the embedding, each layer's o_proj and MLP outputs over the
+ * group (one all-reduce after attention and one after the MLP per layer) and gathers the LM head's columns
+ * into the whole [V] logits, from which every rank samples the same token (the request's own RNG): every rank
+ * of the group must hold the same requests and call engine_step together. KV per rank: nkv/P heads.
+ * NULL turns it off (refused while the engine holds a slice). Errors: a runtime without the hook, a whole
+ * config, experts kept whole, rollout EP or batch-invariant kernels on the same engine. */
+int engine_set_tp(engine *e, void *tp);
 int engine_idle_step(engine *e);
 /* The configuration the engine was created with. */
 engine_config engine_get_config(const engine *e);
