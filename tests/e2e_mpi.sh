@@ -38,8 +38,9 @@
 #   test_dist_sp  Ulysses SP (SP=2 with GQA and with replicated kv heads, SP=4, SP x DP, SP x DP x EP) against
 #                 one rank, bytes vs formula
 #   test_dist_compose  pipeline × FSDP (pp 2 x fsdp 2 with and without reshard_after_forward, v 2, pp 3,
-#                 HSDP replicas, fsdp 4) and pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage; v 2)
-#                 against data parallelism on one rank: weights, moments, resume, uneven shares
+#                 HSDP replicas, fsdp 4), pipeline × EP (pp 2 x ep 2; 2 threads; two expert groups per stage; v 2)
+#                 and TP × pipeline (tp 2 x pp 2) against data parallelism on one rank: weights, moments, resume,
+#                 uneven shares
 #   test_dist_pp  pipeline parallelism (1F1B, plain and interleaved v 2): pp 2, pp 3, pp 4 and dp 2 x pp 2
 #                 (v 2: pp 2, dp 2 x pp 2, pp 4 on 8 layers) against one rank after K AdamW
 #                 steps (aux loss on), the guard (fewer micro-batches than stages), the FLOP partition;
@@ -143,6 +144,7 @@ run_mpi "test_dist_compose -np 4 (pp 2 x fsdp 2, v 2, dynamic count)" 4 "$T/test
 run_mpi "test_dist_compose -np 6 (pp 3 x fsdp 2)" 6 "$T/test_dist_compose" --pp 3 --fsdp 2
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 2 x 2 HSDP replicas, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 2 --dynamic
 run_mpi "test_dist_compose -np 8 (pp 2 x fsdp 4, reshard_after_forward=false, dynamic count)" 8 "$T/test_dist_compose" --pp 2 --fsdp 4 --keep --dynamic
+run_mpi "test_dist_compose -np 4 (tp 2 x pp 2)" 4 "$T/test_dist_compose" --tp 2 --pp 2
 run_mpi "test_dist_tp -np 2 (TP=2)" 2 "$T/test_dist_tp"
 run_mpi "test_dist_tp -np 2 (TP=2, vocab 67 padded, experts whole)" 2 "$T/test_dist_tp" --vocab 67 --etp 1
 run_mpi "test_dist_tp -np 4 (TP=2 x DP=2)" 4 "$T/test_dist_tp" --tp 2
@@ -512,7 +514,17 @@ EDGE_WHAT="moerl-mpi sft -np 3 tp 3 with 2 heads must be refused naming the key 
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "tensor_model_parallel_size=3 must divide the model.s num_attention_heads (2)" "$W/err" && [[ ! -e $W/th3/checkpoint ]]'
 mpi_sft 4 "$W/tf2" 60 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.fsdp_config.fsdp_size=2
 EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x fsdp 2 must be refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
-edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "combines only with data parallelism in this build: actor.fsdp_config.fsdp_size (2)" "$W/err" && [[ ! -e $W/tf2/checkpoint ]]'
+edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "combines only with data parallelism, the pipeline and expert parallelism in this build: actor.fsdp_config.fsdp_size (2)" "$W/err" && [[ ! -e $W/tf2/checkpoint ]]'
+# TP × pipeline (issue 27): -np 4 tp 2 x pp 2 against one process, the same 5e-5 as TP's above (TP's partial sums
+# in another fp32 order; the global aux loss makes the pipeline's own micro-batch split irrelevant); N -> M: 2
+# steps on tp 2 x pp 2 (the checkpoint whole) resumed to 4 on one process and on -np 4 tp 2 x pp 2 (measured 3.8e-6 each)
+mpi_sft 4 "$W/rtp4" 240 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
+EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x pp 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rtp4" 5e-5 && grep -q "pipeline partition (2 stages" "$W/err"'
+first_steps 4 "$W/ttp" copy "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
+resumed "checkpoint of -np 4 tp 2 x pp 2 resumed on one process" 1 "$W/ttp" "$W/ct1" 5e-5 "${SFTT[@]}"
+resumed "checkpoint of -np 4 tp 2 x pp 2 resumed on -np 4 tp 2 x pp 2" 4 "$W/ttpb" "$W/ct1" 5e-5 "${SFTT[@]}" \
+    actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
 # interleaved 1F1B (actor.virtual_pipeline_parallel_size=2, 4 layers = 4 chunks of one layer): -np 2
 # pp 2 against the plain 1F1B pp 2 on the same model (the same micro-batches through the same kernels:
 # bit-identical weights, tolerance 0) and against one process, -np 4 dp 2 x pp 2 against one process;

@@ -116,6 +116,7 @@ for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combine
     "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
     "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1:actor.fsdp_config.fsdp_size (2)" \
+    "actor.pipeline_parallel_size=2 actor.megatron.tensor_model_parallel_size=2:does not model TP × pipeline" \
     "model.num_experts=64:model.num_experts (command line)" \
     "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 data.max_response_length=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
     "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 actor.ppo_max_token_len_per_gpu=528:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \

@@ -33,7 +33,9 @@
  *     uneven shares (one pipeline with all sequences, the others with two or none): the short pipelines
  *       run empty micro-batches (FSDP's collectives only); the gradient norm against one rank's;
  *     what does not compose yet (pipeline × SP, pipeline × EP × FSDP, pipeline × FSDP with tied embeddings)
- *       refused naming the keys (4 ranks, pp 2). */
+ *       refused naming the keys (4 ranks, pp 2).
+ *   --tp T --pp P: TP × pipeline (test_tp_pp: T·P·dp ranks against one rank running the dp shards; its checks
+ *     and tolerances at the function) and its refusals. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,7 +204,8 @@ static int step(par_state *ps, moe_model *m, model_acts *a, adamw_state *os, con
     double counts[8] = {0};
     if (compute_router_counts(m, a, seqs, n, MAX_TOK, counts) != MOERL_OK) return MOERL_ERR;
     dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, c.num_experts);
-    for (int e = 0; e < c.num_experts; e++) counts[e] /= ps->grid->pp; /* every stage reports its pipeline's */
+    for (int e = 0; e < c.num_experts; e++) /* every stage reports its pipeline's, every TP member its group's */
+        counts[e] /= ps->grid->pp * par_batch_copies(ps);
     train_step_opts to = {.max_tokens = MAX_TOK, .temperature = 1.0f, .aux_coef = g_aux_coef,
                           .total_tokens = total_tokens(), .par = ps, .aux_counts = counts};
     train_step_out so;
@@ -213,8 +216,192 @@ static int step(par_state *ps, moe_model *m, model_acts *a, adamw_state *os, con
      * pipeline's, re-packed to the count the stage agrees on), while the gradient uses the global counts */
     double l = so.loss - to.aux_coef * so.aux_loss;
     dist_allreduce_sum(g_ctx, DIST_TRAINERS, &l, 1);
-    *loss = (float)l;
+    *loss = (float)(l / par_batch_copies(ps)); /* TP: every member of the last stage's group has the whole loss */
     return par_adamw_step(ps, m, os, os->cfg.lr, *loss, gn) == 1 ? MOERL_OK : MOERL_ERR;
+}
+
+/* Resume: the whole weights `whole` (a run's) and the whole moments of *ref_os (a checkpoint's: the reference's
+ * after K_STEPS steps, within the runs' tolerances) into a new par_state of layout pc (par_take_full's and
+ * par_adamw_shard's path), one more step against the reference's step K + 1, which replaces *ref / *ref_os /
+ * ref_loss / ref_gn: the loss within 1e-6 + 1e-5 relative, the weights par_state_free leaves within wabs + wrel
+ * relative (the caller's tolerance for one step more). */
+static void resume_check(const par_config *pc, const float *whole, int D, const train_seq *seqs, int n,
+                         const char *tag, float wabs, float wrel, moe_model *ref, adamw_state *ref_os,
+                         float *ref_loss, double *ref_gn) {
+    char what[200];
+    par_state ps2;
+    moe_model m2;
+    CHECK_R(compose_init(&ps2, &m2, pc, whole) == MOERL_OK, "%s resume: %s", RANK, tag, moerl_last_error());
+    adamw_state os2;
+    adamw_init(&os2, ref, opt_config()); /* layout-sized, as a checkpoint's moments are read */
+    memcpy(os2.m, ref_os->m, ref->n_params * sizeof(float));
+    memcpy(os2.v, ref_os->v, ref->n_params * sizeof(float));
+    os2.step = ref_os->step;
+    par_adamw_shard(&ps2, &m2, &os2);
+    CHECK_R(os2.n == par_held_floats(&ps2, &m2), "%s resume: moments %zu floats, held %zu", RANK, tag, os2.n,
+            par_held_floats(&ps2, &m2));
+    model_acts a2;
+    MOERL_ASSERT(model_acts_init(&a2, &m2, MAX_TOK) == MOERL_OK);
+    a2.par = &ps2;
+    float l2 = 0;
+    double g2 = 0;
+    CHECK_R(step(&ps2, &m2, &a2, &os2, seqs, n, &l2, &g2) == MOERL_OK, "%s resumed step: %s", RANK, tag,
+            moerl_last_error());
+    model_free(ref);
+    adamw_free(ref_os);
+    reference(D, K_STEPS + 1, ref_loss, ref_gn, ref, ref_os);
+    snprintf(what, sizeof what, "%s resumed step %d loss", tag, K_STEPS + 1);
+    t_close(what, &l2, &ref_loss[K_STEPS], 1, 1e-6f, 1e-5f);
+    adamw_free(&os2);
+    model_acts_free(&a2);
+    par_state_free(&ps2);
+    snprintf(what, sizeof what, "%s resumed weights after step %d (rank %d)", tag, K_STEPS + 1, RANK);
+    CHECK_R(t_close(what, m2.params, ref->params, (long)ref->n_params, wabs, wrel), "%s", RANK, what);
+    model_free(&m2);
+}
+
+/* The largest |logp − one rank's| of compute_logprobs through ps over seqs (a NaN is kept), *rc its return; the
+ * gathered units (FSDP) given back. */
+static float logprobs_off(par_state *ps, moe_model *m, model_acts *a, const train_seq *seqs, int n, int *rc) {
+    moe_model r0;
+    const moe_config c = cfg_model();
+    MOERL_ASSERT(model_init(&r0, &c) == MOERL_OK);
+    model_init_random(&r0, 4242);
+    model_acts ra;
+    MOERL_ASSERT(model_acts_init(&ra, &r0, MAX_TOK) == MOERL_OK);
+    float *lp[N_SEQ], *lr[N_SEQ], worst = 0;
+    for (int i = 0; i < n; i++) lp[i] = xcalloc(16, sizeof(float)), lr[i] = xcalloc(16, sizeof(float));
+    MOERL_ASSERT(compute_logprobs(&r0, &ra, seqs, n, MAX_TOK, 1.0f, lr) == MOERL_OK);
+    *rc = compute_logprobs(m, a, seqs, n, MAX_TOK, 1.0f, lp);
+    par_release_gathered(ps);
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 16; k++) {
+            const float d = fabsf(lp[i][k] - lr[i][k]);
+            if (isnan(d) || d > worst) worst = d;
+        }
+        free(lp[i]);
+        free(lr[i]);
+    }
+    model_acts_free(&ra);
+    model_free(&r0);
+    return worst;
+}
+
+/* TP × pipeline (parallel.c tp_pp_init): --tp T with --pp P on T·P·dp ranks, against one rank running the dp
+ * shards (fixed packing: each pipeline packs its shard as one rank does). Checks: the slice and the stage (the
+ * held floats = the stage's range of the TP slice's layout), forward-only logprobs on every stage, K steps'
+ * losses and gradient norms, the whole weights and moments gathered on a keeper of stage 0 and of the last stage,
+ * the whole model par_state_free leaves on every rank, and a resume from whole weights and moments (another
+ * layout's checkpoint) one step further. Tolerances: TP's o_proj / MLP / embedding outputs are partial sums over
+ * the TP ranks added in another fp32 order (tests/test_dist_tp.c): losses 1e-6 + 1e-5 relative, the gradient
+ * norm 1e-5 relative (a replicated tensor counted twice or a lost stage moves it by its share, ≥ 1e-3 here), the
+ * weights 5e-5 + 1e-4 relative (test_dist_tp.c's bound, ≈ lr/60: Adam passes the order's last bits on to
+ * elements whose gradient is mostly noise; a missing all-reduce or a wrong slice moves whole tensors by ~lr =
+ * 3e-3 per step). */
+static void tp_pp_gathers(par_state *ps, moe_model *m, adamw_state *os, const moe_model *ref, const adamw_state *ref_os,
+                          const char *tag) {
+    const int T = g_ctx->world_size;
+    char what[200];
+    for (int kk = 0; kk < 2; kk++) { /* rank 0 (stage 0), then the last rank (the last stage, TP rank tp − 1) */
+        const int keeper = kk ? T - 1 : 0;
+        adamw_state mom;
+        const moe_model *full = par_gather_full(ps, m, RANK == keeper, os, &mom);
+        CHECK_R((RANK == keeper) == (full != NULL), "%s gather on %d: %s", RANK, tag, keeper, moerl_last_error());
+        if (full) {
+            snprintf(what, sizeof what, "%s gathered weights on rank %d vs data parallel", tag, keeper);
+            t_close(what, full->params, ref->params, (long)ref->n_params, 5e-5f, 1e-4f);
+            /* moments: m ≈ 0.1·g, v ≈ 0.05·g²; the gradients' last bits differ (TP order): 1e-3 relative with
+             * floors 1e-7 / 1e-10 for entries whose gradient sums nearly cancel; a slice in the wrong place or
+             * a stage's moments missing are off by their whole size */
+            snprintf(what, sizeof what, "%s gathered moments m on rank %d", tag, keeper);
+            t_close(what, mom.m, ref_os->m, (long)ref->n_params, 1e-7f, 1e-3f);
+            snprintf(what, sizeof what, "%s gathered moments v on rank %d", tag, keeper);
+            t_close(what, mom.v, ref_os->v, (long)ref->n_params, 1e-10f, 1e-3f);
+            CHECK(full->n_params == ref->n_params && mom.n == ref->n_params && mom.step == K_STEPS,
+                  "%s: gathered %zu floats, moments n %zu step %lld", tag, full->n_params, mom.n, (long long)mom.step);
+        }
+        par_release_full(ps, m, full, os, &mom);
+    }
+}
+
+static void test_tp_pp(int pp, int tp) {
+    const int T = g_ctx->world_size, dp = T / (pp * tp);
+    char what[200], tag[96];
+    snprintf(tag, sizeof tag, "tp %d x pp %d (dp %d)", tp, pp, dp);
+    float ref_loss[K_STEPS + 1], loss[K_STEPS] = {0};
+    double ref_gn[K_STEPS + 1];
+    moe_model ref, m;
+    adamw_state ref_os;
+    reference(dp, K_STEPS, ref_loss, ref_gn, &ref, &ref_os);
+    par_config pc = layout(pp, 1, 0, 1);
+    pc.tensor_model_parallel_size = tp;
+    pc.expert_tensor_parallel_size = -1;
+    par_state ps;
+    CHECK_R(compose_init(&ps, &m, &pc, NULL) == MOERL_OK, "%s: par_state_init_cfg: %s", RANK, tag, moerl_last_error());
+    if (!ps.pp) return;
+    const par_grid *g = ps.grid;
+    size_t lo, hi;
+    pp_own_range(ps.pp, &lo, &hi);
+    CHECK_R(ps.tp && m.cfg.exec.tp_size == tp && g->dp == dp && g->tp == tp && par_held_floats(&ps, &m) == hi - lo &&
+                hi - lo < m.n_params && m.n_params < ref.n_params && par_whole_params(&ps, &m) == ref.n_params,
+            "%s stage %d: the slice's stage (tp_size %d, dp %d, holds %zu of the slice's %zu floats)", RANK, tag,
+            g->stage, m.cfg.exec.tp_size, g->dp, par_held_floats(&ps, &m), m.n_params);
+    train_seq seqs[N_SEQ];
+    const int n = shard(g->dp_rank, dp, seqs);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, &m, MAX_TOK) == MOERL_OK);
+    a.par = &ps;
+    int lrc;
+    const float off = logprobs_off(&ps, &m, &a, seqs, n, &lrc);
+    /* logprobs of scale ~4 through the TP partial sums in another order: 2e-5 (as test_dist_tp.c) */
+    CHECK_R(lrc == MOERL_OK && off <= 2e-5f, "%s stage %d: forward-only logprobs off by %g from one rank's (rc %d: %s)",
+            RANK, tag, g->stage, off, lrc, lrc ? moerl_last_error() : "");
+    adamw_state os;
+    par_adamw_init(&ps, &m, &os, opt_config());
+    for (int k = 0; k < K_STEPS; k++) {
+        double gn = 0;
+        const int rc = step(&ps, &m, &a, &os, seqs, n, &loss[k], &gn);
+        CHECK_R(rc == MOERL_OK && fabs(gn - ref_gn[k]) <= 1e-5 * ref_gn[k],
+                "%s step %d: rc %d (%s), gradient norm %.9g, one rank %.9g", RANK, tag, k, rc,
+                rc ? moerl_last_error() : "", gn, ref_gn[k]);
+        if (RANK == 0) printf("  %s step %d: loss %.8f (one rank %.8f), gradient norm %.9f (one rank %.9f)\n", tag, k,
+                              loss[k], ref_loss[k], gn, ref_gn[k]);
+    }
+    snprintf(what, sizeof what, "%s losses vs data parallel", tag);
+    t_close(what, loss, ref_loss, K_STEPS, 1e-6f, 1e-5f);
+    tp_pp_gathers(&ps, &m, &os, &ref, &ref_os, tag);
+    adamw_free(&os);
+    model_acts_free(&a);
+    par_state_free(&ps); /* the stages, then the slices: the whole model back in m on every rank */
+    snprintf(what, sizeof what, "%s weights after par_state_free (rank %d)", tag, RANK);
+    CHECK_R(m.n_params == ref.n_params && t_close(what, m.params, ref.params, (long)ref.n_params, 5e-5f, 1e-4f), "%s",
+            RANK, what);
+    /* resume: whole weights and whole moments (a checkpoint's, any layout's: the reference's) */
+    resume_check(&pc, m.params, dp, seqs, n, tag, 1e-4f, 1e-4f, &ref, &ref_os, ref_loss, ref_gn);
+    adamw_free(&ref_os);
+    model_free(&ref);
+    model_free(&m);
+}
+
+/* TP × pipeline's refusals (par_check_tp / par_check_tp_pp, naming the keys): with FSDP, with the interleaved
+ * schedule, and tp · pp not dividing the trainer ranks. No communication. */
+static void tp_pp_refusals(void) {
+    par_config pc = layout(2, 2, 0, 1);
+    pc.tensor_model_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 8) == MOERL_ERR && strstr(moerl_last_error(), "actor.fsdp_config.fsdp_size (2)"),
+          "tp 2 x pp 2 x fsdp 2: %s", moerl_last_error());
+    pc = layout(2, 1, 0, 2);
+    pc.tensor_model_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.virtual_pipeline_parallel_size (2)"),
+          "tp 2 x pp 2 x v 2: %s", moerl_last_error());
+    pc = layout(2, 1, 0, 1);
+    pc.tensor_model_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 6) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 6 trainer ranks"),
+          "tp 2 x pp 2 on 6 ranks: %s", moerl_last_error());
+    pc = layout(2, 1, 0, 1);
+    pc.tensor_model_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_OK && par_check_tp(&pc, 8) == MOERL_OK, "tp 2 x pp 2 refused: %s",
+          moerl_last_error());
 }
 
 /* Floats of the stage's units (its chunks' layout ranges) and the shard FSDP should hold of them. */
@@ -265,30 +452,14 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
     /* forward-only through the stages with the stage's units gathered by FSDP: one rank's values
      * (the same kernels on the same micro-batches; the sum handing them on adds exact zeros) */
     {
-        moe_model r0;
-        const moe_config c = cfg_model();
-        MOERL_ASSERT(model_init(&r0, &c) == MOERL_OK);
-        model_init_random(&r0, 4242);
-        model_acts ra;
-        MOERL_ASSERT(model_acts_init(&ra, &r0, MAX_TOK) == MOERL_OK);
-        float *lp[N_SEQ], *lr[N_SEQ];
-        for (int i = 0; i < n; i++) lp[i] = xcalloc(16, sizeof(float)), lr[i] = xcalloc(16, sizeof(float));
-        MOERL_ASSERT(compute_logprobs(&r0, &ra, seqs, n, MAX_TOK, 1.0f, lr) == MOERL_OK);
-        const int rc = compute_logprobs(&m, &a, seqs, n, MAX_TOK, 1.0f, lp);
-        par_release_gathered(&ps);
+        int rc;
+        const float off = logprobs_off(&ps, &m, &a, seqs, n, &rc);
         /* the same kernels on the micro-batches the stage agreed on (a pipeline re-packs to the most any
          * pipeline of the stage planned, so its GEMMs may run on other row counts than one rank's): 1e-5
          * absolute on logprobs of scale ~4 (bit-identical when the packing is one rank's) */
-        int same = rc == MOERL_OK;
-        for (int i = 0; i < n; i++) {
-            for (int k = 0; k < 16; k++) same &= fabsf(lp[i][k] - lr[i][k]) <= 1e-5f;
-            free(lp[i]);
-            free(lr[i]);
-        }
+        const int same = rc == MOERL_OK && off <= 1e-5f;
         CHECK_R(same, "%s stage %d: forward-only logprobs differ from one rank's (rc %d: %s)", RANK, tag,
                 ps.grid->stage, rc, rc ? moerl_last_error() : "");
-        model_acts_free(&ra);
-        model_free(&r0);
     }
     adamw_state os;
     par_adamw_init(&ps, &m, &os, opt_config());
@@ -372,38 +543,10 @@ static void test_compose(int pp, int fsdp, int keep, int vpp) {
     /* resume: the whole weights (this run's) and whole moments (a checkpoint's: the reference's, the
      * same within the tolerances above) into a new par_state, one more step against the reference's
      * step K + 1 (same tolerances) */
-    par_state ps2;
-    moe_model m2;
-    CHECK_R(compose_init(&ps2, &m2, &pc, m.params) == MOERL_OK, "%s resume: %s", RANK, tag, moerl_last_error());
-    adamw_state os2;
-    adamw_init_shard(&os2, par_whole_params(&ps2, &m2), opt_config()); /* the whole layout, as a checkpoint's */
-    memcpy(os2.m, ref_os.m, ref.n_params * sizeof(float));
-    memcpy(os2.v, ref_os.v, ref.n_params * sizeof(float));
-    os2.step = ref_os.step;
-    par_adamw_shard(&ps2, &m2, &os2);
-    CHECK_R(os2.n == par_held_floats(&ps2, &m2), "%s resume: moments %zu floats, shard %zu", RANK, tag, os2.n,
-            par_held_floats(&ps2, &m2));
-    model_acts a2;
-    MOERL_ASSERT(model_acts_init(&a2, &m2, MAX_TOK) == MOERL_OK);
-    a2.par = &ps2;
-    float l2 = 0;
-    double g2 = 0;
-    CHECK_R(step(&ps2, &m2, &a2, &os2, seqs, n, &l2, &g2) == MOERL_OK, "%s resumed step: %s", RANK, tag,
-            moerl_last_error());
-    model_free(&ref);
-    adamw_free(&ref_os);
-    reference(D, K_STEPS + 1, ref_loss, ref_gn, &ref, &ref_os);
-    snprintf(what, sizeof what, "%s resumed step %d loss", tag, K_STEPS + 1);
-    t_close(what, &l2, &ref_loss[K_STEPS], 1, 1e-6f, 1e-5f);
-    adamw_free(&os2);
-    model_acts_free(&a2);
-    par_state_free(&ps2);
-    snprintf(what, sizeof what, "%s resumed weights after step %d (rank %d)", tag, K_STEPS + 1, RANK);
-    CHECK_R(t_close(what, m2.params, ref.params, (long)ref.n_params, 2 * g_wtol, 0.0f), "%s", RANK, what);
+    resume_check(&pc, m.params, D, seqs, n, tag, 2 * g_wtol, 0.0f, &ref, &ref_os, ref_loss, ref_gn);
     if (RANK == 0)
         for (int k = 0; k < K_STEPS; k++)
             printf("  %s step %d loss %.8f  data parallel %.8f\n", tag, k, loss[k], ref_loss[k]);
-    model_free(&m2);
     adamw_free(&ref_os);
     model_free(&ref);
     model_free(&m);
@@ -521,16 +664,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_dist_compose: %s\n", moerl_last_error());
         return 1;
     }
-    int pp = 2, fsdp = 2, keep = 0, vpp = 1;
+    int pp = 2, fsdp = 2, keep = 0, vpp = 1, tp = 1, fsdp_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--pp") && i + 1 < argc) pp = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--fsdp") && i + 1 < argc) fsdp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fsdp") && i + 1 < argc) fsdp = atoi(argv[++i]), fsdp_given = 1;
         else if (!strcmp(argv[i], "--vpp") && i + 1 < argc) vpp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ep") && i + 1 < argc) g_ep = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tp") && i + 1 < argc) tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--keep")) keep = 1;
         else if (!strcmp(argv[i], "--dynamic")) g_dynamic = 1;
         else {
-            fprintf(stderr, "test_dist_compose: unknown argument '%s' (--pp P --fsdp F [--ep E] [--vpp V] [--keep] [--dynamic])\n", argv[i]);
+            fprintf(stderr, "test_dist_compose: unknown argument '%s' (--pp P --fsdp F [--ep E] [--vpp V] [--keep] [--dynamic] | --tp T --pp P)\n", argv[i]);
             return 2;
         }
     }
@@ -544,6 +688,15 @@ int main(int argc, char **argv) {
     for (int s = 0; s < N_SEQ; s++) resp += seq_len[s] - prompt_len[s];
     g_inv_resp = 1.0 / resp;
     if (RANK == 0) printf("test_dist_compose: backend %s, %d ranks\n", dist_backend_name(), g_ctx->world_size);
+    if (tp > 1 && (fsdp_given || keep || vpp > 1 || g_dynamic || g_ep > 1)) {
+        fprintf(stderr, "test_dist_compose: --tp runs TP x pipeline alone: no --fsdp, --ep, --keep, --vpp or --dynamic\n");
+        return 2;
+    }
+    if (tp > 1) { /* TP × pipeline (--tp T --pp P) */
+        tp_pp_refusals();
+        if (g_ctx->world_size >= 4 && g_ctx->world_size % (pp * tp) == 0) test_tp_pp(pp, tp);
+        return dist_test_finish(g_ctx);
+    }
     if (g_ctx->world_size >= 4 && g_ctx->world_size % pp == 0) {
         test_compose(pp, fsdp, keep, vpp);
         test_uneven(pp, fsdp, 0);

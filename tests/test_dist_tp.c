@@ -10,7 +10,8 @@
  * of the initial slice match the whole model's, and the gradient of Σ a·logp + b·entropy (the entropy term's
  * backward included) matches the whole model's gradient sliced (tp_slice_vec); a checkpoint of the gathered
  * model loads into the slices (tp_load_weights) bit for bit as the slice of the whole; refusals (sizes that do
- * not divide, TP with FSDP / pipeline / EP / Ulysses, sequence_parallel, recompute, a slice without hooks).
+ * not divide, TP with FSDP / EP / Ulysses / the interleaved pipeline, sequence_parallel, recompute, a slice without
+ * hooks).
  * --etp 1: experts whole on every TP rank (actor.megatron.expert_tensor_parallel_size=1); --vocab 67: a
  * vocabulary that is not a multiple of the TP size (the last slice padded, the padding outside the softmax).
  * --ep 2 (with --etp 1): TP × EP × DP (src/parallel/tp_ep.h): the experts split over EP groups of ranks with the
@@ -63,10 +64,12 @@ static void check_refusals(void) {
     pc.expert_parallel_size = 2;
     CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.expert_parallel_size (2)"),
           "TP with EP: %s", moerl_last_error());
-    pc = tp_pc(2, -1);
+    pc = tp_pc(2, -1); /* TP × pipeline composes (tests/test_dist_compose.c --tp), its interleaved schedule not */
     pc.pipeline_parallel_size = 2;
-    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.pipeline_parallel_size (2)"),
-          "TP with the pipeline: %s", moerl_last_error());
+    pc.virtual_pipeline_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "actor.pipeline_parallel_size=2") &&
+              strstr(moerl_last_error(), "actor.virtual_pipeline_parallel_size (2)"),
+          "TP with the interleaved pipeline: %s", moerl_last_error());
     pc = tp_pc(2, -1);
     pc.ulysses_sequence_parallel_size = 2;
     CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "ulysses_sequence_parallel_size (2)"),

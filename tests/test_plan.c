@@ -618,6 +618,9 @@ static void test_tp_hand(void) {
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2)"));
     in.tp_experts = 0;
     in.ep = 1;
+    in.pp = 2; /* TP × pipeline runs (moerl sft / rl) but plan does not model it: refused, not planned as TP × DP */
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not model TP × pipeline"));
+    in.pp = 1;
     in.tp = 3;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 4 trainer ranks"));
     in.tp = 4;

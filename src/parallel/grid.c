@@ -59,24 +59,48 @@ static void par_grid_tp_ep(par_grid *g, int *ep_color) {
 }
 
 int par_check_tp(const par_config *pc, int T) {
-    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size;
+    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size > 0 ? pc->pipeline_parallel_size : 1;
     if (tp <= 1) return MOERL_OK;
-    const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
-    if (fsdp > 1 || pp > 1 || pc->ulysses_sequence_parallel_size > 1)
-        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism in this "
-                            "build: actor.fsdp_config.fsdp_size (%d), actor.pipeline_parallel_size (%d) and "
+    const int fsdp = pc->fsdp_size == -1 ? T / pp : pc->fsdp_size;
+    if (fsdp > 1 || pc->ulysses_sequence_parallel_size > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d combines only with data parallelism, the "
+                            "pipeline and expert parallelism in this build: actor.fsdp_config.fsdp_size (%d) and "
                             "actor.ulysses_sequence_parallel_size (%d) must be 1 with it (expert parallelism, "
                             "actor.expert_parallel_size %d, combines with it when "
-                            "actor.megatron.expert_tensor_parallel_size=1)", tp, fsdp, pp,
+                            "actor.megatron.expert_tensor_parallel_size=1, without the pipeline)", tp, fsdp,
                             pc->ulysses_sequence_parallel_size, pc->expert_parallel_size);
     if (pc->sequence_parallel && pc->expert_parallel_size > 1) /* tp_sp.h and tp_ep.h each own the MoE's token rows */
         return moerl_errorf("actor.megatron.sequence_parallel=true with actor.expert_parallel_size=%d: Megatron sequence "
                             "parallelism combines with TP × DP only in this build (set sequence_parallel=false for "
                             "TP × EP)", pc->expert_parallel_size);
+    if (pc->sequence_parallel && pp > 1)
+        return moerl_errorf("actor.megatron.sequence_parallel=true with actor.pipeline_parallel_size=%d: Megatron "
+                            "sequence parallelism combines with TP × DP only in this build (set sequence_parallel=false "
+                            "for TP × pipeline)", pp);
+    if (pp > 1 && par_check_tp_pp(pc, T) != MOERL_OK) return MOERL_ERR;
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
                             moerl_plural(T));
     return par_check_tp_ep(pc, T);
+}
+
+int par_check_tp_pp(const par_config *pc, int T) {
+    const int tp = pc->tensor_model_parallel_size, pp = pc->pipeline_parallel_size;
+    const int vpp = pc->virtual_pipeline_parallel_size > 0 ? pc->virtual_pipeline_parallel_size : 1;
+    if (tp <= 1 || pp <= 1) return MOERL_OK;
+    if (pc->expert_parallel_size > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d: "
+                            "actor.expert_parallel_size (%d) must be 1 with it (TP × pipeline × EP is not part of this "
+                            "build)", tp, pp, pc->expert_parallel_size);
+    if (vpp > 1)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d runs the "
+                            "plain 1F1B schedule only in this build: actor.virtual_pipeline_parallel_size (%d) must be 1",
+                            tp, pp, vpp);
+    if (T % pp || (T / pp) % tp)
+        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d × actor.pipeline_parallel_size=%d does not "
+                            "divide the %d trainer rank%s (each stage holds whole TP groups: %d ranks per stage)",
+                            tp, pp, T, moerl_plural(T), T % pp ? 0 : T / pp);
+    return MOERL_OK;
 }
 
 void par_def_keys(cfg *c) {

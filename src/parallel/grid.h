@@ -71,7 +71,8 @@ typedef struct {
     dist_comm *replica_comm;  /* ranks of this stage with the same fsdp_rank (HSDP replicas) */
     dist_comm *ep_comm;       /* this rank's expert-parallel group */
     dist_comm *ep_dp_comm;    /* ranks of this stage with the same ep_rank (gradient sum of experts) */
-    /* Tensor parallelism (TP × DP and TP × EP × DP; tp.h): the tp consecutive ranks of d / tp form a TP group
+    /* Tensor parallelism (TP × DP, TP × EP × DP and TP × pipeline × DP; tp.h): the tp consecutive ranks of d / tp
+     * form a TP group
      * (tp_comm), dp = D / tp, dp_rank = d / tp; dp_comm then joins the ranks with the same tp_rank (the
      * gradient sum of one slice). */
     int tp, tp_rank;
@@ -102,13 +103,18 @@ int par_check_pp_alone(const par_config *pc, int T);
  * their values. */
 int par_check_pp_compose(const par_config *pc);
 /* Tensor parallelism's sizes against T trainer ranks: actor.megatron.tensor_model_parallel_size divides T and,
- * when > 1, every other model-parallel size but EP is 1 (TP × DP, TP × EP × DP: par_check_tp_ep). The model's sizes (heads,
- * widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
+ * when > 1, FSDP and Ulysses are 1 (TP × DP, TP × EP × DP: par_check_tp_ep, TP × pipeline × DP: par_check_tp_pp).
+ * The model's sizes (heads, widths, vocabulary) are checked by tp_state_attach. Part of par_check. */
 int par_check_tp(const par_config *pc, int T);
 /* TP × EP's rule (part of par_check_tp): with tensor_model_parallel_size > 1 and expert_parallel_size > 1,
  * actor.megatron.expert_tensor_parallel_size must be 1 (experts whole, split over EP) and the EP size must
  * divide the T / pp / tp data-parallel ranks. Errors name the keys and their values. */
 int par_check_tp_ep(const par_config *pc, int T);
+/* TP × pipeline (Megatron's layout: TP innermost, then DP, then the stages; par_grid_init): each stage's D = T / pp
+ * ranks hold D / tp whole TP groups, and a TP rank's pipeline (pp_comm) joins the ranks with its tp_rank and dp
+ * position in every stage. Checked: tp · pp divides T, EP 1, and the plain 1F1B only
+ * (actor.virtual_pipeline_parallel_size 1). Part of par_check_tp. Errors name the keys with their values. */
+int par_check_tp_pp(const par_config *pc, int T);
 /* Build the grid on trainer rank t of T (collective over the trainers: every group is made by
  * dist_comm_split in one fixed order). On error nothing is left allocated. */
 int par_grid_init(par_grid *g, dist_ctx *ctx, const par_config *pc, int E, int nh, int nkv, int L);

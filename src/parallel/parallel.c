@@ -105,6 +105,36 @@ static int pp_fsdp_init(par_state *ps, moe_model *m) {
     return MOERL_OK;
 }
 
+/* TP × pipeline: this stage's share of the squared gradient norm (pp_set_norm_squares): tp_norm_squares over
+ * the stage's chunks' ranges of the slice's layout. */
+static double tp_pp_norm_squares(void *ctx) {
+    par_state *ps = ctx;
+    size_t lo[PP_MAX_CHUNKS], hi[PP_MAX_CHUNKS];
+    const int v = pp_chunks(ps->pp);
+    for (int c = 0; c < v; c++) pp_own_chunk_range(ps->pp, c, &lo[c], &hi[c]);
+    return tp_norm_squares(ps->tp, lo, hi, v);
+}
+
+/* TP × pipeline (Megatron's layout: TP innermost, then DP, then the stages; grid.h): the model is sliced first
+ * (tp_state_attach: this rank's TP slice, the local config), then the pipeline cuts the slice and keeps this
+ * stage's range of it (pp_own_stage). Every member of a stage's TP group cuts the same local config alike, and
+ * its pipeline (pp_comm) joins its counterparts with the same tp_rank, so each sends and receives the whole
+ * hidden [N,H] its group computes. The TP collectives run inside the stage (the model hooks), the gradient sums
+ * over grid.dp_comm (the pipeline's) and the TP group (tp_pp_finish_grads), the norm through
+ * tp_pp_norm_squares. */
+static int tp_pp_init(par_state *ps, moe_model *m) {
+    const par_grid *g = ps->grid;
+    if (par_check_tp_pp(&ps->cfg, g->T) != MOERL_OK) return MOERL_ERR;
+    if (!(ps->tp = tp_state_attach(g, m))) return MOERL_ERR;
+    pp_options po = pp_options_default();
+    po.quiet = ps->grid_borrowed;
+    if (!(ps->pp = pp_state_new(g, m, &po))) return MOERL_ERR;
+    if (pp_own_stage(ps->pp, m) != MOERL_OK) return MOERL_ERR;
+    pp_set_norm_squares(ps->pp, tp_pp_norm_squares, ps);
+    pp_set_forward_par(ps->pp, &ps->head); /* the forward-only passes' TP all-reduces */
+    return MOERL_OK;
+}
+
 /* Pipeline × EP: the expert side keeps a saved state per activation slot of the pipeline, and an empty
  * micro-batch's layers run the idle exchanges (under recompute each backward layer first repeats its
  * forward's, as model_backward does). */
@@ -175,6 +205,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     const int ep_tokens = g->tp > 1 ? (max_tokens + g->tp - 1) / g->tp : max_tokens;
     if (g->ep > 1 && !ps->ep && !(ps->ep = ep_state_attach(g, m, ep_tokens))) goto fail;
     if (g->sp > 1 && !(ps->sp = sp_state_new(g, &m->cfg, max_tokens))) goto fail;
+    /* ---- TP × pipeline: the slice cut into stages (tp_pp_init) ---- */
+    if (g->pp > 1 && g->tp > 1 && !ps->pp && tp_pp_init(ps, m) != MOERL_OK) goto fail;
     /* ---- pipeline parallel (src/parallel/pipeline.c) ---- */
     if (g->pp > 1 && !ps->pp) {
         pp_options po = pp_options_default();
@@ -184,8 +216,8 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
         /* Megatron's layout: a stage holds only its layers' parameters, gradients and moments */
         if (pp_own_stage(ps->pp, m) != MOERL_OK) goto fail;
     }
-    /* ---- tensor parallel (src/parallel/tp.c; TP × DP, TP × EP with experts whole: par_check_tp) ---- */
-    if (g->tp > 1 && !(ps->tp = tp_state_attach(g, m))) goto fail;
+    /* ---- tensor parallel (src/parallel/tp.c; TP × DP, TP × EP with experts whole; TP × pipeline above) ---- */
+    if (g->tp > 1 && !ps->tp && !(ps->tp = tp_state_attach(g, m))) goto fail;
     if (ps->tp && ps->ep && tp_ep_attach(ps, m) != MOERL_OK) goto fail; /* TP × EP (tp_ep.h) */
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
@@ -310,6 +342,10 @@ void par_state_free(par_state *ps) {
             moerl_fatal("par_state_free: assembling the pipeline's stages: %s", moerl_last_error());
     }
     /* the other strategies' destructors go here, in reverse order of construction */
+    if (ps->tp && ps->pp) { /* TP × pipeline: the stages' ranges of the slice back first, then the slices */
+        pp_state_free(ps->pp);
+        ps->pp = NULL;
+    }
     tp_ep_free(ps->tpep);
     ps->tpep = NULL;
     if (ps->tp && tp_state_detach(ps->tp) != MOERL_OK) /* the whole model back in m */
@@ -466,6 +502,11 @@ void par_slice_vec(par_state *ps, const moe_model *m, const float *whole, float 
         ep_slice_vec(ps->ep, m, whole, slice);
         fsdp_slice_vec(ps->fsdp, slice, local);
         free(slice);
+    } else if (ps && ps->tp && ps->pp && pp_is_owned(ps->pp)) { /* TP × pipeline: the TP slice, then the stage's */
+        float *slice = xalloc_aligned((m->n_params + 1) * sizeof(float));
+        tp_slice_vec(ps->tp, whole, slice);
+        pp_slice_vec(ps->pp, slice, local);
+        free(slice);
     } else if (ps && ps->ep && ps->tp) { /* TP × EP: the expert slice, then its TP slice */
         const moe_model *lay = tp_whole_layout(ps->tp);
         float *slice = xalloc_aligned((lay->n_params + 1) * sizeof(float));
@@ -484,7 +525,8 @@ int par_grads_self_reduced(const par_state *ps) {
 }
 
 void par_adamw_shard(par_state *ps, const moe_model *m, adamw_state *os) {
-    if (ps && ps->pp && pp_is_owned(ps->pp) && !ps->ep) { /* the stage's range (pipeline × EP: below) */
+    if (ps && ps->pp && pp_is_owned(ps->pp) && !ps->ep && !ps->tp) { /* the stage's range (pipeline × EP, TP ×
+                                                                      * pipeline: below) */
         MOERL_ASSERT(os->n == m->n_params);
         adamw_state sh;
         pp_adamw_init(ps->pp, &sh, os->cfg);
@@ -517,14 +559,29 @@ int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float
     return adamw_step(os, m, lr, loss, grad_norm);
 }
 
+static int tp_pp_finish_grads(par_state *ps);
+
 int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (par_pad_passes(ps, passes, max_passes, 1) != MOERL_OK) return MOERL_ERR;
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
+    if (ps && ps->tp && ps->pp) return tp_pp_finish_grads(ps);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
     if (ps && ps->tp) return tp_reduce_grads(ps->tp); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
     if (ps && ps->tp && tp_reduce_grads(ps->tp) != MOERL_OK) return MOERL_ERR;
     if (ps && ps->tp && ps->grid->cfg.sequence_parallel) return tp_sp_reduce_norm_grads(ps->grid->tp_comm, tp_state_model(ps->tp));
+    return MOERL_OK;
+}
+
+/* TP × pipeline: the stage's range summed over its data-parallel ranks holding the same slice (the pipeline's
+ * sum over grid.dp_comm, the tied embedding's parts), then the TP group's partial sums of the stage's layers. */
+static int tp_pp_finish_grads(par_state *ps) {
+    if (pp_finish_grads(ps->pp) != MOERL_OK) return MOERL_ERR;
+    for (int c = 0; c < pp_chunks(ps->pp); c++) {
+        int lo, hi;
+        pp_chunk_layers(ps->pp, c, &lo, &hi);
+        if (tp_reduce_layer_grads(ps->tp, lo, hi) != MOERL_OK) return MOERL_ERR;
+    }
     return MOERL_OK;
 }
 
@@ -551,6 +608,30 @@ static const moe_model *pp_gather(par_state *ps, moe_model *m, int keep, const a
     if (g->d != keep_d) return NULL; /* another pipeline keeps it */
     if (pp_gather_full(ps->pp, keep_stage, os, moments) != MOERL_OK) return NULL;
     return keep ? m : NULL;
+}
+
+/* TP × pipeline: agree on the keeper; the pipelines of the keeper's TP group (d in its block of tp) assemble their
+ * slices on the keeper's stage (pp_gather_full, with the moments in the slice's layout), whose TP group then
+ * assembles the whole model and moments on the keeper (tp_gather_full: a new inference model, freed by
+ * par_release_full); the stage pages are given back at once (pp_release_full). */
+static const moe_model *tp_pp_gather(par_state *ps, moe_model *m, int keep, const adamw_state *os,
+                                     adamw_state *moments) {
+    (void)m;
+    int keeper = 0;
+    const int agreed = agree_keeper(ps, keep, moments, &keeper);
+    const par_grid *g = ps->grid;
+    const int keep_d = keeper % g->D, keep_stage = keeper / g->D;
+    if (agreed != 1 || g->d / g->tp != keep_d / g->tp) return NULL; /* another TP group assembles it */
+    adamw_state lm = {0}; /* the moments in the slice's layout, on the keeper's stage */
+    int rc = pp_gather_full(ps->pp, keep_stage, os, moments ? &lm : NULL);
+    moe_model *whole = keep ? xcalloc(1, sizeof *whole) : NULL;
+    if (rc == MOERL_OK && g->stage == keep_stage) rc = tp_gather_full(ps->tp, &lm, keep, whole, moments);
+    pp_release_full(ps->pp, g->stage == keep_stage, moments ? &lm : NULL);
+    if (rc != MOERL_OK || !keep) {
+        free(whole);
+        return NULL;
+    }
+    return whole;
 }
 
 /* EP × FSDP: in the keeper's block, each FSDP group gathers its expert slice (weights and moments)
@@ -705,6 +786,7 @@ const moe_model *par_gather_full(par_state *ps, moe_model *m, int keep, const ad
     }
     if (ps && ps->pp && pp_is_owned(ps->pp)) {
         if (!ps->ctx) return moerl_errorf("par_gather_full: a pipeline needs the trainer runtime (par_state.ctx)"), NULL;
+        if (ps->tp) return tp_pp_gather(ps, m, keep, os, moments);
         return pp_gather(ps, m, keep, os, moments);
     }
     if (ps && ps->ep && ps->fsdp) return ep_fsdp_gather_full(ps, m, keep, os, moments);
@@ -768,7 +850,7 @@ void par_release_full(par_state *ps, moe_model *m, const moe_model *full, const 
         if (moments) memset(moments, 0, sizeof *moments);
         return;
     }
-    if (ps && ps->pp && pp_is_owned(ps->pp)) {
+    if (ps && ps->pp && !ps->tp && pp_is_owned(ps->pp)) { /* TP × pipeline: an assembled copy, freed below */
         pp_release_full(ps->pp, full != NULL, moments);
         return;
     }

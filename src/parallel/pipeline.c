@@ -300,6 +300,9 @@ struct pp_state {
     void *fwd_par;          /* model_acts.par of the forward-only passes (the FSDP gathers); NULL: none */
     dist_comm *uniform;     /* the ranks whose schedules must match pass for pass (grid.stage_comm); NULL: none */
     int ext_grads;          /* 1: pp_zero_grad leaves the gradients to FSDP */
+    /* TP × pipeline (pp_set_norm_squares): this stage's share of the squared gradient norm; NULL: its ranges' */
+    double (*sq_fn)(void *ctx);
+    void *sq_ctx;
     /* pipeline × EP (pp_set_experts) */
     int experts;            /* 1: expert tensors summed over ex_dp, their squares over ex_group */
     dist_comm *ex_dp, *ex_group;
@@ -374,7 +377,7 @@ pp_state *pp_state_new(const par_grid *g, const moe_model *m, const pp_options *
     pp_state *s = xcalloc(1, sizeof *s);
     s->opt = opt ? *opt : pp_options_default();
     s->comm = g->pp_comm;
-    s->stage_comm = g->stage_comm;
+    s->stage_comm = g->tp > 1 ? g->dp_comm : g->stage_comm; /* TP × pipeline: the ranks holding this TP slice */
     s->pp = g->pp;
     s->stage = g->stage;
     s->v = s->opt.virtual_stages > 0 ? s->opt.virtual_stages
@@ -918,7 +921,7 @@ static void idle_events(const pp_state *s, void *par, int vs, int backward) {
 /* This stage's checks before a schedule: the token limit, every token in the vocabulary. 1 when all
  * hold (0 with a message). */
 static int check_inputs(const moe_model *m, const train_seq *seqs, int n, int max_tokens) {
-    const int V = m->cfg.vocab_size;
+    const int V = moe_config_vocab(&m->cfg); /* a TP slice's tokens are whole-vocabulary ids */
     if (max_tokens <= 0) return moerl_errorf("pipeline: micro-batch token limit %d, expected > 0", max_tokens), 0;
     for (int i = 0; i < n; i++)
         for (int t = 0; t < seqs[i].len; t++)
@@ -1619,13 +1622,13 @@ void pp_slice_vec(const pp_state *s, const float *full, float *own) {
 int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *grad_norm) {
     if (need_owned(s, "pp_adamw_step") != MOERL_OK) moerl_fatal("%s", moerl_last_error());
     moe_model *m = s->own_m;
-    double ss = 0, kind[2] = {0, 0};
+    double ss = s->sq_fn ? s->sq_fn(s->sq_ctx) : 0, kind[2] = {0, 0}; /* sq_fn: TP × pipeline's share */
     for (int c = 0; c < s->v && s->experts; c++) expert_runs(s, c, square_run, kind);
     /* pipeline × EP: the expert group's other experts' squares (the replicated tensors' are the same on every member) */
     if (s->experts && dist_comm_size(s->ex_group) > 1 && dist_comm_allreduce_f64(s->ex_group, &kind[1], 1) != MOERL_OK)
         moerl_fatal("pipeline stage %d: expert gradient norm: %s", s->stage, moerl_last_error());
-    ss = kind[0] + kind[1];
-    for (int c = 0; c < s->v && !s->experts; c++) {
+    if (s->experts) ss = kind[0] + kind[1];
+    for (int c = 0; c < s->v && !s->experts && !s->sq_fn; c++) {
         const float *g = m->grads + piece_lo(s, c);
         const long n = (long)piece_n(s, c);
         double sc = 0;
@@ -1710,4 +1713,11 @@ void pp_release_full(pp_state *s, int kept, adamw_state *moments) {
         memset(moments, 0, sizeof *moments);
     }
     if (kept && s->own_m) drop_foreign(s);
+}
+
+void pp_set_forward_par(pp_state *s, void *par) { s->fwd_par = par; }
+
+void pp_set_norm_squares(pp_state *s, double (*fn)(void *ctx), void *ctx) {
+    s->sq_fn = fn;
+    s->sq_ctx = ctx;
 }

@@ -337,7 +337,7 @@ size_t pp_held_floats(const pp_state *s);
 /* Zero this stage's gradients (all of m->grads for a replicated state). Not collective. */
 void pp_zero_grad(pp_state *s, moe_model *m);
 /* After pp_train_accumulate: sum the stage's gradients over grid.stage_comm (its data-parallel
- * ranks; one all-reduce per chunk's range, chunks v − 1 … 0 — with pp_options.overlap_grads they
+ * ranks; under TP × pipeline grid.dp_comm, the stage's ranks holding the same TP slice; one all-reduce per chunk's range, chunks v − 1 … 0 — with pp_options.overlap_grads they
  * were started on a thread during the schedule as each chunk's last backward finished, and this
  * waits for them: the same calls, bit-identical sums), then (tied embeddings) add the last stage's
  * part of the embedding gradient to stage 0's. Collective over stage_comm and pp_comm. Errors: a
@@ -353,6 +353,14 @@ void pp_slice_vec(const pp_state *s, const float *full, float *own);
  * squares, summed over pp_comm: each parameter once); the tied embedding's copy on the last stage is
  * refreshed from stage 0. Returns as adamw_step. Collective over pp_comm. */
 int pp_adamw_step(pp_state *s, adamw_state *os, float lr, float loss, double *grad_norm);
+/* TP × pipeline (parallel.c): fn(ctx) returns this stage's share of the squared global gradient norm — the same
+ * on every member of its TP group: the split tensors' squares summed over the group, each replicated one counted
+ * once — and pp_adamw_step sums those shares over pp_comm instead of its own ranges' squares. Collective as fn
+ * is (every member of the TP group calls pp_adamw_step together). fn NULL: the ranges' squares (default). */
+void pp_set_norm_squares(pp_state *s, double (*fn)(void *ctx), void *ctx);
+/* model_acts.par of the forward-only passes (pp_compute_logprobs / _router_counts): TP × pipeline gives its
+ * par_state (the TP all-reduces), pipeline × FSDP sets it through pp_set_sharded; NULL (default): none. */
+void pp_set_forward_par(pp_state *s, void *par);
 /* m->params was overwritten with the whole model (a checkpoint load): keep this stage's range and
  * give the other pages back. Not collective. No-op when replicated. */
 void pp_take_full(pp_state *s);

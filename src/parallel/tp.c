@@ -179,13 +179,13 @@ void tp_allreduce_f32(tp_state *ts, float *x, size_t n) {
 
 /* Replicated key/value heads (nkv < P): each holder's k/v gradient covers its own query heads; the sum over
  * the P / nkv ranks holding the same head (an all-gather over the group, then each adds its head's copies). */
-static int tp_sum_kv_grads(tp_state *ts) {
+static int tp_sum_kv_grads(tp_state *ts, int lo, int hi) {
     moe_model *m = ts->model;
     const int nkv = ts->whole.cfg.num_key_value_heads, rep = ts->P / nkv;
     const size_t n = (size_t)m->cfg.head_dim * m->cfg.hidden_size; /* one head of k_proj (and of v_proj) */
     float *mine = xmalloc(2 * n * sizeof(float)), *all = xmalloc((size_t)ts->P * 2 * n * sizeof(float));
     int rc = MOERL_OK;
-    for (int l = 0; l < m->cfg.num_hidden_layers && rc == MOERL_OK; l++) {
+    for (int l = lo; l < hi && rc == MOERL_OK; l++) {
         layer_views *g = &m->g.layers[l];
         memcpy(mine, g->k_proj, n * sizeof(float));
         memcpy(mine + n, g->v_proj, n * sizeof(float));
@@ -241,8 +241,13 @@ int tp_reduce_grads(tp_state *ts) {
     } else if (ts->dp && dist_comm_size(ts->dp) > 1 &&
                dist_comm_allreduce_f32(ts->dp, m->grads, m->n_params) != MOERL_OK)
         return moerl_error_prefix("tensor-parallel data-parallel gradient sum: ");
-    if (ts->kv_rep && tp_sum_kv_grads(ts) != MOERL_OK) return MOERL_ERR;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) { /* each rank's heads' share of the q/k norms */
+    return tp_reduce_layer_grads(ts, 0, m->cfg.num_hidden_layers);
+}
+
+int tp_reduce_layer_grads(tp_state *ts, int lo, int hi) {
+    moe_model *m = ts->model;
+    if (ts->kv_rep && tp_sum_kv_grads(ts, lo, hi) != MOERL_OK) return MOERL_ERR;
+    for (int l = lo; l < hi; l++) { /* each rank's heads' share of the q/k norms */
         const int hd = m->cfg.head_dim;
         float buf[2 * 1024];
         if (hd > 1024) return moerl_errorf("tp_reduce_grads: head_dim %d above 1024", hd);
@@ -254,6 +259,25 @@ int tp_reduce_grads(tp_state *ts) {
         memcpy(m->g.layers[l].k_norm, buf + hd, hd * sizeof(float));
     }
     return MOERL_OK;
+}
+
+double tp_norm_squares(tp_state *ts, const size_t *lo, const size_t *hi, int nr) {
+    const moe_model *m = ts->model;
+    double ss[3] = {0, 0, 0}; /* replicated (counted once), split, replicated kv heads: as tp_adamw_step */
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tensor_info *t = &m->tensors[i];
+        int in = 0;
+        for (int r = 0; r < nr && !in; r++) in = t->offset >= lo[r] && t->offset < hi[r];
+        if (!in) continue;
+        const float *g = m->grads + t->offset;
+        double v = 0;
+        for (int64_t j = 0; j < t->numel; j++) v += (double)g[j] * (double)g[j];
+        const int k = tp_kind(t, experts_split(ts));
+        ss[k == TP_KV ? 2 : k != TP_REPL] += v;
+    }
+    if (dist_comm_allreduce_f64(ts->comm, &ss[1], 2) != MOERL_OK)
+        moerl_fatal("tensor-parallel norm: %s", moerl_last_error());
+    return ss[0] + ss[1] + ss[2] * ts->whole.cfg.num_key_value_heads / ts->P;
 }
 
 int tp_adamw_step(tp_state *ts, adamw_state *s, float lr, float loss, double *grad_norm) {

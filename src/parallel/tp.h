@@ -23,8 +23,13 @@
  * any TP size (tp_slice_vec of the whole model).
  * TP × EP × DP (actor.expert_parallel_size > 1 with expert_tensor_parallel_size=1; src/parallel/tp_ep.h): the
  * model is first cut to this rank's experts (ep_state_attach), then TP slices that; the MoE layers run through
- * tp_ep.h's token split. This build: FSDP, pipeline, Ulysses refused with TP by par_check_tp; no activation
- * recompute.
+ * tp_ep.h's token split.
+ * TP × pipeline (parallel.c): the model is sliced first, then the pipeline makes the slice stage-owned; pp_comm
+ * joins each TP rank to its counterparts (same tp_rank) in the other stages, so the hidden [N,H] each member of a
+ * TP group holds whole travels between counterparts; the gradient sums are the pipeline's over grid.dp_comm plus
+ * tp_reduce_layer_grads over the stage's layers; the norm is tp_norm_squares over the stage's ranges, summed
+ * over the stages. This build: FSDP and Ulysses refused with TP, TP × pipeline × EP too (par_check_tp); no
+ * activation recompute.
  * Megatron sequence parallelism (actor.megatron.sequence_parallel, TP × DP only): tp_sp.h. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
@@ -51,6 +56,15 @@ void tp_allreduce_f32(tp_state *ts, float *x, size_t n);
 /* The gradient sums of a step: every tensor over dp_comm (the ranks holding the same slice), the partial
  * replicated ones (q_norm, k_norm) over tp_comm. Collective over the stage. */
 int tp_reduce_grads(tp_state *ts);
+/* The q/k-norm gradient sums over tp_comm and (replicated key/value heads) the k/v sums over their holders, for
+ * decoder layers [lo, hi) only (TP × pipeline: the stage's layers; tp_reduce_grads runs it over all of them after
+ * its data-parallel sum). Collective over tp_comm. */
+int tp_reduce_layer_grads(tp_state *ts, int lo, int hi);
+/* The squared gradient norm of the tensors whose layout offset lies in one of the nr ranges [lo[r], hi[r]) of the
+ * slice (TP × pipeline: a stage's ranges): the split tensors' squares summed over the TP group, each replicated
+ * tensor once, a replicated kv head once over its holders — the same value on every member. Collective over
+ * tp_comm (an MPI failure is fatal: the members would otherwise disagree on the step). */
+double tp_norm_squares(tp_state *ts, const size_t *lo, const size_t *hi, int nr);
 /* TP × EP (grid.h): the expert tensors (TF_EXPERT, whole experts of this rank's EP slice) sum their gradients
  * over expert_dp (grid.ep_dp_comm: every rank holding the same experts) instead of dp_comm, and their squares in
  * the global norm over ep (grid.ep_comm: the EP group's other experts) instead of once. Not collective. */

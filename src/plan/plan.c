@@ -1138,6 +1138,10 @@ static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, p
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
     if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
+    if (in->pp > 1) /* moerl sft / rl run TP × pipeline (parallel.c tp_pp_init); plan's rows do not model it */
+        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d: "
+                            "moerl plan does not model TP × pipeline yet (moerl sft and moerl rl run it); plan "
+                            "TP × DP or the pipeline alone", in->tp, in->pp);
     if (in->recompute)
         return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d with activation recompute "
                             "(model.enable_gradient_checkpointing=true): not combined in this build", in->tp);
