@@ -133,32 +133,8 @@ static bw_result stream_bandwidth(float *a, float *b, float *c, size_t n, int nt
 
 /* ------------------------------------------------------------------ models */
 
-static moe_config config_for(char which) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    const int big = which == 'B';
-    c.vocab_size = big ? 2048 : 512;
-    c.hidden_size = big ? 512 : 256;
-    c.moe_intermediate_size = big ? 256 : 128;
-    c.intermediate_size = 4 * c.moe_intermediate_size; /* unused: every layer is MoE */
-    c.num_hidden_layers = big ? 8 : 4;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 2;
-    c.head_dim = big ? 64 : 32;
-    c.num_experts = big ? 32 : 16;
-    c.num_experts_per_tok = 4;
-    c.decoder_sparse_step = 1;
-    c.norm_topk_prob = 1;
-    c.tie_word_embeddings = 0;
-    c.max_position_embeddings = 4096;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1e6f;
-    c.router_aux_loss_coef = 0.001f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = -1;
-    c.eos_token_id = -1;
-    return c;
-}
+/* Model A (bench_model_config at 4096 positions) or B (bench_model_config_B), bench_util.h. */
+static moe_config config_for(char which) { return which == 'B' ? bench_model_config_B() : bench_model_config(4096); }
 
 /* Bytes of weights one decode step of b tokens reads (see the header comment; b = 1 is the
  * batch-1 bound's bytes per token): non-expert tensors once, b embedding rows, and of each

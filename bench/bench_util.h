@@ -59,4 +59,18 @@ static inline moe_config bench_model_config(int max_pos) {
     return c;
 }
 
+/* The larger benchmark model ("B" of bench_decode and the llama.cpp drivers): H 512, 8 layers, 8 heads / 2 KV
+ * heads, head_dim 64, 32 experts top-4, expert I 256, vocab 2048, untied, every layer MoE (433 MB fp32). */
+static inline moe_config bench_model_config_B(void) {
+    moe_config c = bench_model_config(4096);
+    c.vocab_size = 2048;
+    c.hidden_size = 512;
+    c.moe_intermediate_size = 256;
+    c.intermediate_size = 4 * c.moe_intermediate_size; /* unused: every layer is MoE */
+    c.num_hidden_layers = 8;
+    c.head_dim = 64;
+    c.num_experts = 32;
+    return c;
+}
+
 #endif

@@ -7,6 +7,7 @@
 
 #include "base/common.h"
 #include "model/model.h"
+#include "bench_util.h"
 
 #include <ggml-backend.h>
 #include <llama.h>
@@ -43,32 +44,8 @@ static inline stat3 stats_of(double *v, int n) {
     return s;
 }
 
-/* The benchmark model B of bench_decode: H 512, 8 layers, 8 heads / 2 KV heads, head_dim 64,
- * 32 experts top-4, expert I 256, vocab 2048, untied, every layer MoE (433 MB fp32). */
-static inline moe_config config_B(void) {
-    moe_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 2048;
-    c.hidden_size = 512;
-    c.moe_intermediate_size = 256;
-    c.intermediate_size = 4 * c.moe_intermediate_size;
-    c.num_hidden_layers = 8;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 2;
-    c.head_dim = 64;
-    c.num_experts = 32;
-    c.num_experts_per_tok = 4;
-    c.decoder_sparse_step = 1;
-    c.norm_topk_prob = 1;
-    c.max_position_embeddings = 4096;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1e6f;
-    c.router_aux_loss_coef = 0.001f;
-    c.initializer_range = 0.02f;
-    c.bos_token_id = -1;
-    c.eos_token_id = -1;
-    return c;
-}
+/* The benchmark model B of bench_decode (bench_util.h). */
+static inline moe_config config_B(void) { return bench_model_config_B(); }
 
 /* ------------------------------------------------------------------ llama.cpp */
 

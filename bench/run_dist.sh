@@ -17,15 +17,13 @@ if [[ ! -x $BUILD/mpi/bench/bench_dist_reduce || ! -x $BUILD/mpi/bench/bench_wei
     make -j2 "$BUILD/mpi/bench/bench_dist_reduce" "$BUILD/mpi/bench/bench_weight_sync"
 fi
 # Open MPI in containers: allow root, more ranks than cores, no CMA/ptrace single copy
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# shellcheck source=mpi_env.sh
+source bench/mpi_env.sh
 if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
     export OPENBLAS_CORETYPE=Haswell
 fi
 echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS," \
      "OMPI_MCA_btl_vader_single_copy_mechanism=none"
-run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_reduce" --reps 5 --bucket-mb 25,4,1
 run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_weight_sync" --reps 9
 run mpirun --oversubscribe -np 3 "$BUILD/mpi/bench/bench_weight_sync" --reps 9 --sizes-mb 32 --buckets-kb 64,1024,0

@@ -13,11 +13,9 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-${BUILD:-build}}
 B=$BUILD/mpi/bench/bench_dist_epsp
 [[ -x $B ]] || make -j2 "$B"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# shellcheck source=mpi_env.sh
+source bench/mpi_env.sh
 echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS"
-run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$B" --mode ep --reps 5
 run mpirun --oversubscribe -np 4 "$B" --mode ep --reps 5
 run mpirun --oversubscribe -np 4 "$B" --mode sp --reps 5 --sp 1,2,4

@@ -20,14 +20,12 @@ if ! command -v mpirun >/dev/null 2>&1; then
     exit 1
 fi
 [[ -x $BUILD/mpi/bench/bench_dist_pipeline ]] || make -j2 "$BUILD/mpi/bench/bench_dist_pipeline"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# shellcheck source=mpi_env.sh
+source bench/mpi_env.sh
 if [[ -z ${OPENBLAS_CORETYPE:-} ]] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
     export OPENBLAS_CORETYPE=Haswell
 fi
 echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS"
-run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$BUILD/mpi/bench/bench_dist_pipeline" --reps 5 --fixed 2,4,8 --min-mb-tokens 64,128 --vpp 1,2 "$@"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# without the progress thread"

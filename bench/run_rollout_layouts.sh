@@ -13,11 +13,9 @@ BUILD=${1:-${BUILD:-build}}
 ROUNDS=${2:-5}
 B=$BUILD/mpi/bench/bench_dist_rollout_layouts
 [[ -x $B ]] || make -j2 "$B"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# shellcheck source=mpi_env.sh
+source bench/mpi_env.sh
 echo "# $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=$OMP_NUM_THREADS"
-run() { echo "\$ $*"; "$@"; echo; }
 run mpirun --oversubscribe -np 2 "$B" --rounds "$ROUNDS" --prompts 16 --tokens 32
 run mpirun --oversubscribe -np 2 "$B" --rounds "$ROUNDS" --prompts 2 --tokens 32
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
