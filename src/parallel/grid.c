@@ -27,8 +27,9 @@ static int par_read_tp_keys(const cfg *c, par_config *pc) {
     const int tp = pc->tensor_model_parallel_size, etp = pc->expert_tensor_parallel_size;
     if (tp < 1) return moerl_errorf("actor.megatron.tensor_model_parallel_size must be ≥ 1, got %d", tp);
     if (etp != -1 && etp != 1 && etp != tp)
-        return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expected -1 (the tensor_model_parallel_size "
-                            "%d), 1 (experts whole on each TP rank) or %d", etp, tp, tp);
+        return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expected -1 (= the "
+                            "tensor_model_parallel_size, %d: each expert's width split), 1 (experts whole on each TP "
+                            "rank) or %d", etp, tp, tp);
     if (pc->sequence_parallel && tp < 2)
         return moerl_errorf("actor.megatron.sequence_parallel=true needs actor.megatron.tensor_model_parallel_size ≥ 2 "
                             "(got %d): it splits the tokens over the tensor-parallel group", tp);

@@ -2,10 +2,12 @@
  * grid and each strategy's state (see parallel.h). */
 #include "parallel/parallel.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "parallel/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/ulysses.h"
@@ -219,6 +221,13 @@ static int par_strategies_init(par_state *ps, moe_model *m) {
     /* ---- tensor parallel (src/parallel/tp.c; TP × DP, TP × EP with experts whole; TP × pipeline above) ---- */
     if (g->tp > 1 && !ps->tp && !(ps->tp = tp_state_attach(g, m))) goto fail;
     if (ps->tp && ps->ep && tp_ep_attach(ps, m) != MOERL_OK) goto fail; /* TP × EP (tp_ep.h) */
+    if (ps->tp && !ps->grid_borrowed && g->stage == 0 && g->d == 0) { /* the layout, once (the pipeline logs its cut) */
+        char ep[32] = "";
+        if (g->ep > 1) snprintf(ep, sizeof ep, " (ep %d)", g->ep);
+        log_info("tensor parallel: tp %d × dp %d%s%s, experts %s%s", g->tp, g->dp, ep, g->pp > 1 ? " per stage" : "",
+                 g->cfg.expert_tensor_parallel_size == 1 ? "whole" : "split over TP",
+                 g->cfg.sequence_parallel ? ", Megatron sequence parallel" : "");
+    }
     if (g->ep > 1 && !ps->ep) {
         moerl_errorf("actor.expert_parallel_size=%d: expert parallelism is not part of this build", g->ep);
         goto fail;
@@ -555,7 +564,6 @@ int par_adamw_step(par_state *ps, moe_model *m, adamw_state *os, float lr, float
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_adamw_step(ps->pp, os, lr, loss, grad_norm);
     if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm); /* TP × EP too: tp_set_expert_groups */
     if (ps && ps->ep) return ep_adamw_step(ps->ep, os, m, lr, loss, grad_norm);
-    if (ps && ps->tp) return tp_adamw_step(ps->tp, os, lr, loss, grad_norm);
     return adamw_step(os, m, lr, loss, grad_norm);
 }
 
@@ -566,10 +574,13 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (ps && ps->fsdp) return fsdp_finish_grads(ps->fsdp);
     if (ps && ps->tp && ps->pp) return tp_pp_finish_grads(ps);
     if (ps && ps->pp && pp_is_owned(ps->pp)) return pp_finish_grads(ps->pp); /* sum over grid.stage_comm */
-    if (ps && ps->tp) return tp_reduce_grads(ps->tp); /* TP × EP too: tp_set_expert_groups */
+    if (ps && ps->tp) { /* TP × EP too (tp_set_expert_groups); with Megatron SP the norms' partial gradients
+                         * (each rank's token rows) are summed over the TP group as well */
+        if (tp_reduce_grads(ps->tp) != MOERL_OK) return MOERL_ERR;
+        return ps->grid->cfg.sequence_parallel ? tp_sp_reduce_norm_grads(ps->grid->tp_comm, tp_state_model(ps->tp))
+                                               : MOERL_OK;
+    }
     if (ps && ps->ep) return ep_reduce_grads(ps->ep, NULL) /* the model of ep_state_attach */;
-    if (ps && ps->tp && tp_reduce_grads(ps->tp) != MOERL_OK) return MOERL_ERR;
-    if (ps && ps->tp && ps->grid->cfg.sequence_parallel) return tp_sp_reduce_norm_grads(ps->grid->tp_comm, tp_state_model(ps->tp));
     return MOERL_OK;
 }
 

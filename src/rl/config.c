@@ -547,6 +547,10 @@ static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
     if (r->optim_var_update_interval < 0)
         return moerl_errorf("actor.optim.var_update_interval=%lld: expected 0 (never) or a positive number of "
                             "optimizer steps", (long long)r->optim_var_update_interval);
+    if (r->optim_var_update_interval == 1)
+        log_warn("actor.optim.var_update_interval=1 makes every optimizer step after actor.optim.freeze_step an exact "
+                 "AdamW step: nothing is compressed (1-bit Adam then runs as AdamW); use ≥ 2, or 0 for 1-bit Adam as "
+                 "published");
     if (r->optim_freeze_step < 1)
         return moerl_errorf("actor.optim.freeze_step=%lld: 1-bit Adam needs at least one exact AdamW step to have a "
                             "variance to freeze; use freeze_step ≥ 1", (long long)r->optim_freeze_step);
