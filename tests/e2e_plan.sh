@@ -38,8 +38,11 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
 done
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
-# (TP with EP and expert-TP, FSDP, Ulysses, pipeline) plan refuses, naming the keys; Megatron sequence
-# parallelism runs but plan does not model its rows: refused too, naming the key
+# (TP with EP and expert-TP, FSDP, Ulysses, recompute; Megatron sequence parallelism with EP or the pipeline)
+# plan refuses, naming the keys. Megatron sequence parallelism is planned: its reduce-scatters and all-gathers
+# move the bytes of the row all-reduces they replace (the micro-batch's 4096 tokens divide by 2, expert-TP) plus
+# the RMSNorm weights' gradient sum, 2(P−1)/P · (2L + 1)·H floats (L 48, H 2048, fp32); memory is TP's (the
+# arena is not shrunk in this build)
 j1=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 2>"$OUT/err") || fail "plan dp 8: $(cat "$OUT/err")"
 j2=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     2>"$OUT/err") || fail "plan tp 2 × dp 4: $(cat "$OUT/err")"
@@ -66,10 +69,25 @@ assert c["tp"] == 2 and c["dp"] == 4 and c["ep"] == 4, (c["tp"], c["dp"], c["ep"
 assert c["weights_bytes"] < b["weights_bytes"] and c["weights_bytes"] < d["weights_bytes"], (c["weights_bytes"], b["weights_bytes"], d["weights_bytes"])
 assert c["tp_bytes_per_update"] > b["tp_bytes_per_update"] > 0  # + the expert rows' all-gathers
 PY
+j5=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    actor.megatron.sequence_parallel=true 2>"$OUT/err") || fail "plan tp 2 + SP: $(cat "$OUT/err")"
+python3 - "$j2" "$j5" <<'PY' && ok || fail "tp 2 + SP against tp 2: $j5"
+import json, sys
+b, e = (json.loads(x) for x in sys.argv[1:3])
+assert e["tp"] == 2 and e["tp_sequence_parallel"] == 1 and b["tp_sequence_parallel"] == 0, e
+assert e["tp_reduce_scatter_bytes_per_update"] > 0 and b["tp_reduce_scatter_bytes_per_update"] == 0
+assert e["tp_bytes_per_update"] - b["tp_bytes_per_update"] == (2 * 48 + 1) * 2048 * 4, (e["tp_bytes_per_update"], b["tp_bytes_per_update"])
+for k in ("acts_bytes", "weights_bytes", "trainer_total_bytes"):
+    assert e[k] == b[k], (k, e[k], b[k])
+PY
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    actor.megatron.sequence_parallel=true 2>&1 | grep -q "activation arena is not shrunk" && ok ||
+    fail "plan tp 2 + SP does not say the arena is not shrunk"
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
     "model.enable_gradient_checkpointing=true:recompute" \
-    "actor.megatron.sequence_parallel=true:moerl plan does not model actor.megatron.sequence_parallel=true"; do
+    "actor.megatron.sequence_parallel=true actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1:sequence_parallel=true with actor.expert_parallel_size=2" \
+    "actor.megatron.sequence_parallel=true actor.pipeline_parallel_size=2:sequence_parallel=true with actor.pipeline_parallel_size=2"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
     $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv \
@@ -355,6 +373,8 @@ PY
     # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
     # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
+    # Megatron SP (tp 2; tp 2 × dp 2 with experts whole: the ln2 gathers): tp_comm's reduce-scatters and
+    # all-gathers equal plan's SP rows, the arena plan's (not shrunk).
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -408,6 +428,8 @@ PY
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1
 4|actor.megatron.tensor_model_parallel_size=4
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+2|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1
 LAYOUTS
     fi
 fi

@@ -136,7 +136,10 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * number of floats times a power-of-two factor. TP × EP (actor.expert_parallel_size > 1 with
  * expert_tensor_parallel_size=1): also ep_comm's all-to-alls against plan's ep_alltoall and the expert gradient
  * sum (ep_dp_comm) with the norm's double (ep_comm) against tp_ep_allreduce; the expert-row all-gathers are in
- * tp_comm's. */
+ * tp_comm's. Megatron sequence parallelism (actor.megatron.sequence_parallel=true): tp_comm's reduce-scatters
+ * against plan's tp_reduce_scatter, its all-gathers (rows and vocabulary max) against tp_allgather, its
+ * all-reduces (logprob statistics, expert-TP's [N,K], the norms' gradients) against tp_act_allreduce, and the
+ * arena against plan's (SP does not shrink it in this build). */
 static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     par_grid *g = ps->grid;
     const int T = g_ctx->trainer_size;
@@ -145,7 +148,8 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     plan_input in = {.n_trainer = T, .fsdp = 1, .ep = g->ep, .sp = 1, .pp = 1, .tp = g->tp,
                      .dispatcher = (int)ps->cfg.dispatcher, .alltoall_max_ep = ps->cfg.alltoall_max_ep,
                      .capacity_factor = ps->cfg.capacity_factor,
-                     .tp_experts = g->cfg.expert_tensor_parallel_size != 1, .dtype_bytes = 4, .micro_tokens = MT,
+                     .tp_experts = g->cfg.expert_tensor_parallel_size != 1, .tp_sp = g->cfg.sequence_parallel,
+                     .dtype_bytes = 4, .micro_tokens = MT,
                      .micro_batches = (N_SEQ + nd - 1) / nd, .updates_per_step = 1,
                      .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .n_rollout = 0, .rollout_tp = 1,
                      .max_num_seqs = 1, .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
@@ -176,12 +180,15 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
         reset_group_bytes(g);
         dist_comm_reset_bytes(g->tp_comm);
         MOERL_ASSERT(compute_logprobs(m, &acts, mine, n, MT, 1.0f, lp_buf) == MOERL_OK);
-        const double lg[3] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
+        const double lg[4] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
                               dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER),
-                              g->ep > 1 ? dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL) : 0};
-        CHECK_R(lg[0] == lt.tp_act_allreduce && lg[1] == lt.tp_allgather && lg[2] == lt.ep_alltoall,
+                              g->ep > 1 ? dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL) : 0,
+                              dist_comm_bytes(g->tp_comm, DIST_OP_REDUCE_SCATTER)};
+        CHECK_R(lg[0] == lt.tp_act_allreduce && lg[1] == lt.tp_allgather && lg[2] == lt.ep_alltoall &&
+                    lg[3] == lt.tp_reduce_scatter,
                 "step %d logprob pass: TP all-reduce %.0f B (plan %.0f), all-gather %.0f B (plan %.0f), EP all-to-all "
-                "%.0f B (plan %.0f)", RANK, k, lg[0], lt.tp_act_allreduce, lg[1], lt.tp_allgather, lg[2], lt.ep_alltoall);
+                "%.0f B (plan %.0f), TP reduce-scatter %.0f B (plan %.0f)", RANK, k, lg[0], lt.tp_act_allreduce, lg[1],
+                lt.tp_allgather, lg[2], lt.ep_alltoall, lg[3], lt.tp_reduce_scatter);
         reset_group_bytes(g);
         dist_comm_reset_bytes(g->tp_comm);
         double counts[16] = {0}, psum[16] = {0};
@@ -198,23 +205,27 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
         double gn;
         MOERL_ASSERT(par_adamw_step(ps, m, &os, 1e-3f, (float)so.loss, &gn) == 1); /* 1: applied */
         const int tpep = g->ep > 1;
-        const double got[5] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
+        const double got[6] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
                                dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER),
                                g->dp > 1 ? dist_comm_bytes(g->dp_comm, DIST_OP_ALLREDUCE) : 0,
                                tpep ? dist_comm_bytes(g->ep_comm, DIST_OP_ALLTOALL) : 0,
                                tpep ? dist_comm_bytes(g->ep_dp_comm, DIST_OP_ALLREDUCE) +
                                           dist_comm_bytes(g->ep_comm, DIST_OP_ALLREDUCE)
-                                    : 0};
-        const double want[5] = {pt.tp_act_allreduce, pt.tp_allgather, pt.tp_dp_allreduce, pt.ep_alltoall,
-                                pt.tp_ep_allreduce};
-        const char *what[5] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice", "EP all-to-all",
-                               "expert gradient and norm all-reduce"};
-        for (int i = 0; i < 5; i++) /* the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
-            CHECK_R(got[i] == want[i] || (i >= 3 && rel(got[i], want[i]) < 1e-12), "step %d %s: counted %.0f B, plan %.0f", RANK, k,
+                                    : 0,
+                               dist_comm_bytes(g->tp_comm, DIST_OP_REDUCE_SCATTER)};
+        const double want[6] = {pt.tp_act_allreduce, pt.tp_allgather, pt.tp_dp_allreduce, pt.ep_alltoall,
+                                pt.tp_ep_allreduce, pt.tp_reduce_scatter};
+        const char *what[6] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice", "EP all-to-all",
+                               "expert gradient and norm all-reduce", "TP reduce-scatter (Megatron SP)"};
+        for (int i = 0; i < 6; i++) /* the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
+            CHECK_R(got[i] == want[i] || ((i == 3 || i == 4) && rel(got[i], want[i]) < 1e-12), "step %d %s: counted %.0f B, plan %.0f", RANK, k,
                     what[i], got[i], want[i]);
         if (k == 0 && RANK == 0 && tpep)
             printf("tp %d x ep %d x dp %d: EP all-to-all %.0f B, expert all-reduce %.0f B per update (plan %.0f, %.0f)\n",
                    g->tp, g->ep, g->dp, got[3], got[4], want[3], want[4]);
+        if (k == 0 && RANK == 0 && in.tp_sp)
+            printf("tp %d x dp %d + SP: TP reduce-scatter %.0f B, all-gather %.0f B per update (plan %.0f, %.0f)\n",
+                   g->tp, g->dp, got[5], got[1], want[5], want[1]);
         if (k == 0 && RANK == 0)
             printf("tp %d x dp %d: TP all-reduce %.0f B, all-gather %.0f B, DP all-reduce %.0f B per update (plan %.0f, "
                    "%.0f, %.0f)\n", g->tp, g->dp, got[0], got[1], got[2], want[0], want[1], want[2]);

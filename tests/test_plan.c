@@ -633,8 +633,61 @@ static void test_tp_hand(void) {
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
 }
 
+/* Megatron sequence parallelism on test_tp_hand's toy model (tp 2, N 32, 3 micro-batches and a pre-pass each):
+ * a row op moves (P−1)·⌈N/P⌉·H floats = 16·64·4 = 4096 B. Expert-TP (every MLP row-parallel): per pass forward
+ * 1 + L + L = 5 reduce-scatters (embedding, o_proj, down) and 2L + 1 = 5 all-gathers (ln1, ln2, final norm),
+ * backward as many again: 3 training passes and 3 pre-passes = 9 forward halves → 45 of each. Korthikanti et
+ * al.'s identity: with P | N these are exactly the bytes of TP's row all-reduces (2(P−1)/P·N·H·4 = 2 · 4096 each); SP
+ * adds only the RMSNorm weights' gradient sum, (2L + 1)·H floats (f = 1). With experts whole SP adds the ln2
+ * all-gather of both MoE layers in each of the 9 halves. The arena is TP's: SP does not shrink it. */
+static void test_tp_sp_hand(void) {
+    moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
+    plan_input in = {.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
+                     .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
+                     .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4, .max_model_len = 32,
+                     .kv_dtype_bytes = 4, .sync_every = 1, .logprob_passes = 1, .logprob_tokens = 4 * 64};
+    plan_result tp, sp;
+    plan_traffic t, lt;
+    CK(plan_compute(&c, &in, &tp) == MOERL_OK);
+    in.tp_sp = 1;
+    CK(plan_compute(&c, &in, &sp) == MOERL_OK && plan_traffic_rank(&c, &in, 0, 0, 0, &t) == MOERL_OK);
+    const double row = 16 * 64 * 4.0, norms = (2 * 2 + 1) * 64 * 4.0, gather = 3 * 2 * (2 * 32 * 4);
+    CK(t.tp_reduce_scatter == 45 * row && t.tp_allgather == 45 * row + gather && sp.tp_reduce_scatter == 45 * row);
+    /* the all-reduces left: routing weights N·K per MoE layer and backward, the logprob statistics, the q/k norms,
+     * the clipping norm, the RMSNorms */
+    CK(t.tp_act_allreduce == 4.0 * 3 * 32 * 2 * 2 + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16 + norms);
+    CK(sp.tp_allreduce == tp.tp_allreduce + norms);
+    CK(sp.acts == tp.acts && sp.total == tp.total && sp.weights == tp.weights);
+    CK(sp.logprob_pass - tp.logprob_pass == 0); /* forward only, P | N: the same bytes */
+    /* the logprob pass of 2 micro-batches: 2 forward halves */
+    CK(plan_traffic_logprob(&c, &in, 0, 0, 0, 2, 0, &lt) == MOERL_OK);
+    CK(lt.tp_reduce_scatter == 2 * 5 * row && lt.tp_allgather == 2 * 5 * row + 2 * 2 * 32 * 4 &&
+       lt.tp_act_allreduce == 2 * 4 * 32 * 8.0);
+    /* N = 31 (P ∤ N): the collectives pad to 2·16 rows, so the rows cost what N = 32's do */
+    in.micro_tokens = 31;
+    plan_traffic t31;
+    CK(plan_traffic_rank(&c, &in, 0, 0, 0, &t31) == MOERL_OK && t31.tp_reduce_scatter == 45 * row);
+    in.micro_tokens = 32;
+    /* experts whole: n_mlp 0 → 3 reduce-scatters a half; ln2 still gathered: SP − TP = 9 halves × 2 MoE layers */
+    in.tp_experts = 0;
+    CK(plan_traffic_rank(&c, &in, 0, 0, 0, &t) == MOERL_OK && t.tp_reduce_scatter == 27 * row &&
+       t.tp_allgather == 45 * row + gather);
+    CK(plan_compute(&c, &in, &sp) == MOERL_OK);
+    in.tp_sp = 0;
+    CK(plan_compute(&c, &in, &tp) == MOERL_OK);
+    CK(sp.tp_allreduce == tp.tp_allreduce + 18 * row + norms);
+    /* refused as moerl refuses it, naming the keys */
+    in.tp_sp = 1;
+    in.ep = 2;
+    CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true"));
+    in.ep = 1;
+    in.tp = 1;
+    CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true needs"));
+}
+
 int main(void) {
     test_tp_hand();
+    test_tp_sp_hand();
     test_paged_kv_hand();
     test_paged_kv_sampled();
     test_xchg_hand();

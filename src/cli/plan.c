@@ -103,6 +103,7 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("alltoall_sp_bytes_per_update", r->alltoall_sp); R("p2p_pp_bytes_per_update", r->p2p_pp);
     I("tp", r->tp > 1 ? r->tp : 1); I("tp_experts", r->tp > 1 ? in->tp_experts : 0);
     R("tp_bytes_per_update", r->tp_allreduce);
+    I("tp_sequence_parallel", r->tp > 1 ? in->tp_sp : 0); R("tp_reduce_scatter_bytes_per_update", r->tp_reduce_scatter);
     I("updates_per_step", in->updates_per_step);
     I("logprob_passes", in->logprob_passes); R("logprob_pass_bytes_per_step", r->logprob_pass);
     R("comm_bytes_per_step", r->per_step); R("weight_bcast_bytes_per_sync", r->weight_bcast);
@@ -141,6 +142,10 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
         printf("tensor parallel: tp %d × dp %d; each rank holds 1/%d of the attention heads, the dense MLP width, the "
                "vocabulary (padded to a multiple of %d)%s; norms and router whole\n", r->tp, r->dp, r->tp, r->tp,
                in->tp_experts ? " and each expert's width (expert-TP)" : ", every expert whole");
+    if (r->tp > 1 && in->tp_sp)
+        printf("Megatron sequence parallelism: the [N,H] row all-reduces become reduce-scatters + all-gathers of "
+               "⌈N/%d⌉ rows%s; the activation arena is not shrunk in this build (the activations row is TP's)\n", r->tp,
+               in->tp_experts ? "" : " (+ an ln2 all-gather per MoE layer: experts whole)");
     if (in->pp > 1)
         printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
                in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);
@@ -184,8 +189,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     const double v[] = {r->allreduce, r->allgather, r->reduce_scatter, r->alltoall_ep, r->alltoall_sp, r->p2p_pp};
     for (int i = 0; i < 6; i++) printf("| %s | %.3f | %.3f |\n", names[i], gib(v[i]), gib(v[i] * in->updates_per_step));
     if (r->tp > 1)
-        printf("| TP all-reduces (activations, logprob statistics, q/k-norm and kv-head gradients%s) | %.3f | %.3f |\n",
-               in->ep > 1 ? "; TP × EP's expert-row all-gathers" : "", gib(r->tp_allreduce),
+        printf("| TP %s (activations, logprob statistics, q/k-norm%s and kv-head gradients%s) | %.3f | %.3f |\n",
+               in->tp_sp ? "reduce-scatters + all-gathers + all-reduces" : "all-reduces",
+               in->tp_sp ? ", RMSNorm" : "", in->ep > 1 ? "; TP × EP's expert-row all-gathers" : "", gib(r->tp_allreduce),
                gib(r->tp_allreduce * in->updates_per_step));
     if (in->logprob_passes > 0)
         printf("| forward-only logprob pass (per step: gathers, all-to-alls, p2p, logprob sums) | | %.3f |\n",

@@ -853,9 +853,9 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
 
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li);
 static void tp_update_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int kv_rep,
-                              plan_traffic *t);
+                              int sp, plan_traffic *t);
 static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
-                               plan_traffic *t);
+                               int sp, plan_traffic *t);
 static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
                           int update, plan_traffic *t);
 
@@ -868,7 +868,7 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
         if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK ||
             logprob_traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t) != MOERL_OK)
             return MOERL_ERR;
-        tp_logprob_traffic(&lc, &li, &x, in->tp, n_mb, t);
+        tp_logprob_traffic(&lc, &li, &x, in->tp, n_mb, in->tp_sp, t);
         tp_ep_traffic(&lc, &li, &x, in->tp, n_mb, 0, t);
         return MOERL_OK;
     }
@@ -885,7 +885,7 @@ int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int 
         if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK ||
             traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, t) != MOERL_OK)
             return MOERL_ERR;
-        tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, t);
+        tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, in->tp_sp, t);
         tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, t);
         return MOERL_OK;
     }
@@ -1034,6 +1034,9 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     memset(o, 0, sizeof *o);
+    if (in->tp_sp && in->tp <= 1) /* as par_read_keys refuses it */
+        return moerl_errorf("plan: actor.megatron.sequence_parallel=true needs actor.megatron.tensor_model_parallel_size "
+                            "≥ 2, got %d", in->tp);
     if (in->tp > 1) return plan_compute_tp(c, in, o);
     plan_ctx x;
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -1103,21 +1106,24 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
         return MOERL_ERR;
     plan_traffic t, tl;
     if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
-    tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, &t);
+    tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, in->tp_sp, &t);
     tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, &t);
     const double n_lp = ceil((double)in->logprob_tokens / li.n_trainer / (double)in->micro_tokens);
-    tp_logprob_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), &tl);
+    tp_logprob_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), in->tp_sp, &tl);
     tp_ep_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), 0, &tl);
     o->tp = in->tp;
     /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sums (TP × EP: the experts' too) */
     o->allreduce = t.tp_dp_allreduce + t.tp_ep_allreduce;
-    o->tp_allreduce = t.tp_act_allreduce + t.tp_allgather;
+    o->tp_allreduce = t.tp_act_allreduce + t.tp_allgather + t.tp_reduce_scatter;
+    o->tp_reduce_scatter = t.tp_reduce_scatter;
     o->alltoall_ep = t.ep_alltoall;
-    const double one = tl.tp_act_allreduce + tl.tp_allgather + tl.ep_alltoall;
+    const double one = tl.tp_act_allreduce + tl.tp_allgather + tl.tp_reduce_scatter + tl.ep_alltoall;
     o->logprob_pass = in->logprob_passes * one;
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
-    o->acts_recompute = o->acts; /* TP runs without activation recompute in this build (tp_local refuses it) */
+    /* TP runs without activation recompute in this build (tp_local refuses it); Megatron SP leaves the arena
+     * sized for all N rows (the norms and residual write only the rank's rows): o->acts is the slice's arena */
+    o->acts_recompute = o->acts;
     o->total_recompute = o->total;
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
@@ -1133,7 +1139,7 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
     const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
-                           .tensor_model_parallel_size = in->tp,
+                           .tensor_model_parallel_size = in->tp, .sequence_parallel = in->tp_sp,
                            .expert_tensor_parallel_size = in->tp_experts ? -1 : 1};
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
@@ -1152,6 +1158,7 @@ static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, p
     *li = *in;
     li->tp = 1;
     li->tp_experts = 0;
+    li->tp_sp = 0;
     li->n_trainer = in->n_trainer / in->tp;
     li->fsdp = 1;
     return MOERL_OK;
@@ -1181,19 +1188,46 @@ static double tp_bwd_floats(const moe_config *lc, double N) {
     return f;
 }
 
+/* expert-TP's routing-weight gradient [N,K] per MoE layer, all-reduced in every backward pass (floats). */
+static double tp_topk_floats(const moe_config *lc, double N) {
+    return lc->exec.tp_experts ? N * lc->num_experts_per_tok * n_moe_in(lc, 0, lc->num_hidden_layers) : 0;
+}
+
+/* Megatron sequence parallelism's row collectives (plan.h plan_traffic tp_reduce_scatter, tp_allgather; tp_sp.h)
+ * over the slice lc, N tokens a micro-batch, P ranks: n_train training passes (forward and backward) and n_fwd
+ * forward-only passes (the router-count pre-pass and the logprob pass: both run the head, so both gather the
+ * final norm). Each op moves (P−1)·⌈N/P⌉·H·db bytes a rank; adds to *t. */
+static void tp_sp_rows(const moe_config *lc, double N, int P, double db, double n_train, double n_fwd,
+                       plan_traffic *t) {
+    const int L = lc->num_hidden_layers;
+    int n_mlp = 0; /* row-parallel MLP outputs: dense layers, and MoE layers under expert-TP */
+    for (int l = 0; l < L; l++) n_mlp += !moe_config_layer_is_moe(lc, l) || lc->exec.tp_experts;
+    const double row = (P - 1.0) * ceil(N / P) * lc->hidden_size * db;
+    /* forward: the embedding, o_proj and row-parallel MLP outputs scattered; ln1, ln2 and the final norm
+     * gathered (ln2 also before a MoE layer with experts whole). Backward: the conjugates, as many again. */
+    const double rs_fwd = 1.0 + L + n_mlp, ag_fwd = 2.0 * L + 1;
+    t->tp_reduce_scatter += row * (2 * n_train + n_fwd) * rs_fwd;
+    t->tp_allgather += row * (2 * n_train + n_fwd) * ag_fwd;
+}
+
 /* One update's TP collectives (plan.h plan_traffic tp_*) on top of traffic()'s rows of the slice: the data-
  * parallel gradient sum moves from the reducer to tp_reduce_grads' all-reduce over dp_comm. */
 static void tp_update_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int kv_rep,
-                              plan_traffic *t) {
+                              int sp, plan_traffic *t) {
     const double db = li->dtype_bytes, N = (double)x->N, mb = x->mb, fo = li->fwd_only_passes, f = 2.0 * (P - 1) / P;
     const int L = lc->num_hidden_layers, D = li->n_trainer;
     const double hd = lc->head_dim, H = lc->hidden_size;
-    t->tp_act_allreduce = f * db * (mb * (tp_fwd_floats(lc, N) + tp_bwd_floats(lc, N)) + fo * mb * tp_fwd_floats(lc, N));
+    if (sp) /* Megatron SP: the [N,H] rows move by reduce-scatter / all-gather (tp_sp_rows); expert-TP's [N,K] stays */
+        t->tp_act_allreduce = f * db * mb * tp_topk_floats(lc, N) + f * (2.0 * L + 1) * H * db; /* + the norms' sum */
+    else
+        t->tp_act_allreduce =
+            f * db * (mb * (tp_fwd_floats(lc, N) + tp_bwd_floats(lc, N)) + fo * mb * tp_fwd_floats(lc, N));
     /* the logprob statistics (4N doubles) and the vocabulary max, twice per training pass: vp_logprob_backward
      * recomputes them (vocab_parallel.c) rather than keeping them */
     t->tp_act_allreduce += f * mb * 2 * 4 * N * 8;
     t->tp_act_allreduce += f * L * 2 * hd * db + f * 2 * 8; /* q/k-norm gradients; the clipping norm's 2 doubles */
     t->tp_allgather = (P - 1) * mb * 2 * (2 * N * 4); /* the vocabulary max: each double as two floats */
+    if (sp) tp_sp_rows(lc, N, P, db, mb, fo * mb, t);
     if (kv_rep) /* nkv < P: each rank's one kv head; its holders sum k/v gradients by an all-gather per layer */
         t->tp_allgather += (P - 1.0) * L * 2 * hd * H * db;
     t->reducer = 0;
@@ -1205,10 +1239,11 @@ static void tp_update_traffic(const moe_config *lc, const plan_input *li, const 
 /* The forward-only logprob pass's TP collectives over n_mb micro-batches: the forward's rows and the logprob
  * statistics per micro-batch. */
 static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
-                               plan_traffic *t) {
+                               int sp, plan_traffic *t) {
     const double db = li->dtype_bytes, N = (double)x->N, f = 2.0 * (P - 1) / P;
-    t->tp_act_allreduce = n_mb * (f * db * tp_fwd_floats(lc, N) + f * 4 * N * 8);
+    t->tp_act_allreduce = n_mb * ((sp ? 0 : f * db * tp_fwd_floats(lc, N)) + f * 4 * N * 8);
     t->tp_allgather = (double)(P - 1) * n_mb * 2 * N * 4;
+    if (sp) tp_sp_rows(lc, N, P, db, 0, n_mb, t);
 }
 
 /* TP × EP (li->ep > 1, experts whole: tp_ep.h) on top of the TP rows of the slice planned over the dp replicas

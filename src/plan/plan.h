@@ -61,6 +61,9 @@ typedef struct {
                                experts' I with tp_experts) and the TP group all-reduces activations (tp.h) */
     int tp_experts;         /* expert-TP: actor.megatron.expert_tensor_parallel_size ≠ 1 (each expert's I split);
                                0: every expert whole on every TP rank */
+    int tp_sp;              /* Megatron sequence parallelism (actor.megatron.sequence_parallel; needs tp ≥ 2, TP × DP
+                               only, as par_check_tp): the row all-reduces of [N,H] become reduce-scatters and
+                               all-gathers over ⌈N/tp⌉ rows (tp_sp.h); the activation arena is not shrunk */
     int fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false (fsdp.h): the training passes keep every
                                unit gathered and the gradients unreduced for the mini-batch — one all-gather of
                                the units the pre-pass left released, one reduce-scatter per unit and update; the
@@ -189,7 +192,10 @@ typedef struct {
                                     slice over dp_comm (tp_reduce_grads: 2(D−1)/D · n_slice · dtype) and the TP
                                     group's gradient sums, tp_allreduce the activation all-reduces */
     double tp_allreduce;         /* TP: per update, the TP group's activation collectives of the training passes
-                                    (plan_traffic tp_act_allreduce + tp_allgather less the step's gradient part) */
+                                    (plan_traffic tp_act_allreduce + tp_allgather + tp_reduce_scatter
+                                    less the step's gradient part) */
+    double tp_reduce_scatter;    /* Megatron SP (plan_input.tp_sp): the part of tp_allreduce moved by the TP group's
+                                    reduce-scatters (plan_traffic tp_reduce_scatter); 0 without SP */
     int vpp;                     /* chunks per stage (resolved, ≥ 1) */
     double bubble_theory;        /* pp > 1: (pp − 1)/(v·m + pp − 1), m = micro_batches (pp_stats.theory_interleaved) */
 } plan_result;
@@ -262,6 +268,16 @@ typedef struct {
      *                     ranks holding it, 2(D−1)/D · n_slice · dtype (0 when D = 1).
      * plan_traffic_logprob under TP: per micro-batch the forward's rows and the logprob statistics. */
     double tp_act_allreduce, tp_allgather, tp_dp_allreduce;
+    /* Megatron sequence parallelism (plan_input.tp_sp; tp_sp.h), with c = ⌈N/P⌉ rows a rank and a row op costing
+     * (P−1)·c·H·dtype (zero rows pad a short slice):
+     *   tp_reduce_scatter dist_comm_bytes(tp_comm, REDUCE_SCATTER): per training pass 2 + 2L + 2·n_mlp row ops
+     *                     (n_mlp: dense layers, and MoE layers under expert-TP), per forward-only pass 1 + L + n_mlp;
+     *   tp_allgather      adds per training pass 4L + 2 row ops (ln1, ln2 and the final norm gathered, their
+     *                     conjugates in backward), per forward-only pass (pre-pass, logprob pass) 2L + 1;
+     *   tp_act_allreduce  keeps the logprob statistics, expert-TP's [N,K] and the q/k-norm and clipping sums
+     *                     and adds the RMSNorm weights' gradient sum, 2(P−1)/P · (2L + 1)·H · dtype per update;
+     *                     it has no [N,H] rows. 0 without SP. */
+    double tp_reduce_scatter;
     /* TP × EP (ep > 1 with tp_experts 0: src/parallel/tp_ep.h): tp_allgather adds the expert rows, (P−1)·⌈N/P⌉·K·H
      * floats per MoE layer in every forward and backward pass (per logprob micro-batch: its forward's);
      * ep_alltoall is the slice's EP row with each rank dispatching its 1/P share of the tokens (the fixed-capacity

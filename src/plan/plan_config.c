@@ -100,12 +100,9 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
-    if (pc.sequence_parallel) /* its reduce-scatter / all-gather rows are not modelled: refused, not planned as off */
-        return moerl_errorf("moerl plan does not model actor.megatron.sequence_parallel=true yet: plan it with false "
-                            "(the same bytes when the TP size divides the micro-batch's tokens and experts are split; "
-                            "docs/parallelism.md, \"Megatron sequence parallelism\")");
-    /* TP: par_check ran par_check_tp (TP with data parallelism, and with EP when the experts are whole, as moerl
-     * rl); plan_compute checks the model's sizes against it (tp_config_apply) */
+    /* TP: par_check ran par_check_tp (TP with data parallelism, and with EP when the experts are whole; Megatron
+     * sequence parallelism with TP × DP only, as moerl rl); plan_compute checks the model's sizes against it
+     * (tp_config_apply) */
     *pc_out = pc;
     return MOERL_OK;
 }
@@ -133,6 +130,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->pp = (int)cfg_int(c, "actor.pipeline_parallel_size");
     in->tp = (int)cfg_int(c, "actor.megatron.tensor_model_parallel_size");
     in->tp_experts = cfg_int(c, "actor.megatron.expert_tensor_parallel_size") != 1;
+    in->tp_sp = pc.sequence_parallel;
     in->vpp = pc.virtual_pipeline_parallel_size; /* interleaved 1F1B's chunks per stage */
     if (dtype_bytes(c, "actor.dtype", &in->dtype_bytes) != MOERL_OK) return MOERL_ERR;
     if (dtype_bytes(c, "rollout.dtype", &in->kv_dtype_bytes) != MOERL_OK) return MOERL_ERR;
