@@ -30,6 +30,7 @@ $M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipel
 for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_seqs=-5:rollout.max_num_seqs" \
     "trainer.n_ranks=6 actor.ulysses_sequence_parallel_size=3:ulysses_sequence_parallel_size" \
     "data.max_response_length=2147483000 data.max_prompt_length=1000:32-bit" \
+    "rollout.tensor_model_parallel_size=2 rollout.batch_invariant=true:rollout.batch_invariant=true" \
     "actor.ppo_max_token_len_per_gpu=527:actor.ppo_max_token_len_per_gpu=527 is below one sequence: data.max_prompt_length unset (0 = no limit in rl; plan assumes 512) + data.max_response_length=16 = 528 tokens, .* at least 528"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086

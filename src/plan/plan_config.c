@@ -97,6 +97,11 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
         return MOERL_ERR;
     if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
         return MOERL_ERR;
+    if (cfg_int(c, "rollout.tensor_model_parallel_size") > 1 && cfg_has(c, "rollout.batch_invariant") &&
+        cfg_bool(c, "rollout.batch_invariant")) /* moerl rl's rule (check_rollout_tp) */
+        return moerl_errorf("rollout.tensor_model_parallel_size=%lld with rollout.batch_invariant=true: not combined in "
+                            "this build (the group's sums change the order), as moerl rl refuses it",
+                            (long long)cfg_int(c, "rollout.tensor_model_parallel_size"));
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
