@@ -26,6 +26,14 @@ n=$(echo "$j" | json_field n_params_hf 2>/dev/null)
 [[ $n == 30532122624 ]] && ok || fail "Qwen3-30B-A3B parameters: plan says '$n', the model card 30532122624"
 $M plan --model examples/qwen3_30b_a3b/config.json trainer.n_ranks=8 actor.pipeline_parallel_size=3 >/dev/null 2>"$OUT/err"
 [[ $? -eq 1 ]] && grep -q "pipeline_parallel_size" "$OUT/err" && ok || fail "pp=3 over 8 ranks not refused by name: $(cat "$OUT/err")"
+# plan_refuses WANT [key=value ...]: `moerl plan` on the published config exits 1 and its stderr ($OUT/err) matches
+# WANT (a grep pattern)
+plan_refuses() {
+    local want=$1
+    shift
+    $M plan --model examples/qwen3_30b_a3b "$@" >/dev/null 2>"$OUT/err"
+    [[ $? -eq 1 ]] && grep -q -- "$want" "$OUT/err"
+}
 # values moerl would refuse are refused by plan too, naming the key (no negative or overflowed figures)
 for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_seqs=-5:rollout.max_num_seqs" \
     "trainer.n_ranks=6 actor.ulysses_sequence_parallel_size=3:ulysses_sequence_parallel_size" \
@@ -34,8 +42,7 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
     "actor.ppo_max_token_len_per_gpu=527:actor.ppo_max_token_len_per_gpu=527 is below one sequence: data.max_prompt_length unset (0 = no limit in rl; plan assumes 512) + data.max_response_length=16 = 528 tokens, .* at least 528"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
-    $M plan --model examples/qwen3_30b_a3b $kv >/dev/null 2>"$OUT/err"
-    [[ $? -eq 1 ]] && grep -q -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
+    plan_refuses "$want" $kv && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
 done
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
@@ -91,9 +98,8 @@ for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.
     "actor.megatron.sequence_parallel=true actor.pipeline_parallel_size=2:sequence_parallel=true with actor.pipeline_parallel_size=2"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
-    $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv \
-        >/dev/null 2>"$OUT/err"
-    [[ $? -eq 1 ]] && grep -qF -- "$want" "$OUT/err" && ok || fail "plan tp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
+    plan_refuses "$want" trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv && ok ||
+        fail "plan tp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
 done
 # data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
 # and rl's "no limit" (0, the default) is planned as 512

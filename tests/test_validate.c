@@ -286,15 +286,19 @@ static void recorder_free(recorder *r) {
     r->nan_at = -1;
 }
 
+/* The tiny model (seed 11) and the ROWS dataset of the run tests; 0 (checked, nothing held) when the rows fail. */
+static int load_fixture(moe_model *m, dataset *ds) {
+    rl_tiny_model(m, 11, 0);
+    if (dataset_load_string(ds, ROWS, strlen(ROWS), "val.jsonl") == MOERL_OK) return 1;
+    CHECK(0, "dataset: %s", moerl_last_error());
+    model_free(m);
+    return 0;
+}
+
 static void test_run(void) {
     moe_model m;
-    rl_tiny_model(&m, 11, 0);
     dataset ds;
-    if (dataset_load_string(&ds, ROWS, strlen(ROWS), "val.jsonl") != MOERL_OK) {
-        CHECK(0, "dataset: %s", moerl_last_error());
-        model_free(&m);
-        return;
-    }
+    if (!load_fixture(&m, &ds)) return;
     /* N = 1 greedy: the old held-out accuracy and length */
     val_options o = {.kw = {.n = 1, .temperature = 0, .top_p = 1, .top_k = -1, .do_sample = 0}, .n_rows = 3,
                      .max_new_tokens = 12, .max_num_seqs = 8, .seed = 5};
@@ -396,13 +400,8 @@ static void test_run(void) {
  * exactly, as test_paged_engine compares tokens). */
 static void test_run_paged(void) {
     moe_model m;
-    rl_tiny_model(&m, 11, 0);
     dataset ds;
-    if (dataset_load_string(&ds, ROWS, strlen(ROWS), "val.jsonl") != MOERL_OK) {
-        CHECK(0, "dataset: %s", moerl_last_error());
-        model_free(&m);
-        return;
-    }
+    if (!load_fixture(&m, &ds)) return;
     val_options o = {.kw = {.n = 4, .temperature = 1, .top_p = 1, .top_k = -1, .do_sample = 1}, .max_new_tokens = 12,
                      .max_num_seqs = 16, .seed = 5};
     recorder ref = {.nan_at = -1}, shared = {.nan_at = -1}, tight = {.nan_at = -1};
