@@ -225,6 +225,11 @@ $M rl --config "$W/notask.yaml" sft.total_training_steps=0 trainer.total_trainin
     trainer.test_freq=0 data.train_files="$W/arith/train.jsonl" data.val_files="$W/arith/test.jsonl" \
     trainer.default_local_dir="$W/deftask" >"$W/out" 2>"$W/err"
 check "rl: files with data.task at its default are read ($(tail -c 200 "$W/err"))" test $? -eq 0
+head -3 "$W/arith/test.jsonl" >"$W/val3.jsonl"
+$M rl --config "$W/notask.yaml" sft.total_training_steps=0 trainer.total_training_steps=1 trainer.val_n=50 \
+    trainer.test_freq=0 data.train_files="$W/arith/train.jsonl" data.val_files="$W/val3.jsonl" \
+    trainer.default_local_dir="$W/val3" >"$W/out" 2>"$W/err"
+check "rl: trainer.val_n beyond the held-out rows warns with both counts" bash -c "[[ $? -eq 0 ]] && grep -q 'trainer.val_n=50, but the held-out split ($W/val3.jsonl) has 3 rows' '$W/err'"
 expect_err "sft: data.n_test=0 names data.n_test" "data.n_test=0 generates no held-out rows" $M sft --config "$W/sft.yaml" data.task=arith data.train_files= data.val_files= data.n_test=0 trainer.default_local_dir="$W/nt2"
 : >"$W/noval.jsonl"
 expect_err "rl: an empty data.val_files with held-out evals" "data.val_files '$W/noval.jsonl' has no rows" $M rl "${RS[@]}" data.task= data.train_files="$W/arith/train.jsonl" data.val_files="$W/noval.jsonl" trainer.default_local_dir="$W/nt4"

@@ -155,6 +155,11 @@ static void test_overrides(void) {
     CHECK(rc == MOERL_ERR && has(moerl_last_error(), "unknown key 'rollout.m'") &&
               has(moerl_last_error(), "did you mean 'rollout.n'"),
           "unknown override: %s", moerl_last_error());
+    rc = cfg_apply_override(c, "=3");
+    CHECK(rc == MOERL_ERR && has(moerl_last_error(), "the key is empty"), "empty key: %s", moerl_last_error());
+    rc = cfg_apply_override(c, "critic.model.path_to_nowhere=3");
+    CHECK(rc == MOERL_ERR && !has(moerl_last_error(), "did you mean") && has(moerl_last_error(), "--help"),
+          "no close key, no suggestion: %s", moerl_last_error());
     rc = cfg_apply_override(c, "actor.lr=1e-5");
     CHECK(rc == MOERL_ERR && has(moerl_last_error(), "did you mean 'actor.optim.lr'"),
           "same leaf in another section is suggested: %s", moerl_last_error());

@@ -306,10 +306,12 @@ static const char *leaf(const char *key) {
     return d ? d + 1 : key;
 }
 
-/* " (did you mean 'x'?)" for the declared key closest to `key`, or "" if none is declared.
- * Closeness: the edit distance of the whole key, except that a key with the same last component
- * (a setting put in the wrong section, "actor.lr" for "actor.optim.lr") counts as distance 1;
- * ties go to the smaller whole-key distance, then to the key declared first. */
+/* " (did you mean 'x'?)" for the declared key closest to `key`, or a pointer to --help when no declared key
+ * is close. Closeness: the edit distance of the whole key, except that a key with the same last component
+ * (a setting put in the wrong section, "actor.lr" for "actor.optim.lr") counts as distance 1; ties go to
+ * the smaller whole-key distance, then to the key declared first. A key is close when that distance is at
+ * most max(2, len(key)/4) — a typo, not another command's key ("rollout.n" given to moerl sft is not
+ * "model.path"). */
 static void suggestion(const cfg *c, const char *key, char *buf, size_t cap) {
     buf[0] = 0;
     int best = -1, bd = 0, bfull = 0;
@@ -319,7 +321,9 @@ static void suggestion(const cfg *c, const char *key, char *buf, size_t cap) {
         if (d > 1 && strcmp(leaf(key), leaf(c->e[i].key)) == 0) d = 1;
         if (best < 0 || d < bd || (d == bd && full < bfull)) { best = i; bd = d; bfull = full; }
     }
-    if (best >= 0) snprintf(buf, cap, " (did you mean '%s'?)", c->e[best].key);
+    const int len = (int)strlen(key), close = len / 4 > 2 ? len / 4 : 2;
+    if (best >= 0 && bd <= close) snprintf(buf, cap, " (did you mean '%s'?)", c->e[best].key);
+    else snprintf(buf, cap, " (no key of this command is close to it; --help lists the keys it reads)");
 }
 
 /* ---------------------------------------------------------------- scalar parsing */
@@ -524,6 +528,10 @@ int cfg_apply_override(cfg *c, const char *assignment) {
     char *key = trim_dup(assignment, (size_t)(eq - assignment));
     char *val = trim_dup(eq + 1, strlen(eq + 1));
     int rc = MOERL_OK;
+    if (!*key) {
+        rc = moerl_errorf("override '%s': the key is empty (expected key=value, e.g. actor.optim.lr=1e-6)", assignment);
+        goto done;
+    }
     cfg_entry *e = find(c, key);
     if (!e) {
         char sug[512];

@@ -199,6 +199,10 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
         data_staged_discard(&J->staged);
     }
     if (data_check_held_out_rows(c, &J->test, why) != MOERL_OK) return job_fail(J);
+    if (J->leader && rc->val_n > 0 && rc->val_n > dataset_count(&J->test))
+        log_warn("trainer.val_n=%d, but the held-out split (%s) has %lld row%s: each evaluation uses all %lld",
+                 rc->val_n, J->test.path ? J->test.path : "data.val_files", (long long)dataset_count(&J->test),
+                 moerl_plural((int)dataset_count(&J->test)), (long long)dataset_count(&J->test));
     if (multi_turn_attach_tools(&rc->multi_turn, &J->train) != MOERL_OK ||
         multi_turn_attach_tools(&rc->multi_turn, &J->test) != MOERL_OK)
         return job_fail(J);
