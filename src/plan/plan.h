@@ -250,6 +250,8 @@ typedef struct {
     double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_replica_allreduce, ep_alltoall,
         ep_grad_allreduce, sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
     double sp_logprob_allreduce, pp_logprob_allreduce; /* plan_traffic_logprob only */
+    double pp_norm_allreduce;   /* pipeline × FSDP (plan_pp_fsdp.h): dist_comm_bytes(pp_comm, ALLREDUCE) of the optimizer
+                                   step, fsdp_grad_norm's squared-norm sum over the stages, 2(pp−1)/pp · 8; 0 otherwise */
     /* tensor parallelism (plan_input.tp > 1; the other fields are then those of the slice's model on the dp =
      * n_trainer/tp data replicas, reducer 0):
      *   tp_act_allreduce  dist_comm_bytes(tp_comm, ALLREDUCE) of the passes, 2(P−1)/P · bytes: per training pass
