@@ -34,7 +34,11 @@
  * With actor.fsdp_config.reshard_after_forward=false (FSDP keeps its units for the mini-batch) the same
  * checks run against plan's held rows: the update's all-gathers are plan_traffic.fsdp_allgather_warm
  * (it follows the logprob pass, which left every unit gathered), the reference's pass is planned
- * resharding (it always reshards), and the peak is exact (plan's two bounds coincide). */
+ * resharding (it always reshards), and the peak is exact (plan's two bounds coincide).
+ * Pipeline × FSDP (actor.pipeline_parallel_size with actor.fsdp_config.fsdp_size): every rank is checked against
+ * its own stage's rows (plan_pp_fsdp_stage, equal to plan_compute's at the fullest stage): the shard, the peak
+ * bounds, the activation slots, the micro-batches, the KL reference's held units and peak; the traffic rows
+ * as above plus the gradient norm's sum over the stages (pp_comm's all-reduce in the optimizer step). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
