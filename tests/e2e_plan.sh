@@ -6,11 +6,11 @@
 # `moerl plan --config <same> --json` must give exactly those numbers (gradient all-reduce payload
 # per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
-# naming the key (pp with FSDP/EP/SP, model.* beside --model, tokens per step past 2^53), a
+# naming the key (pp with EP and FSDP at once or SP, pp × FSDP with tied embeddings, model.* beside --model, tokens per step past 2^53), a
 # billion-sequence batch plans without hanging, actor.use_kl_loss adds the reference sharded as the actor.
 # Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
-# layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings,
+# layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings, pipeline × FSDP,
 # plain and interleaved (actor.virtual_pipeline_parallel_size 2, 3), EP, SP × EP, and the
 # replicated pipeline of pp_state_new alone): traffic per group and operation
 # equal to the counters, memory per rank within 10% of moerl's accounting; the KL reference sharded
@@ -134,13 +134,12 @@ rc=$?
 $M plan --config examples/smoke.yaml model.num_hidden_layers=1 >"$OUT/one" 2>&1
 grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer)" "$OUT/one" &&
     grep -q "every 1 step)" "$OUT/one" && ok || fail "plan's singular counts: $(grep -E '^model|^trainer' "$OUT/one")"
-# layouts moerl refuses (the pipeline combines only with data parallelism and EP: par_check_pp_alone),
+# layouts moerl refuses (the pipeline combines with data parallelism, FSDP and EP, not with EP and FSDP at once
+# nor with Ulysses: par_check_pp_compose through plan's par_check_pp_alone),
 # model.* beside --model (the architecture is the config.json's: they would be dropped), and batch
 # or length values whose tokens per step overflow or whose FSDP replay would not end
-for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combines only with data parallelism" \
-    "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
+for bad in "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
-    "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.megatron.tensor_model_parallel_size=2:does not model TP × pipeline" \
     "model.num_experts=64:model.num_experts (command line)" \
     "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 data.max_response_length=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
@@ -151,6 +150,36 @@ for bad in "actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2:combine
     $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=4 $kv >/dev/null 2>"$OUT/err"
     [[ $? -eq 1 ]] && grep -qF -- "$want" "$OUT/err" && ok || fail "plan $kv not refused naming '$want': $(cat "$OUT/err")"
 done
+# pipeline × FSDP (each stage's units sharded over its FSDP group; plan_pp_fsdp.h): planned with its rows —
+# the stage's shard (less than FSDP's over the whole model), the FSDP collectives of the stage's passes, the
+# pipeline's p2p, the norm's sum over the stages; kept units (reshard_after_forward=false) gather each of the
+# stage's units once per update, the shard's bytes × (fsdp − 1); fsdp=-1 (the stage's ranks) too, HSDP over 8
+# ranks adds the replicas' all-reduce; a model with tied embeddings is refused as moerl sft / rl refuse it
+PF=(--model examples/qwen3_30b_a3b --json trainer.n_ranks=4 actor.pipeline_parallel_size=2)
+r=$($M plan "${PF[@]}" actor.fsdp_config.fsdp_size=2 2>"$OUT/err" | /usr/bin/python3 -c '
+import json, sys; d = json.load(sys.stdin)
+print(d["pp"] == 2 and d["fsdp"] == 2 and d["allgather_bytes_per_update"] > d["weights_bytes"] and
+      d["reduce_scatter_bytes_per_update"] > 0 and d["p2p_pp_bytes_per_update"] > 0 and d["gathered_bytes"] > 0 and
+      d["allreduce_bytes_per_update"] == 8, d["weights_bytes"])' 2>/dev/null)
+w1=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=2 actor.fsdp_config.fsdp_size=2 2>/dev/null | json_field weights_bytes)
+[[ ${r%% *} == True ]] && /usr/bin/python3 -c "import sys; sys.exit(not ${r#* } < 0.6 * $w1)" && ok ||
+    fail "plan pp 2 × fsdp 2: rows missing or wrong ($r; fsdp 2 alone $w1): $(cat "$OUT/err")"
+r=$($M plan "${PF[@]}" actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false 2>"$OUT/err" |
+    /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin)
+print(d["allgather_bytes_per_update"] == d["weights_bytes"] == d["reduce_scatter_bytes_per_update"] > 0)' 2>/dev/null)
+[[ $r == True ]] && ok || fail "plan pp 2 × fsdp 2 keeping the units: all-gathers not the shard once: $(cat "$OUT/err")"
+r=$($M plan "${PF[@]}" trainer.n_ranks=8 actor.fsdp_config.fsdp_size=2 2>"$OUT/err" | /usr/bin/python3 -c '
+import json, sys; d = json.load(sys.stdin); print(d["fsdp"] == 2 and d["allreduce_bytes_per_update"] > 8)' 2>/dev/null)
+[[ $r == True ]] && ok || fail "plan pp 2 × fsdp 2 × 2 HSDP replicas: no replica all-reduce: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=4 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=-1 \
+    >"$OUT/ppf" 2>"$OUT/err" && grep -q "fsdp 2, ep 1" "$OUT/ppf" && grep -q "^| FSDP all-gather | [1-9]" "$OUT/ppf" &&
+    grep -q "^| PP p2p | [0-9.]*[1-9]" "$OUT/ppf" && grep -q "^pipeline: 2 stages" "$OUT/ppf" && ok ||
+    fail "plan pp 2 × fsdp -1: $(head -c 300 "$OUT/err") $(grep -E '^trainer|FSDP all-gather|PP p2p' "$OUT/ppf")"
+$M plan --config examples/smoke.yaml trainer.n_ranks=4 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2 \
+    model.tie_word_embeddings=true >/dev/null 2>"$OUT/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -qF "actor.fsdp_config.fsdp_size=2: a model with tied embeddings" "$OUT/err" && ok ||
+    fail "plan pp 2 × fsdp 2 with tied embeddings: exit $rc, want the run's refusal: $(cat "$OUT/err")"
 # a billion sequences per mini-batch under FSDP: 1.3·10^8 micro-batches per update plan in a few
 # replayed passes (the timeout only tells a hang from an answer)
 j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 \
@@ -377,6 +406,9 @@ PY
     # all-to-all dispatcher at capacity factor E/K = 2 (no spill: the spill round is data-dependent).
     # FSDP also with actor.fsdp_config.reshard_after_forward=false (units kept, one reduce-scatter per
     # update): its traffic and its peak (exact: nothing completes early) equal plan's held rows.
+    # Pipeline × FSDP (pp 2 × fsdp 2, kept units, interleaved v 3, and over 8 ranks with 2 HSDP replicas per
+    # stage): the stage's FSDP collectives, replicas, p2p and the norm's sum over the stages byte for byte,
+    # every stage's shard, peak bounds and activation slots (plan_pp_fsdp_stage).
     # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
     # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
@@ -423,6 +455,10 @@ PY
 8|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.moe.capacity_factor=2 model.tie_word_embeddings=true
 4|actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.virtual_pipeline_parallel_size=3 actor.moe.capacity_factor=2
+4|actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
+4|actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
+4|actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2 actor.virtual_pipeline_parallel_size=3
+8|actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=2
 2|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false
 3|actor.fsdp_config.fsdp_size=3 actor.fsdp_config.reshard_after_forward=false
 4|actor.fsdp_config.fsdp_size=2 actor.fsdp_config.reshard_after_forward=false

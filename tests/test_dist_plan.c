@@ -34,7 +34,11 @@
  * With actor.fsdp_config.reshard_after_forward=false (FSDP keeps its units for the mini-batch) the same
  * checks run against plan's held rows: the update's all-gathers are plan_traffic.fsdp_allgather_warm
  * (it follows the logprob pass, which left every unit gathered), the reference's pass is planned
- * resharding (it always reshards), and the peak is exact (plan's two bounds coincide). */
+ * resharding (it always reshards), and the peak is exact (plan's two bounds coincide).
+ * Pipeline × FSDP (actor.pipeline_parallel_size with actor.fsdp_config.fsdp_size): every rank is checked against
+ * its own stage's rows (plan_pp_fsdp_stage, equal to plan_compute's at the fullest stage): the shard, the peak
+ * bounds, the activation slots, the micro-batches, the KL reference's held units and peak; the traffic rows
+ * as above plus the gradient norm's sum over the stages (pp_comm's all-reduce in the optimizer step). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +56,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/ulysses.h"
 #include "plan/plan.h"
+#include "plan/plan_pp_fsdp.h"
 #include "rl/rl.h"
 #include "dist_test.h"
 #include "fixture.h"
@@ -235,6 +240,25 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     model_acts_free(&acts);
 }
 
+/* Pipeline × FSDP: plan's per-rank rows are the fullest stage's; the rows of this rank's stage
+ * (plan_pp_fsdp_stage) are checked to be plan_compute's at the fullest stage, exactly, then replace *pr so
+ * that every memory check below runs against the rank's own stage. */
+static void pp_fsdp_stage_rows(const moe_config *mc, const plan_input *in, int stage, plan_result *pr) {
+    plan_result st;
+    const int ok = plan_pp_fsdp_stage(mc, in, stage, &st) == MOERL_OK;
+    CHECK_R(ok, "plan_pp_fsdp_stage: %s", RANK, ok ? "" : moerl_last_error());
+    if (!ok) return;
+    if (stage == pr->fullest_stage)
+        CHECK_R(st.weights == pr->weights && st.grads == pr->grads && st.moments == pr->moments &&
+                    st.acts == pr->acts && st.acts_recompute == pr->acts_recompute && st.gathered == pr->gathered &&
+                    st.gathered_low == pr->gathered_low && st.ref_weights == pr->ref_weights &&
+                    st.ref_acts == pr->ref_acts && st.ref_held == pr->ref_held &&
+                    st.ref_gathered == pr->ref_gathered && st.total == pr->total &&
+                    st.stage_layers == pr->stage_layers,
+                "stage %d's rows (plan_pp_fsdp_stage) are plan_compute's fullest stage's", RANK, stage);
+    *pr = st;
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -300,7 +324,9 @@ int main(int argc, char **argv) {
     if (pp_repl && ps.pp) MOERL_ASSERT(pp_release_stage(ps.pp) == MOERL_OK); /* the whole model on every rank */
     if (pp_repl && kl_T.ref_par && kl_T.ref_par->pp) MOERL_ASSERT(pp_release_stage(kl_T.ref_par->pp) == MOERL_OK);
     const int pp_owned = ps.pp && pp_is_owned(ps.pp);
-    CHECK_R(!ps.pp || pp_owned == !pp_repl, "par_state_init builds a stage-owned pipeline", RANK);
+    /* pipeline × FSDP: FSDP owns the stage's memory (pp_set_sharded), the pipeline owns none */
+    CHECK_R(!ps.pp || (ps.fsdp ? !pp_owned && !pp_repl : pp_owned == !pp_repl),
+            "par_state_init builds a stage-owned pipeline", RANK);
     par_grid *g = ps.grid;
     const int T = g_ctx->trainer_size;
     const int gfsdp = g ? g->fsdp : 1, gep = g ? g->ep : 1, gsp = g ? g->sp : 1, gpp = g ? g->pp : 1;
@@ -327,6 +353,7 @@ int main(int argc, char **argv) {
     plan_result pr;
     CHECK_R(plan_traffic_rank(&mc, &in, stage, sp_rank, g ? g->fsdp_rank : 0, &pt) == MOERL_OK && plan_compute(&mc, &in, &pr) == MOERL_OK,
             "plan: %s", RANK, moerl_last_error());
+    if (ps.pp && ps.fsdp) pp_fsdp_stage_rows(&mc, &in, stage, &pr);
 
     /* sft_step's pieces */
     model_acts acts;
@@ -446,12 +473,12 @@ int main(int argc, char **argv) {
         if (red) dist_reducer_finish(red);
         double gn;
         /* the collectives of the passes and the gradient sums (the optimizer step comes after) */
-#define N_ROW 11
+#define N_ROW 12
         double got[N_ROW] = {0}, want[N_ROW] = {0};
         const char *what[N_ROW] = {"reducer payload", "FSDP all-gather", "FSDP reduce-scatter",
                                    "HSDP replica all-reduce", "EP all-to-all", "EP gradient all-reduce",
                                    "SP all-to-all", "PP stage all-reduce", "PP 1F1B schedule p2p", "PP p2p of the step",
-                                   "EP x FSDP expert replicas"};
+                                   "EP x FSDP expert replicas", "PP x FSDP norm all-reduce"};
         if (red) {
             double sent;
             dist_reducer_last_bytes(red, &sent, &got[0]);
@@ -472,7 +499,10 @@ int main(int argc, char **argv) {
         }
         /* the optimizer step: its norm all-reduces are scalars plan leaves out; a tied pipeline's stage 0
          * sends the stepped embedding to the last stage in it (point-to-point, counted below) */
+        const double norm0 = ps.pp && ps.fsdp ? dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) : 0;
         const int applied = par_adamw_step(&ps, &m, &os, oc.lr, (float)so.loss, &gn);
+        /* pipeline × FSDP: the gradient norm's sum over the stages (fsdp_set_norm_group) */
+        if (ps.pp && ps.fsdp) got[11] = dist_comm_bytes(g->pp_comm, DIST_OP_ALLREDUCE) - norm0;
         CHECK_R(applied == 1, "step %d applied (loss %g)", RANK, k, so.loss);
         if (ps.pp) got[9] = dist_comm_bytes(g->pp_comm, DIST_OP_P2P);
         /* the update runs right after the step's logprob passes: plan's warm all-gathers (resharding: the
@@ -480,13 +510,14 @@ int main(int argc, char **argv) {
          * gathered) */
         const double w[N_ROW] = {pt.reducer, pt.fsdp_allgather_warm, pt.fsdp_reduce_scatter, pt.replica_allreduce,
                                  pt.ep_alltoall, pt.ep_grad_allreduce, pt.sp_alltoall, pt.pp_grad_allreduce,
-                                 pt.pp_p2p, pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb, pt.ep_replica_allreduce};
+                                 pt.pp_p2p, pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb, pt.ep_replica_allreduce,
+                                 pt.pp_norm_allreduce};
         memcpy(want, w, sizeof want);
         for (int i = 0; i < N_ROW; i++) {
             /* exact: both are sums of integers of bytes below 2^53; the all-reduce volumes 2(n−1)/n·x
              * are formed in the same order of operations (rounding differs at most in the last bit; a
              * tied last stage's two all-reduces are added in the same order as pp_finish_grads') */
-            const int same = i == 3 || i == 5 || i == 7 || i == 10 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i]
+            const int same = i == 3 || i == 5 || i == 7 || i >= 10 ? rel(got[i], want[i]) < 1e-12 || got[i] == want[i]
                                                         : got[i] == want[i];
             if (!same) {
                 traffic_ok = 0;
@@ -544,6 +575,19 @@ int main(int argc, char **argv) {
         if (RANK == 0)
             printf("  FSDP shard %.0f B (plan %.0f), peak gathered + live gradients %.0f B (plan %.0f..%.0f)\n", shard,
                    pr.weights, peak, pr.gathered_low, pr.gathered);
+        if (ps.pp) { /* pipeline × FSDP: the stage's activation slots (exact: the same arena layout), the
+                      * schedule's micro-batches and bubble theory are plan's */
+            const pp_stats *pst = pp_last_stats(ps.pp);
+            const double slots = pp_slots_bytes(ps.pp);
+            CHECK_R(slots == pr.acts && pst->microbatches == pr.micro_batches &&
+                        rel(pst->theory_interleaved, pr.bubble_theory) < 1e-12,
+                    "stage %d: activation slots %.0f B (plan %.0f), %d micro-batches (plan %d), bubble theory %.4f "
+                    "(plan %.4f)", RANK, stage, slots, pr.acts, pst->microbatches, pr.micro_batches,
+                    pst->theory_interleaved, pr.bubble_theory);
+            if (g->fsdp_rank == 0 && g->replica_rank == 0)
+                printf("  stage %d: FSDP shard %.0f B, peak %.0f B (plan %.0f..%.0f), activation slots %.0f B (plan "
+                       "%.0f)\n", stage, shard, peak, pr.gathered_low, pr.gathered, slots, pr.acts);
+        }
     } else if (pp_owned) { /* the stage's chunk ranges, held floats and moments against plan's stage-local model */
         const int nv = gpp * gv;
         size_t slo[MOERL_MAX_LAYERS + 1], shi[MOERL_MAX_LAYERS + 1];

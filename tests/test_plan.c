@@ -320,10 +320,14 @@ static void test_limits_and_ref(void) {
     in.micro_tokens = 4096;
     in.step_tokens = 0;
     in.micro_batches = 4;
-    /* the pipeline combines only with data parallelism and EP in plan's model (moerl's par_check_pp_alone) */
+    /* the pipeline with FSDP is planned (plan_pp_fsdp.h; tests/test_plan_pp_fsdp.c, tests/test_dist_plan.c), tied
+     * embeddings refused with it as moerl refuses them */
     in.pp = 2;
     in.fsdp = 4;
-    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "combines only with data parallelism"));
+    CK(plan_compute(&q, &in, &r) == MOERL_OK && r.fsdp == 4 && r.allgather > 0 && r.reduce_scatter > 0);
+    q.tie_word_embeddings = 1;
+    CK(plan_compute(&q, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "tied embeddings"));
+    q.tie_word_embeddings = 0;
     in.fsdp = 1;
     in.ep = 2; /* pipeline × EP: planned (the stage's experts over its expert groups; tests/test_dist_plan.c) */
     CK(plan_compute(&q, &in, &r) == MOERL_OK && r.weights > 0);

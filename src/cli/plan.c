@@ -8,7 +8,7 @@
  *   actor.fsdp_config.reshard_after_forward (with FSDP on, both settings' traffic and peak are printed),
  *   data.max_prompt_length (0, rl's "no limit", is planned as 512), rollout.n_ranks (rollout devices), rollout.tensor_model_parallel_size, actor.dtype,
  *   rollout.dtype; actor.use_kl_loss adds the KL reference model. Refused as moerl refuses them: the
- *   pipeline with FSDP / EP / SP (par_check_pp_alone), model.* beside --model (model_config_from_keys),
+ *   pipeline with EP and FSDP at once or with SP (par_check_pp_alone), pipeline × FSDP with tied embeddings, model.* beside --model (model_config_from_keys),
  *   data.* keys that exclude each other (data_check_keys: data.filter_overlong_prompts=true without
  *   data.max_prompt_length, data.task beside data files),
  *   tokens per step above 2^53 and counts above 2^31 − 1 (plan_read_input, plan_compute).

@@ -171,14 +171,8 @@ int par_read_keys(const cfg *c, par_config *pc) {
 }
 
 int par_check_pp_alone(const par_config *pc, int T) {
-    const int pp = pc->pipeline_parallel_size, ep = pc->expert_parallel_size;
-    const int fsdp = pc->fsdp_size == -1 ? (pp > 0 ? T / pp : T) : pc->fsdp_size;
-    if (pp > 1 && (fsdp > 1 || pc->ulysses_sequence_parallel_size > 1))
-        return moerl_errorf("actor.pipeline_parallel_size=%d combines only with data parallelism and expert "
-                            "parallelism in moerl plan's model (moerl sft and moerl rl also run it with FSDP): "
-                            "actor.fsdp_config.fsdp_size (%d) and actor.ulysses_sequence_parallel_size (%d) must be 1 "
-                            "with it", pp, fsdp, pc->ulysses_sequence_parallel_size);
-    return pp > 1 && ep > 1 ? par_check_pp_compose(pc) : MOERL_OK; /* pipeline × EP: moerl's own rule */
+    (void)T; /* plan models every layout the pipeline runs with (pipeline × FSDP: plan_pp_fsdp.h) */
+    return par_check_pp_compose(pc);
 }
 
 int par_check_pp_compose(const par_config *pc) {

@@ -89,11 +89,9 @@ int par_read_keys(const cfg *c, par_config *pc);
  * pp·D = T, sp | D, fsdp | D, ep | D, ep | E, sp | nkv or nkv | sp with sp | nh (Ulysses with
  * GQA), pp ≤ L. The message names the key, its value and what would fit. */
 int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L);
-/* The layouts `moerl plan` models with the pipeline: actor.pipeline_parallel_size > 1 needs FSDP
- * (fsdp_size, -1 = the T/pp ranks of a stage) and Ulysses SP 1; EP as par_check_pp_compose allows it
- * (plan refuses the rest with this before any work; the runtime's wider rule is par_check_pp_compose). Not part of par_check: the
- * grid itself (par_grid_init) lays out any combination. T: trainer ranks. Errors name every key with
- * its value. */
+/* The layouts `moerl plan` models with the pipeline: those moerl runs (par_check_pp_compose: data
+ * parallelism, FSDP with HSDP replicas, EP; Ulysses SP 1, EP without FSDP). Kept as plan's entry point
+ * (src/plan/plan.c, plan_config.c). T: trainer ranks (unused). Errors name every key with its value. */
 int par_check_pp_alone(const par_config *pc, int T);
 /* The layouts the pipeline combines with in this build (par_state_init builds them; `moerl rl` refuses
  * the rest with this before any work): data parallelism, FSDP (each stage's units sharded over its

@@ -1,5 +1,7 @@
 /* moerl plan: memory and traffic formulas. See plan.h. */
 #include "plan/plan.h"
+#include "plan/plan_pp_fsdp.h"
+#include "plan/plan_replay.h"
 
 #include <math.h>
 #include <string.h>
@@ -511,6 +513,49 @@ static void replay_rank(const moe_config *c, int ep, int P, int eager, int keep,
     if (held) *held = r.cur;
 }
 
+/* plan_replay.h: the replay driven by another schedule (the pipeline's stages, plan_pp_fsdp.c). */
+struct plan_replay {
+    fsdp_replay r;
+    double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2];
+    char pst[MOERL_MAX_LAYERS + 2], glive[MOERL_MAX_LAYERS + 2];
+};
+
+plan_replay *plan_replay_new(const moe_config *c, const unsigned char *unit_on, int P, int eager, int keep) {
+    plan_replay *p = xcalloc(1, sizeof *p);
+    const int L = c->num_hidden_layers;
+    fsdp_units(c, 1, p->n);
+    for (int u = 0; u < L + 2; u++) {
+        if (unit_on && !unit_on[u]) p->n[u] = 0;
+        p->s[u] = p->n[u] > 0 ? fsdp_shard(p->n[u], P) : 0;
+    }
+    p->r = (fsdp_replay){.n = p->n, .s = p->s, .L = L, .tied = c->tie_word_embeddings, .U = L + 2, .P = P,
+                         .pst = p->pst, .glive = p->glive, .eager = eager, .keep = keep};
+    return p;
+}
+void plan_replay_free(plan_replay *p) { free(p); }
+void plan_replay_event(plan_replay *p, int bwd, int l) { replay_event(&p->r, bwd, l); }
+void plan_replay_ready(plan_replay *p, int u) { replay_ready(&p->r, u); }
+void plan_replay_begin(plan_replay *p) { p->r.hold = p->r.keep; }
+void plan_replay_finish(plan_replay *p) {
+    fsdp_replay *r = &p->r;
+    if (r->hold) { /* as replay_step's fsdp_finish_grads */
+        r->hold = 0;
+        for (int u = 0; u < r->U; u++) {
+            replay_ready(r, u);
+            rs_complete(r, u);
+        }
+    }
+    while (r->n_rs > 0) rs_complete(r, r->rs[0]);
+}
+void plan_replay_stats(const plan_replay *p, double *gathered, double *peak, double *cur, double *shard) {
+    double S = 0;
+    for (int u = 0; u < p->r.U; u++) S += p->s[u];
+    if (gathered) *gathered = p->r.gathered;
+    if (peak) *peak = p->r.peak;
+    if (cur) *cur = p->r.cur;
+    if (shard) *shard = S;
+}
+
 /* ------------------------------------------------------------------ the plan */
 
 typedef struct {
@@ -546,6 +591,7 @@ static int check_layout(const moe_config *c, const plan_input *in, plan_ctx *x) 
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
                            .virtual_pipeline_parallel_size = in->vpp};
     if (par_check_pp_alone(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: "); /* moerl's rule */
+    if (plan_pp_fsdp_check(c, in, x->fsdp) != MOERL_OK) return MOERL_ERR; /* pipeline × FSDP: the run's refusals */
     if (x->S % in->ep)
         return moerl_errorf("plan: actor.expert_parallel_size %d does not divide the %d rank%s of a pipeline stage",
                             in->ep, x->S, moerl_plural(x->S));
@@ -703,7 +749,9 @@ static int traffic(const moe_config *c, const plan_input *in, const plan_ctx *x,
               pp_local = in->pp > 1 && in->pp_params == PLAN_PP_STAGE_LOCAL;
     /* the reducer's group: the stage's D ranks (DP, SP); every trainer with a replicated pipeline */
     const int sum_group = pp_repl ? in->n_trainer : x->S;
-    if (fsdp > 1) { /* FSDP (EP × FSDP: of the rank's expert slice), fsdp.c's schedule replayed */
+    if (fsdp > 1 && in->pp > 1) { /* pipeline × FSDP: the stage's units in its passes' order (plan_pp_fsdp.h) */
+        if (plan_pp_fsdp_traffic(c, in, fsdp, x->v, mb, x->S, stage, t) != MOERL_OK) return MOERL_ERR;
+    } else if (fsdp > 1) { /* FSDP (EP × FSDP: of the rank's expert slice), fsdp.c's schedule replayed */
         const int U = L + 2;
         double n[MOERL_MAX_LAYERS + 2], s[MOERL_MAX_LAYERS + 2], S = 0;
         char pst[MOERL_MAX_LAYERS + 2] = {0}, glive[MOERL_MAX_LAYERS + 2] = {0};
@@ -821,7 +869,10 @@ static int logprob_traffic(const moe_config *c, const plan_input *in, const plan
     int layers;
     if (stage_params_v(c, in->pp, x->v, in->pp_params, stage, &dense, &expert, &layers, &l0, &l1) != MOERL_OK)
         return MOERL_ERR;
-    if (fsdp > 1) { /* every pass regathers (keep: each unit once): n_mb forward-only passes from a cold start */
+    if (fsdp > 1 && in->pp > 1) { /* pipeline × FSDP: the stage's units, forward_only's order */
+        t->fsdp_allgather = (fsdp - 1) * (plan_pp_fsdp_fwd_only(c, in->pp, x->v, stage, fsdp, in->fsdp_keep_gathered,
+                                                                n_mb, NULL, NULL) * db);
+    } else if (fsdp > 1) { /* every pass regathers (keep: each unit once): n_mb forward-only passes from a cold start */
         double gathered;
         replay_rank(c, ep, fsdp, 0, in->fsdp_keep_gathered, n_mb, 0, &gathered, NULL, NULL);
         t->fsdp_allgather = (fsdp - 1) * (gathered * db + (ep > 1 ? 0.0 : 4.0));
@@ -908,7 +959,9 @@ static int fullest_stage(const moe_config *c, const plan_input *in, const plan_c
         int layers;
         if (stage_params_v(c, in->pp, x->v, in->pp_params, s, &d, &e, &layers, &l0, &l1) != MOERL_OK) return MOERL_ERR;
         double local, copy = plan_pp_tied_copy(c, in->pp, in->pp_params, s);
-        if (fsdp > 1) { /* moerl's unit shards (padding per unit) of the rank's expert slice */
+        if (fsdp > 1 && in->pp > 1) { /* pipeline × FSDP: every chunk's units */
+            local = plan_pp_fsdp_shard(c, in->pp, x->v, s, fsdp);
+        } else if (fsdp > 1) { /* moerl's unit shards (padding per unit) of the rank's expert slice */
             double n[MOERL_MAX_LAYERS + 2];
             fsdp_units(c, in->ep, n);
             local = 0;
@@ -943,7 +996,11 @@ static int fullest_stage(const moe_config *c, const plan_input *in, const plan_c
             o->acts = acts0 * act_scale;
             o->acts_recompute = acts1 * act_scale;
             o->gathered = 0;
-            if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units: both bounds */
+            if (fsdp > 1 && in->pp > 1) { /* pipeline × FSDP: the stage's schedule */
+                plan_pp_fsdp_peak(c, in, x->v, x->mb, s, fsdp, &o->gathered, &o->gathered_low);
+                o->gathered *= db;
+                o->gathered_low *= db;
+            } else if (fsdp > 1) { /* the schedule's peak of gathered parameters + live gradient units: both bounds */
                 double hi, lo;
                 const int keep = in->fsdp_keep_gathered; /* held: nothing completes early, lo == hi */
                 replay_rank(c, in->ep, fsdp, 0, keep, (double)in->fwd_only_passes * x->mb, x->mb, NULL, &hi, NULL);
@@ -974,7 +1031,8 @@ static int plan_step_traffic(const moe_config *c, const plan_input *in, const pl
             t = tr;
         }
     }
-    o->allreduce = t.reducer + t.replica_allreduce + t.ep_replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce;
+    o->allreduce = t.reducer + t.replica_allreduce + t.ep_replica_allreduce + t.ep_grad_allreduce + t.pp_grad_allreduce +
+                   t.pp_norm_allreduce;
     o->allgather = t.fsdp_allgather;
     o->reduce_scatter = t.fsdp_reduce_scatter;
     o->alltoall_ep = t.ep_alltoall;
@@ -1075,7 +1133,14 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
             if (stage_acts(c, in->pp, x.v, best_s, 0, N, 0, &a1) != MOERL_OK) return MOERL_ERR;
             o->ref_acts = a1 * act_scale;
         }
-        if (fsdp > 1) {
+        if (fsdp > 1 && in->pp > 1) { /* pipeline × FSDP: the stage's forward-only passes */
+            double held = 0, peak = 0;
+            if (in->logprob_passes > 0)
+                plan_pp_fsdp_fwd_only(c, in->pp, x.v, best_s, fsdp, in->fsdp_keep_gathered, n_mb_lp, &held, NULL);
+            plan_pp_fsdp_fwd_only(c, in->pp, x.v, best_s, fsdp, 0, n_mb_lp, NULL, &peak);
+            o->ref_held = held * db;
+            o->ref_gathered = peak * sizeof(float);
+        } else if (fsdp > 1) {
             double held = 0, peak;
             if (in->logprob_passes > 0) /* the proximal pass ran just before: its last region stays (keep: all) */
                 replay_rank(c, in->ep, fsdp, 0, in->fsdp_keep_gathered, n_mb_lp, 0, NULL, NULL, &held);

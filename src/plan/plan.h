@@ -13,7 +13,7 @@
  *                     broadcast 4·n_params per sync (dist_xfer_stats.bytes).
  *
  * The parallel layouts follow moerl's own schedules (FSDP and HSDP, Ulysses SP, pipeline, EP and
- * EP × FSDP, each alone or with data parallelism: plan_traffic_rank gives the bytes the dist_comm
+ * EP × FSDP, pipeline × EP, pipeline × FSDP (plan_pp_fsdp.h), each alone or with data parallelism: plan_traffic_rank gives the bytes the dist_comm
  * counters count, checked byte for byte by tests/test_dist_plan.c under mpirun). The trainer world of n_trainer ranks factors as
  *     n_trainer = pp · sp · dp          (pipeline stages × Ulysses sequence ranks × data replicas)
  * FSDP shards dense parameters, gradients and optimizer state over fsdp ranks of a stage
@@ -250,6 +250,8 @@ typedef struct {
     double reducer, fsdp_allgather, fsdp_reduce_scatter, replica_allreduce, ep_replica_allreduce, ep_alltoall,
         ep_grad_allreduce, sp_alltoall, pp_grad_allreduce, pp_p2p, pp_p2p_fwd_only, pp_p2p_emb;
     double sp_logprob_allreduce, pp_logprob_allreduce; /* plan_traffic_logprob only */
+    double pp_norm_allreduce;   /* pipeline × FSDP (plan_pp_fsdp.h): dist_comm_bytes(pp_comm, ALLREDUCE) of the optimizer
+                                   step, fsdp_grad_norm's squared-norm sum over the stages, 2(pp−1)/pp · 8; 0 otherwise */
     /* tensor parallelism (plan_input.tp > 1; the other fields are then those of the slice's model on the dp =
      * n_trainer/tp data replicas, reducer 0):
      *   tp_act_allreduce  dist_comm_bytes(tp_comm, ALLREDUCE) of the passes, 2(P−1)/P · bytes: per training pass
@@ -351,8 +353,9 @@ void plan_param_counts(const moe_config *c, int64_t *total, int64_t *dense, int6
 
 /* The plan. Errors (message names the field and value): sizes ≤ 0, n_trainer not divisible by
  * pp·sp, fsdp or ep not dividing n_trainer/pp, step_tokens outside 0..PLAN_MAX_STEP_TOKENS, more
- * than 2^31 − 1 micro-batches per update or per logprob pass on a rank, more stages than layers, pp > 1 with fsdp, ep or sp
- * above 1 (moerl's par_check_pp_alone: the pipeline combines only with data parallelism), dtype not
+ * than 2^31 − 1 micro-batches per update or per logprob pass on a rank, more stages than layers, pp > 1 with sp above 1
+ * or with ep and fsdp both above 1 (moerl's par_check_pp_compose, through par_check_pp_alone), pp × fsdp with tied
+ * embeddings (as parallel.c refuses it; plan_pp_fsdp.h plans the layout), dtype not
  * 2 or 4, n_rollout not divisible by rollout_tp. */
 int plan_compute(const moe_config *c, const plan_input *in, plan_result *out);
 
