@@ -70,14 +70,10 @@ int par_check_tp(const par_config *pc, int T) {
                             "actor.expert_parallel_size %d, combines with it when "
                             "actor.megatron.expert_tensor_parallel_size=1, without the pipeline)", tp, fsdp,
                             pc->ulysses_sequence_parallel_size, pc->expert_parallel_size);
-    if (pc->sequence_parallel && pc->expert_parallel_size > 1) /* tp_sp.h and tp_ep.h each own the MoE's token rows */
-        return moerl_errorf("actor.megatron.sequence_parallel=true with actor.expert_parallel_size=%d: Megatron sequence "
-                            "parallelism combines with TP × DP only in this build (set sequence_parallel=false for "
-                            "TP × EP)", pc->expert_parallel_size);
     if (pc->sequence_parallel && pp > 1)
         return moerl_errorf("actor.megatron.sequence_parallel=true with actor.pipeline_parallel_size=%d: Megatron "
-                            "sequence parallelism combines with TP × DP only in this build (set sequence_parallel=false "
-                            "for TP × pipeline)", pp);
+                            "sequence parallelism combines with TP × DP and TP × EP × DP only in this build (set "
+                            "sequence_parallel=false for TP × pipeline)", pp);
     if (pp > 1 && par_check_tp_pp(pc, T) != MOERL_OK) return MOERL_ERR;
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,
