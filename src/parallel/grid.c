@@ -16,7 +16,8 @@ static void par_def_tp_keys(cfg *c) {
     cfg_def_bool(c, "actor.megatron.sequence_parallel", false,
                  "Megatron sequence parallelism: between the row-parallel outputs and the column-parallel inputs the "
                  "residual stream and the RMSNorms hold a 1/tp slice of each micro-batch's tokens (reduce-scatter and "
-                 "all-gather instead of all-reduce); needs tensor_model_parallel_size ≥ 2");
+                 "all-gather instead of all-reduce); needs tensor_model_parallel_size ≥ 2; with expert_parallel_size > 1 "
+                 "(experts whole) each TP rank's own tokens go to their experts over its EP group");
 }
 
 /* Read and check them (the sizes against the other strategies: par_check_tp). */
