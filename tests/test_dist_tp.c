@@ -190,19 +190,20 @@ static void check_vocab_parallel(par_state *ps, moe_model *m, const moe_model *w
  * par_state): fills logp, ent [N] and m's gradients (par_finish_grads); bytes[DIST_OP_COUNT] = what the TP group
  * sent during forward + logprobs + backward. */
 static void sp_pass_routes(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent,
-                           double *bytes, int16_t *routes);
+                           double *bytes, int16_t *routes, const int16_t *replay);
 static void sp_pass(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent, double *bytes) {
-    sp_pass_routes(ps, m, b, N, logp, ent, bytes, NULL);
+    sp_pass_routes(ps, m, b, N, logp, ent, bytes, NULL, NULL);
 }
 /* sp_pass with routes != NULL: the forward records the native routes of all N tokens there ([N, n_moe, K], as
- * model_acts.routes_out), and every MoE layer's topk_ids of every row are checked against them (no replay: the
- * experts used are the native ones). */
+ * model_acts.routes_out), and every MoE layer's topk_ids of every row are checked against them (the experts used
+ * are the native ones: replay NULL). replay != NULL: the forward replays these routes (model_acts.replay_routes). */
 static void sp_pass_routes(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent,
-                           double *bytes, int16_t *routes) {
+                           double *bytes, int16_t *routes, const int16_t *replay) {
     model_acts a;
     MOERL_ASSERT(model_acts_init(&a, m, FX_MAX_TOKENS) == MOERL_OK);
     a.par = ps;
     a.routes_out = routes;
+    a.replay_routes = replay;
     const int cu[2] = {0, N};
     int tgt[FX_N_SEQ * 16];
     float dl[FX_N_SEQ * 16], de[FX_N_SEQ * 16];
@@ -216,7 +217,7 @@ static void sp_pass_routes(par_state *ps, moe_model *m, const fx_batch *b, int N
     model_zero_grad(m);
     CHECK_R(model_forward(m, &a, b->tok, cu, NULL, 1, N) == MOERL_OK, "forward (N %d): %s", RANK, N, moerl_last_error());
     const int K = m->cfg.num_experts_per_tok, per = model_moe_layer_count(&m->cfg) * K;
-    for (int l = 0, bad = 0; routes && l < m->cfg.num_hidden_layers; l++) {
+    for (int l = 0, bad = 0; routes && !replay && l < m->cfg.num_hidden_layers; l++) {
         const int mi = model_moe_layer_index(&m->cfg, l);
         for (int t = 0; mi >= 0 && t < N * K; t++) bad += a.layers[l].mlp.topk_ids[t] != routes[(t / K) * per + mi * K + t % K];
         CHECK_R(!bad, "layer %d: %d topk_ids differ from the recorded routes (N %d)", RANK, l, bad, N);
@@ -317,11 +318,11 @@ static void check_sp_ep_vs_tp_ep(par_state *ps, moe_model *m, const moe_model *w
         double by1[DIST_OP_COUNT], by2[DIST_OP_COUNT], ep1, ep2;
         int16_t *r1 = xmalloc((size_t)N * per * sizeof(int16_t)), *r2 = xmalloc((size_t)N * per * sizeof(int16_t));
         dist_comm_reset_bytes(ps->grid->ep_comm);
-        sp_pass_routes(ps, m, b, N, lp1, en1, by1, r1);
+        sp_pass_routes(ps, m, b, N, lp1, en1, by1, r1, NULL);
         ep1 = dist_comm_bytes(ps->grid->ep_comm, DIST_OP_ALLTOALL);
         memcpy(g1, m->grads, m->n_params * sizeof(float));
         dist_comm_reset_bytes(ps2.grid->ep_comm);
-        sp_pass_routes(&ps2, &m2, b, N, lp2, en2, by2, r2);
+        sp_pass_routes(&ps2, &m2, b, N, lp2, en2, by2, r2, NULL);
         ep2 = dist_comm_bytes(ps2.grid->ep_comm, DIST_OP_ALLTOALL);
         /* the same products; the residual rows reduce-scattered instead of all-reduced and the routers' and norms'
          * gradients summed from each rank's rows, in another fp32 order: check_sp_vs_tp's bounds */
@@ -359,6 +360,15 @@ static void check_sp_ep_vs_tp_ep(par_state *ps, moe_model *m, const moe_model *w
                    "all-gather %.0f + all-reduce %.0f B; all-to-all %.0f / %.0f B\n", N, P, ps->grid->ep,
                    by1[DIST_OP_REDUCE_SCATTER], by1[DIST_OP_ALLGATHER], by1[DIST_OP_ALLREDUCE], by2[DIST_OP_ALLGATHER],
                    by2[DIST_OP_ALLREDUCE], ep1, ep2);
+        /* routing replay (R3) of other routes — each token's experts shifted by one — on both layouts: SP × EP
+         * reads its own rows' replayed routes (a row off would route other experts: O(1) apart) */
+        const int E = c->num_experts;
+        for (int i = 0; i < N * per; i++) r1[i] = (int16_t)((r1[i] + 1) % E);
+        sp_pass_routes(ps, m, b, N, lp1, en1, by1, NULL, r1);
+        memcpy(g1, m->grads, m->n_params * sizeof(float));
+        sp_pass_routes(&ps2, &m2, b, N, lp2, en2, by2, NULL, r1);
+        t_close("SP × EP replayed logp vs TP × EP's", lp1, lp2, N, 2e-5f, 2e-5f);
+        t_close("SP × EP replayed gradients vs TP × EP's", g1, m2.grads, (long)m->n_params, 1e-6f, 1e-4f);
         free(r1);
         free(r2);
     }
