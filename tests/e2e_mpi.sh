@@ -28,7 +28,8 @@
 #                 process and -> tp 2 x dp 2, one kv head replicated, refusals (tp 3 over 2 heads, tp x fsdp);
 #                 test_dist_tp -np 2 / 4; TP 2 x EP 2 on 4 ranks (experts whole, the tokens split over TP)
 #                 Megatron sequence parallelism: sft -np 2 / 4 tp 2 + SP against one
-#                 process, SP without TP refused, test_dist_tp --sp -np 2 / 4
+#                 process, SP without TP refused, test_dist_tp --sp -np 2 / 4; SP x TP 2 x EP 2: sft -np 4
+#                 against one process, test_dist_tp --tp 2 --ep 2 --etp 1 --sp -np 4 (1 and 2 threads)
 #   test_dist_rollout_tp  rollout TP 2 and 4 (padded vocabulary, one or replicated kv heads, 2 threads): greedy
 #                 tokens equal the whole engine's, logprobs and logits within 1e-4, every rank draws the same
 #                 sampled tokens, fp32 and bf16; KV per rank = whole / P
@@ -112,6 +113,8 @@ run_mpi "test_dist_trainer -np 2 (GSPO under tp 2)" 2 "$T/test_dist_trainer" --t
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x dp 2)" 4 "$T/test_dist_trainer" --tp 2
 run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x ep 2: moerl rl's trainer ranks)" 4 "$T/test_dist_trainer" --tp 2 --ep 2 --etp 1
 run_mpi "test_dist_trainer -np 2 (GSPO under tp 2 + Megatron sequence parallelism)" 2 "$T/test_dist_trainer" --tp 2 --sp
+run_mpi "test_dist_trainer -np 4 (GSPO under tp 2 x ep 2 + Megatron sequence parallelism: moerl rl's trainer ranks)" 4 \
+    "$T/test_dist_trainer" --tp 2 --ep 2 --etp 1 --sp
 run_mpi "test_dist_compress -np 2 (DP=2)" 2 "$T/test_dist_compress"
 run_mpi "test_dist_compress -np 3 (DP=3)" 3 "$T/test_dist_compress"
 run_mpi "test_dist_fsdp -np 2 (fsdp 2)" 2 "$T/test_dist_fsdp" --fsdp 2
@@ -160,6 +163,8 @@ run_mpi "test_dist_tp -np 2 (TP=2 + SP, experts whole, vocab 67)" 2 "$T/test_dis
 run_mpi "test_dist_tp -np 4 (TP=2 + SP x DP=2)" 4 "$T/test_dist_tp" --tp 2 --sp
 run_mpi "test_dist_tp -np 4 (TP=4 + SP, vocab 67)" 4 "$T/test_dist_tp" --tp 4 --nkv 4 --vocab 67 --sp
 OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 2 (TP=2 + SP, 2 threads)" 2 "$T/test_dist_tp" --sp
+run_mpi "test_dist_tp -np 4 (TP=2 x EP=2 + SP, experts whole)" 4 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1 --sp
+OMP_NUM_THREADS=2 run_mpi "test_dist_tp -np 4 (TP=2 x EP=2 + SP, 2 threads)" 4 "$T/test_dist_tp" --tp 2 --ep 2 --etp 1 --sp
 # rollout TP (rollout.tensor_model_parallel_size): the engine's slice against the whole engine
 run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2)" 2 "$T/test_dist_rollout_tp"
 run_mpi "test_dist_rollout_tp -np 2 (rollout TP 2, vocab 67 padded, one kv head)" 2 "$T/test_dist_rollout_tp" --vocab 67 --nkv 1
@@ -500,6 +505,12 @@ TPEP=(actor.megatron.tensor_model_parallel_size=2 actor.expert_parallel_size=2 a
 mpi_sft 4 "$W/rte4" 300 "${SFTT[@]}" "${TPEP[@]}"
 EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x ep 2 against one process (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rte4" 5e-5'
+# Megatron SP × EP (tp_sp.h: each TP rank's own rows dispatched over its EP group, no TP collective for the MoE;
+# the routers' and norms' gradients summed over TP): the same run within the same 5e-5 (sums in another fp32 order;
+# measured 7.4e-6 after 3 steps)
+mpi_sft 4 "$W/rtse4" 300 "${SFTT[@]}" "${TPEP[@]}" actor.megatron.sequence_parallel=true
+EDGE_WHAT="moerl-mpi sft -np 4 tp 2 x ep 2 + sequence_parallel against one process (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rtse4" 5e-5 && grep -q "ep 2), experts whole, Megatron sequence parallel" "$W/err"'
 first_steps 4 "$W/te4" once "${SFTT[@]}" "${TPEP[@]}"
 resumed "checkpoint of -np 4 tp 2 x ep 2 resumed on one process" 1 "$W/te4" "$W/ct1" 5e-5 "${SFTT[@]}"
 "$M" sft --config "$W/sft.yaml" "${SFTT[@]}" "${RES[@]}" trainer.total_training_steps=2 \

@@ -442,6 +442,10 @@ if mpi_rl mp_dp1 2 1 "${MP[@]}" && mpi_rl mp_dp2 3 2 "${MP[@]}" && mpi_rl mp_dp4
     # Megatron sequence parallelism on the TP group (norms and residual on half the tokens): the same bound
     mp_case "TP 2 + sequence parallel (moerl rl)" mp_tpsp 3 2 mp_dp1 actor.megatron.tensor_model_parallel_size=2 \
         actor.megatron.sequence_parallel=true
+    # Megatron SP × TP × EP (each TP rank's own rows dispatched over its EP group; tp_sp.h): against DP 2 as TP × EP
+    # (observed 8.6e-6)
+    mp_case "TP 2 x EP 2 + sequence parallel (moerl rl)" mp_tpsep 5 4 mp_dp2 actor.megatron.tensor_model_parallel_size=2 \
+        actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.megatron.sequence_parallel=true
     # TP × pipeline (issue 27): each stage's layers TP-split over 2 ranks, 2 stages, against DP 1 (observed 9.5e-6)
     mp_case "TP 2 x pipeline 2 (moerl rl)" mp_tppp 5 4 mp_dp1 actor.megatron.tensor_model_parallel_size=2 \
         actor.pipeline_parallel_size=2

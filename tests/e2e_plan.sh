@@ -91,10 +91,24 @@ PY
 $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     actor.megatron.sequence_parallel=true 2>&1 | grep -q "activation arena is not shrunk" && ok ||
     fail "plan tp 2 + SP does not say the arena is not shrunk"
+# practice B's tp × ep variant with Megatron SP (Megatron's required shape for TP with MoE): planned, the same memory
+# as tp 2 × ep 4, fewer TP bytes (no expert-row all-gathers, no ln2 gathers before the MoE layers; the aux
+# statistics and the routers' gradient all-reduced instead), the same all-to-all rows
+j6=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    actor.expert_parallel_size=4 actor.megatron.expert_tensor_parallel_size=1 actor.megatron.sequence_parallel=true \
+    2>"$OUT/err") || fail "plan tp 2 × ep 4 + SP: $(cat "$OUT/err")"
+python3 - "$j3" "$j6" <<'PY' && ok || fail "tp 2 × ep 4 + SP against tp 2 × ep 4: $j6"
+import json, sys
+c, f = (json.loads(x) for x in sys.argv[1:3])
+assert f["tp"] == 2 and f["ep"] == 4 and f["tp_sequence_parallel"] == 1 and f["tp_reduce_scatter_bytes_per_update"] > 0, f
+assert 0 < f["tp_bytes_per_update"] < c["tp_bytes_per_update"], (f["tp_bytes_per_update"], c["tp_bytes_per_update"])
+for k in ("acts_bytes", "weights_bytes", "trainer_total_bytes", "alltoall_ep_bytes_per_update"):
+    assert f[k] == c[k], (k, f[k], c[k])
+PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
     "model.enable_gradient_checkpointing=true:recompute" \
-    "actor.megatron.sequence_parallel=true actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1:sequence_parallel=true with actor.expert_parallel_size=2" \
+    "actor.megatron.sequence_parallel=true actor.expert_parallel_size=2:expert_tensor_parallel_size=1" \
     "actor.megatron.sequence_parallel=true actor.pipeline_parallel_size=2:sequence_parallel=true with actor.pipeline_parallel_size=2"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
@@ -413,7 +427,8 @@ PY
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
     # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
     # Megatron SP (tp 2; tp 2 × dp 2 with experts whole: the ln2 gathers): tp_comm's reduce-scatters and
-    # all-gathers equal plan's SP rows, the arena plan's (not shrunk).
+    # all-gathers equal plan's SP rows, the arena plan's (not shrunk). SP × EP (tp 2 × ep 2, experts whole): the
+    # MoE on each rank's own rows (no ln2 or expert-row gathers; the aux statistics and routers' sums).
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -473,6 +488,7 @@ PY
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 2|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 LAYOUTS
     fi
 fi

@@ -22,7 +22,10 @@
  * them not a multiple of the TP size) with SP and with a second grid without it, logp / entropy / gradients
  * compared, and the bytes the TP group sent counted per operation against the formula of tp_sp.h (reduce-scatter
  * and all-gather of ⌈N/P⌉·H floats per row-parallel output / column-parallel input instead of all-reduces).
- * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V] [--ep N | --sp]. */
+ * --ep 2 --etp 1 --sp: Megatron SP × EP (tp_sp.h: each TP rank's own rows dispatched over its EP group): the same
+ * checks against one rank, and check_sp_ep_vs_tp_ep: one pass of N and N − 1 tokens against TP × EP without SP
+ * (logp, entropy, gradients, recorded routes; the TP group's bytes per operation against their derivation).
+ * Usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V] [--ep N] [--sp]. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -83,6 +86,12 @@ static void check_refusals(void) {
     pc.expert_tensor_parallel_size = 2;
     CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "expert_tensor_parallel_size=1"),
           "TP 2 × EP 2 with expert-TP: %s", moerl_last_error());
+    pc.expert_tensor_parallel_size = 1; /* Megatron SP × EP (tp_sp.h): accepted with the experts whole */
+    pc.sequence_parallel = 1;
+    CHECK(par_check_tp(&pc, 4) == MOERL_OK, "TP 2 × EP 2 + SP on 4 ranks: %s", moerl_last_error());
+    pc.expert_tensor_parallel_size = 2;
+    CHECK(par_check_tp(&pc, 4) == MOERL_ERR && strstr(moerl_last_error(), "expert_tensor_parallel_size=1"),
+          "TP 2 × EP 2 + SP with expert-TP: %s", moerl_last_error());
     pc = tp_pc(2, -1);
     CHECK(par_check_tp(&pc, 3) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 3 trainer"),
           "TP 2 over 3 ranks: %s", moerl_last_error());
@@ -180,10 +189,21 @@ static void check_vocab_parallel(par_state *ps, moe_model *m, const moe_model *w
 /* One forward, vocab-parallel logp / entropy and backward of the first N tokens of b on model m under par (a
  * par_state): fills logp, ent [N] and m's gradients (par_finish_grads); bytes[DIST_OP_COUNT] = what the TP group
  * sent during forward + logprobs + backward. */
+static void sp_pass_routes(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent,
+                           double *bytes, int16_t *routes, const int16_t *replay);
 static void sp_pass(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent, double *bytes) {
+    sp_pass_routes(ps, m, b, N, logp, ent, bytes, NULL, NULL);
+}
+/* sp_pass with routes != NULL: the forward records the native routes of all N tokens there ([N, n_moe, K], as
+ * model_acts.routes_out), and every MoE layer's topk_ids of every row are checked against them (the experts used
+ * are the native ones: replay NULL). replay != NULL: the forward replays these routes (model_acts.replay_routes). */
+static void sp_pass_routes(par_state *ps, moe_model *m, const fx_batch *b, int N, float *logp, float *ent,
+                           double *bytes, int16_t *routes, const int16_t *replay) {
     model_acts a;
     MOERL_ASSERT(model_acts_init(&a, m, FX_MAX_TOKENS) == MOERL_OK);
     a.par = ps;
+    a.routes_out = routes;
+    a.replay_routes = replay;
     const int cu[2] = {0, N};
     int tgt[FX_N_SEQ * 16];
     float dl[FX_N_SEQ * 16], de[FX_N_SEQ * 16];
@@ -196,6 +216,12 @@ static void sp_pass(par_state *ps, moe_model *m, const fx_batch *b, int N, float
     dist_comm_reset_bytes(tc);
     model_zero_grad(m);
     CHECK_R(model_forward(m, &a, b->tok, cu, NULL, 1, N) == MOERL_OK, "forward (N %d): %s", RANK, N, moerl_last_error());
+    const int K = m->cfg.num_experts_per_tok, per = model_moe_layer_count(&m->cfg) * K;
+    for (int l = 0, bad = 0; routes && !replay && l < m->cfg.num_hidden_layers; l++) {
+        const int mi = model_moe_layer_index(&m->cfg, l);
+        for (int t = 0; mi >= 0 && t < N * K; t++) bad += a.layers[l].mlp.topk_ids[t] != routes[(t / K) * per + mi * K + t % K];
+        CHECK_R(!bad, "layer %d: %d topk_ids differ from the recorded routes (N %d)", RANK, l, bad, N);
+    }
     model_logprobs(m, &a, tgt, 0.7f, 1);
     model_backward(m, &a, dl, de, 0.05f);
     for (int op = 0; op < DIST_OP_COUNT; op++) bytes[op] = dist_comm_bytes(tc, (dist_op)op);
@@ -205,17 +231,23 @@ static void sp_pass(par_state *ps, moe_model *m, const fx_batch *b, int N, float
     model_acts_free(&a);
 }
 
+/* *m2 / *ps2: the whole model whole0 sliced on a second grid of ps's layout without SP; its slice must equal m's
+ * (the same weights). Collective over the world. */
+static void twin_without_sp(par_state *ps, const moe_model *m, const moe_model *whole0, moe_model *m2, par_state *ps2) {
+    MOERL_ASSERT(model_init(m2, &whole0->cfg) == MOERL_OK);
+    memcpy(m2->params, whole0->params, m2->n_params * sizeof(float));
+    par_config pc2 = ps->grid->cfg;
+    pc2.sequence_parallel = 0;
+    CHECK_R(par_state_init_cfg(ps2, g_ctx, &pc2, m2) == MOERL_OK, "the grid without SP: %s", RANK, moerl_last_error());
+    CHECK_R(memcmp(m2->params, m->params, m->n_params * sizeof(float)) == 0, "the two slices differ", RANK);
+}
+
 /* SP against TP without SP on the same slice weights (dp 1): log-probabilities, entropy and gradients of one
  * pass, and the bytes each moved (tp_sp.h), for N tokens and N − 1. Collective over the world. */
 static void check_sp_vs_tp(par_state *ps, moe_model *m, const moe_model *whole0, const fx_batch *b, int etp) {
     moe_model m2;
-    MOERL_ASSERT(model_init(&m2, &whole0->cfg) == MOERL_OK);
-    memcpy(m2.params, whole0->params, m2.n_params * sizeof(float));
-    par_config pc2 = ps->grid->cfg;
-    pc2.sequence_parallel = 0;
     par_state ps2;
-    CHECK_R(par_state_init_cfg(&ps2, g_ctx, &pc2, &m2) == MOERL_OK, "the grid without SP: %s", RANK, moerl_last_error());
-    CHECK_R(memcmp(m2.params, m->params, m->n_params * sizeof(float)) == 0, "the two slices differ", RANK);
+    twin_without_sp(ps, m, whole0, &m2, &ps2);
     const moe_config *c = &m->cfg;
     const int P = ps->grid->tp, L = c->num_hidden_layers;
     int n_mlp = 0; /* row-parallel MLP outputs: dense layers, and MoE layers under expert-TP */
@@ -266,6 +298,85 @@ static void check_sp_vs_tp(par_state *ps, moe_model *m, const moe_model *whole0,
     model_free(&m2);
 }
 
+/* SP × EP (tp_sp.h: each TP rank dispatches its own ⌈N/P⌉ rows over its EP group) against TP × EP without SP
+ * (tp_ep.h) on the same slice weights, the same N tokens on every rank: one pass of N and of N − 1 tokens (P ∤ N:
+ * the last rank routes fewer rows) with the routes recorded. Checks: logp, entropy, the gradients after
+ * par_finish_grads (routers and norms summed over TP, experts over their holders) and every token's recorded
+ * routes and topk_ids (gathered over TP); the bytes tp_comm counts per operation against the derivation below;
+ * ep_comm's all-to-all bytes equal TP × EP's when P | N (then SP's rows are TP × EP's share: the same rows
+ * dispatched to the same experts). Collective over the world. */
+static void check_sp_ep_vs_tp_ep(par_state *ps, moe_model *m, const moe_model *whole0, const fx_batch *b) {
+    moe_model m2;
+    par_state ps2;
+    twin_without_sp(ps, m, whole0, &m2, &ps2);
+    const moe_config *c = &m->cfg;
+    const int P = ps->grid->tp, L = c->num_hidden_layers, n_moe = model_moe_layer_count(c), K = c->num_experts_per_tok;
+    const int per = n_moe * K;
+    float *g1 = xalloc_aligned((m->n_params + 1) * sizeof(float));
+    for (int N = b->n_tokens; N >= b->n_tokens - 1; N--) {
+        float lp1[FX_N_SEQ * 16], en1[FX_N_SEQ * 16], lp2[FX_N_SEQ * 16], en2[FX_N_SEQ * 16];
+        double by1[DIST_OP_COUNT], by2[DIST_OP_COUNT], ep1, ep2;
+        int16_t *r1 = xmalloc((size_t)N * per * sizeof(int16_t)), *r2 = xmalloc((size_t)N * per * sizeof(int16_t));
+        dist_comm_reset_bytes(ps->grid->ep_comm);
+        sp_pass_routes(ps, m, b, N, lp1, en1, by1, r1, NULL);
+        ep1 = dist_comm_bytes(ps->grid->ep_comm, DIST_OP_ALLTOALL);
+        memcpy(g1, m->grads, m->n_params * sizeof(float));
+        dist_comm_reset_bytes(ps2.grid->ep_comm);
+        sp_pass_routes(&ps2, &m2, b, N, lp2, en2, by2, r2, NULL);
+        ep2 = dist_comm_bytes(ps2.grid->ep_comm, DIST_OP_ALLTOALL);
+        /* the same products; the residual rows reduce-scattered instead of all-reduced and the routers' and norms'
+         * gradients summed from each rank's rows, in another fp32 order: check_sp_vs_tp's bounds */
+        t_close("SP × EP logp vs TP × EP", lp1, lp2, N, 2e-5f, 2e-5f);
+        t_close("SP × EP entropy vs TP × EP", en1, en2, N, 2e-5f, 2e-5f);
+        t_close("SP × EP gradients vs TP × EP", g1, m2.grads, (long)m->n_params, 1e-6f, 1e-4f);
+        CHECK_R(memcmp(r1, r2, (size_t)N * per * sizeof(int16_t)) == 0, "SP × EP's recorded routes differ (N %d)",
+                RANK, N);
+        /* bytes (dist.h's convention): a row op moves (P−1)·⌈N/P⌉·H floats. SP × EP: SP's reduce-scatters (the
+         * MoE layers have none: experts whole); SP's 4L + 2 gathers less the MoE layers' ln2 and ∂out (2 each);
+         * all-reduces: the vocab-parallel statistics and the aux statistics (2E floats, one forward); the routes
+         * recorded: one all-gather of every token's routes_out and topk_ids (2·n_moe·K floats a row). TP × EP:
+         * [N,H] all-reduces and, per MoE layer and pass, the expert rows' all-gather ((P−1)·⌈N/P⌉·K·H floats). */
+        const double H = c->hidden_size, rows = (double)((N + P - 1) / P), f = 2.0 * (P - 1) / P;
+        int n_dense = 0;
+        for (int l = 0; l < L; l++) n_dense += !moe_config_layer_is_moe(c, l);
+        const double stats_ar = 2 * f * 4 * N * 8, stats_ag = 2 * (P - 1) * 2.0 * N * 4, aux_ar = f * 2 * c->num_experts * 4;
+        const double want_rs = (2 + 2 * L + 2 * n_dense) * (P - 1) * rows * H * 4;
+        const double routes_ag = (P - 1) * rows * 2 * per * 4; /* the recorded routes and topk_ids, one row a token */
+        const double want_ag = (4 * L + 2 - 2 * n_moe) * (P - 1) * rows * H * 4 + stats_ag + routes_ag;
+        const double want_ag2 = stats_ag + 2 * n_moe * (P - 1) * rows * K * H * 4;
+        const double want_ar2 = (2 + 2 * L + 2 * n_dense) * f * N * H * 4 + stats_ar;
+        CHECK_R(by1[DIST_OP_REDUCE_SCATTER] == want_rs && by1[DIST_OP_ALLGATHER] == want_ag &&
+                    by1[DIST_OP_ALLREDUCE] == stats_ar + aux_ar,
+                "SP × EP bytes (N %d): reduce-scatter %.0f (want %.0f), all-gather %.0f (want %.0f), all-reduce %.0f "
+                "(want %.0f)", RANK, N, by1[DIST_OP_REDUCE_SCATTER], want_rs, by1[DIST_OP_ALLGATHER], want_ag,
+                by1[DIST_OP_ALLREDUCE], stats_ar + aux_ar);
+        CHECK_R(by2[DIST_OP_REDUCE_SCATTER] == 0 && by2[DIST_OP_ALLGATHER] == want_ag2 && by2[DIST_OP_ALLREDUCE] == want_ar2,
+                "TP × EP bytes (N %d): all-gather %.0f (want %.0f), all-reduce %.0f (want %.0f)", RANK, N,
+                by2[DIST_OP_ALLGATHER], want_ag2, by2[DIST_OP_ALLREDUCE], want_ar2);
+        CHECK_R(ep1 > 0 && (N % P || ep1 == ep2), "EP all-to-all (N %d): SP × EP %.0f B, TP × EP %.0f B", RANK, N, ep1,
+                ep2);
+        if (RANK == 0)
+            printf("  N %d tp %d ep %d: SP × EP reduce-scatter %.0f + all-gather %.0f + all-reduce %.0f B; TP × EP "
+                   "all-gather %.0f + all-reduce %.0f B; all-to-all %.0f / %.0f B\n", N, P, ps->grid->ep,
+                   by1[DIST_OP_REDUCE_SCATTER], by1[DIST_OP_ALLGATHER], by1[DIST_OP_ALLREDUCE], by2[DIST_OP_ALLGATHER],
+                   by2[DIST_OP_ALLREDUCE], ep1, ep2);
+        /* routing replay (R3) of other routes — each token's experts shifted by one — on both layouts: SP × EP
+         * reads its own rows' replayed routes (a row off would route other experts: O(1) apart) */
+        const int E = c->num_experts;
+        for (int i = 0; i < N * per; i++) r1[i] = (int16_t)((r1[i] + 1) % E);
+        sp_pass_routes(ps, m, b, N, lp1, en1, by1, NULL, r1);
+        memcpy(g1, m->grads, m->n_params * sizeof(float));
+        sp_pass_routes(&ps2, &m2, b, N, lp2, en2, by2, NULL, r1);
+        t_close("SP × EP replayed logp vs TP × EP's", lp1, lp2, N, 2e-5f, 2e-5f);
+        t_close("SP × EP replayed gradients vs TP × EP's", g1, m2.grads, (long)m->n_params, 1e-6f, 1e-4f);
+        free(r1);
+        free(r2);
+    }
+    free(g1);
+    par_state_free(&ps2);
+    model_free(&m2);
+}
+
 int main(int argc, char **argv) {
     g_ctx = dist_init(&argc, &argv);
     if (!g_ctx || dist_split_roles(g_ctx, g_ctx->world_size) != MOERL_OK) {
@@ -289,7 +400,7 @@ int main(int argc, char **argv) {
         else if (o == 'p') ep = atoi(optarg);
         else if (o == 's') sp = 1;
         else {
-            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64] [--ep N | --sp]\n");
+            fprintf(stderr, "usage: test_dist_tp [--tp N] [--nkv K] [--etp 1] [--vocab V ≥ 64] [--ep N] [--sp]\n");
             return 1;
         }
     }
@@ -319,6 +430,7 @@ int main(int argc, char **argv) {
             "the slice: tp_size %d, %zu of %zu floats", RANK, m.cfg.exec.tp_size, m.n_params, init.n_params);
     if (g->dp == 1) check_vocab_parallel(&ps, &m, &init, &b);
     if (g->dp == 1 && sp) check_sp_vs_tp(&ps, &m, &init, &b, etp);
+    if (sp && ep > 1) check_sp_ep_vs_tp_ep(&ps, &m, &init, &b);
     model_acts a;
     MOERL_ASSERT(model_acts_init(&a, &m, FX_MAX_TOKENS) == MOERL_OK);
     a.par = &ps;

@@ -680,10 +680,19 @@ static void test_tp_sp_hand(void) {
     in.tp_sp = 0;
     CK(plan_compute(&c, &in, &tp) == MOERL_OK);
     CK(sp.tp_allreduce == tp.tp_allreduce + 18 * row + norms);
-    /* refused as moerl refuses it, naming the keys */
+    /* SP × EP (4 ranks: tp 2 × dp 2, ep 2 over the dp ranks; experts whole): the 2 MoE layers take their rows as
+     * they are — 9 passes' (2·3 training + 3 pre-pass) ln2 gathers × 2 layers leave the 45 gathered rows, no
+     * expert-row gathers; + the aux statistics (2E floats a forward: 6 of them) and the routers' sum (2·E·H) */
     in.tp_sp = 1;
     in.ep = 2;
-    CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true"));
+    plan_traffic te;
+    CK(plan_compute(&c, &in, &sp) == MOERL_OK && plan_traffic_rank(&c, &in, 0, 0, 0, &te) == MOERL_OK);
+    CK(te.tp_reduce_scatter == 27 * row && te.tp_allgather == (45 - 18) * row + gather);
+    CK(te.tp_act_allreduce == 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16 + norms + 6 * 2 * 4 * 4 + 2 * 4 * 64 * 4);
+    CK(plan_traffic_logprob(&c, &in, 0, 0, 0, 2, 0, &lt) == MOERL_OK); /* 2 forwards: 5 − 2 gathers each */
+    CK(lt.tp_reduce_scatter == 2 * 3 * row && lt.tp_allgather == 2 * 3 * row + 2 * 2 * 32 * 4 &&
+       lt.tp_act_allreduce == 2 * 4 * 32 * 8.0 + 2 * 2 * 4 * 4);
+    /* refused as moerl refuses it, naming the keys */
     in.ep = 1;
     in.tp = 1;
     CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true needs"));

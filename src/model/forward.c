@@ -868,6 +868,56 @@ static void *attn_shard_par(void *par) {
     return h && h->attn_forward ? par : NULL;
 }
 
+/* ---- Megatron sequence parallelism × expert parallelism (experts whole; src/parallel/tp_sp.h) ----
+ * An MoE layer takes this TP rank's rows [s0, s1) of the micro-batch (model_sp_rows) as they are — ln2 is not
+ * gathered — routes them, dispatches them over the EP group (the moe_forward hook with n = s1 − s0 tokens) and
+ * adds the combined rows to the rank's residual rows: no TP collective for the MoE in either direction (Megatron's
+ * token dispatcher with sequence_parallel). The router's weight gradient and the aux-loss statistics cover the
+ * rank's rows: the statistics are summed over the TP group after the forward (sp_ep_finish_forward), the router's
+ * gradient with the norms' (tp_sp_reduce_router_grads). */
+
+/* par when the SP × EP path applies (SP hooks, an MoE dispatch hook, experts whole), else NULL. */
+static void *sp_ep_par(const moe_model *m, void *par) {
+    return tp_sp_par(par) && moe_dispatch_par(par) && !m->cfg.exec.tp_experts ? par : NULL;
+}
+
+#define SP_EP_SHIFT(p, o) ((p) = (p) ? (p) + (o) : NULL)
+/* Layer l's MoE sub-problem under SP × EP: this rank's rows [*s0, *s0 + *n) of the a->N tokens. The per-token
+ * arrays of the layer's mlp_acts start at row s0 (token t of the sub-problem is row s0 + t: its routes stay at
+ * their micro-batch rows); the permuted-row arrays (n·K rows) and the counts start at 0. */
+static mlp_acts sp_ep_view(const moe_model *m, model_acts *a, int l, int *s0, int *n) {
+    const size_t E = m->cfg.num_experts, K = m->cfg.num_experts_per_tok;
+    int s1;
+    model_sp_rows(a->N, m->cfg.exec.tp_size, m->cfg.exec.tp_rank, s0, &s1);
+    *n = s1 - *s0;
+    mlp_acts v = a->layers[l].mlp;
+    const size_t t = (size_t)*s0;
+    SP_EP_SHIFT(v.router_logits, t * E);
+    SP_EP_SHIFT(v.probs, t * E);
+    SP_EP_SHIFT(v.topk_ids, t * K);
+    SP_EP_SHIFT(v.row_idx, t * K);
+    SP_EP_SHIFT(v.topk_w, t * K);
+    return v;
+}
+
+/* The MoE of layer l under SP × EP (team; this thread's slice rows [q0, q1) of resid_rows): out's rows [s0, s1)
+ * := the experts' combined output for ln2's rows [s0, s1); the aux statistics of those rows accumulated. */
+static void sp_ep_moe_forward_team(const moe_model *m, model_acts *a, int l, float *out, const route_io *rt, int q0,
+                                   int q1) {
+    int s0, n;
+    mlp_acts v = sp_ep_view(m, a, l, &s0, &n);
+    route_io r; /* the replayed / recorded routes of the sub-problem's tokens: rows s0.. of the micro-batch's */
+    if (rt) {
+        r = *rt;
+        SP_EP_SHIFT(r.replay, (size_t)s0 * r.stride);
+        SP_EP_SHIFT(r.out, (size_t)s0 * r.stride);
+        rt = &r;
+    }
+    const size_t o = (size_t)s0 * m->cfg.hidden_size;
+    moe_forward_team(m, l, a->layers[l].ln2 + o, out + o, &v, n, a->aux_counts, a->aux_psum, q0 - s0, q1 - s0, a->par,
+                     rt);
+}
+
 void mlp_forward_par(const moe_model *m, int l, const float *x, float *out, mlp_acts *s, int N, void *par) {
     void *ep = moe_dispatch_par(par);
     if (!ep || !m->p.layers[l].router) mlp_forward(m, l, x, out, s, N, NULL, NULL);
@@ -980,11 +1030,14 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     if (q1 > q0)
         rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + q0, L->resid_mid + oq, w->post_attention_layernorm, q1 - q0, H,
                         c->rms_norm_eps);
-    sp_gather_team(tp_sp_par(a->par), L->ln2, N, H); /* SP: the MLP's input, every row (gather, then route) */
+    const int sp_ep = w->router && sp_ep_par(m, a->par); /* SP × EP: the MoE takes this rank's rows as they are */
+    if (sp_ep) sp_sync_team(tp_sp_par(a->par));
+    else sp_gather_team(tp_sp_par(a->par), L->ln2, N, H); /* SP: the MLP's input, every row (gather, then route) */
     route_io rt;
     const int routed = layer_route_io(m, a, l, &rt);
-    mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
-                     moe_dispatch_par(a->par), routed ? &rt : NULL);
+    if (sp_ep) sp_ep_moe_forward_team(m, a, l, out, routed ? &rt : NULL, q0, q1);
+    else mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
+                          moe_dispatch_par(a->par), routed ? &rt : NULL);
     tp_sum_rows_team(w->router ? tp_expert_par(m, a->par) : tp, out, N, H); /* row-parallel down projections */
     sp_sync_team(tp_sp_par(a->par)); /* SP with experts whole: no reduce-scatter, the rows are complete */
     if (q1 > q0) {
@@ -1001,6 +1054,38 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         sp_gather_team(tp_sp_par(a->par), a->lnf, N, H); /* SP: the vocab-parallel head's input, every row */
         if (n > 0) lin(m, a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
     }
+}
+
+/* After an SP × EP forward (one thread): the aux-loss statistics summed over the TP group (each rank counted its
+ * rows), and — when the routes are recorded (routes_out) — every rank's rows of routes_out and of each MoE layer's
+ * topk_ids all-gathered (the callers read them for all N tokens: train_route_visit). */
+static void sp_ep_finish_forward(const moe_model *m, model_acts *a) {
+    const model_hooks *h = model_par_hooks(a->par);
+    const int E = m->cfg.num_experts, K = m->cfg.num_experts_per_tok, N = a->N, per = model_moe_layer_count(&m->cfg) * K;
+    float *buf = xmalloc(((size_t)2 * (E > N * 2 * per ? E : N * 2 * per) + 1) * sizeof(float));
+    memcpy(buf, a->aux_counts, (size_t)E * sizeof(float));
+    memcpy(buf + E, a->aux_psum, (size_t)E * sizeof(float));
+    h->tp_allreduce_f32(a->par, buf, (size_t)2 * E);
+    memcpy(a->aux_counts, buf, (size_t)E * sizeof(float));
+    memcpy(a->aux_psum, buf + E, (size_t)E * sizeof(float));
+    if (a->routes_out) { /* a row: the token's routes_out entries, then its topk_ids of every MoE layer */
+        int s0, s1;
+        model_sp_rows(N, m->cfg.exec.tp_size, m->cfg.exec.tp_rank, &s0, &s1);
+        for (int pass = 0; pass < 2; pass++) { /* 0: pack this rank's rows; 1: unpack every row after the gather */
+            for (int t = pass ? 0 : s0; t < (pass ? N : s1); t++) {
+                float *f = buf + (size_t)t * 2 * per;
+                int16_t *ro = a->routes_out + (size_t)t * per;
+                for (int i = 0; i < per; i++) pass ? (void)(ro[i] = (int16_t)f[i]) : (void)(f[i] = ro[i]);
+                for (int l = 0, mi = 0; l < m->cfg.num_hidden_layers; l++) {
+                    if (!m->p.layers[l].router) continue;
+                    int *ids = a->layers[l].mlp.topk_ids + (size_t)t * K;
+                    for (int j = 0; j < K; j++, mi++) pass ? (void)(ids[j] = (int)f[per + mi]) : (void)(f[per + mi] = ids[j]);
+                }
+            }
+            if (!pass) h->tp_all_gather(a->par, buf, N, 2 * per);
+        }
+    }
+    free(buf);
 }
 
 int model_forward(const moe_model *m, model_acts *a, const int *tokens, const int *cu_seqlens,
@@ -1110,6 +1195,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         trace_end("layer rest (o_proj, norm, MoE, next qkv)", "model", tl);
     }
     blas_team_end(nb);
+    if (E > 0 && sp_ep_par(m, a->par)) sp_ep_finish_forward(m, a); /* SP × EP: each rank routed its own rows */
     a->aux_loss = a->n_moe_layers ? moe_aux_loss(a->aux_counts, a->aux_psum, E, (int64_t)a->n_moe_layers * N) : 0.0f;
     return MOERL_OK;
 }
@@ -1202,14 +1288,13 @@ static void moe_loop_backward_team(moe_model *m, model_acts *a, int l, const flo
  * per-token gather of dx (moe_permute_backward as a gather: dx[t] = Σ_j dpermuted[pos(t, j)])
  * plus the router's input gradient. Source: the chain rule through HF Qwen3MoeSparseMoeBlock
  * (transformers, src/transformers/models/qwen3_moe/modeling_qwen3_moe.py). */
-static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx,
-                              float aux_weight, int r0, int r1) {
+static void moe_backward_team(moe_model *m, model_acts *a, int l, mlp_acts *s, const float *x, const float *dout,
+                              float *dx, int N, float aux_weight, int r0, int r1) {
     const moe_config *c = &m->cfg;
     const moe_exec_opts *ex = &c->exec;
     const layer_views *w = &m->p.layers[l];
     layer_views *gw = &m->g.layers[l];
-    mlp_acts *s = &a->layers[l].mlp;
-    const int N = a->N, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
+    const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok,
               I = c->moe_intermediate_size, n = r1 - r0, M = N * K;
     float *dWgu = ex->per_expert_weights ? a->dw_gu : gw->experts_gate_up;
     float *dWd = ex->per_expert_weights ? a->dw_d : gw->experts_down;
@@ -1248,8 +1333,8 @@ static void moe_backward_team(moe_model *m, model_acts *a, int l, const float *x
     if (n > 0) {
         const float *dprobs = NULL;
         if (aux_weight != 0.0f) {
-            moe_aux_backward(a->d_probs + (size_t)r0 * E, a->aux_counts, n, E, (int64_t)a->n_moe_layers * N,
-                             aux_weight);
+            moe_aux_backward(a->d_probs + (size_t)r0 * E, a->aux_counts, n, E, (int64_t)a->n_moe_layers * a->N,
+                             aux_weight); /* SP × EP: the micro-batch's a->N tokens, not the sub-problem's N */
             dprobs = a->d_probs + (size_t)r0 * E;
         }
         router_topk_backward(a->d_router_logits + (size_t)r0 * E, a->d_topk_w + (size_t)r0 * K, dprobs,
@@ -1343,6 +1428,16 @@ static void dense_backward_team(moe_model *m, model_acts *a, int l, const float 
     tp_sum_rows_team(tp_par(a->par), dx, N, H); /* column-parallel gate_up: partial input gradient */
 }
 
+/* The MoE backward of layer l under SP × EP (team; slice rows [q0, q1)): d_tmp's rows [s0, s1) := ∂/∂ln2 of those
+ * rows from d_resid's rows [s0, s1); the local experts' and the router's gradients accumulate this rank's rows. */
+static void sp_ep_moe_backward_team(moe_model *m, model_acts *a, int l, float aux_weight, int q0, int q1) {
+    int s0, n;
+    mlp_acts v = sp_ep_view(m, a, l, &s0, &n);
+    const size_t o = (size_t)s0 * m->cfg.hidden_size;
+    moe_backward_team(m, a, l, &v, a->layers[l].ln2 + o, a->d_resid + o, a->d_tmp + o, n, aux_weight, q0 - s0,
+                      q1 - s0);
+}
+
 /* Layer l from its output back to resid_mid and through o_proj (team): on entry d_resid holds
  * ∂loss/∂(layer output); on exit ∂loss/∂resid_mid, and d_att = ∂loss/∂att (all rows, after the
  * region ends). MLP backward into d_tmp, post-attention RMSNorm backward added to d_resid (the
@@ -1357,8 +1452,11 @@ static void layer_mlp_backward_team(moe_model *m, model_acts *a, int l, float au
     void *sp = tp_sp_par(a->par);
     int q0, q1; /* SP: the norm's rows are this rank's slice; ∂out and ∂resid_mid all-gathered for the products */
     resid_rows(m, a, r0, r1, &q0, &q1);
-    sp_gather_team(sp, a->d_resid, N, H);
-    if (w->router) moe_backward_team(m, a, l, L->ln2, a->d_resid, a->d_tmp, aux_weight, r0, r1);
+    const int sp_ep = w->router && sp_ep_par(m, a->par); /* SP × EP: the MoE on this rank's rows, no gather */
+    if (sp_ep) sp_sync_team(sp);
+    else sp_gather_team(sp, a->d_resid, N, H);
+    if (sp_ep) sp_ep_moe_backward_team(m, a, l, aux_weight, q0, q1);
+    else if (w->router) moe_backward_team(m, a, l, &L->mlp, L->ln2, a->d_resid, a->d_tmp, N, aux_weight, r0, r1);
     else dense_backward_team(m, a, l, L->ln2, a->d_resid, a->d_tmp, r0, r1);
     sp_sync_team(sp);
     norm_partials np = norm_partials_for(m, a);
@@ -1661,7 +1759,7 @@ void mlp_backward(moe_model *m, model_acts *a, int l, const float *x, const floa
     {
         int r0, r1;
         team_share(N, &r0, &r1);
-        if (m->p.layers[l].router) moe_backward_team(m, a, l, x, dout, dx, 0.0f, r0, r1);
+        if (m->p.layers[l].router) moe_backward_team(m, a, l, &a->layers[l].mlp, x, dout, dx, a->N, 0.0f, r0, r1);
         else dense_backward_team(m, a, l, x, dout, dx, r0, r1);
     }
     blas_team_end(nb);

@@ -16,7 +16,8 @@ static void par_def_tp_keys(cfg *c) {
     cfg_def_bool(c, "actor.megatron.sequence_parallel", false,
                  "Megatron sequence parallelism: between the row-parallel outputs and the column-parallel inputs the "
                  "residual stream and the RMSNorms hold a 1/tp slice of each micro-batch's tokens (reduce-scatter and "
-                 "all-gather instead of all-reduce); needs tensor_model_parallel_size ≥ 2");
+                 "all-gather instead of all-reduce); needs tensor_model_parallel_size ≥ 2; with expert_parallel_size > 1 "
+                 "(experts whole) each TP rank's own tokens go to their experts over its EP group");
 }
 
 /* Read and check them (the sizes against the other strategies: par_check_tp). */
@@ -70,14 +71,10 @@ int par_check_tp(const par_config *pc, int T) {
                             "actor.expert_parallel_size %d, combines with it when "
                             "actor.megatron.expert_tensor_parallel_size=1, without the pipeline)", tp, fsdp,
                             pc->ulysses_sequence_parallel_size, pc->expert_parallel_size);
-    if (pc->sequence_parallel && pc->expert_parallel_size > 1) /* tp_sp.h and tp_ep.h each own the MoE's token rows */
-        return moerl_errorf("actor.megatron.sequence_parallel=true with actor.expert_parallel_size=%d: Megatron sequence "
-                            "parallelism combines with TP × DP only in this build (set sequence_parallel=false for "
-                            "TP × EP)", pc->expert_parallel_size);
     if (pc->sequence_parallel && pp > 1)
         return moerl_errorf("actor.megatron.sequence_parallel=true with actor.pipeline_parallel_size=%d: Megatron "
-                            "sequence parallelism combines with TP × DP only in this build (set sequence_parallel=false "
-                            "for TP × pipeline)", pp);
+                            "sequence parallelism combines with TP × DP and TP × EP × DP only in this build (set "
+                            "sequence_parallel=false for TP × pipeline)", pp);
     if (pp > 1 && par_check_tp_pp(pc, T) != MOERL_OK) return MOERL_ERR;
     if (T % tp)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d does not divide the %d trainer rank%s", tp, T,

@@ -165,6 +165,7 @@ static int pp_ep_init(par_state *ps, moe_model *m) {
 static int tp_ep_attach(par_state *ps, const moe_model *m) {
     const par_grid *g = ps->grid;
     tp_set_expert_groups(ps->tp, g->ep_dp_comm, g->ep_comm);
+    if (g->cfg.sequence_parallel) return MOERL_OK; /* SP × EP: SP's rows dispatched as they are (tp_sp.h) */
     return (ps->tpep = tp_ep_new(g, ps->ep, &m->cfg)) ? MOERL_OK : MOERL_ERR;
 }
 
@@ -577,6 +578,9 @@ int par_finish_grads(par_state *ps, int passes, int max_passes) {
     if (ps && ps->tp) { /* TP × EP too (tp_set_expert_groups); with Megatron SP the norms' partial gradients
                          * (each rank's token rows) are summed over the TP group as well */
         if (tp_reduce_grads(ps->tp) != MOERL_OK) return MOERL_ERR;
+        if (ps->grid->cfg.sequence_parallel && ps->ep && /* SP × EP: each rank's router saw its own rows */
+            tp_sp_reduce_router_grads(ps->grid->tp_comm, tp_state_model(ps->tp)) != MOERL_OK)
+            return MOERL_ERR;
         return ps->grid->cfg.sequence_parallel ? tp_sp_reduce_norm_grads(ps->grid->tp_comm, tp_state_model(ps->tp))
                                                : MOERL_OK;
     }

@@ -30,7 +30,7 @@
  * tp_reduce_layer_grads over the stage's layers; the norm is tp_norm_squares over the stage's ranges, summed
  * over the stages. This build: FSDP and Ulysses refused with TP, TP × pipeline × EP too (par_check_tp); no
  * activation recompute.
- * Megatron sequence parallelism (actor.megatron.sequence_parallel, TP × DP only): tp_sp.h. */
+ * Megatron sequence parallelism (actor.megatron.sequence_parallel, TP × DP and TP × EP × DP): tp_sp.h. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
 

@@ -17,6 +17,8 @@
  * and the TP group all-gathers the rows of ∂permuted.
  * Gradients: the experts summed over grid.ep_dp_comm (every rank holding the same experts: tp · dp / ep of
  * them, each having seen other tokens), the rest over grid.dp_comm as under TP × DP (tp_set_expert_groups).
+ * With Megatron sequence parallelism (actor.megatron.sequence_parallel) no tp_ep_state is built: each TP rank
+ * already holds its own rows and dispatches them as they are (SP × EP, tp_sp.h).
  * Sources (semantics only): Megatron-LM megatron/core/parallel_state.py (expert-model-parallel groups over
  * the tp × dp ranks), megatron/core/transformer/moe/token_dispatcher.py (the MoE input split over the TP
  * ranks before the all-to-all, gathered after). */

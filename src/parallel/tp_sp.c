@@ -58,3 +58,27 @@ int tp_sp_reduce_norm_grads(dist_comm *comm, moe_model *m) {
     free(buf);
     return rc == MOERL_OK ? MOERL_OK : moerl_error_prefix("sequence-parallel norm gradient sum: ");
 }
+
+int tp_sp_reduce_router_grads(dist_comm *comm, moe_model *m) {
+    const int L = m->cfg.num_hidden_layers;
+    const size_t n = (size_t)m->cfg.num_experts * m->cfg.hidden_size;
+    size_t total = 0;
+    for (int l = 0; l < L; l++) total += m->g.layers[l].router ? n : 0;
+    if (!total) return MOERL_OK;
+    float *buf = xmalloc(total * sizeof(float));
+    for (int pass = 0, rc = MOERL_OK; pass < 2; pass++) { /* 0: pack, then the sum; 1: unpack */
+        size_t o = 0;
+        for (int l = 0; l < L; l++) {
+            if (!m->g.layers[l].router) continue;
+            if (pass) memcpy(m->g.layers[l].router, buf + o, n * sizeof(float));
+            else memcpy(buf + o, m->g.layers[l].router, n * sizeof(float));
+            o += n;
+        }
+        if (!pass && (rc = dist_comm_allreduce_f32(comm, buf, total)) != MOERL_OK) {
+            free(buf);
+            return moerl_error_prefix("sequence-parallel × expert-parallel router gradient sum: ");
+        }
+    }
+    free(buf);
+    return MOERL_OK;
+}

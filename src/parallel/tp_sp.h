@@ -11,6 +11,17 @@
  * The MoE: ln2 is gathered first and every TP rank routes all N tokens (as without SP); with expert-TP its
  * partial output is reduce-scattered, with experts whole (expert_tensor_parallel_size 1) the output is
  * complete on every rank and the rank keeps its rows (no collective).
+ * SP × EP (actor.expert_parallel_size > 1, experts whole; Megatron's token dispatcher under sequence_parallel):
+ * an MoE layer takes the rank's own ⌈N/P⌉ rows of ln2 as they are (no gather), routes them and dispatches them
+ * over the rank's EP group (ep.h's all-to-all with n = s1 − s0 tokens), and the combined rows are added to the
+ * rank's residual rows (no reduce-scatter); the backward mirrors it (∂out's rows not gathered, ∂ln2's rows
+ * stay the rank's). N not a multiple of P: the last ranks route fewer rows (model_sp_rows; a rank may route
+ * none and still joins the EP exchange). The router's gradient covers the rank's rows and is summed over the
+ * TP group (tp_sp_reduce_router_grads), the aux-loss statistics after every forward (one all-reduce of 2·E
+ * floats, forward.c), the experts over their holders as TP × EP (tp_set_expert_groups). No tp_ep.h state:
+ * the split of the tokens over the TP group is SP's own. Source (semantics only): Megatron-LM
+ * megatron/core/transformer/moe/token_dispatcher.py (with sequence parallelism the MoE input is already split
+ * over the TP ranks; no all-gather before the permutation when expert-TP is 1).
  * Source of the method (semantics only): Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
  * Transformer Models" §4.2.2; Megatron-LM megatron/core/tensor_parallel/mappings.py
  * (gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region). */
@@ -30,5 +41,9 @@ int tp_sp_all_gather(dist_comm *comm, float *x, int N, int H);
 /* The RMSNorm weights' gradients of m (input_layernorm, post_attention_layernorm of every layer, the final
  * norm) summed over comm in place: under SP each rank's cover its own token rows. Collective over comm. */
 int tp_sp_reduce_norm_grads(dist_comm *comm, moe_model *m);
+/* SP × EP (the MoE on each rank's own rows, see below): the routers' weight gradients of m (every MoE layer's,
+ * E·H floats each) summed over comm in place — each rank's cover its own token rows (Megatron marks the router
+ * a sequence-parallel parameter). One all-reduce; nothing without MoE layers. Collective over comm. */
+int tp_sp_reduce_router_grads(dist_comm *comm, moe_model *m);
 
 #endif

@@ -908,7 +908,7 @@ static void tp_update_traffic(const moe_config *lc, const plan_input *li, const 
 static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
                                int sp, plan_traffic *t);
 static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
-                          int update, plan_traffic *t);
+                          int update, int sp, plan_traffic *t);
 
 int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
                          double resp_tokens, plan_traffic *t) {
@@ -920,7 +920,7 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
             logprob_traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, n_mb, resp_tokens, t) != MOERL_OK)
             return MOERL_ERR;
         tp_logprob_traffic(&lc, &li, &x, in->tp, n_mb, in->tp_sp, t);
-        tp_ep_traffic(&lc, &li, &x, in->tp, n_mb, 0, t);
+        tp_ep_traffic(&lc, &li, &x, in->tp, n_mb, 0, in->tp_sp, t);
         return MOERL_OK;
     }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -937,7 +937,7 @@ int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int 
             traffic(&lc, &li, &x, stage, sp_rank, fsdp_rank, t) != MOERL_OK)
             return MOERL_ERR;
         tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, in->tp_sp, t);
-        tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, t);
+        tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, in->tp_sp, t);
         return MOERL_OK;
     }
     if (plan_check(c, in, &x) != MOERL_OK) return MOERL_ERR;
@@ -1172,10 +1172,10 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     plan_traffic t, tl;
     if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
     tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, in->tp_sp, &t);
-    tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, &t);
+    tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, in->tp_sp, &t);
     const double n_lp = ceil((double)in->logprob_tokens / li.n_trainer / (double)in->micro_tokens);
     tp_logprob_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), in->tp_sp, &tl);
-    tp_ep_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), 0, &tl);
+    tp_ep_traffic(&lc, &li, &x, in->tp, MOERL_MAX(1, (int)n_lp), 0, in->tp_sp, &tl);
     o->tp = in->tp;
     /* the reducer's row of the tp = 1 plan is replaced by tp_reduce_grads' sums (TP × EP: the experts' too) */
     o->allreduce = t.tp_dp_allreduce + t.tp_ep_allreduce;
@@ -1318,15 +1318,19 @@ static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const
  * (ceil(capacity_factor · ⌈N/P⌉ · K / E) rows per block, at most ⌈N/P⌉). update = 1: one update's passes (the forward-only
  * pre-passes, the training passes) and the gradient sums — the slice's non-expert tensors over dp_comm
  * (tp_dp_allreduce), its E/ep whole experts over ep_dp_comm (tp·D/ep ranks) with the clipping norm's double
- * over ep_comm (tp_ep_allreduce); update = 0: n_mb forward-only logprob passes. No-op without EP. */
+ * over ep_comm (tp_ep_allreduce); update = 0: n_mb forward-only logprob passes. sp: Megatron SP × EP
+ * (tp_sp_ep_traffic: no expert-row gathers). No-op without EP. */
+static void tp_sp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                             int update, plan_traffic *t);
 static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
-                          int update, plan_traffic *t) {
+                          int update, int sp, plan_traffic *t) {
     const int ep = li->ep, L = lc->num_hidden_layers, n_moe = n_moe_in(lc, 0, L);
     if (ep <= 1 || n_moe == 0) return;
     const double db = li->dtype_bytes, N = (double)x->N, K = lc->num_experts_per_tok, H = lc->hidden_size;
     const double fo = li->fwd_only_passes, mb = x->mb, share = ceil(N / P) * K * H;
     const double gathers = update ? (fo + 2.0) * mb : (double)n_mb, exch = update ? (2.0 * (fo + 1) + 2.0) * mb : 2.0 * n_mb;
-    t->tp_allgather += gathers * n_moe * (P - 1.0) * share * db;
+    if (sp) tp_sp_ep_traffic(lc, li, x, P, n_mb, update, t);
+    else t->tp_allgather += gathers * n_moe * (P - 1.0) * share * db;
     if (x->dispatcher != MOE_DISPATCH_ALLTOALL) { /* all-to-all-v: the rows are this rank's share of the tokens */
         t->ep_alltoall -= n_moe * exch * N * K * (ep - 1) / ep * H * db * (1.0 - 1.0 / P);
     } else { /* the fixed capacity sized by the share ⌈N/P⌉ (parallel.c: ep_state_attach's max_tokens) */
@@ -1343,6 +1347,23 @@ static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan
     t->ep_grad_allreduce = 0;
     t->tp_dp_allreduce = D > 1 ? 2.0 * (D - 1) / D * ((double)hf - hf_expert) * db : 0;
     t->tp_ep_allreduce = (Q > 1 ? 2.0 * (Q - 1) / Q * hf_expert / ep * db : 0) + 2.0 * (ep - 1) / ep * 8;
+}
+
+/* Megatron SP × EP (tp_sp.h; li->ep > 1, experts whole) on top of tp_sp_rows' rows: an MoE layer takes the
+ * rank's ⌈N/P⌉ rows as they are, so tp_sp_rows' gather of ln2 before it (forward) and of ∂out (its backward
+ * conjugate) does not happen, nor TP × EP's expert-row gathers; every forward all-reduces the aux-loss statistics
+ * (2·E fp32 counts and probability sums), every update the routers' gradients (n_moe·E·H). The all-to-all rows
+ * are TP × EP's (each rank dispatches ⌈N/P⌉ tokens at most, the capacity sized by them). update and n_mb as
+ * tp_ep_traffic. */
+static void tp_sp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
+                             int update, plan_traffic *t) {
+    const int n_moe = n_moe_in(lc, 0, lc->num_hidden_layers);
+    const double db = li->dtype_bytes, N = (double)x->N, f = 2.0 * (P - 1) / P, E = lc->num_experts;
+    const double H = lc->hidden_size, fo = li->fwd_only_passes, mb = x->mb;
+    const double gathers = update ? (fo + 2.0) * mb : (double)n_mb, fwds = update ? (fo + 1.0) * mb : (double)n_mb;
+    t->tp_allgather -= gathers * n_moe * (P - 1.0) * ceil(N / P) * H * db;
+    t->tp_act_allreduce += fwds * f * 2 * E * 4;
+    if (update) t->tp_act_allreduce += f * n_moe * E * H * db;
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {

@@ -62,8 +62,8 @@ typedef struct {
     int tp_experts;         /* expert-TP: actor.megatron.expert_tensor_parallel_size ≠ 1 (each expert's I split);
                                0: every expert whole on every TP rank */
     int tp_sp;              /* Megatron sequence parallelism (actor.megatron.sequence_parallel; needs tp ≥ 2, TP × DP
-                               only, as par_check_tp): the row all-reduces of [N,H] become reduce-scatters and
-                               all-gathers over ⌈N/tp⌉ rows (tp_sp.h); the activation arena is not shrunk */
+                               or TP × EP × DP, as par_check_tp): the row all-reduces of [N,H] become reduce-scatters
+                               and all-gathers over ⌈N/tp⌉ rows (tp_sp.h); the activation arena is not shrunk */
     int fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false (fsdp.h): the training passes keep every
                                unit gathered and the gradients unreduced for the mini-batch — one all-gather of
                                the units the pre-pass left released, one reduce-scatter per unit and update; the
@@ -287,7 +287,12 @@ typedef struct {
      *   tp_ep_allreduce   dist_comm_bytes(ep_dp_comm, ALLREDUCE) + dist_comm_bytes(ep_comm, ALLREDUCE): the
      *                     E/ep whole experts' gradient over the Q = P·D/ep ranks holding them, 2(Q−1)/Q ·
      *                     n_expert/ep · dtype, and the clipping norm's double over the EP group, 2(ep−1)/ep · 8;
-     *                     ep_grad_allreduce is 0. */
+     *                     ep_grad_allreduce is 0.
+     * SP × EP (tp_sp with ep > 1, experts whole: tp_sp.h): no expert-row all-gathers, and the MoE layers' ln2
+     * gathers and their backward conjugates leave tp_allgather (per training pass 4L + 2 − 2·n_moe row ops, per
+     * forward-only pass 2L + 1 − n_moe); tp_act_allreduce adds the aux-loss statistics, 2(P−1)/P · 2E · 4 bytes
+     * per forward pass, and the routers' gradient sum, 2(P−1)/P · n_moe·E·H · dtype per update; ep_alltoall as
+     * TP × EP. */
     double tp_ep_allreduce;
 } plan_traffic;
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,

@@ -106,8 +106,8 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
     /* TP: par_check ran par_check_tp (TP with data parallelism, and with EP when the experts are whole; Megatron
-     * sequence parallelism with TP × DP only, as moerl rl); plan_compute checks the model's sizes against it
-     * (tp_config_apply) */
+     * sequence parallelism with TP × DP and TP × EP × DP, as moerl rl); plan_compute checks the model's sizes
+     * against it (tp_config_apply) */
     *pc_out = pc;
     return MOERL_OK;
 }
