@@ -1299,6 +1299,14 @@ static int tp_pp_stage(const moe_config *c, const moe_config *lc, const plan_inp
     return MOERL_OK;
 }
 
+/* The rows a TP plan of the slice gives for the whole model c: its parameter counts and the rollout's (TP of
+ * the trainer leaves the engine as it is). */
+static void tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_result *o) {
+    plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
+    o->n_active = model_active_matmul_params(c);
+    plan_rollout(c, in, o);
+}
+
 /* What plan does not model under TP × pipeline beyond what moerl refuses (tp_local): activation recompute, whose
  * recomputed forwards would repeat the stage's TP collectives — refused naming the keys. */
 static int tp_pp_check(const plan_input *in) {
@@ -1358,9 +1366,7 @@ static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_re
     /* without activation recompute (tp_pp_check): one activations row */
     o->acts_recompute = o->acts;
     o->total_recompute = o->total;
-    plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
-    o->n_active = model_active_matmul_params(c);
-    plan_rollout(c, in, o);
+    tp_whole_model_rows(c, in, o);
     return MOERL_OK;
 }
 
