@@ -1111,7 +1111,7 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
         plan_check(&lc, &li, &x) != MOERL_OK)
         return MOERL_ERR;
-    plan_traffic t, tl;
+    plan_traffic t, tl = {0}; /* tl: tp_logprob_traffic sets only its rows (tp_reduce_scatter, ep_alltoall are read) */
     if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
     tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, in->tp_sp, &t);
     tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, &t);
