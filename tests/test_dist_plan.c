@@ -247,8 +247,8 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
         const char *what[6] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice", "EP all-to-all",
                                "expert gradient and norm all-reduce", "TP reduce-scatter (Megatron SP)"};
         for (int i = 0; i < 6; i++) /* the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
-            CHECK_R(got[i] == want[i] || ((i == 3 || i == 4 || (pp > 1 && i == 2)) && rel(got[i], want[i]) < 1e-12), "step %d %s: counted %.0f B, plan %.0f", RANK, k,
-                    what[i], got[i], want[i]);
+            CHECK_R(got[i] == want[i] || ((i == 3 || i == 4 || (pp > 1 && i == 2)) && rel(got[i], want[i]) < 1e-12),
+                    "step %d %s: counted %.0f B, plan %.0f", RANK, k, what[i], got[i], want[i]);
         if (k == 0 && RANK == 0 && tpep)
             printf("tp %d x ep %d x dp %d: EP all-to-all %.0f B, expert all-reduce %.0f B per update (plan %.0f, %.0f)\n",
                    g->tp, g->ep, g->dp, got[3], got[4], want[3], want[4]);
