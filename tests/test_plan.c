@@ -550,15 +550,20 @@ static void test_xchg_hand(void) {
 #undef NEAR
 }
 
+/* test_tp_hand's layout: TP 2 on 4 ranks, expert-TP, 3 micro-batches of 32 tokens with a router pre-pass each. */
+static plan_input tp_toy_input(void) {
+    return (plan_input){.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
+                        .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
+                        .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4,
+                        .max_model_len = 32, .kv_dtype_bytes = 4, .sync_every = 1};
+}
+
 /* Trainer tensor parallelism (TP × DP), counted by hand on a toy model whose every tensor is a multiple of 16
  * floats (so the layout's padding adds nothing): H 64, 2 MoE layers of 4 experts top-2 (I 32), 4 heads / 2 kv
  * × 16, vocab 100 (untied). TP 2 on 4 ranks (dp 2), expert-TP: a rank holds heads 2, kv 1, vocab 50, I 16. */
 static void test_tp_hand(void) {
     moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
-    plan_input in = {.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
-                     .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
-                     .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4, .max_model_len = 32,
-                     .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_input in = tp_toy_input();
     plan_result r;
     CK(plan_compute(&c, &in, &r) == MOERL_OK);
     /* per layer: norms 64 + 64, q 2·16·64, k and v 1·16·64 each, o 64·2·16, q/k norms 16 + 16, router 4·64,
@@ -640,10 +645,8 @@ static void test_tp_hand(void) {
  * clipping norm (every stage sums its squares over the TP group). */
 static void test_tp_pp_hand(void) {
     moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
-    plan_input in = {.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 2, .tp = 2, .tp_experts = 1,
-                     .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
-                     .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4, .max_model_len = 32,
-                     .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_input in = tp_toy_input();
+    in.pp = 2;
     /* stage 0: forward N·H (embedding) + o_proj N·H + experts' down N·H = 6144 floats; backward q/k/v N·H +
      * experts N·H + routing weights N·K = 4160; + its layer's q/k norms (2·16 floats) and the clipping norm */
     const double act0 = 4.0 * (3 * (6144 + 4160) + 3 * 6144) + 2 * 16 * 4 + 16;
