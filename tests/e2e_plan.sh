@@ -115,6 +115,36 @@ for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.
     plan_refuses "$want" trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv && ok ||
         fail "plan tp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# TP × pipeline (× DP) is planned: each rank holds its stage's range of the TP slice — half the pipeline alone's
+# weights up to the whole norms and router (tp 2 × pp 2 × dp 2 against pp 2 × dp 2: the same stage cut, the same
+# micro-batches) —, sends the whole [N,H] to its counterpart in the next stage (the pipeline alone's p2p), sums
+# the stage's range over its dp 2 ranks holding the same slice (2(2−1)/2: the weights' bytes) and adds the
+# stage's TP collectives (tests/test_dist_plan.c checks each row byte for byte against a run). What moerl rl
+# refuses with it stays refused, naming the keys: the interleaved schedule, EP, recompute
+j6=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=4 actor.pipeline_parallel_size=2 2>"$OUT/err") ||
+    fail "plan pp 2 × dp 2: $(cat "$OUT/err")"
+j7=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=2 \
+    actor.megatron.tensor_model_parallel_size=2 2>"$OUT/err") && ok || fail "plan tp 2 × pp 2 × dp 2: $(cat "$OUT/err")"
+python3 - "$j6" "$j7" <<'PY' && ok || fail "tp 2 × pp 2 × dp 2 against pp 2 × dp 2: $j7"
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:3])
+assert b["tp"] == 2 and b["pp"] == 2 and b["dp"] == 2 and a["tp"] == 1, (b["tp"], b["pp"], b["dp"])
+assert b["stage_layers"] == a["stage_layers"] and b["micro_batches"] == a["micro_batches"], b
+r = b["weights_bytes"] / a["weights_bytes"]
+assert 0.5 <= r < 0.501, r
+assert b["p2p_pp_bytes_per_update"] == a["p2p_pp_bytes_per_update"] > 0
+assert b["allreduce_bytes_per_update"] == b["weights_bytes"], (b["allreduce_bytes_per_update"], b["weights_bytes"])
+assert b["tp_bytes_per_update"] > 0 and a["tp_bytes_per_update"] == 0
+assert b["acts_bytes"] < a["acts_bytes"]  # the heads, experts' width and logits split
+PY
+for bad in "actor.virtual_pipeline_parallel_size=2:virtual_pipeline_parallel_size (2) must be 1" \
+    "actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1:actor.expert_parallel_size (2) must be 1 with it" \
+    "model.enable_gradient_checkpointing=true:recompute"; do
+    IFS=: read -r kv want <<<"$bad"
+    # shellcheck disable=SC2086
+    plan_refuses "$want" trainer.n_ranks=8 actor.pipeline_parallel_size=2 actor.megatron.tensor_model_parallel_size=2 $kv &&
+        ok || fail "plan tp 2 × pp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
+done
 # data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
 # and rl's "no limit" (0, the default) is planned as 512
 mml() { $M plan --config examples/smoke.yaml --json "$@" 2>/dev/null |
@@ -154,7 +184,6 @@ grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer
 # or length values whose tokens per step overflow or whose FSDP replay would not end
 for bad in "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
-    "actor.pipeline_parallel_size=2 actor.megatron.tensor_model_parallel_size=2:does not model TP × pipeline" \
     "model.num_experts=64:model.num_experts (command line)" \
     "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 data.max_response_length=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
     "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 actor.ppo_max_token_len_per_gpu=528:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \
@@ -429,6 +458,9 @@ PY
     # Megatron SP (tp 2; tp 2 × dp 2 with experts whole: the ln2 gathers): tp_comm's reduce-scatters and
     # all-gathers equal plan's SP rows, the arena plan's (not shrunk). SP × EP (tp 2 × ep 2, experts whole): the
     # MoE on each rank's own rows (no ln2 or expert-row gathers; the aux statistics and routers' sums).
+    # TP × pipeline (tp 2 × pp 2, with tied embeddings, and × dp 2): per stage tp_comm's bytes, the stage's
+    # all-reduce over dp_comm and pp_comm's p2p and sums equal plan's rows; the stage's range of the slice, its
+    # moments and activation slots plan's, exactly.
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -489,6 +521,9 @@ PY
 2|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
+4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
+4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2 model.tie_word_embeddings=true
+8|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
 LAYOUTS
     fi
 fi

@@ -144,13 +144,18 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * tp_comm's. Megatron sequence parallelism (actor.megatron.sequence_parallel=true): tp_comm's reduce-scatters
  * against plan's tp_reduce_scatter, its all-gathers (rows and vocabulary max) against tp_allgather, its
  * all-reduces (logprob statistics, expert-TP's [N,K], the norms' gradients) against tp_act_allreduce, and the
- * arena against plan's (SP does not shrink it in this build). */
+ * arena against plan's (SP does not shrink it in this build). TP × pipeline (actor.pipeline_parallel_size > 1):
+ * plan's rows for the rank's stage — tp_comm's as above (the stage's layers, the embedding's on the first stage,
+ * the head's and the logprob statistics' on the last), dp_comm's all-reduce (the stage's range over the ranks
+ * holding the same slice) against pp_grad_allreduce, pp_comm's point-to-point (the schedule's, pp_stats, and
+ * the step's) and the logprob pass's pp_comm sums — and, instead of the slice's floats and arena, tp_pp_memory. */
+static void tp_pp_memory(par_state *ps, const moe_model *m, const adamw_state *os, const plan_result *pr);
 static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     par_grid *g = ps->grid;
-    const int T = g_ctx->trainer_size;
+    const int T = g_ctx->trainer_size, pp = g->pp, stage = g->stage;
     int me, nd;
     par_data_shard(ps, &me, &nd);
-    plan_input in = {.n_trainer = T, .fsdp = 1, .ep = g->ep, .sp = 1, .pp = 1, .tp = g->tp,
+    plan_input in = {.n_trainer = T, .fsdp = 1, .ep = g->ep, .sp = 1, .pp = pp, .tp = g->tp,
                      .dispatcher = (int)ps->cfg.dispatcher, .alltoall_max_ep = ps->cfg.alltoall_max_ep,
                      .capacity_factor = ps->cfg.capacity_factor,
                      .tp_experts = g->cfg.expert_tensor_parallel_size != 1, .tp_sp = g->cfg.sequence_parallel,
@@ -158,29 +163,37 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
                      .micro_batches = (N_SEQ + nd - 1) / nd, .updates_per_step = 1,
                      .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .n_rollout = 0, .rollout_tp = 1,
                      .max_num_seqs = 1, .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
+    train_seq mine[N_SEQ];
+    float *lp_buf[N_SEQ];
+    int n = 0;
+    double resp_mine = 0; /* the response tokens whose logprobs a pipeline's last stage sums onto every stage */
+    for (int s = 0; s < N_SEQ; s++)
+        if (s % nd == me) mine[n++] = g_seqs[s];
+    for (int i = 0; i < n; i++) {
+        lp_buf[i] = xcalloc((size_t)(mine[i].len - mine[i].resp_start + 1), sizeof(float));
+        resp_mine += mine[i].len - mine[i].resp_start;
+    }
     plan_traffic pt, lt;
     plan_result pr;
-    const int planned = plan_traffic_rank(mc, &in, 0, 0, 0, &pt) == MOERL_OK && plan_compute(mc, &in, &pr) == MOERL_OK &&
-                        plan_traffic_logprob(mc, &in, 0, 0, 0, in.micro_batches, 0, &lt) == MOERL_OK;
-    CHECK_R(planned, "plan (tp %d): %s", RANK, g->tp, planned ? "" : moerl_last_error());
+    const int planned = plan_traffic_rank(mc, &in, stage, 0, 0, &pt) == MOERL_OK &&
+                        plan_compute(mc, &in, &pr) == MOERL_OK &&
+                        plan_traffic_logprob(mc, &in, stage, 0, 0, in.micro_batches, resp_mine, &lt) == MOERL_OK;
+    CHECK_R(planned, "plan (tp %d, pp %d): %s", RANK, g->tp, pp, planned ? "" : moerl_last_error());
     if (!planned) return;
-    CHECK_R((double)m->n_params * 4 == pr.weights, "TP slice: %zu floats, plan %.0f", RANK, m->n_params,
-            pr.weights / 4);
     model_acts acts;
     MOERL_ASSERT(model_acts_init(&acts, m, MT) == MOERL_OK);
     acts.par = ps;
-    CHECK_R(acts.arena_bytes == pr.acts, "TP slice's arena %zu B, plan %.0f", RANK, acts.arena_bytes, pr.acts);
+    if (pp == 1) {
+        CHECK_R((double)m->n_params * 4 == pr.weights, "TP slice: %zu floats, plan %.0f", RANK, m->n_params,
+                pr.weights / 4);
+        CHECK_R(acts.arena_bytes == pr.acts, "TP slice's arena %zu B, plan %.0f", RANK, acts.arena_bytes, pr.acts);
+    }
     adamw_config oc = adamw_default_config();
     oc.lr = 1e-3f;
     adamw_state os;
     par_adamw_init(ps, m, &os, oc);
-    train_seq mine[N_SEQ];
-    float *lp_buf[N_SEQ];
-    int n = 0;
-    for (int s = 0; s < N_SEQ; s++)
-        if (s % nd == me) mine[n++] = g_seqs[s];
-    for (int i = 0; i < n; i++) lp_buf[i] = xcalloc((size_t)(mine[i].len - mine[i].resp_start + 1), sizeof(float));
     const int E = mc->num_experts;
+    int pp_ok = 1; /* TP × pipeline: the pipeline's rows per step */
     for (int k = 0; k < K_STEPS; k++) {
         reset_group_bytes(g);
         dist_comm_reset_bytes(g->tp_comm);
@@ -194,6 +207,8 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
                 "step %d logprob pass: TP all-reduce %.0f B (plan %.0f), all-gather %.0f B (plan %.0f), EP all-to-all "
                 "%.0f B (plan %.0f), TP reduce-scatter %.0f B (plan %.0f)", RANK, k, lg[0], lt.tp_act_allreduce, lg[1],
                 lt.tp_allgather, lg[2], lt.ep_alltoall, lg[3], lt.tp_reduce_scatter);
+        if (pp > 1) /* the stages' p2p and sums over pp_comm (logprob_pass_is_plans' last two rows) */
+            pp_ok &= logprob_pass_is_plans(g, 1, &lt, "TP x pipeline logprob pass", k);
         reset_group_bytes(g);
         dist_comm_reset_bytes(g->tp_comm);
         double counts[16] = {0}, psum[16] = {0};
@@ -203,12 +218,24 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
         const int n_mb = count_microbatches(mine, n, MT);
         MOERL_ASSERT(compute_router_counts(m, &acts, mine, n, MT, counts) == MOERL_OK);
         MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
-        for (int e = 0; e < E; e++) counts[e] /= g->tp; /* every TP rank counted the same tokens */
+        for (int e = 0; e < E; e++) counts[e] /= g->tp * pp; /* every TP rank (and stage) counted the same tokens */
         train_step_out so;
         MOERL_ASSERT(train_accumulate(m, &acts, mine, n, &to, ce_grad, NULL, &so) == MOERL_OK);
         MOERL_ASSERT(par_finish_grads(ps, n_mb, n_mb) == MOERL_OK);
         double gn;
         MOERL_ASSERT(par_adamw_step(ps, m, &os, 1e-3f, (float)so.loss, &gn) == 1); /* 1: applied */
+        if (pp > 1) { /* the schedule's sends (pp_stats) and the step's (+ the router pre-pass's, a tied embedding's) */
+            const double sched = pp_last_stats(ps->pp)->bytes_sent, step = dist_comm_bytes(g->pp_comm, DIST_OP_P2P);
+            const double want_step = pt.pp_p2p + pt.pp_p2p_fwd_only + pt.pp_p2p_emb;
+            pp_ok &= sched == pt.pp_p2p && step == want_step;
+            CHECK_R(sched == pt.pp_p2p && step == want_step, "step %d stage %d: PP 1F1B p2p %.0f B (plan %.0f), the "
+                    "step's p2p %.0f B (plan %.0f)", RANK, k, stage, sched, pt.pp_p2p, step, want_step);
+            if (k == 0 && g->tp_rank == 0 && g->dp_rank == 0)
+                printf("  stage %d: PP p2p of the step %.0f B (plan %.0f), stage all-reduce over dp_comm %.0f B (plan "
+                       "%.0f), TP all-reduce %.0f B (plan %.0f)\n", stage, step, want_step,
+                       g->dp > 1 ? dist_comm_bytes(g->dp_comm, DIST_OP_ALLREDUCE) : 0, pt.pp_grad_allreduce,
+                       dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE), pt.tp_act_allreduce);
+        }
         const int tpep = g->ep > 1;
         const double got[6] = {dist_comm_bytes(g->tp_comm, DIST_OP_ALLREDUCE),
                                dist_comm_bytes(g->tp_comm, DIST_OP_ALLGATHER),
@@ -218,13 +245,15 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
                                           dist_comm_bytes(g->ep_comm, DIST_OP_ALLREDUCE)
                                     : 0,
                                dist_comm_bytes(g->tp_comm, DIST_OP_REDUCE_SCATTER)};
-        const double want[6] = {pt.tp_act_allreduce, pt.tp_allgather, pt.tp_dp_allreduce, pt.ep_alltoall,
+        /* (TP × pipeline: the stage's range summed over dp_comm is the pipeline's row) */
+        const double want[6] = {pt.tp_act_allreduce, pt.tp_allgather,
+                                pp > 1 ? pt.pp_grad_allreduce : pt.tp_dp_allreduce, pt.ep_alltoall,
                                 pt.tp_ep_allreduce, pt.tp_reduce_scatter};
         const char *what[6] = {"TP all-reduce", "TP all-gather", "DP all-reduce of the slice", "EP all-to-all",
                                "expert gradient and norm all-reduce", "TP reduce-scatter (Megatron SP)"};
         for (int i = 0; i < 6; i++) /* the all-reduce volumes 2(n−1)/n·x may differ in the last bit */
-            CHECK_R(got[i] == want[i] || ((i == 3 || i == 4) && rel(got[i], want[i]) < 1e-12), "step %d %s: counted %.0f B, plan %.0f", RANK, k,
-                    what[i], got[i], want[i]);
+            CHECK_R(got[i] == want[i] || ((i == 3 || i == 4 || (pp > 1 && i == 2)) && rel(got[i], want[i]) < 1e-12),
+                    "step %d %s: counted %.0f B, plan %.0f", RANK, k, what[i], got[i], want[i]);
         if (k == 0 && RANK == 0 && tpep)
             printf("tp %d x ep %d x dp %d: EP all-to-all %.0f B, expert all-reduce %.0f B per update (plan %.0f, %.0f)\n",
                    g->tp, g->ep, g->dp, got[3], got[4], want[3], want[4]);
@@ -234,6 +263,10 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
         if (k == 0 && RANK == 0)
             printf("tp %d x dp %d: TP all-reduce %.0f B, all-gather %.0f B, DP all-reduce %.0f B per update (plan %.0f, "
                    "%.0f, %.0f)\n", g->tp, g->dp, got[0], got[1], got[2], want[0], want[1], want[2]);
+    }
+    if (pp > 1) {
+        CHECK_R(pp_ok, "TP x pipeline: the stage's p2p and pp_comm sums equal plan's", RANK);
+        tp_pp_memory(ps, m, &os, &pr);
     }
     for (int i = 0; i < n; i++) free(lp_buf[i]);
     adamw_free(&os);
@@ -257,6 +290,38 @@ static void pp_fsdp_stage_rows(const moe_config *mc, const plan_input *in, int s
                     st.stage_layers == pr->stage_layers,
                 "stage %d's rows (plan_pp_fsdp_stage) are plan_compute's fullest stage's", RANK, stage);
     *pr = st;
+}
+
+/* TP × pipeline's memory: every stage's range of the slice (pp_held_floats; its moments) is plan's stage of the
+ * slice's model (plan_pp_stage_params on the local config m->cfg, tp_config_apply's), its layers plan's cut; on
+ * the fullest stage plan_compute's weights, moments and activation slots (pp_slots_bytes) are the rank's, exactly
+ * (integers of floats; the same arena layout), and the micro-batch count and bubble theory the schedule's. */
+static void tp_pp_memory(par_state *ps, const moe_model *m, const adamw_state *os, const plan_result *pr) {
+    const par_grid *g = ps->grid;
+    double d, e;
+    int l0, l1, lo, hi;
+    MOERL_ASSERT(plan_pp_stage_params(&m->cfg, g->pp, PLAN_PP_STAGE_LOCAL, g->stage, &d, &e, &l0, &l1) == MOERL_OK);
+    pp_stage_layers(ps->pp, &lo, &hi);
+    const double held = (double)pp_held_floats(ps->pp), copy = plan_pp_tied_copy(&m->cfg, g->pp, PLAN_PP_STAGE_LOCAL,
+                                                                                   g->stage);
+    CHECK_R(l0 == lo && l1 == hi && held == d + e + copy && (double)os->n == d + e,
+            "stage %d: layers [%d, %d) (plan [%d, %d)), holds %.0f floats of the slice (plan %.0f + tied copy %.0f), "
+            "moments over %zu", RANK, g->stage, lo, hi, l0, l1, held, d + e, copy, os->n);
+    if (g->stage == pr->fullest_stage) {
+        const double slots = pp_slots_bytes(ps->pp);
+        CHECK_R(held * 4 == pr->weights && pr->grads == pr->weights && (double)os->n * 8 == pr->moments &&
+                    slots == pr->acts,
+                "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f), activation slots %.0f B "
+                "(plan %.0f)", RANK, g->stage, held * 4, pr->weights, (double)os->n * 8, pr->moments, slots, pr->acts);
+        if (g->tp_rank == 0 && g->dp_rank == 0)
+            printf("  tp %d x pp %d x dp %d, fullest stage %d: slice held %.0f B (plan %.0f), moments %.0f B (plan "
+                   "%.0f), activation slots %.0f B (plan %.0f)\n", g->tp, g->pp, g->dp, g->stage, held * 4,
+                   pr->weights, (double)os->n * 8, pr->moments, slots, pr->acts);
+    }
+    const pp_stats *pst = pp_last_stats(ps->pp);
+    CHECK_R(pst->microbatches == pr->micro_batches && rel(pst->theory_interleaved, pr->bubble_theory) < 1e-12,
+            "pipeline: %d micro-batches (plan %d), bubble theory %.4f (plan %.4f)", RANK, pst->microbatches,
+            pr->micro_batches, pst->theory_interleaved, pr->bubble_theory);
 }
 
 int main(int argc, char **argv) {

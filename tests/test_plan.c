@@ -554,15 +554,20 @@ static void test_xchg_hand(void) {
 #undef NEAR
 }
 
+/* test_tp_hand's layout: TP 2 on 4 ranks, expert-TP, 3 micro-batches of 32 tokens with a router pre-pass each. */
+static plan_input tp_toy_input(void) {
+    return (plan_input){.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
+                        .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
+                        .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4,
+                        .max_model_len = 32, .kv_dtype_bytes = 4, .sync_every = 1};
+}
+
 /* Trainer tensor parallelism (TP × DP), counted by hand on a toy model whose every tensor is a multiple of 16
  * floats (so the layout's padding adds nothing): H 64, 2 MoE layers of 4 experts top-2 (I 32), 4 heads / 2 kv
  * × 16, vocab 100 (untied). TP 2 on 4 ranks (dp 2), expert-TP: a rank holds heads 2, kv 1, vocab 50, I 16. */
 static void test_tp_hand(void) {
     moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
-    plan_input in = {.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
-                     .dtype_bytes = 4, .micro_tokens = 32, .updates_per_step = 1, .micro_batches = 3,
-                     .fwd_only_passes = 1, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 4, .max_model_len = 32,
-                     .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_input in = tp_toy_input();
     plan_result r;
     CK(plan_compute(&c, &in, &r) == MOERL_OK);
     /* per layer: norms 64 + 64, q 2·16·64, k and v 1·16·64 each, o 64·2·16, q/k norms 16 + 16, router 4·64,
@@ -622,8 +627,8 @@ static void test_tp_hand(void) {
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2)"));
     in.tp_experts = 0;
     in.ep = 1;
-    in.pp = 2; /* TP × pipeline runs (moerl sft / rl) but plan does not model it: refused, not planned as TP × DP */
-    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not model TP × pipeline"));
+    in.pp = 2; /* TP × pipeline: planned as the stages of the slice (test_tp_pp_hand), not as TP × DP */
+    CK(plan_compute(&c, &in, &r) == MOERL_OK && r.p2p_pp > 0 && r.stage_layers == 1);
     in.pp = 1;
     in.tp = 3;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 4 trainer ranks"));
@@ -635,6 +640,85 @@ static void test_tp_hand(void) {
     in.tp = 2;
     in.recompute = MODEL_RECOMPUTE_FULL;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
+}
+
+/* TP × pipeline on test_tp_hand's toy model: tp 2 × pp 2 on 4 ranks (dp 1), 3 micro-batches of N = 32 tokens and a
+ * router pre-pass each, expert-TP. The slice's two layers cut into stage 0 (layer 0 + the embedding's vocabulary
+ * slice) and stage 1 (layer 1 + final norm + the head's slice); each stage's TP rows are TP × DP's restricted to
+ * what it computes, so the two stages' rows add up to TP × DP's (test_tp_hand's act and gather) plus one more
+ * clipping norm (every stage sums its squares over the TP group). */
+static void test_tp_pp_hand(void) {
+    moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
+    plan_input in = tp_toy_input();
+    in.pp = 2;
+    /* stage 0: forward N·H (embedding) + o_proj N·H + experts' down N·H = 6144 floats; backward q/k/v N·H +
+     * experts N·H + routing weights N·K = 4160; + its layer's q/k norms (2·16 floats) and the clipping norm */
+    const double act0 = 4.0 * (3 * (6144 + 4160) + 3 * 6144) + 2 * 16 * 4 + 16;
+    /* stage 1: forward 4096; backward the head's N·H + 4160; the logprob statistics 4N doubles twice a pass */
+    const double act1 = 4.0 * (3 * (4096 + 6208) + 3 * 4096) + 3 * 2 * 4 * 32 * 8 + 2 * 16 * 4 + 16;
+    const double gather1 = 3 * 2 * (2 * 32 * 4); /* the vocabulary max on the last stage */
+    const double act_tpdp = 4.0 * (3 * (10240 + 10368) + 3 * 10240) + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16;
+    CK(act0 + act1 == act_tpdp + 16);
+    plan_traffic t0, t1;
+    CK(plan_traffic_rank(&c, &in, 0, 0, 0, &t0) == MOERL_OK && plan_traffic_rank(&c, &in, 1, 0, 0, &t1) == MOERL_OK);
+    CK(t0.tp_act_allreduce == act0 && t0.tp_allgather == 0 && t1.tp_act_allreduce == act1 && t1.tp_allgather == gather1);
+    CK(t0.reducer == 0 && t0.tp_dp_allreduce == 0 && t0.pp_grad_allreduce == 0 && t1.pp_grad_allreduce == 0);
+    /* p2p per micro-batch: stage 0 sends N·H floats + 2E router statistics on, and N·H per pre-pass; stage 1
+     * sends the gradient N·H + E back */
+    CK(t0.pp_p2p == 3 * (32 * 64 + 8) * 4.0 && t0.pp_p2p_fwd_only == 3 * 32 * 64 * 4.0);
+    CK(t1.pp_p2p == 3 * (32 * 64 + 4) * 4.0 && t1.pp_p2p_fwd_only == 0);
+    /* memory: each stage's range of the slice (test_tp_hand's per-layer 18848 floats), the fullest stage's */
+    const double held[2] = {18848.0 + 3200, 18848.0 + 64 + 3200};
+    moe_config lc = c;
+    CK(tp_config_apply(&lc, 2, 0, 1) == MOERL_OK);
+    double acts[2], best = -1;
+    int fs = 0;
+    for (int s = 0; s < 2; s++) {
+        acts[s] = plan_acts_bytes(&lc, 32, s, s + 1, 0) * plan_pp_inflight(2, s);
+        const double bytes = held[s] * 16 + acts[s]; /* weights, gradients, moments: fp32 */
+        if (bytes > best) {
+            best = bytes;
+            fs = s;
+        }
+    }
+    plan_result r;
+    CK(plan_compute(&c, &in, &r) == MOERL_OK);
+    CK(r.tp == 2 && r.dp == 1 && r.fullest_stage == fs && r.stage_layers == 1 && r.micro_batches == 3);
+    CK(r.weights == held[fs] * 4 && r.grads == r.weights && r.moments == held[fs] * 8 && r.acts == acts[fs]);
+    CK(r.tp_allreduce == (fs ? act1 + gather1 : act0) && r.allreduce == 0);
+    CK(r.p2p_pp == t0.pp_p2p + t0.pp_p2p_fwd_only); /* the busiest stage: the first */
+    CK(r.per_step == r.tp_allreduce + r.p2p_pp);
+    int64_t tot, d, e, hf;
+    plan_param_counts(&c, &tot, &d, &e, &hf);
+    CK(r.n_params == tot && r.rollout_weights == (double)tot * 4);
+    /* a forward-only logprob pass of 2 micro-batches holding 40 response tokens */
+    plan_traffic l0, l1;
+    CK(plan_traffic_logprob(&c, &in, 0, 0, 0, 2, 40, &l0) == MOERL_OK &&
+       plan_traffic_logprob(&c, &in, 1, 0, 0, 2, 40, &l1) == MOERL_OK);
+    CK(l0.tp_act_allreduce == 2 * 4.0 * 6144 && l0.tp_allgather == 0 && l0.pp_p2p_fwd_only == 2 * 32 * 64 * 4.0);
+    CK(l1.tp_act_allreduce == 2 * (4.0 * 4096 + 4 * 32 * 8) && l1.tp_allgather == 2 * 2 * 32 * 4.0);
+    CK(l1.pp_logprob_allreduce == 64 + 4 * 40.0 && l1.pp_p2p_fwd_only == 0);
+    /* × dp 2 (8 ranks): each stage's range summed over the 2 ranks holding its slice, 2(2−1)/2 of it */
+    in.n_trainer = 8;
+    CK(plan_traffic_rank(&c, &in, 0, 0, 0, &t0) == MOERL_OK && t0.pp_grad_allreduce == held[0] * 4);
+    CK(t0.tp_act_allreduce == act0 && t0.tp_dp_allreduce == 0 && t0.reducer == 0);
+    in.n_trainer = 4;
+    /* one kv head over TP 2 (replicated): each stage all-gathers its layer's k/v gradients, 2 × 16·64 floats */
+    moe_config c1 = arch(64, 2, 4, 2, 32, 128, 4, 1, 16, 100, 0);
+    CK(plan_traffic_rank(&c1, &in, 0, 0, 0, &t0) == MOERL_OK && t0.tp_allgather == 2.0 * 16 * 64 * 4);
+    /* what moerl rl refuses with TP × pipeline, and recompute, which plan does not model with it: refused */
+    in.vpp = 2;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "virtual_pipeline_parallel_size (2)"));
+    in.vpp = 1;
+    in.ep = 2;
+    in.tp_experts = 0;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2) must be 1"));
+    in.ep = 1;
+    in.recompute = MODEL_RECOMPUTE_FULL;
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
+    in.recompute = 0;
+    in.n_trainer = 6; /* 3 ranks a stage: not whole TP groups */
+    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 6 trainer ranks"));
 }
 
 /* Megatron sequence parallelism on test_tp_hand's toy model (tp 2, N 32, 3 micro-batches and a pre-pass each):
@@ -700,6 +784,7 @@ static void test_tp_sp_hand(void) {
 
 int main(void) {
     test_tp_hand();
+    test_tp_pp_hand();
     test_tp_sp_hand();
     test_paged_kv_hand();
     test_paged_kv_sampled();

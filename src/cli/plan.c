@@ -139,9 +139,10 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
            (long long)in->micro_tokens, (long long)((in->micro_tokens + in->sp - 1) / in->sp), r->fullest_stage,
            r->stage_layers, moerl_plural(r->stage_layers));
     if (r->tp > 1)
-        printf("tensor parallel: tp %d × dp %d; each rank holds 1/%d of the attention heads, the dense MLP width, the "
-               "vocabulary (padded to a multiple of %d)%s; norms and router whole\n", r->tp, r->dp, r->tp, r->tp,
-               in->tp_experts ? " and each expert's width (expert-TP)" : ", every expert whole");
+        printf("tensor parallel: tp %d × dp %d%s; each rank holds 1/%d of the attention heads, the dense MLP width, the "
+               "vocabulary (padded to a multiple of %d)%s; norms and router whole\n", r->tp, r->dp,
+               in->pp > 1 ? " per pipeline stage (its layers' slice; the TP rows are the fullest stage's)" : "", r->tp,
+               r->tp, in->tp_experts ? " and each expert's width (expert-TP)" : ", every expert whole");
     if (r->tp > 1 && in->tp_sp)
         printf("Megatron sequence parallelism: the [N,H] row all-reduces become reduce-scatters + all-gathers of "
                "⌈N/%d⌉ rows%s; the activation arena is not shrunk in this build (the activations row is TP's)\n", r->tp,

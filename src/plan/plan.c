@@ -10,6 +10,7 @@
 #include "model/perf.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "plan/plan_tp_pp.h"
 #include "parallel/tp.h"
 #include "rl/rl.h"
 #include "train/train.h"
@@ -909,10 +910,13 @@ static void tp_logprob_traffic(const moe_config *lc, const plan_input *li, const
                                int sp, plan_traffic *t);
 static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int n_mb,
                           int update, int sp, plan_traffic *t);
+static int tp_pp_traffic(const moe_config *c, const plan_input *in, int stage, int n_mb, double resp_tokens,
+                         plan_traffic *t);
 
 int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank, int n_mb,
                          double resp_tokens, plan_traffic *t) {
     plan_ctx x;
+    if (in->tp > 1 && in->pp > 1) return tp_pp_traffic(c, in, stage, n_mb, resp_tokens, t); /* TP × pipeline */
     if (in->tp > 1) { /* the slice's model on the dp replicas, + the TP group's collectives */
         moe_config lc;
         plan_input li;
@@ -930,6 +934,7 @@ int plan_traffic_logprob(const moe_config *c, const plan_input *in, int stage, i
 int plan_traffic_rank(const moe_config *c, const plan_input *in, int stage, int sp_rank, int fsdp_rank,
                       plan_traffic *t) {
     plan_ctx x;
+    if (in->tp > 1 && in->pp > 1) return tp_pp_traffic(c, in, stage, -1, 0, t); /* TP × pipeline: an update */
     if (in->tp > 1) {
         moe_config lc;
         plan_input li;
@@ -1162,14 +1167,16 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
 /* plan_compute under TP × DP: the slice's model (tp_config_apply) planned on the dp replicas gives the per-rank
  * memory and the data-parallel rows; the TP group's collectives are added (tp_update_traffic), the whole model's
  * counts and the rollout rows (TP of the trainer leaves the engine as it is) put back. */
+static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_result *o);
 static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o) {
+    if (in->pp > 1) return plan_compute_tp_pp(c, in, o);
     moe_config lc;
     plan_input li = {0}; /* set by tp_local (zeroed: the compiler cannot see it through the recursion) */
     plan_ctx x;
     if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
         plan_check(&lc, &li, &x) != MOERL_OK)
         return MOERL_ERR;
-    plan_traffic t, tl;
+    plan_traffic t, tl = {0}; /* tl: tp_logprob_traffic sets only its rows (tp_reduce_scatter, ep_alltoall are read) */
     if (traffic(&lc, &li, &x, 0, 0, 0, &t) != MOERL_OK) return MOERL_ERR;
     tp_update_traffic(&lc, &li, &x, in->tp, c->num_key_value_heads < in->tp, in->tp_sp, &t);
     tp_ep_traffic(&lc, &li, &x, in->tp, 0, 1, in->tp_sp, &t);
@@ -1199,20 +1206,18 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 
 /* The slice a TP rank holds and the layout it runs on: *lc = tp_config_apply's config of rank 0 (every rank's
  * slice has the same sizes), *li = in over the dp = n_trainer/tp data replicas, tp off. Refuses what moerl rl
- * refuses (par_check_tp: TP with DP, and with EP only with the experts whole; recompute; tp_config_apply's
- * divisibility), naming the key. Under TP × EP *li keeps the EP size over the dp ranks (tp_ep_traffic). */
+ * refuses (par_check_tp: TP with DP, with the plain pipeline, and with EP only with the experts whole; recompute;
+ * tp_config_apply's divisibility), naming the key. Under TP × EP *li keeps the EP size over the dp ranks
+ * (tp_ep_traffic); under TP × pipeline the stages over n_trainer/tp ranks (plan_compute_tp_pp). */
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
     const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
                            .ulysses_sequence_parallel_size = in->sp, .pipeline_parallel_size = in->pp,
                            .tensor_model_parallel_size = in->tp, .sequence_parallel = in->tp_sp,
-                           .expert_tensor_parallel_size = in->tp_experts ? -1 : 1};
+                           .expert_tensor_parallel_size = in->tp_experts ? -1 : 1,
+                           .virtual_pipeline_parallel_size = in->vpp}; /* TP × pipeline: plain 1F1B only */
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
     if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
-    if (in->pp > 1) /* moerl sft / rl run TP × pipeline (parallel.c tp_pp_init); plan's rows do not model it */
-        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d with actor.pipeline_parallel_size=%d: "
-                            "moerl plan does not model TP × pipeline yet (moerl sft and moerl rl run it); plan "
-                            "TP × DP or the pipeline alone", in->tp, in->pp);
     if (in->recompute)
         return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d with activation recompute "
                             "(model.enable_gradient_checkpointing=true): not combined in this build", in->tp);
@@ -1364,6 +1369,91 @@ static void tp_sp_ep_traffic(const moe_config *lc, const plan_input *li, const p
     t->tp_allgather -= gathers * n_moe * (P - 1.0) * ceil(N / P) * H * db;
     t->tp_act_allreduce += fwds * f * 2 * E * 4;
     if (update) t->tp_act_allreduce += f * n_moe * E * H * db;
+}
+
+/* ------------------------------------------------------------------ TP × pipeline */
+
+/* Stage `stage` of the slice lc (tp_local's) as plan_tp_pp.h describes it: its layers, ends and the TP group. */
+static int tp_pp_stage(const moe_config *c, const moe_config *lc, const plan_input *in, int stage, plan_tp_stage *s) {
+    double d, e;
+    if (plan_pp_stage_params(lc, in->pp, in->pp_params, stage, &d, &e, &s->l0, &s->l1) != MOERL_OK) return MOERL_ERR;
+    s->P = in->tp;
+    s->first = stage == 0;
+    s->last = stage == in->pp - 1;
+    s->kv_rep = c->num_key_value_heads < in->tp;
+    s->db = in->dtype_bytes;
+    return MOERL_OK;
+}
+
+/* The rows a TP plan of the slice gives for the whole model c: its parameter counts and the rollout's (TP of
+ * the trainer leaves the engine as it is). */
+static void tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_result *o) {
+    plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
+    o->n_active = model_active_matmul_params(c);
+    plan_rollout(c, in, o);
+}
+
+/* What plan does not model under TP × pipeline beyond what moerl refuses (tp_local): activation recompute, whose
+ * recomputed forwards would repeat the stage's TP collectives — refused naming the keys. */
+static int tp_pp_check(const plan_input *in) {
+    if (in->recompute)
+        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d × actor.pipeline_parallel_size=%d with "
+                            "activation recompute (model.enable_gradient_checkpointing=true): moerl plan does not model "
+                            "the recomputed passes' TP collectives; plan it without recompute", in->tp, in->pp);
+    return MOERL_OK;
+}
+
+/* plan_traffic_rank (n_mb < 0: one update) and plan_traffic_logprob (n_mb micro-batches, resp_tokens response
+ * tokens) under TP × pipeline: the pipeline's rows of the slice's model on its stages of dp = n_trainer/(tp·pp)
+ * ranks (p2p between same-tp_rank ranks, the stage's gradient sum over the dp ranks holding the same slice,
+ * the logprob sums over pp_comm), + the stage's TP rows (plan_tp_pp.h). An update's TP rows follow the
+ * pipeline's micro-batches (x.mb of x.mb_tokens tokens, as its p2p); the logprob pass's micro-batches are full. */
+static int tp_pp_traffic(const moe_config *c, const plan_input *in, int stage, int n_mb, double resp_tokens,
+                         plan_traffic *t) {
+    moe_config lc;
+    plan_input li;
+    plan_ctx x;
+    plan_tp_stage s;
+    if (tp_pp_check(in) != MOERL_OK || tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK)
+        return MOERL_ERR;
+    const int rc = n_mb < 0 ? traffic(&lc, &li, &x, stage, 0, 0, t)
+                            : logprob_traffic(&lc, &li, &x, stage, 0, 0, n_mb, resp_tokens, t);
+    if (rc != MOERL_OK || tp_pp_stage(c, &lc, in, stage, &s) != MOERL_OK) return MOERL_ERR;
+    if (n_mb < 0) plan_tp_pp_update(&lc, &s, x.mb_tokens, x.mb, li.fwd_only_passes, t);
+    else plan_tp_pp_logprob(&lc, &s, (double)x.N, n_mb, t);
+    return MOERL_OK;
+}
+
+/* plan_compute under TP × pipeline (× DP): the slice's model (tp_local) planned as a pipeline of pp stages over
+ * n_trainer/tp ranks gives the fullest stage's memory (its range of the slice: the vocabulary slice of the
+ * embedding on the first stage, of the head on the last; gradients, moments, the in-flight activation slots of
+ * the slice's arena) and the pipeline's rows (the stage's all-reduce over the ranks holding its slice, the busiest
+ * stage's p2p, the logprob passes' p2p and sums); the fullest stage's TP rows are added (tp_allreduce, and the
+ * logprob and reference passes' TP collectives), the whole model's counts and the rollout rows put back. */
+static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_result *o) {
+    moe_config lc;
+    plan_input li = {0}; /* set by tp_local */
+    plan_ctx x;
+    plan_tp_stage s;
+    if (tp_pp_check(in) != MOERL_OK || tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
+        plan_check(&lc, &li, &x) != MOERL_OK || tp_pp_stage(c, &lc, in, o->fullest_stage, &s) != MOERL_OK)
+        return MOERL_ERR;
+    plan_traffic t = {0}, tl = {0};
+    plan_tp_pp_update(&lc, &s, x.mb_tokens, x.mb, li.fwd_only_passes, &t);
+    /* the logprob pass's micro-batches on a rank, as plan_compute counts them for the slice's pipeline */
+    const double n_lp = ceil((double)li.logprob_tokens / (li.n_trainer / li.pp) / (double)li.micro_tokens);
+    plan_tp_pp_logprob(&lc, &s, (double)x.N, MOERL_MAX(1.0, n_lp), &tl);
+    const double one = tl.tp_act_allreduce + tl.tp_allgather;
+    o->tp = in->tp;
+    o->tp_allreduce = t.tp_act_allreduce + t.tp_allgather;
+    o->logprob_pass += in->logprob_passes * one;
+    o->ref_pass += in->ref_model ? one : 0;
+    o->per_step += o->tp_allreduce * in->updates_per_step + in->logprob_passes * one + (in->ref_model ? one : 0);
+    /* without activation recompute (tp_pp_check): one activations row */
+    o->acts_recompute = o->acts;
+    o->total_recompute = o->total;
+    tp_whole_model_rows(c, in, o);
+    return MOERL_OK;
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {

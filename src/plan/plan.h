@@ -54,8 +54,10 @@ typedef struct {
     int ep;                 /* actor.expert_parallel_size */
     int sp;                 /* actor.ulysses_sequence_parallel_size */
     int pp;                 /* actor.pipeline_parallel_size */
-    int tp;                 /* actor.megatron.tensor_model_parallel_size (≤ 1: off). TP × DP, and TP × EP × DP with
-                               tp_experts 0 (par_check_tp; the slice planned with EP over the dp ranks, tp_ep.h):
+    int tp;                 /* actor.megatron.tensor_model_parallel_size (≤ 1: off). TP × DP, TP × EP × DP with
+                               tp_experts 0 (par_check_tp; the slice planned with EP over the dp ranks, tp_ep.h),
+                               and TP × pipeline (× DP; plain 1F1B, no EP: the slice planned as pp stages over
+                               n_trainer/tp ranks + each stage's TP rows, plan_tp_pp.h):
                                every rank holds tp_config_apply's slice (heads, kv heads — replicated when
                                nkv < tp —, the dense MLP width, the vocabulary padded to a multiple of tp, the
                                experts' I with tp_experts) and the TP group all-reduces activations (tp.h) */
@@ -190,7 +192,9 @@ typedef struct {
                                     above are those of the rank's slice (tp_config_apply's config: weights, grads,
                                     moments and activations), allreduce holds the data-parallel gradient sum of the
                                     slice over dp_comm (tp_reduce_grads: 2(D−1)/D · n_slice · dtype) and the TP
-                                    group's gradient sums, tp_allreduce the activation all-reduces */
+                                    group's gradient sums, tp_allreduce the activation all-reduces. TP × pipeline:
+                                    the fullest stage's range of the slice and its rows (allreduce: the stage's
+                                    range over dp_comm; tp_allreduce: the stage's TP collectives) */
     double tp_allreduce;         /* TP: per update, the TP group's activation collectives of the training passes
                                     (plan_traffic tp_act_allreduce + tp_allgather + tp_reduce_scatter
                                     less the step's gradient part) */
@@ -268,7 +272,9 @@ typedef struct {
      *                     update ((P−1)·L·2·head_dim·H floats);
      *   tp_dp_allreduce   dist_comm_bytes(dp_comm, ALLREDUCE): the slice's gradient sum over the D = n_trainer/P
      *                     ranks holding it, 2(D−1)/D · n_slice · dtype (0 when D = 1).
-     * plan_traffic_logprob under TP: per micro-batch the forward's rows and the logprob statistics. */
+     * plan_traffic_logprob under TP: per micro-batch the forward's rows and the logprob statistics.
+     * TP × pipeline (pp > 1): the pipeline rows of the slice's stage (pp_grad_allreduce over dp_comm, p2p between
+     * same-tp_rank ranks) and tp_* restricted to what the stage computes (plan_tp_pp.h); tp_dp_allreduce 0. */
     double tp_act_allreduce, tp_allgather, tp_dp_allreduce;
     /* Megatron sequence parallelism (plan_input.tp_sp; tp_sp.h), with c = ⌈N/P⌉ rows a rank and a row op costing
      * (P−1)·c·H·dtype (zero rows pad a short slice):
