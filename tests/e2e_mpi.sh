@@ -190,6 +190,7 @@ run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --s
 run_mpi "test_dist_recompute -np 2 (tp 2)" 2 "$T/test_dist_recompute" --tp 2
 run_mpi "test_dist_recompute -np 2 (tp 2 + Megatron SP)" 2 "$T/test_dist_recompute" --tp 2 --tpsp
 run_mpi "test_dist_recompute -np 4 (tp 2 x ep 2, experts whole)" 4 "$T/test_dist_recompute" --tp 2 --ep 2 --etp 1
+run_mpi "test_dist_recompute -np 4 (tp 2 x ep 2, micro-batches of 14: idle passes)" 4 "$T/test_dist_recompute" --tp 2 --ep 2 --etp 1 --mb 14
 run_mpi "test_dist_recompute -np 4 (tp 2 x pp 2)" 4 "$T/test_dist_recompute" --tp 2 --pp 2
 for lay in fsdp ep sp pp; do
     run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"

@@ -1452,7 +1452,10 @@ static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, 
  * FSDP gathers of that region serve it and the model-parallel collectives of every rank line up):
  * the same calls on the same rows of the same teams as the forward, and MoE layers route with
  * the kept routes (route_io.force), so the recomputed buffers — and the gradients — are bit-identical
- * to a run without recompute. docs/parallelism.md, "Activation recompute". */
+ * to a run without recompute. Under tensor parallelism the recompute repeats the forward's TP collectives
+ * that rebuild a buffer the backward reads (o_proj's row-parallel sum; Megatron SP's ln1 / ln2 all-gathers), in
+ * the same order on every rank of the TP group; the MLP output's sum is not repeated (its result, the next layer's
+ * input, is kept). docs/parallelism.md, "Activation recompute". */
 
 /* Recompute layer l's forward into the shared scratch: full, its attention input (ln1, q/k/v),
  * the attention, o_proj and the residual; both granularities, the post-attention norm and the MLP
