@@ -50,7 +50,9 @@
 #                 sp 2 x ep 2 against the one-rank replayed run; the routes' record and agreement counts
 #   test_dist_recompute  activation recompute (full and selective, native and replayed routes) under fsdp 2,
 #                 ep 2, sp 2, pp 2, pp 3, ep 2 x fsdp 2, sp 2 x ep 2 and pp 2 x ep 2: bit-identical CE and weights to the same
-#                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes)
+#                 layout without recompute, the same FSDP traffic; ep 2 with micro-batches of 14 (idle passes); tp 2,
+#                 tp 2 + Megatron SP, tp 2 x ep 2 (experts whole) and tp 2 x pp 2: bit-identical too, and the TP
+#                 group's bytes grow by exactly what the recomputed forward repeats
 #   test_dist_batch_invariant  rollout.batch_invariant: the engine's logprobs equal compute_logprobs bit for bit
 #                 under fsdp 2, ep 2, sp 2 and pp 2 (and differ with the default kernels)
 #   fatal         a rank calling moerl_fatal must end the whole job quickly (MPI_Abort), naming the rank
@@ -190,6 +192,11 @@ run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_recompute" --p
 run_mpi "test_dist_recompute -np 4 (pp 2 x ep 2, micro-batches of 14)" 4 "$T/test_dist_recompute" --pp 2 --ep 2 --mb 14
 run_mpi "test_dist_replay -np 4 (pp 2 x ep 2)" 4 "$T/test_dist_replay" --pp 2 --ep 2
 run_mpi "test_dist_recompute -np 4 (sp 2 x ep 2)" 4 "$T/test_dist_recompute" --sp 2 --ep 2
+run_mpi "test_dist_recompute -np 2 (tp 2)" 2 "$T/test_dist_recompute" --tp 2
+run_mpi "test_dist_recompute -np 2 (tp 2 + Megatron SP)" 2 "$T/test_dist_recompute" --tp 2 --tpsp
+run_mpi "test_dist_recompute -np 4 (tp 2 x ep 2, experts whole)" 4 "$T/test_dist_recompute" --tp 2 --ep 2 --etp 1
+run_mpi "test_dist_recompute -np 4 (tp 2 x ep 2, micro-batches of 14: idle passes)" 4 "$T/test_dist_recompute" --tp 2 --ep 2 --etp 1 --mb 14
+run_mpi "test_dist_recompute -np 4 (tp 2 x pp 2)" 4 "$T/test_dist_recompute" --tp 2 --pp 2
 for lay in fsdp ep sp pp; do
     run_mpi "test_dist_batch_invariant ($lay 2)" 2 "$T/test_dist_batch_invariant" --layout "$lay"
 done
@@ -488,6 +495,15 @@ for np in 2 4; do
     EDGE_WHAT="moerl-mpi sft -np $np tp 2 + sequence_parallel against one process (rc $rc): $(tail -c 300 "$W/err")"
     edge eval '[[ $rc -eq 0 ]] && same_run "$W/rt1" "$W/rts$np" 5e-5'
 done
+# TP with activation recompute (issue 27): -np 2 tp 2 with full recompute writes a checkpoint (model and optimizer)
+# byte-identical to tp 2 without, and the same losses: the recompute repeats the forward's TP collectives on the
+# same rows (tests/test_dist_recompute.c --tp counts them)
+mpi_sft 2 "$W/rtr2" 180 "${SFTT[@]}" actor.megatron.tensor_model_parallel_size=2 model.enable_gradient_checkpointing=true
+EDGE_WHAT="moerl-mpi sft -np 2 tp 2 + full recompute against tp 2 without (rc $rc): $(tail -c 300 "$W/err")"
+edge eval '[[ $rc -eq 0 ]] && cmp -s "$W/rt2/checkpoint/model.safetensors" "$W/rtr2/checkpoint/model.safetensors" &&
+    cmp -s "$W/rt2/checkpoint/optimizer.safetensors" "$W/rtr2/checkpoint/optimizer.safetensors" &&
+    cmp -s <(grep -o "\"train/loss\":[^,]*" "$W/rt2/metrics.jsonl") <(grep -o "\"train/loss\":[^,]*" "$W/rtr2/metrics.jsonl") &&
+    grep -q "\"train/loss\"" "$W/rtr2/metrics.jsonl"'
 mpi_sft 2 "$W/ts1" 60 "${SFTT[@]}" actor.megatron.sequence_parallel=true
 EDGE_WHAT="moerl-mpi sft -np 2 sequence_parallel without TP must be refused naming the keys (rc $rc): $(tail -c 300 "$W/err")"
 edge eval '[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "sequence_parallel=true needs actor.megatron.tensor_model_parallel_size ≥ 2 (got 1)" "$W/err" && [[ ! -e $W/ts1/checkpoint ]]'

@@ -77,6 +77,25 @@ assert c["tp"] == 2 and c["dp"] == 4 and c["ep"] == 4, (c["tp"], c["dp"], c["ep"
 assert c["weights_bytes"] < b["weights_bytes"] and c["weights_bytes"] < d["weights_bytes"], (c["weights_bytes"], b["weights_bytes"], d["weights_bytes"])
 assert c["tp_bytes_per_update"] > b["tp_bytes_per_update"] > 0  # + the expert rows' all-gathers
 PY
+# practice B's tp × ep variant with activation recompute (issue 27): planned; the slice's arena shrinks, full
+# recompute adds o_proj's all-reduce per layer and pass plus the recomputed MoE forward's expert-row gathers,
+# selective only the gathers (tests/test_dist_plan.c checks the rows byte for byte against a run)
+rcp() { $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    actor.expert_parallel_size=4 actor.megatron.expert_tensor_parallel_size=1 model.enable_gradient_checkpointing=true \
+    "$@" 2>"$OUT/err"; }
+j6=$(rcp) || fail "plan tp 2 × ep 4 with recompute: $(cat "$OUT/err")"
+j7=$(rcp actor.recompute_granularity=selective) || fail "plan tp 2 × ep 4, selective recompute: $(cat "$OUT/err")"
+python3 - "$j3" "$j6" "$j7" <<'PY' && ok || fail "tp 2 × ep 4 with recompute against without: $j6"
+import json, sys
+c, f, s = (json.loads(x) for x in sys.argv[1:4])
+assert f["acts_recompute_bytes"] < s["acts_recompute_bytes"] < f["acts_bytes"] == c["acts_bytes"], (f["acts_recompute_bytes"], s["acts_recompute_bytes"], f["acts_bytes"])
+assert f["trainer_total_bytes"] == f["trainer_total_recompute_bytes"] < c["trainer_total_bytes"], (f["trainer_total_bytes"], c["trainer_total_bytes"])
+assert f["tp_bytes_per_update"] > s["tp_bytes_per_update"] > c["tp_bytes_per_update"], (f["tp_bytes_per_update"], s["tp_bytes_per_update"], c["tp_bytes_per_update"])
+assert f["alltoall_ep_bytes_per_update"] == s["alltoall_ep_bytes_per_update"] > c["alltoall_ep_bytes_per_update"]
+PY
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
+    actor.expert_parallel_size=4 actor.megatron.expert_tensor_parallel_size=1 model.enable_gradient_checkpointing=true \
+    2>&1 | grep -q "activations (TP slice, recompute)" && ok || fail "plan tp 2 × ep 4 with recompute prints no recompute row"
 j5=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     actor.megatron.sequence_parallel=true 2>"$OUT/err") || fail "plan tp 2 + SP: $(cat "$OUT/err")"
 python3 - "$j2" "$j5" <<'PY' && ok || fail "tp 2 + SP against tp 2: $j5"
@@ -107,7 +126,6 @@ for k in ("acts_bytes", "weights_bytes", "trainer_total_bytes", "alltoall_ep_byt
 PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
-    "model.enable_gradient_checkpointing=true:recompute" \
     "actor.megatron.sequence_parallel=true actor.expert_parallel_size=2:expert_tensor_parallel_size=1" \
     "actor.megatron.sequence_parallel=true actor.pipeline_parallel_size=2:sequence_parallel=true with actor.pipeline_parallel_size=2"; do
     IFS=: read -r kv want <<<"$bad"
@@ -519,6 +537,11 @@ PY
 4|actor.megatron.tensor_model_parallel_size=4
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 2|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true
+2|actor.megatron.tensor_model_parallel_size=2 model.enable_gradient_checkpointing=true
+4|actor.megatron.tensor_model_parallel_size=2 model.enable_gradient_checkpointing=true actor.recompute_granularity=selective
+4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2 model.enable_gradient_checkpointing=true
+2|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true model.enable_gradient_checkpointing=true
+2|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true model.enable_gradient_checkpointing=true actor.recompute_granularity=selective
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1
 4|actor.megatron.tensor_model_parallel_size=2 actor.megatron.sequence_parallel=true actor.megatron.expert_tensor_parallel_size=1 actor.expert_parallel_size=2 actor.moe.capacity_factor=2
 4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2

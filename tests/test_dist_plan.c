@@ -49,6 +49,7 @@
 #include "dist/dist.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "model/model_config.h"
 #include "optim/adamw.h"
 #include "parallel/ep.h"
 #include "parallel/fsdp.h"
@@ -148,7 +149,10 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * plan's rows for the rank's stage — tp_comm's as above (the stage's layers, the embedding's on the first stage,
  * the head's and the logprob statistics' on the last), dp_comm's all-reduce (the stage's range over the ranks
  * holding the same slice) against pp_grad_allreduce, pp_comm's point-to-point (the schedule's, pp_stats, and
- * the step's) and the logprob pass's pp_comm sums — and, instead of the slice's floats and arena, tp_pp_memory. */
+ * the step's) and the logprob pass's pp_comm sums — and, instead of the slice's floats and arena, tp_pp_memory.
+ * Activation recompute (model.enable_gradient_checkpointing,
+ * the TP layouts only): the arena against plan's acts_recompute, the recomputed forward's collectives in the
+ * same rows (tp_recompute_traffic, tp_ep_traffic's expert-row gathers and exchanges). */
 static void tp_pp_memory(par_state *ps, const moe_model *m, const adamw_state *os, const plan_result *pr);
 static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     par_grid *g = ps->grid;
@@ -162,7 +166,8 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
                      .dtype_bytes = 4, .micro_tokens = MT,
                      .micro_batches = (N_SEQ + nd - 1) / nd, .updates_per_step = 1,
                      .step_tokens = (int64_t)N_SEQ * MT, .fwd_only_passes = 1, .n_rollout = 0, .rollout_tp = 1,
-                     .max_num_seqs = 1, .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1};
+                     .max_num_seqs = 1, .max_model_len = MT, .kv_dtype_bytes = 4, .sync_every = 1,
+                     .recompute = m->cfg.exec.recompute};
     train_seq mine[N_SEQ];
     float *lp_buf[N_SEQ];
     int n = 0;
@@ -186,7 +191,9 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     if (pp == 1) {
         CHECK_R((double)m->n_params * 4 == pr.weights, "TP slice: %zu floats, plan %.0f", RANK, m->n_params,
                 pr.weights / 4);
-        CHECK_R(acts.arena_bytes == pr.acts, "TP slice's arena %zu B, plan %.0f", RANK, acts.arena_bytes, pr.acts);
+        const double want_acts = in.recompute ? pr.acts_recompute : pr.acts;
+        CHECK_R(acts.arena_bytes == want_acts, "TP slice's arena %zu B, plan %.0f (recompute %d)", RANK,
+                acts.arena_bytes, want_acts, in.recompute);
     }
     adamw_config oc = adamw_default_config();
     oc.lr = 1e-3f;
@@ -335,6 +342,7 @@ int main(int argc, char **argv) {
     cfg_def_int(kc, "actor.ppo_max_token_len_per_gpu", MT, "micro-batch token limit");
     cfg_def_bool(kc, "model.tie_word_embeddings", false, "the test model ties its LM head to the embedding");
     cfg_def_str(kc, "plan.pp_params", "stage", "stage (par_state_init's stage-owned pipeline) | replicated");
+    model_def_train_keys(kc); /* model.enable_gradient_checkpointing, actor.recompute_granularity: the TP case */
     MOERL_ASSERT(cfg_apply_override(kc, "actor.fsdp_config.fsdp_size=1") == MOERL_OK); /* moerl sft's default: off */
     for (int i = 1; i < argc; i++)
         if (cfg_apply_override(kc, argv[i]) != MOERL_OK) {
@@ -360,6 +368,11 @@ int main(int argc, char **argv) {
     moe_model m;
     MOERL_ASSERT(model_init(&m, &mc) == MOERL_OK);
     model_init_random(&m, 7);
+    if (model_check_train_keys(kc) != MOERL_OK) {
+        fprintf(stderr, "test_dist_plan: %s\n", moerl_last_error());
+        return 2;
+    }
+    m.cfg.exec.recompute = model_recompute_mode(kc); /* before par_state_init: the slices copy the config */
     /* the KL reference as `moerl rl` makes it with actor.use_kl_loss: trainer_init copies the whole
      * model before the model-parallel runtime exists (src/rl/job_dist.c) */
     rl_config rcfg;
@@ -382,6 +395,10 @@ int main(int argc, char **argv) {
     if (ps.tp) { /* TP × DP: its own steps and rows (tp_case) */
         tp_case(&ps, &m, &mc);
         return dist_test_finish(g_ctx);
+    }
+    if (m.cfg.exec.recompute) { /* the other layouts' recompute rows: tests/test_dist_recompute.c, test_recompute.c */
+        fprintf(stderr, "test_dist_plan: model.enable_gradient_checkpointing is checked here with TP only\n");
+        return 2;
     }
     /* the reference sharded as the actor, as src/rl/job_dist.c's trainer_par_setup does */
     kl_T.par = &ps;

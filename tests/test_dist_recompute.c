@@ -8,8 +8,13 @@
  * and reduce-scatter bytes are the same too (a layer's recompute runs inside the backward region
  * that gathers it anyway: no extra gathers). EP: ranks with fewer micro-batches run idle passes
  * that mirror the recomputed forward's exchanges (ep_idle_pass). Pipeline: each in-flight slot's
- * arena shrinks to plan_acts_bytes' recompute rows. Usage: test_dist_recompute [--fsdp F] [--ep E]
- * [--sp S] [--pp P] [--mb TOKENS]. */
+ * arena shrinks to plan_acts_bytes' recompute rows. Tensor parallelism (--tp T, actor.megatron.
+ * tensor_model_parallel_size; with --etp 1 the experts whole, --tpsp Megatron sequence parallelism): the
+ * recomputed forward repeats the layer's TP collectives on the same rows, and the TP group's bytes grow by
+ * exactly tp_extra's count (full: o_proj's all-reduce — SP: its reduce-scatter and the ln1 / ln2 all-gathers;
+ * selective: SP's ln2 all-gather; TP × EP: the expert rows' all-gather, both granularities; the MLP's output
+ * is not needed again, so its sum is not repeated). Usage: test_dist_recompute [--fsdp F] [--ep E] [--sp S]
+ * [--pp P] [--tp T [--etp 1] [--tpsp]] [--mb TOKENS]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +23,7 @@
 #include "base/common.h"
 #include "dist/dist.h"
 #include "parallel/ep.h"
+#include "parallel/grid.h"
 #include "parallel/fsdp.h"
 #include "parallel/ulysses.h"
 #include "parallel/parallel.h"
@@ -36,6 +42,31 @@ static int MB_TOKENS = 24; /* --mb: ≥ the longest sequence (14); several micro
 static dist_ctx *g_ctx;
 
 static int ps_ep(const par_config *pc) { return pc->expert_parallel_size > 1; }
+
+/* Σ over this rank's training passes of N (tokens) and of ⌈N/P⌉ (Megatron SP's slice rows): the micro-batches
+ * pack_microbatches makes of the rank's sequences, every TP rank of a group the same. */
+static void pass_tokens(const train_seq *mine, int n, int P, double *tok, double *tok_ceil) {
+    int mb[FX_N_SEQ + 1];
+    const int n_mb = pack_microbatches(mine, n, MB_TOKENS, mb);
+    for (int i = 0; i < n_mb; i++) {
+        int N = 0;
+        for (int j = mb[i]; j < mb[i + 1]; j++) N += mine[j].len;
+        *tok += N;
+        *tok_ceil += (N + P - 1) / P;
+    }
+}
+
+/* The TP bytes (all-reduce, all-gather, reduce-scatter: mpi_dist.c's per-rank counts) recompute rc adds over
+ * passes of tok / tok_ceil tokens (pass_tokens) through n_layers decoder layers, n_moe of them MoE, tp P. */
+static void tp_extra(const par_config *pc, int rc, double tok, double tok_ceil, double n_layers, double n_moe,
+                     int H, int K, double out[3]) {
+    const int P = pc->tensor_model_parallel_size, sp = pc->sequence_parallel, full = rc == MODEL_RECOMPUTE_FULL;
+    const double row = (P - 1.0) * tok_ceil * H * 4; /* one SP row collective over every pass */
+    out[0] = full && !sp ? n_layers * 2.0 * (P - 1) / P * tok * H * 4 : 0; /* o_proj's all-reduce */
+    out[1] = sp ? (full ? 2 : 1) * n_layers * row : 0;                    /* ln1 (full), ln2 gathered */
+    if (pc->expert_parallel_size > 1) out[1] += n_moe * (P - 1.0) * tok_ceil * K * H * 4; /* expert rows */
+    out[2] = full && sp ? n_layers * row : 0; /* o_proj's reduce-scatter */
+}
 static int16_t g_routes[FX_N_SEQ * 16 * 2 * TOP_K]; /* [token, 2 MoE layers, K] over the batch */
 
 /* Replayed routes: K distinct experts drawn per (token, MoE layer), every fifth token −1. */
@@ -60,7 +91,7 @@ static void attach_routes(fx_batch *b) {
 /* K steps of the layout at recompute rc: CE losses, the whole model on trainer rank 0 (*whole),
  * the FSDP traffic (all-gather, reduce-scatter bytes; 0 without FSDP). */
 static void run_layout(const fx_batch *b, const moe_model *init, const par_config *pc, int rc, float *ce,
-                       moe_model *whole, double *traffic) {
+                       moe_model *whole, double *traffic) { /* traffic[7..9]: TP bytes, [10..11]: pass_tokens */
     moe_config c = fx_config(E_EXPERTS, TOP_K, 2);
     moe_model m;
     MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
@@ -78,6 +109,8 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
     int idx, cnt;
     par_data_shard(&ps, &idx, &cnt);
     const int n = fx_split(b, idx, cnt, mine), E = c.num_experts;
+    dist_comm *tpc = ps.grid && ps.grid->tp > 1 ? ps.grid->tp_comm : NULL;
+    if (tpc) dist_comm_reset_bytes(tpc);
     for (int k = 0; k < FX_K_STEPS; k++) {
         double counts[64] = {0}, sums[1 + 64] = {0};
         const int passes = count_microbatches(mine, n, MB_TOKENS), most = par_max_passes(&ps, passes);
@@ -87,6 +120,7 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
         MOERL_ASSERT(par_pad_passes(&ps, passes, most, 0) == MOERL_OK);
         MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, counts, E) == MOERL_OK);
         for (int e = 0; e < E && ps.grid && ps.grid->pp > 1; e++) counts[e] /= ps.grid->pp; /* as the trainer */
+        if (tpc) pass_tokens(mine, n, ps.grid->tp, &traffic[10], &traffic[11]);
         fx_ce_ctx cc = {1.0f / (float)b->n_response, 0};
         train_step_opts o = {.max_tokens = MB_TOKENS, .temperature = 1.0f, .aux_coef = FX_AUX_COEF,
                              .total_tokens = b->n_tokens, .aux_counts = counts, .aux_psum_out = sums + 1, .par = &ps};
@@ -104,14 +138,17 @@ static void run_layout(const fx_batch *b, const moe_model *init, const par_confi
         MOERL_ASSERT(par_adamw_step(&ps, &m, &os, os.cfg.lr, ce[k], &gn) == 1);
     }
     traffic[0] = traffic[1] = 0;
+    const dist_op tp_ops[3] = {DIST_OP_ALLREDUCE, DIST_OP_ALLGATHER, DIST_OP_REDUCE_SCATTER};
+    for (int i = 0; i < 3; i++) traffic[7 + i] = tpc ? dist_comm_bytes(tpc, tp_ops[i]) : 0;
     MOERL_ASSERT(dist_allreduce_sum(g_ctx, DIST_TRAINERS, traffic + 2, 1) == MOERL_OK);
     traffic[4] = ps.ep ? (double)ep_get_stats(ps.ep).exchanges : 0;
     traffic[5] = ps.sp ? (double)sp_get_stats(ps.sp).exchanges : 0;
-    traffic[6] = 0; /* the MoE layers this rank's passes run: its stage's under a pipeline (pipeline × EP) */
+    traffic[6] = traffic[12] = 0; /* the MoE layers / all layers this rank's passes run: its stage's under a pipeline */
     for (int k = 0; k < (ps.pp ? pp_chunks(ps.pp) : 1); k++) {
         int lo = 0, hi = c.num_hidden_layers;
         if (ps.pp) pp_chunk_layers(ps.pp, k, &lo, &hi);
         for (int l = lo; l < hi; l++) traffic[6] += moe_config_layer_is_moe(&c, l);
+        traffic[12] += hi - lo;
     }
     if (ps.fsdp) {
         fsdp_stats st;
@@ -140,23 +177,33 @@ int main(int argc, char **argv) {
     }
     par_config pc = {.fsdp_size = 1, .expert_parallel_size = 1, .ulysses_sequence_parallel_size = 1,
                      .pipeline_parallel_size = 1, .dispatcher = MOE_DISPATCH_AUTO, .alltoall_max_ep = 16,
-                     .capacity_factor = 1.25, .max_tokens = MB_TOKENS};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const int v = atoi(argv[i + 1]);
+                     .capacity_factor = 1.25, .max_tokens = MB_TOKENS, .tensor_model_parallel_size = 1};
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--tpsp")) { /* a flag: no value */
+            pc.sequence_parallel = 1;
+            i--;
+            continue;
+        }
+        const int v = i + 1 < argc ? atoi(argv[i + 1]) : -1;
+        if (v < 0) argv[i] = "?"; /* a value missing: the usage below */
         if (!strcmp(argv[i], "--fsdp")) pc.fsdp_size = v;
         else if (!strcmp(argv[i], "--ep")) pc.expert_parallel_size = v;
         else if (!strcmp(argv[i], "--sp")) pc.ulysses_sequence_parallel_size = v;
         else if (!strcmp(argv[i], "--pp")) pc.pipeline_parallel_size = v;
+        else if (!strcmp(argv[i], "--tp")) pc.tensor_model_parallel_size = v;
+        else if (!strcmp(argv[i], "--etp")) pc.expert_tensor_parallel_size = v;
         else if (!strcmp(argv[i], "--mb") && v >= 14) pc.max_tokens = MB_TOKENS = v;
         else {
-            fprintf(stderr, "usage: test_dist_recompute [--fsdp F] [--ep E] [--sp S] [--pp P] [--mb TOKENS ≥ 14]\n");
+            fprintf(stderr, "usage: test_dist_recompute [--fsdp F] [--ep E] [--sp S] [--pp P] [--tp T [--etp 1] "
+                            "[--tpsp]] [--mb TOKENS ≥ 14]\n");
             return 1;
         }
     }
     if (RANK == 0)
-        printf("test_dist_recompute: backend %s, %d ranks: fsdp %d ep %d sp %d pp %d\n", dist_backend_name(),
+        printf("test_dist_recompute: backend %s, %d ranks: fsdp %d ep %d sp %d pp %d tp %d%s\n", dist_backend_name(),
                g_ctx->world_size, pc.fsdp_size, pc.expert_parallel_size, pc.ulysses_sequence_parallel_size,
-               pc.pipeline_parallel_size);
+               pc.pipeline_parallel_size, pc.tensor_model_parallel_size,
+               pc.sequence_parallel ? " (Megatron SP)" : "");
     (void)fx_hash; /* par_fixture.h's helpers this test does not need */
     (void)fx_reference;
     const moe_config c = fx_config(E_EXPERTS, TOP_K, 2);
@@ -170,7 +217,7 @@ int main(int argc, char **argv) {
         if (replay) attach_routes(&b);
         float ce[3][FX_K_STEPS];
         moe_model whole[3];
-        double tr[3][7] = {{0}};
+        double tr[3][13] = {{0}};
         memset(whole, 0, sizeof whole);
         for (int rc = 0; rc < 3; rc++) run_layout(&b, &init, &pc, rc, ce[rc], &whole[rc], tr[rc]);
         for (int rc = 1; rc < 3; rc++) {
@@ -197,6 +244,18 @@ int main(int argc, char **argv) {
                     tr[2][5] == tr[0][5],
                 "SP all-to-alls: none %.0f, full %.0f, selective %.0f over %.0f training passes", RANK, tr[0][5],
                 tr[1][5], tr[2][5], passes);
+        for (int rc = 1; rc < 3 && pc.tensor_model_parallel_size > 1; rc++) {
+            double want[3];
+            tp_extra(&pc, rc, tr[0][10], tr[0][11], tr[0][12], n_moe, c.hidden_size, TOP_K, want);
+            const char *op[3] = {"all-reduce", "all-gather", "reduce-scatter"};
+            for (int i = 0; i < 3; i++) /* integers summed in doubles (2(P−1)/P = 1 at P = 2): exact */
+                CHECK_R(tr[rc][7 + i] - tr[0][7 + i] == want[i],
+                        "%s recompute: TP %s %.0f B vs %.0f B without (+%.0f, expected +%.0f)", RANK, gran[rc], op[i],
+                        tr[rc][7 + i], tr[0][7 + i], tr[rc][7 + i] - tr[0][7 + i], want[i]);
+            if (RANK == 0 && !replay)
+                printf("tp %d, %s recompute: TP bytes +%.0f all-reduce, +%.0f all-gather, +%.0f reduce-scatter\n",
+                       pc.tensor_model_parallel_size, gran[rc], want[0], want[1], want[2]);
+        }
         if (RANK == 0 && !replay) printf("idle passes over the ranks: %.0f per run\n", tr[0][2]);
         if (pc.expert_parallel_size == g_ctx->world_size && MB_TOKENS == 14) /* EP alone: uneven shards */
             CHECK_R(tr[0][2] > 0, "--mb 14 under EP: no rank ran an idle pass (the case this run is for)", RANK);

@@ -638,8 +638,31 @@ static void test_tp_hand(void) {
     in.tp = 8;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "num_attention_heads (4)"));
     in.tp = 2;
+    in.n_trainer = 4;
+    in.tp_experts = 1; /* expert-TP, as at the top */
+    /* activation recompute under TP (issue 27): the slice's arena at the granularity (model_acts_bytes of the
+     * slice with exec.recompute set, as the runtime lays it out); full repeats o_proj's all-reduce, N·H floats
+     * per layer and training pass: 3 micro-batches × 2 layers × 32·64 floats × 4 bytes (f = 1) = 49152 B more;
+     * selective recomputes only the MoE sub-layer, whose output sum is not repeated: no TP bytes more */
+    plan_result r0, rf, rs;
+    CK(plan_compute(&c, &in, &r0) == MOERL_OK);
     in.recompute = MODEL_RECOMPUTE_FULL;
-    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
+    CK(plan_compute(&c, &in, &rf) == MOERL_OK);
+    in.recompute = MODEL_RECOMPUTE_SELECTIVE;
+    CK(plan_compute(&c, &in, &rs) == MOERL_OK);
+    in.recompute = 0;
+    CK(rf.tp_allreduce - r0.tp_allreduce == 3 * 2 * 32 * 64 * 4.0 && rs.tp_allreduce == r0.tp_allreduce);
+    CK(rf.acts == r0.acts && rf.total_recompute == rf.total - rf.acts + rf.acts_recompute);
+    for (int g = MODEL_RECOMPUTE_FULL; g <= MODEL_RECOMPUTE_SELECTIVE; g++) {
+        moe_config lr = c;
+        lr.exec.recompute = g;
+        CK(tp_config_apply(&lr, 2, 0, 1) == MOERL_OK);
+        moe_model mr;
+        CK(model_init_layout(&mr, &lr, 0) == MOERL_OK);
+        CK((g == MODEL_RECOMPUTE_FULL ? rf : rs).acts_recompute == (double)model_acts_bytes(&mr, 32));
+        CK(rf.acts_recompute < rs.acts_recompute && rs.acts_recompute < r0.acts);
+        model_free(&mr);
+    }
 }
 
 /* TP × pipeline on test_tp_hand's toy model: tp 2 × pp 2 on 4 ranks (dp 1), 3 micro-batches of N = 32 tokens and a

@@ -159,11 +159,8 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                gib(r->gathered_low), gib(r->gathered));
     else
         printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
-    if (r->tp > 1) /* TP runs without recompute in this build: one row */
-        printf("| activations (TP slice; no recompute with TP) | %.3f |\n", gib(r->acts));
-    else
-        printf("| activations (no recompute) | %.3f |\n| activations (recompute) | %.3f |\n", gib(r->acts),
-               gib(r->acts_recompute));
+    printf("| activations (%sno recompute) | %.3f |\n| activations (%srecompute) | %.3f |\n",
+           r->tp > 1 ? "TP slice, " : "", gib(r->acts), r->tp > 1 ? "TP slice, " : "", gib(r->acts_recompute));
     if (in->ref_model) {
         printf("| KL reference policy (actor.use_kl_loss: fp32, sharded as the actor's weights) | %.3f |\n",
                gib(r->ref_weights));

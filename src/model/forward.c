@@ -1113,10 +1113,6 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         return moerl_errorf("model_forward: the model holds a tensor-parallel slice (rank %d of %d) but the "
                             "activations carry no TP all-reduce hook (model_acts.par: src/parallel's par_state with "
                             "its tp_state)", c->exec.tp_rank, c->exec.tp_size);
-    if (c->exec.tp_size > 1 && c->exec.recompute)
-        return moerl_errorf("model_forward: activation recompute (model.enable_gradient_checkpointing) does not combine "
-                            "with tensor parallelism (actor.megatron.tensor_model_parallel_size=%d) in this build",
-                            c->exec.tp_size);
     if (tp_sp_par(a->par) && (c->exec.tp_size < 2 || sp || a->layer_lo > 0 || a->layer_hi < c->num_hidden_layers))
         return moerl_errorf("model_forward: Megatron sequence parallelism (model_hooks.tp_reduce_scatter) needs a "
                             "tensor-parallel slice (tp_size %d) of the whole model without Ulysses or a pipeline stage",
@@ -1554,7 +1550,10 @@ static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, 
  * FSDP gathers of that region serve it and the model-parallel collectives of every rank line up):
  * the same calls on the same rows of the same teams as the forward, and MoE layers route with
  * the kept routes (route_io.force), so the recomputed buffers — and the gradients — are bit-identical
- * to a run without recompute. docs/parallelism.md, "Activation recompute". */
+ * to a run without recompute. Under tensor parallelism the recompute repeats the forward's TP collectives
+ * that rebuild a buffer the backward reads (o_proj's row-parallel sum; Megatron SP's ln1 / ln2 all-gathers), in
+ * the same order on every rank of the TP group; the MLP output's sum is not repeated (its result, the next layer's
+ * input, is kept). docs/parallelism.md, "Activation recompute". */
 
 /* Recompute layer l's forward into the shared scratch: full, its attention input (ln1, q/k/v),
  * the attention, o_proj and the residual; both granularities, the post-attention norm and the MLP
@@ -1586,21 +1585,26 @@ static void recompute_layer(const moe_model *m, model_acts *a, int l, int nthr) 
     memset(&rt, 0, sizeof rt);
     rt.force = L->mlp.topk_ids;
     if (w->router) s2.topk_ids = a->route_native;
+    void *tp = tp_par(a->par);
 #pragma omp parallel num_threads(nthr)
     {
-        int r0, r1;
+        int r0, r1, q0, q1; /* q0, q1: the norm's rows (Megatron SP: this rank's slice) */
         team_share(N, &r0, &r1);
-        const size_t o = (size_t)r0 * H;
-        if (r1 > r0 && full) {
+        resid_rows(m, a, r0, r1, &q0, &q1);
+        const size_t o = (size_t)r0 * H, oq = (size_t)q0 * H;
+        if (full && tp) /* TP: o_proj's partial sums all-reduced (SP: reduce-scattered) as in layer_rest_team */
+            tp_row_parallel_out(m, a, tp, L->resid_mid, L->att, w->o_proj, L->resid_in, r0, r1, nhd);
+        else if (r1 > r0 && full) {
             memcpy(L->resid_mid + o, L->resid_in + o, (size_t)(r1 - r0) * H * sizeof(float));
             lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, r1 - r0, nhd, H, 1);
         }
-        if (r1 > r0)
-            rmsnorm_forward(L->ln2 + o, L->ln2_rstd + r0, L->resid_mid + o, w->post_attention_layernorm, r1 - r0, H,
+        if (q1 > q0)
+            rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + q0, L->resid_mid + oq, w->post_attention_layernorm, q1 - q0, H,
                             c->rms_norm_eps);
+        sp_gather_team(tp_sp_par(a->par), L->ln2, N, H); /* SP: the MLP's input, every row */
         mlp_forward_team(m, l, L->ln2, a->d_tmp, &s2, N, NULL, NULL, r0, r1, moe_dispatch_par(a->par),
                          w->router ? &rt : NULL);
-    }
+    } /* the MLP's output is not needed (the next layer's input is kept): its TP sum is not repeated */
     trace_end("recompute layer", "model", tr);
 }
 
@@ -1621,6 +1625,7 @@ static void attn_backward_layer(model_acts *a, const moe_config *c, int l) {
  * owns a block of columns (two tokens may share an id), tokens in order. */
 static void embed_backward_team(moe_model *m, model_acts *a) {
     const int H = m->cfg.hidden_size;
+    sp_gather_team(tp_sp_par(a->par), a->d_resid, a->N, H); /* SP: every row's ∂resid_in (the reduce-scatter's) */
 #pragma omp barrier
     int h0, h1;
     team_share(H, &h0, &h1);
@@ -1644,6 +1649,7 @@ static void model_backward_recompute(moe_model *m, model_acts *a, const float *d
     const int lo = a->layer_lo, hi = a->layer_hi, head = hi == L;
     PAR_EVENT(a, MODEL_BWD_LAYER, hi); /* hi < L: a pipeline stage's region "layer hi−1's MLP" (FSDP unit hi) */
     recompute_layer(m, a, hi - 1, nthr);
+    if (head && tp_par(a->par)) vp_logprob_backward(m, a, tp_vocab_lo(&m->cfg), dlogp, dentropy);
 #pragma omp parallel num_threads(nthr)
     {
         int r0, r1;

@@ -89,9 +89,6 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split) {
                                 i == 1 ? " or be a multiple of it (each key/value head then replicated over P / nkv ranks)"
                                 : i == 3 ? " (or set actor.megatron.expert_tensor_parallel_size=1: experts whole)"
                                          : "");
-    if (c->exec.recompute)
-        return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d with activation recompute "
-                            "(model.enable_gradient_checkpointing=true): not combined in this build", P);
     if (c->exec.per_expert_loop || c->exec.separate_permute)
         return moerl_errorf("actor.megatron.tensor_model_parallel_size=%d runs the fused MoE path only: set "
                             "model.moe.per_expert_loop and model.moe.separate_permute to false", P);

@@ -28,8 +28,9 @@
  * joins each TP rank to its counterparts (same tp_rank) in the other stages, so the hidden [N,H] each member of a
  * TP group holds whole travels between counterparts; the gradient sums are the pipeline's over grid.dp_comm plus
  * tp_reduce_layer_grads over the stage's layers; the norm is tp_norm_squares over the stage's ranges, summed
- * over the stages. This build: FSDP and Ulysses refused with TP, TP × pipeline × EP too (par_check_tp); no
- * activation recompute.
+ * over the stages. This build: FSDP and Ulysses refused with TP, TP × pipeline × EP too (par_check_tp).
+ * Activation recompute (model.enable_gradient_checkpointing) runs under every TP layout: the recomputed forward
+ * (forward.c recompute_layer) repeats the layer's TP collectives on the same rows (docs/parallelism.md).
  * Megatron sequence parallelism (actor.megatron.sequence_parallel, TP × DP and TP × EP × DP): tp_sp.h. */
 #ifndef MOERL_PARALLEL_TP_H
 #define MOERL_PARALLEL_TP_H
@@ -43,7 +44,7 @@ typedef struct tp_state tp_state;
 /* The local config of TP rank `rank` of P from the whole one c (in place): heads, widths and vocabulary divided
  * (see above), exec.tp_size / tp_rank / tp_experts set, bos/eos unset (they index the whole vocabulary).
  * experts_split: expert-TP. Errors (c unchanged): a size P does not divide, naming the key and the model's
- * field; recompute or an MoE ablation switch that TP does not combine with. */
+ * field; an MoE ablation switch that TP does not combine with. */
 int tp_config_apply(moe_config *c, int P, int rank, int experts_split);
 /* Replace the whole model m by this rank's slice (g->tp > 1) and return the state remembering m. NULL with
  * moerl_errorf on error (m unchanged). Not collective. */

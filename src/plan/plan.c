@@ -1193,10 +1193,8 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     o->logprob_pass = in->logprob_passes * one;
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
-    /* TP runs without activation recompute in this build (tp_local refuses it); Megatron SP leaves the arena
-     * sized for all N rows (the norms and residual write only the rank's rows): o->acts is the slice's arena */
-    o->acts_recompute = o->acts;
-    o->total_recompute = o->total;
+    /* o->acts / acts_recompute: the slice's arena without / with recompute (plan_compute of lc; Megatron SP
+     * leaves the arena sized for all N rows: the norms and residual write only the rank's rows) */
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
     plan_rollout(c, in, o);
@@ -1206,8 +1204,9 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
 
 /* The slice a TP rank holds and the layout it runs on: *lc = tp_config_apply's config of rank 0 (every rank's
  * slice has the same sizes), *li = in over the dp = n_trainer/tp data replicas, tp off. Refuses what moerl rl
- * refuses (par_check_tp: TP with DP, with the plain pipeline, and with EP only with the experts whole; recompute;
- * tp_config_apply's divisibility), naming the key. Under TP × EP *li keeps the EP size over the dp ranks
+ * refuses (par_check_tp: TP with DP, with the plain pipeline, and with EP only with the experts whole;
+ * tp_config_apply's divisibility), naming the key; activation recompute is planned (li keeps in->recompute: the
+ * slice's arena rows and tp_recompute_traffic). Under TP × EP *li keeps the EP size over the dp ranks
  * (tp_ep_traffic); under TP × pipeline the stages over n_trainer/tp ranks (plan_compute_tp_pp). */
 static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, plan_input *li) {
     const par_config pc = {.fsdp_size = in->fsdp <= 0 ? -1 : in->fsdp, .expert_parallel_size = in->ep,
@@ -1218,9 +1217,6 @@ static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, p
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
     if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
-    if (in->recompute)
-        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d with activation recompute "
-                            "(model.enable_gradient_checkpointing=true): not combined in this build", in->tp);
     *lc = *c;
     lc->exec.recompute = 0;
     if (tp_config_apply(lc, in->tp, 0, in->tp_experts && c->num_experts > 0) != MOERL_OK)
@@ -1280,6 +1276,25 @@ static void tp_sp_rows(const moe_config *lc, double N, int P, double db, double 
     t->tp_allgather += row * (2 * n_train + n_fwd) * ag_fwd;
 }
 
+/* The TP collectives activation recompute (li->recompute) adds to one update's training passes (mb micro-batches of
+ * N tokens over the slice lc, P ranks; forward.c recompute_layer repeats the layer's forward collectives that
+ * rebuild a kept-for-backward buffer, not the MLP output's sum: the next layer's input is kept). Full: per layer
+ * o_proj's all-reduce of N·H (Megatron SP: its reduce-scatter and the ln1 / ln2 all-gathers of ⌈N/P⌉·H rows);
+ * selective: SP's ln2 all-gather only. TP × EP's expert-row all-gathers: tp_ep_traffic. Adds to *t. */
+static void tp_recompute_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int sp,
+                                 plan_traffic *t) {
+    if (!li->recompute) return;
+    const double db = li->dtype_bytes, N = (double)x->N, mb = x->mb, L = lc->num_hidden_layers, H = lc->hidden_size;
+    const int full = li->recompute == MODEL_RECOMPUTE_FULL;
+    const double row = (P - 1.0) * ceil(N / P) * H * db;
+    if (sp) {
+        t->tp_allgather += mb * L * row * (full ? 2 : 1);
+        if (full) t->tp_reduce_scatter += mb * L * row;
+    } else if (full) {
+        t->tp_act_allreduce += mb * L * 2.0 * (P - 1) / P * N * H * db;
+    }
+}
+
 /* One update's TP collectives (plan.h plan_traffic tp_*) on top of traffic()'s rows of the slice: the data-
  * parallel gradient sum moves from the reducer to tp_reduce_grads' all-reduce over dp_comm. */
 static void tp_update_traffic(const moe_config *lc, const plan_input *li, const plan_ctx *x, int P, int kv_rep,
@@ -1298,6 +1313,7 @@ static void tp_update_traffic(const moe_config *lc, const plan_input *li, const 
     t->tp_act_allreduce += f * L * 2 * hd * db + f * 2 * 8; /* q/k-norm gradients; the clipping norm's 2 doubles */
     t->tp_allgather = (P - 1) * mb * 2 * (2 * N * 4); /* the vocabulary max: each double as two floats */
     if (sp) tp_sp_rows(lc, N, P, db, mb, fo * mb, t);
+    tp_recompute_traffic(lc, li, x, P, sp, t);
     if (kv_rep) /* nkv < P: each rank's one kv head; its holders sum k/v gradients by an all-gather per layer */
         t->tp_allgather += (P - 1.0) * L * 2 * hd * H * db;
     t->reducer = 0;
@@ -1333,7 +1349,9 @@ static void tp_ep_traffic(const moe_config *lc, const plan_input *li, const plan
     if (ep <= 1 || n_moe == 0) return;
     const double db = li->dtype_bytes, N = (double)x->N, K = lc->num_experts_per_tok, H = lc->hidden_size;
     const double fo = li->fwd_only_passes, mb = x->mb, share = ceil(N / P) * K * H;
-    const double gathers = update ? (fo + 2.0) * mb : (double)n_mb, exch = update ? (2.0 * (fo + 1) + 2.0) * mb : 2.0 * n_mb;
+    const double rf = update && li->recompute ? 1 : 0; /* recompute: the MoE forward again before its backward */
+    const double gathers = update ? (fo + 2.0 + rf) * mb : (double)n_mb,
+                 exch = update ? (2.0 * (fo + 1 + rf) + 2.0) * mb : 2.0 * n_mb;
     if (sp) tp_sp_ep_traffic(lc, li, x, P, n_mb, update, t);
     else t->tp_allgather += gathers * n_moe * (P - 1.0) * share * db;
     if (x->dispatcher != MOE_DISPATCH_ALLTOALL) { /* all-to-all-v: the rows are this rank's share of the tokens */
