@@ -37,6 +37,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "bench_engine.h"
 #include "bench_util.h"
 
 #define MAX_BATCHES 8
@@ -110,20 +111,8 @@ typedef struct { double us_tok, cyc_tok, ins_tok; } step_cost;
 /* b requests, prefill unmeasured, then the decode steps measured (see the header comment). */
 static step_cost decode_cost(engine *e, const hw_counters *h, int V, int b, int plen, int max_tokens, uint64_t seed,
                              gen_request *r, gen_request **done, int *prompts) {
-    for (int i = 0; i < b; i++) {
-        int *p = prompts + (size_t)i * plen;
-        for (int j = 0; j < plen; j++) p[j] = (int)((seed * 7919 + (uint64_t)i * 131 + (uint64_t)j * 17) % V);
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].id = i;
-        r[i].prompt = p;
-        r[i].prompt_len = plen;
-        r[i].sp.temperature = 1.0f;
-        r[i].sp.top_p = 1.0f;
-        r[i].sp.seed = seed * 1000 + i;
-        r[i].sp.max_tokens = max_tokens;
-        r[i].sp.ignore_eos = 1;
-        if (engine_add(e, &r[i]) != MOERL_OK) moerl_fatal("bench_decode_cpu: engine_add: %s", moerl_last_error());
-    }
+    bench_make_prompts(prompts, b, plen, V, seed);
+    bench_add_decode_requests(e, r, prompts, b, plen, max_tokens, seed, "bench_decode_cpu");
     for (;;) { /* prefill: until every request holds its first token */
         int all = 1;
         for (int i = 0; i < b; i++) all &= r[i].n_out >= 1;
