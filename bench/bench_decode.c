@@ -64,6 +64,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "rollout/engine.h"
+#include "bench_engine.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -194,20 +195,8 @@ static engine *engine_for(const moe_model *m, int seqs, int max_len, int budget,
 /* Fill n requests with prompts of plen tokens (distinct per request) and add them. */
 static void add_requests(engine *e, gen_request *r, int *prompts, int n, int plen, int V, int max_tokens,
                          uint64_t seed) {
-    for (int i = 0; i < n; i++) {
-        int *p = prompts + (size_t)i * plen;
-        for (int j = 0; j < plen; j++) p[j] = (int)((seed * 7919 + (uint64_t)i * 131 + (uint64_t)j * 17) % V);
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].id = i;
-        r[i].prompt = p;
-        r[i].prompt_len = plen;
-        r[i].sp.temperature = 1.0f;
-        r[i].sp.top_p = 1.0f;
-        r[i].sp.seed = seed * 1000 + i;
-        r[i].sp.max_tokens = max_tokens;
-        r[i].sp.ignore_eos = 1;
-        if (engine_add(e, &r[i]) != MOERL_OK) moerl_fatal("bench_decode: engine_add: %s", moerl_last_error());
-    }
+    bench_make_prompts(prompts, n, plen, V, seed);
+    bench_add_decode_requests(e, r, prompts, n, plen, max_tokens, seed, "bench_decode");
 }
 
 /* One decode repetition at batch b on engine e (max_num_seqs ≥ b, budget ≥ b·plen): prefill,

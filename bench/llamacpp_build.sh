@@ -17,7 +17,7 @@ fi
 [[ -f $BUILD/libmoerl.a ]] || { echo "run make first ($BUILD/libmoerl.a missing)" >&2; return 3; }
 llamacpp_build_one() {  # bench/NAME.c -> $BUILD/bench/NAME when a source or libmoerl.a is newer
     local src=bench/$1.c bin=$BUILD/bench/$1
-    if [[ -x $bin && ! $src -nt $bin && ! bench/llamacpp_common.h -nt $bin && ! bench/bench_util.h -nt $bin &&
+    if [[ -x $bin && ! $src -nt $bin && ! bench/llamacpp_common.h -nt $bin && ! bench/bench_util.h -nt $bin && ! bench/bench_engine.h -nt $bin &&
           ! $BUILD/libmoerl.a -nt $bin ]]; then
         return 0
     fi

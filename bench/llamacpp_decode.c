@@ -45,6 +45,7 @@
 #include "model/model.h"
 #include "rollout/engine.h"
 
+#include "bench_engine.h"
 #include "llamacpp_common.h"
 
 #include <math.h>
@@ -104,27 +105,10 @@ static double llama_decode_once(llama_side *L, int b, int plen, int max_tokens, 
 
 /* ------------------------------------------------------------------ moerl side */
 
-static void make_prompts(int *prompts, int n, int plen, int V, uint64_t seed) {
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < plen; j++)
-            prompts[(size_t)i * plen + j] = (int)((seed * 7919 + (uint64_t)i * 131 + (uint64_t)j * 17) % V);
-}
-
 /* One decode repetition at batch b on moerl's engine (as bench_decode's decode_once). */
 static double moerl_decode_once(engine *e, int b, int plen, int max_tokens, uint64_t seed, int *prompts,
                                 gen_request *r, gen_request **done) {
-    for (int i = 0; i < b; i++) {
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].id = i;
-        r[i].prompt = prompts + (size_t)i * plen;
-        r[i].prompt_len = plen;
-        r[i].sp.temperature = 1.0f;
-        r[i].sp.top_p = 1.0f;
-        r[i].sp.seed = seed * 1000 + i;
-        r[i].sp.max_tokens = max_tokens;
-        r[i].sp.ignore_eos = 1;
-        if (engine_add(e, &r[i]) != MOERL_OK) moerl_fatal("engine_add: %s", moerl_last_error());
-    }
+    bench_add_decode_requests(e, r, prompts, b, plen, max_tokens, seed, "llamacpp_decode");
     for (;;) {
         int all = 1;
         for (int i = 0; i < b; i++) all &= r[i].n_out >= 1;
@@ -257,7 +241,7 @@ static int run_bench(int reps, const int *batches, int nb, int plen, int max_tok
     for (int rep = -1; rep < reps; rep++) {
         for (int i = 0; i < nb; i++) {
             const int b = batches[i];
-            make_prompts(prompts, b, plen, V, 17 + rep + 3);
+            bench_make_prompts(prompts, b, plen, V, 17 + rep + 3);
             const double a = moerl_decode_once(e, b, plen, max_tokens, 17 + rep, prompts, rq, done);
             const double c = llama_decode_once(&L, b, plen, max_tokens, 17 + rep, prompts, scratch);
             const double d = e16 ? moerl_decode_once(e16, b, plen, max_tokens, 17 + rep, prompts, rq, done) : 0;

@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__SSE__)
 #include <immintrin.h>
 #endif
 
@@ -164,6 +164,28 @@ static inline void bf16x16_load(const uint16_t *p, v8f *lo, v8f *hi) {
 #endif
 }
 
+/* Software prefetch of the panels a pass streams. A pass reads NP panels side by side, NP
+ * streams of I · 32 bytes each (8–16 KB for an expert of model B): short streams that the
+ * hardware prefetchers pick up late and, on 4 KB pages, drop at every page boundary, so a
+ * decode step that reads each weight once waited on memory at the start of every stream.
+ * Every second i (one 64-byte line of a panel holds two i) each stream prefetches the line
+ * P16_PREFETCH i ahead; near the end of its panel it prefetches the same offset of panel k + NP
+ * instead — the panel it reads in the next pass (the panels of a call are contiguous, pass after
+ * pass), so the next pass starts warm. Past the last panel the prefetches fall outside the
+ * matrix: a prefetch never faults, it only costs the read. Measured (bench/bench_decode_cpu,
+ * docs/benchmarks.md): 64 i (2 KB per stream) beat 16, 32, 128 and 256. Only the timing changes:
+ * the loads and the arithmetic are the same. */
+#define P16_PREFETCH 64
+static inline __attribute__((always_inline)) void p16_prefetch(const uint16_t *const *pb, const int NP, int i, int I) {
+#ifdef __SSE__
+    const int j = i + P16_PREFETCH;
+    const size_t ahead = (size_t)j * NZ_W + (j >= I ? (size_t)(NP - 1) * I * NZ_W : 0);
+    for (int k = 0; k < NP; k++) _mm_prefetch((const char *)(pb[k] + ahead), _MM_HINT_T0);
+#else
+    (void)pb; (void)NP; (void)i; (void)I;
+#endif
+}
+
 #ifdef __AVX512F__
 /* AVX-512: one panel row of 16 bf16 weights → one zmm of 16 fp32 lanes in output order, with no
  * shuffle: the 32 bytes are broadcast into both 256-bit halves (part of the load), the upper half
@@ -187,6 +209,7 @@ static inline __attribute__((always_inline)) void panels16_rows(float out[8][8][
         for (int r = 0; r < NR; r++) acc[k][r] = _mm512_setzero_ps();
     for (int i = 0; i < I; i++) {
         __m512 w[8];
+        if (!(i & 1)) p16_prefetch(pb, NP, i, I);
         for (int k = 0; k < NP; k++) w[k] = bf16x16_zmm(pb[k] + (size_t)i * NZ_W);
         for (int r = 0; r < NR; r++) {
             const __m512 x = _mm512_set1_ps(rows[r][i]);
@@ -229,6 +252,7 @@ static inline __attribute__((always_inline)) void panels16_rows(float out[8][8][
         for (int r = 0; r < NR; r++) acc[k][r][0] = acc[k][r][1] = (v8f){0};
     for (int i = 0; i < I; i++) {
         v8f w[4][2];
+        if (!(i & 1)) p16_prefetch(pb, NP, i, I);
         for (int k = 0; k < NP; k++) bf16x16_load(pb[k] + (size_t)i * NZ_W, &w[k][0], &w[k][1]);
         for (int r = 0; r < NR; r++) {
             const float x = rows[r][i];
