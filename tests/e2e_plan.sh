@@ -127,7 +127,8 @@ PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
     "actor.megatron.sequence_parallel=true actor.expert_parallel_size=2:expert_tensor_parallel_size=1" \
-    "actor.megatron.sequence_parallel=true actor.pipeline_parallel_size=2:sequence_parallel=true with actor.pipeline_parallel_size=2"; do
+    "actor.megatron.sequence_parallel=true actor.pipeline_parallel_size=2:sequence_parallel=true with actor.pipeline_parallel_size=2" \
+    "actor.megatron.sequence_parallel=true actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1 model.enable_gradient_checkpointing=true:does not combine with Megatron sequence parallelism × EP"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
     plan_refuses "$want" trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 $kv && ok ||

@@ -119,8 +119,19 @@ void tp_slice_vec(const tp_state *ts, const float *whole_vec, float *local_vec) 
 
 size_t tp_whole_params(const tp_state *ts) { return ts->whole.n_params; }
 
+int tp_check_recompute(const par_config *pc, const moe_config *c) {
+    if (c->exec.recompute && pc->tensor_model_parallel_size > 1 && pc->sequence_parallel &&
+        pc->expert_parallel_size > 1)
+        return moerl_errorf("model.enable_gradient_checkpointing=true with actor.megatron.sequence_parallel=true and "
+                            "actor.expert_parallel_size=%d: activation recompute does not combine with Megatron "
+                            "sequence parallelism × EP in this build (it does with TP × EP, and with SP over TP × DP)",
+                            pc->expert_parallel_size);
+    return MOERL_OK;
+}
+
 tp_state *tp_state_attach(const par_grid *g, moe_model *m) {
     const int P = g->tp, split = g->cfg.expert_tensor_parallel_size != 1;
+    if (tp_check_recompute(&g->cfg, &m->cfg) != MOERL_OK) return NULL;
     moe_config lc = m->cfg;
     if (tp_config_apply(&lc, P, g->tp_rank, split && m->cfg.num_experts > 0) != MOERL_OK) return NULL;
     tp_state *ts = xcalloc(1, sizeof *ts);

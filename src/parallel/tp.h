@@ -46,6 +46,11 @@ typedef struct tp_state tp_state;
  * experts_split: expert-TP. Errors (c unchanged): a size P does not divide, naming the key and the model's
  * field; an MoE ablation switch that TP does not combine with. */
 int tp_config_apply(moe_config *c, int P, int rank, int experts_split);
+/* What TP does not combine with activation recompute (c->exec.recompute, model.enable_gradient_checkpointing):
+ * Megatron sequence parallelism × EP (pc->sequence_parallel with pc->expert_parallel_size > 1), whose MoE on
+ * the rank's own rows the recomputed forward does not yet repeat bit for bit. MOERL_OK, or moerl_errorf naming
+ * the keys. Called where the layout is checked (rl's check_layout, tp_state_attach, moerl plan). */
+int tp_check_recompute(const par_config *pc, const moe_config *c);
 /* Replace the whole model m by this rank's slice (g->tp > 1) and return the state remembering m. NULL with
  * moerl_errorf on error (m unchanged). Not collective. */
 tp_state *tp_state_attach(const par_grid *g, moe_model *m);

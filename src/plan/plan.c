@@ -1217,6 +1217,9 @@ static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, p
     if (in->n_trainer <= 0)
         return moerl_errorf("plan: trainer.n_ranks must be positive, got %d", in->n_trainer);
     if (par_check_tp(&pc, in->n_trainer) != MOERL_OK) return moerl_error_prefix("plan: ");
+    moe_config rc = *c;
+    rc.exec.recompute = in->recompute;
+    if (tp_check_recompute(&pc, &rc) != MOERL_OK) return moerl_error_prefix("plan: ");
     *lc = *c;
     lc->exec.recompute = 0;
     if (tp_config_apply(lc, in->tp, 0, in->tp_experts && c->num_experts > 0) != MOERL_OK)

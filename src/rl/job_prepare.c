@@ -117,7 +117,8 @@ static int check_layout(const rl_job *J) {
     const int tp = rc->par.tensor_model_parallel_size;
     if (tp > 1) { /* the model's sizes and switches against TP, as tp_state_attach checks them after the warm start */
         moe_config lc = *mc;
-        if (tp_config_apply(&lc, tp, 0, rc->par.expert_tensor_parallel_size != 1 && mc->num_experts > 0) != MOERL_OK)
+        if (tp_config_apply(&lc, tp, 0, rc->par.expert_tensor_parallel_size != 1 && mc->num_experts > 0) != MOERL_OK ||
+            tp_check_recompute(&rc->par, mc) != MOERL_OK)
             return MOERL_ERR;
     }
     if (rc->rollout_ep > 1 && n_rollout % rc->rollout_ep)
