@@ -7,7 +7,9 @@
 # per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
 # naming the key (pp with FSDP/EP/SP, model.* beside --model, tokens per step past 2^53), a
-# billion-sequence batch plans without hanging, actor.use_kl_loss adds the reference sharded as the actor.
+# billion-sequence batch plans without hanging, actor.use_kl_loss adds the reference sharded as the actor;
+# the keys moerl rl refuses are refused by plan in rl's words (rl_check_config_keys, rl_check_seq_len,
+# rl_check_rollout_tp; rl run beside it on each), and a key given twice on the command line warns, last wins.
 # Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
 # layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings,
@@ -353,6 +355,7 @@ same_refusal "trainer.allocator: 'bogus' (override) is not malloc, pool or jemal
 same_refusal "trainer.total_epochs must be ≥ 1, got 0" trainer.total_epochs=0
 same_refusal "algorithm.filter_groups.enable=true with rollout.n=1" algorithm.filter_groups.enable=true rollout.n=1
 same_refusal "actor.router_replay.mode=R2 records the routes in the old-logprob pass" actor.router_replay.mode=R2
+same_refusal "data.n_test=0 generates no held-out rows, but trainer.val_n=4 evaluates on them" data.n_test=0 trainer.val_n=4
 # the sequence against the model's context (rl_check_seq_len): responses that leave no room for a prompt in the
 # smoke model's 128 positions are refused by both (rl names its data's longest prompt, plan the shortest one)
 $M plan --config examples/smoke.yaml data.max_response_length=128 >/dev/null 2>"$OUT/p.err"
@@ -398,6 +401,21 @@ elif ! command -v mpirun >/dev/null 2>&1 || [[ ! -x $BUILD/moerl-mpi ]]; then
 else
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
     export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+    # --- what moerl rl refuses only under mpirun (the rollout TP against the model, lockstep over ranks): plan's
+    # message holds rl's (rl_check_rollout_tp is the one check; lockstep's words are rl's)
+    for mc in "3|rollout.tensor_model_parallel_size=2 model.intermediate_size=129|rollout.tensor_model_parallel_size=2 must divide the model's intermediate_size (129)" \
+        "3|trainer.n_ranks=2 async_training.mode=lockstep|async_training.mode=lockstep runs in one process only; under mpirun use async or sync"; do
+        IFS='|' read -r np keys text <<<"$mc"
+        # shellcheck disable=SC2086
+        $M plan --config examples/smoke.yaml rollout.n_ranks=$((np - 1)) $keys >/dev/null 2>"$OUT/p.err"
+        prc=$?
+        # shellcheck disable=SC2086
+        timeout 120 mpirun --oversubscribe -np "$np" "$BUILD/moerl-mpi" rl --config examples/smoke.yaml $keys \
+            trainer.default_local_dir="$OUT/mpi_refused" trainer.n_threads=1 >/dev/null 2>"$OUT/r.err"
+        rrc=$?
+        [[ $prc -eq 1 && $rrc -ne 0 ]] && grep -qF -- "plan: $text" "$OUT/p.err" && grep -qF -- "$text" "$OUT/r.err" &&
+            ok || fail "$keys: want '$text' from plan (exit $prc: $(cat "$OUT/p.err")) and rl under mpirun -np $np (exit $rrc: $(grep 'moerl rl' "$OUT/r.err"))"
+    done
     KEYS=(trainer.n_ranks=2 trainer.total_training_steps=4 async_training.trigger_parameter_sync_step=2
           async_training.require_batches=2 actor.ppo_mini_batch_size=2 rollout.n=2 data.max_response_length=24
           model.max_position_embeddings=128 rollout.synthetic_length.alpha=0)

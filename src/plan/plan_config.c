@@ -98,11 +98,7 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
         return MOERL_ERR;
     if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
         return MOERL_ERR;
-    if (cfg_int(c, "rollout.tensor_model_parallel_size") > 1 && cfg_has(c, "rollout.batch_invariant") &&
-        cfg_bool(c, "rollout.batch_invariant")) /* moerl rl's rule (check_rollout_tp) */
-        return moerl_errorf("rollout.tensor_model_parallel_size=%lld with rollout.batch_invariant=true: not combined in "
-                            "this build (the group's sums change the order), as moerl rl refuses it",
-                            (long long)cfg_int(c, "rollout.tensor_model_parallel_size"));
+    /* rollout TP with rollout.batch_invariant or multi-turn, and against the model: rl_check_rollout_tp */
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
@@ -113,11 +109,22 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
     return MOERL_OK;
 }
 
-/* Every check moerl rl makes on its keys, in its words (rl_check_config_keys, src/rl/config.c): plan refuses
- * what rl refuses; plan's own checks below may refuse more. */
-static int plan_check_rl_keys(const cfg *c) {
+/* Every check moerl rl makes on its keys, in its words (rl_check_config_keys, src/rl/config.c; the data keys,
+ * data_check_keys with rl's held-out reason), and those it
+ * makes under mpirun against the model (rl_check_rollout_tp: plan's rollout ranks are divided by plan_compute,
+ * so a replica's P stand for them here) and the ranks (lockstep runs in one process: trainer.n_ranks or
+ * rollout.n_ranks > 1 needs mpirun): plan refuses what rl refuses; plan's own checks below may refuse more. */
+static int plan_check_rl_keys(const cfg *c, const moe_config *mc) {
     rl_config *rc = xmalloc(sizeof *rc);
-    const int st = rl_check_config_keys(c, rc);
+    int st = rl_check_config_keys(c, rc);
+    if (st == MOERL_OK && rc->mode == RL_MODE_LOCKSTEP &&
+        (cfg_int(c, "trainer.n_ranks") > 1 || cfg_int(c, "rollout.n_ranks") > 1))
+        st = moerl_errorf("async_training.mode=lockstep runs in one process only; under mpirun use async or sync "
+                          "(trainer.n_ranks=%lld with rollout.n_ranks=%lld needs mpirun)",
+                          (long long)cfg_int(c, "trainer.n_ranks"), (long long)cfg_int(c, "rollout.n_ranks"));
+    if (st == MOERL_OK && rc->rollout_tp > 1) st = rl_check_rollout_tp(rc, mc, rc->rollout_tp);
+    char why[96]; /* the data keys as rl checks them, the held-out split's included (trainer.val_n) */
+    if (st == MOERL_OK) st = data_check_keys(c, rl_why_test(rc, why, sizeof why));
     free(rc);
     return st;
 }
@@ -142,10 +149,9 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
-    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK || plan_check_rl_keys(c) != MOERL_OK) return MOERL_ERR;
+    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK || plan_check_rl_keys(c, mc) != MOERL_OK) return MOERL_ERR;
     /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
-     * data.max_prompt_length > 0); plan reads no data, so no held-out evaluation is checked */
-    if (data_check_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
+     * data.max_prompt_length > 0): plan_check_rl_keys; plan reads no data itself */
     const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
                          "rollout.n", "actor.ppo_mini_batch_size", "actor.ppo_epochs", "async_training.require_batches",
                          "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};

@@ -185,6 +185,15 @@ int rl_read_config(const cfg *c, rl_config *r);
  * selected). moerl rl and moerl plan call it, so plan refuses what rl refuses, in rl's words. Errors:
  * as rl_read_config, or an unknown allocator / a reserve outside [0, 1], naming the key, value and origin. */
 int rl_check_config_keys(const cfg *c, rl_config *r);
+/* rollout.tensor_model_parallel_size (rc->rollout_tp) against n_rollout rollout ranks, the model mc and the
+ * other rollout keys, as moerl rl checks it under mpirun (src/rl/job_prepare.c; moerl plan calls it with its
+ * rollout.n_ranks' view): P must divide the rollout ranks and the model's heads, intermediate and expert widths
+ * (kv heads: divide or be a multiple), and is not combined with rollout.expert_parallel_size > 1, multi-turn or
+ * rollout.batch_invariant. Errors name the key, the value and the model field. */
+int rl_check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout);
+/* Why the run evaluates on the held-out split, written into buf ("trainer.val_n=N evaluates on them"), for
+ * data_check_keys; NULL when it does not (trainer.val_n = 0). */
+const char *rl_why_test(const rl_config *rc, char *buf, size_t cap);
 /* The one place the sync mode's rule lives: r->mode = mode and the async_training.* values in force
  * from r->async_keys — in sync mode staleness 0, a weight sync every step and no partial rollout —
  * then the staleness budget's checks (rl_config_budget). moerl simulate's sweep runs each mode through

@@ -133,8 +133,8 @@ int rl_check_seq_len(const char *prompt, int64_t prompt_tokens, int64_t max_resp
         return moerl_errorf("%s (%lld token%s) + data.max_response_length %lld exceeds the model's context "
                             "max_position_embeddings %d: shorten the prompts or the responses, or drop the long "
                             "prompts (data.max_prompt_length with data.filter_overlong_prompts=true)",
-                            prompt, (long long)prompt_tokens, moerl_plural(prompt_tokens), (long long)max_response_length,
-                            max_position_embeddings);
+                            prompt, (long long)prompt_tokens, moerl_plural(prompt_tokens),
+                            (long long)max_response_length, max_position_embeddings);
     return MOERL_OK;
 }
 
