@@ -224,7 +224,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->max_model_len = (int)(plen + rlen);
     /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
      * data.max_prompt_length */
-    static char len_src[200];
+    static char len_src[256];
     if (plen0 == 0 && plen < PLAN_DEFAULT_PROMPT_LEN)
         snprintf(len_src, sizeof len_src, "data.max_prompt_length unset (0 = no limit in rl; plan assumes %d), capped "
                  "at %lld by the model's context (max_position_embeddings %d) + data.max_response_length=%lld",
