@@ -386,6 +386,8 @@ dup="rollout.max_num_seqs is given twice on the command line: rollout.max_num_se
 [[ $seqs == 48 ]] && grep -qF "$dup" "$OUT/p.err" && ok || fail "plan with a key twice: max_num_seqs '$seqs' (want 48), $(cat "$OUT/p.err")"
 $M plan --config examples/smoke.yaml rollout.max_num_seqs=48 >/dev/null 2>"$OUT/p.err"
 ! grep -qF "given twice" "$OUT/p.err" && ok || fail "plan warns about a key given once: $(cat "$OUT/p.err")"
+$M plan --config examples/smoke.yaml rollout.max_num_seqs=48 rollout.max_num_seqs=48 >/dev/null 2>"$OUT/p.err"
+! grep -qF "given twice" "$OUT/p.err" && ok || fail "plan warns about a key given twice with one value: $(cat "$OUT/p.err")"
 # rl: the last of rollout.top_p=0.5 rollout.top_p=2 is the one checked (refused naming 2), after the warning
 $M rl --config examples/smoke.yaml trainer.default_local_dir="$OUT/rl_dup" rollout.top_p=0.5 rollout.top_p=2 \
     >/dev/null 2>"$OUT/r.err"

@@ -347,9 +347,9 @@ static void override_parts(const cli_override *v, char *buf, size_t cap, const c
     *val = v->key ? v->value : eq ? eq + 1 : "";
 }
 
-/* A key given again on the command line: the last value is used (scripts build a command from a shared
- * list of keys and set one of them again after it), said as a warning naming the key and both values
- * (by the launcher's rank 0 only: every rank parses the same arguments). */
+/* A key given again on the command line with another value: the last value is used (scripts build a command
+ * from a shared list of keys and set one of them again after it), said as a warning naming the key and both
+ * values (by the launcher's rank 0 only: every rank parses the same arguments). */
 static void warn_repeated_key(const cli_overrides *o, int i) {
     char ki[256], kj[256];
     const char *vi, *vj;
@@ -357,6 +357,7 @@ static void warn_repeated_key(const cli_overrides *o, int i) {
     for (int j = i - 1; j >= 0; j--) {
         override_parts(&o->v[j], kj, sizeof kj, &vj);
         if (strcmp(ki, kj)) continue;
+        if (!strcmp(vi, vj)) return; /* the same value again: nothing is lost */
         int rank;
         cli_launcher_world(&rank);
         if (rank == 0)
