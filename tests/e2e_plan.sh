@@ -7,7 +7,9 @@
 # per update × updates per version, weight broadcast per sync). Plus the plan command's own checks:
 # the published Qwen3-30B-A3B config plans to 30,532,122,624 parameters, bad layouts are refused
 # naming the key (pp with EP and FSDP at once or SP, pp × FSDP with tied embeddings, model.* beside --model, tokens per step past 2^53), a
-# billion-sequence batch plans without hanging, actor.use_kl_loss adds the reference sharded as the actor.
+# billion-sequence batch plans without hanging, actor.use_kl_loss adds the reference sharded as the actor;
+# the keys moerl rl refuses are refused by plan in rl's words (rl_check_config_keys, rl_check_seq_len,
+# rl_check_rollout_tp; rl run beside it on each), and a key given twice on the command line warns, last wins.
 # Run by tests/run.sh as `bash tests/e2e_plan.sh BUILD`. MOERL_NO_MPI=1 skips the
 # MPI part (as tests/e2e_mpi.sh). Then tests/test_dist_plan.c under mpirun for every model-parallel
 # layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings, pipeline × FSDP,
@@ -165,11 +167,12 @@ for bad in "actor.virtual_pipeline_parallel_size=2:virtual_pipeline_parallel_siz
         ok || fail "plan tp 2 × pp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
 done
 # data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
-# and rl's "no limit" (0, the default) is planned as 512
+# and rl's "no limit" (0, the default) is planned as 512 — capped at what the model's context leaves after
+# the responses, the longest prompt rl admits (rl_check_seq_len): the smoke model's 128 − 8 = 120
 mml() { $M plan --config examples/smoke.yaml --json "$@" 2>/dev/null |
     json_field max_model_len 2>/dev/null; }
-[[ $(mml data.max_prompt_length=100) == 108 && $(mml) == 520 ]] && ok ||
-    fail "plan's max_model_len: $(mml data.max_prompt_length=100) with data.max_prompt_length=100 (want 108), $(mml) by default (want 520)"
+[[ $(mml data.max_prompt_length=100) == 108 && $(mml model.max_position_embeddings=1024) == 520 && $(mml) == 128 ]] && ok ||
+    fail "plan's max_model_len: $(mml data.max_prompt_length=100) with data.max_prompt_length=100 (want 108), $(mml model.max_position_embeddings=1024) by default with a 1024-token context (want 520), $(mml) with the smoke model's 128 (want 128)"
 # data.filter_overlong_prompts=true without data.max_prompt_length (it would drop nothing) is refused with
 # moerl rl's and simulate's words (cli_check_data_keys, shared); with a limit it plans
 $M plan --config examples/smoke.yaml data.filter_overlong_prompts=true >/dev/null 2>"$OUT/err"
@@ -204,8 +207,8 @@ grep -q "^model: 1 layer, " "$OUT/one" && grep -q "^trainer: 1 rank = .*(1 layer
 for bad in "actor.pipeline_parallel_size=2 actor.expert_parallel_size=2 actor.fsdp_config.fsdp_size=2:actor.fsdp_config.fsdp_size (2)" \
     "actor.pipeline_parallel_size=2 actor.ulysses_sequence_parallel_size=2:actor.ulysses_sequence_parallel_size (2)" \
     "model.num_experts=64:model.num_experts (command line)" \
-    "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 data.max_response_length=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
-    "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 actor.ppo_max_token_len_per_gpu=528:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \
+    "actor.ppo_mini_batch_size=1000000000 rollout.n=1000000000 rollout.max_num_seqs=1000000000:actor.ppo_mini_batch_size × async_training.require_batches × rollout.n" \
+    "actor.ppo_mini_batch_size=2000000000 rollout.n=2000 rollout.max_num_seqs=2000 actor.ppo_max_token_len_per_gpu=528:exceed 2^31 − 1: lower actor.ppo_mini_batch_size" \
     "async_training.require_batches=100000 actor.ppo_epochs=100000:async_training.require_batches × actor.ppo_epochs"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
@@ -407,6 +410,82 @@ $M plan --config examples/smoke.yaml data.max_prompt_length=0 actor.ppo_max_toke
 [[ $? -eq 1 ]] && grep -qF "data.max_prompt_length unset (0 = no limit in rl; plan assumes 512)" "$OUT/unset.err" &&
     grep -qF "or set data.max_prompt_length" "$OUT/unset.err" && ok || fail "unset max_prompt_length message: $(cat "$OUT/unset.err")"
 
+# the check on the length gives the capped length, named
+grep -qF "capped at 120 by the model's context (max_position_embeddings 128)" "$OUT/unset.err" && ok ||
+    fail "the capped prompt length not named: $(cat "$OUT/unset.err")"
+
+# --- plan checks the keys moerl rl checks, with rl's words (rl_check_config_keys): each value below is refused
+# by plan naming the key, and by `moerl rl` (before any folder exists) with the same message
+# same_refusal WANT KEY=VALUE...: plan and rl on the smoke config both exit 1, plan's stderr holds WANT, and the
+# message after "moerl plan: " equals the one after "moerl rl: "
+same_refusal() {
+    local want=$1
+    shift
+    $M plan --config examples/smoke.yaml "$@" >/dev/null 2>"$OUT/p.err"
+    local prc=$?
+    $M rl --config examples/smoke.yaml trainer.default_local_dir="$OUT/rl_refused" "$@" >/dev/null 2>"$OUT/r.err"
+    local rrc=$?
+    local pm rm
+    pm=$(sed -n 's/^moerl plan: //p' "$OUT/p.err")
+    rm=$(sed -n 's/^moerl rl: //p' "$OUT/r.err")
+    [[ $prc -eq 1 && $rrc -eq 1 ]] && grep -qF -- "$want" "$OUT/p.err" && [[ -n $pm && $pm == "$rm" ]] &&
+        [[ ! -e $OUT/rl_refused ]] && ok ||
+        fail "$* not refused alike naming '$want': plan exit $prc ($(cat "$OUT/p.err")), rl exit $rrc ($(cat "$OUT/r.err"))"
+}
+same_refusal "async_training.staleness_threshold must be a finite number ≥ 0, got -1" async_training.staleness_threshold=-1
+same_refusal "rollout.top_p must be in (0, 1], got 2" rollout.top_p=2
+same_refusal "rollout.top_k=0 / rollout.top_p=0.9: truncated sampling is refused" rollout.top_p=0.9
+same_refusal "actor.optim.lr must be a finite number ≥ 0, got inf" actor.optim.lr=inf
+same_refusal "actor.optim.beta1/beta2 must be in [0, 1), got 0.9, 1" actor.optim.beta2=1
+same_refusal "actor.clip_ratio_low must be in [0, 1), got -0.1" actor.clip_ratio_low=-0.1
+same_refusal "async_training.mode: 'bogus' is not one of async, lockstep, sync" async_training.mode=bogus
+same_refusal "algorithm.adv_estimator: 'bogus' is not one of grpo" algorithm.adv_estimator=bogus
+same_refusal "actor.loss_agg_mode" actor.loss_agg_mode=bogus
+same_refusal "trainer.resume_mode: 'bogus' is not auto or disable" trainer.resume_mode=bogus
+same_refusal "trainer.allocator: 'bogus' (override) is not malloc, pool or jemalloc" trainer.allocator=bogus
+same_refusal "trainer.total_epochs must be ≥ 1, got 0" trainer.total_epochs=0
+same_refusal "algorithm.filter_groups.enable=true with rollout.n=1" algorithm.filter_groups.enable=true rollout.n=1
+same_refusal "actor.router_replay.mode=R2 records the routes in the old-logprob pass" actor.router_replay.mode=R2
+same_refusal "data.n_test=0 generates no held-out rows, but trainer.val_n=4 evaluates on them" data.n_test=0 trainer.val_n=4
+# the sequence against the model's context (rl_check_seq_len): responses that leave no room for a prompt in the
+# smoke model's 128 positions are refused by both (rl names its data's longest prompt, plan the shortest one)
+$M plan --config examples/smoke.yaml data.max_response_length=128 >/dev/null 2>"$OUT/p.err"
+prc=$?
+$M rl --config examples/smoke.yaml trainer.default_local_dir="$OUT/rl_ctx" data.max_response_length=128 >/dev/null 2>"$OUT/r.err"
+rrc=$?
+ctx="+ data.max_response_length 128 exceeds the model's context max_position_embeddings 128: shorten the prompts"
+[[ $prc -eq 1 && $rrc -eq 1 ]] && grep -qF "plan: data.max_prompt_length unset: the shortest prompt (1 token) $ctx" "$OUT/p.err" &&
+    grep -qF "rl: the longest prompt of the training data generated by data.task=arith" "$OUT/r.err" &&
+    grep -qF "$ctx" "$OUT/r.err" && [[ ! -e $OUT/rl_ctx ]] && ok ||
+    fail "responses of the whole context: plan exit $prc ($(cat "$OUT/p.err")), rl exit $rrc ($(cat "$OUT/r.err"))"
+# data.max_prompt_length + data.max_response_length past the context: plan refuses (every prompt rl admits may
+# be that long); rl refuses this data (its prompts + 100 tokens do not fit either)
+$M plan --config examples/smoke.yaml data.max_prompt_length=40 data.max_response_length=100 >/dev/null 2>"$OUT/p.err"
+prc=$?
+$M rl --config examples/smoke.yaml trainer.default_local_dir="$OUT/rl_ctx" data.max_prompt_length=40 \
+    data.max_response_length=100 >/dev/null 2>"$OUT/r.err"
+rrc=$?
+ctx="+ data.max_response_length 100 exceeds the model's context max_position_embeddings 128"
+[[ $prc -eq 1 && $rrc -eq 1 ]] && grep -qF "plan: data.max_prompt_length (40 tokens) $ctx" "$OUT/p.err" &&
+    grep -qF "$ctx" "$OUT/r.err" && ok ||
+    fail "prompt + response past the context: plan exit $prc ($(cat "$OUT/p.err")), rl exit $rrc ($(cat "$OUT/r.err"))"
+# a key given twice on the command line: the last value is used (tests/e2e_*.sh build commands from shared key
+# lists and set one again), with a warning naming the key and both values — plan and rl alike
+seqs=$($M plan --config examples/smoke.yaml --json rollout.max_num_seqs=16 rollout.max_num_seqs=48 2>"$OUT/p.err" |
+    json_field max_num_seqs 2>/dev/null)
+dup="rollout.max_num_seqs is given twice on the command line: rollout.max_num_seqs=16, then rollout.max_num_seqs=48; the last value (48) is used"
+[[ $seqs == 48 ]] && grep -qF "$dup" "$OUT/p.err" && ok || fail "plan with a key twice: max_num_seqs '$seqs' (want 48), $(cat "$OUT/p.err")"
+$M plan --config examples/smoke.yaml rollout.max_num_seqs=48 >/dev/null 2>"$OUT/p.err"
+! grep -qF "given twice" "$OUT/p.err" && ok || fail "plan warns about a key given once: $(cat "$OUT/p.err")"
+$M plan --config examples/smoke.yaml rollout.max_num_seqs=48 rollout.max_num_seqs=48 >/dev/null 2>"$OUT/p.err"
+! grep -qF "given twice" "$OUT/p.err" && ok || fail "plan warns about a key given twice with one value: $(cat "$OUT/p.err")"
+# rl: the last of rollout.top_p=0.5 rollout.top_p=2 is the one checked (refused naming 2), after the warning
+$M rl --config examples/smoke.yaml trainer.default_local_dir="$OUT/rl_dup" rollout.top_p=0.5 rollout.top_p=2 \
+    >/dev/null 2>"$OUT/r.err"
+rrc=$?
+[[ $rrc -eq 1 ]] && grep -qF "rollout.top_p is given twice on the command line: rollout.top_p=0.5, then rollout.top_p=2; the last value (2) is used" "$OUT/r.err" &&
+    grep -qF "rollout.top_p must be in (0, 1], got 2" "$OUT/r.err" && ok || fail "rl with a key twice: exit $rrc, $(cat "$OUT/r.err")"
+
 # --- traffic against a real MPI run
 if [[ ${MOERL_NO_MPI:-0} == 1 || ${NO_MPI:-0} == 1 ]]; then
     echo "e2e_plan: MPI part skipped (MOERL_NO_MPI=1)"
@@ -415,6 +494,21 @@ elif ! command -v mpirun >/dev/null 2>&1 || [[ ! -x $BUILD/moerl-mpi ]]; then
 else
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
     export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+    # --- what moerl rl refuses only under mpirun (the rollout TP against the model, lockstep over ranks): plan's
+    # message holds rl's (rl_check_rollout_tp is the one check; lockstep's words are rl's)
+    for mc in "3|rollout.tensor_model_parallel_size=2 model.intermediate_size=129|rollout.tensor_model_parallel_size=2 must divide the model's intermediate_size (129)" \
+        "3|trainer.n_ranks=2 async_training.mode=lockstep|async_training.mode=lockstep runs in one process only; under mpirun use async or sync"; do
+        IFS='|' read -r np keys text <<<"$mc"
+        # shellcheck disable=SC2086
+        $M plan --config examples/smoke.yaml rollout.n_ranks=$((np - 1)) $keys >/dev/null 2>"$OUT/p.err"
+        prc=$?
+        # shellcheck disable=SC2086
+        timeout 120 mpirun --oversubscribe -np "$np" "$BUILD/moerl-mpi" rl --config examples/smoke.yaml $keys \
+            trainer.default_local_dir="$OUT/mpi_refused" trainer.n_threads=1 >/dev/null 2>"$OUT/r.err"
+        rrc=$?
+        [[ $prc -eq 1 && $rrc -ne 0 ]] && grep -qF -- "plan: $text" "$OUT/p.err" && grep -qF -- "$text" "$OUT/r.err" &&
+            ok || fail "$keys: want '$text' from plan (exit $prc: $(cat "$OUT/p.err")) and rl under mpirun -np $np (exit $rrc: $(grep 'moerl rl' "$OUT/r.err"))"
+    done
     KEYS=(trainer.n_ranks=2 trainer.total_training_steps=4 async_training.trigger_parameter_sync_step=2
           async_training.require_batches=2 actor.ppo_mini_batch_size=2 rollout.n=2 data.max_response_length=24
           model.max_position_embeddings=128 rollout.synthetic_length.alpha=0)
@@ -560,7 +654,7 @@ want=$((seqs * len * 2 * 2 * 2))
 [[ -n "$rr" && "${rr%.*}" == "$want" ]] && ok || fail "plan's routing record: ${rr:-missing} bytes, want $want (max_num_seqs $seqs × $len tokens × 2 MoE layers × top-2 × 2 bytes)"
 $M plan --config examples/smoke.yaml actor.router_replay.mode=R3 >/dev/null 2>"$OUT/err"
 rc=$?
-[[ $rc -eq 1 ]] && grep -qF "use it with rollout.enable_rollout_routing_replay=true" "$OUT/err" && ok ||
+[[ $rc -eq 1 ]] && grep -qF "actor.router_replay.mode=R3 replays the rollout's routes, which the engine records only with rollout.enable_rollout_routing_replay=true" "$OUT/err" && ok ||
     fail "plan actor.router_replay.mode=R3 without the record: exit $rc, $(cat "$OUT/err")"
 $M plan --config examples/smoke.yaml actor.optim.name=onebit_adam trainer.n_ranks=2 >/dev/null 2>"$OUT/err"
 grep -qF "moerl plan does not model compressed exchanges" "$OUT/err" && ok || fail "plan with onebit_adam: no warning ($(cat "$OUT/err"))"

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "base/trace.h"
 #include "cli/common.h"
 
@@ -335,8 +336,40 @@ stop:
     return 1;
 }
 
+/* Override v's key (the text before '=' of a key=value argument, or an option's key) into buf, trimmed
+ * of blanks as cfg_apply_override trims it; its value text in *val. */
+static void override_parts(const cli_override *v, char *buf, size_t cap, const char **val) {
+    const char *k = v->key ? v->key : v->value, *eq = v->key ? NULL : strchr(v->value, '=');
+    size_t n = eq ? (size_t)(eq - k) : strlen(k);
+    while (n > 0 && (*k == ' ' || *k == '\t')) k++, n--;
+    while (n > 0 && (k[n - 1] == ' ' || k[n - 1] == '\t')) n--;
+    snprintf(buf, cap, "%.*s", (int)MOERL_MIN(n, cap - 1), k);
+    *val = v->key ? v->value : eq ? eq + 1 : "";
+}
+
+/* A key given again on the command line with another value: the last value is used (scripts build a command
+ * from a shared list of keys and set one of them again after it), said as a warning naming the key and both
+ * values (by the launcher's rank 0 only: every rank parses the same arguments). */
+static void warn_repeated_key(const cli_overrides *o, int i) {
+    char ki[256], kj[256];
+    const char *vi, *vj;
+    override_parts(&o->v[i], ki, sizeof ki, &vi);
+    for (int j = i - 1; j >= 0; j--) {
+        override_parts(&o->v[j], kj, sizeof kj, &vj);
+        if (strcmp(ki, kj)) continue;
+        if (!strcmp(vi, vj)) return; /* the same value again: nothing is lost */
+        int rank;
+        cli_launcher_world(&rank);
+        if (rank == 0)
+            log_warn("%s is given twice on the command line: %s=%s, then %s=%s; the last value (%s) is used", ki, kj,
+                     vj, ki, vi, vi);
+        return;
+    }
+}
+
 int cli_apply_overrides(cfg *c, const cli_overrides *o) {
     for (int i = 0; i < o->n; i++) {
+        warn_repeated_key(o, i);
         if (!o->v[i].key) {
             if (cfg_apply_override(c, o->v[i].value) != MOERL_OK) return MOERL_ERR;
             continue;

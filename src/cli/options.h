@@ -112,7 +112,8 @@ int cli_parse(const cli_spec *s, int argc, char **argv, int *exit_code);
 /* The generated help: usage line, about, one line per option (with its default: the dest's value
  * now), notes, then the config keys. */
 void cli_print_help(const cli_spec *s, FILE *f);
-/* Apply the overrides in order (cfg_apply_override; origin "override" = the command line).
+/* Apply the overrides in order (cfg_apply_override; origin "override" = the command line). A key given
+ * twice with two values: the last one is used, with a warning naming the key and both values.
  * Errors: as cfg_apply_override (unknown key with a suggestion, wrong type), naming the key. */
 int cli_apply_overrides(cfg *c, const cli_overrides *o);
 void cli_overrides_free(cli_overrides *o);

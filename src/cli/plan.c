@@ -118,11 +118,7 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
     const double big = MOERL_MAX(MOERL_MAX(r->total, r->rollout_total), r->weight_bcast);
     g_unit_bytes = big < 1024.0 * 1024.0 * 1024.0 ? 1024.0 * 1024.0 : 1024.0 * 1024.0 * 1024.0;
     g_unit = big < 1024.0 * 1024.0 * 1024.0 ? "MiB" : "GiB";
-    if ((int64_t)in->max_model_len > mc->max_position_embeddings)
-        log_warn("data.max_prompt_length + data.max_response_length = %d tokens exceed the model's context "
-                 "(max_position_embeddings = %d): the KV cache and activations are planned for %d tokens; give "
-                 "data.max_prompt_length=N (0 = no limit, planned as %d) for what your prompts need",
-                 in->max_model_len, mc->max_position_embeddings, in->max_model_len, PLAN_DEFAULT_PROMPT_LEN);
+    /* max_model_len fits the model's context: plan_read_input refuses or caps it as moerl rl checks it */
     printf("model: %d layer%s, hidden %d, %d experts top-%d (width %d), %d heads / %d kv × %d, vocab %d\n",
            mc->num_hidden_layers, moerl_plural(mc->num_hidden_layers), mc->hidden_size, mc->num_experts,
            mc->num_experts_per_tok, mc->moe_intermediate_size,

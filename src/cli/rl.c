@@ -202,7 +202,7 @@ int cmd_rl(int argc, char **argv) {
     dist_ctx *ctx = NULL;
     /* the configuration first (identical on every rank, so a config error fails every rank alike: the
      * launcher's rank 0 says it once), then the runtime */
-    if (rl_read_config(c, &rc) != MOERL_OK || rl_select_allocator(c) != MOERL_OK || (cli_set_threads((int)cfg_int(c, "trainer.n_threads")),
+    if (rl_check_config_keys(c, &rc) != MOERL_OK || rl_select_allocator(c) != MOERL_OK || (cli_set_threads((int)cfg_int(c, "trainer.n_threads")),
                                                !(ctx = dist_init(NULL, NULL)))) {
         int lrank;
         cli_launcher_world(&lrank);

@@ -24,7 +24,8 @@ void data_def_keys(cfg *c) {
     cfg_def_int(c, "data.countdown_numbers", 4, "countdown: numbers per problem");
     cfg_def_int(c, "data.max_prompt_length", 0,
                 "prompt tokens at most (chat template applied): a longer prompt is an error naming its row, or "
-                "dropped with data.filter_overlong_prompts; 0 = no limit (moerl plan then plans for 512)");
+                "dropped with data.filter_overlong_prompts; 0 = no limit (moerl plan then plans for 512, or the "
+                "model's context less data.max_response_length if smaller)");
     cfg_def_bool(c, "data.filter_overlong_prompts", false,
                  "drop the prompts longer than data.max_prompt_length (train and held-out rows; the count is logged) "
                  "instead of refusing them");

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -97,11 +98,7 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
         return MOERL_ERR;
     if (plan_check_rollout_tp((int)cfg_int(c, "rollout.tensor_model_parallel_size"), mc->num_attention_heads) != MOERL_OK)
         return MOERL_ERR;
-    if (cfg_int(c, "rollout.tensor_model_parallel_size") > 1 && cfg_has(c, "rollout.batch_invariant") &&
-        cfg_bool(c, "rollout.batch_invariant")) /* moerl rl's rule (check_rollout_tp) */
-        return moerl_errorf("rollout.tensor_model_parallel_size=%lld with rollout.batch_invariant=true: not combined in "
-                            "this build (the group's sums change the order), as moerl rl refuses it",
-                            (long long)cfg_int(c, "rollout.tensor_model_parallel_size"));
+    /* rollout TP with rollout.batch_invariant or multi-turn, and against the model: rl_check_rollout_tp */
     if (cfg_int(c, "rollout.expert_parallel_size") != 1)
         return moerl_errorf("moerl plan does not model rollout.expert_parallel_size (got %lld): plan it at 1",
                             (long long)cfg_int(c, "rollout.expert_parallel_size"));
@@ -112,15 +109,49 @@ static int plan_read_layout(const cfg *c, const moe_config *mc, par_config *pc_o
     return MOERL_OK;
 }
 
+/* Every check moerl rl makes on its keys, in its words (rl_check_config_keys, src/rl/config.c; the data keys,
+ * data_check_keys with rl's held-out reason), and those it
+ * makes under mpirun against the model (rl_check_rollout_tp: plan's rollout ranks are divided by plan_compute,
+ * so a replica's P stand for them here) and the ranks (lockstep runs in one process: trainer.n_ranks or
+ * rollout.n_ranks > 1 needs mpirun): plan refuses what rl refuses; plan's own checks below may refuse more. */
+static int plan_check_rl_keys(const cfg *c, const moe_config *mc) {
+    rl_config *rc = xmalloc(sizeof *rc);
+    int st = rl_check_config_keys(c, rc);
+    if (st == MOERL_OK && rc->mode == RL_MODE_LOCKSTEP &&
+        (cfg_int(c, "trainer.n_ranks") > 1 || cfg_int(c, "rollout.n_ranks") > 1))
+        st = moerl_errorf("async_training.mode=lockstep runs in one process only; under mpirun use async or sync "
+                          "(trainer.n_ranks=%lld with rollout.n_ranks=%lld needs mpirun)",
+                          (long long)cfg_int(c, "trainer.n_ranks"), (long long)cfg_int(c, "rollout.n_ranks"));
+    if (st == MOERL_OK && rc->rollout_tp > 1) st = rl_check_rollout_tp(rc, mc, rc->rollout_tp);
+    char why[96]; /* the data keys as rl checks them, the held-out split's included (trainer.val_n) */
+    if (st == MOERL_OK) st = data_check_keys(c, rl_why_test(rc, why, sizeof why));
+    free(rc);
+    return st;
+}
+
+/* The prompt length plan sizes a sequence with (*plen, in: data.max_prompt_length or PLAN_DEFAULT_PROMPT_LEN),
+ * against the model's context as moerl rl checks it (rl_check_seq_len): data.max_prompt_length when set, every
+ * prompt rl admits being at most that long, is refused past the context; unset (0 = no limit), the assumed
+ * prompt is capped at what the context leaves after data.max_response_length, the longest prompt rl admits
+ * (refused when not even one token is left). */
+static int plan_prompt_len(const moe_config *mc, int64_t plen0, int64_t rlen, int64_t *plen) {
+    const int ctx = mc->max_position_embeddings;
+    if (plen0 > 0) return rl_check_seq_len("data.max_prompt_length", plen0, rlen, ctx);
+    if (ctx <= 0 || *plen + rlen <= ctx) return MOERL_OK;
+    if (rl_check_seq_len("data.max_prompt_length unset: the shortest prompt", 1, rlen, ctx) != MOERL_OK)
+        return MOERL_ERR;
+    *plen = ctx - rlen;
+    return MOERL_OK;
+}
+
 int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input *in) {
     if (model_config_from_keys(c, model, mc) != MOERL_OK) return MOERL_ERR;
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
-    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK) return MOERL_ERR;
+    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK || plan_check_rl_keys(c, mc) != MOERL_OK) return MOERL_ERR;
     /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
-     * data.max_prompt_length > 0); plan reads no data, so no held-out evaluation is checked */
-    if (data_check_keys(c, NULL) != MOERL_OK) return MOERL_ERR;
+     * data.max_prompt_length > 0): plan_check_rl_keys; plan reads no data itself */
     const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
                          "rollout.n", "actor.ppo_mini_batch_size", "actor.ppo_epochs", "async_training.require_batches",
                          "async_training.trigger_parameter_sync_step", "actor.ppo_max_token_len_per_gpu"};
@@ -163,7 +194,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->updates_per_step = (int)(rb * ep);
     /* data.max_prompt_length (src/data/data_config.c, shared with rl): 0 = no limit there, planned as 512 here */
     const int64_t plen0 = cfg_int(c, "data.max_prompt_length"), rlen = cfg_int(c, "data.max_response_length");
-    const int64_t plen = plen0 == 0 ? PLAN_DEFAULT_PROMPT_LEN : plen0;
+    int64_t plen = plen0 == 0 ? PLAN_DEFAULT_PROMPT_LEN : plen0;
     if (plen <= 0 || rlen <= 0)
         return moerl_errorf("data.max_prompt_length (%lld; 0 = no limit, planned as %d) and data.max_response_length "
                             "(%lld) must be positive",
@@ -171,6 +202,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     if (plen + rlen > INT32_MAX)
         return moerl_errorf("data.max_prompt_length + data.max_response_length = %lld does not fit a 32-bit sequence "
                             "length", (long long)(plen + rlen));
+    if (plan_prompt_len(mc, plen0, rlen, &plen) != MOERL_OK) return MOERL_ERR; /* the context, as rl checks it */
     /* one epoch's tokens of a step at full length (an upper bound: real responses stop earlier) */
     const int64_t mini = cfg_int(c, "actor.ppo_mini_batch_size"), n = cfg_int(c, "rollout.n");
     const double st = (double)mini * (double)rb * (double)n * (double)(plen + rlen) * (double)ep; /* no int64 overflow */
@@ -187,19 +219,17 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     in->rollout_tp = (int)cfg_int(c, "rollout.tensor_model_parallel_size");
     in->max_num_seqs = (int)cfg_int(c, "rollout.max_num_seqs");
     in->record_routes = cfg_bool(c, "rollout.enable_rollout_routing_replay");
-    if (!strcmp(cfg_str(c, "actor.router_replay.mode"), "R3") && !in->record_routes)
-        return moerl_errorf("actor.router_replay.mode=R3 replays the routes the rollout engine records: use it with "
-                            "rollout.enable_rollout_routing_replay=true (as moerl rl requires)");
-    if (!strcmp(cfg_str(c, "actor.router_replay.mode"), "R2") && !in->logprob_passes)
-        return moerl_errorf("actor.router_replay.mode=R2 records the old-logprob pass's routes: set "
-                            "algorithm.rollout_correction.bypass_mode=false or actor.use_decoupled_loss=true (as moerl rl "
-                            "requires)");
+    /* actor.router_replay.mode's needs (R3: the record; R2: the old-logprob pass): rl_check_config_keys */
     if (check_optim(c, &pc) != MOERL_OK) return MOERL_ERR;
     in->max_model_len = (int)(plen + rlen);
     /* where a sequence's length comes from, for messages: the keys, or plan's assumption for an unset
      * data.max_prompt_length */
-    static char len_src[200];
-    if (plen0 == 0)
+    static char len_src[256];
+    if (plen0 == 0 && plen < PLAN_DEFAULT_PROMPT_LEN)
+        snprintf(len_src, sizeof len_src, "data.max_prompt_length unset (0 = no limit in rl; plan assumes %d), capped "
+                 "at %lld by the model's context (max_position_embeddings %d) + data.max_response_length=%lld",
+                 PLAN_DEFAULT_PROMPT_LEN, (long long)plen, mc->max_position_embeddings, (long long)rlen);
+    else if (plen0 == 0)
         snprintf(len_src, sizeof len_src, "data.max_prompt_length unset (0 = no limit in rl; plan assumes %d) + "
                  "data.max_response_length=%lld", PLAN_DEFAULT_PROMPT_LEN, (long long)rlen);
     else

@@ -251,17 +251,31 @@ void rl_def_allocator_keys(cfg *c) {
                   "in [0, 1] (0 = return every freed page at once); when given it wins over MOERL_POOL_RESERVE");
 }
 
-int rl_select_allocator(const cfg *c) {
+/* trainer.allocator's name into *k (may be NULL) and trainer.allocator_reserve's range. */
+static int check_allocator_keys(const cfg *c, moerl_alloc_kind *k) {
     const char *a = cfg_str(c, "trainer.allocator");
-    moerl_alloc_kind k = MOERL_ALLOC_MALLOC;
-    if (moerl_alloc_parse(a, &k) != MOERL_OK)
+    moerl_alloc_kind kind = MOERL_ALLOC_MALLOC;
+    if (moerl_alloc_parse(a, &kind) != MOERL_OK)
         return moerl_errorf("trainer.allocator: '%s' (%s) is not malloc, pool or jemalloc", a,
                             cfg_origin(c, "trainer.allocator"));
     const double r = cfg_float(c, "trainer.allocator_reserve");
-    const int r_given = strcmp(cfg_origin(c, "trainer.allocator_reserve"), "default") != 0;
-    if (r_given && !(r >= 0 && r <= 1))
+    if (strcmp(cfg_origin(c, "trainer.allocator_reserve"), "default") && !(r >= 0 && r <= 1))
         return moerl_errorf("trainer.allocator_reserve: %g (%s) is not a fraction in [0, 1]", r,
                             cfg_origin(c, "trainer.allocator_reserve"));
+    if (k) *k = kind;
+    return MOERL_OK;
+}
+
+int rl_check_config_keys(const cfg *c, rl_config *r) {
+    if (rl_read_config(c, r) != MOERL_OK) return MOERL_ERR;
+    return check_allocator_keys(c, NULL);
+}
+
+int rl_select_allocator(const cfg *c) {
+    moerl_alloc_kind k = MOERL_ALLOC_MALLOC;
+    if (check_allocator_keys(c, &k) != MOERL_OK) return MOERL_ERR;
+    const double r = cfg_float(c, "trainer.allocator_reserve");
+    const int r_given = strcmp(cfg_origin(c, "trainer.allocator_reserve"), "default") != 0;
     moerl_alloc_choice ch = {.kind = strcmp(cfg_origin(c, "trainer.allocator"), "default") ? (int)k : -1,
                              .reserve_frac = r_given ? r : -1.0,
                              .kind_key = "trainer.allocator",

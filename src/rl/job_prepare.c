@@ -105,6 +105,10 @@ static int check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rol
     return MOERL_OK;
 }
 
+int rl_check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout) {
+    return check_rollout_tp(rc, mc, n_rollout);
+}
+
 /* The layout against the ranks and the model: the same verdict on every rank (config, world size and
  * model shape only) — before any folder exists. */
 static int check_layout(const rl_job *J) {
@@ -137,6 +141,8 @@ static const char *why_test(const rl_config *rc, char *buf, size_t cap) {
     snprintf(buf, cap, "trainer.val_n=%d evaluates on them", rc->val_n);
     return buf;
 }
+
+const char *rl_why_test(const rl_config *rc, char *buf, size_t cap) { return why_test(rc, buf, cap); }
 
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {

@@ -180,6 +180,20 @@ int rl_select_allocator(const cfg *c);
  * against its range, the sync mode's rule (rl_config_set_mode) and the staleness budget's checks, the
  * layout keys (par_read_layout). Errors name the key, the value and what is accepted. */
 int rl_read_config(const cfg *c, rl_config *r);
+/* Every check `moerl rl` makes on its keys before it starts the runtime, with its messages: rl_read_config
+ * into r, then trainer.allocator / trainer.allocator_reserve (rl_select_allocator's checks, nothing
+ * selected). moerl rl and moerl plan call it, so plan refuses what rl refuses, in rl's words. Errors:
+ * as rl_read_config, or an unknown allocator / a reserve outside [0, 1], naming the key, value and origin. */
+int rl_check_config_keys(const cfg *c, rl_config *r);
+/* rollout.tensor_model_parallel_size (rc->rollout_tp) against n_rollout rollout ranks, the model mc and the
+ * other rollout keys, as moerl rl checks it under mpirun (src/rl/job_prepare.c; moerl plan calls it with its
+ * rollout.n_ranks' view): P must divide the rollout ranks and the model's heads, intermediate and expert widths
+ * (kv heads: divide or be a multiple), and is not combined with rollout.expert_parallel_size > 1, multi-turn or
+ * rollout.batch_invariant. Errors name the key, the value and the model field. */
+int rl_check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout);
+/* Why the run evaluates on the held-out split, written into buf ("trainer.val_n=N evaluates on them"), for
+ * data_check_keys; NULL when it does not (trainer.val_n = 0). */
+const char *rl_why_test(const rl_config *rc, char *buf, size_t cap);
 /* The one place the sync mode's rule lives: r->mode = mode and the async_training.* values in force
  * from r->async_keys — in sync mode staleness 0, a weight sync every step and no partial rollout —
  * then the staleness budget's checks (rl_config_budget). moerl simulate's sweep runs each mode through
@@ -421,6 +435,12 @@ int rl_check_step_rows(const rl_config *cfg, int64_t rows, staleness_budget *b, 
  * moerl rl (rollouter_init) and moerl simulate (against the simulated model) share it. *longest (may be
  * NULL) = the longest prompt's tokens (chat template applied), so a caller need not encode them again. */
 int rl_check_context(const dataset *train, int max_response_length, int max_position_embeddings, int *longest);
+/* The rule rl_check_context applies, on lengths alone (moerl plan has no data): prompt_tokens +
+ * max_response_length against max_position_embeddings (≤ 0 = unbounded); prompt names the prompt in the
+ * message ("the longest prompt of FILE", "data.max_prompt_length"). Errors name both lengths, the
+ * context and the ways out. */
+int rl_check_seq_len(const char *prompt, int64_t prompt_tokens, int64_t max_response_length,
+                     int max_position_embeddings);
 /* The pipeline's side of an update's sizes, shared by moerl rl (rl_check_update_sizes, from the data)
  * and moerl plan (plan_check, from the length keys). */
 typedef struct {

@@ -127,17 +127,24 @@ void prompt_feed_seek(prompt_feed *f, int epoch, int64_t pos) {
     f->pos = pos;
 }
 
+int rl_check_seq_len(const char *prompt, int64_t prompt_tokens, int64_t max_response_length,
+                     int max_position_embeddings) {
+    if (max_position_embeddings > 0 && prompt_tokens + max_response_length > max_position_embeddings)
+        return moerl_errorf("%s (%lld token%s) + data.max_response_length %lld exceeds the model's context "
+                            "max_position_embeddings %d: shorten the prompts or the responses, or drop the long "
+                            "prompts (data.max_prompt_length with data.filter_overlong_prompts=true)",
+                            prompt, (long long)prompt_tokens, moerl_plural(prompt_tokens),
+                            (long long)max_response_length, max_position_embeddings);
+    return MOERL_OK;
+}
+
 int rl_check_context(const dataset *train, int max_response_length, int max_position_embeddings, int *longest) {
     int max_plen;
     rl_prompt_lengths(train, NULL, &max_plen);
     if (longest) *longest = max_plen;
-    if (max_position_embeddings > 0 && (int64_t)max_plen + max_response_length > max_position_embeddings)
-        return moerl_errorf("the longest prompt of %s (%d tokens) + data.max_response_length %d exceeds the model's "
-                            "context max_position_embeddings %d: shorten the prompts or the responses, or drop the long "
-                            "prompts (data.max_prompt_length with data.filter_overlong_prompts=true)",
-                            train->path ? train->path : "the training data", max_plen, max_response_length,
-                            max_position_embeddings);
-    return MOERL_OK;
+    char what[600];
+    snprintf(what, sizeof what, "the longest prompt of %s", train->path ? train->path : "the training data");
+    return rl_check_seq_len(what, max_plen, max_response_length, max_position_embeddings);
 }
 
 int rollouter_init(rollouter *R, const rl_config *cfg, const staleness_budget *budget, const dataset *train,
