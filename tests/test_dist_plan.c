@@ -139,7 +139,7 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * tp_comm's. Megatron sequence parallelism (actor.megatron.sequence_parallel=true): tp_comm's reduce-scatters
  * against plan's tp_reduce_scatter, its all-gathers (rows and vocabulary max) against tp_allgather, its
  * all-reduces (logprob statistics, expert-TP's [N,K], the norms' gradients) against tp_act_allreduce, and the
- * arena against plan's (SP does not shrink it in this build). */
+ * arena against plan's (under SP the residual stream and the norms' statistics on ⌈N/tp⌉ rows). */
 static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     par_grid *g = ps->grid;
     const int T = g_ctx->trainer_size;
