@@ -51,8 +51,8 @@ done
 # (TP with EP and expert-TP, FSDP, Ulysses, recompute; Megatron sequence parallelism with EP or the pipeline)
 # plan refuses, naming the keys. Megatron sequence parallelism is planned: its reduce-scatters and all-gathers
 # move the bytes of the row all-reduces they replace (the micro-batch's 4096 tokens divide by 2, expert-TP) plus
-# the RMSNorm weights' gradient sum, 2(P−1)/P · (2L + 1)·H floats (L 48, H 2048, fp32); memory is TP's (the
-# arena is not shrunk in this build)
+# the RMSNorm weights' gradient sum, 2(P−1)/P · (2L + 1)·H floats (L 48, H 2048, fp32); weights are TP's, the
+# arena holds the residual stream (2L + 1 [N,H] buffers) and the RMSNorms' statistics (2L + 1 [N]) on N/2 rows
 j1=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 2>"$OUT/err") || fail "plan dp 8: $(cat "$OUT/err")"
 j2=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     2>"$OUT/err") || fail "plan tp 2 × dp 4: $(cat "$OUT/err")"
@@ -106,14 +106,18 @@ b, e = (json.loads(x) for x in sys.argv[1:3])
 assert e["tp"] == 2 and e["tp_sequence_parallel"] == 1 and b["tp_sequence_parallel"] == 0, e
 assert e["tp_reduce_scatter_bytes_per_update"] > 0 and b["tp_reduce_scatter_bytes_per_update"] == 0
 assert e["tp_bytes_per_update"] - b["tp_bytes_per_update"] == (2 * 48 + 1) * 2048 * 4, (e["tp_bytes_per_update"], b["tp_bytes_per_update"])
-for k in ("acts_bytes", "weights_bytes", "trainer_total_bytes"):
-    assert e[k] == b[k], (k, e[k], b[k])
+assert e["weights_bytes"] == b["weights_bytes"], (e["weights_bytes"], b["weights_bytes"])
+assert e["micro_tokens"] == 4096, e["micro_tokens"]
+shrunk = (2 * 48 + 1) * ((4096 - 2048) * 2048 * 4 + (4096 - 2048) * 4)  # fp32 activations, 4096-token micro-batch
+for k in ("acts_bytes", "trainer_total_bytes"):
+    assert b[k] - e[k] == shrunk, (k, b[k], e[k], shrunk)
 PY
 $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
-    actor.megatron.sequence_parallel=true 2>&1 | grep -q "activation arena is not shrunk" && ok ||
-    fail "plan tp 2 + SP does not say the arena is not shrunk"
-# practice B's tp × ep variant with Megatron SP (Megatron's required shape for TP with MoE): planned, the same memory
-# as tp 2 × ep 4, fewer TP bytes (no expert-row all-gathers, no ln2 gathers before the MoE layers; the aux
+    actor.megatron.sequence_parallel=true 2>&1 | grep -q "RMSNorms' statistics on ⌈N/2⌉ rows a rank" && ok ||
+    fail "plan tp 2 + SP does not say the arena holds a rank's rows"
+# practice B's tp × ep variant with Megatron SP (Megatron's required shape for TP with MoE): planned, the same
+# weights as tp 2 × ep 4, its arena less half the residual stream's rows and the RMSNorms' statistics (as tp 2 + SP
+# against tp 2), fewer TP bytes (no expert-row all-gathers, no ln2 gathers before the MoE layers; the aux
 # statistics and the routers' gradient all-reduced instead), the same all-to-all rows
 j6=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.megatron.tensor_model_parallel_size=2 \
     actor.expert_parallel_size=4 actor.megatron.expert_tensor_parallel_size=1 actor.megatron.sequence_parallel=true \
@@ -123,8 +127,12 @@ import json, sys
 c, f = (json.loads(x) for x in sys.argv[1:3])
 assert f["tp"] == 2 and f["ep"] == 4 and f["tp_sequence_parallel"] == 1 and f["tp_reduce_scatter_bytes_per_update"] > 0, f
 assert 0 < f["tp_bytes_per_update"] < c["tp_bytes_per_update"], (f["tp_bytes_per_update"], c["tp_bytes_per_update"])
-for k in ("acts_bytes", "weights_bytes", "trainer_total_bytes", "alltoall_ep_bytes_per_update"):
+for k in ("weights_bytes", "alltoall_ep_bytes_per_update"):
     assert f[k] == c[k], (k, f[k], c[k])
+assert f["micro_tokens"] == c["micro_tokens"] == 4096, (f["micro_tokens"], c["micro_tokens"])
+shrunk = (2 * 48 + 1) * ((4096 - 2048) * 2048 * 4 + (4096 - 2048) * 4)  # as tp 2 + SP against tp 2
+for k in ("acts_bytes", "trainer_total_bytes"):
+    assert c[k] - f[k] == shrunk, (k, c[k], f[k], shrunk)
 PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
@@ -569,8 +577,9 @@ PY
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
     # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
     # Megatron SP (tp 2; tp 2 × dp 2 with experts whole: the ln2 gathers): tp_comm's reduce-scatters and
-    # all-gathers equal plan's SP rows, the arena plan's (not shrunk). SP × EP (tp 2 × ep 2, experts whole): the
-    # MoE on each rank's own rows (no ln2 or expert-row gathers; the aux statistics and routers' sums).
+    # all-gathers equal plan's SP rows, the arena (residual stream on ⌈N/tp⌉ rows) plan's. SP × EP (tp 2 × ep 2,
+    # experts whole): the MoE on each rank's own rows (no ln2 or expert-row gathers; the aux statistics and routers'
+    # sums), the arena shrunk as SP's.
     # TP × pipeline (tp 2 × pp 2, with tied embeddings, and × dp 2): per stage tp_comm's bytes, the stage's
     # all-reduce over dp_comm and pp_comm's p2p and sums equal plan's rows; the stage's range of the slice, its
     # moments and activation slots plan's, exactly.

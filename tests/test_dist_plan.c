@@ -145,7 +145,8 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * tp_comm's. Megatron sequence parallelism (actor.megatron.sequence_parallel=true): tp_comm's reduce-scatters
  * against plan's tp_reduce_scatter, its all-gathers (rows and vocabulary max) against tp_allgather, its
  * all-reduces (logprob statistics, expert-TP's [N,K], the norms' gradients) against tp_act_allreduce, and the
- * arena against plan's (SP does not shrink it in this build). TP × pipeline (actor.pipeline_parallel_size > 1):
+ * arena against plan's (under SP the residual stream and the norms' statistics on ⌈N/tp⌉ rows). TP × pipeline
+ * (actor.pipeline_parallel_size > 1):
  * plan's rows for the rank's stage — tp_comm's as above (the stage's layers, the embedding's on the first stage,
  * the head's and the logprob statistics' on the last), dp_comm's all-reduce (the stage's range over the ranks
  * holding the same slice) against pp_grad_allreduce, pp_comm's point-to-point (the schedule's, pp_stats, and

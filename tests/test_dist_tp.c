@@ -242,6 +242,32 @@ static void twin_without_sp(par_state *ps, const moe_model *m, const moe_model *
     CHECK_R(memcmp(m2->params, m->params, m->n_params * sizeof(float)) == 0, "the two slices differ", RANK);
 }
 
+/* The arena of the SP slice m (exec.tp_sp, set by tp_state_attach) against the slice m2 without SP, by hand: the
+ * residual stream's 2L + 1 [N,H] buffers (resid_in, resid_mid per layer, resid_out) and the RMSNorms' 2L + 1 [N]
+ * statistics hold ⌈N/P⌉ of FX_MAX_TOKENS rows (each buffer rounded up to 64 B as forward.c carves it); every other
+ * buffer is TP's. An arena laid out without SP is refused by the SP runtime's forward, naming the layout. */
+static void check_sp_arena(par_state *ps, moe_model *m, moe_model *m2, int P) {
+    const size_t L = m->cfg.num_hidden_layers, H = m->cfg.hidden_size, N = FX_MAX_TOKENS, c = (N + P - 1) / P;
+#define R64(b) (((b) + 63) / 64 * 64)
+    const size_t shrunk = (2 * L + 1) * (R64(N * H * 4) - R64(c * H * 4) + R64(N * 4) - R64(c * 4));
+#undef R64
+    const size_t sp = model_acts_bytes(m, FX_MAX_TOKENS), tp = model_acts_bytes(m2, FX_MAX_TOKENS);
+    model_acts a;
+    MOERL_ASSERT(model_acts_init(&a, m, FX_MAX_TOKENS) == MOERL_OK);
+    CHECK_R(m->cfg.exec.tp_sp == 1 && m2->cfg.exec.tp_sp == 0 && tp - sp == shrunk && a.arena_bytes == sp &&
+                a.sp_rows == (int)c,
+            "SP arena %zu B, TP's %zu B: %zu less, want %zu (%zu [N,H] rows of %zu); sp_rows %d", RANK, sp, tp, tp - sp,
+            shrunk, 2 * L + 1, c, a.sp_rows);
+    model_acts_free(&a);
+    MOERL_ASSERT(model_acts_init(&a, m2, FX_MAX_TOKENS) == MOERL_OK); /* laid out without SP */
+    a.par = ps;
+    const int tok[4] = {1, 2, 3, 4}, cu[2] = {0, 4};
+    CHECK_R(model_forward(m, &a, tok, cu, NULL, 1, 4) == MOERL_ERR && strstr(moerl_last_error(), "laid out without it"),
+            "an arena without SP refused under SP: %s", RANK, moerl_last_error());
+    model_acts_free(&a);
+    if (RANK == 0) printf("  SP arena %zu B, TP's %zu B (%d rows a rank of %d)\n", sp, tp, (int)c, FX_MAX_TOKENS);
+}
+
 /* SP against TP without SP on the same slice weights (dp 1): log-probabilities, entropy and gradients of one
  * pass, and the bytes each moved (tp_sp.h), for N tokens and N − 1. Collective over the world. */
 static void check_sp_vs_tp(par_state *ps, moe_model *m, const moe_model *whole0, const fx_batch *b, int etp) {
@@ -254,6 +280,7 @@ static void check_sp_vs_tp(par_state *ps, moe_model *m, const moe_model *whole0,
     for (int l = 0; l < L; l++) n_mlp += !moe_config_layer_is_moe(c, l) || etp != 1;
     int n_moe = 0;
     for (int l = 0; l < L; l++) n_moe += moe_config_layer_is_moe(c, l);
+    check_sp_arena(ps, m, &m2, P);
     float *g1 = xalloc_aligned((m->n_params + 1) * sizeof(float));
     for (int N = b->n_tokens; N >= b->n_tokens - 1; N--) {
         float lp1[FX_N_SEQ * 16], en1[FX_N_SEQ * 16], lp2[FX_N_SEQ * 16], en2[FX_N_SEQ * 16];
@@ -312,6 +339,7 @@ static void check_sp_ep_vs_tp_ep(par_state *ps, moe_model *m, const moe_model *w
     const moe_config *c = &m->cfg;
     const int P = ps->grid->tp, L = c->num_hidden_layers, n_moe = model_moe_layer_count(c), K = c->num_experts_per_tok;
     const int per = n_moe * K;
+    check_sp_arena(ps, m, &m2, P); /* the MoE on the rank's rows writes through the shrunken residual rows too */
     float *g1 = xalloc_aligned((m->n_params + 1) * sizeof(float));
     for (int N = b->n_tokens; N >= b->n_tokens - 1; N--) {
         float lp1[FX_N_SEQ * 16], en1[FX_N_SEQ * 16], lp2[FX_N_SEQ * 16], en2[FX_N_SEQ * 16];

@@ -80,7 +80,7 @@ static void par_setup(trainer *T, moe_model *m, const rl_config *c, const par_co
     CHECK(par_state_init_cfg(T->par, g_ctx, &pc, m) == MOERL_OK, "par_state_init_cfg: %s", moerl_last_error());
     par_adamw_shard(T->par, m, &T->opt);
     const int rows = par_acts_rows(T->par, c->ppo_max_token_len);
-    if (rows != c->ppo_max_token_len) {
+    if (rows != c->ppo_max_token_len || m->cfg.exec.tp_sp) { /* Megatron SP: the arena holds a rank's rows */
         model_acts_free(&T->acts);
         MOERL_ASSERT(model_acts_init_rows(&T->acts, m, rows, c->ppo_max_token_len) == MOERL_OK);
     }

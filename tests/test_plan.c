@@ -750,7 +750,9 @@ static void test_tp_pp_hand(void) {
  * backward as many again: 3 training passes and 3 pre-passes = 9 forward halves → 45 of each. Korthikanti et
  * al.'s identity: with P | N these are exactly the bytes of TP's row all-reduces (2(P−1)/P·N·H·4 = 2 · 4096 each); SP
  * adds only the RMSNorm weights' gradient sum, (2L + 1)·H floats (f = 1). With experts whole SP adds the ln2
- * all-gather of both MoE layers in each of the 9 halves. The arena is TP's: SP does not shrink it. */
+ * all-gather of both MoE layers in each of the 9 halves. The arena: the residual stream and the RMSNorms'
+ * statistics — 2L + 1 = 5 [N,H] buffers (resid_in, resid_mid per layer, resid_out) and 5 [N] ones (ln1/ln2/final
+ * rstd) — hold ⌈N/P⌉ = 16 rows, 5 · (16·64·4 + 16·4) = 20,800 B less than TP's (each a multiple of 64 B). */
 static void test_tp_sp_hand(void) {
     moe_config c = arch(64, 2, 4, 2, 32, 128, 4, 2, 16, 100, 0);
     plan_input in = {.n_trainer = 4, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .tp = 2, .tp_experts = 1,
@@ -768,7 +770,8 @@ static void test_tp_sp_hand(void) {
      * the clipping norm, the RMSNorms */
     CK(t.tp_act_allreduce == 4.0 * 3 * 32 * 2 * 2 + 3 * 2 * 4 * 32 * 8 + 2 * 2 * 16 * 4 + 16 + norms);
     CK(sp.tp_allreduce == tp.tp_allreduce + norms);
-    CK(sp.acts == tp.acts && sp.total == tp.total && sp.weights == tp.weights);
+    CK(tp.acts - sp.acts == 5 * (16 * 64 * 4.0 + 16 * 4) && tp.total - sp.total == tp.acts - sp.acts &&
+       sp.weights == tp.weights);
     CK(sp.logprob_pass - tp.logprob_pass == 0); /* forward only, P | N: the same bytes */
     /* the logprob pass of 2 micro-batches: 2 forward halves */
     CK(plan_traffic_logprob(&c, &in, 0, 0, 0, 2, 0, &lt) == MOERL_OK);
@@ -805,9 +808,51 @@ static void test_tp_sp_hand(void) {
     CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true needs"));
 }
 
+/* One arena buffer of n floats as forward.c carves it: rounded up to 64 bytes. */
+static double carved(double n) { return ceil(n * 4 / 64) * 64; }
+
+/* Megatron SP's arena (moe_exec_opts.tp_sp on tp_config_apply's slice): plan_acts_bytes equals model_acts_bytes
+ * byte for byte at N = 1, 37 (⌈37/P⌉ rows a rank: a short last slice) and 700, with and without recompute (the
+ * layouts compose: a recomputed layer's resid_mid and rstd alias the shared scratch at ⌈N/P⌉ rows); and against a
+ * hand count, the TP slice's arena less 2L + 1 [N,H] buffers (resid_in, resid_mid per layer, resid_out) and 2L + 1
+ * [N] RMSNorm statistics shrunk from N to ⌈N/P⌉ rows. */
+static void test_layout_sp(void) {
+    moe_config cs[3] = {arch(32, 2, 4, 2, 16, 48, 4, 2, 8, 300, 0), arch(64, 4, 0, 0, 0, 96, 4, 4, 16, 512, 0),
+                        arch(48, 4, 8, 3, 24, 40, 8, 2, 8, 259, 0)};
+    cs[2].decoder_sparse_step = 2; /* dense layers 0 and 2 */
+    int n_sliced = 0;
+    for (int i = 0; i < 3; i++)
+        for (int P = 2; P <= 4; P += 2) {
+            moe_config c = cs[i];
+            if (tp_config_apply(&c, P, P - 1, i != 2) != MOERL_OK) continue; /* the last rank's slice */
+            n_sliced++;
+            const int L = c.num_hidden_layers, H = c.hidden_size;
+            moe_model m;
+            CK(model_init(&m, &c) == MOERL_OK);
+            const int Ns[3] = {1, 37, 700};
+            for (int k = 0; k < 3; k++) {
+                const size_t tp = model_acts_bytes(&m, Ns[k]);
+                m.cfg.exec.tp_sp = c.exec.tp_sp = 1;
+                const double n = Ns[k], r = ceil(n / P);
+                CK(plan_acts_bytes(&c, Ns[k], 0, L, 0) == (double)model_acts_bytes(&m, Ns[k]));
+                CK((double)tp - model_acts_bytes(&m, Ns[k]) ==
+                   (2 * L + 1) * (carved(n * H) - carved(r * H) + carved(n) - carved(r)));
+                for (int rc = MODEL_RECOMPUTE_FULL; rc <= MODEL_RECOMPUTE_SELECTIVE; rc++) {
+                    m.cfg.exec.recompute = rc;
+                    CK(plan_acts_bytes(&c, Ns[k], 0, L, rc) == (double)model_acts_bytes(&m, Ns[k]));
+                }
+                m.cfg.exec.recompute = 0;
+                m.cfg.exec.tp_sp = c.exec.tp_sp = 0;
+            }
+            model_free(&m);
+        }
+    CK(n_sliced == 6); /* every config at tp 2 and 4 (the first's 2 kv heads replicated over 4 ranks) */
+}
+
 int main(void) {
     test_tp_hand();
     test_tp_pp_hand();
+    test_layout_sp();
     test_tp_sp_hand();
     test_paged_kv_hand();
     test_paged_kv_sampled();

@@ -141,8 +141,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
                r->tp, in->tp_experts ? " and each expert's width (expert-TP)" : ", every expert whole");
     if (r->tp > 1 && in->tp_sp)
         printf("Megatron sequence parallelism: the [N,H] row all-reduces become reduce-scatters + all-gathers of "
-               "⌈N/%d⌉ rows%s; the activation arena is not shrunk in this build (the activations row is TP's)\n", r->tp,
-               in->tp_experts ? "" : " (+ an ln2 all-gather per MoE layer: experts whole)");
+               "⌈N/%d⌉ rows%s; the activations row holds the residual stream and the RMSNorms' statistics on "
+               "⌈N/%d⌉ rows a rank\n", r->tp, in->tp_experts ? "" : " (+ an ln2 all-gather per MoE layer: experts whole)",
+               r->tp);
     if (in->pp > 1)
         printf("pipeline: %d stages × %d chunk%s, %d micro-batches per update; bubble (pp − 1)/(v·m + pp − 1) = %.3f\n",
                in->pp, r->vpp, r->vpp == 1 ? "" : "s (interleaved 1F1B)", r->micro_batches, r->bubble_theory);

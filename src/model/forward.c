@@ -127,9 +127,10 @@ static int rc_kept(int recompute, int cls) {
     return recompute == MODEL_RECOMPUTE_NONE || cls == 0 || (cls == 1 && recompute == MODEL_RECOMPUTE_SELECTIVE);
 }
 
-/* Carve decoder layer l's buffers for N tokens: pass −1 all of them (no recompute), pass 0 only
- * the kept ones, pass 1 only the recomputed ones (into the shared scratch). */
-static void layer_carve(const moe_config *c, layer_acts *L, int l, size_t N, arena_t *ar, int pass) {
+/* Carve decoder layer l's buffers for N tokens, the residual stream's and the norms' per-row buffers for Ns
+ * (model_acts.sp_rows; N without Megatron SP): pass −1 all of them (no recompute), pass 0 only the kept ones,
+ * pass 1 only the recomputed ones (into the shared scratch). */
+static void layer_carve(const moe_config *c, layer_acts *L, int l, size_t N, size_t Ns, arena_t *ar, int pass) {
     const size_t H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim,
                  E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
                  Id = c->intermediate_size, M = N * (E > 0 ? K : 0);
@@ -138,9 +139,9 @@ static void layer_carve(const moe_config *c, layer_acts *L, int l, size_t N, are
     if (pass < 0 || pass == !rc_kept(rc, cls)) (ptr) = CF(n)
 #define LI(ptr, cls, n) \
     if (pass < 0 || pass == !rc_kept(rc, cls)) (ptr) = CI(n)
-    LF(L->resid_in, 0, N * H);
+    LF(L->resid_in, 0, Ns * H);
     LF(L->ln1, 1, N * H);
-    LF(L->ln1_rstd, 1, N);
+    LF(L->ln1_rstd, 1, Ns);
     LF(L->q_raw, 1, N * nh * hd);
     LF(L->k_raw, 1, N * nkv * hd);
     LF(L->q_rstd, 1, N * nh);
@@ -150,9 +151,9 @@ static void layer_carve(const moe_config *c, layer_acts *L, int l, size_t N, are
     LF(L->v, 1, N * nkv * hd);
     LF(L->att, 1, N * nh * hd);
     LF(L->lse, 1, N * nh);
-    LF(L->resid_mid, 1, N * H);
+    LF(L->resid_mid, 1, Ns * H);
     LF(L->ln2, 2, N * H);
-    LF(L->ln2_rstd, 2, N);
+    LF(L->ln2_rstd, 2, Ns);
     mlp_acts *s = &L->mlp;
     if (moe_config_layer_is_moe(c, l)) {
         LF(s->router_logits, 2, N * E);
@@ -180,8 +181,16 @@ static void layer_carve(const moe_config *c, layer_acts *L, int l, size_t N, are
 #undef LI
 }
 
+/* Rows of the residual stream's and the norms' per-row buffers for max_tokens tokens (model_acts.sp_rows): under
+ * Megatron SP a TP rank's ⌈max_tokens/tp⌉, else 0 (all max_tokens rows). */
+static int sp_layout_rows(const moe_config *c, int max_tokens) {
+    return c->exec.tp_sp && c->exec.tp_size > 1 ? (max_tokens + c->exec.tp_size - 1) / c->exec.tp_size : 0;
+}
+
 static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     const moe_config *c = &m->cfg;
+    a->sp_rows = sp_layout_rows(c, Nmax);
+    const size_t Ns = a->sp_rows ? (size_t)a->sp_rows : (size_t)Nmax;
     const size_t N = (size_t)Nmax, H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads,
                  hd = c->head_dim, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
                  Id = c->intermediate_size, V = c->vocab_size;
@@ -199,7 +208,7 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
     float *yw = c->exec.separate_permute ? CF(M * H) : NULL;
     for (int l = lo; l < hi; l++) {
         memset(&a->layers[l].mlp, 0, sizeof a->layers[l].mlp);
-        layer_carve(c, &a->layers[l], l, N, ar, c->exec.recompute ? 0 : -1);
+        layer_carve(c, &a->layers[l], l, N, Ns, ar, c->exec.recompute ? 0 : -1);
         if (moe_config_layer_is_moe(c, l)) {
             a->layers[l].mlp.yw = yw;
             gu_max = MOERL_MAX(gu_max, M * 2 * I);
@@ -214,14 +223,14 @@ static void layout(const moe_model *m, model_acts *a, arena_t *ar, int Nmax) {
         size_t s1 = s0;
         for (int l = lo; l < hi; l++) {
             ar->used = s0;
-            layer_carve(c, &a->layers[l], l, N, ar, 1);
+            layer_carve(c, &a->layers[l], l, N, Ns, ar, 1);
             s1 = MOERL_MAX(s1, ar->used);
         }
         ar->used = s1;
     }
-    a->resid_out = CF(N * H);
+    a->resid_out = CF(Ns * H);
     a->lnf = CF(N * H);
-    a->lnf_rstd = CF(N);
+    a->lnf_rstd = CF(Ns);
     a->logits = head ? CF(N * V) : NULL;
     a->logp = CF(N);
     a->entropy = CF(N);
@@ -381,6 +390,40 @@ static void resid_rows(const moe_model *m, const model_acts *a, int r0, int r1, 
     model_sp_rows(a->N, m->cfg.exec.tp_size, m->cfg.exec.tp_rank, &s0, &s1);
     team_share(s1 - s0, q0, q1);
     *q0 += s0, *q1 += s0;
+}
+
+/* The token row that row 0 of the residual stream's and the norms' per-row buffers holds (model_acts.sp_rows):
+ * this rank's first row s0 under Megatron SP (token q is their row q − s0), else 0 (they hold every row). */
+static int resid_row0(const moe_model *m, const model_acts *a) {
+    if (!a->sp_rows) return 0;
+    int s0, s1;
+    model_sp_rows(a->N, m->cfg.exec.tp_size, m->cfg.exec.tp_rank, &s0, &s1);
+    return s0;
+}
+
+/* Where a row-parallel output's partial sums of all N rows are formed before tp_sum_rows_team sums them: under
+ * Megatron SP d_tmp2 (the backward's scratch, free in the forward), whose rank rows resid_add_rows then moves into
+ * the rank-row buffer dst; else dst itself (summed in place). */
+static float *row_sum_buf(model_acts *a, float *dst) { return a->sp_rows ? a->d_tmp2 : dst; }
+
+/* After tp_sum_rows_team: this thread's residual rows (resid_rows) of dst = sum + add (add NULL: sum alone), with
+ * sum[N,H] indexed by token and dst, add as the rank-row buffers (resid_row0). Without SP sum is dst (in place). */
+static void resid_add_rows(const moe_model *m, const model_acts *a, float *dst, const float *sum, const float *add,
+                           int r0, int r1) {
+    const int H = m->cfg.hidden_size, lo = resid_row0(m, a);
+    int q0, q1;
+    resid_rows(m, a, r0, r1, &q0, &q1);
+    if (q1 <= q0) return;
+    const size_t nH = (size_t)(q1 - q0) * H;
+    float *d = dst + (size_t)(q0 - lo) * H;
+    const float *f = sum + (size_t)q0 * H;
+    if (!add) {
+        if (d != f) memcpy(d, f, nH * sizeof(float));
+        return;
+    }
+    const float *r = add + (size_t)(q0 - lo) * H;
+#pragma omp simd
+    for (size_t i = 0; i < nH; i++) d[i] = f[i] + r[i];
 }
 
 /* OpenBLAS must be single-threaded inside a team. OpenMP builds (openblas_get_parallel() == 2)
@@ -932,8 +975,9 @@ static void attn_in_rows(const moe_model *m, model_acts *a, int l, int r0, int r
     const int H = m->cfg.hidden_size;
     int q0, q1; /* SP: ln1 of this rank's rows, then all-gathered (the column-parallel q/k/v input) */
     resid_rows(m, a, r0, r1, &q0, &q1);
+    const int lo = resid_row0(m, a);
     if (q1 > q0)
-        rmsnorm_forward(L->ln1 + (size_t)q0 * H, L->ln1_rstd + q0, L->resid_in + (size_t)q0 * H,
+        rmsnorm_forward(L->ln1 + (size_t)q0 * H, L->ln1_rstd + (q0 - lo), L->resid_in + (size_t)(q0 - lo) * H,
                         m->p.layers[l].input_layernorm, q1 - q0, H, m->cfg.rms_norm_eps);
     sp_gather_team(tp_sp_par(a->par), L->ln1, a->N, H);
     if (r1 <= r0) return;
@@ -995,16 +1039,14 @@ static int check_replay_routes(const moe_config *c, const int16_t *rr, int t0, i
 }
 
 /* Row-parallel output (team, TP): out[N,H] = Σ over the TP group of x[N,In]·Wᵀ (this rank's columns of W),
- * then + resid (rows [r0, r1) each). */
+ * then + resid (rows [r0, r1) each; SP: out and resid hold this rank's rows, the sum is formed in row_sum_buf). */
 static void tp_row_parallel_out(const moe_model *m, model_acts *a, void *tp, float *out, const float *x,
                                 const float *W, const float *resid, int r0, int r1, int In) {
     const int H = m->cfg.hidden_size, n = r1 - r0;
-    if (n > 0) lin(m, out + (size_t)r0 * H, x + (size_t)r0 * In, W, n, In, H, 0);
-    tp_sum_rows_team(tp, out, a->N, H); /* SP: reduce-scattered, the residual on this rank's rows */
-    int q0, q1;
-    resid_rows(m, a, r0, r1, &q0, &q1);
-    const size_t nH = (size_t)(q1 - q0) * H, o = (size_t)q0 * H;
-    for (size_t i = 0; i < nH; i++) out[o + i] += resid[o + i];
+    float *sum = row_sum_buf(a, out);
+    if (n > 0) lin(m, sum + (size_t)r0 * H, x + (size_t)r0 * In, W, n, In, H, 0);
+    tp_sum_rows_team(tp, sum, a->N, H); /* SP: reduce-scattered, the residual on this rank's rows */
+    resid_add_rows(m, a, out, sum, resid, r0, r1);
 }
 
 /* Layer l after attention, on token rows [r0, r1) (team): resid_mid = resid_in + o_proj(att),
@@ -1017,9 +1059,10 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
     const int N = a->N, H = c->hidden_size, nhd = c->num_attention_heads * c->head_dim, n = r1 - r0;
     const int last = l + 1 == a->layer_hi; /* the last layer of this stage (of the model without pipeline) */
     float *out = last ? a->resid_out : a->layers[l + 1].resid_in;
-    int q0, q1; /* the residual and norm rows (SP: this rank's slice) */
+    int q0, q1; /* the residual and norm rows (SP: this rank's slice, row q of its buffers at q − lo) */
     resid_rows(m, a, r0, r1, &q0, &q1);
-    const size_t o = (size_t)r0 * H, oq = (size_t)q0 * H;
+    const int lo = resid_row0(m, a);
+    const size_t o = (size_t)r0 * H, oq = (size_t)q0 * H, ol = (size_t)(q0 - lo) * H;
     void *tp = tp_par(a->par);
     if (tp) /* row-parallel o_proj: this rank's heads' partial sum, all-reduced, then the residual */
         tp_row_parallel_out(m, a, tp, L->resid_mid, L->att, w->o_proj, L->resid_in, r0, r1, nhd);
@@ -1028,29 +1071,26 @@ static void layer_rest_team(const moe_model *m, model_acts *a, int l, int r0, in
         lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, n, nhd, H, 1);
     }
     if (q1 > q0)
-        rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + q0, L->resid_mid + oq, w->post_attention_layernorm, q1 - q0, H,
-                        c->rms_norm_eps);
+        rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + (q0 - lo), L->resid_mid + ol, w->post_attention_layernorm, q1 - q0,
+                        H, c->rms_norm_eps);
     const int sp_ep = w->router && sp_ep_par(m, a->par); /* SP × EP: the MoE takes this rank's rows as they are */
     if (sp_ep) sp_sync_team(tp_sp_par(a->par));
     else sp_gather_team(tp_sp_par(a->par), L->ln2, N, H); /* SP: the MLP's input, every row (gather, then route) */
     route_io rt;
     const int routed = layer_route_io(m, a, l, &rt);
-    if (sp_ep) sp_ep_moe_forward_team(m, a, l, out, routed ? &rt : NULL, q0, q1);
-    else mlp_forward_team(m, l, L->ln2, out, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
+    float *sum = row_sum_buf(a, out); /* SP: the MLP's output by token row, the rank's rows then into out */
+    if (sp_ep) sp_ep_moe_forward_team(m, a, l, sum, routed ? &rt : NULL, q0, q1);
+    else mlp_forward_team(m, l, L->ln2, sum, &L->mlp, N, w->router ? a->aux_counts : NULL, a->aux_psum, r0, r1,
                           moe_dispatch_par(a->par), routed ? &rt : NULL);
-    tp_sum_rows_team(w->router ? tp_expert_par(m, a->par) : tp, out, N, H); /* row-parallel down projections */
+    tp_sum_rows_team(w->router ? tp_expert_par(m, a->par) : tp, sum, N, H); /* row-parallel down projections */
     sp_sync_team(tp_sp_par(a->par)); /* SP with experts whole: no reduce-scatter, the rows are complete */
-    if (q1 > q0) {
-        const float *rm = L->resid_mid + oq;
-        float *ob = out + oq;
-        const size_t nH = (size_t)(q1 - q0) * H;
-#pragma omp simd
-        for (size_t i = 0; i < nH; i++) ob[i] += rm[i];
-    }
+    resid_add_rows(m, a, out, sum, L->resid_mid, r0, r1);
     if (!last) {
         attn_in_rows(m, a, l + 1, r0, r1);
     } else if (a->logits) { /* a pipeline stage before the last has no head */
-        if (q1 > q0) rmsnorm_forward(a->lnf + oq, a->lnf_rstd + q0, a->resid_out + oq, m->p.norm, q1 - q0, H, c->rms_norm_eps);
+        if (q1 > q0)
+            rmsnorm_forward(a->lnf + oq, a->lnf_rstd + (q0 - lo), a->resid_out + ol, m->p.norm, q1 - q0, H,
+                            c->rms_norm_eps);
         sp_gather_team(tp_sp_par(a->par), a->lnf, N, H); /* SP: the vocab-parallel head's input, every row */
         if (n > 0) lin(m, a->logits + (size_t)r0 * c->vocab_size, a->lnf + o, m->p.lm_head, n, H, c->vocab_size, 0);
     }
@@ -1088,6 +1128,25 @@ static void sp_ep_finish_forward(const moe_model *m, model_acts *a) {
     free(buf);
 }
 
+/* model_forward's check that the arena's layout (model_acts.sp_rows) matches the runtime: Megatron SP's hooks
+ * with an arena laid out for them, ⌈N/tp⌉ rows fitting, and neither without the other. */
+static int check_sp_layout(const moe_model *m, const model_acts *a, int N) {
+    const int P = m->cfg.exec.tp_size;
+    if (tp_sp_par(a->par) && !a->sp_rows)
+        return moerl_errorf("model_forward: the runtime runs Megatron sequence parallelism (model_hooks.tp_reduce_scatter) "
+                            "but the activation arena was laid out without it (moe_exec_opts.tp_sp 0 at model_acts_init): "
+                            "lay it out after the model's TP slice (tp_state_attach sets tp_sp)");
+    if (a->sp_rows && !tp_sp_par(a->par))
+        return moerl_errorf("model_forward: the activation arena holds a TP rank's ⌈N/tp⌉ rows of the residual stream "
+                            "(Megatron sequence parallelism, model_acts.sp_rows %d) but the runtime (model_acts.par) has "
+                            "no sequence-parallel hooks", a->sp_rows);
+    if (a->sp_rows && (P < 2 || (N + P - 1) / P > a->sp_rows))
+        return moerl_errorf("model_forward: %d tokens over tp_size %d need %d rows a rank, the activation arena's "
+                            "sequence-parallel buffers hold %d (model_acts.sp_rows)", N, P, P > 0 ? (N + P - 1) / P : N,
+                            a->sp_rows);
+    return MOERL_OK;
+}
+
 int model_forward(const moe_model *m, model_acts *a, const int *tokens, const int *cu_seqlens,
                   const int *positions, int B, int N) {
     const moe_config *c = &m->cfg;
@@ -1117,6 +1176,7 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
         return moerl_errorf("model_forward: Megatron sequence parallelism (model_hooks.tp_reduce_scatter) needs a "
                             "tensor-parallel slice (tp_size %d) of the whole model without Ulysses or a pipeline stage",
                             c->exec.tp_size);
+    if (check_sp_layout(m, a, n_loc) != MOERL_OK) return MOERL_ERR;
     if (c->exec.ep_size > 1 && !moe_dispatch_par(a->par))
         return moerl_errorf("model_forward: the model holds an expert-parallel slice (rank %d of %d) but the "
                             "activations carry no MoE dispatch hook (model_acts.par: a runtime whose model_hooks has "
@@ -1163,12 +1223,14 @@ int model_forward(const moe_model *m, model_acts *a, const int *tokens, const in
                 memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)a->tokens_in[n] * H, H * sizeof(float));
         else if (a->layer_lo == 0) { /* vocab-parallel embedding: this rank's rows, zero elsewhere, summed */
             const int v0 = tp_vocab_lo(c);
+            float *sum = row_sum_buf(a, x);
             for (int n = r0; n < r1; n++) {
                 const int v = a->tokens_in[n] - v0;
-                if (v >= 0 && v < V) memcpy(x + (size_t)n * H, m->p.embed_tokens + (size_t)v * H, H * sizeof(float));
-                else memset(x + (size_t)n * H, 0, H * sizeof(float));
+                if (v >= 0 && v < V) memcpy(sum + (size_t)n * H, m->p.embed_tokens + (size_t)v * H, H * sizeof(float));
+                else memset(sum + (size_t)n * H, 0, H * sizeof(float));
             }
-            tp_sum_rows_team(tp_par(a->par), x, N, H); /* SP: reduce-scattered to this rank's rows */
+            tp_sum_rows_team(tp_par(a->par), sum, N, H); /* SP: reduce-scattered to this rank's rows */
+            resid_add_rows(m, a, x, sum, NULL, r0, r1);
         }
         attn_in_rows(m, a, a->layer_lo, r0, r1);
     }
@@ -1457,9 +1519,11 @@ static void layer_mlp_backward_team(moe_model *m, model_acts *a, int l, float au
     sp_sync_team(sp);
     norm_partials np = norm_partials_for(m, a);
     float *dw = norm_dw_slot(np.hidden, gw->post_attention_layernorm, H, np.nt);
+    const int lo = resid_row0(m, a);
     if (q1 > q0)
-        rmsnorm_backward(a->d_resid + (size_t)q0 * H, dw, a->d_tmp + (size_t)q0 * H, L->resid_mid + (size_t)q0 * H,
-                         w->post_attention_layernorm, L->ln2_rstd + q0, q1 - q0, H, 1);
+        rmsnorm_backward(a->d_resid + (size_t)q0 * H, dw, a->d_tmp + (size_t)q0 * H,
+                         L->resid_mid + (size_t)(q0 - lo) * H, w->post_attention_layernorm, L->ln2_rstd + (q0 - lo),
+                         q1 - q0, H, 1);
     sp_gather_team(sp, a->d_resid, N, H);
     if (n > 0)
         linear_backward(a->d_att + (size_t)r0 * nhd, NULL, a->d_resid + (size_t)r0 * H, NULL, w->o_proj, n, nhd, H, 0);
@@ -1498,9 +1562,10 @@ static void layer_attn_backward_team(moe_model *m, model_acts *a, int l, int r0,
     int q0, q1; /* SP: reduce-scattered, the input norm on this rank's rows */
     resid_rows(m, a, r0, r1, &q0, &q1);
     if (q1 > q0) {
-        const size_t o = (size_t)q0 * H;
-        rmsnorm_backward(a->d_resid + o, dw1, a->d_tmp + o, L->resid_in + o, w->input_layernorm, L->ln1_rstd + q0,
-                         q1 - q0, H, 1);
+        const int lo = resid_row0(m, a);
+        const size_t o = (size_t)q0 * H, ol = (size_t)(q0 - lo) * H;
+        rmsnorm_backward(a->d_resid + o, dw1, a->d_tmp + o, L->resid_in + ol, w->input_layernorm,
+                         L->ln1_rstd + (q0 - lo), q1 - q0, H, 1);
     }
 #pragma omp barrier
     wgrad_team(gw->q_proj, a->d_q, L->ln1, N, H, nh * hd);
@@ -1531,9 +1596,10 @@ static void head_backward_team(moe_model *m, model_acts *a, const float *dlogp, 
     int q0, q1; /* SP: reduce-scattered, the final norm on this rank's rows */
     resid_rows(m, a, r0, r1, &q0, &q1);
     if (q1 > q0) {
-        const size_t o = (size_t)q0 * H;
-        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, a->resid_out + o, m->p.norm, a->lnf_rstd + q0, q1 - q0, H,
-                         0);
+        const int lo = resid_row0(m, a);
+        const size_t o = (size_t)q0 * H, ol = (size_t)(q0 - lo) * H;
+        rmsnorm_backward(a->d_resid + o, dw, a->d_tmp + o, a->resid_out + ol, m->p.norm, a->lnf_rstd + (q0 - lo),
+                         q1 - q0, H, 0);
     }
 #pragma omp barrier
     wgrad_team(m->g.lm_head, a->d_logits, a->lnf, N, H, V);
@@ -1588,10 +1654,11 @@ static void recompute_layer(const moe_model *m, model_acts *a, int l, int nthr) 
     void *tp = tp_par(a->par);
 #pragma omp parallel num_threads(nthr)
     {
-        int r0, r1, q0, q1; /* q0, q1: the norm's rows (Megatron SP: this rank's slice) */
+        int r0, r1, q0, q1; /* q0, q1: the norm's rows (Megatron SP: this rank's slice, at q − lo in its buffers) */
         team_share(N, &r0, &r1);
         resid_rows(m, a, r0, r1, &q0, &q1);
-        const size_t o = (size_t)r0 * H, oq = (size_t)q0 * H;
+        const int lo = resid_row0(m, a);
+        const size_t o = (size_t)r0 * H, oq = (size_t)q0 * H, ol = (size_t)(q0 - lo) * H;
         if (full && tp) /* TP: o_proj's partial sums all-reduced (SP: reduce-scattered) as in layer_rest_team */
             tp_row_parallel_out(m, a, tp, L->resid_mid, L->att, w->o_proj, L->resid_in, r0, r1, nhd);
         else if (r1 > r0 && full) {
@@ -1599,8 +1666,8 @@ static void recompute_layer(const moe_model *m, model_acts *a, int l, int nthr) 
             lin(m, L->resid_mid + o, L->att + (size_t)r0 * nhd, w->o_proj, r1 - r0, nhd, H, 1);
         }
         if (q1 > q0)
-            rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + q0, L->resid_mid + oq, w->post_attention_layernorm, q1 - q0, H,
-                            c->rms_norm_eps);
+            rmsnorm_forward(L->ln2 + oq, L->ln2_rstd + (q0 - lo), L->resid_mid + ol, w->post_attention_layernorm,
+                            q1 - q0, H, c->rms_norm_eps);
         sp_gather_team(tp_sp_par(a->par), L->ln2, N, H); /* SP: the MLP's input, every row */
         mlp_forward_team(m, l, L->ln2, a->d_tmp, &s2, N, NULL, NULL, r0, r1, moe_dispatch_par(a->par),
                          w->router ? &rt : NULL);

@@ -156,6 +156,15 @@ typedef struct {
     float *dw_gu, *dw_d;              /* per_expert_weights: stacked weight-gradient scratch (else NULL) */
     void *arena;
     size_t arena_bytes;               /* its size (model_acts_bytes for the arena's tokens and layers) */
+    /* Megatron sequence parallelism's layout (moe_exec_opts.tp_sp at model_acts_init; 0: off, every buffer holds
+     * max_tokens rows). Under it the buffers of the residual stream and the RMSNorms' per-row statistics — each
+     * layer's resid_in, ln1_rstd, resid_mid, ln2_rstd, and resid_out, lnf_rstd — hold only this TP rank's rows
+     * [s0, s1) of a micro-batch (model_sp_rows of a->N): their row i is token s0 + i, sp_rows = ⌈max_tokens/tp⌉
+     * rows each (Korthikanti et al. 2022: the activations outside the tensor-parallel region shrink by tp). The
+     * norms' outputs ln1, ln2, lnf (all-gathered: the column-parallel inputs), the attention and MLP buffers and
+     * the backward's scratch keep max_tokens rows; a row-parallel output's partial sums of every row are formed in
+     * d_tmp2 (free in the forward) and reduce-scattered from there. */
+    int sp_rows;
     /* Optional per-layer hook for data-parallel gradient reduction (NULL = none; model_acts_init
      * sets NULL). model_backward calls layer_hook(layer_hook_ctx, group) as soon as the gradients
      * of a backward group are final, in the order and numbering of dist_tensor_group (dist/dist.h):
@@ -254,7 +263,8 @@ void mlp_acts_free(mlp_acts *s);
  * model_acts_init, dx[N,H] (OVERWRITTEN) = ∂/∂x of Σ dout·out, weight gradients accumulated
  * into m->grads (no aux loss). N ≤ a->max_tokens. */
 void mlp_backward(moe_model *m, model_acts *a, int l, const float *x, const float *dout, float *dx, int N);
-/* Bytes model_acts_init would allocate for max_tokens. */
+/* Bytes model_acts_init would allocate for max_tokens (every layer; the layout of m's recompute and
+ * Megatron SP switches, moe_exec_opts). */
 size_t model_acts_bytes(const moe_model *m, int max_tokens);
 
 #endif

@@ -65,6 +65,11 @@ typedef struct {
      * tp_experts (expert-TP; 0: every expert whole on every TP rank) — and the forward needs a runtime whose
      * model_hooks has tp_allreduce. tp_size 0 or 1 = no TP. tp_vocab: the whole vocabulary V. */
     int tp_size, tp_rank, tp_experts, tp_vocab;
+    /* Megatron sequence parallelism on the TP group (actor.megatron.sequence_parallel; set with the slice by
+     * tp_state_attach, src/parallel/tp_sp.h): model_acts_init lays the arena out for it (forward.h's
+     * model_acts.sp_rows: the residual stream and the RMSNorms' per-row buffers hold ⌈N/tp_size⌉ rows) and the
+     * forward needs a runtime whose model_hooks has tp_reduce_scatter / tp_all_gather. 0 = off. */
+    int tp_sp;
 } moe_exec_opts;
 
 /* moe_exec_opts.recompute (model.enable_gradient_checkpointing + actor.recompute_granularity; docs/parallelism.md

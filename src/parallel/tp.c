@@ -134,6 +134,7 @@ tp_state *tp_state_attach(const par_grid *g, moe_model *m) {
     if (tp_check_recompute(&g->cfg, &m->cfg) != MOERL_OK) return NULL;
     moe_config lc = m->cfg;
     if (tp_config_apply(&lc, P, g->tp_rank, split && m->cfg.num_experts > 0) != MOERL_OK) return NULL;
+    lc.exec.tp_sp = g->cfg.sequence_parallel; /* Megatron SP: the slice's arena holds its rank's rows (forward.h) */
     tp_state *ts = xcalloc(1, sizeof *ts);
     ts->g = g;
     ts->comm = g->tp_comm;

@@ -51,8 +51,10 @@ int tp_config_apply(moe_config *c, int P, int rank, int experts_split);
  * the rank's own rows the recomputed forward does not yet repeat bit for bit. MOERL_OK, or moerl_errorf naming
  * the keys. Called where the layout is checked (rl's check_layout, tp_state_attach, moerl plan). */
 int tp_check_recompute(const par_config *pc, const moe_config *c);
-/* Replace the whole model m by this rank's slice (g->tp > 1) and return the state remembering m. NULL with
- * moerl_errorf on error (m unchanged). Not collective. */
+/* Replace the whole model m by this rank's slice (g->tp > 1) and return the state remembering m; the slice's
+ * exec.tp_sp is g's actor.megatron.sequence_parallel (activation arenas laid out after this hold a rank's rows of
+ * the residual stream, forward.h model_acts.sp_rows). NULL with moerl_errorf on error (m unchanged). Not
+ * collective. */
 tp_state *tp_state_attach(const par_grid *g, moe_model *m);
 /* Assemble the whole model back into m on every rank of the TP group (collective) and free ts. */
 int tp_state_detach(tp_state *ts);

@@ -24,6 +24,12 @@ static double r64(double elems) {
     return (double)((b + 63u) & ~(uint64_t)63u);
 }
 
+/* Rows of the residual stream's and the norms' per-row buffers at N tokens (forward.c sp_layout_rows): under
+ * Megatron SP (c->exec.tp_sp on a TP slice) a TP rank's ⌈N/tp⌉, else N. */
+static double sp_acts_rows(const moe_config *c, double N) {
+    return c->exec.tp_sp && c->exec.tp_size > 1 ? ceil(N / c->exec.tp_size) : N;
+}
+
 /* Bytes layout() carves for decoder layer l at N tokens, split as forward.c's layer_carve does under
  * activation recompute rc (MODEL_RECOMPUTE_*): *kept stays for the whole pass, *shared lives in the one
  * scratch every layer's recomputed buffers alias (all of it kept without recompute). Each buffer's
@@ -33,12 +39,12 @@ static void layer_bytes(const moe_config *c, double N, int l, int rc, double *ke
     const double H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim,
                  E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
                  Id = c->intermediate_size;
-    const double M = N * (E > 0 ? K : 0);
+    const double M = N * (E > 0 ? K : 0), Ns = sp_acts_rows(c, N); /* Ns: resid_in, ln1/ln2_rstd, resid_mid */
     double b[3] = {0, 0, 0};
-    b[0] = r64(N * H);
-    b[1] = r64(N * H) + r64(N) + r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nh) + r64(N * nkv) +
-           r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nkv * hd) + r64(N * nh * hd) + r64(N * nh) + r64(N * H);
-    b[2] = r64(N * H) + r64(N);
+    b[0] = r64(Ns * H);
+    b[1] = r64(N * H) + r64(Ns) + r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nh) + r64(N * nkv) +
+           r64(N * nh * hd) + r64(N * nkv * hd) + r64(N * nkv * hd) + r64(N * nh * hd) + r64(N * nh) + r64(Ns * H);
+    b[2] = r64(N * H) + r64(Ns);
     if (moe_config_layer_is_moe(c, l)) {
         b[0] += r64(N * K) + r64(E);
         b[2] += r64(N * E) + r64(N * E) + r64(N * K) + r64(N * K) + r64(M) + r64(M) + r64(E + 1) + r64(M * H) +
@@ -77,7 +83,8 @@ double plan_acts_bytes(const moe_config *c, int64_t max_tokens, int l0, int l1, 
     b += kept + scratch;
     /* the logits and their gradient only where the head is (layout(): a range ending at the last layer) */
     const double logits = l1 == c->num_hidden_layers ? r64(N * V) : 0;
-    b += r64(N * H) + r64(N * H) + r64(N) + logits + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
+    const double Ns = sp_acts_rows(c, N); /* resid_out, lnf_rstd */
+    b += r64(Ns * H) + r64(N * H) + r64(Ns) + logits + r64(N) + r64(N) + r64(N) + 2 * r64(E > 0 ? E : 1);
     b += r64(E > 0 ? N * K : 1); /* route_native: routing replay's native top-k, the recompute's router scratch */
     b += 3 * r64(N * H) + r64(N * nh * hd) + 2 * r64(N * nkv * hd) + r64(N * nh * hd) + logits + 2 * r64(M * H) +
          r64(gu_max) + r64(act_max) + r64(N * K + 1) + 2 * r64(N * E + 1);
@@ -1193,8 +1200,8 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     o->logprob_pass = in->logprob_passes * one;
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
-    /* o->acts / acts_recompute: the slice's arena without / with recompute (plan_compute of lc; Megatron SP
-     * leaves the arena sized for all N rows: the norms and residual write only the rank's rows) */
+    /* o->acts / acts_recompute: the slice's arena without / with recompute (plan_compute of lc; under Megatron SP
+     * the residual stream's and the norms' per-row buffers hold ⌈N/tp⌉ rows, lc.exec.tp_sp) */
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
     plan_rollout(c, in, o);
@@ -1224,6 +1231,7 @@ static int tp_local(const moe_config *c, const plan_input *in, moe_config *lc, p
     lc->exec.recompute = 0;
     if (tp_config_apply(lc, in->tp, 0, in->tp_experts && c->num_experts > 0) != MOERL_OK)
         return moerl_error_prefix("plan: ");
+    lc->exec.tp_sp = in->tp_sp; /* as tp_state_attach: the slice's arena under Megatron SP (plan_acts_bytes) */
     *li = *in;
     li->tp = 1;
     li->tp_experts = 0;

@@ -65,7 +65,9 @@ typedef struct {
                                0: every expert whole on every TP rank */
     int tp_sp;              /* Megatron sequence parallelism (actor.megatron.sequence_parallel; needs tp ≥ 2, TP × DP
                                or TP × EP × DP, as par_check_tp): the row all-reduces of [N,H] become reduce-scatters
-                               and all-gathers over ⌈N/tp⌉ rows (tp_sp.h); the activation arena is not shrunk */
+                               and all-gathers over ⌈N/tp⌉ rows (tp_sp.h); the arena's residual stream and RMSNorm
+                               statistics hold ⌈N/tp⌉ rows (forward.h model_acts.sp_rows; plan_acts_bytes of the
+                               slice's config with exec.tp_sp) */
     int fsdp_keep_gathered; /* actor.fsdp_config.reshard_after_forward=false (fsdp.h): the training passes keep every
                                unit gathered and the gradients unreduced for the mini-batch — one all-gather of
                                the units the pre-pass left released, one reduce-scatter per unit and update; the

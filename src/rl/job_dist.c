@@ -697,7 +697,8 @@ static void trainer_par_setup(dist_ctx *ctx, const rl_config *cfg, trainer *T, i
     CHECK_OK(par_state_init_cfg(T->par, ctx, &pc, m), "model parallelism");
     CHECK_OK(trainer_shard_ref(T), "model parallelism"); /* the KL reference sharded as the actor */
     par_adamw_shard(T->par, m, &T->opt);
-    if (par_acts_rows(T->par, cfg->ppo_max_token_len) != cfg->ppo_max_token_len) { /* SP share, pipeline slots */
+    /* Ulysses' share, pipeline slots, Megatron SP's rows of the residual stream (the slice's exec.tp_sp) */
+    if (par_acts_rows(T->par, cfg->ppo_max_token_len) != cfg->ppo_max_token_len || m->cfg.exec.tp_sp) {
         model_acts_free(&T->acts);
         CHECK_OK(model_acts_init_rows(&T->acts, m, par_acts_rows(T->par, cfg->ppo_max_token_len), cfg->ppo_max_token_len),
                  "the activation arena");
@@ -769,7 +770,7 @@ static void trainer_par_free(trainer *T) {
         }
     }
     const int max_tokens = T->cfg->ppo_max_token_len;
-    const int resized = par_acts_rows(T->par, max_tokens) != max_tokens;
+    const int resized = par_acts_rows(T->par, max_tokens) != max_tokens || T->m->cfg.exec.tp_sp;
     trainer_unshard_ref(T); /* the reference's strategies first: they borrow T->par's grid */
     par_state_free(T->par); /* the whole model back in m on every trainer rank */
     free(T->par);

@@ -471,6 +471,13 @@ static int sft_run_prepare(sft_run *S) {
     if (model_acts_init_rows(&S->acts, S->m, par_acts_rows(R->ps, o->max_tokens), o->max_tokens) != MOERL_OK)
         return MOERL_ERR;
     S->acts.par = R->ps;
+    if (R->root && S->acts.sp_rows) /* Megatron SP's arena (docs/parallelism.md "Megatron sequence parallelism") */
+        log_info("%s: activation arena %zu bytes a rank (micro-batches of %d tokens; the residual stream and the "
+                 "RMSNorms' statistics on %d rows: Megatron sequence parallelism)", o->label, S->acts.arena_bytes,
+                 o->max_tokens, S->acts.sp_rows);
+    else if (R->root)
+        log_info("%s: activation arena %zu bytes a rank (micro-batches of %d tokens)", o->label, S->acts.arena_bytes,
+                 o->max_tokens);
     if (R->multi && !par_grads_self_reduced(R->ps)) { /* data parallel: the bucketed reducer sums while backward runs */
         /* (FSDP, EP and the stage-owned pipeline sum in par_finish_grads instead) */
         S->red = R->ps && R->ps->grid && !R->ps->pp
