@@ -72,7 +72,7 @@ static rl_job_status prepare_ranks(rl_job *J) {
 
 /* rollout.tensor_model_parallel_size = P against the rollout ranks, the model and the other rollout keys (the
  * engine's slice is tp_config_apply's with the experts split, engine_set_tp). */
-static int check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout) {
+int rl_check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout) {
     const int P = rc->rollout_tp, nkv = mc->num_key_value_heads;
     if (P <= 1) return MOERL_OK;
     if (n_rollout % P)
@@ -105,10 +105,6 @@ static int check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rol
     return MOERL_OK;
 }
 
-int rl_check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout) {
-    return check_rollout_tp(rc, mc, n_rollout);
-}
-
 /* The layout against the ranks and the model: the same verdict on every rank (config, world size and
  * model shape only) — before any folder exists. */
 static int check_layout(const rl_job *J) {
@@ -131,18 +127,16 @@ static int check_layout(const rl_job *J) {
     if (rc->rollout_ep > 1 && mc->num_experts % rc->rollout_ep)
         return moerl_errorf("rollout.expert_parallel_size=%d does not divide the model's %d experts", rc->rollout_ep,
                             mc->num_experts);
-    return check_rollout_tp(rc, mc, n_rollout);
+    return rl_check_rollout_tp(rc, mc, n_rollout);
 }
 
 /* Why the run evaluates on the held-out split (for data_check_keys), or NULL when it does not
  * (trainer.val_n = 0: neither the warm start nor RL evaluates there). */
-static const char *why_test(const rl_config *rc, char *buf, size_t cap) {
+const char *rl_why_test(const rl_config *rc, char *buf, size_t cap) {
     if (rc->val_n == 0) return NULL;
     snprintf(buf, cap, "trainer.val_n=%d evaluates on them", rc->val_n);
     return buf;
 }
-
-const char *rl_why_test(const rl_config *rc, char *buf, size_t cap) { return why_test(rc, buf, cap); }
 
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {
@@ -275,7 +269,7 @@ rl_job_status rl_job_prepare(rl_job *J, const cfg *c, rl_config *rc, dist_ctx *c
     J->dist = ctx && ctx->world_size > 1;
     J->sft_before = J->sft_after = NAN;
     char buf[96];
-    const char *why = why_test(rc, buf, sizeof buf);
+    const char *why = rl_why_test(rc, buf, sizeof buf);
     rl_job_status s = prepare_ranks(J);
     if (s == RL_JOB_READY) s = prepare_checks(J, why);
     if (s == RL_JOB_READY) s = prepare_data(J, why);
