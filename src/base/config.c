@@ -529,7 +529,7 @@ int cfg_apply_override(cfg *c, const char *assignment) {
     char *val = trim_dup(eq + 1, strlen(eq + 1));
     int rc = MOERL_OK;
     if (!*key) {
-        rc = moerl_errorf("override '%s': the key is empty (expected key=value, e.g. actor.optim.lr=1e-6)", assignment);
+        rc = moerl_errorf("override '%s': the key is empty (expected section.key=value; --help lists the keys)", assignment);
         goto done;
     }
     cfg_entry *e = find(c, key);
