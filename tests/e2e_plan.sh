@@ -15,7 +15,8 @@
 # layout moerl runs (FSDP, HSDP, Ulysses, the stage-owned pipeline with and without tied embeddings, pipeline × FSDP,
 # plain and interleaved (actor.virtual_pipeline_parallel_size 2, 3), EP, SP × EP, and the
 # replicated pipeline of pp_state_new alone): traffic per group and operation
-# equal to the counters, memory per rank within 10% of moerl's accounting; the KL reference sharded
+# equal to the counters, memory per rank within 10% of moerl's accounting (FSDP: the shard exact, the peak
+# gathered between plan's bounds — where it falls between them is timing); the KL reference sharded
 # as the actor (trainer_shard_ref) gives the unsharded reference's logprobs and holds the actor's floats.
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
@@ -562,8 +563,9 @@ PY
         fi
     done
     # --- every model-parallel layout moerl runs: plan's traffic per group and operation equals the
-    # counters byte for byte, its memory per rank (FSDP shard and peak gathered, EP slice, the PP
-    # stage's range, held floats and moments) is within 10% of moerl's own accounting
+    # counters byte for byte, its memory per rank (EP slice, the PP stage's range, held floats and moments)
+    # is within 10% of moerl's own accounting; FSDP's shard is plan's exactly and its peak gathered between
+    # plan's bounds (where between is timing: whether a reduce-scatter has completed when fsdp.c polls)
     # (tests/test_dist_plan.c). The pipeline as par_state_init builds it (stage-owned: the stage
     # all-reduce over grid.stage_comm, with tied embeddings the exchange between first and last
     # stage), and once replicated (pp_state_new alone, the bubble benchmark's). EP with the

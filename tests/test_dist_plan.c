@@ -647,12 +647,17 @@ int main(int argc, char **argv) {
         fsdp_stats st;
         fsdp_get_stats(ps.fsdp, &st);
         /* the shard exactly; the peak of gathered units between the schedule's bounds (whether a
-         * reduce-scatter has completed when fsdp.c polls is timing: plan_result.gathered_low/gathered);
-         * the rank's FSDP state (parameter and gradient shards, moments, peak gathered) within 10% */
+         * reduce-scatter has completed when fsdp.c polls is timing: plan_result.gathered_low/gathered).
+         * Both checks are exact and hold on any machine. The rank's FSDP state (parameter and gradient
+         * shards, moments, peak gathered) against plan's figure (its upper bound) is reported, not asserted:
+         * where the bounds differ its distance is timing — with the smoke model's tiny shards, pp 2 × fsdp 2
+         * × v 3 spans 20% of the state between them (a CI run under load measured 12%, a quiet one 9%);
+         * reshard_after_forward=false has equal bounds, so there the state equals plan's exactly. */
         const double shard = (double)st.shard_floats * 4, peak = st.peak_gathered_bytes;
         const double mine = 4 * shard + peak, planned = pr.weights + pr.grads + pr.moments + pr.gathered;
         worst_mem = rel(mine, planned);
-        CHECK_R(shard == pr.weights && pr.gathered_low <= peak && peak <= pr.gathered && worst_mem < 0.10,
+        CHECK_R(shard == pr.weights && pr.gathered_low <= peak && peak <= pr.gathered &&
+                    (pr.gathered_low < pr.gathered || mine == planned),
                 "FSDP shard %.0f B (plan %.0f), peak gathered %.0f B (plan %.0f..%.0f), state %.0f B (plan %.0f)",
                 RANK, shard, pr.weights, peak, pr.gathered_low, pr.gathered, mine, planned);
         if (RANK == 0)
