@@ -203,9 +203,11 @@ static void test_preemption(int bi, float temp) {
     model_free(&m);
 }
 
-/* A GRPO batch: 4 prompts (37..40 tokens) × n = 8 samples. With prefix caching and 16-token blocks each
+/* A GRPO batch: 4 prompts (33, 38..40 tokens) × n = 8 samples. With prefix caching and 16-token blocks each
  * group prefills its prompt once: 7 × 32 prompt tokens of every group come from the cache, and the
- * outputs (tokens, logprobs, routes) are those of the run without sharing. */
+ * outputs (tokens, logprobs, routes) are those of the run without sharing. The 33-token prompt leaves its
+ * samples one prompt token to forward past the shared blocks: a prefill token in the counters, not a
+ * decode one (prefill + hits = every prompt token). */
 static void test_grpo(int bi) {
     moe_config c = small_config(bi);
     moe_model m;
@@ -217,11 +219,11 @@ static void test_grpo(int bi) {
     for (int g = 0; g < 4; g++) {
         for (int j = 0; j < 40; j++) buf[g][j] = (g * 13 + j * 7 + 3) % c.vocab_size;
         for (int k = 0; k < 8; k++) {
-            w.plen[g * 8 + k] = 37 + g;
+            w.plen[g * 8 + k] = g ? 37 + g : 33;
             w.prompt[g * 8 + k] = buf[g];
             w.max_tokens[g * 8 + k] = 20;
         }
-        plen_sum += 37 + g;
+        plen_sum += g ? 37 + g : 33;
     }
     engine_config off = {.max_num_seqs = 32, .max_model_len = 80, .max_num_batched_tokens = 512, .record_routes = 1};
     engine_config on = off;

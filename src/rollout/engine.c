@@ -995,7 +995,10 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
                 e->sample_req[n_rows] = r;
                 n_rows++;
             }
-            if (pass == 0) e->st.decode_tokens += take;
+            /* decode: the one newest sampled token; every prompt position (a prompt's last token alone
+             * in its chunk too: pass 0 orders it, the counter does not make it a decode) and re-prefilled
+             * outputs are prefill, so prefill + prefix hits cover every prompt token */
+            if (pass == 0 && r->n_out > 0) e->st.decode_tokens += take;
             else e->st.prefill_tokens += take;
         }
     }

@@ -242,7 +242,9 @@ int engine_route_width(const engine *e, int *n_moe_layers, int *k);
 /* Release a finished request's output buffers (out_routes too). */
 void gen_request_free_outputs(gen_request *r);
 
-/* Counters for benchmarks/metrics. */
+/* Counters for benchmarks/metrics. prefill_tokens: positions forwarded from a prompt or re-forwarded
+ * after a preemption (prefill_tokens + prefix_hit_tokens ≥ every admitted prompt's length, equal without
+ * preemption); decode_tokens: a running sequence's newest sampled token, one per sequence and step. */
 typedef struct {
     int64_t steps, prefill_tokens, decode_tokens, generated_tokens;
     int64_t kv_reads;   /* Σ over forwarded tokens of the positions each attends (pos + 1): KV rows read */
