@@ -739,7 +739,7 @@ void job_emit_version(job *J, double rollouter_busy, double rollouter_idle) {
     free(names);
     free(rs_names);
     log_info("v%-3d step %-4lld reward %.3f pg_loss %+.4f clip %.3f kl %+.4f ent %.3f gnorm %.3f | gen %.2fs upd %.2fs "
-             "sync %.3fs | idle T %.2f R %.2f | stale %lld partial %.2f lag %d | %.0f trained tok/s",
+             "sync %.3fs | idle T %.2f R %.2f | stale samples %lld partial %.2f max staleness %d | %.0f trained tok/s",
              J->T.version, (long long)J->T.step, w->reward_mean / k, w->pg_loss / k_loss, w->pg_clipfrac / k_loss,
              w->ppo_kl / k_loss, w->entropy / k_loss, w->grad_norm / k, J->win_gen_wait, J->win_update, J->win_sync,
              t_idle, r_idle, (long long)w->stale_samples, w->n_samples ? (double)w->partial_samples / w->n_samples : 0,
@@ -1018,6 +1018,11 @@ void job_plot_from_metrics(const job *J) {
     snprintf(dat, sizeof dat, "%s/plot.dat", J->cfg->out_dir);
     char *txt;
     size_t len;
+    if (J->cfg->metrics_loggers && !(J->cfg->metrics_loggers & METRICS_FILE)) {
+        log_info("no reward/accuracy plot: it is drawn from metrics.jsonl, which trainer.logger without 'file' does "
+                 "not write");
+        return;
+    }
     if (moerl_read_file(mp, &txt, &len) != MOERL_OK) {
         log_warn("no plot: %s", moerl_last_error());
         return;
