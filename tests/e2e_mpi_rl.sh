@@ -829,6 +829,13 @@ if [[ -d $WORK/logonce/checkpoint ]]; then
     if [[ $rc -eq 1 && $n -eq 1 && -z $left ]] && ! grep -qE "MPI_ABORT|abort:|stopping at the next step" "$WORK/logonce.log"; then
         ok "a refused resume under mpirun -np 2: the reason once, exit 1, no MPI_Abort, no staged data left"
     else bad "refused resume said once" "exit $rc, $n messages, left: ${left:-none}"; tail_log logonce; fi
+    # the folder holds a run and trainer.resume_mode=disable (COMMON's): the leader's refusal, likewise once
+    mpi_rl logonce 2 1 trainer.total_training_steps=4
+    rc=$?
+    n=$(grep -c "trainer.resume_mode=disable would replace it" "$WORK/logonce.log")
+    if [[ $rc -eq 1 && $n -eq 1 && -d $WORK/logonce/checkpoint ]] && ! grep -qE "MPI_ABORT|abort:" "$WORK/logonce.log"; then
+        ok "a run's folder with trainer.resume_mode=disable under mpirun -np 2: refused once, exit 1, the run kept"
+    else bad "a run's folder refused once" "exit $rc, $n messages"; tail_log logonce; fi
 else bad "refused resume said once" "the first run left no checkpoint"; fi
 # moerl sft under mpirun: the same rules (rank 0 speaks)
 sft_mpi() {

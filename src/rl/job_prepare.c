@@ -139,11 +139,30 @@ const char *rl_why_test(const rl_config *rc, char *buf, size_t cap) {
     return buf;
 }
 
+/* A check only the leader makes (the folder it alone writes: rl_check_out_dir, rl_check_resume_state) and
+ * `refused` its verdict there. Under mpirun the ranks then agree on it (a sum over the world), so a refusal
+ * is said once (by the leader, J->speaker) and every rank returns RL_JOB_REFUSED: exit 1 through
+ * MPI_Finalize, no MPI_Abort and no rank's own copy of the message. One process: job_fail's. */
+static rl_job_status leader_verdict(rl_job *J, int refused) {
+    if (!J->dist) return refused ? job_fail(J) : RL_JOB_READY;
+    double verdict = refused;
+    if (dist_allreduce_sum(J->ctx, DIST_WORLD, &verdict, 1) != MOERL_OK) return job_fail(J);
+    if (verdict == 0) return RL_JOB_READY;
+    if (J->leader) { /* the others hold no staged data by then (prepare_data discards theirs) */
+        char *msg = xstrdup(moerl_last_error());
+        rl_job_abandon(J);
+        moerl_errorf("%s", msg);
+        free(msg);
+    }
+    return RL_JOB_REFUSED;
+}
+
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {
     const cfg *c = J->c;
     rl_config *rc = J->rc;
-    if (J->leader && rl_check_out_dir(c, rc) != MOERL_OK) return job_fail(J);
+    rl_job_status s = leader_verdict(J, J->leader && rl_check_out_dir(c, rc) != MOERL_OK);
+    if (s != RL_JOB_READY) return s;
     if (data_check_keys(c, why) != MOERL_OK) return job_fail(J);
     if (rc->grad_compression != GRAD_COMPRESSION_NONE && !J->dist)
         log_warn("actor.grad_compression=%s compresses the data-parallel gradient all-reduce, and a single-process "
@@ -181,25 +200,6 @@ static int check_kv_budgets(const rl_job *J) {
             return MOERL_ERR;
     }
     return MOERL_OK;
-}
-
-/* The leader checks a resume against the folder's checkpoint (rl_check_resume_state, which reads files only
- * the leader is sure to see); under mpirun the ranks then agree on its verdict (a sum over the world), so a
- * refusal is said once (by the leader, J->speaker) and every rank returns RL_JOB_REFUSED: exit 1 through
- * MPI_Finalize, no MPI_Abort and no rank's own copy of the message. */
-static rl_job_status check_resume(rl_job *J) {
-    const int refused = J->leader && rl_check_resume_state(J->c, J->rc, &J->train, &J->m) != MOERL_OK;
-    if (!J->dist) return refused ? job_fail(J) : RL_JOB_READY;
-    double verdict = refused;
-    if (dist_allreduce_sum(J->ctx, DIST_WORLD, &verdict, 1) != MOERL_OK) return job_fail(J);
-    if (verdict == 0) return RL_JOB_READY;
-    if (J->leader) { /* the others discarded their staged data in prepare_data */
-        char *msg = xstrdup(moerl_last_error());
-        rl_job_abandon(J);
-        moerl_errorf("%s", msg);
-        free(msg);
-    }
-    return RL_JOB_REFUSED;
 }
 
 /* The folder (the leader makes it before any rank writes data into it: moerl_outdir_abandon removes
@@ -245,7 +245,7 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
     /* every rank is done writing (and, but for the leader, removing) its staged data: a refused resume or a
      * warm start that fails can remove the folder, and the ranks the leader's abort ends leave no file behind */
     if (J->dist && dist_barrier(J->ctx, DIST_WORLD) != MOERL_OK) return job_fail(J);
-    return check_resume(J);
+    return leader_verdict(J, J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK);
 }
 
 /* The leader: the run's outputs and the SFT warm start (rl_run_dist hands its weights to every rank).
