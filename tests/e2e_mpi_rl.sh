@@ -30,6 +30,9 @@
 #              an error in the warm start: exit 1, one message, no folder
 #   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
 #              every prompt of 4 epochs is trained exactly once over the two runs
+#   logs       under mpirun -np 2, rl and sft: a key given twice, a configuration warning, val_n above the
+#              held-out rows and the model's line each printed once; a refused resume (another seed) and a
+#              run's folder with resume_mode=disable: the reason once, exit 1, no MPI_Abort
 #   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
 #              bad dataset: the job ends within the timeout, exit non-zero, the message names the rank;
 #              trainer.n_ranks > 1 without mpirun, or leaving no rollout rank, fails clearly
