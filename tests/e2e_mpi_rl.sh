@@ -30,6 +30,9 @@
 #              an error in the warm start: exit 1, one message, no folder
 #   resume     trainer rank 0 fails (injected) right after a checkpoint; the same command resumes and
 #              every prompt of 4 epochs is trained exactly once over the two runs
+#   logs       under mpirun -np 2, rl and sft: a key given twice, a configuration warning, val_n above the
+#              held-out rows and the model's line each printed once; a refused resume (another seed) and a
+#              run's folder with resume_mode=disable: the reason once, exit 1, no MPI_Abort
 #   failures   an injected failure on a rollout rank (startup) and on trainer rank 1 (mid-run), and a
 #              bad dataset: the job ends within the timeout, exit non-zero, the message names the rank;
 #              trainer.n_ranks > 1 without mpirun, or leaving no rollout rank, fails clearly
@@ -804,5 +807,58 @@ rc=$?
 if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -qF "leaves no rollout rank" "$WORK/norollout.log"; then
     ok "trainer.n_ranks = world size: exit $rc, no rollout rank left"
 else bad "n_ranks = world size" "exit $rc"; tail_log norollout; fi
+
+# ---------------------------------------------------------------- logs under mpirun
+# what every rank logs alike (a key given twice, a configuration warning, the model's summary, val_n above
+# the held-out rows) is printed once (the first trainer speaks, base/log.h); a refused resume (another
+# trainer.seed) is said once and every rank exits 1 through MPI_Finalize: no MPI_Abort banner, no rank's
+# own copy, no stop notice from a rank that mpirun's SIGTERM reached
+mpi_rl logonce 2 1 trainer.seed=1 trainer.seed=2 trainer.val_n=100 trainer.save_freq=2 trainer.total_training_steps=2 \
+    actor.optim.name=onebit_adam actor.optim.var_update_interval=1
+rc=$?
+n_dup=$(grep -c "trainer.seed is given twice on the command line" "$WORK/logonce.log")
+n_cfg=$(grep -c "actor.optim.var_update_interval=1 makes every optimizer step" "$WORK/logonce.log")
+n_val=$(grep -c "trainer.val_n=100, but the held-out split" "$WORK/logonce.log")
+n_model=$(grep -c "new model: " "$WORK/logonce.log")
+if [[ $rc -eq 0 && $n_dup -eq 1 && $n_cfg -eq 1 && $n_val -eq 1 && $n_model -eq 1 ]]; then
+    ok "rl under mpirun -np 2: a key given twice, a config warning, val_n above the rows, the model: each said once"
+else bad "rl warnings once under mpirun" "exit $rc; lines: key twice $n_dup, config $n_cfg, val_n $n_val, model $n_model"
+    tail_log logonce; fi
+if [[ -d $WORK/logonce/checkpoint ]]; then
+    mpi_rl logonce 2 1 trainer.seed=3 trainer.val_n=100 trainer.total_training_steps=4 trainer.resume_mode=auto
+    rc=$?
+    n=$(grep -c "the checkpoint was made with another trainer.seed (2; this run has 3)" "$WORK/logonce.log")
+    left=$(find "$WORK/logonce" -name '*.staged-*' | head -3)
+    if [[ $rc -eq 1 && $n -eq 1 && -z $left ]] && ! grep -qE "MPI_ABORT|abort:|stopping at the next step" "$WORK/logonce.log"; then
+        ok "a refused resume under mpirun -np 2: the reason once, exit 1, no MPI_Abort, no staged data left"
+    else bad "refused resume said once" "exit $rc, $n messages, left: ${left:-none}"; tail_log logonce; fi
+    # the folder holds a run and trainer.resume_mode=disable (COMMON's): the leader's refusal, likewise once
+    mpi_rl logonce 2 1 trainer.total_training_steps=4
+    rc=$?
+    n=$(grep -c "trainer.resume_mode=disable would replace it" "$WORK/logonce.log")
+    if [[ $rc -eq 1 && $n -eq 1 && -d $WORK/logonce/checkpoint ]] && ! grep -qE "MPI_ABORT|abort:" "$WORK/logonce.log"; then
+        ok "a run's folder with trainer.resume_mode=disable under mpirun -np 2: refused once, exit 1, the run kept"
+    else bad "a run's folder refused once" "exit $rc, $n messages"; tail_log logonce; fi
+else bad "refused resume said once" "the first run left no checkpoint"; fi
+# moerl sft under mpirun: the same rules (rank 0 speaks)
+sft_mpi() {
+    local name=$1
+    shift
+    timeout 120 mpirun --oversubscribe -np 2 "$MOERL_MPI" sft --config examples/sft.yaml trainer.n_threads=1 \
+        trainer.default_local_dir="$WORK/$name" trainer.total_training_steps=2 trainer.save_freq=1 "$@" \
+        >"$WORK/$name.json" 2>"$WORK/$name.log"
+}
+sft_mpi sftonce trainer.seed=1 trainer.seed=2
+rc=$?
+n_dup=$(grep -c "trainer.seed is given twice on the command line" "$WORK/sftonce.log")
+n_model=$(grep -c "new model: " "$WORK/sftonce.log")
+if [[ $rc -eq 0 && $n_dup -eq 1 && $n_model -eq 1 ]]; then ok "sft under mpirun -np 2: a key given twice and the model said once"
+else bad "sft lines once under mpirun" "exit $rc; lines: key twice $n_dup, model $n_model"; tail_log sftonce; fi
+sft_mpi sftonce trainer.seed=5 trainer.total_training_steps=3 trainer.resume_mode=auto
+rc=$?
+n=$(grep -c "the checkpoint was made with trainer.seed 2 (now 5)" "$WORK/sftonce.log")
+if [[ $rc -eq 1 && $n -eq 1 ]] && ! grep -qE "MPI_ABORT|abort:" "$WORK/sftonce.log"; then
+    ok "a refused sft resume under mpirun -np 2: the reason once, exit 1, no MPI_Abort"
+else bad "refused sft resume said once" "exit $rc, $n messages"; tail_log sftonce; fi
 
 finish

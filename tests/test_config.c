@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -638,6 +639,55 @@ static void test_metrics_loggers(void) {
     CHECK(c == 0 && tb_masked_crc32c("", 0) == (((c >> 15) | (c << 17)) + 0xa282ead8u), "mask of the empty CRC");
 }
 
+static void *log_from_thread(void *arg) {
+    log_info("%s", (const char *)arg);
+    return NULL;
+}
+
+/* Several processes (log_set_rank): the lines every rank logs alike (log_shared, log_shared_begin/end)
+ * only on the speaker; the others' own lines named by their rank ("rank R", or the prefix set). */
+static void test_log_ranks(void) {
+    FILE *f = tmpfile();
+    log_set_stream(f);
+    log_set_rank(0, true); /* the speaker: shared lines printed, no rank added */
+    log_shared(LOG_WARN, "shared on 0");
+    log_info("own on 0");
+    log_set_rank(1, false); /* another rank */
+    log_shared(LOG_WARN, "shared on 1");
+    log_shared_begin();
+    log_shared_begin();
+    log_info("nested shared on 1");
+    log_shared_end();
+    log_info("still shared on 1");
+    pthread_t th;
+    pthread_create(&th, NULL, log_from_thread, "another thread's own line");
+    pthread_join(th, NULL);
+    log_error("shared error on 1");
+    log_shared_end();
+    log_info("own on 1");
+    log_set_prefix("rollout 1");
+    log_warn("own with prefix");
+    log_shared(LOG_INFO, "shared with prefix");
+    log_set_prefix(NULL);
+    bool sp = true;
+    CHECK(log_get_rank(&sp) == 1 && !sp, "log_get_rank: %d %d", log_get_rank(NULL), sp);
+    log_set_rank(-1, false); /* one process: everything, as is */
+    log_shared(LOG_INFO, "shared alone");
+    CHECK(log_get_rank(&sp) == -1 && sp, "one process speaks");
+    log_set_stream(NULL);
+    char *s = slurp(f);
+    fclose(f);
+    CHECK(has(s, "] WARN  shared on 0\n") && has(s, "] INFO  own on 0\n"), "speaker: '%s'", s);
+    CHECK(!has(s, "shared on 1") && !has(s, "still shared") && !has(s, "shared with prefix"),
+          "shared lines dropped on a rank that does not speak: '%s'", s);
+    CHECK(has(s, "] INFO  rank 1: another thread's own line\n"), "the shared stretch is the thread's: '%s'", s);
+    CHECK(has(s, "] ERROR rank 1: shared error on 1\n"), "errors print on every rank: '%s'", s);
+    CHECK(has(s, "] INFO  rank 1: own on 1\n") && has(s, "] WARN  rollout 1: own with prefix\n"),
+          "own lines carry the rank: '%s'", s);
+    CHECK(has(s, "] INFO  shared alone\n") && count_char(s, '\n') == 7, "one process: '%s'", s);
+    free(s);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/moerl_test_config_XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -649,6 +699,7 @@ int main(void) {
     test_dump_roundtrip();
     test_edit_distance();
     test_log_lines();
+    test_log_ranks();
     test_metrics();
     test_progress();
     test_str_list();

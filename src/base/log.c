@@ -14,6 +14,7 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/outdir.h"
 #include "base/tb_events.h"
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -22,6 +23,10 @@ static FILE *g_stream; /* NULL: stderr */
 static FILE *g_file;
 static char g_prefix[64];
 static FILE *g_bar_stream; /* stream on which a tty progress bar currently shows a partial line */
+static int g_rank = -1;        /* log_set_rank: -1 = one process */
+static bool g_rank_set;        /* log_set_rank was called (else the launcher's environment, read once) */
+static bool g_speaker = true;  /* this process prints the lines every rank logs alike */
+static _Thread_local int g_shared; /* depth of log_shared_begin on this thread */
 
 void log_set_level(log_level level) { g_level = level; }
 log_level log_get_level(void) { return g_level; }
@@ -49,6 +54,49 @@ void log_set_prefix(const char *prefix) {
     pthread_mutex_lock(&g_lock);
     snprintf(g_prefix, sizeof g_prefix, "%s", prefix ? prefix : "");
     pthread_mutex_unlock(&g_lock);
+}
+
+void log_set_rank(int rank, bool speaker) {
+    pthread_mutex_lock(&g_lock);
+    g_rank_set = true;
+    g_rank = rank < 0 ? -1 : rank;
+    g_speaker = g_rank < 0 || speaker;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Before log_set_rank: the rank an MPI launcher gave this process (its environment; rank 0 speaks), so the
+ * lines logged before dist_init (the configuration's) follow the same rule. Under g_lock. */
+static void rank_default(void) {
+    if (g_rank_set) return;
+    g_rank_set = true;
+    int r;
+    if (moerl_launcher_world(&r) > 1) {
+        g_rank = r;
+        g_speaker = r == 0;
+    }
+}
+
+int log_get_rank(bool *speaker) {
+    pthread_mutex_lock(&g_lock);
+    rank_default();
+    const int r = g_rank;
+    if (speaker) *speaker = g_speaker;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+void log_shared_begin(void) { g_shared++; }
+void log_shared_end(void) {
+    if (g_shared > 0) g_shared--;
+}
+
+void log_shared(log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_shared_begin();
+    log_vmsg(level, fmt, ap);
+    log_shared_end();
+    va_end(ap);
 }
 
 static const char *level_name(log_level l) {
@@ -79,8 +127,15 @@ void log_vmsg(log_level level, const char *fmt, va_list ap) {
     size_t ml = strlen(msg);
     while (ml > 0 && msg[ml - 1] == '\n') msg[--ml] = 0;
     pthread_mutex_lock(&g_lock);
-    int n = snprintf(line, sizeof line, "[%s] %s %s%s%s\n", ts, level_name(level), g_prefix, *g_prefix ? ": " : "",
-                     msg);
+    rank_default();
+    if (g_rank >= 0 && !g_speaker && g_shared > 0 && level < LOG_ERROR) { /* the speaker prints it */
+        pthread_mutex_unlock(&g_lock);
+        return;
+    }
+    char who[80];
+    if (*g_prefix || g_rank < 0 || g_speaker) snprintf(who, sizeof who, "%s", g_prefix);
+    else snprintf(who, sizeof who, "rank %d", g_rank); /* a line about this rank, from a rank that does not speak */
+    int n = snprintf(line, sizeof line, "[%s] %s %s%s%s\n", ts, level_name(level), who, *who ? ": " : "", msg);
     if (n < 0) n = 0;
     if ((size_t)n >= sizeof line) n = (int)sizeof line - 1;
     FILE *out = g_stream ? g_stream : stderr;

@@ -31,6 +31,31 @@ int log_set_file(const char *path);
 /* A short tag put before every message, e.g. "rollout 2" (NULL or "" for none). Copied. */
 void log_set_prefix(const char *prefix);
 
+/* Several processes (mpirun): a line every rank logs alike (a configuration warning or note, the model's
+ * summary) is printed once, by the rank that speaks for the job; a line about one rank (its own state,
+ * its own failure) is printed by that rank with the rank named. The layers that know the ranks fill this
+ * in (the torchrun / Megatron convention: print_rank_0 for the job, a rank prefix for the rest):
+ *   log_set_rank(rank, speaker)  this process's world rank and whether it speaks for the job. dist_init
+ *                                sets (world rank, rank 0 speaks) when the world has more than one
+ *                                process; a job may hand the speaking to another rank (moerl rl: trainer
+ *                                rank 0, which writes the run's folder and summary). rank < 0: one
+ *                                process, every line printed as is. Until it is called: the rank an
+ *                                MPI launcher's environment gives (moerl_launcher_world; rank 0 speaks),
+ *                                so the lines logged while the configuration is read follow the rule.
+ *   log_shared_begin/end         the lines this thread logs in between are the same on every rank: under
+ *                                several processes only the speaker prints them (DEBUG, INFO, WARN;
+ *                                ERROR lines print on every rank). Nested pairs are fine.
+ *   log_shared(level, fmt, ...)  one such line.
+ * A line that is not shared, from a rank that does not speak, carries the rank: the prefix set by
+ * log_set_prefix (e.g. "rollout 2"), or "rank R" when none is set. The speaker's lines carry only the
+ * prefix that was set. */
+void log_set_rank(int rank, bool speaker);
+/* The rank set by log_set_rank (-1: one process) and whether this process speaks for the job. */
+int log_get_rank(bool *speaker);
+void log_shared_begin(void);
+void log_shared_end(void);
+void log_shared(log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* printf-style log lines with a local-time timestamp (millisecond resolution). A trailing
  * newline in the message is not doubled. */
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

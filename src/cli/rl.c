@@ -178,7 +178,7 @@ static int report_prepare(rl_job *J, rl_job_status s) {
     case RL_JOB_STOPPED: return report_warm_start_stop(J);
     case RL_JOB_REFUSED:
         if (!J->dist) cli_print_error("rl", moerl_last_error());
-        else if (J->ctx->world_rank == 0) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
+        else if (J->speaker) fprintf(stderr, "moerl rl: %s\n", moerl_last_error());
         return 1;
     case RL_JOB_FAILED: cli_print_error("rl", moerl_last_error()); return 1;
     case RL_JOB_FAILED_OWN: fprintf(stderr, "moerl rl (%s): %s\n", J->who, moerl_last_error()); return 1;

@@ -77,8 +77,9 @@ const char *dist_backend_name(void);
 
 /* Start the distributed runtime. MPI: MPI_Init_thread(MPI_THREAD_MULTIPLE) (error if the library
  * provides less), errors on MPI_COMM_WORLD return to moerl's checked wrapper, and
- * moerl_set_abort_hook makes moerl_fatal print "moerl[rank R]: ..." and call MPI_Abort(world, code).
- * Local: world rank 0 of 1. argc/argv may be NULL. Returns NULL with a message on failure.
+ * moerl_set_abort_hook makes moerl_fatal print "moerl[rank R]: ..." and call MPI_Abort(world, code),
+ * and a world of more than one process sets the log's rank (log_set_rank: world rank 0 prints the lines
+ * every rank logs alike, base/log.h). Local: world rank 0 of 1. argc/argv may be NULL. Returns NULL with a message on failure.
  * Call once per process; free with dist_finalize. */
 dist_ctx *dist_init(int *argc, char ***argv);
 /* Free the groups and shut the runtime down (MPI_Finalize). Collective over the world. Reducers must

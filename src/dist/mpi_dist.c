@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "base/common.h"
+#include "base/log.h"
 #include "base/pool.h"
 #include "dist/dist.h"
 #include "dist/compress.h"
@@ -88,6 +89,7 @@ dist_ctx *dist_init(int *argc, char ***argv) {
         return NULL;
     }
     moerl_set_abort_hook(abort_hook);
+    if (g_size > 1) log_set_rank(g_rank, g_rank == 0); /* rank 0 prints the lines every rank logs alike */
     dist_ctx *c = xcalloc(1, sizeof *c);
     c->world_rank = g_rank;
     c->world_size = g_size;

@@ -8,7 +8,6 @@
 
 #include "base/common.h"
 #include "base/log.h"
-#include "base/outdir.h"
 #include "base/pool.h"
 #include "data/data_config.h"
 #include "model/model_config.h"
@@ -477,11 +476,9 @@ static int read_modes(const cfg *c, rl_config *r) {
     else return moerl_errorf("async_training.mode: '%s' is not one of async, lockstep, sync", mode);
     const int trigger = r->async_keys.trigger_parameter_sync_step;
     if (m == RL_MODE_SYNC) {
-        int lrank;
-        moerl_launcher_world(&lrank); /* every rank reads the configuration: rank 0 says it once */
-        if (lrank == 0 && trigger != 1 &&
-            strcmp(cfg_origin(c, "async_training.trigger_parameter_sync_step"), "default") != 0)
-            log_warn("async_training.trigger_parameter_sync_step=%d is not used: async_training.mode=sync syncs the "
+        /* every rank reads the configuration: said once (base/log.h) */
+        if (trigger != 1 && strcmp(cfg_origin(c, "async_training.trigger_parameter_sync_step"), "default") != 0)
+            log_shared(LOG_WARN, "async_training.trigger_parameter_sync_step=%d is not used: async_training.mode=sync syncs the "
                      "weights after every step (trigger_parameter_sync_step=1); use async_training.mode=async or "
                      "lockstep to sync every %d steps", trigger, trigger);
     }
@@ -562,7 +559,7 @@ static int read_optim_name(const cfg *c, rl_config *r, const par_config *pc) {
         return moerl_errorf("actor.optim.var_update_interval=%lld: expected 0 (never) or a positive number of "
                             "optimizer steps", (long long)r->optim_var_update_interval);
     if (r->optim_var_update_interval == 1)
-        log_warn("actor.optim.var_update_interval=1 makes every optimizer step after actor.optim.freeze_step an exact "
+        log_shared(LOG_WARN, "actor.optim.var_update_interval=1 makes every optimizer step after actor.optim.freeze_step an exact "
                  "AdamW step: nothing is compressed (1-bit Adam then runs as AdamW); use ≥ 2, or 0 for 1-bit Adam as "
                  "published");
     if (r->optim_freeze_step < 1)

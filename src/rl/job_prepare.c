@@ -63,7 +63,8 @@ static rl_job_status prepare_ranks(rl_job *J) {
         return RL_JOB_REFUSED;
     }
     if (dist_split_roles(ctx, rc->n_trainer_ranks) != MOERL_OK) return RL_JOB_REFUSED;
-    J->leader = ctx->trainer_rank == 0;
+    J->leader = J->speaker = ctx->trainer_rank == 0;
+    log_set_rank(ctx->world_rank, J->leader); /* the leader prints the lines every rank logs alike */
     if (ctx->role == DIST_ROLE_ROLLOUT) snprintf(J->who, sizeof J->who, "rollout %d", ctx->world_rank);
     else snprintf(J->who, sizeof J->who, "trainer %d", ctx->trainer_rank);
     log_set_prefix(J->who);
@@ -138,11 +139,30 @@ const char *rl_why_test(const rl_config *rc, char *buf, size_t cap) {
     return buf;
 }
 
+/* A check only the leader makes (the folder it alone writes: rl_check_out_dir, rl_check_resume_state) and
+ * `refused` its verdict there. Under mpirun the ranks then agree on it (a sum over the world), so a refusal
+ * is said once (by the leader, J->speaker) and every rank returns RL_JOB_REFUSED: exit 1 through
+ * MPI_Finalize, no MPI_Abort and no rank's own copy of the message. One process: job_fail's. */
+static rl_job_status leader_verdict(rl_job *J, int refused) {
+    if (!J->dist) return refused ? job_fail(J) : RL_JOB_READY;
+    double verdict = refused;
+    if (dist_allreduce_sum(J->ctx, DIST_WORLD, &verdict, 1) != MOERL_OK) return job_fail(J);
+    if (verdict == 0) return RL_JOB_READY;
+    if (J->leader) { /* the others hold no staged data by then (prepare_data discards theirs) */
+        char *msg = xstrdup(moerl_last_error());
+        rl_job_abandon(J);
+        moerl_errorf("%s", msg);
+        free(msg);
+    }
+    return RL_JOB_REFUSED;
+}
+
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {
     const cfg *c = J->c;
     rl_config *rc = J->rc;
-    if (J->leader && rl_check_out_dir(c, rc) != MOERL_OK) return job_fail(J);
+    rl_job_status s = leader_verdict(J, J->leader && rl_check_out_dir(c, rc) != MOERL_OK);
+    if (s != RL_JOB_READY) return s;
     if (data_check_keys(c, why) != MOERL_OK) return job_fail(J);
     if (rc->grad_compression != GRAD_COMPRESSION_NONE && !J->dist)
         log_warn("actor.grad_compression=%s compresses the data-parallel gradient all-reduce, and a single-process "
@@ -225,8 +245,7 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
     /* every rank is done writing (and, but for the leader, removing) its staged data: a refused resume or a
      * warm start that fails can remove the folder, and the ranks the leader's abort ends leave no file behind */
     if (J->dist && dist_barrier(J->ctx, DIST_WORLD) != MOERL_OK) return job_fail(J);
-    if (J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK) return job_fail(J);
-    return RL_JOB_READY;
+    return leader_verdict(J, J->leader && rl_check_resume_state(c, rc, &J->train, &J->m) != MOERL_OK);
 }
 
 /* The leader: the run's outputs and the SFT warm start (rl_run_dist hands its weights to every rank).
@@ -268,11 +287,14 @@ rl_job_status rl_job_prepare(rl_job *J, const cfg *c, rl_config *rc, dist_ctx *c
     J->ctx = ctx;
     J->dist = ctx && ctx->world_size > 1;
     J->sft_before = J->sft_after = NAN;
+    J->speaker = !J->dist || ctx->world_rank == 0;
     char buf[96];
     const char *why = rl_why_test(rc, buf, sizeof buf);
     rl_job_status s = prepare_ranks(J);
+    log_shared_begin(); /* every rank builds the same model and data: their notes and warnings said once */
     if (s == RL_JOB_READY) s = prepare_checks(J, why);
     if (s == RL_JOB_READY) s = prepare_data(J, why);
+    log_shared_end();
     if (s != RL_JOB_READY) return s;
     /* every rank: a forwarded SIGTERM must not kill a rank before trainer rank 0 stops the job; Ctrl-C
      * from here on: a checkpoint (warm start or RL), then exit */

@@ -20,8 +20,9 @@ typedef enum {
     RL_JOB_READY = 0, /* run it: rl_run (one process) or rl_run_dist (every rank) */
     RL_JOB_STOPPED,   /* a signal stopped the SFT warm start after its checkpoint (J->stop_signal; the
                          leader only; under mpirun the other ranks were told: rl_run_dist_cancel) */
-    RL_JOB_REFUSED,   /* every rank reached the same verdict (configuration, layout, sizes): said once
-                         (world rank 0; one process: always), every rank returns; nothing left behind */
+    RL_JOB_REFUSED,   /* every rank reached the same verdict (configuration, layout, sizes, a resume the
+                         leader refused and the ranks agreed on): said once (J->speaker; one process:
+                         always), every rank returns; nothing left behind */
     RL_JOB_FAILED,    /* one process: the set-up failed (what it made is removed) */
     RL_JOB_FAILED_OWN,/* under mpirun, the leader's warm start failed: this rank says it ("moerl rl (WHO):
                          ..."); the other ranks were told (rl_run_dist_cancel) and exit 1 */
@@ -34,6 +35,9 @@ typedef struct {
     dist_ctx *ctx;
     int dist;                  /* world size > 1: the job across processes */
     int leader;                /* writes the folder: the one process, or trainer rank 0 */
+    int speaker;               /* says a verdict every rank reached (RL_JOB_REFUSED) and the lines every rank
+                                  logs alike (log_set_rank): world rank 0 until the roles are split, then
+                                  the leader */
     char who[96];              /* "trainer T" / "rollout R" under mpirun (log prefix, messages) */
     moe_model m;
     dataset train, test, val;  /* val: the warm start's validation split (sft.validation_rows) */

@@ -265,7 +265,9 @@ int sft_job_run(const cfg *c, dist_ctx *ctx, sft_job_result *res, void (*report)
     J.out = cfg_str(c, "trainer.default_local_dir");
     J.together = 1;
     g_own_failure = 0;
+    log_shared_begin(); /* every rank checks and builds the same: its notes and warnings said once (rank 0) */
     int rc = sft_job_setup(&J);
+    log_shared_end();
     if (rc == MOERL_OK) rc = sft_job_train(&J, res);
     if (rc != MOERL_OK) {
         /* while together, the ranks failed alike (checks every rank makes, agree) unless agree says otherwise */
