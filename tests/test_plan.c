@@ -729,7 +729,25 @@ static void test_tp_pp_hand(void) {
     /* one kv head over TP 2 (replicated): each stage all-gathers its layer's k/v gradients, 2 × 16·64 floats */
     moe_config c1 = arch(64, 2, 4, 2, 32, 128, 4, 1, 16, 100, 0);
     CK(plan_traffic_rank(&c1, &in, 0, 0, 0, &t0) == MOERL_OK && t0.tp_allgather == 2.0 * 16 * 64 * 4);
-    /* what moerl rl refuses with TP × pipeline, and recompute, which plan does not model with it: refused */
+    /* activation recompute with TP × pipeline (as moerl rl runs it): full recompute repeats each stage's o_proj
+     * all-reduce, 3 micro-batches × 1 layer × 32·64 floats × 4 B = 24576 B more on either stage; selective adds
+     * no TP bytes; the fullest stage's slots hold the slice's recompute arena (with one layer a stage as large as
+     * without: its kept input + its recomputed scratch are all its buffers; test_dist_plan's 3-layer stages shrink) */
+    for (int g = MODEL_RECOMPUTE_FULL; g <= MODEL_RECOMPUTE_SELECTIVE; g++) {
+        in.recompute = g;
+        plan_traffic u0, u1;
+        plan_result rr;
+        CK(plan_traffic_rank(&c, &in, 0, 0, 0, &u0) == MOERL_OK && plan_traffic_rank(&c, &in, 1, 0, 0, &u1) == MOERL_OK);
+        const double more = g == MODEL_RECOMPUTE_FULL ? 3 * 32 * 64 * 4.0 : 0;
+        CK(u0.tp_act_allreduce == act0 + more && u1.tp_act_allreduce == act1 + more && u1.tp_allgather == gather1);
+        CK(u0.pp_p2p == t0.pp_p2p && u1.pp_p2p == t1.pp_p2p);
+        CK(plan_compute(&c, &in, &rr) == MOERL_OK && rr.acts == r.acts && rr.weights == r.weights);
+        CK(rr.acts_recompute == plan_acts_bytes(&lc, 32, rr.fullest_stage, rr.fullest_stage + 1, g) *
+                                    plan_pp_inflight(2, rr.fullest_stage));
+        CK(rr.total_recompute == rr.total - rr.acts + rr.acts_recompute);
+    }
+    in.recompute = 0;
+    /* what moerl rl refuses with TP × pipeline: refused */
     in.vpp = 2;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "virtual_pipeline_parallel_size (2)"));
     in.vpp = 1;
@@ -737,9 +755,6 @@ static void test_tp_pp_hand(void) {
     in.tp_experts = 0;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2) must be 1"));
     in.ep = 1;
-    in.recompute = MODEL_RECOMPUTE_FULL;
-    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
-    in.recompute = 0;
     in.n_trainer = 6; /* 3 ranks a stage: not whole TP groups */
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 6 trainer ranks"));
 }

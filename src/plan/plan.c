@@ -1411,6 +1411,7 @@ static int tp_pp_stage(const moe_config *c, const moe_config *lc, const plan_inp
     s->last = stage == in->pp - 1;
     s->kv_rep = c->num_key_value_heads < in->tp;
     s->db = in->dtype_bytes;
+    s->recompute = in->recompute;
     return MOERL_OK;
 }
 
@@ -1420,16 +1421,6 @@ static void tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
     plan_rollout(c, in, o);
-}
-
-/* What plan does not model under TP × pipeline beyond what moerl refuses (tp_local): activation recompute, whose
- * recomputed forwards would repeat the stage's TP collectives — refused naming the keys. */
-static int tp_pp_check(const plan_input *in) {
-    if (in->recompute)
-        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d × actor.pipeline_parallel_size=%d with "
-                            "activation recompute (model.enable_gradient_checkpointing=true): moerl plan does not model "
-                            "the recomputed passes' TP collectives; plan it without recompute", in->tp, in->pp);
-    return MOERL_OK;
 }
 
 /* plan_traffic_rank (n_mb < 0: one update) and plan_traffic_logprob (n_mb micro-batches, resp_tokens response
@@ -1443,7 +1434,7 @@ static int tp_pp_traffic(const moe_config *c, const plan_input *in, int stage, i
     plan_input li;
     plan_ctx x;
     plan_tp_stage s;
-    if (tp_pp_check(in) != MOERL_OK || tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK)
+    if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK)
         return MOERL_ERR;
     const int rc = n_mb < 0 ? traffic(&lc, &li, &x, stage, 0, 0, t)
                             : logprob_traffic(&lc, &li, &x, stage, 0, 0, n_mb, resp_tokens, t);
@@ -1464,7 +1455,7 @@ static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_re
     plan_input li = {0}; /* set by tp_local */
     plan_ctx x;
     plan_tp_stage s;
-    if (tp_pp_check(in) != MOERL_OK || tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
+    if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
         plan_check(&lc, &li, &x) != MOERL_OK || tp_pp_stage(c, &lc, in, o->fullest_stage, &s) != MOERL_OK)
         return MOERL_ERR;
     plan_traffic t = {0}, tl = {0};
@@ -1478,9 +1469,8 @@ static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_re
     o->logprob_pass += in->logprob_passes * one;
     o->ref_pass += in->ref_model ? one : 0;
     o->per_step += o->tp_allreduce * in->updates_per_step + in->logprob_passes * one + (in->ref_model ? one : 0);
-    /* without activation recompute (tp_pp_check): one activations row */
-    o->acts_recompute = o->acts;
-    o->total_recompute = o->total;
+    /* o->acts / acts_recompute (and the totals): the stage's in-flight slots of the slice's arena without / with
+     * recompute, as plan_compute of the slice's pipeline sets them */
     tp_whole_model_rows(c, in, o);
     return MOERL_OK;
 }
