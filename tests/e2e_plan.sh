@@ -595,7 +595,8 @@ PY
     # every stage's shard, peak bounds and activation slots (plan_pp_fsdp_stage).
     # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
-    # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
+    # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm),
+    # and the scratch tp_ep_state holds against plan's tp_ep_scratch row.
     # Megatron SP (tp 2; tp 2 × dp 2 with experts whole: the ln2 gathers): tp_comm's reduce-scatters and
     # all-gathers equal plan's SP rows, the arena (residual stream on ⌈N/tp⌉ rows) plan's. SP × EP (tp 2 × ep 2,
     # experts whole): the MoE on each rank's own rows (no ln2 or expert-row gathers; the aux statistics and routers'

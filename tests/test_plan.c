@@ -817,7 +817,18 @@ static void test_tp_sp_hand(void) {
     CK(plan_traffic_logprob(&c, &in, 0, 0, 0, 2, 0, &lt) == MOERL_OK); /* 2 forwards: 5 − 2 gathers each */
     CK(lt.tp_reduce_scatter == 2 * 3 * row && lt.tp_allgather == 2 * 3 * row + 2 * 2 * 32 * 4 &&
        lt.tp_act_allreduce == 2 * 4 * 32 * 8.0 + 2 * 2 * 4 * 4);
+    CK(sp.tp_ep_scratch == 0); /* SP × EP: no tp_ep_state (tp_ep.h) */
+    /* TP × EP without SP (experts whole): tp_ep.c's scratch for N = 32 over tp 2, ⌈32/2⌉·K = 32 rows a share: per
+     * MoE layer counts and offsets 2E + 1 = 9 ints and the index 2·(32 + 1) ints; the sub rows and their gradients
+     * 2·(32·64 + 1) floats, the all-gather's buffer 2·32·64 + 1 floats = 2·75·4 + 8195·4 = 33380 B, in the total */
+    in.tp_sp = 0;
+    in.tp_experts = 0;
+    plan_result tpe;
+    CK(plan_compute(&c, &in, &tpe) == MOERL_OK && tpe.tp_ep_scratch == 33380);
+    CK(tpe.total == tpe.weights + tpe.grads + tpe.moments + tpe.acts + 33380 &&
+       tpe.total_recompute == tpe.total - tpe.acts + tpe.acts_recompute);
     /* refused as moerl refuses it, naming the keys */
+    in.tp_sp = 1;
     in.ep = 1;
     in.tp = 1;
     CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true needs"));

@@ -12,6 +12,7 @@
 #include "parallel/pipeline.h"
 #include "plan/plan_tp_pp.h"
 #include "parallel/tp.h"
+#include "parallel/tp_ep.h"
 #include "rl/rl.h"
 #include "train/train.h"
 
@@ -1201,7 +1202,11 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
     /* o->acts / acts_recompute: the slice's arena without / with recompute (plan_compute of lc; under Megatron SP
-     * the residual stream's and the norms' per-row buffers hold ⌈N/tp⌉ rows, lc.exec.tp_sp) */
+     * the residual stream's and the norms' per-row buffers hold ⌈N/tp⌉ rows, lc.exec.tp_sp); TP × EP adds
+     * tp_ep.c's scratch for a micro-batch (none under SP × EP: no tp_ep_state) */
+    o->tp_ep_scratch = in->ep > 1 && !in->tp_sp ? tp_ep_scratch_bytes(c, in->tp, (int)x.N) : 0;
+    o->total += o->tp_ep_scratch;
+    o->total_recompute += o->tp_ep_scratch;
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
     plan_rollout(c, in, o);
