@@ -198,6 +198,36 @@ static void test_trainer_rss(void) {
     model_free(&m);
 }
 
+/* Rollout TP (rollout.tensor_model_parallel_size = 2): the weights a replica rank's engine holds are the slice
+ * src/rl/job_dist.c's rollout_tp_setup creates it from (tp_config_apply, experts split), byte for byte — not the
+ * whole model / 2: the norms and the router stay whole, the one kv head is replicated on both ranks and the
+ * vocabulary of 301 rows is padded to 302. */
+static void test_rollout_tp_weights(void) {
+    moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 1, 32, 301, 0);
+    plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
+                     .updates_per_step = 1, .step_tokens = 16, .n_rollout = 2, .rollout_tp = 2, .max_num_seqs = 4,
+                     .max_model_len = 64, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_result pr;
+    CK(plan_compute(&c, &in, &pr) == MOERL_OK);
+    for (int q = 0; q < 2; q++) {
+        moe_config rc = c;
+        CK(tp_config_apply(&rc, 2, q, 1) == MOERL_OK);
+        engine *e = engine_create(&rc, (engine_config){.max_num_seqs = 4, .max_model_len = 64,
+                                                       .max_num_batched_tokens = 64});
+        CK(e != NULL);
+        if (!e) return;
+        const double held = (double)engine_model(e)->n_params * 4;
+        CK(held == pr.rollout_weights);
+        if (q == 0) printf("rollout tp 2: a rank's engine holds %.0f B, plan %.0f B (whole / 2: %.0f B)\n", held,
+                           pr.rollout_weights, pr.n_params * 2.0);
+        engine_free(e);
+    }
+    CK(pr.rollout_weights > pr.n_params * 2.0); /* more than an even split */
+    /* a size the slice cannot take is refused naming the key, as rl refuses it */
+    in.rollout_tp = 3;
+    CK(plan_compute(&c, &in, &pr) == MOERL_ERR && strstr(moerl_last_error(), "rollout.tensor_model_parallel_size"));
+}
+
 /* The rollout engine: weights + KV cache (engine_create zero-fills the cache, so it is resident). */
 static void test_engine_rss(void) {
     moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 2, 32, 300, 0);
@@ -889,5 +919,6 @@ int main(void) {
     test_formulas();
     test_trainer_rss();
     test_engine_rss();
+    test_rollout_tp_weights();
     TEST_MAIN_END();
 }

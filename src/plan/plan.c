@@ -1087,10 +1087,20 @@ static int plan_step_traffic(const moe_config *c, const plan_input *in, const pl
 }
 
 /* The rollout rows of plan_compute (the whole model c: TP of the trainer does not change the engine). */
-static void plan_rollout(const moe_config *c, const plan_input *in, plan_result *o) {
-    /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors */
+static int plan_rollout(const moe_config *c, const plan_input *in, plan_result *o) {
+    /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors. Under rollout
+     * TP (rollout.tensor_model_parallel_size = P) a device holds the slice src/rl/job_dist.c's rollout_tp_setup
+     * builds its engine from: tp_config_apply of rank 0 (every rank's sizes are the same), experts split — the
+     * heads, widths and the padded vocabulary divided by P, the norms, routers and replicated kv heads whole */
     const double rdb = in->kv_dtype_bytes;
-    o->rollout_weights = (in->kv_dtype_bytes == 4 ? (double)o->n_params : (double)o->n_params_hf) * rdb / in->rollout_tp;
+    int64_t tot = o->n_params, d, e, hf = o->n_params_hf;
+    if (in->rollout_tp > 1) {
+        moe_config rc = *c;
+        if (tp_config_apply(&rc, in->rollout_tp, 0, c->num_experts > 0) != MOERL_OK)
+            return moerl_error_prefix("plan: rollout.tensor_model_parallel_size: ");
+        plan_param_counts(&rc, &tot, &d, &e, &hf);
+    }
+    o->rollout_weights = (in->kv_dtype_bytes == 4 ? (double)tot : (double)hf) * rdb;
     const int kv_split = MOERL_MIN(in->rollout_tp, c->num_key_value_heads);
     o->kv_cache = 2.0 * c->num_hidden_layers * in->max_num_seqs * (double)in->max_model_len * c->num_key_value_heads *
                   c->head_dim * rdb / kv_split;
@@ -1099,6 +1109,7 @@ static void plan_rollout(const moe_config *c, const plan_input *in, plan_result 
                                           : 0.0;
     o->rollout_total = o->rollout_weights + o->kv_cache + o->routing_record;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
+    return MOERL_OK;
 }
 
 static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o);
@@ -1166,7 +1177,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->total = o->weights + o->grads + o->master + o->moments + o->ref_weights + live + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
-    plan_rollout(c, in, o);
+    if (plan_rollout(c, in, o) != MOERL_OK) return MOERL_ERR;
     return plan_step_traffic(c, in, &x, best_s, n_mb_lp, rank_tokens, o);
 }
 
@@ -1209,8 +1220,7 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     o->total_recompute += o->tp_ep_scratch;
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
-    plan_rollout(c, in, o);
-    return MOERL_OK;
+    return plan_rollout(c, in, o);
 }
 
 
@@ -1422,10 +1432,10 @@ static int tp_pp_stage(const moe_config *c, const moe_config *lc, const plan_inp
 
 /* The rows a TP plan of the slice gives for the whole model c: its parameter counts and the rollout's (TP of
  * the trainer leaves the engine as it is). */
-static void tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_result *o) {
+static int tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_result *o) {
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
-    plan_rollout(c, in, o);
+    return plan_rollout(c, in, o);
 }
 
 /* plan_traffic_rank (n_mb < 0: one update) and plan_traffic_logprob (n_mb micro-batches, resp_tokens response
@@ -1476,8 +1486,7 @@ static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_re
     o->per_step += o->tp_allreduce * in->updates_per_step + in->logprob_passes * one + (in->ref_model ? one : 0);
     /* o->acts / acts_recompute (and the totals): the stage's in-flight slots of the slice's arena without / with
      * recompute, as plan_compute of the slice's pipeline sets them */
-    tp_whole_model_rows(c, in, o);
-    return MOERL_OK;
+    return tp_whole_model_rows(c, in, o);
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {

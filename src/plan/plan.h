@@ -164,7 +164,9 @@ typedef struct {
                                     larger of gathered (the update's peak) and ref_acts + ref_held + ref_gathered
                                     (the reference pass) */
     /* per rollout device, bytes */
-    double rollout_weights;      /* all parameters × dtype / rollout_tp */
+    double rollout_weights;      /* all parameters × dtype (fp32: the padded layout; bf16: the HF count); rollout TP:
+                                    the tp_config_apply slice a replica rank holds (norms, routers, replicated kv
+                                    heads whole) */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
     double routing_record;       /* record_routes: max_num_seqs · max_model_len · MoE layers · K · 2 (int16; engine.h
                                     gen_request.out_routes), else 0 */
