@@ -198,15 +198,21 @@ static void test_trainer_rss(void) {
     model_free(&m);
 }
 
+/* One trainer rank of 16-token micro-batches and `tp` rollout devices of one replica (rollout_tp = tp), fp32,
+ * `seqs` sequences of `len` tokens: the rollout rows' input. */
+static plan_input engine_input(int tp, int seqs, int len) {
+    return (plan_input){.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
+                        .updates_per_step = 1, .step_tokens = 16, .n_rollout = tp, .rollout_tp = tp,
+                        .max_num_seqs = seqs, .max_model_len = len, .kv_dtype_bytes = 4, .sync_every = 1};
+}
+
 /* Rollout TP (rollout.tensor_model_parallel_size = 2): the weights a replica rank's engine holds are the slice
  * src/rl/job_dist.c's rollout_tp_setup creates it from (tp_config_apply, experts split), byte for byte — not the
  * whole model / 2: the norms and the router stay whole, the one kv head is replicated on both ranks and the
  * vocabulary of 301 rows is padded to 302. */
 static void test_rollout_tp_weights(void) {
     moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 1, 32, 301, 0);
-    plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
-                     .updates_per_step = 1, .step_tokens = 16, .n_rollout = 2, .rollout_tp = 2, .max_num_seqs = 4,
-                     .max_model_len = 64, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_input in = engine_input(2, 4, 64);
     plan_result pr;
     CK(plan_compute(&c, &in, &pr) == MOERL_OK);
     for (int q = 0; q < 2; q++) {
@@ -231,9 +237,7 @@ static void test_rollout_tp_weights(void) {
 /* The rollout engine: weights + KV cache (engine_create zero-fills the cache, so it is resident). */
 static void test_engine_rss(void) {
     moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 2, 32, 300, 0);
-    plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
-                     .updates_per_step = 1, .step_tokens = 16, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 64,
-                     .max_model_len = 1024, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_input in = engine_input(1, 64, 1024);
     plan_result pr;
     CK(plan_compute(&c, &in, &pr) == MOERL_OK);
     c.exec.no_pack = 1; /* the packed expert copy (model.moe.pack_weights) is a CPU-kernel extra plan leaves out */
