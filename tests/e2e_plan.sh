@@ -132,8 +132,11 @@ for k in ("weights_bytes", "alltoall_ep_bytes_per_update"):
     assert f[k] == c[k], (k, f[k], c[k])
 assert f["micro_tokens"] == c["micro_tokens"] == 4096, (f["micro_tokens"], c["micro_tokens"])
 shrunk = (2 * 48 + 1) * ((4096 - 2048) * 2048 * 4 + (4096 - 2048) * 4)  # as tp 2 + SP against tp 2
+# SP × EP builds no token split (tp_ep.h): tp 2 × ep 4's total also holds its scratch, SP's none
+assert f["tp_ep_scratch_bytes"] == 0 < c["tp_ep_scratch_bytes"], (f["tp_ep_scratch_bytes"], c["tp_ep_scratch_bytes"])
 for k in ("acts_bytes", "trainer_total_bytes"):
-    assert c[k] - f[k] == shrunk, (k, c[k], f[k], shrunk)
+    more = c["tp_ep_scratch_bytes"] if k == "trainer_total_bytes" else 0
+    assert c[k] - f[k] == shrunk + more, (k, c[k], f[k], shrunk, more)
 PY
 for bad in "actor.expert_parallel_size=2:actor.expert_parallel_size (2)" "actor.fsdp_config.fsdp_size=2:fsdp_size (2)" \
     "actor.ulysses_sequence_parallel_size=2:ulysses_sequence_parallel_size (2)" \
@@ -150,7 +153,7 @@ done
 # micro-batches) —, sends the whole [N,H] to its counterpart in the next stage (the pipeline alone's p2p), sums
 # the stage's range over its dp 2 ranks holding the same slice (2(2−1)/2: the weights' bytes) and adds the
 # stage's TP collectives (tests/test_dist_plan.c checks each row byte for byte against a run). What moerl rl
-# refuses with it stays refused, naming the keys: the interleaved schedule, EP, recompute
+# refuses with it stays refused, naming the keys: the interleaved schedule, EP
 j6=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=4 actor.pipeline_parallel_size=2 2>"$OUT/err") ||
     fail "plan pp 2 × dp 2: $(cat "$OUT/err")"
 j7=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=2 \
@@ -168,13 +171,31 @@ assert b["tp_bytes_per_update"] > 0 and a["tp_bytes_per_update"] == 0
 assert b["acts_bytes"] < a["acts_bytes"]  # the heads, experts' width and logits split
 PY
 for bad in "actor.virtual_pipeline_parallel_size=2:virtual_pipeline_parallel_size (2) must be 1" \
-    "actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1:actor.expert_parallel_size (2) must be 1 with it" \
-    "model.enable_gradient_checkpointing=true:recompute"; do
+    "actor.expert_parallel_size=2 actor.megatron.expert_tensor_parallel_size=1:actor.expert_parallel_size (2) must be 1 with it"; do
     IFS=: read -r kv want <<<"$bad"
     # shellcheck disable=SC2086
     plan_refuses "$want" trainer.n_ranks=8 actor.pipeline_parallel_size=2 actor.megatron.tensor_model_parallel_size=2 $kv &&
         ok || fail "plan tp 2 × pp 2 with $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# TP × pipeline with activation recompute (as moerl rl runs it) is planned: the stage's slots hold the recompute
+# arena (full: the kept tensors; selective: more), and full recompute repeats o_proj's all-reduce of the
+# micro-batch's [N,H] per layer of the stage (selective: no TP collective) — a multiple of the fullest stage's
+# 26 layers × 16 micro-batches × H 2048 × 4 bytes (test_dist_plan checks the rows byte for byte against a run)
+tpr() { $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.pipeline_parallel_size=2 \
+    actor.megatron.tensor_model_parallel_size=2 model.enable_gradient_checkpointing=true "$@" 2>"$OUT/err"; }
+j8=$(tpr) || fail "plan tp 2 × pp 2 with recompute: $(cat "$OUT/err")"
+j9=$(tpr actor.recompute_granularity=selective) || fail "plan tp 2 × pp 2, selective recompute: $(cat "$OUT/err")"
+python3 - "$j7" "$j8" "$j9" <<'PY' && ok || fail "tp 2 × pp 2 with recompute against without: $j8"
+import json, sys
+c, f, s = (json.loads(x) for x in sys.argv[1:4])
+assert f["acts_bytes"] == s["acts_bytes"] == c["acts_bytes"], (f["acts_bytes"], c["acts_bytes"])
+assert f["acts_recompute_bytes"] < s["acts_recompute_bytes"] < c["acts_bytes"], (f["acts_recompute_bytes"], s["acts_recompute_bytes"])
+assert f["trainer_total_bytes"] == f["trainer_total_recompute_bytes"] < s["trainer_total_bytes"] < c["trainer_total_bytes"]
+assert s["tp_bytes_per_update"] == c["tp_bytes_per_update"], (s["tp_bytes_per_update"], c["tp_bytes_per_update"])
+d = f["tp_bytes_per_update"] - c["tp_bytes_per_update"]
+assert d > 0 and d % (c["stage_layers"] * c["micro_batches"] * 2048 * 4) == 0, d
+assert f["p2p_pp_bytes_per_update"] == c["p2p_pp_bytes_per_update"] and f["stage_layers"] == c["stage_layers"]
+PY
 # data.max_prompt_length is one key for plan and rl (src/cli/common.c): plan sizes the context with it,
 # and rl's "no limit" (0, the default) is planned as 512 — capped at what the model's context leaves after
 # the responses, the longest prompt rl admits (rl_check_seq_len): the smoke model's 128 − 8 = 120
@@ -577,14 +598,16 @@ PY
     # every stage's shard, peak bounds and activation slots (plan_pp_fsdp_stage).
     # TP × DP (tp 2, tp 2 × dp 2 with and without expert-TP, tp 4 with the 2 kv heads replicated): the bytes
     # tp_comm and dp_comm count in the logprob pass and an update equal plan's tp rows, the slice plan's.
-    # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm).
+    # TP × EP (tp 2 × ep 2, experts whole): also ep_comm's all-to-alls and the expert gradient sum (ep_dp_comm),
+    # and the scratch tp_ep_state holds against plan's tp_ep_scratch row.
     # Megatron SP (tp 2; tp 2 × dp 2 with experts whole: the ln2 gathers): tp_comm's reduce-scatters and
     # all-gathers equal plan's SP rows, the arena (residual stream on ⌈N/tp⌉ rows) plan's. SP × EP (tp 2 × ep 2,
     # experts whole): the MoE on each rank's own rows (no ln2 or expert-row gathers; the aux statistics and routers'
     # sums), the arena shrunk as SP's.
     # TP × pipeline (tp 2 × pp 2, with tied embeddings, and × dp 2): per stage tp_comm's bytes, the stage's
     # all-reduce over dp_comm and pp_comm's p2p and sums equal plan's rows; the stage's range of the slice, its
-    # moments and activation slots plan's, exactly.
+    # moments and activation slots plan's, exactly; with activation recompute (full, selective) the same rows,
+    # full recompute's repeated o_proj all-reduces among tp_comm's, and the slots the recompute arena.
     T=$BUILD/mpi/tests/test_dist_plan
     if [[ ! -x $T ]]; then
         fail "$T not built"
@@ -653,6 +676,8 @@ PY
 4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
 4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2 model.tie_word_embeddings=true
 8|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2
+4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2 model.enable_gradient_checkpointing=true
+4|actor.megatron.tensor_model_parallel_size=2 actor.pipeline_parallel_size=2 model.enable_gradient_checkpointing=true actor.recompute_granularity=selective model.tie_word_embeddings=true
 LAYOUTS
     fi
 fi

@@ -55,6 +55,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/tp_ep.h"
 #include "parallel/ulysses.h"
 #include "plan/plan.h"
 #include "plan/plan_pp_fsdp.h"
@@ -153,8 +154,21 @@ static int logprob_pass_is_plans(par_grid *g, int pp, const plan_traffic *lt, co
  * the step's) and the logprob pass's pp_comm sums — and, instead of the slice's floats and arena, tp_pp_memory.
  * Activation recompute (model.enable_gradient_checkpointing,
  * the TP layouts only): the arena against plan's acts_recompute, the recomputed forward's collectives in the
- * same rows (tp_recompute_traffic, tp_ep_traffic's expert-row gathers and exchanges). */
+ * same rows (tp_recompute_traffic, tp_ep_traffic's expert-row gathers and exchanges); under TP × pipeline the
+ * stage's slots against acts_recompute and the stage's recomputed o_proj sums in tp_comm's all-reduce
+ * (plan_tp_pp_update). */
 static void tp_pp_memory(par_state *ps, const moe_model *m, const adamw_state *os, const plan_result *pr);
+
+/* TP × EP's token-split scratch (tp_ep.c, after K_STEPS full micro-batches: its buffers at their largest) against
+ * plan's tp_ep_scratch row, exactly (integers of bytes); 0 in plan where no tp_ep_state runs (no EP, SP × EP). */
+static void tp_ep_scratch_check(const par_state *ps, const plan_result *pr) {
+    const double held = ps->tpep ? tp_ep_scratch_held(ps->tpep) : 0;
+    CHECK_R(held == pr->tp_ep_scratch && (!ps->tpep || held > 0),
+            "TP x EP scratch: tp_ep_state holds %.0f B, plan %.0f B", RANK, held, pr->tp_ep_scratch);
+    if (RANK == 0 && ps->tpep)
+        printf("  TP x EP scratch: tp_ep_state holds %.0f B (plan %.0f B)\n", held, pr->tp_ep_scratch);
+}
+
 static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
     par_grid *g = ps->grid;
     const int T = g_ctx->trainer_size, pp = g->pp, stage = g->stage;
@@ -272,6 +286,7 @@ static void tp_case(par_state *ps, moe_model *m, const moe_config *mc) {
             printf("tp %d x dp %d: TP all-reduce %.0f B, all-gather %.0f B, DP all-reduce %.0f B per update (plan %.0f, "
                    "%.0f, %.0f)\n", g->tp, g->dp, got[0], got[1], got[2], want[0], want[1], want[2]);
     }
+    tp_ep_scratch_check(ps, &pr);
     if (pp > 1) {
         CHECK_R(pp_ok, "TP x pipeline: the stage's p2p and pp_comm sums equal plan's", RANK);
         tp_pp_memory(ps, m, &os, &pr);
@@ -316,15 +331,18 @@ static void tp_pp_memory(par_state *ps, const moe_model *m, const adamw_state *o
             "stage %d: layers [%d, %d) (plan [%d, %d)), holds %.0f floats of the slice (plan %.0f + tied copy %.0f), "
             "moments over %zu", RANK, g->stage, lo, hi, l0, l1, held, d + e, copy, os->n);
     if (g->stage == pr->fullest_stage) {
-        const double slots = pp_slots_bytes(ps->pp);
+        /* activation recompute: the slots hold the recompute arena (plan's acts_recompute, smaller than acts) */
+        const int rc = m->cfg.exec.recompute;
+        const double slots = pp_slots_bytes(ps->pp), want = rc ? pr->acts_recompute : pr->acts;
         CHECK_R(held * 4 == pr->weights && pr->grads == pr->weights && (double)os->n * 8 == pr->moments &&
-                    slots == pr->acts,
+                    slots == want && (!rc || pr->acts_recompute < pr->acts),
                 "fullest stage %d: held %.0f B (plan %.0f), moments %.0f B (plan %.0f), activation slots %.0f B "
-                "(plan %.0f)", RANK, g->stage, held * 4, pr->weights, (double)os->n * 8, pr->moments, slots, pr->acts);
+                "(plan %.0f, recompute %d; without recompute %.0f)", RANK, g->stage, held * 4, pr->weights,
+                (double)os->n * 8, pr->moments, slots, want, rc, pr->acts);
         if (g->tp_rank == 0 && g->dp_rank == 0)
             printf("  tp %d x pp %d x dp %d, fullest stage %d: slice held %.0f B (plan %.0f), moments %.0f B (plan "
-                   "%.0f), activation slots %.0f B (plan %.0f)\n", g->tp, g->pp, g->dp, g->stage, held * 4,
-                   pr->weights, (double)os->n * 8, pr->moments, slots, pr->acts);
+                   "%.0f), activation slots %.0f B (plan %.0f, recompute %d)\n", g->tp, g->pp, g->dp, g->stage,
+                   held * 4, pr->weights, (double)os->n * 8, pr->moments, slots, want, rc);
     }
     const pp_stats *pst = pp_last_stats(ps->pp);
     CHECK_R(pst->microbatches == pr->micro_batches && rel(pst->theory_interleaved, pr->bubble_theory) < 1e-12,

@@ -198,12 +198,46 @@ static void test_trainer_rss(void) {
     model_free(&m);
 }
 
+/* One trainer rank of 16-token micro-batches and `tp` rollout devices of one replica (rollout_tp = tp), fp32,
+ * `seqs` sequences of `len` tokens: the rollout rows' input. */
+static plan_input engine_input(int tp, int seqs, int len) {
+    return (plan_input){.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
+                        .updates_per_step = 1, .step_tokens = 16, .n_rollout = tp, .rollout_tp = tp,
+                        .max_num_seqs = seqs, .max_model_len = len, .kv_dtype_bytes = 4, .sync_every = 1};
+}
+
+/* Rollout TP (rollout.tensor_model_parallel_size = 2): the weights a replica rank's engine holds are the slice
+ * src/rl/job_dist.c's rollout_tp_setup creates it from (tp_config_apply, experts split), byte for byte — not the
+ * whole model / 2: the norms and the router stay whole, the one kv head is replicated on both ranks and the
+ * vocabulary of 301 rows is padded to 302. */
+static void test_rollout_tp_weights(void) {
+    moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 1, 32, 301, 0);
+    plan_input in = engine_input(2, 4, 64);
+    plan_result pr;
+    CK(plan_compute(&c, &in, &pr) == MOERL_OK);
+    for (int q = 0; q < 2; q++) {
+        moe_config rc = c;
+        CK(tp_config_apply(&rc, 2, q, 1) == MOERL_OK);
+        engine *e = engine_create(&rc, (engine_config){.max_num_seqs = 4, .max_model_len = 64,
+                                                       .max_num_batched_tokens = 64});
+        CK(e != NULL);
+        if (!e) return;
+        const double held = (double)engine_model(e)->n_params * 4;
+        CK(held == pr.rollout_weights);
+        if (q == 0) printf("rollout tp 2: a rank's engine holds %.0f B, plan %.0f B (whole / 2: %.0f B)\n", held,
+                           pr.rollout_weights, pr.n_params * 2.0);
+        engine_free(e);
+    }
+    CK(pr.rollout_weights > pr.n_params * 2.0); /* more than an even split */
+    /* a size the slice cannot take is refused naming the key, as rl refuses it */
+    in.rollout_tp = 3;
+    CK(plan_compute(&c, &in, &pr) == MOERL_ERR && strstr(moerl_last_error(), "rollout.tensor_model_parallel_size"));
+}
+
 /* The rollout engine: weights + KV cache (engine_create zero-fills the cache, so it is resident). */
 static void test_engine_rss(void) {
     moe_config c = arch(128, 2, 8, 2, 64, 128, 4, 2, 32, 300, 0);
-    plan_input in = {.n_trainer = 1, .fsdp = 1, .ep = 1, .sp = 1, .pp = 1, .dtype_bytes = 4, .micro_tokens = 16,
-                     .updates_per_step = 1, .step_tokens = 16, .n_rollout = 1, .rollout_tp = 1, .max_num_seqs = 64,
-                     .max_model_len = 1024, .kv_dtype_bytes = 4, .sync_every = 1};
+    plan_input in = engine_input(1, 64, 1024);
     plan_result pr;
     CK(plan_compute(&c, &in, &pr) == MOERL_OK);
     c.exec.no_pack = 1; /* the packed expert copy (model.moe.pack_weights) is a CPU-kernel extra plan leaves out */
@@ -729,7 +763,25 @@ static void test_tp_pp_hand(void) {
     /* one kv head over TP 2 (replicated): each stage all-gathers its layer's k/v gradients, 2 × 16·64 floats */
     moe_config c1 = arch(64, 2, 4, 2, 32, 128, 4, 1, 16, 100, 0);
     CK(plan_traffic_rank(&c1, &in, 0, 0, 0, &t0) == MOERL_OK && t0.tp_allgather == 2.0 * 16 * 64 * 4);
-    /* what moerl rl refuses with TP × pipeline, and recompute, which plan does not model with it: refused */
+    /* activation recompute with TP × pipeline (as moerl rl runs it): full recompute repeats each stage's o_proj
+     * all-reduce, 3 micro-batches × 1 layer × 32·64 floats × 4 B = 24576 B more on either stage; selective adds
+     * no TP bytes; the fullest stage's slots hold the slice's recompute arena (with one layer a stage as large as
+     * without: its kept input + its recomputed scratch are all its buffers; test_dist_plan's 3-layer stages shrink) */
+    for (int g = MODEL_RECOMPUTE_FULL; g <= MODEL_RECOMPUTE_SELECTIVE; g++) {
+        in.recompute = g;
+        plan_traffic u0, u1;
+        plan_result rr;
+        CK(plan_traffic_rank(&c, &in, 0, 0, 0, &u0) == MOERL_OK && plan_traffic_rank(&c, &in, 1, 0, 0, &u1) == MOERL_OK);
+        const double more = g == MODEL_RECOMPUTE_FULL ? 3 * 32 * 64 * 4.0 : 0;
+        CK(u0.tp_act_allreduce == act0 + more && u1.tp_act_allreduce == act1 + more && u1.tp_allgather == gather1);
+        CK(u0.pp_p2p == t0.pp_p2p && u1.pp_p2p == t1.pp_p2p);
+        CK(plan_compute(&c, &in, &rr) == MOERL_OK && rr.acts == r.acts && rr.weights == r.weights);
+        CK(rr.acts_recompute == plan_acts_bytes(&lc, 32, rr.fullest_stage, rr.fullest_stage + 1, g) *
+                                    plan_pp_inflight(2, rr.fullest_stage));
+        CK(rr.total_recompute == rr.total - rr.acts + rr.acts_recompute);
+    }
+    in.recompute = 0;
+    /* what moerl rl refuses with TP × pipeline: refused */
     in.vpp = 2;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "virtual_pipeline_parallel_size (2)"));
     in.vpp = 1;
@@ -737,9 +789,6 @@ static void test_tp_pp_hand(void) {
     in.tp_experts = 0;
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "expert_parallel_size (2) must be 1"));
     in.ep = 1;
-    in.recompute = MODEL_RECOMPUTE_FULL;
-    CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "recompute"));
-    in.recompute = 0;
     in.n_trainer = 6; /* 3 ranks a stage: not whole TP groups */
     CK(plan_compute(&c, &in, &r) == MOERL_ERR && strstr(moerl_last_error(), "does not divide the 6 trainer ranks"));
 }
@@ -802,7 +851,18 @@ static void test_tp_sp_hand(void) {
     CK(plan_traffic_logprob(&c, &in, 0, 0, 0, 2, 0, &lt) == MOERL_OK); /* 2 forwards: 5 − 2 gathers each */
     CK(lt.tp_reduce_scatter == 2 * 3 * row && lt.tp_allgather == 2 * 3 * row + 2 * 2 * 32 * 4 &&
        lt.tp_act_allreduce == 2 * 4 * 32 * 8.0 + 2 * 2 * 4 * 4);
+    CK(sp.tp_ep_scratch == 0); /* SP × EP: no tp_ep_state (tp_ep.h) */
+    /* TP × EP without SP (experts whole): tp_ep.c's scratch for N = 32 over tp 2, ⌈32/2⌉·K = 32 rows a share: per
+     * MoE layer counts and offsets 2E + 1 = 9 ints and the index 2·(32 + 1) ints; the sub rows and their gradients
+     * 2·(32·64 + 1) floats, the all-gather's buffer 2·32·64 + 1 floats = 2·75·4 + 8195·4 = 33380 B, in the total */
+    in.tp_sp = 0;
+    in.tp_experts = 0;
+    plan_result tpe;
+    CK(plan_compute(&c, &in, &tpe) == MOERL_OK && tpe.tp_ep_scratch == 33380);
+    CK(tpe.total == tpe.weights + tpe.grads + tpe.moments + tpe.acts + 33380 &&
+       tpe.total_recompute == tpe.total - tpe.acts + tpe.acts_recompute);
     /* refused as moerl refuses it, naming the keys */
+    in.tp_sp = 1;
     in.ep = 1;
     in.tp = 1;
     CK(plan_compute(&c, &in, &sp) == MOERL_ERR && strstr(moerl_last_error(), "sequence_parallel=true needs"));
@@ -863,5 +923,6 @@ int main(void) {
     test_formulas();
     test_trainer_rss();
     test_engine_rss();
+    test_rollout_tp_weights();
     TEST_MAIN_END();
 }

@@ -89,7 +89,7 @@ static json_t *plan_json(const moe_config *mc, const plan_input *in, const plan_
     R("weights_bytes", r->weights); R("grads_bytes", r->grads); R("master_bytes", r->master);
     R("moments_bytes", r->moments); R("gathered_bytes", r->gathered);
     R("gathered_low_bytes", r->gathered_low); R("acts_bytes", r->acts);
-    R("acts_recompute_bytes", r->acts_recompute);
+    R("acts_recompute_bytes", r->acts_recompute); R("tp_ep_scratch_bytes", r->tp_ep_scratch);
     I("ref_model", in->ref_model); R("ref_weights_bytes", r->ref_weights); R("ref_acts_bytes", r->ref_acts);
     R("ref_held_bytes", r->ref_held); R("ref_gathered_bytes", r->ref_gathered);
     R("ref_pass_bytes_per_step", r->ref_pass); R("trainer_total_bytes", in->recompute ? r->total_recompute : r->total);
@@ -158,6 +158,9 @@ static void plan_print_table(const moe_config *mc, const plan_input *in, const p
         printf("| all-gathered parameters (FSDP) | %.3f |\n", gib(r->gathered));
     printf("| activations (%sno recompute) | %.3f |\n| activations (%srecompute) | %.3f |\n",
            r->tp > 1 ? "TP slice, " : "", gib(r->acts), r->tp > 1 ? "TP slice, " : "", gib(r->acts_recompute));
+    if (r->tp_ep_scratch > 0)
+        printf("| TP × EP token-split scratch (sub rows, their gradients, the expert rows gathered) | %.3f |\n",
+               gib(r->tp_ep_scratch));
     if (in->ref_model) {
         printf("| KL reference policy (actor.use_kl_loss: fp32, sharded as the actor's weights) | %.3f |\n",
                gib(r->ref_weights));

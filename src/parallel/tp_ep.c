@@ -66,8 +66,39 @@ void tp_ep_free(tp_ep_state *st) {
 tp_ep_stats tp_ep_get_stats(const tp_ep_state *st) { return st->st; }
 void tp_ep_reset_stats(tp_ep_state *st) { memset(&st->st, 0, sizeof st->st); }
 
-/* Rows of the largest share: ⌈N / T⌉ tokens · K. */
-static size_t share_rows(const tp_ep_state *st, int N) { return (size_t)((N + st->T - 1) / st->T) * st->K; }
+/* Rows of the largest share of N tokens over T ranks: ⌈N / T⌉ tokens · K. */
+static size_t rows_of(int T, int K, int N) { return (size_t)((N + T - 1) / T) * K; }
+static size_t share_rows(const tp_ep_state *st, int N) { return rows_of(st->T, st->K, N); }
+
+/* The scratch one rank allocates for a given share of `rows` rows (the allocations below, element counts):
+ * per MoE layer sorted_row and pos ((rows + 1) ints each); sub_a and sub_b (rows·H + 1 floats each); the gathered
+ * rows `all` (T·rows·H + 1 floats). */
+static size_t layer_index_ints(size_t rows) { return rows + 1; }
+static size_t sub_floats(size_t rows, int H) { return rows * H + 1; }
+static size_t all_floats(size_t rows, int T, int H) { return (size_t)T * rows * H + 1; }
+
+double tp_ep_scratch_bytes(const moe_config *c, int tp, int max_tokens) {
+    if (tp <= 1 || max_tokens <= 0) return 0;
+    const size_t rows = rows_of(tp, c->num_experts_per_tok, max_tokens);
+    const int H = c->hidden_size, E = c->num_experts;
+    int n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_moe += moe_config_layer_is_moe(c, l);
+    if (n_moe == 0) return 0;
+    const double per_layer = (double)(2 * E + 1 + 2 * layer_index_ints(rows)) * sizeof(int); /* tpe, off, index */
+    return n_moe * per_layer + (double)(2 * sub_floats(rows, H) + all_floats(rows, tp, H)) * sizeof(float);
+}
+
+double tp_ep_scratch_held(const tp_ep_state *st) {
+    double b = 0;
+    for (int l = 0; l < st->L; l++) {
+        const tpe_layer *y = &st->lay[l];
+        if (y->tpe) b += (double)(2 * st->E + 1) * sizeof(int);
+        if (y->cap) b += 2.0 * (y->cap + 1) * sizeof(int);
+    }
+    if (st->sub_cap) b += 2.0 * (st->sub_cap + 1) * sizeof(float);
+    if (st->all_cap) b += (st->all_cap + 1.0) * sizeof(float);
+    return b;
+}
 
 /* Build layer l's sub-problem from the full permuted index of s (one thread). */
 static void tpe_index(tp_ep_state *st, int l, const mlp_acts *s, int N) {
@@ -79,15 +110,15 @@ static void tpe_index(tp_ep_state *st, int l, const mlp_acts *s, int N) {
         free(y->sorted_row);
         free(y->pos);
         y->cap = rows;
-        y->sorted_row = xmalloc((rows + 1) * sizeof(int));
-        y->pos = xmalloc((rows + 1) * sizeof(int));
+        y->sorted_row = xmalloc(layer_index_ints(rows) * sizeof(int));
+        y->pos = xmalloc(layer_index_ints(rows) * sizeof(int));
     }
     if (rows * st->H > st->sub_cap) {
         free(st->sub_a);
         free(st->sub_b);
         st->sub_cap = rows * st->H;
-        st->sub_a = xalloc_aligned((st->sub_cap + 1) * sizeof(float));
-        st->sub_b = xalloc_aligned((st->sub_cap + 1) * sizeof(float));
+        st->sub_a = xalloc_aligned(sub_floats(rows, st->H) * sizeof(float));
+        st->sub_b = xalloc_aligned(sub_floats(rows, st->H) * sizeof(float));
     }
     int k = 0;
     y->off[0] = 0;
@@ -113,7 +144,7 @@ static void tpe_gather(tp_ep_state *st, const tpe_layer *y, const mlp_acts *s, c
     if (need > st->all_cap) {
         free(st->all);
         st->all_cap = need;
-        st->all = xalloc_aligned((need + 1) * sizeof(float));
+        st->all = xalloc_aligned(all_floats(rows, st->T, H) * sizeof(float));
     }
     if (dist_comm_allgather_f32(st->tp, sub, rows * H, st->all) != MOERL_OK)
         moerl_fatal("tensor × expert-parallel all-gather of the expert rows: %s", moerl_last_error());

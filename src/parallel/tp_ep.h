@@ -41,6 +41,17 @@ typedef struct {
 tp_ep_state *tp_ep_new(const par_grid *g, ep_state *ep, const moe_config *c);
 void tp_ep_free(tp_ep_state *st);
 tp_ep_stats tp_ep_get_stats(const tp_ep_state *st);
+
+/* Bytes of scratch one rank's tp_ep_state holds once an MoE pass of max_tokens tokens has run, for the whole
+ * model's config c over a TP group of tp ranks (moerl plan's TP × EP scratch row): per MoE layer the
+ * sub-problem's counts and offsets (2E + 1 ints) and index (2·(⌈N/tp⌉·K + 1) ints); the sub rows and their
+ * gradients (2·(⌈N/tp⌉·K·H + 1) floats) and the TP all-gather's receive buffer (tp·⌈N/tp⌉·K·H + 1 floats), shared
+ * by the layers. The allocations in tp_ep.c are sized by the same helpers. 0 when tp ≤ 1 or no layer is MoE. */
+double tp_ep_scratch_bytes(const moe_config *c, int tp, int max_tokens);
+
+/* Bytes of that scratch st holds now (its buffers grow to the largest N seen; the same count as
+ * tp_ep_scratch_bytes once a pass of max_tokens tokens has run). */
+double tp_ep_scratch_held(const tp_ep_state *st);
 void tp_ep_reset_stats(tp_ep_state *st);
 
 /* The MoE hooks (model_hooks.moe_forward / moe_backward, forward.h), with ep.h's contracts on s, d_y,

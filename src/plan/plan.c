@@ -12,6 +12,7 @@
 #include "parallel/pipeline.h"
 #include "plan/plan_tp_pp.h"
 #include "parallel/tp.h"
+#include "parallel/tp_ep.h"
 #include "rl/rl.h"
 #include "train/train.h"
 
@@ -1086,10 +1087,20 @@ static int plan_step_traffic(const moe_config *c, const plan_input *in, const pl
 }
 
 /* The rollout rows of plan_compute (the whole model c: TP of the trainer does not change the engine). */
-static void plan_rollout(const moe_config *c, const plan_input *in, plan_result *o) {
-    /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors */
+static int plan_rollout(const moe_config *c, const plan_input *in, plan_result *o) {
+    /* rollout: moerl's engine keeps fp32 weights in its padded layout; bf16 engines the HF tensors. Under rollout
+     * TP (rollout.tensor_model_parallel_size = P) a device holds the slice src/rl/job_dist.c's rollout_tp_setup
+     * builds its engine from: tp_config_apply of rank 0 (every rank's sizes are the same), experts split — the
+     * heads, widths and the padded vocabulary divided by P, the norms, routers and replicated kv heads whole */
     const double rdb = in->kv_dtype_bytes;
-    o->rollout_weights = (in->kv_dtype_bytes == 4 ? (double)o->n_params : (double)o->n_params_hf) * rdb / in->rollout_tp;
+    int64_t tot = o->n_params, d, e, hf = o->n_params_hf;
+    if (in->rollout_tp > 1) {
+        moe_config rc = *c;
+        if (tp_config_apply(&rc, in->rollout_tp, 0, c->num_experts > 0) != MOERL_OK)
+            return moerl_error_prefix("plan: rollout.tensor_model_parallel_size: ");
+        plan_param_counts(&rc, &tot, &d, &e, &hf);
+    }
+    o->rollout_weights = (in->kv_dtype_bytes == 4 ? (double)tot : (double)hf) * rdb;
     const int kv_split = MOERL_MIN(in->rollout_tp, c->num_key_value_heads);
     o->kv_cache = 2.0 * c->num_hidden_layers * in->max_num_seqs * (double)in->max_model_len * c->num_key_value_heads *
                   c->head_dim * rdb / kv_split;
@@ -1098,6 +1109,7 @@ static void plan_rollout(const moe_config *c, const plan_input *in, plan_result 
                                           : 0.0;
     o->rollout_total = o->rollout_weights + o->kv_cache + o->routing_record;
     o->weight_bcast = in->kv_dtype_bytes == 4 ? (double)o->n_params * 4 : (double)o->n_params_hf * 2;
+    return MOERL_OK;
 }
 
 static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_result *o);
@@ -1165,7 +1177,7 @@ int plan_compute(const moe_config *c, const plan_input *in, plan_result *o) {
     o->total = o->weights + o->grads + o->master + o->moments + o->ref_weights + live + o->acts;
     o->total_recompute = o->total - o->acts + o->acts_recompute;
 
-    plan_rollout(c, in, o);
+    if (plan_rollout(c, in, o) != MOERL_OK) return MOERL_ERR;
     return plan_step_traffic(c, in, &x, best_s, n_mb_lp, rank_tokens, o);
 }
 
@@ -1201,11 +1213,14 @@ static int plan_compute_tp(const moe_config *c, const plan_input *in, plan_resul
     o->ref_pass = in->ref_model ? one : 0;
     o->per_step = (o->allreduce + o->tp_allreduce) * in->updates_per_step + o->logprob_pass + o->ref_pass;
     /* o->acts / acts_recompute: the slice's arena without / with recompute (plan_compute of lc; under Megatron SP
-     * the residual stream's and the norms' per-row buffers hold ⌈N/tp⌉ rows, lc.exec.tp_sp) */
+     * the residual stream's and the norms' per-row buffers hold ⌈N/tp⌉ rows, lc.exec.tp_sp); TP × EP adds
+     * tp_ep.c's scratch for a micro-batch (none under SP × EP: no tp_ep_state) */
+    o->tp_ep_scratch = in->ep > 1 && !in->tp_sp ? tp_ep_scratch_bytes(c, in->tp, (int)x.N) : 0;
+    o->total += o->tp_ep_scratch;
+    o->total_recompute += o->tp_ep_scratch;
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
-    plan_rollout(c, in, o);
-    return MOERL_OK;
+    return plan_rollout(c, in, o);
 }
 
 
@@ -1411,25 +1426,16 @@ static int tp_pp_stage(const moe_config *c, const moe_config *lc, const plan_inp
     s->last = stage == in->pp - 1;
     s->kv_rep = c->num_key_value_heads < in->tp;
     s->db = in->dtype_bytes;
+    s->recompute = in->recompute;
     return MOERL_OK;
 }
 
 /* The rows a TP plan of the slice gives for the whole model c: its parameter counts and the rollout's (TP of
  * the trainer leaves the engine as it is). */
-static void tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_result *o) {
+static int tp_whole_model_rows(const moe_config *c, const plan_input *in, plan_result *o) {
     plan_param_counts(c, &o->n_params, &o->n_params_dense, &o->n_params_expert, &o->n_params_hf);
     o->n_active = model_active_matmul_params(c);
-    plan_rollout(c, in, o);
-}
-
-/* What plan does not model under TP × pipeline beyond what moerl refuses (tp_local): activation recompute, whose
- * recomputed forwards would repeat the stage's TP collectives — refused naming the keys. */
-static int tp_pp_check(const plan_input *in) {
-    if (in->recompute)
-        return moerl_errorf("plan: actor.megatron.tensor_model_parallel_size=%d × actor.pipeline_parallel_size=%d with "
-                            "activation recompute (model.enable_gradient_checkpointing=true): moerl plan does not model "
-                            "the recomputed passes' TP collectives; plan it without recompute", in->tp, in->pp);
-    return MOERL_OK;
+    return plan_rollout(c, in, o);
 }
 
 /* plan_traffic_rank (n_mb < 0: one update) and plan_traffic_logprob (n_mb micro-batches, resp_tokens response
@@ -1443,7 +1449,7 @@ static int tp_pp_traffic(const moe_config *c, const plan_input *in, int stage, i
     plan_input li;
     plan_ctx x;
     plan_tp_stage s;
-    if (tp_pp_check(in) != MOERL_OK || tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK)
+    if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_check(&lc, &li, &x) != MOERL_OK)
         return MOERL_ERR;
     const int rc = n_mb < 0 ? traffic(&lc, &li, &x, stage, 0, 0, t)
                             : logprob_traffic(&lc, &li, &x, stage, 0, 0, n_mb, resp_tokens, t);
@@ -1464,7 +1470,7 @@ static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_re
     plan_input li = {0}; /* set by tp_local */
     plan_ctx x;
     plan_tp_stage s;
-    if (tp_pp_check(in) != MOERL_OK || tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
+    if (tp_local(c, in, &lc, &li) != MOERL_OK || plan_compute(&lc, &li, o) != MOERL_OK ||
         plan_check(&lc, &li, &x) != MOERL_OK || tp_pp_stage(c, &lc, in, o->fullest_stage, &s) != MOERL_OK)
         return MOERL_ERR;
     plan_traffic t = {0}, tl = {0};
@@ -1478,11 +1484,9 @@ static int plan_compute_tp_pp(const moe_config *c, const plan_input *in, plan_re
     o->logprob_pass += in->logprob_passes * one;
     o->ref_pass += in->ref_model ? one : 0;
     o->per_step += o->tp_allreduce * in->updates_per_step + in->logprob_passes * one + (in->ref_model ? one : 0);
-    /* without activation recompute (tp_pp_check): one activations row */
-    o->acts_recompute = o->acts;
-    o->total_recompute = o->total;
-    tp_whole_model_rows(c, in, o);
-    return MOERL_OK;
+    /* o->acts / acts_recompute (and the totals): the stage's in-flight slots of the slice's arena without / with
+     * recompute, as plan_compute of the slice's pipeline sets them */
+    return tp_whole_model_rows(c, in, o);
 }
 
 int plan_check_rollout_tp(int tp, int n_heads) {

@@ -157,11 +157,16 @@ typedef struct {
     double ref_gathered;         /* FSDP: the reference's own peak of gathered units over its forward-only pass
                                     (the replay of ⌈logprob_tokens/dp/micro_tokens⌉ passes from a cold start; fp32);
                                     released after the pass */
-    double total, total_recompute; /* weights + grads + master + moments + acts + ref_weights + the larger of
-                                    gathered (the update's peak) and ref_acts + ref_held + ref_gathered (the
-                                    reference pass) */
+    double tp_ep_scratch;        /* TP × EP (experts whole, no Megatron SP): tp_ep.c's token-split scratch for
+                                    micro_tokens tokens (tp_ep_scratch_bytes: the sub rows, their gradients, the
+                                    TP all-gather's receive buffer, each MoE layer's index); else 0 */
+    double total, total_recompute; /* weights + grads + master + moments + acts + ref_weights + tp_ep_scratch + the
+                                    larger of gathered (the update's peak) and ref_acts + ref_held + ref_gathered
+                                    (the reference pass) */
     /* per rollout device, bytes */
-    double rollout_weights;      /* all parameters × dtype / rollout_tp */
+    double rollout_weights;      /* all parameters × dtype (fp32: the padded layout; bf16: the HF count); rollout TP:
+                                    the tp_config_apply slice a replica rank holds (norms, routers, replicated kv
+                                    heads whole) */
     double kv_cache;             /* 2 · L · max_num_seqs · max_model_len · nkv · hd · kv_dtype / min(tp, nkv) */
     double routing_record;       /* record_routes: max_num_seqs · max_model_len · MoE layers · K · 2 (int16; engine.h
                                     gen_request.out_routes), else 0 */

@@ -29,6 +29,8 @@ void plan_tp_pp_update(const moe_config *lc, const plan_tp_stage *s, double N, d
     const double f = 2.0 * (P - 1) / P, db = s->db, hd = lc->head_dim, H = lc->hidden_size;
     const double fwd = plan_tp_stage_fwd_floats(lc, s, N), bwd = plan_tp_stage_bwd_floats(lc, s, N);
     t->tp_act_allreduce = f * db * (mb * (fwd + bwd) + fo * mb * fwd);
+    if (s->recompute == MODEL_RECOMPUTE_FULL) /* the recomputed forward's o_proj sum, per layer and micro-batch */
+        t->tp_act_allreduce += f * db * mb * layers * N * H;
     if (s->last) /* the logprob statistics (4N doubles), in the forward and again in vp_logprob_backward */
         t->tp_act_allreduce += f * mb * 2 * 4 * N * 8;
     t->tp_act_allreduce += f * layers * 2 * hd * db; /* the stage's q/k-norm gradients */

@@ -15,7 +15,13 @@
  *            times ((P−1)·2N floats each);
  *   per update: the stage's q/k-norm gradients (tp_reduce_layer_grads over its layers, 2·head_dim floats
  *            a layer), with nkv < P the replicated k/v heads' all-gather over its layers, and the clipping
- *            norm's 2 doubles (every stage's tp_norm_squares, before the stages' sum over pp_comm).
+ *            norm's 2 doubles (every stage's tp_norm_squares, before the stages' sum over pp_comm);
+ *   activation recompute (model.enable_gradient_checkpointing): full recompute re-runs each layer's forward
+ *            before its backward (forward.c recompute_layer), repeating o_proj's all-reduce of N·H per layer and
+ *            micro-batch of the training pass; the MLP output's sum is not repeated (the next layer's input is
+ *            kept), nor is anything under selective recompute (the post-attention norm and the MLP / MoE
+ *            internals are local to the rank). The stage's activation slots hold the recompute arena
+ *            (plan_acts_bytes of the stage's layers, as without the pipeline).
  * All-reduces count 2(P−1)/P of their bytes, all-gathers (P−1) × a rank's part (dist_comm_bytes). */
 #ifndef MOERL_PLAN_TP_PP_H
 #define MOERL_PLAN_TP_PP_H
@@ -31,6 +37,8 @@ typedef struct {
     int last;     /* the stage holds the final norm and LM head (stage pp − 1) */
     int kv_rep;   /* the whole model's nkv < P: each rank holds one replicated kv head (tp_config_apply) */
     double db;    /* bytes per activation / gradient element (plan_input.dtype_bytes) */
+    int recompute; /* activation recompute: MODEL_RECOMPUTE_* (plan_input.recompute); full repeats each layer's
+                      o_proj all-reduce before its backward, selective no TP collective */
 } plan_tp_stage;
 
 /* Floats the stage's TP group all-reduces in one forward pass of N tokens over the slice lc (the embedding
