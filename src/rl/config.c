@@ -636,48 +636,15 @@ static void warn_group_of_one(const rl_config *r, const char *est) {
              "reinforce_plus_plus_baseline (whitened over the batch)", est, est);
 }
 
-static int kl_loss_on(const rl_config *r) { return r->use_kl_loss; }
-static int kl_reward_on(const rl_config *r) { return r->use_kl_in_reward; }
-static int kl_adaptive_on(const rl_config *r) { return r->use_kl_in_reward && r->kl_ctrl.adaptive; }
-static int dual_clip_on(const rl_config *r) { return r->loss_mode != POLICY_LOSS_GSPO; }
-static int decoupled_on(const rl_config *r) { return r->ppo.decoupled; }
-static int rollout_is_on(const rl_config *r) { return r->rollout_is != ROLLOUT_IS_NONE; }
-static int overlong_on(const rl_config *r) { return r->overlong_enable; }
-static int filter_groups_on(const rl_config *r) { return r->filter_groups; }
-static int grpo_on(const rl_config *r) { return r->adv_estimator == RL_ADV_GRPO; }
-static int sum_norm_on(const rl_config *r) { return r->loss_agg == LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM; }
-static int compression_on(const rl_config *r) { return r->grad_compression != GRAD_COMPRESSION_NONE; }
-static int onebit_on(const rl_config *r) { return r->grad_compression == GRAD_COMPRESSION_ONEBIT; }
-
-/* A key that only acts when a switch enables it, and that switch (as a user would set it).
+/* A key that only acts when a switch enables it: the key, its declared type ('s' string, 'b' bool,
+ * 'i' int, 'f' float), the switch as a user would set it, and whether r has it on.
  * (algorithm.rollout_correction.rollout_rs_threshold without rollout_rs is an error already: rollout_rs.c.) */
 typedef struct {
     const char *key;
-    char type; /* the key's declared type: 's' string, 'b' bool, 'i' int, 'f' float */
+    char type;
     const char *needs;
-    int (*on)(const rl_config *r);
+    int on;
 } rl_dependent_key;
-
-static const rl_dependent_key DEPENDENT_KEYS[] = {
-    {"actor.kl_loss_type", 's', "actor.use_kl_loss=true", kl_loss_on},
-    {"actor.kl_loss_coef", 'f', "actor.use_kl_loss=true", kl_loss_on},
-    {"algorithm.kl_penalty", 's', "algorithm.use_kl_in_reward=true", kl_reward_on},
-    {"algorithm.kl_ctrl.type", 's', "algorithm.use_kl_in_reward=true", kl_reward_on},
-    {"algorithm.kl_ctrl.kl_coef", 'f', "algorithm.use_kl_in_reward=true", kl_reward_on},
-    {"algorithm.kl_ctrl.target_kl", 'f', "algorithm.use_kl_in_reward=true and algorithm.kl_ctrl.type=adaptive", kl_adaptive_on},
-    {"algorithm.kl_ctrl.horizon", 'f', "algorithm.use_kl_in_reward=true and algorithm.kl_ctrl.type=adaptive", kl_adaptive_on},
-    {"actor.clip_ratio_c", 'f', "actor.policy_loss.loss_mode=vanilla (the dual clip; GSPO has none)", dual_clip_on},
-    {"actor.behav_imp_weight_cap", 'f', "actor.use_decoupled_loss=true", decoupled_on},
-    {"algorithm.rollout_correction.rollout_is_threshold", 'f', "algorithm.rollout_correction.rollout_is=token or sequence",
-     rollout_is_on},
-    {"reward_model.overlong_buffer.len", 'i', "reward_model.overlong_buffer.enable=true", overlong_on},
-    {"reward_model.overlong_buffer.penalty_factor", 'f', "reward_model.overlong_buffer.enable=true", overlong_on},
-    {"algorithm.filter_groups.max_num_gen_batches", 'i', "algorithm.filter_groups.enable=true", filter_groups_on},
-    {"algorithm.norm_adv_by_std_in_grpo", 'b', "algorithm.adv_estimator=grpo", grpo_on},
-    {"actor.loss_scale_factor", 'f', "actor.loss_agg_mode=seq-mean-token-sum-norm", sum_norm_on},
-    {"actor.grad_compression_warmup_steps", 'i', "actor.grad_compression=onebit or threshold", compression_on},
-    {"actor.grad_compression_chunk", 'i', "actor.grad_compression=onebit", onebit_on},
-};
 
 /* k's value as text ("k3+", "0.5", "true") into buf; *is_default when it equals the declared default. */
 static void value_text(const cfg *c, const cfg *defaults, const rl_dependent_key *k, char *buf, size_t cap,
@@ -702,13 +669,40 @@ static void value_text(const cfg *c, const cfg *defaults, const rl_dependent_key
 }
 
 int rl_warn_ignored_keys(const cfg *c, const rl_config *r) {
+    const rl_dependent_key keys[] = {
+        {"actor.kl_loss_type", 's', "actor.use_kl_loss=true", r->use_kl_loss},
+        {"actor.kl_loss_coef", 'f', "actor.use_kl_loss=true", r->use_kl_loss},
+        {"algorithm.kl_penalty", 's', "algorithm.use_kl_in_reward=true", r->use_kl_in_reward},
+        {"algorithm.kl_ctrl.type", 's', "algorithm.use_kl_in_reward=true", r->use_kl_in_reward},
+        {"algorithm.kl_ctrl.kl_coef", 'f', "algorithm.use_kl_in_reward=true", r->use_kl_in_reward},
+        {"algorithm.kl_ctrl.target_kl", 'f', "algorithm.use_kl_in_reward=true and algorithm.kl_ctrl.type=adaptive",
+          r->use_kl_in_reward && r->kl_ctrl.adaptive},
+        {"algorithm.kl_ctrl.horizon", 'f', "algorithm.use_kl_in_reward=true and algorithm.kl_ctrl.type=adaptive",
+          r->use_kl_in_reward && r->kl_ctrl.adaptive},
+        {"actor.clip_ratio_c", 'f', "actor.policy_loss.loss_mode=vanilla (the dual clip; GSPO has none)",
+          r->loss_mode != POLICY_LOSS_GSPO},
+        {"actor.behav_imp_weight_cap", 'f', "actor.use_decoupled_loss=true", r->ppo.decoupled},
+        {"algorithm.rollout_correction.rollout_is_threshold", 'f', "algorithm.rollout_correction.rollout_is=token or sequence",
+          r->rollout_is != ROLLOUT_IS_NONE},
+        {"reward_model.overlong_buffer.len", 'i', "reward_model.overlong_buffer.enable=true", r->overlong_enable},
+        {"reward_model.overlong_buffer.penalty_factor", 'f', "reward_model.overlong_buffer.enable=true",
+          r->overlong_enable},
+        {"algorithm.filter_groups.max_num_gen_batches", 'i', "algorithm.filter_groups.enable=true", r->filter_groups},
+        {"algorithm.norm_adv_by_std_in_grpo", 'b', "algorithm.adv_estimator=grpo", r->adv_estimator == RL_ADV_GRPO},
+        {"actor.loss_scale_factor", 'f', "actor.loss_agg_mode=seq-mean-token-sum-norm",
+          r->loss_agg == LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM},
+        {"actor.grad_compression_warmup_steps", 'i', "actor.grad_compression=onebit or threshold",
+          r->grad_compression != GRAD_COMPRESSION_NONE},
+        {"actor.grad_compression_chunk", 'i', "actor.grad_compression=onebit",
+          r->grad_compression == GRAD_COMPRESSION_ONEBIT},
+    };
     cfg *defaults = cfg_new();
     rl_def_keys(defaults);
     int lrank, n = 0;
     moerl_launcher_world(&lrank); /* every rank reads the configuration: rank 0 says it once */
-    for (size_t i = 0; i < sizeof DEPENDENT_KEYS / sizeof DEPENDENT_KEYS[0]; i++) {
-        const rl_dependent_key *k = &DEPENDENT_KEYS[i];
-        if (!strcmp(cfg_origin(c, k->key), "default") || k->on(r)) continue;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const rl_dependent_key *k = &keys[i];
+        if (!strcmp(cfg_origin(c, k->key), "default") || k->on) continue;
         char v[128];
         int is_default = 0;
         value_text(c, defaults, k, v, sizeof v, &is_default);
