@@ -314,4 +314,35 @@ expect_err "rl: rollout.temperature=inf refused with the config" "rollout.temper
     $M rl --config examples/smoke.yaml rollout.temperature=inf trainer.default_local_dir="$W/inf_t"
 check "rl: the temperature refusal leaves no folder" test ! -e "$W/inf_t"
 
+# --- verl users' keys (src/rl/config.c): accepted with verl's meaning, or a warning when a key does nothing
+expect_err "rl: actor.clip_ratio with actor.clip_ratio_high" "actor.clip_ratio=0.1 and actor.clip_ratio_high=0.3 are both set" \
+    $M rl --config examples/smoke.yaml actor.clip_ratio=0.1 actor.clip_ratio_high=0.3 trainer.default_local_dir="$W/cr"
+$M plan --config examples/smoke.yaml actor.clip_ratio=0.1 >"$W/out" 2>"$W/err"
+check "plan: actor.clip_ratio (verl's symmetric ε) accepted" test $? -eq 0
+check "plan: actor.clip_ratio draws no did-you-mean" bash -c "! grep -q 'did you mean' '$W/err'"
+$M plan --config examples/smoke.yaml actor.kl_loss_type=k3+ >"$W/out" 2>"$W/err"
+check "plan: actor.kl_loss_type without actor.use_kl_loss warns naming both" \
+    grep -q "actor.kl_loss_type=k3+ (override) has no effect: it applies only with actor.use_kl_loss=true" "$W/err"
+$M plan --config examples/smoke.yaml actor.kl_loss_type=k3+ actor.use_kl_loss=true >"$W/out" 2>"$W/err"
+check "plan: actor.kl_loss_type with actor.use_kl_loss: no warning" bash -c "! grep -q 'has no effect' '$W/err'"
+$M plan --config examples/smoke.yaml algorithm.kl_ctrl.kl_coef=0.01 >"$W/out" 2>"$W/err"
+check "plan: algorithm.kl_ctrl.kl_coef without use_kl_in_reward warns" \
+    grep -q "algorithm.kl_ctrl.kl_coef=0.01 (override) has no effect: it applies only with algorithm.use_kl_in_reward=true" "$W/err"
+$M plan --config examples/smoke.yaml rollout.n=1 rollout.max_num_seqs=32 >"$W/out" 2>"$W/err"
+check "plan: rollout.n=1 with grpo warns naming rollout.n, the estimator and why" \
+    grep -q "rollout.n=1 with algorithm.adv_estimator=grpo: a group of one response has no group baseline" "$W/err"
+$M plan --config examples/smoke.yaml rollout.n=1 algorithm.adv_estimator=reinforce_plus_plus_baseline >"$W/out" 2>"$W/err"
+check "plan: rollout.n=1 with reinforce_plus_plus_baseline (batch baseline): no warning" bash -c "! grep -q 'rollout.n=1' '$W/err'"
+$M plan --config examples/smoke.yaml trainer.test_freq=-1 >"$W/out" 2>"$W/err"
+check "plan: trainer.test_freq=-1 (verl: no validation during training) accepted" test $? -eq 0
+expect_err "rl: trainer.test_freq=-2 refused" "trainer.test_freq must be ≥ -1" \
+    $M rl --config examples/smoke.yaml trainer.test_freq=-2 trainer.default_local_dir="$W/tf2"
+printf 'rollout: 5\n' >"$W/sec.yaml"
+expect_err "rl: a section given a value (YAML)" "'rollout' is a section" $M rl --config "$W/sec.yaml"
+check "rl: the section message suggests no rollout.n typo" bash -c "! grep -q 'did you mean' '$W/err'"
+expect_err "rl: a section given a value (override)" "'rollout' is a section" $M rl --config examples/smoke.yaml rollout=5
+expect_err "rl: model.* with model.path" "model.* keys are set as well" \
+    $M rl --config examples/smoke.yaml model.path="$TD/model_b" model.hidden_size=32 trainer.default_local_dir="$W/mp"
+check "rl: the model.* refusal does not speak of plan" bash -c "! grep -q 'plan' '$W/err'"
+
 finish

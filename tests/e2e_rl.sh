@@ -500,6 +500,19 @@ else
     bad "val_n 0" "exit $?"; tail_log noval
 fi
 
+# trainer.test_freq = -1 (verl's "no validation during training"): the held-out split is evaluated before
+# training only (verl's val_before_train), neither at versions nor at the end; test_freq = 0: start and end.
+for tf in -1 0; do
+    if run_rl "valtf$tf" trainer.val_n=4 trainer.test_freq=$tf trainer.total_training_steps=2; then
+        nv=$(grep -c '"val/accuracy"' "$WORK/valtf$tf/metrics.jsonl")
+        want=$([ "$tf" = -1 ] && echo 1 || echo 2)
+        if [ "$nv" = "$want" ]; then ok "test_freq $tf: $nv held-out evaluation(s)"
+        else bad "test_freq $tf" "$nv held-out evaluations, expected $want"; fi
+    else
+        bad "test_freq $tf" "exit $?"; tail_log "valtf$tf"
+    fi
+done
+
 # ---------------------------------------------------------------- bad input
 # expect_error NAME PATTERN [key=value ...]: non-zero exit below 128 (no crash) and PATTERN in the output.
 expect_error unknown_key "foo.bar" foo.bar=1

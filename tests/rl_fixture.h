@@ -35,7 +35,7 @@ static inline rl_config rl_test_config(void) {
                         "trainer.default_local_dir=", "trainer.val_n=0", "trainer.test_freq=0",
                         "trainer.resume_mode=disable", "trainer.watchdog_s=0",
                         "trainer.max_consecutive_skipped_steps=0", "algorithm.filter_groups.max_num_gen_batches=0",
-                        "actor.kl_loss_coef=0", "reward_model.overlong_buffer.penalty_factor=0"};
+                        "actor.clip_ratio_high=0.28", "actor.kl_loss_coef=0", "reward_model.overlong_buffer.penalty_factor=0"};
     return fx_rl_config(kv, FX_N(kv));
 }
 

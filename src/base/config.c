@@ -326,6 +326,20 @@ static void suggestion(const cfg *c, const char *key, char *buf, size_t cap) {
     else snprintf(buf, cap, " (no key of this command is close to it; --help lists the keys it reads)");
 }
 
+/* When `key` is a section of declared keys ("rollout" of rollout.n, ...) given a value: " ('rollout' is a
+ * section (a mapping of keys such as 'rollout.n'), not a value: ...)" into buf and true; else false. */
+static bool section_hint(const cfg *c, const char *key, char *buf, size_t cap) {
+    const size_t n = strlen(key);
+    for (int i = 0; i < c->n; i++)
+        if (n > 0 && !strncmp(c->e[i].key, key, n) && c->e[i].key[n] == '.') {
+            snprintf(buf, cap, " ('%s' is a section, a mapping of keys such as '%s', not a value: give its keys, "
+                     "e.g. YAML '%s: {%s: ...}' or the override %s=...)", key, c->e[i].key, key, c->e[i].key + n + 1,
+                     c->e[i].key);
+            return true;
+        }
+    return false;
+}
+
 /* ---------------------------------------------------------------- scalar parsing */
 
 static bool parse_i64(const char *s, int64_t *out) {
@@ -535,7 +549,7 @@ int cfg_apply_override(cfg *c, const char *assignment) {
     cfg_entry *e = find(c, key);
     if (!e) {
         char sug[512];
-        suggestion(c, key, sug, sizeof sug);
+        if (!section_hint(c, key, sug, sizeof sug)) suggestion(c, key, sug, sizeof sug);
         rc = moerl_errorf("override '%s': unknown key '%s'%s", assignment, key, sug);
         goto done;
     }
@@ -602,7 +616,7 @@ static bool ev_plain(const yaml_event_t *ev) { return ev->data.scalar.style == Y
 
 static int unknown_key(yload *L, int line, const char *key) {
     char sug[512];
-    suggestion(L->c, key, sug, sizeof sug);
+    if (!section_hint(L->c, key, sug, sizeof sug)) suggestion(L->c, key, sug, sizeof sug);
     return moerl_errorf("%s:%d: unknown key '%s'%s", L->name, line, key, sug);
 }
 

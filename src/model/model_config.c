@@ -120,7 +120,7 @@ static int model_check_arch_keys(const cfg *c, const char *flag, const char *pat
     const char *cj = pl >= 5 && !strcmp(path + pl - 5, ".json") ? "" : "/config.json";
     if (conflict[0])
         return moerl_errorf("%s (%s) loads the architecture from %s%s, but model.* keys are set as well: %s; drop "
-                            "them (edit a copy of the config.json to plan another architecture), or drop %s to "
+                            "them (for another architecture, edit a copy of that config.json), or drop %s to "
                             "take the architecture from model.* (a new model)",
                             flag, path_origin, path, cj, conflict, flag);
     if (ignored[0])

@@ -323,9 +323,14 @@ void rl_def_keys(cfg *c) {
     multi_turn_def_keys(c); /* rollout.multi_turn.* (rl/multi_turn.h) */
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
     cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
+    cfg_def_float(c, "actor.clip_ratio", 0.2,
+                  "PPO clip ε, symmetric (verl's key): sets actor.clip_ratio_low and clip_ratio_high both; refused "
+                  "with either of them");
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
-    cfg_def_float(c, "actor.clip_ratio_high", 0.28, "PPO clip ε above 1 (clip-higher)");
-    cfg_def_float(c, "actor.clip_ratio_c", 3.0, "dual-clip constant for negative advantages");
+    cfg_def_float(c, "actor.clip_ratio_high", 0.2,
+                  "PPO clip ε above 1 (verl's default 0.2; DAPO's clip-higher is 0.28, set it explicitly)");
+    cfg_def_float(c, "actor.clip_ratio_c", 3.0,
+                  "dual-clip constant for negative advantages (actor.policy_loss.loss_mode=vanilla; GSPO has no dual clip)");
     cfg_def_bool(c, "actor.use_decoupled_loss", false, "AReaL decoupled PPO (proximal = trainer weights before the step)");
     cfg_def_float(c, "actor.behav_imp_weight_cap", 2.0, "cap of the behaviour importance weight (decoupled)");
     cfg_def_float(c, "actor.entropy_coeff", 0.0, "entropy bonus");
@@ -356,7 +361,9 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "trainer.total_training_steps", 0, "trainer steps (0 = from total_epochs)");
     cfg_def_int(c, "trainer.total_epochs", 1, "passes over the prompts");
     cfg_def_str(c, "trainer.default_local_dir", "runs/rl", "output folder");
-    cfg_def_int(c, "trainer.test_freq", 5, "held-out eval every n versions (0 = start and end only)");
+    cfg_def_int(c, "trainer.test_freq", 5,
+                "held-out eval every n versions (0 = start and end only; -1 = start only, no validation during or "
+                "after training, as verl's -1 with val_before_train)");
     cfg_def_int(c, "trainer.save_freq", 0, "checkpoint every n versions (0 = end only, -1 = never)");
     cfg_def_int(c, "trainer.val_n", 200, "held-out rows evaluated (0 = no eval)");
     cfg_def_str(c, "trainer.resume_mode", "auto", "auto (continue from the folder's checkpoint) | disable (start anew)");
@@ -520,7 +527,9 @@ static int check_run_values(rl_config *r) {
     if (r->total_training_steps < 0) return moerl_errorf("trainer.total_training_steps must be ≥ 0 (0 = from total_epochs)");
     if (r->total_epochs < 1) return moerl_errorf("trainer.total_epochs must be ≥ 1, got %d", r->total_epochs);
     if (r->val_n < 0) return moerl_errorf("trainer.val_n must be ≥ 0 (0 = no eval), got %d", r->val_n);
-    if (r->test_freq < 0) return moerl_errorf("trainer.test_freq must be ≥ 0, got %d", r->test_freq);
+    if (r->test_freq < -1)
+        return moerl_errorf("trainer.test_freq must be ≥ -1 (-1 = no validation during training, 0 = start and end "
+                            "only), got %d", r->test_freq);
     if (r->save_freq < -1) return moerl_errorf("trainer.save_freq must be ≥ -1 (-1 = never), got %d", r->save_freq);
     if (!(r->watchdog_s >= 0)) return moerl_errorf("trainer.watchdog_s must be ≥ 0 (0 = off), got %g", r->watchdog_s);
     if (!(r->temperature > 0) || !isfinite(r->temperature))
@@ -592,13 +601,128 @@ int rl_check_optim_keys(const cfg *c, int n_trainer_ranks, const par_config *pc)
     return read_optim_name(c, &r, pc);
 }
 
+/* actor.clip_ratio (verl's symmetric PPO ε): sets clip_ratio_low and clip_ratio_high when given;
+ * given with either of them it is an error naming both (one value would be dropped silently). */
+static int read_clip_ratio(const cfg *c, rl_config *r) {
+    if (!strcmp(cfg_origin(c, "actor.clip_ratio"), "default")) return MOERL_OK;
+    const double e = cfg_float(c, "actor.clip_ratio");
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "actor.clip_ratio_high" : "actor.clip_ratio_low";
+        if (strcmp(cfg_origin(c, key), "default"))
+            return moerl_errorf("actor.clip_ratio=%g and %s=%g are both set: actor.clip_ratio is the symmetric ε "
+                                "that sets clip_ratio_low and clip_ratio_high together; give either actor.clip_ratio "
+                                "or clip_ratio_low/clip_ratio_high", e, key, cfg_float(c, key));
+    }
+    r->ppo.clip_ratio_low = r->ppo.clip_ratio_high = (float)e;
+    return MOERL_OK;
+}
+
+/* rollout.n = 1 with a group estimator: a group of one has no baseline. As verl
+ * (compute_grpo_outcome_advantage, compute_rloo_outcome_advantage: a singleton group has mean 0, std 1),
+ * the advantage is the response's raw score: REINFORCE without a baseline, which learns only from
+ * nonzero rewards. reinforce_plus_plus_baseline whitens over the batch (a batch baseline): no warning. */
+static void warn_group_of_one(const rl_config *r, const char *est) {
+    if (r->n != 1 || r->adv_estimator == RL_ADV_REINFORCE_PP_BASELINE) return;
+    int lrank;
+    moerl_launcher_world(&lrank);
+    if (lrank != 0) return;
+    log_warn("rollout.n=1 with algorithm.adv_estimator=%s: a group of one response has no group baseline, so its "
+             "advantage is its raw score (verl's rule: a lone response's group has mean 0 and std 1): REINFORCE "
+             "without a baseline, where a reward of 0 gives no gradient at all (every step's actor/pg_loss is 0 while "
+             "no response scores); use rollout.n ≥ 2 for %s's group baseline, or algorithm.adv_estimator="
+             "reinforce_plus_plus_baseline (whitened over the batch)", est, est);
+}
+
+/* A key that only acts when a switch enables it: the key, its declared type ('s' string, 'b' bool,
+ * 'i' int, 'f' float), the switch as a user would set it, and whether r has it on.
+ * (algorithm.rollout_correction.rollout_rs_threshold without rollout_rs is an error already: rollout_rs.c.) */
+typedef struct {
+    const char *key;
+    char type;
+    const char *needs;
+    int on;
+} rl_dependent_key;
+
+/* k's value as text ("k3+", "0.5", "true") into buf; *is_default when it equals the declared default. */
+static void value_text(const cfg *c, const cfg *defaults, const rl_dependent_key *k, char *buf, size_t cap,
+                       int *is_default) {
+    switch (k->type) {
+    case 's':
+        snprintf(buf, cap, "%s", cfg_str(c, k->key));
+        *is_default = !strcmp(cfg_str(c, k->key), cfg_str(defaults, k->key));
+        break;
+    case 'b':
+        snprintf(buf, cap, "%s", cfg_bool(c, k->key) ? "true" : "false");
+        *is_default = cfg_bool(c, k->key) == cfg_bool(defaults, k->key);
+        break;
+    case 'i':
+        snprintf(buf, cap, "%lld", (long long)cfg_int(c, k->key));
+        *is_default = cfg_int(c, k->key) == cfg_int(defaults, k->key);
+        break;
+    default:
+        snprintf(buf, cap, "%g", cfg_float(c, k->key));
+        *is_default = cfg_float(c, k->key) == cfg_float(defaults, k->key);
+    }
+}
+
+int rl_warn_ignored_keys(const cfg *c, const rl_config *r) {
+    const rl_dependent_key keys[] = {
+        {"actor.kl_loss_type", 's', "actor.use_kl_loss=true", r->use_kl_loss},
+        {"actor.kl_loss_coef", 'f', "actor.use_kl_loss=true", r->use_kl_loss},
+        {"algorithm.kl_penalty", 's', "algorithm.use_kl_in_reward=true", r->use_kl_in_reward},
+        {"algorithm.kl_ctrl.type", 's', "algorithm.use_kl_in_reward=true", r->use_kl_in_reward},
+        {"algorithm.kl_ctrl.kl_coef", 'f', "algorithm.use_kl_in_reward=true", r->use_kl_in_reward},
+        {"algorithm.kl_ctrl.target_kl", 'f', "algorithm.use_kl_in_reward=true and algorithm.kl_ctrl.type=adaptive",
+          r->use_kl_in_reward && r->kl_ctrl.adaptive},
+        {"algorithm.kl_ctrl.horizon", 'f', "algorithm.use_kl_in_reward=true and algorithm.kl_ctrl.type=adaptive",
+          r->use_kl_in_reward && r->kl_ctrl.adaptive},
+        {"actor.clip_ratio_c", 'f', "actor.policy_loss.loss_mode=vanilla (the dual clip; GSPO has none)",
+          r->loss_mode != POLICY_LOSS_GSPO},
+        {"actor.behav_imp_weight_cap", 'f', "actor.use_decoupled_loss=true", r->ppo.decoupled},
+        {"algorithm.rollout_correction.rollout_is_threshold", 'f', "algorithm.rollout_correction.rollout_is=token or sequence",
+          r->rollout_is != ROLLOUT_IS_NONE},
+        {"reward_model.overlong_buffer.len", 'i', "reward_model.overlong_buffer.enable=true", r->overlong_enable},
+        {"reward_model.overlong_buffer.penalty_factor", 'f', "reward_model.overlong_buffer.enable=true",
+          r->overlong_enable},
+        {"algorithm.filter_groups.max_num_gen_batches", 'i', "algorithm.filter_groups.enable=true", r->filter_groups},
+        {"algorithm.norm_adv_by_std_in_grpo", 'b', "algorithm.adv_estimator=grpo", r->adv_estimator == RL_ADV_GRPO},
+        {"actor.loss_scale_factor", 'f', "actor.loss_agg_mode=seq-mean-token-sum-norm",
+          r->loss_agg == LOSS_AGG_SEQ_MEAN_TOKEN_SUM_NORM},
+        {"actor.grad_compression_warmup_steps", 'i', "actor.grad_compression=onebit or threshold",
+          r->grad_compression != GRAD_COMPRESSION_NONE},
+        {"actor.grad_compression_chunk", 'i', "actor.grad_compression=onebit",
+          r->grad_compression == GRAD_COMPRESSION_ONEBIT},
+    };
+    cfg *defaults = cfg_new();
+    rl_def_keys(defaults);
+    int lrank, n = 0;
+    moerl_launcher_world(&lrank); /* every rank reads the configuration: rank 0 says it once */
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const rl_dependent_key *k = &keys[i];
+        if (!strcmp(cfg_origin(c, k->key), "default") || k->on) continue;
+        char v[128];
+        int is_default = 0;
+        value_text(c, defaults, k, v, sizeof v, &is_default);
+        if (is_default) continue; /* a verl config spelling out the default: nothing is lost */
+        n++;
+        if (lrank == 0)
+            log_warn("%s=%s (%s) has no effect: it applies only with %s; set that, or drop the key", k->key, v,
+                     cfg_origin(c, k->key), k->needs);
+    }
+    cfg_free(defaults);
+    return n;
+}
+
 int rl_read_config(const cfg *c, rl_config *r) {
     memset(r, 0, sizeof *r);
     if (read_rollout_keys(c, r) != MOERL_OK) return MOERL_ERR;
     read_actor_trainer_keys(c, r);
+    if (read_clip_ratio(c, r) != MOERL_OK) return MOERL_ERR;
     if (metrics_read_logger_key(c, "trainer.logger", &r->metrics_loggers) != MOERL_OK) return MOERL_ERR;
     if (read_modes(c, r) != MOERL_OK || check_run_values(r) != MOERL_OK) return MOERL_ERR;
     if (rl_read_algorithm_keys(c, r) != MOERL_OK || read_router_replay(c, r) != MOERL_OK) return MOERL_ERR;
+    warn_group_of_one(r, cfg_str(c, "algorithm.adv_estimator"));
+    rl_warn_ignored_keys(c, r);
     if (reward_read_config(c, &r->reward) != MOERL_OK) return MOERL_ERR;
     if (multi_turn_read_config(c, &r->multi_turn) != MOERL_OK) return MOERL_ERR;
     /* the layout keys, refused before any folder or model exists (par_check against the ranks and the
