@@ -116,7 +116,9 @@ typedef struct {
      * (rollout.kv_cache_bytes, or rollout.gpu_memory_utilization resolved by the caller; 0 = room for
      * max_num_seqs × max_model_len tokens, the reservation of the slot engine, so nothing is ever
      * preempted). enable_prefix_caching (vLLM's key): requests whose prompts share a prefix under the same
-     * policy version share its full blocks (one prefill per GRPO group); KV computed under an older
+     * policy version share its full blocks, and fresh requests with the same whole prompt copy the block of
+     * its last token from the one that forwarded it (copy-on-write) and sample their first token from its
+     * logits: one prefill per GRPO group (docs/engine.md, "Prefix sharing"); KV computed under an older
      * version is never reused. */
     int block_size;
     int64_t kv_cache_bytes;
@@ -250,7 +252,8 @@ typedef struct {
     int64_t kv_reads;   /* Σ over forwarded tokens of the positions each attends (pos + 1): KV rows read */
     double forward_s, sample_s;
     /* paged KV cache: blocks in the pool, the most held at once, preemptions (a running sequence
-     * giving its blocks back to be re-prefilled later), prompt tokens served from shared blocks */
+     * giving its blocks back to be re-prefilled later), prompt tokens served from shared blocks or
+     * copied from the group leader's tail (not forwarded) */
     int64_t kv_blocks_total, kv_blocks_peak, preemptions, prefix_hit_tokens;
 } engine_stats;
 engine_stats engine_get_stats(const engine *e);
