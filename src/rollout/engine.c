@@ -425,10 +425,10 @@ void engine_free(engine *e) {
     free(e);
 }
 
-/* A weight load: KV computed under the old weights is never reused (the prefix cache forgets every
- * block, and a running sequence's blocks computed so far never register). */
 static void group_drop(engine *e, int s);
 
+/* A weight load: KV computed under the old weights is never reused (the prefix cache forgets every
+ * block, a running sequence's blocks computed so far never register, and no group's tail is copied). */
 static void kv_weights_changed(engine *e) {
     kvb_clear(&e->kb);
     for (int s = 0; s < e->ec.max_num_seqs; s++) {

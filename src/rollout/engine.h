@@ -14,9 +14,11 @@
  * chunks in slot order, within max_num_batched_tokens and the free blocks; (3) waiting requests are
  * admitted, FIFO, with what is left of the token budget, while the free blocks cover that chunk
  * (interrupted and preempted requests are at the front of the queue) — blocks are allocated only for
- * the tokens scheduled in the step (vLLM's scheduler); (4) one forward over the batch (decode tokens
- * first, then prefill chunks, in slot order); (5) every sequence whose input is complete samples one
- * token with its own RNG; (6) finished sequences give their blocks back at once.
+ * the tokens scheduled in the step (vLLM's scheduler); a fresh request whose whole prompt its group's
+ * leader already forwarded forwards nothing (its prompt's last block copied from the leader's, with prefix
+ * caching: docs/engine.md); (4) one forward over the batch (decode tokens first, then prefill chunks, in
+ * slot order); (5) every sequence whose input is complete samples one token with its own RNG (a follower
+ * from its leader's kept logits); (6) finished sequences give their blocks back at once.
  *
  * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
  * log_softmax(logits)[token] for greedy (T = 0), computed before top-k/top-p filtering — the
