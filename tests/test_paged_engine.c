@@ -89,6 +89,7 @@ static void test_kernels(void) {
 typedef struct {
     int n, plen[64], max_tokens[64];
     int *prompt[64];
+    int arrive[64]; /* the engine step before which request i is added (0: all at the start) */
     float temp;
 } workload;
 
@@ -104,13 +105,17 @@ static void run(const moe_config *c, const moe_model *m, engine_config ec, const
     engine *e = engine_create(c, ec);
     MOERL_ASSERT(e && engine_load_weights(e, m->params, m->n_params, 0) == MOERL_OK);
     gen_request *r = xcalloc(w->n, sizeof *r), *done[128];
-    for (int i = 0; i < w->n; i++) {
-        r[i].id = i; r[i].prompt = w->prompt[i]; r[i].prompt_len = w->plen[i];
-        r[i].sp.temperature = w->temp; r[i].sp.top_p = 1; r[i].sp.seed = 100 + i; r[i].sp.max_tokens = w->max_tokens[i];
-        CHECK(engine_add(e, &r[i]) == MOERL_OK, "add: %s", moerl_last_error());
+    int added = 0, guard = 0;
+    for (int step = 0; (added < w->n || engine_num_unfinished(e) > 0) && guard++ < 200000; step++) {
+        for (int i = 0; i < w->n; i++) {
+            if (w->arrive[i] != step) continue;
+            r[i].id = i; r[i].prompt = w->prompt[i]; r[i].prompt_len = w->plen[i];
+            r[i].sp.temperature = w->temp; r[i].sp.top_p = 1; r[i].sp.seed = 100 + i; r[i].sp.max_tokens = w->max_tokens[i];
+            CHECK(engine_add(e, &r[i]) == MOERL_OK, "add: %s", moerl_last_error());
+            added++;
+        }
+        MOERL_ASSERT(engine_step(e, done, 128) >= 0);
     }
-    int guard = 0;
-    while (engine_num_unfinished(e) > 0 && guard++ < 200000) MOERL_ASSERT(engine_step(e, done, 128) >= 0);
     const int rw = engine_route_width(e, NULL, NULL);
     for (int i = 0; i < w->n; i++) {
         o->n_out[i] = r[i].n_out;
@@ -204,10 +209,10 @@ static void test_preemption(int bi, float temp) {
 }
 
 /* A GRPO batch: 4 prompts (33, 38..40 tokens) × n = 8 samples. With prefix caching and 16-token blocks each
- * group prefills its prompt once: 7 × 32 prompt tokens of every group come from the cache, and the
- * outputs (tokens, logprobs, routes) are those of the run without sharing. The 33-token prompt leaves its
- * samples one prompt token to forward past the shared blocks: a prefill token in the counters, not a
- * decode one (prefill + hits = every prompt token). */
+ * group forwards its prompt exactly once: the 7 other samples take its 32 tokens of full blocks from the
+ * cache and a copy of its tail (the last 1..8 tokens: the 33-token prompt's is its last token alone) with its
+ * last-position logits, so prefill = Σ P over the groups and hits = 7 × Σ P (prefill + hits = every prompt
+ * token); the outputs (tokens, logprobs, routes) are those of the run without sharing. */
 static void test_grpo(int bi) {
     moe_config c = small_config(bi);
     moe_model m;
@@ -231,7 +236,7 @@ static void test_grpo(int bi) {
     outcome a, b;
     run(&c, &m, off, &w, &a);
     run(&c, &m, on, &w, &b);
-    const int64_t hits = 4 * 7 * 32;
+    const int64_t hits = 7 * plen_sum;
     CHECK(a.st.prefix_hit_tokens == 0 && b.st.prefix_hit_tokens == hits, "GRPO: prefix hits %lld / %lld, expected 0 / %lld",
           (long long)a.st.prefix_hit_tokens, (long long)b.st.prefix_hit_tokens, (long long)hits);
     CHECK(a.st.prefill_tokens == 8 * plen_sum && b.st.prefill_tokens == 8 * plen_sum - hits,
@@ -249,8 +254,179 @@ static void test_grpo(int bi) {
     model_free(&m);
 }
 
-/* Pause a group mid-generation, load new weights (version 1), resume: the old blocks are never reused
- * (the first resumed request re-prefills the whole prompt, the 7 others share its new blocks), and
+/* Group prefill's edges, each against the run without prefix caching (batch-invariant kernels: the leader's
+ * logits and tail rows are the bits a follower's own forward gives, so outputs, logprobs and routes are equal
+ * bit for bit): (1) a block-aligned prompt (32 tokens, 16-token blocks: the tail copied is the last full block;
+ * each sample then holds its own block for outputs): the prompt is forwarded exactly once; (2) a group whose
+ * samples arrive in different steps (the leader already decoding when the others come: they still copy), the
+ * last after the leader finished (it forwards the 5-token tail again). */
+static void test_group_edges(void) {
+    moe_config c = small_config(1);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 13);
+    static int buf[2][40];
+    for (int j = 0; j < 40; j++) {
+        buf[0][j] = (j * 5 + 2) % c.vocab_size;
+        buf[1][j] = (j * 3 + 11) % c.vocab_size;
+    }
+    engine_config off = {.max_num_seqs = 16, .max_model_len = 80, .max_num_batched_tokens = 256, .record_routes = 1};
+    engine_config on = off;
+    on.enable_prefix_caching = 1;
+    for (int late = 0; late < 2; late++) {
+        workload w = {.n = 7, .temp = 1.0f};
+        const int P = late ? 37 : 32;
+        for (int i = 0; i < 7; i++) {
+            w.plen[i] = P;
+            w.prompt[i] = buf[late];
+            w.max_tokens[i] = 12;
+            /* late: one more sample every 2 steps while the leader decodes its 12 tokens (steps 0..11), and the
+             * last at step 20, after the leader finished: its tail went with the leader's blocks, so it forwards
+             * the tail itself (its full blocks are still cached) */
+            w.arrive[i] = late ? (i < 6 ? 2 * i : 20) : 0;
+        }
+        outcome a, b;
+        run(&c, &m, off, &w, &a);
+        run(&c, &m, on, &w, &b);
+        const char *what = late ? "group arriving over 20 steps" : "block-aligned prompt";
+        const int want_prefill = late ? P + (P - 32) : P, want_hits = 7 * P - want_prefill;
+        CHECK(b.st.prefill_tokens == want_prefill && b.st.prefix_hit_tokens == want_hits && a.st.prefill_tokens == 7 * P,
+              "%s: prefill %lld, hits %lld with sharing (want %d, %d), prefill %lld without (want %d)", what,
+              (long long)b.st.prefill_tokens, (long long)b.st.prefix_hit_tokens, want_prefill, want_hits,
+              (long long)a.st.prefill_tokens, 7 * P);
+        same(&w, &a, &b, 0, what);
+        int rdiff = 0;
+        for (int i = 0; i < 7; i++)
+            rdiff += a.n_routes[i] != P + a.n_out[i] - 1 || b.n_routes[i] != a.n_routes[i] ||
+                     memcmp(a.routes[i], b.routes[i], (size_t)a.n_routes[i] * 2 * 2) != 0;
+        CHECK(rdiff == 0, "%s: %d requests' routes differ from the run without sharing", what, rdiff);
+        free_outcome(&a); free_outcome(&b);
+    }
+    model_free(&m);
+}
+
+/* The leader preempted before its followers copy: blocks of 4 tokens, a budget of 3. X (a 3-token prompt) is
+ * admitted first, then the leader L and two followers F (6-token prompt: one shared block, a 2-token tail). Step 1
+ * forwards X and L (3 blocks: the budget); step 2 has no block for a follower's tail; step 3, X needs a block and
+ * the newest running sequence, L, is preempted before any follower copied. Its group is gone: a follower then
+ * forwards the tail itself (the other copies from it), and every output is the run without sharing's. */
+static void test_group_leader_preempted(void) {
+    moe_config c = small_config(1);
+    moe_model m;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK);
+    model_init_random(&m, 17);
+    static int px[3] = {5, 9, 14}, pl[6] = {21, 3, 40, 7, 33, 2};
+    workload w = {.n = 4, .temp = 1.0f};
+    for (int i = 0; i < 4; i++) {
+        w.plen[i] = i ? 6 : 3;
+        w.prompt[i] = i ? pl : px;
+        w.max_tokens[i] = 6;
+    }
+    const int64_t bb = 2LL * c.num_hidden_layers * 4 * c.num_key_value_heads * c.head_dim * 4;
+    engine_config ref = {.max_num_seqs = 4, .max_model_len = 16, .max_num_batched_tokens = 64, .record_routes = 1};
+    engine_config tiny = ref;
+    tiny.block_size = 4;
+    tiny.kv_cache_bytes = 3 * bb;
+    tiny.enable_prefix_caching = 1;
+    /* by hand: the preemption happens before a follower is admitted */
+    engine *e = engine_create(&c, tiny);
+    MOERL_ASSERT(e && engine_load_weights(e, m.params, m.n_params, 0) == MOERL_OK);
+    gen_request r[4], *done[8];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 4; i++) {
+        r[i].id = i; r[i].prompt = w.prompt[i]; r[i].prompt_len = w.plen[i];
+        r[i].sp.temperature = 1; r[i].sp.top_p = 1; r[i].sp.seed = 100 + i; r[i].sp.max_tokens = 6;
+        MOERL_ASSERT(engine_add(e, &r[i]) == MOERL_OK);
+    }
+    for (int k = 0; k < 3; k++) MOERL_ASSERT(engine_step(e, done, 8) >= 0);
+    CHECK(r[1].n_preemptions == 1 && r[1].n_out == 2 && r[2].n_out == 0 && r[3].n_out == 0 && r[2].slot < 0,
+          "leader preempted before its followers copied: L preempted %d times with %d tokens, followers %d / %d tokens",
+          r[1].n_preemptions, r[1].n_out, r[2].n_out, r[3].n_out);
+    int guard = 0;
+    while (engine_num_unfinished(e) > 0 && guard++ < 10000) MOERL_ASSERT(engine_step(e, done, 8) >= 0);
+    const engine_stats st = engine_get_stats(e);
+    int bad = 0;
+    for (int i = 0; i < 4; i++) bad += r[i].n_out != 6 || r[i].n_routes != w.plen[i] + 5;
+    CHECK(bad == 0, "leader preempted: %d requests with the wrong lengths", bad);
+    printf("group with its leader preempted: prefill %lld, hits %lld, %lld preemptions\n", (long long)st.prefill_tokens,
+           (long long)st.prefix_hit_tokens, (long long)st.preemptions);
+    for (int i = 0; i < 4; i++) gen_request_free_outputs(&r[i]);
+    engine_free(e);
+    outcome a, b;
+    run(&c, &m, ref, &w, &a);
+    run(&c, &m, tiny, &w, &b);
+    CHECK(b.st.preemptions > 0 && b.st.prefix_hit_tokens == st.prefix_hit_tokens, "leader preempted: %lld preemptions",
+          (long long)b.st.preemptions);
+    same(&w, &a, &b, 0, "leader preempted before its followers copied");
+    int rdiff = 0;
+    for (int i = 0; i < 4; i++)
+        rdiff += a.n_routes[i] != b.n_routes[i] || memcmp(a.routes[i], b.routes[i], (size_t)a.n_routes[i] * 2 * 2) != 0;
+    CHECK(rdiff == 0, "leader preempted: %d requests' routes differ", rdiff);
+    free_outcome(&a); free_outcome(&b);
+    model_free(&m);
+}
+
+/* A weight swap between the leader's forward and a follower's admission: the follower copies nothing (no hit at
+ * all: the full-block cache is forgotten too), forwards its whole prompt under the new weights, and samples
+ * exactly as the same request run alone under them. */
+static void test_group_weight_swap(void) {
+    moe_config c = small_config(1);
+    moe_model m, m2;
+    MOERL_ASSERT(model_init(&m, &c) == MOERL_OK && model_init(&m2, &c) == MOERL_OK);
+    model_init_random(&m, 21);
+    model_init_random(&m2, 22);
+    static int prompt[37];
+    for (int j = 0; j < 37; j++) prompt[j] = (j * 7 + 4) % c.vocab_size;
+    engine_config ec = {.max_num_seqs = 4, .max_model_len = 80, .max_num_batched_tokens = 256, .record_routes = 1,
+                        .enable_prefix_caching = 1};
+    engine *e = engine_create(&c, ec);
+    MOERL_ASSERT(e && engine_load_weights(e, m.params, m.n_params, 0) == MOERL_OK);
+    gen_request r[2], *done[4];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 2; i++) {
+        r[i].id = i; r[i].prompt = prompt; r[i].prompt_len = 37;
+        r[i].sp.temperature = 1; r[i].sp.top_p = 1; r[i].sp.seed = 100 + i; r[i].sp.max_tokens = 10;
+    }
+    MOERL_ASSERT(engine_add(e, &r[0]) == MOERL_OK);
+    MOERL_ASSERT(engine_step(e, done, 4) == 0 && r[0].n_out == 1); /* the leader forwarded its prompt and sampled */
+    MOERL_ASSERT(engine_load_weights(e, m2.params, m2.n_params, 1) == MOERL_OK); /* no pause: it keeps running */
+    MOERL_ASSERT(engine_add(e, &r[1]) == MOERL_OK);
+    int guard = 0;
+    while (engine_num_unfinished(e) > 0 && guard++ < 1000) MOERL_ASSERT(engine_step(e, done, 4) >= 0);
+    const engine_stats st = engine_get_stats(e);
+    CHECK(st.prefix_hit_tokens == 0 && st.prefill_tokens == 2 * 37,
+          "swap between the leader's forward and the follower's admission: %lld hits, %lld prefill (want 0, 74)",
+          (long long)st.prefix_hit_tokens, (long long)st.prefill_tokens);
+    /* the same request alone under the new weights, without sharing */
+    ec.enable_prefix_caching = 0;
+    engine *e2 = engine_create(&c, ec);
+    MOERL_ASSERT(e2 && engine_load_weights(e2, m2.params, m2.n_params, 1) == MOERL_OK);
+    gen_request solo;
+    memset(&solo, 0, sizeof solo);
+    solo.id = 1; solo.prompt = prompt; solo.prompt_len = 37;
+    solo.sp = r[1].sp;
+    MOERL_ASSERT(engine_add(e2, &solo) == MOERL_OK);
+    guard = 0;
+    while (engine_num_unfinished(e2) > 0 && guard++ < 1000) MOERL_ASSERT(engine_step(e2, done, 4) >= 0);
+    int vbad = 0;
+    for (int t = 0; t < r[1].n_out; t++) vbad += r[1].out_versions[t] != 1;
+    CHECK(r[1].n_out == 10 && vbad == 0 && solo.n_out == 10 &&
+              !memcmp(r[1].out_tokens, solo.out_tokens, 10 * sizeof(int)) &&
+              !memcmp(r[1].out_logprobs, solo.out_logprobs, 10 * sizeof(float)) && r[1].n_routes == 46 &&
+              !memcmp(r[1].out_routes, solo.out_routes, 46 * (size_t)engine_route_width(e, NULL, NULL) * 2),
+          "follower after the swap: %d tokens (%d not of version 1), not those of the request alone under the new "
+          "weights", r[1].n_out, vbad);
+    gen_request_free_outputs(&solo);
+    engine_free(e2);
+    for (int i = 0; i < 2; i++) gen_request_free_outputs(&r[i]);
+    engine_free(e);
+    model_free(&m);
+    model_free(&m2);
+}
+
+/* Pause a group mid-generation (the 7 samples besides the first copied its whole prompt: 7 × 40 hits), load new
+ * weights (version 1), resume: the old blocks are never reused (the first resumed request re-prefills the whole
+ * prompt, the 7 others share its new full blocks; resumed requests have outputs, so they follow no tail), and
  * every output token after the swap carries version 1. */
 static void test_weight_swap(void) {
     moe_config c = small_config(1);
@@ -272,7 +448,7 @@ static void test_weight_swap(void) {
     }
     for (int k = 0; k < 6; k++) MOERL_ASSERT(engine_step(e, done, 16) == 0);
     const engine_stats s0 = engine_get_stats(e);
-    CHECK(s0.prefix_hit_tokens == 7 * 32, "before the swap: %lld prompt tokens hit, expected %d", (long long)s0.prefix_hit_tokens, 7 * 32);
+    CHECK(s0.prefix_hit_tokens == 7 * 40, "before the swap: %lld prompt tokens hit, expected %d", (long long)s0.prefix_hit_tokens, 7 * 40);
     CHECK(engine_pause(e, NULL, 0) == 8, "pause: 8 running");
     MOERL_ASSERT(engine_load_weights(e, m2.params, m2.n_params, 1) == MOERL_OK);
     MOERL_ASSERT(engine_resume(e, done, 16) == 0);
@@ -442,6 +618,9 @@ int main(void) {
     test_grpo(1);
     test_grpo(0);
     test_weight_swap();
+    test_group_edges();
+    test_group_leader_preempted();
+    test_group_weight_swap();
     test_preemption(1, 0.0f);
     test_preemption(1, 1.0f);
     test_preemption(0, 0.0f);

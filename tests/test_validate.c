@@ -393,7 +393,8 @@ static void test_run(void) {
 
 /* The paged KV cache's keys reach validation's engine (val_options.block_size, kv_cache_bytes,
  * enable_prefix_caching): with prefix caching the N = 4 samples of a prompt prefill its full blocks once —
- * exactly (N − 1) × block_size × floor((P − 1) / block_size) positions per prompt of P tokens
+ * exactly (N − 1) × block_size × floor((P − 1) / block_size) positions per prompt of P tokens, and the
+ * N − 1 followers copy the rest (the tail) from the sample that forwarded it: (N − 1) × P in all
  * (docs/engine.md), plus the leading blocks a prompt shares with an earlier row's (the chat template's) — and a budget too small for the 16 requests preempts; the responses stay those of
  * the default reservation (the re-prefill recomputes the same KV; a different batch shape moves fp32
  * logits by ~1e-6 at most, far from flipping a seeded sample on this model: the texts are compared
@@ -423,6 +424,7 @@ static void test_run_paged(void) {
                 earlier = (p[k].n - 1) / bs > b && !memcmp(p[k].ids, p[i].ids, (size_t)(b + 1) * bs * sizeof(int32_t));
             want_hits += (int64_t)bs * (o.kw.n - 1 + earlier);
         }
+        want_hits += (o.kw.n - 1) * (p[i].n - (p[i].n - 1) / bs * bs); /* the tail, copied from the group's leader */
     }
     for (int i = 0; i < rows; i++) tok_seq_free(&p[i]);
     o.block_size = bs;

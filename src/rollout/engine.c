@@ -38,6 +38,18 @@ struct engine {
     int64_t *age, n_admitted;
     int16_t *blk_routes; /* [n_blocks][bs][n_moe·K]: routes of the forward that computed each block row
                             (record_routes with prefix caching), copied to a request served from it */
+    /* Group prefill (copy-on-write of a prompt's tail, docs/engine.md "Prefix sharing"): slot s's request is a
+     * leader when it is a fresh prompt forwarding its own tail — the positions [c0, P) past its shareable full
+     * blocks, c0 = kvb_prefix_blocks(P)·bs — under version grp_ver[s]; grp_state[s]: 0 none, 1 forwarding,
+     * 2 ready (it sampled: grp_lg[s] holds its last position's logits, V floats, and grp_blk[s] is the block
+     * of its tail rows). grp_hash[s]: its prompt's hash. An entry lives while its leader holds its blocks. */
+    unsigned char *grp_state;
+    int *grp_ver, *grp_blk;
+    uint64_t *grp_hash;
+    float **grp_lg;
+    /* followers admitted this step, sampled from their leader's (slot cow_src[i]) logits */
+    gen_request **cow_req;
+    int *cow_src, n_cow;
     gen_request **slots;
     gen_request *wait_head, *wait_tail, *paused_head, *paused_tail;
     int n_waiting, n_paused;
@@ -317,6 +329,13 @@ static int kv_setup(engine *e) {
     e->reg_upto = xcalloc(S, sizeof(int));
     e->age = xcalloc(S, sizeof(int64_t));
     e->tokbuf = xmalloc((size_t)e->bs * sizeof(int));
+    e->grp_state = xcalloc(S, 1);
+    e->grp_ver = xcalloc(S, sizeof(int));
+    e->grp_blk = xcalloc(S, sizeof(int));
+    e->grp_hash = xcalloc(S, sizeof(uint64_t));
+    e->grp_lg = xcalloc(S, sizeof(float *));
+    e->cow_req = xcalloc(S, sizeof(gen_request *));
+    e->cow_src = xcalloc(S, sizeof(int));
     e->hit = xmalloc((size_t)e->max_blocks * sizeof(int));
     e->st.kv_blocks_total = n;
     const int w = engine_route_width(e, NULL, NULL);
@@ -398,18 +417,24 @@ void engine_free(engine *e) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     mlp_acts_free(&e->mlp);
     kvb_free(&e->kb);
-    void *kv[] = {e->tables, e->n_tbl, e->reg_upto, e->age, e->tokbuf, e->hit, e->blk_routes};
+    for (int s = 0; e->grp_lg && s < e->ec.max_num_seqs; s++) free(e->grp_lg[s]);
+    void *kv[] = {e->tables, e->n_tbl, e->reg_upto, e->age, e->tokbuf, e->hit, e->blk_routes, e->grp_state, e->grp_ver,
+                  e->grp_blk, e->grp_hash, e->grp_lg, e->cow_req, e->cow_src};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) free(kv[i]);
     free(e->bf.buf);
     free(e);
 }
 
+static void group_drop(engine *e, int s);
+
 /* A weight load: KV computed under the old weights is never reused (the prefix cache forgets every
- * block, and a running sequence's blocks computed so far never register). */
+ * block, a running sequence's blocks computed so far never register, and no group's tail is copied). */
 static void kv_weights_changed(engine *e) {
     kvb_clear(&e->kb);
-    for (int s = 0; s < e->ec.max_num_seqs; s++)
+    for (int s = 0; s < e->ec.max_num_seqs; s++) {
         if (e->slots[s]) e->reg_upto[s] = (e->slots[s]->n_cached + e->bs - 1) / e->bs;
+        group_drop(e, s); /* a leader's tail rows and logits were computed under the old weights */
+    }
 }
 
 int engine_load_weights(engine *e, const float *params, size_t n_params, int version) {
@@ -832,6 +857,7 @@ static int ensure_blocks(engine *e, int s, int upto) {
 
 /* Give slot s's blocks back, the last first (so a sequence's tail is evicted before its head). */
 static void release_blocks(engine *e, int s) {
+    group_drop(e, s); /* its tail block may be reused from now on: no follower copies it any more */
     const int *t = tbl_of(e, s);
     for (int i = e->n_tbl[s] - 1; i >= 0; i--) kvb_release(&e->kb, t[i]);
     e->n_tbl[s] = e->reg_upto[s] = 0;
@@ -895,6 +921,104 @@ static int prefix_match(engine *e, const gen_request *r) {
     return n;
 }
 
+/* ---- Group prefill: one forward of a prompt's tail per group, copied on write (docs/engine.md "Prefix sharing").
+ * The full blocks of a prompt are shared through the prefix cache; its tail — the positions [c0, P) of the block
+ * of its last token, c0 = kvb_prefix_blocks(P)·bs, 1 to bs tokens — is forwarded by one request of the group (its
+ * leader). Every other fresh request with the same prompt under the same version (a follower) forwards nothing:
+ * it gets a block of its own holding a copy of the leader's tail rows (K/V of every layer, and their routes),
+ * and draws its first token from the leader's last-position logits, kept for the group. A block-aligned prompt's
+ * tail is its last full block, copied the same way (not shared read-only): one path, and a follower holds
+ * exactly the blocks a sample that forwarded its tail would, so moerl plan's block count stays exact. */
+
+/* FNV-1a over the prompt's ids: the cheap first test before comparing two prompts. */
+static uint64_t prompt_hash(const gen_request *r) {
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (int i = 0; i < r->prompt_len; i++) h = (h ^ (uint32_t)r->prompt[i]) * 0x100000001B3ULL;
+    return h;
+}
+
+/* Slot s leads no group any more (its blocks are given back, or the weights changed): its logits are freed.
+ * Followers that copied already keep their own rows; later ones forward the tail themselves. */
+static void group_drop(engine *e, int s) {
+    e->grp_state[s] = 0;
+    free(e->grp_lg[s]);
+    e->grp_lg[s] = NULL;
+}
+
+/* A fresh request (no output yet) whose prefix-cache hits are every full block before its tail (nh of them)
+ * can follow a leader. Returns the slot of a ready leader with the same prompt and version, −2 when the only
+ * such leaders are still forwarding their tail (r then waits, as for a block being computed), −1 when none. */
+static int group_find(engine *e, const gen_request *r, int nh, uint64_t h) {
+    if (!e->ec.enable_prefix_caching || r->n_out > 0 || nh != kvb_prefix_blocks(r->prompt_len, e->bs)) return -1;
+    int found = -1;
+    for (int q = 0; q < e->ec.max_num_seqs; q++) {
+        const gen_request *l = e->slots[q];
+        if (!e->grp_state[q] || e->grp_ver[q] != e->version || e->grp_hash[q] != h || l->prompt_len != r->prompt_len ||
+            memcmp(l->prompt, r->prompt, (size_t)r->prompt_len * sizeof(int)))
+            continue;
+        if (e->grp_state[q] == 2) return q;
+        found = -2;
+    }
+    return found;
+}
+
+/* Slot s's request, just admitted to forward its own tail, leads a group when it is a fresh prompt. */
+static void group_lead(engine *e, int s, uint64_t h) {
+    const gen_request *r = e->slots[s];
+    if (!e->ec.enable_prefix_caching || r->n_out > 0) return;
+    e->grp_state[s] = 1;
+    e->grp_ver[s] = e->version;
+    e->grp_hash[s] = h;
+}
+
+/* Before r samples from lg[V] (its logits row this step): a leader sampling its first token keeps a copy of lg
+ * and the block of its tail rows; its group is ready. */
+static void group_ready(engine *e, const gen_request *r, const float *lg) {
+    const int s = r->slot;
+    if (e->grp_state[s] != 1 || r->n_out > 0) return;
+    if (!e->ec.simulated) {
+        e->grp_lg[s] = xmalloc((size_t)e->V * sizeof(float));
+        memcpy(e->grp_lg[s], lg, (size_t)e->V * sizeof(float));
+    }
+    e->grp_blk[s] = tbl_of(e, s)[kvb_prefix_blocks(r->prompt_len, e->bs)];
+    e->grp_state[s] = 2;
+}
+
+/* Admission of follower r into slot s (its nh full blocks already in its table) behind the leader in slot q:
+ * a block of its own for the tail, the leader's tail rows copied into it (every layer's K and V; the routes of
+ * those positions, into the block's record and r's), the whole prompt cached, and r listed to sample its
+ * first token from the leader's logits this step. The caller checked that one block is free. */
+static void group_follow(engine *e, int s, gen_request *r, int q, int nh) {
+    const int bs = e->bs, c0 = nh * bs, n = r->prompt_len - c0, src = e->grp_blk[q], dst = kvb_alloc(&e->kb);
+    MOERL_ASSERT(dst >= 0);
+    const int64_t held = e->kb.n_blocks - e->kb.n_free;
+    if (held > e->st.kv_blocks_peak) e->st.kv_blocks_peak = held;
+    tbl_of(e, s)[nh] = dst;
+    e->n_tbl[s] = nh + 1;
+    if (e->k_cache) {
+        const size_t kvrow = (size_t)e->nkv * e->hd, layer = (size_t)e->kb.n_blocks * bs * kvrow;
+        for (int l = 0; l < e->L; l++) {
+            const size_t so = l * layer + (size_t)src * bs * kvrow, d = l * layer + (size_t)dst * bs * kvrow;
+            memcpy(e->k_cache + d, e->k_cache + so, (size_t)n * kvrow * sizeof(float));
+            memcpy(e->v_cache + d, e->v_cache + so, (size_t)n * kvrow * sizeof(float));
+        }
+    }
+    const int w = engine_route_width(e, NULL, NULL);
+    if (w && e->blk_routes) {
+        memcpy(e->blk_routes + (size_t)dst * bs * w, e->blk_routes + (size_t)src * bs * w, (size_t)n * w * sizeof(int16_t));
+        if (r->out_routes) { /* a position re-prefilled keeps its first route */
+            for (int p = MOERL_MAX(r->n_routes, c0); p < r->prompt_len; p++)
+                memcpy(r->out_routes + (size_t)p * w, e->blk_routes + ((size_t)dst * bs + p - c0) * w, (size_t)w * sizeof(int16_t));
+            r->n_routes = MOERL_MAX(r->n_routes, r->prompt_len);
+        }
+    }
+    r->n_cached = r->prompt_len;
+    e->st.prefix_hit_tokens += n;
+    register_blocks(e, s);
+    e->cow_req[e->n_cow] = r;
+    e->cow_src[e->n_cow++] = q;
+}
+
 /* Step 2: the running sequences' tokens of this step — every decoder 1 (its block reserved in step 1),
  * then the running prefills in slot order, each as far as the token budget and the free blocks allow —
  * with blocks for exactly those tokens, none for a later chunk (vLLM's scheduler: running requests
@@ -921,8 +1045,10 @@ static int schedule_running(engine *e, int *fed) {
 /* Step 3: admit waiting requests into free slots, FIFO, with what is left of the token budget (T
  * tokens scheduled so far): each gets its next chunk, as much of prompt ⊕ output past its prefix-cache
  * hits as the budget leaves, and blocks for exactly that chunk; the first whose chunk the free blocks do
- * not cover, or that waits for a block being computed, stops admission, as does a spent budget. A
- * request served from cached blocks gets their routes (record_routes). Returns the tokens scheduled. */
+ * not cover, or that waits for a block being computed (or its group's tail), stops admission, as does a spent
+ * budget. A request served from cached blocks gets their routes (record_routes); a follower of its group's
+ * leader (group_find) takes one block, for its copy of the tail, and no token of the budget. Returns the tokens
+ * scheduled. */
 static int admit(engine *e, int *fed, int T) {
     const int S = e->ec.max_num_seqs, bs = e->bs, budget = e->ec.max_num_batched_tokens;
     for (int s = 0; s < S && e->wait_head && T < budget; s++) {
@@ -930,10 +1056,13 @@ static int admit(engine *e, int *fed, int T) {
         gen_request *r = e->wait_head;
         const int nh = prefix_match(e, r);
         if (nh < 0) return T;
-        const int c0 = nh * bs, chunk = MOERL_MIN(seq_len(r) - c0, budget - T);
+        const uint64_t h = e->ec.enable_prefix_caching && r->n_out == 0 ? prompt_hash(r) : 0;
+        const int lead = group_find(e, r, nh, h); /* ≥ 0: r follows it, forwarding nothing */
+        if (lead == -2) return T;                 /* its group's tail is being forwarded: wait for it */
+        const int c0 = nh * bs, chunk = lead >= 0 ? 0 : MOERL_MIN(seq_len(r) - c0, budget - T);
         int avail = e->kb.n_free;
         for (int i = 0; i < nh; i++) avail -= e->kb.ref[e->hit[i]] == 0;
-        if (avail < (c0 + chunk + bs - 1) / bs - nh) return T;
+        if (avail < (lead >= 0 ? 1 : (c0 + chunk + bs - 1) / bs - nh)) return T;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
         e->n_waiting--;
@@ -948,10 +1077,6 @@ static int admit(engine *e, int *fed, int T) {
         }
         e->n_tbl[s] = e->reg_upto[s] = nh;
         e->st.prefix_hit_tokens += c0;
-        ensure_blocks(e, s, c0 + chunk); /* its prompt blocks registered now: a request behind it with the same
-                                            prefix waits for them rather than computing them again */
-        fed[s] = chunk;
-        T += chunk;
         const int w = engine_route_width(e, NULL, NULL);
         if (r->out_routes && e->blk_routes && r->n_routes < c0) {
             for (int p = r->n_routes; p < c0; p++)
@@ -959,8 +1084,48 @@ static int admit(engine *e, int *fed, int T) {
                        (size_t)w * sizeof(int16_t));
             r->n_routes = c0;
         }
+        if (lead >= 0) {
+            group_follow(e, s, r, lead, nh);
+            continue;
+        }
+        ensure_blocks(e, s, c0 + chunk); /* its prompt blocks registered now: a request behind it with the same
+                                            prefix waits for them rather than computing them again */
+        fed[s] = chunk;
+        T += chunk;
+        group_lead(e, s, h);
     }
     return T;
+}
+
+/* Step 5 for one request: its next token from lg[V] (its logits row; unused in simulated mode) with its own
+ * parameters and RNG, the behaviour logprob, version and mask appended; a request that stops or reaches its
+ * length gives its blocks back at once and goes to done[] (room for done_cap). Returns 1 when it finished. */
+static int sample_one(engine *e, gen_request *r, const float *lg, gen_request **done, int done_cap) {
+    float lp = 0;
+    int tok = e->ec.simulated ? 0 : sample_token(lg, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
+    if (r->n_sampled < r->sp.n_forced) { /* forced decoding: the draw is replaced, its logprob the model's */
+        tok = r->sp.forced[r->n_sampled];
+        lp = e->ec.simulated ? 0.0f : token_logprob(lg, e->V, r->sp.temperature, tok);
+    }
+    if (e->m.cfg.exec.batch_invariant && !e->ec.simulated) /* the trainer's log-softmax (model_logprobs) */
+        logprob_forward(&lp, NULL, NULL, lg, &tok, 1, e->V, r->sp.temperature > 0 ? r->sp.temperature : 1.0f);
+    r->n_sampled++;
+    if (r->out_logits && !e->ec.simulated) memcpy(r->out_logits + (size_t)r->n_out * e->V, lg, e->V * sizeof(float));
+    r->out_tokens[r->n_out] = tok;
+    r->out_logprobs[r->n_out] = lp;
+    r->out_versions[r->n_out] = e->version;
+    if (r->out_mask) r->out_mask[r->n_out] = 1;
+    r->n_out++;
+    e->st.generated_tokens++;
+    if (is_stop(e, r, tok)) r->finish = FINISH_STOP;
+    else if (at_length_limit(e, r)) r->finish = FINISH_LENGTH;
+    if (r->finish == FINISH_NONE) return 0;
+    release_blocks(e, r->slot);
+    e->slots[r->slot] = NULL;
+    r->slot = -1;
+    MOERL_ASSERT(done_cap > 0);
+    done[0] = r;
+    return 1;
 }
 
 int engine_step(engine *e, gen_request **done, int done_cap) {
@@ -1003,16 +1168,20 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
         }
     }
     if (T == 0) { /* nothing to feed; under EP the group still expects this step's exchanges */
-        const int v = newest_running(e);
-        if (v >= 0) preempt(e, v); /* running prefills hold every block: the newest makes room */
+        if (!e->n_cow) { /* (followers admitted this step only sample) */
+            const int v = newest_running(e);
+            if (v >= 0) preempt(e, v); /* running prefills hold every block: the newest makes room */
+        }
         if (e->ep) engine_idle_step(e);
-        return 0;
+        if (!e->n_cow) return 0;
     }
     double t0 = moerl_now();
-    const double tr = trace_begin();
-    if (!e->ec.simulated) forward_tokens(e, T, n_rows);
-    if (e->ec.record_routes) routes_advance(e, T);
-    trace_end(n_rows == T ? "engine decode forward" : "engine prefill forward", "engine", tr);
+    if (T > 0) {
+        const double tr = trace_begin();
+        if (!e->ec.simulated) forward_tokens(e, T, n_rows);
+        if (e->ec.record_routes) routes_advance(e, T);
+        trace_end(n_rows == T ? "engine decode forward" : "engine prefill forward", "engine", tr);
+    }
     double t1 = moerl_now();
     const double ts = trace_begin();
     for (int s = 0; s < S; s++)
@@ -1020,36 +1189,16 @@ int engine_step(engine *e, gen_request **done, int done_cap) {
             e->slots[s]->n_cached += fed[s];
             if (fed[s]) register_blocks(e, s);
         }
-    /* 5. sample */
+    /* 5. sample: the followers admitted this step from their leaders' logits (before a leader finishing in this
+     * step frees them), then every row of the forward */
+    for (int i = 0; i < e->n_cow; i++)
+        n_done += sample_one(e, e->cow_req[i], e->grp_lg[e->cow_src[i]], done + n_done, done_cap - n_done);
+    e->n_cow = 0;
     for (int i = 0; i < n_rows; i++) {
         gen_request *r = e->sample_req[i];
-        float lp = 0;
         const float *lg = e->logits + (size_t)i * e->V;
-        int tok = e->ec.simulated ? 0 : sample_token(lg, e->V, &r->sp, &r->rng, &lp, e->sample_scratch);
-        if (r->n_sampled < r->sp.n_forced) { /* forced decoding: the draw is replaced, its logprob the model's */
-            tok = r->sp.forced[r->n_sampled];
-            lp = e->ec.simulated ? 0.0f : token_logprob(lg, e->V, r->sp.temperature, tok);
-        }
-        if (e->m.cfg.exec.batch_invariant && !e->ec.simulated) /* the trainer's log-softmax (model_logprobs) */
-            logprob_forward(&lp, NULL, NULL, lg, &tok, 1, e->V, r->sp.temperature > 0 ? r->sp.temperature : 1.0f);
-        r->n_sampled++;
-        if (r->out_logits && !e->ec.simulated)
-            memcpy(r->out_logits + (size_t)r->n_out * e->V, e->logits + (size_t)i * e->V, e->V * sizeof(float));
-        r->out_tokens[r->n_out] = tok;
-        r->out_logprobs[r->n_out] = lp;
-        r->out_versions[r->n_out] = e->version;
-        if (r->out_mask) r->out_mask[r->n_out] = 1;
-        r->n_out++;
-        e->st.generated_tokens++;
-        if (is_stop(e, r, tok)) r->finish = FINISH_STOP;
-        else if (at_length_limit(e, r)) r->finish = FINISH_LENGTH;
-        if (r->finish != FINISH_NONE) {
-            release_blocks(e, r->slot);
-            e->slots[r->slot] = NULL;
-            r->slot = -1;
-            MOERL_ASSERT(n_done < done_cap);
-            done[n_done++] = r;
-        }
+        group_ready(e, r, lg);
+        n_done += sample_one(e, r, lg, done + n_done, done_cap - n_done);
     }
     trace_end("engine sample", "engine", ts);
     e->st.steps++;

@@ -14,9 +14,11 @@
  * chunks in slot order, within max_num_batched_tokens and the free blocks; (3) waiting requests are
  * admitted, FIFO, with what is left of the token budget, while the free blocks cover that chunk
  * (interrupted and preempted requests are at the front of the queue) — blocks are allocated only for
- * the tokens scheduled in the step (vLLM's scheduler); (4) one forward over the batch (decode tokens
- * first, then prefill chunks, in slot order); (5) every sequence whose input is complete samples one
- * token with its own RNG; (6) finished sequences give their blocks back at once.
+ * the tokens scheduled in the step (vLLM's scheduler); a fresh request whose whole prompt its group's
+ * leader already forwarded forwards nothing (its prompt's last block copied from the leader's, with prefix
+ * caching: docs/engine.md); (4) one forward over the batch (decode tokens first, then prefill chunks, in
+ * slot order); (5) every sequence whose input is complete samples one token with its own RNG (a follower
+ * from its leader's kept logits); (6) finished sequences give their blocks back at once.
  *
  * Behaviour logprob of a sampled token = log_softmax(logits / T)[token] for temperature T > 0 and
  * log_softmax(logits)[token] for greedy (T = 0), computed before top-k/top-p filtering — the
@@ -116,7 +118,9 @@ typedef struct {
      * (rollout.kv_cache_bytes, or rollout.gpu_memory_utilization resolved by the caller; 0 = room for
      * max_num_seqs × max_model_len tokens, the reservation of the slot engine, so nothing is ever
      * preempted). enable_prefix_caching (vLLM's key): requests whose prompts share a prefix under the same
-     * policy version share its full blocks (one prefill per GRPO group); KV computed under an older
+     * policy version share its full blocks, and fresh requests with the same whole prompt copy the block of
+     * its last token from the one that forwarded it (copy-on-write) and sample their first token from its
+     * logits: one prefill per GRPO group (docs/engine.md, "Prefix sharing"); KV computed under an older
      * version is never reused. */
     int block_size;
     int64_t kv_cache_bytes;
@@ -250,7 +254,8 @@ typedef struct {
     int64_t kv_reads;   /* Σ over forwarded tokens of the positions each attends (pos + 1): KV rows read */
     double forward_s, sample_s;
     /* paged KV cache: blocks in the pool, the most held at once, preemptions (a running sequence
-     * giving its blocks back to be re-prefilled later), prompt tokens served from shared blocks */
+     * giving its blocks back to be re-prefilled later), prompt tokens served from shared blocks or
+     * copied from the group leader's tail (not forwarded) */
     int64_t kv_blocks_total, kv_blocks_peak, preemptions, prefix_hit_tokens;
 } engine_stats;
 engine_stats engine_get_stats(const engine *e);
