@@ -623,10 +623,7 @@ static int read_clip_ratio(const cfg *c, rl_config *r) {
  * nonzero rewards. reinforce_plus_plus_baseline whitens over the batch (a batch baseline): no warning. */
 static void warn_group_of_one(const rl_config *r, const char *est) {
     if (r->n != 1 || r->adv_estimator == RL_ADV_REINFORCE_PP_BASELINE) return;
-    int lrank;
-    moerl_launcher_world(&lrank);
-    if (lrank != 0) return;
-    log_warn("rollout.n=1 with algorithm.adv_estimator=%s: a group of one response has no group baseline, so its "
+    log_shared(LOG_WARN, "rollout.n=1 with algorithm.adv_estimator=%s: a group of one response has no group baseline, so its "
              "advantage is its raw score (verl's rule: a lone response's group has mean 0 and std 1): REINFORCE "
              "without a baseline, where a reward of 0 gives no gradient at all (every step's actor/pg_loss is 0 while "
              "no response scores); use rollout.n ≥ 2 for %s's group baseline, or algorithm.adv_estimator="
@@ -695,8 +692,7 @@ int rl_warn_ignored_keys(const cfg *c, const rl_config *r) {
     };
     cfg *defaults = cfg_new();
     rl_def_keys(defaults);
-    int lrank, n = 0;
-    moerl_launcher_world(&lrank); /* every rank reads the configuration: rank 0 says it once */
+    int n = 0; /* every rank reads the configuration: log_shared says it once */
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const rl_dependent_key *k = &keys[i];
         if (!strcmp(cfg_origin(c, k->key), "default") || k->on) continue;
@@ -705,8 +701,7 @@ int rl_warn_ignored_keys(const cfg *c, const rl_config *r) {
         value_text(c, defaults, k, v, sizeof v, &is_default);
         if (is_default) continue; /* a verl config spelling out the default: nothing is lost */
         n++;
-        if (lrank == 0)
-            log_warn("%s=%s (%s) has no effect: it applies only with %s; set that, or drop the key", k->key, v,
+        log_shared(LOG_WARN, "%s=%s (%s) has no effect: it applies only with %s; set that, or drop the key", k->key, v,
                      cfg_origin(c, k->key), k->needs);
     }
     cfg_free(defaults);

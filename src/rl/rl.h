@@ -184,7 +184,7 @@ int rl_read_config(const cfg *c, rl_config *r);
  * algorithm.kl_ctrl.* without algorithm.use_kl_in_reward, actor.clip_ratio_c with GSPO, the rollout
  * correction's thresholds without their mode, ...; one table in src/rl/config.c): each one set in c to a
  * value other than its default while its switch in r (as rl_read_config read it) is off gets a warning
- * naming the key, its value and origin, and the switch (launcher rank 0 only). Returns how many. */
+ * naming the key, its value and origin, and the switch (said once under mpirun: log_shared). Returns how many. */
 int rl_warn_ignored_keys(const cfg *c, const rl_config *r);
 /* Every check `moerl rl` makes on its keys before it starts the runtime, with its messages: rl_read_config
  * into r, then trainer.allocator / trainer.allocator_reserve (rl_select_allocator's checks, nothing
