@@ -47,6 +47,18 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
     # shellcheck disable=SC2086
     plan_refuses "$want" $kv && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# messages that say what is allowed and why: expert-TP at TP 1 names TP's value; a size that does not divide the
+# trainer ranks without a pipeline names no pipeline stage (with one, the stage's ranks); model parallelism on
+# one trainer rank tells plan's user to set trainer.n_ranks (plan runs nothing), not to run under mpirun
+plan_refuses "expert_tensor_parallel_size=2: .*must be 1 or equal actor.megatron.tensor_model_parallel_size .*that is 1 here (no TP)" \
+    actor.megatron.expert_tensor_parallel_size=2 && ok || fail "plan expert-TP 2 at TP 1: $(cat "$OUT/err")"
+plan_refuses "fsdp_size=3 does not divide the 4 trainer ranks$" trainer.n_ranks=4 actor.fsdp_config.fsdp_size=3 &&
+    ! grep -q "pipeline stage" "$OUT/err" && ok || fail "plan fsdp 3 over 4 ranks: $(cat "$OUT/err")"
+plan_refuses "fsdp_size=3 does not divide the 2 ranks of a pipeline stage (4 trainer ranks / actor.pipeline_parallel_size=2)" \
+    trainer.n_ranks=4 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=3 && ok ||
+    fail "plan fsdp 3 over a stage of 2 ranks: $(cat "$OUT/err")"
+plan_refuses "splits the model over trainer ranks: set trainer.n_ranks ≥ 2" actor.expert_parallel_size=2 &&
+    ! grep -q "run under mpirun" "$OUT/err" && ok || fail "plan EP 2 on one trainer rank: $(cat "$OUT/err")"
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
 # (TP with EP and expert-TP, FSDP, Ulysses, recompute; Megatron sequence parallelism with EP or the pipeline)

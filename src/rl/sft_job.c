@@ -13,6 +13,7 @@
 #include "data/data_config.h"
 #include "data/tokenizer.h"
 #include "model/model_config.h"
+#include "parallel/config.h"
 #include "parallel/parallel.h"
 #include "reward/reward.h"
 #include "rl/rl.h"
@@ -145,6 +146,11 @@ static int sft_job_setup(sft_job *J) {
     if (rc == MOERL_OK) {
         par_config pc;
         rc = par_read_keys(c, &pc);
+        char advice[160]; /* every process of moerl sft trains: the ranks are mpirun's */
+        const int T = J->ctx->trainer_size > 1 ? J->ctx->trainer_size : 1;
+        snprintf(advice, sizeof advice, "run under mpirun with build/moerl-mpi and ≥ 2 processes, e.g. `mpirun -np 2 "
+                 "build/moerl-mpi sft ...` (every process of moerl sft trains; it has %d)", T);
+        if (rc == MOERL_OK) rc = par_check_ranks(&pc, T, advice); /* before the model is built, as moerl rl */
     }
     if (rc == MOERL_OK) rc = model_build_from_keys(c, &J->m);
     if (rc == MOERL_OK) rc = data_use_model_tokenizer(c, J->m.cfg.vocab_size);
