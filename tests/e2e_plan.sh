@@ -59,6 +59,16 @@ plan_refuses "fsdp_size=3 does not divide the 2 ranks of a pipeline stage (4 tra
     fail "plan fsdp 3 over a stage of 2 ranks: $(cat "$OUT/err")"
 plan_refuses "splits the model over trainer ranks: set trainer.n_ranks ≥ 2" actor.expert_parallel_size=2 &&
     ! grep -q "run under mpirun" "$OUT/err" && ok || fail "plan EP 2 on one trainer rank: $(cat "$OUT/err")"
+# more data-parallel shards than a mini-batch has GRPO groups: moerl rl runs it (the extra shards get no data), so
+# plan plans it and warns as rl does (rl_warn_idle_shards), naming the key, the value and the bound; none at the bound
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=2147483647 >/dev/null 2>"$OUT/err" &&
+    grep -q "WARN.*trainer.n_ranks=2147483647 makes 2147483647 data-parallel shards .*actor.ppo_mini_batch_size=8 GRPO groups.*2147483639 shards get no data in any update; trainer.n_ranks ≤ 8 feeds every shard" "$OUT/err" &&
+    ok || fail "plan trainer.n_ranks=2147483647 without the idle-shard warning: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=32 actor.pipeline_parallel_size=2 >/dev/null 2>"$OUT/err" &&
+    grep -q "WARN.*makes 16 data-parallel shards (2 trainer ranks each.*trainer.n_ranks ≤ 16 feeds" "$OUT/err" &&
+    ok || fail "plan pp 2 × 16 shards over 8 groups: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=16 actor.pipeline_parallel_size=2 >/dev/null 2>"$OUT/err" &&
+    ! grep -q "data-parallel shard" "$OUT/err" && ok || fail "plan pp 2 × 8 shards over 8 groups warns: $(cat "$OUT/err")"
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
 # (TP with EP and expert-TP, FSDP, Ulysses, recompute; Megatron sequence parallelism with EP or the pipeline)

@@ -175,6 +175,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     par_config pc = {0};
     if (plan_read_layout(c, mc, &pc) != MOERL_OK) return MOERL_ERR;
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
+    rl_warn_idle_shards(&pc, in->n_trainer, (int)cfg_int(c, "actor.ppo_mini_batch_size")); /* as moerl rl */
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
     in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");
