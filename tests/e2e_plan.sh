@@ -282,6 +282,18 @@ j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 
     actor.ppo_mini_batch_size=1000000000 2>"$OUT/err")
 mb=$(echo "$j" | json_field micro_batches 2>/dev/null)
 [[ $mb == 128906250 ]] && ok || fail "plan of 10^9 sequences per mini-batch: micro_batches '$mb' (want 128906250): $(cat "$OUT/err")"
+# pipeline × FSDP with a billion prompts per mini-batch: the whole-group split's bounds (rl_shard_groups, by
+# bisection) and the pipeline's count rule (periodic past 2·pp sequences) take no pass per group: plans
+# (rollout.n=1), or is refused naming the keys when a pipeline's sequences pass 2^31 − 1 (rollout.n=8; no
+# negative counts). The timeouts only tell a hang from an answer.
+j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=4 actor.pipeline_parallel_size=2 \
+    actor.fsdp_config.fsdp_size=2 actor.ppo_mini_batch_size=1000000000 rollout.n=1 2>"$OUT/err")
+mb=$(echo "$j" | json_field micro_batches 2>/dev/null)
+[[ $mb == 64453125 ]] && ok || fail "plan pp 2 × fsdp 2 of 10^9 prompts: micro_batches '$mb' (want 64453125): $(cat "$OUT/err")"
+timeout 120 $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=4 actor.pipeline_parallel_size=2 \
+    actor.fsdp_config.fsdp_size=2 actor.ppo_mini_batch_size=1000000000 >/dev/null 2>"$OUT/err"
+[[ $? -eq 1 ]] && grep -q "actor.ppo_mini_batch_size=1000000000 prompts split over 2 data-parallel pipelines can give a pipeline [0-9]* groups of rollout.n=8 = [0-9]* sequences in one update, more than 2^31 − 1" "$OUT/err" &&
+    ! grep -q -- "-[0-9]" "$OUT/err" && ok || fail "plan pp 2 × fsdp 2 of 10^9 groups of 8: $(cat "$OUT/err")"
 # actor.use_kl_loss: the reference is sharded as the actor (fp32): FSDP's shard, gathered in its own
 # forward-only pass (one logprob pass's collectives); plain data parallel keeps the whole padded layout
 j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 actor.use_kl_loss=true 2>"$OUT/err")
