@@ -76,6 +76,19 @@ $M generate --model "$W/sft/checkpoint" --prompts "$W/arith/test.jsonl" --max-ne
 check "generate --prompts gives text" test "$(grep -c '"text"' "$W/gt.jsonl")" -eq 16
 expect_err "sft: unknown key" "did you mean" $M sft --config "$W/sft.yaml" trainer.total_trainig_steps=3
 expect_err "sft: wrong type" "int" $M sft --config "$W/sft.yaml" data.train_batch_size=abc
+# moerl rl's keys given to moerl sft: its spelling of an sft key names sft's key; a typo of it gets sft's
+# "did you mean"; a key only rl has is named as rl's
+expect_err "sft: rl's actor.optim.lr names sft's optim.lr" "is moerl rl's spelling; moerl sft's key is 'optim.lr'" \
+    $M sft --config "$W/sft.yaml" actor.optim.lr=3
+expect_err "sft: a typo of rl's spelling" "(did you mean 'optim.lr'? moerl sft spells moerl rl's actor.optim.* as optim.*)" \
+    $M sft --config "$W/sft.yaml" actor.optim.lrr=3
+expect_err "sft: an rl-only key" "'rollout.n' is a key of moerl rl, not of moerl sft" $M sft --config "$W/sft.yaml" rollout.n=4
+# model parallelism in one process: rl's check and words (par_check_ranks) with sft's advice, before the model is
+# built (no "new model" line) and before any folder exists
+expect_err "sft: EP in one process needs mpirun" "splits the model over trainer ranks: run under mpirun with build/moerl-mpi and ≥ 2 processes" \
+    $M sft --config "$W/sft.yaml" actor.expert_parallel_size=2 trainer.default_local_dir="$W/sft_ep"
+check "sft: EP in one process refused before the model is built, no folder" \
+    bash -c "! grep -q 'new model' '$W/err' && [[ ! -e '$W/sft_ep' ]]"
 printf '{"data_source": "arith", "prompt": "not a list"}\n' >"$W/bad.jsonl"
 expect_err "sft: malformed dataset line" "bad.jsonl:1" $M sft --config "$W/sft.yaml" data.train_files="$W/bad.jsonl"
 expect_err "unknown command" "unknown command" $M frobnicate

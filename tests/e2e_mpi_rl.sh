@@ -742,7 +742,7 @@ expect_abort bad_dataset "[0-9]+" "bad_rows.jsonl:3" 2 1 data.task= data.train_f
 timeout 60 mpirun --oversubscribe -np 5 "$MOERL_MPI" rl --config examples/smoke.yaml "${COMMON[@]}" \
     trainer.default_local_dir="$WORK/badlayout" trainer.n_ranks=4 actor.fsdp_config.fsdp_size=3 >/dev/null 2>"$WORK/badlayout.log"
 rc=$?
-n=$(grep -c "fsdp_size=3 does not divide the 4 ranks" "$WORK/badlayout.log")
+n=$(grep -c "fsdp_size=3 does not divide the 4 trainer ranks" "$WORK/badlayout.log")
 if [[ $rc -ne 0 && $rc -ne 124 && $n -eq 1 && ! -e $WORK/badlayout ]] && ! grep -q MPI_ABORT "$WORK/badlayout.log"; then
     ok "fsdp_size=3 on 4 trainer ranks: exit $rc, one message, no MPI_Abort, no folder"
 else bad "bad layout under mpirun" "exit $rc, $n messages"; tail_log badlayout; fi

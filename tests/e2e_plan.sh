@@ -47,6 +47,28 @@ for bad in "actor.moe.dispatcher=bogus:actor.moe.dispatcher" "rollout.max_num_se
     # shellcheck disable=SC2086
     plan_refuses "$want" $kv && ok || fail "plan $kv not refused naming $want: $(cat "$OUT/err")"
 done
+# messages that say what is allowed and why: expert-TP at TP 1 names TP's value; a size that does not divide the
+# trainer ranks without a pipeline names no pipeline stage (with one, the stage's ranks); model parallelism on
+# one trainer rank tells plan's user to set trainer.n_ranks (plan runs nothing), not to run under mpirun
+plan_refuses "expert_tensor_parallel_size=2: .*must be 1 or equal actor.megatron.tensor_model_parallel_size .*that is 1 here (no TP)" \
+    actor.megatron.expert_tensor_parallel_size=2 && ok || fail "plan expert-TP 2 at TP 1: $(cat "$OUT/err")"
+plan_refuses "fsdp_size=3 does not divide the 4 trainer ranks$" trainer.n_ranks=4 actor.fsdp_config.fsdp_size=3 &&
+    ! grep -q "pipeline stage" "$OUT/err" && ok || fail "plan fsdp 3 over 4 ranks: $(cat "$OUT/err")"
+plan_refuses "fsdp_size=3 does not divide the 2 ranks of a pipeline stage (4 trainer ranks / actor.pipeline_parallel_size=2)" \
+    trainer.n_ranks=4 actor.pipeline_parallel_size=2 actor.fsdp_config.fsdp_size=3 && ok ||
+    fail "plan fsdp 3 over a stage of 2 ranks: $(cat "$OUT/err")"
+plan_refuses "splits the model over trainer ranks: set trainer.n_ranks ≥ 2" actor.expert_parallel_size=2 &&
+    ! grep -q "run under mpirun" "$OUT/err" && ok || fail "plan EP 2 on one trainer rank: $(cat "$OUT/err")"
+# more data-parallel shards than a mini-batch has GRPO groups: moerl rl runs it (the extra shards get no data), so
+# plan plans it and warns as rl does (rl_warn_idle_shards), naming the key, the value and the bound; none at the bound
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=2147483647 >/dev/null 2>"$OUT/err" &&
+    grep -q "WARN.*trainer.n_ranks=2147483647 makes 2147483647 data-parallel shards .*actor.ppo_mini_batch_size=8 GRPO groups.*2147483639 shards get no data in any update; trainer.n_ranks ≤ 8 feeds every shard" "$OUT/err" &&
+    ok || fail "plan trainer.n_ranks=2147483647 without the idle-shard warning: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=32 actor.pipeline_parallel_size=2 >/dev/null 2>"$OUT/err" &&
+    grep -q "WARN.*makes 16 data-parallel shards (2 trainer ranks each.*trainer.n_ranks ≤ 16 feeds" "$OUT/err" &&
+    ok || fail "plan pp 2 × 16 shards over 8 groups: $(cat "$OUT/err")"
+$M plan --model examples/qwen3_30b_a3b trainer.n_ranks=16 actor.pipeline_parallel_size=2 >/dev/null 2>"$OUT/err" &&
+    ! grep -q "data-parallel shard" "$OUT/err" && ok || fail "plan pp 2 × 8 shards over 8 groups warns: $(cat "$OUT/err")"
 # trainer tensor parallelism (TP × DP): each rank holds the TP slice (half the weights and moments, up to the
 # replicated norms and router) and the TP group's all-reduces are a row of their own; what moerl rl refuses
 # (TP with EP and expert-TP, FSDP, Ulysses, recompute; Megatron sequence parallelism with EP or the pipeline)
@@ -281,6 +303,18 @@ j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 
     actor.ppo_mini_batch_size=1000000000 2>"$OUT/err")
 mb=$(echo "$j" | json_field micro_batches 2>/dev/null)
 [[ $mb == 128906250 ]] && ok || fail "plan of 10^9 sequences per mini-batch: micro_batches '$mb' (want 128906250): $(cat "$OUT/err")"
+# pipeline × FSDP with a billion prompts per mini-batch: the whole-group split's bounds (rl_shard_groups, by
+# bisection) and the pipeline's count rule (periodic past 2·pp sequences) take no pass per group: plans
+# (rollout.n=1), or is refused naming the keys when a pipeline's sequences pass 2^31 − 1 (rollout.n=8; no
+# negative counts). The timeouts only tell a hang from an answer.
+j=$(timeout 120 $M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=4 actor.pipeline_parallel_size=2 \
+    actor.fsdp_config.fsdp_size=2 actor.ppo_mini_batch_size=1000000000 rollout.n=1 2>"$OUT/err")
+mb=$(echo "$j" | json_field micro_batches 2>/dev/null)
+[[ $mb == 64453125 ]] && ok || fail "plan pp 2 × fsdp 2 of 10^9 prompts: micro_batches '$mb' (want 64453125): $(cat "$OUT/err")"
+timeout 120 $M plan --model examples/qwen3_30b_a3b trainer.n_ranks=4 actor.pipeline_parallel_size=2 \
+    actor.fsdp_config.fsdp_size=2 actor.ppo_mini_batch_size=1000000000 >/dev/null 2>"$OUT/err"
+[[ $? -eq 1 ]] && grep -q "actor.ppo_mini_batch_size=1000000000 prompts split over 2 data-parallel pipelines can give a pipeline [0-9]* groups of rollout.n=8 = [0-9]* sequences in one update, more than 2^31 − 1" "$OUT/err" &&
+    ! grep -q -- "-[0-9]" "$OUT/err" && ok || fail "plan pp 2 × fsdp 2 of 10^9 groups of 8: $(cat "$OUT/err")"
 # actor.use_kl_loss: the reference is sharded as the actor (fp32): FSDP's shard, gathered in its own
 # forward-only pass (one logprob pass's collectives); plain data parallel keeps the whole padded layout
 j=$($M plan --model examples/qwen3_30b_a3b --json trainer.n_ranks=8 actor.fsdp_config.fsdp_size=8 actor.use_kl_loss=true 2>"$OUT/err")

@@ -688,6 +688,41 @@ static void test_log_ranks(void) {
     free(s);
 }
 
+/* Another command's keys named in the unknown-key messages (cfg_set_other_command): its spelling of a key of this
+ * command (a prefix pair and a whole-key pair), a typo of that spelling, a key only it has; a key neither has
+ * keeps the usual suggestion. */
+static void test_other_command(void) {
+    static const char *const spell[] = {"actor.optim.", "optim.", "sft.lr", "optim.lr"};
+    cfg *c = cfg_new(), *rl = cfg_new();
+    cfg_def_float(c, "optim.lr", 1e-3, "lr");
+    cfg_def_int(c, "trainer.total_training_steps", 1, "steps");
+    cfg_def_float(rl, "actor.optim.lr", 1e-6, "lr");
+    cfg_def_int(rl, "trainer.n_ranks", 1, "ranks");
+    cfg_def_float(rl, "sft.lr", 1e-3, "warm-start lr");
+    cfg_set_other_command(c, "moerl sft", rl, "moerl rl", spell, 2);
+    CHECK(cfg_apply_override(c, "actor.optim.lr=3") == MOERL_ERR &&
+              has(moerl_last_error(), "('actor.optim.lr' is moerl rl's spelling; moerl sft's key is 'optim.lr')"),
+          "rl spelling: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "sft.lr=3") == MOERL_ERR && has(moerl_last_error(), "moerl sft's key is 'optim.lr'"),
+          "whole-key pair: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "actor.optim.lrr=3") == MOERL_ERR &&
+              has(moerl_last_error(), "(did you mean 'optim.lr'? moerl sft spells moerl rl's actor.optim.* as optim.*)"),
+          "typo of the rl spelling: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "trainer.n_ranks=2") == MOERL_ERR &&
+              has(moerl_last_error(), "('trainer.n_ranks' is a key of moerl rl, not of moerl sft;"),
+          "rl-only key: %s", moerl_last_error());
+    CHECK(load_text(c, "other.yaml", "actor:\n  optim:\n    lr: 1\n") == MOERL_ERR &&
+              has(moerl_last_error(), ":3: unknown key 'actor.optim.lr' ('actor.optim.lr' is moerl rl's spelling"),
+          "rl spelling in a file: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "trainer.total_trainig_steps=2") == MOERL_ERR &&
+              has(moerl_last_error(), "(did you mean 'trainer.total_training_steps'?)"),
+          "a typo of this command's key: %s", moerl_last_error());
+    CHECK(cfg_apply_override(c, "zzz.qqq=2") == MOERL_ERR && has(moerl_last_error(), "no key of this command is close"),
+          "a key of neither: %s", moerl_last_error());
+    CHECK(cfg_float(c, "optim.lr") == 1e-3, "refused overrides change nothing");
+    cfg_free(c); /* frees rl */
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/moerl_test_config_XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -695,6 +730,7 @@ int main(void) {
     test_yaml_nested();
     test_overrides();
     test_unknown_and_types();
+    test_other_command();
     test_syntax_errors();
     test_dump_roundtrip();
     test_edit_distance();

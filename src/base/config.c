@@ -42,6 +42,10 @@ typedef struct {
 struct cfg {
     cfg_entry *e;
     int n, cap;
+    cfg *other;                       /* another command's keys, for messages (cfg_set_other_command) */
+    const char *name, *other_name;    /* the commands' names ("moerl sft", "moerl rl"), static */
+    const char *const *spell;         /* from, to pairs: the other command's spelling → this one's, static */
+    int n_spell;
 };
 
 static const char *type_name(cfg_type t) {
@@ -134,6 +138,7 @@ void cfg_free(cfg *c) {
         val_free(&c->e[i].def);
     }
     free(c->e);
+    cfg_free(c->other);
     free(c);
 }
 
@@ -312,8 +317,49 @@ static const char *leaf(const char *key) {
  * the smaller whole-key distance, then to the key declared first. A key is close when that distance is at
  * most max(2, len(key)/4) — a typo, not another command's key ("rollout.n" given to moerl sft is not
  * "model.path"). */
+static void suggestion(const cfg *c, const char *key, char *buf, size_t cap);
+
+void cfg_set_other_command(cfg *c, const char *name, cfg *other, const char *other_name, const char *const *spell,
+                           int n_spell) {
+    cfg_free(c->other);
+    c->other = other;
+    c->name = name;
+    c->other_name = other_name;
+    c->spell = spell;
+    c->n_spell = n_spell;
+}
+
+/* The other command's spelling of a key of this one (a "from" pair: a whole key, or a prefix ending in '.'),
+ * or a key only the other command has: the message says so. False when neither applies. */
+static bool other_command_hint(const cfg *c, const char *key, char *buf, size_t cap) {
+    if (!c->other) return false;
+    for (int i = 0; i < c->n_spell; i++) {
+        const char *from = c->spell[2 * i], *to = c->spell[2 * i + 1];
+        const size_t n = strlen(from);
+        const bool prefix = n > 0 && from[n - 1] == '.';
+        if (prefix ? strncmp(key, from, n) != 0 : strcmp(key, from) != 0) continue;
+        char mapped[512], sug[600];
+        snprintf(mapped, sizeof mapped, "%s%s", to, prefix ? key + n : "");
+        if (find(c, mapped)) {
+            snprintf(buf, cap, " ('%s' is %s's spelling; %s's key is '%s')", key, c->other_name, c->name, mapped);
+            return true;
+        }
+        const cfg plain = {.e = c->e, .n = c->n}; /* this command's keys alone */
+        suggestion(&plain, mapped, sug, sizeof sug);
+        if (strncmp(sug, " (did you mean", 14) != 0) continue;
+        snprintf(buf, cap, "%.*s %s spells %s's %s%s as %s%s)", (int)strlen(sug) - 1, sug, c->name, c->other_name,
+                 from, prefix ? "*" : "", to, prefix ? "*" : "");
+        return true;
+    }
+    if (!find(c->other, key)) return false;
+    snprintf(buf, cap, " ('%s' is a key of %s, not of %s; --help lists %s's keys)", key, c->other_name, c->name,
+             c->name);
+    return true;
+}
+
 static void suggestion(const cfg *c, const char *key, char *buf, size_t cap) {
     buf[0] = 0;
+    if (other_command_hint(c, key, buf, cap)) return;
     int best = -1, bd = 0, bfull = 0;
     for (int i = 0; i < c->n; i++) {
         int full = cfg_edit_distance(key, c->e[i].key);

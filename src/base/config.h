@@ -120,4 +120,14 @@ void cfg_print_help(const cfg *c, FILE *out);
  * Exposed for tests and for other "did you mean" messages. */
 int cfg_edit_distance(const char *a, const char *b);
 
+/* Name another command's keys in this one's unknown-key messages (messages only: nothing is declared). c takes
+ * `other` (freed by cfg_free); name, other_name ("moerl sft", "moerl rl") and spell stay the caller's (static).
+ * spell: n_spell (from, to) pairs, the other command's spelling of this one's keys, each a whole key or a prefix
+ * ending in '.' ("actor.optim." → "optim."). An unknown key that a pair maps onto a key of c is named: "('k' is
+ * moerl rl's spelling; moerl sft's key is 'k2')"; onto a typo of one, the usual "did you mean" plus the spelling
+ * rule; a key only `other` declares: "('k' is a key of moerl rl, not of moerl sft; ...)". Else the usual
+ * suggestion. */
+void cfg_set_other_command(cfg *c, const char *name, cfg *other, const char *other_name, const char *const *spell,
+                           int n_spell);
+
 #endif

@@ -14,20 +14,27 @@ void par_def_layout_keys(cfg *c) {
     cfg_def_int(c, "trainer.n_ranks", 1, "trainer ranks: under mpirun -np N the last n_ranks ranks train (in the layout the actor.* parallel keys give: data parallel, FSDP, expert / sequence / pipeline parallel), the other N-n_ranks roll out; 1 in one process");
 }
 
-/* The model-parallel sizes against the trainer ranks and the gradient compression. */
-static int check_model_parallel(const par_layout *L, int grad_compression) {
-    const par_config *pc = &L->par;
-    const int T = L->n_trainer_ranks;
+int par_check_ranks(const par_config *pc, int T, const char *advice) {
     const int pp = pc->pipeline_parallel_size, fsdp = pc->fsdp_size == -1 ? T / pp : pc->fsdp_size;
     const int any = fsdp > 1 || pc->expert_parallel_size > 1 || pc->ulysses_sequence_parallel_size > 1 || pp > 1 ||
                     pc->tensor_model_parallel_size > 1;
     if (any && T < 2)
         return moerl_errorf("model parallelism (actor.fsdp_config.fsdp_size=%d, actor.expert_parallel_size=%d, "
                             "actor.ulysses_sequence_parallel_size=%d, actor.pipeline_parallel_size=%d, "
-                            "actor.megatron.tensor_model_parallel_size=%d) splits the model over trainer ranks: run "
-                            "under mpirun with trainer.n_ranks ≥ 2 (it is %d)",
+                            "actor.megatron.tensor_model_parallel_size=%d) splits the model over trainer ranks: %s",
                             pc->fsdp_size, pc->expert_parallel_size, pc->ulysses_sequence_parallel_size, pp,
-                            pc->tensor_model_parallel_size, T);
+                            pc->tensor_model_parallel_size, advice);
+    return MOERL_OK;
+}
+
+/* The model-parallel sizes against the trainer ranks and the gradient compression. */
+static int check_model_parallel(const par_layout *L, int grad_compression) {
+    const par_config *pc = &L->par;
+    const int T = L->n_trainer_ranks;
+    const int pp = pc->pipeline_parallel_size, fsdp = pc->fsdp_size == -1 ? T / pp : pc->fsdp_size;
+    char advice[96];
+    snprintf(advice, sizeof advice, "run under mpirun with trainer.n_ranks ≥ 2 (it is %d)", T);
+    if (par_check_ranks(pc, T, advice) != MOERL_OK) return MOERL_ERR;
     if (par_check_pp_compose(pc) != MOERL_OK || par_check_tp(pc, T) != MOERL_OK) return MOERL_ERR; /* pipeline with FSDP or EP, not SP; TP with DP */
     const int tp = pc->tensor_model_parallel_size;
     if (tp > 1 && grad_compression != GRAD_COMPRESSION_NONE)

@@ -24,5 +24,10 @@ void par_def_layout_keys(cfg *c);
  * data-parallel reducer (no FSDP, pipeline or EP). The sizes against the ranks and the model are
  * par_check's, once the model is known. Errors name the keys and their values. */
 int par_read_layout(const cfg *c, int grad_compression, par_layout *L);
+/* Model parallelism (any of pc's sizes above 1; fsdp_size -1 = all T) needs T ≥ 2 trainer ranks: else an
+ * error naming every size, ending in `advice` (how this command gets more ranks: rl "run under mpirun with
+ * trainer.n_ranks ≥ 2", sft "run under mpirun -np ≥ 2", plan "set trainer.n_ranks ≥ 2"). par_read_layout's
+ * check; moerl sft and moerl plan call it with their own advice. */
+int par_check_ranks(const par_config *pc, int T, const char *advice);
 
 #endif

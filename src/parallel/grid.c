@@ -27,10 +27,15 @@ static int par_read_tp_keys(const cfg *c, par_config *pc) {
     pc->sequence_parallel = cfg_bool(c, "actor.megatron.sequence_parallel");
     const int tp = pc->tensor_model_parallel_size, etp = pc->expert_tensor_parallel_size;
     if (tp < 1) return moerl_errorf("actor.megatron.tensor_model_parallel_size must be ≥ 1, got %d", tp);
+    if (etp != -1 && etp != 1 && etp != tp && tp == 1)
+        return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expert-TP splits an expert's width over "
+                            "the tensor-parallel group, so it must be 1 or equal "
+                            "actor.megatron.tensor_model_parallel_size (-1 = equal), and that is 1 here (no TP): use 1 "
+                            "or -1, or set actor.megatron.tensor_model_parallel_size=%d with it", etp, etp);
     if (etp != -1 && etp != 1 && etp != tp)
-        return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expected -1 (= the "
-                            "tensor_model_parallel_size, %d: each expert's width split), 1 (experts whole on each TP "
-                            "rank) or %d", etp, tp, tp);
+        return moerl_errorf("actor.megatron.expert_tensor_parallel_size=%d: expert-TP must be 1 (experts whole on "
+                            "each TP rank) or equal actor.megatron.tensor_model_parallel_size=%d (each expert's width "
+                            "split over the TP group; -1 = equal)", etp, tp);
     if (pc->sequence_parallel && tp < 2)
         return moerl_errorf("actor.megatron.sequence_parallel=true needs actor.megatron.tensor_model_parallel_size ≥ 2 "
                             "(got %d): it splits the tokens over the tensor-parallel group", tp);
@@ -205,15 +210,14 @@ int par_check(const par_config *pc, int T, int E, int nh, int nkv, int L) {
     if (par_check_tp(pc, T) != MOERL_OK) return MOERL_ERR;
     const int D = T / pp, sp = pc->ulysses_sequence_parallel_size, ep = pc->expert_parallel_size;
     const int fsdp = pc->fsdp_size == -1 ? D : pc->fsdp_size;
-    if (D % sp)
-        return moerl_errorf("actor.ulysses_sequence_parallel_size=%d does not divide the %d rank%s of a pipeline stage "
-                            "(%d trainers / pp %d)", sp, D, moerl_plural(D), T, pp);
-    if (D % fsdp)
-        return moerl_errorf("actor.fsdp_config.fsdp_size=%d does not divide the %d rank%s of a pipeline stage", fsdp, D,
-                            moerl_plural(D));
-    if (D % ep)
-        return moerl_errorf("actor.expert_parallel_size=%d does not divide the %d rank%s of a pipeline stage", ep, D,
-                            moerl_plural(D));
+    char ranks[160]; /* the ranks a size must divide: a stage's with a pipeline, else every trainer rank */
+    if (pp > 1)
+        snprintf(ranks, sizeof ranks, "the %d rank%s of a pipeline stage (%d trainer ranks / "
+                 "actor.pipeline_parallel_size=%d)", D, moerl_plural(D), T, pp);
+    else snprintf(ranks, sizeof ranks, "the %d trainer rank%s", D, moerl_plural(D));
+    if (D % sp) return moerl_errorf("actor.ulysses_sequence_parallel_size=%d does not divide %s", sp, ranks);
+    if (D % fsdp) return moerl_errorf("actor.fsdp_config.fsdp_size=%d does not divide %s", fsdp, ranks);
+    if (D % ep) return moerl_errorf("actor.expert_parallel_size=%d does not divide %s", ep, ranks);
     if (ep > 1 && (E <= 0 || E % ep))
         return moerl_errorf("actor.expert_parallel_size=%d does not divide the model's %d experts", ep, E);
     if (sp > 1 && (nh % sp || (nkv % sp && sp % nkv)))

@@ -13,6 +13,7 @@
 #include "model/model_config.h"
 #include "model/perf.h"
 #include "optim/onebit_adam.h"
+#include "parallel/config.h"
 #include "parallel/grid.h"
 #include "rl/rl.h" /* rl_def_keys: every key of `moerl rl` */
 
@@ -129,6 +130,18 @@ static int plan_check_rl_keys(const cfg *c, const moe_config *mc) {
     return st;
 }
 
+/* Model parallelism against trainer.n_ranks, rl's check (par_check_ranks) in plan's words: plan runs nothing, so
+ * the count is all it needs (the other checks of trainer.n_ranks are rl's, plan_check_rl_keys). */
+static int plan_check_ranks(const cfg *c) {
+    const int64_t T = cfg_int(c, "trainer.n_ranks");
+    par_config pc;
+    if (T < 1 || par_read_keys(c, &pc) != MOERL_OK) return MOERL_OK; /* refused by plan_check_rl_keys, in rl's words */
+    char advice[160];
+    snprintf(advice, sizeof advice, "set trainer.n_ranks ≥ 2, the trainer ranks plan sizes the layout for (it is %lld; "
+             "moerl rl then runs them under mpirun)", (long long)T);
+    return par_check_ranks(&pc, (int)T, advice);
+}
+
 /* The prompt length plan sizes a sequence with (*plen, in: data.max_prompt_length or PLAN_DEFAULT_PROMPT_LEN),
  * against the model's context as moerl rl checks it (rl_check_seq_len): data.max_prompt_length when set, every
  * prompt rl admits being at most that long, is refused past the context; unset (0 = no limit), the assumed
@@ -149,7 +162,9 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     mc->exec.separate_permute = !cfg_bool(c, "model.moe.fused_permute");
     mc->exec.per_expert_weights = !cfg_bool(c, "model.moe.stacked_weights");
     memset(in, 0, sizeof *in);
-    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK || plan_check_rl_keys(c, mc) != MOERL_OK) return MOERL_ERR;
+    if (cfg_check_int32(c, "seed,_bytes") != MOERL_OK || plan_check_ranks(c) != MOERL_OK ||
+        plan_check_rl_keys(c, mc) != MOERL_OK)
+        return MOERL_ERR;
     /* the data.* keys as moerl rl and simulate check them (e.g. data.filter_overlong_prompts=true needs
      * data.max_prompt_length > 0): plan_check_rl_keys; plan reads no data itself */
     const char *pos[] = {"trainer.n_ranks", "rollout.n_ranks", "rollout.tensor_model_parallel_size", "rollout.max_num_seqs",
@@ -160,6 +175,7 @@ int plan_read_input(const cfg *c, const char *model, moe_config *mc, plan_input 
     par_config pc = {0};
     if (plan_read_layout(c, mc, &pc) != MOERL_OK) return MOERL_ERR;
     in->n_trainer = (int)cfg_int(c, "trainer.n_ranks");
+    rl_warn_idle_shards(&pc, in->n_trainer, (int)cfg_int(c, "actor.ppo_mini_batch_size")); /* as moerl rl */
     in->fsdp = (int)cfg_int(c, "actor.fsdp_config.fsdp_size");
     in->ep = (int)cfg_int(c, "actor.expert_parallel_size");
     in->sp = (int)cfg_int(c, "actor.ulysses_sequence_parallel_size");

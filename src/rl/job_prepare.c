@@ -157,6 +157,24 @@ static rl_job_status leader_verdict(rl_job *J, int refused) {
     return RL_JOB_REFUSED;
 }
 
+int rl_data_shards(const par_config *pc, int n_trainer_ranks) {
+    const int per = MOERL_MAX(pc->pipeline_parallel_size, 1) * MOERL_MAX(pc->ulysses_sequence_parallel_size, 1) *
+                    MOERL_MAX(pc->tensor_model_parallel_size, 1);
+    return MOERL_MAX(n_trainer_ranks / per, 1);
+}
+
+void rl_warn_idle_shards(const par_config *pc, int n_trainer_ranks, int ppo_mini_batch_size) {
+    const int D = rl_data_shards(pc, n_trainer_ranks), G = ppo_mini_batch_size;
+    if (G < 1 || D <= G) return;
+    const int64_t per = (int64_t)(n_trainer_ranks / D), bound = per * G; /* trainer ranks per shard */
+    log_warn("trainer.n_ranks=%d makes %d data-parallel shard%s (%lld trainer rank%s each: "
+             "actor.pipeline_parallel_size × actor.ulysses_sequence_parallel_size × "
+             "actor.megatron.tensor_model_parallel_size), but a mini-batch has actor.ppo_mini_batch_size=%d GRPO group%s, each trained whole by one shard: %d shard%s "
+             "get no data in any update; trainer.n_ranks ≤ %lld feeds every shard",
+             n_trainer_ranks, D, moerl_plural(D), (long long)per, moerl_plural(per), G, moerl_plural(G), D - G, moerl_plural(D - G),
+             (long long)bound);
+}
+
 /* Checks that write nothing, then the model. */
 static rl_job_status prepare_checks(rl_job *J, const char *why) {
     const cfg *c = J->c;
@@ -174,6 +192,7 @@ static rl_job_status prepare_checks(rl_job *J, const char *why) {
     if (model_build_from_keys(c, &J->m) != MOERL_OK || data_use_model_tokenizer(c, J->m.cfg.vocab_size) != MOERL_OK)
         return job_fail(J);
     if (J->dist && check_layout(J) != MOERL_OK) return RL_JOB_REFUSED;
+    if (J->dist && J->leader) rl_warn_idle_shards(&rc->par, rc->n_trainer_ranks, rc->ppo_mini_batch_size);
     return RL_JOB_READY;
 }
 

@@ -200,6 +200,14 @@ int rl_check_rollout_tp(const rl_config *rc, const moe_config *mc, int n_rollout
 /* Why the run evaluates on the held-out split, written into buf ("trainer.val_n=N evaluates on them"), for
  * data_check_keys; NULL when it does not (trainer.val_n = 0). */
 const char *rl_why_test(const rl_config *rc, char *buf, size_t cap);
+/* The data-parallel shards the trainer ranks make (T / (pipeline × Ulysses × TP sizes), the grid's dp: each
+ * trains its own share of a mini-batch), and a warning when there are more of them than a mini-batch's
+ * actor.ppo_mini_batch_size GRPO groups, which go to the shards whole (rl_split_minibatch): the extra shards get
+ * no data in any update. moerl rl runs such a layout (an empty shard adds nothing to the gradient), so moerl
+ * rl and moerl plan warn alike, naming trainer.n_ranks, its value and the bound (the largest trainer.n_ranks
+ * that feeds every shard). Returns the shard count. */
+int rl_data_shards(const par_config *pc, int n_trainer_ranks);
+void rl_warn_idle_shards(const par_config *pc, int n_trainer_ranks, int ppo_mini_batch_size);
 /* The one place the sync mode's rule lives: r->mode = mode and the async_training.* values in force
  * from r->async_keys — in sync mode staleness 0, a weight sync every step and no partial rollout —
  * then the staleness budget's checks (rl_config_budget). moerl simulate's sweep runs each mode through

@@ -13,6 +13,7 @@
 #include "data/data_config.h"
 #include "data/tokenizer.h"
 #include "model/model_config.h"
+#include "parallel/config.h"
 #include "parallel/parallel.h"
 #include "reward/reward.h"
 #include "rl/rl.h"
@@ -23,6 +24,19 @@ static int sft_save_checkpoint(const moe_model *m, const char *dir, int bf16) {
     if (model_save_hf(m, dir, bf16, 0) != MOERL_OK) return MOERL_ERR;
     return tokenizer_save(tok_current(), dir);
 }
+
+/* moerl rl's spelling of moerl sft's keys (its actor's optimizer, its SFT warm start's sft.*), for the messages
+ * of an rl key given to sft (cfg_set_other_command): pairs of (rl's, sft's); a prefix ends in '.'. */
+static const char *const k_rl_spellings[] = {
+    "actor.optim.", "optim.",
+    "sft.total_training_steps", "trainer.total_training_steps",
+    "sft.train_batch_size", "data.train_batch_size",
+    "sft.lr", "optim.lr",
+    "sft.lr_scheduler", "optim.lr_scheduler",
+    "sft.lr_warmup_steps_ratio", "optim.lr_warmup_steps_ratio",
+    "sft.weight_decay", "optim.weight_decay",
+    "sft.test_freq", "trainer.test_freq",
+};
 
 void sft_def_job_keys(cfg *c) {
     model_def_keys(c);
@@ -55,6 +69,10 @@ void sft_def_job_keys(cfg *c) {
     par_def_keys(c);
     cfg_def_bool(c, "debug.test_no_pp_share_check", false,
                  "test only: skip the pipeline's batch-share check at the start (the in-step check refuses instead)");
+    cfg *rl = cfg_new(); /* moerl rl's keys, named in sft's unknown-key messages */
+    rl_def_keys(rl);
+    cfg_set_other_command(c, "moerl sft", rl, "moerl rl", k_rl_spellings,
+                          (int)(sizeof k_rl_spellings / sizeof *k_rl_spellings / 2));
 }
 
 static int check_sched(const char *key, const char *s) {
@@ -145,6 +163,11 @@ static int sft_job_setup(sft_job *J) {
     if (rc == MOERL_OK) {
         par_config pc;
         rc = par_read_keys(c, &pc);
+        char advice[160]; /* every process of moerl sft trains: the ranks are mpirun's */
+        const int T = J->ctx->trainer_size > 1 ? J->ctx->trainer_size : 1;
+        snprintf(advice, sizeof advice, "run under mpirun with build/moerl-mpi and ≥ 2 processes, e.g. `mpirun -np 2 "
+                 "build/moerl-mpi sft ...` (every process of moerl sft trains; it has %d)", T);
+        if (rc == MOERL_OK) rc = par_check_ranks(&pc, T, advice); /* before the model is built, as moerl rl */
     }
     if (rc == MOERL_OK) rc = model_build_from_keys(c, &J->m);
     if (rc == MOERL_OK) rc = data_use_model_tokenizer(c, J->m.cfg.vocab_size);

@@ -36,9 +36,22 @@ void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k
      * k is possible only if k·cmax ≥ (⌈(G − k)/(D − 1)⌉ − 1)·cmin (the fullest other shard took its
      * last group while no fuller than this one) and (k − 1)·cmin ≤ ⌊(G − k)/(D − 1)⌋·cmax (the same
      * for this shard against the emptiest other). Both tests are monotone in k. */
-    int lo = 0, hi = G;
-    while (lo < G && (int64_t)lo * cmax < (int64_t)((G - lo + D - 2) / (D - 1) - 1) * cmin) lo++;
-    while (hi > lo && (int64_t)(hi - 1) * cmin > (int64_t)((G - hi) / (D - 1)) * cmax) hi--;
+    /* lo: the least k in [0, G] failing the first test (k·cmax below the fullest other's bound), hi: the greatest
+     * k in [lo, G] failing the second; both by bisection (log G steps: plan takes mini-batches of 10^9 groups) */
+    int a = 0, b = G; /* the first test holds below a, fails at b (or b = G) */
+    while (a < b) {
+        const int k = a + (b - a) / 2;
+        if ((int64_t)k * cmax < (int64_t)((G - k + D - 2) / (D - 1) - 1) * cmin) a = k + 1;
+        else b = k;
+    }
+    int lo = a, hi;
+    a = lo, b = G; /* the second test fails at a (or a = lo), holds above b */
+    while (a < b) {
+        const int k = b - (b - a) / 2;
+        if ((int64_t)(k - 1) * cmin > (int64_t)((G - k) / (D - 1)) * cmax) b = k - 1;
+        else a = k;
+    }
+    hi = a;
     /* every shard gets between lo and hi groups, so none gets more than G − (D − 1)·lo */
     hi = MOERL_MAX(lo, MOERL_MIN(hi, G - (D - 1) * lo));
     lo = MOERL_MIN(hi, MOERL_MAX(lo, G - (D - 1) * hi));
@@ -47,10 +60,21 @@ void rl_shard_groups(int G, int D, int64_t cmin, int64_t cmax, int *k_lo, int *k
 }
 
 /* The first per-pipeline group count k in [k_lo, k_hi] (k ≥ 1) whose k·g sequences of up to L tokens
- * the pipeline cannot schedule, or 0 when every one can (pp_count_allowed). */
+ * the pipeline cannot schedule, or 0 when every one can (pp_count_allowed). From n ≥ 2·pp sequences on,
+ * pp_count_allowed(n) depends on n mod pp alone (pp_count_needed: never with L past max_tokens; with one
+ * sequence per micro-batch, the interleaved schedule needs pp | n; else always, as ⌈n/per⌉ rounded up to a
+ * multiple of pp is ≤ n), so k·g's verdicts repeat with period pp in k once k·g ≥ 2·pp: one period is checked,
+ * and past it only k·g overflowing 32 bits can fail (a mini-batch of 10^9 groups takes no 10^9 steps). */
 static int first_bad_groups(int k_lo, int k_hi, int g, int L, int max_tokens, int pp, int v) {
-    for (int k = MOERL_MAX(k_lo, 1); k <= k_hi; k++)
-        if ((int64_t)k * g > INT_MAX || !pp_count_allowed(k * g, L, max_tokens, pp, v)) return k;
+    if (g < 1) return 0; /* no sequences: nothing to schedule (pp_count_allowed(0)) */
+    const int64_t k_rep = MOERL_MAX((int64_t)MOERL_MAX(k_lo, 1), ((int64_t)2 * pp + g - 1) / g) + pp;
+    int64_t k = MOERL_MAX(k_lo, 1);
+    for (; k <= k_hi && k < k_rep; k++) /* up to one period past 2·pp sequences */
+        if (k * g > INT_MAX || !pp_count_allowed((int)(k * g), L, max_tokens, pp, v)) return (int)k;
+    /* the counts within 2·pp of INT_MAX, where pp_count_needed's rounding overflows (refused, as before), up to
+     * the first k with k·g > INT_MAX: at most 2·pp + 2 of them */
+    for (k = MOERL_MAX(k, ((int64_t)INT_MAX - 2 * pp) / g); k <= k_hi; k++)
+        if (k * g > INT_MAX || !pp_count_allowed((int)(k * g), L, max_tokens, pp, v)) return (int)k;
     return 0;
 }
 
@@ -116,6 +140,11 @@ int rl_check_pipeline_groups(const rl_pp_sizes *z) {
     rl_shard_groups(G, D, (int64_t)g * MOERL_MIN(z->min_seq_tokens, L), (int64_t)g * L, &k_lo, &k_hi);
     const int bad = first_bad_groups(k_lo, k_hi, g, L, z->max_tokens, pp, v);
     if (!bad) return MOERL_OK;
+    if ((int64_t)bad * g > INT_MAX) /* a count the pipeline's 32-bit micro-batch schedule cannot hold */
+        return moerl_errorf("actor.pipeline_parallel_size=%d: actor.ppo_mini_batch_size=%d prompts split over %d "
+                            "data-parallel pipeline%s can give a pipeline %d group%s of rollout.n=%d = %lld sequences "
+                            "in one update, more than 2^31 − 1: lower actor.ppo_mini_batch_size or rollout.n",
+                            pp, G, D, moerl_plural(D), bad, moerl_plural(bad), g, (long long)bad * g);
     /* values that would work, each alone: rollout.n (the group range depends on the lengths only),
      * actor.ppo_max_token_len_per_gpu (more sequences per micro-batch), the plain schedule */
     char fix[400] = "", part[128];
