@@ -175,7 +175,28 @@ static int builtin_rewards(const cfg *c) {
     return 1;
 }
 
+static int prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged,
+                          int need_rewards);
+
 int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged) {
+    return prepare_staged(c, out_dir, train, test, staged, 1);
+}
+
+int data_prepare_staged_any_source(const cfg *c, const char *out_dir, dataset *train, dataset *test,
+                                   data_staged *staged) {
+    return prepare_staged(c, out_dir, train, test, staged, 0);
+}
+
+const char *data_source_without_reward(const dataset *ds) {
+    for (int64_t i = 0; i < dataset_count(ds); i++) {
+        const ds_row *r = dataset_row(ds, i);
+        if (!reward_fn_for(r->data_source)) return r->data_source;
+    }
+    return NULL;
+}
+
+static int prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged,
+                          int need_rewards) {
     const char *task = data_task(c);
     char tr[4096], te[4096];
     if (staged) memset(staged, 0, sizeof *staged);
@@ -232,7 +253,7 @@ int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, datas
         return gen ? moerl_errorf("%s has no rows (data.n_train=%lld): set data.n_train ≥ 1", train->path,
                                   (long long)cfg_int(c, "data.n_train"))
                    : moerl_errorf("training data '%s' has no rows", tr);
-    if (builtin_rewards(c) && (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK))
+    if (need_rewards && builtin_rewards(c) && (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK))
         return MOERL_ERR;
     /* every prompt, with its row's tools, renders with the chat template (errors name the row) */
     if (dataset_check_prompts(train) != MOERL_OK || dataset_check_prompts(test) != MOERL_OK) return MOERL_ERR;
