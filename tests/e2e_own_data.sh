@@ -6,13 +6,18 @@
 #                     (accuracies are numbers); a numeric ground truth reaches the file as a number
 #                     and a row without reward_model.style is read as "rule"
 #   parquet           a parquet file is refused with the command converting it to JSONL
+#   list              data.train_files=[a,b] on the command line is refused as a list (one file a split)
 # Usage: tests/e2e_own_data.sh [BUILD_DIR]   (default build; uses BUILD_DIR/moerl)
 source "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 MOERL=$BUILD/moerl
 if [[ ! -x $MOERL ]]; then
     bad "setup" "$MOERL not built"
-    finish
+    # --- a list on the command line (verl takes several files): refused as a list, naming the key
+expect_err "list of files" "data.train_files: got a list '[$W/train.jsonl,$W/test.jsonl]', expected one JSONL file" \
+    "$MOERL" sft --config "$W/cfg.yaml" trainer.default_local_dir="$W/ls" "data.train_files=[$W/train.jsonl,$W/test.jsonl]"
+
+finish
 fi
 export OMP_NUM_THREADS=1
 
@@ -94,5 +99,9 @@ printf 'PAR1\x15\x04\x15\x00' >"$W/train.parquet"
 expect_err "parquet" "is a parquet file" "$MOERL" sft --config "$W/cfg.yaml" trainer.default_local_dir="$W/pq" \
     data.train_files="$W/train.parquet"
 grep -q "pd.read_parquet('$W/train.parquet')" "$W/err" && ok "parquet: the conversion" || bad "parquet" "$(cat "$W/err")"
+
+# --- a list on the command line (verl takes several files): refused as a list, naming the key
+expect_err "list of files" "data.train_files: got a list '[$W/train.jsonl,$W/test.jsonl]', expected one JSONL file" \
+    "$MOERL" sft --config "$W/cfg.yaml" trainer.default_local_dir="$W/ls" "data.train_files=[$W/train.jsonl,$W/test.jsonl]"
 
 finish

@@ -178,6 +178,15 @@ static int builtin_rewards(const cfg *c) {
 static int prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged,
                           int need_rewards);
 
+/* verl's data.train_files may be a list; here it is one file: "[a.jsonl,b.jsonl]" (a list written on the
+ * command line) that names no file is refused as a list, as the YAML loader refuses a YAML list. */
+static int check_not_a_list(const char *key, const char *v) {
+    const size_t n = strlen(v);
+    if (n < 2 || v[0] != '[' || v[n - 1] != ']' || access(v, F_OK) == 0) return MOERL_OK;
+    return moerl_errorf("%s: got a list '%s', expected one JSONL file (moerl reads one file per split: join "
+                        "them first, e.g. cat a.jsonl b.jsonl > train.jsonl)", key, v);
+}
+
 int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged) {
     return prepare_staged(c, out_dir, train, test, staged, 1);
 }
@@ -230,6 +239,8 @@ static int prepare_staged(const cfg *c, const char *out_dir, dataset *train, dat
         if (!tr[0])
             return moerl_errorf("data from files needs data.train_files (JSONL; it is empty)%s",
                                 cfg_str(c, "data.task")[0] ? "" : " — or set data.task to generate the data");
+        if (check_not_a_list("data.train_files", tr) != MOERL_OK || check_not_a_list("data.val_files", te) != MOERL_OK)
+            return MOERL_ERR;
     }
     if (dataset_load(train, tr) != MOERL_OK) return MOERL_ERR;
     memset(test, 0, sizeof *test);
