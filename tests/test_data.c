@@ -185,9 +185,13 @@ static void test_dataset(void) {
     expect_ds_error("model-style reward",
                     "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}],\"reward_model\":{\"style\":\"model\",\"ground_truth\":\"1\"}}",
                     "field 'reward_model.style'", "\"model\"");
-    expect_ds_error("numeric ground truth",
-                    "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}],\"reward_model\":{\"style\":\"rule\",\"ground_truth\":3}}",
-                    "field 'reward_model.ground_truth'", "got an integer");
+    expect_ds_error("bool ground truth",
+                    "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}],\"reward_model\":{\"style\":\"rule\",\"ground_truth\":true}}",
+                    "field 'reward_model.ground_truth'", "got a bool");
+    expect_ds_error("style not a string",
+                    "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}],\"reward_model\":{\"style\":1,\"ground_truth\":\"1\"}}",
+                    "field 'reward_model.style'", "got an integer");
+    expect_ds_error("parquet", "PAR1\x15\x04\x15", "d.jsonl is a parquet file", "pd.read_parquet('d.jsonl')");
     expect_ds_error("missing reward_model", "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}]}",
                     "field 'reward_model'", "missing");
     /* a list is a response of messages now (tests/test_tool_task.c checks those errors) */
@@ -198,6 +202,34 @@ static void test_dataset(void) {
                     "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}],\"reward_model\":{\"style\":\"rule\",\"ground_truth\":\"1\"},\"extra_info\":3}",
                     "field 'extra_info'", "an object");
     expect_ds_error("duplicate field", "{\"data_source\":\"a\",\"data_source\":\"b\"}", "d.jsonl:1:", "invalid JSON");
+
+    /* numbers as ground truth (verl passes them on): the text is Python's str() of the number (reference
+     * values from python3 str(json.loads(t))), held as JSON so a custom reward gets the number */
+    {
+        static const char *num[][2] = {{"3", "3"}, {"-7", "-7"}, {"2.5", "2.5"}, {"0.1", "0.1"}, {"100.0", "100.0"},
+                                       {"1e16", "1e+16"}, {"1e-5", "1e-05"}, {"0.0001", "0.0001"}, {"-3.0", "-3.0"},
+                                       {"123456789012345680.0", "1.2345678901234568e+17"}, {"1.5e300", "1.5e+300"},
+                                       {"0.000123", "0.000123"}, {"12345.678", "12345.678"}, {"-0.0", "-0.0"},
+                                       {"9999999999999998.0", "9999999999999998.0"}};
+        for (size_t i = 0; i < sizeof num / sizeof num[0]; i++) {
+            char row[400];
+            /* no "style" either: verl does not require it (rule) */
+            snprintf(row, sizeof row, "{\"data_source\":\"a\",\"prompt\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                     "\"reward_model\":{\"ground_truth\":%s}}", num[i][0]);
+            dataset dn;
+            int nrc = load_str(&dn, row);
+            CHECK(nrc == MOERL_OK && dn.n == 1 && !strcmp(dn.rows[0].ground_truth, num[i][1]) &&
+                      dn.rows[0].ground_truth_json,
+                  "ground truth %s -> '%s' (want '%s'): %s", num[i][0], nrc == MOERL_OK ? dn.rows[0].ground_truth : "",
+                  num[i][1], moerl_last_error());
+            if (nrc == MOERL_OK) dataset_free(&dn);
+        }
+    }
+    /* a UTF-8 byte order mark before the first row is skipped */
+    CHECK(load_str(&ds, "\xEF\xBB\xBF" ROW_OK "\n" ROW_OK) == MOERL_OK && ds.n == 2 && ds.rows[0].line == 1 &&
+              !strcmp(ds.rows[0].data_source, "arith"),
+          "BOM skipped: %s", moerl_last_error());
+    dataset_free(&ds);
 
     /* missing file names the path */
     char p[600];

@@ -319,7 +319,11 @@ static void test_function(void) {
                 (const char *[]){"verl_reward.py", "nope", "defines no function 'nope'", "compute_score, other_score",
                                  NULL});
     expect_fail("import error", fn_config("tests/reward/broken_reward.py", "compute_score", 1), "plain", 1,
-                (const char *[]){"broken_reward.py", "a_module_that_does_not_exist", "before it was ready", NULL});
+                (const char *[]){"broken_reward.py", "a_module_that_does_not_exist", "before it was ready",
+                                 /* the traceback's lines on lines of their own, indented */
+                                 "its stderr ends:\n", "\n    Traceback (most recent call last):",
+                                 "\n    ModuleNotFoundError: No module named 'a_module_that_does_not_exist'", NULL});
+    CHECK(!has("\\n"), "import error: a literal \\n in %s", moerl_last_error());
     reward_config nopy = fn_config("tests/reward/verl_reward.py", "compute_score", 1);
     snprintf(nopy.python, sizeof nopy.python, "no-such-python-3");
     expect_fail("no interpreter", nopy, "plain", 1, (const char *[]){"cannot start 'no-such-python-3'", NULL});
@@ -411,6 +415,11 @@ static void test_command(const char *tmp) {
     CHECK(count_procs("1234.6") == 0, "the program that closed its stdout survived");
     expect_fail("garbage", cmd_config(CMD "garbage", 1, 30, 2), "plain", 2,
                 (const char *[]){CMD "garbage", "rows.jsonl:1", "not JSON", "this is not json", NULL});
+    /* a start-up banner on stdout: named as output before the first request, diagnostics belong on stderr */
+    expect_fail("banner", cmd_config("sh -c 'echo Loading model...; while read x; do echo 1; done'", 1, 30, 0),
+                "plain", 1,
+                (const char *[]){"rows.jsonl:1", "not JSON", "Loading model...", "output before the first request",
+                                 "print diagnostics to stderr", NULL});
     expect_fail("nan", cmd_config(CMD "nan", 1, 30, 2), "plain", 1,
                 (const char *[]){CMD "nan", "rows.jsonl:1", "not finite", NULL});
     expect_fail("no score", cmd_config(CMD "notscore", 1, 30, 2), "plain", 1,

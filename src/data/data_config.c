@@ -175,7 +175,37 @@ static int builtin_rewards(const cfg *c) {
     return 1;
 }
 
+static int prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged,
+                          int need_rewards);
+
+/* verl's data.train_files may be a list; here it is one file: "[a.jsonl,b.jsonl]" (a list written on the
+ * command line) that names no file is refused as a list, as the YAML loader refuses a YAML list. */
+static int check_not_a_list(const char *key, const char *v) {
+    const size_t n = strlen(v);
+    if (n < 2 || v[0] != '[' || v[n - 1] != ']' || access(v, F_OK) == 0) return MOERL_OK;
+    return moerl_errorf("%s: got a list '%s', expected one JSONL file (moerl reads one file per split: join "
+                        "them first, e.g. cat a.jsonl b.jsonl > train.jsonl)", key, v);
+}
+
 int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged) {
+    return prepare_staged(c, out_dir, train, test, staged, 1);
+}
+
+int data_prepare_staged_any_source(const cfg *c, const char *out_dir, dataset *train, dataset *test,
+                                   data_staged *staged) {
+    return prepare_staged(c, out_dir, train, test, staged, 0);
+}
+
+const char *data_source_without_reward(const dataset *ds) {
+    for (int64_t i = 0; i < dataset_count(ds); i++) {
+        const ds_row *r = dataset_row(ds, i);
+        if (!reward_fn_for(r->data_source)) return r->data_source;
+    }
+    return NULL;
+}
+
+static int prepare_staged(const cfg *c, const char *out_dir, dataset *train, dataset *test, data_staged *staged,
+                          int need_rewards) {
     const char *task = data_task(c);
     char tr[4096], te[4096];
     if (staged) memset(staged, 0, sizeof *staged);
@@ -209,6 +239,8 @@ int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, datas
         if (!tr[0])
             return moerl_errorf("data from files needs data.train_files (JSONL; it is empty)%s",
                                 cfg_str(c, "data.task")[0] ? "" : " — or set data.task to generate the data");
+        if (check_not_a_list("data.train_files", tr) != MOERL_OK || check_not_a_list("data.val_files", te) != MOERL_OK)
+            return MOERL_ERR;
     }
     if (dataset_load(train, tr) != MOERL_OK) return MOERL_ERR;
     memset(test, 0, sizeof *test);
@@ -232,7 +264,7 @@ int data_prepare_staged(const cfg *c, const char *out_dir, dataset *train, datas
         return gen ? moerl_errorf("%s has no rows (data.n_train=%lld): set data.n_train ≥ 1", train->path,
                                   (long long)cfg_int(c, "data.n_train"))
                    : moerl_errorf("training data '%s' has no rows", tr);
-    if (builtin_rewards(c) && (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK))
+    if (need_rewards && builtin_rewards(c) && (data_check_sources(train) != MOERL_OK || data_check_sources(test) != MOERL_OK))
         return MOERL_ERR;
     /* every prompt, with its row's tools, renders with the chat template (errors name the row) */
     if (dataset_check_prompts(train) != MOERL_OK || dataset_check_prompts(test) != MOERL_OK) return MOERL_ERR;

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <jansson.h>
 #include <string.h>
 
@@ -129,6 +130,53 @@ static int parse_response(const char *name, int64_t line, json_t *resp, ds_row *
     return MOERL_OK;
 }
 
+static char *int_str(json_int_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, v);
+    return xstrdup(buf);
+}
+
+/* Python's str(x) of a finite double (repr: the shortest digits that read back as x; positional for
+ * decimal exponents -4 ≤ e < 16 with ".0" on whole numbers, else d.ddde±XX). jansson never holds
+ * inf/nan (JSON has no such numbers). Returns a malloc'd string. */
+static char *py_float_str(double x) {
+    char buf[64];
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    snprintf(buf, sizeof buf, "%.*e", p - 1, x); /* d.ddde±XX with p significant digits */
+    char digits[32];
+    int nd = 0, neg = buf[0] == '-';
+    const char *e = strchr(buf, 'e');
+    for (const char *q = buf + neg; q < e; q++)
+        if (isdigit((unsigned char)*q)) digits[nd++] = *q;
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    const int exp10 = atoi(e + 1);
+    char out[96];
+    int o = 0;
+    if (neg) out[o++] = '-';
+    if (exp10 < -4 || exp10 >= 16) {
+        out[o++] = digits[0];
+        if (nd > 1) o += snprintf(out + o, sizeof out - (size_t)o, ".%s", digits + 1);
+        snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
+    } else if (exp10 < 0) {
+        o += snprintf(out + o, sizeof out - (size_t)o, "0.");
+        for (int i = 0; i < -exp10 - 1; i++) out[o++] = '0';
+        snprintf(out + o, sizeof out - (size_t)o, "%s", digits);
+    } else {
+        for (int i = 0; i <= exp10 || i < nd; i++) {
+            if (i == exp10 + 1) out[o++] = '.';
+            out[o++] = i < nd ? digits[i] : '0';
+        }
+        if (nd <= exp10 + 1) o += snprintf(out + o, sizeof out - (size_t)o, ".0");
+        out[o] = 0;
+    }
+    return xstrdup(out);
+}
+
 static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r) {
     memset(r, 0, sizeof *r);
     r->line = line;
@@ -151,19 +199,22 @@ static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r)
     json_t *rm = json_object_get(o, "reward_model");
     if (!rm) return FIELD_ERR("reward_model", "an object {\"style\", \"ground_truth\"}", "nothing (the field is missing)");
     if (!json_is_object(rm)) return FIELD_ERR("reward_model", "an object {\"style\", \"ground_truth\"}", json_kind(rm));
-    json_t *style = json_object_get(rm, "style");
-    if (!style) return FIELD_ERR("reward_model.style", "\"rule\"", "nothing (the field is missing)");
-    if (!json_is_string(style)) return FIELD_ERR("reward_model.style", "\"rule\"", json_kind(style));
-    if (strcmp(json_string_value(style), "rule") != 0) {
+    json_t *style = json_object_get(rm, "style"); /* absent: "rule" (verl reads no style for rule rewards) */
+    if (style && !json_is_string(style)) return FIELD_ERR("reward_model.style", "\"rule\"", json_kind(style));
+    if (style && strcmp(json_string_value(style), "rule") != 0) {
         char got[300];
         snprintf(got, sizeof got, "\"%.200s\" (only rule-based rewards are supported)", json_string_value(style));
         return FIELD_ERR("reward_model.style", "\"rule\"", got);
     }
     json_t *gt = json_object_get(rm, "ground_truth");
-    const char *gt_expect = "a string, or an object/list for structured tasks";
+    const char *gt_expect = "a string, a number, or an object/list for structured tasks";
     if (!gt) return FIELD_ERR("reward_model.ground_truth", gt_expect, "nothing (the field is missing)");
     if (json_is_string(gt)) {
         r->ground_truth = xstrdup(json_string_value(gt));
+    } else if (json_is_number(gt)) {
+        /* Python's str() of the number: the built-in rewards' text, and valid JSON for a custom reward */
+        r->ground_truth = json_is_integer(gt) ? int_str(json_integer_value(gt)) : py_float_str(json_real_value(gt));
+        r->ground_truth_json = 1;
     } else if (json_is_object(gt) || json_is_array(gt)) {
         r->ground_truth = json_dumps(gt, JSON_COMPACT | JSON_PRESERVE_ORDER);
         r->ground_truth_json = 1;
@@ -180,8 +231,24 @@ static int parse_row(const char *name, int64_t line, const json_t *o, ds_row *r)
     return parse_response(name, line, json_object_get(o, "response"), r);
 }
 
+/* A file that is not JSONL at all (parquet, verl's usual format) is named as such, with the one-line
+ * conversion; a UTF-8 byte order mark (Windows editors write one) is skipped: it carries no data. */
+static int check_not_jsonl(const char *name, const char **text, size_t *len) {
+    if (*len >= 4 && !memcmp(*text, "PAR1", 4))
+        return moerl_errorf("%s is a parquet file (it starts with the parquet magic 'PAR1'): moerl reads JSONL "
+                            "(one JSON object a line, the same fields), not parquet; convert it with: python3 -c "
+                            "\"import pandas as pd; pd.read_parquet('%s').to_json('%s.jsonl', orient='records', "
+                            "lines=True)\"", name, name, name);
+    if (*len >= 3 && !memcmp(*text, "\xEF\xBB\xBF", 3)) {
+        *text += 3;
+        *len -= 3;
+    }
+    return MOERL_OK;
+}
+
 int dataset_load_string(dataset *ds, const char *text, size_t len, const char *name) {
     memset(ds, 0, sizeof *ds);
+    if (check_not_jsonl(name, &text, &len) != MOERL_OK) return MOERL_ERR;
     ds_row *rows = NULL;
     int64_t n = 0, cap = 0, line = 0;
     size_t pos = 0;

@@ -10,7 +10,8 @@
  *     "tools":        list of tool specs (optional; objects, e.g. {"type": "function",
  *                     "function": {"name", "description", "parameters"}}), given to the chat
  *                     template with the prompt (as apply_chat_template's tools)
- *     "reward_model": {"style": "rule", "ground_truth": string | object | list}
+ *     "reward_model": {"style": "rule" (optional: absent means "rule"; another value is refused),
+ *                      "ground_truth": string | number | object | list}
  *     "extra_info":   object (optional, kept as compact JSON text)
  *     "response":     string (optional; the SFT target), or a non-empty list of messages (verl's
  *                     multi-turn SFT shape: the conversation after the prompt, e.g. assistant,
@@ -18,8 +19,11 @@
  *                     assistant message): the loss falls on the assistant turns only
  *                     (ds_row_encode_sft)
  * Other fields (verl's "ability", ...) are ignored. A ground truth given as a JSON object or list
- * (TinyZero/verl countdown: {"target": 24, "numbers": [...]}) is kept as its compact JSON text.
- * Empty (all-whitespace) lines are skipped. Any other departure is an error
+ * (TinyZero/verl countdown: {"target": 24, "numbers": [...]}) is kept as its compact JSON text; a
+ * number as Python's str() of it (2 → "2", 2.0 → "2.0", 1e16 → "1e+16": the built-in rewards' text),
+ * also marked JSON so that a custom reward receives the number. Empty (all-whitespace) lines are
+ * skipped, and so is a UTF-8 byte order mark at the start; a parquet file (magic "PAR1") is refused
+ * with the command that converts it to JSONL. Any other departure is an error
  * "<path>:<line>: field '<name>': expected ..., got ..." and nothing is loaded.
  */
 #ifndef MOERL_DATASET_H
@@ -36,7 +40,7 @@ typedef struct {
     int n_prompt;
     json_t *tools;    /* the row's "tools" list (owned), or NULL */
     char *ground_truth;    /* a string, or the compact JSON text of an object/list */
-    int ground_truth_json; /* 1: ground_truth is JSON text (an object or list in the file) */
+    int ground_truth_json; /* 1: ground_truth is JSON text (an object, list or number in the file) */
     char *extra_info_json; /* compact JSON object text, or NULL when absent */
     char *response;        /* a string response; NULL when absent or a list of messages */
     chat_msg *resp_msgs;   /* [n_resp_msgs]: a response given as messages (as prompt), else NULL */

@@ -127,7 +127,8 @@ static void drain_stderr(worker *w) {
     }
 }
 
-/* "; its stderr ends: ..." (or "" when it wrote none), for messages. */
+/* "; its stderr ends: ..." (or "" when it wrote none), for messages; several lines each on its own
+ * line, indented by four spaces. */
 static void stderr_note(worker *w, char *dst, size_t cap) {
     drain_stderr(w);
     size_t n = w->tail_len;
@@ -136,10 +137,26 @@ static void stderr_note(worker *w, char *dst, size_t cap) {
         dst[0] = 0;
         return;
     }
-    char ex[TAIL_CAP * 2 + 8];
     size_t from = n > 600 ? n - 600 : 0;
-    reward_excerpt(w->tail + from, n - from, ex, sizeof ex);
-    snprintf(dst, cap, "; its stderr ends: %s%s", from ? "..." : "", ex);
+    const char *t = w->tail + from;
+    const size_t tn = n - from;
+    if (!memchr(t, '\n', tn)) {
+        char ex[TAIL_CAP * 2 + 8];
+        reward_excerpt(t, tn, ex, sizeof ex);
+        snprintf(dst, cap, "; its stderr ends: %s%s", from ? "..." : "", ex);
+        return;
+    }
+    /* several lines (a Python traceback): each on its own line, indented under the message */
+    size_t o = (size_t)snprintf(dst, cap, "; its stderr ends:%s", from ? "\n    ..." : "");
+    for (size_t i = 0; i < tn && o + 8 < cap;) {
+        const char *nl = memchr(t + i, '\n', tn - i);
+        size_t ll = nl ? (size_t)(nl - (t + i)) : tn - i, keep = ll;
+        while (keep && t[i + keep - 1] == '\r') keep--;
+        char ex[TAIL_CAP * 2 + 8];
+        reward_excerpt(t + i, keep, ex, sizeof ex);
+        o += (size_t)snprintf(dst + o, cap - o, "\n    %s", ex);
+        i += ll + 1;
+    }
 }
 
 static void describe_status(int st, char *dst, size_t cap) {
@@ -443,6 +460,12 @@ static int on_exit_of(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w) 
     return failed(pb, pol, w, id, line, tries, kind, how, note);
 }
 
+/* The hint for a process's first stdout line that is not an answer: a start-up banner ("Loading
+ * model...") printed to stdout, where only answers belong. */
+static const char k_banner_hint[] =
+    " (this is the first line the program wrote: it looks like output before the first request, such as a "
+    "start-up banner; stdout carries one answer line per request only — print diagnostics to stderr)";
+
 /* Answer lines that came on w: each one is its request's (an extra line is an error). */
 static int on_lines(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w) {
     size_t len;
@@ -453,10 +476,18 @@ static int on_lines(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w) {
             reward_excerpt(line, len, ex, sizeof ex);
             stderr_note(w, note, sizeof note);
             return moerl_errorf("%s: the program wrote a line it was not asked for, '%s' (after %d answer%s; it must "
-                                "write exactly one line per request)%s",
-                                pb->what, ex, w->n_answered, w->n_answered == 1 ? "" : "s", note);
+                                "write exactly one line per request)%s%s",
+                                pb->what, ex, w->n_answered, w->n_answered == 1 ? "" : "s",
+                                w->n_answered == 0 ? k_banner_hint : "", note);
         }
+        /* a line before the request was wholly written cannot answer it */
+        const int early = w->n_answered == 0 && w->out_off < w->out_len;
         int rc = pol->on_answer(pol->ctx, w->id, line, len);
+        if (rc != MOERL_OK && w->n_answered == 0) {
+            char *why = xstrdup(moerl_last_error());
+            moerl_errorf("%s%s%s", why, early ? " (it came before the request was written)" : "", k_banner_hint);
+            free(why);
+        }
         consume_line(w, len);
         w->req = -1;
         free(w->line);

@@ -31,6 +31,7 @@ typedef struct {
     int no_held_out_eval;      /* 1: no held-out (test split) evaluation at all — the warm start of an RL
                                   run with trainer.val_n = 0; the accuracies are then NaN. Periodic
                                   evals on `validation` still run. */
+    const char *no_held_out_why; /* why no_held_out_eval, for the closing line (NULL: "trainer.val_n=0") */
     int max_response_length;   /* eval generation budget */
     val_score_fn score;        /* the evals' reward (NULL: the rows' built-in rewards); the warm start of
                                   `moerl rl` passes its reward.* backend here */

@@ -67,6 +67,7 @@ void sft_def_job_keys(cfg *c) {
     cfg_def_bool(c, "trainer.overwrite_output_dir", false,
                  "with trainer.resume_mode=disable: replace the checkpoint a folder already holds");
     par_def_keys(c);
+    reward_def_keys(c); /* reward.*: the held-out accuracy's reward, as moerl rl's (src/reward/reward_config.c) */
     cfg_def_bool(c, "debug.test_no_pp_share_check", false,
                  "test only: skip the pipeline's batch-share check at the start (the in-step check refuses instead)");
     cfg *rl = cfg_new(); /* moerl rl's keys, named in sft's unknown-key messages */
@@ -175,12 +176,13 @@ static int sft_job_setup(sft_job *J) {
     if (J->root) {
         rc = moerl_outdir_open(&J->od, J->out);
         J->opened = rc == MOERL_OK;
-        if (rc == MOERL_OK) rc = data_prepare_staged(c, J->out, &J->train, &J->test, &J->staged);
+        if (rc == MOERL_OK) rc = data_prepare_staged_any_source(c, J->out, &J->train, &J->test, &J->staged);
         if (rc == MOERL_OK) rc = data_check_held_out_rows(c, &J->test, k_sft_why_test);
         /* config.yaml and the data are written once the resume checks pass (sft_on_checked) */
     }
     if (agree(J->ctx, rc) != MOERL_OK) return MOERL_ERR;
-    if (!J->root && data_prepare_staged(c, J->out, &J->train, &J->test, &J->staged) != MOERL_OK) rc = MOERL_ERR;
+    if (!J->root && data_prepare_staged_any_source(c, J->out, &J->train, &J->test, &J->staged) != MOERL_OK)
+        rc = MOERL_ERR;
     /* the held-out evaluation generates up to data.max_response_length tokens after a prompt: within the
      * model's context, checked before the folder changes (alike on every rank) */
     if (rc == MOERL_OK)
@@ -241,6 +243,41 @@ static int sft_check_resume_keys(const cfg *c, const char *state) {
     return MOERL_OK;
 }
 
+/* The evals scored by the run's reward pool (val_score_fn). */
+static int warm_start_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {
+    return reward_pool_score(ctx, reqs, n, out);
+}
+
+static int sft_job_train_with(sft_job *J, sft_job_result *res, sft_opts *op);
+
+/* The held-out accuracy's reward (reward.*, as moerl rl's): a reward.* source gives *pool (on rank 0,
+ * which evaluates; o->score); with the built-in rewards, held-out rows whose data_source has none are
+ * evaluated by nobody: training needs no reward, so the run goes on without held-out accuracy and
+ * says so once. */
+static int sft_job_reward(sft_job *J, sft_opts *o, reward_pool **pool) {
+    reward_config rc;
+    *pool = NULL;
+    if (reward_read_config(J->c, &rc) != MOERL_OK) return MOERL_ERR;
+    if (rc.kind != REWARD_BUILTIN) {
+        if (!J->root) return MOERL_OK;
+        reward_backend *b = reward_backend_create(&rc);
+        *pool = b ? reward_pool_create(b) : NULL;
+        if (!*pool) return MOERL_ERR;
+        o->score = warm_start_score;
+        o->score_ctx = *pool;
+        return MOERL_OK;
+    }
+    const char *src = data_source_without_reward(&J->test);
+    if (!src || o->no_held_out_eval) return MOERL_OK;
+    o->no_held_out_eval = 1;
+    o->no_held_out_why = "no reward for the held-out rows' data_source";
+    if (J->root)
+        log_warn("held-out rows of data_source '%s' (%s) have no built-in reward: no held-out accuracy is measured, "
+                 "the training loss is the measure; set reward.custom_reward_function.path (or reward.command, "
+                 "reward.url) to score them (docs/rewards.md)", src, J->test.path ? J->test.path : "data.val_files");
+    return MOERL_OK;
+}
+
 /* Train (every rank), then rank 0 saves the checkpoint. */
 static int sft_job_train(sft_job *J, sft_job_result *res) {
     const cfg *c = J->c;
@@ -250,6 +287,19 @@ static int sft_job_train(sft_job *J, sft_job_result *res) {
     if (sft_check_resume_keys(c, state) != MOERL_OK) return MOERL_ERR;
     sft_opts o = sft_job_opts(c, mpath, state);
     if (metrics_read_logger_key(c, "trainer.logger", &o.metrics_loggers) != MOERL_OK) return MOERL_ERR;
+    reward_pool *pool = NULL;
+    if (agree(J->ctx, sft_job_reward(J, &o, &pool)) != MOERL_OK) return MOERL_ERR;
+    const int trc = sft_job_train_with(J, res, &o);
+    reward_pool_free(pool);
+    return trc;
+}
+
+/* sft_job_train with its options made. */
+static int sft_job_train_with(sft_job *J, sft_job_result *res, sft_opts *op) {
+    const cfg *c = J->c;
+    sft_opts o = *op;
+    char state[4200];
+    snprintf(state, sizeof state, "%s/checkpoint", J->out);
     if (agree(J->ctx, par_state_init(&J->ps, J->ctx, c, &J->m)) != MOERL_OK) return MOERL_ERR;
     o.dist = J->ctx;
     o.par = &J->ps;
@@ -349,10 +399,6 @@ int sft_split_validation(const cfg *c, dataset *train, dataset *val) {
     return MOERL_OK;
 }
 
-/* The warm start's evals scored by the run's reward pool (val_score_fn). */
-static int warm_start_score(void *ctx, const reward_request *reqs, int n, reward_result *out) {
-    return reward_pool_score(ctx, reqs, n, out);
-}
 
 int sft_warm_start(const cfg *c, moe_model *m, const dataset *train, const dataset *val, const dataset *test,
                    const char *out_dir, double *acc_before, double *acc_after, int (*on_checked)(void *),

@@ -695,8 +695,9 @@ static int sft_run_finish(sft_run *S, double train_s, double *acc_before, double
     }
     if (sft_eval(S, S->test, o->no_held_out_eval, &S->acc) != MOERL_OK) return MOERL_ERR;
     if (R->root && o->no_held_out_eval)
-        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (trainer.val_n=0)",
-                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s);
+        log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); no held-out evaluation (%s)",
+                 o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s,
+                 o->no_held_out_why ? o->no_held_out_why : "trainer.val_n=0");
     else if (R->root)
         log_info("%s done: %lld step%s, %lld tokens in %.1f s (%.0f tokens/s); held-out accuracy %.1f%% -> %.1f%%",
                  o->label, (long long)step, moerl_plural(step), (long long)tokens_seen, train_s, tokens_seen / train_s,
