@@ -54,6 +54,12 @@ expect_err "rl overwrite: unknown data_source refused" "no_such_source" \
     $M rl --config "$W/rl.yaml" "${REPLACE[@]}" data.task= data.train_files="$W/nosrc.jsonl" data.val_files="$W/test.jsonl"
 sums "$OW" >"$W/sum1"
 check "rl overwrite refused (data_source): the previous run's files are unchanged" cmp -s "$W/sum0" "$W/sum1"
+# a chat template that raises on the first prompt
+printf '{{ raise_exception("template refuses") }}' >"$W/bad.jinja"
+expect_err "rl overwrite: a raising chat template refused" "template refuses" \
+    $M rl --config "$W/rl.yaml" "${REPLACE[@]}" data.chat_template="$W/bad.jinja"
+sums "$OW" >"$W/sum1"
+check "rl overwrite refused (template): the previous run's files are unchanged" cmp -s "$W/sum0" "$W/sum1"
 check "rl overwrite refused: no set-aside folder left" test ! -e "$OW/.moerl.previous"
 
 # --- an overwrite that runs: says what it deleted, and the old checkpoint is gone
