@@ -1,7 +1,8 @@
 /* moerl sft --config FILE [key=value ...]
  * Supervised fine-tuning on prompt/response pairs (rl/sft.h, the job in rl/sft_job.h), then an HF checkpoint under
  * trainer.default_local_dir/checkpoint; prints one JSON line {"accuracy_before", "accuracy_after",
- * "checkpoint", "stopped_by_signal"} (also after a SIGINT/SIGTERM, exit 128 + the signal). Also the SFT warm start of `moerl rl` (sft.* keys). Under mpirun (build/moerl-mpi)
+ * "checkpoint", "stopped_by_signal"} (also after a SIGINT/SIGTERM, exit 128 + the signal). Also the SFT
+ * warm start of `moerl rl` (sft.* keys). Under mpirun (build/moerl-mpi)
  * every rank trains: each step's batch is split over the ranks (data parallel, or FSDP with
  * actor.fsdp_config.fsdp_size, src/parallel/), and rank 0 alone writes the folder, the metrics and
  * the checkpoints and prints the result. */

@@ -189,7 +189,7 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
     rl_config *rc = J->rc;
     if (J->leader) {
         if (moerl_outdir_open(&J->od, rc->out_dir) != MOERL_OK) return job_fail(J);
-        J->opened = 1; /* trainer.overwrite_output_dir: the previous run goes once every check passed (rl_write_outputs) */
+        J->opened = 1; /* overwrite_output_dir: the previous run goes once every check passed (rl_write_outputs) */
     }
     if (J->dist && dist_barrier(J->ctx, DIST_WORLD) != MOERL_OK) return job_fail(J);
     if (data_prepare_staged(c, rc->out_dir, &J->train, &J->test, &J->staged) != MOERL_OK) return job_fail(J);

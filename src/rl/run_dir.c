@@ -106,7 +106,9 @@ static int check_logs_without_checkpoint(const char *dir) {
     static const char *logs[] = {"metrics.jsonl", "samples.jsonl", "sft_metrics.jsonl", PREVIOUS_RUN};
     char found[300] = "";
     for (int i = 0; i < 4; i++) {
-        const int has = i == 3 ? exists_in(dir, logs[i]) : i == 2 ? !warm && nonempty(dir, logs[i]) : nonempty(dir, logs[i]);
+        const int has = i == 3   ? exists_in(dir, logs[i])
+                        : i == 2 ? !warm && nonempty(dir, logs[i]) /* a warm start with a checkpoint resumes */
+                                 : nonempty(dir, logs[i]);
         if (has) snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", found[0] ? ", " : "", logs[i]);
     }
     if (!found[0]) return MOERL_OK;

@@ -13,8 +13,11 @@
 
 /* Before any work (nothing is written): the output folder must not hold a file where moerl keeps a
  * folder, nor a simulation (unless trainer.overwrite_output_dir), and resume_mode=disable must not
- * silently replace a run that is there; trainer.overwrite_output_dir=true with resume_mode=auto is
- * refused; a resume must find an RL run's checkpoint (not a moerl sft one). Errors name the folder,
+ * silently replace a run that is there, nor resume_mode=auto when the folder holds a run's logs
+ * (metrics.jsonl, samples.jsonl, a warm start's sft_metrics.jsonl without sft_checkpoint/; non-empty)
+ * or a set-aside .moerl.previous but no RL checkpoint (it would start anew over them);
+ * trainer.overwrite_output_dir=true with resume_mode=auto is refused; a resume must find an RL run's
+ * checkpoint (not a moerl sft one). Errors name the folder,
  * what it holds and the keys that would work. */
 int rl_check_out_dir(const cfg *c, const rl_config *rc);
 /* What rl_set_aside_previous_run moved: the entries (names, "checkpoint/, metrics.jsonl, ..."; folders
