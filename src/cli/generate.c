@@ -202,7 +202,13 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
     int emitted = 0;
     double t0 = moerl_now();
     int rc = engine_generate_batch(e, &b, gen_emit, &g, "generate", &emitted);
-    if (rc != MOERL_OK) cli_print_error("generate", moerl_last_error());
+    if (rc == MOERL_OK && emitted != total)
+        rc = moerl_errorf("the engine returned %d of the %d responses asked for", emitted, total);
+    if (rc != MOERL_OK) { /* the error alone: no summary of a batch that did not finish */
+        cli_print_error("generate", moerl_last_error());
+        engine_free(e);
+        return 1;
+    }
     double dt = moerl_now() - t0;
     engine_stats st = engine_get_stats(e);
     fprintf(stderr,
@@ -218,7 +224,7 @@ static int gen_run(const gen_args *a, const moe_model *m, int version, int has_t
             (long long)st.preemptions, moerl_plural(st.preemptions), (long long)st.prefix_hit_tokens,
             moerl_plural(st.prefix_hit_tokens));
     engine_free(e);
-    return rc == MOERL_OK && emitted == total ? 0 : 1;
+    return 0;
 }
 
 int cmd_generate(int argc, char **argv) {

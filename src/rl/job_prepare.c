@@ -228,9 +228,7 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
     rl_config *rc = J->rc;
     if (J->leader) {
         if (moerl_outdir_open(&J->od, rc->out_dir) != MOERL_OK) return job_fail(J);
-        J->opened = 1;
-        if (cfg_bool(c, "trainer.overwrite_output_dir") && rl_clear_previous_run(rc->out_dir) != MOERL_OK)
-            return job_fail(J);
+        J->opened = 1; /* overwrite_output_dir: the previous run goes once every check passed (rl_write_outputs) */
     }
     if (J->dist && dist_barrier(J->ctx, DIST_WORLD) != MOERL_OK) return job_fail(J);
     if (data_prepare_staged(c, rc->out_dir, &J->train, &J->test, &J->staged) != MOERL_OK) return job_fail(J);
@@ -273,7 +271,8 @@ static rl_job_status prepare_data(rl_job *J, const char *why) {
 static rl_job_status prepare_warm_start(rl_job *J) {
     const cfg *c = J->c;
     rl_config *rc = J->rc;
-    rl_outputs w = {.c = c, .out_dir = rc->out_dir, .staged = &J->staged};
+    rl_outputs w = {.c = c, .out_dir = rc->out_dir, .staged = &J->staged,
+                    .overwrite = cfg_bool(c, "trainer.overwrite_output_dir")};
     J->resuming = rl_run_dir_resuming(rc);
     if (J->resuming && rl_write_outputs(&w) != MOERL_OK) return job_fail(J);
     if (!J->resuming && (sft_warm_start(c, &J->m, &J->train, &J->val, &J->test, rc->out_dir, &J->sft_before,

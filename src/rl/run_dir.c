@@ -5,6 +5,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <string.h>
@@ -78,6 +80,44 @@ static const char *k_run_dirs[] = {"checkpoint", "checkpoint.old", "checkpoint.t
 static const char *k_run_files[] = {"metrics.jsonl", "samples.jsonl", "sft_metrics.jsonl", "plot.dat", "plot.gp",
                                     "reward_accuracy.png"};
 
+/* trainer.overwrite_output_dir=true: the previous run's entries are moved into this hidden sub-folder
+ * (renames, nothing copied) once every check has passed, and removed once the new run has written its
+ * config.yaml and run.log; a crash in between leaves them there, whole. */
+#define PREVIOUS_RUN ".moerl.previous"
+
+static int nonempty(const char *dir, const char *name) {
+    char p[4200];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && st.st_size > 0;
+}
+
+static int exists_in(const char *dir, const char *name) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* trainer.resume_mode=auto and no RL checkpoint: the run starts RL anew (after a warm start it resumes,
+ * when sft_checkpoint/ is there) and would replace the logs of a run stopped without a checkpoint
+ * (trainer.save_freq=-1) — refused as resume_mode=disable refuses it, naming the files. */
+static int check_logs_without_checkpoint(const char *dir) {
+    const int warm = exists_in(dir, "sft_checkpoint") || exists_in(dir, "sft_checkpoint.old");
+    static const char *logs[] = {"metrics.jsonl", "samples.jsonl", "sft_metrics.jsonl", PREVIOUS_RUN};
+    char found[300] = "";
+    for (int i = 0; i < 4; i++) {
+        const int has = i == 3   ? exists_in(dir, logs[i])
+                        : i == 2 ? !warm && nonempty(dir, logs[i]) /* a warm start with a checkpoint resumes */
+                                 : nonempty(dir, logs[i]);
+        if (has) snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", found[0] ? ", " : "", logs[i]);
+    }
+    if (!found[0]) return MOERL_OK;
+    return moerl_errorf("output folder '%s' holds a run's logs (%s) but no checkpoint to resume (stopped before one "
+                        "was written, or trainer.save_freq=-1): trainer.resume_mode=auto would start anew and replace "
+                        "them; replace that run with trainer.resume_mode=disable trainer.overwrite_output_dir=true, or "
+                        "choose another trainer.default_local_dir", dir, found);
+}
+
 /* Before any work (nothing is written): the output folder must not hold a file where moerl keeps
  * a folder, and resume_mode=disable must not silently replace a run that is there. */
 int rl_check_out_dir(const cfg *c, const rl_config *rc) {
@@ -106,10 +146,11 @@ int rl_check_out_dir(const cfg *c, const rl_config *rc) {
                                 "(model.path can point at that checkpoint), or set trainer.resume_mode=disable "
                                 "trainer.overwrite_output_dir=true to replace it", rc->out_dir);
     }
+    if (rc->resume_auto && !rl_run_dir_resuming(rc)) return check_logs_without_checkpoint(rc->out_dir);
     if (rc->resume_auto || overwrite) return MOERL_OK;
     char found[600] = "";
-    for (int i = 0; i < 4 + 6; i++) {
-        const char *name = i < 4 ? k_run_dirs[i] : k_run_files[i - 4];
+    for (int i = 0; i < 4 + 6 + 1; i++) {
+        const char *name = i < 4 ? k_run_dirs[i] : i < 10 ? k_run_files[i - 4] : PREVIOUS_RUN;
         char p[4200];
         snprintf(p, sizeof p, "%s/%s", rc->out_dir, name);
         if (access(p, F_OK) == 0 && strlen(found) + strlen(name) + 3 < sizeof found)
@@ -123,41 +164,111 @@ int rl_check_out_dir(const cfg *c, const rl_config *rc) {
     return MOERL_OK;
 }
 
-/* trainer.overwrite_output_dir=true (with the folder locked): delete the previous run's outputs, so
- * nothing of it (a checkpoint a later resume would pick up, its metrics) mixes with the new run.
- * The generated task data (data/) is kept: it depends only on the data.* options. */
-int rl_clear_previous_run(const char *dir) {
-    char p[4200];
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, k_run_dirs[i]);
-        DIR *d = opendir(p);
-        if (!d) continue;
-        struct dirent *e;
-        char f[4500];
-        while ((e = readdir(d))) { /* checkpoints are flat folders */
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            snprintf(f, sizeof f, "%s/%s", p, e->d_name);
-            if (unlink(f) != 0) {
-                closedir(d);
-                return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", f, strerror(errno));
-            }
-        }
-        closedir(d);
-        if (rmdir(p) != 0) return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+/* trainer.overwrite_output_dir=true: the previous run's entries are moved into this hidden sub-folder
+ * (renames, nothing copied) once every check has passed, and removed once the new run has written its
+ * config.yaml and run.log; a crash in between leaves them there, whole. */
+static const char *k_run_other[] = {"run.log", "config.yaml", MOERL_SIMULATION_MARKER};
+
+static int rm_tree_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+/* Files under p (1 for a file). */
+static int count_files(const char *p) {
+    struct stat st;
+    if (lstat(p, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) return 1;
+    DIR *d = opendir(p);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    char f[4500];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(f, sizeof f, "%s/%s", p, e->d_name);
+        n += count_files(f);
     }
-    for (int i = 0; i < 6; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, k_run_files[i]);
-        if (unlink(p) != 0 && errno != ENOENT)
-            return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+    closedir(d);
+    return n;
+}
+
+/* Move dir/name into dir/PREVIOUS_RUN when it exists, noting it in *s. */
+static int set_aside(const char *dir, const char *name, rl_set_aside *s) {
+    char from[4200], to[4300];
+    snprintf(from, sizeof from, "%s/%s", dir, name);
+    snprintf(to, sizeof to, "%s/" PREVIOUS_RUN "/%s", dir, name);
+    struct stat st;
+    if (lstat(from, &st) != 0) return MOERL_OK;
+    const int files = count_files(from);
+    if (rename(from, to) != 0)
+        return moerl_errorf("trainer.overwrite_output_dir: cannot move '%s' to '%s': %s", from, to, strerror(errno));
+    s->n_files += files;
+    s->n_entries++;
+    const size_t len = strlen(s->names);
+    if (len + strlen(name) + 24 < sizeof s->names)
+        snprintf(s->names + len, sizeof s->names - len, "%s%s%s", len ? ", " : "", name,
+                 S_ISDIR(st.st_mode) ? "/" : "");
+    return MOERL_OK;
+}
+
+int rl_set_aside_previous_run(const char *dir, rl_set_aside *s) {
+    memset(s, 0, sizeof *s);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/" PREVIOUS_RUN, dir);
+    struct stat st;
+    if (lstat(p, &st) == 0) { /* an older run an interrupted overwrite set aside: the user replaced it then */
+        log_warn("trainer.overwrite_output_dir: removing %s (%d file%s), the run an interrupted overwrite set aside",
+                 p, count_files(p), moerl_plural(count_files(p)));
+        nftw(p, rm_tree_entry, 16, FTW_DEPTH | FTW_PHYS);
     }
     snprintf(p, sizeof p, "%s/%s", dir, MOERL_SIMULATION_MARKER);
     if (access(p, F_OK) == 0 && rl_remove_sweep_outputs(dir) != MOERL_OK) return MOERL_ERR; /* a simulate --sweep's */
-    for (int i = 0; i < 2; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, i ? MOERL_SIMULATION_MARKER : "run.log");
-        if (unlink(p) != 0 && errno != ENOENT)
-            return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s': %s", p, strerror(errno));
+    snprintf(p, sizeof p, "%s/" PREVIOUS_RUN, dir);
+    if (mkdir(p, 0755) != 0)
+        return moerl_errorf("trainer.overwrite_output_dir: cannot create '%s': %s", p, strerror(errno));
+    for (int i = 0; i < 4 + 6 + 3; i++) {
+        const char *name = i < 4 ? k_run_dirs[i] : i < 10 ? k_run_files[i - 4] : k_run_other[i - 10];
+        if (set_aside(dir, name, s) != MOERL_OK) {
+            char *msg = xstrdup(moerl_last_error());
+            rl_restore_previous_run(dir);
+            moerl_errorf("%s", msg);
+            free(msg);
+            return MOERL_ERR;
+        }
     }
-    log_info("trainer.overwrite_output_dir: deleted the previous run's checkpoints and logs in %s", dir);
+    if (s->n_entries == 0) rmdir(p); /* nothing was there: nothing to say later */
+    return MOERL_OK;
+}
+
+void rl_restore_previous_run(const char *dir) {
+    char p[4200], from[4500], to[4500];
+    snprintf(p, sizeof p, "%s/" PREVIOUS_RUN, dir);
+    DIR *d = opendir(p);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(from, sizeof from, "%s/%s", p, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", dir, e->d_name);
+        if (access(to, F_OK) == 0) unlink(to); /* what the new run wrote (config.yaml) gives way to the old */
+        if (rename(from, to) != 0)
+            log_warn("trainer.overwrite_output_dir: could not move %s back to %s (%s): it stays in %s", from, to,
+                     strerror(errno), p);
+    }
+    closedir(d);
+    rmdir(p);
+}
+
+int rl_drop_previous_run(const char *dir, const rl_set_aside *s) {
+    if (s->n_entries == 0) return MOERL_OK;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/" PREVIOUS_RUN, dir);
+    if (nftw(p, rm_tree_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return moerl_errorf("trainer.overwrite_output_dir: cannot delete '%s' (the previous run, set aside): %s", p,
+                            strerror(errno));
+    log_info("trainer.overwrite_output_dir: deleted the previous run in %s: %s (%d file%s)", dir, s->names, s->n_files,
+             moerl_plural(s->n_files));
     return MOERL_OK;
 }
 
@@ -228,11 +339,16 @@ int rl_write_outputs(void *arg) {
     rl_outputs *w = arg;
     if (w->done) return MOERL_OK;
     char path[4200];
-    if (data_staged_commit(w->staged) != MOERL_OK) return MOERL_ERR;
+    rl_set_aside prev = {0};
+    if (w->overwrite && rl_set_aside_previous_run(w->out_dir, &prev) != MOERL_OK) return MOERL_ERR;
     snprintf(path, sizeof path, "%s/config.yaml", w->out_dir);
-    if (cfg_dump_yaml(w->c, path) != MOERL_OK || rl_open_run_log(w->out_dir) != MOERL_OK) return MOERL_ERR;
+    if (data_staged_commit(w->staged) != MOERL_OK || cfg_dump_yaml(w->c, path) != MOERL_OK ||
+        rl_open_run_log(w->out_dir) != MOERL_OK) {
+        if (prev.n_entries) rl_restore_previous_run(w->out_dir); /* the old run back in place, as it was */
+        return MOERL_ERR;
+    }
     w->done = 1;
-    return MOERL_OK;
+    return rl_drop_previous_run(w->out_dir, &prev);
 }
 
 int rl_run_dir_resuming(const rl_config *rc) {

@@ -13,14 +13,34 @@
 
 /* Before any work (nothing is written): the output folder must not hold a file where moerl keeps a
  * folder, nor a simulation (unless trainer.overwrite_output_dir), and resume_mode=disable must not
- * silently replace a run that is there; trainer.overwrite_output_dir=true with resume_mode=auto is
- * refused; a resume must find an RL run's checkpoint (not a moerl sft one). Errors name the folder,
+ * silently replace a run that is there, nor resume_mode=auto when the folder holds a run's logs
+ * (metrics.jsonl, samples.jsonl, a warm start's sft_metrics.jsonl without sft_checkpoint/; non-empty)
+ * or a set-aside .moerl.previous but no RL checkpoint (it would start anew over them);
+ * trainer.overwrite_output_dir=true with resume_mode=auto is refused; a resume must find an RL run's
+ * checkpoint (not a moerl sft one). Errors name the folder,
  * what it holds and the keys that would work. */
 int rl_check_out_dir(const cfg *c, const rl_config *rc);
-/* trainer.overwrite_output_dir=true (with the folder locked): delete the previous run's checkpoints,
- * metrics, plots, run.log and a simulation's files, so nothing of it mixes with the new run. The
- * generated task data (data/) is kept. Errors name the file that cannot be deleted. */
-int rl_clear_previous_run(const char *dir);
+/* What rl_set_aside_previous_run moved: the entries (names, "checkpoint/, metrics.jsonl, ..."; folders
+ * end in '/') and the files in them. */
+typedef struct {
+    int n_entries, n_files;
+    char names[600];
+} rl_set_aside;
+/* trainer.overwrite_output_dir=true, every check passed (the folder locked): move the previous run's
+ * checkpoints, metrics, plots, run.log, config.yaml and a simulation's marker into dir/.moerl.previous
+ * (renames: nothing is deleted yet), so nothing of it mixes with the new run. A .moerl.previous an
+ * interrupted overwrite left is deleted first (warned); a simulate --sweep's sub-folders are deleted
+ * (rl_remove_sweep_outputs). The generated task data (data/) is kept. *s: what moved (n_entries 0:
+ * nothing was there, and no folder is left). Errors name the entry that cannot be moved (those moved
+ * already go back). */
+int rl_set_aside_previous_run(const char *dir, rl_set_aside *s);
+/* Move everything in dir/.moerl.previous back into dir (replacing what the new run wrote there), then
+ * remove the empty folder: a new run that failed before it started writing leaves the old one whole.
+ * Entries that cannot move back are named in a warning and stay in .moerl.previous. */
+void rl_restore_previous_run(const char *dir);
+/* Once the new run has started writing: delete dir/.moerl.previous and log what was deleted (names and
+ * the file count) — nothing is logged when s->n_entries is 0. Errors name the folder. */
+int rl_drop_previous_run(const char *dir, const rl_set_aside *s);
 /* 1 when the run resumes RL: trainer.resume_mode=auto and a trainer_state.json in checkpoint/ or
  * checkpoint.old/ of rc->out_dir. */
 int rl_run_dir_resuming(const rl_config *rc);
@@ -43,9 +63,12 @@ typedef struct {
     const cfg *c;
     const char *out_dir;
     data_staged *staged;
+    int overwrite; /* trainer.overwrite_output_dir: the previous run is set aside first and deleted after */
     int done;
 } rl_outputs;
-/* rl_outputs *arg: write them (once; later calls do nothing). Errors name the file. */
+/* rl_outputs *arg: write them (once; later calls do nothing). With overwrite, the previous run is set
+ * aside before (rl_set_aside_previous_run), moved back when a write fails, and deleted once config.yaml
+ * and run.log are written (rl_drop_previous_run). Errors name the file. */
 int rl_write_outputs(void *arg);
 
 /* What `moerl simulate --sweep` writes under its output folder: n_dirs sub-folders (one simulation
