@@ -27,11 +27,11 @@ OW=$W/ow
 $M rl --config "$W/rl.yaml" trainer.default_local_dir="$OW" >"$W/out" 2>"$W/err"
 check "rl: the first run completes (rc $?)" test -s "$OW/checkpoint/trainer_state.json" -a -s "$OW/metrics.jsonl"
 sums "$OW" >"$W/sum0"
-# data: a row whose ground_truth is a number, not a string
+# data: a row whose ground_truth is a bool (a string, number, object or list is expected)
 $PY - "$OW/data" "$W/bad.jsonl" <<'PYEOF'
 import glob, json, sys
 rows = [json.loads(l) for l in open(sorted(glob.glob(sys.argv[1] + "/*train*.jsonl"))[0])]
-rows[1]["reward_model"]["ground_truth"] = 2
+rows[1]["reward_model"]["ground_truth"] = True
 open(sys.argv[2], "w").write("".join(json.dumps(r) + "\n" for r in rows))
 PYEOF
 TEST_FILE=$(ls "$OW"/data/*.jsonl | grep -v train | head -1)
