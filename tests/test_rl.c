@@ -179,6 +179,17 @@ static void test_staleness_counter(void) {
     CHECK(b.counter == 6 && !staleness_can_start(&b, 3), "carried-over 6 blocks admission");
     staleness_on_version(&b, 1, 0, 2);
     CHECK(b.counter == 3 && staleness_can_start(&b, 2), "carried-over 3 admits: counter %lld", (long long)b.counter);
+    /* DAPO drops give slots back, never below what is held: 3 groups held, 2 dropped that the re-base did not
+     * count (taken from the queue before it) leave the counter at 3, not 1 (the queue would outgrow 6) */
+    staleness_on_drop(&b, 2, 3);
+    CHECK(b.counter == 3, "a drop below the held groups: counter %lld, want 3", (long long)b.counter);
+    staleness_on_start(&b);
+    staleness_on_start(&b);
+    staleness_on_start(&b);
+    staleness_on_drop(&b, 2, 3); /* 6 counted, 3 held: the 2 dropped were counted, their slots come back */
+    CHECK(b.counter == 4, "a drop of counted groups: counter %lld, want 4", (long long)b.counter);
+    staleness_on_drop(&b, 9, 0);
+    CHECK(b.counter == 0, "never below 0: %lld", (long long)b.counter);
     /* threshold 0: exactly W per version */
     MOERL_ASSERT(staleness_init(&b, 3, 1, 2, 0.0) == MOERL_OK);
     n = 0;

@@ -1124,7 +1124,7 @@ static void dist_add_prompts(job *J, int64_t k) {
     leader *L = (leader *)J;
     pthread_mutex_lock(&L->mu);
     L->prompts_left += k;
-    staleness_on_drop(&L->budget, k);
+    staleness_on_drop(&L->budget, k, L->n_out + rl_queue_size(&J->queue)); /* n_out: granted, in flight */
     pthread_mutex_unlock(&L->mu);
 }
 

@@ -428,7 +428,7 @@ int rollouter_tick(rollouter *R) {
     const int64_t dropped = atomic_exchange(&R->dropped_pending, 0);
     if (dropped > 0) { /* replacements for groups the trainer dropped, with their budget slots */
         R->prompts_left += dropped;
-        staleness_on_drop(&R->budget, dropped);
+        staleness_on_drop(&R->budget, dropped, R->n_inflight + rl_queue_size(R->queue));
     }
     while (!R->draining && R->prompts_left > 0 && staleness_can_start(&R->budget, rl_queue_size(R->queue))) {
         int busy = rollouter_unfinished(R); /* trajectories waiting for tools hold their room */

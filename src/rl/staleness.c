@@ -29,7 +29,8 @@ void staleness_on_version(staleness_budget *b, int64_t in_flight, int64_t interr
     b->counter = in_flight + interrupted + queued;
 }
 
-void staleness_on_drop(staleness_budget *b, int64_t k) {
+void staleness_on_drop(staleness_budget *b, int64_t k, int64_t held) {
     b->counter -= k;
+    if (b->counter < held) b->counter = held;
     if (b->counter < 0) b->counter = 0;
 }

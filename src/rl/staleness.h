@@ -34,9 +34,12 @@ int staleness_can_start(const staleness_budget *b, int64_t queued);
 void staleness_on_start(staleness_budget *b);
 /* k finished groups were dropped by DAPO's dynamic sampling (algorithm.filter_groups; moerl's
  * rule, verl's fully-async trainer has none): they are consumed without training, so they give
- * their slots back at once (counter −= k, not below 0) and as many new prompts replace them —
- * otherwise a trainer waiting for replacements under a full budget would wait forever. */
-void staleness_on_drop(staleness_budget *b, int64_t k);
+ * their slots back at once (counter −= k) and as many new prompts replace them — otherwise a
+ * trainer waiting for replacements under a full budget would wait forever. The counter never drops
+ * below `held`, the groups in flight (interrupted ones included) plus those queued now: a dropped
+ * group taken from the queue before a version re-based the counter is not in it, and giving its
+ * slot back again would let the queue outgrow the budget. */
+void staleness_on_drop(staleness_budget *b, int64_t k, int64_t held);
 /* Version changed: re-base on the carried-over prompts. */
 void staleness_on_version(staleness_budget *b, int64_t in_flight, int64_t interrupted, int64_t queued);
 
