@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <string.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -102,6 +104,25 @@ uint64_t moerl_mem_available(void) {
 }
 
 const char *moerl_plural(long long n) { return n == 1 || n == -1 ? "" : "s"; }
+
+int moerl_shortest_digits(double x, char digits[24], int *exp10, int *neg) {
+    char tmp[40];
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+        if (strtod(tmp, NULL) == x) break;
+    }
+    snprintf(tmp, sizeof tmp, "%.*e", p - 1, x); /* [-]d.ddde±XX with p significant digits */
+    *neg = tmp[0] == '-';
+    int nd = 0;
+    const char *q = tmp + *neg;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') digits[nd++] = *q;
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    *exp10 = atoi(q + 1);
+    return nd;
+}
 
 double moerl_now(void) {
     struct timespec ts;

@@ -55,6 +55,12 @@ char *xstrdup(const char *s);
  * n, moerl_plural(n)) writes "1 layer", "2 layers", "0 layers". */
 const char *moerl_plural(long long n);
 
+/* The shortest decimal significand of a finite double x that reads back (strtod) as x, the core of both
+ * Python's repr/str and JavaScript's Number#toString (each lays the digits out its own way): writes
+ * digits[] (1–17 of them, NUL-terminated, no trailing zeros; "0" for ±0), *exp10 (x = ±d.ddd… × 10^exp10)
+ * and *neg (the sign bit, so −0 is negative); returns the digit count. */
+int moerl_shortest_digits(double x, char digits[24], int *exp10, int *neg);
+
 /* Memory this process can still allocate, in bytes: MemAvailable of /proc/meminfo (what the
  * kernel can hand out without swapping), else sysconf's available physical pages × page size;
  * 0 when neither is readable. */

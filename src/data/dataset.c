@@ -140,21 +140,9 @@ static char *int_str(json_int_t v) {
  * decimal exponents -4 ≤ e < 16 with ".0" on whole numbers, else d.ddde±XX). jansson never holds
  * inf/nan (JSON has no such numbers). Returns a malloc'd string. */
 static char *py_float_str(double x) {
-    char buf[64];
-    int p = 1;
-    for (; p < 17; p++) {
-        snprintf(buf, sizeof buf, "%.*e", p - 1, x);
-        if (strtod(buf, NULL) == x) break;
-    }
-    snprintf(buf, sizeof buf, "%.*e", p - 1, x); /* d.ddde±XX with p significant digits */
-    char digits[32];
-    int nd = 0, neg = buf[0] == '-';
-    const char *e = strchr(buf, 'e');
-    for (const char *q = buf + neg; q < e; q++)
-        if (isdigit((unsigned char)*q)) digits[nd++] = *q;
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
-    digits[nd] = 0;
-    const int exp10 = atoi(e + 1);
+    char digits[24];
+    int exp10, neg;
+    const int nd = moerl_shortest_digits(x, digits, &exp10, &neg);
     char out[96];
     int o = 0;
     if (neg) out[o++] = '-';

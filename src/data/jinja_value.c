@@ -307,21 +307,9 @@ void jjs_num(double x, char buf[40]) {
     if (isnan(x)) { strcpy(buf, "NaN"); return; }
     if (isinf(x)) { strcpy(buf, x > 0 ? "Infinity" : "-Infinity"); return; }
     if (x == 0) { strcpy(buf, "0"); return; }
-    char tmp[40];
-    int p;
-    for (p = 1; p <= 17; p++) {
-        snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
-        if (strtod(tmp, NULL) == x) break;
-    }
-    /* tmp: [-]d.ddde±XX */
     char digits[24];
-    int nd = 0, neg = tmp[0] == '-';
-    const char *q = tmp + neg;
-    for (; *q && *q != 'e'; q++)
-        if (*q != '.') digits[nd++] = *q;
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
-    digits[nd] = 0;
-    int e = atoi(q + 1), n = e + 1; /* value = 0.digits × 10^n */
+    int e, neg;
+    const int nd = moerl_shortest_digits(x, digits, &e, &neg), n = e + 1; /* value = 0.digits × 10^n */
     char *o = buf;
     if (neg) *o++ = '-';
     if (nd <= n && n <= 21) {
