@@ -89,6 +89,12 @@ sums "$W/fresh" >"$W/sum1"
 check "rl auto refusal: the logs are unchanged" cmp -s "$W/sum0" "$W/sum1"
 expect_err "rl disable over the same folder: refused too" "holds a run" \
     $M rl --config "$W/rl.yaml" trainer.default_local_dir="$W/fresh" trainer.resume_mode=disable
+# a run an interrupted overwrite set aside (.moerl.previous/, nothing to resume beside it): named as such, with
+# how to keep it (move it back) — not as logs without a checkpoint
+mkdir -p "$W/aside/.moerl.previous" && cp -r "$W/fresh/." "$W/aside/.moerl.previous/"
+expect_err "rl auto over a set-aside run: refused, naming it" "the previous run an overwrite set aside" \
+    $M rl --config "$W/rl.yaml" trainer.default_local_dir="$W/aside" trainer.total_training_steps=1
+check "rl auto over a set-aside run: says how to keep it" grep -q "move the contents of .*moerl.previous back" "$W/err"
 
 # --- generate: on an error, the error alone (no summary)
 $M generate --model "$TD/model_b" --prompt-tokens 1,5,9,999999 --max-new-tokens 4 >"$W/out" 2>"$W/err"

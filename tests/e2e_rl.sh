@@ -508,6 +508,11 @@ for tf in -1 0; do
         want=$([ "$tf" = -1 ] && echo 1 || echo 2)
         if [ "$nv" = "$want" ]; then ok "test_freq $tf: $nv held-out evaluation(s)"
         else bad "test_freq $tf" "$nv held-out evaluations, expected $want"; fi
+        # the end accuracy: measured at 0, none at -1 (null, not the start's copied)
+        end=$(grep -o '"accuracy_rl_end": *[^,}]*' "$WORK/valtf$tf.log" | tail -1 | sed 's/.*: *//')
+        if { [ "$tf" = -1 ] && [ "$end" = null ]; } || { [ "$tf" = 0 ] && [ -n "$end" ] && [ "$end" != null ]; }; then
+            ok "test_freq $tf: accuracy_rl_end $end"
+        else bad "test_freq $tf" "accuracy_rl_end '$end'"; fi
     else
         bad "test_freq $tf" "exit $?"; tail_log "valtf$tf"
     fi

@@ -425,8 +425,11 @@ static void test_command(const char *tmp) {
                                  NULL});
     expect_fail("nan", cmd_config(CMD "nan", 1, 30, 2), "plain", 1,
                 (const char *[]){CMD "nan", "rows.jsonl:1", "not finite", NULL});
+    CHECK(!has("start-up banner"), "a NaN score blamed on a banner: %s", moerl_last_error());
     expect_fail("no score", cmd_config(CMD "notscore", 1, 30, 2), "plain", 1,
                 (const char *[]){CMD "notscore", "rows.jsonl:1", "has no \"score\"", NULL});
+    /* a first answer that is JSON but wrong is the answer's own error, not a banner */
+    CHECK(!has("start-up banner"), "a JSON answer without a score blamed on a banner: %s", moerl_last_error());
     expect_fail("string", cmd_config(CMD "string", 1, 30, 2), "plain", 1,
                 (const char *[]){CMD "string", "neither a number nor an object", NULL});
     expect_fail("two lines", cmd_config(CMD "two", 1, 30, 2), "plain", 1,

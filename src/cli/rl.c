@@ -102,6 +102,12 @@ static int report_warm_start_stop(const rl_job *J) {
 static void log_accuracies(const rl_job *J, const rl_result *res) {
     const double sft0 = J->sft_before, sft1 = J->sft_after;
     if (J->rc->val_n == 0) return;
+    if (!isfinite(res->val_acc_end)) { /* trainer.test_freq=-1: measured at the start only */
+        if (isfinite(res->val_acc_start))
+            log_info("held-out accuracy at the start: %.1f%% (trainer.test_freq=-1: not measured after it)",
+                     100 * res->val_acc_start);
+        return;
+    }
     if (isfinite(sft0) && isfinite(sft1))
         log_info("held-out accuracy: start %.1f%% → SFT %.1f%% → RL %.1f%% (RL adds %+.1f points)", 100 * sft0,
                  100 * sft1, 100 * res->val_acc_end, 100 * (res->val_acc_end - sft1));

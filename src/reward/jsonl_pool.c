@@ -5,6 +5,7 @@
  * says what becomes of its request; a line nobody asked for, or one over 64 MiB, stops. SIGPIPE is
  * blocked around writes (EPIPE instead). */
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
@@ -461,10 +462,24 @@ static int on_exit_of(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w) 
 }
 
 /* The hint for a process's first stdout line that is not an answer: a start-up banner ("Loading
- * model...") printed to stdout, where only answers belong. */
+ * model...") printed to stdout, where only answers belong. Given only for a line that is not JSON at
+ * all and does not start as one: an answer that is wrong (NaN, no score, None from a verl function) is
+ * the answer's own error, named without it. */
 static const char k_banner_hint[] =
     " (this is the first line the program wrote: it looks like output before the first request, such as a "
     "start-up banner; stdout carries one answer line per request only — print diagnostics to stderr)";
+
+static const char *banner_hint(const char *line, size_t len) {
+    size_t i = 0;
+    while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
+    /* an answer's shape (an object, a list, a string or a number: Python writes {"score": NaN} too) */
+    if (i < len && strchr("{[\"-0123456789", line[i])) return "";
+    if ((len - i >= 3 && !memcmp(line + i, "NaN", 3)) || (len - i >= 8 && !memcmp(line + i, "Infinity", 8)))
+        return ""; /* Python's json.dumps of a non-finite float */
+    json_t *j = json_loadb(line, len, JSON_DECODE_ANY, NULL);
+    json_decref(j);
+    return j ? "" : k_banner_hint;
+}
 
 /* Answer lines that came on w: each one is its request's (an extra line is an error). */
 static int on_lines(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w) {
@@ -478,12 +493,12 @@ static int on_lines(jsonl_procs *pb, const jsonl_proc_policy *pol, worker *w) {
             return moerl_errorf("%s: the program wrote a line it was not asked for, '%s' (after %d answer%s; it must "
                                 "write exactly one line per request)%s%s",
                                 pb->what, ex, w->n_answered, w->n_answered == 1 ? "" : "s",
-                                w->n_answered == 0 ? k_banner_hint : "", note);
+                                w->n_answered == 0 ? banner_hint(line, len) : "", note);
         }
         /* a line before the request was wholly written cannot answer it */
         const int early = w->n_answered == 0 && w->out_off < w->out_len;
         int rc = pol->on_answer(pol->ctx, w->id, line, len);
-        if (rc != MOERL_OK && w->n_answered == 0) {
+        if (rc != MOERL_OK && w->n_answered == 0 && *banner_hint(line, len)) {
             char *why = xstrdup(moerl_last_error());
             moerl_errorf("%s%s%s", why, early ? " (it came before the request was written)" : "", k_banner_hint);
             free(why);

@@ -102,13 +102,18 @@ static int exists_in(const char *dir, const char *name) {
  * when sft_checkpoint/ is there) and would replace the logs of a run stopped without a checkpoint
  * (trainer.save_freq=-1) — refused as resume_mode=disable refuses it, naming the files. */
 static int check_logs_without_checkpoint(const char *dir) {
+    if (exists_in(dir, PREVIOUS_RUN))
+        return moerl_errorf("output folder '%s' holds " PREVIOUS_RUN "/, the previous run an overwrite set aside and "
+                            "was interrupted before it deleted it: to keep that run, move the contents of %s/"
+                            PREVIOUS_RUN " back into %s (then resume); to replace it, set trainer.resume_mode=disable "
+                            "trainer.overwrite_output_dir=true; or choose another trainer.default_local_dir",
+                            dir, dir, dir);
     const int warm = exists_in(dir, "sft_checkpoint") || exists_in(dir, "sft_checkpoint.old");
-    static const char *logs[] = {"metrics.jsonl", "samples.jsonl", "sft_metrics.jsonl", PREVIOUS_RUN};
+    static const char *logs[] = {"metrics.jsonl", "samples.jsonl", "sft_metrics.jsonl"};
     char found[300] = "";
-    for (int i = 0; i < 4; i++) {
-        const int has = i == 3   ? exists_in(dir, logs[i])
-                        : i == 2 ? !warm && nonempty(dir, logs[i]) /* a warm start with a checkpoint resumes */
-                                 : nonempty(dir, logs[i]);
+    for (int i = 0; i < 3; i++) {
+        const int has = i == 2 ? !warm && nonempty(dir, logs[i]) /* a warm start with a checkpoint resumes */
+                               : nonempty(dir, logs[i]);
         if (has) snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", found[0] ? ", " : "", logs[i]);
     }
     if (!found[0]) return MOERL_OK;

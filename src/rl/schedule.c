@@ -292,8 +292,8 @@ static int schedule_finish(job *J, rl_result *res, held_groups *held, int64_t st
     res->trainer_idle_ratio = wall > 0 ? J->sum_gen_wait / wall : 0;
     const double rt = J->rollouter_busy_total + J->rollouter_idle_total;
     res->rollouter_idle_ratio = rt > 0 ? J->rollouter_idle_total / rt : 0;
-    res->val_acc_end = J->last_val;
-    /* trainer.test_freq = -1 (verl): no validation after the start's */
+    /* trainer.test_freq = -1 (verl): no validation after the start's, so no accuracy at the end (NaN: JSON null) */
+    res->val_acc_end = cfg->test_freq < 0 ? NAN : J->last_val;
     if (cfg->val_n != 0 && cfg->test_freq >= 0 && J->T.step > step0 && !J->stop_signal && J->last_val_step != J->T.step) {
         if (job_run_validation(J, &res->val_acc_end) != MOERL_OK) return MOERL_ERR;
         record_validation(J, res->val_acc_end);
