@@ -45,13 +45,16 @@ static void test_clip_ratio(void) {
     CHECK(read_kv(sym, N(sym), &r, NULL) == MOERL_OK, "actor.clip_ratio accepted: %s", moerl_last_error());
     CHECK(r.ppo.clip_ratio_low == 0.1f && r.ppo.clip_ratio_high == 0.1f, "clip_ratio=0.1 gives %g/%g",
           (double)r.ppo.clip_ratio_low, (double)r.ppo.clip_ratio_high);
+    /* verl: a side's own key wins, clip_ratio fills the other (DAPO's clip_ratio=0.2 clip_ratio_high=0.28) */
     const char *both[] = {"actor.clip_ratio=0.1", "actor.clip_ratio_high=0.3"};
-    CHECK(read_kv(both, N(both), &r, NULL) == MOERL_ERR && strstr(moerl_last_error(), "actor.clip_ratio=0.1") &&
-              strstr(moerl_last_error(), "actor.clip_ratio_high=0.3"),
-          "clip_ratio with clip_ratio_high refused naming both: %s", moerl_last_error());
-    const char *both_low[] = {"actor.clip_ratio_low=0.1", "actor.clip_ratio=0.2"};
-    CHECK(read_kv(both_low, N(both_low), &r, NULL) == MOERL_ERR && strstr(moerl_last_error(), "actor.clip_ratio_low"),
-          "clip_ratio with clip_ratio_low refused: %s", moerl_last_error());
+    CHECK(read_kv(both, N(both), &r, NULL) == MOERL_OK && r.ppo.clip_ratio_low == 0.1f && r.ppo.clip_ratio_high == 0.3f,
+          "clip_ratio=0.1 with clip_ratio_high=0.3 gives %g/%g, expected 0.1/0.3 (%s)", (double)r.ppo.clip_ratio_low,
+          (double)r.ppo.clip_ratio_high, moerl_last_error());
+    const char *both_low[] = {"actor.clip_ratio_low=0.1", "actor.clip_ratio=0.25"};
+    CHECK(read_kv(both_low, N(both_low), &r, NULL) == MOERL_OK && r.ppo.clip_ratio_low == 0.1f &&
+              r.ppo.clip_ratio_high == 0.25f,
+          "clip_ratio_low=0.1 with clip_ratio=0.25 gives %g/%g, expected 0.1/0.25", (double)r.ppo.clip_ratio_low,
+          (double)r.ppo.clip_ratio_high);
     const char *bad[] = {"actor.clip_ratio=1.5"};
     CHECK(read_kv(bad, N(bad), &r, NULL) == MOERL_ERR, "clip_ratio=1.5 (ε_low ≥ 1) refused");
     const char *dapo[] = {"actor.clip_ratio_high=0.28"};

@@ -324,8 +324,8 @@ void rl_def_keys(cfg *c) {
     cfg_def_int(c, "actor.ppo_mini_batch_size", 8, "prompts per optimizer step");
     cfg_def_int(c, "actor.ppo_epochs", 1, "passes over each mini-batch");
     cfg_def_float(c, "actor.clip_ratio", 0.2,
-                  "PPO clip ε, symmetric (verl's key): sets actor.clip_ratio_low and clip_ratio_high both; refused "
-                  "with either of them");
+                  "PPO clip ε, symmetric (verl's key): the ε of each side whose actor.clip_ratio_low / "
+                  "clip_ratio_high is not given");
     cfg_def_float(c, "actor.clip_ratio_low", 0.2, "PPO clip ε below 1");
     cfg_def_float(c, "actor.clip_ratio_high", 0.2,
                   "PPO clip ε above 1 (verl's default 0.2; DAPO's clip-higher is 0.28, set it explicitly)");
@@ -601,19 +601,14 @@ int rl_check_optim_keys(const cfg *c, int n_trainer_ranks, const par_config *pc)
     return read_optim_name(c, &r, pc);
 }
 
-/* actor.clip_ratio (verl's symmetric PPO ε): sets clip_ratio_low and clip_ratio_high when given;
- * given with either of them it is an error naming both (one value would be dropped silently). */
+/* actor.clip_ratio (verl's symmetric PPO ε): the ε of each side whose own key is not given — verl's
+ * compute_policy_loss takes clip_ratio_low/high when set and clip_ratio otherwise, so DAPO's
+ * `clip_ratio=0.2 clip_ratio_high=0.28` means 0.2 below and 0.28 above. */
 static int read_clip_ratio(const cfg *c, rl_config *r) {
     if (!strcmp(cfg_origin(c, "actor.clip_ratio"), "default")) return MOERL_OK;
-    const double e = cfg_float(c, "actor.clip_ratio");
-    for (int k = 0; k < 2; k++) {
-        const char *key = k ? "actor.clip_ratio_high" : "actor.clip_ratio_low";
-        if (strcmp(cfg_origin(c, key), "default"))
-            return moerl_errorf("actor.clip_ratio=%g and %s=%g are both set: actor.clip_ratio is the symmetric ε "
-                                "that sets clip_ratio_low and clip_ratio_high together; give either actor.clip_ratio "
-                                "or clip_ratio_low/clip_ratio_high", e, key, cfg_float(c, key));
-    }
-    r->ppo.clip_ratio_low = r->ppo.clip_ratio_high = (float)e;
+    const float e = (float)cfg_float(c, "actor.clip_ratio");
+    if (!strcmp(cfg_origin(c, "actor.clip_ratio_low"), "default")) r->ppo.clip_ratio_low = e;
+    if (!strcmp(cfg_origin(c, "actor.clip_ratio_high"), "default")) r->ppo.clip_ratio_high = e;
     return MOERL_OK;
 }
 
