@@ -333,8 +333,10 @@ expect_err "rl: rollout.temperature=inf refused with the config" "rollout.temper
 check "rl: the temperature refusal leaves no folder" test ! -e "$W/inf_t"
 
 # --- verl users' keys (src/rl/config.c): accepted with verl's meaning, or a warning when a key does nothing
-expect_err "rl: actor.clip_ratio with actor.clip_ratio_high" "actor.clip_ratio=0.1 and actor.clip_ratio_high=0.3 are both set" \
-    $M rl --config examples/smoke.yaml actor.clip_ratio=0.1 actor.clip_ratio_high=0.3 trainer.default_local_dir="$W/cr"
+# verl's DAPO spelling: clip_ratio for the side not given (its values: test_rl_keys)
+$M rl --config examples/smoke.yaml actor.clip_ratio=0.1 actor.clip_ratio_high=0.3 sft.total_training_steps=0 \
+    trainer.total_training_steps=1 trainer.default_local_dir="$W/cr" >"$W/out" 2>"$W/err"
+check "rl: actor.clip_ratio with actor.clip_ratio_high runs (rc $?)" grep -q '"steps":1' "$W/out"
 $M plan --config examples/smoke.yaml actor.clip_ratio=0.1 >"$W/out" 2>"$W/err"
 check "plan: actor.clip_ratio (verl's symmetric ε) accepted" test $? -eq 0
 check "plan: actor.clip_ratio draws no did-you-mean" bash -c "! grep -q 'did you mean' '$W/err'"
